@@ -1,0 +1,162 @@
+/* The backend interface: the small operation table the Mllama graph is written
+ * against (design.md §3). engine/cpu implements it as the reference for every
+ * op; kernels/ implements it on CUDA and is tested op by op against the CPU.
+ *
+ * Conventions shared by every op:
+ * - Pointers are backend memory (host memory for the CPU backend, device
+ *   memory for CUDA) obtained from `alloc` or `weight`; they are borrowed for
+ *   the duration of the call.
+ * - Weights are bf16 (uint16_t) exactly as in the checkpoint; activations are
+ *   f32; all accumulation is f32.
+ * - Matrices are row-major. A Linear weight is (out_features, in_features),
+ *   as PyTorch stores it, so matmul computes y = x · Wᵀ.
+ * - Ops are asynchronous on devices: errors are latched and reported by
+ *   `synchronize` (style.md "Errors"). The CPU backend is synchronous.
+ * - Ops never allocate; the caller owns all memory.
+ * @locality: a backend is driven by one thread at a time (the step loop). */
+#ifndef ML_BACKEND_H
+#define ML_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+typedef struct ml_backend ml_backend;
+
+/* Flat parameters of the vision tower's bidirectional attention
+ * (MllamaVisionSdpaAttention with the mask of
+ * _prepare_aspect_ratio_attention_mask, mllama-spec §3.6): the additive mask
+ * is finfo.min exactly where both the query and the key are invalid, so a
+ * valid query attends to every key and an invalid one to the valid keys. */
+typedef struct ml_attn_vision_params {
+    float *out;             /* (n_seq, seq_len, n_heads, head_dim) */
+    const float *q;         /* (n_seq, seq_len, n_heads, head_dim) */
+    const float *k;         /* (n_seq, seq_len, n_heads, head_dim) */
+    const float *v;         /* (n_seq, seq_len, n_heads, head_dim) */
+    const uint8_t *valid;   /* (n_seq, seq_len): 1 = real token of a real tile */
+    int n_seq, seq_len, n_heads, head_dim;
+    float scale;            /* 1/sqrt(head_dim) */
+} ml_attn_vision_params;
+
+/* Causal self-attention of new tokens over a paged K/V cache
+ * (MllamaTextSelfSdpaAttention, GQA). Every sequence's cache holds its
+ * earlier tokens followed by the new ones, already written with kv_write.
+ * Token t of sequence s sits at position pos0[s] + t and attends to cache
+ * positions 0 .. pos0[s] + t. Query head h reads kv head h / (n_heads/n_kv_heads). */
+typedef struct ml_attn_causal_params {
+    float *out;                 /* (n_tokens, n_heads, head_dim) */
+    const float *q;             /* (n_tokens, n_heads, head_dim), RoPE applied */
+    const void *k_cache;        /* (n_blocks, block_size, n_kv_heads, head_dim) in the backend's kv type */
+    const void *v_cache;        /* same layout */
+    const int32_t *block_table; /* (n_seqs, max_blocks_per_seq): physical block ids */
+    const int32_t *seq_start;   /* (n_seqs + 1): token offsets of each sequence in q/out */
+    const int32_t *pos0;        /* (n_seqs): cache length before the new tokens */
+    int n_seqs, max_blocks_per_seq, block_size;
+    int n_heads, n_kv_heads, head_dim;
+    float scale;
+} ml_attn_causal_params;
+
+/* Cross-attention of text tokens over one sequence's resident vision K/V
+ * (MllamaTextCrossSdpaAttention with _prepare_cross_attention_mask,
+ * mllama-spec §5). Keys are grouped in chunks of chunk_len (one tile's 1601
+ * tokens); allowed[t * n_chunks + c] says whether token t may see chunk c.
+ * A token that may see no chunk attends to every key unmasked, as HF does
+ * (its additive mask row is zeroed by full_text_row_mask). */
+typedef struct ml_attn_cross_params {
+    float *out;              /* (n_tokens, n_heads, head_dim) */
+    const float *q;          /* (n_tokens, n_heads, head_dim), q_norm applied */
+    const void *k;           /* (n_chunks * chunk_len, n_kv_heads, head_dim), k_norm applied, kv type */
+    const void *v;           /* same layout */
+    const uint8_t *allowed;  /* (n_tokens, n_chunks) */
+    int n_tokens, n_chunks, chunk_len;
+    int n_heads, n_kv_heads, head_dim;
+    float scale;
+} ml_attn_cross_params;
+
+typedef struct ml_backend_ops {
+    const char *name;
+    void (*destroy)(ml_backend *be);
+
+    /* ---- memory ---------------------------------------------------------- */
+    /* Backend memory of `bytes` bytes, 64-byte aligned, or NULL. Owned by the caller. */
+    void *(*alloc)(ml_backend *be, size_t bytes);
+    void (*free)(ml_backend *be, void *p);
+    void (*upload)(ml_backend *be, void *dst, const void *src_host, size_t bytes);
+    void (*download)(ml_backend *be, void *dst_host, const void *src, size_t bytes);
+    /* Make a checkpoint tensor usable by ops. The CPU backend returns `host`
+     * itself (weights stay in the mmap); CUDA copies once into its pool.
+     * The result is borrowed from the backend and lives until destroy. */
+    const void *(*weight)(ml_backend *be, const void *host, size_t bytes);
+    /* Bytes per element of the K/V caches used by kv_write and attention. */
+    size_t kv_elem_size;
+    /* Wait for queued work; report the first latched error. */
+    ml_status (*synchronize)(ml_backend *be, char *err, size_t errlen);
+
+    /* ---- linear algebra -------------------------------------------------- */
+    /* y (M, N) = x (M, K) · wᵀ + bias;  w (N, K) bf16, bias (N) bf16 or NULL.
+     * With accumulate != 0, y += instead of y =. */
+    void (*matmul)(ml_backend *be, float *y, const float *x, const uint16_t *w,
+                   const uint16_t *bias, int M, int K, int N, int accumulate);
+
+    /* ---- normalisation and activations ------------------------------------ */
+    /* MllamaTextRMSNorm: y = x · rsqrt(mean(x²) + eps) · w, per row of dim. */
+    void (*rmsnorm)(ml_backend *be, float *y, const float *x, const uint16_t *w,
+                    int rows, int dim, float eps);
+    /* nn.LayerNorm with weight and bias, per row of dim. */
+    void (*layernorm)(ml_backend *be, float *y, const float *x, const uint16_t *w,
+                      const uint16_t *b, int rows, int dim, float eps);
+    /* Exact erf GELU in place. */
+    void (*gelu)(ml_backend *be, float *x, size_t n);
+    /* y = silu(gate) * up, elementwise over n. y may alias gate. */
+    void (*silu_mul)(ml_backend *be, float *y, const float *gate, const float *up, size_t n);
+    /* Half-split RoPE in place on x (n_tokens, n_heads, head_dim):
+     * angle[i] = pos[t] * inv_freq[i] in f32, i < head_dim/2; inv_freq is
+     * backend memory (head_dim/2 floats). */
+    void (*rope)(ml_backend *be, float *x, const int32_t *pos, const float *inv_freq,
+                 int n_tokens, int n_heads, int head_dim);
+
+    /* ---- elementwise ------------------------------------------------------ */
+    /* y[r, :] += gate * (row_scale ? row_scale[r] : 1) * x[r, :] for r < rows. */
+    void (*add_rows)(ml_backend *be, float *y, const float *x, const float *row_scale,
+                     float gate, int rows, int dim);
+    /* y[r, :] += alpha * w[r % period, :] with w bf16 (period rows of dim):
+     * position and tile embedding tables broadcast over tokens or tiles. */
+    void (*add_bf16)(ml_backend *be, float *y, const uint16_t *w, float alpha, int rows,
+                     int period, int dim);
+    /* dst[r*dst_row + c*dst_col] = src[r*src_row + c] for r < rows, c < cols. */
+    void (*copy_2d)(ml_backend *be, float *dst, const float *src, int rows, int cols,
+                    size_t dst_row, size_t dst_col, size_t src_row);
+    /* y (n, dim) = table[ids[i]] as f32. */
+    void (*embed)(ml_backend *be, float *y, const uint16_t *table, const int32_t *ids, int n,
+                  int dim);
+    /* im2col for the 14×14 stride-14 patch conv: pixels (n_img, 3, side, side)
+     * → patches (n_img, (side/patch)², 3·patch·patch) in (c, ky, kx) order. */
+    void (*patchify)(ml_backend *be, float *patches, const float *pixels, int n_img, int side,
+                     int patch);
+
+    /* ---- attention -------------------------------------------------------- */
+    void (*attn_vision)(ml_backend *be, const ml_attn_vision_params *p);
+    void (*attn_causal)(ml_backend *be, const ml_attn_causal_params *p);
+    void (*attn_cross)(ml_backend *be, const ml_attn_cross_params *p);
+    /* Write n_tokens of K and V (n_tokens, n_kv_heads, head_dim) f32 into the
+     * paged caches at the slots slot[t] = block * block_size + offset. */
+    void (*kv_write)(ml_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                     const int32_t *slot, int n_tokens, int n_kv_heads, int head_dim);
+    /* Convert f32 (n, dim) into the kv type (resident cross-attention K/V). */
+    void (*kv_store)(ml_backend *be, void *dst, const float *src, size_t n);
+
+    /* ---- sampling --------------------------------------------------------- */
+    /* out[r] = argmax over logits (rows, vocab), lowest index on ties. */
+    void (*argmax)(ml_backend *be, int32_t *out, const float *logits, int rows, int vocab);
+} ml_backend_ops;
+
+struct ml_backend {
+    const ml_backend_ops *ops;
+};
+
+/* The CPU backend with n_threads workers (0 = one per online CPU).
+ * Returns NULL and fills err on failure. */
+ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen);
+
+#endif

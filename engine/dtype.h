@@ -1,0 +1,50 @@
+/* Element types of checkpoint tensors and scalar conversions between them.
+ *
+ * bf16 is the storage type of every weight (mllama-spec §9); f32 is the
+ * activation and accumulation type of the CPU backend. Conversions round to
+ * nearest even, as torch's `.to(torch.bfloat16)` does. */
+#ifndef ML_DTYPE_H
+#define ML_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef enum ml_dtype {
+    ML_DTYPE_BF16,
+    ML_DTYPE_F16,
+    ML_DTYPE_F32,
+} ml_dtype;
+
+/* Bytes per element. */
+size_t ml_dtype_size(ml_dtype t);
+/* Safetensors spelling ("BF16", "F16", "F32"). */
+const char *ml_dtype_name(ml_dtype t);
+
+static inline float ml_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t ml_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it quiet and a NaN */
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Round an f32 through bf16 and back: the value torch would hold in bf16. */
+static inline float ml_round_bf16(float f)
+{
+    return ml_bf16_to_f32(ml_f32_to_bf16(f));
+}
+
+float ml_f16_to_f32(uint16_t h);
+
+#endif

@@ -1,0 +1,14 @@
+/* The `mllama` CLI subcommands. Each takes the arguments after its name
+ * (argv[0] is the subcommand) and returns the process exit status.
+ * @locality: the main thread. */
+#ifndef SVC_COMMANDS_H
+#define SVC_COMMANDS_H
+
+/* Exit statuses shared by the subcommands. */
+enum {
+    SVC_EXIT_OK = 0,
+    SVC_EXIT_FAILURE = 1, /* the command ran and failed (bad file, bad input) */
+    SVC_EXIT_USAGE = 2,   /* bad command line */
+};
+
+#endif

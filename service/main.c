@@ -1,0 +1,37 @@
+/* mllama: one binary, several subcommands. Wiring only. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+
+typedef struct svc_command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} svc_command;
+
+static const svc_command commands[] = {
+    {NULL, NULL, NULL},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: mllama <command> [options]\n\ncommands:\n");
+    for (const svc_command *c = commands; c->name; c++)
+        fprintf(f, "  %-12s %s\n", c->name, c->summary);
+    fprintf(f, "\n`mllama <command> --help` describes each command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? SVC_EXIT_USAGE : SVC_EXIT_OK;
+    }
+    for (const svc_command *c = commands; c->name; c++)
+        if (!strcmp(argv[1], c->name))
+            return c->run(argc - 1, argv + 1);
+    fprintf(stderr, "mllama: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return SVC_EXIT_USAGE;
+}
