@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (README "Run the tests"):
+#   1. the release build with every test except benchmarks (gpu tests skip
+#      themselves without a device; the CUDA backend is compiled when nvcc exists),
+#   2. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer,
+#   3. every libFuzzer target for a short run (clang).
+# Build trees go to build-test*/ at the repository root. Exits non-zero on the
+# first failing stage.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+jobs=$(nproc)
+fuzz_seconds=${MLLAMA_FUZZ_SECONDS:-15}
+
+bash ops/install-deps.sh
+
+stage() { printf '\n==== %s ====\n' "$*"; }
+
+stage "release build"
+cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DMLLAMA_CUDA=AUTO >/dev/null
+cmake --build build-test -j"$jobs"
+stage "release tests"
+ctest --test-dir build-test -LE bench -j"$jobs" --output-on-failure --timeout 900
+
+stage "sanitizer build (ASan + UBSan)"
+cmake -S . -B build-test-asan -DCMAKE_BUILD_TYPE=Debug -DMLLAMA_CUDA=OFF -DMLLAMA_SANITIZE=ON >/dev/null
+cmake --build build-test-asan -j"$jobs"
+stage "sanitizer tests"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-test-asan -LE "bench|gpu" -j"$jobs" --output-on-failure --timeout 1800
+
+stage "fuzz (libFuzzer, ${fuzz_seconds}s per target)"
+CC=clang cmake -S . -B build-test-fuzz -DCMAKE_BUILD_TYPE=Debug -DMLLAMA_CUDA=OFF \
+  -DMLLAMA_SANITIZE=ON -DMLLAMA_FUZZ=ON -DMLLAMA_FUZZ_SECONDS="$fuzz_seconds" >/dev/null
+cmake --build build-test-fuzz -j"$jobs" --target $(ctest --test-dir build-test-fuzz -N -L fuzz \
+  | sed -n 's/.*Test *#[0-9]*: //p' | tr '\n' ' ')
+ctest --test-dir build-test-fuzz -L fuzz --output-on-failure
+
+stage "all stages passed"
