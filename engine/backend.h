@@ -59,17 +59,20 @@ typedef struct ml_attn_causal_params {
 
 /* Cross-attention of text tokens over one sequence's resident vision K/V
  * (MllamaTextCrossSdpaAttention with _prepare_cross_attention_mask,
- * mllama-spec §5). Keys are grouped in chunks of chunk_len (one tile's 1601
- * tokens); allowed[t * n_chunks + c] says whether token t may see chunk c.
- * A token that may see no chunk attends to every key unmasked, as HF does
- * (its additive mask row is zeroed by full_text_row_mask). */
+ * mllama-spec §5). The keys are the concatenation, in image order, of
+ * n_images resident blocks (one per image, each max_tiles·chunk_len keys: a
+ * tile's 1601 tokens are one chunk), so resident states are shared between
+ * sequences without copying. allowed[t * n_images * max_tiles + c] says
+ * whether token t may see chunk c. A token that may see no chunk attends to
+ * every key unmasked, as HF does (its additive mask row is zeroed by
+ * full_text_row_mask). */
 typedef struct ml_attn_cross_params {
-    float *out;              /* (n_tokens, n_heads, head_dim) */
-    const float *q;          /* (n_tokens, n_heads, head_dim), q_norm applied */
-    const void *k;           /* (n_chunks * chunk_len, n_kv_heads, head_dim), k_norm applied, kv type */
-    const void *v;           /* same layout */
-    const uint8_t *allowed;  /* (n_tokens, n_chunks) */
-    int n_tokens, n_chunks, chunk_len;
+    float *out;               /* (n_tokens, n_heads, head_dim) */
+    const float *q;           /* (n_tokens, n_heads, head_dim), q_norm applied */
+    const void *const *k;     /* n_images × (max_tiles * chunk_len, n_kv_heads, head_dim), k_norm applied, kv type */
+    const void *const *v;     /* same layout */
+    const uint8_t *allowed;   /* (n_tokens, n_images * max_tiles) */
+    int n_tokens, n_images, max_tiles, chunk_len;
     int n_heads, n_kv_heads, head_dim;
     float scale;
 } ml_attn_cross_params;
@@ -124,6 +127,8 @@ typedef struct ml_backend_ops {
      * position and tile embedding tables broadcast over tokens or tiles. */
     void (*add_bf16)(ml_backend *be, float *y, const uint16_t *w, float alpha, int rows,
                      int period, int dim);
+    /* y[0 .. n) = 0. */
+    void (*zero)(ml_backend *be, float *y, size_t n);
     /* dst[r*dst_row + c*dst_col] = src[r*src_row + c] for r < rows, c < cols. */
     void (*copy_2d)(ml_backend *be, float *dst, const float *src, int rows, int cols,
                     size_t dst_row, size_t dst_col, size_t src_row);

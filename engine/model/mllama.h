@@ -1,0 +1,114 @@
+/* The Mllama model (MllamaForConditionalGeneration) written once against the
+ * backend op table: load a Hugging Face checkpoint directory, encode images
+ * into resident cross-attention states, and run the text decoder over a
+ * batch of sequences that share a paged self-attention K/V cache.
+ *
+ * The graph follows transformers v4.47 modeling_mllama.py as described in
+ * mllama-spec.md; every block names the function it reproduces. Activations
+ * are f32, weights bf16 (backend.h).
+ *
+ * @locality: a model is driven by one thread at a time (the step loop), the
+ * same one that drives its backend. */
+#ifndef ML_MODEL_MLLAMA_H
+#define ML_MODEL_MLLAMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "status.h"
+
+typedef struct ml_model ml_model;
+
+/* embed_tokens has vocab_size + 8 rows (<|image|> and spares, spec §4.1):
+ * valid input ids are [0, vocab_size + 8), logits cover [0, vocab_size). */
+#define ML_MODEL_EMBED_EXTRA_ROWS 8
+
+/* Sizes that bound the workspace allocated at load; nothing is allocated
+ * while the model runs. */
+typedef struct ml_model_limits {
+    int max_step_tokens;  /* text tokens in one forward step, all sequences together */
+    int max_step_seqs;    /* sequences in one forward step */
+    int max_logit_rows;   /* rows of logits one step may return (>= max_step_seqs) */
+    int max_seq_images;   /* images one sequence may attend to */
+    int kv_block_size;    /* tokens per K/V cache block; the cache must use the same */
+} ml_model_limits;
+
+/* Defaults: 512-token steps, 32 sequences, 8 images per sequence, 16-token
+ * blocks. */
+ml_model_limits ml_model_limits_default(void);
+
+/* Load config.json and the safetensors checkpoint under dir, bind the weights
+ * to `be` (borrowed; it must outlive the model) and size the workspace.
+ * Returns ML_OK and *out (owned by the caller, ml_model_destroy), or an error
+ * from the config parser, the checkpoint loader or ML_ERR_NOMEM. */
+ml_status ml_model_load(ml_model **out, const char *dir, ml_backend *be,
+                        const ml_model_limits *limits, char *err, size_t errlen);
+
+/* NULL is a no-op. */
+void ml_model_destroy(ml_model *m);
+
+const ml_config *ml_model_config(const ml_model *m);
+const ml_model_limits *ml_model_limits_of(const ml_model *m);
+ml_backend *ml_model_backend(const ml_model *m);
+
+/* ---- images ----------------------------------------------------------- */
+
+/* Bytes of one image's resident cross-attention state: for every cross
+ * layer, K and V of (max_tiles · num_patches, n_kv_heads, head_dim) in the
+ * backend's kv type. 11B: 200 MiB at bf16. */
+size_t ml_model_image_state_bytes(const ml_model *m);
+
+/* Optional host copies of intermediate vision results, for golden tests. */
+typedef struct ml_vision_taps {
+    float *vision_output;    /* (max_tiles, num_patches, vision_output_dim) or NULL */
+    float *projector_output; /* (max_tiles, num_patches, text hidden) or NULL */
+} ml_vision_taps;
+
+/* Run the vision tower, the projector and every cross layer's k/v projection
+ * (+ k_norm) for one image, writing its resident state into `state`
+ * (backend memory of ml_model_image_state_bytes, caller-owned).
+ * pixels: host (max_tiles, 3, S, S) f32 with exact zeros in unused tile
+ * slots (engine/image packing); aspect_ratio_id in 1..n_ids-1;
+ * aspect_ratio_mask: max_tiles flags. Errors: ML_ERR_INVALID_ARG for an
+ * out-of-range id, or the backend's latched error. */
+ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_ratio_id,
+                                const uint8_t *aspect_ratio_mask, void *state,
+                                const ml_vision_taps *taps, char *err, size_t errlen);
+
+/* ---- text ------------------------------------------------------------- */
+
+/* One sequence's share of a forward step. Tokens are appended at positions
+ * pos0 .. pos0 + n_tokens - 1; their cache slots come from the block table,
+ * which must already cover them. */
+typedef struct ml_step_seq {
+    const int32_t *tokens;        /* (n_tokens) */
+    int n_tokens;
+    int pos0;                     /* tokens already in the cache */
+    const int32_t *block_table;   /* (ceil((pos0+n_tokens)/block_size)) physical blocks */
+    int n_images;                 /* resident image states this sequence attends to; 0 = text only */
+    const void *const *image_states; /* (n_images) backend pointers from ml_model_encode_image */
+    /* (n_tokens, n_images * max_tiles): may token t see tile c
+     * (cross_attention_mask rows, mllama-spec §5); NULL when n_images == 0. */
+    const uint8_t *cross_allowed;
+    int logits;                   /* 0: none, 1: last token, 2: every token */
+} ml_step_seq;
+
+/* Optional host copy of the decoder's hidden states, as transformers'
+ * output_hidden_states: (num_hidden_layers + 1, n_step_tokens, D): entry i
+ * is the input of layer i, the last is the output after the final norm. */
+typedef struct ml_text_taps {
+    float *hidden_states;
+} ml_text_taps;
+
+/* Run one decoder step over n_seqs sequences, writing K/V of the new tokens
+ * into kv and logits (rows in sequence order, as requested by each
+ * ml_step_seq.logits) into the host buffer `logits` ((rows, vocab) f32).
+ * Errors: ML_ERR_INVALID_ARG when the step exceeds the load limits or a
+ * token id is outside the embedding, the backend's latched error. */
+ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
+                           float *logits, const ml_text_taps *taps, char *err, size_t errlen);
+
+#endif

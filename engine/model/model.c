@@ -1,0 +1,242 @@
+/* Loading a checkpoint directory into a model bound to a backend, and the
+ * workspace that every later step slices (style.md "Memory"). */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+
+/* Alignment of every carved buffer: a cache line, and what vector loads and
+ * CUDA coalescing like. */
+#define ML_CARVE_ALIGN 64
+
+void *ml_carve(ml_carver *c, size_t bytes)
+{
+    size_t at = (c->off + ML_CARVE_ALIGN - 1) & ~(size_t)(ML_CARVE_ALIGN - 1);
+    c->off = at + bytes;
+    return c->base ? c->base + at : NULL;
+}
+
+ml_model_limits ml_model_limits_default(void)
+{
+    ml_model_limits l = {
+        .max_step_tokens = 512,
+        .max_step_seqs = 32,
+        .max_logit_rows = 32,
+        .max_seq_images = 8,
+        .kv_block_size = 16,
+    };
+    return l;
+}
+
+/* ---- weights on the backend ------------------------------------------- */
+
+static void to_backend(ml_backend *be, ml_weight *w)
+{
+    if (w->data)
+        w->data = be->ops->weight(be, w->data, (size_t)w->rows * (size_t)w->cols * 2);
+}
+
+static void vision_layer_to_backend(ml_backend *be, ml_vision_layer *l)
+{
+    ml_weight *ws[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj,
+                       &l->fc1_weight, &l->fc1_bias, &l->fc2_weight, &l->fc2_bias,
+                       &l->input_layernorm_weight, &l->input_layernorm_bias,
+                       &l->post_attention_layernorm_weight, &l->post_attention_layernorm_bias};
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        to_backend(be, ws[i]);
+}
+
+static void text_layer_to_backend(ml_backend *be, ml_text_layer *l)
+{
+    ml_weight *ws[] = {&l->self.q_proj, &l->self.k_proj, &l->self.v_proj, &l->self.o_proj,
+                       &l->cross.q_proj, &l->cross.k_proj, &l->cross.v_proj, &l->cross.o_proj,
+                       &l->cross.q_norm, &l->cross.k_norm, &l->input_layernorm,
+                       &l->post_attention_layernorm, &l->gate_proj, &l->up_proj, &l->down_proj};
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        to_backend(be, ws[i]);
+}
+
+/* m->w = m->host_weights with every data pointer replaced by the backend's
+ * view of it (the same pointer on the CPU, one upload on a device). */
+static ml_status bind_backend_weights(ml_model *m, char *err, size_t errlen)
+{
+    const ml_weights *hw = m->host_weights;
+    ml_weights *w = &m->w;
+    *w = *hw;
+    /* +1: a config may have no global layers, and malloc(0) may be NULL. */
+    w->vision.layers = malloc((size_t)(hw->vision.n_layers + 1) * sizeof *w->vision.layers);
+    w->vision.global_layers =
+        malloc((size_t)(hw->vision.n_global_layers + 1) * sizeof *w->vision.global_layers);
+    w->text.layers = malloc((size_t)(hw->text.n_layers + 1) * sizeof *w->text.layers);
+    if (!w->vision.layers || !w->vision.global_layers || !w->text.layers)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "model: out of memory binding weights");
+    memcpy(w->vision.layers, hw->vision.layers,
+           (size_t)hw->vision.n_layers * sizeof *w->vision.layers);
+    memcpy(w->vision.global_layers, hw->vision.global_layers,
+           (size_t)hw->vision.n_global_layers * sizeof *w->vision.global_layers);
+    memcpy(w->text.layers, hw->text.layers, (size_t)hw->text.n_layers * sizeof *w->text.layers);
+
+    ml_backend *be = m->be;
+    ml_vision_weights *v = &w->vision;
+    ml_weight *vs[] = {&v->patch_embedding, &v->class_embedding, &v->position_embedding,
+                       &v->tile_position_embedding, &v->pre_tile_embedding,
+                       &v->post_tile_embedding, &v->layernorm_pre_weight, &v->layernorm_pre_bias,
+                       &v->layernorm_post_weight, &v->layernorm_post_bias,
+                       &w->projector_weight, &w->projector_bias, &w->text.embed_tokens,
+                       &w->text.norm, &w->text.lm_head};
+    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++)
+        to_backend(be, vs[i]);
+    for (int i = 0; i < v->n_layers; i++)
+        vision_layer_to_backend(be, &v->layers[i]);
+    for (int i = 0; i < v->n_global_layers; i++)
+        vision_layer_to_backend(be, &v->global_layers[i]);
+    for (int i = 0; i < w->text.n_layers; i++)
+        text_layer_to_backend(be, &w->text.layers[i]);
+    return be->ops->synchronize(be, err, errlen);
+}
+
+/* ---- workspace --------------------------------------------------------- */
+
+static ml_status plan_workspace(ml_model *m, char *err, size_t errlen)
+{
+    ml_carver vision = {0}, text = {0};
+    ml_vision_plan(m, &vision, &m->vb);
+    ml_text_plan(m, &text, &m->tb);
+    /* Vision encodes and decoder steps never overlap: one buffer serves both. */
+    m->workspace_bytes = vision.off > text.off ? vision.off : text.off;
+    m->workspace = m->be->ops->alloc(m->be, m->workspace_bytes);
+    if (!m->workspace)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "model: cannot allocate a %.1f MiB workspace",
+                       (double)m->workspace_bytes / (1 << 20));
+    vision = (ml_carver){.base = m->workspace};
+    text = (ml_carver){.base = m->workspace};
+    ml_vision_plan(m, &vision, &m->vb);
+    ml_text_plan(m, &text, &m->tb);
+
+    /* Host staging for the per-step metadata: same carving, host memory. */
+    const ml_model_limits *l = &m->limits;
+    size_t n = (size_t)l->max_step_tokens, s = (size_t)l->max_step_seqs;
+    size_t chunks = (size_t)l->max_seq_images * (size_t)m->cfg.vision.max_num_tiles;
+    ml_carver hc = {0};
+    for (int pass = 0; pass < 2; pass++) {
+        ml_step_host *h = &m->host;
+        h->row_attn = ml_carve(&hc, n * sizeof(float));
+        h->row_mlp = ml_carve(&hc, n * sizeof(float));
+        h->tokens = ml_carve(&hc, n * sizeof(int32_t));
+        h->pos = ml_carve(&hc, n * sizeof(int32_t));
+        h->slots = ml_carve(&hc, n * sizeof(int32_t));
+        h->block_tables = ml_carve(&hc, s * (size_t)m->max_blocks_per_seq * sizeof(int32_t));
+        h->seq_start = ml_carve(&hc, (s + 1) * sizeof(int32_t));
+        h->pos0 = ml_carve(&hc, s * sizeof(int32_t));
+        h->allowed = ml_carve(&hc, n * chunks);
+        if (pass == 0) {
+            hc.base = malloc(hc.off);
+            if (!hc.base)
+                return ml_fail(err, errlen, ML_ERR_NOMEM, "model: out of memory (step staging)");
+            hc.off = 0;
+        }
+    }
+    return ML_OK;
+}
+
+/* ---- load ---------------------------------------------------------------- */
+
+static ml_status check_limits(const ml_model_limits *l, char *err, size_t errlen)
+{
+    if (l->max_step_tokens <= 0 || l->max_step_seqs <= 0 || l->max_seq_images < 0 ||
+        l->max_seq_images > ML_MAX_SEQ_IMAGES ||
+        l->max_logit_rows < l->max_step_seqs || l->max_step_seqs > l->max_step_tokens ||
+        l->kv_block_size <= 0)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "model limits: need tokens >= seqs > 0, logit rows >= seqs and a "
+                       "positive block size (tokens %d, seqs %d, logit rows %d, images %d, "
+                       "block %d)",
+                       l->max_step_tokens, l->max_step_seqs, l->max_logit_rows,
+                       l->max_seq_images, l->kv_block_size);
+    return ML_OK;
+}
+
+ml_status ml_model_load(ml_model **out, const char *dir, ml_backend *be,
+                        const ml_model_limits *limits, char *err, size_t errlen)
+{
+    *out = NULL;
+    ml_model_limits lim = limits ? *limits : ml_model_limits_default();
+    ml_status st = check_limits(&lim, err, errlen);
+    if (st != ML_OK)
+        return st;
+    ml_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "model: out of memory");
+    m->be = be;
+    m->limits = lim;
+
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path) {
+        st = ml_fail(err, errlen, ML_ERR_INVALID_ARG, "model: path too long: %s", dir);
+        goto fail;
+    }
+    if ((st = ml_config_load(&m->cfg, path, err, errlen)) != ML_OK ||
+        (st = ml_checkpoint_open(&m->ckpt, dir, err, errlen)) != ML_OK ||
+        (st = ml_weights_create(&m->host_weights, m->ckpt, &m->cfg, err, errlen)) != ML_OK ||
+        (st = bind_backend_weights(m, err, errlen)) != ML_OK)
+        goto fail;
+
+    const ml_text_config *tc = &m->cfg.text;
+    m->self_index = malloc((size_t)tc->num_hidden_layers * sizeof *m->self_index);
+    if (!m->self_index) {
+        st = ml_fail(err, errlen, ML_ERR_NOMEM, "model: out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < tc->num_hidden_layers; i++)
+        m->self_index[i] = ml_config_cross_index(&m->cfg, i) < 0 ? m->n_self_layers++ : -1;
+
+    /* Block tables are sized for the longest context the config allows. */
+    m->max_blocks_per_seq =
+        (tc->max_position_embeddings + lim.kv_block_size - 1) / lim.kv_block_size;
+
+    float inv_freq[ML_MAX_HEAD_DIM / 2];
+    if (tc->head_dim > ML_MAX_HEAD_DIM) {
+        st = ml_fail(err, errlen, ML_ERR_UNSUPPORTED, "model: head_dim %d above %d",
+                     tc->head_dim, ML_MAX_HEAD_DIM);
+        goto fail;
+    }
+    ml_config_rope_inv_freq(&m->cfg, inv_freq);
+    m->inv_freq = be->ops->alloc(be, sizeof(float) * (size_t)tc->head_dim / 2);
+    if (!m->inv_freq) {
+        st = ml_fail(err, errlen, ML_ERR_NOMEM, "model: out of memory");
+        goto fail;
+    }
+    be->ops->upload(be, m->inv_freq, inv_freq, sizeof(float) * (size_t)tc->head_dim / 2);
+
+    if ((st = plan_workspace(m, err, errlen)) != ML_OK)
+        goto fail;
+    *out = m;
+    return ML_OK;
+fail:
+    ml_model_destroy(m);
+    return st;
+}
+
+void ml_model_destroy(ml_model *m)
+{
+    if (!m)
+        return;
+    if (m->workspace)
+        m->be->ops->free(m->be, m->workspace);
+    if (m->inv_freq)
+        m->be->ops->free(m->be, m->inv_freq);
+    free(m->host.row_attn); /* the start of the host staging allocation */
+    free(m->self_index);
+    free(m->w.vision.layers);
+    free(m->w.vision.global_layers);
+    free(m->w.text.layers);
+    ml_weights_destroy(m->host_weights);
+    ml_checkpoint_destroy(m->ckpt);
+    free(m);
+}
+
+const ml_config *ml_model_config(const ml_model *m) { return &m->cfg; }
+ml_backend *ml_model_backend(const ml_model *m) { return m->be; }
+const ml_model_limits *ml_model_limits_of(const ml_model *m) { return &m->limits; }

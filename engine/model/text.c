@@ -1,0 +1,288 @@
+/* The text decoder over a batch of sequences (transformers v4.47
+ * MllamaTextModel.forward with MllamaSelfAttentionDecoderLayer and
+ * MllamaCrossAttentionDecoderLayer, then lm_head; mllama-spec §4, §5, §8).
+ *
+ * Shapes: N = tokens in the step (all sequences), D = hidden, H = heads,
+ * KV = key/value heads, hd = head_dim, I = MLP width. Sequences are
+ * contiguous row ranges of every (N, ...) buffer. */
+#include <math.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+
+void ml_text_plan(const ml_model *m, ml_carver *c, ml_text_bufs *b)
+{
+    const ml_text_config *tc = &m->cfg.text;
+    const ml_model_limits *l = &m->limits;
+    size_t f = sizeof(float), n = (size_t)l->max_step_tokens, s = (size_t)l->max_step_seqs;
+    size_t qw = (size_t)tc->num_attention_heads * tc->head_dim;
+    size_t kvw = (size_t)tc->num_key_value_heads * tc->head_dim;
+    b->h = ml_carve(c, n * tc->hidden_size * f);
+    b->x = ml_carve(c, n * tc->hidden_size * f);
+    b->q = ml_carve(c, n * qw * f);
+    b->attn = ml_carve(c, n * qw * f);
+    b->k = ml_carve(c, n * kvw * f);
+    b->v = ml_carve(c, n * kvw * f);
+    b->gate = ml_carve(c, n * tc->intermediate_size * f);
+    b->up = ml_carve(c, n * tc->intermediate_size * f);
+    b->logits = ml_carve(c, (size_t)l->max_logit_rows * tc->vocab_size * f);
+    b->rows = ml_carve(c, (size_t)l->max_logit_rows * tc->hidden_size * f);
+    b->row_attn = ml_carve(c, n * f);
+    b->row_mlp = ml_carve(c, n * f);
+    b->tokens = ml_carve(c, n * sizeof(int32_t));
+    b->pos = ml_carve(c, n * sizeof(int32_t));
+    b->slots = ml_carve(c, n * sizeof(int32_t));
+    b->block_tables = ml_carve(c, s * (size_t)m->max_blocks_per_seq * sizeof(int32_t));
+    b->seq_start = ml_carve(c, (s + 1) * sizeof(int32_t));
+    b->pos0 = ml_carve(c, s * sizeof(int32_t));
+    b->allowed = ml_carve(c, n * (size_t)l->max_seq_images * m->cfg.vision.max_num_tiles);
+}
+
+/* ---- step metadata -------------------------------------------------------- */
+
+/* Check the step against the load limits and fill the host staging.
+ * Returns the number of tokens and logit rows through *n_tokens, *n_rows. */
+static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_seq *seqs,
+                            int n_seqs, int *n_tokens, int *n_rows, char *err, size_t errlen)
+{
+    const ml_model_limits *l = &m->limits;
+    const ml_text_config *tc = &m->cfg.text;
+    ml_step_host *h = &m->host;
+    int T = m->cfg.vision.max_num_tiles, B = l->kv_block_size;
+    int embed_rows = tc->vocab_size + ML_MODEL_EMBED_EXTRA_ROWS;
+    if (n_seqs <= 0 || n_seqs > l->max_step_seqs)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "step: %d sequences, limit %d", n_seqs,
+                       l->max_step_seqs);
+    if (ml_kv_cache_block_size(kv) != B)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "step: kv cache blocks of %d tokens, model limits say %d",
+                       ml_kv_cache_block_size(kv), B);
+    int n = 0, rows = 0;
+    size_t allowed_off = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const ml_step_seq *q = &seqs[s];
+        int end = q->pos0 + q->n_tokens;
+        if (q->n_tokens <= 0 || q->pos0 < 0 || end > tc->max_position_embeddings)
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                           "step: sequence %d covers positions [%d, %d), limit %d", s, q->pos0,
+                           end, tc->max_position_embeddings);
+        if (n + q->n_tokens > l->max_step_tokens)
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "step: more than %d tokens",
+                           l->max_step_tokens);
+        if (q->n_images < 0 || q->n_images > l->max_seq_images)
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "step: sequence %d has %d images, limit %d",
+                           s, q->n_images, l->max_seq_images);
+        rows += q->logits == 2 ? q->n_tokens : q->logits == 1;
+        if (rows > l->max_logit_rows)
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "step: more than %d logit rows",
+                           l->max_logit_rows);
+        h->seq_start[s] = n;
+        h->pos0[s] = q->pos0;
+        int n_blocks = (end + B - 1) / B;
+        memcpy(h->block_tables + (size_t)s * m->max_blocks_per_seq, q->block_table,
+               (size_t)n_blocks * sizeof(int32_t));
+        int chunks = q->n_images * T;
+        for (int t = 0; t < q->n_tokens; t++, n++) {
+            int32_t id = q->tokens[t];
+            if (id < 0 || id >= embed_rows)
+                return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                               "step: token id %d outside the embedding [0, %d)", id, embed_rows);
+            int pos = q->pos0 + t;
+            h->tokens[n] = id;
+            h->pos[n] = pos;
+            h->slots[n] = q->block_table[pos / B] * B + pos % B;
+            /* full_text_row_mask: does the row see any tile (mllama-spec §5). */
+            int any = 0;
+            for (int c = 0; c < chunks; c++)
+                any |= q->cross_allowed[(size_t)t * chunks + c];
+            h->row_attn[n] = q->n_images > 0 ? 1.0f : 0.0f;
+            h->row_mlp[n] = any ? 1.0f : 0.0f;
+        }
+        if (chunks) {
+            memcpy(h->allowed + allowed_off, q->cross_allowed, (size_t)q->n_tokens * chunks);
+            allowed_off += (size_t)q->n_tokens * chunks;
+        }
+    }
+    h->seq_start[n_seqs] = n;
+    *n_tokens = n;
+    *n_rows = rows;
+    return ML_OK;
+}
+
+static void upload_step(ml_model *m, int n_seqs, int n)
+{
+    ml_backend *be = m->be;
+    const ml_step_host *h = &m->host;
+    const ml_text_bufs *b = &m->tb;
+    size_t chunks = (size_t)m->limits.max_seq_images * m->cfg.vision.max_num_tiles;
+    be->ops->upload(be, b->tokens, h->tokens, (size_t)n * sizeof(int32_t));
+    be->ops->upload(be, b->pos, h->pos, (size_t)n * sizeof(int32_t));
+    be->ops->upload(be, b->slots, h->slots, (size_t)n * sizeof(int32_t));
+    be->ops->upload(be, b->row_attn, h->row_attn, (size_t)n * sizeof(float));
+    be->ops->upload(be, b->row_mlp, h->row_mlp, (size_t)n * sizeof(float));
+    be->ops->upload(be, b->block_tables, h->block_tables,
+                    (size_t)n_seqs * m->max_blocks_per_seq * sizeof(int32_t));
+    be->ops->upload(be, b->seq_start, h->seq_start, (size_t)(n_seqs + 1) * sizeof(int32_t));
+    be->ops->upload(be, b->pos0, h->pos0, (size_t)n_seqs * sizeof(int32_t));
+    be->ops->upload(be, b->allowed, h->allowed, (size_t)n * chunks);
+}
+
+/* ---- layers --------------------------------------------------------------- */
+
+/* MllamaTextMLP: down(silu(gate(x)) * up(x)); x (n, D) is replaced. */
+static void mlp(ml_model *m, const ml_text_layer *L, int n)
+{
+    const ml_text_config *tc = &m->cfg.text;
+    const ml_backend_ops *op = m->be->ops;
+    const ml_text_bufs *b = &m->tb;
+    op->matmul(m->be, b->gate, b->x, L->gate_proj.data, NULL, n, tc->hidden_size,
+               tc->intermediate_size, 0);
+    op->matmul(m->be, b->up, b->x, L->up_proj.data, NULL, n, tc->hidden_size,
+               tc->intermediate_size, 0);
+    op->silu_mul(m->be, b->gate, b->gate, b->up, (size_t)n * tc->intermediate_size);
+    op->matmul(m->be, b->x, b->gate, L->down_proj.data, NULL, n, tc->intermediate_size,
+               tc->hidden_size, 0);
+}
+
+/* MllamaSelfAttentionDecoderLayer: RMSNorm, q/k/v, llama3 RoPE, paged causal
+ * GQA attention, o_proj, residual; RMSNorm, MLP, residual. */
+static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int layer,
+                       int n_seqs, int n)
+{
+    const ml_text_config *tc = &m->cfg.text;
+    ml_backend *be = m->be;
+    const ml_backend_ops *op = be->ops;
+    const ml_text_bufs *b = &m->tb;
+    int D = tc->hidden_size, H = tc->num_attention_heads, KV = tc->num_key_value_heads;
+    int hd = tc->head_dim;
+
+    op->rmsnorm(be, b->x, b->h, L->input_layernorm.data, n, D, tc->rms_norm_eps);
+    op->matmul(be, b->q, b->x, L->self.q_proj.data, NULL, n, D, H * hd, 0);
+    op->matmul(be, b->k, b->x, L->self.k_proj.data, NULL, n, D, KV * hd, 0);
+    op->matmul(be, b->v, b->x, L->self.v_proj.data, NULL, n, D, KV * hd, 0);
+    op->rope(be, b->q, b->pos, m->inv_freq, n, H, hd);
+    op->rope(be, b->k, b->pos, m->inv_freq, n, KV, hd);
+    void *kc = ml_kv_cache_k(kv, m->self_index[layer]);
+    void *vc = ml_kv_cache_v(kv, m->self_index[layer]);
+    op->kv_write(be, kc, vc, b->k, b->v, b->slots, n, KV, hd);
+    ml_attn_causal_params ap = {
+        .out = b->attn, .q = b->q, .k_cache = kc, .v_cache = vc,
+        .block_table = b->block_tables, .seq_start = b->seq_start, .pos0 = b->pos0,
+        .n_seqs = n_seqs, .max_blocks_per_seq = m->max_blocks_per_seq,
+        .block_size = m->limits.kv_block_size, .n_heads = H, .n_kv_heads = KV, .head_dim = hd,
+        .scale = 1.0f / sqrtf((float)hd),
+    };
+    op->attn_causal(be, &ap);
+    op->matmul(be, b->x, b->attn, L->self.o_proj.data, NULL, n, H * hd, D, 0);
+    op->add_rows(be, b->h, b->x, NULL, 1.0f, n, D);
+
+    op->rmsnorm(be, b->x, b->h, L->post_attention_layernorm.data, n, D, tc->rms_norm_eps);
+    mlp(m, L, n);
+    op->add_rows(be, b->h, b->x, NULL, 1.0f, n, D);
+}
+
+/* MllamaCrossAttentionDecoderLayer over the sequences that have images.
+ * Rows of text-only sequences are left untouched (row_attn = row_mlp = 0),
+ * which is what HF's layer skip does for a batch of one. The attention
+ * output is not multiplied by the row mask; the MLP output is (HF quirk,
+ * mllama-spec §4.6). */
+static void cross_layer(ml_model *m, const ml_text_layer *L, int cross_idx,
+                        const ml_step_seq *seqs, int n_seqs, int n)
+{
+    const ml_text_config *tc = &m->cfg.text;
+    ml_backend *be = m->be;
+    const ml_backend_ops *op = be->ops;
+    const ml_text_bufs *b = &m->tb;
+    int D = tc->hidden_size, H = tc->num_attention_heads, KV = tc->num_key_value_heads;
+    int hd = tc->head_dim, T = m->cfg.vision.max_num_tiles, P = ml_config_num_patches(&m->cfg);
+    size_t plane_bytes = (size_t)T * P * KV * hd * op->kv_elem_size;
+
+    op->rmsnorm(be, b->x, b->h, L->input_layernorm.data, n, D, tc->rms_norm_eps);
+    op->matmul(be, b->q, b->x, L->cross.q_proj.data, NULL, n, D, H * hd, 0);
+    op->rmsnorm(be, b->q, b->q, L->cross.q_norm.data, n * H, hd, tc->rms_norm_eps);
+    op->zero(be, b->attn, (size_t)n * H * hd);
+
+    const void *k_img[ML_MAX_SEQ_IMAGES], *v_img[ML_MAX_SEQ_IMAGES];
+    size_t allowed_off = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const ml_step_seq *q = &seqs[s];
+        if (q->n_images == 0)
+            continue;
+        for (int i = 0; i < q->n_images; i++) {
+            const char *state = q->image_states[i];
+            k_img[i] = state + (size_t)2 * cross_idx * plane_bytes;
+            v_img[i] = state + ((size_t)2 * cross_idx + 1) * plane_bytes;
+        }
+        size_t row0 = (size_t)m->host.seq_start[s];
+        ml_attn_cross_params ap = {
+            .out = b->attn + row0 * H * hd, .q = b->q + row0 * H * hd,
+            .k = k_img, .v = v_img, .allowed = b->allowed + allowed_off,
+            .n_tokens = q->n_tokens, .n_images = q->n_images, .max_tiles = T, .chunk_len = P,
+            .n_heads = H, .n_kv_heads = KV, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
+        };
+        op->attn_cross(be, &ap);
+        allowed_off += (size_t)q->n_tokens * q->n_images * T;
+    }
+    op->matmul(be, b->x, b->attn, L->cross.o_proj.data, NULL, n, H * hd, D, 0);
+    op->add_rows(be, b->h, b->x, b->row_attn, tanhf(L->cross.attn_gate), n, D);
+
+    op->rmsnorm(be, b->x, b->h, L->post_attention_layernorm.data, n, D, tc->rms_norm_eps);
+    mlp(m, L, n);
+    op->add_rows(be, b->h, b->x, b->row_mlp, tanhf(L->cross.mlp_gate), n, D);
+}
+
+/* ---- the step -------------------------------------------------------------- */
+
+ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
+                           float *logits, const ml_text_taps *taps, char *err, size_t errlen)
+{
+    const ml_text_config *tc = &m->cfg.text;
+    ml_backend *be = m->be;
+    const ml_backend_ops *op = be->ops;
+    const ml_text_bufs *b = &m->tb;
+    int D = tc->hidden_size, n, n_rows;
+    ml_status st = stage_step(m, kv, seqs, n_seqs, &n, &n_rows, err, errlen);
+    if (st != ML_OK)
+        return st;
+    upload_step(m, n_seqs, n);
+
+    int any_images = 0;
+    for (int s = 0; s < n_seqs; s++)
+        any_images |= seqs[s].n_images > 0;
+    size_t tap_stride = (size_t)n * D;
+
+    op->embed(be, b->h, m->w.text.embed_tokens.data, b->tokens, n, D);
+    for (int l = 0; l < tc->num_hidden_layers; l++) {
+        if (taps && taps->hidden_states)
+            op->download(be, taps->hidden_states + (size_t)l * tap_stride, b->h,
+                         tap_stride * sizeof(float));
+        const ml_text_layer *L = &m->w.text.layers[l];
+        if (!L->is_cross)
+            self_layer(m, kv, L, l, n_seqs, n);
+        else if (any_images) /* MllamaTextModel skips cross layers without images (§4.8) */
+            cross_layer(m, L, ml_config_cross_index(&m->cfg, l), seqs, n_seqs, n);
+    }
+    op->rmsnorm(be, b->x, b->h, m->w.text.norm.data, n, D, tc->rms_norm_eps);
+    if (taps && taps->hidden_states)
+        op->download(be, taps->hidden_states + (size_t)tc->num_hidden_layers * tap_stride, b->x,
+                     tap_stride * sizeof(float));
+
+    /* Gather the requested rows, then lm_head (untied, no bias). */
+    if (n_rows > 0) {
+        int r = 0;
+        for (int s = 0; s < n_seqs; s++) {
+            int start = m->host.seq_start[s], len = seqs[s].n_tokens;
+            int first = seqs[s].logits == 2 ? start : start + len - 1;
+            int count = seqs[s].logits == 2 ? len : seqs[s].logits == 1;
+            if (count == 0)
+                continue;
+            op->copy_2d(be, b->rows + (size_t)r * D, b->x + (size_t)first * D, count, D,
+                        (size_t)D, 1, (size_t)D);
+            r += count;
+        }
+        op->matmul(be, b->logits, b->rows, m->w.text.lm_head.data, NULL, n_rows, D,
+                   tc->vocab_size, 0);
+        op->download(be, logits, b->logits, (size_t)n_rows * tc->vocab_size * sizeof(float));
+    }
+    return op->synchronize(be, err, errlen);
+}

@@ -1,0 +1,249 @@
+/* The vision tower, the projector and the cross-attention K/V of one image
+ * (transformers v4.47 MllamaVisionModel.forward, MllamaMultiModalProjector,
+ * and the k/v half of MllamaTextCrossSdpaAttention; mllama-spec §3, §8).
+ *
+ * Shapes: T = max_num_tiles, P = patches per tile + CLS (1601), Pp = P
+ * padded to a multiple of 8 (1608), S = T·Pp (6432), D_v = vision hidden,
+ * I_v = vision MLP width, D = text hidden. */
+#include <math.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+
+typedef struct vision_dims {
+    int T, P, Pp, S, Dv, Iv, heads, hd, side, patch, patch_len, n_inter, vout, D, kv_width;
+} vision_dims;
+
+static vision_dims dims_of(const ml_model *m)
+{
+    const ml_vision_config *vc = &m->cfg.vision;
+    vision_dims d;
+    d.T = vc->max_num_tiles;
+    d.P = ml_config_num_patches(&m->cfg);
+    d.Pp = ml_config_num_patches_padded(&m->cfg);
+    d.S = d.T * d.Pp;
+    d.Dv = vc->hidden_size;
+    d.Iv = vc->intermediate_size;
+    d.heads = vc->attention_heads;
+    d.hd = vc->head_dim;
+    d.side = vc->image_size;
+    d.patch = vc->patch_size;
+    d.patch_len = vc->num_channels * vc->patch_size * vc->patch_size;
+    d.n_inter = vc->n_intermediate_layers;
+    d.vout = vc->vision_output_dim;
+    d.D = m->cfg.text.hidden_size;
+    d.kv_width = m->cfg.text.num_key_value_heads * m->cfg.text.head_dim;
+    return d;
+}
+
+void ml_vision_plan(const ml_model *m, ml_carver *c, ml_vision_bufs *b)
+{
+    vision_dims d = dims_of(m);
+    size_t f = sizeof(float), S = (size_t)d.S, tp = (size_t)d.T * (size_t)d.P;
+    b->pixels = ml_carve(c, (size_t)d.T * (size_t)m->cfg.vision.num_channels * (size_t)d.side *
+                                (size_t)d.side * f);
+    b->patches = ml_carve(c, (size_t)d.T * (size_t)(d.P - 1) * (size_t)d.patch_len * f);
+    b->h = ml_carve(c, S * (size_t)d.Dv * f);
+    b->x = ml_carve(c, S * (size_t)d.Dv * f);
+    b->vout = ml_carve(c, tp * (size_t)d.vout * f);
+    b->valid = ml_carve(c, S);
+    /* The encoder temporaries are dead once the global transformer is done;
+     * the projector output and the K/V staging reuse their space. */
+    size_t encoder_start = c->off;
+    b->q = ml_carve(c, S * (size_t)d.Dv * f);
+    b->k = ml_carve(c, S * (size_t)d.Dv * f);
+    b->v = ml_carve(c, S * (size_t)d.Dv * f);
+    b->attn = ml_carve(c, S * (size_t)d.Dv * f);
+    b->mlp = ml_carve(c, S * (size_t)d.Iv * f);
+    size_t encoder_end = c->off;
+    c->off = encoder_start;
+    b->proj = ml_carve(c, tp * (size_t)d.D * f);
+    b->kv_tmp = ml_carve(c, tp * (size_t)d.kv_width * f);
+    if (c->off < encoder_end)
+        c->off = encoder_end;
+}
+
+size_t ml_model_image_state_bytes(const ml_model *m)
+{
+    vision_dims d = dims_of(m);
+    return 2 * (size_t)m->cfg.text.n_cross_layers * (size_t)d.T * (size_t)d.P *
+           (size_t)d.kv_width * m->be->ops->kv_elem_size;
+}
+
+/* MllamaVisionEncoderLayer: pre-norm attention and MLP blocks, each added
+ * to the residual stream through tanh(gate) for global layers and with
+ * weight 1 for local ones. h (S, D_v) is updated in place. */
+static void encoder_layer(ml_model *m, const vision_dims *d, const ml_vision_layer *L)
+{
+    ml_backend *be = m->be;
+    const ml_backend_ops *op = be->ops;
+    const ml_vision_bufs *b = &m->vb;
+    float eps = m->cfg.vision.norm_eps;
+    float gate_attn = L->is_gated ? tanhf(L->gate_attn) : 1.0f;
+    float gate_ffn = L->is_gated ? tanhf(L->gate_ffn) : 1.0f;
+
+    /* MllamaVisionSdpaAttention: q/k/v/o without bias, 16 heads of 80. */
+    op->layernorm(be, b->x, b->h, L->input_layernorm_weight.data, L->input_layernorm_bias.data,
+                  d->S, d->Dv, eps);
+    op->matmul(be, b->q, b->x, L->q_proj.data, NULL, d->S, d->Dv, d->Dv, 0);
+    op->matmul(be, b->k, b->x, L->k_proj.data, NULL, d->S, d->Dv, d->Dv, 0);
+    op->matmul(be, b->v, b->x, L->v_proj.data, NULL, d->S, d->Dv, d->Dv, 0);
+    ml_attn_vision_params ap = {
+        .out = b->attn, .q = b->q, .k = b->k, .v = b->v, .valid = b->valid,
+        .n_seq = 1, .seq_len = d->S, .n_heads = d->heads, .head_dim = d->hd,
+        .scale = 1.0f / sqrtf((float)d->hd),
+    };
+    op->attn_vision(be, &ap);
+    op->matmul(be, b->x, b->attn, L->o_proj.data, NULL, d->S, d->Dv, d->Dv, 0);
+    op->add_rows(be, b->h, b->x, NULL, gate_attn, d->S, d->Dv);
+
+    /* MllamaVisionMLP: fc1 (+bias), exact GELU, fc2 (+bias). */
+    op->layernorm(be, b->x, b->h, L->post_attention_layernorm_weight.data,
+                  L->post_attention_layernorm_bias.data, d->S, d->Dv, eps);
+    op->matmul(be, b->mlp, b->x, L->fc1_weight.data, L->fc1_bias.data, d->S, d->Dv, d->Iv, 0);
+    op->gelu(be, b->mlp, (size_t)d->S * (size_t)d->Iv);
+    op->matmul(be, b->x, b->mlp, L->fc2_weight.data, L->fc2_bias.data, d->S, d->Iv, d->Dv, 0);
+    op->add_rows(be, b->h, b->x, NULL, gate_ffn, d->S, d->Dv);
+}
+
+/* Store hidden_states[layer] (the input of local layer `layer`, mllama-spec
+ * §3.7) into every intermediate slot k with intermediate_layers_indices[k]
+ * == layer: vision output channel D_v + c·n_inter + k for hidden channel c
+ * (torch.stack(..., dim=-1) then flatten: interleaved, §3.12). Pad tokens
+ * are dropped. */
+static void collect_intermediate(ml_model *m, const vision_dims *d, int layer)
+{
+    const ml_vision_config *vc = &m->cfg.vision;
+    const ml_vision_bufs *b = &m->vb;
+    for (int k = 0; k < d->n_inter; k++) {
+        if (vc->intermediate_layers_indices[k] != layer)
+            continue;
+        for (int t = 0; t < d->T; t++)
+            m->be->ops->copy_2d(m->be, b->vout + (size_t)t * d->P * d->vout + d->Dv + k,
+                                b->h + (size_t)t * d->Pp * d->Dv, d->P, d->Dv,
+                                (size_t)d->vout, (size_t)d->n_inter, (size_t)d->Dv);
+    }
+}
+
+/* MllamaVisionModel.forward up to the concatenated output (T·P, vout). */
+static void vision_tower(ml_model *m, const vision_dims *d, int ar_id)
+{
+    ml_backend *be = m->be;
+    const ml_backend_ops *op = be->ops;
+    const ml_vision_weights *w = &m->w.vision;
+    const ml_vision_bufs *b = &m->vb;
+    size_t tile = (size_t)d->Pp * d->Dv; /* floats per padded tile in h */
+
+    /* Patch conv as im2col + matmul, written after each tile's CLS slot;
+     * pad rows stay zero (F.pad after layernorm_pre). */
+    op->zero(be, b->h, (size_t)d->S * d->Dv);
+    op->patchify(be, b->patches, b->pixels, d->T, d->side, d->patch);
+    for (int t = 0; t < d->T; t++)
+        op->matmul(be, b->h + t * tile + d->Dv,
+                   b->patches + (size_t)t * (d->P - 1) * d->patch_len,
+                   w->patch_embedding.data, NULL, d->P - 1, d->patch_len, d->Dv, 0);
+
+    /* MllamaPrecomputedAspectRatioEmbedding (pre-tile, gated) on the patches,
+     * then apply_class_embedding, then MllamaPrecomputedPositionEmbedding:
+     * (1 - tanh g)·position + tanh g·tile_embedding[ar_id]. */
+    float pre_gate = tanhf(w->pre_tile_gate), pos_gate = tanhf(w->position_gate);
+    for (int t = 0; t < d->T; t++) {
+        float *ht = b->h + t * tile;
+        op->add_bf16(be, ht + d->Dv,
+                     w->pre_tile_embedding.data + ((size_t)ar_id * d->T + t) * d->Dv, pre_gate,
+                     d->P - 1, 1, d->Dv);
+        op->add_bf16(be, ht, w->class_embedding.data, 1.0f, 1, 1, d->Dv);
+        op->add_bf16(be, ht, w->position_embedding.data, 1.0f - pos_gate, d->P, d->P, d->Dv);
+        op->add_bf16(be, ht,
+                     w->tile_position_embedding.data + ((size_t)ar_id * d->T + t) * d->P * d->Dv,
+                     pos_gate, d->P, d->P, d->Dv);
+        op->layernorm(be, ht, ht, w->layernorm_pre_weight.data, w->layernorm_pre_bias.data, d->P,
+                      d->Dv, m->cfg.vision.norm_eps);
+    }
+
+    /* Local transformer, collecting hidden_states[i] = input of layer i. */
+    for (int i = 0; i < w->n_layers; i++) {
+        collect_intermediate(m, d, i);
+        encoder_layer(m, d, &w->layers[i]);
+    }
+    collect_intermediate(m, d, w->n_layers);
+
+    /* layernorm_post over every token (pads included, as HF), post-tile
+     * embedding on all Pp tokens of each tile, then the gated transformer. */
+    op->layernorm(be, b->h, b->h, w->layernorm_post_weight.data, w->layernorm_post_bias.data,
+                  d->S, d->Dv, m->cfg.vision.norm_eps);
+    float post_gate = tanhf(w->post_tile_gate);
+    for (int t = 0; t < d->T; t++)
+        op->add_bf16(be, b->h + t * tile,
+                     w->post_tile_embedding.data + ((size_t)ar_id * d->T + t) * d->Dv, post_gate,
+                     d->Pp, 1, d->Dv);
+    for (int i = 0; i < w->n_global_layers; i++)
+        encoder_layer(m, d, &w->global_layers[i]);
+
+    /* Global output, pads dropped, into channels [0, D_v). */
+    for (int t = 0; t < d->T; t++)
+        op->copy_2d(be, b->vout + (size_t)t * d->P * d->vout, b->h + t * tile, d->P, d->Dv,
+                    (size_t)d->vout, 1, (size_t)d->Dv);
+}
+
+ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_ratio_id,
+                                const uint8_t *aspect_ratio_mask, void *state,
+                                const ml_vision_taps *taps, char *err, size_t errlen)
+{
+    vision_dims d = dims_of(m);
+    ml_backend *be = m->be;
+    const ml_backend_ops *op = be->ops;
+    const ml_vision_bufs *b = &m->vb;
+    int n_ids = ml_config_n_aspect_ratio_ids(&m->cfg);
+    if (aspect_ratio_id < 1 || aspect_ratio_id >= n_ids)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "aspect_ratio_id %d outside [1, %d)",
+                       aspect_ratio_id, n_ids);
+
+    /* _prepare_aspect_ratio_attention_mask: token p of tile t is valid when
+     * the tile is real and p is not padding (mllama-spec §3.6). */
+    uint8_t valid[ML_VISION_MAX_TOKENS];
+    if (d.S > ML_VISION_MAX_TOKENS)
+        return ml_fail(err, errlen, ML_ERR_UNSUPPORTED, "vision sequence of %d tokens above %d",
+                       d.S, ML_VISION_MAX_TOKENS);
+    for (int t = 0; t < d.T; t++)
+        for (int p = 0; p < d.Pp; p++)
+            valid[t * d.Pp + p] = aspect_ratio_mask[t] && p < d.P;
+    op->upload(be, b->valid, valid, (size_t)d.S);
+    op->upload(be, b->pixels, pixels,
+               (size_t)d.T * m->cfg.vision.num_channels * d.side * d.side * sizeof(float));
+
+    vision_tower(m, &d, aspect_ratio_id);
+
+    /* MllamaMultiModalProjector: (T·P, vout) → (T·P, D). */
+    size_t tp = (size_t)d.T * d.P;
+    op->matmul(be, b->proj, b->vout, m->w.projector_weight.data, m->w.projector_bias.data,
+               (int)tp, d.vout, d.D, 0);
+
+    /* Every cross layer's K (after k_norm) and V over the image's tokens:
+     * state = [cross layer][K, V][T·P][KV][hd] in the kv type. */
+    const ml_text_config *tc = &m->cfg.text;
+    size_t plane = tp * (size_t)d.kv_width;
+    size_t plane_bytes = plane * op->kv_elem_size;
+    char *dst = state;
+    for (int l = 0; l < tc->num_hidden_layers; l++) {
+        const ml_text_layer *L = &m->w.text.layers[l];
+        if (!L->is_cross)
+            continue;
+        op->matmul(be, b->kv_tmp, b->proj, L->cross.k_proj.data, NULL, (int)tp, d.D, d.kv_width,
+                   0);
+        op->rmsnorm(be, b->kv_tmp, b->kv_tmp, L->cross.k_norm.data,
+                    (int)tp * tc->num_key_value_heads, tc->head_dim, tc->rms_norm_eps);
+        op->kv_store(be, dst, b->kv_tmp, plane);
+        dst += plane_bytes;
+        op->matmul(be, b->kv_tmp, b->proj, L->cross.v_proj.data, NULL, (int)tp, d.D, d.kv_width,
+                   0);
+        op->kv_store(be, dst, b->kv_tmp, plane);
+        dst += plane_bytes;
+    }
+
+    if (taps && taps->vision_output)
+        op->download(be, taps->vision_output, b->vout, tp * d.vout * sizeof(float));
+    if (taps && taps->projector_output)
+        op->download(be, taps->projector_output, b->proj, tp * d.D * sizeof(float));
+    return op->synchronize(be, err, errlen);
+}

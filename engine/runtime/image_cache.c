@@ -1,0 +1,167 @@
+/* The resident image-state cache: one doubly linked list in LRU order (head
+ * = most recently used). Lookups scan it: a budget holds at most a few
+ * hundred states (11B: 200 MiB each), and a lookup happens once per image
+ * of a request, never per token. */
+#include "runtime/image_cache.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ml_image_entry {
+    uint8_t key[ML_IMAGE_KEY_BYTES];
+    void *state;      /* owned backend buffer */
+    int n_tiles;
+    int refs;
+    int published;
+    ml_image_entry *prev, *next;
+};
+
+struct ml_image_cache {
+    ml_backend *be;   /* borrowed */
+    size_t budget, entry_bytes, used;
+    int count;
+    ml_image_entry *head, *tail;
+    ml_image_event_fn on_event;
+    void *event_ctx;
+};
+
+ml_status ml_image_cache_create(ml_image_cache **out, ml_backend *be, size_t budget_bytes,
+                                size_t entry_bytes, ml_image_event_fn on_event, void *event_ctx,
+                                char *err, size_t errlen)
+{
+    *out = NULL;
+    if (entry_bytes == 0)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "image cache: zero-sized entries");
+    ml_image_cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "image cache: out of memory");
+    c->be = be;
+    c->budget = budget_bytes;
+    c->entry_bytes = entry_bytes;
+    c->on_event = on_event;
+    c->event_ctx = event_ctx;
+    *out = c;
+    return ML_OK;
+}
+
+static void unlink_entry(ml_image_cache *c, ml_image_entry *e)
+{
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        c->head = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else
+        c->tail = e->prev;
+    e->prev = e->next = NULL;
+}
+
+static void push_front(ml_image_cache *c, ml_image_entry *e)
+{
+    e->prev = NULL;
+    e->next = c->head;
+    if (c->head)
+        c->head->prev = e;
+    c->head = e;
+    if (!c->tail)
+        c->tail = e;
+}
+
+static void free_entry(ml_image_cache *c, ml_image_entry *e)
+{
+    unlink_entry(c, e);
+    c->used -= c->entry_bytes;
+    c->count--;
+    if (e->published && c->on_event)
+        c->on_event(c->event_ctx, ML_IMAGE_EVICTED, e->key, c->entry_bytes, e->n_tiles);
+    c->be->ops->free(c->be, e->state);
+    free(e);
+}
+
+void ml_image_cache_destroy(ml_image_cache *c)
+{
+    if (!c)
+        return;
+    while (c->head) {
+        assert(c->head->refs == 0);
+        free_entry(c, c->head);
+    }
+    free(c);
+}
+
+static ml_image_entry *find(const ml_image_cache *c, const uint8_t *key)
+{
+    for (ml_image_entry *e = c->head; e; e = e->next)
+        if (e->published && !memcmp(e->key, key, ML_IMAGE_KEY_BYTES))
+            return e;
+    return NULL;
+}
+
+ml_image_entry *ml_image_cache_acquire(ml_image_cache *c, const uint8_t *key)
+{
+    ml_image_entry *e = find(c, key);
+    if (!e)
+        return NULL;
+    e->refs++;
+    unlink_entry(c, e);
+    push_front(c, e);
+    return e;
+}
+
+int ml_image_cache_contains(const ml_image_cache *c, const uint8_t *key)
+{
+    return find(c, key) != NULL;
+}
+
+int ml_image_cache_fits(const ml_image_cache *c) { return c->entry_bytes <= c->budget; }
+
+ml_image_entry *ml_image_cache_reserve(ml_image_cache *c, const uint8_t *key, int n_tiles)
+{
+    /* Evict idle entries from the LRU end until the new state fits. */
+    ml_image_entry *e = c->tail;
+    while (c->used + c->entry_bytes > c->budget && e) {
+        ml_image_entry *prev = e->prev;
+        if (e->refs == 0)
+            free_entry(c, e);
+        e = prev;
+    }
+    if (c->used + c->entry_bytes > c->budget)
+        return NULL;
+    ml_image_entry *n = calloc(1, sizeof *n);
+    if (!n)
+        return NULL;
+    n->state = c->be->ops->alloc(c->be, c->entry_bytes);
+    if (!n->state) {
+        free(n);
+        return NULL;
+    }
+    memcpy(n->key, key, ML_IMAGE_KEY_BYTES);
+    n->n_tiles = n_tiles;
+    n->refs = 1;
+    push_front(c, n);
+    c->used += c->entry_bytes;
+    c->count++;
+    return n;
+}
+
+void ml_image_cache_publish(ml_image_cache *c, ml_image_entry *e)
+{
+    assert(!e->published);
+    e->published = 1;
+    if (c->on_event)
+        c->on_event(c->event_ctx, ML_IMAGE_INSERTED, e->key, c->entry_bytes, e->n_tiles);
+}
+
+void ml_image_cache_release(ml_image_cache *c, ml_image_entry *e)
+{
+    assert(e->refs > 0);
+    if (--e->refs == 0 && !e->published)
+        free_entry(c, e);
+}
+
+void *ml_image_entry_state(const ml_image_entry *e) { return e->state; }
+size_t ml_image_cache_used(const ml_image_cache *c) { return c->used; }
+size_t ml_image_cache_budget(const ml_image_cache *c) { return c->budget; }
+int ml_image_cache_count(const ml_image_cache *c) { return c->count; }

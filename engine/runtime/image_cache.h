@@ -1,0 +1,76 @@
+/* Resident cross-attention states (design.md §4): for every image, the K/V
+ * of every cross-attention layer, computed once and kept in backend memory
+ * within a byte budget. Entries are keyed by a 32-byte digest (the caller
+ * hashes image bytes, preprocessing parameters, model fingerprint and any
+ * adapter that touches vision or cross K/V), refcounted while sequences use
+ * them and evicted least-recently-used otherwise.
+ *
+ * @locality: the step loop thread. */
+#ifndef ML_RUNTIME_IMAGE_CACHE_H
+#define ML_RUNTIME_IMAGE_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "status.h"
+
+#define ML_IMAGE_KEY_BYTES 32
+
+typedef struct ml_image_cache ml_image_cache;
+typedef struct ml_image_entry ml_image_entry;
+
+typedef enum ml_image_event {
+    ML_IMAGE_INSERTED,
+    ML_IMAGE_EVICTED,
+} ml_image_event;
+
+/* Called for every insertion and eviction, so the service can mirror the
+ * resident set into Redis. key is borrowed for the call. */
+typedef void (*ml_image_event_fn)(void *ctx, ml_image_event ev, const uint8_t *key,
+                                  size_t bytes, int n_tiles);
+
+/* A cache of at most budget_bytes of states, each entry_bytes large (every
+ * image of a model has the same state size: all tile slots are computed).
+ * be is borrowed. Errors: ML_ERR_INVALID_ARG, ML_ERR_NOMEM. */
+ml_status ml_image_cache_create(ml_image_cache **out, ml_backend *be, size_t budget_bytes,
+                                size_t entry_bytes, ml_image_event_fn on_event, void *event_ctx,
+                                char *err, size_t errlen);
+
+/* Frees every state; entries still referenced are a caller bug (asserted).
+ * NULL is a no-op. */
+void ml_image_cache_destroy(ml_image_cache *c);
+
+/* The resident entry for key with one more reference, marked most recently
+ * used; NULL when absent. */
+ml_image_entry *ml_image_cache_acquire(ml_image_cache *c, const uint8_t *key);
+
+/* 1 when key is resident (no reference taken, LRU order unchanged). */
+int ml_image_cache_contains(const ml_image_cache *c, const uint8_t *key);
+
+/* A new entry for key with one reference, its state allocated (contents
+ * undefined until the caller writes them), evicting idle entries as needed.
+ * NULL when the budget cannot make room now (every resident entry is in
+ * use); ml_image_cache_fits says whether it ever could. The entry counts as
+ * inserted only after ml_image_cache_publish: until then a failed encode
+ * can ml_image_cache_release it and it disappears without an event. */
+ml_image_entry *ml_image_cache_reserve(ml_image_cache *c, const uint8_t *key, int n_tiles);
+
+/* Mark a reserved entry's state as complete and emit ML_IMAGE_INSERTED. */
+void ml_image_cache_publish(ml_image_cache *c, ml_image_entry *e);
+
+/* Drop one reference. An unpublished entry is freed at once. */
+void ml_image_cache_release(ml_image_cache *c, ml_image_entry *e);
+
+/* 1 when one entry fits the budget at all. */
+int ml_image_cache_fits(const ml_image_cache *c);
+
+/* The entry's state (backend memory, entry_bytes). Borrowed. */
+void *ml_image_entry_state(const ml_image_entry *e);
+
+/* Bytes held by resident entries, and the budget. */
+size_t ml_image_cache_used(const ml_image_cache *c);
+size_t ml_image_cache_budget(const ml_image_cache *c);
+int ml_image_cache_count(const ml_image_cache *c);
+
+#endif
