@@ -11,4 +11,9 @@ enum {
     SVC_EXIT_USAGE = 2,   /* bad command line */
 };
 
+int cmd_preprocess(int argc, char **argv);
+int cmd_mock_kafka(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+
 #endif

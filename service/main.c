@@ -11,6 +11,10 @@ typedef struct svc_command {
 } svc_command;
 
 static const svc_command commands[] = {
+    {"preprocess", cmd_preprocess, "run the Mllama image preprocessing on a JPEG, write .npy"},
+    {"mock-kafka", cmd_mock_kafka, "run a mock Kafka cluster; print its bootstrap servers"},
+    {"tokenize", cmd_tokenize, "encode/decode JSON lines with a tokenizer.json"},
+    {"run", cmd_run, "generate from a model directory (one prompt or a JSONL batch)"},
     {NULL, NULL, NULL},
 };
 

@@ -71,7 +71,9 @@ typedef struct ml_vision_taps {
  * (+ k_norm) for one image, writing its resident state into `state`
  * (backend memory of ml_model_image_state_bytes, caller-owned).
  * pixels: host (max_tiles, 3, S, S) f32 with exact zeros in unused tile
- * slots (engine/image packing); aspect_ratio_id in 1..n_ids-1;
+ * slots (engine/image packing); aspect_ratio_id in 1..n_ids-1, or 0 for
+ * the zero padding slot transformers' pack_images adds to a batch row with
+ * fewer images (its state is needed only to reproduce such batches);
  * aspect_ratio_mask: max_tiles flags. Errors: ML_ERR_INVALID_ARG for an
  * out-of-range id, or the backend's latched error. */
 ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_ratio_id,

@@ -10,6 +10,10 @@
 
 #include "model/model_internal.h"
 
+/* layernorm_pre/post are nn.LayerNorm(hidden_size) with the default eps,
+ * not vision_config.norm_eps (MllamaVisionModel.__init__). */
+#define VISION_OUTER_LN_EPS 1e-5f
+
 typedef struct vision_dims {
     int T, P, Pp, S, Dv, Iv, heads, hd, side, patch, patch_len, n_inter, vout, D, kv_width;
 } vision_dims;
@@ -158,7 +162,7 @@ static void vision_tower(ml_model *m, const vision_dims *d, int ar_id)
                      w->tile_position_embedding.data + ((size_t)ar_id * d->T + t) * d->P * d->Dv,
                      pos_gate, d->P, d->P, d->Dv);
         op->layernorm(be, ht, ht, w->layernorm_pre_weight.data, w->layernorm_pre_bias.data, d->P,
-                      d->Dv, m->cfg.vision.norm_eps);
+                      d->Dv, VISION_OUTER_LN_EPS);
     }
 
     /* Local transformer, collecting hidden_states[i] = input of layer i. */
@@ -171,7 +175,7 @@ static void vision_tower(ml_model *m, const vision_dims *d, int ar_id)
     /* layernorm_post over every token (pads included, as HF), post-tile
      * embedding on all Pp tokens of each tile, then the gated transformer. */
     op->layernorm(be, b->h, b->h, w->layernorm_post_weight.data, w->layernorm_post_bias.data,
-                  d->S, d->Dv, m->cfg.vision.norm_eps);
+                  d->S, d->Dv, VISION_OUTER_LN_EPS);
     float post_gate = tanhf(w->post_tile_gate);
     for (int t = 0; t < d->T; t++)
         op->add_bf16(be, b->h + t * tile,
@@ -195,8 +199,8 @@ ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_rat
     const ml_backend_ops *op = be->ops;
     const ml_vision_bufs *b = &m->vb;
     int n_ids = ml_config_n_aspect_ratio_ids(&m->cfg);
-    if (aspect_ratio_id < 1 || aspect_ratio_id >= n_ids)
-        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "aspect_ratio_id %d outside [1, %d)",
+    if (aspect_ratio_id < 0 || aspect_ratio_id >= n_ids)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "aspect_ratio_id %d outside [0, %d)",
                        aspect_ratio_id, n_ids);
 
     /* _prepare_aspect_ratio_attention_mask: token p of tile t is valid when

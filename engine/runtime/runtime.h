@@ -1,0 +1,153 @@
+/* The runtime: continuous batching over one model (design.md §4).
+ *
+ * Requests join a FCFS queue; every ml_runtime_step admits what memory
+ * allows, runs one forward pass that mixes decode tokens of running
+ * sequences with prefill chunks of new ones, samples, streams text through
+ * the callbacks and retires finished sequences at once. Self-attention K/V
+ * live in a paged cache; images' cross-attention K/V in the resident image
+ * cache, shared across requests. Out of KV blocks, the newest running
+ * sequence is preempted and later recomputed (its output is unchanged).
+ *
+ * Memory: the KV pool and the image-state budget are fixed at create from
+ * one budget, so the model workspace, the KV pool and resident images never
+ * exceed it; a request that could never fit is refused at submit.
+ *
+ * @locality: every function runs on the step loop thread, and callbacks are
+ * invoked on it from inside ml_runtime_step (or ml_runtime_cancel). */
+#ifndef ML_RUNTIME_RUNTIME_H
+#define ML_RUNTIME_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/mllama.h"
+#include "runtime/image_cache.h"
+#include "runtime/sampler.h"
+#include "status.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct ml_runtime ml_runtime;
+
+/* Largest max_num_tiles of a model the runtime serves (published: 4). */
+#define ML_RUNTIME_MAX_TILES 16
+
+typedef struct ml_runtime_config {
+    size_t kv_bytes;        /* self-attention K/V pool */
+    size_t image_bytes;     /* resident cross-attention states */
+    int max_running;        /* sequences in the batch (<= model limits' max_step_seqs) */
+    int max_step_tokens;    /* tokens in one step (<= model limits' max_step_tokens) */
+    ml_image_event_fn on_image_event; /* optional; see image_cache.h */
+    void *image_event_ctx;
+} ml_runtime_config;
+
+/* Why a request ended. */
+typedef enum ml_finish_reason {
+    ML_FINISH_REASON_STOP,      /* a stop token or stop string */
+    ML_FINISH_REASON_LENGTH,    /* max_tokens or the context length */
+    ML_FINISH_REASON_CANCELLED, /* ml_runtime_cancel */
+    ML_FINISH_REASON_DEADLINE,  /* the deadline passed */
+    ML_FINISH_REASON_ERROR,     /* see the error code and message */
+} ml_finish_reason;
+
+/* Request-level error codes, the stable protocol codes of design.md §6 that
+ * the runtime can detect itself. */
+typedef enum ml_request_error {
+    ML_REQERR_NONE,
+    ML_REQERR_INVALID_REQUEST,  /* inconsistent images / image tokens */
+    ML_REQERR_INVALID_IMAGE,    /* an image neither resident nor given */
+    ML_REQERR_CONTEXT_LENGTH,   /* prompt over the context or the KV pool */
+    ML_REQERR_TOO_LARGE,        /* its images can never fit the image budget */
+    ML_REQERR_INTERNAL,         /* the model failed */
+} ml_request_error;
+
+typedef struct ml_usage {
+    int prompt_tokens, completion_tokens;
+    int images, images_cached;      /* images, and how many were resident already */
+    int preemptions;
+    double queue_ms, vision_ms, prefill_ms, decode_ms, ttft_ms;
+} ml_usage;
+
+typedef struct ml_request_callbacks {
+    /* Optional: the raw logits (vocab floats, borrowed for the call) of each
+     * step, before sampling, e.g. for `mllama run --logits-out`. */
+    void (*on_logits)(void *ctx, const float *logits, int vocab);
+    /* A sampled token and the text it completes (possibly empty: a partial
+     * UTF-8 character, or text held back because it may start a stop
+     * string). lp is NULL unless logprobs were requested. Never called for
+     * a stop token. */
+    void (*on_token)(void *ctx, int32_t id, const char *text, size_t len,
+                     const ml_logprobs *lp);
+    /* The end: text still held back (emitted before the finish), reason,
+     * error (ML_REQERR_NONE unless reason is ML_FINISH_REASON_ERROR) and message,
+     * usage. Exactly once per submitted request; the request's memory is
+     * already released. */
+    void (*on_finish)(void *ctx, const char *tail, size_t tail_len, ml_finish_reason reason,
+                      ml_request_error error, const char *message, const ml_usage *usage);
+    void *ctx;
+} ml_request_callbacks;
+
+/* One image of a request, in the order of its <|image|> tokens. */
+typedef struct ml_request_image {
+    uint8_t key[ML_IMAGE_KEY_BYTES]; /* cache key (see image_cache.h) */
+    /* Transferred: (max_tiles, 3, S, S) f32 packed by ml_image_pack_slot, or
+     * NULL to require a resident state. The runtime frees it (free()). */
+    float *pixels;
+    int aspect_ratio_id;
+    int n_tiles;                     /* real tiles: tiles_h · tiles_w */
+    uint8_t aspect_ratio_mask[ML_RUNTIME_MAX_TILES];
+} ml_request_image;
+
+typedef struct ml_request {
+    const int32_t *prompt;           /* borrowed for the call (copied) */
+    int n_prompt;
+    ml_request_image *images;        /* borrowed array; each pixels transferred */
+    int n_images;
+    ml_sampling_params sampling;     /* copied, stop strings included */
+    int64_t deadline_ms;             /* CLOCK_REALTIME ms; 0 = none */
+    ml_request_callbacks cb;
+} ml_request;
+
+/* Create a runtime over model (borrowed) and tokenizer (borrowed). Errors:
+ * ML_ERR_INVALID_ARG (config inconsistent with the model's limits),
+ * ML_ERR_NOMEM (the KV pool or tables). */
+ml_status ml_runtime_create(ml_runtime **out, ml_model *model, const ml_tokenizer *tok,
+                            const ml_runtime_config *cfg, char *err, size_t errlen);
+
+/* Finishes every request as cancelled (callbacks run), then frees. NULL is a
+ * no-op. */
+void ml_runtime_destroy(ml_runtime *rt);
+
+/* Queue a request. On ML_OK *handle identifies it and its callbacks will
+ * run exactly once to completion. A request that is invalid or could never
+ * fit is not queued: the return is ML_OK as well and on_finish has already
+ * run with ML_FINISH_REASON_ERROR (so every request ends through one path). Other
+ * errors (ML_ERR_NOMEM) mean nothing was queued and no callback ran; the
+ * images' pixels are freed in every case. */
+ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *handle, char *err,
+                            size_t errlen);
+
+/* Cancel a queued or running request: on_finish(ML_FINISH_REASON_CANCELLED) runs
+ * before this returns. Unknown or finished handles are ignored. */
+void ml_runtime_cancel(ml_runtime *rt, uint64_t handle);
+
+/* One scheduling step. Returns ML_OK (also when idle) or a process-level
+ * error from the backend, after which the runtime must be destroyed. */
+ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen);
+
+/* Requests queued or running. */
+int ml_runtime_active(const ml_runtime *rt);
+int ml_runtime_running(const ml_runtime *rt);
+
+/* The resident image cache (for lookups by the service). Borrowed. */
+ml_image_cache *ml_runtime_image_cache(ml_runtime *rt);
+
+/* Gauges for metrics. */
+typedef struct ml_runtime_stats {
+    int waiting, running;
+    int kv_blocks_total, kv_blocks_free;
+    size_t image_bytes_used, image_bytes_budget;
+    uint64_t steps, tokens_generated, preemptions, images_encoded, image_cache_hits;
+} ml_runtime_stats;
+void ml_runtime_get_stats(const ml_runtime *rt, ml_runtime_stats *st);
+
+#endif

@@ -1,0 +1,25 @@
+/* Small helpers shared by the CLI subcommands: whole-file reads, .npy output
+ * and strict number parsing. Errors are printed to stderr prefixed with the
+ * command name. @locality: the main thread. */
+#ifndef SVC_CLI_UTIL_H
+#define SVC_CLI_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The whole file at path, NUL-terminated (the NUL is not counted in *len),
+ * at most max_bytes. Owned by the caller (free). NULL on error, printed. */
+char *svc_read_file(const char *cmd, const char *path, size_t max_bytes, size_t *len);
+
+/* Write a C-order little-endian float32 .npy (format 1.0) of ndim <= 4 dims.
+ * Returns 0, or -1 with the error printed. */
+int svc_write_npy_f32(const char *cmd, const char *path, const float *data, int ndim,
+                      const size_t *shape);
+
+/* Strict decimal parsing of a whole option value within [lo, hi]. Returns 0,
+ * or -1 with "<cmd>: <opt>: ..." printed. */
+int svc_parse_long(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
+int svc_parse_double(const char *cmd, const char *opt, const char *s, double lo, double hi,
+                     double *out);
+
+#endif
