@@ -9,6 +9,7 @@
 #include "image/prepare.h"
 #include "model/config.h"
 #include "model/mllama.h"
+#include "model/mkmodel.h"
 #include "runtime/runtime.h"
 #include "runtime/sampler.h"
 #include "runtime/stop.h"

@@ -15,5 +15,6 @@ int cmd_preprocess(int argc, char **argv);
 int cmd_mock_kafka(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_mkmodel(int argc, char **argv);
 
 #endif

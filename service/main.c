@@ -14,6 +14,7 @@ static const svc_command commands[] = {
     {"preprocess", cmd_preprocess, "run the Mllama image preprocessing on a JPEG, write .npy"},
     {"mock-kafka", cmd_mock_kafka, "run a mock Kafka cluster; print its bootstrap servers"},
     {"tokenize", cmd_tokenize, "encode/decode JSON lines with a tokenizer.json"},
+    {"mkmodel", cmd_mkmodel, "write a random-weight checkpoint of the real architecture"},
     {"run", cmd_run, "generate from a model directory (one prompt or a JSONL batch)"},
     {NULL, NULL, NULL},
 };

@@ -240,7 +240,7 @@ ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;
     const ml_text_bufs *b = &m->tb;
-    int D = tc->hidden_size, n, n_rows;
+    int D = tc->hidden_size, n = 0, n_rows = 0;
     ml_status st = stage_step(m, kv, seqs, n_seqs, &n, &n_rows, err, errlen);
     if (st != ML_OK)
         return st;

@@ -547,6 +547,10 @@ static void admit(ml_runtime *rt)
             first = rt->cfg.max_step_tokens;
         if ((first + rt->block_size - 1) / rt->block_size > ml_kv_cache_n_free(rt->kv))
             return;
+        if (s->t_admit == 0) {
+            s->t_admit = now_ms();
+            s->usage.queue_ms = s->t_admit - s->t_submit;
+        }
         char err[256];
         int got = acquire_images(rt, s, err, sizeof err);
         if (got == 0) {
@@ -566,10 +570,6 @@ static void admit(ml_runtime *rt)
         list_remove(&rt->waiting, s);
         s->state = SEQ_RUNNING;
         list_push_back(&rt->running, s);
-        if (s->t_admit == 0) {
-            s->t_admit = now_ms();
-            s->usage.queue_ms = s->t_admit - s->t_submit;
-        }
     }
 }
 

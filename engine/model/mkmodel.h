@@ -1,0 +1,26 @@
+/* Random-weight Mllama checkpoints of the real architecture, written in the
+ * Hugging Face layout (config.json, sharded bf16 safetensors, tokenizer and
+ * preprocessor files), for demos and benchmarks where no published
+ * checkpoint is at hand. The graph, the loader and the tokenizer are the
+ * real ones; only the weight values are random. */
+#ifndef ML_MODEL_MKMODEL_H
+#define ML_MODEL_MKMODEL_H
+
+#include <stdint.h>
+
+#include "status.h"
+
+/* Presets, from smallest: "tiny" (demo, ~70M parameters, real vocabulary
+ * and tile geometry), "small" (~0.5B), "1b" (a ~1B-parameter text decoder
+ * with real-width vision layers, for bandwidth measurements) and "11b" (the
+ * published Llama 3.2 11B Vision shapes). */
+extern const char *const ml_mkmodel_presets[];
+
+/* Write the preset into dir (created if absent). tokenizer_dir holds
+ * tokenizer.json and tokenizer_config.json to copy in. The same seed gives
+ * the same bytes. Errors: ML_ERR_INVALID_ARG (unknown preset), ML_ERR_IO,
+ * ML_ERR_NOMEM; err says which file. */
+ml_status ml_mkmodel(const char *preset, const char *dir, const char *tokenizer_dir,
+                     uint64_t seed, char *err, size_t errlen);
+
+#endif
