@@ -1,0 +1,1255 @@
+#!/usr/bin/env python3
+"""Golden fixtures for mllama-worker, made by Hugging Face transformers.
+
+    /opt/refvenv/bin/python tests/golden/gen_fixtures.py [--only images|masks|models|tokenizer]
+
+Writes under tests/golden/fixtures/ (see tests/golden/README.md for the layout):
+  images/     real JPEG/PNG photos and, per image, what the transformers 4.47.1
+              MllamaImageProcessor (the PIL/numpy one) makes of it: canvas choice,
+              resize size, aspect ratio id/mask and sha256 of the decoded, resized and
+              normalized tensors; a 2-sample packed batch.
+  masks/      cross-attention masks from transformers' own processing_mllama helpers.
+  models/     tiny random Mllama checkpoints (bf16 safetensors in the 4.47 layout) and
+              float32 reference activations, logits and greedy tokens.
+  tokenizer/  written by tests/golden/tokenizer_refs.py (another generator; called here).
+
+Everything is deterministic: photos come from scikit-image's bundled samples, random
+numbers from numpy's PCG64 with fixed seeds, torch runs on one CPU thread. Re-running
+on the same machine and package versions rewrites identical files. The float32
+reference activations may differ in the last bits on a CPU with a different SIMD
+path; weights, images and every integer output do not.
+
+Python is only needed to regenerate these files: tests never run it.
+"""
+import argparse
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import shutil
+import sys
+from fractions import Fraction
+
+import numpy as np
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GOLDEN_DIR = os.path.join(REPO_ROOT, "tests", "golden")
+FIXTURES_DIR = os.path.join(GOLDEN_DIR, "fixtures")
+IMAGES_DIR = os.path.join(FIXTURES_DIR, "images")
+MASKS_DIR = os.path.join(FIXTURES_DIR, "masks")
+MODELS_DIR = os.path.join(FIXTURES_DIR, "models")
+TOKENIZER_REFS = os.path.join(GOLDEN_DIR, "tokenizer_refs.py")
+
+# preprocessor_config.json of Llama-3.2-11B-Vision(-Instruct) (spec section 1, end).
+REAL_TILE = 560
+MAX_TILES = 4
+IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
+IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
+RESCALE_FACTOR = 0.00392156862745098
+RESAMPLE_BILINEAR = 2
+SUPPORTED_ASPECT_RATIOS = [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]]
+
+JPEG_QUALITY = 85
+REAL_IMAGE_TOKEN = 128256
+PATCH_SIZE = 14
+# The text vocabulary of a tiny model mirrors the real one: its last SPECIALS ids are
+# special tokens at the same offsets as 128000..128255 (bos +0, eot +9, ...).
+SPECIALS = 256
+GREEDY_STEPS = 32
+# Cached-decode vs. recomputed float32 logits agree to ~5e-6; this only guards
+# against a semantic mismatch (e.g. a wrong decode-time cross-attention mask).
+RECOMPUTE_TOL = 1e-4
+SDPA_TOL = 1e-4
+# A greedy run stuck on one or two tokens checks little of the decode path.
+MIN_DISTINCT_GREEDY = 8
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+# ======================================================================================
+# Small helpers
+# ======================================================================================
+
+def sha256_bytes(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path):
+    with open(path, "rb") as f:
+        return sha256_bytes(f.read())
+
+
+def sha256_array(arr, dtype):
+    """sha256 of the C-order little-endian bytes of arr cast to dtype ('<f4', 'u1', ...)."""
+    return sha256_bytes(np.ascontiguousarray(arr, dtype=np.dtype(dtype)).tobytes())
+
+
+def to_builtin(obj):
+    """numpy scalars/arrays inside obj -> plain Python, so json can write them."""
+    if isinstance(obj, dict):
+        return {str(k): to_builtin(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_builtin(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_builtin(obj.tolist())
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+def json_text(obj, indent=0):
+    """JSON with 2-space indentation where lists of scalars stay on one line."""
+    pad, inner = " " * indent, " " * (indent + 2)
+    if isinstance(obj, dict):
+        if not obj:
+            return "{}"
+        items = ["%s%s: %s" % (inner, json.dumps(k), json_text(v, indent + 2))
+                 for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(obj, list) and any(isinstance(v, (dict, list)) for v in obj):
+        items = [inner + json_text(v, indent + 2) for v in obj]
+        return "[\n" + ",\n".join(items) + "\n" + pad + "]"
+    return json.dumps(obj)
+
+
+def write_json(path, obj):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json_text(to_builtin(obj)) + "\n")
+    log("wrote %s" % os.path.relpath(path, REPO_ROOT))
+
+
+def reset_dir(path):
+    """Empty path (it is ours entirely) so stale files never survive a regeneration."""
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    os.makedirs(path)
+
+
+def versions():
+    import PIL
+    import safetensors
+    import skimage
+    import tokenizers
+    import torch
+    import transformers
+    from PIL import features
+
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "safetensors": safetensors.__version__,
+        "numpy": np.__version__,
+        "pillow": PIL.__version__,
+        "pillow_libjpeg_turbo": features.version("libjpeg_turbo"),
+        "pillow_zlib": features.version("zlib"),
+        "scikit_image": skimage.__version__,
+    }
+
+
+def sample_photo(name):
+    """A real photo from scikit-image's bundled sample data, as a uint8 array."""
+    import skimage.data
+
+    return getattr(skimage.data, name)()
+
+
+def photo_at(source, width, height):
+    """source cropped to the width:height aspect around its center, resized to
+    width x height with LANCZOS. Returns a PIL image (RGB, or L for gray sources)."""
+    from PIL import Image
+
+    img = Image.fromarray(sample_photo(source))
+    sw, sh = img.size
+    if sw * height > sh * width:
+        cw, ch = max(1, round(sh * width / height)), sh
+    else:
+        cw, ch = sw, max(1, round(sw * height / width))
+    left, top = (sw - cw) // 2, (sh - ch) // 2
+    img = img.crop((left, top, left + cw, top + ch))
+    return img.resize((width, height), Image.Resampling.LANCZOS)
+
+
+def make_image_processor(tile):
+    """transformers' PIL/numpy MllamaImageProcessor with the published settings and
+    the given tile size (560 for the real model, image_size for a tiny one)."""
+    from transformers.models.mllama.image_processing_mllama import MllamaImageProcessor
+
+    return MllamaImageProcessor(
+        do_convert_rgb=True, do_resize=True, size={"height": tile, "width": tile},
+        resample=RESAMPLE_BILINEAR, do_rescale=True, rescale_factor=RESCALE_FACTOR,
+        do_normalize=True, image_mean=IMAGE_MEAN, image_std=IMAGE_STD, do_pad=True,
+        max_image_tiles=MAX_TILES)
+
+
+def canvas_analysis(height, width, tile):
+    """The candidates of get_optimal_tiled_canvas with their scales, evaluated as the
+    processor does (float64 numpy), plus which ones tie at the selected scale."""
+    from transformers.models.mllama.image_processing_mllama import get_optimal_tiled_canvas
+
+    cands = []
+    for a, b in SUPPORTED_ASPECT_RATIOS:
+        sh = np.float64(a * tile) / height
+        sw = np.float64(b * tile) / width
+        cands.append(((a, b), float(sh if sw > sh else sw)))
+    scales = [s for _, s in cands]
+    up = [s for s in scales if s >= 1]
+    selected = min(up) if up else max(scales)
+    tied = [list(ab) for ab, s in cands if s == selected]
+    canvas = get_optimal_tiled_canvas(height, width, MAX_TILES, tile)
+    return {
+        "candidates": [{"tiles": list(ab), "scale": s} for ab, s in cands],
+        "branch": "upscale" if up else "downscale",
+        "selected_scale": selected,
+        "tied_at_selected_scale": tied,
+        "canvas_height": int(canvas[0]),
+        "canvas_width": int(canvas[1]),
+    }
+
+
+def exact_resize_size(height, width, canvas_h, canvas_w, tile):
+    """get_image_size_fit_to_canvas in exact rational arithmetic: where it differs from
+    the processor's float64 result, the float rounding decided the size."""
+    tw = min(max(width, tile), canvas_w)
+    th = min(max(height, tile), canvas_h)
+    sh, sw = Fraction(th, height), Fraction(tw, width)
+    if sw < sh:
+        return min(math.floor(height * sw), th), tw
+    return th, min(math.floor(width * sh), tw)
+
+
+def run_processor(processor, images):
+    """processor(images) with the uint8 output of its own resize step captured.
+
+    images: list (batch) of lists of PIL images. Returns (BatchFeature as numpy,
+    list of (H, W, 3) uint8 resized images in processing order)."""
+    resized = []
+    original = processor.resize
+
+    def capture(*args, **kwargs):
+        out = original(*args, **kwargs)
+        resized.append(np.ascontiguousarray(out[0].transpose(1, 2, 0)))  # (3,H,W) -> (H,W,3)
+        return out
+
+    processor.resize = capture
+    try:
+        out = processor(images=images, return_tensors="np")
+    finally:
+        del processor.resize
+    return out, resized
+
+
+# ======================================================================================
+# A) Images
+# ======================================================================================
+
+# (stem, scikit-image source, width, height, container, save options, purpose)
+IMAGE_CASES = [
+    ("ex_640x480", "astronaut", 640, 480, "jpeg", {},
+     "spec worked example: canvas (1,2), fits, no resize"),
+    ("ex_1024x768", "coffee", 1024, 768, "jpeg", {},
+     "spec worked example: canvas (2,2), fits, no resize"),
+    ("ex_1920x1080", "chelsea", 1920, 1080, "jpeg", {},
+     "spec worked example: canvas (2,2), antialiased downscale to 630x1120"),
+    ("ex_300x1200", "astronaut", 300, 1200, "jpeg", {},
+     "spec worked example: canvas (3,1), no resize"),
+    ("ex_4000x500", "coffee", 4000, 500, "jpeg", {},
+     "spec worked example: canvas (1,4), downscale to 280x2240"),
+    ("ex_224x220", "chelsea", 224, 220, "jpeg", {},
+     "spec worked example: canvas (1,1), upscale to 550x560"),
+    ("ex_561x560", "astronaut", 561, 560, "jpeg", {},
+     "spec worked example: canvas (1,2), odd width, no resize"),
+    ("ex_800x800", "coffee", 800, 800, "jpeg", {},
+     "spec worked example: canvas (2,2), fits, no resize"),
+    ("ar13_1500x500", "chelsea", 1500, 500, "jpeg", {},
+     "canvas (1,3): ties with (1,4) at scale 1.12, the smaller area wins; no resize"),
+    ("ar21_500x900", "astronaut", 500, 900, "jpeg", {},
+     "canvas (2,1): ties with (3,1) and (4,1), the smallest area wins; no resize"),
+    ("ar41_300x2000", "coffee", 300, 2000, "jpeg", {},
+     "canvas (4,1), no resize"),
+    ("tile_560x560", "astronaut", 560, 560, "jpeg", {},
+     "exactly one tile, no resize"),
+    ("tie_down_2200x1100", "coffee", 2200, 1100, "jpeg", {},
+     "downscale branch with (1,2),(1,3),(1,4),(2,2) tied; float64 floor makes the width "
+     "1119 (exact arithmetic would give 1120)"),
+    ("floor_up_100x45", "chelsea", 100, 45, "jpeg", {},
+     "upscale to width 560; float64 floor makes the height 251 (exact: 252)"),
+    ("floor_down_1900x1045", "astronaut", 1900, 1045, "jpeg", {},
+     "canvas (2,2) downscale; float64 floor makes the height 615 (exact: 616)"),
+    ("tiny_16x16", "coffee", 16, 16, "jpeg", {},
+     "35x bilinear upscale; 7 candidates tie, (1,1) wins"),
+    ("gray_700x420", "camera", 700, 420, "jpeg", {},
+     "1-channel (mode L) JPEG: processor converts via RGBA + white composite"),
+    ("cmyk_420x700", "rocket", 420, 700, "jpeg", {"cmyk": True},
+     "CMYK JPEG (Adobe, inverted in the file): Pillow CMYK->RGB then the white composite"),
+    ("rgba_160x120", "astronaut", 160, 120, "png", {"alpha": True},
+     "RGBA PNG with an alpha gradient and a transparent block: composite over white"),
+    ("progressive_900x600", "rocket", 900, 600, "jpeg", {"progressive": True},
+     "progressive JPEG, canvas (2,2)"),
+    ("sub444_600x450", "chelsea", 600, 450, "jpeg", {"subsampling": 0},
+     "baseline JPEG with 4:4:4 chroma (no chroma upsampling)"),
+    ("sub422_450x600", "coffee", 450, 600, "jpeg", {"subsampling": 1},
+     "baseline JPEG with 4:2:2 chroma"),
+    ("restart_640x360", "rocket", 640, 360, "jpeg", {"restart_marker_rows": 1},
+     "JPEG with a restart marker after every MCU row"),
+    ("exif6_320x240", "astronaut", 320, 240, "jpeg", {"exif_orientation": 6},
+     "EXIF Orientation=6; Image.open + the processor ignore it (pixels as stored)"),
+]
+
+# Extra uint8 dumps to debug a resampler mismatch: (stem, what, rows, cols) where rows
+# and cols are Python slices of the resized (H, W, 3) image.
+RESIZED_DUMPS = [
+    ("floor_up_100x45", "full upscaled image (bilinear upscale path, float64-floored height)",
+     slice(None), slice(None)),
+    ("ex_1920x1080", "bottom-right 160x160 of the downscaled image (antialias path, edges)",
+     slice(-160, None), slice(-160, None)),
+]
+
+BATCH_CASE = {
+    "name": "batch_b2_n2",
+    "samples": [["ex_1024x768", "ar13_1500x500"], ["ex_224x220"]],
+    "purpose": "pack_images: B=2, N=2; sample 1's second slot is a padding image "
+               "(aspect id 0, mask [1,0,0,0], zero pixels); sample 0 image 1 has 3 real "
+               "tiles and one zero tile",
+}
+
+
+def save_photo(stem, source, width, height, container, options):
+    """Write the fixture photo; returns its path."""
+    from PIL import Image
+
+    img = photo_at(source, width, height)
+    path = os.path.join(IMAGES_DIR, stem + (".png" if container == "png" else ".jpg"))
+    if container == "png":
+        if options.get("alpha"):
+            # Horizontal alpha ramp 0..255 plus a fully transparent block.
+            alpha = np.tile(np.linspace(0, 255, width).round().astype(np.uint8), (height, 1))
+            alpha[height // 4: height // 2, width // 4: width // 2] = 0
+            img = img.convert("RGB")
+            img.putalpha(Image.fromarray(alpha, "L"))
+        img.save(path, format="PNG")
+        return path
+    kwargs = {"quality": JPEG_QUALITY}
+    if options.get("cmyk"):
+        img = img.convert("CMYK")
+    if options.get("progressive"):
+        kwargs["progressive"] = True
+    if "subsampling" in options:
+        kwargs["subsampling"] = options["subsampling"]
+    if "restart_marker_rows" in options:
+        kwargs["restart_marker_rows"] = options["restart_marker_rows"]
+    if "exif_orientation" in options:
+        exif = Image.Exif()
+        exif[0x0112] = options["exif_orientation"]
+        kwargs["exif"] = exif.tobytes()
+    img.save(path, format="JPEG", **kwargs)
+    return path
+
+
+def describe_image(path, purpose, processor):
+    """Process one fixture image as transformers does and describe every stage."""
+    from PIL import Image
+    from transformers.models.mllama.image_processing_mllama import (
+        convert_to_rgb, get_image_size_fit_to_canvas)
+
+    with Image.open(path) as probe:
+        mode = probe.mode
+        decoded = np.asarray(probe)
+        orientation = probe.getexif().get(0x0112)
+    with Image.open(path) as probe:
+        rgb = np.asarray(convert_to_rgb(probe))
+    height, width = rgb.shape[:2]
+
+    with Image.open(path) as img:
+        out, resized = run_processor(processor, [[img]])
+    pixels = out["pixel_values"]                           # (1, 1, 4, 3, 560, 560)
+    num_tiles = int(out["num_tiles"][0][0])
+    canvas = canvas_analysis(height, width, REAL_TILE)
+    tiles_h = canvas["canvas_height"] // REAL_TILE
+    tiles_w = canvas["canvas_width"] // REAL_TILE
+    new_h, new_w = get_image_size_fit_to_canvas(height, width, canvas["canvas_height"],
+                                                canvas["canvas_width"], REAL_TILE)
+    new_h, new_w = int(new_h), int(new_w)
+    (resized_img,) = resized
+    if resized_img.shape != (new_h, new_w, 3):
+        raise RuntimeError("%s: processor resized to %s, helper says %s"
+                           % (path, resized_img.shape, (new_h, new_w)))
+    if num_tiles != tiles_h * tiles_w:
+        raise RuntimeError("%s: num_tiles %d != %dx%d" % (path, num_tiles, tiles_h, tiles_w))
+    if np.any(pixels[0, 0, num_tiles:] != 0):
+        raise RuntimeError("%s: padding tiles are not exact zeros" % path)
+    real = pixels[0, 0, :num_tiles]                        # (num_tiles, 3, 560, 560)
+
+    desc = {
+        "file": os.path.basename(path),
+        "file_sha256": sha256_file(path),
+        "purpose": purpose,
+        "pil_mode": mode,
+        "exif_orientation": orientation,
+        "width": width,
+        "height": height,
+        "decoded_shape": list(decoded.shape),
+        "decoded_sha256": sha256_array(decoded, "u1"),
+        "rgb_sha256": sha256_array(rgb, "u1"),
+        "canvas": canvas,
+        "tiles_h": tiles_h,
+        "tiles_w": tiles_w,
+        "num_tiles": num_tiles,
+        "aspect_ratio_id": int(out["aspect_ratio_ids"][0, 0]),
+        "aspect_ratio_mask": out["aspect_ratio_mask"][0, 0].tolist(),
+        "resized_height": new_h,
+        "resized_width": new_w,
+        "resize_applied": (new_h, new_w) != (height, width),
+        "resized_sha256": sha256_array(resized_img, "u1"),
+        "pixel_values_shape": list(real.shape),
+        "pixel_values_sha256": sha256_array(real, "<f4"),
+        "pixel_values_tile_sha256": [sha256_array(t, "<f4") for t in real],
+        "pixel_values_sum_f64": float(real.astype(np.float64).sum()),
+        "pixel_values_abs_sum_f64": float(np.abs(real.astype(np.float64)).sum()),
+    }
+    exact = exact_resize_size(height, width, canvas["canvas_height"], canvas["canvas_width"],
+                              REAL_TILE)
+    if exact != (new_h, new_w):
+        desc["exact_rational_resize"] = list(exact)
+    return desc, resized_img
+
+
+def describe_batch(processor, paths_by_sample, name, purpose):
+    """The packed arrays for a multi-image batch (pack_images semantics)."""
+    from PIL import Image
+
+    images = [[Image.open(p) for p in sample] for sample in paths_by_sample]
+    try:
+        out, _ = run_processor(processor, images)
+    finally:
+        for sample in images:
+            for img in sample:
+                img.close()
+    pixels = out["pixel_values"]                           # (B, N, 4, 3, 560, 560)
+    return {
+        "name": name,
+        "purpose": purpose,
+        "images": [[os.path.basename(p) for p in sample] for sample in paths_by_sample],
+        "pixel_values_shape": list(pixels.shape),
+        "pixel_values_sha256": sha256_array(pixels, "<f4"),
+        "pixel_values_slot_sha256": [[sha256_array(pixels[b, n], "<f4")
+                                      for n in range(pixels.shape[1])]
+                                     for b in range(pixels.shape[0])],
+        "aspect_ratio_ids": out["aspect_ratio_ids"].tolist(),
+        "aspect_ratio_mask": out["aspect_ratio_mask"].tolist(),
+        "num_tiles": out["num_tiles"],
+    }
+
+
+def gen_images():
+    reset_dir(IMAGES_DIR)
+    processor = make_image_processor(REAL_TILE)
+    paths, index, canvases = {}, [], set()
+    resized_by_stem = {}
+    for stem, source, width, height, container, options, purpose in IMAGE_CASES:
+        path = save_photo(stem, source, width, height, container, options)
+        log("wrote %s" % os.path.relpath(path, REPO_ROOT))
+        desc, resized = describe_image(path, purpose, processor)
+        desc["source"] = ("skimage.data.%s(), center-cropped to %d:%d, PIL LANCZOS resize"
+                          % (source, width, height))
+        desc["save_options"] = dict(options, quality=JPEG_QUALITY) if container == "jpeg" \
+            else options
+        write_json(os.path.join(IMAGES_DIR, stem + ".json"), desc)
+        paths[stem] = path
+        resized_by_stem[stem] = resized
+        index.append(stem)
+        canvases.add((desc["tiles_h"], desc["tiles_w"]))
+    missing = {tuple(ar) for ar in SUPPORTED_ASPECT_RATIOS} - canvases
+    if missing:
+        raise RuntimeError("no image selects canvases %s" % sorted(missing))
+
+    dumps = []
+    for stem, what, rows, cols in RESIZED_DUMPS:
+        full = resized_by_stem[stem]
+        part = np.ascontiguousarray(full[rows, cols])
+        row0 = range(full.shape[0])[rows][0]
+        col0 = range(full.shape[1])[cols][0]
+        name = "%s.resized_r%d_c%d.npy" % (stem, row0, col0)
+        np.save(os.path.join(IMAGES_DIR, name), part)
+        log("wrote %s" % os.path.relpath(os.path.join(IMAGES_DIR, name), REPO_ROOT))
+        dumps.append({"file": name, "image": stem, "what": what, "row0": row0, "col0": col0,
+                      "shape": list(part.shape), "dtype": "uint8"})
+
+    batch = describe_batch(processor, [[paths[s] for s in sample]
+                                       for sample in BATCH_CASE["samples"]],
+                           BATCH_CASE["name"], BATCH_CASE["purpose"])
+    write_json(os.path.join(IMAGES_DIR, BATCH_CASE["name"] + ".json"), batch)
+    write_json(os.path.join(IMAGES_DIR, "index.json"), {
+        "generator": "tests/golden/gen_fixtures.py --only images",
+        "versions": versions(),
+        "processor": {
+            "class": "transformers.models.mllama.image_processing_mllama.MllamaImageProcessor "
+                     "(PIL/numpy; 4.47.1 has no fast variant)",
+            "input": "PIL.Image.open(path) passed unchanged; the processor itself applies "
+                     "convert_to_rgb (RGBA + alpha composite over white) to non-RGB modes",
+            "config": {"size": {"height": REAL_TILE, "width": REAL_TILE},
+                       "max_image_tiles": MAX_TILES, "resample": RESAMPLE_BILINEAR,
+                       "rescale_factor": RESCALE_FACTOR, "image_mean": IMAGE_MEAN,
+                       "image_std": IMAGE_STD, "do_convert_rgb": True, "do_resize": True,
+                       "do_pad": True, "do_rescale": True, "do_normalize": True},
+        },
+        "hashes": {
+            "decoded_sha256": "np.asarray(Image.open(path)) uint8 in the file's PIL mode "
+                              "(shape decoded_shape), C order",
+            "rgb_sha256": "uint8 (H, W, 3) after transformers' convert_to_rgb",
+            "resized_sha256": "uint8 (resized_height, resized_width, 3) out of the "
+                              "processor's resize step",
+            "pixel_values_sha256": "float32 little-endian (num_tiles, 3, 560, 560) real "
+                                   "tiles, C order; per tile in pixel_values_tile_sha256",
+        },
+        "images": index,
+        "resized_dumps": dumps,
+        "batches": [BATCH_CASE["name"]],
+    })
+
+
+# ======================================================================================
+# A2) Cross-attention masks (processor helpers, on the real token ids)
+# ======================================================================================
+
+# Token ids: 128000 bos, 128006/128007 header, 128009 eot, 128256 <|image|>; small
+# numbers stand for ordinary text tokens.
+MASK_CASES = [
+    ("no_image", [[128000, 10, 11, 12]], [[]],
+     "no <|image|>: no ranges (the processor builds no mask without images)"),
+    ("base_image_first", [[128256, 128000, 10, 11, 12, 13]], [[4]],
+     "base-model style: image token first, every row sees the image"),
+    ("instruct_one_image",
+     [[128000, 128006, 882, 128007, 271, 128256, 10, 11, 128009, 128006, 78191, 128007, 271]],
+     [[2]], "Instruct template: the 5 rows before <|image|> see nothing (row mask 0)"),
+    ("two_images_interleaved", [[128000, 10, 128256, 11, 12, 128256, 13, 14]], [[3, 1]],
+     "text after image 2 does not see image 1"),
+    ("two_images_adjacent", [[128000, 128256, 128256, 10, 11, 12]], [[4, 2]],
+     "adjacent image tokens: both cover all following text"),
+    ("three_images_pair_at_end", [[128256, 10, 11, 128256, 128256, 12, 13]], [[1, 2, 4]],
+     "image 0 until image 1; images 1 and 2 adjacent, both to the end"),
+    ("image_last_token", [[128000, 10, 11, 128256]], [[4]],
+     "image token is the last prompt token: only that row sees it"),
+    ("adjacent_pair_at_end", [[128000, 10, 128256, 128256]], [[2, 3]],
+     "two image tokens close the prompt"),
+    ("batch_unequal",
+     [[128000, 128256, 10, 11, 12, 13, 14], [128000, 10, 128256, 11, 128256]],
+     [[4], [1, 3]],
+     "B=2 of unequal length (ids not padded): length = max length; sample 0 has a "
+     "padding image column; its single range ends at -1 -> the padded length"),
+]
+DECODE_GROWTH_STEPS = 2
+
+
+def gen_masks():
+    import torch
+    from transformers.models.mllama.modeling_mllama import _prepare_cross_attention_mask
+    from transformers.models.mllama.processing_mllama import (
+        convert_sparse_cross_attention_mask_to_dense, get_cross_attention_token_mask)
+
+    reset_dir(MASKS_DIR)
+    vision_tokens = 3  # any count works: the model-side mask repeats each tile entry
+    cases = []
+    for name, batch_ids, num_tiles, purpose in MASK_CASES:
+        sparse = [get_cross_attention_token_mask(ids, REAL_IMAGE_TOKEN) for ids in batch_ids]
+        case = {"name": name, "purpose": purpose, "input_ids": batch_ids,
+                "num_tiles": num_tiles, "ranges": sparse}
+        if any(sparse):
+            length = max(len(ids) for ids in batch_ids)
+            dense = convert_sparse_cross_attention_mask_to_dense(
+                sparse, num_tiles=num_tiles, max_num_tiles=MAX_TILES, length=length)
+            _, row_mask = _prepare_cross_attention_mask(
+                torch.from_numpy(dense), num_vision_tokens=vision_tokens, dtype=torch.float32)
+            grown = dense
+            for _ in range(DECODE_GROWTH_STEPS):
+                grown = np.concatenate([grown, grown[:, -1:]], axis=1)
+            case.update({
+                "dense_shape": list(dense.shape),
+                "dense": dense.tolist(),
+                "full_text_row_mask": row_mask[:, 0, :, 0].to(torch.int64).tolist(),
+                "dense_after_%d_decode_steps" % DECODE_GROWTH_STEPS: grown.tolist(),
+            })
+        cases.append(case)
+    write_json(os.path.join(MASKS_DIR, "cross_attention_mask_cases.json"), {
+        "generator": "tests/golden/gen_fixtures.py --only masks",
+        "versions": versions(),
+        "image_token_id": REAL_IMAGE_TOKEN,
+        "max_num_tiles": MAX_TILES,
+        "functions": {
+            "ranges": "processing_mllama.get_cross_attention_token_mask(ids, 128256) per sample",
+            "dense": "processing_mllama.convert_sparse_cross_attention_mask_to_dense(ranges, "
+                     "num_tiles, max_num_tiles=4, length=max len) -> (B, S, N, 4) int64",
+            "full_text_row_mask": "modeling_mllama._prepare_cross_attention_mask(...)[1] as "
+                                  "(B, S) ints: 1 where the row has an allowed key",
+            "dense_after_N_decode_steps": "what generate() feeds the model after N decode "
+                                          "steps: the last row appended N times",
+        },
+        "cases": cases,
+    })
+
+
+# ======================================================================================
+# B) Tiny random models
+# ======================================================================================
+
+def vision_config(image_size, hidden, heads, intermediate, layers, indices):
+    return {
+        "hidden_size": hidden, "num_attention_heads": heads, "intermediate_size": intermediate,
+        "num_hidden_layers": layers, "num_global_layers": 2, "image_size": image_size,
+        "patch_size": PATCH_SIZE, "num_channels": 3, "max_num_tiles": MAX_TILES,
+        "norm_eps": 1e-5, "hidden_act": "gelu", "intermediate_layers_indices": indices,
+        "supported_aspect_ratios": SUPPORTED_ASPECT_RATIOS,
+        "vision_output_dim": hidden * (1 + len(indices)),
+    }
+
+
+def text_config(vocab, hidden, heads, kv_heads, intermediate, layers, cross, theta,
+                original_max, eos_list):
+    base = vocab - SPECIALS
+    eos = [base + 1, base + 8, base + 9] if eos_list else base + 1
+    return {
+        "vocab_size": vocab, "hidden_size": hidden, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "intermediate_size": intermediate,
+        "num_hidden_layers": layers, "cross_attention_layers": cross, "rope_theta": theta,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": original_max},
+        "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "hidden_act": "silu",
+        "tie_word_embeddings": False, "bos_token_id": base, "eos_token_id": eos,
+        "pad_token_id": base + 4,
+    }
+
+
+# Prompt layouts. Symbols: BOS SH EH EOT NN USER ASSISTANT SYSTEM IMG, and ("t", n) for
+# n random text tokens. SH/EH = start/end header, NN = "\n\n".
+INSTRUCT_HEAD = ["BOS", "SH", "USER", "EH", "NN"]
+INSTRUCT_TAIL = ["EOT", "SH", "ASSISTANT", "EH", "NN"]
+
+MODEL_CASES = [
+    {
+        "name": "m1_instruct_1tile_mqa",
+        "exercises": [
+            "one image, 1 tile (aspect (1,1), id 1), image_size 28 -> 5 tokens/tile padded to 8",
+            "Instruct layout: 5 rows before <|image|> have full_text_row_mask 0 (uniform "
+            "cross-attention over all 4 tile slots, MLP zeroed)",
+            "GQA ratio 4 with a single KV head (MQA)",
+            "one cross-attention layer, the last layer",
+        ],
+        "vision": vision_config(28, 32, 2, 64, 4, [1, 3]),
+        "text": text_config(512, 64, 4, 1, 128, 4, [3], 500000.0, 64, True),
+        "images": [[("chelsea", 24, 20, (1, 1))]],
+        "prompts": [INSTRUCT_HEAD + ["IMG", ("t", 8)] + INSTRUCT_TAIL],
+        "seed": 101,
+    },
+    {
+        "name": "m2_4tiles_cross_first_last",
+        "exercises": [
+            "one image, 4 tiles (aspect (2,2), id 6) after an antialiased downscale; "
+            "image_size 42 -> 10 tokens/tile padded to 16",
+            "cross-attention layers at the first and the last position [0, 5]",
+            "GQA ratio 1 (2 heads, 2 KV heads), head_dim 32",
+            "vision intermediate_layers_indices [0, 2, 5]: index 0 = local-transformer input "
+            "(after layernorm_pre and padding), 5 == num_hidden_layers = its final output "
+            "(before layernorm_post)",
+            "base-model layout: <|image|> first, so every row sees the image",
+        ],
+        "vision": vision_config(42, 32, 2, 64, 5, [0, 2, 5]),
+        "text": text_config(512, 64, 2, 2, 128, 6, [0, 5], 500000.0, 512, False),
+        "images": [[("coffee", 100, 90, (2, 2))]],
+        "prompts": [["IMG", "BOS", ("t", 12)]],
+        "seed": 204,
+    },
+    {
+        "name": "m3_two_images_interleaved",
+        "exercises": [
+            "two images in one prompt with text between: aspects (1,3) id 3 (3 tiles, one "
+            "zero tile) and (2,1) id 5 (2 tiles)",
+            "image_size 56 -> 17 tokens/tile padded to 24 (7 pad tokens, as in the real model)",
+            "rows before image 0 masked out; rows after image 1 do not see image 0",
+            "consecutive cross-attention layers [1, 2]",
+            "GQA ratio 4 (8 heads, 2 KV heads)",
+            "vocab 700 (not a multiple of 8): <|image|> = 700, embedding rows 708",
+            "unsorted intermediate_layers_indices [3, 1]: channel = d*2 + position in list",
+        ],
+        "vision": vision_config(56, 32, 2, 64, 4, [3, 1]),
+        "text": text_config(700, 128, 8, 2, 128, 4, [1, 2], 500000.0, 64, True),
+        "images": [[("astronaut", 150, 50, (1, 3)), ("rocket", 50, 100, (2, 1))]],
+        "prompts": [INSTRUCT_HEAD + [("t", 4), "IMG", ("t", 5), "IMG", ("t", 6)]
+                    + INSTRUCT_TAIL],
+        "seed": 303,
+    },
+    {
+        "name": "m4_two_adjacent_images",
+        "exercises": [
+            "two adjacent <|image|> tokens: both images cover all following text",
+            "aspects (1,2) id 2 and (4,1) id 8",
+            "GQA ratio 2 (4 heads, 2 KV heads); cross-attention layers [1, 3]",
+        ],
+        "vision": vision_config(28, 32, 2, 64, 4, [0, 2]),
+        "text": text_config(512, 64, 4, 2, 128, 5, [1, 3], 500000.0, 64, False),
+        "images": [[("coffee", 50, 26, (1, 2)), ("chelsea", 20, 100, (4, 1))]],
+        "prompts": [INSTRUCT_HEAD + ["IMG", "IMG", ("t", 7)] + INSTRUCT_TAIL],
+        "seed": 404,
+    },
+    {
+        "name": "m5_text_only",
+        "exercises": [
+            "no image: no pixel_values, no cross_attention_mask; every cross-attention layer "
+            "(here [1]) is skipped entirely, including its MLP",
+            "text_hidden_states: entry 1 (input of the skipped layer) equals entry 2",
+            "rope_theta 10000 with original_max_position_embeddings 256",
+        ],
+        "vision": vision_config(28, 32, 2, 64, 4, [3]),
+        "text": text_config(512, 64, 4, 4, 128, 4, [1], 10000.0, 256, True),
+        "images": None,
+        "prompts": [["BOS", "SH", "SYSTEM", "EH", "NN", ("t", 10), "EOT"] + ["SH", "USER", "EH",
+                    "NN", ("t", 6)] + INSTRUCT_TAIL],
+        "seed": 505,
+    },
+    {
+        "name": "m6_batch2_padding_image",
+        "exercises": [
+            "text batch B=2 with N=2 image slots: sample 0 has two images ((1,4) id 4, (1,1) "
+            "id 1), sample 1 one image ((2,1) id 5) plus a padding slot (id 0, mask "
+            "[1,0,0,0], zero pixels) that is still run through the vision encoder",
+            "sample 1 cross-attention mask column for the padding image is all 0",
+            "GQA ratio 3 (6 heads, 2 KV heads), hidden 96; cross-attention layer [2]",
+            "prompts of equal length, so no attention padding",
+        ],
+        "vision": vision_config(28, 32, 2, 64, 4, [2]),
+        "text": text_config(512, 96, 6, 2, 128, 4, [2], 500000.0, 64, True),
+        "images": [[("rocket", 110, 25, (1, 4)), ("coffee", 24, 20, (1, 1))],
+                   [("astronaut", 25, 50, (2, 1))]],
+        "prompts": [INSTRUCT_HEAD + ["IMG", ("t", 4), "IMG", ("t", 5)] + INSTRUCT_TAIL,
+                    INSTRUCT_HEAD + ["IMG", ("t", 10)] + INSTRUCT_TAIL],
+        "seed": 606,
+    },
+    {
+        "name": "m7_sharded",
+        "exercises": [
+            "sharded checkpoint: model.safetensors.index.json + several shards",
+            "one image, aspect (3,1) id 7 (3 tiles); image_size 42",
+            "GQA ratio 2; cross-attention layer [2] of 4",
+        ],
+        "vision": vision_config(42, 32, 2, 64, 4, [1, 2]),
+        "text": text_config(512, 64, 4, 2, 128, 4, [2], 500000.0, 64, True),
+        "images": [[("chelsea", 40, 120, (3, 1))]],
+        "prompts": [INSTRUCT_HEAD + ["IMG", ("t", 10)] + INSTRUCT_TAIL],
+        "seed": 707,
+        "max_shard_size": "150KB",
+    },
+]
+
+# Initialisation scales. HF's init (std 0.02, zero gates) would give near-uniform
+# logits and hide gate bugs, so everything is O(1) and every gate is nonzero.
+NORM_WEIGHT_NOISE = 0.1
+BIAS_STD = 0.1
+POS_EMBED_STD = 0.5
+LM_HEAD_GAIN = 2.0
+GATE_RANGE = (0.5, 1.5)
+
+
+def special_ids(vocab):
+    base = vocab - SPECIALS
+    # Ordinary tokens standing for "user", "assistant", "system" and "\n\n".
+    return {"BOS": base, "SH": base + 6, "EH": base + 7, "EOT": base + 9,
+            "USER": 101, "ASSISTANT": 102, "SYSTEM": 103, "NN": 104}
+
+
+def build_prompt(layout, vocab, rng):
+    """Token ids for a layout; text tokens are random ordinary ids (never special)."""
+    sym = special_ids(vocab)
+    ids, parts = [], []
+    for item in layout:
+        if isinstance(item, tuple):
+            _, n = item
+            ids.extend(int(x) for x in rng.integers(0, vocab - SPECIALS, n))
+            parts.append("t*%d" % n)
+        elif item == "IMG":
+            ids.append(vocab)
+            parts.append("<|image|>")
+        else:
+            ids.append(sym[item])
+            parts.append(item.lower())
+    return ids, " ".join(parts)
+
+
+def param_rng(seed, name):
+    digest = hashlib.sha256(name.encode()).digest()
+    return np.random.default_rng([seed, int.from_bytes(digest[:8], "little")])
+
+
+def init_value(name, shape, rng):
+    """Deterministic O(1) value for one parameter, chosen by its name."""
+    leaf = name.rsplit(".", 1)[-1]
+    owner = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
+    if leaf in ("gate", "gate_attn", "gate_ffn", "cross_attn_attn_gate", "cross_attn_mlp_gate"):
+        sign = 1.0 if rng.random() < 0.5 else -1.0
+        return sign * rng.uniform(*GATE_RANGE, size=shape)
+    if "norm" in owner:
+        if leaf == "weight":
+            return 1.0 + NORM_WEIGHT_NOISE * rng.standard_normal(shape)
+        return BIAS_STD * rng.standard_normal(shape)
+    if leaf == "bias":
+        return BIAS_STD * rng.standard_normal(shape)
+    if name.endswith("embed_tokens.weight") or leaf == "class_embedding":
+        return rng.standard_normal(shape)
+    if ("positional_embedding" in name) or name.endswith("tile_embedding.weight"):
+        return POS_EMBED_STD * rng.standard_normal(shape)
+    if leaf == "weight" and len(shape) in (2, 4):
+        fan_in = int(np.prod(shape[1:]))
+        gain = LM_HEAD_GAIN if name.endswith("lm_head.weight") else 1.0
+        return gain / math.sqrt(fan_in) * rng.standard_normal(shape)
+    raise RuntimeError("no init rule for parameter %s %s" % (name, shape))
+
+
+def randomize(model, seed):
+    """Overwrite every parameter (including padding rows of embeddings and the tile
+    table rows of padding tiles/images, which the real checkpoint has as zeros)."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            value = init_value(name, tuple(param.shape), param_rng(seed, name))
+            param.copy_(torch.from_numpy(np.asarray(value, dtype=np.float32)))
+
+
+def rope_regions(text_cfg_obj):
+    """Per inv_freq index: 'unchanged', 'smoothed' or 'scaled' (HF llama3 rope)."""
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    default, _ = ROPE_INIT_FUNCTIONS["default"](text_cfg_obj, torch.device("cpu"))
+    llama3, _ = ROPE_INIT_FUNCTIONS["llama3"](text_cfg_obj, torch.device("cpu"))
+    factor = text_cfg_obj.rope_scaling["factor"]
+    regions = []
+    for d, l in zip(default.tolist(), llama3.tolist()):
+        if l == d:
+            regions.append("unchanged")
+        elif l == np.float32(np.float32(d) / np.float32(factor)):
+            regions.append("scaled")
+        else:
+            regions.append("smoothed")
+    return regions, llama3
+
+
+def model_images(case, tile):
+    """The tiny model's input photos: PIL images, per text sample."""
+    from transformers.models.mllama.image_processing_mllama import get_optimal_tiled_canvas
+
+    batch = []
+    for sample in case["images"]:
+        imgs = []
+        for source, width, height, want in sample:
+            img = photo_at(source, width, height).convert("RGB")
+            canvas = get_optimal_tiled_canvas(height, width, MAX_TILES, tile)
+            got = (int(canvas[0]) // tile, int(canvas[1]) // tile)
+            if got != want:
+                raise RuntimeError("%s: %dx%d gives canvas %s, wanted %s"
+                                   % (case["name"], width, height, got, want))
+            imgs.append(img)
+        batch.append(imgs)
+    return batch
+
+
+class Capture:
+    """Forward hooks that record the intermediate tensors of one forward pass."""
+
+    def __init__(self, model):
+        vm = model.vision_model
+        self.values = {}
+        self.handles = []
+        self._hook(vm.patch_embedding, "patch", lambda i, o: o)
+        self._hook(vm.layernorm_pre, "pre_ln_in", lambda i, o: i[0])
+        self._hook(vm.transformer, "local", lambda i, o: o[1])
+        self._hook(vm.global_transformer, "global_in", lambda i, o: i[0])
+        self._hook(vm.global_transformer, "global", lambda i, o: o[1])
+        self._hook(vm, "vision_out", lambda i, o: o[0])
+        self._hook(model.multi_modal_projector, "projector", lambda i, o: o)
+        self._hook(model.language_model.model.norm, "norm_in", lambda i, o: i[0])
+
+    def _hook(self, module, key, pick):
+        def fn(_module, inputs, output):
+            self.values[key] = pick(inputs, output)
+        self.handles.append(module.register_forward_hook(fn))
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def load_model(path, dtype, attn):
+    from transformers import MllamaForConditionalGeneration
+
+    model = MllamaForConditionalGeneration.from_pretrained(
+        path, torch_dtype=dtype, attn_implementation=attn)
+    model.eval()
+    if model.config.text_config._attn_implementation != attn:
+        raise RuntimeError("attention implementation is %s, wanted %s"
+                           % (model.config.text_config._attn_implementation, attn))
+    return model
+
+
+def forward(model, inputs, **kwargs):
+    import torch
+
+    with torch.no_grad():
+        return model(**inputs, use_cache=False, **kwargs)
+
+
+def greedy(model, inputs, pad_id):
+    """32 greedy tokens with stop tokens disabled, and the raw logits of every step."""
+    import torch
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=GREEDY_STEPS,
+                           min_new_tokens=0, pad_token_id=pad_id, use_cache=True,
+                           output_logits=True, return_dict_in_generate=True)
+    # generate() fills an unset eos_token_id from model.generation_config: clear it there.
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(**inputs, generation_config=cfg)
+    prompt_len = inputs["input_ids"].shape[1]
+    tokens = out.sequences[:, prompt_len:]
+    if tokens.shape[1] != GREEDY_STEPS:
+        raise RuntimeError("generate returned %d tokens" % tokens.shape[1])
+    step_logits = torch.stack(out.logits, dim=1)          # (B, 32, V)
+    return tokens, step_logits
+
+
+def check_against_recompute(model, inputs, tokens, step_logits):
+    """Each cached decode step must match a full no-cache forward over the prompt plus
+    the tokens so far, with the cross-attention mask grown by repeating its last row
+    (spec section 8). Returns the max abs logit difference."""
+    import torch
+
+    worst = 0.0
+    for k in range(GREEDY_STEPS):
+        step = dict(inputs)
+        step["input_ids"] = torch.cat([inputs["input_ids"], tokens[:, :k]], dim=1)
+        step["attention_mask"] = torch.ones_like(step["input_ids"])
+        if "cross_attention_mask" in inputs:
+            mask = inputs["cross_attention_mask"]
+            step["cross_attention_mask"] = torch.cat([mask] + [mask[:, -1:]] * k, dim=1)
+        logits = forward(model, step).logits[:, -1]
+        diff = float((logits - step_logits[:, k]).abs().max())
+        worst = max(worst, diff)
+        if diff > RECOMPUTE_TOL or not torch.equal(logits.argmax(-1), tokens[:, k]):
+            raise RuntimeError("decode step %d differs from a full recompute (max diff %g)"
+                               % (k, diff))
+    return worst
+
+
+def build_inputs(case, config, rng):
+    """input_ids, images and the processor outputs for one model case."""
+    import torch
+    from transformers.models.mllama.processing_mllama import (
+        convert_sparse_cross_attention_mask_to_dense, get_cross_attention_token_mask)
+
+    vocab = config.text_config.vocab_size
+    prompts = [build_prompt(layout, vocab, rng) for layout in case["prompts"]]
+    ids = [p[0] for p in prompts]
+    if len({len(x) for x in ids}) != 1:
+        raise RuntimeError("%s: prompts must have equal length" % case["name"])
+    inputs = {"input_ids": torch.tensor(ids, dtype=torch.int64)}
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    images, info = None, {}
+    if case["images"] is not None:
+        tile = config.vision_config.image_size
+        images = model_images(case, tile)
+        out, resized = run_processor(make_image_processor(tile), images)
+        for key in ("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask"):
+            inputs[key] = torch.from_numpy(np.ascontiguousarray(out[key]))
+        sparse = [get_cross_attention_token_mask(x, config.image_token_index) for x in ids]
+        dense = convert_sparse_cross_attention_mask_to_dense(
+            sparse, num_tiles=out["num_tiles"], max_num_tiles=MAX_TILES, length=len(ids[0]))
+        inputs["cross_attention_mask"] = torch.from_numpy(dense)
+        info = {"num_tiles": out["num_tiles"], "ranges": sparse,
+                "resized_sizes": [list(r.shape[:2]) for r in resized]}
+    return inputs, images, [p[1] for p in prompts], info
+
+
+def tensor_table(tensors):
+    return {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+            for k, v in tensors.items()}
+
+
+def reference_tensors(model, inputs, has_images):
+    """Run the float32 eager forward with hooks; returns the named reference tensors."""
+    import torch
+    from transformers.models.mllama.modeling_mllama import _prepare_cross_attention_mask
+
+    cap = Capture(model)
+    try:
+        out = forward(model, inputs, output_hidden_states=True)
+    finally:
+        cap.remove()
+    ref = {"input_ids": inputs["input_ids"]}
+    if has_images:
+        v = cap.values
+        patch = v["patch"]                                # (M*T, Dv, g, g)
+        ref.update({
+            "pixel_values": inputs["pixel_values"],
+            "aspect_ratio_ids": inputs["aspect_ratio_ids"],
+            "aspect_ratio_mask": inputs["aspect_ratio_mask"],
+            "cross_attention_mask": inputs["cross_attention_mask"],
+            "full_text_row_mask": _prepare_cross_attention_mask(
+                inputs["cross_attention_mask"], model.vision_model.num_patches,
+                torch.float32)[1][:, 0, :, 0],
+            "vision_patch_embeds": patch.flatten(2).transpose(1, 2),
+            "vision_pre_layernorm_input": v["pre_ln_in"],
+            "vision_local_hidden_states": torch.stack(v["local"]),
+            "vision_global_input": v["global_in"],
+            "vision_global_hidden_states": torch.stack(v["global"]),
+            "vision_output": v["vision_out"],
+            "projector_output": v["projector"],
+        })
+    ref["text_hidden_states"] = torch.stack(out.hidden_states)
+    ref["text_final_norm_input"] = cap.values["norm_in"]
+    ref["logits"] = out.logits
+    return {k: t.detach().contiguous() for k, t in ref.items()}
+
+
+def check_stage_layout(model, ref):
+    """The captured stages must compose as spec sections 3.7-3.12 and 4 say: the vision
+    output is [global output, intermediates interleaved d*K + k] without pad tokens, and
+    the last text hidden state is the final norm of text_final_norm_input."""
+    import torch
+
+    with torch.no_grad():
+        last = model.language_model.model.norm(ref["text_final_norm_input"])
+    if not torch.equal(last, ref["text_hidden_states"][-1]):
+        raise RuntimeError("text_hidden_states[-1] is not norm(text_final_norm_input)")
+    if "vision_output" not in ref:
+        return
+    out = ref["vision_output"]                            # (B, N, T, P, vision_output_dim)
+    b, n, t, p, _ = out.shape
+    local = ref["vision_local_hidden_states"]             # (L+1, B*N, T*Pp, Dv)
+    dv = local.shape[-1]
+    local = local.reshape(local.shape[0], b * n, t, -1, dv)[:, :, :, :p]
+    inter = torch.stack([local[i] for i in model.vision_model.intermediate_layers_indices], -1)
+    final = ref["vision_global_hidden_states"][-1].reshape(b * n, t, -1, dv)[:, :, :p]
+    want = torch.cat([final, inter.flatten(-2)], dim=-1).reshape(out.shape)
+    if not torch.equal(want, out):
+        raise RuntimeError("vision_output does not match the captured stages")
+
+
+def full_config(config):
+    """Every Mllama field with the value the model used. save_pretrained writes only the
+    fields that differ from the class defaults, so config.json alone is incomplete."""
+    import inspect
+
+    def fields(cfg):
+        names = [n for n in inspect.signature(type(cfg).__init__).parameters
+                 if n not in ("self", "kwargs")]
+        # MllamaVisionConfig takes num_attention_heads but stores attention_heads.
+        names = ["attention_heads" if n == "num_attention_heads" and
+                 not hasattr(cfg, n) else n for n in names]
+        return {n: getattr(cfg, n) for n in names}
+
+    return {"image_token_index": config.image_token_index,
+            "text_config": fields(config.text_config),
+            "vision_config": fields(config.vision_config)}
+
+
+def gen_model(case, ver):
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import MllamaConfig, MllamaForConditionalGeneration
+
+    name = case["name"]
+    out_dir = os.path.join(MODELS_DIR, name)
+    reset_dir(out_dir)
+    config = MllamaConfig(vision_config=case["vision"], text_config=case["text"],
+                          image_token_index=case["text"]["vocab_size"])
+    vcfg, tcfg = config.vision_config, config.text_config
+    patches = (vcfg.image_size // vcfg.patch_size) ** 2 + 1
+    npad = (8 - patches % 8) % 8
+    if npad == 0:
+        raise RuntimeError("%s: patches+CLS is a multiple of 8 (HF mis-masks npad == 0)" % name)
+    regions, inv_freq = rope_regions(tcfg)
+    if len(set(regions)) != 3:
+        raise RuntimeError("%s: rope regions %s do not include all three" % (name, regions))
+
+    # Weights: random f32 -> bf16, saved in the 4.47 save_pretrained layout.
+    torch.manual_seed(case["seed"])
+    model = MllamaForConditionalGeneration(config)
+    randomize(model, case["seed"])
+    model = model.to(torch.bfloat16)
+    bf16_state = {k: v.clone() for k, v in model.state_dict().items()}
+    save_kwargs = {"safe_serialization": True}
+    if "max_shard_size" in case:
+        save_kwargs["max_shard_size"] = case["max_shard_size"]
+    model.save_pretrained(out_dir, **save_kwargs)
+    del model
+
+    rng = np.random.default_rng(case["seed"])
+    inputs, images, layouts, img_info = build_inputs(case, config, rng)
+    if images is not None:
+        make_image_processor(vcfg.image_size).save_pretrained(out_dir)
+        for b, sample in enumerate(images):
+            for n, img in enumerate(sample):
+                img.save(os.path.join(out_dir, "image_b%d_n%d.png" % (b, n)), format="PNG")
+
+    # Reference: the saved bf16 weights, loaded as float32 (exact), eager attention.
+    model = load_model(out_dir, torch.float32, "eager")
+    for k, v in model.state_dict().items():
+        if not torch.equal(v, bf16_state[k].float()):
+            raise RuntimeError("%s: %s does not reload bit-identically" % (name, k))
+    ref = reference_tensors(model, inputs, images is not None)
+    check_stage_layout(model, ref)
+    tokens, step_logits = greedy(model, inputs, tcfg.pad_token_id)
+    for row in tokens.tolist():
+        if len(set(row)) < MIN_DISTINCT_GREEDY:
+            raise RuntimeError("%s: degenerate greedy output %s; pick another seed" % (name, row))
+    recompute_diff = check_against_recompute(model, inputs, tokens, step_logits)
+    ref["greedy_tokens"] = tokens.contiguous()
+    ref["step_logits"] = step_logits.contiguous()
+    prefill_diff = float((step_logits[:, 0] - ref["logits"][:, -1]).abs().max())
+
+    sdpa = load_model(out_dir, torch.float32, "sdpa")
+    sdpa_diff = float((forward(sdpa, inputs).logits - ref["logits"]).abs().max())
+    if sdpa_diff > SDPA_TOL:
+        raise RuntimeError("%s: sdpa and eager differ by %g" % (name, sdpa_diff))
+    del sdpa
+    bf16 = load_model(out_dir, torch.bfloat16, "eager")
+    ref["logits_bf16"] = forward(bf16, inputs).logits.float().contiguous()
+    ref["greedy_tokens_bf16"] = greedy(bf16, inputs, tcfg.pad_token_id)[0].contiguous()
+    del bf16
+    same = (ref["greedy_tokens_bf16"] == tokens).all(dim=0).tolist() + [False]
+    bf16_agree_steps = same.index(False)
+    bf16_diff = ref["logits_bf16"] - ref["logits"]
+
+    ref_path = os.path.join(out_dir, "reference.safetensors")
+    save_file(ref, ref_path, metadata={"generator": "tests/golden/gen_fixtures.py"})
+    log("wrote %s" % os.path.relpath(ref_path, REPO_ROOT))
+
+    # Sanity: reload both files from disk and reproduce the stored logits exactly.
+    stored = load_file(ref_path)
+    again = load_model(out_dir, torch.float32, "eager")
+    replay = forward(again, inputs).logits
+    if not torch.equal(replay, stored["logits"]):
+        raise RuntimeError("%s: reloaded model does not reproduce the stored logits" % name)
+
+    logits = ref["logits"]
+    top2 = step_logits.topk(2, dim=-1).values
+    margins = top2[..., 0] - top2[..., 1]
+    meta = {
+        "name": name,
+        "exercises": case["exercises"],
+        "versions": ver,
+        "reference": {
+            "dtype": "float32 forward of the bf16 weights (exactly representable)",
+            "attn_implementation": "eager",
+            "device": "cpu, torch.set_num_threads(1)",
+            "call": "MllamaForConditionalGeneration.forward(input_ids, attention_mask=1, "
+                    "pixel_values, aspect_ratio_ids, aspect_ratio_mask, cross_attention_mask, "
+                    "use_cache=False, output_hidden_states=True)",
+            "generation": "generate(do_sample=False, max_new_tokens=32, eos_token_id=None): "
+                          "exactly 32 tokens, stop tokens disabled; step_logits are the raw "
+                          "logits of each step (output_logits=True)",
+            "checks": {
+                "weights_reload_bit_identical": True,
+                "reloaded_forward_reproduces_logits_bitwise": True,
+                "max_abs_diff_sdpa_vs_eager_logits": sdpa_diff,
+                "max_abs_diff_cached_decode_vs_full_recompute": recompute_diff,
+                "max_abs_diff_prefill_step_vs_forward_last_logits": prefill_diff,
+                "max_abs_diff_bf16_vs_f32_logits": float(bf16_diff.abs().max()),
+                "bf16_argmax_agreement": float((ref["logits_bf16"].argmax(-1)
+                                                == logits.argmax(-1)).double().mean()),
+                "greedy_bf16_equals_f32_for_first_steps": bf16_agree_steps,
+                "min_top1_top2_step_logit_margin": float(margins.min()),
+                "logits_std": float(logits.std()),
+            },
+        },
+        "derived": {
+            "vision_tokens_per_tile": patches,
+            "vision_tokens_per_tile_padded": patches + npad,
+            "vision_pad_tokens": npad,
+            "vision_head_dim": vcfg.hidden_size // vcfg.attention_heads,
+            "text_head_dim": tcfg.hidden_size // tcfg.num_attention_heads,
+            "gqa_ratio": tcfg.num_attention_heads // tcfg.num_key_value_heads,
+            "image_token_index": config.image_token_index,
+            "embed_tokens_rows": tcfg.vocab_size + 8,
+            "special_ids": special_ids(tcfg.vocab_size),
+            "rope_inv_freq_regions": regions,
+            "rope_inv_freq": inv_freq.tolist(),
+        },
+        "full_config": full_config(config),
+        "prompt_layouts": layouts,
+        "images": None if images is None else {
+            "files": [["image_b%d_n%d.png" % (b, n) for n in range(len(s))]
+                      for b, s in enumerate(images)],
+            "sizes_wh": [[list(img.size) for img in s] for s in images],
+            "processor": "MllamaImageProcessor as in preprocessor_config.json (tile = "
+                         "image_size), fed the PNG images as RGB PIL images",
+            **img_info,
+        },
+        "files": {f: sha256_file(os.path.join(out_dir, f)) for f in sorted(os.listdir(out_dir))
+                  if f.endswith((".safetensors", ".json")) and f != "meta.json"},
+        "tensors": tensor_table(ref),
+    }
+    write_json(os.path.join(out_dir, "meta.json"), meta)
+    log("%s: logits max|bf16-f32| %.3g, sdpa-eager %.3g, decode-recompute %.3g, greedy %s"
+        % (name, meta["reference"]["checks"]["max_abs_diff_bf16_vs_f32_logits"], sdpa_diff,
+           recompute_diff, tokens[0, :8].tolist()))
+    return name
+
+
+def gen_models():
+    import torch
+
+    torch.set_num_threads(1)
+    reset_dir(MODELS_DIR)
+    ver = versions()
+    names = [gen_model(case, ver) for case in MODEL_CASES]
+    write_json(os.path.join(MODELS_DIR, "index.json"), {
+        "generator": "tests/golden/gen_fixtures.py --only models",
+        "models": names,
+    })
+
+
+# ======================================================================================
+# C) Tokenizer (other generator)
+# ======================================================================================
+
+def gen_tokenizer(required):
+    if not os.path.exists(TOKENIZER_REFS):
+        msg = "tokenizer fixtures skipped: %s does not exist" % os.path.relpath(
+            TOKENIZER_REFS, REPO_ROOT)
+        if required:
+            raise SystemExit(msg)
+        log(msg)
+        return
+    spec = importlib.util.spec_from_file_location("tokenizer_refs", TOKENIZER_REFS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for path in module.generate(REPO_ROOT):
+        log("wrote %s" % os.path.relpath(path, REPO_ROOT))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=["images", "masks", "models", "tokenizer"],
+                        help="generate one group only (default: all)")
+    args = parser.parse_args()
+    if args.only in (None, "images"):
+        gen_images()
+    if args.only in (None, "masks"):
+        gen_masks()
+    if args.only in (None, "models"):
+        gen_models()
+    if args.only in (None, "tokenizer"):
+        gen_tokenizer(required=args.only == "tokenizer")
+
+
+if __name__ == "__main__":
+    main()
