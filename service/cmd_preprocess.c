@@ -8,12 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "image/image.h"
 
 #define MAX_INPUT_BYTES (256u << 20) /* far above any JPEG within the pixel limit */
-#define NPY_ALIGN 64                 /* numpy pads its header to 64 bytes */
-#define NPY_PREAMBLE 10              /* magic (6) + version (2) + header length (2) */
 
 static void usage(FILE *f)
 {
@@ -29,88 +28,12 @@ static void usage(FILE *f)
             ML_IMAGE_DEFAULT_MAX_TILES, ML_IMAGE_DEFAULT_TILE_SIZE);
 }
 
-/* Whole file into memory; returns NULL (message printed) on failure. */
-static uint8_t *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "mllama preprocess: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    uint8_t *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n == cap) {
-            cap = cap ? cap * 2 : 1u << 20;
-            uint8_t *grown = cap <= MAX_INPUT_BYTES ? realloc(buf, cap) : NULL;
-            if (!grown) {
-                fprintf(stderr, "mllama preprocess: %s: larger than %u bytes or out of memory\n",
-                        path, MAX_INPUT_BYTES);
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = grown;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0)
-            break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        fprintf(stderr, "mllama preprocess: %s: read error\n", path);
-        free(buf);
-        return NULL;
-    }
-    *len = n;
-    return buf;
-}
-
-/* .npy format 1.0: magic, version, little-endian header length, a Python
- * dict literal padded with spaces and a newline to a 64-byte boundary, then
- * C-order little-endian float32 data. */
-static int write_npy(const char *path, const float *data, const size_t shape[4])
-{
-    char dict[256];
-    int dict_len = snprintf(dict, sizeof dict,
-                            "{'descr': '<f4', 'fortran_order': False, 'shape': (%zu, %zu, %zu, %zu), }",
-                            shape[0], shape[1], shape[2], shape[3]);
-    size_t total = NPY_PREAMBLE + (size_t)dict_len + 1;
-    size_t padded = (total + NPY_ALIGN - 1) / NPY_ALIGN * NPY_ALIGN;
-    size_t header_len = padded - NPY_PREAMBLE;
-    char header[NPY_PREAMBLE + sizeof dict + NPY_ALIGN];
-    memcpy(header, "\x93NUMPY\x01\x00", 8);
-    header[8] = (char)(header_len & 0xff);
-    header[9] = (char)(header_len >> 8);
-    memcpy(header + NPY_PREAMBLE, dict, (size_t)dict_len);
-    memset(header + NPY_PREAMBLE + dict_len, ' ', padded - total);
-    header[padded - 1] = '\n';
-
-    size_t count = shape[0] * shape[1] * shape[2] * shape[3];
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        fprintf(stderr, "mllama preprocess: %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    /* The host is little-endian (x86-64, aarch64), as '<f4' requires. */
-    int ok = fwrite(header, 1, padded, f) == padded && fwrite(data, sizeof(float), count, f) == count;
-    ok &= fclose(f) == 0;
-    if (!ok)
-        fprintf(stderr, "mllama preprocess: %s: write failed\n", path);
-    return ok ? 0 : -1;
-}
-
+/* A positive 32-bit option value; 0 and negatives are rejected. */
 static int parse_u32(const char *opt, const char *s, uint32_t *out)
 {
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || end == s || *end || v == 0 || v > UINT32_MAX || s[0] == '-') {
-        fprintf(stderr, "mllama preprocess: %s needs a positive integer, got '%s'\n", opt, s);
+    long v;
+    if (svc_parse_long("mllama preprocess", opt, s, 1, UINT32_MAX, &v))
         return -1;
-    }
     *out = (uint32_t)v;
     return 0;
 }
@@ -163,7 +86,7 @@ int cmd_preprocess(int argc, char **argv)
         params.tile_size = tile_size;
 
     size_t len = 0;
-    uint8_t *bytes = read_file(image_path, &len);
+    uint8_t *bytes = (uint8_t *)svc_read_file("mllama preprocess", image_path, MAX_INPUT_BYTES, &len);
     if (!bytes)
         return SVC_EXIT_FAILURE;
     ml_image_rgb img;
@@ -198,7 +121,7 @@ int cmd_preprocess(int argc, char **argv)
         goto done;
     }
     size_t shape[4] = {layout.n_tiles, ML_IMAGE_CHANNELS, layout.tile_size, layout.tile_size};
-    if (write_npy(out_path, pixels, shape))
+    if (svc_write_npy_f32("mllama preprocess", out_path, pixels, 4, shape))
         goto done;
 
     printf("{\"tiles\": %u, \"tiles_h\": %u, \"tiles_w\": %u, \"width\": %u, \"height\": %u, "
