@@ -1,0 +1,204 @@
+/* The Llama 3.2 Vision Instruct chat template (see chat_template.h). */
+#include "tokenizer/chat_template.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokenizer/unicode.h"
+
+static const char BOS[] = "<|begin_of_text|>";
+static const char HEADER_START[] = "<|start_header_id|>";
+static const char HEADER_END[] = "<|end_header_id|>\n\n";
+static const char EOT[] = "<|eot_id|>";
+static const char IMAGE[] = "<|image|>";
+static const char SYSTEM_PREAMBLE[] = "Cutting Knowledge Date: December 2023\nToday Date: ";
+static const char DATE_END[] = "\n\n";
+static const char IMAGE_WITH_SYSTEM[] = "Prompting with images is incompatible with system messages.";
+
+/* Rendering runs twice: once counting (buf NULL), once writing. */
+typedef struct sink {
+    char *buf;
+    size_t len;
+} sink;
+
+static void put(sink *s, const char *p, size_t n)
+{
+    if (s->buf)
+        memcpy(s->buf + s->len, p, n);
+    s->len += n;
+}
+
+static void put_str(sink *s, const char *p) { put(s, p, strlen(p)); }
+
+static void put_header(sink *s, const char *role)
+{
+    put_str(s, HEADER_START);
+    put_str(s, role);
+    put_str(s, HEADER_END);
+}
+
+/* [*start, *end) = s[0..n) without leading and trailing Python whitespace.
+ * Ill-formed UTF-8 bytes count as non-space. */
+static void py_strip(const char *s, size_t n, size_t *start, size_t *end)
+{
+    const uint8_t *p = (const uint8_t *)s;
+    size_t i = 0, first = n, last_end = 0;
+    while (i < n) {
+        uint32_t cp;
+        size_t len;
+        bool space = ml_utf8_scan(p + i, n - i, &cp, &len) == ML_UTF8_OK &&
+                     ml_unicode_is_py_space(cp);
+        if (!space) {
+            if (first == n)
+                first = i;
+            last_end = i + len;
+        }
+        i += len;
+    }
+    *start = first == n ? 0 : first;
+    *end = first == n ? 0 : last_end;
+}
+
+static ml_status check_messages(const ml_chat_message *msgs, size_t n_msgs, char *err,
+                                size_t errlen)
+{
+    if (!msgs || n_msgs == 0)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "chat template: no messages");
+    for (size_t i = 0; i < n_msgs; i++) {
+        const ml_chat_message *m = &msgs[i];
+        if (!m->role)
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "chat template: message %zu has no role",
+                           i);
+        if (!strcmp(m->role, "tool") || !strcmp(m->role, "ipython"))
+            return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
+                           "chat template: message %zu: role '%s' (tool calls) is not supported", i,
+                           m->role);
+        if (strcmp(m->role, "system") && strcmp(m->role, "user") && strcmp(m->role, "assistant"))
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                           "chat template: message %zu: role '%.32s' is not system, user or "
+                           "assistant",
+                           i, m->role);
+        if (m->n_parts && !m->parts)
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                           "chat template: message %zu has NULL parts", i);
+        for (size_t k = 0; k < m->n_parts; k++) {
+            const ml_chat_part *p = &m->parts[k];
+            if (p->type == ML_CHAT_PART_TEXT && !p->text)
+                return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                               "chat template: message %zu part %zu: text part without text", i,
+                               k);
+            if (p->type != ML_CHAT_PART_TEXT && p->type != ML_CHAT_PART_IMAGE)
+                return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                               "chat template: message %zu part %zu: unknown part type %d", i, k,
+                               (int)p->type);
+            if (i == 0 && p->type == ML_CHAT_PART_IMAGE && !strcmp(m->role, "system"))
+                return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                               "chat template: the system message can hold only text");
+        }
+    }
+    return ML_OK;
+}
+
+static void put_parts(sink *s, const ml_chat_message *m)
+{
+    for (size_t k = 0; k < m->n_parts; k++) {
+        if (m->parts[k].type == ML_CHAT_PART_IMAGE)
+            put_str(s, IMAGE);
+        else
+            put_str(s, m->parts[k].text);
+    }
+}
+
+/* system: the leading system message's text, already trimmed. */
+static void render(sink *s, const ml_chat_message *msgs, size_t n_msgs, size_t first,
+                   const char *system, size_t system_len, bool has_images,
+                   const ml_chat_options *opt)
+{
+    put_str(s, BOS);
+    if (!has_images) {
+        put_header(s, "system");
+        put_str(s, SYSTEM_PREAMBLE);
+        put_str(s, opt->date_string ? opt->date_string : ML_CHAT_DEFAULT_DATE);
+        put_str(s, DATE_END);
+        put(s, system, system_len);
+        put_str(s, EOT);
+    }
+    for (size_t i = first; i < n_msgs; i++) {
+        put_header(s, msgs[i].role);
+        put_parts(s, &msgs[i]);
+        put_str(s, EOT);
+    }
+    if (opt->add_generation_prompt)
+        put_header(s, "assistant");
+}
+
+ml_status ml_chat_render(const ml_chat_message *msgs, size_t n_msgs, const ml_chat_options *opt,
+                         char **prompt, size_t *len, char *err, size_t errlen)
+{
+    if (!prompt || !len)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "chat template: NULL argument");
+    ml_status st = check_messages(msgs, n_msgs, err, errlen);
+    if (st != ML_OK)
+        return st;
+    static const ml_chat_options defaults = {0};
+    if (!opt)
+        opt = &defaults;
+
+    /* The leading system message, concatenated and trimmed. */
+    size_t first = 0;
+    sink sys = {0};
+    if (!strcmp(msgs[0].role, "system")) {
+        first = 1;
+        put_parts(&sys, &msgs[0]);
+        sys.buf = malloc(sys.len + 1);
+        if (!sys.buf)
+            return ml_fail(err, errlen, ML_ERR_NOMEM, "chat template: out of memory");
+        sys.len = 0;
+        put_parts(&sys, &msgs[0]);
+    }
+    size_t sys_start = 0, sys_end = 0;
+    if (sys.buf)
+        py_strip(sys.buf, sys.len, &sys_start, &sys_end);
+
+    bool has_images = false;
+    for (size_t i = first; i < n_msgs; i++)
+        for (size_t k = 0; k < msgs[i].n_parts; k++)
+            has_images |= msgs[i].parts[k].type == ML_CHAT_PART_IMAGE;
+    if (has_images && sys_end > sys_start) {
+        free(sys.buf);
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "chat template: %s", IMAGE_WITH_SYSTEM);
+    }
+
+    const char *system = sys.buf ? sys.buf + sys_start : "";
+    size_t system_len = sys_end - sys_start;
+    sink out = {0};
+    render(&out, msgs, n_msgs, first, system, system_len, has_images, opt);
+    out.buf = malloc(out.len + 1);
+    if (!out.buf) {
+        free(sys.buf);
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "chat template: out of memory");
+    }
+    out.len = 0;
+    render(&out, msgs, n_msgs, first, system, system_len, has_images, opt);
+    out.buf[out.len] = '\0';
+    free(sys.buf);
+    *prompt = out.buf;
+    *len = out.len;
+    return ML_OK;
+}
+
+ml_status ml_chat_encode(const ml_tokenizer *tok, const ml_chat_message *msgs, size_t n_msgs,
+                         const ml_chat_options *opt, ml_token_buf *ids, char *err, size_t errlen)
+{
+    if (!tok || !ids)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "chat template: NULL argument");
+    char *prompt;
+    size_t len;
+    ml_status st = ml_chat_render(msgs, n_msgs, opt, &prompt, &len, err, errlen);
+    if (st != ML_OK)
+        return st;
+    st = ml_tokenizer_encode(tok, prompt, len, ML_ENCODE_PARSE_SPECIAL, ids, err, errlen);
+    free(prompt);
+    return st;
+}

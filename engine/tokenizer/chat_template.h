@@ -1,0 +1,76 @@
+/* The Llama 3.2 Vision Instruct chat template, in C.
+ *
+ * Reproduces the hub chat_template.json of Llama-3.2-11B-Vision-Instruct as
+ * rendered by transformers' apply_chat_template (spec §7), for messages of
+ * text and image parts, without the tool-calling branches:
+ *
+ *   <|begin_of_text|>
+ *   [no image anywhere:] <|start_header_id|>system<|end_header_id|>\n\n
+ *       Cutting Knowledge Date: December 2023\nToday Date: {date}\n\n{system}<|eot_id|>
+ *   per message: <|start_header_id|>{role}<|end_header_id|>\n\n{parts}<|eot_id|>
+ *   [add_generation_prompt:] <|start_header_id|>assistant<|end_header_id|>\n\n
+ *
+ * - A leading "system" message is taken out and its text trimmed (Jinja's
+ *   `trim`, i.e. Python str.strip()); later system messages render like any
+ *   other message. Message text is NOT trimmed.
+ * - Parts are concatenated with no separator; an image part is "<|image|>".
+ * - Images together with a non-blank system message are an error, as in the
+ *   template ("Prompting with images is incompatible with system messages.").
+ *   A system message that trims to "" is allowed with images.
+ * - The date: the template uses today's date when transformers provides
+ *   strftime_now; here it is always the option (default "26 Jul 2024", the
+ *   template's own fallback), so prompts are reproducible.
+ *
+ * Text is emitted raw: special-token text inside a message (e.g. a user
+ * typing "<|eot_id|>") becomes that special token when the prompt is encoded,
+ * exactly as with HF. Callers that must prevent this filter the text first. */
+#ifndef ML_CHAT_TEMPLATE_H
+#define ML_CHAT_TEMPLATE_H
+
+#include <stddef.h>
+
+#include "status.h"
+#include "tokenizer/tokenizer.h"
+
+typedef enum ml_chat_part_type {
+    ML_CHAT_PART_TEXT,
+    ML_CHAT_PART_IMAGE,
+} ml_chat_part_type;
+
+typedef struct ml_chat_part {
+    ml_chat_part_type type;
+    const char *text; /* borrowed, NUL-terminated; ML_CHAT_PART_TEXT only */
+} ml_chat_part;
+
+typedef struct ml_chat_message {
+    const char *role; /* borrowed: "system", "user" or "assistant" */
+    const ml_chat_part *parts; /* borrowed, n_parts entries */
+    size_t n_parts;
+} ml_chat_message;
+
+typedef struct ml_chat_options {
+    int add_generation_prompt;
+    const char *date_string; /* borrowed; NULL means ML_CHAT_DEFAULT_DATE */
+} ml_chat_options;
+
+#define ML_CHAT_DEFAULT_DATE "26 Jul 2024"
+
+/* Render the prompt text. On success *prompt is a new NUL-terminated string
+ * (owned by the caller: free()) of *len bytes. opt may be NULL (defaults:
+ * no generation prompt, default date). Errors, with *prompt untouched:
+ * ML_ERR_INVALID_ARG for no messages, a NULL role or text, a role other than
+ * system/user/assistant, an image in the leading system message, or images
+ * with a system message; ML_ERR_UNSUPPORTED for the tool roles "tool" and
+ * "ipython"; ML_ERR_NOMEM. */
+ml_status ml_chat_render(const ml_chat_message *msgs, size_t n_msgs, const ml_chat_options *opt,
+                         char **prompt, size_t *len, char *err, size_t errlen);
+
+/* Render and encode with special tokens parsed, appending the ids to *ids
+ * (the prompt already starts with <|begin_of_text|>: no BOS is added). This is
+ * what HF's processor does with add_special_tokens=False. Errors: as
+ * ml_chat_render, plus those of ml_tokenizer_encode; *ids keeps its old
+ * contents on error. */
+ml_status ml_chat_encode(const ml_tokenizer *tok, const ml_chat_message *msgs, size_t n_msgs,
+                         const ml_chat_options *opt, ml_token_buf *ids, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,256 @@
+/* Chat template against the reference: every expected prompt and id list
+ * below was produced by transformers 4.47.1 apply_chat_template with the
+ * Llama-3.2-11B-Vision-Instruct chat_template (date_string passed where the
+ * system block appears), then tokenizer(prompt, add_special_tokens=False) on
+ * config/tokenizer/tokenizer.json + <|image|>. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+#define TOKENIZER_PATH ML_SOURCE_DIR "/config/tokenizer/tokenizer.json"
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+#define TEXT(s) {ML_CHAT_PART_TEXT, (s)}
+#define IMAGE {ML_CHAT_PART_IMAGE, NULL}
+
+/* Render and encode msgs; compare with the reference prompt and ids. */
+static void expect(const ml_tokenizer *tok, const char *name, const ml_chat_message *msgs,
+                   size_t n, const ml_chat_options *opt, const char *want_text,
+                   const int32_t *want_ids, size_t n_want)
+{
+    char err[256];
+    char *text = NULL;
+    size_t len = 0;
+    ml_status st = ml_chat_render(msgs, n, opt, &text, &len, err, sizeof err);
+    check(st == ML_OK, "%s: render: %s", name, err);
+    if (st != ML_OK)
+        return;
+    check(len == strlen(want_text) && !strcmp(text, want_text), "%s: prompt\n got: %s\nwant: %s",
+          name, text, want_text);
+    free(text);
+
+    ml_token_buf ids;
+    ml_token_buf_init(&ids);
+    st = ml_chat_encode(tok, msgs, n, opt, &ids, err, sizeof err);
+    check(st == ML_OK, "%s: encode: %s", name, err);
+    bool same = ids.n == n_want && !memcmp(ids.ids, want_ids, n_want * sizeof *want_ids);
+    check(same, "%s: ids differ (got %zu, want %zu)", name, ids.n, n_want);
+    if (!same)
+        for (size_t i = 0; i < ids.n; i++)
+            fprintf(stderr, "  [%zu] got %d want %d\n", i, (int)ids.ids[i],
+                    i < n_want ? (int)want_ids[i] : -1);
+    ml_token_buf_deinit(&ids);
+}
+
+static void expect_error(const char *name, const ml_chat_message *msgs, size_t n,
+                         ml_status want, const char *want_msg)
+{
+    char err[256] = "";
+    char *text = NULL;
+    size_t len = 0;
+    ml_status st = ml_chat_render(msgs, n, NULL, &text, &len, err, sizeof err);
+    check(st == want, "%s: got %s, want %s", name, ml_status_name(st), ml_status_name(want));
+    check(text == NULL, "%s: no prompt on error", name);
+    check(strstr(err, want_msg) != NULL, "%s: message '%s' lacks '%s'", name, err, want_msg);
+    free(text);
+}
+
+/* Spec §7: the canonical single-image Instruct prompt. */
+static void test_single_image(const ml_tokenizer *tok)
+{
+    const ml_chat_part parts[] = {IMAGE, TEXT("Describe this image in two sentences.")};
+    const ml_chat_message msgs[] = {{"user", parts, N_OF(parts)}};
+    const ml_chat_options opt = {.add_generation_prompt = 1};
+    static const int32_t ids[] = {128000, 128006, 882, 128007, 271, 128256, 75885, 420, 2217,
+                                  304,    1403,   23719, 13,  128009, 128006, 78191, 128007, 271};
+    expect(tok, "single image", msgs, N_OF(msgs), &opt,
+           "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n<|image|>Describe this "
+           "image in two sentences.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+           ids, N_OF(ids));
+}
+
+static void test_text_with_system(const ml_tokenizer *tok)
+{
+    const ml_chat_part sys[] = {TEXT("  You are a terse assistant.\n ")};
+    const ml_chat_part user[] = {TEXT("  Hello there!  ")};
+    const ml_chat_message msgs[] = {{"system", sys, 1}, {"user", user, 1}};
+    const ml_chat_options opt = {.add_generation_prompt = 1, .date_string = "26 Jul 2024"};
+    static const int32_t ids[] = {
+        128000, 128006, 9125,  128007, 271,   38766, 1303,   33025,  2696,  25,    6790,  220,
+        2366,   18,     198,   15724,  2696,  25,    220,    1627,   10263, 220,   2366,  19,
+        271,    2675,   527,   264,    51637, 18328, 13,     128009, 128006, 882,  128007, 271,
+        220,    22691,  1070,  0,      256,   128009, 128006, 78191, 128007, 271};
+    expect(tok, "text with system", msgs, N_OF(msgs), &opt,
+           "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge "
+           "Date: December 2023\nToday Date: 26 Jul 2024\n\nYou are a terse "
+           "assistant.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n  Hello there!  "
+           "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+           ids, N_OF(ids));
+}
+
+static void test_text_without_system(const ml_tokenizer *tok)
+{
+    const ml_chat_part user[] = {TEXT("Hi")}, bot[] = {TEXT("Hello.")};
+    const ml_chat_message msgs[] = {{"user", user, 1}, {"assistant", bot, 1}};
+    const ml_chat_options opt = {.date_string = "01 Jan 2025"};
+    static const int32_t ids[] = {128000, 128006, 9125,   128007, 271,   38766,  1303,   33025,
+                                  2696,   25,     6790,   220,    2366,  18,     198,    15724,
+                                  2696,   25,     220,    1721,   4448,  220,    2366,   20,
+                                  271,    128009, 128006, 882,    128007, 271,   13347,  128009,
+                                  128006, 78191,  128007, 271,    9906,  13,     128009};
+    expect(tok, "text without system", msgs, N_OF(msgs), &opt,
+           "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge "
+           "Date: December 2023\nToday Date: 01 Jan 2025\n\n<|eot_id|><|start_header_id|>user<|"
+           "end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+           "Hello.<|eot_id|>",
+           ids, N_OF(ids));
+}
+
+static void test_two_images(const ml_tokenizer *tok)
+{
+    const ml_chat_part parts[] = {TEXT("Compare "), IMAGE, TEXT(" and "), IMAGE, TEXT(".")};
+    const ml_chat_message msgs[] = {{"user", parts, N_OF(parts)}};
+    const ml_chat_options opt = {.add_generation_prompt = 1};
+    static const int32_t ids[] = {128000, 128006, 882, 128007, 271,    28474,  220,    128256, 323,
+                                  220,    128256, 13,  128009, 128006, 78191, 128007, 271};
+    expect(tok, "two images", msgs, N_OF(msgs), &opt,
+           "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nCompare <|image|> and "
+           "<|image|>.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+           ids, N_OF(ids));
+}
+
+/* "\n\n" of the header and a message's leading "\n" form one pre-token:
+ * the prompt must be encoded whole, not piecewise. */
+static void test_multi_turn(const ml_tokenizer *tok)
+{
+    const ml_chat_part u1[] = {IMAGE, TEXT("What is it?")}, a1[] = {TEXT("A cat.")},
+                       u2[] = {TEXT("\nAnd its colour?")};
+    const ml_chat_message msgs[] = {{"user", u1, 2}, {"assistant", a1, 1}, {"user", u2, 1}};
+    const ml_chat_options opt = {.add_generation_prompt = 1};
+    static const int32_t ids[] = {
+        128000, 128006, 882, 128007, 271,   128256, 3923,   374,   433,    30,     128009,
+        128006, 78191,  128007, 271,  32,    8415,   13,     128009, 128006, 882,    128007,
+        1432,   3112,   1202,   12745, 30,   128009, 128006, 78191, 128007, 271};
+    expect(tok, "multi turn", msgs, N_OF(msgs), &opt,
+           "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n<|image|>What is "
+           "it?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nA cat.<|eot_id|><|"
+           "start_header_id|>user<|end_header_id|>\n\n\nAnd its colour?<|eot_id|><|start_header_"
+           "id|>assistant<|end_header_id|>\n\n",
+           ids, N_OF(ids));
+}
+
+/* trim is Python's str.strip(): U+001F, U+3000, U+00A0 and U+0085 go. */
+static void test_trim_python_space(const ml_tokenizer *tok)
+{
+    const ml_chat_part sys[] = {TEXT("\x1f\xe3\x80\x80" "sys\xc2\xa0\xc2\x85")};
+    const ml_chat_part user[] = {TEXT("x")};
+    const ml_chat_message msgs[] = {{"system", sys, 1}, {"user", user, 1}};
+    static const int32_t ids[] = {128000, 128006, 9125, 128007, 271,   38766,  1303,   33025, 2696,
+                                  25,     6790,   220,  2366,   18,    198,    15724,  2696,  25,
+                                  220,    1627,   10263, 220,   2366,  19,     271,    7947,  128009,
+                                  128006, 882,    128007, 271,  87,    128009};
+    expect(tok, "python trim", msgs, N_OF(msgs), NULL,
+           "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge "
+           "Date: December 2023\nToday Date: 26 Jul 2024\n\nsys<|eot_id|><|start_header_id|>user<|"
+           "end_header_id|>\n\nx<|eot_id|>",
+           ids, N_OF(ids));
+}
+
+/* A system message that is not first renders as a message, untrimmed. */
+static void test_later_system(const ml_tokenizer *tok)
+{
+    const ml_chat_part user[] = {TEXT("a")}, sys[] = {TEXT(" b ")};
+    const ml_chat_message msgs[] = {{"user", user, 1}, {"system", sys, 1}};
+    static const int32_t ids[] = {128000, 128006, 9125, 128007, 271,    38766,  1303,   33025,
+                                  2696,   25,     6790, 220,    2366,   18,     198,    15724,
+                                  2696,   25,     220,  1627,   10263,  220,    2366,   19,
+                                  271,    128009, 128006, 882,  128007, 271,    64,     128009,
+                                  128006, 9125,   128007, 271,  293,    220,    128009};
+    expect(tok, "later system", msgs, N_OF(msgs), NULL,
+           "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge "
+           "Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|"
+           "end_header_id|>\n\na<|eot_id|><|start_header_id|>system<|end_header_id|>\n\n b "
+           "<|eot_id|>",
+           ids, N_OF(ids));
+}
+
+/* A blank system message is allowed with images and leaves no trace. */
+static void test_blank_system_with_image(const ml_tokenizer *tok)
+{
+    const ml_chat_part sys[] = {TEXT(" \n\t")};
+    const ml_chat_part user[] = {IMAGE, TEXT("What?")};
+    const ml_chat_message msgs[] = {{"system", sys, 1}, {"user", user, 2}};
+    const ml_chat_options opt = {.add_generation_prompt = 1};
+    static const int32_t ids[] = {128000, 128006, 882,    128007, 271,    128256, 3923,
+                                  30,     128009, 128006, 78191,  128007, 271};
+    expect(tok, "blank system + image", msgs, N_OF(msgs), &opt,
+           "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n<|image|>What?<|eot_id|><"
+           "|start_header_id|>assistant<|end_header_id|>\n\n",
+           ids, N_OF(ids));
+}
+
+/* Special-token text inside a message becomes the special token, as in HF. */
+static void test_special_text_in_message(const ml_tokenizer *tok)
+{
+    const ml_chat_part user[] = {IMAGE, TEXT("Say <|eot_id|> now")};
+    const ml_chat_message msgs[] = {{"user", user, 2}};
+    const ml_chat_options opt = {.add_generation_prompt = 1};
+    static const int32_t ids[] = {128000, 128006, 882,    128007, 271,   128256, 46864, 220,
+                                  128009, 1457,   128009, 128006, 78191, 128007, 271};
+    expect(tok, "special text", msgs, N_OF(msgs), &opt,
+           "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n<|image|>Say <|eot_id|> "
+           "now<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+           ids, N_OF(ids));
+}
+
+static void test_errors(void)
+{
+    const ml_chat_part sys[] = {TEXT("Be brief.")}, user[] = {IMAGE, TEXT("What?")};
+    const ml_chat_message with_system[] = {{"system", sys, 1}, {"user", user, 2}};
+    expect_error("system + image", with_system, 2, ML_ERR_INVALID_ARG,
+                 "Prompting with images is incompatible with system messages.");
+
+    expect_error("no messages", with_system, 0, ML_ERR_INVALID_ARG, "no messages");
+
+    const ml_chat_message bad_role[] = {{"bob", sys, 1}};
+    expect_error("unknown role", bad_role, 1, ML_ERR_INVALID_ARG, "role 'bob'");
+    const ml_chat_message tool_role[] = {{"tool", sys, 1}};
+    expect_error("tool role", tool_role, 1, ML_ERR_UNSUPPORTED, "tool");
+    const ml_chat_message no_role[] = {{NULL, sys, 1}};
+    expect_error("no role", no_role, 1, ML_ERR_INVALID_ARG, "no role");
+
+    const ml_chat_part img[] = {IMAGE};
+    const ml_chat_message image_in_system[] = {{"system", img, 1}, {"user", sys, 1}};
+    expect_error("image in system", image_in_system, 2, ML_ERR_INVALID_ARG, "only text");
+
+    const ml_chat_part null_text[] = {{ML_CHAT_PART_TEXT, NULL}};
+    const ml_chat_message null_part[] = {{"user", null_text, 1}};
+    expect_error("text part without text", null_part, 1, ML_ERR_INVALID_ARG, "without text");
+}
+
+int main(void)
+{
+    char err[512];
+    ml_tokenizer *tok = NULL;
+    if (ml_tokenizer_load(TOKENIZER_PATH, &tok, err, sizeof err) != ML_OK) {
+        fprintf(stderr, "load: %s\n", err);
+        return 1;
+    }
+    test_single_image(tok);
+    test_text_with_system(tok);
+    test_text_without_system(tok);
+    test_two_images(tok);
+    test_multi_turn(tok);
+    test_trim_python_space(tok);
+    test_later_system(tok);
+    test_blank_system_with_image(tok);
+    test_special_text_in_message(tok);
+    test_errors();
+    ml_tokenizer_destroy(tok);
+    return check_done();
+}
