@@ -1,0 +1,442 @@
+/* The request/reply protocol of the worker (design.md §6): parsing and
+ * validating one request record, and building the reply records and their
+ * headers.
+ *
+ * ---- Request record ----------------------------------------------------
+ * Key: the request id (optional, see precedence). Value: one JSON object,
+ * not NUL-terminated (parsed with cJSON_ParseWithLengthOpts):
+ *
+ *   field               type                      default     rule
+ *   id                  string                    -           1..max_id_bytes, no control chars
+ *   reply_topic         string                    -           a Kafka topic name: [A-Za-z0-9._-]{1,249}
+ *   messages            array, required           -           1..max_messages, see below
+ *   adapter             string                    base model  [A-Za-z0-9._-]{1,128}, not starting with '.'
+ *   max_tokens          integer                   limits      1..max_tokens_limit
+ *     (max_completion_tokens is accepted as an alias; giving both is an error)
+ *   temperature         number                    1.0         [0, 2]; 0 = greedy
+ *   top_p               number                    1.0         (0, 1]
+ *   top_k               integer                   0 (off)     >= 0
+ *   min_p               number                    0 (off)     [0, 1)
+ *   repetition_penalty  number                    1.0 (off)   > 0 and <= 10
+ *   presence_penalty    number                    0           [-2, 2]
+ *   frequency_penalty   number                    0           [-2, 2]
+ *   seed                integer                   none        |seed| <= 2^53 - 1 (exact in JSON)
+ *   stop                string | array of string  none        up to max_stop, each 1..max_stop_bytes
+ *   logprobs            bool                      false
+ *   top_logprobs        integer                   0           0..20; > 0 needs logprobs: true
+ *   n                   integer                   1           only 1 is supported
+ *   deadline_ms         integer                   none        absolute unix ms, > 0
+ *   stream              bool                      true        false: one chat.completion record
+ *
+ * JSON null is the same as an absent field (OpenAI clients send nulls).
+ * Unknown fields (model, user, stream_options, ...) are ignored so that
+ * clients can add fields before workers know them. Duplicate keys: the
+ * first one counts (cJSON lookup order).
+ *
+ * messages[i]: {"role": "system"|"user"|"assistant", "content": C}; other
+ * keys (name, ...) are ignored. C is a string, or a non-empty array of parts:
+ *   {"type":"text","text":"..."}
+ *   {"type":"image_url","image_url":{"url":"data:image/jpeg;base64,..."}}
+ *   {"type":"image_url","image_url":"data:image/jpeg;base64,..."}
+ *   {"type":"image","sha256":"<64 hex>"}   (resident or Redis-held image)
+ * Image parts are accepted in user messages only (as in the OpenAI API).
+ * Only base64 data: URLs of type image/jpeg are accepted; base64 is strict
+ * (base64.h). All kept strings must be valid UTF-8.
+ *
+ * Precedence of the addressing fields, first present wins:
+ *   id:          header request_id > JSON id > record key
+ *   reply_topic: header reply_topic > JSON reply_topic
+ *   deadline_ms: header deadline_ms > JSON deadline_ms
+ *   traceparent: header only (W3C trace-context; a malformed one is dropped)
+ * Headers win because they are routing metadata: a gateway can set or
+ * rewrite them without parsing and re-serialising a body that may hold
+ * megabytes of images. The key comes last because producers may also use it
+ * for partitioning. A present but invalid source is an error; it does not
+ * fall through to the next one.
+ *
+ * ---- Reply records -------------------------------------------------------
+ * Key: the request id. Headers: request_id, attempt, seq, final ("true" or
+ * "false"). stream: true gives chat.completion.chunk records, seq 0, 1, ...:
+ *   {"id":ID,"object":"chat.completion.chunk","created":S,"model":M,
+ *    "choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},
+ *                "logprobs":null,"finish_reason":null}],"seq":0,"attempt":1}
+ * (role only in the record with seq 0). The final record has a finish_reason
+ * (stop, length, cancelled, error), "usage" {prompt_tokens,
+ * completion_tokens, total_tokens, images, images_cached}, "timings"
+ * {queue_ms, vision_ms, prefill_ms, decode_ms, ttft_ms} and, on failure,
+ * "error": {"code","message"}. stream: false gives one record, seq 0:
+ *   {"id":ID,"object":"chat.completion","created":S,"model":M,
+ *    "choices":[{"index":0,"message":{"role":"assistant","content":"..."},
+ *                "logprobs":null,"finish_reason":"stop"}],
+ *    "usage":{...},"timings":{...},"seq":0,"attempt":1}
+ * Logprobs, when requested, follow OpenAI: {"content":[{"token","logprob",
+ * "bytes",[...],"top_logprobs":[{"token","logprob","bytes"}]}]}.
+ * Text is emitted as valid UTF-8 JSON: control characters are escaped and
+ * invalid UTF-8 bytes become U+FFFD (the exact bytes are in "bytes").
+ *
+ * Dead-letter records keep the original key, value and headers and add
+ * x-error-code, x-error-msg, x-original-topic, x-original-partition,
+ * x-original-offset and x-worker.
+ *
+ * @locality any thread, for every function here: they keep no state
+ * between calls (one caveat about cJSON at svc_request_parse). Objects
+ * (requests, buffers, header sets) are used by one thread at a time.
+ */
+#ifndef SVC_PROTOCOL_H
+#define SVC_PROTOCOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ==== Errors ============================================================= */
+
+/* Request-level outcomes. The strings (svc_error_code) are a stable wire
+ * contract: clients switch on them. */
+typedef enum svc_error {
+    SVC_ERROR_NONE = 0,
+    SVC_ERROR_INVALID_JSON,            /* "invalid_json": not one JSON value */
+    SVC_ERROR_INVALID_REQUEST,         /* "invalid_request": a field is missing, mistyped or out of range */
+    SVC_ERROR_INVALID_IMAGE,           /* "invalid_image": bad data URL, base64 or image bytes */
+    SVC_ERROR_IMAGE_TOO_LARGE,         /* "image_too_large": over max_image_bytes once decoded */
+    SVC_ERROR_UNKNOWN_ADAPTER,         /* "unknown_adapter" */
+    SVC_ERROR_CONTEXT_LENGTH_EXCEEDED, /* "context_length_exceeded" */
+    SVC_ERROR_DEADLINE_EXCEEDED,       /* "deadline_exceeded" */
+    SVC_ERROR_CANCELLED,               /* "cancelled" */
+    SVC_ERROR_INTERNAL,                /* "internal": the worker failed, not the request */
+    SVC_ERROR_TOO_MANY_ATTEMPTS,       /* "too_many_attempts": dead-letter only, the
+                                          message crashed workers repeatedly */
+} svc_error;
+
+/* Stable lower-case wire string of an error ("invalid_json", ...); "none"
+ * for SVC_ERROR_NONE. Never NULL. @locality any thread. */
+const char *svc_error_code(svc_error e);
+
+/* Capacity for the human message of a request error (err buffers). */
+#define SVC_ERRMSG_MAX 256
+
+/* printf into a caller's error buffer: NULL-safe (err NULL or errlen 0 does
+ * nothing), always NUL-terminated, truncated to fit. @locality any thread. */
+void svc_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ==== Limits ============================================================= */
+
+#define SVC_TOPIC_NAME_MAX 249   /* Kafka's own limit on topic names */
+#define SVC_ADAPTER_NAME_MAX 128
+#define SVC_SHA256_HEX_LEN 64    /* lower-case hex digits of a sha256 */
+#define SVC_TOP_LOGPROBS_MAX 20  /* as in the OpenAI API */
+#define SVC_TRACEPARENT_LEN 55   /* "00-<32 hex>-<16 hex>-<2 hex>" */
+
+/* What one request may ask for; hostile input is bounded by these before
+ * anything proportional to it is allocated. */
+typedef struct svc_limits {
+    size_t max_request_bytes; /* the record value */
+    size_t max_json_values;   /* JSON values (objects, arrays, scalars): bounds cJSON's memory */
+    size_t max_id_bytes;
+    size_t max_messages;
+    size_t max_parts;         /* content parts over all messages */
+    size_t max_text_bytes;    /* text over all messages */
+    size_t max_images;
+    size_t max_image_bytes;   /* one decoded image */
+    size_t max_stop;          /* stop strings */
+    size_t max_stop_bytes;    /* one stop string */
+    uint32_t max_tokens_default;
+    uint32_t max_tokens_limit;
+} svc_limits;
+
+/* Fill `lim` with the defaults: 32 MiB request, 65536 JSON values, 256-byte
+ * id, 1024 messages, 4096 parts, 1 MiB text, 8 images of at most 20 MiB,
+ * 4 stop strings of at most 256 bytes, max_tokens 256 by default and 4096 at
+ * most. @locality any thread. */
+void svc_limits_default(svc_limits *lim);
+
+/* ==== Parsed request ===================================================== */
+
+typedef enum svc_role {
+    SVC_ROLE_SYSTEM = 0,
+    SVC_ROLE_USER,
+    SVC_ROLE_ASSISTANT,
+} svc_role;
+
+/* "system", "user" or "assistant". Never NULL. @locality any thread. */
+const char *svc_role_name(svc_role role);
+
+typedef enum svc_part_kind {
+    SVC_PART_TEXT = 0,
+    SVC_PART_IMAGE,
+} svc_part_kind;
+
+/* One content part, in the order the client wrote it. */
+typedef struct svc_part {
+    svc_part_kind kind;
+    const char *text; /* borrowed from the request; TEXT: NUL-terminated, valid UTF-8 */
+    size_t text_len;
+    uint32_t image;   /* IMAGE: index into svc_request.images */
+} svc_part;
+
+typedef struct svc_message {
+    svc_role role;
+    const svc_part *parts; /* borrowed from the request */
+    size_t n_parts;        /* >= 1; a string content is one TEXT part */
+} svc_message;
+
+typedef enum svc_image_kind {
+    SVC_IMAGE_INLINE = 0, /* decoded bytes from a data: URL */
+    SVC_IMAGE_REF,        /* a sha256: resident on this worker or held in Redis */
+} svc_image_kind;
+
+typedef struct svc_image {
+    svc_image_kind kind;
+    const uint8_t *bytes; /* borrowed from the request; INLINE only, else NULL */
+    size_t n_bytes;
+    char sha256[SVC_SHA256_HEX_LEN + 1]; /* REF: lower-case hex; INLINE: "" (the
+                                            runtime hashes the bytes) */
+} svc_image;
+
+typedef struct svc_sampling {
+    float temperature;
+    float top_p;
+    int32_t top_k;
+    float min_p;
+    float repetition_penalty;
+    float presence_penalty;
+    float frequency_penalty;
+    bool has_seed;
+    int64_t seed;
+} svc_sampling;
+
+/* A validated request. Every pointer is borrowed from the request itself and
+ * lives until svc_request_destroy; the record it was parsed from may be
+ * freed at once. Read-only for its users. */
+typedef struct svc_request {
+    /* Addressing: filled as far as parsing got, also on failure. */
+    const char *id;          /* NUL-terminated; NULL when it could not be determined */
+    const char *reply_topic; /* NUL-terminated; NULL when it could not be determined */
+    const char *traceparent; /* NUL-terminated; NULL when absent or malformed */
+    bool stream;             /* true unless the body said "stream": false */
+
+    /* The rest is valid only when parsing succeeded. */
+    int64_t deadline_ms;     /* absolute unix ms; 0 = none */
+    const char *adapter;     /* NULL = the base model */
+    const svc_message *messages;
+    size_t n_messages;
+    const svc_image *images; /* in order of appearance; parts refer to them by index */
+    size_t n_images;
+    size_t n_text_bytes;     /* over all text parts */
+    svc_sampling sampling;
+    uint32_t max_tokens;
+    const char *const *stop; /* n_stop NUL-terminated strings */
+    size_t n_stop;
+    bool logprobs;
+    uint32_t top_logprobs;
+} svc_request;
+
+/* A header value as it came off the wire: not NUL-terminated; ptr NULL =
+ * header absent. */
+typedef struct svc_bytes {
+    const void *ptr; /* borrowed */
+    size_t len;
+} svc_bytes;
+
+/* Everything svc_request_parse reads from one consumed record. */
+typedef struct svc_request_input {
+    const void *value;   /* borrowed: the record value */
+    size_t value_len;
+    const void *key;     /* borrowed: the record key; NULL if none */
+    size_t key_len;
+    svc_bytes request_id;  /* headers, last occurrence of each */
+    svc_bytes reply_topic;
+    svc_bytes deadline_ms;
+    svc_bytes traceparent;
+    int64_t now_ms;      /* unix ms for the deadline check; 0 skips the check */
+} svc_request_input;
+
+/* Parse and validate one request record against `lim`, decoding inline
+ * images.
+ *
+ * Returns SVC_ERROR_NONE and a complete request in *out, or a request-level
+ * error with a message naming the field in err (e.g. "messages[1].content[2]
+ * .image_url.url: not a base64 data: URL"). On such an error *out still
+ * receives a request (to destroy) whose addressing fields hold what could be
+ * determined, so that an error reply can be sent when svc_request_answerable
+ * says so, and the record can go to the dead-letter topic when not. When
+ * the body is not readable JSON, the record key stands in for the id; a
+ * body over max_request_bytes or max_json_values is not parsed at all, so
+ * only the headers and the key can address its error reply.
+ * Running out of memory is SVC_ERROR_INTERNAL; *out is NULL only when the
+ * request object itself could not be allocated.
+ * The deadline is checked (now_ms != 0) before any image is decoded.
+ *
+ * Ownership: borrows `in` and `lim` for the call; the request is owned by
+ * the caller (svc_request_destroy).
+ * @locality any thread. cJSON records parse errors in a process global, so
+ * parsing on several threads at once is a benign data race inside cJSON:
+ * keep parsing on one thread. */
+svc_error svc_request_parse(const svc_request_input *in, const svc_limits *lim,
+                            svc_request **out, char *err, size_t errlen);
+
+/* True when the request has both an id and a reply topic, so an error reply
+ * can be sent; false means the record can only go to the dead-letter topic.
+ * @locality any thread. */
+bool svc_request_answerable(const svc_request *req);
+
+/* Free a request and everything it owns. NULL is a no-op.
+ * @locality any thread, once no one reads the request. */
+void svc_request_destroy(svc_request *req);
+
+/* ==== Shared validators ================================================== */
+
+/* True for a Kafka topic name: [A-Za-z0-9._-]{1,249}, not "." or "..". */
+bool svc_valid_topic(const char *s, size_t len);
+
+/* True for an adapter name: [A-Za-z0-9._-]{1,128}, not starting with '.'
+ * (it becomes a Redis key part and may name a directory). */
+bool svc_valid_adapter_name(const char *s, size_t len);
+
+/* True for exactly 64 lower-case hex digits. */
+bool svc_valid_sha256(const char *s, size_t len);
+
+/* True for a W3C trace-context traceparent: "vv-<32 hex trace id>-<16 hex
+ * parent id>-<2 hex flags>", lower-case, version not ff, ids not all zero. */
+bool svc_valid_traceparent(const char *s, size_t len);
+
+/* True when s[0..len) is valid UTF-8 (no overlongs, surrogates or code
+ * points above U+10FFFF). On false, *bad (if non-NULL) is the offset of the
+ * first invalid byte. @locality any thread (all validators). */
+bool svc_utf8_valid(const char *s, size_t len, size_t *bad);
+
+/* ==== Reply records ====================================================== */
+
+/* A growable output buffer, reused record after record so that steady-state
+ * streaming allocates nothing. Zero-initialise or svc_buf_init. */
+typedef struct svc_buf {
+    char *data; /* owned; NUL-terminated after every builder call */
+    size_t len;
+    size_t cap;
+} svc_buf;
+
+void svc_buf_init(svc_buf *b);
+/* Free the storage; the buffer is empty and usable again. */
+void svc_buf_deinit(svc_buf *b);
+
+typedef enum svc_finish {
+    SVC_FINISH_NONE = 0, /* not the last record */
+    SVC_FINISH_STOP,
+    SVC_FINISH_LENGTH,
+    SVC_FINISH_CANCELLED,
+    SVC_FINISH_ERROR,
+} svc_finish;
+
+/* "stop", "length", "cancelled", "error"; NULL for SVC_FINISH_NONE. */
+const char *svc_finish_name(svc_finish f);
+
+/* The finish_reason that goes with an error: cancelled for
+ * SVC_ERROR_CANCELLED and SVC_ERROR_DEADLINE_EXCEEDED (the work was
+ * abandoned, not failed), error for the others. */
+svc_finish svc_error_finish(svc_error e);
+
+/* What stays the same across all records of one attempt. */
+typedef struct svc_reply_ctx {
+    const char *id;    /* borrowed: the request id */
+    const char *model; /* borrowed: the served model's name */
+    int64_t created;   /* unix seconds, the same in every record */
+    uint32_t attempt;  /* execution number, from 1 */
+} svc_reply_ctx;
+
+/* One token's log-probability. token is its text, possibly a partial UTF-8
+ * sequence (emitted with U+FFFD; "bytes" carries the exact bytes). */
+typedef struct svc_token_logprob {
+    const char *token; /* borrowed */
+    size_t token_len;
+    float logprob;     /* -inf is written as -9999.0, as OpenAI does */
+} svc_token_logprob;
+
+typedef struct svc_logprob_entry {
+    svc_token_logprob chosen;
+    const svc_token_logprob *top; /* borrowed; n_top alternatives, most likely first */
+    size_t n_top;
+} svc_logprob_entry;
+
+typedef struct svc_usage {
+    uint32_t prompt_tokens;
+    uint32_t completion_tokens;
+    uint32_t images;
+    uint32_t images_cached; /* served from resident cross-attention states */
+} svc_usage;
+
+typedef struct svc_timings {
+    double queue_ms;
+    double vision_ms;
+    double prefill_ms;
+    double decode_ms;
+    double ttft_ms;
+} svc_timings;
+
+/* One reply record. For stream: false (svc_reply_completion) `content` is
+ * the whole answer and `logprobs` every token's entry. */
+typedef struct svc_reply {
+    uint32_t seq;
+    const char *content;  /* borrowed; NULL or "" = no content */
+    size_t content_len;
+    const svc_logprob_entry *logprobs; /* borrowed; NULL = "logprobs":null */
+    size_t n_logprobs;
+    svc_finish finish;    /* NONE for a non-final chunk */
+    /* Final records only: */
+    const svc_usage *usage;     /* borrowed; NULL = omitted */
+    const svc_timings *timings; /* borrowed; NULL = omitted */
+    svc_error error;            /* NONE, or the code of "error" */
+    const char *error_message;  /* borrowed; NULL = "" */
+} svc_reply;
+
+/* Write one chat.completion.chunk record into `out` (replacing its
+ * content). The seq 0 record carries delta.role "assistant".
+ * Returns 0, or -1 when memory runs out (out is then empty).
+ * @locality any thread; ctx and r are borrowed for the call. */
+int svc_reply_chunk(svc_buf *out, const svc_reply_ctx *ctx, const svc_reply *r);
+
+/* Write the single chat.completion record of a stream: false request
+ * (r->seq should be 0). Returns 0 or -1 as svc_reply_chunk. */
+int svc_reply_completion(svc_buf *out, const svc_reply_ctx *ctx, const svc_reply *r);
+
+/* Write the final error record of a request: a chunk, or a completion when
+ * `stream` is false, with finish_reason svc_error_finish(e) and no usage.
+ * Returns 0 or -1 as svc_reply_chunk. */
+int svc_reply_error(svc_buf *out, const svc_reply_ctx *ctx, bool stream, uint32_t seq,
+                    svc_error e, const char *message);
+
+/* ==== Record headers ===================================================== */
+
+#define SVC_HEADERS_MAX 8
+#define SVC_HEADERS_STORE 640 /* formatted numbers and the copied error message */
+
+typedef struct svc_header {
+    const char *name;  /* static string */
+    const char *value; /* borrowed (see svc_headers) */
+    size_t len;
+} svc_header;
+
+/* The headers of one outgoing record, ready for rd_kafka_headers_add or
+ * RD_KAFKA_V_HEADER (which copy them). Values point either at the strings
+ * the builder was given or into `store`: the struct points into itself, so
+ * build it where it is used and pass it by pointer; never copy it. */
+typedef struct svc_headers {
+    size_t n;
+    svc_header h[SVC_HEADERS_MAX];
+    char store[SVC_HEADERS_STORE];
+    size_t store_used;
+} svc_headers;
+
+/* Reply headers: request_id (borrowed), attempt, seq, final ("true" or
+ * "false"). @locality any thread. */
+void svc_headers_reply(svc_headers *hs, const char *request_id, uint32_t attempt,
+                       uint32_t seq, bool final);
+
+/* Dead-letter headers: x-error-code, x-error-msg (copied, truncated to fit
+ * the store), x-original-topic (borrowed), x-original-partition,
+ * x-original-offset, and x-worker (borrowed; omitted when NULL).
+ * @locality any thread. */
+void svc_headers_dlt(svc_headers *hs, svc_error code, const char *message,
+                     const char *topic, int32_t partition, int64_t offset,
+                     const char *worker);
+
+#endif

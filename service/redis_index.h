@@ -1,0 +1,222 @@
+/* The Redis index client (design.md §5): this worker's entries in the
+ * cluster-wide directory of resident images, its heartbeat, image blobs
+ * submitted by reference, adapters, and the poison-message attempt counter.
+ *
+ * Keys, with <p> the configured prefix:
+ *   <p>:img:<sha256>             hash {worker, bytes, tiles, last_use}      TTL img_ttl_s
+ *   <p>:worker:<id>              hash {partitions, free_pool_bytes,
+ *                                      adapters, heartbeat_ms}              TTL worker_ttl_s
+ *   <p>:blob:img:<sha256>        string: the image bytes                    TTL set by the writer
+ *   <p>:adapter:<name>           hash {config: adapter_config.json,
+ *                                      weights: adapter_model.safetensors}  no TTL
+ *   <p>:attempts:<topic>:<partition>:<offset>  integer (INCR)               TTL attempts_ttl_s
+ * last_use and heartbeat_ms are unix ms. An adapter is stored as its two
+ * PEFT files (not a path) so that any worker can load it without a shared
+ * filesystem.
+ *
+ * Redis is a hint, never the only copy (design.md §5): the worker's local
+ * state is the truth and this client mirrors it. Every image insert and
+ * eviction is applied to a local mirror first; the Redis write may fail.
+ * After any failure the next call that reaches Redis first reconciles:
+ * it re-publishes the worker hash and every resident image and deletes the
+ * images evicted meanwhile (a bounded pending set; when it overflows the
+ * oldest entries are dropped and expire by TTL instead). Heartbeats refresh
+ * the TTLs and re-publish images whose keys vanished (Redis restarted,
+ * flushed or evicted them). An image key is deleted only while it still
+ * names this worker (a script compares the owner), so an eviction here
+ * never removes another worker's fresher entry.
+ *
+ * Failures trip a circuit breaker: after `breaker_failures` consecutive
+ * failures it opens and calls fail fast (SVC_REDIS_UNAVAILABLE) without
+ * touching the network for breaker_open_ms, doubling on each failed trial
+ * up to breaker_open_max_ms; then one call is let through (half-open) and
+ * its success closes the breaker. Connect and command timeouts bound every
+ * call that does go out.
+ *
+ * Threading: one svc_redis is used by one thread (the worker's Redis
+ * thread; never the Kafka poll thread or the step loop). Only
+ * svc_redis_stats_get may be called from any thread. hiredis 0.14 writes
+ * with write(2): the process must ignore SIGPIPE. Hostnames are resolved
+ * with getaddrinfo, which has no timeout of its own. */
+#ifndef SVC_REDIS_INDEX_H
+#define SVC_REDIS_INDEX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum svc_redis_status {
+    SVC_REDIS_OK = 0,
+    SVC_REDIS_NOT_FOUND,   /* the key does not exist */
+    SVC_REDIS_UNAVAILABLE, /* the breaker is open: failed fast, nothing was sent */
+    SVC_REDIS_ERR_IO,      /* connect, write or read failed or timed out */
+    SVC_REDIS_ERR_REPLY,   /* Redis answered with an error or an unexpected type */
+    SVC_REDIS_ERR_TOO_LARGE, /* a value is over the caller's cap */
+    SVC_REDIS_ERR_INVALID, /* a bad argument or configuration */
+    SVC_REDIS_ERR_NOMEM,
+} svc_redis_status;
+
+/* Stable lower-case name ("ok", "unavailable", ...). Never NULL. */
+const char *svc_redis_status_name(svc_redis_status st);
+
+/* ==== URL ================================================================ */
+
+#define SVC_REDIS_HOST_MAX 255
+#define SVC_REDIS_CRED_MAX 255
+
+/* redis://[[user]:password@]host[:port][/db]; host may be [IPv6]. */
+typedef struct svc_redis_url {
+    char host[SVC_REDIS_HOST_MAX + 1];
+    int port;                             /* default 6379 */
+    int db;                               /* default 0 */
+    char user[SVC_REDIS_CRED_MAX + 1];    /* "" = none (AUTH <password>) */
+    char password[SVC_REDIS_CRED_MAX + 1]; /* "" = no AUTH */
+} svc_redis_url;
+
+/* Parse a Redis URL strictly: scheme "redis://" (rediss:// and unix
+ * sockets are rejected: hiredis 0.14 has no TLS), percent-escapes in user
+ * and password, port 1..65535, db 0..(2^31-1), nothing after the db.
+ * Returns OK, or ERR_INVALID with the reason in err (the password is never
+ * echoed). @locality any thread. */
+svc_redis_status svc_redis_url_parse(const char *url, svc_redis_url *out, char *err,
+                                     size_t errlen);
+
+/* ==== Client ============================================================= */
+
+typedef struct svc_redis_config {
+    const char *url;       /* borrowed for the call */
+    const char *prefix;    /* e.g. "mllama"; [A-Za-z0-9._-]{1,64} */
+    const char *worker_id; /* this worker; printable ASCII without spaces or ':', 1..128 */
+    int connect_timeout_ms;  /* default 200 */
+    int command_timeout_ms;  /* default 200 */
+    int breaker_failures;    /* consecutive failures that open the breaker; default 3 */
+    int breaker_open_ms;     /* first open period; default 1000 */
+    int breaker_open_max_ms; /* cap of the doubling; default 30000 */
+    int img_ttl_s;           /* default 300 */
+    int worker_ttl_s;        /* default 30: heartbeat at least every third of it */
+    int attempts_ttl_s;      /* default 86400 */
+    size_t max_pending_deletes; /* default 4096 */
+    size_t max_resident;     /* images this worker may index; default 65536 */
+} svc_redis_config;
+
+/* Defaults for every field but url, prefix and worker_id (set to NULL). */
+void svc_redis_config_default(svc_redis_config *cfg);
+
+typedef struct svc_redis svc_redis;
+
+/* Validate the configuration and create a client. It does not connect:
+ * the first call does, so a worker starts while Redis is down.
+ * Returns OK and *out (owned by the caller), or ERR_INVALID / ERR_NOMEM
+ * with the reason in err and *out NULL. */
+svc_redis_status svc_redis_create(const svc_redis_config *cfg, svc_redis **out, char *err,
+                                  size_t errlen);
+
+/* Close the connection and free the client. NULL is a no-op. Index entries
+ * stay in Redis until their TTL: a restarted worker with the same id
+ * overwrites them, another expires them. */
+void svc_redis_destroy(svc_redis *r);
+
+/* ==== Image index ======================================================== */
+
+/* Record that the image's cross-attention states are resident here
+ * (`bytes` of pool memory, `tiles` tiles) and publish <p>:img:<sha256>.
+ * The local mirror is updated in every case; a non-OK status only says the
+ * Redis write is deferred to reconciliation. ERR_INVALID for a malformed
+ * sha256 (mirror unchanged); ERR_NOMEM / ERR_TOO_LARGE when the mirror
+ * cannot grow or holds max_resident images (mirror unchanged). */
+svc_redis_status svc_redis_img_insert(svc_redis *r, const char *sha256, uint64_t bytes,
+                                      uint32_t tiles, int64_t now_ms);
+
+/* A resident image was used: update last_use and refresh its TTL. Images
+ * not in the mirror are ignored (OK). */
+svc_redis_status svc_redis_img_touch(svc_redis *r, const char *sha256, int64_t now_ms);
+
+/* The image left the pool: remove it from the mirror and delete its key if
+ * it still names this worker; a failed delete is retried at reconciliation. */
+svc_redis_status svc_redis_img_evict(svc_redis *r, const char *sha256);
+
+/* ==== Worker heartbeat =================================================== */
+
+typedef struct svc_redis_worker_info {
+    const char *partitions;   /* borrowed, e.g. "llm.requests:0,1,5" */
+    uint64_t free_pool_bytes;
+    const char *adapters;     /* borrowed, e.g. "a1,a2" */
+} svc_redis_worker_info;
+
+/* Publish <p>:worker:<id> with `info`, refresh the TTL of every resident
+ * image's key, and re-publish those whose key had vanished. The info is
+ * kept (copied) and re-sent by reconciliation. Call it about every
+ * worker_ttl_s / 3 seconds; it is also what lets a recovered Redis be
+ * noticed when nothing else is happening. */
+svc_redis_status svc_redis_heartbeat(svc_redis *r, const svc_redis_worker_info *info,
+                                     int64_t now_ms);
+
+/* ==== Blobs, adapters, attempts ========================================== */
+
+/* Fetch <p>:blob:img:<sha256>. Returns OK with *data (malloc'd, owned by the
+ * caller) and *len; NOT_FOUND (also for an empty value); ERR_TOO_LARGE when
+ * the value is over max_bytes (at most max_bytes + 1 bytes are transferred). */
+svc_redis_status svc_redis_blob_get(svc_redis *r, const char *sha256, size_t max_bytes,
+                                    uint8_t **data, size_t *len);
+
+/* Store image bytes under <p>:blob:img:<sha256> for ttl_s seconds (> 0).
+ * The caller vouches that sha256 is the digest of data. */
+svc_redis_status svc_redis_blob_put(svc_redis *r, const char *sha256, const void *data,
+                                    size_t len, int ttl_s);
+
+/* An adapter's two PEFT files, owned by the caller (svc_redis_adapter_deinit). */
+typedef struct svc_redis_adapter {
+    uint8_t *config;  /* adapter_config.json */
+    size_t config_len;
+    uint8_t *weights; /* adapter_model.safetensors */
+    size_t weights_len;
+} svc_redis_adapter;
+
+/* Fetch <p>:adapter:<name>. OK fills *out; NOT_FOUND when the key or one of
+ * its two fields is missing; ERR_TOO_LARGE when a field is over max_bytes
+ * (checked with HSTRLEN before transferring). *out is zeroed on failure. */
+svc_redis_status svc_redis_adapter_get(svc_redis *r, const char *name, size_t max_bytes,
+                                       svc_redis_adapter *out);
+
+/* Store an adapter (both files; replaces an existing one). */
+svc_redis_status svc_redis_adapter_put(svc_redis *r, const char *name, const void *config,
+                                       size_t config_len, const void *weights,
+                                       size_t weights_len);
+
+/* Free the two files and zero *a. */
+void svc_redis_adapter_deinit(svc_redis_adapter *a);
+
+/* Count one more attempt at the record topic/partition/offset and return
+ * the count in *attempt (1 the first time). The key expires attempts_ttl_s
+ * after the last attempt. When this fails the caller does not know the
+ * count and should process the record anyway (Redis must not stop the
+ * partition). */
+svc_redis_status svc_redis_attempt_incr(svc_redis *r, const char *topic, int32_t partition,
+                                        int64_t offset, uint32_t *attempt);
+
+/* ==== Metrics ============================================================ */
+
+typedef enum svc_redis_breaker {
+    SVC_REDIS_BREAKER_CLOSED = 0,
+    SVC_REDIS_BREAKER_OPEN,
+    SVC_REDIS_BREAKER_HALF_OPEN,
+} svc_redis_breaker;
+
+typedef struct svc_redis_stats {
+    uint64_t calls;           /* public calls, including fast failures */
+    uint64_t errors;          /* calls that failed after reaching for the network */
+    uint64_t fast_fails;      /* calls refused while the breaker was open */
+    uint64_t breaker_opens;
+    uint64_t connects;        /* successful connections (1 + reconnects) */
+    uint64_t reconciliations; /* completed reconciliations */
+    uint64_t pending_dropped; /* deferred deletes dropped on overflow */
+    uint64_t resident;        /* images in the mirror */
+    uint64_t pending_deletes; /* deferred deletes now */
+    svc_redis_breaker breaker;
+} svc_redis_stats;
+
+/* A snapshot of the counters. @locality any thread (relaxed atomics; the
+ * fields are individually, not jointly, consistent). */
+void svc_redis_stats_get(const svc_redis *r, svc_redis_stats *out);
+
+#endif
