@@ -16,5 +16,8 @@ int cmd_mock_kafka(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
+int cmd_worker(int argc, char **argv);
+int cmd_submit(int argc, char **argv);
+int cmd_healthcheck(int argc, char **argv);
 
 #endif

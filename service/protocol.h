@@ -318,6 +318,9 @@ typedef struct svc_buf {
 void svc_buf_init(svc_buf *b);
 /* Free the storage; the buffer is empty and usable again. */
 void svc_buf_deinit(svc_buf *b);
+/* Append printf output, growing the buffer. Returns 0, or -1 when out of
+ * memory (the buffer then keeps its previous contents). */
+int svc_buf_printf(svc_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 typedef enum svc_finish {
     SVC_FINISH_NONE = 0, /* not the last record */

@@ -194,6 +194,12 @@ void svc_redis_adapter_deinit(svc_redis_adapter *a);
 svc_redis_status svc_redis_attempt_incr(svc_redis *r, const char *topic, int32_t partition,
                                         int64_t offset, uint32_t *attempt);
 
+/* Cache-affinity routing for producers: the request-topic partitions
+ * ("topic:0,1,5") of the worker that holds image sha256 resident, from
+ * <p>:img:<sha256>.worker and that worker's heartbeat. NOT_FOUND when no
+ * live worker holds it. @locality the Redis thread of this client. */
+svc_redis_status svc_redis_route(svc_redis *r, const char *sha256, char *partitions, size_t n);
+
 /* ==== Metrics ============================================================ */
 
 typedef enum svc_redis_breaker {

@@ -248,3 +248,43 @@ svc_redis_status svc_redis_attempt_incr(svc_redis *r, const char *topic, int32_t
         *attempt = 0;
     return svc_redis_call_end(r, st);
 }
+
+/* HGET key field into out (NUL-terminated, truncated to n). */
+static svc_redis_status hget(svc_redis *r, const char *key, const char *field, char *out,
+                             size_t n)
+{
+    svc_redis_cmd c = {0};
+    svc_redis_arg_str(&c, "HGET");
+    svc_redis_arg_str(&c, key);
+    svc_redis_arg_str(&c, field);
+    redisReply *rep = NULL;
+    svc_redis_status st = svc_redis_append(r, &c);
+    if (st == SVC_REDIS_OK)
+        st = svc_redis_next_reply(r, &rep);
+    if (st == SVC_REDIS_OK && rep->type == REDIS_REPLY_NIL)
+        st = SVC_REDIS_NOT_FOUND;
+    else if (st == SVC_REDIS_OK && rep->type != REDIS_REPLY_STRING)
+        st = SVC_REDIS_ERR_REPLY;
+    if (st == SVC_REDIS_OK)
+        snprintf(out, n, "%.*s", (int)rep->len, rep->str);
+    freeReplyObject(rep);
+    return st;
+}
+
+svc_redis_status svc_redis_route(svc_redis *r, const char *sha256, char *partitions, size_t n)
+{
+    partitions[0] = 0;
+    if (!sha256 || !svc_valid_sha256(sha256, strlen(sha256)))
+        return SVC_REDIS_ERR_INVALID;
+    svc_redis_status st = svc_redis_call_begin(r);
+    if (st != SVC_REDIS_OK)
+        return st;
+    char key[KEY_MAX], worker[WORKER_ID_MAX + 1];
+    snprintf(key, sizeof key, "%s:img:%s", r->prefix, sha256);
+    st = hget(r, key, "worker", worker, sizeof worker);
+    if (st == SVC_REDIS_OK) {
+        snprintf(key, sizeof key, "%s:worker:%s", r->prefix, worker);
+        st = hget(r, key, "partitions", partitions, n);
+    }
+    return svc_redis_call_end(r, st);
+}

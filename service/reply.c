@@ -4,6 +4,7 @@
 #include <assert.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,31 @@ void svc_buf_deinit(svc_buf *b)
 {
     free(b->data);
     svc_buf_init(b);
+}
+
+int svc_buf_printf(svc_buf *b, const char *fmt, ...)
+{
+    for (;;) {
+        size_t room = b->cap - b->len;
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->cap ? b->data + b->len : NULL, room, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return -1;
+        if ((size_t)n < room) {
+            b->len += (size_t)n;
+            return 0;
+        }
+        size_t cap = b->cap ? b->cap : BUF_MIN_CAP;
+        while (cap < b->len + (size_t)n + 1)
+            cap *= 2;
+        char *p = realloc(b->data, cap);
+        if (!p)
+            return -1;
+        b->data = p;
+        b->cap = cap;
+    }
 }
 
 /* Appends latch the first allocation failure; the builder checks once. */

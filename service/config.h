@@ -1,0 +1,66 @@
+/* The worker's configuration: a JSON file (config/local.json holds the
+ * embedded defaults), then environment overrides MLLAMA_<SECTION>_<KEY>
+ * (e.g. MLLAMA_KAFKA_BROKERS, MLLAMA_REDIS_URL, MLLAMA_MODEL_DIR), then
+ * command-line overrides `--set section.key=value`. Validated at start; every
+ * error names the key.
+ *
+ * Keys of the "kafka" section that contain a dot are librdkafka properties,
+ * passed through unchanged (config names as in librdkafka's CONFIGURATION.md).
+ * @locality: the main thread, before any other thread starts. */
+#ifndef SVC_CONFIG_H
+#define SVC_CONFIG_H
+
+#include <stddef.h>
+
+#include "kafka.h"
+
+#define SVC_CONFIG_STR 512
+#define SVC_CONFIG_MAX_KAFKA_PROPS 64
+
+typedef struct svc_config {
+    char worker_id[SVC_CONFIG_STR];      /* "" = <hostname>-<pid> */
+    struct {
+        char dir[SVC_CONFIG_STR];        /* Hugging Face checkpoint directory */
+        char preset_if_missing[64];      /* mkmodel preset written to dir when absent; "" = fail */
+        char backend[16];                /* "auto", "cpu" or "cuda" */
+        int threads;                     /* CPU backend threads; 0 = all cores */
+    } model;
+    struct {
+        long kv_mib, image_mib;
+        int max_running, max_step_tokens, max_images_per_request, default_max_tokens;
+    } runtime;
+    struct {
+        char brokers[SVC_CONFIG_STR];    /* "mock" = the in-process mock cluster */
+        char group[256];
+        char request_topic[256], cancel_topic[256], dlt_topic[256];
+        int mock_partitions;
+        svc_kafka_kv props[SVC_CONFIG_MAX_KAFKA_PROPS]; /* owned strings */
+        size_t n_props;
+    } kafka;
+    struct {
+        char url[SVC_CONFIG_STR];        /* "" = no Redis */
+        char prefix[128];
+        int timeout_ms, heartbeat_s, ttl_s;
+    } redis;
+    struct {
+        long max_request_bytes, max_image_bytes, max_image_pixels;
+        int max_attempts;
+    } limits;
+    struct {
+        char listen[256];
+    } http;
+    struct {
+        int grace_ms;
+    } drain;
+} svc_config;
+
+/* Load path (NULL: config/local.json's defaults compiled in), apply the
+ * environment and the `section.key=value` overrides. Returns 0, or -1 with
+ * the reason in err. */
+int svc_config_load(svc_config *cfg, const char *path, const char *const *overrides,
+                    size_t n_overrides, char *err, size_t errlen);
+
+/* Free the pass-through property strings. */
+void svc_config_deinit(svc_config *cfg);
+
+#endif

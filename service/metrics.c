@@ -1,0 +1,278 @@
+/* The metrics registry (metrics.h). Values are C11 atomics; doubles are
+ * stored as their bit patterns so gauges and histogram sums stay lock-free. */
+#include "metrics.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#define LAG_SERIES_MAX 256 /* assigned partitions whose lag is exported */
+#define INFO_MAX 128
+
+/* ==== names ================================================================ */
+
+static const char *const counter_names[SVC_COUNTER_COUNT][2] = {
+    [SVC_COUNTER_PROMPT_TOKENS] = {"mllama_prompt_tokens_total", "prompt tokens prefilled"},
+    [SVC_COUNTER_TOKENS_GENERATED] = {"mllama_tokens_generated_total",
+                                      "completion tokens sampled"},
+    [SVC_COUNTER_IMAGE_CACHE_HITS] = {"mllama_image_cache_hits_total",
+                                      "images served from resident cross-attention states"},
+    [SVC_COUNTER_IMAGE_CACHE_MISSES] = {"mllama_image_cache_misses_total",
+                                        "images that ran the vision tower"},
+    [SVC_COUNTER_ADAPTER_LOADS] = {"mllama_adapter_loads_total",
+                                   "LoRA adapters loaded into a slot"},
+    [SVC_COUNTER_PREEMPTIONS] = {"mllama_preemptions_total",
+                                 "sequences preempted because KV blocks ran out"},
+    [SVC_COUNTER_REDIS_ERRORS] = {"mllama_redis_errors_total", "failed Redis commands"},
+};
+
+static const char *const gauge_names[SVC_GAUGE_COUNT][2] = {
+    [SVC_GAUGE_READY] = {"mllama_ready", "1 when /readyz answers 200"},
+    [SVC_GAUGE_REQUESTS_WAITING] = {"mllama_requests_waiting",
+                                    "requests accepted and waiting for admission"},
+    [SVC_GAUGE_REQUESTS_RUNNING] = {"mllama_requests_running", "sequences in the running batch"},
+    [SVC_GAUGE_KV_BLOCKS_USED] = {"mllama_kv_blocks_used", "self-attention KV blocks in use"},
+    [SVC_GAUGE_KV_BLOCKS_TOTAL] = {"mllama_kv_blocks_total", "self-attention KV blocks"},
+    [SVC_GAUGE_IMAGE_CACHE_BYTES] = {"mllama_image_cache_bytes",
+                                     "bytes of resident cross-attention states"},
+    [SVC_GAUGE_IMAGE_CACHE_BUDGET_BYTES] = {"mllama_image_cache_budget_bytes",
+                                            "byte budget of resident cross-attention states"},
+    [SVC_GAUGE_KAFKA_ASSIGNED_PARTITIONS] = {"mllama_kafka_assigned_partitions",
+                                             "request partitions assigned to this worker"},
+    [SVC_GAUGE_KAFKA_PAUSED_PARTITIONS] = {"mllama_kafka_paused_partitions",
+                                           "assigned partitions paused"},
+    [SVC_GAUGE_REDIS_BREAKER_OPEN] = {"mllama_redis_breaker_open",
+                                      "1 while the Redis circuit breaker is open"},
+};
+
+#define MAX_BUCKETS 12
+typedef struct hist_def {
+    const char *name, *help;
+    int n;
+    double le[MAX_BUCKETS];
+} hist_def;
+
+static const hist_def hist_defs[SVC_HIST_COUNT] = {
+    [SVC_HIST_TTFT] = {"mllama_time_to_first_token_seconds", "hand-off to first token record",
+                       12, {0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64}},
+    [SVC_HIST_INTER_TOKEN] = {"mllama_inter_token_latency_seconds",
+                              "between consecutive tokens of one sequence", 9,
+                              {0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28}},
+    [SVC_HIST_REQUEST_DURATION] = {"mllama_request_duration_seconds",
+                                   "hand-off to the final record", 11,
+                                   {0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512}},
+    [SVC_HIST_VISION_ENCODE] = {"mllama_vision_encode_seconds",
+                                "one image through the vision tower and cross K/V", 10,
+                                {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8}},
+};
+
+static const svc_finish outcomes[] = {SVC_FINISH_STOP, SVC_FINISH_LENGTH, SVC_FINISH_CANCELLED,
+                                      SVC_FINISH_ERROR};
+#define N_OUTCOMES (sizeof outcomes / sizeof outcomes[0])
+/* Error codes with a label, in svc_error order from INVALID_JSON. */
+#define N_CODES (SVC_ERROR_TOO_MANY_ATTEMPTS + 1)
+static const char *const rebalance_names[SVC_REBALANCE_COUNT] = {"assign", "revoke", "lost"};
+
+/* ==== values ================================================================ */
+
+typedef struct hist_val {
+    _Atomic uint64_t buckets[MAX_BUCKETS];
+    _Atomic uint64_t count;
+    _Atomic uint64_t sum_bits;
+} hist_val;
+
+typedef struct lag_series {
+    char topic[SVC_TOPIC_NAME_MAX + 1];
+    int32_t partition;
+    int64_t lag;
+} lag_series;
+
+static struct {
+    _Atomic uint64_t counters[SVC_COUNTER_COUNT];
+    _Atomic uint64_t gauges[SVC_GAUGE_COUNT]; /* double bits */
+    hist_val hists[SVC_HIST_COUNT];
+    _Atomic uint64_t outcomes[N_OUTCOMES];
+    _Atomic uint64_t errors[N_CODES];
+    _Atomic uint64_t dead_letters[N_CODES];
+    _Atomic uint64_t rebalances[SVC_REBALANCE_COUNT];
+    pthread_mutex_t lag_lock;
+    lag_series lag[LAG_SERIES_MAX];
+    int n_lag;
+    char version[INFO_MAX], backend[INFO_MAX], model[INFO_MAX], fingerprint[INFO_MAX];
+} reg = {.lag_lock = PTHREAD_MUTEX_INITIALIZER};
+
+static uint64_t to_bits(double v)
+{
+    uint64_t u;
+    memcpy(&u, &v, sizeof u);
+    return u;
+}
+
+static double from_bits(uint64_t u)
+{
+    double v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+void svc_metrics_set_info(const char *version, const char *backend, const char *model_name,
+                          const char *fingerprint)
+{
+    snprintf(reg.version, sizeof reg.version, "%s", version);
+    snprintf(reg.backend, sizeof reg.backend, "%s", backend);
+    snprintf(reg.model, sizeof reg.model, "%s", model_name);
+    snprintf(reg.fingerprint, sizeof reg.fingerprint, "%s", fingerprint);
+}
+
+void svc_metrics_add(svc_counter c, uint64_t n) { atomic_fetch_add(&reg.counters[c], n); }
+void svc_metrics_set(svc_gauge g, double v) { atomic_store(&reg.gauges[g], to_bits(v)); }
+
+void svc_metrics_observe(svc_histogram h, double seconds)
+{
+    const hist_def *d = &hist_defs[h];
+    hist_val *v = &reg.hists[h];
+    for (int i = 0; i < d->n; i++)
+        if (seconds <= d->le[i]) {
+            atomic_fetch_add(&v->buckets[i], 1);
+            break;
+        }
+    atomic_fetch_add(&v->count, 1);
+    uint64_t old = atomic_load(&v->sum_bits);
+    while (!atomic_compare_exchange_weak(&v->sum_bits, &old, to_bits(from_bits(old) + seconds)))
+        ;
+}
+
+void svc_metrics_finished(svc_finish outcome)
+{
+    for (size_t i = 0; i < N_OUTCOMES; i++)
+        if (outcomes[i] == outcome)
+            atomic_fetch_add(&reg.outcomes[i], 1);
+}
+
+void svc_metrics_error(svc_error code)
+{
+    if (code > SVC_ERROR_NONE && code < N_CODES)
+        atomic_fetch_add(&reg.errors[code], 1);
+}
+
+void svc_metrics_dead_letter(svc_error code)
+{
+    if (code > SVC_ERROR_NONE && code < N_CODES)
+        atomic_fetch_add(&reg.dead_letters[code], 1);
+}
+
+void svc_metrics_rebalance(svc_rebalance type) { atomic_fetch_add(&reg.rebalances[type], 1); }
+
+void svc_metrics_set_lag(const char *topic, int32_t partition, int64_t lag)
+{
+    pthread_mutex_lock(&reg.lag_lock);
+    int i = 0;
+    while (i < reg.n_lag && !(reg.lag[i].partition == partition && !strcmp(reg.lag[i].topic, topic)))
+        i++;
+    if (lag < 0) {
+        if (i < reg.n_lag)
+            reg.lag[i] = reg.lag[--reg.n_lag];
+    } else if (i < reg.n_lag || reg.n_lag < LAG_SERIES_MAX) {
+        if (i == reg.n_lag) {
+            reg.n_lag++;
+            snprintf(reg.lag[i].topic, sizeof reg.lag[i].topic, "%s", topic);
+            reg.lag[i].partition = partition;
+        }
+        reg.lag[i].lag = lag;
+    }
+    pthread_mutex_unlock(&reg.lag_lock);
+}
+
+void svc_metrics_reset(void)
+{
+    pthread_mutex_lock(&reg.lag_lock);
+    reg.n_lag = 0;
+    pthread_mutex_unlock(&reg.lag_lock);
+    for (int i = 0; i < SVC_COUNTER_COUNT; i++)
+        atomic_store(&reg.counters[i], 0);
+    for (int i = 0; i < SVC_GAUGE_COUNT; i++)
+        atomic_store(&reg.gauges[i], 0);
+    for (int h = 0; h < SVC_HIST_COUNT; h++) {
+        for (int b = 0; b < MAX_BUCKETS; b++)
+            atomic_store(&reg.hists[h].buckets[b], 0);
+        atomic_store(&reg.hists[h].count, 0);
+        atomic_store(&reg.hists[h].sum_bits, 0);
+    }
+    for (size_t i = 0; i < N_OUTCOMES; i++)
+        atomic_store(&reg.outcomes[i], 0);
+    for (size_t i = 0; i < N_CODES; i++) {
+        atomic_store(&reg.errors[i], 0);
+        atomic_store(&reg.dead_letters[i], 0);
+    }
+    for (int i = 0; i < SVC_REBALANCE_COUNT; i++)
+        atomic_store(&reg.rebalances[i], 0);
+}
+
+/* ==== rendering ============================================================= */
+
+static void head(svc_buf *b, const char *name, const char *help, const char *type)
+{
+    svc_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+void svc_metrics_render(svc_buf *b)
+{
+    b->len = 0;
+    head(b, "mllama_build_info", "build and backend", "gauge");
+    svc_buf_printf(b, "mllama_build_info{version=\"%s\",backend=\"%s\"} 1\n", reg.version,
+                   reg.backend);
+    head(b, "mllama_model_info", "served model and its fingerprint", "gauge");
+    svc_buf_printf(b, "mllama_model_info{name=\"%s\",fingerprint=\"%s\"} 1\n", reg.model,
+                   reg.fingerprint);
+    for (int i = 0; i < SVC_COUNTER_COUNT; i++) {
+        head(b, counter_names[i][0], counter_names[i][1], "counter");
+        svc_buf_printf(b, "%s %llu\n", counter_names[i][0],
+                       (unsigned long long)atomic_load(&reg.counters[i]));
+    }
+    for (int i = 0; i < SVC_GAUGE_COUNT; i++) {
+        head(b, gauge_names[i][0], gauge_names[i][1], "gauge");
+        svc_buf_printf(b, "%s %.17g\n", gauge_names[i][0],
+                       from_bits(atomic_load(&reg.gauges[i])));
+    }
+    head(b, "mllama_requests_total", "requests finished, by finish_reason", "counter");
+    for (size_t i = 0; i < N_OUTCOMES; i++)
+        svc_buf_printf(b, "mllama_requests_total{outcome=\"%s\"} %llu\n",
+                       svc_finish_name(outcomes[i]),
+                       (unsigned long long)atomic_load(&reg.outcomes[i]));
+    head(b, "mllama_request_errors_total", "requests answered with an error, by code", "counter");
+    for (int c = SVC_ERROR_INVALID_JSON; c < SVC_ERROR_TOO_MANY_ATTEMPTS; c++)
+        svc_buf_printf(b, "mllama_request_errors_total{code=\"%s\"} %llu\n", svc_error_code(c),
+                       (unsigned long long)atomic_load(&reg.errors[c]));
+    head(b, "mllama_dlt_messages_total", "messages sent to the dead-letter topic, by code",
+         "counter");
+    for (int c = SVC_ERROR_INVALID_JSON; c < (int)N_CODES; c++)
+        svc_buf_printf(b, "mllama_dlt_messages_total{code=\"%s\"} %llu\n", svc_error_code(c),
+                       (unsigned long long)atomic_load(&reg.dead_letters[c]));
+    head(b, "mllama_kafka_rebalances_total", "rebalance callbacks, by type", "counter");
+    for (int i = 0; i < SVC_REBALANCE_COUNT; i++)
+        svc_buf_printf(b, "mllama_kafka_rebalances_total{type=\"%s\"} %llu\n", rebalance_names[i],
+                       (unsigned long long)atomic_load(&reg.rebalances[i]));
+    for (int h = 0; h < SVC_HIST_COUNT; h++) {
+        const hist_def *d = &hist_defs[h];
+        const hist_val *v = &reg.hists[h];
+        head(b, d->name, d->help, "histogram");
+        uint64_t cum = 0;
+        for (int i = 0; i < d->n; i++) {
+            cum += atomic_load(&v->buckets[i]);
+            svc_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", d->name, d->le[i],
+                           (unsigned long long)cum);
+        }
+        uint64_t count = atomic_load(&v->count);
+        svc_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", d->name,
+                       (unsigned long long)count, d->name, from_bits(atomic_load(&v->sum_bits)),
+                       d->name, (unsigned long long)count);
+    }
+    head(b, "mllama_kafka_consumer_lag", "consumer lag of each assigned partition", "gauge");
+    pthread_mutex_lock(&reg.lag_lock);
+    for (int i = 0; i < reg.n_lag; i++)
+        svc_buf_printf(b, "mllama_kafka_consumer_lag{topic=\"%s\",partition=\"%d\"} %lld\n",
+                       reg.lag[i].topic, reg.lag[i].partition, (long long)reg.lag[i].lag);
+    pthread_mutex_unlock(&reg.lag_lock);
+}

@@ -1,0 +1,79 @@
+/* Process-wide metrics of the worker, rendered in the Prometheus text format
+ * (ops/metrics.md is the contract: names, labels, buckets). Every update is
+ * a lock-free atomic, callable from any thread; the few dynamic series (lag
+ * per partition) take a mutex.
+ * @locality: any thread. */
+#ifndef SVC_METRICS_H
+#define SVC_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "protocol.h"
+
+typedef enum svc_counter {
+    SVC_COUNTER_PROMPT_TOKENS,
+    SVC_COUNTER_TOKENS_GENERATED,
+    SVC_COUNTER_IMAGE_CACHE_HITS,
+    SVC_COUNTER_IMAGE_CACHE_MISSES,
+    SVC_COUNTER_ADAPTER_LOADS,
+    SVC_COUNTER_PREEMPTIONS,
+    SVC_COUNTER_REDIS_ERRORS,
+    SVC_COUNTER_COUNT,
+} svc_counter;
+
+typedef enum svc_gauge {
+    SVC_GAUGE_READY,
+    SVC_GAUGE_REQUESTS_WAITING,
+    SVC_GAUGE_REQUESTS_RUNNING,
+    SVC_GAUGE_KV_BLOCKS_USED,
+    SVC_GAUGE_KV_BLOCKS_TOTAL,
+    SVC_GAUGE_IMAGE_CACHE_BYTES,
+    SVC_GAUGE_IMAGE_CACHE_BUDGET_BYTES,
+    SVC_GAUGE_KAFKA_ASSIGNED_PARTITIONS,
+    SVC_GAUGE_KAFKA_PAUSED_PARTITIONS,
+    SVC_GAUGE_REDIS_BREAKER_OPEN,
+    SVC_GAUGE_COUNT,
+} svc_gauge;
+
+typedef enum svc_histogram {
+    SVC_HIST_TTFT,
+    SVC_HIST_INTER_TOKEN,
+    SVC_HIST_REQUEST_DURATION,
+    SVC_HIST_VISION_ENCODE,
+    SVC_HIST_COUNT,
+} svc_histogram;
+
+typedef enum svc_rebalance {
+    SVC_REBALANCE_ASSIGN,
+    SVC_REBALANCE_REVOKE,
+    SVC_REBALANCE_LOST,
+    SVC_REBALANCE_COUNT,
+} svc_rebalance;
+
+/* Static labels of mllama_build_info / mllama_model_info. Strings are
+ * copied. Call once at start, before the HTTP server runs. */
+void svc_metrics_set_info(const char *version, const char *backend, const char *model_name,
+                          const char *fingerprint);
+
+void svc_metrics_add(svc_counter c, uint64_t n);
+void svc_metrics_set(svc_gauge g, double v);
+void svc_metrics_observe(svc_histogram h, double seconds);
+/* mllama_requests_total{outcome} */
+void svc_metrics_finished(svc_finish outcome);
+/* mllama_request_errors_total{code} */
+void svc_metrics_error(svc_error code);
+/* mllama_dlt_messages_total{code} */
+void svc_metrics_dead_letter(svc_error code);
+/* mllama_kafka_rebalances_total{type} */
+void svc_metrics_rebalance(svc_rebalance type);
+/* mllama_kafka_consumer_lag{topic,partition}; a negative lag removes the series. */
+void svc_metrics_set_lag(const char *topic, int32_t partition, int64_t lag);
+
+/* Render every series into *out (replacing its contents). */
+void svc_metrics_render(svc_buf *out);
+
+/* Forget every value (tests). */
+void svc_metrics_reset(void);
+
+#endif

@@ -1,0 +1,784 @@
+/* The worker: wiring, the Kafka loop, the drain sequence and the Redis index
+ * thread (worker.h, worker_internal.h). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "metrics.h"
+#include "mock_kafka.h"
+#include "worker_internal.h"
+
+#define MIB (1u << 20)
+/* Backpressure: pause fetching when this many requests per running slot are
+ * consumed and unfinished, resume below the low mark. Twice the batch keeps
+ * the scheduler fed without pulling a partition's backlog into memory. */
+#define INFLIGHT_HIGH_PER_SLOT 2
+#define INFLIGHT_LOW_PER_SLOT 1
+#define WATCHDOG_MS 30000         /* a thread silent this long fails /healthz */
+#define FLUSH_MS 10000            /* final flush of the producer at exit */
+#define REPLIES_TOPIC "mllama.replies" /* created on the mock cluster for clients */
+#define MOCK_BROKERS 1
+#define CANCEL_POLL_MS 0
+
+/* ==== small pieces ============================================================ */
+
+void worker_fail(svc_worker *w, const char *fmt, ...)
+{
+    if (atomic_exchange(&w->fatal, true))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->fatal_msg, sizeof w->fatal_msg, fmt, ap);
+    va_end(ap);
+    svc_log(SVC_LOG_ERROR, "worker_fatal", "%s", w->fatal_msg);
+}
+
+void job_queue_init(job_queue *q)
+{
+    memset(q, 0, sizeof *q);
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->cond, NULL);
+}
+
+void job_queue_deinit(job_queue *q)
+{
+    pthread_mutex_destroy(&q->lock);
+    pthread_cond_destroy(&q->cond);
+}
+
+void job_queue_push(job_queue *q, job *j)
+{
+    pthread_mutex_lock(&q->lock);
+    j->next = NULL;
+    if (q->tail)
+        q->tail->next = j;
+    else
+        q->head = j;
+    q->tail = j;
+    q->n++;
+    pthread_cond_signal(&q->cond);
+    pthread_mutex_unlock(&q->lock);
+}
+
+job *job_queue_pop(job_queue *q, int timeout_ms)
+{
+    pthread_mutex_lock(&q->lock);
+    if (!q->head && timeout_ms > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += timeout_ms / 1000;
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&q->cond, &q->lock, &ts);
+    }
+    job *j = q->head;
+    if (j) {
+        q->head = j->next;
+        if (!q->head)
+            q->tail = NULL;
+        q->n--;
+    }
+    pthread_mutex_unlock(&q->lock);
+    return j;
+}
+
+void worker_register(svc_worker *w, job *j)
+{
+    pthread_mutex_lock(&w->registry_lock);
+    j->reg_prev = NULL;
+    j->reg_next = w->registry;
+    if (w->registry)
+        w->registry->reg_prev = j;
+    w->registry = j;
+    pthread_mutex_unlock(&w->registry_lock);
+}
+
+void worker_unregister(svc_worker *w, job *j)
+{
+    pthread_mutex_lock(&w->registry_lock);
+    if (j->reg_prev)
+        j->reg_prev->reg_next = j->reg_next;
+    else if (w->registry == j)
+        w->registry = j->reg_next;
+    if (j->reg_next)
+        j->reg_next->reg_prev = j->reg_prev;
+    j->reg_prev = j->reg_next = NULL;
+    pthread_mutex_unlock(&w->registry_lock);
+}
+
+void job_free(job *j)
+{
+    if (!j)
+        return;
+    svc_worker *w = j->w;
+    worker_unregister(w, j);
+    svc_kafka_msg_release(&j->msg);
+    svc_request_destroy(j->req);
+    ml_token_buf_deinit(&j->prompt);
+    for (int i = 0; i < j->n_images; i++)
+        free(j->images[i].pixels);
+    free(j->images);
+    free(j->id);
+    free(j->reply_topic);
+    svc_buf_deinit(&j->text);
+    free(j);
+    atomic_fetch_sub(&w->inflight, 1);
+}
+
+/* ==== producing ================================================================== */
+
+int worker_produce(svc_worker *w, job *j, const svc_buf *value, uint32_t seq, bool final)
+{
+    svc_headers hs;
+    svc_headers_reply(&hs, j->id, j->attempt, seq, final);
+    svc_kafka_header kh[SVC_HEADERS_MAX];
+    for (size_t i = 0; i < hs.n; i++)
+        kh[i] = (svc_kafka_header){hs.h[i].name, hs.h[i].value, hs.h[i].len};
+    svc_kafka_record r = {
+        .topic = j->reply_topic, .partition = RD_KAFKA_PARTITION_UA,
+        .key = j->id, .key_len = strlen(j->id), .value = value->data, .value_len = value->len,
+        .headers = kh, .n_headers = hs.n, .ctx = final ? j : NULL,
+    };
+    char err[256];
+    svc_kafka_status st = svc_producer_produce(w->producer, &r, err, sizeof err);
+    if (st == SVC_KAFKA_OK)
+        return 0;
+    svc_log(SVC_LOG_ERROR, "produce_failed", "request %s seq %u: %s", j->id, seq, err);
+    if (st == SVC_KAFKA_ERR_FATAL || (final && st == SVC_KAFKA_ERR_QUEUE_FULL))
+        worker_fail(w, "reply producer: %s", err);
+    return -1;
+}
+
+void worker_reply_error(svc_worker *w, job *j, svc_error code, const char *message)
+{
+    svc_reply_ctx ctx = {.id = j->id, .model = w->model_name, .created = (int64_t)time(NULL),
+                         .attempt = j->attempt};
+    svc_buf b;
+    svc_buf_init(&b);
+    svc_metrics_error(code);
+    svc_metrics_finished(svc_error_finish(code));
+    svc_log(SVC_LOG_INFO, "request_error", "request %s: %s: %s", j->id, svc_error_code(code),
+            message);
+    if (svc_reply_error(&b, &ctx, j->stream, j->seq, code, message) != 0 ||
+        worker_produce(w, j, &b, j->seq, true) != 0)
+        job_free(j); /* not delivered: the offset stays, the message comes back */
+    svc_buf_deinit(&b);
+}
+
+void worker_dead_letter(svc_worker *w, job *j, svc_error code, const char *message)
+{
+    svc_dead_letter dl = {.topic = w->cfg.kafka.dlt_topic, .error_code = svc_error_code(code),
+                          .error_msg = message, .worker = w->cfg.worker_id, .ctx = j};
+    char err[256];
+    svc_metrics_dead_letter(code);
+    svc_log(SVC_LOG_WARN, "dead_letter", "%s[%" PRId32 "]@%" PRId64 ": %s: %s", j->topic,
+            j->partition, j->offset, svc_error_code(code), message);
+    if (svc_producer_produce_dlt(w->producer, &dl, &j->msg, err, sizeof err) != SVC_KAFKA_OK) {
+        svc_log(SVC_LOG_ERROR, "produce_failed", "dead letter: %s", err);
+        job_free(j);
+    }
+}
+
+/* Delivery reports (Kafka thread): a final record acknowledged finishes its
+ * request's ticket; a failed one leaves the offset unstored. */
+static void on_delivery(void *opaque, const svc_delivery *d)
+{
+    svc_worker *w = opaque;
+    job *j = d->ctx;
+    if (d->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+        svc_log(SVC_LOG_ERROR, "delivery_failed", "%s [%" PRId32 "]: %s", d->topic, d->partition,
+                d->errstr);
+    if (!j)
+        return;
+    if (d->err == RD_KAFKA_RESP_ERR_NO_ERROR && !atomic_load(&j->abandoned)) {
+        char err[256];
+        svc_kafka_status st = svc_consumer_finish(w->consumer, &j->ticket, err, sizeof err);
+        if (st != SVC_KAFKA_OK && st != SVC_KAFKA_ERR_STALE)
+            svc_log(SVC_LOG_ERROR, "offset_finish", "%s", err);
+    }
+    job_free(j);
+}
+
+/* ==== rebalances (Kafka thread) ================================================ */
+
+static void describe_partitions(svc_worker *w, const rd_kafka_topic_partition_list_t *add,
+                                const rd_kafka_topic_partition_list_t *remove)
+{
+    /* Keep "topic:p,p,p" of the assignment for the Redis heartbeat, so
+     * producers route images to the worker that holds them. */
+    pthread_mutex_lock(&w->partitions_lock);
+    int have[SVC_MOCK_KAFKA_MAX_PARTITIONS] = {0};
+    const char *list = strchr(w->partitions, ':');
+    for (const char *p = list ? list + 1 : ""; *p;) {
+        int n = atoi(p);
+        if (n >= 0 && n < SVC_MOCK_KAFKA_MAX_PARTITIONS)
+            have[n] = 1;
+        p = strchr(p, ',');
+        p = p ? p + 1 : "";
+    }
+    for (int i = 0; add && i < add->cnt; i++)
+        if (add->elems[i].partition < SVC_MOCK_KAFKA_MAX_PARTITIONS)
+            have[add->elems[i].partition] = 1;
+    for (int i = 0; remove && i < remove->cnt; i++)
+        if (remove->elems[i].partition < SVC_MOCK_KAFKA_MAX_PARTITIONS)
+            have[remove->elems[i].partition] = 0;
+    size_t len = (size_t)snprintf(w->partitions, sizeof w->partitions, "%s:",
+                                  w->cfg.kafka.request_topic);
+    int count = 0;
+    for (int p = 0; p < SVC_MOCK_KAFKA_MAX_PARTITIONS && len < sizeof w->partitions; p++)
+        if (have[p]) {
+            len += (size_t)snprintf(w->partitions + len, sizeof w->partitions - len, "%s%d",
+                                    count ? "," : "", p);
+            count++;
+        }
+    pthread_mutex_unlock(&w->partitions_lock);
+    svc_metrics_set(SVC_GAUGE_KAFKA_ASSIGNED_PARTITIONS, count);
+}
+
+static void on_assign(void *opaque, const rd_kafka_topic_partition_list_t *parts)
+{
+    svc_worker *w = opaque;
+    svc_metrics_rebalance(SVC_REBALANCE_ASSIGN);
+    describe_partitions(w, parts, NULL);
+    atomic_store(&w->health.consumer_joined, 1);
+    svc_log(SVC_LOG_INFO, "partitions_assigned", "%d partitions", parts->cnt);
+}
+
+/* Stop the requests of partitions taken away: their next owner runs them
+ * again, so they must not send more records here. */
+static void on_revoke(void *opaque, const rd_kafka_topic_partition_list_t *parts,
+                      const svc_offset_ticket *pending, size_t n_pending, bool lost)
+{
+    svc_worker *w = opaque;
+    svc_metrics_rebalance(lost ? SVC_REBALANCE_LOST : SVC_REBALANCE_REVOKE);
+    describe_partitions(w, NULL, parts);
+    pthread_mutex_lock(&w->registry_lock);
+    for (job *j = w->registry; j; j = j->reg_next)
+        for (size_t i = 0; i < n_pending; i++)
+            if (pending[i].partition == j->ticket.partition &&
+                pending[i].offset == j->ticket.offset && pending[i].epoch == j->ticket.epoch) {
+                atomic_store(&j->abandoned, true);
+                pthread_mutex_lock(&w->cancel_lock);
+                cancel_req *c = calloc(1, sizeof *c);
+                if (c && j->id) {
+                    snprintf(c->id, sizeof c->id, "%s", j->id);
+                    c->next = w->cancels_head;
+                    w->cancels_head = c;
+                } else {
+                    free(c);
+                }
+                pthread_mutex_unlock(&w->cancel_lock);
+            }
+    pthread_mutex_unlock(&w->registry_lock);
+    svc_log(SVC_LOG_INFO, lost ? "partitions_lost" : "partitions_revoked",
+            "%d partitions, %zu requests stopped", parts->cnt, n_pending);
+}
+
+/* ==== the cancel topic (Kafka thread) ============================================ */
+
+static void poll_cancels(svc_worker *w)
+{
+    svc_kafka_msg m;
+    while (svc_consumer_poll(w->cancels, CANCEL_POLL_MS, &m) == SVC_KAFKA_OK) {
+        if (m.key && m.key_len > 0 && m.key_len < sizeof(((cancel_req *)0)->id)) {
+            cancel_req *c = calloc(1, sizeof *c);
+            if (c) {
+                memcpy(c->id, m.key, m.key_len);
+                pthread_mutex_lock(&w->cancel_lock);
+                c->next = w->cancels_head;
+                w->cancels_head = c;
+                pthread_mutex_unlock(&w->cancel_lock);
+                svc_log(SVC_LOG_INFO, "cancel_received", "request %s", c->id);
+            }
+        }
+        char err[128];
+        svc_consumer_finish(w->cancels, &m.ticket, err, sizeof err);
+        svc_kafka_msg_release(&m);
+    }
+}
+
+/* ==== the resident-image mirror ================================================== */
+
+/* The prep thread decides between "resident: send the key only" and "fetch
+ * the blob from Redis" without touching the runtime, which belongs to the
+ * step thread: the runtime's insert/evict events keep this set in step. */
+void worker_mirror_update(svc_worker *w, ml_image_event ev, const uint8_t *key)
+{
+    pthread_mutex_lock(&w->resident_lock);
+    size_t i = 0;
+    while (i < w->n_resident && memcmp(w->resident[i], key, ML_IMAGE_KEY_BYTES))
+        i++;
+    if (ev == ML_IMAGE_EVICTED && i < w->n_resident) {
+        memcpy(w->resident[i], w->resident[--w->n_resident], ML_IMAGE_KEY_BYTES);
+    } else if (ev == ML_IMAGE_INSERTED && i == w->n_resident) {
+        if (w->n_resident == w->cap_resident) {
+            size_t cap = w->cap_resident ? 2 * w->cap_resident : 64;
+            void *grown = realloc(w->resident, cap * ML_IMAGE_KEY_BYTES);
+            if (grown) {
+                w->resident = grown;
+                w->cap_resident = cap;
+            }
+        }
+        if (w->n_resident < w->cap_resident)
+            memcpy(w->resident[w->n_resident++], key, ML_IMAGE_KEY_BYTES);
+    }
+    pthread_mutex_unlock(&w->resident_lock);
+}
+
+bool worker_mirror_contains(svc_worker *w, const uint8_t *key)
+{
+    pthread_mutex_lock(&w->resident_lock);
+    bool found = false;
+    for (size_t i = 0; i < w->n_resident && !found; i++)
+        found = !memcmp(w->resident[i], key, ML_IMAGE_KEY_BYTES);
+    pthread_mutex_unlock(&w->resident_lock);
+    return found;
+}
+
+/* ==== the Redis index thread ======================================================= */
+
+void worker_on_image_event(void *ctx, ml_image_event ev, const uint8_t *key, size_t bytes,
+                           int n_tiles)
+{
+    svc_worker *w = ctx;
+    worker_mirror_update(w, ev, key);
+    if (!w->redis_index)
+        return;
+    image_event *e = calloc(1, sizeof *e);
+    if (!e)
+        return; /* the next heartbeat reconciles */
+    e->ev = ev;
+    ml_sha256_hex(key, e->sha256);
+    e->bytes = bytes;
+    e->n_tiles = n_tiles;
+    pthread_mutex_lock(&w->event_lock);
+    if (w->events_tail)
+        w->events_tail->next = e;
+    else
+        w->events_head = e;
+    w->events_tail = e;
+    pthread_cond_signal(&w->event_cond);
+    pthread_mutex_unlock(&w->event_lock);
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void *index_main(void *arg)
+{
+    svc_worker *w = arg;
+    long long next_beat = 0;
+    while (!atomic_load(&w->threads_stop)) {
+        pthread_mutex_lock(&w->event_lock);
+        if (!w->events_head) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 200 * 1000000L;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&w->event_cond, &w->event_lock, &ts);
+        }
+        image_event *e = w->events_head;
+        w->events_head = w->events_tail = NULL;
+        pthread_mutex_unlock(&w->event_lock);
+        for (image_event *next; e; e = next) {
+            next = e->next;
+            svc_redis_status st =
+                e->ev == ML_IMAGE_INSERTED
+                    ? svc_redis_img_insert(w->redis_index, e->sha256, e->bytes,
+                                           (uint32_t)e->n_tiles, wall_ms())
+                    : svc_redis_img_evict(w->redis_index, e->sha256);
+            if (st != SVC_REDIS_OK && st != SVC_REDIS_NOT_FOUND)
+                svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
+            free(e);
+        }
+        long long now = svc_now_ms();
+        if (now >= next_beat) {
+            char parts[sizeof w->partitions];
+            pthread_mutex_lock(&w->partitions_lock);
+            memcpy(parts, w->partitions, sizeof parts);
+            pthread_mutex_unlock(&w->partitions_lock);
+            svc_redis_worker_info info = {.partitions = parts,
+                                          .free_pool_bytes = 0, .adapters = ""};
+            if (svc_redis_heartbeat(w->redis_index, &info, wall_ms()) != SVC_REDIS_OK)
+                svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
+            svc_redis_stats rs;
+            svc_redis_stats_get(w->redis_index, &rs);
+            svc_metrics_set(SVC_GAUGE_REDIS_BREAKER_OPEN, rs.breaker != SVC_REDIS_BREAKER_CLOSED);
+            next_beat = now + (long long)w->cfg.redis.heartbeat_s * 1000;
+        }
+    }
+    return NULL;
+}
+
+/* ==== create ======================================================================= */
+
+static void model_fingerprint(svc_worker *w)
+{
+    /* config.json and the checkpoint's file sizes: cheap, and changes when
+     * the model does. It scopes the Redis keys, so two model versions never
+     * share resident-image entries. */
+    char path[SVC_CONFIG_STR + 64];
+    ml_sha256_ctx ctx;
+    ml_sha256_init(&ctx);
+    static const char *const files[] = {"config.json", "model.safetensors.index.json",
+                                        "model.safetensors"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", w->cfg.model.dir, files[i]);
+        struct stat st;
+        if (stat(path, &st) != 0)
+            continue;
+        ml_sha256_update(&ctx, files[i], strlen(files[i]));
+        ml_sha256_update(&ctx, &st.st_size, sizeof st.st_size);
+        if (i == 0) {
+            FILE *f = fopen(path, "rb");
+            char buf[4096];
+            size_t n;
+            while (f && (n = fread(buf, 1, sizeof buf, f)) > 0)
+                ml_sha256_update(&ctx, buf, n);
+            if (f)
+                fclose(f);
+        }
+    }
+    uint8_t d[ML_SHA256_DIGEST_SIZE];
+    char hex[ML_SHA256_HEX_SIZE];
+    ml_sha256_final(&ctx, d);
+    ml_sha256_hex(d, hex);
+    snprintf(w->fingerprint, sizeof w->fingerprint, "%.16s", hex);
+    const char *slash = strrchr(w->cfg.model.dir, '/');
+    snprintf(w->model_name, sizeof w->model_name, "%s", slash && slash[1] ? slash + 1
+                                                                           : w->cfg.model.dir);
+}
+
+static int load_engine(svc_worker *w, char *err, size_t errlen)
+{
+    const svc_config *c = &w->cfg;
+    char path[SVC_CONFIG_STR + 64];
+    snprintf(path, sizeof path, "%s/config.json", c->model.dir);
+    struct stat st;
+    if (stat(path, &st) != 0 && c->model.preset_if_missing[0]) {
+        svc_log(SVC_LOG_INFO, "model_generate", "no model at %s: writing the %s preset",
+                c->model.dir, c->model.preset_if_missing);
+        if (ml_mkmodel(c->model.preset_if_missing, c->model.dir, ML_DEFAULT_TOKENIZER_DIR, 0, err,
+                       errlen) != ML_OK)
+            return -1;
+    }
+    if (!strcmp(c->model.backend, "cuda")) {
+        svc_errf(err, errlen, "model.backend cuda: this build has no CUDA backend linked");
+        return -1;
+    }
+    if (!(w->be = ml_backend_cpu_create(c->model.threads, err, errlen)))
+        return -1;
+    ml_model_limits lim = ml_model_limits_default();
+    lim.max_step_tokens = c->runtime.max_step_tokens;
+    lim.max_step_seqs = c->runtime.max_running;
+    lim.max_logit_rows = c->runtime.max_running;
+    lim.max_seq_images = c->runtime.max_images_per_request;
+    if (ml_model_load(&w->model, c->model.dir, w->be, &lim, err, errlen) != ML_OK)
+        return -1;
+    snprintf(path, sizeof path, "%s/tokenizer.json", c->model.dir);
+    if (stat(path, &st) != 0)
+        snprintf(path, sizeof path, "%s", ML_DEFAULT_TOKENIZER);
+    if (ml_tokenizer_load(path, &w->tok, err, errlen) != ML_OK ||
+        ml_image_params_load(c->model.dir, &w->image_params, err, errlen) != ML_OK)
+        return -1;
+    w->image_params.limits.max_pixels = (uint64_t)c->limits.max_image_pixels;
+    ml_runtime_config rc = {
+        .kv_bytes = (size_t)c->runtime.kv_mib * MIB,
+        .image_bytes = (size_t)c->runtime.image_mib * MIB,
+        .max_running = c->runtime.max_running,
+        .max_step_tokens = c->runtime.max_step_tokens,
+        .on_image_event = worker_on_image_event,
+        .image_event_ctx = w,
+    };
+    if (ml_runtime_create(&w->rt, w->model, w->tok, &rc, err, errlen) != ML_OK)
+        return -1;
+    ml_runtime_stats rs;
+    ml_runtime_get_stats(w->rt, &rs);
+    svc_metrics_set(SVC_GAUGE_KV_BLOCKS_TOTAL, rs.kv_blocks_total);
+    svc_metrics_set(SVC_GAUGE_IMAGE_CACHE_BUDGET_BYTES, (double)rs.image_bytes_budget);
+    model_fingerprint(w);
+    return 0;
+}
+
+static int connect_kafka(svc_worker *w, char *err, size_t errlen)
+{
+    const svc_config *c = &w->cfg;
+    snprintf(w->brokers, sizeof w->brokers, "%s", c->kafka.brokers);
+    if (!strcmp(c->kafka.brokers, "mock")) {
+        char topics[1200];
+        snprintf(topics, sizeof topics, "%s:%d,%s:%d,%s:1,%s:1", c->kafka.request_topic,
+                 c->kafka.mock_partitions, REPLIES_TOPIC, c->kafka.mock_partitions,
+                 c->kafka.dlt_topic, c->kafka.cancel_topic);
+        svc_mock_kafka *m;
+        if (svc_mock_kafka_create(MOCK_BROKERS, topics, &m, err, errlen) != SVC_KAFKA_OK)
+            return -1;
+        w->mock = m;
+        snprintf(w->brokers, sizeof w->brokers, "%s", svc_mock_kafka_bootstraps(m));
+        svc_log(SVC_LOG_INFO, "mock_kafka", "in-process mock cluster at %s", w->brokers);
+    }
+    svc_producer_config pc = {.brokers = w->brokers, .kafka = c->kafka.props,
+                              .n_kafka = c->kafka.n_props, .on_delivery = on_delivery,
+                              .opaque = w};
+    if (svc_producer_create(&pc, &w->producer, err, errlen) != SVC_KAFKA_OK)
+        return -1;
+    const char *req_topics[] = {c->kafka.request_topic};
+    svc_consumer_config cc = {.brokers = w->brokers, .group_id = c->kafka.group,
+                              .topics = req_topics, .n_topics = 1, .kafka = c->kafka.props,
+                              .n_kafka = c->kafka.n_props,
+                              .events = {.on_assign = on_assign, .on_revoke = on_revoke,
+                                         .opaque = w}};
+    if (svc_consumer_create(&cc, &w->consumer, err, errlen) != SVC_KAFKA_OK)
+        return -1;
+    /* Every worker must see every cancel: a group of its own, from now on. */
+    char group[sizeof c->kafka.group + sizeof c->worker_id + 16];
+    snprintf(group, sizeof group, "%s.cancel.%s", c->kafka.group, c->worker_id);
+    const char *cancel_topics[] = {c->kafka.cancel_topic};
+    svc_kafka_kv latest[] = {{"auto.offset.reset", "latest"}};
+    svc_consumer_config kc = {.brokers = w->brokers, .group_id = group, .topics = cancel_topics,
+                              .n_topics = 1, .kafka = latest, .n_kafka = 1};
+    if (svc_consumer_create(&kc, &w->cancels, err, errlen) != SVC_KAFKA_OK)
+        return -1;
+    return 0;
+}
+
+static int connect_redis(svc_worker *w, char *err, size_t errlen)
+{
+    const svc_config *c = &w->cfg;
+    if (!c->redis.url[0])
+        return 0;
+    svc_redis_config rc;
+    svc_redis_config_default(&rc);
+    rc.url = c->redis.url;
+    /* Keys are not scoped by the model fingerprint: blobs and attempt
+     * counters are model-independent, and image entries are routing hints
+     * that name a worker (RUNBOOK "Upgrade the model"). */
+    rc.prefix = c->redis.prefix;
+    rc.worker_id = c->worker_id;
+    rc.connect_timeout_ms = rc.command_timeout_ms = c->redis.timeout_ms;
+    rc.worker_ttl_s = c->redis.ttl_s;
+    if (svc_redis_create(&rc, &w->redis_prep, err, errlen) != SVC_REDIS_OK ||
+        svc_redis_create(&rc, &w->redis_index, err, errlen) != SVC_REDIS_OK)
+        return -1;
+    return 0;
+}
+
+svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errlen)
+{
+    svc_worker *w = calloc(1, sizeof *w);
+    if (!w) {
+        *code = SVC_WORKER_EXIT_CONFIG;
+        svc_errf(err, errlen, "out of memory");
+        return NULL;
+    }
+    w->cfg = *cfg;
+    cfg->kafka.n_props = 0; /* moved */
+    pthread_mutex_init(&w->partitions_lock, NULL);
+    pthread_mutex_init(&w->cancel_lock, NULL);
+    pthread_mutex_init(&w->event_lock, NULL);
+    pthread_cond_init(&w->event_cond, NULL);
+    pthread_mutex_init(&w->registry_lock, NULL);
+    pthread_mutex_init(&w->resident_lock, NULL);
+    job_queue_init(&w->prep_q);
+    job_queue_init(&w->step_q);
+    svc_limits_default(&w->limits);
+    w->limits.max_request_bytes = (size_t)w->cfg.limits.max_request_bytes;
+    w->limits.max_image_bytes = (size_t)w->cfg.limits.max_image_bytes;
+    w->limits.max_images = (size_t)w->cfg.runtime.max_images_per_request;
+    w->limits.max_tokens_default = (uint32_t)w->cfg.runtime.default_max_tokens;
+    w->health.watchdog_ms = WATCHDOG_MS;
+    atomic_store(&w->health.kafka_heartbeat_ms, svc_now_ms());
+    atomic_store(&w->health.step_heartbeat_ms, svc_now_ms());
+
+    /* HTTP first, so probes see the load. */
+    if (!(w->http = svc_http_start(w->cfg.http.listen, &w->health, err, errlen))) {
+        *code = SVC_WORKER_EXIT_CONFIG;
+        svc_worker_destroy(w);
+        return NULL;
+    }
+    if (load_engine(w, err, errlen)) {
+        *code = SVC_WORKER_EXIT_MODEL;
+        svc_worker_destroy(w);
+        return NULL;
+    }
+    svc_metrics_set_info(MLLAMA_VERSION, "cpu", w->model_name, w->fingerprint);
+    if (connect_redis(w, err, errlen) || connect_kafka(w, err, errlen)) {
+        *code = SVC_WORKER_EXIT_KAFKA;
+        svc_worker_destroy(w);
+        return NULL;
+    }
+    if (pthread_create(&w->step_thread, NULL, worker_step_main, w) ||
+        pthread_create(&w->prep_thread, NULL, worker_prep_main, w) ||
+        (w->redis_index && pthread_create(&w->index_thread, NULL, index_main, w))) {
+        *code = SVC_WORKER_EXIT_CONFIG;
+        svc_errf(err, errlen, "cannot start the worker threads");
+        svc_worker_destroy(w);
+        return NULL;
+    }
+    atomic_store(&w->health.model_loaded, 1);
+    svc_log(SVC_LOG_INFO, "worker_started",
+            "worker %s, model %s (%s), brokers %s, group %s, http :%d", w->cfg.worker_id,
+            w->model_name, w->fingerprint, w->brokers, w->cfg.kafka.group, svc_http_port(w->http));
+    return w;
+}
+
+/* ==== the Kafka loop ================================================================ */
+
+void svc_worker_request_stop(svc_worker *w) { atomic_store(&w->stop, true); }
+const char *svc_worker_brokers(const svc_worker *w) { return w->brokers; }
+int svc_worker_http_port(const svc_worker *w) { return svc_http_port(w->http); }
+
+/* Hand a consumed message to the prep thread. */
+static void accept_message(svc_worker *w, svc_kafka_msg *m)
+{
+    job *j = calloc(1, sizeof *j);
+    if (!j) {
+        /* Not finished: the offset stays and the message comes back. */
+        svc_log(SVC_LOG_ERROR, "out_of_memory", "dropping %s[%" PRId32 "]@%" PRId64, m->topic,
+                m->partition, m->offset);
+        svc_kafka_msg_release(m);
+        return;
+    }
+    j->w = w;
+    j->msg = *m;
+    j->ticket = m->ticket;
+    snprintf(j->topic, sizeof j->topic, "%s", m->topic);
+    j->partition = m->partition;
+    j->offset = m->offset;
+    j->attempt = 1;
+    j->stream = true;
+    ml_token_buf_init(&j->prompt);
+    svc_buf_init(&j->text);
+    atomic_fetch_add(&w->inflight, 1);
+    worker_register(w, j);
+    job_queue_push(&w->prep_q, j);
+}
+
+static void backpressure(svc_worker *w, bool draining)
+{
+    int inflight = atomic_load(&w->inflight);
+    int high = INFLIGHT_HIGH_PER_SLOT * w->cfg.runtime.max_running;
+    int low = INFLIGHT_LOW_PER_SLOT * w->cfg.runtime.max_running;
+    bool paused = svc_consumer_paused(w->consumer);
+    if (!paused && (draining || inflight >= high))
+        svc_consumer_pause(w->consumer);
+    else if (paused && !draining && inflight <= low)
+        svc_consumer_resume(w->consumer);
+    svc_metrics_set(SVC_GAUGE_KAFKA_PAUSED_PARTITIONS, svc_consumer_paused(w->consumer));
+}
+
+int svc_worker_run(svc_worker *w)
+{
+    long long drain_deadline = 0;
+    char err[512];
+    for (;;) {
+        atomic_store(&w->health.kafka_heartbeat_ms, svc_now_ms());
+        if (atomic_load(&w->fatal))
+            break;
+        bool draining = atomic_load(&w->stop);
+        if (draining && !drain_deadline) {
+            /* Readiness off, stop fetching, let in-flight requests finish. */
+            atomic_store(&w->health.draining, 1);
+            drain_deadline = svc_now_ms() + w->cfg.drain.grace_ms;
+            svc_log(SVC_LOG_INFO, "drain_started", "%d requests in flight, grace %d ms",
+                    atomic_load(&w->inflight), w->cfg.drain.grace_ms);
+        }
+        if (draining && svc_now_ms() >= drain_deadline && !atomic_load(&w->cancel_all)) {
+            svc_log(SVC_LOG_WARN, "drain_grace_expired", "cancelling %d requests",
+                    atomic_load(&w->inflight));
+            atomic_store(&w->cancel_all, true);
+        }
+        if (draining && atomic_load(&w->inflight) == 0)
+            break;
+        backpressure(w, draining);
+        svc_kafka_msg m;
+        svc_kafka_status st = svc_consumer_poll(w->consumer, SVC_KAFKA_POLL_MS, &m);
+        if (st == SVC_KAFKA_OK)
+            accept_message(w, &m);
+        else if (st != SVC_KAFKA_NO_MESSAGE)
+            worker_fail(w, "consumer: %s", svc_kafka_status_name(st));
+        poll_cancels(w);
+        svc_producer_poll(w->producer, 0);
+        if (svc_producer_fatal(w->producer, err, sizeof err) ||
+            svc_consumer_fatal(w->consumer, err, sizeof err))
+            worker_fail(w, "kafka: %s", err);
+    }
+    atomic_store(&w->health.draining, 1);
+    int fatal = atomic_load(&w->fatal);
+    if (!fatal) {
+        /* Everything was delivered; commit and leave the group cleanly. */
+        if (svc_producer_flush(w->producer, FLUSH_MS, err, sizeof err) != SVC_KAFKA_OK)
+            svc_log(SVC_LOG_WARN, "flush", "%s", err);
+        svc_consumer_close(w->consumer, err, sizeof err);
+        svc_consumer_close(w->cancels, err, sizeof err);
+        svc_log(SVC_LOG_INFO, "drain_done", "exiting");
+        return SVC_WORKER_EXIT_OK;
+    }
+    svc_log(SVC_LOG_ERROR, "worker_exit", "%s", w->fatal_msg);
+    return strstr(w->fatal_msg, "backend") ? SVC_WORKER_EXIT_DEVICE : SVC_WORKER_EXIT_KAFKA;
+}
+
+/* ==== destroy ======================================================================= */
+
+void svc_worker_destroy(svc_worker *w)
+{
+    if (!w)
+        return;
+    atomic_store(&w->threads_stop, true);
+    if (w->step_thread)
+        pthread_join(w->step_thread, NULL);
+    if (w->prep_thread)
+        pthread_join(w->prep_thread, NULL);
+    if (w->index_thread)
+        pthread_join(w->index_thread, NULL);
+    /* Jobs still queued (a fatal stop): dropped unfinished, so Kafka
+     * redelivers them to the next owner. */
+    for (job *j; (j = job_queue_pop(&w->prep_q, 0));)
+        job_free(j);
+    for (job *j; (j = job_queue_pop(&w->step_q, 0));)
+        job_free(j);
+    ml_runtime_destroy(w->rt); /* in-flight sequences end here; fatal path only */
+    /* Producer before consumers: its delivery reports finish into them. */
+    svc_producer_destroy(w->producer);
+    svc_consumer_destroy(w->consumer);
+    svc_consumer_destroy(w->cancels);
+    svc_mock_kafka_destroy(w->mock);
+    svc_redis_destroy(w->redis_prep);
+    svc_redis_destroy(w->redis_index);
+    ml_model_destroy(w->model);
+    ml_tokenizer_destroy(w->tok);
+    if (w->be)
+        w->be->ops->destroy(w->be);
+    svc_http_stop(w->http);
+    while (w->cancels_head) {
+        cancel_req *c = w->cancels_head;
+        w->cancels_head = c->next;
+        free(c);
+    }
+    while (w->events_head) {
+        image_event *e = w->events_head;
+        w->events_head = e->next;
+        free(e);
+    }
+    job_queue_deinit(&w->prep_q);
+    job_queue_deinit(&w->step_q);
+    free(w->resident);
+    svc_config_deinit(&w->cfg);
+    free(w);
+}

@@ -1,0 +1,54 @@
+/* mllama-worker: Kafka in, the Mllama runtime, streamed replies out, Redis
+ * as the cluster's index (design.md §1, §5-§8).
+ *
+ * Delivery contract (at-least-once): a request's offset is stored only after
+ * its final record (or its dead-letter copy) is acknowledged by the broker,
+ * per partition up to the first unfinished request. A worker that dies
+ * mid-request leaves it to be consumed again: the next execution is a new
+ * `attempt` (counted in Redis) whose records start again at seq 0, and a
+ * frontend resets its text when the attempt changes. Records of one attempt
+ * are never duplicated (idempotent producer).
+ *
+ * @locality: create, run and destroy on the main thread; request_stop from
+ * anywhere (a signal handler included). */
+#ifndef SVC_WORKER_H
+#define SVC_WORKER_H
+
+#include <stddef.h>
+
+#include "config.h"
+
+typedef struct svc_worker svc_worker;
+
+/* Exit codes of `mllama worker` (style.md: process-level errors exit with a
+ * distinct code so the orchestrator restarts the worker). */
+enum {
+    SVC_WORKER_EXIT_OK = 0,
+    SVC_WORKER_EXIT_CONFIG = 3,  /* configuration invalid */
+    SVC_WORKER_EXIT_MODEL = 4,   /* model could not be loaded */
+    SVC_WORKER_EXIT_KAFKA = 5,   /* Kafka fatal error */
+    SVC_WORKER_EXIT_DEVICE = 6,  /* the backend failed while running */
+};
+
+/* Load the model, connect everything, start the threads. cfg is copied (its
+ * kafka properties are moved: cfg->kafka.n_props becomes 0). Returns NULL
+ * with the reason and an exit code in *code. */
+svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errlen);
+
+/* The Kafka loop, until a stop request has drained or a process-level error.
+ * Returns the exit code. */
+int svc_worker_run(svc_worker *w);
+
+/* Ask for a graceful drain (async-signal-safe). */
+void svc_worker_request_stop(svc_worker *w);
+
+/* Bootstrap servers in use ("mock" resolved to the in-process cluster). */
+const char *svc_worker_brokers(const svc_worker *w);
+
+/* The bound HTTP port. */
+int svc_worker_http_port(const svc_worker *w);
+
+/* Join the threads and free everything. NULL is a no-op. */
+void svc_worker_destroy(svc_worker *w);
+
+#endif

@@ -1,0 +1,261 @@
+/* The prep thread: from a consumed record to a job the step thread can
+ * submit. Attempt counting (poison messages), parsing and validation, image
+ * decoding and preprocessing (or the resident-state shortcut, or the Redis
+ * blob), the chat template and the sampling controls. Every failure here is
+ * answered at once with an error record or a dead letter.
+ * @locality: the prep thread. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "metrics.h"
+#include "worker_internal.h"
+
+#define PREP_POLL_MS 200
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static double mono_s(void) { return (double)svc_now_ms() / 1000.0; }
+
+static svc_bytes header(const job *j, const char *name)
+{
+    svc_bytes b = {NULL, 0};
+    svc_kafka_msg_header(&j->msg, name, &b.ptr, &b.len);
+    return b;
+}
+
+static void hex_to_key(const char *hex, uint8_t *key)
+{
+    for (int i = 0; i < ML_IMAGE_KEY_BYTES; i++) {
+        unsigned v;
+        sscanf(hex + 2 * i, "%2x", &v);
+        key[i] = (uint8_t)v;
+    }
+}
+
+static svc_error image_status_error(ml_status st)
+{
+    return st == ML_ERR_TOO_LARGE ? SVC_ERROR_IMAGE_TOO_LARGE
+           : st == ML_ERR_NOMEM   ? SVC_ERROR_INTERNAL
+                                  : SVC_ERROR_INVALID_IMAGE;
+}
+
+/* Decode and preprocess bytes into im (pixels owned by im). */
+static svc_error prepare_pixels(svc_worker *w, const uint8_t *bytes, size_t n, int index,
+                                ml_request_image *im, char *msg, size_t msglen)
+{
+    ml_image_layout layout;
+    char err[256];
+    ml_status st = ml_image_prepare(bytes, n, &w->image_params, &im->pixels, &layout, err,
+                                    sizeof err);
+    if (st != ML_OK) {
+        svc_errf(msg, msglen, "image %d: %s", index, err);
+        return image_status_error(st);
+    }
+    im->aspect_ratio_id = (int)layout.aspect_ratio_id;
+    im->n_tiles = (int)layout.n_tiles;
+    for (uint32_t t = 0; t < layout.max_tiles && t < ML_RUNTIME_MAX_TILES; t++)
+        im->aspect_ratio_mask[t] = layout.aspect_ratio_mask[t];
+    return SVC_ERROR_NONE;
+}
+
+/* Resolve every image of the request: inline bytes are hashed and
+ * preprocessed; a sha256 reference uses the resident state when this worker
+ * has it, else the blob Redis holds. */
+static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
+{
+    const svc_request *r = j->req;
+    if (r->n_images == 0)
+        return SVC_ERROR_NONE;
+    j->images = calloc(r->n_images, sizeof *j->images);
+    if (!j->images) {
+        svc_errf(msg, msglen, "out of memory");
+        return SVC_ERROR_INTERNAL;
+    }
+    j->n_images = (int)r->n_images;
+    for (size_t i = 0; i < r->n_images; i++) {
+        const svc_image *img = &r->images[i];
+        ml_request_image *im = &j->images[i];
+        svc_error e;
+        if (img->kind == SVC_IMAGE_INLINE) {
+            ml_sha256(img->bytes, img->n_bytes, im->key);
+            e = prepare_pixels(w, img->bytes, img->n_bytes, (int)i, im, msg, msglen);
+        } else {
+            hex_to_key(img->sha256, im->key);
+            if (worker_mirror_contains(w, im->key)) {
+                /* No pixels: the runtime uses the resident state and its
+                 * tile count. */
+                im->n_tiles = 1;
+                continue;
+            }
+            uint8_t *blob = NULL;
+            size_t n = 0;
+            svc_redis_status rs =
+                w->redis_prep ? svc_redis_blob_get(w->redis_prep, img->sha256,
+                                                   w->limits.max_image_bytes, &blob, &n)
+                              : SVC_REDIS_NOT_FOUND;
+            if (rs != SVC_REDIS_OK) {
+                if (rs != SVC_REDIS_NOT_FOUND)
+                    svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
+                svc_errf(msg, msglen,
+                         "image %zu: sha256 %s is neither resident on this worker nor held in "
+                         "Redis (%s)",
+                         i, img->sha256, svc_redis_status_name(rs));
+                return rs == SVC_REDIS_ERR_TOO_LARGE ? SVC_ERROR_IMAGE_TOO_LARGE
+                                                     : SVC_ERROR_INVALID_IMAGE;
+            }
+            uint8_t check[ML_IMAGE_KEY_BYTES];
+            ml_sha256(blob, n, check);
+            e = memcmp(check, im->key, sizeof check)
+                    ? (svc_errf(msg, msglen, "image %zu: Redis blob does not hash to %s", i,
+                                img->sha256),
+                       SVC_ERROR_INVALID_IMAGE)
+                    : prepare_pixels(w, blob, n, (int)i, im, msg, msglen);
+            free(blob);
+        }
+        if (e != SVC_ERROR_NONE)
+            return e;
+    }
+    return SVC_ERROR_NONE;
+}
+
+/* The Instruct chat template over the request's messages. */
+static svc_error build_prompt(svc_worker *w, job *j, char *msg, size_t msglen)
+{
+    const svc_request *r = j->req;
+    size_t n_parts = 0;
+    for (size_t m = 0; m < r->n_messages; m++)
+        n_parts += r->messages[m].n_parts;
+    ml_chat_part *parts = calloc(n_parts + 1, sizeof *parts);
+    ml_chat_message *msgs = calloc(r->n_messages + 1, sizeof *msgs);
+    if (!parts || !msgs) {
+        free(parts);
+        free(msgs);
+        svc_errf(msg, msglen, "out of memory");
+        return SVC_ERROR_INTERNAL;
+    }
+    ml_chat_part *p = parts;
+    for (size_t m = 0; m < r->n_messages; m++) {
+        const svc_message *sm = &r->messages[m];
+        msgs[m] = (ml_chat_message){.role = svc_role_name(sm->role), .parts = p,
+                                    .n_parts = sm->n_parts};
+        for (size_t k = 0; k < sm->n_parts; k++, p++)
+            *p = sm->parts[k].kind == SVC_PART_IMAGE
+                     ? (ml_chat_part){.type = ML_CHAT_PART_IMAGE}
+                     : (ml_chat_part){.type = ML_CHAT_PART_TEXT, .text = sm->parts[k].text};
+    }
+    ml_chat_options opt = {.add_generation_prompt = 1};
+    char err[256];
+    ml_status st = ml_chat_encode(w->tok, msgs, r->n_messages, &opt, &j->prompt, err, sizeof err);
+    free(parts);
+    free(msgs);
+    if (st != ML_OK) {
+        svc_errf(msg, msglen, "messages: %s", err);
+        return st == ML_ERR_NOMEM ? SVC_ERROR_INTERNAL : SVC_ERROR_INVALID_REQUEST;
+    }
+    return SVC_ERROR_NONE;
+}
+
+static void build_sampling(svc_worker *w, job *j)
+{
+    const svc_request *r = j->req;
+    ml_sampling_params *s = &j->sampling;
+    ml_sampling_params_default(s);
+    s->temperature = r->sampling.temperature;
+    s->top_p = r->sampling.top_p;
+    s->top_k = r->sampling.top_k > 0 ? (uint32_t)r->sampling.top_k : 0;
+    s->min_p = r->sampling.min_p;
+    s->repetition_penalty = r->sampling.repetition_penalty;
+    s->presence_penalty = r->sampling.presence_penalty;
+    s->frequency_penalty = r->sampling.frequency_penalty;
+    /* Without a seed, one derived from the record: still reproducible for
+     * a redelivery of the same message. */
+    s->seed = r->sampling.has_seed ? (uint64_t)r->sampling.seed
+                                   : ((uint64_t)j->partition << 48) ^ (uint64_t)j->offset;
+    s->max_tokens = r->max_tokens;
+    const ml_text_config *tc = &ml_model_config(w->model)->text;
+    for (int i = 0; i < tc->n_eos && s->n_stop_ids < ML_SAMPLER_MAX_STOP_IDS; i++)
+        s->stop_ids[s->n_stop_ids++] = tc->eos_token_ids[i];
+    for (size_t i = 0; i < r->n_stop && s->n_stop < ML_STOP_MAX_STRINGS; i++) {
+        s->stop[s->n_stop] = r->stop[i];
+        s->stop_len[s->n_stop++] = strlen(r->stop[i]);
+    }
+    s->logprobs = r->logprobs;
+    s->top_logprobs = r->top_logprobs;
+}
+
+static void prepare(svc_worker *w, job *j)
+{
+    char msg[SVC_ERRMSG_MAX];
+    if (atomic_load(&j->abandoned)) {
+        job_free(j);
+        return;
+    }
+    /* Poison messages: every execution counts, before anything can crash. */
+    if (w->redis_prep) {
+        uint32_t attempt;
+        svc_redis_status rs = svc_redis_attempt_incr(w->redis_prep, j->topic, j->partition,
+                                                     j->offset, &attempt);
+        if (rs == SVC_REDIS_OK)
+            j->attempt = attempt;
+        else
+            svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
+    }
+    if ((int)j->attempt > w->cfg.limits.max_attempts) {
+        svc_errf(msg, sizeof msg, "the message was consumed %u times without being answered",
+                 j->attempt - 1);
+        worker_dead_letter(w, j, SVC_ERROR_TOO_MANY_ATTEMPTS, msg);
+        return;
+    }
+
+    svc_request_input in = {
+        .value = j->msg.value, .value_len = j->msg.value_len,
+        .key = j->msg.key, .key_len = j->msg.key_len,
+        .request_id = header(j, "request_id"), .reply_topic = header(j, "reply_topic"),
+        .deadline_ms = header(j, "deadline_ms"), .traceparent = header(j, "traceparent"),
+        .now_ms = wall_ms(),
+    };
+    svc_error code = svc_request_parse(&in, &w->limits, &j->req, msg, sizeof msg);
+    if (j->req && j->req->id && j->req->reply_topic) {
+        j->id = strdup(j->req->id);
+        j->reply_topic = strdup(j->req->reply_topic);
+        j->stream = j->req->stream;
+    }
+    if (code != SVC_ERROR_NONE || !j->id || !j->reply_topic) {
+        if (!j->req || !svc_request_answerable(j->req) || !j->id || !j->reply_topic)
+            worker_dead_letter(w, j, code != SVC_ERROR_NONE ? code : SVC_ERROR_INTERNAL,
+                               code != SVC_ERROR_NONE ? msg : "out of memory");
+        else
+            worker_reply_error(w, j, code, msg);
+        return;
+    }
+    /* The record is no longer needed: the request owns what it uses. */
+    svc_kafka_msg_release(&j->msg);
+    if ((code = prepare_images(w, j, msg, sizeof msg)) != SVC_ERROR_NONE ||
+        (code = build_prompt(w, j, msg, sizeof msg)) != SVC_ERROR_NONE) {
+        worker_reply_error(w, j, code, msg);
+        return;
+    }
+    build_sampling(w, j);
+    j->t_handoff = mono_s();
+    job_queue_push(&w->step_q, j);
+}
+
+void *worker_prep_main(void *arg)
+{
+    svc_worker *w = arg;
+    while (!atomic_load(&w->threads_stop)) {
+        job *j = job_queue_pop(&w->prep_q, PREP_POLL_MS);
+        if (j)
+            prepare(w, j);
+    }
+    return NULL;
+}
