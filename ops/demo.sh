@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The main job on the embedded defaults (README "Run it"): install what is
-# missing, build, make a random-weight model of the real architecture when no
-# model is given, and generate from the sample image with the Instruct
-# template, streaming the tokens to the terminal.
+# missing, build, start a local Kafka (librdkafka's mock cluster, a real Kafka
+# protocol server on loopback) and a local redis-server, start a worker on a
+# random-weight model of the real architecture (or yours), submit a chat
+# request with an image and stream its tokens to the terminal. The same
+# request is sent twice: the second is served from the resident
+# cross-attention cache (see "images_cached" and "ttft_ms").
 #
 #   MLLAMA_MODEL=/path/to/Llama-3.2-11B-Vision-Instruct bash ops/demo.sh
 #
@@ -13,15 +16,50 @@ cd "$(dirname "$0")/.."
 bash ops/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" --target mllama
+bin=build/service/mllama
 
 model=${MLLAMA_MODEL:-build/models/tiny}
-if [ ! -f "$model/config.json" ]; then
-  echo "demo: no model at $model; writing the random-weight 'tiny' preset there"
-  build/service/mllama mkmodel --preset tiny --out "$model"
-fi
-
 image=${MLLAMA_IMAGE:-config/samples/astronaut.jpg}
 prompt=${MLLAMA_PROMPT:-"Describe this image in one sentence."}
-echo "demo: $model, image $image"
-echo "demo: >>> $prompt"
-build/service/mllama run --model "$model" --image "$image" --chat "$prompt" --max-tokens 32
+run=build/demo
+mkdir -p "$run"
+if [ ! -f "$model/config.json" ]; then
+  echo "demo: no model at $model; writing the random-weight 'tiny' preset there"
+  "$bin" mkmodel --preset tiny --out "$model"
+fi
+
+pids=()
+cleanup() {
+  # SIGTERM drains the worker (commit, leave the group) before the cluster goes.
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+topics=mllama.requests:4,mllama.replies:4,mllama.dlt:1,mllama.cancel:1
+rm -f "$run/bootstrap"
+"$bin" mock-kafka --brokers 1 --topics "$topics" --port-file "$run/bootstrap" >/dev/null 2>"$run/kafka.log" &
+pids+=($!)
+for _ in $(seq 100); do [ -s "$run/bootstrap" ] && break; sleep 0.1; done
+brokers=$(cat "$run/bootstrap")
+
+redis_port=$((20000 + RANDOM % 20000))
+redis-server --port "$redis_port" --save "" --appendonly no --dir "$run" >"$run/redis.log" 2>&1 &
+pids+=($!)
+redis="redis://127.0.0.1:$redis_port/0"
+
+"$bin" worker --set kafka.brokers="$brokers" --set redis.url="$redis" \
+  --set model.dir="$model" --set http.listen=127.0.0.1:0 >"$run/worker.log" 2>&1 &
+pids+=($!)
+echo "demo: kafka $brokers, redis $redis, worker log $run/worker.log"
+for _ in $(seq 600); do
+  grep -q partitions_assigned "$run/worker.log" && break
+  if ! kill -0 "${pids[-1]}" 2>/dev/null; then cat "$run/worker.log"; exit 1; fi
+  sleep 0.1
+done
+
+for pass in 1 2; do
+  echo
+  echo "demo: request $pass >>> [image: $image] $prompt"
+  "$bin" submit --brokers "$brokers" --redis "$redis" --image "$image" --max-tokens 32 "$prompt"
+done
