@@ -77,6 +77,17 @@ typedef struct ml_attn_cross_params {
     float scale;
 } ml_attn_cross_params;
 
+/* One adapter's share of a segmented LoRA op (Punica's SGMV): the rows
+ * [row_start, row_start + n_rows) of x and y, with that adapter's A and B
+ * of one Linear (PEFT lora_A.weight, lora_B.weight). */
+typedef struct ml_lora_segment {
+    int row_start, n_rows;
+    int rank;             /* r >= 1 */
+    float scale;          /* lora_alpha / r (lora_alpha / sqrt(r) with rsLoRA) */
+    const uint16_t *a;    /* (rank, K) bf16, backend memory */
+    const uint16_t *b;    /* (N, rank) bf16, backend memory */
+} ml_lora_segment;
+
 typedef struct ml_backend_ops {
     const char *name;
     void (*destroy)(ml_backend *be);
@@ -101,6 +112,14 @@ typedef struct ml_backend_ops {
      * With accumulate != 0, y += instead of y =. */
     void (*matmul)(ml_backend *be, float *y, const float *x, const uint16_t *w,
                    const uint16_t *bias, int M, int K, int N, int accumulate);
+    /* Segmented LoRA after a matmul (PEFT LoraLayer.forward, one adapter per
+     * segment): y[rows] += scale · ((x[rows] · aᵀ) · bᵀ) for each of the
+     * n_segs segments (a host array borrowed for the call; rows of different
+     * segments are disjoint; rows in no segment are untouched). x (rows, K)
+     * and y (rows, N) f32 must not overlap. scratch is backend memory of
+     * (rows, max_rank) f32 for x · aᵀ, overwritten; max_rank >= every rank. */
+    void (*lora)(ml_backend *be, float *y, const float *x, const ml_lora_segment *segs,
+                 int n_segs, int K, int N, float *scratch, int max_rank);
 
     /* ---- normalisation and activations ------------------------------------ */
     /* MllamaTextRMSNorm: y = x · rsqrt(mean(x²) + eps) · w, per row of dim. */
@@ -154,14 +173,37 @@ typedef struct ml_backend_ops {
     /* ---- sampling --------------------------------------------------------- */
     /* out[r] = argmax over logits (rows, vocab), lowest index on ties. */
     void (*argmax)(ml_backend *be, int32_t *out, const float *logits, int rows, int vocab);
+
+    /* ---- optional: NULL (0) on backends without them (the CPU) ------------ */
+    /* Tensor parallelism: x[0 .. n) = the sum of x over every backend of
+     * the group the backend was created in (ml_backend_cuda_create_group),
+     * in place. Every member calls it with the same n in the same order,
+     * each from the thread that drives it; it is queued like any op. */
+    void (*all_reduce_sum)(ml_backend *be, float *x, size_t n);
+    /* Recorded op sequences (CUDA graphs), to launch a decode step's ~10^3
+     * kernels at once. graph_begin(slot) starts recording: ops issued until
+     * graph_end(slot) are recorded, not run, and graph_end stores them in
+     * slot (0 .. n_graph_slots-1), replacing what it held. graph_replay(slot)
+     * queues the recorded ops again with the arguments they had when
+     * recorded: pointers and scalars are fixed, device memory is read when
+     * the replay runs (so per-step inputs are uploaded before the replay to
+     * the same buffers). alloc, free, weight, upload, download and
+     * synchronize are not allowed while recording (a latched error). */
+    void (*graph_begin)(ml_backend *be, int slot);
+    void (*graph_end)(ml_backend *be, int slot);
+    void (*graph_replay)(ml_backend *be, int slot);
+    int n_graph_slots;
 } ml_backend_ops;
 
 struct ml_backend {
     const ml_backend_ops *ops;
 };
 
-/* The CPU backend with n_threads workers (0 = one per online CPU).
- * Returns NULL and fills err on failure. */
+/* The CPU backend with n_threads threads, the caller's included (0 = one per
+ * online CPU). Its kernels use the widest ISA the CPU supports unless the
+ * environment variable ML_CPU_ISA (plain, avx2, avx512) names a lower one.
+ * Returns NULL and fills err on failure (an unknown or unsupported
+ * ML_CPU_ISA, out of memory, a thread that would not start). */
 ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen);
 
 #endif

@@ -1,0 +1,405 @@
+/* Attention: the three kinds of backend.h (vision bidirectional, causal over
+ * the paged cache, cross over resident vision K/V) as one flash-style loop.
+ *
+ * A work item is a block of up to ATTN_BQ query rows sharing one K/V stream:
+ * (sequence, kv head, rows r0 .. r0+nq), where row r is token r / group and
+ * query head kv_head·group + r % group, so the GQA heads of one kv head read
+ * each key once. For each block of up to ATTN_BK keys:
+ *   K, V (nk, head_dim)     key and value rows, in place (vision, cross) or
+ *                           gathered from the paged cache (causal)
+ *   S (nk, nq) = K · Qᵀ     gemm_tile; Qᵀ (head_dim, nq) packed once per item
+ *   masked entries of S = -inf
+ *   online softmax down S's columns (softmax_block); O rows *= alpha
+ *   O (nq, head_dim) += Sᵀ · V    gemm_tile reading S column-major
+ * and at the end out = O / l. No score matrix larger than one (BK, BQ) block
+ * exists; all arithmetic is f32 with max subtraction.
+ *
+ * Masks are exclusions rather than HF's additive finfo(bf16).min
+ * (-3.39e38): adding that constant makes a masked weight exactly 0 whenever
+ * its row has one unmasked key, which every row here has (a valid vision
+ * query sees every key and an invalid one the valid keys, which the graph
+ * guarantees exist; a causal row sees itself; a cross row sees its chunks
+ * or, seeing none, all keys unmasked as HF's full_text_row_mask makes it).
+ *
+ * Threads take items cyclically (item t, t+T, ...), which balances the
+ * causal triangle; each item's result does not depend on the thread count. */
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu/cpu_internal.h"
+
+/* Query rows per item and keys per block: multiples of every ISA's tile
+ * shape (12 x 32, 6 x 16); S (BK x BQ) fits in L1. */
+#define ATTN_BQ 96
+#define ATTN_BK 96
+
+typedef enum attn_kind {
+    ATTN_VISION,
+    ATTN_CAUSAL,
+    ATTN_CROSS,
+} attn_kind;
+
+/* One attention call in a kind-neutral form plus each kind's extras. */
+typedef struct attn_job {
+    attn_kind kind;
+    float *out;          /* (tokens, n_heads, head_dim) */
+    const float *q;      /* (tokens, n_heads, head_dim) */
+    const float *k, *v;  /* vision, causal: layout of their params, see key_block */
+    int n_seqs, n_heads, n_kv_heads, group, head_dim;
+    float scale;
+    /* vision */
+    const uint8_t *valid; /* (n_seqs, seq_len) */
+    int seq_len;
+    /* causal */
+    const int32_t *block_table, *seq_start, *pos0;
+    int max_blocks, block_size;
+    /* cross: image i's keys are k_img[i] (image_keys, n_kv_heads, head_dim) */
+    const float *const *k_img, *const *v_img;
+    const uint8_t *allowed; /* (n_tokens, n_chunks) */
+    int n_tokens, n_chunks, chunk_len, image_keys;
+
+    const ml_cpu_backend *cb;
+    int n_threads; /* threads sharing the items */
+} attn_job;
+
+/* Where one item is: sequence, kv head, block of query rows. */
+typedef struct attn_cursor {
+    int seq, kv_head, row_block;
+} attn_cursor;
+
+/* Per-column masking data of one item. */
+typedef struct attn_cols {
+    int nq;
+    uint8_t q_invalid[ATTN_BQ];     /* vision: query is padding: sees valid keys only */
+    int any_invalid;
+    int32_t last_key[ATTN_BQ];      /* causal: highest key position visible */
+    const uint8_t *chunks[ATTN_BQ]; /* cross: allowed chunks, NULL = every key */
+} attn_cols;
+
+size_t ml_cpu_attn_scratch_floats(void)
+{
+    /* Qᵀ, gathered K and V (causal), S, O */
+    return (size_t)ML_CPU_MAX_HEAD_DIM * ATTN_BQ + 2 * (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM +
+           (size_t)ATTN_BK * ATTN_BQ + (size_t)ATTN_BQ * ML_CPU_MAX_HEAD_DIM;
+}
+
+static inline int imin(int a, int b)
+{
+    return a < b ? a : b;
+}
+
+static int seq_tokens(const attn_job *j, int s)
+{
+    switch (j->kind) {
+    case ATTN_VISION: return j->seq_len;
+    case ATTN_CAUSAL: return j->seq_start[s + 1] - j->seq_start[s];
+    case ATTN_CROSS: return j->n_tokens;
+    }
+    return 0;
+}
+
+/* Index of the sequence's first token in q and out. */
+static int seq_first_token(const attn_job *j, int s)
+{
+    switch (j->kind) {
+    case ATTN_VISION: return s * j->seq_len;
+    case ATTN_CAUSAL: return j->seq_start[s];
+    case ATTN_CROSS: return 0;
+    }
+    return 0;
+}
+
+static int seq_row_blocks(const attn_job *j, int s)
+{
+    return (seq_tokens(j, s) * j->group + ATTN_BQ - 1) / ATTN_BQ;
+}
+
+static int64_t seq_items(const attn_job *j, int s)
+{
+    return (int64_t)j->n_kv_heads * seq_row_blocks(j, s);
+}
+
+/* The key block starting at key kb (< n_keys) of kv head kvh in sequence s:
+ * returns its length (<= ATTN_BK) and sets *k, *v to its first key and value
+ * rows and *ld to their row stride. Vision and cross keys are used in place
+ * (a block never straddles two images); paged causal keys are gathered into
+ * kp, vp (ATTN_BK, head_dim). */
+static int key_block(const attn_job *j, int s, int kvh, int kb, int n_keys, float *kp, float *vp,
+                     const float **k, const float **v, size_t *ld)
+{
+    const size_t hd = (size_t)j->head_dim, n_kv = (size_t)j->n_kv_heads;
+    int nk = imin(ATTN_BK, n_keys - kb);
+    switch (j->kind) {
+    case ATTN_VISION: {
+        const size_t off = (((size_t)s * j->seq_len + (size_t)kb) * n_kv + (size_t)kvh) * hd;
+        *k = j->k + off;
+        *v = j->v + off;
+        *ld = n_kv * hd;
+        return nk;
+    }
+    case ATTN_CROSS: {
+        const int img = kb / j->image_keys, first = kb % j->image_keys;
+        const size_t off = ((size_t)first * n_kv + (size_t)kvh) * hd;
+        *k = j->k_img[img] + off;
+        *v = j->v_img[img] + off;
+        *ld = n_kv * hd;
+        return imin(nk, j->image_keys - first);
+    }
+    case ATTN_CAUSAL:
+        for (int key = 0; key < nk; key++) {
+            const int pos = kb + key;
+            const int32_t blk = j->block_table[(size_t)s * j->max_blocks + (size_t)(pos / j->block_size)];
+            const size_t slot = (size_t)blk * j->block_size + (size_t)(pos % j->block_size);
+            const float *ks = j->k + (slot * n_kv + (size_t)kvh) * hd;
+            const float *vs = j->v + (slot * n_kv + (size_t)kvh) * hd;
+            for (size_t d = 0; d < hd; d++) {
+                kp[(size_t)key * hd + d] = ks[d];
+                vp[(size_t)key * hd + d] = vs[d];
+            }
+        }
+        *k = kp;
+        *v = vp;
+        *ld = hd;
+        return nk;
+    }
+    return 0;
+}
+
+/* Move the cursor `steps` items forward; seq == n_seqs means past the end. */
+static void cursor_advance(const attn_job *j, attn_cursor *c, int64_t steps)
+{
+    int64_t idx = (int64_t)c->kv_head * seq_row_blocks(j, c->seq) + c->row_block + steps;
+    while (c->seq < j->n_seqs && idx >= seq_items(j, c->seq)) {
+        idx -= seq_items(j, c->seq);
+        c->seq++;
+    }
+    if (c->seq < j->n_seqs) {
+        const int nb = seq_row_blocks(j, c->seq);
+        c->kv_head = (int)(idx / nb);
+        c->row_block = (int)(idx % nb);
+    }
+}
+
+/* S[key][c] = -inf where column c may not see key kb + key. */
+static void apply_mask(const attn_job *j, const attn_cols *cols, int s, int kb, int nk, float *sc)
+{
+    switch (j->kind) {
+    case ATTN_VISION:
+        if (!cols->any_invalid)
+            return;
+        for (int key = 0; key < nk; key++) {
+            if (j->valid[(size_t)s * j->seq_len + (size_t)(kb + key)])
+                continue;
+            float *row = sc + (size_t)key * ATTN_BQ;
+            for (int c = 0; c < cols->nq; c++)
+                if (cols->q_invalid[c])
+                    row[c] = -INFINITY;
+        }
+        return;
+    case ATTN_CAUSAL:
+        for (int c = 0; c < cols->nq; c++) {
+            const int first = cols->last_key[c] + 1 - kb;
+            for (int key = first < 0 ? 0 : first; key < nk; key++)
+                sc[(size_t)key * ATTN_BQ + c] = -INFINITY;
+        }
+        return;
+    case ATTN_CROSS:
+        for (int c = 0; c < cols->nq; c++) {
+            if (!cols->chunks[c])
+                continue;
+            for (int key = kb; key < kb + nk;) {
+                const int chunk = key / j->chunk_len;
+                const int end = imin((chunk + 1) * j->chunk_len, kb + nk);
+                if (!cols->chunks[c][chunk])
+                    for (; key < end; key++)
+                        sc[(size_t)(key - kb) * ATTN_BQ + c] = -INFINITY;
+                key = end;
+            }
+        }
+        return;
+    }
+}
+
+/* Per-column mask data for rows r0 .. r0+nq of sequence s; returns the
+ * number of keys the item must visit. */
+static int item_columns(const attn_job *j, int s, int r0, int nq, attn_cols *cols)
+{
+    cols->nq = nq;
+    cols->any_invalid = 0;
+    switch (j->kind) {
+    case ATTN_VISION:
+        for (int c = 0; c < nq; c++) {
+            const int t = (r0 + c) / j->group;
+            cols->q_invalid[c] = !j->valid[(size_t)s * j->seq_len + (size_t)t];
+            cols->any_invalid |= cols->q_invalid[c];
+        }
+        return j->seq_len;
+    case ATTN_CAUSAL: {
+        int n_keys = 0;
+        for (int c = 0; c < nq; c++) {
+            cols->last_key[c] = j->pos0[s] + (r0 + c) / j->group;
+            if (cols->last_key[c] + 1 > n_keys)
+                n_keys = cols->last_key[c] + 1;
+        }
+        return n_keys;
+    }
+    case ATTN_CROSS:
+        for (int c = 0; c < nq; c++) {
+            const uint8_t *row = j->allowed + (size_t)((r0 + c) / j->group) * j->n_chunks;
+            int seen = 0;
+            for (int ch = 0; ch < j->n_chunks; ch++)
+                seen += row[ch] != 0;
+            /* None allowed: HF zeroes the whole additive row (full_text_row_mask).
+             * All allowed: nothing to mask. */
+            cols->chunks[c] = seen == 0 || seen == j->n_chunks ? NULL : row;
+        }
+        return j->n_chunks * j->chunk_len;
+    }
+    return 0;
+}
+
+static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
+{
+    const ml_cpu_kernels *kn = j->cb->kern;
+    const int hd = j->head_dim, group = j->group, s = cur->seq;
+    const int mr = kn->tile_rows, nr = kn->tile_cols;
+    const int r0 = cur->row_block * ATTN_BQ;
+    const int nq = imin(ATTN_BQ, seq_tokens(j, s) * group - r0);
+    const int tok0 = seq_first_token(j, s);
+
+    float *qt = scratch;                                     /* (head_dim, BQ) */
+    float *kp = qt + (size_t)ML_CPU_MAX_HEAD_DIM * ATTN_BQ;  /* (BK, head_dim) */
+    float *vp = kp + (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM;  /* (BK, head_dim) */
+    float *sc = vp + (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM;  /* (BK, BQ) */
+    float *o = sc + (size_t)ATTN_BK * ATTN_BQ;               /* (BQ, head_dim) */
+    float m[ATTN_BQ], l[ATTN_BQ], alpha[ATTN_BQ];
+    attn_cols cols;
+
+    for (int c = 0; c < nq; c++) {
+        const int r = r0 + c;
+        const int head = cur->kv_head * group + r % group;
+        const float *qr = j->q + ((size_t)(tok0 + r / group) * j->n_heads + (size_t)head) * hd;
+        for (int d = 0; d < hd; d++)
+            qt[(size_t)d * ATTN_BQ + c] = qr[d];
+        m[c] = -INFINITY;
+        l[c] = 0.0f;
+    }
+    memset(o, 0, (size_t)nq * hd * sizeof *o);
+    const int n_keys = item_columns(j, s, r0, nq, &cols);
+
+    for (int kb = 0, nk; kb < n_keys; kb += nk) {
+        const float *kblk = NULL, *vblk = NULL;
+        size_t ld = 0;
+        nk = key_block(j, s, cur->kv_head, kb, n_keys, kp, vp, &kblk, &vblk, &ld);
+        memset(sc, 0, (size_t)nk * ATTN_BQ * sizeof *sc);
+        for (int k0 = 0; k0 < nk; k0 += mr)
+            for (int c0 = 0; c0 < nq; c0 += nr)
+                kn->gemm_tile(imin(mr, nk - k0), imin(nr, nq - c0), hd, kblk + (size_t)k0 * ld, ld,
+                              1, qt + c0, ATTN_BQ, sc + (size_t)k0 * ATTN_BQ + c0, ATTN_BQ);
+        apply_mask(j, &cols, s, kb, nk, sc);
+        kn->softmax_block(sc, ATTN_BQ, nk, nq, j->scale, m, l, alpha);
+        for (int c = 0; c < nq; c++) {
+            if (alpha[c] == 1.0f)
+                continue;
+            float *orow = o + (size_t)c * hd;
+            for (int d = 0; d < hd; d++)
+                orow[d] *= alpha[c];
+        }
+        for (int c0 = 0; c0 < nq; c0 += mr)
+            for (int d0 = 0; d0 < hd; d0 += nr)
+                kn->gemm_tile(imin(mr, nq - c0), imin(nr, hd - d0), nk, sc + c0, 1, ATTN_BQ,
+                              vblk + d0, ld, o + (size_t)c0 * hd + d0, (size_t)hd);
+    }
+
+    for (int c = 0; c < nq; c++) {
+        const int r = r0 + c;
+        const int head = cur->kv_head * group + r % group;
+        float *out = j->out + ((size_t)(tok0 + r / group) * j->n_heads + (size_t)head) * hd;
+        for (int d = 0; d < hd; d++)
+            out[d] = o[(size_t)c * hd + d] / l[c];
+    }
+}
+
+static void attn_thread(void *ctx, int64_t begin, int64_t end, int tid)
+{
+    const attn_job *j = ctx;
+    float *scratch = ml_cpu_scratch(j->cb, tid);
+    for (int64_t t = begin; t < end; t++) {
+        attn_cursor cur = {0, 0, 0};
+        for (cursor_advance(j, &cur, t); cur.seq < j->n_seqs; cursor_advance(j, &cur, j->n_threads))
+            run_item(j, &cur, scratch);
+    }
+}
+
+static void run(ml_backend *be, attn_job *j)
+{
+    ml_cpu_backend *cb = ml_cpu_of(be);
+    assert(j->head_dim >= 1 && j->head_dim <= ML_CPU_MAX_HEAD_DIM);
+    assert(j->n_kv_heads >= 1 && j->n_heads % j->n_kv_heads == 0);
+    j->cb = cb;
+    j->group = j->n_heads / j->n_kv_heads;
+
+    int64_t items = 0;
+    double work = 0;
+    for (int s = 0; s < j->n_seqs; s++) {
+        items += seq_items(j, s);
+        /* multiply-adds: rows x keys x head_dim, twice (QKᵀ and PV) */
+        work += 2.0 * seq_tokens(j, s) * j->n_heads * (double)j->head_dim *
+                (j->kind == ATTN_CAUSAL ? j->pos0[s] + seq_tokens(j, s)
+                 : j->kind == ATTN_VISION ? j->seq_len
+                                          : (double)j->n_chunks * j->chunk_len);
+    }
+    if (items == 0)
+        return;
+    int64_t threads = (int64_t)(work / ML_CPU_MIN_WORK_PER_THREAD);
+    if (threads > ml_cpu_pool_threads(cb->pool))
+        threads = ml_cpu_pool_threads(cb->pool);
+    if (threads > items)
+        threads = items;
+    j->n_threads = threads < 1 ? 1 : (int)threads;
+    ml_cpu_pool_for(cb->pool, j->n_threads, 1, attn_thread, j);
+}
+
+void ml_cpu_attn_vision(ml_backend *be, const ml_attn_vision_params *p)
+{
+    /* An all-padding sequence would leave its invalid queries no key. */
+    for (int s = 0; s < p->n_seq; s++) {
+        int any = 0;
+        for (int t = 0; t < p->seq_len && !any; t++)
+            any = p->valid[(size_t)s * p->seq_len + (size_t)t] != 0;
+        assert(any && "attn_vision: a sequence without a valid token");
+    }
+    attn_job j = {.kind = ATTN_VISION, .out = p->out, .q = p->q, .k = p->k, .v = p->v,
+                  .n_seqs = p->n_seq, .n_heads = p->n_heads, .n_kv_heads = p->n_heads,
+                  .head_dim = p->head_dim, .scale = p->scale, .valid = p->valid,
+                  .seq_len = p->seq_len};
+    run(be, &j);
+}
+
+void ml_cpu_attn_causal(ml_backend *be, const ml_attn_causal_params *p)
+{
+    for (int s = 0; s < p->n_seqs; s++) {
+        const int n_keys = p->pos0[s] + p->seq_start[s + 1] - p->seq_start[s];
+        assert(p->pos0[s] >= 0 && p->seq_start[s + 1] >= p->seq_start[s]);
+        assert(n_keys <= p->max_blocks_per_seq * p->block_size && "attn_causal: block table too short");
+    }
+    attn_job j = {.kind = ATTN_CAUSAL, .out = p->out, .q = p->q, .k = p->k_cache,
+                  .v = p->v_cache, .n_seqs = p->n_seqs, .n_heads = p->n_heads,
+                  .n_kv_heads = p->n_kv_heads, .head_dim = p->head_dim, .scale = p->scale,
+                  .block_table = p->block_table, .seq_start = p->seq_start, .pos0 = p->pos0,
+                  .max_blocks = p->max_blocks_per_seq, .block_size = p->block_size};
+    run(be, &j);
+}
+
+void ml_cpu_attn_cross(ml_backend *be, const ml_attn_cross_params *p)
+{
+    assert(p->n_images >= 1 && p->max_tiles >= 1 && p->chunk_len >= 1);
+    attn_job j = {.kind = ATTN_CROSS, .out = p->out, .q = p->q,
+                  .k_img = (const float *const *)p->k, .v_img = (const float *const *)p->v,
+                  .n_seqs = 1, .n_heads = p->n_heads, .n_kv_heads = p->n_kv_heads,
+                  .head_dim = p->head_dim, .scale = p->scale, .allowed = p->allowed,
+                  .n_tokens = p->n_tokens, .n_chunks = p->n_images * p->max_tiles,
+                  .chunk_len = p->chunk_len, .image_keys = p->max_tiles * p->chunk_len};
+    run(be, &j);
+}

@@ -1,0 +1,90 @@
+/* Internals of the CPU backend shared by its files: the backend object, the
+ * per-thread scratch, and the op implementations the op table points to.
+ * Nothing outside engine/cpu (and its tests) includes this. */
+#ifndef ML_CPU_INTERNAL_H
+#define ML_CPU_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "cpu/cpu_kernels.h"
+#include "cpu/threadpool.h"
+
+/* Largest head_dim the attention ops accept (the per-thread scratch is sized
+ * for it; Llama 3.2 Vision uses 80 and 128). */
+#define ML_CPU_MAX_HEAD_DIM 256
+
+/* Minimum work (multiply-adds or element operations) worth handing to one
+ * more thread: below it the wake-up costs more than it saves. */
+#define ML_CPU_MIN_WORK_PER_THREAD 32768
+
+typedef struct ml_cpu_backend {
+    ml_backend base;          /* first: an ml_backend * is an ml_cpu_backend * */
+    ml_backend_ops ops;       /* the op table, named after the selected ISA */
+    char name[32];
+    const ml_cpu_kernels *kern; /* borrowed: a static table */
+    ml_cpu_pool *pool;        /* owned */
+    float *scratch;           /* owned: one region of scratch_floats per thread */
+    size_t scratch_floats;
+} ml_cpu_backend;
+
+static inline ml_cpu_backend *ml_cpu_of(ml_backend *be)
+{
+    return (ml_cpu_backend *)be;
+}
+
+/* Thread tid's scratch region (64-byte aligned, scratch_floats long). */
+static inline float *ml_cpu_scratch(const ml_cpu_backend *cb, int tid)
+{
+    return cb->scratch + (size_t)tid * cb->scratch_floats;
+}
+
+/* Items per thread so that each thread gets at least
+ * ML_CPU_MIN_WORK_PER_THREAD of work, given the work of one item. */
+static inline int64_t ml_cpu_grain(double work_per_item)
+{
+    double g = ML_CPU_MIN_WORK_PER_THREAD / (work_per_item > 1.0 ? work_per_item : 1.0);
+    return g < 1.0 ? 1 : (int64_t)g;
+}
+
+/* Per-thread scratch each op family needs, in floats (multiples of 16). */
+size_t ml_cpu_matmul_scratch_floats(void);
+size_t ml_cpu_attn_scratch_floats(void);
+
+/* ---- op implementations (contracts in backend.h) ---------------------------- */
+void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
+                   const uint16_t *bias, int M, int K, int N, int accumulate);
+void ml_cpu_lora(ml_backend *be, float *y, const float *x, const ml_lora_segment *segs,
+                 int n_segs, int K, int N, float *scratch, int max_rank);
+
+void ml_cpu_rmsnorm(ml_backend *be, float *y, const float *x, const uint16_t *w, int rows,
+                    int dim, float eps);
+void ml_cpu_layernorm(ml_backend *be, float *y, const float *x, const uint16_t *w,
+                      const uint16_t *b, int rows, int dim, float eps);
+void ml_cpu_gelu(ml_backend *be, float *x, size_t n);
+void ml_cpu_silu_mul(ml_backend *be, float *y, const float *gate, const float *up, size_t n);
+void ml_cpu_rope(ml_backend *be, float *x, const int32_t *pos, const float *inv_freq,
+                 int n_tokens, int n_heads, int head_dim);
+void ml_cpu_add_rows(ml_backend *be, float *y, const float *x, const float *row_scale, float gate,
+                     int rows, int dim);
+void ml_cpu_add_bf16(ml_backend *be, float *y, const uint16_t *w, float alpha, int rows,
+                     int period, int dim);
+void ml_cpu_zero(ml_backend *be, float *y, size_t n);
+void ml_cpu_copy_2d(ml_backend *be, float *dst, const float *src, int rows, int cols,
+                    size_t dst_row, size_t dst_col, size_t src_row);
+void ml_cpu_embed(ml_backend *be, float *y, const uint16_t *table, const int32_t *ids, int n,
+                  int dim);
+void ml_cpu_patchify(ml_backend *be, float *patches, const float *pixels, int n_img, int side,
+                     int patch);
+void ml_cpu_kv_write(ml_backend *be, void *k_cache, void *v_cache, const float *k,
+                     const float *v, const int32_t *slot, int n_tokens, int n_kv_heads,
+                     int head_dim);
+void ml_cpu_kv_store(ml_backend *be, void *dst, const float *src, size_t n);
+void ml_cpu_argmax(ml_backend *be, int32_t *out, const float *logits, int rows, int vocab);
+
+void ml_cpu_attn_vision(ml_backend *be, const ml_attn_vision_params *p);
+void ml_cpu_attn_causal(ml_backend *be, const ml_attn_causal_params *p);
+void ml_cpu_attn_cross(ml_backend *be, const ml_attn_cross_params *p);
+
+#endif

@@ -1,0 +1,69 @@
+/* The per-ISA inner kernels of the CPU backend.
+ *
+ * The drivers (matmul.c, attention.c) own tiling, packing, masking and
+ * threading and are shared by every ISA; only the three loops below exist
+ * once per instruction set. kernels_plain.c is the readable reference of
+ * what each computes; kernels_avx2.c and kernels_avx512.c are the same
+ * arithmetic in vector registers (f32 throughout, with FMA).
+ * All kernels are pure functions of their arguments and thread-safe. */
+#ifndef ML_CPU_KERNELS_H
+#define ML_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu/cpu_features.h"
+
+/* Largest gemm_tile shape of any ISA (drivers size buffers with these). */
+#define ML_CPU_TILE_MAX_ROWS 12
+#define ML_CPU_TILE_MAX_COLS 32
+/* Largest gemv block of any ISA. */
+#define ML_CPU_GEMV_MAX_ROWS 4
+#define ML_CPU_GEMV_MAX_COLS 4
+
+typedef struct ml_cpu_kernels {
+    ml_cpu_isa isa;
+
+    /* C (m, n) += A (m, k) · B (k, n) for m <= tile_rows, n <= tile_cols.
+     * A's element (i, p) is a[i * a_rs + p * a_cs] where one of a_rs, a_cs is 1
+     * (A row-major or column-major); B's row p starts at b + p * ldb and is
+     * contiguous; C's row i starts at c + i * ldc. The products are summed in
+     * f32 over p in increasing order (per SIMD lane of C) and then added to C. */
+    void (*gemm_tile)(int m, int n, int k, const float *a, size_t a_rs, size_t a_cs,
+                      const float *b, size_t ldb, float *c, size_t ldc);
+    int tile_rows, tile_cols;
+
+    /* dots (r, j) = Σ_k w[r * ldw + k] · x[j * ldx + k] for r < rows <= gemv_rows,
+     * j < cols <= gemv_cols; w bf16 (rows, K), x f32 (cols, K); dots row-major
+     * (rows, cols). Reads each weight element once. */
+    void (*gemv)(int rows, int cols, int K, const uint16_t *w, size_t ldw, const float *x,
+                 size_t ldx, float *dots);
+    int gemv_rows, gemv_cols;
+
+    /* dst[p * ldd + c] = f32(src[c * lds + p]) for c, p < pack_block_size: a
+     * square block of bf16 weights widened and transposed (GEMM packing). */
+    void (*pack_block)(float *dst, size_t ldd, const uint16_t *src, size_t lds);
+    int pack_block_size;
+
+    /* One key block of online softmax over the columns of s (nk, nq), row
+     * stride lds, holding raw scores q·k (masked entries = -INFINITY; every
+     * finite value is a score). For each column c, with x = s·scale:
+     *   m' = max(m[c], max_j x[j][c]);  sh = m' unless m' = -inf, then 0
+     *   s[j][c] = exp(x[j][c] - sh);  alpha[c] = exp(m[c] - sh)
+     *   l[c] = l[c]·alpha[c] + Σ_j s[j][c];  m[c] = m'
+     * exp(0) is exactly 1 and exp(-inf) exactly 0 (results below FLT_MIN
+     * flush to 0 in the vector builds). */
+    void (*softmax_block)(float *s, size_t lds, int nk, int nq, float scale, float *m, float *l,
+                          float *alpha);
+} ml_cpu_kernels;
+
+extern const ml_cpu_kernels ml_cpu_kernels_plain;
+#if ML_CPU_X86
+extern const ml_cpu_kernels ml_cpu_kernels_avx2;
+extern const ml_cpu_kernels ml_cpu_kernels_avx512;
+#endif
+
+/* The kernel table of an ISA (which the caller has checked is supported). */
+const ml_cpu_kernels *ml_cpu_kernels_for(ml_cpu_isa isa);
+
+#endif

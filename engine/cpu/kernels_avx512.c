@@ -1,0 +1,283 @@
+/* AVX-512 (F, BW, VL, DQ) kernels: the contract of cpu_kernels.h with 16 f32
+ * lanes. This file alone is compiled with -mavx512*; it runs only after
+ * cpu_features has found those extensions. */
+#include "cpu/cpu_kernels.h"
+
+#if ML_CPU_X86
+#include <assert.h>
+#include <immintrin.h>
+#include <math.h>
+
+#define LANES 16
+/* 12 x 32 tile: 24 accumulators + 2 B vectors + 1 broadcast of 32 zmm. */
+#define TILE_ROWS 12
+#define TILE_COLS (2 * LANES)
+/* 4 weight rows x 4 activation rows: 16 accumulators + 4 + 1 zmm. */
+#define GEMV_ROWS 4
+#define GEMV_COLS 4
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* exp range: below EXP_LO the result is under FLT_MIN and flushed to 0
+ * (softmax weights that small do not matter next to the row's max, which
+ * contributes exactly 1); above EXP_HI it saturates (softmax arguments are
+ * <= 0). */
+#define EXP_LO (-87.33654f)
+#define EXP_HI 88.0f
+/* ln 2 split so that n·LN2_HI is exact for |n| < 2^9 (Cody-Waite). */
+#define LN2_HI 0.693359375f
+#define LN2_LO (-2.12194440e-4f)
+
+static inline __mmask16 lane_mask(int n)
+{
+    return n >= LANES ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+/* exp(x) = 2^n · e^r with n = round(x / ln 2), |r| <= ln2/2 and e^r by its
+ * degree-7 Taylor polynomial (truncation < 1e-8 relative): within ~2 ulp. */
+ALWAYS_INLINE __m512 exp_ps(__m512 x)
+{
+    const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
+    /* Operand order keeps a NaN x a NaN (min/max return the second operand). */
+    x = _mm512_min_ps(_mm512_set1_ps(EXP_HI), x);
+    x = _mm512_max_ps(_mm512_set1_ps(EXP_LO), x);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps((float)M_LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_scalef_ps(p, n));
+}
+
+/* ---- gemm_tile -------------------------------------------------------------- */
+
+/* One tile with compile-time m (so the accumulators live in registers), A
+ * layout (a_col: column-major) and width (wide: n > 16 uses two vectors). */
+ALWAYS_INLINE void tile(const int m, const int a_col, const int wide, int n, int k,
+                        const float *a, size_t lda, const float *b, size_t ldb, float *c,
+                        size_t ldc)
+{
+    const __mmask16 m0 = lane_mask(n), m1 = lane_mask(n - LANES);
+    __m512 acc0[TILE_ROWS], acc1[TILE_ROWS];
+#pragma GCC unroll 12
+    for (int i = 0; i < m; i++) {
+        acc0[i] = _mm512_setzero_ps();
+        acc1[i] = _mm512_setzero_ps();
+    }
+    for (int p = 0; p < k; p++) {
+        const float *bp = b + (size_t)p * ldb;
+        const __m512 b0 = _mm512_maskz_loadu_ps(m0, bp);
+        const __m512 b1 = wide ? _mm512_maskz_loadu_ps(m1, bp + LANES) : _mm512_setzero_ps();
+#pragma GCC unroll 12
+        for (int i = 0; i < m; i++) {
+            const __m512 ai =
+                _mm512_set1_ps(a_col ? a[(size_t)p * lda + i] : a[(size_t)i * lda + p]);
+            acc0[i] = _mm512_fmadd_ps(ai, b0, acc0[i]);
+            if (wide)
+                acc1[i] = _mm512_fmadd_ps(ai, b1, acc1[i]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int i = 0; i < m; i++) {
+        float *ci = c + (size_t)i * ldc;
+        _mm512_mask_storeu_ps(ci, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, ci), acc0[i]));
+        if (wide)
+            _mm512_mask_storeu_ps(ci + LANES, m1,
+                                  _mm512_add_ps(_mm512_maskz_loadu_ps(m1, ci + LANES), acc1[i]));
+    }
+}
+
+ALWAYS_INLINE void tile_m(const int m, int n, int k, const float *a, size_t a_rs, size_t a_cs,
+                          const float *b, size_t ldb, float *c, size_t ldc)
+{
+    const int wide = n > LANES;
+    if (a_cs == 1) {
+        if (wide)
+            tile(m, 0, 1, n, k, a, a_rs, b, ldb, c, ldc);
+        else
+            tile(m, 0, 0, n, k, a, a_rs, b, ldb, c, ldc);
+    } else {
+        if (wide)
+            tile(m, 1, 1, n, k, a, a_cs, b, ldb, c, ldc);
+        else
+            tile(m, 1, 0, n, k, a, a_cs, b, ldb, c, ldc);
+    }
+}
+
+static void gemm_tile(int m, int n, int k, const float *a, size_t a_rs, size_t a_cs,
+                      const float *b, size_t ldb, float *c, size_t ldc)
+{
+    switch (m) {
+    case 1: tile_m(1, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 2: tile_m(2, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 3: tile_m(3, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 4: tile_m(4, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 5: tile_m(5, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 6: tile_m(6, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 7: tile_m(7, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 8: tile_m(8, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 9: tile_m(9, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 10: tile_m(10, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 11: tile_m(11, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 12: tile_m(12, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    default: assert(!"gemm_tile: m out of range");
+    }
+}
+
+/* ---- gemv ------------------------------------------------------------------- */
+
+/* 16 bf16 → f32: widen to 32 bits and move into the high half (exact). */
+ALWAYS_INLINE __m512 bf16_to_f32(__m256i h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+ALWAYS_INLINE void gemv_block(const int rows, const int cols, int K, const uint16_t *w,
+                              size_t ldw, const float *x, size_t ldx, float *dots)
+{
+    __m512 acc[GEMV_ROWS][GEMV_COLS];
+#pragma GCC unroll 4
+    for (int r = 0; r < rows; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < cols; j++)
+            acc[r][j] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += LANES) {
+        /* The tail loads are masked, so no byte past row end is read. */
+        const __mmask16 mk = lane_mask(K - k);
+        __m512 wv[GEMV_ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < rows; r++)
+            wv[r] = bf16_to_f32(_mm256_maskz_loadu_epi16(mk, w + (size_t)r * ldw + k));
+#pragma GCC unroll 4
+        for (int j = 0; j < cols; j++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(mk, x + (size_t)j * ldx + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < rows; r++)
+                acc[r][j] = _mm512_fmadd_ps(wv[r], xv, acc[r][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < rows; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < cols; j++)
+            dots[r * cols + j] = _mm512_reduce_add_ps(acc[r][j]);
+}
+
+ALWAYS_INLINE void gemv_rows(const int rows, int cols, int K, const uint16_t *w, size_t ldw,
+                             const float *x, size_t ldx, float *dots)
+{
+    switch (cols) {
+    case 1: gemv_block(rows, 1, K, w, ldw, x, ldx, dots); break;
+    case 2: gemv_block(rows, 2, K, w, ldw, x, ldx, dots); break;
+    case 3: gemv_block(rows, 3, K, w, ldw, x, ldx, dots); break;
+    case 4: gemv_block(rows, 4, K, w, ldw, x, ldx, dots); break;
+    default: assert(!"gemv: cols out of range");
+    }
+}
+
+static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const float *x,
+                 size_t ldx, float *dots)
+{
+    switch (rows) {
+    case 1: gemv_rows(1, cols, K, w, ldw, x, ldx, dots); break;
+    case 2: gemv_rows(2, cols, K, w, ldw, x, ldx, dots); break;
+    case 3: gemv_rows(3, cols, K, w, ldw, x, ldx, dots); break;
+    case 4: gemv_rows(4, cols, K, w, ldw, x, ldx, dots); break;
+    default: assert(!"gemv: rows out of range");
+    }
+}
+
+/* ---- pack_block --------------------------------------------------------------- */
+
+/* 16 rows of 16 bf16 → f32, transposed in registers: three rounds of
+ * shuffles pair rows at distance 1, 2 (unpack, shuffle) and 4, 8 (128-bit
+ * lane permutes). */
+static void pack_block(float *dst, size_t ldd, const uint16_t *src, size_t lds)
+{
+    __m512 r[LANES], t[LANES];
+#pragma GCC unroll 16
+    for (int c = 0; c < LANES; c++)
+        r[c] = bf16_to_f32(_mm256_loadu_si256((const __m256i *)(src + (size_t)c * lds)));
+#pragma GCC unroll 8
+    for (int c = 0; c < LANES; c += 2) {
+        t[c] = _mm512_unpacklo_ps(r[c], r[c + 1]);
+        t[c + 1] = _mm512_unpackhi_ps(r[c], r[c + 1]);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < LANES; c += 4) {
+        r[c] = _mm512_shuffle_ps(t[c], t[c + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[c + 1] = _mm512_shuffle_ps(t[c], t[c + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[c + 2] = _mm512_shuffle_ps(t[c + 1], t[c + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[c + 3] = _mm512_shuffle_ps(t[c + 1], t[c + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        t[c] = _mm512_shuffle_f32x4(r[c], r[c + 4], _MM_SHUFFLE(2, 0, 2, 0));
+        t[c + 4] = _mm512_shuffle_f32x4(r[c + 8], r[c + 12], _MM_SHUFFLE(2, 0, 2, 0));
+        t[c + 8] = _mm512_shuffle_f32x4(r[c], r[c + 4], _MM_SHUFFLE(3, 1, 3, 1));
+        t[c + 12] = _mm512_shuffle_f32x4(r[c + 8], r[c + 12], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm512_shuffle_f32x4(t[c], t[c + 4], _MM_SHUFFLE(2, 0, 2, 0));
+        r[c + 4] = _mm512_shuffle_f32x4(t[c + 8], t[c + 12], _MM_SHUFFLE(2, 0, 2, 0));
+        r[c + 8] = _mm512_shuffle_f32x4(t[c], t[c + 4], _MM_SHUFFLE(3, 1, 3, 1));
+        r[c + 12] = _mm512_shuffle_f32x4(t[c + 8], t[c + 12], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+#pragma GCC unroll 16
+    for (int p = 0; p < LANES; p++)
+        _mm512_storeu_ps(dst + (size_t)p * ldd, r[p]);
+}
+
+/* ---- softmax_block -------------------------------------------------------- */
+
+static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, float *m, float *l,
+                          float *alpha)
+{
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    for (int c = 0; c < nq; c += LANES) {
+        const __mmask16 mk = lane_mask(nq - c);
+        const __m512 m_old = _mm512_maskz_loadu_ps(mk, m + c);
+        __m512 mx = m_old;
+        for (int j = 0; j < nk; j++) {
+            const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, s + (size_t)j * lds + c), vscale);
+            mx = _mm512_max_ps(x, mx);
+        }
+        const __mmask16 none = _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ);
+        const __m512 sh = _mm512_mask_mov_ps(mx, none, _mm512_setzero_ps());
+        __m512 sum = _mm512_setzero_ps();
+        for (int j = 0; j < nk; j++) {
+            float *sj = s + (size_t)j * lds + c;
+            const __m512 e = exp_ps(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(mk, sj), vscale, sh));
+            _mm512_mask_storeu_ps(sj, mk, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        const __m512 a = exp_ps(_mm512_sub_ps(m_old, sh));
+        _mm512_mask_storeu_ps(alpha + c, mk, a);
+        _mm512_mask_storeu_ps(l + c, mk, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, l + c), a, sum));
+        _mm512_mask_storeu_ps(m + c, mk, mx);
+    }
+}
+
+const ml_cpu_kernels ml_cpu_kernels_avx512 = {
+    .isa = ML_CPU_ISA_AVX512,
+    .gemm_tile = gemm_tile,
+    .tile_rows = TILE_ROWS,
+    .tile_cols = TILE_COLS,
+    .gemv = gemv,
+    .gemv_rows = GEMV_ROWS,
+    .gemv_cols = GEMV_COLS,
+    .pack_block = pack_block,
+    .pack_block_size = LANES,
+    .softmax_block = softmax_block,
+};
+
+#endif

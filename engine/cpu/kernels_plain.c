@@ -1,0 +1,99 @@
+/* Portable kernels: the readable reference of cpu_kernels.h, and the path
+ * used on CPUs without AVX2. Plain loops, f32 accumulation in the order the
+ * contract states. */
+#include <assert.h>
+#include <math.h>
+
+#include "cpu/cpu_kernels.h"
+#include "dtype.h"
+
+/* Shapes the drivers tile with; the loops below accept any size. */
+#define TILE_ROWS 4
+#define TILE_COLS 16
+#define GEMV_ROWS 4
+#define GEMV_COLS 4
+#define PACK_BLOCK 8
+
+static void gemm_tile(int m, int n, int k, const float *a, size_t a_rs, size_t a_cs,
+                      const float *b, size_t ldb, float *c, size_t ldc)
+{
+    for (int i = 0; i < m; i++) {
+        for (int j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (int p = 0; p < k; p++)
+                acc += a[(size_t)i * a_rs + (size_t)p * a_cs] * b[(size_t)p * ldb + j];
+            c[(size_t)i * ldc + j] += acc;
+        }
+    }
+}
+
+static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const float *x,
+                 size_t ldx, float *dots)
+{
+    for (int r = 0; r < rows; r++) {
+        for (int j = 0; j < cols; j++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++)
+                acc += ml_bf16_to_f32(w[(size_t)r * ldw + k]) * x[(size_t)j * ldx + k];
+            dots[r * cols + j] = acc;
+        }
+    }
+}
+
+static void pack_block(float *dst, size_t ldd, const uint16_t *src, size_t lds)
+{
+    for (int c = 0; c < PACK_BLOCK; c++)
+        for (int p = 0; p < PACK_BLOCK; p++)
+            dst[(size_t)p * ldd + c] = ml_bf16_to_f32(src[(size_t)c * lds + p]);
+}
+
+static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, float *m, float *l,
+                          float *alpha)
+{
+    for (int c = 0; c < nq; c++) {
+        float mx = m[c];
+        for (int j = 0; j < nk; j++) {
+            float x = s[(size_t)j * lds + c] * scale;
+            mx = x > mx ? x : mx;
+        }
+        const float sh = mx == -INFINITY ? 0.0f : mx;
+        float sum = 0.0f;
+        for (int j = 0; j < nk; j++) {
+            float *e = &s[(size_t)j * lds + c];
+            *e = expf(*e * scale - sh);
+            sum += *e;
+        }
+        alpha[c] = expf(m[c] - sh);
+        l[c] = l[c] * alpha[c] + sum;
+        m[c] = mx;
+    }
+}
+
+const ml_cpu_kernels ml_cpu_kernels_plain = {
+    .isa = ML_CPU_ISA_PLAIN,
+    .gemm_tile = gemm_tile,
+    .tile_rows = TILE_ROWS,
+    .tile_cols = TILE_COLS,
+    .gemv = gemv,
+    .gemv_rows = GEMV_ROWS,
+    .gemv_cols = GEMV_COLS,
+    .pack_block = pack_block,
+    .pack_block_size = PACK_BLOCK,
+    .softmax_block = softmax_block,
+};
+
+const ml_cpu_kernels *ml_cpu_kernels_for(ml_cpu_isa isa)
+{
+    switch (isa) {
+    case ML_CPU_ISA_PLAIN: return &ml_cpu_kernels_plain;
+#if ML_CPU_X86
+    case ML_CPU_ISA_AVX2: return &ml_cpu_kernels_avx2;
+    case ML_CPU_ISA_AVX512: return &ml_cpu_kernels_avx512;
+#else
+    case ML_CPU_ISA_AVX2:
+    case ML_CPU_ISA_AVX512: break;
+#endif
+    }
+    assert(!"ISA not built for this architecture");
+    return &ml_cpu_kernels_plain;
+}

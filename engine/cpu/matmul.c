@@ -1,0 +1,198 @@
+/* matmul: y (M, N) = x (M, K) · wᵀ + bias, w bf16 (N, K) as in checkpoints,
+ * x and y f32, f32 accumulation. Weights are widened to f32 exactly and
+ * activations are never rounded to bf16, as in the f32 golden references
+ * (AVX-512 BF16's vdpbf16ps would round x to bf16 first; it is not used).
+ *
+ * Two regimes:
+ * - M <= GEMV_MAX_M (decode): memory-bound. Threads split N; each streams its
+ *   weight rows once, gemv_rows at a time, against up to gemv_cols activation
+ *   rows that stay in cache.
+ * - larger M (prefill, the vision tower): compute-bound blocked GEMM. Threads
+ *   form a grid over (M, N); each converts KC x NC panels of its weight rows
+ *   to f32 strips of tile_cols columns in its scratch (once per panel, reused
+ *   for all its rows) and runs the ISA's register-blocked gemm_tile on them.
+ * Within a regime, the order in which an output element is summed depends
+ * only on the ISA, never on the thread count. */
+#include "cpu/cpu_internal.h"
+#include "dtype.h"
+
+/* Largest M served by the GEMV regime (measured crossover, see the bench). */
+#define GEMV_MAX_M 16
+/* GEMM panel: KC x NC f32 (256 KiB) stays in L2 while the thread's rows run
+ * over it; NC is a multiple of every ISA's tile_cols. */
+#define GEMM_KC 256
+#define GEMM_NC 256
+/* Threads split N only while each keeps at least this many columns;
+ * otherwise they split M (and each packs the same panels). */
+#define GEMM_MIN_COLS_PER_THREAD 64
+
+typedef struct matmul_job {
+    float *y;           /* (M, N) */
+    const float *x;     /* (M, K) */
+    const uint16_t *w;  /* (N, K) bf16 */
+    const uint16_t *bias; /* (N) bf16 or NULL */
+    int M, K, N, accumulate;
+    const ml_cpu_backend *cb;
+    int grid_m, grid_n; /* GEMM thread grid */
+} matmul_job;
+
+size_t ml_cpu_matmul_scratch_floats(void)
+{
+    return (size_t)GEMM_KC * GEMM_NC;
+}
+
+static inline int imin(int a, int b)
+{
+    return a < b ? a : b;
+}
+
+static inline float bias_at(const uint16_t *bias, int n)
+{
+    return bias ? ml_bf16_to_f32(bias[n]) : 0.0f;
+}
+
+/* ---- GEMV regime ------------------------------------------------------------ */
+
+/* Weight rows [begin, end) for every activation row. */
+static void gemv_part(void *ctx, int64_t begin, int64_t end, int tid)
+{
+    const matmul_job *j = ctx;
+    const ml_cpu_kernels *kn = j->cb->kern;
+    const size_t K = (size_t)j->K, N = (size_t)j->N;
+    float dots[ML_CPU_GEMV_MAX_ROWS * ML_CPU_GEMV_MAX_COLS];
+    for (int n = (int)begin; n < (int)end; n += kn->gemv_rows) {
+        const int rows = imin(kn->gemv_rows, (int)end - n);
+        for (int m = 0; m < j->M; m += kn->gemv_cols) {
+            const int cols = imin(kn->gemv_cols, j->M - m);
+            kn->gemv(rows, cols, j->K, j->w + (size_t)n * K, K, j->x + (size_t)m * K, K, dots);
+            for (int r = 0; r < rows; r++) {
+                const float b = bias_at(j->bias, n + r);
+                for (int c = 0; c < cols; c++) {
+                    float *yp = &j->y[(size_t)(m + c) * N + (size_t)(n + r)];
+                    const float v = dots[r * cols + c] + b;
+                    *yp = j->accumulate ? *yp + v : v;
+                }
+            }
+        }
+    }
+}
+
+/* ---- GEMM regime ------------------------------------------------------------ */
+
+/* Bytes per cache line, for the prefetch stride of pack_panel. */
+#define CACHE_LINE 64
+
+/* panel (strips of nr columns, each (kc, nr) row-major) = f32 of
+ * w[n0 .. n0+nc, k0 .. k0+kc]ᵀ; columns past nc are zero. Square blocks go
+ * through the ISA's pack_block (widen + transpose in registers), ragged
+ * edges through the scalar loop. The source is nr short runs far apart,
+ * which hardware prefetchers do not follow, so the next strip's lines are
+ * prefetched while this one packs. */
+static void pack_panel(const ml_cpu_kernels *kn, float *panel, const uint16_t *w, size_t K,
+                       int n0, int nc, int k0, int kc)
+{
+    const int nr = kn->tile_cols, pb = kn->pack_block_size;
+    const int kc_blocks = kc / pb * pb;
+    const int lines_per_row = (int)((kc * sizeof *w + CACHE_LINE - 1) / CACHE_LINE);
+    for (int s = 0; s * nr < nc; s++) {
+        float *strip = panel + (size_t)s * kc * nr;
+        const int cols = imin(nr, nc - s * nr), next_cols = imin(nr, nc - (s + 1) * nr);
+        const int cols_blocks = cols / pb * pb;
+        const uint16_t *src = w + (size_t)(n0 + s * nr) * K + k0;
+        const uint16_t *next = src + (size_t)nr * K;
+        for (int p = 0; p < kc_blocks; p += pb) {
+            for (int c = 0; c < cols_blocks; c += pb)
+                kn->pack_block(strip + (size_t)p * nr + c, (size_t)nr, src + (size_t)c * K + p, K);
+            /* (row, line) = (i % nr, i / nr) for the next strip, one per step */
+            for (int i = p; i < p + pb; i++)
+                if (i % nr < next_cols && i / nr < lines_per_row)
+                    __builtin_prefetch((const char *)(next + (size_t)(i % nr) * K) +
+                                       (i / nr) * CACHE_LINE);
+        }
+        for (int p = 0; p < kc; p++) {
+            float *dst = strip + (size_t)p * nr;
+            for (int c = p < kc_blocks ? cols_blocks : 0; c < cols; c++)
+                dst[c] = ml_bf16_to_f32(src[(size_t)c * K + p]);
+            for (int c = cols; c < nr; c++)
+                dst[c] = 0.0f;
+        }
+    }
+}
+
+/* y[m0..m1, n0..n1] with the panel buffer `panel` (GEMM_KC x GEMM_NC). */
+static void gemm_block(const matmul_job *j, int m0, int m1, int n0, int n1, float *panel)
+{
+    const ml_cpu_kernels *kn = j->cb->kern;
+    const size_t K = (size_t)j->K, N = (size_t)j->N;
+    const int mr = kn->tile_rows, nr = kn->tile_cols;
+
+    for (int m = m0; m < m1; m++) {
+        float *yr = j->y + (size_t)m * N;
+        for (int n = n0; n < n1; n++)
+            yr[n] = (j->accumulate ? yr[n] : 0.0f) + bias_at(j->bias, n);
+    }
+    for (int jc = n0; jc < n1; jc += GEMM_NC) {
+        const int nc = imin(GEMM_NC, n1 - jc);
+        for (int pc = 0; pc < j->K; pc += GEMM_KC) {
+            const int kc = imin(GEMM_KC, j->K - pc);
+            pack_panel(kn, panel, j->w, K, jc, nc, pc, kc);
+            for (int ic = m0; ic < m1; ic += mr) {
+                const int m = imin(mr, m1 - ic);
+                for (int s = 0; s * nr < nc; s++)
+                    kn->gemm_tile(m, imin(nr, nc - s * nr), kc, j->x + (size_t)ic * K + pc, K, 1,
+                                  panel + (size_t)s * kc * nr, (size_t)nr,
+                                  j->y + (size_t)ic * N + (size_t)(jc + s * nr), N);
+            }
+        }
+    }
+}
+
+/* [lo, hi) of part `part` of `parts` over n elements, in whole units. */
+static void split_units(int n, int unit, int parts, int part, int *lo, int *hi)
+{
+    const int64_t units = (n + unit - 1) / unit;
+    *lo = imin(n, (int)(units * part / parts) * unit);
+    *hi = imin(n, (int)(units * (part + 1) / parts) * unit);
+}
+
+static void gemm_part(void *ctx, int64_t begin, int64_t end, int tid)
+{
+    const matmul_job *j = ctx;
+    const ml_cpu_kernels *kn = j->cb->kern;
+    for (int64_t part = begin; part < end; part++) {
+        int m0, m1, n0, n1;
+        split_units(j->M, kn->tile_rows, j->grid_m, (int)(part / j->grid_n), &m0, &m1);
+        split_units(j->N, kn->tile_cols, j->grid_n, (int)(part % j->grid_n), &n0, &n1);
+        if (m0 < m1 && n0 < n1)
+            gemm_block(j, m0, m1, n0, n1, ml_cpu_scratch(j->cb, tid));
+    }
+}
+
+void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
+                   const uint16_t *bias, int M, int K, int N, int accumulate)
+{
+    ml_cpu_backend *cb = ml_cpu_of(be);
+    if (M <= 0 || N <= 0)
+        return;
+    matmul_job job = {.y = y, .x = x, .w = w, .bias = bias, .M = M, .K = K, .N = N,
+                      .accumulate = accumulate, .cb = cb};
+    if (M <= GEMV_MAX_M) {
+        ml_cpu_pool_for(cb->pool, N, ml_cpu_grain((double)M * K), gemv_part, &job);
+        return;
+    }
+    /* One part per thread; prefer splitting N so no two threads pack the
+     * same panel. */
+    const int64_t want = (int64_t)((double)M * N * K / ML_CPU_MIN_WORK_PER_THREAD);
+    const int pool_threads = ml_cpu_pool_threads(cb->pool);
+    const int threads = want < 1 ? 1 : want < pool_threads ? (int)want : pool_threads;
+    int grid_n = 1;
+    for (int d = threads; d > 1; d--) {
+        if (threads % d == 0 && N >= d * GEMM_MIN_COLS_PER_THREAD) {
+            grid_n = d;
+            break;
+        }
+    }
+    job.grid_n = grid_n;
+    job.grid_m = threads / grid_n;
+    ml_cpu_pool_for(cb->pool, threads, 1, gemm_part, &job);
+}

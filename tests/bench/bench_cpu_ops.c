@@ -1,0 +1,317 @@
+/* Micro-benchmark of the CPU backend's heavy ops (label bench; skipped unless
+ * ML_BENCH=1). Threads: ML_BENCH_THREADS (default 2). ISAs: every one this
+ * machine supports, or only ML_CPU_ISA when set.
+ *
+ *   read bandwidth  multi-threaded streaming sum over a 1 GiB buffer: the
+ *                   ceiling for the memory-bound decode matmul
+ *   GEMV            M = 1 against 14336x4096 and 4096x14336 bf16 weights
+ *                   (gate/up and down_proj of the 11B text MLP): GB/s of
+ *                   weight bytes streamed; M = 2..32 around the GEMV/GEMM switch
+ *   GEMM            M = 6432, K = N = 1280 (a vision q/k/v/o projection over
+ *                   4 tiles): GFLOP/s
+ *   attn_vision     1 x 6432 tokens x 16 heads x 80 (one vision layer)
+ *
+ * Each result is the best of a few runs, by wall clock and by CPU time
+ * (process CPU seconds / threads). On a shared machine the wall figure is
+ * what this run got; the CPU figure is what the code does when it has the
+ * cores to itself (it still shares memory bandwidth). */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "cpu/cpu_features.h"
+#include "dtype.h"
+#include "harness.h"
+
+#define BW_BYTES ((size_t)1 << 30)
+#define BW_PASSES 5
+#define MAX_THREADS 64
+#define VISION_TILE 1608 /* 1601 tokens padded to a multiple of 8 */
+#define VISION_REAL 1601
+
+static int g_threads = 2;
+
+static double clock_s(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Best wall and CPU seconds (per thread) over `reps` calls of fn(ctx). */
+typedef struct timing {
+    double wall, cpu;
+} timing;
+
+static timing best_of(void (*fn)(void *), void *ctx, int reps)
+{
+    timing best = {1e30, 1e30};
+    for (int r = 0; r < reps; r++) {
+        const double w0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
+        fn(ctx);
+        const double w = clock_s(CLOCK_MONOTONIC) - w0;
+        const double c = (clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0) / g_threads;
+        best.wall = w < best.wall ? w : best.wall;
+        best.cpu = c < best.cpu ? c : best.cpu;
+    }
+    return best;
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes);
+    if (!p) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static uint64_t g_rng = 88172645463325252ull;
+
+static float frand(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((double)(g_rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* ---- memory read bandwidth ---------------------------------------------------- */
+
+/* 16-byte integer vectors (GCC/clang vector extension, SSE2 registers): the
+ * sum compiles to packed adds at the default -O2 and the baseline ISA, so one
+ * core can outrun memory and the measurement is of memory, not of the loop. */
+typedef uint64_t u64x2 __attribute__((vector_size(16)));
+
+typedef struct bw_arg {
+    const u64x2 *p;
+    size_t n; /* vectors, a multiple of 4 */
+    uint64_t sum;
+} bw_arg;
+
+static void *bw_sum(void *argp)
+{
+    bw_arg *a = argp;
+    /* Four named accumulators (not an array) stay in registers at -O2. */
+    u64x2 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    for (size_t i = 0; i < a->n; i += 4) {
+        s0 += a->p[i];
+        s1 += a->p[i + 1];
+        s2 += a->p[i + 2];
+        s3 += a->p[i + 3];
+    }
+    const u64x2 all = s0 + s1 + s2 + s3;
+    a->sum = all[0] + all[1];
+    return NULL;
+}
+
+typedef struct bw_job {
+    const u64x2 *buf;
+    int threads;
+    uint64_t sum;
+} bw_job;
+
+static void bw_pass(void *ctx)
+{
+    bw_job *j = ctx;
+    const size_t chunks = BW_BYTES / sizeof *j->buf / 4;
+    pthread_t tid[MAX_THREADS];
+    bw_arg arg[MAX_THREADS];
+    for (int t = 0; t < j->threads; t++) {
+        const size_t lo = chunks * t / j->threads, hi = chunks * (t + 1) / j->threads;
+        arg[t] = (bw_arg){.p = j->buf + 4 * lo, .n = 4 * (hi - lo)};
+        if (pthread_create(&tid[t], NULL, bw_sum, &arg[t]) != 0) {
+            fprintf(stderr, "pthread_create failed\n");
+            exit(1);
+        }
+    }
+    j->sum = 0;
+    for (int t = 0; t < j->threads; t++) {
+        pthread_join(tid[t], NULL);
+        j->sum += arg[t].sum;
+    }
+}
+
+/* The sums are checked so the loads cannot be elided. */
+static void bench_bandwidth(int threads)
+{
+    u64x2 *buf = aligned_alloc(64, BW_BYTES);
+    if (!buf) {
+        fprintf(stderr, "out of memory (1 GiB)\n");
+        exit(1);
+    }
+    memset(buf, 1, BW_BYTES); /* fault every page in before timing */
+    bw_job job = {.buf = buf, .threads = threads};
+    const int saved = g_threads;
+    g_threads = threads;
+    timing t = best_of(bw_pass, &job, BW_PASSES);
+    g_threads = saved;
+    if (job.sum != (BW_BYTES / sizeof(uint64_t)) * 0x0101010101010101ull) {
+        fprintf(stderr, "read bandwidth: wrong sum\n");
+        exit(1);
+    }
+    printf("read bandwidth, %d thread(s), 1 GiB: %6.1f GB/s wall  %6.1f GB/s cpu\n", threads,
+           BW_BYTES / t.wall / 1e9, BW_BYTES / t.cpu / 1e9);
+    free(buf);
+}
+
+/* ---- ops ------------------------------------------------------------------------ */
+
+typedef struct mm_job {
+    ml_backend *be;
+    float *y;
+    const float *x;
+    const uint16_t *w;
+    int M, K, N;
+} mm_job;
+
+static void mm_run(void *ctx)
+{
+    mm_job *j = ctx;
+    j->be->ops->matmul(j->be, j->y, j->x, j->w, NULL, j->M, j->K, j->N, 0);
+}
+
+/* sweep: also the M values around the GEMV/GEMM switch (first shape only). */
+static void bench_gemv(ml_backend *be, int sweep)
+{
+    static const int shapes[][2] = {{4096, 14336}, {14336, 4096}}; /* K, N */
+    static const int Ms[] = {1, 2, 4, 8, 16, 17, 24, 32};
+    const int max_m = 32;
+    for (int s = 0; s < 2; s++) {
+        const int K = shapes[s][0], N = shapes[s][1];
+        uint16_t *w = xmalloc((size_t)N * K * sizeof *w);
+        float *x = xmalloc((size_t)max_m * K * sizeof *x);
+        float *y = xmalloc((size_t)max_m * N * sizeof *y);
+        for (size_t i = 0; i < (size_t)N * K; i++)
+            w[i] = ml_f32_to_bf16(frand());
+        for (size_t i = 0; i < (size_t)max_m * K; i++)
+            x[i] = frand();
+        const double bytes = (double)N * K * sizeof *w;
+        for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++) {
+            mm_job j = {.be = be, .y = y, .x = x, .w = w, .M = Ms[m], .K = K, .N = N};
+            timing t = best_of(mm_run, &j, 7);
+            printf("  matmul M=%-2d K=%-5d N=%-5d %8.2f ms  weights %5.1f GB/s wall %5.1f cpu"
+                   "  %6.1f GFLOP/s cpu\n",
+                   j.M, K, N, t.wall * 1e3, bytes / t.wall / 1e9, bytes / t.cpu / 1e9,
+                   2.0 * j.M * K * N / t.cpu / 1e9);
+            if (!sweep || s == 1)
+                break;
+        }
+        free(w);
+        free(x);
+        free(y);
+    }
+}
+
+static void bench_gemm(ml_backend *be)
+{
+    mm_job j = {.be = be, .M = 6432, .K = 1280, .N = 1280};
+    uint16_t *w = xmalloc((size_t)j.N * j.K * sizeof *w);
+    float *x = xmalloc((size_t)j.M * j.K * sizeof *x), *y = xmalloc((size_t)j.M * j.N * sizeof *y);
+    for (size_t i = 0; i < (size_t)j.N * j.K; i++)
+        w[i] = ml_f32_to_bf16(frand());
+    for (size_t i = 0; i < (size_t)j.M * j.K; i++)
+        x[i] = frand();
+    memset(y, 0, (size_t)j.M * j.N * sizeof *y);
+    j.y = y;
+    j.x = x;
+    j.w = w;
+    timing t = best_of(mm_run, &j, 3);
+    const double flop = 2.0 * j.M * j.K * j.N;
+    printf("  matmul M=%d K=%d N=%d   %8.1f ms  %6.1f GFLOP/s wall  %6.1f GFLOP/s cpu\n", j.M,
+           j.K, j.N, t.wall * 1e3, flop / t.wall / 1e9, flop / t.cpu / 1e9);
+    free(w);
+    free(x);
+    free(y);
+}
+
+typedef struct attn_job {
+    ml_backend *be;
+    ml_attn_vision_params p;
+} attn_job;
+
+static void attn_run(void *ctx)
+{
+    attn_job *j = ctx;
+    j->be->ops->attn_vision(j->be, &j->p);
+}
+
+static void bench_attn_vision(ml_backend *be)
+{
+    const int seq = 4 * VISION_TILE, heads = 16, hd = 80;
+    const size_t n = (size_t)seq * heads * hd;
+    float *q = xmalloc(n * sizeof *q), *k = xmalloc(n * sizeof *k), *v = xmalloc(n * sizeof *v);
+    float *out = xmalloc(n * sizeof *out);
+    uint8_t *valid = xmalloc((size_t)seq);
+    for (size_t i = 0; i < n; i++) {
+        q[i] = frand();
+        k[i] = frand();
+        v[i] = frand();
+    }
+    /* A 2-tile image: tiles 2 and 3 are padding (their queries see only valid keys). */
+    for (int t = 0; t < seq; t++)
+        valid[t] = t / VISION_TILE < 2 && t % VISION_TILE < VISION_REAL;
+    attn_job j = {.be = be,
+                  .p = {.out = out, .q = q, .k = k, .v = v, .valid = valid, .n_seq = 1,
+                        .seq_len = seq, .n_heads = heads, .head_dim = hd,
+                        .scale = 1.0f / sqrtf((float)hd)}};
+    timing t = best_of(attn_run, &j, 2);
+    const double flop = 4.0 * seq * seq * heads * hd;
+    printf("  attn_vision 1x%d tokens x %d heads x %d   %8.1f ms  %6.1f GFLOP/s wall  %6.1f "
+           "GFLOP/s cpu\n",
+           seq, heads, hd, t.wall * 1e3, flop / t.wall / 1e9, flop / t.cpu / 1e9);
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(valid);
+}
+
+int main(void)
+{
+    const char *on = getenv("ML_BENCH");
+    if (!on || strcmp(on, "1") != 0)
+        ml_test_skip("benchmarks run only with ML_BENCH=1");
+    const char *tenv = getenv("ML_BENCH_THREADS");
+    g_threads = tenv ? atoi(tenv) : 2;
+    if (g_threads < 1 || g_threads > MAX_THREADS)
+        g_threads = 2;
+
+    bench_bandwidth(g_threads);
+    if (g_threads > 1)
+        bench_bandwidth(1);
+    fflush(stdout);
+
+    char forced[32] = "";
+    if (getenv("ML_CPU_ISA"))
+        snprintf(forced, sizeof forced, "%s", getenv("ML_CPU_ISA"));
+    const ml_cpu_isa best = ml_cpu_isa_detect();
+    for (ml_cpu_isa isa = ML_CPU_ISA_PLAIN; isa <= best; isa++) {
+        if (*forced && strcmp(forced, ml_cpu_isa_name(isa)) != 0)
+            continue;
+        setenv("ML_CPU_ISA", ml_cpu_isa_name(isa), 1);
+        char err[256];
+        ml_backend *be = ml_backend_cpu_create(g_threads, err, sizeof err);
+        if (!be) {
+            fprintf(stderr, "create: %s\n", err);
+            return 1;
+        }
+        printf("%s, %d threads\n", be->ops->name, g_threads);
+        /* The plain path is the readable reference, not a fast path: its
+         * compute-bound runs would take minutes unless asked for. */
+        const int full = isa != ML_CPU_ISA_PLAIN || *forced;
+        bench_gemv(be, full);
+        if (full) {
+            bench_gemm(be);
+            bench_attn_vision(be);
+        }
+        fflush(stdout);
+        be->ops->destroy(be);
+    }
+    return 0;
+}
