@@ -11,7 +11,7 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: mllama mkmodel --preset tiny|small|1b|11b --out DIR [--seed N]\n"
+    fprintf(f, "usage: mllama mkmodel --preset micro|tiny|small|1b|11b --out DIR [--seed N]\n"
                "                      [--tokenizer-dir DIR]\n\n"
                "Writes config.json, bf16 safetensors (sharded past 2 GB), the tokenizer and\n"
                "preprocessor_config.json: the real architecture with random weights.\n"

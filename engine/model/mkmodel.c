@@ -32,6 +32,7 @@
 
 typedef struct preset {
     const char *name;
+    int tile;
     int v_hidden, v_heads, v_inter, v_layers, v_global;
     int n_inter, inter[MAX_LIST];
     int t_hidden, t_heads, t_kv, t_inter, t_layers;
@@ -39,15 +40,18 @@ typedef struct preset {
 } preset;
 
 static const preset presets[] = {
-    {"tiny", 64, 2, 256, 4, 2, 2, {1, 3}, 256, 4, 2, 768, 5, 1, {2}},
-    {"small", 256, 4, 1024, 8, 2, 3, {2, 5, 7}, 1024, 8, 2, 2816, 10, 2, {3, 8}},
+    /* 56-pixel tiles (4 patches + CLS, padded to 8): a whole image costs
+     * milliseconds, for service tests that need many requests. */
+    {"micro", 56, 32, 2, 64, 2, 1, 1, {1}, 64, 2, 1, 128, 3, 1, {1}},
+    {"tiny", TILE, 64, 2, 256, 4, 2, 2, {1, 3}, 256, 4, 2, 768, 5, 1, {2}},
+    {"small", TILE, 256, 4, 1024, 8, 2, 3, {2, 5, 7}, 1024, 8, 2, 2816, 10, 2, {3, 8}},
     /* Llama 3.2 1B's decoder widths; vision layers of the real width. */
-    {"1b", 1280, 16, 5120, 8, 2, 5, {1, 3, 5, 6, 7}, 2048, 32, 8, 8192, 16, 3, {3, 8, 13}},
-    {"11b", 1280, 16, 5120, 32, 8, 5, {3, 7, 15, 23, 30}, 4096, 32, 8, 14336, 40, 8,
+    {"1b", TILE, 1280, 16, 5120, 8, 2, 5, {1, 3, 5, 6, 7}, 2048, 32, 8, 8192, 16, 3, {3, 8, 13}},
+    {"11b", TILE, 1280, 16, 5120, 32, 8, 5, {3, 7, 15, 23, 30}, 4096, 32, 8, 14336, 40, 8,
      {3, 8, 13, 18, 23, 28, 33, 38}},
 };
 
-const char *const ml_mkmodel_presets[] = {"tiny", "small", "1b", "11b", NULL};
+const char *const ml_mkmodel_presets[] = {"micro", "tiny", "small", "1b", "11b", NULL};
 
 /* ---- files -------------------------------------------------------------- */
 
@@ -116,7 +120,7 @@ static cJSON *config_json(const preset *p)
     cJSON_AddNumberToObject(v, "num_hidden_layers", p->v_layers);
     cJSON_AddNumberToObject(v, "num_global_layers", p->v_global);
     cJSON_AddStringToObject(v, "hidden_act", "gelu");
-    cJSON_AddNumberToObject(v, "image_size", TILE);
+    cJSON_AddNumberToObject(v, "image_size", p->tile);
     cJSON_AddNumberToObject(v, "patch_size", PATCH);
     cJSON_AddNumberToObject(v, "num_channels", 3);
     cJSON_AddNumberToObject(v, "norm_eps", 1e-5);
@@ -154,15 +158,15 @@ static cJSON *config_json(const preset *p)
 }
 
 /* preprocessor_config.json with the published values (mllama-spec §1). */
-static cJSON *preprocessor_json(void)
+static cJSON *preprocessor_json(const preset *p)
 {
     static const double mean[] = {0.48145466, 0.4578275, 0.40821073};
     static const double std[] = {0.26862954, 0.26130258, 0.27577711};
     cJSON *c = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "image_processor_type", "MllamaImageProcessor");
     cJSON *size = cJSON_AddObjectToObject(c, "size");
-    cJSON_AddNumberToObject(size, "height", TILE);
-    cJSON_AddNumberToObject(size, "width", TILE);
+    cJSON_AddNumberToObject(size, "height", p->tile);
+    cJSON_AddNumberToObject(size, "width", p->tile);
     cJSON_AddNumberToObject(c, "max_image_tiles", MAX_TILES);
     cJSON_AddNumberToObject(c, "resample", 2);
     cJSON_AddNumberToObject(c, "rescale_factor", 1.0 / 255.0);
@@ -242,12 +246,12 @@ ml_status ml_mkmodel(const char *name, const char *dir, const char *tokenizer_di
             p = &presets[i];
     if (!p)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
-                       "unknown preset '%s' (tiny, small, 1b, 11b)", name);
+                       "unknown preset '%s' (micro, tiny, small, 1b, 11b)", name);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return ml_fail(err, errlen, ML_ERR_IO, "%s: %s", dir, strerror(errno));
 
     char path[4096], from[4096];
-    cJSON *cj = config_json(p), *pj = preprocessor_json();
+    cJSON *cj = config_json(p), *pj = preprocessor_json(p);
     char *cfg_text = cJSON_Print(cj);
     ml_config cfg;
     ml_status rc = cfg_text ? ML_OK : ml_fail(err, errlen, ML_ERR_NOMEM, "out of memory");

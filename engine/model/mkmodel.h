@@ -10,7 +10,8 @@
 
 #include "status.h"
 
-/* Presets, from smallest: "tiny" (demo, ~70M parameters, real vocabulary
+/* Presets, from smallest: "micro" (service tests: 56-pixel tiles, 3
+ * layers, the real vocabulary), "tiny" (demo, ~70M parameters, real vocabulary
  * and tile geometry), "small" (~0.5B), "1b" (a ~1B-parameter text decoder
  * with real-width vision layers, for bandwidth measurements) and "11b" (the
  * published Llama 3.2 11B Vision shapes). */
