@@ -184,7 +184,7 @@ static ml_status check_model_options(loader *ld, const cJSON *model, bool *ignor
         if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && v->valuestring[0] == '\0'))
             return unsupported(ld, "model has a subword prefix or suffix");
     }
-    bool byte_fallback;
+    bool byte_fallback = false;
     ml_status st = bool_field(ld, model, "model", "byte_fallback", false, &byte_fallback);
     if (st != ML_OK)
         return st;
@@ -227,7 +227,7 @@ static ml_status load_vocab(loader *ld, const cJSON *vocab)
 {
     ml_tokenizer *tok = ld->tok;
     for (const cJSON *e = vocab->child; e; e = e->next) {
-        int32_t id;
+        int32_t id = 0;
         ml_status st = id_value(ld, e, "model.vocab", e->string, &id);
         if (st != ML_OK)
             return st;
@@ -388,11 +388,12 @@ static ml_status load_added(loader *ld, const cJSON *added)
         if (!content || !content[0])
             return ml_fail(ld->err, ld->errlen, ML_ERR_FORMAT, "%s: %s has no content",
                            ld->name, where);
-        int32_t id;
+        int32_t id = 0;
         ml_status st = id_value(ld, cJSON_GetObjectItemCaseSensitive(a, "id"), where, content, &id);
         if (st != ML_OK)
             return st;
-        bool special, lstrip, rstrip, single_word, normalized;
+        bool special = false, lstrip = false, rstrip = false;
+        bool single_word = false, normalized = false;
         if ((st = bool_field(ld, a, where, "special", false, &special)) != ML_OK ||
             (st = bool_field(ld, a, where, "lstrip", false, &lstrip)) != ML_OK ||
             (st = bool_field(ld, a, where, "rstrip", false, &rstrip)) != ML_OK ||
@@ -448,7 +449,7 @@ static ml_status measure(loader *ld, const cJSON *vocab, const cJSON *added, con
     memset(sz, 0, sizeof *sz);
     int32_t max_id = -1;
     for (const cJSON *e = vocab->child; e; e = e->next) {
-        int32_t id;
+        int32_t id = 0;
         ml_status st = id_value(ld, e, "model.vocab", e->string, &id);
         if (st != ML_OK)
             return st;
@@ -464,7 +465,7 @@ static ml_status measure(loader *ld, const cJSON *vocab, const cJSON *added, con
             return ml_fail(ld->err, ld->errlen, ML_ERR_FORMAT, "%s: %s is not an object",
                            ld->name, where);
         const char *content = str_field(a, "content");
-        int32_t id;
+        int32_t id = 0;
         ml_status st = id_value(ld, cJSON_GetObjectItemCaseSensitive(a, "id"), where,
                                 content ? content : "", &id);
         if (st != ML_OK)
@@ -532,7 +533,7 @@ static ml_status build(loader *ld, const cJSON *root)
     if (added && !cJSON_IsArray(added) && !cJSON_IsNull(added))
         return ml_fail(ld->err, ld->errlen, ML_ERR_FORMAT, "%s: added_tokens is not an array",
                        ld->name);
-    bool ignore_merges;
+    bool ignore_merges = false;
     if ((st = check_model_options(ld, model, &ignore_merges)) != ML_OK)
         return st;
     ld->tok->ignore_merges = ignore_merges;
