@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend_select.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "engine.h"
@@ -28,7 +29,7 @@ static void usage(FILE *f)
             "usage: mllama run --model DIR [--image FILE]... (--prompt TEXT | --chat TEXT | --ids 1,2,3)\n"
             "                  [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
             "                  [--seed S] [--stop STR]... [--logits-out F.npy] [--json] [--threads N]\n"
-            "                  [--kv-mib N] [--image-mib N]\n"
+            "                  [--kv-mib N] [--image-mib N] [--backend auto|cpu|cuda]\n"
             "       mllama run --model DIR --batch FILE.jsonl [--threads N] [--kv-mib N] [--image-mib N]\n\n"
             "--prompt is raw text (special tokens parsed; <|begin_of_text|> is inserted after\n"
             "any leading <|image|> tokens when absent, as MllamaProcessor does); --chat wraps\n"
@@ -37,7 +38,10 @@ static void usage(FILE *f)
             "JSON object with prompt/output ids, text and timings instead.\n"
             "--batch: one JSON object per line with \"prompt\", \"chat\" or \"ids\", optional\n"
             "\"images\" (paths), \"max_tokens\", \"temperature\", \"top_p\", \"top_k\", \"min_p\",\n"
-            "\"seed\", \"stop\"; prints one JSON result per request and the throughput.\n");
+            "\"seed\", \"stop\", and \"after\": the 0-based index of an earlier line, to submit\n"
+            "this request only once that one has finished (e.g. an image-cache hit after a\n"
+            "miss); the others are submitted at once. Prints one JSON result per request and\n"
+            "the throughput.\n");
 }
 
 /* ==========================================================================
@@ -67,7 +71,8 @@ typedef struct run_job {
     float *logits;              /* owned (n_logit_rows, vocab) when collecting */
     size_t n_logit_rows, logit_cap;
     int collect_logits, vocab;
-    int done;
+    int after;                  /* batch: index of the request to wait for, or -1 */
+    int submitted, done;
     ml_finish_reason reason;
     ml_request_error error;
     char message[256];
@@ -402,7 +407,7 @@ static int spec_from_json(const cJSON *o, int line, job_spec *spec)
  * ========================================================================== */
 
 typedef struct run_opts {
-    const char *model_dir, *batch, *logits_out;
+    const char *model_dir, *batch, *logits_out, *backend;
     int json, threads;
     long kv_mib, image_mib;
     job_spec spec;
@@ -414,6 +419,7 @@ static int parse_args(int argc, char **argv, run_opts *o)
     o->spec.sampling.temperature = 0;
     o->spec.sampling.max_tokens = DEFAULT_MAX_TOKENS;
     o->kv_mib = DEFAULT_KV_MIB;
+    o->backend = "auto";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
@@ -438,6 +444,8 @@ static int parse_args(int argc, char **argv, run_opts *o)
             o->batch = v;
         else if (!strcmp(a, "--logits-out"))
             o->logits_out = v;
+        else if (!strcmp(a, "--backend"))
+            o->backend = v;
         else if (!strcmp(a, "--image")) {
             if (o->spec.n_images == MAX_IMAGES) {
                 fprintf(stderr, CMD ": at most %d images\n", MAX_IMAGES);
@@ -516,7 +524,8 @@ static void ctx_deinit(run_ctx *c)
 static int ctx_init(run_ctx *c, const run_opts *o, int max_images)
 {
     char err[512], path[4096];
-    if (!(c->be = ml_backend_cpu_create(o->threads, err, sizeof err))) {
+    const char *chosen;
+    if (!(c->be = svc_backend_create(o->backend, o->threads, 0, &chosen, err, sizeof err))) {
         fprintf(stderr, CMD ": %s\n", err);
         return -1;
     }
@@ -608,34 +617,76 @@ static int run_single(run_ctx *c, const run_opts *o)
     return rc;
 }
 
-static int run_batch(run_ctx *c, const run_opts *o, cJSON **lines, int n)
+/* A batch line's "after" (absent: -1), which must name an earlier line so
+ * that the requests form no cycle. */
+static int after_of(const cJSON *o, int index, int *after)
 {
-    run_job *jobs = calloc((size_t)n + 1, sizeof *jobs);
-    if (!jobs)
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "after");
+    *after = -1;
+    if (!v)
+        return 0;
+    double a = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    if (!(a >= 0 && a < index) || a != (double)(int)a) {
+        fprintf(stderr, CMD ": batch line %d: \"after\" must be the index of an earlier line\n",
+                index + 1);
         return -1;
-    int rc = 0, submitted = 0;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int i = 0; i < n && rc == 0; i++) {
+    }
+    *after = (int)a;
+    return 0;
+}
+
+/* Submit every request not yet submitted whose "after" request is done. */
+static int submit_ready(run_ctx *c, cJSON **lines, run_job *jobs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        run_job *j = &jobs[i];
+        if (j->submitted || (j->after >= 0 && !jobs[j->after].done))
+            continue;
         job_spec spec = {0};
         ml_sampling_params_default(&spec.sampling);
         spec.sampling.temperature = 0;
         spec.sampling.max_tokens = DEFAULT_MAX_TOKENS;
         set_stop_ids(c, &spec.sampling);
+        if (spec_from_json(lines[i], i + 1, &spec) || submit(c, &spec, j))
+            return -1;
+        j->submitted = 1;
+    }
+    return 0;
+}
+
+static int run_batch(run_ctx *c, const run_opts *o, cJSON **lines, int n)
+{
+    run_job *jobs = calloc((size_t)n + 1, sizeof *jobs);
+    if (!jobs)
+        return -1;
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
         jobs[i].index = i;
         ml_token_buf_init(&jobs[i].prompt);
         ml_token_buf_init(&jobs[i].output);
-        rc = spec_from_json(lines[i], i + 1, &spec) || submit(c, &spec, &jobs[i]);
-        submitted += rc == 0;
+        if (rc == 0)
+            rc = after_of(lines[i], i, &jobs[i].after);
     }
-    if (rc == 0)
-        rc = drain(c);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* Each "after" names an earlier line, so when nothing is active every
+     * request has been submitted: the lowest unsubmitted one would wait
+     * for a finished request. */
+    char err[512];
+    while (rc == 0) {
+        rc = submit_ready(c, lines, jobs, n);
+        if (rc || ml_runtime_active(c->rt) == 0)
+            break;
+        if (ml_runtime_step(c->rt, err, sizeof err) != ML_OK) {
+            fprintf(stderr, CMD ": %s\n", err);
+            rc = -1;
+        }
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double wall = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     long generated = 0, prompt = 0;
-    for (int i = 0; i < submitted; i++) {
-        if (rc == 0)
-            print_json_line(result_json(&jobs[i]));
+    for (int i = 0; rc == 0 && i < n; i++) {
+        print_json_line(result_json(&jobs[i]));
         generated += jobs[i].usage.completion_tokens;
         prompt += jobs[i].usage.prompt_tokens;
     }

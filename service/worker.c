@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend_select.h"
 #include "log.h"
 #include "metrics.h"
 #include "mock_kafka.h"
@@ -479,11 +480,8 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
                        errlen) != ML_OK)
             return -1;
     }
-    if (!strcmp(c->model.backend, "cuda")) {
-        svc_errf(err, errlen, "model.backend cuda: this build has no CUDA backend linked");
-        return -1;
-    }
-    if (!(w->be = ml_backend_cpu_create(c->model.threads, err, errlen)))
+    if (!(w->be = svc_backend_create(c->model.backend, c->model.threads, 0, &w->backend_name,
+                                      err, errlen)))
         return -1;
     ml_model_limits lim = ml_model_limits_default();
     lim.max_step_tokens = c->runtime.max_step_tokens;
@@ -617,7 +615,7 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
         svc_worker_destroy(w);
         return NULL;
     }
-    svc_metrics_set_info(MLLAMA_VERSION, "cpu", w->model_name, w->fingerprint);
+    svc_metrics_set_info(MLLAMA_VERSION, w->backend_name, w->model_name, w->fingerprint);
     if (connect_redis(w, err, errlen) || connect_kafka(w, err, errlen)) {
         *code = SVC_WORKER_EXIT_KAFKA;
         svc_worker_destroy(w);
@@ -633,8 +631,9 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     }
     atomic_store(&w->health.model_loaded, 1);
     svc_log(SVC_LOG_INFO, "worker_started",
-            "worker %s, model %s (%s), brokers %s, group %s, http :%d", w->cfg.worker_id,
-            w->model_name, w->fingerprint, w->brokers, w->cfg.kafka.group, svc_http_port(w->http));
+            "worker %s, model %s (%s) on %s, brokers %s, group %s, http :%d", w->cfg.worker_id,
+            w->model_name, w->fingerprint, w->backend_name, w->brokers, w->cfg.kafka.group,
+            svc_http_port(w->http));
     return w;
 }
 

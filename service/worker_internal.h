@@ -98,6 +98,7 @@ struct svc_worker {
 
     /* Engine (step thread after start). */
     ml_backend *be;
+    const char *backend_name;   /* "cpu" or "cuda" (static) */
     ml_model *model;
     ml_tokenizer *tok;
     ml_runtime *rt;
