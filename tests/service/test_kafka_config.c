@@ -1,0 +1,243 @@
+/* The Kafka layer's configuration surface and the log helper, without a
+ * cluster: pass-through properties (errors name the key, fixed keys are
+ * refused), the mock's topic specification (hostile input), and one JSON
+ * object per log line whatever the message holds. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "harness.h"
+#include "kafka.h"
+#include "log.h"
+#include "mock_kafka.h"
+
+/* Counts reports into *opaque when given one. */
+static void on_delivery(void *opaque, const svc_delivery *d)
+{
+    if (opaque)
+        (*(int *)opaque)++;
+}
+
+/* Create a consumer with one pass-through property; expect `want` and, on
+ * error, `needle` in the message. */
+static void consumer_kv(const char *key, const char *value, svc_kafka_status want,
+                        const char *needle)
+{
+    const char *topics[] = {"requests"};
+    svc_kafka_kv kv = {key, value};
+    svc_consumer_config cfg = {
+        .brokers = "127.0.0.1:1", .group_id = "g", .topics = topics, .n_topics = 1,
+        .kafka = &kv, .n_kafka = 1,
+    };
+    char err[512] = "";
+    svc_consumer *c = NULL;
+    svc_kafka_status st = svc_consumer_create(&cfg, &c, err, sizeof err);
+    check(st == want, "consumer %s=%s: %s (%s), want %s", key ? key : "(null)",
+          value ? value : "(null)", svc_kafka_status_name(st), err, svc_kafka_status_name(want));
+    if (st != SVC_KAFKA_OK)
+        check(c == NULL && strstr(err, needle), "error for %s names it: %s", needle, err);
+    svc_consumer_destroy(c);
+}
+
+static void producer_kv(const char *key, const char *value, svc_kafka_status want,
+                        const char *needle)
+{
+    svc_kafka_kv kv = {key, value};
+    svc_producer_config cfg = {.brokers = "127.0.0.1:1", .kafka = &kv, .n_kafka = 1,
+                               .on_delivery = on_delivery, .close_flush_ms = 1};
+    char err[512] = "";
+    svc_producer *p = NULL;
+    svc_kafka_status st = svc_producer_create(&cfg, &p, err, sizeof err);
+    check(st == want, "producer %s=%s: %s (%s)", key, value, svc_kafka_status_name(st), err);
+    if (st != SVC_KAFKA_OK)
+        check(p == NULL && strstr(err, needle), "error for %s names it: %s", needle, err);
+    svc_producer_destroy(p);
+}
+
+static void test_pass_through(void)
+{
+    consumer_kv("session.timeout.ms", "6000", SVC_KAFKA_OK, "");
+    consumer_kv("no.such.property", "1", SVC_KAFKA_ERR_CONFIG, "kafka.no.such.property");
+    consumer_kv("session.timeout.ms", "soon", SVC_KAFKA_ERR_CONFIG, "kafka.session.timeout.ms");
+    consumer_kv("enable.auto.offset.store", "true", SVC_KAFKA_ERR_CONFIG,
+                "kafka.enable.auto.offset.store: fixed");
+    consumer_kv("enable.auto.commit", "false", SVC_KAFKA_ERR_CONFIG, "kafka.enable.auto.commit");
+    consumer_kv(NULL, "1", SVC_KAFKA_ERR_CONFIG, "kafka[0]");
+    consumer_kv("client.id", NULL, SVC_KAFKA_ERR_CONFIG, "kafka[0]");
+    producer_kv("linger.ms", "0", SVC_KAFKA_OK, "");
+    producer_kv("enable.idempotence", "false", SVC_KAFKA_ERR_CONFIG,
+                "kafka.enable.idempotence: fixed");
+    producer_kv("linger.ms", "-7", SVC_KAFKA_ERR_CONFIG, "kafka.linger.ms");
+
+    const char *topics[] = {"requests"};
+    svc_consumer_config no_group = {.brokers = "127.0.0.1:1", .topics = topics, .n_topics = 1};
+    svc_consumer *c = (svc_consumer *)&no_group; /* must be reset to NULL */
+    char err[256];
+    check(svc_consumer_create(&no_group, &c, err, sizeof err) == SVC_KAFKA_ERR_CONFIG && !c &&
+              strstr(err, "group.id"),
+          "a consumer without group.id: %s", err);
+    svc_consumer_config no_topic = {.brokers = "127.0.0.1:1", .group_id = "g"};
+    check(svc_consumer_create(&no_topic, &c, err, sizeof err) == SVC_KAFKA_ERR_CONFIG,
+          "a consumer without topics: %s", err);
+    svc_producer_config no_cb = {.brokers = "127.0.0.1:1"};
+    svc_producer *p = (svc_producer *)&no_cb;
+    check(svc_producer_create(&no_cb, &p, err, sizeof err) == SVC_KAFKA_ERR_CONFIG && !p,
+          "a producer without a delivery callback: %s", err);
+    svc_consumer_destroy(NULL);
+    svc_producer_destroy(NULL);
+}
+
+/* A producer that cannot reach any broker: records queue, then the bound on
+ * a full queue answers ERR_QUEUE_FULL, both on the delivery-report thread
+ * (which polls while it waits) and on another thread (which sleeps). */
+static void test_queue_full(void)
+{
+    enum { LIMIT = 5, WAIT_MS = 50 };
+    const svc_kafka_kv kv[] = {{"queue.buffering.max.messages", "5"}};
+    int reports = 0;
+    svc_producer_config cfg = {.brokers = "127.0.0.1:1", .kafka = kv, .n_kafka = 1,
+                               .on_delivery = on_delivery, .opaque = &reports,
+                               .queue_full_ms = WAIT_MS, .close_flush_ms = 1};
+    svc_producer *p;
+    char err[256];
+    check(svc_producer_create(&cfg, &p, err, sizeof err) == SVC_KAFKA_OK, "producer: %s", err);
+    svc_producer_poll(p, 0); /* this thread serves the reports */
+    svc_kafka_record r = {.topic = "t", .partition = RD_KAFKA_PARTITION_UA, .key = "k",
+                          .key_len = 1, .value = "v", .value_len = 1};
+    for (int i = 0; i < LIMIT; i++)
+        check(svc_producer_produce(p, &r, err, sizeof err) == SVC_KAFKA_OK, "record %d: %s", i,
+              err);
+    check(svc_producer_queued(p) >= LIMIT, "queued %d", svc_producer_queued(p));
+    svc_kafka_status st = svc_producer_produce(p, &r, err, sizeof err);
+    check(st == SVC_KAFKA_ERR_QUEUE_FULL && strstr(err, "t:"),
+          "a full queue is reported after the bound: %s (%s)", svc_kafka_status_name(st), err);
+    check(!svc_producer_fatal(p, err, sizeof err), "queue full is not fatal");
+    svc_kafka_header nameless = {NULL, "x", 1};
+    r.headers = &nameless;
+    r.n_headers = 1;
+    check(svc_producer_produce(p, &r, err, sizeof err) == SVC_KAFKA_ERR_CONFIG,
+          "a header without a name: %s", err);
+    svc_producer_destroy(p);
+    check(reports == LIMIT, "destroy purged the queue and reported every record (%d)", reports);
+}
+
+static void test_mock_topics(void)
+{
+    static const struct {
+        const char *spec;
+        const char *needle; /* NULL: accepted */
+    } cases[] = {
+        /* Each accepted spec starts a cluster, and stopping one takes librdkafka 1 s. */
+        {"requests:8,replies:8,dlt:1,cancel:1,a.b_c-d:1024", NULL},
+        {"", NULL},
+        {"requests", "entry 0 'requests': expected name:partitions"},
+        {"requests:0", "partitions must be 1..1024"},
+        {"requests:1025", "partitions must be 1..1024"},
+        {"requests:99999999999999999999999", "partitions must be 1..1024"},
+        {"requests:-1", "partitions must be 1..1024"},
+        {"requests:4x", "partitions must be 1..1024"},
+        {"requests:", "partitions must be 1..1024"},
+        {":4", "expected name:partitions"},
+        {"a b:1", "uses only"},
+        {"a/b:1", "uses only"},
+        {"a:1,", "empty after the last ','"},
+        {",a:1", "entry 0"},
+        {"a:1,,b:1", "entry 1"},
+        {"a:1,a:2", "topic a is listed twice"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        svc_mock_kafka *m = (svc_mock_kafka *)&cases[i]; /* must be reset */
+        char err[512] = "";
+        svc_kafka_status st = svc_mock_kafka_create(1, cases[i].spec, &m, err, sizeof err);
+        if (!cases[i].needle)
+            check(st == SVC_KAFKA_OK && m && strstr(svc_mock_kafka_bootstraps(m), "127.0.0.1:"),
+                  "spec '%s' accepted: %s", cases[i].spec, err);
+        else
+            check(st != SVC_KAFKA_OK && !m && strstr(err, cases[i].needle),
+                  "spec '%s' refused with '%s': %s", cases[i].spec, cases[i].needle, err);
+        svc_mock_kafka_destroy(st == SVC_KAFKA_OK ? m : NULL);
+    }
+    char long_name[300];
+    memset(long_name, 'x', 250);
+    strcpy(long_name + 250, ":1");
+    svc_mock_kafka *m;
+    char err[512];
+    check(svc_mock_kafka_create(1, long_name, &m, err, sizeof err) == SVC_KAFKA_ERR_CONFIG &&
+              strlen(err) < 400,
+          "a 250-character name is refused and quoted briefly: %s", err);
+    char many[2 * (SVC_MOCK_KAFKA_MAX_TOPICS + 1) + 4];
+    memset(many, ',', sizeof many - 1);
+    many[sizeof many - 1] = '\0';
+    check(svc_mock_kafka_create(1, many, &m, err, sizeof err) == SVC_KAFKA_ERR_CONFIG &&
+              strstr(err, "at most"),
+          "too many entries: %s", err);
+    check(svc_mock_kafka_create(0, "", &m, err, sizeof err) == SVC_KAFKA_ERR_CONFIG,
+          "0 brokers: %s", err);
+    check(svc_mock_kafka_create(SVC_MOCK_KAFKA_MAX_BROKERS + 1, "", &m, err, sizeof err) ==
+              SVC_KAFKA_ERR_CONFIG,
+          "too many brokers: %s", err);
+    svc_mock_kafka_destroy(NULL);
+}
+
+static void test_log_lines(void)
+{
+    FILE *f = tmpfile();
+    check(f != NULL, "tmpfile");
+    if (!f)
+        return;
+    svc_log_set_output(f);
+    svc_log_set_level(SVC_LOG_INFO);
+    svc_log(SVC_LOG_DEBUG, "test.hidden", "below the threshold");
+    svc_log(SVC_LOG_INFO, "test.escape", "quote \" backslash \\ newline \n tab \t bell \a end");
+    char big[5000];
+    memset(big, '"', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    svc_log(SVC_LOG_ERROR, "test.long", "%s", big);
+    svc_log_set_output(NULL);
+
+    rewind(f);
+    char line[16384];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        n++;
+        cJSON *j = cJSON_Parse(line);
+        check(j != NULL, "line %d is one JSON object: %.80s", n, line);
+        const cJSON *ev = cJSON_GetObjectItemCaseSensitive(j, "event");
+        const cJSON *msg = cJSON_GetObjectItemCaseSensitive(j, "msg");
+        const cJSON *lvl = cJSON_GetObjectItemCaseSensitive(j, "level");
+        const cJSON *ts = cJSON_GetObjectItemCaseSensitive(j, "ts");
+        check(cJSON_IsString(ev) && cJSON_IsString(msg) && cJSON_IsString(lvl) &&
+                  cJSON_IsString(ts) && strlen(ts->valuestring) == 24,
+              "line %d has ts, level, event, msg", n);
+        if (n == 1 && cJSON_IsString(msg))
+            check(!strcmp(msg->valuestring,
+                          "quote \" backslash \\ newline \n tab \t bell \a end") &&
+                      !strcmp(lvl->valuestring, "info"),
+                  "escaped message round-trips: %s", msg->valuestring);
+        if (n == 2 && cJSON_IsString(msg))
+            check(strlen(msg->valuestring) > 1000 && !strcmp(lvl->valuestring, "error"),
+                  "a long message is cut, still valid JSON (%zu)", strlen(msg->valuestring));
+        cJSON_Delete(j);
+    }
+    check(n == 2, "two lines written (debug filtered): %d", n);
+    fclose(f);
+
+    svc_log_level l = SVC_LOG_INFO;
+    check(svc_log_level_parse("warn", &l) == 0 && l == SVC_LOG_WARN, "parse warn");
+    check(svc_log_level_parse("loud", &l) == -1 && l == SVC_LOG_WARN, "unknown level refused");
+}
+
+int main(void)
+{
+    /* Clients pointed at 127.0.0.1:1 log refused connections: not news here. */
+    svc_log_set_level(SVC_LOG_ERROR);
+    FILE *devnull = fopen("/dev/null", "w");
+    svc_log_set_output(devnull);
+    test_pass_through();
+    test_queue_full();
+    test_mock_topics();
+    test_log_lines();
+    if (devnull)
+        fclose(devnull);
+    return check_done();
+}
