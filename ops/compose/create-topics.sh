@@ -1,0 +1,44 @@
+#!/bin/sh
+# Creates the worker's Kafka topics; safe to run again (--if-not-exists).
+# The compose stack's one-shot `topics` service runs it inside the apache/kafka
+# image; against a real cluster (RUNBOOK "Deploy"):
+#
+#   BOOTSTRAP=kafka-0.kafka:9092 REPLICATION=3 \
+#     KAFKA_TOPICS=/path/to/kafka/bin/kafka-topics.sh sh ops/compose/create-topics.sh
+#
+# The names are the defaults of config/*.json (kafka.request_topic,
+# kafka.dlt_topic, kafka.cancel_topic) and of `mllama submit`'s reply topic.
+set -eu
+
+bootstrap=${BOOTSTRAP:-localhost:9092}
+replication=${REPLICATION:-1}
+kafka_topics=${KAFKA_TOPICS:-/opt/kafka/bin/kafka-topics.sh}
+
+# Requests may carry images inline up to limits.max_request_bytes.
+max_request_bytes=33554432
+# Replies are streamed chunks, read within seconds; a day covers a slow reader.
+reply_retention_ms=86400000
+# Dead letters wait for a human: two weeks.
+dlt_retention_ms=1209600000
+# Cancel records are keyed by request id, and every id is new, so compaction
+# alone would keep them forever; deletion after a day bounds the topic.
+cancel_retention_ms=86400000
+
+create() {
+  name=$1 partitions=$2
+  shift 2
+  "$kafka_topics" --bootstrap-server "$bootstrap" --create --if-not-exists \
+    --topic "$name" --partitions "$partitions" --replication-factor "$replication" "$@"
+}
+
+# The partition count of the request topic bounds the useful number of workers:
+# KEDA never scales past it (ops/k8s/keda-scaledobject.yaml maxReplicaCount).
+create mllama.requests 8 --config max.message.bytes=$max_request_bytes
+create mllama.replies 8 --config retention.ms=$reply_retention_ms
+create mllama.dlt 1 --config retention.ms=$dlt_retention_ms \
+  --config max.message.bytes=$max_request_bytes
+create mllama.cancel 1 --config cleanup.policy=compact,delete \
+  --config retention.ms=$cancel_retention_ms
+
+# One summary line per topic, for the log.
+"$kafka_topics" --bootstrap-server "$bootstrap" --describe --topic 'mllama[.].*' | grep PartitionCount
