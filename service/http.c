@@ -69,6 +69,15 @@ static int heartbeat_fresh(const svc_health *h, long long now)
            now - atomic_load(&h->step_heartbeat_ms) <= h->watchdog_ms;
 }
 
+/* Why the worker is not ready, or NULL when it is (/readyz, mllama_ready). */
+static const char *not_ready(svc_health *hl)
+{
+    return !atomic_load(&hl->model_loaded)    ? "loading\n"
+           : atomic_load(&hl->draining)        ? "draining\n"
+           : !atomic_load(&hl->consumer_joined) ? "joining\n"
+                                                : NULL;
+}
+
 /* Route one request; only the request line matters. */
 static void serve(svc_http *h, int fd)
 {
@@ -89,6 +98,7 @@ static void serve(svc_http *h, int fd)
     if (strncmp(req, "GET ", 4)) {
         respond(fd, 405, "Method Not Allowed", text, "GET only\n", 9);
     } else if (!strncmp(req + 4, "/metrics ", 9) || !strncmp(req + 4, "/metrics?", 9)) {
+        svc_metrics_set(SVC_GAUGE_READY, not_ready(hl) ? 0 : 1);
         svc_metrics_render(&h->body);
         respond(fd, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", h->body.data,
                 h->body.len);
@@ -98,11 +108,7 @@ static void serve(svc_http *h, int fd)
         const char *msg = ok ? "ok\n" : loaded ? "stale heartbeat\n" : "loading\n";
         respond(fd, ok ? 200 : 503, ok ? "OK" : "Service Unavailable", text, msg, strlen(msg));
     } else if (!strncmp(req + 4, "/readyz ", 8)) {
-        const char *why = !atomic_load(&hl->model_loaded)    ? "loading\n"
-                          : atomic_load(&hl->draining)        ? "draining\n"
-                          : !atomic_load(&hl->consumer_joined) ? "joining\n"
-                                                               : NULL;
-        svc_metrics_set(SVC_GAUGE_READY, why ? 0 : 1);
+        const char *why = not_ready(hl);
         respond(fd, why ? 503 : 200, why ? "Service Unavailable" : "OK", text,
                 why ? why : "ready\n", strlen(why ? why : "ready\n"));
     } else {

@@ -134,7 +134,11 @@ typedef struct svc_consumer_events {
      * partition: stop those requests. */
     void (*on_revoke)(void *opaque, const rd_kafka_topic_partition_list_t *partitions,
                       const svc_offset_ticket *pending, size_t n_pending, bool lost);
-    void *opaque; /* borrowed; passed back to both */
+    /* Optional: librdkafka's statistics JSON (json[0..len), borrowed for
+     * the call) every statistics.interval.ms, which defaults to 15 s when
+     * this is set; the source of consumer lag. */
+    void (*on_stats)(void *opaque, const char *json, size_t len);
+    void *opaque; /* borrowed; passed back to all three */
 } svc_consumer_events;
 
 typedef struct svc_consumer_config {

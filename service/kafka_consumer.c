@@ -230,6 +230,16 @@ void svc_consumer_destroy(svc_consumer *c)
     free(c);
 }
 
+/* Statistics, on the Kafka thread inside svc_consumer_poll. Returning 0
+ * lets librdkafka free the JSON. */
+static int stats_cb(rd_kafka_t *rk, char *json, size_t len, void *opaque)
+{
+    (void)rk;
+    svc_consumer *c = opaque;
+    c->ev.on_stats(c->ev.opaque, json, len);
+    return 0;
+}
+
 svc_kafka_status svc_consumer_create(const svc_consumer_config *cfg, svc_consumer **out,
                                      char *err, size_t errlen)
 {
@@ -252,6 +262,8 @@ svc_kafka_status svc_consumer_create(const svc_consumer_config *cfg, svc_consume
         {"queued.min.messages", "1000"},
         {"queued.max.messages.kbytes", "16384"},
         {"enable.partition.eof", "false"},
+        /* Only read when events.on_stats is set (the lag metric). */
+        {"statistics.interval.ms", cfg->events.on_stats ? "15000" : "0"},
     };
     static const svc_kafka_fixed fixed[] = {
         {"enable.auto.offset.store", "false",
@@ -287,6 +299,8 @@ svc_kafka_status svc_consumer_create(const svc_consumer_config *cfg, svc_consume
     rd_kafka_conf_set_opaque(conf, c);
     rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
     rd_kafka_conf_set_error_cb(conf, error_cb);
+    if (cfg->events.on_stats)
+        rd_kafka_conf_set_stats_cb(conf, stats_cb);
     char why[512];
     c->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, why, sizeof why);
     if (!c->rk) {

@@ -1,5 +1,6 @@
 /* The worker: wiring, the Kafka loop, the drain sequence and the Redis index
  * thread (worker.h, worker_internal.h). */
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -285,6 +286,32 @@ static void on_revoke(void *opaque, const rd_kafka_topic_partition_list_t *parts
             "%d partitions, %zu requests stopped", parts->cnt, n_pending);
 }
 
+/* Consumer lag per assigned partition from librdkafka's statistics
+ * (topics.<t>.partitions.<p>.consumer_lag; -1 = unknown, and partition -1
+ * is librdkafka's internal UA partition). */
+static void on_stats(void *opaque, const char *json, size_t len)
+{
+    (void)opaque;
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    const cJSON *topic;
+    cJSON_ArrayForEach(topic, cJSON_GetObjectItemCaseSensitive(root, "topics"))
+    {
+        const cJSON *part;
+        cJSON_ArrayForEach(part, cJSON_GetObjectItemCaseSensitive(topic, "partitions"))
+        {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(part, "partition");
+            const cJSON *lag = cJSON_GetObjectItemCaseSensitive(part, "consumer_lag");
+            const cJSON *state = cJSON_GetObjectItemCaseSensitive(part, "fetch_state");
+            if (!cJSON_IsNumber(id) || id->valueint < 0 || !cJSON_IsNumber(lag))
+                continue;
+            int assigned = cJSON_IsString(state) && strcmp(state->valuestring, "none");
+            svc_metrics_set_lag(topic->string, id->valueint,
+                                assigned ? (int64_t)lag->valuedouble : -1);
+        }
+    }
+    cJSON_Delete(root);
+}
+
 /* ==== the cancel topic (Kafka thread) ============================================ */
 
 static void poll_cancels(svc_worker *w)
@@ -509,7 +536,7 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
         return -1;
     ml_runtime_stats rs;
     ml_runtime_get_stats(w->rt, &rs);
-    svc_metrics_set(SVC_GAUGE_KV_BLOCKS_TOTAL, rs.kv_blocks_total);
+    svc_metrics_set(SVC_GAUGE_KV_BLOCKS_CAPACITY, rs.kv_blocks_total);
     svc_metrics_set(SVC_GAUGE_IMAGE_CACHE_BUDGET_BYTES, (double)rs.image_bytes_budget);
     model_fingerprint(w);
     return 0;
@@ -541,7 +568,7 @@ static int connect_kafka(svc_worker *w, char *err, size_t errlen)
                               .topics = req_topics, .n_topics = 1, .kafka = c->kafka.props,
                               .n_kafka = c->kafka.n_props,
                               .events = {.on_assign = on_assign, .on_revoke = on_revoke,
-                                         .opaque = w}};
+                                         .on_stats = on_stats, .opaque = w}};
     if (svc_consumer_create(&cc, &w->consumer, err, errlen) != SVC_KAFKA_OK)
         return -1;
     /* Every worker must see every cancel: a group of its own, from now on. */
