@@ -35,6 +35,7 @@ static svc_error error_of(ml_request_error e)
     case ML_REQERR_INVALID_IMAGE: return SVC_ERROR_INVALID_IMAGE;
     case ML_REQERR_CONTEXT_LENGTH: return SVC_ERROR_CONTEXT_LENGTH_EXCEEDED;
     case ML_REQERR_TOO_LARGE: return SVC_ERROR_IMAGE_TOO_LARGE;
+    case ML_REQERR_UNKNOWN_ADAPTER: return SVC_ERROR_UNKNOWN_ADAPTER;
     case ML_REQERR_INTERNAL: return SVC_ERROR_INTERNAL;
     }
     return SVC_ERROR_INTERNAL;
@@ -164,6 +165,7 @@ static void submit(svc_worker *w, job *j)
     ml_request r = {
         .prompt = j->prompt.ids, .n_prompt = (int)j->prompt.n, .images = images,
         .n_images = n_images, .sampling = j->sampling, .deadline_ms = req->deadline_ms,
+        .adapter = req->adapter,
         .cb = {.on_token = on_token, .on_finish = on_finish, .ctx = j},
     };
     char err[256];

@@ -21,6 +21,8 @@
 #include "status.h"
 
 typedef struct ml_model ml_model;
+/* A LoRA adapter slot in backend memory (model/lora.h). */
+typedef struct ml_lora ml_lora;
 
 /* embed_tokens has vocab_size + 8 rows (<|image|> and spares, spec §4.1):
  * valid input ids are [0, vocab_size + 8), logits cover [0, vocab_size). */
@@ -34,10 +36,11 @@ typedef struct ml_model_limits {
     int max_logit_rows;   /* rows of logits one step may return (>= max_step_seqs) */
     int max_seq_images;   /* images one sequence may attend to */
     int kv_block_size;    /* tokens per K/V cache block; the cache must use the same */
+    int max_lora_rank;    /* largest rank of an adapter slot (model/lora.h); 0 = no LoRA */
 } ml_model_limits;
 
 /* Defaults: 512-token steps, 32 sequences, 8 images per sequence, 16-token
- * blocks. */
+ * blocks, LoRA ranks up to 64. */
 ml_model_limits ml_model_limits_default(void);
 
 /* Load config.json and the safetensors checkpoint under dir, bind the weights
@@ -69,7 +72,10 @@ typedef struct ml_vision_taps {
 
 /* Run the vision tower, the projector and every cross layer's k/v projection
  * (+ k_norm) for one image, writing its resident state into `state`
- * (backend memory of ml_model_image_state_bytes, caller-owned).
+ * (backend memory of ml_model_image_state_bytes, caller-owned). With an
+ * adapter (borrowed; NULL = the base model), its LoRA of the vision tower,
+ * the projector and the cross k/v projections applies to this image, so the
+ * state belongs to (image, adapter) when ml_lora_touches_images says so.
  * pixels: host (max_tiles, 3, S, S) f32 with exact zeros in unused tile
  * slots (engine/image packing); aspect_ratio_id in 1..n_ids-1, or 0 for
  * the zero padding slot transformers' pack_images adds to a batch row with
@@ -77,8 +83,9 @@ typedef struct ml_vision_taps {
  * aspect_ratio_mask: max_tiles flags. Errors: ML_ERR_INVALID_ARG for an
  * out-of-range id, or the backend's latched error. */
 ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_ratio_id,
-                                const uint8_t *aspect_ratio_mask, void *state,
-                                const ml_vision_taps *taps, char *err, size_t errlen);
+                                const uint8_t *aspect_ratio_mask, const ml_lora *lora,
+                                void *state, const ml_vision_taps *taps, char *err,
+                                size_t errlen);
 
 /* ---- text ------------------------------------------------------------- */
 
@@ -96,6 +103,11 @@ typedef struct ml_step_seq {
      * (cross_attention_mask rows, mllama-spec §5); NULL when n_images == 0. */
     const uint8_t *cross_allowed;
     int logits;                   /* 0: none, 1: last token, 2: every token */
+    /* The sequence's adapter (borrowed), NULL for the base model. Its LoRA
+     * of the text decoder and lm_head applies to this sequence's rows only;
+     * consecutive sequences with the same adapter share one segment of
+     * every LoRA op, so callers order a step by adapter. */
+    const ml_lora *lora;
 } ml_step_seq;
 
 /* Optional host copy of the decoder's hidden states, as transformers'
@@ -108,8 +120,9 @@ typedef struct ml_text_taps {
 /* Run one decoder step over n_seqs sequences, writing K/V of the new tokens
  * into kv and logits (rows in sequence order, as requested by each
  * ml_step_seq.logits) into the host buffer `logits` ((rows, vocab) f32).
- * Errors: ML_ERR_INVALID_ARG when the step exceeds the load limits or a
- * token id is outside the embedding, the backend's latched error. */
+ * Errors: ML_ERR_INVALID_ARG when the step exceeds the load limits, a
+ * token id is outside the embedding or an adapter belongs to another model,
+ * the backend's latched error. */
 ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
                            float *logits, const ml_text_taps *taps, char *err, size_t errlen);
 

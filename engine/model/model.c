@@ -5,11 +5,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/lora.h"
 #include "model/model_internal.h"
 
 /* Alignment of every carved buffer: a cache line, and what vector loads and
  * CUDA coalescing like. */
 #define ML_CARVE_ALIGN 64
+/* Default largest adapter rank: covers common fine-tunes (8 .. 64) for a
+ * scratch of (tokens, 64) floats. */
+#define ML_DEFAULT_MAX_LORA_RANK 64
 
 void *ml_carve(ml_carver *c, size_t bytes)
 {
@@ -26,6 +30,7 @@ ml_model_limits ml_model_limits_default(void)
         .max_logit_rows = 32,
         .max_seq_images = 8,
         .kv_block_size = 16,
+        .max_lora_rank = ML_DEFAULT_MAX_LORA_RANK,
     };
     return l;
 }
@@ -131,6 +136,8 @@ static ml_status plan_workspace(ml_model *m, char *err, size_t errlen)
         h->seq_start = ml_carve(&hc, (s + 1) * sizeof(int32_t));
         h->pos0 = ml_carve(&hc, s * sizeof(int32_t));
         h->allowed = ml_carve(&hc, n * chunks);
+        h->lora_groups = ml_carve(&hc, s * sizeof *h->lora_groups);
+        h->lora_segs = ml_carve(&hc, s * sizeof *h->lora_segs);
         if (pass == 0) {
             hc.base = malloc(hc.off);
             if (!hc.base)
@@ -148,13 +155,14 @@ static ml_status check_limits(const ml_model_limits *l, char *err, size_t errlen
     if (l->max_step_tokens <= 0 || l->max_step_seqs <= 0 || l->max_seq_images < 0 ||
         l->max_seq_images > ML_MAX_SEQ_IMAGES ||
         l->max_logit_rows < l->max_step_seqs || l->max_step_seqs > l->max_step_tokens ||
-        l->kv_block_size <= 0)
+        l->kv_block_size <= 0 || l->max_lora_rank < 0 || l->max_lora_rank > ML_LORA_MAX_RANK)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
-                       "model limits: need tokens >= seqs > 0, logit rows >= seqs and a "
-                       "positive block size (tokens %d, seqs %d, logit rows %d, images %d, "
-                       "block %d)",
-                       l->max_step_tokens, l->max_step_seqs, l->max_logit_rows,
-                       l->max_seq_images, l->kv_block_size);
+                       "model limits: need tokens >= seqs > 0, logit rows >= seqs, a "
+                       "positive block size and a LoRA rank in [0, %d] (tokens %d, seqs %d, "
+                       "logit rows %d, images %d, block %d, LoRA rank %d)",
+                       ML_LORA_MAX_RANK, l->max_step_tokens, l->max_step_seqs,
+                       l->max_logit_rows, l->max_seq_images, l->kv_block_size,
+                       l->max_lora_rank);
     return ML_OK;
 }
 

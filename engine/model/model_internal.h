@@ -32,6 +32,7 @@ typedef struct ml_vision_bufs {
     /* After the encoders, aliasing q.. mlp: */
     float *proj;      /* (T·P, D) projector output */
     float *kv_tmp;    /* (T·P, KV·hd) one cross layer's K or V before conversion */
+    float *lora_t;    /* (S, max_lora_rank) the LoRA op's scratch */
 } ml_vision_bufs;
 
 /* Buffers of one decoder step. N = max_step_tokens, R = max_logit_rows. */
@@ -51,14 +52,84 @@ typedef struct ml_text_bufs {
     int32_t *seq_start;    /* (max_step_seqs + 1) */
     int32_t *pos0;         /* (max_step_seqs) */
     uint8_t *allowed;      /* (N, max_seq_images · T) */
+    float *lora_t;         /* (max(N, R), max_lora_rank) the LoRA op's scratch */
 } ml_text_bufs;
 
+/* ---- LoRA (lora.c) -------------------------------------------------------- */
+
+/* LoRA sites: every Linear an adapter may adapt, numbered vision local
+ * layers (ML_LORA_VISION_MODULES each), vision global layers, the
+ * projector, lm_head, then text layers (ML_LORA_TEXT_MODULES each; q/k/v/o
+ * are self_attn's or cross_attn's as the layer is). */
+typedef enum ml_lora_vision_module {
+    ML_LORA_VISION_Q,
+    ML_LORA_VISION_K,
+    ML_LORA_VISION_V,
+    ML_LORA_VISION_O,
+    ML_LORA_VISION_FC1,
+    ML_LORA_VISION_FC2,
+    ML_LORA_VISION_MODULES,
+} ml_lora_vision_module;
+
+typedef enum ml_lora_text_module {
+    ML_LORA_TEXT_Q,
+    ML_LORA_TEXT_K,
+    ML_LORA_TEXT_V,
+    ML_LORA_TEXT_O,
+    ML_LORA_TEXT_GATE,
+    ML_LORA_TEXT_UP,
+    ML_LORA_TEXT_DOWN,
+    ML_LORA_TEXT_MODULES,
+} ml_lora_text_module;
+
+int ml_lora_n_sites(const ml_config *cfg);
+int ml_lora_site_vision(const ml_config *cfg, int global, int layer, ml_lora_vision_module mod);
+int ml_lora_site_projector(const ml_config *cfg);
+int ml_lora_site_lm_head(const ml_config *cfg);
+int ml_lora_site_text(const ml_config *cfg, int layer, ml_lora_text_module mod);
+
+/* One adaptable Linear of a slot: its A (rank, in) and B (out, rank) in
+ * the slot's backend memory; rank 0 when the adapter leaves it alone. */
+typedef struct ml_lora_site {
+    const uint16_t *a, *b;
+    int rank;
+} ml_lora_site;
+
+struct ml_lora {
+    ml_model *model;        /* borrowed */
+    int max_rank;
+    float scale;
+    int touches_images;
+    int n_sites;
+    ml_lora_site *sites;    /* owned (n_sites) */
+    uint16_t *mem;          /* owned backend buffer: every site's A then B at max_rank */
+    size_t bytes;
+};
+
+/* Rows of a step (or an image) that share one adapter. */
+typedef struct ml_lora_group {
+    const ml_lora *lora;    /* borrowed, non-NULL */
+    int row_start, n_rows;  /* token rows */
+    int logit_start, n_logits; /* logit rows (lm_head) */
+} ml_lora_group;
+
+/* y (rows, N) += the LoRA of `site` for every group (token rows, or logit
+ * rows with logit_rows != 0) whose adapter adapts it; scratch is an lora_t
+ * buffer of the rows. Uses m->host.lora_segs (max_step_seqs entries, at
+ * least n_groups). */
+void ml_lora_apply(ml_model *m, float *y, const float *x, const ml_lora_group *groups,
+                   int n_groups, int site, int K, int N, int logit_rows, float *scratch);
+
 /* Host staging of the per-step metadata (the same fields as ml_text_bufs'
- * integer and mask arrays) before one upload per array. */
+ * integer and mask arrays) before one upload per array, and the step's
+ * adapter groups. */
 typedef struct ml_step_host {
     float *row_attn, *row_mlp;
     int32_t *tokens, *pos, *slots, *block_tables, *seq_start, *pos0;
     uint8_t *allowed;
+    ml_lora_group *lora_groups;   /* (max_step_seqs) */
+    int n_lora_groups;
+    ml_lora_segment *lora_segs;   /* (max_step_seqs) one LoRA op's segments */
 } ml_step_host;
 
 struct ml_model {

@@ -4,7 +4,11 @@
  *
  * Shapes: N = tokens in the step (all sequences), D = hidden, H = heads,
  * KV = key/value heads, hd = head_dim, I = MLP width. Sequences are
- * contiguous row ranges of every (N, ...) buffer. */
+ * contiguous row ranges of every (N, ...) buffer.
+ *
+ * LoRA: runs of consecutive sequences with the same adapter form the step's
+ * groups; every adaptable matmul is followed by one segmented lora op over
+ * all groups (the rows of base-model sequences are untouched). */
 #include <math.h>
 #include <string.h>
 
@@ -36,6 +40,8 @@ void ml_text_plan(const ml_model *m, ml_carver *c, ml_text_bufs *b)
     b->seq_start = ml_carve(c, (s + 1) * sizeof(int32_t));
     b->pos0 = ml_carve(c, s * sizeof(int32_t));
     b->allowed = ml_carve(c, n * (size_t)l->max_seq_images * m->cfg.vision.max_num_tiles);
+    size_t lora_rows = n > (size_t)l->max_logit_rows ? n : (size_t)l->max_logit_rows;
+    b->lora_t = ml_carve(c, lora_rows * (size_t)l->max_lora_rank * f);
 }
 
 /* ---- step metadata -------------------------------------------------------- */
@@ -59,9 +65,23 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
                        ml_kv_cache_block_size(kv), B);
     int n = 0, rows = 0;
     size_t allowed_off = 0;
+    h->n_lora_groups = 0;
     for (int s = 0; s < n_seqs; s++) {
         const ml_step_seq *q = &seqs[s];
         int end = q->pos0 + q->n_tokens;
+        if (q->lora && q->lora->model != m)
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                           "step: sequence %d has an adapter slot of another model", s);
+        int n_logits = q->logits == 2 ? q->n_tokens : q->logits == 1;
+        if (q->lora && s > 0 && seqs[s - 1].lora == q->lora) {
+            ml_lora_group *g = &h->lora_groups[h->n_lora_groups - 1];
+            g->n_rows += q->n_tokens;
+            g->n_logits += n_logits;
+        } else if (q->lora) {
+            h->lora_groups[h->n_lora_groups++] = (ml_lora_group){
+                .lora = q->lora, .row_start = n, .n_rows = q->n_tokens, .logit_start = rows,
+                .n_logits = n_logits};
+        }
         if (q->n_tokens <= 0 || q->pos0 < 0 || end > tc->max_position_embeddings)
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                            "step: sequence %d covers positions [%d, %d), limit %d", s, q->pos0,
@@ -72,7 +92,7 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
         if (q->n_images < 0 || q->n_images > l->max_seq_images)
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "step: sequence %d has %d images, limit %d",
                            s, q->n_images, l->max_seq_images);
-        rows += q->logits == 2 ? q->n_tokens : q->logits == 1;
+        rows += n_logits;
         if (rows > l->max_logit_rows)
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "step: more than %d logit rows",
                            l->max_logit_rows);
@@ -129,19 +149,30 @@ static void upload_step(ml_model *m, int n_seqs, int n)
 
 /* ---- layers --------------------------------------------------------------- */
 
+/* y (n, N) += the LoRA of module `mod` of text layer `layer`, x (n, K), for
+ * the step's adapter groups. */
+static void lora_text(ml_model *m, float *y, const float *x, int layer, ml_lora_text_module mod,
+                      int K, int N)
+{
+    const ml_step_host *h = &m->host;
+    ml_lora_apply(m, y, x, h->lora_groups, h->n_lora_groups,
+                  ml_lora_site_text(&m->cfg, layer, mod), K, N, 0, m->tb.lora_t);
+}
+
 /* MllamaTextMLP: down(silu(gate(x)) * up(x)); x (n, D) is replaced. */
-static void mlp(ml_model *m, const ml_text_layer *L, int n)
+static void mlp(ml_model *m, const ml_text_layer *L, int layer, int n)
 {
     const ml_text_config *tc = &m->cfg.text;
     const ml_backend_ops *op = m->be->ops;
     const ml_text_bufs *b = &m->tb;
-    op->matmul(m->be, b->gate, b->x, L->gate_proj.data, NULL, n, tc->hidden_size,
-               tc->intermediate_size, 0);
-    op->matmul(m->be, b->up, b->x, L->up_proj.data, NULL, n, tc->hidden_size,
-               tc->intermediate_size, 0);
-    op->silu_mul(m->be, b->gate, b->gate, b->up, (size_t)n * tc->intermediate_size);
-    op->matmul(m->be, b->x, b->gate, L->down_proj.data, NULL, n, tc->intermediate_size,
-               tc->hidden_size, 0);
+    int D = tc->hidden_size, I = tc->intermediate_size;
+    op->matmul(m->be, b->gate, b->x, L->gate_proj.data, NULL, n, D, I, 0);
+    lora_text(m, b->gate, b->x, layer, ML_LORA_TEXT_GATE, D, I);
+    op->matmul(m->be, b->up, b->x, L->up_proj.data, NULL, n, D, I, 0);
+    lora_text(m, b->up, b->x, layer, ML_LORA_TEXT_UP, D, I);
+    op->silu_mul(m->be, b->gate, b->gate, b->up, (size_t)n * I);
+    op->matmul(m->be, b->x, b->gate, L->down_proj.data, NULL, n, I, D, 0);
+    lora_text(m, b->x, b->gate, layer, ML_LORA_TEXT_DOWN, I, D);
 }
 
 /* MllamaSelfAttentionDecoderLayer: RMSNorm, q/k/v, llama3 RoPE, paged causal
@@ -158,8 +189,11 @@ static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int
 
     op->rmsnorm(be, b->x, b->h, L->input_layernorm.data, n, D, tc->rms_norm_eps);
     op->matmul(be, b->q, b->x, L->self.q_proj.data, NULL, n, D, H * hd, 0);
+    lora_text(m, b->q, b->x, layer, ML_LORA_TEXT_Q, D, H * hd);
     op->matmul(be, b->k, b->x, L->self.k_proj.data, NULL, n, D, KV * hd, 0);
+    lora_text(m, b->k, b->x, layer, ML_LORA_TEXT_K, D, KV * hd);
     op->matmul(be, b->v, b->x, L->self.v_proj.data, NULL, n, D, KV * hd, 0);
+    lora_text(m, b->v, b->x, layer, ML_LORA_TEXT_V, D, KV * hd);
     op->rope(be, b->q, b->pos, m->inv_freq, n, H, hd);
     op->rope(be, b->k, b->pos, m->inv_freq, n, KV, hd);
     void *kc = ml_kv_cache_k(kv, m->self_index[layer]);
@@ -174,10 +208,11 @@ static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int
     };
     op->attn_causal(be, &ap);
     op->matmul(be, b->x, b->attn, L->self.o_proj.data, NULL, n, H * hd, D, 0);
+    lora_text(m, b->x, b->attn, layer, ML_LORA_TEXT_O, H * hd, D);
     op->add_rows(be, b->h, b->x, NULL, 1.0f, n, D);
 
     op->rmsnorm(be, b->x, b->h, L->post_attention_layernorm.data, n, D, tc->rms_norm_eps);
-    mlp(m, L, n);
+    mlp(m, L, layer, n);
     op->add_rows(be, b->h, b->x, NULL, 1.0f, n, D);
 }
 
@@ -186,7 +221,7 @@ static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int
  * which is what HF's layer skip does for a batch of one. The attention
  * output is not multiplied by the row mask; the MLP output is (HF quirk,
  * mllama-spec §4.6). */
-static void cross_layer(ml_model *m, const ml_text_layer *L, int cross_idx,
+static void cross_layer(ml_model *m, const ml_text_layer *L, int layer, int cross_idx,
                         const ml_step_seq *seqs, int n_seqs, int n)
 {
     const ml_text_config *tc = &m->cfg.text;
@@ -199,6 +234,7 @@ static void cross_layer(ml_model *m, const ml_text_layer *L, int cross_idx,
 
     op->rmsnorm(be, b->x, b->h, L->input_layernorm.data, n, D, tc->rms_norm_eps);
     op->matmul(be, b->q, b->x, L->cross.q_proj.data, NULL, n, D, H * hd, 0);
+    lora_text(m, b->q, b->x, layer, ML_LORA_TEXT_Q, D, H * hd);
     op->rmsnorm(be, b->q, b->q, L->cross.q_norm.data, n * H, hd, tc->rms_norm_eps);
     op->zero(be, b->attn, (size_t)n * H * hd);
 
@@ -224,10 +260,11 @@ static void cross_layer(ml_model *m, const ml_text_layer *L, int cross_idx,
         allowed_off += (size_t)q->n_tokens * q->n_images * T;
     }
     op->matmul(be, b->x, b->attn, L->cross.o_proj.data, NULL, n, H * hd, D, 0);
+    lora_text(m, b->x, b->attn, layer, ML_LORA_TEXT_O, H * hd, D);
     op->add_rows(be, b->h, b->x, b->row_attn, tanhf(L->cross.attn_gate), n, D);
 
     op->rmsnorm(be, b->x, b->h, L->post_attention_layernorm.data, n, D, tc->rms_norm_eps);
-    mlp(m, L, n);
+    mlp(m, L, layer, n);
     op->add_rows(be, b->h, b->x, b->row_mlp, tanhf(L->cross.mlp_gate), n, D);
 }
 
@@ -260,7 +297,7 @@ ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs
         if (!L->is_cross)
             self_layer(m, kv, L, l, n_seqs, n);
         else if (any_images) /* MllamaTextModel skips cross layers without images (§4.8) */
-            cross_layer(m, L, ml_config_cross_index(&m->cfg, l), seqs, n_seqs, n);
+            cross_layer(m, L, l, ml_config_cross_index(&m->cfg, l), seqs, n_seqs, n);
     }
     op->rmsnorm(be, b->x, b->h, m->w.text.norm.data, n, D, tc->rms_norm_eps);
     if (taps && taps->hidden_states)
@@ -282,6 +319,8 @@ ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs
         }
         op->matmul(be, b->logits, b->rows, m->w.text.lm_head.data, NULL, n_rows, D,
                    tc->vocab_size, 0);
+        ml_lora_apply(m, b->logits, b->rows, m->host.lora_groups, m->host.n_lora_groups,
+                      ml_lora_site_lm_head(&m->cfg), D, tc->vocab_size, 1, b->lora_t);
         op->download(be, logits, b->logits, (size_t)n_rows * tc->vocab_size * sizeof(float));
     }
     return op->synchronize(be, err, errlen);

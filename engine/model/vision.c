@@ -4,7 +4,11 @@
  *
  * Shapes: T = max_num_tiles, P = patches per tile + CLS (1601), Pp = P
  * padded to a multiple of 8 (1608), S = T·Pp (6432), D_v = vision hidden,
- * I_v = vision MLP width, D = text hidden. */
+ * I_v = vision MLP width, D = text hidden.
+ *
+ * LoRA: the image's adapter (if any) is one segment of every adaptable
+ * matmul here, over all S (or T·P) rows, pads included as HF computes them:
+ * vision adapters are segmented per image, never by text tokens. */
 #include <math.h>
 #include <string.h>
 
@@ -51,6 +55,7 @@ void ml_vision_plan(const ml_model *m, ml_carver *c, ml_vision_bufs *b)
     b->x = ml_carve(c, S * (size_t)d.Dv * f);
     b->vout = ml_carve(c, tp * (size_t)d.vout * f);
     b->valid = ml_carve(c, S);
+    b->lora_t = ml_carve(c, S * (size_t)m->limits.max_lora_rank * f);
     /* The encoder temporaries are dead once the global transformer is done;
      * the projector output and the K/V staging reuse their space. */
     size_t encoder_start = c->off;
@@ -74,10 +79,22 @@ size_t ml_model_image_state_bytes(const ml_model *m)
            (size_t)d.kv_width * m->be->ops->kv_elem_size;
 }
 
+/* y (rows, N) += the LoRA of `site` of the image's adapter (if any), x (rows, K). */
+static void lora_image(ml_model *m, const ml_lora *lora, float *y, const float *x, int site,
+                       int rows, int K, int N)
+{
+    if (!lora)
+        return;
+    ml_lora_group g = {.lora = lora, .row_start = 0, .n_rows = rows};
+    ml_lora_apply(m, y, x, &g, 1, site, K, N, 0, m->vb.lora_t);
+}
+
 /* MllamaVisionEncoderLayer: pre-norm attention and MLP blocks, each added
  * to the residual stream through tanh(gate) for global layers and with
- * weight 1 for local ones. h (S, D_v) is updated in place. */
-static void encoder_layer(ml_model *m, const vision_dims *d, const ml_vision_layer *L)
+ * weight 1 for local ones. h (S, D_v) is updated in place. `site` is the
+ * layer's first LoRA site (its q_proj). */
+static void encoder_layer(ml_model *m, const vision_dims *d, const ml_vision_layer *L,
+                          const ml_lora *lora, int site)
 {
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;
@@ -90,8 +107,11 @@ static void encoder_layer(ml_model *m, const vision_dims *d, const ml_vision_lay
     op->layernorm(be, b->x, b->h, L->input_layernorm_weight.data, L->input_layernorm_bias.data,
                   d->S, d->Dv, eps);
     op->matmul(be, b->q, b->x, L->q_proj.data, NULL, d->S, d->Dv, d->Dv, 0);
+    lora_image(m, lora, b->q, b->x, site + ML_LORA_VISION_Q, d->S, d->Dv, d->Dv);
     op->matmul(be, b->k, b->x, L->k_proj.data, NULL, d->S, d->Dv, d->Dv, 0);
+    lora_image(m, lora, b->k, b->x, site + ML_LORA_VISION_K, d->S, d->Dv, d->Dv);
     op->matmul(be, b->v, b->x, L->v_proj.data, NULL, d->S, d->Dv, d->Dv, 0);
+    lora_image(m, lora, b->v, b->x, site + ML_LORA_VISION_V, d->S, d->Dv, d->Dv);
     ml_attn_vision_params ap = {
         .out = b->attn, .q = b->q, .k = b->k, .v = b->v, .valid = b->valid,
         .n_seq = 1, .seq_len = d->S, .n_heads = d->heads, .head_dim = d->hd,
@@ -99,14 +119,17 @@ static void encoder_layer(ml_model *m, const vision_dims *d, const ml_vision_lay
     };
     op->attn_vision(be, &ap);
     op->matmul(be, b->x, b->attn, L->o_proj.data, NULL, d->S, d->Dv, d->Dv, 0);
+    lora_image(m, lora, b->x, b->attn, site + ML_LORA_VISION_O, d->S, d->Dv, d->Dv);
     op->add_rows(be, b->h, b->x, NULL, gate_attn, d->S, d->Dv);
 
     /* MllamaVisionMLP: fc1 (+bias), exact GELU, fc2 (+bias). */
     op->layernorm(be, b->x, b->h, L->post_attention_layernorm_weight.data,
                   L->post_attention_layernorm_bias.data, d->S, d->Dv, eps);
     op->matmul(be, b->mlp, b->x, L->fc1_weight.data, L->fc1_bias.data, d->S, d->Dv, d->Iv, 0);
+    lora_image(m, lora, b->mlp, b->x, site + ML_LORA_VISION_FC1, d->S, d->Dv, d->Iv);
     op->gelu(be, b->mlp, (size_t)d->S * (size_t)d->Iv);
     op->matmul(be, b->x, b->mlp, L->fc2_weight.data, L->fc2_bias.data, d->S, d->Iv, d->Dv, 0);
+    lora_image(m, lora, b->x, b->mlp, site + ML_LORA_VISION_FC2, d->S, d->Iv, d->Dv);
     op->add_rows(be, b->h, b->x, NULL, gate_ffn, d->S, d->Dv);
 }
 
@@ -130,7 +153,7 @@ static void collect_intermediate(ml_model *m, const vision_dims *d, int layer)
 }
 
 /* MllamaVisionModel.forward up to the concatenated output (T·P, vout). */
-static void vision_tower(ml_model *m, const vision_dims *d, int ar_id)
+static void vision_tower(ml_model *m, const vision_dims *d, int ar_id, const ml_lora *lora)
 {
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;
@@ -168,7 +191,8 @@ static void vision_tower(ml_model *m, const vision_dims *d, int ar_id)
     /* Local transformer, collecting hidden_states[i] = input of layer i. */
     for (int i = 0; i < w->n_layers; i++) {
         collect_intermediate(m, d, i);
-        encoder_layer(m, d, &w->layers[i]);
+        encoder_layer(m, d, &w->layers[i], lora,
+                      ml_lora_site_vision(&m->cfg, 0, i, ML_LORA_VISION_Q));
     }
     collect_intermediate(m, d, w->n_layers);
 
@@ -182,7 +206,8 @@ static void vision_tower(ml_model *m, const vision_dims *d, int ar_id)
                      w->post_tile_embedding.data + ((size_t)ar_id * d->T + t) * d->Dv, post_gate,
                      d->Pp, 1, d->Dv);
     for (int i = 0; i < w->n_global_layers; i++)
-        encoder_layer(m, d, &w->global_layers[i]);
+        encoder_layer(m, d, &w->global_layers[i], lora,
+                      ml_lora_site_vision(&m->cfg, 1, i, ML_LORA_VISION_Q));
 
     /* Global output, pads dropped, into channels [0, D_v). */
     for (int t = 0; t < d->T; t++)
@@ -191,8 +216,9 @@ static void vision_tower(ml_model *m, const vision_dims *d, int ar_id)
 }
 
 ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_ratio_id,
-                                const uint8_t *aspect_ratio_mask, void *state,
-                                const ml_vision_taps *taps, char *err, size_t errlen)
+                                const uint8_t *aspect_ratio_mask, const ml_lora *lora,
+                                void *state, const ml_vision_taps *taps, char *err,
+                                size_t errlen)
 {
     vision_dims d = dims_of(m);
     ml_backend *be = m->be;
@@ -202,6 +228,9 @@ ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_rat
     if (aspect_ratio_id < 0 || aspect_ratio_id >= n_ids)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "aspect_ratio_id %d outside [0, %d)",
                        aspect_ratio_id, n_ids);
+    if (lora && lora->model != m)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "encode: the adapter slot belongs to another model");
 
     /* _prepare_aspect_ratio_attention_mask: token p of tile t is valid when
      * the tile is real and p is not padding (mllama-spec §3.6). */
@@ -216,12 +245,14 @@ ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_rat
     op->upload(be, b->pixels, pixels,
                (size_t)d.T * m->cfg.vision.num_channels * d.side * d.side * sizeof(float));
 
-    vision_tower(m, &d, aspect_ratio_id);
+    vision_tower(m, &d, aspect_ratio_id, lora);
 
     /* MllamaMultiModalProjector: (T·P, vout) → (T·P, D). */
     size_t tp = (size_t)d.T * d.P;
     op->matmul(be, b->proj, b->vout, m->w.projector_weight.data, m->w.projector_bias.data,
                (int)tp, d.vout, d.D, 0);
+    lora_image(m, lora, b->proj, b->vout, ml_lora_site_projector(&m->cfg), (int)tp, d.vout,
+               d.D);
 
     /* Every cross layer's K (after k_norm) and V over the image's tokens:
      * state = [cross layer][K, V][T·P][KV][hd] in the kv type. */
@@ -235,12 +266,16 @@ ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_rat
             continue;
         op->matmul(be, b->kv_tmp, b->proj, L->cross.k_proj.data, NULL, (int)tp, d.D, d.kv_width,
                    0);
+        lora_image(m, lora, b->kv_tmp, b->proj, ml_lora_site_text(&m->cfg, l, ML_LORA_TEXT_K),
+                   (int)tp, d.D, d.kv_width);
         op->rmsnorm(be, b->kv_tmp, b->kv_tmp, L->cross.k_norm.data,
                     (int)tp * tc->num_key_value_heads, tc->head_dim, tc->rms_norm_eps);
         op->kv_store(be, dst, b->kv_tmp, plane);
         dst += plane_bytes;
         op->matmul(be, b->kv_tmp, b->proj, L->cross.v_proj.data, NULL, (int)tp, d.D, d.kv_width,
                    0);
+        lora_image(m, lora, b->kv_tmp, b->proj, ml_lora_site_text(&m->cfg, l, ML_LORA_TEXT_V),
+                   (int)tp, d.D, d.kv_width);
         op->kv_store(be, dst, b->kv_tmp, plane);
         dst += plane_bytes;
     }

@@ -162,6 +162,7 @@ void ml_image_cache_release(ml_image_cache *c, ml_image_entry *e)
 }
 
 void *ml_image_entry_state(const ml_image_entry *e) { return e->state; }
+int ml_image_entry_n_tiles(const ml_image_entry *e) { return e->n_tiles; }
 size_t ml_image_cache_used(const ml_image_cache *c) { return c->used; }
 size_t ml_image_cache_budget(const ml_image_cache *c) { return c->budget; }
 int ml_image_cache_count(const ml_image_cache *c) { return c->count; }

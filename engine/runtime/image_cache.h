@@ -65,6 +65,9 @@ void ml_image_cache_release(ml_image_cache *c, ml_image_entry *e);
 /* 1 when one entry fits the budget at all. */
 int ml_image_cache_fits(const ml_image_cache *c);
 
+/* Real tiles of the entry's image (as given to reserve). */
+int ml_image_entry_n_tiles(const ml_image_entry *e);
+
 /* The entry's state (backend memory, entry_bytes). Borrowed. */
 void *ml_image_entry_state(const ml_image_entry *e);
 

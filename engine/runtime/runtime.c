@@ -1,6 +1,6 @@
 /* Continuous batching over one model: admission, paged K/V blocks, resident
- * image states, chunked prefill, preemption by recompute, sampling and
- * streaming (runtime.h). */
+ * image states, LoRA adapter slots, chunked prefill, preemption by
+ * recompute, sampling and streaming (runtime.h). */
 #include "runtime/runtime.h"
 
 #include <assert.h>
@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "sha256.h"
 #include "runtime/stop.h"
 
 /* ========================================================================== */
@@ -36,6 +37,9 @@ typedef struct rt_seq {
     const void **states;        /* owned (n_images): their backend states, for the model */
     int *range_start, *range_end; /* owned (n_images): token ranges of the cross mask */
 
+    char *adapter_name;         /* owned: the request's adapter, NULL for the base model */
+    ml_adapter *adapter;        /* referenced from admission to the end; NULL until then */
+
     ml_sampling_params sampling; /* stop strings borrowed from stop_text */
     char *stop_text;            /* owned: the request's stop strings, back to back */
     ml_sampler_seq *sampler;    /* owned */
@@ -60,6 +64,7 @@ struct ml_runtime {
     ml_kv_cache *kv;            /* owned */
     ml_sampler *sampler;        /* owned: sampling scratch shared by all sequences */
     ml_image_cache *images;     /* owned */
+    ml_adapters *adapters;      /* owned; NULL without adapter slots */
     int block_size, max_blocks, vocab, max_tiles, context;
     uint64_t next_handle;
     seq_list waiting, running;
@@ -135,6 +140,9 @@ static void release_blocks(ml_runtime *rt, rt_seq *s)
 static void seq_free(ml_runtime *rt, rt_seq *s)
 {
     release_blocks(rt, s);
+    if (s->adapter)
+        ml_adapters_release(rt->adapters, s->adapter);
+    free(s->adapter_name);
     for (int i = 0; i < s->n_images; i++) {
         if (s->entries && s->entries[i])
             ml_image_cache_release(rt->images, s->entries[i]);
@@ -252,6 +260,9 @@ ml_status ml_runtime_create(ml_runtime **out, ml_model *model, const ml_tokenize
                        "limits (%d sequences, %d tokens)",
                        cfg->max_running, cfg->max_step_tokens, lim->max_step_seqs,
                        lim->max_step_tokens);
+    if (cfg->max_adapters < 0)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "runtime: max_adapters %d",
+                       cfg->max_adapters);
     if (mc->vision.max_num_tiles > ML_RUNTIME_MAX_TILES)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED, "runtime: max_num_tiles %d above %d",
                        mc->vision.max_num_tiles, ML_RUNTIME_MAX_TILES);
@@ -283,6 +294,11 @@ ml_status ml_runtime_create(ml_runtime **out, ml_model *model, const ml_tokenize
         st = ml_image_cache_create(&rt->images, rt->be, cfg->image_bytes,
                                    ml_model_image_state_bytes(model), cfg->on_image_event,
                                    cfg->image_event_ctx, err, errlen);
+    if (st == ML_OK && cfg->max_adapters > 0)
+        st = ml_adapters_create(&rt->adapters, model, cfg->max_adapters,
+                                cfg->max_adapter_rank ? cfg->max_adapter_rank
+                                                      : lim->max_lora_rank,
+                                cfg->resolve_adapter, cfg->resolve_adapter_ctx, err, errlen);
     if (st != ML_OK) {
         ml_runtime_destroy(rt);
         return st;
@@ -308,6 +324,7 @@ void ml_runtime_destroy(ml_runtime *rt)
     while (rt->waiting.head)
         finish(rt, rt->waiting.head, ML_FINISH_REASON_CANCELLED, ML_REQERR_NONE, "runtime shut down", 1);
     ml_image_cache_destroy(rt->images);
+    ml_adapters_destroy(rt->adapters);
     ml_kv_cache_destroy(rt->kv);
     ml_sampler_destroy(rt->sampler);
     free(rt->step);
@@ -324,6 +341,12 @@ static void refuse(const ml_request *req, ml_request_error error, const char *me
         free(req->images[i].pixels);
     ml_usage usage = {.prompt_tokens = req->n_prompt, .images = req->n_images};
     req->cb.on_finish(req->cb.ctx, NULL, 0, ML_FINISH_REASON_ERROR, error, message, &usage);
+}
+
+/* The request's adapter name, NULL for the base model. */
+static const char *adapter_of(const ml_request *req)
+{
+    return req->adapter && req->adapter[0] ? req->adapter : NULL;
 }
 
 /* Check what can be known at submit. Returns ML_REQERR_NONE or the error,
@@ -356,9 +379,21 @@ static ml_request_error validate(const ml_runtime *rt, const ml_request *req, ch
                 ml_model_limits_of(rt->model)->max_seq_images);
         return ML_REQERR_INVALID_REQUEST;
     }
+    const char *adapter = adapter_of(req);
+    if (adapter && !rt->adapters) {
+        ml_fail(msg, n, ML_ERR_NOT_FOUND, "adapter '%.64s': this worker serves no adapters",
+                adapter);
+        return ML_REQERR_UNKNOWN_ADAPTER;
+    }
+    if (adapter && !ml_adapters_known(rt->adapters, adapter)) {
+        ml_fail(msg, n, ML_ERR_NOT_FOUND, "unknown adapter '%.64s'", adapter);
+        return ML_REQERR_UNKNOWN_ADAPTER;
+    }
     for (int i = 0; i < req->n_images; i++) {
         const ml_request_image *im = &req->images[i];
-        if (!im->pixels && !ml_image_cache_contains(rt->images, im->key)) {
+        /* With an adapter the key may still change (image_keys_for_adapter):
+         * a missing state is found at admission. */
+        if (!im->pixels && !adapter && !ml_image_cache_contains(rt->images, im->key)) {
             ml_fail(msg, n, ML_ERR_NOT_FOUND, "image %d is neither given nor resident", i);
             return ML_REQERR_INVALID_IMAGE;
         }
@@ -440,6 +475,8 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
     if (!s->tokens || !s->blocks || !s->images || !s->entries || !s->states || !s->range_start ||
         !s->range_end)
         goto nomem;
+    if (adapter_of(req) && !(s->adapter_name = strdup(adapter_of(req))))
+        goto nomem;
     memcpy(s->tokens, req->prompt, (size_t)req->n_prompt * sizeof *s->tokens);
     memcpy(s->images, req->images, (size_t)req->n_images * sizeof *s->images);
     s->sampling = req->sampling;
@@ -491,10 +528,62 @@ void ml_runtime_cancel(ml_runtime *rt, uint64_t handle)
 /* admission                                                                    */
 /* ========================================================================== */
 
-/* Make every image of s resident (encoding misses) and hold a reference.
- * Returns 1 when done, 0 when the image budget has no room now (s keeps
- * what it acquired and retries later), -1 on a model error (in err). */
-static int acquire_images(ml_runtime *rt, rt_seq *s, char *err, size_t errlen)
+typedef enum acquire_result {
+    ACQUIRE_DONE,
+    ACQUIRE_WAIT,   /* no room now: retry at a later step */
+    ACQUIRE_FAILED, /* the request cannot run: the error code and err say why */
+} acquire_result;
+
+/* The LoRA of s's adapter, NULL for the base model. */
+static const ml_lora *seq_lora(const rt_seq *s)
+{
+    return s->adapter ? ml_adapter_lora(s->adapter) : NULL;
+}
+
+/* An adapter that changes image states gets its own states: each image key
+ * becomes sha256(key || adapter name), so base requests and adapters that
+ * leave images alone keep sharing the original entries. */
+static void image_keys_for_adapter(rt_seq *s)
+{
+    if (!ml_lora_touches_images(seq_lora(s)))
+        return;
+    const char *name = ml_adapter_name(s->adapter);
+    for (int i = 0; i < s->n_images; i++) {
+        ml_sha256_ctx h;
+        ml_sha256_init(&h);
+        ml_sha256_update(&h, s->images[i].key, ML_IMAGE_KEY_BYTES);
+        ml_sha256_update(&h, name, strlen(name));
+        ml_sha256_final(&h, s->images[i].key);
+    }
+}
+
+/* Reference s's adapter, loading it if needed (once per sequence: the
+ * reference is kept through preemption). */
+static acquire_result acquire_adapter(ml_runtime *rt, rt_seq *s, ml_request_error *error,
+                                      char *err, size_t errlen)
+{
+    if (!s->adapter_name || s->adapter)
+        return ACQUIRE_DONE;
+    switch (ml_adapters_acquire(rt->adapters, s->adapter_name, &s->adapter, err, errlen)) {
+    case ML_ADAPTER_READY:
+        image_keys_for_adapter(s);
+        return ACQUIRE_DONE;
+    case ML_ADAPTER_BUSY:
+        /* Every slot is referenced, and only admitted sequences hold
+         * references: some run, and will release theirs. */
+        assert(rt->running.n > 0);
+        return ACQUIRE_WAIT;
+    case ML_ADAPTER_UNKNOWN:
+    case ML_ADAPTER_INVALID: break;
+    }
+    *error = ML_REQERR_UNKNOWN_ADAPTER;
+    return ACQUIRE_FAILED;
+}
+
+/* Make every image of s resident (encoding misses, with s's adapter) and
+ * hold a reference. On ACQUIRE_WAIT s keeps what it acquired. */
+static acquire_result acquire_images(ml_runtime *rt, rt_seq *s, ml_request_error *error,
+                                     char *err, size_t errlen)
 {
     for (int i = 0; i < s->n_images; i++) {
         if (s->entries[i])
@@ -502,27 +591,32 @@ static int acquire_images(ml_runtime *rt, rt_seq *s, char *err, size_t errlen)
         ml_request_image *im = &s->images[i];
         ml_image_entry *e = ml_image_cache_acquire(rt->images, im->key);
         if (e) {
+            /* A request may name a resident image by key alone: its tile
+             * count (for the cross-attention mask) is the state's. */
+            im->n_tiles = ml_image_entry_n_tiles(e);
             s->usage.images_cached++;
             rt->stats.image_cache_hits++;
             free(im->pixels);
             im->pixels = NULL;
         } else {
             if (!im->pixels) {
-                ml_fail(err, errlen, ML_ERR_NOT_FOUND, "image %d was evicted before admission",
-                        i);
-                return -1;
+                ml_fail(err, errlen, ML_ERR_NOT_FOUND, "image %d is neither given nor resident%s",
+                        i, s->adapter_name ? " for this adapter" : "");
+                *error = ML_REQERR_INVALID_IMAGE;
+                return ACQUIRE_FAILED;
             }
             e = ml_image_cache_reserve(rt->images, im->key, im->n_tiles);
             if (!e)
-                return 0;
+                return ACQUIRE_WAIT;
             double t0 = now_ms();
             ml_status st = ml_model_encode_image(rt->model, im->pixels, im->aspect_ratio_id,
-                                                 im->aspect_ratio_mask,
+                                                 im->aspect_ratio_mask, seq_lora(s),
                                                  ml_image_entry_state(e), NULL, err, errlen);
             s->usage.vision_ms += now_ms() - t0;
             if (st != ML_OK) {
                 ml_image_cache_release(rt->images, e);
-                return -1;
+                *error = ML_REQERR_INTERNAL;
+                return ACQUIRE_FAILED;
             }
             ml_image_cache_publish(rt->images, e);
             rt->stats.images_encoded++;
@@ -532,7 +626,7 @@ static int acquire_images(ml_runtime *rt, rt_seq *s, char *err, size_t errlen)
         s->entries[i] = e;
         s->states[i] = ml_image_entry_state(e);
     }
-    return 1;
+    return ACQUIRE_DONE;
 }
 
 /* Move waiting sequences into the running batch while there is room. */
@@ -552,8 +646,13 @@ static void admit(ml_runtime *rt)
             s->usage.queue_ms = s->t_admit - s->t_submit;
         }
         char err[256];
-        int got = acquire_images(rt, s, err, sizeof err);
-        if (got == 0) {
+        ml_request_error error = ML_REQERR_NONE;
+        acquire_result got = acquire_adapter(rt, s, &error, err, sizeof err);
+        if (got == ACQUIRE_WAIT)
+            return; /* FCFS: running sequences will release a slot */
+        if (got == ACQUIRE_DONE)
+            got = acquire_images(rt, s, &error, err, sizeof err);
+        if (got == ACQUIRE_WAIT) {
             if (rt->running.n > 0)
                 return; /* running sequences will release images */
             /* Nothing runs, so nothing will free image memory: the idle
@@ -562,9 +661,8 @@ static void admit(ml_runtime *rt)
                    "the request's images do not fit the image budget", 0);
             continue;
         }
-        if (got < 0) {
-            finish(rt, s, ML_FINISH_REASON_ERROR,
-                   strstr(err, "evicted") ? ML_REQERR_INVALID_IMAGE : ML_REQERR_INTERNAL, err, 0);
+        if (got != ACQUIRE_DONE) {
+            finish(rt, s, ML_FINISH_REASON_ERROR, error, err, 0);
             continue;
         }
         list_remove(&rt->waiting, s);
@@ -674,6 +772,30 @@ static void advance(ml_runtime *rt, rt_seq *s, const float *logits)
         finish(rt, s, ML_FINISH_REASON_LENGTH, ML_REQERR_NONE, NULL, 1);
 }
 
+/* Slot order of a step entry's adapter; the base model first. */
+static int adapter_order(const rt_seq *s)
+{
+    return s->adapter ? ml_adapter_index(s->adapter) : -1;
+}
+
+/* Stable-sort the step by adapter, so each adapter's rows are one segment of
+ * every LoRA op ("one pass per segment group"). A sequence's results do not
+ * depend on its place in the step. */
+static void group_by_adapter(ml_runtime *rt, int n_step)
+{
+    for (int i = 1; i < n_step; i++) {
+        ml_step_seq q = rt->step[i];
+        rt_seq *owner = rt->step_owner[i];
+        int j = i;
+        for (; j > 0 && adapter_order(rt->step_owner[j - 1]) > adapter_order(owner); j--) {
+            rt->step[j] = rt->step[j - 1];
+            rt->step_owner[j] = rt->step_owner[j - 1];
+        }
+        rt->step[j] = q;
+        rt->step_owner[j] = owner;
+    }
+}
+
 ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
 {
     expire(rt);
@@ -721,6 +843,7 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
                 allowed_off += (size_t)take * s->n_images * rt->max_tiles;
             }
             q->logits = s->n_cached + take == s->n_tokens;
+            q->lora = seq_lora(s);
             rt->step_owner[n_step++] = s;
             budget -= take;
             s = next;
@@ -738,6 +861,7 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
     n_step = kept;
     if (n_step == 0)
         return ML_OK;
+    group_by_adapter(rt, n_step);
 
     ml_status st = ml_model_forward(rt->model, rt->kv, rt->step, n_step, rt->logits, NULL, err,
                                     errlen);
@@ -771,4 +895,6 @@ void ml_runtime_get_stats(const ml_runtime *rt, ml_runtime_stats *st)
     st->kv_blocks_free = ml_kv_cache_n_free(rt->kv);
     st->image_bytes_used = ml_image_cache_used(rt->images);
     st->image_bytes_budget = ml_image_cache_budget(rt->images);
+    if (rt->adapters)
+        ml_adapters_get_stats(rt->adapters, &st->adapters);
 }

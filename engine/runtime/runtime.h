@@ -7,10 +7,16 @@
  * live in a paged cache; images' cross-attention K/V in the resident image
  * cache, shared across requests. Out of KV blocks, the newest running
  * sequence is preempted and later recomputed (its output is unchanged).
+ * Requests may name a LoRA adapter: adapters live in a fixed number of
+ * slots (runtime/adapters.h), a step batches sequences of any mix of
+ * adapters and the base model, ordered so each adapter's rows are one
+ * segment, and an image's resident state is shared between requests unless
+ * their adapter changes it (its key then includes the adapter's name).
  *
- * Memory: the KV pool and the image-state budget are fixed at create from
- * one budget, so the model workspace, the KV pool and resident images never
- * exceed it; a request that could never fit is refused at submit.
+ * Memory: the KV pool, the image-state budget and the adapter slots are
+ * fixed at create, so the model workspace, the KV pool, resident images and
+ * adapters never exceed what was configured; a request that could never fit
+ * is refused at submit.
  *
  * @locality: every function runs on the step loop thread, and callbacks are
  * invoked on it from inside ml_runtime_step (or ml_runtime_cancel). */
@@ -21,6 +27,7 @@
 #include <stdint.h>
 
 #include "model/mllama.h"
+#include "runtime/adapters.h"
 #include "runtime/image_cache.h"
 #include "runtime/sampler.h"
 #include "status.h"
@@ -38,6 +45,13 @@ typedef struct ml_runtime_config {
     int max_step_tokens;    /* tokens in one step (<= model limits' max_step_tokens) */
     ml_image_event_fn on_image_event; /* optional; see image_cache.h */
     void *image_event_ctx;
+    /* LoRA: max_adapters slots of rank max_adapter_rank (0 = the model
+     * limits' max_lora_rank), filled through resolve_adapter (required when
+     * max_adapters > 0). With 0 slots a request naming an adapter fails. */
+    int max_adapters;
+    int max_adapter_rank;
+    ml_adapter_resolve_fn resolve_adapter;
+    void *resolve_adapter_ctx;
 } ml_runtime_config;
 
 /* Why a request ended. */
@@ -57,6 +71,7 @@ typedef enum ml_request_error {
     ML_REQERR_INVALID_IMAGE,    /* an image neither resident nor given */
     ML_REQERR_CONTEXT_LENGTH,   /* prompt over the context or the KV pool */
     ML_REQERR_TOO_LARGE,        /* its images can never fit the image budget */
+    ML_REQERR_UNKNOWN_ADAPTER,  /* the adapter is unknown or cannot be served */
     ML_REQERR_INTERNAL,         /* the model failed */
 } ml_request_error;
 
@@ -93,7 +108,8 @@ typedef struct ml_request_image {
      * NULL to require a resident state. The runtime frees it (free()). */
     float *pixels;
     int aspect_ratio_id;
-    int n_tiles;                     /* real tiles: tiles_h · tiles_w */
+    int n_tiles;                     /* real tiles: tiles_h · tiles_w (a resident
+                                        state's own count wins) */
     uint8_t aspect_ratio_mask[ML_RUNTIME_MAX_TILES];
 } ml_request_image;
 
@@ -104,6 +120,11 @@ typedef struct ml_request {
     int n_images;
     ml_sampling_params sampling;     /* copied, stop strings included */
     int64_t deadline_ms;             /* CLOCK_REALTIME ms; 0 = none */
+    /* LoRA adapter name, borrowed for the call (copied); NULL or "" = the
+     * base model. A name the resolver does not know ends the request at
+     * submit (ML_REQERR_UNKNOWN_ADAPTER); one whose files cannot be served
+     * ends it when it is admitted, with the same code. */
+    const char *adapter;
     ml_request_callbacks cb;
 } ml_request;
 
@@ -147,6 +168,7 @@ typedef struct ml_runtime_stats {
     int kv_blocks_total, kv_blocks_free;
     size_t image_bytes_used, image_bytes_budget;
     uint64_t steps, tokens_generated, preemptions, images_encoded, image_cache_hits;
+    ml_adapters_stats adapters;   /* all zero without adapter slots */
 } ml_runtime_stats;
 void ml_runtime_get_stats(const ml_runtime *rt, ml_runtime_stats *st);
 

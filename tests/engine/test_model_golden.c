@@ -139,7 +139,7 @@ static void run_fixture(ml_backend *be, const char *name)
             states[i] = be->ops->alloc(be, ml_model_image_state_bytes(m));
             ml_vision_taps taps = {got_v, got_p};
             ml_status st = ml_model_encode_image(m, pixels + i * slot, (int)ar_ids[i], mask,
-                                                 states[i], &taps, err, sizeof err);
+                                                 NULL, states[i], &taps, err, sizeof err);
             check(st == ML_OK, "%s: encode %d: %s", name, i, err);
             char what[128];
             snprintf(what, sizeof what, "%s image %d vision_output", name, i);

@@ -320,8 +320,10 @@ static void test_flood(fixture *f)
     for (int i = 0; i < N; i++)
         submit(f, rt, REQ_TWO_IMAGES, 3, 0, 100 + i, &r[i], 0);
     drain(rt, f, (size_t)slots * ml_model_image_state_bytes(f->model));
-    for (int i = 0; i < N; i++)
+    for (int i = 0; i < N; i++) {
         check(r[i].done == 1 && r[i].reason == ML_FINISH_REASON_LENGTH, "flood request %d done", i);
+        free_result(&r[i]);
+    }
     ml_runtime_destroy(rt);
 }
 
@@ -350,6 +352,9 @@ static void test_endings(fixture *f)
     check(ml_runtime_submit(rt, &req, &h2, err, sizeof err) == ML_OK, "submit returns ok");
     check(refused.done == 1 && refused.error == ML_REQERR_INVALID_REQUEST,
           "image tokens without images refused");
+    free_result(&cancelled);
+    free_result(&late);
+    free_result(&refused);
     ml_runtime_destroy(rt);
 }
 

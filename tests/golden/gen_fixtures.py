@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Golden fixtures for mllama-worker, made by Hugging Face transformers.
 
-    /opt/refvenv/bin/python tests/golden/gen_fixtures.py [--only images|masks|models|tokenizer]
+    /opt/refvenv/bin/python tests/golden/gen_fixtures.py [--only images|masks|models|tokenizer|lora]
 
 Writes under tests/golden/fixtures/ (see tests/golden/README.md for the layout):
   images/     real JPEG/PNG photos and, per image, what the transformers 4.47.1
@@ -12,6 +12,9 @@ Writes under tests/golden/fixtures/ (see tests/golden/README.md for the layout):
   models/     tiny random Mllama checkpoints (bf16 safetensors in the 4.47 layout) and
               float32 reference activations, logits and greedy tokens.
   tokenizer/  written by tests/golden/tokenizer_refs.py (another generator; called here).
+  lora/       a tiny model (m3's configuration, its own weights), two PEFT LoRA adapters
+              saved with save_pretrained, and float32 logits and greedy tokens of the base
+              model and of each adapter on one two-image prompt.
 
 Everything is deterministic: photos come from scikit-image's bundled samples, random
 numbers from numpy's PCG64 with fixed seeds, torch runs on one CPU thread. Re-running
@@ -905,12 +908,12 @@ def forward(model, inputs, **kwargs):
         return model(**inputs, use_cache=False, **kwargs)
 
 
-def greedy(model, inputs, pad_id):
-    """32 greedy tokens with stop tokens disabled, and the raw logits of every step."""
+def greedy(model, inputs, pad_id, steps=GREEDY_STEPS):
+    """`steps` greedy tokens with stop tokens disabled, and the raw logits of every step."""
     import torch
     from transformers import GenerationConfig
 
-    cfg = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=GREEDY_STEPS,
+    cfg = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=steps,
                            min_new_tokens=0, pad_token_id=pad_id, use_cache=True,
                            output_logits=True, return_dict_in_generate=True)
     # generate() fills an unset eos_token_id from model.generation_config: clear it there.
@@ -919,20 +922,20 @@ def greedy(model, inputs, pad_id):
         out = model.generate(**inputs, generation_config=cfg)
     prompt_len = inputs["input_ids"].shape[1]
     tokens = out.sequences[:, prompt_len:]
-    if tokens.shape[1] != GREEDY_STEPS:
+    if tokens.shape[1] != steps:
         raise RuntimeError("generate returned %d tokens" % tokens.shape[1])
-    step_logits = torch.stack(out.logits, dim=1)          # (B, 32, V)
+    step_logits = torch.stack(out.logits, dim=1)          # (B, steps, V)
     return tokens, step_logits
 
 
-def check_against_recompute(model, inputs, tokens, step_logits):
+def check_against_recompute(model, inputs, tokens, step_logits, steps=GREEDY_STEPS):
     """Each cached decode step must match a full no-cache forward over the prompt plus
     the tokens so far, with the cross-attention mask grown by repeating its last row
     (spec section 8). Returns the max abs logit difference."""
     import torch
 
     worst = 0.0
-    for k in range(GREEDY_STEPS):
+    for k in range(steps):
         step = dict(inputs)
         step["input_ids"] = torch.cat([inputs["input_ids"], tokens[:, :k]], dim=1)
         step["attention_mask"] = torch.ones_like(step["input_ids"])
@@ -1236,9 +1239,250 @@ def gen_tokenizer(required):
         log("wrote %s" % os.path.relpath(path, REPO_ROOT))
 
 
+# ======================================================================================
+# D) LoRA adapters (PEFT) on a tiny model
+# ======================================================================================
+
+LORA_DIR = os.path.join(FIXTURES_DIR, "lora")
+# The base model: m3's configuration (two interleaved images, GQA, consecutive cross
+# layers, vocab 700) with its own weights.
+LORA_BASE_CASE = "m3_two_images_interleaved"
+LORA_SEED = 809
+LORA_STEPS = 16
+# Random A and B are scaled so each adapted Linear moves its output by about this
+# fraction of the base output (B·A·x·scale ~ LORA_DELTA · W·x): large enough that every
+# adapted module shows in the logits, small enough to keep the outputs O(1).
+LORA_DELTA = 0.5
+# Greedy tokens are compared exactly: the smallest top-1/top-2 margin must dwarf the
+# float32 reordering error (~1e-5).
+LORA_MIN_MARGIN = 1e-2
+LORA_CASES = [
+    {
+        "name": "a1_all_r8",
+        "exercises": [
+            "every kind of adaptable Linear: vision q/k/v/o/fc1/fc2 of local and global "
+            "layers, multi_modal_projector, text self_attn and cross_attn q/k/v/o, MLP "
+            "gate/up/down, lm_head",
+            "target_modules as a list (PEFT suffix matching)",
+            "r=8, lora_alpha=16 (scale 2); weights saved as BF16",
+            "touches images: vision tower, projector and cross k/v change the resident "
+            "image state",
+        ],
+        "config": {"r": 8, "lora_alpha": 16, "use_rslora": False,
+                   "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                      "up_proj", "down_proj", "fc1", "fc2",
+                                      "multi_modal_projector", "lm_head"]},
+        "dtype": "bfloat16",
+    },
+    {
+        "name": "a2_text_rslora_r4",
+        "exercises": [
+            "target_modules as a regular expression (re.fullmatch) restricted to the text "
+            "decoder: self_attn q/v, cross_attn q/o, MLP gate/down",
+            "use_rslora: scale = lora_alpha / sqrt(r) = 12 / 2 = 6 (not a power of two)",
+            "r=4; weights saved as F32 (values rounded to bf16)",
+            "leaves images alone: its requests share the base model's image states",
+        ],
+        "config": {"r": 4, "lora_alpha": 12, "use_rslora": True,
+                   "target_modules": r".*language_model.*self_attn\.(q_proj|v_proj)"
+                                     r"|.*cross_attn\.(q_proj|o_proj)"
+                                     r"|.*mlp\.(gate_proj|down_proj)"},
+        "dtype": "float32",
+    },
+]
+
+
+def lora_scale(cfg):
+    return cfg["lora_alpha"] / (math.sqrt(cfg["r"]) if cfg["use_rslora"] else cfg["r"])
+
+
+def randomize_lora(peft_model, case):
+    """Overwrite every lora_A / lora_B (PEFT starts B at zero) with bf16-exact values
+    in the case's dtype. Returns {state-dict key as saved: float32 tensor}."""
+    import torch
+
+    cfg = case["config"]
+    scale = lora_scale(cfg)
+    dtype = getattr(torch, case["dtype"])
+    values = {}
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if ".lora_A." not in name and ".lora_B." not in name:
+                continue
+            rng = param_rng(LORA_SEED, case["name"] + "/" + name)
+            out_f, in_f = param.shape
+            if ".lora_A." in name:
+                value = rng.standard_normal((out_f, in_f)) / math.sqrt(in_f)
+            else:
+                value = rng.standard_normal((out_f, in_f)) * LORA_DELTA / (
+                    scale * math.sqrt(cfg["r"]))
+            exact = torch.from_numpy(value.astype(np.float32)).to(torch.bfloat16).float()
+            param.data = exact.to(dtype)
+            values[name.replace(".default", "")] = exact
+    return values
+
+
+def vision_output(model, inputs):
+    """The vision tower's output for inputs (a forward hook on vision_model)."""
+    vm = model.get_base_model().vision_model if hasattr(model, "get_base_model") \
+        else model.vision_model
+    got = {}
+    handle = vm.register_forward_hook(lambda _m, _i, o: got.update(out=o[0]))
+    try:
+        forward(model, inputs)
+    finally:
+        handle.remove()
+    return got["out"]
+
+
+def lora_reference(model, inputs, pad_id):
+    """Prompt logits, LORA_STEPS greedy tokens (checked against a full recompute) and
+    the smallest top-1/top-2 margin of their steps."""
+    logits = forward(model, inputs).logits
+    tokens, step_logits = greedy(model, inputs, pad_id, LORA_STEPS)
+    recompute = check_against_recompute(model, inputs, tokens, step_logits, LORA_STEPS)
+    top2 = step_logits.topk(2, dim=-1).values
+    margin = float((top2[..., 0] - top2[..., 1]).min())
+    if margin < LORA_MIN_MARGIN:
+        raise RuntimeError("greedy margin %g below %g; pick another seed" % (margin,
+                                                                           LORA_MIN_MARGIN))
+    if len(set(tokens[0].tolist())) < MIN_DISTINCT_GREEDY // 2:
+        raise RuntimeError("degenerate greedy output %s" % tokens[0].tolist())
+    ref = {"logits": logits.contiguous(), "greedy_tokens": tokens.contiguous()}
+    return ref, {"min_top1_top2_step_logit_margin": margin,
+                 "max_abs_diff_cached_decode_vs_full_recompute": recompute}
+
+
+def gen_lora():
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from safetensors.torch import load_file, save_file
+    from transformers import MllamaConfig, MllamaForConditionalGeneration
+
+    import peft
+
+    torch.set_num_threads(1)
+    reset_dir(LORA_DIR)
+    ver = dict(versions(), peft=peft.__version__)
+    base_case = dict(next(c for c in MODEL_CASES if c["name"] == LORA_BASE_CASE),
+                     name="lora_base", seed=LORA_SEED)
+    config = MllamaConfig(vision_config=base_case["vision"], text_config=base_case["text"],
+                          image_token_index=base_case["text"]["vocab_size"])
+    model_dir = os.path.join(LORA_DIR, "model")
+    torch.manual_seed(LORA_SEED)
+    model = MllamaForConditionalGeneration(config)
+    randomize(model, LORA_SEED)
+    model.to(torch.bfloat16).save_pretrained(model_dir, safe_serialization=True)
+    del model
+    inputs, _, layouts, img_info = build_inputs(base_case, config,
+                                                np.random.default_rng(LORA_SEED))
+    # Only the real tiles of pixel_values are stored: the processor pads with zeros.
+    real = inputs["aspect_ratio_mask"].bool()                     # (1, N, T)
+    if torch.any(inputs["pixel_values"][~real] != 0):
+        raise RuntimeError("padding tiles of pixel_values are not zeros")
+    stored = {k: v.contiguous() for k, v in inputs.items()
+              if k not in ("attention_mask", "pixel_values")}
+    stored["pixel_values_real_tiles"] = inputs["pixel_values"][real].contiguous()
+    save_file(stored, os.path.join(LORA_DIR, "inputs.safetensors"))
+    pad_id = config.text_config.pad_token_id
+
+    base = load_model(model_dir, torch.float32, "eager")
+    base_ref, base_checks = lora_reference(base, inputs, pad_id)
+    base_vision = vision_output(base, inputs)
+    del base
+    os.makedirs(os.path.join(LORA_DIR, "base"))
+    save_file(base_ref, os.path.join(LORA_DIR, "base", "reference.safetensors"))
+    cases = {"base": {"checks": base_checks,
+                      "greedy_tokens": base_ref["greedy_tokens"][0].tolist()}}
+
+    for case in LORA_CASES:
+        name, cfg = case["name"], case["config"]
+        out_dir = os.path.join(LORA_DIR, name)
+        # Made on the bf16 model as a fine-tune would leave it; the frozen lm_head copy
+        # PEFT would add (save_embedding_layers) is left out to keep the fixture small.
+        bf16 = load_model(model_dir, torch.bfloat16, "eager")
+        peft_model = get_peft_model(bf16, LoraConfig(lora_dropout=0.0, bias="none", **cfg))
+        values = randomize_lora(peft_model, case)
+        # Relative, so the fixture names no path of the machine that made it.
+        peft_model.peft_config["default"].base_model_name_or_path = "../model"
+        peft_model.save_pretrained(out_dir, save_embedding_layers=False)
+        os.remove(os.path.join(out_dir, "README.md"))  # PEFT's model card template
+        # PEFT keeps a target list as a set, written in hash order: sort it so the file
+        # is reproducible, and write it as PEFT does (PeftConfigMixin.save_pretrained).
+        config_path = os.path.join(out_dir, "adapter_config.json")
+        with open(config_path, encoding="utf-8") as f:
+            written = json.load(f)
+        if isinstance(written["target_modules"], list):
+            written["target_modules"] = sorted(written["target_modules"])
+        with open(config_path, "w", encoding="utf-8") as f:
+            f.write(json.dumps(written, indent=2, sort_keys=True))
+        del peft_model, bf16
+        saved = load_file(os.path.join(out_dir, "adapter_model.safetensors"))
+        if set(saved) != set(values) or any(
+                not torch.equal(saved[k].float(), v) for k, v in values.items()):
+            raise RuntimeError("%s: saved adapter differs from the values set" % name)
+
+        # Reference: the saved files loaded the way users load them, float32 eager.
+        model = PeftModel.from_pretrained(load_model(model_dir, torch.float32, "eager"),
+                                          out_dir)
+        model.eval()
+        ref, checks = lora_reference(model, inputs, pad_id)
+        vision_delta = float((vision_output(model, inputs) - base_vision).abs().max())
+        del model
+        touches = case["name"] == "a1_all_r8"
+        if (vision_delta > 0) != touches:
+            raise RuntimeError("%s: vision output moved by %g" % (name, vision_delta))
+        save_file(ref, os.path.join(out_dir, "reference.safetensors"))
+        modules = sorted({k.split(".lora_")[0][len("base_model.model."):] for k in saved})
+        checks.update({
+            "max_abs_diff_vision_output_vs_base": vision_delta,
+            "max_abs_diff_logits_vs_base": float((ref["logits"] - base_ref["logits"])
+                                                 .abs().max()),
+        })
+        cases[name] = {
+            "exercises": case["exercises"],
+            "lora_config": cfg,
+            "scale": lora_scale(cfg),
+            "saved_dtype": case["dtype"],
+            "adapted_modules": modules,
+            "n_adapted_modules": len(modules),
+            "touches_images": touches,
+            "checks": checks,
+            "greedy_tokens": ref["greedy_tokens"][0].tolist(),
+        }
+        log("%s: %d modules, logits moved %.3g, greedy %s" % (
+            name, len(modules), checks["max_abs_diff_logits_vs_base"],
+            ref["greedy_tokens"][0, :8].tolist()))
+
+    write_json(os.path.join(LORA_DIR, "meta.json"), {
+        "generator": "tests/golden/gen_fixtures.py --only lora",
+        "versions": ver,
+        "model": {"config_of": LORA_BASE_CASE, "seed": LORA_SEED,
+                  "full_config": full_config(config)},
+        "inputs": {"prompt_layout": layouts[0], "images": img_info,
+                   "tensors": "inputs.safetensors: input_ids, aspect_ratio_ids, "
+                              "aspect_ratio_mask, cross_attention_mask, and "
+                              "pixel_values_real_tiles: pixel_values[aspect_ratio_mask == 1] "
+                              "(real tiles in image, tile order; the other slots are zeros)"},
+        "reference": {
+            "dtype": "float32 forward of the bf16 base weights and the adapter",
+            "attn_implementation": "eager",
+            "adapter_load": "PeftModel.from_pretrained(base float32, adapter dir)",
+            "logits": "forward(use_cache=False) logits of every prompt position (1, S, V)",
+            "generation": "generate(do_sample=False, max_new_tokens=%d, eos_token_id=None)"
+                          % LORA_STEPS,
+        },
+        "cases": cases,
+        "files": {os.path.relpath(os.path.join(d, f), LORA_DIR):
+                  sha256_file(os.path.join(d, f))
+                  for d, _, fs in sorted(os.walk(LORA_DIR)) for f in sorted(fs)
+                  if f.endswith((".safetensors", ".json"))},
+    })
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=["images", "masks", "models", "tokenizer"],
+    parser.add_argument("--only", choices=["images", "masks", "models", "tokenizer", "lora"],
                         help="generate one group only (default: all)")
     args = parser.parse_args()
     if args.only in (None, "images"):
@@ -1249,6 +1493,8 @@ def main():
         gen_models()
     if args.only in (None, "tokenizer"):
         gen_tokenizer(required=args.only == "tokenizer")
+    if args.only in (None, "lora"):
+        gen_lora()
 
 
 if __name__ == "__main__":

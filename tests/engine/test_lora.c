@@ -1,0 +1,825 @@
+/* LoRA in the model (engine/model/lora.*, the CPU lora op):
+ * - the segmented lora op against a double-precision reference: several
+ *   segments of different ranks, gaps between them, decode- and
+ *   prefill-sized row counts; rows outside every segment stay untouched;
+ * - adapter_config.json: PEFT's target matching (suffixes, regular
+ *   expressions, all-linear, exclude_modules), scales, refused features;
+ * - adapter loading errors on adapters derived from the fixture's (missing
+ *   tensor, wrong shape, rank_pattern, untargeted or unknown modules, ...),
+ *   the newer key layout and F16 weights loading to the same slot;
+ * - golden: the base model and the two fixture adapters (every kind of
+ *   Linear, r=8; text-only rsLoRA, r=4, by regex) against PEFT +
+ *   transformers: prompt logits and 16 greedy tokens.
+ *
+ * Tolerances as in test_model_golden: the reference is a float32 forward of
+ * the same bf16 weights, so the two differ by summation order only. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "dtype.h"
+#include "harness.h"
+#include "model/lora.h"
+#include "model/mllama.h"
+#include "model/safetensors.h"
+
+#define FIXTURE ML_SOURCE_DIR "/tests/golden/fixtures/lora"
+#define MODEL_DIR FIXTURE "/model"
+#define A1 "a1_all_r8"
+#define A2 "a2_text_rslora_r4"
+#define GREEDY_STEPS 16
+#define KV_BLOCK 16
+#define TOL_LOGITS 2e-5
+#define MAX_PROMPT 64
+#define MAX_IMAGES 2
+#define MAX_TILES 4
+
+/* ======================================================================== */
+/* the lora op                                                              */
+/* ======================================================================== */
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+
+static float frand(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static void fill_bf16(uint16_t *w, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        w[i] = ml_f32_to_bf16(frand() * scale);
+}
+
+/* y += segments, in double, as the contract of backend.h states. */
+static void lora_reference(float *y, const float *x, const ml_lora_segment *segs, int n_segs,
+                           int K, int N)
+{
+    for (int s = 0; s < n_segs; s++) {
+        const ml_lora_segment *g = &segs[s];
+        for (int r = g->row_start; r < g->row_start + g->n_rows; r++) {
+            double t[64];
+            for (int j = 0; j < g->rank; j++) {
+                t[j] = 0;
+                for (int k = 0; k < K; k++)
+                    t[j] += (double)x[(size_t)r * K + k] * ml_bf16_to_f32(g->a[(size_t)j * K + k]);
+            }
+            for (int n = 0; n < N; n++) {
+                double u = 0;
+                for (int j = 0; j < g->rank; j++)
+                    u += t[j] * ml_bf16_to_f32(g->b[(size_t)n * g->rank + j]);
+                y[(size_t)r * N + n] += (float)(g->scale * u);
+            }
+        }
+    }
+}
+
+/* rows of x, segments {start, rows, rank} given as triples. */
+static void op_case(ml_backend *be, int M, int K, int N, const int (*layout)[3], int n_segs,
+                    const char *what)
+{
+    const int max_rank = 16;
+    float *x = be->ops->alloc(be, (size_t)M * K * sizeof(float));
+    float *y = be->ops->alloc(be, (size_t)M * N * sizeof(float));
+    float *want = malloc((size_t)M * N * sizeof(float));
+    float *scratch = be->ops->alloc(be, (size_t)M * max_rank * sizeof(float));
+    uint16_t *w = malloc((size_t)n_segs * max_rank * (K + N) * sizeof *w);
+    ml_lora_segment segs[8];
+    for (size_t i = 0; i < (size_t)M * K; i++)
+        x[i] = frand();
+    for (size_t i = 0; i < (size_t)M * N; i++)
+        y[i] = want[i] = frand();
+    for (int s = 0; s < n_segs; s++) {
+        uint16_t *a = w + (size_t)s * max_rank * (K + N), *b = a + (size_t)max_rank * K;
+        fill_bf16(a, (size_t)layout[s][2] * K, 1.0f / sqrtf((float)K));
+        fill_bf16(b, (size_t)N * layout[s][2], 1.0f);
+        segs[s] = (ml_lora_segment){layout[s][0], layout[s][1], layout[s][2],
+                                    0.75f + 0.5f * (float)s, a, b};
+    }
+    be->ops->lora(be, y, x, segs, n_segs, K, N, scratch, max_rank);
+    lora_reference(want, x, segs, n_segs, K, N);
+    /* Rows outside the segments keep their exact value (the reference adds
+     * nothing there), so a stray write fails at any tolerance. */
+    check_tensor(y, want, (size_t)M * N, 1e-5, 1e-5, what);
+    be->ops->free(be, x);
+    be->ops->free(be, y);
+    be->ops->free(be, scratch);
+    free(want);
+    free(w);
+}
+
+static void test_op(ml_backend *be)
+{
+    static const int decode[][3] = {{0, 1, 8}, {1, 2, 16}, {4, 1, 4}, {6, 1, 1}};
+    op_case(be, 8, 96, 200, decode, 4, "lora op, decode rows, 4 adapters, gaps");
+    static const int prefill[][3] = {{3, 40, 16}, {43, 17, 5}, {70, 30, 8}};
+    op_case(be, 100, 64, 130, prefill, 3, "lora op, prefill rows, 3 adapters");
+    static const int one[][3] = {{0, 37, 3}};
+    op_case(be, 37, 33, 1, one, 1, "lora op, N = 1, odd K");
+}
+
+/* ======================================================================== */
+/* adapter_config.json                                                      */
+/* ======================================================================== */
+
+static ml_lora_config *parse(const char *json, ml_status want, const char *needle)
+{
+    char err[512] = "";
+    ml_lora_config *c = NULL;
+    ml_status st = ml_lora_config_parse(&c, json, strlen(json), err, sizeof err);
+    check(st == want, "config %s: status %s, want %s (%s)", json, ml_status_name(st),
+          ml_status_name(want), err);
+    if (needle)
+        check(strstr(err, needle) != NULL, "config %s: message '%s' lacks '%s'", json, err,
+              needle);
+    return c;
+}
+
+static void test_config(void)
+{
+    const char *q = "language_model.model.layers.0.self_attn.q_proj";
+    const char *vq = "vision_model.transformer.layers.3.self_attn.q_proj";
+    const char *xk = "language_model.model.layers.1.cross_attn.k_proj";
+    const char *head = "language_model.lm_head";
+
+    /* Lists: suffix matching at dot boundaries, as PEFT. */
+    ml_lora_config *c = parse("{\"r\": 16, \"lora_alpha\": 32, \"target_modules\": "
+                              "[\"q_proj\", \"layers.1.cross_attn.k_proj\"]}",
+                              ML_OK, NULL);
+    if (c) {
+        check(ml_lora_config_rank(c) == 16 && ml_lora_config_scale(c) == 2.0f, "r and scale");
+        check(ml_lora_config_targets(c, q) && ml_lora_config_targets(c, vq), "suffix q_proj");
+        check(ml_lora_config_targets(c, xk), "dotted suffix");
+        check(!ml_lora_config_targets(c, "language_model.model.layers.0.self_attn.xq_proj"),
+              "a suffix must start at a dot");
+        check(!ml_lora_config_targets(c, head), "lm_head not targeted");
+    }
+    ml_lora_config_destroy(c);
+
+    /* rsLoRA and defaults (r 8, alpha 8). */
+    c = parse("{\"r\": 4, \"lora_alpha\": 12, \"use_rslora\": true, \"target_modules\": "
+              "[\"v_proj\"]}",
+              ML_OK, NULL);
+    check(c && ml_lora_config_scale(c) == 6.0f, "rslora scale 12/sqrt(4)");
+    ml_lora_config_destroy(c);
+    c = parse("{\"target_modules\": [\"v_proj\"]}", ML_OK, NULL);
+    check(c && ml_lora_config_rank(c) == 8 && ml_lora_config_scale(c) == 1.0f, "defaults");
+    ml_lora_config_destroy(c);
+
+    /* Regular expressions: full match, the translated subset. */
+    c = parse("{\"target_modules\": \".*language_model.*\\\\.(?:q_proj|k_proj)\"}", ML_OK, NULL);
+    check(c && ml_lora_config_targets(c, q) && ml_lora_config_targets(c, xk) &&
+              !ml_lora_config_targets(c, vq),
+          "regex restricted to the language model");
+    ml_lora_config_destroy(c);
+    c = parse("{\"target_modules\": \"q_proj\"}", ML_OK, NULL);
+    check(c && !ml_lora_config_targets(c, q), "a regex must match the whole name");
+    ml_lora_config_destroy(c);
+    c = parse("{\"target_modules\": \".*layers\\\\.\\\\d\\\\.self_attn\\\\.q_proj\"}", ML_OK, NULL);
+    check(c && ml_lora_config_targets(c, q) &&
+              !ml_lora_config_targets(c, "language_model.model.layers.10.self_attn.q_proj"),
+          "\\d is one digit");
+    ml_lora_config_destroy(c);
+    c = parse("{\"target_modules\": \".*?lm_hea[a-z]\"}", ML_OK, NULL);
+    check(c && ml_lora_config_targets(c, head), "lazy quantifier and a set");
+    ml_lora_config_destroy(c);
+
+    /* all-linear: everything but the output layer; exclude_modules. */
+    c = parse("{\"target_modules\": \"ALL-LINEAR\", \"exclude_modules\": [\"k_proj\"]}", ML_OK,
+              NULL);
+    check(c && ml_lora_config_targets(c, q) && ml_lora_config_targets(c, vq) &&
+              !ml_lora_config_targets(c, head) && !ml_lora_config_targets(c, xk),
+          "all-linear minus lm_head minus excluded");
+    ml_lora_config_destroy(c);
+
+    /* Refused. */
+    parse("{\"target_modules\": [\"q_proj\"], \"rank_pattern\": {\"q_proj\": 4}}",
+          ML_ERR_UNSUPPORTED, "rank_pattern");
+    parse("{\"target_modules\": [\"q_proj\"], \"alpha_pattern\": {\"q_proj\": 4}}",
+          ML_ERR_UNSUPPORTED, "alpha_pattern");
+    parse("{\"target_modules\": [\"q_proj\"], \"modules_to_save\": [\"lm_head\"]}",
+          ML_ERR_UNSUPPORTED, "modules_to_save");
+    parse("{\"target_modules\": [\"q_proj\"], \"use_dora\": true}", ML_ERR_UNSUPPORTED,
+          "use_dora");
+    parse("{\"target_modules\": [\"q_proj\"], \"bias\": \"all\"}", ML_ERR_UNSUPPORTED, "bias");
+    parse("{\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 0}", ML_ERR_UNSUPPORTED,
+          "layers_to_transform");
+    parse("{\"target_modules\": [\"q_proj\"], \"peft_type\": \"LOHA\"}", ML_ERR_UNSUPPORTED,
+          "peft_type");
+    parse("{\"target_modules\": [\"q_proj\"], \"init_lora_weights\": \"pissa_niter_4\"}",
+          ML_ERR_UNSUPPORTED, "init_lora_weights");
+    parse("{\"target_modules\": \"(?=q)q_proj\"}", ML_ERR_UNSUPPORTED, "(?");
+    parse("{\"target_modules\": \"q_proj{2}\"}", ML_ERR_UNSUPPORTED, "repetition");
+    parse("{\"target_modules\": \"\\\\bq\"}", ML_ERR_UNSUPPORTED, "escape");
+    /* Malformed. */
+    parse("{\"r\": 8}", ML_ERR_FORMAT, "target_modules: required");
+    parse("{\"target_modules\": []}", ML_ERR_FORMAT, "empty");
+    parse("{\"target_modules\": [\"q_proj\", 3]}", ML_ERR_FORMAT, "target_modules[1]");
+    parse("{\"target_modules\": [\"q\"], \"r\": 0}", ML_ERR_FORMAT, "r:");
+    parse("{\"target_modules\": [\"q\"], \"r\": 2.5}", ML_ERR_FORMAT, "r:");
+    parse("{\"target_modules\": [\"q\"], \"lora_alpha\": \"16\"}", ML_ERR_FORMAT, "lora_alpha");
+    parse("{\"target_modules\": \"(q_proj\"}", ML_ERR_FORMAT, "unbalanced");
+    parse("{\"target_modules\": \"*q\"}", ML_ERR_FORMAT, "nothing to repeat");
+    parse("[1, 2]", ML_ERR_FORMAT, "JSON object");
+    /* Features that are off are fine, as PEFT writes them. */
+    c = parse("{\"target_modules\": [\"q_proj\"], \"rank_pattern\": {}, \"use_dora\": false, "
+              "\"modules_to_save\": null, \"layers_to_transform\": null, \"loftq_config\": {}, "
+              "\"megatron_core\": \"megatron.core\", \"init_lora_weights\": \"gaussian\", "
+              "\"some_future_field\": 3}",
+              ML_OK, NULL);
+    ml_lora_config_destroy(c);
+}
+
+/* ======================================================================== */
+/* files                                                                    */
+/* ======================================================================== */
+
+static char *read_text(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    buf[got] = '\0';
+    if (len)
+        *len = got;
+    return buf;
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    check(f != NULL, "write %s", path);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* An adapter directory derived from a fixture adapter: its config as JSON
+ * and its tensors as views to edit, then written to dir. */
+typedef struct scratch {
+    char dir[256];
+    cJSON *config;         /* owned */
+    ml_safetensors *src;   /* owned: the fixture's tensors */
+    ml_tensor_view *views; /* owned (n) */
+    char (*names)[256];    /* owned (n) */
+    size_t n;
+    void *extra;           /* owned: data of an added or converted tensor, or NULL */
+} scratch;
+
+static void scratch_open(scratch *s, const char *dir, const char *fixture)
+{
+    char path[512], err[256];
+    memset(s, 0, sizeof *s);
+    snprintf(s->dir, sizeof s->dir, "%s", dir);
+    snprintf(path, sizeof path, FIXTURE "/%s/" ML_LORA_CONFIG_FILE, fixture);
+    char *text = read_text(path, NULL);
+    s->config = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    snprintf(path, sizeof path, FIXTURE "/%s/" ML_LORA_WEIGHTS_FILE, fixture);
+    if (!s->config || ml_safetensors_open(&s->src, path, err, sizeof err) != ML_OK) {
+        fprintf(stderr, "fixture adapter %s unreadable: %s\n", fixture, err);
+        exit(1);
+    }
+    s->n = ml_safetensors_count(s->src);
+    s->views = calloc(s->n + 1, sizeof *s->views); /* + 1: room to add one */
+    s->names = calloc(s->n + 1, sizeof *s->names);
+    for (size_t i = 0; i < s->n; i++) {
+        s->views[i] = *ml_safetensors_tensor(s->src, i);
+        snprintf(s->names[i], sizeof s->names[i], "%s", s->views[i].name);
+        s->views[i].name = s->names[i];
+    }
+}
+
+/* The view whose name ends with suffix (the first), or NULL. */
+static ml_tensor_view *scratch_find(scratch *s, const char *suffix)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        size_t n = strlen(s->names[i]), k = strlen(suffix);
+        if (n >= k && !strcmp(s->names[i] + n - k, suffix))
+            return &s->views[i];
+    }
+    return NULL;
+}
+
+/* Give view t (one of s's) a new name. */
+static void scratch_rename(scratch *s, ml_tensor_view *t, const char *name)
+{
+    snprintf(s->names[t - s->views], sizeof s->names[0], "%s", name);
+}
+
+static void scratch_write(scratch *s)
+{
+    char path[512], err[256];
+    char *text = cJSON_Print(s->config);
+    snprintf(path, sizeof path, "%s/" ML_LORA_CONFIG_FILE, s->dir);
+    write_text(path, text);
+    free(text);
+    snprintf(path, sizeof path, "%s/" ML_LORA_WEIGHTS_FILE, s->dir);
+    check(ml_safetensors_write(path, s->views, s->n, err, sizeof err) == ML_OK, "write: %s",
+          err);
+}
+
+static void scratch_close(scratch *s)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/" ML_LORA_CONFIG_FILE, s->dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/" ML_LORA_WEIGHTS_FILE, s->dir);
+    unlink(path);
+    cJSON_Delete(s->config);
+    ml_safetensors_destroy(s->src);
+    free(s->views);
+    free(s->names);
+    free(s->extra);
+}
+
+/* Write s and load it for cfg: the status, and the adapter when it loads. */
+static ml_lora_adapter *scratch_load(scratch *s, const ml_config *cfg, ml_status want,
+                                     const char *needle, const char *what)
+{
+    char err[512] = "";
+    ml_lora_adapter *a = NULL;
+    scratch_write(s);
+    ml_status st = ml_lora_adapter_load(&a, s->dir, cfg, err, sizeof err);
+    check(st == want, "%s: status %s, want %s (%s)", what, ml_status_name(st),
+          ml_status_name(want), err);
+    if (needle)
+        check(strstr(err, needle) != NULL, "%s: message '%s' lacks '%s'", what, err, needle);
+    if (st != ML_OK) {
+        fprintf(stderr, "  %-40s %s\n", what, err);
+        return NULL;
+    }
+    return a;
+}
+
+/* ======================================================================== */
+/* the model                                                                */
+/* ======================================================================== */
+
+typedef struct fixture {
+    ml_backend *be;
+    ml_model *m;
+    int S, N, T, V;
+    int32_t ids[MAX_PROMPT];
+    float *pixels;                          /* (N, T, 3, side, side) */
+    int ar_ids[MAX_IMAGES];
+    uint8_t ar_mask[MAX_IMAGES][MAX_TILES];
+    uint8_t allowed[MAX_PROMPT * MAX_IMAGES * MAX_TILES]; /* (S, N·T) */
+} fixture;
+
+static int64_t *read_i64(ml_safetensors *st, const char *name, size_t *n)
+{
+    char err[256];
+    const ml_tensor_view *t = ml_safetensors_find(st, name);
+    if (!t) {
+        fprintf(stderr, "inputs: no %s\n", name);
+        exit(1);
+    }
+    *n = (size_t)ml_tensor_view_numel(t);
+    int64_t *v = malloc(*n * sizeof *v);
+    ml_tensor_view_read_i64(t, v, err, sizeof err);
+    return v;
+}
+
+static void load_fixture(fixture *f)
+{
+    char err[512];
+    memset(f, 0, sizeof *f);
+    f->be = ml_backend_cpu_create(2, err, sizeof err);
+    ml_safetensors *in;
+    if (!f->be || ml_safetensors_open(&in, FIXTURE "/inputs.safetensors", err, sizeof err)) {
+        fprintf(stderr, "fixture: %s\n", err);
+        exit(1);
+    }
+    size_t n;
+    int64_t *ids = read_i64(in, "input_ids", &n);
+    f->S = (int)n;
+    for (int i = 0; i < f->S; i++)
+        f->ids[i] = (int32_t)ids[i];
+    int64_t *ar = read_i64(in, "aspect_ratio_ids", &n);
+    f->N = (int)n;
+    int64_t *mask = read_i64(in, "aspect_ratio_mask", &n);
+    f->T = (int)(n / (size_t)f->N);
+    int64_t *xmask = read_i64(in, "cross_attention_mask", &n);
+    for (size_t i = 0; i < n; i++)
+        f->allowed[i] = xmask[i] != 0;
+
+    ml_model_limits lim = ml_model_limits_default();
+    lim.max_step_tokens = f->S;
+    lim.max_step_seqs = 1;
+    lim.max_logit_rows = f->S;
+    lim.max_seq_images = f->N;
+    lim.kv_block_size = KV_BLOCK;
+    if (ml_model_load(&f->m, MODEL_DIR, f->be, &lim, err, sizeof err) != ML_OK) {
+        fprintf(stderr, "model: %s\n", err);
+        exit(1);
+    }
+    const ml_config *cfg = ml_model_config(f->m);
+    f->V = cfg->text.vocab_size;
+    /* pixel_values_real_tiles back into their slots; the rest are zeros. */
+    size_t tile = 3 * (size_t)cfg->vision.image_size * cfg->vision.image_size;
+    const ml_tensor_view *real = ml_safetensors_find(in, "pixel_values_real_tiles");
+    float *tiles = malloc((size_t)ml_tensor_view_numel(real) * sizeof *tiles);
+    ml_tensor_view_read_f32(real, tiles, err, sizeof err);
+    f->pixels = calloc((size_t)f->N * f->T * tile, sizeof *f->pixels);
+    size_t next = 0;
+    for (int i = 0; i < f->N; i++) {
+        f->ar_ids[i] = (int)ar[i];
+        for (int t = 0; t < f->T; t++) {
+            f->ar_mask[i][t] = mask[i * f->T + t] != 0;
+            if (f->ar_mask[i][t])
+                memcpy(f->pixels + ((size_t)i * f->T + t) * tile, tiles + tile * next++,
+                       tile * sizeof *tiles);
+        }
+    }
+    free(tiles);
+    free(ids);
+    free(ar);
+    free(mask);
+    free(xmask);
+    ml_safetensors_destroy(in);
+}
+
+/* Load a fixture adapter (NULL name: none) into a new slot of rank 8. */
+static ml_lora *slot_for(fixture *f, const char *name)
+{
+    if (!name)
+        return NULL;
+    char dir[512], err[512];
+    snprintf(dir, sizeof dir, FIXTURE "/%s", name);
+    ml_lora_adapter *a = NULL;
+    ml_lora *l = NULL;
+    if (ml_lora_adapter_load(&a, dir, ml_model_config(f->m), err, sizeof err) != ML_OK ||
+        ml_lora_create(&l, f->m, 8, err, sizeof err) != ML_OK ||
+        ml_lora_set(l, a, err, sizeof err) != ML_OK) {
+        check(0, "adapter %s: %s", name, err);
+        ml_lora_destroy(l);
+        l = NULL;
+    }
+    ml_lora_adapter_destroy(a);
+    return l;
+}
+
+/* Prompt logits (S, V) of the fixture prompt with adapter lora, and with
+ * greedy != NULL the reference tokens fed back for GREEDY_STEPS steps,
+ * counting argmax mismatches in *mismatches. */
+static float *run_model(fixture *f, const ml_lora *lora, const int64_t *greedy, int *mismatches)
+{
+    char err[512];
+    const ml_config *cfg = ml_model_config(f->m);
+    size_t state_bytes = ml_model_image_state_bytes(f->m);
+    void *states[MAX_IMAGES];
+    for (int i = 0; i < f->N; i++) {
+        size_t tile = 3 * (size_t)cfg->vision.image_size * cfg->vision.image_size;
+        states[i] = f->be->ops->alloc(f->be, state_bytes);
+        check(ml_model_encode_image(f->m, f->pixels + (size_t)i * f->T * tile, f->ar_ids[i],
+                                    f->ar_mask[i], lora, states[i], NULL, err,
+                                    sizeof err) == ML_OK,
+              "encode %d: %s", i, err);
+    }
+    int ctx = f->S + GREEDY_STEPS, n_blocks = (ctx + KV_BLOCK - 1) / KV_BLOCK;
+    ml_kv_cache *kv;
+    check(ml_kv_cache_create(&kv, f->be, cfg->text.num_hidden_layers - cfg->text.n_cross_layers,
+                             n_blocks, KV_BLOCK, cfg->text.num_key_value_heads,
+                             cfg->text.head_dim, err, sizeof err) == ML_OK,
+          "kv: %s", err);
+    int32_t table[64], tokens[MAX_PROMPT + GREEDY_STEPS];
+    for (int i = 0; i < n_blocks; i++)
+        table[i] = ml_kv_cache_alloc(kv);
+    memcpy(tokens, f->ids, (size_t)f->S * sizeof *tokens);
+    int chunks = f->N * f->T;
+    ml_step_seq q = {.tokens = tokens, .n_tokens = f->S, .pos0 = 0, .block_table = table,
+                     .n_images = f->N, .image_states = (const void *const *)states,
+                     .cross_allowed = f->allowed, .logits = 2, .lora = lora};
+    float *logits = malloc((size_t)f->S * f->V * sizeof *logits);
+    check(ml_model_forward(f->m, kv, &q, 1, logits, NULL, err, sizeof err) == ML_OK,
+          "prefill: %s", err);
+    float *row = malloc((size_t)f->V * sizeof *row);
+    memcpy(row, logits + (size_t)(f->S - 1) * f->V, (size_t)f->V * sizeof *row);
+    for (int step = 0; greedy && step < GREEDY_STEPS; step++) {
+        int best = 0;
+        for (int v = 1; v < f->V; v++)
+            best = row[v] > row[best] ? v : best;
+        *mismatches += best != (int)greedy[step];
+        if (step + 1 == GREEDY_STEPS)
+            break;
+        /* Feed the reference token so one divergence does not cascade; decode
+         * rows reuse the last prompt row of the cross-attention mask. */
+        tokens[f->S + step] = (int32_t)greedy[step];
+        q = (ml_step_seq){.tokens = tokens + f->S + step, .n_tokens = 1, .pos0 = f->S + step,
+                          .block_table = table, .n_images = f->N,
+                          .image_states = (const void *const *)states,
+                          .cross_allowed = f->allowed + (size_t)(f->S - 1) * chunks, .logits = 1,
+                          .lora = lora};
+        check(ml_model_forward(f->m, kv, &q, 1, row, NULL, err, sizeof err) == ML_OK,
+              "decode %d: %s", step, err);
+    }
+    free(row);
+    ml_kv_cache_destroy(kv);
+    for (int i = 0; i < f->N; i++)
+        f->be->ops->free(f->be, states[i]);
+    return logits;
+}
+
+static float max_abs(const float *x, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fmaxf(m, fabsf(x[i]));
+    return m;
+}
+
+/* One golden case: `name` is the adapter (NULL: base), `ref` its folder. */
+static void golden_case(fixture *f, const char *name, const char *ref)
+{
+    char path[512], err[512];
+    snprintf(path, sizeof path, FIXTURE "/%s/reference.safetensors", ref);
+    ml_safetensors *st;
+    if (ml_safetensors_open(&st, path, err, sizeof err) != ML_OK) {
+        check(0, "%s", err);
+        return;
+    }
+    size_t n_logits = (size_t)f->S * f->V, n_greedy;
+    float *want = malloc(n_logits * sizeof *want);
+    ml_tensor_view_read_f32(ml_safetensors_find(st, "logits"), want, err, sizeof err);
+    int64_t *greedy = read_i64(st, "greedy_tokens", &n_greedy);
+    check(n_greedy == GREEDY_STEPS, "%s: %zu greedy tokens", ref, n_greedy);
+
+    ml_lora *lora = slot_for(f, name);
+    int mismatches = 0;
+    float *got = run_model(f, lora, greedy, &mismatches);
+    char what[128];
+    snprintf(what, sizeof what, "%s prompt logits", ref);
+    check_tensor(got, want, n_logits, TOL_LOGITS * max_abs(want, n_logits), 0, what);
+    check(mismatches == 0, "%s: %d of %d greedy tokens differ from PEFT generate()", ref,
+          mismatches, GREEDY_STEPS);
+    free(got);
+    free(want);
+    free(greedy);
+    ml_lora_destroy(lora);
+    ml_safetensors_destroy(st);
+}
+
+/* Logits of adapter a (host) through a fresh slot. */
+static float *logits_with(fixture *f, const ml_lora_adapter *a)
+{
+    char err[512];
+    ml_lora *l = NULL;
+    check(ml_lora_create(&l, f->m, 8, err, sizeof err) == ML_OK &&
+              ml_lora_set(l, a, err, sizeof err) == ML_OK,
+          "slot: %s", err);
+    float *logits = run_model(f, l, NULL, NULL);
+    ml_lora_destroy(l);
+    return logits;
+}
+
+/* ======================================================================== */
+/* loading errors and variants                                              */
+/* ======================================================================== */
+
+/* Rename every key to the transformers >= 4.52 layout. */
+static void to_new_layout(scratch *s)
+{
+    static const struct {
+        const char *from, *to;
+    } map[] = {
+        {"base_model.model.language_model.model.", "base_model.model.model.language_model."},
+        {"base_model.model.vision_model.", "base_model.model.model.vision_model."},
+        {"base_model.model.multi_modal_projector.",
+         "base_model.model.model.multi_modal_projector."},
+        {"base_model.model.language_model.lm_head.", "base_model.model.lm_head."},
+    };
+    for (size_t i = 0; i < s->n; i++) {
+        for (size_t k = 0; k < sizeof map / sizeof map[0]; k++) {
+            size_t len = strlen(map[k].from);
+            if (strncmp(s->names[i], map[k].from, len))
+                continue;
+            char renamed[256];
+            snprintf(renamed, sizeof renamed, "%s%s", map[k].to, s->names[i] + len);
+            snprintf(s->names[i], sizeof s->names[i], "%s", renamed);
+            break;
+        }
+    }
+}
+
+static void test_loading(fixture *f, const char *tmp)
+{
+    const ml_config *cfg = ml_model_config(f->m);
+    char err[512];
+    scratch s;
+    ml_lora_adapter *a;
+
+    /* As written by PEFT, through the scratch path: every module kind. */
+    scratch_open(&s, tmp, A1);
+    a = scratch_load(&s, cfg, ML_OK, NULL, "a1 rewritten");
+    int n_vision = cfg->vision.num_hidden_layers + cfg->vision.num_global_layers;
+    check(a && ml_lora_adapter_n_modules(a) == n_vision * 6 + 2 + cfg->text.num_hidden_layers * 7,
+          "a1 adapts every Linear");
+    check(a && ml_lora_adapter_touches_images(a) && ml_lora_adapter_rank(a) == 8 &&
+              ml_lora_adapter_scale(a) == 2.0f,
+          "a1 rank, scale, images");
+    float *want = a ? logits_with(f, a) : NULL;
+    ml_lora_adapter_destroy(a);
+    scratch_close(&s);
+
+    /* The newer key layout gives the same adapter. */
+    scratch_open(&s, tmp, A1);
+    to_new_layout(&s);
+    a = scratch_load(&s, cfg, ML_OK, NULL, "new key layout");
+    if (a && want) {
+        float *got = logits_with(f, a);
+        check(!memcmp(got, want, (size_t)f->S * f->V * sizeof *got),
+              "new key layout: bit-identical logits");
+        free(got);
+    }
+    ml_lora_adapter_destroy(a);
+    scratch_close(&s);
+
+    /* F32 weights (the same bf16 values) give the same adapter too. */
+    scratch_open(&s, tmp, A1);
+    size_t total = 0;
+    for (size_t i = 0; i < s.n; i++)
+        total += (size_t)ml_tensor_view_numel(&s.views[i]);
+    float *f32 = s.extra = malloc(total * sizeof *f32);
+    for (size_t i = 0; i < s.n; i++) {
+        ml_tensor_view_read_f32(&s.views[i], f32, err, sizeof err);
+        s.views[i].data = f32;
+        s.views[i].dtype = ML_DTYPE_F32;
+        s.views[i].nbytes *= 2;
+        f32 += ml_tensor_view_numel(&s.views[i]);
+    }
+    a = scratch_load(&s, cfg, ML_OK, NULL, "f32 weights");
+    if (a && want) {
+        float *got = logits_with(f, a);
+        check(!memcmp(got, want, (size_t)f->S * f->V * sizeof *got),
+              "f32 weights: bit-identical logits");
+        free(got);
+    }
+    ml_lora_adapter_destroy(a);
+    scratch_close(&s);
+    free(want);
+
+    /* PEFT's frozen lm_head copy (save_embedding_layers) is accepted when it
+     * has the base layer's shape. */
+    scratch_open(&s, tmp, A1);
+    size_t head = (size_t)cfg->text.vocab_size * cfg->text.hidden_size;
+    s.extra = calloc(head, sizeof(uint16_t));
+    s.views[s.n] = (ml_tensor_view){.name = s.names[s.n], .dtype = ML_DTYPE_BF16, .ndim = 2,
+                                    .shape = {cfg->text.vocab_size, cfg->text.hidden_size},
+                                    .data = s.extra, .nbytes = head * sizeof(uint16_t)};
+    s.n++;
+    scratch_rename(&s, &s.views[s.n - 1],
+                   "base_model.model.language_model.lm_head.base_layer.weight");
+    ml_lora_adapter_destroy(scratch_load(&s, cfg, ML_OK, NULL, "lm_head base_layer copy"));
+    s.views[s.n - 1].shape[0] = cfg->text.vocab_size / 2;
+    s.views[s.n - 1].shape[1] = cfg->text.hidden_size * 2;
+    scratch_load(&s, cfg, ML_ERR_FORMAT, "base_layer.weight has shape", "base_layer shape");
+    scratch_close(&s);
+
+    /* A missing tensor of a targeted module. */
+    scratch_open(&s, tmp, A1);
+    ml_tensor_view *t = scratch_find(&s, "layers.2.cross_attn.k_proj.lora_B.weight");
+    check(t != NULL, "fixture has cross k lora_B");
+    if (t) {
+        *t = s.views[--s.n];
+        scratch_load(&s, cfg, ML_ERR_NOT_FOUND,
+                     "language_model.model.layers.2.cross_attn.k_proj.lora_B.weight",
+                     "missing tensor");
+    }
+    scratch_close(&s);
+
+    /* A wrong shape (same size). */
+    scratch_open(&s, tmp, A1);
+    t = scratch_find(&s, "transformer.layers.1.mlp.fc1.lora_A.weight");
+    if (t) {
+        t->shape[0] /= 2;
+        t->shape[1] *= 2;
+        scratch_load(&s, cfg, ML_ERR_FORMAT, "transformer.layers.1.mlp.fc1.lora_A.weight has shape",
+                     "wrong shape");
+    }
+    scratch_close(&s);
+
+    /* r in the config disagrees with the tensors. */
+    scratch_open(&s, tmp, A1);
+    cJSON_ReplaceItemInObject(s.config, "r", cJSON_CreateNumber(16));
+    scratch_load(&s, cfg, ML_ERR_FORMAT, "expected (16,", "r disagrees");
+    scratch_close(&s);
+
+    /* rank_pattern, modules_to_save: refused. */
+    scratch_open(&s, tmp, A1);
+    cJSON *pattern = cJSON_CreateObject();
+    cJSON_AddNumberToObject(pattern, "q_proj", 4);
+    cJSON_ReplaceItemInObject(s.config, "rank_pattern", pattern);
+    scratch_load(&s, cfg, ML_ERR_UNSUPPORTED, "rank_pattern", "rank_pattern");
+    scratch_close(&s);
+    scratch_open(&s, tmp, A1);
+    const char *save[] = {"lm_head"};
+    cJSON_ReplaceItemInObject(s.config, "modules_to_save", cJSON_CreateStringArray(save, 1));
+    scratch_load(&s, cfg, ML_ERR_UNSUPPORTED, "modules_to_save", "modules_to_save");
+    scratch_close(&s);
+
+    /* A tensor of a module target_modules does not name. */
+    scratch_open(&s, tmp, A1);
+    const char *fewer[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                           "down_proj", "fc1", "fc2", "multi_modal_projector"};
+    cJSON_ReplaceItemInObject(s.config, "target_modules", cJSON_CreateStringArray(fewer, 10));
+    scratch_load(&s, cfg, ML_ERR_FORMAT, "which target_modules does not name", "untargeted");
+    scratch_close(&s);
+
+    /* Tensors of modules that are no adaptable Linear, or not LoRA A/B. */
+    scratch_open(&s, tmp, A1);
+    t = scratch_find(&s, "lm_head.lora_A.weight");
+    check(t != NULL, "fixture has lm_head lora_A");
+    if (!t) {
+        scratch_close(&s);
+        return;
+    }
+    scratch_rename(&s, t, "base_model.model.language_model.model.embed_tokens.lora_A.weight");
+    scratch_load(&s, cfg, ML_ERR_UNSUPPORTED, "not an adaptable Linear", "embedding");
+    scratch_rename(&s, t, "base_model.model.language_model.model.layers.9.mlp.up_proj."
+                          "lora_A.weight");
+    scratch_load(&s, cfg, ML_ERR_UNSUPPORTED, "layers.9.mlp.up_proj", "layer out of range");
+    scratch_rename(&s, t, "base_model.model.language_model.lm_head.lora_magnitude_vector");
+    scratch_load(&s, cfg, ML_ERR_UNSUPPORTED, "not a LoRA A or B weight", "DoRA magnitude");
+    scratch_rename(&s, t, "language_model.lm_head.lora_A.weight");
+    scratch_load(&s, cfg, ML_ERR_FORMAT, "not a PEFT adapter key", "no PEFT prefix");
+    scratch_close(&s);
+
+    /* Missing files. */
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/nowhere", tmp);
+    a = NULL;
+    check(ml_lora_adapter_load(&a, dir, cfg, err, sizeof err) == ML_ERR_NOT_FOUND && !a,
+          "no adapter_config.json: %s", err);
+    scratch_open(&s, tmp, A2);
+    scratch_write(&s);
+    char path[600];
+    snprintf(path, sizeof path, "%s/" ML_LORA_WEIGHTS_FILE, tmp);
+    unlink(path);
+    check(ml_lora_adapter_load(&a, tmp, cfg, err, sizeof err) == ML_ERR_NOT_FOUND &&
+              strstr(err, "adapter_model.bin is not supported"),
+          "no safetensors: %s", err);
+    scratch_close(&s);
+
+    /* Slots: the rank bounds. */
+    ml_lora *l = NULL;
+    check(ml_lora_create(&l, f->m, ml_model_limits_of(f->m)->max_lora_rank + 1, err,
+                         sizeof err) == ML_ERR_INVALID_ARG && !l,
+          "slot rank above the model limit refused");
+    char a1_dir[512];
+    snprintf(a1_dir, sizeof a1_dir, FIXTURE "/" A1);
+    if (ml_lora_adapter_load(&a, a1_dir, cfg, err, sizeof err) == ML_OK &&
+        ml_lora_create(&l, f->m, 4, err, sizeof err) == ML_OK) {
+        check(ml_lora_set(l, a, err, sizeof err) == ML_ERR_INVALID_ARG &&
+                  !ml_lora_touches_images(l),
+              "rank 8 into a rank-4 slot refused, slot empty");
+    }
+    ml_lora_destroy(l);
+    ml_lora_adapter_destroy(a);
+}
+
+int main(void)
+{
+    char err[256];
+    ml_backend *be = ml_backend_cpu_create(2, err, sizeof err);
+    if (!be) {
+        fprintf(stderr, "cpu backend: %s\n", err);
+        return 1;
+    }
+    test_op(be);
+    be->ops->destroy(be);
+    test_config();
+
+    fixture f;
+    load_fixture(&f);
+    golden_case(&f, NULL, "base");
+    golden_case(&f, A1, A1);
+    golden_case(&f, A2, A2);
+
+    char tmp[] = "/tmp/ml_test_lora_XXXXXX";
+    if (!mkdtemp(tmp)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_loading(&f, tmp);
+    rmdir(tmp);
+
+    free(f.pixels);
+    ml_model_destroy(f.m);
+    f.be->ops->destroy(f.be);
+    return check_done();
+}
