@@ -24,10 +24,13 @@ typedef struct svc_config {
         char preset_if_missing[64];      /* mkmodel preset written to dir when absent; "" = fail */
         char backend[16];                /* "auto", "cpu" or "cuda" */
         int threads;                     /* CPU backend threads; 0 = all cores */
+        char adapters_dir[SVC_CONFIG_STR]; /* PEFT adapters: <dir>/<name>/; Redis-held ones are
+                                              written here */
     } model;
     struct {
         long kv_mib, image_mib;
         int max_running, max_step_tokens, max_images_per_request, default_max_tokens;
+        int max_adapters, max_adapter_rank;
     } runtime;
     struct {
         char brokers[SVC_CONFIG_STR];    /* "mock" = the in-process mock cluster */

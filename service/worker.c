@@ -156,7 +156,9 @@ int worker_produce(svc_worker *w, job *j, const svc_buf *value, uint32_t seq, bo
     if (st == SVC_KAFKA_OK)
         return 0;
     svc_log(SVC_LOG_ERROR, "produce_failed", "request %s seq %u: %s", j->id, seq, err);
-    if (st == SVC_KAFKA_ERR_FATAL || (final && st == SVC_KAFKA_ERR_QUEUE_FULL))
+    /* A chunk that cannot be queued would be text missing from the answer
+     * under contiguous seqs: as process-level as a lost final record. */
+    if (st == SVC_KAFKA_ERR_FATAL || st == SVC_KAFKA_ERR_QUEUE_FULL)
         worker_fail(w, "reply producer: %s", err);
     return -1;
 }
@@ -192,17 +194,24 @@ void worker_dead_letter(svc_worker *w, job *j, svc_error code, const char *messa
 }
 
 /* Delivery reports (Kafka thread): a final record acknowledged finishes its
- * request's ticket; a failed one leaves the offset unstored. */
+ * request's ticket. A record librdkafka gave up on (message.timeout.ms
+ * passed) leaves a gap in its request's seqs or no final record, and
+ * nothing runs that request again while this worker keeps the partition:
+ * a process-level error. The worker stops storing offsets and exits, so the
+ * group hands every unfinished request out again, as a new attempt. */
 static void on_delivery(void *opaque, const svc_delivery *d)
 {
     svc_worker *w = opaque;
     job *j = d->ctx;
-    if (d->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+    if (d->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
         svc_log(SVC_LOG_ERROR, "delivery_failed", "%s [%" PRId32 "]: %s", d->topic, d->partition,
                 d->errstr);
+        worker_fail(w, "record lost: %s [%" PRId32 "]: %s", d->topic, d->partition, d->errstr);
+    }
     if (!j)
         return;
-    if (d->err == RD_KAFKA_RESP_ERR_NO_ERROR && !atomic_load(&j->abandoned)) {
+    if (d->err == RD_KAFKA_RESP_ERR_NO_ERROR && !atomic_load(&j->abandoned) &&
+        !atomic_load(&w->fatal)) {
         char err[256];
         svc_kafka_status st = svc_consumer_finish(w->consumer, &j->ticket, err, sizeof err);
         if (st != SVC_KAFKA_OK && st != SVC_KAFKA_ERR_STALE)
@@ -494,6 +503,18 @@ static void model_fingerprint(svc_worker *w)
                                                                            : w->cfg.model.dir);
 }
 
+/* The runtime's adapter resolver (step thread): adapters live under
+ * model.adapters_dir/<name>/, put there by an operator or, for adapters held
+ * in Redis, by the prep thread before the request reaches the runtime. */
+static int resolve_adapter(void *ctx, const char *name, char *dir, size_t n)
+{
+    const svc_worker *w = ctx;
+    char probe[SVC_CONFIG_STR * 2];
+    snprintf(dir, n, "%s/%s", w->cfg.model.adapters_dir, name);
+    snprintf(probe, sizeof probe, "%s/adapter_config.json", dir);
+    return access(probe, R_OK) == 0;
+}
+
 static int load_engine(svc_worker *w, char *err, size_t errlen)
 {
     const svc_config *c = &w->cfg;
@@ -531,9 +552,18 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
         .max_step_tokens = c->runtime.max_step_tokens,
         .on_image_event = worker_on_image_event,
         .image_event_ctx = w,
+        .max_adapters = c->runtime.max_adapters,
+        .max_adapter_rank = c->runtime.max_adapter_rank,
+        .resolve_adapter = resolve_adapter,
+        .resolve_adapter_ctx = w,
     };
     if (ml_runtime_create(&w->rt, w->model, w->tok, &rc, err, errlen) != ML_OK)
         return -1;
+    if (c->runtime.max_adapters > 0)
+        svc_log(SVC_LOG_INFO, "adapter_slots", "%d slots of rank %d, %.1f MiB each, from %s",
+                c->runtime.max_adapters, c->runtime.max_adapter_rank,
+                (double)ml_lora_slot_bytes(w->model, c->runtime.max_adapter_rank) / MIB,
+                c->model.adapters_dir);
     ml_runtime_stats rs;
     ml_runtime_get_stats(w->rt, &rs);
     svc_metrics_set(SVC_GAUGE_KV_BLOCKS_CAPACITY, rs.kv_blocks_total);

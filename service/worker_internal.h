@@ -103,6 +103,7 @@ struct svc_worker {
     ml_tokenizer *tok;
     ml_runtime *rt;
     ml_image_params image_params;
+    uint64_t adapter_loads_seen; /* runtime adapter loads already counted (step thread) */
 
     /* Kafka. */
     void *mock;                 /* svc_mock_kafka *, when brokers == "mock" */

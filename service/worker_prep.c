@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "metrics.h"
@@ -164,6 +166,56 @@ static svc_error build_prompt(svc_worker *w, job *j, char *msg, size_t msglen)
     return SVC_ERROR_NONE;
 }
 
+static int write_file(const char *path, const uint8_t *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    int ok = fwrite(data, 1, n, f) == n;
+    return (fclose(f) == 0 && ok) ? 0 : -1;
+}
+
+/* Make the request's adapter available locally: present in
+ * model.adapters_dir, or fetched from Redis (<p>:adapter:<name>) into it.
+ * Files are written under a temporary name and renamed, so the step
+ * thread never sees half an adapter. */
+static svc_error ensure_adapter(svc_worker *w, const char *name, char *msg, size_t msglen)
+{
+    char dir[SVC_CONFIG_STR * 2], path[SVC_CONFIG_STR * 3], tmp[SVC_CONFIG_STR * 3];
+    snprintf(dir, sizeof dir, "%s/%s", w->cfg.model.adapters_dir, name);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    if (access(path, R_OK) == 0)
+        return SVC_ERROR_NONE;
+    svc_redis_adapter a = {0};
+    svc_redis_status rs = w->redis_prep ? svc_redis_adapter_get(w->redis_prep, name,
+                                                                w->limits.max_request_bytes, &a)
+                                        : SVC_REDIS_NOT_FOUND;
+    if (rs != SVC_REDIS_OK) {
+        if (rs != SVC_REDIS_NOT_FOUND)
+            svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
+        svc_errf(msg, msglen, "adapter '%s' is neither in %s nor in Redis (%s)", name,
+                 w->cfg.model.adapters_dir, svc_redis_status_name(rs));
+        return SVC_ERROR_UNKNOWN_ADAPTER;
+    }
+    mkdir(w->cfg.model.adapters_dir, 0755);
+    mkdir(dir, 0755);
+    int rc = 0;
+    snprintf(tmp, sizeof tmp, "%s/adapter_model.safetensors.tmp", dir);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    rc |= write_file(tmp, a.weights, a.weights_len) || rename(tmp, path);
+    /* The config last: its presence is what marks the adapter complete. */
+    snprintf(tmp, sizeof tmp, "%s/adapter_config.json.tmp", dir);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    rc |= write_file(tmp, a.config, a.config_len) || rename(tmp, path);
+    svc_redis_adapter_deinit(&a);
+    if (rc) {
+        svc_errf(msg, msglen, "adapter '%s': cannot write it to %s", name, dir);
+        return SVC_ERROR_INTERNAL;
+    }
+    svc_log(SVC_LOG_INFO, "adapter_fetched", "adapter %s from Redis into %s", name, dir);
+    return SVC_ERROR_NONE;
+}
+
 static void build_sampling(svc_worker *w, job *j)
 {
     const svc_request *r = j->req;
@@ -239,7 +291,9 @@ static void prepare(svc_worker *w, job *j)
     }
     /* The record is no longer needed: the request owns what it uses. */
     svc_kafka_msg_release(&j->msg);
-    if ((code = prepare_images(w, j, msg, sizeof msg)) != SVC_ERROR_NONE ||
+    if ((j->req->adapter &&
+         (code = ensure_adapter(w, j->req->adapter, msg, sizeof msg)) != SVC_ERROR_NONE) ||
+        (code = prepare_images(w, j, msg, sizeof msg)) != SVC_ERROR_NONE ||
         (code = build_prompt(w, j, msg, sizeof msg)) != SVC_ERROR_NONE) {
         worker_reply_error(w, j, code, msg);
         return;

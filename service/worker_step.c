@@ -221,6 +221,8 @@ static void publish_gauges(svc_worker *w)
 {
     ml_runtime_stats st;
     ml_runtime_get_stats(w->rt, &st);
+    svc_metrics_add(SVC_COUNTER_ADAPTER_LOADS, st.adapters.loads - w->adapter_loads_seen);
+    w->adapter_loads_seen = st.adapters.loads;
     svc_metrics_set(SVC_GAUGE_REQUESTS_WAITING, st.waiting);
     svc_metrics_set(SVC_GAUGE_REQUESTS_RUNNING, st.running);
     svc_metrics_set(SVC_GAUGE_KV_BLOCKS_USED, st.kv_blocks_total - st.kv_blocks_free);
