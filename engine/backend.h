@@ -174,9 +174,10 @@ typedef struct ml_backend_ops {
     /* out[r] = argmax over logits (rows, vocab), lowest index on ties. */
     void (*argmax)(ml_backend *be, int32_t *out, const float *logits, int rows, int vocab);
 
-    /* ---- optional: NULL (0) on backends without them (the CPU) ------------ */
+    /* ---- optional: NULL (0) on backends without them ---------------------- */
     /* Tensor parallelism: x[0 .. n) = the sum of x over every backend of
-     * the group the backend was created in (ml_backend_cuda_create_group),
+     * the group the backend was created in (ml_backend_cuda_create_group,
+     * ml_backend_cpu_create_group; NULL on a backend made alone),
      * in place. Every member calls it with the same n in the same order,
      * each from the thread that drives it; it is queued like any op. */
     void (*all_reduce_sum)(ml_backend *be, float *x, size_t n);
@@ -205,5 +206,19 @@ struct ml_backend {
  * Returns NULL and fills err on failure (an unknown or unsupported
  * ML_CPU_ISA, out of memory, a thread that would not start). */
 ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen);
+
+/* `world` CPU backends of threads_each threads each (0 = the online CPUs
+ * shared evenly, at least one) forming one tensor-parallel group: their
+ * all_reduce_sum is an in-process collective, for `world` threads each
+ * driving one member (every rank gets bit-identical sums, added in rank
+ * order). out[0 .. world) receives the members, each owned by the caller
+ * (destroy each; the group goes with the last). On failure every out[i] is
+ * NULL, nothing is left allocated and err says why: ML_ERR_INVALID_ARG
+ * (world outside [1, ML_CPU_GROUP_MAX], threads_each < 0), the ISA
+ * selection's error (ML_CPU_ISA, as ml_backend_cpu_create), ML_ERR_NOMEM
+ * (memory, or a thread that would not start). */
+#define ML_CPU_GROUP_MAX 64
+ml_status ml_backend_cpu_create_group(int world, int threads_each, ml_backend **out, char *err,
+                                      size_t errlen);
 
 #endif

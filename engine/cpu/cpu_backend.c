@@ -56,6 +56,7 @@ static void cpu_destroy(ml_backend *be)
     if (!cb)
         return;
     ml_cpu_pool_destroy(cb->pool);
+    ml_cpu_group_release(cb->group);
     free(cb->scratch);
     free(cb);
 }

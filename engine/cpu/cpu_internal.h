@@ -27,6 +27,8 @@ typedef struct ml_cpu_backend {
     ml_cpu_pool *pool;        /* owned */
     float *scratch;           /* owned: one region of scratch_floats per thread */
     size_t scratch_floats;
+    struct ml_cpu_group *group; /* shared by the group's members (group.c); NULL alone */
+    int rank;                 /* this backend's index in its group */
 } ml_cpu_backend;
 
 static inline ml_cpu_backend *ml_cpu_of(ml_backend *be)
@@ -51,6 +53,10 @@ static inline int64_t ml_cpu_grain(double work_per_item)
 /* Per-thread scratch each op family needs, in floats (multiples of 16). */
 size_t ml_cpu_matmul_scratch_floats(void);
 size_t ml_cpu_attn_scratch_floats(void);
+
+/* Drop this backend's reference to its group (group.c); the last member
+ * frees it. NULL is a no-op. */
+void ml_cpu_group_release(struct ml_cpu_group *g);
 
 /* ---- op implementations (contracts in backend.h) ---------------------------- */
 void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
@@ -82,6 +88,7 @@ void ml_cpu_kv_write(ml_backend *be, void *k_cache, void *v_cache, const float *
                      int head_dim);
 void ml_cpu_kv_store(ml_backend *be, void *dst, const float *src, size_t n);
 void ml_cpu_argmax(ml_backend *be, int32_t *out, const float *logits, int rows, int vocab);
+void ml_cpu_all_reduce_sum(ml_backend *be, float *x, size_t n);
 
 void ml_cpu_attn_vision(ml_backend *be, const ml_attn_vision_params *p);
 void ml_cpu_attn_causal(ml_backend *be, const ml_attn_causal_params *p);

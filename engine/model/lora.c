@@ -516,6 +516,10 @@ ml_status ml_lora_create(ml_lora **out, ml_model *m, int max_rank, char *err, si
     if (!m->be->ops->lora)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED, "adapter slot: backend %s has no lora op",
                        m->be->ops->name);
+    if (m->shard.world > 1)
+        return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
+                       "adapter slot: LoRA on a tensor-parallel shard (world %d)",
+                       m->shard.world);
     ml_lora *l = calloc(1, sizeof *l);
     if (!l)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "adapter slot: out of memory");

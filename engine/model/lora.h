@@ -136,7 +136,8 @@ size_t ml_lora_slot_bytes(const ml_model *m, int max_rank);
 /* An empty slot of m (borrowed; it must outlive the slot) holding adapters
  * of rank <= max_rank. Errors: ML_ERR_INVALID_ARG (max_rank outside
  * [1, the model limits' max_lora_rank]), ML_ERR_UNSUPPORTED (the backend has
- * no lora op), ML_ERR_NOMEM. */
+ * no lora op, or m is a shard of a tensor-parallel group of world > 1:
+ * adapters are not split between shards), ML_ERR_NOMEM. */
 ml_status ml_lora_create(ml_lora **out, ml_model *m, int max_rank, char *err, size_t errlen);
 
 /* Free the slot's backend memory. NULL is a no-op. The caller guarantees no

@@ -50,18 +50,39 @@ ml_model_limits ml_model_limits_default(void);
 ml_status ml_model_load(ml_model **out, const char *dir, ml_backend *be,
                         const ml_model_limits *limits, char *err, size_t errlen);
 
+/* As ml_model_load, for shard `rank` of a tensor-parallel group of `world`
+ * (design.md §3; ml_model_load is shard 0 of 1). Each shard keeps 1/world
+ * of the attention heads, K/V heads and MLP channels of every layer, text
+ * and vision, and all-reduces its partial outputs over `be`'s group
+ * (backend.h all_reduce_sum): the world shards' backends are members of one
+ * group, each shard is driven by its own thread, and every shard is given
+ * the same calls (encode, forward) in the same order; each returns the
+ * whole model's result (the logits are bit-identical on every shard). A
+ * shard has its own K/V cache (ml_model_kv_heads heads) and its own image
+ * states (ml_model_image_state_bytes). Errors: as ml_model_load, and
+ * ML_ERR_INVALID_ARG (rank outside [0, world)), ML_ERR_UNSUPPORTED (a head
+ * count or MLP width that world does not divide, or world > 1 on a backend
+ * without all_reduce_sum). LoRA slots are not supported on a shard of
+ * world > 1 (ml_lora_create refuses them). */
+ml_status ml_model_load_shard(ml_model **out, const char *dir, ml_backend *be,
+                              const ml_model_limits *limits, int rank, int world, char *err,
+                              size_t errlen);
+
 /* NULL is a no-op. */
 void ml_model_destroy(ml_model *m);
 
 const ml_config *ml_model_config(const ml_model *m);
 const ml_model_limits *ml_model_limits_of(const ml_model *m);
 ml_backend *ml_model_backend(const ml_model *m);
+/* K/V heads this model (shard) caches per token: the n_kv_heads of its
+ * ml_kv_cache (text_config.num_key_value_heads / world). */
+int ml_model_kv_heads(const ml_model *m);
 
 /* ---- images ----------------------------------------------------------- */
 
 /* Bytes of one image's resident cross-attention state: for every cross
- * layer, K and V of (max_tiles · num_patches, n_kv_heads, head_dim) in the
- * backend's kv type. 11B: 200 MiB at bf16. */
+ * layer, K and V of (max_tiles · num_patches, ml_model_kv_heads, head_dim)
+ * in the backend's kv type. 11B: 200 MiB at bf16 (a shard: 1/world). */
 size_t ml_model_image_state_bytes(const ml_model *m);
 
 /* Optional host copies of intermediate vision results, for golden tests. */

@@ -82,6 +82,9 @@ static ml_status bind_backend_weights(ml_model *m, char *err, size_t errlen)
     memcpy(w->vision.global_layers, hw->vision.global_layers,
            (size_t)hw->vision.n_global_layers * sizeof *w->vision.global_layers);
     memcpy(w->text.layers, hw->text.layers, (size_t)hw->text.n_layers * sizeof *w->text.layers);
+    ml_status st = ml_shard_weights(m, err, errlen);
+    if (st != ML_OK)
+        return st;
 
     ml_backend *be = m->be;
     ml_vision_weights *v = &w->vision;
@@ -169,6 +172,13 @@ static ml_status check_limits(const ml_model_limits *l, char *err, size_t errlen
 ml_status ml_model_load(ml_model **out, const char *dir, ml_backend *be,
                         const ml_model_limits *limits, char *err, size_t errlen)
 {
+    return ml_model_load_shard(out, dir, be, limits, 0, 1, err, errlen);
+}
+
+ml_status ml_model_load_shard(ml_model **out, const char *dir, ml_backend *be,
+                              const ml_model_limits *limits, int rank, int world, char *err,
+                              size_t errlen)
+{
     *out = NULL;
     ml_model_limits lim = limits ? *limits : ml_model_limits_default();
     ml_status st = check_limits(&lim, err, errlen);
@@ -186,6 +196,7 @@ ml_status ml_model_load(ml_model **out, const char *dir, ml_backend *be,
         goto fail;
     }
     if ((st = ml_config_load(&m->cfg, path, err, errlen)) != ML_OK ||
+        (st = ml_shard_init(m, rank, world, err, errlen)) != ML_OK ||
         (st = ml_checkpoint_open(&m->ckpt, dir, err, errlen)) != ML_OK ||
         (st = ml_weights_create(&m->host_weights, m->ckpt, &m->cfg, err, errlen)) != ML_OK ||
         (st = bind_backend_weights(m, err, errlen)) != ML_OK)
@@ -240,6 +251,7 @@ void ml_model_destroy(ml_model *m)
     free(m->w.vision.layers);
     free(m->w.vision.global_layers);
     free(m->w.text.layers);
+    free(m->shard.row_slices);
     ml_weights_destroy(m->host_weights);
     ml_checkpoint_destroy(m->ckpt);
     free(m);
@@ -248,3 +260,4 @@ void ml_model_destroy(ml_model *m)
 const ml_config *ml_model_config(const ml_model *m) { return &m->cfg; }
 ml_backend *ml_model_backend(const ml_model *m) { return m->be; }
 const ml_model_limits *ml_model_limits_of(const ml_model *m) { return &m->limits; }
+int ml_model_kv_heads(const ml_model *m) { return m->shard.n_kv_heads; }

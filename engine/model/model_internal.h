@@ -18,14 +18,15 @@
 #define ML_MAX_SEQ_IMAGES 64
 
 /* Buffers of one vision encode, carved from the workspace. Shapes use
- * T = max_num_tiles, P = num_patches, Pp = padded patches, S = T·Pp. */
+ * T = max_num_tiles, P = num_patches, Pp = padded patches, S = T·Pp; D_a,
+ * I_v and KV are this shard's (ml_shard: D_v, I_v, KV over world). */
 typedef struct ml_vision_bufs {
     float *pixels;    /* (T, 3, side, side) */
     float *patches;   /* (T, P-1, 3·p·p) */
     float *h;         /* (S, D_v) residual stream */
     float *x;         /* (S, D_v) normed input of a sublayer */
-    float *q, *k, *v; /* (S, D_v) */
-    float *attn;      /* (S, D_v) */
+    float *q, *k, *v; /* (S, D_a) */
+    float *attn;      /* (S, D_a) */
     float *mlp;       /* (S, I_v) */
     float *vout;      /* (T·P, vision_output_dim) */
     uint8_t *valid;   /* (S) */
@@ -35,7 +36,8 @@ typedef struct ml_vision_bufs {
     float *lora_t;    /* (S, max_lora_rank) the LoRA op's scratch */
 } ml_vision_bufs;
 
-/* Buffers of one decoder step. N = max_step_tokens, R = max_logit_rows. */
+/* Buffers of one decoder step. N = max_step_tokens, R = max_logit_rows;
+ * H, KV and I are this shard's (ml_shard). */
 typedef struct ml_text_bufs {
     float *h, *x;          /* (N, D) */
     float *q, *attn;       /* (N, H·hd) */
@@ -132,10 +134,41 @@ typedef struct ml_step_host {
     ml_lora_segment *lora_segs;   /* (max_step_seqs) one LoRA op's segments */
 } ml_step_host;
 
+/* ---- tensor parallelism (shard.c) ------------------------------------------- */
+
+/* This model's share of a tensor-parallel group of `world` shards
+ * (Megatron-LM's split, design.md §3). Column-parallel Linears (q/k/v,
+ * gate/up, vision fc1 and its bias) keep the shard's range of output rows,
+ * a view into the checkpoint; row-parallel ones (o_proj, down_proj, vision
+ * fc2) keep the shard's range of input columns, copied once into
+ * row_slices, and their outputs are partial sums all-reduced over the
+ * group; vision fc2's bias is added by rank 0 only. Everything else is
+ * replicated. With world == 1 nothing is sliced or reduced. */
+typedef struct ml_shard {
+    int rank, world;
+    int n_heads, n_kv_heads, intermediate; /* text heads, K/V heads, MLP width of this shard */
+    int vision_heads, vision_intermediate; /* vision heads, MLP width of this shard */
+    uint16_t *row_slices;                  /* owned host bf16: the row-parallel column ranges */
+} ml_shard;
+
+/* Validate that every split dimension of m->cfg divides by world (and that
+ * the backend can all-reduce when world > 1) and fill m->shard. Errors:
+ * ML_ERR_INVALID_ARG (rank outside [0, world)), ML_ERR_UNSUPPORTED (a
+ * dimension that does not divide, no all_reduce_sum). */
+ml_status ml_shard_init(ml_model *m, int rank, int world, char *err, size_t errlen);
+
+/* Replace m->w's host views by this shard's slices (before they are bound
+ * to the backend). Errors: ML_ERR_NOMEM. */
+ml_status ml_shard_weights(ml_model *m, char *err, size_t errlen);
+
+/* x (n floats) = its sum over the shards; nothing when the model is whole. */
+void ml_shard_all_reduce(ml_model *m, float *x, size_t n);
+
 struct ml_model {
     ml_config cfg;
     ml_model_limits limits;
     ml_backend *be;            /* borrowed */
+    ml_shard shard;
     ml_checkpoint *ckpt;       /* owned: the mmaps the host weights point into */
     ml_weights *host_weights;  /* owned: bf16 host views */
     ml_weights w;              /* backend views: same shapes, data from be->ops->weight;

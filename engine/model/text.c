@@ -3,8 +3,10 @@
  * MllamaCrossAttentionDecoderLayer, then lm_head; mllama-spec §4, §5, §8).
  *
  * Shapes: N = tokens in the step (all sequences), D = hidden, H = heads,
- * KV = key/value heads, hd = head_dim, I = MLP width. Sequences are
- * contiguous row ranges of every (N, ...) buffer.
+ * KV = key/value heads, hd = head_dim, I = MLP width, all per shard under
+ * tensor parallelism (model_internal.h ml_shard: H/N heads, KV/N kv heads,
+ * I/N channels; o_proj and down_proj outputs are partial sums, all-reduced).
+ * Sequences are contiguous row ranges of every (N, ...) buffer.
  *
  * LoRA: runs of consecutive sequences with the same adapter form the step's
  * groups; every adaptable matmul is followed by one segmented lora op over
@@ -19,16 +21,16 @@ void ml_text_plan(const ml_model *m, ml_carver *c, ml_text_bufs *b)
     const ml_text_config *tc = &m->cfg.text;
     const ml_model_limits *l = &m->limits;
     size_t f = sizeof(float), n = (size_t)l->max_step_tokens, s = (size_t)l->max_step_seqs;
-    size_t qw = (size_t)tc->num_attention_heads * tc->head_dim;
-    size_t kvw = (size_t)tc->num_key_value_heads * tc->head_dim;
+    size_t qw = (size_t)m->shard.n_heads * tc->head_dim;
+    size_t kvw = (size_t)m->shard.n_kv_heads * tc->head_dim;
     b->h = ml_carve(c, n * tc->hidden_size * f);
     b->x = ml_carve(c, n * tc->hidden_size * f);
     b->q = ml_carve(c, n * qw * f);
     b->attn = ml_carve(c, n * qw * f);
     b->k = ml_carve(c, n * kvw * f);
     b->v = ml_carve(c, n * kvw * f);
-    b->gate = ml_carve(c, n * tc->intermediate_size * f);
-    b->up = ml_carve(c, n * tc->intermediate_size * f);
+    b->gate = ml_carve(c, n * (size_t)m->shard.intermediate * f);
+    b->up = ml_carve(c, n * (size_t)m->shard.intermediate * f);
     b->logits = ml_carve(c, (size_t)l->max_logit_rows * tc->vocab_size * f);
     b->rows = ml_carve(c, (size_t)l->max_logit_rows * tc->hidden_size * f);
     b->row_attn = ml_carve(c, n * f);
@@ -165,7 +167,7 @@ static void mlp(ml_model *m, const ml_text_layer *L, int layer, int n)
     const ml_text_config *tc = &m->cfg.text;
     const ml_backend_ops *op = m->be->ops;
     const ml_text_bufs *b = &m->tb;
-    int D = tc->hidden_size, I = tc->intermediate_size;
+    int D = tc->hidden_size, I = m->shard.intermediate;
     op->matmul(m->be, b->gate, b->x, L->gate_proj.data, NULL, n, D, I, 0);
     lora_text(m, b->gate, b->x, layer, ML_LORA_TEXT_GATE, D, I);
     op->matmul(m->be, b->up, b->x, L->up_proj.data, NULL, n, D, I, 0);
@@ -173,6 +175,7 @@ static void mlp(ml_model *m, const ml_text_layer *L, int layer, int n)
     op->silu_mul(m->be, b->gate, b->gate, b->up, (size_t)n * I);
     op->matmul(m->be, b->x, b->gate, L->down_proj.data, NULL, n, I, D, 0);
     lora_text(m, b->x, b->gate, layer, ML_LORA_TEXT_DOWN, I, D);
+    ml_shard_all_reduce(m, b->x, (size_t)n * D);
 }
 
 /* MllamaSelfAttentionDecoderLayer: RMSNorm, q/k/v, llama3 RoPE, paged causal
@@ -184,7 +187,7 @@ static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;
     const ml_text_bufs *b = &m->tb;
-    int D = tc->hidden_size, H = tc->num_attention_heads, KV = tc->num_key_value_heads;
+    int D = tc->hidden_size, H = m->shard.n_heads, KV = m->shard.n_kv_heads;
     int hd = tc->head_dim;
 
     op->rmsnorm(be, b->x, b->h, L->input_layernorm.data, n, D, tc->rms_norm_eps);
@@ -209,6 +212,7 @@ static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int
     op->attn_causal(be, &ap);
     op->matmul(be, b->x, b->attn, L->self.o_proj.data, NULL, n, H * hd, D, 0);
     lora_text(m, b->x, b->attn, layer, ML_LORA_TEXT_O, H * hd, D);
+    ml_shard_all_reduce(m, b->x, (size_t)n * D);
     op->add_rows(be, b->h, b->x, NULL, 1.0f, n, D);
 
     op->rmsnorm(be, b->x, b->h, L->post_attention_layernorm.data, n, D, tc->rms_norm_eps);
@@ -228,7 +232,7 @@ static void cross_layer(ml_model *m, const ml_text_layer *L, int layer, int cros
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;
     const ml_text_bufs *b = &m->tb;
-    int D = tc->hidden_size, H = tc->num_attention_heads, KV = tc->num_key_value_heads;
+    int D = tc->hidden_size, H = m->shard.n_heads, KV = m->shard.n_kv_heads;
     int hd = tc->head_dim, T = m->cfg.vision.max_num_tiles, P = ml_config_num_patches(&m->cfg);
     size_t plane_bytes = (size_t)T * P * KV * hd * op->kv_elem_size;
 
@@ -261,6 +265,7 @@ static void cross_layer(ml_model *m, const ml_text_layer *L, int layer, int cros
     }
     op->matmul(be, b->x, b->attn, L->cross.o_proj.data, NULL, n, H * hd, D, 0);
     lora_text(m, b->x, b->attn, layer, ML_LORA_TEXT_O, H * hd, D);
+    ml_shard_all_reduce(m, b->x, (size_t)n * D);
     op->add_rows(be, b->h, b->x, b->row_attn, tanhf(L->cross.attn_gate), n, D);
 
     op->rmsnorm(be, b->x, b->h, L->post_attention_layernorm.data, n, D, tc->rms_norm_eps);

@@ -4,7 +4,10 @@
  *
  * Shapes: T = max_num_tiles, P = patches per tile + CLS (1601), Pp = P
  * padded to a multiple of 8 (1608), S = T·Pp (6432), D_v = vision hidden,
- * I_v = vision MLP width, D = text hidden.
+ * I_v = vision MLP width, D = text hidden. Under tensor parallelism
+ * (model_internal.h ml_shard) a shard holds heads/N attention heads (q, k,
+ * v and attn are (S, D_a) with D_a = D_v/N), I_v/N MLP channels and KV/N
+ * cross K/V heads; o_proj and fc2 produce partial sums that are all-reduced.
  *
  * LoRA: the image's adapter (if any) is one segment of every adaptable
  * matmul here, over all S (or T·P) rows, pads included as HF computes them:
@@ -19,7 +22,7 @@
 #define VISION_OUTER_LN_EPS 1e-5f
 
 typedef struct vision_dims {
-    int T, P, Pp, S, Dv, Iv, heads, hd, side, patch, patch_len, n_inter, vout, D, kv_width;
+    int T, P, Pp, S, Dv, Da, Iv, heads, hd, side, patch, patch_len, n_inter, vout, D, kv_width;
 } vision_dims;
 
 static vision_dims dims_of(const ml_model *m)
@@ -31,16 +34,17 @@ static vision_dims dims_of(const ml_model *m)
     d.Pp = ml_config_num_patches_padded(&m->cfg);
     d.S = d.T * d.Pp;
     d.Dv = vc->hidden_size;
-    d.Iv = vc->intermediate_size;
-    d.heads = vc->attention_heads;
+    d.Iv = m->shard.vision_intermediate;
+    d.heads = m->shard.vision_heads;
     d.hd = vc->head_dim;
+    d.Da = d.heads * d.hd;
     d.side = vc->image_size;
     d.patch = vc->patch_size;
     d.patch_len = vc->num_channels * vc->patch_size * vc->patch_size;
     d.n_inter = vc->n_intermediate_layers;
     d.vout = vc->vision_output_dim;
     d.D = m->cfg.text.hidden_size;
-    d.kv_width = m->cfg.text.num_key_value_heads * m->cfg.text.head_dim;
+    d.kv_width = m->shard.n_kv_heads * m->cfg.text.head_dim;
     return d;
 }
 
@@ -59,10 +63,10 @@ void ml_vision_plan(const ml_model *m, ml_carver *c, ml_vision_bufs *b)
     /* The encoder temporaries are dead once the global transformer is done;
      * the projector output and the K/V staging reuse their space. */
     size_t encoder_start = c->off;
-    b->q = ml_carve(c, S * (size_t)d.Dv * f);
-    b->k = ml_carve(c, S * (size_t)d.Dv * f);
-    b->v = ml_carve(c, S * (size_t)d.Dv * f);
-    b->attn = ml_carve(c, S * (size_t)d.Dv * f);
+    b->q = ml_carve(c, S * (size_t)d.Da * f);
+    b->k = ml_carve(c, S * (size_t)d.Da * f);
+    b->v = ml_carve(c, S * (size_t)d.Da * f);
+    b->attn = ml_carve(c, S * (size_t)d.Da * f);
     b->mlp = ml_carve(c, S * (size_t)d.Iv * f);
     size_t encoder_end = c->off;
     c->off = encoder_start;
@@ -106,20 +110,21 @@ static void encoder_layer(ml_model *m, const vision_dims *d, const ml_vision_lay
     /* MllamaVisionSdpaAttention: q/k/v/o without bias, 16 heads of 80. */
     op->layernorm(be, b->x, b->h, L->input_layernorm_weight.data, L->input_layernorm_bias.data,
                   d->S, d->Dv, eps);
-    op->matmul(be, b->q, b->x, L->q_proj.data, NULL, d->S, d->Dv, d->Dv, 0);
-    lora_image(m, lora, b->q, b->x, site + ML_LORA_VISION_Q, d->S, d->Dv, d->Dv);
-    op->matmul(be, b->k, b->x, L->k_proj.data, NULL, d->S, d->Dv, d->Dv, 0);
-    lora_image(m, lora, b->k, b->x, site + ML_LORA_VISION_K, d->S, d->Dv, d->Dv);
-    op->matmul(be, b->v, b->x, L->v_proj.data, NULL, d->S, d->Dv, d->Dv, 0);
-    lora_image(m, lora, b->v, b->x, site + ML_LORA_VISION_V, d->S, d->Dv, d->Dv);
+    op->matmul(be, b->q, b->x, L->q_proj.data, NULL, d->S, d->Dv, d->Da, 0);
+    lora_image(m, lora, b->q, b->x, site + ML_LORA_VISION_Q, d->S, d->Dv, d->Da);
+    op->matmul(be, b->k, b->x, L->k_proj.data, NULL, d->S, d->Dv, d->Da, 0);
+    lora_image(m, lora, b->k, b->x, site + ML_LORA_VISION_K, d->S, d->Dv, d->Da);
+    op->matmul(be, b->v, b->x, L->v_proj.data, NULL, d->S, d->Dv, d->Da, 0);
+    lora_image(m, lora, b->v, b->x, site + ML_LORA_VISION_V, d->S, d->Dv, d->Da);
     ml_attn_vision_params ap = {
         .out = b->attn, .q = b->q, .k = b->k, .v = b->v, .valid = b->valid,
         .n_seq = 1, .seq_len = d->S, .n_heads = d->heads, .head_dim = d->hd,
         .scale = 1.0f / sqrtf((float)d->hd),
     };
     op->attn_vision(be, &ap);
-    op->matmul(be, b->x, b->attn, L->o_proj.data, NULL, d->S, d->Dv, d->Dv, 0);
-    lora_image(m, lora, b->x, b->attn, site + ML_LORA_VISION_O, d->S, d->Dv, d->Dv);
+    op->matmul(be, b->x, b->attn, L->o_proj.data, NULL, d->S, d->Da, d->Dv, 0);
+    lora_image(m, lora, b->x, b->attn, site + ML_LORA_VISION_O, d->S, d->Da, d->Dv);
+    ml_shard_all_reduce(m, b->x, (size_t)d->S * d->Dv);
     op->add_rows(be, b->h, b->x, NULL, gate_attn, d->S, d->Dv);
 
     /* MllamaVisionMLP: fc1 (+bias), exact GELU, fc2 (+bias). */
@@ -130,6 +135,7 @@ static void encoder_layer(ml_model *m, const vision_dims *d, const ml_vision_lay
     op->gelu(be, b->mlp, (size_t)d->S * (size_t)d->Iv);
     op->matmul(be, b->x, b->mlp, L->fc2_weight.data, L->fc2_bias.data, d->S, d->Iv, d->Dv, 0);
     lora_image(m, lora, b->x, b->mlp, site + ML_LORA_VISION_FC2, d->S, d->Iv, d->Dv);
+    ml_shard_all_reduce(m, b->x, (size_t)d->S * d->Dv);
     op->add_rows(be, b->h, b->x, NULL, gate_ffn, d->S, d->Dv);
 }
 
@@ -269,7 +275,7 @@ ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_rat
         lora_image(m, lora, b->kv_tmp, b->proj, ml_lora_site_text(&m->cfg, l, ML_LORA_TEXT_K),
                    (int)tp, d.D, d.kv_width);
         op->rmsnorm(be, b->kv_tmp, b->kv_tmp, L->cross.k_norm.data,
-                    (int)tp * tc->num_key_value_heads, tc->head_dim, tc->rms_norm_eps);
+                    (int)tp * m->shard.n_kv_heads, tc->head_dim, tc->rms_norm_eps);
         op->kv_store(be, dst, b->kv_tmp, plane);
         dst += plane_bytes;
         op->matmul(be, b->kv_tmp, b->proj, L->cross.v_proj.data, NULL, (int)tp, d.D, d.kv_width,

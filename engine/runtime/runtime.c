@@ -282,11 +282,11 @@ ml_status ml_runtime_create(ml_runtime **out, ml_model *model, const ml_tokenize
 
     int n_self = mc->text.num_hidden_layers - mc->text.n_cross_layers;
     size_t block_bytes = ml_kv_cache_block_bytes(n_self, rt->block_size,
-                                                 mc->text.num_key_value_heads,
+                                                 ml_model_kv_heads(model),
                                                  mc->text.head_dim, rt->be->ops->kv_elem_size);
     int n_blocks = (int)(cfg->kv_bytes / block_bytes);
     ml_status st = ml_kv_cache_create(&rt->kv, rt->be, n_self, n_blocks, rt->block_size,
-                                      mc->text.num_key_value_heads, mc->text.head_dim, err,
+                                      ml_model_kv_heads(model), mc->text.head_dim, err,
                                       errlen);
     if (st == ML_OK)
         st = ml_sampler_create((size_t)rt->vocab, &rt->sampler, err, errlen);

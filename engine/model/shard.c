@@ -1,0 +1,148 @@
+/* Tensor parallelism as a property of the graph (design.md §3): which
+ * slice of every weight a shard keeps, and the all-reduce after each
+ * row-parallel Linear. The split is Megatron-LM's for Llama, as in
+ * vLLM's ColumnParallelLinear / RowParallelLinear: heads, K/V heads and
+ * MLP channels are divided evenly between the shards. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+
+ml_status ml_shard_init(ml_model *m, int rank, int world, char *err, size_t errlen)
+{
+    const ml_text_config *tc = &m->cfg.text;
+    const ml_vision_config *vc = &m->cfg.vision;
+    if (world < 1 || rank < 0 || rank >= world)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "shard: rank %d of world %d", rank,
+                       world);
+    const struct {
+        const char *name;
+        int value;
+    } split[] = {
+        {"text_config.num_attention_heads", tc->num_attention_heads},
+        {"text_config.num_key_value_heads", tc->num_key_value_heads},
+        {"text_config.intermediate_size", tc->intermediate_size},
+        {"vision_config.attention_heads", vc->attention_heads},
+        {"vision_config.intermediate_size", vc->intermediate_size},
+    };
+    for (size_t i = 0; i < sizeof split / sizeof split[0]; i++)
+        if (split[i].value % world != 0)
+            return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
+                           "shard: %s = %d does not divide into %d shards", split[i].name,
+                           split[i].value, world);
+    if (world > 1 && !m->be->ops->all_reduce_sum)
+        return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
+                       "shard: backend %s has no all_reduce_sum (create it in a group)",
+                       m->be->ops->name);
+    m->shard.rank = rank;
+    m->shard.world = world;
+    m->shard.n_heads = tc->num_attention_heads / world;
+    m->shard.n_kv_heads = tc->num_key_value_heads / world;
+    m->shard.intermediate = tc->intermediate_size / world;
+    m->shard.vision_heads = vc->attention_heads / world;
+    m->shard.vision_intermediate = vc->intermediate_size / world;
+    return ML_OK;
+}
+
+void ml_shard_all_reduce(ml_model *m, float *x, size_t n)
+{
+    if (m->shard.world > 1)
+        m->be->ops->all_reduce_sum(m->be, x, n);
+}
+
+/* ---- slicing ------------------------------------------------------------------ */
+
+/* Two passes over the same code, as ml_carver: with base == NULL only the
+ * row-parallel copies are counted (in elements) and nothing is changed;
+ * with base set every weight is sliced. */
+typedef struct slicer {
+    const ml_shard *shard;
+    uint16_t *base;
+    size_t used;
+} slicer;
+
+/* Column-parallel: the shard's range of output rows of w (out, in), or of
+ * the elements of a bias (1, out). A view, no copy. */
+static void take_out(slicer *sl, ml_weight *w)
+{
+    if (!sl->base || !w->data)
+        return;
+    int64_t world = sl->shard->world, rank = sl->shard->rank;
+    if (w->rows == 1) {
+        w->cols /= world;
+        w->data += rank * w->cols;
+    } else {
+        w->rows /= world;
+        w->data += rank * w->rows * w->cols;
+    }
+}
+
+/* Row-parallel: the shard's range of input columns of w (out, in), copied
+ * into the row_slices buffer since a column range is strided. */
+static void take_in(slicer *sl, ml_weight *w)
+{
+    if (!w->data)
+        return;
+    int64_t world = sl->shard->world, rank = sl->shard->rank;
+    int64_t cols = w->cols / world;
+    if (sl->base) {
+        uint16_t *dst = sl->base + sl->used;
+        for (int64_t r = 0; r < w->rows; r++)
+            memcpy(dst + r * cols, w->data + r * w->cols + rank * cols,
+                   (size_t)cols * sizeof *dst);
+        w->data = dst;
+        w->cols = cols;
+    }
+    sl->used += (size_t)(w->rows * cols);
+}
+
+static void slice_vision_layer(slicer *sl, ml_vision_layer *l)
+{
+    take_out(sl, &l->q_proj);
+    take_out(sl, &l->k_proj);
+    take_out(sl, &l->v_proj);
+    take_in(sl, &l->o_proj);
+    take_out(sl, &l->fc1_weight);
+    take_out(sl, &l->fc1_bias);
+    take_in(sl, &l->fc2_weight);
+    /* The bias is part of the reduced sum once, not once per shard. */
+    if (sl->base && sl->shard->rank != 0)
+        l->fc2_bias.data = NULL;
+}
+
+static void slice_text_layer(slicer *sl, ml_text_layer *l)
+{
+    ml_weight *out[] = {&l->self.q_proj, &l->self.k_proj, &l->self.v_proj, &l->cross.q_proj,
+                        &l->cross.k_proj, &l->cross.v_proj, &l->gate_proj, &l->up_proj};
+    ml_weight *in[] = {&l->self.o_proj, &l->cross.o_proj, &l->down_proj};
+    for (size_t i = 0; i < sizeof out / sizeof out[0]; i++)
+        take_out(sl, out[i]);
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
+        take_in(sl, in[i]);
+}
+
+static void slice_all(slicer *sl, ml_weights *w)
+{
+    for (int i = 0; i < w->vision.n_layers; i++)
+        slice_vision_layer(sl, &w->vision.layers[i]);
+    for (int i = 0; i < w->vision.n_global_layers; i++)
+        slice_vision_layer(sl, &w->vision.global_layers[i]);
+    for (int i = 0; i < w->text.n_layers; i++)
+        slice_text_layer(sl, &w->text.layers[i]);
+}
+
+ml_status ml_shard_weights(ml_model *m, char *err, size_t errlen)
+{
+    if (m->shard.world == 1)
+        return ML_OK;
+    slicer sl = {.shard = &m->shard};
+    slice_all(&sl, &m->w);
+    m->shard.row_slices = malloc(sl.used * sizeof *m->shard.row_slices);
+    if (!m->shard.row_slices)
+        return ml_fail(err, errlen, ML_ERR_NOMEM,
+                       "shard: out of memory for %.1f MiB of row-parallel weights",
+                       (double)(sl.used * sizeof *m->shard.row_slices) / (1 << 20));
+    sl = (slicer){.shard = &m->shard, .base = m->shard.row_slices};
+    slice_all(&sl, &m->w);
+    return ML_OK;
+}

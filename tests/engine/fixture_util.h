@@ -1,0 +1,166 @@
+/* Reading the golden fixture models (tests/golden/fixtures/models, made by
+ * gen_fixtures.py) for the tests that run them end to end: the index, the
+ * reference tensors, and each batch row's prompt, cross-attention mask and
+ * greedy continuation laid out as ml_step_seq inputs. Header-only, test
+ * code only; include after harness.h. */
+#ifndef ML_TEST_FIXTURE_UTIL_H
+#define ML_TEST_FIXTURE_UTIL_H
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/mllama.h"
+#include "model/safetensors.h"
+
+#define ML_FX_DIR ML_SOURCE_DIR "/tests/golden/fixtures/models"
+/* Largest index.json read. */
+#define ML_FX_INDEX_MAX (1 << 16)
+
+/* The "models" array of index.json: an owned cJSON tree (cJSON_Delete) whose
+ * string items name fixture directories under ML_FX_DIR, in *models. Skips
+ * the test (exit 77) when there are no fixtures. */
+static cJSON *ml_fx_index(const cJSON **models)
+{
+    FILE *f = fopen(ML_FX_DIR "/index.json", "rb");
+    if (!f)
+        ml_test_skip("no fixture models (tests/golden/fixtures/models/index.json)");
+    static char buf[ML_FX_INDEX_MAX];
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    cJSON *index = cJSON_ParseWithLength(buf, len);
+    *models = cJSON_GetObjectItemCaseSensitive(index, "models");
+    return index;
+}
+
+/* A reference tensor as f32 (ints converted), malloc'd; numel in *n when n
+ * is not NULL. NULL when absent. */
+static float *ml_fx_f32(ml_safetensors *st, const char *name, size_t *n)
+{
+    const ml_tensor_view *t = ml_safetensors_find(st, name);
+    if (!t)
+        return NULL;
+    size_t numel = (size_t)ml_tensor_view_numel(t);
+    float *out = malloc(numel * sizeof *out + 1);
+    char err[256];
+    if (t->dtype == ML_DTYPE_I64) {
+        int64_t *tmp = malloc(numel * sizeof *tmp + 1);
+        ml_tensor_view_read_i64(t, tmp, err, sizeof err);
+        for (size_t i = 0; i < numel; i++)
+            out[i] = (float)tmp[i];
+        free(tmp);
+    } else {
+        ml_tensor_view_read_f32(t, out, err, sizeof err);
+    }
+    if (n)
+        *n = numel;
+    return out;
+}
+
+static float ml_fx_max_abs(const float *x, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fmaxf(m, fabsf(x[i]));
+    return m;
+}
+
+/* Compare with a tolerance scaled by the reference's largest magnitude. */
+static void ml_fx_compare(const float *got, const float *want, size_t n, double tol,
+                          const char *what)
+{
+    check_tensor(got, want, n, tol * ml_fx_max_abs(want, n), 0, what);
+}
+
+static int ml_fx_argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* The text side of a fixture: B rows of an S-token prompt with N image
+ * slots of T tiles each, and `steps` reference greedy tokens per row. */
+typedef struct ml_fx_prompt {
+    int B, S, N, T, steps, ctx; /* ctx = S + steps */
+    int32_t *tokens;   /* (B, ctx): the prompt, then the greedy tokens as fed */
+    uint8_t *allowed;  /* (B, ctx, N·T): cross_attention_mask rows */
+    float *greedy;     /* (B, steps) generate()'s tokens */
+} ml_fx_prompt;
+
+/* Read input_ids, cross_attention_mask and greedy_tokens (the first
+ * `steps` of each row) from the reference. */
+static void ml_fx_prompt_load(ml_fx_prompt *p, ml_safetensors *st, int T, int steps)
+{
+    const ml_tensor_view *ids_v = ml_safetensors_find(st, "input_ids");
+    const ml_tensor_view *pix_v = ml_safetensors_find(st, "pixel_values");
+    const ml_tensor_view *greedy_v = ml_safetensors_find(st, "greedy_tokens");
+    p->B = (int)ids_v->shape[0];
+    p->S = (int)ids_v->shape[1];
+    p->N = pix_v ? (int)pix_v->shape[1] : 0;
+    p->T = T;
+    p->steps = steps;
+    p->ctx = p->S + steps;
+    int B = p->B, S = p->S, N = p->N, ctx = p->ctx, ref_steps = (int)greedy_v->shape[1];
+    float *ids = ml_fx_f32(st, "input_ids", NULL);
+    float *xmask = N ? ml_fx_f32(st, "cross_attention_mask", NULL) : NULL; /* (B, S, N, T) */
+    float *greedy = ml_fx_f32(st, "greedy_tokens", NULL);
+    p->tokens = malloc((size_t)B * ctx * sizeof *p->tokens);
+    p->allowed = calloc((size_t)B * ctx * (N ? N : 1) * T, 1);
+    p->greedy = malloc((size_t)B * steps * sizeof *p->greedy);
+    for (int b = 0; b < B; b++) {
+        for (int s = 0; s < S; s++)
+            p->tokens[b * ctx + s] = (int32_t)ids[b * S + s];
+        /* cross_attention_mask rows, then the last row repeated for decode
+         * tokens (_update_model_kwargs_for_generation, spec §8). */
+        for (int s = 0; s < ctx; s++)
+            for (int c = 0; c < N * T; c++)
+                p->allowed[((size_t)b * ctx + s) * N * T + c] =
+                    xmask[((size_t)b * S + (s < S ? s : S - 1)) * N * T + c] != 0;
+        for (int i = 0; i < steps; i++)
+            p->greedy[b * steps + i] = greedy[b * ref_steps + i];
+    }
+    free(ids);
+    free(xmask);
+    free(greedy);
+}
+
+static void ml_fx_prompt_free(ml_fx_prompt *p)
+{
+    free(p->tokens);
+    free(p->allowed);
+    free(p->greedy);
+}
+
+/* Row b's whole prompt, every position's logits, attending to `states`
+ * (its N image states) through `table` (its block table). */
+static ml_step_seq ml_fx_prefill_seq(const ml_fx_prompt *p, int b, const int32_t *table,
+                                     void *const *states)
+{
+    int NT = p->N * p->T;
+    return (ml_step_seq){
+        .tokens = p->tokens + b * p->ctx, .n_tokens = p->S, .pos0 = 0,
+        .block_table = table, .n_images = p->N, .image_states = (const void *const *)states,
+        .cross_allowed = p->N ? p->allowed + (size_t)b * p->ctx * NT : NULL, .logits = 2,
+    };
+}
+
+/* Turn row b's sequence into decode step `step`: feed the reference greedy
+ * token (so one divergence does not cascade), last-token logits. */
+static void ml_fx_decode_seq(ml_fx_prompt *p, int b, int step, ml_step_seq *q)
+{
+    int at = p->S + step, NT = p->N * p->T;
+    p->tokens[b * p->ctx + at] = (int32_t)p->greedy[b * p->steps + step];
+    q->tokens = p->tokens + b * p->ctx + at;
+    q->n_tokens = 1;
+    q->pos0 = at;
+    q->cross_allowed = p->N ? p->allowed + ((size_t)b * p->ctx + at) * NT : NULL;
+    q->logits = 1;
+}
+
+#endif
