@@ -1,0 +1,13 @@
+/* attn_simt_kernel instantiations with 8 rows per warp (attn_simt.cuh).
+ * Compiled, not yet run on a GPU. */
+#include "attn_simt.cuh"
+
+void mlk_attn_simt_launch_r8(mlk_backend *b, const mlk_attn_args *a, dim3 grid)
+{
+    simt_launch<8>(b, a, grid);
+}
+
+void mlk_attn_simt_init_r8(void)
+{
+    simt_allow_smem<8>();
+}

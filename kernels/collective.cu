@@ -1,0 +1,100 @@
+/* Tensor parallelism: groups of backends joined by one NCCL communicator,
+ * and all_reduce_sum over them (ncclAllReduce on each backend's stream).
+ * Built without NCCL (MLK_HAVE_NCCL undefined), a group can only have one
+ * member, whose all_reduce_sum is the identity, so graph code written for
+ * tensor parallelism still runs at TP = 1.
+ * Compiled, not yet run on a GPU. */
+#include <cstdio>
+#include <cstdlib>
+
+#include "mlk_internal.cuh"
+
+#ifdef MLK_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+void mlk_all_reduce_sum(ml_backend *be, float *x, size_t n)
+{
+    mlk_backend *b = mlk_of(be);
+    if (!n || mlk_enter(b) || !b->nccl)
+        return;
+#ifdef MLK_HAVE_NCCL
+    const ncclResult_t rc =
+        ncclAllReduce(x, x, n, ncclFloat32, ncclSum, (ncclComm_t)b->nccl, b->stream);
+    if (rc != ncclSuccess)
+        mlk_latch(b, ML_ERR_IO, "all_reduce_sum", "%s", ncclGetErrorString(rc));
+#endif
+}
+
+void mlk_nccl_destroy(mlk_backend *b)
+{
+#ifdef MLK_HAVE_NCCL
+    if (b->nccl)
+        ncclCommDestroy((ncclComm_t)b->nccl);
+#endif
+    b->nccl = NULL;
+}
+
+extern "C" int ml_backend_cuda_has_nccl(void)
+{
+#ifdef MLK_HAVE_NCCL
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static ml_status group_fail(ml_backend **out, int n, ml_status st, char *err, size_t errlen,
+                            const char *msg, const char *detail)
+{
+    for (int i = 0; i < n; i++) {
+        mlk_backend_free(out[i]);
+        out[i] = NULL;
+    }
+    if (msg && err && errlen)
+        snprintf(err, errlen, "cuda group: %s%s", msg, detail ? detail : "");
+    return st;
+}
+
+extern "C" ml_status ml_backend_cuda_create_group(int n_devices, const int *devices,
+                                                  size_t pool_bytes, ml_backend **out, char *err,
+                                                  size_t errlen)
+{
+    if (n_devices < 1 || !devices || !out)
+        return group_fail(out, 0, ML_ERR_INVALID_ARG, err, errlen, "no devices", NULL);
+    for (int i = 0; i < n_devices; i++) {
+        out[i] = NULL;
+        for (int j = 0; j < i; j++)
+            if (devices[j] == devices[i])
+                return group_fail(out, 0, ML_ERR_INVALID_ARG, err, errlen,
+                                  "a device is listed twice", NULL);
+    }
+#ifndef MLK_HAVE_NCCL
+    if (n_devices > 1)
+        return group_fail(out, 0, ML_ERR_UNSUPPORTED, err, errlen,
+                          "built without NCCL: one device per group", NULL);
+#endif
+    for (int i = 0; i < n_devices; i++) {
+        ml_status st;
+        mlk_backend *b = mlk_backend_new(devices[i], pool_bytes, &st, err, errlen);
+        if (!b)
+            return group_fail(out, i, st, NULL, 0, NULL, NULL);
+        b->ops.all_reduce_sum = mlk_all_reduce_sum;
+        out[i] = &b->base;
+    }
+#ifdef MLK_HAVE_NCCL
+    ncclComm_t *comms = (ncclComm_t *)calloc((size_t)n_devices, sizeof *comms);
+    if (!comms)
+        return group_fail(out, n_devices, ML_ERR_NOMEM, err, errlen, "out of host memory", NULL);
+    const ncclResult_t rc = ncclCommInitAll(comms, n_devices, devices);
+    if (rc != ncclSuccess) {
+        free(comms);
+        return group_fail(out, n_devices, ML_ERR_IO, err, errlen, "ncclCommInitAll: ",
+                          ncclGetErrorString(rc));
+    }
+    for (int i = 0; i < n_devices; i++)
+        mlk_of(out[i])->nccl = comms[i];
+    free(comms);
+#endif
+    return ML_OK;
+}

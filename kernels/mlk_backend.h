@@ -1,0 +1,55 @@
+/* The CUDA backend: the op table of engine/backend.h on NVIDIA GPUs (sm_80
+ * and later), callable from C without CUDA headers. Consumers that link
+ * mlk_cuda get MLLAMA_HAVE_CUDA=1 and call these under #ifdef.
+ *
+ * Differences from the CPU reference that callers see:
+ * - kv_elem_size is 2: K/V caches and resident cross-attention states are
+ *   bf16 (the CPU keeps f32); matmul rounds its f32 activations to bf16 for
+ *   the tensor cores (f32 accumulation) except in the M <= 4 decode path;
+ *   the vision attention rounds Q, K, V and P to bf16. Results therefore
+ *   agree with the CPU to bf16 level (an NMSE of ~3e-6 per matmul), not
+ *   bitwise: tests/gpu compares them by NMSE.
+ * - Ops are queued on one stream and return at once; errors are latched
+ *   and reported by synchronize. download's host buffer is complete only
+ *   after synchronize returns.
+ * - The graph ops are implemented (backend.h); all_reduce_sum only on
+ *   backends made by ml_backend_cuda_create_group (NULL otherwise).
+ * @locality: one backend is driven by one thread at a time. */
+#ifndef MLK_BACKEND_H
+#define MLK_BACKEND_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "backend.h"
+
+/* A backend on CUDA device `device` owning one device pool of pool_bytes
+ * (0 = 90% of the device's free memory) from which alloc, weight and the
+ * backend's own workspaces (about MLK_WORKSPACE_BYTES, see mlk_internal.cuh)
+ * are carved. Returns NULL and fills err when the device is absent, the
+ * pool cannot be allocated or is smaller than the workspaces, or cuBLAS
+ * fails to start. Destroy with be->ops->destroy(be). */
+ml_backend *ml_backend_cuda_create(int device, size_t pool_bytes, char *err, size_t errlen);
+
+/* n_devices backends, one per entry of devices[], joined by one NCCL
+ * communicator so all_reduce_sum sums across them (tensor parallelism).
+ * On success out[0 .. n_devices) are owned by the caller, each destroyed
+ * with its ops->destroy; each must then be driven by its own thread
+ * (collectives block until every member has joined). Errors:
+ * ML_ERR_INVALID_ARG (bad count or device), ML_ERR_UNSUPPORTED (built
+ * without NCCL and n_devices > 1), ML_ERR_NOMEM, ML_ERR_IO (CUDA or NCCL
+ * failure); nothing is left allocated on error. */
+ml_status ml_backend_cuda_create_group(int n_devices, const int *devices, size_t pool_bytes,
+                                       ml_backend **out, char *err, size_t errlen);
+
+/* 1 when this build has NCCL (all_reduce_sum across devices), else 0. */
+int ml_backend_cuda_has_nccl(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

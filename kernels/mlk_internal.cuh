@@ -1,0 +1,226 @@
+/* Internals of the CUDA backend shared by its .cu files: the backend object,
+ * the device pool, error latching, launch helpers, and the op
+ * implementations the op table points to. Nothing outside kernels/
+ * includes this (it pulls in CUDA headers).
+ *
+ * Every op follows the same shape (style.md): device helpers, a __global__
+ * kernel, and a host launcher named mlk_<op> with the op table's signature
+ * that validates, launches on the backend's stream and latches errors.
+ * Ops never allocate: the workspaces they need are carved from the pool at
+ * create. */
+#ifndef MLK_INTERNAL_CUH
+#define MLK_INTERNAL_CUH
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "mlk_backend.h"
+
+/* Every pool allocation is aligned to this (cudaMalloc's own alignment, and
+ * what 16-byte vector loads and cuBLAS want). */
+#define MLK_POOL_ALIGN 256
+/* Activations converted to bf16 for cuBLAS: the largest M·K done in one
+ * GEMM call; larger products are tiled over M (vision fc2 is 6432·5120). */
+#define MLK_XBF16_BYTES ((size_t)128 << 20)
+/* cuBLAS workspace, set explicitly so that graph capture never allocates
+ * (32 MiB is what cuBLAS asks for on Hopper). */
+#define MLK_BLAS_WS_BYTES ((size_t)32 << 20)
+/* Attention split-K partial results (decode over long contexts). */
+#define MLK_ATTN_WS_BYTES ((size_t)16 << 20)
+#define MLK_WORKSPACE_BYTES (MLK_XBF16_BYTES + MLK_BLAS_WS_BYTES + MLK_ATTN_WS_BYTES)
+/* Pinned host staging for small transfers (metadata uploads, logits). */
+#define MLK_STAGE_UP_BYTES ((size_t)16 << 20)
+#define MLK_STAGE_DOWN_BYTES ((size_t)64 << 20)
+/* Downloads staged and awaiting synchronize; more go direct (synchronous). */
+#define MLK_MAX_PENDING_DOWNLOADS 64
+/* Recorded graphs per backend (decode batch-size buckets). */
+#define MLK_GRAPH_SLOTS 64
+/* Largest head_dim of the attention ops (the CPU backend's limit too). */
+#define MLK_MAX_HEAD_DIM 256
+/* Images one attn_cross call may name: their K/V pointers travel by value
+ * in the kernel parameters. Equal to the model's ML_MAX_SEQ_IMAGES. */
+#define MLK_MAX_CROSS_IMAGES 64
+
+/* ---- device pool: first fit over a sorted segment list ------------------------ */
+
+typedef struct mlk_pool_seg {
+    size_t off, size;
+    int used;
+} mlk_pool_seg;
+
+typedef struct mlk_pool {
+    char *base;           /* owned: one cudaMalloc */
+    size_t capacity;
+    mlk_pool_seg *segs;   /* owned: sorted by offset, covering [0, capacity) */
+    int n_segs, cap_segs;
+    size_t used_bytes;
+} mlk_pool;
+
+/* Take `capacity` bytes at base (already cudaMalloc'd; ownership moves to
+ * the pool). Returns 0, or -1 when the host bookkeeping cannot be allocated. */
+int mlk_pool_init(mlk_pool *p, void *base, size_t capacity);
+/* Free the bookkeeping and the device memory; a zeroed pool is a no-op. */
+void mlk_pool_deinit(mlk_pool *p);
+/* MLK_POOL_ALIGN-aligned block of at least `bytes`, or NULL when no free
+ * segment is large enough (the runtime's memory budget). */
+void *mlk_pool_alloc(mlk_pool *p, size_t bytes);
+/* Return a block from mlk_pool_alloc; neighbours coalesce. Returns 0, or -1
+ * when ptr is not a live block of this pool (the pool is unchanged). */
+int mlk_pool_free(mlk_pool *p, void *ptr);
+
+/* ---- host pointer → uploaded weight ------------------------------------------ */
+
+typedef struct mlk_weight_entry {
+    const void *host;  /* borrowed key */
+    size_t bytes;
+    void *dev;         /* in the pool */
+} mlk_weight_entry;
+
+typedef struct mlk_weight_map {
+    mlk_weight_entry *slots; /* owned: open addressing, power-of-two size */
+    size_t n_slots, n_used;
+} mlk_weight_map;
+
+/* ---- the backend ---------------------------------------------------------------- */
+
+typedef struct mlk_pending_download {
+    void *dst_host;       /* borrowed: the caller's buffer */
+    size_t stage_off, bytes;
+} mlk_pending_download;
+
+typedef struct mlk_backend {
+    ml_backend base;          /* first: an ml_backend * is an mlk_backend * */
+    ml_backend_ops ops;
+    char name[64];
+    int device, sm_count, cc_major;
+    cudaStream_t stream;      /* owned: every op is queued here */
+    cublasHandle_t blas;      /* owned */
+    void *nccl;               /* owned ncclComm_t of a group, or NULL */
+
+    mlk_pool pool;
+    mlk_weight_map weights;
+    /* Workspaces carved from the pool at create. */
+    __nv_bfloat16 *xbf16;     /* MLK_XBF16_BYTES: matmul activations in bf16 */
+    void *blas_ws;            /* MLK_BLAS_WS_BYTES */
+    float *attn_ws;           /* MLK_ATTN_WS_BYTES: attention partials */
+
+    /* Pinned staging: regions are handed out in order and recycled at
+     * synchronize, after the stream has drained. */
+    unsigned char *stage_up;  /* owned (cudaHostAlloc), MLK_STAGE_UP_BYTES */
+    size_t stage_up_used;
+    unsigned char *stage_down; /* owned, MLK_STAGE_DOWN_BYTES */
+    size_t stage_down_used;
+    mlk_pending_download pending[MLK_MAX_PENDING_DOWNLOADS];
+    int n_pending;
+
+    /* The first error since the last synchronize. fatal: the CUDA context
+     * itself failed (a kernel fault), so every later call fails too. */
+    ml_status err_status;
+    char err[256];
+    int fatal;
+
+    /* Graph capture. */
+    int capture_slot;         /* slot being recorded, or -1 */
+    cudaGraphExec_t graphs[MLK_GRAPH_SLOTS];
+} mlk_backend;
+
+static inline mlk_backend *mlk_of(ml_backend *be)
+{
+    return (mlk_backend *)be;
+}
+
+/* Record the first error (op name and detail) for synchronize. */
+void mlk_latch(mlk_backend *b, ml_status st, const char *op, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Latch `rc` if it is an error; returns 1 when it was. */
+int mlk_cuda_failed(mlk_backend *b, cudaError_t rc, const char *op);
+/* Make the backend's device current; returns 0 when ops may be queued
+ * (no earlier fatal error), 1 when the op must be skipped. */
+int mlk_enter(mlk_backend *b);
+/* After a launch: latch a launch error under the op's name. */
+void mlk_launched(mlk_backend *b, const char *op);
+
+/* Blocks of `threads` covering n items, capped for grid-stride loops. */
+static inline unsigned mlk_blocks(size_t n, unsigned threads)
+{
+    const size_t max_blocks = 1u << 20;
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b > max_blocks ? max_blocks : b);
+}
+
+/* ---- device helpers ------------------------------------------------------------- */
+
+__device__ __forceinline__ float mlk_bf16(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+/* Round to nearest even, NaN kept quiet: engine/dtype.h's ml_f32_to_bf16. */
+__device__ __forceinline__ uint16_t mlk_to_bf16(float f)
+{
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+__device__ __forceinline__ float mlk_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float mlk_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* ---- op implementations (contracts in backend.h) --------------------------------- */
+
+void mlk_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w, const uint16_t *bias,
+                int M, int K, int N, int accumulate);
+void mlk_lora(ml_backend *be, float *y, const float *x, const ml_lora_segment *segs, int n_segs,
+              int K, int N, float *scratch, int max_rank);
+void mlk_rmsnorm(ml_backend *be, float *y, const float *x, const uint16_t *w, int rows, int dim,
+                 float eps);
+void mlk_layernorm(ml_backend *be, float *y, const float *x, const uint16_t *w, const uint16_t *b,
+                   int rows, int dim, float eps);
+void mlk_gelu(ml_backend *be, float *x, size_t n);
+void mlk_silu_mul(ml_backend *be, float *y, const float *gate, const float *up, size_t n);
+void mlk_rope(ml_backend *be, float *x, const int32_t *pos, const float *inv_freq, int n_tokens,
+              int n_heads, int head_dim);
+void mlk_add_rows(ml_backend *be, float *y, const float *x, const float *row_scale, float gate,
+                  int rows, int dim);
+void mlk_add_bf16(ml_backend *be, float *y, const uint16_t *w, float alpha, int rows, int period,
+                  int dim);
+void mlk_zero(ml_backend *be, float *y, size_t n);
+void mlk_copy_2d(ml_backend *be, float *dst, const float *src, int rows, int cols, size_t dst_row,
+                 size_t dst_col, size_t src_row);
+void mlk_embed(ml_backend *be, float *y, const uint16_t *table, const int32_t *ids, int n, int dim);
+void mlk_patchify(ml_backend *be, float *patches, const float *pixels, int n_img, int side,
+                  int patch);
+void mlk_kv_write(ml_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                  const int32_t *slot, int n_tokens, int n_kv_heads, int head_dim);
+void mlk_kv_store(ml_backend *be, void *dst, const float *src, size_t n);
+void mlk_argmax(ml_backend *be, int32_t *out, const float *logits, int rows, int vocab);
+void mlk_attn_vision(ml_backend *be, const ml_attn_vision_params *p);
+void mlk_attn_causal(ml_backend *be, const ml_attn_causal_params *p);
+void mlk_attn_cross(ml_backend *be, const ml_attn_cross_params *p);
+/* collective.cu: NULL in the op table unless the backend is in a group. */
+void mlk_all_reduce_sum(ml_backend *be, float *x, size_t n);
+void mlk_nccl_destroy(mlk_backend *b);
+
+/* attention.cu: kernel attributes, once per backend at create. */
+void mlk_attn_init(mlk_backend *b);
+
+/* backend.cu: the constructor shared by create and create_group; on error
+ * NULL with *st and err set. */
+mlk_backend *mlk_backend_new(int device, size_t pool_bytes, ml_status *st, char *err,
+                             size_t errlen);
+void mlk_backend_free(ml_backend *be);
+
+#endif

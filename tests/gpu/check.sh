@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# The one script a lent GPU machine runs (an H200, 16 cores, no network):
+# build the CUDA backend for sm_90, run the gpu-labelled tests, then the
+# decode/vision benchmark, and write a summary (JSON + text).
+#
+#   bash tests/gpu/check.sh            # from the repository root
+#
+# Build: the project's CMake build (MLLAMA_CUDA=ON, Release, sm_90 only)
+# when its dependencies are present (after trying ops/install-deps.sh,
+# which needs the Debian archive and may fail offline). Without them it
+# falls back to compiling directly only what the GPU checks need: the
+# kernels, engine/*.c and engine/cpu/*.c, test_cuda_device, test_cuda_ops
+# and bench_cuda (test_cuda_golden needs cJSON for the model loader and is
+# then reported as not built).
+#
+# Output: $OUT/gpu-summary.json, gpu-summary.txt and the logs when OUT is
+# set (the device tool's return folder), else build-gpu/. Expected runtime
+# on an H200: ~2 min build, ~1 min tests, <1 min benchmark; every phase has
+# a timeout so the whole stays under 8 minutes.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+BUILD=${CHECK_BUILD_DIR:-$ROOT/build-gpu}
+DEST=${OUT:-$BUILD}
+JOBS=${JOBS:-16}
+TEST_TIMEOUT=300   # seconds per test
+BENCH_TIMEOUT=240
+mkdir -p "$BUILD" "$DEST"
+LOG=$DEST/check.log
+: >"$LOG"
+START=$(date +%s)
+
+say() { echo "check.sh: $*" | tee -a "$LOG"; }
+elapsed() { echo $(($(date +%s) - START)); }
+
+[ -d /usr/local/cuda/bin ] && export PATH=/usr/local/cuda/bin:$PATH
+CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")}
+if ! command -v nvcc >/dev/null; then
+    say "no nvcc on this machine: nothing to build"
+    exit 1
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$LOG" 2>&1 || true
+
+# ---- NCCL: the toolkit's, a system one, or the nvidia-nccl wheel's ---------------------
+NCCL_ROOT=""
+for d in "$CUDA_HOME" /usr /usr/local; do
+    if [ -f "$d/include/nccl.h" ]; then NCCL_ROOT=$d; break; fi
+done
+if [ -z "$NCCL_ROOT" ] && command -v python3 >/dev/null; then
+    NCCL_ROOT=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
+    [ -n "$NCCL_ROOT" ] && [ ! -f "$NCCL_ROOT/include/nccl.h" ] && NCCL_ROOT=""
+fi
+say "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), NCCL ${NCCL_ROOT:-not found}"
+
+# ---- dependencies of the full CMake build -------------------------------------------------
+deps_ok() {
+    command -v cmake >/dev/null && command -v pkg-config >/dev/null || return 1
+    for p in libcjson libturbojpeg libjpeg rdkafka hiredis; do
+        pkg-config --exists "$p" || return 1
+    done
+}
+if ! deps_ok && [ -f ops/install-deps.sh ]; then
+    # Offline (the usual case on a lent machine) apt would only time out.
+    if getent hosts deb.debian.org >/dev/null 2>&1; then
+        say "build dependencies missing: running ops/install-deps.sh"
+        timeout 120 bash ops/install-deps.sh >>"$LOG" 2>&1 || say "install-deps.sh failed"
+    else
+        say "build dependencies missing and no network: not installing"
+    fi
+fi
+
+# ---- build ---------------------------------------------------------------------------------
+MODE=cmake
+BIN=$BUILD/tests
+build_cmake() {
+    local extra=()
+    [ -n "$NCCL_ROOT" ] && extra+=(-DNCCL_ROOT="$NCCL_ROOT")
+    local gen=()
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    # An existing build dir keeps its generator.
+    [ -f "$BUILD/CMakeCache.txt" ] && gen=()
+    cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DMLLAMA_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_CUDA_ARCHITECTURES=90 "${extra[@]}" >>"$LOG" 2>&1 &&
+        cmake --build "$BUILD" -j"$JOBS" --target mlk_cuda test_cuda_device test_cuda_ops \
+            test_cuda_golden bench_cuda >>"$LOG" 2>&1
+}
+
+# Direct compilation of what the GPU checks need, for machines without the
+# service's libraries (librdkafka, hiredis, cJSON, libjpeg).
+build_direct() {
+    local obj=$BUILD/direct
+    mkdir -p "$obj"
+    local nccl_c=() nccl_l=()
+    if [ -n "$NCCL_ROOT" ]; then
+        local lib
+        lib=$(ls "$NCCL_ROOT"/lib/libnccl.so* "$NCCL_ROOT"/lib64/libnccl.so* 2>/dev/null | head -1)
+        if [ -n "$lib" ]; then
+            nccl_c=(-DMLK_HAVE_NCCL=1 -I"$NCCL_ROOT/include")
+            nccl_l=("$lib" -Wl,-rpath,"$(dirname "$lib")")
+        fi
+    fi
+    local cflags=(-std=gnu11 -O3 -I"$ROOT/engine" -I"$ROOT/kernels" -I"$ROOT/tests"
+                  -DML_SOURCE_DIR="\"$ROOT\"" -DML_BINARY_DIR="\"$BUILD\"")
+    local failed=0 f
+    # At most JOBS compilers at once.
+    spawn() {
+        while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || failed=1; done
+        "$@" >>"$LOG" 2>&1 &
+    }
+    for f in "$ROOT"/kernels/*.cu; do
+        spawn nvcc -std=c++17 -O3 -arch=sm_90 -Xcompiler -fPIC -I"$ROOT/kernels" \
+            -I"$ROOT/engine" "${nccl_c[@]}" -c "$f" -o "$obj/$(basename "$f").o"
+    done
+    for f in "$ROOT"/engine/*.c "$ROOT"/engine/cpu/*.c; do
+        local isa=()
+        case "$f" in
+        *_avx512.c) isa=(-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma) ;;
+        *_avx2.c) isa=(-mavx2 -mfma -mf16c) ;;
+        esac
+        spawn cc "${cflags[@]}" "${isa[@]}" -c "$f" -o "$obj/$(basename "$f").o"
+    done
+    while [ "$(jobs -rp | wc -l)" -gt 0 ]; do wait -n || failed=1; done
+    [ $failed = 0 ] || return 1
+    mkdir -p "$BIN"
+    local libs=("$obj"/*.o -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib" -lcudart_static -lcublas
+                -lcublasLt "${nccl_l[@]}" -Wl,-rpath,"$CUDA_HOME/lib64" -lstdc++ -lpthread -ldl
+                -lrt -lm)
+    for t in test_cuda_device test_cuda_ops bench_cuda; do
+        cc "${cflags[@]}" "$ROOT/tests/gpu/$t.c" "${libs[@]}" -o "$BIN/$t" >>"$LOG" 2>&1 || return 1
+    done
+}
+
+# CHECK_BUILD=direct forces the fallback (to test it where CMake would work).
+build_start=$(date +%s)
+if [ "${CHECK_BUILD:-auto}" != direct ] && deps_ok && build_cmake; then
+    MODE=cmake
+else
+    if [ "${CHECK_BUILD:-auto}" = direct ]; then
+        say "CHECK_BUILD=direct: direct build of the GPU targets"
+    elif deps_ok; then
+        say "CMake build failed (see check.log): direct build of the GPU targets"
+    else
+        say "dependencies of the full build absent: direct build of the GPU targets"
+    fi
+    MODE=direct
+    build_direct || { say "direct build failed (see check.log)"; MODE=failed; }
+fi
+BUILD_S=$(($(date +%s) - build_start))
+say "build ($MODE): ${BUILD_S}s"
+
+# ---- tests ---------------------------------------------------------------------------------
+TESTS_JSON=""
+run_test() { # name: run tests/<name> from the repository root, as ctest does
+    local name=$1 rc t0 t1 status
+    if [ ! -x "$BIN/$name" ]; then
+        status=not_built
+        rc=-1
+        t0=0 t1=0
+    else
+        t0=$(date +%s)
+        timeout "$TEST_TIMEOUT" "$BIN/$name" >"$DEST/$name.log" 2>&1
+        rc=$?
+        t1=$(date +%s)
+        case $rc in
+        0) status=passed ;;
+        77) status=skipped ;;
+        124) status=timeout ;;
+        *) status=failed ;;
+        esac
+    fi
+    say "test $name: $status (rc $rc, $((t1 - t0))s)"
+    [ "$status" = failed ] && tail -30 "$DEST/$name.log" | tee -a "$LOG"
+    TESTS_JSON+="${TESTS_JSON:+, }{\"name\": \"$name\", \"status\": \"$status\", \"rc\": $rc, \"seconds\": $((t1 - t0))}"
+}
+if [ "$MODE" = cmake ]; then
+    # The project's own runner over the gpu label, for the record ...
+    (cd "$BUILD" && timeout $((3 * TEST_TIMEOUT)) ctest -L gpu --timeout "$TEST_TIMEOUT" \
+        --output-on-failure) >"$DEST/ctest.log" 2>&1
+    say "ctest -L gpu: $(grep -E 'tests passed|tests failed' "$DEST/ctest.log" | tail -1)"
+    # ... whose per-test results feed the summary.
+    for t in test_cuda_device test_cuda_ops test_cuda_golden; do
+        line=$(grep -E "Test +#[0-9]+: $t " "$DEST/ctest.log" | tail -1)
+        secs=$(echo "$line" | sed -n 's/.* \([0-9.]*\) sec.*/\1/p')
+        case "$line" in
+        *Passed*) st=passed ;;
+        *Skipped* | *"Not Run"*) st=skipped ;;
+        *Timeout*) st=timeout ;;
+        "") st=not_run ;;
+        *) st=failed ;;
+        esac
+        say "test $t: $st (${secs:-?}s)"
+        TESTS_JSON+="${TESTS_JSON:+, }{\"name\": \"$t\", \"status\": \"$st\", \"seconds\": ${secs:-0}}"
+    done
+elif [ "$MODE" = direct ]; then
+    run_test test_cuda_device
+    run_test test_cuda_ops
+    TESTS_JSON+=", {\"name\": \"test_cuda_golden\", \"status\": \"not_built\", \"reason\": \"no cJSON on this machine\"}"
+fi
+
+# ---- benchmark -----------------------------------------------------------------------------
+BENCH_JSON=null
+if [ -x "$BIN/bench_cuda" ]; then
+    timeout "$BENCH_TIMEOUT" "$BIN/bench_cuda" "$DEST/bench.json" >"$DEST/bench.txt" 2>&1
+    brc=$?
+    cat "$DEST/bench.txt" >>"$LOG"
+    say "bench_cuda: rc $brc"
+    [ $brc = 0 ] && [ -s "$DEST/bench.json" ] && BENCH_JSON=$(cat "$DEST/bench.json")
+fi
+
+# ---- summary --------------------------------------------------------------------------------
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+cat >"$DEST/gpu-summary.json" <<EOF
+{
+  "gpu": "${GPU:-unknown}",
+  "build": {"mode": "$MODE", "seconds": $BUILD_S, "arch": "sm_90", "nccl": "${NCCL_ROOT:-none}"},
+  "tests": [$TESTS_JSON],
+  "bench": $BENCH_JSON,
+  "total_seconds": $(elapsed)
+}
+EOF
+{
+    echo "GPU check on ${GPU:-unknown GPU}: build $MODE in ${BUILD_S}s, total $(elapsed)s"
+    grep -E "^check.sh: test " "$LOG" | sed 's/^check.sh: /  /'
+    [ -s "$DEST/bench.txt" ] && sed 's/^/  /' "$DEST/bench.txt"
+} >"$DEST/gpu-summary.txt"
+cat "$DEST/gpu-summary.txt"
+# Fail when a test failed or nothing could be built.
+! grep -qE '"status": "(failed|timeout)"' "$DEST/gpu-summary.json" && [ "$MODE" != failed ]
