@@ -210,7 +210,7 @@ static inline void kt_worker_start(kt_worker *w, const char *name, const char *b
         .n_topics = 1,
         .kafka = kv,
         .n_kafka = N_GROUP_KV + (n_extra < MAX_EXTRA ? n_extra : MAX_EXTRA),
-        .events = {kt_on_assign, kt_on_revoke, w},
+        .events = {.on_assign = kt_on_assign, .on_revoke = kt_on_revoke, .opaque = w},
     };
     char err[512];
     svc_kafka_status st = svc_consumer_create(&cc, &w->c, err, sizeof err);
