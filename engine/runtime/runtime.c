@@ -478,7 +478,8 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
     if (adapter_of(req) && !(s->adapter_name = strdup(adapter_of(req))))
         goto nomem;
     memcpy(s->tokens, req->prompt, (size_t)req->n_prompt * sizeof *s->tokens);
-    memcpy(s->images, req->images, (size_t)req->n_images * sizeof *s->images);
+    if (req->n_images) /* a text-only request may pass no array at all */
+        memcpy(s->images, req->images, (size_t)req->n_images * sizeof *s->images);
     s->sampling = req->sampling;
     if (copy_stop_strings(s) != ML_OK ||
         ml_sampler_seq_create(&s->sampling, (size_t)rt->vocab, req->prompt,
