@@ -1,5 +1,6 @@
 /* config.json parsing and validation (MllamaConfig, mllama-spec §1). */
 #include "model/config.h"
+#include "model/json_util.h"
 
 #include <cjson/cJSON.h>
 #include <limits.h>
@@ -65,30 +66,13 @@ static int is_unset(const cJSON *v)
     return !v || cJSON_IsNull(v);
 }
 
-static const char *type_name(const cJSON *v)
-{
-    if (cJSON_IsNull(v))
-        return "null";
-    if (cJSON_IsBool(v))
-        return "a boolean";
-    if (cJSON_IsNumber(v))
-        return "a number";
-    if (cJSON_IsString(v))
-        return "a string";
-    if (cJSON_IsArray(v))
-        return "an array";
-    if (cJSON_IsObject(v))
-        return "an object";
-    return "an invalid value";
-}
-
 /* v must be an integral number in [lo, hi]. */
 static ml_status value_int(const jctx *c, const cJSON *v, const char *path, long lo, long hi,
                            int *out)
 {
     if (!cJSON_IsNumber(v))
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: expected an integer, got %s", path,
-                       type_name(v));
+                       ml_json_type_name(v));
     double d = v->valuedouble;
     if (!isfinite(d) || floor(d) != d)
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: expected an integer, got %.17g", path,
@@ -141,7 +125,7 @@ static ml_status get_positive(const jctx *c, const cJSON *obj, const char *key, 
     }
     if (!cJSON_IsNumber(v))
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: expected a number, got %s", path,
-                       type_name(v));
+                       ml_json_type_name(v));
     if (!isfinite(v->valuedouble) || !(v->valuedouble > 0))
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: %.17g must be a positive number",
                        path, v->valuedouble);
@@ -160,7 +144,7 @@ static ml_status expect_string(const jctx *c, const cJSON *obj, const char *key,
     field_path(c, key, path, sizeof path);
     if (!cJSON_IsString(v))
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: expected a string, got %s", path,
-                       type_name(v));
+                       ml_json_type_name(v));
     if (strcmp(v->valuestring, want))
         return ml_fail(c->err, c->errlen, ML_ERR_UNSUPPORTED,
                        "%s: \"%.64s\" is not supported (only \"%s\")", path, v->valuestring, want);
@@ -178,7 +162,7 @@ static ml_status get_bool(const jctx *c, const cJSON *obj, const char *key, int 
     if (!cJSON_IsBool(v)) {
         char path[PATH_LEN];
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: expected a boolean, got %s",
-                       field_path(c, key, path, sizeof path), type_name(v));
+                       field_path(c, key, path, sizeof path), ml_json_type_name(v));
     }
     *out = cJSON_IsTrue(v);
     return ML_OK;
@@ -194,7 +178,7 @@ static ml_status get_object(const jctx *c, const cJSON *obj, const char *key, co
     if (!cJSON_IsObject(v)) {
         char path[PATH_LEN];
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: expected an object, got %s",
-                       field_path(c, key, path, sizeof path), type_name(v));
+                       field_path(c, key, path, sizeof path), ml_json_type_name(v));
     }
     *out = v;
     return ML_OK;
@@ -223,7 +207,7 @@ static ml_status get_int_list(const jctx *c, const cJSON *obj, const char *key, 
     if (!cJSON_IsArray(v))
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: expected %s, got %s", path,
                        scalar_ok ? "an integer or a list of integers" : "a list of integers",
-                       type_name(v));
+                       ml_json_type_name(v));
     int n = cJSON_GetArraySize(v);
     if (n > cap)
         return ml_fail(c->err, c->errlen, ML_ERR_TOO_LARGE, "%s: %d entries exceed the limit %d",
@@ -260,7 +244,7 @@ static ml_status parse_aspect_ratios(const jctx *c, const cJSON *obj, ml_vision_
     }
     if (!cJSON_IsArray(list))
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: expected a list of pairs, got %s",
-                       path, type_name(list));
+                       path, ml_json_type_name(list));
     int n = cJSON_GetArraySize(list);
     if (n == 0)
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: empty", path);
@@ -364,7 +348,7 @@ static ml_status parse_rope_object(jctx *c, const cJSON *obj, ml_rope_scaling *r
     field_path(c, key, path, sizeof path);
     if (!cJSON_IsString(t))
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: expected a string, got %s", path,
-                       type_name(t));
+                       ml_json_type_name(t));
     if (!strcmp(t->valuestring, "default"))
         return ML_OK;
     if (strcmp(t->valuestring, "llama3"))
@@ -511,7 +495,7 @@ static ml_status parse_dtype(jctx *c, const cJSON *root, ml_dtype *out)
         return ML_OK;
     if (!cJSON_IsString(v))
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: expected a string, got %s", key,
-                       type_name(v));
+                       ml_json_type_name(v));
     for (int i = 0; i < N_OF(names); i++) {
         if (!strcmp(v->valuestring, names[i].torch)) {
             *out = names[i].dtype;
@@ -553,7 +537,7 @@ ml_status ml_config_parse(ml_config *cfg, const char *json, size_t len, char *er
                      (size_t)(end - json));
     else if (!cJSON_IsObject(root))
         st = ml_fail(err, errlen, ML_ERR_FORMAT, "config: expected a JSON object, got %s",
-                     type_name(root));
+                     ml_json_type_name(root));
     if (st == ML_OK &&
         !((st = expect_string(&c, root, "model_type", "mllama")) ||
           (st = get_int(&c, root, "image_token_index", 128256, 0, MAX_TOKEN_ID,

@@ -11,6 +11,7 @@
 #include <strings.h>
 
 #include "model/lora.h"
+#include "model/json_util.h"
 
 /* PEFT's defaults (LoraConfig) for absent fields. */
 #define DEFAULT_RANK 8
@@ -70,21 +71,6 @@ static int is_unset(const cJSON *v)
     if (cJSON_IsArray(v) || cJSON_IsObject(v))
         return v->child == NULL;
     return 0;
-}
-
-static const char *type_name(const cJSON *v)
-{
-    if (cJSON_IsNull(v))
-        return "null";
-    if (cJSON_IsBool(v))
-        return "a boolean";
-    if (cJSON_IsNumber(v))
-        return "a number";
-    if (cJSON_IsString(v))
-        return "a string";
-    if (cJSON_IsArray(v))
-        return "an array";
-    return "an object";
 }
 
 /* ======================================================================== */
@@ -320,7 +306,7 @@ static ml_status matcher_list(matcher *m, const cJSON *v, const char *field, cha
     for (const cJSON *e = v->child; e; e = e->next, i++) {
         if (!cJSON_IsString(e))
             return ml_fail(err, errlen, ML_ERR_FORMAT, "%s[%d]: expected a string, got %s",
-                           field, i, type_name(e));
+                           field, i, ml_json_type_name(e));
         size_t len = strlen(e->valuestring);
         if (len == 0 || len > ML_LORA_PATTERN_MAX)
             return ml_fail(err, errlen, len ? ML_ERR_TOO_LARGE : ML_ERR_FORMAT,
@@ -354,7 +340,7 @@ static ml_status parse_matcher(matcher *m, const cJSON *root, const char *field,
     if (!cJSON_IsArray(v))
         return ml_fail(err, errlen, ML_ERR_FORMAT,
                        "%s: expected a list of names or a regular expression, got %s", field,
-                       type_name(v));
+                       ml_json_type_name(v));
     if (!v->child && required)
         return ml_fail(err, errlen, ML_ERR_FORMAT, "%s: empty", field);
     return matcher_list(m, v, field, err, errlen);
@@ -382,7 +368,7 @@ static ml_status check_features(const cJSON *root, char *err, size_t errlen)
     const cJSON *v = member(root, "peft_type");
     if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && !strcmp(v->valuestring, "LORA")))
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED, "peft_type %.64s: only LORA is served",
-                       cJSON_IsString(v) ? v->valuestring : type_name(v));
+                       cJSON_IsString(v) ? v->valuestring : ml_json_type_name(v));
     for (size_t i = 0; i < sizeof must_be_unset / sizeof must_be_unset[0]; i++)
         if (!is_unset(member(root, must_be_unset[i])))
             return ml_fail(err, errlen, ML_ERR_UNSUPPORTED, "%s is set: not supported",
@@ -391,7 +377,7 @@ static ml_status check_features(const cJSON *root, char *err, size_t errlen)
     if (v && !cJSON_IsNull(v)) {
         if (!cJSON_IsString(v))
             return ml_fail(err, errlen, ML_ERR_FORMAT, "bias: expected a string, got %s",
-                           type_name(v));
+                           ml_json_type_name(v));
         if (strcmp(v->valuestring, "none"))
             return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
                            "bias \"%.32s\": only \"none\" is supported", v->valuestring);
@@ -407,7 +393,7 @@ static ml_status check_features(const cJSON *root, char *err, size_t errlen)
                                v->valuestring);
     } else if (v && !cJSON_IsNull(v) && !cJSON_IsBool(v)) {
         return ml_fail(err, errlen, ML_ERR_FORMAT,
-                       "init_lora_weights: expected a boolean or a string, got %s", type_name(v));
+                       "init_lora_weights: expected a boolean or a string, got %s", ml_json_type_name(v));
     }
     return ML_OK;
 }
@@ -420,7 +406,7 @@ static ml_status parse_numbers(ml_lora_config *c, const cJSON *root, char *err, 
     if (v) {
         if (!cJSON_IsNumber(v))
             return ml_fail(err, errlen, ML_ERR_FORMAT, "r: expected an integer, got %s",
-                           type_name(v));
+                           ml_json_type_name(v));
         double d = v->valuedouble;
         if (!isfinite(d) || floor(d) != d || d < 1 || d > ML_LORA_MAX_RANK)
             return ml_fail(err, errlen, ML_ERR_FORMAT, "r: %.17g is not an integer in [1, %d]",
@@ -431,14 +417,14 @@ static ml_status parse_numbers(ml_lora_config *c, const cJSON *root, char *err, 
     if (v) {
         if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
             return ml_fail(err, errlen, ML_ERR_FORMAT, "lora_alpha: expected a number, got %s",
-                           type_name(v));
+                           ml_json_type_name(v));
         c->alpha = v->valuedouble;
     }
     v = member(root, "use_rslora");
     if (v && !cJSON_IsNull(v)) {
         if (!cJSON_IsBool(v))
             return ml_fail(err, errlen, ML_ERR_FORMAT, "use_rslora: expected a boolean, got %s",
-                           type_name(v));
+                           ml_json_type_name(v));
         c->rslora = cJSON_IsTrue(v);
     }
     /* LoraLayer.update_layer: Python floats, applied to f32 activations. */

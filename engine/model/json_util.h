@@ -1,0 +1,12 @@
+/* Small cJSON helpers shared by the model's JSON parsers (config.json,
+ * adapter_config.json). */
+#ifndef ML_MODEL_JSON_UTIL_H
+#define ML_MODEL_JSON_UTIL_H
+
+#include <cjson/cJSON.h>
+
+/* "null", "a boolean", "a number", "a string", "an array", "an object" (or
+ * "an invalid value"), for error messages. Never NULL. */
+const char *ml_json_type_name(const cJSON *v);
+
+#endif
