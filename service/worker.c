@@ -25,6 +25,9 @@
 #define INFLIGHT_LOW_PER_SLOT 1
 #define WATCHDOG_MS 30000         /* a thread silent this long fails /healthz */
 #define FLUSH_MS 10000            /* final flush of the producer at exit */
+/* What destroy still flushes: only the fatal path leaves records queued,
+ * and they are dropped (purged), since one before them may be lost. */
+#define FATAL_FLUSH_MS 1
 #define REPLIES_TOPIC "mllama.replies" /* created on the mock cluster for clients */
 #define MOCK_BROKERS 1
 #define CANCEL_POLL_MS 0
@@ -141,6 +144,10 @@ void job_free(job *j)
 
 int worker_produce(svc_worker *w, job *j, const svc_buf *value, uint32_t seq, bool final)
 {
+    /* After a process-level error nothing more goes out: a record may have
+     * been lost, and what follows it would show a gap in its stream. */
+    if (atomic_load(&w->fatal))
+        return -1;
     svc_headers hs;
     svc_headers_reply(&hs, j->id, j->attempt, seq, final);
     svc_kafka_header kh[SVC_HEADERS_MAX];
@@ -590,7 +597,7 @@ static int connect_kafka(svc_worker *w, char *err, size_t errlen)
     }
     svc_producer_config pc = {.brokers = w->brokers, .kafka = c->kafka.props,
                               .n_kafka = c->kafka.n_props, .on_delivery = on_delivery,
-                              .opaque = w};
+                              .opaque = w, .close_flush_ms = FATAL_FLUSH_MS};
     if (svc_producer_create(&pc, &w->producer, err, errlen) != SVC_KAFKA_OK)
         return -1;
     const char *req_topics[] = {c->kafka.request_topic};
@@ -657,6 +664,8 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     w->limits.max_image_bytes = (size_t)w->cfg.limits.max_image_bytes;
     w->limits.max_images = (size_t)w->cfg.runtime.max_images_per_request;
     w->limits.max_tokens_default = (uint32_t)w->cfg.runtime.default_max_tokens;
+    /* Start time in ms: numbers of uncounted attempts differ across processes. */
+    w->next_uncounted = (uint32_t)wall_ms();
     w->health.watchdog_ms = WATCHDOG_MS;
     atomic_store(&w->health.kafka_heartbeat_ms, svc_now_ms());
     atomic_store(&w->health.step_heartbeat_ms, svc_now_ms());

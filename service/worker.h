@@ -5,9 +5,17 @@
  * its final record (or its dead-letter copy) is acknowledged by the broker,
  * per partition up to the first unfinished request. A worker that dies
  * mid-request leaves it to be consumed again: the next execution is a new
- * `attempt` (counted in Redis) whose records start again at seq 0, and a
- * frontend resets its text when the attempt changes. Records of one attempt
- * are never duplicated (idempotent producer).
+ * `attempt` whose records start again at seq 0, and a frontend resets its
+ * text when the attempt changes. Attempts are counted in Redis (1, 2, ...);
+ * an execution Redis cannot count (no Redis, or its breaker open) may still
+ * be a re-execution, so it takes a number of 2^31 or more, unique to it.
+ * Records of one attempt are never duplicated (idempotent producer). A
+ * record the producer gives up on (message.timeout.ms) ends the process
+ * with SVC_WORKER_EXIT_KAFKA: once its loss is reported no offset is stored
+ * and nothing more is sent (what is still queued is purged), so its request
+ * runs again as a new attempt. Records produced after the lost one may have
+ * gone out before the report came: a frontend treats a gap in an attempt's
+ * seqs as an attempt that will be superseded.
  *
  * @locality: create, run and destroy on the main thread; request_stop from
  * anywhere (a signal handler included). */

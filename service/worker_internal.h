@@ -84,6 +84,10 @@ typedef struct image_event {
     int n_tiles;
 } image_event;
 
+/* The attempt number of an execution Redis could not count has this bit set
+ * (worker.h); the other bits make it unique to the execution. */
+#define WORKER_ATTEMPT_UNCOUNTED 0x80000000u
+
 /* ==== the worker ============================================================== */
 
 struct svc_worker {
@@ -104,6 +108,7 @@ struct svc_worker {
     ml_runtime *rt;
     ml_image_params image_params;
     uint64_t adapter_loads_seen; /* runtime adapter loads already counted (step thread) */
+    uint32_t next_uncounted;    /* prep thread: numbers attempts Redis could not count */
 
     /* Kafka. */
     void *mock;                 /* svc_mock_kafka *, when brokers == "mock" */

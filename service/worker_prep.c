@@ -252,16 +252,22 @@ static void prepare(svc_worker *w, job *j)
         return;
     }
     /* Poison messages: every execution counts, before anything can crash. */
+    bool counted = false;
     if (w->redis_prep) {
         uint32_t attempt;
         svc_redis_status rs = svc_redis_attempt_incr(w->redis_prep, j->topic, j->partition,
                                                      j->offset, &attempt);
-        if (rs == SVC_REDIS_OK)
+        counted = rs == SVC_REDIS_OK;
+        if (counted)
             j->attempt = attempt;
         else
             svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
     }
-    if ((int)j->attempt > w->cfg.limits.max_attempts) {
+    /* Uncounted, this may be a re-execution all the same: it must not reuse
+     * the number of an earlier attempt, whose seqs it would repeat. */
+    if (!counted)
+        j->attempt = WORKER_ATTEMPT_UNCOUNTED | (w->next_uncounted++ & ~WORKER_ATTEMPT_UNCOUNTED);
+    if (counted && (int)j->attempt > w->cfg.limits.max_attempts) {
         svc_errf(msg, sizeof msg, "the message was consumed %u times without being answered",
                  j->attempt - 1);
         worker_dead_letter(w, j, SVC_ERROR_TOO_MANY_ATTEMPTS, msg);

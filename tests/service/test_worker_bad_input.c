@@ -1,0 +1,395 @@
+/* Hostile and broken requests against a running `mllama worker` (mock Kafka
+ * and redis-server as processes): each is answered with its stable error
+ * code in a final record (or dead-lettered when it has no reply address),
+ * and a good request sent right after each one is still answered, so the
+ * worker keeps serving. Covers malformed JSON, wrong types, missing fields,
+ * base64 over limits.max_image_bytes, invalid base64, corrupt and truncated
+ * JPEGs, a JPEG header claiming 65500x65500, a progressive JPEG with
+ * thousands of scans, too many images, a prompt over the KV pool, an
+ * expired deadline, an unknown adapter, and records with no reply address
+ * (mllama.dlt with x-error-code, x-error-msg and x-original-*).
+ * Skipped (77) without redis-server. */
+#include "proc_util.h"
+
+#define TOPICS PU_REQUESTS ":2," PU_REPLIES ":2," PU_DLT ":1," PU_CANCEL ":1"
+#define TINY ML_SOURCE_DIR "/tests/golden/fixtures/images/tiny_16x16.jpg"
+#define PHOTO ML_SOURCE_DIR "/tests/golden/fixtures/images/ex_640x480.jpg"
+#define MAX_IMAGE_BYTES 65536 /* limits.max_image_bytes: above the photo's 56697 */
+#define MAX_IMAGES 4          /* runtime.max_images_per_request */
+#define KV_MIB 1              /* runtime.kv_mib: a few thousand tokens */
+#define LONG_PROMPT_WORDS 40000
+#define ANSWER_MS 30000
+#define BOMB_SCANS 4000
+#define BOMB_MS 5000          /* a scan bomb must be refused this fast */
+#define MAX_DIMENSION 65500   /* JPEG's own limit, and far over max_image_pixels */
+
+static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
+static pu_redis redis;
+static pu_proc kafka, worker;
+static pu_client client;
+static int n_good;
+
+static void cleanup(void)
+{
+    pu_kill(&worker);
+    pu_kill(&kafka);
+    pu_kill(&redis.proc);
+    pu_tmpdir_done(dir);
+}
+
+/* ==== crafted JPEGs ============================================================== */
+
+static uint8_t *put(uint8_t *p, const void *bytes, size_t n)
+{
+    memcpy(p, bytes, n);
+    return p + n;
+}
+
+/* A progressive greyscale JPEG of w x h with `scans` copies of one DC scan:
+ * every quantizer 1, one Huffman code (DC difference 0), so an 8x8 image's
+ * scan is a single entropy byte. One scan is a valid image; thousands are
+ * the CPU bomb of libjpeg-turbo issue #284. Returns the length (malloc'd
+ * into *out). */
+static size_t craft_progressive(uint16_t w, uint16_t h, int scans, uint8_t **out)
+{
+    static const uint8_t soi[] = {0xFF, 0xD8};
+    static const uint8_t dqt_head[] = {0xFF, 0xDB, 0x00, 0x43, 0x00};
+    /* DC table 0: one code of length 1 (16 counts), for the symbol 0. */
+    static const uint8_t dht[] = {0xFF, 0xC4, 0x00, 0x14, 0x00,
+                                  1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                  0x00};
+    /* One component, DC first scan (Ss 0, Se 0, Ah 0, Al 0); the entropy
+     * byte is the code '0' for the one block, padded with 1 bits. */
+    static const uint8_t sos[] = {0xFF, 0xDA, 0x00, 0x08, 0x01, 0x01, 0x00,
+                                  0x00, 0x00, 0x00, 0x7F};
+    static const uint8_t eoi[] = {0xFF, 0xD9};
+    const uint8_t sof2[] = {0xFF, 0xC2, 0x00, 0x0B, 0x08, (uint8_t)(h >> 8), (uint8_t)h,
+                            (uint8_t)(w >> 8), (uint8_t)w, 0x01, 0x01, 0x11, 0x00};
+    uint8_t quant[64];
+    memset(quant, 1, sizeof quant);
+    size_t n = sizeof soi + sizeof dqt_head + sizeof quant + sizeof sof2 + sizeof dht +
+               (size_t)scans * sizeof sos + sizeof eoi;
+    uint8_t *p = malloc(n);
+    if (!p)
+        pu_die("out of memory");
+    *out = p;
+    p = put(p, soi, sizeof soi);
+    p = put(p, dqt_head, sizeof dqt_head);
+    p = put(p, quant, sizeof quant);
+    p = put(p, sof2, sizeof sof2);
+    p = put(p, dht, sizeof dht);
+    for (int i = 0; i < scans; i++)
+        p = put(p, sos, sizeof sos);
+    put(p, eoi, sizeof eoi);
+    return n;
+}
+
+/* ==== requests ===================================================================== */
+
+/* A good request: it must be answered normally, proving the worker still
+ * serves after whatever came before. */
+static void good_request(const char *after)
+{
+    char id[64];
+    snprintf(id, sizeof id, "good-%d", n_good++);
+    char *body = pu_chat_request(id, "Hello", NULL, "\"max_tokens\":2");
+    check(pu_client_send(&client, id, body), "%s: produce", id);
+    const pu_record *f = pu_client_wait(&client, id, ANSWER_MS);
+    cJSON *j = f ? pu_json(f) : NULL;
+    const char *reason = pu_finish_reason(j);
+    check(reason && (!strcmp(reason, "length") || !strcmp(reason, "stop")),
+          "good request after %s: finish_reason %s (error %s)", after, reason ? reason : "(none)",
+          pu_error_code(j) ? pu_error_code(j) : "-");
+    cJSON_Delete(j);
+    free(body);
+}
+
+/* Send `body` (len bytes) keyed `id`, with the request_id and reply_topic
+ * headers when `headers` is set, and expect one final error record with
+ * `code`; then a good request. Returns the milliseconds to the answer. */
+static int64_t expect_error_at(const char *id, const void *body, size_t len, bool headers,
+                               const char *code)
+{
+    const char *hs[] = {"request_id", id, "reply_topic", PU_REPLIES};
+    int64_t t0 = pu_now_ms();
+    check(pu_client_send_to(&client, PU_REQUESTS, -1, id, body, len, hs, headers ? 2 : 0),
+          "%s: produce", id);
+    const pu_record *f = pu_client_wait(&client, id, ANSWER_MS);
+    int64_t ms = pu_now_ms() - t0;
+    check(f != NULL, "%s: no answer", id);
+    const pu_record *recs[2];
+    size_t n = pu_client_replies(&client, id, recs, 2);
+    check(n == 1, "%s: %zu records, want one error record", id, n);
+    cJSON *j = f ? pu_json(f) : NULL;
+    const char *got = pu_error_code(j);
+    const char *message = pu_json_str(j, PU_PATH("error", "message"));
+    const char *reason = pu_finish_reason(j);
+    check(got && !strcmp(got, code), "%s: error code %s, want %s (%s)", id, got ? got : "(none)",
+          code, message ? message : "");
+    check(message && message[0], "%s: no error message", id);
+    check(reason && (!strcmp(reason, "error") || !strcmp(reason, "cancelled")),
+          "%s: finish_reason %s", id, reason ? reason : "(none)");
+    check(f && f->seq == 0 && f->attempt == 1, "%s: seq %d attempt %lld", id, f ? f->seq : -1,
+          f ? (long long)f->attempt : -1LL);
+    fprintf(stderr, "%-22s -> %-24s %4lld ms  %s\n", id, got ? got : "(none)", (long long)ms,
+            message ? message : "");
+    cJSON_Delete(j);
+    good_request(id);
+    return ms;
+}
+
+static int64_t expect_error(const char *id, const char *body, const char *code)
+{
+    return expect_error_at(id, body, strlen(body), false, code);
+}
+
+/* A request with one image part whose data URL is `url`. */
+static void expect_image_error(const char *id, const char *url, const char *code)
+{
+    size_t cap = strlen(url) + 64;
+    char *part = malloc(cap);
+    if (!part)
+        pu_die("out of memory");
+    snprintf(part, cap, "{\"type\":\"image_url\",\"image_url\":{\"url\":\"%s\"}}", url);
+    char *body = pu_chat_request(id, "What is this?", part, "\"max_tokens\":2");
+    expect_error(id, body, code);
+    free(body);
+    free(part);
+}
+
+/* A request with one inline image of these bytes. */
+static int64_t expect_jpeg_error(const char *id, const void *bytes, size_t n, const char *code)
+{
+    char *part = pu_image_part(bytes, n);
+    char *body = pu_chat_request(id, "What is this?", part, "\"max_tokens\":2");
+    int64_t ms = expect_error(id, body, code);
+    free(body);
+    free(part);
+    return ms;
+}
+
+/* ==== cases ======================================================================== */
+
+static void test_json_and_fields(void)
+{
+    static const char truncated[] = "{\"id\":\"bad-json\",\"messages\":[{\"role\":";
+    expect_error_at("bad-json", truncated, sizeof truncated - 1, true, "invalid_json");
+    static const char trailing[] = "{\"messages\":[]} x";
+    expect_error_at("bad-json-trailing", trailing, sizeof trailing - 1, true, "invalid_json");
+    static const char not_object[] = "[1,2,3]";
+    expect_error_at("bad-json-array", not_object, sizeof not_object - 1, true, "invalid_request");
+
+    char *b = pu_chat_request("bad-type-max-tokens", "Hi", NULL, "\"max_tokens\":\"ten\"");
+    expect_error("bad-type-max-tokens", b, "invalid_request");
+    free(b);
+    b = pu_chat_request("bad-type-temperature", "Hi", NULL, "\"temperature\":true");
+    expect_error("bad-type-temperature", b, "invalid_request");
+    free(b);
+    b = pu_chat_request("bad-max-tokens-range", "Hi", NULL, "\"max_tokens\":100000000");
+    expect_error("bad-max-tokens-range", b, "invalid_request");
+    free(b);
+    expect_error("bad-content-type",
+                 "{\"id\":\"bad-content-type\",\"reply_topic\":\"" PU_REPLIES "\","
+                 "\"messages\":[{\"role\":\"user\",\"content\":42}]}",
+                 "invalid_request");
+    expect_error("bad-role",
+                 "{\"id\":\"bad-role\",\"reply_topic\":\"" PU_REPLIES "\","
+                 "\"messages\":[{\"role\":\"wizard\",\"content\":\"hi\"}]}",
+                 "invalid_request");
+    expect_error("missing-messages",
+                 "{\"id\":\"missing-messages\",\"reply_topic\":\"" PU_REPLIES "\"}",
+                 "invalid_request");
+    expect_error("empty-messages",
+                 "{\"id\":\"empty-messages\",\"reply_topic\":\"" PU_REPLIES "\",\"messages\":[]}",
+                 "invalid_request");
+}
+
+static void test_images(void)
+{
+    /* Base64 of an image over max_image_bytes: refused from its length. */
+    size_t huge = 4 * (MAX_IMAGE_BYTES / 3 + 1024);
+    char *url = malloc(huge + 64);
+    if (!url)
+        pu_die("out of memory");
+    int n = snprintf(url, huge + 64, "data:image/jpeg;base64,");
+    memset(url + n, 'A', huge);
+    url[n + huge] = '\0';
+    expect_image_error("huge-base64", url, "image_too_large");
+    free(url);
+
+    expect_image_error("invalid-base64", "data:image/jpeg;base64,!!!!not*base64", "invalid_image");
+    expect_image_error("truncated-base64", "data:image/jpeg;base64,/9j/4AAQSkZJRgABAQ",
+                       "invalid_image");
+    expect_image_error("not-a-data-url", "https://example.com/cat.jpg", "invalid_image");
+    expect_image_error("png-media-type", "data:image/png;base64,iVBORw0KGgo=", "invalid_image");
+
+    size_t photo_len;
+    uint8_t *photo = (uint8_t *)pu_slurp(PHOTO, &photo_len);
+    if (!photo)
+        pu_die(PHOTO);
+    expect_jpeg_error("truncated-jpeg", photo, photo_len / 3, "invalid_image");
+    static const char garbage[] = "this is not a JPEG at all, just some bytes";
+    expect_jpeg_error("garbage-jpeg", garbage, sizeof garbage - 1, "invalid_image");
+    /* Entropy data overwritten: decodable or not, it must not take the
+     * worker down; the answer is an error or a normal reply. */
+    memset(photo + photo_len / 2, 0xFF, 64);
+    char *part = pu_image_part(photo, photo_len);
+    char *body = pu_chat_request("corrupt-jpeg", "What is this?", part, "\"max_tokens\":2");
+    check(pu_client_send(&client, "corrupt-jpeg", body), "corrupt-jpeg: produce");
+    check(pu_client_wait(&client, "corrupt-jpeg", ANSWER_MS) != NULL, "corrupt-jpeg: no answer");
+    good_request("corrupt-jpeg");
+    free(body);
+    free(part);
+    free(photo);
+
+    uint8_t *jpeg;
+    size_t len = craft_progressive(8, 8, 1, &jpeg);
+    part = pu_image_part(jpeg, len);
+    body = pu_chat_request("crafted-one-scan", "What is this?", part, "\"max_tokens\":2");
+    check(pu_client_send(&client, "crafted-one-scan", body), "crafted: produce");
+    const pu_record *f = pu_client_wait(&client, "crafted-one-scan", ANSWER_MS);
+    cJSON *j = f ? pu_json(f) : NULL;
+    check(pu_json_num(j, PU_PATH("usage", "images")) == 1,
+          "the crafted one-scan JPEG is not a valid image (error %s)",
+          pu_error_code(j) ? pu_error_code(j) : "-");
+    cJSON_Delete(j);
+    free(body);
+    free(part);
+    free(jpeg);
+
+    len = craft_progressive(MAX_DIMENSION, MAX_DIMENSION, 1, &jpeg);
+    expect_jpeg_error("dimension-bomb", jpeg, len, "image_too_large");
+    free(jpeg);
+
+    len = craft_progressive(8, 8, BOMB_SCANS, &jpeg);
+    check(len <= MAX_IMAGE_BYTES, "the scan bomb is over the byte limit");
+    int64_t ms = expect_jpeg_error("scan-bomb", jpeg, len, "image_too_large");
+    check(ms < BOMB_MS, "scan bomb answered in %lld ms", (long long)ms);
+    free(jpeg);
+
+    size_t tiny_len;
+    uint8_t *tiny = (uint8_t *)pu_slurp(TINY, &tiny_len);
+    if (!tiny)
+        pu_die(TINY);
+    char *one = pu_image_part(tiny, tiny_len);
+    size_t cap = (MAX_IMAGES + 1) * (strlen(one) + 1) + 1;
+    char *parts = malloc(cap);
+    if (!parts)
+        pu_die("out of memory");
+    parts[0] = '\0';
+    for (int i = 0; i <= MAX_IMAGES; i++) {
+        if (i)
+            strcat(parts, ",");
+        strcat(parts, one);
+    }
+    body = pu_chat_request("too-many-images", "Compare these.", parts, "\"max_tokens\":2");
+    expect_error("too-many-images", body, "invalid_request");
+    free(body);
+    free(parts);
+    free(one);
+    free(tiny);
+}
+
+static void test_limits(void)
+{
+    size_t cap = (size_t)LONG_PROMPT_WORDS * 6 + 1;
+    char *text = malloc(cap);
+    if (!text)
+        pu_die("out of memory");
+    for (int i = 0; i < LONG_PROMPT_WORDS; i++)
+        memcpy(text + 6 * i, "hello ", 6);
+    text[cap - 1] = '\0';
+    char *body = pu_chat_request("over-context", text, NULL, "\"max_tokens\":2");
+    expect_error("over-context", body, "context_length_exceeded");
+    free(body);
+    free(text);
+
+    body = pu_chat_request("expired-deadline", "Hi", NULL, "\"deadline_ms\":1000");
+    expect_error("expired-deadline", body, "deadline_exceeded");
+    free(body);
+    body = pu_chat_request("unknown-adapter", "Hi", NULL, "\"adapter\":\"nobody-has-me\"");
+    expect_error("unknown-adapter", body, "unknown_adapter");
+    free(body);
+}
+
+/* A record that cannot be answered goes to mllama.dlt: key, value and the
+ * x- headers naming the error and where it came from. */
+static void expect_dead_letter(const char *key, const char *body, const char *code)
+{
+    check(pu_client_send_to(&client, PU_REQUESTS, -1, key, body, strlen(body), NULL, 0),
+          "%s: produce", key);
+    int32_t partition = client.last_partition;
+    int64_t offset = client.last_offset;
+    const pu_record *d = NULL;
+    for (int64_t deadline = pu_now_ms() + ANSWER_MS;
+         !(d = pu_client_find(&client, PU_DLT, key)) && pu_now_ms() < deadline;)
+        pu_client_poll(&client, 50);
+    check(d != NULL, "%s: nothing on " PU_DLT, key);
+    if (!d)
+        return;
+    check(!strcmp(d->value, body), "%s: dead letter value differs", key);
+    char want[128];
+    snprintf(want, sizeof want, "x-error-code=%s\n", code);
+    check(strstr(d->headers, want) != NULL, "%s: headers lack %s: %s", key, want, d->headers);
+    check(strstr(d->headers, "x-error-msg=") != NULL, "%s: no x-error-msg", key);
+    check(strstr(d->headers, "x-original-topic=" PU_REQUESTS "\n") != NULL,
+          "%s: no x-original-topic", key);
+    snprintf(want, sizeof want, "x-original-partition=%d\n", (int)partition);
+    check(strstr(d->headers, want) != NULL, "%s: headers lack %s", key, want);
+    snprintf(want, sizeof want, "x-original-offset=%lld\n", (long long)offset);
+    check(strstr(d->headers, want) != NULL, "%s: headers lack %s", key, want);
+    check(pu_client_replies(&client, key, NULL, 0) == 0, "%s: also answered", key);
+    fprintf(stderr, "%-22s -> " PU_DLT " (%s)\n", key, code);
+    good_request(key);
+}
+
+static void test_dead_letters(void)
+{
+    expect_dead_letter("no-reply-topic",
+                       "{\"id\":\"no-reply-topic\",\"messages\":[{\"role\":\"user\","
+                       "\"content\":\"hi\"}]}",
+                       "invalid_request");
+    expect_dead_letter("bad-reply-topic",
+                       "{\"id\":\"bad-reply-topic\",\"reply_topic\":\"no spaces allowed\","
+                       "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+                       "invalid_request");
+    expect_dead_letter("json-no-headers", "{\"id\":", "invalid_json");
+}
+
+int main(void)
+{
+    if (!pu_which("redis-server"))
+        ml_test_skip("needs redis-server on PATH");
+    atexit(cleanup);
+    pu_tmpdir("bad-input", dir);
+    snprintf(model, sizeof model, "%s/micro", dir);
+    char log[PU_PATH_MAX + 32];
+    snprintf(log, sizeof log, "%s/mkmodel.log", dir);
+    if (!pu_make_model(model, log) || !pu_redis_start(&redis, dir, 0) ||
+        !pu_mock_kafka_start(&kafka, dir, TOPICS, brokers, sizeof brokers))
+        pu_die("setup");
+    pu_worker_env env = {brokers, redis.url, model, dir};
+    char max_image[64], kv[64], images[64];
+    snprintf(max_image, sizeof max_image, "limits.max_image_bytes=%d", MAX_IMAGE_BYTES);
+    snprintf(kv, sizeof kv, "runtime.kv_mib=%d", KV_MIB);
+    snprintf(images, sizeof images, "runtime.max_images_per_request=%d", MAX_IMAGES);
+    const char *extra[] = {max_image, kv, images, NULL};
+    if (!pu_worker_start(&worker, &env, "bad-input", extra))
+        pu_die("worker start");
+    const char *topics[] = {PU_REPLIES, PU_DLT};
+    pu_client_init(&client, brokers, topics, 2);
+
+    int64_t t0 = pu_now_ms();
+    good_request("start");
+    test_json_and_fields();
+    test_images();
+    test_limits();
+    test_dead_letters();
+    fprintf(stderr, "bad input: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
+
+    int code = pu_stop(&worker, PU_STOP_MS);
+    check(code == 0, "worker exit code %d after SIGTERM", code);
+    pu_check_log_clean(worker.log);
+    pu_client_deinit(&client);
+    return check_done();
+}

@@ -1,0 +1,371 @@
+/* `mllama worker` end to end, as separate processes: `mllama mock-kafka`, a
+ * real redis-server, workers on the micro model, and kcat as a client that
+ * shares no code with the worker.
+ *
+ * - A request produced by kcat, with an inline JPEG, is answered on the
+ *   reply topic, read back by kcat: seq 0..n contiguous, attempt 1, one
+ *   final record (length or stop) with usage.images 1.
+ * - The same image again, inline and by {"type":"image","sha256"}, is served
+ *   from the resident cache (usage.images_cached 1), and Redis indexes it
+ *   (<prefix>:img:<sha256>).
+ * - stream: false gives a single chat.completion record.
+ * - A cancel record (key = id) on mllama.cancel stops a long request
+ *   (finish_reason cancelled).
+ * - A request naming an adapter this worker does not serve: unknown_adapter.
+ * - Two workers in one group share 20 requests (both answer some); a third
+ *   joining mid-burst rebalances without losing any of 30. Every request is
+ *   answered exactly once per attempt, seqs contiguous.
+ * - Every worker drains on SIGTERM with exit code 0 and, in a sanitizer
+ *   build, without a sanitizer report.
+ * Skipped (77) without redis-server or kcat. */
+#include "proc_util.h"
+
+#include "engine.h"
+
+#define IMAGE ML_SOURCE_DIR "/tests/golden/fixtures/images/ex_640x480.jpg"
+#define TOPICS PU_REQUESTS ":4," PU_REPLIES ":4," PU_DLT ":1," PU_CANCEL ":1"
+#define ANSWER_MS 30000      /* one request answered, from produce to final record */
+#define BURST_MS 90000       /* a burst of requests answered */
+#define JOIN_MS 30000        /* a worker taking part in the group */
+#define SHARE_REQUESTS 20
+#define BURST_REQUESTS 30
+#define BURST_GAP_MS 250     /* the burst outlasts the join (about 4 s) */
+#define BURST_JOIN_AT 5      /* the third worker starts after this many requests */
+#define LONG_TOKENS 4096
+#define CANCEL_AFTER_CHUNKS 3
+#define CANCEL_TRIES 3
+#define ID_MAX 32
+
+static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
+static pu_redis redis;
+static pu_proc kafka;
+static pu_proc workers[3];
+static const char *const worker_names[] = {"w1", "w2", "w3"};
+static pu_worker_env env;
+static pu_client client;
+static uint8_t *image;
+static size_t image_len;
+static char image_sha[ML_SHA256_HEX_SIZE];
+
+static void cleanup(void)
+{
+    for (int i = 0; i < 3; i++)
+        pu_kill(&workers[i]);
+    pu_kill(&kafka);
+    pu_kill(&redis.proc);
+    pu_tmpdir_done(dir);
+}
+
+static bool start_worker(int i)
+{
+    return pu_worker_start(&workers[i], &env, worker_names[i], NULL);
+}
+
+/* Requests finished by a worker, from its /metrics. */
+static double finished(int i)
+{
+    return pu_metric(pu_worker_http_port(&workers[i]), "mllama_requests_total");
+}
+
+/* ==== kcat ======================================================================= */
+
+/* Produce `body` keyed `key` to topic with kcat (from a file: an inline image
+ * is too long for a command line). */
+static bool kcat_produce(const char *topic, const char *key, const char *body)
+{
+    char file[PU_PATH_MAX + 32], cmd[2 * PU_PATH_MAX + 256];
+    snprintf(file, sizeof file, "%s/%s.json", dir, key);
+    if (!pu_write_file(file, body, strlen(body)))
+        return false;
+    snprintf(cmd, sizeof cmd, "kcat -b %s -P -t %s -k %s -l %s 2>&1", brokers, topic, key, file);
+    int code = -1;
+    char *out = pu_shell(cmd, &code);
+    if (code != 0)
+        fprintf(stderr, "kcat produce: exit %d: %s\n", code, out ? out : "");
+    free(out);
+    return code == 0;
+}
+
+/* kcat's view of one request's stream: it reads the reply topic from the
+ * beginning to its end and prints key, headers and value per record. */
+static void check_kcat_stream(const char *id)
+{
+    char cmd[PU_PATH_MAX + 256];
+    snprintf(cmd, sizeof cmd,
+             "kcat -b %s -C -t " PU_REPLIES " -f '%%k\\t%%h\\t%%s\\n' -e -o beginning -q", brokers);
+    int code = -1;
+    char *out = pu_shell(cmd, &code);
+    check(out && code == 0, "kcat consume: exit %d", code);
+    int next_seq = 0, finals = 0, records = 0;
+    const char *reason = NULL;
+    double images = -1;
+    cJSON *last = NULL;
+    for (char *line = out, *end; line && *line; line = end ? end + 1 : NULL) {
+        end = strchr(line, '\n');
+        if (end)
+            *end = '\0';
+        char *tab1 = strchr(line, '\t'), *tab2 = tab1 ? strchr(tab1 + 1, '\t') : NULL;
+        if (!tab2 || (size_t)(tab1 - line) != strlen(id) || strncmp(line, id, strlen(id)))
+            continue;
+        *tab1 = *tab2 = '\0';
+        const char *headers = tab1 + 1, *value = tab2 + 1;
+        records++;
+        char want[64];
+        snprintf(want, sizeof want, "seq=%d", next_seq);
+        check(strstr(headers, want) != NULL, "kcat: %s: headers '%s' lack %s", id, headers, want);
+        check(strstr(headers, "attempt=1") != NULL, "kcat: %s: headers '%s'", id, headers);
+        check(finals == 0, "kcat: %s: a record after the final one", id);
+        cJSON *j = cJSON_Parse(value);
+        check(j && pu_json_num(j, PU_PATH("seq")) == next_seq, "kcat: %s: value seq", id);
+        check(j && pu_json_num(j, PU_PATH("attempt")) == 1, "kcat: %s: value attempt", id);
+        if (strstr(headers, "final=true")) {
+            finals++;
+            cJSON_Delete(last);
+            last = j;
+            j = NULL;
+            reason = pu_finish_reason(last);
+            images = pu_json_num(last, PU_PATH("usage", "images"));
+        }
+        cJSON_Delete(j);
+        next_seq++;
+    }
+    check(records >= 2, "kcat: %s: %d records", id, records);
+    check(finals == 1, "kcat: %s: %d final records", id, finals);
+    check(reason && (!strcmp(reason, "length") || !strcmp(reason, "stop")),
+          "kcat: %s: finish_reason %s", id, reason ? reason : "(none)");
+    check(images == 1, "kcat: %s: usage.images %g", id, images);
+    fprintf(stderr, "kcat: %s: %d records, finish_reason %s\n", id, records,
+            reason ? reason : "(none)");
+    cJSON_Delete(last);
+    free(out);
+}
+
+/* ==== one worker ================================================================= */
+
+/* Send a request through the client and return its final record, parsed
+ * (NULL after a check failure). */
+static cJSON *ask(const char *id, const char *body)
+{
+    check(pu_client_send(&client, id, body), "%s: produce", id);
+    const pu_record *f = pu_client_wait(&client, id, ANSWER_MS);
+    check(f != NULL, "%s: no final record within %d ms", id, ANSWER_MS);
+    pu_check_stream(&client, id);
+    return f ? pu_json(f) : NULL;
+}
+
+static void test_kcat_request(void)
+{
+    char *part = pu_image_part(image, image_len);
+    char *body = pu_chat_request("e2e-kcat", "Describe this image.", part, "\"max_tokens\":12");
+    check(kcat_produce(PU_REQUESTS, "e2e-kcat", body), "kcat produce");
+    const pu_record *f = pu_client_wait(&client, "e2e-kcat", ANSWER_MS);
+    check(f != NULL, "e2e-kcat: no final record");
+    check_kcat_stream("e2e-kcat");
+    free(body);
+    free(part);
+}
+
+static void test_resident_image(void)
+{
+    /* The first request made the image resident; the index thread publishes
+     * it to Redis. */
+    char key[128];
+    snprintf(key, sizeof key, "mllama:img:%s", image_sha);
+    int64_t deadline = pu_now_ms() + ANSWER_MS;
+    while (pu_redis_exists(&redis, key) != 1 && pu_now_ms() < deadline)
+        pu_sleep_ms(50);
+    check(pu_redis_exists(&redis, key) == 1, "Redis lacks %s", key);
+
+    char *part = pu_image_part(image, image_len);
+    char *body = pu_chat_request("e2e-inline-again", "And now?", part, "\"max_tokens\":4");
+    cJSON *j = ask("e2e-inline-again", body);
+    check(pu_json_num(j, PU_PATH("usage", "images")) == 1, "inline again: images");
+    check(pu_json_num(j, PU_PATH("usage", "images_cached")) == 1, "inline again: not cached");
+    cJSON_Delete(j);
+    free(body);
+    free(part);
+
+    char ref[160];
+    snprintf(ref, sizeof ref, "{\"type\":\"image\",\"sha256\":\"%s\"}", image_sha);
+    body = pu_chat_request("e2e-by-sha", "And by reference?", ref, "\"max_tokens\":4");
+    j = ask("e2e-by-sha", body);
+    const char *reason = pu_finish_reason(j);
+    check(reason && strcmp(reason, "error"), "by sha256: finish_reason %s, error %s",
+          reason ? reason : "(none)", pu_error_code(j) ? pu_error_code(j) : "-");
+    check(pu_json_num(j, PU_PATH("usage", "images_cached")) == 1, "by sha256: not cached");
+    cJSON_Delete(j);
+    free(body);
+}
+
+static void test_not_streamed(void)
+{
+    char *body = pu_chat_request("e2e-batch", "Say something.", NULL,
+                                 "\"max_tokens\":6,\"stream\":false");
+    cJSON *j = ask("e2e-batch", body);
+    const pu_record *recs[4];
+    size_t n = pu_client_replies(&client, "e2e-batch", recs, 4);
+    check(n == 1, "stream false: %zu records", n);
+    check(n >= 1 && recs[0]->final && recs[0]->seq == 0, "stream false: not one final seq 0");
+    const char *object = pu_json_str(j, PU_PATH("object"));
+    check(object && !strcmp(object, "chat.completion"), "stream false: object %s",
+          object ? object : "(none)");
+    check(pu_json_str(j, PU_PATH("choices", "0", "message", "content")) != NULL,
+          "stream false: no message.content");
+    check(pu_json_num(j, PU_PATH("usage", "completion_tokens")) >= 1, "stream false: usage");
+    cJSON_Delete(j);
+    free(body);
+}
+
+static void test_cancel(void)
+{
+    static const char id[] = "e2e-cancel";
+    char extra[64];
+    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0", LONG_TOKENS);
+    char *body = pu_chat_request(id, "Count to a million.", NULL, extra);
+    check(pu_client_send(&client, id, body), "cancel: produce");
+    free(body);
+    const pu_record *recs[CANCEL_AFTER_CHUNKS];
+    int64_t deadline = pu_now_ms() + ANSWER_MS;
+    while (pu_client_replies(&client, id, recs, 0) < CANCEL_AFTER_CHUNKS &&
+           pu_now_ms() < deadline)
+        pu_client_poll(&client, 20);
+    check(pu_client_replies(&client, id, recs, 0) >= CANCEL_AFTER_CHUNKS, "cancel: no stream");
+    /* A cancel consumer reads from the latest offset once it joined its own
+     * group: a cancel sent before that is not seen, so a client repeats it. */
+    const pu_record *f = NULL;
+    for (int tries = 0; tries < CANCEL_TRIES && !f; tries++) {
+        check(kcat_produce(PU_CANCEL, id, "cancel"), "cancel: kcat produce");
+        f = pu_client_wait(&client, id, ANSWER_MS / CANCEL_TRIES);
+    }
+    cJSON *j = f ? pu_json(f) : NULL;
+    const char *reason = pu_finish_reason(j);
+    check(reason && !strcmp(reason, "cancelled"), "cancel: finish_reason %s",
+          reason ? reason : "(none)");
+    check(pu_json_num(j, PU_PATH("usage", "completion_tokens")) < LONG_TOKENS,
+          "cancel: ran to the end");
+    pu_check_stream(&client, id);
+    cJSON_Delete(j);
+}
+
+static void test_unknown_adapter(void)
+{
+    char *body = pu_chat_request("e2e-adapter", "Hello", NULL,
+                                 "\"max_tokens\":4,\"adapter\":\"no-such-adapter\"");
+    cJSON *j = ask("e2e-adapter", body);
+    const char *code = pu_error_code(j);
+    check(code && !strcmp(code, "unknown_adapter"), "adapter: error code %s",
+          code ? code : "(none)");
+    cJSON_Delete(j);
+    free(body);
+}
+
+/* ==== several workers ============================================================ */
+
+/* Every id answered, each stream well-formed; returns the number of
+ * requests that needed more than one attempt. */
+static int check_all(char (*ids)[ID_MAX], int n, int timeout_ms)
+{
+    int done = pu_client_wait_finals(&client, ids[0], ID_MAX, n, timeout_ms);
+    check(done == n, "%d of %d requests answered", done, n);
+    int retried = 0;
+    for (int i = 0; i < n; i++) {
+        int attempts = pu_check_stream(&client, ids[i]);
+        retried += attempts > 1;
+        const pu_record *f = pu_client_final(&client, ids[i]);
+        cJSON *j = f ? pu_json(f) : NULL;
+        const char *reason = pu_finish_reason(j);
+        check(reason && (!strcmp(reason, "length") || !strcmp(reason, "stop")),
+              "%s: finish_reason %s", ids[i], reason ? reason : "(none)");
+        cJSON_Delete(j);
+    }
+    return retried;
+}
+
+static void test_two_workers_share(void)
+{
+    check(start_worker(1), "w2 start");
+    /* w2 takes part once the cooperative rebalance hands it partitions. */
+    check(pu_wait_assigned(&workers[1], JOIN_MS), "w2 never joined");
+    double before[2] = {finished(0), finished(1)};
+    char ids[SHARE_REQUESTS][ID_MAX];
+    for (int i = 0; i < SHARE_REQUESTS; i++) {
+        snprintf(ids[i], ID_MAX, "e2e-share-%d", i);
+        char *body = pu_chat_request(ids[i], "Hi", NULL, "\"max_tokens\":6");
+        check(pu_client_send(&client, ids[i], body), "%s: produce", ids[i]);
+        free(body);
+    }
+    int retried = check_all(ids, SHARE_REQUESTS, BURST_MS);
+    double by[2] = {finished(0) - before[0], finished(1) - before[1]};
+    fprintf(stderr, "share: w1 answered %g, w2 %g, %d retried\n", by[0], by[1], retried);
+    check(by[0] > 0 && by[1] > 0, "load not shared: w1 %g, w2 %g", by[0], by[1]);
+    check(by[0] + by[1] >= SHARE_REQUESTS, "answers %g < %d", by[0] + by[1], SHARE_REQUESTS);
+}
+
+static void test_third_worker_joins(void)
+{
+    char ids[BURST_REQUESTS][ID_MAX];
+    int sent_after_join = 0;
+    for (int i = 0; i < BURST_REQUESTS; i++) {
+        if (i == BURST_JOIN_AT)
+            check(start_worker(2), "w3 start");
+        snprintf(ids[i], ID_MAX, "e2e-burst-%d", i);
+        char *body = pu_chat_request(ids[i], "Tell me a story.", NULL, "\"max_tokens\":48");
+        check(pu_client_send(&client, ids[i], body), "%s: produce", ids[i]);
+        free(body);
+        pu_client_poll(&client, BURST_GAP_MS);
+        sent_after_join += i > BURST_JOIN_AT && pu_metric(pu_worker_http_port(&workers[2]),
+                                                          "mllama_kafka_assigned_partitions") > 0;
+    }
+    int retried = check_all(ids, BURST_REQUESTS, BURST_MS);
+    check(pu_wait_assigned(&workers[2], JOIN_MS), "w3 never joined");
+    fprintf(stderr,
+            "burst: %d of %d requests needed a second attempt; %d were sent after w3 had "
+            "partitions; w3 answered %g\n",
+            retried, BURST_REQUESTS, sent_after_join, finished(2));
+}
+
+int main(void)
+{
+    if (!pu_which("redis-server") || !pu_which("kcat"))
+        ml_test_skip("needs redis-server and kcat on PATH");
+    atexit(cleanup);
+    pu_tmpdir("e2e", dir);
+    snprintf(model, sizeof model, "%s/micro", dir);
+    char log[PU_PATH_MAX + 32];
+    snprintf(log, sizeof log, "%s/mkmodel.log", dir);
+    if (!pu_make_model(model, log) || !pu_redis_start(&redis, dir, 0) ||
+        !pu_mock_kafka_start(&kafka, dir, TOPICS, brokers, sizeof brokers))
+        pu_die("setup");
+    if (!(image = (uint8_t *)pu_slurp(IMAGE, &image_len)))
+        pu_die(IMAGE);
+    uint8_t digest[ML_SHA256_DIGEST_SIZE];
+    ml_sha256(image, image_len, digest);
+    ml_sha256_hex(digest, image_sha);
+    env = (pu_worker_env){brokers, redis.url, model, dir};
+    const char *topics[] = {PU_REPLIES};
+    pu_client_init(&client, brokers, topics, 1);
+
+    int64_t t0 = pu_now_ms();
+    if (!start_worker(0))
+        pu_die("w1 start");
+    test_kcat_request();
+    test_resident_image();
+    test_not_streamed();
+    test_cancel();
+    test_unknown_adapter();
+    fprintf(stderr, "one worker: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
+    test_two_workers_share();
+    test_third_worker_joins();
+    fprintf(stderr, "all: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
+
+    for (int i = 0; i < 3; i++) {
+        int code = pu_stop(&workers[i], PU_STOP_MS);
+        check(code == 0, "%s: exit code %d after SIGTERM", worker_names[i], code);
+        if (code != 0)
+            pu_show_log(workers[i].log, 3000);
+        pu_check_log_clean(workers[i].log);
+    }
+    pu_client_deinit(&client);
+    free(image);
+    return check_done();
+}
