@@ -181,9 +181,14 @@ static int header_u32(rd_kafka_message_t *m, const char *name, uint32_t *out)
 /* Print one reply record of ours. Returns 1 when it was the final one. */
 static int show(rd_kafka_message_t *m, const submit_opts *o, uint32_t *attempt, int *ok)
 {
-    uint32_t a = 0;
+    uint32_t a = 0, seq = 0;
     header_u32(m, "attempt", &a);
+    header_u32(m, "seq", &seq);
+    /* Follow the attempt that most recently started (seq 0); records of any
+     * other attempt are stale. */
     if (a != *attempt) {
+        if (seq != 0)
+            return 0;
         if (*attempt)
             printf("\n[attempt %u: the request is being answered again]\n", a);
         *attempt = a;

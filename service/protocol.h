@@ -343,7 +343,8 @@ typedef struct svc_reply_ctx {
     const char *id;    /* borrowed: the request id */
     const char *model; /* borrowed: the served model's name */
     int64_t created;   /* unix seconds, the same in every record */
-    uint32_t attempt;  /* execution number, from 1 */
+    uint32_t attempt;  /* execution number: 1, 2, ... as counted in Redis, or a unique
+                          value >= 2^31 when Redis could not count it (worker.h) */
 } svc_reply_ctx;
 
 /* One token's log-probability. token is its text, possibly a partial UTF-8
