@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Summaries and Markdown tables for the engine benchmarks (tests/bench/*.sh).
+Standard library only.
+
+    bench_report.py ours RUN.jsonl...
+        Best-of-runs timings of `mllama run --batch` outputs (RUN.wall next to
+        each RUN.jsonl holds the process wall seconds) as "key value" lines:
+        ours_<i>_<timing> for request i, and a wall-clock cross-check.
+    bench_report.py compare OURS.kv HF.kv...
+        The engine-vs-transformers table. Ours: request 1 (the image
+        transformers gets, a warm miss), request 0 (another image of the
+        same size, first in a fresh process), request 2 (text only).
+    bench_report.py bandwidth --model DIR --ours OURS.kv --read-gbs X [--kv-bytes 4]
+        Decode bytes per step from config.json against the time per token.
+    bench_report.py runtime --cache OURS.kv B=RUN.jsonl...
+        Throughput against concurrency, and image-cache miss against hit.
+"""
+import argparse
+import json
+import os
+import sys
+
+TIMINGS = ("vision_ms", "prefill_ms", "ttft_ms", "decode_ms", "ms_per_token")
+
+
+def read_runs(path):
+    """Per-request results and the aggregate of one `mllama run --batch` output."""
+    reqs, agg = [], None
+    with open(path) as f:
+        for line in f:
+            o = json.loads(line)
+            if "aggregate" in o:
+                agg = o["aggregate"]
+            else:
+                reqs.append(o)
+    return reqs, agg
+
+
+def read_kv(paths):
+    kv = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                parts = line.split(None, 1)
+                if len(parts) == 2:
+                    kv[parts[0]] = parts[1].strip()
+    return kv
+
+
+def num(kv, key):
+    v = kv.get(key)
+    return float(v) if v not in (None, "") else None
+
+
+def fmt(v, digits=1):
+    return "–" if v is None else "%.*f" % (digits, v)
+
+
+def ratio(hf, ours):
+    return "–" if hf is None or not ours else "%.2fx" % (hf / ours)
+
+
+def md_table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+# ---- ours ---------------------------------------------------------------------
+
+
+def cmd_ours(args):
+    best, first = {}, None
+    walls = []
+    for path in args.runs:
+        reqs, agg = read_runs(path)
+        first = first or reqs
+        wall_path = os.path.splitext(path)[0] + ".wall"
+        proc = float(open(wall_path).read()) if os.path.exists(wall_path) else None
+        served = sum(r["timings"]["ttft_ms"] + r["timings"]["decode_ms"] for r in reqs) / 1e3
+        walls.append((proc, agg["wall_s"] if agg else None, served))
+        for r in reqs:
+            for k in TIMINGS:
+                key = "ours_%d_%s" % (r["index"], k)
+                best[key] = min(best.get(key, float("inf")), r["timings"][k])
+    for key, v in best.items():
+        print("%s %.2f" % (key, v))
+    for r in first:
+        i = r["index"]
+        print("ours_%d_prompt_ids %s" % (i, ",".join(map(str, r["prompt_ids"]))))
+        print("ours_%d_output_ids %s" % (i, ",".join(map(str, r["output_ids"]))))
+        print("ours_%d_completion_tokens %d" % (i, r["usage"]["completion_tokens"]))
+        print("ours_%d_images_cached %d" % (i, r["usage"]["images_cached"]))
+    # Wall-clock cross-check of the fastest run: process = load + batch;
+    # batch = the requests' own time + image decode/preprocess between them.
+    proc, batch, served = min(walls, key=lambda w: w[2])
+    print("ours_runs %d" % len(args.runs))
+    if proc is not None:
+        print("ours_wall_process_s %.3f" % proc)
+    if batch is not None:
+        print("ours_wall_batch_s %.3f" % batch)
+    print("ours_wall_requests_s %.3f" % served)
+
+
+# ---- engine vs transformers ---------------------------------------------------------
+
+
+def common_prefix(a, b):
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def cmd_compare(args):
+    ours = read_kv([args.ours])
+    hf = read_kv(args.hf)
+    dtypes = [d for d in ("bf16", "f32") if "hf_%s_vision_ms" % d in hf]
+    n_prompt = len(ours["ours_1_prompt_ids"].split(","))
+    n_text = len(ours["ours_2_prompt_ids"].split(","))
+    n_out = int(ours["ours_1_completion_tokens"])
+
+    rows_spec = [
+        ("vision encode, ms (tower + projector + cross K/V)", "ours_1_vision_ms", "vision_ms"),
+        ("text prefill, %d tokens, ms" % n_prompt, "ours_1_prefill_ms", "prefill_ms"),
+        ("TTFT (vision + prefill + 1st token), ms", "ours_1_ttft_ms", "ttft_ms"),
+        ("decode with the image, ms/token", "ours_1_ms_per_token", "ms_per_token"),
+        ("decode, text only (%d-token prompt), ms/token" % n_text, "ours_2_ms_per_token",
+         "text_ms_per_token"),
+    ]
+    header = ["metric", "ours"] + ["transformers %s" % d for d in dtypes] + \
+             ["speedup vs %s" % d for d in dtypes]
+    rows = []
+    for label, ok, hk in rows_spec:
+        o = num(ours, ok)
+        hv = [num(hf, "hf_%s_%s" % (d, hk)) for d in dtypes]
+        rows.append([label, fmt(o)] + [fmt(v) for v in hv] + [ratio(v, o) for v in hv])
+        if hk == "ms_per_token":
+            tps = [1e3 / v if v else None for v in hv]
+            o_tps = 1e3 / o if o else None
+            rows.append(["decode with the image, tokens/s", fmt(o_tps, 2)] +
+                        [fmt(v, 2) for v in tps] + [ratio(o_tps, v) for v in tps])
+    for label, hk in (("transformers: vision_model, ms", "vision_tower_ms"),
+                      ("transformers: multi_modal_projector, ms", "projector_ms"),
+                      ("transformers: cross k_proj + v_proj, ms", "cross_kv_ms")):
+        rows.append([label, ""] + [fmt(num(hf, "hf_%s_%s" % (d, hk))) for d in dtypes] +
+                    ["" for _ in dtypes])
+    rows.append(["first request in a fresh process: vision / prefill, ms",
+                 "%s / %s" % (fmt(num(ours, "ours_0_vision_ms")),
+                              fmt(num(ours, "ours_0_prefill_ms")))] +
+                ["" for _ in dtypes] * 2)
+    rows.append(["torch GEMM 6432x1280x1280, GFLOP/s", ""] +
+                [fmt(num(hf, "hf_%s_gemm_gflops" % d)) for d in dtypes] + ["" for _ in dtypes])
+    print(md_table(header, rows))
+    print()
+
+    ours_ids = [int(x) for x in ours["ours_1_output_ids"].split(",")]
+    for d in dtypes:
+        ids = [int(x) for x in hf["hf_%s_output_ids" % d].split(",")]
+        print("greedy tokens equal to ours (image request): transformers %s %d of %d"
+              % (d, common_prefix(ours_ids, ids), min(len(ids), len(ours_ids))))
+    print("ours: %d generated tokens per request (ms/token excludes the first); best of %s runs"
+          % (n_out, ours.get("ours_runs", "?")))
+    if "ours_wall_process_s" in ours:
+        print("ours: wall check: process %.2f s = load %.2f s + batch %.2f s; the requests' "
+              "own ttft + decode add up to %.2f s of the batch (the rest: JPEG decode and "
+              "preprocessing before each submit)"
+              % (num(ours, "ours_wall_process_s"),
+                 num(ours, "ours_wall_process_s") - num(ours, "ours_wall_batch_s"),
+                 num(ours, "ours_wall_batch_s"), num(ours, "ours_wall_requests_s")))
+    for goal, label, ok, hk in ((args.decode_goal, "decode (image)", "ours_1_ms_per_token",
+                                 "ms_per_token"),
+                                (args.vision_goal, "vision encode", "ours_1_vision_ms",
+                                 "vision_ms")):
+        parts = []
+        for d in dtypes:
+            h, o = num(hf, "hf_%s_%s" % (d, hk)), num(ours, ok)
+            x = h / o
+            parts.append("vs %s %.2fx (%s)" % (d, x, "met" if x >= goal else "NOT met"))
+        print("goal %s >= %gx transformers: %s" % (label, goal, ", ".join(parts)))
+
+
+# ---- decode bandwidth ---------------------------------------------------------------
+
+
+def decode_bytes(cfg, n_prompt, n_tokens, image, kv_bytes):
+    """Bytes one greedy decode step reads: (weights, K/V), averaged over the
+    steps of an n_tokens generation after an n_prompt prompt."""
+    t, v = cfg["text_config"], cfg["vision_config"]
+    D, I, H = t["hidden_size"], t["intermediate_size"], t["num_attention_heads"]
+    hd = t.get("head_dim") or D // H
+    kv_w = t["num_key_value_heads"] * hd
+    cross = set(t["cross_attention_layers"])
+    n_cross = len(cross)
+    n_self = t["num_hidden_layers"] - n_cross
+    mlp = 3 * D * I
+    self_layer = D * H * hd + 2 * D * kv_w + H * hd * D + mlp + 2 * D
+    # k_proj/v_proj ran once at encode; a step reads q, o, the norms, the MLP.
+    cross_layer = D * H * hd + H * hd * D + 2 * hd + mlp + 2 * D
+    params = n_self * self_layer + (n_cross * cross_layer if image else 0)
+    params += t["vocab_size"] * D + 2 * D  # lm_head, final norm, one embedding row
+    weights = 2 * params                    # bf16
+    ctx = n_prompt + n_tokens / 2.0
+    kv = n_self * 2 * ctx * kv_w * kv_bytes
+    if image:
+        # The CPU cross kernel visits every tile slot's keys (masked ones too).
+        patches = (v["image_size"] // v["patch_size"]) ** 2 + 1
+        kv += n_cross * 2 * v["max_num_tiles"] * patches * kv_w * kv_bytes
+    return weights, kv
+
+
+def cmd_bandwidth(args):
+    cfg = json.load(open(os.path.join(args.model, "config.json")))
+    ours = read_kv([args.ours])
+    rows = []
+    summary = []
+    for label, i, image in (("text only", 0, False), ("with 1 image", 1, True)):
+        ms = num(ours, "ours_%d_ms_per_token" % i)
+        n_prompt = len(ours["ours_%d_prompt_ids" % i].split(","))
+        n_tok = int(ours["ours_%d_completion_tokens" % i])
+        w, kv = decode_bytes(cfg, n_prompt, n_tok, image, args.kv_bytes)
+        gbs = (w + kv) / ms / 1e6
+        rows.append([label, "%.1f" % (w / 1e6), "%.1f" % (kv / 1e6), "%.2f" % ms, "%.2f" % (1e3 / ms),
+                     "%.1f" % gbs, "%.0f%%" % (100 * gbs / args.read_gbs)])
+        summary.append((label, gbs / args.read_gbs))
+    header = ["decode step", "weights MB", "K/V MB", "ms/token", "tokens/s", "GB/s",
+              "of read BW %.1f GB/s" % args.read_gbs]
+    print(md_table(header, rows))
+    print()
+    for label, frac in summary:
+        print("goal >= %d%% of read bandwidth, %s: %.0f%% (%s)"
+              % (args.goal, label, 100 * frac, "met" if 100 * frac >= args.goal else "NOT met"))
+
+
+# ---- runtime ------------------------------------------------------------------------
+
+
+def cmd_runtime(args):
+    rows, base = [], None
+    for spec in args.runs:
+        b, path = spec.split("=", 1)
+        reqs, agg = read_runs(path)
+        tps = agg["completion_tokens_per_s"]
+        base = base or tps
+        ttft = sum(r["timings"]["ttft_ms"] for r in reqs) / len(reqs)
+        mpt = sum(r["timings"]["ms_per_token"] for r in reqs) / len(reqs)
+        rows.append([b, "%d" % agg["completion_tokens"], "%.2f" % agg["wall_s"], "%.1f" % tps,
+                     "%.2fx" % (tps / base), "%.0f" % ttft, "%.1f" % mpt])
+    print(md_table(["concurrent requests", "completion tokens", "wall s", "tokens/s",
+                    "vs 1", "mean TTFT ms", "mean ms/token"], rows))
+    print()
+    ours = read_kv([args.cache])
+    crow = []
+    for label, i in (("miss, first request in the process", 0), ("miss (warm)", 1),
+                     ("hit (same image as the warm miss)", 2)):
+        crow.append([label, fmt(num(ours, "ours_%d_vision_ms" % i)),
+                     fmt(num(ours, "ours_%d_prefill_ms" % i)),
+                     fmt(num(ours, "ours_%d_ttft_ms" % i)),
+                     ours.get("ours_%d_images_cached" % i, "?")])
+    print(md_table(["image request", "vision ms", "prefill ms", "TTFT ms", "images cached"],
+                   crow))
+    print()
+    miss, hit = num(ours, "ours_1_ttft_ms"), num(ours, "ours_2_ttft_ms")
+    cut = 100 * (1 - hit / miss)
+    print("cache hit cuts TTFT by %.1f%% against a warm miss (goal >= %d%%: %s); "
+          "%.1f%% against the first request" % (cut, args.goal, "met" if cut >= args.goal else
+                                                 "NOT met",
+                                                 100 * (1 - hit / num(ours, "ours_0_ttft_ms"))))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    o = sub.add_parser("ours")
+    o.add_argument("runs", nargs="+")
+    c = sub.add_parser("compare")
+    c.add_argument("ours")
+    c.add_argument("hf", nargs="+")
+    c.add_argument("--decode-goal", type=float, default=5)
+    c.add_argument("--vision-goal", type=float, default=2)
+    b = sub.add_parser("bandwidth")
+    b.add_argument("--model", required=True)
+    b.add_argument("--ours", required=True)
+    b.add_argument("--read-gbs", type=float, required=True)
+    b.add_argument("--kv-bytes", type=int, default=4)
+    b.add_argument("--goal", type=int, default=60)
+    r = sub.add_parser("runtime")
+    r.add_argument("--cache", required=True)
+    r.add_argument("--goal", type=int, default=80)
+    r.add_argument("runs", nargs="+", metavar="B=RUN.jsonl")
+    args = p.parse_args()
+    {"ours": cmd_ours, "compare": cmd_compare, "bandwidth": cmd_bandwidth,
+     "runtime": cmd_runtime}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

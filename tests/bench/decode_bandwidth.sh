@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Decode bandwidth of the CPU engine: bytes read per greedy decode step
+# (bf16 text-decoder weights + lm_head, the cross layers' q/o/MLP when an
+# image is attended, and the f32 K/V read) over the time per token, against
+# the memory read bandwidth measured in the same run by bench_cpu_ops.
+#
+#   tests/bench/decode_bandwidth.sh [--preset 1b|small] [--build DIR]
+#       [--work DIR] [--max-tokens N] [--repeats N] [--no-build]
+#
+# Runs `mllama run --batch` with a text-only request and then an image
+# request ("after": one at a time), --repeats processes, best ms/token each.
+set -euo pipefail
+
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+# shellcheck source=lib.sh
+. "$repo/tests/bench/lib.sh"
+
+preset=1b
+build="$repo/build-bench"
+work=""
+max_tokens=33
+repeats=3
+python="$BENCH_PYTHON_DEFAULT"
+no_build=0
+bench_parse_args "$@"
+work="${work:-$build/bench-work}"
+mkdir -p "$work"
+mllama="$build/service/mllama"
+report="$python $repo/tests/bench/bench_report.py"
+
+[ "$no_build" = 1 ] || bench_build "$build" mllama bench_read_bw
+model="$work/$preset"
+bench_model "$mllama" "$preset" "$model"
+run="$work/bw_$preset"
+rm -rf "$run"
+mkdir -p "$run"
+"$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" --prompt "$BENCH_PROMPT" \
+    --sequence - "$repo/$BENCH_IMAGE_REL" >"$run/batch.jsonl"
+
+echo "decode bandwidth: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads"
+echo "before: $(bench_load)"
+# The read-bandwidth ceiling (bench_read_bw.c), measured before and after
+# the decode runs: the higher figure counts, the conservative choice on a
+# machine whose bandwidth moves with its neighbours' load.
+read_bw() {
+    ML_BENCH=1 ML_BENCH_THREADS=$BENCH_THREADS "$build/tests/bench_read_bw" 2>/dev/null |
+        awk -v t="$BENCH_THREADS" '$3 == t"" { for (i = 4; i <= NF; i++) if ($i == "GB/s") print $(i - 1) }'
+}
+bw_before=$(read_bw)
+[ -n "$bw_before" ] || bench_die "bench_read_bw failed"
+for r in $(seq 1 "$repeats"); do
+    bench_time_run "$run/ours_$r.jsonl" "$run/ours_$r.wall" \
+        "$mllama" run --model "$model" --batch "$run/batch.jsonl" --threads "$BENCH_THREADS"
+done
+$report ours "$run"/ours_*.jsonl >"$run/ours.kv"
+echo "after: $(bench_load)"
+bw_after=$(read_bw)
+read_gbs=$(awk -v a="$bw_before" -v b="$bw_after" 'BEGIN { print (a > b ? a : b) }')
+echo "read bandwidth ($BENCH_THREADS threads, 1 GiB, 64-byte loads): $bw_before GB/s before, $bw_after GB/s after"
+echo
+$report bandwidth --model "$model" --ours "$run/ours.kv" --read-gbs "$read_gbs"

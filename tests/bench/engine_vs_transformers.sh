@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The CPU engine against transformers on the same random-weight checkpoint,
+# the same prompt ids and the same pixels, in one run, 2 threads each.
+#
+#   tests/bench/engine_vs_transformers.sh [--preset small|1b] [--build DIR]
+#       [--work DIR] [--max-tokens N] [--repeats N] [--dtypes "bf16 f32"]
+#       [--python PY] [--no-build]
+#
+# Ours: `mllama run --batch` with three requests run one after the other
+# ("after"): an image in a fresh process (cold), the sample image (warm: the
+# one compared), a text-only prompt; --repeats processes, best of each
+# timing. Transformers: tests/bench/engine_hf.py once per dtype (bf16 as
+# stored, and f32), best of --repeats after a warm-up. See README.md here
+# for what each figure covers.
+set -euo pipefail
+
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+# shellcheck source=lib.sh
+. "$repo/tests/bench/lib.sh"
+
+preset=small
+build="$repo/build-bench"
+work=""
+max_tokens=33
+repeats=3
+dtypes="bf16 f32"
+python="$BENCH_PYTHON_DEFAULT"
+no_build=0
+BENCH_OPTIONS="dtypes"
+bench_parse_args "$@"
+work="${work:-$build/bench-work}"
+mkdir -p "$work"
+mllama="$build/service/mllama"
+report="$python $repo/tests/bench/bench_report.py"
+
+[ "$no_build" = 1 ] || bench_build "$build" mllama
+model="$work/$preset"
+bench_model "$mllama" "$preset" "$model"
+image="$repo/$BENCH_IMAGE_REL"
+mirror="$work/astronaut_mirror.jpg"
+bench_mirror "$python" "$image" "$mirror"
+
+run="$work/evt_$preset"
+rm -rf "$run"
+mkdir -p "$run"
+"$mllama" preprocess --model "$model" --image "$image" --out "$run/pixels.npy" >"$run/layout.json"
+"$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" --prompt "$BENCH_PROMPT" \
+    --sequence "$mirror" "$image" - >"$run/batch.jsonl"
+
+echo "engine vs transformers: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads"
+echo "before: $(bench_load)"
+for r in $(seq 1 "$repeats"); do
+    bench_time_run "$run/ours_$r.jsonl" "$run/ours_$r.wall" \
+        "$mllama" run --model "$model" --batch "$run/batch.jsonl" --threads "$BENCH_THREADS"
+done
+$report ours "$run"/ours_*.jsonl >"$run/ours.kv"
+image_ids=$(awk '$1 == "ours_1_prompt_ids" { print $2 }' "$run/ours.kv")
+text_ids=$(awk '$1 == "ours_2_prompt_ids" { print $2 }' "$run/ours.kv")
+echo "after ours: $(bench_load)"
+
+hf_files=()
+for d in $dtypes; do
+    OMP_NUM_THREADS=$BENCH_THREADS "$python" "$repo/tests/bench/engine_hf.py" --model "$model" \
+        --pixels "$run/pixels.npy" --layout "$run/layout.json" --ids "$image_ids" \
+        --text-ids "$text_ids" --max-tokens "$max_tokens" --dtype "$d" \
+        --threads "$BENCH_THREADS" --repeats "$repeats" >"$run/hf_$d.kv" 2>"$run/hf_$d.log" ||
+        bench_die "transformers $d failed (see $run/hf_$d.log)"
+    hf_files+=("$run/hf_$d.kv")
+    echo "after transformers $d: $(bench_load)"
+done
+echo "transformers $(awk '$1 == "hf_version" { print $2 }' "${hf_files[0]}"), torch" \
+    "$(awk '$1 == "torch_version" { print $2 }' "${hf_files[0]}")" \
+    "(CPU capability $(awk '$1 == "torch_cpu_capability" { print $2 }' "${hf_files[0]}"))"
+echo
+$report compare "$run/ours.kv" "${hf_files[@]}"

@@ -1,0 +1,89 @@
+# Shared steps of the engine benchmarks (engine_vs_transformers.sh,
+# decode_bandwidth.sh, runtime_bench.sh): sourced, not run.
+#
+# Expects $repo (the repository root) and sets nothing else. The benchmarks
+# run by hand (README.md here); none is a ctest.
+
+BENCH_PYTHON_DEFAULT=/opt/refvenv/bin/python
+BENCH_THREADS=2
+BENCH_PROMPT="Describe this image in detail."
+BENCH_IMAGE_REL=config/samples/astronaut.jpg
+
+bench_die() {
+    echo "$(basename "$0"): $*" >&2
+    exit 2
+}
+
+# bench_parse_args "$@": options shared by the scripts (--preset, --build,
+# --work, --max-tokens, --repeats, --python, --no-build) and the script's own
+# listed in $BENCH_OPTIONS (e.g. "dtypes" for --dtypes); `--max-tokens N`
+# sets $max_tokens. The script sets the defaults first.
+bench_parse_args() {
+    local name
+    while [ $# -gt 0 ]; do
+        if [ "$1" = --no-build ]; then
+            no_build=1
+            shift
+            continue
+        fi
+        name="${1#--}"
+        name="${name//-/_}"
+        case " preset build work max_tokens repeats python ${BENCH_OPTIONS:-} " in
+        *" $name "*) ;;
+        *) bench_die "unknown option $1 (see the header of $0)" ;;
+        esac
+        [ $# -ge 2 ] || bench_die "$1 needs a value (see the header of $0)"
+        printf -v "$name" '%s' "$2"
+        shift 2
+    done
+}
+
+# bench_build BUILD_DIR TARGET...: configure BUILD_DIR as a Release CPU build
+# when it has no cache yet, then build the targets (incremental).
+bench_build() {
+    local build="$1" log
+    shift
+    mkdir -p "$build"
+    log="$build/bench-build.log"
+    if [ ! -f "$build/CMakeCache.txt" ]; then
+        cmake -S "$repo" -B "$build" -DMLLAMA_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >"$log" 2>&1 ||
+            bench_die "cmake configure of $build failed (see $log)"
+    fi
+    cmake --build "$build" -j2 --target "$@" >"$log" 2>&1 ||
+        bench_die "build of $* in $build failed (see $log)"
+}
+
+# bench_model MLLAMA PRESET DIR: a random-weight checkpoint of PRESET in DIR,
+# written by `mllama mkmodel` unless DIR already holds one.
+bench_model() {
+    local mllama="$1" preset="$2" dir="$3"
+    [ -x "$mllama" ] || bench_die "$mllama is not built"
+    if [ ! -f "$dir/config.json" ]; then
+        "$mllama" mkmodel --preset "$preset" --out "$dir" >/dev/null 2>&1 ||
+            bench_die "mkmodel --preset $preset failed"
+    fi
+}
+
+# bench_mirror PYTHON SRC DST: SRC flipped left-right, same size, hence the
+# same tile layout and cost, but another image (a cache miss).
+bench_mirror() {
+    [ -f "$3" ] || "$1" -c 'import sys; from PIL import Image, ImageOps
+ImageOps.mirror(Image.open(sys.argv[1])).save(sys.argv[2], quality=95)' "$2" "$3" ||
+        bench_die "cannot write $3 (needs Pillow in $1)"
+}
+
+# bench_load: the machine load, to be printed with every result.
+bench_load() {
+    echo "load average $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
+}
+
+# bench_time_run OUT_FILE WALL_FILE CMD...: run CMD with stdout to OUT_FILE
+# and its wall-clock seconds written to WALL_FILE.
+bench_time_run() {
+    local out="$1" wall="$2" t0 t1
+    shift 2
+    t0=$(date +%s.%N)
+    "$@" >"$out" || bench_die "failed: $*"
+    t1=$(date +%s.%N)
+    awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f\n", b - a }' >"$wall"
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Write a `mllama run --batch` JSONL file for the engine benchmarks.
+
+    make_batch.py [--max-tokens N] [--prompt TEXT] --sequence IMAGE|- ...
+    make_batch.py [--max-tokens N] [--prompt TEXT] --concurrent B [--image IMAGE]
+
+--sequence: one chat request per argument (an image path, or - for text
+only), each submitted after the previous one has finished (the batch line's
+"after"), so that every request runs alone and its timings are its own.
+
+--concurrent: B chat requests submitted at once (continuous batching), all
+with IMAGE or all text only; the prompts differ by a number so that no two
+sequences are alike.
+"""
+import argparse
+import json
+import sys
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--max-tokens", type=int, default=33)
+    p.add_argument("--prompt", default="Describe this image in detail.")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--sequence", nargs="+", metavar="IMAGE")
+    mode.add_argument("--concurrent", type=int, metavar="B")
+    p.add_argument("--image")
+    args = p.parse_args()
+
+    lines = []
+    if args.sequence:
+        for i, image in enumerate(args.sequence):
+            req = {"chat": args.prompt, "max_tokens": args.max_tokens}
+            if image != "-":
+                req["images"] = [image]
+            if i > 0:
+                req["after"] = i - 1
+            lines.append(req)
+    else:
+        for i in range(args.concurrent):
+            req = {"chat": "%s (request %d)" % (args.prompt, i + 1),
+                   "max_tokens": args.max_tokens}
+            if args.image:
+                req["images"] = [args.image]
+            lines.append(req)
+    for req in lines:
+        sys.stdout.write(json.dumps(req) + "\n")
+
+
+if __name__ == "__main__":
+    main()

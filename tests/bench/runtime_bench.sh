@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The continuous-batching runtime on the CPU backend:
+#  - throughput (completion tokens/s over the batch's wall time) against the
+#    number of concurrent text requests, one `mllama run --batch` each;
+#  - TTFT of an image request on an image-cache miss against a hit: three
+#    requests one after the other ("after"): another image of the same size
+#    (a miss in a fresh process), the sample image (a warm miss), the sample
+#    image again (a hit); --repeats processes, best of each timing.
+#
+#   tests/bench/runtime_bench.sh [--preset small|tiny] [--build DIR]
+#       [--work DIR] [--max-tokens N] [--batches "1 2 4 8 16"] [--repeats N]
+#       [--python PY] [--no-build]
+set -euo pipefail
+
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+# shellcheck source=lib.sh
+. "$repo/tests/bench/lib.sh"
+
+preset=small
+build="$repo/build-bench"
+work=""
+max_tokens=32
+batches="1 2 4 8 16"
+repeats=3
+python="$BENCH_PYTHON_DEFAULT"
+no_build=0
+BENCH_OPTIONS="batches"
+bench_parse_args "$@"
+work="${work:-$build/bench-work}"
+mkdir -p "$work"
+mllama="$build/service/mllama"
+report="$python $repo/tests/bench/bench_report.py"
+batch_py="$repo/tests/bench/make_batch.py"
+
+[ "$no_build" = 1 ] || bench_build "$build" mllama
+model="$work/$preset"
+bench_model "$mllama" "$preset" "$model"
+image="$repo/$BENCH_IMAGE_REL"
+mirror="$work/astronaut_mirror.jpg"
+bench_mirror "$python" "$image" "$mirror"
+run="$work/rt_$preset"
+rm -rf "$run"
+mkdir -p "$run"
+
+echo "runtime: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads"
+echo "before: $(bench_load)"
+runs=()
+for b in $batches; do
+    "$python" "$batch_py" --max-tokens "$max_tokens" --prompt "Write a short story" \
+        --concurrent "$b" >"$run/b$b.jsonl"
+    "$mllama" run --model "$model" --batch "$run/b$b.jsonl" --threads "$BENCH_THREADS" \
+        >"$run/b$b.out" || bench_die "batch of $b failed"
+    runs+=("$b=$run/b$b.out")
+done
+echo "after throughput: $(bench_load)"
+
+"$python" "$batch_py" --max-tokens "$max_tokens" --prompt "$BENCH_PROMPT" \
+    --sequence "$mirror" "$image" "$image" >"$run/cache.jsonl"
+for r in $(seq 1 "$repeats"); do
+    bench_time_run "$run/cache_$r.jsonl" "$run/cache_$r.wall" \
+        "$mllama" run --model "$model" --batch "$run/cache.jsonl" --threads "$BENCH_THREADS"
+done
+$report ours "$run"/cache_*.jsonl >"$run/cache.kv"
+echo "after cache: $(bench_load)"
+echo
+$report runtime --cache "$run/cache.kv" "${runs[@]}"
