@@ -331,9 +331,18 @@ static void scenario_down(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
 
 /* ==== F: a fatal producer error ================================================= */
 
+/* Scenario F injects one error into one Produce request and expects the
+ * three records after it to share that request: a linger well above the
+ * time between the three sends batches them (the producer's own default is
+ * no linger). */
+static const svc_kafka_kv fatal_kv[] = {{"max.in.flight.requests.per.connection", "1"},
+                                        {"linger.ms", "100"}};
+
 static void scenario_fatal(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
 {
     use_cluster(bootstraps);
+    kt_producer_kv = fatal_kv;
+    kt_n_producer_kv = sizeof fatal_kv / sizeof fatal_kv[0];
     kt_source src;
     kt_source_start(&src, bs);
     kt_source_send(&src, "fatal", "ok", 0);
