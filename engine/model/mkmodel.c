@@ -237,6 +237,23 @@ static void fill(const ml_manifest_entry *e, uint16_t *out, size_t n, uint64_t s
 
 /* ---- the writer ---------------------------------------------------------- */
 
+/* mkdir -p: every missing component of dir. */
+static int make_dirs(const char *dir)
+{
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return -1;
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(path, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    return mkdir(path, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
 ml_status ml_mkmodel(const char *name, const char *dir, const char *tokenizer_dir, uint64_t seed,
                      char *err, size_t errlen)
 {
@@ -247,7 +264,7 @@ ml_status ml_mkmodel(const char *name, const char *dir, const char *tokenizer_di
     if (!p)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "unknown preset '%s' (micro, tiny, small, 1b, 11b)", name);
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+    if (make_dirs(dir) != 0)
         return ml_fail(err, errlen, ML_ERR_IO, "%s: %s", dir, strerror(errno));
 
     char path[4096], from[4096];
