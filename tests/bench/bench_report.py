@@ -12,8 +12,9 @@ Standard library only.
         same size, first in a fresh process), request 2 (text only).
     bench_report.py bandwidth --model DIR --ours OURS.kv --read-gbs X [--kv-bytes 4]
         Decode bytes per step from config.json against the time per token.
-    bench_report.py runtime --cache OURS.kv B=RUN.jsonl...
-        Throughput against concurrency, and image-cache miss against hit.
+    bench_report.py runtime --cache OURS.kv B=RUN.jsonl[,RUN.jsonl...]...
+        Throughput against concurrency (the fastest run of each B), and
+        image-cache miss against hit.
 """
 import argparse
 import json
@@ -240,8 +241,10 @@ def cmd_bandwidth(args):
 def cmd_runtime(args):
     rows, base = [], None
     for spec in args.runs:
-        b, path = spec.split("=", 1)
-        reqs, agg = read_runs(path)
+        b, paths = spec.split("=", 1)
+        # The fastest of the runs of this batch size.
+        reqs, agg = max((read_runs(p) for p in paths.split(",")),
+                        key=lambda run: run[1]["completion_tokens_per_s"])
         tps = agg["completion_tokens_per_s"]
         base = base or tps
         ttft = sum(r["timings"]["ttft_ms"] for r in reqs) / len(reqs)
@@ -289,7 +292,7 @@ def main():
     r = sub.add_parser("runtime")
     r.add_argument("--cache", required=True)
     r.add_argument("--goal", type=int, default=80)
-    r.add_argument("runs", nargs="+", metavar="B=RUN.jsonl")
+    r.add_argument("runs", nargs="+", metavar="B=RUN.jsonl[,RUN.jsonl...]")
     args = p.parse_args()
     {"ours": cmd_ours, "compare": cmd_compare, "bandwidth": cmd_bandwidth,
      "runtime": cmd_runtime}[args.cmd](args)

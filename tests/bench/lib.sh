@@ -1,8 +1,9 @@
 # Shared steps of the engine benchmarks (engine_vs_transformers.sh,
 # decode_bandwidth.sh, runtime_bench.sh): sourced, not run.
 #
-# Expects $repo (the repository root) and sets nothing else. The benchmarks
-# run by hand (README.md here); none is a ctest.
+# Expects $repo (the repository root); defines the BENCH_* constants and the
+# bench_* functions. The benchmarks run by hand (README.md here); none is a
+# ctest.
 
 BENCH_PYTHON_DEFAULT=/opt/refvenv/bin/python
 BENCH_THREADS=2

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The continuous-batching runtime on the CPU backend:
 #  - throughput (completion tokens/s over the batch's wall time) against the
-#    number of concurrent text requests, one `mllama run --batch` each;
+#    number of concurrent text requests, one `mllama run --batch` each, the
+#    best of --repeats;
 #  - TTFT of an image request on an image-cache miss against a hit: three
 #    requests one after the other ("after"): another image of the same size
 #    (a miss in a fresh process), the sample image (a warm miss), the sample
@@ -48,9 +49,13 @@ runs=()
 for b in $batches; do
     "$python" "$batch_py" --max-tokens "$max_tokens" --prompt "Write a short story" \
         --concurrent "$b" >"$run/b$b.jsonl"
-    "$mllama" run --model "$model" --batch "$run/b$b.jsonl" --threads "$BENCH_THREADS" \
-        >"$run/b$b.out" || bench_die "batch of $b failed"
-    runs+=("$b=$run/b$b.out")
+    outs=()
+    for r in $(seq 1 "$repeats"); do
+        "$mllama" run --model "$model" --batch "$run/b$b.jsonl" --threads "$BENCH_THREADS" \
+            >"$run/b${b}_$r.out" || bench_die "batch of $b failed"
+        outs+=("$run/b${b}_$r.out")
+    done
+    runs+=("$b=$(IFS=,; echo "${outs[*]}")")
 done
 echo "after throughput: $(bench_load)"
 
