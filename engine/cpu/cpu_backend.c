@@ -8,7 +8,11 @@
  * K/V caches hold f32 (kv_elem_size 4): golden references are f32 and the
  * cache feeds every later token, so it is kept exact. bf16 K/V would halve
  * cache memory at a numerics cost; it would be an opt-in flag with a
- * measured accuracy delta, and is not implemented. */
+ * measured accuracy delta, and is not implemented.
+ *
+ * Errors are latched and reported by synchronize, as on a device; the only
+ * ones are misuses of the graph ops (graph.c). */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,9 +49,32 @@ static const void *cpu_weight(ml_backend *be, const void *host, size_t bytes)
     return host;
 }
 
+void ml_cpu_latch(ml_cpu_backend *cb, ml_status st, const char *op, const char *fmt, ...)
+{
+    if (cb->rec_slot >= 0)
+        cb->rec_failed = 1;
+    if (cb->err_status != ML_OK)
+        return;
+    cb->err_status = st;
+    int n = snprintf(cb->err, sizeof cb->err, "cpu %s: ", op);
+    if (n < 0 || (size_t)n >= sizeof cb->err)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cb->err + n, sizeof cb->err - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+/* Every op has finished: report the latched error once, then serve on. */
 static ml_status cpu_synchronize(ml_backend *be, char *err, size_t errlen)
 {
-    return ML_OK;
+    ml_cpu_backend *cb = ml_cpu_of(be);
+    ml_status st = cb->err_status;
+    if (st != ML_OK && err && errlen)
+        snprintf(err, errlen, "%s", cb->err);
+    cb->err_status = ML_OK;
+    cb->err[0] = '\0';
+    return st;
 }
 
 static void cpu_destroy(ml_backend *be)
@@ -57,6 +84,9 @@ static void cpu_destroy(ml_backend *be)
         return;
     ml_cpu_pool_destroy(cb->pool);
     ml_cpu_group_release(cb->group);
+    ml_cpu_graph_deinit(&cb->rec);
+    for (int i = 0; i < ML_GRAPH_SLOTS; i++)
+        ml_cpu_graph_deinit(&cb->graphs[i]);
     free(cb->scratch);
     free(cb);
 }
@@ -90,6 +120,10 @@ static const ml_backend_ops cpu_ops = {
     .kv_write = ml_cpu_kv_write,
     .kv_store = ml_cpu_kv_store,
     .argmax = ml_cpu_argmax,
+    .graph_begin = ml_cpu_graph_begin,
+    .graph_end = ml_cpu_graph_end,
+    .graph_replay = ml_cpu_graph_replay,
+    .n_graph_slots = ML_GRAPH_SLOTS,
 };
 
 ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen)
@@ -116,6 +150,7 @@ ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen)
     snprintf(cb->name, sizeof cb->name, "cpu-%s", ml_cpu_isa_name(isa));
     cb->ops.name = cb->name;
     cb->base.ops = &cb->ops;
+    cb->rec_slot = -1;
     cb->kern = ml_cpu_kernels_for(isa);
 
     cb->scratch_floats = ml_cpu_matmul_scratch_floats();

@@ -19,6 +19,17 @@
  * more thread: below it the wake-up costs more than it saves. */
 #define ML_CPU_MIN_WORK_PER_THREAD 32768
 
+/* Room for a latched error message. */
+#define ML_CPU_ERR_LEN 256
+
+/* A recorded op sequence (graph.c). All zero: an empty slot. */
+typedef struct ml_cpu_graph {
+    struct ml_cpu_graph_op *ops;      /* owned: (n_ops) in issue order */
+    size_t n_ops, cap_ops;
+    struct ml_cpu_graph_copy *copies; /* owned: list of host arrays copied at record time */
+    int recorded;                     /* stored by graph_end (it may hold no op) */
+} ml_cpu_graph;
+
 typedef struct ml_cpu_backend {
     ml_backend base;          /* first: an ml_backend * is an ml_cpu_backend * */
     ml_backend_ops ops;       /* the op table, named after the selected ISA */
@@ -29,6 +40,18 @@ typedef struct ml_cpu_backend {
     size_t scratch_floats;
     struct ml_cpu_group *group; /* shared by the group's members (group.c); NULL alone */
     int rank;                 /* this backend's index in its group */
+
+    /* The first error since the last synchronize (ML_OK: none). */
+    ml_status err_status;
+    char err[ML_CPU_ERR_LEN];
+
+    /* Graphs (graph.c): while slot rec_slot is recorded, base.ops points
+     * at rec_ops, whose ops append to rec instead of running. */
+    ml_backend_ops rec_ops;
+    int rec_slot;             /* -1: not recording */
+    int rec_failed;           /* an error was latched during this recording */
+    ml_cpu_graph rec;
+    ml_cpu_graph graphs[ML_GRAPH_SLOTS];
 } ml_cpu_backend;
 
 static inline ml_cpu_backend *ml_cpu_of(ml_backend *be)
@@ -57,6 +80,15 @@ size_t ml_cpu_attn_scratch_floats(void);
 /* Drop this backend's reference to its group (group.c); the last member
  * frees it. NULL is a no-op. */
 void ml_cpu_group_release(struct ml_cpu_group *g);
+
+/* Latch an error for synchronize: "cpu <op>: <detail>". The first error
+ * since the last synchronize wins; later ones are dropped. A graph being
+ * recorded is discarded at graph_end, whichever error it was. */
+void ml_cpu_latch(ml_cpu_backend *cb, ml_status st, const char *op, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Free what a graph owns and zero it (an empty slot again). */
+void ml_cpu_graph_deinit(ml_cpu_graph *g);
 
 /* ---- op implementations (contracts in backend.h) ---------------------------- */
 void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
@@ -93,5 +125,9 @@ void ml_cpu_all_reduce_sum(ml_backend *be, float *x, size_t n);
 void ml_cpu_attn_vision(ml_backend *be, const ml_attn_vision_params *p);
 void ml_cpu_attn_causal(ml_backend *be, const ml_attn_causal_params *p);
 void ml_cpu_attn_cross(ml_backend *be, const ml_attn_cross_params *p);
+
+void ml_cpu_graph_begin(ml_backend *be, int slot);
+void ml_cpu_graph_end(ml_backend *be, int slot);
+void ml_cpu_graph_replay(ml_backend *be, int slot);
 
 #endif

@@ -1,0 +1,903 @@
+/* The CPU backend's graph ops (backend.h graph_begin, graph_end,
+ * graph_replay). A step that calls every op once or more (a toy decoder
+ * layer, a cross-attention, a vision patch embedding) is recorded on one
+ * set of buffer contents, the buffers are given new contents (new tokens,
+ * positions, cache slots, block tables, image states, weights), and the
+ * replay must equal the same step run eagerly on the new contents, bit for
+ * bit, over every byte of backend memory the step touches. Also: recording
+ * runs nothing, two replays are two steps, re-recording replaces a slot,
+ * host arguments (lora's segs, the attention params) are copied at record
+ * time, every misuse latches the error backend.h documents and synchronize
+ * reports it once, and a two-member group records all_reduce_sum without
+ * running it and replays from two threads like the eager step. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "dtype.h"
+#include "harness.h"
+
+#define ERRLEN 256
+#define THREADS 2
+#define SEED_RECORD 1
+#define SEED_REPLAY 2
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static uint64_t g_rng;
+
+static double urand(void) /* [0, 1) */
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) / 9007199254740992.0;
+}
+
+static int irand(int n)
+{
+    return (int)(urand() * n);
+}
+
+static void fill(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(2.0 * urand() - 1.0);
+}
+
+static void fill_bf16(uint16_t *w, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        w[i] = ml_f32_to_bf16((float)(0.5 * urand() - 0.25));
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+/* Backend memory is carved from one allocation ("malloc and point"), so a
+ * whole state is one upload and one download. */
+#define ARENA_ALIGN 64
+
+typedef struct arena {
+    char *base; /* backend memory, owned */
+    size_t bytes, used;
+} arena;
+
+static void *carve(arena *a, size_t bytes)
+{
+    size_t off = (a->used + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    if (off + bytes > a->bytes) {
+        fprintf(stderr, "arena too small\n");
+        exit(1);
+    }
+    a->used = off + bytes;
+    return a->base + off;
+}
+
+/* The host image of backend pointer p. */
+static void *host_of(const arena *a, unsigned char *image, const void *p)
+{
+    return image + ((const char *)p - a->base);
+}
+
+static ml_status sync_err(ml_backend *be, char *err)
+{
+    err[0] = '\0';
+    return be->ops->synchronize(be, err, ERRLEN);
+}
+
+/* The latched error is st with a message containing want; the next
+ * synchronize reports nothing. */
+static void check_latched(ml_backend *be, ml_status st, const char *want)
+{
+    char err[ERRLEN];
+    ml_status got = sync_err(be, err);
+    check(got == st && strstr(err, want), "want %s \"%s\", got %s \"%s\"", ml_status_name(st),
+          want, ml_status_name(got), err);
+    check(sync_err(be, err) == ML_OK && err[0] == '\0', "a second synchronize reports \"%s\"",
+          err);
+}
+
+static void check_clean(ml_backend *be, const char *what)
+{
+    char err[ERRLEN];
+    check(sync_err(be, err) == ML_OK, "%s: unexpected error \"%s\"", what, err);
+}
+
+/* ---- the step: every op of the table ----------------------------------------------- */
+
+#define N_SEQS 2
+#define N_TOK 3         /* decode rows of the step */
+#define DIM 64
+#define N_HEADS 4
+#define N_KV 2
+#define HEAD_DIM 16
+#define QD (N_HEADS * HEAD_DIM)
+#define KVD (N_KV * HEAD_DIM)
+#define FFN 96
+#define VOCAB 40
+#define POS_PERIOD 2    /* rows of the add_bf16 table */
+#define BLOCK 4
+#define N_BLOCKS 6
+#define MAX_BLOCKS 3    /* per sequence */
+#define N_LORA 2        /* adapters of the lora op */
+#define MAX_RANK 4
+#define N_STATES 3      /* resident image states */
+#define MAX_IMAGES 2
+#define MAX_TILES 2
+#define CHUNK 3
+#define PLANE (MAX_TILES * CHUNK * KVD) /* floats of one K or V plane */
+#define SIDE 28
+#define PATCH 14
+#define N_PATCH ((SIDE / PATCH) * (SIDE / PATCH))
+#define PATCH_K (3 * PATCH * PATCH)
+#define VIS_HEADS 2
+#define VD (VIS_HEADS * HEAD_DIM)
+#define EPS 1e-5f
+#define STEP_ARENA_BYTES ((size_t)1 << 20)
+
+typedef struct step_bufs {
+    arena a;
+    /* weights, bf16 */
+    uint16_t *tok_table;        /* (VOCAB, DIM) */
+    uint16_t *pos_table;        /* (POS_PERIOD, DIM) */
+    uint16_t *norm_w, *ln_w, *ln_b; /* (DIM) */
+    uint16_t *wq;               /* (QD, DIM) */
+    uint16_t *wk, *wv;          /* (KVD, DIM) */
+    uint16_t *bk;               /* (KVD) */
+    uint16_t *wo;               /* (DIM, QD) */
+    uint16_t *wg, *wu;          /* (FFN, DIM) */
+    uint16_t *wd;               /* (DIM, FFN) */
+    uint16_t *w_out;            /* (VOCAB, DIM) */
+    uint16_t *lora_a[N_LORA];   /* (MAX_RANK, DIM) */
+    uint16_t *lora_b[N_LORA];   /* (QD, MAX_RANK) */
+    uint16_t *w_patch;          /* (VD, PATCH_K) */
+    /* per-step inputs */
+    float *inv_freq;            /* (HEAD_DIM / 2) */
+    int32_t *ids, *pos, *slot;  /* (N_TOK) */
+    float *row_scale;           /* (N_TOK) */
+    int32_t *block_table;       /* (N_SEQS, MAX_BLOCKS) */
+    int32_t *seq_start;         /* (N_SEQS + 1) */
+    int32_t *pos0;              /* (N_SEQS) */
+    const void **state_table;   /* (N_SEQS, MAX_IMAGES) */
+    int32_t *n_images;          /* (N_SEQS) */
+    uint8_t *allowed;           /* (N_TOK, MAX_IMAGES * MAX_TILES) */
+    float *pixels;              /* (1, 3, SIDE, SIDE) */
+    uint8_t *valid;             /* (1, N_PATCH) */
+    /* state and activations */
+    float *k_cache, *v_cache;   /* (N_BLOCKS, BLOCK, N_KV, HEAD_DIM) */
+    float *states[N_STATES];    /* K plane then V plane, each (MAX_TILES * CHUNK, N_KV, HEAD_DIM) */
+    float *x, *h;               /* (N_TOK, DIM) */
+    float *q, *att, *cross;     /* (N_TOK, QD) */
+    float *k, *v;               /* (N_TOK, KVD) */
+    float *lora_t;              /* (N_TOK, MAX_RANK) */
+    float *g, *u;               /* (N_TOK, FFN) */
+    float *xt;                  /* (DIM, N_TOK) */
+    float *stored;              /* (DIM * N_TOK) */
+    float *acc;                 /* (N_TOK, DIM): summed over steps */
+    float *logits;              /* (N_TOK, VOCAB) */
+    int32_t *next;              /* (N_TOK) */
+    float *patches;             /* (N_PATCH, PATCH_K) */
+    float *vis, *vis_out;       /* (N_PATCH, VD) */
+} step_bufs;
+
+static void step_bufs_init(step_bufs *b, ml_backend *be)
+{
+    b->a = (arena){.base = be->ops->alloc(be, STEP_ARENA_BYTES), .bytes = STEP_ARENA_BYTES};
+    if (!b->a.base) {
+        fprintf(stderr, "backend alloc failed\n");
+        exit(1);
+    }
+    arena *a = &b->a;
+#define BF16(n) carve(a, (size_t)(n) * sizeof(uint16_t))
+#define F32(n) carve(a, (size_t)(n) * sizeof(float))
+#define I32(n) carve(a, (size_t)(n) * sizeof(int32_t))
+    b->tok_table = BF16(VOCAB * DIM);
+    b->pos_table = BF16(POS_PERIOD * DIM);
+    b->norm_w = BF16(DIM);
+    b->ln_w = BF16(DIM);
+    b->ln_b = BF16(DIM);
+    b->wq = BF16(QD * DIM);
+    b->wk = BF16(KVD * DIM);
+    b->wv = BF16(KVD * DIM);
+    b->bk = BF16(KVD);
+    b->wo = BF16(DIM * QD);
+    b->wg = BF16(FFN * DIM);
+    b->wu = BF16(FFN * DIM);
+    b->wd = BF16(DIM * FFN);
+    b->w_out = BF16(VOCAB * DIM);
+    for (int i = 0; i < N_LORA; i++) {
+        b->lora_a[i] = BF16(MAX_RANK * DIM);
+        b->lora_b[i] = BF16(QD * MAX_RANK);
+    }
+    b->w_patch = BF16(VD * PATCH_K);
+    b->inv_freq = F32(HEAD_DIM / 2);
+    b->ids = I32(N_TOK);
+    b->pos = I32(N_TOK);
+    b->slot = I32(N_TOK);
+    b->row_scale = F32(N_TOK);
+    b->block_table = I32(N_SEQS * MAX_BLOCKS);
+    b->seq_start = I32(N_SEQS + 1);
+    b->pos0 = I32(N_SEQS);
+    b->state_table = carve(a, N_SEQS * MAX_IMAGES * sizeof(void *));
+    b->n_images = I32(N_SEQS);
+    b->allowed = carve(a, N_TOK * MAX_IMAGES * MAX_TILES);
+    b->pixels = F32(3 * SIDE * SIDE);
+    b->valid = carve(a, N_PATCH);
+    b->k_cache = F32(N_BLOCKS * BLOCK * KVD);
+    b->v_cache = F32(N_BLOCKS * BLOCK * KVD);
+    for (int i = 0; i < N_STATES; i++)
+        b->states[i] = F32(2 * PLANE);
+    b->x = F32(N_TOK * DIM);
+    b->h = F32(N_TOK * DIM);
+    b->q = F32(N_TOK * QD);
+    b->att = F32(N_TOK * QD);
+    b->cross = F32(N_TOK * QD);
+    b->k = F32(N_TOK * KVD);
+    b->v = F32(N_TOK * KVD);
+    b->lora_t = F32(N_TOK * MAX_RANK);
+    b->g = F32(N_TOK * FFN);
+    b->u = F32(N_TOK * FFN);
+    b->xt = F32(DIM * N_TOK);
+    b->stored = F32(DIM * N_TOK);
+    b->acc = F32(N_TOK * DIM);
+    b->logits = F32(N_TOK * VOCAB);
+    b->next = I32(N_TOK);
+    b->patches = F32(N_PATCH * PATCH_K);
+    b->vis = F32(N_PATCH * VD);
+    b->vis_out = F32(N_PATCH * VD);
+#undef BF16
+#undef F32
+#undef I32
+}
+
+/* A host image of the whole arena for `seed`: random weights, activations,
+ * caches and states, and a consistent random batch (sequence split, cache
+ * lengths, block tables, images). */
+static void step_image(const step_bufs *b, unsigned char *img, uint64_t seed)
+{
+    const arena *a = &b->a;
+    g_rng = 0x9e3779b97f4a7c15ull * seed + 1;
+    memset(img, 0, a->bytes);
+#define H(p) host_of(a, img, (p))
+    uint16_t *const bf[] = {b->tok_table, b->pos_table, b->norm_w, b->ln_w, b->ln_b, b->wq,
+                            b->wk, b->wv, b->bk, b->wo, b->wg, b->wu, b->wd, b->w_out,
+                            b->lora_a[0], b->lora_a[1], b->lora_b[0], b->lora_b[1], b->w_patch};
+    /* Each bf16 buffer runs up to the next carved one: fill every one whole. */
+    const size_t bf_n[] = {VOCAB * DIM, POS_PERIOD * DIM, DIM, DIM, DIM, QD * DIM, KVD * DIM,
+                           KVD * DIM, KVD, DIM * QD, FFN * DIM, FFN * DIM, DIM * FFN,
+                           VOCAB * DIM, MAX_RANK * DIM, MAX_RANK * DIM, QD * MAX_RANK,
+                           QD * MAX_RANK, VD * PATCH_K};
+    for (size_t i = 0; i < sizeof bf / sizeof *bf; i++)
+        fill_bf16(H(bf[i]), bf_n[i]);
+    float *const f32[] = {b->row_scale, b->pixels, b->k_cache, b->v_cache, b->states[0],
+                          b->states[1], b->states[2], b->x, b->h, b->q, b->att, b->cross,
+                          b->k, b->v, b->lora_t, b->g, b->u, b->xt, b->stored, b->acc,
+                          b->logits, b->patches, b->vis, b->vis_out};
+    const size_t f32_n[] = {N_TOK, 3 * SIDE * SIDE, N_BLOCKS * BLOCK * KVD,
+                            N_BLOCKS * BLOCK * KVD, 2 * PLANE, 2 * PLANE, 2 * PLANE,
+                            N_TOK * DIM, N_TOK * DIM, N_TOK * QD, N_TOK * QD, N_TOK * QD,
+                            N_TOK * KVD, N_TOK * KVD, N_TOK * MAX_RANK, N_TOK * FFN,
+                            N_TOK * FFN, DIM * N_TOK, DIM * N_TOK, N_TOK * DIM, N_TOK * VOCAB,
+                            N_PATCH * PATCH_K, N_PATCH * VD, N_PATCH * VD};
+    for (size_t i = 0; i < sizeof f32 / sizeof *f32; i++)
+        fill(H(f32[i]), f32_n[i]);
+
+    float *inv_freq = H(b->inv_freq);
+    for (int i = 0; i < HEAD_DIM / 2; i++)
+        inv_freq[i] = powf(10000.0f + 1000.0f * (float)seed, -2.0f * (float)i / HEAD_DIM);
+    int32_t *ids = H(b->ids), *pos = H(b->pos), *slot = H(b->slot), *next = H(b->next);
+    for (int t = 0; t < N_TOK; t++) {
+        ids[t] = irand(VOCAB);
+        next[t] = -1;
+    }
+    /* Sequence 0 has 1 or 2 of the tokens; each sequence its own blocks. */
+    int32_t *seq_start = H(b->seq_start), *pos0 = H(b->pos0), *bt = H(b->block_table);
+    seq_start[0] = 0;
+    seq_start[1] = 1 + irand(2);
+    seq_start[2] = N_TOK;
+    int perm[N_BLOCKS];
+    for (int i = 0; i < N_BLOCKS; i++)
+        perm[i] = i;
+    for (int i = N_BLOCKS - 1; i > 0; i--) {
+        int j = irand(i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int s = 0; s < N_SEQS; s++) {
+        const int n = seq_start[s + 1] - seq_start[s];
+        pos0[s] = irand(MAX_BLOCKS * BLOCK - n + 1);
+        for (int i = 0; i < MAX_BLOCKS; i++)
+            bt[s * MAX_BLOCKS + i] = perm[s * MAX_BLOCKS + i];
+        for (int t = seq_start[s]; t < seq_start[s + 1]; t++) {
+            pos[t] = pos0[s] + t - seq_start[s];
+            slot[t] = bt[s * MAX_BLOCKS + pos[t] / BLOCK] * BLOCK + pos[t] % BLOCK;
+        }
+    }
+    /* Cross-attention over the shared states: sequence 0 has 1 .. MAX_IMAGES
+     * images, sequence 1 0 .. MAX_IMAGES (0: text only). */
+    const void **table = H(b->state_table);
+    int32_t *n_images = H(b->n_images);
+    for (int s = 0; s < N_SEQS; s++) {
+        n_images[s] = s == 0 ? 1 + irand(MAX_IMAGES) : irand(MAX_IMAGES + 1);
+        for (int i = 0; i < MAX_IMAGES; i++)
+            table[s * MAX_IMAGES + i] = b->states[irand(N_STATES)];
+    }
+    uint8_t *allowed = H(b->allowed), *valid = H(b->valid);
+    for (int i = 0; i < N_TOK * MAX_IMAGES * MAX_TILES; i++)
+        allowed[i] = (uint8_t)irand(2);
+    for (int i = 0; i < N_PATCH; i++)
+        valid[i] = (uint8_t)(i == 0 || irand(2));
+#undef H
+}
+
+/* The step's scalars: variant 1 differs from 0 in a few of them, so that a
+ * re-recorded slot is seen to replay the new recording. */
+typedef struct step_scalars {
+    float add_alpha, gate, lora_scale;
+    int accumulate;
+} step_scalars;
+
+static const step_scalars STEP_VARIANTS[] = {
+    {.add_alpha = 0.5f, .gate = 0.75f, .lora_scale = 0.5f, .accumulate = 1},
+    {.add_alpha = -1.0f, .gate = 0.25f, .lora_scale = 2.0f, .accumulate = 0},
+};
+
+/* One step through be->ops: recorded while a graph is being recorded, run
+ * otherwise. The host arguments (segments, params) are overwritten as soon
+ * as each call returns, so a graph that kept a pointer to them would
+ * replay garbage (and ASan would see the freed segments). */
+static void step(ml_backend *be, const step_bufs *b, int variant)
+{
+    const ml_backend_ops *o = be->ops;
+    const step_scalars *sc = &STEP_VARIANTS[variant];
+
+    o->embed(be, b->x, b->tok_table, b->ids, N_TOK, DIM);
+    o->add_bf16(be, b->x, b->pos_table, sc->add_alpha, N_TOK, POS_PERIOD, DIM);
+    o->rmsnorm(be, b->h, b->x, b->norm_w, N_TOK, DIM, EPS);
+    o->matmul(be, b->q, b->h, b->wq, NULL, N_TOK, DIM, QD, 0);
+
+    ml_lora_segment *segs = xmalloc(N_LORA * sizeof *segs);
+    segs[0] = (ml_lora_segment){.row_start = 0, .n_rows = 1, .rank = MAX_RANK,
+                                .scale = sc->lora_scale, .a = b->lora_a[0], .b = b->lora_b[0]};
+    segs[1] = (ml_lora_segment){.row_start = 1, .n_rows = N_TOK - 1, .rank = 2, .scale = 0.25f,
+                                .a = b->lora_a[1], .b = b->lora_b[1]};
+    o->lora(be, b->q, b->h, segs, N_LORA, DIM, QD, b->lora_t, MAX_RANK);
+    memset(segs, 0xff, N_LORA * sizeof *segs);
+    free(segs);
+
+    o->matmul(be, b->k, b->h, b->wk, b->bk, N_TOK, DIM, KVD, 0);
+    o->matmul(be, b->v, b->h, b->wv, NULL, N_TOK, DIM, KVD, 0);
+    o->rope(be, b->q, b->pos, b->inv_freq, N_TOK, N_HEADS, HEAD_DIM);
+    o->rope(be, b->k, b->pos, b->inv_freq, N_TOK, N_KV, HEAD_DIM);
+    o->kv_write(be, b->k_cache, b->v_cache, b->k, b->v, b->slot, N_TOK, N_KV, HEAD_DIM);
+
+    ml_attn_causal_params causal = {
+        .out = b->att, .q = b->q, .k_cache = b->k_cache, .v_cache = b->v_cache,
+        .block_table = b->block_table, .seq_start = b->seq_start, .pos0 = b->pos0,
+        .n_seqs = N_SEQS, .max_blocks_per_seq = MAX_BLOCKS, .block_size = BLOCK,
+        .n_heads = N_HEADS, .n_kv_heads = N_KV, .head_dim = HEAD_DIM, .scale = 0.25f};
+    o->attn_causal(be, &causal);
+    memset(&causal, 0xff, sizeof causal);
+    o->matmul(be, b->x, b->att, b->wo, NULL, N_TOK, QD, DIM, sc->accumulate);
+
+    ml_attn_cross_params cross = {
+        .out = b->cross, .q = b->q, .states = b->state_table,
+        .k_offset = 0, .v_offset = PLANE * sizeof(float), .n_images = b->n_images,
+        .seq_start = b->seq_start, .allowed = b->allowed, .n_seqs = N_SEQS, .n_tokens = N_TOK,
+        .max_images = MAX_IMAGES, .max_tiles = MAX_TILES, .chunk_len = CHUNK,
+        .n_heads = N_HEADS, .n_kv_heads = N_KV, .head_dim = HEAD_DIM, .scale = 0.25f};
+    o->attn_cross(be, &cross);
+    memset(&cross, 0xff, sizeof cross);
+    o->add_rows(be, b->x, b->cross, b->row_scale, sc->gate, N_TOK, DIM);
+
+    o->layernorm(be, b->h, b->x, b->ln_w, b->ln_b, N_TOK, DIM, EPS);
+    o->matmul(be, b->g, b->h, b->wg, NULL, N_TOK, DIM, FFN, 0);
+    o->matmul(be, b->u, b->h, b->wu, NULL, N_TOK, DIM, FFN, 0);
+    o->gelu(be, b->u, (size_t)N_TOK * FFN);
+    o->silu_mul(be, b->g, b->g, b->u, (size_t)N_TOK * FFN);
+    o->matmul(be, b->x, b->g, b->wd, NULL, N_TOK, FFN, DIM, 1);
+
+    o->copy_2d(be, b->xt, b->x, N_TOK, DIM, 1, N_TOK, DIM); /* transpose */
+    o->kv_store(be, b->stored, b->xt, (size_t)DIM * N_TOK);
+    o->zero(be, b->h, (size_t)N_TOK * DIM);
+    o->add_rows(be, b->h, b->x, NULL, 1.0f, N_TOK, DIM);
+    o->add_rows(be, b->acc, b->h, NULL, 1.0f, N_TOK, DIM);
+    o->matmul(be, b->logits, b->h, b->w_out, NULL, N_TOK, DIM, VOCAB, 0);
+    o->argmax(be, b->next, b->logits, N_TOK, VOCAB);
+
+    o->patchify(be, b->patches, b->pixels, 1, SIDE, PATCH);
+    o->matmul(be, b->vis, b->patches, b->w_patch, NULL, N_PATCH, PATCH_K, VD, 0);
+    ml_attn_vision_params vision = {
+        .out = b->vis_out, .q = b->vis, .k = b->vis, .v = b->vis, .valid = b->valid,
+        .n_seq = 1, .seq_len = N_PATCH, .n_heads = VIS_HEADS, .head_dim = HEAD_DIM,
+        .scale = 0.25f};
+    o->attn_vision(be, &vision);
+    memset(&vision, 0xff, sizeof vision);
+}
+
+/* The arena after `how` from image `in`: replay slot `slot` n times
+ * (slot >= 0) or run variant `variant` eagerly n times (slot < 0). */
+static void run_from(ml_backend *be, const step_bufs *b, const unsigned char *in,
+                     unsigned char *out, int slot, int variant, int n)
+{
+    be->ops->upload(be, b->a.base, in, b->a.bytes);
+    for (int i = 0; i < n; i++) {
+        if (slot >= 0)
+            be->ops->graph_replay(be, slot);
+        else
+            step(be, b, variant);
+    }
+    be->ops->download(be, out, b->a.base, b->a.bytes);
+}
+
+static void record(ml_backend *be, const step_bufs *b, int slot, int variant)
+{
+    be->ops->graph_begin(be, slot);
+    step(be, b, variant);
+    be->ops->graph_end(be, slot);
+}
+
+static void test_replay(void)
+{
+    char err[ERRLEN];
+    ml_backend *be = ml_backend_cpu_create(THREADS, err, sizeof err);
+    if (!be) {
+        check(0, "cpu backend: %s", err);
+        return;
+    }
+    const ml_backend_ops *eager = be->ops;
+    check(eager->n_graph_slots == ML_GRAPH_SLOTS && eager->graph_begin && eager->graph_end &&
+              eager->graph_replay,
+          "graph ops present, %d slots", eager->n_graph_slots);
+    step_bufs b;
+    step_bufs_init(&b, be);
+    const size_t n = b.a.bytes;
+    unsigned char *img_rec = xmalloc(n), *img = xmalloc(n), *got = xmalloc(n),
+                  *want = xmalloc(n), *first = xmalloc(n);
+    step_image(&b, img_rec, SEED_RECORD);
+    step_image(&b, img, SEED_REPLAY);
+
+    /* Recording runs nothing. */
+    be->ops->upload(be, b.a.base, img_rec, n);
+    record(be, &b, 0, 0);
+    check(be->ops == eager, "graph_end restores the op table");
+    be->ops->download(be, got, b.a.base, n);
+    check(memcmp(got, img_rec, n) == 0, "recording left backend memory unchanged");
+    check_clean(be, "record");
+
+    /* New contents of the same buffers: the replay reads them. */
+    run_from(be, &b, img, got, 0, 0, 1);
+    run_from(be, &b, img, want, -1, 0, 1);
+    check(memcmp(got, want, n) == 0, "replay equals the eager step bit for bit");
+    check(memcmp(got, img, n) != 0, "the replay wrote something");
+    memcpy(first, got, n);
+
+    run_from(be, &b, img, got, 0, 0, 2);
+    run_from(be, &b, img, want, -1, 0, 2);
+    check(memcmp(got, want, n) == 0, "two replays equal two eager steps");
+    check(memcmp(got, first, n) != 0, "the second replay ran (acc accumulates)");
+
+    /* Re-recording replaces the slot; another slot keeps its own graph. */
+    record(be, &b, 0, 1);
+    record(be, &b, 1, 0);
+    run_from(be, &b, img, got, 0, 0, 1);
+    run_from(be, &b, img, want, -1, 1, 1);
+    check(memcmp(got, want, n) == 0, "a re-recorded slot replays the new step");
+    check(memcmp(got, first, n) != 0, "the re-recorded step differs from the first");
+    run_from(be, &b, img, got, 1, 0, 1);
+    check(memcmp(got, first, n) == 0, "slot 1 replays its own recording");
+    check_clean(be, "replays");
+
+    /* The last slot, and an empty recording (a valid graph of no op). */
+    record(be, &b, ML_GRAPH_SLOTS - 1, 0);
+    run_from(be, &b, img, got, ML_GRAPH_SLOTS - 1, 0, 1);
+    check(memcmp(got, first, n) == 0, "the last slot works");
+    be->ops->graph_begin(be, 2);
+    be->ops->graph_end(be, 2);
+    run_from(be, &b, img, got, 2, 0, 1);
+    check(memcmp(got, img, n) == 0, "an empty graph replays as nothing");
+    check_clean(be, "empty graph");
+
+    free(img_rec);
+    free(img);
+    free(got);
+    free(want);
+    free(first);
+    be->ops->free(be, b.a.base);
+    be->ops->destroy(be);
+}
+
+/* ---- misuse ------------------------------------------------------------------------- */
+
+#define BAD_SLOT 3
+#define BUF_FLOATS 16
+
+typedef enum forbidden_call {
+    CALL_ALLOC,
+    CALL_FREE,
+    CALL_WEIGHT,
+    CALL_UPLOAD,
+    CALL_DOWNLOAD,
+    CALL_SYNCHRONIZE,
+    CALL_GRAPH_BEGIN,
+    CALL_GRAPH_REPLAY,
+    N_FORBIDDEN,
+} forbidden_call;
+
+static const char *const FORBIDDEN_NAMES[N_FORBIDDEN] = {
+    "alloc", "free", "weight", "upload", "download", "synchronize", "graph_begin",
+    "graph_replay"};
+
+/* Fill buf with v through the backend, then check that it holds v. */
+static void set_buf(ml_backend *be, float *buf, float v)
+{
+    float h[BUF_FLOATS];
+    for (int i = 0; i < BUF_FLOATS; i++)
+        h[i] = v;
+    be->ops->upload(be, buf, h, sizeof h);
+}
+
+static int buf_is(ml_backend *be, const float *buf, float v)
+{
+    float h[BUF_FLOATS];
+    be->ops->download(be, h, buf, sizeof h);
+    for (int i = 0; i < BUF_FLOATS; i++)
+        if (h[i] != v)
+            return 0;
+    return 1;
+}
+
+/* Slot `slot` holds a graph that zeroes buf. */
+static void record_zero(ml_backend *be, int slot, float *buf)
+{
+    be->ops->graph_begin(be, slot);
+    be->ops->zero(be, buf, BUF_FLOATS);
+    be->ops->graph_end(be, slot);
+}
+
+static void test_forbidden_while_recording(ml_backend *be)
+{
+    const ml_backend_ops *eager = be->ops;
+    float *buf = be->ops->alloc(be, BUF_FLOATS * sizeof(float));
+    const uint16_t weight_host[BUF_FLOATS] = {0};
+    if (!buf) {
+        check(0, "alloc");
+        return;
+    }
+    for (int c = 0; c < N_FORBIDDEN; c++) {
+        const char *name = FORBIDDEN_NAMES[c];
+        record_zero(be, 0, buf);
+        record_zero(be, BAD_SLOT, buf); /* the failed recording must empty it */
+        set_buf(be, buf, 1.0f);
+        char err[ERRLEN];
+        float host[BUF_FLOATS];
+        for (int i = 0; i < BUF_FLOATS; i++)
+            host[i] = 2.0f;
+
+        be->ops->graph_begin(be, BAD_SLOT);
+        check(be->ops != eager && strcmp(be->ops->name, eager->name) == 0,
+              "%s: recording table in place, named %s", name, be->ops->name);
+        switch ((forbidden_call)c) {
+        case CALL_ALLOC:
+            check(be->ops->alloc(be, 64) == NULL, "alloc while recording returns NULL");
+            break;
+        case CALL_FREE:
+            be->ops->free(be, buf); /* must not free: buf is used below (ASan) */
+            break;
+        case CALL_WEIGHT:
+            check(be->ops->weight(be, weight_host, sizeof weight_host) == NULL,
+                  "weight while recording returns NULL");
+            break;
+        case CALL_UPLOAD:
+            be->ops->upload(be, buf, host, sizeof host);
+            break;
+        case CALL_DOWNLOAD:
+            be->ops->download(be, host, buf, sizeof host);
+            break;
+        case CALL_SYNCHRONIZE: {
+            /* Reported at once, by the forbidden call itself. */
+            ml_status st = sync_err(be, err);
+            check(st == ML_ERR_INVALID_ARG &&
+                      strstr(err, "synchronize: not allowed while recording graph slot 3"),
+                  "synchronize while recording: %s \"%s\"", ml_status_name(st), err);
+            break;
+        }
+        case CALL_GRAPH_BEGIN:
+            be->ops->graph_begin(be, 5);
+            check(be->ops != eager, "a nested graph_begin leaves the recording on");
+            break;
+        case CALL_GRAPH_REPLAY:
+            be->ops->graph_replay(be, 0);
+            break;
+        case N_FORBIDDEN:
+            break;
+        }
+        be->ops->zero(be, buf, BUF_FLOATS); /* recorded: a discarded graph must not keep it */
+        be->ops->graph_end(be, BAD_SLOT);
+        check(be->ops == eager, "%s: graph_end restores the op table", name);
+
+        char want[ERRLEN];
+        snprintf(want, sizeof want, "%s: not allowed while recording graph slot %d", name,
+                 BAD_SLOT);
+        if (c == CALL_SYNCHRONIZE)
+            check_clean(be, "after synchronize while recording");
+        else
+            check_latched(be, ML_ERR_INVALID_ARG, want);
+
+        /* It did nothing else. */
+        check(buf_is(be, buf, 1.0f), "%s: backend memory unchanged", name);
+        int host_same = 1;
+        for (int i = 0; i < BUF_FLOATS; i++)
+            host_same &= host[i] == 2.0f;
+        check(host_same, "%s: host memory unchanged", name);
+
+        /* The recording during which the error was latched emptied its slot. */
+        be->ops->graph_replay(be, BAD_SLOT);
+        check_latched(be, ML_ERR_INVALID_ARG, "graph_replay: slot 3 holds no graph");
+        check(buf_is(be, buf, 1.0f), "%s: nothing replayed", name);
+        /* Nested graph_begin(5) recorded nothing into slot 5. */
+        be->ops->graph_replay(be, 5);
+        check_latched(be, ML_ERR_INVALID_ARG, "graph_replay: slot 5 holds no graph");
+    }
+    be->ops->free(be, buf);
+}
+
+static void test_misuse(void)
+{
+    char err[ERRLEN];
+    ml_backend *be = ml_backend_cpu_create(1, err, sizeof err);
+    if (!be) {
+        check(0, "cpu backend: %s", err);
+        return;
+    }
+    const ml_backend_ops *eager = be->ops;
+    check_clean(be, "fresh backend");
+
+    test_forbidden_while_recording(be);
+
+    /* Slots outside the range. */
+    const int bad[] = {-1, ML_GRAPH_SLOTS};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char want[ERRLEN];
+        be->ops->graph_begin(be, bad[i]);
+        check(be->ops == eager, "graph_begin(%d) does not record", bad[i]);
+        snprintf(want, sizeof want, "graph_begin: slot %d outside [0, %d)", bad[i],
+                 ML_GRAPH_SLOTS);
+        check_latched(be, ML_ERR_INVALID_ARG, want);
+        be->ops->graph_replay(be, bad[i]);
+        snprintf(want, sizeof want, "graph_replay: slot %d outside [0, %d)", bad[i],
+                 ML_GRAPH_SLOTS);
+        check_latched(be, ML_ERR_INVALID_ARG, want);
+        be->ops->graph_end(be, bad[i]);
+        snprintf(want, sizeof want, "graph_end: slot %d is not being recorded", bad[i]);
+        check_latched(be, ML_ERR_INVALID_ARG, want);
+    }
+
+    /* A slot never recorded; graph_end without graph_begin. */
+    be->ops->graph_replay(be, 7);
+    check_latched(be, ML_ERR_INVALID_ARG, "cpu graph_replay: slot 7 holds no graph");
+    be->ops->graph_end(be, 2);
+    check_latched(be, ML_ERR_INVALID_ARG, "graph_end: slot 2 is not being recorded");
+
+    /* graph_end of another slot: refused, the recording goes on, and is
+     * discarded at its own graph_end (an error was latched in it). */
+    float *buf = be->ops->alloc(be, BUF_FLOATS * sizeof(float));
+    if (!buf) {
+        check(0, "alloc");
+        be->ops->destroy(be);
+        return;
+    }
+    record_zero(be, 4, buf);
+    be->ops->graph_begin(be, 4);
+    be->ops->zero(be, buf, BUF_FLOATS);
+    be->ops->graph_end(be, 6);
+    check(be->ops != eager, "graph_end of another slot leaves the recording on");
+    be->ops->graph_end(be, 4);
+    check(be->ops == eager, "graph_end of the slot ends it");
+    check_latched(be, ML_ERR_INVALID_ARG, "graph_end: slot 6 is not being recorded");
+    be->ops->graph_replay(be, 4);
+    check_latched(be, ML_ERR_INVALID_ARG, "graph_replay: slot 4 holds no graph");
+
+    /* The first error wins. */
+    be->ops->graph_replay(be, 9);
+    be->ops->graph_begin(be, -5);
+    be->ops->graph_end(be, 1);
+    check_latched(be, ML_ERR_INVALID_ARG, "graph_replay: slot 9 holds no graph");
+
+    /* The eager table still works after all that, and a fresh recording too. */
+    set_buf(be, buf, 3.0f);
+    record_zero(be, 4, buf);
+    check(buf_is(be, buf, 3.0f), "recording did not run zero");
+    be->ops->graph_replay(be, 4);
+    check(buf_is(be, buf, 0.0f), "replay ran zero");
+    check_clean(be, "after the misuses");
+
+    /* Destroyed in the middle of a recording: nothing leaks (ASan). */
+    be->ops->graph_begin(be, 8);
+    be->ops->zero(be, buf, BUF_FLOATS);
+    be->ops->free(be, buf); /* refused: freed by hand below */
+    be->ops->graph_end(be, 8);
+    check_latched(be, ML_ERR_INVALID_ARG, "free: not allowed while recording graph slot 8");
+    be->ops->free(be, buf);
+    const ml_lora_segment seg = {.row_start = 0, .n_rows = 1, .rank = 1, .scale = 1.0f};
+    be->ops->graph_begin(be, 8);
+    be->ops->zero(be, NULL, 0);
+    be->ops->lora(be, NULL, NULL, &seg, 1, 1, 1, NULL, 1); /* recorded, never run */
+    be->ops->destroy(be);
+}
+
+/* ---- a tensor-parallel group ------------------------------------------------------ */
+
+#define TP_WORLD 2
+#define TP_ROWS 2
+#define TP_K 32
+#define TP_N 24
+#define TP_ARENA_BYTES ((size_t)64 << 10)
+#define TP_SLOT 11
+
+typedef struct tp_bufs {
+    arena a;
+    float *x;          /* (TP_ROWS, TP_K) */
+    uint16_t *w1;      /* (TP_N, TP_K): this rank's shard */
+    uint16_t *w2;      /* (TP_N, TP_N) */
+    uint16_t *norm_w;  /* (TP_N) */
+    float *y, *z, *y2; /* (TP_ROWS, TP_N) */
+    float *logits;     /* (TP_ROWS, TP_N) */
+    int32_t *next;     /* (TP_ROWS) */
+} tp_bufs;
+
+static void tp_bufs_init(tp_bufs *b, ml_backend *be)
+{
+    b->a = (arena){.base = be->ops->alloc(be, TP_ARENA_BYTES), .bytes = TP_ARENA_BYTES};
+    if (!b->a.base) {
+        fprintf(stderr, "backend alloc failed\n");
+        exit(1);
+    }
+    arena *a = &b->a;
+    b->x = carve(a, TP_ROWS * TP_K * sizeof(float));
+    b->w1 = carve(a, TP_N * TP_K * sizeof(uint16_t));
+    b->w2 = carve(a, TP_N * TP_N * sizeof(uint16_t));
+    b->norm_w = carve(a, TP_N * sizeof(uint16_t));
+    b->y = carve(a, TP_ROWS * TP_N * sizeof(float));
+    b->z = carve(a, TP_ROWS * TP_N * sizeof(float));
+    b->y2 = carve(a, TP_ROWS * TP_N * sizeof(float));
+    b->logits = carve(a, TP_ROWS * TP_N * sizeof(float));
+    b->next = carve(a, TP_ROWS * sizeof(int32_t));
+}
+
+static void tp_image(const tp_bufs *b, unsigned char *img, uint64_t seed, int rank)
+{
+    const arena *a = &b->a;
+    g_rng = 0x2545f4914f6cdd1dull * seed + (uint64_t)rank + 7;
+    memset(img, 0, a->bytes);
+    fill(host_of(a, img, b->x), TP_ROWS * TP_K);
+    fill_bf16(host_of(a, img, b->w1), TP_N * TP_K);
+    fill_bf16(host_of(a, img, b->w2), TP_N * TP_N);
+    fill_bf16(host_of(a, img, b->norm_w), TP_N);
+}
+
+/* A sharded block: two row-parallel matmuls, each followed by its sum over
+ * the group. */
+static void tp_step(ml_backend *be, const tp_bufs *b)
+{
+    const ml_backend_ops *o = be->ops;
+    o->matmul(be, b->y, b->x, b->w1, NULL, TP_ROWS, TP_K, TP_N, 0);
+    o->all_reduce_sum(be, b->y, TP_ROWS * TP_N);
+    o->rmsnorm(be, b->z, b->y, b->norm_w, TP_ROWS, TP_N, EPS);
+    o->matmul(be, b->y2, b->z, b->w2, NULL, TP_ROWS, TP_N, TP_N, 0);
+    o->all_reduce_sum(be, b->y2, TP_ROWS * TP_N);
+    o->matmul(be, b->logits, b->y2, b->w2, NULL, TP_ROWS, TP_N, TP_N, 0);
+    o->argmax(be, b->next, b->logits, TP_ROWS, TP_N);
+}
+
+typedef struct tp_member {
+    ml_backend *be;
+    const tp_bufs *b;
+    const unsigned char *in;
+    unsigned char *out;
+    int replay;
+} tp_member;
+
+static void *tp_thread(void *arg)
+{
+    tp_member *m = arg;
+    m->be->ops->upload(m->be, m->b->a.base, m->in, m->b->a.bytes);
+    if (m->replay)
+        m->be->ops->graph_replay(m->be, TP_SLOT);
+    else
+        tp_step(m->be, m->b);
+    m->be->ops->download(m->be, m->out, m->b->a.base, m->b->a.bytes);
+    return NULL;
+}
+
+/* Each member driven by its own thread, as the collective wants. */
+static void tp_run(tp_member *m)
+{
+    pthread_t th[TP_WORLD];
+    int started[TP_WORLD] = {0};
+    for (int r = 0; r < TP_WORLD; r++)
+        started[r] = pthread_create(&th[r], NULL, tp_thread, &m[r]) == 0;
+    for (int r = 0; r < TP_WORLD; r++) {
+        check(started[r], "thread %d started", r);
+        if (started[r])
+            pthread_join(th[r], NULL);
+    }
+}
+
+static void test_group(void)
+{
+    char err[ERRLEN];
+    ml_backend *be[TP_WORLD];
+    if (ml_backend_cpu_create_group(TP_WORLD, 1, be, err, sizeof err) != ML_OK) {
+        check(0, "cpu group: %s", err);
+        return;
+    }
+    tp_bufs b[TP_WORLD];
+    unsigned char *in[TP_WORLD], *rec[TP_WORLD], *got[TP_WORLD], *want[TP_WORLD];
+    for (int r = 0; r < TP_WORLD; r++) {
+        tp_bufs_init(&b[r], be[r]);
+        in[r] = xmalloc(TP_ARENA_BYTES);
+        rec[r] = xmalloc(TP_ARENA_BYTES);
+        got[r] = xmalloc(TP_ARENA_BYTES);
+        want[r] = xmalloc(TP_ARENA_BYTES);
+        tp_image(&b[r], rec[r], SEED_RECORD, r);
+        tp_image(&b[r], in[r], SEED_REPLAY, r);
+    }
+    /* Recorded one member after the other on this thread: a collective
+     * that ran while recording would wait forever for the other member. */
+    for (int r = 0; r < TP_WORLD; r++) {
+        be[r]->ops->upload(be[r], b[r].a.base, rec[r], TP_ARENA_BYTES);
+        be[r]->ops->graph_begin(be[r], TP_SLOT);
+        check(be[r]->ops->all_reduce_sum != NULL, "a member records all_reduce_sum");
+        tp_step(be[r], &b[r]);
+        be[r]->ops->graph_end(be[r], TP_SLOT);
+        be[r]->ops->download(be[r], got[r], b[r].a.base, TP_ARENA_BYTES);
+        check(memcmp(got[r], rec[r], TP_ARENA_BYTES) == 0, "rank %d: recording ran nothing", r);
+        check_clean(be[r], "group record");
+    }
+    tp_member m[TP_WORLD];
+    for (int r = 0; r < TP_WORLD; r++)
+        m[r] = (tp_member){.be = be[r], .b = &b[r], .in = in[r], .out = got[r], .replay = 1};
+    tp_run(m);
+    for (int r = 0; r < TP_WORLD; r++) {
+        m[r].out = want[r];
+        m[r].replay = 0;
+    }
+    tp_run(m);
+    for (int r = 0; r < TP_WORLD; r++) {
+        check(memcmp(got[r], want[r], TP_ARENA_BYTES) == 0, "rank %d: replay equals eager", r);
+        check_clean(be[r], "group replay");
+    }
+    /* The sums are the group's: every rank holds the same y and y2. */
+    const size_t y_off = (size_t)((char *)b[0].y - b[0].a.base);
+    const size_t y2_off = (size_t)((char *)b[0].y2 - b[0].a.base);
+    check(memcmp(got[0] + y_off, got[1] + y_off, TP_ROWS * TP_N * sizeof(float)) == 0 &&
+              memcmp(got[0] + y2_off, got[1] + y2_off, TP_ROWS * TP_N * sizeof(float)) == 0,
+          "every rank holds the all-reduced values");
+    for (int r = 0; r < TP_WORLD; r++) {
+        free(in[r]);
+        free(rec[r]);
+        free(got[r]);
+        free(want[r]);
+        be[r]->ops->free(be[r], b[r].a.base);
+        be[r]->ops->destroy(be[r]);
+    }
+}
+
+int main(void)
+{
+    test_replay();
+    test_misuse();
+    test_group();
+    return check_done();
+}
