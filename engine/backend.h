@@ -11,7 +11,8 @@
  * - Matrices are row-major. A Linear weight is (out_features, in_features),
  *   as PyTorch stores it, so matmul computes y = x · Wᵀ.
  * - Ops are asynchronous on devices: errors are latched and reported by
- *   `synchronize` (style.md "Errors"). The CPU backend is synchronous.
+ *   `synchronize` (style.md "Errors"). The CPU backend is synchronous, but
+ *   latches the misuse errors of the graph ops the same way.
  * - Ops never allocate; the caller owns all memory.
  * @locality: a backend is driven by one thread at a time (the step loop). */
 #ifndef ML_BACKEND_H
@@ -57,22 +58,38 @@ typedef struct ml_attn_causal_params {
     float scale;
 } ml_attn_causal_params;
 
-/* Cross-attention of text tokens over one sequence's resident vision K/V
- * (MllamaTextCrossSdpaAttention with _prepare_cross_attention_mask,
- * mllama-spec §5). The keys are the concatenation, in image order, of
- * n_images resident blocks (one per image, each max_tiles·chunk_len keys: a
- * tile's 1601 tokens are one chunk), so resident states are shared between
- * sequences without copying. allowed[t * n_images * max_tiles + c] says
- * whether token t may see chunk c. A token that may see no chunk attends to
- * every key unmasked, as HF does (its additive mask row is zeroed by
- * full_text_row_mask). */
+/* Cross-attention of a batch's text tokens over each sequence's resident
+ * vision K/V (MllamaTextCrossSdpaAttention with
+ * _prepare_cross_attention_mask, mllama-spec §5), one call for every
+ * sequence of a step. Sequence s owns the token rows [seq_start[s],
+ * seq_start[s + 1]) of q and out, and its keys are the concatenation, in
+ * image order, of its n_images[s] resident image states (each
+ * max_tiles·chunk_len keys: a tile's 1601 tokens are one chunk), so states
+ * are shared between sequences without copying. A state is one backend
+ * allocation holding every cross layer's K and V planes; the call reads the
+ * planes at k_offset and v_offset bytes from each state's base.
+ * allowed[t * max_images * max_tiles + i * max_tiles + c] says whether token
+ * t may see tile c of its sequence's image i; entries past the sequence's
+ * images are ignored. A token that may see no chunk attends to every key
+ * of its sequence unmasked, as HF does (its additive mask row is zeroed by
+ * full_text_row_mask). Rows of a sequence with n_images[s] == 0 (text only)
+ * get out = 0 exactly; rows in no sequence are not written.
+ * Everything behind a pointer is backend memory read when the op runs, not
+ * when it is issued, and the work a backend queues depends only on the
+ * scalar fields: a recorded call (graph_begin) replays correctly for new
+ * contents of the same buffers (other images, lengths, masks). */
 typedef struct ml_attn_cross_params {
-    float *out;               /* (n_tokens, n_heads, head_dim) */
-    const float *q;           /* (n_tokens, n_heads, head_dim), q_norm applied */
-    const void *const *k;     /* n_images × (max_tiles * chunk_len, n_kv_heads, head_dim), k_norm applied, kv type */
-    const void *const *v;     /* same layout */
-    const uint8_t *allowed;   /* (n_tokens, n_images * max_tiles) */
-    int n_tokens, n_images, max_tiles, chunk_len;
+    float *out;                /* (n_tokens, n_heads, head_dim) */
+    const float *q;            /* (n_tokens, n_heads, head_dim), q_norm applied */
+    const void *const *states; /* (n_seqs, max_images): base pointers of each sequence's image
+                                  states in image order; entries past n_images[s] are ignored */
+    size_t k_offset, v_offset; /* bytes from a state's base to this layer's K and V planes,
+                                  each (max_tiles * chunk_len, n_kv_heads, head_dim) in the
+                                  kv type, k_norm applied */
+    const int32_t *n_images;   /* (n_seqs): 0 .. max_images; 0 = text only */
+    const int32_t *seq_start;  /* (n_seqs + 1): non-decreasing, within [0, n_tokens] */
+    const uint8_t *allowed;    /* (n_tokens, max_images * max_tiles) */
+    int n_seqs, n_tokens, max_images, max_tiles, chunk_len;
     int n_heads, n_kv_heads, head_dim;
     float scale;
 } ml_attn_cross_params;
@@ -87,6 +104,10 @@ typedef struct ml_lora_segment {
     const uint16_t *a;    /* (rank, K) bf16, backend memory */
     const uint16_t *b;    /* (N, rank) bf16, backend memory */
 } ml_lora_segment;
+
+/* Graph slots of a backend with the graph ops (n_graph_slots of the CPU and
+ * CUDA backends): one per decode batch-size bucket. */
+#define ML_GRAPH_SLOTS 64
 
 typedef struct ml_backend_ops {
     const char *name;
@@ -164,7 +185,9 @@ typedef struct ml_backend_ops {
     void (*attn_causal)(ml_backend *be, const ml_attn_causal_params *p);
     void (*attn_cross)(ml_backend *be, const ml_attn_cross_params *p);
     /* Write n_tokens of K and V (n_tokens, n_kv_heads, head_dim) f32 into the
-     * paged caches at the slots slot[t] = block * block_size + offset. */
+     * paged caches at the slots slot[t] = block * block_size + offset. A
+     * negative slot marks a padding row of a fixed-shape (graph) batch:
+     * nothing is written for it (vLLM's PAD_SLOT_ID). */
     void (*kv_write)(ml_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                      const int32_t *slot, int n_tokens, int n_kv_heads, int head_dim);
     /* Convert f32 (n, dim) into the kv type (resident cross-attention K/V). */
@@ -182,14 +205,20 @@ typedef struct ml_backend_ops {
      * each from the thread that drives it; it is queued like any op. */
     void (*all_reduce_sum)(ml_backend *be, float *x, size_t n);
     /* Recorded op sequences (CUDA graphs), to launch a decode step's ~10^3
-     * kernels at once. graph_begin(slot) starts recording: ops issued until
-     * graph_end(slot) are recorded, not run, and graph_end stores them in
-     * slot (0 .. n_graph_slots-1), replacing what it held. graph_replay(slot)
-     * queues the recorded ops again with the arguments they had when
-     * recorded: pointers and scalars are fixed, device memory is read when
-     * the replay runs (so per-step inputs are uploaded before the replay to
-     * the same buffers). alloc, free, weight, upload, download and
-     * synchronize are not allowed while recording (a latched error). */
+     * kernels at once; the CPU backend records and replays the same calls,
+     * so that the recording logic runs without a GPU. graph_begin(slot)
+     * starts recording: ops issued until graph_end(slot) are recorded, not
+     * run, and graph_end stores them in slot (0 .. n_graph_slots-1),
+     * replacing what it held. graph_replay(slot) queues the recorded ops
+     * again with the arguments they had when recorded: pointers and scalars
+     * are fixed (host arrays such as lora's segs are copied when recorded),
+     * device memory is read when the replay runs (so per-step inputs are
+     * uploaded before the replay to the same buffers). alloc, free, weight,
+     * upload, download, synchronize, graph_begin and graph_replay are not
+     * allowed while recording; nor are a slot outside the range, graph_end
+     * of a slot not being recorded, or the replay of a slot that holds no
+     * graph. Each is a latched error and does nothing else. A recording
+     * during which an error is latched leaves its slot empty. */
     void (*graph_begin)(ml_backend *be, int slot);
     void (*graph_end)(ml_backend *be, int slot);
     void (*graph_replay)(ml_backend *be, int slot);

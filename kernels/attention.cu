@@ -10,10 +10,13 @@
  *   and sequences with more rows stride their row blocks over the same
  *   CTAs. Nothing here reads the lengths, so a decode step can be recorded
  *   in a graph and replayed at growing positions.
- * - attn_cross: the SIMT kernel, keys split over CTAs when the call has
- *   few rows (a decode token over an image's 6404 keys).
- * Unsupported shapes (head_dim not a multiple of 8 or above 256, more
- * than MLK_MAX_CROSS_IMAGES images) latch ML_ERR_UNSUPPORTED.
+ * - attn_cross: the SIMT kernel over every sequence of the step at once,
+ *   the same way: image counts, token ranges and state pointers live in
+ *   device memory, and the shape comes from the call's scalars. A step of
+ *   about one token per sequence (decode) splits each sequence's keys (a
+ *   token over an image's 6404) over CTAs; longer ones stride row blocks.
+ * Unsupported shapes (head_dim not a multiple of 8 or above 256) latch
+ * ML_ERR_UNSUPPORTED.
  * Compiled, not yet run on a GPU. */
 #include <cstring>
 
@@ -26,6 +29,8 @@
 #define MAX_SPLITS 64
 #define MIN_TILES_PER_SPLIT 4
 #define KEY_TILE_KEYS 32
+/* Alignment of the cross-attention K/V planes: one 16-byte load of 8 bf16. */
+#define KV_LOAD_ALIGN 16
 #define VISION_ROWS MLK_ATTN_SIMT_MAX_ROWS
 /* The SIMT kernel's rows per CTA in its many-rows shape. */
 #define SIMT_CTA_ROWS(rows_per_warp) (4 * (rows_per_warp))
@@ -141,14 +146,16 @@ void mlk_attn_cross(ml_backend *be, const ml_attn_cross_params *p)
 {
     mlk_backend *b = mlk_of(be);
     const char *op = "attn_cross";
-    if (p->n_tokens <= 0 || mlk_enter(b) ||
+    if (p->n_seqs <= 0 || p->n_tokens <= 0 || mlk_enter(b) ||
         check_heads(b, op, p->n_heads, p->n_kv_heads, p->head_dim))
         return;
-    if (p->n_images < 1 || p->n_images > MLK_MAX_CROSS_IMAGES || p->max_tiles < 1 ||
-        p->chunk_len < 1) {
-        mlk_latch(b, p->n_images > MLK_MAX_CROSS_IMAGES ? ML_ERR_UNSUPPORTED : ML_ERR_INVALID_ARG,
-                  op, "%d images (1..%d) of %d tiles of %d keys", p->n_images,
-                  MLK_MAX_CROSS_IMAGES, p->max_tiles, p->chunk_len);
+    /* Planes at 16-byte multiples keep the kernel's 16-byte K loads aligned. */
+    if (p->max_images < 0 || p->max_tiles < 1 || p->chunk_len < 1 ||
+        p->k_offset % KV_LOAD_ALIGN != 0 || p->v_offset % KV_LOAD_ALIGN != 0) {
+        mlk_latch(b, ML_ERR_INVALID_ARG, op,
+                  "%d images of %d tiles of %d keys, K at +%zu, V at +%zu (multiples of %d)",
+                  p->max_images, p->max_tiles, p->chunk_len, p->k_offset, p->v_offset,
+                  KV_LOAD_ALIGN);
         return;
     }
     mlk_attn_args a;
@@ -156,39 +163,43 @@ void mlk_attn_cross(ml_backend *be, const ml_attn_cross_params *p)
     a.kind = MLK_ATTN_CROSS;
     a.out = p->out;
     a.q = p->q;
+    a.states = p->states;
+    a.k_offset = p->k_offset;
+    a.v_offset = p->v_offset;
+    a.n_images = p->n_images;
+    a.seq_start = p->seq_start;
     a.allowed = p->allowed;
-    a.n_seqs = 1;
-    a.n_tokens = p->n_tokens;
-    a.n_chunks = p->n_images * p->max_tiles;
+    a.n_seqs = p->n_seqs;
+    a.max_images = p->max_images;
+    a.max_tiles = p->max_tiles;
+    a.n_chunks = p->max_images * p->max_tiles;
     a.chunk_len = p->chunk_len;
     a.image_keys = p->max_tiles * p->chunk_len;
-    for (int i = 0; i < p->n_images; i++) {
-        a.k_img[i] = p->k[i];
-        a.v_img[i] = p->v[i];
-    }
     a.n_heads = p->n_heads;
     a.n_kv_heads = p->n_kv_heads;
     a.group = p->n_heads / p->n_kv_heads;
     a.head_dim = p->head_dim;
     a.scale = p->scale;
-    const int rows = p->n_tokens * a.group;
+    /* The average sequence's rows choose the warp shape: one token's GQA
+     * group in a decode step, many rows in a prefill. */
+    const int rows = (p->n_tokens + p->n_seqs - 1) / p->n_seqs * a.group;
     const int rpw = rows_per_warp(rows);
-    if (rows > rpw) { /* prefill: one CTA per block of rows */
-        const int cta_rows = SIMT_CTA_ROWS(rpw);
-        mlk_attn_simt(b, &a, rpw, (rows + cta_rows - 1) / cta_rows, op);
-        return;
-    }
-    /* Decode: split the keys over enough CTAs to fill the GPU. */
-    const int tiles = (a.n_chunks * a.chunk_len + KEY_TILE_KEYS - 1) / KEY_TILE_KEYS;
-    int z = (CTAS_PER_SM * b->sm_count + p->n_kv_heads - 1) / p->n_kv_heads;
-    if (z > tiles / MIN_TILES_PER_SPLIT)
-        z = tiles / MIN_TILES_PER_SPLIT;
-    z = fit_splits(z < MAX_SPLITS ? z : MAX_SPLITS, 1, p->n_kv_heads, rpw, p->head_dim);
-    if (z >= 2) {
-        a.split = 1;
-        a.partial = b->attn_ws;
-    } else {
-        z = 1;
+    const int pairs = p->n_seqs * p->n_kv_heads;
+    int z = (CTAS_PER_SM * b->sm_count + pairs - 1) / pairs;
+    z = z < 1 ? 1 : z > MAX_SPLITS ? MAX_SPLITS : z;
+    if (rows <= rpw) {
+        /* Decode: split each sequence's keys over the z CTAs, no more of
+         * them than the longest key list (max_images images) fills. */
+        const int tiles = (p->max_images * a.image_keys + KEY_TILE_KEYS - 1) / KEY_TILE_KEYS;
+        if (z > tiles / MIN_TILES_PER_SPLIT)
+            z = tiles / MIN_TILES_PER_SPLIT;
+        z = fit_splits(z, p->n_seqs, p->n_kv_heads, rpw, p->head_dim);
+        if (z >= 2) {
+            a.split = 1;
+            a.partial = b->attn_ws;
+        } else {
+            z = 1;
+        }
     }
     mlk_attn_simt(b, &a, rpw, z, op);
 }

@@ -18,8 +18,9 @@ enum mlk_attn_kind {
     MLK_ATTN_CROSS,
 };
 
-/* Passed by value (__grid_constant__), so the cross-attention image
- * pointers need no device copy and the launch can be recorded in a graph. */
+/* Passed by value (__grid_constant__). Only scalars and pointers live
+ * here; every per-step value (lengths, images, masks) is read from device
+ * memory by the kernels, so a recorded launch replays for new steps. */
 typedef struct mlk_attn_args {
     int kind;
     float *out;              /* (tokens, n_heads, head_dim) */
@@ -30,14 +31,19 @@ typedef struct mlk_attn_args {
     /* vision */
     const uint8_t *valid;    /* (n_seqs, seq_len) */
     int seq_len;
+    /* causal, cross */
+    const int32_t *seq_start; /* (n_seqs + 1): token rows of each sequence */
     /* causal */
-    const int32_t *block_table, *seq_start, *pos0;
+    const int32_t *block_table, *pos0;
     int max_blocks, block_size;
-    /* cross (n_seqs = 1): image i's keys at k_img[i], image_keys rows each */
-    const uint8_t *allowed;  /* (n_tokens, n_chunks) */
-    int n_tokens, n_chunks, chunk_len, image_keys;
-    const void *k_img[MLK_MAX_CROSS_IMAGES];
-    const void *v_img[MLK_MAX_CROSS_IMAGES];
+    /* cross: image i of sequence s has its bf16 keys (image_keys, n_kv_heads,
+     * head_dim) k_offset bytes into states[s * max_images + i], its values
+     * v_offset bytes into it */
+    const void *const *states; /* (n_seqs, max_images) */
+    size_t k_offset, v_offset;
+    const int32_t *n_images;   /* (n_seqs) */
+    const uint8_t *allowed;    /* (tokens, n_chunks = max_images · max_tiles) */
+    int max_images, max_tiles, n_chunks, chunk_len, image_keys;
     /* Launch shape: gridDim.z CTAs per (kv head, sequence). A sequence
      * with more row blocks than that strides over them; with split set, a
      * sequence of a single row block instead splits its keys over the z

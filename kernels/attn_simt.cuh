@@ -47,8 +47,7 @@ static __device__ __forceinline__ int seq_tokens(const mlk_attn_args &a, int s)
 {
     switch (a.kind) {
     case MLK_ATTN_VISION: return a.seq_len;
-    case MLK_ATTN_CAUSAL: return a.seq_start[s + 1] - a.seq_start[s];
-    default: return a.n_tokens;
+    default: return a.seq_start[s + 1] - a.seq_start[s];
     }
 }
 
@@ -57,8 +56,7 @@ static __device__ __forceinline__ int seq_first(const mlk_attn_args &a, int s)
 {
     switch (a.kind) {
     case MLK_ATTN_VISION: return s * a.seq_len;
-    case MLK_ATTN_CAUSAL: return a.seq_start[s];
-    default: return 0;
+    default: return a.seq_start[s];
     }
 }
 
@@ -84,9 +82,9 @@ static __device__ __forceinline__ void kv_rows(const mlk_attn_args &a, int s, in
         break;
     }
     default: {
-        const int img = key / a.image_keys;
-        kb = (const char *)a.k_img[img];
-        vb = (const char *)a.v_img[img];
+        const char *state = (const char *)a.states[(size_t)s * a.max_images + key / a.image_keys];
+        kb = state + a.k_offset;
+        vb = state + a.v_offset;
         row = (size_t)(key % a.image_keys);
         elem = sizeof(uint16_t);
         break;
@@ -171,7 +169,7 @@ __device__ void attend_block(const mlk_attn_args &a, int s, int kvh, int rows_to
     switch (a.kind) {
     case MLK_ATTN_VISION: n_keys = a.seq_len; break;
     case MLK_ATTN_CAUSAL: n_keys = a.pos0[s] + last_row / group + 1; break;
-    default: n_keys = a.n_chunks * a.chunk_len; break;
+    default: n_keys = a.n_images[s] * a.image_keys; break; /* 0: text only */
     }
     const int tiles = (n_keys + KEY_TILE - 1) / KEY_TILE;
     const int per_split = (tiles + n_splits - 1) / n_splits;
@@ -192,9 +190,10 @@ __device__ void attend_block(const mlk_attn_args &a, int s, int kvh, int rows_to
             q_invalid |= 1u << i;
         if (a.kind == MLK_ATTN_CROSS) {
             /* full_text_row_mask: a row that may see no chunk sees every key. */
+            const int chunks = n_keys / a.chunk_len;
             int any = 0;
-            for (int c = lane; c < a.n_chunks; c += 32)
-                any |= a.allowed[(size_t)tok[i] * a.n_chunks + c];
+            for (int c = lane; c < chunks; c += 32)
+                any |= a.allowed[(size_t)(first + tok[i]) * a.n_chunks + c];
             if (!__any_sync(0xffffffffu, any))
                 sees_all |= 1u << i;
         }
@@ -252,7 +251,7 @@ __device__ void attend_block(const mlk_attn_args &a, int s, int kvh, int rows_to
                 ok = ok && key <= causal_base + tok[i];
             else
                 ok = ok && ((sees_all >> i & 1u) ||
-                            a.allowed[(size_t)tok[i] * a.n_chunks + chunk]);
+                            a.allowed[(size_t)(first + tok[i]) * a.n_chunks + chunk]);
             const float x = ok ? sc[i] * a.scale : -INFINITY;
             const float mx = fmaxf(m[i], mlk_warp_max(x));
             const float sh = mx == -INFINITY ? 0.0f : mx;
@@ -306,9 +305,9 @@ __device__ void attend_block(const mlk_attn_args &a, int s, int kvh, int rows_to
             const int head = kvh * group + row % group;
             float *out = a.out + ((size_t)(first + tok[i]) * a.n_heads + head) * HD;
 #pragma unroll
-            for (int c = 0; c < HDC; c++)
+            for (int c = 0; c < HDC; c++) /* no key at all (text-only cross rows): 0, not 0/0 */
                 if (lane + 32 * c < HD)
-                    out[lane + 32 * c] = o[i][c] / l[i];
+                    out[lane + 32 * c] = n_keys > 0 ? o[i][c] / l[i] : 0.0f;
         }
         return;
     }
@@ -349,9 +348,10 @@ __device__ void attend_block(const mlk_attn_args &a, int s, int kvh, int rows_to
         if (to_partial) {
             dst = a.partial +
                   ((((size_t)s * a.n_kv_heads + kvh) * n_splits + split) * R + i) * (HD + 2);
-            if (lane == 0) {
-                dst[0] = mx;
-                dst[1] = lsum;
+            if (lane == 0) { /* no key at all (text-only cross rows): a zero output of weight
+                                1, which attn_combine_kernel turns into exactly 0 */
+                dst[0] = n_keys > 0 ? mx : 0.0f;
+                dst[1] = n_keys > 0 ? lsum : 1.0f;
             }
             dst += 2;
         } else {
@@ -361,7 +361,7 @@ __device__ void attend_block(const mlk_attn_args &a, int s, int kvh, int rows_to
             float acc = 0.0f;
             for (int w = 0; w < SIMT_WARPS; w++)
                 acc += mg[((size_t)w * R + i) * (HD + 2) + 2 + d] * wt[w];
-            dst[d] = to_partial ? acc : acc / lsum;
+            dst[d] = to_partial ? acc : n_keys > 0 ? acc / lsum : 0.0f;
         }
     }
 }

@@ -20,6 +20,7 @@
  * query sees every key and an invalid one the valid keys, which the graph
  * guarantees exist; a causal row sees itself; a cross row sees its chunks
  * or, seeing none, all keys unmasked as HF's full_text_row_mask makes it).
+ * The one row without any key, a cross row of a text-only sequence, is 0.
  *
  * Threads take items cyclically (item t, t+T, ...), which balances the
  * causal triangle; each item's result does not depend on the thread count. */
@@ -51,13 +52,18 @@ typedef struct attn_job {
     /* vision */
     const uint8_t *valid; /* (n_seqs, seq_len) */
     int seq_len;
+    /* causal, cross */
+    const int32_t *seq_start;
     /* causal */
-    const int32_t *block_table, *seq_start, *pos0;
+    const int32_t *block_table, *pos0;
     int max_blocks, block_size;
-    /* cross: image i's keys are k_img[i] (image_keys, n_kv_heads, head_dim) */
-    const float *const *k_img, *const *v_img;
-    const uint8_t *allowed; /* (n_tokens, n_chunks) */
-    int n_tokens, n_chunks, chunk_len, image_keys;
+    /* cross: image i of sequence s has its keys (image_keys, n_kv_heads,
+     * head_dim) k_offset bytes into states[s * max_images + i] */
+    const void *const *states;
+    size_t k_offset, v_offset;
+    const int32_t *n_images; /* (n_seqs) */
+    const uint8_t *allowed;  /* (tokens, n_chunks) */
+    int max_images, max_tiles, n_chunks, chunk_len, image_keys;
 
     const ml_cpu_backend *cb;
     int n_threads; /* threads sharing the items */
@@ -93,8 +99,8 @@ static int seq_tokens(const attn_job *j, int s)
 {
     switch (j->kind) {
     case ATTN_VISION: return j->seq_len;
-    case ATTN_CAUSAL: return j->seq_start[s + 1] - j->seq_start[s];
-    case ATTN_CROSS: return j->n_tokens;
+    case ATTN_CAUSAL:
+    case ATTN_CROSS: return j->seq_start[s + 1] - j->seq_start[s];
     }
     return 0;
 }
@@ -104,8 +110,8 @@ static int seq_first_token(const attn_job *j, int s)
 {
     switch (j->kind) {
     case ATTN_VISION: return s * j->seq_len;
-    case ATTN_CAUSAL: return j->seq_start[s];
-    case ATTN_CROSS: return 0;
+    case ATTN_CAUSAL:
+    case ATTN_CROSS: return j->seq_start[s];
     }
     return 0;
 }
@@ -140,9 +146,10 @@ static int key_block(const attn_job *j, int s, int kvh, int kb, int n_keys, floa
     }
     case ATTN_CROSS: {
         const int img = kb / j->image_keys, first = kb % j->image_keys;
+        const char *state = j->states[(size_t)s * j->max_images + (size_t)img];
         const size_t off = ((size_t)first * n_kv + (size_t)kvh) * hd;
-        *k = j->k_img[img] + off;
-        *v = j->v_img[img] + off;
+        *k = (const float *)(state + j->k_offset) + off;
+        *v = (const float *)(state + j->v_offset) + off;
         *ld = n_kv * hd;
         return imin(nk, j->image_keys - first);
     }
@@ -244,17 +251,19 @@ static int item_columns(const attn_job *j, int s, int r0, int nq, attn_cols *col
         }
         return n_keys;
     }
-    case ATTN_CROSS:
+    case ATTN_CROSS: {
+        const int chunks = j->n_images[s] * j->max_tiles, tok0 = seq_first_token(j, s);
         for (int c = 0; c < nq; c++) {
-            const uint8_t *row = j->allowed + (size_t)((r0 + c) / j->group) * j->n_chunks;
+            const uint8_t *row = j->allowed + (size_t)(tok0 + (r0 + c) / j->group) * j->n_chunks;
             int seen = 0;
-            for (int ch = 0; ch < j->n_chunks; ch++)
+            for (int ch = 0; ch < chunks; ch++)
                 seen += row[ch] != 0;
             /* None allowed: HF zeroes the whole additive row (full_text_row_mask).
              * All allowed: nothing to mask. */
-            cols->chunks[c] = seen == 0 || seen == j->n_chunks ? NULL : row;
+            cols->chunks[c] = seen == 0 || seen == chunks ? NULL : row;
         }
-        return j->n_chunks * j->chunk_len;
+        return chunks * j->chunk_len;
+    }
     }
     return 0;
 }
@@ -316,8 +325,8 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
         const int r = r0 + c;
         const int head = cur->kv_head * group + r % group;
         float *out = j->out + ((size_t)(tok0 + r / group) * j->n_heads + (size_t)head) * hd;
-        for (int d = 0; d < hd; d++)
-            out[d] = o[(size_t)c * hd + d] / l[c];
+        for (int d = 0; d < hd; d++) /* no key at all (text-only cross rows): 0, not 0/0 */
+            out[d] = n_keys > 0 ? o[(size_t)c * hd + d] / l[c] : 0.0f;
     }
 }
 
@@ -348,7 +357,7 @@ static void run(ml_backend *be, attn_job *j)
         work += 2.0 * seq_tokens(j, s) * j->n_heads * (double)j->head_dim *
                 (j->kind == ATTN_CAUSAL ? j->pos0[s] + seq_tokens(j, s)
                  : j->kind == ATTN_VISION ? j->seq_len
-                                          : (double)j->n_chunks * j->chunk_len);
+                                          : (double)j->n_images[s] * j->image_keys);
     }
     if (items == 0)
         return;
@@ -394,12 +403,18 @@ void ml_cpu_attn_causal(ml_backend *be, const ml_attn_causal_params *p)
 
 void ml_cpu_attn_cross(ml_backend *be, const ml_attn_cross_params *p)
 {
-    assert(p->n_images >= 1 && p->max_tiles >= 1 && p->chunk_len >= 1);
-    attn_job j = {.kind = ATTN_CROSS, .out = p->out, .q = p->q,
-                  .k_img = (const float *const *)p->k, .v_img = (const float *const *)p->v,
-                  .n_seqs = 1, .n_heads = p->n_heads, .n_kv_heads = p->n_kv_heads,
-                  .head_dim = p->head_dim, .scale = p->scale, .allowed = p->allowed,
-                  .n_tokens = p->n_tokens, .n_chunks = p->n_images * p->max_tiles,
-                  .chunk_len = p->chunk_len, .image_keys = p->max_tiles * p->chunk_len};
+    assert(p->max_images >= 0 && p->max_tiles >= 1 && p->chunk_len >= 1);
+    for (int s = 0; s < p->n_seqs; s++) {
+        assert(p->n_images[s] >= 0 && p->n_images[s] <= p->max_images);
+        assert(p->seq_start[s] >= 0 && p->seq_start[s + 1] >= p->seq_start[s] &&
+               p->seq_start[s + 1] <= p->n_tokens);
+    }
+    attn_job j = {.kind = ATTN_CROSS, .out = p->out, .q = p->q, .n_seqs = p->n_seqs,
+                  .n_heads = p->n_heads, .n_kv_heads = p->n_kv_heads, .head_dim = p->head_dim,
+                  .scale = p->scale, .seq_start = p->seq_start, .states = p->states,
+                  .k_offset = p->k_offset, .v_offset = p->v_offset, .n_images = p->n_images,
+                  .allowed = p->allowed, .max_images = p->max_images, .max_tiles = p->max_tiles,
+                  .n_chunks = p->max_images * p->max_tiles, .chunk_len = p->chunk_len,
+                  .image_keys = p->max_tiles * p->chunk_len};
     run(be, &j);
 }

@@ -342,7 +342,8 @@ void ml_cpu_kv_write(ml_backend *be, void *k_cache, void *v_cache, const float *
     const size_t row = (size_t)n_kv_heads * head_dim;
     float *kc = k_cache, *vc = v_cache;
     for (int t = 0; t < n_tokens; t++) {
-        assert(slot[t] >= 0);
+        if (slot[t] < 0) /* a padding row */
+            continue;
         memcpy(kc + (size_t)slot[t] * row, k + (size_t)t * row, row * sizeof *kc);
         memcpy(vc + (size_t)slot[t] * row, v + (size_t)t * row, row * sizeof *vc);
     }

@@ -482,6 +482,18 @@ static void test_elementwise(ml_backend *be)
               !memcmp(vc + slot[t] * KVH * HD, v + t * KVH * HD, KVH * HD * sizeof(float));
     ok &= kc[1 * KVH * HD] == 0.0f && vc[19 * KVH * HD] == 0.0f;
     check(ok, "kv_write");
+    /* Negative slots are padding rows: only the real rows land. */
+    float kc2[SLOTS * KVH * HD], vc2[SLOTS * KVH * HD];
+    memcpy(kc2, kc, sizeof kc2);
+    memcpy(vc2, vc, sizeof vc2);
+    int32_t padded[T] = {-1, 5, -1, 12};
+    o->kv_write(be, kc, vc, v, k, padded, T, KVH, HD);
+    memcpy(kc2 + 5 * KVH * HD, v + 1 * KVH * HD, KVH * HD * sizeof(float));
+    memcpy(vc2 + 5 * KVH * HD, k + 1 * KVH * HD, KVH * HD * sizeof(float));
+    memcpy(kc2 + 12 * KVH * HD, v + 3 * KVH * HD, KVH * HD * sizeof(float));
+    memcpy(vc2 + 12 * KVH * HD, k + 3 * KVH * HD, KVH * HD * sizeof(float));
+    check(!memcmp(kc, kc2, sizeof kc2) && !memcmp(vc, vc2, sizeof vc2),
+          "kv_write skips negative (padding) slots");
     o->kv_store(be, kc, k, T * KVH * HD);
     check(!memcmp(kc, k, sizeof k), "kv_store");
 }
@@ -729,26 +741,55 @@ static void test_attn_causal(ml_backend *be[N_BACKENDS])
 
 /* ---- attention: cross ------------------------------------------------------------------- */
 
-static void test_attn_cross_case(ml_backend *be[N_BACKENDS], int n_heads, int n_kv, int hd,
-                                 int n_images, int max_tiles, int chunk_len)
+/* One step of CROSS_SEQS sequences: a text-only one, one with an image,
+ * one with two and one that shares an image with the previous sequence
+ * (resident states are shared, not copied); max_images is one more than any
+ * sequence uses, so every row and state table has padding. Each image's
+ * state holds two layers' K and V planes and the call reads layer 1. Rows
+ * cycle through: no chunk allowed (every key), every chunk, random chunks;
+ * the mask columns past a sequence's images are garbage (1) and must be
+ * ignored. */
+#define CROSS_SEQS 4
+#define CROSS_MAX_IMAGES 3
+#define CROSS_STATES 4
+#define CROSS_LAYERS 2
+
+static void test_attn_cross_case(ml_backend *be[N_BACKENDS], const int n_tok[CROSS_SEQS],
+                                 int n_heads, int n_kv, int hd, int max_tiles, int chunk_len)
 {
-    enum { T = 9 };
-    const int n_chunks = n_images * max_tiles, image_keys = max_tiles * chunk_len;
-    const int n_keys = n_images * image_keys;
-    float **kimg = xmalloc((size_t)n_images * sizeof *kimg), **vimg = xmalloc((size_t)n_images * sizeof *vimg);
-    for (int i = 0; i < n_images; i++) {
-        kimg[i] = xmalloc((size_t)image_keys * n_kv * hd * sizeof(float));
-        vimg[i] = xmalloc((size_t)image_keys * n_kv * hd * sizeof(float));
-        fill(kimg[i], (size_t)image_keys * n_kv * hd, -1, 1);
-        fill(vimg[i], (size_t)image_keys * n_kv * hd, -1, 1);
+    /* state_of[s][i]: which of the CROSS_STATES images is image i of sequence s */
+    static const int n_img[CROSS_SEQS] = {1, 0, 2, 2};
+    static const int state_of[CROSS_SEQS][CROSS_MAX_IMAGES] = {{0}, {0}, {1, 2}, {2, 3}};
+    const int image_keys = max_tiles * chunk_len, stride = CROSS_MAX_IMAGES * max_tiles;
+    const size_t plane = (size_t)image_keys * n_kv * hd;
+    const size_t plane_bytes = plane * sizeof(float);
+
+    float *states[CROSS_STATES];
+    for (int i = 0; i < CROSS_STATES; i++) {
+        states[i] = xmalloc(2 * CROSS_LAYERS * plane_bytes);
+        fill(states[i], 2 * CROSS_LAYERS * plane, -1, 1);
     }
-    uint8_t *allowed = xmalloc((size_t)T * n_chunks);
-    for (int t = 0; t < T; t++)
-        for (int c = 0; c < n_chunks; c++)
-            allowed[t * n_chunks + c] = t < 2   ? 0                 /* sees nothing: all keys */
-                                        : t == 2 ? 1                 /* sees everything */
-                                        : t < 6  ? c < max_tiles - 1 /* first image, not its last tile */
-                                                 : c >= max_tiles;   /* the second image only */
+    const size_t k_offset = 2 * plane_bytes, v_offset = 3 * plane_bytes; /* layer 1 */
+    const void *table[CROSS_SEQS * CROSS_MAX_IMAGES];
+    int32_t n_images[CROSS_SEQS], seq_start[CROSS_SEQS + 1] = {0};
+    for (int s = 0; s < CROSS_SEQS; s++) {
+        n_images[s] = n_img[s];
+        seq_start[s + 1] = seq_start[s] + n_tok[s];
+        for (int i = 0; i < CROSS_MAX_IMAGES; i++) /* padding entries: a pointer never read */
+            table[s * CROSS_MAX_IMAGES + i] = i < n_img[s] ? states[state_of[s][i]] : (void *)-1;
+    }
+    const int T = seq_start[CROSS_SEQS];
+    uint8_t *allowed = xmalloc((size_t)T * stride);
+    for (int s = 0; s < CROSS_SEQS; s++) {
+        for (int t = seq_start[s]; t < seq_start[s + 1]; t++) {
+            const int real = n_img[s] * max_tiles;
+            for (int c = 0; c < stride; c++)
+                allowed[(size_t)t * stride + c] = c >= real ? 1 /* ignored */
+                                                  : t % 3 == 0 ? 0
+                                                  : t % 3 == 1 ? 1
+                                                               : urand() < 0.5;
+        }
+    }
     const size_t n = (size_t)T * n_heads * hd;
     float *q = xmalloc(n * sizeof *q), *out[N_BACKENDS];
     double *want = xmalloc(n * sizeof *want), *bound = xmalloc(n * sizeof *bound);
@@ -756,44 +797,61 @@ static void test_attn_cross_case(ml_backend *be[N_BACKENDS], int n_heads, int n_
     const float scale = 1.0f / sqrtf((float)hd);
     const int group = n_heads / n_kv;
 
-    const float **kr = xmalloc((size_t)n_keys * sizeof *kr), **vr = xmalloc((size_t)n_keys * sizeof *vr);
-    uint8_t *see = xmalloc((size_t)n_keys);
-    for (int h = 0; h < n_heads; h++) {
-        for (int j = 0; j < n_keys; j++) {
-            size_t off = ((size_t)(j % image_keys) * n_kv + h / group) * hd;
-            kr[j] = kimg[j / image_keys] + off;
-            vr[j] = vimg[j / image_keys] + off;
-        }
-        for (int t = 0; t < T; t++) {
-            int any = 0;
-            for (int j = 0; j < n_keys; j++)
-                any |= see[j] = allowed[t * n_chunks + j / chunk_len];
-            const size_t at = ((size_t)t * n_heads + h) * hd;
-            ref_attend(q + at, kr, vr, any ? see : NULL, n_keys, hd, scale, want + at, bound + at);
+    const int max_keys = CROSS_MAX_IMAGES * image_keys;
+    const float **kr = xmalloc((size_t)max_keys * sizeof *kr);
+    const float **vr = xmalloc((size_t)max_keys * sizeof *vr);
+    uint8_t *see = xmalloc((size_t)max_keys);
+    for (int s = 0; s < CROSS_SEQS; s++) {
+        const int n_keys = n_img[s] * image_keys;
+        for (int h = 0; h < n_heads; h++) {
+            for (int j = 0; j < n_keys; j++) {
+                const char *state = (const char *)states[state_of[s][j / image_keys]];
+                const size_t off = ((size_t)(j % image_keys) * n_kv + h / group) * hd;
+                kr[j] = (const float *)(state + k_offset) + off;
+                vr[j] = (const float *)(state + v_offset) + off;
+            }
+            for (int t = seq_start[s]; t < seq_start[s + 1]; t++) {
+                const size_t at = ((size_t)t * n_heads + h) * hd;
+                if (n_keys == 0) { /* text only: exactly 0 */
+                    for (int d = 0; d < hd; d++)
+                        want[at + d] = bound[at + d] = 0;
+                    continue;
+                }
+                int any = 0;
+                for (int j = 0; j < n_keys; j++)
+                    any |= see[j] = allowed[(size_t)t * stride + j / chunk_len];
+                ref_attend(q + at, kr, vr, any ? see : NULL, n_keys, hd, scale, want + at,
+                           bound + at);
+            }
         }
     }
     char what[96];
-    snprintf(what, sizeof what, "attn_cross heads=%d kv=%d hd=%d images=%d tiles=%d chunk=%d",
-             n_heads, n_kv, hd, n_images, max_tiles, chunk_len);
+    snprintf(what, sizeof what,
+             "attn_cross tokens=%d,%d,%d,%d heads=%d kv=%d hd=%d tiles=%d chunk=%d", n_tok[0],
+             n_tok[1], n_tok[2], n_tok[3], n_heads, n_kv, hd, max_tiles, chunk_len);
     for (int b = 0; b < N_BACKENDS; b++) {
         out[b] = xmalloc(n * sizeof *out[b]);
-        ml_attn_cross_params p = {.out = out[b], .q = q, .k = (const void *const *)kimg,
-                                  .v = (const void *const *)vimg, .allowed = allowed,
-                                  .n_tokens = T, .n_images = n_images, .max_tiles = max_tiles,
+        fill(out[b], n, 7, 8); /* text-only rows must be overwritten with 0 */
+        ml_attn_cross_params p = {.out = out[b], .q = q, .states = table, .k_offset = k_offset,
+                                  .v_offset = v_offset, .n_images = n_images,
+                                  .seq_start = seq_start, .allowed = allowed,
+                                  .n_seqs = CROSS_SEQS, .n_tokens = T,
+                                  .max_images = CROSS_MAX_IMAGES, .max_tiles = max_tiles,
                                   .chunk_len = chunk_len, .n_heads = n_heads, .n_kv_heads = n_kv,
                                   .head_dim = hd, .scale = scale};
         be[b]->ops->attn_cross(be[b], &p);
     }
     check_bounded(out[0], want, bound, n, what);
     check_same(out[0], out[1], n * sizeof *out[0], what);
+    int zero = 1; /* sequence 1 is the text-only one */
+    const size_t row = (size_t)n_heads * hd;
+    for (size_t i = (size_t)seq_start[1] * row; i < (size_t)seq_start[2] * row; i++)
+        zero &= out[0][i] == 0.0f && !signbit(out[0][i]);
+    check(zero, "%s: text-only rows are +0", what);
     for (int b = 0; b < N_BACKENDS; b++)
         free(out[b]);
-    for (int i = 0; i < n_images; i++) {
-        free(kimg[i]);
-        free(vimg[i]);
-    }
-    free(kimg);
-    free(vimg);
+    for (int i = 0; i < CROSS_STATES; i++)
+        free(states[i]);
     free(allowed);
     free(q);
     free(want);
@@ -805,9 +863,14 @@ static void test_attn_cross_case(ml_backend *be[N_BACKENDS], int n_heads, int n_
 
 static void test_attn_cross(ml_backend *be[N_BACKENDS])
 {
-    test_attn_cross_case(be, 8, 2, 80, 2, 2, 17);
-    test_attn_cross_case(be, 4, 4, 16, 1, 4, 7);
-    test_attn_cross_case(be, 8, 1, 128, 2, 2, 60); /* 240 keys: several blocks */
+    static const int decode[CROSS_SEQS] = {1, 1, 1, 1};
+    static const int prefill[CROSS_SEQS] = {5, 3, 9, 2};
+    /* several row blocks, and an empty sequence */
+    static const int long_rows[CROSS_SEQS] = {40, 2, 7, 0};
+    test_attn_cross_case(be, decode, 8, 2, 80, 2, 17);
+    test_attn_cross_case(be, prefill, 8, 2, 80, 2, 17);
+    test_attn_cross_case(be, prefill, 4, 4, 16, 4, 7);
+    test_attn_cross_case(be, long_rows, 8, 1, 128, 2, 60); /* 120 keys an image: several blocks */
 }
 
 /* ---- kernels ------------------------------------------------------------------------------ */

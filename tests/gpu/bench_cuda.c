@@ -131,7 +131,11 @@ typedef struct decoder {
     int32_t *tokens, *pos, *slots, *tables, *seq_start, *pos0, *argmax;
     uint8_t *allowed;
     void **kc, **vc;        /* per self layer */
-    void **img_k, **img_v;  /* (B, n_cross): one image per sequence */
+    /* One image per sequence: a state of every cross layer's K then V plane. */
+    void **img_state;       /* (B) */
+    size_t img_plane;       /* bytes of one plane */
+    const void **states;    /* device (B): img_state, attn_cross's table */
+    int32_t *n_images;      /* device (B): 1 each */
     size_t bytes_per_step;  /* weights + caches + image K/V read by one step */
 } decoder;
 
@@ -239,14 +243,19 @@ static void decoder_build(decoder *d, const dec_cfg *c, int B)
     }
     read += (size_t)d->n_self * 2 * B * (CONTEXT + 1) * kvw * 2;
     const size_t plane = (size_t)V_TILES * V_TOKENS * kvw * 2;
-    d->img_k = calloc((size_t)B * d->n_cross + 1, sizeof *d->img_k);
-    d->img_v = calloc((size_t)B * d->n_cross + 1, sizeof *d->img_v);
-    for (int i = 0; i < B * d->n_cross; i++) {
-        d->img_k[i] = dalloc(plane);
-        d->img_v[i] = dalloc(plane);
-        g_be->ops->zero(g_be, d->img_k[i], plane / 4);
-        g_be->ops->zero(g_be, d->img_v[i], plane / 4);
+    d->img_plane = plane;
+    d->img_state = calloc((size_t)B, sizeof *d->img_state);
+    int32_t *one = malloc((size_t)B * 4);
+    for (int s = 0; s < B; s++) {
+        one[s] = 1;
+        if (d->n_cross) {
+            d->img_state[s] = dalloc(2 * (size_t)d->n_cross * plane);
+            g_be->ops->zero(g_be, d->img_state[s], 2 * (size_t)d->n_cross * plane / 4);
+        }
     }
+    d->states = dupload(d->img_state, (size_t)B * sizeof *d->img_state);
+    d->n_images = dupload(one, (size_t)B * 4);
+    free(one);
     read += (size_t)B * d->n_cross * 2 * plane;
     d->bytes_per_step = read;
     sync_or_die("decoder build");
@@ -289,16 +298,14 @@ static void decode_step(decoder *d)
             self++;
         } else {
             o->rmsnorm(g_be, d->q, d->q, L->q_norm, B * H, hd, eps);
-            for (int s = 0; s < B; s++) {
-                const void *k_img[1] = {d->img_k[s * d->n_cross + cross]};
-                const void *v_img[1] = {d->img_v[s * d->n_cross + cross]};
-                ml_attn_cross_params ap = {
-                    .out = d->attn + (size_t)s * H * hd, .q = d->q + (size_t)s * H * hd,
-                    .k = k_img, .v = v_img, .allowed = d->allowed + (size_t)s * V_TILES,
-                    .n_tokens = 1, .n_images = 1, .max_tiles = V_TILES, .chunk_len = V_TOKENS,
-                    .n_heads = H, .n_kv_heads = KV, .head_dim = hd, .scale = scale};
-                o->attn_cross(g_be, &ap);
-            }
+            const size_t k_offset = 2 * (size_t)cross * d->img_plane;
+            ml_attn_cross_params ap = {
+                .out = d->attn, .q = d->q, .states = d->states, .k_offset = k_offset,
+                .v_offset = k_offset + d->img_plane, .n_images = d->n_images,
+                .seq_start = d->seq_start, .allowed = d->allowed, .n_seqs = B, .n_tokens = B,
+                .max_images = 1, .max_tiles = V_TILES, .chunk_len = V_TOKENS, .n_heads = H,
+                .n_kv_heads = KV, .head_dim = hd, .scale = scale};
+            o->attn_cross(g_be, &ap);
             cross++;
         }
         o->matmul(g_be, d->x, d->attn, L->o, NULL, B, H * hd, D, 0);
@@ -350,8 +357,7 @@ static decode_result bench_decode(const dec_cfg *c, int B)
     free(d.L);
     free(d.kc);
     free(d.vc);
-    free(d.img_k);
-    free(d.img_v);
+    free(d.img_state);
     return r;
 }
 

@@ -482,8 +482,8 @@ static void test_caches(void)
     float *k = frand((size_t)T * row, -3, 3), *v = frand((size_t)T * row, -3, 3);
     float *kc = frand(cache_n, -1, 1), *vc = frand(cache_n, -1, 1);
     int32_t slot[T];
-    for (int t = 0; t < T; t++)
-        slot[t] = 7 * t + 3;
+    for (int t = 0; t < T; t++) /* every third row a padding row: written nowhere */
+        slot[t] = t % 3 == 2 ? -1 : 7 * t + 3;
     uint16_t *kc16 = to_bf16(kc, cache_n), *vc16 = to_bf16(vc, cache_n);
     uint16_t *dkc = dput(kc16, cache_n * 2), *dvc = dput(vc16, cache_n * 2);
     float *dk = dput(k, (size_t)T * row * 4), *dv = dput(v, (size_t)T * row * 4);
@@ -718,70 +718,249 @@ static void test_attn_causal(void)
     causal_case(1, pre_pos, pre_new, 32, 8, 128, 16); /* a 512-token prefill */
 }
 
-static void cross_case(int n_tokens, int n_images, int max_tiles, int chunk_len, int n_heads,
-                       int n_kv, int hd)
+/* Image states of the cross tests: each holds CROSS_LAYERS layers' K then V
+ * planes, as ml_model_encode_image lays them out, and the calls read the
+ * last layer (a nonzero offset). */
+#define CROSS_LAYERS 2
+
+typedef struct cross_pool {
+    int n;
+    size_t plane;  /* elements of one K or V plane */
+    float **host;  /* (n): 2·CROSS_LAYERS planes of bf16-exact f32 (the CPU's kv type) */
+    void **dev;    /* (n): the same in bf16 */
+} cross_pool;
+
+static void cross_pool_init(cross_pool *cp, int n, size_t plane)
 {
-    const int n_chunks = n_images * max_tiles, image_keys = max_tiles * chunk_len;
-    const size_t plane = (size_t)image_keys * n_kv * hd, nq = (size_t)n_tokens * n_heads * hd;
-    float *k[64], *v[64];
-    void *dk[64], *dv[64];
-    for (int i = 0; i < n_images; i++) {
-        k[i] = frand_bf16(plane, -1, 1);
-        v[i] = frand_bf16(plane, -1, 1);
-        uint16_t *k16 = to_bf16(k[i], plane), *v16 = to_bf16(v[i], plane);
-        dk[i] = dput(k16, plane * 2);
-        dv[i] = dput(v16, plane * 2);
-        free(k16);
-        free(v16);
+    const size_t elems = 2 * CROSS_LAYERS * plane;
+    cp->n = n;
+    cp->plane = plane;
+    cp->host = xmalloc((size_t)n * sizeof *cp->host);
+    cp->dev = xmalloc((size_t)n * sizeof *cp->dev);
+    for (int i = 0; i < n; i++) {
+        cp->host[i] = frand_bf16(elems, -1, 1);
+        uint16_t *h16 = to_bf16(cp->host[i], elems);
+        cp->dev[i] = dput(h16, elems * 2);
+        free(h16);
     }
-    /* Rows see random chunk sets; row 0 sees none (attends to every key),
-     * row 1 sees all. */
-    uint8_t *allowed = xmalloc((size_t)n_tokens * n_chunks);
-    for (int t = 0; t < n_tokens; t++)
-        for (int c = 0; c < n_chunks; c++)
-            allowed[(size_t)t * n_chunks + c] = t == 0 ? 0 : t == 1 ? 1 : urand() < 0.5;
-    float *q = frand(nq, -2, 2), *out = xmalloc(nq * 4), *got = xmalloc(nq * 4);
-    float *dq = dput(q, nq * 4), *dout = dput(NULL, nq * 4);
-    uint8_t *dallowed = dput(allowed, (size_t)n_tokens * n_chunks);
-    ml_attn_cross_params p = {.out = out, .q = q, .k = (const void *const *)k,
-                              .v = (const void *const *)v, .allowed = allowed,
-                              .n_tokens = n_tokens, .n_images = n_images, .max_tiles = max_tiles,
-                              .chunk_len = chunk_len, .n_heads = n_heads, .n_kv_heads = n_kv,
-                              .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
+}
+
+static void cross_pool_deinit(cross_pool *cp)
+{
+    for (int i = 0; i < cp->n; i++) {
+        free(cp->host[i]);
+        dfree(cp->dev[i]);
+    }
+    free(cp->host);
+    free(cp->dev);
+}
+
+/* One attn_cross call's inputs and outputs on both backends, at fixed
+ * capacities (a graph's buffers). */
+typedef struct cross_io {
+    int n_seqs, n_tokens, max_images, max_tiles, chunk_len, n_heads, n_kv, hd;
+    const void **table;    /* host (n_seqs, max_images): host states */
+    const void **table_d;  /* host copy of the device table: device states */
+    int32_t *n_images;     /* (n_seqs) */
+    int32_t *seq_start;    /* (n_seqs + 1) */
+    uint8_t *allowed;      /* (n_tokens, max_images · max_tiles) */
+    float *q, *out, *got;  /* (n_tokens, n_heads, hd) */
+    const void **dtable;   /* device memory from here on */
+    int32_t *dn_images, *dseq_start;
+    uint8_t *dallowed;
+    float *dq, *dout;
+} cross_io;
+
+static void cross_io_init(cross_io *io, int n_seqs, int n_tokens, int max_images, int max_tiles,
+                          int chunk_len, int n_heads, int n_kv, int hd)
+{
+    *io = (cross_io){.n_seqs = n_seqs, .n_tokens = n_tokens, .max_images = max_images,
+                     .max_tiles = max_tiles, .chunk_len = chunk_len, .n_heads = n_heads,
+                     .n_kv = n_kv, .hd = hd};
+    const size_t tab = (size_t)n_seqs * max_images * sizeof(void *);
+    const size_t mask = (size_t)n_tokens * max_images * max_tiles;
+    const size_t nq = (size_t)n_tokens * n_heads * hd * 4;
+    io->table = xmalloc(tab);
+    io->table_d = xmalloc(tab);
+    io->n_images = xmalloc((size_t)n_seqs * 4);
+    io->seq_start = xmalloc((size_t)(n_seqs + 1) * 4);
+    io->allowed = xmalloc(mask);
+    io->q = xmalloc(nq);
+    io->out = xmalloc(nq);
+    io->got = xmalloc(nq);
+    io->dtable = dput(NULL, tab);
+    io->dn_images = dput(NULL, (size_t)n_seqs * 4);
+    io->dseq_start = dput(NULL, (size_t)(n_seqs + 1) * 4);
+    io->dallowed = dput(NULL, mask);
+    io->dq = dput(NULL, nq);
+    io->dout = dput(NULL, nq);
+}
+
+static void cross_io_deinit(cross_io *io)
+{
+    void *dev[] = {io->dtable, io->dn_images, io->dseq_start, io->dallowed, io->dq, io->dout};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        dfree(dev[i]);
+    void *host[] = {io->table, io->table_d, io->n_images, io->seq_start, io->allowed, io->q,
+                    io->out, io->got};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        free(host[i]);
+}
+
+/* New step inputs, uploaded: sequence s has n_tok[s] tokens (their sum at
+ * most n_tokens) and n_img[s] images, image i being state (s + i + shift)
+ * mod the pool. Rows cycle through no chunk allowed (every key), every
+ * chunk and random chunks; mask columns past a sequence's images are 1 and
+ * must be ignored. out is filled with garbage that text-only rows must
+ * overwrite with 0. */
+static void cross_io_fill(cross_io *io, const cross_pool *cp, const int *n_tok, const int *n_img,
+                          int shift)
+{
+    const int stride = io->max_images * io->max_tiles;
+    io->seq_start[0] = 0;
+    for (int s = 0; s < io->n_seqs; s++) {
+        io->n_images[s] = n_img[s];
+        io->seq_start[s + 1] = io->seq_start[s] + n_tok[s];
+        for (int i = 0; i < io->max_images; i++) {
+            const int state = (s + i + shift) % cp->n;
+            io->table[s * io->max_images + i] = i < n_img[s] ? cp->host[state] : NULL;
+            io->table_d[s * io->max_images + i] = i < n_img[s] ? cp->dev[state] : NULL;
+        }
+        for (int t = io->seq_start[s]; t < io->seq_start[s + 1]; t++)
+            for (int c = 0; c < stride; c++)
+                io->allowed[(size_t)t * stride + c] = c >= n_img[s] * io->max_tiles ? 1
+                                                      : t % 3 == 0                 ? 0
+                                                      : t % 3 == 1                 ? 1
+                                                                   : urand() < 0.5;
+    }
+    check(io->seq_start[io->n_seqs] <= io->n_tokens, "cross test: %d tokens above capacity %d",
+          io->seq_start[io->n_seqs], io->n_tokens);
+    const size_t nq = (size_t)io->n_tokens * io->n_heads * io->hd;
+    for (size_t i = 0; i < nq; i++) {
+        io->q[i] = (float)(urand() * 4 - 2);
+        io->got[i] = 7.0f;
+    }
+    const ml_backend_ops *o = g_gpu->ops;
+    o->upload(g_gpu, io->dtable, io->table_d, (size_t)io->n_seqs * io->max_images * sizeof(void *));
+    o->upload(g_gpu, io->dn_images, io->n_images, (size_t)io->n_seqs * 4);
+    o->upload(g_gpu, io->dseq_start, io->seq_start, (size_t)(io->n_seqs + 1) * 4);
+    o->upload(g_gpu, io->dallowed, io->allowed, (size_t)io->n_tokens * stride);
+    o->upload(g_gpu, io->dq, io->q, nq * 4);
+    o->upload(g_gpu, io->dout, io->got, nq * 4);
+}
+
+/* The call on be's buffers of io, reading layer CROSS_LAYERS - 1. */
+static ml_attn_cross_params cross_params(const cross_io *io, const cross_pool *cp, ml_backend *be)
+{
+    const int gpu = be == g_gpu;
+    const size_t plane_bytes = cp->plane * be->ops->kv_elem_size;
+    const size_t k_offset = 2 * (size_t)(CROSS_LAYERS - 1) * plane_bytes;
+    return (ml_attn_cross_params){
+        .out = gpu ? io->dout : io->out, .q = gpu ? io->dq : io->q,
+        .states = gpu ? io->dtable : io->table, .k_offset = k_offset,
+        .v_offset = k_offset + plane_bytes, .n_images = gpu ? io->dn_images : io->n_images,
+        .seq_start = gpu ? io->dseq_start : io->seq_start,
+        .allowed = gpu ? io->dallowed : io->allowed, .n_seqs = io->n_seqs,
+        .n_tokens = io->n_tokens, .max_images = io->max_images, .max_tiles = io->max_tiles,
+        .chunk_len = io->chunk_len, .n_heads = io->n_heads, .n_kv_heads = io->n_kv,
+        .head_dim = io->hd, .scale = 1.0f / sqrtf((float)io->hd)};
+}
+
+/* Run the CPU on io's host inputs and compare the GPU's output (already
+ * queued) with it over the rows of every sequence; text-only rows must be
+ * exactly 0. */
+static void cross_io_check(cross_io *io, const cross_pool *cp, const char *what)
+{
+    ml_attn_cross_params p = cross_params(io, cp, g_cpu);
     g_cpu->ops->attn_cross(g_cpu, &p);
-    p.out = dout;
-    p.q = dq;
-    p.k = (const void *const *)dk;
-    p.v = (const void *const *)dv;
-    p.allowed = dallowed;
+    const size_t row = (size_t)io->n_heads * io->hd;
+    dget(io->got, io->dout, (size_t)io->n_tokens * row * 4, what);
+    check_nmse(io->got, io->out, (size_t)io->seq_start[io->n_seqs] * row, NMSE_F32, what);
+    size_t nonzero = 0;
+    for (int s = 0; s < io->n_seqs; s++) {
+        if (io->n_images[s] != 0)
+            continue;
+        for (size_t i = (size_t)io->seq_start[s] * row; i < (size_t)io->seq_start[s + 1] * row; i++)
+            nonzero += io->got[i] != 0.0f;
+    }
+    check(nonzero == 0, "%s: text-only rows are 0 (%zu elements are not)", what, nonzero);
+}
+
+static void cross_case(int n_seqs, const int *n_tok, const int *n_img, int max_images,
+                       int max_tiles, int chunk_len, int n_heads, int n_kv, int hd)
+{
+    int n_tokens = 0;
+    for (int s = 0; s < n_seqs; s++)
+        n_tokens += n_tok[s];
+    cross_pool cp;
+    cross_pool_init(&cp, max_images + 1, (size_t)max_tiles * chunk_len * n_kv * hd);
+    cross_io io;
+    cross_io_init(&io, n_seqs, n_tokens, max_images, max_tiles, chunk_len, n_heads, n_kv, hd);
+    cross_io_fill(&io, &cp, n_tok, n_img, 0);
+    ml_attn_cross_params p = cross_params(&io, &cp, g_gpu);
     g_gpu->ops->attn_cross(g_gpu, &p);
     char what[128];
-    snprintf(what, sizeof what, "attn_cross %d tokens, %d images x %d x %d keys, %d/%d x %d",
-             n_tokens, n_images, max_tiles, chunk_len, n_heads, n_kv, hd);
-    dget(got, dout, nq * 4, what);
-    check_nmse(got, out, nq, NMSE_F32, what);
-    for (int i = 0; i < n_images; i++) {
-        dfree(dk[i]);
-        dfree(dv[i]);
-        free(k[i]);
-        free(v[i]);
+    snprintf(what, sizeof what,
+             "attn_cross %d seqs, %d tokens, <= %d images x %d x %d keys, %d/%d x %d", n_seqs,
+             n_tokens, max_images, max_tiles, chunk_len, n_heads, n_kv, hd);
+    cross_io_check(&io, &cp, what);
+    cross_io_deinit(&io);
+    cross_pool_deinit(&cp);
+}
+
+/* A decode bucket's attn_cross recorded once and replayed for steps with
+ * other images, masks and text-only sequences: everything per step is read
+ * from device memory when the replay runs. */
+static void cross_graph(void)
+{
+    enum { B = 6, MAX_IMAGES = 2, TILES = 4, CHUNK = 40, H = 8, KV = 2, HD = 64, SLOT = 4 };
+    static const int one[B] = {1, 1, 1, 1, 1, 1};
+    static const int images[][B] = {{1, 0, 2, 1, 0, 2}, {2, 2, 0, 1, 1, 0}, {0, 0, 0, 0, 0, 0}};
+    cross_pool cp;
+    cross_pool_init(&cp, MAX_IMAGES + 1, (size_t)TILES * CHUNK * KV * HD);
+    cross_io io;
+    cross_io_init(&io, B, B, MAX_IMAGES, TILES, CHUNK, H, KV, HD);
+    cross_io_fill(&io, &cp, one, images[0], 0);
+    sync_ok("cross graph setup");
+    const ml_backend_ops *o = g_gpu->ops;
+    ml_attn_cross_params p = cross_params(&io, &cp, g_gpu);
+    o->graph_begin(g_gpu, SLOT);
+    o->attn_cross(g_gpu, &p);
+    o->graph_end(g_gpu, SLOT);
+    sync_ok("cross graph record");
+    for (int step = 0; step < (int)(sizeof images / sizeof images[0]); step++) {
+        cross_io_fill(&io, &cp, one, images[step], step);
+        o->graph_replay(g_gpu, SLOT);
+        char what[96];
+        snprintf(what, sizeof what, "graph replay of attn_cross, step %d", step);
+        cross_io_check(&io, &cp, what);
     }
-    dfree(dq);
-    dfree(dout);
-    dfree(dallowed);
-    free(allowed);
-    free(q);
-    free(out);
-    free(got);
+    cross_io_deinit(&io);
+    cross_pool_deinit(&cp);
 }
 
 static void test_attn_cross(void)
 {
-    cross_case(20, 2, 4, 13, 4, 1, 16);      /* prefill, tiny tiles */
-    cross_case(1, 2, 4, 13, 4, 1, 16);       /* decode: row 0 sees every key */
-    cross_case(2, 3, 4, 40, 8, 2, 64);       /* decode, keys split over CTAs */
-    cross_case(1, 1, 4, 1601, 32, 8, 128);   /* 11B decode over one image */
-    cross_case(64, 2, 4, 1601, 32, 8, 128);  /* 11B prefill, two images */
+    /* text-only, one image, two images */
+    static const int img3[] = {0, 1, 2}, prefill3[] = {20, 7, 13}, decode3[] = {1, 1, 1};
+    cross_case(3, prefill3, img3, 2, 4, 13, 4, 1, 16); /* prefill, tiny tiles */
+    cross_case(3, decode3, img3, 2, 4, 13, 4, 1, 16);  /* decode */
+    static const int img4[] = {2, 0, 3, 1}, decode4[] = {1, 1, 1, 1};
+    cross_case(4, decode4, img4, 3, 4, 40, 8, 2, 64);  /* decode, keys split over CTAs */
+    static const int mixed[] = {1, 30, 1}, mixed_img[] = {1, 2, 0};
+    cross_case(3, mixed, mixed_img, 2, 4, 13, 4, 1, 16); /* decode rows in a prefill shape */
+    static const int g8_img[] = {1, 0}, g8_tok[] = {1, 1};
+    cross_case(2, g8_tok, g8_img, 1, 4, 40, 16, 2, 64); /* GQA groups of 8: 8-row warps */
+    /* 11B: a decode batch of 32 (a third text-only) and a two-sequence prefill */
+    int img32[32], decode32[32];
+    for (int s = 0; s < 32; s++) {
+        img32[s] = s % 3;
+        decode32[s] = 1;
+    }
+    cross_case(32, decode32, img32, 2, 4, 1601, 32, 8, 128);
+    static const int pre_img[] = {2, 0}, pre_tok[] = {64, 9};
+    cross_case(2, pre_tok, pre_img, 2, 4, 1601, 32, 8, 128);
+    cross_graph();
 }
 
 /* ---- graphs ------------------------------------------------------------------------------- */
