@@ -335,8 +335,8 @@ void mlk_backend_free(ml_backend *be)
     for (int i = 0; i < MLK_GRAPH_SLOTS; i++)
         if (b->graphs[i])
             cudaGraphExecDestroy(b->graphs[i]);
-    if (b->blas)
-        cublasDestroy(b->blas);
+    if (b->lt)
+        cublasLtDestroy(b->lt);
     if (b->stream)
         cudaStreamDestroy(b->stream);
     if (b->stage_up)
@@ -470,7 +470,8 @@ mlk_backend *mlk_backend_new(int device, size_t pool_bytes, ml_status *st, char 
         goto fail;
     }
     b->xbf16 = (__nv_bfloat16 *)mlk_pool_alloc(&b->pool, MLK_XBF16_BYTES);
-    b->blas_ws = mlk_pool_alloc(&b->pool, MLK_BLAS_WS_BYTES);
+    b->bias_f32 = (float *)mlk_pool_alloc(&b->pool, MLK_BIAS_F32_BYTES);
+    b->lt_ws = mlk_pool_alloc(&b->pool, MLK_LT_WS_BYTES);
     b->attn_ws = (float *)mlk_pool_alloc(&b->pool, MLK_ATTN_WS_BYTES);
     if (create_cuda_failed(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking), "stream",
                            st, err, errlen) ||
@@ -479,10 +480,9 @@ mlk_backend *mlk_backend_new(int device, size_t pool_bytes, ml_status *st, char 
         create_cuda_failed(cudaHostAlloc((void **)&b->stage_down, MLK_STAGE_DOWN_BYTES,
                                          cudaHostAllocDefault), "pinned staging", st, err, errlen))
         goto fail;
-    if (cublasCreate(&b->blas) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetStream(b->blas, b->stream) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetWorkspace(b->blas, b->blas_ws, MLK_BLAS_WS_BYTES) != CUBLAS_STATUS_SUCCESS) {
-        create_fail(st, ML_ERR_IO, err, errlen, "cuBLAS initialisation failed");
+    if (cublasLtCreate(&b->lt) != CUBLAS_STATUS_SUCCESS) {
+        b->lt = NULL;
+        create_fail(st, ML_ERR_IO, err, errlen, "cuBLASLt initialisation failed");
         goto fail;
     }
     mlk_attn_init(b);

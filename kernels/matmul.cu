@@ -5,11 +5,19 @@
  *   streams GEMV_ROWS weight rows per block once, 16 bytes per thread per
  *   load, against f32 x read through L1; no rounding of x, so these rows
  *   match the CPU to f32 summation order.
- * - larger M (prefill, the vision tower): cuBLAS on the tensor cores. x is
- *   rounded to bf16 into the backend's workspace (tiled over M when
- *   M·K exceeds it), then cublasGemmEx with bf16 A/B, f32 C and
- *   CUBLAS_COMPUTE_32F. The bias (bf16) is first added into y by a small
- *   kernel, so the GEMM always runs with beta = 1 when there is one.
+ * - larger M (prefill, the vision tower): cuBLASLt on the tensor cores. x
+ *   is rounded to bf16 into the backend's workspace (tiled over M when
+ *   M·K exceeds it), then cublasLtMatmul with bf16 A/B, f32 C/D and
+ *   CUBLAS_COMPUTE_32F; accumulate is beta = 1 with C = D = y. The bias
+ *   goes through the BIAS epilogue (D = A·B + beta·C + bias), in f32:
+ *   cuBLASLt takes the bias in D's type for bf16 inputs (only IMMA and FP8
+ *   kernels accept another, cublasLt.h on CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE),
+ *   so the bf16 bias is first widened into a workspace of N floats, exactly.
+ *   No activation epilogue: cuBLASLt's GELU is the tanh approximation and
+ *   the vision MLP needs exact erf GELU (mllama-spec, hidden_act).
+ *   Descriptors, layouts and the heuristic's algorithm are planned once per
+ *   shape (mlk_gemm_plan), so after warm-up a GEMM only launches: nothing
+ *   is allocated or synchronised, and graph capture records it.
  *
  * Accuracy of the GEMM regime: rounding x to bf16 (unit roundoff 2^-8)
  * gives each product a relative error δ with E[δ²] ≈ 2^-16·0.54/3 ≈ 2.8e-6
@@ -26,6 +34,8 @@
 /* bf16 per 16-byte load. */
 #define GEMV_CHUNK 8
 #define CONVERT_THREADS 256
+/* cuBLASLt's default (and largest) alignment assumption for its operands. */
+#define LT_MAX_ALIGN 256u
 
 /* ---- GEMV regime ---------------------------------------------------------------------- */
 
@@ -131,7 +141,14 @@ __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
         dst[i] = __float2bfloat16_rn(src[i]);
 }
 
-/* y[m, n] = (accumulate ? y[m, n] : 0) + bias[n]. */
+/* dst[n] = bias[n] in f32: exact, bf16 being a truncated f32. */
+__global__ void widen_bias_kernel(float *dst, const uint16_t *bias, int N)
+{
+    for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < N; n += gridDim.x * blockDim.x)
+        dst[n] = mlk_bf16(bias[n]);
+}
+
+/* y[m, n] = (accumulate ? y[m, n] : 0) + bias[n]: the K = 0 case. */
 __global__ void bias_kernel(float *y, const uint16_t *bias, int M, int N, int accumulate)
 {
     const size_t total = (size_t)M * N;
@@ -142,36 +159,164 @@ __global__ void bias_kernel(float *y, const uint16_t *bias, int M, int N, int ac
     }
 }
 
+/* Largest power of two dividing the address, capped at LT_MAX_ALIGN: what
+ * the heuristic may assume of an operand. */
+static uint32_t alignment(const void *p)
+{
+    const uintptr_t v = (uintptr_t)p;
+    uint32_t a = 1;
+    while (a < LT_MAX_ALIGN && (v & a) == 0)
+        a <<= 1;
+    return a;
+}
+
+/* Latch a cuBLASLt failure; returns 1 when st is one. */
+static int lt_failed(mlk_backend *b, cublasStatus_t st, const char *call, int rows, int K, int N)
+{
+    if (st == CUBLAS_STATUS_SUCCESS)
+        return 0;
+    mlk_latch(b, ML_ERR_IO, "matmul", "%s (%d x %d x %d): %s", call, rows, K, N,
+              cublasLtGetStatusString(st));
+    return 1;
+}
+
+/* Build plan p in place for yᵀ (N, rows) = w (K, N)ᵀ · xᵀ (K, rows) in
+ * cuBLASLt's column-major view of the row-major tensors: w (N, K) is a
+ * column-major (K, N) matrix with ld K used transposed, x (rows, K) the
+ * staged bf16 activations as (K, rows), y (rows, N) as (N, rows) with ld N.
+ * The same product as cublasGemmEx(OP_T, OP_N, N, rows, K, w, K, x, K, y, N).
+ * Returns 0, or 1 with the error latched and p left empty. */
+static int plan_build(mlk_backend *b, mlk_gemm_plan *p, int rows, int K, int N, int bias,
+                      uint32_t align_w, uint32_t align_y)
+{
+    const int32_t trans_w = CUBLAS_OP_T;
+    const uint32_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    /* Fixed for the backend's life, so it belongs to the plan. Its type is
+     * left at the default: D's, f32. */
+    const float *bias_ptr = b->bias_f32;
+    const uint64_t ws_bytes = MLK_LT_WS_BYTES;
+    const uint32_t align_x = MLK_POOL_ALIGN; /* the staging is a pool block */
+    cublasLtMatmulPreferenceOpaque_t pref;
+    cublasLtMatmulHeuristicResult_t found;
+    int n_found = 0;
+
+    p->rows = 0;
+    p->last_use = 0;
+    cublasStatus_t st = cublasLtMatmulDescInit(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_w,
+                                            sizeof trans_w);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                            sizeof epilogue);
+    if (st == CUBLAS_STATUS_SUCCESS && bias)
+        st = cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                            &bias_ptr, sizeof bias_ptr);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatrixLayoutInit(&p->w_layout, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatrixLayoutInit(&p->x_layout, CUDA_R_16BF, (uint64_t)K, (uint64_t)rows, K);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatrixLayoutInit(&p->y_layout, CUDA_R_32F, (uint64_t)N, (uint64_t)rows, N);
+    if (lt_failed(b, st, "cuBLASLt descriptors", rows, K, N))
+        return 1;
+
+    st = cublasLtMatmulPreferenceInit(&pref);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws_bytes, sizeof ws_bytes);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(
+            &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_w, sizeof align_w);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(
+            &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_x, sizeof align_x);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(
+            &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_y, sizeof align_y);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(
+            &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_y, sizeof align_y);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(b->lt, &p->desc, &p->w_layout, &p->x_layout,
+                                            &p->y_layout, &p->y_layout, &pref, 1, &found,
+                                            &n_found);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = n_found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED : found.state;
+    if (lt_failed(b, st, "cublasLtMatmulAlgoGetHeuristic", rows, K, N))
+        return 1;
+
+    p->algo = found.algo;
+    p->K = K;
+    p->N = N;
+    p->bias = bias;
+    p->align_w = align_w;
+    p->align_y = align_y;
+    p->rows = rows;
+    return 0;
+}
+
+/* The plan for this GEMM: a cached one, else a new one in place of the
+ * least recently used (empty slots first). NULL with the error latched
+ * when cuBLASLt cannot plan it. */
+static mlk_gemm_plan *plan_for(mlk_backend *b, int rows, int K, int N, int bias, uint32_t align_w,
+                               uint32_t align_y)
+{
+    mlk_gemm_plan *victim = &b->gemm_plans[0];
+    const uint64_t now = ++b->gemm_clock;
+    for (int i = 0; i < MLK_GEMM_PLANS; i++) {
+        mlk_gemm_plan *p = &b->gemm_plans[i];
+        if (p->rows == rows && p->K == K && p->N == N && p->bias == bias &&
+            p->align_w == align_w && p->align_y == align_y) {
+            p->last_use = now;
+            return p;
+        }
+        if (p->last_use < victim->last_use)
+            victim = p;
+    }
+    if (plan_build(b, victim, rows, K, N, bias, align_w, align_y))
+        return NULL;
+    victim->last_use = now;
+    return victim;
+}
+
 static void gemm(mlk_backend *b, float *y, const float *x, const uint16_t *w, const uint16_t *bias,
                  int M, int K, int N, int accumulate)
 {
-    if (bias) {
-        const size_t total = (size_t)M * N;
-        bias_kernel<<<mlk_blocks(total, CONVERT_THREADS), CONVERT_THREADS, 0, b->stream>>>(
-            y, bias, M, N, accumulate);
-        mlk_launched(b, "matmul (bias)");
-    }
-    const float alpha = 1.0f, beta = bias || accumulate ? 1.0f : 0.0f;
     const size_t ws_elems = MLK_XBF16_BYTES / sizeof(__nv_bfloat16);
     const int tile_m = (size_t)M * K <= ws_elems ? M : (int)(ws_elems / (size_t)K);
     if (tile_m < 1) {
         mlk_latch(b, ML_ERR_UNSUPPORTED, "matmul", "K = %d exceeds the conversion workspace", K);
         return;
     }
+    if (bias) {
+        if ((size_t)N > MLK_BIAS_F32_BYTES / sizeof(float)) {
+            mlk_latch(b, ML_ERR_UNSUPPORTED, "matmul", "N = %d exceeds the bias workspace", N);
+            return;
+        }
+        widen_bias_kernel<<<mlk_blocks((size_t)N, CONVERT_THREADS), CONVERT_THREADS, 0,
+                            b->stream>>>(b->bias_f32, bias, N);
+        mlk_launched(b, "matmul (bias)");
+    }
+    /* Read by cublasLtMatmul at the call (host pointer mode), so a graph
+     * records the values. */
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const uint32_t align_w = alignment(w);
     for (int m0 = 0; m0 < M && b->err_status == ML_OK; m0 += tile_m) {
         const int rows = M - m0 < tile_m ? M - m0 : tile_m;
+        float *y_tile = y + (size_t)m0 * N; /* (rows, N) */
+        mlk_gemm_plan *p = plan_for(b, rows, K, N, bias != NULL, align_w, alignment(y_tile));
+        if (!p)
+            return;
         const size_t n = (size_t)rows * K;
         to_bf16_kernel<<<mlk_blocks(n, CONVERT_THREADS), CONVERT_THREADS, 0, b->stream>>>(
             b->xbf16, x + (size_t)m0 * K, n);
         mlk_launched(b, "matmul (convert)");
-        /* Column-major view: yᵀ (N, rows) = w (K, N)ᵀ · xᵀ (K, rows). */
-        cublasStatus_t st = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, K, &alpha, w,
-                                         CUDA_R_16BF, K, b->xbf16, CUDA_R_16BF, K, &beta,
-                                         y + (size_t)m0 * N, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                                         CUBLAS_GEMM_DEFAULT);
-        if (st != CUBLAS_STATUS_SUCCESS)
-            mlk_latch(b, ML_ERR_IO, "matmul", "cublasGemmEx (%d x %d x %d): %s", rows, K, N,
-                      cublasGetStatusString(st));
+        cublasStatus_t st = cublasLtMatmul(b->lt, &p->desc, &alpha, w, &p->w_layout, b->xbf16,
+                                           &p->x_layout, &beta, y_tile, &p->y_layout, y_tile,
+                                           &p->y_layout, &p->algo, b->lt_ws, MLK_LT_WS_BYTES,
+                                           b->stream);
+        lt_failed(b, st, "cublasLtMatmul", rows, K, N);
     }
 }
 

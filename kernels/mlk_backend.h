@@ -5,10 +5,10 @@
  * Differences from the CPU reference that callers see:
  * - kv_elem_size is 2: K/V caches and resident cross-attention states are
  *   bf16 (the CPU keeps f32); matmul rounds its f32 activations to bf16 for
- *   the tensor cores (f32 accumulation) except in the M <= 4 decode path;
- *   the vision attention rounds Q, K, V and P to bf16. Results therefore
- *   agree with the CPU to bf16 level (an NMSE of ~3e-6 per matmul), not
- *   bitwise: tests/gpu compares them by NMSE.
+ *   the tensor cores (cuBLASLt, f32 accumulation) except in the M <= 4
+ *   decode path; the vision attention rounds Q, K, V and P to bf16.
+ *   Results therefore agree with the CPU to bf16 level (an NMSE of ~3e-6
+ *   per matmul), not bitwise: tests/gpu compares them by NMSE.
  * - Ops are queued on one stream and return at once; errors are latched
  *   and reported by synchronize. download's host buffer is complete only
  *   after synchronize returns.
@@ -30,7 +30,7 @@ extern "C" {
  * (0 = 90% of the device's free memory) from which alloc, weight and the
  * backend's own workspaces (about MLK_WORKSPACE_BYTES, see mlk_internal.cuh)
  * are carved. Returns NULL and fills err when the device is absent, the
- * pool cannot be allocated or is smaller than the workspaces, or cuBLAS
+ * pool cannot be allocated or is smaller than the workspaces, or cuBLASLt
  * fails to start. Destroy with be->ops->destroy(be). */
 ml_backend *ml_backend_cuda_create(int device, size_t pool_bytes, char *err, size_t errlen);
 

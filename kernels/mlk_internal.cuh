@@ -14,36 +14,42 @@
 #include <cstddef>
 #include <cstdint>
 
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "mlk_backend.h"
 
 /* Every pool allocation is aligned to this (cudaMalloc's own alignment, and
- * what 16-byte vector loads and cuBLAS want). */
+ * what 16-byte vector loads and cuBLASLt want). */
 #define MLK_POOL_ALIGN 256
-/* Activations converted to bf16 for cuBLAS: the largest M·K done in one
+/* Activations converted to bf16 for cuBLASLt: the largest M·K done in one
  * GEMM call; larger products are tiled over M (vision fc2 is 6432·5120). */
 #define MLK_XBF16_BYTES ((size_t)128 << 20)
-/* cuBLAS workspace, set explicitly so that graph capture never allocates
- * (32 MiB is what cuBLAS asks for on Hopper). */
-#define MLK_BLAS_WS_BYTES ((size_t)32 << 20)
+/* A matmul bias widened to f32 for cuBLASLt's bias epilogue: N up to 256 Ki
+ * (the model's widest biased GEMM is 5120; the vocabulary is 128256). */
+#define MLK_BIAS_F32_BYTES ((size_t)1 << 20)
+/* cuBLASLt workspace, handed to every cublasLtMatmul so that graph capture
+ * never allocates (32 MiB is NVIDIA's recommendation for Hopper). */
+#define MLK_LT_WS_BYTES ((size_t)32 << 20)
 /* Attention split-K partial results (decode over long contexts). */
 #define MLK_ATTN_WS_BYTES ((size_t)16 << 20)
-#define MLK_WORKSPACE_BYTES (MLK_XBF16_BYTES + MLK_BLAS_WS_BYTES + MLK_ATTN_WS_BYTES)
+#define MLK_WORKSPACE_BYTES \
+    (MLK_XBF16_BYTES + MLK_BIAS_F32_BYTES + MLK_LT_WS_BYTES + MLK_ATTN_WS_BYTES)
 /* Pinned host staging for small transfers (metadata uploads, logits). */
 #define MLK_STAGE_UP_BYTES ((size_t)16 << 20)
 #define MLK_STAGE_DOWN_BYTES ((size_t)64 << 20)
 /* Downloads staged and awaiting synchronize; more go direct (synchronous). */
 #define MLK_MAX_PENDING_DOWNLOADS 64
-/* Recorded graphs per backend (decode batch-size buckets). */
-#define MLK_GRAPH_SLOTS 64
+/* Recorded graphs per backend (decode batch-size buckets): the interface's
+ * count, shared with the CPU backend. */
+#define MLK_GRAPH_SLOTS ML_GRAPH_SLOTS
+/* cuBLASLt GEMM plans kept per backend: a step uses a handful of shapes,
+ * each repeated in every layer; a new shape replaces the least recently
+ * used plan. */
+#define MLK_GEMM_PLANS 64
 /* Largest head_dim of the attention ops (the CPU backend's limit too). */
 #define MLK_MAX_HEAD_DIM 256
-/* Images one attn_cross call may name: their K/V pointers travel by value
- * in the kernel parameters. Equal to the model's ML_MAX_SEQ_IMAGES. */
-#define MLK_MAX_CROSS_IMAGES 64
 
 /* ---- device pool: first fit over a sorted segment list ------------------------ */
 
@@ -85,6 +91,21 @@ typedef struct mlk_weight_map {
     size_t n_slots, n_used;
 } mlk_weight_map;
 
+/* ---- cuBLASLt GEMM plans (matmul.cu) --------------------------------------------- */
+
+/* One GEMM configuration and the algorithm cuBLASLt's heuristic chose for
+ * it. The descriptors live in place (the *Init forms of the cuBLASLt API),
+ * so building or replacing a plan allocates nothing and needs no destroy.
+ * accumulate is not in the key: beta is an argument of each call. */
+typedef struct mlk_gemm_plan {
+    int rows, K, N, bias;        /* key; rows == 0 marks an empty slot */
+    uint32_t align_w, align_y;   /* key: byte alignment of w and y, at most 256 */
+    uint64_t last_use;           /* mlk_backend.gemm_clock at the last lookup */
+    cublasLtMatmulDescOpaque_t desc;
+    cublasLtMatrixLayoutOpaque_t w_layout, x_layout, y_layout; /* y: C and D */
+    cublasLtMatmulAlgo_t algo;
+} mlk_gemm_plan;
+
 /* ---- the backend ---------------------------------------------------------------- */
 
 typedef struct mlk_pending_download {
@@ -98,15 +119,18 @@ typedef struct mlk_backend {
     char name[64];
     int device, sm_count, cc_major;
     cudaStream_t stream;      /* owned: every op is queued here */
-    cublasHandle_t blas;      /* owned */
+    cublasLtHandle_t lt;      /* owned */
     void *nccl;               /* owned ncclComm_t of a group, or NULL */
 
     mlk_pool pool;
     mlk_weight_map weights;
     /* Workspaces carved from the pool at create. */
     __nv_bfloat16 *xbf16;     /* MLK_XBF16_BYTES: matmul activations in bf16 */
-    void *blas_ws;            /* MLK_BLAS_WS_BYTES */
+    float *bias_f32;          /* MLK_BIAS_F32_BYTES: matmul bias for the epilogue */
+    void *lt_ws;              /* MLK_LT_WS_BYTES */
     float *attn_ws;           /* MLK_ATTN_WS_BYTES: attention partials */
+    mlk_gemm_plan gemm_plans[MLK_GEMM_PLANS];
+    uint64_t gemm_clock;      /* plan lookups so far: the LRU order */
 
     /* Pinned staging: regions are handed out in order and recycled at
      * synchronize, after the stream has drained. */

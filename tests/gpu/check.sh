@@ -123,9 +123,8 @@ build_direct() {
     while [ "$(jobs -rp | wc -l)" -gt 0 ]; do wait -n || failed=1; done
     [ $failed = 0 ] || return 1
     mkdir -p "$BIN"
-    local libs=("$obj"/*.o -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib" -lcudart_static -lcublas
-                -lcublasLt "${nccl_l[@]}" -Wl,-rpath,"$CUDA_HOME/lib64" -lstdc++ -lpthread -ldl
-                -lrt -lm)
+    local libs=("$obj"/*.o -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib" -lcudart_static -lcublasLt
+                "${nccl_l[@]}" -Wl,-rpath,"$CUDA_HOME/lib64" -lstdc++ -lpthread -ldl -lrt -lm)
     for t in test_cuda_device test_cuda_ops bench_cuda; do
         cc "${cflags[@]}" "$ROOT/tests/gpu/$t.c" "${libs[@]}" -o "$BIN/$t" >>"$LOG" 2>&1 || return 1
     done
