@@ -19,8 +19,8 @@
 
 #include "harness.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer_util.h"
 
-#define DEFAULT_TOKENIZER ML_SOURCE_DIR "/config/tokenizer/tokenizer.json"
 #define CORPUS_PATH ML_SOURCE_DIR "/tests/golden/tokenizer_corpus.jsonl"
 #define BENCH_TEXT_BYTES (1u << 20)
 #define MIN_REPEATS 3
@@ -30,40 +30,12 @@
 #define LCG_ADD 1013904223u
 #define LCG_SEED 20240726u
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = size >= 0 ? malloc((size_t)size + 1) : NULL;
-    if (buf && fread(buf, 1, (size_t)size, f) != (size_t)size) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[size] = '\0';
-        *len = (size_t)size;
-    }
-    return buf;
-}
-
 /* The corpus texts, shuffled and concatenated with "\n" up to the target
  * size. NULL when the corpus cannot be read or memory runs out. */
 static char *build_text(size_t *len)
 {
     size_t clen;
-    char *corpus = read_file(CORPUS_PATH, &clen);
+    char *corpus = ml_tok_read_file(CORPUS_PATH, &clen);
     char **lines = calloc(clen / 2 + 1, sizeof *lines); /* a line takes >= 2 bytes */
     char *text = malloc(BENCH_TEXT_BYTES);
     size_t n = 0, used = 0;
@@ -104,12 +76,12 @@ static size_t time_whole(const ml_tokenizer *tok, const char *text, size_t len, 
     ml_token_buf buf;
     ml_token_buf_init(&buf);
     *best = 1e30;
-    double start = now();
-    for (int r = 0; r < MIN_REPEATS || now() - start < MIN_SECONDS; r++) {
+    double start = ml_tok_now();
+    for (int r = 0; r < MIN_REPEATS || ml_tok_now() - start < MIN_SECONDS; r++) {
         buf.n = 0;
-        double t0 = now();
+        double t0 = ml_tok_now();
         ml_tokenizer_encode(tok, text, len, ML_ENCODE_PARSE_SPECIAL, &buf, NULL, 0);
-        double dt = now() - t0;
+        double dt = ml_tok_now() - t0;
         *best = dt < *best ? dt : *best;
     }
     size_t n = buf.n;
@@ -123,10 +95,10 @@ static size_t time_lines(const ml_tokenizer *tok, const char *text, size_t len, 
     ml_token_buf_init(&buf);
     *best = 1e30;
     size_t total = 0;
-    double start = now();
-    for (int r = 0; r < MIN_REPEATS || now() - start < MIN_SECONDS; r++) {
+    double start = ml_tok_now();
+    for (int r = 0; r < MIN_REPEATS || ml_tok_now() - start < MIN_SECONDS; r++) {
         total = 0;
-        double t0 = now();
+        double t0 = ml_tok_now();
         for (size_t i = 0; i < len;) {
             const char *nl = memchr(text + i, '\n', len - i);
             size_t l = nl ? (size_t)(nl - (text + i)) : len - i;
@@ -135,7 +107,7 @@ static size_t time_lines(const ml_tokenizer *tok, const char *text, size_t len, 
             total += buf.n;
             i += l + 1;
         }
-        double dt = now() - t0;
+        double dt = ml_tok_now() - t0;
         *best = dt < *best ? dt : *best;
     }
     ml_token_buf_deinit(&buf);
@@ -147,7 +119,7 @@ int main(int argc, char **argv)
     const char *env = getenv("ML_BENCH");
     if (!env || strcmp(env, "1"))
         ml_test_skip("set ML_BENCH=1 to run the tokenizer benchmark");
-    const char *text_path = NULL, *write_path = NULL, *tok_path = DEFAULT_TOKENIZER;
+    const char *text_path = NULL, *write_path = NULL, *tok_path = ML_TOK_REAL_PATH;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--text"))
             text_path = argv[i + 1];
@@ -162,7 +134,7 @@ int main(int argc, char **argv)
     }
 
     size_t len;
-    char *text = text_path ? read_file(text_path, &len) : build_text(&len);
+    char *text = text_path ? ml_tok_read_file(text_path, &len) : build_text(&len);
     if (!text) {
         fprintf(stderr, "bench_tokenizer: cannot read the benchmark text\n");
         return 1;
@@ -175,14 +147,8 @@ int main(int argc, char **argv)
         }
     }
 
-    char err[256];
-    ml_tokenizer *tok;
-    double t0 = now();
-    if (ml_tokenizer_load(tok_path, &tok, err, sizeof err) != ML_OK) {
-        fprintf(stderr, "bench_tokenizer: %s\n", err);
-        return 1;
-    }
-    double load_s = now() - t0;
+    double load_s;
+    ml_tokenizer *tok = ml_tok_load(tok_path, &load_s);
 
     double whole_s, lines_s;
     size_t whole_n = time_whole(tok, text, len, &whole_s);

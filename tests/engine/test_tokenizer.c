@@ -14,8 +14,8 @@
 
 #include "harness.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer_util.h"
 
-#define TOKENIZER_PATH ML_SOURCE_DIR "/config/tokenizer/tokenizer.json"
 #define CORPUS_PATH ML_SOURCE_DIR "/tests/golden/tokenizer_corpus.jsonl"
 #define EXPECTED_PATH ML_SOURCE_DIR "/tests/golden/fixtures/tokenizer/expected.jsonl"
 #define IMAGE_ID 128256
@@ -24,27 +24,6 @@
 #define MAX_SHOWN_IDS 24
 
 /* ---- helpers ------------------------------------------------------------------ */
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = size >= 0 ? malloc((size_t)size + 1) : NULL;
-    if (buf && fread(buf, 1, (size_t)size, f) != (size_t)size) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[size] = '\0';
-        *len = (size_t)size;
-    }
-    return buf;
-}
 
 /* One corpus line with its reference. */
 typedef struct golden_case {
@@ -84,7 +63,8 @@ static size_t split_lines(char *buf, char ***lines)
 static bool load_golden(golden *g)
 {
     size_t clen, elen;
-    char *corpus = read_file(CORPUS_PATH, &clen), *expected = read_file(EXPECTED_PATH, &elen);
+    char *corpus = ml_tok_read_file(CORPUS_PATH, &clen);
+    char *expected = ml_tok_read_file(EXPECTED_PATH, &elen);
     if (!corpus || !expected) {
         free(corpus);
         free(expected);
@@ -148,33 +128,6 @@ static bool ids_equal(const int32_t *a, size_t na, const int32_t *b, size_t nb)
     return na == nb && (na == 0 || !memcmp(a, b, na * sizeof *a));
 }
 
-/* Well-formed UTF-8, by the same table as the decoder (independent code). */
-static bool utf8_ok(const uint8_t *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        uint8_t b = s[i];
-        size_t len = b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3
-                                : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
-        if (!len || i + len > n)
-            return false;
-        for (size_t k = 1; k < len; k++)
-            if ((s[i + k] & 0xC0) != 0x80)
-                return false;
-        if ((b == 0xE0 && s[i + 1] < 0xA0) || (b == 0xED && s[i + 1] > 0x9F) ||
-            (b == 0xF0 && s[i + 1] < 0x90) || (b == 0xF4 && s[i + 1] > 0x8F))
-            return false;
-        i += len;
-    }
-    return true;
-}
-
-static double seconds_since(const struct timespec *t0)
-{
-    struct timespec t1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
-}
-
 /* ---- golden corpus ----------------------------------------------------------------- */
 
 static void test_golden_encode_decode(const ml_tokenizer *tok, const golden *g)
@@ -232,7 +185,7 @@ static void test_golden_stream(const ml_tokenizer *tok, const golden *g)
             size_t len;
             check(ml_token_stream_push(s, gc->ids[k], &t, &len, err, sizeof err) == ML_OK,
                   "line %zu: push: %s", i + 1, err);
-            chunks_ok &= utf8_ok((const uint8_t *)t, len);
+            chunks_ok &= ml_tok_utf8_ok((const uint8_t *)t, len);
             if (n + len < cap) {
                 memcpy(acc + n, t, len);
                 n += len;
@@ -417,7 +370,8 @@ static void test_invalid_utf8(const ml_tokenizer *tok)
         free(dec);
         ml_tokenizer_decode(tok, buf.ids, buf.n, ML_DECODE_REPLACE_INVALID, &dec, &len, err,
                             sizeof err);
-        check(utf8_ok((const uint8_t *)dec, len), "invalid case %zu: lossy decode is UTF-8", i);
+        check(ml_tok_utf8_ok((const uint8_t *)dec, len), "invalid case %zu: lossy decode is UTF-8",
+              i);
         free(dec);
     }
     /* Python's bytes.decode("utf-8", "replace") on the same bytes. */
@@ -682,7 +636,7 @@ static void test_loader_errors(void)
 static void test_truncated_real_file(void)
 {
     size_t len;
-    char *json = read_file(TOKENIZER_PATH, &len);
+    char *json = ml_tok_read_file(ML_TOK_REAL_PATH, &len);
     if (!json)
         return;
     char err[256];
@@ -701,16 +655,9 @@ static void test_truncated_real_file(void)
 
 int main(void)
 {
-    char err[512];
-    ml_tokenizer *tok = NULL;
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    ml_status st = ml_tokenizer_load(TOKENIZER_PATH, &tok, err, sizeof err);
-    if (st != ML_OK) {
-        fprintf(stderr, "load: %s\n", err);
-        return 1;
-    }
-    fprintf(stderr, "  loaded %s in %.3f s\n", TOKENIZER_PATH, seconds_since(&t0));
+    double load_s;
+    ml_tokenizer *tok = ml_tok_load(ML_TOK_REAL_PATH, &load_s);
+    fprintf(stderr, "  loaded %s in %.3f s\n", ML_TOK_REAL_PATH, load_s);
 
     golden g = {0};
     if (!load_golden(&g)) {

@@ -14,41 +14,17 @@
 #include <string.h>
 
 #include "tokenizer/tokenizer.h"
+#include "tokenizer_util.h"
 
-#define TOKENIZER_PATH ML_SOURCE_DIR "/config/tokenizer/tokenizer.json"
 /* Map fuzz words onto ids mostly in range, a few past the end and negative. */
 #define ID_SPREAD_EXTRA 16
 
 static const ml_tokenizer *tokenizer(void)
 {
     static ml_tokenizer *tok;
-    if (!tok) {
-        char err[256];
-        if (ml_tokenizer_load(TOKENIZER_PATH, &tok, err, sizeof err) != ML_OK) {
-            fprintf(stderr, "fuzz_tokenizer: %s\n", err);
-            abort();
-        }
-    }
+    if (!tok)
+        tok = ml_tok_load(ML_TOK_REAL_PATH, NULL);
     return tok;
-}
-
-static bool utf8_well_formed(const uint8_t *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        uint8_t b = s[i];
-        size_t len = b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3
-                                : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
-        if (!len || i + len > n)
-            return false;
-        for (size_t k = 1; k < len; k++)
-            if ((s[i + k] & 0xC0) != 0x80)
-                return false;
-        if ((b == 0xE0 && s[i + 1] < 0xA0) || (b == 0xED && s[i + 1] > 0x9F) ||
-            (b == 0xF0 && s[i + 1] < 0x90) || (b == 0xF4 && s[i + 1] > 0x8F))
-            return false;
-        i += len;
-    }
-    return true;
 }
 
 static void fuzz_encode(const ml_tokenizer *tok, const uint8_t *data, size_t size)
@@ -67,7 +43,7 @@ static void fuzz_encode(const ml_tokenizer *tok, const uint8_t *data, size_t siz
     free(text);
     if (ml_tokenizer_decode(tok, buf.ids, buf.n, ML_DECODE_REPLACE_INVALID, &text, &len, NULL,
                             0) != ML_OK ||
-        !utf8_well_formed((const uint8_t *)text, len))
+        !ml_tok_utf8_ok((const uint8_t *)text, len))
         abort();
     free(text);
     ml_token_buf_deinit(&buf);
@@ -104,7 +80,7 @@ static void fuzz_decode(const ml_tokenizer *tok, const uint8_t *data, size_t siz
             rejected = true;
             continue;
         }
-        if (!utf8_well_formed((const uint8_t *)t, tl))
+        if (!ml_tok_utf8_ok((const uint8_t *)t, tl))
             abort();
         if (st == ML_OK) {
             if (got + tl > len)

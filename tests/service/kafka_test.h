@@ -343,7 +343,7 @@ static inline bool kt_end_offsets(const char *bootstraps, const char *topic, int
     rd_kafka_t *rk = kt_admin(bootstraps, "kt-watermarks");
     bool ok = true;
     for (int i = 0; i < n; i++) {
-        int64_t lo, hi;
+        int64_t lo = 0, hi = 0;
         ok = ok && !rd_kafka_query_watermark_offsets(rk, topic, i, &lo, &hi, 10000);
         out[i] = hi;
     }

@@ -13,8 +13,10 @@
  * Each test works in a fresh /tmp/mllama-<tag>-XXXXXX (model, logs of every
  * process), removed at the end unless a check failed or ML_KEEP_LOGS is set.
  *
- * Needs ML_MLLAMA_BIN (the mllama binary under test) and ML_SOURCE_DIR as
- * compile definitions, and links svc (librdkafka, hiredis, cJSON). */
+ * Links svc (librdkafka, hiredis, cJSON). The helpers that run mllama
+ * itself need ML_MLLAMA_BIN (the binary under test) as a compile
+ * definition; a test that only runs redis-server (test_redis_index) leaves
+ * it undefined and goes without them. */
 #ifndef ML_TEST_PROC_UTIL_H
 #define ML_TEST_PROC_UTIL_H
 
@@ -45,7 +47,6 @@
 #include "base64.h"
 #include "harness.h"
 
-#define PU_MLLAMA ML_MLLAMA_BIN
 #define PU_REQUESTS "mllama.requests"
 #define PU_REPLIES "mllama.replies"
 #define PU_DLT "mllama.dlt"
@@ -455,6 +456,9 @@ static inline bool pu_redis_start(pu_redis *r, const char *dir, int port)
 
 /* ==== mllama processes =============================================================== */
 
+#ifdef ML_MLLAMA_BIN
+#define PU_MLLAMA ML_MLLAMA_BIN
+
 /* Write the micro model (56-pixel tiles: images cost milliseconds) to dir. */
 static inline bool pu_make_model(const char *dir, const char *log)
 {
@@ -625,6 +629,8 @@ static inline bool pu_wait_assigned(pu_proc *p, int timeout_ms)
             return true;
     return false;
 }
+
+#endif /* ML_MLLAMA_BIN */
 
 /* ==== kcat ====================================================================== */
 

@@ -6,22 +6,17 @@
  * killed (SIGKILL) and restarted empty, and the backoff doubling after a
  * failed half-open trial. Skipped (77) when redis-server is not installed.
  * Also the URL parser, which needs no server. */
-#include <errno.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <hiredis/hiredis.h>
 
 #include "harness.h"
 #include "log.h"
+#include "proc_util.h"
 #include "redis_index.h"
 
 #define DB 3
@@ -38,43 +33,11 @@
  * generous scheduling slack on a shared machine. */
 #define CALL_BOUND_MS (2 * TIMEOUT_MS + 400)
 #define FAST_FAIL_MS 50
-#define READY_WAIT_MS 5000
 
-static pid_t server_pid = -1;
-static int server_port;
-static char server_dir[] = "/tmp/mllama-redis-XXXXXX";
-static bool have_dir;
+static pu_redis server; /* its port and directory stay across restarts */
 static redisContext *probe;
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
-
 /* ==== The server ========================================================== */
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
 
 static void probe_close(void)
 {
@@ -89,7 +52,7 @@ static redisReply *probe_cmd(const char *fmt, ...)
     for (int tries = 0; tries < 2; tries++) {
         if (!probe) {
             struct timeval tv = {1, 0};
-            probe = redisConnectWithTimeout("127.0.0.1", server_port, tv);
+            probe = redisConnectWithTimeout("127.0.0.1", server.port, tv);
             if (!probe || probe->err) {
                 probe_close();
                 continue;
@@ -110,54 +73,20 @@ static redisReply *probe_cmd(const char *fmt, ...)
 
 static bool server_start(void)
 {
-    char port[16];
-    snprintf(port, sizeof port, "%d", server_port);
-    pid_t pid = fork();
-    if (pid < 0)
-        return false;
-    if (pid == 0) {
-        char log[sizeof server_dir + 16];
-        snprintf(log, sizeof log, "%s/redis.log", server_dir);
-        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1",
-               "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", server_dir,
-               "--logfile", log, (char *)NULL);
-        _exit(127);
-    }
-    server_pid = pid;
-    for (int64_t t0 = now_ms(); now_ms() - t0 < READY_WAIT_MS; sleep_ms(20)) {
-        probe_close();
-        redisReply *rep = probe_cmd("PING");
-        bool ok = rep && rep->type == REDIS_REPLY_STATUS;
-        freeReplyObject(rep);
-        if (ok)
-            return true;
-        if (waitpid(pid, NULL, WNOHANG) == pid) {
-            server_pid = -1;
-            return false;
-        }
-    }
-    return false;
+    probe_close();
+    return pu_redis_start(&server, server.dir, server.port);
 }
 
 static void server_kill(void)
 {
-    if (server_pid > 0) {
-        kill(server_pid, SIGKILL);
-        waitpid(server_pid, NULL, 0);
-    }
-    server_pid = -1;
+    pu_kill(&server.proc);
     probe_close();
 }
 
 static void cleanup(void)
 {
     server_kill();
-    if (have_dir) {
-        char log[sizeof server_dir + 16];
-        snprintf(log, sizeof log, "%s/redis.log", server_dir);
-        unlink(log);
-        rmdir(server_dir);
-    }
+    pu_tmpdir_done(server.dir);
 }
 
 /* ==== Probes ============================================================== */
@@ -274,7 +203,7 @@ static void test_config(void)
 static svc_redis *client_create(void)
 {
     char url[64];
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d/%d", server_port, DB);
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/%d", server.port, DB);
     svc_redis_config cfg;
     svc_redis_config_default(&cfg);
     cfg.url = url;
@@ -425,15 +354,15 @@ static void test_blobs_adapters_attempts(svc_redis *r)
 }
 
 /* Time one call, checking its status and an upper bound on its duration. */
-#define TIMED(call, want, bound_ms, what)                                                   \
-    do {                                                                                    \
-        int64_t t0_ = now_ms();                                                             \
-        svc_redis_status st_ = (call);                                                      \
-        int64_t dt_ = now_ms() - t0_;                                                       \
-        check(st_ == (want), "%s: %s, want %s", (what), svc_redis_status_name(st_),         \
-              svc_redis_status_name(want));                                                 \
-        check(dt_ <= (bound_ms), "%s took %lld ms (bound %d)", (what), (long long)dt_,      \
-              (int)(bound_ms));                                                             \
+#define TIMED(call, want, bound_ms, what)                                                       \
+    do {                                                                                        \
+        int64_t t0_ = pu_now_ms();                                                              \
+        svc_redis_status st_ = (call);                                                          \
+        int64_t dt_ = pu_now_ms() - t0_;                                                        \
+        check(st_ == (want), "%s: %s, want %s", (what), svc_redis_status_name(st_),             \
+              svc_redis_status_name(want));                                                     \
+        check(dt_ <= (bound_ms), "%s took %lld ms (bound %d)", (what), (long long)dt_,          \
+              (int)(bound_ms));                                                                 \
     } while (0)
 
 static void test_stopped_server(svc_redis *r)
@@ -444,7 +373,7 @@ static void test_stopped_server(svc_redis *r)
     sha_of('9', g);
     sha_of('7', e);
     uint32_t n;
-    kill(server_pid, SIGSTOP);
+    pu_signal(&server.proc, SIGSTOP);
     /* Two calls time out (the kernel still accepts connections), which opens
      * the breaker; the calls after it fail fast. The first failures are
      * writes whose stale bytes the server may still apply after SIGCONT, so
@@ -467,10 +396,10 @@ static void test_stopped_server(svc_redis *r)
           "fast fails %llu, pending %llu, dropped %llu, resident %llu",
           (unsigned long long)st.fast_fails, (unsigned long long)st.pending_deletes,
           (unsigned long long)st.pending_dropped, (unsigned long long)st.resident);
-    kill(server_pid, SIGCONT);
+    pu_signal(&server.proc, SIGCONT);
 
     /* After the open period one trial goes out, reconciles and closes. */
-    sleep_ms(OPEN_MS + 50);
+    pu_sleep_ms(OPEN_MS + 50);
     check(svc_redis_heartbeat(r, &info, 4000) == SVC_REDIS_OK, "heartbeat after SIGCONT");
     svc_redis_stats_get(r, &st);
     check(st.breaker == SVC_REDIS_BREAKER_CLOSED && st.reconciliations == 1 &&
@@ -502,7 +431,7 @@ static void test_killed_server(svc_redis *r)
     TIMED(svc_redis_img_touch(r, e, 6001), SVC_REDIS_UNAVAILABLE, FAST_FAIL_MS, "touch, open");
 
     check(server_start(), "redis-server restarted");
-    sleep_ms(OPEN_MS + 50);
+    pu_sleep_ms(OPEN_MS + 50);
     check(svc_redis_heartbeat(r, &info, 7000) == SVC_REDIS_OK, "heartbeat after restart");
     svc_redis_stats st;
     svc_redis_stats_get(r, &st);
@@ -525,12 +454,12 @@ static void test_backoff_doubles(svc_redis *r)
      * reopens it for 2 * OPEN_MS. */
     svc_redis_img_touch(r, e, 1);
     svc_redis_img_touch(r, e, 2);
-    sleep_ms(OPEN_MS + 50);
+    pu_sleep_ms(OPEN_MS + 50);
     TIMED(svc_redis_img_touch(r, e, 3), SVC_REDIS_ERR_IO, CALL_BOUND_MS, "half-open trial");
-    sleep_ms(OPEN_MS + 50);
+    pu_sleep_ms(OPEN_MS + 50);
     TIMED(svc_redis_img_touch(r, e, 4), SVC_REDIS_UNAVAILABLE, FAST_FAIL_MS,
           "still open after a failed trial");
-    sleep_ms(OPEN_MAX_MS - OPEN_MS);
+    pu_sleep_ms(OPEN_MAX_MS - OPEN_MS);
     TIMED(svc_redis_img_touch(r, e, 5), SVC_REDIS_ERR_IO, CALL_BOUND_MS, "second trial");
     svc_redis_stats st;
     svc_redis_stats_get(r, &st);
@@ -545,17 +474,12 @@ int main(void)
     test_url();
     test_config();
 
-    if (system("command -v redis-server >/dev/null 2>&1") != 0)
+    if (!pu_which("redis-server"))
         ml_test_skip("redis-server is not installed");
-    if (!mkdtemp(server_dir)) {
-        check(0, "mkdtemp: %s", strerror(errno));
-        return check_done();
-    }
-    have_dir = true;
+    pu_tmpdir("redis", server.dir);
     atexit(cleanup);
-    server_port = free_port();
-    if (server_port <= 0 || !server_start()) {
-        check(0, "redis-server did not start on port %d", server_port);
+    if (!server_start()) {
+        check(0, "redis-server did not start (port %d)", server.port);
         return check_done();
     }
 

@@ -1,0 +1,409 @@
+/* Helpers shared by the tests that drive engine/runtime end to end on a
+ * golden fixture model (m3's configuration: one prompt with two images) and
+ * the real tokenizer:
+ * - ml_rt_fixture: backend, model, tokenizer, and the fixture prompt with
+ *   its two images: ml_rt_fixture_open_golden for a golden fixture model
+ *   with its reference.safetensors, or ml_rt_fixture_open and the test's
+ *   own inputs (ml_rt_fixture_set_prompt / _set_images, pixels);
+ * - ml_rt_result: what one request's callbacks reported;
+ * - ml_rt_submit: a greedy request of a kind (both images, the first only,
+ *   text only) made from the fixture prompt, images by pixels or by key;
+ * - ml_rt_config / ml_rt_runtime_create, ml_rt_steps, ml_rt_drain.
+ * Setup failures (files, loads, allocation) print the reason and exit the
+ * test with 1; what the runtime does with a request is reported through
+ * check(). Header-only, test code only; include after harness.h. */
+#ifndef ML_TEST_RUNTIME_UTIL_H
+#define ML_TEST_RUNTIME_UTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/mllama.h"
+#include "model/safetensors.h"
+#include "runtime/runtime.h"
+#include "tokenizer_util.h"
+
+#define ML_RT_MAX_OUT 64     /* tokens an ml_rt_result keeps */
+#define ML_RT_MAX_PROMPT 64  /* tokens of the fixture prompt */
+#define ML_RT_IMAGES 2       /* images (and <|image|> tokens) of the fixture prompt */
+#define ML_RT_THREADS 2      /* CPU backend threads */
+#define ML_RT_STEP_TOKENS 128
+#define ML_RT_STEP_SEQS 8
+/* Stands in for a removed <|image|>: an ordinary text token of the fixture
+ * models' small vocabulary. */
+#define ML_RT_FILLER_TOKEN 17
+
+/* ======================================================================== */
+/* results                                                                  */
+/* ======================================================================== */
+
+typedef struct ml_rt_result {
+    int32_t out[ML_RT_MAX_OUT]; /* the first ML_RT_MAX_OUT sampled tokens */
+    int n_out;
+    int done;                   /* on_finish calls: exactly 1 once it ended */
+    ml_finish_reason reason;
+    ml_request_error error;
+    char message[256];          /* on_finish's message; "" when none */
+    ml_usage usage;
+    float *first_logits;        /* owned: (vocab) the first step's logits, when
+                                   asked for (ml_rt_request.keep_logits) */
+    int vocab;
+} ml_rt_result;
+
+static inline void ml_rt_on_logits(void *ctx, const float *logits, int vocab)
+{
+    ml_rt_result *r = ctx;
+    if (r->first_logits)
+        return;
+    r->first_logits = malloc((size_t)vocab * sizeof *r->first_logits);
+    if (!r->first_logits) {
+        fprintf(stderr, "runtime test: out of memory for %d logits\n", vocab);
+        exit(1);
+    }
+    memcpy(r->first_logits, logits, (size_t)vocab * sizeof *r->first_logits);
+    r->vocab = vocab;
+}
+
+static inline void ml_rt_on_token(void *ctx, int32_t id, const char *text, size_t len,
+                                  const ml_logprobs *lp)
+{
+    ml_rt_result *r = ctx;
+    if (r->n_out < ML_RT_MAX_OUT)
+        r->out[r->n_out++] = id;
+}
+
+static inline void ml_rt_on_finish(void *ctx, const char *tail, size_t tail_len,
+                                   ml_finish_reason reason, ml_request_error error,
+                                   const char *message, const ml_usage *usage)
+{
+    ml_rt_result *r = ctx;
+    r->done++;
+    r->reason = reason;
+    r->error = error;
+    snprintf(r->message, sizeof r->message, "%s", message ? message : "");
+    r->usage = *usage;
+}
+
+/* Callbacks that fill r (borrowed: it must outlive the request); with
+ * keep_logits the first step's logits are copied into r->first_logits. */
+static inline ml_request_callbacks ml_rt_callbacks(ml_rt_result *r, int keep_logits)
+{
+    return (ml_request_callbacks){
+        .on_logits = keep_logits ? ml_rt_on_logits : NULL,
+        .on_token = ml_rt_on_token,
+        .on_finish = ml_rt_on_finish,
+        .ctx = r,
+    };
+}
+
+/* Frees what r owns; r stays readable but for first_logits (NULL). */
+static inline void ml_rt_result_deinit(ml_rt_result *r)
+{
+    free(r->first_logits);
+    r->first_logits = NULL;
+}
+
+/* 1 when both requests ended once, for the same reason, with the same tokens. */
+static inline int ml_rt_same_output(const ml_rt_result *a, const ml_rt_result *b)
+{
+    return a->done == 1 && b->done == 1 && a->reason == b->reason && a->n_out == b->n_out &&
+           !memcmp(a->out, b->out, (size_t)a->n_out * sizeof a->out[0]);
+}
+
+/* ======================================================================== */
+/* fixture                                                                  */
+/* ======================================================================== */
+
+typedef struct ml_rt_fixture {
+    ml_backend *be;                  /* owned */
+    ml_model *model;                 /* owned */
+    ml_tokenizer *tok;               /* owned: the real tokenizer */
+    int T;                           /* max_num_tiles */
+    int slot_floats;                 /* floats of one image slot (T, 3, S, S) */
+    int32_t prompt[ML_RT_MAX_PROMPT];
+    int n_prompt;
+    float *pixels;                   /* owned: (ML_RT_IMAGES, T, 3, S, S), zeroed at open */
+    int ar_ids[ML_RT_IMAGES], n_tiles[ML_RT_IMAGES];
+    uint8_t ar_mask[ML_RT_IMAGES][ML_RUNTIME_MAX_TILES];
+} ml_rt_fixture;
+
+/* The model limits every runtime test starts from (a caller may raise
+ * others, e.g. max_lora_rank). */
+static inline ml_model_limits ml_rt_limits(void)
+{
+    ml_model_limits lim = ml_model_limits_default();
+    lim.max_step_tokens = ML_RT_STEP_TOKENS;
+    lim.max_step_seqs = ML_RT_STEP_SEQS;
+    lim.max_logit_rows = ML_RT_STEP_SEQS;
+    lim.max_seq_images = ML_RT_IMAGES;
+    return lim;
+}
+
+/* Zeroes *f, then opens the model in model_dir with lim on a CPU backend
+ * and the real tokenizer, and allocates f->pixels (zeroed). The prompt and
+ * the images are the caller's to set. */
+static inline void ml_rt_fixture_open(ml_rt_fixture *f, const char *model_dir,
+                                      const ml_model_limits *lim)
+{
+    char err[512];
+    memset(f, 0, sizeof *f);
+    f->be = ml_backend_cpu_create(ML_RT_THREADS, err, sizeof err);
+    if (!f->be || ml_model_load(&f->model, model_dir, f->be, lim, err, sizeof err) != ML_OK) {
+        fprintf(stderr, "fixture %s: %s\n", model_dir, err);
+        exit(1);
+    }
+    f->tok = ml_tok_load(ML_TOK_REAL_PATH, NULL);
+    const ml_config *cfg = ml_model_config(f->model);
+    f->T = cfg->vision.max_num_tiles;
+    f->slot_floats = f->T * 3 * cfg->vision.image_size * cfg->vision.image_size;
+    f->pixels = calloc(ML_RT_IMAGES * (size_t)f->slot_floats, sizeof *f->pixels);
+    if (f->T > ML_RUNTIME_MAX_TILES || !f->pixels) {
+        fprintf(stderr, "fixture %s: %d tiles, or out of memory\n", model_dir, f->T);
+        exit(1);
+    }
+}
+
+/* Frees what f owns (a zeroed f too). */
+static inline void ml_rt_fixture_close(ml_rt_fixture *f)
+{
+    free(f->pixels);
+    ml_tokenizer_destroy(f->tok);
+    ml_model_destroy(f->model);
+    if (f->be)
+        f->be->ops->destroy(f->be);
+    memset(f, 0, sizeof *f);
+}
+
+/* The safetensors file at path, owned by the caller (ml_safetensors_destroy). */
+static inline ml_safetensors *ml_rt_safetensors_open(const char *path)
+{
+    ml_safetensors *st;
+    char err[256] = "";
+    if (ml_safetensors_open(&st, path, err, sizeof err) != ML_OK) {
+        fprintf(stderr, "%s: %s\n", path, err);
+        exit(1);
+    }
+    return st;
+}
+
+/* Tensor name of st as int64, owned by the caller (free); numel in *n. */
+static inline int64_t *ml_rt_read_i64(ml_safetensors *st, const char *name, size_t *n)
+{
+    char err[256] = "";
+    const ml_tensor_view *t = ml_safetensors_find(st, name);
+    *n = t ? (size_t)ml_tensor_view_numel(t) : 0;
+    int64_t *v = t ? malloc(*n * sizeof *v + 1) : NULL;
+    if (!v || ml_tensor_view_read_i64(t, v, err, sizeof err) != ML_OK) {
+        fprintf(stderr, "tensor %s: %s\n", name, t ? (v ? err : "out of memory") : "absent");
+        exit(1);
+    }
+    return v;
+}
+
+/* The fixture prompt: n token ids, exactly ML_RT_IMAGES of them <|image|>. */
+static inline void ml_rt_fixture_set_prompt(ml_rt_fixture *f, const int64_t *ids, size_t n)
+{
+    const int32_t image_token = ml_model_config(f->model)->image_token_index;
+    int images = 0;
+    for (size_t i = 0; i < n && i < ML_RT_MAX_PROMPT; i++) {
+        f->prompt[i] = (int32_t)ids[i];
+        images += f->prompt[i] == image_token;
+    }
+    if (n > ML_RT_MAX_PROMPT || images != ML_RT_IMAGES) {
+        fprintf(stderr, "fixture prompt: %zu tokens (at most %d), %d images (want %d)\n", n,
+                ML_RT_MAX_PROMPT, images, ML_RT_IMAGES);
+        exit(1);
+    }
+    f->n_prompt = (int)n;
+}
+
+/* The images' aspect ratios: ar_ids (ML_RT_IMAGES), ar_mask (ML_RT_IMAGES, T)
+ * nonzero for a real tile; n_tiles counts those. */
+static inline void ml_rt_fixture_set_images(ml_rt_fixture *f, const int64_t *ar_ids,
+                                            const int64_t *ar_mask)
+{
+    for (int i = 0; i < ML_RT_IMAGES; i++) {
+        f->ar_ids[i] = (int)ar_ids[i];
+        f->n_tiles[i] = 0;
+        for (int t = 0; t < f->T; t++) {
+            f->ar_mask[i][t] = ar_mask[i * f->T + t] != 0;
+            f->n_tiles[i] += f->ar_mask[i][t];
+        }
+    }
+}
+
+/* A golden fixture model (model_dir: tests/golden/fixtures/models/<name>,
+ * written by gen_fixtures.py) opened as ml_rt_fixture_open does, with the
+ * prompt, images and pixels of its reference.safetensors, and the first
+ * n_greedy tokens of transformers' greedy continuation in greedy. */
+static inline void ml_rt_fixture_open_golden(ml_rt_fixture *f, const char *model_dir,
+                                             const ml_model_limits *lim, int32_t *greedy,
+                                             int n_greedy)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/reference.safetensors", model_dir);
+    ml_rt_fixture_open(f, model_dir, lim);
+    ml_safetensors *ref = ml_rt_safetensors_open(path);
+    size_t n, n_tokens, n_ar;
+    int64_t *ids = ml_rt_read_i64(ref, "input_ids", &n);
+    ml_rt_fixture_set_prompt(f, ids, n);
+    int64_t *tokens = ml_rt_read_i64(ref, "greedy_tokens", &n_tokens);
+    int64_t *ar_ids = ml_rt_read_i64(ref, "aspect_ratio_ids", &n_ar);
+    int64_t *ar_mask = ml_rt_read_i64(ref, "aspect_ratio_mask", &n);
+    const ml_tensor_view *pixels = ml_safetensors_find(ref, "pixel_values");
+    char err[256] = "";
+    if (n_tokens < (size_t)n_greedy || n_ar != ML_RT_IMAGES ||
+        n != ML_RT_IMAGES * (size_t)f->T || !pixels ||
+        ml_tensor_view_numel(pixels) != ML_RT_IMAGES * (int64_t)f->slot_floats ||
+        ml_tensor_view_read_f32(pixels, f->pixels, err, sizeof err) != ML_OK) {
+        fprintf(stderr, "%s: shapes do not fit the model %s\n", path, err);
+        exit(1);
+    }
+    for (int i = 0; i < n_greedy; i++)
+        greedy[i] = (int32_t)tokens[i];
+    ml_rt_fixture_set_images(f, ar_ids, ar_mask);
+    free(ids);
+    free(tokens);
+    free(ar_ids);
+    free(ar_mask);
+    ml_safetensors_destroy(ref);
+}
+
+/* ======================================================================== */
+/* runtime                                                                  */
+/* ======================================================================== */
+
+/* A runtime configuration for f: a KV pool of kv_blocks blocks, room for
+ * image_slots resident image states, ML_RT_STEP_SEQS running, no adapters. */
+static inline ml_runtime_config ml_rt_config(const ml_rt_fixture *f, size_t kv_blocks,
+                                             int image_slots)
+{
+    const ml_config *cfg = ml_model_config(f->model);
+    int n_self = cfg->text.num_hidden_layers - cfg->text.n_cross_layers;
+    size_t block = ml_kv_cache_block_bytes(n_self, ml_model_limits_of(f->model)->kv_block_size,
+                                           cfg->text.num_key_value_heads, cfg->text.head_dim,
+                                           f->be->ops->kv_elem_size);
+    return (ml_runtime_config){
+        .kv_bytes = kv_blocks * block,
+        .image_bytes = (size_t)image_slots * ml_model_image_state_bytes(f->model),
+        .max_running = ML_RT_STEP_SEQS,
+        .max_step_tokens = ML_RT_STEP_TOKENS,
+    };
+}
+
+/* A runtime over f's model and tokenizer; the caller destroys it before f. */
+static inline ml_runtime *ml_rt_runtime_create(ml_rt_fixture *f, const ml_runtime_config *rc)
+{
+    ml_runtime *rt;
+    char err[256] = "";
+    if (ml_runtime_create(&rt, f->model, f->tok, rc, err, sizeof err) != ML_OK) {
+        fprintf(stderr, "runtime: %s\n", err);
+        exit(1);
+    }
+    return rt;
+}
+
+/* Requests made from the fixture prompt. */
+typedef enum ml_rt_kind {
+    ML_RT_TWO_IMAGES, /* the fixture prompt as is */
+    ML_RT_ONE_IMAGE,  /* its second <|image|> replaced by ML_RT_FILLER_TOKEN */
+    ML_RT_TEXT_ONLY,  /* both replaced */
+} ml_rt_kind;
+
+typedef struct ml_rt_request {
+    ml_rt_kind kind;
+    int max_tokens;
+    int resident;        /* images named by key only (no pixels) */
+    int key_salt;        /* second key byte: another value is another image */
+    const char *adapter; /* borrowed; NULL = the base model */
+    int64_t deadline_ms; /* 0 = none */
+    int keep_logits;     /* copy the first step's logits into the result */
+} ml_rt_request;
+
+/* Submit q as a greedy request whose callbacks fill r (borrowed until it
+ * ends). Image i's key is (i + 1, key_salt, 0...). Returns the handle;
+ * ml_runtime_submit's own failure is a check failure (handle 0). */
+static inline uint64_t ml_rt_submit(const ml_rt_fixture *f, ml_runtime *rt,
+                                    const ml_rt_request *q, ml_rt_result *r)
+{
+    const int32_t image_token = ml_model_config(f->model)->image_token_index;
+    int32_t prompt[ML_RT_MAX_PROMPT];
+    ml_request_image images[ML_RT_IMAGES];
+    int n_images = 0, seen = 0;
+    for (int i = 0; i < f->n_prompt; i++) {
+        prompt[i] = f->prompt[i];
+        if (prompt[i] != image_token)
+            continue;
+        int keep = q->kind == ML_RT_TWO_IMAGES || (q->kind == ML_RT_ONE_IMAGE && seen == 0);
+        if (!keep) {
+            prompt[i] = ML_RT_FILLER_TOKEN;
+            seen++;
+            continue;
+        }
+        ml_request_image *im = &images[n_images++];
+        memset(im, 0, sizeof *im);
+        im->key[0] = (uint8_t)(seen + 1);
+        im->key[1] = (uint8_t)q->key_salt;
+        im->aspect_ratio_id = f->ar_ids[seen];
+        im->n_tiles = f->n_tiles[seen];
+        memcpy(im->aspect_ratio_mask, f->ar_mask[seen], sizeof im->aspect_ratio_mask);
+        if (!q->resident) {
+            /* Transferred to the runtime, which frees it. */
+            im->pixels = malloc((size_t)f->slot_floats * sizeof *im->pixels);
+            if (!im->pixels) {
+                fprintf(stderr, "runtime test: out of memory for pixels\n");
+                exit(1);
+            }
+            memcpy(im->pixels, f->pixels + (size_t)seen * f->slot_floats,
+                   (size_t)f->slot_floats * sizeof *im->pixels);
+        }
+        seen++;
+    }
+    ml_request req = {
+        .prompt = prompt,
+        .n_prompt = f->n_prompt,
+        .images = images,
+        .n_images = n_images,
+        .deadline_ms = q->deadline_ms,
+        .adapter = q->adapter,
+        .cb = ml_rt_callbacks(r, q->keep_logits),
+    };
+    ml_sampling_params_default(&req.sampling);
+    req.sampling.temperature = 0;
+    req.sampling.max_tokens = (uint32_t)q->max_tokens;
+    uint64_t h = 0;
+    char err[256] = "";
+    check(ml_runtime_submit(rt, &req, &h, err, sizeof err) == ML_OK, "submit: %s", err);
+    return h;
+}
+
+/* n scheduling steps, each one checked. */
+static inline void ml_rt_steps(ml_runtime *rt, int n)
+{
+    char err[256] = "";
+    for (int s = 0; s < n; s++)
+        check(ml_runtime_step(rt, err, sizeof err) == ML_OK, "step: %s", err);
+}
+
+/* Steps until no request is left (a bounded number of steps). With
+ * image_budget > 0, checks after every step that the resident image states
+ * stay within it. */
+static inline void ml_rt_drain(ml_runtime *rt, size_t image_budget)
+{
+    enum { MAX_STEPS = 10000 };
+    char err[256] = "";
+    for (int guard = 0; ml_runtime_active(rt) > 0 && guard < MAX_STEPS; guard++) {
+        check(ml_runtime_step(rt, err, sizeof err) == ML_OK, "step: %s", err);
+        if (image_budget) {
+            ml_runtime_stats st;
+            ml_runtime_get_stats(rt, &st);
+            check(st.image_bytes_used <= image_budget, "image memory %zu over budget %zu",
+                  st.image_bytes_used, image_budget);
+        }
+    }
+    check(ml_runtime_active(rt) == 0, "runtime drained");
+}
+
+#endif
