@@ -1,6 +1,7 @@
-/* `mllama run`: generate from a model directory on the CPU backend through
- * the runtime, for one prompt (text streamed to stdout) or a JSONL batch of
- * requests (continuous batching; per-request results and throughput). */
+/* `mllama run`: generate from a model directory through the runtime, for
+ * one prompt (text streamed to stdout) or a JSONL batch of requests
+ * (continuous batching; per-request results and throughput), on one
+ * backend or split over a tensor-parallel group (--tp). */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -30,7 +31,9 @@ static void usage(FILE *f)
             "                  [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
             "                  [--seed S] [--stop STR]... [--logits-out F.npy] [--json] [--threads N]\n"
             "                  [--kv-mib N] [--image-mib N] [--backend auto|cpu|cuda]\n"
-            "       mllama run --model DIR --batch FILE.jsonl [--threads N] [--kv-mib N] [--image-mib N]\n\n"
+            "                  [--tp N [--devices 0,1,...]]\n"
+            "       mllama run --model DIR --batch FILE.jsonl [--threads N] [--kv-mib N] [--image-mib N]\n"
+            "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]]\n\n"
             "--prompt is raw text (special tokens parsed; <|begin_of_text|> is inserted after\n"
             "any leading <|image|> tokens when absent, as MllamaProcessor does); --chat wraps\n"
             "TEXT and the images in the Llama 3.2 Vision Instruct template; --ids gives token\n"
@@ -41,7 +44,11 @@ static void usage(FILE *f)
             "\"seed\", \"stop\", and \"after\": the 0-based index of an earlier line, to submit\n"
             "this request only once that one has finished (e.g. an image-cache hit after a\n"
             "miss); the others are submitted at once. Prints one JSON result per request and\n"
-            "the throughput.\n");
+            "the throughput.\n"
+            "--tp N splits the model over N devices (tensor parallelism: N must divide the\n"
+            "attention heads, K/V heads and MLP widths): N CPU backends sharing --threads, or\n"
+            "the CUDA devices of --devices (default: the first N). --kv-mib and --image-mib\n"
+            "are per device.\n");
 }
 
 /* ==========================================================================
@@ -80,7 +87,7 @@ typedef struct run_job {
 } run_job;
 
 typedef struct run_ctx {
-    ml_backend *be;
+    svc_backends backends;
     ml_model *model;
     ml_tokenizer *tok;
     ml_image_params image_params;
@@ -407,8 +414,8 @@ static int spec_from_json(const cJSON *o, int line, job_spec *spec)
  * ========================================================================== */
 
 typedef struct run_opts {
-    const char *model_dir, *batch, *logits_out, *backend;
-    int json, threads;
+    const char *model_dir, *batch, *logits_out, *backend, *devices;
+    int json, threads, tp;
     long kv_mib, image_mib;
     job_spec spec;
 } run_opts;
@@ -420,6 +427,7 @@ static int parse_args(int argc, char **argv, run_opts *o)
     o->spec.sampling.max_tokens = DEFAULT_MAX_TOKENS;
     o->kv_mib = DEFAULT_KV_MIB;
     o->backend = "auto";
+    o->tp = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
@@ -446,6 +454,8 @@ static int parse_args(int argc, char **argv, run_opts *o)
             o->logits_out = v;
         else if (!strcmp(a, "--backend"))
             o->backend = v;
+        else if (!strcmp(a, "--devices"))
+            o->devices = v;
         else if (!strcmp(a, "--image")) {
             if (o->spec.n_images == MAX_IMAGES) {
                 fprintf(stderr, CMD ": at most %d images\n", MAX_IMAGES);
@@ -482,6 +492,10 @@ static int parse_args(int argc, char **argv, run_opts *o)
             if (svc_parse_long(CMD, a, v, 0, 1024, &l))
                 return -1;
             o->threads = (int)l;
+        } else if (!strcmp(a, "--tp")) {
+            if (svc_parse_long(CMD, a, v, 1, SVC_TP_MAX, &l))
+                return -1;
+            o->tp = (int)l;
         } else if (!strcmp(a, "--kv-mib")) {
             if (svc_parse_long(CMD, a, v, 1, 1L << 24, &o->kv_mib))
                 return -1;
@@ -517,22 +531,22 @@ static void ctx_deinit(run_ctx *c)
     ml_runtime_destroy(c->rt);
     ml_model_destroy(c->model);
     ml_tokenizer_destroy(c->tok);
-    if (c->be)
-        c->be->ops->destroy(c->be);
+    svc_backends_deinit(&c->backends);
 }
 
 static int ctx_init(run_ctx *c, const run_opts *o, int max_images)
 {
     char err[512], path[4096];
-    const char *chosen;
-    if (!(c->be = svc_backend_create(o->backend, o->threads, 0, &chosen, err, sizeof err))) {
+    if (svc_backends_init(&c->backends, o->backend, o->tp, o->devices, o->threads, 0, err,
+                          sizeof err)) {
         fprintf(stderr, CMD ": %s\n", err);
         return -1;
     }
     ml_model_limits lim = ml_model_limits_default();
     if (o->logits_out)
         lim.max_logit_rows = lim.max_step_seqs;
-    if (ml_model_load(&c->model, o->model_dir, c->be, &lim, err, sizeof err) != ML_OK) {
+    if (ml_model_load_tp(&c->model, o->model_dir, c->backends.be, c->backends.world, &lim, err,
+                         sizeof err) != ML_OK) {
         fprintf(stderr, CMD ": %s: %s\n", o->model_dir, err);
         return -1;
     }

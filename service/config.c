@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend_select.h"
 #include "protocol.h"
 
 /* config/local.json, compiled in by service/CMakeLists.txt. */
@@ -38,6 +39,8 @@ static const field fields[] = {
     STR("model", "preset_if_missing", model.preset_if_missing),
     STR("model", "backend", model.backend),
     INT("model", "threads", model.threads, 0, 4096),
+    INT("model", "tensor_parallel", model.tensor_parallel, 1, SVC_TP_MAX),
+    STR("model", "devices", model.devices),
     STR("model", "adapters_dir", model.adapters_dir),
     LONG("runtime", "kv_mib", runtime.kv_mib, 1, 1L << 24),
     LONG("runtime", "image_mib", runtime.image_mib, 1, 1L << 24),
@@ -239,6 +242,25 @@ static int validate(svc_config *cfg, char *err, size_t errlen)
         }
     if (!cfg->model.dir[0] || !cfg->kafka.brokers[0] || !cfg->kafka.group[0]) {
         svc_errf(err, errlen, "model.dir, kafka.brokers and kafka.group are required");
+        return -1;
+    }
+    int devices[SVC_TP_MAX];
+    char why[256];
+    int n_devices = svc_parse_devices(cfg->model.devices, devices, SVC_TP_MAX, why, sizeof why);
+    if (n_devices < 0) {
+        svc_errf(err, errlen, "model.devices: %s", why);
+        return -1;
+    }
+    if (n_devices && n_devices != cfg->model.tensor_parallel) {
+        svc_errf(err, errlen, "model.devices lists %d devices but model.tensor_parallel is %d",
+                 n_devices, cfg->model.tensor_parallel);
+        return -1;
+    }
+    if (cfg->model.tensor_parallel > 1 && cfg->runtime.max_adapters > 0) {
+        svc_errf(err, errlen,
+                 "runtime.max_adapters must be 0 with model.tensor_parallel %d: LoRA adapters "
+                 "are not supported on a tensor-parallel model",
+                 cfg->model.tensor_parallel);
         return -1;
     }
     if (cfg->runtime.max_step_tokens < cfg->runtime.max_running) {

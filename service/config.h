@@ -23,7 +23,10 @@ typedef struct svc_config {
         char dir[SVC_CONFIG_STR];        /* Hugging Face checkpoint directory */
         char preset_if_missing[64];      /* mkmodel preset written to dir when absent; "" = fail */
         char backend[16];                /* "auto", "cpu" or "cuda" */
-        int threads;                     /* CPU backend threads; 0 = all cores */
+        int threads;                     /* CPU backend threads, all ranks together; 0 = all cores */
+        int tensor_parallel;             /* shards (devices) the model is split over */
+        char devices[256];               /* CUDA devices of the shards, "0,1,..."; "" = the first
+                                            tensor_parallel devices */
         char adapters_dir[SVC_CONFIG_STR]; /* PEFT adapters: <dir>/<name>/; Redis-held ones are
                                               written here */
     } model;

@@ -535,16 +535,22 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
                        errlen) != ML_OK)
             return -1;
     }
-    if (!(w->be = svc_backend_create(c->model.backend, c->model.threads, 0, &w->backend_name,
-                                      err, errlen)))
+    if (svc_backends_init(&w->backends, c->model.backend, c->model.tensor_parallel,
+                          c->model.devices, c->model.threads, 0, err, errlen))
         return -1;
     ml_model_limits lim = ml_model_limits_default();
     lim.max_step_tokens = c->runtime.max_step_tokens;
     lim.max_step_seqs = c->runtime.max_running;
     lim.max_logit_rows = c->runtime.max_running;
     lim.max_seq_images = c->runtime.max_images_per_request;
-    if (ml_model_load(&w->model, c->model.dir, w->be, &lim, err, errlen) != ML_OK)
+    if (ml_model_load_tp(&w->model, c->model.dir, w->backends.be, w->backends.world, &lim, err,
+                         errlen) != ML_OK)
         return -1;
+    if (w->backends.world > 1)
+        svc_log(SVC_LOG_INFO, "tensor_parallel",
+                "model split over %d %s devices; runtime.kv_mib and runtime.image_mib are per "
+                "device",
+                w->backends.world, w->backends.name);
     snprintf(path, sizeof path, "%s/tokenizer.json", c->model.dir);
     if (stat(path, &st) != 0)
         snprintf(path, sizeof path, "%s", ML_DEFAULT_TOKENIZER);
@@ -681,7 +687,7 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
         svc_worker_destroy(w);
         return NULL;
     }
-    svc_metrics_set_info(MLLAMA_VERSION, w->backend_name, w->model_name, w->fingerprint);
+    svc_metrics_set_info(MLLAMA_VERSION, w->backends.name, w->model_name, w->fingerprint);
     if (connect_redis(w, err, errlen) || connect_kafka(w, err, errlen)) {
         *code = SVC_WORKER_EXIT_KAFKA;
         svc_worker_destroy(w);
@@ -697,9 +703,9 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     }
     atomic_store(&w->health.model_loaded, 1);
     svc_log(SVC_LOG_INFO, "worker_started",
-            "worker %s, model %s (%s) on %s, brokers %s, group %s, http :%d", w->cfg.worker_id,
-            w->model_name, w->fingerprint, w->backend_name, w->brokers, w->cfg.kafka.group,
-            svc_http_port(w->http));
+            "worker %s, model %s (%s) on %s x%d, brokers %s, group %s, http :%d",
+            w->cfg.worker_id, w->model_name, w->fingerprint, w->backends.name,
+            w->backends.world, w->brokers, w->cfg.kafka.group, svc_http_port(w->http));
     return w;
 }
 
@@ -828,8 +834,7 @@ void svc_worker_destroy(svc_worker *w)
     svc_redis_destroy(w->redis_index);
     ml_model_destroy(w->model);
     ml_tokenizer_destroy(w->tok);
-    if (w->be)
-        w->be->ops->destroy(w->be);
+    svc_backends_deinit(&w->backends);
     svc_http_stop(w->http);
     while (w->cancels_head) {
         cancel_req *c = w->cancels_head;

@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "backend_select.h"
 #include "config.h"
 #include "engine.h"
 #include "http.h"
@@ -101,8 +102,7 @@ struct svc_worker {
     char fatal_msg[512];
 
     /* Engine (step thread after start). */
-    ml_backend *be;
-    const char *backend_name;   /* "cpu" or "cuda" (static) */
+    svc_backends backends;      /* the model's: one, or a tensor-parallel group */
     ml_model *model;
     ml_tokenizer *tok;
     ml_runtime *rt;

@@ -4,10 +4,9 @@
 #include <stdlib.h>
 
 struct ml_kv_cache {
-    ml_backend *be;            /* borrowed */
-    int n_layers, n_blocks, block_size;
-    size_t pool_bytes;         /* one layer's K (or V) pool */
-    void **k, **v;             /* owned (n_layers) backend buffers */
+    int world, n_layers, n_blocks, block_size;
+    ml_backend **bes;          /* owned array (world) of borrowed backends */
+    void **k, **v;             /* owned (world · n_layers) backend buffers, rank-major */
     int32_t *free_list;        /* owned (n_blocks): a stack of free block ids */
     int n_free;
 };
@@ -23,30 +22,53 @@ ml_status ml_kv_cache_create(ml_kv_cache **out, ml_backend *be, int n_layers, in
                              int block_size, int n_kv_heads, int head_dim, char *err,
                              size_t errlen)
 {
+    return ml_kv_cache_create_group(out, &be, 1, n_layers, n_blocks, block_size, n_kv_heads,
+                                    head_dim, err, errlen);
+}
+
+ml_status ml_kv_cache_create_group(ml_kv_cache **out, ml_backend *const *bes, int world,
+                                   int n_layers, int n_blocks, int block_size, int n_kv_heads,
+                                   int head_dim, char *err, size_t errlen)
+{
     *out = NULL;
-    if (n_layers < 0 || n_blocks <= 0 || block_size <= 0 || n_kv_heads <= 0 || head_dim <= 0)
+    if (world < 1 || n_layers < 0 || n_blocks <= 0 || block_size <= 0 || n_kv_heads <= 0 ||
+        head_dim <= 0)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
-                       "kv cache: invalid geometry (%d layers, %d blocks of %d)", n_layers,
-                       n_blocks, block_size);
+                       "kv cache: invalid geometry (%d ranks, %d layers, %d blocks of %d)", world,
+                       n_layers, n_blocks, block_size);
     ml_kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "kv cache: out of memory");
-    kv->be = be;
+    kv->world = world;
     kv->n_layers = n_layers;
     kv->n_blocks = n_blocks;
     kv->block_size = block_size;
-    kv->pool_bytes = (size_t)n_blocks * (size_t)block_size * (size_t)n_kv_heads *
-                     (size_t)head_dim * be->ops->kv_elem_size;
-    kv->k = calloc((size_t)n_layers + 1, sizeof *kv->k);
-    kv->v = calloc((size_t)n_layers + 1, sizeof *kv->v);
+    /* +1: a model may have no self-attention layer, and calloc(0) may be NULL. */
+    size_t n_pools = (size_t)world * (size_t)n_layers + 1;
+    kv->bes = calloc((size_t)world, sizeof *kv->bes);
+    kv->k = calloc(n_pools, sizeof *kv->k);
+    kv->v = calloc(n_pools, sizeof *kv->v);
     kv->free_list = malloc((size_t)n_blocks * sizeof *kv->free_list);
-    if (!kv->k || !kv->v || !kv->free_list)
-        goto nomem;
-    for (int l = 0; l < n_layers; l++) {
-        kv->k[l] = be->ops->alloc(be, kv->pool_bytes);
-        kv->v[l] = be->ops->alloc(be, kv->pool_bytes);
-        if (!kv->k[l] || !kv->v[l])
-            goto nomem;
+    if (!kv->bes || !kv->k || !kv->v || !kv->free_list) {
+        ml_kv_cache_destroy(kv);
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "kv cache: out of memory");
+    }
+    for (int r = 0; r < world; r++) {
+        ml_backend *be = kv->bes[r] = bes[r];
+        size_t pool_bytes = (size_t)n_blocks * (size_t)block_size * (size_t)n_kv_heads *
+                            (size_t)head_dim * be->ops->kv_elem_size;
+        for (int l = 0; l < n_layers; l++) {
+            size_t i = (size_t)r * n_layers + l;
+            kv->k[i] = be->ops->alloc(be, pool_bytes);
+            kv->v[i] = be->ops->alloc(be, pool_bytes);
+            if (!kv->k[i] || !kv->v[i]) {
+                ml_kv_cache_destroy(kv);
+                return ml_fail(err, errlen, ML_ERR_NOMEM,
+                               "kv cache: cannot allocate %d layers x 2 x %zu bytes on rank %d "
+                               "of %d",
+                               n_layers, pool_bytes, r, world);
+            }
+        }
     }
     /* Pushed in reverse so blocks are handed out in ascending order. */
     for (int b = 0; b < n_blocks; b++)
@@ -54,22 +76,21 @@ ml_status ml_kv_cache_create(ml_kv_cache **out, ml_backend *be, int n_layers, in
     kv->n_free = n_blocks;
     *out = kv;
     return ML_OK;
-nomem:
-    ml_kv_cache_destroy(kv);
-    return ml_fail(err, errlen, ML_ERR_NOMEM, "kv cache: cannot allocate %d layers x 2 x %zu bytes",
-                   n_layers, kv->pool_bytes);
 }
 
 void ml_kv_cache_destroy(ml_kv_cache *kv)
 {
     if (!kv)
         return;
-    for (int l = 0; kv->k && kv->v && l < kv->n_layers; l++) {
-        if (kv->k[l])
-            kv->be->ops->free(kv->be, kv->k[l]);
-        if (kv->v[l])
-            kv->be->ops->free(kv->be, kv->v[l]);
+    /* Pools are allocated rank by rank, so a rank with pools has its backend set. */
+    for (size_t i = 0; kv->bes && kv->k && kv->v && i < (size_t)kv->world * kv->n_layers; i++) {
+        ml_backend *be = kv->bes[i / (size_t)kv->n_layers];
+        if (kv->k[i])
+            be->ops->free(be, kv->k[i]);
+        if (kv->v[i])
+            be->ops->free(be, kv->v[i]);
     }
+    free(kv->bes);
     free(kv->k);
     free(kv->v);
     free(kv->free_list);
@@ -79,6 +100,7 @@ void ml_kv_cache_destroy(ml_kv_cache *kv)
 int ml_kv_cache_block_size(const ml_kv_cache *kv) { return kv->block_size; }
 int ml_kv_cache_n_blocks(const ml_kv_cache *kv) { return kv->n_blocks; }
 int ml_kv_cache_n_free(const ml_kv_cache *kv) { return kv->n_free; }
+int ml_kv_cache_world(const ml_kv_cache *kv) { return kv->world; }
 
 int32_t ml_kv_cache_alloc(ml_kv_cache *kv)
 {
@@ -91,14 +113,14 @@ void ml_kv_cache_release(ml_kv_cache *kv, int32_t block)
     kv->free_list[kv->n_free++] = block;
 }
 
-void *ml_kv_cache_k(ml_kv_cache *kv, int layer)
+void *ml_kv_cache_k(ml_kv_cache *kv, int rank, int layer)
 {
-    assert(layer >= 0 && layer < kv->n_layers);
-    return kv->k[layer];
+    assert(rank >= 0 && rank < kv->world && layer >= 0 && layer < kv->n_layers);
+    return kv->k[(size_t)rank * kv->n_layers + layer];
 }
 
-void *ml_kv_cache_v(ml_kv_cache *kv, int layer)
+void *ml_kv_cache_v(ml_kv_cache *kv, int rank, int layer)
 {
-    assert(layer >= 0 && layer < kv->n_layers);
-    return kv->v[layer];
+    assert(rank >= 0 && rank < kv->world && layer >= 0 && layer < kv->n_layers);
+    return kv->v[(size_t)rank * kv->n_layers + layer];
 }

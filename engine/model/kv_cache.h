@@ -4,7 +4,14 @@
  * through block tables kept by their owner (the runtime); a block holds the
  * same token range in every layer.
  *
- * @locality: the step loop thread. */
+ * Under tensor parallelism (design.md §3) the cache has one set of pools per
+ * rank, each in that rank's backend and holding that shard's K/V heads, and
+ * one free list: a block id names the same slots on every rank, so one block
+ * table serves every shard.
+ *
+ * @locality: the step loop thread; the pools of a cache with several ranks
+ * may be read by each rank's thread while a step runs (the free list is not
+ * touched then). */
 #ifndef ML_MODEL_KV_CACHE_H
 #define ML_MODEL_KV_CACHE_H
 
@@ -18,21 +25,32 @@ typedef struct ml_kv_cache ml_kv_cache;
 
 /* Allocate the pools: 2 · n_layers · n_blocks · block_size · n_kv_heads ·
  * head_dim elements of be->ops->kv_elem_size bytes. `be` is borrowed and
- * must outlive the cache. Errors: ML_ERR_INVALID_ARG, ML_ERR_NOMEM. */
+ * must outlive the cache. A cache of one rank (ml_kv_cache_create_group
+ * with world 1). Errors: ML_ERR_INVALID_ARG, ML_ERR_NOMEM. */
 ml_status ml_kv_cache_create(ml_kv_cache **out, ml_backend *be, int n_layers, int n_blocks,
                              int block_size, int n_kv_heads, int head_dim, char *err,
                              size_t errlen);
 
+/* A cache of `world` ranks: rank r's pools (n_kv_heads per token, the
+ * shard's share) in bes[r] (borrowed, each outliving the cache), one block
+ * allocator for all. On error nothing is left allocated: ML_ERR_INVALID_ARG
+ * (geometry, world < 1), ML_ERR_NOMEM (err names the rank). */
+ml_status ml_kv_cache_create_group(ml_kv_cache **out, ml_backend *const *bes, int world,
+                                   int n_layers, int n_blocks, int block_size, int n_kv_heads,
+                                   int head_dim, char *err, size_t errlen);
+
 /* NULL is a no-op. */
 void ml_kv_cache_destroy(ml_kv_cache *kv);
 
-/* Bytes of one block across all layers, K and V. */
+/* Bytes of one block across all layers, K and V (on one rank). */
 size_t ml_kv_cache_block_bytes(int n_layers, int block_size, int n_kv_heads, int head_dim,
                                size_t elem_size);
 
 int ml_kv_cache_block_size(const ml_kv_cache *kv);
 int ml_kv_cache_n_blocks(const ml_kv_cache *kv);
 int ml_kv_cache_n_free(const ml_kv_cache *kv);
+/* Ranks the cache has pools for (1 unless made by ml_kv_cache_create_group). */
+int ml_kv_cache_world(const ml_kv_cache *kv);
 
 /* Take a free block (its contents are stale until written); -1 when none. */
 int32_t ml_kv_cache_alloc(ml_kv_cache *kv);
@@ -40,8 +58,9 @@ int32_t ml_kv_cache_alloc(ml_kv_cache *kv);
 /* Return a block taken with ml_kv_cache_alloc. */
 void ml_kv_cache_release(ml_kv_cache *kv, int32_t block);
 
-/* The pools of self-attention layer `layer` (0 .. n_layers-1). Borrowed. */
-void *ml_kv_cache_k(ml_kv_cache *kv, int layer);
-void *ml_kv_cache_v(ml_kv_cache *kv, int layer);
+/* Rank `rank`'s pools of self-attention layer `layer` (0 .. n_layers-1), in
+ * that rank's backend. Borrowed. */
+void *ml_kv_cache_k(ml_kv_cache *kv, int rank, int layer);
+void *ml_kv_cache_v(ml_kv_cache *kv, int rank, int layer);
 
 #endif

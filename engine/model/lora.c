@@ -530,9 +530,9 @@ ml_status ml_lora_create(ml_lora **out, ml_model *m, int max_rank, char *err, si
     l->sites = calloc((size_t)l->n_sites, sizeof *l->sites);
     l->mem = m->be->ops->alloc(m->be, l->bytes);
     if (!l->sites || !l->mem) {
+        double mib = (double)l->bytes / (1 << 20);
         ml_lora_destroy(l);
-        return ml_fail(err, errlen, ML_ERR_NOMEM, "adapter slot: cannot allocate %.1f MiB",
-                       (double)l->bytes / (1 << 20));
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "adapter slot: cannot allocate %.1f MiB", mib);
     }
     *out = l;
     return ML_OK;

@@ -8,7 +8,8 @@
  * are f32, weights bf16 (backend.h).
  *
  * @locality: a model is driven by one thread at a time (the step loop), the
- * same one that drives its backend. */
+ * same one that drives its backend. A tensor-parallel model (ml_model_load_tp)
+ * also runs on threads of its own, inside its calls only. */
 #ifndef ML_MODEL_MLLAMA_H
 #define ML_MODEL_MLLAMA_H
 
@@ -58,8 +59,10 @@ ml_status ml_model_load(ml_model **out, const char *dir, ml_backend *be,
  * group, each shard is driven by its own thread, and every shard is given
  * the same calls (encode, forward) in the same order; each returns the
  * whole model's result (the logits are bit-identical on every shard). A
- * shard has its own K/V cache (ml_model_kv_heads heads) and its own image
- * states (ml_model_image_state_bytes). Errors: as ml_model_load, and
+ * shard uses its rank's pools of the group's K/V cache
+ * (ml_kv_cache_create_group, ml_model_kv_heads heads per rank) and image
+ * states of its own (ml_model_image_state_bytes). ml_model_load_tp drives
+ * the shards for the caller. Errors: as ml_model_load, and
  * ML_ERR_INVALID_ARG (rank outside [0, world)), ML_ERR_UNSUPPORTED (a head
  * count or MLP width that world does not divide, or world > 1 on a backend
  * without all_reduce_sum). LoRA slots are not supported on a shard of
@@ -68,21 +71,75 @@ ml_status ml_model_load_shard(ml_model **out, const char *dir, ml_backend *be,
                               const ml_model_limits *limits, int rank, int world, char *err,
                               size_t errlen);
 
-/* NULL is a no-op. */
+/* A tensor-parallel model (design.md §3) that is driven as one model:
+ * shard r is ml_model_load_shard(rank r, world) on bes[r] (borrowed, each
+ * outliving the model), the members of one backend group
+ * (ml_backend_cpu_create_group, ml_backend_cuda_create_group). Every call
+ * on the result (ml_model_encode_image, ml_model_forward) runs the same
+ * call on every shard at once and returns rank 0's results (the shards'
+ * logits are bit-identical); rank 0 runs on the caller's thread, ranks 1..
+ * each on a thread the model owns, woken per call (the shards are loaded
+ * in parallel on them too; ml_model_destroy joins them). A shard's error
+ * comes back from the call: the lowest failing rank's, with its rank
+ * named when it is not 0. Its K/V cache and image states hold one part
+ * per rank behind one handle: make them with ml_model_kv_cache_create and
+ * ml_model_image_state_alloc. LoRA slots are not supported (ml_lora_create
+ * refuses the model). world 1 is exactly ml_model_load on bes[0], with no
+ * thread. Errors: ML_ERR_INVALID_ARG (world < 1), those of
+ * ml_model_load_shard (e.g. ML_ERR_UNSUPPORTED for a world that does not
+ * divide the heads, or backends that are not one group), ML_ERR_NOMEM (a
+ * thread that would not start); on error nothing is left allocated. */
+ml_status ml_model_load_tp(ml_model **out, const char *dir, ml_backend *const *bes, int world,
+                           const ml_model_limits *limits, char *err, size_t errlen);
+
+/* NULL is a no-op. A tensor-parallel model's threads are joined. */
 void ml_model_destroy(ml_model *m);
 
 const ml_config *ml_model_config(const ml_model *m);
 const ml_model_limits *ml_model_limits_of(const ml_model *m);
+/* The model's backend; rank 0's for a tensor-parallel model. */
 ml_backend *ml_model_backend(const ml_model *m);
-/* K/V heads this model (shard) caches per token: the n_kv_heads of its
- * ml_kv_cache (text_config.num_key_value_heads / world). */
+/* The tensor-parallel world: ml_model_load_tp's or a shard's world, 1 for
+ * ml_model_load. */
+int ml_model_world(const ml_model *m);
+/* K/V heads this model caches per token on each device: the n_kv_heads of
+ * its ml_kv_cache (text_config.num_key_value_heads / world). */
 int ml_model_kv_heads(const ml_model *m);
+
+/* ---- memory behind one handle per object ------------------------------ */
+
+/* Bytes one K/V cache block (every self-attention layer, K and V) takes on
+ * each device of the model: a shard holds 1/world of the K/V heads, so a
+ * budget of B bytes per device holds B / this blocks, world times the
+ * tokens of one device serving the whole model. */
+size_t ml_model_kv_block_bytes(const ml_model *m);
+
+/* A K/V cache of n_blocks blocks of the limits' kv_block_size for m: pools
+ * for each of its ranks in that rank's backend, one block allocator (a
+ * block id names the same slots on every rank). Owned by the caller
+ * (ml_kv_cache_destroy, before the model). Errors: as
+ * ml_kv_cache_create_group. */
+ml_status ml_model_kv_cache_create(ml_kv_cache **out, const ml_model *m, int n_blocks,
+                                   char *err, size_t errlen);
+
+/* A resident image state for m (ml_model_encode_image writes it,
+ * ml_step_seq.image_states reads it): ml_model_image_state_bytes of
+ * backend memory on each device. For a model that is not tensor parallel
+ * (ml_model_load, or one shard driven by hand) it is the backend buffer
+ * itself; for ml_model_load_tp with world > 1 an opaque handle to one
+ * buffer per rank. NULL when out of memory. Owned by the caller
+ * (ml_model_image_state_free). */
+void *ml_model_image_state_alloc(ml_model *m);
+
+/* Free a state of ml_model_image_state_alloc. NULL is a no-op. */
+void ml_model_image_state_free(ml_model *m, void *state);
 
 /* ---- images ----------------------------------------------------------- */
 
-/* Bytes of one image's resident cross-attention state: for every cross
- * layer, K and V of (max_tiles · num_patches, ml_model_kv_heads, head_dim)
- * in the backend's kv type. 11B: 200 MiB at bf16 (a shard: 1/world). */
+/* Bytes of one image's resident cross-attention state on each device: for
+ * every cross layer, K and V of (max_tiles · num_patches, ml_model_kv_heads,
+ * head_dim) in the backend's kv type. 11B: 200 MiB at bf16 (under tensor
+ * parallelism 1/world of it on each of the world devices). */
 size_t ml_model_image_state_bytes(const ml_model *m);
 
 /* Optional host copies of intermediate vision results, for golden tests. */
@@ -93,7 +150,8 @@ typedef struct ml_vision_taps {
 
 /* Run the vision tower, the projector and every cross layer's k/v projection
  * (+ k_norm) for one image, writing its resident state into `state`
- * (backend memory of ml_model_image_state_bytes, caller-owned). With an
+ * (borrowed: from ml_model_image_state_alloc, or for a model that is not
+ * tensor parallel any backend memory of ml_model_image_state_bytes). With an
  * adapter (borrowed; NULL = the base model), its LoRA of the vision tower,
  * the projector and the cross k/v projections applies to this image, so the
  * state belongs to (image, adapter) when ml_lora_touches_images says so.
@@ -119,7 +177,7 @@ typedef struct ml_step_seq {
     int pos0;                     /* tokens already in the cache */
     const int32_t *block_table;   /* (ceil((pos0+n_tokens)/block_size)) physical blocks */
     int n_images;                 /* resident image states this sequence attends to; 0 = text only */
-    const void *const *image_states; /* (n_images) backend pointers from ml_model_encode_image */
+    const void *const *image_states; /* (n_images) states written by ml_model_encode_image */
     /* (n_tokens, n_images * max_tiles): may token t see tile c
      * (cross_attention_mask rows, mllama-spec §5); NULL when n_images == 0. */
     const uint8_t *cross_allowed;
@@ -139,8 +197,9 @@ typedef struct ml_text_taps {
 } ml_text_taps;
 
 /* Run one decoder step over n_seqs sequences, writing K/V of the new tokens
- * into kv and logits (rows in sequence order, as requested by each
- * ml_step_seq.logits) into the host buffer `logits` ((rows, vocab) f32).
+ * into kv (ml_model_kv_cache_create; a shard driven by hand uses the pools
+ * of its own rank) and logits (rows in sequence order, as requested by
+ * each ml_step_seq.logits) into the host buffer `logits` ((rows, vocab) f32).
  * Errors: ML_ERR_INVALID_ARG when the step exceeds the load limits, a
  * token id is outside the embedding or an adapter belongs to another model,
  * the backend's latched error. */

@@ -138,6 +138,8 @@ static ml_status plan_workspace(ml_model *m, char *err, size_t errlen)
         h->block_tables = ml_carve(&hc, s * (size_t)m->max_blocks_per_seq * sizeof(int32_t));
         h->seq_start = ml_carve(&hc, (s + 1) * sizeof(int32_t));
         h->pos0 = ml_carve(&hc, s * sizeof(int32_t));
+        h->image_states = ml_carve(&hc, s * (size_t)l->max_seq_images * sizeof(void *));
+        h->n_images = ml_carve(&hc, s * sizeof(int32_t));
         h->allowed = ml_carve(&hc, n * chunks);
         h->lora_groups = ml_carve(&hc, s * sizeof *h->lora_groups);
         h->lora_segs = ml_carve(&hc, s * sizeof *h->lora_segs);
@@ -242,6 +244,7 @@ void ml_model_destroy(ml_model *m)
 {
     if (!m)
         return;
+    ml_tp_destroy(m->tp);
     if (m->workspace)
         m->be->ops->free(m->be, m->workspace);
     if (m->inv_freq)
@@ -260,4 +263,5 @@ void ml_model_destroy(ml_model *m)
 const ml_config *ml_model_config(const ml_model *m) { return &m->cfg; }
 ml_backend *ml_model_backend(const ml_model *m) { return m->be; }
 const ml_model_limits *ml_model_limits_of(const ml_model *m) { return &m->limits; }
+int ml_model_world(const ml_model *m) { return m->shard.world; }
 int ml_model_kv_heads(const ml_model *m) { return m->shard.n_kv_heads; }

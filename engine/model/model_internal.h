@@ -13,8 +13,9 @@
 /* Largest vision sequence (max_num_tiles · padded patches) whose token mask
  * is built on the stack (published: 4 · 1608 = 6432). */
 #define ML_VISION_MAX_TOKENS 16384
-/* Upper bound of ml_model_limits.max_seq_images (per-layer pointer arrays
- * live on the stack). */
+/* Upper bound of ml_model_limits.max_seq_images: every step stages a mask
+ * of (max_step_tokens, max_seq_images · max_num_tiles) bytes, so the bound
+ * keeps a mistaken limit from sizing a huge workspace. */
 #define ML_MAX_SEQ_IMAGES 64
 
 /* Buffers of one vision encode, carved from the workspace. Shapes use
@@ -53,7 +54,12 @@ typedef struct ml_text_bufs {
     int32_t *block_tables; /* (max_step_seqs, max_blocks_per_seq) */
     int32_t *seq_start;    /* (max_step_seqs + 1) */
     int32_t *pos0;         /* (max_step_seqs) */
-    uint8_t *allowed;      /* (N, max_seq_images · T) */
+    /* Cross-attention inputs (ml_attn_cross_params), at fixed strides so a
+     * recorded step replays with other images: */
+    const void **image_states; /* (max_step_seqs, max_seq_images) state base pointers, NULL
+                                  past a sequence's images */
+    int32_t *n_images;     /* (max_step_seqs) */
+    uint8_t *allowed;      /* (N, max_seq_images · T), 0 past a sequence's images */
     float *lora_t;         /* (max(N, R), max_lora_rank) the LoRA op's scratch */
 } ml_text_bufs;
 
@@ -128,6 +134,8 @@ void ml_lora_apply(ml_model *m, float *y, const float *x, const ml_lora_group *g
 typedef struct ml_step_host {
     float *row_attn, *row_mlp;
     int32_t *tokens, *pos, *slots, *block_tables, *seq_start, *pos0;
+    const void **image_states;
+    int32_t *n_images;
     uint8_t *allowed;
     ml_lora_group *lora_groups;   /* (max_step_seqs) */
     int n_lora_groups;
@@ -164,6 +172,22 @@ ml_status ml_shard_weights(ml_model *m, char *err, size_t errlen);
 /* x (n floats) = its sum over the shards; nothing when the model is whole. */
 void ml_shard_all_reduce(ml_model *m, float *x, size_t n);
 
+/* ---- a tensor-parallel model driven as one (tp.c) ---------------------------- */
+
+/* The shards of ml_model_load_tp and the threads that drive ranks 1... A
+ * model with tp != NULL has only cfg, limits, be (rank 0's) and shard
+ * (rank 0's geometry, no row_slices) of its own; its calls go to the
+ * shards through these. */
+typedef struct ml_tp ml_tp;
+
+ml_status ml_tp_encode_image(ml_tp *tp, const float *pixels, int aspect_ratio_id,
+                             const uint8_t *aspect_ratio_mask, const ml_lora *lora, void *state,
+                             const ml_vision_taps *taps, char *err, size_t errlen);
+ml_status ml_tp_forward(ml_tp *tp, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
+                        float *logits, const ml_text_taps *taps, char *err, size_t errlen);
+/* Join the threads and destroy the shards. NULL is a no-op. */
+void ml_tp_destroy(ml_tp *tp);
+
 struct ml_model {
     ml_config cfg;
     ml_model_limits limits;
@@ -182,6 +206,7 @@ struct ml_model {
     ml_vision_bufs vb;
     ml_text_bufs tb;
     ml_step_host host;         /* owned host allocation */
+    ml_tp *tp;                 /* owned: the shards of a tensor-parallel model, else NULL */
 };
 
 /* A bump allocator over one buffer. With base == NULL it only measures, so

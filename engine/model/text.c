@@ -41,6 +41,8 @@ void ml_text_plan(const ml_model *m, ml_carver *c, ml_text_bufs *b)
     b->block_tables = ml_carve(c, s * (size_t)m->max_blocks_per_seq * sizeof(int32_t));
     b->seq_start = ml_carve(c, (s + 1) * sizeof(int32_t));
     b->pos0 = ml_carve(c, s * sizeof(int32_t));
+    b->image_states = ml_carve(c, s * (size_t)l->max_seq_images * sizeof(void *));
+    b->n_images = ml_carve(c, s * sizeof(int32_t));
     b->allowed = ml_carve(c, n * (size_t)l->max_seq_images * m->cfg.vision.max_num_tiles);
     size_t lora_rows = n > (size_t)l->max_logit_rows ? n : (size_t)l->max_logit_rows;
     b->lora_t = ml_carve(c, lora_rows * (size_t)l->max_lora_rank * f);
@@ -57,6 +59,7 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
     const ml_text_config *tc = &m->cfg.text;
     ml_step_host *h = &m->host;
     int T = m->cfg.vision.max_num_tiles, B = l->kv_block_size;
+    size_t stride = (size_t)l->max_seq_images * T; /* allowed's row: every image's tiles */
     int embed_rows = tc->vocab_size + ML_MODEL_EMBED_EXTRA_ROWS;
     if (n_seqs <= 0 || n_seqs > l->max_step_seqs)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "step: %d sequences, limit %d", n_seqs,
@@ -66,7 +69,6 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
                        "step: kv cache blocks of %d tokens, model limits say %d",
                        ml_kv_cache_block_size(kv), B);
     int n = 0, rows = 0;
-    size_t allowed_off = 0;
     h->n_lora_groups = 0;
     for (int s = 0; s < n_seqs; s++) {
         const ml_step_seq *q = &seqs[s];
@@ -94,12 +96,20 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
         if (q->n_images < 0 || q->n_images > l->max_seq_images)
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "step: sequence %d has %d images, limit %d",
                            s, q->n_images, l->max_seq_images);
+        if (q->n_images > 0 && (!q->image_states || !q->cross_allowed))
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                           "step: sequence %d has %d images but no states or mask", s,
+                           q->n_images);
         rows += n_logits;
         if (rows > l->max_logit_rows)
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "step: more than %d logit rows",
                            l->max_logit_rows);
         h->seq_start[s] = n;
         h->pos0[s] = q->pos0;
+        h->n_images[s] = q->n_images;
+        for (int i = 0; i < l->max_seq_images; i++)
+            h->image_states[(size_t)s * l->max_seq_images + i] =
+                i < q->n_images ? q->image_states[i] : NULL;
         int n_blocks = (end + B - 1) / B;
         memcpy(h->block_tables + (size_t)s * m->max_blocks_per_seq, q->block_table,
                (size_t)n_blocks * sizeof(int32_t));
@@ -113,16 +123,16 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
             h->tokens[n] = id;
             h->pos[n] = pos;
             h->slots[n] = q->block_table[pos / B] * B + pos % B;
+            uint8_t *allowed = h->allowed + (size_t)n * stride;
+            if (chunks)
+                memcpy(allowed, q->cross_allowed + (size_t)t * chunks, (size_t)chunks);
+            memset(allowed + chunks, 0, stride - (size_t)chunks);
             /* full_text_row_mask: does the row see any tile (mllama-spec §5). */
             int any = 0;
             for (int c = 0; c < chunks; c++)
-                any |= q->cross_allowed[(size_t)t * chunks + c];
+                any |= allowed[c];
             h->row_attn[n] = q->n_images > 0 ? 1.0f : 0.0f;
             h->row_mlp[n] = any ? 1.0f : 0.0f;
-        }
-        if (chunks) {
-            memcpy(h->allowed + allowed_off, q->cross_allowed, (size_t)q->n_tokens * chunks);
-            allowed_off += (size_t)q->n_tokens * chunks;
         }
     }
     h->seq_start[n_seqs] = n;
@@ -136,7 +146,8 @@ static void upload_step(ml_model *m, int n_seqs, int n)
     ml_backend *be = m->be;
     const ml_step_host *h = &m->host;
     const ml_text_bufs *b = &m->tb;
-    size_t chunks = (size_t)m->limits.max_seq_images * m->cfg.vision.max_num_tiles;
+    size_t images = (size_t)m->limits.max_seq_images;
+    size_t chunks = images * m->cfg.vision.max_num_tiles;
     be->ops->upload(be, b->tokens, h->tokens, (size_t)n * sizeof(int32_t));
     be->ops->upload(be, b->pos, h->pos, (size_t)n * sizeof(int32_t));
     be->ops->upload(be, b->slots, h->slots, (size_t)n * sizeof(int32_t));
@@ -146,6 +157,8 @@ static void upload_step(ml_model *m, int n_seqs, int n)
                     (size_t)n_seqs * m->max_blocks_per_seq * sizeof(int32_t));
     be->ops->upload(be, b->seq_start, h->seq_start, (size_t)(n_seqs + 1) * sizeof(int32_t));
     be->ops->upload(be, b->pos0, h->pos0, (size_t)n_seqs * sizeof(int32_t));
+    be->ops->upload(be, b->image_states, h->image_states, (size_t)n_seqs * images * sizeof(void *));
+    be->ops->upload(be, b->n_images, h->n_images, (size_t)n_seqs * sizeof(int32_t));
     be->ops->upload(be, b->allowed, h->allowed, (size_t)n * chunks);
 }
 
@@ -199,8 +212,8 @@ static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int
     lora_text(m, b->v, b->x, layer, ML_LORA_TEXT_V, D, KV * hd);
     op->rope(be, b->q, b->pos, m->inv_freq, n, H, hd);
     op->rope(be, b->k, b->pos, m->inv_freq, n, KV, hd);
-    void *kc = ml_kv_cache_k(kv, m->self_index[layer]);
-    void *vc = ml_kv_cache_v(kv, m->self_index[layer]);
+    void *kc = ml_kv_cache_k(kv, m->shard.rank, m->self_index[layer]);
+    void *vc = ml_kv_cache_v(kv, m->shard.rank, m->self_index[layer]);
     op->kv_write(be, kc, vc, b->k, b->v, b->slots, n, KV, hd);
     ml_attn_causal_params ap = {
         .out = b->attn, .q = b->q, .k_cache = kc, .v_cache = vc,
@@ -220,13 +233,13 @@ static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int
     op->add_rows(be, b->h, b->x, NULL, 1.0f, n, D);
 }
 
-/* MllamaCrossAttentionDecoderLayer over the sequences that have images.
- * Rows of text-only sequences are left untouched (row_attn = row_mlp = 0),
- * which is what HF's layer skip does for a batch of one. The attention
- * output is not multiplied by the row mask; the MLP output is (HF quirk,
- * mllama-spec §4.6). */
+/* MllamaCrossAttentionDecoderLayer over every sequence of the step in one
+ * attention call. Rows of text-only sequences get a zero attention output
+ * and are left untouched (row_attn = row_mlp = 0), which is what HF's layer
+ * skip does for a batch of one. The attention output is not multiplied by
+ * the row mask; the MLP output is (HF quirk, mllama-spec §4.6). */
 static void cross_layer(ml_model *m, const ml_text_layer *L, int layer, int cross_idx,
-                        const ml_step_seq *seqs, int n_seqs, int n)
+                        int n_seqs, int n)
 {
     const ml_text_config *tc = &m->cfg.text;
     ml_backend *be = m->be;
@@ -235,34 +248,21 @@ static void cross_layer(ml_model *m, const ml_text_layer *L, int layer, int cros
     int D = tc->hidden_size, H = m->shard.n_heads, KV = m->shard.n_kv_heads;
     int hd = tc->head_dim, T = m->cfg.vision.max_num_tiles, P = ml_config_num_patches(&m->cfg);
     size_t plane_bytes = (size_t)T * P * KV * hd * op->kv_elem_size;
+    /* An image state holds each cross layer's K plane, then its V plane. */
+    size_t k_offset = (size_t)2 * cross_idx * plane_bytes;
 
     op->rmsnorm(be, b->x, b->h, L->input_layernorm.data, n, D, tc->rms_norm_eps);
     op->matmul(be, b->q, b->x, L->cross.q_proj.data, NULL, n, D, H * hd, 0);
     lora_text(m, b->q, b->x, layer, ML_LORA_TEXT_Q, D, H * hd);
     op->rmsnorm(be, b->q, b->q, L->cross.q_norm.data, n * H, hd, tc->rms_norm_eps);
-    op->zero(be, b->attn, (size_t)n * H * hd);
-
-    const void *k_img[ML_MAX_SEQ_IMAGES], *v_img[ML_MAX_SEQ_IMAGES];
-    size_t allowed_off = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        const ml_step_seq *q = &seqs[s];
-        if (q->n_images == 0)
-            continue;
-        for (int i = 0; i < q->n_images; i++) {
-            const char *state = q->image_states[i];
-            k_img[i] = state + (size_t)2 * cross_idx * plane_bytes;
-            v_img[i] = state + ((size_t)2 * cross_idx + 1) * plane_bytes;
-        }
-        size_t row0 = (size_t)m->host.seq_start[s];
-        ml_attn_cross_params ap = {
-            .out = b->attn + row0 * H * hd, .q = b->q + row0 * H * hd,
-            .k = k_img, .v = v_img, .allowed = b->allowed + allowed_off,
-            .n_tokens = q->n_tokens, .n_images = q->n_images, .max_tiles = T, .chunk_len = P,
-            .n_heads = H, .n_kv_heads = KV, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
-        };
-        op->attn_cross(be, &ap);
-        allowed_off += (size_t)q->n_tokens * q->n_images * T;
-    }
+    ml_attn_cross_params ap = {
+        .out = b->attn, .q = b->q, .states = b->image_states, .k_offset = k_offset,
+        .v_offset = k_offset + plane_bytes, .n_images = b->n_images, .seq_start = b->seq_start,
+        .allowed = b->allowed, .n_seqs = n_seqs, .n_tokens = n,
+        .max_images = m->limits.max_seq_images, .max_tiles = T, .chunk_len = P, .n_heads = H,
+        .n_kv_heads = KV, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
+    };
+    op->attn_cross(be, &ap);
     op->matmul(be, b->x, b->attn, L->cross.o_proj.data, NULL, n, H * hd, D, 0);
     lora_text(m, b->x, b->attn, layer, ML_LORA_TEXT_O, H * hd, D);
     ml_shard_all_reduce(m, b->x, (size_t)n * D);
@@ -278,6 +278,8 @@ static void cross_layer(ml_model *m, const ml_text_layer *L, int layer, int cros
 ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
                            float *logits, const ml_text_taps *taps, char *err, size_t errlen)
 {
+    if (m->tp)
+        return ml_tp_forward(m->tp, kv, seqs, n_seqs, logits, taps, err, errlen);
     const ml_text_config *tc = &m->cfg.text;
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;
@@ -302,7 +304,7 @@ ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs
         if (!L->is_cross)
             self_layer(m, kv, L, l, n_seqs, n);
         else if (any_images) /* MllamaTextModel skips cross layers without images (§4.8) */
-            cross_layer(m, L, l, ml_config_cross_index(&m->cfg, l), seqs, n_seqs, n);
+            cross_layer(m, L, l, ml_config_cross_index(&m->cfg, l), n_seqs, n);
     }
     op->rmsnorm(be, b->x, b->h, m->w.text.norm.data, n, D, tc->rms_norm_eps);
     if (taps && taps->hidden_states)

@@ -226,6 +226,9 @@ ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_rat
                                 void *state, const ml_vision_taps *taps, char *err,
                                 size_t errlen)
 {
+    if (m->tp)
+        return ml_tp_encode_image(m->tp, pixels, aspect_ratio_id, aspect_ratio_mask, lora, state,
+                                  taps, err, errlen);
     vision_dims d = dims_of(m);
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;

@@ -10,7 +10,7 @@
 
 struct ml_image_entry {
     uint8_t key[ML_IMAGE_KEY_BYTES];
-    void *state;      /* owned backend buffer */
+    void *state;      /* owned: ml_model_image_state_alloc's handle */
     int n_tiles;
     int refs;
     int published;
@@ -18,7 +18,7 @@ struct ml_image_entry {
 };
 
 struct ml_image_cache {
-    ml_backend *be;   /* borrowed */
+    ml_model *model;  /* borrowed */
     size_t budget, entry_bytes, used;
     int count;
     ml_image_entry *head, *tail;
@@ -26,17 +26,18 @@ struct ml_image_cache {
     void *event_ctx;
 };
 
-ml_status ml_image_cache_create(ml_image_cache **out, ml_backend *be, size_t budget_bytes,
-                                size_t entry_bytes, ml_image_event_fn on_event, void *event_ctx,
-                                char *err, size_t errlen)
+ml_status ml_image_cache_create(ml_image_cache **out, ml_model *model, size_t budget_bytes,
+                                ml_image_event_fn on_event, void *event_ctx, char *err,
+                                size_t errlen)
 {
     *out = NULL;
+    size_t entry_bytes = ml_model_image_state_bytes(model);
     if (entry_bytes == 0)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "image cache: zero-sized entries");
     ml_image_cache *c = calloc(1, sizeof *c);
     if (!c)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "image cache: out of memory");
-    c->be = be;
+    c->model = model;
     c->budget = budget_bytes;
     c->entry_bytes = entry_bytes;
     c->on_event = on_event;
@@ -76,7 +77,7 @@ static void free_entry(ml_image_cache *c, ml_image_entry *e)
     c->count--;
     if (e->published && c->on_event)
         c->on_event(c->event_ctx, ML_IMAGE_EVICTED, e->key, c->entry_bytes, e->n_tiles);
-    c->be->ops->free(c->be, e->state);
+    ml_model_image_state_free(c->model, e->state);
     free(e);
 }
 
@@ -132,7 +133,7 @@ ml_image_entry *ml_image_cache_reserve(ml_image_cache *c, const uint8_t *key, in
     ml_image_entry *n = calloc(1, sizeof *n);
     if (!n)
         return NULL;
-    n->state = c->be->ops->alloc(c->be, c->entry_bytes);
+    n->state = ml_model_image_state_alloc(c->model);
     if (!n->state) {
         free(n);
         return NULL;

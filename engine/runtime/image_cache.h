@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
+#include "model/mllama.h"
 #include "status.h"
 
 #define ML_IMAGE_KEY_BYTES 32
@@ -30,12 +30,14 @@ typedef enum ml_image_event {
 typedef void (*ml_image_event_fn)(void *ctx, ml_image_event ev, const uint8_t *key,
                                   size_t bytes, int n_tiles);
 
-/* A cache of at most budget_bytes of states, each entry_bytes large (every
- * image of a model has the same state size: all tile slots are computed).
- * be is borrowed. Errors: ML_ERR_INVALID_ARG, ML_ERR_NOMEM. */
-ml_status ml_image_cache_create(ml_image_cache **out, ml_backend *be, size_t budget_bytes,
-                                size_t entry_bytes, ml_image_event_fn on_event, void *event_ctx,
-                                char *err, size_t errlen);
+/* A cache of at most budget_bytes of states of model (borrowed), each
+ * ml_model_image_state_bytes large (every image of a model has the same
+ * state size: all tile slots are computed) and made by
+ * ml_model_image_state_alloc: sizes and budget are per device under tensor
+ * parallelism. Errors: ML_ERR_INVALID_ARG, ML_ERR_NOMEM. */
+ml_status ml_image_cache_create(ml_image_cache **out, ml_model *model, size_t budget_bytes,
+                                ml_image_event_fn on_event, void *event_ctx, char *err,
+                                size_t errlen);
 
 /* Frees every state; entries still referenced are a caller bug (asserted).
  * NULL is a no-op. */
@@ -68,7 +70,7 @@ int ml_image_cache_fits(const ml_image_cache *c);
 /* Real tiles of the entry's image (as given to reserve). */
 int ml_image_entry_n_tiles(const ml_image_entry *e);
 
-/* The entry's state (backend memory, entry_bytes). Borrowed. */
+/* The entry's state (ml_model_image_state_alloc's handle). Borrowed. */
 void *ml_image_entry_state(const ml_image_entry *e);
 
 /* Bytes held by resident entries, and the budget. */

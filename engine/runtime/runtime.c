@@ -59,7 +59,6 @@ typedef struct seq_list {
 struct ml_runtime {
     ml_model *model;            /* borrowed */
     const ml_tokenizer *tok;    /* borrowed */
-    ml_backend *be;             /* borrowed (the model's) */
     ml_runtime_config cfg;
     ml_kv_cache *kv;            /* owned */
     ml_sampler *sampler;        /* owned: sampling scratch shared by all sequences */
@@ -263,6 +262,11 @@ ml_status ml_runtime_create(ml_runtime **out, ml_model *model, const ml_tokenize
     if (cfg->max_adapters < 0)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "runtime: max_adapters %d",
                        cfg->max_adapters);
+    if (cfg->max_adapters > 0 && ml_model_world(model) > 1)
+        return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
+                       "runtime: LoRA adapters (max_adapters %d) are not supported on a "
+                       "tensor-parallel model (world %d); configure 0 adapter slots",
+                       cfg->max_adapters, ml_model_world(model));
     if (mc->vision.max_num_tiles > ML_RUNTIME_MAX_TILES)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED, "runtime: max_num_tiles %d above %d",
                        mc->vision.max_num_tiles, ML_RUNTIME_MAX_TILES);
@@ -271,7 +275,6 @@ ml_status ml_runtime_create(ml_runtime **out, ml_model *model, const ml_tokenize
         return ml_fail(err, errlen, ML_ERR_NOMEM, "runtime: out of memory");
     rt->model = model;
     rt->tok = tok;
-    rt->be = ml_model_backend(model);
     rt->cfg = *cfg;
     rt->block_size = lim->kv_block_size;
     rt->context = mc->text.max_position_embeddings;
@@ -280,19 +283,16 @@ ml_status ml_runtime_create(ml_runtime **out, ml_model *model, const ml_tokenize
     rt->max_tiles = mc->vision.max_num_tiles;
     rt->next_handle = 1;
 
-    int n_self = mc->text.num_hidden_layers - mc->text.n_cross_layers;
-    size_t block_bytes = ml_kv_cache_block_bytes(n_self, rt->block_size,
-                                                 ml_model_kv_heads(model),
-                                                 mc->text.head_dim, rt->be->ops->kv_elem_size);
-    int n_blocks = (int)(cfg->kv_bytes / block_bytes);
-    ml_status st = ml_kv_cache_create(&rt->kv, rt->be, n_self, n_blocks, rt->block_size,
-                                      ml_model_kv_heads(model), mc->text.head_dim, err,
-                                      errlen);
+    /* Budgets are per device: under tensor parallelism every device holds
+     * its shard's share of each block and each image state. */
+    size_t n_blocks = cfg->kv_bytes / ml_model_kv_block_bytes(model);
+    if (n_blocks > INT32_MAX)
+        n_blocks = INT32_MAX;
+    ml_status st = ml_model_kv_cache_create(&rt->kv, model, (int)n_blocks, err, errlen);
     if (st == ML_OK)
         st = ml_sampler_create((size_t)rt->vocab, &rt->sampler, err, errlen);
     if (st == ML_OK)
-        st = ml_image_cache_create(&rt->images, rt->be, cfg->image_bytes,
-                                   ml_model_image_state_bytes(model), cfg->on_image_event,
+        st = ml_image_cache_create(&rt->images, model, cfg->image_bytes, cfg->on_image_event,
                                    cfg->image_event_ctx, err, errlen);
     if (st == ML_OK && cfg->max_adapters > 0)
         st = ml_adapters_create(&rt->adapters, model, cfg->max_adapters,

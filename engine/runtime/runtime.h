@@ -16,7 +16,11 @@
  * Memory: the KV pool, the image-state budget and the adapter slots are
  * fixed at create, so the model workspace, the KV pool, resident images and
  * adapters never exceed what was configured; a request that could never fit
- * is refused at submit.
+ * is refused at submit. The budgets are per device: on a tensor-parallel
+ * model (ml_model_load_tp) every device holds its shard's 1/world of each
+ * K/V block and image state, so the same kv_bytes and image_bytes hold
+ * world times the tokens and images of one device serving the whole model.
+ * Such a model serves no adapters (max_adapters must be 0).
  *
  * @locality: every function runs on the step loop thread, and callbacks are
  * invoked on it from inside ml_runtime_step (or ml_runtime_cancel). */
@@ -39,8 +43,8 @@ typedef struct ml_runtime ml_runtime;
 #define ML_RUNTIME_MAX_TILES 16
 
 typedef struct ml_runtime_config {
-    size_t kv_bytes;        /* self-attention K/V pool */
-    size_t image_bytes;     /* resident cross-attention states */
+    size_t kv_bytes;        /* self-attention K/V pool, per device */
+    size_t image_bytes;     /* resident cross-attention states, per device */
     int max_running;        /* sequences in the batch (<= model limits' max_step_seqs) */
     int max_step_tokens;    /* tokens in one step (<= model limits' max_step_tokens) */
     ml_image_event_fn on_image_event; /* optional; see image_cache.h */
@@ -130,6 +134,7 @@ typedef struct ml_request {
 
 /* Create a runtime over model (borrowed) and tokenizer (borrowed). Errors:
  * ML_ERR_INVALID_ARG (config inconsistent with the model's limits),
+ * ML_ERR_UNSUPPORTED (adapter slots on a tensor-parallel model),
  * ML_ERR_NOMEM (the KV pool or tables). */
 ml_status ml_runtime_create(ml_runtime **out, ml_model *model, const ml_tokenizer *tok,
                             const ml_runtime_config *cfg, char *err, size_t errlen);

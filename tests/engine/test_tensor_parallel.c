@@ -28,6 +28,8 @@
 typedef struct shard_run {
     ml_model *m;              /* borrowed */
     ml_safetensors *ref;      /* borrowed */
+    ml_kv_cache *kv;          /* borrowed: the group's cache, a pool set per rank */
+    const int32_t *tables;    /* borrowed (B, blocks_per_seq): the same block ids on every rank */
     ml_fx_prompt pr;          /* owned: each shard feeds its own token copy */
     float *proj;              /* (B·N, T·P·D) projector outputs */
     float *logits;            /* (B·S, V) prompt logits */
@@ -66,21 +68,12 @@ static void *shard_main(void *arg)
     }
 
     int blocks_per_seq = (pr->ctx + KV_BLOCK - 1) / KV_BLOCK;
-    ml_kv_cache *kv = NULL;
-    int32_t *tables = malloc((size_t)B * blocks_per_seq * sizeof *tables);
     ml_step_seq *seqs = calloc((size_t)B, sizeof *seqs);
     float *row_logits = malloc((size_t)B * V * sizeof *row_logits);
-    if (r->st == ML_OK)
-        r->st = ml_kv_cache_create(&kv, be, cfg->text.num_hidden_layers - cfg->text.n_cross_layers,
-                                   B * blocks_per_seq, KV_BLOCK, ml_model_kv_heads(m),
-                                   cfg->text.head_dim, r->err, sizeof r->err);
     if (r->st == ML_OK) {
-        for (int b = 0; b < B; b++) {
-            for (int i = 0; i < blocks_per_seq; i++)
-                tables[b * blocks_per_seq + i] = ml_kv_cache_alloc(kv);
-            seqs[b] = ml_fx_prefill_seq(pr, b, tables + b * blocks_per_seq, states + b * N);
-        }
-        r->st = ml_model_forward(m, kv, seqs, B, r->logits, NULL, r->err, sizeof r->err);
+        for (int b = 0; b < B; b++)
+            seqs[b] = ml_fx_prefill_seq(pr, b, r->tables + b * blocks_per_seq, states + b * N);
+        r->st = ml_model_forward(m, r->kv, seqs, B, r->logits, NULL, r->err, sizeof r->err);
         for (int b = 0; b < B; b++)
             memcpy(row_logits + (size_t)b * V, r->logits + ((size_t)b * S + S - 1) * V,
                    (size_t)V * sizeof(float));
@@ -92,13 +85,11 @@ static void *shard_main(void *arg)
             ml_fx_decode_seq(pr, b, step, &seqs[b]);
         }
         if (step + 1 < GREEDY_STEPS)
-            r->st = ml_model_forward(m, kv, seqs, B, row_logits, NULL, r->err, sizeof r->err);
+            r->st = ml_model_forward(m, r->kv, seqs, B, row_logits, NULL, r->err, sizeof r->err);
     }
 
     free(row_logits);
     free(seqs);
-    free(tables);
-    ml_kv_cache_destroy(kv);
     for (int i = 0; i < B * N; i++)
         be->ops->free(be, states[i]);
     free(states);
@@ -134,10 +125,22 @@ static ml_status run_shards(const char *dir, ml_safetensors *ref, ml_backend **b
     ml_model *models[WORLD] = {0};
     for (int r = 0; r < world && st == ML_OK; r++)
         st = ml_model_load_shard(&models[r], dir, bes[r], &lim, r, world, err, errlen);
+    /* One cache for the group, its blocks taken before the shards run. */
+    int blocks_per_seq = (probe.ctx + KV_BLOCK - 1) / KV_BLOCK;
+    ml_kv_cache *kv = NULL;
+    int32_t *tables = malloc((size_t)probe.B * blocks_per_seq * sizeof *tables);
+    if (st == ML_OK)
+        st = ml_kv_cache_create_group(&kv, bes, world,
+                                      cfg.text.num_hidden_layers - cfg.text.n_cross_layers,
+                                      probe.B * blocks_per_seq, KV_BLOCK,
+                                      ml_model_kv_heads(models[0]), cfg.text.head_dim, err,
+                                      errlen);
+    for (int i = 0; st == ML_OK && i < probe.B * blocks_per_seq; i++)
+        tables[i] = ml_kv_cache_alloc(kv);
     pthread_t th[WORLD];
     int started = 0;
     for (int r = 0; r < world && st == ML_OK; r++) {
-        runs[r] = (shard_run){.m = models[r], .ref = ref};
+        runs[r] = (shard_run){.m = models[r], .ref = ref, .kv = kv, .tables = tables};
         ml_fx_prompt_load(&runs[r].pr, ref, probe.T, GREEDY_STEPS);
         runs[r].proj = malloc(((size_t)probe.B * probe.N * psz + 1) * sizeof(float));
         runs[r].logits = malloc((size_t)probe.B * probe.S * V * sizeof(float));
@@ -153,6 +156,8 @@ static ml_status run_shards(const char *dir, ml_safetensors *ref, ml_backend **b
         pthread_join(th[r], NULL);
         check(runs[r].st == ML_OK, "shard %d of %d: %s", r, world, runs[r].err);
     }
+    ml_kv_cache_destroy(kv);
+    free(tables);
     for (int r = 0; r < world; r++)
         ml_model_destroy(models[r]);
     ml_fx_prompt_free(&probe);

@@ -1,0 +1,426 @@
+/* A tensor-parallel model driven as one model (mllama.h ml_model_load_tp,
+ * design.md §3): `world` shards, the threads that drive ranks 1.., and the
+ * per-rank memory behind the single handles its callers hold (the K/V
+ * cache, image states), so that the runtime serves a model split over
+ * several devices without knowing ranks.
+ *
+ * A call is posted to every rank under one mutex: the caller stores it,
+ * bumps `posted` and wakes the threads, runs rank 0 itself, then waits
+ * until the threads are done. The shards' collectives (all_reduce_sum)
+ * meet inside the call. Each rank translates the call's handles into its
+ * own memory in scratch sized at load, so a call allocates nothing.
+ *
+ * An image state of a model of world > 1 is a host array of world backend
+ * buffers, buffer r in rank r's backend; of a model that is not tensor
+ * parallel, the backend buffer itself.
+ *
+ * @locality: ml_model_load_tp, ml_tp_* and the memory functions run on the
+ * thread that drives the model; rank r >= 1 runs on its own thread, only
+ * between a post and the end of that call. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+
+/* Room for one shard's error message. */
+#define TP_ERR_MAX 512
+
+typedef enum tp_op {
+    TP_LOAD,
+    TP_ENCODE,
+    TP_FORWARD,
+    TP_STOP, /* the threads return */
+} tp_op;
+
+/* One call's arguments, borrowed from the caller for the call. */
+typedef struct tp_call {
+    tp_op op;
+    /* TP_LOAD */
+    const char *dir;
+    const ml_model_limits *limits;  /* NULL = the defaults */
+    /* TP_ENCODE */
+    const float *pixels;
+    int aspect_ratio_id;
+    const uint8_t *aspect_ratio_mask;
+    void *const *state;             /* (world) the image state's buffers */
+    const ml_vision_taps *vision_taps;
+    /* TP_FORWARD */
+    ml_kv_cache *kv;
+    const ml_step_seq *seqs;        /* (n_seqs) image states are handles */
+    int n_seqs;
+    float *logits;
+    const ml_text_taps *text_taps;
+} tp_call;
+
+typedef struct tp_rank {
+    ml_tp *tp;                /* borrowed: the group it belongs to */
+    int rank;
+    ml_model *shard;          /* owned */
+    pthread_t thread;         /* ranks >= 1 */
+    ml_step_seq *seqs;        /* owned (max_step_seqs): the step with this rank's image states */
+    const void **states;      /* owned (max_step_seqs, max_seq_images) */
+    float *logits;            /* owned (max_logit_rows, vocab), ranks >= 1: their copy,
+                                 identical to rank 0's and discarded */
+    ml_status st;             /* the last call's result */
+    char err[TP_ERR_MAX];
+} tp_rank;
+
+struct ml_tp {
+    int world;
+    int n_threads;            /* threads started: ranks 1 .. n_threads */
+    ml_backend **bes;         /* owned array (world) of borrowed backends */
+    tp_rank *ranks;           /* owned (world) */
+    pthread_mutex_t lock;
+    pthread_cond_t wake;      /* a call was posted */
+    pthread_cond_t done;      /* the threads finished the call */
+    /* @locks lock: */
+    uint64_t posted;          /* calls posted so far */
+    int busy;                 /* threads still running the current call */
+    tp_call call;             /* the current call */
+};
+
+/* ---- calls ---------------------------------------------------------------- */
+
+/* The step of the call with rank r's buffer of every image state. */
+static const ml_step_seq *rank_step(tp_rank *r, const tp_call *c)
+{
+    int max_images = r->shard->limits.max_seq_images;
+    for (int s = 0; s < c->n_seqs; s++) {
+        const ml_step_seq *q = &c->seqs[s];
+        const void **states = r->states + (size_t)s * max_images;
+        for (int i = 0; i < q->n_images; i++)
+            states[i] = ((void *const *)q->image_states[i])[r->rank];
+        r->seqs[s] = *q;
+        r->seqs[s].image_states = states;
+    }
+    return r->seqs;
+}
+
+/* Run call c on rank r's shard; the result goes to r->st and r->err. Only
+ * rank 0 writes the caller's outputs (logits, taps): the others compute
+ * the same values into their own scratch. */
+static void run_rank(tp_rank *r, const tp_call *c)
+{
+    ml_tp *tp = r->tp;
+    int first = r->rank == 0;
+    r->err[0] = '\0';
+    switch (c->op) {
+    case TP_LOAD:
+        r->st = ml_model_load_shard(&r->shard, c->dir, tp->bes[r->rank], c->limits, r->rank,
+                                    tp->world, r->err, sizeof r->err);
+        break;
+    case TP_ENCODE:
+        r->st = ml_model_encode_image(r->shard, c->pixels, c->aspect_ratio_id,
+                                      c->aspect_ratio_mask, NULL, c->state[r->rank],
+                                      first ? c->vision_taps : NULL, r->err, sizeof r->err);
+        break;
+    case TP_FORWARD:
+        r->st = ml_model_forward(r->shard, c->kv, rank_step(r, c), c->n_seqs,
+                                 first ? c->logits : r->logits, first ? c->text_taps : NULL,
+                                 r->err, sizeof r->err);
+        break;
+    case TP_STOP:
+        r->st = ML_OK;
+        break;
+    }
+}
+
+/* Hand c to every thread. */
+static void post(ml_tp *tp, const tp_call *c)
+{
+    pthread_mutex_lock(&tp->lock);
+    tp->call = *c;
+    tp->busy = c->op == TP_STOP ? 0 : tp->n_threads;
+    tp->posted++;
+    pthread_cond_broadcast(&tp->wake);
+    pthread_mutex_unlock(&tp->lock);
+}
+
+/* A thread of ranks 1..: runs every call posted until TP_STOP. */
+static void *rank_main(void *arg)
+{
+    tp_rank *r = arg;
+    ml_tp *tp = r->tp;
+    uint64_t seen = 0; /* threads start before the first post */
+    for (;;) {
+        pthread_mutex_lock(&tp->lock);
+        while (tp->posted == seen)
+            pthread_cond_wait(&tp->wake, &tp->lock);
+        seen = tp->posted;
+        tp_call c = tp->call;
+        pthread_mutex_unlock(&tp->lock);
+        if (c.op == TP_STOP)
+            return NULL;
+        run_rank(r, &c);
+        pthread_mutex_lock(&tp->lock);
+        if (--tp->busy == 0)
+            pthread_cond_signal(&tp->done);
+        pthread_mutex_unlock(&tp->lock);
+    }
+}
+
+/* Run c on every rank and wait for all. Returns ML_OK or the error of the
+ * lowest failing rank (its rank named unless it is 0). */
+static ml_status run_all(ml_tp *tp, const tp_call *c, char *err, size_t errlen)
+{
+    post(tp, c);
+    run_rank(&tp->ranks[0], c);
+    pthread_mutex_lock(&tp->lock);
+    while (tp->busy > 0)
+        pthread_cond_wait(&tp->done, &tp->lock);
+    pthread_mutex_unlock(&tp->lock);
+    for (int r = 0; r < tp->world; r++) {
+        const tp_rank *k = &tp->ranks[r];
+        if (k->st == ML_OK)
+            continue;
+        if (r == 0)
+            return ml_fail(err, errlen, k->st, "%s", k->err);
+        return ml_fail(err, errlen, k->st, "rank %d of %d: %s", r, tp->world, k->err);
+    }
+    return ML_OK;
+}
+
+ml_status ml_tp_encode_image(ml_tp *tp, const float *pixels, int aspect_ratio_id,
+                             const uint8_t *aspect_ratio_mask, const ml_lora *lora, void *state,
+                             const ml_vision_taps *taps, char *err, size_t errlen)
+{
+    if (lora)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "encode: a tensor-parallel model serves no adapters");
+    if (!state)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "encode: no image state");
+    tp_call c = {.op = TP_ENCODE, .pixels = pixels, .aspect_ratio_id = aspect_ratio_id,
+                 .aspect_ratio_mask = aspect_ratio_mask, .state = state, .vision_taps = taps};
+    return run_all(tp, &c, err, errlen);
+}
+
+ml_status ml_tp_forward(ml_tp *tp, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
+                        float *logits, const ml_text_taps *taps, char *err, size_t errlen)
+{
+    /* What rank_step relies on is checked here, before any rank runs; the
+     * shards check the rest, each the same way. */
+    const ml_model_limits *l = &tp->ranks[0].shard->limits;
+    if (n_seqs <= 0 || n_seqs > l->max_step_seqs)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "step: %d sequences, limit %d", n_seqs,
+                       l->max_step_seqs);
+    if (ml_kv_cache_world(kv) != tp->world)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "step: a kv cache of %d ranks for a model of %d (ml_model_kv_cache_create)",
+                       ml_kv_cache_world(kv), tp->world);
+    for (int s = 0; s < n_seqs; s++) {
+        const ml_step_seq *q = &seqs[s];
+        if (q->lora)
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                           "step: sequence %d has an adapter; a tensor-parallel model serves "
+                           "none",
+                           s);
+        if (q->n_images < 0 || q->n_images > l->max_seq_images)
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                           "step: sequence %d has %d images, limit %d", s, q->n_images,
+                           l->max_seq_images);
+        for (int i = 0; i < q->n_images; i++)
+            if (!q->image_states || !q->image_states[i])
+                return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                               "step: sequence %d lacks image state %d", s, i);
+    }
+    tp_call c = {.op = TP_FORWARD, .kv = kv, .seqs = seqs, .n_seqs = n_seqs, .logits = logits,
+                 .text_taps = taps};
+    return run_all(tp, &c, err, errlen);
+}
+
+/* ---- load / destroy ----------------------------------------------------------- */
+
+void ml_tp_destroy(ml_tp *tp)
+{
+    if (!tp)
+        return;
+    if (tp->n_threads > 0) {
+        tp_call stop = {.op = TP_STOP};
+        post(tp, &stop);
+        for (int r = 1; r <= tp->n_threads; r++)
+            pthread_join(tp->ranks[r].thread, NULL);
+    }
+    for (int r = 0; r < tp->world; r++) {
+        tp_rank *k = &tp->ranks[r];
+        ml_model_destroy(k->shard);
+        free(k->seqs);
+        free(k->states);
+        free(k->logits);
+    }
+    pthread_cond_destroy(&tp->done);
+    pthread_cond_destroy(&tp->wake);
+    pthread_mutex_destroy(&tp->lock);
+    free(tp->ranks);
+    free(tp->bes);
+    free(tp);
+}
+
+/* The group and its threads, no shard yet. */
+static ml_status tp_create(ml_tp **out, ml_backend *const *bes, int world, char *err,
+                           size_t errlen)
+{
+    *out = NULL;
+    ml_tp *tp = calloc(1, sizeof *tp);
+    if (!tp)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "tensor parallel: out of memory");
+    if (pthread_mutex_init(&tp->lock, NULL) != 0) {
+        free(tp);
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "tensor parallel: cannot create a mutex");
+    }
+    if (pthread_cond_init(&tp->wake, NULL) != 0 || pthread_cond_init(&tp->done, NULL) != 0) {
+        /* Destroying a condition variable that failed to initialise is
+         * undefined: keep the one that did. */
+        pthread_mutex_destroy(&tp->lock);
+        free(tp);
+        return ml_fail(err, errlen, ML_ERR_NOMEM,
+                       "tensor parallel: cannot create a condition variable");
+    }
+    tp->bes = calloc((size_t)world, sizeof *tp->bes);
+    tp->ranks = calloc((size_t)world, sizeof *tp->ranks);
+    if (!tp->bes || !tp->ranks) {
+        ml_tp_destroy(tp); /* world 0: there are no ranks to visit */
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "tensor parallel: out of memory");
+    }
+    tp->world = world;
+    for (int r = 0; r < world; r++) {
+        tp->bes[r] = bes[r];
+        tp->ranks[r] = (tp_rank){.tp = tp, .rank = r};
+    }
+    for (int r = 1; r < world; r++) {
+        if (pthread_create(&tp->ranks[r].thread, NULL, rank_main, &tp->ranks[r]) != 0) {
+            ml_tp_destroy(tp);
+            return ml_fail(err, errlen, ML_ERR_NOMEM,
+                           "tensor parallel: cannot start the thread of rank %d", r);
+        }
+        tp->n_threads++;
+    }
+    *out = tp;
+    return ML_OK;
+}
+
+/* Every rank's per-call scratch, sized by the load limits. */
+static ml_status tp_alloc_scratch(ml_tp *tp, char *err, size_t errlen)
+{
+    const ml_model *s0 = tp->ranks[0].shard;
+    const ml_model_limits *l = &s0->limits;
+    size_t seqs = (size_t)l->max_step_seqs;
+    /* +1: max_seq_images may be 0, and malloc(0) may be NULL. */
+    size_t states = seqs * (size_t)l->max_seq_images + 1;
+    size_t logits = (size_t)l->max_logit_rows * (size_t)s0->cfg.text.vocab_size;
+    for (int r = 0; r < tp->world; r++) {
+        tp_rank *k = &tp->ranks[r];
+        k->seqs = malloc(seqs * sizeof *k->seqs);
+        k->states = malloc(states * sizeof *k->states);
+        if (r > 0)
+            k->logits = malloc(logits * sizeof *k->logits);
+        if (!k->seqs || !k->states || (r > 0 && !k->logits))
+            return ml_fail(err, errlen, ML_ERR_NOMEM,
+                           "tensor parallel: out of memory for rank %d's step scratch", r);
+    }
+    return ML_OK;
+}
+
+ml_status ml_model_load_tp(ml_model **out, const char *dir, ml_backend *const *bes, int world,
+                           const ml_model_limits *limits, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (world < 1)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "tensor parallel: world %d (at least 1)", world);
+    if (world == 1)
+        return ml_model_load(out, dir, bes[0], limits, err, errlen);
+    /* A backend given twice would wait for itself at the first all-reduce. */
+    for (int r = 0; r < world; r++)
+        for (int q = 0; q < r; q++)
+            if (bes[q] == bes[r])
+                return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                               "tensor parallel: ranks %d and %d share one backend", q, r);
+    ml_tp *tp;
+    ml_status st = tp_create(&tp, bes, world, err, errlen);
+    if (st != ML_OK)
+        return st;
+    tp_call load = {.op = TP_LOAD, .dir = dir, .limits = limits};
+    st = run_all(tp, &load, err, errlen);
+    if (st == ML_OK)
+        st = tp_alloc_scratch(tp, err, errlen);
+    ml_model *m = st == ML_OK ? calloc(1, sizeof *m) : NULL;
+    if (st == ML_OK && !m)
+        st = ml_fail(err, errlen, ML_ERR_NOMEM, "tensor parallel: out of memory");
+    if (st != ML_OK) {
+        ml_tp_destroy(tp);
+        return st;
+    }
+    /* The face the callers see: rank 0's configuration and geometry. */
+    const ml_model *s0 = tp->ranks[0].shard;
+    m->cfg = s0->cfg;
+    m->limits = s0->limits;
+    m->be = bes[0];
+    m->shard = s0->shard;
+    m->shard.row_slices = NULL; /* rank 0's, owned by its shard */
+    m->tp = tp;
+    *out = m;
+    return ML_OK;
+}
+
+/* ---- memory behind one handle ------------------------------------------------- */
+
+size_t ml_model_kv_block_bytes(const ml_model *m)
+{
+    const ml_text_config *tc = &m->cfg.text;
+    return ml_kv_cache_block_bytes(tc->num_hidden_layers - tc->n_cross_layers,
+                                   m->limits.kv_block_size, m->shard.n_kv_heads, tc->head_dim,
+                                   m->be->ops->kv_elem_size);
+}
+
+ml_status ml_model_kv_cache_create(ml_kv_cache **out, const ml_model *m, int n_blocks,
+                                   char *err, size_t errlen)
+{
+    *out = NULL;
+    const ml_text_config *tc = &m->cfg.text;
+    if (!m->tp && m->shard.world > 1)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "kv cache: shard %d of %d driven by hand shares its group's cache "
+                       "(ml_kv_cache_create_group)",
+                       m->shard.rank, m->shard.world);
+    ml_backend *const *bes = m->tp ? m->tp->bes : &m->be;
+    int world = m->tp ? m->tp->world : 1;
+    return ml_kv_cache_create_group(out, bes, world,
+                                    tc->num_hidden_layers - tc->n_cross_layers, n_blocks,
+                                    m->limits.kv_block_size, m->shard.n_kv_heads, tc->head_dim,
+                                    err, errlen);
+}
+
+void *ml_model_image_state_alloc(ml_model *m)
+{
+    size_t bytes = ml_model_image_state_bytes(m);
+    if (!m->tp)
+        return m->be->ops->alloc(m->be, bytes);
+    void **parts = calloc((size_t)m->tp->world, sizeof *parts);
+    if (!parts)
+        return NULL;
+    for (int r = 0; r < m->tp->world; r++) {
+        ml_backend *be = m->tp->bes[r];
+        if (!(parts[r] = be->ops->alloc(be, bytes))) {
+            ml_model_image_state_free(m, parts);
+            return NULL;
+        }
+    }
+    return parts;
+}
+
+void ml_model_image_state_free(ml_model *m, void *state)
+{
+    if (!state)
+        return;
+    if (!m->tp) {
+        m->be->ops->free(m->be, state);
+        return;
+    }
+    void **parts = state;
+    for (int r = 0; r < m->tp->world; r++)
+        if (parts[r])
+            m->tp->bes[r]->ops->free(m->tp->bes[r], parts[r]);
+    free(parts);
+}
