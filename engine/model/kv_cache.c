@@ -1,9 +1,11 @@
 #include "model/kv_cache.h"
 
 #include <assert.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 struct ml_kv_cache {
+    uint64_t id;               /* unique in the process (ml_kv_cache_id) */
     int world, n_layers, n_blocks, block_size;
     ml_backend **bes;          /* owned array (world) of borrowed backends */
     void **k, **v;             /* owned (world · n_layers) backend buffers, rank-major */
@@ -36,9 +38,11 @@ ml_status ml_kv_cache_create_group(ml_kv_cache **out, ml_backend *const *bes, in
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "kv cache: invalid geometry (%d ranks, %d layers, %d blocks of %d)", world,
                        n_layers, n_blocks, block_size);
+    static atomic_uint_fast64_t next_id = 1;
     ml_kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "kv cache: out of memory");
+    kv->id = atomic_fetch_add(&next_id, 1);
     kv->world = world;
     kv->n_layers = n_layers;
     kv->n_blocks = n_blocks;
@@ -124,3 +128,5 @@ void *ml_kv_cache_v(ml_kv_cache *kv, int rank, int layer)
     assert(rank >= 0 && rank < kv->world && layer >= 0 && layer < kv->n_layers);
     return kv->v[(size_t)rank * kv->n_layers + layer];
 }
+
+uint64_t ml_kv_cache_id(const ml_kv_cache *kv) { return kv->id; }

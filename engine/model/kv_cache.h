@@ -49,6 +49,10 @@ size_t ml_kv_cache_block_bytes(int n_layers, int block_size, int n_kv_heads, int
 int ml_kv_cache_block_size(const ml_kv_cache *kv);
 int ml_kv_cache_n_blocks(const ml_kv_cache *kv);
 int ml_kv_cache_n_free(const ml_kv_cache *kv);
+/* A number no other cache of this process has had or will have: a model
+ * that recorded a graph against a cache's pools knows it from a new cache
+ * allocated at the same address. */
+uint64_t ml_kv_cache_id(const ml_kv_cache *kv);
 /* Ranks the cache has pools for (1 unless made by ml_kv_cache_create_group). */
 int ml_kv_cache_world(const ml_kv_cache *kv);
 

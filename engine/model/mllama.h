@@ -38,10 +38,14 @@ typedef struct ml_model_limits {
     int max_seq_images;   /* images one sequence may attend to */
     int kv_block_size;    /* tokens per K/V cache block; the cache must use the same */
     int max_lora_rank;    /* largest rank of an adapter slot (model/lora.h); 0 = no LoRA */
+    /* 1: replay pure decode steps from backend graphs (ml_model_forward);
+     * 0: run every step op by op. Results agree to rounding (a graph runs
+     * the batch padded to its bucket). */
+    int decode_graphs;
 } ml_model_limits;
 
 /* Defaults: 512-token steps, 32 sequences, 8 images per sequence, 16-token
- * blocks, LoRA ranks up to 64. */
+ * blocks, LoRA ranks up to 64, decode graphs on. */
 ml_model_limits ml_model_limits_default(void);
 
 /* Load config.json and the safetensors checkpoint under dir, bind the weights

@@ -31,6 +31,7 @@ ml_model_limits ml_model_limits_default(void)
         .max_seq_images = 8,
         .kv_block_size = 16,
         .max_lora_rank = ML_DEFAULT_MAX_LORA_RANK,
+        .decode_graphs = 1,
     };
     return l;
 }
@@ -160,14 +161,16 @@ static ml_status check_limits(const ml_model_limits *l, char *err, size_t errlen
     if (l->max_step_tokens <= 0 || l->max_step_seqs <= 0 || l->max_seq_images < 0 ||
         l->max_seq_images > ML_MAX_SEQ_IMAGES ||
         l->max_logit_rows < l->max_step_seqs || l->max_step_seqs > l->max_step_tokens ||
-        l->kv_block_size <= 0 || l->max_lora_rank < 0 || l->max_lora_rank > ML_LORA_MAX_RANK)
+        l->kv_block_size <= 0 || l->max_lora_rank < 0 || l->max_lora_rank > ML_LORA_MAX_RANK ||
+        (l->decode_graphs != 0 && l->decode_graphs != 1))
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "model limits: need tokens >= seqs > 0, logit rows >= seqs, a "
-                       "positive block size and a LoRA rank in [0, %d] (tokens %d, seqs %d, "
-                       "logit rows %d, images %d, block %d, LoRA rank %d)",
+                       "positive block size, a LoRA rank in [0, %d] and decode graphs 0 or 1 "
+                       "(tokens %d, seqs %d, logit rows %d, images %d, block %d, LoRA rank %d, "
+                       "graphs %d)",
                        ML_LORA_MAX_RANK, l->max_step_tokens, l->max_step_seqs,
                        l->max_logit_rows, l->max_seq_images, l->kv_block_size,
-                       l->max_lora_rank);
+                       l->max_lora_rank, l->decode_graphs);
     return ML_OK;
 }
 

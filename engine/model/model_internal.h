@@ -206,6 +206,11 @@ struct ml_model {
     ml_vision_bufs vb;
     ml_text_bufs tb;
     ml_step_host host;         /* owned host allocation */
+    /* Decode graphs (text.c): recorded[slot] says the backend's graph slot
+     * holds the decode step of its bucket, recorded against the K/V cache
+     * of ml_kv_cache_id graph_kv. */
+    uint8_t graph_recorded[ML_GRAPH_SLOTS];
+    uint64_t graph_kv;
     ml_tp *tp;                 /* owned: the shards of a tensor-parallel model, else NULL */
 };
 

@@ -275,24 +275,17 @@ static void cross_layer(ml_model *m, const ml_text_layer *L, int layer, int cros
 
 /* ---- the step -------------------------------------------------------------- */
 
-ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
-                           float *logits, const ml_text_taps *taps, char *err, size_t errlen)
+/* Embeddings, every layer and the final norm over the staged step, leaving
+ * the normed hidden states in b->x. Fetches the op table itself, after any
+ * graph_begin, so that a recording backend records these ops. */
+static void decoder(ml_model *m, ml_kv_cache *kv, int n_seqs, int n, int any_images,
+                    const ml_text_taps *taps)
 {
-    if (m->tp)
-        return ml_tp_forward(m->tp, kv, seqs, n_seqs, logits, taps, err, errlen);
     const ml_text_config *tc = &m->cfg.text;
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;
     const ml_text_bufs *b = &m->tb;
-    int D = tc->hidden_size, n = 0, n_rows = 0;
-    ml_status st = stage_step(m, kv, seqs, n_seqs, &n, &n_rows, err, errlen);
-    if (st != ML_OK)
-        return st;
-    upload_step(m, n_seqs, n);
-
-    int any_images = 0;
-    for (int s = 0; s < n_seqs; s++)
-        any_images |= seqs[s].n_images > 0;
+    int D = tc->hidden_size;
     size_t tap_stride = (size_t)n * D;
 
     op->embed(be, b->h, m->w.text.embed_tokens.data, b->tokens, n, D);
@@ -310,25 +303,144 @@ ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs
     if (taps && taps->hidden_states)
         op->download(be, taps->hidden_states + (size_t)tc->num_hidden_layers * tap_stride, b->x,
                      tap_stride * sizeof(float));
+}
 
-    /* Gather the requested rows, then lm_head (untied, no bias). */
-    if (n_rows > 0) {
-        int r = 0;
-        for (int s = 0; s < n_seqs; s++) {
-            int start = m->host.seq_start[s], len = seqs[s].n_tokens;
-            int first = seqs[s].logits == 2 ? start : start + len - 1;
-            int count = seqs[s].logits == 2 ? len : seqs[s].logits == 1;
-            if (count == 0)
-                continue;
-            op->copy_2d(be, b->rows + (size_t)r * D, b->x + (size_t)first * D, count, D,
-                        (size_t)D, 1, (size_t)D);
-            r += count;
-        }
-        op->matmul(be, b->logits, b->rows, m->w.text.lm_head.data, NULL, n_rows, D,
-                   tc->vocab_size, 0);
-        ml_lora_apply(m, b->logits, b->rows, m->host.lora_groups, m->host.n_lora_groups,
-                      ml_lora_site_lm_head(&m->cfg), D, tc->vocab_size, 1, b->lora_t);
-        op->download(be, logits, b->logits, (size_t)n_rows * tc->vocab_size * sizeof(float));
+/* lm_head (untied, no bias) over `rows` (n_rows, D) into b->logits. */
+static void lm_head(ml_model *m, const float *rows, int n_rows)
+{
+    const ml_text_config *tc = &m->cfg.text;
+    ml_backend *be = m->be;
+    be->ops->matmul(be, m->tb.logits, rows, m->w.text.lm_head.data, NULL, n_rows,
+                    tc->hidden_size, tc->vocab_size, 0);
+    ml_lora_apply(m, m->tb.logits, rows, m->host.lora_groups, m->host.n_lora_groups,
+                  ml_lora_site_lm_head(&m->cfg), tc->hidden_size, tc->vocab_size, 1,
+                  m->tb.lora_t);
+}
+
+/* ---- decode graphs ------------------------------------------------------------ */
+
+/* A pure decode step (every sequence one token and its logits, no adapter,
+ * no taps) issues the same ops for every batch of the same size: only the
+ * staged inputs differ, and every op reads those from backend memory when
+ * it runs. Such a step is padded to its bucket (the next power of two,
+ * capped by max_step_seqs), recorded once per (bucket, images or not) into
+ * a backend graph slot and replayed from then on: on CUDA one launch
+ * instead of ~10^3. Padding sequences are one token at position 0 with no
+ * images and cache slot -1 (kv_write skips it); their rows are computed
+ * and never read, and every op keeps rows of different sequences apart. */
+
+/* The graph slot of this step, or -1 when it must run op by op; *bucket
+ * receives the padded batch size. */
+static int decode_slot(ml_model *m, const ml_kv_cache *kv, const ml_step_seq *seqs,
+                       int n_seqs, int any_images, const ml_text_taps *taps, int *bucket)
+{
+    const ml_backend_ops *op = m->be->ops;
+    if (!m->limits.decode_graphs || !op->graph_begin || taps || m->host.n_lora_groups > 0)
+        return -1;
+    for (int s = 0; s < n_seqs; s++)
+        if (seqs[s].n_tokens != 1 || !seqs[s].logits)
+            return -1;
+    int b = 1, index = 0;
+    while (b < n_seqs) {
+        b *= 2;
+        index++;
     }
-    return op->synchronize(be, err, errlen);
+    if (b > m->limits.max_step_seqs)
+        b = m->limits.max_step_seqs;
+    int slot = 2 * index + any_images;
+    if (slot >= op->n_graph_slots || slot >= ML_GRAPH_SLOTS)
+        return -1;
+    if (ml_kv_cache_id(kv) != m->graph_kv) { /* recorded graphs name another cache's pools */
+        memset(m->graph_recorded, 0, sizeof m->graph_recorded);
+        m->graph_kv = ml_kv_cache_id(kv);
+    }
+    *bucket = b;
+    return slot;
+}
+
+/* Stage padding sequences n_seqs .. bucket-1 after the real ones. */
+static void pad_step(ml_model *m, int n_seqs, int bucket)
+{
+    ml_step_host *h = &m->host;
+    size_t images = (size_t)m->limits.max_seq_images;
+    size_t stride = images * m->cfg.vision.max_num_tiles;
+    for (int s = n_seqs; s < bucket; s++) {
+        h->seq_start[s + 1] = s + 1;
+        h->pos0[s] = 0;
+        h->n_images[s] = 0;
+        for (size_t i = 0; i < images; i++)
+            h->image_states[(size_t)s * images + i] = NULL;
+        h->block_tables[(size_t)s * m->max_blocks_per_seq] = 0;
+        h->tokens[s] = 0;
+        h->pos[s] = 0;
+        h->slots[s] = -1;
+        h->row_attn[s] = 0.0f;
+        h->row_mlp[s] = 0.0f;
+        memset(h->allowed + (size_t)s * stride, 0, stride);
+    }
+}
+
+static void decode_replay(ml_model *m, ml_kv_cache *kv, int slot, int bucket, int any_images)
+{
+    ml_backend *be = m->be;
+    if (!m->graph_recorded[slot]) {
+        be->ops->graph_begin(be, slot);
+        decoder(m, kv, bucket, bucket, any_images, NULL);
+        lm_head(m, m->tb.x, bucket);
+        be->ops->graph_end(be, slot);
+        m->graph_recorded[slot] = 1;
+    }
+    be->ops->graph_replay(be, slot);
+}
+
+ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
+                           float *logits, const ml_text_taps *taps, char *err, size_t errlen)
+{
+    if (m->tp)
+        return ml_tp_forward(m->tp, kv, seqs, n_seqs, logits, taps, err, errlen);
+    const ml_text_config *tc = &m->cfg.text;
+    ml_backend *be = m->be;
+    const ml_text_bufs *b = &m->tb;
+    int D = tc->hidden_size, n = 0, n_rows = 0;
+    ml_status st = stage_step(m, kv, seqs, n_seqs, &n, &n_rows, err, errlen);
+    if (st != ML_OK)
+        return st;
+    int any_images = 0;
+    for (int s = 0; s < n_seqs; s++)
+        any_images |= seqs[s].n_images > 0;
+
+    int bucket = 0;
+    int slot = decode_slot(m, kv, seqs, n_seqs, any_images, taps, &bucket);
+    if (slot >= 0) {
+        pad_step(m, n_seqs, bucket);
+        upload_step(m, bucket, bucket);
+        decode_replay(m, kv, slot, bucket, any_images);
+    } else {
+        upload_step(m, n_seqs, n);
+        decoder(m, kv, n_seqs, n, any_images, taps);
+        /* Gather the rows that want logits unless that is every row. */
+        const float *rows = b->x;
+        if (n_rows > 0 && n_rows < n) {
+            int r = 0;
+            for (int s = 0; s < n_seqs; s++) {
+                int start = m->host.seq_start[s], len = seqs[s].n_tokens;
+                int first = seqs[s].logits == 2 ? start : start + len - 1;
+                int count = seqs[s].logits == 2 ? len : seqs[s].logits == 1;
+                if (count == 0)
+                    continue;
+                be->ops->copy_2d(be, b->rows + (size_t)r * D, b->x + (size_t)first * D, count,
+                                 D, (size_t)D, 1, (size_t)D);
+                r += count;
+            }
+            rows = b->rows;
+        }
+        if (n_rows > 0)
+            lm_head(m, rows, n_rows);
+    }
+    if (n_rows > 0)
+        be->ops->download(be, logits, b->logits, (size_t)n_rows * tc->vocab_size * sizeof(float));
+    st = be->ops->synchronize(be, err, errlen);
+    if (st != ML_OK && slot >= 0) /* a failed recording leaves its slot empty */
+        m->graph_recorded[slot] = 0;
+    return st;
 }
