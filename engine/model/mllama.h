@@ -172,6 +172,17 @@ ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_rat
 
 /* ---- text ------------------------------------------------------------- */
 
+/* What a sequence wants of its step's logits (ml_step_seq.logits). */
+typedef enum ml_step_logits {
+    ML_LOGITS_NONE = 0,   /* nothing (a prefill chunk that does not end the prompt) */
+    ML_LOGITS_LAST = 1,   /* the last token's row */
+    ML_LOGITS_ALL = 2,    /* every token's row */
+    /* Only the id of the last token's largest logit, the lowest id on ties
+     * (greedy decoding), computed where the logits are: a GPU then sends
+     * the host 4 bytes instead of a vocab-sized row. */
+    ML_LOGITS_ARGMAX = 3,
+} ml_step_logits;
+
 /* One sequence's share of a forward step. Tokens are appended at positions
  * pos0 .. pos0 + n_tokens - 1; their cache slots come from the block table,
  * which must already cover them. */
@@ -185,7 +196,8 @@ typedef struct ml_step_seq {
     /* (n_tokens, n_images * max_tiles): may token t see tile c
      * (cross_attention_mask rows, mllama-spec §5); NULL when n_images == 0. */
     const uint8_t *cross_allowed;
-    int logits;                   /* 0: none, 1: last token, 2: every token */
+    int logits;                   /* an ml_step_logits */
+    int32_t *argmax;              /* ML_LOGITS_ARGMAX: where the id is written (host) */
     /* The sequence's adapter (borrowed), NULL for the base model. Its LoRA
      * of the text decoder and lm_head applies to this sequence's rows only;
      * consecutive sequences with the same adapter share one segment of
@@ -202,9 +214,11 @@ typedef struct ml_text_taps {
 
 /* Run one decoder step over n_seqs sequences, writing K/V of the new tokens
  * into kv (ml_model_kv_cache_create; a shard driven by hand uses the pools
- * of its own rank) and logits (rows in sequence order, as requested by
- * each ml_step_seq.logits) into the host buffer `logits` ((rows, vocab) f32).
- * Errors: ML_ERR_INVALID_ARG when the step exceeds the load limits, a
+ * of its own rank), logits (rows in sequence order, for the
+ * ML_LOGITS_LAST and ML_LOGITS_ALL sequences) into the host buffer `logits`
+ * ((rows, vocab) f32) and the id of each ML_LOGITS_ARGMAX sequence into its
+ * *argmax. Errors: ML_ERR_INVALID_ARG when the step exceeds the load limits,
+ * a logits mode is unknown or an argmax pointer missing, a
  * token id is outside the embedding or an adapter belongs to another model,
  * the backend's latched error. */
 ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,

@@ -144,6 +144,7 @@ static ml_status plan_workspace(ml_model *m, char *err, size_t errlen)
         h->allowed = ml_carve(&hc, n * chunks);
         h->lora_groups = ml_carve(&hc, s * sizeof *h->lora_groups);
         h->lora_segs = ml_carve(&hc, s * sizeof *h->lora_segs);
+        h->argmax = ml_carve(&hc, (size_t)l->max_logit_rows * sizeof(int32_t));
         if (pass == 0) {
             hc.base = malloc(hc.off);
             if (!hc.base)

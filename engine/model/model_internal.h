@@ -46,6 +46,7 @@ typedef struct ml_text_bufs {
     float *gate, *up;      /* (N, I) */
     float *logits;         /* (R, vocab) */
     float *rows;           /* (R, D) hidden rows gathered for the lm_head */
+    int32_t *argmax;       /* (R) each logit row's argmax */
     float *row_attn;       /* (N) 1 for tokens of sequences with images, else 0 */
     float *row_mlp;        /* (N) full_text_row_mask, 0 for text-only sequences */
     int32_t *tokens;       /* (N) */
@@ -140,6 +141,7 @@ typedef struct ml_step_host {
     ml_lora_group *lora_groups;   /* (max_step_seqs) */
     int n_lora_groups;
     ml_lora_segment *lora_segs;   /* (max_step_seqs) one LoRA op's segments */
+    int32_t *argmax;              /* (max_logit_rows) downloaded b->argmax */
 } ml_step_host;
 
 /* ---- tensor parallelism (shard.c) ------------------------------------------- */

@@ -33,6 +33,7 @@ void ml_text_plan(const ml_model *m, ml_carver *c, ml_text_bufs *b)
     b->up = ml_carve(c, n * (size_t)m->shard.intermediate * f);
     b->logits = ml_carve(c, (size_t)l->max_logit_rows * tc->vocab_size * f);
     b->rows = ml_carve(c, (size_t)l->max_logit_rows * tc->hidden_size * f);
+    b->argmax = ml_carve(c, (size_t)l->max_logit_rows * sizeof(int32_t));
     b->row_attn = ml_carve(c, n * f);
     b->row_mlp = ml_carve(c, n * f);
     b->tokens = ml_carve(c, n * sizeof(int32_t));
@@ -49,6 +50,17 @@ void ml_text_plan(const ml_model *m, ml_carver *c, ml_text_bufs *b)
 }
 
 /* ---- step metadata -------------------------------------------------------- */
+
+/* Logit rows one sequence occupies in b->logits. */
+static int logit_rows(const ml_step_seq *q)
+{
+    return q->logits == ML_LOGITS_ALL ? q->n_tokens : q->logits != ML_LOGITS_NONE;
+}
+
+static int wants_rows(const ml_step_seq *q)
+{
+    return q->logits == ML_LOGITS_LAST || q->logits == ML_LOGITS_ALL;
+}
 
 /* Check the step against the load limits and fill the host staging.
  * Returns the number of tokens and logit rows through *n_tokens, *n_rows. */
@@ -76,7 +88,12 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
         if (q->lora && q->lora->model != m)
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                            "step: sequence %d has an adapter slot of another model", s);
-        int n_logits = q->logits == 2 ? q->n_tokens : q->logits == 1;
+        if (q->logits < ML_LOGITS_NONE || q->logits > ML_LOGITS_ARGMAX ||
+            (q->logits == ML_LOGITS_ARGMAX && !q->argmax))
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                           "step: sequence %d asks logits mode %d%s", s, q->logits,
+                           q->logits == ML_LOGITS_ARGMAX ? " without an argmax pointer" : "");
+        int n_logits = logit_rows(q);
         if (q->lora && s > 0 && seqs[s - 1].lora == q->lora) {
             ml_lora_group *g = &h->lora_groups[h->n_lora_groups - 1];
             g->n_rows += q->n_tokens;
@@ -305,8 +322,9 @@ static void decoder(ml_model *m, ml_kv_cache *kv, int n_seqs, int n, int any_ima
                      tap_stride * sizeof(float));
 }
 
-/* lm_head (untied, no bias) over `rows` (n_rows, D) into b->logits. */
-static void lm_head(ml_model *m, const float *rows, int n_rows)
+/* lm_head (untied, no bias) over `rows` (n_rows, D) into b->logits, and
+ * with `argmax` each row's argmax into b->argmax. */
+static void lm_head(ml_model *m, const float *rows, int n_rows, int argmax)
 {
     const ml_text_config *tc = &m->cfg.text;
     ml_backend *be = m->be;
@@ -315,6 +333,49 @@ static void lm_head(ml_model *m, const float *rows, int n_rows)
     ml_lora_apply(m, m->tb.logits, rows, m->host.lora_groups, m->host.n_lora_groups,
                   ml_lora_site_lm_head(&m->cfg), tc->hidden_size, tc->vocab_size, 1,
                   m->tb.lora_t);
+    if (argmax)
+        be->ops->argmax(be, m->tb.argmax, m->tb.logits, n_rows, tc->vocab_size);
+}
+
+/* Queue the downloads of the step's results: the logit rows of
+ * ML_LOGITS_LAST and ML_LOGITS_ALL sequences into `logits`, one download
+ * per run of consecutive rows, and with any_argmax every row's argmax into
+ * m->host.argmax (scattered by scatter_argmax after synchronize). */
+static void fetch_results(ml_model *m, const ml_step_seq *seqs, int n_seqs, float *logits,
+                          int any_argmax)
+{
+    ml_backend *be = m->be;
+    size_t row_bytes = (size_t)m->cfg.text.vocab_size * sizeof(float);
+    int row = 0, out = 0, run = -1, run_out = 0; /* run: first device row of a run, or -1 */
+    for (int s = 0; s <= n_seqs; s++) {
+        int wanted = s < n_seqs && wants_rows(&seqs[s]);
+        if (wanted && run < 0) {
+            run = row;
+            run_out = out;
+        } else if (!wanted && run >= 0) {
+            be->ops->download(be, (char *)logits + (size_t)run_out * row_bytes,
+                              (const char *)m->tb.logits + (size_t)run * row_bytes,
+                              (size_t)(out - run_out) * row_bytes);
+            run = -1;
+        }
+        if (s == n_seqs)
+            break;
+        row += logit_rows(&seqs[s]);
+        out += wanted ? logit_rows(&seqs[s]) : 0;
+    }
+    if (any_argmax)
+        be->ops->download(be, m->host.argmax, m->tb.argmax, (size_t)row * sizeof(int32_t));
+}
+
+/* After synchronize: each ML_LOGITS_ARGMAX sequence's id to its *argmax. */
+static void scatter_argmax(const ml_model *m, const ml_step_seq *seqs, int n_seqs)
+{
+    int row = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        if (seqs[s].logits == ML_LOGITS_ARGMAX)
+            *seqs[s].argmax = m->host.argmax[row];
+        row += logit_rows(&seqs[s]);
+    }
 }
 
 /* ---- decode graphs ------------------------------------------------------------ */
@@ -338,7 +399,7 @@ static int decode_slot(ml_model *m, const ml_kv_cache *kv, const ml_step_seq *se
     if (!m->limits.decode_graphs || !op->graph_begin || taps || m->host.n_lora_groups > 0)
         return -1;
     for (int s = 0; s < n_seqs; s++)
-        if (seqs[s].n_tokens != 1 || !seqs[s].logits)
+        if (seqs[s].n_tokens != 1 || seqs[s].logits == ML_LOGITS_NONE)
             return -1;
     int b = 1, index = 0;
     while (b < n_seqs) {
@@ -386,7 +447,7 @@ static void decode_replay(ml_model *m, ml_kv_cache *kv, int slot, int bucket, in
     if (!m->graph_recorded[slot]) {
         be->ops->graph_begin(be, slot);
         decoder(m, kv, bucket, bucket, any_images, NULL);
-        lm_head(m, m->tb.x, bucket);
+        lm_head(m, m->tb.x, bucket, 1);
         be->ops->graph_end(be, slot);
         m->graph_recorded[slot] = 1;
     }
@@ -405,9 +466,11 @@ ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs
     ml_status st = stage_step(m, kv, seqs, n_seqs, &n, &n_rows, err, errlen);
     if (st != ML_OK)
         return st;
-    int any_images = 0;
-    for (int s = 0; s < n_seqs; s++)
+    int any_images = 0, any_argmax = 0;
+    for (int s = 0; s < n_seqs; s++) {
         any_images |= seqs[s].n_images > 0;
+        any_argmax |= seqs[s].logits == ML_LOGITS_ARGMAX;
+    }
 
     int bucket = 0;
     int slot = decode_slot(m, kv, seqs, n_seqs, any_images, taps, &bucket);
@@ -423,9 +486,8 @@ ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs
         if (n_rows > 0 && n_rows < n) {
             int r = 0;
             for (int s = 0; s < n_seqs; s++) {
-                int start = m->host.seq_start[s], len = seqs[s].n_tokens;
-                int first = seqs[s].logits == 2 ? start : start + len - 1;
-                int count = seqs[s].logits == 2 ? len : seqs[s].logits == 1;
+                int count = logit_rows(&seqs[s]);
+                int first = m->host.seq_start[s] + seqs[s].n_tokens - count;
                 if (count == 0)
                     continue;
                 be->ops->copy_2d(be, b->rows + (size_t)r * D, b->x + (size_t)first * D, count,
@@ -435,12 +497,13 @@ ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs
             rows = b->rows;
         }
         if (n_rows > 0)
-            lm_head(m, rows, n_rows);
+            lm_head(m, rows, n_rows, any_argmax);
     }
-    if (n_rows > 0)
-        be->ops->download(be, logits, b->logits, (size_t)n_rows * tc->vocab_size * sizeof(float));
+    fetch_results(m, seqs, n_seqs, logits, any_argmax);
     st = be->ops->synchronize(be, err, errlen);
-    if (st != ML_OK && slot >= 0) /* a failed recording leaves its slot empty */
+    if (st == ML_OK)
+        scatter_argmax(m, seqs, n_seqs);
+    else if (slot >= 0) /* a failed recording leaves its slot empty */
         m->graph_recorded[slot] = 0;
     return st;
 }

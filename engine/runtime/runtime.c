@@ -41,6 +41,7 @@ typedef struct rt_seq {
     ml_adapter *adapter;        /* referenced from admission to the end; NULL until then */
 
     ml_sampling_params sampling; /* stop strings borrowed from stop_text */
+    int32_t argmax;             /* the step's id when it asked ML_LOGITS_ARGMAX */
     char *stop_text;            /* owned: the request's stop strings, back to back */
     ml_sampler_seq *sampler;    /* owned */
     ml_token_stream *detok;     /* owned */
@@ -729,15 +730,25 @@ static void expire(ml_runtime *rt)
 }
 
 /* Sample the next token of s from its logits row and stream it. */
-static void advance(ml_runtime *rt, rt_seq *s, const float *logits)
+/* Does s need nothing of its logits but their argmax (the model then
+ * computes it where the logits are, ML_LOGITS_ARGMAX)? */
+static bool argmax_only(const rt_seq *s)
+{
+    return ml_sampling_params_argmax_only(&s->sampling) && !s->cb.on_logits;
+}
+
+/* Append the step's token to s: drawn from `logits`, or with logits NULL
+ * the id the model computed (argmax_only sequences). */
+static void advance(ml_runtime *rt, rt_seq *s, const float *logits, int32_t id)
 {
     char err[256];
-    int32_t id;
     ml_finish end = ML_FINISH_NONE;
     ml_logprobs lp, *lpp = s->sampling.logprobs ? &lp : NULL;
-    if (s->cb.on_logits)
+    assert(logits || argmax_only(s));
+    if (logits && s->cb.on_logits)
         s->cb.on_logits(s->cb.ctx, logits, rt->vocab);
-    if (ml_sampler_sample(rt->sampler, s->sampler, logits, &id, err, sizeof err) != ML_OK ||
+    if ((logits && ml_sampler_sample(rt->sampler, s->sampler, logits, &id, err, sizeof err) !=
+                       ML_OK) ||
         ml_sampler_seq_accept(s->sampler, id, &end, err, sizeof err) != ML_OK ||
         (lpp && ml_sampler_logprobs(logits, (size_t)rt->vocab, id, s->sampling.top_logprobs, lpp,
                                     err, sizeof err) != ML_OK)) {
@@ -843,7 +854,10 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
                 fill_allowed(rt, s, s->n_cached, take, rt->allowed + allowed_off);
                 allowed_off += (size_t)take * s->n_images * rt->max_tiles;
             }
-            q->logits = s->n_cached + take == s->n_tokens;
+            q->logits = s->n_cached + take < s->n_tokens ? ML_LOGITS_NONE
+                        : argmax_only(s)                ? ML_LOGITS_ARGMAX
+                                                        : ML_LOGITS_LAST;
+            q->argmax = &s->argmax;
             q->lora = seq_lora(s);
             rt->step_owner[n_step++] = s;
             budget -= take;
@@ -873,8 +887,10 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
     for (int i = 0; i < n_step; i++) {
         rt_seq *s = rt->step_owner[i];
         s->n_cached += rt->step[i].n_tokens;
-        if (rt->step[i].logits)
-            advance(rt, s, rt->logits + (size_t)row++ * rt->vocab);
+        if (rt->step[i].logits == ML_LOGITS_ARGMAX)
+            advance(rt, s, NULL, s->argmax);
+        else if (rt->step[i].logits == ML_LOGITS_LAST)
+            advance(rt, s, rt->logits + (size_t)row++ * rt->vocab, 0);
     }
     return ML_OK;
 }

@@ -836,6 +836,12 @@ static bool sampler_is_greedy(const ml_sampling_params *p)
     return p->temperature < ML_SAMPLER_GREEDY_TEMPERATURE;
 }
 
+bool ml_sampling_params_argmax_only(const ml_sampling_params *p)
+{
+    return sampler_is_greedy(p) && p->repetition_penalty == 1.0f &&
+           p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f && !p->logprobs;
+}
+
 /* Steps 4-6 of sampler.h over penalised logits z with finite maximum zmax:
  * the candidates land in cz/ce/cid/cb[0, *n) with their histogram, and the
  * returned kept set says which of them survive the filters. */

@@ -102,6 +102,12 @@ void ml_sampling_params_default(ml_sampling_params *p);
 ml_status ml_sampling_params_validate(const ml_sampling_params *p, size_t n_vocab, char *err,
                                       size_t errlen);
 
+/* True when the token ml_sampler_sample picks is the argmax of the raw
+ * logits (the lowest id on ties) and nothing else needs the logits:
+ * greedy, every penalty off, no logprobs. The runtime then asks the model
+ * for that id alone (ML_LOGITS_ARGMAX), computed where the logits are. */
+bool ml_sampling_params_argmax_only(const ml_sampling_params *p);
+
 /* ---- per-sequence state ---------------------------------------------------- */
 
 typedef struct ml_sampler_seq ml_sampler_seq;
