@@ -103,7 +103,16 @@ static ml_status bind_backend_weights(ml_model *m, char *err, size_t errlen)
         vision_layer_to_backend(be, &v->global_layers[i]);
     for (int i = 0; i < w->text.n_layers; i++)
         text_layer_to_backend(be, &w->text.layers[i]);
-    return be->ops->synchronize(be, err, errlen);
+    st = be->ops->synchronize(be, err, errlen);
+    /* A backend that copies the weights (a device) is done with the host
+     * slices of the row-parallel Linears once the copies are complete: for
+     * 90B over 8 GPUs they would keep a third of each shard's weights in
+     * host memory for nothing. The CPU backend computes on them. */
+    if (st == ML_OK && w->text.lm_head.data != m->host_weights->text.lm_head.data) {
+        free(m->shard.row_slices);
+        m->shard.row_slices = NULL;
+    }
+    return st;
 }
 
 /* ---- workspace --------------------------------------------------------- */

@@ -23,7 +23,7 @@
 /* The "models" array of index.json: an owned cJSON tree (cJSON_Delete) whose
  * string items name fixture directories under ML_FX_DIR, in *models. Skips
  * the test (exit 77) when there are no fixtures. */
-static cJSON *ml_fx_index(const cJSON **models)
+static inline cJSON *ml_fx_index(const cJSON **models)
 {
     FILE *f = fopen(ML_FX_DIR "/index.json", "rb");
     if (!f)
@@ -37,10 +37,12 @@ static cJSON *ml_fx_index(const cJSON **models)
 }
 
 /* A reference tensor as f32 (ints converted), malloc'd; numel in *n when n
- * is not NULL. NULL when absent. */
-static float *ml_fx_f32(ml_safetensors *st, const char *name, size_t *n)
+ * is not NULL. NULL (and *n 0) when absent. */
+static inline float *ml_fx_f32(ml_safetensors *st, const char *name, size_t *n)
 {
     const ml_tensor_view *t = ml_safetensors_find(st, name);
+    if (n)
+        *n = 0;
     if (!t)
         return NULL;
     size_t numel = (size_t)ml_tensor_view_numel(t);
@@ -60,7 +62,7 @@ static float *ml_fx_f32(ml_safetensors *st, const char *name, size_t *n)
     return out;
 }
 
-static float ml_fx_max_abs(const float *x, size_t n)
+static inline float ml_fx_max_abs(const float *x, size_t n)
 {
     float m = 0;
     for (size_t i = 0; i < n; i++)
@@ -69,13 +71,13 @@ static float ml_fx_max_abs(const float *x, size_t n)
 }
 
 /* Compare with a tolerance scaled by the reference's largest magnitude. */
-static void ml_fx_compare(const float *got, const float *want, size_t n, double tol,
-                          const char *what)
+static inline void ml_fx_compare(const float *got, const float *want, size_t n, double tol,
+                                 const char *what)
 {
     check_tensor(got, want, n, tol * ml_fx_max_abs(want, n), 0, what);
 }
 
-static int ml_fx_argmax(const float *x, int n)
+static inline int ml_fx_argmax(const float *x, int n)
 {
     int best = 0;
     for (int i = 1; i < n; i++)
@@ -95,7 +97,7 @@ typedef struct ml_fx_prompt {
 
 /* Read input_ids, cross_attention_mask and greedy_tokens (the first
  * `steps` of each row) from the reference. */
-static void ml_fx_prompt_load(ml_fx_prompt *p, ml_safetensors *st, int T, int steps)
+static inline void ml_fx_prompt_load(ml_fx_prompt *p, ml_safetensors *st, int T, int steps)
 {
     const ml_tensor_view *ids_v = ml_safetensors_find(st, "input_ids");
     const ml_tensor_view *pix_v = ml_safetensors_find(st, "pixel_values");
@@ -130,7 +132,7 @@ static void ml_fx_prompt_load(ml_fx_prompt *p, ml_safetensors *st, int T, int st
     free(greedy);
 }
 
-static void ml_fx_prompt_free(ml_fx_prompt *p)
+static inline void ml_fx_prompt_free(ml_fx_prompt *p)
 {
     free(p->tokens);
     free(p->allowed);
@@ -139,8 +141,8 @@ static void ml_fx_prompt_free(ml_fx_prompt *p)
 
 /* Row b's whole prompt, every position's logits, attending to `states`
  * (its N image states) through `table` (its block table). */
-static ml_step_seq ml_fx_prefill_seq(const ml_fx_prompt *p, int b, const int32_t *table,
-                                     void *const *states)
+static inline ml_step_seq ml_fx_prefill_seq(const ml_fx_prompt *p, int b,
+                                            const int32_t *table, void *const *states)
 {
     int NT = p->N * p->T;
     return (ml_step_seq){
@@ -150,17 +152,62 @@ static ml_step_seq ml_fx_prefill_seq(const ml_fx_prompt *p, int b, const int32_t
     };
 }
 
-/* Turn row b's sequence into decode step `step`: feed the reference greedy
- * token (so one divergence does not cascade), last-token logits. */
-static void ml_fx_decode_seq(ml_fx_prompt *p, int b, int step, ml_step_seq *q)
+/* Turn row b's sequence into decode step `step` (0 .. steps-1) feeding
+ * `token` at position S + step, last-token logits. */
+static inline void ml_fx_decode_seq_token(ml_fx_prompt *p, int b, int step, int32_t token,
+                                          ml_step_seq *q)
 {
     int at = p->S + step, NT = p->N * p->T;
-    p->tokens[b * p->ctx + at] = (int32_t)p->greedy[b * p->steps + step];
+    p->tokens[b * p->ctx + at] = token;
     q->tokens = p->tokens + b * p->ctx + at;
     q->n_tokens = 1;
     q->pos0 = at;
     q->cross_allowed = p->N ? p->allowed + ((size_t)b * p->ctx + at) * NT : NULL;
     q->logits = 1;
+}
+
+/* Decode step `step` of row b feeding the reference greedy token (so one
+ * divergence does not cascade). */
+static inline void ml_fx_decode_seq(ml_fx_prompt *p, int b, int step, ml_step_seq *q)
+{
+    ml_fx_decode_seq_token(p, b, step, (int32_t)p->greedy[b * p->steps + step], q);
+}
+
+/* Encode every image slot of the reference (B·N, in pixel_values order)
+ * into states[i], allocated here with ml_model_image_state_alloc(m) and
+ * owned by the caller (ml_model_image_state_free; entries past a failure
+ * stay NULL). Returns ML_OK (also for a text-only fixture) or the first
+ * error, err filled. */
+static inline ml_status ml_fx_encode_images(ml_model *m, ml_safetensors *ref, void **states,
+                                            char *err, size_t errlen)
+{
+    const ml_tensor_view *pix_v = ml_safetensors_find(ref, "pixel_values");
+    if (!pix_v)
+        return ML_OK;
+    const ml_config *cfg = ml_model_config(m);
+    int n = (int)(pix_v->shape[0] * pix_v->shape[1]), T = cfg->vision.max_num_tiles;
+    size_t slot = (size_t)T * cfg->vision.num_channels * cfg->vision.image_size *
+                  cfg->vision.image_size;
+    float *pixels = ml_fx_f32(ref, "pixel_values", NULL);
+    float *ar_ids = ml_fx_f32(ref, "aspect_ratio_ids", NULL);
+    float *ar_mask = ml_fx_f32(ref, "aspect_ratio_mask", NULL); /* (B·N, T) */
+    uint8_t *mask = malloc((size_t)T);
+    ml_status st = ML_OK;
+    for (int i = 0; i < n && st == ML_OK; i++) {
+        for (int t = 0; t < T; t++)
+            mask[t] = ar_mask[i * T + t] != 0;
+        states[i] = ml_model_image_state_alloc(m);
+        if (!states[i])
+            st = ml_fail(err, errlen, ML_ERR_NOMEM, "image state %d", i);
+        else
+            st = ml_model_encode_image(m, pixels + i * slot, (int)ar_ids[i], mask, NULL,
+                                       states[i], NULL, err, errlen);
+    }
+    free(mask);
+    free(pixels);
+    free(ar_ids);
+    free(ar_mask);
+    return st;
 }
 
 #endif
