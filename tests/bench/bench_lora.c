@@ -12,14 +12,13 @@
  * seconds / threads): on a shared machine the wall figure is what this run
  * got, the CPU figure what the code does with the cores to itself.
  * Threads: ML_BENCH_THREADS (default 2). The model (~0.8 GB) and the
- * adapters are written to a temporary directory and removed. */
-#include <dirent.h>
+ * adapters are written to a scratch directory removed at exit. */
+#include "engine/model_test_util.h" /* first: it sets _GNU_SOURCE */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "dtype.h"
 #include "harness.h"
@@ -27,6 +26,7 @@
 #include "model/mkmodel.h"
 #include "model/safetensors.h"
 #include "runtime/runtime.h"
+#include "tokenizer_util.h"
 
 #define TOKENIZER_DIR ML_SOURCE_DIR "/config/tokenizer"
 #define PRESET "small"
@@ -57,16 +57,15 @@ static double now_s(void)
 /* ---- adapters -------------------------------------------------------------- */
 
 typedef struct bench {
-    char dir[256];           /* temporary root */
-    ml_backend *be;
-    ml_model *model;
-    ml_tokenizer *tok;
+    ml_backend *be;     /* owned */
+    ml_model *model;    /* owned */
+    ml_tokenizer *tok;  /* owned */
 } bench;
 
+/* Adapters are the scratch directory's subdirectories of their name. */
 static int resolve(void *ctx, const char *name, char *dir, size_t n)
 {
-    const bench *b = ctx;
-    snprintf(dir, n, "%s/%s", b->dir, name);
+    snprintf(dir, n, "%s/%s", ml_scratch_dir(), name);
     return 1;
 }
 
@@ -93,8 +92,7 @@ static int write_adapter(const bench *b, const char *name)
     if (tc->num_hidden_layers > MAX_LAYERS)
         return 0;
     char dir[512], path[600], err[256];
-    snprintf(dir, sizeof dir, "%s/%s", b->dir, name);
-    mkdir(dir, 0755);
+    ml_scratch_subdir(name, dir, sizeof dir);
     snprintf(path, sizeof path, "%s/" ML_LORA_CONFIG_FILE, dir);
     FILE *f = fopen(path, "w");
     if (!f)
@@ -111,11 +109,11 @@ static int write_adapter(const bench *b, const char *name)
     for (int l = 0, k = 0; l < tc->num_hidden_layers; l++) {
         int cross = ml_config_cross_index(ml_model_config(b->model), l) >= 0;
         for (int m = 0; m < MODULES; m++, k += 2) {
-            snprintf(names[k], sizeof names[k],
-                     "base_model.model.language_model.model.layers.%d.%s%s.lora_A.weight", l,
-                     m < 4 ? (cross ? "cross_attn." : "self_attn.") : "", leaves[m]);
-            snprintf(names[k + 1], sizeof names[k + 1], "%.*s_B.weight",
-                     (int)(strlen(names[k]) - strlen("_A.weight")), names[k]);
+            const char *attn = m < 4 ? (cross ? "cross_attn." : "self_attn.") : "";
+            for (int ab = 0; ab < 2; ab++) /* lora_A, then lora_B */
+                snprintf(names[k + ab], sizeof names[k + ab],
+                         "base_model.model.language_model.model.layers.%d.%s%s.lora_%c.weight", l,
+                         attn, leaves[m], "AB"[ab]);
             views[k] = (ml_tensor_view){.name = names[k], .dtype = ML_DTYPE_BF16, .ndim = 2,
                                         .shape = {RANK, in[m]}};
             views[k + 1] = (ml_tensor_view){.name = names[k + 1], .dtype = ML_DTYPE_BF16,
@@ -171,21 +169,15 @@ typedef struct rate {
 /* Decode tokens/s of n sequences, each with adapter names[i] (NULL: base). */
 static rate run(bench *b, int n, const char *const *names, int threads)
 {
-    const ml_config *cfg = ml_model_config(b->model);
-    int n_self = cfg->text.num_hidden_layers - cfg->text.n_cross_layers;
-    size_t block = ml_kv_cache_block_bytes(n_self, ml_model_limits_of(b->model)->kv_block_size,
-                                           cfg->text.num_key_value_heads, cfg->text.head_dim,
-                                           b->be->ops->kv_elem_size);
     int blocks_per_seq = (PROMPT_TOKENS + NEW_TOKENS) / 16 + 2;
     ml_runtime_config rc = {
-        .kv_bytes = (size_t)N_SEQS * blocks_per_seq * block,
+        .kv_bytes = (size_t)N_SEQS * blocks_per_seq * ml_model_kv_block_bytes(b->model),
         .image_bytes = 0,
         .max_running = N_SEQS,
         .max_step_tokens = N_SEQS * PROMPT_TOKENS,
         .max_adapters = N_SEQS,
         .max_adapter_rank = RANK,
         .resolve_adapter = resolve,
-        .resolve_adapter_ctx = b,
     };
     ml_runtime *rt;
     char err[256];
@@ -253,27 +245,6 @@ static void compare(bench *b, int n, const char *const *names, int reps, int thr
            best_lora.cpu / best_base.cpu);
 }
 
-/* rm -r of the bench's own temporary tree (two levels). */
-static void remove_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        struct stat st;
-        if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
-            remove_tree(path);
-        else
-            unlink(path);
-    }
-    if (d)
-        closedir(d);
-    rmdir(dir);
-}
-
 int main(void)
 {
     const char *on = getenv("ML_BENCH");
@@ -282,13 +253,8 @@ int main(void)
     int threads = getenv("ML_BENCH_THREADS") ? atoi(getenv("ML_BENCH_THREADS")) : 2;
     int reps = getenv("ML_BENCH_REPS") ? atoi(getenv("ML_BENCH_REPS")) : DEFAULT_REPS;
     bench b = {0};
-    snprintf(b.dir, sizeof b.dir, "/tmp/ml_bench_lora_XXXXXX");
-    if (!mkdtemp(b.dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
     char model_dir[300], err[512];
-    snprintf(model_dir, sizeof model_dir, "%s/model", b.dir);
+    snprintf(model_dir, sizeof model_dir, "%s/model", ml_scratch_dir());
     double t0 = now_s();
     ml_model_limits lim = ml_model_limits_default();
     lim.max_step_seqs = N_SEQS;
@@ -297,9 +263,7 @@ int main(void)
     lim.max_lora_rank = RANK;
     int ok = ml_mkmodel(PRESET, model_dir, TOKENIZER_DIR, SEED, err, sizeof err) == ML_OK &&
              (b.be = ml_backend_cpu_create(threads, err, sizeof err)) != NULL &&
-             ml_model_load(&b.model, model_dir, b.be, &lim, err, sizeof err) == ML_OK &&
-             ml_tokenizer_load(TOKENIZER_DIR "/tokenizer.json", &b.tok, err, sizeof err) ==
-                 ML_OK;
+             ml_model_load(&b.model, model_dir, b.be, &lim, err, sizeof err) == ML_OK;
     char names[N_SEQS][16];
     const char *distinct[N_SEQS];
     for (int i = 0; ok && i < N_SEQS; i++) {
@@ -309,9 +273,9 @@ int main(void)
     }
     if (!ok) {
         fprintf(stderr, "setup: %s\n", err);
-        remove_tree(b.dir);
         return 1;
     }
+    b.tok = ml_tok_load(ML_TOK_REAL_PATH, NULL);
     printf("setup (model %s, %d adapters r=%d) %.1f s; %d threads, %s, best of %d; goal: "
            "ratio >= 0.85 at batch %d\n",
            PRESET, N_SEQS, RANK, now_s() - t0, threads, b.be->ops->name, reps, N_SEQS);
@@ -322,6 +286,5 @@ int main(void)
     ml_tokenizer_destroy(b.tok);
     ml_model_destroy(b.model);
     b.be->ops->destroy(b.be);
-    remove_tree(b.dir);
     return 0;
 }

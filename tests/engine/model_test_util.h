@@ -34,7 +34,7 @@ static inline void ml_scratch_cleanup(void)
 
 /* A fresh directory under $TMPDIR (or /tmp), removed with its contents at
  * exit. Exits the test on failure. */
-static const char *ml_scratch_dir(void)
+static inline const char *ml_scratch_dir(void)
 {
     if (!ml_scratch_root[0]) {
         const char *base = getenv("TMPDIR");
@@ -50,7 +50,7 @@ static const char *ml_scratch_dir(void)
 }
 
 /* A new empty subdirectory of the scratch directory; path in buf. */
-static const char *ml_scratch_subdir(const char *name, char *buf, size_t n)
+static inline const char *ml_scratch_subdir(const char *name, char *buf, size_t n)
 {
     snprintf(buf, n, "%s/%s", ml_scratch_dir(), name);
     if (mkdir(buf, 0755) != 0) {
@@ -77,8 +77,8 @@ static inline void ml_write_text(const char *path, const char *text)
 /* A safetensors image: the 8-byte length (header_len, or the real length of
  * json when header_len is UINT64_MAX), json, then data_len zero bytes.
  * malloc'd; size in *size. */
-static unsigned char *ml_st_image(const char *json, uint64_t header_len, size_t data_len,
-                                  size_t *size)
+static inline unsigned char *ml_st_image(const char *json, uint64_t header_len,
+                                         size_t data_len, size_t *size)
 {
     size_t j = strlen(json);
     uint64_t h = header_len == UINT64_MAX ? j : header_len;

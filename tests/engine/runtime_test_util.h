@@ -276,17 +276,14 @@ static inline void ml_rt_fixture_open_golden(ml_rt_fixture *f, const char *model
 /* ======================================================================== */
 
 /* A runtime configuration for f: a KV pool of kv_blocks blocks, room for
- * image_slots resident image states, ML_RT_STEP_SEQS running, no adapters. */
+ * image_slots resident image states, ML_RT_STEP_SEQS running, no adapters.
+ * Blocks and image states are the model's per-device ones, so a
+ * tensor-parallel model gets the same counts as the whole model. */
 static inline ml_runtime_config ml_rt_config(const ml_rt_fixture *f, size_t kv_blocks,
                                              int image_slots)
 {
-    const ml_config *cfg = ml_model_config(f->model);
-    int n_self = cfg->text.num_hidden_layers - cfg->text.n_cross_layers;
-    size_t block = ml_kv_cache_block_bytes(n_self, ml_model_limits_of(f->model)->kv_block_size,
-                                           cfg->text.num_key_value_heads, cfg->text.head_dim,
-                                           f->be->ops->kv_elem_size);
     return (ml_runtime_config){
-        .kv_bytes = kv_blocks * block,
+        .kv_bytes = kv_blocks * ml_model_kv_block_bytes(f->model),
         .image_bytes = (size_t)image_slots * ml_model_image_state_bytes(f->model),
         .max_running = ML_RT_STEP_SEQS,
         .max_step_tokens = ML_RT_STEP_TOKENS,

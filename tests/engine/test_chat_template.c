@@ -11,8 +11,8 @@
 #include "harness.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer_util.h"
 
-#define TOKENIZER_PATH ML_SOURCE_DIR "/config/tokenizer/tokenizer.json"
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 #define TEXT(s) {ML_CHAT_PART_TEXT, (s)}
@@ -235,12 +235,7 @@ static void test_errors(void)
 
 int main(void)
 {
-    char err[512];
-    ml_tokenizer *tok = NULL;
-    if (ml_tokenizer_load(TOKENIZER_PATH, &tok, err, sizeof err) != ML_OK) {
-        fprintf(stderr, "load: %s\n", err);
-        return 1;
-    }
+    ml_tokenizer *tok = ml_tok_load(ML_TOK_REAL_PATH, NULL);
     test_single_image(tok);
     test_text_with_system(tok);
     test_text_without_system(tok);

@@ -16,43 +16,42 @@
 #include "harness.h"
 #include "image/image.h"
 #include "sha256.h"
+#include "tokenizer_util.h"
 
 #define FIXTURE_DIR ML_SOURCE_DIR "/tests/golden/fixtures/images/"
 #define MAX_SLOT_IMAGES 16
 
 /* ---- helpers ------------------------------------------------------------ */
 
-static uint8_t *read_file(const char *name, size_t *len)
+/* The file `name` of FIXTURE_DIR, as ml_tok_read_file reads it (owned,
+ * NUL-terminated), or NULL. */
+static char *read_file(const char *name, size_t *len)
 {
     char path[512];
     snprintf(path, sizeof path, "%s%s", FIXTURE_DIR, name);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *buf = malloc((size_t)n + 1);
-    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        fclose(f);
-        return NULL;
-    }
-    fclose(f);
-    buf[n] = 0; /* JSON files are parsed as strings */
-    *len = (size_t)n;
-    return buf;
+    return ml_tok_read_file(path, len);
 }
 
 static cJSON *read_json(const char *name)
 {
     size_t len;
-    char *text = (char *)read_file(name, &len);
+    char *text = read_file(name, &len);
     if (!text)
         return NULL;
     cJSON *j = cJSON_ParseWithLength(text, len);
     free(text);
     return j;
+}
+
+/* The fixture's description, <name>.json (owned: cJSON_Delete); NULL, and a
+ * check failure, when it cannot be read or parsed. */
+static cJSON *read_fixture(const char *name)
+{
+    char json_name[256];
+    snprintf(json_name, sizeof json_name, "%s.json", name);
+    cJSON *fx = read_json(json_name);
+    check(fx != NULL, "%s: cannot read or parse", json_name);
+    return fx;
 }
 
 static const char *json_str(const cJSON *obj, const char *key)
@@ -100,7 +99,7 @@ static ml_status prepare(const char *file, const ml_image_params *p, prepared *p
 {
     memset(pr, 0, sizeof *pr);
     size_t len;
-    uint8_t *bytes = read_file(file, &len);
+    uint8_t *bytes = (uint8_t *)read_file(file, &len);
     if (!bytes) {
         check(0, "%s: cannot read", file);
         return ML_ERR_IO;
@@ -128,13 +127,9 @@ static ml_status prepare(const char *file, const ml_image_params *p, prepared *p
  * image format is refused as unsupported. */
 static int check_image(const char *name, const ml_image_params *p)
 {
-    char json_name[256];
-    snprintf(json_name, sizeof json_name, "%s.json", name);
-    cJSON *fx = read_json(json_name);
-    if (!fx) {
-        check(0, "%s: cannot read or parse", json_name);
+    cJSON *fx = read_fixture(name);
+    if (!fx)
         return 0;
-    }
     int failures_before = ml_test_failures;
     const char *file = json_str(fx, "file");
     prepared pr;
@@ -215,13 +210,9 @@ static int check_image(const char *name, const ml_image_params *p)
  * ml_image_pack_aspect. */
 static void check_batch(const char *name, const ml_image_params *p)
 {
-    char json_name[256];
-    snprintf(json_name, sizeof json_name, "%s.json", name);
-    cJSON *fx = read_json(json_name);
-    if (!fx) {
-        check(0, "%s: cannot read or parse", json_name);
+    cJSON *fx = read_fixture(name);
+    if (!fx)
         return;
-    }
     const cJSON *samples = cJSON_GetObjectItemCaseSensitive(fx, "images");
     const cJSON *want_slots = cJSON_GetObjectItemCaseSensitive(fx, "pixel_values_slot_sha256");
     const cJSON *want_ids = cJSON_GetObjectItemCaseSensitive(fx, "aspect_ratio_ids");

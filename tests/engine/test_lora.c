@@ -26,6 +26,7 @@
 #include "model/lora.h"
 #include "model/mllama.h"
 #include "model/safetensors.h"
+#include "runtime_test_util.h"
 
 #define FIXTURE ML_SOURCE_DIR "/tests/golden/fixtures/lora"
 #define MODEL_DIR FIXTURE "/model"
@@ -241,23 +242,6 @@ static void test_config(void)
 /* files                                                                    */
 /* ======================================================================== */
 
-static char *read_text(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    buf[got] = '\0';
-    if (len)
-        *len = got;
-    return buf;
-}
-
 static void write_text(const char *path, const char *text)
 {
     FILE *f = fopen(path, "wb");
@@ -286,8 +270,9 @@ static void scratch_open(scratch *s, const char *dir, const char *fixture)
     memset(s, 0, sizeof *s);
     snprintf(s->dir, sizeof s->dir, "%s", dir);
     snprintf(path, sizeof path, FIXTURE "/%s/" ML_LORA_CONFIG_FILE, fixture);
-    char *text = read_text(path, NULL);
-    s->config = text ? cJSON_Parse(text) : NULL;
+    size_t len;
+    char *text = ml_tok_read_file(path, &len);
+    s->config = text ? cJSON_ParseWithLength(text, len) : NULL;
     free(text);
     snprintf(path, sizeof path, FIXTURE "/%s/" ML_LORA_WEIGHTS_FILE, fixture);
     if (!s->config || ml_safetensors_open(&s->src, path, err, sizeof err) != ML_OK) {
@@ -381,40 +366,26 @@ typedef struct fixture {
     uint8_t allowed[MAX_PROMPT * MAX_IMAGES * MAX_TILES]; /* (S, N·T) */
 } fixture;
 
-static int64_t *read_i64(ml_safetensors *st, const char *name, size_t *n)
-{
-    char err[256];
-    const ml_tensor_view *t = ml_safetensors_find(st, name);
-    if (!t) {
-        fprintf(stderr, "inputs: no %s\n", name);
-        exit(1);
-    }
-    *n = (size_t)ml_tensor_view_numel(t);
-    int64_t *v = malloc(*n * sizeof *v);
-    ml_tensor_view_read_i64(t, v, err, sizeof err);
-    return v;
-}
-
 static void load_fixture(fixture *f)
 {
     char err[512];
     memset(f, 0, sizeof *f);
     f->be = ml_backend_cpu_create(2, err, sizeof err);
-    ml_safetensors *in;
-    if (!f->be || ml_safetensors_open(&in, FIXTURE "/inputs.safetensors", err, sizeof err)) {
-        fprintf(stderr, "fixture: %s\n", err);
+    if (!f->be) {
+        fprintf(stderr, "cpu backend: %s\n", err);
         exit(1);
     }
+    ml_safetensors *in = ml_rt_safetensors_open(FIXTURE "/inputs.safetensors");
     size_t n;
-    int64_t *ids = read_i64(in, "input_ids", &n);
+    int64_t *ids = ml_rt_read_i64(in, "input_ids", &n);
     f->S = (int)n;
     for (int i = 0; i < f->S; i++)
         f->ids[i] = (int32_t)ids[i];
-    int64_t *ar = read_i64(in, "aspect_ratio_ids", &n);
+    int64_t *ar = ml_rt_read_i64(in, "aspect_ratio_ids", &n);
     f->N = (int)n;
-    int64_t *mask = read_i64(in, "aspect_ratio_mask", &n);
+    int64_t *mask = ml_rt_read_i64(in, "aspect_ratio_mask", &n);
     f->T = (int)(n / (size_t)f->N);
-    int64_t *xmask = read_i64(in, "cross_attention_mask", &n);
+    int64_t *xmask = ml_rt_read_i64(in, "cross_attention_mask", &n);
     for (size_t i = 0; i < n; i++)
         f->allowed[i] = xmask[i] != 0;
 
@@ -556,7 +527,7 @@ static void golden_case(fixture *f, const char *name, const char *ref)
     size_t n_logits = (size_t)f->S * f->V, n_greedy;
     float *want = malloc(n_logits * sizeof *want);
     ml_tensor_view_read_f32(ml_safetensors_find(st, "logits"), want, err, sizeof err);
-    int64_t *greedy = read_i64(st, "greedy_tokens", &n_greedy);
+    int64_t *greedy = ml_rt_read_i64(st, "greedy_tokens", &n_greedy);
     check(n_greedy == GREEDY_STEPS, "%s: %zu greedy tokens", ref, n_greedy);
 
     ml_lora *lora = slot_for(f, name);
@@ -616,6 +587,21 @@ static void to_new_layout(scratch *s)
     }
 }
 
+/* Loads the adapter in s, which must give the logits want (S, V) bit for
+ * bit (no comparison when want is NULL), then closes s. */
+static void expect_same_logits(fixture *f, scratch *s, const float *want, const char *what)
+{
+    ml_lora_adapter *a = scratch_load(s, ml_model_config(f->m), ML_OK, NULL, what);
+    if (a && want) {
+        float *got = logits_with(f, a);
+        check(!memcmp(got, want, (size_t)f->S * f->V * sizeof *got),
+              "%s: bit-identical logits", what);
+        free(got);
+    }
+    ml_lora_adapter_destroy(a);
+    scratch_close(s);
+}
+
 static void test_loading(fixture *f, const char *tmp)
 {
     const ml_config *cfg = ml_model_config(f->m);
@@ -639,15 +625,7 @@ static void test_loading(fixture *f, const char *tmp)
     /* The newer key layout gives the same adapter. */
     scratch_open(&s, tmp, A1);
     to_new_layout(&s);
-    a = scratch_load(&s, cfg, ML_OK, NULL, "new key layout");
-    if (a && want) {
-        float *got = logits_with(f, a);
-        check(!memcmp(got, want, (size_t)f->S * f->V * sizeof *got),
-              "new key layout: bit-identical logits");
-        free(got);
-    }
-    ml_lora_adapter_destroy(a);
-    scratch_close(&s);
+    expect_same_logits(f, &s, want, "new key layout");
 
     /* F32 weights (the same bf16 values) give the same adapter too. */
     scratch_open(&s, tmp, A1);
@@ -662,15 +640,7 @@ static void test_loading(fixture *f, const char *tmp)
         s.views[i].nbytes *= 2;
         f32 += ml_tensor_view_numel(&s.views[i]);
     }
-    a = scratch_load(&s, cfg, ML_OK, NULL, "f32 weights");
-    if (a && want) {
-        float *got = logits_with(f, a);
-        check(!memcmp(got, want, (size_t)f->S * f->V * sizeof *got),
-              "f32 weights: bit-identical logits");
-        free(got);
-    }
-    ml_lora_adapter_destroy(a);
-    scratch_close(&s);
+    expect_same_logits(f, &s, want, "f32 weights");
     free(want);
 
     /* PEFT's frozen lm_head copy (save_embedding_layers) is accepted when it

@@ -32,46 +32,10 @@
 /* transformers' greedy continuation of the fixture prompt. */
 static int32_t greedy[GREEDY_STEPS];
 
-/* The whole model on a plain backend (ml_rt_fixture_open) with m3's prompt,
- * images and greedy tokens. */
-static void load_whole(ml_rt_fixture *f)
-{
-    ml_model_limits lim = ml_rt_limits();
-    ml_rt_fixture_open(f, MODEL, &lim);
-    ml_safetensors *ref = ml_rt_safetensors_open(MODEL "/reference.safetensors");
-    size_t n, n_greedy, n_ar;
-    int64_t *ids = ml_rt_read_i64(ref, "input_ids", &n);
-    ml_rt_fixture_set_prompt(f, ids, n);
-    int64_t *tokens = ml_rt_read_i64(ref, "greedy_tokens", &n_greedy);
-    int64_t *ar_ids = ml_rt_read_i64(ref, "aspect_ratio_ids", &n_ar);
-    int64_t *ar_mask = ml_rt_read_i64(ref, "aspect_ratio_mask", &n);
-    const ml_tensor_view *pixels = ml_safetensors_find(ref, "pixel_values");
-    char err[256] = "";
-    if (n_greedy < GREEDY_STEPS || n_ar != ML_RT_IMAGES || n != ML_RT_IMAGES * (size_t)f->T ||
-        !pixels || ml_tensor_view_numel(pixels) != ML_RT_IMAGES * (int64_t)f->slot_floats ||
-        ml_tensor_view_read_f32(pixels, f->pixels, err, sizeof err) != ML_OK) {
-        fprintf(stderr, "reference: shapes do not fit the model %s\n", err);
-        exit(1);
-    }
-    for (int i = 0; i < GREEDY_STEPS; i++)
-        greedy[i] = (int32_t)tokens[i];
-    ml_rt_fixture_set_images(f, ar_ids, ar_mask);
-    free(ids);
-    free(tokens);
-    free(ar_ids);
-    free(ar_mask);
-    ml_safetensors_destroy(ref);
-}
-
 /* Budgets in units of the model's own per-device block and image state. */
 static ml_runtime *runtime(ml_rt_fixture *f, size_t kv_blocks, int image_slots)
 {
-    ml_runtime_config rc = {
-        .kv_bytes = kv_blocks * ml_model_kv_block_bytes(f->model),
-        .image_bytes = (size_t)image_slots * ml_model_image_state_bytes(f->model),
-        .max_running = ML_RT_STEP_SEQS,
-        .max_step_tokens = ML_RT_STEP_TOKENS,
-    };
+    ml_runtime_config rc = ml_rt_config(f, kv_blocks, image_slots);
     return ml_rt_runtime_create(f, &rc);
 }
 
@@ -176,9 +140,8 @@ static void test_budgets(ml_rt_fixture *whole, ml_rt_fixture *tp, int world)
               ml_model_image_state_bytes(tp->model) * world ==
                   ml_model_image_state_bytes(whole->model),
           "world %d: a device holds 1/world of each block and image state", world);
-    size_t kv_bytes = KV_AMPLE * ml_model_kv_block_bytes(whole->model);
-    ml_runtime_config rc = {.kv_bytes = kv_bytes, .image_bytes = kv_bytes,
-                            .max_running = ML_RT_STEP_SEQS, .max_step_tokens = ML_RT_STEP_TOKENS};
+    /* The whole model's budget, given to both. */
+    ml_runtime_config rc = ml_rt_config(whole, KV_AMPLE, IMAGE_SLOTS);
     ml_runtime *a = ml_rt_runtime_create(whole, &rc), *b = ml_rt_runtime_create(tp, &rc);
     ml_runtime_stats sa, sb;
     ml_runtime_get_stats(a, &sa);
@@ -351,8 +314,11 @@ static void test_load_refusals(ml_rt_fixture *whole)
 
 int main(void)
 {
+    /* The whole model on a plain backend, with m3's prompt, images and
+     * transformers' greedy tokens. */
     ml_rt_fixture whole;
-    load_whole(&whole);
+    ml_model_limits lim = ml_rt_limits();
+    ml_rt_fixture_open_golden(&whole, MODEL, &lim, greedy, GREEDY_STEPS);
     ml_rt_result alone[N_BATCH];
     memset(alone, 0, sizeof alone);
     batch_reference(&whole, alone);

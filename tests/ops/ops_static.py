@@ -586,8 +586,9 @@ def check_promql(c, where, expr, own, external):
 # ==== ops/Dockerfile ===========================================================
 
 def dockerfile_stages(c):
-    """[(stage name, base, [(instruction, arguments)])] with continuations joined."""
-    stages, logical, current = [], [], ''
+    """([(instruction, arguments)] before the first FROM, [(stage name, base,
+    [(instruction, arguments)])]) with continuations joined."""
+    preamble, stages, logical, current = [], [], [], ''
     for line in read(c, 'ops/Dockerfile').split('\n'):
         if not current and (not line.strip() or line.lstrip().startswith('#')):
             continue
@@ -604,7 +605,9 @@ def dockerfile_stages(c):
             stages.append((m.group(2) if m and m.group(2) else '', m.group(1) if m else args, []))
         elif stages:
             stages[-1][2].append((instr, args))
-    return stages
+        else:
+            preamble.append((instr, args))
+    return preamble, stages
 
 
 def install_deps_packages(c):
@@ -613,13 +616,57 @@ def install_deps_packages(c):
     return set(words)
 
 
+_FLAVORS = ('cpu', 'gpu')
+# What makes the image a worker: only in the one shared stage, so that the
+# flavours cannot drift apart.
+_WORKER_INSTRUCTIONS = ('USER', 'WORKDIR', 'EXPOSE', 'HEALTHCHECK', 'ENTRYPOINT', 'CMD')
+
+
+def image_release(base):
+    """The distribution release (and CUDA version) of an image reference:
+    'nvidia/cuda:${V}-devel-ubuntu24.04' and '...-runtime-ubuntu24.04' give
+    the same, as do 'debian:12' and 'debian:12-slim'."""
+    repo, _, tag = base.partition(':')
+    return repo, re.sub(r'-slim$', '', re.sub(r'-(devel|runtime)-', '-', tag))
+
+
+def exec_form(text):
+    """The JSON array of an exec-form instruction's arguments, or None."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, list) else None
+
+
 def check_dockerfile(c, http_port):
+    """One recipe, two flavours: ARG FLAVOR picks build-<flavour> (under the
+    alias `build`) and runtime-<flavour>; the last stage, `worker`, holds
+    everything the flavours share."""
     where = 'ops/Dockerfile'
-    stages = {name: (base, instrs) for name, base, instrs in dockerfile_stages(c)}
-    for name in ('build-cpu', 'cpu', 'build-gpu', 'gpu'):
+    preamble, stage_list = dockerfile_stages(c)
+    names = [name for name, _, _ in stage_list]
+    stages = {name: (base, instrs) for name, base, instrs in stage_list}
+    required = [f'{kind}-{f}' for kind in ('build', 'runtime') for f in _FLAVORS] + ['build', 'worker']
+    for name in required:
         c.check(name in stages, where, f'no stage {name}')
-    if not all(n in stages for n in ('build-cpu', 'cpu', 'build-gpu', 'gpu')):
+    if not all(n in stages for n in required):
         return
+    c.check(len(names) == len(set(names)), where, f'duplicate stage names in {names}')
+
+    # The flavour is chosen by a build argument, cpu unless told otherwise.
+    global_args = dict(a.partition('=')[::2] for i, a in preamble if i == 'ARG')
+    c.check(global_args.get('FLAVOR') == 'cpu', where, 'ARG FLAVOR=cpu before the first FROM')
+    for name, base, _ in stage_list:
+        for var in re.findall(r'\$\{?(\w+)', base):
+            c.check(var in global_args, where, f'{name}: FROM uses ${var}, not an ARG before the first FROM')
+    c.check(stages['build'][0] == 'build-${FLAVOR}' and not stages['build'][1], where,
+            'the stage build is only FROM build-${FLAVOR} (the alias COPY --from needs)')
+    c.check(stages['worker'][0] == 'runtime-${FLAVOR}', where, 'the stage worker is FROM runtime-${FLAVOR}')
+    c.check(names[-1] == 'worker', where, 'worker is the last stage: the image built without --target')
+
+    # Build stages: the packages CI uses, the flavour's backend, the runtime
+    # package list the worker stage installs.
     build_runs = ' '.join(a for i, a in stages['build-cpu'][1] if i == 'RUN')
     c.check('install-deps.sh' in build_runs, where, 'the CPU build stage must use ops/install-deps.sh')
     gpu_apt = ' '.join(a for i, a in stages['build-gpu'][1] if i == 'RUN' and 'apt-get install' in a)
@@ -627,35 +674,61 @@ def check_dockerfile(c, http_port):
     known = install_deps_packages(c)
     c.check(gpu_pkgs and gpu_pkgs <= known, where,
             f'GPU build packages not in ops/install-deps.sh: {sorted(gpu_pkgs - known)}')
-    c.check(stages['gpu'][0].startswith('nvidia/cuda:') and 'runtime' in stages['gpu'][0], where,
-            'the gpu target runs on an nvidia/cuda runtime image')
-    for name in ('cpu', 'gpu'):
-        instrs = dict((i, a) for i, a in stages[name][1])
-        user = instrs.get('USER', '')
-        c.check(user and user.split(':')[0] not in ('0', 'root'), where, f'{name}: USER must be non-root')
-        c.check('HEALTHCHECK' in instrs and 'NONE' not in instrs['HEALTHCHECK'].upper(), where,
-                f'{name}: no HEALTHCHECK')
-        c.check(f'127.0.0.1:{http_port}/healthz' in instrs.get('HEALTHCHECK', ''), where,
-                f'{name}: HEALTHCHECK must probe /healthz on port {http_port}')
-        c.check(str(http_port) in instrs.get('EXPOSE', '').split(), where, f'{name}: EXPOSE {http_port}')
-        c.check(json.loads(instrs.get('ENTRYPOINT', 'null') or 'null') == ['mllama', 'worker'], where,
-                f'{name}: ENTRYPOINT ["mllama", "worker"]')
-        c.check(json.loads(instrs.get('CMD', 'null') or 'null') == ['--config', '/etc/mllama/config.json'],
-                where, f'{name}: CMD ["--config", "/etc/mllama/config.json"]')
-        c.check('WORKDIR' in instrs, where, f'{name}: no WORKDIR')
-        for instr, args in stages[name][1]:
+    for f in _FLAVORS:
+        runs = ' '.join(a for i, a in stages[f'build-{f}'][1] if i == 'RUN')
+        cuda = 'ON' if f == 'gpu' else 'OFF'
+        c.check(f'-DMLLAMA_CUDA={cuda}' in runs, where, f'build-{f}: configures with -DMLLAMA_CUDA={cuda}')
+        c.check(re.search(r'runtime-packages\.sh \S+ > /opt/mllama/build/runtime-packages', runs), where,
+                f'build-{f}: writes /opt/mllama/build/runtime-packages with ops/runtime-packages.sh')
+
+    # Runtime bases: the runtime image of their build stage's release, and
+    # nothing of the worker (that lives once, in the worker stage).
+    c.check(stages['runtime-gpu'][0].startswith('nvidia/cuda:') and 'runtime' in stages['runtime-gpu'][0],
+            where, 'the gpu flavour runs on an nvidia/cuda runtime image')
+    for f in _FLAVORS:
+        build_base, runtime_base = stages[f'build-{f}'][0], stages[f'runtime-{f}'][0]
+        c.check(image_release(build_base) == image_release(runtime_base), where,
+                f'runtime-{f} ({runtime_base}) is not the release build-{f} ({build_base}) links against')
+        for instr, args in stages[f'runtime-{f}'][1]:
+            c.check(instr not in _WORKER_INSTRUCTIONS and '--from=' not in args, where,
+                    f'runtime-{f}: {instr} belongs in the shared worker stage')
+
+    # The worker stage.
+    worker = stages['worker'][1]
+    instrs = dict(worker)
+    user = instrs.get('USER', '')
+    c.check(user and user.split(':')[0] not in ('0', 'root'), where, 'worker: USER must be non-root')
+    health = instrs.get('HEALTHCHECK', '')
+    c.check(health and 'NONE' not in health.upper(), where, 'worker: no HEALTHCHECK')
+    probe = re.search(r'\bCMD (\[.*\])$', health)
+    c.check(probe and (exec_form(probe.group(1)) or [])[:2] == ['mllama', 'healthcheck'], where,
+            'worker: HEALTHCHECK must run ["mllama", "healthcheck", ...] (no curl in the image)')
+    c.check(f'127.0.0.1:{http_port}/healthz' in health, where,
+            f'worker: HEALTHCHECK must probe /healthz on port {http_port}')
+    c.check(str(http_port) in instrs.get('EXPOSE', '').split(), where, f'worker: EXPOSE {http_port}')
+    c.check(exec_form(instrs.get('ENTRYPOINT', '')) == ['mllama', 'worker'], where,
+            'worker: ENTRYPOINT ["mllama", "worker"]')
+    c.check(exec_form(instrs.get('CMD', '')) == ['--config', '/etc/mllama/config.json'],
+            where, 'worker: CMD ["--config", "/etc/mllama/config.json"]')
+    c.check('WORKDIR' in instrs, where, 'worker: no WORKDIR')
+    c.check(any(i == 'RUN' and 'runtime-packages' in a for i, a in worker), where,
+            "worker: installs the build stage's runtime-packages")
+    for instr, args in worker:
+        source = re.search(r'--from=(\S+)', args)
+        c.check(instr not in ('COPY', 'ADD') or (source and source.group(1) == 'build'), where,
+                f'worker: copies only from the stage build, the chosen flavour: {instr} {args}')
+    for name, (_, stage_instrs) in stages.items():
+        for instr, args in stage_instrs:
             if instr in ('COPY', 'ADD'):
                 c.check(not re.search(r'models|safetensors|\.bin\b', args), where,
                         f'{name}: models are mounted, never copied: {instr} {args}')
                 c.check(instr == 'COPY', where, f'{name}: ADD fetches or unpacks; use COPY')
-    # The two runtime stages are one recipe on two bases.
-    gpu = [(i, a.replace('build-gpu', 'build-cpu')) for i, a in stages['gpu'][1]]
-    c.check(gpu == stages['cpu'][1], where, 'the cpu and gpu stages differ beyond their base and build stage')
+
     # Files copied from the context must survive ops/Dockerfile.dockerignore,
     # which excludes everything it does not name.
     allowed = re.findall(r'^!(\S+?)/?$', read(c, 'ops/Dockerfile.dockerignore'), re.M)
-    for _, (_, instrs) in stages.items():
-        for instr, args in instrs:
+    for _, (_, stage_instrs) in stages.items():
+        for instr, args in stage_instrs:
             sources = []
             if instr == 'COPY' and '--from=' not in args and args.split()[0] != '.':
                 sources.append(args.split()[0])
@@ -678,8 +751,9 @@ def check_compose(c, compose, local, topics):
     for name, svc in services.items():
         if 'build' in svc:
             b = svc['build']
-            c.check(b.get('dockerfile') == 'ops/Dockerfile' and b.get('target') == 'cpu', where,
-                    f'{name}: builds ops/Dockerfile target cpu')
+            c.check(b.get('dockerfile') == 'ops/Dockerfile' and 'target' not in b and
+                    dig(b, 'args', 'FLAVOR') == 'cpu', where,
+                    f'{name}: builds ops/Dockerfile with args FLAVOR: cpu (the whole image, no target)')
             c.check(os.path.normpath(os.path.join(c.path('ops'), b.get('context', ''))) ==
                     os.path.normpath(c.root), where, f'{name}: the build context is the repository root')
             builds.setdefault(svc.get('image'), []).append(json.dumps(b, sort_keys=True))
@@ -936,6 +1010,9 @@ def check_scripts_and_docs(c, files):
         c.check(f'\n## {section}\n' in runbook, 'ops/RUNBOOK.md', f'no section "## {section}"')
     c.check('docker compose -f ops/compose.yaml up --build' in runbook, 'ops/RUNBOOK.md',
             'the quick start gives the compose command')
+    for flavor_arg in ('', '--build-arg FLAVOR=gpu '):
+        c.check(f'docker build -f ops/Dockerfile {flavor_arg}-t mllama-worker:' in runbook, 'ops/RUNBOOK.md',
+                f'the quick start gives the image build command {flavor_arg or "(cpu)"}')
     # kubectl, where installed, builds the kustomization for real.
     kubectl = shutil.which('kubectl')
     if kubectl and files.get('ops/k8s/kustomization.yaml') is not None:

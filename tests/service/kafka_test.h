@@ -1,9 +1,9 @@
 /* Helpers shared by the Kafka integration and fault tests: a miniature
  * worker (consumer + producer + the loop of kafka.h) whose message handling
  * each test chooses, an independent librdkafka handle to read committed and
- * end offsets, and deadlines so a broken test fails instead of hanging.
- * Everything runs on the test's main thread, which is every worker's Kafka
- * thread. */
+ * end offsets, and deadlines (proc_util.h's clock) so a broken test fails
+ * instead of hanging. Everything runs on the test's main thread, which is
+ * every worker's Kafka thread. */
 #ifndef ML_TEST_KAFKA_TEST_H
 #define ML_TEST_KAFKA_TEST_H
 
@@ -14,13 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
 #include "kafka.h"
 #include "log.h"
 #include "mock_kafka.h"
+#include "proc_util.h"
 
 /* Group timings small enough for tests; the mock's rebalance rounds take
  * session.timeout.ms - 1 s (notes/kafka-redis-k8s.md §2.4). */
@@ -35,19 +35,6 @@ static const svc_kafka_kv kt_group_kv[] = {
  * before starting workers and sources). */
 static const svc_kafka_kv *kt_producer_kv;
 static size_t kt_n_producer_kv;
-
-static inline int64_t kt_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static inline void kt_sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* ---- a miniature worker ------------------------------------------------------ */
 
@@ -265,11 +252,11 @@ static inline void kt_worker_step(kt_worker *w, int ms)
 static inline bool kt_run_until(kt_worker **ws, int n, bool (*cond)(void *), void *arg,
                                 int timeout_ms)
 {
-    int64_t deadline = kt_now_ms() + timeout_ms;
+    int64_t deadline = pu_now_ms() + timeout_ms;
     for (;;) {
         if (cond && cond(arg))
             return true;
-        if (kt_now_ms() >= deadline)
+        if (pu_now_ms() >= deadline)
             return cond == NULL;
         for (int i = 0; i < n; i++)
             kt_worker_step(ws[i], n > 1 ? 10 : 20);
@@ -430,7 +417,7 @@ static inline int kt_scenario_child(const kt_scenario *sc)
     else
         svc_log_set_output(fopen("/dev/null", "w"));
     signal(SIGPIPE, SIG_IGN);
-    int64_t t0 = kt_now_ms();
+    int64_t t0 = pu_now_ms();
     svc_mock_kafka *mock = NULL;
     char err[256];
     if (sc->topics && svc_mock_kafka_create(3, sc->topics, &mock, err, sizeof err) != SVC_KAFKA_OK) {
@@ -440,7 +427,7 @@ static inline int kt_scenario_child(const kt_scenario *sc)
     sc->run(mock ? svc_mock_kafka_bootstraps(mock) : NULL,
             mock ? svc_mock_kafka_cluster(mock) : NULL);
     svc_mock_kafka_destroy(mock);
-    fprintf(stderr, "%c %s: %.1f s, ", sc->id, sc->name, (kt_now_ms() - t0) / 1000.0);
+    fprintf(stderr, "%c %s: %.1f s, ", sc->id, sc->name, (pu_now_ms() - t0) / 1000.0);
     return check_done();
 }
 
@@ -450,7 +437,7 @@ static inline int kt_run_scenarios(const kt_scenario *sc, size_t n, int timeout_
     const char *only = getenv("ML_TEST_ONLY");
     pid_t pid[26] = {0};
     int failed = 0;
-    int64_t t0 = kt_now_ms();
+    int64_t t0 = pu_now_ms();
     for (size_t i = 0; i < n && i < 26; i++) {
         if (only && !strchr(only, sc[i].id))
             continue;
@@ -470,8 +457,8 @@ static inline int kt_run_scenarios(const kt_scenario *sc, size_t n, int timeout_
             continue;
         int status = 0;
         pid_t done = 0;
-        while ((done = waitpid(pid[i], &status, WNOHANG)) == 0 && kt_now_ms() < deadline)
-            kt_sleep_ms(50);
+        while ((done = waitpid(pid[i], &status, WNOHANG)) == 0 && pu_now_ms() < deadline)
+            pu_sleep_ms(50);
         if (done == 0) {
             kill(pid[i], SIGKILL);
             waitpid(pid[i], &status, 0);
@@ -483,7 +470,7 @@ static inline int kt_run_scenarios(const kt_scenario *sc, size_t n, int timeout_
             failed++;
         }
     }
-    fprintf(stderr, "all scenarios: %.1f s, %d failed\n", (kt_now_ms() - t0) / 1000.0, failed);
+    fprintf(stderr, "all scenarios: %.1f s, %d failed\n", (pu_now_ms() - t0) / 1000.0, failed);
     return failed ? 1 : 0;
 }
 

@@ -186,7 +186,7 @@ static void scenario_offsets_restart(const char *bootstraps, rd_kafka_mock_clust
     w2.policy = reply_or_dlt;
     ws[0] = &w2;
     bool ok = false;
-    for (int64_t dl = kt_now_ms() + 20000; !ok && kt_now_ms() < dl;) {
+    for (int64_t dl = pu_now_ms() + 20000; !ok && pu_now_ms() < dl;) {
         kt_worker_step(&w2, 20);
         ok = w2.n_got >= want_redelivered;
     }
@@ -246,7 +246,7 @@ static kt_worker b_w[3];
 /* Produce one request every 20 ms while the scenario runs. */
 static void b_tick(void)
 {
-    int64_t now = kt_now_ms();
+    int64_t now = pu_now_ms();
     if (!b_stop && now >= b_next_at && b_next < B_MAX) {
         kt_source_send(&b_src, "shared", "s", b_next++);
         b_next_at = now + 20;
@@ -256,9 +256,9 @@ static void b_tick(void)
 
 static bool b_run_until(int n_workers, bool (*cond)(void), int timeout_ms)
 {
-    int64_t deadline = kt_now_ms() + timeout_ms;
+    int64_t deadline = pu_now_ms() + timeout_ms;
     while (!cond()) {
-        if (kt_now_ms() >= deadline)
+        if (pu_now_ms() >= deadline)
             return false;
         for (int i = 0; i < n_workers; i++) {
             b_tick();
@@ -303,11 +303,11 @@ static void scenario_cooperative(const char *bootstraps, rd_kafka_mock_cluster_t
     kt_worker_start(&b_w[1], "b2", bs, "gB", "shared", "replies", NULL, 0);
     check(b_run_until(2, b_two_share, 20000), "B: two members share %d partitions (%d + %d)",
           B_PARTS, b_w[0].assigned, b_w[1].assigned);
-    int64_t t1 = kt_now_ms();
+    int64_t t1 = pu_now_ms();
     kt_worker_start(&b_w[2], "b3", bs, "gB", "shared", "replies", NULL, 0);
     check(b_run_until(3, b_three_share, 25000), "B: three members hold 2 each (%d %d %d)",
           b_w[0].assigned, b_w[1].assigned, b_w[2].assigned);
-    int64_t t2 = kt_now_ms();
+    int64_t t2 = pu_now_ms();
     b_stop = true;
     int produced = b_next;
     kt_source_flush(&b_src);
@@ -574,7 +574,7 @@ static void scenario_queue_full(const char *bootstraps, rd_kafka_mock_cluster_t 
           F_QUEUE);
     pthread_t t;
     check(pthread_create(&t, NULL, f_engine_thread, &f) == 0, "F: thread");
-    for (int64_t dl = kt_now_ms() + 20000; f.reports < 2 * F_N && kt_now_ms() < dl;)
+    for (int64_t dl = pu_now_ms() + 20000; f.reports < 2 * F_N && pu_now_ms() < dl;)
         svc_producer_poll(f.p, 10);
     pthread_join(t, NULL);
     check(f.other_ok == F_N, "F: another thread produced %d/%d", f.other_ok, F_N);
@@ -617,7 +617,7 @@ static void scenario_cli(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
     char line[256] = {0};
     size_t n = 0;
     struct pollfd pfd = {pipefd[0], POLLIN, 0};
-    for (int64_t dl = kt_now_ms() + 10000; kt_now_ms() < dl && !memchr(line, '\n', n);) {
+    for (int64_t dl = pu_now_ms() + 10000; pu_now_ms() < dl && !memchr(line, '\n', n);) {
         if (poll(&pfd, 1, 100) > 0) {
             ssize_t k = read(pipefd[0], line + n, sizeof line - 1 - n);
             if (k <= 0)
@@ -648,7 +648,7 @@ static void scenario_cli(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
     kill(pid, SIGTERM);
     int status = -1;
     pid_t done = 0;
-    for (int64_t dl = kt_now_ms() + 10000; kt_now_ms() < dl && done == 0; kt_sleep_ms(20))
+    for (int64_t dl = pu_now_ms() + 10000; pu_now_ms() < dl && done == 0; pu_sleep_ms(20))
         done = waitpid(pid, &status, WNOHANG);
     if (done == 0) {
         kill(pid, SIGKILL);

@@ -63,7 +63,7 @@ static int read_all(const char *topic, int n_parts, int *counts, int max)
     rd_kafka_assign(rk, l);
     rd_kafka_topic_partition_list_destroy(l);
     int n = 0, eofs = 0;
-    for (int64_t dl = kt_now_ms() + 15000; eofs < n_parts && kt_now_ms() < dl;) {
+    for (int64_t dl = pu_now_ms() + 15000; eofs < n_parts && pu_now_ms() < dl;) {
         rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
         if (!m)
             continue;
@@ -201,7 +201,7 @@ static void stream_finish(stream *s, const char *what)
     int64_t end[S_PARTS], got[S_PARTS] = {0};
     check(kt_end_offsets(bs, s->topic, S_PARTS, end), "%s: end offsets", what);
     bool committed = false;
-    for (int64_t dl = kt_now_ms() + 10000; !committed && kt_now_ms() < dl;) {
+    for (int64_t dl = pu_now_ms() + 10000; !committed && pu_now_ms() < dl;) {
         kt_run_until(ws, 1, NULL, NULL, 300);
         committed = kt_committed(bs, s->group, s->topic, S_PARTS, got) && got[0] == end[0] &&
                     got[1] == end[1];
@@ -268,7 +268,7 @@ static void scenario_heartbeat(const char *bootstraps, rd_kafka_mock_cluster_t *
     kt_source_flush(&s.src);
     kt_worker *ws[] = {&s.w};
     bool all_in = false;
-    for (int64_t dl = kt_now_ms() + 10000; !all_in && kt_now_ms() < dl;) {
+    for (int64_t dl = pu_now_ms() + 10000; !all_in && pu_now_ms() < dl;) {
         kt_worker_step(&s.w, 20);
         all_in = s.w.n_got >= 20;
     }
@@ -318,8 +318,8 @@ static void scenario_down(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
 
     check(rd_kafka_mock_broker_set_down(mc, -1) == RD_KAFKA_RESP_ERR_NO_ERROR, "D: set down");
     stream_send(&s, 20); /* queued in the producer */
-    int64_t down_until = kt_now_ms() + 3000;
-    while (kt_now_ms() < down_until) {
+    int64_t down_until = pu_now_ms() + 3000;
+    while (pu_now_ms() < down_until) {
         kt_worker_step(&s.w, 20);
         svc_producer_poll(s.src.p, 0);
     }
