@@ -26,6 +26,7 @@
 #include "model/mkmodel.h"
 #include "model/safetensors.h"
 #include "runtime/runtime.h"
+#include "test_rand.h"
 #include "tokenizer_util.h"
 
 #define TOKENIZER_DIR ML_SOURCE_DIR "/config/tokenizer"
@@ -67,16 +68,6 @@ static int resolve(void *ctx, const char *name, char *dir, size_t n)
 {
     snprintf(dir, n, "%s/%s", ml_scratch_dir(), name);
     return 1;
-}
-
-static uint64_t g_rng = 88172645463325252ull;
-
-static float frand(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
 /* One random r=RANK adapter on every text Linear, in PEFT's layout. */
@@ -121,9 +112,8 @@ static int write_adapter(const bench *b, const char *name)
             total += (size_t)RANK * (in[m] + out[m]);
         }
     }
-    uint16_t *data = malloc(total * sizeof *data), *next = data;
-    for (size_t i = 0; i < total; i++)
-        data[i] = ml_f32_to_bf16(frand() * LORA_INIT);
+    uint16_t *data = xmalloc(total * sizeof *data), *next = data;
+    fill_bf16(data, total, -LORA_INIT, LORA_INIT);
     for (size_t k = 0; k < n; k++) {
         size_t numel = (size_t)(views[k].shape[0] * views[k].shape[1]);
         views[k].data = next;
@@ -189,7 +179,7 @@ static rate run(bench *b, int n, const char *const *names, int threads)
     for (int i = 0; i < n; i++) {
         int32_t prompt[PROMPT_TOKENS];
         for (int t = 0; t < PROMPT_TOKENS; t++)
-            prompt[t] = (int32_t)((frand() + 1.0f) * 0.5f * ORDINARY_TOKENS);
+            prompt[t] = irand(ORDINARY_TOKENS);
         ml_request req = {.prompt = prompt, .n_prompt = PROMPT_TOKENS, .adapter = names[i],
                           .cb = {.on_token = on_token, .on_finish = on_finish, .ctx = &c[i]}};
         ml_sampling_params_default(&req.sampling);

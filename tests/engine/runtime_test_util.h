@@ -8,7 +8,9 @@
  * - ml_rt_result: what one request's callbacks reported;
  * - ml_rt_submit: a greedy request of a kind (both images, the first only,
  *   text only) made from the fixture prompt, images by pixels or by key;
- * - ml_rt_config / ml_rt_runtime_create, ml_rt_steps, ml_rt_drain.
+ * - ml_rt_config / ml_rt_runtime_create (ml_rt_runtime_sized: both in one),
+ *   ml_rt_steps, ml_rt_drain;
+ * - ml_rt_flood: many image requests against a small image budget.
  * Setup failures (files, loads, allocation) print the reason and exit the
  * test with 1; what the runtime does with a request is reported through
  * check(). Header-only, test code only; include after harness.h. */
@@ -302,6 +304,14 @@ static inline ml_runtime *ml_rt_runtime_create(ml_rt_fixture *f, const ml_runtim
     return rt;
 }
 
+/* ml_rt_runtime_create with ml_rt_config(f, kv_blocks, image_slots). */
+static inline ml_runtime *ml_rt_runtime_sized(ml_rt_fixture *f, size_t kv_blocks,
+                                              int image_slots)
+{
+    ml_runtime_config rc = ml_rt_config(f, kv_blocks, image_slots);
+    return ml_rt_runtime_create(f, &rc);
+}
+
 /* Requests made from the fixture prompt. */
 typedef enum ml_rt_kind {
     ML_RT_TWO_IMAGES, /* the fixture prompt as is */
@@ -401,6 +411,38 @@ static inline void ml_rt_drain(ml_runtime *rt, size_t image_budget)
         }
     }
     check(ml_runtime_active(rt) == 0, "runtime drained");
+}
+
+/* A fresh runtime over f (kv_blocks KV blocks, room for image_slots image
+ * states) flooded with n two-image requests of max_tokens tokens, each
+ * with image keys of its own: checks that the resident states never exceed
+ * the image budget and that every request ends by length. `what` starts
+ * the check messages. */
+static inline void ml_rt_flood(ml_rt_fixture *f, size_t kv_blocks, int image_slots, int n,
+                               int max_tokens, const char *what)
+{
+    /* Request i's keys carry salt FLOOD_KEY_SALT + i: each brings two new
+     * image states, so the budget must evict to admit it. */
+    enum { FLOOD_KEY_SALT = 100 };
+    ml_rt_result *r = calloc((size_t)n, sizeof *r);
+    if (!r) {
+        fprintf(stderr, "runtime test: out of memory for %d results\n", n);
+        exit(1);
+    }
+    ml_runtime *rt = ml_rt_runtime_sized(f, kv_blocks, image_slots);
+    for (int i = 0; i < n; i++)
+        ml_rt_submit(f, rt,
+                     &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = max_tokens,
+                                      .key_salt = FLOOD_KEY_SALT + i},
+                     &r[i]);
+    ml_rt_drain(rt, (size_t)image_slots * ml_model_image_state_bytes(f->model));
+    for (int i = 0; i < n; i++) {
+        check(r[i].done == 1 && r[i].reason == ML_FINISH_REASON_LENGTH,
+              "%s: flood request %d done", what, i);
+        ml_rt_result_deinit(&r[i]);
+    }
+    ml_runtime_destroy(rt);
+    free(r);
 }
 
 #endif

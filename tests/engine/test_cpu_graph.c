@@ -18,50 +18,15 @@
 #include "backend.h"
 #include "dtype.h"
 #include "harness.h"
+#include "test_rand.h"
 
 #define ERRLEN 256
 #define THREADS 2
 #define SEED_RECORD 1
 #define SEED_REPLAY 2
+#define W_MAX 0.25f /* bf16 weights are uniform in [-W_MAX, W_MAX), activations in [-1, 1) */
 
 /* ---- helpers ------------------------------------------------------------------ */
-
-static uint64_t g_rng;
-
-static double urand(void) /* [0, 1) */
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (double)(g_rng >> 11) / 9007199254740992.0;
-}
-
-static int irand(int n)
-{
-    return (int)(urand() * n);
-}
-
-static void fill(float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        x[i] = (float)(2.0 * urand() - 1.0);
-}
-
-static void fill_bf16(uint16_t *w, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        w[i] = ml_f32_to_bf16((float)(0.5 * urand() - 0.25));
-}
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "out of memory\n");
-        exit(1);
-    }
-    return p;
-}
 
 /* Backend memory is carved from one allocation ("malloc and point"), so a
  * whole state is one upload and one download. */
@@ -266,7 +231,7 @@ static void step_bufs_init(step_bufs *b, ml_backend *be)
 static void step_image(const step_bufs *b, unsigned char *img, uint64_t seed)
 {
     const arena *a = &b->a;
-    g_rng = 0x9e3779b97f4a7c15ull * seed + 1;
+    rand_seed(0x9e3779b97f4a7c15ull * seed + 1);
     memset(img, 0, a->bytes);
 #define H(p) host_of(a, img, (p))
     uint16_t *const bf[] = {b->tok_table, b->pos_table, b->norm_w, b->ln_w, b->ln_b, b->wq,
@@ -278,7 +243,7 @@ static void step_image(const step_bufs *b, unsigned char *img, uint64_t seed)
                            VOCAB * DIM, MAX_RANK * DIM, MAX_RANK * DIM, QD * MAX_RANK,
                            QD * MAX_RANK, VD * PATCH_K};
     for (size_t i = 0; i < sizeof bf / sizeof *bf; i++)
-        fill_bf16(H(bf[i]), bf_n[i]);
+        fill_bf16(H(bf[i]), bf_n[i], -W_MAX, W_MAX);
     float *const f32[] = {b->row_scale, b->pixels, b->k_cache, b->v_cache, b->states[0],
                           b->states[1], b->states[2], b->x, b->h, b->q, b->att, b->cross,
                           b->k, b->v, b->lora_t, b->g, b->u, b->xt, b->stored, b->acc,
@@ -290,7 +255,7 @@ static void step_image(const step_bufs *b, unsigned char *img, uint64_t seed)
                             N_TOK * FFN, DIM * N_TOK, DIM * N_TOK, N_TOK * DIM, N_TOK * VOCAB,
                             N_PATCH * PATCH_K, N_PATCH * VD, N_PATCH * VD};
     for (size_t i = 0; i < sizeof f32 / sizeof *f32; i++)
-        fill(H(f32[i]), f32_n[i]);
+        fill(H(f32[i]), f32_n[i], -1, 1);
 
     float *inv_freq = H(b->inv_freq);
     for (int i = 0; i < HEAD_DIM / 2; i++)
@@ -778,12 +743,12 @@ static void tp_bufs_init(tp_bufs *b, ml_backend *be)
 static void tp_image(const tp_bufs *b, unsigned char *img, uint64_t seed, int rank)
 {
     const arena *a = &b->a;
-    g_rng = 0x2545f4914f6cdd1dull * seed + (uint64_t)rank + 7;
+    rand_seed(0x2545f4914f6cdd1dull * seed + (uint64_t)rank + 7);
     memset(img, 0, a->bytes);
-    fill(host_of(a, img, b->x), TP_ROWS * TP_K);
-    fill_bf16(host_of(a, img, b->w1), TP_N * TP_K);
-    fill_bf16(host_of(a, img, b->w2), TP_N * TP_N);
-    fill_bf16(host_of(a, img, b->norm_w), TP_N);
+    fill(host_of(a, img, b->x), TP_ROWS * TP_K, -1, 1);
+    fill_bf16(host_of(a, img, b->w1), TP_N * TP_K, -W_MAX, W_MAX);
+    fill_bf16(host_of(a, img, b->w2), TP_N * TP_N, -W_MAX, W_MAX);
+    fill_bf16(host_of(a, img, b->norm_w), TP_N, -W_MAX, W_MAX);
 }
 
 /* A sharded block: two row-parallel matmuls, each followed by its sum over

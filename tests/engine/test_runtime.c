@@ -20,20 +20,17 @@
 
 #define MODEL ML_SOURCE_DIR "/tests/golden/fixtures/models/m3_two_images_interleaved"
 #define GREEDY_STEPS 32
+#define FLOOD_REQUESTS 12
+#define FLOOD_IMAGE_SLOTS 3 /* fewer than two requests' images */
+#define FLOOD_TOKENS 3
 
 /* transformers' greedy continuation of the fixture prompt. */
 static int32_t greedy[GREEDY_STEPS];
 
-static ml_runtime *runtime(ml_rt_fixture *f, size_t kv_blocks, int image_slots)
-{
-    ml_runtime_config rc = ml_rt_config(f, kv_blocks, image_slots);
-    return ml_rt_runtime_create(f, &rc);
-}
-
 /* The outputs of a request run alone. */
 static void run_alone(ml_rt_fixture *f, ml_rt_kind k, int max_tokens, ml_rt_result *out)
 {
-    ml_runtime *rt = runtime(f, 64, 2);
+    ml_runtime *rt = ml_rt_runtime_sized(f, 64, 2);
     ml_rt_submit(f, rt, &(ml_rt_request){.kind = k, .max_tokens = max_tokens}, out);
     ml_rt_drain(rt, 0);
     ml_runtime_destroy(rt);
@@ -62,7 +59,7 @@ static void test_batching(ml_rt_fixture *f, size_t kv_blocks, const char *what)
         run_alone(f, kinds[i], max_tokens[i], &alone[i]);
 
     /* Two images' states for four image keys in flight: admission waits. */
-    ml_runtime *rt = runtime(f, kv_blocks, 4);
+    ml_runtime *rt = ml_rt_runtime_sized(f, kv_blocks, 4);
     for (int i = 0; i < N; i++) {
         ml_rt_submit(f, rt, &(ml_rt_request){.kind = kinds[i], .max_tokens = max_tokens[i]},
                      &together[i]);
@@ -84,7 +81,7 @@ static void test_batching(ml_rt_fixture *f, size_t kv_blocks, const char *what)
 
 static void test_cache_hit(ml_rt_fixture *f)
 {
-    ml_runtime *rt = runtime(f, 64, 2);
+    ml_runtime *rt = ml_rt_runtime_sized(f, 64, 2);
     ml_rt_result miss = {0}, hit = {0};
     ml_rt_request q = {.kind = ML_RT_TWO_IMAGES, .max_tokens = 4, .key_salt = 7, .keep_logits = 1};
     ml_rt_submit(f, rt, &q, &miss);
@@ -114,27 +111,9 @@ static void test_cache_hit(ml_rt_fixture *f)
     ml_runtime_destroy(rt);
 }
 
-static void test_flood(ml_rt_fixture *f)
-{
-    enum { N = 12 };
-    const int slots = 3;
-    ml_runtime *rt = runtime(f, 64, slots);
-    ml_rt_result r[N];
-    memset(r, 0, sizeof r);
-    for (int i = 0; i < N; i++)
-        ml_rt_submit(f, rt,
-                     &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = 3,
-                                      .key_salt = 100 + i},
-                     &r[i]);
-    ml_rt_drain(rt, (size_t)slots * ml_model_image_state_bytes(f->model));
-    for (int i = 0; i < N; i++)
-        check(r[i].done == 1 && r[i].reason == ML_FINISH_REASON_LENGTH, "flood request %d done", i);
-    ml_runtime_destroy(rt);
-}
-
 static void test_endings(ml_rt_fixture *f)
 {
-    ml_runtime *rt = runtime(f, 64, 2);
+    ml_runtime *rt = ml_rt_runtime_sized(f, 64, 2);
     ml_rt_result cancelled = {0}, late = {0}, refused = {0};
     uint64_t h = ml_rt_submit(f, rt, &(ml_rt_request){.kind = ML_RT_TEXT_ONLY, .max_tokens = 30},
                               &cancelled);
@@ -173,7 +152,7 @@ int main(void)
     test_batching(&f, 64, "ample KV pool");
     test_batching(&f, 6, "small KV pool");
     test_cache_hit(&f);
-    test_flood(&f);
+    ml_rt_flood(&f, 64, FLOOD_IMAGE_SLOTS, FLOOD_REQUESTS, FLOOD_TOKENS, "m3");
     test_endings(&f);
     ml_rt_fixture_close(&f);
     return check_done();

@@ -28,20 +28,16 @@
 #define KV_AMPLE 64
 #define KV_SMALL 6    /* blocks: too few for the batch below, so it preempts */
 #define IMAGE_SLOTS 2
+#define FLOOD_REQUESTS 6
+#define FLOOD_IMAGE_SLOTS 3 /* fewer than two requests' images */
+#define FLOOD_TOKENS 2
 
 /* transformers' greedy continuation of the fixture prompt. */
 static int32_t greedy[GREEDY_STEPS];
 
-/* Budgets in units of the model's own per-device block and image state. */
-static ml_runtime *runtime(ml_rt_fixture *f, size_t kv_blocks, int image_slots)
-{
-    ml_runtime_config rc = ml_rt_config(f, kv_blocks, image_slots);
-    return ml_rt_runtime_create(f, &rc);
-}
-
 static void run_alone(ml_rt_fixture *f, const ml_rt_request *q, ml_rt_result *out)
 {
-    ml_runtime *rt = runtime(f, KV_AMPLE, IMAGE_SLOTS);
+    ml_runtime *rt = ml_rt_runtime_sized(f, KV_AMPLE, IMAGE_SLOTS);
     ml_rt_submit(f, rt, q, out);
     ml_rt_drain(rt, 0);
     ml_runtime_destroy(rt);
@@ -84,7 +80,7 @@ static void test_batching(ml_rt_fixture *tp, int world, const ml_rt_result *alon
     ml_rt_result together[N_BATCH];
     memset(together, 0, sizeof together);
     /* Two images' states for four image keys in flight: admission waits. */
-    ml_runtime *rt = runtime(tp, kv_blocks, 4);
+    ml_runtime *rt = ml_rt_runtime_sized(tp, kv_blocks, 4);
     for (int i = 0; i < N_BATCH; i++) {
         ml_rt_submit(tp, rt, &(ml_rt_request){.kind = kinds[i], .max_tokens = batch_tokens[i]},
                      &together[i]);
@@ -111,7 +107,7 @@ static void test_cache_hit(ml_rt_fixture *whole, ml_rt_fixture *tp, int world)
                        .keep_logits = 1};
     ml_rt_result want = {0}, miss = {0}, hit = {0};
     run_alone(whole, &q, &want);
-    ml_runtime *rt = runtime(tp, KV_AMPLE, IMAGE_SLOTS);
+    ml_runtime *rt = ml_rt_runtime_sized(tp, KV_AMPLE, IMAGE_SLOTS);
     ml_rt_submit(tp, rt, &q, &miss);
     ml_rt_drain(rt, 0);
     check(ml_image_cache_count(ml_runtime_image_cache(rt)) == 2, "world %d: images resident",
@@ -152,21 +148,9 @@ static void test_budgets(ml_rt_fixture *whole, ml_rt_fixture *tp, int world)
     ml_runtime_destroy(a);
     ml_runtime_destroy(b);
 
-    enum { FLOOD = 6 };
-    const int slots = 3;
-    ml_runtime *rt = runtime(tp, KV_AMPLE, slots);
-    ml_rt_result r[FLOOD];
-    memset(r, 0, sizeof r);
-    for (int i = 0; i < FLOOD; i++)
-        ml_rt_submit(tp, rt,
-                     &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = 2,
-                                      .key_salt = 100 + i},
-                     &r[i]);
-    ml_rt_drain(rt, (size_t)slots * ml_model_image_state_bytes(tp->model));
-    for (int i = 0; i < FLOOD; i++)
-        check(r[i].done == 1 && r[i].reason == ML_FINISH_REASON_LENGTH,
-              "world %d: flood request %d done", world, i);
-    ml_runtime_destroy(rt);
+    char what[32];
+    snprintf(what, sizeof what, "world %d", world);
+    ml_rt_flood(tp, KV_AMPLE, FLOOD_IMAGE_SLOTS, FLOOD_REQUESTS, FLOOD_TOKENS, what);
 }
 
 /* Errors of the shards come back from the calls, and the model goes on. */
