@@ -9,6 +9,7 @@ packages=(
   build-essential cmake pkg-config   # compiler and build
   libcjson-dev                       # JSON: config.json, tokenizer.json, protocol
   libturbojpeg0-dev libjpeg-dev      # JPEG decode (TurboJPEG and libjpeg APIs)
+  libpng-dev                         # PNG decode
   librdkafka-dev kcat                # Kafka client; kcat as the independent test client
   libhiredis-dev redis-server        # Redis client; a local server for demos and tests
   clang libclang-rt-dev              # libFuzzer targets in CI

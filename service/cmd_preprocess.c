@@ -1,4 +1,4 @@
-/* `mllama preprocess`: one JPEG through the Mllama image preprocessing,
+/* `mllama preprocess`: one JPEG or PNG through the Mllama image preprocessing,
  * written as a .npy tensor for comparison with transformers.
  * @locality: the main thread. */
 #include <errno.h>
@@ -12,7 +12,7 @@
 #include "commands.h"
 #include "image/image.h"
 
-#define MAX_INPUT_BYTES (256u << 20) /* far above any JPEG within the pixel limit */
+#define MAX_INPUT_BYTES (256u << 20) /* far above any JPEG or PNG within the pixel limit */
 
 static void usage(FILE *f)
 {
@@ -20,7 +20,7 @@ static void usage(FILE *f)
             "usage: mllama preprocess --image FILE --out PIXELS.npy [--model DIR]\n"
             "                         [--max-tiles N] [--tile-size S]\n"
             "\n"
-            "Decodes a JPEG and runs the Mllama tile preprocessing. Writes the float32\n"
+            "Decodes a JPEG or PNG and runs the Mllama tile preprocessing. Writes the float32\n"
             "(tiles, 3, S, S) pixel tensor as .npy and prints the layout as JSON.\n"
             "  --model DIR     read DIR/preprocessor_config.json (defaults otherwise)\n"
             "  --max-tiles N   override max_image_tiles (default %u)\n"

@@ -75,17 +75,21 @@ static char *build_request(const submit_opts *o, char *sha_hex_out)
             ml_sha256(bytes, len, d);
             ml_sha256_hex(d, sha_hex_out);
         }
-        static const char prefix[] = "data:image/jpeg;base64,";
+        /* Labelled by signature; anything else goes out as JPEG for the
+         * worker to refuse with its own message. */
+        const char *type = ml_image_media_type((const uint8_t *)bytes, len);
+        char prefix[64];
+        int plen = snprintf(prefix, sizeof prefix, "data:%s;base64,", type ? type : "image/jpeg");
         size_t enc = svc_base64_encoded_len(len);
-        char *url = malloc(sizeof prefix + enc + 1);
+        char *url = malloc((size_t)plen + enc + 1);
         if (!url) {
             free(bytes);
             cJSON_Delete(req);
             cJSON_Delete(msg);
             return NULL;
         }
-        memcpy(url, prefix, sizeof prefix - 1);
-        svc_base64_encode((const uint8_t *)bytes, len, url + sizeof prefix - 1);
+        memcpy(url, prefix, (size_t)plen);
+        svc_base64_encode((const uint8_t *)bytes, len, url + plen);
         free(bytes);
         cJSON *part = cJSON_CreateObject();
         cJSON_AddStringToObject(part, "type", "image_url");

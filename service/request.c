@@ -433,9 +433,20 @@ static svc_image *new_image(parser *p, part_loc at)
     return img;
 }
 
+/* Whether a data: URL's media type is one the engine decodes. The type only
+ * turns away other formats early: the decoder tells JPEG from PNG by the
+ * bytes' signature, so a PNG declared as image/jpeg still decodes. */
+static bool image_media_type_ok(const char *mime, size_t len)
+{
+    static const char *const types[] = {"image/jpeg", "image/png"};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (len == strlen(types[i]) && strncasecmp(mime, types[i], len) == 0)
+            return true;
+    return false;
+}
+
 static svc_error add_image_url(parser *p, svc_part *part, const cJSON *item, part_loc at)
 {
-    static const char jpeg[] = "image/jpeg";
     const cJSON *url = item;
     const char *field = "image_url";
     if (cJSON_IsObject(item)) {
@@ -452,10 +463,11 @@ static svc_error add_image_url(parser *p, svc_part *part, const cJSON *item, par
     if (svc_data_url_parse(s, strlen(s), &du, why, sizeof why) != SVC_BASE64_OK)
         return fail(p, SVC_ERROR_INVALID_IMAGE, "messages[%zu].content[%zu].%s: %s", at.msg,
                     at.part, field, why);
-    if (du.mime_len != sizeof jpeg - 1 || strncasecmp(du.mime, jpeg, du.mime_len) != 0)
+    if (!image_media_type_ok(du.mime, du.mime_len))
         return fail(p, SVC_ERROR_INVALID_IMAGE,
-                    "messages[%zu].content[%zu].%s: media type %.*s is not supported (only %s)",
-                    at.msg, at.part, field, (int)du.mime_len, du.mime, jpeg);
+                    "messages[%zu].content[%zu].%s: media type %.*s is not supported "
+                    "(image/jpeg or image/png)",
+                    at.msg, at.part, field, (int)du.mime_len, du.mime);
 
     size_t n;
     svc_base64_status st = svc_base64_decoded_len(du.data, du.data_len, p->lim->max_image_bytes,

@@ -1,11 +1,14 @@
-/* JPEG -> RGB with the libjpeg API, reproducing what Pillow's JpegImagePlugin
- * and JpegDecode.c hand to transformers after Image.convert("RGB").
+/* ml_image_decode: the format is told by its signature, never by a declared
+ * media type. PNG goes to decode_png.c; JPEG is decoded here, with the
+ * libjpeg API, reproducing what Pillow's JpegImagePlugin and JpegDecode.c
+ * hand to transformers after Image.convert("RGB").
  *
  * libjpeg rather than TurboJPEG: TurboJPEG 2.1 (Debian 12) cannot bound the
  * number of progressive scans by a caller-chosen limit, cannot tell a
  * truncated file from a complete one, and has no CMYK->RGB path matching
  * Pillow's. The libjpeg API gives a progress monitor, warnings and raw CMYK. */
 #include "image/image.h"
+#include "image/decode_png.h"
 
 #include <setjmp.h>
 #include <stdint.h>
@@ -90,10 +93,8 @@ static const char *format_name(const uint8_t *data, size_t len)
         const char *magic;
         size_t magic_len;
     } formats[] = {
-        {"PNG", 0, "\x89PNG\r\n\x1a\n", 8}, {"GIF", 0, "GIF8", 4},
-        {"WebP", 8, "WEBP", 4},              {"BMP", 0, "BM", 2},
-        {"TIFF", 0, "II*\0", 4},             {"TIFF", 0, "MM\0*", 4},
-        {"HEIF/AVIF", 4, "ftyp", 4},
+        {"GIF", 0, "GIF8", 4},   {"WebP", 8, "WEBP", 4},   {"BMP", 0, "BM", 2},
+        {"TIFF", 0, "II*\0", 4}, {"TIFF", 0, "MM\0*", 4}, {"HEIF/AVIF", 4, "ftyp", 4},
     };
     for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
         if (len >= formats[i].offset + formats[i].magic_len &&
@@ -208,20 +209,36 @@ void ml_image_limits_default(ml_image_limits *lim)
     lim->max_scans = ML_IMAGE_DEFAULT_MAX_SCANS;
 }
 
+/* Pillow's JPEG signature check (JpegImagePlugin._accept). */
+static int jpeg_signature(const uint8_t *data, size_t len)
+{
+    static const uint8_t soi[] = {0xff, 0xd8, 0xff};
+    return len >= sizeof soi && !memcmp(data, soi, sizeof soi);
+}
+
+const char *ml_image_media_type(const uint8_t *data, size_t len)
+{
+    if (data && ml_image_png_signature(data, len))
+        return "image/png";
+    if (data && jpeg_signature(data, len))
+        return "image/jpeg";
+    return NULL;
+}
+
 ml_status ml_image_decode(const uint8_t *data, size_t len, const ml_image_limits *lim,
                           ml_image_rgb *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
-    /* Pillow's JPEG signature check (JpegImagePlugin._accept). */
-    static const uint8_t soi[] = {0xff, 0xd8, 0xff};
-    if (!data || len < sizeof soi || memcmp(data, soi, sizeof soi)) {
+    if (data && ml_image_png_signature(data, len))
+        return ml_image_png_decode(data, len, lim, out, err, errlen);
+    if (!data || !jpeg_signature(data, len)) {
         const char *name = data ? format_name(data, len < SIGNATURE_BYTES ? len : SIGNATURE_BYTES)
                                 : NULL;
         if (name)
             return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
-                           "%s images are not supported (JPEG only)", name);
+                           "%s images are not supported (JPEG and PNG only)", name);
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
-                       "not a JPEG image (unrecognised signature, %zu bytes)", len);
+                       "not a JPEG or PNG image (unrecognised signature, %zu bytes)", len);
     }
 
     decoder *d = calloc(1, sizeof *d);

@@ -1,14 +1,16 @@
-/* Image input for the vision tower: JPEG decode and Mllama tile preprocessing.
+/* Image input for the vision tower: JPEG/PNG decode and Mllama tile preprocessing.
  *
  * Reproduces transformers 4.47 `MllamaImageProcessor` (the PIL/numpy "slow"
- * processor, mllama-spec §2) bit for bit on JPEG input:
+ * processor, mllama-spec §2) bit for bit on JPEG and PNG input:
  *
- *   bytes --ml_image_decode--> uint8 RGB (as PIL's Image.open(...).convert("RGB"))
+ *   bytes --ml_image_decode--> uint8 RGB (as the processor's convert_to_rgb makes
+ *                               it of PIL's Image.open(...))
  *         --ml_image_plan----> canvas (tiles_h, tiles_w), fit size, aspect ratio id/mask
  *         --ml_image_preprocess--> float32 (n_tiles, 3, S, S): PIL bilinear resize,
  *                               bottom/right zero pad, rescale, normalize, tile
  *
- * Only JPEG is decoded (libjpeg); every other format is ML_ERR_UNSUPPORTED.
+ * JPEG (libjpeg) and PNG (libpng) are decoded, told apart by their
+ * signatures; every other format is ML_ERR_UNSUPPORTED.
  * Preprocessing never allocates: the caller asks for the sizes and provides
  * the output tensor and a scratch workspace, so the runtime can slice both
  * from its per-request arena.
@@ -25,8 +27,12 @@
 
 /* Decode limits. A 50-megapixel ceiling admits every phone camera (48-50 MP
  * sensors) while bounding a decode at about 150 MB of RGB output plus, for a
- * progressive JPEG, at most 8 bytes/pixel of libjpeg coefficient buffers. */
+ * progressive JPEG, at most 8 bytes/pixel of libjpeg coefficient buffers (a
+ * PNG needs only a few rows besides the output). */
 #define ML_IMAGE_DEFAULT_MAX_PIXELS 50000000ull
+/* Largest width or height decoded: the resampler's limit (ml_image_resize).
+ * A JPEG cannot exceed it; a PNG that does is ML_ERR_TOO_LARGE. */
+#define ML_IMAGE_MAX_SIDE 65535u
 /* Ordinary progressive JPEGs have 10 scans (libjpeg's default script) and
  * optimised encoders stay within a few dozen; each scan re-walks the whole
  * image, so a file repeating scans is a cheap CPU bomb. */
@@ -79,17 +85,35 @@ typedef struct ml_image_layout {
 /* Defaults: ML_IMAGE_DEFAULT_MAX_PIXELS, ML_IMAGE_DEFAULT_MAX_SCANS. */
 void ml_image_limits_default(ml_image_limits *lim);
 
-/* Decode a JPEG into RGB exactly as Pillow opens it and converts it to "RGB":
- * libjpeg's default accurate integer IDCT and fancy upsampling; grayscale is
+/* "image/png" or "image/jpeg" when data starts with that format's
+ * signature (as ml_image_decode tells them apart), else NULL: the media
+ * type a client labels a data URL with. Static strings. */
+const char *ml_image_media_type(const uint8_t *data, size_t len);
+
+/* Decode a JPEG or a PNG, recognised by its signature (the media type a
+ * client declares plays no part), into the RGB that transformers'
+ * convert_to_rgb makes of PIL.Image.open(BytesIO(data)).
+ * JPEG, exactly as Pillow opens it and converts it to "RGB": libjpeg's
+ * default accurate integer IDCT and fancy upsampling; grayscale is
  * replicated to three channels; CMYK/YCCK is read as Adobe-inverted CMYK and
- * converted with Pillow's cmyk2rgb. EXIF orientation is not applied.
+ * converted with Pillow's cmyk2rgb.
+ * PNG (every colour type and bit depth, tRNS, Adam7): Pillow's mode for the
+ * file converted to RGBA and composited over white unless the mode is RGB,
+ * with Pillow's integer arithmetic (16-bit samples keep their high byte,
+ * 16-bit grey is clipped at 255; decode_png.c has the table). An APNG gives
+ * its default image, which is Pillow's frame 0.
+ * EXIF orientation is not applied, and neither are gamma or ICC profiles.
  * Returns ML_OK and fills *out (release with ml_image_rgb_deinit), or:
- *   ML_ERR_UNSUPPORTED  not a JPEG (the format is named when recognised), or a
- *                       JPEG with a component count other than 1, 3 or 4;
- *   ML_ERR_TOO_LARGE    width*height above lim->max_pixels (checked from the
- *                       header before the pixel buffer is allocated), or more
- *                       than lim->max_scans scans;
- *   ML_ERR_FORMAT       corrupt or truncated data (libjpeg's message in err);
+ *   ML_ERR_UNSUPPORTED  neither JPEG nor PNG (the format is named when
+ *                       recognised), a JPEG with a component count other
+ *                       than 1, 3 or 4, or an APNG whose first frame does not
+ *                       cover the canvas;
+ *   ML_ERR_TOO_LARGE    width*height above lim->max_pixels or a side above
+ *                       ML_IMAGE_MAX_SIDE (checked from the header before the
+ *                       pixel buffer is allocated), or more than
+ *                       lim->max_scans JPEG scans;
+ *   ML_ERR_FORMAT       corrupt or truncated data, a bad PNG CRC (the
+ *                       decoder's message in err);
  *   ML_ERR_NOMEM        allocation failure.
  * On error *out is left empty (pixels NULL). `data` is borrowed. */
 ml_status ml_image_decode(const uint8_t *data, size_t len, const ml_image_limits *lim,

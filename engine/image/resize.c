@@ -19,7 +19,6 @@
 #define PRECISION_BITS (32 - 8 - 2) /* Pillow: 8 bits of result, 2 of headroom */
 #define ACC_HALF (1 << (PRECISION_BITS - 1))
 #define BILINEAR_SUPPORT 1.0
-#define MAX_SIDE 65535u
 #define WORKSPACE_ALIGN 64
 
 /* Filter taps of one axis: output i reads source [first[i], first[i] + count[i])
@@ -204,8 +203,8 @@ static void resize_plan_make(resize_plan *rp, uint32_t src_w, uint32_t src_h, ui
 
 static int resize_args_ok(uint32_t src_w, uint32_t src_h, uint32_t dst_w, uint32_t dst_h)
 {
-    return src_w && src_h && dst_w && dst_h && src_w <= MAX_SIDE && src_h <= MAX_SIDE &&
-           dst_w <= MAX_SIDE && dst_h <= MAX_SIDE;
+    return src_w && src_h && dst_w && dst_h && src_w <= ML_IMAGE_MAX_SIDE &&
+           src_h <= ML_IMAGE_MAX_SIDE && dst_w <= ML_IMAGE_MAX_SIDE && dst_h <= ML_IMAGE_MAX_SIDE;
 }
 
 size_t ml_image_resize_workspace_size(uint32_t src_w, uint32_t src_h, uint32_t dst_w,

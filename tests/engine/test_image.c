@@ -9,7 +9,10 @@
  * tests/fuzz/corpus/image/ were written by Pillow (baseline, progressive,
  * grey, CMYK) and by libjpeg's compressor (YCCK, 4:4:0, 4:1:1, arithmetic,
  * restart markers, RGB colour space, two components), and edited by hand
- * (truncated, 60000x60000 header, zero width, a scan repeated 150 times). */
+ * (truncated, 60000x60000 header, zero width, a scan repeated 150 times).
+ * The png_*.png seeds, valid and hostile, are written by
+ * tests/golden/gen_fixtures.py --only seeds, which prints the digest of
+ * transformers' convert_to_rgb(Image.open(f)) listed here for each. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -266,6 +269,18 @@ static void test_decode_matches_pillow(void)
         {"restart_41x35.jpg", 41, 35, "cf7aab9d9c8720e695c3d4d84f22caab8773e37951263ac70c757348fe460de9"},
         {"rgb_colorspace_18x12.jpg", 18, 12, "c70686f2bb58f00804030d642fd59fda10b05e3522696352f73d5fb98e345a45"},
         {"one_pixel.jpg", 1, 1, "91147ecbd5b9324a18f381688ca3b992bdc0a7b920f99f5732eb9d5f4245f727"},
+        {"png_rgb8_11x13.png", 11, 13, "3fa8a2649983f62da0085c475c452e71d42b2626b9b58fb44cbf61122455c8c2"},
+        {"png_adam7_rgba16_9x9.png", 9, 9, "afe192ef0a6f0a9a2416ffa39a601354b6bc0f1fbb823d883bb598dde4ddd817"},
+        {"png_adam7_grey1_trns_1x1.png", 1, 1, "5ae7e6a42304dc6e4176210b83c43024f99a0bce9a870c3b6d2c95fc8ebfb74c"},
+        {"png_adam7_pal4_trns_3x5.png", 3, 5, "14762b5bcf7b5769e9d0129389f9860182e1c0b504006e08eae9fb4a5520adab"},
+        {"png_adam7_greya16_7x2.png", 7, 2, "d1e8fda0b7ddaef501aee674455ffc72b1bb417704bec98469d0fccb653a4d23"},
+        {"png_grey2_trns_6x4.png", 6, 4, "0b97576fe806557d265073a7f021742fab5330e2c4676e5af292476757240de6"},
+        {"png_grey16_trns_5x3.png", 5, 3, "c12cdaefb31701d776e6f4ad747294ccd5b279b42a71ca5df36e606beba15aec"},
+        {"png_pal8_trns_8x6.png", 8, 6, "5f4fd6432061e0dbd688e97f384087c10e0f1520736bfcecea060909495e201e"},
+        {"png_apng_6x4.png", 6, 4, "1a260e8aa83b7b171f469fdcca38e2a4e8ab27d1f8ab1a3cc8e0d8edee99a011"},
+        {"png_no_iend.png", 8, 6, "f7030ee2df42b6c18190119c612b1d8eaa36c3d9a0aa64b539edd04922ef205e"},
+        /* 8 MB of zeros after the last row: decoded without inflating them. */
+        {"png_trailing_zlib_bomb.png", 8, 6, "f7030ee2df42b6c18190119c612b1d8eaa36c3d9a0aa64b539edd04922ef205e"},
     };
     ml_image_limits lim;
     ml_image_limits_default(&lim);
@@ -344,7 +359,10 @@ static void test_decode_errors(void)
                   "text");
     expect_decode((const uint8_t *)"GIF89a\x01\x00\x01\x00", 10, &lim, ML_ERR_UNSUPPORTED, "GIF", "GIF");
     expect_decode((const uint8_t *)"\xff\xd8\xff\xe0junk", 8, &lim, ML_ERR_FORMAT, NULL, "SOI + junk");
-    expect_seed("not_jpeg.png", &lim, ML_ERR_UNSUPPORTED, "PNG");
+    expect_decode((const uint8_t *)"RIFF\x10\0\0\0WEBPVP8 ", 16, &lim, ML_ERR_UNSUPPORTED,
+                  "WebP images are not supported", "WebP");
+    expect_decode((const uint8_t *)"\x89PNG\r\n\x1a", 7, &lim, ML_ERR_UNSUPPORTED,
+                  "not a JPEG or PNG", "7 bytes of the PNG signature");
     expect_seed("truncated.jpg", &lim, ML_ERR_FORMAT, "truncated");
     expect_seed("zero_width.jpg", &lim, ML_ERR_FORMAT, NULL);
     expect_seed("two_component.jpg", &lim, ML_ERR_UNSUPPORTED, "2 components");
@@ -370,6 +388,104 @@ static void test_decode_errors(void)
     check(!strcmp(hex, "fde8677c639e31ea6118dcc05c1610b67e3213bf9fd4893b37a59f54d5e64e5e"),
           "many scans: digest %s differs from Pillow's", hex);
     ml_image_rgb_deinit(&img);
+    free(data);
+}
+
+/* Hostile PNGs (png_hostile_seeds in gen_fixtures.py). Pillow refuses all
+ * but three, which it reads by its own rules and this decoder refuses:
+ * png_bad_crc_idat (Pillow checks no IDAT CRC), png_no_plte (Pillow falls
+ * back to a default palette) and png_too_few_rows (Pillow pads). */
+static void test_decode_png_errors(void)
+{
+    static const struct {
+        const char *name;
+        ml_status want;
+        const char *needle;
+    } seeds[] = {
+        {"png_truncated_idat.png", ML_ERR_FORMAT, "stops after 0 of 6 rows"},
+        {"png_bad_crc_ihdr.png", ML_ERR_FORMAT, "IHDR: CRC error"},
+        {"png_bad_crc_idat.png", ML_ERR_FORMAT, "IDAT: CRC error"},
+        {"png_bad_crc_text.png", ML_ERR_FORMAT, "tEXt: CRC error"},
+        {"png_huge_60000x60000.png", ML_ERR_TOO_LARGE, "60000x60000"},
+        {"png_wide_70000x1.png", ML_ERR_TOO_LARGE, "sides above 65535"},
+        {"png_zero_width.png", ML_ERR_FORMAT, "width is zero"},
+        {"png_chunk_2g.png", ML_ERR_FORMAT, "chunk tEXt at byte 33 declares 2147483647"},
+        {"png_no_plte.png", ML_ERR_FORMAT, "Missing PLTE"},
+        {"png_bad_zlib.png", ML_ERR_FORMAT, "stops after 0 of 6 rows"},
+        {"png_apng_subframe.png", ML_ERR_UNSUPPORTED, "first frame is 2x2 at (1,1)"},
+        {"png_short_fctl.png", ML_ERR_FORMAT, "fcTL"},
+        {"png_too_few_rows.png", ML_ERR_FORMAT, "stops after 4 of 6 rows"},
+        {"png_bad_filter.png", ML_ERR_FORMAT, "filter"},
+    };
+    ml_image_limits lim;
+    ml_image_limits_default(&lim);
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++)
+        expect_seed(seeds[i].name, &lim, seeds[i].want, seeds[i].needle);
+
+    /* The pixel limit is inclusive and checked from the IHDR. */
+    lim.max_pixels = 11 * 13;
+    expect_seed("png_rgb8_11x13.png", &lim, ML_OK, NULL);
+    lim.max_pixels = 11 * 13 - 1;
+    expect_seed("png_rgb8_11x13.png", &lim, ML_ERR_TOO_LARGE, "11x13");
+}
+
+/* Prefixes of a PNG: those that cut the image data fail; from the point
+ * where the last row is decoded on, a prefix gives the whole image (the zlib
+ * checksum, the last CRC and IEND may be missing), as with Pillow. Every
+ * single-byte corruption must come back as a status. */
+static void test_decode_png_prefixes_and_corruption(void)
+{
+    ml_image_limits lim;
+    ml_image_limits_default(&lim);
+    size_t len;
+    uint8_t *data = read_seed("png_adam7_rgba16_9x9.png", &len);
+    ml_image_rgb full;
+    check(ml_image_decode(data, len, &lim, &full, NULL, 0) == ML_OK, "full file");
+    size_t rgb_bytes = (size_t)full.width * full.height * 3;
+    size_t idat_data = 0, iend_bytes = 12; /* where the first IDAT's data starts */
+    for (size_t i = 0; i + 4 <= len && !idat_data; i++)
+        idat_data = memcmp(data + i, "IDAT", 4) ? 0 : i + 4;
+
+    size_t first_ok = len + 1, bad_after_ok = 0, differ = 0;
+    for (size_t n = 0; n <= len; n++) {
+        uint8_t *copy = malloc(n ? n : 1); /* exact size: ASan sees any over-read */
+        memcpy(copy, data, n);
+        ml_image_rgb img;
+        ml_status st = ml_image_decode(copy, n, &lim, &img, NULL, 0);
+        if (st == ML_OK) {
+            first_ok = first_ok > n ? n : first_ok;
+            differ += img.width != full.width || img.height != full.height ||
+                      memcmp(img.pixels, full.pixels, rgb_bytes) != 0;
+        } else if (first_ok <= n) {
+            bad_after_ok++;
+        }
+        ml_image_rgb_deinit(&img);
+        free(copy);
+    }
+    check(first_ok > idat_data && first_ok <= len - iend_bytes,
+          "first decodable prefix %zu bytes, want one in (%zu, %zu]", first_ok, idat_data,
+          len - iend_bytes);
+    check(bad_after_ok == 0 && differ == 0, "%zu longer prefixes fail, %zu differ", bad_after_ok,
+          differ);
+
+    int decoded = 0;
+    uint8_t *copy = malloc(len);
+    for (size_t i = 0; i < len; i++) {
+        memcpy(copy, data, len);
+        copy[i] ^= 0xff;
+        ml_image_rgb img;
+        ml_status st = ml_image_decode(copy, len, &lim, &img, NULL, 0);
+        if (st == ML_OK) {
+            decoded++;
+            check(img.pixels && img.width && img.height, "byte %zu: OK without pixels", i);
+        }
+        ml_image_rgb_deinit(&img);
+    }
+    fprintf(stderr, "  PNG: prefixes from %zu of %zu bytes decode; %zu single-byte corruptions: "
+                    "%d still decode\n",
+            first_ok, len, len, decoded);
+    free(copy);
+    ml_image_rgb_deinit(&full);
     free(data);
 }
 
@@ -671,7 +787,9 @@ int main(void)
     test_decode_matches_pillow();
     test_decode_grey_is_replicated();
     test_decode_errors();
+    test_decode_png_errors();
     test_decode_prefixes_and_corruption();
+    test_decode_png_prefixes_and_corruption();
     test_value_mapping_matches_numpy();
     test_tiles_layout();
     test_preprocess_errors();

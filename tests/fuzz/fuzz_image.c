@@ -1,4 +1,7 @@
-/* Fuzz target: untrusted bytes -> ml_image_decode -> plan -> preprocess.
+/* Fuzz target: untrusted bytes -> ml_image_decode (JPEG or PNG, by
+ * signature) -> plan -> preprocess. The seeds in corpus/image/ cover both
+ * decoders: JPEG variants, and PNG colour types, bit depths, Adam7, APNG and
+ * hostile files (png_*.png, from tests/golden/gen_fixtures.py --only seeds).
  * Limits are small (4 megapixels, 32 scans) so each input stays fast, and
  * the tile size is small so preprocessing runs on every decodable input. */
 #include <stdint.h>

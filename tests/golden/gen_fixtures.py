@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Golden fixtures for mllama-worker, made by Hugging Face transformers.
 
-    /opt/refvenv/bin/python tests/golden/gen_fixtures.py [--only images|masks|models|tokenizer|lora]
+    /opt/refvenv/bin/python tests/golden/gen_fixtures.py [--only GROUP]
+
+GROUP is one of images, seeds, masks, models, tokenizer, lora (default: all).
 
 Writes under tests/golden/fixtures/ (see tests/golden/README.md for the layout):
   images/     real JPEG/PNG photos and, per image, what the transformers 4.47.1
               MllamaImageProcessor (the PIL/numpy one) makes of it: canvas choice,
               resize size, aspect ratio id/mask and sha256 of the decoded, resized and
-              normalized tensors; a 2-sample packed batch.
+              normalized tensors; a 2-sample packed batch; small PNGs of every colour
+              type, bit depth, tRNS form, Adam7 and APNG.
   masks/      cross-attention masks from transformers' own processing_mllama helpers.
   models/     tiny random Mllama checkpoints (bf16 safetensors in the 4.47 layout) and
               float32 reference activations, logits and greedy tokens.
@@ -15,6 +18,10 @@ Writes under tests/golden/fixtures/ (see tests/golden/README.md for the layout):
   lora/       a tiny model (m3's configuration, its own weights), two PEFT LoRA adapters
               saved with save_pretrained, and float32 logits and greedy tokens of the base
               model and of each adapter on one two-image prompt.
+
+The group `seeds` writes the png_*.png seeds of tests/fuzz/corpus/image/ (tiny valid
+files and hostile ones) and prints what Pillow + convert_to_rgb make of each, the
+expectations tests/engine/test_image.c holds.
 
 Everything is deterministic: photos come from scikit-image's bundled samples, random
 numbers from numpy's PCG64 with fixed seeds, torch runs on one CPU thread. Re-running
@@ -27,11 +34,14 @@ Python is only needed to regenerate these files: tests never run it.
 import argparse
 import hashlib
 import importlib.util
+import io
 import json
 import math
 import os
 import shutil
+import struct
 import sys
+import zlib
 from fractions import Fraction
 
 import numpy as np
@@ -40,6 +50,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 GOLDEN_DIR = os.path.join(REPO_ROOT, "tests", "golden")
 FIXTURES_DIR = os.path.join(GOLDEN_DIR, "fixtures")
 IMAGES_DIR = os.path.join(FIXTURES_DIR, "images")
+IMAGE_SEEDS_DIR = os.path.join(REPO_ROOT, "tests", "fuzz", "corpus", "image")
 MASKS_DIR = os.path.join(FIXTURES_DIR, "masks")
 MODELS_DIR = os.path.join(FIXTURES_DIR, "models")
 TOKENIZER_REFS = os.path.join(GOLDEN_DIR, "tokenizer_refs.py")
@@ -325,6 +336,230 @@ BATCH_CASE = {
 }
 
 
+# ---- PNG variants -------------------------------------------------------------------
+# Pillow cannot write most PNG flavours (16-bit RGB, sub-byte grey, tRNS on grey,
+# Adam7), so png_encode below writes them, cycling through the five filter types;
+# Pillow only reads them back, as the reference. APNGs are written by Pillow.
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_SAMPLES_PER_PIXEL = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # colour type -> samples
+PNG_GREY, PNG_RGB, PNG_PALETTE, PNG_GREY_ALPHA, PNG_RGBA = 0, 2, 3, 4, 6
+# Adam7 passes: (x0, y0, dx, dy)
+PNG_ADAM7 = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4),
+             (1, 0, 2, 2), (0, 1, 1, 2)]
+
+
+def png_chunk(ctype, data):
+    return struct.pack(">I", len(data)) + ctype + data + struct.pack(">I", zlib.crc32(ctype + data))
+
+
+def png_ihdr(width, height, depth, color_type, interlace=0):
+    return png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, depth, color_type, 0, 0,
+                                          interlace))
+
+
+def png_pack_row(samples, depth):
+    """One row of samples (1-D, channels interleaved) as PNG bytes, MSB first."""
+    if depth == 16:
+        return samples.astype(">u2").tobytes()
+    if depth == 8:
+        return samples.astype(np.uint8).tobytes()
+    per_byte = 8 // depth
+    out = bytearray((len(samples) + per_byte - 1) // per_byte)
+    for i, v in enumerate(samples):
+        out[i // per_byte] |= int(v) << (8 - depth * (i % per_byte + 1))
+    return bytes(out)
+
+
+def png_filter_row(ftype, row, prev, bpp):
+    """Filter type ftype (0 None, 1 Sub, 2 Up, 3 Average, 4 Paeth) applied to row."""
+    out = bytearray(len(row))
+    for i in range(len(row)):
+        a = row[i - bpp] if i >= bpp else 0
+        b = prev[i]
+        c = prev[i - bpp] if i >= bpp else 0
+        if ftype == 4:
+            p = a + b - c
+            pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+            pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+        else:
+            pred = [0, a, b, (a + b) // 2][ftype]
+        out[i] = (row[i] - pred) & 255
+    return bytes([ftype]) + bytes(out)
+
+
+def png_scanlines(img, depth, first_filter):
+    """Filtered scanlines of img (H, W, samples), the filter type cycling per row."""
+    height, _, samples = img.shape
+    bpp = max(1, samples * depth // 8)
+    out, prev = [], None
+    for y in range(height):
+        row = png_pack_row(img[y].reshape(-1), depth)
+        prev = bytes(len(row)) if prev is None else prev
+        out.append(png_filter_row((first_filter + y) % 5, row, prev, bpp))
+        prev = row
+    return b"".join(out)
+
+
+def png_encode(img, depth, color_type, palette=None, trns=None, interlace=False):
+    """A PNG file of the raw samples img ((H, W) or (H, W, samples)); palette is
+    (n, 3) uint8, trns the tRNS chunk's bytes."""
+    img = np.asarray(img)
+    img = img[:, :, None] if img.ndim == 2 else img
+    height, width, samples = img.shape
+    assert samples == PNG_SAMPLES_PER_PIXEL[color_type]
+    if interlace:
+        raw = b"".join(png_scanlines(img[y0::dy, x0::dx], depth, p)
+                       for p, (x0, y0, dx, dy) in enumerate(PNG_ADAM7)
+                       if img[y0::dy, x0::dx].size)
+    else:
+        raw = png_scanlines(img, depth, 0)
+    out = PNG_SIGNATURE + png_ihdr(width, height, depth, color_type, 1 if interlace else 0)
+    if palette is not None:
+        out += png_chunk(b"PLTE", np.asarray(palette, np.uint8).tobytes())
+    if trns is not None:
+        out += png_chunk(b"tRNS", trns)
+    return out + png_chunk(b"IDAT", zlib.compress(raw, 9)) + png_chunk(b"IEND", b"")
+
+
+def png_alpha(height, width, maxval):
+    """Alpha: a ramp 0..maxval along x, a fully transparent block, an opaque band."""
+    alpha = np.tile(np.linspace(0, maxval, width).round().astype(np.int64), (height, 1))
+    alpha[height // 4: height // 2, width // 4: width // 2] = 0
+    alpha[-max(1, height // 6):, :] = maxval
+    return alpha
+
+
+def png_samples(stem, spec):
+    """Raw samples (H, W, samples) and PLTE of one PNG_CASES spec, from a photo.
+    16-bit samples get random low bytes, so a decoder that rounds instead of keeping
+    the high byte shows; 16-bit grey mixes values below 256 with large ones (Pillow
+    clips I;16 at 255)."""
+    width, height, depth, ct = spec["width"], spec["height"], spec["depth"], spec["color_type"]
+    rng = np.random.default_rng(zlib.crc32(stem.encode()))
+    photo = photo_at(spec["source"], width, height)
+    palette = None
+    if ct == PNG_PALETTE:
+        quantized = photo.convert("RGB").quantize(colors=1 << depth)
+        img = np.asarray(quantized).astype(np.int64)
+        palette = np.array(quantized.getpalette()[:3 * spec.get("plte_entries", 1 << depth)],
+                           np.uint8).reshape(-1, 3)
+        return img[:, :, None], palette
+    base = np.asarray(photo.convert("RGB" if ct in (PNG_RGB, PNG_RGBA) else "L")).astype(np.int64)
+    base = base[:, :, None] if base.ndim == 2 else base
+    maxval = (1 << depth) - 1
+    if depth == 16:
+        samples = base * 256 + rng.integers(0, 256, base.shape)
+        if ct == PNG_GREY:
+            small = ((np.arange(height)[:, None] // 4 + np.arange(width)[None, :] // 4) % 2 == 0)
+            samples = np.where(small[:, :, None], base, samples)
+    else:
+        samples = base >> (8 - depth)
+    if ct in (PNG_GREY_ALPHA, PNG_RGBA):
+        samples = np.concatenate([samples, png_alpha(height, width, maxval)[:, :, None]], -1)
+    return samples, palette
+
+
+def png_trns(spec, samples):
+    """The tRNS chunk of a spec: a grey key, 'first_pixel' (an RGB colour that
+    occurs), or palette alphas as bytes."""
+    trns = spec.get("trns")
+    if trns is None or isinstance(trns, bytes):
+        return trns
+    if trns == "first_pixel":
+        return struct.pack(">HHH", *(int(v) for v in samples[0, 0]))
+    return struct.pack(">H", trns)
+
+
+def write_png_case(stem, spec, directory):
+    """Write one PNG_CASES (or seed) image; returns its path."""
+    from PIL import Image
+
+    path = os.path.join(directory, stem + ".png")
+    if "apng" in spec:
+        frame = photo_at(spec["source"], spec["width"], spec["height"]).convert("RGB")
+        frames = [frame, frame.transpose(Image.Transpose.FLIP_LEFT_RIGHT)]
+        frames[0].save(path, format="PNG", save_all=True, append_images=frames[1:],
+                       default_image=spec["apng"] == "default", duration=100)
+        return path
+    samples, palette = png_samples(stem, spec)
+    trns = png_trns(spec, samples)
+    if palette is not None and trns is not None and len(trns) > len(palette):
+        raise RuntimeError("%s: tRNS longer than PLTE, which libpng ignores" % stem)
+    data = png_encode(samples, spec["depth"], spec["color_type"], palette, trns,
+                      spec.get("interlace", False))
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def png_case(source, width, height, color_type, depth, **extra):
+    return dict(source=source, width=width, height=height, color_type=color_type, depth=depth,
+                **extra)
+
+
+# (stem, spec, purpose). Heights avoid 1 and 3, which transformers takes for channels.
+PNG_CASES = [
+    ("png_rgb8_48x36", png_case("astronaut", 48, 36, PNG_RGB, 8),
+     "RGB, 8 bits, every filter type: mode RGB, which convert_to_rgb leaves as it is"),
+    ("png_rgb8_trns_48x36", png_case("chelsea", 48, 36, PNG_RGB, 8, trns="first_pixel"),
+     "RGB with a tRNS colour that occurs: mode RGB, so the processor never applies it"),
+    ("png_rgb16_32x24", png_case("coffee", 32, 24, PNG_RGB, 16),
+     "RGB, 16 bits, random low bytes: Pillow keeps the high byte (no rounding)"),
+    ("png_rgba16_32x24", png_case("rocket", 32, 24, PNG_RGBA, 16),
+     "RGBA, 16 bits: high bytes, then the composite over white"),
+    ("png_grey1_trns_48x36", png_case("camera", 48, 36, PNG_GREY, 1, trns=0),
+     "grey 1 bit (mode 1), tRNS 0: black becomes transparent, so white"),
+    ("png_grey2_trns_48x36", png_case("camera", 48, 36, PNG_GREY, 2, trns=2),
+     "grey 2 bits, tRNS 2: Pillow compares the unscaled key with the scaled values "
+     "0/85/170/255, so no pixel becomes transparent"),
+    ("png_grey4_trns_48x36", png_case("camera", 48, 36, PNG_GREY, 4, trns=0),
+     "grey 4 bits, tRNS 0: the key matches black"),
+    ("png_grey8_trns_48x36", png_case("camera", 48, 36, PNG_GREY, 8, trns=25),
+     "grey 8 bits, tRNS 25, the most frequent value"),
+    ("png_grey16_40x30", png_case("camera", 40, 30, PNG_GREY, 16),
+     "grey 16 bits (mode I;16): Pillow clips at 255 rather than scaling"),
+    ("png_grey16_trns_40x30", png_case("camera", 40, 30, PNG_GREY, 16, trns=0x100 + 25),
+     "grey 16 bits, tRNS 281: Pillow compares the key's low byte (25, a frequent value "
+     "below 256) with the clipped values"),
+    ("png_greya8_48x36", png_case("camera", 48, 36, PNG_GREY_ALPHA, 8),
+     "grey + alpha, 8 bits (mode LA)"),
+    ("png_greya16_32x24", png_case("camera", 32, 24, PNG_GREY_ALPHA, 16),
+     "grey + alpha, 16 bits (Pillow reads it as RGBA, high bytes)"),
+    ("png_pal1_48x36", png_case("astronaut", 48, 36, PNG_PALETTE, 1),
+     "palette, 1 bit, no tRNS"),
+    ("png_pal2_trns_48x36", png_case("chelsea", 48, 36, PNG_PALETTE, 2, trns=b"\xff\x00"),
+     "palette, 2 bits, one fully transparent entry (Pillow's single-index transparency)"),
+    ("png_pal4_trns_48x36",
+     png_case("coffee", 48, 36, PNG_PALETTE, 4, trns=bytes(range(0, 250, 25))),
+     "palette, 4 bits, tRNS shorter than PLTE: the later entries stay opaque"),
+    ("png_pal8_trns_48x36",
+     png_case("rocket", 48, 36, PNG_PALETTE, 8, trns=bytes((i * 37) % 256 for i in range(200))),
+     "palette, 8 bits, 200 alphas"),
+    ("png_pal4_short_plte_48x36", png_case("astronaut", 48, 36, PNG_PALETTE, 4, plte_entries=12),
+     "palette of 12 entries while pixels use all 16 indices (outside the PNG spec): "
+     "Pillow shows the missing entries as black"),
+    ("png_adam7_rgb8_37x29", png_case("chelsea", 37, 29, PNG_RGB, 8, interlace=True),
+     "Adam7 RGB"),
+    ("png_adam7_pal2_trns_33x21",
+     png_case("coffee", 33, 21, PNG_PALETTE, 2, trns=b"\x40\xff\x00", interlace=True),
+     "Adam7 palette, 2 bits, tRNS"),
+    ("png_adam7_grey16_trns_30x22",
+     png_case("camera", 30, 22, PNG_GREY, 16, trns=0x100 + 208, interlace=True),
+     "Adam7 grey 16 bits, tRNS 464 (low byte 208, a frequent value)"),
+    ("png_adam7_rgba16_27x19", png_case("rocket", 27, 19, PNG_RGBA, 16, interlace=True),
+     "Adam7 RGBA 16 bits"),
+    ("png_adam7_greya8_5x2", png_case("camera", 5, 2, PNG_GREY_ALPHA, 8, interlace=True),
+     "Adam7 5x2: passes 1, 2 and 4 are empty"),
+    ("png_adam7_grey8_1x6", png_case("camera", 1, 6, PNG_GREY, 8, interlace=True),
+     "Adam7 one pixel wide: only passes 0, 2, 4 and 6 have columns"),
+    ("png_apng_frame0_48x36", png_case("astronaut", 48, 36, PNG_RGB, 8, apng="frame0"),
+     "APNG written by Pillow, IDAT is frame 0: Image.open shows it"),
+    ("png_apng_default_48x36", png_case("chelsea", 48, 36, PNG_RGB, 8, apng="default"),
+     "APNG whose IDAT default image is not an animation frame: Image.open shows it as "
+     "frame 0"),
+]
+
 def save_photo(stem, source, width, height, container, options):
     """Write the fixture photo; returns its path."""
     from PIL import Image
@@ -400,7 +635,7 @@ def describe_image(path, purpose, processor):
         "width": width,
         "height": height,
         "decoded_shape": list(decoded.shape),
-        "decoded_sha256": sha256_array(decoded, "u1"),
+        "decoded_sha256": sha256_array(decoded, "<u2" if decoded.dtype == np.uint16 else "u1"),
         "rgb_sha256": sha256_array(rgb, "u1"),
         "canvas": canvas,
         "tiles_h": tiles_h,
@@ -470,6 +705,16 @@ def gen_images():
         resized_by_stem[stem] = resized
         index.append(stem)
         canvases.add((desc["tiles_h"], desc["tiles_w"]))
+    for stem, spec, purpose in PNG_CASES:
+        path = write_png_case(stem, spec, IMAGES_DIR)
+        log("wrote %s" % os.path.relpath(path, REPO_ROOT))
+        desc, _ = describe_image(path, purpose, processor)
+        desc["source"] = ("skimage.data.%s(), center-cropped to %d:%d, PIL LANCZOS resize"
+                          % (spec["source"], spec["width"], spec["height"]))
+        desc["png"] = {k: (v.hex() if isinstance(v, bytes) else v) for k, v in spec.items()
+                       if k != "source"}
+        write_json(os.path.join(IMAGES_DIR, stem + ".json"), desc)
+        index.append(stem)
     missing = {tuple(ar) for ar in SUPPORTED_ASPECT_RATIOS} - canvases
     if missing:
         raise RuntimeError("no image selects canvases %s" % sorted(missing))
@@ -505,8 +750,9 @@ def gen_images():
                        "do_pad": True, "do_rescale": True, "do_normalize": True},
         },
         "hashes": {
-            "decoded_sha256": "np.asarray(Image.open(path)) uint8 in the file's PIL mode "
-                              "(shape decoded_shape), C order",
+            "decoded_sha256": "np.asarray(Image.open(path)) in the file's PIL mode "
+                              "(shape decoded_shape), C order: uint8, little-endian uint16 "
+                              "for I;16",
             "rgb_sha256": "uint8 (H, W, 3) after transformers' convert_to_rgb",
             "resized_sha256": "uint8 (resized_height, resized_width, 3) out of the "
                               "processor's resize step",
@@ -518,6 +764,106 @@ def gen_images():
         "batches": [BATCH_CASE["name"]],
     })
 
+
+# ======================================================================================
+# A1) PNG seeds of the image fuzz target (tests/fuzz/corpus/image/png_*.png)
+# ======================================================================================
+
+# Tiny valid files: every sample layout and the Adam7 corner cases (empty passes,
+# 1x1). test_image.c checks their decoded RGB against Pillow's.
+PNG_SEEDS = [
+    ("png_rgb8_11x13", png_case("astronaut", 11, 13, PNG_RGB, 8)),
+    ("png_adam7_rgba16_9x9", png_case("rocket", 9, 9, PNG_RGBA, 16, interlace=True)),
+    ("png_adam7_grey1_trns_1x1",
+     png_case("camera", 1, 1, PNG_GREY, 1, trns=0, interlace=True)),
+    ("png_adam7_pal4_trns_3x5",
+     png_case("coffee", 3, 5, PNG_PALETTE, 4, trns=b"\x00\x80", interlace=True)),
+    ("png_adam7_greya16_7x2", png_case("camera", 7, 2, PNG_GREY_ALPHA, 16, interlace=True)),
+    ("png_grey2_trns_6x4", png_case("camera", 6, 4, PNG_GREY, 2, trns=0)),
+    ("png_grey16_trns_5x3", png_case("camera", 5, 3, PNG_GREY, 16, trns=300)),
+    ("png_pal8_trns_8x6", png_case("chelsea", 8, 6, PNG_PALETTE, 8, trns=bytes(range(0, 250, 25)))),
+    ("png_apng_6x4", png_case("astronaut", 6, 4, PNG_RGB, 8, apng="frame0")),
+]
+
+
+def png_hostile_seeds():
+    """(stem, bytes) of malformed PNGs, all but one built from one valid 8x6 RGB file;
+    test_image.c holds the status each must give."""
+    samples, _ = png_samples("png_hostile", png_case("coffee", 8, 6, PNG_RGB, 8))
+    good = png_encode(samples, 8, PNG_RGB)
+    ihdr_bytes = 25
+    head = good[:len(PNG_SIGNATURE) + ihdr_bytes]  # signature + IHDR
+    body = good[len(head):]                         # IDAT + IEND
+    iend = png_chunk(b"IEND", b"")
+    # Unfiltered scanlines (filter byte 0 + 8 RGB pixels each).
+    row_bytes = 1 + 8 * 3
+    rows = b"".join(b"\0" + png_pack_row(samples[y].reshape(-1), 8) for y in range(6))
+
+    def flip(data, offset):
+        out = bytearray(data)
+        out[offset] ^= 1
+        return bytes(out)
+
+    def fctl(width, height, x, y):
+        return png_chunk(b"fcTL", struct.pack(">IIIIIHHBB", 0, width, height, x, y, 1, 10, 0, 0))
+
+    actl = png_chunk(b"acTL", struct.pack(">II", 2, 0))
+    # A palette image with its PLTE chunk (12 bytes + 3 per entry) cut out.
+    indices, palette = png_samples("png_hostile_pal", png_case("coffee", 8, 6, PNG_PALETTE, 2))
+    with_plte = png_encode(indices, 2, PNG_PALETTE, palette)
+    plte_at = len(PNG_SIGNATURE) + ihdr_bytes
+    no_plte = with_plte[:plte_at] + with_plte[plte_at + 12 + palette.size:]
+    return [
+        ("png_truncated_idat", good[:len(head) + 30]),
+        ("png_no_iend", good[:-len(iend)]),
+        ("png_bad_crc_ihdr", flip(good, len(head) - 1)),
+        ("png_bad_crc_idat", flip(good, len(good) - len(iend) - 1)),
+        ("png_bad_crc_text", head + flip(png_chunk(b"tEXt", b"Comment\0hi"), -1) + body),
+        ("png_huge_60000x60000", PNG_SIGNATURE + png_ihdr(60000, 60000, 8, PNG_RGB) + body),
+        ("png_wide_70000x1", PNG_SIGNATURE + png_ihdr(70000, 1, 8, PNG_RGB) + body),
+        ("png_zero_width", PNG_SIGNATURE + png_ihdr(0, 6, 8, PNG_RGB) + body),
+        ("png_chunk_2g", head + struct.pack(">I", 0x7fffffff) + b"tEXt" + b"abc" + body),
+        ("png_no_plte", no_plte),
+        # A stored block whose LEN and NLEN disagree: a zlib data error.
+        ("png_bad_zlib", head + png_chunk(b"IDAT", b"\x78\x9c" + bytes(range(40))) + iend),
+        ("png_apng_subframe", head + actl + fctl(2, 2, 1, 1) + body),
+        ("png_short_fctl", head + actl + png_chunk(b"fcTL", bytes(10)) + body),
+        ("png_too_few_rows", head + png_chunk(b"IDAT", zlib.compress(rows[:4 * row_bytes])) + iend),
+        ("png_bad_filter", head + png_chunk(b"IDAT", zlib.compress(b"\x07" + rows[1:])) + iend),
+        # 8 MB of zeros after the last row, in 8 KB: must not be inflated.
+        ("png_trailing_zlib_bomb",
+         head + png_chunk(b"IDAT", zlib.compress(rows + bytes(8 << 20), 9)) + iend),
+    ]
+
+
+def pillow_outcome(path):
+    """What transformers' convert_to_rgb makes of PIL.Image.open(path): (width,
+    height, sha256 of the RGB) or the exception's name and message."""
+    from PIL import Image
+    from transformers.models.mllama.image_processing_mllama import convert_to_rgb
+
+    with open(path, "rb") as f:
+        data = io.BytesIO(f.read())
+    try:
+        with Image.open(data) as img:
+            rgb = np.asarray(convert_to_rgb(img))
+        return "%dx%d %s" % (rgb.shape[1], rgb.shape[0], sha256_array(rgb, "u1"))
+    except Exception as e:  # the outcome is what is recorded
+        return "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:80])
+
+
+def gen_png_seeds():
+    for name in os.listdir(IMAGE_SEEDS_DIR):
+        if name.startswith("png_") and name.endswith(".png"):
+            os.remove(os.path.join(IMAGE_SEEDS_DIR, name))
+    paths = [write_png_case(stem, spec, IMAGE_SEEDS_DIR) for stem, spec in PNG_SEEDS]
+    for stem, data in png_hostile_seeds():
+        paths.append(os.path.join(IMAGE_SEEDS_DIR, stem + ".png"))
+        with open(paths[-1], "wb") as f:
+            f.write(data)
+    for path in paths:
+        log("wrote %s (%d bytes): Pillow %s" % (os.path.relpath(path, REPO_ROOT),
+                                               os.path.getsize(path), pillow_outcome(path)))
 
 # ======================================================================================
 # A2) Cross-attention masks (processor helpers, on the real token ids)
@@ -1482,11 +1828,14 @@ def gen_lora():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=["images", "masks", "models", "tokenizer", "lora"],
+    parser.add_argument("--only",
+                        choices=["images", "seeds", "masks", "models", "tokenizer", "lora"],
                         help="generate one group only (default: all)")
     args = parser.parse_args()
     if args.only in (None, "images"):
         gen_images()
+    if args.only in (None, "seeds"):
+        gen_png_seeds()
     if args.only in (None, "masks"):
         gen_masks()
     if args.only in (None, "models"):

@@ -129,7 +129,7 @@ static void test_all_fields(void)
         "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/jpeg;base64,/9j/4A==\","
         "\"detail\":\"high\"}},{\"type\":\"image\",\"sha256\":"
         "\"ABCDEF0123456789abcdef0123456789ABCDEF0123456789abcdef0123456789\"},"
-        "{\"type\":\"image_url\",\"image_url\":\"data:image/jpeg;base64,AQID\"},"
+        "{\"type\":\"image_url\",\"image_url\":\"data:image/PNG;base64,AQID\"},"
         "{\"type\":\"text\",\"text\":\"B\"}]},"
         "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"ok\"}]}]}";
     svc_request *req;
@@ -373,8 +373,8 @@ static void test_image_errors(void)
     expect_error_wrapped("[{\"type\":\"image_url\",\"image_url\":{\"url\":\"https://x/a.jpg\"}}]",
                          "", SVC_ERROR_INVALID_IMAGE,
                          "messages[0].content[0].image_url.url: not a data: URL");
-    expect_error_wrapped("[{\"type\":\"image_url\",\"image_url\":\"data:image/png;base64,AAAA\"}]",
-                         "", SVC_ERROR_INVALID_IMAGE, "media type image/png is not supported");
+    expect_error_wrapped("[{\"type\":\"image_url\",\"image_url\":\"data:image/gif;base64,AAAA\"}]",
+                         "", SVC_ERROR_INVALID_IMAGE, "media type image/gif is not supported");
     expect_error_wrapped("[{\"type\":\"image_url\",\"image_url\":\"data:image/jpeg;base64,AA=A\"}]",
                          "", SVC_ERROR_INVALID_IMAGE, "content[0].image_url: misplaced '='");
     expect_error_wrapped("[{\"type\":\"image_url\",\"image_url\":\"data:image/jpeg;base64,AAA\"}]",

@@ -3,8 +3,9 @@
  * code in a final record (or dead-lettered when it has no reply address),
  * and a good request sent right after each one is still answered, so the
  * worker keeps serving. Covers malformed JSON, wrong types, missing fields,
- * base64 over limits.max_image_bytes, invalid base64, corrupt and truncated
- * JPEGs, a JPEG header claiming 65500x65500, a progressive JPEG with
+ * base64 over limits.max_image_bytes, invalid base64, a media type other
+ * than JPEG or PNG, a PNG (answered) and a truncated one, corrupt and
+ * truncated JPEGs, a JPEG header claiming 65500x65500, a progressive JPEG with
  * thousands of scans, too many images, a prompt over the KV pool, an
  * expired deadline, an unknown adapter, and records with no reply address
  * (mllama.dlt with x-error-code, x-error-msg and x-original-*).
@@ -14,6 +15,7 @@
 #define TOPICS PU_REQUESTS ":2," PU_REPLIES ":2," PU_DLT ":1," PU_CANCEL ":1"
 #define TINY ML_SOURCE_DIR "/tests/golden/fixtures/images/tiny_16x16.jpg"
 #define PHOTO ML_SOURCE_DIR "/tests/golden/fixtures/images/ex_640x480.jpg"
+#define PNG_PHOTO ML_SOURCE_DIR "/tests/golden/fixtures/images/png_rgb8_48x36.png"
 #define MAX_IMAGE_BYTES 65536 /* limits.max_image_bytes: above the photo's 56697 */
 #define MAX_IMAGES 4          /* runtime.max_images_per_request */
 #define KV_MIB 1              /* runtime.kv_mib: a few thousand tokens */
@@ -158,7 +160,8 @@ static void expect_image_error(const char *id, const char *url, const char *code
 }
 
 /* A request with one inline image of these bytes. */
-static int64_t expect_jpeg_error(const char *id, const void *bytes, size_t n, const char *code)
+static int64_t expect_inline_image_error(const char *id, const void *bytes, size_t n,
+                                         const char *code)
 {
     char *part = pu_image_part(bytes, n);
     char *body = pu_chat_request(id, "What is this?", part, "\"max_tokens\":2");
@@ -166,6 +169,19 @@ static int64_t expect_jpeg_error(const char *id, const void *bytes, size_t n, co
     free(body);
     free(part);
     return ms;
+}
+
+/* A request with one image part is answered with the image counted. */
+static void expect_image_answered(const char *id, const char *part, const char *what)
+{
+    char *body = pu_chat_request(id, "What is this?", part, "\"max_tokens\":2");
+    check(pu_client_send(&client, id, body), "%s: produce", id);
+    const pu_record *f = pu_client_wait(&client, id, ANSWER_MS);
+    cJSON *j = f ? pu_json(f) : NULL;
+    check(pu_json_num(j, PU_PATH("usage", "images")) == 1, "%s is not a valid image (error %s)",
+          what, pu_error_code(j) ? pu_error_code(j) : "-");
+    cJSON_Delete(j);
+    free(body);
 }
 
 /* ==== cases ======================================================================== */
@@ -221,15 +237,16 @@ static void test_images(void)
     expect_image_error("truncated-base64", "data:image/jpeg;base64,/9j/4AAQSkZJRgABAQ",
                        "invalid_image");
     expect_image_error("not-a-data-url", "https://example.com/cat.jpg", "invalid_image");
-    expect_image_error("png-media-type", "data:image/png;base64,iVBORw0KGgo=", "invalid_image");
+    expect_image_error("gif-media-type", "data:image/gif;base64,R0lGODlhAQABAAAAACw=",
+                       "invalid_image");
 
     size_t photo_len;
     uint8_t *photo = (uint8_t *)pu_slurp(PHOTO, &photo_len);
     if (!photo)
         pu_die(PHOTO);
-    expect_jpeg_error("truncated-jpeg", photo, photo_len / 3, "invalid_image");
+    expect_inline_image_error("truncated-jpeg", photo, photo_len / 3, "invalid_image");
     static const char garbage[] = "this is not a JPEG at all, just some bytes";
-    expect_jpeg_error("garbage-jpeg", garbage, sizeof garbage - 1, "invalid_image");
+    expect_inline_image_error("garbage-jpeg", garbage, sizeof garbage - 1, "invalid_image");
     /* Entropy data overwritten: decodable or not, it must not take the
      * worker down; the answer is an error or a normal reply. */
     memset(photo + photo_len / 2, 0xFF, 64);
@@ -245,25 +262,36 @@ static void test_images(void)
     uint8_t *jpeg;
     size_t len = craft_progressive(8, 8, 1, &jpeg);
     part = pu_image_part(jpeg, len);
-    body = pu_chat_request("crafted-one-scan", "What is this?", part, "\"max_tokens\":2");
-    check(pu_client_send(&client, "crafted-one-scan", body), "crafted: produce");
-    const pu_record *f = pu_client_wait(&client, "crafted-one-scan", ANSWER_MS);
-    cJSON *j = f ? pu_json(f) : NULL;
-    check(pu_json_num(j, PU_PATH("usage", "images")) == 1,
-          "the crafted one-scan JPEG is not a valid image (error %s)",
-          pu_error_code(j) ? pu_error_code(j) : "-");
-    cJSON_Delete(j);
-    free(body);
+    expect_image_answered("crafted-one-scan", part, "the crafted one-scan JPEG");
     free(part);
     free(jpeg);
 
+    /* A PNG declared as image/png is answered; a truncated one is refused. */
+    size_t png_len;
+    uint8_t *png = (uint8_t *)pu_slurp(PNG_PHOTO, &png_len);
+    if (!png)
+        pu_die(PNG_PHOTO);
+    url = pu_data_url(png, png_len); /* data:image/jpeg;base64,... */
+    size_t part_cap = strlen(url) + 96;
+    part = malloc(part_cap);
+    if (!part)
+        pu_die("out of memory");
+    snprintf(part, part_cap,
+             "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,%s\"}}",
+             strchr(url, ',') + 1);
+    expect_image_answered("png-photo", part, "the PNG photo");
+    expect_inline_image_error("truncated-png", png, png_len / 2, "invalid_image");
+    free(part);
+    free(url);
+    free(png);
+
     len = craft_progressive(MAX_DIMENSION, MAX_DIMENSION, 1, &jpeg);
-    expect_jpeg_error("dimension-bomb", jpeg, len, "image_too_large");
+    expect_inline_image_error("dimension-bomb", jpeg, len, "image_too_large");
     free(jpeg);
 
     len = craft_progressive(8, 8, BOMB_SCANS, &jpeg);
     check(len <= MAX_IMAGE_BYTES, "the scan bomb is over the byte limit");
-    int64_t ms = expect_jpeg_error("scan-bomb", jpeg, len, "image_too_large");
+    int64_t ms = expect_inline_image_error("scan-bomb", jpeg, len, "image_too_large");
     check(ms < BOMB_MS, "scan bomb answered in %lld ms", (long long)ms);
     free(jpeg);
 
