@@ -4,8 +4,10 @@
  * A work item is a block of up to ATTN_BQ query rows sharing one K/V stream:
  * (sequence, kv head, rows r0 .. r0+nq), where row r is token r / group and
  * query head kv_head·group + r % group, so the GQA heads of one kv head read
- * each key once. For each block of up to ATTN_BK keys:
- *   K, V (nk, head_dim)     key and value rows, in place (vision, cross) or
+ * each key once. For each block of up to ATTN_BK keys that some row of the
+ * item may see:
+ *   K, V (nk, head_dim)     key and value rows, in place (vision, cross:
+ *                           prefetched while the previous block runs) or
  *                           gathered from the paged cache (causal)
  *   S (nk, nq) = K · Qᵀ     gemm_tile; Qᵀ (head_dim, nq) packed once per item
  *   masked entries of S = -inf
@@ -34,6 +36,8 @@
  * shape (12 x 32, 6 x 16); S (BK x BQ) fits in L1. */
 #define ATTN_BQ 96
 #define ATTN_BK 96
+/* Bytes per cache line, the prefetch stride. */
+#define CACHE_LINE 64
 
 typedef enum attn_kind {
     ATTN_VISION,
@@ -79,6 +83,7 @@ typedef struct attn_cols {
     int nq;
     uint8_t q_invalid[ATTN_BQ];     /* vision: query is padding: sees valid keys only */
     int any_invalid;
+    int all_invalid;                /* vision: every query is padding */
     int32_t last_key[ATTN_BQ];      /* causal: highest key position visible */
     const uint8_t *chunks[ATTN_BQ]; /* cross: allowed chunks, NULL = every key */
 } attn_cols;
@@ -129,8 +134,8 @@ static int64_t seq_items(const attn_job *j, int s)
 /* The key block starting at key kb (< n_keys) of kv head kvh in sequence s:
  * returns its length (<= ATTN_BK) and sets *k, *v to its first key and value
  * rows and *ld to their row stride. Vision and cross keys are used in place
- * (a block never straddles two images); paged causal keys are gathered into
- * kp, vp (ATTN_BK, head_dim). */
+ * (a block never straddles two images; kp, vp are not touched and may be
+ * NULL); paged causal keys are gathered into kp, vp (ATTN_BK, head_dim). */
 static int key_block(const attn_job *j, int s, int kvh, int kb, int n_keys, float *kp, float *vp,
                      const float **k, const float **v, size_t *ld)
 {
@@ -171,6 +176,24 @@ static int key_block(const attn_job *j, int s, int kvh, int kb, int n_keys, floa
         return nk;
     }
     return 0;
+}
+
+/* Prefetch the cache lines of the first hd floats of n rows (row stride ld)
+ * into L1 (to_l1) or L2. Keys used in place are short runs a whole token
+ * apart, which the hardware prefetchers do not follow: unprefetched, each
+ * block of K and V arrives one demand miss at a time. */
+static void prefetch_rows(const float *rows, size_t ld, int n, int hd, int to_l1)
+{
+    for (int r = 0; r < n; r++) {
+        const uintptr_t first = (uintptr_t)(rows + (size_t)r * ld) & ~(uintptr_t)(CACHE_LINE - 1);
+        const uintptr_t last = (uintptr_t)(rows + (size_t)r * ld + (size_t)hd - 1);
+        for (uintptr_t line = first; line <= last; line += CACHE_LINE) {
+            if (to_l1)
+                __builtin_prefetch((const void *)line, 0, 3);
+            else
+                __builtin_prefetch((const void *)line, 0, 2);
+        }
+    }
 }
 
 /* Move the cursor `steps` items forward; seq == n_seqs means past the end. */
@@ -228,18 +251,64 @@ static void apply_mask(const attn_job *j, const attn_cols *cols, int s, int kb, 
     }
 }
 
+/* Cross: whether no column may see a key of chunks first .. last. A column
+ * with chunks[c] == NULL sees every key (all its chunks allowed, or none:
+ * HF's full_text_row_mask quirk), so one such column keeps every block. The
+ * group columns of one token share its mask row: each row is read once. */
+static int cross_chunks_masked(const attn_cols *cols, int first, int last)
+{
+    for (int c = 0; c < cols->nq; c++) {
+        const uint8_t *row = cols->chunks[c];
+        if (!row)
+            return 0;
+        if (c > 0 && row == cols->chunks[c - 1])
+            continue;
+        for (int ch = first; ch <= last; ch++)
+            if (row[ch])
+                return 0;
+    }
+    return 1;
+}
+
+/* Whether every score of the key block kb .. kb+nk is masked in every
+ * column. Such a block changes nothing: its weights are exp(-inf) = 0 and
+ * alpha = exp(0) = 1 (or, before the first visible key, m, l and O stay at
+ * -inf, 0 and 0), so the item skips it. */
+static int block_masked(const attn_job *j, const attn_cols *cols, int s, int kb, int nk)
+{
+    switch (j->kind) {
+    case ATTN_VISION: {
+        if (!cols->all_invalid)
+            return 0;
+        const uint8_t *valid = j->valid + (size_t)s * j->seq_len + (size_t)kb;
+        for (int key = 0; key < nk; key++)
+            if (valid[key])
+                return 0;
+        return 1;
+    }
+    case ATTN_CAUSAL: /* an item's keys end at its last visible one */
+        return 0;
+    case ATTN_CROSS: /* e.g. the empty tile slots of an image with fewer tiles */
+        return cross_chunks_masked(cols, kb / j->chunk_len, (kb + nk - 1) / j->chunk_len);
+    }
+    return 0;
+}
+
 /* Per-column mask data for rows r0 .. r0+nq of sequence s; returns the
  * number of keys the item must visit. */
 static int item_columns(const attn_job *j, int s, int r0, int nq, attn_cols *cols)
 {
     cols->nq = nq;
     cols->any_invalid = 0;
+    cols->all_invalid = 0;
     switch (j->kind) {
     case ATTN_VISION:
+        cols->all_invalid = 1;
         for (int c = 0; c < nq; c++) {
             const int t = (r0 + c) / j->group;
             cols->q_invalid[c] = !j->valid[(size_t)s * j->seq_len + (size_t)t];
             cols->any_invalid |= cols->q_invalid[c];
+            cols->all_invalid &= cols->q_invalid[c];
         }
         return j->seq_len;
     case ATTN_CAUSAL: {
@@ -298,14 +367,33 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
     const int n_keys = item_columns(j, s, r0, nq, &cols);
 
     for (int kb = 0, nk; kb < n_keys; kb += nk) {
-        const float *kblk = NULL, *vblk = NULL;
-        size_t ld = 0;
+        const float *kblk = NULL, *vblk = NULL, *knext = NULL, *vnext = NULL;
+        size_t ld = 0, ld_next = 0;
         nk = key_block(j, s, cur->kv_head, kb, n_keys, kp, vp, &kblk, &vblk, &ld);
+        if (block_masked(j, &cols, s, kb, nk))
+            continue;
+        /* Keys used in place: while S is computed, this block's V rows go
+         * to L1 for the PV product and the next block's K rows to L2. */
+        const int in_place = j->kind != ATTN_CAUSAL;
+        int nk_next = 0;
+        if (in_place && kb + nk < n_keys) {
+            nk_next = key_block(j, s, cur->kv_head, kb + nk, n_keys, NULL, NULL, &knext, &vnext,
+                                &ld_next);
+            if (block_masked(j, &cols, s, kb + nk, nk_next))
+                nk_next = 0; /* skipped in turn: not worth its bandwidth */
+        }
         memset(sc, 0, (size_t)nk * ATTN_BQ * sizeof *sc);
-        for (int k0 = 0; k0 < nk; k0 += mr)
+        for (int k0 = 0; k0 < nk; k0 += mr) {
+            if (in_place) {
+                prefetch_rows(vblk + (size_t)k0 * ld, ld, imin(mr, nk - k0), hd, 1);
+                if (k0 < nk_next)
+                    prefetch_rows(knext + (size_t)k0 * ld_next, ld_next, imin(mr, nk_next - k0),
+                                  hd, 0);
+            }
             for (int c0 = 0; c0 < nq; c0 += nr)
                 kn->gemm_tile(imin(mr, nk - k0), imin(nr, nq - c0), hd, kblk + (size_t)k0 * ld, ld,
                               1, qt + c0, ATTN_BQ, sc + (size_t)k0 * ATTN_BQ + c0, ATTN_BQ);
+        }
         apply_mask(j, &cols, s, kb, nk, sc);
         kn->softmax_block(sc, ATTN_BQ, nk, nq, j->scale, m, l, alpha);
         for (int c = 0; c < nq; c++) {

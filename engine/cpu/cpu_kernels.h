@@ -1,10 +1,11 @@
 /* The per-ISA inner kernels of the CPU backend.
  *
- * The drivers (matmul.c, attention.c) own tiling, packing, masking and
- * threading and are shared by every ISA; only the three loops below exist
- * once per instruction set. kernels_plain.c is the readable reference of
- * what each computes; kernels_avx2.c and kernels_avx512.c are the same
- * arithmetic in vector registers (f32 throughout, with FMA).
+ * The drivers (matmul.c, attention.c, elementwise.c) own tiling, packing,
+ * masking and threading and are shared by every ISA; only the loops below
+ * exist once per instruction set. kernels_plain.c is the readable reference
+ * of what each computes; kernels_avx2.c and kernels_avx512.c are the same
+ * arithmetic in vector registers (f32 throughout, with FMA), except that
+ * exp and erf are vmath.h's polynomials (shared by both) instead of libm.
  * All kernels are pure functions of their arguments and thread-safe. */
 #ifndef ML_CPU_KERNELS_H
 #define ML_CPU_KERNELS_H
@@ -18,7 +19,7 @@
 #define ML_CPU_TILE_MAX_ROWS 12
 #define ML_CPU_TILE_MAX_COLS 32
 /* Largest gemv block of any ISA. */
-#define ML_CPU_GEMV_MAX_ROWS 4
+#define ML_CPU_GEMV_MAX_ROWS 6
 #define ML_CPU_GEMV_MAX_COLS 4
 
 typedef struct ml_cpu_kernels {
@@ -35,7 +36,10 @@ typedef struct ml_cpu_kernels {
 
     /* dots (r, j) = Σ_k w[r * ldw + k] · x[j * ldx + k] for r < rows <= gemv_rows,
      * j < cols <= gemv_cols; w bf16 (rows, K), x f32 (cols, K); dots row-major
-     * (rows, cols). Reads each weight element once. */
+     * (rows, cols). Reads each weight element once. Each dot is summed in an
+     * order that depends on K alone (per SIMD lane in increasing k, then the
+     * lanes), never on rows, cols or its place in the block: a sequence's
+     * result does not depend on the batch it is decoded in. */
     void (*gemv)(int rows, int cols, int K, const uint16_t *w, size_t ldw, const float *x,
                  size_t ldx, float *dots);
     int gemv_rows, gemv_cols;
@@ -52,9 +56,21 @@ typedef struct ml_cpu_kernels {
      *   s[j][c] = exp(x[j][c] - sh);  alpha[c] = exp(m[c] - sh)
      *   l[c] = l[c]·alpha[c] + Σ_j s[j][c];  m[c] = m'
      * exp(0) is exactly 1 and exp(-inf) exactly 0 (results below FLT_MIN
-     * flush to 0 in the vector builds). */
+     * flush to 0 in the vector builds: vm_exp of vmath.h). */
     void (*softmax_block)(float *s, size_t lds, int nk, int nq, float scale, float *m, float *l,
                           float *alpha);
+
+    /* y[i] = exp(x[i]), y[i] = erf(x[i]) for i < n; y may be x. Plain calls
+     * libm; the vector builds share vmath.h, whose header states their
+     * error bounds (the exp of softmax_block is the same function). */
+    void (*exp_n)(float *y, const float *x, size_t n);
+    void (*erf_n)(float *y, const float *x, size_t n);
+    /* The activations, each element in f32 in the order written:
+     *   gelu:     x[i] = x · 0.5 · (1 + erf(x · (1/√2)))  in place (ACT2FN["gelu"])
+     *   silu_mul: y[i] = g / (1 + exp(-g)) · up[i], g = gate[i]; y may be
+     *             gate or up (silu(gate) · up of the text MLP) */
+    void (*gelu)(float *x, size_t n);
+    void (*silu_mul)(float *y, const float *gate, const float *up, size_t n);
 } ml_cpu_kernels;
 
 extern const ml_cpu_kernels ml_cpu_kernels_plain;

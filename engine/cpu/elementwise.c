@@ -4,7 +4,10 @@
  * portable C for every ISA (the same results whichever kernels were
  * selected), split over threads by rows when large enough. Reductions use
  * REDUCE_LANES independent partial sums, which the compiler can keep in
- * vector registers without reassociating anything. */
+ * vector registers without reassociating anything. The exception is GELU
+ * and SiLU: per element they cost an erf or exp, which libm computes one
+ * element at a time, so their loops are the ISA's kernels (cpu_kernels.h;
+ * the vector ones agree with libm to vmath.h's bounds, not bitwise). */
 #include <assert.h>
 #include <math.h>
 #include <string.h>
@@ -105,51 +108,61 @@ void ml_cpu_layernorm(ml_backend *be, float *y, const float *x, const uint16_t *
 
 /* Elements per work item of the activations (a cache-friendly chunk). */
 #define ACT_CHUNK 4096
-/* Rough cost of one erff / expf in the units of ML_CPU_MIN_WORK_PER_THREAD. */
+/* Rough cost of one libm erff / expf / cosf in the units of
+ * ML_CPU_MIN_WORK_PER_THREAD, and of one element of the vector activations
+ * (a few dozen instructions per vector of 8 or 16). */
 #define TRANSCENDENTAL_COST 16.0
+#define VECTOR_ACT_COST 2.0
 
 typedef struct act_job {
+    const ml_cpu_kernels *kern; /* borrowed */
     float *y;
     const float *a, *b;
     size_t n;
 } act_job;
 
-/* ACT2FN["gelu"]: x · ½ · (1 + erf(x / √2)), exact erf in f32 (libm erff). */
+/* The elements [lo, hi) of work items begin .. end. */
+static void act_range(const act_job *j, int64_t begin, int64_t end, size_t *lo, size_t *hi)
+{
+    *lo = (size_t)begin * ACT_CHUNK;
+    *hi = (size_t)end * ACT_CHUNK < j->n ? (size_t)end * ACT_CHUNK : j->n;
+}
+
+static void act_run(ml_backend *be, act_job *j, ml_cpu_pool_fn fn)
+{
+    const double cost = j->kern->isa == ML_CPU_ISA_PLAIN ? TRANSCENDENTAL_COST : VECTOR_ACT_COST;
+    ml_cpu_pool_for(pool_of(be), (int64_t)((j->n + ACT_CHUNK - 1) / ACT_CHUNK),
+                    ml_cpu_grain(cost * ACT_CHUNK), fn, j);
+}
+
+/* ACT2FN["gelu"]: x · ½ · (1 + erf(x / √2)), exact erf (not the tanh form). */
 static void gelu_chunks(void *ctx, int64_t begin, int64_t end, int tid)
 {
     const act_job *j = ctx;
-    const size_t lo = (size_t)begin * ACT_CHUNK;
-    const size_t hi = (size_t)end * ACT_CHUNK < j->n ? (size_t)end * ACT_CHUNK : j->n;
-    for (size_t i = lo; i < hi; i++) {
-        const float x = j->y[i];
-        j->y[i] = x * 0.5f * (1.0f + erff(x * (float)M_SQRT1_2));
-    }
+    size_t lo, hi;
+    act_range(j, begin, end, &lo, &hi);
+    j->kern->gelu(j->y + lo, hi - lo);
 }
 
 void ml_cpu_gelu(ml_backend *be, float *x, size_t n)
 {
-    act_job j = {.y = x, .n = n};
-    ml_cpu_pool_for(pool_of(be), (int64_t)((n + ACT_CHUNK - 1) / ACT_CHUNK),
-                    ml_cpu_grain(TRANSCENDENTAL_COST * ACT_CHUNK), gelu_chunks, &j);
+    act_job j = {.kern = ml_cpu_of(be)->kern, .y = x, .n = n};
+    act_run(be, &j, gelu_chunks);
 }
 
 /* silu(g) · u with silu(g) = g / (1 + exp(-g)) as torch computes it. */
 static void silu_mul_chunks(void *ctx, int64_t begin, int64_t end, int tid)
 {
     const act_job *j = ctx;
-    const size_t lo = (size_t)begin * ACT_CHUNK;
-    const size_t hi = (size_t)end * ACT_CHUNK < j->n ? (size_t)end * ACT_CHUNK : j->n;
-    for (size_t i = lo; i < hi; i++) {
-        const float g = j->a[i];
-        j->y[i] = g / (1.0f + expf(-g)) * j->b[i];
-    }
+    size_t lo, hi;
+    act_range(j, begin, end, &lo, &hi);
+    j->kern->silu_mul(j->y + lo, j->a + lo, j->b + lo, hi - lo);
 }
 
 void ml_cpu_silu_mul(ml_backend *be, float *y, const float *gate, const float *up, size_t n)
 {
-    act_job j = {.y = y, .a = gate, .b = up, .n = n};
-    ml_cpu_pool_for(pool_of(be), (int64_t)((n + ACT_CHUNK - 1) / ACT_CHUNK),
-                    ml_cpu_grain(TRANSCENDENTAL_COST * ACT_CHUNK), silu_mul_chunks, &j);
+    act_job j = {.kern = ml_cpu_of(be)->kern, .y = y, .a = gate, .b = up, .n = n};
+    act_run(be, &j, silu_mul_chunks);
 }
 
 /* ---- RoPE ------------------------------------------------------------------------ */

@@ -8,6 +8,9 @@
 #include <immintrin.h>
 #include <math.h>
 
+#define VMATH_BITS 256
+#include "cpu/vmath.h"
+
 #define LANES 8
 /* 6 x 16 tile: 12 accumulators + 2 B vectors + 1 broadcast of 16 ymm. */
 #define TILE_ROWS 6
@@ -17,43 +20,14 @@
 #define GEMV_COLS 2
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
-
-/* Same range reduction and constants as kernels_avx512.c (see there). The
- * upper clamp keeps 2^n a normal number for the exponent-field construction. */
-#define EXP_LO (-87.33654f)
-#define EXP_HI 88.0f
-#define LN2_HI 0.693359375f
-#define LN2_LO (-2.12194440e-4f)
-#define F32_EXP_BIAS 127
-#define F32_MANT_BITS 23
+/* Running maxima kept apart in softmax_block's max pass. */
+#define MAX_CHAINS 4
 
 /* Lanes [0, n) all ones: the mask operand of maskload/maskstore. */
 static inline __m256i lane_mask(int n)
 {
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
-}
-
-ALWAYS_INLINE __m256 exp_ps(__m256 x)
-{
-    const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_set1_ps(EXP_HI), x);
-    x = _mm256_max_ps(_mm256_set1_ps(EXP_LO), x);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps((float)M_LOG2E)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(F32_EXP_BIAS)), F32_MANT_BITS);
-    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
 /* ---- gemm_tile -------------------------------------------------------------- */
@@ -246,21 +220,40 @@ static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, flo
     for (int c = 0; c < nq; c += LANES) {
         const __m256i mk = lane_mask(nq - c);
         const __m256 m_old = _mm256_maskload_ps(m + c, mk);
-        __m256 mx = m_old;
-        for (int j = 0; j < nk; j++) {
-            const __m256 x = _mm256_mul_ps(_mm256_maskload_ps(s + (size_t)j * lds + c, mk), vscale);
-            mx = _mm256_max_ps(x, mx);
+        /* Independent running maxima, as in kernels_avx512.c. */
+        __m256 part[MAX_CHAINS];
+        part[0] = m_old;
+#pragma GCC unroll 4
+        for (int u = 1; u < MAX_CHAINS; u++)
+            part[u] = neg_inf;
+        int key = 0;
+        for (; key + MAX_CHAINS <= nk; key += MAX_CHAINS) {
+#pragma GCC unroll 4
+            for (int u = 0; u < MAX_CHAINS; u++) {
+                const __m256 x = _mm256_mul_ps(
+                    _mm256_maskload_ps(s + (size_t)(key + u) * lds + c, mk), vscale);
+                part[u] = _mm256_max_ps(x, part[u]);
+            }
         }
+        for (; key < nk; key++) {
+            const __m256 x =
+                _mm256_mul_ps(_mm256_maskload_ps(s + (size_t)key * lds + c, mk), vscale);
+            part[0] = _mm256_max_ps(x, part[0]);
+        }
+        __m256 mx = part[0];
+#pragma GCC unroll 4
+        for (int u = 1; u < MAX_CHAINS; u++)
+            mx = _mm256_max_ps(part[u], mx);
         const __m256 none = _mm256_cmp_ps(mx, neg_inf, _CMP_EQ_OQ);
         const __m256 sh = _mm256_andnot_ps(none, mx);
         __m256 sum = _mm256_setzero_ps();
         for (int j = 0; j < nk; j++) {
             float *sj = s + (size_t)j * lds + c;
-            const __m256 e = exp_ps(_mm256_fmsub_ps(_mm256_maskload_ps(sj, mk), vscale, sh));
+            const __m256 e = vm_exp(_mm256_fmsub_ps(_mm256_maskload_ps(sj, mk), vscale, sh));
             _mm256_maskstore_ps(sj, mk, e);
             sum = _mm256_add_ps(sum, e);
         }
-        const __m256 a = exp_ps(_mm256_sub_ps(m_old, sh));
+        const __m256 a = vm_exp(_mm256_sub_ps(m_old, sh));
         _mm256_maskstore_ps(alpha + c, mk, a);
         _mm256_maskstore_ps(l + c, mk, _mm256_fmadd_ps(_mm256_maskload_ps(l + c, mk), a, sum));
         _mm256_maskstore_ps(m + c, mk, mx);
@@ -278,6 +271,10 @@ const ml_cpu_kernels ml_cpu_kernels_avx2 = {
     .pack_block = pack_block,
     .pack_block_size = LANES,
     .softmax_block = softmax_block,
+    .exp_n = vm_exp_n,
+    .erf_n = vm_erf_n,
+    .gelu = vm_gelu,
+    .silu_mul = vm_silu_mul,
 };
 
 #endif

@@ -69,6 +69,32 @@ static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, flo
     }
 }
 
+static void exp_n(float *y, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = expf(x[i]);
+}
+
+static void erf_n(float *y, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = erff(x[i]);
+}
+
+static void gelu(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = x[i] * 0.5f * (1.0f + erff(x[i] * (float)M_SQRT1_2));
+}
+
+static void silu_mul(float *y, const float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        y[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
 const ml_cpu_kernels ml_cpu_kernels_plain = {
     .isa = ML_CPU_ISA_PLAIN,
     .gemm_tile = gemm_tile,
@@ -80,6 +106,10 @@ const ml_cpu_kernels ml_cpu_kernels_plain = {
     .pack_block = pack_block,
     .pack_block_size = PACK_BLOCK,
     .softmax_block = softmax_block,
+    .exp_n = exp_n,
+    .erf_n = erf_n,
+    .gelu = gelu,
+    .silu_mul = silu_mul,
 };
 
 const ml_cpu_kernels *ml_cpu_kernels_for(ml_cpu_isa isa)

@@ -9,7 +9,18 @@
  *                   weight bytes streamed; M = 2..32 around the GEMV/GEMM switch
  *   GEMM            M = 6432, K = N = 1280 (a vision q/k/v/o projection over
  *                   4 tiles): GFLOP/s
- *   attn_vision     1 x 6432 tokens x 16 heads x 80 (one vision layer)
+ *   attn_vision     1 x 6432 tokens x 16 heads x 80 (one vision layer) for
+ *                   a 4-tile and a 2-tile image
+ *   gelu            6432 x 5120 (one 11B vision MLP) and silu_mul 512 x 14336
+ *                   (a prefill chunk of the 11B text MLP): ns per element
+ *   attn_cross      the cross layers of one decode step: one row against
+ *                   one image in each of the 11B's 8 cross layers (32
+ *                   heads, 8 kv heads x 128, 4 tile slots of 1601 keys;
+ *                   416 MB of f32 K/V, past the L3), with 1 and with 4
+ *                   real tiles: GB/s of the K/V the allowed tiles hold
+ *
+ * ML_BENCH_ONLY=name,... runs only those groups (bandwidth, gemv, gemm,
+ * attn_vision, activations, attn_cross).
  *
  * Each result is the best of a few runs, by wall clock and by CPU time
  * (process CPU seconds / threads). On a shared machine the wall figure is
@@ -26,12 +37,24 @@
 #include "cpu/cpu_features.h"
 #include "dtype.h"
 #include "harness.h"
+#include "test_rand.h"
 
 #define BW_BYTES ((size_t)1 << 30)
 #define BW_PASSES 5
 #define MAX_THREADS 64
 #define VISION_TILE 1608 /* 1601 tokens padded to a multiple of 8 */
 #define VISION_REAL 1601
+#define VISION_TILES 4    /* max_num_tiles */
+/* 11B text decoder: heads, kv heads, head_dim (cross-attention: one tile
+ * slot of keys per vision tile) */
+#define TEXT_HEADS 32
+#define TEXT_KV_HEADS 8
+#define TEXT_HEAD_DIM 128
+#define TEXT_CROSS_LAYERS 8
+/* MLP widths: 11B vision (fc1 out) and text (gate/up out); a prefill chunk */
+#define VISION_MLP 5120
+#define TEXT_MLP 14336
+#define PREFILL_ROWS 512
 
 static int g_threads = 2;
 
@@ -59,26 +82,6 @@ static timing best_of(void (*fn)(void *), void *ctx, int reps)
         best.cpu = c < best.cpu ? c : best.cpu;
     }
     return best;
-}
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes);
-    if (!p) {
-        fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
-
-static uint64_t g_rng = 88172645463325252ull;
-
-static float frand(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (float)((double)(g_rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
 /* ---- memory read bandwidth ---------------------------------------------------- */
@@ -188,9 +191,9 @@ static void bench_gemv(ml_backend *be, int sweep)
         float *x = xmalloc((size_t)max_m * K * sizeof *x);
         float *y = xmalloc((size_t)max_m * N * sizeof *y);
         for (size_t i = 0; i < (size_t)N * K; i++)
-            w[i] = ml_f32_to_bf16(frand());
+            w[i] = ml_f32_to_bf16(frand(-1, 1));
         for (size_t i = 0; i < (size_t)max_m * K; i++)
-            x[i] = frand();
+            x[i] = frand(-1, 1);
         const double bytes = (double)N * K * sizeof *w;
         for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++) {
             mm_job j = {.be = be, .y = y, .x = x, .w = w, .M = Ms[m], .K = K, .N = N};
@@ -214,9 +217,9 @@ static void bench_gemm(ml_backend *be)
     uint16_t *w = xmalloc((size_t)j.N * j.K * sizeof *w);
     float *x = xmalloc((size_t)j.M * j.K * sizeof *x), *y = xmalloc((size_t)j.M * j.N * sizeof *y);
     for (size_t i = 0; i < (size_t)j.N * j.K; i++)
-        w[i] = ml_f32_to_bf16(frand());
+        w[i] = ml_f32_to_bf16(frand(-1, 1));
     for (size_t i = 0; i < (size_t)j.M * j.K; i++)
-        x[i] = frand();
+        x[i] = frand(-1, 1);
     memset(y, 0, (size_t)j.M * j.N * sizeof *y);
     j.y = y;
     j.x = x;
@@ -243,33 +246,156 @@ static void attn_run(void *ctx)
 
 static void bench_attn_vision(ml_backend *be)
 {
-    const int seq = 4 * VISION_TILE, heads = 16, hd = 80;
+    const int seq = VISION_TILES * VISION_TILE, heads = 16, hd = 80;
     const size_t n = (size_t)seq * heads * hd;
     float *q = xmalloc(n * sizeof *q), *k = xmalloc(n * sizeof *k), *v = xmalloc(n * sizeof *v);
     float *out = xmalloc(n * sizeof *out);
     uint8_t *valid = xmalloc((size_t)seq);
     for (size_t i = 0; i < n; i++) {
-        q[i] = frand();
-        k[i] = frand();
-        v[i] = frand();
+        q[i] = frand(-1, 1);
+        k[i] = frand(-1, 1);
+        v[i] = frand(-1, 1);
     }
-    /* A 2-tile image: tiles 2 and 3 are padding (their queries see only valid keys). */
-    for (int t = 0; t < seq; t++)
-        valid[t] = t / VISION_TILE < 2 && t % VISION_TILE < VISION_REAL;
-    attn_job j = {.be = be,
-                  .p = {.out = out, .q = q, .k = k, .v = v, .valid = valid, .n_seq = 1,
-                        .seq_len = seq, .n_heads = heads, .head_dim = hd,
-                        .scale = 1.0f / sqrtf((float)hd)}};
-    timing t = best_of(attn_run, &j, 2);
-    const double flop = 4.0 * seq * seq * heads * hd;
-    printf("  attn_vision 1x%d tokens x %d heads x %d   %8.1f ms  %6.1f GFLOP/s wall  %6.1f "
-           "GFLOP/s cpu\n",
-           seq, heads, hd, t.wall * 1e3, flop / t.wall / 1e9, flop / t.cpu / 1e9);
+    /* A 4-tile image, then a 2-tile one whose tiles 2 and 3 are padding
+     * (their queries see only valid keys). GFLOP/s counts every (query,
+     * key) pair, computed or skipped as masked. */
+    for (int tiles = VISION_TILES; tiles >= VISION_TILES / 2; tiles -= VISION_TILES / 2) {
+        for (int t = 0; t < seq; t++)
+            valid[t] = t / VISION_TILE < tiles && t % VISION_TILE < VISION_REAL;
+        attn_job j = {.be = be,
+                      .p = {.out = out, .q = q, .k = k, .v = v, .valid = valid, .n_seq = 1,
+                            .seq_len = seq, .n_heads = heads, .head_dim = hd,
+                            .scale = 1.0f / sqrtf((float)hd)}};
+        timing t = best_of(attn_run, &j, 2);
+        const double flop = 4.0 * seq * seq * heads * hd;
+        printf("  attn_vision 1x%d tokens x %d heads x %d, %d-tile image   %8.1f ms  %6.1f GFLOP/s "
+               "wall  %6.1f GFLOP/s cpu\n",
+               seq, heads, hd, tiles, t.wall * 1e3, flop / t.wall / 1e9, flop / t.cpu / 1e9);
+    }
     free(q);
     free(k);
     free(v);
     free(out);
     free(valid);
+}
+
+typedef struct act_job {
+    ml_backend *be;
+    float *y;
+    const float *gate, *up;
+    size_t n;
+} act_job;
+
+static void gelu_run(void *ctx)
+{
+    act_job *j = ctx;
+    j->be->ops->gelu(j->be, j->y, j->n);
+}
+
+static void silu_mul_run(void *ctx)
+{
+    act_job *j = ctx;
+    j->be->ops->silu_mul(j->be, j->y, j->gate, j->up, j->n);
+}
+
+static void bench_activations(ml_backend *be)
+{
+    const size_t n_gelu = (size_t)VISION_TILES * VISION_TILE * VISION_MLP;
+    const size_t n_silu = (size_t)PREFILL_ROWS * TEXT_MLP;
+    const size_t n = n_gelu > n_silu ? n_gelu : n_silu;
+    float *x = xmalloc(n * sizeof *x), *g = xmalloc(n * sizeof *g), *u = xmalloc(n * sizeof *u);
+    for (size_t i = 0; i < n; i++) {
+        g[i] = 4.0f * frand(-1, 1); /* pre-activations of a few units, as in the models */
+        u[i] = frand(-1, 1);
+    }
+    act_job j = {.be = be, .y = x, .gate = g, .up = u, .n = n_gelu};
+    /* gelu works in place: refill from g before each run, outside the timing */
+    timing best = {1e30, 1e30};
+    for (int r = 0; r < 3; r++) {
+        memcpy(x, g, n_gelu * sizeof *x);
+        const timing t = best_of(gelu_run, &j, 1);
+        best.wall = t.wall < best.wall ? t.wall : best.wall;
+        best.cpu = t.cpu < best.cpu ? t.cpu : best.cpu;
+    }
+    printf("  gelu n=%zu          %8.2f ms  %6.3f ns/elem wall  %6.3f ns/elem cpu\n", n_gelu,
+           best.wall * 1e3, best.wall * 1e9 / n_gelu, best.cpu * 1e9 / n_gelu);
+    j.n = n_silu;
+    best = best_of(silu_mul_run, &j, 3);
+    printf("  silu_mul n=%zu       %8.2f ms  %6.3f ns/elem wall  %6.3f ns/elem cpu\n", n_silu,
+           best.wall * 1e3, best.wall * 1e9 / n_silu, best.cpu * 1e9 / n_silu);
+    free(x);
+    free(g);
+    free(u);
+}
+
+typedef struct cross_job {
+    ml_backend *be;
+    ml_attn_cross_params p;
+    const void *states[TEXT_CROSS_LAYERS]; /* one image state per layer */
+} cross_job;
+
+static void cross_step(void *ctx)
+{
+    cross_job *j = ctx;
+    for (int layer = 0; layer < TEXT_CROSS_LAYERS; layer++) {
+        j->p.states = &j->states[layer];
+        j->be->ops->attn_cross(j->be, &j->p);
+    }
+}
+
+/* One decode row of one sequence against its resident image in every cross
+ * layer, as a decode step runs them. */
+static void bench_attn_cross(ml_backend *be)
+{
+    const size_t plane = (size_t)VISION_TILES * VISION_REAL * TEXT_KV_HEADS * TEXT_HEAD_DIM;
+    const size_t row = (size_t)TEXT_HEADS * TEXT_HEAD_DIM;
+    float *q = xmalloc(row * sizeof *q), *out = xmalloc(row * sizeof *out);
+    float *state[TEXT_CROSS_LAYERS]; /* (2, tiles · 1601, kv heads, head_dim): K then V */
+    cross_job j = {.be = be};
+    for (int layer = 0; layer < TEXT_CROSS_LAYERS; layer++) {
+        state[layer] = xmalloc(2 * plane * sizeof *state[layer]);
+        for (size_t i = 0; i < 2 * plane; i++)
+            state[layer][i] = frand(-1, 1);
+        j.states[layer] = state[layer];
+    }
+    for (size_t i = 0; i < row; i++)
+        q[i] = frand(-1, 1);
+    const int32_t n_images[1] = {1}, seq_start[2] = {0, 1};
+    uint8_t allowed[VISION_TILES];
+    for (int tiles = 1; tiles <= VISION_TILES; tiles += VISION_TILES - 1) {
+        for (int c = 0; c < VISION_TILES; c++)
+            allowed[c] = c < tiles;
+        j.p = (ml_attn_cross_params){
+            .out = out, .q = q, .k_offset = 0, .v_offset = plane * sizeof(float),
+            .n_images = n_images, .seq_start = seq_start, .allowed = allowed, .n_seqs = 1,
+            .n_tokens = 1, .max_images = 1, .max_tiles = VISION_TILES, .chunk_len = VISION_REAL,
+            .n_heads = TEXT_HEADS, .n_kv_heads = TEXT_KV_HEADS, .head_dim = TEXT_HEAD_DIM,
+            .scale = 1.0f / sqrtf((float)TEXT_HEAD_DIM)};
+        const timing t = best_of(cross_step, &j, 5);
+        const double bytes =
+            2.0 * plane * sizeof(float) * TEXT_CROSS_LAYERS * tiles / VISION_TILES;
+        printf("  attn_cross decode step, %d cross layers, %d of %d tiles   %8.3f ms  allowed "
+               "K/V %5.1f GB/s wall  %5.1f cpu\n",
+               TEXT_CROSS_LAYERS, tiles, VISION_TILES, t.wall * 1e3, bytes / t.wall / 1e9,
+               bytes / t.cpu / 1e9);
+    }
+    for (int layer = 0; layer < TEXT_CROSS_LAYERS; layer++)
+        free(state[layer]);
+    free(q);
+    free(out);
+}
+
+/* Whether ML_BENCH_ONLY (a comma-separated list) is unset or names `group`. */
+static int wanted(const char *group)
+{
+    const char *only = getenv("ML_BENCH_ONLY");
+    if (!only || !*only)
+        return 1;
+    const size_t len = strlen(group);
+    for (const char *p = only; (p = strstr(p, group)) != NULL; p += len)
+        if ((p == only || p[-1] == ',') && (p[len] == '\0' || p[len] == ','))
+            return 1;
+    return 0;
 }
 
 int main(void)
@@ -282,9 +408,11 @@ int main(void)
     if (g_threads < 1 || g_threads > MAX_THREADS)
         g_threads = 2;
 
-    bench_bandwidth(g_threads);
-    if (g_threads > 1)
-        bench_bandwidth(1);
+    if (wanted("bandwidth")) {
+        bench_bandwidth(g_threads);
+        if (g_threads > 1)
+            bench_bandwidth(1);
+    }
     fflush(stdout);
 
     char forced[32] = "";
@@ -305,11 +433,16 @@ int main(void)
         /* The plain path is the readable reference, not a fast path: its
          * compute-bound runs would take minutes unless asked for. */
         const int full = isa != ML_CPU_ISA_PLAIN || *forced;
-        bench_gemv(be, full);
-        if (full) {
+        if (wanted("gemv"))
+            bench_gemv(be, full);
+        if (full && wanted("gemm"))
             bench_gemm(be);
+        if (full && wanted("attn_vision"))
             bench_attn_vision(be);
-        }
+        if (wanted("activations"))
+            bench_activations(be);
+        if (wanted("attn_cross"))
+            bench_attn_cross(be);
         fflush(stdout);
         be->ops->destroy(be);
     }

@@ -17,6 +17,7 @@
  *   scaled score: an error δ in scores scales the softmax weights by
  *   e^(±2δ), and the weights' sum carries at most n_keys roundings.
  * - the vector exp inside softmax_block: 4 ulp relative. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,6 +30,7 @@
 #include "cpu/threadpool.h"
 #include "dtype.h"
 #include "harness.h"
+#include "test_rand.h"
 
 #define U (1.0 / 16777216.0) /* 2^-24 */
 #define N_BACKENDS 2         /* 1 thread and THREADS_MANY threads */
@@ -38,49 +40,6 @@
 static const char *g_isa = "";
 
 /* ---- helpers ----------------------------------------------------------------- */
-
-#define RNG_SEED 0x9e3779b97f4a7c15ull
-static uint64_t g_rng = RNG_SEED;
-
-static double urand(void) /* [0, 1) */
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (double)(g_rng >> 11) / 9007199254740992.0;
-}
-
-static float frand(float lo, float hi)
-{
-    return (float)(lo + (hi - lo) * urand());
-}
-
-static int irand(int n)
-{
-    return (int)(urand() * n);
-}
-
-static void fill(float *x, size_t n, float lo, float hi)
-{
-    for (size_t i = 0; i < n; i++)
-        x[i] = frand(lo, hi);
-}
-
-static void fill_bf16(uint16_t *w, size_t n, float lo, float hi)
-{
-    for (size_t i = 0; i < n; i++)
-        w[i] = ml_f32_to_bf16(frand(lo, hi));
-}
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "out of memory\n");
-        exit(1);
-    }
-    return p;
-}
 
 /* Path against path: the first ISA's result of every check_bounded case is
  * kept by name, and each later ISA must agree with it within twice the
@@ -264,6 +223,76 @@ static void test_matmul(ml_backend *be[N_BACKENDS])
     /* A weight of odd row length (unaligned rows) through both regimes. */
     test_matmul_case(be, 2, 4099, 9, 1, 0);
     test_matmul_case(be, 40, 1031, 70, 0, 1);
+}
+
+/* Batch invariance: a sequence decoded alone (M = 1) and in a batch of any
+ * size of the GEMV regime gets bit-identical rows, whatever block of the
+ * kernel each dot lands in. */
+static void test_matmul_batch_invariance(ml_backend *be)
+{
+    enum { K = 1031, N = 67, MAX_M = 16 }; /* odd K: masked or scalar tails */
+    float *x = xmalloc((size_t)MAX_M * K * sizeof *x);
+    float *alone = xmalloc((size_t)MAX_M * N * sizeof *alone);
+    float *y = xmalloc((size_t)MAX_M * N * sizeof *y);
+    uint16_t *w = xmalloc((size_t)N * K * sizeof *w);
+    fill(x, (size_t)MAX_M * K, -1, 1);
+    fill_bf16(w, (size_t)N * K, -1, 1);
+    for (int m = 0; m < MAX_M; m++)
+        be->ops->matmul(be, alone + (size_t)m * N, x + (size_t)m * K, w, NULL, 1, K, N, 0);
+    int same = 1, first_bad = 0;
+    for (int M = 2; M <= MAX_M; M++) {
+        be->ops->matmul(be, y, x, w, NULL, M, K, N, 0);
+        const int ok = memcmp(y, alone, (size_t)M * N * sizeof *y) == 0;
+        if (!ok && same)
+            first_bad = M;
+        same &= ok;
+    }
+    check(same, "matmul [%s]: batch of %d rows differs from the rows alone", g_isa, first_bad);
+    free(x);
+    free(alone);
+    free(y);
+    free(w);
+}
+
+/* gemv: dot (r, j) of every block shape equals the 1 x 1 block's, bit for bit. */
+static void test_gemv_kernel(const ml_cpu_kernels *kn)
+{
+    static const int Ks[] = {1, 15, 16, 37, 300, 1031};
+    const int max_r = kn->gemv_rows, max_c = kn->gemv_cols, max_k = 1031;
+    uint16_t *w = xmalloc((size_t)max_r * max_k * sizeof *w);
+    float *x = xmalloc((size_t)max_c * max_k * sizeof *x);
+    float one[ML_CPU_GEMV_MAX_ROWS][ML_CPU_GEMV_MAX_COLS];
+    float dots[ML_CPU_GEMV_MAX_ROWS * ML_CPU_GEMV_MAX_COLS];
+    /* The draws depend on the ISA's block shape: keep them out of the
+     * stream the later cases share across paths. */
+    const uint64_t rng = ml_test_rng;
+    int same = 1;
+    for (size_t t = 0; t < sizeof Ks / sizeof Ks[0]; t++) {
+        const int K = Ks[t];
+        fill_bf16(w, (size_t)max_r * K, -1, 1);
+        fill(x, (size_t)max_c * K, -1, 1);
+        for (int r = 0; r < max_r; r++)
+            for (int j = 0; j < max_c; j++)
+                kn->gemv(1, 1, K, w + (size_t)r * K, (size_t)K, x + (size_t)j * K, (size_t)K,
+                         &one[r][j]);
+        for (int rows = 1; rows <= max_r; rows++) {
+            for (int cols = 1; cols <= max_c; cols++) {
+                /* the block starting at the last rows / cols, so each dot
+                 * moves to another place in the block as the shape grows */
+                const int r0 = max_r - rows, j0 = max_c - cols;
+                kn->gemv(rows, cols, K, w + (size_t)r0 * K, (size_t)K, x + (size_t)j0 * K,
+                         (size_t)K, dots);
+                for (int r = 0; r < rows; r++)
+                    for (int j = 0; j < cols; j++)
+                        same &= memcmp(&dots[r * cols + j], &one[r0 + r][j0 + j],
+                                       sizeof *dots) == 0;
+            }
+        }
+    }
+    check(same, "gemv [%s]: a dot depends on the block shape", ml_cpu_isa_name(kn->isa));
+    rand_seed(rng);
+    free(w);
+    free(x);
 }
 
 /* ---- normalisation and activations -------------------------------------------------- */
@@ -642,6 +671,8 @@ static void test_attn_vision(ml_backend *be[N_BACKENDS])
     test_attn_vision_case(be, 3, 4, 56, 53, 2, 80); /* 224 keys: several blocks */
     test_attn_vision_case(be, 1, 2, 24, 21, 2, 128);
     test_attn_vision_case(be, 2, 2, 20, 19, 1, 256); /* the largest head_dim */
+    /* mostly padding: the padding queries skip the key blocks without a valid key */
+    test_attn_vision_case(be, 2, 4, 100, 97, 2, 80);
 }
 
 /* ---- attention: causal over the paged cache --------------------------------------- */
@@ -745,17 +776,64 @@ static void test_attn_causal(ml_backend *be[N_BACKENDS])
  * one with two and one that shares an image with the previous sequence
  * (resident states are shared, not copied); max_images is one more than any
  * sequence uses, so every row and state table has padding. Each image's
- * state holds two layers' K and V planes and the call reads layer 1. Rows
- * cycle through: no chunk allowed (every key), every chunk, random chunks;
- * the mask columns past a sequence's images are garbage (1) and must be
- * ignored. */
+ * state holds two layers' K and V planes and the call reads layer 1. The
+ * mask columns past a sequence's images are garbage (1) and must be
+ * ignored. The rows' masks (cross_mask):
+ *   MIXED  rows cycle through: no chunk allowed (every key), every chunk,
+ *          random chunks
+ *   TILES  as HF builds them for images with fewer tiles than slots: image
+ *          state i has CROSS_TILES_USED[i] real tiles, a row sees the real
+ *          tiles of one image (earlier rows the first image, later ones
+ *          the second); every 13th row sees no chunk at all, which
+ *          makes its items visit every key
+ * With chunk_len above the kernel's key block, whole key blocks are masked
+ * for every row of an item and skipped.
+ *
+ * Besides the naive reference, each case runs a second time with one more
+ * row at the end of every sequence that may see every chunk: the item
+ * holding it visits every key block, as the kernel did before it skipped
+ * any, and the other rows must come out bit for bit the same (an item's
+ * columns never interact, and a skipped block would only have added
+ * exp(-inf) = 0 weights). */
 #define CROSS_SEQS 4
 #define CROSS_MAX_IMAGES 3
 #define CROSS_STATES 4
 #define CROSS_LAYERS 2
+#define CROSS_NONE_EVERY 13
+static const int CROSS_TILES_USED[CROSS_STATES] = {1, 2, 3, 1};
+
+typedef enum cross_mask {
+    CROSS_MASK_MIXED,
+    CROSS_MASK_TILES,
+} cross_mask;
+
+/* Mask row of local row lt of n_tok in a sequence with images state_of[0 ..
+ * n_img), global row t: stride entries, max_tiles per image. */
+static void cross_mask_row(uint8_t *row, cross_mask mask, int t, int lt, int n_tok,
+                           const int *state_of, int n_img, int max_tiles, int stride)
+{
+    const int real = n_img * max_tiles;
+    const int img = n_img ? lt * n_img / n_tok : 0;
+    for (int c = 0; c < stride; c++) {
+        if (c >= real) {
+            row[c] = 1; /* ignored */
+            continue;
+        }
+        switch (mask) {
+        case CROSS_MASK_MIXED:
+            row[c] = t % 3 == 0 ? 0 : t % 3 == 1 ? 1 : urand() < 0.5;
+            break;
+        case CROSS_MASK_TILES:
+            row[c] = t % CROSS_NONE_EVERY != CROSS_NONE_EVERY - 1 && c / max_tiles == img &&
+                     c % max_tiles < CROSS_TILES_USED[state_of[img]];
+            break;
+        }
+    }
+}
 
 static void test_attn_cross_case(ml_backend *be[N_BACKENDS], const int n_tok[CROSS_SEQS],
-                                 int n_heads, int n_kv, int hd, int max_tiles, int chunk_len)
+                                 int n_heads, int n_kv, int hd, int max_tiles, int chunk_len,
+                                 cross_mask mask)
 {
     /* state_of[s][i]: which of the CROSS_STATES images is image i of sequence s */
     static const int n_img[CROSS_SEQS] = {1, 0, 2, 2};
@@ -771,29 +849,37 @@ static void test_attn_cross_case(ml_backend *be[N_BACKENDS], const int n_tok[CRO
     }
     const size_t k_offset = 2 * plane_bytes, v_offset = 3 * plane_bytes; /* layer 1 */
     const void *table[CROSS_SEQS * CROSS_MAX_IMAGES];
-    int32_t n_images[CROSS_SEQS], seq_start[CROSS_SEQS + 1] = {0};
+    /* seq_start: the case; wide_start: with the row that sees every chunk */
+    int32_t n_images[CROSS_SEQS], seq_start[CROSS_SEQS + 1] = {0}, wide_start[CROSS_SEQS + 1] = {0};
     for (int s = 0; s < CROSS_SEQS; s++) {
         n_images[s] = n_img[s];
         seq_start[s + 1] = seq_start[s] + n_tok[s];
+        wide_start[s + 1] = wide_start[s] + n_tok[s] + 1;
         for (int i = 0; i < CROSS_MAX_IMAGES; i++) /* padding entries: a pointer never read */
             table[s * CROSS_MAX_IMAGES + i] = i < n_img[s] ? states[state_of[s][i]] : (void *)-1;
     }
-    const int T = seq_start[CROSS_SEQS];
-    uint8_t *allowed = xmalloc((size_t)T * stride);
+    const int T = seq_start[CROSS_SEQS], T_wide = wide_start[CROSS_SEQS];
+    const size_t row = (size_t)n_heads * hd;
+    uint8_t *allowed = xmalloc((size_t)T * stride), *allowed_wide = xmalloc((size_t)T_wide * stride);
+    float *q = xmalloc((size_t)T * row * sizeof *q), *q_wide = xmalloc((size_t)T_wide * row * sizeof *q);
+    fill(q_wide, (size_t)T_wide * row, -2, 2);
     for (int s = 0; s < CROSS_SEQS; s++) {
-        for (int t = seq_start[s]; t < seq_start[s + 1]; t++) {
-            const int real = n_img[s] * max_tiles;
-            for (int c = 0; c < stride; c++)
-                allowed[(size_t)t * stride + c] = c >= real ? 1 /* ignored */
-                                                  : t % 3 == 0 ? 0
-                                                  : t % 3 == 1 ? 1
-                                                               : urand() < 0.5;
+        for (int lt = 0; lt <= n_tok[s]; lt++) {
+            const int wt = wide_start[s] + lt;
+            if (lt == n_tok[s]) { /* the extra row: every chunk */
+                memset(allowed_wide + (size_t)wt * stride, 1, (size_t)stride);
+                continue;
+            }
+            const int t = seq_start[s] + lt;
+            cross_mask_row(allowed + (size_t)t * stride, mask, t, lt, n_tok[s], state_of[s],
+                           n_img[s], max_tiles, stride);
+            memcpy(allowed_wide + (size_t)wt * stride, allowed + (size_t)t * stride, (size_t)stride);
+            memcpy(q + (size_t)t * row, q_wide + (size_t)wt * row, row * sizeof *q);
         }
     }
-    const size_t n = (size_t)T * n_heads * hd;
-    float *q = xmalloc(n * sizeof *q), *out[N_BACKENDS];
+    const size_t n = (size_t)T * row;
+    float *out[N_BACKENDS], *out_wide = xmalloc((size_t)T_wide * row * sizeof *out_wide);
     double *want = xmalloc(n * sizeof *want), *bound = xmalloc(n * sizeof *bound);
-    fill(q, n, -2, 2);
     const float scale = 1.0f / sqrtf((float)hd);
     const int group = n_heads / n_kv;
 
@@ -811,7 +897,7 @@ static void test_attn_cross_case(ml_backend *be[N_BACKENDS], const int n_tok[CRO
                 vr[j] = (const float *)(state + v_offset) + off;
             }
             for (int t = seq_start[s]; t < seq_start[s + 1]; t++) {
-                const size_t at = ((size_t)t * n_heads + h) * hd;
+                const size_t at = (size_t)t * row + (size_t)h * hd;
                 if (n_keys == 0) { /* text only: exactly 0 */
                     for (int d = 0; d < hd; d++)
                         want[at + d] = bound[at + d] = 0;
@@ -826,34 +912,49 @@ static void test_attn_cross_case(ml_backend *be[N_BACKENDS], const int n_tok[CRO
         }
     }
     char what[96];
-    snprintf(what, sizeof what,
-             "attn_cross tokens=%d,%d,%d,%d heads=%d kv=%d hd=%d tiles=%d chunk=%d", n_tok[0],
-             n_tok[1], n_tok[2], n_tok[3], n_heads, n_kv, hd, max_tiles, chunk_len);
+    snprintf(what, sizeof what, "attn_cross %s tokens=%d,%d,%d,%d heads=%d kv=%d hd=%d tiles=%d chunk=%d",
+             mask == CROSS_MASK_MIXED ? "mixed" : "tiles", n_tok[0], n_tok[1], n_tok[2], n_tok[3],
+             n_heads, n_kv, hd, max_tiles, chunk_len);
+    ml_attn_cross_params p = {.q = q, .states = table, .k_offset = k_offset, .v_offset = v_offset,
+                              .n_images = n_images, .seq_start = seq_start, .allowed = allowed,
+                              .n_seqs = CROSS_SEQS, .n_tokens = T, .max_images = CROSS_MAX_IMAGES,
+                              .max_tiles = max_tiles, .chunk_len = chunk_len, .n_heads = n_heads,
+                              .n_kv_heads = n_kv, .head_dim = hd, .scale = scale};
     for (int b = 0; b < N_BACKENDS; b++) {
         out[b] = xmalloc(n * sizeof *out[b]);
         fill(out[b], n, 7, 8); /* text-only rows must be overwritten with 0 */
-        ml_attn_cross_params p = {.out = out[b], .q = q, .states = table, .k_offset = k_offset,
-                                  .v_offset = v_offset, .n_images = n_images,
-                                  .seq_start = seq_start, .allowed = allowed,
-                                  .n_seqs = CROSS_SEQS, .n_tokens = T,
-                                  .max_images = CROSS_MAX_IMAGES, .max_tiles = max_tiles,
-                                  .chunk_len = chunk_len, .n_heads = n_heads, .n_kv_heads = n_kv,
-                                  .head_dim = hd, .scale = scale};
+        p.out = out[b];
         be[b]->ops->attn_cross(be[b], &p);
     }
     check_bounded(out[0], want, bound, n, what);
     check_same(out[0], out[1], n * sizeof *out[0], what);
     int zero = 1; /* sequence 1 is the text-only one */
-    const size_t row = (size_t)n_heads * hd;
     for (size_t i = (size_t)seq_start[1] * row; i < (size_t)seq_start[2] * row; i++)
         zero &= out[0][i] == 0.0f && !signbit(out[0][i]);
     check(zero, "%s: text-only rows are +0", what);
+
+    p.out = out_wide;
+    p.q = q_wide;
+    p.seq_start = wide_start;
+    p.allowed = allowed_wide;
+    p.n_tokens = T_wide;
+    be[1]->ops->attn_cross(be[1], &p);
+    int same = 1;
+    for (int s = 0; s < CROSS_SEQS; s++)
+        same &= memcmp(out_wide + (size_t)wide_start[s] * row, out[1] + (size_t)seq_start[s] * row,
+                       (size_t)n_tok[s] * row * sizeof *out_wide) == 0;
+    check(same, "%s [%s]: rows differ from the same rows in items that visit every key", what,
+          g_isa);
+
     for (int b = 0; b < N_BACKENDS; b++)
         free(out[b]);
     for (int i = 0; i < CROSS_STATES; i++)
         free(states[i]);
+    free(out_wide);
     free(allowed);
+    free(allowed_wide);
     free(q);
+    free(q_wide);
     free(want);
     free(bound);
     free(kr);
@@ -867,10 +968,16 @@ static void test_attn_cross(ml_backend *be[N_BACKENDS])
     static const int prefill[CROSS_SEQS] = {5, 3, 9, 2};
     /* several row blocks, and an empty sequence */
     static const int long_rows[CROSS_SEQS] = {40, 2, 7, 0};
-    test_attn_cross_case(be, decode, 8, 2, 80, 2, 17);
-    test_attn_cross_case(be, prefill, 8, 2, 80, 2, 17);
-    test_attn_cross_case(be, prefill, 4, 4, 16, 4, 7);
-    test_attn_cross_case(be, long_rows, 8, 1, 128, 2, 60); /* 120 keys an image: several blocks */
+    test_attn_cross_case(be, decode, 8, 2, 80, 2, 17, CROSS_MASK_MIXED);
+    test_attn_cross_case(be, prefill, 8, 2, 80, 2, 17, CROSS_MASK_MIXED);
+    test_attn_cross_case(be, prefill, 4, 4, 16, 4, 7, CROSS_MASK_MIXED);
+    /* 120 keys an image: several blocks */
+    test_attn_cross_case(be, long_rows, 8, 1, 128, 2, 60, CROSS_MASK_MIXED);
+    /* images of 1-3 tiles in 4 slots; chunks longer than a key block and
+     * not a multiple of it, so blocks straddle seen and unseen chunks */
+    test_attn_cross_case(be, decode, 8, 2, 64, 4, 150, CROSS_MASK_TILES);
+    test_attn_cross_case(be, prefill, 8, 2, 64, 4, 150, CROSS_MASK_TILES);
+    test_attn_cross_case(be, long_rows, 8, 1, 32, 4, 250, CROSS_MASK_TILES);
 }
 
 /* ---- kernels ------------------------------------------------------------------------------ */
@@ -931,6 +1038,158 @@ static void test_softmax_kernel(const ml_cpu_kernels *kn)
     check(ok_l, "softmax_block [%s]: running sum", isa);
     check(ok_alpha, "softmax_block [%s]: rescale factors", isa);
     fprintf(stderr, "  softmax_block exp max rel error %.3g ulp\n", e_max / (2 * U));
+}
+
+/* ---- exp, erf and the activations of each ISA (cpu_kernels.h, vmath.h) ---------------- */
+
+/* 2^24 inputs spread over all 2^32 bit patterns (stride 2^8, with the low
+ * byte varied so that every mantissa bit moves): every binade of both
+ * signs, denormals, zeros, infinities and NaNs. Errors are measured
+ *   exp, erf    against double-precision libm: exp in ulps of the result
+ *               (where it is a normal f32), erf absolutely in units of
+ *               2^-24
+ *   gelu, silu  against the plain kernel's f32 expressions (libm's erff,
+ *               expf; torch writes the same ones): silu(g) = g / (1 +
+ *               expf(-g)) in ulps, gelu in units of max(ulp, |x|·2^-25),
+ *               the second being what one 2^-24 step of erf moves the
+ *               result by (1 + erff(x/√2) is itself only that fine, and
+ *               for x < 0 it cancels to far below one ulp of 1)
+ * and must stay within VM_BOUND. The maxima over every f32 input were 0.94
+ * ulp (exp), 0.99 (erf), 2.0 (gelu) and 4.0 (silu); against the exact
+ * functions both gelu expressions are within 1.7 units and both silu ones
+ * within 2.4 ulp. Special values must match exactly: NaN, the infinities,
+ * signed zeros, exp's flush to 0 below FLT_MIN and overflow to +inf. The
+ * vector ISAs must agree bit for bit (vmath.h is the same arithmetic at
+ * both widths). */
+#define VM_SWEEP (1u << 24)
+#define VM_CHUNK 65536u
+
+enum { VM_EXP, VM_ERF, VM_GELU, VM_SILU, VM_FUNCS };
+static const char *const VM_NAME[VM_FUNCS] = {"exp", "erf", "gelu", "silu"};
+static const double VM_BOUND[VM_FUNCS] = {1.0, 1.0, 2.0, 4.0};
+
+static float sweep_input(uint32_t i)
+{
+    const uint32_t bits = i << 8 | ((i * 0x9du) & 0xffu);
+    float x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+/* One ulp of the f32 nearest w (2^-149 at zero and among denormals). */
+static double ulp_f32(double w)
+{
+    int e;
+    frexp(w, &e);
+    return w == 0 ? 0x1p-149 : fmax(ldexp(1.0, e - 24), 0x1p-149);
+}
+
+/* The reference of function f at x: double for exp and erf, the f32
+ * expression for gelu and silu. */
+static double vm_reference(int f, float x)
+{
+    switch (f) {
+    case VM_EXP: return exp((double)x);
+    case VM_ERF: return erf((double)x);
+    case VM_GELU: return x * 0.5f * (1.0f + erff(x * (float)M_SQRT1_2));
+    case VM_SILU: return x / (1.0f + expf(-x));
+    }
+    return NAN;
+}
+
+/* Error of y = f(x) against want in f's units; INFINITY for a special value
+ * that does not match. */
+static double vm_error(int f, float x, float y, double want)
+{
+    if (isnan(want) || isnan(y))
+        return isnan(want) && isnan(y) ? 0 : INFINITY;
+    switch (f) {
+    case VM_EXP:
+        if (want > FLT_MAX)
+            return y == INFINITY ? 0 : INFINITY;
+        if (want < FLT_MIN) /* flushed (vector) or denormal (libm) */
+            return y >= 0 && y < FLT_MIN ? 0 : INFINITY;
+        return fabs(y - want) / ulp_f32(want);
+    case VM_ERF:
+        return signbit(y) != signbit(x) ? INFINITY : fabs(y - want) / U;
+    case VM_GELU:
+    case VM_SILU: {
+        const float w = (float)want;
+        if (isinf(w) || isinf(y) || (w == 0 && y == 0))
+            return memcmp(&w, &y, sizeof y) == 0 ? 0 : INFINITY;
+        const double unit = f == VM_GELU ? fmax(ulp_f32(want), fabs((double)x) * 0x1p-25)
+                                         : ulp_f32(want);
+        return fabs(y - want) / unit;
+    }
+    }
+    return INFINITY;
+}
+
+static void vm_apply(const ml_cpu_kernels *kn, int f, float *y, const float *x,
+                     const float *ones, size_t n)
+{
+    switch (f) {
+    case VM_EXP: kn->exp_n(y, x, n); break;
+    case VM_ERF: kn->erf_n(y, x, n); break;
+    case VM_GELU:
+        memcpy(y, x, n * sizeof *y);
+        kn->gelu(y, n);
+        break;
+    case VM_SILU: kn->silu_mul(y, x, ones, n); break;
+    }
+}
+
+static void test_vector_math(void)
+{
+    const ml_cpu_isa best = ml_cpu_isa_detect();
+    float *x = xmalloc(VM_CHUNK * sizeof *x), *ones = xmalloc(VM_CHUNK * sizeof *ones);
+    float *y = xmalloc(VM_CHUNK * sizeof *y), *first_vec = xmalloc(VM_CHUNK * sizeof *first_vec);
+    double *want = xmalloc(VM_CHUNK * sizeof *want);
+    double worst[ML_CPU_ISA_AVX512 + 1][VM_FUNCS] = {{0}};
+    float worst_at[ML_CPU_ISA_AVX512 + 1][VM_FUNCS] = {{0}};
+    int vec_same[VM_FUNCS];
+    for (int f = 0; f < VM_FUNCS; f++)
+        vec_same[f] = 1;
+    for (uint32_t i = 0; i < VM_CHUNK; i++)
+        ones[i] = 1.0f;
+
+    for (uint32_t c0 = 0; c0 < VM_SWEEP; c0 += VM_CHUNK) {
+        for (uint32_t i = 0; i < VM_CHUNK; i++)
+            x[i] = sweep_input(c0 + i);
+        for (int f = 0; f < VM_FUNCS; f++) {
+            for (uint32_t i = 0; i < VM_CHUNK; i++)
+                want[i] = vm_reference(f, x[i]);
+            for (ml_cpu_isa isa = ML_CPU_ISA_PLAIN; isa <= best; isa++) {
+                vm_apply(ml_cpu_kernels_for(isa), f, y, x, ones, VM_CHUNK);
+                for (uint32_t i = 0; i < VM_CHUNK; i++) {
+                    const double e = vm_error(f, x[i], y[i], want[i]);
+                    if (e > worst[isa][f]) {
+                        worst[isa][f] = e;
+                        worst_at[isa][f] = x[i];
+                    }
+                }
+                if (isa == ML_CPU_ISA_AVX2)
+                    memcpy(first_vec, y, VM_CHUNK * sizeof *y);
+                else if (isa > ML_CPU_ISA_AVX2)
+                    vec_same[f] &= memcmp(first_vec, y, VM_CHUNK * sizeof *y) == 0;
+            }
+        }
+    }
+    for (ml_cpu_isa isa = ML_CPU_ISA_PLAIN; isa <= best; isa++) {
+        for (int f = 0; f < VM_FUNCS; f++) {
+            check(worst[isa][f] <= VM_BOUND[f], "%s [%s]: error %.3g at x = %.9g (bound %.3g)",
+                  VM_NAME[f], ml_cpu_isa_name(isa), worst[isa][f], worst_at[isa][f], VM_BOUND[f]);
+            fprintf(stderr, "  %-4s [%s] max error %.3f at x = %.9g\n", VM_NAME[f],
+                    ml_cpu_isa_name(isa), worst[isa][f], worst_at[isa][f]);
+        }
+    }
+    for (int f = 0; f < VM_FUNCS; f++)
+        check(best < ML_CPU_ISA_AVX512 || vec_same[f], "%s: avx2 and avx512 differ", VM_NAME[f]);
+    free(x);
+    free(ones);
+    free(y);
+    free(first_vec);
+    free(want);
 }
 
 /* ---- thread pool ----------------------------------------------------------------------- */
@@ -1010,11 +1269,12 @@ int main(void)
 {
     test_pool();
     test_create_errors();
+    test_vector_math();
     const ml_cpu_isa best = ml_cpu_isa_detect();
     fprintf(stderr, "best ISA on this machine: %s\n", ml_cpu_isa_name(best));
     for (ml_cpu_isa isa = ML_CPU_ISA_PLAIN; isa <= best; isa++) {
         g_isa = ml_cpu_isa_name(isa);
-        g_rng = RNG_SEED; /* every path sees the same inputs */
+        rand_seed(ML_TEST_RNG_SEED); /* every path sees the same inputs */
         fprintf(stderr, "== %s\n", g_isa);
         ml_backend *be[N_BACKENDS] = {create(isa, 1), create(isa, THREADS_MANY)};
         if (!be[0] || !be[1]) {
@@ -1024,8 +1284,10 @@ int main(void)
             break;
         }
         test_softmax_kernel(ml_cpu_kernels_for(isa));
+        test_gemv_kernel(ml_cpu_kernels_for(isa));
         test_memory(be[0]);
         test_matmul(be);
+        test_matmul_batch_invariance(be[1]);
         test_norms(be);
         test_activations(be);
         test_rope(be);
