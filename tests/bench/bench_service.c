@@ -194,13 +194,7 @@ int main(int argc, char **argv)
     if (n < 1 || max_tokens < 2 || max_tokens >= MAX_RECORDS)
         pu_die("usage: bench_service [REQUESTS >= 1 [MAX_TOKENS in 2..4095]]");
     atexit(cleanup);
-    pu_tmpdir("bench", dir);
-    snprintf(model, sizeof model, "%s/micro", dir);
-    char log[PU_PATH_MAX + 32];
-    snprintf(log, sizeof log, "%s/mkmodel.log", dir);
-    if (!pu_make_model(model, log) || !pu_redis_start(&redis, dir, 0) ||
-        !pu_mock_kafka_start(&kafka, dir, TOPICS, brokers, sizeof brokers))
-        pu_die("setup");
+    pu_micro_stack_start("bench", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
     pu_client_fetch_wait_ms = "1";
     const char *topics[] = {PU_REPLIES};
     pu_client_init(&client, brokers, topics, 1);

@@ -494,6 +494,23 @@ static inline bool pu_mock_kafka_start(pu_proc *p, const char *dir, const char *
     return false;
 }
 
+/* The usual stack of a worker test, in a fresh pu_tmpdir(tag, dir): the
+ * micro model in dir/micro (path to model, PU_PATH_MAX + 16 bytes), a
+ * redis-server and a mock Kafka cluster with `topics` (bootstraps to
+ * brokers, cap bytes). Dies on any failure. */
+static inline void pu_micro_stack_start(const char *tag, char *dir, char *model,
+                                        pu_redis *redis, pu_proc *kafka, const char *topics,
+                                        char *brokers, size_t cap)
+{
+    pu_tmpdir(tag, dir);
+    snprintf(model, PU_PATH_MAX + 16, "%s/micro", dir);
+    char log[PU_PATH_MAX + 32];
+    snprintf(log, sizeof log, "%s/mkmodel.log", dir);
+    if (!pu_make_model(model, log) || !pu_redis_start(redis, dir, 0) ||
+        !pu_mock_kafka_start(kafka, dir, topics, brokers, cap))
+        pu_die("setup");
+}
+
 /* What every worker of a test shares. */
 typedef struct pu_worker_env {
     const char *brokers;

@@ -389,13 +389,7 @@ int main(void)
     if (!pu_which("redis-server"))
         ml_test_skip("needs redis-server on PATH");
     atexit(cleanup);
-    pu_tmpdir("bad-input", dir);
-    snprintf(model, sizeof model, "%s/micro", dir);
-    char log[PU_PATH_MAX + 32];
-    snprintf(log, sizeof log, "%s/mkmodel.log", dir);
-    if (!pu_make_model(model, log) || !pu_redis_start(&redis, dir, 0) ||
-        !pu_mock_kafka_start(&kafka, dir, TOPICS, brokers, sizeof brokers))
-        pu_die("setup");
+    pu_micro_stack_start("bad-input", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
     pu_worker_env env = {brokers, redis.url, model, dir};
     char max_image[64], kv[64], images[64];
     snprintf(max_image, sizeof max_image, "limits.max_image_bytes=%d", MAX_IMAGE_BYTES);

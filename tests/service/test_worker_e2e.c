@@ -329,13 +329,7 @@ int main(void)
     if (!pu_which("redis-server") || !pu_which("kcat"))
         ml_test_skip("needs redis-server and kcat on PATH");
     atexit(cleanup);
-    pu_tmpdir("e2e", dir);
-    snprintf(model, sizeof model, "%s/micro", dir);
-    char log[PU_PATH_MAX + 32];
-    snprintf(log, sizeof log, "%s/mkmodel.log", dir);
-    if (!pu_make_model(model, log) || !pu_redis_start(&redis, dir, 0) ||
-        !pu_mock_kafka_start(&kafka, dir, TOPICS, brokers, sizeof brokers))
-        pu_die("setup");
+    pu_micro_stack_start("e2e", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
     if (!(image = (uint8_t *)pu_slurp(IMAGE, &image_len)))
         pu_die(IMAGE);
     uint8_t digest[ML_SHA256_DIGEST_SIZE];
