@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sample.h"
 #include "status.h"
 
 typedef struct ml_backend ml_backend;
@@ -104,6 +105,25 @@ typedef struct ml_lora_segment {
     const uint16_t *a;    /* (rank, K) bf16, backend memory */
     const uint16_t *b;    /* (N, rank) bf16, backend memory */
 } ml_lora_segment;
+
+/* One sample op over a step's logit rows. Row r is sampled by the pipeline
+ * of sample.h with the controls row[r] and the penalty entries
+ * [row[r].pen_start, + row[r].n_pen) of pen_id / pen_count, and the result
+ * goes to out[r]. A row the caller does not need is given the greedy
+ * controls without penalties or logprobs (the cheapest: one maximum).
+ * Everything behind a pointer is backend memory, read when the op runs: a
+ * recorded call (graph_begin) replays with new controls, penalties and
+ * draws in the same buffers, as long as the entries stay within the
+ * capacity the pointers had when recorded. */
+typedef struct ml_sample_params {
+    ml_sample_out *out;         /* (rows) */
+    const float *logits;        /* (rows, vocab), not modified */
+    const ml_sample_row *row;   /* (rows) */
+    const int32_t *pen_id;      /* penalty entries: ids distinct within a row, in [0, vocab) */
+    const uint32_t *pen_count;  /*   the id's count in the output so far; 0 = prompt only */
+    void *scratch;              /* sample_scratch_bytes(be, rows, vocab) bytes, overwritten */
+    int rows, vocab;
+} ml_sample_params;
 
 /* Graph slots of a backend with the graph ops (n_graph_slots of the CPU and
  * CUDA backends): one per decode batch-size bucket. */
@@ -194,8 +214,12 @@ typedef struct ml_backend_ops {
     void (*kv_store)(ml_backend *be, void *dst, const float *src, size_t n);
 
     /* ---- sampling --------------------------------------------------------- */
-    /* out[r] = argmax over logits (rows, vocab), lowest index on ties. */
-    void (*argmax)(ml_backend *be, int32_t *out, const float *logits, int rows, int vocab);
+    /* The next token of each row of a step's logits (sample.h's pipeline);
+     * see ml_sample_params. */
+    void (*sample)(ml_backend *be, const ml_sample_params *p);
+    /* Bytes of backend memory the sample op needs as scratch for up to
+     * `rows` rows of `vocab` logits. */
+    size_t (*sample_scratch_bytes)(ml_backend *be, int rows, int vocab);
 
     /* ---- optional: NULL (0) on backends without them ---------------------- */
     /* Tensor parallelism: x[0 .. n) = the sum of x over every backend of

@@ -132,7 +132,7 @@ static void on_logits(void *ctx, const float *logits, int vocab)
     memcpy(j->logits + j->n_logit_rows++ * (size_t)vocab, logits, (size_t)vocab * sizeof *logits);
 }
 
-static void on_token(void *ctx, int32_t id, const char *text, size_t len, const ml_logprobs *lp)
+static void on_token(void *ctx, int32_t id, const char *text, size_t len, const ml_sample_out *lp)
 {
     run_job *j = ctx;
     ml_token_buf_push(&j->output, id);

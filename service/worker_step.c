@@ -56,7 +56,7 @@ static svc_token_logprob token_logprob(const svc_worker *w, int32_t id, float lo
                                .logprob = logprob};
 }
 
-static void on_token(void *ctx, int32_t id, const char *text, size_t len, const ml_logprobs *lp)
+static void on_token(void *ctx, int32_t id, const char *text, size_t len, const ml_sample_out *lp)
 {
     job *j = ctx;
     svc_worker *w = j->w;
@@ -78,7 +78,7 @@ static void on_token(void *ctx, int32_t id, const char *text, size_t len, const 
      * back, unless the client wants this token's logprobs. */
     if (!len && !lp)
         return;
-    svc_token_logprob top[ML_SAMPLER_MAX_TOP_LOGPROBS];
+    svc_token_logprob top[ML_SAMPLE_MAX_TOP];
     svc_logprob_entry entry;
     if (lp) {
         for (uint32_t k = 0; k < lp->n_top; k++)

@@ -370,30 +370,50 @@ void ml_cpu_kv_store(ml_backend *be, void *dst, const float *src, size_t n)
 
 /* ---- sampling ------------------------------------------------------------------------ */
 
-typedef struct argmax_job {
-    int32_t *out;
-    const float *logits;
-    int vocab;
-} argmax_job;
-
-/* Lowest index of the maximum; a NaN counts as larger than any number (the
- * first NaN wins), as torch.argmax treats it. */
-static void argmax_rows(void *ctx, int64_t begin, int64_t end, int tid)
+/* Each thread of the op gets one scratch of sample.h, 64-byte aligned. */
+static size_t sample_scratch_each(int vocab)
 {
-    const argmax_job *j = ctx;
+    return (ml_sample_scratch_bytes((size_t)vocab) + 63) / 64 * 64;
+}
+
+/* Threads the op uses for `rows` rows: one row per thread at least. */
+static int sample_threads(ml_backend *be, int rows)
+{
+    int threads = ml_cpu_pool_threads(pool_of(be));
+    return rows < threads ? rows : threads;
+}
+
+size_t ml_cpu_sample_scratch_bytes(ml_backend *be, int rows, int vocab)
+{
+    return rows > 0 ? (size_t)sample_threads(be, rows) * sample_scratch_each(vocab) : 0;
+}
+
+typedef struct sample_job {
+    const ml_sample_params *p;
+    size_t scratch_each;
+} sample_job;
+
+static void sample_rows(void *ctx, int64_t begin, int64_t end, int tid)
+{
+    const sample_job *j = ctx;
+    const ml_sample_params *p = j->p;
+    ml_sample_scratch *s =
+        ml_sample_scratch_init((char *)p->scratch + (size_t)tid * j->scratch_each, (size_t)p->vocab);
     for (int64_t r = begin; r < end; r++) {
-        const float *x = j->logits + (size_t)r * j->vocab;
-        int best = 0;
-        for (int i = 1; i < j->vocab && !isnan(x[best]); i++)
-            if (x[i] > x[best] || isnan(x[i]))
-                best = i;
-        j->out[r] = best;
+        const ml_sample_row *row = &p->row[r];
+        ml_sample_one(s, p->logits + (size_t)r * p->vocab, row, p->pen_id + row->pen_start,
+                      p->pen_count + row->pen_start, &p->out[r]);
     }
 }
 
-void ml_cpu_argmax(ml_backend *be, int32_t *out, const float *logits, int rows, int vocab)
+void ml_cpu_sample(ml_backend *be, const ml_sample_params *p)
 {
-    assert(vocab >= 1);
-    argmax_job j = {.out = out, .logits = logits, .vocab = vocab};
-    ml_cpu_pool_for(pool_of(be), rows, ml_cpu_grain(vocab), argmax_rows, &j);
+    assert(p->vocab >= 1 && p->rows >= 0);
+    if (p->rows == 0)
+        return;
+    sample_job j = {.p = p, .scratch_each = sample_scratch_each(p->vocab)};
+    /* A row is a pass or more over the vocabulary: one row is enough work
+     * for a thread, and the pool then runs sample_threads ranges, thread
+     * tid owning scratch slot tid. */
+    ml_cpu_pool_for(pool_of(be), p->rows, 1, sample_rows, &j);
 }

@@ -16,7 +16,7 @@
  * A record holds pointers and scalars by value, so backend memory is read
  * when the replay runs, as on a device. What the caller may reuse as soon
  * as a call returns is copied at record time: the params structs of the
- * attention ops (by value in the record) and the host arrays a call names
+ * attention and sample ops (by value in the record) and the host arrays a call names
  * (record_copy; today lora's segs only). Recording allocates; replay does
  * not, and adds a switch per op to what the ops cost.
  * @locality: the thread driving the backend, as every op. */
@@ -52,7 +52,7 @@ typedef enum graph_op_kind {
     GRAPH_OP_ATTN_CROSS,
     GRAPH_OP_KV_WRITE,
     GRAPH_OP_KV_STORE,
-    GRAPH_OP_ARGMAX,
+    GRAPH_OP_SAMPLE,
     GRAPH_OP_ALL_REDUCE_SUM,
 } graph_op_kind;
 
@@ -160,12 +160,6 @@ typedef struct args_kv_store {
     size_t n;
 } args_kv_store;
 
-typedef struct args_argmax {
-    int32_t *out;
-    const float *logits;
-    int rows, vocab;
-} args_argmax;
-
 typedef struct args_all_reduce_sum {
     float *x;
     size_t n;
@@ -193,7 +187,7 @@ typedef struct ml_cpu_graph_op {
         ml_attn_cross_params attn_cross;
         args_kv_write kv_write;
         args_kv_store kv_store;
-        args_argmax argmax;
+        ml_sample_params sample;
         args_all_reduce_sum all_reduce_sum;
     } u;
 } ml_cpu_graph_op;
@@ -463,11 +457,11 @@ static void rec_kv_store(ml_backend *be, void *dst, const float *src, size_t n)
         op->u.kv_store = (args_kv_store){dst, src, n};
 }
 
-static void rec_argmax(ml_backend *be, int32_t *out, const float *logits, int rows, int vocab)
+static void rec_sample(ml_backend *be, const ml_sample_params *p)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_ARGMAX);
+    ml_cpu_graph_op *op = record(be, GRAPH_OP_SAMPLE);
     if (op)
-        op->u.argmax = (args_argmax){out, logits, rows, vocab};
+        op->u.sample = *p;
 }
 
 /* Each member of a group records its own graph; their replays meet in the
@@ -481,8 +475,9 @@ static void rec_all_reduce_sum(ml_backend *be, float *x, size_t n)
 
 /* Every entry is set: an op added to backend.h but not here is a NULL
  * call while recording (a crash at once), never an op that silently runs
- * eagerly. name, destroy, kv_elem_size, the graph ops and n_graph_slots
- * come from the backend's own table at graph_begin. */
+ * eagerly. name, destroy, kv_elem_size, sample_scratch_bytes (a query, not
+ * an op), the graph ops and n_graph_slots come from the backend's own table
+ * at graph_begin. */
 static const ml_backend_ops rec_ops_template = {
     .alloc = rec_alloc,
     .free = rec_free,
@@ -508,7 +503,7 @@ static const ml_backend_ops rec_ops_template = {
     .attn_cross = rec_attn_cross,
     .kv_write = rec_kv_write,
     .kv_store = rec_kv_store,
-    .argmax = rec_argmax,
+    .sample = rec_sample,
     .all_reduce_sum = rec_all_reduce_sum,
 };
 
@@ -596,11 +591,9 @@ static void replay_op(ml_backend *be, const ml_backend_ops *o, const ml_cpu_grap
     case GRAPH_OP_KV_STORE:
         o->kv_store(be, op->u.kv_store.dst, op->u.kv_store.src, op->u.kv_store.n);
         break;
-    case GRAPH_OP_ARGMAX: {
-        const args_argmax *a = &op->u.argmax;
-        o->argmax(be, a->out, a->logits, a->rows, a->vocab);
+    case GRAPH_OP_SAMPLE:
+        o->sample(be, &op->u.sample);
         break;
-    }
     case GRAPH_OP_ALL_REDUCE_SUM:
         o->all_reduce_sum(be, op->u.all_reduce_sum.x, op->u.all_reduce_sum.n);
         break;
@@ -619,6 +612,7 @@ void ml_cpu_graph_begin(ml_backend *be, int slot)
     t->name = cb->ops.name;
     t->destroy = cb->ops.destroy;
     t->kv_elem_size = cb->ops.kv_elem_size;
+    t->sample_scratch_bytes = cb->ops.sample_scratch_bytes;
     t->graph_begin = cb->ops.graph_begin;
     t->graph_end = cb->ops.graph_end;
     t->graph_replay = cb->ops.graph_replay;

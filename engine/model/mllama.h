@@ -177,10 +177,10 @@ typedef enum ml_step_logits {
     ML_LOGITS_NONE = 0,   /* nothing (a prefill chunk that does not end the prompt) */
     ML_LOGITS_LAST = 1,   /* the last token's row */
     ML_LOGITS_ALL = 2,    /* every token's row */
-    /* Only the id of the last token's largest logit, the lowest id on ties
-     * (greedy decoding), computed where the logits are: a GPU then sends
-     * the host 4 bytes instead of a vocab-sized row. */
-    ML_LOGITS_ARGMAX = 3,
+    /* The last token's row sampled where the logits are (the backend's
+     * sample op, sample.h): a GPU then sends the host the token and its
+     * logprobs instead of a vocab-sized row. */
+    ML_LOGITS_SAMPLE = 3,
 } ml_step_logits;
 
 /* One sequence's share of a forward step. Tokens are appended at positions
@@ -197,7 +197,13 @@ typedef struct ml_step_seq {
      * (cross_attention_mask rows, mllama-spec §5); NULL when n_images == 0. */
     const uint8_t *cross_allowed;
     int logits;                   /* an ml_step_logits */
-    int32_t *argmax;              /* ML_LOGITS_ARGMAX: where the id is written (host) */
+    /* ML_LOGITS_SAMPLE: the step's controls and the sequence's penalty
+     * entries (host, borrowed for the call; ml_sampler_seq_row gives them;
+     * sample->pen_start is ignored), and where the result goes (host). */
+    const ml_sample_row *sample;
+    const int32_t *pen_id;        /* (sample->n_pen) distinct ids in [0, vocab) */
+    const uint32_t *pen_count;    /* (sample->n_pen) */
+    ml_sample_out *sampled;
     /* The sequence's adapter (borrowed), NULL for the base model. Its LoRA
      * of the text decoder and lm_head applies to this sequence's rows only;
      * consecutive sequences with the same adapter share one segment of
@@ -216,11 +222,13 @@ typedef struct ml_text_taps {
  * into kv (ml_model_kv_cache_create; a shard driven by hand uses the pools
  * of its own rank), logits (rows in sequence order, for the
  * ML_LOGITS_LAST and ML_LOGITS_ALL sequences) into the host buffer `logits`
- * ((rows, vocab) f32) and the id of each ML_LOGITS_ARGMAX sequence into its
- * *argmax. Errors: ML_ERR_INVALID_ARG when the step exceeds the load limits,
- * a logits mode is unknown or an argmax pointer missing, a
- * token id is outside the embedding or an adapter belongs to another model,
- * the backend's latched error. */
+ * ((rows, vocab) f32) and the sampled token of each ML_LOGITS_SAMPLE
+ * sequence into its *sampled (chosen.id ML_SAMPLE_NO_TOKEN when its logits
+ * have no finite maximum). Errors: ML_ERR_INVALID_ARG when the step exceeds
+ * the load limits, a logits mode is unknown, a sampled sequence lacks its
+ * controls or output or lists a penalty id outside the vocabulary, a token
+ * id is outside the embedding or an adapter belongs to another model, the
+ * backend's latched error. */
 ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
                            float *logits, const ml_text_taps *taps, char *err, size_t errlen);
 

@@ -153,7 +153,11 @@ static ml_status plan_workspace(ml_model *m, char *err, size_t errlen)
         h->allowed = ml_carve(&hc, n * chunks);
         h->lora_groups = ml_carve(&hc, s * sizeof *h->lora_groups);
         h->lora_segs = ml_carve(&hc, s * sizeof *h->lora_segs);
-        h->argmax = ml_carve(&hc, (size_t)l->max_logit_rows * sizeof(int32_t));
+        size_t rows = (size_t)l->max_logit_rows, pens = s * (size_t)m->cfg.text.vocab_size;
+        h->sample_rows = ml_carve(&hc, rows * sizeof *h->sample_rows);
+        h->pen_id = ml_carve(&hc, pens * sizeof *h->pen_id);
+        h->pen_count = ml_carve(&hc, pens * sizeof *h->pen_count);
+        h->sampled = ml_carve(&hc, rows * sizeof *h->sampled);
         if (pass == 0) {
             hc.base = malloc(hc.off);
             if (!hc.base)

@@ -46,7 +46,14 @@ typedef struct ml_text_bufs {
     float *gate, *up;      /* (N, I) */
     float *logits;         /* (R, vocab) */
     float *rows;           /* (R, D) hidden rows gathered for the lm_head */
-    int32_t *argmax;       /* (R) each logit row's argmax */
+    /* The sample op's inputs and outputs (ml_sample_params), P =
+     * max_step_seqs · vocab penalty entries (each sampled sequence lists
+     * distinct ids): */
+    ml_sample_row *sample_rows; /* (R) */
+    int32_t *pen_id;       /* (P) */
+    uint32_t *pen_count;   /* (P) */
+    ml_sample_out *sampled; /* (R) */
+    void *sample_scratch;  /* sample_scratch_bytes(R, vocab) */
     float *row_attn;       /* (N) 1 for tokens of sequences with images, else 0 */
     float *row_mlp;        /* (N) full_text_row_mask, 0 for text-only sequences */
     int32_t *tokens;       /* (N) */
@@ -141,7 +148,11 @@ typedef struct ml_step_host {
     ml_lora_group *lora_groups;   /* (max_step_seqs) */
     int n_lora_groups;
     ml_lora_segment *lora_segs;   /* (max_step_seqs) one LoRA op's segments */
-    int32_t *argmax;              /* (max_logit_rows) downloaded b->argmax */
+    ml_sample_row *sample_rows;   /* (max_logit_rows) */
+    int32_t *pen_id;              /* (max_step_seqs · vocab) */
+    uint32_t *pen_count;          /* (max_step_seqs · vocab) */
+    int n_pen;                    /* entries staged */
+    ml_sample_out *sampled;       /* (max_logit_rows) downloaded b->sampled */
 } ml_step_host;
 
 /* ---- tensor parallelism (shard.c) ------------------------------------------- */

@@ -33,7 +33,12 @@ void ml_text_plan(const ml_model *m, ml_carver *c, ml_text_bufs *b)
     b->up = ml_carve(c, n * (size_t)m->shard.intermediate * f);
     b->logits = ml_carve(c, (size_t)l->max_logit_rows * tc->vocab_size * f);
     b->rows = ml_carve(c, (size_t)l->max_logit_rows * tc->hidden_size * f);
-    b->argmax = ml_carve(c, (size_t)l->max_logit_rows * sizeof(int32_t));
+    size_t R = (size_t)l->max_logit_rows, pens = s * (size_t)tc->vocab_size;
+    b->sample_rows = ml_carve(c, R * sizeof *b->sample_rows);
+    b->pen_id = ml_carve(c, pens * sizeof *b->pen_id);
+    b->pen_count = ml_carve(c, pens * sizeof *b->pen_count);
+    b->sampled = ml_carve(c, R * sizeof *b->sampled);
+    b->sample_scratch = ml_carve(c, m->be->ops->sample_scratch_bytes(m->be, (int)R, tc->vocab_size));
     b->row_attn = ml_carve(c, n * f);
     b->row_mlp = ml_carve(c, n * f);
     b->tokens = ml_carve(c, n * sizeof(int32_t));
@@ -62,6 +67,46 @@ static int wants_rows(const ml_step_seq *q)
     return q->logits == ML_LOGITS_LAST || q->logits == ML_LOGITS_ALL;
 }
 
+/* Controls of a logit row nobody samples: the cheapest the op runs (one
+ * maximum); its result is not read. */
+static const ml_sample_row unsampled_row = {.temperature = 0.0f, .top_p = 1.0f,
+                                            .repetition_penalty = 1.0f};
+
+/* Stage the sample op's controls of logit row r, which belongs to sequence
+ * q (index s), and q's penalty entries when it is sampled. */
+static ml_status stage_sample_row(ml_model *m, const ml_step_seq *q, int s, int r, char *err,
+                                  size_t errlen)
+{
+    ml_step_host *h = &m->host;
+    int vocab = m->cfg.text.vocab_size;
+    if (q->logits != ML_LOGITS_SAMPLE) {
+        h->sample_rows[r] = unsampled_row;
+        return ML_OK;
+    }
+    if (!q->sample || !q->sampled || q->sample->n_pen < 0 ||
+        (q->sample->n_pen > 0 && (!q->pen_id || !q->pen_count)))
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "step: sequence %d is sampled without its controls, entries or output", s);
+    /* Each sampled sequence lists distinct ids, so at most vocab of them:
+     * the staging holds max_step_seqs lists of that size. */
+    int n_pen = q->sample->n_pen;
+    if (n_pen > vocab)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "step: sequence %d lists %d penalty ids for a vocabulary of %d", s, n_pen,
+                       vocab);
+    for (int i = 0; i < n_pen; i++)
+        if (q->pen_id[i] < 0 || q->pen_id[i] >= vocab)
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                           "step: sequence %d penalty id %d outside [0, %d)", s, q->pen_id[i],
+                           vocab);
+    memcpy(h->pen_id + h->n_pen, q->pen_id, (size_t)n_pen * sizeof *h->pen_id);
+    memcpy(h->pen_count + h->n_pen, q->pen_count, (size_t)n_pen * sizeof *h->pen_count);
+    h->sample_rows[r] = *q->sample;
+    h->sample_rows[r].pen_start = h->n_pen;
+    h->n_pen += n_pen;
+    return ML_OK;
+}
+
 /* Check the step against the load limits and fill the host staging.
  * Returns the number of tokens and logit rows through *n_tokens, *n_rows. */
 static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_seq *seqs,
@@ -81,18 +126,18 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
                        "step: kv cache blocks of %d tokens, model limits say %d",
                        ml_kv_cache_block_size(kv), B);
     int n = 0, rows = 0;
+    ml_status st;
     h->n_lora_groups = 0;
+    h->n_pen = 0;
     for (int s = 0; s < n_seqs; s++) {
         const ml_step_seq *q = &seqs[s];
         int end = q->pos0 + q->n_tokens;
         if (q->lora && q->lora->model != m)
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                            "step: sequence %d has an adapter slot of another model", s);
-        if (q->logits < ML_LOGITS_NONE || q->logits > ML_LOGITS_ARGMAX ||
-            (q->logits == ML_LOGITS_ARGMAX && !q->argmax))
-            return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
-                           "step: sequence %d asks logits mode %d%s", s, q->logits,
-                           q->logits == ML_LOGITS_ARGMAX ? " without an argmax pointer" : "");
+        if (q->logits < ML_LOGITS_NONE || q->logits > ML_LOGITS_SAMPLE)
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "step: sequence %d asks logits mode %d",
+                           s, q->logits);
         int n_logits = logit_rows(q);
         if (q->lora && s > 0 && seqs[s - 1].lora == q->lora) {
             ml_lora_group *g = &h->lora_groups[h->n_lora_groups - 1];
@@ -117,10 +162,15 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                            "step: sequence %d has %d images but no states or mask", s,
                            q->n_images);
-        rows += n_logits;
-        if (rows > l->max_logit_rows)
+        if (rows + n_logits > l->max_logit_rows)
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "step: more than %d logit rows",
                            l->max_logit_rows);
+        for (int r = rows; r < rows + n_logits; r++) {
+            st = stage_sample_row(m, q, s, r, err, errlen);
+            if (st != ML_OK)
+                return st;
+        }
+        rows += n_logits;
         h->seq_start[s] = n;
         h->pos0[s] = q->pos0;
         h->n_images[s] = q->n_images;
@@ -158,7 +208,10 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
     return ML_OK;
 }
 
-static void upload_step(ml_model *m, int n_seqs, int n)
+/* Upload the staged step: n_seqs sequences of n tokens in all, and with
+ * `sample` the sample op's controls of n_rows logit rows and the staged
+ * penalty entries. */
+static void upload_step(ml_model *m, int n_seqs, int n, int n_rows, int sample)
 {
     ml_backend *be = m->be;
     const ml_step_host *h = &m->host;
@@ -177,6 +230,11 @@ static void upload_step(ml_model *m, int n_seqs, int n)
     be->ops->upload(be, b->image_states, h->image_states, (size_t)n_seqs * images * sizeof(void *));
     be->ops->upload(be, b->n_images, h->n_images, (size_t)n_seqs * sizeof(int32_t));
     be->ops->upload(be, b->allowed, h->allowed, (size_t)n * chunks);
+    if (sample) {
+        be->ops->upload(be, b->sample_rows, h->sample_rows, (size_t)n_rows * sizeof *h->sample_rows);
+        be->ops->upload(be, b->pen_id, h->pen_id, (size_t)h->n_pen * sizeof *h->pen_id);
+        be->ops->upload(be, b->pen_count, h->pen_count, (size_t)h->n_pen * sizeof *h->pen_count);
+    }
 }
 
 /* ---- layers --------------------------------------------------------------- */
@@ -323,26 +381,35 @@ static void decoder(ml_model *m, ml_kv_cache *kv, int n_seqs, int n, int any_ima
 }
 
 /* lm_head (untied, no bias) over `rows` (n_rows, D) into b->logits, and
- * with `argmax` each row's argmax into b->argmax. */
-static void lm_head(ml_model *m, const float *rows, int n_rows, int argmax)
+ * with `sample` the sample op over every row into b->sampled. */
+static void lm_head(ml_model *m, const float *rows, int n_rows, int sample)
 {
     const ml_text_config *tc = &m->cfg.text;
+    const ml_text_bufs *b = &m->tb;
     ml_backend *be = m->be;
-    be->ops->matmul(be, m->tb.logits, rows, m->w.text.lm_head.data, NULL, n_rows,
-                    tc->hidden_size, tc->vocab_size, 0);
-    ml_lora_apply(m, m->tb.logits, rows, m->host.lora_groups, m->host.n_lora_groups,
-                  ml_lora_site_lm_head(&m->cfg), tc->hidden_size, tc->vocab_size, 1,
-                  m->tb.lora_t);
-    if (argmax)
-        be->ops->argmax(be, m->tb.argmax, m->tb.logits, n_rows, tc->vocab_size);
+    be->ops->matmul(be, b->logits, rows, m->w.text.lm_head.data, NULL, n_rows, tc->hidden_size,
+                    tc->vocab_size, 0);
+    ml_lora_apply(m, b->logits, rows, m->host.lora_groups, m->host.n_lora_groups,
+                  ml_lora_site_lm_head(&m->cfg), tc->hidden_size, tc->vocab_size, 1, b->lora_t);
+    if (sample) {
+        ml_sample_params p = {.out = b->sampled,
+                              .logits = b->logits,
+                              .row = b->sample_rows,
+                              .pen_id = b->pen_id,
+                              .pen_count = b->pen_count,
+                              .scratch = b->sample_scratch,
+                              .rows = n_rows,
+                              .vocab = tc->vocab_size};
+        be->ops->sample(be, &p);
+    }
 }
 
 /* Queue the downloads of the step's results: the logit rows of
  * ML_LOGITS_LAST and ML_LOGITS_ALL sequences into `logits`, one download
- * per run of consecutive rows, and with any_argmax every row's argmax into
- * m->host.argmax (scattered by scatter_argmax after synchronize). */
+ * per run of consecutive rows, and with `sample` every row's sample into
+ * m->host.sampled (scattered by scatter_sampled after synchronize). */
 static void fetch_results(ml_model *m, const ml_step_seq *seqs, int n_seqs, float *logits,
-                          int any_argmax)
+                          int sample)
 {
     ml_backend *be = m->be;
     size_t row_bytes = (size_t)m->cfg.text.vocab_size * sizeof(float);
@@ -363,17 +430,18 @@ static void fetch_results(ml_model *m, const ml_step_seq *seqs, int n_seqs, floa
         row += logit_rows(&seqs[s]);
         out += wanted ? logit_rows(&seqs[s]) : 0;
     }
-    if (any_argmax)
-        be->ops->download(be, m->host.argmax, m->tb.argmax, (size_t)row * sizeof(int32_t));
+    if (sample)
+        be->ops->download(be, m->host.sampled, m->tb.sampled,
+                          (size_t)row * sizeof *m->host.sampled);
 }
 
-/* After synchronize: each ML_LOGITS_ARGMAX sequence's id to its *argmax. */
-static void scatter_argmax(const ml_model *m, const ml_step_seq *seqs, int n_seqs)
+/* After synchronize: each ML_LOGITS_SAMPLE sequence's result to its *sampled. */
+static void scatter_sampled(const ml_model *m, const ml_step_seq *seqs, int n_seqs)
 {
     int row = 0;
     for (int s = 0; s < n_seqs; s++) {
-        if (seqs[s].logits == ML_LOGITS_ARGMAX)
-            *seqs[s].argmax = m->host.argmax[row];
+        if (seqs[s].logits == ML_LOGITS_SAMPLE)
+            *seqs[s].sampled = m->host.sampled[row];
         row += logit_rows(&seqs[s]);
     }
 }
@@ -437,6 +505,7 @@ static void pad_step(ml_model *m, int n_seqs, int bucket)
         h->slots[s] = -1;
         h->row_attn[s] = 0.0f;
         h->row_mlp[s] = 0.0f;
+        h->sample_rows[s] = unsampled_row;
         memset(h->allowed + (size_t)s * stride, 0, stride);
     }
 }
@@ -466,20 +535,22 @@ ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs
     ml_status st = stage_step(m, kv, seqs, n_seqs, &n, &n_rows, err, errlen);
     if (st != ML_OK)
         return st;
-    int any_images = 0, any_argmax = 0;
+    int any_images = 0, any_sample = 0;
     for (int s = 0; s < n_seqs; s++) {
         any_images |= seqs[s].n_images > 0;
-        any_argmax |= seqs[s].logits == ML_LOGITS_ARGMAX;
+        any_sample |= seqs[s].logits == ML_LOGITS_SAMPLE;
     }
 
     int bucket = 0;
     int slot = decode_slot(m, kv, seqs, n_seqs, any_images, taps, &bucket);
     if (slot >= 0) {
+        /* The recording samples every row: one graph serves steps with and
+         * without sampled sequences. */
         pad_step(m, n_seqs, bucket);
-        upload_step(m, bucket, bucket);
+        upload_step(m, bucket, bucket, bucket, 1);
         decode_replay(m, kv, slot, bucket, any_images);
     } else {
-        upload_step(m, n_seqs, n);
+        upload_step(m, n_seqs, n, n_rows, any_sample);
         decoder(m, kv, n_seqs, n, any_images, taps);
         /* Gather the rows that want logits unless that is every row. */
         const float *rows = b->x;
@@ -497,12 +568,12 @@ ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs
             rows = b->rows;
         }
         if (n_rows > 0)
-            lm_head(m, rows, n_rows, any_argmax);
+            lm_head(m, rows, n_rows, any_sample);
     }
-    fetch_results(m, seqs, n_seqs, logits, any_argmax);
+    fetch_results(m, seqs, n_seqs, logits, any_sample);
     st = be->ops->synchronize(be, err, errlen);
     if (st == ML_OK)
-        scatter_argmax(m, seqs, n_seqs);
+        scatter_sampled(m, seqs, n_seqs);
     else if (slot >= 0) /* a failed recording leaves its slot empty */
         m->graph_recorded[slot] = 0;
     return st;

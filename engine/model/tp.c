@@ -60,8 +60,8 @@ typedef struct tp_rank {
     ml_model *shard;          /* owned */
     pthread_t thread;         /* ranks >= 1 */
     ml_step_seq *seqs;        /* owned (max_step_seqs): the step with this rank's image states
-                                 (and, ranks >= 1, argmax outputs in `argmax`) */
-    int32_t *argmax;          /* owned (max_step_seqs), ranks >= 1: their discarded ids */
+                                 (and, ranks >= 1, sample outputs in `sampled`) */
+    ml_sample_out *sampled;   /* owned (max_step_seqs), ranks >= 1: their discarded tokens */
     const void **states;      /* owned (max_step_seqs, max_seq_images) */
     float *logits;            /* owned (max_logit_rows, vocab), ranks >= 1: their copy,
                                  identical to rank 0's and discarded */
@@ -97,7 +97,7 @@ static const ml_step_seq *rank_step(tp_rank *r, const tp_call *c)
         r->seqs[s] = *q;
         r->seqs[s].image_states = states;
         if (r->rank > 0)
-            r->seqs[s].argmax = &r->argmax[s];
+            r->seqs[s].sampled = &r->sampled[s];
     }
     return r->seqs;
 }
@@ -252,7 +252,7 @@ void ml_tp_destroy(ml_tp *tp)
         free(k->seqs);
         free(k->states);
         free(k->logits);
-        free(k->argmax);
+        free(k->sampled);
     }
     pthread_cond_destroy(&tp->done);
     pthread_cond_destroy(&tp->wake);
@@ -320,9 +320,9 @@ static ml_status tp_alloc_scratch(ml_tp *tp, char *err, size_t errlen)
         k->states = malloc(states * sizeof *k->states);
         if (r > 0) {
             k->logits = malloc(logits * sizeof *k->logits);
-            k->argmax = malloc(seqs * sizeof *k->argmax);
+            k->sampled = malloc(seqs * sizeof *k->sampled);
         }
-        if (!k->seqs || !k->states || (r > 0 && (!k->logits || !k->argmax)))
+        if (!k->seqs || !k->states || (r > 0 && (!k->logits || !k->sampled)))
             return ml_fail(err, errlen, ML_ERR_NOMEM,
                            "tensor parallel: out of memory for rank %d's step scratch", r);
     }

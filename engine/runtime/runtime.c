@@ -41,7 +41,8 @@ typedef struct rt_seq {
     ml_adapter *adapter;        /* referenced from admission to the end; NULL until then */
 
     ml_sampling_params sampling; /* stop strings borrowed from stop_text */
-    int32_t argmax;             /* the step's id when it asked ML_LOGITS_ARGMAX */
+    ml_sample_row row;          /* the step's sampling controls (ML_LOGITS_SAMPLE) */
+    ml_sample_out sampled;      /* the step's token and logprobs */
     char *stop_text;            /* owned: the request's stop strings, back to back */
     ml_sampler_seq *sampler;    /* owned */
     ml_token_stream *detok;     /* owned */
@@ -729,29 +730,34 @@ static void expire(ml_runtime *rt)
         }
 }
 
-/* Sample the next token of s from its logits row and stream it. */
-/* Does s need nothing of its logits but their argmax (the model then
- * computes it where the logits are, ML_LOGITS_ARGMAX)? */
-static bool argmax_only(const rt_seq *s)
+/* Is s sampled on the host from its logits row (its logits callback must
+ * see the row), rather than where the logits are (ML_LOGITS_SAMPLE)? */
+static bool samples_on_host(const rt_seq *s)
 {
-    return ml_sampling_params_argmax_only(&s->sampling) && !s->cb.on_logits;
+    return s->cb.on_logits != NULL;
 }
 
-/* Append the step's token to s: drawn from `logits`, or with logits NULL
- * the id the model computed (argmax_only sequences). */
-static void advance(ml_runtime *rt, rt_seq *s, const float *logits, int32_t id)
+/* Append the step's token to s and stream it: drawn here from `logits`, or
+ * with logits NULL the model's s->sampled. */
+static void advance(ml_runtime *rt, rt_seq *s, const float *logits)
 {
     char err[256];
     ml_finish end = ML_FINISH_NONE;
-    ml_logprobs lp, *lpp = s->sampling.logprobs ? &lp : NULL;
-    assert(logits || argmax_only(s));
-    if (logits && s->cb.on_logits)
+    if (logits) {
         s->cb.on_logits(s->cb.ctx, logits, rt->vocab);
-    if ((logits && ml_sampler_sample(rt->sampler, s->sampler, logits, &id, err, sizeof err) !=
-                       ML_OK) ||
-        ml_sampler_seq_accept(s->sampler, id, &end, err, sizeof err) != ML_OK ||
-        (lpp && ml_sampler_logprobs(logits, (size_t)rt->vocab, id, s->sampling.top_logprobs, lpp,
-                                    err, sizeof err) != ML_OK)) {
+        if (ml_sampler_sample(rt->sampler, s->sampler, logits, &s->sampled, err, sizeof err) !=
+            ML_OK) {
+            finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL, err, 0);
+            return;
+        }
+    } else if (s->sampled.chosen.id == ML_SAMPLE_NO_TOKEN) {
+        finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL,
+               "sampler: logits have no finite maximum", 0);
+        return;
+    }
+    int32_t id = s->sampled.chosen.id;
+    const ml_sample_out *lpp = s->sampling.logprobs ? &s->sampled : NULL;
+    if (ml_sampler_seq_accept(s->sampler, id, &end, err, sizeof err) != ML_OK) {
         finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL, err, 0);
         return;
     }
@@ -855,9 +861,8 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
                 allowed_off += (size_t)take * s->n_images * rt->max_tiles;
             }
             q->logits = s->n_cached + take < s->n_tokens ? ML_LOGITS_NONE
-                        : argmax_only(s)                ? ML_LOGITS_ARGMAX
-                                                        : ML_LOGITS_LAST;
-            q->argmax = &s->argmax;
+                        : samples_on_host(s)            ? ML_LOGITS_LAST
+                                                        : ML_LOGITS_SAMPLE;
             q->lora = seq_lora(s);
             rt->step_owner[n_step++] = s;
             budget -= take;
@@ -876,6 +881,17 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
     n_step = kept;
     if (n_step == 0)
         return ML_OK;
+    /* Only now draw: a sequence dropped above must not have consumed a
+     * number of its stream. */
+    for (int i = 0; i < n_step; i++) {
+        ml_step_seq *q = &rt->step[i];
+        rt_seq *s = rt->step_owner[i];
+        if (q->logits != ML_LOGITS_SAMPLE)
+            continue;
+        ml_sampler_seq_row(s->sampler, &s->row, &q->pen_id, &q->pen_count);
+        q->sample = &s->row;
+        q->sampled = &s->sampled;
+    }
     group_by_adapter(rt, n_step);
 
     ml_status st = ml_model_forward(rt->model, rt->kv, rt->step, n_step, rt->logits, NULL, err,
@@ -887,10 +903,10 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
     for (int i = 0; i < n_step; i++) {
         rt_seq *s = rt->step_owner[i];
         s->n_cached += rt->step[i].n_tokens;
-        if (rt->step[i].logits == ML_LOGITS_ARGMAX)
-            advance(rt, s, NULL, s->argmax);
+        if (rt->step[i].logits == ML_LOGITS_SAMPLE)
+            advance(rt, s, NULL);
         else if (rt->step[i].logits == ML_LOGITS_LAST)
-            advance(rt, s, rt->logits + (size_t)row++ * rt->vocab, 0);
+            advance(rt, s, rt->logits + (size_t)row++ * rt->vocab);
     }
     return ML_OK;
 }

@@ -95,7 +95,7 @@ typedef struct ml_request_callbacks {
      * string). lp is NULL unless logprobs were requested. Never called for
      * a stop token. */
     void (*on_token)(void *ctx, int32_t id, const char *text, size_t len,
-                     const ml_logprobs *lp);
+                     const ml_sample_out *lp);
     /* The end: text still held back (emitted before the finish), reason,
      * error (ML_REQERR_NONE unless reason is ML_FINISH_REASON_ERROR) and message,
      * usage. Exactly once per submitted request; the request's memory is

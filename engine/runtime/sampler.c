@@ -1,24 +1,8 @@
-/* The sampler (sampler.h): penalties on the few ids a sequence touched, then
- * selection over the tokens that can matter, never a sort of the vocabulary.
- *
- * One step over V logits, without allocating:
- *   - penalties: a copy of the logits (only when a penalty is on) and one
- *     update per distinct seen id;
- *   - the maximum (greedy stops after finding its first index);
- *   - one pass collecting the candidates: within the negligible-mass gap of
- *     the maximum, and with top-k only the k best (a heap, see
- *     cand_collect_top_k);
- *   - exp of the candidates, with a vectorisable exp (glibc's expf would
- *     cost more than the rest of the step);
- *   - one histogram pass by logit bucket; top-p and the draw each walk the
- *     bucket masses to the bucket where the running mass crosses their
- *     target and finish with a quickselect on that bucket's candidates.
- * Every quickselect falls back to a sort past 2 log2(n) rounds, which bounds
- * the worst case at O(n log n) whatever the logits. */
+/* The sampler (sampler.h): request controls, per-sequence state, and the
+ * host path over sample.h's pipeline. */
 #include "runtime/sampler.h"
 
 #include <assert.h>
-#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,25 +59,12 @@ ml_status ml_sampling_params_validate(const ml_sampling_params *p, size_t n_voca
     ml_status st = ml_stop_validate(p->stop, p->stop_len, p->n_stop, err, errlen);
     if (st != ML_OK)
         return st;
-    if (p->top_logprobs > ML_SAMPLER_MAX_TOP_LOGPROBS)
+    if (p->top_logprobs > ML_SAMPLE_MAX_TOP)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "top_logprobs: %u, at most %d",
-                       (unsigned)p->top_logprobs, ML_SAMPLER_MAX_TOP_LOGPROBS);
+                       (unsigned)p->top_logprobs, ML_SAMPLE_MAX_TOP);
     if (p->top_logprobs > 0 && !p->logprobs)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "top_logprobs: requires logprobs");
     return ML_OK;
-}
-
-/* ln(n) + 24 ln 2: tokens whose logit (after temperature) lies further below
- * the maximum hold, all n together, under 2^-24 of the softmax mass. */
-static float negligible_log_gap(size_t n_vocab)
-{
-    return logf((float)n_vocab) + (float)FLT_MANT_DIG * (float)M_LN2;
-}
-
-/* The strict rank order of sampler.h: higher logit first, lower id on ties. */
-static inline bool rank_before(float za, int32_t ida, float zb, int32_t idb)
-{
-    return za > zb || (za == zb && ida < idb);
 }
 
 /* ---- random stream --------------------------------------------------------- */
@@ -141,17 +112,13 @@ struct ml_sampler_seq {
     uint64_t rng[4];
     uint32_t n_generated;
     bool finished;
+    bool prompt_entries; /* the repetition penalty is on: prompt ids are entries too */
 
-    /* Repetition penalty (NULL when off): ids seen in prompt or output. */
-    uint64_t *seen_bits; /* owned; (n_vocab + 63) / 64 words */
-    int32_t *seen_ids;   /* owned; n_seen distinct ids of cap_seen */
-    size_t n_seen, cap_seen;
-
-    /* Presence/frequency penalties (NULL when off): output id counts. */
-    int32_t *out_ids;    /* owned; n_out distinct ids of cap_out, first-seen order */
-    uint32_t *out_count; /* owned; parallel to out_ids */
-    int32_t *slot;       /* owned; 2^slot_bits entries: index into out_ids, or -1 */
-    size_t n_out, cap_out;
+    /* Penalty entries (NULL when every penalty is off). */
+    int32_t *pen_id;     /* owned; n_pen distinct ids of cap_pen, first-seen order */
+    uint32_t *pen_count; /* owned; parallel to pen_id: occurrences in the output */
+    int32_t *slot;       /* owned; 2^slot_bits entries: index into pen_id, or -1 */
+    size_t n_pen, cap_pen;
     unsigned slot_bits;
 };
 
@@ -159,28 +126,8 @@ struct ml_sampler_seq {
 /* 2^32 / golden ratio: Fibonacci hashing spreads consecutive ids. */
 #define SEQ_HASH_MULT 2654435769u
 
-static bool seq_has_repetition(const ml_sampler_seq *seq)
-{
-    return seq->seen_ids != NULL;
-}
-
-static bool seq_has_counts(const ml_sampler_seq *seq)
-{
-    return seq->out_ids != NULL;
-}
-
-static void seq_mark_seen(ml_sampler_seq *seq, int32_t id)
-{
-    uint64_t bit = 1ull << (id & 63);
-    uint64_t *word = &seq->seen_bits[id >> 6];
-    if (*word & bit)
-        return;
-    *word |= bit;
-    assert(seq->n_seen < seq->cap_seen);
-    seq->seen_ids[seq->n_seen++] = id;
-}
-
-static void seq_count_output(ml_sampler_seq *seq, int32_t id)
+/* The entry of id, added with count 0 when it is new. */
+static size_t seq_entry(ml_sampler_seq *seq, int32_t id)
 {
     size_t mask = ((size_t)1 << seq->slot_bits) - 1;
     size_t h = (size_t)((uint32_t)id * SEQ_HASH_MULT >> (32 - seq->slot_bits));
@@ -188,17 +135,15 @@ static void seq_count_output(ml_sampler_seq *seq, int32_t id)
         int32_t at = seq->slot[h];
         if (at == SEQ_SLOT_EMPTY)
             break;
-        if (seq->out_ids[at] == id) {
-            seq->out_count[at]++;
-            return;
-        }
+        if (seq->pen_id[at] == id)
+            return (size_t)at;
     }
-    /* Distinct output ids never exceed max_tokens, the table's sizing. */
-    assert(seq->n_out < seq->cap_out);
-    seq->slot[h] = (int32_t)seq->n_out;
-    seq->out_ids[seq->n_out] = id;
-    seq->out_count[seq->n_out] = 1;
-    seq->n_out++;
+    /* Distinct ids never exceed cap_pen, the table's sizing. */
+    assert(seq->n_pen < seq->cap_pen);
+    seq->slot[h] = (int32_t)seq->n_pen;
+    seq->pen_id[seq->n_pen] = id;
+    seq->pen_count[seq->n_pen] = 0;
+    return seq->n_pen++;
 }
 
 ml_status ml_sampler_seq_create(const ml_sampling_params *p, size_t n_vocab,
@@ -230,36 +175,30 @@ ml_status ml_sampler_seq_create(const ml_sampling_params *p, size_t n_vocab,
     for (int i = 0; i < 4; i++)
         seq->rng[i] = splitmix64_next(&x);
 
-    bool oom = false;
-    if (p->repetition_penalty != 1.0f) {
-        seq->cap_seen = n_prompt + p->max_tokens < n_vocab ? n_prompt + p->max_tokens : n_vocab;
-        seq->seen_bits = calloc((n_vocab + 63) / 64, sizeof *seq->seen_bits);
-        seq->seen_ids = malloc(seq->cap_seen * sizeof *seq->seen_ids);
-        oom |= !seq->seen_bits || !seq->seen_ids;
-    }
-    if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
-        seq->cap_out = p->max_tokens < n_vocab ? p->max_tokens : n_vocab;
+    bool rep = p->repetition_penalty != 1.0f;
+    if (rep || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
+        size_t ids = (rep ? n_prompt : 0) + p->max_tokens;
+        seq->prompt_entries = rep;
+        seq->cap_pen = ids < n_vocab ? ids : n_vocab;
         /* Load factor <= 1/2 keeps linear probing short. */
         seq->slot_bits = 1;
-        while (((size_t)1 << seq->slot_bits) < 2 * seq->cap_out)
+        while (((size_t)1 << seq->slot_bits) < 2 * seq->cap_pen)
             seq->slot_bits++;
         size_t n_slots = (size_t)1 << seq->slot_bits;
-        seq->out_ids = malloc(seq->cap_out * sizeof *seq->out_ids);
-        seq->out_count = malloc(seq->cap_out * sizeof *seq->out_count);
+        seq->pen_id = malloc(seq->cap_pen * sizeof *seq->pen_id);
+        seq->pen_count = malloc(seq->cap_pen * sizeof *seq->pen_count);
         seq->slot = malloc(n_slots * sizeof *seq->slot);
-        oom |= !seq->out_ids || !seq->out_count || !seq->slot;
-        if (seq->slot)
-            for (size_t i = 0; i < n_slots; i++)
-                seq->slot[i] = SEQ_SLOT_EMPTY;
+        if (!seq->pen_id || !seq->pen_count || !seq->slot) {
+            ml_sampler_seq_destroy(seq);
+            return ml_fail(err, errlen, ML_ERR_NOMEM, "sampler: out of memory for penalty state");
+        }
+        for (size_t i = 0; i < n_slots; i++)
+            seq->slot[i] = SEQ_SLOT_EMPTY;
+        if (rep)
+            for (size_t i = 0; i < n_prompt; i++)
+                if ((size_t)prompt[i] < n_vocab)
+                    seq_entry(seq, prompt[i]);
     }
-    if (oom) {
-        ml_sampler_seq_destroy(seq);
-        return ml_fail(err, errlen, ML_ERR_NOMEM, "sampler: out of memory for penalty state");
-    }
-    if (seq_has_repetition(seq))
-        for (size_t i = 0; i < n_prompt; i++)
-            if ((size_t)prompt[i] < n_vocab)
-                seq_mark_seen(seq, prompt[i]);
     *out = seq;
     return ML_OK;
 }
@@ -268,10 +207,8 @@ void ml_sampler_seq_destroy(ml_sampler_seq *seq)
 {
     if (!seq)
         return;
-    free(seq->seen_bits);
-    free(seq->seen_ids);
-    free(seq->out_ids);
-    free(seq->out_count);
+    free(seq->pen_id);
+    free(seq->pen_count);
     free(seq->slot);
     free(seq);
 }
@@ -285,10 +222,8 @@ ml_status ml_sampler_seq_accept(ml_sampler_seq *seq, int32_t token, ml_finish *f
     if (seq->finished)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "sampler: token after the sequence finished");
-    if (seq_has_repetition(seq))
-        seq_mark_seen(seq, token);
-    if (seq_has_counts(seq))
-        seq_count_output(seq, token);
+    if (seq->pen_id)
+        seq->pen_count[seq_entry(seq, token)]++;
     seq->n_generated++;
 
     ml_finish f = ML_FINISH_NONE;
@@ -307,483 +242,68 @@ uint32_t ml_sampler_seq_n_generated(const ml_sampler_seq *seq)
     return seq->n_generated;
 }
 
-/* z (n_vocab): a copy of the raw logits; penalties applied in place, in
- * vLLM's order: repetition, then frequency, then presence. */
-static void seq_apply_penalties(const ml_sampler_seq *seq, float *z)
+static bool params_greedy(const ml_sampling_params *p)
 {
-    float rep = seq->p.repetition_penalty;
-    for (size_t i = 0; i < seq->n_seen; i++) {
-        float *v = &z[seq->seen_ids[i]];
-        *v = *v > 0.0f ? *v / rep : *v * rep;
-    }
-    for (size_t i = 0; i < seq->n_out; i++) {
-        float *v = &z[seq->out_ids[i]];
-        *v -= seq->p.frequency_penalty * (float)seq->out_count[i];
-        *v -= seq->p.presence_penalty;
-    }
+    return p->temperature < ML_SAMPLE_GREEDY_TEMPERATURE;
 }
 
-/* ---- passes over the vocabulary ---------------------------------------------
- * Written as plain loops over arrays with independent lanes, so that -O3
- * vectorises them (engine/CMakeLists.txt compiles this file with -O3 and
- * -fno-trapping-math, which lets the compiler turn the selects into blends). */
-
-#define SAMPLER_LANES 8
-
-/* Largest element of z[0, n), NaN ignored; -inf when there is none. */
-static float logits_max(const float *z, size_t n)
+/* The step's controls without the draw. */
+static void seq_row(const ml_sampler_seq *seq, ml_sample_row *row)
 {
-    float lane[SAMPLER_LANES];
-    for (int j = 0; j < SAMPLER_LANES; j++)
-        lane[j] = -INFINITY;
-    size_t i = 0;
-    for (; i + SAMPLER_LANES <= n; i += SAMPLER_LANES)
-        for (int j = 0; j < SAMPLER_LANES; j++)
-            lane[j] = z[i + j] > lane[j] ? z[i + j] : lane[j];
-    float m = -INFINITY;
-    for (int j = 0; j < SAMPLER_LANES; j++)
-        m = lane[j] > m ? lane[j] : m;
-    for (; i < n; i++)
-        m = z[i] > m ? z[i] : m;
-    return m;
+    const ml_sampling_params *p = &seq->p;
+    *row = (ml_sample_row){
+        .temperature = p->temperature,
+        .top_p = p->top_p,
+        .min_p = p->min_p,
+        .repetition_penalty = p->repetition_penalty,
+        .presence_penalty = p->presence_penalty,
+        .frequency_penalty = p->frequency_penalty,
+        .top_k = p->top_k,
+        .logprobs = p->logprobs,
+        .n_top = p->top_logprobs,
+        .n_pen = (int32_t)seq->n_pen,
+    };
 }
 
-/* Index of the first element of z[0, n) equal to m, which is present. */
-static size_t logits_find(const float *z, size_t n, float m)
+void ml_sampler_seq_row(ml_sampler_seq *seq, ml_sample_row *row, const int32_t **pen_id,
+                        const uint32_t **pen_count)
 {
-    size_t i = 0;
-    while (i < n && z[i] != m)
-        i++;
-    assert(i < n);
-    return i;
+    seq_row(seq, row);
+    if (!params_greedy(&seq->p))
+        row->u = xoshiro_uniform(seq->rng);
+    *pen_id = seq->pen_id;
+    *pen_count = seq->pen_count;
 }
 
-static double sum_floats(const float *x, size_t n)
-{
-    double lane[SAMPLER_LANES] = {0};
-    size_t i = 0;
-    for (; i + SAMPLER_LANES <= n; i += SAMPLER_LANES)
-        for (int j = 0; j < SAMPLER_LANES; j++)
-            lane[j] += x[i + j];
-    double total = 0.0;
-    for (int j = 0; j < SAMPLER_LANES; j++)
-        total += lane[j];
-    for (; i < n; i++)
-        total += x[i];
-    return total;
-}
-
-/* Below this exp underflows to subnormals; inputs are clamped to it. */
-#define EXP_MIN_ARG (-87.0f)
-
-/* y[i] = exp((z[i] - zmax) / t) for z[i] <= zmax, t > 0 (arguments below
- * EXP_MIN_ARG, and NaN, give exp(EXP_MIN_ARG), about 1.6e-38). Cephes expf:
- * Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, then a degree-5 minimax
- * polynomial, within about 1 ulp of expf; exp(0) is exactly 1. glibc's expf
- * does not vectorise and would cost more than the rest of a step. */
-static void exp_scaled(const float *z, float zmax, float t, float *y, size_t n)
-{
-    const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    const int32_t round_magic_bits = 0x4B400000;
-    const float inv_t = 1.0f / t; /* a multiply: divps would dominate the loop */
-    for (size_t i = 0; i < n; i++) {
-        float x = (z[i] - zmax) * inv_t;
-        float v = x >= EXP_MIN_ARG ? x : EXP_MIN_ARG;
-        float rounded = v * 1.44269504088896341f + round_magic; /* log2(e) */
-        float k = rounded - round_magic;
-        int32_t rounded_bits;
-        memcpy(&rounded_bits, &rounded, sizeof rounded_bits);
-        int32_t ki = rounded_bits - round_magic_bits;
-        float r = v - k * 0.693359375f; /* ln 2, high part: exact in k * hi */
-        r = r - k * -2.12194440e-4f;    /* ln 2, low part */
-        float p = 1.9875691500e-4f;
-        p = p * r + 1.3981999507e-3f;
-        p = p * r + 8.3334519073e-3f;
-        p = p * r + 4.1665795894e-2f;
-        p = p * r + 1.6666665459e-1f;
-        p = p * r + 5.0000001201e-1f;
-        int32_t scale_bits = (ki + 127) << 23; /* 2^k, k >= -126 for v >= EXP_MIN_ARG */
-        float scale;
-        memcpy(&scale, &scale_bits, sizeof scale);
-        y[i] = (p * r * r + r + 1.0f) * scale;
-    }
-}
-
-/* ---- candidate selection ---------------------------------------------------
- * The candidates live in parallel arrays (cz, ce, cid, cb: logit, exp, id,
- * bucket). Top-p and the draw each look for one candidate: where, in rank
- * order, the running probability mass crosses a target. Rather than sorting,
- *   1. the candidates are histogrammed by logit into SAMPLER_BUCKETS equal
- *      slices of [zlo, zmax]; rank order never crosses back over a bucket
- *      boundary, so bucket masses summed best first are exact prefix sums;
- *   2. a walk over the buckets finds the one where the target is crossed;
- *   3. that bucket's candidates are gathered and a quickselect weighted by
- *      mass (cand_select_mass) finds the candidate. */
-
-/* Enough buckets that the one holding a crossing has a few hundred
- * candidates at most for realistic logits (128k N(0, 1) logits at T = 1 put
- * about 350 in the densest); few enough to clear and walk cheaply. */
-#define SAMPLER_BUCKETS 4096
-
-typedef struct sampler_cand {
-    float z; /* penalised logit: the rank key */
-    float e; /* exp((z - max) / temperature): unnormalised probability */
-    int32_t id;
-} sampler_cand;
+/* ---- sampling on the host -------------------------------------------------- */
 
 struct ml_sampler {
     size_t n_vocab;
-    float log_gap;          /* negligible_log_gap(n_vocab) */
-    float *work;            /* owned; (n_vocab) penalised logits */
-    float *cz;              /* owned; (n_vocab) candidate logits */
-    float *ce;              /* owned; (n_vocab) candidate exp((z - zmax) / t) */
-    int32_t *cid;           /* owned; (n_vocab) candidate ids */
-    sampler_cand *scratch;  /* owned; (n_vocab) one bucket's candidates */
-    uint16_t *cb;           /* owned; (n_vocab) candidate buckets */
-    float hist_zmax;        /* the bucket scale of the histogram in bucket_* and cb */
-    float hist_scale;
-    uint32_t *bucket_count; /* owned; (SAMPLER_BUCKETS) */
-    double *bucket_mass;    /* owned; (SAMPLER_BUCKETS) */
+    ml_sample_scratch *scratch; /* inside mem */
+    void *mem;                  /* owned */
 };
 
-static inline bool cand_before(const sampler_cand *a, const sampler_cand *b)
-{
-    return rank_before(a->z, a->id, b->z, b->id);
-}
-
-static inline void cand_swap(sampler_cand *c, size_t i, size_t j)
-{
-    sampler_cand t = c[i];
-    c[i] = c[j];
-    c[j] = t;
-}
-
-static int cand_compare(const void *a, const void *b)
-{
-    return cand_before(a, b) ? -1 : cand_before(b, a) ? 1 : 0;
-}
-
-/* Rounds of quickselect before falling back to a sort: 2 floor(log2(n)) + 1. */
-static unsigned select_budget(size_t n)
-{
-    unsigned b = 1;
-    for (; n > 1; n >>= 1)
-        b += 2;
-    return b;
-}
-
-/* Reorder c[lo, hi), hi - lo >= 2, around a median-of-three pivot. Returns
- * the pivot's position p: c[lo, p) rank before c[p], c[p + 1, hi) after. */
-static size_t cand_partition(sampler_cand *c, size_t lo, size_t hi)
-{
-    size_t mid = lo + (hi - lo) / 2, last = hi - 1;
-    if (cand_before(&c[mid], &c[lo]))
-        cand_swap(c, lo, mid);
-    if (cand_before(&c[last], &c[lo]))
-        cand_swap(c, lo, last);
-    if (cand_before(&c[mid], &c[last]))
-        cand_swap(c, mid, last);
-    sampler_cand pivot = c[last];
-    size_t store = lo;
-    for (size_t i = lo; i < last; i++)
-        if (cand_before(&c[i], &pivot))
-            cand_swap(c, i, store++);
-    cand_swap(c, store, last);
-    return store;
-}
-
-static double cand_mass(const sampler_cand *c, size_t lo, size_t hi)
-{
-    double m = 0.0;
-    for (size_t i = lo; i < hi; i++)
-        m += c[i].e;
-    return m;
-}
-
-/* How the cumulative mass in rank order must relate to the target at the
- * candidate looked for. */
-typedef enum mass_mode {
-    MASS_REACH, /* top-p: the first whose cumulative mass is >= target */
-    MASS_EXCEED /* the draw: the first whose cumulative mass is > target */
-} mass_mode;
-
-static inline bool mass_crosses(mass_mode mode, double cumulative, double target)
-{
-    return mode == MASS_EXCEED ? cumulative > target : cumulative >= target;
-}
-
-/* Find the candidate, in rank order over c[0, n) (n >= 1), at which the
- * cumulative mass first crosses target, and reorder c so that it sits at the
- * returned index j with everything ranked before it in c[0, j). When rounding
- * keeps the total below the target, j is the last ranked candidate. */
-static size_t cand_select_mass(sampler_cand *c, size_t n, double target, mass_mode mode)
-{
-    size_t lo = 0, hi = n;
-    double before = 0.0; /* mass of c[0, lo) */
-    unsigned budget = select_budget(n);
-    /* Invariant: c[0, lo) rank before c[lo, hi), which rank before c[hi, n);
-     * the crossing is not in c[0, lo). */
-    while (hi - lo > 1) {
-        if (budget-- == 0) {
-            qsort(c + lo, hi - lo, sizeof *c, cand_compare);
-            for (size_t i = lo; i < hi; i++) {
-                before += c[i].e;
-                if (mass_crosses(mode, before, target))
-                    return i;
-            }
-            return hi - 1;
-        }
-        size_t p = cand_partition(c, lo, hi);
-        double above = before + cand_mass(c, lo, p);
-        if (p > lo && mass_crosses(mode, above, target)) {
-            hi = p;
-            continue;
-        }
-        double through = above + c[p].e;
-        if (mass_crosses(mode, through, target))
-            return p;
-        before = through;
-        lo = p + 1;
-    }
-    /* lo == hi: the last pivot, the lowest ranked of the range, is c[hi - 1]. */
-    return lo < hi ? lo : hi - 1;
-}
-
-/* Scale of cand_bucket for logits in [zlo, zmax]. */
-static float bucket_scale(float zmax, float zlo)
-{
-    float scale = (float)(SAMPLER_BUCKETS - 1) / (zmax - zlo);
-    /* One value, or a range too wide for float: everything in bucket 0. */
-    return isfinite(scale) ? scale : 0.0f;
-}
-
-/* Bucket of logit z <= zmax: 0 at zmax, the last one for anything at or
- * below the zlo of the scale (and for -inf and NaN). A better ranked logit
- * never lands in a later bucket. */
-static inline unsigned cand_bucket(float z, float zmax, float scale)
-{
-    float f = (zmax - z) * scale;
-    return f < (float)(SAMPLER_BUCKETS - 1) ? (unsigned)(int32_t)f : SAMPLER_BUCKETS - 1;
-}
-
-/* Collect the logits of z (n_vocab) at or above floor_z into cz/cid, in id
- * order. Branch-free: every id is written, only candidates advance the
- * count. NaN and -inf fail the comparison. Returns how many. */
-static size_t cand_collect(ml_sampler *s, const float *z, float floor_z)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < s->n_vocab; i++) {
-        s->cz[n] = z[i];
-        s->cid[n] = (int32_t)i;
-        n += z[i] >= floor_z;
-    }
-    return n;
-}
-
-/* Min-heap on rank: h[0] is the worst ranked of h[0, n). Restore the heap
- * below position at. */
-static void heap_sift_down(sampler_cand *h, size_t n, size_t at)
-{
-    sampler_cand x = h[at];
-    for (;;) {
-        size_t child = 2 * at + 1;
-        if (child >= n)
-            break;
-        if (child + 1 < n && cand_before(&h[child], &h[child + 1]))
-            child++; /* the worse ranked child */
-        if (!cand_before(&x, &h[child]))
-            break;
-        h[at] = h[child];
-        at = child;
-    }
-    h[at] = x;
-}
-
-static void heap_sift_up(sampler_cand *h, size_t at)
-{
-    sampler_cand x = h[at];
-    while (at > 0 && cand_before(&h[(at - 1) / 2], &x)) {
-        h[at] = h[(at - 1) / 2];
-        at = (at - 1) / 2;
-    }
-    h[at] = x;
-}
-
-/* Collect only the k best ranked logits of z at or above *floor_z (fewer if
- * fewer qualify) into cz/cid, in one pass with a heap of the k best so far in
- * scratch: once it is full, a logit enters only if it beats the heap's worst,
- * which after the first few thousand ids is rare, so the pass costs about one
- * compare per id. Ids arrive in increasing order, so an equal logit never
- * beats the worst (ties go to the lower id). *floor_z is raised to the worst
- * kept logit. Returns how many. */
-static size_t cand_collect_top_k(ml_sampler *s, const float *z, float *floor_z, size_t k)
-{
-    sampler_cand *h = s->scratch;
-    size_t n = 0;
-    for (size_t i = 0; i < s->n_vocab; i++) {
-        float v = z[i];
-        if (n < k) {
-            if (v >= *floor_z) {
-                h[n] = (sampler_cand){v, 0.0f, (int32_t)i};
-                heap_sift_up(h, n++);
-            }
-        } else if (v > h[0].z) {
-            h[0] = (sampler_cand){v, 0.0f, (int32_t)i};
-            heap_sift_down(h, n, 0);
-        }
-    }
-    for (size_t i = 0; i < n; i++) {
-        s->cz[i] = h[i].z;
-        s->cid[i] = h[i].id;
-    }
-    if (n > 0)
-        *floor_z = h[0].z;
-    return n;
-}
-
-/* Histogram the candidates cz/ce[0, n), all in [zlo, zmax], by bucket:
- * their bucket into cb, count and mass per bucket. */
-static void cand_histogram(ml_sampler *s, size_t n, float zmax, float zlo)
-{
-    s->hist_zmax = zmax;
-    s->hist_scale = bucket_scale(zmax, zlo);
-    memset(s->bucket_count, 0, SAMPLER_BUCKETS * sizeof *s->bucket_count);
-    memset(s->bucket_mass, 0, SAMPLER_BUCKETS * sizeof *s->bucket_mass);
-    /* Buckets first, in a loop that vectorises; then the scatter. */
-    for (size_t i = 0; i < n; i++)
-        s->cb[i] = (uint16_t)cand_bucket(s->cz[i], zmax, s->hist_scale);
-    for (size_t i = 0; i < n; i++) {
-        s->bucket_count[s->cb[i]]++;
-        s->bucket_mass[s->cb[i]] += s->ce[i];
-    }
-}
-
-/* Copy the candidates of bucket b with logit >= zmin into scratch. Returns
- * how many. */
-static size_t cand_gather(ml_sampler *s, size_t n, unsigned b, float zmin)
-{
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++)
-        if (s->cb[i] == b && s->cz[i] >= zmin)
-            s->scratch[m++] = (sampler_cand){s->cz[i], s->ce[i], s->cid[i]};
-    return m;
-}
-
-/* ---- the kept set ------------------------------------------------------------
- * Every filter keeps a prefix of the candidates in rank order (top-k, top-p,
- * and min-p, a logit threshold), so the kept set is always: all candidates in
- * buckets [0, cut) of the histogram, plus the kept part of bucket `cut`, the
- * "tail", in scratch. The draw then walks bucket masses and looks at the
- * candidates of one bucket only. */
-
-typedef struct kept_set {
-    unsigned cut;    /* SAMPLER_BUCKETS: every bucket, no tail */
-    size_t n_tail;   /* in s->scratch[0, n_tail) */
-    double mass_cut; /* of buckets [0, cut), summed in bucket order */
-} kept_set;
-
-static double bucket_mass_below(const ml_sampler *s, unsigned cut)
-{
-    double m = 0.0;
-    for (unsigned b = 0; b < cut; b++)
-        m += s->bucket_mass[b];
-    return m;
-}
-
-/* The candidate of the kept set (over the n histogrammed candidates) at which
- * the running mass in rank order first crosses target. Returns its index j in
- * scratch, which then holds its bucket's candidates (only the tail's, if it is
- * in the tail) with those ranked before it in scratch[0, j); its bucket in
- * *bucket. When rounding never reaches the target, the last kept candidate. */
-static size_t kept_find(ml_sampler *s, size_t n, const kept_set *k, double target,
-                        mass_mode mode, unsigned *bucket)
-{
-    double before = 0.0;
-    unsigned last_used = SAMPLER_BUCKETS;
-    for (unsigned b = 0; b < k->cut; b++) {
-        if (s->bucket_count[b] == 0)
-            continue;
-        last_used = b;
-        if (mass_crosses(mode, before + s->bucket_mass[b], target)) {
-            *bucket = b;
-            size_t m = cand_gather(s, n, b, -INFINITY);
-            return cand_select_mass(s->scratch, m, target - before, mode);
-        }
-        before += s->bucket_mass[b];
-    }
-    if (k->n_tail > 0) {
-        *bucket = k->cut;
-        return cand_select_mass(s->scratch, k->n_tail, target - before, mode);
-    }
-    assert(last_used < SAMPLER_BUCKETS);
-    *bucket = last_used;
-    size_t m = cand_gather(s, n, last_used, -INFINITY);
-    return cand_select_mass(s->scratch, m, INFINITY, mode);
-}
-
-/* Top-p over the whole histogram: keep through the candidate where the mass
- * reaches top_p of the total. */
-static kept_set kept_top_p(ml_sampler *s, size_t n, float top_p)
-{
-    kept_set all = {SAMPLER_BUCKETS, 0, bucket_mass_below(s, SAMPLER_BUCKETS)};
-    unsigned b;
-    size_t j = kept_find(s, n, &all, (double)top_p * all.mass_cut, MASS_REACH, &b);
-    return (kept_set){b, j + 1, bucket_mass_below(s, b)};
-}
-
-/* Intersect k with the candidates whose logit is >= zmin (both are
- * prefixes: the shorter one wins). */
-static void kept_above(ml_sampler *s, size_t n, kept_set *k, float zmin)
-{
-    unsigned b = cand_bucket(zmin, s->hist_zmax, s->hist_scale);
-    if (b > k->cut)
-        return; /* zmin lies below everything kept */
-    if (b == k->cut) {
-        size_t m = 0;
-        for (size_t i = 0; i < k->n_tail; i++)
-            if (s->scratch[i].z >= zmin)
-                s->scratch[m++] = s->scratch[i];
-        k->n_tail = m;
-        return;
-    }
-    k->cut = b;
-    k->n_tail = cand_gather(s, n, b, zmin);
-    k->mass_cut = bucket_mass_below(s, b);
-}
-
-static double kept_mass(const ml_sampler *s, const kept_set *k)
-{
-    return k->mass_cut + cand_mass(s->scratch, 0, k->n_tail);
-}
-
-/* ---- sampling -------------------------------------------------------------- */
+/* ml_sample_scratch_init's alignment. */
+#define SAMPLER_ALIGN 64
 
 ml_status ml_sampler_create(size_t n_vocab, ml_sampler **out, char *err, size_t errlen)
 {
     if (!out)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "sampler: NULL out");
-    if (n_vocab == 0 || n_vocab > INT32_MAX)
+    size_t bytes = ml_sample_scratch_bytes(n_vocab);
+    if (bytes == 0)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "sampler: n_vocab %zu out of range",
                        n_vocab);
     ml_sampler *s = calloc(1, sizeof *s);
-    if (!s)
-        return ml_fail(err, errlen, ML_ERR_NOMEM, "sampler: out of memory");
-    s->n_vocab = n_vocab;
-    s->log_gap = negligible_log_gap(n_vocab);
-    s->work = malloc(n_vocab * sizeof *s->work);
-    s->cz = malloc(n_vocab * sizeof *s->cz);
-    s->ce = malloc(n_vocab * sizeof *s->ce);
-    s->cid = malloc(n_vocab * sizeof *s->cid);
-    s->scratch = malloc(n_vocab * sizeof *s->scratch);
-    s->cb = malloc(n_vocab * sizeof *s->cb);
-    s->bucket_count = malloc(SAMPLER_BUCKETS * sizeof *s->bucket_count);
-    s->bucket_mass = malloc(SAMPLER_BUCKETS * sizeof *s->bucket_mass);
-    if (!s->work || !s->cz || !s->ce || !s->cid || !s->scratch || !s->cb || !s->bucket_count ||
-        !s->bucket_mass) {
-        ml_sampler_destroy(s);
+    if (s)
+        s->mem = aligned_alloc(SAMPLER_ALIGN, bytes);
+    if (!s || !s->mem) {
+        free(s);
         return ml_fail(err, errlen, ML_ERR_NOMEM, "sampler: out of memory for %zu logits",
                        n_vocab);
     }
+    s->n_vocab = n_vocab;
+    s->scratch = ml_sample_scratch_init(s->mem, n_vocab);
     *out = s;
     return ML_OK;
 }
@@ -792,22 +312,12 @@ void ml_sampler_destroy(ml_sampler *s)
 {
     if (!s)
         return;
-    free(s->work);
-    free(s->cz);
-    free(s->ce);
-    free(s->cid);
-    free(s->scratch);
-    free(s->cb);
-    free(s->bucket_count);
-    free(s->bucket_mass);
+    free(s->mem);
     free(s);
 }
 
-/* Penalised logits of seq for this step (logits itself when no penalty is
- * on, else s->work), their maximum *zmax and its first index *best. */
-static ml_status sampler_prepare(ml_sampler *s, const ml_sampler_seq *seq, const float *logits,
-                                 const float **z_out, float *zmax, size_t *best, char *err,
-                                 size_t errlen)
+static ml_status sampler_check(const ml_sampler *s, const ml_sampler_seq *seq, char *err,
+                               size_t errlen)
 {
     if (seq->n_vocab != s->n_vocab)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
@@ -815,86 +325,22 @@ static ml_status sampler_prepare(ml_sampler *s, const ml_sampler_seq *seq, const
                        s->n_vocab);
     if (seq->finished)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "sampler: the sequence has finished");
-    const float *z = logits;
-    if (seq_has_repetition(seq) || seq_has_counts(seq)) {
-        memcpy(s->work, logits, s->n_vocab * sizeof *s->work);
-        seq_apply_penalties(seq, s->work);
-        z = s->work;
-    }
-    float m = logits_max(z, s->n_vocab);
-    if (!isfinite(m))
-        return ml_fail(err, errlen, ML_ERR_FORMAT, "sampler: logits have no finite maximum%s",
-                       m < 0 ? " (all NaN or -inf)" : " (+inf)");
-    *z_out = z;
-    *zmax = m;
-    *best = logits_find(z, s->n_vocab, m);
     return ML_OK;
 }
 
-static bool sampler_is_greedy(const ml_sampling_params *p)
-{
-    return p->temperature < ML_SAMPLER_GREEDY_TEMPERATURE;
-}
-
-bool ml_sampling_params_argmax_only(const ml_sampling_params *p)
-{
-    return sampler_is_greedy(p) && p->repetition_penalty == 1.0f &&
-           p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f && !p->logprobs;
-}
-
-/* Steps 4-6 of sampler.h over penalised logits z with finite maximum zmax:
- * the candidates land in cz/ce/cid/cb[0, *n) with their histogram, and the
- * returned kept set says which of them survive the filters. */
-static kept_set sampler_filter(ml_sampler *s, const ml_sampling_params *p, const float *z,
-                               float zmax, size_t *n_out)
-{
-    float t = p->temperature;
-    float floor_z = zmax - s->log_gap * t;
-    if (!(floor_z > -FLT_MAX))
-        floor_z = -FLT_MAX; /* a huge temperature: still never draw -inf */
-    /* min-p: p >= min_p * p_max  <=>  z >= zmax + t ln(min_p), a logit
-     * threshold. Without top-p (whose mass must include what min-p drops,
-     * as HF applies min-p last) it simply raises the floor. */
-    float min_p_z = p->min_p > 0.0f ? zmax + t * logf(p->min_p) : -INFINITY;
-    bool top_p = p->top_p < 1.0f;
-    if (!top_p && min_p_z > floor_z)
-        floor_z = min_p_z;
-
-    size_t n = p->top_k > 0 && p->top_k < s->n_vocab
-                   ? cand_collect_top_k(s, z, &floor_z, p->top_k)
-                   : cand_collect(s, z, floor_z);
-    assert(n >= 1);
-    exp_scaled(s->cz, zmax, t, s->ce, n);
-    cand_histogram(s, n, zmax, floor_z);
-    kept_set k = {SAMPLER_BUCKETS, 0, bucket_mass_below(s, SAMPLER_BUCKETS)};
-    if (top_p && n > 1) {
-        k = kept_top_p(s, n, p->top_p);
-        if (p->min_p > 0.0f)
-            kept_above(s, n, &k, min_p_z);
-    }
-    *n_out = n;
-    return k;
-}
-
 ml_status ml_sampler_sample(ml_sampler *s, ml_sampler_seq *seq, const float *logits,
-                            int32_t *token, char *err, size_t errlen)
+                            ml_sample_out *out, char *err, size_t errlen)
 {
-    const float *z;
-    float zmax;
-    size_t best;
-    ml_status st = sampler_prepare(s, seq, logits, &z, &zmax, &best, err, errlen);
+    ml_status st = sampler_check(s, seq, err, errlen);
     if (st != ML_OK)
         return st;
-    if (sampler_is_greedy(&seq->p)) {
-        *token = (int32_t)best;
-        return ML_OK;
-    }
-    double u = xoshiro_uniform(seq->rng);
-    size_t n;
-    kept_set k = sampler_filter(s, &seq->p, z, zmax, &n);
-    unsigned bucket;
-    size_t j = kept_find(s, n, &k, u * kept_mass(s, &k), MASS_EXCEED, &bucket);
-    *token = s->scratch[j].id;
+    ml_sample_row row;
+    const int32_t *pen_id;
+    const uint32_t *pen_count;
+    ml_sampler_seq_row(seq, &row, &pen_id, &pen_count);
+    ml_sample_one(s->scratch, logits, &row, pen_id, pen_count, out);
+    if (out->chosen.id == ML_SAMPLE_NO_TOKEN)
+        return ml_fail(err, errlen, ML_ERR_FORMAT, "sampler: logits have no finite maximum");
     return ML_OK;
 }
 
@@ -902,91 +348,11 @@ ml_status ml_sampler_distribution(ml_sampler *s, const ml_sampler_seq *seq, cons
                                   ml_token_logprob *out, size_t cap, size_t *n_kept, char *err,
                                   size_t errlen)
 {
-    const float *z;
-    float zmax;
-    size_t best;
-    ml_status st = sampler_prepare(s, seq, logits, &z, &zmax, &best, err, errlen);
+    ml_status st = sampler_check(s, seq, err, errlen);
     if (st != ML_OK)
         return st;
-    if (sampler_is_greedy(&seq->p)) {
-        if (cap > 0)
-            out[0] = (ml_token_logprob){(int32_t)best, 0.0f};
-        *n_kept = 1;
-        return ML_OK;
-    }
-    size_t n;
-    kept_set k = sampler_filter(s, &seq->p, z, zmax, &n);
-    /* Spell the kept set out: the tail, then every candidate below the cut
-     * (the scratch is as long as the vocabulary). */
-    sampler_cand *c = s->scratch;
-    size_t m = k.n_tail;
-    for (size_t i = 0; i < n; i++)
-        if (s->cb[i] < k.cut)
-            c[m++] = (sampler_cand){s->cz[i], s->ce[i], s->cid[i]};
-    qsort(c, m, sizeof *c, cand_compare);
-    double log_total = log(cand_mass(c, 0, m)), t = seq->p.temperature;
-    for (size_t i = 0; i < m && i < cap; i++)
-        out[i] = (ml_token_logprob){c[i].id,
-                                    (float)(((double)c[i].z - zmax) / t - log_total)};
-    *n_kept = m;
-    return ML_OK;
-}
-
-/* ---- logprobs -------------------------------------------------------------- */
-
-/* Logits per chunk of the log-sum-exp pass (a stack buffer). */
-#define LOGPROBS_CHUNK 1024
-
-ml_status ml_sampler_logprobs(const float *logits, size_t n_vocab, int32_t chosen,
-                              uint32_t top_n, ml_logprobs *out, char *err, size_t errlen)
-{
-    if (chosen < 0 || (size_t)chosen >= n_vocab)
-        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "logprobs: chosen id %d outside [0, %zu)",
-                       (int)chosen, n_vocab);
-    if (top_n > ML_SAMPLER_MAX_TOP_LOGPROBS || top_n > n_vocab)
-        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "logprobs: top_n %u over the limit",
-                       (unsigned)top_n);
-    float zmax = logits_max(logits, n_vocab);
-    if (!isfinite(zmax))
-        return ml_fail(err, errlen, ML_ERR_FORMAT, "logprobs: logits have no finite maximum");
-
-    /* Sum of exp(z - zmax); terms past the negligible gap (and -inf, NaN)
-     * enter as exp(EXP_MIN_ARG), which no float result can see. */
-    float floor_z = zmax - negligible_log_gap(n_vocab);
-    double sum = 0.0;
-    float chunk[LOGPROBS_CHUNK];
-    for (size_t at = 0; at < n_vocab; at += LOGPROBS_CHUNK) {
-        size_t len = n_vocab - at < LOGPROBS_CHUNK ? n_vocab - at : LOGPROBS_CHUNK;
-        for (size_t i = 0; i < len; i++) {
-            float v = logits[at + i];
-            chunk[i] = v >= floor_z ? v : -INFINITY;
-        }
-        exp_scaled(chunk, zmax, 1.0f, chunk, len);
-        sum += sum_floats(chunk, len);
-    }
-    double lse = (double)zmax + log(sum);
-
-    /* The top_n best ranked, kept sorted by insertion (.logprob holds the raw
-     * logit until the end): a new entry is rare after the first few hundred
-     * ids, so the pass is about one compare per id. */
-    ml_token_logprob top[ML_SAMPLER_MAX_TOP_LOGPROBS];
-    uint32_t n_top = 0;
-    for (size_t i = 0; i < n_vocab && top_n > 0; i++) {
-        float v = logits[i];
-        int32_t id = (int32_t)i;
-        if (v != v ||
-            (n_top == top_n && !rank_before(v, id, top[n_top - 1].logprob, top[n_top - 1].id)))
-            continue;
-        uint32_t at = n_top < top_n ? n_top++ : n_top - 1;
-        while (at > 0 && rank_before(v, id, top[at - 1].logprob, top[at - 1].id)) {
-            top[at] = top[at - 1];
-            at--;
-        }
-        top[at] = (ml_token_logprob){id, v};
-    }
-    out->chosen = (ml_token_logprob){chosen, (float)((double)logits[chosen] - lse)};
-    for (uint32_t i = 0; i < n_top; i++)
-        out->top[i] = (ml_token_logprob){top[i].id, (float)((double)top[i].logprob - lse)};
-    out->n_top = n_top;
-    return ML_OK;
+    ml_sample_row row;
+    seq_row(seq, &row);
+    return ml_sample_distribution(s->scratch, logits, &row, seq->pen_id, seq->pen_count, out, cap,
+                                  n_kept, err, errlen);
 }

@@ -136,7 +136,7 @@ typedef struct counter {
     int tokens, started, done;
 } counter;
 
-static void on_token(void *ctx, int32_t id, const char *text, size_t len, const ml_logprobs *lp)
+static void on_token(void *ctx, int32_t id, const char *text, size_t len, const ml_sample_out *lp)
 {
     counter *c = ctx;
     c->started += c->tokens++ == 0;

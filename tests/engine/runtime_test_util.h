@@ -69,7 +69,7 @@ static inline void ml_rt_on_logits(void *ctx, const float *logits, int vocab)
 }
 
 static inline void ml_rt_on_token(void *ctx, int32_t id, const char *text, size_t len,
-                                  const ml_logprobs *lp)
+                                  const ml_sample_out *lp)
 {
     ml_rt_result *r = ctx;
     if (r->n_out < ML_RT_MAX_OUT)

@@ -108,6 +108,7 @@ static void check_clean(ml_backend *be, const char *what)
 #define VIS_HEADS 2
 #define VD (VIS_HEADS * HEAD_DIM)
 #define EPS 1e-5f
+#define N_PEN 8         /* penalty entries of the sample op, all rows */
 #define STEP_ARENA_BYTES ((size_t)1 << 20)
 
 typedef struct step_bufs {
@@ -150,7 +151,11 @@ typedef struct step_bufs {
     float *stored;              /* (DIM * N_TOK) */
     float *acc;                 /* (N_TOK, DIM): summed over steps */
     float *logits;              /* (N_TOK, VOCAB) */
-    int32_t *next;              /* (N_TOK) */
+    ml_sample_row *sample_rows; /* (N_TOK) */
+    int32_t *pen_id;            /* (N_PEN) */
+    uint32_t *pen_count;        /* (N_PEN) */
+    ml_sample_out *sampled;     /* (N_TOK) */
+    void *sample_scratch;       /* sample_scratch_bytes(N_TOK, VOCAB) */
     float *patches;             /* (N_PATCH, PATCH_K) */
     float *vis, *vis_out;       /* (N_PATCH, VD) */
 } step_bufs;
@@ -216,7 +221,11 @@ static void step_bufs_init(step_bufs *b, ml_backend *be)
     b->stored = F32(DIM * N_TOK);
     b->acc = F32(N_TOK * DIM);
     b->logits = F32(N_TOK * VOCAB);
-    b->next = I32(N_TOK);
+    b->sample_rows = carve(a, N_TOK * sizeof *b->sample_rows);
+    b->pen_id = I32(N_PEN);
+    b->pen_count = carve(a, N_PEN * sizeof *b->pen_count);
+    b->sampled = carve(a, N_TOK * sizeof *b->sampled);
+    b->sample_scratch = carve(a, be->ops->sample_scratch_bytes(be, N_TOK, VOCAB));
     b->patches = F32(N_PATCH * PATCH_K);
     b->vis = F32(N_PATCH * VD);
     b->vis_out = F32(N_PATCH * VD);
@@ -260,10 +269,27 @@ static void step_image(const step_bufs *b, unsigned char *img, uint64_t seed)
     float *inv_freq = H(b->inv_freq);
     for (int i = 0; i < HEAD_DIM / 2; i++)
         inv_freq[i] = powf(10000.0f + 1000.0f * (float)seed, -2.0f * (float)i / HEAD_DIM);
-    int32_t *ids = H(b->ids), *pos = H(b->pos), *slot = H(b->slot), *next = H(b->next);
-    for (int t = 0; t < N_TOK; t++) {
+    int32_t *ids = H(b->ids), *pos = H(b->pos), *slot = H(b->slot);
+    for (int t = 0; t < N_TOK; t++)
         ids[t] = irand(VOCAB);
-        next[t] = -1;
+    /* Sample rows: greedy with logprobs; every filter with a repetition
+     * penalty; min-p with presence/frequency penalties. */
+    ml_sample_row *rows = H(b->sample_rows);
+    rows[0] = (ml_sample_row){.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f,
+                              .logprobs = 1, .n_top = 3};
+    rows[1] = (ml_sample_row){.temperature = 0.7f, .top_p = 0.9f, .top_k = 10,
+                              .repetition_penalty = 1.2f, .logprobs = 1, .n_top = 2,
+                              .pen_start = 0, .n_pen = 5};
+    rows[2] = (ml_sample_row){.temperature = 1.5f, .top_p = 1.0f, .min_p = 0.05f,
+                              .repetition_penalty = 1.0f, .presence_penalty = 0.5f,
+                              .frequency_penalty = -0.3f, .pen_start = 5, .n_pen = N_PEN - 5};
+    for (int t = 1; t < N_TOK; t++)
+        rows[t].u = (double)frand(0.0f, 0.999f);
+    int32_t *pen_id = H(b->pen_id);
+    uint32_t *pen_count = H(b->pen_count);
+    for (int i = 0; i < N_PEN; i++) {
+        pen_id[i] = (i < 5 ? i : i - 5) * (VOCAB / 5) + irand(VOCAB / 5); /* distinct per row */
+        pen_count[i] = (uint32_t)irand(3);
     }
     /* Sequence 0 has 1 or 2 of the tokens; each sequence its own blocks. */
     int32_t *seq_start = H(b->seq_start), *pos0 = H(b->pos0), *bt = H(b->block_table);
@@ -378,7 +404,11 @@ static void step(ml_backend *be, const step_bufs *b, int variant)
     o->add_rows(be, b->h, b->x, NULL, 1.0f, N_TOK, DIM);
     o->add_rows(be, b->acc, b->h, NULL, 1.0f, N_TOK, DIM);
     o->matmul(be, b->logits, b->h, b->w_out, NULL, N_TOK, DIM, VOCAB, 0);
-    o->argmax(be, b->next, b->logits, N_TOK, VOCAB);
+    ml_sample_params sample = {.out = b->sampled, .logits = b->logits, .row = b->sample_rows,
+                               .pen_id = b->pen_id, .pen_count = b->pen_count,
+                               .scratch = b->sample_scratch, .rows = N_TOK, .vocab = VOCAB};
+    o->sample(be, &sample);
+    memset(&sample, 0xff, sizeof sample);
 
     o->patchify(be, b->patches, b->pixels, 1, SIDE, PATCH);
     o->matmul(be, b->vis, b->patches, b->w_patch, NULL, N_PATCH, PATCH_K, VD, 0);
@@ -718,7 +748,9 @@ typedef struct tp_bufs {
     uint16_t *norm_w;  /* (TP_N) */
     float *y, *z, *y2; /* (TP_ROWS, TP_N) */
     float *logits;     /* (TP_ROWS, TP_N) */
-    int32_t *next;     /* (TP_ROWS) */
+    ml_sample_row *sample_rows; /* (TP_ROWS) greedy */
+    ml_sample_out *sampled;     /* (TP_ROWS) */
+    void *sample_scratch;
 } tp_bufs;
 
 static void tp_bufs_init(tp_bufs *b, ml_backend *be)
@@ -737,7 +769,9 @@ static void tp_bufs_init(tp_bufs *b, ml_backend *be)
     b->z = carve(a, TP_ROWS * TP_N * sizeof(float));
     b->y2 = carve(a, TP_ROWS * TP_N * sizeof(float));
     b->logits = carve(a, TP_ROWS * TP_N * sizeof(float));
-    b->next = carve(a, TP_ROWS * sizeof(int32_t));
+    b->sample_rows = carve(a, TP_ROWS * sizeof *b->sample_rows);
+    b->sampled = carve(a, TP_ROWS * sizeof *b->sampled);
+    b->sample_scratch = carve(a, be->ops->sample_scratch_bytes(be, TP_ROWS, TP_N));
 }
 
 static void tp_image(const tp_bufs *b, unsigned char *img, uint64_t seed, int rank)
@@ -749,6 +783,9 @@ static void tp_image(const tp_bufs *b, unsigned char *img, uint64_t seed, int ra
     fill_bf16(host_of(a, img, b->w1), TP_N * TP_K, -W_MAX, W_MAX);
     fill_bf16(host_of(a, img, b->w2), TP_N * TP_N, -W_MAX, W_MAX);
     fill_bf16(host_of(a, img, b->norm_w), TP_N, -W_MAX, W_MAX);
+    ml_sample_row *rows = host_of(a, img, b->sample_rows);
+    for (int r = 0; r < TP_ROWS; r++)
+        rows[r] = (ml_sample_row){.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
 }
 
 /* A sharded block: two row-parallel matmuls, each followed by its sum over
@@ -762,7 +799,9 @@ static void tp_step(ml_backend *be, const tp_bufs *b)
     o->matmul(be, b->y2, b->z, b->w2, NULL, TP_ROWS, TP_N, TP_N, 0);
     o->all_reduce_sum(be, b->y2, TP_ROWS * TP_N);
     o->matmul(be, b->logits, b->y2, b->w2, NULL, TP_ROWS, TP_N, TP_N, 0);
-    o->argmax(be, b->next, b->logits, TP_ROWS, TP_N);
+    ml_sample_params sample = {.out = b->sampled, .logits = b->logits, .row = b->sample_rows,
+                               .scratch = b->sample_scratch, .rows = TP_ROWS, .vocab = TP_N};
+    o->sample(be, &sample);
 }
 
 typedef struct tp_member {

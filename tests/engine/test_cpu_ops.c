@@ -545,21 +545,67 @@ static void test_patchify(ml_backend *be)
     check(ok, "patchify (c, ky, kx) order, row-major patches");
 }
 
-static void test_argmax(ml_backend *be)
+/* The sample op against ml_sample_one row by row: each row's penalty
+ * entries found through its pen_start, each thread's scratch its own (rows
+ * outnumber the threads), greedy ties to the lowest id, NaN ignored, a row
+ * without a finite maximum reported as such. */
+static void test_sample(ml_backend *be)
 {
-    enum { ROWS = 4, V = 1000 };
+    enum { ROWS = 7, V = 1000, PEN = 4 };
     static float logits[ROWS * V];
     fill(logits, ROWS * V, -5, 5);
     logits[0 * V + 10] = 9.0f;
     logits[0 * V + 700] = 9.0f; /* tie: lowest index wins */
-    logits[1 * V + 999] = 20.0f;
-    logits[2 * V + 5] = 50.0f;
-    logits[2 * V + 42] = NAN; /* torch: NaN is the maximum */
-    logits[3 * V + 0] = 7.0f;
-    int32_t out[ROWS];
-    be->ops->argmax(be, out, logits, ROWS, V);
-    check(out[0] == 10 && out[1] == 999 && out[2] == 42 && out[3] == 0,
-          "argmax: %d %d %d %d", out[0], out[1], out[2], out[3]);
+    logits[1 * V + 5] = 50.0f;
+    logits[1 * V + 42] = NAN; /* never chosen */
+    for (int i = 0; i < V; i++)
+        logits[2 * V + i] = i % 2 ? -INFINITY : NAN; /* no finite maximum */
+    ml_sample_row rows[ROWS];
+    int32_t pen_id[ROWS * PEN];
+    uint32_t pen_count[ROWS * PEN];
+    for (int r = 0; r < ROWS; r++) {
+        rows[r] = (ml_sample_row){.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f,
+                                  .logprobs = 1, .n_top = (uint32_t)r};
+        for (int i = 0; i < PEN; i++) {
+            pen_id[r * PEN + i] = i * (V / PEN) + irand(V / PEN);
+            pen_count[r * PEN + i] = (uint32_t)irand(3);
+        }
+    }
+    rows[3] = (ml_sample_row){.u = 0.25, .temperature = 0.8f, .top_p = 0.9f, .top_k = 50,
+                              .repetition_penalty = 1.3f, .frequency_penalty = 0.5f,
+                              .logprobs = 1, .n_top = 5, .pen_start = 3 * PEN, .n_pen = PEN};
+    rows[4] = (ml_sample_row){.u = 0.999, .temperature = 1.2f, .top_p = 1.0f, .min_p = 0.1f,
+                              .repetition_penalty = 0.7f, .presence_penalty = -1.0f,
+                              .pen_start = 4 * PEN, .n_pen = PEN};
+    rows[5] = (ml_sample_row){.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 2.0f,
+                              .presence_penalty = 2.0f, .pen_start = 5 * PEN, .n_pen = PEN};
+    rows[6] = (ml_sample_row){.u = 0.5, .temperature = 1.0f, .top_p = 0.5f, .repetition_penalty = 1.0f};
+    size_t bytes = be->ops->sample_scratch_bytes(be, ROWS, V);
+    void *scratch = be->ops->alloc(be, bytes);
+    void *mem = aligned_alloc(64, ml_sample_scratch_bytes(V));
+    ml_sample_out got[ROWS], want;
+    check(scratch && mem, "sample: scratch of %zu bytes", bytes);
+    if (!scratch || !mem) {
+        be->ops->free(be, scratch);
+        free(mem);
+        return;
+    }
+    ml_sample_params p = {.out = got, .logits = logits, .row = rows, .pen_id = pen_id,
+                          .pen_count = pen_count, .scratch = scratch, .rows = ROWS, .vocab = V};
+    be->ops->sample(be, &p);
+    ml_sample_scratch *s = ml_sample_scratch_init(mem, V);
+    for (int r = 0; r < ROWS; r++) {
+        ml_sample_one(s, logits + (size_t)r * V, &rows[r], pen_id + rows[r].pen_start,
+                      pen_count + rows[r].pen_start, &want);
+        check(memcmp(&got[r], &want, sizeof want) == 0, "sample: row %d: op %d, reference %d", r,
+              got[r].chosen.id, want.chosen.id);
+    }
+    check(got[0].chosen.id == 10 && got[1].chosen.id == 5 &&
+              got[2].chosen.id == ML_SAMPLE_NO_TOKEN && got[0].n_top == 0 && got[1].n_top == 1 &&
+              got[1].top[0].id == 5,
+          "sample: greedy %d %d %d", got[0].chosen.id, got[1].chosen.id, got[2].chosen.id);
+    be->ops->free(be, scratch);
+    free(mem);
 }
 
 /* ---- attention: reference ------------------------------------------------------------ */
@@ -1293,7 +1339,7 @@ int main(void)
         test_rope(be);
         test_elementwise(be[1]);
         test_patchify(be[1]);
-        test_argmax(be[1]);
+        test_sample(be[1]);
         test_attn_vision(be);
         test_attn_causal(be);
         test_attn_cross(be);

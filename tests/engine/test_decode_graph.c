@@ -1,8 +1,9 @@
 /* Decode graphs (text.c ml_model_forward) against op-by-op execution on the
  * CPU: one golden fixture model is loaded twice, decode_graphs 1 ("graph")
  * and 0 ("eager"), each with its own K/V cache and image states, and both
- * run the same steps, each fed its own argmax (ours of its logits, or the
- * model's ML_LOGITS_ARGMAX id, which the graph computes too). Every step's
+ * run the same steps, each fed its own token (our argmax of its logits, or
+ * the model's ML_LOGITS_SAMPLE token: greedy for one sequence, every
+ * filter and penalty for another, which the graph samples too). Every step's
  * logits must be bit-identical and its ids equal, not merely close: a
  * graph replays the very ops the eager path issues, over the batch padded
  * to its bucket, and no CPU op mixes rows of different sequences or sums
@@ -49,10 +50,10 @@
 enum {
     SEQ_BOTH,       /* the fixture row: whole prompt, both images */
     SEQ_IMAGE0,     /* the prompt up to the second <|image|>, first image only */
-    SEQ_IMAGE1,     /* whole prompt, second image only; ids from the device argmax */
+    SEQ_IMAGE1,     /* whole prompt, second image only; sampled by the model, penalties */
     SEQ_SHORT,      /* a prefix of the prompt, both images */
     SEQ_TEXT,       /* whole prompt, no image state (n_images 0) */
-    SEQ_TEXT_SHORT, /* the prompt's text before its first <|image|>, no image; device argmax */
+    SEQ_TEXT_SHORT, /* the prompt's text before its first <|image|>, no image; greedy on the model */
     SEQ_CHUNKED,    /* both images, prefilled in two chunks */
     N_SEQS
 };
@@ -63,18 +64,30 @@ typedef struct seq_spec {
     int prefix;      /* prompt tokens kept; 0 = all */
     int first_chunk; /* tokens of the first prefill step; 0 = the whole prompt at once */
     int logits;      /* ML_LOGITS_LAST (its row; the test takes the argmax) or
-                        ML_LOGITS_ARGMAX (the id only, computed by the model) */
+                        ML_LOGITS_SAMPLE (the token only, the model's sample op) */
 } seq_spec;
 
 static const seq_spec SPECS[N_SEQS] = {
     [SEQ_BOTH] = {0x3, 0, 0, ML_LOGITS_LAST},
     [SEQ_IMAGE0] = {0x1, 15, 0, ML_LOGITS_LAST},
-    [SEQ_IMAGE1] = {0x2, 0, 0, ML_LOGITS_ARGMAX},
+    [SEQ_IMAGE1] = {0x2, 0, 0, ML_LOGITS_SAMPLE},
     [SEQ_SHORT] = {0x3, 20, 0, ML_LOGITS_LAST},
     [SEQ_TEXT] = {0x0, 0, 0, ML_LOGITS_LAST},
-    [SEQ_TEXT_SHORT] = {0x0, 9, 0, ML_LOGITS_ARGMAX},
+    [SEQ_TEXT_SHORT] = {0x0, 9, 0, ML_LOGITS_SAMPLE},
     [SEQ_CHUNKED] = {0x3, 0, 13, ML_LOGITS_LAST},
 };
+
+/* The sampling controls of the ML_LOGITS_SAMPLE sequences: SEQ_TEXT_SHORT
+ * greedy with logprobs, SEQ_IMAGE1 every filter and penalty at once. */
+static ml_sample_row sample_controls(int s)
+{
+    if (s == SEQ_TEXT_SHORT)
+        return (ml_sample_row){.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f,
+                               .logprobs = 1, .n_top = 3};
+    return (ml_sample_row){.temperature = 0.8f, .top_p = 0.9f, .min_p = 0.01f, .top_k = 40,
+                           .repetition_penalty = 1.3f, .presence_penalty = 0.4f,
+                           .frequency_penalty = 0.6f, .logprobs = 1, .n_top = 5};
+}
 
 /* Sequence `spec` of row 0 of src (the fixture prompt, steps MAX_DECODE)
  * as a prompt of one row: its prefix, the mask columns of its images (a
@@ -116,7 +129,14 @@ typedef struct side {
     int blocks_per_seq;
     int32_t *tables;                      /* owned (N_SEQS, blocks_per_seq) */
     int pos[N_SEQS];                      /* tokens of each sequence in the cache */
-    int32_t next[N_SEQS];                 /* argmax of its last logits: the token it feeds next */
+    int32_t next[N_SEQS];                 /* its last token chosen: the token it feeds next */
+    /* The sample op's inputs and outputs of each ML_LOGITS_SAMPLE sequence:
+     * its penalty entries are the distinct ids fed so far (the prompt and
+     * decode tokens) that have a logit, counted in the decode tokens. */
+    ml_sample_row row[N_SEQS];
+    int32_t *pen_id[N_SEQS];              /* owned (ctx) */
+    uint32_t *pen_count[N_SEQS];          /* owned (ctx) */
+    ml_sample_out sampled[N_SEQS];
     float *logits;                        /* owned (MAX_SEQS, V): the last step's rows */
     int n_rows;                           /* rows of the last step in logits */
     int row_seq[MAX_SEQS];                /* the sequence of each of those rows */
@@ -158,6 +178,12 @@ static ml_status side_open(side *sd, ml_model *m, ml_safetensors *ref, const ml_
     sd->blocks_per_seq = (src->ctx + KV_BLOCK - 1) / KV_BLOCK;
     sd->tables = malloc((size_t)N_SEQS * sd->blocks_per_seq * sizeof *sd->tables);
     sd->logits = malloc((size_t)MAX_SEQS * ml_model_config(m)->text.vocab_size * sizeof(float));
+    for (int s = 0; s < N_SEQS; s++) {
+        sd->pen_id[s] = malloc((size_t)src->ctx * sizeof *sd->pen_id[s]);
+        sd->pen_count[s] = malloc((size_t)src->ctx * sizeof *sd->pen_count[s]);
+        if (!sd->pen_id[s] || !sd->pen_count[s])
+            st = ml_fail(err, errlen, ML_ERR_NOMEM, "out of memory");
+    }
     if (st == ML_OK)
         st = side_new_cache(sd, err, errlen);
     return st;
@@ -173,11 +199,44 @@ static void side_close(side *sd)
     ml_model_destroy(sd->m);
     free(sd->tables);
     free(sd->logits);
+    for (int s = 0; s < N_SEQS; s++) {
+        free(sd->pen_id[s]);
+        free(sd->pen_count[s]);
+    }
+}
+
+/* The controls and penalty entries of sequence s's sampled step over its
+ * first `fed` tokens; u from a fixed function of (s, fed), the same on
+ * both sides. */
+static void stage_sample(side *sd, int s, int fed, ml_step_seq *q)
+{
+    const ml_fx_prompt *p = &sd->seqs[s];
+    ml_sample_row *row = &sd->row[s];
+    *row = sample_controls(s);
+    row->u = (double)((uint32_t)(s * 7919 + fed * 104729) % 65536) / 65536.0;
+    int n = 0, V = ml_model_config(sd->m)->text.vocab_size;
+    for (int t = 0; t < fed; t++) {
+        if (p->tokens[t] >= V) /* <|image|> has no logit */
+            continue;
+        int i = 0;
+        while (i < n && sd->pen_id[s][i] != p->tokens[t])
+            i++;
+        if (i == n) {
+            sd->pen_id[s][n] = p->tokens[t];
+            sd->pen_count[s][n++] = 0;
+        }
+        sd->pen_count[s][i] += t >= p->S;
+    }
+    row->n_pen = n;
+    q->sample = row;
+    q->pen_id = sd->pen_id[s];
+    q->pen_count = sd->pen_count[s];
+    q->sampled = &sd->sampled[s];
 }
 
 /* Sequence s's share of its next step: the rest of its prompt (its first
- * chunk when it starts chunked), or one decode token, the argmax of its
- * last logits; the last token's logits, or their argmax into next[s]. */
+ * chunk when it starts chunked), or one decode token, the token chosen
+ * last; the last token's logits, or its sample into sampled[s]. */
 static ml_step_seq step_input(side *sd, int s)
 {
     ml_fx_prompt *p = &sd->seqs[s];
@@ -195,7 +254,8 @@ static ml_step_seq step_input(side *sd, int s)
             q.cross_allowed += (size_t)pos * p->N * p->T;
     }
     q.logits = SPECS[s].logits;
-    q.argmax = &sd->next[s];
+    if (q.logits == ML_LOGITS_SAMPLE)
+        stage_sample(sd, s, q.pos0 + q.n_tokens, &q);
     return q;
 }
 
@@ -215,6 +275,8 @@ static ml_status side_step(side *sd, const int *batch, int n, char *err, size_t 
     for (int i = 0; i < n; i++) {
         int s = batch[i];
         sd->pos[s] += qs[i].n_tokens;
+        if (qs[i].logits == ML_LOGITS_SAMPLE)
+            sd->next[s] = sd->sampled[s].chosen.id;
         if (qs[i].logits != ML_LOGITS_LAST)
             continue;
         sd->next[s] = ml_fx_argmax(sd->logits + (size_t)sd->n_rows * V, V);
@@ -248,7 +310,7 @@ static const step_plan MAIN_PLAN[] = {
     {"2 text-only sequences: slot without images", 2, {SEQ_TEXT, SEQ_TEXT_SHORT}},
     {"2 text-only sequences swapped", 2, {SEQ_TEXT_SHORT, SEQ_TEXT}},
     {"2 sequences with images: bucket 2, other slot", 2, {SEQ_IMAGE1, SEQ_BOTH}},
-    {"2 sequences, device argmax only", 2, {SEQ_TEXT_SHORT, SEQ_IMAGE1}},
+    {"2 sequences, both sampled on the model", 2, {SEQ_TEXT_SHORT, SEQ_IMAGE1}},
     {"a prefill chunk among decode tokens (eager)", 3, {SEQ_BOTH, SEQ_CHUNKED, SEQ_TEXT}},
     {"5 sequences elsewhere: bucket 8 replayed", 5,
      {SEQ_TEXT_SHORT, SEQ_CHUNKED, SEQ_SHORT, SEQ_BOTH, SEQ_IMAGE1}},
@@ -296,7 +358,8 @@ static void report_difference(const char *what, const float *got, const float *w
 }
 
 /* Run plan[0 .. n) on both sides, each step's logit rows bitwise compared
- * and every sequence's next token (the device's argmax or ours) equal;
+ * and every sequence's next token (the model's sample or our argmax) equal,
+ * with the sampled logprobs bitwise;
  * SEQ_BOTH's against the fixture's greedy tokens. Stops at the first
  * forward error. */
 static void run_plan(const char *part, side *graph, side *eager, const step_plan *plan, int n)
@@ -332,6 +395,12 @@ static void run_plan(const char *part, side *graph, side *eager, const step_plan
             int s = p->seqs[i];
             check(graph->next[s] == eager->next[s], "%s: %s: sequence %d: next token %d vs %d",
                   part, p->what, s, graph->next[s], eager->next[s]);
+            if (SPECS[s].logits == ML_LOGITS_SAMPLE)
+                check(graph->next[s] >= 0 &&
+                          memcmp(&graph->sampled[s], &eager->sampled[s],
+                                 sizeof graph->sampled[s]) == 0,
+                      "%s: %s: sequence %d: sampled token %d, logprobs differ from eager",
+                      part, p->what, s, graph->next[s]);
         }
         int fed = graph->pos[SEQ_BOTH] - both->S; /* decode tokens before these logits */
         if (has_both && fed >= 0 && fed < both->steps)

@@ -67,6 +67,17 @@ static int rank_compare(const void *a, const void *b)
     return ia < ib ? -1 : ia > ib;
 }
 
+/* ml_sampler_sample's token alone. */
+static ml_status sample_token(ml_sampler *s, ml_sampler_seq *seq, const float *logits,
+                              int32_t *token, char *err, size_t errlen)
+{
+    ml_sample_out out;
+    ml_status st = ml_sampler_sample(s, seq, logits, &out, err, errlen);
+    if (st == ML_OK)
+        *token = out.chosen.id;
+    return st;
+}
+
 /* The reference: the HF warpers applied literally to penalised logits z
  * (n), in double, over the whole vocabulary. prob[i] is the probability of
  * id i after renormalisation over the kept set (0 if dropped). *margin is
@@ -84,7 +95,7 @@ static void ref_distribution(const float *z, size_t n, const ml_sampling_params 
     for (size_t i = 0; i < n; i++)
         prob[i] = 0.0;
 
-    if (p->temperature < ML_SAMPLER_GREEDY_TEMPERATURE) {
+    if (p->temperature < ML_SAMPLE_GREEDY_TEMPERATURE) {
         prob[order[0]] = 1.0;
         free(order);
         return;
@@ -216,7 +227,7 @@ static void test_validate(void)
     INVALID((p.n_stop_ids = 1, p.stop_ids[0] = 1000), "stop_ids[0]");
     INVALID((p.n_stop_ids = 2, p.stop_ids[0] = 5, p.stop_ids[1] = -1), "stop_ids[1]");
     INVALID((p.n_stop = 1, p.stop[0] = "", p.stop_len[0] = 0), "stop[0]");
-    INVALID(p.top_logprobs = ML_SAMPLER_MAX_TOP_LOGPROBS + 1, "top_logprobs");
+    INVALID(p.top_logprobs = ML_SAMPLE_MAX_TOP + 1, "top_logprobs");
     INVALID(p.top_logprobs = 3, "top_logprobs"); /* without logprobs */
 #undef INVALID
 
@@ -228,7 +239,7 @@ static void test_validate(void)
     p.presence_penalty = -2.0f;
     p.frequency_penalty = 2.0f;
     p.logprobs = true;
-    p.top_logprobs = ML_SAMPLER_MAX_TOP_LOGPROBS;
+    p.top_logprobs = ML_SAMPLE_MAX_TOP;
     p.n_stop = 1;
     p.stop[0] = "\nUser:";
     p.stop_len[0] = 6;
@@ -264,15 +275,15 @@ static void test_greedy(void)
     char err[256];
     int32_t tok = -1;
 
-    const float temps[] = {0.0f, ML_SAMPLER_GREEDY_TEMPERATURE * 0.5f};
+    const float temps[] = {0.0f, ML_SAMPLE_GREEDY_TEMPERATURE * 0.5f};
     for (size_t t = 0; t < N_OF(temps); t++) {
         p.temperature = temps[t];
         ml_sampler_seq *seq = make_seq(&p, V, NULL, 0);
         const float ties[V] = {NAN, 1.0f, 3.0f, -INFINITY, 3.0f, 2.0f, 3.0f, NAN};
-        check(ml_sampler_sample(s, seq, ties, &tok, err, sizeof err) == ML_OK && tok == 2,
+        check(sample_token(s, seq, ties, &tok, err, sizeof err) == ML_OK && tok == 2,
               "greedy: first of tied maxima, NaN ignored (got %d)", (int)tok);
         const float neg[V] = {-5, -4, -3, -2, -1.5f, -1.5f, -7, -INFINITY};
-        check(ml_sampler_sample(s, seq, neg, &tok, err, sizeof err) == ML_OK && tok == 4,
+        check(sample_token(s, seq, neg, &tok, err, sizeof err) == ML_OK && tok == 4,
               "greedy: negative logits (got %d)", (int)tok);
 
         const float all_nan[V] = {NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN};
@@ -280,12 +291,12 @@ static void test_greedy(void)
                                      -INFINITY, -INFINITY, -INFINITY, -INFINITY};
         const float pos_inf[V] = {0, 1, INFINITY, 2, 0, 0, 0, 0};
         tok = -7;
-        check(ml_sampler_sample(s, seq, all_nan, &tok, err, sizeof err) == ML_ERR_FORMAT &&
+        check(sample_token(s, seq, all_nan, &tok, err, sizeof err) == ML_ERR_FORMAT &&
                   tok == -7,
               "all NaN rejected");
-        check(ml_sampler_sample(s, seq, all_masked, &tok, err, sizeof err) == ML_ERR_FORMAT,
+        check(sample_token(s, seq, all_masked, &tok, err, sizeof err) == ML_ERR_FORMAT,
               "all -inf rejected");
-        check(ml_sampler_sample(s, seq, pos_inf, &tok, err, sizeof err) == ML_ERR_FORMAT,
+        check(sample_token(s, seq, pos_inf, &tok, err, sizeof err) == ML_ERR_FORMAT,
               "+inf rejected");
         ml_sampler_seq_destroy(seq);
     }
@@ -294,7 +305,7 @@ static void test_greedy(void)
     p.temperature = 0.0f;
     ml_sampler_seq *other = make_seq(&p, V + 1, NULL, 0);
     const float z[V] = {0};
-    check(ml_sampler_sample(s, other, z, &tok, err, sizeof err) == ML_ERR_INVALID_ARG,
+    check(sample_token(s, other, z, &tok, err, sizeof err) == ML_ERR_INVALID_ARG,
           "n_vocab mismatch");
     ml_sampler_seq_destroy(other);
     ml_sampler_destroy(s);
@@ -501,7 +512,7 @@ static void test_repetition_penalty(void)
     const int32_t seen[] = {1};
     seq = make_seq(&p, V, seen, 1);
     int32_t tok = -1;
-    check(ml_sampler_sample(s, seq, two, &tok, err, sizeof err) == ML_OK && tok == 0,
+    check(sample_token(s, seq, two, &tok, err, sizeof err) == ML_OK && tok == 0,
           "greedy with repetition penalty picks 0 (got %d)", (int)tok);
     ml_sampler_seq_destroy(seq);
     ml_sampler_destroy(s);
@@ -550,7 +561,7 @@ static void test_presence_frequency(void)
     seq = make_seq(&p, V, NULL, 0);
     check(ml_sampler_seq_accept(seq, 5, &fin, err, sizeof err) == ML_OK, "accept");
     int32_t tok = -1;
-    check(ml_sampler_sample(s, seq, z, &tok, err, sizeof err) == ML_OK && tok == 5,
+    check(sample_token(s, seq, z, &tok, err, sizeof err) == ML_OK && tok == 5,
           "negative presence makes 5 (1.5 + 1) beat 3 (2.0): got %d", (int)tok);
     ml_sampler_seq_destroy(seq);
     ml_sampler_destroy(s);
@@ -582,7 +593,7 @@ static void test_penalty_table(void)
     int32_t tok;
     check(ml_sampler_seq_accept(seq, 0, &fin, err, sizeof err) == ML_ERR_INVALID_ARG,
           "accept after finish");
-    check(ml_sampler_sample(s, seq, z, &tok, err, sizeof err) == ML_ERR_INVALID_ARG,
+    check(sample_token(s, seq, z, &tok, err, sizeof err) == ML_ERR_INVALID_ARG,
           "sample after finish");
     ml_sampler_seq_destroy(seq);
 
@@ -687,7 +698,7 @@ static void test_empirical(void)
         char err[256];
         for (int i = 0; i < DRAWS; i++) {
             int32_t tok = -1;
-            if (ml_sampler_sample(s, seq, z, &tok, err, sizeof err) != ML_OK || tok < 0 ||
+            if (sample_token(s, seq, z, &tok, err, sizeof err) != ML_OK || tok < 0 ||
                 tok >= V) {
                 check(0, "draw failed: %s", err);
                 break;
@@ -749,7 +760,7 @@ static void test_empirical_wide(void)
     char err[256];
     for (int i = 0; i < DRAWS; i++) {
         int32_t tok = 0;
-        ml_sampler_sample(s, seq, z, &tok, err, sizeof err);
+        sample_token(s, seq, z, &tok, err, sizeof err);
         outside += want[tok] == 0.0;
         hist[cell_of[tok]]++;
     }
@@ -770,7 +781,7 @@ static void test_extreme_temperatures(void)
     enum { V = 4 };
     ml_sampler *s = make_sampler(V);
     const float z[V] = {0.0f, -INFINITY, 5.0f, NAN};
-    const float temps[] = {1e30f, ML_SAMPLER_GREEDY_TEMPERATURE * 2};
+    const float temps[] = {1e30f, ML_SAMPLE_GREEDY_TEMPERATURE * 2};
     for (size_t t = 0; t < N_OF(temps); t++) {
         ml_sampling_params p;
         ml_sampling_params_default(&p);
@@ -780,7 +791,7 @@ static void test_extreme_temperatures(void)
         char err[256];
         for (int i = 0; i < 2000; i++) {
             int32_t tok = 1;
-            check(ml_sampler_sample(s, seq, z, &tok, err, sizeof err) == ML_OK, "%s", err);
+            check(sample_token(s, seq, z, &tok, err, sizeof err) == ML_OK, "%s", err);
             hist[tok]++;
         }
         check(hist[1] == 0 && hist[3] == 0, "T=%g: a masked or NaN logit was drawn",
@@ -820,7 +831,7 @@ static void test_stream_pinned(void)
         char err[256];
         for (int i = 0; i < 10; i++) {
             int32_t tok = -1;
-            ml_sampler_sample(s, seq, z, &tok, err, sizeof err);
+            sample_token(s, seq, z, &tok, err, sizeof err);
             same &= tok == want[w].tokens[i];
         }
         check(same, "seed %llu: stream differs from the reference",
@@ -852,7 +863,7 @@ static void run_interleaved(ml_sampler *s, ml_sampler_seq **seqs, int n_seqs, si
         step_logits(z, n_vocab, t);
         for (int q = 0; q < n_seqs; q++) {
             int32_t tok = -1;
-            check(ml_sampler_sample(s, seqs[q], z, &tok, err, sizeof err) == ML_OK, "%s", err);
+            check(sample_token(s, seqs[q], z, &tok, err, sizeof err) == ML_OK, "%s", err);
             check(ml_sampler_seq_accept(seqs[q], tok, &fin, err, sizeof err) == ML_OK, "%s", err);
             if (q == 0)
                 out[t] = tok;
@@ -922,14 +933,14 @@ static void test_logprobs(void)
         sum += exp((double)z[i] - m);
     double lse = m + log(sum);
 
-    ml_logprobs lp;
+    ml_sample_out lp;
     char err[256];
-    check(ml_sampler_logprobs(z, n, 8000, ML_SAMPLER_MAX_TOP_LOGPROBS, &lp, err, sizeof err) ==
+    check(ml_sample_logprobs(z, n, 8000, ML_SAMPLE_MAX_TOP, &lp, err, sizeof err) ==
               ML_OK,
           "logprobs: %s", err);
     check(lp.chosen.id == 8000, "chosen id");
     check_close(lp.chosen.logprob, 15.0 - lse, 1e-5, 0, "chosen logprob");
-    check(lp.n_top == ML_SAMPLER_MAX_TOP_LOGPROBS, "n_top %u", (unsigned)lp.n_top);
+    check(lp.n_top == ML_SAMPLE_MAX_TOP, "n_top %u", (unsigned)lp.n_top);
     check(lp.top[0].id == 5000 && lp.top[1].id == 7000 && lp.top[2].id == 9000 &&
               lp.top[3].id == 8000,
           "ties by id, then the runner-up");
@@ -950,16 +961,16 @@ static void test_logprobs(void)
     check(ids_ok, "top ids match a full sort");
     check(max_diff < 1e-5, "top logprobs max diff %.3g", max_diff);
 
-    check(ml_sampler_logprobs(z, n, 100, 0, &lp, err, sizeof err) == ML_OK &&
+    check(ml_sample_logprobs(z, n, 100, 0, &lp, err, sizeof err) == ML_OK &&
               isinf(lp.chosen.logprob) && lp.chosen.logprob < 0 && lp.n_top == 0,
           "masked chosen: -inf, no alternatives");
-    check(ml_sampler_logprobs(z, n, (int32_t)n, 0, &lp, err, sizeof err) == ML_ERR_INVALID_ARG,
+    check(ml_sample_logprobs(z, n, (int32_t)n, 0, &lp, err, sizeof err) == ML_ERR_INVALID_ARG,
           "chosen out of range");
-    check(ml_sampler_logprobs(z, n, 0, ML_SAMPLER_MAX_TOP_LOGPROBS + 1, &lp, err, sizeof err) ==
+    check(ml_sample_logprobs(z, n, 0, ML_SAMPLE_MAX_TOP + 1, &lp, err, sizeof err) ==
               ML_ERR_INVALID_ARG,
           "top_n over the limit");
     const float tiny[3] = {1.0f, 2.0f, NAN};
-    check(ml_sampler_logprobs(tiny, 3, 0, 3, &lp, err, sizeof err) == ML_OK && lp.n_top == 2 &&
+    check(ml_sample_logprobs(tiny, 3, 0, 3, &lp, err, sizeof err) == ML_OK && lp.n_top == 2 &&
               lp.top[0].id == 1,
           "NaN never among the alternatives");
     free(order);
@@ -982,10 +993,10 @@ static void bench_one(ml_sampler *s, const float *z, const char *name,
     ml_sampler_seq *seq = make_seq(p, LLAMA3_VOCAB, prompt, n_prompt);
     char err[256];
     int32_t tok;
-    ml_sampler_sample(s, seq, z, &tok, err, sizeof err); /* warm the scratch */
+    sample_token(s, seq, z, &tok, err, sizeof err); /* warm the scratch */
     double t0 = now_us();
     for (int i = 0; i < ITERS; i++)
-        if (ml_sampler_sample(s, seq, z, &tok, err, sizeof err) != ML_OK)
+        if (sample_token(s, seq, z, &tok, err, sizeof err) != ML_OK)
             check(0, "bench %s: %s", name, err);
     double us = (now_us() - t0) / ITERS;
     fprintf(stderr, "  %-38s %8.1f us/sample\n", name, us);
@@ -1053,11 +1064,11 @@ static void test_bench(void)
         bench_one(s, dists[d], "top_p=0.9 + penalties, 1000-id prompt", &p, prompt, 1000);
 
         enum { LP_ITERS = 50 };
-        ml_logprobs lp;
+        ml_sample_out lp;
         char err[256];
         double t_lp = now_us();
         for (int i = 0; i < LP_ITERS; i++)
-            ml_sampler_logprobs(dists[d], n, 0, 5, &lp, err, sizeof err);
+            ml_sample_logprobs(dists[d], n, 0, 5, &lp, err, sizeof err);
         fprintf(stderr, "  %-38s %8.1f us/call\n", "logprobs top 5", (now_us() - t_lp) / LP_ITERS);
     }
     free(peaked);
