@@ -6,8 +6,9 @@
  *   with its reference.safetensors, or ml_rt_fixture_open and the test's
  *   own inputs (ml_rt_fixture_set_prompt / _set_images, pixels);
  * - ml_rt_result: what one request's callbacks reported;
- * - ml_rt_submit: a greedy request of a kind (both images, the first only,
- *   text only) made from the fixture prompt, images by pixels or by key;
+ * - ml_rt_submit: a request (greedy, or the caller's sampling) of a kind
+ *   (both images, the first only, text only) made from the fixture prompt,
+ *   images by pixels or by key;
  * - ml_rt_config / ml_rt_runtime_create (ml_rt_runtime_sized: both in one),
  *   ml_rt_steps, ml_rt_drain;
  * - ml_rt_flood: many image requests against a small image budget.
@@ -43,6 +44,7 @@
 
 typedef struct ml_rt_result {
     int32_t out[ML_RT_MAX_OUT]; /* the first ML_RT_MAX_OUT sampled tokens */
+    ml_sample_out lp[ML_RT_MAX_OUT]; /* their logprobs, when the request asked */
     int n_out;
     int done;                   /* on_finish calls: exactly 1 once it ended */
     ml_finish_reason reason;
@@ -72,8 +74,11 @@ static inline void ml_rt_on_token(void *ctx, int32_t id, const char *text, size_
                                   const ml_sample_out *lp)
 {
     ml_rt_result *r = ctx;
-    if (r->n_out < ML_RT_MAX_OUT)
-        r->out[r->n_out++] = id;
+    if (r->n_out == ML_RT_MAX_OUT)
+        return;
+    if (lp)
+        r->lp[r->n_out] = *lp;
+    r->out[r->n_out++] = id;
 }
 
 static inline void ml_rt_on_finish(void *ctx, const char *tail, size_t tail_len,
@@ -327,10 +332,11 @@ typedef struct ml_rt_request {
     const char *adapter; /* borrowed; NULL = the base model */
     int64_t deadline_ms; /* 0 = none */
     int keep_logits;     /* copy the first step's logits into the result */
+    const ml_sampling_params *sampling; /* borrowed; NULL = greedy (max_tokens applies) */
 } ml_rt_request;
 
-/* Submit q as a greedy request whose callbacks fill r (borrowed until it
- * ends). Image i's key is (i + 1, key_salt, 0...). Returns the handle;
+/* Submit q as a request (greedy unless q->sampling) whose callbacks fill r
+ * (borrowed until it ends). Image i's key is (i + 1, key_salt, 0...). Returns the handle;
  * ml_runtime_submit's own failure is a check failure (handle 0). */
 static inline uint64_t ml_rt_submit(const ml_rt_fixture *f, ml_runtime *rt,
                                     const ml_rt_request *q, ml_rt_result *r)
@@ -377,8 +383,12 @@ static inline uint64_t ml_rt_submit(const ml_rt_fixture *f, ml_runtime *rt,
         .adapter = q->adapter,
         .cb = ml_rt_callbacks(r, q->keep_logits),
     };
-    ml_sampling_params_default(&req.sampling);
-    req.sampling.temperature = 0;
+    if (q->sampling) {
+        req.sampling = *q->sampling;
+    } else {
+        ml_sampling_params_default(&req.sampling);
+        req.sampling.temperature = 0;
+    }
     req.sampling.max_tokens = (uint32_t)q->max_tokens;
     uint64_t h = 0;
     char err[256] = "";

@@ -143,6 +143,55 @@ static void test_endings(ml_rt_fixture *f)
     ml_runtime_destroy(rt);
 }
 
+/* The runtime samples where the logits are (the model's sample op) unless a
+ * logits callback must see them (then the host sampler does): the same
+ * seeds give the same tokens and logprobs both ways, for batched requests
+ * with every filter and penalty on. */
+static void test_sampling_paths(ml_rt_fixture *f)
+{
+    enum { N = 3, TOKENS = 12 };
+    const ml_rt_kind kinds[N] = {ML_RT_TWO_IMAGES, ML_RT_ONE_IMAGE, ML_RT_TEXT_ONLY};
+    ml_sampling_params p[N];
+    for (int i = 0; i < N; i++) {
+        ml_sampling_params_default(&p[i]);
+        p[i].seed = 1000 + (uint64_t)i;
+        p[i].logprobs = true;
+        p[i].top_logprobs = 3;
+    }
+    p[0].temperature = 0.9f;
+    p[0].top_k = 30;
+    p[0].top_p = 0.92f;
+    p[0].repetition_penalty = 1.3f;
+    p[1].temperature = 1.3f;
+    p[1].min_p = 0.02f;
+    p[1].presence_penalty = 0.5f;
+    p[1].frequency_penalty = 0.7f;
+    p[2].temperature = 0.0f; /* greedy among sampled requests, with a penalty */
+    p[2].repetition_penalty = 1.5f;
+    ml_rt_result r[2][N];
+    memset(r, 0, sizeof r);
+    for (int host = 0; host < 2; host++) {
+        ml_runtime *rt = ml_rt_runtime_sized(f, 64, 2);
+        for (int i = 0; i < N; i++)
+            ml_rt_submit(f, rt,
+                         &(ml_rt_request){.kind = kinds[i], .max_tokens = TOKENS,
+                                          .keep_logits = host, .sampling = &p[i]},
+                         &r[host][i]);
+        ml_rt_drain(rt, 0);
+        ml_runtime_destroy(rt);
+    }
+    for (int i = 0; i < N; i++) {
+        check(r[0][i].n_out == TOKENS && ml_rt_same_output(&r[0][i], &r[1][i]),
+              "request %d: the model's sample op and the host sampler give the same %d tokens",
+              i, r[0][i].n_out);
+        check(!memcmp(r[0][i].lp, r[1][i].lp, (size_t)r[0][i].n_out * sizeof r[0][i].lp[0]) &&
+                  r[0][i].lp[0].n_top == 3,
+              "request %d: the same logprobs", i);
+        ml_rt_result_deinit(&r[0][i]);
+        ml_rt_result_deinit(&r[1][i]);
+    }
+}
+
 int main(void)
 {
     ml_rt_fixture f;
@@ -154,6 +203,7 @@ int main(void)
     test_cache_hit(&f);
     ml_rt_flood(&f, 64, FLOOD_IMAGE_SLOTS, FLOOD_REQUESTS, FLOOD_TOKENS, "m3");
     test_endings(&f);
+    test_sampling_paths(&f);
     ml_rt_fixture_close(&f);
     return check_done();
 }
