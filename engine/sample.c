@@ -32,7 +32,7 @@ static float negligible_log_gap(size_t n_vocab)
     return logf((float)n_vocab) + (float)FLT_MANT_DIG * (float)M_LN2;
 }
 
-/* The strict rank order of sampler.h: higher logit first, lower id on ties. */
+/* The strict rank order of sample.h: higher logit first, lower id on ties. */
 static inline bool rank_before(float za, int32_t ida, float zb, int32_t idb)
 {
     return za > zb || (za == zb && ida < idb);

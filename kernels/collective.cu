@@ -16,8 +16,13 @@
 void mlk_all_reduce_sum(ml_backend *be, float *x, size_t n)
 {
     mlk_backend *b = mlk_of(be);
-    if (!n || mlk_enter(b) || !b->nccl)
+    if (!n || !b->nccl)
         return;
+    /* Issued even when this member has latched an error and skips its other
+     * ops: every peer is waiting in the same collective, and a member that
+     * left it out would hang them all. The sum is then meaningless, and
+     * this member's synchronize reports its error to the caller. */
+    mlk_cuda_failed(b, cudaSetDevice(b->device), "set device");
 #ifdef MLK_HAVE_NCCL
     const ncclResult_t rc =
         ncclAllReduce(x, x, n, ncclFloat32, ncclSum, (ncclComm_t)b->nccl, b->stream);

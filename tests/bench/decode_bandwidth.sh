@@ -23,19 +23,9 @@ repeats=3
 python="$BENCH_PYTHON_DEFAULT"
 no_build=0
 bench_parse_args "$@"
-work="${work:-$build/bench-work}"
-mkdir -p "$work"
-mllama="$build/service/mllama"
-report="$python $repo/tests/bench/bench_report.py"
-
-[ "$no_build" = 1 ] || bench_build "$build" mllama bench_read_bw
-model="$work/$preset"
-bench_model "$mllama" "$preset" "$model"
-run="$work/bw_$preset"
-rm -rf "$run"
-mkdir -p "$run"
+bench_setup bw bench_read_bw
 "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" --prompt "$BENCH_PROMPT" \
-    --sequence - "$repo/$BENCH_IMAGE_REL" >"$run/batch.jsonl"
+    --sequence - "$image" >"$run/batch.jsonl"
 
 echo "decode bandwidth: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads"
 echo "before: $(bench_load)"

@@ -28,21 +28,9 @@ python="$BENCH_PYTHON_DEFAULT"
 no_build=0
 BENCH_OPTIONS="dtypes"
 bench_parse_args "$@"
-work="${work:-$build/bench-work}"
-mkdir -p "$work"
-mllama="$build/service/mllama"
-report="$python $repo/tests/bench/bench_report.py"
-
-[ "$no_build" = 1 ] || bench_build "$build" mllama
-model="$work/$preset"
-bench_model "$mllama" "$preset" "$model"
-image="$repo/$BENCH_IMAGE_REL"
+bench_setup evt
 mirror="$work/astronaut_mirror.jpg"
 bench_mirror "$python" "$image" "$mirror"
-
-run="$work/evt_$preset"
-rm -rf "$run"
-mkdir -p "$run"
 "$mllama" preprocess --model "$model" --image "$image" --out "$run/pixels.npy" >"$run/layout.json"
 "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" --prompt "$BENCH_PROMPT" \
     --sequence "$mirror" "$image" - >"$run/batch.jsonl"

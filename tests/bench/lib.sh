@@ -65,6 +65,27 @@ bench_model() {
     fi
 }
 
+# bench_setup NAME [TARGET...]: the common start of a benchmark, after
+# bench_parse_args: sets $work (default under the build), $mllama, $report,
+# builds mllama and the TARGETs (unless --no-build), writes the preset's
+# checkpoint to $model, sets $image (the sample image) and makes $run, a
+# fresh directory $work/NAME_$preset.
+bench_setup() {
+    local name="$1"
+    shift
+    work="${work:-$build/bench-work}"
+    mkdir -p "$work"
+    mllama="$build/service/mllama"
+    report="$python $repo/tests/bench/bench_report.py"
+    [ "$no_build" = 1 ] || bench_build "$build" mllama "$@"
+    model="$work/$preset"
+    bench_model "$mllama" "$preset" "$model"
+    image="$repo/$BENCH_IMAGE_REL"
+    run="$work/${name}_$preset"
+    rm -rf "$run"
+    mkdir -p "$run"
+}
+
 # bench_mirror PYTHON SRC DST: SRC flipped left-right, same size, hence the
 # same tile layout and cost, but another image (a cache miss).
 bench_mirror() {

@@ -27,21 +27,10 @@ python="$BENCH_PYTHON_DEFAULT"
 no_build=0
 BENCH_OPTIONS="batches"
 bench_parse_args "$@"
-work="${work:-$build/bench-work}"
-mkdir -p "$work"
-mllama="$build/service/mllama"
-report="$python $repo/tests/bench/bench_report.py"
+bench_setup rt
 batch_py="$repo/tests/bench/make_batch.py"
-
-[ "$no_build" = 1 ] || bench_build "$build" mllama
-model="$work/$preset"
-bench_model "$mllama" "$preset" "$model"
-image="$repo/$BENCH_IMAGE_REL"
 mirror="$work/astronaut_mirror.jpg"
 bench_mirror "$python" "$image" "$mirror"
-run="$work/rt_$preset"
-rm -rf "$run"
-mkdir -p "$run"
 
 echo "runtime: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads"
 echo "before: $(bench_load)"
