@@ -37,6 +37,17 @@ typedef struct arena {
     size_t bytes, used;
 } arena;
 
+/* An arena of `bytes` of be's memory; a failed allocation ends the test. */
+static arena arena_open(ml_backend *be, size_t bytes)
+{
+    arena a = {.base = be->ops->alloc(be, bytes), .bytes = bytes};
+    if (!a.base) {
+        fprintf(stderr, "backend alloc failed\n");
+        exit(1);
+    }
+    return a;
+}
+
 static void *carve(arena *a, size_t bytes)
 {
     size_t off = (a->used + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
@@ -162,11 +173,7 @@ typedef struct step_bufs {
 
 static void step_bufs_init(step_bufs *b, ml_backend *be)
 {
-    b->a = (arena){.base = be->ops->alloc(be, STEP_ARENA_BYTES), .bytes = STEP_ARENA_BYTES};
-    if (!b->a.base) {
-        fprintf(stderr, "backend alloc failed\n");
-        exit(1);
-    }
+    b->a = arena_open(be, STEP_ARENA_BYTES);
     arena *a = &b->a;
 #define BF16(n) carve(a, (size_t)(n) * sizeof(uint16_t))
 #define F32(n) carve(a, (size_t)(n) * sizeof(float))
@@ -755,11 +762,7 @@ typedef struct tp_bufs {
 
 static void tp_bufs_init(tp_bufs *b, ml_backend *be)
 {
-    b->a = (arena){.base = be->ops->alloc(be, TP_ARENA_BYTES), .bytes = TP_ARENA_BYTES};
-    if (!b->a.base) {
-        fprintf(stderr, "backend alloc failed\n");
-        exit(1);
-    }
+    b->a = arena_open(be, TP_ARENA_BYTES);
     arena *a = &b->a;
     b->x = carve(a, TP_ROWS * TP_K * sizeof(float));
     b->w1 = carve(a, TP_N * TP_K * sizeof(uint16_t));
