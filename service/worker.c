@@ -136,6 +136,8 @@ void job_free(job *j)
     free(j->id);
     free(j->reply_topic);
     svc_buf_deinit(&j->text);
+    free(j->lp);
+    free(j->lp_top);
     free(j);
     atomic_fetch_sub(&w->inflight, 1);
 }

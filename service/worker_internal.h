@@ -53,6 +53,14 @@ typedef struct job {
     bool stream;
     uint32_t seq;
     svc_buf text;               /* stream: false accumulates here */
+    /* stream: false with logprobs: each streamed token's entry, its
+     * alternatives in lp_top (n_top each, in token order; the entries'
+     * top pointers are set when the completion is written, as lp_top
+     * moves while it grows). Token strings are the tokenizer's. */
+    svc_logprob_entry *lp;      /* owned (lp_cap) */
+    svc_token_logprob *lp_top;  /* owned (lp_cap * sampling.top_logprobs) */
+    size_t n_lp, lp_cap;
+    bool lp_failed;             /* out of memory: the completion is an error */
     double t_handoff, t_last;   /* monotonic seconds */
     int n_tokens;
 } job;

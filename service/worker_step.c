@@ -56,6 +56,38 @@ static svc_token_logprob token_logprob(const svc_worker *w, int32_t id, float lo
                                .logprob = logprob};
 }
 
+/* Entries a stream: false job's logprobs start with; they double from there. */
+/* What a completion without tokens points its logprobs at: "content":[]. */
+static const svc_logprob_entry no_logprobs;
+#define LOGPROBS_INITIAL 64
+
+/* Keep a stream: false token's logprobs for the completion. */
+static void keep_logprobs(const svc_worker *w, job *j, int32_t id, const ml_sample_out *lp)
+{
+    size_t n_top = j->sampling.top_logprobs;
+    if (j->lp_failed)
+        return;
+    if (j->n_lp == j->lp_cap) {
+        size_t cap = j->lp_cap ? 2 * j->lp_cap : LOGPROBS_INITIAL;
+        svc_logprob_entry *e = realloc(j->lp, cap * sizeof *e);
+        if (e)
+            j->lp = e;
+        svc_token_logprob *t = n_top ? realloc(j->lp_top, cap * n_top * sizeof *t) : NULL;
+        if (t)
+            j->lp_top = t;
+        if (!e || (n_top && !t)) {
+            j->lp_failed = true;
+            return;
+        }
+        j->lp_cap = cap;
+    }
+    svc_token_logprob *top = j->lp_top + j->n_lp * n_top;
+    for (uint32_t k = 0; k < lp->n_top; k++)
+        top[k] = token_logprob(w, lp->top[k].id, lp->top[k].logprob);
+    j->lp[j->n_lp++] = (svc_logprob_entry){.chosen = token_logprob(w, id, lp->chosen.logprob),
+                                           .n_top = lp->n_top};
+}
+
 static void on_token(void *ctx, int32_t id, const char *text, size_t len, const ml_sample_out *lp)
 {
     job *j = ctx;
@@ -72,6 +104,8 @@ static void on_token(void *ctx, int32_t id, const char *text, size_t len, const 
     if (!j->stream) {
         if (len)
             svc_buf_printf(&j->text, "%.*s", (int)len, text);
+        if (lp)
+            keep_logprobs(w, j, id, lp);
         return;
     }
     /* Nothing to send while a character or a possible stop string is held
@@ -135,9 +169,18 @@ static void on_finish(void *ctx, const char *tail, size_t tail_len, ml_finish_re
                        .usage = &usage, .timings = &timings};
         built = svc_reply_chunk(&b, &rc, &r);
     } else {
+        if (j->lp_failed) {
+            svc_buf_deinit(&b);
+            worker_reply_error(w, j, SVC_ERROR_INTERNAL, "out of memory for the logprobs");
+            return;
+        }
         if (tail_len)
             svc_buf_printf(&j->text, "%.*s", (int)tail_len, tail);
+        for (size_t i = 0; i < j->n_lp; i++)
+            j->lp[i].top = j->lp_top + i * j->sampling.top_logprobs;
         svc_reply r = {.seq = 0, .content = j->text.data, .content_len = j->text.len,
+                       .logprobs = !j->sampling.logprobs ? NULL : j->lp ? j->lp : &no_logprobs,
+                       .n_logprobs = j->n_lp,
                        .finish = fin, .usage = &usage, .timings = &timings};
         built = svc_reply_completion(&b, &rc, &r);
     }

@@ -1124,22 +1124,27 @@ static inline cJSON *pu_json(const pu_record *r)
     return j;
 }
 
-/* The string at a path of object keys / array indexes ("choices", "0",
- * "finish_reason"), NULL-terminated; NULL when absent or not a string. */
-static inline const char *pu_json_str(const cJSON *j, const char *const *path)
+/* The item at a path of object keys / array indexes ("choices", "0",
+ * "finish_reason"), NULL-terminated; NULL when absent. */
+static inline const cJSON *pu_json_at(const cJSON *j, const char *const *path)
 {
     for (; j && *path; path++)
         j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(*path))
                              : cJSON_GetObjectItemCaseSensitive(j, *path);
+    return j;
+}
+
+/* The string at a path (pu_json_at); NULL when absent or not a string. */
+static inline const char *pu_json_str(const cJSON *j, const char *const *path)
+{
+    j = pu_json_at(j, path);
     return cJSON_IsString(j) ? j->valuestring : NULL;
 }
 
-/* The number at a path as pu_json_str; NAN when absent. */
+/* The number at a path (pu_json_at); NAN when absent. */
 static inline double pu_json_num(const cJSON *j, const char *const *path)
 {
-    for (; j && *path; path++)
-        j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(*path))
-                             : cJSON_GetObjectItemCaseSensitive(j, *path);
+    j = pu_json_at(j, path);
     return cJSON_IsNumber(j) ? j->valuedouble : NAN;
 }
 

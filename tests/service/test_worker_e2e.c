@@ -214,6 +214,30 @@ static void test_not_streamed(void)
     check(pu_json_num(j, PU_PATH("usage", "completion_tokens")) >= 1, "stream false: usage");
     cJSON_Delete(j);
     free(body);
+
+    /* Logprobs: one entry per token streamed (a stop token is not), each
+     * with its alternatives. */
+    body = pu_chat_request("e2e-batch-lp", "Say something.", NULL,
+                           "\"max_tokens\":6,\"stream\":false,\"temperature\":0.8,\"seed\":7,"
+                           "\"logprobs\":true,\"top_logprobs\":2");
+    j = ask("e2e-batch-lp", body);
+    const char *reason = pu_finish_reason(j);
+    double tokens = pu_json_num(j, PU_PATH("usage", "completion_tokens"));
+    const cJSON *content = pu_json_at(j, PU_PATH("choices", "0", "logprobs", "content"));
+    int n_lp = cJSON_IsArray(content) ? cJSON_GetArraySize(content) : -1;
+    check(reason && n_lp == (int)tokens - !strcmp(reason, "stop"),
+          "stream false: %d logprobs entries for %g tokens (finish %s)", n_lp, tokens,
+          reason ? reason : "(none)");
+    for (int i = 0; i < n_lp; i++) {
+        const cJSON *e = cJSON_GetArrayItem(content, i);
+        const cJSON *lp = cJSON_GetObjectItem(e, "logprob");
+        const cJSON *top = cJSON_GetObjectItem(e, "top_logprobs");
+        check(cJSON_IsNumber(lp) && lp->valuedouble <= 0 && cJSON_IsString(
+                  cJSON_GetObjectItem(e, "token")) && cJSON_GetArraySize(top) == 2,
+              "stream false: logprobs entry %d", i);
+    }
+    cJSON_Delete(j);
+    free(body);
 }
 
 static void test_cancel(void)
