@@ -47,6 +47,7 @@ typedef struct job {
     ml_request_image *images;   /* owned array; pixels transferred at submit */
     int n_images;
     ml_sampling_params sampling;
+    bool keep_req;              /* an image's load reads req's bytes: keep it until the end */
     uint64_t handle;            /* runtime handle once submitted */
     /* Reply state (step thread). */
     char *id, *reply_topic;     /* owned copies */

@@ -69,9 +69,30 @@ static svc_error prepare_pixels(svc_worker *w, const uint8_t *bytes, size_t n, i
     return SVC_ERROR_NONE;
 }
 
+/* ml_request_image.load of an inline image whose decoding prepare_images
+ * skipped: its state was evicted before admission, so it is decoded now,
+ * on the step thread (the one exception to this file's locality; it reads
+ * only the request and the worker's immutable image parameters). The bytes
+ * decoded before, so only memory can fail. */
+static ml_status load_inline(void *ctx, int index, ml_request_image *im, char *err,
+                             size_t errlen)
+{
+    job *j = ctx;
+    const svc_image *img = &j->req->images[index];
+    char msg[SVC_ERRMSG_MAX];
+    if (prepare_pixels(j->w, img->bytes, img->n_bytes, index, im, msg, sizeof msg) !=
+        SVC_ERROR_NONE)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "%s", msg);
+    svc_metrics_add(SVC_COUNTER_IMAGE_LATE_DECODES, 1);
+    return ML_OK;
+}
+
 /* Resolve every image of the request: inline bytes are hashed and
- * preprocessed; a sha256 reference uses the resident state when this worker
- * has it, else the blob Redis holds. */
+ * preprocessed, unless this worker holds their state (base model only: an
+ * adapter may key its own) — then the runtime gets the key and load_inline
+ * for the rare eviction before admission, and the job keeps the request's
+ * bytes until it ends; a sha256 reference uses the resident state when this
+ * worker has it, else the blob Redis holds. */
 static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
 {
     const svc_request *r = j->req;
@@ -89,6 +110,14 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
         svc_error e;
         if (img->kind == SVC_IMAGE_INLINE) {
             ml_sha256(img->bytes, img->n_bytes, im->key);
+            if (!r->adapter && worker_mirror_contains(w, im->key)) {
+                im->n_tiles = 1; /* the resident state's count wins */
+                im->load = load_inline;
+                im->load_ctx = j;
+                j->keep_req = true;
+                svc_metrics_add(SVC_COUNTER_IMAGE_DECODES_SKIPPED, 1);
+                continue;
+            }
             e = prepare_pixels(w, img->bytes, img->n_bytes, (int)i, im, msg, msglen);
         } else {
             hex_to_key(img->sha256, im->key);

@@ -202,7 +202,9 @@ static void submit(svc_worker *w, job *j)
     svc_request *req = j->req;
     ml_request_image *images = j->images;
     int n_images = j->n_images;
-    j->req = NULL;
+    bool keep_req = j->keep_req; /* j may be gone once submitted */
+    if (!keep_req)
+        j->req = NULL;
     j->images = NULL;
     j->n_images = 0;
     ml_request r = {
@@ -215,7 +217,8 @@ static void submit(svc_worker *w, job *j)
     ml_status st = ml_runtime_submit(w->rt, &r, &j->handle, err, sizeof err);
     /* The runtime copied the prompt and the stop strings and took the pixels. */
     free(images);
-    svc_request_destroy(req);
+    if (!keep_req)
+        svc_request_destroy(req);
     if (st != ML_OK) {
         /* Nothing was queued and no callback ran: j is still ours. */
         ml_token_buf_deinit(&j->prompt);

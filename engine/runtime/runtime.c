@@ -395,7 +395,8 @@ static ml_request_error validate(const ml_runtime *rt, const ml_request *req, ch
         const ml_request_image *im = &req->images[i];
         /* With an adapter the key may still change (image_keys_for_adapter):
          * a missing state is found at admission. */
-        if (!im->pixels && !adapter && !ml_image_cache_contains(rt->images, im->key)) {
+        if (!im->pixels && !im->load && !adapter &&
+            !ml_image_cache_contains(rt->images, im->key)) {
             ml_fail(msg, n, ML_ERR_NOT_FOUND, "image %d is neither given nor resident", i);
             return ML_REQERR_INVALID_IMAGE;
         }
@@ -602,6 +603,15 @@ static acquire_result acquire_images(ml_runtime *rt, rt_seq *s, ml_request_error
             free(im->pixels);
             im->pixels = NULL;
         } else {
+            if (!im->pixels && im->load) {
+                ml_status st = im->load(im->load_ctx, i, im, err, errlen);
+                im->load = NULL;
+                if (st != ML_OK) {
+                    *error = ML_REQERR_INVALID_IMAGE;
+                    return ACQUIRE_FAILED;
+                }
+                rt->stats.images_loaded++;
+            }
             if (!im->pixels) {
                 ml_fail(err, errlen, ML_ERR_NOT_FOUND, "image %d is neither given nor resident%s",
                         i, s->adapter_name ? " for this adapter" : "");

@@ -106,7 +106,8 @@ typedef struct ml_request_callbacks {
 } ml_request_callbacks;
 
 /* One image of a request, in the order of its <|image|> tokens. */
-typedef struct ml_request_image {
+typedef struct ml_request_image ml_request_image;
+struct ml_request_image {
     uint8_t key[ML_IMAGE_KEY_BYTES]; /* cache key (see image_cache.h) */
     /* Transferred: (max_tiles, 3, S, S) f32 packed by ml_image_pack_slot, or
      * NULL to require a resident state. The runtime frees it (free()). */
@@ -115,7 +116,18 @@ typedef struct ml_request_image {
     int n_tiles;                     /* real tiles: tiles_h · tiles_w (a resident
                                         state's own count wins) */
     uint8_t aspect_ratio_mask[ML_RUNTIME_MAX_TILES];
-} ml_request_image;
+    /* Optional, with pixels NULL: how to make the pixels after all when the
+     * state the caller saw resident is gone by admission (evicted in
+     * between), so that a request whose image bytes are at hand never
+     * fails for it. Called at most once, on the thread stepping the
+     * runtime, just before the image is encoded: it fills pixels,
+     * aspect_ratio_id, n_tiles and aspect_ratio_mask of im (image `index`
+     * of the request) and returns ML_OK, or fails with err filled (the
+     * request then ends with ML_REQERR_INVALID_IMAGE). load_ctx belongs to
+     * the caller and must outlive the request (until on_finish). */
+    ml_status (*load)(void *load_ctx, int index, ml_request_image *im, char *err, size_t errlen);
+    void *load_ctx;
+};
 
 typedef struct ml_request {
     const int32_t *prompt;           /* borrowed for the call (copied) */
@@ -173,6 +185,7 @@ typedef struct ml_runtime_stats {
     int kv_blocks_total, kv_blocks_free;
     size_t image_bytes_used, image_bytes_budget;
     uint64_t steps, tokens_generated, preemptions, images_encoded, image_cache_hits;
+    uint64_t images_loaded;       /* pixels made late by an image's load (evicted meanwhile) */
     ml_adapters_stats adapters;   /* all zero without adapter slots */
 } ml_runtime_stats;
 void ml_runtime_get_stats(const ml_runtime *rt, ml_runtime_stats *st);

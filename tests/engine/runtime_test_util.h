@@ -3,8 +3,9 @@
  * the real tokenizer:
  * - ml_rt_fixture: backend, model, tokenizer, and the fixture prompt with
  *   its two images: ml_rt_fixture_open_golden for a golden fixture model
- *   with its reference.safetensors, or ml_rt_fixture_open and the test's
- *   own inputs (ml_rt_fixture_set_prompt / _set_images, pixels);
+ *   with its reference.safetensors, ml_rt_fixture_open_lora for the LoRA
+ *   fixture, or ml_rt_fixture_open and the test's own inputs
+ *   (ml_rt_fixture_set_prompt / _set_images, pixels);
  * - ml_rt_result: what one request's callbacks reported;
  * - ml_rt_submit: a request (greedy, or the caller's sampling) of a kind
  *   (both images, the first only, text only) made from the fixture prompt,
@@ -278,6 +279,51 @@ static inline void ml_rt_fixture_open_golden(ml_rt_fixture *f, const char *model
     ml_safetensors_destroy(ref);
 }
 
+/* The LoRA golden fixture (gen_fixtures.py --only lora): m3's
+ * configuration, adapters in subdirectories, references of PEFT +
+ * transformers beside them. */
+#define ML_RT_LORA_FIXTURE ML_SOURCE_DIR "/tests/golden/fixtures/lora"
+
+/* The LoRA fixture's model opened as ml_rt_fixture_open does with lim, and
+ * the prompt and images of its inputs.safetensors, which holds the real
+ * tiles only, packed (n_real_tiles, 3, S, S): each goes to its slot. */
+static inline void ml_rt_fixture_open_lora(ml_rt_fixture *f, const ml_model_limits *lim)
+{
+    ml_rt_fixture_open(f, ML_RT_LORA_FIXTURE "/model", lim);
+    ml_safetensors *in = ml_rt_safetensors_open(ML_RT_LORA_FIXTURE "/inputs.safetensors");
+    size_t n, n_ar, n_mask;
+    int64_t *ids = ml_rt_read_i64(in, "input_ids", &n);
+    int64_t *ar = ml_rt_read_i64(in, "aspect_ratio_ids", &n_ar);
+    int64_t *mask = ml_rt_read_i64(in, "aspect_ratio_mask", &n_mask);
+    if (n_ar != ML_RT_IMAGES || n_mask != ML_RT_IMAGES * (size_t)f->T) {
+        fprintf(stderr, "inputs.safetensors: aspect ratios do not fit the model\n");
+        exit(1);
+    }
+    ml_rt_fixture_set_prompt(f, ids, n);
+    ml_rt_fixture_set_images(f, ar, mask);
+    const ml_tensor_view *real = ml_safetensors_find(in, "pixel_values_real_tiles");
+    size_t tile = (size_t)f->slot_floats / (size_t)f->T;
+    size_t n_real = (size_t)f->n_tiles[0] + (size_t)f->n_tiles[1];
+    float *tiles = real ? malloc(n_real * tile * sizeof *tiles) : NULL;
+    char err[256] = "";
+    if (!tiles || (size_t)ml_tensor_view_numel(real) != n_real * tile ||
+        ml_tensor_view_read_f32(real, tiles, err, sizeof err) != ML_OK) {
+        fprintf(stderr, "pixel_values_real_tiles: absent, not %zu tiles, or %s\n", n_real, err);
+        exit(1);
+    }
+    size_t next = 0;
+    for (int i = 0; i < ML_RT_IMAGES; i++)
+        for (int t = 0; t < f->T; t++)
+            if (f->ar_mask[i][t])
+                memcpy(f->pixels + (size_t)i * f->slot_floats + (size_t)t * tile,
+                       tiles + tile * next++, tile * sizeof *tiles);
+    free(tiles);
+    free(ids);
+    free(ar);
+    free(mask);
+    ml_safetensors_destroy(in);
+}
+
 /* ======================================================================== */
 /* runtime                                                                  */
 /* ======================================================================== */
@@ -324,10 +370,38 @@ typedef enum ml_rt_kind {
     ML_RT_TEXT_ONLY,  /* both replaced */
 } ml_rt_kind;
 
+/* An image loader (ml_request_image.load) over the fixture's images,
+ * counting its calls; with fail set it refuses. */
+typedef struct ml_rt_loader {
+    const ml_rt_fixture *f;
+    int calls;
+    int fail;
+} ml_rt_loader;
+
+static inline ml_status ml_rt_load(void *ctx, int index, ml_request_image *im, char *err,
+                                   size_t errlen)
+{
+    ml_rt_loader *l = ctx;
+    const ml_rt_fixture *f = l->f;
+    l->calls++;
+    if (l->fail)
+        return ml_fail(err, errlen, ML_ERR_FORMAT, "image %d: the loader refuses", index);
+    im->pixels = malloc((size_t)f->slot_floats * sizeof *im->pixels);
+    if (!im->pixels)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "out of memory");
+    memcpy(im->pixels, f->pixels + (size_t)index * f->slot_floats,
+           (size_t)f->slot_floats * sizeof *im->pixels);
+    im->aspect_ratio_id = f->ar_ids[index];
+    im->n_tiles = f->n_tiles[index];
+    memcpy(im->aspect_ratio_mask, f->ar_mask[index], sizeof im->aspect_ratio_mask);
+    return ML_OK;
+}
+
 typedef struct ml_rt_request {
     ml_rt_kind kind;
     int max_tokens;
     int resident;        /* images named by key only (no pixels) */
+    ml_rt_loader *loader; /* with resident: makes the pixels of an image not resident */
     int key_salt;        /* second key byte: another value is another image */
     const char *adapter; /* borrowed; NULL = the base model */
     int64_t deadline_ms; /* 0 = none */
@@ -362,6 +436,8 @@ static inline uint64_t ml_rt_submit(const ml_rt_fixture *f, ml_runtime *rt,
         im->aspect_ratio_id = f->ar_ids[seen];
         im->n_tiles = f->n_tiles[seen];
         memcpy(im->aspect_ratio_mask, f->ar_mask[seen], sizeof im->aspect_ratio_mask);
+        im->load = q->loader ? ml_rt_load : NULL;
+        im->load_ctx = q->loader;
         if (!q->resident) {
             /* Transferred to the runtime, which frees it. */
             im->pixels = malloc((size_t)f->slot_floats * sizeof *im->pixels);

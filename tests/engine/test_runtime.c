@@ -143,6 +143,45 @@ static void test_endings(ml_rt_fixture *f)
     ml_runtime_destroy(rt);
 }
 
+/* Images named by key with a loader (ml_request_image.load): the loader
+ * runs once per image that is not resident, and the result equals the one
+ * with pixels given; resident, it is not called; a failing loader ends the
+ * request with an image error. */
+static void test_image_loader(ml_rt_fixture *f)
+{
+    enum { TOKENS = 8, OTHER_SALT = 9 };
+    ml_rt_result ref = {0}, lazy = {0}, again = {0}, refused = {0};
+    run_alone(f, ML_RT_TWO_IMAGES, TOKENS, &ref);
+    ml_rt_loader loader = {.f = f}, failing = {.f = f, .fail = 1};
+    ml_runtime *rt = ml_rt_runtime_sized(f, 64, 2);
+    ml_rt_submit(f, rt,
+                 &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = TOKENS, .resident = 1,
+                                  .loader = &loader},
+                 &lazy);
+    ml_rt_drain(rt, 0);
+    check(loader.calls == 2 && ml_rt_same_output(&ref, &lazy) && lazy.usage.images_cached == 0,
+          "loader: %d calls, same output as with pixels", loader.calls);
+    ml_rt_submit(f, rt,
+                 &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = TOKENS, .resident = 1,
+                                  .loader = &loader},
+                 &again);
+    ml_rt_submit(f, rt,
+                 &(ml_rt_request){.kind = ML_RT_ONE_IMAGE, .max_tokens = TOKENS, .resident = 1,
+                                  .key_salt = OTHER_SALT, .loader = &failing},
+                 &refused);
+    ml_rt_drain(rt, 0);
+    check(loader.calls == 2 && ml_rt_same_output(&ref, &again) && again.usage.images_cached == 2,
+          "loader: not called for resident images");
+    check(failing.calls == 1 && refused.done == 1 && refused.error == ML_REQERR_INVALID_IMAGE &&
+              strstr(refused.message, "refuses"),
+          "loader failure: error %d '%s'", (int)refused.error, refused.message);
+    ml_runtime_destroy(rt);
+    ml_rt_result_deinit(&ref);
+    ml_rt_result_deinit(&lazy);
+    ml_rt_result_deinit(&again);
+    ml_rt_result_deinit(&refused);
+}
+
 /* The runtime samples where the logits are (the model's sample op) unless a
  * logits callback must see them (then the host sampler does): the same
  * seeds give the same tokens and logprobs both ways, for batched requests
@@ -204,6 +243,7 @@ int main(void)
     ml_rt_flood(&f, 64, FLOOD_IMAGE_SLOTS, FLOOD_REQUESTS, FLOOD_TOKENS, "m3");
     test_endings(&f);
     test_sampling_paths(&f);
+    test_image_loader(&f);
     ml_rt_fixture_close(&f);
     return check_done();
 }

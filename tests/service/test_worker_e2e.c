@@ -181,6 +181,8 @@ static void test_resident_image(void)
     cJSON *j = ask("e2e-inline-again", body);
     check(pu_json_num(j, PU_PATH("usage", "images")) == 1, "inline again: images");
     check(pu_json_num(j, PU_PATH("usage", "images_cached")) == 1, "inline again: not cached");
+    check(pu_metric(pu_worker_http_port(&workers[0]), "mllama_image_decodes_skipped_total") == 1,
+          "inline again: the worker decoded an image it held");
     cJSON_Delete(j);
     free(body);
     free(part);
