@@ -30,7 +30,10 @@
  *
  * JSON null is the same as an absent field (OpenAI clients send nulls).
  * Unknown fields (model, user, stream_options, ...) are ignored so that
- * clients can add fields before workers know them. Duplicate keys: the
+ * clients can add fields before workers know them. Known fields that would
+ * change the answer and are not supported are refused by name: tools (tool
+ * calling), response_format other than {"type":"text"} (JSON mode and
+ * schemas), logit_bias; their empty values pass. Duplicate keys: the
  * first one counts (cJSON lookup order).
  *
  * messages[i]: {"role": "system"|"user"|"assistant", "content": C}; other

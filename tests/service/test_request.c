@@ -182,10 +182,13 @@ static void test_all_fields(void)
     svc_request_destroy(req);
 }
 
-static void test_nulls_are_absent(void)
+static void test_nulls_and_neutral_values(void)
 {
+    /* The refused fields' neutral values pass too. */
     char *json = wrap("\"x\"", ",\"temperature\":null,\"stop\":null,\"adapter\":null,"
-                               "\"seed\":null,\"max_tokens\":null,\"stream\":null");
+                               "\"seed\":null,\"max_tokens\":null,\"stream\":null,"
+                               "\"tools\":[],\"response_format\":{\"type\":\"text\"},"
+                               "\"logit_bias\":{},\"tool_choice\":null");
     svc_request *req = NULL;
     char err[SVC_ERRMSG_MAX];
     svc_error e = json ? parse(json, &req, err, sizeof err) : SVC_ERROR_INTERNAL;
@@ -445,6 +448,11 @@ static void test_option_errors(void)
         {",\"adapter\":\"a b\"", "adapter: expected a name"},
         {",\"adapter\":7", "adapter: expected a name"},
         {",\"deadline_ms\":0", "deadline_ms: 0 is out of range"},
+        {",\"tools\":[{\"type\":\"function\"}]", "tools: tool calling is not supported"},
+        {",\"tools\":{}", "tools: tool calling is not supported"},
+        {",\"response_format\":{\"type\":\"json_object\"}", "response_format: only"},
+        {",\"response_format\":\"text\"", "response_format: only"},
+        {",\"logit_bias\":{\"50256\":-100}", "logit_bias: not supported"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         expect_error_wrapped("\"x\"", cases[i].extra, SVC_ERROR_INVALID_REQUEST, cases[i].msg);
@@ -526,7 +534,7 @@ int main(void)
     svc_limits_default(&limits);
     test_minimal_and_defaults();
     test_all_fields();
-    test_nulls_are_absent();
+    test_nulls_and_neutral_values();
     test_alias_and_single_stop();
     test_precedence();
     test_deadline();
