@@ -256,13 +256,6 @@ static int validate(svc_config *cfg, char *err, size_t errlen)
                  n_devices, cfg->model.tensor_parallel);
         return -1;
     }
-    if (cfg->model.tensor_parallel > 1 && cfg->runtime.max_adapters > 0) {
-        svc_errf(err, errlen,
-                 "runtime.max_adapters must be 0 with model.tensor_parallel %d: LoRA adapters "
-                 "are not supported on a tensor-parallel model",
-                 cfg->model.tensor_parallel);
-        return -1;
-    }
     if (cfg->runtime.max_step_tokens < cfg->runtime.max_running) {
         svc_errf(err, errlen, "runtime.max_step_tokens (%d) must be >= runtime.max_running (%d)",
                  cfg->runtime.max_step_tokens, cfg->runtime.max_running);

@@ -3,6 +3,7 @@
  * memory, and the segmented LoRA the graph runs after a matmul. */
 #include "model/lora.h"
 
+#include <assert.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,7 +64,8 @@ int ml_lora_n_sites(const ml_config *cfg)
 typedef struct site_info {
     char name[NAME_LEN];
     int in, out;
-    int image; /* feeds an image's resident state */
+    int image;            /* feeds an image's resident state */
+    ml_shard_split split; /* how a shard keeps it */
 } site_info;
 
 static const char *const vision_paths[ML_LORA_VISION_MODULES] = {
@@ -105,16 +107,19 @@ static void describe_site(const ml_config *cfg, int site, site_info *s)
         s->in = mod == ML_LORA_VISION_FC2 ? vc->intermediate_size : vc->hidden_size;
         s->out = mod == ML_LORA_VISION_FC1 ? vc->intermediate_size : vc->hidden_size;
         s->image = 1;
+        s->split = ml_shard_split_vision((ml_lora_vision_module)mod);
     } else if (site == ml_lora_site_projector(cfg)) {
         snprintf(s->name, sizeof s->name, "multi_modal_projector");
         s->in = vc->vision_output_dim;
         s->out = tc->hidden_size;
         s->image = 1;
+        s->split = ML_SHARD_WHOLE;
     } else if (site == ml_lora_site_lm_head(cfg)) {
         snprintf(s->name, sizeof s->name, "language_model.lm_head");
         s->in = tc->hidden_size;
         s->out = tc->vocab_size;
         s->image = 0;
+        s->split = ML_SHARD_WHOLE;
     } else {
         int rel = site - ml_lora_site_text(cfg, 0, ML_LORA_TEXT_Q);
         int layer = rel / ML_LORA_TEXT_MODULES;
@@ -126,6 +131,7 @@ static void describe_site(const ml_config *cfg, int site, site_info *s)
         text_sizes(tc, mod, &s->in, &s->out);
         /* Cross k/v project the image's states once, at encode. */
         s->image = cross && (mod == ML_LORA_TEXT_K || mod == ML_LORA_TEXT_V);
+        s->split = ml_shard_split_text(mod);
     }
 }
 
@@ -489,10 +495,38 @@ int ml_lora_adapter_touches_images(const ml_lora_adapter *a) { return a->touches
 /* ml_lora: slots                                                           */
 /* ======================================================================== */
 
-/* bf16 elements of one site's A and B regions at max_rank. */
-static size_t site_elems(const site_info *s, int max_rank)
+/* The part of a site that a shard keeps: A's columns [in0, in0 + in) and
+ * B's rows [out0, out0 + out) of the whole (out, in) Linear. Under tensor
+ * parallelism a column-parallel Linear's output is this shard's range of
+ * rows, so its LoRA adds B's rows of that range to x · Aᵀ; a row-parallel
+ * Linear sees this shard's range of input columns and its partial output is
+ * all-reduced after the lora op (text.c, vision.c), so the partial
+ * (x_shard · A_shardᵀ) · Bᵀ of every shard sums to the whole delta. */
+typedef struct site_part {
+    int in0, in, out0, out;
+} site_part;
+
+static site_part part_of(const ml_shard *sh, const site_info *s)
 {
-    return ((size_t)s->in + (size_t)s->out) * (size_t)max_rank;
+    site_part p = {0, s->in, 0, s->out};
+    switch (s->split) {
+    case ML_SHARD_OUT:
+        p.out = s->out / sh->world;
+        p.out0 = sh->rank * p.out;
+        break;
+    case ML_SHARD_IN:
+        p.in = s->in / sh->world;
+        p.in0 = sh->rank * p.in;
+        break;
+    case ML_SHARD_WHOLE: break;
+    }
+    return p;
+}
+
+/* bf16 elements of one site's A and B regions at max_rank. */
+static size_t part_elems(const site_part *p, int max_rank)
+{
+    return ((size_t)p->in + (size_t)p->out) * (size_t)max_rank;
 }
 
 size_t ml_lora_slot_bytes(const ml_model *m, int max_rank)
@@ -501,25 +535,19 @@ size_t ml_lora_slot_bytes(const ml_model *m, int max_rank)
     site_info s;
     for (int i = 0; i < ml_lora_n_sites(&m->cfg); i++) {
         describe_site(&m->cfg, i, &s);
-        elems += site_elems(&s, max_rank);
+        site_part p = part_of(&m->shard, &s);
+        elems += part_elems(&p, max_rank);
     }
     return elems * sizeof(uint16_t);
 }
 
-ml_status ml_lora_create(ml_lora **out, ml_model *m, int max_rank, char *err, size_t errlen)
+/* An empty slot of m, a whole model or one shard, in m's backend. */
+static ml_status slot_create(ml_lora **out, ml_model *m, int max_rank, char *err, size_t errlen)
 {
     *out = NULL;
-    if (max_rank < 1 || max_rank > m->limits.max_lora_rank)
-        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
-                       "adapter slot: rank %d outside [1, %d] (model limits' max_lora_rank)",
-                       max_rank, m->limits.max_lora_rank);
     if (!m->be->ops->lora)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED, "adapter slot: backend %s has no lora op",
                        m->be->ops->name);
-    if (m->shard.world > 1)
-        return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
-                       "adapter slot: LoRA on a tensor-parallel shard (world %d)",
-                       m->shard.world);
     ml_lora *l = calloc(1, sizeof *l);
     if (!l)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "adapter slot: out of memory");
@@ -538,10 +566,78 @@ ml_status ml_lora_create(ml_lora **out, ml_model *m, int max_rank, char *err, si
     return ML_OK;
 }
 
+/* bf16 elements of the host buffer that gathers a row-parallel A's column
+ * range, for the shards of m (any rank: the ranges have one width). */
+static size_t stage_elems(const ml_model *m, int max_rank)
+{
+    size_t widest = 0;
+    site_info s;
+    for (int i = 0; i < ml_lora_n_sites(&m->cfg); i++) {
+        describe_site(&m->cfg, i, &s);
+        site_part p = part_of(&m->shard, &s);
+        if (p.in < s.in && (size_t)p.in > widest)
+            widest = (size_t)p.in;
+    }
+    return widest * (size_t)max_rank;
+}
+
+/* The handle of tensor-parallel model m: a slot on every rank's shard. */
+static ml_status tp_slot_create(ml_lora **out, ml_model *m, int max_rank, char *err,
+                                size_t errlen)
+{
+    int world = m->shard.world;
+    ml_lora *l = calloc(1, sizeof *l);
+    if (!l)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "adapter slot: out of memory");
+    l->model = m;
+    l->max_rank = max_rank;
+    l->n_sites = ml_lora_n_sites(&m->cfg);
+    l->parts = calloc((size_t)world, sizeof *l->parts);
+    /* +1: malloc(0) may be NULL. */
+    l->stage = malloc((stage_elems(m, max_rank) + 1) * sizeof *l->stage);
+    if (!l->parts || !l->stage) {
+        ml_lora_destroy(l);
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "adapter slot: out of memory");
+    }
+    for (int r = 0; r < world; r++) {
+        char why[256];
+        ml_status st = slot_create(&l->parts[r], ml_tp_shard(m->tp, r), max_rank, why,
+                                   sizeof why);
+        if (st != ML_OK) {
+            ml_lora_destroy(l);
+            return ml_fail(err, errlen, st, "%s (rank %d of %d)", why, r, world);
+        }
+    }
+    l->bytes = l->parts[0]->bytes;
+    *out = l;
+    return ML_OK;
+}
+
+ml_status ml_lora_create(ml_lora **out, ml_model *m, int max_rank, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (max_rank < 1 || max_rank > m->limits.max_lora_rank)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "adapter slot: rank %d outside [1, %d] (model limits' max_lora_rank)",
+                       max_rank, m->limits.max_lora_rank);
+    if (m->tp)
+        return tp_slot_create(out, m, max_rank, err, errlen);
+    if (m->shard.world > 1)
+        return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
+                       "adapter slot: shard %d of %d driven by hand (create the slot on the "
+                       "ml_model_load_tp model)",
+                       m->shard.rank, m->shard.world);
+    return slot_create(out, m, max_rank, err, errlen);
+}
+
 void ml_lora_destroy(ml_lora *l)
 {
     if (!l)
         return;
+    for (int r = 0; l->parts && r < l->model->shard.world; r++)
+        ml_lora_destroy(l->parts[r]);
+    free(l->parts);
+    free(l->stage);
     if (l->mem)
         l->model->be->ops->free(l->model->be, l->mem);
     free(l->sites);
@@ -551,9 +647,47 @@ void ml_lora_destroy(ml_lora *l)
 /* The slot adapts nothing. */
 static void lora_clear(ml_lora *l)
 {
-    memset(l->sites, 0, (size_t)l->n_sites * sizeof *l->sites);
+    if (l->sites)
+        memset(l->sites, 0, (size_t)l->n_sites * sizeof *l->sites);
+    for (int r = 0; l->parts && r < l->model->shard.world; r++)
+        lora_clear(l->parts[r]);
     l->touches_images = 0;
     l->scale = 0;
+}
+
+/* Upload the share of adapter a (checked against the model) that l's
+ * shard keeps; stage: host room of stage_elems when l is a shard's. */
+static void slot_upload(ml_lora *l, const ml_lora_adapter *a, uint16_t *stage)
+{
+    const ml_config *cfg = &l->model->cfg;
+    ml_backend *be = l->model->be;
+    uint16_t *next = l->mem;
+    site_info s;
+    for (int i = 0; i < l->n_sites; i++) {
+        describe_site(cfg, i, &s);
+        site_part p = part_of(&l->model->shard, &s);
+        const lora_module *md = &a->mods[i];
+        uint16_t *dst_a = next, *dst_b = next + (size_t)p.in * l->max_rank;
+        next += part_elems(&p, l->max_rank);
+        if (!md->rank)
+            continue;
+        /* A (rank, in): the column range [in0, in0 + in) of every row. */
+        const uint16_t *src_a = md->a;
+        if (p.in < s.in) {
+            assert(stage);
+            for (int j = 0; j < md->rank; j++)
+                memcpy(stage + (size_t)j * p.in, md->a + (size_t)j * s.in + p.in0,
+                       (size_t)p.in * sizeof *stage);
+            src_a = stage;
+        }
+        be->ops->upload(be, dst_a, src_a, (size_t)md->rank * p.in * sizeof *dst_a);
+        /* B (out, rank): the rows [out0, out0 + out), contiguous. */
+        be->ops->upload(be, dst_b, md->b + (size_t)p.out0 * md->rank,
+                        (size_t)p.out * md->rank * sizeof *dst_b);
+        l->sites[i] = (ml_lora_site){dst_a, dst_b, md->rank};
+    }
+    l->scale = a->scale;
+    l->touches_images = a->touches_images;
 }
 
 ml_status ml_lora_set(ml_lora *l, const ml_lora_adapter *a, char *err, size_t errlen)
@@ -577,18 +711,11 @@ ml_status ml_lora_set(ml_lora *l, const ml_lora_adapter *a, char *err, size_t er
                            "adapter slot: %s is (%d -> %d) in the adapter, (%d -> %d) here",
                            s.name, a->mods[i].in, a->mods[i].out, s.in, s.out);
     }
-    ml_backend *be = l->model->be;
-    uint16_t *next = l->mem;
-    for (int i = 0; i < l->n_sites; i++) {
-        describe_site(cfg, i, &s);
-        const lora_module *md = &a->mods[i];
-        uint16_t *dst_a = next, *dst_b = next + (size_t)s.in * l->max_rank;
-        next += site_elems(&s, l->max_rank);
-        if (!md->rank)
-            continue;
-        be->ops->upload(be, dst_a, md->a, (size_t)md->rank * s.in * sizeof *dst_a);
-        be->ops->upload(be, dst_b, md->b, (size_t)s.out * md->rank * sizeof *dst_b);
-        l->sites[i] = (ml_lora_site){dst_a, dst_b, md->rank};
+    if (l->parts) {
+        for (int r = 0; r < l->model->shard.world; r++)
+            slot_upload(l->parts[r], a, l->stage);
+    } else {
+        slot_upload(l, a, NULL);
     }
     l->scale = a->scale;
     l->touches_images = a->touches_images;

@@ -8,7 +8,12 @@
  *   and checked against a model config, every A and B in bf16;
  * - ml_lora: an adapter slot in backend memory, sized once for a maximum
  *   rank, that adapters are uploaded into. ml_step_seq.lora and
- *   ml_model_encode_image take it.
+ *   ml_model_encode_image take it. On a tensor-parallel model
+ *   (ml_model_load_tp) one slot holds a part on every rank's device, each
+ *   the share of A and B its shard's Linears use: B's rows of the shard's
+ *   output range for a column-parallel Linear, A's columns of its input
+ *   range for a row-parallel one (whose partial LoRA output joins the
+ *   all-reduce), both whole for a replicated one (projector, lm_head).
  *
  * What an adapter may adapt: every Linear of MllamaForConditionalGeneration
  * (transformers v4.47 module names):
@@ -130,25 +135,30 @@ int ml_lora_adapter_touches_images(const ml_lora_adapter *a);
 /* ======================================================================== */
 
 /* Backend bytes of one slot of model m for adapters of rank <= max_rank:
- * (in + out) · max_rank bf16 elements for every adaptable Linear. */
+ * (in + out) · max_rank bf16 elements for every adaptable Linear, on each
+ * device: under tensor parallelism in and out are the shard's (1/world of
+ * the split dimension), per rank. */
 size_t ml_lora_slot_bytes(const ml_model *m, int max_rank);
 
 /* An empty slot of m (borrowed; it must outlive the slot) holding adapters
- * of rank <= max_rank. Errors: ML_ERR_INVALID_ARG (max_rank outside
- * [1, the model limits' max_lora_rank]), ML_ERR_UNSUPPORTED (the backend has
- * no lora op, or m is a shard of a tensor-parallel group of world > 1:
- * adapters are not split between shards), ML_ERR_NOMEM. */
+ * of rank <= max_rank; for a tensor-parallel model, one part in every
+ * rank's backend behind the one handle. Errors: ML_ERR_INVALID_ARG
+ * (max_rank outside [1, the model limits' max_lora_rank]),
+ * ML_ERR_UNSUPPORTED (the backend has no lora op, or m is one shard of a
+ * group of world > 1 driven by hand: make the slot on the ml_model_load_tp
+ * model), ML_ERR_NOMEM (naming the rank whose device is full). */
 ml_status ml_lora_create(ml_lora **out, ml_model *m, int max_rank, char *err, size_t errlen);
 
-/* Free the slot's backend memory. NULL is a no-op. The caller guarantees no
- * queued work still reads it (synchronize on devices). */
+/* Free the slot's backend memory (every rank's part). NULL is a no-op. The
+ * caller guarantees no queued work still reads it (synchronize on devices). */
 void ml_lora_destroy(ml_lora *l);
 
 /* Upload adapter a (borrowed for the call; it may be freed after) into the
- * slot, replacing what it held. The caller guarantees no step or encode in
- * flight uses the slot. Errors: ML_ERR_INVALID_ARG (a was loaded for
- * another model shape, or its rank exceeds the slot's); the slot is then
- * empty (adapts nothing). */
+ * slot, replacing what it held (on a tensor-parallel model, each rank's
+ * share into its part, from the caller's thread). The caller guarantees no
+ * step or encode in flight uses the slot. Errors: ML_ERR_INVALID_ARG (a was
+ * loaded for another model shape, or its rank exceeds the slot's); the slot
+ * is then empty (adapts nothing). */
 ml_status ml_lora_set(ml_lora *l, const ml_lora_adapter *a, char *err, size_t errlen);
 
 /* As ml_lora_adapter_touches_images for the adapter the slot holds (0 when

@@ -69,8 +69,9 @@ ml_status ml_model_load(ml_model **out, const char *dir, ml_backend *be,
  * the shards for the caller. Errors: as ml_model_load, and
  * ML_ERR_INVALID_ARG (rank outside [0, world)), ML_ERR_UNSUPPORTED (a head
  * count or MLP width that world does not divide, or world > 1 on a backend
- * without all_reduce_sum). LoRA slots are not supported on a shard of
- * world > 1 (ml_lora_create refuses them). */
+ * without all_reduce_sum). A shard of world > 1 driven by hand takes no
+ * LoRA slot (ml_lora_create refuses it): ml_model_load_tp's slots hold the
+ * shards' parts. */
 ml_status ml_model_load_shard(ml_model **out, const char *dir, ml_backend *be,
                               const ml_model_limits *limits, int rank, int world, char *err,
                               size_t errlen);
@@ -87,8 +88,9 @@ ml_status ml_model_load_shard(ml_model **out, const char *dir, ml_backend *be,
  * comes back from the call: the lowest failing rank's, with its rank
  * named when it is not 0. Its K/V cache and image states hold one part
  * per rank behind one handle: make them with ml_model_kv_cache_create and
- * ml_model_image_state_alloc. LoRA slots are not supported (ml_lora_create
- * refuses the model). world 1 is exactly ml_model_load on bes[0], with no
+ * ml_model_image_state_alloc; so do its LoRA slots (ml_lora_create on the
+ * model), each rank holding its shard's share of every A and B. world 1 is
+ * exactly ml_model_load on bes[0], with no
  * thread. Errors: ML_ERR_INVALID_ARG (world < 1), those of
  * ml_model_load_shard (e.g. ML_ERR_UNSUPPORTED for a world that does not
  * divide the heads, or backends that are not one group), ML_ERR_NOMEM (a

@@ -111,15 +111,26 @@ typedef struct ml_lora_site {
     int rank;
 } ml_lora_site;
 
+/* A slot of a whole model or of one shard holds, for every site, the part
+ * of A and B its shard keeps (lora.c): a column-parallel Linear's B rows of
+ * the shard's output range, a row-parallel one's A columns of its input
+ * range, a replicated one's A and B whole. The slot of a tensor-parallel
+ * model (ml_model_load_tp) is a handle over one such slot per rank, which
+ * tp.c hands to each rank's steps and encodes. */
 struct ml_lora {
-    ml_model *model;        /* borrowed */
+    ml_model *model;        /* borrowed: whole, a shard, or tensor-parallel (model->tp) */
     int max_rank;
     float scale;
     int touches_images;
     int n_sites;
-    ml_lora_site *sites;    /* owned (n_sites) */
-    uint16_t *mem;          /* owned backend buffer: every site's A then B at max_rank */
-    size_t bytes;
+    ml_lora_site *sites;    /* owned (n_sites); NULL in a tensor-parallel handle */
+    uint16_t *mem;          /* owned backend buffer: every site's A then B at max_rank;
+                               NULL in a tensor-parallel handle */
+    size_t bytes;           /* of mem; of each rank's slot in a handle */
+    /* A tensor-parallel handle only (else NULL): */
+    ml_lora **parts;        /* owned (world): rank r's slot, in its shard's backend */
+    uint16_t *stage;        /* owned host (max_rank, widest row-parallel input share):
+                               ml_lora_set gathers A's column range here */
 };
 
 /* Rows of a step (or an image) that share one adapter. */
@@ -172,6 +183,18 @@ typedef struct ml_shard {
     uint16_t *row_slices;                  /* owned host bf16: the row-parallel column ranges */
 } ml_shard;
 
+/* How a shard keeps a Linear (out, in) of every layer of that kind: one
+ * table for the weights (ml_shard_weights) and the LoRA parts (lora.c). */
+typedef enum ml_shard_split {
+    ML_SHARD_WHOLE, /* replicated */
+    ML_SHARD_OUT,   /* column-parallel: the shard's range of output rows */
+    ML_SHARD_IN,    /* row-parallel: the shard's range of input columns, output all-reduced */
+} ml_shard_split;
+
+ml_shard_split ml_shard_split_vision(ml_lora_vision_module mod);
+/* Self- and cross-attention projections alike. */
+ml_shard_split ml_shard_split_text(ml_lora_text_module mod);
+
 /* Validate that every split dimension of m->cfg divides by world (and that
  * the backend can all-reduce when world > 1) and fill m->shard. Errors:
  * ML_ERR_INVALID_ARG (rank outside [0, world)), ML_ERR_UNSUPPORTED (a
@@ -198,6 +221,8 @@ ml_status ml_tp_encode_image(ml_tp *tp, const float *pixels, int aspect_ratio_id
                              const ml_vision_taps *taps, char *err, size_t errlen);
 ml_status ml_tp_forward(ml_tp *tp, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
                         float *logits, const ml_text_taps *taps, char *err, size_t errlen);
+/* Rank `rank`'s shard (borrowed from tp), for memory with one part per rank. */
+ml_model *ml_tp_shard(const ml_tp *tp, int rank);
 /* Join the threads and destroy the shards. NULL is a no-op. */
 void ml_tp_destroy(ml_tp *tp);
 

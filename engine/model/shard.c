@@ -50,6 +50,35 @@ void ml_shard_all_reduce(ml_model *m, float *x, size_t n)
         m->be->ops->all_reduce_sum(m->be, x, n);
 }
 
+ml_shard_split ml_shard_split_vision(ml_lora_vision_module mod)
+{
+    switch (mod) {
+    case ML_LORA_VISION_Q:
+    case ML_LORA_VISION_K:
+    case ML_LORA_VISION_V:
+    case ML_LORA_VISION_FC1: return ML_SHARD_OUT;
+    case ML_LORA_VISION_O:
+    case ML_LORA_VISION_FC2: return ML_SHARD_IN;
+    case ML_LORA_VISION_MODULES: break;
+    }
+    return ML_SHARD_WHOLE;
+}
+
+ml_shard_split ml_shard_split_text(ml_lora_text_module mod)
+{
+    switch (mod) {
+    case ML_LORA_TEXT_Q:
+    case ML_LORA_TEXT_K:
+    case ML_LORA_TEXT_V:
+    case ML_LORA_TEXT_GATE:
+    case ML_LORA_TEXT_UP: return ML_SHARD_OUT;
+    case ML_LORA_TEXT_O:
+    case ML_LORA_TEXT_DOWN: return ML_SHARD_IN;
+    case ML_LORA_TEXT_MODULES: break;
+    }
+    return ML_SHARD_WHOLE;
+}
+
 /* ---- slicing ------------------------------------------------------------------ */
 
 /* Two passes over the same code, as ml_carver: with base == NULL only the
@@ -96,15 +125,26 @@ static void take_in(slicer *sl, ml_weight *w)
     sl->used += (size_t)(w->rows * cols);
 }
 
+/* w as `split` says. */
+static void take(slicer *sl, ml_weight *w, ml_shard_split split)
+{
+    switch (split) {
+    case ML_SHARD_OUT: take_out(sl, w); break;
+    case ML_SHARD_IN: take_in(sl, w); break;
+    case ML_SHARD_WHOLE: break;
+    }
+}
+
 static void slice_vision_layer(slicer *sl, ml_vision_layer *l)
 {
-    take_out(sl, &l->q_proj);
-    take_out(sl, &l->k_proj);
-    take_out(sl, &l->v_proj);
-    take_in(sl, &l->o_proj);
-    take_out(sl, &l->fc1_weight);
+    ml_weight *linear[ML_LORA_VISION_MODULES] = {
+        [ML_LORA_VISION_Q] = &l->q_proj,       [ML_LORA_VISION_K] = &l->k_proj,
+        [ML_LORA_VISION_V] = &l->v_proj,       [ML_LORA_VISION_O] = &l->o_proj,
+        [ML_LORA_VISION_FC1] = &l->fc1_weight, [ML_LORA_VISION_FC2] = &l->fc2_weight,
+    };
+    for (int i = 0; i < ML_LORA_VISION_MODULES; i++)
+        take(sl, linear[i], ml_shard_split_vision((ml_lora_vision_module)i));
     take_out(sl, &l->fc1_bias);
-    take_in(sl, &l->fc2_weight);
     /* The bias is part of the reduced sum once, not once per shard. */
     if (sl->base && sl->shard->rank != 0)
         l->fc2_bias.data = NULL;
@@ -112,13 +152,20 @@ static void slice_vision_layer(slicer *sl, ml_vision_layer *l)
 
 static void slice_text_layer(slicer *sl, ml_text_layer *l)
 {
-    ml_weight *out[] = {&l->self.q_proj, &l->self.k_proj, &l->self.v_proj, &l->cross.q_proj,
-                        &l->cross.k_proj, &l->cross.v_proj, &l->gate_proj, &l->up_proj};
-    ml_weight *in[] = {&l->self.o_proj, &l->cross.o_proj, &l->down_proj};
-    for (size_t i = 0; i < sizeof out / sizeof out[0]; i++)
-        take_out(sl, out[i]);
-    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
-        take_in(sl, in[i]);
+    /* Self- and cross-attention projections split alike; a layer holds
+     * one of the two (the other's views are empty). */
+    ml_weight *linear[ML_LORA_TEXT_MODULES][2] = {
+        [ML_LORA_TEXT_Q] = {&l->self.q_proj, &l->cross.q_proj},
+        [ML_LORA_TEXT_K] = {&l->self.k_proj, &l->cross.k_proj},
+        [ML_LORA_TEXT_V] = {&l->self.v_proj, &l->cross.v_proj},
+        [ML_LORA_TEXT_O] = {&l->self.o_proj, &l->cross.o_proj},
+        [ML_LORA_TEXT_GATE] = {&l->gate_proj, NULL},
+        [ML_LORA_TEXT_UP] = {&l->up_proj, NULL},
+        [ML_LORA_TEXT_DOWN] = {&l->down_proj, NULL},
+    };
+    for (int i = 0; i < ML_LORA_TEXT_MODULES; i++)
+        for (int k = 0; k < 2 && linear[i][k]; k++)
+            take(sl, linear[i][k], ml_shard_split_text((ml_lora_text_module)i));
 }
 
 static void slice_all(slicer *sl, ml_weights *w)

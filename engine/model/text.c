@@ -38,7 +38,8 @@ void ml_text_plan(const ml_model *m, ml_carver *c, ml_text_bufs *b)
     b->pen_id = ml_carve(c, pens * sizeof *b->pen_id);
     b->pen_count = ml_carve(c, pens * sizeof *b->pen_count);
     b->sampled = ml_carve(c, R * sizeof *b->sampled);
-    b->sample_scratch = ml_carve(c, m->be->ops->sample_scratch_bytes(m->be, (int)R, tc->vocab_size));
+    b->sample_scratch =
+        ml_carve(c, m->be->ops->sample_scratch_bytes(m->be, (int)R, tc->vocab_size));
     b->row_attn = ml_carve(c, n * f);
     b->row_mlp = ml_carve(c, n * f);
     b->tokens = ml_carve(c, n * sizeof(int32_t));
@@ -99,8 +100,10 @@ static ml_status stage_sample_row(ml_model *m, const ml_step_seq *q, int s, int 
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                            "step: sequence %d penalty id %d outside [0, %d)", s, q->pen_id[i],
                            vocab);
-    memcpy(h->pen_id + h->n_pen, q->pen_id, (size_t)n_pen * sizeof *h->pen_id);
-    memcpy(h->pen_count + h->n_pen, q->pen_count, (size_t)n_pen * sizeof *h->pen_count);
+    if (n_pen > 0) { /* the arrays may be NULL then */
+        memcpy(h->pen_id + h->n_pen, q->pen_id, (size_t)n_pen * sizeof *h->pen_id);
+        memcpy(h->pen_count + h->n_pen, q->pen_count, (size_t)n_pen * sizeof *h->pen_count);
+    }
     h->sample_rows[r] = *q->sample;
     h->sample_rows[r].pen_start = h->n_pen;
     h->n_pen += n_pen;
@@ -231,7 +234,8 @@ static void upload_step(ml_model *m, int n_seqs, int n, int n_rows, int sample)
     be->ops->upload(be, b->n_images, h->n_images, (size_t)n_seqs * sizeof(int32_t));
     be->ops->upload(be, b->allowed, h->allowed, (size_t)n * chunks);
     if (sample) {
-        be->ops->upload(be, b->sample_rows, h->sample_rows, (size_t)n_rows * sizeof *h->sample_rows);
+        be->ops->upload(be, b->sample_rows, h->sample_rows,
+                        (size_t)n_rows * sizeof *h->sample_rows);
         be->ops->upload(be, b->pen_id, h->pen_id, (size_t)h->n_pen * sizeof *h->pen_id);
         be->ops->upload(be, b->pen_count, h->pen_count, (size_t)h->n_pen * sizeof *h->pen_count);
     }

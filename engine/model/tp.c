@@ -1,8 +1,8 @@
 /* A tensor-parallel model driven as one model (mllama.h ml_model_load_tp,
  * design.md §3): `world` shards, the threads that drive ranks 1.., and the
  * per-rank memory behind the single handles its callers hold (the K/V
- * cache, image states), so that the runtime serves a model split over
- * several devices without knowing ranks.
+ * cache, image states, adapter slots), so that the runtime serves a model
+ * split over several devices without knowing ranks.
  *
  * A call is posted to every rank under one mutex: the caller stores it,
  * bumps `posted` and wakes the threads, runs rank 0 itself, then waits
@@ -12,7 +12,9 @@
  *
  * An image state of a model of world > 1 is a host array of world backend
  * buffers, buffer r in rank r's backend; of a model that is not tensor
- * parallel, the backend buffer itself.
+ * parallel, the backend buffer itself. An adapter slot of a model of world
+ * above 1 (lora.c) holds rank r's slot in parts[r]: a step's or an
+ * encode's adapter reaches each rank as that rank's slot.
  *
  * @locality: ml_model_load_tp, ml_tp_* and the memory functions run on the
  * thread that drives the model; rank r >= 1 runs on its own thread, only
@@ -44,11 +46,12 @@ typedef struct tp_call {
     const float *pixels;
     int aspect_ratio_id;
     const uint8_t *aspect_ratio_mask;
+    const ml_lora *lora;            /* NULL = the base model */
     void *const *state;             /* (world) the image state's buffers */
     const ml_vision_taps *vision_taps;
     /* TP_FORWARD */
     ml_kv_cache *kv;
-    const ml_step_seq *seqs;        /* (n_seqs) image states are handles */
+    const ml_step_seq *seqs;        /* (n_seqs) image states and adapters are handles */
     int n_seqs;
     float *logits;
     const ml_text_taps *text_taps;
@@ -60,7 +63,8 @@ typedef struct tp_rank {
     ml_model *shard;          /* owned */
     pthread_t thread;         /* ranks >= 1 */
     ml_step_seq *seqs;        /* owned (max_step_seqs): the step with this rank's image states
-                                 (and, ranks >= 1, sample outputs in `sampled`) */
+                                 and adapter slots (and, ranks >= 1, sample outputs in
+                                 `sampled`) */
     ml_sample_out *sampled;   /* owned (max_step_seqs), ranks >= 1: their discarded tokens */
     const void **states;      /* owned (max_step_seqs, max_seq_images) */
     float *logits;            /* owned (max_logit_rows, vocab), ranks >= 1: their copy,
@@ -85,7 +89,15 @@ struct ml_tp {
 
 /* ---- calls ---------------------------------------------------------------- */
 
-/* The step of the call with rank r's buffer of every image state. */
+/* The slot of rank r in adapter handle l, or NULL for the base model. */
+static const ml_lora *rank_lora(const tp_rank *r, const ml_lora *l)
+{
+    return l ? l->parts[r->rank] : NULL;
+}
+
+/* The step of the call with rank r's buffer of every image state and rank
+ * r's slot of every adapter: consecutive sequences with one adapter keep
+ * one slot, so each shard groups them as the caller did. */
 static const ml_step_seq *rank_step(tp_rank *r, const tp_call *c)
 {
     int max_images = r->shard->limits.max_seq_images;
@@ -96,6 +108,7 @@ static const ml_step_seq *rank_step(tp_rank *r, const tp_call *c)
             states[i] = ((void *const *)q->image_states[i])[r->rank];
         r->seqs[s] = *q;
         r->seqs[s].image_states = states;
+        r->seqs[s].lora = rank_lora(r, q->lora);
         if (r->rank > 0)
             r->seqs[s].sampled = &r->sampled[s];
     }
@@ -117,7 +130,8 @@ static void run_rank(tp_rank *r, const tp_call *c)
         break;
     case TP_ENCODE:
         r->st = ml_model_encode_image(r->shard, c->pixels, c->aspect_ratio_id,
-                                      c->aspect_ratio_mask, NULL, c->state[r->rank],
+                                      c->aspect_ratio_mask, rank_lora(r, c->lora),
+                                      c->state[r->rank],
                                       first ? c->vision_taps : NULL, r->err, sizeof r->err);
         break;
     case TP_FORWARD:
@@ -190,13 +204,15 @@ ml_status ml_tp_encode_image(ml_tp *tp, const float *pixels, int aspect_ratio_id
                              const uint8_t *aspect_ratio_mask, const ml_lora *lora, void *state,
                              const ml_vision_taps *taps, char *err, size_t errlen)
 {
-    if (lora)
+    /* A slot of this model is a handle with a part per rank (lora.c). */
+    if (lora && lora->model->tp != tp)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
-                       "encode: a tensor-parallel model serves no adapters");
+                       "encode: the adapter slot belongs to another model");
     if (!state)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "encode: no image state");
     tp_call c = {.op = TP_ENCODE, .pixels = pixels, .aspect_ratio_id = aspect_ratio_id,
-                 .aspect_ratio_mask = aspect_ratio_mask, .state = state, .vision_taps = taps};
+                 .aspect_ratio_mask = aspect_ratio_mask, .lora = lora, .state = state,
+                 .vision_taps = taps};
     return run_all(tp, &c, err, errlen);
 }
 
@@ -215,11 +231,9 @@ ml_status ml_tp_forward(ml_tp *tp, ml_kv_cache *kv, const ml_step_seq *seqs, int
                        ml_kv_cache_world(kv), tp->world);
     for (int s = 0; s < n_seqs; s++) {
         const ml_step_seq *q = &seqs[s];
-        if (q->lora)
+        if (q->lora && q->lora->model->tp != tp)
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
-                           "step: sequence %d has an adapter; a tensor-parallel model serves "
-                           "none",
-                           s);
+                           "step: sequence %d has an adapter slot of another model", s);
         if (q->n_images < 0 || q->n_images > l->max_seq_images)
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                            "step: sequence %d has %d images, limit %d", s, q->n_images,
@@ -235,6 +249,11 @@ ml_status ml_tp_forward(ml_tp *tp, ml_kv_cache *kv, const ml_step_seq *seqs, int
 }
 
 /* ---- load / destroy ----------------------------------------------------------- */
+
+ml_model *ml_tp_shard(const ml_tp *tp, int rank)
+{
+    return tp->ranks[rank].shard;
+}
 
 void ml_tp_destroy(ml_tp *tp)
 {

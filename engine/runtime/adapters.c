@@ -63,6 +63,7 @@ ml_status ml_adapters_create(ml_adapters **out, ml_model *m, int n_slots, int ma
         a->n_slots = i + 1;
     }
     a->stats.slots = n_slots;
+    /* Per device: a tensor-parallel model's slots hold each shard's share. */
     a->stats.bytes = (size_t)n_slots * ml_lora_slot_bytes(m, max_rank);
     *out = a;
     return ML_OK;

@@ -74,7 +74,7 @@ int ml_adapter_index(const ml_adapter *s);
 
 typedef struct ml_adapters_stats {
     int slots, resident, in_use; /* slots holding an adapter / referenced */
-    size_t bytes;                /* backend memory of all slots */
+    size_t bytes;                /* backend memory of all slots (per device on a split model) */
     uint64_t loads, evictions, load_failures;
     double load_ms;              /* total time spent loading */
 } ml_adapters_stats;

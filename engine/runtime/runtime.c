@@ -264,11 +264,6 @@ ml_status ml_runtime_create(ml_runtime **out, ml_model *model, const ml_tokenize
     if (cfg->max_adapters < 0)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "runtime: max_adapters %d",
                        cfg->max_adapters);
-    if (cfg->max_adapters > 0 && ml_model_world(model) > 1)
-        return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
-                       "runtime: LoRA adapters (max_adapters %d) are not supported on a "
-                       "tensor-parallel model (world %d); configure 0 adapter slots",
-                       cfg->max_adapters, ml_model_world(model));
     if (mc->vision.max_num_tiles > ML_RUNTIME_MAX_TILES)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED, "runtime: max_num_tiles %d above %d",
                        mc->vision.max_num_tiles, ML_RUNTIME_MAX_TILES);

@@ -19,8 +19,8 @@
  * is refused at submit. The budgets are per device: on a tensor-parallel
  * model (ml_model_load_tp) every device holds its shard's 1/world of each
  * K/V block and image state, so the same kv_bytes and image_bytes hold
- * world times the tokens and images of one device serving the whole model.
- * Such a model serves no adapters (max_adapters must be 0).
+ * world times the tokens and images of one device serving the whole model,
+ * and each device holds its shard's share of every adapter slot.
  *
  * @locality: every function runs on the step loop thread, and callbacks are
  * invoked on it from inside ml_runtime_step (or ml_runtime_cancel). */
@@ -146,8 +146,9 @@ typedef struct ml_request {
 
 /* Create a runtime over model (borrowed) and tokenizer (borrowed). Errors:
  * ML_ERR_INVALID_ARG (config inconsistent with the model's limits),
- * ML_ERR_UNSUPPORTED (adapter slots on a tensor-parallel model),
- * ML_ERR_NOMEM (the KV pool or tables). */
+ * ML_ERR_UNSUPPORTED (more tiles than ML_RUNTIME_MAX_TILES, adapter slots
+ * on a backend without LoRA), ML_ERR_NOMEM (the KV pool, tables or
+ * adapter slots). */
 ml_status ml_runtime_create(ml_runtime **out, ml_model *model, const ml_tokenizer *tok,
                             const ml_runtime_config *cfg, char *err, size_t errlen);
 

@@ -17,7 +17,7 @@
 #include "harness.h"
 #include "runtime_test_util.h"
 
-#define FIXTURE ML_SOURCE_DIR "/tests/golden/fixtures/lora"
+#define FIXTURE ML_RT_LORA_FIXTURE
 #define A1 "a1_all_r8"
 #define A2 "a2_text_rslora_r4"
 #define GREEDY_STEPS 16
@@ -45,45 +45,12 @@ static int resolve(void *ctx, const char *name, char *dir, size_t n)
     return 0;
 }
 
-/* The fixture's model, prompt and images. inputs.safetensors holds the
- * real tiles only, packed (n_real_tiles, 3, S, S): each goes to its slot. */
+/* The fixture's model, prompt and images, with slots up to MAX_LORA_RANK. */
 static void load_fixture(ml_rt_fixture *f)
 {
     ml_model_limits lim = ml_rt_limits();
     lim.max_lora_rank = MAX_LORA_RANK;
-    ml_rt_fixture_open(f, FIXTURE "/model", &lim);
-    ml_safetensors *in = ml_rt_safetensors_open(FIXTURE "/inputs.safetensors");
-    size_t n, n_ar, n_mask;
-    int64_t *ids = ml_rt_read_i64(in, "input_ids", &n);
-    int64_t *ar = ml_rt_read_i64(in, "aspect_ratio_ids", &n_ar);
-    int64_t *mask = ml_rt_read_i64(in, "aspect_ratio_mask", &n_mask);
-    if (n_ar != ML_RT_IMAGES || n_mask != ML_RT_IMAGES * (size_t)f->T) {
-        fprintf(stderr, "inputs.safetensors: aspect ratios do not fit the model\n");
-        exit(1);
-    }
-    ml_rt_fixture_set_prompt(f, ids, n);
-    ml_rt_fixture_set_images(f, ar, mask);
-    const ml_tensor_view *real = ml_safetensors_find(in, "pixel_values_real_tiles");
-    size_t tile = (size_t)f->slot_floats / (size_t)f->T;
-    size_t n_real = (size_t)f->n_tiles[0] + (size_t)f->n_tiles[1];
-    float *tiles = real ? malloc(n_real * tile * sizeof *tiles) : NULL;
-    char err[256] = "";
-    if (!tiles || (size_t)ml_tensor_view_numel(real) != n_real * tile ||
-        ml_tensor_view_read_f32(real, tiles, err, sizeof err) != ML_OK) {
-        fprintf(stderr, "pixel_values_real_tiles: absent, not %zu tiles, or %s\n", n_real, err);
-        exit(1);
-    }
-    size_t next = 0;
-    for (int i = 0; i < ML_RT_IMAGES; i++)
-        for (int t = 0; t < f->T; t++)
-            if (f->ar_mask[i][t])
-                memcpy(f->pixels + (size_t)i * f->slot_floats + (size_t)t * tile,
-                       tiles + tile * next++, tile * sizeof *tiles);
-    free(tiles);
-    free(ids);
-    free(ar);
-    free(mask);
-    ml_safetensors_destroy(in);
+    ml_rt_fixture_open_lora(f, &lim);
 }
 
 /* The reference greedy tokens of a fixture case (base, A1, A2). */

@@ -1,7 +1,7 @@
 /* Tensor parallelism as a configuration of the product, on the CPU:
  * - the worker configuration refuses model.tensor_parallel 0, negative or
- *   above the limit, a device list that does not match it, and adapter
- *   slots on a split model, each naming the key;
+ *   above the limit and a device list that does not match it, each naming
+ *   the key, and takes adapter slots on a split model;
  * - `mllama run --tp 2` on a golden fixture gives the output ids of
  *   --tp 1; --tp 3 (which does not divide the fixture's heads), --tp 0 and
  *   a device list of the wrong length are refused, saying why;
@@ -52,7 +52,7 @@ static void test_config(void)
     static const char *const negative[] = {"model.tensor_parallel=-2"};
     static const char *const huge[] = {"model.tensor_parallel=65"};
     static const char *const word[] = {"model.tensor_parallel=two"};
-    static const char *const adapters[] = {"model.tensor_parallel=2"};
+    static const char *const adapters[] = {"model.tensor_parallel=2", "runtime.max_adapters=3"};
     static const char *const devices[] = {"model.tensor_parallel=2", "runtime.max_adapters=0",
                                           "model.devices=0,1,2"};
     static const char *const bad_list[] = {"model.devices=0,x"};
@@ -62,7 +62,6 @@ static void test_config(void)
     config_refused(negative, 1, "model.tensor_parallel");
     config_refused(huge, 1, "model.tensor_parallel");
     config_refused(word, 1, "model.tensor_parallel");
-    config_refused(adapters, 1, "runtime.max_adapters");
     config_refused(devices, 3, "model.devices");
     config_refused(bad_list, 1, "model.devices");
     config_refused(twice, 3, "listed twice");
@@ -74,6 +73,10 @@ static void test_config(void)
     check(svc_config_load(&cfg, NULL, good, 3, err, sizeof err) == 0 &&
               cfg.model.tensor_parallel == 4,
           "tensor_parallel 4 on devices 3,2,1,0: %s", err);
+    svc_config_deinit(&cfg);
+    check(svc_config_load(&cfg, NULL, adapters, 2, err, sizeof err) == 0 &&
+              cfg.model.tensor_parallel == 2 && cfg.runtime.max_adapters == 3,
+          "adapter slots on a split model: %s", err);
     svc_config_deinit(&cfg);
     check(svc_config_load(&cfg, NULL, NULL, 0, err, sizeof err) == 0 &&
               cfg.model.tensor_parallel == 1 && !cfg.model.devices[0],
