@@ -589,7 +589,9 @@ static kept_set sample_filter(ml_sample_scratch *s, const ml_sample_row *row, co
     /* min-p: p >= min_p * p_max  <=>  z >= zmax + t ln(min_p), a logit
      * threshold. Without top-p (whose mass must include what min-p drops,
      * as HF applies min-p last) it simply raises the floor. */
-    float min_p_z = row->min_p > 0.0f ? zmax + t * logf(row->min_p) : -INFINITY;
+    /* ln(min_p) in double, rounded once: a device computes the same bits
+     * (its logf may differ from glibc's by an ulp). */
+    float min_p_z = row->min_p > 0.0f ? zmax + t * (float)log((double)row->min_p) : -INFINITY;
     bool top_p = row->top_p < 1.0f;
     if (!top_p && min_p_z > floor_z)
         floor_z = min_p_z;

@@ -11,8 +11,8 @@
  *      the number of times it occurs in the output so far):
  *      repetition (HF RepetitionPenaltyLogitsProcessor) on every entry, once
  *      however often the id occurs: logit > 0 ? logit / p : logit * p;
- *      then frequency and presence (OpenAI / vLLM) on entries with a count:
- *      logit -= frequency * count + presence;
+ *      then frequency and presence (OpenAI / vLLM) on entries with a count,
+ *      in float, in this order: logit -= frequency * count; logit -= presence;
  *   2. temperature below ML_SAMPLE_GREEDY_TEMPERATURE: greedy, the argmax of
  *      the penalised logits, the lowest id on ties; steps 3-6 are skipped and
  *      u is not used. Otherwise logits / temperature;

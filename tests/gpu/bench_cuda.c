@@ -128,8 +128,13 @@ typedef struct decoder {
     uint16_t *embed, *norm, *lm_head;
     /* activations (B rows) */
     float *h, *x, *q, *attn, *k, *v, *gate, *up, *logits, *inv_freq, *row_ones;
-    int32_t *tokens, *pos, *slots, *tables, *seq_start, *pos0, *argmax;
+    int32_t *tokens, *pos, *slots, *tables, *seq_start, *pos0;
     uint8_t *allowed;
+    /* Greedy sampling of every row, as a server step without sampling
+     * controls: the sample op's cheapest path, one maximum per row. */
+    ml_sample_row *sample_rows; /* device (B) */
+    ml_sample_out *sample_out;  /* device (B) */
+    void *sample_scratch;       /* device: sample_scratch_bytes(B, vocab) */
     void **kc, **vc;        /* per self layer */
     /* One image per sequence: a state of every cross layer's K then V plane. */
     void **img_state;       /* (B) */
@@ -221,7 +226,13 @@ static void decoder_build(decoder *d, const dec_cfg *c, int B)
     d->inv_freq = dupload(inv, (size_t)c->hd / 2 * 4);
     d->row_ones = dupload(ones, (size_t)B * 4);
     d->allowed = dupload(allowed, (size_t)B * V_TILES);
-    d->argmax = dalloc((size_t)B * 4);
+    ml_sample_row *greedy = calloc((size_t)B, sizeof *greedy);
+    for (int s = 0; s < B; s++)
+        greedy[s] = (ml_sample_row){.top_p = 1.0f, .repetition_penalty = 1.0f};
+    d->sample_rows = dupload(greedy, (size_t)B * sizeof *greedy);
+    d->sample_out = dalloc((size_t)B * sizeof *d->sample_out);
+    d->sample_scratch = dalloc(g_be->ops->sample_scratch_bytes(g_be, B, c->vocab));
+    free(greedy);
     free(tok);
     free(pos);
     free(slot);
@@ -316,7 +327,9 @@ static void decode_step(decoder *d)
     }
     o->rmsnorm(g_be, d->x, d->h, d->norm, B, D, eps);
     o->matmul(g_be, d->logits, d->x, d->lm_head, NULL, B, D, c->vocab, 0);
-    o->argmax(g_be, d->argmax, d->logits, B, c->vocab);
+    ml_sample_params sp = {.out = d->sample_out, .logits = d->logits, .row = d->sample_rows,
+                           .scratch = d->sample_scratch, .rows = B, .vocab = c->vocab};
+    o->sample(g_be, &sp);
 }
 
 typedef struct decode_result {
