@@ -27,13 +27,15 @@
  *   n                   integer                   1           only 1 is supported
  *   deadline_ms         integer                   none        absolute unix ms, > 0
  *   stream              bool                      true        false: one chat.completion record
+ *   response_format     {"type": T}               text        T "text" or "json_object" (JSON
+ *                                                             mode: the answer is one JSON object)
  *
  * JSON null is the same as an absent field (OpenAI clients send nulls).
  * Unknown fields (model, user, stream_options, ...) are ignored so that
  * clients can add fields before workers know them. Known fields that would
  * change the answer and are not supported are refused by name: tools (tool
- * calling), response_format other than {"type":"text"} (JSON mode and
- * schemas), logit_bias; their empty values pass. Duplicate keys: the
+ * calling), response_format of another type (json_schema), logit_bias;
+ * their empty values pass. Duplicate keys: the
  * first one counts (cJSON lookup order).
  *
  * messages[i]: {"role": "system"|"user"|"assistant", "content": C}; other
@@ -233,6 +235,7 @@ typedef struct svc_request {
     size_t n_stop;
     bool logprobs;
     uint32_t top_logprobs;
+    bool json_object;        /* response_format {"type": "json_object"} */
 } svc_request;
 
 /* A header value as it came off the wire: not NUL-terminated; ptr NULL =

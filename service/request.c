@@ -712,21 +712,31 @@ static svc_error parse_adapter(parser *p, const cJSON *root)
 #define PENALTY_ABS_MAX 2.0
 #define REPETITION_PENALTY_MAX 10.0
 
-/* Fields a client sends to change what the answer is (tool calls, JSON
- * output, token biases): ignoring them like unknown fields would return a
- * plain text answer the client did not ask for, so they are refused by
- * name. Their neutral values (null, [], {}, {"type": "text"}) pass. */
+/* response_format: text (the default) or json_object (JSON mode). */
+static svc_error parse_response_format(parser *p, const cJSON *root)
+{
+    const cJSON *format = member(root, "response_format");
+    const cJSON *type = cJSON_IsObject(format) ? member(format, "type") : NULL;
+    if (!format || (cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
+        return SVC_ERROR_NONE;
+    if (cJSON_IsString(type) && !strcmp(type->valuestring, "json_object")) {
+        p->r->pub.json_object = true;
+        return SVC_ERROR_NONE;
+    }
+    return fail(p, SVC_ERROR_INVALID_REQUEST,
+                "response_format: expected {\"type\": \"text\"} or {\"type\": "
+                "\"json_object\"} (JSON schemas are not supported)");
+}
+
+/* Fields a client sends to change what the answer is (tool calls, token
+ * biases): ignoring them like unknown fields would return a plain text
+ * answer the client did not ask for, so they are refused by name. Their
+ * neutral values (null, [], {}) pass. */
 static svc_error refuse_unsupported(parser *p, const cJSON *root)
 {
     const cJSON *tools = member(root, "tools");
     if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
         return fail(p, SVC_ERROR_INVALID_REQUEST, "tools: tool calling is not supported");
-    const cJSON *format = member(root, "response_format");
-    const cJSON *type = cJSON_IsObject(format) ? member(format, "type") : NULL;
-    if (format && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
-        return fail(p, SVC_ERROR_INVALID_REQUEST,
-                    "response_format: only {\"type\": \"text\"} is supported "
-                    "(no JSON mode or schema)");
     const cJSON *bias = member(root, "logit_bias");
     if (bias && !(cJSON_IsObject(bias) && !bias->child))
         return fail(p, SVC_ERROR_INVALID_REQUEST, "logit_bias: not supported");
@@ -786,7 +796,8 @@ static svc_error parse_options(parser *p, const cJSON *root)
         return fail(p, SVC_ERROR_INVALID_REQUEST, "top_logprobs: needs \"logprobs\": true");
     req->top_logprobs = (uint32_t)top_logprobs;
 
-    if ((e = parse_stop(p, root)) || (e = refuse_unsupported(p, root)))
+    if ((e = parse_stop(p, root)) || (e = parse_response_format(p, root)) ||
+        (e = refuse_unsupported(p, root)))
         return e;
     return parse_adapter(p, root);
 }

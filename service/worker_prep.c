@@ -271,6 +271,7 @@ static void build_sampling(svc_worker *w, job *j)
     }
     s->logprobs = r->logprobs;
     s->top_logprobs = r->top_logprobs;
+    s->json_object = r->json_object;
 }
 
 static void prepare(svc_worker *w, job *j)

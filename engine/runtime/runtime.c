@@ -4,12 +4,14 @@
 #include "runtime/runtime.h"
 
 #include <assert.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "sha256.h"
+#include "runtime/json_mode.h"
 #include "runtime/stop.h"
+#include "sha256.h"
 
 /* ========================================================================== */
 /* sequences                                                                    */
@@ -45,6 +47,7 @@ typedef struct rt_seq {
     ml_sample_out sampled;      /* the step's token and logprobs */
     char *stop_text;            /* owned: the request's stop strings, back to back */
     ml_sampler_seq *sampler;    /* owned */
+    ml_json_state *json;        /* owned; JSON mode only */
     ml_token_stream *detok;     /* owned */
     ml_stop *stop;              /* owned */
     ml_request_callbacks cb;
@@ -74,6 +77,10 @@ struct ml_runtime {
     rt_seq **step_owner;        /* (max_running) */
     uint8_t *allowed;           /* (max_step_tokens, max_seq_images · T) */
     float *logits;              /* (max_running, vocab) */
+    /* JSON mode, made at the first request that asks for it: */
+    ml_json_vocab *json_vocab;  /* owned: the tokens' bytes for the grammar */
+    uint64_t *json_allowed;     /* owned ((vocab + 63) / 64): one step's mask */
+    float *json_logits;         /* owned (vocab): logits under that mask */
     ml_runtime_stats stats;
 };
 
@@ -159,6 +166,7 @@ static void seq_free(ml_runtime *rt, rt_seq *s)
     free(s->blocks);
     free(s->stop_text);
     ml_sampler_seq_destroy(s->sampler);
+    ml_json_state_destroy(s->json);
     ml_token_stream_destroy(s->detok);
     ml_stop_destroy(s->stop);
     free(s);
@@ -328,6 +336,9 @@ void ml_runtime_destroy(ml_runtime *rt)
     free(rt->step_owner);
     free(rt->allowed);
     free(rt->logits);
+    ml_json_vocab_destroy(rt->json_vocab);
+    free(rt->json_allowed);
+    free(rt->json_logits);
     free(rt);
 }
 
@@ -421,6 +432,23 @@ static ml_request_error validate(const ml_runtime *rt, const ml_request *req, ch
 }
 
 /* The request's stop strings are borrowed for the call only: keep a copy. */
+/* JSON mode's shared parts, made once, at the first request that asks (the
+ * token trie costs tens of milliseconds and megabytes a worker without JSON
+ * requests never needs). */
+static ml_status json_prepare(ml_runtime *rt, char *err, size_t errlen)
+{
+    if (rt->json_vocab)
+        return ML_OK;
+    size_t words = ((size_t)rt->vocab + 63) / 64;
+    rt->json_allowed = rt->json_allowed ? rt->json_allowed
+                                        : malloc(words * sizeof *rt->json_allowed);
+    rt->json_logits = rt->json_logits ? rt->json_logits
+                                      : malloc((size_t)rt->vocab * sizeof *rt->json_logits);
+    if (!rt->json_allowed || !rt->json_logits)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "runtime: out of memory for JSON mode");
+    return ml_json_vocab_create(rt->tok, (size_t)rt->vocab, &rt->json_vocab, err, errlen);
+}
+
 static ml_status copy_stop_strings(rt_seq *s)
 {
     size_t total = 1;
@@ -479,6 +507,10 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
     if (req->n_images) /* a text-only request may pass no array at all */
         memcpy(s->images, req->images, (size_t)req->n_images * sizeof *s->images);
     s->sampling = req->sampling;
+    if (s->sampling.json_object && (json_prepare(rt, err, errlen) != ML_OK ||
+                                    ml_json_state_create(rt->json_vocab, &s->json, err,
+                                                         errlen) != ML_OK))
+        goto nomem;
     if (copy_stop_strings(s) != ML_OK ||
         ml_sampler_seq_create(&s->sampling, (size_t)rt->vocab, req->prompt,
                               (size_t)req->n_prompt, &s->sampler, err, errlen) != ML_OK ||
@@ -736,10 +768,23 @@ static void expire(ml_runtime *rt)
 }
 
 /* Is s sampled on the host from its logits row (its logits callback must
- * see the row), rather than where the logits are (ML_LOGITS_SAMPLE)? */
+ * see the row, or JSON mode masks it), rather than where the logits are
+ * (ML_LOGITS_SAMPLE)? */
 static bool samples_on_host(const rt_seq *s)
 {
-    return s->cb.on_logits != NULL;
+    return s->cb.on_logits != NULL || s->json != NULL;
+}
+
+/* `logits` with every token JSON mode forbids next at -inf, in
+ * rt->json_logits. The object is incomplete here: a sequence ends as soon
+ * as its object is (advance). */
+static const float *json_constrain(ml_runtime *rt, rt_seq *s, const float *logits)
+{
+    const uint64_t *allowed = rt->json_allowed;
+    ml_json_state_allowed(s->json, rt->json_allowed);
+    for (int i = 0; i < rt->vocab; i++)
+        rt->json_logits[i] = allowed[i >> 6] >> (i & 63) & 1 ? logits[i] : -INFINITY;
+    return rt->json_logits;
 }
 
 /* Append the step's token to s and stream it: drawn here from `logits`, or
@@ -749,9 +794,17 @@ static void advance(ml_runtime *rt, rt_seq *s, const float *logits)
     char err[256];
     ml_finish end = ML_FINISH_NONE;
     if (logits) {
-        s->cb.on_logits(s->cb.ctx, logits, rt->vocab);
-        if (ml_sampler_sample(rt->sampler, s->sampler, logits, &s->sampled, err, sizeof err) !=
-            ML_OK) {
+        if (s->cb.on_logits)
+            s->cb.on_logits(s->cb.ctx, logits, rt->vocab);
+        const float *z = s->json ? json_constrain(rt, s, logits) : logits;
+        /* JSON mode samples from the masked row, but reports the logprobs
+         * of the raw one (sample.h). */
+        if (ml_sampler_sample(rt->sampler, s->sampler, z, &s->sampled, err, sizeof err) !=
+                ML_OK ||
+            (z != logits && s->sampling.logprobs &&
+             ml_sample_logprobs(logits, (size_t)rt->vocab, s->sampled.chosen.id,
+                                s->sampling.top_logprobs, &s->sampled, err,
+                                sizeof err) != ML_OK)) {
             finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL, err, 0);
             return;
         }
@@ -762,7 +815,8 @@ static void advance(ml_runtime *rt, rt_seq *s, const float *logits)
     }
     int32_t id = s->sampled.chosen.id;
     const ml_sample_out *lpp = s->sampling.logprobs ? &s->sampled : NULL;
-    if (ml_sampler_seq_accept(s->sampler, id, &end, err, sizeof err) != ML_OK) {
+    if (ml_sampler_seq_accept(s->sampler, id, &end, err, sizeof err) != ML_OK ||
+        (s->json && ml_json_state_accept(s->json, id, err, sizeof err) != ML_OK)) {
         finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL, err, 0);
         return;
     }
@@ -791,6 +845,8 @@ static void advance(ml_runtime *rt, rt_seq *s, const float *logits)
     s->cb.on_token(s->cb.ctx, id, r.text, r.len, lpp);
     if (r.stopped)
         finish(rt, s, ML_FINISH_REASON_STOP, ML_REQERR_NONE, NULL, 0);
+    else if (s->json && ml_json_state_complete(s->json)) /* the object is the answer */
+        finish(rt, s, ML_FINISH_REASON_STOP, ML_REQERR_NONE, NULL, 1);
     else if (end == ML_FINISH_LENGTH || s->n_tokens >= s->cap)
         finish(rt, s, ML_FINISH_REASON_LENGTH, ML_REQERR_NONE, NULL, 1);
 }

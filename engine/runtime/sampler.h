@@ -48,6 +48,10 @@ typedef struct ml_sampling_params {
     size_t stop_len[ML_STOP_MAX_STRINGS];
     size_t n_stop;
     bool logprobs;         /* report the chosen token's logprob */
+    /* JSON mode (OpenAI response_format json_object): the runtime keeps the
+     * output a prefix of one JSON object (runtime/json_mode.h) and ends the
+     * sequence when the object is complete. */
+    bool json_object;
     uint32_t top_logprobs; /* 0..ML_SAMPLE_MAX_TOP alternatives; needs logprobs */
 } ml_sampling_params;
 

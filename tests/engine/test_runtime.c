@@ -15,7 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "harness.h"
+#include "runtime/json_mode.h"
 #include "runtime_test_util.h"
 
 #define MODEL ML_SOURCE_DIR "/tests/golden/fixtures/models/m3_two_images_interleaved"
@@ -182,6 +185,69 @@ static void test_image_loader(ml_rt_fixture *f)
     ml_rt_result_deinit(&refused);
 }
 
+/* JSON mode on the fixture model (random weights, so the grammar does all
+ * the work): every seeded request's tokens stay a prefix of one JSON object
+ * (each accepted by a fresh grammar state); one that stops ended its object
+ * there, and its text parses as one; max_tokens may cut one short. */
+static void test_json_mode(ml_rt_fixture *f)
+{
+    enum { N = 4, TOKENS = ML_RT_MAX_OUT };
+    char err[256] = "";
+    ml_json_vocab *vocab = NULL;
+    check(ml_json_vocab_create(f->tok, (size_t)ml_model_config(f->model)->text.vocab_size,
+                               &vocab, err, sizeof err) == ML_OK,
+          "json vocab: %s", err);
+    ml_sampling_params p;
+    ml_sampling_params_default(&p);
+    p.json_object = true;
+    p.logprobs = true;
+    ml_rt_result r[N];
+    memset(r, 0, sizeof r);
+    ml_runtime *rt = ml_rt_runtime_sized(f, 64, 2);
+    for (int i = 0; i < N; i++) {
+        p.seed = 77 + (uint64_t)i;
+        p.temperature = i == 0 ? 0.0f : 1.5f;
+        ml_rt_submit(f, rt,
+                     &(ml_rt_request){.kind = i % 2 ? ML_RT_TEXT_ONLY : ML_RT_TWO_IMAGES,
+                                      .max_tokens = TOKENS, .sampling = &p},
+                     &r[i]);
+    }
+    ml_rt_drain(rt, 0);
+    ml_runtime_destroy(rt);
+    int stopped = 0;
+    for (int i = 0; i < N && vocab; i++) {
+        ml_json_state *js = NULL;
+        check(r[i].done == 1 && r[i].error == ML_REQERR_NONE &&
+                  ml_json_state_create(vocab, &js, err, sizeof err) == ML_OK,
+              "json request %d: ended '%s'", i, r[i].message);
+        int ok = js != NULL;
+        for (int t = 0; ok && t < r[i].n_out; t++)
+            ok = ml_json_state_accept(js, r[i].out[t], err, sizeof err) == ML_OK;
+        check(ok, "json request %d: token outside the grammar: %s", i, err);
+        if (r[i].reason == ML_FINISH_REASON_STOP) {
+            char *text = NULL;
+            size_t len = 0;
+            stopped++;
+            check(js && ml_json_state_complete(js) &&
+                      ml_tokenizer_decode(f->tok, r[i].out, (size_t)r[i].n_out, 0, &text, &len,
+                                          err, sizeof err) == ML_OK,
+                  "json request %d: stopped on an incomplete object", i);
+            cJSON *doc = text ? cJSON_ParseWithLength(text, len) : NULL;
+            check(cJSON_IsObject(doc), "json request %d: '%s' is not one JSON object", i,
+                  text ? text : "");
+            cJSON_Delete(doc);
+            free(text);
+        } else {
+            check(r[i].reason == ML_FINISH_REASON_LENGTH && r[i].n_out == TOKENS,
+                  "json request %d: finish %d after %d tokens", i, (int)r[i].reason, r[i].n_out);
+        }
+        ml_json_state_destroy(js);
+        ml_rt_result_deinit(&r[i]);
+    }
+    fprintf(stderr, "  json mode: %d of %d requests completed their object\n", stopped, N);
+    ml_json_vocab_destroy(vocab);
+}
+
 /* The runtime samples where the logits are (the model's sample op) unless a
  * logits callback must see them (then the host sampler does): the same
  * seeds give the same tokens and logprobs both ways, for batched requests
@@ -244,6 +310,7 @@ int main(void)
     test_endings(&f);
     test_sampling_paths(&f);
     test_image_loader(&f);
+    test_json_mode(&f);
     ml_rt_fixture_close(&f);
     return check_done();
 }

@@ -123,6 +123,7 @@ static void test_all_fields(void)
         "\"repetition_penalty\":1.1,\"presence_penalty\":-2,\"frequency_penalty\":2,"
         "\"seed\":-9007199254740991,\"stop\":[\"\\n\\n\",\"END\"],\"logprobs\":true,"
         "\"top_logprobs\":20,\"n\":1,\"deadline_ms\":4102444800000,\"stream\":false,"
+        "\"response_format\":{\"type\":\"json_object\"},"
         "\"model\":\"ignored\",\"future_field\":{\"x\":[1,2]},\"user\":null,"
         "\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
         "{\"role\":\"user\",\"name\":\"bob\",\"content\":[{\"type\":\"text\",\"text\":\"A\"},"
@@ -155,6 +156,7 @@ static void test_all_fields(void)
     check(req->n_stop == 2 && !strcmp(req->stop[0], "\n\n") && !strcmp(req->stop[1], "END"),
           "stop list");
     check(req->logprobs && req->top_logprobs == 20, "logprobs");
+    check(req->json_object, "response_format json_object");
 
     check(req->n_messages == 3, "3 messages");
     check(req->messages[0].role == SVC_ROLE_SYSTEM && req->messages[2].role == SVC_ROLE_ASSISTANT,
@@ -450,8 +452,8 @@ static void test_option_errors(void)
         {",\"deadline_ms\":0", "deadline_ms: 0 is out of range"},
         {",\"tools\":[{\"type\":\"function\"}]", "tools: tool calling is not supported"},
         {",\"tools\":{}", "tools: tool calling is not supported"},
-        {",\"response_format\":{\"type\":\"json_object\"}", "response_format: only"},
-        {",\"response_format\":\"text\"", "response_format: only"},
+        {",\"response_format\":{\"type\":\"json_schema\"}", "response_format: expected"},
+        {",\"response_format\":\"text\"", "response_format: expected"},
         {",\"logit_bias\":{\"50256\":-100}", "logit_bias: not supported"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)

@@ -240,6 +240,25 @@ static void test_not_streamed(void)
     }
     cJSON_Delete(j);
     free(body);
+
+    /* JSON mode: the answer is (a prefix of, when cut by max_tokens) one
+     * JSON object, and stop means it is complete. */
+    body = pu_chat_request("e2e-json", "Give me a JSON object.", NULL,
+                           "\"max_tokens\":48,\"stream\":false,\"seed\":3,"
+                           "\"response_format\":{\"type\":\"json_object\"}");
+    j = ask("e2e-json", body);
+    reason = pu_finish_reason(j);
+    const char *text = pu_json_str(j, PU_PATH("choices", "0", "message", "content"));
+    const char *start = text ? text + strspn(text, " \t\r\n") : NULL;
+    check(start && *start == '{' && reason && (!strcmp(reason, "stop") || !strcmp(reason, "length")),
+          "json mode: finish %s, content '%.80s'", reason ? reason : "(none)", text ? text : "");
+    if (reason && !strcmp(reason, "stop")) {
+        cJSON *doc = cJSON_Parse(text);
+        check(cJSON_IsObject(doc), "json mode: stopped on '%s', not one JSON object", text);
+        cJSON_Delete(doc);
+    }
+    cJSON_Delete(j);
+    free(body);
 }
 
 static void test_cancel(void)

@@ -1,0 +1,903 @@
+/* JSON mode (json_mode.h): a byte-level pushdown recognizer of one JSON
+ * object, and the vocabulary trie that turns it into a token mask. */
+#include "runtime/json_mode.h"
+
+#include <assert.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the recognizer -------------------------------------------------------- */
+
+/* Where the recognizer is. The first group sits between tokens of the JSON
+ * grammar, where whitespace may come; the others are inside a string (kept
+ * contiguous, JSON_STR..JSON_STR_UTF8, for json_in_string), a number or a
+ * literal, where it may not. */
+enum json_mode {
+    JSON_START,          /* before the top-level object: '{' */
+    JSON_OBJ_FIRST,      /* after '{': a key or '}' */
+    JSON_OBJ_KEY,        /* after ',' in an object: a key */
+    JSON_OBJ_COLON,      /* after a key: ':' */
+    JSON_VALUE,          /* after ':', or ',' in an array: a value */
+    JSON_ARR_FIRST,      /* after '[': a value or ']' */
+    JSON_AFTER_VALUE,    /* after a value in a container: ',' or the container's closer */
+    JSON_DONE,           /* the top-level object is closed */
+    JSON_STR,            /* in a string, between characters */
+    JSON_STR_ESC,        /* after '\' */
+    JSON_STR_HEX,        /* in the 4 hex digits of \u, count of them read */
+    JSON_STR_LOW,        /* after a high surrogate escape: '\' of the low one */
+    JSON_STR_LOW_ESC,    /* then its 'u' */
+    JSON_STR_UTF8,       /* in a multi-byte character, count continuation bytes left */
+    JSON_NUM_MINUS,      /* after '-': a digit */
+    JSON_NUM_ZERO,       /* integer part "0": '.', an exponent or the end */
+    JSON_NUM_INT,        /* integer part [1-9][0-9]* */
+    JSON_NUM_DOT,        /* after '.': a digit */
+    JSON_NUM_FRAC,       /* in the fraction digits */
+    JSON_NUM_EXP,        /* after 'e': a sign or a digit */
+    JSON_NUM_EXP_SIGN,   /* after the exponent's sign: a digit */
+    JSON_NUM_EXP_DIGITS, /* in the exponent digits */
+    JSON_LITERAL,        /* in true/false/null, count bytes matched */
+};
+
+/* json_rec.flags */
+enum {
+    JSON_FLAG_KEY = 1u << 0,      /* the open string is an object key */
+    JSON_FLAG_HEX_D = 1u << 1,    /* this \u escape's first digit is D */
+    JSON_FLAG_HEX_HIGH = 1u << 2, /* this \u escape is a high surrogate (D800-DBFF) */
+    JSON_FLAG_HEX_LOW = 1u << 3,  /* this \u escape must be a low surrogate (DC00-DFFF) */
+};
+
+#define JSON_HEX_DIGITS 4
+#define JSON_STACK_WORDS ((ML_JSON_MAX_DEPTH + 63) / 64)
+_Static_assert(ML_JSON_MAX_DEPTH <= UINT8_MAX, "json_rec.depth is a uint8_t");
+
+/* The whole position of a sequence in the grammar, copied by value at every
+ * trie node (24 bytes). */
+typedef struct json_rec {
+    uint64_t
+        stack[JSON_STACK_WORDS]; /* bit d set: container d + 1 (from the top level) is an array */
+    uint8_t mode;                /* enum json_mode */
+    uint8_t count;               /* JSON_STR_HEX, JSON_STR_UTF8, JSON_LITERAL: see there */
+    uint8_t lo, hi;              /* JSON_STR_UTF8: range of the next continuation byte */
+    uint8_t flags;               /* JSON_FLAG_* */
+    uint8_t literal;             /* JSON_LITERAL: index into json_literals */
+    uint8_t depth;               /* open containers, 0..ML_JSON_MAX_DEPTH */
+} json_rec;
+
+static const char *const json_literals[] = {"true", "false", "null"};
+
+static bool json_is_ws(uint8_t c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static bool json_is_digit(uint8_t c)
+{
+    return c >= '0' && c <= '9';
+}
+
+static bool json_in_string(uint8_t mode)
+{
+    return mode >= JSON_STR && mode <= JSON_STR_UTF8;
+}
+
+static bool json_top_is_array(const json_rec *r)
+{
+    unsigned d = r->depth - 1u;
+    return (r->stack[d >> 6] >> (d & 63u)) & 1u;
+}
+
+static bool json_push(json_rec *r, bool array)
+{
+    if (r->depth == ML_JSON_MAX_DEPTH)
+        return false;
+    unsigned d = r->depth++;
+    uint64_t bit = 1ull << (d & 63u);
+    if (array)
+        r->stack[d >> 6] |= bit;
+    else
+        r->stack[d >> 6] &= ~bit;
+    r->mode = array ? JSON_ARR_FIRST : JSON_OBJ_FIRST;
+    return true;
+}
+
+static void json_pop(json_rec *r)
+{
+    r->depth--;
+    r->mode = r->depth ? JSON_AFTER_VALUE : JSON_DONE;
+}
+
+static void json_open_string(json_rec *r, bool key)
+{
+    r->mode = JSON_STR;
+    r->flags = key ? JSON_FLAG_KEY : 0;
+}
+
+/* c begins a value (anything but whitespace). */
+static bool json_value_start(json_rec *r, uint8_t c)
+{
+    switch (c) {
+    case '"':
+        json_open_string(r, false);
+        return true;
+    case '{':
+        return json_push(r, false);
+    case '[':
+        return json_push(r, true);
+    case '-':
+        r->mode = JSON_NUM_MINUS;
+        return true;
+    case '0':
+        r->mode = JSON_NUM_ZERO;
+        return true;
+    case 't':
+    case 'f':
+    case 'n':
+        r->mode = JSON_LITERAL;
+        r->literal = c == 't' ? 0 : c == 'f' ? 1 : 2;
+        r->count = 1;
+        return true;
+    default:
+        if (c < '1' || c > '9')
+            return false;
+        r->mode = JSON_NUM_INT;
+        return true;
+    }
+}
+
+static bool json_after_value(json_rec *r, uint8_t c)
+{
+    if (json_is_ws(c))
+        return true;
+    bool array = json_top_is_array(r);
+    if (c == ',') {
+        r->mode = array ? JSON_VALUE : JSON_OBJ_KEY;
+        return true;
+    }
+    if (c != (array ? ']' : '}'))
+        return false;
+    json_pop(r);
+    return true;
+}
+
+/* A number ends at the first byte that cannot continue it; that byte is then
+ * read as what follows the value. */
+static bool json_number_end(json_rec *r, uint8_t c)
+{
+    r->mode = JSON_AFTER_VALUE;
+    return json_after_value(r, c);
+}
+
+/* After the integer part: a fraction, an exponent, or the end. */
+static bool json_number_tail(json_rec *r, uint8_t c)
+{
+    if (c == '.')
+        r->mode = JSON_NUM_DOT;
+    else if (c == 'e' || c == 'E')
+        r->mode = JSON_NUM_EXP;
+    else
+        return json_number_end(r, c);
+    return true;
+}
+
+/* A byte in a string between characters. */
+static bool json_string_byte(json_rec *r, uint8_t c)
+{
+    if (c == '"') {
+        r->mode = (r->flags & JSON_FLAG_KEY) ? JSON_OBJ_COLON : JSON_AFTER_VALUE;
+        return true;
+    }
+    if (c == '\\') {
+        r->mode = JSON_STR_ESC;
+        return true;
+    }
+    if (c < 0x20)
+        return false;
+    if (c < 0x80)
+        return true;
+    /* A lead byte (RFC 3629 section 4). The first continuation byte's range
+     * is what excludes overlong forms (after E0, F0), surrogates (after ED)
+     * and code points past U+10FFFF (after F4). */
+    r->lo = 0x80;
+    r->hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+        r->count = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        r->count = 2;
+        if (c == 0xE0)
+            r->lo = 0xA0;
+        else if (c == 0xED)
+            r->hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        r->count = 3;
+        if (c == 0xF0)
+            r->lo = 0x90;
+        else if (c == 0xF4)
+            r->hi = 0x8F;
+    } else {
+        return false; /* a continuation byte, C0, C1 or F5..FF */
+    }
+    r->mode = JSON_STR_UTF8;
+    return true;
+}
+
+/* The one-character escapes after '\\' (RFC 8259 section 7). */
+static bool json_is_escape(uint8_t c)
+{
+    switch (c) {
+    case '"':
+    case '\\':
+    case '/':
+    case 'b':
+    case 'f':
+    case 'n':
+    case 'r':
+    case 't':
+        return true;
+    default:
+        return false;
+    }
+}
+
+static int json_hex_value(uint8_t c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* A hex digit of \uXXXX. Surrogates are decided by the first two digits:
+ * D8..DB is a high surrogate (a low escape must follow), DC..DF a low one
+ * (refused unless it is that escape). */
+static bool json_hex_digit(json_rec *r, uint8_t c)
+{
+    int v = json_hex_value(c);
+    if (v < 0)
+        return false;
+    bool low = r->flags & JSON_FLAG_HEX_LOW;
+    if (r->count == 0) {
+        if (low && v != 0xD)
+            return false;
+        if (v == 0xD)
+            r->flags |= JSON_FLAG_HEX_D;
+    } else if (r->count == 1 && (r->flags & JSON_FLAG_HEX_D)) {
+        if (low != (v >= 0xC))
+            return false;
+        if (v >= 0x8 && v <= 0xB)
+            r->flags |= JSON_FLAG_HEX_HIGH;
+    }
+    if (++r->count < JSON_HEX_DIGITS)
+        return true;
+    r->mode = (r->flags & JSON_FLAG_HEX_HIGH) ? JSON_STR_LOW : JSON_STR;
+    r->flags &= (uint8_t) ~(JSON_FLAG_HEX_D | JSON_FLAG_HEX_HIGH | JSON_FLAG_HEX_LOW);
+    return true;
+}
+
+/* Advance r by byte c. Returns false when c cannot come next; r is then
+ * clobbered (callers step a copy). */
+static bool json_step(json_rec *r, uint8_t c)
+{
+    switch ((enum json_mode)r->mode) {
+    case JSON_START:
+        if (json_is_ws(c))
+            return true;
+        return c == '{' && json_push(r, false);
+    case JSON_OBJ_FIRST:
+        if (c == '}') {
+            json_pop(r);
+            return true;
+        }
+        /* fall through */
+    case JSON_OBJ_KEY:
+        if (json_is_ws(c))
+            return true;
+        if (c != '"')
+            return false;
+        json_open_string(r, true);
+        return true;
+    case JSON_OBJ_COLON:
+        if (json_is_ws(c))
+            return true;
+        if (c != ':')
+            return false;
+        r->mode = JSON_VALUE;
+        return true;
+    case JSON_ARR_FIRST:
+        if (c == ']') {
+            json_pop(r);
+            return true;
+        }
+        /* fall through */
+    case JSON_VALUE:
+        return json_is_ws(c) || json_value_start(r, c);
+    case JSON_AFTER_VALUE:
+        return json_after_value(r, c);
+    case JSON_DONE:
+        return json_is_ws(c);
+    case JSON_STR:
+        return json_string_byte(r, c);
+    case JSON_STR_ESC:
+        if (c == 'u') {
+            r->mode = JSON_STR_HEX;
+            r->count = 0;
+            return true;
+        }
+        if (!json_is_escape(c))
+            return false;
+        r->mode = JSON_STR;
+        return true;
+    case JSON_STR_HEX:
+        return json_hex_digit(r, c);
+    case JSON_STR_LOW:
+        if (c != '\\')
+            return false;
+        r->mode = JSON_STR_LOW_ESC;
+        return true;
+    case JSON_STR_LOW_ESC:
+        if (c != 'u')
+            return false;
+        r->mode = JSON_STR_HEX;
+        r->count = 0;
+        r->flags |= JSON_FLAG_HEX_LOW;
+        return true;
+    case JSON_STR_UTF8:
+        if (c < r->lo || c > r->hi)
+            return false;
+        r->lo = 0x80;
+        r->hi = 0xBF;
+        if (--r->count == 0)
+            r->mode = JSON_STR;
+        return true;
+    case JSON_NUM_MINUS:
+        if (!json_is_digit(c))
+            return false;
+        r->mode = c == '0' ? JSON_NUM_ZERO : JSON_NUM_INT;
+        return true;
+    case JSON_NUM_ZERO:
+        return json_number_tail(r, c);
+    case JSON_NUM_INT:
+        return json_is_digit(c) || json_number_tail(r, c);
+    case JSON_NUM_DOT:
+        if (!json_is_digit(c))
+            return false;
+        r->mode = JSON_NUM_FRAC;
+        return true;
+    case JSON_NUM_FRAC:
+        if (json_is_digit(c))
+            return true;
+        if (c != 'e' && c != 'E')
+            return json_number_end(r, c);
+        r->mode = JSON_NUM_EXP;
+        return true;
+    case JSON_NUM_EXP:
+        if (c == '+' || c == '-') {
+            r->mode = JSON_NUM_EXP_SIGN;
+            return true;
+        }
+        /* fall through */
+    case JSON_NUM_EXP_SIGN:
+        if (!json_is_digit(c))
+            return false;
+        r->mode = JSON_NUM_EXP_DIGITS;
+        return true;
+    case JSON_NUM_EXP_DIGITS:
+        return json_is_digit(c) || json_number_end(r, c);
+    case JSON_LITERAL: {
+        const char *lit = json_literals[r->literal];
+        if (c != (uint8_t)lit[r->count])
+            return false;
+        if (lit[++r->count] == '\0')
+            r->mode = JSON_AFTER_VALUE;
+        return true;
+    }
+    }
+    return false;
+}
+
+/* Step r over bytes[0..len). Returns len when every byte is accepted, else
+ * the index of the first refused one (r clobbered). */
+static size_t json_run(json_rec *r, const uint8_t *bytes, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (!json_step(r, bytes[i]))
+            return i;
+    return len;
+}
+
+/* ---- the vocabulary trie --------------------------------------------------- */
+
+/* The string states whose tokens are decided once, at creation: inside a
+ * string, neither the key flag nor the container stack changes what is
+ * accepted, so a token that stays in the string has the same verdict every
+ * time. Between characters is where most steps of a long string are; after
+ * a backslash, nearly every token that begins with an escape letter
+ * (n, t, r, ...) is allowed, too many to walk. */
+enum { JSON_PRE_STR, JSON_PRE_ESC, JSON_N_PRE };
+static const uint8_t json_pre_mode[JSON_N_PRE] = {JSON_STR, JSON_STR_ESC};
+
+/* ml_json_vocab.flags: bit p (JSON_NODE_CLOSES << p) set when, from state
+ * json_pre_mode[p], some token through this node leaves the string here or
+ * below, so its verdict depends on more than the string. */
+#define JSON_NODE_CLOSES 1u
+
+struct ml_json_vocab {
+    size_t n_vocab;
+    size_t n_words;   /* (n_vocab + 63) / 64 */
+    uint32_t *offset; /* owned: n_vocab + 1; token i's bytes are bytes[offset[i], offset[i + 1]),
+                         empty when it is never allowed */
+    uint8_t *bytes;   /* owned */
+
+    /* The trie of the token byte strings, breadth-first: node 0 is the root
+     * (the empty prefix); the children of node i are nodes [child[i],
+     * child[i + 1]) in byte order, so scanning them reads contiguous memory;
+     * the tokens spelled by the path to node i are ids[tok[i], tok[i + 1]).
+     * n_node + 1 entries each, the last a sentinel. */
+    size_t n_node;
+    uint8_t *byte;   /* owned: the byte leading to the node (the root's unused) */
+    uint8_t *flags;  /* owned: JSON_NODE_* */
+    uint32_t *child; /* owned */
+    uint32_t *tok;   /* owned */
+    int32_t *ids;    /* owned: n_tok */
+    size_t n_tok;
+    size_t max_len; /* longest token: the trie's depth */
+
+    /* owned: n_words each; the tokens that, from json_pre_mode[p], are
+     * accepted without leaving the string */
+    uint64_t *in_string[JSON_N_PRE];
+};
+
+/* One level of a walk down the trie: the recognizer after the path to a
+ * node, and the children of that node still to scan. */
+typedef struct json_level {
+    json_rec rec;
+    uint32_t next, end; /* children [next, end) */
+    uint8_t need;       /* scan only children with these flags (0: all) */
+} json_level;
+
+struct ml_json_state {
+    const ml_json_vocab *v; /* borrowed */
+    json_rec rec;
+    json_level walk[]; /* v->max_len + 1: one level per trie depth */
+};
+
+static void json_set_bit(uint64_t *mask, int32_t id)
+{
+    mask[(uint32_t)id >> 6] |= 1ull << ((uint32_t)id & 63u);
+}
+
+static void json_level_enter(json_level *l, const ml_json_vocab *v, uint32_t node, uint8_t need)
+{
+    l->next = v->child[node];
+    l->end = v->child[node + 1];
+    l->need = need;
+}
+
+/* The mask walk: depth first from state start, skipping a subtree at the
+ * first refused byte. When start is json_pre_mode[p], need is
+ * JSON_NODE_CLOSES << p and the walk also skips every child without that
+ * flag until a byte leaves the string (the tokens it skips are in
+ * in_string[p]); otherwise need is 0. walk has v->max_len + 1 levels; the
+ * accepted tokens' bits are ORed into allowed. */
+static void json_walk(const ml_json_vocab *v, json_level *walk, const json_rec *start, uint8_t need,
+                      uint64_t *allowed)
+{
+    walk[0].rec = *start;
+    json_level_enter(&walk[0], v, 0, need);
+    size_t d = 0;
+    for (;;) {
+        json_level *l = &walk[d];
+        if (l->next == l->end) {
+            if (d == 0)
+                return;
+            d--;
+            continue;
+        }
+        uint32_t c = l->next++;
+        if ((v->flags[c] & l->need) != l->need)
+            continue;
+        json_level *below = l + 1;
+        below->rec = l->rec;
+        if (!json_step(&below->rec, v->byte[c]))
+            continue;
+        for (uint32_t t = v->tok[c]; t < v->tok[c + 1]; t++)
+            json_set_bit(allowed, v->ids[t]);
+        if (v->child[c] == v->child[c + 1])
+            continue;
+        /* Past the string's closing quote every continuation depends on
+         * what follows the string: scan all of them. */
+        json_level_enter(below, v, c, json_in_string(below->rec.mode) ? l->need : 0);
+        d++;
+    }
+}
+
+/* Decide once the tokens whose verdict from string state json_pre_mode[p]
+ * depends only on the string: set v->in_string[p] for those accepted
+ * without leaving it, and flag JSON_NODE_CLOSES << p on each node where a
+ * byte leaves it and on that node's ancestors. The walk of json_walk, with
+ * path[d] the node at depth d of the current path; walk and path have
+ * v->max_len + 1 entries. */
+static void json_mark_strings(ml_json_vocab *v, size_t p, json_level *walk, uint32_t *path)
+{
+    uint8_t flag = (uint8_t)(JSON_NODE_CLOSES << p);
+    /* Any string will do (see json_pre_mode). */
+    walk[0].rec = (json_rec){.mode = json_pre_mode[p], .depth = 1};
+    json_level_enter(&walk[0], v, 0, 0);
+    size_t d = 0;
+    for (;;) {
+        json_level *l = &walk[d];
+        if (l->next == l->end) {
+            if (d == 0)
+                return;
+            d--;
+            continue;
+        }
+        uint32_t c = l->next++;
+        json_level *below = l + 1;
+        below->rec = l->rec;
+        if (!json_step(&below->rec, v->byte[c]))
+            continue;
+        if (!json_in_string(below->rec.mode)) {
+            v->flags[c] |= flag;
+            for (size_t a = d; a > 0 && !(v->flags[path[a]] & flag); a--)
+                v->flags[path[a]] |= flag;
+            continue;
+        }
+        for (uint32_t t = v->tok[c]; t < v->tok[c + 1]; t++)
+            json_set_bit(v->in_string[p], v->ids[t]);
+        if (v->child[c] == v->child[c + 1])
+            continue;
+        json_level_enter(below, v, c, 0);
+        path[++d] = c;
+    }
+}
+
+typedef struct json_sort_entry {
+    const uint8_t *bytes; /* borrowed from the vocabulary's pool */
+    uint32_t len;
+    int32_t id;
+} json_sort_entry;
+
+/* Byte order with a prefix first, then id: the trie's depth-first order. */
+static int json_sort_cmp(const void *pa, const void *pb)
+{
+    const json_sort_entry *a = pa, *b = pb;
+    uint32_t n = a->len < b->len ? a->len : b->len;
+    int c = memcmp(a->bytes, b->bytes, n);
+    if (c)
+        return c;
+    if (a->len != b->len)
+        return a->len < b->len ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+static uint32_t json_common_prefix(const json_sort_entry *a, const json_sort_entry *b)
+{
+    uint32_t n = a->len < b->len ? a->len : b->len, k = 0;
+    while (k < n && a->bytes[k] == b->bytes[k])
+        k++;
+    return k;
+}
+
+/* The trie in depth-first order, as the sorted tokens give it (the root
+ * left out): node i's subtree is [i, next[i]), its first child, if any,
+ * i + 1, and the tokens spelled by the path to it sorted[tok[i], tok[i + 1]).
+ * Scratch for json_build_trie. */
+typedef struct json_preorder {
+    size_t n;
+    uint32_t *next; /* owned, n */
+    uint32_t *tok;  /* owned, n + 1 */
+    uint8_t *byte;  /* owned, n */
+} json_preorder;
+
+static void json_preorder_deinit(json_preorder *p)
+{
+    free(p->next);
+    free(p->tok);
+    free(p->byte);
+}
+
+static bool json_preorder_init(json_preorder *p, const json_sort_entry *sorted, size_t n_tok)
+{
+    size_t n = 0;
+    for (size_t k = 0; k < n_tok; k++)
+        n += sorted[k].len - (k ? json_common_prefix(&sorted[k - 1], &sorted[k]) : 0);
+    p->n = n;
+    p->next = malloc((n ? n : 1) * sizeof *p->next);
+    p->tok = malloc((n + 1) * sizeof *p->tok);
+    p->byte = malloc(n ? n : 1);
+    if (!p->next || !p->tok || !p->byte)
+        return false;
+
+    /* path[d]: the node at depth d (1-based) on the current token's path. */
+    uint32_t path[ML_JSON_MAX_TOKEN_BYTES + 1];
+    size_t i = 0, open = 0;
+    for (size_t k = 0; k < n_tok; k++) {
+        const json_sort_entry *e = &sorted[k];
+        size_t shared = k ? json_common_prefix(&sorted[k - 1], e) : 0;
+        for (; open > shared; open--)
+            p->next[path[open]] = (uint32_t)i;
+        for (size_t d = shared; d < e->len; d++) {
+            p->byte[i] = e->bytes[d];
+            p->tok[i] = (uint32_t)k;
+            path[d + 1] = (uint32_t)i++;
+        }
+        open = e->len;
+    }
+    for (; open > 0; open--)
+        p->next[path[open]] = (uint32_t)i;
+    assert(i == n);
+    p->tok[n] = (uint32_t)n_tok;
+    return true;
+}
+
+/* Lay the sorted tokens out as v's breadth-first trie. */
+static ml_status json_build_trie(ml_json_vocab *v, const json_sort_entry *sorted, char *err,
+                                 size_t errlen)
+{
+    json_preorder pre = {0};
+    /* queue[h]: the depth-first index of breadth-first node h + 1. */
+    uint32_t *queue = NULL;
+    bool ok = json_preorder_init(&pre, sorted, v->n_tok);
+    v->n_node = pre.n + 1;
+    if (ok) {
+        queue = malloc((pre.n ? pre.n : 1) * sizeof *queue);
+        v->byte = malloc(v->n_node + 1);
+        v->flags = calloc(v->n_node + 1, 1);
+        v->child = malloc((v->n_node + 1) * sizeof *v->child);
+        v->tok = malloc((v->n_node + 1) * sizeof *v->tok);
+        v->ids = malloc((v->n_tok ? v->n_tok : 1) * sizeof *v->ids);
+        ok = queue && v->byte && v->flags && v->child && v->tok && v->ids;
+    }
+    if (!ok) {
+        json_preorder_deinit(&pre);
+        free(queue);
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "json mode: out of memory for the trie");
+    }
+
+    size_t tail = 0, n_ids = 0;
+    for (size_t c = 0; c < pre.n; c = pre.next[c])
+        queue[tail++] = (uint32_t)c;
+    v->byte[0] = 0;
+    v->child[0] = 1;
+    v->tok[0] = 0;
+    for (size_t h = 0; h < pre.n; h++) {
+        uint32_t p = queue[h];
+        size_t node = h + 1;
+        v->byte[node] = pre.byte[p];
+        v->child[node] = (uint32_t)(tail + 1);
+        v->tok[node] = (uint32_t)n_ids;
+        for (uint32_t t = pre.tok[p]; t < pre.tok[p + 1]; t++)
+            v->ids[n_ids++] = sorted[t].id;
+        for (size_t c = p + 1; c < pre.next[p]; c = pre.next[c])
+            queue[tail++] = (uint32_t)c;
+    }
+    assert(tail == pre.n && n_ids == v->n_tok);
+    v->byte[v->n_node] = 0;
+    v->child[v->n_node] = (uint32_t)v->n_node;
+    v->tok[v->n_node] = (uint32_t)n_ids;
+    json_preorder_deinit(&pre);
+    free(queue);
+    return ML_OK;
+}
+
+ml_status ml_json_vocab_create_from_bytes(const char *const *bytes, const size_t *lens,
+                                          size_t n_vocab, ml_json_vocab **out, char *err,
+                                          size_t errlen)
+{
+    if (!bytes || !lens || !out)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "json mode: NULL argument");
+    if (n_vocab == 0 || n_vocab > INT32_MAX)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "json mode: n_vocab %zu out of range",
+                       n_vocab);
+    size_t total = 0, n_tok = 0, max_len = 0;
+    for (size_t i = 0; i < n_vocab; i++) {
+        size_t len = bytes[i] ? lens[i] : 0;
+        if (len > ML_JSON_MAX_TOKEN_BYTES)
+            return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
+                           "json mode: token %zu has %zu bytes, at most %d", i, len,
+                           ML_JSON_MAX_TOKEN_BYTES);
+        total += len;
+        if (total > UINT32_MAX)
+            return ml_fail(err, errlen, ML_ERR_TOO_LARGE,
+                           "json mode: over 4 GiB of token bytes at token %zu", i);
+        n_tok += len > 0;
+        if (len > max_len)
+            max_len = len;
+    }
+
+    ml_json_vocab *v = calloc(1, sizeof *v);
+    if (!v)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "json mode: out of memory");
+    v->n_vocab = n_vocab;
+    v->n_words = (n_vocab + 63) / 64;
+    v->n_tok = n_tok;
+    v->max_len = max_len;
+    v->offset = malloc((n_vocab + 1) * sizeof *v->offset);
+    v->bytes = malloc(total ? total : 1);
+    bool ok = v->offset && v->bytes;
+    for (size_t p = 0; p < JSON_N_PRE; p++) {
+        v->in_string[p] = calloc(v->n_words, sizeof *v->in_string[p]);
+        ok = ok && v->in_string[p];
+    }
+    json_sort_entry *sorted = malloc((n_tok ? n_tok : 1) * sizeof *sorted);
+    json_level *walk = malloc((max_len + 1) * sizeof *walk);
+    uint32_t *path = malloc((max_len + 1) * sizeof *path);
+    ml_status st = ML_OK;
+    if (!ok || !sorted || !walk || !path) {
+        st = ml_fail(err, errlen, ML_ERR_NOMEM, "json mode: out of memory for %zu tokens", n_vocab);
+        goto done;
+    }
+    size_t at = 0, k = 0;
+    for (size_t i = 0; i < n_vocab; i++) {
+        size_t len = bytes[i] ? lens[i] : 0;
+        v->offset[i] = (uint32_t)at;
+        if (len == 0)
+            continue;
+        memcpy(v->bytes + at, bytes[i], len);
+        sorted[k++] = (json_sort_entry){v->bytes + at, (uint32_t)len, (int32_t)i};
+        at += len;
+    }
+    v->offset[n_vocab] = (uint32_t)at;
+    qsort(sorted, n_tok, sizeof *sorted, json_sort_cmp);
+    st = json_build_trie(v, sorted, err, errlen);
+    for (size_t p = 0; st == ML_OK && p < JSON_N_PRE; p++)
+        json_mark_strings(v, p, walk, path);
+done:
+    free(sorted);
+    free(walk);
+    free(path);
+    if (st != ML_OK) {
+        ml_json_vocab_destroy(v);
+        return st;
+    }
+    *out = v;
+    return ML_OK;
+}
+
+ml_status ml_json_vocab_create(const ml_tokenizer *tok, size_t n_vocab, ml_json_vocab **out,
+                               char *err, size_t errlen)
+{
+    if (!tok || !out)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "json mode: NULL argument");
+    if (n_vocab == 0 || n_vocab > INT32_MAX)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "json mode: n_vocab %zu out of range",
+                       n_vocab);
+    const char **bytes = malloc(n_vocab * sizeof *bytes);
+    size_t *lens = malloc(n_vocab * sizeof *lens);
+    if (!bytes || !lens) {
+        free(bytes);
+        free(lens);
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "json mode: out of memory for %zu tokens",
+                       n_vocab);
+    }
+    for (size_t i = 0; i < n_vocab; i++) {
+        lens[i] = 0;
+        bytes[i] = ml_tokenizer_is_special(tok, (int32_t)i)
+                       ? NULL
+                       : ml_tokenizer_token_bytes(tok, (int32_t)i, &lens[i]);
+    }
+    ml_status st = ml_json_vocab_create_from_bytes(bytes, lens, n_vocab, out, err, errlen);
+    free(bytes);
+    free(lens);
+    return st;
+}
+
+void ml_json_vocab_destroy(ml_json_vocab *v)
+{
+    if (!v)
+        return;
+    free(v->offset);
+    free(v->bytes);
+    free(v->byte);
+    free(v->flags);
+    free(v->child);
+    free(v->tok);
+    free(v->ids);
+    for (size_t p = 0; p < JSON_N_PRE; p++)
+        free(v->in_string[p]);
+    free(v);
+}
+
+size_t ml_json_vocab_n_vocab(const ml_json_vocab *v)
+{
+    return v->n_vocab;
+}
+
+size_t ml_json_vocab_mask_words(const ml_json_vocab *v)
+{
+    return v->n_words;
+}
+
+/* ---- per-sequence state ---------------------------------------------------- */
+
+ml_status ml_json_state_create(const ml_json_vocab *v, ml_json_state **out, char *err,
+                               size_t errlen)
+{
+    if (!v || !out)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "json mode: NULL argument");
+    ml_json_state *s = malloc(sizeof *s + (v->max_len + 1) * sizeof s->walk[0]);
+    if (!s)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "json mode: out of memory");
+    s->v = v;
+    ml_json_state_reset(s);
+    *out = s;
+    return ML_OK;
+}
+
+void ml_json_state_destroy(ml_json_state *s)
+{
+    free(s);
+}
+
+void ml_json_state_reset(ml_json_state *s)
+{
+    s->rec = (json_rec){.mode = JSON_START};
+}
+
+void ml_json_state_allowed(ml_json_state *s, uint64_t *allowed)
+{
+    const ml_json_vocab *v = s->v;
+    if (s->rec.mode == JSON_DONE) {
+        memset(allowed, 0, v->n_words * sizeof *allowed);
+        return;
+    }
+    for (size_t p = 0; p < JSON_N_PRE; p++) {
+        if (s->rec.mode == json_pre_mode[p]) {
+            memcpy(allowed, v->in_string[p], v->n_words * sizeof *allowed);
+            json_walk(v, s->walk, &s->rec, (uint8_t)(JSON_NODE_CLOSES << p), allowed);
+            return;
+        }
+    }
+    memset(allowed, 0, v->n_words * sizeof *allowed);
+    json_walk(v, s->walk, &s->rec, 0, allowed);
+}
+
+/* The bytes of token, or NULL when it is never allowed. */
+static const uint8_t *json_token(const ml_json_vocab *v, int32_t token, size_t *len)
+{
+    if (token < 0 || (size_t)token >= v->n_vocab)
+        return NULL;
+    *len = v->offset[token + 1] - v->offset[token];
+    return *len ? v->bytes + v->offset[token] : NULL;
+}
+
+int ml_json_state_allows(const ml_json_state *s, int32_t token)
+{
+    size_t len = 0;
+    const uint8_t *bytes = json_token(s->v, token, &len);
+    if (!bytes || s->rec.mode == JSON_DONE)
+        return 0;
+    json_rec r = s->rec;
+    return json_run(&r, bytes, len) == len;
+}
+
+ml_status ml_json_state_accept(ml_json_state *s, int32_t token, char *err, size_t errlen)
+{
+    size_t len = 0;
+    const uint8_t *bytes = json_token(s->v, token, &len);
+    if (!bytes)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "json mode: token %d is never allowed (special, without bytes or "
+                       "outside the %zu logits)",
+                       (int)token, s->v->n_vocab);
+    if (s->rec.mode == JSON_DONE)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "json mode: token %d after the object is complete", (int)token);
+    json_rec r = s->rec;
+    size_t at = json_run(&r, bytes, len);
+    if (at < len)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "json mode: token %d refused at its byte %zu of %zu (0x%02x)", (int)token,
+                       at, len, bytes[at]);
+    s->rec = r;
+    return ML_OK;
+}
+
+int ml_json_state_complete(const ml_json_state *s)
+{
+    return s->rec.mode == JSON_DONE;
+}
