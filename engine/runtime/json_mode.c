@@ -62,6 +62,7 @@ typedef struct json_rec {
     uint8_t flags;               /* JSON_FLAG_* */
     uint8_t literal;             /* JSON_LITERAL: index into json_literals */
     uint8_t depth;               /* open containers, 0..ML_JSON_MAX_DEPTH */
+    uint8_t ws;                  /* whitespace bytes in a row outside strings */
 } json_rec;
 
 static const char *const json_literals[] = {"true", "false", "null"};
@@ -281,6 +282,12 @@ static bool json_hex_digit(json_rec *r, uint8_t c)
  * clobbered (callers step a copy). */
 static bool json_step(json_rec *r, uint8_t c)
 {
+    if (!json_in_string(r->mode)) { /* in a string, whitespace is content */
+        bool ws = json_is_ws(c);
+        if (ws && r->ws == ML_JSON_MAX_WHITESPACE)
+            return false;
+        r->ws = ws ? (uint8_t)(r->ws + 1) : 0;
+    }
     switch ((enum json_mode)r->mode) {
     case JSON_START:
         if (json_is_ws(c))

@@ -28,8 +28,10 @@
  *   - max_tokens can stop generation mid-object: the text is then a prefix of
  *     an object, not valid JSON; report finish_reason "length" as OpenAI does.
  *     Stop strings can likewise cut the object.
- * Leading whitespace and whitespace between tokens are unbounded, as in the
- * RFC: a model that loops on newlines runs to max_tokens.
+ * Whitespace outside strings comes in runs of at most ML_JSON_MAX_WHITESPACE
+ * bytes (the RFC sets no bound): a model in JSON mode can fall into an
+ * endless run of newlines (OpenAI's documentation warns of it), and the cap
+ * makes it write structure instead of running to max_tokens.
  *
  * Algorithm. A byte-level pushdown recognizer (json_mode.c): a mode (the
  * lexical position: between values, in a string, an escape, a UTF-8
@@ -72,6 +74,9 @@
 /* Deepest nesting of objects and arrays, the top-level object counting as 1.
  * Models rarely go past 10; the limit keeps the state a fixed 16-byte stack. */
 #define ML_JSON_MAX_DEPTH 128
+/* Longest run of whitespace outside strings: a newline and indentation 15
+ * levels deep at 4 spaces each, for pretty-printed output. */
+#define ML_JSON_MAX_WHITESPACE 64
 /* Longest token, in bytes (Llama 3's is 128): bounds the walk stack. */
 #define ML_JSON_MAX_TOKEN_BYTES 1024
 

@@ -295,6 +295,25 @@ static void test_invalid(void)
         ml_json_state_destroy(s);
     }
 
+    /* Whitespace outside strings: ML_JSON_MAX_WHITESPACE in a row, then
+     * refused; inside a string it is content, unbounded. */
+    char text[3 * ML_JSON_MAX_WHITESPACE + 16];
+    size_t n = 0;
+    text[n++] = '{';
+    memset(text + n, '\n', ML_JSON_MAX_WHITESPACE);
+    n += ML_JSON_MAX_WHITESPACE;
+    text[n++] = '"';
+    memset(text + n, ' ', 2 * ML_JSON_MAX_WHITESPACE);
+    n += 2 * ML_JSON_MAX_WHITESPACE;
+    text[n++] = '"';
+    text[n++] = ':';
+    ml_json_state *ws = new_state();
+    check(feed(ws, text, n, NULL, "whitespace") == n, "whitespace runs at the limit refused");
+    memset(text, ' ', ML_JSON_MAX_WHITESPACE + 1);
+    check(feed(ws, text, ML_JSON_MAX_WHITESPACE + 1, NULL, "whitespace") == ML_JSON_MAX_WHITESPACE,
+          "whitespace past the limit accepted");
+    ml_json_state_destroy(ws);
+
     /* One container past the limit is refused at its opening byte. */
     char *deep = xmalloc(8 * ML_JSON_MAX_DEPTH + 16);
     for (int array = 0; array <= 1; array++) {
