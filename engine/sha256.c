@@ -141,3 +141,14 @@ void ml_sha256_hex(const uint8_t digest[ML_SHA256_DIGEST_SIZE], char hex[ML_SHA2
     }
     hex[2 * ML_SHA256_DIGEST_SIZE] = '\0';
 }
+
+int ml_hex_digit(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}

@@ -37,4 +37,7 @@ void ml_sha256(const void *data, size_t len, uint8_t digest[ML_SHA256_DIGEST_SIZ
 /* Lower-case hex spelling of a digest, NUL-terminated. */
 void ml_sha256_hex(const uint8_t digest[ML_SHA256_DIGEST_SIZE], char hex[ML_SHA256_HEX_SIZE]);
 
+/* The value of hex digit c (0-9, a-f, A-F), -1 for any other byte. */
+int ml_hex_digit(int c);
+
 #endif

@@ -6,19 +6,10 @@
 
 #include "protocol.h"
 #include "redis_index.h"
+#include "sha256.h"
 
 #define DEFAULT_PORT 6379
 
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
 
 /* Percent-decode s[0..len) into dst (capacity cap, NUL-terminated). */
 static bool pct_decode(const char *s, size_t len, char *dst, size_t cap)
@@ -27,8 +18,8 @@ static bool pct_decode(const char *s, size_t len, char *dst, size_t cap)
     for (size_t i = 0; i < len; i++) {
         char c = s[i];
         if (c == '%') {
-            int hi = len - i >= 3 ? hex_value(s[i + 1]) : -1;
-            int lo = len - i >= 3 ? hex_value(s[i + 2]) : -1;
+            int hi = len - i >= 3 ? ml_hex_digit((unsigned char)s[i + 1]) : -1;
+            int lo = len - i >= 3 ? ml_hex_digit((unsigned char)s[i + 2]) : -1;
             if (hi < 0 || lo < 0)
                 return false;
             c = (char)(hi << 4 | lo);

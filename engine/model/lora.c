@@ -542,18 +542,27 @@ size_t ml_lora_slot_bytes(const ml_model *m, int max_rank)
 }
 
 /* An empty slot of m, a whole model or one shard, in m's backend. */
+/* A handle of model m with nothing allocated yet, or NULL. */
+static ml_lora *slot_new(ml_model *m, int max_rank)
+{
+    ml_lora *l = calloc(1, sizeof *l);
+    if (l) {
+        l->model = m;
+        l->max_rank = max_rank;
+        l->n_sites = ml_lora_n_sites(&m->cfg);
+    }
+    return l;
+}
+
 static ml_status slot_create(ml_lora **out, ml_model *m, int max_rank, char *err, size_t errlen)
 {
     *out = NULL;
     if (!m->be->ops->lora)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED, "adapter slot: backend %s has no lora op",
                        m->be->ops->name);
-    ml_lora *l = calloc(1, sizeof *l);
+    ml_lora *l = slot_new(m, max_rank);
     if (!l)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "adapter slot: out of memory");
-    l->model = m;
-    l->max_rank = max_rank;
-    l->n_sites = ml_lora_n_sites(&m->cfg);
     l->bytes = ml_lora_slot_bytes(m, max_rank);
     l->sites = calloc((size_t)l->n_sites, sizeof *l->sites);
     l->mem = m->be->ops->alloc(m->be, l->bytes);
@@ -586,12 +595,9 @@ static ml_status tp_slot_create(ml_lora **out, ml_model *m, int max_rank, char *
                                 size_t errlen)
 {
     int world = m->shard.world;
-    ml_lora *l = calloc(1, sizeof *l);
+    ml_lora *l = slot_new(m, max_rank);
     if (!l)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "adapter slot: out of memory");
-    l->model = m;
-    l->max_rank = max_rank;
-    l->n_sites = ml_lora_n_sites(&m->cfg);
     l->parts = calloc((size_t)world, sizeof *l->parts);
     /* +1: malloc(0) may be NULL. */
     l->stage = malloc((stage_elems(m, max_rank) + 1) * sizeof *l->stage);

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sha256.h"
+
 /* ---- the recognizer -------------------------------------------------------- */
 
 /* Where the recognizer is. The first group sits between tokens of the JSON
@@ -240,23 +242,13 @@ static bool json_is_escape(uint8_t c)
     }
 }
 
-static int json_hex_value(uint8_t c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
 
 /* A hex digit of \uXXXX. Surrogates are decided by the first two digits:
  * D8..DB is a high surrogate (a low escape must follow), DC..DF a low one
  * (refused unless it is that escape). */
 static bool json_hex_digit(json_rec *r, uint8_t c)
 {
-    int v = json_hex_value(c);
+    int v = ml_hex_digit(c);
     if (v < 0)
         return false;
     bool low = r->flags & JSON_FLAG_HEX_LOW;

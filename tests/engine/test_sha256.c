@@ -93,9 +93,31 @@ static void test_every_split(void)
     check(mismatches == 0, "streamed digests differ from one-shot in %d splits", mismatches);
 }
 
+/* ml_hex_digit over every byte, and back from ml_sha256_hex's spelling. */
+static void test_hex_digits(void)
+{
+    const char *digits = "0123456789abcdef", *upper = "ABCDEF";
+    int wrong = 0;
+    for (int c = 0; c < 256; c++) {
+        const char *at = c ? strchr(digits, c) : NULL;
+        const char *up = c ? strchr(upper, c) : NULL;
+        int want = at ? (int)(at - digits) : up ? 10 + (int)(up - upper) : -1;
+        wrong += ml_hex_digit(c) != want;
+    }
+    check(wrong == 0, "ml_hex_digit wrong for %d bytes", wrong);
+    uint8_t digest[ML_SHA256_DIGEST_SIZE], back[ML_SHA256_DIGEST_SIZE];
+    char hex[ML_SHA256_HEX_SIZE];
+    ml_sha256("abc", 3, digest);
+    ml_sha256_hex(digest, hex);
+    for (int i = 0; i < ML_SHA256_DIGEST_SIZE; i++)
+        back[i] = (uint8_t)(ml_hex_digit(hex[2 * i]) << 4 | ml_hex_digit(hex[2 * i + 1]));
+    check(!memcmp(back, digest, sizeof digest), "hex spelling does not read back");
+}
+
 int main(void)
 {
     test_vectors();
+    test_hex_digits();
     test_padding_boundaries();
     test_million_a_streamed();
     test_every_split();
