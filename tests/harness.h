@@ -73,6 +73,19 @@ static inline double check_tensor_at(const float *got, const float *want, size_t
 #define check_tensor(got, want, n, atol, rtol, what) \
     check_tensor_at((got), (want), (n), (atol), (rtol), (what), __FILE__, __LINE__)
 
+/* Normalised mean squared error sum (got - want)^2 / sum want^2 (the plain
+ * sum when want is all zero), the error measure of ggml's test-backend-ops. */
+static inline double tensor_nmse(const float *got, const float *want, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = (double)got[i] - want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
 /* Print a summary and return the process exit code. */
 static inline int check_done(void)
 {

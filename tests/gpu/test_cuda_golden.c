@@ -25,58 +25,18 @@
 
 #include "backend.h"
 #include "harness.h"
+#include "engine/fixture_util.h"
 #include "mlk_backend.h"
 #include "mlk_device.h"
 #include "model/mllama.h"
 #include "model/safetensors.h"
 
-#define FIXTURES ML_SOURCE_DIR "/tests/golden/fixtures/models"
 #define GREEDY_STEPS 32
 #define KV_BLOCK 16
 #define NMSE_LIMIT 3e-4
 #define MARGIN_REQUIRED 0.25
 #define POOL_BYTES ((size_t)4 << 30)
 #define MAX_TILES 16
-
-/* A reference tensor as f32 (integers converted), malloc'd; numel in *n. */
-static float *ref_f32(ml_safetensors *st, const char *name, size_t *n)
-{
-    const ml_tensor_view *t = ml_safetensors_find(st, name);
-    if (!t)
-        return NULL;
-    size_t numel = (size_t)ml_tensor_view_numel(t);
-    float *out = malloc(numel * sizeof *out + 1);
-    char err[256];
-    if (!out)
-        return NULL;
-    if (t->dtype == ML_DTYPE_I64) {
-        int64_t *tmp = malloc(numel * sizeof *tmp + 1);
-        if (!tmp) {
-            free(out);
-            return NULL;
-        }
-        ml_tensor_view_read_i64(t, tmp, err, sizeof err);
-        for (size_t i = 0; i < numel; i++)
-            out[i] = (float)tmp[i];
-        free(tmp);
-    } else {
-        ml_tensor_view_read_f32(t, out, err, sizeof err);
-    }
-    if (n)
-        *n = numel;
-    return out;
-}
-
-static double nmse(const float *got, const float *want, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double d = (double)got[i] - want[i];
-        num += d * d;
-        den += (double)want[i] * want[i];
-    }
-    return den > 0 ? num / den : num;
-}
 
 static double max_diff(const float *got, const float *want, size_t n)
 {
@@ -90,18 +50,9 @@ static double max_diff(const float *got, const float *want, size_t n)
 
 static void compare(const float *got, const float *want, size_t n, const char *what)
 {
-    const double e = nmse(got, want, n);
+    const double e = tensor_nmse(got, want, n);
     check(e <= NMSE_LIMIT, "%s: NMSE %.3g above %.1g", what, e, NMSE_LIMIT);
     fprintf(stderr, "  %-44s NMSE %.2e max|diff| %.3g\n", what, e, max_diff(got, want, n));
-}
-
-static int argmax_row(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
 }
 
 /* Top-1 minus top-2 of a row. */
@@ -124,11 +75,11 @@ static void encode_images(ml_backend *be, ml_model *m, ml_safetensors *ref, cons
 {
     const ml_config *cfg = ml_model_config(m);
     const int T = cfg->vision.max_num_tiles, D = cfg->text.hidden_size;
-    float *pixels = ref_f32(ref, "pixel_values", NULL);
-    float *ar_ids = ref_f32(ref, "aspect_ratio_ids", NULL);
-    float *ar_mask = ref_f32(ref, "aspect_ratio_mask", NULL);
-    float *vout = ref_f32(ref, "vision_output", NULL);
-    float *proj = ref_f32(ref, "projector_output", NULL);
+    float *pixels = ml_fx_f32(ref, "pixel_values", NULL);
+    float *ar_ids = ml_fx_f32(ref, "aspect_ratio_ids", NULL);
+    float *ar_mask = ml_fx_f32(ref, "aspect_ratio_mask", NULL);
+    float *vout = ml_fx_f32(ref, "vision_output", NULL);
+    float *proj = ml_fx_f32(ref, "projector_output", NULL);
     const ml_tensor_view *vo = ml_safetensors_find(ref, "vision_output");
     const int P = (int)vo->shape[3];
     const size_t slot = (size_t)T * 3 * cfg->vision.image_size * cfg->vision.image_size;
@@ -163,7 +114,7 @@ static void encode_images(ml_backend *be, ml_model *m, ml_safetensors *ref, cons
 static void run_fixture(ml_backend *be, const char *name)
 {
     char dir[1024], path[1200], err[512];
-    snprintf(dir, sizeof dir, "%s/%s", FIXTURES, name);
+    snprintf(dir, sizeof dir, "%s/%s", ML_FX_DIR, name);
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
     fprintf(stderr, "== %s\n", name);
     ml_safetensors *ref;
@@ -196,8 +147,8 @@ static void run_fixture(ml_backend *be, const char *name)
         encode_images(be, m, ref, name, B * N, states);
 
     /* ---- prefill: all rows in one step */
-    float *ids_f = ref_f32(ref, "input_ids", NULL);
-    float *xmask = N ? ref_f32(ref, "cross_attention_mask", NULL) : NULL; /* (B, S, N, T) */
+    float *ids_f = ml_fx_f32(ref, "input_ids", NULL);
+    float *xmask = N ? ml_fx_f32(ref, "cross_attention_mask", NULL) : NULL; /* (B, S, N, T) */
     const int ctx = S + GREEDY_STEPS, blocks_per_seq = (ctx + KV_BLOCK - 1) / KV_BLOCK;
     const int n_self = L - cfg->text.n_cross_layers;
     ml_kv_cache *kv;
@@ -232,7 +183,7 @@ static void run_fixture(ml_backend *be, const char *name)
         st = ml_model_forward(m, kv, seqs, B, logits, &taps, err, sizeof err);
         check(st == ML_OK, "%s: prefill: %s", name, err);
     }
-    float *ref_hidden = ref_f32(ref, "text_hidden_states", NULL);
+    float *ref_hidden = ml_fx_f32(ref, "text_hidden_states", NULL);
     for (int l = 0; l <= L && st == ML_OK; l++) {
         char what[128];
         snprintf(what, sizeof what, "%s hidden_states[%d]", name, l);
@@ -240,18 +191,18 @@ static void run_fixture(ml_backend *be, const char *name)
         compare(hidden + l * layer, ref_hidden + l * layer, layer, what);
     }
     size_t nl;
-    float *ref_logits = ref_f32(ref, "logits", &nl);
-    float *ref_logits_bf16 = ref_f32(ref, "logits_bf16", NULL);
+    float *ref_logits = ml_fx_f32(ref, "logits", &nl);
+    float *ref_logits_bf16 = ml_fx_f32(ref, "logits_bf16", NULL);
     if (st == ML_OK)
         compare(logits, ref_logits, nl, "prefill logits");
     fprintf(stderr, "  %-44s NMSE %.2e max|diff| %.3g (full bf16 forward, for scale)\n",
-            "reference logits_bf16", nmse(ref_logits_bf16, ref_logits, nl),
+            "reference logits_bf16", tensor_nmse(ref_logits_bf16, ref_logits, nl),
             max_diff(ref_logits_bf16, ref_logits, nl));
 
     /* ---- greedy decode, all rows together, fed the reference tokens */
-    float *greedy = ref_f32(ref, "greedy_tokens", NULL);           /* (B, 32) */
-    float *greedy_bf16 = ref_f32(ref, "greedy_tokens_bf16", NULL); /* (B, 32) */
-    float *step_ref = ref_f32(ref, "step_logits", NULL);           /* (B, 32, V) */
+    float *greedy = ml_fx_f32(ref, "greedy_tokens", NULL);           /* (B, 32) */
+    float *greedy_bf16 = ml_fx_f32(ref, "greedy_tokens_bf16", NULL); /* (B, 32) */
+    float *step_ref = ml_fx_f32(ref, "step_logits", NULL);           /* (B, 32, V) */
     float *step_got = malloc((size_t)B * GREEDY_STEPS * V * sizeof *step_got);
     float *row_logits = malloc((size_t)B * V * sizeof *row_logits);
     for (int b = 0; b < B; b++)
@@ -263,7 +214,7 @@ static void run_fixture(ml_backend *be, const char *name)
             const float *want = step_ref + ((size_t)b * GREEDY_STEPS + step) * V;
             const float *got = row_logits + (size_t)b * V;
             memcpy(step_got + ((size_t)b * GREEDY_STEPS + step) * V, got, (size_t)V * 4);
-            const int tok = argmax_row(got, V), ref_tok = (int)greedy[b * GREEDY_STEPS + step];
+            const int tok = ml_fx_argmax(got, V), ref_tok = (int)greedy[b * GREEDY_STEPS + step];
             agree_f32 += tok == ref_tok;
             agree_bf16 += tok == (int)greedy_bf16[b * GREEDY_STEPS + step];
             if (margin(want, V) > MARGIN_REQUIRED) {
@@ -324,14 +275,8 @@ int main(void)
 {
     if (mlk_device_count() == 0)
         ml_test_skip("no CUDA device");
-    FILE *f = fopen(FIXTURES "/index.json", "rb");
-    if (!f)
-        ml_test_skip("no fixture models (tests/golden/fixtures/models/index.json)");
-    static char buf[1 << 16];
-    const size_t len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    cJSON *index = cJSON_ParseWithLength(buf, len);
-    const cJSON *models = cJSON_GetObjectItemCaseSensitive(index, "models"), *it;
+    const cJSON *models, *it;
+    cJSON *index = ml_fx_index(&models);
     char err[512];
     ml_backend *be = ml_backend_cuda_create(0, POOL_BYTES, err, sizeof err);
     check(be != NULL, "cuda backend: %s", err);

@@ -117,20 +117,9 @@ static void dfree(void *d)
     g_gpu->ops->free(g_gpu, d);
 }
 
-static double nmse(const float *got, const float *want, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double d = (double)got[i] - want[i];
-        num += d * d;
-        den += (double)want[i] * want[i];
-    }
-    return den > 0 ? num / den : num;
-}
-
 static void check_nmse(const float *got, const float *want, size_t n, double tol, const char *what)
 {
-    const double e = nmse(got, want, n);
+    const double e = tensor_nmse(got, want, n);
     double max_abs = 0;
     for (size_t i = 0; i < n; i++) {
         const double d = fabs((double)got[i] - want[i]);
