@@ -126,48 +126,43 @@ __device__ __forceinline__ u64 code_floor(float z)
 
 /* ---- block reductions (every thread gets the result; fixed order) ------------------- */
 
+/* op over v of every thread: a butterfly within each warp, then the warps'
+ * partials in warp order; slots are SAMPLE_WARPS entries of shared memory.
+ * The order is fixed, so a float sum is the same on every run. */
+template <typename T, typename Op> __device__ T block_reduce(T *slots, T v, Op op)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (threadIdx.x % 32 == 0)
+        slots[threadIdx.x / 32] = v;
+    __syncthreads();
+    T r = slots[0];
+    for (int w = 1; w < SAMPLE_WARPS; w++)
+        r = op(r, slots[w]);
+    __syncthreads();
+    return r;
+}
+
+struct op_max_u64 {
+    __device__ u64 operator()(u64 a, u64 b) const { return b > a ? b : a; }
+};
+template <typename T> struct op_sum {
+    __device__ T operator()(T a, T b) const { return a + b; }
+};
+
 __device__ u64 block_max_u64(sample_smem &sm, u64 v)
 {
-    for (int o = 16; o > 0; o >>= 1) {
-        const u64 other = __shfl_xor_sync(0xffffffffu, v, o);
-        v = other > v ? other : v;
-    }
-    if (threadIdx.x % 32 == 0)
-        sm.reduce[threadIdx.x / 32] = v;
-    __syncthreads();
-    u64 m = 0;
-    for (int w = 0; w < SAMPLE_WARPS; w++)
-        m = sm.reduce[w] > m ? sm.reduce[w] : m;
-    __syncthreads();
-    return m;
+    return block_reduce(sm.reduce, v, op_max_u64());
 }
 
 __device__ u64 block_sum_u64(sample_smem &sm, u64 v)
 {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (threadIdx.x % 32 == 0)
-        sm.reduce[threadIdx.x / 32] = v;
-    __syncthreads();
-    u64 s = 0;
-    for (int w = 0; w < SAMPLE_WARPS; w++)
-        s += sm.reduce[w];
-    __syncthreads();
-    return s;
+    return block_reduce(sm.reduce, v, op_sum<u64>());
 }
 
 __device__ double block_sum_f64(sample_smem &sm, double v)
 {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (threadIdx.x % 32 == 0)
-        sm.reduce_f64[threadIdx.x / 32] = v;
-    __syncthreads();
-    double s = 0.0;
-    for (int w = 0; w < SAMPLE_WARPS; w++)
-        s += sm.reduce_f64[w];
-    __syncthreads();
-    return s;
+    return block_reduce(sm.reduce_f64, v, op_sum<double>());
 }
 
 /* Exclusive prefix sum of v over the threads in order; the sum of all in
