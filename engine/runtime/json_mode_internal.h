@@ -1,0 +1,55 @@
+/* What json_mode.c (the recognizer and the mask walk) and json_vocab.c
+ * (building the trie) share; not an API. */
+#ifndef ML_RUNTIME_JSON_MODE_INTERNAL_H
+#define ML_RUNTIME_JSON_MODE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/json_mode.h"
+
+/* The string states whose tokens are decided once, at creation: inside a
+ * string, neither the key flag nor the container stack changes what is
+ * accepted, so a token that stays in the string has the same verdict every
+ * time. Between characters is where most steps of a long string are; after
+ * a backslash, nearly every token that begins with an escape letter
+ * (n, t, r, ...) is allowed, too many to walk. */
+enum { JSON_PRE_STR, JSON_PRE_ESC, JSON_N_PRE };
+
+/* ml_json_vocab.flags: bit p (JSON_NODE_CLOSES << p) set when, from state
+ * json_pre_mode[p] (json_mode.c), some token through this node leaves the string here or
+ * below, so its verdict depends on more than the string. */
+#define JSON_NODE_CLOSES 1u
+
+struct ml_json_vocab {
+    size_t n_vocab;
+    size_t n_words;   /* (n_vocab + 63) / 64 */
+    uint32_t *offset; /* owned: n_vocab + 1; token i's bytes are bytes[offset[i], offset[i + 1]),
+                         empty when it is never allowed */
+    uint8_t *bytes;   /* owned */
+
+    /* The trie of the token byte strings, breadth-first: node 0 is the root
+     * (the empty prefix); the children of node i are nodes [child[i],
+     * child[i + 1]) in byte order, so scanning them reads contiguous memory;
+     * the tokens spelled by the path to node i are ids[tok[i], tok[i + 1]).
+     * n_node + 1 entries each, the last a sentinel. */
+    size_t n_node;
+    uint8_t *byte;   /* owned: the byte leading to the node (the root's unused) */
+    uint8_t *flags;  /* owned: JSON_NODE_* */
+    uint32_t *child; /* owned */
+    uint32_t *tok;   /* owned */
+    int32_t *ids;    /* owned: n_tok */
+    size_t n_tok;
+    size_t max_len; /* longest token: the trie's depth */
+
+    /* owned: n_words each; the tokens that, from json_pre_mode[p], are
+     * accepted without leaving the string */
+    uint64_t *in_string[JSON_N_PRE];
+};
+
+/* Decide, on a vocabulary whose trie is built, the tokens that stay inside
+ * a string from each JSON_PRE_* state (in_string) and the nodes where one
+ * leaves it (JSON_NODE_CLOSES flags). Errors: ML_ERR_NOMEM. */
+ml_status ml_json_vocab_mark_strings(ml_json_vocab *v, char *err, size_t errlen);
+
+#endif
