@@ -29,8 +29,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: mllama run --model DIR [--image FILE]... (--prompt TEXT | --chat TEXT | --ids 1,2,3)\n"
             "                  [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
-            "                  [--seed S] [--stop STR]... [--logits-out F.npy] [--json] [--threads N]\n"
-            "                  [--kv-mib N] [--image-mib N] [--backend auto|cpu|cuda]\n"
+            "                  [--seed S] [--stop STR]... [--json-object] [--logits-out F.npy] [--json]\n"
+            "                  [--threads N] [--kv-mib N] [--image-mib N] [--backend auto|cpu|cuda]\n"
             "                  [--tp N [--devices 0,1,...]]\n"
             "       mllama run --model DIR --batch FILE.jsonl [--threads N] [--kv-mib N] [--image-mib N]\n"
             "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]]\n\n"
@@ -38,12 +38,14 @@ static void usage(FILE *f)
             "any leading <|image|> tokens when absent, as MllamaProcessor does); --chat wraps\n"
             "TEXT and the images in the Llama 3.2 Vision Instruct template; --ids gives token\n"
             "ids. Greedy unless --temperature > 0. Text streams to stdout; --json prints one\n"
-            "JSON object with prompt/output ids, text and timings instead.\n"
+            "JSON object with prompt/output ids, text and timings instead. --json-object is\n"
+            "JSON mode: the answer is kept one JSON object and ends when it is complete.\n"
             "--batch: one JSON object per line with \"prompt\", \"chat\" or \"ids\", optional\n"
             "\"images\" (paths), \"max_tokens\", \"temperature\", \"top_p\", \"top_k\", \"min_p\",\n"
-            "\"seed\", \"stop\", and \"after\": the 0-based index of an earlier line, to submit\n"
-            "this request only once that one has finished (e.g. an image-cache hit after a\n"
-            "miss); the others are submitted at once. Prints one JSON result per request and\n"
+            "\"seed\", \"stop\", \"json_object\" (true: JSON mode), and \"after\": the 0-based\n"
+            "index of an earlier line, to submit this request only once that one has\n"
+            "finished (e.g. an image-cache hit after a miss); the others are submitted at\n"
+            "once. Prints one JSON result per request and "
             "the throughput.\n"
             "--tp N splits the model over N devices (tensor parallelism: N must divide the\n"
             "attention heads, K/V heads and MLP widths): N CPU backends sharing --threads, or\n"
@@ -398,6 +400,7 @@ static int spec_from_json(const cJSON *o, int line, job_spec *spec)
         p->min_p = (float)v->valuedouble;
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "seed")) && cJSON_IsNumber(v))
         p->seed = (uint64_t)v->valuedouble;
+    p->json_object = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "json_object"));
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(o, "stop"), *s;
     cJSON_ArrayForEach(s, stop)
     {
@@ -438,6 +441,10 @@ static int parse_args(int argc, char **argv, run_opts *o)
         }
         if (!strcmp(a, "--json")) {
             o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--json-object")) {
+            o->spec.sampling.json_object = true;
             continue;
         }
         if (!v) {
