@@ -433,17 +433,16 @@ static ml_request_error validate(const ml_runtime *rt, const ml_request *req, ch
 
 /* The request's stop strings are borrowed for the call only: keep a copy. */
 /* JSON mode's shared parts, made once, at the first request that asks (the
- * token trie costs tens of milliseconds and megabytes a worker without JSON
- * requests never needs). */
+ * token trie costs 100-200 ms and megabytes a worker without JSON requests
+ * never needs). After a failure the next request tries again. */
 static ml_status json_prepare(ml_runtime *rt, char *err, size_t errlen)
 {
     if (rt->json_vocab)
         return ML_OK;
-    size_t words = ((size_t)rt->vocab + 63) / 64;
-    rt->json_allowed = rt->json_allowed ? rt->json_allowed
-                                        : malloc(words * sizeof *rt->json_allowed);
-    rt->json_logits = rt->json_logits ? rt->json_logits
-                                      : malloc((size_t)rt->vocab * sizeof *rt->json_logits);
+    if (!rt->json_allowed)
+        rt->json_allowed = malloc(((size_t)rt->vocab + 63) / 64 * sizeof *rt->json_allowed);
+    if (!rt->json_logits)
+        rt->json_logits = malloc((size_t)rt->vocab * sizeof *rt->json_logits);
     if (!rt->json_allowed || !rt->json_logits)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "runtime: out of memory for JSON mode");
     return ml_json_vocab_create(rt->tok, (size_t)rt->vocab, &rt->json_vocab, err, errlen);
@@ -474,6 +473,11 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
     if (rerr == ML_REQERR_NONE &&
         ml_sampling_params_validate(&req->sampling, (size_t)rt->vocab, msg, sizeof msg) != ML_OK)
         rerr = ML_REQERR_INVALID_REQUEST;
+    /* JSON mode's vocabulary, made at the first request that asks: should
+     * that fail, this request ends saying why and the runtime goes on. */
+    if (rerr == ML_REQERR_NONE && req->sampling.json_object &&
+        json_prepare(rt, msg, sizeof msg) != ML_OK)
+        rerr = ML_REQERR_INTERNAL;
     *handle = rt->next_handle++;
     if (rerr != ML_REQERR_NONE) {
         refuse(req, rerr, msg);
@@ -507,9 +511,8 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
     if (req->n_images) /* a text-only request may pass no array at all */
         memcpy(s->images, req->images, (size_t)req->n_images * sizeof *s->images);
     s->sampling = req->sampling;
-    if (s->sampling.json_object && (json_prepare(rt, err, errlen) != ML_OK ||
-                                    ml_json_state_create(rt->json_vocab, &s->json, err,
-                                                         errlen) != ML_OK))
+    if (s->sampling.json_object &&
+        ml_json_state_create(rt->json_vocab, &s->json, err, errlen) != ML_OK)
         goto nomem;
     if (copy_stop_strings(s) != ML_OK ||
         ml_sampler_seq_create(&s->sampling, (size_t)rt->vocab, req->prompt,
