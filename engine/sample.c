@@ -554,17 +554,29 @@ static void apply_penalties(const ml_sample_row *row, const int32_t *pen_id,
     }
 }
 
-/* Penalised logits of the row (logits itself when no penalty is on, else
- * s->work), their maximum *zmax and its first index *best. Returns false
- * when there is no finite maximum. */
+/* z (n): the tokens `allowed` clears at -inf. */
+static void apply_mask(const uint64_t *allowed, float *z, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        z[i] = allowed[i >> 6] >> (i & 63) & 1 ? z[i] : -INFINITY;
+}
+
+/* Penalised, masked logits of the row (logits itself when no penalty or
+ * mask is on, else s->work), their maximum *zmax and its first index
+ * *best. Returns false when there is no finite maximum. */
 static bool sample_prepare(ml_sample_scratch *s, const float *logits, const ml_sample_row *row,
-                           const int32_t *pen_id, const uint32_t *pen_count, const float **z_out,
-                           float *zmax, size_t *best)
+                           const int32_t *pen_id, const uint32_t *pen_count,
+                           const uint64_t *allowed, const float **z_out, float *zmax,
+                           size_t *best)
 {
     const float *z = logits;
-    if (row_has_penalties(row)) {
+    bool penalties = row_has_penalties(row);
+    if (penalties || allowed) {
         memcpy(s->work, logits, s->n_vocab * sizeof *s->work);
-        apply_penalties(row, pen_id, pen_count, s->work);
+        if (penalties)
+            apply_penalties(row, pen_id, pen_count, s->work);
+        if (allowed)
+            apply_mask(allowed, s->work, s->n_vocab);
         z = s->work;
     }
     float m = logits_max(z, s->n_vocab);
@@ -613,13 +625,14 @@ static kept_set sample_filter(ml_sample_scratch *s, const ml_sample_row *row, co
 }
 
 void ml_sample_one(ml_sample_scratch *s, const float *logits, const ml_sample_row *row,
-                   const int32_t *pen_id, const uint32_t *pen_count, ml_sample_out *out)
+                   const int32_t *pen_id, const uint32_t *pen_count, const uint64_t *allowed,
+                   ml_sample_out *out)
 {
     const float *z;
     float zmax;
     size_t best;
     memset(out, 0, sizeof *out);
-    if (!sample_prepare(s, logits, row, pen_id, pen_count, &z, &zmax, &best)) {
+    if (!sample_prepare(s, logits, row, pen_id, pen_count, allowed, &z, &zmax, &best)) {
         out->chosen.id = ML_SAMPLE_NO_TOKEN;
         return;
     }
@@ -632,8 +645,9 @@ void ml_sample_one(ml_sample_scratch *s, const float *logits, const ml_sample_ro
         id = s->scratch[j].id;
     }
     out->chosen.id = id;
-    /* The raw logits have a finite maximum whenever the penalised ones do:
-     * penalties move finite values only. */
+    /* The raw logits have a finite maximum whenever the penalised ones do
+     * (penalties move finite values only, a mask only lowers), unless one
+     * is +inf: then there is no token either. */
     if (row->logprobs &&
         ml_sample_logprobs(logits, s->n_vocab, id, row->n_top, out, NULL, 0) != ML_OK)
         out->chosen = (ml_token_logprob){ML_SAMPLE_NO_TOKEN, 0.0f};
@@ -647,7 +661,7 @@ ml_status ml_sample_distribution(ml_sample_scratch *s, const float *logits,
     const float *z;
     float zmax;
     size_t best;
-    if (!sample_prepare(s, logits, row, pen_id, pen_count, &z, &zmax, &best))
+    if (!sample_prepare(s, logits, row, pen_id, pen_count, NULL, &z, &zmax, &best))
         return ml_fail(err, errlen, ML_ERR_FORMAT, "sample: logits have no finite maximum");
     if (row_is_greedy(row)) {
         if (cap > 0)

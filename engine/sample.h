@@ -111,10 +111,14 @@ ml_sample_scratch *ml_sample_scratch_init(void *mem, size_t vocab);
 
 /* Run the pipeline on one row: logits (vocab floats, not modified),
  * row's controls, its penalty entries pen_id/pen_count (row->n_pen each,
- * ids distinct and within [0, vocab)) into *out. Uses the scratch (made for
- * this vocab) and nothing else. */
+ * ids distinct and within [0, vocab)) into *out. allowed is NULL, or a
+ * constraint ((vocab + 63) / 64 words, bit id & 63 of word id >> 6): a
+ * token whose bit is clear is never drawn, as if its logit were -inf after
+ * the penalties (JSON mode, on the host); the logprobs stay the raw ones.
+ * Uses the scratch (made for this vocab) and nothing else. */
 void ml_sample_one(ml_sample_scratch *s, const float *logits, const ml_sample_row *row,
-                   const int32_t *pen_id, const uint32_t *pen_count, ml_sample_out *out);
+                   const int32_t *pen_id, const uint32_t *pen_count, const uint64_t *allowed,
+                   ml_sample_out *out);
 
 /* The distribution ml_sample_one draws from for this row: the kept tokens,
  * best ranked first, each with its log-probability renormalised over the

@@ -402,7 +402,7 @@ static void sample_rows(void *ctx, int64_t begin, int64_t end, int tid)
     for (int64_t r = begin; r < end; r++) {
         const ml_sample_row *row = &p->row[r];
         ml_sample_one(s, p->logits + (size_t)r * p->vocab, row, p->pen_id + row->pen_start,
-                      p->pen_count + row->pen_start, &p->out[r]);
+                      p->pen_count + row->pen_start, NULL, &p->out[r]);
     }
 }
 

@@ -4,7 +4,6 @@
 #include "runtime/runtime.h"
 
 #include <assert.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -80,7 +79,6 @@ struct ml_runtime {
     /* JSON mode, made at the first request that asks for it: */
     ml_json_vocab *json_vocab;  /* owned: the tokens' bytes for the grammar */
     uint64_t *json_allowed;     /* owned ((vocab + 63) / 64): one step's mask */
-    float *json_logits;         /* owned (vocab): logits under that mask */
     ml_runtime_stats stats;
 };
 
@@ -338,7 +336,6 @@ void ml_runtime_destroy(ml_runtime *rt)
     free(rt->logits);
     ml_json_vocab_destroy(rt->json_vocab);
     free(rt->json_allowed);
-    free(rt->json_logits);
     free(rt);
 }
 
@@ -431,7 +428,6 @@ static ml_request_error validate(const ml_runtime *rt, const ml_request *req, ch
     return ML_REQERR_NONE;
 }
 
-/* The request's stop strings are borrowed for the call only: keep a copy. */
 /* JSON mode's shared parts, made once, at the first request that asks (the
  * token trie costs 100-200 ms and megabytes a worker without JSON requests
  * never needs). After a failure the next request tries again. */
@@ -441,13 +437,12 @@ static ml_status json_prepare(ml_runtime *rt, char *err, size_t errlen)
         return ML_OK;
     if (!rt->json_allowed)
         rt->json_allowed = malloc(((size_t)rt->vocab + 63) / 64 * sizeof *rt->json_allowed);
-    if (!rt->json_logits)
-        rt->json_logits = malloc((size_t)rt->vocab * sizeof *rt->json_logits);
-    if (!rt->json_allowed || !rt->json_logits)
+    if (!rt->json_allowed)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "runtime: out of memory for JSON mode");
     return ml_json_vocab_create(rt->tok, (size_t)rt->vocab, &rt->json_vocab, err, errlen);
 }
 
+/* The request's stop strings are borrowed for the call only: keep a copy. */
 static ml_status copy_stop_strings(rt_seq *s)
 {
     size_t total = 1;
@@ -778,18 +773,6 @@ static bool samples_on_host(const rt_seq *s)
     return s->cb.on_logits != NULL || s->json != NULL;
 }
 
-/* `logits` with every token JSON mode forbids next at -inf, in
- * rt->json_logits. The object is incomplete here: a sequence ends as soon
- * as its object is (advance). */
-static const float *json_constrain(ml_runtime *rt, rt_seq *s, const float *logits)
-{
-    const uint64_t *allowed = rt->json_allowed;
-    ml_json_state_allowed(s->json, rt->json_allowed);
-    for (int i = 0; i < rt->vocab; i++)
-        rt->json_logits[i] = allowed[i >> 6] >> (i & 63) & 1 ? logits[i] : -INFINITY;
-    return rt->json_logits;
-}
-
 /* Append the step's token to s and stream it: drawn here from `logits`, or
  * with logits NULL the model's s->sampled. */
 static void advance(ml_runtime *rt, rt_seq *s, const float *logits)
@@ -799,15 +782,16 @@ static void advance(ml_runtime *rt, rt_seq *s, const float *logits)
     if (logits) {
         if (s->cb.on_logits)
             s->cb.on_logits(s->cb.ctx, logits, rt->vocab);
-        const float *z = s->json ? json_constrain(rt, s, logits) : logits;
-        /* JSON mode samples from the masked row, but reports the logprobs
-         * of the raw one (sample.h). */
-        if (ml_sampler_sample(rt->sampler, s->sampler, z, &s->sampled, err, sizeof err) !=
-                ML_OK ||
-            (z != logits && s->sampling.logprobs &&
-             ml_sample_logprobs(logits, (size_t)rt->vocab, s->sampled.chosen.id,
-                                s->sampling.top_logprobs, &s->sampled, err,
-                                sizeof err) != ML_OK)) {
+        /* JSON mode draws among the tokens its grammar allows next (the
+         * object is incomplete here: a sequence ends as soon as its object
+         * is, below). */
+        const uint64_t *allowed = NULL;
+        if (s->json) {
+            ml_json_state_allowed(s->json, rt->json_allowed);
+            allowed = rt->json_allowed;
+        }
+        if (ml_sampler_sample(rt->sampler, s->sampler, logits, allowed, &s->sampled, err,
+                              sizeof err) != ML_OK) {
             finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL, err, 0);
             return;
         }

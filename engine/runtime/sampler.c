@@ -329,7 +329,7 @@ static ml_status sampler_check(const ml_sampler *s, const ml_sampler_seq *seq, c
 }
 
 ml_status ml_sampler_sample(ml_sampler *s, ml_sampler_seq *seq, const float *logits,
-                            ml_sample_out *out, char *err, size_t errlen)
+                            const uint64_t *allowed, ml_sample_out *out, char *err, size_t errlen)
 {
     ml_status st = sampler_check(s, seq, err, errlen);
     if (st != ML_OK)
@@ -338,7 +338,7 @@ ml_status ml_sampler_sample(ml_sampler *s, ml_sampler_seq *seq, const float *log
     const int32_t *pen_id;
     const uint32_t *pen_count;
     ml_sampler_seq_row(seq, &row, &pen_id, &pen_count);
-    ml_sample_one(s->scratch, logits, &row, pen_id, pen_count, out);
+    ml_sample_one(s->scratch, logits, &row, pen_id, pen_count, allowed, out);
     if (out->chosen.id == ML_SAMPLE_NO_TOKEN)
         return ml_fail(err, errlen, ML_ERR_FORMAT, "sampler: logits have no finite maximum");
     return ML_OK;

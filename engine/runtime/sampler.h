@@ -125,14 +125,15 @@ ml_status ml_sampler_create(size_t n_vocab, ml_sampler **out, char *err, size_t 
 void ml_sampler_destroy(ml_sampler *s);
 
 /* Choose the next token of seq from logits (n_vocab floats, borrowed, not
- * modified) with the step's row (ml_sampler_seq_row): the token in
+ * modified) with the step's row (ml_sampler_seq_row), among the tokens
+ * `allowed` sets (NULL: all; else ml_sample_one's constraint): the token in
  * out->chosen.id and, when the request asked for logprobs, the raw
  * logprobs. Records nothing: call ml_sampler_seq_accept with the token.
  * Errors: ML_ERR_INVALID_ARG (seq made for another n_vocab, a finished
  * sequence; nothing drawn), ML_ERR_FORMAT (no finite maximum: every logit
  * NaN or -inf, or one is +inf). */
 ml_status ml_sampler_sample(ml_sampler *s, ml_sampler_seq *seq, const float *logits,
-                            ml_sample_out *out, char *err, size_t errlen);
+                            const uint64_t *allowed, ml_sample_out *out, char *err, size_t errlen);
 
 /* The distribution ml_sampler_sample would draw from for these logits
  * (ml_sample_distribution with the sequence's controls and penalties); draws

@@ -596,7 +596,7 @@ static void test_sample(ml_backend *be)
     ml_sample_scratch *s = ml_sample_scratch_init(mem, V);
     for (int r = 0; r < ROWS; r++) {
         ml_sample_one(s, logits + (size_t)r * V, &rows[r], pen_id + rows[r].pen_start,
-                      pen_count + rows[r].pen_start, &want);
+                      pen_count + rows[r].pen_start, NULL, &want);
         check(memcmp(&got[r], &want, sizeof want) == 0, "sample: row %d: op %d, reference %d", r,
               got[r].chosen.id, want.chosen.id);
     }

@@ -72,7 +72,7 @@ static ml_status sample_token(ml_sampler *s, ml_sampler_seq *seq, const float *l
                               int32_t *token, char *err, size_t errlen)
 {
     ml_sample_out out;
-    ml_status st = ml_sampler_sample(s, seq, logits, &out, err, errlen);
+    ml_status st = ml_sampler_sample(s, seq, logits, NULL, &out, err, errlen);
     if (st == ML_OK)
         *token = out.chosen.id;
     return st;
@@ -1003,6 +1003,59 @@ static void bench_one(ml_sampler *s, const float *z, const char *name,
     ml_sampler_seq_destroy(seq);
 }
 
+/* A constraint (ml_sampler_sample's allowed): greedy and drawn tokens stay
+ * among the allowed ids, a penalty still applies to them, and the logprobs
+ * are those of the raw row; nothing allowed is no token at all. */
+static void test_allowed(void)
+{
+    enum { V = 1000, DRAWS = 200 };
+    static float z[V];
+    for (int i = 0; i < V; i++)
+        z[i] = test_normal(2.0f);
+    z[3] = 20.0f; /* the raw best, never allowed */
+    uint64_t allowed[(V + 63) / 64] = {0};
+    for (int i = 100; i < 200; i += 3)
+        allowed[i >> 6] |= 1ull << (i & 63);
+    ml_sampler *s = make_sampler(V);
+    ml_sampling_params p;
+    ml_sampling_params_default(&p);
+    p.temperature = 0.0f;
+    p.logprobs = true;
+    int32_t best = 100;
+    for (int i = 100; i < 200; i += 3)
+        best = z[i] > z[best] ? i : best;
+    ml_sampler_seq *seq = make_seq(&p, V, NULL, 0);
+    ml_sample_out out, raw;
+    char err[256] = "";
+    check(ml_sampler_sample(s, seq, z, allowed, &out, err, sizeof err) == ML_OK &&
+              out.chosen.id == best,
+          "allowed greedy: %d, want %d", out.chosen.id, best);
+    check(ml_sample_logprobs(z, V, best, 0, &raw, err, sizeof err) == ML_OK &&
+              out.chosen.logprob == raw.chosen.logprob,
+          "allowed greedy: raw logprob");
+    ml_sampler_seq_destroy(seq);
+
+    p.temperature = 1.5f;
+    p.repetition_penalty = 2.0f;
+    const int32_t prompt[] = {best};
+    seq = make_seq(&p, V, prompt, 1);
+    int outside = 0;
+    for (int d = 0; d < DRAWS; d++) {
+        check(ml_sampler_sample(s, seq, z, allowed, &out, err, sizeof err) == ML_OK, "%s", err);
+        int id = out.chosen.id;
+        outside += id < 0 || !(allowed[id >> 6] >> (id & 63) & 1);
+    }
+    check(outside == 0, "allowed draws: %d outside the constraint", outside);
+    ml_sampler_seq_destroy(seq);
+
+    memset(allowed, 0, sizeof allowed);
+    seq = make_seq(&p, V, NULL, 0);
+    check(ml_sampler_sample(s, seq, z, allowed, &out, err, sizeof err) == ML_ERR_FORMAT,
+          "nothing allowed: no token");
+    ml_sampler_seq_destroy(seq);
+    ml_sampler_destroy(s);
+}
+
 static void test_bench(void)
 {
     size_t n = LLAMA3_VOCAB;
@@ -1094,6 +1147,7 @@ int main(void)
     test_stream_pinned();
     test_reproducible();
     test_logprobs();
+    test_allowed();
     test_bench();
     return check_done();
 }
