@@ -56,9 +56,19 @@ static svc_token_logprob token_logprob(const svc_worker *w, int32_t id, float lo
                                .logprob = logprob};
 }
 
-/* Entries a stream: false job's logprobs start with; they double from there. */
+/* A token's logprobs entry; its alternatives go to top (lp->n_top slots). */
+static svc_logprob_entry logprob_entry(const svc_worker *w, int32_t id, const ml_sample_out *lp,
+                                       svc_token_logprob *top)
+{
+    for (uint32_t k = 0; k < lp->n_top; k++)
+        top[k] = token_logprob(w, lp->top[k].id, lp->top[k].logprob);
+    return (svc_logprob_entry){.chosen = token_logprob(w, id, lp->chosen.logprob), .top = top,
+                               .n_top = lp->n_top};
+}
+
 /* What a completion without tokens points its logprobs at: "content":[]. */
 static const svc_logprob_entry no_logprobs;
+/* Entries a stream: false job's logprobs start with; they double from there. */
 #define LOGPROBS_INITIAL 64
 
 /* Keep a stream: false token's logprobs for the completion. */
@@ -81,11 +91,10 @@ static void keep_logprobs(const svc_worker *w, job *j, int32_t id, const ml_samp
         }
         j->lp_cap = cap;
     }
-    svc_token_logprob *top = j->lp_top + j->n_lp * n_top;
-    for (uint32_t k = 0; k < lp->n_top; k++)
-        top[k] = token_logprob(w, lp->top[k].id, lp->top[k].logprob);
-    j->lp[j->n_lp++] = (svc_logprob_entry){.chosen = token_logprob(w, id, lp->chosen.logprob),
-                                           .n_top = lp->n_top};
+    /* The entry's top is pointed again when the completion is written:
+     * lp_top may move while it grows. */
+    j->lp[j->n_lp] = logprob_entry(w, id, lp, j->lp_top + j->n_lp * n_top);
+    j->n_lp++;
 }
 
 static void on_token(void *ctx, int32_t id, const char *text, size_t len, const ml_sample_out *lp)
@@ -114,12 +123,8 @@ static void on_token(void *ctx, int32_t id, const char *text, size_t len, const 
         return;
     svc_token_logprob top[ML_SAMPLE_MAX_TOP];
     svc_logprob_entry entry;
-    if (lp) {
-        for (uint32_t k = 0; k < lp->n_top; k++)
-            top[k] = token_logprob(w, lp->top[k].id, lp->top[k].logprob);
-        entry = (svc_logprob_entry){.chosen = token_logprob(w, id, lp->chosen.logprob),
-                                    .top = top, .n_top = lp->n_top};
-    }
+    if (lp)
+        entry = logprob_entry(w, id, lp, top);
     svc_reply r = {.seq = j->seq, .content = text, .content_len = len,
                    .logprobs = lp ? &entry : NULL, .n_logprobs = lp ? 1 : 0};
     svc_reply_ctx rc = reply_ctx(w, j);

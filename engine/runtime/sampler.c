@@ -112,7 +112,6 @@ struct ml_sampler_seq {
     uint64_t rng[4];
     uint32_t n_generated;
     bool finished;
-    bool prompt_entries; /* the repetition penalty is on: prompt ids are entries too */
 
     /* Penalty entries (NULL when every penalty is off). */
     int32_t *pen_id;     /* owned; n_pen distinct ids of cap_pen, first-seen order */
@@ -178,7 +177,6 @@ ml_status ml_sampler_seq_create(const ml_sampling_params *p, size_t n_vocab,
     bool rep = p->repetition_penalty != 1.0f;
     if (rep || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
         size_t ids = (rep ? n_prompt : 0) + p->max_tokens;
-        seq->prompt_entries = rep;
         seq->cap_pen = ids < n_vocab ? ids : n_vocab;
         /* Load factor <= 1/2 keeps linear probing short. */
         seq->slot_bits = 1;
