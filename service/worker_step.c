@@ -71,6 +71,14 @@ static const svc_logprob_entry no_logprobs;
 /* Entries a stream: false job's logprobs start with; they double from there. */
 #define LOGPROBS_INITIAL 64
 
+/* Where the alternatives of a stream: false job's entry i are (NULL when
+ * the request wants none: lp_top is then never allocated). */
+static svc_token_logprob *lp_tops(const job *j, size_t i)
+{
+    size_t n_top = j->sampling.top_logprobs;
+    return n_top ? j->lp_top + i * n_top : NULL;
+}
+
 /* Keep a stream: false token's logprobs for the completion. */
 static void keep_logprobs(const svc_worker *w, job *j, int32_t id, const ml_sample_out *lp)
 {
@@ -93,7 +101,7 @@ static void keep_logprobs(const svc_worker *w, job *j, int32_t id, const ml_samp
     }
     /* The entry's top is pointed again when the completion is written:
      * lp_top may move while it grows. */
-    j->lp[j->n_lp] = logprob_entry(w, id, lp, j->lp_top + j->n_lp * n_top);
+    j->lp[j->n_lp] = logprob_entry(w, id, lp, lp_tops(j, j->n_lp));
     j->n_lp++;
 }
 
@@ -182,7 +190,7 @@ static void on_finish(void *ctx, const char *tail, size_t tail_len, ml_finish_re
         if (tail_len)
             svc_buf_printf(&j->text, "%.*s", (int)tail_len, tail);
         for (size_t i = 0; i < j->n_lp; i++)
-            j->lp[i].top = j->lp_top + i * j->sampling.top_logprobs;
+            j->lp[i].top = lp_tops(j, i);
         svc_reply r = {.seq = 0, .content = j->text.data, .content_len = j->text.len,
                        .logprobs = !j->sampling.logprobs ? NULL : j->lp ? j->lp : &no_logprobs,
                        .n_logprobs = j->n_lp,
