@@ -89,8 +89,20 @@ svc_kafka_status svc_producer_create(const svc_producer_config *cfg, svc_produce
         {"linger.ms", "0"},
         {"message.timeout.ms", "30000"},
     };
+    /* One request in flight per broker connection: the records of one
+     * attempt then reach the log in the order they were produced whatever
+     * the broker does with idempotent sequence numbers. With five in flight
+     * that order rests on the broker refusing a batch that overtakes a
+     * failed one (OUT_OF_ORDER_SEQUENCE_NUMBER); librdkafka's mock cluster
+     * checks sequences only for transactional producers and stores such a
+     * batch, and librdkafka 2.0.2 turns a disconnect followed by that refusal
+     * into a fatal error (fixed in 2.3.0). Records produced while a request
+     * is out still leave together in the next one, so the cost is at most
+     * one round trip per record (tests/bench/bench_reply_inflight.c). */
     static const svc_kafka_fixed fixed[] = {
         {"enable.idempotence", "true", "retries must neither duplicate nor reorder reply chunks"},
+        {"max.in.flight.requests.per.connection", "1",
+         "the records of one attempt must reach the log in order on any broker"},
     };
     rd_kafka_conf_t *conf;
     svc_kafka_status st = svc_kafka_conf_build(defaults, sizeof defaults / sizeof defaults[0],

@@ -68,6 +68,8 @@ static void test_pass_through(void)
     producer_kv("enable.idempotence", "false", SVC_KAFKA_ERR_CONFIG,
                 "kafka.enable.idempotence: fixed");
     producer_kv("linger.ms", "-7", SVC_KAFKA_ERR_CONFIG, "kafka.linger.ms");
+    producer_kv("max.in.flight.requests.per.connection", "5", SVC_KAFKA_ERR_CONFIG,
+                "kafka.max.in.flight.requests.per.connection: fixed");
 
     const char *topics[] = {"requests"};
     svc_consumer_config no_group = {.brokers = "127.0.0.1:1", .topics = topics, .n_topics = 1};

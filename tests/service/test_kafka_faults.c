@@ -1,8 +1,10 @@
-/* The Kafka layer under injected faults (librdkafka mock cluster,
- * notes/kafka-redis-k8s.md §6.2). P, O, H and D end with no message lost and
- * every delivery report successful:
- *   P. Produce errors (not leader, timeouts, disconnects): retried invisibly,
- *      and idempotence leaves no duplicate in the log;
+/* The Kafka layer under injected faults (librdkafka mock cluster), with the
+ * producer configured as the worker's. P, O, H and D end with no message
+ * lost and every delivery report successful:
+ *   P. Produce errors (not leader, timeouts, disconnects): retried invisibly;
+ *      idempotence leaves no duplicate in the log, and no record overtakes
+ *      an earlier one of its partition (one request in flight: the mock
+ *      does not check idempotent sequences, see kafka_producer.c);
  *   O. OffsetCommit errors: the next auto-commit stores the offsets anyway;
  *   H. Heartbeat ILLEGAL_GENERATION: the assignment is lost, the unfinished
  *      requests are reported, their late finishes store nothing, and they
@@ -17,22 +19,14 @@ enum { API_PRODUCE = 0, API_OFFSET_COMMIT = 8, API_HEARTBEAT = 12 };
 
 static const char *bs;
 
-/* The 2.0.2 mock checks idempotent sequence numbers only for transactional
- * producers. With several requests in flight, a batch that fails "possibly
- * persisted" (disconnect) and then fails again on retry can be overtaken by
- * the next batch; a real broker refuses that gap (OUT_OF_ORDER_SEQUENCE_NUMBER),
- * the mock stores it, and librdkafka, seeing the later batch acknowledged,
- * reports the earlier one delivered though it never reached the log (seen
- * here: 4 of 61 records). One request in flight per connection keeps these
- * tests about our code, not about that mock gap. */
-static const svc_kafka_kv producer_kv[] = {{"max.in.flight.requests.per.connection", "1"}};
-
 static void use_cluster(const char *bootstraps)
 {
     bs = bootstraps;
-    kt_producer_kv = producer_kv;
-    kt_n_producer_kv = sizeof producer_kv / sizeof producer_kv[0];
+    kt_producer_kv = NULL;
+    kt_n_producer_kv = 0;
 }
+
+enum { P_N = 60, P_PARTS = 2, P_MAX_PARTS = 8 };
 
 static int key_index(const char *key, size_t len)
 {
@@ -44,8 +38,10 @@ static int key_index(const char *key, size_t len)
 
 /* Read partitions 0..n_parts-1 of topic from the beginning to their end with
  * a plain assign() consumer (no group, no join delay), counting each record
- * key's index into counts[0..max). Returns the number of records read. */
-static int read_all(const char *topic, int n_parts, int *counts, int max)
+ * key's index into counts[0..max) and, in *inversions, the records whose
+ * index is below that of the record before them in their partition (keys
+ * were produced in index order). Returns the number of records read. */
+static int read_all(const char *topic, int n_parts, int *counts, int max, int *inversions)
 {
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     char err[256];
@@ -62,7 +58,11 @@ static int read_all(const char *topic, int n_parts, int *counts, int max)
         rd_kafka_topic_partition_list_add(l, topic, p)->offset = RD_KAFKA_OFFSET_BEGINNING;
     rd_kafka_assign(rk, l);
     rd_kafka_topic_partition_list_destroy(l);
-    int n = 0, eofs = 0;
+    int n = 0, eofs = 0, last[P_MAX_PARTS];
+    check(n_parts <= P_MAX_PARTS, "read_all: %d partitions", n_parts);
+    for (int p = 0; p < n_parts; p++)
+        last[p] = -1;
+    *inversions = 0;
     for (int64_t dl = pu_now_ms() + 15000; eofs < n_parts && pu_now_ms() < dl;) {
         rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
         if (!m)
@@ -71,8 +71,11 @@ static int read_all(const char *topic, int n_parts, int *counts, int max)
             eofs++;
         } else if (!m->err) {
             int k = key_index(m->key, m->key_len);
-            if (k >= 0 && k < max)
+            if (k >= 0 && k < max) {
                 counts[k]++;
+                *inversions += k < last[m->partition];
+                last[m->partition] = k;
+            }
             n++;
         }
         rd_kafka_message_destroy(m);
@@ -86,7 +89,6 @@ static int read_all(const char *topic, int n_parts, int *counts, int max)
 
 /* ==== P: produce errors ======================================================== */
 
-enum { P_N = 60, P_PARTS = 2 };
 
 static void scenario_produce(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
 {
@@ -113,8 +115,8 @@ static void scenario_produce(const char *bootstraps, rd_kafka_mock_cluster_t *mc
           src.delivered, src.failed, P_N + 1);
     svc_producer_destroy(src.p);
 
-    int counts[P_N] = {0};
-    int n = read_all("faults", P_PARTS, counts, P_N);
+    int counts[P_N] = {0}, inversions;
+    int n = read_all("faults", P_PARTS, counts, P_N, &inversions);
     int missing = 0, dups = 0;
     for (int i = 0; i < P_N; i++) {
         missing += counts[i] == 0;
@@ -123,6 +125,8 @@ static void scenario_produce(const char *bootstraps, rd_kafka_mock_cluster_t *mc
     check(n == P_N + 1 && missing == 0 && dups == 0,
           "P: the log holds %d records (want %d): %d missing, %d duplicated", n, P_N + 1, missing,
           dups);
+    check(inversions == 0, "P: %d records overtook an earlier one of their partition",
+          inversions);
 }
 
 /* ==== shared by O, H, D: a worker replying to a stream of requests ============== */
@@ -335,8 +339,7 @@ static void scenario_down(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
  * three records after it to share that request: a linger well above the
  * time between the three sends batches them (the producer's own default is
  * no linger). */
-static const svc_kafka_kv fatal_kv[] = {{"max.in.flight.requests.per.connection", "1"},
-                                        {"linger.ms", "100"}};
+static const svc_kafka_kv fatal_kv[] = {{"linger.ms", "100"}};
 
 static void scenario_fatal(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
 {
