@@ -591,10 +591,9 @@ static size_t stage_elems(const ml_model *m, int max_rank)
 }
 
 /* The handle of tensor-parallel model m: a slot on every rank's shard. */
-static ml_status tp_slot_create(ml_lora **out, ml_model *m, int max_rank, char *err,
-                                size_t errlen)
+static ml_status split_slot_create(ml_lora **out, ml_model *m, ml_model *const *shards,
+                                   int world, int max_rank, char *err, size_t errlen)
 {
-    int world = m->shard.world;
     ml_lora *l = slot_new(m, max_rank);
     if (!l)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "adapter slot: out of memory");
@@ -607,8 +606,7 @@ static ml_status tp_slot_create(ml_lora **out, ml_model *m, int max_rank, char *
     }
     for (int r = 0; r < world; r++) {
         char why[256];
-        ml_status st = slot_create(&l->parts[r], ml_tp_shard(m->tp, r), max_rank, why,
-                                   sizeof why);
+        ml_status st = slot_create(&l->parts[r], shards[r], max_rank, why, sizeof why);
         if (st != ML_OK) {
             ml_lora_destroy(l);
             return ml_fail(err, errlen, st, "%s (rank %d of %d)", why, r, world);
@@ -619,15 +617,16 @@ static ml_status tp_slot_create(ml_lora **out, ml_model *m, int max_rank, char *
     return ML_OK;
 }
 
-ml_status ml_lora_create(ml_lora **out, ml_model *m, int max_rank, char *err, size_t errlen)
+ml_status ml_lora_slot_create(ml_lora **out, ml_model *m, ml_model *const *shards, int n_shards,
+                              int max_rank, char *err, size_t errlen)
 {
     *out = NULL;
     if (max_rank < 1 || max_rank > m->limits.max_lora_rank)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "adapter slot: rank %d outside [1, %d] (model limits' max_lora_rank)",
                        max_rank, m->limits.max_lora_rank);
-    if (m->tp)
-        return tp_slot_create(out, m, max_rank, err, errlen);
+    if (n_shards > 0)
+        return split_slot_create(out, m, shards, n_shards, max_rank, err, errlen);
     if (m->shard.world > 1)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
                        "adapter slot: shard %d of %d driven by hand (create the slot on the "

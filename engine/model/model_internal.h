@@ -208,21 +208,33 @@ ml_status ml_shard_weights(ml_model *m, char *err, size_t errlen);
 /* x (n floats) = its sum over the shards; nothing when the model is whole. */
 void ml_shard_all_reduce(ml_model *m, float *x, size_t n);
 
+/* ---- one shard's computation (vision.c, text.c, lora.c) ---------------------- */
+
+/* ml_model_encode_image and ml_model_forward of one shard (a whole model is
+ * the shard of world 1): the public calls (tp.c) come here directly for a
+ * model loaded whole and through the rank threads for a tensor-parallel one. */
+ml_status ml_shard_encode_image(ml_model *m, const float *pixels, int aspect_ratio_id,
+                                const uint8_t *aspect_ratio_mask, const ml_lora *lora,
+                                void *state, const ml_vision_taps *taps, char *err,
+                                size_t errlen);
+ml_status ml_shard_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
+                           float *logits, const ml_text_taps *taps, char *err, size_t errlen);
+
+/* ml_lora_create's slot: with n_shards == 0 one slot on m's own backend;
+ * otherwise a handle for m with a part on each of shards[0 .. n_shards)
+ * (borrowed), the tensor-parallel model's ranks. Errors as ml_lora_create,
+ * naming the rank that failed. */
+ml_status ml_lora_slot_create(ml_lora **out, ml_model *m, ml_model *const *shards, int n_shards,
+                              int max_rank, char *err, size_t errlen);
+
 /* ---- a tensor-parallel model driven as one (tp.c) ---------------------------- */
 
 /* The shards of ml_model_load_tp and the threads that drive ranks 1... A
  * model with tp != NULL has only cfg, limits, be (rank 0's) and shard
- * (rank 0's geometry, no row_slices) of its own; its calls go to the
- * shards through these. */
+ * (rank 0's geometry, no row_slices) of its own; tp.c, the only file that
+ * tells the two kinds of model apart, sends its calls to the shards. */
 typedef struct ml_tp ml_tp;
 
-ml_status ml_tp_encode_image(ml_tp *tp, const float *pixels, int aspect_ratio_id,
-                             const uint8_t *aspect_ratio_mask, const ml_lora *lora, void *state,
-                             const ml_vision_taps *taps, char *err, size_t errlen);
-ml_status ml_tp_forward(ml_tp *tp, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
-                        float *logits, const ml_text_taps *taps, char *err, size_t errlen);
-/* Rank `rank`'s shard (borrowed from tp), for memory with one part per rank. */
-ml_model *ml_tp_shard(const ml_tp *tp, int rank);
 /* Join the threads and destroy the shards. NULL is a no-op. */
 void ml_tp_destroy(ml_tp *tp);
 

@@ -527,11 +527,9 @@ static void decode_replay(ml_model *m, ml_kv_cache *kv, int slot, int bucket, in
     be->ops->graph_replay(be, slot);
 }
 
-ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
+ml_status ml_shard_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
                            float *logits, const ml_text_taps *taps, char *err, size_t errlen)
 {
-    if (m->tp)
-        return ml_tp_forward(m->tp, kv, seqs, n_seqs, logits, taps, err, errlen);
     const ml_text_config *tc = &m->cfg.text;
     ml_backend *be = m->be;
     const ml_text_bufs *b = &m->tb;

@@ -16,7 +16,12 @@
  * above 1 (lora.c) holds rank r's slot in parts[r]: a step's or an
  * encode's adapter reaches each rank as that rank's slot.
  *
- * @locality: ml_model_load_tp, ml_tp_* and the memory functions run on the
+ * This is the only file that tells a split model from a whole one: the
+ * public calls below (encode, forward, adapter slots, K/V cache, image
+ * states) run a whole model's shard directly and post to the ranks
+ * otherwise, so vision.c, text.c and lora.c compute one shard only.
+ *
+ * @locality: ml_model_load_tp, the public calls and the memory functions run on the
  * thread that drives the model; rank r >= 1 runs on its own thread, only
  * between a post and the end of that call. */
 #include <pthread.h>
@@ -129,13 +134,13 @@ static void run_rank(tp_rank *r, const tp_call *c)
                                     tp->world, r->err, sizeof r->err);
         break;
     case TP_ENCODE:
-        r->st = ml_model_encode_image(r->shard, c->pixels, c->aspect_ratio_id,
+        r->st = ml_shard_encode_image(r->shard, c->pixels, c->aspect_ratio_id,
                                       c->aspect_ratio_mask, rank_lora(r, c->lora),
                                       c->state[r->rank],
                                       first ? c->vision_taps : NULL, r->err, sizeof r->err);
         break;
     case TP_FORWARD:
-        r->st = ml_model_forward(r->shard, c->kv, rank_step(r, c), c->n_seqs,
+        r->st = ml_shard_forward(r->shard, c->kv, rank_step(r, c), c->n_seqs,
                                  first ? c->logits : r->logits, first ? c->text_taps : NULL,
                                  r->err, sizeof r->err);
         break;
@@ -200,9 +205,10 @@ static ml_status run_all(ml_tp *tp, const tp_call *c, char *err, size_t errlen)
     return ML_OK;
 }
 
-ml_status ml_tp_encode_image(ml_tp *tp, const float *pixels, int aspect_ratio_id,
-                             const uint8_t *aspect_ratio_mask, const ml_lora *lora, void *state,
-                             const ml_vision_taps *taps, char *err, size_t errlen)
+static ml_status tp_encode_image(ml_tp *tp, const float *pixels, int aspect_ratio_id,
+                                 const uint8_t *aspect_ratio_mask, const ml_lora *lora,
+                                 void *state, const ml_vision_taps *taps, char *err,
+                                 size_t errlen)
 {
     /* A slot of this model is a handle with a part per rank (lora.c). */
     if (lora && lora->model->tp != tp)
@@ -216,8 +222,8 @@ ml_status ml_tp_encode_image(ml_tp *tp, const float *pixels, int aspect_ratio_id
     return run_all(tp, &c, err, errlen);
 }
 
-ml_status ml_tp_forward(ml_tp *tp, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
-                        float *logits, const ml_text_taps *taps, char *err, size_t errlen)
+static ml_status tp_forward(ml_tp *tp, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
+                            float *logits, const ml_text_taps *taps, char *err, size_t errlen)
 {
     /* What rank_step relies on is checked here, before any rank runs; the
      * shards check the rest, each the same way. */
@@ -248,12 +254,44 @@ ml_status ml_tp_forward(ml_tp *tp, ml_kv_cache *kv, const ml_step_seq *seqs, int
     return run_all(tp, &c, err, errlen);
 }
 
-/* ---- load / destroy ----------------------------------------------------------- */
+/* ---- the public calls: a whole model directly, a split one through its ranks --- */
 
-ml_model *ml_tp_shard(const ml_tp *tp, int rank)
+ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_ratio_id,
+                                const uint8_t *aspect_ratio_mask, const ml_lora *lora,
+                                void *state, const ml_vision_taps *taps, char *err,
+                                size_t errlen)
 {
-    return tp->ranks[rank].shard;
+    if (!m->tp)
+        return ml_shard_encode_image(m, pixels, aspect_ratio_id, aspect_ratio_mask, lora, state,
+                                     taps, err, errlen);
+    return tp_encode_image(m->tp, pixels, aspect_ratio_id, aspect_ratio_mask, lora, state, taps,
+                           err, errlen);
 }
+
+ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
+                           float *logits, const ml_text_taps *taps, char *err, size_t errlen)
+{
+    if (!m->tp)
+        return ml_shard_forward(m, kv, seqs, n_seqs, logits, taps, err, errlen);
+    return tp_forward(m->tp, kv, seqs, n_seqs, logits, taps, err, errlen);
+}
+
+ml_status ml_lora_create(ml_lora **out, ml_model *m, int max_rank, char *err, size_t errlen)
+{
+    if (!m->tp)
+        return ml_lora_slot_create(out, m, NULL, 0, max_rank, err, errlen);
+    *out = NULL;
+    ml_model **shards = malloc((size_t)m->tp->world * sizeof *shards);
+    if (!shards)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "adapter slot: out of memory");
+    for (int r = 0; r < m->tp->world; r++)
+        shards[r] = m->tp->ranks[r].shard;
+    ml_status st = ml_lora_slot_create(out, m, shards, m->tp->world, max_rank, err, errlen);
+    free(shards);
+    return st;
+}
+
+/* ---- load / destroy ----------------------------------------------------------- */
 
 void ml_tp_destroy(ml_tp *tp)
 {

@@ -221,14 +221,11 @@ static void vision_tower(ml_model *m, const vision_dims *d, int ar_id, const ml_
                     (size_t)d->vout, 1, (size_t)d->Dv);
 }
 
-ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_ratio_id,
+ml_status ml_shard_encode_image(ml_model *m, const float *pixels, int aspect_ratio_id,
                                 const uint8_t *aspect_ratio_mask, const ml_lora *lora,
                                 void *state, const ml_vision_taps *taps, char *err,
                                 size_t errlen)
 {
-    if (m->tp)
-        return ml_tp_encode_image(m->tp, pixels, aspect_ratio_id, aspect_ratio_mask, lora, state,
-                                  taps, err, errlen);
     vision_dims d = dims_of(m);
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;

@@ -115,7 +115,7 @@ static void scenario_produce(const char *bootstraps, rd_kafka_mock_cluster_t *mc
           src.delivered, src.failed, P_N + 1);
     svc_producer_destroy(src.p);
 
-    int counts[P_N] = {0}, inversions;
+    int counts[P_N] = {0}, inversions = 0;
     int n = read_all("faults", P_PARTS, counts, P_N, &inversions);
     int missing = 0, dups = 0;
     for (int i = 0; i < P_N; i++) {
