@@ -36,7 +36,8 @@ static void usage(FILE *f)
             "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]]\n\n"
             "--prompt is raw text (special tokens parsed; <|begin_of_text|> is inserted after\n"
             "any leading <|image|> tokens when absent, as MllamaProcessor does); --chat wraps\n"
-            "TEXT and the images in the Llama 3.2 Vision Instruct template; --ids gives token\n"
+            "TEXT and the images in the Llama 3.2 Vision Instruct template, TEXT encoded as\n"
+            "text as the worker does (special-token text in it stays text); --ids gives token\n"
             "ids. Greedy unless --temperature > 0. Text streams to stdout; --json prints one\n"
             "JSON object with prompt/output ids, text and timings instead. --json-object is\n"
             "JSON mode: the answer is kept one JSON object and ends when it is complete.\n"
@@ -96,8 +97,11 @@ typedef struct run_ctx {
     ml_runtime *rt;
 } run_ctx;
 
+/* s may be NULL when n is 0 (a request that ends before its first token). */
 static int append_text(run_job *j, const char *s, size_t n)
 {
+    if (n == 0)
+        return 0;
     if (j->text_len + n + 1 > j->text_cap) {
         size_t cap = (j->text_len + n + 1) * 2;
         char *t = realloc(j->text, cap);
@@ -109,7 +113,7 @@ static int append_text(run_job *j, const char *s, size_t n)
     memcpy(j->text + j->text_len, s, n);
     j->text_len += n;
     j->text[j->text_len] = 0;
-    if (j->stream && n) {
+    if (j->stream) {
         fwrite(s, 1, n, stdout);
         fflush(stdout);
     }
@@ -224,7 +228,9 @@ static int encode_prompt(const run_ctx *c, const char *text, ml_token_buf *out)
     return rc;
 }
 
-/* One user turn: the images, then the text (the model card's layout). */
+/* One user turn: the images, then the text (the model card's layout). The
+ * text is message text (ml_chat_encode): unlike --prompt, special-token text
+ * in it is not parsed. */
 static int encode_chat(const run_ctx *c, const char *text, int n_images, ml_token_buf *out)
 {
     ml_chat_part parts[MAX_IMAGES + 1];

@@ -158,7 +158,10 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
     return SVC_ERROR_NONE;
 }
 
-/* The Instruct chat template over the request's messages. */
+/* The Instruct chat template over the request's messages. Message text is
+ * encoded as text (ml_chat_encode): a client's "<|eot_id|>" cannot forge a
+ * turn, and the prompt's <|image|> ids are exactly the image parts, one per
+ * entry of j->images, which the runtime checks. */
 static svc_error build_prompt(svc_worker *w, job *j, char *msg, size_t msglen)
 {
     const svc_request *r = j->req;

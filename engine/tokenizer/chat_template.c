@@ -7,19 +7,44 @@
 
 #include "tokenizer/unicode.h"
 
-static const char BOS[] = "<|begin_of_text|>";
-static const char HEADER_START[] = "<|start_header_id|>";
-static const char HEADER_END[] = "<|end_header_id|>\n\n";
-static const char EOT[] = "<|eot_id|>";
-static const char IMAGE[] = "<|image|>";
+/* The special tokens the template writes. Only these become special ids in
+ * ml_chat_encode; the same text inside a message is encoded as text. */
+typedef enum marker {
+    MARKER_BOS,
+    MARKER_HEADER_START,
+    MARKER_HEADER_END,
+    MARKER_EOT,
+    MARKER_IMAGE,
+    N_MARKERS,
+} marker;
+
+static const char *const MARKER_TEXT[N_MARKERS] = {
+    [MARKER_BOS] = "<|begin_of_text|>",
+    [MARKER_HEADER_START] = "<|start_header_id|>",
+    [MARKER_HEADER_END] = "<|end_header_id|>",
+    [MARKER_EOT] = "<|eot_id|>",
+    [MARKER_IMAGE] = "<|image|>",
+};
+
+static const char HEADER_GAP[] = "\n\n";
 static const char SYSTEM_PREAMBLE[] = "Cutting Knowledge Date: December 2023\nToday Date: ";
 static const char DATE_END[] = "\n\n";
 static const char IMAGE_WITH_SYSTEM[] = "Prompting with images is incompatible with system messages.";
 
-/* Rendering runs twice: once counting (buf NULL), once writing. */
+/* One marker the template wrote, at byte `at` of the rendered prompt. */
+typedef struct mark {
+    size_t at;
+    marker what;
+} mark;
+
+/* Rendering runs twice: once counting (buf NULL), once writing. marks, when
+ * not NULL, receives every marker written (room for the count of the first
+ * pass); n_marks counts them either way. */
 typedef struct sink {
     char *buf;
     size_t len;
+    mark *marks;
+    size_t n_marks;
 } sink;
 
 static void put(sink *s, const char *p, size_t n)
@@ -31,11 +56,20 @@ static void put(sink *s, const char *p, size_t n)
 
 static void put_str(sink *s, const char *p) { put(s, p, strlen(p)); }
 
+static void put_marker(sink *s, marker what)
+{
+    if (s->marks)
+        s->marks[s->n_marks] = (mark){.at = s->len, .what = what};
+    s->n_marks++;
+    put_str(s, MARKER_TEXT[what]);
+}
+
 static void put_header(sink *s, const char *role)
 {
-    put_str(s, HEADER_START);
+    put_marker(s, MARKER_HEADER_START);
     put_str(s, role);
-    put_str(s, HEADER_END);
+    put_marker(s, MARKER_HEADER_END);
+    put_str(s, HEADER_GAP);
 }
 
 /* [*start, *end) = s[0..n) without leading and trailing Python whitespace.
@@ -104,7 +138,7 @@ static void put_parts(sink *s, const ml_chat_message *m)
 {
     for (size_t k = 0; k < m->n_parts; k++) {
         if (m->parts[k].type == ML_CHAT_PART_IMAGE)
-            put_str(s, IMAGE);
+            put_marker(s, MARKER_IMAGE);
         else
             put_str(s, m->parts[k].text);
     }
@@ -115,29 +149,31 @@ static void render(sink *s, const ml_chat_message *msgs, size_t n_msgs, size_t f
                    const char *system, size_t system_len, bool has_images,
                    const ml_chat_options *opt)
 {
-    put_str(s, BOS);
+    put_marker(s, MARKER_BOS);
     if (!has_images) {
         put_header(s, "system");
         put_str(s, SYSTEM_PREAMBLE);
         put_str(s, opt->date_string ? opt->date_string : ML_CHAT_DEFAULT_DATE);
         put_str(s, DATE_END);
         put(s, system, system_len);
-        put_str(s, EOT);
+        put_marker(s, MARKER_EOT);
     }
     for (size_t i = first; i < n_msgs; i++) {
         put_header(s, msgs[i].role);
         put_parts(s, &msgs[i]);
-        put_str(s, EOT);
+        put_marker(s, MARKER_EOT);
     }
     if (opt->add_generation_prompt)
         put_header(s, "assistant");
 }
 
-ml_status ml_chat_render(const ml_chat_message *msgs, size_t n_msgs, const ml_chat_options *opt,
-                         char **prompt, size_t *len, char *err, size_t errlen)
+/* ml_chat_render, plus the markers it wrote when marks is not NULL: *marks
+ * is then a new array (owned by the caller: free()) of *n_marks entries in
+ * prompt order. */
+static ml_status render_prompt(const ml_chat_message *msgs, size_t n_msgs,
+                               const ml_chat_options *opt, char **prompt, size_t *len,
+                               mark **marks, size_t *n_marks, char *err, size_t errlen)
 {
-    if (!prompt || !len)
-        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "chat template: NULL argument");
     ml_status st = check_messages(msgs, n_msgs, err, errlen);
     if (st != ML_OK)
         return st;
@@ -175,30 +211,75 @@ ml_status ml_chat_render(const ml_chat_message *msgs, size_t n_msgs, const ml_ch
     sink out = {0};
     render(&out, msgs, n_msgs, first, system, system_len, has_images, opt);
     out.buf = malloc(out.len + 1);
-    if (!out.buf) {
+    if (marks)
+        out.marks = malloc(out.n_marks * sizeof *out.marks);
+    if (!out.buf || (marks && !out.marks)) {
+        free(out.buf);
+        free(out.marks);
         free(sys.buf);
         return ml_fail(err, errlen, ML_ERR_NOMEM, "chat template: out of memory");
     }
     out.len = 0;
+    out.n_marks = 0;
     render(&out, msgs, n_msgs, first, system, system_len, has_images, opt);
     out.buf[out.len] = '\0';
     free(sys.buf);
     *prompt = out.buf;
     *len = out.len;
+    if (marks) {
+        *marks = out.marks;
+        *n_marks = out.n_marks;
+    }
     return ML_OK;
 }
 
+ml_status ml_chat_render(const ml_chat_message *msgs, size_t n_msgs, const ml_chat_options *opt,
+                         char **prompt, size_t *len, char *err, size_t errlen)
+{
+    if (!prompt || !len)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "chat template: NULL argument");
+    return render_prompt(msgs, n_msgs, opt, prompt, len, NULL, NULL, err, errlen);
+}
+
+/* The prompt is split at the markers the template wrote and nowhere else:
+ * each marker is its special id, and the text between two markers (template
+ * text such as "\n\n" together with message text) is encoded with special
+ * parsing off. For a prompt whose only special-token text is the template's,
+ * these are exactly the pieces HF's added-token split makes, so the ids are
+ * HF's; special-token text in a message stays text. */
 ml_status ml_chat_encode(const ml_tokenizer *tok, const ml_chat_message *msgs, size_t n_msgs,
                          const ml_chat_options *opt, ml_token_buf *ids, char *err, size_t errlen)
 {
     if (!tok || !ids)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "chat template: NULL argument");
+    int32_t marker_id[N_MARKERS];
+    for (int m = 0; m < N_MARKERS; m++) {
+        marker_id[m] = ml_tokenizer_token_id(tok, MARKER_TEXT[m]);
+        if (!ml_tokenizer_is_special(tok, marker_id[m]))
+            return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
+                           "chat template: the tokenizer has no special token %s",
+                           MARKER_TEXT[m]);
+    }
     char *prompt;
-    size_t len;
-    ml_status st = ml_chat_render(msgs, n_msgs, opt, &prompt, &len, err, errlen);
+    size_t len, n_marks;
+    mark *marks;
+    ml_status st = render_prompt(msgs, n_msgs, opt, &prompt, &len, &marks, &n_marks, err, errlen);
     if (st != ML_OK)
         return st;
-    st = ml_tokenizer_encode(tok, prompt, len, ML_ENCODE_PARSE_SPECIAL, ids, err, errlen);
+    size_t n0 = ids->n, at = 0;
+    for (size_t i = 0; i <= n_marks && st == ML_OK; i++) {
+        size_t end = i < n_marks ? marks[i].at : len;
+        st = ml_tokenizer_encode(tok, prompt + at, end - at, 0, ids, err, errlen);
+        if (st == ML_OK && i < n_marks) {
+            st = ml_token_buf_push(ids, marker_id[marks[i].what]);
+            if (st != ML_OK)
+                ml_fail(err, errlen, st, "chat template: out of memory");
+            at = end + strlen(MARKER_TEXT[marks[i].what]);
+        }
+    }
+    free(marks);
     free(prompt);
+    if (st != ML_OK)
+        ids->n = n0;
     return st;
 }

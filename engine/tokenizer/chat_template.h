@@ -21,9 +21,15 @@
  *   strftime_now; here it is always the option (default "26 Jul 2024", the
  *   template's own fallback), so prompts are reproducible.
  *
- * Text is emitted raw: special-token text inside a message (e.g. a user
- * typing "<|eot_id|>") becomes that special token when the prompt is encoded,
- * exactly as with HF. Callers that must prevent this filter the text first. */
+ * Message text is never a special token. ml_chat_render emits it raw (the
+ * rendered string cannot tell a user's "<|eot_id|>" from the template's),
+ * and ml_chat_encode encodes it as text: only the template's own markers
+ * (<|begin_of_text|>, the header ids, <|eot_id|>, and one <|image|> per image
+ * part) become special ids, so a message cannot forge a turn or an image.
+ * This departs from HF on purpose: apply_chat_template then tokenizer(prompt)
+ * parses special-token text anywhere in the prompt, message text included
+ * (vLLM and TGI do the same). For messages without special-token text the
+ * ids are HF's. */
 #ifndef ML_CHAT_TEMPLATE_H
 #define ML_CHAT_TEMPLATE_H
 
@@ -65,11 +71,16 @@ typedef struct ml_chat_options {
 ml_status ml_chat_render(const ml_chat_message *msgs, size_t n_msgs, const ml_chat_options *opt,
                          char **prompt, size_t *len, char *err, size_t errlen);
 
-/* Render and encode with special tokens parsed, appending the ids to *ids
- * (the prompt already starts with <|begin_of_text|>: no BOS is added). This is
- * what HF's processor does with add_special_tokens=False. Errors: as
- * ml_chat_render, plus those of ml_tokenizer_encode; *ids keeps its old
- * contents on error. */
+/* Render and encode, appending the ids to *ids (the prompt already starts
+ * with <|begin_of_text|>: no BOS is added). The template's markers become
+ * their special ids; everything between two markers (template text and the
+ * text of messages, the system message and the date alike) is encoded with
+ * special parsing off, so every special id in the output is one the template
+ * wrote, and decoding the ids gives ml_chat_render's prompt byte for byte.
+ * Without special-token text in the messages and the date this is what HF's
+ * processor does with add_special_tokens=False. Errors: as ml_chat_render;
+ * ML_ERR_UNSUPPORTED when tok lacks one of the markers as a special token;
+ * ML_ERR_NOMEM; *ids keeps its old contents on error. */
 ml_status ml_chat_encode(const ml_tokenizer *tok, const ml_chat_message *msgs, size_t n_msgs,
                          const ml_chat_options *opt, ml_token_buf *ids, char *err, size_t errlen);
 
