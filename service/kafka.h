@@ -263,10 +263,12 @@ typedef struct svc_producer_config {
     int close_flush_ms;          /* how long destroy flushes before purging; 0: default */
 } svc_producer_config;
 
-/* Create an idempotent producer (enable.idempotence is fixed to true: retries
- * neither duplicate nor reorder; setting it is an error). Defaults
- * linger.ms=5 and message.timeout.ms=30000 (a token minutes late is
- * worthless); pass-through properties override them. Returns OK and *out,
+/* Create an idempotent producer with one request in flight per connection
+ * (enable.idempotence=true and max.in.flight.requests.per.connection=1 are
+ * fixed: retries neither duplicate nor reorder, on any broker; setting
+ * either is an error). Defaults linger.ms=0 (tokens go out at once) and
+ * message.timeout.ms=30000 (a token minutes late is worthless);
+ * pass-through properties override them. Returns OK and *out,
  * or ERR_CONFIG naming the property, ERR_NOMEM or ERR_KAFKA (*out NULL).
  * @locality any. */
 svc_kafka_status svc_producer_create(const svc_producer_config *cfg, svc_producer **out,

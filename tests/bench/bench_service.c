@@ -21,8 +21,8 @@
  * added time stays the same. Both sides fetch with fetch.wait.max.ms=1: the
  * mock answers a Fetch that finds nothing only after that wait (a broker
  * answers as data arrives), so a longer wait would measure the mock. Series:
- * text requests with the worker's default producer linger.ms (5), the same
- * with linger.ms=0, and requests with an inline JPEG (decode and
+ * text requests with the worker's default producer linger.ms (0), the same
+ * with linger.ms=5, and requests with an inline JPEG (decode and
  * preprocessing run on the prep thread, so they count as added time). */
 #include "service/proc_util.h"
 
@@ -201,20 +201,20 @@ int main(int argc, char **argv)
 
     const char *shipped[] = {"kafka.fetch.wait.max.ms=1", NULL};
     start_worker("bench-default", shipped);
-    run_series("text, linger.ms 5", NULL, n, max_tokens);
+    run_series("text, linger.ms 0 (shipped)", NULL, n, max_tokens);
     size_t len;
     uint8_t *image = (uint8_t *)pu_slurp(IMAGE, &len);
     if (!image)
         pu_die(IMAGE);
     char *part = pu_image_part(image, len);
     free(image);
-    run_series("inline JPEG, linger 5", part, n, IMAGE_TOKENS);
+    run_series("inline JPEG, linger.ms 0", part, n, IMAGE_TOKENS);
     free(part);
     pu_stop(&worker, PU_STOP_MS);
 
-    const char *no_linger[] = {"kafka.fetch.wait.max.ms=1", "kafka.linger.ms=0", NULL};
-    start_worker("bench-no-linger", no_linger);
-    run_series("text, linger.ms 0", NULL, n, max_tokens);
+    const char *linger[] = {"kafka.fetch.wait.max.ms=1", "kafka.linger.ms=5", NULL};
+    start_worker("bench-linger", linger);
+    run_series("text, linger.ms 5", NULL, n, max_tokens);
     pu_stop(&worker, PU_STOP_MS);
     pu_client_deinit(&client);
     return 0;
