@@ -1,13 +1,27 @@
 /* The worker's small HTTP server: /metrics (Prometheus text), /healthz and
- * /readyz (ops/metrics.md). One thread, one connection at a time, short
- * timeouts: scrapes and probes are tiny and must never wait on the model.
+ * /readyz (ops/metrics.md). One thread runs a poll() loop over at most
+ * SVC_HTTP_CONN_MAX connections at once, each with its own buffers and a total
+ * deadline, so a slow or silent client holds one slot for a bounded time and
+ * never delays a probe: scrapes and probes are tiny and must never wait on the
+ * model, nor on each other.
  * @locality: svc_http_start/stop on the main thread; the server runs on its
- * own thread. */
+ * own thread; svc_http_parse_request on any thread. */
 #ifndef SVC_HTTP_H
 #define SVC_HTTP_H
 
 #include <stdatomic.h>
 #include <stddef.h>
+
+/* A connection gets this long from accept to the last byte of its response:
+ * reading the request, writing the answer and the close. A client that has
+ * not finished by then is dropped. Probes and scrapes take milliseconds; the
+ * Kubernetes probes time out after 2 s (ops/k8s/deployment.yaml). */
+#define SVC_HTTP_DEADLINE_MS 3000
+/* Connections served at once. One more evicts the oldest (see http.c). */
+#define SVC_HTTP_CONN_MAX 16
+/* Request line and headers; a request that has not ended its headers within
+ * this many bytes is answered 431. */
+#define SVC_HTTP_HEADER_MAX 4096
 
 /* What the probes read. Written by the worker's threads, read by the HTTP
  * thread; all fields atomic. Heartbeats are CLOCK_MONOTONIC milliseconds. */
@@ -20,6 +34,26 @@ typedef struct svc_health {
     long long watchdog_ms; /* a heartbeat older than this fails /healthz */
 } svc_health;
 
+/* What the bytes received so far on a connection ask for. */
+typedef enum svc_http_route {
+    SVC_HTTP_INCOMPLETE,  /* no blank line ending the headers yet: read more */
+    SVC_HTTP_TOO_LARGE,   /* SVC_HTTP_HEADER_MAX bytes and the headers go on: 431 */
+    SVC_HTTP_BAD_REQUEST, /* the request line is not "METHOD SP target SP HTTP/...": 400 */
+    SVC_HTTP_NOT_GET,     /* 405 */
+    SVC_HTTP_METRICS,
+    SVC_HTTP_HEALTHZ,
+    SVC_HTTP_READYZ,
+    SVC_HTTP_NOT_FOUND,   /* 404 */
+} svc_http_route;
+
+/* Route a request from the first len bytes received on a connection (any
+ * bytes, no terminator needed). Only the request line is interpreted: the
+ * headers are skipped, a query string is ignored, a body is never read (no
+ * route takes one). Lines end in CRLF or LF. Once a prefix of the input
+ * routes to something other than SVC_HTTP_INCOMPLETE, every longer input
+ * routes the same. */
+svc_http_route svc_http_parse_request(const char *buf, size_t len);
+
 typedef struct svc_http svc_http;
 
 /* Listen on "host:port" ("0.0.0.0:9090"; port 0 picks a free one) and serve
@@ -30,7 +64,7 @@ svc_http *svc_http_start(const char *listen, svc_health *health, char *err, size
 /* The bound port (useful with port 0). */
 int svc_http_port(const svc_http *h);
 
-/* Stop the thread and close the socket. NULL is a no-op. */
+/* Stop the thread, close every connection and the socket. NULL is a no-op. */
 void svc_http_stop(svc_http *h);
 
 /* Monotonic milliseconds, the clock of the heartbeats. */

@@ -30,6 +30,9 @@ static const char *const counter_names[SVC_COUNTER_COUNT][2] = {
     [SVC_COUNTER_PREEMPTIONS] = {"mllama_preemptions_total",
                                  "sequences preempted because KV blocks ran out"},
     [SVC_COUNTER_REDIS_ERRORS] = {"mllama_redis_errors_total", "failed Redis commands"},
+    [SVC_COUNTER_HTTP_CONNECTIONS_DROPPED] = {"mllama_http_connections_dropped_total",
+                                              "HTTP connections closed unanswered: past their "
+                                              "deadline or evicted by a newer one"},
 };
 
 static const char *const gauge_names[SVC_GAUGE_COUNT][2] = {

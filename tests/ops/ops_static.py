@@ -811,7 +811,8 @@ def check_k8s(c, files, prod, topics, own, external):
                 c.check(isinstance(dig(doc, key), str), rel, f'no {key}')
             c.check(isinstance(dig(doc, 'metadata', 'name'), str), rel, 'no metadata.name')
             objects[dig(doc, 'kind')] = (rel, doc)
-    for kind in ('Deployment', 'Service', 'PodDisruptionBudget', 'ScaledObject', 'PodMonitor', 'PrometheusRule'):
+    for kind in ('Deployment', 'Service', 'PodDisruptionBudget', 'ScaledObject', 'PodMonitor', 'PrometheusRule',
+                 'NetworkPolicy'):
         c.check(kind in objects, 'ops/k8s', f'no {kind}')
     if 'Deployment' not in objects:
         return
@@ -884,6 +885,21 @@ def check_k8s(c, files, prod, topics, own, external):
         selector = selector.get('matchLabels', selector) if isinstance(selector, dict) else {}
         c.check(selector and set(selector.items()) <= set(pod_labels.items()), r,
                 f'{kind} selector does not select the worker pods')
+    if 'NetworkPolicy' in objects:
+        r, policy = objects['NetworkPolicy']
+        spec = policy.get('spec') or {}
+        selector = dig(spec, 'podSelector', 'matchLabels') or {}
+        c.check(selector and set(selector.items()) <= set(pod_labels.items()), r,
+                'NetworkPolicy podSelector does not select the worker pods')
+        # Ingress only: an Egress type would cut the workers off Kafka and Redis.
+        c.check(spec.get('policyTypes') == ['Ingress'], r, 'policyTypes: [Ingress]')
+        rules = spec.get('ingress') or []
+        c.check(len(rules) > 0, r, 'at least one ingress rule (the scrape)')
+        for i, rule in enumerate(rules):
+            c.check(len(rule.get('from') or []) > 0, r, f'ingress[{i}] names its sources (no open rule)')
+            ports = rule.get('ports') or []
+            c.check(len(ports) > 0 and all(p.get('port') in ('http', http_port) for p in ports), r,
+                    f'ingress[{i}] opens the http port only')
     if 'Service' in objects:
         r, svc = objects['Service']
         c.check(any(p.get('targetPort') in ('http', http_port) for p in dig(svc, 'spec', 'ports') or []),
