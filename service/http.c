@@ -26,6 +26,10 @@
 #define STOP_POLL_MS 200 /* how soon the thread sees a stop */
 #define LISTEN_BACKLOG 16
 #define DRAIN_CHUNK 512 /* input read and discarded per wake-up after the response */
+/* How long the listening socket is left alone after accept found no file
+ * descriptor or memory: it stays readable, and polling it again at once
+ * would spin the thread until something else frees one. */
+#define ACCEPT_BACKOFF_MS 100
 
 typedef enum conn_state {
     CONN_FREE,    /* slot unused; fd is -1 */
@@ -53,6 +57,7 @@ struct svc_http {
     pthread_t thread;
     svc_buf body; /* owned: /metrics is rendered here, then copied into a response */
     unsigned long long accepted; /* connections accepted so far */
+    long long accept_after_ms;   /* accept paused until then (ACCEPT_BACKOFF_MS) */
     http_conn conns[SVC_HTTP_CONN_MAX];
 };
 
@@ -269,8 +274,11 @@ static void conn_discard(http_conn *c)
 static void accept_one(svc_http *h, long long now)
 {
     int fd = accept(h->fd, NULL, NULL);
-    if (fd < 0)
+    if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+            h->accept_after_ms = now + ACCEPT_BACKOFF_MS;
         return;
+    }
     if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0 || fcntl(fd, F_SETFL, O_NONBLOCK) != 0) {
         close(fd);
         return;
@@ -306,7 +314,11 @@ static void *run(void *arg)
         long long now = svc_now_ms();
         long long timeout = STOP_POLL_MS;
         nfds_t n = 0;
-        pfds[n++] = (struct pollfd){.fd = h->fd, .events = POLLIN};
+        /* A negative fd is skipped by poll: accepting is paused. */
+        bool accepting = now >= h->accept_after_ms;
+        if (!accepting && h->accept_after_ms - now < timeout)
+            timeout = h->accept_after_ms - now;
+        pfds[n++] = (struct pollfd){.fd = accepting ? h->fd : -1, .events = POLLIN};
         for (int i = 0; i < SVC_HTTP_CONN_MAX; i++) {
             http_conn *c = &h->conns[i];
             if (c->state == CONN_FREE)
