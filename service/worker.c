@@ -355,7 +355,7 @@ static void poll_cancels(svc_worker *w)
 
 /* ==== the resident-image mirror ================================================== */
 
-/* The prep thread decides between "resident: send the key only" and "fetch
+/* The prep threads decide between "resident: send the key only" and "fetch
  * the blob from Redis" without touching the runtime, which belongs to the
  * step thread: the runtime's insert/evict events keep this set in step. */
 void worker_mirror_update(svc_worker *w, ml_image_event ev, const uint8_t *key)
@@ -732,7 +732,7 @@ void svc_worker_request_stop(svc_worker *w) { atomic_store(&w->stop, true); }
 const char *svc_worker_brokers(const svc_worker *w) { return w->brokers; }
 int svc_worker_http_port(const svc_worker *w) { return svc_http_port(w->http); }
 
-/* Hand a consumed message to the prep thread. */
+/* Hand a consumed message to the prep pool. */
 static void accept_message(svc_worker *w, svc_kafka_msg *m)
 {
     job *j = calloc(1, sizeof *j);

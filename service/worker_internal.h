@@ -46,7 +46,7 @@ typedef struct job {
     uint32_t attempt;
     atomic_bool abandoned;      /* partition revoked or lost: no more records */
     svc_request *req;           /* owned until submitted */
-    svc_kafka_msg msg;          /* owned by the prep thread until parsed */
+    svc_kafka_msg msg;          /* owned by its prep thread until parsed */
     /* What the step thread submits. */
     ml_token_buf prompt;
     ml_request_image *images;   /* owned array; pixels transferred at submit */
@@ -194,7 +194,7 @@ void *worker_prep_main(void *arg);
 void *worker_step_main(void *arg);
 
 /* The resident-image mirror: updated from the runtime's events (step
- * thread), read by the prep thread. */
+ * thread), read by the prep threads. */
 void worker_mirror_update(svc_worker *w, ml_image_event ev, const uint8_t *key);
 bool worker_mirror_contains(svc_worker *w, const uint8_t *key);
 
