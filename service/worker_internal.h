@@ -54,6 +54,7 @@ typedef struct job {
     ml_sampling_params sampling;
     bool keep_req;              /* an at_caller image may need req's bytes: keep it until the end */
     bool redecode;              /* back from the step thread: decode every image, submit again */
+    int n_skipped;              /* inline images prep left undecoded (at_caller) */
     uint64_t pixels;            /* decoded pixels its images come to (prep: the budget) */
     uint64_t handle;            /* runtime handle once submitted */
     /* Reply state (step thread). */

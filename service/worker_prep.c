@@ -137,8 +137,9 @@ static svc_error count_inline_pixels(svc_worker *w, job *j, char *msg, size_t ms
  * preprocessed, unless this worker holds their state (base model only: an
  * adapter may key its own) — then the runtime gets the key, at_caller for
  * the rare eviction before admission (the job comes back: redecode), and
- * the job keeps the request's bytes until it ends; a sha256 reference uses the resident state when this
- * worker has it, else the blob Redis holds. */
+ * the job keeps the request's bytes until it ends; a sha256 reference uses
+ * the resident state when this worker has it, else the blob Redis holds.
+ * The request's pixel budget is checked from the headers first. */
 static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
 {
     const svc_request *r = j->req;
@@ -163,12 +164,11 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
                 im->n_tiles = 1; /* the resident state's count wins */
                 im->at_caller = 1; /* an eviction before admission comes back: redecode */
                 j->keep_req = true;
+                j->n_skipped++;
                 svc_metrics_add(SVC_COUNTER_IMAGE_DECODES_SKIPPED, 1);
                 continue;
             }
             e = prepare_pixels(w, img->bytes, img->n_bytes, (int)i, im, msg, msglen);
-            if (j->redecode)
-                svc_metrics_add(SVC_COUNTER_IMAGE_LATE_DECODES, 1);
         } else {
             hex_to_key(img->sha256, im->key);
             if (worker_mirror_contains(w, im->key)) {
@@ -181,8 +181,8 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
             size_t n = 0;
             svc_redis_status rs =
                 prep_redis ? svc_redis_blob_get(prep_redis, img->sha256,
-                                                   w->limits.max_image_bytes, &blob, &n)
-                              : SVC_REDIS_NOT_FOUND;
+                                                w->limits.max_image_bytes, &blob, &n)
+                           : SVC_REDIS_NOT_FOUND;
             if (rs != SVC_REDIS_OK) {
                 if (rs != SVC_REDIS_NOT_FOUND)
                     svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
@@ -267,8 +267,8 @@ static svc_error ensure_adapter(svc_worker *w, const char *name, char *msg, size
         return SVC_ERROR_NONE;
     svc_redis_adapter a = {0};
     svc_redis_status rs = prep_redis ? svc_redis_adapter_get(prep_redis, name,
-                                                                w->limits.max_request_bytes, &a)
-                                        : SVC_REDIS_NOT_FOUND;
+                                                             w->limits.max_request_bytes, &a)
+                                     : SVC_REDIS_NOT_FOUND;
     if (rs != SVC_REDIS_OK) {
         if (rs != SVC_REDIS_NOT_FOUND)
             svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
@@ -345,6 +345,8 @@ static void build_sampling(svc_worker *w, job *j)
 static void redecode(svc_worker *w, job *j)
 {
     char msg[SVC_ERRMSG_MAX];
+    svc_metrics_add(SVC_COUNTER_IMAGE_LATE_DECODES, (uint64_t)j->n_skipped);
+    j->n_skipped = 0;
     svc_error code = prepare_images(w, j, msg, sizeof msg);
     j->redecode = false;
     if (code != SVC_ERROR_NONE) {
