@@ -64,7 +64,9 @@ static const field fields[] = {
     LONG("limits", "max_request_bytes", limits.max_request_bytes, 1024, 1L << 31),
     LONG("limits", "max_image_bytes", limits.max_image_bytes, 1024, 1L << 31),
     LONG("limits", "max_image_pixels", limits.max_image_pixels, 1, 1L << 32),
+    LONG("limits", "max_request_pixels", limits.max_request_pixels, 1, 1L << 36),
     INT("limits", "max_attempts", limits.max_attempts, 1, 1000),
+    INT("worker", "prep_threads", worker.prep_threads, 1, SVC_PREP_THREADS_MAX),
     STR("http", "listen", http.listen),
     INT("drain", "grace_ms", drain.grace_ms, 0, 3600 * 1000),
 };

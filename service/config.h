@@ -16,6 +16,7 @@
 
 #define SVC_CONFIG_STR 512
 #define SVC_CONFIG_MAX_KAFKA_PROPS 64
+#define SVC_PREP_THREADS_MAX 64
 
 typedef struct svc_config {
     char worker_id[SVC_CONFIG_STR];      /* "" = <hostname>-<pid> */
@@ -50,8 +51,12 @@ typedef struct svc_config {
     } redis;
     struct {
         long max_request_bytes, max_image_bytes, max_image_pixels;
+        long max_request_pixels;         /* decoded pixels of all of a request's images */
         int max_attempts;
     } limits;
+    struct {
+        int prep_threads;                /* threads preparing requests (parse, decode, template) */
+    } worker;
     struct {
         char listen[256];
     } http;

@@ -355,7 +355,7 @@ static void poll_cancels(svc_worker *w)
 
 /* ==== the resident-image mirror ================================================== */
 
-/* The prep thread decides between "resident: send the key only" and "fetch
+/* The prep threads decide between "resident: send the key only" and "fetch
  * the blob from Redis" without touching the runtime, which belongs to the
  * step thread: the runtime's insert/evict events keep this set in step. */
 void worker_mirror_update(svc_worker *w, ml_image_event ev, const uint8_t *key)
@@ -643,9 +643,11 @@ static int connect_redis(svc_worker *w, char *err, size_t errlen)
     rc.worker_id = c->worker_id;
     rc.connect_timeout_ms = rc.command_timeout_ms = c->redis.timeout_ms;
     rc.worker_ttl_s = c->redis.ttl_s;
-    if (svc_redis_create(&rc, &w->redis_prep, err, errlen) != SVC_REDIS_OK ||
-        svc_redis_create(&rc, &w->redis_index, err, errlen) != SVC_REDIS_OK)
+    if (svc_redis_create(&rc, &w->redis_index, err, errlen) != SVC_REDIS_OK)
         return -1;
+    for (int i = 0; i < w->n_prep; i++)
+        if (svc_redis_create(&rc, &w->prep[i].redis, err, errlen) != SVC_REDIS_OK)
+            return -1;
     return 0;
 }
 
@@ -665,6 +667,7 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     pthread_cond_init(&w->event_cond, NULL);
     pthread_mutex_init(&w->registry_lock, NULL);
     pthread_mutex_init(&w->resident_lock, NULL);
+    pthread_mutex_init(&w->adapter_lock, NULL);
     job_queue_init(&w->prep_q);
     job_queue_init(&w->step_q);
     svc_limits_default(&w->limits);
@@ -673,7 +676,17 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     w->limits.max_images = (size_t)w->cfg.runtime.max_images_per_request;
     w->limits.max_tokens_default = (uint32_t)w->cfg.runtime.default_max_tokens;
     /* Start time in ms: numbers of uncounted attempts differ across processes. */
-    w->next_uncounted = (uint32_t)wall_ms();
+    atomic_store(&w->next_uncounted, (uint32_t)wall_ms());
+    w->prep = calloc((size_t)w->cfg.worker.prep_threads, sizeof *w->prep);
+    if (!w->prep) {
+        *code = SVC_WORKER_EXIT_CONFIG;
+        svc_errf(err, errlen, "out of memory");
+        svc_worker_destroy(w);
+        return NULL;
+    }
+    w->n_prep = w->cfg.worker.prep_threads;
+    for (int i = 0; i < w->n_prep; i++)
+        w->prep[i].w = w;
     w->health.watchdog_ms = WATCHDOG_MS;
     atomic_store(&w->health.kafka_heartbeat_ms, svc_now_ms());
     atomic_store(&w->health.step_heartbeat_ms, svc_now_ms());
@@ -695,9 +708,11 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
         svc_worker_destroy(w);
         return NULL;
     }
-    if (pthread_create(&w->step_thread, NULL, worker_step_main, w) ||
-        pthread_create(&w->prep_thread, NULL, worker_prep_main, w) ||
-        (w->redis_index && pthread_create(&w->index_thread, NULL, index_main, w))) {
+    bool started = !pthread_create(&w->step_thread, NULL, worker_step_main, w);
+    for (int i = 0; started && i < w->n_prep; i++)
+        started = w->prep[i].started =
+            !pthread_create(&w->prep[i].thread, NULL, worker_prep_main, &w->prep[i]);
+    if (!started || (w->redis_index && pthread_create(&w->index_thread, NULL, index_main, w))) {
         *code = SVC_WORKER_EXIT_CONFIG;
         svc_errf(err, errlen, "cannot start the worker threads");
         svc_worker_destroy(w);
@@ -717,7 +732,7 @@ void svc_worker_request_stop(svc_worker *w) { atomic_store(&w->stop, true); }
 const char *svc_worker_brokers(const svc_worker *w) { return w->brokers; }
 int svc_worker_http_port(const svc_worker *w) { return svc_http_port(w->http); }
 
-/* Hand a consumed message to the prep thread. */
+/* Hand a consumed message to the prep pool. */
 static void accept_message(svc_worker *w, svc_kafka_msg *m)
 {
     job *j = calloc(1, sizeof *j);
@@ -816,8 +831,9 @@ void svc_worker_destroy(svc_worker *w)
     atomic_store(&w->threads_stop, true);
     if (w->step_thread)
         pthread_join(w->step_thread, NULL);
-    if (w->prep_thread)
-        pthread_join(w->prep_thread, NULL);
+    for (int i = 0; i < w->n_prep; i++)
+        if (w->prep[i].started)
+            pthread_join(w->prep[i].thread, NULL);
     if (w->index_thread)
         pthread_join(w->index_thread, NULL);
     /* Jobs still queued (a fatal stop): dropped unfinished, so Kafka
@@ -832,7 +848,9 @@ void svc_worker_destroy(svc_worker *w)
     svc_consumer_destroy(w->consumer);
     svc_consumer_destroy(w->cancels);
     svc_mock_kafka_destroy(w->mock);
-    svc_redis_destroy(w->redis_prep);
+    for (int i = 0; i < w->n_prep; i++)
+        svc_redis_destroy(w->prep[i].redis);
+    free(w->prep);
     svc_redis_destroy(w->redis_index);
     ml_model_destroy(w->model);
     ml_tokenizer_destroy(w->tok);

@@ -5,9 +5,14 @@
  * Threads and what they own:
  * - Kafka (the caller of svc_worker_run): the consumers and producer polls,
  *   delivery reports, offsets, backpressure, the drain sequence.
- * - prep: attempt counting and blob fetches in Redis (its own connection),
- *   request parsing, image decoding and preprocessing, tokenization.
- * - step: the runtime (model, backend); reply records.
+ * - prep (a pool of worker.prep_threads, all popping prep_q): attempt
+ *   counting and blob fetches in Redis (a connection per thread), request
+ *   parsing, image decoding and preprocessing, tokenization. Jobs of one
+ *   partition may leave the pool in any order: offsets are finished in any
+ *   order anyway (offsets.h), and the step thread submits in pop order.
+ * - step: the runtime (model, backend); reply records. It decodes no
+ *   image: an inline image whose state is evicted before admission sends
+ *   its job back to the prep pool (ML_REQERR_IMAGE_EVICTED, redecode).
  * - index: the Redis index (its own connection): heartbeats and image events.
  * - http: /metrics, /healthz, /readyz (http.c).
  * They talk through the queues below; nothing blocks the Kafka thread. */
@@ -41,13 +46,16 @@ typedef struct job {
     uint32_t attempt;
     atomic_bool abandoned;      /* partition revoked or lost: no more records */
     svc_request *req;           /* owned until submitted */
-    svc_kafka_msg msg;          /* owned by the prep thread until parsed */
+    svc_kafka_msg msg;          /* owned by its prep thread until parsed */
     /* What the step thread submits. */
     ml_token_buf prompt;
     ml_request_image *images;   /* owned array; pixels transferred at submit */
     int n_images;
     ml_sampling_params sampling;
-    bool keep_req;              /* an image's load reads req's bytes: keep it until the end */
+    bool keep_req;              /* an at_caller image may need req's bytes: keep it until the end */
+    bool redecode;              /* back from the step thread: decode every image, submit again */
+    int n_skipped;              /* inline images prep left undecoded (at_caller) */
+    uint64_t pixels;            /* decoded pixels its images come to (prep: the budget) */
     uint64_t handle;            /* runtime handle once submitted */
     /* Reply state (step thread). */
     char *id, *reply_topic;     /* owned copies */
@@ -94,6 +102,14 @@ typedef struct image_event {
     int n_tiles;
 } image_event;
 
+/* One thread of the prep pool. */
+typedef struct prep_thread {
+    svc_worker *w;              /* borrowed */
+    svc_redis *redis;           /* owned: this thread's connection; NULL without Redis */
+    pthread_t thread;
+    bool started;
+} prep_thread;
+
 /* The attempt number of an execution Redis could not count has this bit set
  * (worker.h); the other bits make it unique to the execution. */
 #define WORKER_ATTEMPT_UNCOUNTED 0x80000000u
@@ -117,7 +133,7 @@ struct svc_worker {
     ml_runtime *rt;
     ml_image_params image_params;
     uint64_t adapter_loads_seen; /* runtime adapter loads already counted (step thread) */
-    uint32_t next_uncounted;    /* prep thread: numbers attempts Redis could not count */
+    atomic_uint next_uncounted; /* prep pool: numbers attempts Redis could not count */
 
     /* Kafka. */
     void *mock;                 /* svc_mock_kafka *, when brokers == "mock" */
@@ -129,8 +145,7 @@ struct svc_worker {
     pthread_mutex_t partitions_lock;
     char partitions[1024];      /* "topic:0,1,5" for the Redis heartbeat */
 
-    /* Redis (NULL when redis.url is empty). */
-    svc_redis *redis_prep;
+    /* Redis (NULL when redis.url is empty); the prep threads' own are in prep. */
     svc_redis *redis_index;
 
     /* Threads and queues. */
@@ -147,7 +162,10 @@ struct svc_worker {
     pthread_mutex_t resident_lock;
     uint8_t (*resident)[ML_IMAGE_KEY_BYTES]; /* owned: keys of resident image states */
     size_t n_resident, cap_resident;
-    pthread_t prep_thread, step_thread, index_thread;
+    prep_thread *prep;          /* owned: n_prep threads */
+    int n_prep;
+    pthread_mutex_t adapter_lock; /* prep pool: one adapter fetch into adapters_dir at a time */
+    pthread_t step_thread, index_thread;
     atomic_bool threads_stop;
     svc_http *http;
 };
@@ -172,12 +190,12 @@ int worker_produce(svc_worker *w, job *j, const svc_buf *value, uint32_t seq, bo
 /* Latch a process-level error: the Kafka loop stops without committing. */
 void worker_fail(svc_worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Thread bodies. */
+/* Thread bodies. worker_prep_main's arg is its prep_thread. */
 void *worker_prep_main(void *arg);
 void *worker_step_main(void *arg);
 
 /* The resident-image mirror: updated from the runtime's events (step
- * thread), read by the prep thread. */
+ * thread), read by the prep threads. */
 void worker_mirror_update(svc_worker *w, ml_image_event ev, const uint8_t *key);
 bool worker_mirror_contains(svc_worker *w, const uint8_t *key);
 

@@ -1,9 +1,18 @@
-/* The prep thread: from a consumed record to a job the step thread can
+/* The prep pool: from a consumed record to a job the step thread can
  * submit. Attempt counting (poison messages), parsing and validation, image
  * decoding and preprocessing (or the resident-state shortcut, or the Redis
  * blob), the chat template and the sampling controls. Every failure here is
  * answered at once with an error record or a dead letter.
- * @locality: the prep thread. */
+ *
+ * worker.prep_threads threads run worker_prep_main, each popping prep_q and
+ * preparing one job at a time, so a request with heavy images holds one
+ * thread and the others keep preparing the rest. What they share is
+ * thread-safe: the worker's configuration, image parameters, tokenizer and
+ * model config are immutable once started; the resident mirror, the
+ * producer, metrics and logs lock or are atomic; the uncounted-attempt
+ * numbers are an atomic counter; adapter fetches into adapters_dir take
+ * adapter_lock. Each thread has its own Redis connection (prep_redis).
+ * @locality: a prep thread. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +26,11 @@
 #include "worker_internal.h"
 
 #define PREP_POLL_MS 200
+
+/* This thread's Redis connection (its prep_thread's, set by
+ * worker_prep_main; NULL without Redis). A connection serves one thread
+ * (redis_index.h). */
+static _Thread_local svc_redis *prep_redis;
 
 static int64_t wall_ms(void)
 {
@@ -69,35 +83,71 @@ static svc_error prepare_pixels(svc_worker *w, const uint8_t *bytes, size_t n, i
     return SVC_ERROR_NONE;
 }
 
-/* ml_request_image.load of an inline image whose decoding prepare_images
- * skipped: its state was evicted before admission, so it is decoded now,
- * on the step thread (the one exception to this file's locality; it reads
- * only the request and the worker's immutable image parameters). The bytes
- * decoded before, so only memory can fail. */
-static ml_status load_inline(void *ctx, int index, ml_request_image *im, char *err,
-                             size_t errlen)
+/* Count the decoded pixels of image `index` (bytes) against the request's
+ * budget, limits.max_request_pixels, from its header alone (ml_image_probe:
+ * also the per-image size and scan limits), before anything is decoded.
+ * j->pixels accumulates over the request's images. */
+static svc_error count_pixels(svc_worker *w, job *j, const uint8_t *bytes, size_t n, int index,
+                              char *msg, size_t msglen)
 {
-    job *j = ctx;
-    const svc_image *img = &j->req->images[index];
-    char msg[SVC_ERRMSG_MAX];
-    if (prepare_pixels(j->w, img->bytes, img->n_bytes, index, im, msg, sizeof msg) !=
-        SVC_ERROR_NONE)
-        return ml_fail(err, errlen, ML_ERR_NOMEM, "%s", msg);
-    svc_metrics_add(SVC_COUNTER_IMAGE_LATE_DECODES, 1);
-    return ML_OK;
+    ml_image_info info;
+    char err[256];
+    ml_status st = ml_image_probe(bytes, n, &w->image_params.limits, &info, err, sizeof err);
+    if (st != ML_OK) {
+        svc_errf(msg, msglen, "image %d: %s", index, err);
+        return image_status_error(st);
+    }
+    j->pixels += (uint64_t)info.width * info.height;
+    if (j->pixels > (uint64_t)w->cfg.limits.max_request_pixels) {
+        svc_errf(msg, msglen,
+                 "image %d (%ux%u) brings the request's images to %" PRIu64
+                 " pixels, above limits.max_request_pixels (%ld)",
+                 index, info.width, info.height, j->pixels, w->cfg.limits.max_request_pixels);
+        return SVC_ERROR_IMAGE_TOO_LARGE;
+    }
+    return SVC_ERROR_NONE;
+}
+
+/* prepare_pixels for bytes count_pixels has not seen yet (a Redis blob). */
+static svc_error prepare_counted(svc_worker *w, job *j, const uint8_t *bytes, size_t n, int index,
+                                 ml_request_image *im, char *msg, size_t msglen)
+{
+    svc_error e = count_pixels(w, j, bytes, n, index, msg, msglen);
+    return e != SVC_ERROR_NONE ? e : prepare_pixels(w, bytes, n, index, im, msg, msglen);
+}
+
+/* Every inline image counted before the first is decoded, so a request over
+ * its budget is refused without decoding any. */
+static svc_error count_inline_pixels(svc_worker *w, job *j, char *msg, size_t msglen)
+{
+    const svc_request *r = j->req;
+    j->pixels = 0;
+    for (size_t i = 0; i < r->n_images; i++) {
+        const svc_image *img = &r->images[i];
+        svc_error e = img->kind == SVC_IMAGE_INLINE
+                          ? count_pixels(w, j, img->bytes, img->n_bytes, (int)i, msg, msglen)
+                          : SVC_ERROR_NONE;
+        if (e != SVC_ERROR_NONE)
+            return e;
+    }
+    return SVC_ERROR_NONE;
 }
 
 /* Resolve every image of the request: inline bytes are hashed and
  * preprocessed, unless this worker holds their state (base model only: an
- * adapter may key its own) — then the runtime gets the key and load_inline
- * for the rare eviction before admission, and the job keeps the request's
- * bytes until it ends; a sha256 reference uses the resident state when this
- * worker has it, else the blob Redis holds. */
+ * adapter may key its own) — then the runtime gets the key, at_caller for
+ * the rare eviction before admission (the job comes back: redecode), and
+ * the job keeps the request's bytes until it ends; a sha256 reference uses
+ * the resident state when this worker has it, else the blob Redis holds.
+ * The request's pixel budget is checked from the headers first. */
 static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
 {
     const svc_request *r = j->req;
     if (r->n_images == 0)
         return SVC_ERROR_NONE;
+    svc_error budget = count_inline_pixels(w, j, msg, msglen);
+    if (budget != SVC_ERROR_NONE)
+        return budget;
     j->images = calloc(r->n_images, sizeof *j->images);
     if (!j->images) {
         svc_errf(msg, msglen, "out of memory");
@@ -110,11 +160,11 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
         svc_error e;
         if (img->kind == SVC_IMAGE_INLINE) {
             ml_sha256(img->bytes, img->n_bytes, im->key);
-            if (!r->adapter && worker_mirror_contains(w, im->key)) {
+            if (!r->adapter && !j->redecode && worker_mirror_contains(w, im->key)) {
                 im->n_tiles = 1; /* the resident state's count wins */
-                im->load = load_inline;
-                im->load_ctx = j;
+                im->at_caller = 1; /* an eviction before admission comes back: redecode */
                 j->keep_req = true;
+                j->n_skipped++;
                 svc_metrics_add(SVC_COUNTER_IMAGE_DECODES_SKIPPED, 1);
                 continue;
             }
@@ -130,9 +180,9 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
             uint8_t *blob = NULL;
             size_t n = 0;
             svc_redis_status rs =
-                w->redis_prep ? svc_redis_blob_get(w->redis_prep, img->sha256,
-                                                   w->limits.max_image_bytes, &blob, &n)
-                              : SVC_REDIS_NOT_FOUND;
+                prep_redis ? svc_redis_blob_get(prep_redis, img->sha256,
+                                                w->limits.max_image_bytes, &blob, &n)
+                           : SVC_REDIS_NOT_FOUND;
             if (rs != SVC_REDIS_OK) {
                 if (rs != SVC_REDIS_NOT_FOUND)
                     svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
@@ -149,7 +199,7 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
                     ? (svc_errf(msg, msglen, "image %zu: Redis blob does not hash to %s", i,
                                 img->sha256),
                        SVC_ERROR_INVALID_IMAGE)
-                    : prepare_pixels(w, blob, n, (int)i, im, msg, msglen);
+                    : prepare_counted(w, j, blob, n, (int)i, im, msg, msglen);
             free(blob);
         }
         if (e != SVC_ERROR_NONE)
@@ -219,9 +269,9 @@ static svc_error ensure_adapter(svc_worker *w, const char *name, char *msg, size
     if (access(path, R_OK) == 0)
         return SVC_ERROR_NONE;
     svc_redis_adapter a = {0};
-    svc_redis_status rs = w->redis_prep ? svc_redis_adapter_get(w->redis_prep, name,
-                                                                w->limits.max_request_bytes, &a)
-                                        : SVC_REDIS_NOT_FOUND;
+    svc_redis_status rs = prep_redis ? svc_redis_adapter_get(prep_redis, name,
+                                                             w->limits.max_request_bytes, &a)
+                                     : SVC_REDIS_NOT_FOUND;
     if (rs != SVC_REDIS_OK) {
         if (rs != SVC_REDIS_NOT_FOUND)
             svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
@@ -246,6 +296,16 @@ static svc_error ensure_adapter(svc_worker *w, const char *name, char *msg, size
     }
     svc_log(SVC_LOG_INFO, "adapter_fetched", "adapter %s from Redis into %s", name, dir);
     return SVC_ERROR_NONE;
+}
+
+/* ensure_adapter, one thread at a time: two threads fetching the same
+ * adapter would write the same temporary files. */
+static svc_error ensure_adapter_locked(svc_worker *w, const char *name, char *msg, size_t msglen)
+{
+    pthread_mutex_lock(&w->adapter_lock);
+    svc_error e = ensure_adapter(w, name, msg, msglen);
+    pthread_mutex_unlock(&w->adapter_lock);
+    return e;
 }
 
 static void build_sampling(svc_worker *w, job *j)
@@ -277,6 +337,28 @@ static void build_sampling(svc_worker *w, job *j)
     s->json_object = r->json_object;
 }
 
+/* A job back from the step thread: the runtime ended it with
+ * ML_REQERR_IMAGE_EVICTED, an inline image whose decoding prepare_images
+ * skipped having lost its state between this prep and the admission
+ * (on_finish, worker_step.c). The step thread decodes nothing; here every
+ * image is decoded, as for a worker that never held them, and the job is
+ * submitted again, to wait its turn in the runtime anew. Attempt, prompt,
+ * sampling and reply state are as the first prep left them: nothing was
+ * generated. */
+static void redecode(svc_worker *w, job *j)
+{
+    char msg[SVC_ERRMSG_MAX];
+    svc_metrics_add(SVC_COUNTER_IMAGE_LATE_DECODES, (uint64_t)j->n_skipped);
+    j->n_skipped = 0;
+    svc_error code = prepare_images(w, j, msg, sizeof msg);
+    j->redecode = false;
+    if (code != SVC_ERROR_NONE) {
+        worker_reply_error(w, j, code, msg);
+        return;
+    }
+    job_queue_push(&w->step_q, j);
+}
+
 static void prepare(svc_worker *w, job *j)
 {
     char msg[SVC_ERRMSG_MAX];
@@ -284,11 +366,15 @@ static void prepare(svc_worker *w, job *j)
         job_free(j);
         return;
     }
+    if (j->redecode) {
+        redecode(w, j);
+        return;
+    }
     /* Poison messages: every execution counts, before anything can crash. */
     bool counted = false;
-    if (w->redis_prep) {
+    if (prep_redis) {
         uint32_t attempt;
-        svc_redis_status rs = svc_redis_attempt_incr(w->redis_prep, j->topic, j->partition,
+        svc_redis_status rs = svc_redis_attempt_incr(prep_redis, j->topic, j->partition,
                                                      j->offset, &attempt);
         counted = rs == SVC_REDIS_OK;
         if (counted)
@@ -299,7 +385,8 @@ static void prepare(svc_worker *w, job *j)
     /* Uncounted, this may be a re-execution all the same: it must not reuse
      * the number of an earlier attempt, whose seqs it would repeat. */
     if (!counted)
-        j->attempt = WORKER_ATTEMPT_UNCOUNTED | (w->next_uncounted++ & ~WORKER_ATTEMPT_UNCOUNTED);
+        j->attempt = WORKER_ATTEMPT_UNCOUNTED |
+                     (atomic_fetch_add(&w->next_uncounted, 1) & ~WORKER_ATTEMPT_UNCOUNTED);
     if (counted && (int)j->attempt > w->cfg.limits.max_attempts) {
         svc_errf(msg, sizeof msg, "the message was consumed %u times without being answered",
                  j->attempt - 1);
@@ -331,7 +418,7 @@ static void prepare(svc_worker *w, job *j)
     /* The record is no longer needed: the request owns what it uses. */
     svc_kafka_msg_release(&j->msg);
     if ((j->req->adapter &&
-         (code = ensure_adapter(w, j->req->adapter, msg, sizeof msg)) != SVC_ERROR_NONE) ||
+         (code = ensure_adapter_locked(w, j->req->adapter, msg, sizeof msg)) != SVC_ERROR_NONE) ||
         (code = prepare_images(w, j, msg, sizeof msg)) != SVC_ERROR_NONE ||
         (code = build_prompt(w, j, msg, sizeof msg)) != SVC_ERROR_NONE) {
         worker_reply_error(w, j, code, msg);
@@ -344,7 +431,9 @@ static void prepare(svc_worker *w, job *j)
 
 void *worker_prep_main(void *arg)
 {
-    svc_worker *w = arg;
+    prep_thread *self = arg;
+    svc_worker *w = self->w;
+    prep_redis = self->redis;
     while (!atomic_load(&w->threads_stop)) {
         job *j = job_queue_pop(&w->prep_q, PREP_POLL_MS);
         if (j)

@@ -1,5 +1,6 @@
 /* The step thread: owns the runtime, submits prepared jobs, applies cancels,
- * steps the batch and turns the runtime's callbacks into reply records.
+ * steps the batch and turns the runtime's callbacks into reply records. It
+ * decodes no image (a late one goes back to the prep pool: on_finish).
  * @locality: the step thread (callbacks included). */
 #include <math.h>
 #include <stdio.h>
@@ -32,7 +33,8 @@ static svc_error error_of(ml_request_error e)
     switch (e) {
     case ML_REQERR_NONE: return SVC_ERROR_NONE;
     case ML_REQERR_INVALID_REQUEST: return SVC_ERROR_INVALID_REQUEST;
-    case ML_REQERR_INVALID_IMAGE: return SVC_ERROR_INVALID_IMAGE;
+    case ML_REQERR_INVALID_IMAGE:
+    case ML_REQERR_IMAGE_EVICTED: return SVC_ERROR_INVALID_IMAGE;
     case ML_REQERR_CONTEXT_LENGTH: return SVC_ERROR_CONTEXT_LENGTH_EXCEEDED;
     case ML_REQERR_TOO_LARGE: return SVC_ERROR_IMAGE_TOO_LARGE;
     case ML_REQERR_UNKNOWN_ADAPTER: return SVC_ERROR_UNKNOWN_ADAPTER;
@@ -148,6 +150,17 @@ static void on_finish(void *ctx, const char *tail, size_t tail_len, ml_finish_re
 {
     job *j = ctx;
     svc_worker *w = j->w;
+    if (error == ML_REQERR_IMAGE_EVICTED) {
+        /* An inline image's state was evicted between prep and admission
+         * and nothing was generated. Not decoded here: the prep pool decodes
+         * the images and sends the job back (redecode, worker_prep.c). Until
+         * then no handle is the job's; nothing is counted (the second run
+         * is). */
+        j->redecode = true;
+        j->handle = 0;
+        job_queue_push(&w->prep_q, j);
+        return;
+    }
     svc_metrics_add(SVC_COUNTER_PROMPT_TOKENS, (uint64_t)u->prompt_tokens);
     svc_metrics_add(SVC_COUNTER_IMAGE_CACHE_HITS, (uint64_t)u->images_cached);
     svc_metrics_add(SVC_COUNTER_IMAGE_CACHE_MISSES, (uint64_t)(u->images - u->images_cached));

@@ -73,8 +73,9 @@ static void on_emit_message(j_common_ptr cinfo, int msg_level)
         cinfo->err->num_warnings++;
 }
 
-/* Called by libjpeg once per iMCU row while it absorbs input, so a file with
- * thousands of scans is stopped after max_scans full passes at most. */
+/* Called by libjpeg once per iMCU row while it absorbs input. count_scans
+ * has refused a file of too many scans before decoding; this is the
+ * backstop should libjpeg ever find a scan the marker walk did not. */
 static void on_progress(j_common_ptr cinfo)
 {
     decoder *d = decoder_of(cinfo);
@@ -83,6 +84,65 @@ static void on_progress(j_common_ptr cinfo)
         snprintf(msg, sizeof msg, "JPEG has more than %u scans", d->lim->max_scans);
         fail_jump(d, ML_ERR_TOO_LARGE, msg);
     }
+}
+
+#define MARKER_PREFIX 0xffu
+#define MARKER_STUFFED 0x00u /* a 0xff data byte in entropy-coded data */
+#define MARKER_TEM 0x01u
+#define MARKER_RST0 0xd0u
+#define MARKER_RST7 0xd7u
+#define MARKER_SOI 0xd8u
+#define MARKER_EOI 0xd9u
+#define MARKER_SOS 0xdau
+#define SOI_BYTES 2
+#define MARKER_BYTES 2
+#define SEGMENT_LENGTH_BYTES 2
+
+/* The scans of a JPEG: its SOS markers, found by walking the marker
+ * segments by their lengths and skipping entropy-coded data (where 0xff is
+ * followed by a stuffed 0x00 or a restart marker), as libjpeg's marker
+ * reader does, without decoding anything. Stops at EOI or at the end of the
+ * data; a segment running past the end ends the walk. O(len). */
+static uint32_t count_scans(const uint8_t *data, size_t len)
+{
+    uint32_t scans = 0;
+    size_t pos = SOI_BYTES;
+    while (len - pos >= MARKER_BYTES) {
+        uint8_t m = data[pos + 1];
+        if (data[pos] != MARKER_PREFIX || m == MARKER_PREFIX) {
+            pos++; /* entropy-coded data, fill bytes, garbage between segments */
+            continue;
+        }
+        if (m == MARKER_EOI)
+            break;
+        if (m == MARKER_STUFFED || m == MARKER_TEM || m == MARKER_SOI ||
+            (m >= MARKER_RST0 && m <= MARKER_RST7)) {
+            pos += MARKER_BYTES; /* no length follows */
+            continue;
+        }
+        if (len - pos < MARKER_BYTES + SEGMENT_LENGTH_BYTES)
+            break;
+        if (m == MARKER_SOS)
+            scans++;
+        size_t seg = (size_t)data[pos + 2] << 8 | data[pos + 3]; /* counts its own 2 bytes */
+        if (seg > len - pos - MARKER_BYTES)
+            break;
+        pos += MARKER_BYTES + seg;
+    }
+    return scans;
+}
+
+ml_status ml_image_check_size(uint32_t width, uint32_t height, const ml_image_limits *lim,
+                              char *err, size_t errlen)
+{
+    if ((uint64_t)width * height > lim->max_pixels)
+        return ml_fail(err, errlen, ML_ERR_TOO_LARGE, "image is %ux%u, above the limit of %llu pixels",
+                       width, height, (unsigned long long)lim->max_pixels);
+    if (width > ML_IMAGE_MAX_SIDE || height > ML_IMAGE_MAX_SIDE)
+        return ml_fail(err, errlen, ML_ERR_TOO_LARGE,
+                       "image is %ux%u; sides above %u pixels are not supported", width, height,
+                       ML_IMAGE_MAX_SIDE);
+    return ML_OK;
 }
 
 static const char *format_name(const uint8_t *data, size_t len)
@@ -132,6 +192,42 @@ static void grey_row_to_rgb(uint8_t *rgb, uint32_t width)
     }
 }
 
+/* jpeg_read_header and every check that needs no pixel memory: the size
+ * and the scan count. Longjmps on failure; returns the scan count. */
+static uint32_t read_header_checked(decoder *d, const uint8_t *data, size_t len)
+{
+    jpeg_create_decompress(&d->cinfo);
+    d->cinfo.progress = &d->progress;
+    jpeg_mem_src(&d->cinfo, data, (unsigned long)len);
+    d->reading_pixels = 1;
+    jpeg_read_header(&d->cinfo, TRUE);
+
+    struct jpeg_decompress_struct *ci = &d->cinfo;
+    char msg[JMSG_LENGTH_MAX];
+    if (ci->image_width == 0 || ci->image_height == 0)
+        fail_jump(d, ML_ERR_FORMAT, "JPEG has a zero dimension");
+    if (ml_image_check_size(ci->image_width, ci->image_height, d->lim, msg, sizeof msg) != ML_OK)
+        fail_jump(d, ML_ERR_TOO_LARGE, msg);
+    uint32_t scans = count_scans(data, len);
+    if (scans > d->lim->max_scans) {
+        snprintf(msg, sizeof msg, "JPEG has %u scans, above the limit of %u", scans,
+                 d->lim->max_scans);
+        fail_jump(d, ML_ERR_TOO_LARGE, msg);
+    }
+    return scans;
+}
+
+/* ml_image_probe's JPEG half; the caller releases cinfo. */
+static ml_status probe_guarded(decoder *d, const uint8_t *data, size_t len, ml_image_info *info)
+{
+    if (setjmp(d->jump))
+        return d->status;
+    uint32_t scans = read_header_checked(d, data, len);
+    *info = (ml_image_info){.width = d->cinfo.image_width, .height = d->cinfo.image_height,
+                            .n_scans = scans};
+    return ML_OK;
+}
+
 /* Everything that can longjmp. Returns ML_OK with d->pixels filled, or the
  * status of the failure with d->msg set. The caller releases cinfo and
  * d->pixels in every case. */
@@ -140,22 +236,8 @@ static ml_status decode_guarded(decoder *d, const uint8_t *data, size_t len, ml_
     if (setjmp(d->jump))
         return d->status;
 
-    jpeg_create_decompress(&d->cinfo);
-    d->cinfo.progress = &d->progress;
-    jpeg_mem_src(&d->cinfo, data, (unsigned long)len);
-    d->reading_pixels = 1;
-    jpeg_read_header(&d->cinfo, TRUE);
-
+    read_header_checked(d, data, len);
     struct jpeg_decompress_struct *ci = &d->cinfo;
-    uint64_t n_pixels = (uint64_t)ci->image_width * ci->image_height;
-    if (ci->image_width == 0 || ci->image_height == 0)
-        fail_jump(d, ML_ERR_FORMAT, "JPEG has a zero dimension");
-    if (n_pixels > d->lim->max_pixels) {
-        char msg[JMSG_LENGTH_MAX];
-        snprintf(msg, sizeof msg, "image is %ux%u, above the limit of %llu pixels",
-                 ci->image_width, ci->image_height, (unsigned long long)d->lim->max_pixels);
-        fail_jump(d, ML_ERR_TOO_LARGE, msg);
-    }
     switch (ci->num_components) {
     case 1: ci->out_color_space = JCS_GRAYSCALE; break;
     case 3: ci->out_color_space = JCS_RGB; break;
@@ -225,31 +307,64 @@ const char *ml_image_media_type(const uint8_t *data, size_t len)
     return NULL;
 }
 
+/* ML_ERR_UNSUPPORTED for data that is neither JPEG nor PNG, naming the
+ * format when it is a common one. */
+static ml_status not_jpeg_or_png(const uint8_t *data, size_t len, char *err, size_t errlen)
+{
+    const char *name = data ? format_name(data, len < SIGNATURE_BYTES ? len : SIGNATURE_BYTES)
+                            : NULL;
+    if (name)
+        return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
+                       "%s images are not supported (JPEG and PNG only)", name);
+    return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
+                   "not a JPEG or PNG image (unrecognised signature, %zu bytes)", len);
+}
+
+/* A decoder with the callbacks installed, or NULL without memory. */
+static decoder *decoder_create(const ml_image_limits *lim)
+{
+    decoder *d = calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    d->lim = lim;
+    d->cinfo.err = jpeg_std_error(&d->jerr);
+    d->jerr.error_exit = on_error_exit;
+    d->jerr.emit_message = on_emit_message;
+    d->progress.progress_monitor = on_progress;
+    return d;
+}
+
+ml_status ml_image_probe(const uint8_t *data, size_t len, const ml_image_limits *lim,
+                         ml_image_info *info, char *err, size_t errlen)
+{
+    memset(info, 0, sizeof *info);
+    if (data && ml_image_png_signature(data, len))
+        return ml_image_png_probe(data, len, lim, info, err, errlen);
+    if (!data || !jpeg_signature(data, len))
+        return not_jpeg_or_png(data, len, err, errlen);
+    decoder *d = decoder_create(lim);
+    if (!d)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "out of memory for the JPEG decoder");
+    ml_status st = probe_guarded(d, data, len, info);
+    if (st != ML_OK)
+        ml_fail(err, errlen, st, "%s", d->msg);
+    jpeg_destroy_decompress(&d->cinfo);
+    free(d);
+    return st;
+}
+
 ml_status ml_image_decode(const uint8_t *data, size_t len, const ml_image_limits *lim,
                           ml_image_rgb *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     if (data && ml_image_png_signature(data, len))
         return ml_image_png_decode(data, len, lim, out, err, errlen);
-    if (!data || !jpeg_signature(data, len)) {
-        const char *name = data ? format_name(data, len < SIGNATURE_BYTES ? len : SIGNATURE_BYTES)
-                                : NULL;
-        if (name)
-            return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
-                           "%s images are not supported (JPEG and PNG only)", name);
-        return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
-                       "not a JPEG or PNG image (unrecognised signature, %zu bytes)", len);
-    }
+    if (!data || !jpeg_signature(data, len))
+        return not_jpeg_or_png(data, len, err, errlen);
 
-    decoder *d = calloc(1, sizeof *d);
+    decoder *d = decoder_create(lim);
     if (!d)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "out of memory for the JPEG decoder");
-    d->lim = lim;
-    d->cinfo.err = jpeg_std_error(&d->jerr);
-    d->jerr.error_exit = on_error_exit;
-    d->jerr.emit_message = on_emit_message;
-    d->progress.progress_monitor = on_progress;
-
     ml_status st = decode_guarded(d, data, len, out);
     if (st != ML_OK)
         ml_fail(err, errlen, st, "%s", d->msg);

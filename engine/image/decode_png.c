@@ -349,12 +349,9 @@ static void on_info(png_structp png, png_infop info)
     png_get_IHDR(png, info, &d->width, &d->height, &d->bit_depth, &d->color_type, &interlace,
                  NULL, NULL);
     uint32_t w = d->width, h = d->height;
-    if ((uint64_t)w * h > d->lim->max_pixels)
-        fail_jump(d, ML_ERR_TOO_LARGE, "image is %ux%u, above the limit of %llu pixels", w, h,
-                  (unsigned long long)d->lim->max_pixels);
-    if (w > ML_IMAGE_MAX_SIDE || h > ML_IMAGE_MAX_SIDE)
-        fail_jump(d, ML_ERR_TOO_LARGE, "image is %ux%u; sides above %u pixels are not supported",
-                  w, h, ML_IMAGE_MAX_SIDE);
+    char msg[MSG_MAX];
+    if (ml_image_check_size(w, h, d->lim, msg, sizeof msg) != ML_OK)
+        fail_jump(d, ML_ERR_TOO_LARGE, "%s", msg);
     const frame_control *fc = &d->frame;
     if (fc->present && (fc->width != w || fc->height != h || fc->x || fc->y))
         fail_jump(d, ML_ERR_UNSUPPORTED,
@@ -434,6 +431,28 @@ static ml_status decode_guarded(png_decoder *d, const uint8_t *data, size_t len,
 int ml_image_png_signature(const uint8_t *data, size_t len)
 {
     return len >= SIGNATURE_BYTES && !memcmp(data, png_signature, SIGNATURE_BYTES);
+}
+
+/* The IHDR chunk: length 13, then width, height, bit depth, colour type,
+ * compression, filter, interlace; first after the signature. */
+#define IHDR_BYTES 13
+
+ml_status ml_image_png_probe(const uint8_t *data, size_t len, const ml_image_limits *lim,
+                             ml_image_info *info, char *err, size_t errlen)
+{
+    memset(info, 0, sizeof *info);
+    const uint8_t *c = data + SIGNATURE_BYTES;
+    if (len < SIGNATURE_BYTES + CHUNK_OVERHEAD_BYTES + IHDR_BYTES || be32(c) != IHDR_BYTES ||
+        memcmp(c + 4, "IHDR", CHUNK_TYPE_BYTES))
+        return ml_fail(err, errlen, ML_ERR_FORMAT, "corrupt PNG: no IHDR chunk first");
+    uint32_t w = be32(c + CHUNK_HEADER_BYTES), h = be32(c + CHUNK_HEADER_BYTES + 4);
+    if (w == 0 || h == 0)
+        return ml_fail(err, errlen, ML_ERR_FORMAT, "corrupt PNG: IHDR is %ux%u", w, h);
+    ml_status st = ml_image_check_size(w, h, lim, err, errlen);
+    if (st != ML_OK)
+        return st;
+    *info = (ml_image_info){.width = w, .height = h, .n_scans = 1};
+    return ML_OK;
 }
 
 ml_status ml_image_png_decode(const uint8_t *data, size_t len, const ml_image_limits *lim,

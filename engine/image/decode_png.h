@@ -1,4 +1,5 @@
-/* Private to engine/image: the PNG half of ml_image_decode (decode_png.c).
+/* Private to engine/image: the PNG half of ml_image_decode and
+ * ml_image_probe (decode_png.c), and the checks both formats share.
  * @locality: thread-safe; no global state. */
 #ifndef ML_IMAGE_DECODE_PNG_H
 #define ML_IMAGE_DECODE_PNG_H
@@ -16,5 +17,16 @@ int ml_image_png_signature(const uint8_t *data, size_t len);
  * contract (statuses, *out empty on error, data borrowed). */
 ml_status ml_image_png_decode(const uint8_t *data, size_t len, const ml_image_limits *lim,
                               ml_image_rgb *out, char *err, size_t errlen);
+
+/* ml_image_probe for data that starts with the PNG signature: the IHDR,
+ * which the PNG specification puts first. Same contract. */
+ml_status ml_image_png_probe(const uint8_t *data, size_t len, const ml_image_limits *lim,
+                             ml_image_info *info, char *err, size_t errlen);
+
+/* The size checks of both decoders (decode.c): ML_ERR_TOO_LARGE with the
+ * numbers in err when width*height is above lim->max_pixels or a side above
+ * ML_IMAGE_MAX_SIDE, else ML_OK. */
+ml_status ml_image_check_size(uint32_t width, uint32_t height, const ml_image_limits *lim,
+                              char *err, size_t errlen);
 
 #endif

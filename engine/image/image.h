@@ -33,10 +33,14 @@
 /* Largest width or height decoded: the resampler's limit (ml_image_resize).
  * A JPEG cannot exceed it; a PNG that does is ML_ERR_TOO_LARGE. */
 #define ML_IMAGE_MAX_SIDE 65535u
-/* Ordinary progressive JPEGs have 10 scans (libjpeg's default script) and
- * optimised encoders stay within a few dozen; each scan re-walks the whole
- * image, so a file repeating scans is a cheap CPU bomb. */
-#define ML_IMAGE_DEFAULT_MAX_SCANS 100u
+/* Progressive JPEGs from real encoders have 10 scans (libjpeg's and
+ * Pillow's script for colour), 6 for grey and 18 for CMYK (libjpeg's
+ * jpeg_simple_progression), and optimised encoders (mozjpeg, jpegli) stay
+ * around a dozen. Each scan re-walks the whole image, so a file of many
+ * scans is a cheap CPU bomb: a few hundred bytes per scan of end-of-band
+ * runs cost a pass over 50 megapixels each. 32 leaves room above every
+ * encoder's script; the count is read from the markers before decoding. */
+#define ML_IMAGE_DEFAULT_MAX_SCANS 32u
 
 /* Preprocessing parameters, as in the published preprocessor_config.json. */
 #define ML_IMAGE_DEFAULT_TILE_SIZE 560u
@@ -48,6 +52,13 @@ typedef struct ml_image_limits {
     uint64_t max_pixels; /* width * height ceiling, checked from the header before any allocation */
     uint32_t max_scans;  /* JPEG scans ceiling (progressive and multi-scan sequential files) */
 } ml_image_limits;
+
+/* What ml_image_probe reads from a header. */
+typedef struct ml_image_info {
+    uint32_t width;
+    uint32_t height;
+    uint32_t n_scans; /* JPEG: scans (SOS markers) in the file; PNG: 1 */
+} ml_image_info;
 
 /* A decoded image. `pixels` is owned by the struct and released by
  * ml_image_rgb_deinit. */
@@ -90,6 +101,24 @@ void ml_image_limits_default(ml_image_limits *lim);
  * type a client labels a data URL with. Static strings. */
 const char *ml_image_media_type(const uint8_t *data, size_t len);
 
+/* Read the header of a JPEG (its markers up to the first scan, with
+ * libjpeg, and the scan count, walking the markers without decoding) or of
+ * a PNG (IHDR) and check it against lim, allocating no pixel memory and
+ * decoding nothing: what a caller budgets a request's images with before it
+ * decodes any. The work is a pass over the bytes, microseconds per
+ * megabyte.
+ * Returns ML_OK with *info filled, or:
+ *   ML_ERR_UNSUPPORTED  neither JPEG nor PNG (as ml_image_decode);
+ *   ML_ERR_TOO_LARGE    width*height above lim->max_pixels, a side above
+ *                       ML_IMAGE_MAX_SIDE, or more than lim->max_scans
+ *                       JPEG scans, with the numbers in err;
+ *   ML_ERR_FORMAT       no readable header (ml_image_decode says more);
+ *   ML_ERR_NOMEM        allocation failure (libjpeg's header tables).
+ * ml_image_decode makes the same checks before it allocates the pixels, so
+ * a file it accepts passes here. `data` is borrowed. */
+ml_status ml_image_probe(const uint8_t *data, size_t len, const ml_image_limits *lim,
+                         ml_image_info *info, char *err, size_t errlen);
+
 /* Decode a JPEG or a PNG, recognised by its signature (the media type a
  * client declares plays no part), into the RGB that transformers'
  * convert_to_rgb makes of PIL.Image.open(BytesIO(data)).
@@ -109,9 +138,10 @@ const char *ml_image_media_type(const uint8_t *data, size_t len);
  *                       than 1, 3 or 4, or an APNG whose first frame does not
  *                       cover the canvas;
  *   ML_ERR_TOO_LARGE    width*height above lim->max_pixels or a side above
- *                       ML_IMAGE_MAX_SIDE (checked from the header before the
- *                       pixel buffer is allocated), or more than
- *                       lim->max_scans JPEG scans;
+ *                       ML_IMAGE_MAX_SIDE, or more than lim->max_scans JPEG
+ *                       scans (all checked from the header and the markers
+ *                       before the pixel buffer is allocated, as
+ *                       ml_image_probe checks them);
  *   ML_ERR_FORMAT       corrupt or truncated data, a bad PNG CRC (the
  *                       decoder's message in err);
  *   ML_ERR_NOMEM        allocation failure.

@@ -396,9 +396,10 @@ static ml_request_error validate(const ml_runtime *rt, const ml_request *req, ch
     }
     for (int i = 0; i < req->n_images; i++) {
         const ml_request_image *im = &req->images[i];
-        /* With an adapter the key may still change (image_keys_for_adapter):
-         * a missing state is found at admission. */
-        if (!im->pixels && !im->load && !adapter &&
+        /* With an adapter the key may still change (image_keys_for_adapter),
+         * and the caller of an at_caller image wants to hear of its eviction
+         * (ML_REQERR_IMAGE_EVICTED): a missing state is found at admission. */
+        if (!im->pixels && !im->at_caller && !adapter &&
             !ml_image_cache_contains(rt->images, im->key)) {
             ml_fail(msg, n, ML_ERR_NOT_FOUND, "image %d is neither given nor resident", i);
             return ML_REQERR_INVALID_IMAGE;
@@ -628,14 +629,12 @@ static acquire_result acquire_images(ml_runtime *rt, rt_seq *s, ml_request_error
             free(im->pixels);
             im->pixels = NULL;
         } else {
-            if (!im->pixels && im->load) {
-                ml_status st = im->load(im->load_ctx, i, im, err, errlen);
-                im->load = NULL;
-                if (st != ML_OK) {
-                    *error = ML_REQERR_INVALID_IMAGE;
-                    return ACQUIRE_FAILED;
-                }
-                rt->stats.images_loaded++;
+            if (!im->pixels && im->at_caller) {
+                ml_fail(err, errlen, ML_ERR_NOT_FOUND,
+                        "image %d: its state was evicted since the caller saw it resident", i);
+                *error = ML_REQERR_IMAGE_EVICTED;
+                rt->stats.images_evicted++;
+                return ACQUIRE_FAILED;
             }
             if (!im->pixels) {
                 ml_fail(err, errlen, ML_ERR_NOT_FOUND, "image %d is neither given nor resident%s",

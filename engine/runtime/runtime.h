@@ -73,6 +73,8 @@ typedef enum ml_request_error {
     ML_REQERR_NONE,
     ML_REQERR_INVALID_REQUEST,  /* inconsistent images / image tokens */
     ML_REQERR_INVALID_IMAGE,    /* an image neither resident nor given */
+    ML_REQERR_IMAGE_EVICTED,    /* an image the caller can give was not resident after all
+                                   (ml_request_image.at_caller): nothing was generated */
     ML_REQERR_CONTEXT_LENGTH,   /* prompt over the context or the KV pool */
     ML_REQERR_TOO_LARGE,        /* its images can never fit the image budget */
     ML_REQERR_UNKNOWN_ADAPTER,  /* the adapter is unknown or cannot be served */
@@ -116,17 +118,15 @@ struct ml_request_image {
     int n_tiles;                     /* real tiles: tiles_h · tiles_w (a resident
                                         state's own count wins) */
     uint8_t aspect_ratio_mask[ML_RUNTIME_MAX_TILES];
-    /* Optional, with pixels NULL: how to make the pixels after all when the
-     * state the caller saw resident is gone by admission (evicted in
-     * between), so that a request whose image bytes are at hand never
-     * fails for it. Called at most once, on the thread stepping the
-     * runtime, just before the image is encoded: it fills pixels,
-     * aspect_ratio_id, n_tiles and aspect_ratio_mask of im (image `index`
-     * of the request) and returns ML_OK, or fails with err filled (the
-     * request then ends with ML_REQERR_INVALID_IMAGE). load_ctx belongs to
-     * the caller and must outlive the request (until on_finish). */
-    ml_status (*load)(void *load_ctx, int index, ml_request_image *im, char *err, size_t errlen);
-    void *load_ctx;
+    /* With pixels NULL: the caller can make the pixels (it holds the image)
+     * and names the image by key because it saw the state resident. Should
+     * the state be gone at admission (evicted since the caller looked; it
+     * is not checked at submit), the request ends with
+     * ML_REQERR_IMAGE_EVICTED before anything is generated, so that the
+     * caller decodes the image on a thread of its own and submits the
+     * request again with its pixels: the thread stepping the runtime never
+     * decodes. Without at_caller a missing state is ML_REQERR_INVALID_IMAGE. */
+    int at_caller;
 };
 
 typedef struct ml_request {
@@ -186,7 +186,7 @@ typedef struct ml_runtime_stats {
     int kv_blocks_total, kv_blocks_free;
     size_t image_bytes_used, image_bytes_budget;
     uint64_t steps, tokens_generated, preemptions, images_encoded, image_cache_hits;
-    uint64_t images_loaded;       /* pixels made late by an image's load (evicted meanwhile) */
+    uint64_t images_evicted;      /* requests ended with ML_REQERR_IMAGE_EVICTED */
     ml_adapters_stats adapters;   /* all zero without adapter slots */
 } ml_runtime_stats;
 void ml_runtime_get_stats(const ml_runtime *rt, ml_runtime_stats *st);

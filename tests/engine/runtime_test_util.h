@@ -370,38 +370,11 @@ typedef enum ml_rt_kind {
     ML_RT_TEXT_ONLY,  /* both replaced */
 } ml_rt_kind;
 
-/* An image loader (ml_request_image.load) over the fixture's images,
- * counting its calls; with fail set it refuses. */
-typedef struct ml_rt_loader {
-    const ml_rt_fixture *f;
-    int calls;
-    int fail;
-} ml_rt_loader;
-
-static inline ml_status ml_rt_load(void *ctx, int index, ml_request_image *im, char *err,
-                                   size_t errlen)
-{
-    ml_rt_loader *l = ctx;
-    const ml_rt_fixture *f = l->f;
-    l->calls++;
-    if (l->fail)
-        return ml_fail(err, errlen, ML_ERR_FORMAT, "image %d: the loader refuses", index);
-    im->pixels = malloc((size_t)f->slot_floats * sizeof *im->pixels);
-    if (!im->pixels)
-        return ml_fail(err, errlen, ML_ERR_NOMEM, "out of memory");
-    memcpy(im->pixels, f->pixels + (size_t)index * f->slot_floats,
-           (size_t)f->slot_floats * sizeof *im->pixels);
-    im->aspect_ratio_id = f->ar_ids[index];
-    im->n_tiles = f->n_tiles[index];
-    memcpy(im->aspect_ratio_mask, f->ar_mask[index], sizeof im->aspect_ratio_mask);
-    return ML_OK;
-}
-
 typedef struct ml_rt_request {
     ml_rt_kind kind;
     int max_tokens;
     int resident;        /* images named by key only (no pixels) */
-    ml_rt_loader *loader; /* with resident: makes the pixels of an image not resident */
+    int at_caller;       /* with resident: ml_request_image.at_caller */
     int key_salt;        /* second key byte: another value is another image */
     const char *adapter; /* borrowed; NULL = the base model */
     int64_t deadline_ms; /* 0 = none */
@@ -436,8 +409,7 @@ static inline uint64_t ml_rt_submit(const ml_rt_fixture *f, ml_runtime *rt,
         im->aspect_ratio_id = f->ar_ids[seen];
         im->n_tiles = f->n_tiles[seen];
         memcpy(im->aspect_ratio_mask, f->ar_mask[seen], sizeof im->aspect_ratio_mask);
-        im->load = q->loader ? ml_rt_load : NULL;
-        im->load_ctx = q->loader;
+        im->at_caller = q->at_caller;
         if (!q->resident) {
             /* Transferred to the runtime, which frees it. */
             im->pixels = malloc((size_t)f->slot_floats * sizeof *im->pixels);

@@ -17,23 +17,38 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
 #include "image/image.h"
+#include "jpeg_craft.h"
 #include "sha256.h"
 
 #define SEED_DIR ML_SOURCE_DIR "/tests/fuzz/corpus/image/"
+/* 6156 bytes: a 1-bit grey PNG of 7071x7071 zeros, 49,999,041 pixels (just
+ * under the default limit), written with Python's zlib (level 9, one IDAT).
+ * Not a fuzz seed: each decode is a 150 MB image. */
+#define HEAVY_PNG ML_SOURCE_DIR "/tests/engine/fixtures/png_grey1_7071x7071.png"
+#define HEAVY_SIDE 7071u
+/* Scans of the many-scan bomb: above the default limit, under the 100 that
+ * was accepted before the limit was lowered to what encoders produce. */
+#define BOMB_SCANS 60
+/* A refusal from the header is a pass over the bytes: far under the
+ * seconds a 50-megapixel decode takes, with room for a loaded machine. */
+#define HEADER_REFUSAL_MS 1000
+/* What a refusal may add to the peak RSS: the file itself, no pixel buffer
+ * (the image would be 150 MB). */
+#define HEADER_REFUSAL_RSS_MB 64
 #define GUARD_BYTES 64
 #define GUARD_FILL 0xa5
 
 /* ---- helpers ------------------------------------------------------------ */
 
-static uint8_t *read_seed(const char *name, size_t *len)
+static uint8_t *read_path(const char *path, size_t *len)
 {
-    char path[512];
-    snprintf(path, sizeof path, "%s%s", SEED_DIR, name);
     FILE *f = fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "cannot open %s\n", path);
@@ -50,6 +65,28 @@ static uint8_t *read_seed(const char *name, size_t *len)
     fclose(f);
     *len = (size_t)n;
     return buf;
+}
+
+static uint8_t *read_seed(const char *name, size_t *len)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s%s", SEED_DIR, name);
+    return read_path(path, len);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Peak resident set so far, in MB. */
+static double peak_rss_mb(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
 }
 
 static void digest_hex(const void *data, size_t len, char hex[ML_SHA256_HEX_SIZE])
@@ -389,6 +426,78 @@ static void test_decode_errors(void)
           "many scans: digest %s differs from Pillow's", hex);
     ml_image_rgb_deinit(&img);
     free(data);
+}
+
+/* ---- cheap files, expensive images: refused from the header ------------ */
+
+/* Runs first, while the peak RSS is still low: a refusal must not allocate
+ * the image. The 7071x7071 PNG is 6 KB; its header says so without a
+ * decode, and a limit under its size refuses it before any pixel memory.
+ * A 7071x7071 progressive JPEG of BOMB_SCANS scans (each a one-bit-a-block
+ * pass over 781,456 blocks) is refused from its markers, fast and without
+ * the 150 MB image or libjpeg's 100 MB of coefficients. */
+static void test_refused_from_header(void)
+{
+    double rss0 = peak_rss_mb();
+    ml_image_limits lim;
+    ml_image_limits_default(&lim);
+    size_t len;
+    uint8_t *png = read_path(HEAVY_PNG, &len);
+    ml_image_info info;
+    char err[256] = "";
+    double t0 = now_ms();
+    ml_status st = ml_image_probe(png, len, &lim, &info, err, sizeof err);
+    check(st == ML_OK && info.width == HEAVY_SIDE && info.height == HEAVY_SIDE && info.n_scans == 1,
+          "heavy PNG probe: %s %ux%u (%s)", ml_status_name(st), info.width, info.height, err);
+    lim.max_pixels = (uint64_t)HEAVY_SIDE * HEAVY_SIDE - 1;
+    st = ml_image_probe(png, len, &lim, &info, err, sizeof err);
+    check(st == ML_ERR_TOO_LARGE && strstr(err, "7071x7071") && info.width == 0,
+          "heavy PNG under a lower limit: probe %s (%s)", ml_status_name(st), err);
+    expect_decode(png, len, &lim, ML_ERR_TOO_LARGE, "7071x7071", "heavy PNG decode");
+    double png_ms = now_ms() - t0;
+    check(png_ms < HEADER_REFUSAL_MS, "heavy PNG: probed and refused in %.0f ms", png_ms);
+    free(png);
+
+    ml_image_limits_default(&lim);
+    uint8_t *jpeg;
+    len = jpeg_craft_progressive(HEAVY_SIDE, HEAVY_SIDE, BOMB_SCANS, 1, &jpeg);
+    t0 = now_ms();
+    st = ml_image_probe(jpeg, len, &lim, &info, err, sizeof err);
+    check(st == ML_ERR_TOO_LARGE && strstr(err, "60 scans"), "scan bomb probe: %s (%s)",
+          ml_status_name(st), err);
+    expect_decode(jpeg, len, &lim, ML_ERR_TOO_LARGE, "60 scans", "scan bomb decode");
+    double jpeg_ms = now_ms() - t0;
+    check(jpeg_ms < HEADER_REFUSAL_MS, "scan bomb (%zu bytes) refused in %.0f ms", len, jpeg_ms);
+    free(jpeg);
+    double grew = peak_rss_mb() - rss0;
+    check(grew < HEADER_REFUSAL_RSS_MB, "refusals grew the peak RSS by %.0f MB", grew);
+}
+
+/* The scan limit is inclusive and counts what libjpeg decodes: a small
+ * image of exactly max_scans scans decodes, one more is refused. */
+static void test_scan_limit(void)
+{
+    ml_image_limits lim;
+    ml_image_limits_default(&lim);
+    uint8_t *jpeg;
+    size_t len = jpeg_craft_progressive(64, 48, (int)lim.max_scans, 1, &jpeg);
+    ml_image_info info;
+    check(ml_image_probe(jpeg, len, &lim, &info, NULL, 0) == ML_OK &&
+              info.n_scans == lim.max_scans && info.width == 64 && info.height == 48,
+          "probe of %u scans: %u scans %ux%u", lim.max_scans, info.n_scans, info.width,
+          info.height);
+    expect_decode(jpeg, len, &lim, ML_OK, NULL, "max_scans scans");
+    free(jpeg);
+    len = jpeg_craft_progressive(64, 48, (int)lim.max_scans + 1, 1, &jpeg);
+    expect_decode(jpeg, len, &lim, ML_ERR_TOO_LARGE, "scans", "max_scans + 1 scans");
+    free(jpeg);
+    /* Unsupported formats are told apart in the probe as in the decoder. */
+    check(ml_image_probe((const uint8_t *)"GIF89a\x01\x00\x01\x00", 10, &lim, &info, NULL, 0) ==
+              ML_ERR_UNSUPPORTED,
+          "probe of a GIF");
+    check(ml_image_probe((const uint8_t *)"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR", 16, &lim, &info,
+                         NULL, 0) == ML_ERR_FORMAT,
+          "probe of a cut IHDR");
 }
 
 /* Hostile PNGs (png_hostile_seeds in gen_fixtures.py). Pillow refuses all
@@ -774,6 +883,7 @@ static void test_params(void)
 
 int main(void)
 {
+    test_refused_from_header(); /* first: it measures the peak RSS */
     test_plan_examples();
     test_plan_errors();
     test_resize_hand_computed();
@@ -782,6 +892,7 @@ int main(void)
     test_decode_matches_pillow();
     test_decode_grey_is_replicated();
     test_decode_errors();
+    test_scan_limit();
     test_decode_png_errors();
     test_decode_prefixes_and_corruption();
     test_decode_png_prefixes_and_corruption();

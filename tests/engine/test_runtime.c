@@ -146,43 +146,48 @@ static void test_endings(ml_rt_fixture *f)
     ml_runtime_destroy(rt);
 }
 
-/* Images named by key with a loader (ml_request_image.load): the loader
- * runs once per image that is not resident, and the result equals the one
- * with pixels given; resident, it is not called; a failing loader ends the
- * request with an image error. */
-static void test_image_loader(ml_rt_fixture *f)
+/* Images named by key that the caller can give (ml_request_image.at_caller):
+ * not resident at admission, the request ends with ML_REQERR_IMAGE_EVICTED
+ * before generating anything and the runtime makes no pixels (it has no way
+ * to: the caller decodes, off the stepping thread, and submits again);
+ * resident, they are served from the cache with the output of pixels given.
+ * Without at_caller a missing image stays INVALID_IMAGE (test_resident). */
+static void test_image_evicted(ml_rt_fixture *f)
 {
-    enum { TOKENS = 8, OTHER_SALT = 9 };
-    ml_rt_result ref = {0}, lazy = {0}, again = {0}, refused = {0};
+    enum { TOKENS = 8 };
+    ml_rt_result ref = {0}, evicted = {0}, again = {0}, cached = {0};
     run_alone(f, ML_RT_TWO_IMAGES, TOKENS, &ref);
-    ml_rt_loader loader = {.f = f}, failing = {.f = f, .fail = 1};
     ml_runtime *rt = ml_rt_runtime_sized(f, 64, 2);
     ml_rt_submit(f, rt,
                  &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = TOKENS, .resident = 1,
-                                  .loader = &loader},
-                 &lazy);
+                                  .at_caller = 1},
+                 &evicted);
     ml_rt_drain(rt, 0);
-    check(loader.calls == 2 && ml_rt_same_output(&ref, &lazy) && lazy.usage.images_cached == 0,
-          "loader: %d calls, same output as with pixels", loader.calls);
+    ml_runtime_stats st;
+    ml_runtime_get_stats(rt, &st);
+    check(evicted.done == 1 && evicted.error == ML_REQERR_IMAGE_EVICTED &&
+              evicted.usage.completion_tokens == 0 && st.images_encoded == 0 &&
+              st.images_evicted == 1 && strstr(evicted.message, "evicted"),
+          "at_caller, not resident: error %d, %d tokens, %llu encoded '%s'", (int)evicted.error,
+          evicted.usage.completion_tokens, (unsigned long long)st.images_encoded,
+          evicted.message);
+    /* The caller's second submit, with pixels: the reference output. */
+    ml_rt_submit(f, rt, &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = TOKENS}, &again);
+    ml_rt_drain(rt, 0);
     ml_rt_submit(f, rt,
                  &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = TOKENS, .resident = 1,
-                                  .loader = &loader},
-                 &again);
-    ml_rt_submit(f, rt,
-                 &(ml_rt_request){.kind = ML_RT_ONE_IMAGE, .max_tokens = TOKENS, .resident = 1,
-                                  .key_salt = OTHER_SALT, .loader = &failing},
-                 &refused);
+                                  .at_caller = 1},
+                 &cached);
     ml_rt_drain(rt, 0);
-    check(loader.calls == 2 && ml_rt_same_output(&ref, &again) && again.usage.images_cached == 2,
-          "loader: not called for resident images");
-    check(failing.calls == 1 && refused.done == 1 && refused.error == ML_REQERR_INVALID_IMAGE &&
-              strstr(refused.message, "refuses"),
-          "loader failure: error %d '%s'", (int)refused.error, refused.message);
+    check(ml_rt_same_output(&ref, &again), "resubmitted with pixels: the reference output");
+    check(ml_rt_same_output(&ref, &cached) && cached.usage.images_cached == 2,
+          "at_caller, resident: from the cache (%d cached), the reference output",
+          cached.usage.images_cached);
     ml_runtime_destroy(rt);
     ml_rt_result_deinit(&ref);
-    ml_rt_result_deinit(&lazy);
+    ml_rt_result_deinit(&evicted);
     ml_rt_result_deinit(&again);
-    ml_rt_result_deinit(&refused);
+    ml_rt_result_deinit(&cached);
 }
 
 /* JSON mode on the fixture model (random weights, so the grammar does all
@@ -309,7 +314,7 @@ int main(void)
     ml_rt_flood(&f, 64, FLOOD_IMAGE_SLOTS, FLOOD_REQUESTS, FLOOD_TOKENS, "m3");
     test_endings(&f);
     test_sampling_paths(&f);
-    test_image_loader(&f);
+    test_image_evicted(&f);
     test_json_mode(&f);
     ml_rt_fixture_close(&f);
     return check_done();

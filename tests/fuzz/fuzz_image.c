@@ -1,5 +1,6 @@
-/* Fuzz target: untrusted bytes -> ml_image_decode (JPEG or PNG, by
- * signature) -> plan -> preprocess. The seeds in corpus/image/ cover both
+/* Fuzz target: untrusted bytes -> ml_image_probe and ml_image_decode (JPEG
+ * or PNG, by signature) -> plan -> preprocess. A file the decoder accepts
+ * must pass the probe with the same size. The seeds in corpus/image/ cover both
  * decoders: JPEG variants, and PNG colour types, bit depths, Adam7, APNG and
  * hostile files (png_*.png, from tests/golden/gen_fixtures.py --only seeds).
  * Limits are small (4 megapixels, 32 scans) so each input stays fast, and
@@ -23,9 +24,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* Vary the grid with the input so every max_tiles value is exercised. */
     p.max_tiles = size ? 1 + data[size - 1] % ML_IMAGE_MAX_TILES_CAP : ML_IMAGE_DEFAULT_MAX_TILES;
 
+    ml_image_info info;
+    ml_status probed = ml_image_probe(data, size, &p.limits, &info, NULL, 0);
     ml_image_rgb img;
     if (ml_image_decode(data, size, &p.limits, &img, NULL, 0) != ML_OK)
         return 0;
+    if (probed != ML_OK || info.width != img.width || info.height != img.height)
+        abort(); /* the probe must never refuse or misjudge what decodes */
     ml_image_layout layout;
     if (ml_image_plan(img.width, img.height, &p, &layout, NULL, 0) == ML_OK) {
         size_t n = ml_image_pixels_count(&layout), ws = ml_image_workspace_size(&layout);

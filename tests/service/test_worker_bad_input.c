@@ -13,6 +13,7 @@
  * x-error-msg and x-original-*).
  * Skipped (77) without redis-server. */
 #include "engine.h"
+#include "jpeg_craft.h"
 #include "proc_util.h"
 
 #define TOPICS PU_REQUESTS ":2," PU_REPLIES ":2," PU_DLT ":1," PU_CANCEL ":1"
@@ -40,53 +41,6 @@ static void cleanup(void)
     pu_kill(&kafka);
     pu_kill(&redis.proc);
     pu_tmpdir_done(dir);
-}
-
-/* ==== crafted JPEGs ============================================================== */
-
-static uint8_t *put(uint8_t *p, const void *bytes, size_t n)
-{
-    memcpy(p, bytes, n);
-    return p + n;
-}
-
-/* A progressive greyscale JPEG of w x h with `scans` copies of one DC scan:
- * every quantizer 1, one Huffman code (DC difference 0), so an 8x8 image's
- * scan is a single entropy byte. One scan is a valid image; thousands are
- * the CPU bomb of libjpeg-turbo issue #284. Returns the length (malloc'd
- * into *out). */
-static size_t craft_progressive(uint16_t w, uint16_t h, int scans, uint8_t **out)
-{
-    static const uint8_t soi[] = {0xFF, 0xD8};
-    static const uint8_t dqt_head[] = {0xFF, 0xDB, 0x00, 0x43, 0x00};
-    /* DC table 0: one code of length 1 (16 counts), for the symbol 0. */
-    static const uint8_t dht[] = {0xFF, 0xC4, 0x00, 0x14, 0x00,
-                                  1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                  0x00};
-    /* One component, DC first scan (Ss 0, Se 0, Ah 0, Al 0); the entropy
-     * byte is the code '0' for the one block, padded with 1 bits. */
-    static const uint8_t sos[] = {0xFF, 0xDA, 0x00, 0x08, 0x01, 0x01, 0x00,
-                                  0x00, 0x00, 0x00, 0x7F};
-    static const uint8_t eoi[] = {0xFF, 0xD9};
-    const uint8_t sof2[] = {0xFF, 0xC2, 0x00, 0x0B, 0x08, (uint8_t)(h >> 8), (uint8_t)h,
-                            (uint8_t)(w >> 8), (uint8_t)w, 0x01, 0x01, 0x11, 0x00};
-    uint8_t quant[64];
-    memset(quant, 1, sizeof quant);
-    size_t n = sizeof soi + sizeof dqt_head + sizeof quant + sizeof sof2 + sizeof dht +
-               (size_t)scans * sizeof sos + sizeof eoi;
-    uint8_t *p = malloc(n);
-    if (!p)
-        pu_die("out of memory");
-    *out = p;
-    p = put(p, soi, sizeof soi);
-    p = put(p, dqt_head, sizeof dqt_head);
-    p = put(p, quant, sizeof quant);
-    p = put(p, sof2, sizeof sof2);
-    p = put(p, dht, sizeof dht);
-    for (int i = 0; i < scans; i++)
-        p = put(p, sos, sizeof sos);
-    put(p, eoi, sizeof eoi);
-    return n;
 }
 
 /* ==== requests ===================================================================== */
@@ -273,7 +227,7 @@ static void test_images(void)
     free(photo);
 
     uint8_t *jpeg;
-    size_t len = craft_progressive(8, 8, 1, &jpeg);
+    size_t len = jpeg_craft_progressive(8, 8, 1, 1, &jpeg);
     part = pu_image_part(jpeg, len);
     expect_image_answered("crafted-one-scan", part, "the crafted one-scan JPEG");
     free(part);
@@ -298,11 +252,11 @@ static void test_images(void)
     free(url);
     free(png);
 
-    len = craft_progressive(MAX_DIMENSION, MAX_DIMENSION, 1, &jpeg);
+    len = jpeg_craft_progressive(MAX_DIMENSION, MAX_DIMENSION, 1, 0, &jpeg);
     expect_inline_image_error("dimension-bomb", jpeg, len, "image_too_large");
     free(jpeg);
 
-    len = craft_progressive(8, 8, BOMB_SCANS, &jpeg);
+    len = jpeg_craft_progressive(8, 8, BOMB_SCANS, 1, &jpeg);
     check(len <= MAX_IMAGE_BYTES, "the scan bomb is over the byte limit");
     int64_t ms = expect_inline_image_error("scan-bomb", jpeg, len, "image_too_large");
     check(ms < BOMB_MS, "scan bomb answered in %lld ms", (long long)ms);
