@@ -203,7 +203,8 @@ static svc_kafka_status produce_reply(svc_worker *w, job *j, job_record_kind kin
     svc_kafka_status st = svc_producer_produce(w->producer, &r, err, errlen);
     if (st != SVC_KAFKA_OK) {
         atomic_fetch_sub(&j->refs, 1); /* never the last: the caller holds one */
-        svc_log(SVC_LOG_ERROR, "produce_failed", "request %s seq %u: %s", j->id, seq, err);
+        svc_log(request_level(st) ? SVC_LOG_WARN : SVC_LOG_ERROR, "produce_failed",
+                "request %s seq %u: %s", j->id, seq, err);
     }
     return st;
 }
@@ -341,9 +342,10 @@ static void on_delivery(void *opaque, const svc_delivery *d)
     job *j = rec->j;
     bool reply = rec->kind != JOB_RECORD_DEAD_LETTER;
     if (d->status != SVC_KAFKA_OK) {
-        svc_log(SVC_LOG_ERROR, "delivery_failed", "%s [%" PRId32 "]: %s", d->topic, d->partition,
-                d->errstr);
-        if (!reply || !request_level(d->status))
+        bool lost = !reply || !request_level(d->status);
+        svc_log(lost ? SVC_LOG_ERROR : SVC_LOG_WARN, "delivery_failed",
+                "%s [%" PRId32 "]: %s", d->topic, d->partition, d->errstr);
+        if (lost)
             worker_fail(w, "record lost: %s [%" PRId32 "]: %s", d->topic, d->partition,
                         d->errstr);
     }
