@@ -285,9 +285,9 @@ typedef struct svc_dead_letter {
     const char *error_code; /* x-error-code, a stable code such as "invalid_json" */
     const char *error_msg;  /* x-error-msg, one line for an operator */
     const char *worker;     /* x-worker, or NULL to omit */
+    void *ctx;              /* as svc_kafka_record.ctx */
     size_t max_value;       /* the value is cut to this many bytes (x-truncated: its
                                length); 0 = kept whole */
-    void *ctx;              /* as svc_kafka_record.ctx */
 } svc_dead_letter;
 
 #define SVC_PRODUCER_TIMEOUT_MS 30000
