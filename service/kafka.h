@@ -13,7 +13,8 @@
  *               tracker needs no lock. It never waits on the model, which
  *               keeps max.poll.interval.ms from firing on long generations.
  * Any thread    svc_producer_produce / _produce_dlt (the engine's step loop
- *               streams chunks), svc_kafka_msg_release, the _fatal queries.
+ *               streams chunks), svc_kafka_msg_release / _detach, the _fatal
+ *               queries.
  * librdkafka's  own threads only call the log callback (svc_log).
  *
  * ---- The worker loop (Kafka thread) ----------------------------------------

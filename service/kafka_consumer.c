@@ -48,7 +48,7 @@ void svc_kafka_msg_release(svc_kafka_msg *m)
     m->copy = NULL;
     m->topic = NULL;
     m->key = m->value = NULL;
-    m->key_len = m->value_len = m->value_full_len = 0;
+    m->key_len = m->value_len = m->value_full_len = m->dropped_meta = 0;
 }
 
 svc_kafka_status svc_kafka_msg_detach(svc_kafka_msg *m, size_t max_value)
