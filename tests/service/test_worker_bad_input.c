@@ -14,7 +14,8 @@
  * with reply_topic_not_allowed and nothing is written to it (nor is a
  * missing one created); an allowed one the cluster does not have (the mock
  * answers UNKNOWN_TOPIC_OR_PART for it) is dead-lettered with
- * reply_undeliverable and its offset committed. Sizes: a stream:false
+ * reply_undeliverable and its offset committed, a request of 200 KB with
+ * the first part of its value and x-truncated. Sizes: a stream:false
  * answer that may outgrow limits.max_reply_bytes is refused
  * (reply_too_large); a record over 1 MB without a reply address is
  * dead-lettered cut to limits.max_reply_bytes with x-truncated; and
@@ -41,6 +42,7 @@
 #define REQUEST_PARTITIONS 2
 #define LATE_MS 300           /* watching for records that must not come */
 #define MISSING_TOPIC PU_REPLIES ".missing" /* allowed by the default policy */
+#define BIG_PROMPT 200000     /* bytes: a prompt over the KV pool, a record over 64 KiB */
 
 static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
 static pu_redis redis;
@@ -504,6 +506,28 @@ static void test_reply_topics(void)
     good_request("to-missing");
     check(committed_past(partition, offset), "to-missing: offset %lld not committed",
           (long long)offset);
+
+    /* The same for an error reply (the prompt is over the KV pool) to a
+     * request of BIG_PROMPT bytes: the worker kept only the start of its
+     * record once it was parsed, and says how long it was. */
+    char *big = malloc(BIG_PROMPT + 1);
+    if (!big)
+        pu_die("out of memory");
+    int n = snprintf(big, BIG_PROMPT + 1,
+                     "{\"id\":\"to-missing-big\",\"reply_topic\":\"" MISSING_TOPIC "\","
+                     "\"messages\":[{\"role\":\"user\",\"content\":\"");
+    for (int i = n; i < BIG_PROMPT - 4; i++)
+        big[i] = (i - n) % 6 == 5 ? ' ' : 'a';
+    memcpy(big + BIG_PROMPT - 4, "\"}]}", 5);
+    d = send_for_dead_letter("to-missing-big", big, BIG_PROMPT, "reply_undeliverable");
+    char want[64];
+    snprintf(want, sizeof want, "x-truncated=%d\n", BIG_PROMPT);
+    check(!d || strstr(d->headers, want), "to-missing-big: headers lack %s: %s", want,
+          d ? d->headers : "");
+    check(!d || (strlen(d->value) < BIG_PROMPT && !strncmp(d->value, big, strlen(d->value))),
+          "to-missing-big: the dead letter is not a prefix of the request");
+    free(big);
+    good_request("to-missing-big");
 }
 
 static void test_reply_sizes(void)
