@@ -146,7 +146,7 @@ void job_free(job *j)
 
 /* A record refused for itself or its topic is its request's failure; the
  * others (timeouts, brokers down, queue full, a fatal producer) mean the
- * worker may have lost a record it promised. */
+ * worker may have lost a record it promised. @locality any. */
 static bool request_level(svc_kafka_status st)
 {
     return st == SVC_KAFKA_ERR_TOO_LARGE || st == SVC_KAFKA_ERR_TOPIC;
@@ -178,7 +178,8 @@ static bool reply_failure(svc_worker *w, job *j, char *why, size_t n)
 /* Queue one reply record of j with ctx = its `kind` record, holding a
  * reference for its delivery report. A value over limits.max_reply_bytes is
  * refused here (ERR_TOO_LARGE), so no topic sized to that bound refuses it
- * later. Returns the producer's status; err has the reason. */
+ * later. Returns the producer's status; err has the reason.
+ * @locality prep, step or Kafka thread. */
 static svc_kafka_status produce_reply(svc_worker *w, job *j, job_record_kind kind,
                                       const svc_buf *value, uint32_t seq, char *err,
                                       size_t errlen)
@@ -228,7 +229,7 @@ int worker_produce_chunk(svc_worker *w, job *j, const svc_buf *value, uint32_t s
 }
 
 /* Build j's final error record (no metrics: the caller counts). Returns 0
- * or -1 out of memory. */
+ * or -1 out of memory. @locality any. */
 static int error_record(svc_worker *w, const job *j, svc_error code, const char *message,
                         svc_buf *b)
 {
@@ -238,7 +239,8 @@ static int error_record(svc_worker *w, const job *j, svc_error code, const char 
 }
 
 /* j's final record could not be written (st, why): replace it, dead-letter
- * the request, or stop the worker. Takes the caller's reference. */
+ * the request, or stop the worker. Takes the caller's reference.
+ * @locality prep, step or Kafka thread. */
 static void final_refused(svc_worker *w, job *j, svc_kafka_status st, const char *why)
 {
     if (st == SVC_KAFKA_ERR_TOO_LARGE && !j->final_replaced) {
