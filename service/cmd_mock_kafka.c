@@ -11,11 +11,15 @@
 #include "commands.h"
 #include "log.h"
 #include "mock_kafka.h"
+#include "protocol.h"
+
+#define MAX_TOPIC_ERRORS 16
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: mllama mock-kafka [--brokers N] [--topics SPEC] [--port-file FILE]\n"
+            "                         [--topic-error TOPIC=ERROR]...\n"
             "\n"
             "Runs librdkafka's in-process mock Kafka cluster on 127.0.0.1 until SIGINT or\n"
             "SIGTERM, and prints its bootstrap servers on stdout as one line.\n"
@@ -24,8 +28,30 @@ static void usage(FILE *f)
             "  --topics SPEC     topics to create, name:partitions[,...]\n"
             "                    (default %s)\n"
             "  --port-file FILE  also write the bootstrap servers to FILE (written whole,\n"
-            "                    by rename; removed on exit)\n",
-            SVC_MOCK_KAFKA_MAX_BROKERS, SVC_MOCK_KAFKA_DEFAULT_TOPICS);
+            "                    by rename; removed on exit)\n"
+            "  --topic-error TOPIC=ERROR\n"
+            "                    create TOPIC if needed and answer every client's metadata\n"
+            "                    request for it with the broker error ERROR, a librdkafka\n"
+            "                    name such as UNKNOWN_TOPIC_OR_PART (a topic the cluster\n"
+            "                    does not have: this mock creates every topic a producer\n"
+            "                    names, whatever allow.auto.create.topics says); up to %d\n",
+            SVC_MOCK_KAFKA_MAX_BROKERS, SVC_MOCK_KAFKA_DEFAULT_TOPICS, MAX_TOPIC_ERRORS);
+}
+
+/* The broker error called `name` (rd_kafka_err2name without its
+ * "RD_KAFKA_RESP_ERR_" prefix, as in "TOPIC_AUTHORIZATION_FAILED"); false
+ * for a name that is not one, or a local (negative) error. */
+static bool broker_error(const char *name, rd_kafka_resp_err_t *out)
+{
+    const struct rd_kafka_err_desc *descs;
+    size_t n;
+    rd_kafka_get_err_descs(&descs, &n);
+    for (size_t i = 0; i < n; i++)
+        if (descs[i].name && descs[i].code > 0 && !strcmp(descs[i].name, name)) {
+            *out = descs[i].code;
+            return true;
+        }
+    return false;
 }
 
 /* Write `line` to path through a temporary file and rename, so a reader
@@ -55,6 +81,8 @@ int cmd_mock_kafka(int argc, char **argv)
     int brokers = 3;
     const char *topics = SVC_MOCK_KAFKA_DEFAULT_TOPICS;
     const char *port_file = NULL;
+    const char *topic_errors[MAX_TOPIC_ERRORS];
+    int n_topic_errors = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -81,6 +109,18 @@ int cmd_mock_kafka(int argc, char **argv)
             topics = v;
         } else if (!strcmp(a, "--port-file")) {
             port_file = v;
+        } else if (!strcmp(a, "--topic-error")) {
+            const char *eq = strchr(v, '=');
+            rd_kafka_resp_err_t e;
+            if (!eq || !svc_valid_topic(v, (size_t)(eq - v)) || !broker_error(eq + 1, &e) ||
+                n_topic_errors == MAX_TOPIC_ERRORS) {
+                fprintf(stderr,
+                        "mock-kafka: --topic-error: '%s' is not TOPIC=ERROR with a topic name "
+                        "and a broker error name (at most %d)\n",
+                        v, MAX_TOPIC_ERRORS);
+                return SVC_EXIT_USAGE;
+            }
+            topic_errors[n_topic_errors++] = v;
         } else {
             fprintf(stderr, "mock-kafka: unknown option '%s'\n", a);
             usage(stderr);
@@ -104,6 +144,15 @@ int cmd_mock_kafka(int argc, char **argv)
     if (svc_mock_kafka_create(brokers, topics, &m, err, sizeof err) != SVC_KAFKA_OK) {
         fprintf(stderr, "mock-kafka: %s\n", err);
         return SVC_EXIT_FAILURE;
+    }
+    for (int i = 0; i < n_topic_errors; i++) {
+        const char *eq = strchr(topic_errors[i], '=');
+        char topic[SVC_TOPIC_NAME_MAX + 1];
+        snprintf(topic, sizeof topic, "%.*s", (int)(eq - topic_errors[i]), topic_errors[i]);
+        rd_kafka_resp_err_t e = RD_KAFKA_RESP_ERR_NO_ERROR;
+        broker_error(eq + 1, &e);
+        rd_kafka_mock_topic_set_error(svc_mock_kafka_cluster(m), topic, e);
+        svc_log(SVC_LOG_INFO, "kafka.mock_topic_error", "%s answers %s", topic, eq + 1);
     }
     const char *bootstraps = svc_mock_kafka_bootstraps(m);
     if (port_file && write_whole(port_file, bootstraps) != 0) {

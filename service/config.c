@@ -18,6 +18,9 @@
 extern const char svc_local_config[];
 
 #define CONFIG_FILE_MAX (1u << 20)
+/* limits.max_reply_bytes at least: a streamed chunk (one token's text and
+ * logprobs) or an error record always fits. */
+#define REPLY_BYTES_MIN 65536
 
 typedef enum field_type { FIELD_STR, FIELD_INT, FIELD_LONG } field_type;
 
@@ -55,6 +58,7 @@ static const field fields[] = {
     STR("kafka", "request_topic", kafka.request_topic),
     STR("kafka", "cancel_topic", kafka.cancel_topic),
     STR("kafka", "dlt_topic", kafka.dlt_topic),
+    STR("kafka", "reply_topics", kafka.reply_topics),
     INT("kafka", "mock_partitions", kafka.mock_partitions, 1, 1024),
     STR("redis", "url", redis.url),
     STR("redis", "prefix", redis.prefix),
@@ -65,6 +69,7 @@ static const field fields[] = {
     LONG("limits", "max_image_bytes", limits.max_image_bytes, 1024, 1L << 31),
     LONG("limits", "max_image_pixels", limits.max_image_pixels, 1, 1L << 32),
     LONG("limits", "max_request_pixels", limits.max_request_pixels, 1, 1L << 36),
+    LONG("limits", "max_reply_bytes", limits.max_reply_bytes, REPLY_BYTES_MIN, 1L << 30),
     INT("limits", "max_attempts", limits.max_attempts, 1, 1000),
     INT("worker", "prep_threads", worker.prep_threads, 1, SVC_PREP_THREADS_MAX),
     STR("http", "listen", http.listen),
@@ -225,6 +230,49 @@ static void env_name(const field *f, char *out, size_t n)
         *p = (char)toupper((unsigned char)*p);
 }
 
+/* A librdkafka property's integer value, or dflt when the config sets none
+ * (an invalid value is librdkafka's to refuse when the client is created). */
+static long kafka_prop_long(const svc_config *cfg, const char *key, long dflt)
+{
+    for (size_t i = 0; i < cfg->kafka.n_props; i++)
+        if (!strcmp(cfg->kafka.props[i].key, key))
+            return strtol(cfg->kafka.props[i].value, NULL, 10);
+    return dflt;
+}
+
+/* The reply-topic policy and the record sizes against the producer's. */
+static int validate_replies(const svc_config *cfg, char *err, size_t errlen)
+{
+    const char *reserved[] = {cfg->kafka.request_topic, cfg->kafka.cancel_topic,
+                              cfg->kafka.dlt_topic};
+    svc_topic_policy policy = {cfg->kafka.reply_topics, reserved,
+                               sizeof reserved / sizeof reserved[0]};
+    char why[400];
+    if (!svc_topic_policy_check(&policy, why, sizeof why)) {
+        svc_errf(err, errlen, "kafka.reply_topics: %s", why);
+        return -1;
+    }
+    long max_message = kafka_prop_long(cfg, "message.max.bytes", SVC_KAFKA_MESSAGE_MAX_DEFAULT);
+    if (cfg->limits.max_reply_bytes + (long)SVC_RECORD_RESERVE > max_message) {
+        svc_errf(err, errlen,
+                 "limits.max_reply_bytes (%ld) must stay %u bytes below the producer's "
+                 "kafka.message.max.bytes (%ld) for keys and headers",
+                 cfg->limits.max_reply_bytes, SVC_RECORD_RESERVE, max_message);
+        return -1;
+    }
+    long timeout = kafka_prop_long(cfg, "message.timeout.ms", SVC_PRODUCER_TIMEOUT_MS);
+    long propagation = kafka_prop_long(cfg, "topic.metadata.propagation.max.ms", 0);
+    if (timeout > 0 && propagation >= timeout) {
+        svc_errf(err, errlen,
+                 "kafka.topic.metadata.propagation.max.ms (%ld) must be below "
+                 "kafka.message.timeout.ms (%ld): records for a missing reply topic must fail "
+                 "as that request's error, not time out as the cluster's",
+                 propagation, timeout);
+        return -1;
+    }
+    return 0;
+}
+
 static int validate(svc_config *cfg, char *err, size_t errlen)
 {
     if (strcmp(cfg->model.backend, "auto") && strcmp(cfg->model.backend, "cpu") &&
@@ -242,6 +290,8 @@ static int validate(svc_config *cfg, char *err, size_t errlen)
                      topics[i][1]);
             return -1;
         }
+    if (validate_replies(cfg, err, errlen))
+        return -1;
     if (!cfg->model.dir[0] || !cfg->kafka.brokers[0] || !cfg->kafka.group[0]) {
         svc_errf(err, errlen, "model.dir, kafka.brokers and kafka.group are required");
         return -1;

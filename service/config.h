@@ -40,6 +40,7 @@ typedef struct svc_config {
         char brokers[SVC_CONFIG_STR];    /* "mock" = the in-process mock cluster */
         char group[256];
         char request_topic[256], cancel_topic[256], dlt_topic[256];
+        char reply_topics[SVC_CONFIG_STR]; /* the reply-topic policy (svc_topic_policy) */
         int mock_partitions;
         svc_kafka_kv props[SVC_CONFIG_MAX_KAFKA_PROPS]; /* owned strings */
         size_t n_props;
@@ -52,6 +53,7 @@ typedef struct svc_config {
     struct {
         long max_request_bytes, max_image_bytes, max_image_pixels;
         long max_request_pixels;         /* decoded pixels of all of a request's images */
+        long max_reply_bytes;            /* one reply record; a dead letter's value */
         int max_attempts;
     } limits;
     struct {

@@ -13,7 +13,8 @@
  *               tracker needs no lock. It never waits on the model, which
  *               keeps max.poll.interval.ms from firing on long generations.
  * Any thread    svc_producer_produce / _produce_dlt (the engine's step loop
- *               streams chunks), svc_kafka_msg_release, the _fatal queries.
+ *               streams chunks), svc_kafka_msg_release / _detach, the _fatal
+ *               queries.
  * librdkafka's  own threads only call the log callback (svc_log).
  *
  * ---- The worker loop (Kafka thread) ----------------------------------------
@@ -70,7 +71,10 @@ typedef enum svc_kafka_status {
     SVC_KAFKA_NO_MESSAGE,     /* poll: nothing to hand out this time */
     SVC_KAFKA_ERR_CONFIG,     /* a property or argument was rejected; err names it */
     SVC_KAFKA_ERR_QUEUE_FULL, /* produce: the local queue stayed full for the whole bound */
-    SVC_KAFKA_ERR_TOO_LARGE,  /* produce: the record exceeds message.max.bytes */
+    SVC_KAFKA_ERR_TOO_LARGE,  /* produce, delivery: the record exceeds message.max.bytes
+                                 (the producer's or the topic's) */
+    SVC_KAFKA_ERR_TOPIC,      /* produce, delivery: the topic refuses records (unknown,
+                                 not authorized, invalid) */
     SVC_KAFKA_ERR_STALE,      /* finish: the partition is no longer ours (revoked, lost) */
     SVC_KAFKA_ERR_INVALID,    /* finish: not pending (finished twice: a caller bug) */
     SVC_KAFKA_ERR_TIMED_OUT,  /* flush: records still undelivered at the deadline */
@@ -81,6 +85,21 @@ typedef enum svc_kafka_status {
 
 /* Stable lower-case name of a status. Never NULL. */
 const char *svc_kafka_status_name(svc_kafka_status st);
+
+/* What a librdkafka error says about a record: OK (none), ERR_TOO_LARGE
+ * and ERR_TOPIC (this record or its topic is refused for good: nothing
+ * about the connection or the cluster), ERR_FATAL, or ERR_KAFKA for the
+ * rest (timeouts, brokers down, purges). @locality any. */
+svc_kafka_status svc_kafka_record_status(rd_kafka_resp_err_t err);
+
+/* Room kept in every record for what is not its value: key, headers and
+ * Kafka's framing. A record value of at most message.max.bytes minus this
+ * (and a dead letter's key and headers of at most SVC_DLT_META_MAX) is
+ * never refused for its size by the producer. */
+#define SVC_RECORD_RESERVE (64u << 10)
+#define SVC_DLT_META_MAX (16u << 10)
+/* librdkafka's default message.max.bytes, when the configuration sets none. */
+#define SVC_KAFKA_MESSAGE_MAX_DEFAULT 1000000
 
 /* One librdkafka property, applied with rd_kafka_conf_set. */
 typedef struct svc_kafka_kv {
@@ -105,6 +124,12 @@ typedef struct svc_kafka_msg {
     const void *value;       /* borrowed; not NUL-terminated; NULL when empty */
     size_t value_len;
     svc_offset_ticket ticket;
+    /* Once detached (svc_kafka_msg_detach): rkm is NULL and the views above
+     * point into copy. */
+    void *copy;                  /* owned: topic, key and the kept value */
+    rd_kafka_headers_t *headers; /* owned copy of the headers; NULL: none kept */
+    size_t value_full_len;       /* the value's length before detach kept a prefix */
+    size_t dropped_meta;         /* bytes of key and headers detach did not keep */
 } svc_kafka_msg;
 
 /* Find the last header called `name`. Returns true and sets *value (borrowed
@@ -113,9 +138,19 @@ typedef struct svc_kafka_msg {
 bool svc_kafka_msg_header(const svc_kafka_msg *m, const char *name, const void **value,
                           size_t *len);
 
-/* Destroy the underlying message; the views become invalid. The ticket stays
- * usable. Releasing an already released message is a no-op. @locality any. */
+/* Destroy the underlying message (or a detached copy); the views become
+ * invalid. The ticket stays usable. Releasing an already released message
+ * is a no-op. @locality any. */
 void svc_kafka_msg_release(svc_kafka_msg *m);
+
+/* Keep what a dead letter needs of m and release the fetched record: the
+ * topic, partition, offset, the key and headers (both dropped when together
+ * over SVC_DLT_META_MAX bytes, counted in dropped_meta) and the first
+ * max_value bytes of the value (value_full_len keeps its length). The views
+ * and svc_kafka_msg_header then read the copy. Returns OK, or ERR_NOMEM with
+ * m released. Detaching twice keeps the first copy. @locality the thread
+ * holding m. */
+svc_kafka_status svc_kafka_msg_detach(svc_kafka_msg *m, size_t max_value);
 
 /* ==== Consumer ================================================================ */
 
@@ -234,6 +269,7 @@ typedef struct svc_kafka_record {
 typedef struct svc_delivery {
     void *ctx;                /* the record's ctx */
     rd_kafka_resp_err_t err;  /* RD_KAFKA_RESP_ERR_NO_ERROR: acknowledged by the broker */
+    svc_kafka_status status;  /* svc_kafka_record_status(err) */
     const char *errstr;       /* static text for err */
     const char *topic;        /* borrowed for the call */
     int32_t partition;
@@ -251,7 +287,12 @@ typedef struct svc_dead_letter {
     const char *error_msg;  /* x-error-msg, one line for an operator */
     const char *worker;     /* x-worker, or NULL to omit */
     void *ctx;              /* as svc_kafka_record.ctx */
+    size_t max_value;       /* the value is cut to this many bytes (x-truncated: its
+                               length); 0 = kept whole */
 } svc_dead_letter;
+
+#define SVC_PRODUCER_TIMEOUT_MS 30000
+#define SVC_PRODUCER_PROPAGATION_MS 5000
 
 typedef struct svc_producer_config {
     const char *brokers;        /* bootstrap.servers */
@@ -264,11 +305,16 @@ typedef struct svc_producer_config {
 } svc_producer_config;
 
 /* Create an idempotent producer with one request in flight per connection
- * (enable.idempotence=true and max.in.flight.requests.per.connection=1 are
- * fixed: retries neither duplicate nor reorder, on any broker; setting
- * either is an error). Defaults linger.ms=0 (tokens go out at once) and
- * message.timeout.ms=30000 (a token minutes late is worthless);
- * pass-through properties override them. Returns OK and *out,
+ * that never creates a topic (enable.idempotence=true: retries neither
+ * duplicate nor reorder; max.in.flight.requests.per.connection=1: in order
+ * on any broker; allow.auto.create.topics=false: a request names its reply
+ * topic, operators create topics; setting any of them is an error).
+ * Defaults linger.ms=0 (tokens go out at once),
+ * message.timeout.ms=SVC_PRODUCER_TIMEOUT_MS (a token minutes late is
+ * worthless) and topic.metadata.propagation.max.ms=
+ * SVC_PRODUCER_PROPAGATION_MS or half the message timeout if less (records
+ * for a topic the cluster does not have fail with ERR_TOPIC after this,
+ * before they would time out); pass-through properties override them. Returns OK and *out,
  * or ERR_CONFIG naming the property, ERR_NOMEM or ERR_KAFKA (*out NULL).
  * @locality any. */
 svc_kafka_status svc_producer_create(const svc_producer_config *cfg, svc_producer **out,
@@ -286,9 +332,12 @@ svc_kafka_status svc_producer_produce(svc_producer *p, const svc_kafka_record *r
 
 /* Send a consumed message that cannot be answered to dl->topic: its key,
  * value and headers, plus x-error-code, x-error-msg, x-original-topic,
- * x-original-partition, x-original-offset (decimal) and x-worker. Returns as
- * svc_producer_produce; dl->ctx reports likewise. `orig` is only read.
- * @locality the thread holding orig. */
+ * x-original-partition, x-original-offset (decimal) and x-worker. A value
+ * over dl->max_value (or one detach cut) is cut to it, with x-truncated: the
+ * original length in decimal; a key and headers together over
+ * SVC_DLT_META_MAX are dropped, with x-dropped: their bytes. `orig` may be
+ * detached. Returns as svc_producer_produce; dl->ctx reports likewise.
+ * `orig` is only read. @locality the thread holding orig. */
 svc_kafka_status svc_producer_produce_dlt(svc_producer *p, const svc_dead_letter *dl,
                                           const svc_kafka_msg *orig, char *err, size_t errlen);
 

@@ -16,6 +16,7 @@ const char *svc_kafka_status_name(svc_kafka_status st)
     case SVC_KAFKA_ERR_CONFIG: return "config";
     case SVC_KAFKA_ERR_QUEUE_FULL: return "queue_full";
     case SVC_KAFKA_ERR_TOO_LARGE: return "too_large";
+    case SVC_KAFKA_ERR_TOPIC: return "topic";
     case SVC_KAFKA_ERR_STALE: return "stale";
     case SVC_KAFKA_ERR_INVALID: return "invalid";
     case SVC_KAFKA_ERR_TIMED_OUT: return "timed_out";
@@ -24,6 +25,34 @@ const char *svc_kafka_status_name(svc_kafka_status st)
     case SVC_KAFKA_ERR_KAFKA: return "kafka";
     }
     return "unknown";
+}
+
+svc_kafka_status svc_kafka_record_status(rd_kafka_resp_err_t err)
+{
+    switch (err) {
+    case RD_KAFKA_RESP_ERR_NO_ERROR: return SVC_KAFKA_OK;
+    case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+    case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE: return SVC_KAFKA_ERR_TOO_LARGE;
+    case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+    case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
+    case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+    case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+    case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+    case RD_KAFKA_RESP_ERR_INVALID_RECORD: return SVC_KAFKA_ERR_TOPIC;
+    case RD_KAFKA_RESP_ERR__FATAL: return SVC_KAFKA_ERR_FATAL;
+    default: return SVC_KAFKA_ERR_KAFKA;
+    }
+}
+
+size_t svc_kafka_headers_bytes(const rd_kafka_headers_t *hdrs)
+{
+    size_t n = 0;
+    const char *name;
+    const void *value;
+    size_t len;
+    for (size_t i = 0; hdrs && !rd_kafka_header_get_all(hdrs, i, &name, &value, &len); i++)
+        n += strlen(name) + len;
+    return n;
 }
 
 svc_kafka_status svc_kafka_fail(char *err, size_t errlen, svc_kafka_status st, const char *fmt,

@@ -24,6 +24,10 @@ svc_kafka_status svc_kafka_conf_build(const svc_kafka_kv *defaults, size_t n_def
                                       const svc_kafka_fixed *fixed, size_t n_fixed,
                                       rd_kafka_conf_t **out, char *err, size_t errlen);
 
+/* Bytes of a header set's names and values (0 for NULL): what a dead
+ * letter's SVC_DLT_META_MAX counts. @locality any. */
+size_t svc_kafka_headers_bytes(const rd_kafka_headers_t *hdrs);
+
 /* printf into err (if non-NULL) and return st: error paths are one line. */
 svc_kafka_status svc_kafka_fail(char *err, size_t errlen, svc_kafka_status st, const char *fmt,
                                 ...) __attribute__((format(printf, 4, 5)));

@@ -30,21 +30,68 @@ struct svc_consumer {
 bool svc_kafka_msg_header(const svc_kafka_msg *m, const char *name, const void **value,
                           size_t *len)
 {
-    rd_kafka_headers_t *hdrs;
-    if (!m->rkm || rd_kafka_message_headers(m->rkm, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR)
+    rd_kafka_headers_t *hdrs = m->headers;
+    if (m->rkm && rd_kafka_message_headers(m->rkm, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR)
         return false;
-    return rd_kafka_header_get_last(hdrs, name, value, len) == RD_KAFKA_RESP_ERR_NO_ERROR;
+    return hdrs && rd_kafka_header_get_last(hdrs, name, value, len) == RD_KAFKA_RESP_ERR_NO_ERROR;
 }
 
 void svc_kafka_msg_release(svc_kafka_msg *m)
 {
-    if (!m->rkm)
-        return;
-    rd_kafka_message_destroy(m->rkm);
+    if (m->rkm)
+        rd_kafka_message_destroy(m->rkm);
+    if (m->headers)
+        rd_kafka_headers_destroy(m->headers);
+    free(m->copy);
     m->rkm = NULL;
+    m->headers = NULL;
+    m->copy = NULL;
     m->topic = NULL;
     m->key = m->value = NULL;
-    m->key_len = m->value_len = 0;
+    m->key_len = m->value_len = m->value_full_len = m->dropped_meta = 0;
+}
+
+svc_kafka_status svc_kafka_msg_detach(svc_kafka_msg *m, size_t max_value)
+{
+    if (!m->rkm)
+        return SVC_KAFKA_OK;
+    rd_kafka_headers_t *hdrs = NULL;
+    if (rd_kafka_message_headers(m->rkm, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        hdrs = NULL;
+    size_t meta = m->key_len + svc_kafka_headers_bytes(hdrs);
+    bool keep_meta = meta <= SVC_DLT_META_MAX;
+    size_t topic_len = strlen(m->topic);
+    size_t key_len = keep_meta ? m->key_len : 0;
+    size_t value_len = m->value_len < max_value ? m->value_len : max_value;
+    char *copy = malloc(topic_len + 1 + key_len + value_len + 1);
+    rd_kafka_headers_t *kept = keep_meta && hdrs ? rd_kafka_headers_copy(hdrs) : NULL;
+    if (!copy || (keep_meta && hdrs && !kept)) {
+        free(copy);
+        if (kept)
+            rd_kafka_headers_destroy(kept);
+        svc_kafka_msg_release(m);
+        return SVC_KAFKA_ERR_NOMEM;
+    }
+    memcpy(copy, m->topic, topic_len + 1);
+    char *key = copy + topic_len + 1, *value = key + key_len;
+    if (key_len)
+        memcpy(key, m->key, key_len);
+    if (value_len)
+        memcpy(value, m->value, value_len);
+    size_t full = m->value_len;
+    bool had_key = m->key != NULL;
+    rd_kafka_message_destroy(m->rkm);
+    m->rkm = NULL;
+    m->copy = copy;
+    m->headers = kept;
+    m->topic = copy;
+    m->key = keep_meta && had_key ? key : NULL;
+    m->key_len = key_len;
+    m->value = value_len ? value : NULL;
+    m->value_len = value_len;
+    m->value_full_len = full;
+    m->dropped_meta = keep_meta ? 0 : meta;
+    return SVC_KAFKA_OK;
 }
 
 /* ==== helpers ================================================================= */
@@ -396,6 +443,10 @@ svc_kafka_status svc_consumer_poll(svc_consumer *c, int timeout_ms, svc_kafka_ms
     msg->key_len = rkm->key_len;
     msg->value = rkm->payload;
     msg->value_len = rkm->len;
+    msg->copy = NULL;
+    msg->headers = NULL;
+    msg->value_full_len = rkm->len;
+    msg->dropped_meta = 0;
     return SVC_KAFKA_OK;
 }
 

@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "kafka_conf.h"
@@ -35,6 +36,9 @@ struct svc_producer {
  * Kafka-thread contract of kafka.h) or must be waited out. An id rather than
  * a pointer, so a freed producer's address reused by a new one is no match. */
 static _Thread_local uint64_t dr_thread_of;
+/* Set while this thread runs a delivery report: a produce from inside one
+ * (a dead letter for a refused reply) must not serve reports recursively. */
+static _Thread_local bool in_report;
 static atomic_uint_least64_t next_id = 1;
 
 /* ==== callbacks =============================================================== */
@@ -47,6 +51,7 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
         .ctx = m->_private,
         .err = m->err,
         .errstr = rd_kafka_err2str(m->err),
+        .status = svc_kafka_record_status(m->err),
         .topic = rd_kafka_topic_name(m->rkt),
         .partition = m->partition,
         .offset = m->err ? -1 : m->offset,
@@ -54,7 +59,9 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
     if (m->err)
         svc_log(SVC_LOG_WARN, "kafka.delivery_failed", "%s [%d]: %s", d.topic, (int)d.partition,
                 d.errstr);
+    in_report = true;
     p->on_delivery(p->opaque, &d);
+    in_report = false;
 }
 
 /* @locality the delivery-report thread. */
@@ -79,6 +86,19 @@ svc_kafka_status svc_producer_create(const svc_producer_config *cfg, svc_produce
     if (!cfg->on_delivery)
         return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_CONFIG,
                               "producer: a delivery callback is required");
+    /* A missing topic must fail its records before they time out: the
+     * propagation wait defaults to at most half the message timeout. */
+    long timeout_ms = SVC_PRODUCER_TIMEOUT_MS;
+    for (size_t i = 0; i < cfg->n_kafka; i++)
+        if (cfg->kafka[i].key && cfg->kafka[i].value &&
+            !strcmp(cfg->kafka[i].key, "message.timeout.ms"))
+            timeout_ms = strtol(cfg->kafka[i].value, NULL, 10);
+    long propagation_ms = SVC_PRODUCER_PROPAGATION_MS;
+    if (timeout_ms > 0 && propagation_ms > timeout_ms / 2)
+        propagation_ms = timeout_ms / 2;
+    char timeout[24], propagation[24];
+    snprintf(timeout, sizeof timeout, "%d", SVC_PRODUCER_TIMEOUT_MS);
+    snprintf(propagation, sizeof propagation, "%ld", propagation_ms);
     const svc_kafka_kv defaults[] = {
         {"client.id", "mllama-worker"},
         {"bootstrap.servers", cfg->brokers},
@@ -87,7 +107,8 @@ svc_kafka_status svc_producer_create(const svc_producer_config *cfg, svc_produce
          * (tests/bench/bench_service.c); batching still happens while a
          * request is in flight. */
         {"linger.ms", "0"},
-        {"message.timeout.ms", "30000"},
+        {"message.timeout.ms", timeout},
+        {"topic.metadata.propagation.max.ms", propagation},
     };
     /* One request in flight per broker connection: the records of one
      * attempt then reach the log in the order they were produced whatever
@@ -103,6 +124,8 @@ svc_kafka_status svc_producer_create(const svc_producer_config *cfg, svc_produce
         {"enable.idempotence", "true", "retries must neither duplicate nor reorder reply chunks"},
         {"max.in.flight.requests.per.connection", "1",
          "the records of one attempt must reach the log in order on any broker"},
+        {"allow.auto.create.topics", "false",
+         "a request names its reply topic: it must not create one (operators create topics)"},
     };
     rd_kafka_conf_t *conf;
     svc_kafka_status st = svc_kafka_conf_build(defaults, sizeof defaults / sizeof defaults[0],
@@ -173,7 +196,7 @@ static svc_kafka_status produce(svc_producer *p, const char *topic, int32_t part
                               RD_KAFKA_V_OPAQUE(ctx), RD_KAFKA_V_END);
         if (e != RD_KAFKA_RESP_ERR__QUEUE_FULL || waited >= p->queue_full_ms)
             break;
-        if (dr_thread_of == p->id)
+        if (dr_thread_of == p->id && !in_report)
             rd_kafka_poll(p->rk, QUEUE_FULL_STEP_MS);
         else
             sleep_ms(QUEUE_FULL_STEP_MS);
@@ -182,13 +205,8 @@ static svc_kafka_status produce(svc_producer *p, const char *topic, int32_t part
         return SVC_KAFKA_OK;
     if (hdrs)
         rd_kafka_headers_destroy(hdrs);
-    svc_kafka_status st;
-    switch (e) {
-    case RD_KAFKA_RESP_ERR__QUEUE_FULL: st = SVC_KAFKA_ERR_QUEUE_FULL; break;
-    case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE: st = SVC_KAFKA_ERR_TOO_LARGE; break;
-    case RD_KAFKA_RESP_ERR__FATAL: st = SVC_KAFKA_ERR_FATAL; break;
-    default: st = SVC_KAFKA_ERR_KAFKA; break;
-    }
+    svc_kafka_status st = e == RD_KAFKA_RESP_ERR__QUEUE_FULL ? SVC_KAFKA_ERR_QUEUE_FULL
+                                                             : svc_kafka_record_status(e);
     return svc_kafka_fail(err, errlen, st, "produce to %s: %s", topic, rd_kafka_err2str(e));
 }
 
@@ -217,17 +235,26 @@ svc_kafka_status svc_producer_produce(svc_producer *p, const svc_kafka_record *r
 svc_kafka_status svc_producer_produce_dlt(svc_producer *p, const svc_dead_letter *dl,
                                           const svc_kafka_msg *orig, char *err, size_t errlen)
 {
-    if (!dl->topic || !*dl->topic || !orig->rkm)
+    if (!dl->topic || !*dl->topic || (!orig->rkm && !orig->copy))
         return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_CONFIG,
                               "dead letter: no topic or message already released");
-    rd_kafka_headers_t *orig_hdrs;
-    rd_kafka_headers_t *hdrs =
-        rd_kafka_message_headers(orig->rkm, &orig_hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR
-            ? rd_kafka_headers_copy(orig_hdrs)
-            : rd_kafka_headers_new(6);
-    char partition[16], offset[24];
+    rd_kafka_headers_t *orig_hdrs = orig->headers;
+    if (orig->rkm && rd_kafka_message_headers(orig->rkm, &orig_hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        orig_hdrs = NULL;
+    size_t hdr_bytes = svc_kafka_headers_bytes(orig_hdrs);
+    size_t dropped = orig->dropped_meta;
+    if (!dropped && orig->key_len + hdr_bytes > SVC_DLT_META_MAX)
+        dropped = orig->key_len + hdr_bytes;
+    rd_kafka_headers_t *hdrs = orig_hdrs && !dropped ? rd_kafka_headers_copy(orig_hdrs)
+                                                     : rd_kafka_headers_new(8);
+    size_t full = orig->value_full_len > orig->value_len ? orig->value_full_len : orig->value_len;
+    size_t value_len = dl->max_value && orig->value_len > dl->max_value ? dl->max_value
+                                                                         : orig->value_len;
+    char partition[16], offset[24], truncated[24], dropped_s[24];
     snprintf(partition, sizeof partition, "%" PRId32, orig->partition);
     snprintf(offset, sizeof offset, "%" PRId64, orig->offset);
+    snprintf(truncated, sizeof truncated, "%zu", full);
+    snprintf(dropped_s, sizeof dropped_s, "%zu", dropped);
     const char *add[][2] = {
         {"x-error-code", dl->error_code ? dl->error_code : "internal"},
         {"x-error-msg", dl->error_msg ? dl->error_msg : ""},
@@ -235,12 +262,15 @@ svc_kafka_status svc_producer_produce_dlt(svc_producer *p, const svc_dead_letter
         {"x-original-partition", partition},
         {"x-original-offset", offset},
         {"x-worker", dl->worker},
+        {"x-truncated", value_len < full ? truncated : NULL},
+        {"x-dropped", dropped ? dropped_s : NULL},
     };
     for (size_t i = 0; i < sizeof add / sizeof add[0]; i++)
         if (add[i][1])
             rd_kafka_header_add(hdrs, add[i][0], -1, add[i][1], -1);
-    return produce(p, dl->topic, RD_KAFKA_PARTITION_UA, orig->key, orig->key_len, orig->value,
-                   orig->value_len, hdrs, dl->ctx, err, errlen);
+    return produce(p, dl->topic, RD_KAFKA_PARTITION_UA, dropped ? NULL : orig->key,
+                   dropped ? 0 : orig->key_len, orig->value, value_len, hdrs, dl->ctx, err,
+                   errlen);
 }
 
 /* ==== serving reports ========================================================= */

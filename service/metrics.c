@@ -79,8 +79,9 @@ static const hist_def hist_defs[SVC_HIST_COUNT] = {
 static const svc_finish outcomes[] = {SVC_FINISH_STOP, SVC_FINISH_LENGTH, SVC_FINISH_CANCELLED,
                                       SVC_FINISH_ERROR};
 #define N_OUTCOMES (sizeof outcomes / sizeof outcomes[0])
-/* Error codes with a label, in svc_error order from INVALID_JSON. */
-#define N_CODES (SVC_ERROR_TOO_MANY_ATTEMPTS + 1)
+/* Error codes with a label, in svc_error order from INVALID_JSON; those
+ * from TOO_MANY_ATTEMPTS on are dead-letter only. */
+#define N_CODES (SVC_ERROR_REPLY_UNDELIVERABLE + 1)
 static const char *const rebalance_names[SVC_REBALANCE_COUNT] = {"assign", "revoke", "lost"};
 
 /* ==== values ================================================================ */

@@ -66,7 +66,8 @@ void svc_metrics_observe(svc_histogram h, double seconds);
 void svc_metrics_finished(svc_finish outcome);
 /* mllama_request_errors_total{code} */
 void svc_metrics_error(svc_error code);
-/* mllama_dlt_messages_total{code} */
+/* mllama_dlt_messages_total{code}: call when the broker acknowledged the
+ * dead letter (its delivery report), not when it was queued. */
 void svc_metrics_dead_letter(svc_error code);
 /* mllama_kafka_rebalances_total{type} */
 void svc_metrics_rebalance(svc_rebalance type);

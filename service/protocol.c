@@ -2,6 +2,7 @@
  * and the validators that request parsing and the Redis index share. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "protocol.h"
 
@@ -19,8 +20,11 @@ const char *svc_error_code(svc_error e)
     case SVC_ERROR_CONTEXT_LENGTH_EXCEEDED: return "context_length_exceeded";
     case SVC_ERROR_DEADLINE_EXCEEDED: return "deadline_exceeded";
     case SVC_ERROR_CANCELLED: return "cancelled";
+    case SVC_ERROR_REPLY_TOO_LARGE: return "reply_too_large";
     case SVC_ERROR_INTERNAL: return "internal";
     case SVC_ERROR_TOO_MANY_ATTEMPTS: return "too_many_attempts";
+    case SVC_ERROR_REPLY_TOPIC_NOT_ALLOWED: return "reply_topic_not_allowed";
+    case SVC_ERROR_REPLY_UNDELIVERABLE: return "reply_undeliverable";
     }
     return "internal";
 }
@@ -55,6 +59,12 @@ void svc_limits_default(svc_limits *lim)
     };
 }
 
+size_t svc_reply_bound(uint32_t max_tokens, bool logprobs, uint32_t top_logprobs)
+{
+    size_t entries = 1 + (logprobs ? 1 + (size_t)top_logprobs : 0);
+    return (size_t)max_tokens * entries * SVC_REPLY_ENTRY_BYTES + SVC_REPLY_FIXED_BYTES;
+}
+
 const char *svc_role_name(svc_role role)
 {
     switch (role) {
@@ -86,6 +96,91 @@ bool svc_valid_topic(const char *s, size_t len)
     if (len == 0 || len > SVC_TOPIC_NAME_MAX || !all_name_chars(s, len))
         return false;
     return !(len == 1 && s[0] == '.') && !(len == 2 && s[0] == '.' && s[1] == '.');
+}
+
+/* ==== The reply-topic policy ============================================= */
+
+#define POLICY_PREFIX_MARK '*'
+#define INTERNAL_TOPIC_PREFIX "__"
+
+static bool is_internal_topic(const char *s, size_t len)
+{
+    size_t n = sizeof INTERNAL_TOPIC_PREFIX - 1;
+    return len >= n && !memcmp(s, INTERNAL_TOPIC_PREFIX, n);
+}
+
+static bool is_reserved(const svc_topic_policy *p, const char *s, size_t len)
+{
+    for (size_t i = 0; i < p->n_reserved; i++)
+        if (strlen(p->reserved[i]) == len && !memcmp(p->reserved[i], s, len))
+            return true;
+    return false;
+}
+
+/* The next entry of a policy list at *at: sets *entry and *len (without the
+ * comma) and moves *at past it. False at the end of the list. */
+static bool next_entry(const char **at, const char **entry, size_t *len)
+{
+    if (!*at)
+        return false;
+    const char *comma = strchr(*at, ',');
+    *entry = *at;
+    *len = comma ? (size_t)(comma - *at) : strlen(*at);
+    *at = comma ? comma + 1 : NULL;
+    return true;
+}
+
+bool svc_reply_topic_allowed(const svc_topic_policy *p, const char *topic, size_t len)
+{
+    if (!svc_valid_topic(topic, len) || is_internal_topic(topic, len) ||
+        is_reserved(p, topic, len))
+        return false;
+    const char *at = p->allowed, *e;
+    size_t n;
+    while (next_entry(&at, &e, &n)) {
+        bool prefix = n > 0 && e[n - 1] == POLICY_PREFIX_MARK;
+        size_t stem = prefix ? n - 1 : n;
+        if (stem == 0)
+            continue; /* refused by svc_topic_policy_check; never matches */
+        if (prefix ? len >= stem && !memcmp(topic, e, stem) : len == n && !memcmp(topic, e, n))
+            return true;
+    }
+    return false;
+}
+
+bool svc_topic_policy_check(const svc_topic_policy *p, char *err, size_t errlen)
+{
+    const char *at = p->allowed, *e;
+    size_t n;
+    for (size_t i = 0; next_entry(&at, &e, &n); i++) {
+        bool prefix = n > 0 && e[n - 1] == POLICY_PREFIX_MARK;
+        size_t stem = prefix ? n - 1 : n;
+        int quote = n < SVC_TOPIC_NAME_MAX ? (int)n : SVC_TOPIC_NAME_MAX;
+        /* A prefix need not be a whole name ("a." is one): its characters
+         * and length are what can be checked. */
+        bool valid = prefix ? stem > 0 && stem <= SVC_TOPIC_NAME_MAX && all_name_chars(e, stem)
+                            : svc_valid_topic(e, n);
+        if (!valid) {
+            svc_errf(err, errlen,
+                     "entry %zu '%.*s': expected a topic name ([A-Za-z0-9._-], 1..%d) or a "
+                     "prefix of one followed by '*'",
+                     i, quote, e, SVC_TOPIC_NAME_MAX);
+            return false;
+        }
+        if (is_internal_topic(e, stem)) {
+            svc_errf(err, errlen, "entry %zu '%.*s': topics starting with \"%s\" are Kafka's own",
+                     i, quote, e, INTERNAL_TOPIC_PREFIX);
+            return false;
+        }
+        if (!prefix && is_reserved(p, e, n)) {
+            svc_errf(err, errlen,
+                     "entry %zu '%.*s': the worker's request, cancel and dead-letter topics "
+                     "never receive replies",
+                     i, quote, e);
+            return false;
+        }
+    }
+    return true;
 }
 
 bool svc_valid_adapter_name(const char *s, size_t len)

@@ -82,7 +82,8 @@
  *
  * Dead-letter records keep the original key, value and headers and add
  * x-error-code, x-error-msg, x-original-topic, x-original-partition,
- * x-original-offset and x-worker.
+ * x-original-offset and x-worker; a value cut to fit gets x-truncated, a
+ * key and headers dropped to fit get x-dropped (kafka.h).
  *
  * @locality any thread, for every function here: they keep no state
  * between calls (one caveat about cJSON at svc_request_parse). Objects
@@ -109,9 +110,15 @@ typedef enum svc_error {
     SVC_ERROR_CONTEXT_LENGTH_EXCEEDED, /* "context_length_exceeded" */
     SVC_ERROR_DEADLINE_EXCEEDED,       /* "deadline_exceeded" */
     SVC_ERROR_CANCELLED,               /* "cancelled" */
+    SVC_ERROR_REPLY_TOO_LARGE,         /* "reply_too_large": the answer may not fit in one
+                                          record of limits.max_reply_bytes (stream: false) */
     SVC_ERROR_INTERNAL,                /* "internal": the worker failed, not the request */
     SVC_ERROR_TOO_MANY_ATTEMPTS,       /* "too_many_attempts": dead-letter only, the
                                           message crashed workers repeatedly */
+    SVC_ERROR_REPLY_TOPIC_NOT_ALLOWED, /* "reply_topic_not_allowed": dead-letter only, the
+                                          reply topic is outside kafka.reply_topics */
+    SVC_ERROR_REPLY_UNDELIVERABLE,     /* "reply_undeliverable": dead-letter only, the reply
+                                          topic refused the request's records */
 } svc_error;
 
 /* Stable lower-case wire string of an error ("invalid_json", ...); "none"
@@ -132,6 +139,14 @@ void svc_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((for
 #define SVC_SHA256_HEX_LEN 64    /* lower-case hex digits of a sha256 */
 #define SVC_TOP_LOGPROBS_MAX 20  /* as in the OpenAI API */
 #define SVC_TRACEPARENT_LEN 55   /* "00-<32 hex>-<16 hex>-<2 hex>" */
+/* What one token may add to a stream: false completion record, for the
+ * bound checked at validation: its text JSON-escaped and, with logprobs,
+ * each entry (token, logprob, "bytes" array). Typical tokens need 20 to 100
+ * bytes; a completion that still outgrows limits.max_reply_bytes is
+ * answered with reply_too_large when it is written. */
+#define SVC_REPLY_ENTRY_BYTES 128
+/* The rest of a completion record: id, model, usage, timings, framing. */
+#define SVC_REPLY_FIXED_BYTES 4096
 
 /* What one request may ask for; hostile input is bounded by these before
  * anything proportional to it is allocated. */
@@ -148,13 +163,20 @@ typedef struct svc_limits {
     size_t max_stop_bytes;    /* one stop string */
     uint32_t max_tokens_default;
     uint32_t max_tokens_limit;
+    size_t max_reply_bytes;   /* one reply record; 0 = unbounded */
 } svc_limits;
 
 /* Fill `lim` with the defaults: 32 MiB request, 65536 JSON values, 256-byte
  * id, 1024 messages, 4096 parts, 1 MiB text, 8 images of at most 20 MiB,
  * 4 stop strings of at most 256 bytes, max_tokens 256 by default and 4096 at
- * most. @locality any thread. */
+ * most, replies unbounded. @locality any thread. */
 void svc_limits_default(svc_limits *lim);
+
+/* The bytes a stream: false completion of max_tokens tokens may need, as
+ * validation bounds it: max_tokens x entries x SVC_REPLY_ENTRY_BYTES +
+ * SVC_REPLY_FIXED_BYTES, with one entry per token for the text and, with
+ * logprobs, 1 + top_logprobs more. @locality any thread. */
+size_t svc_reply_bound(uint32_t max_tokens, bool logprobs, uint32_t top_logprobs);
 
 /* ==== Parsed request ===================================================== */
 
@@ -295,6 +317,30 @@ void svc_request_destroy(svc_request *req);
 
 /* True for a Kafka topic name: [A-Za-z0-9._-]{1,249}, not "." or "..". */
 bool svc_valid_topic(const char *s, size_t len);
+
+/* The reply-topic policy (config kafka.reply_topics): `allowed` is a
+ * comma-separated list of entries, each an exact topic name or a prefix
+ * written as a name followed by '*' ("mllama.replies,mllama.replies.*").
+ * Whatever it says, these are never allowed: the `reserved` topics (the
+ * worker's request, cancel and dead-letter topics) and every topic whose
+ * name starts with "__" (Kafka's internal topics). */
+typedef struct svc_topic_policy {
+    const char *allowed;          /* borrowed */
+    const char *const *reserved;  /* borrowed: n_reserved NUL-terminated names */
+    size_t n_reserved;
+} svc_topic_policy;
+
+/* True when topic[0..len) (not NUL-terminated) may receive replies: a valid
+ * topic name (svc_valid_topic), not reserved, not "__"-prefixed, and equal
+ * to an exact entry of p->allowed or starting with one of its prefixes.
+ * Pure: reads only its arguments. @locality any thread. */
+bool svc_reply_topic_allowed(const svc_topic_policy *p, const char *topic, size_t len);
+
+/* Check p->allowed at configuration time: every entry a valid topic name,
+ * or a non-empty prefix of one followed by '*'; none "__"-prefixed and none
+ * naming a reserved topic exactly. Returns true, or false with the entry
+ * and the reason in err. @locality any thread. */
+bool svc_topic_policy_check(const svc_topic_policy *p, char *err, size_t errlen);
 
 /* True for an adapter name: [A-Za-z0-9._-]{1,128}, not starting with '.'
  * (it becomes a Redis key part and may name a directory). */

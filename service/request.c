@@ -795,6 +795,15 @@ static svc_error parse_options(parser *p, const cJSON *root)
     if (top_logprobs > 0 && !req->logprobs)
         return fail(p, SVC_ERROR_INVALID_REQUEST, "top_logprobs: needs \"logprobs\": true");
     req->top_logprobs = (uint32_t)top_logprobs;
+    /* A stream: false answer is one record: refuse what may not fit before
+     * any work is done (streamed chunks hold one token each). */
+    size_t reply_bytes = svc_reply_bound(req->max_tokens, req->logprobs, req->top_logprobs);
+    if (!req->stream && lim->max_reply_bytes && reply_bytes > lim->max_reply_bytes)
+        return fail(p, SVC_ERROR_REPLY_TOO_LARGE,
+                    "max_tokens: a stream:false reply of %u tokens%s may need %zu bytes, over "
+                    "the limit of %zu; lower max_tokens or top_logprobs, or stream",
+                    req->max_tokens, req->logprobs ? " with logprobs" : "", reply_bytes,
+                    lim->max_reply_bytes);
 
     if ((e = parse_stop(p, root)) || (e = parse_response_format(p, root)) ||
         (e = refuse_unsupported(p, root)))

@@ -34,7 +34,23 @@
 
 /* ==== jobs ================================================================== */
 
-/* One consumed request from hand-off to its final record's delivery. */
+/* What a record produced for a job is: its delivery report's ctx points
+ * at the job's job_record of that kind. */
+typedef enum job_record_kind {
+    JOB_RECORD_CHUNK,       /* a streamed chunk: not the last */
+    JOB_RECORD_FINAL,       /* the final reply record */
+    JOB_RECORD_DEAD_LETTER, /* the request's copy on the dead-letter topic */
+    JOB_RECORD_KINDS,
+} job_record_kind;
+
+typedef struct job_record {
+    struct job *j; /* borrowed: the job the record is for */
+    job_record_kind kind;
+} job_record;
+
+/* One consumed request from hand-off to the delivery of its last record.
+ * It ends in exactly one of: a final reply or a dead letter acknowledged
+ * (which finishes the ticket), or a process-level stop (nothing finished). */
 typedef struct job {
     struct job *next;           /* queue link */
     struct job *reg_prev, *reg_next; /* the live-job registry */
@@ -45,6 +61,19 @@ typedef struct job {
     int64_t offset;
     uint32_t attempt;
     atomic_bool abandoned;      /* partition revoked or lost: no more records */
+    /* References: one for the pipeline (prep, then step thread, until its
+     * final record or dead letter is queued) and one per record queued and
+     * not yet reported. job_free drops one; the last frees the job. */
+    atomic_int refs;
+    job_record records[JOB_RECORD_KINDS]; /* the ctx of each kind of record */
+    /* The reply topic refused one of the request's records (unknown topic,
+     * not authorized, too large): nothing more is sent to it and the
+     * request ends as a dead letter. reply_why is written once, under
+     * w->failure_lock, before reply_failed is set. */
+    atomic_bool reply_failed;
+    char reply_why[SVC_ERRMSG_MAX];
+    bool final_replaced;        /* the final in flight is the reply_too_large replacement */
+    svc_error dlt_code;         /* the dead letter's code, counted once it is delivered */
     svc_request *req;           /* owned until submitted */
     svc_kafka_msg msg;          /* owned by its prep thread until parsed */
     /* What the step thread submits. */
@@ -110,6 +139,11 @@ typedef struct prep_thread {
     bool started;
 } prep_thread;
 
+/* What a job keeps of its request's value once it is prepared, for a dead
+ * letter written later (reply_undeliverable): the first this many bytes,
+ * so an accepted request holds no more of its record than this. */
+#define WORKER_LATE_DLT_VALUE_MAX (64u << 10)
+
 /* The attempt number of an execution Redis could not count has this bit set
  * (worker.h); the other bits make it unique to the execution. */
 #define WORKER_ATTEMPT_UNCOUNTED 0x80000000u
@@ -142,6 +176,9 @@ struct svc_worker {
     svc_consumer *cancels;      /* cancel topic, a group of its own: sees every cancel */
     svc_producer *producer;
     atomic_int inflight;        /* jobs consumed and not yet fully delivered */
+    svc_topic_policy reply_policy; /* kafka.reply_topics; reserved: reply_reserved */
+    const char *reply_reserved[3]; /* borrowed from cfg: request, cancel, DLT topics */
+    pthread_mutex_t failure_lock;  /* jobs' reply_why */
     pthread_mutex_t partitions_lock;
     char partitions[1024];      /* "topic:0,1,5" for the Redis heartbeat */
 
@@ -174,18 +211,30 @@ struct svc_worker {
 void worker_register(svc_worker *w, job *j);
 void worker_unregister(svc_worker *w, job *j);
 
-/* Free a job and everything it owns; unregisters it. */
+/* Drop the caller's reference to j (the pipeline's, or a record's in its
+ * delivery report); the last one frees j and everything it owns and
+ * unregisters it. @locality any. */
 void job_free(job *j);
 
-/* Produce j's error reply (final) or dead-letter its message; j's final
- * delivery then finishes its ticket. @locality prep or step thread. */
+/* End j with an error reply (final) or a dead letter. Both take the
+ * caller's reference: j is not touched after. A dead letter copies j->msg
+ * (which must still hold the record, or its detached copy); its delivery
+ * finishes the ticket. @locality prep, step or Kafka thread. */
 void worker_reply_error(svc_worker *w, job *j, svc_error code, const char *message);
 void worker_dead_letter(svc_worker *w, job *j, svc_error code, const char *message);
 
-/* Produce a record; a final record carries ctx = j (its delivery finishes
- * the ticket and frees j). Returns 0, or -1 after logging (j then stays
- * with the caller). @locality prep or step thread. */
-int worker_produce(svc_worker *w, job *j, const svc_buf *value, uint32_t seq, bool final);
+/* Produce a streamed chunk. Returns 0, or -1 when it was not sent: the
+ * worker stopped, or the reply topic refused this or an earlier record of
+ * j (then nothing more goes to it and the final becomes a dead letter).
+ * j stays the caller's. @locality step thread. */
+int worker_produce_chunk(svc_worker *w, job *j, const svc_buf *value, uint32_t seq);
+
+/* Produce j's final record, taking the caller's reference. One that cannot
+ * be written for its size is replaced by a small reply_too_large error
+ * final; one the topic refuses (or after a refused chunk) becomes a dead
+ * letter (reply_undeliverable); any other failure is process-level.
+ * @locality prep, step or Kafka thread. */
+void worker_produce_final(svc_worker *w, job *j, const svc_buf *value, uint32_t seq);
 
 /* Latch a process-level error: the Kafka loop stops without committing. */
 void worker_fail(svc_worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

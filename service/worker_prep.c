@@ -402,6 +402,15 @@ static void prepare(svc_worker *w, job *j)
         .now_ms = wall_ms(),
     };
     svc_error code = svc_request_parse(&in, &w->limits, &j->req, msg, sizeof msg);
+    /* A reply topic outside the policy has no allowed address to answer:
+     * not even an error reply goes there. */
+    const char *topic = j->req ? j->req->reply_topic : NULL;
+    if (topic && !svc_reply_topic_allowed(&w->reply_policy, topic, strlen(topic))) {
+        svc_errf(msg, sizeof msg, "reply_topic '%s' is not allowed by kafka.reply_topics",
+                 topic);
+        worker_dead_letter(w, j, SVC_ERROR_REPLY_TOPIC_NOT_ALLOWED, msg);
+        return;
+    }
     if (j->req && j->req->id && j->req->reply_topic) {
         j->id = strdup(j->req->id);
         j->reply_topic = strdup(j->req->reply_topic);
@@ -415,8 +424,12 @@ static void prepare(svc_worker *w, job *j)
             worker_reply_error(w, j, code, msg);
         return;
     }
-    /* The record is no longer needed: the request owns what it uses. */
-    svc_kafka_msg_release(&j->msg);
+    /* The request owns what it uses; of the record, only what a later dead
+     * letter needs stays (reply_undeliverable). */
+    if (svc_kafka_msg_detach(&j->msg, WORKER_LATE_DLT_VALUE_MAX) != SVC_KAFKA_OK) {
+        worker_reply_error(w, j, SVC_ERROR_INTERNAL, "out of memory");
+        return;
+    }
     if ((j->req->adapter &&
          (code = ensure_adapter_locked(w, j->req->adapter, msg, sizeof msg)) != SVC_ERROR_NONE) ||
         (code = prepare_images(w, j, msg, sizeof msg)) != SVC_ERROR_NONE ||

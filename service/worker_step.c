@@ -140,7 +140,7 @@ static void on_token(void *ctx, int32_t id, const char *text, size_t len, const 
     svc_reply_ctx rc = reply_ctx(w, j);
     svc_buf b;
     svc_buf_init(&b);
-    if (svc_reply_chunk(&b, &rc, &r) == 0 && worker_produce(w, j, &b, j->seq, false) == 0)
+    if (svc_reply_chunk(&b, &rc, &r) == 0 && worker_produce_chunk(w, j, &b, j->seq) == 0)
         j->seq++;
     svc_buf_deinit(&b);
 }
@@ -211,8 +211,10 @@ static void on_finish(void *ctx, const char *tail, size_t tail_len, ml_finish_re
         built = svc_reply_completion(&b, &rc, &r);
     }
     uint32_t seq = j->stream ? j->seq : 0;
-    if (built != 0 || worker_produce(w, j, &b, seq, true) != 0)
-        job_free(j);
+    if (built != 0)
+        worker_reply_error(w, j, SVC_ERROR_INTERNAL, "out of memory for the reply");
+    else
+        worker_produce_final(w, j, &b, seq);
     svc_buf_deinit(&b);
 }
 

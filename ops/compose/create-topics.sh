@@ -16,6 +16,12 @@ kafka_topics=${KAFKA_TOPICS:-/opt/kafka/bin/kafka-topics.sh}
 
 # Requests may carry images inline up to limits.max_request_bytes.
 max_request_bytes=33554432
+# Every record the worker writes (reply records up to limits.max_reply_bytes,
+# dead letters cut to it) fits the producer's message.max.bytes of
+# config/production.example.json: the topics it writes take as much, so the
+# broker never refuses one. Run the brokers with auto.create.topics.enable=false:
+# the worker never creates a topic, reply topics are created here.
+max_record_bytes=33554432
 # Replies are streamed chunks, read within seconds; a day covers a slow reader.
 reply_retention_ms=86400000
 # Dead letters wait for a human: two weeks.
@@ -34,9 +40,10 @@ create() {
 # The partition count of the request topic bounds the useful number of workers:
 # KEDA never scales past it (ops/k8s/keda-scaledobject.yaml maxReplicaCount).
 create mllama.requests 8 --config max.message.bytes=$max_request_bytes
-create mllama.replies 8 --config retention.ms=$reply_retention_ms
+create mllama.replies 8 --config retention.ms=$reply_retention_ms \
+  --config max.message.bytes=$max_record_bytes
 create mllama.dlt 1 --config retention.ms=$dlt_retention_ms \
-  --config max.message.bytes=$max_request_bytes
+  --config max.message.bytes=$max_record_bytes
 create mllama.cancel 1 --config cleanup.policy=compact,delete \
   --config retention.ms=$cancel_retention_ms
 

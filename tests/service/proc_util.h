@@ -466,6 +466,12 @@ static inline bool pu_make_model(const char *dir, const char *log)
     return pu_run(argv, log, PU_START_MS) == 0;
 }
 
+/* More `mllama mock-kafka` arguments (up to PU_MOCK_ARGS_MAX, NULL-
+ * terminated), for a test that injects faults (--topic-error); set before
+ * the mock starts. */
+#define PU_MOCK_ARGS_MAX 8
+static const char *const *pu_mock_kafka_args = NULL;
+
 /* `mllama mock-kafka` with topics "name:parts,..."; its bootstrap servers go
  * to bootstraps (cap bytes). */
 static inline bool pu_mock_kafka_start(pu_proc *p, const char *dir, const char *topics,
@@ -474,8 +480,10 @@ static inline bool pu_mock_kafka_start(pu_proc *p, const char *dir, const char *
     char port_file[PU_PATH_MAX + 16], log[PU_PATH_MAX + 16];
     snprintf(port_file, sizeof port_file, "%s/bootstrap", dir);
     snprintf(log, sizeof log, "%s/mock-kafka.log", dir);
-    char *argv[] = {PU_MLLAMA, "mock-kafka", "--brokers", "1", "--topics", (char *)topics,
-                    "--port-file", port_file, NULL};
+    char *argv[8 + PU_MOCK_ARGS_MAX + 1] = {PU_MLLAMA, "mock-kafka", "--brokers", "1", "--topics",
+                                            (char *)topics, "--port-file", port_file};
+    for (int i = 0; pu_mock_kafka_args && pu_mock_kafka_args[i] && i < PU_MOCK_ARGS_MAX; i++)
+        argv[8 + i] = (char *)pu_mock_kafka_args[i];
     if (!pu_spawn(p, log, argv))
         return false;
     for (int64_t t0 = pu_now_ms(); pu_now_ms() - t0 < PU_START_MS; pu_sleep_ms(PU_POLL_MS)) {
@@ -757,6 +765,9 @@ typedef struct pu_client {
  * finds nothing only after it, so it bounds how late a reply is seen (a
  * benchmark lowers it before pu_client_init). */
 static const char *pu_client_fetch_wait_ms = "10";
+/* message.max.bytes of the client's producer: a test that sends records
+ * over librdkafka's default raises it before pu_client_init. */
+static const char *pu_client_message_max_bytes = "1000000";
 
 static inline void pu_client_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 {
@@ -789,7 +800,8 @@ static inline void pu_client_init(pu_client *c, const char *brokers, const char 
     char err[256];
     rd_kafka_conf_t *pc = pu_client_conf(brokers);
     if (rd_kafka_conf_set(pc, "enable.idempotence", "true", err, sizeof err) ||
-        rd_kafka_conf_set(pc, "linger.ms", "0", err, sizeof err))
+        rd_kafka_conf_set(pc, "linger.ms", "0", err, sizeof err) ||
+        rd_kafka_conf_set(pc, "message.max.bytes", pu_client_message_max_bytes, err, sizeof err))
         pu_die(err);
     rd_kafka_conf_set_dr_msg_cb(pc, pu_client_dr);
     rd_kafka_conf_set_opaque(pc, c);

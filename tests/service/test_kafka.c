@@ -79,7 +79,8 @@ static kt_policy reply_or_dlt(kt_worker *w, const svc_kafka_msg *m)
     if (!ctx)
         abort();
     ctx->ticket = m->ticket;
-    svc_dead_letter dl = {"dlt", "invalid_request", "no reply_topic", "w2", ctx};
+    svc_dead_letter dl = {.topic = "dlt", .error_code = "invalid_request",
+                          .error_msg = "no reply_topic", .worker = "w2", .ctx = ctx};
     char err[256];
     svc_kafka_status st = svc_producer_produce_dlt(w->p, &dl, m, err, sizeof err);
     check(st == SVC_KAFKA_OK, "dlt produce: %s", err);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "config.h"
 #include "harness.h"
 #include "kafka.h"
 #include "log.h"
@@ -70,6 +71,8 @@ static void test_pass_through(void)
     producer_kv("linger.ms", "-7", SVC_KAFKA_ERR_CONFIG, "kafka.linger.ms");
     producer_kv("max.in.flight.requests.per.connection", "5", SVC_KAFKA_ERR_CONFIG,
                 "kafka.max.in.flight.requests.per.connection: fixed");
+    producer_kv("allow.auto.create.topics", "true", SVC_KAFKA_ERR_CONFIG,
+                "kafka.allow.auto.create.topics: fixed");
 
     const char *topics[] = {"requests"};
     svc_consumer_config no_group = {.brokers = "127.0.0.1:1", .topics = topics, .n_topics = 1};
@@ -87,6 +90,71 @@ static void test_pass_through(void)
           "a producer without a delivery callback: %s", err);
     svc_consumer_destroy(NULL);
     svc_producer_destroy(NULL);
+}
+
+/* Which delivery errors are a record's (its request's failure) and which
+ * the cluster's (the worker stops). */
+static void test_record_status(void)
+{
+    static const struct {
+        rd_kafka_resp_err_t err;
+        svc_kafka_status want;
+    } cases[] = {
+        {RD_KAFKA_RESP_ERR_NO_ERROR, SVC_KAFKA_OK},
+        {RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE, SVC_KAFKA_ERR_TOO_LARGE},
+        {RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE, SVC_KAFKA_ERR_TOO_LARGE},
+        {RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC, SVC_KAFKA_ERR_TOPIC},
+        {RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART, SVC_KAFKA_ERR_TOPIC},
+        {RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED, SVC_KAFKA_ERR_TOPIC},
+        {RD_KAFKA_RESP_ERR__MSG_TIMED_OUT, SVC_KAFKA_ERR_KAFKA},
+        {RD_KAFKA_RESP_ERR__TRANSPORT, SVC_KAFKA_ERR_KAFKA},
+        {RD_KAFKA_RESP_ERR__PURGE_QUEUE, SVC_KAFKA_ERR_KAFKA},
+        {RD_KAFKA_RESP_ERR__FATAL, SVC_KAFKA_ERR_FATAL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check(svc_kafka_record_status(cases[i].err) == cases[i].want, "%s: %s, want %s",
+              rd_kafka_err2name(cases[i].err),
+              svc_kafka_status_name(svc_kafka_record_status(cases[i].err)),
+              svc_kafka_status_name(cases[i].want));
+}
+
+/* The worker's reply settings as svc_config_load checks them. */
+static void test_reply_config(void)
+{
+    static const struct {
+        const char *set[2];
+        const char *needle; /* NULL: accepted */
+    } cases[] = {
+        {{"kafka.reply_topics=mllama.replies,mllama.dlt"}, "kafka.reply_topics: entry 1"},
+        {{"kafka.reply_topics=__consumer_offsets"}, "kafka.reply_topics"},
+        {{"kafka.reply_topics=a b"}, "kafka.reply_topics"},
+        {{"kafka.reply_topics=answers.*,mllama.replies"}, NULL},
+        {{"limits.max_reply_bytes=990000"}, "kafka.message.max.bytes (1000000)"},
+        {{"limits.max_reply_bytes=4000000", "kafka.message.max.bytes=5000000"}, NULL},
+        {{"limits.max_reply_bytes=1000"}, "limits.max_reply_bytes"},
+        {{"kafka.topic.metadata.propagation.max.ms=30000"}, "propagation.max.ms"},
+        {{"kafka.message.timeout.ms=2500"}, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        svc_config cfg;
+        char err[512] = "";
+        size_t n = cases[i].set[1] ? 2 : 1;
+        int rc = svc_config_load(&cfg, NULL, cases[i].set, n, err, sizeof err);
+        if (cases[i].needle)
+            check(rc == -1 && strstr(err, cases[i].needle), "%s refused naming %s: %s",
+                  cases[i].set[0], cases[i].needle, rc ? err : "accepted");
+        else
+            check(rc == 0, "%s accepted: %s", cases[i].set[0], err);
+        svc_config_deinit(&cfg);
+    }
+    svc_config cfg;
+    char err[512] = "";
+    check(svc_config_load(&cfg, NULL, NULL, 0, err, sizeof err) == 0 &&
+              !strcmp(cfg.kafka.reply_topics, "mllama.replies,mllama.replies.*") &&
+              cfg.limits.max_reply_bytes + (long)SVC_RECORD_RESERVE <=
+                  SVC_KAFKA_MESSAGE_MAX_DEFAULT,
+          "the defaults: %s", err);
+    svc_config_deinit(&cfg);
 }
 
 /* A producer that cannot reach any broker: records queue, then the bound on
@@ -236,6 +304,8 @@ int main(void)
     FILE *devnull = fopen("/dev/null", "w");
     svc_log_set_output(devnull);
     test_pass_through();
+    test_record_status();
+    test_reply_config();
     test_queue_full();
     test_mock_topics();
     test_log_lines();

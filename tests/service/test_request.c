@@ -509,6 +509,101 @@ static void test_limits(void)
     limits = saved;
 }
 
+/* A stream: false answer is one record: max_tokens x (1 + logprobs + top)
+ * entries of SVC_REPLY_ENTRY_BYTES must fit limits.max_reply_bytes. */
+static void test_reply_size(void)
+{
+    svc_limits saved = limits;
+    limits.max_reply_bytes = 1 << 20;
+    /* The case: 4096 x 22 x 128 bytes is 11.5 MB. */
+    expect_error_wrapped("\"hi\"",
+                         ",\"stream\":false,\"logprobs\":true,\"top_logprobs\":20,"
+                         "\"max_tokens\":4096",
+                         SVC_ERROR_REPLY_TOO_LARGE, "over the limit of 1048576");
+    check(svc_reply_bound(4096, true, 20) == 4096u * 22 * SVC_REPLY_ENTRY_BYTES +
+                                                 SVC_REPLY_FIXED_BYTES,
+          "reply bound");
+    const char *fit[] = {
+        ",\"stream\":false,\"max_tokens\":4096",                 /* 4096 x 1 entries */
+        ",\"stream\":false,\"logprobs\":true,\"top_logprobs\":20,\"max_tokens\":256",
+        ",\"logprobs\":true,\"top_logprobs\":20,\"max_tokens\":4096", /* streamed */
+    };
+    for (size_t i = 0; i < sizeof fit / sizeof fit[0]; i++) {
+        char *json = wrap("\"hi\"", fit[i]);
+        svc_request *req = NULL;
+        char err[SVC_ERRMSG_MAX] = "";
+        svc_error e = json ? parse(json, &req, err, sizeof err) : SVC_ERROR_INTERNAL;
+        check(e == SVC_ERROR_NONE, "%s: fits, got %s (%s)", fit[i], svc_error_code(e), err);
+        svc_request_destroy(req);
+        free(json);
+    }
+    limits = saved;
+}
+
+/* The reply-topic policy: exact names and prefixes; never the reserved
+ * topics or Kafka's own, whatever the list says. */
+static void test_reply_topic_policy(void)
+{
+    const char *reserved[] = {"mllama.requests", "mllama.cancel", "mllama.dlt"};
+    svc_topic_policy p = {"mllama.replies,mllama.replies.*,team-a.*,mllama.*", reserved, 3};
+    char err[SVC_ERRMSG_MAX];
+    check(svc_topic_policy_check(&p, err, sizeof err), "policy accepted (%s)", err);
+    static const struct {
+        const char *topic;
+        bool allowed;
+    } cases[] = {
+        {"mllama.replies", true},      {"mllama.replies.eu-1", true},
+        {"team-a.x", true},            {"mllama.other", true},
+        {"mllama.requests", false},    {"mllama.cancel", false},
+        {"mllama.dlt", false},         {"__consumer_offsets", false},
+        {"__transaction_state", false}, {"team-b.x", false},
+        {"team-a", false},             {"mllama replies", false},
+        {"", false},                   {"..", false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check(svc_reply_topic_allowed(&p, cases[i].topic, strlen(cases[i].topic)) ==
+                  cases[i].allowed,
+              "'%s': allowed should be %d", cases[i].topic, cases[i].allowed);
+    /* Not NUL-terminated: only len bytes count. */
+    check(svc_reply_topic_allowed(&p, "mllama.repliesXYZ", 14), "length-bounded topic");
+    svc_topic_policy exact = {"mllama.replies", reserved, 3};
+    check(!svc_reply_topic_allowed(&exact, "mllama.replies", 13) &&
+              !svc_reply_topic_allowed(&exact, "mllama.replies.x", 16),
+          "an exact entry matches only its own name");
+    char long_topic[SVC_TOPIC_NAME_MAX + 2];
+    memset(long_topic, 'a', sizeof long_topic);
+    svc_topic_policy any_a = {"a*", reserved, 3};
+    check(svc_reply_topic_allowed(&any_a, long_topic, SVC_TOPIC_NAME_MAX) &&
+              !svc_reply_topic_allowed(&any_a, long_topic, SVC_TOPIC_NAME_MAX + 1),
+          "Kafka's length limit holds under a prefix");
+    svc_topic_policy none = {"", reserved, 3};
+    check(!svc_reply_topic_allowed(&none, "mllama.replies", 14), "an empty list allows nothing");
+
+    static const struct {
+        const char *list;
+        const char *why;
+    } bad[] = {
+        {"mllama.dlt", "never receive replies"},
+        {"ok,__consumer_offsets", "entry 1"},
+        {"__*", "Kafka's own"},
+        {"*", "expected a topic name"},
+        {"a,,b", "entry 1"},
+        {"a b", "expected a topic name"},
+        {"a*b", "expected a topic name"},
+        {"..", "expected a topic name"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        svc_topic_policy q = {bad[i].list, reserved, 3};
+        err[0] = '\0';
+        check(!svc_topic_policy_check(&q, err, sizeof err) && strstr(err, bad[i].why),
+              "'%s' refused with '%s': got '%s'", bad[i].list, bad[i].why, err);
+    }
+    check(!strcmp(svc_error_code(SVC_ERROR_REPLY_TOPIC_NOT_ALLOWED), "reply_topic_not_allowed") &&
+              !strcmp(svc_error_code(SVC_ERROR_REPLY_TOO_LARGE), "reply_too_large") &&
+              !strcmp(svc_error_code(SVC_ERROR_REPLY_UNDELIVERABLE), "reply_undeliverable"),
+          "reply error codes");
+}
+
 static void test_validators(void)
 {
     check(svc_valid_topic("a.b_c-D9", 8) && !svc_valid_topic("", 0) &&
@@ -545,6 +640,8 @@ int main(void)
     test_image_errors();
     test_option_errors();
     test_limits();
+    test_reply_size();
+    test_reply_topic_policy();
     test_validators();
     return check_done();
 }

@@ -9,8 +9,19 @@
  * thousands of scans, too many images, a prompt over the KV pool, an
  * expired deadline, an unknown adapter, special-token text in a message
  * (a forged turn and a forged <|image|>: answered as text, no image counted),
- * and records with no reply address (mllama.dlt with x-error-code,
- * x-error-msg and x-original-*).
+ * and records with no reply address
+ * (mllama.dlt with x-error-code, x-error-msg and x-original-*). Reply
+ * addresses: a reply topic outside kafka.reply_topics (the request, cancel
+ * and dead-letter topics, __consumer_offsets, another name) is dead-lettered
+ * with reply_topic_not_allowed and nothing is written to it (nor is a
+ * missing one created); an allowed one the cluster does not have (the mock
+ * answers UNKNOWN_TOPIC_OR_PART for it) is dead-lettered with
+ * reply_undeliverable and its offset committed, a request of 200 KB with
+ * the first part of its value and x-truncated. Sizes: a stream:false
+ * answer that may outgrow limits.max_reply_bytes is refused
+ * (reply_too_large); a record over 1 MB without a reply address is
+ * dead-lettered cut to limits.max_reply_bytes with x-truncated; and
+ * mllama_dlt_messages_total counts exactly the dead letters delivered.
  * Skipped (77) without redis-server. */
 #include "engine.h"
 #include "jpeg_craft.h"
@@ -28,6 +39,14 @@
 #define BOMB_SCANS 4000
 #define BOMB_MS 5000          /* a scan bomb must be refused this fast */
 #define MAX_DIMENSION 65500   /* JPEG's own limit, and far over max_image_pixels */
+#define MAX_REPLY_BYTES 65536 /* limits.max_reply_bytes: its minimum */
+#define BIG_RECORD 1200000    /* over librdkafka's default message.max.bytes */
+#define CLIENT_MAX_BYTES "4000000"
+#define GROUP "mllama-workers" /* the workers' kafka.group */
+#define REQUEST_PARTITIONS 2
+#define LATE_MS 300           /* watching for records that must not come */
+#define MISSING_TOPIC PU_REPLIES ".missing" /* allowed by the default policy */
+#define BIG_PROMPT 200000     /* bytes: a prompt over the KV pool, a record over 64 KiB */
 
 static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
 static pu_redis redis;
@@ -350,12 +369,14 @@ static void test_special_tokens(void)
     ml_tokenizer_destroy(tok);
 }
 
-/* A record that cannot be answered goes to mllama.dlt: key, value and the
- * x- headers naming the error and where it came from. */
-static void expect_dead_letter(const char *key, const char *body, const char *code)
+/* Send `body` (len bytes) keyed `key` with no headers and wait for its
+ * dead letter on mllama.dlt: x-error-code `code`, an x-error-msg and the
+ * x-original-* headers naming the record. NULL when none came. */
+static const pu_record *send_for_dead_letter(const char *key, const void *body, size_t len,
+                                             const char *code)
 {
-    check(pu_client_send_to(&client, PU_REQUESTS, -1, key, body, strlen(body), NULL, 0),
-          "%s: produce", key);
+    check(pu_client_send_to(&client, PU_REQUESTS, -1, key, body, len, NULL, 0), "%s: produce",
+          key);
     int32_t partition = client.last_partition;
     int64_t offset = client.last_offset;
     const pu_record *d = NULL;
@@ -364,8 +385,7 @@ static void expect_dead_letter(const char *key, const char *body, const char *co
         pu_client_poll(&client, 50);
     check(d != NULL, "%s: nothing on " PU_DLT, key);
     if (!d)
-        return;
-    check(!strcmp(d->value, body), "%s: dead letter value differs", key);
+        return NULL;
     char want[128];
     snprintf(want, sizeof want, "x-error-code=%s\n", code);
     check(strstr(d->headers, want) != NULL, "%s: headers lack %s: %s", key, want, d->headers);
@@ -378,6 +398,15 @@ static void expect_dead_letter(const char *key, const char *body, const char *co
     check(strstr(d->headers, want) != NULL, "%s: headers lack %s", key, want);
     check(pu_client_replies(&client, key, NULL, 0) == 0, "%s: also answered", key);
     fprintf(stderr, "%-22s -> " PU_DLT " (%s)\n", key, code);
+    return d;
+}
+
+/* A record that cannot be answered goes to mllama.dlt whole: key, value and
+ * the x- headers naming the error and where it came from. */
+static void expect_dead_letter(const char *key, const char *body, const char *code)
+{
+    const pu_record *d = send_for_dead_letter(key, body, strlen(body), code);
+    check(!d || !strcmp(d->value, body), "%s: dead letter value differs", key);
     good_request(key);
 }
 
@@ -394,21 +423,189 @@ static void test_dead_letters(void)
     expect_dead_letter("json-no-headers", "{\"id\":", "invalid_json");
 }
 
+/* ==== reply addresses and sizes ==================================================== */
+
+static int64_t topic_end(const char *topic, int partitions)
+{
+    int64_t end[REQUEST_PARTITIONS], sum = 0;
+    check(partitions <= REQUEST_PARTITIONS && pu_end_offsets(&client, topic, partitions, end),
+          "end offsets of %s", topic);
+    for (int p = 0; p < partitions && p < REQUEST_PARTITIONS; p++)
+        sum += end[p];
+    return sum;
+}
+
+/* Whether the cluster has `topic`, asked without creating it. */
+static bool topic_exists(const char *topic)
+{
+    const rd_kafka_metadata_t *md = NULL;
+    if (rd_kafka_metadata(client.consumer, 1, NULL, &md, 5000))
+        pu_die("metadata");
+    bool found = false;
+    for (int i = 0; i < md->topic_cnt; i++)
+        found |= !strcmp(md->topics[i].topic, topic);
+    rd_kafka_metadata_destroy(md);
+    return found;
+}
+
+static size_t count_records(const char *topic, const char *key)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < client.n; i++)
+        n += !strcmp(client.recs[i].topic, topic) && !strcmp(client.recs[i].key, key);
+    return n;
+}
+
+/* The group commits past offset of partition (the request's ticket
+ * finished) within ANSWER_MS. */
+static bool committed_past(int32_t partition, int64_t offset)
+{
+    int64_t committed[REQUEST_PARTITIONS];
+    for (int64_t deadline = pu_now_ms() + ANSWER_MS; pu_now_ms() < deadline; pu_sleep_ms(100))
+        if (pu_committed(brokers, GROUP, PU_REQUESTS, REQUEST_PARTITIONS, committed) &&
+            committed[partition] > offset)
+            return true;
+    return false;
+}
+
+/* A request whose reply topic the policy refuses: dead-lettered with
+ * reply_topic_not_allowed, nothing written to the topic it named, and the
+ * worker answers the next request. */
+static void expect_topic_refused(const char *id, const char *topic)
+{
+    int64_t requests0 = topic_end(PU_REQUESTS, REQUEST_PARTITIONS);
+    int64_t cancels0 = topic_end(PU_CANCEL, 1);
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"id\":\"%s\",\"reply_topic\":\"%s\",\"max_tokens\":2,"
+             "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+             id, topic);
+    const pu_record *d = send_for_dead_letter(id, body, strlen(body), "reply_topic_not_allowed");
+    check(!d || !strcmp(d->value, body), "%s: dead letter value differs", id);
+    good_request(id);
+    pu_client_poll(&client, LATE_MS);
+    check(count_records(PU_DLT, id) == 1, "%s: %zu records keyed %s on " PU_DLT, id,
+          count_records(PU_DLT, id), id);
+    /* The request and the good one after it; nothing the worker wrote. */
+    check(topic_end(PU_REQUESTS, REQUEST_PARTITIONS) == requests0 + 2,
+          "%s: records written to " PU_REQUESTS, id);
+    check(topic_end(PU_CANCEL, 1) == cancels0, "%s: records written to " PU_CANCEL, id);
+}
+
+static void test_reply_topics(void)
+{
+    expect_topic_refused("to-requests", PU_REQUESTS);
+    expect_topic_refused("to-cancel", PU_CANCEL);
+    expect_topic_refused("to-dlt", PU_DLT);
+    expect_topic_refused("to-offsets", "__consumer_offsets");
+    expect_topic_refused("to-elsewhere", "elsewhere.replies");
+    check(!topic_exists("elsewhere.replies"), "a refused reply topic was created");
+
+    /* Allowed, but not on the cluster: its records fail, and the request
+     * ends as a dead letter, committed. */
+    static const char body[] = "{\"id\":\"to-missing\",\"reply_topic\":\"" MISSING_TOPIC "\","
+                               "\"max_tokens\":2,\"messages\":[{\"role\":\"user\","
+                               "\"content\":\"hi\"}]}";
+    const pu_record *d =
+        send_for_dead_letter("to-missing", body, sizeof body - 1, "reply_undeliverable");
+    int32_t partition = client.last_partition;
+    int64_t offset = client.last_offset;
+    check(!d || !strcmp(d->value, body), "to-missing: dead letter value differs");
+    check(!d || strstr(d->headers, MISSING_TOPIC), "to-missing: x-error-msg lacks the topic: %s",
+          d ? d->headers : "");
+    good_request("to-missing");
+    check(committed_past(partition, offset), "to-missing: offset %lld not committed",
+          (long long)offset);
+
+    /* The same for an error reply (the prompt is over the KV pool) to a
+     * request of BIG_PROMPT bytes: the worker kept only the start of its
+     * record once it was parsed, and says how long it was. */
+    char *big = malloc(BIG_PROMPT + 1);
+    if (!big)
+        pu_die("out of memory");
+    int n = snprintf(big, BIG_PROMPT + 1,
+                     "{\"id\":\"to-missing-big\",\"reply_topic\":\"" MISSING_TOPIC "\","
+                     "\"messages\":[{\"role\":\"user\",\"content\":\"");
+    for (int i = n; i < BIG_PROMPT - 4; i++)
+        big[i] = (i - n) % 6 == 5 ? ' ' : 'a';
+    memcpy(big + BIG_PROMPT - 4, "\"}]}", 5);
+    d = send_for_dead_letter("to-missing-big", big, BIG_PROMPT, "reply_undeliverable");
+    char want[64];
+    snprintf(want, sizeof want, "x-truncated=%d\n", BIG_PROMPT);
+    check(!d || strstr(d->headers, want), "to-missing-big: headers lack %s: %s", want,
+          d ? d->headers : "");
+    check(!d || (strlen(d->value) < BIG_PROMPT && !strncmp(d->value, big, strlen(d->value))),
+          "to-missing-big: the dead letter is not a prefix of the request");
+    free(big);
+    good_request("to-missing-big");
+}
+
+static void test_reply_sizes(void)
+{
+    /* The issue's case: 4096 tokens with 20 alternatives each, in one record. */
+    char *b = pu_chat_request("reply-too-large", "Hi", NULL,
+                              "\"stream\":false,\"logprobs\":true,\"top_logprobs\":20,"
+                              "\"max_tokens\":4096");
+    expect_error("reply-too-large", b, "reply_too_large");
+    free(b);
+
+    /* Over 1 MB with no reply address: its copy is cut to fit. */
+    char *big = malloc(BIG_RECORD + 1);
+    if (!big)
+        pu_die("out of memory");
+    int n = snprintf(big, BIG_RECORD + 1, "{\"id\":\"big-no-reply\",\"messages\":[{\"role\":"
+                                          "\"user\",\"content\":\"");
+    memset(big + n, 'a', BIG_RECORD - (size_t)n - 4);
+    memcpy(big + BIG_RECORD - 4, "\"}]}", 5);
+    const pu_record *d = send_for_dead_letter("big-no-reply", big, BIG_RECORD, "invalid_request");
+    char want[64];
+    snprintf(want, sizeof want, "x-truncated=%d\n", BIG_RECORD);
+    check(!d || strstr(d->headers, want), "big-no-reply: headers lack %s: %s", want,
+          d ? d->headers : "");
+    check(!d || (strlen(d->value) == MAX_REPLY_BYTES && !memcmp(d->value, big, MAX_REPLY_BYTES)),
+          "big-no-reply: the dead letter holds %zu bytes, want the first %d",
+          d ? strlen(d->value) : 0, MAX_REPLY_BYTES);
+    free(big);
+    good_request("big-no-reply");
+}
+
+/* mllama_dlt_messages_total counts delivered dead letters: as many as the
+ * client read from the topic. */
+static void test_dlt_metric(void)
+{
+    int port = pu_worker_http_port(&worker);
+    size_t seen = 0;
+    for (size_t i = 0; i < client.n; i++)
+        seen += !strcmp(client.recs[i].topic, PU_DLT);
+    double counted = -1;
+    for (int64_t deadline = pu_now_ms() + ANSWER_MS; pu_now_ms() < deadline; pu_sleep_ms(100))
+        if ((counted = pu_metric(port, "mllama_dlt_messages_total")) == (double)seen)
+            break;
+    check(counted == (double)seen, "mllama_dlt_messages_total %.0f, dead letters read %zu",
+          counted, seen);
+}
+
 int main(void)
 {
     if (!pu_which("redis-server"))
         ml_test_skip("needs redis-server on PATH");
     atexit(cleanup);
+    static const char *const mock_args[] = {"--topic-error",
+                                            MISSING_TOPIC "=UNKNOWN_TOPIC_OR_PART", NULL};
+    pu_mock_kafka_args = mock_args;
     pu_micro_stack_start("bad-input", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
     pu_worker_env env = {brokers, redis.url, model, dir};
     char max_image[64], kv[64], images[64];
     snprintf(max_image, sizeof max_image, "limits.max_image_bytes=%d", MAX_IMAGE_BYTES);
     snprintf(kv, sizeof kv, "runtime.kv_mib=%d", KV_MIB);
     snprintf(images, sizeof images, "runtime.max_images_per_request=%d", MAX_IMAGES);
-    const char *extra[] = {max_image, kv, images, NULL};
+    char reply_bytes[64];
+    snprintf(reply_bytes, sizeof reply_bytes, "limits.max_reply_bytes=%d", MAX_REPLY_BYTES);
+    const char *extra[] = {max_image, kv, images, reply_bytes, NULL};
     if (!pu_worker_start(&worker, &env, "bad-input", extra))
         pu_die("worker start");
     const char *topics[] = {PU_REPLIES, PU_DLT};
+    pu_client_message_max_bytes = CLIENT_MAX_BYTES;
     pu_client_init(&client, brokers, topics, 2);
 
     int64_t t0 = pu_now_ms();
@@ -418,6 +615,9 @@ int main(void)
     test_limits();
     test_special_tokens();
     test_dead_letters();
+    test_reply_topics();
+    test_reply_sizes();
+    test_dlt_metric();
     fprintf(stderr, "bad input: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
 
     int code = pu_stop(&worker, PU_STOP_MS);
