@@ -231,13 +231,10 @@ static void on_delivery(void *opaque, const svc_delivery *d)
 
 /* ==== rebalances (Kafka thread) ================================================ */
 
-static void describe_partitions(svc_worker *w, const rd_kafka_topic_partition_list_t *add,
-                                const rd_kafka_topic_partition_list_t *remove)
+/* have[p] = 1 for each partition of w->partitions ("topic:p,p,p"), the
+ * others untouched. Called with partitions_lock held. */
+static void held_partitions(const svc_worker *w, int *have)
 {
-    /* Keep "topic:p,p,p" of the assignment for the Redis heartbeat, so
-     * producers route images to the worker that holds them. */
-    pthread_mutex_lock(&w->partitions_lock);
-    int have[SVC_MOCK_KAFKA_MAX_PARTITIONS] = {0};
     const char *list = strchr(w->partitions, ':');
     for (const char *p = list ? list + 1 : ""; *p;) {
         int n = atoi(p);
@@ -246,6 +243,16 @@ static void describe_partitions(svc_worker *w, const rd_kafka_topic_partition_li
         p = strchr(p, ',');
         p = p ? p + 1 : "";
     }
+}
+
+static void describe_partitions(svc_worker *w, const rd_kafka_topic_partition_list_t *add,
+                                const rd_kafka_topic_partition_list_t *remove)
+{
+    /* Keep "topic:p,p,p" of the assignment for the Redis heartbeat, so
+     * producers route images to the worker that holds them. */
+    pthread_mutex_lock(&w->partitions_lock);
+    int have[SVC_MOCK_KAFKA_MAX_PARTITIONS] = {0};
+    held_partitions(w, have);
     for (int i = 0; add && i < add->cnt; i++)
         if (add->elems[i].partition < SVC_MOCK_KAFKA_MAX_PARTITIONS)
             have[add->elems[i].partition] = 1;
@@ -300,16 +307,25 @@ static void on_revoke(void *opaque, const rd_kafka_topic_partition_list_t *parts
                 pthread_mutex_unlock(&w->cancel_lock);
             }
     pthread_mutex_unlock(&w->registry_lock);
+    /* Their lag is the new owner's to report. */
+    for (int i = 0; i < parts->cnt; i++)
+        svc_metrics_set_lag(parts->elems[i].topic, parts->elems[i].partition, -1);
     svc_log(SVC_LOG_INFO, lost ? "partitions_lost" : "partitions_revoked",
             "%d partitions, %zu requests stopped", parts->cnt, n_pending);
 }
 
 /* Consumer lag per assigned partition from librdkafka's statistics
  * (topics.<t>.partitions.<p>.consumer_lag; -1 = unknown, and partition -1
- * is librdkafka's internal UA partition). */
+ * is librdkafka's internal UA partition). The statistics keep listing a
+ * revoked partition (fetch_state "stopped", its last lag): only the
+ * partitions of this worker's assignment have a series. */
 static void on_stats(void *opaque, const char *json, size_t len)
 {
-    (void)opaque;
+    svc_worker *w = opaque;
+    int have[SVC_MOCK_KAFKA_MAX_PARTITIONS] = {0};
+    pthread_mutex_lock(&w->partitions_lock);
+    held_partitions(w, have);
+    pthread_mutex_unlock(&w->partitions_lock);
     cJSON *root = cJSON_ParseWithLength(json, len);
     const cJSON *topic;
     cJSON_ArrayForEach(topic, cJSON_GetObjectItemCaseSensitive(root, "topics"))
@@ -322,7 +338,9 @@ static void on_stats(void *opaque, const char *json, size_t len)
             const cJSON *state = cJSON_GetObjectItemCaseSensitive(part, "fetch_state");
             if (!cJSON_IsNumber(id) || id->valueint < 0 || !cJSON_IsNumber(lag))
                 continue;
-            int assigned = cJSON_IsString(state) && strcmp(state->valuestring, "none");
+            int assigned = cJSON_IsString(state) && strcmp(state->valuestring, "none") &&
+                           !strcmp(topic->string, w->cfg.kafka.request_topic) &&
+                           id->valueint < SVC_MOCK_KAFKA_MAX_PARTITIONS && have[id->valueint];
             svc_metrics_set_lag(topic->string, id->valueint,
                                 assigned ? (int64_t)lag->valuedouble : -1);
         }

@@ -12,6 +12,8 @@
  * - A cancel record (key = id) on mllama.cancel stops a long request
  *   (finish_reason cancelled).
  * - A request naming an adapter this worker does not serve: unknown_adapter.
+ * - Consumer-lag series: one per assigned partition; the partitions a
+ *   rebalance takes away lose theirs.
  * - Two workers in one group share 20 requests (both answer some); a third
  *   joining mid-burst rebalances without losing any of 30. Every request is
  *   answered exactly once per attempt, seqs contiguous.
@@ -35,6 +37,9 @@
 #define CANCEL_AFTER_CHUNKS 3
 #define CANCEL_TRIES 3
 #define ID_MAX 32
+#define STATS_MS "500"       /* statistics.interval.ms: the lag series */
+#define LAG_MS 10000         /* lag series following a rebalance */
+#define PARTITIONS 4
 
 static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
 static pu_redis redis;
@@ -58,7 +63,8 @@ static void cleanup(void)
 
 static bool start_worker(int i)
 {
-    return pu_worker_start(&workers[i], &env, worker_names[i], NULL);
+    static const char *const extra[] = {"kafka.statistics.interval.ms=" STATS_MS, NULL};
+    return pu_worker_start(&workers[i], &env, worker_names[i], extra);
 }
 
 /* Requests finished by a worker, from its /metrics. */
@@ -326,11 +332,57 @@ static int check_all(char (*ids)[ID_MAX], int n, int timeout_ms)
     return retried;
 }
 
+/* Series of mllama_kafka_consumer_lag on worker i's /metrics; -1 when the
+ * page could not be read. */
+static int lag_series(int i)
+{
+    static const char name[] = "mllama_kafka_consumer_lag{";
+    char *page = pu_http_get(pu_worker_http_port(&workers[i]), "/metrics");
+    int n = page ? 0 : -1;
+    for (const char *p = page; p && (p = strstr(p, name)); p += sizeof name - 1)
+        n += p == page || p[-1] == '\n';
+    free(page);
+    return n;
+}
+
+/* Wait until worker i holds at most max_assigned partitions and has one lag
+ * series per assigned partition. */
+static bool lag_follows_assignment(int i, int max_assigned, int *series, double *assigned)
+{
+    for (int64_t deadline = pu_now_ms() + LAG_MS;; pu_sleep_ms(100)) {
+        *assigned = pu_metric(pu_worker_http_port(&workers[i]), "mllama_kafka_assigned_partitions");
+        *series = lag_series(i);
+        bool ok = *assigned <= max_assigned && *series == (int)*assigned;
+        if (ok || pu_now_ms() >= deadline)
+            return ok;
+    }
+}
+
 static void test_two_workers_share(void)
 {
+    /* A request on every partition: w1 then knows the lag of each. */
+    char lag_ids[PARTITIONS][ID_MAX];
+    for (int p = 0; p < PARTITIONS; p++) {
+        snprintf(lag_ids[p], ID_MAX, "e2e-lag-%d", p);
+        char *body = pu_chat_request(lag_ids[p], "Hi", NULL, "\"max_tokens\":2");
+        check(pu_client_send_to(&client, PU_REQUESTS, p, lag_ids[p], body, strlen(body), NULL, 0),
+              "%s: produce", lag_ids[p]);
+        free(body);
+    }
+    check(pu_client_wait_finals(&client, lag_ids[0], ID_MAX, PARTITIONS, BURST_MS) == PARTITIONS,
+          "lag: requests unanswered");
+    int series;
+    double assigned;
+    bool ok = lag_follows_assignment(0, PARTITIONS, &series, &assigned);
+    check(ok && series == PARTITIONS, "lag: w1 has %d series for %g partitions", series,
+          assigned);
+
     check(start_worker(1), "w2 start");
     /* w2 takes part once the cooperative rebalance hands it partitions. */
     check(pu_wait_assigned(&workers[1], JOIN_MS), "w2 never joined");
+    /* The partitions w1 gave away lose their series there. */
+    ok = lag_follows_assignment(0, PARTITIONS - 1, &series, &assigned);
+    check(ok, "lag: after w2 joined, w1 has %d series for %g partitions", series, assigned);
     double before[2] = {finished(0), finished(1)};
     char ids[SHARE_REQUESTS][ID_MAX];
     for (int i = 0; i < SHARE_REQUESTS; i++) {
