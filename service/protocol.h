@@ -132,6 +132,9 @@ void svc_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((for
 #define SVC_SHA256_HEX_LEN 64    /* lower-case hex digits of a sha256 */
 #define SVC_TOP_LOGPROBS_MAX 20  /* as in the OpenAI API */
 #define SVC_TRACEPARENT_LEN 55   /* "00-<32 hex>-<16 hex>-<2 hex>" */
+/* The longest request id the parser accepts by default (svc_limits.max_id_bytes);
+ * buffers that hold an id (the worker's pending cancels) are sized by it. */
+#define SVC_ID_MAX_BYTES 256
 
 /* What one request may ask for; hostile input is bounded by these before
  * anything proportional to it is allocated. */

@@ -289,24 +289,17 @@ static void on_revoke(void *opaque, const rd_kafka_topic_partition_list_t *parts
     svc_worker *w = opaque;
     svc_metrics_rebalance(lost ? SVC_REBALANCE_LOST : SVC_REBALANCE_REVOKE);
     describe_partitions(w, NULL, parts);
+    /* By the job's flag, not its id: another execution of the same id on a
+     * partition this worker keeps must go on. The step thread cancels the
+     * running ones; the others end at their next stage. */
     pthread_mutex_lock(&w->registry_lock);
     for (job *j = w->registry; j; j = j->reg_next)
         for (size_t i = 0; i < n_pending; i++)
             if (pending[i].partition == j->ticket.partition &&
-                pending[i].offset == j->ticket.offset && pending[i].epoch == j->ticket.epoch) {
+                pending[i].offset == j->ticket.offset && pending[i].epoch == j->ticket.epoch)
                 atomic_store(&j->abandoned, true);
-                pthread_mutex_lock(&w->cancel_lock);
-                cancel_req *c = calloc(1, sizeof *c);
-                if (c && j->id) {
-                    snprintf(c->id, sizeof c->id, "%s", j->id);
-                    c->next = w->cancels_head;
-                    w->cancels_head = c;
-                } else {
-                    free(c);
-                }
-                pthread_mutex_unlock(&w->cancel_lock);
-            }
     pthread_mutex_unlock(&w->registry_lock);
+    atomic_store(&w->cancel_scan, true);
     /* Their lag is the new owner's to report. */
     for (int i = 0; i < parts->cnt; i++)
         svc_metrics_set_lag(parts->elems[i].topic, parts->elems[i].partition, -1);
@@ -350,21 +343,13 @@ static void on_stats(void *opaque, const char *json, size_t len)
 
 /* ==== the cancel topic (Kafka thread) ============================================ */
 
+/* The only source of client cancels: records of the cancel topic, keyed by
+ * request id, into the pending-cancel table (worker_cancel.c). */
 static void poll_cancels(svc_worker *w)
 {
     svc_kafka_msg m;
     while (svc_consumer_poll(w->cancels, CANCEL_POLL_MS, &m) == SVC_KAFKA_OK) {
-        if (m.key && m.key_len > 0 && m.key_len < sizeof(((cancel_req *)0)->id)) {
-            cancel_req *c = calloc(1, sizeof *c);
-            if (c) {
-                memcpy(c->id, m.key, m.key_len);
-                pthread_mutex_lock(&w->cancel_lock);
-                c->next = w->cancels_head;
-                w->cancels_head = c;
-                pthread_mutex_unlock(&w->cancel_lock);
-                svc_log(SVC_LOG_INFO, "cancel_received", "request %s", c->id);
-            }
-        }
+        worker_cancel_record(w, &m);
         char err[128];
         svc_consumer_finish(w->cancels, &m.ticket, err, sizeof err);
         svc_kafka_msg_release(&m);
@@ -678,13 +663,18 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     w->cfg = *cfg;
     cfg->kafka.n_props = 0; /* moved */
     pthread_mutex_init(&w->partitions_lock, NULL);
-    pthread_mutex_init(&w->cancel_lock, NULL);
     pthread_mutex_init(&w->event_lock, NULL);
     pthread_cond_init(&w->event_cond, NULL);
     pthread_mutex_init(&w->registry_lock, NULL);
     pthread_mutex_init(&w->resident_lock, NULL);
     job_queue_init(&w->prep_q);
     job_queue_init(&w->step_q);
+    if (worker_cancels_init(&w->pending_cancels)) {
+        *code = SVC_WORKER_EXIT_CONFIG;
+        svc_errf(err, errlen, "out of memory");
+        svc_worker_destroy(w);
+        return NULL;
+    }
     svc_limits_default(&w->limits);
     w->limits.max_request_bytes = (size_t)w->cfg.limits.max_request_bytes;
     w->limits.max_image_bytes = (size_t)w->cfg.limits.max_image_bytes;
@@ -752,6 +742,8 @@ static void accept_message(svc_worker *w, svc_kafka_msg *m)
     snprintf(j->topic, sizeof j->topic, "%s", m->topic);
     j->partition = m->partition;
     j->offset = m->offset;
+    j->timestamp_ms = m->timestamp_ms;
+    j->arrival = ++w->arrivals;
     j->attempt = 1;
     j->stream = true;
     ml_token_buf_init(&j->prompt);
@@ -856,11 +848,7 @@ void svc_worker_destroy(svc_worker *w)
     ml_tokenizer_destroy(w->tok);
     svc_backends_deinit(&w->backends);
     svc_http_stop(w->http);
-    while (w->cancels_head) {
-        cancel_req *c = w->cancels_head;
-        w->cancels_head = c->next;
-        free(c);
-    }
+    worker_cancels_deinit(&w->pending_cancels);
     while (w->events_head) {
         image_event *e = w->events_head;
         w->events_head = e->next;

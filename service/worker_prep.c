@@ -327,6 +327,12 @@ static void prepare(svc_worker *w, job *j)
     }
     /* The record is no longer needed: the request owns what it uses. */
     svc_kafka_msg_release(&j->msg);
+    /* A cancel that came while it was queued: the step thread checks again
+     * at submit, for one that comes during the work below. */
+    if (worker_cancel_hits(w, j)) {
+        worker_reply_cancelled(w, j, "cancelled before it was prepared");
+        return;
+    }
     if ((j->req->adapter &&
          (code = ensure_adapter(w, j->req->adapter, msg, sizeof msg)) != SVC_ERROR_NONE) ||
         (code = prepare_images(w, j, msg, sizeof msg)) != SVC_ERROR_NONE ||

@@ -10,7 +10,10 @@
  *   (<prefix>:img:<sha256>).
  * - stream: false gives a single chat.completion record.
  * - A cancel record (key = id) on mllama.cancel stops a long request
- *   (finish_reason cancelled).
+ *   (finish_reason cancelled), also for an id of the longest length the
+ *   parser accepts; and stops requests it reaches before they reach the
+ *   runtime (Redis paused: one waits in prep, one queued behind it), which
+ *   end cancelled with nothing but their final record.
  * - A request naming an adapter this worker does not serve: unknown_adapter.
  * - Consumer-lag series: one per assigned partition; the partitions a
  *   rebalance takes away lose theirs.
@@ -37,9 +40,13 @@
 #define CANCEL_AFTER_CHUNKS 3
 #define CANCEL_TRIES 3
 #define ID_MAX 32
+#define LONG_ID_BYTES 256    /* the parser's longest id (protocol.h SVC_ID_MAX_BYTES) */
+#define PAUSE_MS 3000        /* Redis paused: requests wait in prep meanwhile */
+#define REDIS_TIMEOUT "10000" /* redis.timeout_ms: outlasts the pause */
 #define STATS_MS "500"       /* statistics.interval.ms: the lag series */
 #define LAG_MS 10000         /* lag series following a rebalance */
 #define PARTITIONS 4
+#define QUEUED_TOKENS 64     /* what a request cancelled before running would stream */
 
 static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
 static pu_redis redis;
@@ -63,7 +70,8 @@ static void cleanup(void)
 
 static bool start_worker(int i)
 {
-    static const char *const extra[] = {"kafka.statistics.interval.ms=" STATS_MS, NULL};
+    static const char *const extra[] = {"redis.timeout_ms=" REDIS_TIMEOUT,
+                                        "kafka.statistics.interval.ms=" STATS_MS, NULL};
     return pu_worker_start(&workers[i], &env, worker_names[i], extra);
 }
 
@@ -267,9 +275,10 @@ static void test_not_streamed(void)
     free(body);
 }
 
-static void test_cancel(void)
+/* Cancel a long request with `id` once it streams, the cancel produced by
+ * kcat or by the client; expect finish_reason cancelled. */
+static void cancel_running(const char *id, bool by_kcat)
 {
-    static const char id[] = "e2e-cancel";
     char extra[64];
     snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0", LONG_TOKENS);
     char *body = pu_chat_request(id, "Count to a million.", NULL, extra);
@@ -285,17 +294,74 @@ static void test_cancel(void)
      * group: a cancel sent before that is not seen, so a client repeats it. */
     const pu_record *f = NULL;
     for (int tries = 0; tries < CANCEL_TRIES && !f; tries++) {
-        check(kcat_produce(PU_CANCEL, id, "cancel"), "cancel: kcat produce");
+        check(by_kcat ? kcat_produce(PU_CANCEL, id, "cancel")
+                      : pu_client_send_to(&client, PU_CANCEL, -1, id, "cancel", 6, NULL, 0),
+              "cancel: produce the cancel");
         f = pu_client_wait(&client, id, ANSWER_MS / CANCEL_TRIES);
     }
     cJSON *j = f ? pu_json(f) : NULL;
     const char *reason = pu_finish_reason(j);
-    check(reason && !strcmp(reason, "cancelled"), "cancel: finish_reason %s",
+    check(reason && !strcmp(reason, "cancelled"), "cancel %.40s: finish_reason %s", id,
           reason ? reason : "(none)");
     check(pu_json_num(j, PU_PATH("usage", "completion_tokens")) < LONG_TOKENS,
           "cancel: ran to the end");
     pu_check_stream(&client, id);
     cJSON_Delete(j);
+}
+
+static void test_cancel(void)
+{
+    cancel_running("e2e-cancel", true);
+    char id[LONG_ID_BYTES + 1];
+    memset(id, 'L', LONG_ID_BYTES);
+    memcpy(id, "e2e-long-id-", 12);
+    id[LONG_ID_BYTES] = '\0';
+    /* Too long for kcat's file name. */
+    cancel_running(id, false);
+}
+
+/* Cancels sent right after their requests, while Redis is paused: the prep
+ * thread waits on the first request's attempt counter and the second queues
+ * behind it, so neither has reached the runtime when its cancel arrives.
+ * Both end cancelled, with their final record only. (The cancel consumer
+ * has joined: test_cancel saw its cancels.) */
+static void test_cancel_before_running(void)
+{
+    static const char *const ids[] = {"e2e-cancel-in-prep", "e2e-cancel-queued"};
+    enum { N = sizeof ids / sizeof ids[0] };
+    int received = pu_file_count(workers[0].log, "\"cancel_received\"");
+    char pause[16];
+    snprintf(pause, sizeof pause, "%d", PAUSE_MS);
+    redisReply *rep = pu_redis_cmd(&redis, "CLIENT PAUSE %s", pause);
+    check(rep && rep->type == REDIS_REPLY_STATUS, "CLIENT PAUSE refused");
+    freeReplyObject(rep);
+    int64_t paused_at = pu_now_ms();
+    char extra[64];
+    snprintf(extra, sizeof extra, "\"max_tokens\":%d", QUEUED_TOKENS);
+    for (int i = 0; i < N; i++) {
+        char *body = pu_chat_request(ids[i], "Count to a million.", NULL, extra);
+        check(pu_client_send(&client, ids[i], body), "%s: produce", ids[i]);
+        free(body);
+    }
+    for (int i = 0; i < N; i++)
+        check(pu_client_send_to(&client, PU_CANCEL, -1, ids[i], "cancel", 6, NULL, 0),
+              "%s: produce the cancel", ids[i]);
+    /* Only meaningful when the cancels arrived while Redis held the requests. */
+    bool in_time = pu_wait_log(&workers[0], "\"cancel_received\"", received + N,
+                               PAUSE_MS - (int)(pu_now_ms() - paused_at));
+    check(in_time && pu_now_ms() - paused_at < PAUSE_MS,
+          "the cancels arrived after the pause (%lld ms)", (long long)(pu_now_ms() - paused_at));
+    for (int i = 0; i < N; i++) {
+        const pu_record *f = pu_client_wait(&client, ids[i], ANSWER_MS);
+        cJSON *j = f ? pu_json(f) : NULL;
+        const char *reason = pu_finish_reason(j);
+        check(reason && !strcmp(reason, "cancelled"), "%s: finish_reason %s", ids[i],
+              reason ? reason : "(none)");
+        size_t n = pu_client_replies(&client, ids[i], NULL, 0);
+        check(n == 1, "%s: %zu records, want the final one only", ids[i], n);
+        pu_check_stream(&client, ids[i]);
+        cJSON_Delete(j);
+    }
 }
 
 static void test_unknown_adapter(void)
@@ -443,6 +509,7 @@ int main(void)
     test_resident_image();
     test_not_streamed();
     test_cancel();
+    test_cancel_before_running();
     test_unknown_adapter();
     fprintf(stderr, "one worker: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
     test_two_workers_share();
