@@ -1,7 +1,8 @@
 /* Cancels: the table of pending cancels (worker_internal.h says what it
  * holds and for how long) and how the step thread applies it, together
- * with the other ways an execution is stopped on this worker: a revoked
- * partition, the end of a drain's grace. Abandoned jobs are stopped by their flag, never by id, so
+ * with the other ways an execution is stopped on this worker: a newer
+ * execution of the same request id, a revoked partition, the end of a
+ * drain's grace. Abandoned jobs are stopped by their flag, never by id, so
  * a revocation cannot stop another execution of the same id that this
  * worker still owns. */
 #include <stdlib.h>
@@ -113,7 +114,37 @@ bool worker_cancel_hits(svc_worker *w, const job *j)
 
 bool worker_cancel_before_submit(svc_worker *w, job *j)
 {
-    return worker_cancel_hits(w, j);
+    if (worker_cancel_hits(w, j))
+        return true;
+    /* The execution consumed last is the one that runs: a client's retry
+     * under the same id replaces the earlier one, which ends with
+     * finish_reason cancelled before the retry's first record. */
+    uint64_t older[CANCEL_BATCH];
+    bool superseded = false;
+    for (;;) {
+        int n = 0;
+        pthread_mutex_lock(&w->registry_lock);
+        for (job *o = w->registry; o && n < CANCEL_BATCH && !superseded; o = o->reg_next) {
+            if (o == j || !o->handle || !o->id || strcmp(o->id, j->id))
+                continue;
+            if (o->arrival > j->arrival) {
+                superseded = true;
+            } else if (!o->cancel_sent) {
+                o->cancel_sent = true;
+                older[n++] = o->handle;
+            }
+        }
+        pthread_mutex_unlock(&w->registry_lock);
+        for (int i = 0; i < n; i++) {
+            svc_log(SVC_LOG_INFO, "request_superseded",
+                    "request %s: a newer execution (attempt %u) replaces a running one", j->id,
+                    j->attempt);
+            ml_runtime_cancel(w->rt, older[i]);
+        }
+        if (n < CANCEL_BATCH)
+            break;
+    }
+    return superseded;
 }
 
 void worker_cancels_apply(svc_worker *w)

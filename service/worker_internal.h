@@ -214,8 +214,10 @@ void worker_cancels_deinit(cancel_table *t);
 void worker_cancel_record(svc_worker *w, const svc_kafka_msg *m);
 /* Whether a pending cancel stops j (its id set). @locality any thread. */
 bool worker_cancel_hits(svc_worker *w, const job *j);
-/* At submit: whether j must not run, because a cancel stops it.
- * @locality step thread. */
+/* At submit: whether j must not run, because a cancel stops it or a newer
+ * execution of its id was submitted here; otherwise older executions of its
+ * id still running here are cancelled (they end with finish_reason
+ * cancelled before j sends anything). @locality step thread. */
 bool worker_cancel_before_submit(svc_worker *w, job *j);
 /* Cancel the running jobs that a new cancel hits, that were abandoned, or
  * all of them once the drain grace expired. @locality step thread. */

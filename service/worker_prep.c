@@ -274,6 +274,33 @@ static void build_sampling(svc_worker *w, job *j)
     s->json_object = r->json_object;
 }
 
+/* A number for an execution Redis could not count: it may be a
+ * re-execution all the same, so it must not reuse the number of an earlier
+ * attempt, whose seqs it would repeat. */
+static uint32_t uncounted_attempt(svc_worker *w)
+{
+    return WORKER_ATTEMPT_UNCOUNTED | (w->next_uncounted++ & ~WORKER_ATTEMPT_UNCOUNTED);
+}
+
+/* The attempt a reply carries: executions of the request id, counted in
+ * Redis, so a client's retry under the same id (another record) is a new,
+ * higher attempt, as a redelivery of the same record is; the per-offset
+ * count stays the poison-message guard. Once the id is known, before any
+ * reply. */
+static void count_attempt_by_id(svc_worker *w, job *j)
+{
+    if (w->redis_prep && j->id) {
+        uint32_t attempt;
+        if (svc_redis_request_attempt_incr(w->redis_prep, j->id, &attempt) == SVC_REDIS_OK) {
+            j->attempt = attempt;
+            return;
+        }
+        svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
+    }
+    if (!(j->attempt & WORKER_ATTEMPT_UNCOUNTED))
+        j->attempt = uncounted_attempt(w);
+}
+
 static void prepare(svc_worker *w, job *j)
 {
     char msg[SVC_ERRMSG_MAX];
@@ -293,10 +320,8 @@ static void prepare(svc_worker *w, job *j)
         else
             svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
     }
-    /* Uncounted, this may be a re-execution all the same: it must not reuse
-     * the number of an earlier attempt, whose seqs it would repeat. */
     if (!counted)
-        j->attempt = WORKER_ATTEMPT_UNCOUNTED | (w->next_uncounted++ & ~WORKER_ATTEMPT_UNCOUNTED);
+        j->attempt = uncounted_attempt(w);
     if (counted && (int)j->attempt > w->cfg.limits.max_attempts) {
         svc_errf(msg, sizeof msg, "the message was consumed %u times without being answered",
                  j->attempt - 1);
@@ -316,6 +341,7 @@ static void prepare(svc_worker *w, job *j)
         j->id = strdup(j->req->id);
         j->reply_topic = strdup(j->req->reply_topic);
         j->stream = j->req->stream;
+        count_attempt_by_id(w, j);
     }
     if (code != SVC_ERROR_NONE || !j->id || !j->reply_topic) {
         if (!j->req || !svc_request_answerable(j->req) || !j->id || !j->reply_topic)

@@ -14,6 +14,8 @@
  *   parser accepts; and stops requests it reaches before they reach the
  *   runtime (Redis paused: one waits in prep, one queued behind it), which
  *   end cancelled with nothing but their final record.
+ * - The same id sent again while it runs: the retry is a higher attempt,
+ *   the first ends cancelled before the retry's first record.
  * - A request naming an adapter this worker does not serve: unknown_adapter.
  * - Consumer-lag series: one per assigned partition; the partitions a
  *   rebalance takes away lose theirs.
@@ -46,6 +48,7 @@
 #define STATS_MS "500"       /* statistics.interval.ms: the lag series */
 #define LAG_MS 10000         /* lag series following a rebalance */
 #define PARTITIONS 4
+#define RETRY_TOKENS 8
 #define QUEUED_TOKENS 64     /* what a request cancelled before running would stream */
 
 static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
@@ -364,6 +367,61 @@ static void test_cancel_before_running(void)
     }
 }
 
+/* A client's retry under the same id while the first execution runs: the
+ * retry carries a higher attempt, the first ends cancelled, and every record
+ * of the first comes before the retry's first record. */
+static void test_same_id_twice(void)
+{
+    static const char id[] = "e2e-twice";
+    char extra[64];
+    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0", LONG_TOKENS);
+    char *body = pu_chat_request(id, "Count to a million.", NULL, extra);
+    check(pu_client_send(&client, id, body), "twice: produce");
+    free(body);
+    int64_t deadline = pu_now_ms() + ANSWER_MS;
+    while (pu_client_replies(&client, id, NULL, 0) < CANCEL_AFTER_CHUNKS && pu_now_ms() < deadline)
+        pu_client_poll(&client, 20);
+    check(pu_client_replies(&client, id, NULL, 0) >= CANCEL_AFTER_CHUNKS, "twice: no stream");
+    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0", RETRY_TOKENS);
+    body = pu_chat_request(id, "Count to a million.", NULL, extra);
+    check(pu_client_send(&client, id, body), "twice: produce the retry");
+    free(body);
+    /* Until a final record of an attempt other than the first one's. */
+    const pu_record *first, *last;
+    for (deadline = pu_now_ms() + ANSWER_MS;; pu_client_poll(&client, 50)) {
+        first = pu_client_find(&client, PU_REPLIES, id);
+        last = pu_client_final(&client, id);
+        if ((first && last && last->attempt != first->attempt) || pu_now_ms() >= deadline)
+            break;
+    }
+    int attempts = pu_check_stream(&client, id);
+    check(attempts == 2, "twice: %d attempts", attempts);
+    check(first && last && last->attempt > first->attempt, "twice: attempts %lld then %lld",
+          first ? (long long)first->attempt : -1LL, last ? (long long)last->attempt : -1LL);
+    /* In arrival order: the first attempt, ending cancelled, then the retry. */
+    bool in_retry = false, first_cancelled = false;
+    for (size_t i = 0; first && last && i < client.n; i++) {
+        const pu_record *r = &client.recs[i];
+        if (strcmp(r->topic, PU_REPLIES) || strcmp(r->key, id))
+            continue;
+        in_retry |= r->attempt == last->attempt;
+        check(!in_retry || r->attempt == last->attempt,
+              "twice: a record of attempt %lld after the retry began", (long long)r->attempt);
+        if (r->attempt == first->attempt && r->final) {
+            cJSON *j = pu_json(r);
+            const char *reason = pu_finish_reason(j);
+            first_cancelled = reason && !strcmp(reason, "cancelled");
+            cJSON_Delete(j);
+        }
+    }
+    check(first_cancelled, "twice: the first attempt did not end cancelled");
+    cJSON *j = last ? pu_json(last) : NULL;
+    const char *reason = pu_finish_reason(j);
+    check(reason && (!strcmp(reason, "length") || !strcmp(reason, "stop")),
+          "twice: the retry ended %s", reason ? reason : "(none)");
+    cJSON_Delete(j);
+}
+
 static void test_unknown_adapter(void)
 {
     char *body = pu_chat_request("e2e-adapter", "Hello", NULL,
@@ -510,6 +568,7 @@ int main(void)
     test_not_streamed();
     test_cancel();
     test_cancel_before_running();
+    test_same_id_twice();
     test_unknown_adapter();
     fprintf(stderr, "one worker: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
     test_two_workers_share();
