@@ -125,7 +125,9 @@ bool worker_cancel_before_submit(svc_worker *w, job *j)
         int n = 0;
         pthread_mutex_lock(&w->registry_lock);
         for (job *o = w->registry; o && n < CANCEL_BATCH && !superseded; o = o->reg_next) {
-            if (o == j || !o->handle || !o->id || strcmp(o->id, j->id))
+            /* An abandoned execution answers nowhere here: it replaces nothing. */
+            if (o == j || !o->handle || !o->id || atomic_load(&o->abandoned) ||
+                strcmp(o->id, j->id))
                 continue;
             if (o->arrival > j->arrival) {
                 superseded = true;
