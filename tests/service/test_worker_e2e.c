@@ -327,7 +327,8 @@ static void test_cancel(void)
  * thread waits on the first request's attempt counter and the second queues
  * behind it, so neither has reached the runtime when its cancel arrives.
  * Both end cancelled, with their final record only. (The cancel consumer
- * has joined: test_cancel saw its cancels.) */
+ * has joined: test_cancel saw its cancels.) An id sent again after its
+ * cancel runs. */
 static void test_cancel_before_running(void)
 {
     static const char *const ids[] = {"e2e-cancel-in-prep", "e2e-cancel-queued"};
@@ -365,6 +366,22 @@ static void test_cancel_before_running(void)
         pu_check_stream(&client, ids[i]);
         cJSON_Delete(j);
     }
+    /* The id sent again after its cancel is a new request: it runs. */
+    const pu_record *f = pu_client_final(&client, ids[1]);
+    int64_t cancelled_attempt = f ? f->attempt : -1;
+    char *body = pu_chat_request(ids[1], "Hi", NULL, "\"max_tokens\":2");
+    check(pu_client_send(&client, ids[1], body), "%s: produce it again", ids[1]);
+    free(body);
+    for (int64_t deadline = pu_now_ms() + ANSWER_MS;
+         (f = pu_client_final(&client, ids[1])) && f->attempt == cancelled_attempt &&
+         pu_now_ms() < deadline;)
+        pu_client_poll(&client, 50);
+    cJSON *j = f && f->attempt != cancelled_attempt ? pu_json(f) : NULL;
+    const char *reason = pu_finish_reason(j);
+    check(reason && (!strcmp(reason, "length") || !strcmp(reason, "stop")),
+          "%s sent again after its cancel: finish_reason %s", ids[1], reason ? reason : "(none)");
+    pu_check_stream(&client, ids[1]);
+    cJSON_Delete(j);
 }
 
 /* A client's retry under the same id while the first execution runs: the
