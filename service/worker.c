@@ -669,6 +669,7 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     pthread_mutex_init(&w->resident_lock, NULL);
     job_queue_init(&w->prep_q);
     job_queue_init(&w->step_q);
+    job_queue_init(&w->silent_q);
     if (worker_cancels_init(&w->pending_cancels)) {
         *code = SVC_WORKER_EXIT_CONFIG;
         svc_errf(err, errlen, "out of memory");
@@ -753,6 +754,22 @@ static void accept_message(svc_worker *w, svc_kafka_msg *m)
     job_queue_push(&w->prep_q, j);
 }
 
+/* Finish the jobs that end without a record (superseded before they ran:
+ * their id is answered by the newer execution). Unless abandoned or after
+ * a process-level error, as for a delivered final record. */
+static void finish_silent(svc_worker *w)
+{
+    for (job *j; (j = job_queue_pop(&w->silent_q, 0));) {
+        char err[256];
+        svc_kafka_status st = SVC_KAFKA_OK;
+        if (!atomic_load(&j->abandoned) && !atomic_load(&w->fatal))
+            st = svc_consumer_finish(w->consumer, &j->ticket, err, sizeof err);
+        if (st != SVC_KAFKA_OK && st != SVC_KAFKA_ERR_STALE)
+            svc_log(SVC_LOG_ERROR, "offset_finish", "%s", err);
+        job_free(j);
+    }
+}
+
 static void backpressure(svc_worker *w, bool draining)
 {
     int inflight = atomic_load(&w->inflight);
@@ -797,6 +814,7 @@ int svc_worker_run(svc_worker *w)
         else if (st != SVC_KAFKA_NO_MESSAGE)
             worker_fail(w, "consumer: %s", svc_kafka_status_name(st));
         poll_cancels(w);
+        finish_silent(w);
         svc_producer_poll(w->producer, 0);
         if (svc_producer_fatal(w->producer, err, sizeof err) ||
             svc_consumer_fatal(w->consumer, err, sizeof err))
@@ -836,6 +854,8 @@ void svc_worker_destroy(svc_worker *w)
         job_free(j);
     for (job *j; (j = job_queue_pop(&w->step_q, 0));)
         job_free(j);
+    for (job *j; (j = job_queue_pop(&w->silent_q, 0));)
+        job_free(j);
     ml_runtime_destroy(w->rt); /* in-flight sequences end here; fatal path only */
     /* Producer before consumers: its delivery reports finish into them. */
     svc_producer_destroy(w->producer);
@@ -856,6 +876,7 @@ void svc_worker_destroy(svc_worker *w)
     }
     job_queue_deinit(&w->prep_q);
     job_queue_deinit(&w->step_q);
+    job_queue_deinit(&w->silent_q);
     free(w->resident);
     svc_config_deinit(&w->cfg);
     free(w);

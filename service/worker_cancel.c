@@ -112,13 +112,16 @@ bool worker_cancel_hits(svc_worker *w, const job *j)
 
 /* ==== the step thread ============================================================= */
 
-bool worker_cancel_before_submit(svc_worker *w, job *j)
+submit_verdict worker_cancel_before_submit(svc_worker *w, job *j)
 {
     if (worker_cancel_hits(w, j))
-        return true;
+        return SUBMIT_CANCELLED;
     /* The execution consumed last is the one that runs: a client's retry
      * under the same id replaces the earlier one, which ends with
-     * finish_reason cancelled before the retry's first record. */
+     * finish_reason cancelled before the retry's first record. An earlier
+     * one that reaches submit after the retry (prep finishes out of order)
+     * sends nothing: a final record of its own, a seq 0, would come after
+     * the retry's seq 0 and take the frontend's eye off the retry. */
     uint64_t older[CANCEL_BATCH];
     bool superseded = false;
     for (;;) {
@@ -146,7 +149,7 @@ bool worker_cancel_before_submit(svc_worker *w, job *j)
         if (n < CANCEL_BATCH)
             break;
     }
-    return superseded;
+    return superseded ? SUBMIT_SUPERSEDED : SUBMIT_RUN;
 }
 
 void worker_cancels_apply(svc_worker *w)

@@ -168,6 +168,7 @@ struct svc_worker {
     /* Threads and queues. */
     job_queue prep_q;           /* Kafka -> prep */
     job_queue step_q;           /* prep -> step */
+    job_queue silent_q;         /* step -> Kafka: superseded jobs, finished without a record */
     cancel_table pending_cancels;
     uint64_t arrivals;          /* Kafka thread: numbers requests and cancels as consumed */
     atomic_bool cancel_scan;    /* a cancel arrived or a job was abandoned: step rescans */
@@ -214,11 +215,15 @@ void worker_cancels_deinit(cancel_table *t);
 void worker_cancel_record(svc_worker *w, const svc_kafka_msg *m);
 /* Whether a pending cancel stops j (its id set). @locality any thread. */
 bool worker_cancel_hits(svc_worker *w, const job *j);
-/* At submit: whether j must not run, because a cancel stops it or a newer
- * execution of its id was submitted here; otherwise older executions of its
- * id still running here are cancelled (they end with finish_reason
- * cancelled before j sends anything). @locality step thread. */
-bool worker_cancel_before_submit(svc_worker *w, job *j);
+/* At submit: whether j runs. When it does, older executions of its id
+ * still running here are cancelled (they end with finish_reason cancelled
+ * before j sends anything). @locality step thread. */
+typedef enum submit_verdict {
+    SUBMIT_RUN,
+    SUBMIT_CANCELLED,   /* a pending cancel stops it: its final says cancelled */
+    SUBMIT_SUPERSEDED,  /* a newer execution of its id runs here: it sends nothing */
+} submit_verdict;
+submit_verdict worker_cancel_before_submit(svc_worker *w, job *j);
 /* Cancel the running jobs that a new cancel hits, that were abandoned, or
  * all of them once the drain grace expired. @locality step thread. */
 void worker_cancels_apply(svc_worker *w);

@@ -230,8 +230,16 @@ static void submit(svc_worker *w, job *j)
         job_free(j);
         return;
     }
-    if (worker_cancel_before_submit(w, j)) {
+    switch (worker_cancel_before_submit(w, j)) {
+    case SUBMIT_RUN: break;
+    case SUBMIT_CANCELLED:
         worker_reply_cancelled(w, j, "cancelled before it started");
+        return;
+    case SUBMIT_SUPERSEDED:
+        svc_log(SVC_LOG_INFO, "request_superseded",
+                "request %s attempt %u: a newer execution runs already", j->id, j->attempt);
+        svc_metrics_finished(SVC_FINISH_CANCELLED);
+        job_queue_push(&w->silent_q, j);
         return;
     }
     svc_request *req = j->req;
