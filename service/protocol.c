@@ -46,7 +46,7 @@ void svc_limits_default(svc_limits *lim)
     *lim = (svc_limits){
         .max_request_bytes = 32 * MIB,
         .max_json_values = 65536,
-        .max_id_bytes = 256,
+        .max_id_bytes = SVC_ID_MAX_BYTES,
         .max_messages = 1024,
         .max_parts = 4096,
         .max_text_bytes = 1 * MIB,

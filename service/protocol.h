@@ -147,6 +147,9 @@ void svc_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((for
 #define SVC_REPLY_ENTRY_BYTES 128
 /* The rest of a completion record: id, model, usage, timings, framing. */
 #define SVC_REPLY_FIXED_BYTES 4096
+/* The longest request id the parser accepts by default (svc_limits.max_id_bytes);
+ * buffers that hold an id (the worker's pending cancels) are sized by it. */
+#define SVC_ID_MAX_BYTES 256
 
 /* What one request may ask for; hostile input is bounded by these before
  * anything proportional to it is allocated. */

@@ -208,26 +208,22 @@ svc_redis_status svc_redis_adapter_put(svc_redis *r, const char *name, const voi
 
 /* ==== Attempts =========================================================== */
 
-svc_redis_status svc_redis_attempt_incr(svc_redis *r, const char *topic, int32_t partition,
-                                        int64_t offset, uint32_t *attempt)
+/* INCR s->key, then EXPIRE it attempts_ttl_s from now; the count into
+ * *attempt (0 on failure). */
+static svc_redis_status count_attempt(svc_redis *r, svc_redis_scratch *s, uint32_t *attempt)
 {
     *attempt = 0;
-    if (!topic || !svc_valid_topic(topic, strlen(topic)) || partition < 0 || offset < 0)
-        return SVC_REDIS_ERR_INVALID;
     svc_redis_status st = svc_redis_call_begin(r);
     if (st != SVC_REDIS_OK)
         return st;
-    svc_redis_scratch s;
-    snprintf(s.key, KEY_MAX, "%s:attempts:%s:%" PRId32 ":%" PRId64, r->prefix, topic, partition,
-             offset);
-    svc_redis_fmt_i64(s.n[0], r->cfg.attempts_ttl_s);
+    svc_redis_fmt_i64(s->n[0], r->cfg.attempts_ttl_s);
     svc_redis_cmd inc = {0};
     svc_redis_arg_str(&inc, "INCR");
-    svc_redis_arg_str(&inc, s.key);
+    svc_redis_arg_str(&inc, s->key);
     svc_redis_cmd x = {0};
     svc_redis_arg_str(&x, "EXPIRE");
-    svc_redis_arg_str(&x, s.key);
-    svc_redis_arg_str(&x, s.n[0]);
+    svc_redis_arg_str(&x, s->key);
+    svc_redis_arg_str(&x, s->n[0]);
     st = svc_redis_append(r, &inc);
     if (st == SVC_REDIS_OK)
         st = svc_redis_append(r, &x);
@@ -247,6 +243,28 @@ svc_redis_status svc_redis_attempt_incr(svc_redis *r, const char *topic, int32_t
     if (st != SVC_REDIS_OK)
         *attempt = 0;
     return svc_redis_call_end(r, st);
+}
+
+svc_redis_status svc_redis_attempt_incr(svc_redis *r, const char *topic, int32_t partition,
+                                        int64_t offset, uint32_t *attempt)
+{
+    *attempt = 0;
+    if (!topic || !svc_valid_topic(topic, strlen(topic)) || partition < 0 || offset < 0)
+        return SVC_REDIS_ERR_INVALID;
+    svc_redis_scratch s;
+    snprintf(s.key, KEY_MAX, "%s:attempts:%s:%" PRId32 ":%" PRId64, r->prefix, topic, partition,
+             offset);
+    return count_attempt(r, &s, attempt);
+}
+
+svc_redis_status svc_redis_request_attempt_incr(svc_redis *r, const char *id, uint32_t *attempt)
+{
+    *attempt = 0;
+    svc_redis_scratch s;
+    if (!id || !*id ||
+        snprintf(s.key, KEY_MAX, "%s:request_attempts:%s", r->prefix, id) >= KEY_MAX)
+        return SVC_REDIS_ERR_INVALID;
+    return count_attempt(r, &s, attempt);
 }
 
 /* HGET key field into out (NUL-terminated, truncated to n). */

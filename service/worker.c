@@ -380,13 +380,10 @@ static void on_delivery(void *opaque, const svc_delivery *d)
 
 /* ==== rebalances (Kafka thread) ================================================ */
 
-static void describe_partitions(svc_worker *w, const rd_kafka_topic_partition_list_t *add,
-                                const rd_kafka_topic_partition_list_t *remove)
+/* have[p] = 1 for each partition of w->partitions ("topic:p,p,p"), the
+ * others untouched. Called with partitions_lock held. */
+static void held_partitions(const svc_worker *w, int *have)
 {
-    /* Keep "topic:p,p,p" of the assignment for the Redis heartbeat, so
-     * producers route images to the worker that holds them. */
-    pthread_mutex_lock(&w->partitions_lock);
-    int have[SVC_MOCK_KAFKA_MAX_PARTITIONS] = {0};
     const char *list = strchr(w->partitions, ':');
     for (const char *p = list ? list + 1 : ""; *p;) {
         int n = atoi(p);
@@ -395,6 +392,16 @@ static void describe_partitions(svc_worker *w, const rd_kafka_topic_partition_li
         p = strchr(p, ',');
         p = p ? p + 1 : "";
     }
+}
+
+static void describe_partitions(svc_worker *w, const rd_kafka_topic_partition_list_t *add,
+                                const rd_kafka_topic_partition_list_t *remove)
+{
+    /* Keep "topic:p,p,p" of the assignment for the Redis heartbeat, so
+     * producers route images to the worker that holds them. */
+    pthread_mutex_lock(&w->partitions_lock);
+    int have[SVC_MOCK_KAFKA_MAX_PARTITIONS] = {0};
+    held_partitions(w, have);
     for (int i = 0; add && i < add->cnt; i++)
         if (add->elems[i].partition < SVC_MOCK_KAFKA_MAX_PARTITIONS)
             have[add->elems[i].partition] = 1;
@@ -431,34 +438,36 @@ static void on_revoke(void *opaque, const rd_kafka_topic_partition_list_t *parts
     svc_worker *w = opaque;
     svc_metrics_rebalance(lost ? SVC_REBALANCE_LOST : SVC_REBALANCE_REVOKE);
     describe_partitions(w, NULL, parts);
+    /* By the job's flag, not its id: another execution of the same id on a
+     * partition this worker keeps must go on. The step thread cancels the
+     * running ones; the others end at their next stage. */
     pthread_mutex_lock(&w->registry_lock);
     for (job *j = w->registry; j; j = j->reg_next)
         for (size_t i = 0; i < n_pending; i++)
             if (pending[i].partition == j->ticket.partition &&
-                pending[i].offset == j->ticket.offset && pending[i].epoch == j->ticket.epoch) {
+                pending[i].offset == j->ticket.offset && pending[i].epoch == j->ticket.epoch)
                 atomic_store(&j->abandoned, true);
-                pthread_mutex_lock(&w->cancel_lock);
-                cancel_req *c = calloc(1, sizeof *c);
-                if (c && j->id) {
-                    snprintf(c->id, sizeof c->id, "%s", j->id);
-                    c->next = w->cancels_head;
-                    w->cancels_head = c;
-                } else {
-                    free(c);
-                }
-                pthread_mutex_unlock(&w->cancel_lock);
-            }
     pthread_mutex_unlock(&w->registry_lock);
+    atomic_store(&w->cancel_scan, true);
+    /* Their lag is the new owner's to report. */
+    for (int i = 0; i < parts->cnt; i++)
+        svc_metrics_set_lag(parts->elems[i].topic, parts->elems[i].partition, -1);
     svc_log(SVC_LOG_INFO, lost ? "partitions_lost" : "partitions_revoked",
             "%d partitions, %zu requests stopped", parts->cnt, n_pending);
 }
 
 /* Consumer lag per assigned partition from librdkafka's statistics
  * (topics.<t>.partitions.<p>.consumer_lag; -1 = unknown, and partition -1
- * is librdkafka's internal UA partition). */
+ * is librdkafka's internal UA partition). The statistics keep listing a
+ * revoked partition (fetch_state "stopped", its last lag): only the
+ * partitions of this worker's assignment have a series. */
 static void on_stats(void *opaque, const char *json, size_t len)
 {
-    (void)opaque;
+    svc_worker *w = opaque;
+    int have[SVC_MOCK_KAFKA_MAX_PARTITIONS] = {0};
+    pthread_mutex_lock(&w->partitions_lock);
+    held_partitions(w, have);
+    pthread_mutex_unlock(&w->partitions_lock);
     cJSON *root = cJSON_ParseWithLength(json, len);
     const cJSON *topic;
     cJSON_ArrayForEach(topic, cJSON_GetObjectItemCaseSensitive(root, "topics"))
@@ -471,7 +480,9 @@ static void on_stats(void *opaque, const char *json, size_t len)
             const cJSON *state = cJSON_GetObjectItemCaseSensitive(part, "fetch_state");
             if (!cJSON_IsNumber(id) || id->valueint < 0 || !cJSON_IsNumber(lag))
                 continue;
-            int assigned = cJSON_IsString(state) && strcmp(state->valuestring, "none");
+            int assigned = cJSON_IsString(state) && strcmp(state->valuestring, "none") &&
+                           !strcmp(topic->string, w->cfg.kafka.request_topic) &&
+                           id->valueint < SVC_MOCK_KAFKA_MAX_PARTITIONS && have[id->valueint];
             svc_metrics_set_lag(topic->string, id->valueint,
                                 assigned ? (int64_t)lag->valuedouble : -1);
         }
@@ -481,21 +492,13 @@ static void on_stats(void *opaque, const char *json, size_t len)
 
 /* ==== the cancel topic (Kafka thread) ============================================ */
 
+/* The only source of client cancels: records of the cancel topic, keyed by
+ * request id, into the pending-cancel table (worker_cancel.c). */
 static void poll_cancels(svc_worker *w)
 {
     svc_kafka_msg m;
     while (svc_consumer_poll(w->cancels, CANCEL_POLL_MS, &m) == SVC_KAFKA_OK) {
-        if (m.key && m.key_len > 0 && m.key_len < sizeof(((cancel_req *)0)->id)) {
-            cancel_req *c = calloc(1, sizeof *c);
-            if (c) {
-                memcpy(c->id, m.key, m.key_len);
-                pthread_mutex_lock(&w->cancel_lock);
-                c->next = w->cancels_head;
-                w->cancels_head = c;
-                pthread_mutex_unlock(&w->cancel_lock);
-                svc_log(SVC_LOG_INFO, "cancel_received", "request %s", c->id);
-            }
-        }
+        worker_cancel_record(w, &m);
         char err[128];
         svc_consumer_finish(w->cancels, &m.ticket, err, sizeof err);
         svc_kafka_msg_release(&m);
@@ -811,7 +814,6 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     w->cfg = *cfg;
     cfg->kafka.n_props = 0; /* moved */
     pthread_mutex_init(&w->partitions_lock, NULL);
-    pthread_mutex_init(&w->cancel_lock, NULL);
     pthread_mutex_init(&w->event_lock, NULL);
     pthread_cond_init(&w->event_cond, NULL);
     pthread_mutex_init(&w->registry_lock, NULL);
@@ -820,6 +822,13 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     pthread_mutex_init(&w->failure_lock, NULL);
     job_queue_init(&w->prep_q);
     job_queue_init(&w->step_q);
+    job_queue_init(&w->silent_q);
+    if (worker_cancels_init(&w->pending_cancels)) {
+        *code = SVC_WORKER_EXIT_CONFIG;
+        svc_errf(err, errlen, "out of memory");
+        svc_worker_destroy(w);
+        return NULL;
+    }
     svc_limits_default(&w->limits);
     w->limits.max_request_bytes = (size_t)w->cfg.limits.max_request_bytes;
     w->limits.max_image_bytes = (size_t)w->cfg.limits.max_image_bytes;
@@ -905,6 +914,8 @@ static void accept_message(svc_worker *w, svc_kafka_msg *m)
     snprintf(j->topic, sizeof j->topic, "%s", m->topic);
     j->partition = m->partition;
     j->offset = m->offset;
+    j->timestamp_ms = m->timestamp_ms;
+    j->arrival = ++w->arrivals;
     j->attempt = 1;
     j->stream = true;
     atomic_init(&j->refs, 1);
@@ -915,6 +926,22 @@ static void accept_message(svc_worker *w, svc_kafka_msg *m)
     atomic_fetch_add(&w->inflight, 1);
     worker_register(w, j);
     job_queue_push(&w->prep_q, j);
+}
+
+/* Finish the jobs that end without a record (superseded before they ran:
+ * their id is answered by the newer execution). Unless abandoned or after
+ * a process-level error, as for a delivered final record. */
+static void finish_silent(svc_worker *w)
+{
+    for (job *j; (j = job_queue_pop(&w->silent_q, 0));) {
+        char err[256];
+        svc_kafka_status st = SVC_KAFKA_OK;
+        if (!atomic_load(&j->abandoned) && !atomic_load(&w->fatal))
+            st = svc_consumer_finish(w->consumer, &j->ticket, err, sizeof err);
+        if (st != SVC_KAFKA_OK && st != SVC_KAFKA_ERR_STALE)
+            svc_log(SVC_LOG_ERROR, "offset_finish", "%s", err);
+        job_free(j);
+    }
 }
 
 static void backpressure(svc_worker *w, bool draining)
@@ -961,6 +988,7 @@ int svc_worker_run(svc_worker *w)
         else if (st != SVC_KAFKA_NO_MESSAGE)
             worker_fail(w, "consumer: %s", svc_kafka_status_name(st));
         poll_cancels(w);
+        finish_silent(w);
         svc_producer_poll(w->producer, 0);
         if (svc_producer_fatal(w->producer, err, sizeof err) ||
             svc_consumer_fatal(w->consumer, err, sizeof err))
@@ -1001,6 +1029,8 @@ void svc_worker_destroy(svc_worker *w)
         job_free(j);
     for (job *j; (j = job_queue_pop(&w->step_q, 0));)
         job_free(j);
+    for (job *j; (j = job_queue_pop(&w->silent_q, 0));)
+        job_free(j);
     ml_runtime_destroy(w->rt); /* in-flight sequences end here; fatal path only */
     /* Producer before consumers: its delivery reports finish into them. */
     svc_producer_destroy(w->producer);
@@ -1015,11 +1045,7 @@ void svc_worker_destroy(svc_worker *w)
     ml_tokenizer_destroy(w->tok);
     svc_backends_deinit(&w->backends);
     svc_http_stop(w->http);
-    while (w->cancels_head) {
-        cancel_req *c = w->cancels_head;
-        w->cancels_head = c->next;
-        free(c);
-    }
+    worker_cancels_deinit(&w->pending_cancels);
     while (w->events_head) {
         image_event *e = w->events_head;
         w->events_head = e->next;
@@ -1027,6 +1053,7 @@ void svc_worker_destroy(svc_worker *w)
     }
     job_queue_deinit(&w->prep_q);
     job_queue_deinit(&w->step_q);
+    job_queue_deinit(&w->silent_q);
     free(w->resident);
     svc_config_deinit(&w->cfg);
     free(w);

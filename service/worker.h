@@ -6,7 +6,9 @@
  * per partition up to the first unfinished request. A worker that dies
  * mid-request leaves it to be consumed again: the next execution is a new
  * `attempt` whose records start again at seq 0, and a frontend resets its
- * text when the attempt changes. Attempts are counted in Redis (1, 2, ...);
+ * text when the attempt changes. Attempts are counted in Redis per request
+ * id (1, 2, ...: a client's retry under the same id is a new attempt too,
+ * and replaces an older execution running on this worker);
  * an execution Redis cannot count (no Redis, or its breaker open) may still
  * be a re-execution, so it takes a number of 2^31 or more, unique to it.
  * Records of one attempt are never duplicated (idempotent producer). A

@@ -1,6 +1,6 @@
 /* State shared by the worker's threads (worker.c: wiring and the Kafka loop;
  * worker_prep.c: request preparation; worker_step.c: the engine step loop
- * and the replies). Not a public header.
+ * and the replies; worker_cancel.c: cancels). Not a public header.
  *
  * Threads and what they own:
  * - Kafka (the caller of svc_worker_run): the consumers and producer polls,
@@ -59,6 +59,8 @@ typedef struct job {
     char topic[SVC_TOPIC_NAME_MAX + 1];
     int32_t partition;
     int64_t offset;
+    int64_t timestamp_ms;       /* the record's; -1 when absent */
+    uint64_t arrival;           /* Kafka thread's arrival number (worker_cancel.c) */
     uint32_t attempt;
     atomic_bool abandoned;      /* partition revoked or lost: no more records */
     /* References: one for the pipeline (prep, then step thread, until its
@@ -74,6 +76,7 @@ typedef struct job {
     char reply_why[SVC_ERRMSG_MAX];
     bool final_replaced;        /* the final in flight is the reply_too_large replacement */
     svc_error dlt_code;         /* the dead letter's code, counted once it is delivered */
+    bool cancel_sent;           /* step thread: ml_runtime_cancel was called on handle */
     svc_request *req;           /* owned until submitted */
     svc_kafka_msg msg;          /* owned by its prep thread until parsed */
     /* What the step thread submits. */
@@ -116,11 +119,40 @@ void job_queue_push(job_queue *q, job *j);
 /* Pop one job, waiting up to timeout_ms; NULL when none came. */
 job *job_queue_pop(job_queue *q, int timeout_ms);
 
-/* A cancel by request id, for the step thread. */
-typedef struct cancel_req {
-    struct cancel_req *next;
-    char id[256];
-} cancel_req;
+/* ==== pending cancels (worker_cancel.c) ========================================
+ *
+ * Every cancel record is remembered for a while, so that a cancel stops its
+ * request whatever stage the request is in when the cancel arrives: queued
+ * for prep, being prepared, waiting for the step thread, or running. The
+ * prep thread consults the table once the request id is known, the step
+ * thread at submit and (for running sequences) whenever a cancel arrives.
+ * A cancel stops the executions of its id whose request record is not newer
+ * than the cancel record (record timestamps; where either has none, those
+ * consumed before the cancel arrived), so a client that cancels and then
+ * sends the id again gets the new execution run.
+ *
+ * Bounded: WORKER_CANCELS_MAX entries, each forgotten WORKER_CANCEL_TTL_MS
+ * after it arrived, the oldest first when the table is full. A running
+ * request is hit when its cancel arrives; the table is for the requests
+ * that have not reached the runtime yet (seconds, normally) and for a
+ * cancel that overtook its request in a backlog. */
+#define WORKER_CANCELS_MAX 4096
+#define WORKER_CANCEL_TTL_MS (5 * 60 * 1000)
+
+typedef struct pending_cancel {
+    uint64_t hash;              /* of the id: compared before the bytes */
+    uint64_t arrival;           /* Kafka thread's arrival number */
+    long long at_ms;            /* svc_now_ms() when it arrived */
+    int64_t timestamp_ms;       /* the cancel record's; -1 when absent */
+    size_t len;
+    char id[SVC_ID_MAX_BYTES + 1];
+} pending_cancel;
+
+typedef struct cancel_table {
+    pthread_mutex_t lock;
+    pending_cancel *ring;       /* owned: WORKER_CANCELS_MAX slots, oldest at head */
+    size_t head, n;
+} cancel_table;
 
 /* An image event for the index thread. */
 typedef struct image_event {
@@ -188,8 +220,10 @@ struct svc_worker {
     /* Threads and queues. */
     job_queue prep_q;           /* Kafka -> prep */
     job_queue step_q;           /* prep -> step */
-    pthread_mutex_t cancel_lock;
-    cancel_req *cancels_head;
+    job_queue silent_q;         /* step -> Kafka: superseded jobs, finished without a record */
+    cancel_table pending_cancels;
+    uint64_t arrivals;          /* Kafka thread: numbers requests and cancels as consumed */
+    atomic_bool cancel_scan;    /* a cancel arrived or a job was abandoned: step rescans */
     atomic_bool cancel_all;     /* drain grace expired: cancel everything running */
     pthread_mutex_t event_lock;
     pthread_cond_t event_cond;
@@ -238,6 +272,33 @@ void worker_produce_final(svc_worker *w, job *j, const svc_buf *value, uint32_t 
 
 /* Latch a process-level error: the Kafka loop stops without committing. */
 void worker_fail(svc_worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The pending-cancel table (worker_cancel.c). init returns 0, or -1 out of
+ * memory; deinit accepts a table init never reached (zeroed). */
+int worker_cancels_init(cancel_table *t);
+void worker_cancels_deinit(cancel_table *t);
+/* Remember the cancel record m (key = request id) and have the step thread
+ * rescan. A key that cannot be a request id is ignored. @locality Kafka thread. */
+void worker_cancel_record(svc_worker *w, const svc_kafka_msg *m);
+/* Whether a pending cancel stops j (its id set). @locality any thread. */
+bool worker_cancel_hits(svc_worker *w, const job *j);
+/* At submit: whether j runs. When it does, older executions of its id
+ * still running here are cancelled (they end with finish_reason cancelled
+ * before j sends anything). @locality step thread. */
+typedef enum submit_verdict {
+    SUBMIT_RUN,
+    SUBMIT_CANCELLED,   /* a pending cancel stops it: its final says cancelled */
+    SUBMIT_SUPERSEDED,  /* a newer execution of its id runs here: it sends nothing */
+} submit_verdict;
+submit_verdict worker_cancel_before_submit(svc_worker *w, job *j);
+/* Cancel the running jobs that a new cancel hits, that were abandoned, or
+ * all of them once the drain grace expired. @locality step thread. */
+void worker_cancels_apply(svc_worker *w);
+
+/* The final record of a job stopped before it ran: finish_reason cancelled,
+ * no error, zero usage; its delivery finishes the ticket. `why` is logged.
+ * @locality prep or step thread (whichever holds j). */
+void worker_reply_cancelled(svc_worker *w, job *j, const char *why);
 
 /* Thread bodies. worker_prep_main's arg is its prep_thread. */
 void *worker_prep_main(void *arg);

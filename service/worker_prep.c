@@ -359,6 +359,34 @@ static void redecode(svc_worker *w, job *j)
     job_queue_push(&w->step_q, j);
 }
 
+/* A number for an execution Redis could not count: it may be a
+ * re-execution all the same, so it must not reuse the number of an earlier
+ * attempt, whose seqs it would repeat. */
+static uint32_t uncounted_attempt(svc_worker *w)
+{
+    return WORKER_ATTEMPT_UNCOUNTED |
+           (atomic_fetch_add(&w->next_uncounted, 1) & ~WORKER_ATTEMPT_UNCOUNTED);
+}
+
+/* The attempt a reply carries: executions of the request id, counted in
+ * Redis, so a client's retry under the same id (another record) is a new,
+ * higher attempt, as a redelivery of the same record is; the per-offset
+ * count stays the poison-message guard. Once the id is known, before any
+ * reply. */
+static void count_attempt_by_id(svc_worker *w, job *j)
+{
+    if (prep_redis && j->id) {
+        uint32_t attempt;
+        if (svc_redis_request_attempt_incr(prep_redis, j->id, &attempt) == SVC_REDIS_OK) {
+            j->attempt = attempt;
+            return;
+        }
+        svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
+    }
+    if (!(j->attempt & WORKER_ATTEMPT_UNCOUNTED))
+        j->attempt = uncounted_attempt(w);
+}
+
 static void prepare(svc_worker *w, job *j)
 {
     char msg[SVC_ERRMSG_MAX];
@@ -382,11 +410,8 @@ static void prepare(svc_worker *w, job *j)
         else
             svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
     }
-    /* Uncounted, this may be a re-execution all the same: it must not reuse
-     * the number of an earlier attempt, whose seqs it would repeat. */
     if (!counted)
-        j->attempt = WORKER_ATTEMPT_UNCOUNTED |
-                     (atomic_fetch_add(&w->next_uncounted, 1) & ~WORKER_ATTEMPT_UNCOUNTED);
+        j->attempt = uncounted_attempt(w);
     if (counted && (int)j->attempt > w->cfg.limits.max_attempts) {
         svc_errf(msg, sizeof msg, "the message was consumed %u times without being answered",
                  j->attempt - 1);
@@ -415,6 +440,7 @@ static void prepare(svc_worker *w, job *j)
         j->id = strdup(j->req->id);
         j->reply_topic = strdup(j->req->reply_topic);
         j->stream = j->req->stream;
+        count_attempt_by_id(w, j);
     }
     if (code != SVC_ERROR_NONE || !j->id || !j->reply_topic) {
         if (!j->req || !svc_request_answerable(j->req) || !j->id || !j->reply_topic)
@@ -428,6 +454,12 @@ static void prepare(svc_worker *w, job *j)
      * letter needs stays (reply_undeliverable). */
     if (svc_kafka_msg_detach(&j->msg, WORKER_LATE_DLT_VALUE_MAX) != SVC_KAFKA_OK) {
         worker_reply_error(w, j, SVC_ERROR_INTERNAL, "out of memory");
+        return;
+    }
+    /* A cancel that came while it was queued: the step thread checks again
+     * at submit, for one that comes during the work below. */
+    if (worker_cancel_hits(w, j)) {
+        worker_reply_cancelled(w, j, "cancelled before it was prepared");
         return;
     }
     if ((j->req->adapter &&

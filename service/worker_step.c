@@ -145,6 +145,45 @@ static void on_token(void *ctx, int32_t id, const char *text, size_t len, const 
     svc_buf_deinit(&b);
 }
 
+/* The final record of j (fin not an error): a last chunk, or the whole
+ * chat.completion of a stream: false job. Its delivery frees j; a record
+ * that cannot be produced frees j now (the offset stays, the message comes
+ * back). @locality the thread holding j. */
+static void reply_final(svc_worker *w, job *j, svc_finish fin, const char *tail, size_t tail_len,
+                        const svc_usage *u, const svc_timings *t)
+{
+    if (!j->stream && j->lp_failed) {
+        worker_reply_error(w, j, SVC_ERROR_INTERNAL, "out of memory for the logprobs");
+        return;
+    }
+    svc_metrics_finished(fin);
+    svc_reply_ctx rc = reply_ctx(w, j);
+    svc_buf b;
+    svc_buf_init(&b);
+    int built;
+    if (j->stream) {
+        svc_reply r = {.seq = j->seq, .content = tail, .content_len = tail_len, .finish = fin,
+                       .usage = u, .timings = t};
+        built = svc_reply_chunk(&b, &rc, &r);
+    } else {
+        if (tail_len)
+            svc_buf_printf(&j->text, "%.*s", (int)tail_len, tail);
+        for (size_t i = 0; i < j->n_lp; i++)
+            j->lp[i].top = lp_tops(j, i);
+        svc_reply r = {.seq = 0, .content = j->text.data, .content_len = j->text.len,
+                       .logprobs = !j->sampling.logprobs ? NULL : j->lp ? j->lp : &no_logprobs,
+                       .n_logprobs = j->n_lp,
+                       .finish = fin, .usage = u, .timings = t};
+        built = svc_reply_completion(&b, &rc, &r);
+    }
+    uint32_t seq = j->stream ? j->seq : 0;
+    if (built != 0)
+        worker_reply_error(w, j, SVC_ERROR_INTERNAL, "out of memory for the reply");
+    else
+        worker_produce_final(w, j, &b, seq);
+    svc_buf_deinit(&b);
+}
+
 static void on_finish(void *ctx, const char *tail, size_t tail_len, ml_finish_reason reason,
                       ml_request_error error, const char *message, const ml_usage *u)
 {
@@ -178,7 +217,6 @@ static void on_finish(void *ctx, const char *tail, size_t tail_len, ml_finish_re
         return;
     }
     svc_finish fin = finish_of(reason);
-    svc_metrics_finished(fin);
     svc_metrics_observe(SVC_HIST_REQUEST_DURATION, mono_s() - j->t_handoff);
     svc_usage usage = {.prompt_tokens = (uint32_t)u->prompt_tokens,
                        .completion_tokens = (uint32_t)u->completion_tokens,
@@ -186,36 +224,16 @@ static void on_finish(void *ctx, const char *tail, size_t tail_len, ml_finish_re
     svc_timings timings = {.queue_ms = u->queue_ms, .vision_ms = u->vision_ms,
                            .prefill_ms = u->prefill_ms, .decode_ms = u->decode_ms,
                            .ttft_ms = u->ttft_ms};
-    svc_reply_ctx rc = reply_ctx(w, j);
-    svc_buf b;
-    svc_buf_init(&b);
-    int built;
-    if (j->stream) {
-        svc_reply r = {.seq = j->seq, .content = tail, .content_len = tail_len, .finish = fin,
-                       .usage = &usage, .timings = &timings};
-        built = svc_reply_chunk(&b, &rc, &r);
-    } else {
-        if (j->lp_failed) {
-            svc_buf_deinit(&b);
-            worker_reply_error(w, j, SVC_ERROR_INTERNAL, "out of memory for the logprobs");
-            return;
-        }
-        if (tail_len)
-            svc_buf_printf(&j->text, "%.*s", (int)tail_len, tail);
-        for (size_t i = 0; i < j->n_lp; i++)
-            j->lp[i].top = lp_tops(j, i);
-        svc_reply r = {.seq = 0, .content = j->text.data, .content_len = j->text.len,
-                       .logprobs = !j->sampling.logprobs ? NULL : j->lp ? j->lp : &no_logprobs,
-                       .n_logprobs = j->n_lp,
-                       .finish = fin, .usage = &usage, .timings = &timings};
-        built = svc_reply_completion(&b, &rc, &r);
-    }
-    uint32_t seq = j->stream ? j->seq : 0;
-    if (built != 0)
-        worker_reply_error(w, j, SVC_ERROR_INTERNAL, "out of memory for the reply");
-    else
-        worker_produce_final(w, j, &b, seq);
-    svc_buf_deinit(&b);
+    reply_final(w, j, fin, tail, tail_len, &usage, &timings);
+}
+
+void worker_reply_cancelled(svc_worker *w, job *j, const char *why)
+{
+    svc_log(SVC_LOG_INFO, "request_cancelled", "request %s attempt %u: %s", j->id, j->attempt,
+            why);
+    svc_usage usage = {0};
+    svc_timings timings = {0};
+    reply_final(w, j, SVC_FINISH_CANCELLED, NULL, 0, &usage, &timings);
 }
 
 /* Submit a prepared job. After ml_runtime_submit the job belongs to the
@@ -225,6 +243,18 @@ static void submit(svc_worker *w, job *j)
 {
     if (atomic_load(&j->abandoned)) {
         job_free(j);
+        return;
+    }
+    switch (worker_cancel_before_submit(w, j)) {
+    case SUBMIT_RUN: break;
+    case SUBMIT_CANCELLED:
+        worker_reply_cancelled(w, j, "cancelled before it started");
+        return;
+    case SUBMIT_SUPERSEDED:
+        svc_log(SVC_LOG_INFO, "request_superseded",
+                "request %s attempt %u: a newer execution runs already", j->id, j->attempt);
+        svc_metrics_finished(SVC_FINISH_CANCELLED);
+        job_queue_push(&w->silent_q, j);
         return;
     }
     svc_request *req = j->req;
@@ -254,43 +284,6 @@ static void submit(svc_worker *w, job *j)
     }
 }
 
-/* Cancels by request id (the cancel topic, revocations), and everything at
- * the end of a drain's grace. */
-static void apply_cancels(svc_worker *w)
-{
-    pthread_mutex_lock(&w->cancel_lock);
-    cancel_req *list = w->cancels_head;
-    w->cancels_head = NULL;
-    pthread_mutex_unlock(&w->cancel_lock);
-    bool all = atomic_load(&w->cancel_all);
-    uint64_t handles[64];
-    while (list || all) {
-        /* Collect under the registry lock, cancel outside it: a cancel runs
-         * on_finish, which may free jobs (and take the lock). */
-        int n = 0;
-        pthread_mutex_lock(&w->registry_lock);
-        for (job *j = w->registry; j && n < 64; j = j->reg_next) {
-            if (!j->handle || !j->id)
-                continue;
-            bool hit = all;
-            for (cancel_req *c = list; c && !hit; c = c->next)
-                hit = !strcmp(c->id, j->id);
-            if (hit)
-                handles[n++] = j->handle;
-        }
-        pthread_mutex_unlock(&w->registry_lock);
-        for (int i = 0; i < n; i++)
-            ml_runtime_cancel(w->rt, handles[i]);
-        if (n < 64)
-            break;
-    }
-    while (list) {
-        cancel_req *c = list;
-        list = c->next;
-        free(c);
-    }
-}
-
 static void publish_gauges(svc_worker *w)
 {
     ml_runtime_stats st;
@@ -314,7 +307,7 @@ void *worker_step_main(void *arg)
             submit(w, j);
             active = 1;
         }
-        apply_cancels(w);
+        worker_cancels_apply(w);
         if (ml_runtime_active(w->rt) > 0 && ml_runtime_step(w->rt, err, sizeof err) != ML_OK) {
             worker_fail(w, "backend: %s", err);
             break;

@@ -1,7 +1,7 @@
 /* The Redis index client (service/redis_index.c) against a real
  * redis-server started here on a free port: every key with its fields and
  * TTL (read back through a second connection), blobs, adapters, the attempt
- * counter; then faults: the server stopped (SIGSTOP: calls time out), the
+ * counters (per record and per request id); then faults: the server stopped (SIGSTOP: calls time out), the
  * breaker opening and failing fast, reconciliation after SIGCONT, the server
  * killed (SIGKILL) and restarted empty, and the backoff doubling after a
  * failed half-open trial. Skipped (77) when redis-server is not installed.
@@ -343,6 +343,17 @@ static void test_blobs_adapters_attempts(svc_redis *r)
     check(svc_redis_attempt_incr(r, "llm.requests", 2, 42, &n) == SVC_REDIS_OK && n == 1,
           "another offset starts at 1");
     check(svc_redis_attempt_incr(r, "bad topic", 0, 0, &n) == SVC_REDIS_ERR_INVALID, "bad topic");
+    /* Per request id: the number replies carry, apart from the per-record
+     * counters even for an id that looks like one ("id" is a valid topic). */
+    for (uint32_t want = 1; want <= 2; want++)
+        check(svc_redis_request_attempt_incr(r, "2:41", &n) == SVC_REDIS_OK && n == want,
+              "request attempt %u (got %u)", want, n);
+    ttl = ttl_of(PREFIX ":request_attempts:2:41");
+    check(ttl > ATTEMPTS_TTL - 5 && ttl <= ATTEMPTS_TTL, "request attempts TTL %lld", ttl);
+    check(svc_redis_attempt_incr(r, "id", 2, 41, &n) == SVC_REDIS_OK && n == 1,
+          "a record counter shares the request counter");
+    check(svc_redis_request_attempt_incr(r, "", &n) == SVC_REDIS_ERR_INVALID && n == 0,
+          "empty request id");
 
     svc_redis_stats st;
     svc_redis_stats_get(r, &st);

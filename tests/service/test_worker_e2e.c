@@ -10,8 +10,15 @@
  *   (<prefix>:img:<sha256>).
  * - stream: false gives a single chat.completion record.
  * - A cancel record (key = id) on mllama.cancel stops a long request
- *   (finish_reason cancelled).
+ *   (finish_reason cancelled), also for an id of the longest length the
+ *   parser accepts; and stops requests it reaches before they reach the
+ *   runtime (Redis paused: one waits in prep, one queued behind it), which
+ *   end cancelled with nothing but their final record.
+ * - The same id sent again while it runs: the retry is a higher attempt,
+ *   the first ends cancelled before the retry's first record.
  * - A request naming an adapter this worker does not serve: unknown_adapter.
+ * - Consumer-lag series: one per assigned partition; the partitions a
+ *   rebalance takes away lose theirs.
  * - Two workers in one group share 20 requests (both answer some); a third
  *   joining mid-burst rebalances without losing any of 30. Every request is
  *   answered exactly once per attempt, seqs contiguous.
@@ -35,6 +42,14 @@
 #define CANCEL_AFTER_CHUNKS 3
 #define CANCEL_TRIES 3
 #define ID_MAX 32
+#define LONG_ID_BYTES 256    /* the parser's longest id (protocol.h SVC_ID_MAX_BYTES) */
+#define PAUSE_MS 3000        /* Redis paused: requests wait in prep meanwhile */
+#define REDIS_TIMEOUT "10000" /* redis.timeout_ms: outlasts the pause */
+#define STATS_MS "500"       /* statistics.interval.ms: the lag series */
+#define LAG_MS 10000         /* lag series following a rebalance */
+#define PARTITIONS 4
+#define RETRY_TOKENS 8
+#define QUEUED_TOKENS 64     /* what a request cancelled before running would stream */
 
 static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
 static pu_redis redis;
@@ -58,7 +73,9 @@ static void cleanup(void)
 
 static bool start_worker(int i)
 {
-    return pu_worker_start(&workers[i], &env, worker_names[i], NULL);
+    static const char *const extra[] = {"redis.timeout_ms=" REDIS_TIMEOUT,
+                                        "kafka.statistics.interval.ms=" STATS_MS, NULL};
+    return pu_worker_start(&workers[i], &env, worker_names[i], extra);
 }
 
 /* Requests finished by a worker, from its /metrics. */
@@ -261,9 +278,10 @@ static void test_not_streamed(void)
     free(body);
 }
 
-static void test_cancel(void)
+/* Cancel a long request with `id` once it streams, the cancel produced by
+ * kcat or by the client; expect finish_reason cancelled. */
+static void cancel_running(const char *id, bool by_kcat)
 {
-    static const char id[] = "e2e-cancel";
     char extra[64];
     snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0", LONG_TOKENS);
     char *body = pu_chat_request(id, "Count to a million.", NULL, extra);
@@ -279,16 +297,145 @@ static void test_cancel(void)
      * group: a cancel sent before that is not seen, so a client repeats it. */
     const pu_record *f = NULL;
     for (int tries = 0; tries < CANCEL_TRIES && !f; tries++) {
-        check(kcat_produce(PU_CANCEL, id, "cancel"), "cancel: kcat produce");
+        check(by_kcat ? kcat_produce(PU_CANCEL, id, "cancel")
+                      : pu_client_send_to(&client, PU_CANCEL, -1, id, "cancel", 6, NULL, 0),
+              "cancel: produce the cancel");
         f = pu_client_wait(&client, id, ANSWER_MS / CANCEL_TRIES);
     }
     cJSON *j = f ? pu_json(f) : NULL;
     const char *reason = pu_finish_reason(j);
-    check(reason && !strcmp(reason, "cancelled"), "cancel: finish_reason %s",
+    check(reason && !strcmp(reason, "cancelled"), "cancel %.40s: finish_reason %s", id,
           reason ? reason : "(none)");
     check(pu_json_num(j, PU_PATH("usage", "completion_tokens")) < LONG_TOKENS,
           "cancel: ran to the end");
     pu_check_stream(&client, id);
+    cJSON_Delete(j);
+}
+
+static void test_cancel(void)
+{
+    cancel_running("e2e-cancel", true);
+    char id[LONG_ID_BYTES + 1];
+    memset(id, 'L', LONG_ID_BYTES);
+    memcpy(id, "e2e-long-id-", 12);
+    id[LONG_ID_BYTES] = '\0';
+    /* Too long for kcat's file name. */
+    cancel_running(id, false);
+}
+
+/* Cancels sent right after their requests, while Redis is paused: the prep
+ * thread waits on the first request's attempt counter and the second queues
+ * behind it, so neither has reached the runtime when its cancel arrives.
+ * Both end cancelled, with their final record only. (The cancel consumer
+ * has joined: test_cancel saw its cancels.) An id sent again after its
+ * cancel runs. */
+static void test_cancel_before_running(void)
+{
+    static const char *const ids[] = {"e2e-cancel-in-prep", "e2e-cancel-queued"};
+    enum { N = sizeof ids / sizeof ids[0] };
+    int received = pu_file_count(workers[0].log, "\"cancel_received\"");
+    char pause[16];
+    snprintf(pause, sizeof pause, "%d", PAUSE_MS);
+    redisReply *rep = pu_redis_cmd(&redis, "CLIENT PAUSE %s", pause);
+    check(rep && rep->type == REDIS_REPLY_STATUS, "CLIENT PAUSE refused");
+    freeReplyObject(rep);
+    int64_t paused_at = pu_now_ms();
+    char extra[64];
+    snprintf(extra, sizeof extra, "\"max_tokens\":%d", QUEUED_TOKENS);
+    for (int i = 0; i < N; i++) {
+        char *body = pu_chat_request(ids[i], "Count to a million.", NULL, extra);
+        check(pu_client_send(&client, ids[i], body), "%s: produce", ids[i]);
+        free(body);
+    }
+    for (int i = 0; i < N; i++)
+        check(pu_client_send_to(&client, PU_CANCEL, -1, ids[i], "cancel", 6, NULL, 0),
+              "%s: produce the cancel", ids[i]);
+    /* Only meaningful when the cancels arrived while Redis held the requests. */
+    bool in_time = pu_wait_log(&workers[0], "\"cancel_received\"", received + N,
+                               PAUSE_MS - (int)(pu_now_ms() - paused_at));
+    check(in_time && pu_now_ms() - paused_at < PAUSE_MS,
+          "the cancels arrived after the pause (%lld ms)", (long long)(pu_now_ms() - paused_at));
+    for (int i = 0; i < N; i++) {
+        const pu_record *f = pu_client_wait(&client, ids[i], ANSWER_MS);
+        cJSON *j = f ? pu_json(f) : NULL;
+        const char *reason = pu_finish_reason(j);
+        check(reason && !strcmp(reason, "cancelled"), "%s: finish_reason %s", ids[i],
+              reason ? reason : "(none)");
+        size_t n = pu_client_replies(&client, ids[i], NULL, 0);
+        check(n == 1, "%s: %zu records, want the final one only", ids[i], n);
+        pu_check_stream(&client, ids[i]);
+        cJSON_Delete(j);
+    }
+    /* The id sent again after its cancel is a new request: it runs. */
+    const pu_record *f = pu_client_final(&client, ids[1]);
+    int64_t cancelled_attempt = f ? f->attempt : -1;
+    char *body = pu_chat_request(ids[1], "Hi", NULL, "\"max_tokens\":2");
+    check(pu_client_send(&client, ids[1], body), "%s: produce it again", ids[1]);
+    free(body);
+    for (int64_t deadline = pu_now_ms() + ANSWER_MS;
+         (f = pu_client_final(&client, ids[1])) && f->attempt == cancelled_attempt &&
+         pu_now_ms() < deadline;)
+        pu_client_poll(&client, 50);
+    cJSON *j = f && f->attempt != cancelled_attempt ? pu_json(f) : NULL;
+    const char *reason = pu_finish_reason(j);
+    check(reason && (!strcmp(reason, "length") || !strcmp(reason, "stop")),
+          "%s sent again after its cancel: finish_reason %s", ids[1], reason ? reason : "(none)");
+    pu_check_stream(&client, ids[1]);
+    cJSON_Delete(j);
+}
+
+/* A client's retry under the same id while the first execution runs: the
+ * retry carries a higher attempt, the first ends cancelled, and every record
+ * of the first comes before the retry's first record. */
+static void test_same_id_twice(void)
+{
+    static const char id[] = "e2e-twice";
+    char extra[64];
+    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0", LONG_TOKENS);
+    char *body = pu_chat_request(id, "Count to a million.", NULL, extra);
+    check(pu_client_send(&client, id, body), "twice: produce");
+    free(body);
+    int64_t deadline = pu_now_ms() + ANSWER_MS;
+    while (pu_client_replies(&client, id, NULL, 0) < CANCEL_AFTER_CHUNKS && pu_now_ms() < deadline)
+        pu_client_poll(&client, 20);
+    check(pu_client_replies(&client, id, NULL, 0) >= CANCEL_AFTER_CHUNKS, "twice: no stream");
+    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0", RETRY_TOKENS);
+    body = pu_chat_request(id, "Count to a million.", NULL, extra);
+    check(pu_client_send(&client, id, body), "twice: produce the retry");
+    free(body);
+    /* Until a final record of an attempt other than the first one's. */
+    const pu_record *first, *last;
+    for (deadline = pu_now_ms() + ANSWER_MS;; pu_client_poll(&client, 50)) {
+        first = pu_client_find(&client, PU_REPLIES, id);
+        last = pu_client_final(&client, id);
+        if ((first && last && last->attempt != first->attempt) || pu_now_ms() >= deadline)
+            break;
+    }
+    int attempts = pu_check_stream(&client, id);
+    check(attempts == 2, "twice: %d attempts", attempts);
+    check(first && last && last->attempt > first->attempt, "twice: attempts %lld then %lld",
+          first ? (long long)first->attempt : -1LL, last ? (long long)last->attempt : -1LL);
+    /* In arrival order: the first attempt, ending cancelled, then the retry. */
+    bool in_retry = false, first_cancelled = false;
+    for (size_t i = 0; first && last && i < client.n; i++) {
+        const pu_record *r = &client.recs[i];
+        if (strcmp(r->topic, PU_REPLIES) || strcmp(r->key, id))
+            continue;
+        in_retry |= r->attempt == last->attempt;
+        check(!in_retry || r->attempt == last->attempt,
+              "twice: a record of attempt %lld after the retry began", (long long)r->attempt);
+        if (r->attempt == first->attempt && r->final) {
+            cJSON *j = pu_json(r);
+            const char *reason = pu_finish_reason(j);
+            first_cancelled = reason && !strcmp(reason, "cancelled");
+            cJSON_Delete(j);
+        }
+    }
+    check(first_cancelled, "twice: the first attempt did not end cancelled");
+    cJSON *j = last ? pu_json(last) : NULL;
+    const char *reason = pu_finish_reason(j);
+    check(reason && (!strcmp(reason, "length") || !strcmp(reason, "stop")),
+          "twice: the retry ended %s", reason ? reason : "(none)");
     cJSON_Delete(j);
 }
 
@@ -326,11 +473,57 @@ static int check_all(char (*ids)[ID_MAX], int n, int timeout_ms)
     return retried;
 }
 
+/* Series of mllama_kafka_consumer_lag on worker i's /metrics; -1 when the
+ * page could not be read. */
+static int lag_series(int i)
+{
+    static const char name[] = "mllama_kafka_consumer_lag{";
+    char *page = pu_http_get(pu_worker_http_port(&workers[i]), "/metrics");
+    int n = page ? 0 : -1;
+    for (const char *p = page; p && (p = strstr(p, name)); p += sizeof name - 1)
+        n += p == page || p[-1] == '\n';
+    free(page);
+    return n;
+}
+
+/* Wait until worker i holds at most max_assigned partitions and has one lag
+ * series per assigned partition. */
+static bool lag_follows_assignment(int i, int max_assigned, int *series, double *assigned)
+{
+    for (int64_t deadline = pu_now_ms() + LAG_MS;; pu_sleep_ms(100)) {
+        *assigned = pu_metric(pu_worker_http_port(&workers[i]), "mllama_kafka_assigned_partitions");
+        *series = lag_series(i);
+        bool ok = *assigned <= max_assigned && *series == (int)*assigned;
+        if (ok || pu_now_ms() >= deadline)
+            return ok;
+    }
+}
+
 static void test_two_workers_share(void)
 {
+    /* A request on every partition: w1 then knows the lag of each. */
+    char lag_ids[PARTITIONS][ID_MAX];
+    for (int p = 0; p < PARTITIONS; p++) {
+        snprintf(lag_ids[p], ID_MAX, "e2e-lag-%d", p);
+        char *body = pu_chat_request(lag_ids[p], "Hi", NULL, "\"max_tokens\":2");
+        check(pu_client_send_to(&client, PU_REQUESTS, p, lag_ids[p], body, strlen(body), NULL, 0),
+              "%s: produce", lag_ids[p]);
+        free(body);
+    }
+    check(pu_client_wait_finals(&client, lag_ids[0], ID_MAX, PARTITIONS, BURST_MS) == PARTITIONS,
+          "lag: requests unanswered");
+    int series;
+    double assigned;
+    bool ok = lag_follows_assignment(0, PARTITIONS, &series, &assigned);
+    check(ok && series == PARTITIONS, "lag: w1 has %d series for %g partitions", series,
+          assigned);
+
     check(start_worker(1), "w2 start");
     /* w2 takes part once the cooperative rebalance hands it partitions. */
     check(pu_wait_assigned(&workers[1], JOIN_MS), "w2 never joined");
+    /* The partitions w1 gave away lose their series there. */
+    ok = lag_follows_assignment(0, PARTITIONS - 1, &series, &assigned);
+    check(ok, "lag: after w2 joined, w1 has %d series for %g partitions", series, assigned);
     double before[2] = {finished(0), finished(1)};
     char ids[SHARE_REQUESTS][ID_MAX];
     for (int i = 0; i < SHARE_REQUESTS; i++) {
@@ -391,6 +584,8 @@ int main(void)
     test_resident_image();
     test_not_streamed();
     test_cancel();
+    test_cancel_before_running();
+    test_same_id_twice();
     test_unknown_adapter();
     fprintf(stderr, "one worker: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
     test_two_workers_share();
