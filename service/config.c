@@ -64,6 +64,7 @@ static const field fields[] = {
     LONG("limits", "max_request_bytes", limits.max_request_bytes, 1024, 1L << 31),
     LONG("limits", "max_image_bytes", limits.max_image_bytes, 1024, 1L << 31),
     LONG("limits", "max_image_pixels", limits.max_image_pixels, 1, 1L << 32),
+    LONG("limits", "max_adapter_bytes", limits.max_adapter_bytes, 1024, 1L << 30),
     INT("limits", "max_attempts", limits.max_attempts, 1, 1000),
     STR("http", "listen", http.listen),
     INT("drain", "grace_ms", drain.grace_ms, 0, 3600 * 1000),

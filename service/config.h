@@ -50,6 +50,7 @@ typedef struct svc_config {
     } redis;
     struct {
         long max_request_bytes, max_image_bytes, max_image_pixels;
+        long max_adapter_bytes;          /* a Redis-held adapter's two files together */
         int max_attempts;
     } limits;
     struct {

@@ -672,6 +672,8 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     w->limits.max_image_bytes = (size_t)w->cfg.limits.max_image_bytes;
     w->limits.max_images = (size_t)w->cfg.runtime.max_images_per_request;
     w->limits.max_tokens_default = (uint32_t)w->cfg.runtime.default_max_tokens;
+    svc_adapter_store_init(&w->adapters, w->cfg.model.adapters_dir,
+                           (size_t)w->cfg.limits.max_adapter_bytes);
     /* Start time in ms: numbers of uncounted attempts differ across processes. */
     w->next_uncounted = (uint32_t)wall_ms();
     w->health.watchdog_ms = WATCHDOG_MS;
@@ -851,6 +853,7 @@ void svc_worker_destroy(svc_worker *w)
     job_queue_deinit(&w->prep_q);
     job_queue_deinit(&w->step_q);
     free(w->resident);
+    svc_adapter_store_deinit(&w->adapters);
     svc_config_deinit(&w->cfg);
     free(w);
 }

@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "adapter_store.h"
 #include "backend_select.h"
 #include "config.h"
 #include "engine.h"
@@ -132,6 +133,7 @@ struct svc_worker {
     /* Redis (NULL when redis.url is empty). */
     svc_redis *redis_prep;
     svc_redis *redis_index;
+    svc_adapter_store adapters; /* Redis-held adapters copied into model.adapters_dir */
 
     /* Threads and queues. */
     job_queue prep_q;           /* Kafka -> prep */

@@ -8,9 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "log.h"
 #include "metrics.h"
@@ -92,7 +90,7 @@ static ml_status load_inline(void *ctx, int index, ml_request_image *im, char *e
  * adapter may key its own) — then the runtime gets the key and load_inline
  * for the rare eviction before admission, and the job keeps the request's
  * bytes until it ends; a sha256 reference uses the resident state when this
- * worker has it, else the blob Redis holds. */
+ * worker has it under the request's adapter, else the blob Redis holds. */
 static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
 {
     const svc_request *r = j->req;
@@ -121,7 +119,16 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
             e = prepare_pixels(w, img->bytes, img->n_bytes, (int)i, im, msg, msglen);
         } else {
             hex_to_key(img->sha256, im->key);
-            if (worker_mirror_contains(w, im->key)) {
+            /* Under an adapter the runtime keys the state by (image,
+             * adapter) when the adapter changes image states, which only
+             * the loaded adapter tells: a resident state under that key
+             * serves; a resident base state may not, so the blob is
+             * fetched, and the base state is relied on only without it. */
+            uint8_t adapted[ML_IMAGE_KEY_BYTES];
+            if (r->adapter)
+                ml_image_key_for_adapter(im->key, r->adapter, adapted);
+            bool base_resident = worker_mirror_contains(w, im->key);
+            if (r->adapter ? worker_mirror_contains(w, adapted) : base_resident) {
                 /* No pixels: the runtime uses the resident state and its
                  * tile count. */
                 im->n_tiles = 1;
@@ -133,9 +140,15 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
                 w->redis_prep ? svc_redis_blob_get(w->redis_prep, img->sha256,
                                                    w->limits.max_image_bytes, &blob, &n)
                               : SVC_REDIS_NOT_FOUND;
+            if (rs != SVC_REDIS_OK && rs != SVC_REDIS_NOT_FOUND)
+                svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
+            if (rs != SVC_REDIS_OK && base_resident) {
+                /* Served if the adapter leaves images alone; else the
+                 * runtime answers that the image is not resident for it. */
+                im->n_tiles = 1;
+                continue;
+            }
             if (rs != SVC_REDIS_OK) {
-                if (rs != SVC_REDIS_NOT_FOUND)
-                    svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
                 svc_errf(msg, msglen,
                          "image %zu: sha256 %s is neither resident on this worker nor held in "
                          "Redis (%s)",
@@ -195,54 +208,11 @@ static svc_error build_prompt(svc_worker *w, job *j, char *msg, size_t msglen)
     return SVC_ERROR_NONE;
 }
 
-static int write_file(const char *path, const uint8_t *data, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return -1;
-    int ok = fwrite(data, 1, n, f) == n;
-    return (fclose(f) == 0 && ok) ? 0 : -1;
-}
-
-/* Make the request's adapter available locally: present in
- * model.adapters_dir, or fetched from Redis (<p>:adapter:<name>) into it.
- * Files are written under a temporary name and renamed, so the step
- * thread never sees half an adapter. */
+/* Make the request's adapter available locally (adapter_store.h), through
+ * this prep thread's Redis connection. */
 static svc_error ensure_adapter(svc_worker *w, const char *name, char *msg, size_t msglen)
 {
-    char dir[SVC_CONFIG_STR * 2], path[SVC_CONFIG_STR * 3], tmp[SVC_CONFIG_STR * 3];
-    snprintf(dir, sizeof dir, "%s/%s", w->cfg.model.adapters_dir, name);
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    if (access(path, R_OK) == 0)
-        return SVC_ERROR_NONE;
-    svc_redis_adapter a = {0};
-    svc_redis_status rs = w->redis_prep ? svc_redis_adapter_get(w->redis_prep, name,
-                                                                w->limits.max_request_bytes, &a)
-                                        : SVC_REDIS_NOT_FOUND;
-    if (rs != SVC_REDIS_OK) {
-        if (rs != SVC_REDIS_NOT_FOUND)
-            svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
-        svc_errf(msg, msglen, "adapter '%s' is neither in %s nor in Redis (%s)", name,
-                 w->cfg.model.adapters_dir, svc_redis_status_name(rs));
-        return SVC_ERROR_UNKNOWN_ADAPTER;
-    }
-    mkdir(w->cfg.model.adapters_dir, 0755);
-    mkdir(dir, 0755);
-    int rc = 0;
-    snprintf(tmp, sizeof tmp, "%s/adapter_model.safetensors.tmp", dir);
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-    rc |= write_file(tmp, a.weights, a.weights_len) || rename(tmp, path);
-    /* The config last: its presence is what marks the adapter complete. */
-    snprintf(tmp, sizeof tmp, "%s/adapter_config.json.tmp", dir);
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    rc |= write_file(tmp, a.config, a.config_len) || rename(tmp, path);
-    svc_redis_adapter_deinit(&a);
-    if (rc) {
-        svc_errf(msg, msglen, "adapter '%s': cannot write it to %s", name, dir);
-        return SVC_ERROR_INTERNAL;
-    }
-    svc_log(SVC_LOG_INFO, "adapter_fetched", "adapter %s from Redis into %s", name, dir);
-    return SVC_ERROR_NONE;
+    return svc_adapter_store_ensure(&w->adapters, w->redis_prep, name, msg, msglen);
 }
 
 static void build_sampling(svc_worker *w, job *j)
