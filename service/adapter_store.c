@@ -223,7 +223,9 @@ svc_error svc_adapter_store_ensure(svc_adapter_store *s, svc_redis *r, const cha
                                                          msglen)
                                              : redis_failed(name, rs, msg, msglen);
     }
-    /* The config last: its presence is what marks the adapter complete. */
+    /* Both files, then the rename: the directory appears whole or not at
+     * all (the config is written last all the same, as a copy by hand
+     * should be: the resolver takes its presence for completeness). */
     int failed = write_synced(staging, WEIGHTS_FILE, a.weights, a.weights_len) ||
                  write_synced(staging, CONFIG_FILE, a.config, a.config_len);
     int err = errno;
