@@ -22,6 +22,7 @@
 
 #include "engine.h"
 #include "model/safetensors.h"
+#include "test_rand.h"
 
 #define IMAGE ML_SOURCE_DIR "/tests/golden/fixtures/images/ex_640x480.jpg"
 #define TOPICS PU_REQUESTS ":2," PU_REPLIES ":2," PU_DLT ":1," PU_CANCEL ":1"
@@ -73,17 +74,13 @@ static void publish_adapter(const char *name, const char *targets, const module 
     ml_tensor_view views[2 * MAX_MODULES];
     char names[2 * MAX_MODULES][128];
     float *data[2 * MAX_MODULES];
-    uint64_t seed = 0x9e3779b97f4a7c15ull;
     for (int m = 0; m < n; m++) {
         for (int ab = 0; ab < 2; ab++) {
             int k = 2 * m + ab, rows = ab ? modules[m].out : RANK, cols = ab ? RANK : modules[m].in;
             snprintf(names[k], sizeof names[k], "base_model.model.%s.lora_%c.weight",
                      modules[m].name, "AB"[ab]);
-            data[k] = malloc((size_t)rows * cols * sizeof *data[k]);
-            for (int i = 0; i < rows * cols; i++) {
-                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-                data[k][i] = LORA_INIT * ((float)(seed >> 40) / (float)(1 << 24) * 2 - 1);
-            }
+            data[k] = xmalloc((size_t)rows * cols * sizeof *data[k]);
+            fill(data[k], (size_t)rows * cols, -LORA_INIT, LORA_INIT);
             views[k] = (ml_tensor_view){.name = names[k], .dtype = ML_DTYPE_F32, .ndim = 2,
                                         .shape = {rows, cols}, .data = data[k],
                                         .nbytes = (size_t)rows * cols * sizeof *data[k]};
