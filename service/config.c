@@ -70,6 +70,7 @@ static const field fields[] = {
     LONG("limits", "max_image_pixels", limits.max_image_pixels, 1, 1L << 32),
     LONG("limits", "max_request_pixels", limits.max_request_pixels, 1, 1L << 36),
     LONG("limits", "max_reply_bytes", limits.max_reply_bytes, REPLY_BYTES_MIN, 1L << 30),
+    LONG("limits", "max_adapter_bytes", limits.max_adapter_bytes, 1024, 1L << 30),
     INT("limits", "max_attempts", limits.max_attempts, 1, 1000),
     INT("worker", "prep_threads", worker.prep_threads, 1, SVC_PREP_THREADS_MAX),
     STR("http", "listen", http.listen),

@@ -54,6 +54,7 @@ typedef struct svc_config {
         long max_request_bytes, max_image_bytes, max_image_pixels;
         long max_request_pixels;         /* decoded pixels of all of a request's images */
         long max_reply_bytes;            /* one reply record; a dead letter's value */
+        long max_adapter_bytes;          /* a Redis-held adapter's two files together */
         int max_attempts;
     } limits;
     struct {

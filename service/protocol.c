@@ -17,6 +17,8 @@ const char *svc_error_code(svc_error e)
     case SVC_ERROR_INVALID_IMAGE: return "invalid_image";
     case SVC_ERROR_IMAGE_TOO_LARGE: return "image_too_large";
     case SVC_ERROR_UNKNOWN_ADAPTER: return "unknown_adapter";
+    case SVC_ERROR_ADAPTER_TOO_LARGE: return "adapter_too_large";
+    case SVC_ERROR_ADAPTER_UNAVAILABLE: return "adapter_unavailable";
     case SVC_ERROR_CONTEXT_LENGTH_EXCEEDED: return "context_length_exceeded";
     case SVC_ERROR_DEADLINE_EXCEEDED: return "deadline_exceeded";
     case SVC_ERROR_CANCELLED: return "cancelled";

@@ -106,7 +106,11 @@ typedef enum svc_error {
     SVC_ERROR_INVALID_REQUEST,         /* "invalid_request": a field is missing, mistyped or out of range */
     SVC_ERROR_INVALID_IMAGE,           /* "invalid_image": bad data URL, base64 or image bytes */
     SVC_ERROR_IMAGE_TOO_LARGE,         /* "image_too_large": over max_image_bytes once decoded */
-    SVC_ERROR_UNKNOWN_ADAPTER,         /* "unknown_adapter" */
+    SVC_ERROR_UNKNOWN_ADAPTER,         /* "unknown_adapter": neither local nor in Redis */
+    SVC_ERROR_ADAPTER_TOO_LARGE,       /* "adapter_too_large": over limits.max_adapter_bytes */
+    SVC_ERROR_ADAPTER_UNAVAILABLE,     /* "adapter_unavailable": it may exist, but this worker
+                                          cannot fetch or store it now (Redis failed, or
+                                          model.adapters_dir is not writable) */
     SVC_ERROR_CONTEXT_LENGTH_EXCEEDED, /* "context_length_exceeded" */
     SVC_ERROR_DEADLINE_EXCEEDED,       /* "deadline_exceeded" */
     SVC_ERROR_CANCELLED,               /* "cancelled" */

@@ -173,9 +173,16 @@ typedef struct svc_redis_adapter {
     size_t weights_len;
 } svc_redis_adapter;
 
+/* The sizes of <p>:adapter:<name>'s two fields (HSTRLEN: nothing else is
+ * transferred). OK fills both; NOT_FOUND when the key or one of its fields
+ * is missing; both are 0 on failure. */
+svc_redis_status svc_redis_adapter_stat(svc_redis *r, const char *name, size_t *config_len,
+                                        size_t *weights_len);
+
 /* Fetch <p>:adapter:<name>. OK fills *out; NOT_FOUND when the key or one of
- * its two fields is missing; ERR_TOO_LARGE when a field is over max_bytes
- * (checked with HSTRLEN before transferring). *out is zeroed on failure. */
+ * its two fields is missing; ERR_TOO_LARGE when the two fields together are
+ * over max_bytes (checked with HSTRLEN before transferring). *out is zeroed
+ * on failure. */
 svc_redis_status svc_redis_adapter_get(svc_redis *r, const char *name, size_t max_bytes,
                                        svc_redis_adapter *out);
 

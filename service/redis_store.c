@@ -107,17 +107,18 @@ static uint8_t *dup_bytes(const char *s, size_t len)
     return p;
 }
 
-/* Check both HSTRLENs (1 <= len <= max) then fetch both fields. */
-static svc_redis_status adapter_fetch(svc_redis *r, const char *key, size_t max_bytes,
-                                      svc_redis_adapter *out)
+static const char *const adapter_fields[2] = {"config", "weights"};
+
+/* HSTRLEN of both fields into len[2]: NOT_FOUND when the key or a field is
+ * missing (or empty). */
+static svc_redis_status adapter_lengths(svc_redis *r, const char *key, size_t len[2])
 {
-    static const char *fields[2] = {"config", "weights"};
     svc_redis_status st = SVC_REDIS_OK;
     for (int f = 0; f < 2 && !st; f++) {
         svc_redis_cmd c = {0};
         svc_redis_arg_str(&c, "HSTRLEN");
         svc_redis_arg_str(&c, key);
-        svc_redis_arg_str(&c, fields[f]);
+        svc_redis_arg_str(&c, adapter_fields[f]);
         st = svc_redis_append(r, &c);
     }
     for (int f = 0; f < 2 && st != SVC_REDIS_ERR_IO; f++) {
@@ -125,34 +126,46 @@ static svc_redis_status adapter_fetch(svc_redis *r, const char *key, size_t max_
         svc_redis_status rs = svc_redis_next_reply(r, &rep);
         if (rs == SVC_REDIS_OK && rep->type != REDIS_REPLY_INTEGER)
             rs = SVC_REDIS_ERR_REPLY;
-        if (rs == SVC_REDIS_OK && rep->integer == 0)
+        if (rs == SVC_REDIS_OK && rep->integer <= 0)
             rs = SVC_REDIS_NOT_FOUND;
-        if (rs == SVC_REDIS_OK && (unsigned long long)rep->integer > max_bytes)
-            rs = SVC_REDIS_ERR_TOO_LARGE;
+        if (rs == SVC_REDIS_OK)
+            len[f] = (size_t)rep->integer;
         freeReplyObject(rep);
         if (st == SVC_REDIS_OK || rs == SVC_REDIS_ERR_IO)
             st = rs;
     }
+    return st;
+}
+
+/* Both fields, after their HSTRLENs say they fit max_bytes together. */
+static svc_redis_status adapter_fetch(svc_redis *r, const char *key, size_t max_bytes,
+                                      svc_redis_adapter *out)
+{
+    size_t len[2] = {0, 0};
+    svc_redis_status st = adapter_lengths(r, key, len);
+    if (st == SVC_REDIS_OK && len[0] + len[1] > max_bytes)
+        st = SVC_REDIS_ERR_TOO_LARGE;
     if (st != SVC_REDIS_OK)
         return st;
 
     svc_redis_cmd c = {0};
     svc_redis_arg_str(&c, "HMGET");
     svc_redis_arg_str(&c, key);
-    svc_redis_arg_str(&c, fields[0]);
-    svc_redis_arg_str(&c, fields[1]);
+    svc_redis_arg_str(&c, adapter_fields[0]);
+    svc_redis_arg_str(&c, adapter_fields[1]);
     redisReply *rep = NULL;
     st = svc_redis_append(r, &c);
     if (st == SVC_REDIS_OK)
         st = svc_redis_next_reply(r, &rep);
     if (st == SVC_REDIS_OK && (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2))
         st = SVC_REDIS_ERR_REPLY;
+    size_t total = 0;
     for (size_t f = 0; st == SVC_REDIS_OK && f < 2; f++) {
         const redisReply *v = rep->element[f];
         if (v->type != REDIS_REPLY_STRING || v->len == 0)
             st = SVC_REDIS_NOT_FOUND; /* deleted between the two round trips */
-        else if ((size_t)v->len > max_bytes)
-            st = SVC_REDIS_ERR_TOO_LARGE;
+        else if ((total += (size_t)v->len) > max_bytes)
+            st = SVC_REDIS_ERR_TOO_LARGE; /* replaced in between */
     }
     if (st == SVC_REDIS_OK) {
         out->config = dup_bytes(rep->element[0]->str, (size_t)rep->element[0]->len);
@@ -161,6 +174,25 @@ static svc_redis_status adapter_fetch(svc_redis *r, const char *key, size_t max_
         out->weights_len = (size_t)rep->element[1]->len;
     }
     freeReplyObject(rep);
+    return st;
+}
+
+svc_redis_status svc_redis_adapter_stat(svc_redis *r, const char *name, size_t *config_len,
+                                        size_t *weights_len)
+{
+    *config_len = *weights_len = 0;
+    char key[KEY_MAX];
+    if (!adapter_key(r, name, key))
+        return SVC_REDIS_ERR_INVALID;
+    svc_redis_status st = svc_redis_call_begin(r);
+    if (st != SVC_REDIS_OK)
+        return st;
+    size_t len[2] = {0, 0};
+    st = svc_redis_call_end(r, adapter_lengths(r, key, len));
+    if (st == SVC_REDIS_OK) {
+        *config_len = len[0];
+        *weights_len = len[1];
+    }
     return st;
 }
 

@@ -818,7 +818,6 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     pthread_cond_init(&w->event_cond, NULL);
     pthread_mutex_init(&w->registry_lock, NULL);
     pthread_mutex_init(&w->resident_lock, NULL);
-    pthread_mutex_init(&w->adapter_lock, NULL);
     pthread_mutex_init(&w->failure_lock, NULL);
     job_queue_init(&w->prep_q);
     job_queue_init(&w->step_q);
@@ -840,6 +839,8 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     w->reply_reserved[2] = w->cfg.kafka.dlt_topic;
     w->reply_policy = (svc_topic_policy){w->cfg.kafka.reply_topics, w->reply_reserved,
                                          sizeof w->reply_reserved / sizeof w->reply_reserved[0]};
+    svc_adapter_store_init(&w->adapters, w->cfg.model.adapters_dir,
+                           (size_t)w->cfg.limits.max_adapter_bytes);
     /* Start time in ms: numbers of uncounted attempts differ across processes. */
     atomic_store(&w->next_uncounted, (uint32_t)wall_ms());
     w->prep = calloc((size_t)w->cfg.worker.prep_threads, sizeof *w->prep);
@@ -1055,6 +1056,7 @@ void svc_worker_destroy(svc_worker *w)
     job_queue_deinit(&w->step_q);
     job_queue_deinit(&w->silent_q);
     free(w->resident);
+    svc_adapter_store_deinit(&w->adapters);
     svc_config_deinit(&w->cfg);
     free(w);
 }

@@ -23,6 +23,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "adapter_store.h"
 #include "backend_select.h"
 #include "config.h"
 #include "engine.h"
@@ -216,6 +217,7 @@ struct svc_worker {
 
     /* Redis (NULL when redis.url is empty); the prep threads' own are in prep. */
     svc_redis *redis_index;
+    svc_adapter_store adapters; /* Redis-held adapters copied into model.adapters_dir */
 
     /* Threads and queues. */
     job_queue prep_q;           /* Kafka -> prep */
@@ -235,7 +237,6 @@ struct svc_worker {
     size_t n_resident, cap_resident;
     prep_thread *prep;          /* owned: n_prep threads */
     int n_prep;
-    pthread_mutex_t adapter_lock; /* prep pool: one adapter fetch into adapters_dir at a time */
     pthread_t step_thread, index_thread;
     atomic_bool threads_stop;
     svc_http *http;

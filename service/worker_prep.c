@@ -10,16 +10,15 @@
  * thread-safe: the worker's configuration, image parameters, tokenizer and
  * model config are immutable once started; the resident mirror, the
  * producer, metrics and logs lock or are atomic; the uncounted-attempt
- * numbers are an atomic counter; adapter fetches into adapters_dir take
- * adapter_lock. Each thread has its own Redis connection (prep_redis).
+ * numbers are an atomic counter; the adapter store (adapter_store.h) copies
+ * each adapter into its own staging directory, so threads fetching the same
+ * one do not collide. Each thread has its own Redis connection (prep_redis).
  * @locality: a prep thread. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "log.h"
 #include "metrics.h"
@@ -138,7 +137,8 @@ static svc_error count_inline_pixels(svc_worker *w, job *j, char *msg, size_t ms
  * adapter may key its own) — then the runtime gets the key, at_caller for
  * the rare eviction before admission (the job comes back: redecode), and
  * the job keeps the request's bytes until it ends; a sha256 reference uses
- * the resident state when this worker has it, else the blob Redis holds.
+ * the resident state when this worker has it under the request's adapter,
+ * else the blob Redis holds.
  * The request's pixel budget is checked from the headers first. */
 static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
 {
@@ -171,7 +171,16 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
             e = prepare_pixels(w, img->bytes, img->n_bytes, (int)i, im, msg, msglen);
         } else {
             hex_to_key(img->sha256, im->key);
-            if (worker_mirror_contains(w, im->key)) {
+            /* Under an adapter the runtime keys the state by (image,
+             * adapter) when the adapter changes image states, which only
+             * the loaded adapter tells: a resident state under that key
+             * serves; a resident base state may not, so the blob is
+             * fetched, and the base state is relied on only without it. */
+            uint8_t adapted[ML_IMAGE_KEY_BYTES];
+            if (r->adapter)
+                ml_image_key_for_adapter(im->key, r->adapter, adapted);
+            bool base_resident = worker_mirror_contains(w, im->key);
+            if (r->adapter ? worker_mirror_contains(w, adapted) : base_resident) {
                 /* No pixels: the runtime uses the resident state and its
                  * tile count. */
                 im->n_tiles = 1;
@@ -183,9 +192,15 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
                 prep_redis ? svc_redis_blob_get(prep_redis, img->sha256,
                                                 w->limits.max_image_bytes, &blob, &n)
                            : SVC_REDIS_NOT_FOUND;
+            if (rs != SVC_REDIS_OK && rs != SVC_REDIS_NOT_FOUND)
+                svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
+            if (rs != SVC_REDIS_OK && base_resident) {
+                /* Served if the adapter leaves images alone; else the
+                 * runtime answers that the image is not resident for it. */
+                im->n_tiles = 1;
+                continue;
+            }
             if (rs != SVC_REDIS_OK) {
-                if (rs != SVC_REDIS_NOT_FOUND)
-                    svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
                 svc_errf(msg, msglen,
                          "image %zu: sha256 %s is neither resident on this worker nor held in "
                          "Redis (%s)",
@@ -248,64 +263,11 @@ static svc_error build_prompt(svc_worker *w, job *j, char *msg, size_t msglen)
     return SVC_ERROR_NONE;
 }
 
-static int write_file(const char *path, const uint8_t *data, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return -1;
-    int ok = fwrite(data, 1, n, f) == n;
-    return (fclose(f) == 0 && ok) ? 0 : -1;
-}
-
-/* Make the request's adapter available locally: present in
- * model.adapters_dir, or fetched from Redis (<p>:adapter:<name>) into it.
- * Files are written under a temporary name and renamed, so the step
- * thread never sees half an adapter. */
+/* Make the request's adapter available locally (adapter_store.h), through
+ * this prep thread's Redis connection. */
 static svc_error ensure_adapter(svc_worker *w, const char *name, char *msg, size_t msglen)
 {
-    char dir[SVC_CONFIG_STR * 2], path[SVC_CONFIG_STR * 3], tmp[SVC_CONFIG_STR * 3];
-    snprintf(dir, sizeof dir, "%s/%s", w->cfg.model.adapters_dir, name);
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    if (access(path, R_OK) == 0)
-        return SVC_ERROR_NONE;
-    svc_redis_adapter a = {0};
-    svc_redis_status rs = prep_redis ? svc_redis_adapter_get(prep_redis, name,
-                                                             w->limits.max_request_bytes, &a)
-                                     : SVC_REDIS_NOT_FOUND;
-    if (rs != SVC_REDIS_OK) {
-        if (rs != SVC_REDIS_NOT_FOUND)
-            svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
-        svc_errf(msg, msglen, "adapter '%s' is neither in %s nor in Redis (%s)", name,
-                 w->cfg.model.adapters_dir, svc_redis_status_name(rs));
-        return SVC_ERROR_UNKNOWN_ADAPTER;
-    }
-    mkdir(w->cfg.model.adapters_dir, 0755);
-    mkdir(dir, 0755);
-    int rc = 0;
-    snprintf(tmp, sizeof tmp, "%s/adapter_model.safetensors.tmp", dir);
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-    rc |= write_file(tmp, a.weights, a.weights_len) || rename(tmp, path);
-    /* The config last: its presence is what marks the adapter complete. */
-    snprintf(tmp, sizeof tmp, "%s/adapter_config.json.tmp", dir);
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    rc |= write_file(tmp, a.config, a.config_len) || rename(tmp, path);
-    svc_redis_adapter_deinit(&a);
-    if (rc) {
-        svc_errf(msg, msglen, "adapter '%s': cannot write it to %s", name, dir);
-        return SVC_ERROR_INTERNAL;
-    }
-    svc_log(SVC_LOG_INFO, "adapter_fetched", "adapter %s from Redis into %s", name, dir);
-    return SVC_ERROR_NONE;
-}
-
-/* ensure_adapter, one thread at a time: two threads fetching the same
- * adapter would write the same temporary files. */
-static svc_error ensure_adapter_locked(svc_worker *w, const char *name, char *msg, size_t msglen)
-{
-    pthread_mutex_lock(&w->adapter_lock);
-    svc_error e = ensure_adapter(w, name, msg, msglen);
-    pthread_mutex_unlock(&w->adapter_lock);
-    return e;
+    return svc_adapter_store_ensure(&w->adapters, prep_redis, name, msg, msglen);
 }
 
 static void build_sampling(svc_worker *w, job *j)
@@ -463,7 +425,7 @@ static void prepare(svc_worker *w, job *j)
         return;
     }
     if ((j->req->adapter &&
-         (code = ensure_adapter_locked(w, j->req->adapter, msg, sizeof msg)) != SVC_ERROR_NONE) ||
+         (code = ensure_adapter(w, j->req->adapter, msg, sizeof msg)) != SVC_ERROR_NONE) ||
         (code = prepare_images(w, j, msg, sizeof msg)) != SVC_ERROR_NONE ||
         (code = build_prompt(w, j, msg, sizeof msg)) != SVC_ERROR_NONE) {
         worker_reply_error(w, j, code, msg);

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sha256.h"
+
 struct ml_image_entry {
     uint8_t key[ML_IMAGE_KEY_BYTES];
     void *state;      /* owned: ml_model_image_state_alloc's handle */
@@ -25,6 +27,15 @@ struct ml_image_cache {
     ml_image_event_fn on_event;
     void *event_ctx;
 };
+
+void ml_image_key_for_adapter(const uint8_t *key, const char *adapter, uint8_t *out)
+{
+    ml_sha256_ctx h;
+    ml_sha256_init(&h);
+    ml_sha256_update(&h, key, ML_IMAGE_KEY_BYTES);
+    ml_sha256_update(&h, adapter, strlen(adapter));
+    ml_sha256_final(&h, out);
+}
 
 ml_status ml_image_cache_create(ml_image_cache **out, ml_model *model, size_t budget_bytes,
                                 ml_image_event_fn on_event, void *event_ctx, char *err,

@@ -17,6 +17,13 @@
 
 #define ML_IMAGE_KEY_BYTES 32
 
+/* The key of an image's state under an adapter that changes image states
+ * (ml_lora_touches_images): sha256(key || adapter name), so base requests
+ * and adapters that leave images alone keep sharing the original entries.
+ * The runtime keys such states this way; a caller mirroring the resident
+ * set looks them up with it. out may alias key. @locality any thread. */
+void ml_image_key_for_adapter(const uint8_t *key, const char *adapter, uint8_t *out);
+
 typedef struct ml_image_cache ml_image_cache;
 typedef struct ml_image_entry ml_image_entry;
 

@@ -570,21 +570,15 @@ static const ml_lora *seq_lora(const rt_seq *s)
     return s->adapter ? ml_adapter_lora(s->adapter) : NULL;
 }
 
-/* An adapter that changes image states gets its own states: each image key
- * becomes sha256(key || adapter name), so base requests and adapters that
- * leave images alone keep sharing the original entries. */
+/* An adapter that changes image states gets its own states
+ * (ml_image_key_for_adapter). */
 static void image_keys_for_adapter(rt_seq *s)
 {
     if (!ml_lora_touches_images(seq_lora(s)))
         return;
     const char *name = ml_adapter_name(s->adapter);
-    for (int i = 0; i < s->n_images; i++) {
-        ml_sha256_ctx h;
-        ml_sha256_init(&h);
-        ml_sha256_update(&h, s->images[i].key, ML_IMAGE_KEY_BYTES);
-        ml_sha256_update(&h, name, strlen(name));
-        ml_sha256_final(&h, s->images[i].key);
-    }
+    for (int i = 0; i < s->n_images; i++)
+        ml_image_key_for_adapter(s->images[i].key, name, s->images[i].key);
 }
 
 /* Reference s's adapter, loading it if needed (once per sequence: the

@@ -474,6 +474,22 @@ def duration_s(text):
     return sum(int(n) * scale[u] for n, u in re.findall(r'([0-9]+)(ms|s|m|h)', text))
 
 
+def quantity_bytes(text):
+    """A Kubernetes quantity ('64Mi', '4Gi', '1G', '512') -> bytes, or None."""
+    m = re.fullmatch(r'([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T)?', str(text or ''))
+    if not m:
+        return None
+    scale = {None: 1, 'Ki': 1 << 10, 'Mi': 1 << 20, 'Gi': 1 << 30, 'Ti': 1 << 40,
+             'k': 10**3, 'M': 10**6, 'G': 10**9, 'T': 10**12}
+    return int(m.group(1)) * scale[m.group(2)]
+
+
+def covers(mount_path, path):
+    """Whether a mount at mount_path holds path."""
+    mount_path = mount_path.rstrip('/')
+    return path == mount_path or path.startswith(mount_path + '/')
+
+
 # ==== Inputs shared by the checks ==============================================
 
 def load_inputs(c):
@@ -784,6 +800,13 @@ def check_compose(c, compose, local, topics):
             'workers mount the model volume read-only at /models')
     c.check('../config/local.json:/etc/mllama/config.json:ro' in (worker.get('volumes') or []), where,
             'workers read config/local.json at /etc/mllama/config.json')
+    adapters_dir = str(env.get('MLLAMA_MODEL_ADAPTERS_DIR', dig(local, 'model', 'adapters_dir') or ''))
+    writable = [t.split(':')[0] for t in worker.get('tmpfs') or []] + [
+        v.split(':')[1] for v in worker.get('volumes') or []
+        if len(v.split(':')) >= 2 and not v.endswith(':ro')]
+    c.check(adapters_dir.startswith('/') and any(covers(m, adapters_dir) for m in writable), where,
+            f'the worker\'s model.adapters_dir ({adapters_dir}) must be an absolute path on a '
+            'tmpfs or a writable volume: the image\'s own directories are not writable by its user')
     grace = duration_s(worker.get('stop_grace_period'))
     drain_s = dig(local, 'drain', 'grace_ms') / 1000 if dig(local, 'drain', 'grace_ms') else None
     c.check(grace is not None and drain_s is not None and grace > drain_s, where,
@@ -863,6 +886,23 @@ def check_k8s(c, files, prod, topics, own, external):
     volumes = {v.get('name'): v for v in pod.get('volumes') or []}
     config_map = dig(volumes, config_volume, 'configMap', 'name')
     c.check(config_map is not None, rel, 'the /etc/mllama volume is a ConfigMap')
+    # Adapters from Redis are copied into model.adapters_dir: with a read-only
+    # root filesystem it must be a writable volume, bounded, with room for one
+    # adapter at limits.max_adapter_bytes at least.
+    adapters_dir = dig(prod, 'model', 'adapters_dir') or ''
+    holders = [m for p, m in mounts.items() if isinstance(p, str) and covers(p, adapters_dir)]
+    holder = max(holders, key=lambda m: len(m.get('mountPath')), default={})
+    volume = volumes.get(holder.get('name')) or {}
+    c.check(bool(holder) and holder.get('readOnly') is not True and
+            ('emptyDir' in volume or 'persistentVolumeClaim' in volume), rel,
+            f'model.adapters_dir ({adapters_dir}) must be on a writable volume (an emptyDir): '
+            'adapters published in Redis are copied there and the root filesystem is read-only')
+    if 'emptyDir' in volume:
+        size = quantity_bytes(dig(volume, 'emptyDir', 'sizeLimit'))
+        max_adapter = dig(prod, 'limits', 'max_adapter_bytes') or 0
+        c.check(size is not None and size >= max_adapter, rel,
+                f'the {holder.get("name")} emptyDir needs a sizeLimit of at least '
+                f'limits.max_adapter_bytes ({max_adapter})')
     c.check(prod['model']['dir'].startswith('/models/'), 'config/production.example.json',
             'model.dir must be inside the /models mount')
 

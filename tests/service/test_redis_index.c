@@ -327,6 +327,16 @@ static void test_blobs_adapters_attempts(svc_redis *r)
     check(svc_redis_adapter_get(r, "a1", 10, &ad) == SVC_REDIS_ERR_TOO_LARGE && !ad.config &&
               !ad.weights,
           "adapter over the cap");
+    /* The cap is for both files together: each alone fits. */
+    check(svc_redis_adapter_get(r, "a1", sizeof cfg_json, &ad) == SVC_REDIS_ERR_TOO_LARGE &&
+              !ad.config,
+          "adapter over the cap with both files");
+    size_t cl = 1, wl = 1;
+    check(svc_redis_adapter_stat(r, "a1", &cl, &wl) == SVC_REDIS_OK &&
+              cl == sizeof cfg_json - 1 && wl == sizeof weights,
+          "adapter sizes: %zu + %zu", cl, wl);
+    check(svc_redis_adapter_stat(r, "nope", &cl, &wl) == SVC_REDIS_NOT_FOUND && cl == 0 && wl == 0,
+          "adapter sizes of a missing adapter");
     check(svc_redis_adapter_get(r, "nope", 1024, &ad) == SVC_REDIS_NOT_FOUND, "adapter missing");
     redisReply *rep = probe_cmd("HSET " PREFIX ":adapter:half config x");
     freeReplyObject(rep);

@@ -1,0 +1,313 @@
+/* Adapters held in Redis, as separate processes: `mllama mock-kafka`, a real
+ * redis-server and workers on the micro model, with PEFT adapters for it
+ * published under mllama:adapter:<name>.
+ *
+ * - w1's model.adapters_dir cannot be created (its parent is a file, as a
+ *   read-only root filesystem would refuse it): a request naming an adapter
+ *   Redis holds gets adapter_unavailable saying why, counted in
+ *   mllama_adapter_store_errors_total, and none of the adapter's bytes
+ *   move (no HMGET reaches Redis); a second request gets the same answer
+ *   from memory (no Redis command at all).
+ * - An adapter over limits.max_adapter_bytes gets adapter_too_large naming
+ *   the limit, before its bytes move.
+ * - w2 (a writable directory) copies an adapter from Redis and serves it.
+ *   With the base model's state of an image resident, a
+ *   {"type":"image","sha256"} reference under an adapter that changes
+ *   image states (cross-attention k/v) is answered from the Redis blob,
+ *   then, the blob deleted, from the state resident under that adapter;
+ *   under an adapter that leaves images alone the base state serves.
+ * - Both drain on SIGTERM with exit code 0 and no sanitizer report.
+ * Skipped (77) without redis-server. */
+#include "proc_util.h"
+
+#include "engine.h"
+#include "model/safetensors.h"
+#include "test_rand.h"
+
+#define IMAGE ML_SOURCE_DIR "/tests/golden/fixtures/images/ex_640x480.jpg"
+#define TOPICS PU_REQUESTS ":2," PU_REPLIES ":2," PU_DLT ":1," PU_CANCEL ":1"
+#define ANSWER_MS 30000
+#define JOIN_MS 30000
+#define MAX_ADAPTER_BYTES 16384 /* the workers' limits.max_adapter_bytes */
+#define HUGE_WEIGHTS 32768      /* the weights of an adapter over that */
+#define RANK 2
+#define ALPHA 4
+#define LORA_INIT 0.5f          /* large enough to change the micro model's answers */
+#define MAX_MODULES 8
+
+static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
+static pu_redis redis;
+static pu_proc kafka, worker;
+static pu_worker_env env;
+static pu_client client;
+static uint8_t *image;
+static size_t image_len;
+static char image_sha[ML_SHA256_HEX_SIZE];
+
+static void cleanup(void)
+{
+    pu_kill(&worker);
+    pu_kill(&kafka);
+    pu_kill(&redis.proc);
+    pu_tmpdir_done(dir);
+}
+
+/* ==== adapters ======================================================================= */
+
+/* One module of the micro model an adapter adapts (micro: text hidden 64,
+ * 2 heads of 32, 1 K/V head; layer 1 is the cross-attention layer). */
+typedef struct module {
+    const char *name; /* after base_model.model. */
+    int in, out;
+} module;
+
+/* Publish a random rank-RANK adapter of `modules` as mllama:adapter:<name>,
+ * its target_modules the regular expression `targets`. */
+static void publish_adapter(const char *name, const char *targets, const module *modules,
+                            int n)
+{
+    char cfg[512], path[PU_PATH_MAX + 64], err[256];
+    snprintf(cfg, sizeof cfg,
+             "{\"peft_type\": \"LORA\", \"r\": %d, \"lora_alpha\": %d, \"bias\": \"none\", "
+             "\"target_modules\": \"%s\"}",
+             RANK, ALPHA, targets);
+    ml_tensor_view views[2 * MAX_MODULES];
+    char names[2 * MAX_MODULES][128];
+    float *data[2 * MAX_MODULES];
+    for (int m = 0; m < n; m++) {
+        for (int ab = 0; ab < 2; ab++) {
+            int k = 2 * m + ab, rows = ab ? modules[m].out : RANK, cols = ab ? RANK : modules[m].in;
+            snprintf(names[k], sizeof names[k], "base_model.model.%s.lora_%c.weight",
+                     modules[m].name, "AB"[ab]);
+            data[k] = xmalloc((size_t)rows * cols * sizeof *data[k]);
+            fill(data[k], (size_t)rows * cols, -LORA_INIT, LORA_INIT);
+            views[k] = (ml_tensor_view){.name = names[k], .dtype = ML_DTYPE_F32, .ndim = 2,
+                                        .shape = {rows, cols}, .data = data[k],
+                                        .nbytes = (size_t)rows * cols * sizeof *data[k]};
+        }
+    }
+    snprintf(path, sizeof path, "%s/%s.safetensors", dir, name);
+    ml_status st = ml_safetensors_write(path, views, (size_t)(2 * n), err, sizeof err);
+    for (int k = 0; k < 2 * n; k++)
+        free(data[k]);
+    if (st != ML_OK)
+        pu_die(err);
+    size_t len = 0;
+    char *weights = pu_slurp(path, &len);
+    if (!weights)
+        pu_die(path);
+    redisReply *rep = pu_redis_cmd(&redis, "HSET mllama:adapter:%s config %b weights %b", name,
+                                   cfg, strlen(cfg), weights, len);
+    check(rep && rep->type == REDIS_REPLY_INTEGER, "publish %s", name);
+    freeReplyObject(rep);
+    fprintf(stderr, "adapter %s: %zu bytes of weights\n", name, len);
+    free(weights);
+}
+
+static void publish_adapters(void)
+{
+    static const module images[] = {{"language_model.model.layers.1.cross_attn.k_proj", 64, 32},
+                                    {"language_model.model.layers.1.cross_attn.v_proj", 64, 32}};
+    static const module text[] = {{"language_model.model.layers.0.self_attn.q_proj", 64, 64},
+                                  {"language_model.model.layers.2.self_attn.q_proj", 64, 64}};
+    publish_adapter("tweak-images", ".*cross_attn\\\\.(k_proj|v_proj)", images, 2);
+    publish_adapter("tweak-text", ".*language_model.*layers\\\\.(0|2)\\\\.self_attn\\\\.q_proj",
+                    text, 2);
+    /* Refused on its size alone: its bytes are never read. */
+    char *junk = calloc(1, HUGE_WEIGHTS);
+    redisReply *rep = pu_redis_cmd(&redis, "HSET mllama:adapter:huge config {} weights %b", junk,
+                                   (size_t)HUGE_WEIGHTS);
+    check(rep && rep->type == REDIS_REPLY_INTEGER, "publish huge");
+    freeReplyObject(rep);
+    free(junk);
+}
+
+/* Calls of one Redis command so far (INFO commandstats), -1 if unknown. */
+static long redis_calls(const char *command)
+{
+    redisReply *rep = pu_redis_cmd(&redis, "INFO commandstats");
+    long n = -1;
+    if (rep && rep->type == REDIS_REPLY_STRING) {
+        char needle[64];
+        snprintf(needle, sizeof needle, "cmdstat_%s:calls=", command);
+        const char *at = strstr(rep->str, needle);
+        n = at ? atol(at + strlen(needle)) : 0;
+    }
+    freeReplyObject(rep);
+    return n;
+}
+
+/* ==== requests ======================================================================= */
+
+static bool start_worker(const char *name, const char *adapters_dir)
+{
+    char dir_set[2 * PU_PATH_MAX], limit_set[64];
+    snprintf(dir_set, sizeof dir_set, "model.adapters_dir=%s", adapters_dir);
+    snprintf(limit_set, sizeof limit_set, "limits.max_adapter_bytes=%d", MAX_ADAPTER_BYTES);
+    const char *extra[] = {dir_set, limit_set, NULL};
+    return pu_worker_start(&worker, &env, name, extra) && pu_wait_assigned(&worker, JOIN_MS);
+}
+
+static void stop_worker(void)
+{
+    int code = pu_stop(&worker, PU_STOP_MS);
+    check(code == 0, "exit code %d after SIGTERM", code);
+    if (code != 0)
+        pu_show_log(worker.log, 3000);
+    pu_check_log_clean(worker.log);
+}
+
+static double metric(const char *name) { return pu_metric(pu_worker_http_port(&worker), name); }
+
+/* The final record of a request (parsed; NULL after a check failure). */
+static cJSON *ask(const char *id, const char *body)
+{
+    check(pu_client_send(&client, id, body), "%s: produce", id);
+    const pu_record *f = pu_client_wait(&client, id, ANSWER_MS);
+    check(f != NULL, "%s: no final record within %d ms", id, ANSWER_MS);
+    pu_check_stream(&client, id);
+    return f ? pu_json(f) : NULL;
+}
+
+/* A text request under `adapter` must fail with `code`, its message
+ * containing `needle`. */
+static void expect_error(const char *id, const char *adapter, const char *code,
+                         const char *needle)
+{
+    char extra[256];
+    snprintf(extra, sizeof extra, "\"max_tokens\":4,\"adapter\":\"%s\"", adapter);
+    char *body = pu_chat_request(id, "Hello", NULL, extra);
+    cJSON *j = ask(id, body);
+    const char *got = pu_error_code(j);
+    const char *message = pu_json_str(j, PU_PATH("error", "message"));
+    check(got && !strcmp(got, code), "%s: error code %s, want %s (%s)", id, got ? got : "(none)",
+          code, message ? message : "");
+    check(message && strstr(message, needle), "%s: message '%s' lacks '%s'", id,
+          message ? message : "(none)", needle);
+    fprintf(stderr, "%s: %s: %s\n", id, got ? got : "(none)", message ? message : "");
+    cJSON_Delete(j);
+    free(body);
+}
+
+/* An answered request: usage.images_cached, or -1 after a check failure. */
+static double expect_answer(const char *id, const char *image_part, const char *adapter)
+{
+    char extra[256] = "\"max_tokens\":4";
+    if (adapter)
+        snprintf(extra, sizeof extra, "\"max_tokens\":4,\"adapter\":\"%s\"", adapter);
+    char *body = pu_chat_request(id, "What is in the picture?", image_part, extra);
+    cJSON *j = ask(id, body);
+    const char *reason = pu_finish_reason(j);
+    check(reason && strcmp(reason, "error"), "%s: finish_reason %s, error %s: %s", id,
+          reason ? reason : "(none)", pu_error_code(j) ? pu_error_code(j) : "-",
+          pu_json_str(j, PU_PATH("error", "message")) ? pu_json_str(j, PU_PATH("error", "message"))
+                                                     : "");
+    double images = pu_json_num(j, PU_PATH("usage", "images"));
+    check(!image_part || images == 1, "%s: usage.images %g", id, images);
+    double cached = reason && strcmp(reason, "error")
+                        ? pu_json_num(j, PU_PATH("usage", "images_cached"))
+                        : -1;
+    cJSON_Delete(j);
+    free(body);
+    return cached;
+}
+
+/* ==== the cases ====================================================================== */
+
+static void test_unwritable_dir(void)
+{
+    char file[PU_PATH_MAX + 16], adapters[PU_PATH_MAX + 32];
+    snprintf(file, sizeof file, "%s/a-file", dir);
+    check(pu_write_file(file, "x", 1), "write %s", file);
+    snprintf(adapters, sizeof adapters, "%s/adapters", file);
+    check(start_worker("w1", adapters), "w1 start");
+
+    long hmget0 = redis_calls("hmget");
+    expect_error("unwritable-1", "tweak-text", "adapter_unavailable", "cannot be stored");
+    check(metric("mllama_adapter_store_errors_total") == 1, "store errors: %g",
+          metric("mllama_adapter_store_errors_total"));
+    check(redis_calls("hmget") == hmget0, "the adapter was transferred to an unwritable dir");
+    check(pu_file_count(worker.log, "\"adapter_store_failed\"") == 1,
+          "the failure is not logged once as adapter_store_failed");
+
+    long hstrlen0 = redis_calls("hstrlen");
+    expect_error("unwritable-2", "tweak-text", "adapter_unavailable", "remembered");
+    check(redis_calls("hstrlen") == hstrlen0 && redis_calls("hmget") == hmget0,
+          "the second request went to Redis (hstrlen %ld -> %ld)", hstrlen0,
+          redis_calls("hstrlen"));
+    check(metric("mllama_adapter_store_errors_total") == 1, "store errors: %g",
+          metric("mllama_adapter_store_errors_total"));
+
+    expect_error("too-large", "huge", "adapter_too_large", "limits.max_adapter_bytes");
+    check(redis_calls("hmget") == hmget0, "an adapter over the limit was transferred");
+    check(metric("mllama_adapter_fetches_total") == 0, "fetches: %g",
+          metric("mllama_adapter_fetches_total"));
+    stop_worker();
+}
+
+static void test_image_under_adapter(void)
+{
+    char adapters[PU_PATH_MAX + 16];
+    snprintf(adapters, sizeof adapters, "%s/adapters", dir);
+    check(start_worker("w2", adapters), "w2 start");
+
+    /* The base model's state of the image becomes resident. */
+    char *inline_part = pu_image_part(image, image_len);
+    check(expect_answer("base-inline", inline_part, NULL) == 0, "base-inline: cached");
+    free(inline_part);
+
+    char blob_key[128], ref[160];
+    snprintf(blob_key, sizeof blob_key, "mllama:blob:img:%s", image_sha);
+    snprintf(ref, sizeof ref, "{\"type\":\"image\",\"sha256\":\"%s\"}", image_sha);
+    redisReply *rep = pu_redis_cmd(&redis, "SET %s %b", blob_key, image, image_len);
+    check(rep && rep->type == REDIS_REPLY_STATUS, "SET blob");
+    freeReplyObject(rep);
+
+    /* The adapter changes the image's state: the base state cannot serve,
+     * the blob does. */
+    check(expect_answer("ref-images-1", ref, "tweak-images") == 0,
+          "ref-images-1: served from a state the adapter does not use");
+    check(metric("mllama_adapter_fetches_total") == 1, "fetches: %g",
+          metric("mllama_adapter_fetches_total"));
+    char copied[PU_PATH_MAX + 64];
+    snprintf(copied, sizeof copied, "%s/tweak-images/adapter_config.json", adapters);
+    check(access(copied, R_OK) == 0, "%s missing", copied);
+
+    /* Now the state under the adapter is resident: no blob needed. */
+    rep = pu_redis_cmd(&redis, "DEL %s", blob_key);
+    freeReplyObject(rep);
+    check(expect_answer("ref-images-2", ref, "tweak-images") == 1,
+          "ref-images-2: not served from the adapter's resident state");
+
+    /* An adapter that leaves images alone shares the base state. */
+    check(expect_answer("ref-text", ref, "tweak-text") == 1, "ref-text: not cached");
+    check(metric("mllama_adapter_fetches_total") == 2, "fetches: %g",
+          metric("mllama_adapter_fetches_total"));
+    check(metric("mllama_adapter_store_errors_total") == 0, "store errors: %g",
+          metric("mllama_adapter_store_errors_total"));
+    stop_worker();
+}
+
+int main(void)
+{
+    if (!pu_which("redis-server"))
+        ml_test_skip("needs redis-server on PATH");
+    atexit(cleanup);
+    pu_micro_stack_start("adapters", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
+    if (!(image = (uint8_t *)pu_slurp(IMAGE, &image_len)))
+        pu_die(IMAGE);
+    uint8_t digest[ML_SHA256_DIGEST_SIZE];
+    ml_sha256(image, image_len, digest);
+    ml_sha256_hex(digest, image_sha);
+    env = (pu_worker_env){brokers, redis.url, model, dir};
+    const char *topics[] = {PU_REPLIES};
+    pu_client_init(&client, brokers, topics, 1);
+    publish_adapters();
+
+    test_unwritable_dir();
+    test_image_under_adapter();
+
+    pu_client_deinit(&client);
+    free(image);
+    return check_done();
+}
