@@ -46,6 +46,7 @@
 
 #include "base64.h"
 #include "harness.h"
+#include "sha256.h"
 
 #define PU_REQUESTS "mllama.requests"
 #define PU_REPLIES "mllama.replies"
@@ -130,6 +131,19 @@ static inline char *pu_slurp(const char *path, size_t *len)
             *len = n;
     }
     return buf;
+}
+
+/* The bytes of image file `path` (malloc'd, owned by the caller) and their
+ * sha256 in lower-case hex into `hex`; exits when the file cannot be read. */
+static inline uint8_t *pu_slurp_image(const char *path, size_t *len, char hex[ML_SHA256_HEX_SIZE])
+{
+    uint8_t *bytes = (uint8_t *)pu_slurp(path, len);
+    if (!bytes)
+        pu_die(path);
+    uint8_t digest[ML_SHA256_DIGEST_SIZE];
+    ml_sha256(bytes, *len, digest);
+    ml_sha256_hex(digest, hex);
+    return bytes;
 }
 
 static inline bool pu_write_file(const char *path, const void *data, size_t len)

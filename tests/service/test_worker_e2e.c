@@ -568,11 +568,7 @@ int main(void)
         ml_test_skip("needs redis-server and kcat on PATH");
     atexit(cleanup);
     pu_micro_stack_start("e2e", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
-    if (!(image = (uint8_t *)pu_slurp(IMAGE, &image_len)))
-        pu_die(IMAGE);
-    uint8_t digest[ML_SHA256_DIGEST_SIZE];
-    ml_sha256(image, image_len, digest);
-    ml_sha256_hex(digest, image_sha);
+    image = pu_slurp_image(IMAGE, &image_len, image_sha);
     env = (pu_worker_env){brokers, redis.url, model, dir};
     const char *topics[] = {PU_REPLIES};
     pu_client_init(&client, brokers, topics, 1);

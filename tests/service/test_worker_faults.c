@@ -402,14 +402,8 @@ int main(void)
     mc = svc_mock_kafka_cluster(cluster);
     brokers = svc_mock_kafka_bootstraps(cluster);
     size_t len;
-    uint8_t *image = (uint8_t *)pu_slurp(IMAGE, &len);
-    if (!image)
-        pu_die(IMAGE);
-    uint8_t digest[ML_SHA256_DIGEST_SIZE];
     char image_sha[ML_SHA256_HEX_SIZE];
-    ml_sha256(image, len, digest);
-    ml_sha256_hex(digest, image_sha);
-    free(image);
+    free(pu_slurp_image(IMAGE, &len, image_sha));
 
     env = (pu_worker_env){brokers, redis.url, model, dir};
     char attempts[64];
