@@ -1,5 +1,5 @@
 /* The backend interface: the small operation table the Mllama graph is written
- * against (design.md §3). engine/cpu implements it as the reference for every
+ * against (engine/model/README.md §11). engine/cpu implements it as the reference for every
  * op; kernels/ implements it on CUDA and is tested op by op against the CPU.
  *
  * Conventions shared by every op:
@@ -11,7 +11,7 @@
  * - Matrices are row-major. A Linear weight is (out_features, in_features),
  *   as PyTorch stores it, so matmul computes y = x · Wᵀ.
  * - Ops are asynchronous on devices: errors are latched and reported by
- *   `synchronize` (style.md "Errors"). The CPU backend is synchronous, but
+ *   `synchronize` (README.md "Contributing", Errors). The CPU backend is synchronous, but
  *   latches the misuse errors of the graph ops the same way.
  * - Ops never allocate; the caller owns all memory.
  * @locality: a backend is driven by one thread at a time (the step loop). */
@@ -28,7 +28,7 @@ typedef struct ml_backend ml_backend;
 
 /* Flat parameters of the vision tower's bidirectional attention
  * (MllamaVisionSdpaAttention with the mask of
- * _prepare_aspect_ratio_attention_mask, mllama-spec §3.6): the additive mask
+ * _prepare_aspect_ratio_attention_mask, engine/model/README.md §3.6): the additive mask
  * is finfo.min exactly where both the query and the key are invalid, so a
  * valid query attends to every key and an invalid one to the valid keys. */
 typedef struct ml_attn_vision_params {
@@ -61,7 +61,7 @@ typedef struct ml_attn_causal_params {
 
 /* Cross-attention of a batch's text tokens over each sequence's resident
  * vision K/V (MllamaTextCrossSdpaAttention with
- * _prepare_cross_attention_mask, mllama-spec §5), one call for every
+ * _prepare_cross_attention_mask, engine/model/README.md §5), one call for every
  * sequence of a step. Sequence s owns the token rows [seq_start[s],
  * seq_start[s + 1]) of q and out, and its keys are the concatenation, in
  * image order, of its n_images[s] resident image states (each

@@ -1,6 +1,6 @@
 /* Element types of checkpoint tensors and scalar conversions between them.
  *
- * bf16 is the storage type of every weight (mllama-spec §9); f32 is the
+ * bf16 is the storage type of every weight (engine/model/README.md §9); f32 is the
  * activation and accumulation type of the CPU backend. Conversions round to
  * nearest even, as torch's `.to(torch.bfloat16)` does. The integer types
  * occur only in reference files (token ids, aspect ratio ids and masks of

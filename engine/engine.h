@@ -1,4 +1,4 @@
-/* The engine's public surface: everything service/ may use (style.md
+/* The engine's public surface: everything service/ may use (README.md "Contributing",
  * "Layout": service includes only this header). */
 #ifndef ML_ENGINE_H
 #define ML_ENGINE_H

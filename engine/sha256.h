@@ -1,7 +1,7 @@
 /* SHA-256 (FIPS 180-4), streaming and one-shot.
  *
  * The runtime keys images and their cross-attention states by the sha256 of
- * the image bytes (design.md §4); tests use it to compare large tensors with
+ * the image bytes (engine/model/README.md §12); tests use it to compare large tensors with
  * the digests recorded in golden fixtures.
  * @locality: any thread; a context is used by one thread at a time. */
 #ifndef ML_SHA256_H

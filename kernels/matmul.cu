@@ -14,7 +14,7 @@
  *   kernels accept another, cublasLt.h on CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE),
  *   so the bf16 bias is first widened into a workspace of N floats, exactly.
  *   No activation epilogue: cuBLASLt's GELU is the tanh approximation and
- *   the vision MLP needs exact erf GELU (mllama-spec, hidden_act).
+ *   the vision MLP needs exact erf GELU (engine/model/README.md §1.1, hidden_act).
  *   Descriptors, layouts and the heuristic's algorithm are planned once per
  *   shape (mlk_gemm_plan), so after warm-up a GEMM only launches: nothing
  *   is allocated or synchronised, and graph capture records it.

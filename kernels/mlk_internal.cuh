@@ -3,7 +3,7 @@
  * implementations the op table points to. Nothing outside kernels/
  * includes this (it pulls in CUDA headers).
  *
- * Every op follows the same shape (style.md): device helpers, a __global__
+ * Every op follows the same shape (README.md "Contributing", Layout): device helpers, a __global__
  * kernel, and a host launcher named mlk_<op> with the op table's signature
  * that validates, launches on the backend's stream and latches errors.
  * Ops never allocate: the workspaces they need are carved from the pool at

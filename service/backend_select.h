@@ -1,6 +1,6 @@
 /* Choosing the engine's backends by name, for the CLI and the worker: one
  * backend, or the members of a tensor-parallel group that one model is
- * split over (design.md §3, ml_model_load_tp).
+ * split over (engine/model/README.md §11, ml_model_load_tp).
  * @locality: the thread that loads the model. */
 #ifndef SVC_BACKEND_SELECT_H
 #define SVC_BACKEND_SELECT_H

@@ -300,7 +300,7 @@ svc_kafka_status svc_consumer_create(const svc_consumer_config *cfg, svc_consume
         {"client.id", "mllama-worker"},
         {"bootstrap.servers", cfg->brokers},
         {"group.id", cfg->group_id},
-        /* Partitions mid-generation stay put when a worker joins (notes §1.4). */
+        /* Partitions mid-generation stay put when a worker joins (service/README.md §5). */
         {"partition.assignment.strategy", "cooperative-sticky"},
         /* A new group must not skip the requests already queued. */
         {"auto.offset.reset", "earliest"},

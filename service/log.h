@@ -1,7 +1,7 @@
 /* Structured logs: one JSON object per line,
  *     {"ts":"2025-01-31T12:00:00.123Z","level":"info","event":"kafka.assign","msg":"..."}
  * on stdout by default, as container log collectors expect
- * (notes/kafka-redis-k8s.md §4.4). `event` is a short stable dotted name to filter
+ * (service/README.md §8). `event` is a short stable dotted name to filter
  * on; `msg` is free text, JSON-escaped here. Never log prompts, image bytes
  * or base64: callers pass identifiers (request id, topic, partition, offset).
  *

@@ -1,5 +1,5 @@
 /* librdkafka's built-in mock cluster, started in-process: real Kafka
- * protocol listeners on 127.0.0.1 with random ports (design.md §8).
+ * protocol listeners on 127.0.0.1 with random ports (service/README.md §6).
  *
  * Used when the config says `kafka.brokers: "mock"` (the worker then passes
  * svc_mock_kafka_bootstraps() as its brokers), by `mllama mock-kafka` to run
@@ -9,7 +9,7 @@
  * The cluster is created explicitly on a dedicated handle rather than with
  * test.mock.num.brokers, because that property gives every client its own
  * private cluster, while a consumer group and a producer must share one
- * (notes/kafka-redis-k8s.md §2.1). Facts of the 2.0.2 mock that callers
+ * (service/README.md §6). Facts of the 2.0.2 mock that callers
  * feel: a group's first join takes about 3 s (fixed initial rebalance
  * delay); a later rebalance waits about session.timeout.ms - 1 s; a topic
  * named in Metadata by a client that allows auto-creation (a producer) is

@@ -1,6 +1,6 @@
 /* The per-partition offset tracker: which consumed offsets may be committed.
  *
- * At-least-once with continuous batching (design.md §6): a request's offset
+ * At-least-once with continuous batching (service/README.md §2): a request's offset
  * may be stored only once its final reply record is acknowledged by the
  * broker, and committing offset N+1 declares every offset <= N done. Requests
  * of one partition start in offset order but finish in any order, so per

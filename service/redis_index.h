@@ -1,4 +1,4 @@
-/* The Redis index client (design.md §5): this worker's entries in the
+/* The Redis index client (service/README.md §3): this worker's entries in the
  * cluster-wide directory of resident images, its heartbeat, image blobs
  * submitted by reference, adapters, and the poison-message attempt counter.
  *
@@ -15,7 +15,7 @@
  * PEFT files (not a path) so that any worker can load it without a shared
  * filesystem.
  *
- * Redis is a hint, never the only copy (design.md §5): the worker's local
+ * Redis is a hint, never the only copy (service/README.md §3): the worker's local
  * state is the truth and this client mirrors it. Every image insert and
  * eviction is applied to a local mirror first; the Redis write may fail.
  * After any failure the next call that reaches Redis first reconciles:

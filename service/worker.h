@@ -1,5 +1,5 @@
 /* mllama-worker: Kafka in, the Mllama runtime, streamed replies out, Redis
- * as the cluster's index (design.md §1, §5-§8).
+ * as the cluster's index (service/README.md §1, §3, §6, §8; README.md "Protocol").
  *
  * Delivery contract (at-least-once): a request's offset is stored only after
  * its final record (or its dead-letter copy) is acknowledged by the broker,
@@ -30,7 +30,7 @@
 
 typedef struct svc_worker svc_worker;
 
-/* Exit codes of `mllama worker` (style.md: process-level errors exit with a
+/* Exit codes of `mllama worker` (README.md "Contributing", Errors: process-level errors exit with a
  * distinct code so the orchestrator restarts the worker). */
 enum {
     SVC_WORKER_EXIT_OK = 0,

@@ -1,5 +1,5 @@
 /* A tensor-parallel group of CPU backends and its in-process all-reduce
- * (design.md §3): the CPU stand-in for NCCL, so that the sharded graph is
+ * (engine/model/README.md §11): the CPU stand-in for NCCL, so that the sharded graph is
  * tested without GPUs.
  *
  * all_reduce_sum is a reduce-scatter followed by an all-gather over shared

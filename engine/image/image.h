@@ -1,7 +1,7 @@
 /* Image input for the vision tower: JPEG/PNG decode and Mllama tile preprocessing.
  *
  * Reproduces transformers 4.47 `MllamaImageProcessor` (the PIL/numpy "slow"
- * processor, mllama-spec §2) bit for bit on JPEG and PNG input:
+ * processor, engine/model/README.md §2) bit for bit on JPEG and PNG input:
  *
  *   bytes --ml_image_decode--> uint8 RGB (as the processor's convert_to_rgb makes
  *                               it of PIL's Image.open(...))
@@ -155,7 +155,7 @@ void ml_image_rgb_deinit(ml_image_rgb *img);
 /* ---- parameters -------------------------------------------------------- */
 
 /* The published Llama 3.2 Vision preprocessor_config.json values
- * (mllama-spec §1) and the default decode limits. */
+ * (engine/model/README.md §1) and the default decode limits. */
 void ml_image_params_default(ml_image_params *p);
 
 /* Override *p with the keys present in a preprocessor_config.json text:

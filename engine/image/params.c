@@ -12,7 +12,7 @@
 #define MAX_CONFIG_BYTES (1024 * 1024)      /* a preprocessor config is < 1 KiB */
 #define CONFIG_NAME "preprocessor_config.json"
 
-/* The published values (mllama-spec §1). mean and std are written as the
+/* The published values (engine/model/README.md §1). mean and std are written as the
  * decimal doubles of the JSON file and then cast, because transformers reads
  * them as Python floats and casts to float32; a float literal could round the
  * decimal differently. */

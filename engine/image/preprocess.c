@@ -1,5 +1,5 @@
 /* Mllama tile preprocessing: transformers 4.47 MllamaImageProcessor.preprocess
- * for one image (mllama-spec §2), and the batch packing helpers. */
+ * for one image (engine/model/README.md §2), and the batch packing helpers. */
 #include "image/image.h"
 
 #include <math.h>

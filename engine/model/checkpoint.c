@@ -1,6 +1,6 @@
 /* A checkpoint directory: one safetensors file or shards listed by
  * model.safetensors.index.json, behind one name index that accepts both key
- * layouts of mllama-spec §6. */
+ * layouts of engine/model/README.md §6. */
 #include <assert.h>
 #include <cjson/cJSON.h>
 #include <stdio.h>

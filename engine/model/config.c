@@ -1,4 +1,4 @@
-/* config.json parsing and validation (MllamaConfig, mllama-spec §1). */
+/* config.json parsing and validation (MllamaConfig, engine/model/README.md §1). */
 #include "model/config.h"
 #include "model/json_util.h"
 

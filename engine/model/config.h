@@ -1,5 +1,5 @@
 /* config.json of a Mllama checkpoint (transformers `MllamaConfig`,
- * mllama-spec §1): parsing, validation and the derived quantities the model
+ * engine/model/README.md §1): parsing, validation and the derived quantities the model
  * needs.
  *
  * Defaults: a key that is absent (or JSON null, for the keys where
@@ -43,7 +43,7 @@
 
 typedef enum ml_rope_type {
     ML_ROPE_DEFAULT, /* plain RoPE: rope_scaling absent/null or rope_type "default" */
-    ML_ROPE_LLAMA3,  /* _compute_llama3_parameters (mllama-spec §4.3) */
+    ML_ROPE_LLAMA3,  /* _compute_llama3_parameters (engine/model/README.md §4.3) */
 } ml_rope_type;
 
 typedef struct ml_rope_scaling {
@@ -150,7 +150,7 @@ int ml_config_n_aspect_ratio_ids(const ml_config *cfg);
 
 /* The RoPE inverse frequencies of the text decoder, head_dim/2 floats, as
  * transformers computes them in float32 (_compute_default_rope_parameters,
- * then _compute_llama3_parameters for llama3 scaling; mllama-spec §4.3).
+ * then _compute_llama3_parameters for llama3 scaling; engine/model/README.md §4.3).
  * out must hold text.head_dim / 2 floats. */
 void ml_config_rope_inv_freq(const ml_config *cfg, float *out);
 

@@ -1,10 +1,10 @@
-/* The paged self-attention K/V cache (design.md §4): for every self-attention
+/* The paged self-attention K/V cache (engine/model/README.md §12): for every self-attention
  * layer one K and one V pool of n_blocks blocks of block_size token slots,
  * in backend memory, plus the free list of blocks. Sequences own blocks
  * through block tables kept by their owner (the runtime); a block holds the
  * same token range in every layer.
  *
- * Under tensor parallelism (design.md §3) the cache has one set of pools per
+ * Under tensor parallelism (engine/model/README.md §11) the cache has one set of pools per
  * rank, each in that rank's backend and holding that shard's K/V heads, and
  * one free list: a block id names the same slots on every rank, so one block
  * table serves every shard.

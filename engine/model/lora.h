@@ -1,4 +1,4 @@
-/* PEFT LoRA adapters for the Mllama graph (design.md §4).
+/* PEFT LoRA adapters for the Mllama graph (engine/model/README.md §12).
  *
  * Three objects, one idea each:
  * - ml_lora_config: adapter_config.json parsed and checked (which modules an
@@ -24,7 +24,7 @@
  *   language_model.model.layers.i.mlp.{gate,up,down}_proj
  *   language_model.lm_head
  * Tensor keys are PEFT's: base_model.model.<module>.lora_A.weight (r, in)
- * and .lora_B.weight (out, r), in either checkpoint layout (mllama-spec §6,
+ * and .lora_B.weight (out, r), in either checkpoint layout (engine/model/README.md §6,
  * ml_checkpoint_canonical_name); BF16, F16 or F32, converted to bf16 as
  * torch's .to(torch.bfloat16) does. The frozen lm_head copy PEFT saves next
  * to an lm_head LoRA (<module>.base_layer.weight) is checked and ignored.

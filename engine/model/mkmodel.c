@@ -157,7 +157,7 @@ static cJSON *config_json(const preset *p)
     return c;
 }
 
-/* preprocessor_config.json with the published values (mllama-spec §1). */
+/* preprocessor_config.json with the published values (engine/model/README.md §1). */
 static cJSON *preprocessor_json(const preset *p)
 {
     static const double mean[] = {0.48145466, 0.4578275, 0.40821073};

@@ -4,7 +4,7 @@
  * batch of sequences that share a paged self-attention K/V cache.
  *
  * The graph follows transformers v4.47 modeling_mllama.py as described in
- * mllama-spec.md; every block names the function it reproduces. Activations
+ * engine/model/README.md; every block names the function it reproduces. Activations
  * are f32, weights bf16 (backend.h).
  *
  * @locality: a model is driven by one thread at a time (the step loop), the
@@ -25,7 +25,7 @@ typedef struct ml_model ml_model;
 /* A LoRA adapter slot in backend memory (model/lora.h). */
 typedef struct ml_lora ml_lora;
 
-/* embed_tokens has vocab_size + 8 rows (<|image|> and spares, spec §4.1):
+/* embed_tokens has vocab_size + 8 rows (<|image|> and spares, engine/model/README.md §4.1):
  * valid input ids are [0, vocab_size + 8), logits cover [0, vocab_size). */
 #define ML_MODEL_EMBED_EXTRA_ROWS 8
 
@@ -56,7 +56,7 @@ ml_status ml_model_load(ml_model **out, const char *dir, ml_backend *be,
                         const ml_model_limits *limits, char *err, size_t errlen);
 
 /* As ml_model_load, for shard `rank` of a tensor-parallel group of `world`
- * (design.md §3; ml_model_load is shard 0 of 1). Each shard keeps 1/world
+ * (engine/model/README.md §11; ml_model_load is shard 0 of 1). Each shard keeps 1/world
  * of the attention heads, K/V heads and MLP channels of every layer, text
  * and vision, and all-reduces its partial outputs over `be`'s group
  * (backend.h all_reduce_sum): the world shards' backends are members of one
@@ -76,7 +76,7 @@ ml_status ml_model_load_shard(ml_model **out, const char *dir, ml_backend *be,
                               const ml_model_limits *limits, int rank, int world, char *err,
                               size_t errlen);
 
-/* A tensor-parallel model (design.md §3) that is driven as one model:
+/* A tensor-parallel model (engine/model/README.md §11) that is driven as one model:
  * shard r is ml_model_load_shard(rank r, world) on bes[r] (borrowed, each
  * outliving the model), the members of one backend group
  * (ml_backend_cpu_create_group, ml_backend_cuda_create_group). Every call
@@ -196,7 +196,7 @@ typedef struct ml_step_seq {
     int n_images;                 /* resident image states this sequence attends to; 0 = text only */
     const void *const *image_states; /* (n_images) states written by ml_model_encode_image */
     /* (n_tokens, n_images * max_tiles): may token t see tile c
-     * (cross_attention_mask rows, mllama-spec §5); NULL when n_images == 0. */
+     * (cross_attention_mask rows, engine/model/README.md §5); NULL when n_images == 0. */
     const uint8_t *cross_allowed;
     int logits;                   /* an ml_step_logits */
     /* ML_LOGITS_SAMPLE: the step's controls and the sequence's penalty

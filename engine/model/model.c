@@ -1,5 +1,5 @@
 /* Loading a checkpoint directory into a model bound to a backend, and the
- * workspace that every later step slices (style.md "Memory"). */
+ * workspace that every later step slices (README.md "Contributing", Memory). */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -169,7 +169,7 @@ typedef struct ml_step_host {
 /* ---- tensor parallelism (shard.c) ------------------------------------------- */
 
 /* This model's share of a tensor-parallel group of `world` shards
- * (Megatron-LM's split, design.md §3). Column-parallel Linears (q/k/v,
+ * (Megatron-LM's split, engine/model/README.md §11). Column-parallel Linears (q/k/v,
  * gate/up, vision fc1 and its bias) keep the shard's range of output rows,
  * a view into the checkpoint; row-parallel ones (o_proj, down_proj, vision
  * fc2) keep the shard's range of input columns, copied once into

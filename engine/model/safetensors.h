@@ -133,7 +133,7 @@ const ml_tensor_view *ml_checkpoint_tensor(const ml_checkpoint *ck, size_t i,
                                            const char **canonical);
 
 /* The tensor whose canonical name equals that of `name`, or NULL: either key
- * layout of mllama-spec §6 finds it, whichever the files use. */
+ * layout of engine/model/README.md §6 finds it, whichever the files use. */
 const ml_tensor_view *ml_checkpoint_find(const ml_checkpoint *ck, const char *name);
 
 /* Number of shard files (1 for a single-file checkpoint). */

@@ -1,4 +1,4 @@
-/* Tensor parallelism as a property of the graph (design.md §3): which
+/* Tensor parallelism as a property of the graph (engine/model/README.md §11): which
  * slice of every weight a shard keeps, and the all-reduce after each
  * row-parallel Linear. The split is Megatron-LM's for Llama, as in
  * vLLM's ColumnParallelLinear / RowParallelLinear: heads, K/V heads and

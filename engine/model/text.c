@@ -1,6 +1,6 @@
 /* The text decoder over a batch of sequences (transformers v4.47
  * MllamaTextModel.forward with MllamaSelfAttentionDecoderLayer and
- * MllamaCrossAttentionDecoderLayer, then lm_head; mllama-spec §4, §5, §8).
+ * MllamaCrossAttentionDecoderLayer, then lm_head; engine/model/README.md §4, §5, §8).
  *
  * Shapes: N = tokens in the step (all sequences), D = hidden, H = heads,
  * KV = key/value heads, hd = head_dim, I = MLP width, all per shard under
@@ -197,7 +197,7 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
             if (chunks)
                 memcpy(allowed, q->cross_allowed + (size_t)t * chunks, (size_t)chunks);
             memset(allowed + chunks, 0, stride - (size_t)chunks);
-            /* full_text_row_mask: does the row see any tile (mllama-spec §5). */
+            /* full_text_row_mask: does the row see any tile (engine/model/README.md §5). */
             int any = 0;
             for (int c = 0; c < chunks; c++)
                 any |= allowed[c];
@@ -316,7 +316,7 @@ static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int
  * attention call. Rows of text-only sequences get a zero attention output
  * and are left untouched (row_attn = row_mlp = 0), which is what HF's layer
  * skip does for a batch of one. The attention output is not multiplied by
- * the row mask; the MLP output is (HF quirk, mllama-spec §4.6). */
+ * the row mask; the MLP output is (HF quirk, engine/model/README.md §4.6). */
 static void cross_layer(ml_model *m, const ml_text_layer *L, int layer, int cross_idx,
                         int n_seqs, int n)
 {

@@ -1,5 +1,5 @@
 /* A tensor-parallel model driven as one model (mllama.h ml_model_load_tp,
- * design.md §3): `world` shards, the threads that drive ranks 1.., and the
+ * engine/model/README.md §11): `world` shards, the threads that drive ranks 1.., and the
  * per-rank memory behind the single handles its callers hold (the K/V
  * cache, image states, adapter slots), so that the runtime serves a model
  * split over several devices without knowing ranks.

@@ -1,6 +1,6 @@
 /* The vision tower, the projector and the cross-attention K/V of one image
  * (transformers v4.47 MllamaVisionModel.forward, MllamaMultiModalProjector,
- * and the k/v half of MllamaTextCrossSdpaAttention; mllama-spec §3, §8).
+ * and the k/v half of MllamaTextCrossSdpaAttention; engine/model/README.md §3, §8).
  *
  * Shapes: T = max_num_tiles, P = patches per tile + CLS (1601), Pp = P
  * padded to a multiple of 8 (1608), S = T·Pp (6432), D_v = vision hidden,
@@ -139,7 +139,7 @@ static void encoder_layer(ml_model *m, const vision_dims *d, const ml_vision_lay
     op->add_rows(be, b->h, b->x, NULL, gate_ffn, d->S, d->Dv);
 }
 
-/* Store hidden_states[layer] (the input of local layer `layer`, mllama-spec
+/* Store hidden_states[layer] (the input of local layer `layer`, engine/model/README.md
  * §3.7) into every intermediate slot k with intermediate_layers_indices[k]
  * == layer: vision output channel D_v + c·n_inter + k for hidden channel c
  * (torch.stack(..., dim=-1) then flatten: interleaved, §3.12). Pad tokens
@@ -239,7 +239,7 @@ ml_status ml_shard_encode_image(ml_model *m, const float *pixels, int aspect_rat
                        "encode: the adapter slot belongs to another model");
 
     /* _prepare_aspect_ratio_attention_mask: token p of tile t is valid when
-     * the tile is real and p is not padding (mllama-spec §3.6). */
+     * the tile is real and p is not padding (engine/model/README.md §3.6). */
     uint8_t valid[ML_VISION_MAX_TOKENS];
     if (d.S > ML_VISION_MAX_TOKENS)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED, "vision sequence of %d tokens above %d",

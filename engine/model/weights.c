@@ -1,4 +1,4 @@
-/* Binding the Mllama tensor set of mllama-spec §6 to a checkpoint.
+/* Binding the Mllama tensor set of engine/model/README.md §6 to a checkpoint.
  *
  * Two passes: bind() looks every tensor up by its hub name and checks its
  * shape against the config, recording (destination, source); materialize()
@@ -156,7 +156,7 @@ static ml_status bind_vision_layer(binder *b, ml_vision_layer *l, const ml_visio
     return ML_OK;
 }
 
-/* MllamaVisionModel (mllama-spec §3, §6). */
+/* MllamaVisionModel (engine/model/README.md §3, §6). */
 static ml_status bind_vision(binder *b, ml_vision_weights *w, const ml_config *cfg)
 {
     const ml_vision_config *v = &cfg->vision;
@@ -234,7 +234,7 @@ static ml_status bind_text_layer(binder *b, ml_text_layer *l, const ml_text_conf
     return ML_OK;
 }
 
-/* MllamaForCausalLM (mllama-spec §4, §6). */
+/* MllamaForCausalLM (engine/model/README.md §4, §6). */
 static ml_status bind_text(binder *b, ml_text_weights *w, const ml_config *cfg)
 {
     const ml_text_config *t = &cfg->text;

@@ -1,4 +1,4 @@
-/* The Mllama tensor set (mllama-spec §6) bound to a checkpoint and checked
+/* The Mllama tensor set (engine/model/README.md §6) bound to a checkpoint and checked
  * against a config: every weight the graph reads, by role, with its shape.
  *
  * Dtypes: the graph reads bf16 only (backend.h). BF16 tensors are borrowed

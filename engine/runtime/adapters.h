@@ -1,4 +1,4 @@
-/* LoRA adapter slots (design.md §4): a fixed number of slots in backend
+/* LoRA adapter slots (engine/model/README.md §12): a fixed number of slots in backend
  * memory, allocated at create for adapters up to one rank, so adapters never
  * compete with the K/V pool or resident images for memory. Adapters are
  * found by name, loaded on demand from the directory a resolver names,

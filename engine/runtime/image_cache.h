@@ -1,4 +1,4 @@
-/* Resident cross-attention states (design.md §4): for every image, the K/V
+/* Resident cross-attention states (engine/model/README.md §12): for every image, the K/V
  * of every cross-attention layer, computed once and kept in backend memory
  * within a byte budget. Entries are keyed by a 32-byte digest (the caller
  * hashes image bytes, preprocessing parameters, model fingerprint and any

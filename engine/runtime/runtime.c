@@ -214,7 +214,7 @@ static void finish(ml_runtime *rt, rt_seq *s, ml_finish_reason reason, ml_reques
 /* cross-attention mask                                                         */
 /* ========================================================================== */
 
-/* get_cross_attention_token_mask (processing_mllama, mllama-spec §5): image
+/* get_cross_attention_token_mask (processing_mllama, engine/model/README.md §5): image
  * k covers tokens [loc_k, loc_{k+1}), the last one up to the end; an image
  * token immediately followed by another image token extends to the end of
  * the following range. Ends are exclusive; INT_MAX-like "end of sequence"

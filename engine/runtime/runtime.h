@@ -1,4 +1,4 @@
-/* The runtime: continuous batching over one model (design.md §4).
+/* The runtime: continuous batching over one model (engine/model/README.md §12).
  *
  * Requests join a FCFS queue; every ml_runtime_step admits what memory
  * allows, runs one forward pass that mixes decode tokens of running
@@ -67,7 +67,7 @@ typedef enum ml_finish_reason {
     ML_FINISH_REASON_ERROR,     /* see the error code and message */
 } ml_finish_reason;
 
-/* Request-level error codes, the stable protocol codes of design.md §6 that
+/* Request-level error codes, the stable protocol codes of README.md "Protocol" that
  * the runtime can detect itself. */
 typedef enum ml_request_error {
     ML_REQERR_NONE,

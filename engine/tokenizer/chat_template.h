@@ -1,7 +1,7 @@
 /* The Llama 3.2 Vision Instruct chat template, in C.
  *
  * Reproduces the hub chat_template.json of Llama-3.2-11B-Vision-Instruct as
- * rendered by transformers' apply_chat_template (spec §7), for messages of
+ * rendered by transformers' apply_chat_template (engine/model/README.md §7), for messages of
  * text and image parts, without the tool-calling branches:
  *
  *   <|begin_of_text|>

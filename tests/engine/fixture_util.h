@@ -119,7 +119,7 @@ static inline void ml_fx_prompt_load(ml_fx_prompt *p, ml_safetensors *st, int T,
         for (int s = 0; s < S; s++)
             p->tokens[b * ctx + s] = (int32_t)ids[b * S + s];
         /* cross_attention_mask rows, then the last row repeated for decode
-         * tokens (_update_model_kwargs_for_generation, spec §8). */
+         * tokens (_update_model_kwargs_for_generation, engine/model/README.md §8). */
         for (int s = 0; s < ctx; s++)
             for (int c = 0; c < N * T; c++)
                 p->allowed[((size_t)b * ctx + s) * N * T + c] =

@@ -1,5 +1,5 @@
 /* engine/model/config.h: the published 11B and 90B configs parse to the
- * values of mllama-spec §1, the newer rope_parameters/dtype spelling gives
+ * values of engine/model/README.md §1, the newer rope_parameters/dtype spelling gives
  * the same config, class defaults apply where keys are absent, every
  * validation error names its field, and the llama3 RoPE frequencies match
  * transformers. */

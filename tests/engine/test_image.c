@@ -138,7 +138,7 @@ static void resize_checked(const uint8_t *src, uint32_t sw, uint32_t sh, uint8_t
 
 static void test_plan_examples(void)
 {
-    /* mllama-spec §2 worked examples, ties (several grids with the same
+    /* engine/model/README.md §2 worked examples, ties (several grids with the same
      * scale: the smallest canvas wins) and edge sizes; values checked
      * against transformers' get_optimal_tiled_canvas and
      * get_image_size_fit_to_canvas. */

@@ -1,4 +1,4 @@
-/* Tensor parallelism on the CPU (design.md §3): every golden fixture model
+/* Tensor parallelism on the CPU (engine/model/README.md §11): every golden fixture model
  * whose heads and MLP widths divide by 2 is loaded as 2 shards on a CPU
  * group, each driven by its own thread, and must reproduce transformers as
  * the whole model does (test_model_golden): projector output, prompt logits

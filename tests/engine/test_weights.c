@@ -4,7 +4,7 @@
  *   5-shard layout of the hub repository, every tensor with its real name
  *   and shape, data regions left as holes of sparse files (ftruncate), so
  *   21 GB of declared weights cost no disk and are never touched. Bound with
- *   the published 11B config, in both key layouts of mllama-spec §6.
+ *   the published 11B config, in both key layouts of engine/model/README.md §6.
  * - A tiny model with real data: F32/F16 -> bf16 conversion, gates,
  *   misaligned BF16 copied, unused tensors counted.
  * - Errors: a missing tensor, a wrong shape, an integer dtype. */
@@ -81,7 +81,7 @@ static void add_vision_layer(tensor_list *l, const ml_vision_config *v, const ch
     }
 }
 
-/* Every tensor of MllamaForConditionalGeneration for cfg (mllama-spec §6),
+/* Every tensor of MllamaForConditionalGeneration for cfg (engine/model/README.md §6),
  * text first as in the hub files, so greedy sharding puts the vision tower
  * and the projector in the last shard. */
 static void model_tensors(tensor_list *l, const ml_config *cfg, ml_dtype dtype)
@@ -178,7 +178,7 @@ static size_t find_index(const tensor_list *l, const char *name)
 
 static tensor_list big;
 
-/* Check every shape the model code will read, against mllama-spec §6. */
+/* Check every shape the model code will read, against engine/model/README.md §6. */
 static void check_11b_shapes(const ml_weights *w)
 {
     const ml_vision_weights *v = &w->vision;

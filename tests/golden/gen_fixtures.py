@@ -55,7 +55,7 @@ MASKS_DIR = os.path.join(FIXTURES_DIR, "masks")
 MODELS_DIR = os.path.join(FIXTURES_DIR, "models")
 TOKENIZER_REFS = os.path.join(GOLDEN_DIR, "tokenizer_refs.py")
 
-# preprocessor_config.json of Llama-3.2-11B-Vision(-Instruct) (spec section 1, end).
+# preprocessor_config.json of Llama-3.2-11B-Vision(-Instruct) (engine/model/README.md §1, end).
 REAL_TILE = 560
 MAX_TILES = 4
 IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
@@ -1277,7 +1277,7 @@ def greedy(model, inputs, pad_id, steps=GREEDY_STEPS):
 def check_against_recompute(model, inputs, tokens, step_logits, steps=GREEDY_STEPS):
     """Each cached decode step must match a full no-cache forward over the prompt plus
     the tokens so far, with the cross-attention mask grown by repeating its last row
-    (spec section 8). Returns the max abs logit difference."""
+    (engine/model/README.md §8). Returns the max abs logit difference."""
     import torch
 
     worst = 0.0
@@ -1368,7 +1368,7 @@ def reference_tensors(model, inputs, has_images):
 
 
 def check_stage_layout(model, ref):
-    """The captured stages must compose as spec sections 3.7-3.12 and 4 say: the vision
+    """The captured stages must compose as engine/model/README.md §3.7–§3.12 and §4 say: the vision
     output is [global output, intermediates interleaved d*K + k] without pad tokens, and
     the last text hidden state is the final norm of text_final_norm_input."""
     import torch

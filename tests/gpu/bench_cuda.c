@@ -1,5 +1,5 @@
 /* Throughput of the CUDA backend at the model's real shapes, as fractions of
- * the device's roofline (performance.md §4):
+ * the device's roofline (engine/model/README.md §13):
  * - decode: one step of a Llama-3.2-1B-shaped text decoder and of the 11B
  *   Mllama decoder (32 self + 8 cross layers, one 4-tile image per
  *   sequence) at batch 1 and 32 over a 1024-token context, eager and

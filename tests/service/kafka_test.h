@@ -23,7 +23,7 @@
 #include "proc_util.h"
 
 /* Group timings small enough for tests; the mock's rebalance rounds take
- * session.timeout.ms - 1 s (notes/kafka-redis-k8s.md §2.4). */
+ * session.timeout.ms - 1 s (service/README.md §6). */
 static const svc_kafka_kv kt_group_kv[] = {
     {"session.timeout.ms", "3000"},
     {"heartbeat.interval.ms", "300"},

@@ -353,7 +353,7 @@ static void scenario_fatal(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
     char err[512] = "";
     check(!svc_producer_fatal(src.p, err, sizeof err), "F: healthy at first");
     /* A sequence gap the idempotent producer cannot explain: its state is
-     * lost, librdkafka raises a fatal error (notes §1.6). */
+     * lost, librdkafka raises a fatal error (service/README.md §5). */
     rd_kafka_mock_push_request_errors(mc, API_PRODUCE, 1,
                                       RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER);
     for (int i = 1; i <= 3; i++)
