@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "protocol.h"
+#include "protocol/protocol.h"
 
 #ifdef MLLAMA_HAVE_CUDA
 #include "mlk_backend.h"

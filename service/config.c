@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "backend_select.h"
-#include "protocol.h"
+#include "protocol/protocol.h"
 
 /* config/local.json, compiled in by service/CMakeLists.txt. */
 extern const char svc_local_config[];

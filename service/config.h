@@ -12,7 +12,7 @@
 
 #include <stddef.h>
 
-#include "kafka.h"
+#include "kafka/kafka.h"
 
 #define SVC_CONFIG_STR 512
 #define SVC_CONFIG_MAX_KAFKA_PROPS 64

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "protocol.h"
+#include "protocol/protocol.h"
 
 typedef enum svc_counter {
     SVC_COUNTER_PROMPT_TOKENS,

@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kafka_conf.h"
-#include "mock_kafka.h"
+#include "kafka/kafka_conf.h"
+#include "kafka/mock_kafka.h"
 #include "service/proc_util.h"
 
 #define BROKERS 3

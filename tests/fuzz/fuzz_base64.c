@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base64.h"
+#include "protocol/base64.h"
 
 static void require(bool ok)
 {

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "protocol.h"
+#include "protocol/protocol.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

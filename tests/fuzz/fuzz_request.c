@@ -13,7 +13,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "protocol.h"
+#include "protocol/protocol.h"
 
 enum { SEL_HDR_ID = 1, SEL_HDR_TOPIC = 2, SEL_KEY = 4 };
 

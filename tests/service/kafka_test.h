@@ -17,9 +17,9 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "kafka.h"
+#include "kafka/kafka.h"
 #include "log.h"
-#include "mock_kafka.h"
+#include "kafka/mock_kafka.h"
 #include "proc_util.h"
 
 /* Group timings small enough for tests; the mock's rebalance rounds take

@@ -44,7 +44,7 @@
 #include <hiredis/hiredis.h>
 #include <librdkafka/rdkafka.h>
 
-#include "base64.h"
+#include "protocol/base64.h"
 #include "harness.h"
 #include "sha256.h"
 

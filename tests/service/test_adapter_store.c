@@ -1,4 +1,4 @@
-/* The adapter store (service/adapter_store.c) against a real redis-server
+/* The adapter store (service/worker/adapter_store.c) against a real redis-server
  * started here on a free port, in a scratch directory:
  * - an adapter in Redis is copied into <dir>/<name>/ byte for byte, leaving
  *   no staging directory, and then serves with no Redis at all;
@@ -23,7 +23,7 @@
 
 #include <dirent.h>
 
-#include "adapter_store.h"
+#include "worker/adapter_store.h"
 #include "harness.h"
 #include "log.h"
 #include "metrics.h"

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "base64.h"
+#include "protocol/base64.h"
 
 static svc_base64_status decode_str(const char *s, uint8_t *dst, size_t cap, size_t *n,
                                     char *err, size_t errlen)

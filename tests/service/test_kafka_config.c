@@ -8,9 +8,9 @@
 
 #include "config.h"
 #include "harness.h"
-#include "kafka.h"
+#include "kafka/kafka.h"
 #include "log.h"
-#include "mock_kafka.h"
+#include "kafka/mock_kafka.h"
 
 /* Counts reports into *opaque when given one. */
 static void on_delivery(void *opaque, const svc_delivery *d)

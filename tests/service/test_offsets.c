@@ -1,4 +1,4 @@
-/* The per-partition offset tracker (service/offsets.c): committable offsets
+/* The per-partition offset tracker (service/kafka/offsets.c): committable offsets
  * under out-of-order completion, duplicates, gaps, revocation and epochs,
  * plus a randomized comparison with a brute-force model. */
 #include <stdbool.h>
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "harness.h"
-#include "offsets.h"
+#include "kafka/offsets.h"
 
 enum { T = 0, T2 = 1 }; /* topic ids */
 

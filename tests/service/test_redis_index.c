@@ -1,4 +1,4 @@
-/* The Redis index client (service/redis_index.c) against a real
+/* The Redis index client (service/redis/redis_index.c) against a real
  * redis-server started here on a free port: every key with its fields and
  * TTL (read back through a second connection), blobs, adapters, the attempt
  * counters (per record and per request id); then faults: the server stopped (SIGSTOP: calls time out), the
@@ -17,7 +17,7 @@
 #include "harness.h"
 #include "log.h"
 #include "proc_util.h"
-#include "redis_index.h"
+#include "redis/redis.h"
 
 #define DB 3
 #define PREFIX "t"

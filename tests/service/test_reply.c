@@ -1,4 +1,4 @@
-/* Reply records and headers (service/reply.c): every record shape parsed
+/* Reply records and headers (service/protocol/reply.c): every record shape parsed
  * back with cJSON, JSON escaping of arbitrary token bytes (the output must
  * be valid JSON and valid UTF-8), logprobs, buffer reuse, and the reply and
  * dead-letter header sets. */
@@ -10,7 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "harness.h"
-#include "protocol.h"
+#include "protocol/protocol.h"
 
 static const svc_reply_ctx ctx = {
     .id = "req-1", .model = "llama-3.2-11b-vision", .created = 1700000000, .attempt = 2};

@@ -1,4 +1,4 @@
-/* Request parsing and validation (service/request.c): defaults, every
+/* Request parsing and validation (service/protocol/request.c): defaults, every
  * field, image decoding, the precedence of headers over body over key, and
  * one case per rejection with its error code, the field named in the
  * message, and whether the request can still be answered. */
@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "harness.h"
-#include "base64.h"
-#include "protocol.h"
+#include "protocol/base64.h"
+#include "protocol/protocol.h"
 
 #define TOPIC "llm.replies"
 

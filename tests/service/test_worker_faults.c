@@ -24,8 +24,8 @@
 #include "proc_util.h"
 
 #include "engine.h"
-#include "mock_kafka.h"
-#include "worker.h"
+#include "kafka/mock_kafka.h"
+#include "worker/worker.h"
 
 /* ApiKeys (librdkafka's rdkafka_proto.h is not installed). */
 enum { API_PRODUCE = 0, API_OFFSET_COMMIT = 8, API_HEARTBEAT = 12 };

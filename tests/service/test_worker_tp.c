@@ -13,9 +13,9 @@
  *   on SIGTERM with exit code 0 and no sanitizer report. */
 #include "proc_util.h"
 
-#include "commands.h"
+#include "cli/commands.h"
 #include "config.h"
-#include "worker.h"
+#include "worker/worker.h"
 
 #define FIXTURE ML_SOURCE_DIR "/tests/golden/fixtures/models/m7_sharded"
 #define TOPICS PU_REQUESTS ":2," PU_REPLIES ":2," PU_DLT ":1," PU_CANCEL ":1"

@@ -1,0 +1,775 @@
+/* `mllama run`: generate from a model directory through the runtime, for
+ * one prompt (text streamed to stdout) or a JSONL batch of requests
+ * (continuous batching; per-request results and throughput), on one
+ * backend or split over a tensor-parallel group (--tp). */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend_select.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "engine.h"
+
+#define CMD "mllama run"
+#define MAX_IMAGES 16
+#define MAX_IMAGE_FILE_BYTES (64u << 20)
+#define MAX_BATCH_FILE_BYTES (256u << 20)
+#define DEFAULT_MAX_TOKENS 64
+#define DEFAULT_KV_MIB 512
+#define MIB (1u << 20)
+/* The context a request may use: its prompt plus max_tokens (the runtime
+ * stops at the model's context length anyway). */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: mllama run --model DIR [--image FILE]... (--prompt TEXT | --chat TEXT | --ids 1,2,3)\n"
+            "                  [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
+            "                  [--seed S] [--stop STR]... [--json-object] [--logits-out F.npy] [--json]\n"
+            "                  [--threads N] [--kv-mib N] [--image-mib N] [--backend auto|cpu|cuda]\n"
+            "                  [--tp N [--devices 0,1,...]]\n"
+            "       mllama run --model DIR --batch FILE.jsonl [--threads N] [--kv-mib N] [--image-mib N]\n"
+            "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]]\n\n"
+            "--prompt is raw text (special tokens parsed; <|begin_of_text|> is inserted after\n"
+            "any leading <|image|> tokens when absent, as MllamaProcessor does); --chat wraps\n"
+            "TEXT and the images in the Llama 3.2 Vision Instruct template, TEXT encoded as\n"
+            "text as the worker does (special-token text in it stays text); --ids gives token\n"
+            "ids. Greedy unless --temperature > 0. Text streams to stdout; --json prints one\n"
+            "JSON object with prompt/output ids, text and timings instead. --json-object is\n"
+            "JSON mode: the answer is kept one JSON object and ends when it is complete.\n"
+            "--batch: one JSON object per line with \"prompt\", \"chat\" or \"ids\", optional\n"
+            "\"images\" (paths), \"max_tokens\", \"temperature\", \"top_p\", \"top_k\", \"min_p\",\n"
+            "\"seed\", \"stop\", \"json_object\" (true: JSON mode), and \"after\": the 0-based\n"
+            "index of an earlier line, to submit this request only once that one has\n"
+            "finished (e.g. an image-cache hit after a miss); the others are submitted at\n"
+            "once. Prints one JSON result per request and "
+            "the throughput.\n"
+            "--tp N splits the model over N devices (tensor parallelism: N must divide the\n"
+            "attention heads, K/V heads and MLP widths): N CPU backends sharing --threads, or\n"
+            "the CUDA devices of --devices (default: the first N). --kv-mib and --image-mib\n"
+            "are per device.\n");
+}
+
+/* ==========================================================================
+ * what to generate
+ * ========================================================================== */
+
+typedef enum prompt_kind { PROMPT_NONE, PROMPT_TEXT, PROMPT_CHAT, PROMPT_IDS } prompt_kind;
+
+/* One request as given on the command line or on a batch line (borrowed
+ * strings). */
+typedef struct job_spec {
+    prompt_kind kind;
+    const char *text;
+    const char *images[MAX_IMAGES];
+    int n_images;
+    ml_sampling_params sampling;
+} job_spec;
+
+/* One request and its outcome. */
+typedef struct run_job {
+    int index;
+    int stream;                 /* print text to stdout as it comes */
+    ml_token_buf prompt;        /* owned */
+    ml_token_buf output;        /* owned */
+    char *text;                 /* owned (text_cap) */
+    size_t text_len, text_cap;
+    float *logits;              /* owned (n_logit_rows, vocab) when collecting */
+    size_t n_logit_rows, logit_cap;
+    int collect_logits, vocab;
+    int after;                  /* batch: index of the request to wait for, or -1 */
+    int submitted, done;
+    ml_finish_reason reason;
+    ml_request_error error;
+    char message[256];
+    ml_usage usage;
+} run_job;
+
+typedef struct run_ctx {
+    svc_backends backends;
+    ml_model *model;
+    ml_tokenizer *tok;
+    ml_image_params image_params;
+    ml_runtime *rt;
+} run_ctx;
+
+/* s may be NULL when n is 0 (a request that ends before its first token). */
+static int append_text(run_job *j, const char *s, size_t n)
+{
+    if (n == 0)
+        return 0;
+    if (j->text_len + n + 1 > j->text_cap) {
+        size_t cap = (j->text_len + n + 1) * 2;
+        char *t = realloc(j->text, cap);
+        if (!t)
+            return -1;
+        j->text = t;
+        j->text_cap = cap;
+    }
+    memcpy(j->text + j->text_len, s, n);
+    j->text_len += n;
+    j->text[j->text_len] = 0;
+    if (j->stream) {
+        fwrite(s, 1, n, stdout);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+/* ---- runtime callbacks (step loop = main thread) --------------------------- */
+
+static void on_logits(void *ctx, const float *logits, int vocab)
+{
+    run_job *j = ctx;
+    if (!j->collect_logits)
+        return;
+    if (j->n_logit_rows == j->logit_cap) {
+        size_t cap = j->logit_cap ? 2 * j->logit_cap : 64;
+        float *l = realloc(j->logits, cap * (size_t)vocab * sizeof *l);
+        if (!l)
+            return; /* the .npy write reports the shortfall */
+        j->logits = l;
+        j->logit_cap = cap;
+    }
+    memcpy(j->logits + j->n_logit_rows++ * (size_t)vocab, logits, (size_t)vocab * sizeof *logits);
+}
+
+static void on_token(void *ctx, int32_t id, const char *text, size_t len, const ml_sample_out *lp)
+{
+    run_job *j = ctx;
+    ml_token_buf_push(&j->output, id);
+    append_text(j, text, len);
+}
+
+static void on_finish(void *ctx, const char *tail, size_t tail_len, ml_finish_reason reason,
+                      ml_request_error error, const char *message, const ml_usage *usage)
+{
+    run_job *j = ctx;
+    append_text(j, tail, tail_len);
+    j->reason = reason;
+    j->error = error;
+    snprintf(j->message, sizeof j->message, "%s", message ? message : "");
+    j->usage = *usage;
+    j->done = 1;
+}
+
+static const char *reason_name(ml_finish_reason r)
+{
+    switch (r) {
+    case ML_FINISH_REASON_STOP: return "stop";
+    case ML_FINISH_REASON_LENGTH: return "length";
+    case ML_FINISH_REASON_CANCELLED: return "cancelled";
+    case ML_FINISH_REASON_DEADLINE: return "deadline";
+    case ML_FINISH_REASON_ERROR: return "error";
+    }
+    return "?";
+}
+
+/* ==========================================================================
+ * building a request
+ * ========================================================================== */
+
+static int parse_ids(const char *s, ml_token_buf *out)
+{
+    while (*s) {
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (errno || end == s || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, CMD ": --ids: bad token id at '%s'\n", s);
+            return -1;
+        }
+        if (ml_token_buf_push(out, (int32_t)v) != ML_OK)
+            return -1;
+        s = end;
+        if (*s == ',')
+            s++;
+        else if (*s) {
+            fprintf(stderr, CMD ": --ids: expected ',' at '%s'\n", s);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Raw text: encode with specials parsed; insert <|begin_of_text|> after the
+ * leading <|image|> tokens when the text has none (processing_mllama
+ * build_string_from_input). */
+static int encode_prompt(const run_ctx *c, const char *text, ml_token_buf *out)
+{
+    char err[256];
+    ml_token_buf raw;
+    ml_token_buf_init(&raw);
+    if (ml_tokenizer_encode(c->tok, text, strlen(text), ML_ENCODE_PARSE_SPECIAL, &raw, err,
+                            sizeof err) != ML_OK) {
+        fprintf(stderr, CMD ": %s\n", err);
+        ml_token_buf_deinit(&raw);
+        return -1;
+    }
+    const ml_config *mc = ml_model_config(c->model);
+    int has_bos = 0;
+    size_t lead = 0;
+    for (size_t i = 0; i < raw.n; i++)
+        has_bos |= raw.ids[i] == mc->text.bos_token_id;
+    while (lead < raw.n && raw.ids[lead] == mc->image_token_index)
+        lead++;
+    int rc = 0;
+    for (size_t i = 0; i <= raw.n && rc == 0; i++) {
+        if (i == lead && !has_bos)
+            rc = ml_token_buf_push(out, mc->text.bos_token_id) == ML_OK ? 0 : -1;
+        if (i < raw.n && rc == 0)
+            rc = ml_token_buf_push(out, raw.ids[i]) == ML_OK ? 0 : -1;
+    }
+    ml_token_buf_deinit(&raw);
+    return rc;
+}
+
+/* One user turn: the images, then the text (the model card's layout). The
+ * text is message text (ml_chat_encode): unlike --prompt, special-token text
+ * in it is not parsed. */
+static int encode_chat(const run_ctx *c, const char *text, int n_images, ml_token_buf *out)
+{
+    ml_chat_part parts[MAX_IMAGES + 1];
+    for (int i = 0; i < n_images; i++)
+        parts[i] = (ml_chat_part){.type = ML_CHAT_PART_IMAGE};
+    parts[n_images] = (ml_chat_part){.type = ML_CHAT_PART_TEXT, .text = text};
+    ml_chat_message msg = {.role = "user", .parts = parts, .n_parts = (size_t)n_images + 1};
+    ml_chat_options opt = {.add_generation_prompt = 1};
+    char err[256];
+    if (ml_chat_encode(c->tok, &msg, 1, &opt, out, err, sizeof err) != ML_OK) {
+        fprintf(stderr, CMD ": %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Decode and preprocess an image file into a request image (pixels owned). */
+static int load_image(const run_ctx *c, const char *path, ml_request_image *im)
+{
+    size_t len;
+    char *bytes = svc_read_file(CMD, path, MAX_IMAGE_FILE_BYTES, &len);
+    if (!bytes)
+        return -1;
+    char err[256];
+    ml_image_layout layout;
+    float *slot;
+    ml_status st = ml_image_prepare((const uint8_t *)bytes, len, &c->image_params, &slot, &layout,
+                                    err, sizeof err);
+    if (st == ML_OK) {
+        memset(im, 0, sizeof *im);
+        ml_sha256(bytes, len, im->key);
+        im->pixels = slot;
+        im->aspect_ratio_id = (int)layout.aspect_ratio_id;
+        im->n_tiles = (int)layout.n_tiles;
+        for (uint32_t t = 0; t < layout.max_tiles && t < ML_RUNTIME_MAX_TILES; t++)
+            im->aspect_ratio_mask[t] = layout.aspect_ratio_mask[t];
+    } else {
+        fprintf(stderr, CMD ": %s: %s\n", path, err);
+    }
+    free(bytes);
+    return st == ML_OK ? 0 : -1;
+}
+
+/* Build and submit the request of spec into job. */
+static int submit(run_ctx *c, const job_spec *spec, run_job *j)
+{
+    int rc = 0;
+    if (spec->kind == PROMPT_IDS)
+        rc = parse_ids(spec->text, &j->prompt);
+    else if (spec->kind == PROMPT_CHAT)
+        rc = encode_chat(c, spec->text, spec->n_images, &j->prompt);
+    else
+        rc = encode_prompt(c, spec->text, &j->prompt);
+    if (rc)
+        return -1;
+
+    ml_request_image images[MAX_IMAGES];
+    int n = 0;
+    for (; n < spec->n_images; n++)
+        if (load_image(c, spec->images[n], &images[n]))
+            break;
+    if (n < spec->n_images) {
+        for (int i = 0; i < n; i++)
+            free(images[i].pixels);
+        return -1;
+    }
+    ml_request req = {
+        .prompt = j->prompt.ids,
+        .n_prompt = (int)j->prompt.n,
+        .images = images,
+        .n_images = n,
+        .sampling = spec->sampling,
+        .cb = {.on_logits = on_logits, .on_token = on_token, .on_finish = on_finish, .ctx = j},
+    };
+    uint64_t handle;
+    char err[256];
+    if (ml_runtime_submit(c->rt, &req, &handle, err, sizeof err) != ML_OK) {
+        fprintf(stderr, CMD ": %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* ==========================================================================
+ * output
+ * ========================================================================== */
+
+static cJSON *ids_json(const ml_token_buf *b)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < b->n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(b->ids[i]));
+    return a;
+}
+
+static cJSON *result_json(const run_job *j)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "index", j->index);
+    cJSON_AddItemToObject(o, "prompt_ids", ids_json(&j->prompt));
+    cJSON_AddItemToObject(o, "output_ids", ids_json(&j->output));
+    cJSON_AddStringToObject(o, "text", j->text ? j->text : "");
+    cJSON_AddStringToObject(o, "finish_reason", reason_name(j->reason));
+    if (j->reason == ML_FINISH_REASON_ERROR)
+        cJSON_AddStringToObject(o, "error", j->message);
+    cJSON *t = cJSON_AddObjectToObject(o, "timings");
+    const ml_usage *u = &j->usage;
+    int decoded = u->completion_tokens > 1 ? u->completion_tokens - 1 : 0;
+    cJSON_AddNumberToObject(t, "queue_ms", u->queue_ms);
+    cJSON_AddNumberToObject(t, "vision_ms", u->vision_ms);
+    cJSON_AddNumberToObject(t, "prefill_ms", u->prefill_ms);
+    cJSON_AddNumberToObject(t, "ttft_ms", u->ttft_ms);
+    cJSON_AddNumberToObject(t, "decode_ms", u->decode_ms);
+    cJSON_AddNumberToObject(t, "ms_per_token", decoded ? u->decode_ms / decoded : 0);
+    cJSON *us = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(us, "prompt_tokens", u->prompt_tokens);
+    cJSON_AddNumberToObject(us, "completion_tokens", u->completion_tokens);
+    cJSON_AddNumberToObject(us, "images", u->images);
+    cJSON_AddNumberToObject(us, "images_cached", u->images_cached);
+    return o;
+}
+
+static void print_json_line(cJSON *o)
+{
+    char *s = cJSON_PrintUnformatted(o);
+    if (s)
+        printf("%s\n", s);
+    free(s);
+    cJSON_Delete(o);
+}
+
+/* ==========================================================================
+ * batch files
+ * ========================================================================== */
+
+static int spec_from_json(const cJSON *o, int line, job_spec *spec)
+{
+    const char *keys[] = {"prompt", "chat", "ids"};
+    const prompt_kind kinds[] = {PROMPT_TEXT, PROMPT_CHAT, PROMPT_IDS};
+    for (int k = 0; k < 3; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, keys[k]);
+        if (cJSON_IsString(v)) {
+            spec->kind = kinds[k];
+            spec->text = v->valuestring;
+        }
+    }
+    if (spec->kind == PROMPT_NONE) {
+        fprintf(stderr, CMD ": batch line %d: needs a string \"prompt\", \"chat\" or \"ids\"\n",
+                line);
+        return -1;
+    }
+    const cJSON *images = cJSON_GetObjectItemCaseSensitive(o, "images"), *im;
+    cJSON_ArrayForEach(im, images)
+    {
+        if (!cJSON_IsString(im) || spec->n_images == MAX_IMAGES) {
+            fprintf(stderr, CMD ": batch line %d: \"images\" must be at most %d paths\n", line,
+                    MAX_IMAGES);
+            return -1;
+        }
+        spec->images[spec->n_images++] = im->valuestring;
+    }
+    ml_sampling_params *p = &spec->sampling;
+    const cJSON *v;
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "max_tokens")) && cJSON_IsNumber(v))
+        p->max_tokens = (uint32_t)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "temperature")) && cJSON_IsNumber(v))
+        p->temperature = (float)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "top_p")) && cJSON_IsNumber(v))
+        p->top_p = (float)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "top_k")) && cJSON_IsNumber(v))
+        p->top_k = (uint32_t)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "min_p")) && cJSON_IsNumber(v))
+        p->min_p = (float)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "seed")) && cJSON_IsNumber(v))
+        p->seed = (uint64_t)v->valuedouble;
+    p->json_object = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "json_object"));
+    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(o, "stop"), *s;
+    cJSON_ArrayForEach(s, stop)
+    {
+        if (cJSON_IsString(s) && p->n_stop < ML_STOP_MAX_STRINGS) {
+            p->stop[p->n_stop] = s->valuestring;
+            p->stop_len[p->n_stop++] = strlen(s->valuestring);
+        }
+    }
+    return 0;
+}
+
+/* ==========================================================================
+ * the command
+ * ========================================================================== */
+
+typedef struct run_opts {
+    const char *model_dir, *batch, *logits_out, *backend, *devices;
+    int json, threads, tp;
+    long kv_mib, image_mib;
+    job_spec spec;
+} run_opts;
+
+static int parse_args(int argc, char **argv, run_opts *o)
+{
+    ml_sampling_params_default(&o->spec.sampling);
+    o->spec.sampling.temperature = 0;
+    o->spec.sampling.max_tokens = DEFAULT_MAX_TOKENS;
+    o->kv_mib = DEFAULT_KV_MIB;
+    o->backend = "auto";
+    o->tp = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long l;
+        double d;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(SVC_EXIT_OK);
+        }
+        if (!strcmp(a, "--json")) {
+            o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--json-object")) {
+            o->spec.sampling.json_object = true;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, CMD ": %s needs a value\n", a);
+            return -1;
+        }
+        i++;
+        ml_sampling_params *p = &o->spec.sampling;
+        if (!strcmp(a, "--model"))
+            o->model_dir = v;
+        else if (!strcmp(a, "--batch"))
+            o->batch = v;
+        else if (!strcmp(a, "--logits-out"))
+            o->logits_out = v;
+        else if (!strcmp(a, "--backend"))
+            o->backend = v;
+        else if (!strcmp(a, "--devices"))
+            o->devices = v;
+        else if (!strcmp(a, "--image")) {
+            if (o->spec.n_images == MAX_IMAGES) {
+                fprintf(stderr, CMD ": at most %d images\n", MAX_IMAGES);
+                return -1;
+            }
+            o->spec.images[o->spec.n_images++] = v;
+        } else if (!strcmp(a, "--prompt") || !strcmp(a, "--chat") || !strcmp(a, "--ids")) {
+            if (o->spec.kind != PROMPT_NONE) {
+                fprintf(stderr, CMD ": give one of --prompt, --chat, --ids\n");
+                return -1;
+            }
+            o->spec.kind = a[2] == 'p' ? PROMPT_TEXT : a[2] == 'c' ? PROMPT_CHAT : PROMPT_IDS;
+            o->spec.text = v;
+        } else if (!strcmp(a, "--stop")) {
+            if (p->n_stop == ML_STOP_MAX_STRINGS) {
+                fprintf(stderr, CMD ": at most %d stop strings\n", ML_STOP_MAX_STRINGS);
+                return -1;
+            }
+            p->stop[p->n_stop] = v;
+            p->stop_len[p->n_stop++] = strlen(v);
+        } else if (!strcmp(a, "--max-tokens")) {
+            if (svc_parse_long(CMD, a, v, 1, INT32_MAX, &l))
+                return -1;
+            p->max_tokens = (uint32_t)l;
+        } else if (!strcmp(a, "--top-k")) {
+            if (svc_parse_long(CMD, a, v, 0, INT32_MAX, &l))
+                return -1;
+            p->top_k = (uint32_t)l;
+        } else if (!strcmp(a, "--seed")) {
+            if (svc_parse_long(CMD, a, v, 0, INT64_MAX, &l))
+                return -1;
+            p->seed = (uint64_t)l;
+        } else if (!strcmp(a, "--threads")) {
+            if (svc_parse_long(CMD, a, v, 0, 1024, &l))
+                return -1;
+            o->threads = (int)l;
+        } else if (!strcmp(a, "--tp")) {
+            if (svc_parse_long(CMD, a, v, 1, SVC_TP_MAX, &l))
+                return -1;
+            o->tp = (int)l;
+        } else if (!strcmp(a, "--kv-mib")) {
+            if (svc_parse_long(CMD, a, v, 1, 1L << 24, &o->kv_mib))
+                return -1;
+        } else if (!strcmp(a, "--image-mib")) {
+            if (svc_parse_long(CMD, a, v, 1, 1L << 24, &o->image_mib))
+                return -1;
+        } else if (!strcmp(a, "--temperature")) {
+            if (svc_parse_double(CMD, a, v, 0, 100, &d))
+                return -1;
+            p->temperature = (float)d;
+        } else if (!strcmp(a, "--top-p")) {
+            if (svc_parse_double(CMD, a, v, 0, 1, &d))
+                return -1;
+            p->top_p = (float)d;
+        } else if (!strcmp(a, "--min-p")) {
+            if (svc_parse_double(CMD, a, v, 0, 1, &d))
+                return -1;
+            p->min_p = (float)d;
+        } else {
+            fprintf(stderr, CMD ": unknown option %s\n", a);
+            return -1;
+        }
+    }
+    if (!o->model_dir || (!o->batch && o->spec.kind == PROMPT_NONE)) {
+        usage(stderr);
+        return -1;
+    }
+    return 0;
+}
+
+static void ctx_deinit(run_ctx *c)
+{
+    ml_runtime_destroy(c->rt);
+    ml_model_destroy(c->model);
+    ml_tokenizer_destroy(c->tok);
+    svc_backends_deinit(&c->backends);
+}
+
+static int ctx_init(run_ctx *c, const run_opts *o, int max_images)
+{
+    char err[512], path[4096];
+    if (svc_backends_init(&c->backends, o->backend, o->tp, o->devices, o->threads, 0, err,
+                          sizeof err)) {
+        fprintf(stderr, CMD ": %s\n", err);
+        return -1;
+    }
+    ml_model_limits lim = ml_model_limits_default();
+    if (o->logits_out)
+        lim.max_logit_rows = lim.max_step_seqs;
+    if (ml_model_load_tp(&c->model, o->model_dir, c->backends.be, c->backends.world, &lim, err,
+                         sizeof err) != ML_OK) {
+        fprintf(stderr, CMD ": %s: %s\n", o->model_dir, err);
+        return -1;
+    }
+    /* The model directory's tokenizer, else the project's copy. */
+    snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
+    FILE *f = fopen(path, "rb");
+    if (f)
+        fclose(f);
+    else
+        snprintf(path, sizeof path, "%s", ML_DEFAULT_TOKENIZER);
+    if (ml_tokenizer_load(path, &c->tok, err, sizeof err) != ML_OK ||
+        ml_image_params_load(o->model_dir, &c->image_params, err, sizeof err) != ML_OK) {
+        fprintf(stderr, CMD ": %s\n", err);
+        return -1;
+    }
+    size_t state = ml_model_image_state_bytes(c->model);
+    ml_runtime_config rc = {
+        .kv_bytes = (size_t)o->kv_mib * MIB,
+        .image_bytes = o->image_mib ? (size_t)o->image_mib * MIB
+                                    : state * (size_t)(max_images > 0 ? max_images : 1),
+        .max_running = lim.max_step_seqs,
+        .max_step_tokens = lim.max_step_tokens,
+    };
+    if (ml_runtime_create(&c->rt, c->model, c->tok, &rc, err, sizeof err) != ML_OK) {
+        fprintf(stderr, CMD ": %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Stop at the model's end-of-sequence ids (Instruct: 128001, 128008, 128009). */
+static void set_stop_ids(const run_ctx *c, ml_sampling_params *p)
+{
+    const ml_text_config *tc = &ml_model_config(c->model)->text;
+    p->n_stop_ids = 0;
+    for (int i = 0; i < tc->n_eos && p->n_stop_ids < ML_SAMPLER_MAX_STOP_IDS; i++)
+        p->stop_ids[p->n_stop_ids++] = tc->eos_token_ids[i];
+}
+
+static int drain(run_ctx *c)
+{
+    char err[512];
+    while (ml_runtime_active(c->rt) > 0) {
+        if (ml_runtime_step(c->rt, err, sizeof err) != ML_OK) {
+            fprintf(stderr, CMD ": %s\n", err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void job_deinit(run_job *j)
+{
+    ml_token_buf_deinit(&j->prompt);
+    ml_token_buf_deinit(&j->output);
+    free(j->text);
+    free(j->logits);
+}
+
+static int run_single(run_ctx *c, const run_opts *o)
+{
+    job_spec spec = o->spec;
+    set_stop_ids(c, &spec.sampling);
+    run_job j = {.stream = !o->json, .collect_logits = o->logits_out != NULL,
+                 .vocab = ml_model_config(c->model)->text.vocab_size};
+    ml_token_buf_init(&j.prompt);
+    ml_token_buf_init(&j.output);
+    int rc = submit(c, &spec, &j) || drain(c) ? -1 : 0;
+    if (rc == 0 && j.stream)
+        printf("\n");
+    if (rc == 0 && o->json)
+        print_json_line(result_json(&j));
+    if (rc == 0 && j.reason == ML_FINISH_REASON_ERROR) {
+        fprintf(stderr, CMD ": %s\n", j.message);
+        rc = -1;
+    }
+    if (rc == 0 && o->logits_out) {
+        size_t shape[2] = {j.n_logit_rows, (size_t)j.vocab};
+        rc = svc_write_npy_f32(CMD, o->logits_out, j.logits, 2, shape);
+    }
+    job_deinit(&j);
+    return rc;
+}
+
+/* A batch line's "after" (absent: -1), which must name an earlier line so
+ * that the requests form no cycle. */
+static int after_of(const cJSON *o, int index, int *after)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "after");
+    *after = -1;
+    if (!v)
+        return 0;
+    double a = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    if (!(a >= 0 && a < index) || a != (double)(int)a) {
+        fprintf(stderr, CMD ": batch line %d: \"after\" must be the index of an earlier line\n",
+                index + 1);
+        return -1;
+    }
+    *after = (int)a;
+    return 0;
+}
+
+/* Submit every request not yet submitted whose "after" request is done. */
+static int submit_ready(run_ctx *c, cJSON **lines, run_job *jobs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        run_job *j = &jobs[i];
+        if (j->submitted || (j->after >= 0 && !jobs[j->after].done))
+            continue;
+        job_spec spec = {0};
+        ml_sampling_params_default(&spec.sampling);
+        spec.sampling.temperature = 0;
+        spec.sampling.max_tokens = DEFAULT_MAX_TOKENS;
+        set_stop_ids(c, &spec.sampling);
+        if (spec_from_json(lines[i], i + 1, &spec) || submit(c, &spec, j))
+            return -1;
+        j->submitted = 1;
+    }
+    return 0;
+}
+
+static int run_batch(run_ctx *c, const run_opts *o, cJSON **lines, int n)
+{
+    run_job *jobs = calloc((size_t)n + 1, sizeof *jobs);
+    if (!jobs)
+        return -1;
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        jobs[i].index = i;
+        ml_token_buf_init(&jobs[i].prompt);
+        ml_token_buf_init(&jobs[i].output);
+        if (rc == 0)
+            rc = after_of(lines[i], i, &jobs[i].after);
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* Each "after" names an earlier line, so when nothing is active every
+     * request has been submitted: the lowest unsubmitted one would wait
+     * for a finished request. */
+    char err[512];
+    while (rc == 0) {
+        rc = submit_ready(c, lines, jobs, n);
+        if (rc || ml_runtime_active(c->rt) == 0)
+            break;
+        if (ml_runtime_step(c->rt, err, sizeof err) != ML_OK) {
+            fprintf(stderr, CMD ": %s\n", err);
+            rc = -1;
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double wall = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    long generated = 0, prompt = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        print_json_line(result_json(&jobs[i]));
+        generated += jobs[i].usage.completion_tokens;
+        prompt += jobs[i].usage.prompt_tokens;
+    }
+    for (int i = 0; i < n; i++)
+        job_deinit(&jobs[i]);
+    free(jobs);
+    if (rc == 0) {
+        cJSON *agg = cJSON_CreateObject();
+        cJSON_AddNumberToObject(agg, "requests", n);
+        cJSON_AddNumberToObject(agg, "prompt_tokens", (double)prompt);
+        cJSON_AddNumberToObject(agg, "completion_tokens", (double)generated);
+        cJSON_AddNumberToObject(agg, "wall_s", wall);
+        cJSON_AddNumberToObject(agg, "completion_tokens_per_s", wall > 0 ? generated / wall : 0);
+        cJSON *wrap = cJSON_CreateObject();
+        cJSON_AddItemToObject(wrap, "aggregate", agg);
+        print_json_line(wrap);
+    }
+    return rc;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    run_opts o = {0};
+    if (parse_args(argc, argv, &o))
+        return SVC_EXIT_USAGE;
+
+    char *batch_text = NULL;
+    cJSON **lines = NULL;
+    int n_lines = 0, max_images = o.spec.n_images, rc = -1;
+    if (o.batch) {
+        size_t len;
+        if (!(batch_text = svc_read_file(CMD, o.batch, MAX_BATCH_FILE_BYTES, &len)))
+            return SVC_EXIT_FAILURE;
+        for (char *p = batch_text; *p; p++)
+            n_lines += *p == '\n';
+        lines = calloc((size_t)n_lines + 2, sizeof *lines);
+        n_lines = 0;
+        for (char *line = strtok(batch_text, "\n"); lines && line; line = strtok(NULL, "\n")) {
+            if (!*line)
+                continue;
+            if (!(lines[n_lines] = cJSON_Parse(line))) {
+                fprintf(stderr, CMD ": %s: line %d is not JSON\n", o.batch, n_lines + 1);
+                goto out;
+            }
+            const cJSON *ims = cJSON_GetObjectItemCaseSensitive(lines[n_lines++], "images");
+            max_images += cJSON_GetArraySize(ims);
+        }
+    }
+    run_ctx c = {0};
+    if (ctx_init(&c, &o, max_images) == 0)
+        rc = o.batch ? run_batch(&c, &o, lines, n_lines) : run_single(&c, &o);
+    ctx_deinit(&c);
+out:
+    for (int i = 0; lines && i < n_lines; i++)
+        cJSON_Delete(lines[i]);
+    free(lines);
+    free(batch_text);
+    return rc ? SVC_EXIT_FAILURE : SVC_EXIT_OK;
+}

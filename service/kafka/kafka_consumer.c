@@ -1,0 +1,514 @@
+/* svc_consumer: the consumer-group member of the worker (kafka.h).
+ *
+ * @locality Kafka thread, for every function here except the message
+ *           helpers (any thread holding the message) and svc_consumer_fatal
+ *           (any); librdkafka calls the callbacks from inside
+ *           rd_kafka_consumer_poll and rd_kafka_consumer_close, that is, on
+ *           the Kafka thread too. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kafka/kafka_conf.h"
+#include "log.h"
+
+struct svc_consumer {
+    rd_kafka_t *rk;          /* owned */
+    svc_offsets *offsets;    /* owned; touched only on the Kafka thread */
+    char **topics;           /* owned copies; index = topic_id */
+    size_t n_topics;
+    svc_consumer_events ev;
+    bool paused;             /* the backpressure intent, re-applied on every assignment */
+    bool closed;
+    atomic_bool failed;      /* out of memory inside a rebalance: process-level */
+    svc_offset_ticket *pending; /* owned scratch for on_revoke */
+    size_t pending_cap;
+};
+
+/* ==== messages ================================================================ */
+
+bool svc_kafka_msg_header(const svc_kafka_msg *m, const char *name, const void **value,
+                          size_t *len)
+{
+    rd_kafka_headers_t *hdrs = m->headers;
+    if (m->rkm && rd_kafka_message_headers(m->rkm, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        return false;
+    return hdrs && rd_kafka_header_get_last(hdrs, name, value, len) == RD_KAFKA_RESP_ERR_NO_ERROR;
+}
+
+void svc_kafka_msg_release(svc_kafka_msg *m)
+{
+    if (m->rkm)
+        rd_kafka_message_destroy(m->rkm);
+    if (m->headers)
+        rd_kafka_headers_destroy(m->headers);
+    free(m->copy);
+    m->rkm = NULL;
+    m->headers = NULL;
+    m->copy = NULL;
+    m->topic = NULL;
+    m->key = m->value = NULL;
+    m->key_len = m->value_len = m->value_full_len = m->dropped_meta = 0;
+}
+
+svc_kafka_status svc_kafka_msg_detach(svc_kafka_msg *m, size_t max_value)
+{
+    if (!m->rkm)
+        return SVC_KAFKA_OK;
+    rd_kafka_headers_t *hdrs = NULL;
+    if (rd_kafka_message_headers(m->rkm, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        hdrs = NULL;
+    size_t meta = m->key_len + svc_kafka_headers_bytes(hdrs);
+    bool keep_meta = meta <= SVC_DLT_META_MAX;
+    size_t topic_len = strlen(m->topic);
+    size_t key_len = keep_meta ? m->key_len : 0;
+    size_t value_len = m->value_len < max_value ? m->value_len : max_value;
+    char *copy = malloc(topic_len + 1 + key_len + value_len + 1);
+    rd_kafka_headers_t *kept = keep_meta && hdrs ? rd_kafka_headers_copy(hdrs) : NULL;
+    if (!copy || (keep_meta && hdrs && !kept)) {
+        free(copy);
+        if (kept)
+            rd_kafka_headers_destroy(kept);
+        svc_kafka_msg_release(m);
+        return SVC_KAFKA_ERR_NOMEM;
+    }
+    memcpy(copy, m->topic, topic_len + 1);
+    char *key = copy + topic_len + 1, *value = key + key_len;
+    if (key_len)
+        memcpy(key, m->key, key_len);
+    if (value_len)
+        memcpy(value, m->value, value_len);
+    size_t full = m->value_len;
+    bool had_key = m->key != NULL;
+    rd_kafka_message_destroy(m->rkm);
+    m->rkm = NULL;
+    m->copy = copy;
+    m->headers = kept;
+    m->topic = copy;
+    m->key = keep_meta && had_key ? key : NULL;
+    m->key_len = key_len;
+    m->value = value_len ? value : NULL;
+    m->value_len = value_len;
+    m->value_full_len = full;
+    m->dropped_meta = keep_meta ? 0 : meta;
+    return SVC_KAFKA_OK;
+}
+
+/* ==== helpers ================================================================= */
+
+static int32_t topic_id(const svc_consumer *c, const char *topic)
+{
+    for (size_t i = 0; i < c->n_topics; i++)
+        if (!strcmp(c->topics[i], topic))
+            return (int32_t)i;
+    return -1;
+}
+
+const char *svc_consumer_topic(const svc_consumer *c, int32_t id)
+{
+    return id >= 0 && (size_t)id < c->n_topics ? c->topics[id] : NULL;
+}
+
+bool svc_consumer_paused(const svc_consumer *c)
+{
+    return c->paused;
+}
+
+bool svc_consumer_fatal(svc_consumer *c, char *err, size_t errlen)
+{
+    char buf[512];
+    if (rd_kafka_fatal_error(c->rk, buf, sizeof buf) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_FATAL, "%s", buf);
+        return true;
+    }
+    if (c->failed) {
+        svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_FATAL,
+                       "out of memory while tracking a partition assignment");
+        return true;
+    }
+    return false;
+}
+
+/* Pause or resume `parts` in librdkafka. */
+static svc_kafka_status pause_resume(svc_consumer *c, rd_kafka_topic_partition_list_t *parts,
+                                     bool pause)
+{
+    rd_kafka_resp_err_t e = pause ? rd_kafka_pause_partitions(c->rk, parts)
+                                  : rd_kafka_resume_partitions(c->rk, parts);
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        svc_log(SVC_LOG_ERROR, pause ? "kafka.pause" : "kafka.resume", "%d partitions: %s",
+                parts->cnt, rd_kafka_err2str(e));
+        return SVC_KAFKA_ERR_KAFKA;
+    }
+    return SVC_KAFKA_OK;
+}
+
+/* ==== rebalance =============================================================== */
+
+/* @locality Kafka thread, inside rd_kafka_consumer_poll or _close. */
+static void on_assign(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, bool cooperative)
+{
+    for (int i = 0; i < parts->cnt; i++) {
+        int32_t id = topic_id(c, parts->elems[i].topic);
+        if (id < 0)
+            continue; /* not ours: never handed out, see svc_consumer_poll */
+        if (svc_offsets_assign(c->offsets, id, parts->elems[i].partition) != SVC_OFFSETS_OK)
+            c->failed = true;
+    }
+    if (cooperative) {
+        rd_kafka_error_t *e = rd_kafka_incremental_assign(c->rk, parts);
+        if (e) {
+            svc_log(SVC_LOG_ERROR, "kafka.assign", "incremental assign: %s",
+                    rd_kafka_error_string(e));
+            rd_kafka_error_destroy(e);
+        }
+    } else {
+        rd_kafka_resp_err_t e = rd_kafka_assign(c->rk, parts);
+        if (e)
+            svc_log(SVC_LOG_ERROR, "kafka.assign", "assign: %s", rd_kafka_err2str(e));
+    }
+    /* librdkafka keeps a partition's pause flag across unassign/assign, so an
+     * old pause (or none) may be stale: state the intent explicitly. */
+    pause_resume(c, parts, c->paused);
+    svc_log(SVC_LOG_INFO, "kafka.assign", "%d partitions assigned (%s)%s", parts->cnt,
+            cooperative ? "incremental" : "eager", c->paused ? ", paused" : "");
+    if (c->ev.on_assign)
+        c->ev.on_assign(c->ev.opaque, parts);
+}
+
+/* @locality Kafka thread, inside rd_kafka_consumer_poll or _close. */
+static void on_revoke(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, bool cooperative)
+{
+    bool lost = rd_kafka_assignment_lost(c->rk);
+    size_t n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        /* Pass 0 counts and sizes the scratch buffer; pass 1 fills it. */
+        n = 0;
+        for (int i = 0; i < parts->cnt; i++) {
+            int32_t id = topic_id(c, parts->elems[i].topic);
+            if (id < 0)
+                continue;
+            size_t room = pass ? c->pending_cap - n : 0;
+            n += svc_offsets_pending(c->offsets, id, parts->elems[i].partition,
+                                     pass ? c->pending + n : NULL, room);
+        }
+        if (pass == 0 && n > c->pending_cap) {
+            svc_offset_ticket *p = realloc(c->pending, n * sizeof *p);
+            if (!p) {
+                c->failed = true;
+                n = 0;
+                break;
+            }
+            c->pending = p;
+            c->pending_cap = n;
+        }
+    }
+    svc_log(lost ? SVC_LOG_WARN : SVC_LOG_INFO, "kafka.revoke",
+            "%d partitions %s (%s), %zu unfinished messages on them", parts->cnt,
+            lost ? "lost" : "revoked", cooperative ? "incremental" : "eager", n);
+    if (c->ev.on_revoke)
+        c->ev.on_revoke(c->ev.opaque, parts, c->pending, n, lost);
+    for (int i = 0; i < parts->cnt; i++) {
+        int32_t id = topic_id(c, parts->elems[i].topic);
+        if (id >= 0)
+            svc_offsets_revoke(c->offsets, id, parts->elems[i].partition);
+    }
+    if (cooperative) {
+        rd_kafka_error_t *e = rd_kafka_incremental_unassign(c->rk, parts);
+        if (e) {
+            svc_log(SVC_LOG_ERROR, "kafka.revoke", "incremental unassign: %s",
+                    rd_kafka_error_string(e));
+            rd_kafka_error_destroy(e);
+        }
+    } else {
+        rd_kafka_assign(c->rk, NULL);
+    }
+}
+
+static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                         rd_kafka_topic_partition_list_t *parts, void *opaque)
+{
+    svc_consumer *c = opaque;
+    bool cooperative = !strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE");
+    switch (err) {
+    case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
+        on_assign(c, parts, cooperative);
+        break;
+    case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
+        on_revoke(c, parts, cooperative);
+        break;
+    default:
+        /* librdkafka's documented answer to a failed rebalance: drop everything. */
+        svc_log(SVC_LOG_ERROR, "kafka.rebalance", "rebalance failed: %s", rd_kafka_err2str(err));
+        on_revoke(c, parts, false);
+        break;
+    }
+}
+
+/* Global consumer errors (broker transport, all brokers down, fatal).
+ * Served by rd_kafka_consumer_poll, so on the Kafka thread. */
+static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
+{
+    if (err == RD_KAFKA_RESP_ERR__FATAL) {
+        char buf[512];
+        rd_kafka_fatal_error(rk, buf, sizeof buf);
+        svc_log(SVC_LOG_ERROR, "kafka.fatal", "consumer: %s", buf);
+        return;
+    }
+    svc_log(SVC_LOG_WARN, "kafka.error", "consumer: %s: %s",
+            rd_kafka_err2name((rd_kafka_resp_err_t)err), reason);
+}
+
+/* ==== lifecycle =============================================================== */
+
+void svc_consumer_destroy(svc_consumer *c)
+{
+    if (!c)
+        return;
+    if (c->rk) {
+        svc_consumer_close(c, NULL, 0);
+        rd_kafka_destroy(c->rk);
+    }
+    for (size_t i = 0; i < c->n_topics; i++)
+        free(c->topics[i]);
+    free(c->topics);
+    free(c->pending);
+    svc_offsets_destroy(c->offsets);
+    free(c);
+}
+
+/* Statistics, on the Kafka thread inside svc_consumer_poll. Returning 0
+ * lets librdkafka free the JSON. */
+static int stats_cb(rd_kafka_t *rk, char *json, size_t len, void *opaque)
+{
+    (void)rk;
+    svc_consumer *c = opaque;
+    c->ev.on_stats(c->ev.opaque, json, len);
+    return 0;
+}
+
+svc_kafka_status svc_consumer_create(const svc_consumer_config *cfg, svc_consumer **out,
+                                     char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!cfg->group_id || !*cfg->group_id)
+        return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_CONFIG, "kafka.group.id: missing");
+    if (cfg->n_topics == 0 || cfg->n_topics > INT32_MAX)
+        return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_CONFIG, "no topics to subscribe to");
+
+    const svc_kafka_kv defaults[] = {
+        {"client.id", "mllama-worker"},
+        {"bootstrap.servers", cfg->brokers},
+        {"group.id", cfg->group_id},
+        /* Partitions mid-generation stay put when a worker joins (service/README.md §5). */
+        {"partition.assignment.strategy", "cooperative-sticky"},
+        /* A new group must not skip the requests already queued. */
+        {"auto.offset.reset", "earliest"},
+        /* The pre-fetch queue holds requests this worker cannot start yet and
+         * other workers cannot take until a rebalance: keep it small. */
+        {"queued.min.messages", "1000"},
+        {"queued.max.messages.kbytes", "16384"},
+        {"enable.partition.eof", "false"},
+        /* Only read when events.on_stats is set (the lag metric). */
+        {"statistics.interval.ms", cfg->events.on_stats ? "15000" : "0"},
+    };
+    static const svc_kafka_fixed fixed[] = {
+        {"enable.auto.offset.store", "false",
+         "offsets are stored when a request's final reply is delivered"},
+        {"enable.auto.commit", "true", "the stored offsets are committed in the background"},
+    };
+    rd_kafka_conf_t *conf;
+    svc_kafka_status st = svc_kafka_conf_build(defaults, sizeof defaults / sizeof defaults[0],
+                                               cfg->kafka, cfg->n_kafka, fixed,
+                                               sizeof fixed / sizeof fixed[0], &conf, err, errlen);
+    if (st != SVC_KAFKA_OK)
+        return st;
+
+    svc_consumer *c = calloc(1, sizeof *c);
+    if (c)
+        c->topics = calloc(cfg->n_topics, sizeof *c->topics);
+    if (!c || !c->topics || !(c->offsets = svc_offsets_create())) {
+        rd_kafka_conf_destroy(conf);
+        svc_consumer_destroy(c);
+        return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_NOMEM, "out of memory");
+    }
+    c->ev = cfg->events;
+    for (size_t i = 0; i < cfg->n_topics; i++, c->n_topics++)
+        if (!cfg->topics[i] || !(c->topics[i] = strdup(cfg->topics[i]))) {
+            rd_kafka_conf_destroy(conf);
+            svc_consumer_destroy(c);
+            return cfg->topics[i]
+                       ? svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_NOMEM, "out of memory")
+                       : svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_CONFIG, "topics[%zu]: missing",
+                                        i);
+        }
+
+    rd_kafka_conf_set_opaque(conf, c);
+    rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
+    rd_kafka_conf_set_error_cb(conf, error_cb);
+    if (cfg->events.on_stats)
+        rd_kafka_conf_set_stats_cb(conf, stats_cb);
+    char why[512];
+    c->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, why, sizeof why);
+    if (!c->rk) {
+        rd_kafka_conf_destroy(conf);
+        svc_consumer_destroy(c);
+        return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_CONFIG, "consumer: %s", why);
+    }
+    /* One queue for messages, rebalances and errors: rd_kafka_consumer_poll
+     * serves everything, and rd_kafka_poll is never called on the consumer
+     * (in 2.0.2 it would also reset the max.poll.interval.ms timer). */
+    rd_kafka_poll_set_consumer(c->rk);
+
+    rd_kafka_topic_partition_list_t *subs = rd_kafka_topic_partition_list_new((int)c->n_topics);
+    for (size_t i = 0; i < c->n_topics; i++)
+        rd_kafka_topic_partition_list_add(subs, c->topics[i], RD_KAFKA_PARTITION_UA);
+    rd_kafka_resp_err_t e = rd_kafka_subscribe(c->rk, subs);
+    rd_kafka_topic_partition_list_destroy(subs);
+    if (e) {
+        svc_consumer_destroy(c);
+        return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_KAFKA, "subscribe: %s",
+                              rd_kafka_err2str(e));
+    }
+    svc_log(SVC_LOG_INFO, "kafka.subscribe", "group %s, %zu topics, first %s", cfg->group_id,
+            c->n_topics, c->topics[0]);
+    *out = c;
+    return SVC_KAFKA_OK;
+}
+
+svc_kafka_status svc_consumer_close(svc_consumer *c, char *err, size_t errlen)
+{
+    if (c->closed)
+        return SVC_KAFKA_OK;
+    c->closed = true;
+    rd_kafka_resp_err_t e = rd_kafka_consumer_close(c->rk);
+    if (e) {
+        svc_log(SVC_LOG_WARN, "kafka.close", "consumer close: %s", rd_kafka_err2str(e));
+        return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_KAFKA, "consumer close: %s",
+                              rd_kafka_err2str(e));
+    }
+    svc_log(SVC_LOG_INFO, "kafka.close", "consumer left the group");
+    return SVC_KAFKA_OK;
+}
+
+/* ==== polling ================================================================= */
+
+/* A consumer event delivered as a message with err set. */
+static void log_event(const rd_kafka_message_t *rkm)
+{
+    const char *topic = rkm->rkt ? rd_kafka_topic_name(rkm->rkt) : "-";
+    svc_log(rkm->err == RD_KAFKA_RESP_ERR__MAX_POLL_EXCEEDED ? SVC_LOG_ERROR : SVC_LOG_WARN,
+            "kafka.consumer_error", "%s [%d]: %s: %s", topic, (int)rkm->partition,
+            rd_kafka_err2name(rkm->err), rd_kafka_message_errstr(rkm));
+}
+
+svc_kafka_status svc_consumer_poll(svc_consumer *c, int timeout_ms, svc_kafka_msg *msg)
+{
+    memset(msg, 0, sizeof *msg);
+    if (c->closed || svc_consumer_fatal(c, NULL, 0))
+        return SVC_KAFKA_ERR_FATAL;
+    rd_kafka_message_t *rkm = rd_kafka_consumer_poll(c->rk, timeout_ms);
+    if (svc_consumer_fatal(c, NULL, 0)) {
+        if (rkm)
+            rd_kafka_message_destroy(rkm);
+        return SVC_KAFKA_ERR_FATAL;
+    }
+    if (!rkm)
+        return SVC_KAFKA_NO_MESSAGE;
+    if (rkm->err) {
+        log_event(rkm);
+        rd_kafka_message_destroy(rkm);
+        return SVC_KAFKA_NO_MESSAGE;
+    }
+
+    const char *topic = rd_kafka_topic_name(rkm->rkt);
+    int32_t id = topic_id(c, topic);
+    svc_offsets_status st = id < 0 ? SVC_OFFSETS_NOT_ASSIGNED
+                                   : svc_offsets_begin(c->offsets, id, rkm->partition,
+                                                       rkm->offset, &msg->ticket);
+    if (st != SVC_OFFSETS_OK) {
+        svc_log(st == SVC_OFFSETS_DUPLICATE ? SVC_LOG_DEBUG : SVC_LOG_WARN, "kafka.drop",
+                "%s [%d] offset %lld dropped: %s", topic, (int)rkm->partition,
+                (long long)rkm->offset, svc_offsets_status_name(st));
+        rd_kafka_message_destroy(rkm);
+        return st == SVC_OFFSETS_NOMEM ? SVC_KAFKA_ERR_NOMEM : SVC_KAFKA_NO_MESSAGE;
+    }
+    rd_kafka_timestamp_type_t tstype;
+    msg->rkm = rkm;
+    msg->topic = topic;
+    msg->partition = rkm->partition;
+    msg->offset = rkm->offset;
+    msg->timestamp_ms = rd_kafka_message_timestamp(rkm, &tstype);
+    msg->key = rkm->key;
+    msg->key_len = rkm->key_len;
+    msg->value = rkm->payload;
+    msg->value_len = rkm->len;
+    msg->copy = NULL;
+    msg->headers = NULL;
+    msg->value_full_len = rkm->len;
+    msg->dropped_meta = 0;
+    return SVC_KAFKA_OK;
+}
+
+/* ==== offsets and backpressure ================================================ */
+
+svc_kafka_status svc_consumer_finish(svc_consumer *c, const svc_offset_ticket *t, char *err,
+                                     size_t errlen)
+{
+    int64_t commit;
+    svc_offsets_status st = svc_offsets_finish(c->offsets, t, &commit);
+    if (st == SVC_OFFSETS_NOT_ASSIGNED)
+        return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_STALE,
+                              "partition %d of topic %d is no longer assigned", (int)t->partition,
+                              (int)t->topic_id);
+    if (st != SVC_OFFSETS_OK)
+        return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_INVALID, "offset %lld: %s",
+                              (long long)t->offset, svc_offsets_status_name(st));
+    if (commit < 0)
+        return SVC_KAFKA_OK;
+
+    rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(list, c->topics[t->topic_id], t->partition)->offset = commit;
+    rd_kafka_resp_err_t e = rd_kafka_offsets_store(c->rk, list);
+    if (!e)
+        e = list->elems[0].err;
+    rd_kafka_topic_partition_list_destroy(list);
+    if (e == RD_KAFKA_RESP_ERR__STATE)
+        return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_STALE,
+                              "%s [%d] is no longer assigned", c->topics[t->topic_id],
+                              (int)t->partition);
+    if (e)
+        return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_KAFKA, "offsets_store %s [%d] @%lld: %s",
+                              c->topics[t->topic_id], (int)t->partition, (long long)commit,
+                              rd_kafka_err2str(e));
+    return SVC_KAFKA_OK;
+}
+
+static svc_kafka_status set_paused(svc_consumer *c, bool pause)
+{
+    if (c->paused == pause)
+        return SVC_KAFKA_OK;
+    c->paused = pause;
+    rd_kafka_topic_partition_list_t *parts;
+    rd_kafka_resp_err_t e = rd_kafka_assignment(c->rk, &parts);
+    if (e) {
+        svc_log(SVC_LOG_ERROR, pause ? "kafka.pause" : "kafka.resume", "assignment: %s",
+                rd_kafka_err2str(e));
+        return SVC_KAFKA_ERR_KAFKA;
+    }
+    svc_kafka_status st = pause_resume(c, parts, pause);
+    svc_log(SVC_LOG_INFO, pause ? "kafka.pause" : "kafka.resume", "%d partitions %s", parts->cnt,
+            pause ? "paused" : "resumed");
+    rd_kafka_topic_partition_list_destroy(parts);
+    return st;
+}
+
+svc_kafka_status svc_consumer_pause(svc_consumer *c)
+{
+    return set_paused(c, true);
+}
+
+svc_kafka_status svc_consumer_resume(svc_consumer *c)
+{
+    return set_paused(c, false);
+}

@@ -1,0 +1,340 @@
+/* Plain key-value operations of the Redis client, through the same
+ * connection and breaker as the index: image blobs, adapters and the
+ * poison-message attempt counter (redis_index.h). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "protocol/protocol.h"
+#include "redis/redis_internal.h"
+
+/* ==== Blobs ============================================================== */
+
+static void key_blob(const svc_redis *r, const char *sha, char key[KEY_MAX])
+{
+    snprintf(key, KEY_MAX, "%s:blob:img:%s", r->prefix, sha);
+}
+
+svc_redis_status svc_redis_blob_get(svc_redis *r, const char *sha256, size_t max_bytes,
+                                    uint8_t **data, size_t *len)
+{
+    *data = NULL;
+    *len = 0;
+    if (!sha256 || !svc_valid_sha256(sha256, strlen(sha256)))
+        return SVC_REDIS_ERR_INVALID;
+    if (max_bytes > REDIS_VALUE_MAX)
+        max_bytes = REDIS_VALUE_MAX;
+    svc_redis_status st = svc_redis_call_begin(r);
+    if (st != SVC_REDIS_OK)
+        return st;
+    svc_redis_scratch s;
+    key_blob(r, sha256, s.key);
+    svc_redis_fmt_u64(s.n[0], max_bytes); /* GETRANGE's end is inclusive: max_bytes + 1 at most */
+    svc_redis_cmd c = {0};
+    svc_redis_arg_str(&c, "GETRANGE");
+    svc_redis_arg_str(&c, s.key);
+    svc_redis_arg_str(&c, "0");
+    svc_redis_arg_str(&c, s.n[0]);
+    redisReply *rep = NULL;
+    st = svc_redis_append(r, &c);
+    if (st == SVC_REDIS_OK)
+        st = svc_redis_next_reply(r, &rep);
+    if (st == SVC_REDIS_OK && rep->type != REDIS_REPLY_STRING)
+        st = SVC_REDIS_ERR_REPLY;
+    if (st == SVC_REDIS_OK && rep->len == 0)
+        st = SVC_REDIS_NOT_FOUND;
+    if (st == SVC_REDIS_OK && (size_t)rep->len > max_bytes)
+        st = SVC_REDIS_ERR_TOO_LARGE;
+    if (st == SVC_REDIS_OK) {
+        *data = malloc((size_t)rep->len);
+        if (*data) {
+            memcpy(*data, rep->str, (size_t)rep->len);
+            *len = (size_t)rep->len;
+        }
+    }
+    freeReplyObject(rep);
+    st = svc_redis_call_end(r, st);
+    return (st == SVC_REDIS_OK && !*data) ? SVC_REDIS_ERR_NOMEM : st;
+}
+
+svc_redis_status svc_redis_blob_put(svc_redis *r, const char *sha256, const void *data,
+                                    size_t len, int ttl_s)
+{
+    if (!sha256 || !svc_valid_sha256(sha256, strlen(sha256)) || ttl_s <= 0 ||
+        len > REDIS_VALUE_MAX)
+        return SVC_REDIS_ERR_INVALID;
+    svc_redis_status st = svc_redis_call_begin(r);
+    if (st != SVC_REDIS_OK)
+        return st;
+    svc_redis_scratch s;
+    key_blob(r, sha256, s.key);
+    svc_redis_fmt_i64(s.n[0], ttl_s);
+    svc_redis_cmd c = {0};
+    svc_redis_arg_str(&c, "SET");
+    svc_redis_arg_str(&c, s.key);
+    svc_redis_arg(&c, data, len);
+    svc_redis_arg_str(&c, "EX");
+    svc_redis_arg_str(&c, s.n[0]);
+    st = svc_redis_append(r, &c);
+    if (st == SVC_REDIS_OK)
+        st = svc_redis_drain(r, 1);
+    return svc_redis_call_end(r, st);
+}
+
+/* ==== Adapters =========================================================== */
+
+static bool adapter_key(const svc_redis *r, const char *name, char key[KEY_MAX])
+{
+    if (!name || !svc_valid_adapter_name(name, strlen(name)))
+        return false;
+    snprintf(key, KEY_MAX, "%s:adapter:%s", r->prefix, name);
+    return true;
+}
+
+void svc_redis_adapter_deinit(svc_redis_adapter *a)
+{
+    free(a->config);
+    free(a->weights);
+    memset(a, 0, sizeof *a);
+}
+
+static uint8_t *dup_bytes(const char *s, size_t len)
+{
+    uint8_t *p = malloc(len ? len : 1);
+    if (p)
+        memcpy(p, s, len);
+    return p;
+}
+
+static const char *const adapter_fields[2] = {"config", "weights"};
+
+/* HSTRLEN of both fields into len[2]: NOT_FOUND when the key or a field is
+ * missing (or empty). */
+static svc_redis_status adapter_lengths(svc_redis *r, const char *key, size_t len[2])
+{
+    svc_redis_status st = SVC_REDIS_OK;
+    for (int f = 0; f < 2 && !st; f++) {
+        svc_redis_cmd c = {0};
+        svc_redis_arg_str(&c, "HSTRLEN");
+        svc_redis_arg_str(&c, key);
+        svc_redis_arg_str(&c, adapter_fields[f]);
+        st = svc_redis_append(r, &c);
+    }
+    for (int f = 0; f < 2 && st != SVC_REDIS_ERR_IO; f++) {
+        redisReply *rep;
+        svc_redis_status rs = svc_redis_next_reply(r, &rep);
+        if (rs == SVC_REDIS_OK && rep->type != REDIS_REPLY_INTEGER)
+            rs = SVC_REDIS_ERR_REPLY;
+        if (rs == SVC_REDIS_OK && rep->integer <= 0)
+            rs = SVC_REDIS_NOT_FOUND;
+        if (rs == SVC_REDIS_OK)
+            len[f] = (size_t)rep->integer;
+        freeReplyObject(rep);
+        if (st == SVC_REDIS_OK || rs == SVC_REDIS_ERR_IO)
+            st = rs;
+    }
+    return st;
+}
+
+/* Both fields, after their HSTRLENs say they fit max_bytes together. */
+static svc_redis_status adapter_fetch(svc_redis *r, const char *key, size_t max_bytes,
+                                      svc_redis_adapter *out)
+{
+    size_t len[2] = {0, 0};
+    svc_redis_status st = adapter_lengths(r, key, len);
+    if (st == SVC_REDIS_OK && len[0] + len[1] > max_bytes)
+        st = SVC_REDIS_ERR_TOO_LARGE;
+    if (st != SVC_REDIS_OK)
+        return st;
+
+    svc_redis_cmd c = {0};
+    svc_redis_arg_str(&c, "HMGET");
+    svc_redis_arg_str(&c, key);
+    svc_redis_arg_str(&c, adapter_fields[0]);
+    svc_redis_arg_str(&c, adapter_fields[1]);
+    redisReply *rep = NULL;
+    st = svc_redis_append(r, &c);
+    if (st == SVC_REDIS_OK)
+        st = svc_redis_next_reply(r, &rep);
+    if (st == SVC_REDIS_OK && (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2))
+        st = SVC_REDIS_ERR_REPLY;
+    size_t total = 0;
+    for (size_t f = 0; st == SVC_REDIS_OK && f < 2; f++) {
+        const redisReply *v = rep->element[f];
+        if (v->type != REDIS_REPLY_STRING || v->len == 0)
+            st = SVC_REDIS_NOT_FOUND; /* deleted between the two round trips */
+        else if ((total += (size_t)v->len) > max_bytes)
+            st = SVC_REDIS_ERR_TOO_LARGE; /* replaced in between */
+    }
+    if (st == SVC_REDIS_OK) {
+        out->config = dup_bytes(rep->element[0]->str, (size_t)rep->element[0]->len);
+        out->weights = dup_bytes(rep->element[1]->str, (size_t)rep->element[1]->len);
+        out->config_len = (size_t)rep->element[0]->len;
+        out->weights_len = (size_t)rep->element[1]->len;
+    }
+    freeReplyObject(rep);
+    return st;
+}
+
+svc_redis_status svc_redis_adapter_stat(svc_redis *r, const char *name, size_t *config_len,
+                                        size_t *weights_len)
+{
+    *config_len = *weights_len = 0;
+    char key[KEY_MAX];
+    if (!adapter_key(r, name, key))
+        return SVC_REDIS_ERR_INVALID;
+    svc_redis_status st = svc_redis_call_begin(r);
+    if (st != SVC_REDIS_OK)
+        return st;
+    size_t len[2] = {0, 0};
+    st = svc_redis_call_end(r, adapter_lengths(r, key, len));
+    if (st == SVC_REDIS_OK) {
+        *config_len = len[0];
+        *weights_len = len[1];
+    }
+    return st;
+}
+
+svc_redis_status svc_redis_adapter_get(svc_redis *r, const char *name, size_t max_bytes,
+                                       svc_redis_adapter *out)
+{
+    memset(out, 0, sizeof *out);
+    char key[KEY_MAX];
+    if (!adapter_key(r, name, key))
+        return SVC_REDIS_ERR_INVALID;
+    svc_redis_status st = svc_redis_call_begin(r);
+    if (st != SVC_REDIS_OK)
+        return st;
+    st = svc_redis_call_end(r, adapter_fetch(r, key, max_bytes, out));
+    if (st == SVC_REDIS_OK && (!out->config || !out->weights))
+        st = SVC_REDIS_ERR_NOMEM;
+    if (st != SVC_REDIS_OK)
+        svc_redis_adapter_deinit(out);
+    return st;
+}
+
+svc_redis_status svc_redis_adapter_put(svc_redis *r, const char *name, const void *config,
+                                       size_t config_len, const void *weights,
+                                       size_t weights_len)
+{
+    char key[KEY_MAX];
+    if (!adapter_key(r, name, key) || config_len == 0 || weights_len == 0 ||
+        config_len > REDIS_VALUE_MAX || weights_len > REDIS_VALUE_MAX)
+        return SVC_REDIS_ERR_INVALID;
+    svc_redis_status st = svc_redis_call_begin(r);
+    if (st != SVC_REDIS_OK)
+        return st;
+    svc_redis_cmd c = {0};
+    svc_redis_arg_str(&c, "HSET");
+    svc_redis_arg_str(&c, key);
+    svc_redis_arg_str(&c, "config");
+    svc_redis_arg(&c, config, config_len);
+    svc_redis_arg_str(&c, "weights");
+    svc_redis_arg(&c, weights, weights_len);
+    st = svc_redis_append(r, &c);
+    if (st == SVC_REDIS_OK)
+        st = svc_redis_drain(r, 1);
+    return svc_redis_call_end(r, st);
+}
+
+/* ==== Attempts =========================================================== */
+
+/* INCR s->key, then EXPIRE it attempts_ttl_s from now; the count into
+ * *attempt (0 on failure). */
+static svc_redis_status count_attempt(svc_redis *r, svc_redis_scratch *s, uint32_t *attempt)
+{
+    *attempt = 0;
+    svc_redis_status st = svc_redis_call_begin(r);
+    if (st != SVC_REDIS_OK)
+        return st;
+    svc_redis_fmt_i64(s->n[0], r->cfg.attempts_ttl_s);
+    svc_redis_cmd inc = {0};
+    svc_redis_arg_str(&inc, "INCR");
+    svc_redis_arg_str(&inc, s->key);
+    svc_redis_cmd x = {0};
+    svc_redis_arg_str(&x, "EXPIRE");
+    svc_redis_arg_str(&x, s->key);
+    svc_redis_arg_str(&x, s->n[0]);
+    st = svc_redis_append(r, &inc);
+    if (st == SVC_REDIS_OK)
+        st = svc_redis_append(r, &x);
+    redisReply *rep = NULL;
+    if (st == SVC_REDIS_OK)
+        st = svc_redis_next_reply(r, &rep);
+    if (st == SVC_REDIS_OK && (rep->type != REDIS_REPLY_INTEGER || rep->integer <= 0))
+        st = SVC_REDIS_ERR_REPLY;
+    if (st == SVC_REDIS_OK)
+        *attempt = rep->integer > UINT32_MAX ? UINT32_MAX : (uint32_t)rep->integer;
+    freeReplyObject(rep);
+    if (st != SVC_REDIS_ERR_IO) {
+        svc_redis_status xs = svc_redis_drain(r, 1); /* the EXPIRE */
+        if (st == SVC_REDIS_OK)
+            st = xs;
+    }
+    if (st != SVC_REDIS_OK)
+        *attempt = 0;
+    return svc_redis_call_end(r, st);
+}
+
+svc_redis_status svc_redis_attempt_incr(svc_redis *r, const char *topic, int32_t partition,
+                                        int64_t offset, uint32_t *attempt)
+{
+    *attempt = 0;
+    if (!topic || !svc_valid_topic(topic, strlen(topic)) || partition < 0 || offset < 0)
+        return SVC_REDIS_ERR_INVALID;
+    svc_redis_scratch s;
+    snprintf(s.key, KEY_MAX, "%s:attempts:%s:%" PRId32 ":%" PRId64, r->prefix, topic, partition,
+             offset);
+    return count_attempt(r, &s, attempt);
+}
+
+svc_redis_status svc_redis_request_attempt_incr(svc_redis *r, const char *id, uint32_t *attempt)
+{
+    *attempt = 0;
+    svc_redis_scratch s;
+    if (!id || !*id ||
+        snprintf(s.key, KEY_MAX, "%s:request_attempts:%s", r->prefix, id) >= KEY_MAX)
+        return SVC_REDIS_ERR_INVALID;
+    return count_attempt(r, &s, attempt);
+}
+
+/* HGET key field into out (NUL-terminated, truncated to n). */
+static svc_redis_status hget(svc_redis *r, const char *key, const char *field, char *out,
+                             size_t n)
+{
+    svc_redis_cmd c = {0};
+    svc_redis_arg_str(&c, "HGET");
+    svc_redis_arg_str(&c, key);
+    svc_redis_arg_str(&c, field);
+    redisReply *rep = NULL;
+    svc_redis_status st = svc_redis_append(r, &c);
+    if (st == SVC_REDIS_OK)
+        st = svc_redis_next_reply(r, &rep);
+    if (st == SVC_REDIS_OK && rep->type == REDIS_REPLY_NIL)
+        st = SVC_REDIS_NOT_FOUND;
+    else if (st == SVC_REDIS_OK && rep->type != REDIS_REPLY_STRING)
+        st = SVC_REDIS_ERR_REPLY;
+    if (st == SVC_REDIS_OK)
+        snprintf(out, n, "%.*s", (int)rep->len, rep->str);
+    freeReplyObject(rep);
+    return st;
+}
+
+svc_redis_status svc_redis_route(svc_redis *r, const char *sha256, char *partitions, size_t n)
+{
+    partitions[0] = 0;
+    if (!sha256 || !svc_valid_sha256(sha256, strlen(sha256)))
+        return SVC_REDIS_ERR_INVALID;
+    svc_redis_status st = svc_redis_call_begin(r);
+    if (st != SVC_REDIS_OK)
+        return st;
+    char key[KEY_MAX], worker[WORKER_ID_MAX + 1];
+    snprintf(key, sizeof key, "%s:img:%s", r->prefix, sha256);
+    st = hget(r, key, "worker", worker, sizeof worker);
+    if (st == SVC_REDIS_OK) {
+        snprintf(key, sizeof key, "%s:worker:%s", r->prefix, worker);
+        st = hget(r, key, "partitions", partitions, n);
+    }
+    return svc_redis_call_end(r, st);
+}

@@ -1,0 +1,1062 @@
+/* The worker: wiring, the Kafka loop, the drain sequence and the Redis index
+ * thread (worker.h, worker_internal.h). */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend_select.h"
+#include "log.h"
+#include "metrics.h"
+#include "kafka/mock_kafka.h"
+#include "worker/worker_internal.h"
+
+#define MIB (1u << 20)
+/* Backpressure: pause fetching when this many requests per running slot are
+ * consumed and unfinished, resume below the low mark. Twice the batch keeps
+ * the scheduler fed without pulling a partition's backlog into memory. */
+#define INFLIGHT_HIGH_PER_SLOT 2
+#define INFLIGHT_LOW_PER_SLOT 1
+#define WATCHDOG_MS 30000         /* a thread silent this long fails /healthz */
+#define FLUSH_MS 10000            /* final flush of the producer at exit */
+/* What destroy still flushes: only the fatal path leaves records queued,
+ * and they are dropped (purged), since one before them may be lost. */
+#define FATAL_FLUSH_MS 1
+#define REPLIES_TOPIC "mllama.replies" /* created on the mock cluster for clients */
+#define MOCK_BROKERS 1
+#define CANCEL_POLL_MS 0
+
+/* ==== small pieces ============================================================ */
+
+void worker_fail(svc_worker *w, const char *fmt, ...)
+{
+    if (atomic_exchange(&w->fatal, true))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->fatal_msg, sizeof w->fatal_msg, fmt, ap);
+    va_end(ap);
+    svc_log(SVC_LOG_ERROR, "worker_fatal", "%s", w->fatal_msg);
+}
+
+void job_queue_init(job_queue *q)
+{
+    memset(q, 0, sizeof *q);
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->cond, NULL);
+}
+
+void job_queue_deinit(job_queue *q)
+{
+    pthread_mutex_destroy(&q->lock);
+    pthread_cond_destroy(&q->cond);
+}
+
+void job_queue_push(job_queue *q, job *j)
+{
+    pthread_mutex_lock(&q->lock);
+    j->next = NULL;
+    if (q->tail)
+        q->tail->next = j;
+    else
+        q->head = j;
+    q->tail = j;
+    q->n++;
+    pthread_cond_signal(&q->cond);
+    pthread_mutex_unlock(&q->lock);
+}
+
+job *job_queue_pop(job_queue *q, int timeout_ms)
+{
+    pthread_mutex_lock(&q->lock);
+    if (!q->head && timeout_ms > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += timeout_ms / 1000;
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&q->cond, &q->lock, &ts);
+    }
+    job *j = q->head;
+    if (j) {
+        q->head = j->next;
+        if (!q->head)
+            q->tail = NULL;
+        q->n--;
+    }
+    pthread_mutex_unlock(&q->lock);
+    return j;
+}
+
+void worker_register(svc_worker *w, job *j)
+{
+    pthread_mutex_lock(&w->registry_lock);
+    j->reg_prev = NULL;
+    j->reg_next = w->registry;
+    if (w->registry)
+        w->registry->reg_prev = j;
+    w->registry = j;
+    pthread_mutex_unlock(&w->registry_lock);
+}
+
+void worker_unregister(svc_worker *w, job *j)
+{
+    pthread_mutex_lock(&w->registry_lock);
+    if (j->reg_prev)
+        j->reg_prev->reg_next = j->reg_next;
+    else if (w->registry == j)
+        w->registry = j->reg_next;
+    if (j->reg_next)
+        j->reg_next->reg_prev = j->reg_prev;
+    j->reg_prev = j->reg_next = NULL;
+    pthread_mutex_unlock(&w->registry_lock);
+}
+
+void job_free(job *j)
+{
+    if (!j || atomic_fetch_sub(&j->refs, 1) != 1)
+        return;
+    svc_worker *w = j->w;
+    worker_unregister(w, j);
+    svc_kafka_msg_release(&j->msg);
+    svc_request_destroy(j->req);
+    ml_token_buf_deinit(&j->prompt);
+    for (int i = 0; i < j->n_images; i++)
+        free(j->images[i].pixels);
+    free(j->images);
+    free(j->id);
+    free(j->reply_topic);
+    svc_buf_deinit(&j->text);
+    free(j->lp);
+    free(j->lp_top);
+    free(j);
+    atomic_fetch_sub(&w->inflight, 1);
+}
+
+/* ==== producing ================================================================== */
+
+/* A record refused for itself or its topic is its request's failure; the
+ * others (timeouts, brokers down, queue full, a fatal producer) mean the
+ * worker may have lost a record it promised. @locality any. */
+static bool request_level(svc_kafka_status st)
+{
+    return st == SVC_KAFKA_ERR_TOO_LARGE || st == SVC_KAFKA_ERR_TOPIC;
+}
+
+/* The reply topic refused a record of j: remember the first reason.
+ * @locality any. */
+static void reply_refused(svc_worker *w, job *j, const char *why)
+{
+    pthread_mutex_lock(&w->failure_lock);
+    if (!atomic_load(&j->reply_failed)) {
+        snprintf(j->reply_why, sizeof j->reply_why, "%s", why);
+        atomic_store(&j->reply_failed, true);
+    }
+    pthread_mutex_unlock(&w->failure_lock);
+}
+
+/* True when a record of j was refused; why gets the reason. @locality any. */
+static bool reply_failure(svc_worker *w, job *j, char *why, size_t n)
+{
+    if (!atomic_load(&j->reply_failed))
+        return false;
+    pthread_mutex_lock(&w->failure_lock);
+    snprintf(why, n, "%s", j->reply_why);
+    pthread_mutex_unlock(&w->failure_lock);
+    return true;
+}
+
+/* Queue one reply record of j with ctx = its `kind` record, holding a
+ * reference for its delivery report. A value over limits.max_reply_bytes is
+ * refused here (ERR_TOO_LARGE), so no topic sized to that bound refuses it
+ * later. Returns the producer's status; err has the reason.
+ * @locality prep, step or Kafka thread. */
+static svc_kafka_status produce_reply(svc_worker *w, job *j, job_record_kind kind,
+                                      const svc_buf *value, uint32_t seq, char *err,
+                                      size_t errlen)
+{
+    bool final = kind == JOB_RECORD_FINAL;
+    if (w->limits.max_reply_bytes && value->len > w->limits.max_reply_bytes) {
+        svc_errf(err, errlen, "a record of %zu bytes is over limits.max_reply_bytes (%zu)",
+                 value->len, w->limits.max_reply_bytes);
+        return SVC_KAFKA_ERR_TOO_LARGE;
+    }
+    svc_headers hs;
+    svc_headers_reply(&hs, j->id, j->attempt, seq, final);
+    svc_kafka_header kh[SVC_HEADERS_MAX];
+    for (size_t i = 0; i < hs.n; i++)
+        kh[i] = (svc_kafka_header){hs.h[i].name, hs.h[i].value, hs.h[i].len};
+    svc_kafka_record r = {
+        .topic = j->reply_topic, .partition = RD_KAFKA_PARTITION_UA,
+        .key = j->id, .key_len = strlen(j->id), .value = value->data, .value_len = value->len,
+        .headers = kh, .n_headers = hs.n, .ctx = &j->records[kind],
+    };
+    atomic_fetch_add(&j->refs, 1);
+    svc_kafka_status st = svc_producer_produce(w->producer, &r, err, errlen);
+    if (st != SVC_KAFKA_OK) {
+        atomic_fetch_sub(&j->refs, 1); /* never the last: the caller holds one */
+        svc_log(request_level(st) ? SVC_LOG_WARN : SVC_LOG_ERROR, "produce_failed",
+                "request %s seq %u: %s", j->id, seq, err);
+    }
+    return st;
+}
+
+int worker_produce_chunk(svc_worker *w, job *j, const svc_buf *value, uint32_t seq)
+{
+    /* After a process-level error nothing more goes out: a record may have
+     * been lost, and what follows it would show a gap in its stream. After
+     * a refused record, nothing follows the gap it left. */
+    if (atomic_load(&w->fatal) || atomic_load(&j->reply_failed))
+        return -1;
+    char err[256];
+    svc_kafka_status st = produce_reply(w, j, JOB_RECORD_CHUNK, value, seq, err, sizeof err);
+    if (st == SVC_KAFKA_OK)
+        return 0;
+    if (request_level(st))
+        reply_refused(w, j, err);
+    else
+        worker_fail(w, "reply producer: %s", err);
+    return -1;
+}
+
+/* Build j's final error record (no metrics: the caller counts). Returns 0
+ * or -1 out of memory. @locality any. */
+static int error_record(svc_worker *w, const job *j, svc_error code, const char *message,
+                        svc_buf *b)
+{
+    svc_reply_ctx ctx = {.id = j->id, .model = w->model_name, .created = (int64_t)time(NULL),
+                         .attempt = j->attempt};
+    return svc_reply_error(b, &ctx, j->stream, j->seq, code, message);
+}
+
+/* j's final record could not be written (st, why): replace it, dead-letter
+ * the request, or stop the worker. Takes the caller's reference.
+ * @locality prep, step or Kafka thread. */
+static void final_refused(svc_worker *w, job *j, svc_kafka_status st, const char *why)
+{
+    if (st == SVC_KAFKA_ERR_TOO_LARGE && !j->final_replaced) {
+        char msg[2 * SVC_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "the answer does not fit in one record: %s", why);
+        svc_log(SVC_LOG_INFO, "request_error", "request %s: %s: %s", j->id,
+                svc_error_code(SVC_ERROR_REPLY_TOO_LARGE), msg);
+        svc_metrics_error(SVC_ERROR_REPLY_TOO_LARGE);
+        svc_buf b;
+        svc_buf_init(&b);
+        j->final_replaced = true;
+        if (error_record(w, j, SVC_ERROR_REPLY_TOO_LARGE, msg, &b) == 0)
+            worker_produce_final(w, j, &b, j->seq);
+        else
+            worker_dead_letter(w, j, SVC_ERROR_REPLY_TOO_LARGE, msg);
+        svc_buf_deinit(&b);
+    } else if (request_level(st)) {
+        char msg[2 * SVC_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "reply topic %s: %s", j->reply_topic, why);
+        worker_dead_letter(w, j, SVC_ERROR_REPLY_UNDELIVERABLE, msg);
+    } else {
+        worker_fail(w, "reply producer: %s", why);
+        job_free(j);
+    }
+}
+
+void worker_produce_final(svc_worker *w, job *j, const svc_buf *value, uint32_t seq)
+{
+    char why[SVC_ERRMSG_MAX];
+    if (atomic_load(&w->fatal)) {
+        job_free(j); /* not finished: the next owner runs it again */
+        return;
+    }
+    if (reply_failure(w, j, why, sizeof why)) {
+        final_refused(w, j, SVC_KAFKA_ERR_TOPIC, why);
+        return;
+    }
+    char err[256];
+    svc_kafka_status st = produce_reply(w, j, JOB_RECORD_FINAL, value, seq, err, sizeof err);
+    if (st == SVC_KAFKA_OK)
+        job_free(j); /* the record's reference keeps j until its report */
+    else
+        final_refused(w, j, st, err);
+}
+
+void worker_reply_error(svc_worker *w, job *j, svc_error code, const char *message)
+{
+    svc_buf b;
+    svc_buf_init(&b);
+    svc_metrics_error(code);
+    svc_metrics_finished(svc_error_finish(code));
+    svc_log(SVC_LOG_INFO, "request_error", "request %s: %s: %s", j->id, svc_error_code(code),
+            message);
+    if (error_record(w, j, code, message, &b) == 0)
+        worker_produce_final(w, j, &b, j->seq);
+    else
+        worker_dead_letter(w, j, code, message);
+    svc_buf_deinit(&b);
+}
+
+void worker_dead_letter(svc_worker *w, job *j, svc_error code, const char *message)
+{
+    if (atomic_load(&w->fatal)) {
+        job_free(j);
+        return;
+    }
+    j->dlt_code = code;
+    svc_dead_letter dl = {.topic = w->cfg.kafka.dlt_topic, .error_code = svc_error_code(code),
+                          .error_msg = message, .worker = w->cfg.worker_id,
+                          .max_value = w->limits.max_reply_bytes,
+                          .ctx = &j->records[JOB_RECORD_DEAD_LETTER]};
+    char err[256];
+    svc_log(SVC_LOG_WARN, "dead_letter", "%s[%" PRId32 "]@%" PRId64 ": %s: %s", j->topic,
+            j->partition, j->offset, svc_error_code(code), message);
+    atomic_fetch_add(&j->refs, 1);
+    if (svc_producer_produce_dlt(w->producer, &dl, &j->msg, err, sizeof err) != SVC_KAFKA_OK) {
+        /* The last resort refused: the record would be lost if its offset
+         * moved on, so nothing is committed past it. */
+        atomic_fetch_sub(&j->refs, 1);
+        worker_fail(w, "dead letter to %s: %s", w->cfg.kafka.dlt_topic, err);
+    }
+    job_free(j);
+}
+
+/* Delivery reports (Kafka thread). Each record holds a reference to its
+ * job. A reply record refused for itself or its topic is the request's
+ * failure (see worker_produce_final): a final is replaced or becomes a dead
+ * letter; a refused chunk leaves a gap, so nothing more follows it and the
+ * final becomes a dead letter, and a final that had already gone out is
+ * followed by the dead letter all the same (the gap voids it). An
+ * acknowledged final or dead letter finishes the ticket. Any other failure
+ * (message.timeout.ms passed: brokers down; a dead letter refused; the
+ * producer fatal) leaves a record lost that nothing runs again while this
+ * worker keeps the partition: a process-level error. The worker stops
+ * storing offsets and exits, so the group hands every unfinished request
+ * out again, as a new attempt. */
+static void on_delivery(void *opaque, const svc_delivery *d)
+{
+    svc_worker *w = opaque;
+    const job_record *rec = d->ctx;
+    job *j = rec->j;
+    bool reply = rec->kind != JOB_RECORD_DEAD_LETTER;
+    if (d->status != SVC_KAFKA_OK) {
+        bool lost = !reply || !request_level(d->status);
+        svc_log(lost ? SVC_LOG_ERROR : SVC_LOG_WARN, "delivery_failed",
+                "%s [%" PRId32 "]: %s", d->topic, d->partition, d->errstr);
+        if (lost)
+            worker_fail(w, "record lost: %s [%" PRId32 "]: %s", d->topic, d->partition,
+                        d->errstr);
+    }
+    bool live = !atomic_load(&j->abandoned) && !atomic_load(&w->fatal);
+    char why[SVC_ERRMSG_MAX];
+    if (d->status != SVC_KAFKA_OK && reply && request_level(d->status)) {
+        snprintf(why, sizeof why, "%s", d->errstr);
+        if (rec->kind == JOB_RECORD_CHUNK || !live)
+            reply_refused(w, j, why);
+        else {
+            final_refused(w, j, d->status, why); /* takes the record's reference */
+            return;
+        }
+    } else if (d->status == SVC_KAFKA_OK && rec->kind == JOB_RECORD_FINAL && live &&
+               reply_failure(w, j, why, sizeof why)) {
+        final_refused(w, j, SVC_KAFKA_ERR_TOPIC, why);
+        return;
+    } else if (d->status == SVC_KAFKA_OK && rec->kind != JOB_RECORD_CHUNK) {
+        if (rec->kind == JOB_RECORD_DEAD_LETTER)
+            svc_metrics_dead_letter(j->dlt_code);
+        if (live) {
+            char err[256];
+            svc_kafka_status st = svc_consumer_finish(w->consumer, &j->ticket, err, sizeof err);
+            if (st != SVC_KAFKA_OK && st != SVC_KAFKA_ERR_STALE)
+                svc_log(SVC_LOG_ERROR, "offset_finish", "%s", err);
+        }
+    }
+    job_free(j);
+}
+
+/* ==== rebalances (Kafka thread) ================================================ */
+
+/* have[p] = 1 for each partition of w->partitions ("topic:p,p,p"), the
+ * others untouched. Called with partitions_lock held. */
+static void held_partitions(const svc_worker *w, int *have)
+{
+    const char *list = strchr(w->partitions, ':');
+    for (const char *p = list ? list + 1 : ""; *p;) {
+        int n = atoi(p);
+        if (n >= 0 && n < SVC_MOCK_KAFKA_MAX_PARTITIONS)
+            have[n] = 1;
+        p = strchr(p, ',');
+        p = p ? p + 1 : "";
+    }
+}
+
+static void describe_partitions(svc_worker *w, const rd_kafka_topic_partition_list_t *add,
+                                const rd_kafka_topic_partition_list_t *remove)
+{
+    /* Keep "topic:p,p,p" of the assignment for the Redis heartbeat, so
+     * producers route images to the worker that holds them. */
+    pthread_mutex_lock(&w->partitions_lock);
+    int have[SVC_MOCK_KAFKA_MAX_PARTITIONS] = {0};
+    held_partitions(w, have);
+    for (int i = 0; add && i < add->cnt; i++)
+        if (add->elems[i].partition < SVC_MOCK_KAFKA_MAX_PARTITIONS)
+            have[add->elems[i].partition] = 1;
+    for (int i = 0; remove && i < remove->cnt; i++)
+        if (remove->elems[i].partition < SVC_MOCK_KAFKA_MAX_PARTITIONS)
+            have[remove->elems[i].partition] = 0;
+    size_t len = (size_t)snprintf(w->partitions, sizeof w->partitions, "%s:",
+                                  w->cfg.kafka.request_topic);
+    int count = 0;
+    for (int p = 0; p < SVC_MOCK_KAFKA_MAX_PARTITIONS && len < sizeof w->partitions; p++)
+        if (have[p]) {
+            len += (size_t)snprintf(w->partitions + len, sizeof w->partitions - len, "%s%d",
+                                    count ? "," : "", p);
+            count++;
+        }
+    pthread_mutex_unlock(&w->partitions_lock);
+    svc_metrics_set(SVC_GAUGE_KAFKA_ASSIGNED_PARTITIONS, count);
+}
+
+static void on_assign(void *opaque, const rd_kafka_topic_partition_list_t *parts)
+{
+    svc_worker *w = opaque;
+    svc_metrics_rebalance(SVC_REBALANCE_ASSIGN);
+    describe_partitions(w, parts, NULL);
+    atomic_store(&w->health.consumer_joined, 1);
+    svc_log(SVC_LOG_INFO, "partitions_assigned", "%d partitions", parts->cnt);
+}
+
+/* Stop the requests of partitions taken away: their next owner runs them
+ * again, so they must not send more records here. */
+static void on_revoke(void *opaque, const rd_kafka_topic_partition_list_t *parts,
+                      const svc_offset_ticket *pending, size_t n_pending, bool lost)
+{
+    svc_worker *w = opaque;
+    svc_metrics_rebalance(lost ? SVC_REBALANCE_LOST : SVC_REBALANCE_REVOKE);
+    describe_partitions(w, NULL, parts);
+    /* By the job's flag, not its id: another execution of the same id on a
+     * partition this worker keeps must go on. The step thread cancels the
+     * running ones; the others end at their next stage. */
+    pthread_mutex_lock(&w->registry_lock);
+    for (job *j = w->registry; j; j = j->reg_next)
+        for (size_t i = 0; i < n_pending; i++)
+            if (pending[i].partition == j->ticket.partition &&
+                pending[i].offset == j->ticket.offset && pending[i].epoch == j->ticket.epoch)
+                atomic_store(&j->abandoned, true);
+    pthread_mutex_unlock(&w->registry_lock);
+    atomic_store(&w->cancel_scan, true);
+    /* Their lag is the new owner's to report. */
+    for (int i = 0; i < parts->cnt; i++)
+        svc_metrics_set_lag(parts->elems[i].topic, parts->elems[i].partition, -1);
+    svc_log(SVC_LOG_INFO, lost ? "partitions_lost" : "partitions_revoked",
+            "%d partitions, %zu requests stopped", parts->cnt, n_pending);
+}
+
+/* Consumer lag per assigned partition from librdkafka's statistics
+ * (topics.<t>.partitions.<p>.consumer_lag; -1 = unknown, and partition -1
+ * is librdkafka's internal UA partition). The statistics keep listing a
+ * revoked partition (fetch_state "stopped", its last lag): only the
+ * partitions of this worker's assignment have a series. */
+static void on_stats(void *opaque, const char *json, size_t len)
+{
+    svc_worker *w = opaque;
+    int have[SVC_MOCK_KAFKA_MAX_PARTITIONS] = {0};
+    pthread_mutex_lock(&w->partitions_lock);
+    held_partitions(w, have);
+    pthread_mutex_unlock(&w->partitions_lock);
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    const cJSON *topic;
+    cJSON_ArrayForEach(topic, cJSON_GetObjectItemCaseSensitive(root, "topics"))
+    {
+        const cJSON *part;
+        cJSON_ArrayForEach(part, cJSON_GetObjectItemCaseSensitive(topic, "partitions"))
+        {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(part, "partition");
+            const cJSON *lag = cJSON_GetObjectItemCaseSensitive(part, "consumer_lag");
+            const cJSON *state = cJSON_GetObjectItemCaseSensitive(part, "fetch_state");
+            if (!cJSON_IsNumber(id) || id->valueint < 0 || !cJSON_IsNumber(lag))
+                continue;
+            int assigned = cJSON_IsString(state) && strcmp(state->valuestring, "none") &&
+                           !strcmp(topic->string, w->cfg.kafka.request_topic) &&
+                           id->valueint < SVC_MOCK_KAFKA_MAX_PARTITIONS && have[id->valueint];
+            svc_metrics_set_lag(topic->string, id->valueint,
+                                assigned ? (int64_t)lag->valuedouble : -1);
+        }
+    }
+    cJSON_Delete(root);
+}
+
+/* ==== the cancel topic (Kafka thread) ============================================ */
+
+/* The only source of client cancels: records of the cancel topic, keyed by
+ * request id, into the pending-cancel table (worker_cancel.c). */
+static void poll_cancels(svc_worker *w)
+{
+    svc_kafka_msg m;
+    while (svc_consumer_poll(w->cancels, CANCEL_POLL_MS, &m) == SVC_KAFKA_OK) {
+        worker_cancel_record(w, &m);
+        char err[128];
+        svc_consumer_finish(w->cancels, &m.ticket, err, sizeof err);
+        svc_kafka_msg_release(&m);
+    }
+}
+
+/* ==== the resident-image mirror ================================================== */
+
+/* The prep threads decide between "resident: send the key only" and "fetch
+ * the blob from Redis" without touching the runtime, which belongs to the
+ * step thread: the runtime's insert/evict events keep this set in step. */
+void worker_mirror_update(svc_worker *w, ml_image_event ev, const uint8_t *key)
+{
+    pthread_mutex_lock(&w->resident_lock);
+    size_t i = 0;
+    while (i < w->n_resident && memcmp(w->resident[i], key, ML_IMAGE_KEY_BYTES))
+        i++;
+    if (ev == ML_IMAGE_EVICTED && i < w->n_resident) {
+        memcpy(w->resident[i], w->resident[--w->n_resident], ML_IMAGE_KEY_BYTES);
+    } else if (ev == ML_IMAGE_INSERTED && i == w->n_resident) {
+        if (w->n_resident == w->cap_resident) {
+            size_t cap = w->cap_resident ? 2 * w->cap_resident : 64;
+            void *grown = realloc(w->resident, cap * ML_IMAGE_KEY_BYTES);
+            if (grown) {
+                w->resident = grown;
+                w->cap_resident = cap;
+            }
+        }
+        if (w->n_resident < w->cap_resident)
+            memcpy(w->resident[w->n_resident++], key, ML_IMAGE_KEY_BYTES);
+    }
+    pthread_mutex_unlock(&w->resident_lock);
+}
+
+bool worker_mirror_contains(svc_worker *w, const uint8_t *key)
+{
+    pthread_mutex_lock(&w->resident_lock);
+    bool found = false;
+    for (size_t i = 0; i < w->n_resident && !found; i++)
+        found = !memcmp(w->resident[i], key, ML_IMAGE_KEY_BYTES);
+    pthread_mutex_unlock(&w->resident_lock);
+    return found;
+}
+
+/* ==== the Redis index thread ======================================================= */
+
+void worker_on_image_event(void *ctx, ml_image_event ev, const uint8_t *key, size_t bytes,
+                           int n_tiles)
+{
+    svc_worker *w = ctx;
+    worker_mirror_update(w, ev, key);
+    if (!w->redis_index)
+        return;
+    image_event *e = calloc(1, sizeof *e);
+    if (!e)
+        return; /* the next heartbeat reconciles */
+    e->ev = ev;
+    ml_sha256_hex(key, e->sha256);
+    e->bytes = bytes;
+    e->n_tiles = n_tiles;
+    pthread_mutex_lock(&w->event_lock);
+    if (w->events_tail)
+        w->events_tail->next = e;
+    else
+        w->events_head = e;
+    w->events_tail = e;
+    pthread_cond_signal(&w->event_cond);
+    pthread_mutex_unlock(&w->event_lock);
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void *index_main(void *arg)
+{
+    svc_worker *w = arg;
+    long long next_beat = 0;
+    while (!atomic_load(&w->threads_stop)) {
+        pthread_mutex_lock(&w->event_lock);
+        if (!w->events_head) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 200 * 1000000L;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&w->event_cond, &w->event_lock, &ts);
+        }
+        image_event *e = w->events_head;
+        w->events_head = w->events_tail = NULL;
+        pthread_mutex_unlock(&w->event_lock);
+        for (image_event *next; e; e = next) {
+            next = e->next;
+            svc_redis_status st =
+                e->ev == ML_IMAGE_INSERTED
+                    ? svc_redis_img_insert(w->redis_index, e->sha256, e->bytes,
+                                           (uint32_t)e->n_tiles, wall_ms())
+                    : svc_redis_img_evict(w->redis_index, e->sha256);
+            if (st != SVC_REDIS_OK && st != SVC_REDIS_NOT_FOUND)
+                svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
+            free(e);
+        }
+        long long now = svc_now_ms();
+        if (now >= next_beat) {
+            char parts[sizeof w->partitions];
+            pthread_mutex_lock(&w->partitions_lock);
+            memcpy(parts, w->partitions, sizeof parts);
+            pthread_mutex_unlock(&w->partitions_lock);
+            svc_redis_worker_info info = {.partitions = parts,
+                                          .free_pool_bytes = 0, .adapters = ""};
+            if (svc_redis_heartbeat(w->redis_index, &info, wall_ms()) != SVC_REDIS_OK)
+                svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
+            svc_redis_stats rs;
+            svc_redis_stats_get(w->redis_index, &rs);
+            svc_metrics_set(SVC_GAUGE_REDIS_BREAKER_OPEN, rs.breaker != SVC_REDIS_BREAKER_CLOSED);
+            next_beat = now + (long long)w->cfg.redis.heartbeat_s * 1000;
+        }
+    }
+    return NULL;
+}
+
+/* ==== create ======================================================================= */
+
+static void model_fingerprint(svc_worker *w)
+{
+    /* config.json and the checkpoint's file sizes: cheap, and changes when
+     * the model does. It scopes the Redis keys, so two model versions never
+     * share resident-image entries. */
+    char path[SVC_CONFIG_STR + 64];
+    ml_sha256_ctx ctx;
+    ml_sha256_init(&ctx);
+    static const char *const files[] = {"config.json", "model.safetensors.index.json",
+                                        "model.safetensors"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", w->cfg.model.dir, files[i]);
+        struct stat st;
+        if (stat(path, &st) != 0)
+            continue;
+        ml_sha256_update(&ctx, files[i], strlen(files[i]));
+        ml_sha256_update(&ctx, &st.st_size, sizeof st.st_size);
+        if (i == 0) {
+            FILE *f = fopen(path, "rb");
+            char buf[4096];
+            size_t n;
+            while (f && (n = fread(buf, 1, sizeof buf, f)) > 0)
+                ml_sha256_update(&ctx, buf, n);
+            if (f)
+                fclose(f);
+        }
+    }
+    uint8_t d[ML_SHA256_DIGEST_SIZE];
+    char hex[ML_SHA256_HEX_SIZE];
+    ml_sha256_final(&ctx, d);
+    ml_sha256_hex(d, hex);
+    snprintf(w->fingerprint, sizeof w->fingerprint, "%.16s", hex);
+    const char *slash = strrchr(w->cfg.model.dir, '/');
+    snprintf(w->model_name, sizeof w->model_name, "%s", slash && slash[1] ? slash + 1
+                                                                           : w->cfg.model.dir);
+}
+
+/* The runtime's adapter resolver (step thread): adapters live under
+ * model.adapters_dir/<name>/, put there by an operator or, for adapters held
+ * in Redis, by the prep thread before the request reaches the runtime. */
+static int resolve_adapter(void *ctx, const char *name, char *dir, size_t n)
+{
+    const svc_worker *w = ctx;
+    char probe[SVC_CONFIG_STR * 2];
+    snprintf(dir, n, "%s/%s", w->cfg.model.adapters_dir, name);
+    snprintf(probe, sizeof probe, "%s/adapter_config.json", dir);
+    return access(probe, R_OK) == 0;
+}
+
+static int load_engine(svc_worker *w, char *err, size_t errlen)
+{
+    const svc_config *c = &w->cfg;
+    char path[SVC_CONFIG_STR + 64];
+    snprintf(path, sizeof path, "%s/config.json", c->model.dir);
+    struct stat st;
+    if (stat(path, &st) != 0 && c->model.preset_if_missing[0]) {
+        svc_log(SVC_LOG_INFO, "model_generate", "no model at %s: writing the %s preset",
+                c->model.dir, c->model.preset_if_missing);
+        if (ml_mkmodel(c->model.preset_if_missing, c->model.dir, ML_DEFAULT_TOKENIZER_DIR, 0, err,
+                       errlen) != ML_OK)
+            return -1;
+    }
+    if (svc_backends_init(&w->backends, c->model.backend, c->model.tensor_parallel,
+                          c->model.devices, c->model.threads, 0, err, errlen))
+        return -1;
+    ml_model_limits lim = ml_model_limits_default();
+    lim.max_step_tokens = c->runtime.max_step_tokens;
+    lim.max_step_seqs = c->runtime.max_running;
+    lim.max_logit_rows = c->runtime.max_running;
+    lim.max_seq_images = c->runtime.max_images_per_request;
+    if (ml_model_load_tp(&w->model, c->model.dir, w->backends.be, w->backends.world, &lim, err,
+                         errlen) != ML_OK)
+        return -1;
+    if (w->backends.world > 1)
+        svc_log(SVC_LOG_INFO, "tensor_parallel",
+                "model split over %d %s devices; runtime.kv_mib and runtime.image_mib are per "
+                "device",
+                w->backends.world, w->backends.name);
+    snprintf(path, sizeof path, "%s/tokenizer.json", c->model.dir);
+    if (stat(path, &st) != 0)
+        snprintf(path, sizeof path, "%s", ML_DEFAULT_TOKENIZER);
+    if (ml_tokenizer_load(path, &w->tok, err, errlen) != ML_OK ||
+        ml_image_params_load(c->model.dir, &w->image_params, err, errlen) != ML_OK)
+        return -1;
+    w->image_params.limits.max_pixels = (uint64_t)c->limits.max_image_pixels;
+    ml_runtime_config rc = {
+        .kv_bytes = (size_t)c->runtime.kv_mib * MIB,
+        .image_bytes = (size_t)c->runtime.image_mib * MIB,
+        .max_running = c->runtime.max_running,
+        .max_step_tokens = c->runtime.max_step_tokens,
+        .on_image_event = worker_on_image_event,
+        .image_event_ctx = w,
+        .max_adapters = c->runtime.max_adapters,
+        .max_adapter_rank = c->runtime.max_adapter_rank,
+        .resolve_adapter = resolve_adapter,
+        .resolve_adapter_ctx = w,
+    };
+    if (ml_runtime_create(&w->rt, w->model, w->tok, &rc, err, errlen) != ML_OK)
+        return -1;
+    if (c->runtime.max_adapters > 0)
+        svc_log(SVC_LOG_INFO, "adapter_slots", "%d slots of rank %d, %.1f MiB each, from %s",
+                c->runtime.max_adapters, c->runtime.max_adapter_rank,
+                (double)ml_lora_slot_bytes(w->model, c->runtime.max_adapter_rank) / MIB,
+                c->model.adapters_dir);
+    ml_runtime_stats rs;
+    ml_runtime_get_stats(w->rt, &rs);
+    svc_metrics_set(SVC_GAUGE_KV_BLOCKS_CAPACITY, rs.kv_blocks_total);
+    svc_metrics_set(SVC_GAUGE_IMAGE_CACHE_BUDGET_BYTES, (double)rs.image_bytes_budget);
+    model_fingerprint(w);
+    return 0;
+}
+
+static int connect_kafka(svc_worker *w, char *err, size_t errlen)
+{
+    const svc_config *c = &w->cfg;
+    snprintf(w->brokers, sizeof w->brokers, "%s", c->kafka.brokers);
+    if (!strcmp(c->kafka.brokers, "mock")) {
+        char topics[1200];
+        snprintf(topics, sizeof topics, "%s:%d,%s:%d,%s:1,%s:1", c->kafka.request_topic,
+                 c->kafka.mock_partitions, REPLIES_TOPIC, c->kafka.mock_partitions,
+                 c->kafka.dlt_topic, c->kafka.cancel_topic);
+        svc_mock_kafka *m;
+        if (svc_mock_kafka_create(MOCK_BROKERS, topics, &m, err, errlen) != SVC_KAFKA_OK)
+            return -1;
+        w->mock = m;
+        snprintf(w->brokers, sizeof w->brokers, "%s", svc_mock_kafka_bootstraps(m));
+        svc_log(SVC_LOG_INFO, "mock_kafka", "in-process mock cluster at %s", w->brokers);
+    }
+    svc_producer_config pc = {.brokers = w->brokers, .kafka = c->kafka.props,
+                              .n_kafka = c->kafka.n_props, .on_delivery = on_delivery,
+                              .opaque = w, .close_flush_ms = FATAL_FLUSH_MS};
+    if (svc_producer_create(&pc, &w->producer, err, errlen) != SVC_KAFKA_OK)
+        return -1;
+    const char *req_topics[] = {c->kafka.request_topic};
+    svc_consumer_config cc = {.brokers = w->brokers, .group_id = c->kafka.group,
+                              .topics = req_topics, .n_topics = 1, .kafka = c->kafka.props,
+                              .n_kafka = c->kafka.n_props,
+                              .events = {.on_assign = on_assign, .on_revoke = on_revoke,
+                                         .on_stats = on_stats, .opaque = w}};
+    if (svc_consumer_create(&cc, &w->consumer, err, errlen) != SVC_KAFKA_OK)
+        return -1;
+    /* Every worker must see every cancel: a group of its own, from now on. */
+    char group[sizeof c->kafka.group + sizeof c->worker_id + 16];
+    snprintf(group, sizeof group, "%s.cancel.%s", c->kafka.group, c->worker_id);
+    const char *cancel_topics[] = {c->kafka.cancel_topic};
+    svc_kafka_kv latest[] = {{"auto.offset.reset", "latest"}};
+    svc_consumer_config kc = {.brokers = w->brokers, .group_id = group, .topics = cancel_topics,
+                              .n_topics = 1, .kafka = latest, .n_kafka = 1};
+    if (svc_consumer_create(&kc, &w->cancels, err, errlen) != SVC_KAFKA_OK)
+        return -1;
+    return 0;
+}
+
+static int connect_redis(svc_worker *w, char *err, size_t errlen)
+{
+    const svc_config *c = &w->cfg;
+    if (!c->redis.url[0])
+        return 0;
+    svc_redis_config rc;
+    svc_redis_config_default(&rc);
+    rc.url = c->redis.url;
+    /* Keys are not scoped by the model fingerprint: blobs and attempt
+     * counters are model-independent, and image entries are routing hints
+     * that name a worker (RUNBOOK "Upgrade the model"). */
+    rc.prefix = c->redis.prefix;
+    rc.worker_id = c->worker_id;
+    rc.connect_timeout_ms = rc.command_timeout_ms = c->redis.timeout_ms;
+    rc.worker_ttl_s = c->redis.ttl_s;
+    if (svc_redis_create(&rc, &w->redis_index, err, errlen) != SVC_REDIS_OK)
+        return -1;
+    for (int i = 0; i < w->n_prep; i++)
+        if (svc_redis_create(&rc, &w->prep[i].redis, err, errlen) != SVC_REDIS_OK)
+            return -1;
+    return 0;
+}
+
+svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errlen)
+{
+    svc_worker *w = calloc(1, sizeof *w);
+    if (!w) {
+        *code = SVC_WORKER_EXIT_CONFIG;
+        svc_errf(err, errlen, "out of memory");
+        return NULL;
+    }
+    w->cfg = *cfg;
+    cfg->kafka.n_props = 0; /* moved */
+    pthread_mutex_init(&w->partitions_lock, NULL);
+    pthread_mutex_init(&w->event_lock, NULL);
+    pthread_cond_init(&w->event_cond, NULL);
+    pthread_mutex_init(&w->registry_lock, NULL);
+    pthread_mutex_init(&w->resident_lock, NULL);
+    pthread_mutex_init(&w->failure_lock, NULL);
+    job_queue_init(&w->prep_q);
+    job_queue_init(&w->step_q);
+    job_queue_init(&w->silent_q);
+    if (worker_cancels_init(&w->pending_cancels)) {
+        *code = SVC_WORKER_EXIT_CONFIG;
+        svc_errf(err, errlen, "out of memory");
+        svc_worker_destroy(w);
+        return NULL;
+    }
+    svc_limits_default(&w->limits);
+    w->limits.max_request_bytes = (size_t)w->cfg.limits.max_request_bytes;
+    w->limits.max_image_bytes = (size_t)w->cfg.limits.max_image_bytes;
+    w->limits.max_images = (size_t)w->cfg.runtime.max_images_per_request;
+    w->limits.max_tokens_default = (uint32_t)w->cfg.runtime.default_max_tokens;
+    w->limits.max_reply_bytes = (size_t)w->cfg.limits.max_reply_bytes;
+    w->reply_reserved[0] = w->cfg.kafka.request_topic;
+    w->reply_reserved[1] = w->cfg.kafka.cancel_topic;
+    w->reply_reserved[2] = w->cfg.kafka.dlt_topic;
+    w->reply_policy = (svc_topic_policy){w->cfg.kafka.reply_topics, w->reply_reserved,
+                                         sizeof w->reply_reserved / sizeof w->reply_reserved[0]};
+    svc_adapter_store_init(&w->adapters, w->cfg.model.adapters_dir,
+                           (size_t)w->cfg.limits.max_adapter_bytes);
+    /* Start time in ms: numbers of uncounted attempts differ across processes. */
+    atomic_store(&w->next_uncounted, (uint32_t)wall_ms());
+    w->prep = calloc((size_t)w->cfg.worker.prep_threads, sizeof *w->prep);
+    if (!w->prep) {
+        *code = SVC_WORKER_EXIT_CONFIG;
+        svc_errf(err, errlen, "out of memory");
+        svc_worker_destroy(w);
+        return NULL;
+    }
+    w->n_prep = w->cfg.worker.prep_threads;
+    for (int i = 0; i < w->n_prep; i++)
+        w->prep[i].w = w;
+    w->health.watchdog_ms = WATCHDOG_MS;
+    atomic_store(&w->health.kafka_heartbeat_ms, svc_now_ms());
+    atomic_store(&w->health.step_heartbeat_ms, svc_now_ms());
+
+    /* HTTP first, so probes see the load. */
+    if (!(w->http = svc_http_start(w->cfg.http.listen, &w->health, err, errlen))) {
+        *code = SVC_WORKER_EXIT_CONFIG;
+        svc_worker_destroy(w);
+        return NULL;
+    }
+    if (load_engine(w, err, errlen)) {
+        *code = SVC_WORKER_EXIT_MODEL;
+        svc_worker_destroy(w);
+        return NULL;
+    }
+    svc_metrics_set_info(MLLAMA_VERSION, w->backends.name, w->model_name, w->fingerprint);
+    if (connect_redis(w, err, errlen) || connect_kafka(w, err, errlen)) {
+        *code = SVC_WORKER_EXIT_KAFKA;
+        svc_worker_destroy(w);
+        return NULL;
+    }
+    bool started = !pthread_create(&w->step_thread, NULL, worker_step_main, w);
+    for (int i = 0; started && i < w->n_prep; i++)
+        started = w->prep[i].started =
+            !pthread_create(&w->prep[i].thread, NULL, worker_prep_main, &w->prep[i]);
+    if (!started || (w->redis_index && pthread_create(&w->index_thread, NULL, index_main, w))) {
+        *code = SVC_WORKER_EXIT_CONFIG;
+        svc_errf(err, errlen, "cannot start the worker threads");
+        svc_worker_destroy(w);
+        return NULL;
+    }
+    atomic_store(&w->health.model_loaded, 1);
+    svc_log(SVC_LOG_INFO, "worker_started",
+            "worker %s, model %s (%s) on %s x%d, brokers %s, group %s, http :%d",
+            w->cfg.worker_id, w->model_name, w->fingerprint, w->backends.name,
+            w->backends.world, w->brokers, w->cfg.kafka.group, svc_http_port(w->http));
+    return w;
+}
+
+/* ==== the Kafka loop ================================================================ */
+
+void svc_worker_request_stop(svc_worker *w) { atomic_store(&w->stop, true); }
+const char *svc_worker_brokers(const svc_worker *w) { return w->brokers; }
+int svc_worker_http_port(const svc_worker *w) { return svc_http_port(w->http); }
+
+/* Hand a consumed message to the prep pool. */
+static void accept_message(svc_worker *w, svc_kafka_msg *m)
+{
+    job *j = calloc(1, sizeof *j);
+    if (!j) {
+        /* Not finished: the offset stays and the message comes back. */
+        svc_log(SVC_LOG_ERROR, "out_of_memory", "dropping %s[%" PRId32 "]@%" PRId64, m->topic,
+                m->partition, m->offset);
+        svc_kafka_msg_release(m);
+        return;
+    }
+    j->w = w;
+    j->msg = *m;
+    j->ticket = m->ticket;
+    snprintf(j->topic, sizeof j->topic, "%s", m->topic);
+    j->partition = m->partition;
+    j->offset = m->offset;
+    j->timestamp_ms = m->timestamp_ms;
+    j->arrival = ++w->arrivals;
+    j->attempt = 1;
+    j->stream = true;
+    atomic_init(&j->refs, 1);
+    for (int k = 0; k < JOB_RECORD_KINDS; k++)
+        j->records[k] = (job_record){j, (job_record_kind)k};
+    ml_token_buf_init(&j->prompt);
+    svc_buf_init(&j->text);
+    atomic_fetch_add(&w->inflight, 1);
+    worker_register(w, j);
+    job_queue_push(&w->prep_q, j);
+}
+
+/* Finish the jobs that end without a record (superseded before they ran:
+ * their id is answered by the newer execution). Unless abandoned or after
+ * a process-level error, as for a delivered final record. */
+static void finish_silent(svc_worker *w)
+{
+    for (job *j; (j = job_queue_pop(&w->silent_q, 0));) {
+        char err[256];
+        svc_kafka_status st = SVC_KAFKA_OK;
+        if (!atomic_load(&j->abandoned) && !atomic_load(&w->fatal))
+            st = svc_consumer_finish(w->consumer, &j->ticket, err, sizeof err);
+        if (st != SVC_KAFKA_OK && st != SVC_KAFKA_ERR_STALE)
+            svc_log(SVC_LOG_ERROR, "offset_finish", "%s", err);
+        job_free(j);
+    }
+}
+
+static void backpressure(svc_worker *w, bool draining)
+{
+    int inflight = atomic_load(&w->inflight);
+    int high = INFLIGHT_HIGH_PER_SLOT * w->cfg.runtime.max_running;
+    int low = INFLIGHT_LOW_PER_SLOT * w->cfg.runtime.max_running;
+    bool paused = svc_consumer_paused(w->consumer);
+    if (!paused && (draining || inflight >= high))
+        svc_consumer_pause(w->consumer);
+    else if (paused && !draining && inflight <= low)
+        svc_consumer_resume(w->consumer);
+    svc_metrics_set(SVC_GAUGE_KAFKA_PAUSED_PARTITIONS, svc_consumer_paused(w->consumer));
+}
+
+int svc_worker_run(svc_worker *w)
+{
+    long long drain_deadline = 0;
+    char err[512];
+    for (;;) {
+        atomic_store(&w->health.kafka_heartbeat_ms, svc_now_ms());
+        if (atomic_load(&w->fatal))
+            break;
+        bool draining = atomic_load(&w->stop);
+        if (draining && !drain_deadline) {
+            /* Readiness off, stop fetching, let in-flight requests finish. */
+            atomic_store(&w->health.draining, 1);
+            drain_deadline = svc_now_ms() + w->cfg.drain.grace_ms;
+            svc_log(SVC_LOG_INFO, "drain_started", "%d requests in flight, grace %d ms",
+                    atomic_load(&w->inflight), w->cfg.drain.grace_ms);
+        }
+        if (draining && svc_now_ms() >= drain_deadline && !atomic_load(&w->cancel_all)) {
+            svc_log(SVC_LOG_WARN, "drain_grace_expired", "cancelling %d requests",
+                    atomic_load(&w->inflight));
+            atomic_store(&w->cancel_all, true);
+        }
+        if (draining && atomic_load(&w->inflight) == 0)
+            break;
+        backpressure(w, draining);
+        svc_kafka_msg m;
+        svc_kafka_status st = svc_consumer_poll(w->consumer, SVC_KAFKA_POLL_MS, &m);
+        if (st == SVC_KAFKA_OK)
+            accept_message(w, &m);
+        else if (st != SVC_KAFKA_NO_MESSAGE)
+            worker_fail(w, "consumer: %s", svc_kafka_status_name(st));
+        poll_cancels(w);
+        finish_silent(w);
+        svc_producer_poll(w->producer, 0);
+        if (svc_producer_fatal(w->producer, err, sizeof err) ||
+            svc_consumer_fatal(w->consumer, err, sizeof err))
+            worker_fail(w, "kafka: %s", err);
+    }
+    atomic_store(&w->health.draining, 1);
+    int fatal = atomic_load(&w->fatal);
+    if (!fatal) {
+        /* Everything was delivered; commit and leave the group cleanly. */
+        if (svc_producer_flush(w->producer, FLUSH_MS, err, sizeof err) != SVC_KAFKA_OK)
+            svc_log(SVC_LOG_WARN, "flush", "%s", err);
+        svc_consumer_close(w->consumer, err, sizeof err);
+        svc_consumer_close(w->cancels, err, sizeof err);
+        svc_log(SVC_LOG_INFO, "drain_done", "exiting");
+        return SVC_WORKER_EXIT_OK;
+    }
+    svc_log(SVC_LOG_ERROR, "worker_exit", "%s", w->fatal_msg);
+    return strstr(w->fatal_msg, "backend") ? SVC_WORKER_EXIT_DEVICE : SVC_WORKER_EXIT_KAFKA;
+}
+
+/* ==== destroy ======================================================================= */
+
+void svc_worker_destroy(svc_worker *w)
+{
+    if (!w)
+        return;
+    atomic_store(&w->threads_stop, true);
+    if (w->step_thread)
+        pthread_join(w->step_thread, NULL);
+    for (int i = 0; i < w->n_prep; i++)
+        if (w->prep[i].started)
+            pthread_join(w->prep[i].thread, NULL);
+    if (w->index_thread)
+        pthread_join(w->index_thread, NULL);
+    /* Jobs still queued (a fatal stop): dropped unfinished, so Kafka
+     * redelivers them to the next owner. */
+    for (job *j; (j = job_queue_pop(&w->prep_q, 0));)
+        job_free(j);
+    for (job *j; (j = job_queue_pop(&w->step_q, 0));)
+        job_free(j);
+    for (job *j; (j = job_queue_pop(&w->silent_q, 0));)
+        job_free(j);
+    ml_runtime_destroy(w->rt); /* in-flight sequences end here; fatal path only */
+    /* Producer before consumers: its delivery reports finish into them. */
+    svc_producer_destroy(w->producer);
+    svc_consumer_destroy(w->consumer);
+    svc_consumer_destroy(w->cancels);
+    svc_mock_kafka_destroy(w->mock);
+    for (int i = 0; i < w->n_prep; i++)
+        svc_redis_destroy(w->prep[i].redis);
+    free(w->prep);
+    svc_redis_destroy(w->redis_index);
+    ml_model_destroy(w->model);
+    ml_tokenizer_destroy(w->tok);
+    svc_backends_deinit(&w->backends);
+    svc_http_stop(w->http);
+    worker_cancels_deinit(&w->pending_cancels);
+    while (w->events_head) {
+        image_event *e = w->events_head;
+        w->events_head = e->next;
+        free(e);
+    }
+    job_queue_deinit(&w->prep_q);
+    job_queue_deinit(&w->step_q);
+    job_queue_deinit(&w->silent_q);
+    free(w->resident);
+    svc_adapter_store_deinit(&w->adapters);
+    svc_config_deinit(&w->cfg);
+    free(w);
+}

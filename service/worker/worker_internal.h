@@ -1,0 +1,317 @@
+/* State shared by the worker's threads (worker.c: wiring and the Kafka loop;
+ * worker_prep.c: request preparation; worker_step.c: the engine step loop
+ * and the replies; worker_cancel.c: cancels). Not a public header.
+ *
+ * Threads and what they own:
+ * - Kafka (the caller of svc_worker_run): the consumers and producer polls,
+ *   delivery reports, offsets, backpressure, the drain sequence.
+ * - prep (a pool of worker.prep_threads, all popping prep_q): attempt
+ *   counting and blob fetches in Redis (a connection per thread), request
+ *   parsing, image decoding and preprocessing, tokenization. Jobs of one
+ *   partition may leave the pool in any order: offsets are finished in any
+ *   order anyway (offsets.h), and the step thread submits in pop order.
+ * - step: the runtime (model, backend); reply records. It decodes no
+ *   image: an inline image whose state is evicted before admission sends
+ *   its job back to the prep pool (ML_REQERR_IMAGE_EVICTED, redecode).
+ * - index: the Redis index (its own connection): heartbeats and image events.
+ * - http: /metrics, /healthz, /readyz (http.c).
+ * They talk through the queues below; nothing blocks the Kafka thread. */
+#ifndef SVC_WORKER_INTERNAL_H
+#define SVC_WORKER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "worker/adapter_store.h"
+#include "backend_select.h"
+#include "config.h"
+#include "engine.h"
+#include "http.h"
+#include "kafka/kafka.h"
+#include "protocol/protocol.h"
+#include "redis/redis.h"
+#include "worker/worker.h"
+
+/* ==== jobs ================================================================== */
+
+/* What a record produced for a job is: its delivery report's ctx points
+ * at the job's job_record of that kind. */
+typedef enum job_record_kind {
+    JOB_RECORD_CHUNK,       /* a streamed chunk: not the last */
+    JOB_RECORD_FINAL,       /* the final reply record */
+    JOB_RECORD_DEAD_LETTER, /* the request's copy on the dead-letter topic */
+    JOB_RECORD_KINDS,
+} job_record_kind;
+
+typedef struct job_record {
+    struct job *j; /* borrowed: the job the record is for */
+    job_record_kind kind;
+} job_record;
+
+/* One consumed request from hand-off to the delivery of its last record.
+ * It ends in exactly one of: a final reply or a dead letter acknowledged
+ * (which finishes the ticket), or a process-level stop (nothing finished). */
+typedef struct job {
+    struct job *next;           /* queue link */
+    struct job *reg_prev, *reg_next; /* the live-job registry */
+    svc_worker *w;              /* borrowed */
+    svc_offset_ticket ticket;   /* finished when the final record is delivered */
+    char topic[SVC_TOPIC_NAME_MAX + 1];
+    int32_t partition;
+    int64_t offset;
+    int64_t timestamp_ms;       /* the record's; -1 when absent */
+    uint64_t arrival;           /* Kafka thread's arrival number (worker_cancel.c) */
+    uint32_t attempt;
+    atomic_bool abandoned;      /* partition revoked or lost: no more records */
+    /* References: one for the pipeline (prep, then step thread, until its
+     * final record or dead letter is queued) and one per record queued and
+     * not yet reported. job_free drops one; the last frees the job. */
+    atomic_int refs;
+    job_record records[JOB_RECORD_KINDS]; /* the ctx of each kind of record */
+    /* The reply topic refused one of the request's records (unknown topic,
+     * not authorized, too large): nothing more is sent to it and the
+     * request ends as a dead letter. reply_why is written once, under
+     * w->failure_lock, before reply_failed is set. */
+    atomic_bool reply_failed;
+    char reply_why[SVC_ERRMSG_MAX];
+    bool final_replaced;        /* the final in flight is the reply_too_large replacement */
+    svc_error dlt_code;         /* the dead letter's code, counted once it is delivered */
+    bool cancel_sent;           /* step thread: ml_runtime_cancel was called on handle */
+    svc_request *req;           /* owned until submitted */
+    svc_kafka_msg msg;          /* owned by its prep thread until parsed */
+    /* What the step thread submits. */
+    ml_token_buf prompt;
+    ml_request_image *images;   /* owned array; pixels transferred at submit */
+    int n_images;
+    ml_sampling_params sampling;
+    bool keep_req;              /* an at_caller image may need req's bytes: keep it until the end */
+    bool redecode;              /* back from the step thread: decode every image, submit again */
+    int n_skipped;              /* inline images prep left undecoded (at_caller) */
+    uint64_t pixels;            /* decoded pixels its images come to (prep: the budget) */
+    uint64_t handle;            /* runtime handle once submitted */
+    /* Reply state (step thread). */
+    char *id, *reply_topic;     /* owned copies */
+    bool stream;
+    uint32_t seq;
+    svc_buf text;               /* stream: false accumulates here */
+    /* stream: false with logprobs: each streamed token's entry, its
+     * alternatives in lp_top (n_top each, in token order; the entries'
+     * top pointers are set when the completion is written, as lp_top
+     * moves while it grows). Token strings are the tokenizer's. */
+    svc_logprob_entry *lp;      /* owned (lp_cap) */
+    svc_token_logprob *lp_top;  /* owned (lp_cap * sampling.top_logprobs) */
+    size_t n_lp, lp_cap;
+    bool lp_failed;             /* out of memory: the completion is an error */
+    double t_handoff, t_last;   /* monotonic seconds */
+    int n_tokens;
+} job;
+
+typedef struct job_queue {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    job *head, *tail;
+    int n;
+} job_queue;
+
+void job_queue_init(job_queue *q);
+void job_queue_deinit(job_queue *q);
+void job_queue_push(job_queue *q, job *j);
+/* Pop one job, waiting up to timeout_ms; NULL when none came. */
+job *job_queue_pop(job_queue *q, int timeout_ms);
+
+/* ==== pending cancels (worker_cancel.c) ========================================
+ *
+ * Every cancel record is remembered for a while, so that a cancel stops its
+ * request whatever stage the request is in when the cancel arrives: queued
+ * for prep, being prepared, waiting for the step thread, or running. The
+ * prep thread consults the table once the request id is known, the step
+ * thread at submit and (for running sequences) whenever a cancel arrives.
+ * A cancel stops the executions of its id whose request record is not newer
+ * than the cancel record (record timestamps; where either has none, those
+ * consumed before the cancel arrived), so a client that cancels and then
+ * sends the id again gets the new execution run.
+ *
+ * Bounded: WORKER_CANCELS_MAX entries, each forgotten WORKER_CANCEL_TTL_MS
+ * after it arrived, the oldest first when the table is full. A running
+ * request is hit when its cancel arrives; the table is for the requests
+ * that have not reached the runtime yet (seconds, normally) and for a
+ * cancel that overtook its request in a backlog. */
+#define WORKER_CANCELS_MAX 4096
+#define WORKER_CANCEL_TTL_MS (5 * 60 * 1000)
+
+typedef struct pending_cancel {
+    uint64_t hash;              /* of the id: compared before the bytes */
+    uint64_t arrival;           /* Kafka thread's arrival number */
+    long long at_ms;            /* svc_now_ms() when it arrived */
+    int64_t timestamp_ms;       /* the cancel record's; -1 when absent */
+    size_t len;
+    char id[SVC_ID_MAX_BYTES + 1];
+} pending_cancel;
+
+typedef struct cancel_table {
+    pthread_mutex_t lock;
+    pending_cancel *ring;       /* owned: WORKER_CANCELS_MAX slots, oldest at head */
+    size_t head, n;
+} cancel_table;
+
+/* An image event for the index thread. */
+typedef struct image_event {
+    struct image_event *next;
+    ml_image_event ev;
+    char sha256[SVC_SHA256_HEX_LEN + 1];
+    uint64_t bytes;
+    int n_tiles;
+} image_event;
+
+/* One thread of the prep pool. */
+typedef struct prep_thread {
+    svc_worker *w;              /* borrowed */
+    svc_redis *redis;           /* owned: this thread's connection; NULL without Redis */
+    pthread_t thread;
+    bool started;
+} prep_thread;
+
+/* What a job keeps of its request's value once it is prepared, for a dead
+ * letter written later (reply_undeliverable): the first this many bytes,
+ * so an accepted request holds no more of its record than this. */
+#define WORKER_LATE_DLT_VALUE_MAX (64u << 10)
+
+/* The attempt number of an execution Redis could not count has this bit set
+ * (worker.h); the other bits make it unique to the execution. */
+#define WORKER_ATTEMPT_UNCOUNTED 0x80000000u
+
+/* ==== the worker ============================================================== */
+
+struct svc_worker {
+    svc_config cfg;             /* owned */
+    char model_name[SVC_CONFIG_STR];
+    char fingerprint[17];       /* first 16 hex digits of the model fingerprint */
+    svc_limits limits;
+    svc_health health;
+    atomic_bool stop;           /* SIGTERM/SIGINT: drain and exit */
+    atomic_bool fatal;          /* a process-level error: exit non-zero */
+    char fatal_msg[512];
+
+    /* Engine (step thread after start). */
+    svc_backends backends;      /* the model's: one, or a tensor-parallel group */
+    ml_model *model;
+    ml_tokenizer *tok;
+    ml_runtime *rt;
+    ml_image_params image_params;
+    uint64_t adapter_loads_seen; /* runtime adapter loads already counted (step thread) */
+    atomic_uint next_uncounted; /* prep pool: numbers attempts Redis could not count */
+
+    /* Kafka. */
+    void *mock;                 /* svc_mock_kafka *, when brokers == "mock" */
+    char brokers[SVC_CONFIG_STR];
+    svc_consumer *consumer;     /* request topic, consumer group */
+    svc_consumer *cancels;      /* cancel topic, a group of its own: sees every cancel */
+    svc_producer *producer;
+    atomic_int inflight;        /* jobs consumed and not yet fully delivered */
+    svc_topic_policy reply_policy; /* kafka.reply_topics; reserved: reply_reserved */
+    const char *reply_reserved[3]; /* borrowed from cfg: request, cancel, DLT topics */
+    pthread_mutex_t failure_lock;  /* jobs' reply_why */
+    pthread_mutex_t partitions_lock;
+    char partitions[1024];      /* "topic:0,1,5" for the Redis heartbeat */
+
+    /* Redis (NULL when redis.url is empty); the prep threads' own are in prep. */
+    svc_redis *redis_index;
+    svc_adapter_store adapters; /* Redis-held adapters copied into model.adapters_dir */
+
+    /* Threads and queues. */
+    job_queue prep_q;           /* Kafka -> prep */
+    job_queue step_q;           /* prep -> step */
+    job_queue silent_q;         /* step -> Kafka: superseded jobs, finished without a record */
+    cancel_table pending_cancels;
+    uint64_t arrivals;          /* Kafka thread: numbers requests and cancels as consumed */
+    atomic_bool cancel_scan;    /* a cancel arrived or a job was abandoned: step rescans */
+    atomic_bool cancel_all;     /* drain grace expired: cancel everything running */
+    pthread_mutex_t event_lock;
+    pthread_cond_t event_cond;
+    image_event *events_head, *events_tail;
+    pthread_mutex_t registry_lock;
+    job *registry;              /* every live job */
+    pthread_mutex_t resident_lock;
+    uint8_t (*resident)[ML_IMAGE_KEY_BYTES]; /* owned: keys of resident image states */
+    size_t n_resident, cap_resident;
+    prep_thread *prep;          /* owned: n_prep threads */
+    int n_prep;
+    pthread_t step_thread, index_thread;
+    atomic_bool threads_stop;
+    svc_http *http;
+};
+
+/* Registry of live jobs, for revocations (any thread). */
+void worker_register(svc_worker *w, job *j);
+void worker_unregister(svc_worker *w, job *j);
+
+/* Drop the caller's reference to j (the pipeline's, or a record's in its
+ * delivery report); the last one frees j and everything it owns and
+ * unregisters it. @locality any. */
+void job_free(job *j);
+
+/* End j with an error reply (final) or a dead letter. Both take the
+ * caller's reference: j is not touched after. A dead letter copies j->msg
+ * (which must still hold the record, or its detached copy); its delivery
+ * finishes the ticket. @locality prep, step or Kafka thread. */
+void worker_reply_error(svc_worker *w, job *j, svc_error code, const char *message);
+void worker_dead_letter(svc_worker *w, job *j, svc_error code, const char *message);
+
+/* Produce a streamed chunk. Returns 0, or -1 when it was not sent: the
+ * worker stopped, or the reply topic refused this or an earlier record of
+ * j (then nothing more goes to it and the final becomes a dead letter).
+ * j stays the caller's. @locality step thread. */
+int worker_produce_chunk(svc_worker *w, job *j, const svc_buf *value, uint32_t seq);
+
+/* Produce j's final record, taking the caller's reference. One that cannot
+ * be written for its size is replaced by a small reply_too_large error
+ * final; one the topic refuses (or after a refused chunk) becomes a dead
+ * letter (reply_undeliverable); any other failure is process-level.
+ * @locality prep, step or Kafka thread. */
+void worker_produce_final(svc_worker *w, job *j, const svc_buf *value, uint32_t seq);
+
+/* Latch a process-level error: the Kafka loop stops without committing. */
+void worker_fail(svc_worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The pending-cancel table (worker_cancel.c). init returns 0, or -1 out of
+ * memory; deinit accepts a table init never reached (zeroed). */
+int worker_cancels_init(cancel_table *t);
+void worker_cancels_deinit(cancel_table *t);
+/* Remember the cancel record m (key = request id) and have the step thread
+ * rescan. A key that cannot be a request id is ignored. @locality Kafka thread. */
+void worker_cancel_record(svc_worker *w, const svc_kafka_msg *m);
+/* Whether a pending cancel stops j (its id set). @locality any thread. */
+bool worker_cancel_hits(svc_worker *w, const job *j);
+/* At submit: whether j runs. When it does, older executions of its id
+ * still running here are cancelled (they end with finish_reason cancelled
+ * before j sends anything). @locality step thread. */
+typedef enum submit_verdict {
+    SUBMIT_RUN,
+    SUBMIT_CANCELLED,   /* a pending cancel stops it: its final says cancelled */
+    SUBMIT_SUPERSEDED,  /* a newer execution of its id runs here: it sends nothing */
+} submit_verdict;
+submit_verdict worker_cancel_before_submit(svc_worker *w, job *j);
+/* Cancel the running jobs that a new cancel hits, that were abandoned, or
+ * all of them once the drain grace expired. @locality step thread. */
+void worker_cancels_apply(svc_worker *w);
+
+/* The final record of a job stopped before it ran: finish_reason cancelled,
+ * no error, zero usage; its delivery finishes the ticket. `why` is logged.
+ * @locality prep or step thread (whichever holds j). */
+void worker_reply_cancelled(svc_worker *w, job *j, const char *why);
+
+/* Thread bodies. worker_prep_main's arg is its prep_thread. */
+void *worker_prep_main(void *arg);
+void *worker_step_main(void *arg);
+
+/* The resident-image mirror: updated from the runtime's events (step
+ * thread), read by the prep threads. */
+void worker_mirror_update(svc_worker *w, ml_image_event ev, const uint8_t *key);
+bool worker_mirror_contains(svc_worker *w, const uint8_t *key);
+
+/* The image event callback of the runtime (step thread). */
+void worker_on_image_event(void *ctx, ml_image_event ev, const uint8_t *key, size_t bytes,
+                           int n_tiles);
+
+#endif
