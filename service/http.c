@@ -61,13 +61,6 @@ struct svc_http {
     http_conn conns[SVC_HTTP_CONN_MAX];
 };
 
-long long svc_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ==== Request parsing ====================================================== */
 
 /* Length of the header block (through its blank line) in b[0..len), or 0 when

@@ -12,6 +12,8 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
+#include "util.h"
+
 /* A connection gets this long from accept to the last byte of its response:
  * reading the request, writing the answer and the close. A client that has
  * not finished by then is dropped. Probes and scrapes take milliseconds; the
@@ -67,7 +69,5 @@ int svc_http_port(const svc_http *h);
 /* Stop the thread, close every connection and the socket. NULL is a no-op. */
 void svc_http_stop(svc_http *h);
 
-/* Monotonic milliseconds, the clock of the heartbeats. */
-long long svc_now_ms(void);
 
 #endif

@@ -58,12 +58,10 @@ size_t svc_kafka_headers_bytes(const rd_kafka_headers_t *hdrs)
 svc_kafka_status svc_kafka_fail(char *err, size_t errlen, svc_kafka_status st, const char *fmt,
                                 ...)
 {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    svc_verrf(err, errlen, fmt, ap);
+    va_end(ap);
     return st;
 }
 

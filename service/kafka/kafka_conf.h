@@ -5,6 +5,7 @@
 #define SVC_KAFKA_CONF_H
 
 #include "kafka/kafka.h"
+#include "util.h"
 
 /* A property the worker's correctness depends on, with the reason given when
  * a pass-through property tries to change it. */

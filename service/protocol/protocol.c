@@ -31,16 +31,6 @@ const char *svc_error_code(svc_error e)
     return "internal";
 }
 
-void svc_errf(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 #define MIB ((size_t)1 << 20)
 
 void svc_limits_default(svc_limits *lim)

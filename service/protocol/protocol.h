@@ -96,6 +96,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util.h"
+
 /* ==== Errors ============================================================= */
 
 /* Request-level outcomes. The strings (svc_error_code) are a stable wire
@@ -132,9 +134,6 @@ const char *svc_error_code(svc_error e);
 /* Capacity for the human message of a request error (err buffers). */
 #define SVC_ERRMSG_MAX 256
 
-/* printf into a caller's error buffer: NULL-safe (err NULL or errlen 0 does
- * nothing), always NUL-terminated, truncated to fit. @locality any thread. */
-void svc_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ==== Limits ============================================================= */
 
@@ -366,21 +365,6 @@ bool svc_valid_traceparent(const char *s, size_t len);
 bool svc_utf8_valid(const char *s, size_t len, size_t *bad);
 
 /* ==== Reply records ====================================================== */
-
-/* A growable output buffer, reused record after record so that steady-state
- * streaming allocates nothing. Zero-initialise or svc_buf_init. */
-typedef struct svc_buf {
-    char *data; /* owned; NUL-terminated after every builder call */
-    size_t len;
-    size_t cap;
-} svc_buf;
-
-void svc_buf_init(svc_buf *b);
-/* Free the storage; the buffer is empty and usable again. */
-void svc_buf_deinit(svc_buf *b);
-/* Append printf output, growing the buffer. Returns 0, or -1 when out of
- * memory (the buffer then keeps its previous contents). */
-int svc_buf_printf(svc_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 typedef enum svc_finish {
     SVC_FINISH_NONE = 0, /* not the last record */

@@ -11,7 +11,6 @@
 
 #include "protocol/protocol.h"
 
-#define BUF_MIN_CAP 512
 /* OpenAI writes this for tokens whose probability underflows to zero. */
 #define LOGPROB_FLOOR (-9999.0)
 #define U64_DIGITS 20
@@ -72,45 +71,7 @@ bool svc_utf8_valid(const char *s, size_t len, size_t *bad)
     return true;
 }
 
-/* ==== Buffer and JSON writer ============================================= */
-
-void svc_buf_init(svc_buf *b)
-{
-    b->data = NULL;
-    b->len = 0;
-    b->cap = 0;
-}
-
-void svc_buf_deinit(svc_buf *b)
-{
-    free(b->data);
-    svc_buf_init(b);
-}
-
-int svc_buf_printf(svc_buf *b, const char *fmt, ...)
-{
-    for (;;) {
-        size_t room = b->cap - b->len;
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->cap ? b->data + b->len : NULL, room, fmt, ap);
-        va_end(ap);
-        if (n < 0)
-            return -1;
-        if ((size_t)n < room) {
-            b->len += (size_t)n;
-            return 0;
-        }
-        size_t cap = b->cap ? b->cap : BUF_MIN_CAP;
-        while (cap < b->len + (size_t)n + 1)
-            cap *= 2;
-        char *p = realloc(b->data, cap);
-        if (!p)
-            return -1;
-        b->data = p;
-        b->cap = cap;
-    }
-}
+/* ==== JSON writer ======================================================= */
 
 /* Appends latch the first allocation failure; the builder checks once. */
 typedef struct jw {
@@ -120,27 +81,9 @@ typedef struct jw {
 
 static bool jw_reserve(jw *w, size_t extra)
 {
-    svc_buf *b = w->b;
-    if (w->oom)
-        return false;
-    if (extra > SIZE_MAX - b->len - 1) {
+    if (!w->oom && svc_buf_reserve(w->b, extra) != 0)
         w->oom = true;
-        return false;
-    }
-    size_t need = b->len + extra + 1;
-    if (need <= b->cap)
-        return true;
-    size_t cap = b->cap ? b->cap : BUF_MIN_CAP;
-    while (cap < need)
-        cap = cap > SIZE_MAX / 2 ? need : cap * 2;
-    char *p = realloc(b->data, cap);
-    if (!p) {
-        w->oom = true;
-        return false;
-    }
-    b->data = p;
-    b->cap = cap;
-    return true;
+    return !w->oom;
 }
 
 static void jw_raw(jw *w, const char *s, size_t n)

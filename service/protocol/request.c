@@ -172,12 +172,10 @@ static svc_error fail(parser *p, svc_error e, const char *fmt, ...)
     if (p->first != SVC_ERROR_NONE)
         return e;
     p->first = e;
-    if (p->err && p->errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(p->err, p->errlen, fmt, ap);
-        va_end(ap);
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    svc_verrf(p->err, p->errlen, fmt, ap);
+    va_end(ap);
     return e;
 }
 

@@ -33,13 +33,6 @@ static void gauge(_Atomic uint64_t *g, uint64_t v)
     atomic_store_explicit(g, v, memory_order_relaxed);
 }
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 const char *svc_redis_status_name(svc_redis_status st)
 {
     switch (st) {
@@ -339,7 +332,7 @@ static svc_redis_status call_failed(svc_redis *r, svc_redis_status st)
         if (b == SVC_REDIS_BREAKER_HALF_OPEN)
             r->open_ms = r->open_ms > r->cfg.breaker_open_max_ms / 2 ? r->cfg.breaker_open_max_ms
                                                                      : r->open_ms * 2;
-        r->open_until_ms = mono_ms() + r->open_ms;
+        r->open_until_ms = svc_now_ms() + r->open_ms;
         set_breaker(r, SVC_REDIS_BREAKER_OPEN);
         count(&r->n_opens);
         svc_log(SVC_LOG_WARN, "redis.breaker_open",
@@ -409,7 +402,7 @@ svc_redis_status svc_redis_call_begin(svc_redis *r)
 {
     count(&r->n_calls);
     if (breaker(r) == SVC_REDIS_BREAKER_OPEN) {
-        if (mono_ms() < r->open_until_ms) {
+        if (svc_now_ms() < r->open_until_ms) {
             count(&r->n_fast_fails);
             return SVC_REDIS_UNAVAILABLE;
         }

@@ -31,6 +31,7 @@
 #define REPLIES_TOPIC "mllama.replies" /* created on the mock cluster for clients */
 #define MOCK_BROKERS 1
 #define CANCEL_POLL_MS 0
+#define INDEX_WAIT_MS 200 /* how long the index thread sleeps without events */
 
 /* ==== small pieces ============================================================ */
 
@@ -77,13 +78,7 @@ job *job_queue_pop(job_queue *q, int timeout_ms)
     pthread_mutex_lock(&q->lock);
     if (!q->head && timeout_ms > 0) {
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += timeout_ms / 1000;
-        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        svc_deadline_in(&ts, timeout_ms);
         pthread_cond_timedwait(&q->cond, &q->lock, &ts);
     }
     job *j = q->head;
@@ -569,13 +564,6 @@ void worker_on_image_event(void *ctx, ml_image_event ev, const uint8_t *key, siz
     pthread_mutex_unlock(&w->event_lock);
 }
 
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void *index_main(void *arg)
 {
     svc_worker *w = arg;
@@ -584,12 +572,7 @@ static void *index_main(void *arg)
         pthread_mutex_lock(&w->event_lock);
         if (!w->events_head) {
             struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 200 * 1000000L;
-            if (ts.tv_nsec >= 1000000000) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000;
-            }
+            svc_deadline_in(&ts, INDEX_WAIT_MS);
             pthread_cond_timedwait(&w->event_cond, &w->event_lock, &ts);
         }
         image_event *e = w->events_head;
@@ -600,7 +583,7 @@ static void *index_main(void *arg)
             svc_redis_status st =
                 e->ev == ML_IMAGE_INSERTED
                     ? svc_redis_img_insert(w->redis_index, e->sha256, e->bytes,
-                                           (uint32_t)e->n_tiles, wall_ms())
+                                           (uint32_t)e->n_tiles, svc_wall_ms())
                     : svc_redis_img_evict(w->redis_index, e->sha256);
             if (st != SVC_REDIS_OK && st != SVC_REDIS_NOT_FOUND)
                 svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
@@ -614,7 +597,7 @@ static void *index_main(void *arg)
             pthread_mutex_unlock(&w->partitions_lock);
             svc_redis_worker_info info = {.partitions = parts,
                                           .free_pool_bytes = 0, .adapters = ""};
-            if (svc_redis_heartbeat(w->redis_index, &info, wall_ms()) != SVC_REDIS_OK)
+            if (svc_redis_heartbeat(w->redis_index, &info, svc_wall_ms()) != SVC_REDIS_OK)
                 svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
             svc_redis_stats rs;
             svc_redis_stats_get(w->redis_index, &rs);
@@ -842,7 +825,7 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     svc_adapter_store_init(&w->adapters, w->cfg.model.adapters_dir,
                            (size_t)w->cfg.limits.max_adapter_bytes);
     /* Start time in ms: numbers of uncounted attempts differ across processes. */
-    atomic_store(&w->next_uncounted, (uint32_t)wall_ms());
+    atomic_store(&w->next_uncounted, (uint32_t)svc_wall_ms());
     w->prep = calloc((size_t)w->cfg.worker.prep_threads, sizeof *w->prep);
     if (!w->prep) {
         *code = SVC_WORKER_EXIT_CONFIG;

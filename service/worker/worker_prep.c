@@ -31,14 +31,6 @@
  * (redis_index.h). */
 static _Thread_local svc_redis *prep_redis;
 
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static double mono_s(void) { return (double)svc_now_ms() / 1000.0; }
 
 static svc_bytes header(const job *j, const char *name)
 {
@@ -386,7 +378,7 @@ static void prepare(svc_worker *w, job *j)
         .key = j->msg.key, .key_len = j->msg.key_len,
         .request_id = header(j, "request_id"), .reply_topic = header(j, "reply_topic"),
         .deadline_ms = header(j, "deadline_ms"), .traceparent = header(j, "traceparent"),
-        .now_ms = wall_ms(),
+        .now_ms = svc_wall_ms(),
     };
     svc_error code = svc_request_parse(&in, &w->limits, &j->req, msg, sizeof msg);
     /* A reply topic outside the policy has no allowed address to answer:
@@ -432,7 +424,7 @@ static void prepare(svc_worker *w, job *j)
         return;
     }
     build_sampling(w, j);
-    j->t_handoff = mono_s();
+    j->t_handoff = svc_now_s();
     job_queue_push(&w->step_q, j);
 }
 

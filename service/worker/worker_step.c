@@ -14,7 +14,6 @@
 
 #define IDLE_WAIT_MS 50
 
-static double mono_s(void) { return (double)svc_now_ms() / 1000.0; }
 
 static svc_finish finish_of(ml_finish_reason r)
 {
@@ -111,7 +110,7 @@ static void on_token(void *ctx, int32_t id, const char *text, size_t len, const 
 {
     job *j = ctx;
     svc_worker *w = j->w;
-    double now = mono_s();
+    double now = svc_now_s();
     svc_metrics_add(SVC_COUNTER_TOKENS_GENERATED, 1);
     if (j->n_tokens++ == 0)
         svc_metrics_observe(SVC_HIST_TTFT, now - j->t_handoff);
@@ -217,7 +216,7 @@ static void on_finish(void *ctx, const char *tail, size_t tail_len, ml_finish_re
         return;
     }
     svc_finish fin = finish_of(reason);
-    svc_metrics_observe(SVC_HIST_REQUEST_DURATION, mono_s() - j->t_handoff);
+    svc_metrics_observe(SVC_HIST_REQUEST_DURATION, svc_now_s() - j->t_handoff);
     svc_usage usage = {.prompt_tokens = (uint32_t)u->prompt_tokens,
                        .completion_tokens = (uint32_t)u->completion_tokens,
                        .images = (uint32_t)u->images, .images_cached = (uint32_t)u->images_cached};

@@ -1,0 +1,101 @@
+/* Clocks, error buffers and the byte buffer (util.h). @locality any thread. */
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define BUF_MIN_CAP 512
+#define NS_PER_MS 1000000L
+#define NS_PER_S 1000000000L
+
+/* ==== clocks ==================================================================== */
+
+static int64_t ms_of(clockid_t clock)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / NS_PER_MS;
+}
+
+long long svc_now_ms(void) { return ms_of(CLOCK_MONOTONIC); }
+double svc_now_s(void) { return (double)svc_now_ms() / 1000.0; }
+int64_t svc_wall_ms(void) { return ms_of(CLOCK_REALTIME); }
+
+void svc_deadline_in(struct timespec *ts, int ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * NS_PER_MS;
+    if (ts->tv_nsec >= NS_PER_S) {
+        ts->tv_sec++;
+        ts->tv_nsec -= NS_PER_S;
+    }
+}
+
+/* ==== error buffers ============================================================== */
+
+void svc_verrf(char *err, size_t errlen, const char *fmt, va_list ap)
+{
+    if (err && errlen)
+        vsnprintf(err, errlen, fmt, ap);
+}
+
+void svc_errf(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    svc_verrf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* ==== the byte buffer ============================================================= */
+
+void svc_buf_init(svc_buf *b)
+{
+    b->data = NULL;
+    b->len = 0;
+    b->cap = 0;
+}
+
+void svc_buf_deinit(svc_buf *b)
+{
+    free(b->data);
+    svc_buf_init(b);
+}
+
+int svc_buf_reserve(svc_buf *b, size_t extra)
+{
+    if (extra > SIZE_MAX - b->len - 1)
+        return -1;
+    size_t need = b->len + extra + 1;
+    if (need <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : BUF_MIN_CAP;
+    while (cap < need)
+        cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+    char *p = realloc(b->data, cap);
+    if (!p)
+        return -1;
+    b->data = p;
+    b->cap = cap;
+    return 0;
+}
+
+int svc_buf_printf(svc_buf *b, const char *fmt, ...)
+{
+    for (;;) {
+        size_t room = b->cap - b->len;
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->cap ? b->data + b->len : NULL, room, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return -1;
+        if ((size_t)n < room) {
+            b->len += (size_t)n;
+            return 0;
+        }
+        if (svc_buf_reserve(b, (size_t)n) != 0)
+            return -1;
+    }
+}

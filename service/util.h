@@ -1,0 +1,50 @@
+/* What every room of service/ uses and none owns: the clocks, printf into a
+ * caller's error buffer, and a growable byte buffer.
+ * @locality any thread: nothing here keeps state between calls. */
+#ifndef SVC_UTIL_H
+#define SVC_UTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+/* ==== clocks ==================================================================== */
+
+/* Monotonic milliseconds: heartbeats, deadlines, durations. */
+long long svc_now_ms(void);
+/* Monotonic seconds, for the latency histograms. */
+double svc_now_s(void);
+/* Unix-epoch milliseconds: what crosses a process (deadline_ms, attempt numbers). */
+int64_t svc_wall_ms(void);
+/* *ts = now + ms on CLOCK_REALTIME, the clock pthread_cond_timedwait waits on. */
+void svc_deadline_in(struct timespec *ts, int ms);
+
+/* ==== error buffers ============================================================== */
+
+/* printf into a caller's error buffer: NULL-safe (err NULL or errlen 0 does
+ * nothing), always NUL-terminated, truncated to fit. */
+void svc_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void svc_verrf(char *err, size_t errlen, const char *fmt, va_list ap);
+
+/* ==== the byte buffer ============================================================= */
+
+/* A growable output buffer, reused record after record so that steady-state
+ * streaming allocates nothing. Zero-initialise or svc_buf_init. */
+typedef struct svc_buf {
+    char *data; /* owned; NUL-terminated after every builder call */
+    size_t len;
+    size_t cap;
+} svc_buf;
+
+void svc_buf_init(svc_buf *b);
+/* Free the storage; the buffer is empty and usable again. */
+void svc_buf_deinit(svc_buf *b);
+/* Room for `extra` more bytes and a NUL. Returns 0, or -1 when out of
+ * memory or the size would overflow (the buffer is unchanged then). */
+int svc_buf_reserve(svc_buf *b, size_t extra);
+/* Append printf output, growing the buffer. Returns 0, or -1 when out of
+ * memory (the buffer then keeps its previous contents). */
+int svc_buf_printf(svc_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif
