@@ -5,7 +5,7 @@
  * Keys, with <p> the configured prefix:
  *   <p>:img:<sha256>             hash {worker, bytes, tiles, last_use}      TTL img_ttl_s
  *   <p>:worker:<id>              hash {partitions, free_pool_bytes,
- *                                      adapters, heartbeat_ms}              TTL worker_ttl_s
+ *                                      heartbeat_ms}                        TTL worker_ttl_s
  *   <p>:blob:img:<sha256>        string: the image bytes                    TTL set by the writer
  *   <p>:adapter:<name>           hash {config: adapter_config.json,
  *                                      weights: adapter_model.safetensors}  no TTL
@@ -140,8 +140,9 @@ svc_redis_status svc_redis_img_evict(svc_redis *r, const char *sha256);
 
 typedef struct svc_redis_worker_info {
     const char *partitions;   /* borrowed, e.g. "llm.requests:0,1,5" */
+    /* Free bytes of the K/V pool and the image-state budget together: how
+     * much a router may still send here before the worker queues. */
     uint64_t free_pool_bytes;
-    const char *adapters;     /* borrowed, e.g. "a1,a2" */
 } svc_redis_worker_info;
 
 /* Publish <p>:worker:<id> with `info`, refresh the TTL of every resident

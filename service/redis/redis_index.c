@@ -142,7 +142,6 @@ void svc_redis_destroy(svc_redis *r)
     free(r->imgs);
     free(r->pending);
     free(r->partitions);
-    free(r->adapters);
     free(r);
 }
 
@@ -292,8 +291,6 @@ static svc_redis_status append_worker_publish(svc_redis *r)
     svc_redis_arg_str(&h, r->partitions ? r->partitions : "");
     svc_redis_arg_str(&h, "free_pool_bytes");
     svc_redis_arg_str(&h, s.n[0]);
-    svc_redis_arg_str(&h, "adapters");
-    svc_redis_arg_str(&h, r->adapters ? r->adapters : "");
     svc_redis_arg_str(&h, "heartbeat_ms");
     svc_redis_arg_str(&h, s.n[1]);
     svc_redis_cmd x = {0};
@@ -605,16 +602,10 @@ static svc_redis_status remember_info(svc_redis *r, const svc_redis_worker_info 
                                       int64_t now_ms)
 {
     char *partitions = strdup(info->partitions ? info->partitions : "");
-    char *adapters = strdup(info->adapters ? info->adapters : "");
-    if (!partitions || !adapters) {
-        free(partitions);
-        free(adapters);
+    if (!partitions)
         return SVC_REDIS_ERR_NOMEM;
-    }
     free(r->partitions);
-    free(r->adapters);
     r->partitions = partitions;
-    r->adapters = adapters;
     r->free_pool_bytes = info->free_pool_bytes;
     r->heartbeat_ms = now_ms;
     r->have_info = true;

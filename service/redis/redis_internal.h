@@ -54,7 +54,6 @@ struct svc_redis {
     /* Last heartbeat info, re-sent by reconciliation. */
     bool have_info;
     char *partitions;
-    char *adapters;
     uint64_t free_pool_bytes;
     int64_t heartbeat_ms;
 

@@ -35,10 +35,11 @@
 
 /* ==== small pieces ============================================================ */
 
-void worker_fail(svc_worker *w, const char *fmt, ...)
+void worker_fail(svc_worker *w, svc_worker_exit code, const char *fmt, ...)
 {
     if (atomic_exchange(&w->fatal, true))
         return;
+    w->fatal_code = code;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(w->fatal_msg, sizeof w->fatal_msg, fmt, ap);
@@ -219,7 +220,7 @@ int worker_produce_chunk(svc_worker *w, job *j, const svc_buf *value, uint32_t s
     if (request_level(st))
         reply_refused(w, j, err);
     else
-        worker_fail(w, "reply producer: %s", err);
+        worker_fail(w, SVC_WORKER_EXIT_KAFKA, "reply producer: %s", err);
     return -1;
 }
 
@@ -257,7 +258,7 @@ static void final_refused(svc_worker *w, job *j, svc_kafka_status st, const char
         snprintf(msg, sizeof msg, "reply topic %s: %s", j->reply_topic, why);
         worker_dead_letter(w, j, SVC_ERROR_REPLY_UNDELIVERABLE, msg);
     } else {
-        worker_fail(w, "reply producer: %s", why);
+        worker_fail(w, SVC_WORKER_EXIT_KAFKA, "reply producer: %s", why);
         job_free(j);
     }
 }
@@ -315,7 +316,8 @@ void worker_dead_letter(svc_worker *w, job *j, svc_error code, const char *messa
         /* The last resort refused: the record would be lost if its offset
          * moved on, so nothing is committed past it. */
         atomic_fetch_sub(&j->refs, 1);
-        worker_fail(w, "dead letter to %s: %s", w->cfg.kafka.dlt_topic, err);
+        worker_fail(w, SVC_WORKER_EXIT_KAFKA, "dead letter to %s: %s", w->cfg.kafka.dlt_topic,
+                    err);
     }
     job_free(j);
 }
@@ -343,8 +345,8 @@ static void on_delivery(void *opaque, const svc_delivery *d)
         svc_log(lost ? SVC_LOG_ERROR : SVC_LOG_WARN, "delivery_failed",
                 "%s [%" PRId32 "]: %s", d->topic, d->partition, d->errstr);
         if (lost)
-            worker_fail(w, "record lost: %s [%" PRId32 "]: %s", d->topic, d->partition,
-                        d->errstr);
+            worker_fail(w, SVC_WORKER_EXIT_KAFKA, "record lost: %s [%" PRId32 "]: %s", d->topic,
+                        d->partition, d->errstr);
     }
     bool live = !atomic_load(&j->abandoned) && !atomic_load(&w->fatal);
     char why[SVC_ERRMSG_MAX];
@@ -596,7 +598,7 @@ static void *index_main(void *arg)
             memcpy(parts, w->partitions, sizeof parts);
             pthread_mutex_unlock(&w->partitions_lock);
             svc_redis_worker_info info = {.partitions = parts,
-                                          .free_pool_bytes = 0, .adapters = ""};
+                                          .free_pool_bytes = atomic_load(&w->free_pool_bytes)};
             if (svc_redis_heartbeat(w->redis_index, &info, svc_wall_ms()) != SVC_REDIS_OK)
                 svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
             svc_redis_stats rs;
@@ -970,13 +972,13 @@ int svc_worker_run(svc_worker *w)
         if (st == SVC_KAFKA_OK)
             accept_message(w, &m);
         else if (st != SVC_KAFKA_NO_MESSAGE)
-            worker_fail(w, "consumer: %s", svc_kafka_status_name(st));
+            worker_fail(w, SVC_WORKER_EXIT_KAFKA, "consumer: %s", svc_kafka_status_name(st));
         poll_cancels(w);
         finish_silent(w);
         svc_producer_poll(w->producer, 0);
         if (svc_producer_fatal(w->producer, err, sizeof err) ||
             svc_consumer_fatal(w->consumer, err, sizeof err))
-            worker_fail(w, "kafka: %s", err);
+            worker_fail(w, SVC_WORKER_EXIT_KAFKA, "kafka: %s", err);
     }
     atomic_store(&w->health.draining, 1);
     int fatal = atomic_load(&w->fatal);
@@ -990,7 +992,7 @@ int svc_worker_run(svc_worker *w)
         return SVC_WORKER_EXIT_OK;
     }
     svc_log(SVC_LOG_ERROR, "worker_exit", "%s", w->fatal_msg);
-    return strstr(w->fatal_msg, "backend") ? SVC_WORKER_EXIT_DEVICE : SVC_WORKER_EXIT_KAFKA;
+    return w->fatal_code;
 }
 
 /* ==== destroy ======================================================================= */

@@ -30,15 +30,16 @@
 
 typedef struct svc_worker svc_worker;
 
-/* Exit codes of `mllama worker` (README.md "Contributing", Errors: process-level errors exit with a
- * distinct code so the orchestrator restarts the worker). */
-enum {
+/* Exit codes of `mllama worker` (README.md "Contributing", Errors:
+ * process-level errors exit with a distinct code so the orchestrator
+ * restarts the worker). */
+typedef enum svc_worker_exit {
     SVC_WORKER_EXIT_OK = 0,
     SVC_WORKER_EXIT_CONFIG = 3,  /* configuration invalid */
     SVC_WORKER_EXIT_MODEL = 4,   /* model could not be loaded */
     SVC_WORKER_EXIT_KAFKA = 5,   /* Kafka fatal error */
     SVC_WORKER_EXIT_DEVICE = 6,  /* the backend failed while running */
-};
+} svc_worker_exit;
 
 /* Load the model, connect everything, start the threads. cfg is copied (its
  * kafka properties are moved: cfg->kafka.n_props becomes 0). Returns NULL

@@ -191,6 +191,7 @@ struct svc_worker {
     svc_health health;
     atomic_bool stop;           /* SIGTERM/SIGINT: drain and exit */
     atomic_bool fatal;          /* a process-level error: exit non-zero */
+    svc_worker_exit fatal_code; /* written once, by the worker_fail that set fatal */
     char fatal_msg[512];
 
     /* Engine (step thread after start). */
@@ -200,6 +201,7 @@ struct svc_worker {
     ml_runtime *rt;
     ml_image_params image_params;
     uint64_t adapter_loads_seen; /* runtime adapter loads already counted (step thread) */
+    atomic_uint_least64_t free_pool_bytes; /* step thread writes, index thread heartbeats it */
     atomic_uint next_uncounted; /* prep pool: numbers attempts Redis could not count */
 
     /* Kafka. */
@@ -271,8 +273,10 @@ int worker_produce_chunk(svc_worker *w, job *j, const svc_buf *value, uint32_t s
  * @locality prep, step or Kafka thread. */
 void worker_produce_final(svc_worker *w, job *j, const svc_buf *value, uint32_t seq);
 
-/* Latch a process-level error: the Kafka loop stops without committing. */
-void worker_fail(svc_worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Latch a process-level error of class `code` (the exit code): the Kafka
+ * loop stops without committing. The first call wins. */
+void worker_fail(svc_worker *w, svc_worker_exit code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* The pending-cancel table (worker_cancel.c). init returns 0, or -1 out of
  * memory; deinit accepts a table init never reached (zeroed). */

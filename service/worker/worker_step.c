@@ -293,6 +293,11 @@ static void publish_gauges(svc_worker *w)
     svc_metrics_set(SVC_GAUGE_REQUESTS_RUNNING, st.running);
     svc_metrics_set(SVC_GAUGE_KV_BLOCKS_USED, st.kv_blocks_total - st.kv_blocks_free);
     svc_metrics_set(SVC_GAUGE_IMAGE_CACHE_BYTES, (double)st.image_bytes_used);
+    uint64_t free_kv = (uint64_t)st.kv_blocks_free * ml_model_kv_block_bytes(w->model);
+    size_t free_images = st.image_bytes_used < st.image_bytes_budget
+                             ? st.image_bytes_budget - st.image_bytes_used
+                             : 0;
+    atomic_store(&w->free_pool_bytes, free_kv + free_images);
 }
 
 void *worker_step_main(void *arg)
@@ -308,7 +313,7 @@ void *worker_step_main(void *arg)
         }
         worker_cancels_apply(w);
         if (ml_runtime_active(w->rt) > 0 && ml_runtime_step(w->rt, err, sizeof err) != ML_OK) {
-            worker_fail(w, "backend: %s", err);
+            worker_fail(w, SVC_WORKER_EXIT_DEVICE, "backend: %s", err);
             break;
         }
         publish_gauges(w);

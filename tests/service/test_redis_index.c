@@ -225,7 +225,7 @@ static svc_redis *client_create(void)
 }
 
 static const svc_redis_worker_info info = {
-    .partitions = "llm.requests:0,1", .free_pool_bytes = 123456789, .adapters = "a1,a2"};
+    .partitions = "llm.requests:0,1", .free_pool_bytes = 123456789};
 
 static void test_index(svc_redis *r)
 {
@@ -258,7 +258,6 @@ static void test_index(svc_redis *r)
     const char *wkey = PREFIX ":worker:" WORKER;
     check(!strcmp(hget(wkey, "partitions", buf, sizeof buf), "llm.requests:0,1") &&
               !strcmp(hget(wkey, "free_pool_bytes", buf, sizeof buf), "123456789") &&
-              !strcmp(hget(wkey, "adapters", buf, sizeof buf), "a1,a2") &&
               !strcmp(hget(wkey, "heartbeat_ms", buf, sizeof buf), "5000"),
           "worker hash");
     long long ttl = ttl_of(wkey);

@@ -49,6 +49,7 @@
 #define LAG_MS 10000         /* lag series following a rebalance */
 #define PARTITIONS 4
 #define RETRY_TOKENS 8
+#define HEARTBEAT_WAIT_MS 15000 /* three heartbeats (redis.heartbeat_s 5) */
 #define QUEUED_TOKENS 64     /* what a request cancelled before running would stream */
 
 static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
@@ -439,6 +440,21 @@ static void test_same_id_twice(void)
     cJSON_Delete(j);
 }
 
+/* The heartbeat's worker hash carries the free pool: the step thread's last
+ * view of free K/V blocks and image-state budget, never 0 on an idle worker. */
+static void test_heartbeat(void)
+{
+    long long free_bytes = 0;
+    int64_t deadline = pu_now_ms() + HEARTBEAT_WAIT_MS;
+    for (; free_bytes <= 0 && pu_now_ms() < deadline; pu_sleep_ms(200)) {
+        redisReply *rep = pu_redis_cmd(&redis, "HGET mllama:worker:w1 free_pool_bytes");
+        if (rep && rep->type == REDIS_REPLY_STRING)
+            free_bytes = atoll(rep->str);
+        freeReplyObject(rep);
+    }
+    check(free_bytes > 0, "heartbeat: free_pool_bytes %lld", free_bytes);
+}
+
 static void test_unknown_adapter(void)
 {
     char *body = pu_chat_request("e2e-adapter", "Hello", NULL,
@@ -583,6 +599,7 @@ int main(void)
     test_cancel_before_running();
     test_same_id_twice();
     test_unknown_adapter();
+    test_heartbeat();
     fprintf(stderr, "one worker: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
     test_two_workers_share();
     test_third_worker_joins();
