@@ -11,8 +11,10 @@
 
 #include "dtype.h"
 #include "model/mapped_file.h"
+#include "model/lora_internal.h"
 #include "model/model_internal.h"
 #include "model/safetensors.h"
+#include "model/shard.h"
 
 /* Every PEFT adapter key starts with this (PeftModel.base_model.model). */
 #define PEFT_PREFIX "base_model.model."

@@ -4,7 +4,7 @@
  *
  * Shapes: N = tokens in the step (all sequences), D = hidden, H = heads,
  * KV = key/value heads, hd = head_dim, I = MLP width, all per shard under
- * tensor parallelism (model_internal.h ml_shard: H/N heads, KV/N kv heads,
+ * tensor parallelism (shard.h ml_shard: H/N heads, KV/N kv heads,
  * I/N channels; o_proj and down_proj outputs are partial sums, all-reduced).
  * Sequences are contiguous row ranges of every (N, ...) buffer.
  *
@@ -14,7 +14,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "model/lora_internal.h"
 #include "model/model_internal.h"
+#include "model/shard.h"
 
 void ml_text_plan(const ml_model *m, ml_carver *c, ml_text_bufs *b)
 {

@@ -5,7 +5,7 @@
  * Shapes: T = max_num_tiles, P = patches per tile + CLS (1601), Pp = P
  * padded to a multiple of 8 (1608), S = T·Pp (6432), D_v = vision hidden,
  * I_v = vision MLP width, D = text hidden. Under tensor parallelism
- * (model_internal.h ml_shard) a shard holds heads/N attention heads (q, k,
+ * (shard.h ml_shard) a shard holds heads/N attention heads (q, k,
  * v and attn are (S, D_a) with D_a = D_v/N), I_v/N MLP channels and KV/N
  * cross K/V heads; o_proj and fc2 produce partial sums that are all-reduced.
  *
@@ -15,7 +15,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "model/lora_internal.h"
 #include "model/model_internal.h"
+#include "model/shard.h"
 
 /* layernorm_pre/post are nn.LayerNorm(hidden_size) with the default eps,
  * not vision_config.norm_eps (MllamaVisionModel.__init__). */
