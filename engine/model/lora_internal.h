@@ -78,13 +78,6 @@ typedef struct ml_lora_group {
     int logit_start, n_logits; /* logit rows (lm_head) */
 } ml_lora_group;
 
-/* y (rows, N) += the LoRA of `site` for every group (token rows, or logit
- * rows with logit_rows != 0) whose adapter adapts it; scratch is an lora_t
- * buffer of the rows. Uses m->host.lora_segs (max_step_seqs entries, at
- * least n_groups). */
-void ml_lora_apply(ml_model *m, float *y, const float *x, const ml_lora_group *groups,
-                   int n_groups, int site, int K, int N, int logit_rows, float *scratch);
-
 /* ml_lora_create's slot: with n_shards == 0 one slot on m's own backend;
  * otherwise a handle for m with a part on each of shards[0 .. n_shards)
  * (borrowed), the tensor-parallel model's ranks. Errors as ml_lora_create,
