@@ -2,80 +2,26 @@
  * multithreaded (a persistent pool) and vectorised (AVX-512, AVX2 or plain C
  * kernels chosen at create time).
  *
- * Memory is host memory: alloc is 64-byte aligned and NOT zeroed (as device
- * allocations are not), weights stay where the caller mapped them, upload
- * and download are memcpy, and every op has finished when it returns.
+ * This file is the top of engine/cpu's layers (cpu_internal.h): it fills
+ * the op table from the core's ops (memory.c and the compute files), the
+ * graph entries (graph.h) and, for a member of a group, the collective
+ * (group.h), and makes and destroys backends and groups.
+ *
  * K/V caches hold f32 (kv_elem_size 4): golden references are f32 and the
  * cache feeds every later token, so it is kept exact. bf16 K/V would halve
  * cache memory at a numerics cost; it would be an opt-in flag with a
- * measured accuracy delta, and is not implemented.
- *
- * Errors are latched and reported by synchronize, as on a device; the only
- * ones are misuses of the graph ops (graph.c). */
-#include <stdarg.h>
+ * measured accuracy delta, and is not implemented. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
+#include "cpu/cpu_features.h"
 #include "cpu/cpu_internal.h"
+#include "cpu/graph.h"
+#include "cpu/group.h"
 
-#define CPU_ALIGN 64
 /* A guard against absurd requests (0 = one thread per online CPU). */
 #define CPU_MAX_THREADS 1024
-
-static void *cpu_alloc(ml_backend *be, size_t bytes)
-{
-    /* aligned_alloc wants a multiple of the alignment; 0 still gets a block. */
-    size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
-    if (rounded < bytes)
-        return NULL;
-    return aligned_alloc(CPU_ALIGN, rounded ? rounded : CPU_ALIGN);
-}
-
-static void cpu_free(ml_backend *be, void *p)
-{
-    free(p);
-}
-
-static void cpu_copy(ml_backend *be, void *dst, const void *src, size_t bytes)
-{
-    if (bytes)
-        memcpy(dst, src, bytes);
-}
-
-static const void *cpu_weight(ml_backend *be, const void *host, size_t bytes)
-{
-    return host;
-}
-
-void ml_cpu_latch(ml_cpu_backend *cb, ml_status st, const char *op, const char *fmt, ...)
-{
-    if (cb->rec_slot >= 0)
-        cb->rec_failed = 1;
-    if (cb->err_status != ML_OK)
-        return;
-    cb->err_status = st;
-    int n = snprintf(cb->err, sizeof cb->err, "cpu %s: ", op);
-    if (n < 0 || (size_t)n >= sizeof cb->err)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cb->err + n, sizeof cb->err - (size_t)n, fmt, ap);
-    va_end(ap);
-}
-
-/* Every op has finished: report the latched error once, then serve on. */
-static ml_status cpu_synchronize(ml_backend *be, char *err, size_t errlen)
-{
-    ml_cpu_backend *cb = ml_cpu_of(be);
-    ml_status st = cb->err_status;
-    if (st != ML_OK && err && errlen)
-        snprintf(err, errlen, "%s", cb->err);
-    cb->err_status = ML_OK;
-    cb->err[0] = '\0';
-    return st;
-}
 
 static void cpu_destroy(ml_backend *be)
 {
@@ -84,9 +30,7 @@ static void cpu_destroy(ml_backend *be)
         return;
     ml_cpu_pool_destroy(cb->pool);
     ml_cpu_group_release(cb->group);
-    ml_cpu_graph_deinit(&cb->rec);
-    for (int i = 0; i < ML_GRAPH_SLOTS; i++)
-        ml_cpu_graph_deinit(&cb->graphs[i]);
+    ml_cpu_graphs_destroy(cb->graphs);
     free(cb->scratch);
     free(cb);
 }
@@ -94,13 +38,13 @@ static void cpu_destroy(ml_backend *be)
 static const ml_backend_ops cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
-    .alloc = cpu_alloc,
-    .free = cpu_free,
-    .upload = cpu_copy,
-    .download = cpu_copy,
-    .weight = cpu_weight,
+    .alloc = ml_cpu_alloc,
+    .free = ml_cpu_free,
+    .upload = ml_cpu_copy,
+    .download = ml_cpu_copy,
+    .weight = ml_cpu_weight,
     .kv_elem_size = sizeof(float),
-    .synchronize = cpu_synchronize,
+    .synchronize = ml_cpu_synchronize,
     .matmul = ml_cpu_matmul,
     .lora = ml_cpu_lora,
     .rmsnorm = ml_cpu_rmsnorm,
@@ -151,13 +95,18 @@ ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen)
     snprintf(cb->name, sizeof cb->name, "cpu-%s", ml_cpu_isa_name(isa));
     cb->ops.name = cb->name;
     cb->base.ops = &cb->ops;
-    cb->rec_slot = -1;
     cb->kern = ml_cpu_kernels_for(isa);
+    cb->graphs = ml_cpu_graphs_create();
+    if (!cb->graphs) {
+        ml_fail(err, errlen, ML_ERR_NOMEM, "cpu backend: out of memory");
+        cpu_destroy(&cb->base);
+        return NULL;
+    }
 
     cb->scratch_floats = ml_cpu_matmul_scratch_floats();
     if (ml_cpu_attn_scratch_floats() > cb->scratch_floats)
         cb->scratch_floats = ml_cpu_attn_scratch_floats();
-    cb->scratch = aligned_alloc(CPU_ALIGN, (size_t)n_threads * cb->scratch_floats * sizeof(float));
+    cb->scratch = aligned_alloc(ML_CPU_ALIGN, (size_t)n_threads * cb->scratch_floats * sizeof(float));
     if (!cb->scratch) {
         ml_fail(err, errlen, ML_ERR_NOMEM, "cpu backend: %d x %zu bytes of scratch", n_threads,
                 cb->scratch_floats * sizeof(float));
@@ -170,4 +119,49 @@ ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen)
         return NULL;
     }
     return &cb->base;
+}
+
+ml_status ml_backend_cpu_create_group(int world, int threads_each, ml_backend **out, char *err,
+                                      size_t errlen)
+{
+    if (world < 1 || world > ML_CPU_GROUP_MAX)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "cpu group: world %d outside [1, %d]",
+                       world, ML_CPU_GROUP_MAX);
+    if (threads_each < 0)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "cpu group: %d threads each",
+                       threads_each);
+    for (int r = 0; r < world; r++)
+        out[r] = NULL;
+    /* The members' own ISA check, done once here so that it reports its
+     * own status; what can still fail below is memory or threads. */
+    ml_cpu_isa isa;
+    ml_status st = ml_cpu_isa_select(&isa, err, errlen);
+    if (st != ML_OK)
+        return st;
+    if (threads_each == 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        threads_each = online / world < 1 ? 1 : (int)(online / world);
+    }
+    ml_cpu_group *g;
+    st = ml_cpu_group_create(&g, world, err, errlen);
+    if (st != ML_OK)
+        return st;
+    for (int r = 0; r < world; r++) {
+        out[r] = ml_backend_cpu_create(threads_each, err, errlen);
+        if (!out[r])
+            break;
+        ml_cpu_backend *cb = ml_cpu_of(out[r]);
+        ml_cpu_group_join(g, cb, r);
+        cb->ops.all_reduce_sum = ml_cpu_all_reduce_sum;
+    }
+    /* The members hold the group now; with none made this frees it. */
+    ml_cpu_group_release(g);
+    if (out[world - 1])
+        return ML_OK;
+    /* err holds ml_backend_cpu_create's reason. */
+    for (int r = 0; r < world && out[r]; r++) {
+        out[r]->ops->destroy(out[r]);
+        out[r] = NULL;
+    }
+    return ML_ERR_NOMEM;
 }

@@ -1,6 +1,28 @@
-/* Internals of the CPU backend shared by its files: the backend object, the
- * per-thread scratch, and the op implementations the op table points to.
- * Nothing outside engine/cpu (and its tests) includes this. */
+/* The core of the CPU backend, shared by its files: the backend object, the
+ * per-thread scratch, the latched error, and the op implementations the op
+ * table points to. Nothing outside engine/cpu (and its tests) includes this.
+ *
+ * The files layer one way, each including only the ones below it:
+ *
+ *   cpu_backend.c   the op table, create and destroy, and the group
+ *                   constructor: the one file that includes graph.h and
+ *                   group.h; it fills the table from the core's ops, the
+ *                   graph entries and, for a group member, the collective.
+ *   graph.c         graph recording, a layer over the op table: graph_begin
+ *                   points base.ops at a table that records (graph.h).
+ *   group.c         a tensor-parallel group of backends and its
+ *                   all_reduce_sum (group.h).
+ *   the core        this header: memory.c (memory entries, the latched
+ *                   error, synchronize) and the compute ops (matmul.c,
+ *                   lora.c, elementwise.c, attention.c), which call
+ *                   nothing above them.
+ *   below           cpu_kernels.h (the ISA's kernels), cpu_features.h (the
+ *                   ISA choice), threadpool.h (the pool).
+ *
+ * The object carries each upper layer's state behind an opaque pointer
+ * (graphs, group) that only that layer reads; the core counts latched
+ * errors (n_latched) so that graph.c can tell a failed recording without
+ * the latch knowing graphs exist. */
 #ifndef ML_CPU_INTERNAL_H
 #define ML_CPU_INTERNAL_H
 
@@ -22,13 +44,8 @@
 /* Room for a latched error message. */
 #define ML_CPU_ERR_LEN 256
 
-/* A recorded op sequence (graph.c). All zero: an empty slot. */
-typedef struct ml_cpu_graph {
-    struct ml_cpu_graph_op *ops;      /* owned: (n_ops) in issue order */
-    size_t n_ops, cap_ops;
-    struct ml_cpu_graph_copy *copies; /* owned: list of host arrays copied at record time */
-    int recorded;                     /* stored by graph_end (it may hold no op) */
-} ml_cpu_graph;
+/* Alignment of alloc and of the per-thread scratch. */
+#define ML_CPU_ALIGN 64
 
 typedef struct ml_cpu_backend {
     ml_backend base;          /* first: an ml_backend * is an ml_cpu_backend * */
@@ -38,20 +55,17 @@ typedef struct ml_cpu_backend {
     ml_cpu_pool *pool;        /* owned */
     float *scratch;           /* owned: one region of scratch_floats per thread */
     size_t scratch_floats;
-    struct ml_cpu_group *group; /* shared by the group's members (group.c); NULL alone */
-    int rank;                 /* this backend's index in its group */
 
-    /* The first error since the last synchronize (ML_OK: none). */
+    /* The first error since the last synchronize (ML_OK: none), and how
+     * many were latched since create, the first or not. */
     ml_status err_status;
     char err[ML_CPU_ERR_LEN];
+    unsigned n_latched;
 
-    /* Graphs (graph.c): while slot rec_slot is recorded, base.ops points
-     * at rec_ops, whose ops append to rec instead of running. */
-    ml_backend_ops rec_ops;
-    int rec_slot;             /* -1: not recording */
-    int rec_failed;           /* an error was latched during this recording */
-    ml_cpu_graph rec;
-    ml_cpu_graph graphs[ML_GRAPH_SLOTS];
+    /* The layers above the core (read only by their own files): */
+    struct ml_cpu_graphs *graphs; /* owned (graph.h): the slots and a recording under way */
+    struct ml_cpu_group *group;   /* shared by the group's members (group.h); NULL alone */
+    int rank;                     /* this backend's index in its group */
 } ml_cpu_backend;
 
 static inline ml_cpu_backend *ml_cpu_of(ml_backend *be)
@@ -77,20 +91,20 @@ static inline int64_t ml_cpu_grain(double work_per_item)
 size_t ml_cpu_matmul_scratch_floats(void);
 size_t ml_cpu_attn_scratch_floats(void);
 
-/* Drop this backend's reference to its group (group.c); the last member
- * frees it. NULL is a no-op. */
-void ml_cpu_group_release(struct ml_cpu_group *g);
-
 /* Latch an error for synchronize: "cpu <op>: <detail>". The first error
- * since the last synchronize wins; later ones are dropped. A graph being
- * recorded is discarded at graph_end, whichever error it was. */
+ * since the last synchronize wins; later ones are dropped, but every one
+ * counts in n_latched (a graph being recorded is discarded at graph_end,
+ * whichever error it was). */
 void ml_cpu_latch(ml_cpu_backend *cb, ml_status st, const char *op, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* Free what a graph owns and zero it (an empty slot again). */
-void ml_cpu_graph_deinit(ml_cpu_graph *g);
-
 /* ---- op implementations (contracts in backend.h) ---------------------------- */
+void *ml_cpu_alloc(ml_backend *be, size_t bytes);
+void ml_cpu_free(ml_backend *be, void *p);
+void ml_cpu_copy(ml_backend *be, void *dst, const void *src, size_t bytes); /* upload, download */
+const void *ml_cpu_weight(ml_backend *be, const void *host, size_t bytes);
+ml_status ml_cpu_synchronize(ml_backend *be, char *err, size_t errlen);
+
 void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
                    const uint16_t *bias, int M, int K, int N, int accumulate);
 void ml_cpu_lora(ml_backend *be, float *y, const float *x, const ml_lora_segment *segs,
@@ -121,14 +135,9 @@ void ml_cpu_kv_write(ml_backend *be, void *k_cache, void *v_cache, const float *
 void ml_cpu_kv_store(ml_backend *be, void *dst, const float *src, size_t n);
 void ml_cpu_sample(ml_backend *be, const ml_sample_params *p);
 size_t ml_cpu_sample_scratch_bytes(ml_backend *be, int rows, int vocab);
-void ml_cpu_all_reduce_sum(ml_backend *be, float *x, size_t n);
 
 void ml_cpu_attn_vision(ml_backend *be, const ml_attn_vision_params *p);
 void ml_cpu_attn_causal(ml_backend *be, const ml_attn_causal_params *p);
 void ml_cpu_attn_cross(ml_backend *be, const ml_attn_cross_params *p);
-
-void ml_cpu_graph_begin(ml_backend *be, int slot);
-void ml_cpu_graph_end(ml_backend *be, int slot);
-void ml_cpu_graph_replay(ml_backend *be, int slot);
 
 #endif

@@ -1,6 +1,8 @@
-/* Graph ops of the CPU backend (backend.h graph_begin, graph_end,
+/* Graph ops of the CPU backend (graph.h; backend.h graph_begin, graph_end,
  * graph_replay): the CUDA-graph decode path recorded and replayed on the
  * CPU, so that the model's record/replay logic runs in CI without a GPU.
+ * A layer over the op table: it reads the backend's own table and swaps
+ * base.ops, and needs nothing of engine/cpu but the core (cpu_internal.h).
  *
  * graph_begin points base.ops at a second table, rec_ops, whose op entries
  * append a copy of their arguments to a list instead of running, and whose
@@ -9,9 +11,9 @@
  * CPU could run them, but model code that works here must work there.
  * graph_end points base.ops back at the real table and stores the list in
  * the slot, unless an error was latched during the recording (a refused
- * call, no memory for the records): then the slot is left empty, as CUDA
- * leaves it after a failed capture. graph_replay runs the list through the
- * real table.
+ * call, no memory for the records: the core's n_latched moved since
+ * graph_begin); then the slot is left empty, as CUDA leaves it after a
+ * failed capture. graph_replay runs the list through the real table.
  *
  * A record holds pointers and scalars by value, so backend memory is read
  * when the replay runs, as on a device. What the caller may reuse as soon
@@ -24,6 +26,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "cpu/graph.h"
 
 #include "cpu/cpu_internal.h"
 
@@ -166,7 +170,7 @@ typedef struct args_all_reduce_sum {
 } args_all_reduce_sum;
 
 /* One recorded call. */
-typedef struct ml_cpu_graph_op {
+typedef struct graph_op {
     graph_op_kind kind;
     union {
         args_matmul matmul;
@@ -190,23 +194,42 @@ typedef struct ml_cpu_graph_op {
         ml_sample_params sample;
         args_all_reduce_sum all_reduce_sum;
     } u;
-} ml_cpu_graph_op;
+} graph_op;
 
 /* A host array copied into a graph; the graph keeps them in a list. */
-typedef struct ml_cpu_graph_copy {
-    struct ml_cpu_graph_copy *next;
+typedef struct graph_copy {
+    struct graph_copy *next;
     max_align_t data[]; /* the copied bytes */
-} ml_cpu_graph_copy;
+} graph_copy;
 
-void ml_cpu_graph_deinit(ml_cpu_graph *g)
+/* A recorded op sequence. All zero: an empty slot. */
+typedef struct graph {
+    graph_op *ops;      /* owned: (n_ops) in issue order */
+    size_t n_ops, cap_ops;
+    graph_copy *copies; /* owned: list of host arrays copied at record time */
+    int recorded;       /* stored by graph_end (it may hold no op) */
+} graph;
+
+/* While slot rec_slot is recorded, base.ops points at rec_ops, whose ops
+ * append to rec instead of running. */
+struct ml_cpu_graphs {
+    ml_backend_ops rec_ops;
+    int rec_slot;              /* -1: not recording */
+    unsigned latched_at_begin; /* the core's n_latched when the recording began */
+    graph rec;
+    graph slots[ML_GRAPH_SLOTS];
+};
+
+/* Free what a graph owns and zero it (an empty slot again). */
+static void graph_deinit(graph *g)
 {
     while (g->copies) {
-        ml_cpu_graph_copy *next = g->copies->next;
+        graph_copy *next = g->copies->next;
         free(g->copies);
         g->copies = next;
     }
     free(g->ops);
-    *g = (ml_cpu_graph){0};
+    *g = (graph){0};
 }
 
 /* ---- errors ------------------------------------------------------------------- */
@@ -224,10 +247,10 @@ static int valid_slot(ml_cpu_backend *cb, int slot, const char *op)
 static int refused(ml_backend *be, const char *op)
 {
     ml_cpu_backend *cb = ml_cpu_of(be);
-    if (cb->rec_slot < 0)
+    if (cb->graphs->rec_slot < 0)
         return 0;
     ml_cpu_latch(cb, ML_ERR_INVALID_ARG, op, "not allowed while recording graph slot %d",
-                 cb->rec_slot);
+                 cb->graphs->rec_slot);
     return 1;
 }
 
@@ -235,13 +258,13 @@ static int refused(ml_backend *be, const char *op)
 
 /* The next record of the recording, or NULL when out of memory (latched,
  * and the recording will be discarded). */
-static ml_cpu_graph_op *record(ml_backend *be, graph_op_kind kind)
+static graph_op *record(ml_backend *be, graph_op_kind kind)
 {
     ml_cpu_backend *cb = ml_cpu_of(be);
-    ml_cpu_graph *g = &cb->rec;
+    graph *g = &cb->graphs->rec;
     if (g->n_ops == g->cap_ops) {
         size_t cap = g->cap_ops ? 2 * g->cap_ops : GRAPH_INITIAL_OPS;
-        ml_cpu_graph_op *ops = cap <= SIZE_MAX / sizeof *ops ? realloc(g->ops, cap * sizeof *ops)
+        graph_op *ops = cap <= SIZE_MAX / sizeof *ops ? realloc(g->ops, cap * sizeof *ops)
                                                              : NULL;
         if (!ops) {
             ml_cpu_latch(cb, ML_ERR_NOMEM, "graph record", "out of memory after %zu ops",
@@ -251,7 +274,7 @@ static ml_cpu_graph_op *record(ml_backend *be, graph_op_kind kind)
         g->ops = ops;
         g->cap_ops = cap;
     }
-    ml_cpu_graph_op *op = &g->ops[g->n_ops++];
+    graph_op *op = &g->ops[g->n_ops++];
     op->kind = kind;
     return op;
 }
@@ -261,7 +284,7 @@ static ml_cpu_graph_op *record(ml_backend *be, graph_op_kind kind)
 static void *record_copy(ml_backend *be, const void *src, size_t bytes)
 {
     ml_cpu_backend *cb = ml_cpu_of(be);
-    ml_cpu_graph_copy *c = bytes <= SIZE_MAX - sizeof *c ? malloc(sizeof *c + bytes) : NULL;
+    graph_copy *c = bytes <= SIZE_MAX - sizeof *c ? malloc(sizeof *c + bytes) : NULL;
     if (!c) {
         ml_cpu_latch(cb, ML_ERR_NOMEM, "graph record", "out of memory for %zu bytes of arguments",
                      bytes);
@@ -269,8 +292,8 @@ static void *record_copy(ml_backend *be, const void *src, size_t bytes)
     }
     if (bytes)
         memcpy(c->data, src, bytes);
-    c->next = cb->rec.copies;
-    cb->rec.copies = c;
+    c->next = cb->graphs->rec.copies;
+    cb->graphs->rec.copies = c;
     return c->data;
 }
 
@@ -316,7 +339,7 @@ static ml_status rec_synchronize(ml_backend *be, char *err, size_t errlen)
 static void rec_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
                        const uint16_t *bias, int M, int K, int N, int accumulate)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_MATMUL);
+    graph_op *op = record(be, GRAPH_OP_MATMUL);
     if (op)
         op->u.matmul = (args_matmul){y, x, w, bias, M, K, N, accumulate};
 }
@@ -324,7 +347,7 @@ static void rec_matmul(ml_backend *be, float *y, const float *x, const uint16_t 
 static void rec_lora(ml_backend *be, float *y, const float *x, const ml_lora_segment *segs,
                      int n_segs, int K, int N, float *scratch, int max_rank)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_LORA);
+    graph_op *op = record(be, GRAPH_OP_LORA);
     if (!op)
         return;
     /* segs is the caller's host array, borrowed for the call only. */
@@ -335,7 +358,7 @@ static void rec_lora(ml_backend *be, float *y, const float *x, const ml_lora_seg
 static void rec_rmsnorm(ml_backend *be, float *y, const float *x, const uint16_t *w, int rows,
                         int dim, float eps)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_RMSNORM);
+    graph_op *op = record(be, GRAPH_OP_RMSNORM);
     if (op)
         op->u.rmsnorm = (args_rmsnorm){y, x, w, rows, dim, eps};
 }
@@ -343,21 +366,21 @@ static void rec_rmsnorm(ml_backend *be, float *y, const float *x, const uint16_t
 static void rec_layernorm(ml_backend *be, float *y, const float *x, const uint16_t *w,
                           const uint16_t *b, int rows, int dim, float eps)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_LAYERNORM);
+    graph_op *op = record(be, GRAPH_OP_LAYERNORM);
     if (op)
         op->u.layernorm = (args_layernorm){y, x, w, b, rows, dim, eps};
 }
 
 static void rec_gelu(ml_backend *be, float *x, size_t n)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_GELU);
+    graph_op *op = record(be, GRAPH_OP_GELU);
     if (op)
         op->u.gelu = (args_gelu){x, n};
 }
 
 static void rec_silu_mul(ml_backend *be, float *y, const float *gate, const float *up, size_t n)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_SILU_MUL);
+    graph_op *op = record(be, GRAPH_OP_SILU_MUL);
     if (op)
         op->u.silu_mul = (args_silu_mul){y, gate, up, n};
 }
@@ -365,7 +388,7 @@ static void rec_silu_mul(ml_backend *be, float *y, const float *gate, const floa
 static void rec_rope(ml_backend *be, float *x, const int32_t *pos, const float *inv_freq,
                      int n_tokens, int n_heads, int head_dim)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_ROPE);
+    graph_op *op = record(be, GRAPH_OP_ROPE);
     if (op)
         op->u.rope = (args_rope){x, pos, inv_freq, n_tokens, n_heads, head_dim};
 }
@@ -373,7 +396,7 @@ static void rec_rope(ml_backend *be, float *x, const int32_t *pos, const float *
 static void rec_add_rows(ml_backend *be, float *y, const float *x, const float *row_scale,
                          float gate, int rows, int dim)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_ADD_ROWS);
+    graph_op *op = record(be, GRAPH_OP_ADD_ROWS);
     if (op)
         op->u.add_rows = (args_add_rows){y, x, row_scale, gate, rows, dim};
 }
@@ -381,14 +404,14 @@ static void rec_add_rows(ml_backend *be, float *y, const float *x, const float *
 static void rec_add_bf16(ml_backend *be, float *y, const uint16_t *w, float alpha, int rows,
                          int period, int dim)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_ADD_BF16);
+    graph_op *op = record(be, GRAPH_OP_ADD_BF16);
     if (op)
         op->u.add_bf16 = (args_add_bf16){y, w, alpha, rows, period, dim};
 }
 
 static void rec_zero(ml_backend *be, float *y, size_t n)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_ZERO);
+    graph_op *op = record(be, GRAPH_OP_ZERO);
     if (op)
         op->u.zero = (args_zero){y, n};
 }
@@ -396,7 +419,7 @@ static void rec_zero(ml_backend *be, float *y, size_t n)
 static void rec_copy_2d(ml_backend *be, float *dst, const float *src, int rows, int cols,
                         size_t dst_row, size_t dst_col, size_t src_row)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_COPY_2D);
+    graph_op *op = record(be, GRAPH_OP_COPY_2D);
     if (op)
         op->u.copy_2d = (args_copy_2d){dst, src, rows, cols, dst_row, dst_col, src_row};
 }
@@ -404,7 +427,7 @@ static void rec_copy_2d(ml_backend *be, float *dst, const float *src, int rows, 
 static void rec_embed(ml_backend *be, float *y, const uint16_t *table, const int32_t *ids, int n,
                       int dim)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_EMBED);
+    graph_op *op = record(be, GRAPH_OP_EMBED);
     if (op)
         op->u.embed = (args_embed){y, table, ids, n, dim};
 }
@@ -412,7 +435,7 @@ static void rec_embed(ml_backend *be, float *y, const uint16_t *table, const int
 static void rec_patchify(ml_backend *be, float *patches, const float *pixels, int n_img,
                          int side, int patch)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_PATCHIFY);
+    graph_op *op = record(be, GRAPH_OP_PATCHIFY);
     if (op)
         op->u.patchify = (args_patchify){patches, pixels, n_img, side, patch};
 }
@@ -421,21 +444,21 @@ static void rec_patchify(ml_backend *be, float *patches, const float *pixels, in
  * value. Everything they point to is backend memory (backend.h). */
 static void rec_attn_vision(ml_backend *be, const ml_attn_vision_params *p)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_ATTN_VISION);
+    graph_op *op = record(be, GRAPH_OP_ATTN_VISION);
     if (op)
         op->u.attn_vision = *p;
 }
 
 static void rec_attn_causal(ml_backend *be, const ml_attn_causal_params *p)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_ATTN_CAUSAL);
+    graph_op *op = record(be, GRAPH_OP_ATTN_CAUSAL);
     if (op)
         op->u.attn_causal = *p;
 }
 
 static void rec_attn_cross(ml_backend *be, const ml_attn_cross_params *p)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_ATTN_CROSS);
+    graph_op *op = record(be, GRAPH_OP_ATTN_CROSS);
     if (op)
         op->u.attn_cross = *p;
 }
@@ -444,7 +467,7 @@ static void rec_kv_write(ml_backend *be, void *k_cache, void *v_cache, const flo
                          const float *v, const int32_t *slot, int n_tokens, int n_kv_heads,
                          int head_dim)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_KV_WRITE);
+    graph_op *op = record(be, GRAPH_OP_KV_WRITE);
     if (op)
         op->u.kv_write =
             (args_kv_write){k_cache, v_cache, k, v, slot, n_tokens, n_kv_heads, head_dim};
@@ -452,14 +475,14 @@ static void rec_kv_write(ml_backend *be, void *k_cache, void *v_cache, const flo
 
 static void rec_kv_store(ml_backend *be, void *dst, const float *src, size_t n)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_KV_STORE);
+    graph_op *op = record(be, GRAPH_OP_KV_STORE);
     if (op)
         op->u.kv_store = (args_kv_store){dst, src, n};
 }
 
 static void rec_sample(ml_backend *be, const ml_sample_params *p)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_SAMPLE);
+    graph_op *op = record(be, GRAPH_OP_SAMPLE);
     if (op)
         op->u.sample = *p;
 }
@@ -468,7 +491,7 @@ static void rec_sample(ml_backend *be, const ml_sample_params *p)
  * collective in the order they recorded it, as NCCL calls in CUDA graphs. */
 static void rec_all_reduce_sum(ml_backend *be, float *x, size_t n)
 {
-    ml_cpu_graph_op *op = record(be, GRAPH_OP_ALL_REDUCE_SUM);
+    graph_op *op = record(be, GRAPH_OP_ALL_REDUCE_SUM);
     if (op)
         op->u.all_reduce_sum = (args_all_reduce_sum){x, n};
 }
@@ -509,7 +532,7 @@ static const ml_backend_ops rec_ops_template = {
 
 /* ---- replay ----------------------------------------------------------------------- */
 
-static void replay_op(ml_backend *be, const ml_backend_ops *o, const ml_cpu_graph_op *op)
+static void replay_op(ml_backend *be, const ml_backend_ops *o, const graph_op *op)
 {
     switch (op->kind) {
     case GRAPH_OP_MATMUL: {
@@ -602,12 +625,31 @@ static void replay_op(ml_backend *be, const ml_backend_ops *o, const ml_cpu_grap
 
 /* ---- the graph ops ---------------------------------------------------------------- */
 
+ml_cpu_graphs *ml_cpu_graphs_create(void)
+{
+    ml_cpu_graphs *gs = calloc(1, sizeof *gs);
+    if (gs)
+        gs->rec_slot = -1;
+    return gs;
+}
+
+void ml_cpu_graphs_destroy(ml_cpu_graphs *gs)
+{
+    if (!gs)
+        return;
+    graph_deinit(&gs->rec);
+    for (int i = 0; i < ML_GRAPH_SLOTS; i++)
+        graph_deinit(&gs->slots[i]);
+    free(gs);
+}
+
 void ml_cpu_graph_begin(ml_backend *be, int slot)
 {
     ml_cpu_backend *cb = ml_cpu_of(be);
     if (!valid_slot(cb, slot, "graph_begin") || refused(be, "graph_begin"))
         return;
-    ml_backend_ops *t = &cb->rec_ops;
+    ml_cpu_graphs *gs = cb->graphs;
+    ml_backend_ops *t = &gs->rec_ops;
     *t = rec_ops_template;
     t->name = cb->ops.name;
     t->destroy = cb->ops.destroy;
@@ -619,30 +661,31 @@ void ml_cpu_graph_begin(ml_backend *be, int slot)
     t->n_graph_slots = cb->ops.n_graph_slots;
     if (!cb->ops.all_reduce_sum) /* a backend made alone has none (backend.h) */
         t->all_reduce_sum = NULL;
-    cb->rec_slot = slot;
-    cb->rec_failed = 0;
+    gs->rec_slot = slot;
+    gs->latched_at_begin = cb->n_latched;
     cb->base.ops = t;
 }
 
 void ml_cpu_graph_end(ml_backend *be, int slot)
 {
     ml_cpu_backend *cb = ml_cpu_of(be);
-    if (cb->rec_slot < 0 || slot != cb->rec_slot) {
+    ml_cpu_graphs *gs = cb->graphs;
+    if (gs->rec_slot < 0 || slot != gs->rec_slot) {
         ml_cpu_latch(cb, ML_ERR_INVALID_ARG, "graph_end", "slot %d is not being recorded", slot);
         return;
     }
     cb->base.ops = &cb->ops;
-    cb->rec_slot = -1;
-    ml_cpu_graph *g = &cb->graphs[slot];
-    ml_cpu_graph_deinit(g);
+    gs->rec_slot = -1;
+    graph *g = &gs->slots[slot];
+    graph_deinit(g);
     /* A failed recording empties the slot: never replay a stale step. */
-    if (cb->rec_failed) {
-        ml_cpu_graph_deinit(&cb->rec);
+    if (cb->n_latched != gs->latched_at_begin) {
+        graph_deinit(&gs->rec);
         return;
     }
-    *g = cb->rec;
+    *g = gs->rec;
     g->recorded = 1;
-    cb->rec = (ml_cpu_graph){0};
+    gs->rec = (graph){0};
 }
 
 void ml_cpu_graph_replay(ml_backend *be, int slot)
@@ -650,7 +693,7 @@ void ml_cpu_graph_replay(ml_backend *be, int slot)
     ml_cpu_backend *cb = ml_cpu_of(be);
     if (!valid_slot(cb, slot, "graph_replay") || refused(be, "graph_replay"))
         return;
-    const ml_cpu_graph *g = &cb->graphs[slot];
+    const graph *g = &cb->graphs->slots[slot];
     if (!g->recorded) {
         ml_cpu_latch(cb, ML_ERR_INVALID_ARG, "graph_replay", "slot %d holds no graph", slot);
         return;

@@ -9,20 +9,21 @@
  * bit-identical values whatever the thread timing.
  * @locality: one thread per member, every member calling the collective
  * with the same n in the same order (as with NCCL). */
+#include "cpu/group.h"
+
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <unistd.h>
 
-#include "cpu/cpu_features.h"
 #include "cpu/cpu_internal.h"
 
-typedef struct ml_cpu_group {
+struct ml_cpu_group {
     int world;
-    atomic_int refs;           /* members not yet destroyed */
+    atomic_int refs;           /* members not yet destroyed, and the creator's until released */
     pthread_barrier_t barrier; /* world parties */
     float *bufs[ML_CPU_GROUP_MAX]; /* borrowed: each member's buffer during a collective */
-} ml_cpu_group;
+};
 
 void ml_cpu_group_release(ml_cpu_group *g)
 {
@@ -67,27 +68,10 @@ void ml_cpu_all_reduce_sum(ml_backend *be, float *x, size_t n)
     pthread_barrier_wait(&g->barrier);
 }
 
-ml_status ml_backend_cpu_create_group(int world, int threads_each, ml_backend **out, char *err,
-                                      size_t errlen)
+ml_status ml_cpu_group_create(ml_cpu_group **out, int world, char *err, size_t errlen)
 {
-    if (world < 1 || world > ML_CPU_GROUP_MAX)
-        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "cpu group: world %d outside [1, %d]",
-                       world, ML_CPU_GROUP_MAX);
-    if (threads_each < 0)
-        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "cpu group: %d threads each",
-                       threads_each);
-    for (int r = 0; r < world; r++)
-        out[r] = NULL;
-    /* The members' own ISA check, done once here so that it reports its
-     * own status; what can still fail below is memory or threads. */
-    ml_cpu_isa isa;
-    ml_status st = ml_cpu_isa_select(&isa, err, errlen);
-    if (st != ML_OK)
-        return st;
-    if (threads_each == 0) {
-        long online = sysconf(_SC_NPROCESSORS_ONLN);
-        threads_each = online / world < 1 ? 1 : (int)(online / world);
-    }
+    assert(world >= 1 && world <= ML_CPU_GROUP_MAX);
+    *out = NULL;
     ml_cpu_group *g = calloc(1, sizeof *g);
     if (!g)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "cpu group: out of memory");
@@ -96,28 +80,15 @@ ml_status ml_backend_cpu_create_group(int world, int threads_each, ml_backend **
         return ml_fail(err, errlen, ML_ERR_NOMEM, "cpu group: cannot create a barrier");
     }
     g->world = world;
-    atomic_init(&g->refs, 0);
-    for (int r = 0; r < world; r++) {
-        out[r] = ml_backend_cpu_create(threads_each, err, errlen);
-        if (!out[r])
-            break;
-        ml_cpu_backend *cb = ml_cpu_of(out[r]);
-        cb->group = g;
-        cb->rank = r;
-        cb->ops.all_reduce_sum = ml_cpu_all_reduce_sum;
-        atomic_fetch_add(&g->refs, 1);
-    }
-    if (out[world - 1])
-        return ML_OK;
-    /* err holds ml_backend_cpu_create's reason. The members release the
-     * group as they go; with none made it is still ours to free. */
-    if (!out[0]) {
-        pthread_barrier_destroy(&g->barrier);
-        free(g);
-    }
-    for (int r = 0; r < world && out[r]; r++) {
-        out[r]->ops->destroy(out[r]);
-        out[r] = NULL;
-    }
-    return ML_ERR_NOMEM;
+    atomic_init(&g->refs, 1);
+    *out = g;
+    return ML_OK;
+}
+
+void ml_cpu_group_join(ml_cpu_group *g, ml_cpu_backend *cb, int rank)
+{
+    assert(rank >= 0 && rank < g->world && !cb->group);
+    atomic_fetch_add(&g->refs, 1);
+    cb->group = g;
+    cb->rank = rank;
 }

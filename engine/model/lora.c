@@ -1,6 +1,6 @@
 /* LoRA adapters (lora.h): the adaptable Linears of a config ("sites"),
  * reading an adapter directory into host memory, adapter slots in backend
- * memory, and the segmented LoRA the graph runs after a matmul. */
+ * memory. The graph runs a slot's sites after their matmuls in linear.c. */
 #include "model/lora.h"
 
 #include <assert.h>
@@ -11,8 +11,10 @@
 
 #include "dtype.h"
 #include "model/mapped_file.h"
+#include "model/lora_internal.h"
 #include "model/model_internal.h"
 #include "model/safetensors.h"
+#include "model/shard.h"
 
 /* Every PEFT adapter key starts with this (PeftModel.base_model.model). */
 #define PEFT_PREFIX "base_model.model."
@@ -728,23 +730,3 @@ ml_status ml_lora_set(ml_lora *l, const ml_lora_adapter *a, char *err, size_t er
 }
 
 int ml_lora_touches_images(const ml_lora *l) { return l->touches_images; }
-
-/* ======================================================================== */
-/* the graph's LoRA                                                         */
-/* ======================================================================== */
-
-void ml_lora_apply(ml_model *m, float *y, const float *x, const ml_lora_group *groups,
-                   int n_groups, int site, int K, int N, int logit_rows, float *scratch)
-{
-    ml_lora_segment *segs = m->host.lora_segs;
-    int n = 0;
-    for (int g = 0; g < n_groups; g++) {
-        const ml_lora_site *s = &groups[g].lora->sites[site];
-        int start = logit_rows ? groups[g].logit_start : groups[g].row_start;
-        int rows = logit_rows ? groups[g].n_logits : groups[g].n_rows;
-        if (s->rank && rows)
-            segs[n++] = (ml_lora_segment){start, rows, s->rank, groups[g].lora->scale, s->a, s->b};
-    }
-    if (n)
-        m->be->ops->lora(m->be, y, x, segs, n, K, N, scratch, m->limits.max_lora_rank);
-}

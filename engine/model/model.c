@@ -7,6 +7,7 @@
 
 #include "model/lora.h"
 #include "model/model_internal.h"
+#include "model/shard.h"
 
 /* Alignment of every carved buffer: a cache line, and what vector loads and
  * CUDA coalescing like. */

@@ -1,11 +1,15 @@
-/* State shared by the model's translation units (model.c: load and
- * workspace; vision.c: the vision tower; text.c: the decoder). Not part of
- * the engine's public surface. */
+/* The model object and its workspace, shared by the model's translation
+ * units (model.c: load and workspace; vision.c: the vision tower; text.c:
+ * the decoder; shard.c, lora.c, tp.c). The shard and the tensor-parallel
+ * model are declared in shard.h, the LoRA internals in lora_internal.h.
+ * Not part of the engine's public surface. */
 #ifndef ML_MODEL_INTERNAL_H
 #define ML_MODEL_INTERNAL_H
 
+#include "model/lora_internal.h"
 #include "model/mllama.h"
 #include "model/safetensors.h"
+#include "model/shard.h"
 #include "model/weights.h"
 
 /* Largest text head_dim the RoPE table on the stack allows (published: 128). */
@@ -20,7 +24,7 @@
 
 /* Buffers of one vision encode, carved from the workspace. Shapes use
  * T = max_num_tiles, P = num_patches, Pp = padded patches, S = T·Pp; D_a,
- * I_v and KV are this shard's (ml_shard: D_v, I_v, KV over world). */
+ * I_v and KV are this shard's (shard.h ml_shard: D_v, I_v, KV over world). */
 typedef struct ml_vision_bufs {
     float *pixels;    /* (T, 3, side, side) */
     float *patches;   /* (T, P-1, 3·p·p) */
@@ -38,7 +42,7 @@ typedef struct ml_vision_bufs {
 } ml_vision_bufs;
 
 /* Buffers of one decoder step. N = max_step_tokens, R = max_logit_rows;
- * H, KV and I are this shard's (ml_shard). */
+ * H, KV and I are this shard's (shard.h ml_shard). */
 typedef struct ml_text_bufs {
     float *h, *x;          /* (N, D) */
     float *q, *attn;       /* (N, H·hd) */
@@ -71,82 +75,6 @@ typedef struct ml_text_bufs {
     float *lora_t;         /* (max(N, R), max_lora_rank) the LoRA op's scratch */
 } ml_text_bufs;
 
-/* ---- LoRA (lora.c) -------------------------------------------------------- */
-
-/* LoRA sites: every Linear an adapter may adapt, numbered vision local
- * layers (ML_LORA_VISION_MODULES each), vision global layers, the
- * projector, lm_head, then text layers (ML_LORA_TEXT_MODULES each; q/k/v/o
- * are self_attn's or cross_attn's as the layer is). */
-typedef enum ml_lora_vision_module {
-    ML_LORA_VISION_Q,
-    ML_LORA_VISION_K,
-    ML_LORA_VISION_V,
-    ML_LORA_VISION_O,
-    ML_LORA_VISION_FC1,
-    ML_LORA_VISION_FC2,
-    ML_LORA_VISION_MODULES,
-} ml_lora_vision_module;
-
-typedef enum ml_lora_text_module {
-    ML_LORA_TEXT_Q,
-    ML_LORA_TEXT_K,
-    ML_LORA_TEXT_V,
-    ML_LORA_TEXT_O,
-    ML_LORA_TEXT_GATE,
-    ML_LORA_TEXT_UP,
-    ML_LORA_TEXT_DOWN,
-    ML_LORA_TEXT_MODULES,
-} ml_lora_text_module;
-
-int ml_lora_n_sites(const ml_config *cfg);
-int ml_lora_site_vision(const ml_config *cfg, int global, int layer, ml_lora_vision_module mod);
-int ml_lora_site_projector(const ml_config *cfg);
-int ml_lora_site_lm_head(const ml_config *cfg);
-int ml_lora_site_text(const ml_config *cfg, int layer, ml_lora_text_module mod);
-
-/* One adaptable Linear of a slot: its A (rank, in) and B (out, rank) in
- * the slot's backend memory; rank 0 when the adapter leaves it alone. */
-typedef struct ml_lora_site {
-    const uint16_t *a, *b;
-    int rank;
-} ml_lora_site;
-
-/* A slot of a whole model or of one shard holds, for every site, the part
- * of A and B its shard keeps (lora.c): a column-parallel Linear's B rows of
- * the shard's output range, a row-parallel one's A columns of its input
- * range, a replicated one's A and B whole. The slot of a tensor-parallel
- * model (ml_model_load_tp) is a handle over one such slot per rank, which
- * tp.c hands to each rank's steps and encodes. */
-struct ml_lora {
-    ml_model *model;        /* borrowed: whole, a shard, or tensor-parallel (model->tp) */
-    int max_rank;
-    float scale;
-    int touches_images;
-    int n_sites;
-    ml_lora_site *sites;    /* owned (n_sites); NULL in a tensor-parallel handle */
-    uint16_t *mem;          /* owned backend buffer: every site's A then B at max_rank;
-                               NULL in a tensor-parallel handle */
-    size_t bytes;           /* of mem; of each rank's slot in a handle */
-    /* A tensor-parallel handle only (else NULL): */
-    ml_lora **parts;        /* owned (world): rank r's slot, in its shard's backend */
-    uint16_t *stage;        /* owned host (max_rank, widest row-parallel input share):
-                               ml_lora_set gathers A's column range here */
-};
-
-/* Rows of a step (or an image) that share one adapter. */
-typedef struct ml_lora_group {
-    const ml_lora *lora;    /* borrowed, non-NULL */
-    int row_start, n_rows;  /* token rows */
-    int logit_start, n_logits; /* logit rows (lm_head) */
-} ml_lora_group;
-
-/* y (rows, N) += the LoRA of `site` for every group (token rows, or logit
- * rows with logit_rows != 0) whose adapter adapts it; scratch is an lora_t
- * buffer of the rows. Uses m->host.lora_segs (max_step_seqs entries, at
- * least n_groups). */
-void ml_lora_apply(ml_model *m, float *y, const float *x, const ml_lora_group *groups,
-                   int n_groups, int site, int K, int N, int logit_rows, float *scratch);
-
 /* Host staging of the per-step metadata (the same fields as ml_text_bufs'
  * integer and mask arrays) before one upload per array, and the step's
  * adapter groups. */
@@ -165,78 +93,6 @@ typedef struct ml_step_host {
     int n_pen;                    /* entries staged */
     ml_sample_out *sampled;       /* (max_logit_rows) downloaded b->sampled */
 } ml_step_host;
-
-/* ---- tensor parallelism (shard.c) ------------------------------------------- */
-
-/* This model's share of a tensor-parallel group of `world` shards
- * (Megatron-LM's split, engine/model/README.md §11). Column-parallel Linears (q/k/v,
- * gate/up, vision fc1 and its bias) keep the shard's range of output rows,
- * a view into the checkpoint; row-parallel ones (o_proj, down_proj, vision
- * fc2) keep the shard's range of input columns, copied once into
- * row_slices, and their outputs are partial sums all-reduced over the
- * group; vision fc2's bias is added by rank 0 only. Everything else is
- * replicated. With world == 1 nothing is sliced or reduced. */
-typedef struct ml_shard {
-    int rank, world;
-    int n_heads, n_kv_heads, intermediate; /* text heads, K/V heads, MLP width of this shard */
-    int vision_heads, vision_intermediate; /* vision heads, MLP width of this shard */
-    uint16_t *row_slices;                  /* owned host bf16: the row-parallel column ranges */
-} ml_shard;
-
-/* How a shard keeps a Linear (out, in) of every layer of that kind: one
- * table for the weights (ml_shard_weights) and the LoRA parts (lora.c). */
-typedef enum ml_shard_split {
-    ML_SHARD_WHOLE, /* replicated */
-    ML_SHARD_OUT,   /* column-parallel: the shard's range of output rows */
-    ML_SHARD_IN,    /* row-parallel: the shard's range of input columns, output all-reduced */
-} ml_shard_split;
-
-ml_shard_split ml_shard_split_vision(ml_lora_vision_module mod);
-/* Self- and cross-attention projections alike. */
-ml_shard_split ml_shard_split_text(ml_lora_text_module mod);
-
-/* Validate that every split dimension of m->cfg divides by world (and that
- * the backend can all-reduce when world > 1) and fill m->shard. Errors:
- * ML_ERR_INVALID_ARG (rank outside [0, world)), ML_ERR_UNSUPPORTED (a
- * dimension that does not divide, no all_reduce_sum). */
-ml_status ml_shard_init(ml_model *m, int rank, int world, char *err, size_t errlen);
-
-/* Replace m->w's host views by this shard's slices (before they are bound
- * to the backend). Errors: ML_ERR_NOMEM. */
-ml_status ml_shard_weights(ml_model *m, char *err, size_t errlen);
-
-/* x (n floats) = its sum over the shards; nothing when the model is whole. */
-void ml_shard_all_reduce(ml_model *m, float *x, size_t n);
-
-/* ---- one shard's computation (vision.c, text.c, lora.c) ---------------------- */
-
-/* ml_model_encode_image and ml_model_forward of one shard (a whole model is
- * the shard of world 1): the public calls (tp.c) come here directly for a
- * model loaded whole and through the rank threads for a tensor-parallel one. */
-ml_status ml_shard_encode_image(ml_model *m, const float *pixels, int aspect_ratio_id,
-                                const uint8_t *aspect_ratio_mask, const ml_lora *lora,
-                                void *state, const ml_vision_taps *taps, char *err,
-                                size_t errlen);
-ml_status ml_shard_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
-                           float *logits, const ml_text_taps *taps, char *err, size_t errlen);
-
-/* ml_lora_create's slot: with n_shards == 0 one slot on m's own backend;
- * otherwise a handle for m with a part on each of shards[0 .. n_shards)
- * (borrowed), the tensor-parallel model's ranks. Errors as ml_lora_create,
- * naming the rank that failed. */
-ml_status ml_lora_slot_create(ml_lora **out, ml_model *m, ml_model *const *shards, int n_shards,
-                              int max_rank, char *err, size_t errlen);
-
-/* ---- a tensor-parallel model driven as one (tp.c) ---------------------------- */
-
-/* The shards of ml_model_load_tp and the threads that drive ranks 1... A
- * model with tp != NULL has only cfg, limits, be (rank 0's) and shard
- * (rank 0's geometry, no row_slices) of its own; tp.c, the only file that
- * tells the two kinds of model apart, sends its calls to the shards. */
-typedef struct ml_tp ml_tp;
-
-/* Join the threads and destroy the shards. NULL is a no-op. */
-void ml_tp_destroy(ml_tp *tp);
 
 struct ml_model {
     ml_config cfg;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model/model_internal.h"
+#include "model/shard.h"
 
 ml_status ml_shard_init(ml_model *m, int rank, int world, char *err, size_t errlen)
 {

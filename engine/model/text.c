@@ -4,17 +4,21 @@
  *
  * Shapes: N = tokens in the step (all sequences), D = hidden, H = heads,
  * KV = key/value heads, hd = head_dim, I = MLP width, all per shard under
- * tensor parallelism (model_internal.h ml_shard: H/N heads, KV/N kv heads,
+ * tensor parallelism (shard.h ml_shard: H/N heads, KV/N kv heads,
  * I/N channels; o_proj and down_proj outputs are partial sums, all-reduced).
  * Sequences are contiguous row ranges of every (N, ...) buffer.
  *
  * LoRA: runs of consecutive sequences with the same adapter form the step's
- * groups; every adaptable matmul is followed by one segmented lora op over
- * all groups (the rows of base-model sequences are untouched). */
+ * groups; every adaptable Linear is an ml_linear (linear.h), its matmul
+ * followed by one segmented lora op over all groups (the rows of base-model
+ * sequences are untouched). */
 #include <math.h>
 #include <string.h>
 
+#include "model/linear.h"
+#include "model/lora_internal.h"
 #include "model/model_internal.h"
+#include "model/shard.h"
 
 void ml_text_plan(const ml_model *m, ml_carver *c, ml_text_bufs *b)
 {
@@ -243,52 +247,45 @@ static void upload_step(ml_model *m, int n_seqs, int n, int n_rows, int sample)
 
 /* ---- layers --------------------------------------------------------------- */
 
-/* y (n, N) += the LoRA of module `mod` of text layer `layer`, x (n, K), for
- * the step's adapter groups. */
-static void lora_text(ml_model *m, float *y, const float *x, int layer, ml_lora_text_module mod,
-                      int K, int N)
+/* The step's adapters as a Linear's rows see them: its groups over the
+ * token rows, or with logit_rows over the logit rows (lm_head). */
+static ml_lora_rows step_lora(ml_model *m, int logit_rows)
 {
-    const ml_step_host *h = &m->host;
-    ml_lora_apply(m, y, x, h->lora_groups, h->n_lora_groups,
-                  ml_lora_site_text(&m->cfg, layer, mod), K, N, 0, m->tb.lora_t);
+    return (ml_lora_rows){.groups = m->host.lora_groups, .n_groups = m->host.n_lora_groups,
+                          .logit_rows = logit_rows, .scratch = m->tb.lora_t};
 }
 
-/* MllamaTextMLP: down(silu(gate(x)) * up(x)); x (n, D) is replaced. */
-static void mlp(ml_model *m, const ml_text_layer *L, int layer, int n)
+/* MllamaTextMLP: down_proj(silu(gate_proj(x)) * up_proj(x)); x (n, D) is
+ * replaced. `site` is the layer's first LoRA site (its q_proj). */
+static void mlp(ml_model *m, const ml_text_layer *L, const ml_lora_rows *lora, int site, int n)
 {
-    const ml_text_config *tc = &m->cfg.text;
-    const ml_backend_ops *op = m->be->ops;
     const ml_text_bufs *b = &m->tb;
-    int D = tc->hidden_size, I = m->shard.intermediate;
-    op->matmul(m->be, b->gate, b->x, L->gate_proj.data, NULL, n, D, I, 0);
-    lora_text(m, b->gate, b->x, layer, ML_LORA_TEXT_GATE, D, I);
-    op->matmul(m->be, b->up, b->x, L->up_proj.data, NULL, n, D, I, 0);
-    lora_text(m, b->up, b->x, layer, ML_LORA_TEXT_UP, D, I);
-    op->silu_mul(m->be, b->gate, b->gate, b->up, (size_t)n * I);
-    op->matmul(m->be, b->x, b->gate, L->down_proj.data, NULL, n, I, D, 0);
-    lora_text(m, b->x, b->gate, layer, ML_LORA_TEXT_DOWN, I, D);
+    int D = m->cfg.text.hidden_size, I = m->shard.intermediate;
+    ml_linear(m, b->gate, b->x, &L->gate_proj, NULL, n, D, I, lora, site + ML_LORA_TEXT_GATE);
+    ml_linear(m, b->up, b->x, &L->up_proj, NULL, n, D, I, lora, site + ML_LORA_TEXT_UP);
+    m->be->ops->silu_mul(m->be, b->gate, b->gate, b->up, (size_t)n * I);
+    ml_linear(m, b->x, b->gate, &L->down_proj, NULL, n, I, D, lora, site + ML_LORA_TEXT_DOWN);
     ml_shard_all_reduce(m, b->x, (size_t)n * D);
 }
 
-/* MllamaSelfAttentionDecoderLayer: RMSNorm, q/k/v, llama3 RoPE, paged causal
- * GQA attention, o_proj, residual; RMSNorm, MLP, residual. */
+/* MllamaSelfAttentionDecoderLayer: RMSNorm, MllamaTextSelfSdpaAttention
+ * (q/k/v, llama3 RoPE, paged causal GQA attention, o_proj), residual;
+ * RMSNorm, MllamaTextMLP, residual. */
 static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int layer,
-                       int n_seqs, int n)
+                       const ml_lora_rows *lora, int n_seqs, int n)
 {
     const ml_text_config *tc = &m->cfg.text;
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;
     const ml_text_bufs *b = &m->tb;
+    const ml_text_self_attn *A = &L->self;
     int D = tc->hidden_size, H = m->shard.n_heads, KV = m->shard.n_kv_heads;
-    int hd = tc->head_dim;
+    int hd = tc->head_dim, site = ml_lora_site_text(&m->cfg, layer, ML_LORA_TEXT_Q);
 
     op->rmsnorm(be, b->x, b->h, L->input_layernorm.data, n, D, tc->rms_norm_eps);
-    op->matmul(be, b->q, b->x, L->self.q_proj.data, NULL, n, D, H * hd, 0);
-    lora_text(m, b->q, b->x, layer, ML_LORA_TEXT_Q, D, H * hd);
-    op->matmul(be, b->k, b->x, L->self.k_proj.data, NULL, n, D, KV * hd, 0);
-    lora_text(m, b->k, b->x, layer, ML_LORA_TEXT_K, D, KV * hd);
-    op->matmul(be, b->v, b->x, L->self.v_proj.data, NULL, n, D, KV * hd, 0);
-    lora_text(m, b->v, b->x, layer, ML_LORA_TEXT_V, D, KV * hd);
+    ml_linear(m, b->q, b->x, &A->q_proj, NULL, n, D, H * hd, lora, site + ML_LORA_TEXT_Q);
+    ml_linear(m, b->k, b->x, &A->k_proj, NULL, n, D, KV * hd, lora, site + ML_LORA_TEXT_K);
+    ml_linear(m, b->v, b->x, &A->v_proj, NULL, n, D, KV * hd, lora, site + ML_LORA_TEXT_V);
     op->rope(be, b->q, b->pos, m->inv_freq, n, H, hd);
     op->rope(be, b->k, b->pos, m->inv_freq, n, KV, hd);
     void *kc = ml_kv_cache_k(kv, m->shard.rank, m->self_index[layer]);
@@ -302,38 +299,41 @@ static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int
         .scale = 1.0f / sqrtf((float)hd),
     };
     op->attn_causal(be, &ap);
-    op->matmul(be, b->x, b->attn, L->self.o_proj.data, NULL, n, H * hd, D, 0);
-    lora_text(m, b->x, b->attn, layer, ML_LORA_TEXT_O, H * hd, D);
+    ml_linear(m, b->x, b->attn, &A->o_proj, NULL, n, H * hd, D, lora, site + ML_LORA_TEXT_O);
     ml_shard_all_reduce(m, b->x, (size_t)n * D);
     op->add_rows(be, b->h, b->x, NULL, 1.0f, n, D);
 
     op->rmsnorm(be, b->x, b->h, L->post_attention_layernorm.data, n, D, tc->rms_norm_eps);
-    mlp(m, L, layer, n);
+    mlp(m, L, lora, site, n);
     op->add_rows(be, b->h, b->x, NULL, 1.0f, n, D);
 }
 
 /* MllamaCrossAttentionDecoderLayer over every sequence of the step in one
- * attention call. Rows of text-only sequences get a zero attention output
- * and are left untouched (row_attn = row_mlp = 0), which is what HF's layer
- * skip does for a batch of one. The attention output is not multiplied by
- * the row mask; the MLP output is (HF quirk, engine/model/README.md §4.6). */
+ * attention call: RMSNorm, MllamaTextCrossSdpaAttention (q_proj, q_norm,
+ * attention over the image states' K/V, o_proj), tanh-gated residual;
+ * RMSNorm, MllamaTextMLP, tanh-gated residual. Rows of text-only sequences
+ * get a zero attention output and are left untouched (row_attn = row_mlp =
+ * 0), which is what HF's layer skip does for a batch of one. The attention
+ * output is not multiplied by the row mask; the MLP output is (HF quirk,
+ * engine/model/README.md §4.6). */
 static void cross_layer(ml_model *m, const ml_text_layer *L, int layer, int cross_idx,
-                        int n_seqs, int n)
+                        const ml_lora_rows *lora, int n_seqs, int n)
 {
     const ml_text_config *tc = &m->cfg.text;
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;
     const ml_text_bufs *b = &m->tb;
+    const ml_text_cross_attn *A = &L->cross;
     int D = tc->hidden_size, H = m->shard.n_heads, KV = m->shard.n_kv_heads;
     int hd = tc->head_dim, T = m->cfg.vision.max_num_tiles, P = ml_config_num_patches(&m->cfg);
+    int site = ml_lora_site_text(&m->cfg, layer, ML_LORA_TEXT_Q);
     size_t plane_bytes = (size_t)T * P * KV * hd * op->kv_elem_size;
     /* An image state holds each cross layer's K plane, then its V plane. */
     size_t k_offset = (size_t)2 * cross_idx * plane_bytes;
 
     op->rmsnorm(be, b->x, b->h, L->input_layernorm.data, n, D, tc->rms_norm_eps);
-    op->matmul(be, b->q, b->x, L->cross.q_proj.data, NULL, n, D, H * hd, 0);
-    lora_text(m, b->q, b->x, layer, ML_LORA_TEXT_Q, D, H * hd);
-    op->rmsnorm(be, b->q, b->q, L->cross.q_norm.data, n * H, hd, tc->rms_norm_eps);
+    ml_linear(m, b->q, b->x, &A->q_proj, NULL, n, D, H * hd, lora, site + ML_LORA_TEXT_Q);
+    op->rmsnorm(be, b->q, b->q, A->q_norm.data, n * H, hd, tc->rms_norm_eps);
     ml_attn_cross_params ap = {
         .out = b->attn, .q = b->q, .states = b->image_states, .k_offset = k_offset,
         .v_offset = k_offset + plane_bytes, .n_images = b->n_images, .seq_start = b->seq_start,
@@ -342,14 +342,13 @@ static void cross_layer(ml_model *m, const ml_text_layer *L, int layer, int cros
         .n_kv_heads = KV, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
     };
     op->attn_cross(be, &ap);
-    op->matmul(be, b->x, b->attn, L->cross.o_proj.data, NULL, n, H * hd, D, 0);
-    lora_text(m, b->x, b->attn, layer, ML_LORA_TEXT_O, H * hd, D);
+    ml_linear(m, b->x, b->attn, &A->o_proj, NULL, n, H * hd, D, lora, site + ML_LORA_TEXT_O);
     ml_shard_all_reduce(m, b->x, (size_t)n * D);
-    op->add_rows(be, b->h, b->x, b->row_attn, tanhf(L->cross.attn_gate), n, D);
+    op->add_rows(be, b->h, b->x, b->row_attn, tanhf(A->attn_gate), n, D);
 
     op->rmsnorm(be, b->x, b->h, L->post_attention_layernorm.data, n, D, tc->rms_norm_eps);
-    mlp(m, L, layer, n);
-    op->add_rows(be, b->h, b->x, b->row_mlp, tanhf(L->cross.mlp_gate), n, D);
+    mlp(m, L, lora, site, n);
+    op->add_rows(be, b->h, b->x, b->row_mlp, tanhf(A->mlp_gate), n, D);
 }
 
 /* ---- the step -------------------------------------------------------------- */
@@ -366,6 +365,7 @@ static void decoder(ml_model *m, ml_kv_cache *kv, int n_seqs, int n, int any_ima
     const ml_text_bufs *b = &m->tb;
     int D = tc->hidden_size;
     size_t tap_stride = (size_t)n * D;
+    ml_lora_rows lora = step_lora(m, 0);
 
     op->embed(be, b->h, m->w.text.embed_tokens.data, b->tokens, n, D);
     for (int l = 0; l < tc->num_hidden_layers; l++) {
@@ -374,9 +374,9 @@ static void decoder(ml_model *m, ml_kv_cache *kv, int n_seqs, int n, int any_ima
                          tap_stride * sizeof(float));
         const ml_text_layer *L = &m->w.text.layers[l];
         if (!L->is_cross)
-            self_layer(m, kv, L, l, n_seqs, n);
+            self_layer(m, kv, L, l, &lora, n_seqs, n);
         else if (any_images) /* MllamaTextModel skips cross layers without images (§4.8) */
-            cross_layer(m, L, l, ml_config_cross_index(&m->cfg, l), n_seqs, n);
+            cross_layer(m, L, l, ml_config_cross_index(&m->cfg, l), &lora, n_seqs, n);
     }
     op->rmsnorm(be, b->x, b->h, m->w.text.norm.data, n, D, tc->rms_norm_eps);
     if (taps && taps->hidden_states)
@@ -391,10 +391,9 @@ static void lm_head(ml_model *m, const float *rows, int n_rows, int sample)
     const ml_text_config *tc = &m->cfg.text;
     const ml_text_bufs *b = &m->tb;
     ml_backend *be = m->be;
-    be->ops->matmul(be, b->logits, rows, m->w.text.lm_head.data, NULL, n_rows, tc->hidden_size,
-                    tc->vocab_size, 0);
-    ml_lora_apply(m, b->logits, rows, m->host.lora_groups, m->host.n_lora_groups,
-                  ml_lora_site_lm_head(&m->cfg), tc->hidden_size, tc->vocab_size, 1, b->lora_t);
+    ml_lora_rows lora = step_lora(m, 1);
+    ml_linear(m, b->logits, rows, &m->w.text.lm_head, NULL, n_rows, tc->hidden_size,
+              tc->vocab_size, &lora, ml_lora_site_lm_head(&m->cfg));
     if (sample) {
         ml_sample_params p = {.out = b->sampled,
                               .logits = b->logits,

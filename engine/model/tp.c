@@ -29,7 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/lora_internal.h"
 #include "model/model_internal.h"
+#include "model/shard.h"
 
 /* Room for one shard's error message. */
 #define TP_ERR_MAX 512

@@ -5,17 +5,21 @@
  * Shapes: T = max_num_tiles, P = patches per tile + CLS (1601), Pp = P
  * padded to a multiple of 8 (1608), S = T·Pp (6432), D_v = vision hidden,
  * I_v = vision MLP width, D = text hidden. Under tensor parallelism
- * (model_internal.h ml_shard) a shard holds heads/N attention heads (q, k,
+ * (shard.h ml_shard) a shard holds heads/N attention heads (q, k,
  * v and attn are (S, D_a) with D_a = D_v/N), I_v/N MLP channels and KV/N
  * cross K/V heads; o_proj and fc2 produce partial sums that are all-reduced.
  *
  * LoRA: the image's adapter (if any) is one segment of every adaptable
- * matmul here, over all S (or T·P) rows, pads included as HF computes them:
- * vision adapters are segmented per image, never by text tokens. */
+ * Linear here (ml_linear, linear.h), over all S (or T·P) rows, pads
+ * included as HF computes them: vision adapters are segmented per image,
+ * never by text tokens. */
 #include <math.h>
 #include <string.h>
 
+#include "model/linear.h"
+#include "model/lora_internal.h"
 #include "model/model_internal.h"
+#include "model/shard.h"
 
 /* layernorm_pre/post are nn.LayerNorm(hidden_size) with the default eps,
  * not vision_config.norm_eps (MllamaVisionModel.__init__). */
@@ -83,22 +87,20 @@ size_t ml_model_image_state_bytes(const ml_model *m)
            (size_t)d.kv_width * m->be->ops->kv_elem_size;
 }
 
-/* y (rows, N) += the LoRA of `site` of the image's adapter (if any), x (rows, K). */
-static void lora_image(ml_model *m, const ml_lora *lora, float *y, const float *x, int site,
-                       int rows, int K, int N)
+/* The image's adapter (if any) as a Linear over `rows` rows sees it: one
+ * group *g of every row, or none. */
+static ml_lora_rows image_lora(ml_model *m, const ml_lora *lora, int rows, ml_lora_group *g)
 {
-    if (!lora)
-        return;
-    ml_lora_group g = {.lora = lora, .row_start = 0, .n_rows = rows};
-    ml_lora_apply(m, y, x, &g, 1, site, K, N, 0, m->vb.lora_t);
+    *g = (ml_lora_group){.lora = lora, .row_start = 0, .n_rows = rows};
+    return (ml_lora_rows){.groups = g, .n_groups = lora ? 1 : 0, .scratch = m->vb.lora_t};
 }
 
 /* MllamaVisionEncoderLayer: pre-norm attention and MLP blocks, each added
  * to the residual stream through tanh(gate) for global layers and with
- * weight 1 for local ones. h (S, D_v) is updated in place. `site` is the
- * layer's first LoRA site (its q_proj). */
+ * weight 1 for local ones. h (S, D_v) is updated in place. `lora` covers
+ * the S rows; `site` is the layer's first LoRA site (its q_proj). */
 static void encoder_layer(ml_model *m, const vision_dims *d, const ml_vision_layer *L,
-                          const ml_lora *lora, int site)
+                          const ml_lora_rows *lora, int site)
 {
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;
@@ -110,31 +112,28 @@ static void encoder_layer(ml_model *m, const vision_dims *d, const ml_vision_lay
     /* MllamaVisionSdpaAttention: q/k/v/o without bias, 16 heads of 80. */
     op->layernorm(be, b->x, b->h, L->input_layernorm_weight.data, L->input_layernorm_bias.data,
                   d->S, d->Dv, eps);
-    op->matmul(be, b->q, b->x, L->q_proj.data, NULL, d->S, d->Dv, d->Da, 0);
-    lora_image(m, lora, b->q, b->x, site + ML_LORA_VISION_Q, d->S, d->Dv, d->Da);
-    op->matmul(be, b->k, b->x, L->k_proj.data, NULL, d->S, d->Dv, d->Da, 0);
-    lora_image(m, lora, b->k, b->x, site + ML_LORA_VISION_K, d->S, d->Dv, d->Da);
-    op->matmul(be, b->v, b->x, L->v_proj.data, NULL, d->S, d->Dv, d->Da, 0);
-    lora_image(m, lora, b->v, b->x, site + ML_LORA_VISION_V, d->S, d->Dv, d->Da);
+    ml_linear(m, b->q, b->x, &L->q_proj, NULL, d->S, d->Dv, d->Da, lora, site + ML_LORA_VISION_Q);
+    ml_linear(m, b->k, b->x, &L->k_proj, NULL, d->S, d->Dv, d->Da, lora, site + ML_LORA_VISION_K);
+    ml_linear(m, b->v, b->x, &L->v_proj, NULL, d->S, d->Dv, d->Da, lora, site + ML_LORA_VISION_V);
     ml_attn_vision_params ap = {
         .out = b->attn, .q = b->q, .k = b->k, .v = b->v, .valid = b->valid,
         .n_seq = 1, .seq_len = d->S, .n_heads = d->heads, .head_dim = d->hd,
         .scale = 1.0f / sqrtf((float)d->hd),
     };
     op->attn_vision(be, &ap);
-    op->matmul(be, b->x, b->attn, L->o_proj.data, NULL, d->S, d->Da, d->Dv, 0);
-    lora_image(m, lora, b->x, b->attn, site + ML_LORA_VISION_O, d->S, d->Da, d->Dv);
+    ml_linear(m, b->x, b->attn, &L->o_proj, NULL, d->S, d->Da, d->Dv, lora,
+              site + ML_LORA_VISION_O);
     ml_shard_all_reduce(m, b->x, (size_t)d->S * d->Dv);
     op->add_rows(be, b->h, b->x, NULL, gate_attn, d->S, d->Dv);
 
     /* MllamaVisionMLP: fc1 (+bias), exact GELU, fc2 (+bias). */
     op->layernorm(be, b->x, b->h, L->post_attention_layernorm_weight.data,
                   L->post_attention_layernorm_bias.data, d->S, d->Dv, eps);
-    op->matmul(be, b->mlp, b->x, L->fc1_weight.data, L->fc1_bias.data, d->S, d->Dv, d->Iv, 0);
-    lora_image(m, lora, b->mlp, b->x, site + ML_LORA_VISION_FC1, d->S, d->Dv, d->Iv);
+    ml_linear(m, b->mlp, b->x, &L->fc1_weight, &L->fc1_bias, d->S, d->Dv, d->Iv, lora,
+              site + ML_LORA_VISION_FC1);
     op->gelu(be, b->mlp, (size_t)d->S * (size_t)d->Iv);
-    op->matmul(be, b->x, b->mlp, L->fc2_weight.data, L->fc2_bias.data, d->S, d->Iv, d->Dv, 0);
-    lora_image(m, lora, b->x, b->mlp, site + ML_LORA_VISION_FC2, d->S, d->Iv, d->Dv);
+    ml_linear(m, b->x, b->mlp, &L->fc2_weight, &L->fc2_bias, d->S, d->Iv, d->Dv, lora,
+              site + ML_LORA_VISION_FC2);
     ml_shard_all_reduce(m, b->x, (size_t)d->S * d->Dv);
     op->add_rows(be, b->h, b->x, NULL, gate_ffn, d->S, d->Dv);
 }
@@ -158,8 +157,9 @@ static void collect_intermediate(ml_model *m, const vision_dims *d, int layer)
     }
 }
 
-/* MllamaVisionModel.forward up to the concatenated output (T·P, vout). */
-static void vision_tower(ml_model *m, const vision_dims *d, int ar_id, const ml_lora *lora)
+/* MllamaVisionModel.forward up to the concatenated output (T·P, vout);
+ * `lora` covers the S rows of the encoders. */
+static void vision_tower(ml_model *m, const vision_dims *d, int ar_id, const ml_lora_rows *lora)
 {
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;
@@ -251,17 +251,20 @@ ml_status ml_shard_encode_image(ml_model *m, const float *pixels, int aspect_rat
     op->upload(be, b->pixels, pixels,
                (size_t)d.T * m->cfg.vision.num_channels * d.side * d.side * sizeof(float));
 
-    vision_tower(m, &d, aspect_ratio_id, lora);
+    size_t tp = (size_t)d.T * d.P;
+    ml_lora_group tokens_group, outputs_group;
+    ml_lora_rows tokens = image_lora(m, lora, d.S, &tokens_group);
+    ml_lora_rows outputs = image_lora(m, lora, (int)tp, &outputs_group);
+
+    vision_tower(m, &d, aspect_ratio_id, &tokens);
 
     /* MllamaMultiModalProjector: (T·P, vout) → (T·P, D). */
-    size_t tp = (size_t)d.T * d.P;
-    op->matmul(be, b->proj, b->vout, m->w.projector_weight.data, m->w.projector_bias.data,
-               (int)tp, d.vout, d.D, 0);
-    lora_image(m, lora, b->proj, b->vout, ml_lora_site_projector(&m->cfg), (int)tp, d.vout,
-               d.D);
+    ml_linear(m, b->proj, b->vout, &m->w.projector_weight, &m->w.projector_bias, (int)tp, d.vout,
+              d.D, &outputs, ml_lora_site_projector(&m->cfg));
 
-    /* Every cross layer's K (after k_norm) and V over the image's tokens:
-     * state = [cross layer][K, V][T·P][KV][hd] in the kv type. */
+    /* MllamaTextCrossSdpaAttention's k_proj (then k_norm) and v_proj of
+     * every cross layer over the image's tokens: state = [cross layer][K,
+     * V][T·P][KV][hd] in the kv type. */
     const ml_text_config *tc = &m->cfg.text;
     size_t plane = tp * (size_t)d.kv_width;
     size_t plane_bytes = plane * op->kv_elem_size;
@@ -270,18 +273,14 @@ ml_status ml_shard_encode_image(ml_model *m, const float *pixels, int aspect_rat
         const ml_text_layer *L = &m->w.text.layers[l];
         if (!L->is_cross)
             continue;
-        op->matmul(be, b->kv_tmp, b->proj, L->cross.k_proj.data, NULL, (int)tp, d.D, d.kv_width,
-                   0);
-        lora_image(m, lora, b->kv_tmp, b->proj, ml_lora_site_text(&m->cfg, l, ML_LORA_TEXT_K),
-                   (int)tp, d.D, d.kv_width);
+        ml_linear(m, b->kv_tmp, b->proj, &L->cross.k_proj, NULL, (int)tp, d.D, d.kv_width,
+                  &outputs, ml_lora_site_text(&m->cfg, l, ML_LORA_TEXT_K));
         op->rmsnorm(be, b->kv_tmp, b->kv_tmp, L->cross.k_norm.data,
                     (int)tp * m->shard.n_kv_heads, tc->head_dim, tc->rms_norm_eps);
         op->kv_store(be, dst, b->kv_tmp, plane);
         dst += plane_bytes;
-        op->matmul(be, b->kv_tmp, b->proj, L->cross.v_proj.data, NULL, (int)tp, d.D, d.kv_width,
-                   0);
-        lora_image(m, lora, b->kv_tmp, b->proj, ml_lora_site_text(&m->cfg, l, ML_LORA_TEXT_V),
-                   (int)tp, d.D, d.kv_width);
+        ml_linear(m, b->kv_tmp, b->proj, &L->cross.v_proj, NULL, (int)tp, d.D, d.kv_width,
+                  &outputs, ml_lora_site_text(&m->cfg, l, ML_LORA_TEXT_V));
         op->kv_store(be, dst, b->kv_tmp, plane);
         dst += plane_bytes;
     }

@@ -1,0 +1,67 @@
+/* The entries of the op table that compute nothing: host memory (alloc,
+ * free, upload, download, weight) and the latched error that synchronize
+ * reports.
+ *
+ * Memory is host memory: alloc is 64-byte aligned and NOT zeroed (as device
+ * allocations are not), weights stay where the caller mapped them, upload
+ * and download are memcpy, and every op has finished when it returns.
+ * Errors are latched and reported by synchronize, as on a device; the only
+ * ones are misuses of the graph ops (graph.c). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_internal.h"
+
+void *ml_cpu_alloc(ml_backend *be, size_t bytes)
+{
+    /* aligned_alloc wants a multiple of the alignment; 0 still gets a block. */
+    size_t rounded = (bytes + ML_CPU_ALIGN - 1) / ML_CPU_ALIGN * ML_CPU_ALIGN;
+    if (rounded < bytes)
+        return NULL;
+    return aligned_alloc(ML_CPU_ALIGN, rounded ? rounded : ML_CPU_ALIGN);
+}
+
+void ml_cpu_free(ml_backend *be, void *p)
+{
+    free(p);
+}
+
+void ml_cpu_copy(ml_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        memcpy(dst, src, bytes);
+}
+
+const void *ml_cpu_weight(ml_backend *be, const void *host, size_t bytes)
+{
+    return host;
+}
+
+void ml_cpu_latch(ml_cpu_backend *cb, ml_status st, const char *op, const char *fmt, ...)
+{
+    cb->n_latched++;
+    if (cb->err_status != ML_OK)
+        return;
+    cb->err_status = st;
+    int n = snprintf(cb->err, sizeof cb->err, "cpu %s: ", op);
+    if (n < 0 || (size_t)n >= sizeof cb->err)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cb->err + n, sizeof cb->err - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+/* Every op has finished: report the latched error once, then serve on. */
+ml_status ml_cpu_synchronize(ml_backend *be, char *err, size_t errlen)
+{
+    ml_cpu_backend *cb = ml_cpu_of(be);
+    ml_status st = cb->err_status;
+    if (st != ML_OK && err && errlen)
+        snprintf(err, errlen, "%s", cb->err);
+    cb->err_status = ML_OK;
+    cb->err[0] = '\0';
+    return st;
+}
