@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "runtime/json_mode.h"
+#include "list.h"
 #include "runtime/stop.h"
 #include "sha256.h"
 
@@ -24,7 +25,7 @@ typedef enum seq_state {
 typedef struct rt_seq {
     uint64_t handle;
     seq_state state;
-    struct rt_seq *prev, *next; /* in the waiting or running list */
+    ml_list_node link;          /* in the waiting or running list, as state says */
 
     int32_t *tokens;            /* owned (cap): prompt then generated tokens */
     int n_tokens, n_prompt, cap;
@@ -55,11 +56,6 @@ typedef struct rt_seq {
     double t_submit, t_admit, t_first;
 } rt_seq;
 
-typedef struct seq_list {
-    rt_seq *head, *tail;
-    int n;
-} seq_list;
-
 struct ml_runtime {
     ml_model *model;            /* borrowed */
     const ml_tokenizer *tok;    /* borrowed */
@@ -70,7 +66,9 @@ struct ml_runtime {
     ml_adapters *adapters;      /* owned; NULL without adapter slots */
     int block_size, max_blocks, vocab, max_tiles, context;
     uint64_t next_handle;
-    seq_list waiting, running;
+    /* Of rt_seq.link. waiting is the FCFS queue, preempted sequences at its
+     * front; running is in admission order, the newest at the tail. */
+    ml_list waiting, running;
     /* Per-step scratch, sized at create. */
     ml_step_seq *step;          /* (max_running) */
     rt_seq **step_owner;        /* (max_running) */
@@ -96,43 +94,8 @@ static int64_t wall_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void list_push_back(seq_list *l, rt_seq *s)
-{
-    s->prev = l->tail;
-    s->next = NULL;
-    if (l->tail)
-        l->tail->next = s;
-    else
-        l->head = s;
-    l->tail = s;
-    l->n++;
-}
-
-static void list_push_front(seq_list *l, rt_seq *s)
-{
-    s->prev = NULL;
-    s->next = l->head;
-    if (l->head)
-        l->head->prev = s;
-    else
-        l->tail = s;
-    l->head = s;
-    l->n++;
-}
-
-static void list_remove(seq_list *l, rt_seq *s)
-{
-    if (s->prev)
-        s->prev->next = s->next;
-    else
-        l->head = s->next;
-    if (s->next)
-        s->next->prev = s->prev;
-    else
-        l->tail = s->prev;
-    s->prev = s->next = NULL;
-    l->n--;
-}
+/* The sequence linked by n; NULL for NULL (the end of a list). */
+static rt_seq *seq_of(ml_list_node *n) { return ml_list_entry(n, rt_seq, link); }
 
 /* Release the K/V blocks of s; its cached prefix is forgotten. */
 static void release_blocks(ml_runtime *rt, rt_seq *s)
@@ -176,7 +139,7 @@ static void seq_free(ml_runtime *rt, rt_seq *s)
 static void finish(ml_runtime *rt, rt_seq *s, ml_finish_reason reason, ml_request_error error,
                    const char *message, int emit_tail)
 {
-    list_remove(s->state == SEQ_RUNNING ? &rt->running : &rt->waiting, s);
+    ml_list_remove(s->state == SEQ_RUNNING ? &rt->running : &rt->waiting, &s->link);
     /* The tail: what the stop matcher released for the detokenizer's last
      * partial character, then what it still held. Bounded by the longest
      * stop string plus one replacement character. */
@@ -323,9 +286,11 @@ void ml_runtime_destroy(ml_runtime *rt)
     if (!rt)
         return;
     while (rt->running.head)
-        finish(rt, rt->running.head, ML_FINISH_REASON_CANCELLED, ML_REQERR_NONE, "runtime shut down", 1);
+        finish(rt, seq_of(rt->running.head), ML_FINISH_REASON_CANCELLED, ML_REQERR_NONE,
+               "runtime shut down", 1);
     while (rt->waiting.head)
-        finish(rt, rt->waiting.head, ML_FINISH_REASON_CANCELLED, ML_REQERR_NONE, "runtime shut down", 1);
+        finish(rt, seq_of(rt->waiting.head), ML_FINISH_REASON_CANCELLED, ML_REQERR_NONE,
+               "runtime shut down", 1);
     ml_image_cache_destroy(rt->images);
     ml_adapters_destroy(rt->adapters);
     ml_kv_cache_destroy(rt->kv);
@@ -524,7 +489,7 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
     s->t_submit = now_ms();
     image_ranges(s, ml_model_config(rt->model)->image_token_index);
     s->state = SEQ_WAITING;
-    list_push_back(&rt->waiting, s);
+    ml_list_push_back(&rt->waiting, &s->link);
     return ML_OK;
 nomem:
     if (s) {
@@ -538,10 +503,10 @@ nomem:
 
 static rt_seq *find_seq(ml_runtime *rt, uint64_t handle)
 {
-    for (rt_seq *s = rt->running.head; s; s = s->next)
+    for (rt_seq *s = seq_of(rt->running.head); s; s = seq_of(s->link.next))
         if (s->handle == handle)
             return s;
-    for (rt_seq *s = rt->waiting.head; s; s = s->next)
+    for (rt_seq *s = seq_of(rt->waiting.head); s; s = seq_of(s->link.next))
         if (s->handle == handle)
             return s;
     return NULL;
@@ -664,7 +629,7 @@ static acquire_result acquire_images(ml_runtime *rt, rt_seq *s, ml_request_error
 static void admit(ml_runtime *rt)
 {
     while (rt->waiting.head && rt->running.n < rt->cfg.max_running) {
-        rt_seq *s = rt->waiting.head;
+        rt_seq *s = seq_of(rt->waiting.head);
         /* The first chunk's blocks must be free, or admission would only
          * cause a preemption. */
         int first = s->n_tokens - s->n_cached;
@@ -696,9 +661,9 @@ static void admit(ml_runtime *rt)
             finish(rt, s, ML_FINISH_REASON_ERROR, error, err, 0);
             continue;
         }
-        list_remove(&rt->waiting, s);
+        ml_list_remove(&rt->waiting, &s->link);
         s->state = SEQ_RUNNING;
-        list_push_back(&rt->running, s);
+        ml_list_push_back(&rt->running, &s->link);
     }
 }
 
@@ -708,11 +673,11 @@ static void admit(ml_runtime *rt)
 static void preempt(ml_runtime *rt, rt_seq *s)
 {
     release_blocks(rt, s);
-    list_remove(&rt->running, s);
+    ml_list_remove(&rt->running, &s->link);
     s->state = SEQ_WAITING;
     s->usage.preemptions++;
     rt->stats.preemptions++;
-    list_push_front(&rt->waiting, s);
+    ml_list_push_front(&rt->waiting, &s->link);
 }
 
 typedef enum blocks_result {
@@ -732,7 +697,7 @@ static blocks_result ensure_blocks(ml_runtime *rt, rt_seq *s, int upto)
             s->blocks[s->n_blocks++] = b;
             continue;
         }
-        rt_seq *victim = rt->running.tail;
+        rt_seq *victim = seq_of(rt->running.tail);
         if (victim == s && rt->running.n == 1)
             return BLOCKS_NEVER;
         preempt(rt, victim);
@@ -749,10 +714,10 @@ static blocks_result ensure_blocks(ml_runtime *rt, rt_seq *s, int upto)
 static void expire(ml_runtime *rt)
 {
     int64_t now = wall_ms();
-    seq_list *lists[] = {&rt->running, &rt->waiting};
+    ml_list *lists[] = {&rt->running, &rt->waiting};
     for (int l = 0; l < 2; l++)
-        for (rt_seq *s = lists[l]->head, *next; s; s = next) {
-            next = s->next;
+        for (rt_seq *s = seq_of(lists[l]->head), *next; s; s = next) {
+            next = seq_of(s->link.next);
             if (s->deadline_ms && now >= s->deadline_ms)
                 finish(rt, s, ML_FINISH_REASON_DEADLINE, ML_REQERR_NONE, "deadline exceeded", 1);
         }
@@ -868,19 +833,19 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
     int budget = rt->cfg.max_step_tokens, n_step = 0;
     size_t allowed_off = 0;
     for (int pass = 0; pass < 2; pass++) {
-        rt_seq *s = rt->running.head;
+        rt_seq *s = seq_of(rt->running.head);
         while (s && budget > 0) {
             int pending = s->n_tokens - s->n_cached;
             int decoding = pending == 1 && s->n_tokens > s->n_prompt;
             if (pending <= 0 || decoding != (pass == 0)) {
-                s = s->next;
+                s = seq_of(s->link.next);
                 continue;
             }
             int take = pending < budget ? pending : budget;
             /* Read the successor after ensure_blocks: preemption edits the
              * list, and only the tail (never s's predecessors) leaves it. */
             blocks_result br = ensure_blocks(rt, s, s->n_cached + take);
-            rt_seq *next = br == BLOCKS_PREEMPTED ? NULL : s->next;
+            rt_seq *next = br == BLOCKS_PREEMPTED ? NULL : seq_of(s->link.next);
             if (br == BLOCKS_NEVER) {
                 finish(rt, s, ML_FINISH_REASON_LENGTH, ML_REQERR_NONE, NULL, 1);
                 s = next;
