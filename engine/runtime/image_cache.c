@@ -108,8 +108,6 @@ int ml_image_cache_contains(const ml_image_cache *c, const uint8_t *key)
     return find(c, key) != NULL;
 }
 
-int ml_image_cache_fits(const ml_image_cache *c) { return c->entry_bytes <= c->budget; }
-
 ml_image_entry *ml_image_cache_reserve(ml_image_cache *c, const uint8_t *key, int n_tiles)
 {
     /* Evict idle entries from the LRU end until the new state fits. */
