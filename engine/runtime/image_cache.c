@@ -1,5 +1,5 @@
-/* The resident image-state cache: one doubly linked list in LRU order (head
- * = most recently used). Lookups scan it: a budget holds at most a few
+/* The resident image-state cache: one list in LRU order (head = most
+ * recently used). Lookups scan it: a budget holds at most a few
  * hundred states (11B: 200 MiB each), and a lookup happens once per image
  * of a request, never per token. */
 #include "runtime/image_cache.h"
@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "list.h"
 #include "sha256.h"
 
 struct ml_image_entry {
@@ -16,14 +17,13 @@ struct ml_image_entry {
     int n_tiles;
     int refs;
     int published;
-    ml_image_entry *prev, *next;
+    ml_list_node lru;  /* in ml_image_cache.lru */
 };
 
 struct ml_image_cache {
     ml_model *model;  /* borrowed */
     size_t budget, entry_bytes, used;
-    int count;
-    ml_image_entry *head, *tail;
+    ml_list lru;      /* every entry, published or reserved; .n is the count */
     ml_image_event_fn on_event;
     void *event_ctx;
 };
@@ -57,35 +57,15 @@ ml_status ml_image_cache_create(ml_image_cache **out, ml_model *model, size_t bu
     return ML_OK;
 }
 
-static void unlink_entry(ml_image_cache *c, ml_image_entry *e)
+static ml_image_entry *entry_of(ml_list_node *n)
 {
-    if (e->prev)
-        e->prev->next = e->next;
-    else
-        c->head = e->next;
-    if (e->next)
-        e->next->prev = e->prev;
-    else
-        c->tail = e->prev;
-    e->prev = e->next = NULL;
-}
-
-static void push_front(ml_image_cache *c, ml_image_entry *e)
-{
-    e->prev = NULL;
-    e->next = c->head;
-    if (c->head)
-        c->head->prev = e;
-    c->head = e;
-    if (!c->tail)
-        c->tail = e;
+    return ml_list_entry(n, ml_image_entry, lru);
 }
 
 static void free_entry(ml_image_cache *c, ml_image_entry *e)
 {
-    unlink_entry(c, e);
+    ml_list_remove(&c->lru, &e->lru);
     c->used -= c->entry_bytes;
-    c->count--;
     if (e->published && c->on_event)
         c->on_event(c->event_ctx, ML_IMAGE_EVICTED, e->key, c->entry_bytes, e->n_tiles);
     ml_model_image_state_free(c->model, e->state);
@@ -96,16 +76,17 @@ void ml_image_cache_destroy(ml_image_cache *c)
 {
     if (!c)
         return;
-    while (c->head) {
-        assert(c->head->refs == 0);
-        free_entry(c, c->head);
+    while (c->lru.head) {
+        ml_image_entry *e = entry_of(c->lru.head);
+        assert(e->refs == 0);
+        free_entry(c, e);
     }
     free(c);
 }
 
 static ml_image_entry *find(const ml_image_cache *c, const uint8_t *key)
 {
-    for (ml_image_entry *e = c->head; e; e = e->next)
+    for (ml_image_entry *e = entry_of(c->lru.head); e; e = entry_of(e->lru.next))
         if (e->published && !memcmp(e->key, key, ML_IMAGE_KEY_BYTES))
             return e;
     return NULL;
@@ -117,8 +98,8 @@ ml_image_entry *ml_image_cache_acquire(ml_image_cache *c, const uint8_t *key)
     if (!e)
         return NULL;
     e->refs++;
-    unlink_entry(c, e);
-    push_front(c, e);
+    ml_list_remove(&c->lru, &e->lru);
+    ml_list_push_front(&c->lru, &e->lru);
     return e;
 }
 
@@ -127,14 +108,12 @@ int ml_image_cache_contains(const ml_image_cache *c, const uint8_t *key)
     return find(c, key) != NULL;
 }
 
-int ml_image_cache_fits(const ml_image_cache *c) { return c->entry_bytes <= c->budget; }
-
 ml_image_entry *ml_image_cache_reserve(ml_image_cache *c, const uint8_t *key, int n_tiles)
 {
     /* Evict idle entries from the LRU end until the new state fits. */
-    ml_image_entry *e = c->tail;
+    ml_image_entry *e = entry_of(c->lru.tail);
     while (c->used + c->entry_bytes > c->budget && e) {
-        ml_image_entry *prev = e->prev;
+        ml_image_entry *prev = entry_of(e->lru.prev);
         if (e->refs == 0)
             free_entry(c, e);
         e = prev;
@@ -152,9 +131,8 @@ ml_image_entry *ml_image_cache_reserve(ml_image_cache *c, const uint8_t *key, in
     memcpy(n->key, key, ML_IMAGE_KEY_BYTES);
     n->n_tiles = n_tiles;
     n->refs = 1;
-    push_front(c, n);
+    ml_list_push_front(&c->lru, &n->lru);
     c->used += c->entry_bytes;
-    c->count++;
     return n;
 }
 
@@ -177,4 +155,4 @@ void *ml_image_entry_state(const ml_image_entry *e) { return e->state; }
 int ml_image_entry_n_tiles(const ml_image_entry *e) { return e->n_tiles; }
 size_t ml_image_cache_used(const ml_image_cache *c) { return c->used; }
 size_t ml_image_cache_budget(const ml_image_cache *c) { return c->budget; }
-int ml_image_cache_count(const ml_image_cache *c) { return c->count; }
+int ml_image_cache_count(const ml_image_cache *c) { return c->lru.n; }

@@ -60,9 +60,9 @@ int ml_image_cache_contains(const ml_image_cache *c, const uint8_t *key);
 /* A new entry for key with one reference, its state allocated (contents
  * undefined until the caller writes them), evicting idle entries as needed.
  * NULL when the budget cannot make room now (every resident entry is in
- * use); ml_image_cache_fits says whether it ever could. The entry counts as
- * inserted only after ml_image_cache_publish: until then a failed encode
- * can ml_image_cache_release it and it disappears without an event. */
+ * use). The entry counts as inserted only after ml_image_cache_publish:
+ * until then a failed encode can ml_image_cache_release it and it
+ * disappears without an event. */
 ml_image_entry *ml_image_cache_reserve(ml_image_cache *c, const uint8_t *key, int n_tiles);
 
 /* Mark a reserved entry's state as complete and emit ML_IMAGE_INSERTED. */
@@ -70,9 +70,6 @@ void ml_image_cache_publish(ml_image_cache *c, ml_image_entry *e);
 
 /* Drop one reference. An unpublished entry is freed at once. */
 void ml_image_cache_release(ml_image_cache *c, ml_image_entry *e);
-
-/* 1 when one entry fits the budget at all. */
-int ml_image_cache_fits(const ml_image_cache *c);
 
 /* Real tiles of the entry's image (as given to reserve). */
 int ml_image_entry_n_tiles(const ml_image_entry *e);

@@ -408,7 +408,7 @@ static size_t json_run(json_rec *r, const uint8_t *bytes, size_t len)
     return len;
 }
 
-/* ---- the vocabulary trie (built in json_vocab.c) ---------------------------- */
+/* ---- the vocabulary trie (built in json_vocab.c) --------------------------- */
 
 /* The string state of each JSON_PRE_* entry. */
 static const uint8_t json_pre_mode[JSON_N_PRE] = {JSON_STR, JSON_STR_ESC};

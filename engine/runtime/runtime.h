@@ -175,7 +175,6 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen);
 
 /* Requests queued or running. */
 int ml_runtime_active(const ml_runtime *rt);
-int ml_runtime_running(const ml_runtime *rt);
 
 /* The resident image cache (for lookups by the service). Borrowed. */
 ml_image_cache *ml_runtime_image_cache(ml_runtime *rt);

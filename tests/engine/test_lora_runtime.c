@@ -1,4 +1,4 @@
-/* LoRA in the runtime (engine/runtime/adapters.*, runtime.c) on the LoRA
+/* LoRA in the runtime (engine/runtime/adapters.*, scheduler.c) on the LoRA
  * golden fixture (m3's configuration, two images) and the real tokenizer:
  * - one request per adapter (and the base model) reproduces PEFT +
  *   transformers' 16 greedy tokens end to end;

@@ -1,0 +1,112 @@
+/* What the runtime's files share; not an API. runtime.c holds the object
+ * (create, destroy, the queries), sequence.c a sequence's life (submit, its
+ * cross-attention rows, each sampled token streamed, cancel and the end),
+ * scheduler.c the step (deadlines, admission, K/V blocks and preemption,
+ * the batch and the forward pass).
+ *
+ * @locality: the step loop thread, as everything in runtime.h. */
+#ifndef ML_RUNTIME_RUNTIME_INTERNAL_H
+#define ML_RUNTIME_RUNTIME_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "list.h"
+#include "runtime/json_mode.h"
+#include "runtime/runtime.h"
+#include "runtime/stop.h"
+
+typedef enum seq_state {
+    SEQ_WAITING,
+    SEQ_RUNNING,
+} seq_state;
+
+typedef struct rt_seq {
+    uint64_t handle;
+    seq_state state;
+    ml_list_node link;          /* in the waiting or running list, as state says */
+
+    int32_t *tokens;            /* owned (cap): prompt then generated tokens */
+    int n_tokens, n_prompt, cap;
+    int n_cached;               /* tokens whose K/V are in the cache */
+    int32_t *blocks;            /* owned (max_blocks): the block table */
+    int n_blocks;
+
+    int n_images;
+    ml_request_image *images;   /* owned (n_images): pixels owned until encoded */
+    ml_image_entry **entries;   /* owned (n_images): acquired cache entries, NULL until admitted */
+    const void **states;        /* owned (n_images): their backend states, for the model */
+    int *range_start, *range_end; /* owned (n_images): token ranges of the cross mask */
+
+    char *adapter_name;         /* owned: the request's adapter, NULL for the base model */
+    ml_adapter *adapter;        /* referenced from admission to the end; NULL until then */
+
+    ml_sampling_params sampling; /* stop strings borrowed from stop_text */
+    ml_sample_row row;          /* the step's sampling controls (ML_LOGITS_SAMPLE) */
+    ml_sample_out sampled;      /* the step's token and logprobs */
+    char *stop_text;            /* owned: the request's stop strings, back to back */
+    ml_sampler_seq *sampler;    /* owned */
+    ml_json_state *json;        /* owned; JSON mode only */
+    ml_token_stream *detok;     /* owned */
+    ml_stop *stop;              /* owned */
+    ml_request_callbacks cb;
+    int64_t deadline_ms;
+    ml_usage usage;
+    double t_submit, t_admit, t_first;
+} rt_seq;
+
+struct ml_runtime {
+    ml_model *model;            /* borrowed */
+    const ml_tokenizer *tok;    /* borrowed */
+    ml_runtime_config cfg;
+    ml_kv_cache *kv;            /* owned */
+    ml_sampler *sampler;        /* owned: sampling scratch shared by all sequences */
+    ml_image_cache *images;     /* owned */
+    ml_adapters *adapters;      /* owned; NULL without adapter slots */
+    int block_size, max_blocks, vocab, max_tiles, context;
+    uint64_t next_handle;
+    /* Of rt_seq.link. waiting is the FCFS queue, preempted sequences at its
+     * front; running is in admission order, the newest at the tail. */
+    ml_list waiting, running;
+    /* Per-step scratch, sized at create. */
+    ml_step_seq *step;          /* (max_running) */
+    rt_seq **step_owner;        /* (max_running) */
+    uint8_t *allowed;           /* (max_step_tokens, max_seq_images · T) */
+    float *logits;              /* (max_running, vocab) */
+    /* JSON mode, made at the first request that asks for it: */
+    ml_json_vocab *json_vocab;  /* owned: the tokens' bytes for the grammar */
+    uint64_t *json_allowed;     /* owned ((vocab + 63) / 64): one step's mask */
+    ml_runtime_stats stats;
+};
+
+/* The sequence linked by n; NULL for NULL (the end of a list). */
+static inline rt_seq *seq_of(ml_list_node *n) { return ml_list_entry(n, rt_seq, link); }
+
+static inline double rt_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---- sequence.c ------------------------------------------------------------ */
+
+/* Release the K/V blocks of s; its cached prefix is forgotten. */
+void ml_rt_seq_release_blocks(ml_runtime *rt, rt_seq *s);
+
+/* The cross-attention mask rows of s's tokens [pos, pos + n) into out:
+ * (n, n_images · T), 1 where the token attends a real tile of the image. */
+void ml_rt_seq_fill_allowed(const ml_runtime *rt, const rt_seq *s, int pos, int n, uint8_t *out);
+
+/* Append the step's token to s and stream it: drawn here from `logits`, or
+ * with logits NULL the model's s->sampled. */
+void ml_rt_seq_advance(ml_runtime *rt, rt_seq *s, const float *logits);
+
+/* Remove s from its list, release everything and report the end. With
+ * emit_tail, text held back by the detokenizer and the stop matcher goes
+ * out with the finish; after a stop string or an error it is dropped. */
+void ml_rt_seq_finish(ml_runtime *rt, rt_seq *s, ml_finish_reason reason, ml_request_error error,
+                      const char *message, int emit_tail);
+
+#endif

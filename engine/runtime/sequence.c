@@ -1,0 +1,404 @@
+/* A sequence's life (runtime.h): submit checks a request and queues it,
+ * its cross-attention rows follow from its <|image|> tokens, each token the
+ * step samples is streamed through its stop strings, and cancel, a stop, an
+ * error or the end of its budget finish it, releasing everything at once.
+ * The step that schedules it is scheduler.c. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/runtime_internal.h"
+
+/* ---- memory ---------------------------------------------------------------- */
+
+void ml_rt_seq_release_blocks(ml_runtime *rt, rt_seq *s)
+{
+    for (int i = 0; i < s->n_blocks; i++)
+        ml_kv_cache_release(rt->kv, s->blocks[i]);
+    s->n_blocks = 0;
+    s->n_cached = 0;
+}
+
+static void seq_free(ml_runtime *rt, rt_seq *s)
+{
+    ml_rt_seq_release_blocks(rt, s);
+    if (s->adapter)
+        ml_adapters_release(rt->adapters, s->adapter);
+    free(s->adapter_name);
+    for (int i = 0; i < s->n_images; i++) {
+        if (s->entries && s->entries[i])
+            ml_image_cache_release(rt->images, s->entries[i]);
+        if (s->images)
+            free(s->images[i].pixels);
+    }
+    free(s->images);
+    free(s->entries);
+    free(s->states);
+    free(s->range_start);
+    free(s->range_end);
+    free(s->tokens);
+    free(s->blocks);
+    free(s->stop_text);
+    ml_sampler_seq_destroy(s->sampler);
+    ml_json_state_destroy(s->json);
+    ml_token_stream_destroy(s->detok);
+    ml_stop_destroy(s->stop);
+    free(s);
+}
+
+/* ---- cross-attention mask -------------------------------------------------- */
+
+/* get_cross_attention_token_mask (processing_mllama, engine/model/README.md §5): image
+ * k covers tokens [loc_k, loc_{k+1}), the last one up to the end; an image
+ * token immediately followed by another image token extends to the end of
+ * the following range. Ends are exclusive; INT_MAX-like "end of sequence"
+ * is n_prompt, and decode tokens reuse the last prompt row (§8). */
+static void image_ranges(rt_seq *s, int32_t image_token)
+{
+    int k = 0;
+    for (int t = 0; t < s->n_prompt && k < s->n_images; t++)
+        if (s->tokens[t] == image_token)
+            s->range_start[k++] = t;
+    for (k = 0; k < s->n_images; k++)
+        s->range_end[k] = k + 1 < s->n_images ? s->range_start[k + 1] : s->n_prompt;
+    int last_end = s->n_images ? s->range_end[s->n_images - 1] : 0;
+    for (k = s->n_images - 1; k >= 0; k--) {
+        if (s->range_start[k] == s->range_end[k] - 1)
+            s->range_end[k] = last_end;
+        last_end = s->range_end[k];
+    }
+}
+
+void ml_rt_seq_fill_allowed(const ml_runtime *rt, const rt_seq *s, int pos, int n, uint8_t *out)
+{
+    int T = rt->max_tiles, chunks = s->n_images * T;
+    for (int t = 0; t < n; t++) {
+        int row = pos + t < s->n_prompt ? pos + t : s->n_prompt - 1;
+        uint8_t *o = out + (size_t)t * chunks;
+        for (int k = 0; k < s->n_images; k++) {
+            int in = row >= s->range_start[k] && row < s->range_end[k];
+            for (int tile = 0; tile < T; tile++)
+                o[k * T + tile] = in && tile < s->images[k].n_tiles;
+        }
+    }
+}
+
+/* ---- submit / cancel ------------------------------------------------------- */
+
+/* Report a request refused at submit through its on_finish, as promised. */
+static void refuse(const ml_request *req, ml_request_error error, const char *message)
+{
+    for (int i = 0; i < req->n_images; i++)
+        free(req->images[i].pixels);
+    ml_usage usage = {.prompt_tokens = req->n_prompt, .images = req->n_images};
+    req->cb.on_finish(req->cb.ctx, NULL, 0, ML_FINISH_REASON_ERROR, error, message, &usage);
+}
+
+/* The request's adapter name, NULL for the base model. */
+static const char *adapter_of(const ml_request *req)
+{
+    return req->adapter && req->adapter[0] ? req->adapter : NULL;
+}
+
+/* Check what can be known at submit. Returns ML_REQERR_NONE or the error,
+ * with a message in msg. */
+static ml_request_error validate(const ml_runtime *rt, const ml_request *req, char *msg,
+                                 size_t n)
+{
+    const ml_config *mc = ml_model_config(rt->model);
+    int image_tokens = 0;
+    for (int i = 0; i < req->n_prompt; i++) {
+        int32_t id = req->prompt[i];
+        if (id < 0 || id >= mc->text.vocab_size + ML_MODEL_EMBED_EXTRA_ROWS) {
+            ml_fail(msg, n, ML_ERR_INVALID_ARG, "prompt token %d at %d outside the vocabulary",
+                    id, i);
+            return ML_REQERR_INVALID_REQUEST;
+        }
+        image_tokens += id == mc->image_token_index;
+    }
+    if (req->n_prompt <= 0) {
+        ml_fail(msg, n, ML_ERR_INVALID_ARG, "empty prompt");
+        return ML_REQERR_INVALID_REQUEST;
+    }
+    if (image_tokens != req->n_images) {
+        ml_fail(msg, n, ML_ERR_INVALID_ARG, "%d <|image|> tokens but %d images", image_tokens,
+                req->n_images);
+        return ML_REQERR_INVALID_REQUEST;
+    }
+    if (req->n_images > ml_model_limits_of(rt->model)->max_seq_images) {
+        ml_fail(msg, n, ML_ERR_TOO_LARGE, "%d images, at most %d per request", req->n_images,
+                ml_model_limits_of(rt->model)->max_seq_images);
+        return ML_REQERR_INVALID_REQUEST;
+    }
+    const char *adapter = adapter_of(req);
+    if (adapter && !rt->adapters) {
+        ml_fail(msg, n, ML_ERR_NOT_FOUND, "adapter '%.64s': this worker serves no adapters",
+                adapter);
+        return ML_REQERR_UNKNOWN_ADAPTER;
+    }
+    if (adapter && !ml_adapters_known(rt->adapters, adapter)) {
+        ml_fail(msg, n, ML_ERR_NOT_FOUND, "unknown adapter '%.64s'", adapter);
+        return ML_REQERR_UNKNOWN_ADAPTER;
+    }
+    for (int i = 0; i < req->n_images; i++) {
+        const ml_request_image *im = &req->images[i];
+        /* With an adapter the key may still change (image_keys_for_adapter),
+         * and the caller of an at_caller image wants to hear of its eviction
+         * (ML_REQERR_IMAGE_EVICTED): a missing state is found at admission. */
+        if (!im->pixels && !im->at_caller && !adapter &&
+            !ml_image_cache_contains(rt->images, im->key)) {
+            ml_fail(msg, n, ML_ERR_NOT_FOUND, "image %d is neither given nor resident", i);
+            return ML_REQERR_INVALID_IMAGE;
+        }
+        if (im->n_tiles < 1 || im->n_tiles > rt->max_tiles) {
+            ml_fail(msg, n, ML_ERR_INVALID_ARG, "image %d: %d tiles", i, im->n_tiles);
+            return ML_REQERR_INVALID_IMAGE;
+        }
+    }
+    /* The whole budget must hold the request's images at once, and the KV
+     * pool its prompt plus one generated token. */
+    if (req->n_images &&
+        (size_t)req->n_images * ml_model_image_state_bytes(rt->model) > rt->cfg.image_bytes) {
+        ml_fail(msg, n, ML_ERR_TOO_LARGE, "%d images need %zu MiB of resident state, budget %zu MiB",
+                req->n_images, (size_t)req->n_images * ml_model_image_state_bytes(rt->model) >> 20,
+                rt->cfg.image_bytes >> 20);
+        return ML_REQERR_TOO_LARGE;
+    }
+    int need = req->n_prompt + 1;
+    if (need > rt->context || (need + rt->block_size - 1) / rt->block_size >
+                                  ml_kv_cache_n_blocks(rt->kv)) {
+        ml_fail(msg, n, ML_ERR_TOO_LARGE,
+                "prompt of %d tokens exceeds the context (%d tokens, KV pool %d tokens)",
+                req->n_prompt, rt->context, ml_kv_cache_n_blocks(rt->kv) * rt->block_size);
+        return ML_REQERR_CONTEXT_LENGTH;
+    }
+    return ML_REQERR_NONE;
+}
+
+/* JSON mode's shared parts, made once, at the first request that asks (the
+ * token trie costs 100-200 ms and megabytes a worker without JSON requests
+ * never needs). After a failure the next request tries again. */
+static ml_status json_prepare(ml_runtime *rt, char *err, size_t errlen)
+{
+    if (rt->json_vocab)
+        return ML_OK;
+    if (!rt->json_allowed)
+        rt->json_allowed = malloc(((size_t)rt->vocab + 63) / 64 * sizeof *rt->json_allowed);
+    if (!rt->json_allowed)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "runtime: out of memory for JSON mode");
+    return ml_json_vocab_create(rt->tok, (size_t)rt->vocab, &rt->json_vocab, err, errlen);
+}
+
+/* The request's stop strings are borrowed for the call only: keep a copy. */
+static ml_status copy_stop_strings(rt_seq *s)
+{
+    size_t total = 1;
+    for (size_t i = 0; i < s->sampling.n_stop; i++)
+        total += s->sampling.stop_len[i];
+    s->stop_text = malloc(total);
+    if (!s->stop_text)
+        return ML_ERR_NOMEM;
+    char *p = s->stop_text;
+    for (size_t i = 0; i < s->sampling.n_stop; i++) {
+        memcpy(p, s->sampling.stop[i], s->sampling.stop_len[i]);
+        s->sampling.stop[i] = p;
+        p += s->sampling.stop_len[i];
+    }
+    return ML_OK;
+}
+
+ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *handle, char *err,
+                            size_t errlen)
+{
+    char msg[256];
+    ml_request_error rerr = validate(rt, req, msg, sizeof msg);
+    if (rerr == ML_REQERR_NONE &&
+        ml_sampling_params_validate(&req->sampling, (size_t)rt->vocab, msg, sizeof msg) != ML_OK)
+        rerr = ML_REQERR_INVALID_REQUEST;
+    /* JSON mode's vocabulary, made at the first request that asks: should
+     * that fail, this request ends saying why and the runtime goes on. */
+    if (rerr == ML_REQERR_NONE && req->sampling.json_object &&
+        json_prepare(rt, msg, sizeof msg) != ML_OK)
+        rerr = ML_REQERR_INTERNAL;
+    *handle = rt->next_handle++;
+    if (rerr != ML_REQERR_NONE) {
+        refuse(req, rerr, msg);
+        return ML_OK;
+    }
+
+    rt_seq *s = calloc(1, sizeof *s);
+    int cap = req->n_prompt + (int)req->sampling.max_tokens;
+    if (cap > rt->context)
+        cap = rt->context;
+    if (!s)
+        goto nomem;
+    s->handle = *handle;
+    s->cap = cap;
+    s->n_prompt = s->n_tokens = req->n_prompt;
+    s->tokens = malloc((size_t)cap * sizeof *s->tokens);
+    s->blocks = malloc((size_t)rt->max_blocks * sizeof *s->blocks);
+    s->n_images = req->n_images;
+    size_t ni = (size_t)req->n_images + 1;
+    s->images = calloc(ni, sizeof *s->images);
+    s->entries = calloc(ni, sizeof *s->entries);
+    s->states = calloc(ni, sizeof *s->states);
+    s->range_start = calloc(ni, sizeof *s->range_start);
+    s->range_end = calloc(ni, sizeof *s->range_end);
+    if (!s->tokens || !s->blocks || !s->images || !s->entries || !s->states || !s->range_start ||
+        !s->range_end)
+        goto nomem;
+    if (adapter_of(req) && !(s->adapter_name = strdup(adapter_of(req))))
+        goto nomem;
+    memcpy(s->tokens, req->prompt, (size_t)req->n_prompt * sizeof *s->tokens);
+    if (req->n_images) /* a text-only request may pass no array at all */
+        memcpy(s->images, req->images, (size_t)req->n_images * sizeof *s->images);
+    s->sampling = req->sampling;
+    if (s->sampling.json_object &&
+        ml_json_state_create(rt->json_vocab, &s->json, err, errlen) != ML_OK)
+        goto nomem;
+    if (copy_stop_strings(s) != ML_OK ||
+        ml_sampler_seq_create(&s->sampling, (size_t)rt->vocab, req->prompt,
+                              (size_t)req->n_prompt, &s->sampler, err, errlen) != ML_OK ||
+        ml_token_stream_create(rt->tok, ML_DECODE_SKIP_SPECIAL, &s->detok, err, errlen) != ML_OK ||
+        ml_stop_create(s->sampling.stop, s->sampling.stop_len, s->sampling.n_stop, &s->stop, err,
+                       errlen) != ML_OK)
+        goto nomem;
+    s->cb = req->cb;
+    s->deadline_ms = req->deadline_ms;
+    s->usage.prompt_tokens = req->n_prompt;
+    s->usage.images = req->n_images;
+    s->t_submit = rt_now_ms();
+    image_ranges(s, ml_model_config(rt->model)->image_token_index);
+    s->state = SEQ_WAITING;
+    ml_list_push_back(&rt->waiting, &s->link);
+    return ML_OK;
+nomem:
+    if (s) {
+        s->n_images = 0; /* pixels are freed below, once */
+        seq_free(rt, s);
+    }
+    for (int i = 0; i < req->n_images; i++)
+        free(req->images[i].pixels);
+    return ml_fail(err, errlen, ML_ERR_NOMEM, "runtime: out of memory queueing a request");
+}
+
+static rt_seq *find_seq(ml_runtime *rt, uint64_t handle)
+{
+    for (rt_seq *s = seq_of(rt->running.head); s; s = seq_of(s->link.next))
+        if (s->handle == handle)
+            return s;
+    for (rt_seq *s = seq_of(rt->waiting.head); s; s = seq_of(s->link.next))
+        if (s->handle == handle)
+            return s;
+    return NULL;
+}
+
+void ml_runtime_cancel(ml_runtime *rt, uint64_t handle)
+{
+    rt_seq *s = find_seq(rt, handle);
+    if (s)
+        ml_rt_seq_finish(rt, s, ML_FINISH_REASON_CANCELLED, ML_REQERR_NONE, "cancelled", 1);
+}
+
+/* ---- a sampled token ------------------------------------------------------- */
+
+void ml_rt_seq_advance(ml_runtime *rt, rt_seq *s, const float *logits)
+{
+    char err[256];
+    ml_finish end = ML_FINISH_NONE;
+    if (logits) {
+        if (s->cb.on_logits)
+            s->cb.on_logits(s->cb.ctx, logits, rt->vocab);
+        /* JSON mode draws among the tokens its grammar allows next (the
+         * object is incomplete here: a sequence ends as soon as its object
+         * is, below). */
+        const uint64_t *allowed = NULL;
+        if (s->json) {
+            ml_json_state_allowed(s->json, rt->json_allowed);
+            allowed = rt->json_allowed;
+        }
+        if (ml_sampler_sample(rt->sampler, s->sampler, logits, allowed, &s->sampled, err,
+                              sizeof err) != ML_OK) {
+            ml_rt_seq_finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL, err, 0);
+            return;
+        }
+    } else if (s->sampled.chosen.id == ML_SAMPLE_NO_TOKEN) {
+        ml_rt_seq_finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL,
+                         "sampler: logits have no finite maximum", 0);
+        return;
+    }
+    int32_t id = s->sampled.chosen.id;
+    const ml_sample_out *lpp = s->sampling.logprobs ? &s->sampled : NULL;
+    if (ml_sampler_seq_accept(s->sampler, id, &end, err, sizeof err) != ML_OK ||
+        (s->json && ml_json_state_accept(s->json, id, err, sizeof err) != ML_OK)) {
+        ml_rt_seq_finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL, err, 0);
+        return;
+    }
+    double t = rt_now_ms();
+    if (s->t_first == 0) {
+        s->t_first = t;
+        s->usage.ttft_ms = t - s->t_submit;
+        s->usage.prefill_ms = t - s->t_admit - s->usage.vision_ms;
+    }
+    rt->stats.tokens_generated++;
+    /* A stop token counts as generated but is not streamed. There is room:
+     * it was sampled within max_tokens. */
+    s->tokens[s->n_tokens++] = id;
+    if (end == ML_FINISH_STOP) {
+        ml_rt_seq_finish(rt, s, ML_FINISH_REASON_STOP, ML_REQERR_NONE, NULL, 1);
+        return;
+    }
+    const char *piece;
+    size_t n;
+    ml_stop_out r;
+    if (ml_token_stream_push(s->detok, id, &piece, &n, err, sizeof err) != ML_OK ||
+        ml_stop_feed(s->stop, piece, n, &r, err, sizeof err) != ML_OK) {
+        ml_rt_seq_finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL, err, 0);
+        return;
+    }
+    s->cb.on_token(s->cb.ctx, id, r.text, r.len, lpp);
+    if (r.stopped)
+        ml_rt_seq_finish(rt, s, ML_FINISH_REASON_STOP, ML_REQERR_NONE, NULL, 0);
+    else if (s->json && ml_json_state_complete(s->json)) /* the object is the answer */
+        ml_rt_seq_finish(rt, s, ML_FINISH_REASON_STOP, ML_REQERR_NONE, NULL, 1);
+    else if (end == ML_FINISH_LENGTH || s->n_tokens >= s->cap)
+        ml_rt_seq_finish(rt, s, ML_FINISH_REASON_LENGTH, ML_REQERR_NONE, NULL, 1);
+}
+
+/* ---- the end --------------------------------------------------------------- */
+
+void ml_rt_seq_finish(ml_runtime *rt, rt_seq *s, ml_finish_reason reason, ml_request_error error,
+                      const char *message, int emit_tail)
+{
+    ml_list_remove(s->state == SEQ_RUNNING ? &rt->running : &rt->waiting, &s->link);
+    /* The tail: what the stop matcher released for the detokenizer's last
+     * partial character, then what it still held. Bounded by the longest
+     * stop string plus one replacement character. */
+    char tail[2 * ML_STOP_MAX_LEN];
+    size_t tail_len = 0;
+    if (emit_tail && s->detok && s->stop) {
+        const char *piece;
+        size_t n;
+        ml_token_stream_flush(s->detok, &piece, &n);
+        ml_stop_out r = {0};
+        if (ml_stop_feed(s->stop, piece, n, &r, NULL, 0) == ML_OK && r.len <= sizeof tail) {
+            memcpy(tail, r.text, r.len);
+            tail_len = r.len;
+        }
+        if (!r.stopped) {
+            ml_stop_flush(s->stop, &r);
+            if (tail_len + r.len <= sizeof tail) {
+                memcpy(tail + tail_len, r.text, r.len);
+                tail_len += r.len;
+            }
+        }
+    }
+    double t = rt_now_ms();
+    if (s->t_first > 0)
+        s->usage.decode_ms = t - s->t_first;
+    s->usage.completion_tokens = s->n_tokens - s->n_prompt;
+    ml_request_callbacks cb = s->cb;
+    ml_usage usage = s->usage;
+    /* Free first, so the callback sees the memory already returned. */
+    seq_free(rt, s);
+    cb.on_finish(cb.ctx, tail, tail_len, reason, error, message, &usage);
+}
