@@ -1,15 +1,25 @@
-/* The engine's public surface: everything service/ may use (README.md "Contributing",
- * "Layout": service includes only this header). */
+/* The engine's front door: what service/ may use (README.md "Contributing",
+ * Layout: service/ includes only this header and never a backend's).
+ *
+ * An ml_engine is one model ready to serve: the backends chosen by name
+ * (ggml_backend_init_by_name's shape), the model loaded on them (split over
+ * a tensor-parallel group when asked), its tokenizer and image parameters,
+ * and the runtime that schedules requests on it. The types of the calls a
+ * caller then makes (runtime submit, tokenizer, chat template, image
+ * preprocessing, sampling controls) come with the headers included below.
+ * @locality: open and close on the thread that will drive the runtime (the
+ * runtime's own contract: runtime/runtime.h); the accessors and request
+ * builders on any thread (what they read is immutable once open). */
 #ifndef ML_ENGINE_H
 #define ML_ENGINE_H
 
-#include "backend.h"
-#include "dtype.h"
+#include <stddef.h>
+#include <stdint.h>
+
 #include "image/image.h"
 #include "image/prepare.h"
-#include "model/config.h"
-#include "model/mllama.h"
 #include "model/mkmodel.h"
+#include "model/mllama.h"
 #include "runtime/runtime.h"
 #include "runtime/sampler.h"
 #include "runtime/stop.h"
@@ -17,5 +27,76 @@
 #include "status.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+
+/* Largest tensor-parallel world: the CPU group's limit (backend.h
+ * ML_CPU_GROUP_MAX; engine.c checks they agree). */
+#define ML_ENGINE_MAX_WORLD 64
+
+typedef struct ml_engine_config {
+    const char *model_dir;   /* a Hugging Face checkpoint directory (borrowed) */
+    /* "cpu", "cuda", or "auto" (CUDA when this build has it and a device is
+     * present, else the CPU). */
+    const char *backend;
+    int world;               /* 1, or the tensor-parallel group's size */
+    /* "0,1,2,3": exactly `world` CUDA devices; NULL or "" = 0 .. world-1
+     * (the CPU ignores it once checked). */
+    const char *devices;
+    int threads;             /* CPU threads in all (0 = every core), shared by a group */
+    size_t pool_bytes;       /* each CUDA device's pool (0 = most of its free memory) */
+    ml_model_limits limits;  /* ml_model_limits_default() and the caller's changes */
+    /* The tokenizer.json used when model_dir has none (borrowed; NULL: none). */
+    const char *fallback_tokenizer;
+    uint64_t max_image_pixels; /* one image's decoded pixels (0 = the parameters' own) */
+    /* The runtime: callbacks and budgets as runtime/runtime.h says, except
+     * that image_bytes 0 means room for `image_states` image states (at
+     * least one), a size only the loaded model knows. */
+    ml_runtime_config runtime;
+    int image_states;
+} ml_engine_config;
+
+typedef struct ml_engine ml_engine;
+
+/* Open the engine cfg describes. Returns ML_OK and *out (owned: close it),
+ * or an error naming what failed (the backend name, the device list, the
+ * checkpoint, the tokenizer, the budgets) with *out NULL and nothing left
+ * allocated: ML_ERR_INVALID_ARG (a backend name, world or device list that
+ * cannot be), ML_ERR_UNSUPPORTED ("cuda" in a build without it), the
+ * errors of ml_model_load_tp, ml_tokenizer_load, ml_image_params_load and
+ * ml_runtime_create. */
+ml_status ml_engine_open(ml_engine **out, const ml_engine_config *cfg, char *err,
+                         size_t errlen);
+
+/* Destroy the runtime, the model, the tokenizer and the backends, in that
+ * order. NULL is a no-op. */
+void ml_engine_close(ml_engine *e);
+
+/* Borrowed parts; they live as long as e. */
+ml_model *ml_engine_model(const ml_engine *e);
+ml_tokenizer *ml_engine_tokenizer(const ml_engine *e);
+ml_runtime *ml_engine_runtime(const ml_engine *e);
+const ml_image_params *ml_engine_image_params(const ml_engine *e);
+/* "cpu" or "cuda" (static), and the devices the model is split over. */
+const char *ml_engine_backend_name(const ml_engine *e);
+int ml_engine_world(const ml_engine *e);
+
+/* ==== request builders ============================================================ */
+
+/* Decode and preprocess image bytes into im's pixels (transferred to im),
+ * aspect ratio and tile mask, with the engine's image parameters; im->key
+ * is the caller's (an image's key depends on the adapter: runtime.h).
+ * Errors: those of ml_image_prepare (ML_ERR_TOO_LARGE for an image over the
+ * limits); im's pixels are NULL then. */
+ml_status ml_engine_prepare_image(const ml_engine *e, const uint8_t *bytes, size_t n,
+                                  ml_request_image *im, char *err, size_t errlen);
+
+/* Append the model's end-of-sequence ids (config.json eos_token_id) to p's
+ * stop ids, as many as fit. */
+void ml_engine_add_stop_ids(const ml_engine *e, ml_sampling_params *p);
+
+/* Parse a device list: comma-separated device numbers in [0, 1023], none
+ * twice, at most max of them; NULL or "" is the empty list. Returns the
+ * count with the numbers in out, or -1 with the reason in err. For
+ * configuration checks before anything is opened. */
+int ml_engine_parse_devices(const char *list, int *out, int max, char *err, size_t errlen);
 
 #endif

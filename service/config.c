@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend_select.h"
+#include "engine.h"
 #include "protocol/protocol.h"
 
 /* config/local.json, compiled in by service/CMakeLists.txt. */
@@ -42,7 +42,7 @@ static const field fields[] = {
     STR("model", "preset_if_missing", model.preset_if_missing),
     STR("model", "backend", model.backend),
     INT("model", "threads", model.threads, 0, 4096),
-    INT("model", "tensor_parallel", model.tensor_parallel, 1, SVC_TP_MAX),
+    INT("model", "tensor_parallel", model.tensor_parallel, 1, ML_ENGINE_MAX_WORLD),
     STR("model", "devices", model.devices),
     STR("model", "adapters_dir", model.adapters_dir),
     LONG("runtime", "kv_mib", runtime.kv_mib, 1, 1L << 24),
@@ -297,9 +297,10 @@ static int validate(svc_config *cfg, char *err, size_t errlen)
         svc_errf(err, errlen, "model.dir, kafka.brokers and kafka.group are required");
         return -1;
     }
-    int devices[SVC_TP_MAX];
+    int devices[ML_ENGINE_MAX_WORLD];
     char why[256];
-    int n_devices = svc_parse_devices(cfg->model.devices, devices, SVC_TP_MAX, why, sizeof why);
+    int n_devices = ml_engine_parse_devices(cfg->model.devices, devices, ML_ENGINE_MAX_WORLD, why,
+                                            sizeof why);
     if (n_devices < 0) {
         svc_errf(err, errlen, "model.devices: %s", why);
         return -1;

@@ -10,7 +10,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
-#include "image/image.h"
+#include "engine.h"
 
 #define MAX_INPUT_BYTES (256u << 20) /* far above any JPEG or PNG within the pixel limit */
 

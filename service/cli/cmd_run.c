@@ -9,7 +9,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend_select.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "engine.h"
@@ -90,10 +89,9 @@ typedef struct run_job {
 } run_job;
 
 typedef struct run_ctx {
-    svc_backends backends;
-    ml_model *model;
+    ml_engine *engine; /* owned */
+    ml_model *model;   /* borrowed from engine, as are tok and rt */
     ml_tokenizer *tok;
-    ml_image_params image_params;
     ml_runtime *rt;
 } run_ctx;
 
@@ -255,18 +253,11 @@ static int load_image(const run_ctx *c, const char *path, ml_request_image *im)
     if (!bytes)
         return -1;
     char err[256];
-    ml_image_layout layout;
-    float *slot;
-    ml_status st = ml_image_prepare((const uint8_t *)bytes, len, &c->image_params, &slot, &layout,
-                                    err, sizeof err);
+    memset(im, 0, sizeof *im);
+    ml_status st = ml_engine_prepare_image(c->engine, (const uint8_t *)bytes, len, im, err,
+                                           sizeof err);
     if (st == ML_OK) {
-        memset(im, 0, sizeof *im);
         ml_sha256(bytes, len, im->key);
-        im->pixels = slot;
-        im->aspect_ratio_id = (int)layout.aspect_ratio_id;
-        im->n_tiles = (int)layout.n_tiles;
-        for (uint32_t t = 0; t < layout.max_tiles && t < ML_RUNTIME_MAX_TILES; t++)
-            im->aspect_ratio_mask[t] = layout.aspect_ratio_mask[t];
     } else {
         fprintf(stderr, CMD ": %s: %s\n", path, err);
     }
@@ -506,7 +497,7 @@ static int parse_args(int argc, char **argv, run_opts *o)
                 return -1;
             o->threads = (int)l;
         } else if (!strcmp(a, "--tp")) {
-            if (svc_parse_long(CMD, a, v, 1, SVC_TP_MAX, &l))
+            if (svc_parse_long(CMD, a, v, 1, ML_ENGINE_MAX_WORLD, &l))
                 return -1;
             o->tp = (int)l;
         } else if (!strcmp(a, "--kv-mib")) {
@@ -541,62 +532,35 @@ static int parse_args(int argc, char **argv, run_opts *o)
 
 static void ctx_deinit(run_ctx *c)
 {
-    ml_runtime_destroy(c->rt);
-    ml_model_destroy(c->model);
-    ml_tokenizer_destroy(c->tok);
-    svc_backends_deinit(&c->backends);
+    ml_engine_close(c->engine);
 }
 
 static int ctx_init(run_ctx *c, const run_opts *o, int max_images)
 {
-    char err[512], path[4096];
-    if (svc_backends_init(&c->backends, o->backend, o->tp, o->devices, o->threads, 0, err,
-                          sizeof err)) {
-        fprintf(stderr, CMD ": %s\n", err);
-        return -1;
-    }
-    ml_model_limits lim = ml_model_limits_default();
+    char err[512];
+    ml_engine_config ec = {
+        .model_dir = o->model_dir,
+        .backend = o->backend,
+        .world = o->tp,
+        .devices = o->devices,
+        .threads = o->threads,
+        .limits = ml_model_limits_default(),
+        .fallback_tokenizer = ML_DEFAULT_TOKENIZER,
+        .runtime = {.kv_bytes = (size_t)o->kv_mib * MIB, .image_bytes = (size_t)o->image_mib * MIB},
+        .image_states = max_images,
+    };
     if (o->logits_out)
-        lim.max_logit_rows = lim.max_step_seqs;
-    if (ml_model_load_tp(&c->model, o->model_dir, c->backends.be, c->backends.world, &lim, err,
-                         sizeof err) != ML_OK) {
+        ec.limits.max_logit_rows = ec.limits.max_step_seqs;
+    ec.runtime.max_running = ec.limits.max_step_seqs;
+    ec.runtime.max_step_tokens = ec.limits.max_step_tokens;
+    if (ml_engine_open(&c->engine, &ec, err, sizeof err) != ML_OK) {
         fprintf(stderr, CMD ": %s: %s\n", o->model_dir, err);
         return -1;
     }
-    /* The model directory's tokenizer, else the project's copy. */
-    snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
-    FILE *f = fopen(path, "rb");
-    if (f)
-        fclose(f);
-    else
-        snprintf(path, sizeof path, "%s", ML_DEFAULT_TOKENIZER);
-    if (ml_tokenizer_load(path, &c->tok, err, sizeof err) != ML_OK ||
-        ml_image_params_load(o->model_dir, &c->image_params, err, sizeof err) != ML_OK) {
-        fprintf(stderr, CMD ": %s\n", err);
-        return -1;
-    }
-    size_t state = ml_model_image_state_bytes(c->model);
-    ml_runtime_config rc = {
-        .kv_bytes = (size_t)o->kv_mib * MIB,
-        .image_bytes = o->image_mib ? (size_t)o->image_mib * MIB
-                                    : state * (size_t)(max_images > 0 ? max_images : 1),
-        .max_running = lim.max_step_seqs,
-        .max_step_tokens = lim.max_step_tokens,
-    };
-    if (ml_runtime_create(&c->rt, c->model, c->tok, &rc, err, sizeof err) != ML_OK) {
-        fprintf(stderr, CMD ": %s\n", err);
-        return -1;
-    }
+    c->model = ml_engine_model(c->engine);
+    c->tok = ml_engine_tokenizer(c->engine);
+    c->rt = ml_engine_runtime(c->engine);
     return 0;
-}
-
-/* Stop at the model's end-of-sequence ids (Instruct: 128001, 128008, 128009). */
-static void set_stop_ids(const run_ctx *c, ml_sampling_params *p)
-{
-    const ml_text_config *tc = &ml_model_config(c->model)->text;
-    p->n_stop_ids = 0;
-    for (int i = 0; i < tc->n_eos && p->n_stop_ids < ML_SAMPLER_MAX_STOP_IDS; i++)
-        p->stop_ids[p->n_stop_ids++] = tc->eos_token_ids[i];
 }
 
 static int drain(run_ctx *c)
@@ -622,7 +586,7 @@ static void job_deinit(run_job *j)
 static int run_single(run_ctx *c, const run_opts *o)
 {
     job_spec spec = o->spec;
-    set_stop_ids(c, &spec.sampling);
+    ml_engine_add_stop_ids(c->engine, &spec.sampling);
     run_job j = {.stream = !o->json, .collect_logits = o->logits_out != NULL,
                  .vocab = ml_model_config(c->model)->text.vocab_size};
     ml_token_buf_init(&j.prompt);
@@ -673,7 +637,7 @@ static int submit_ready(run_ctx *c, cJSON **lines, run_job *jobs, int n)
         ml_sampling_params_default(&spec.sampling);
         spec.sampling.temperature = 0;
         spec.sampling.max_tokens = DEFAULT_MAX_TOKENS;
-        set_stop_ids(c, &spec.sampling);
+        ml_engine_add_stop_ids(c->engine, &spec.sampling);
         if (spec_from_json(lines[i], i + 1, &spec) || submit(c, &spec, j))
             return -1;
         j->submitted = 1;

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
-#include "tokenizer/tokenizer.h"
+#include "engine.h"
 
 #define DEFAULT_TOKENIZER "config/tokenizer/tokenizer.json"
 

@@ -11,7 +11,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend_select.h"
 #include "log.h"
 #include "metrics.h"
 #include "kafka/mock_kafka.h"
@@ -674,43 +673,42 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
                        errlen) != ML_OK)
             return -1;
     }
-    if (svc_backends_init(&w->backends, c->model.backend, c->model.tensor_parallel,
-                          c->model.devices, c->model.threads, 0, err, errlen))
+    ml_engine_config ec = {
+        .model_dir = c->model.dir,
+        .backend = c->model.backend,
+        .world = c->model.tensor_parallel,
+        .devices = c->model.devices,
+        .threads = c->model.threads,
+        .limits = ml_model_limits_default(),
+        .fallback_tokenizer = ML_DEFAULT_TOKENIZER,
+        .max_image_pixels = (uint64_t)c->limits.max_image_pixels,
+        .runtime = {
+            .kv_bytes = (size_t)c->runtime.kv_mib * MIB,
+            .image_bytes = (size_t)c->runtime.image_mib * MIB,
+            .max_running = c->runtime.max_running,
+            .max_step_tokens = c->runtime.max_step_tokens,
+            .on_image_event = worker_on_image_event,
+            .image_event_ctx = w,
+            .max_adapters = c->runtime.max_adapters,
+            .max_adapter_rank = c->runtime.max_adapter_rank,
+            .resolve_adapter = resolve_adapter,
+            .resolve_adapter_ctx = w,
+        },
+    };
+    ec.limits.max_step_tokens = c->runtime.max_step_tokens;
+    ec.limits.max_step_seqs = c->runtime.max_running;
+    ec.limits.max_logit_rows = c->runtime.max_running;
+    ec.limits.max_seq_images = c->runtime.max_images_per_request;
+    if (ml_engine_open(&w->engine, &ec, err, errlen) != ML_OK)
         return -1;
-    ml_model_limits lim = ml_model_limits_default();
-    lim.max_step_tokens = c->runtime.max_step_tokens;
-    lim.max_step_seqs = c->runtime.max_running;
-    lim.max_logit_rows = c->runtime.max_running;
-    lim.max_seq_images = c->runtime.max_images_per_request;
-    if (ml_model_load_tp(&w->model, c->model.dir, w->backends.be, w->backends.world, &lim, err,
-                         errlen) != ML_OK)
-        return -1;
-    if (w->backends.world > 1)
+    w->model = ml_engine_model(w->engine);
+    w->tok = ml_engine_tokenizer(w->engine);
+    w->rt = ml_engine_runtime(w->engine);
+    if (ml_engine_world(w->engine) > 1)
         svc_log(SVC_LOG_INFO, "tensor_parallel",
                 "model split over %d %s devices; runtime.kv_mib and runtime.image_mib are per "
                 "device",
-                w->backends.world, w->backends.name);
-    snprintf(path, sizeof path, "%s/tokenizer.json", c->model.dir);
-    if (stat(path, &st) != 0)
-        snprintf(path, sizeof path, "%s", ML_DEFAULT_TOKENIZER);
-    if (ml_tokenizer_load(path, &w->tok, err, errlen) != ML_OK ||
-        ml_image_params_load(c->model.dir, &w->image_params, err, errlen) != ML_OK)
-        return -1;
-    w->image_params.limits.max_pixels = (uint64_t)c->limits.max_image_pixels;
-    ml_runtime_config rc = {
-        .kv_bytes = (size_t)c->runtime.kv_mib * MIB,
-        .image_bytes = (size_t)c->runtime.image_mib * MIB,
-        .max_running = c->runtime.max_running,
-        .max_step_tokens = c->runtime.max_step_tokens,
-        .on_image_event = worker_on_image_event,
-        .image_event_ctx = w,
-        .max_adapters = c->runtime.max_adapters,
-        .max_adapter_rank = c->runtime.max_adapter_rank,
-        .resolve_adapter = resolve_adapter,
-        .resolve_adapter_ctx = w,
-    };
-    if (ml_runtime_create(&w->rt, w->model, w->tok, &rc, err, errlen) != ML_OK)
-        return -1;
+                ml_engine_world(w->engine), ml_engine_backend_name(w->engine));
     if (c->runtime.max_adapters > 0)
         svc_log(SVC_LOG_INFO, "adapter_slots", "%d slots of rank %d, %.1f MiB each, from %s",
                 c->runtime.max_adapters, c->runtime.max_adapter_rank,
@@ -853,7 +851,7 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
         svc_worker_destroy(w);
         return NULL;
     }
-    svc_metrics_set_info(MLLAMA_VERSION, w->backends.name, w->model_name, w->fingerprint);
+    svc_metrics_set_info(MLLAMA_VERSION, ml_engine_backend_name(w->engine), w->model_name, w->fingerprint);
     if (connect_redis(w, err, errlen) || connect_kafka(w, err, errlen)) {
         *code = SVC_WORKER_EXIT_KAFKA;
         svc_worker_destroy(w);
@@ -872,8 +870,8 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     atomic_store(&w->health.model_loaded, 1);
     svc_log(SVC_LOG_INFO, "worker_started",
             "worker %s, model %s (%s) on %s x%d, brokers %s, group %s, http :%d",
-            w->cfg.worker_id, w->model_name, w->fingerprint, w->backends.name,
-            w->backends.world, w->brokers, w->cfg.kafka.group, svc_http_port(w->http));
+            w->cfg.worker_id, w->model_name, w->fingerprint, ml_engine_backend_name(w->engine),
+            ml_engine_world(w->engine), w->brokers, w->cfg.kafka.group, svc_http_port(w->http));
     return w;
 }
 
@@ -1017,7 +1015,7 @@ void svc_worker_destroy(svc_worker *w)
         job_free(j);
     for (job *j; (j = job_queue_pop(&w->silent_q, 0));)
         job_free(j);
-    ml_runtime_destroy(w->rt); /* in-flight sequences end here; fatal path only */
+    ml_engine_close(w->engine); /* in-flight sequences end here; fatal path only */
     /* Producer before consumers: its delivery reports finish into them. */
     svc_producer_destroy(w->producer);
     svc_consumer_destroy(w->consumer);
@@ -1027,9 +1025,6 @@ void svc_worker_destroy(svc_worker *w)
         svc_redis_destroy(w->prep[i].redis);
     free(w->prep);
     svc_redis_destroy(w->redis_index);
-    ml_model_destroy(w->model);
-    ml_tokenizer_destroy(w->tok);
-    svc_backends_deinit(&w->backends);
     svc_http_stop(w->http);
     worker_cancels_deinit(&w->pending_cancels);
     while (w->events_head) {

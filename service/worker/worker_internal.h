@@ -24,7 +24,6 @@
 #include <stdbool.h>
 
 #include "worker/adapter_store.h"
-#include "backend_select.h"
 #include "config.h"
 #include "engine.h"
 #include "http.h"
@@ -195,11 +194,10 @@ struct svc_worker {
     char fatal_msg[512];
 
     /* Engine (step thread after start). */
-    svc_backends backends;      /* the model's: one, or a tensor-parallel group */
-    ml_model *model;
+    ml_engine *engine;          /* owned: backends, model, tokenizer, runtime */
+    ml_model *model;            /* borrowed from engine, as are tok and rt */
     ml_tokenizer *tok;
     ml_runtime *rt;
-    ml_image_params image_params;
     uint64_t adapter_loads_seen; /* runtime adapter loads already counted (step thread) */
     atomic_uint_least64_t free_pool_bytes; /* step thread writes, index thread heartbeats it */
     atomic_uint next_uncounted; /* prep pool: numbers attempts Redis could not count */

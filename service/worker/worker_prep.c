@@ -59,18 +59,12 @@ static svc_error image_status_error(ml_status st)
 static svc_error prepare_pixels(svc_worker *w, const uint8_t *bytes, size_t n, int index,
                                 ml_request_image *im, char *msg, size_t msglen)
 {
-    ml_image_layout layout;
     char err[256];
-    ml_status st = ml_image_prepare(bytes, n, &w->image_params, &im->pixels, &layout, err,
-                                    sizeof err);
+    ml_status st = ml_engine_prepare_image(w->engine, bytes, n, im, err, sizeof err);
     if (st != ML_OK) {
         svc_errf(msg, msglen, "image %d: %s", index, err);
         return image_status_error(st);
     }
-    im->aspect_ratio_id = (int)layout.aspect_ratio_id;
-    im->n_tiles = (int)layout.n_tiles;
-    for (uint32_t t = 0; t < layout.max_tiles && t < ML_RUNTIME_MAX_TILES; t++)
-        im->aspect_ratio_mask[t] = layout.aspect_ratio_mask[t];
     return SVC_ERROR_NONE;
 }
 
@@ -83,7 +77,7 @@ static svc_error count_pixels(svc_worker *w, job *j, const uint8_t *bytes, size_
 {
     ml_image_info info;
     char err[256];
-    ml_status st = ml_image_probe(bytes, n, &w->image_params.limits, &info, err, sizeof err);
+    ml_status st = ml_image_probe(bytes, n, &ml_engine_image_params(w->engine)->limits, &info, err, sizeof err);
     if (st != ML_OK) {
         svc_errf(msg, msglen, "image %d: %s", index, err);
         return image_status_error(st);
@@ -279,9 +273,7 @@ static void build_sampling(svc_worker *w, job *j)
     s->seed = r->sampling.has_seed ? (uint64_t)r->sampling.seed
                                    : ((uint64_t)j->partition << 48) ^ (uint64_t)j->offset;
     s->max_tokens = r->max_tokens;
-    const ml_text_config *tc = &ml_model_config(w->model)->text;
-    for (int i = 0; i < tc->n_eos && s->n_stop_ids < ML_SAMPLER_MAX_STOP_IDS; i++)
-        s->stop_ids[s->n_stop_ids++] = tc->eos_token_ids[i];
+    ml_engine_add_stop_ids(w->engine, s);
     for (size_t i = 0; i < r->n_stop && s->n_stop < ML_STOP_MAX_STRINGS; i++) {
         s->stop[s->n_stop] = r->stop[i];
         s->stop_len[s->n_stop++] = strlen(r->stop[i]);

@@ -1,0 +1,222 @@
+/* The engine's front door (engine.h): backend selection by name, then the
+ * model, tokenizer, image parameters and runtime on those backends. */
+#include "engine.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+#ifdef MLLAMA_HAVE_CUDA
+#include "mlk_backend.h"
+#include "mlk_device.h"
+#endif
+
+static_assert(ML_ENGINE_MAX_WORLD == ML_CPU_GROUP_MAX, "engine.h's world limit is the CPU group's");
+
+/* Largest device number a list may name. */
+#define DEVICE_MAX 1023
+
+struct ml_engine {
+    ml_backend *be[ML_ENGINE_MAX_WORLD]; /* owned: be[0 .. world) */
+    int world;
+    const char *backend_name;            /* static */
+    ml_model *model;                     /* owned */
+    ml_tokenizer *tok;                   /* owned */
+    ml_image_params image_params;
+    ml_runtime *rt;                      /* owned */
+};
+
+/* ==== backends by name ============================================================== */
+
+int ml_engine_parse_devices(const char *list, int *out, int max, char *err, size_t errlen)
+{
+    int n = 0;
+    for (const char *p = list ? list : ""; *p;) {
+        char *end;
+        errno = 0;
+        long d = strtol(p, &end, 10);
+        if (errno || end == p || d < 0 || d > DEVICE_MAX || (*end && *end != ',') ||
+            (*end == ',' && !end[1])) {
+            ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                    "device list '%s': expected device numbers in [0, %d] separated by commas",
+                    list, DEVICE_MAX);
+            return -1;
+        }
+        for (int i = 0; i < n; i++)
+            if (out[i] == (int)d) {
+                ml_fail(err, errlen, ML_ERR_INVALID_ARG, "device list '%s': device %ld is listed twice",
+                        list, d);
+                return -1;
+            }
+        if (n == max) {
+            ml_fail(err, errlen, ML_ERR_INVALID_ARG, "device list '%s': more than %d devices", list,
+                    max);
+            return -1;
+        }
+        out[n++] = (int)d;
+        p = *end ? end + 1 : end;
+    }
+    return n;
+}
+
+static ml_status cpu_open(ml_engine *e, int world, int threads, char *err, size_t errlen)
+{
+    e->backend_name = "cpu";
+    if (world == 1) {
+        e->be[0] = ml_backend_cpu_create(threads, err, errlen);
+        return e->be[0] ? ML_OK : ML_ERR_UNSUPPORTED;
+    }
+    int each = threads == 0 ? 0 : threads / world > 0 ? threads / world : 1;
+    return ml_backend_cpu_create_group(world, each, e->be, err, errlen);
+}
+
+#ifdef MLLAMA_HAVE_CUDA
+static ml_status cuda_open(ml_engine *e, int world, const int *devices, size_t pool_bytes,
+                           char *err, size_t errlen)
+{
+    e->backend_name = "cuda";
+    if (world == 1) {
+        e->be[0] = ml_backend_cuda_create(devices[0], pool_bytes, err, errlen);
+        return e->be[0] ? ML_OK : ML_ERR_UNSUPPORTED;
+    }
+    return ml_backend_cuda_create_group(world, devices, pool_bytes, e->be, err, errlen);
+}
+#endif
+
+static ml_status open_backends(ml_engine *e, const ml_engine_config *cfg, char *err,
+                               size_t errlen)
+{
+    const char *name = cfg->backend ? cfg->backend : "auto";
+    int want_cuda = !strcmp(name, "cuda");
+    if (!want_cuda && strcmp(name, "auto") && strcmp(name, "cpu"))
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "backend '%s': expected auto, cpu or cuda",
+                       name);
+    int world = cfg->world;
+    if (world < 1 || world > ML_ENGINE_MAX_WORLD)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "tensor parallel world %d: expected 1 to %d", world, ML_ENGINE_MAX_WORLD);
+    int ids[ML_ENGINE_MAX_WORLD];
+    int n = ml_engine_parse_devices(cfg->devices, ids, ML_ENGINE_MAX_WORLD, err, errlen);
+    if (n < 0)
+        return ML_ERR_INVALID_ARG;
+    if (n != 0 && n != world)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "%d devices listed ('%s') for a tensor-parallel world of %d", n,
+                       cfg->devices, world);
+    for (int i = n; i < world; i++)
+        ids[i] = i;
+    ml_status st;
+#ifdef MLLAMA_HAVE_CUDA
+    if (want_cuda || (!strcmp(name, "auto") && mlk_device_count() > 0))
+        st = cuda_open(e, world, ids, cfg->pool_bytes, err, errlen);
+    else
+        st = cpu_open(e, world, cfg->threads, err, errlen);
+#else
+    if (want_cuda)
+        return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
+                       "backend 'cuda': this build has no CUDA backend (nvcc was not found)");
+    st = cpu_open(e, world, cfg->threads, err, errlen);
+#endif
+    if (st == ML_OK)
+        e->world = world;
+    else
+        memset(e->be, 0, sizeof e->be);
+    return st;
+}
+
+/* ==== open / close ================================================================ */
+
+/* The model directory's tokenizer.json, else the fallback. */
+static ml_status open_tokenizer(ml_engine *e, const ml_engine_config *cfg, char *err,
+                                size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", cfg->model_dir);
+    FILE *f = fopen(path, "rb");
+    if (f)
+        fclose(f);
+    else if (cfg->fallback_tokenizer)
+        snprintf(path, sizeof path, "%s", cfg->fallback_tokenizer);
+    return ml_tokenizer_load(path, &e->tok, err, errlen);
+}
+
+ml_status ml_engine_open(ml_engine **out, const ml_engine_config *cfg, char *err,
+                         size_t errlen)
+{
+    *out = NULL;
+    if (!cfg->model_dir)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "engine: no model directory");
+    ml_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "engine: out of memory");
+    ml_status st = open_backends(e, cfg, err, errlen);
+    if (st == ML_OK)
+        st = ml_model_load_tp(&e->model, cfg->model_dir, e->be, e->world, &cfg->limits, err,
+                              errlen);
+    if (st == ML_OK)
+        st = open_tokenizer(e, cfg, err, errlen);
+    if (st == ML_OK)
+        st = ml_image_params_load(cfg->model_dir, &e->image_params, err, errlen);
+    if (st == ML_OK) {
+        if (cfg->max_image_pixels)
+            e->image_params.limits.max_pixels = cfg->max_image_pixels;
+        ml_runtime_config rc = cfg->runtime;
+        if (rc.image_bytes == 0)
+            rc.image_bytes = ml_model_image_state_bytes(e->model) *
+                             (size_t)(cfg->image_states > 0 ? cfg->image_states : 1);
+        st = ml_runtime_create(&e->rt, e->model, e->tok, &rc, err, errlen);
+    }
+    if (st != ML_OK) {
+        ml_engine_close(e);
+        return st;
+    }
+    *out = e;
+    return ML_OK;
+}
+
+void ml_engine_close(ml_engine *e)
+{
+    if (!e)
+        return;
+    ml_runtime_destroy(e->rt);
+    ml_model_destroy(e->model);
+    ml_tokenizer_destroy(e->tok);
+    for (int r = 0; r < e->world; r++)
+        e->be[r]->ops->destroy(e->be[r]);
+    free(e);
+}
+
+ml_model *ml_engine_model(const ml_engine *e) { return e->model; }
+ml_tokenizer *ml_engine_tokenizer(const ml_engine *e) { return e->tok; }
+ml_runtime *ml_engine_runtime(const ml_engine *e) { return e->rt; }
+const ml_image_params *ml_engine_image_params(const ml_engine *e) { return &e->image_params; }
+const char *ml_engine_backend_name(const ml_engine *e) { return e->backend_name; }
+int ml_engine_world(const ml_engine *e) { return e->world; }
+
+/* ==== request builders ============================================================ */
+
+ml_status ml_engine_prepare_image(const ml_engine *e, const uint8_t *bytes, size_t n,
+                                  ml_request_image *im, char *err, size_t errlen)
+{
+    ml_image_layout layout;
+    ml_status st = ml_image_prepare(bytes, n, &e->image_params, &im->pixels, &layout, err,
+                                    errlen);
+    if (st != ML_OK)
+        return st;
+    im->aspect_ratio_id = (int)layout.aspect_ratio_id;
+    im->n_tiles = (int)layout.n_tiles;
+    for (uint32_t t = 0; t < layout.max_tiles && t < ML_RUNTIME_MAX_TILES; t++)
+        im->aspect_ratio_mask[t] = layout.aspect_ratio_mask[t];
+    return ML_OK;
+}
+
+void ml_engine_add_stop_ids(const ml_engine *e, ml_sampling_params *p)
+{
+    const ml_text_config *tc = &ml_model_config(e->model)->text;
+    for (int i = 0; i < tc->n_eos && p->n_stop_ids < ML_SAMPLER_MAX_STOP_IDS; i++)
+        p->stop_ids[p->n_stop_ids++] = tc->eos_token_ids[i];
+}
