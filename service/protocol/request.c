@@ -8,7 +8,6 @@
  * when parsing returns. */
 #include <ctype.h>
 #include <math.h>
-#include <stdalign.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,99 +16,25 @@
 
 #include <cjson/cJSON.h>
 
+#include "protocol/arena.h"
 #include "protocol/base64.h"
 #include "protocol/protocol.h"
 
-/* ==== Arena ============================================================== */
-
-#define ARENA_CHUNK_BYTES 4096
-#define ARENA_ALIGN alignof(max_align_t)
-
-typedef struct arena_chunk {
-    struct arena_chunk *next;
-    size_t cap;
-    size_t used;
-    alignas(max_align_t) unsigned char data[];
-} arena_chunk;
+/* ==== The request ======================================================== */
 
 /* The request as allocated: the public part first, so a svc_request pointer
  * is also a request_impl pointer. */
 typedef struct request_impl {
     svc_request pub;
-    arena_chunk *chunks; /* owned; the head is the one being filled */
+    svc_arena arena; /* what pub points into */
 } request_impl;
-
-static arena_chunk *chunk_new(size_t cap)
-{
-    if (cap > SIZE_MAX - sizeof(arena_chunk))
-        return NULL;
-    arena_chunk *c = malloc(sizeof(arena_chunk) + cap);
-    if (!c)
-        return NULL;
-    c->next = NULL;
-    c->cap = cap;
-    c->used = 0;
-    return c;
-}
-
-/* n bytes aligned for any type, owned by the request; NULL when memory runs
- * out. Large blocks (images) get a chunk of their own behind the head, so
- * the head's free space keeps serving small allocations. */
-static void *arena_alloc(request_impl *r, size_t n)
-{
-    if (n > SIZE_MAX - ARENA_ALIGN)
-        return NULL;
-    n = (n + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
-    arena_chunk *head = r->chunks;
-    if (head && head->cap - head->used >= n) {
-        void *p = head->data + head->used;
-        head->used += n;
-        return p;
-    }
-    if (n > ARENA_CHUNK_BYTES / 4) {
-        arena_chunk *c = chunk_new(n);
-        if (!c)
-            return NULL;
-        c->used = n;
-        if (head) {
-            c->next = head->next;
-            head->next = c;
-        } else {
-            r->chunks = c;
-        }
-        return c->data;
-    }
-    arena_chunk *c = chunk_new(ARENA_CHUNK_BYTES);
-    if (!c)
-        return NULL;
-    c->next = head;
-    r->chunks = c;
-    c->used = n;
-    return c->data;
-}
-
-/* A NUL-terminated copy of s[0..len). */
-static char *arena_strndup(request_impl *r, const char *s, size_t len)
-{
-    char *p = arena_alloc(r, len + 1);
-    if (p) {
-        memcpy(p, s, len);
-        p[len] = '\0';
-    }
-    return p;
-}
 
 void svc_request_destroy(svc_request *req)
 {
     if (!req)
         return;
     request_impl *r = (request_impl *)req;
-    arena_chunk *c = r->chunks;
-    while (c) {
-        arena_chunk *next = c->next;
-        free(c);
-        c = next;
-    }
+    svc_arena_deinit(&r->arena);
     free(r);
 }
 
@@ -269,7 +194,7 @@ static svc_error set_id(parser *p, const char *s, size_t len, const char *source
         return fail(p, SVC_ERROR_INVALID_REQUEST,
                     "%s: request id must be 1..%zu bytes of UTF-8 without control characters",
                     source, p->lim->max_id_bytes);
-    p->r->pub.id = arena_strndup(p->r, s, len);
+    p->r->pub.id = svc_arena_strndup(&p->r->arena, s, len);
     return p->r->pub.id ? SVC_ERROR_NONE : out_of_memory(p);
 }
 
@@ -279,7 +204,7 @@ static svc_error set_reply_topic(parser *p, const char *s, size_t len, const cha
         return fail(p, SVC_ERROR_INVALID_REQUEST,
                     "%s: not a Kafka topic name ([A-Za-z0-9._-], 1..%d characters)", source,
                     SVC_TOPIC_NAME_MAX);
-    p->r->pub.reply_topic = arena_strndup(p->r, s, len);
+    p->r->pub.reply_topic = svc_arena_strndup(&p->r->arena, s, len);
     return p->r->pub.reply_topic ? SVC_ERROR_NONE : out_of_memory(p);
 }
 
@@ -292,7 +217,7 @@ static void address_from_headers(parser *p, const svc_request_input *in)
         set_reply_topic(p, in->reply_topic.ptr, in->reply_topic.len, "header reply_topic");
     const char *tp = in->traceparent.ptr;
     if (tp && svc_valid_traceparent(tp, in->traceparent.len))
-        p->r->pub.traceparent = arena_strndup(p->r, tp, in->traceparent.len);
+        p->r->pub.traceparent = svc_arena_strndup(&p->r->arena, tp, in->traceparent.len);
 }
 
 static void id_from_key(parser *p, const svc_request_input *in)
@@ -404,7 +329,7 @@ static svc_error add_text(parser *p, svc_part *part, const char *s, part_loc at,
                     p->lim->max_text_bytes);
     p->r->pub.n_text_bytes += len;
     part->kind = SVC_PART_TEXT;
-    part->text = arena_strndup(p->r, s, len);
+    part->text = svc_arena_strndup(&p->r->arena, s, len);
     part->text_len = len;
     return part->text ? SVC_ERROR_NONE : out_of_memory(p);
 }
@@ -419,7 +344,7 @@ static svc_image *new_image(parser *p, part_loc at)
         return NULL;
     }
     if (!p->images) {
-        p->images = arena_alloc(p->r, p->lim->max_images * sizeof *p->images);
+        p->images = svc_arena_alloc(&p->r->arena, p->lim->max_images * sizeof *p->images);
         if (!p->images) {
             out_of_memory(p);
             return NULL;
@@ -481,7 +406,7 @@ static svc_error add_image_url(parser *p, svc_part *part, const cJSON *item, par
         return p->first;
     uint8_t *bytes = NULL;
     if (st == SVC_BASE64_OK) {
-        bytes = arena_alloc(p->r, n);
+        bytes = svc_arena_alloc(&p->r->arena, n);
         if (!bytes)
             return out_of_memory(p);
         st = svc_base64_decode(du.data, du.data_len, bytes, n, &n, why, sizeof why);
@@ -594,7 +519,7 @@ static svc_error parse_message(parser *p, svc_message *m, const cJSON *msg, size
                     "messages[%zu].content: more than %zu content parts in the request", i,
                     p->lim->max_parts);
     p->n_parts += n;
-    svc_part *parts = arena_alloc(p->r, n * sizeof *parts);
+    svc_part *parts = svc_arena_alloc(&p->r->arena, n * sizeof *parts);
     if (!parts)
         return out_of_memory(p);
     memset(parts, 0, n * sizeof *parts);
@@ -624,7 +549,7 @@ static svc_error parse_messages(parser *p, const cJSON *root)
     if (n == 0 || n > p->lim->max_messages)
         return fail(p, SVC_ERROR_INVALID_REQUEST, "messages: expected 1..%zu messages, got %zu",
                     p->lim->max_messages, n);
-    svc_message *m = arena_alloc(p->r, n * sizeof *m);
+    svc_message *m = svc_arena_alloc(&p->r->arena, n * sizeof *m);
     if (!m)
         return out_of_memory(p);
     memset(m, 0, n * sizeof *m);
@@ -652,7 +577,7 @@ static svc_error add_stop(parser *p, const cJSON *s, size_t i, const char **slot
     if (len == 0 || len > p->lim->max_stop_bytes || !svc_utf8_valid(s->valuestring, len, NULL))
         return fail(p, SVC_ERROR_INVALID_REQUEST, "stop[%zu]: expected 1..%zu bytes of UTF-8", i,
                     p->lim->max_stop_bytes);
-    *slot = arena_strndup(p->r, s->valuestring, len);
+    *slot = svc_arena_strndup(&p->r->arena, s->valuestring, len);
     return *slot ? SVC_ERROR_NONE : out_of_memory(p);
 }
 
@@ -673,7 +598,7 @@ static svc_error parse_stop(parser *p, const cJSON *root)
                     p->lim->max_stop);
     if (n == 0)
         return SVC_ERROR_NONE;
-    const char **list = arena_alloc(p->r, n * sizeof *list);
+    const char **list = svc_arena_alloc(&p->r->arena, n * sizeof *list);
     if (!list)
         return out_of_memory(p);
     p->r->pub.stop = list;
@@ -701,7 +626,7 @@ static svc_error parse_adapter(parser *p, const cJSON *root)
         return fail(p, SVC_ERROR_INVALID_REQUEST,
                     "adapter: expected a name of 1..%d characters [A-Za-z0-9._-], not starting "
                     "with '.'", SVC_ADAPTER_NAME_MAX);
-    p->r->pub.adapter = arena_strndup(p->r, a->valuestring, strlen(a->valuestring));
+    p->r->pub.adapter = svc_arena_strndup(&p->r->arena, a->valuestring, strlen(a->valuestring));
     return p->r->pub.adapter ? SVC_ERROR_NONE : out_of_memory(p);
 }
 

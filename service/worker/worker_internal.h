@@ -1,6 +1,8 @@
 /* State shared by the worker's threads (worker.c: wiring and the Kafka loop;
- * worker_prep.c: request preparation; worker_step.c: the engine step loop
- * and the replies; worker_cancel.c: cancels). Not a public header.
+ * job.c: the queues and the live-job registry; worker_prep.c: request
+ * preparation; worker_step.c: the engine step loop; worker_reply.c: reply
+ * records, dead letters and delivery reports; worker_cancel.c: cancels).
+ * Not a public header.
  *
  * Threads and what they own:
  * - Kafka (the caller of svc_worker_run): the consumers and producer polls,
@@ -270,6 +272,15 @@ int worker_produce_chunk(svc_worker *w, job *j, const svc_buf *value, uint32_t s
  * letter (reply_undeliverable); any other failure is process-level.
  * @locality prep, step or Kafka thread. */
 void worker_produce_final(svc_worker *w, job *j, const svc_buf *value, uint32_t seq);
+
+/* The producer's delivery callback (worker_reply.c): a final record or dead
+ * letter acknowledged finishes its request's offset; a refusal fails the
+ * request or, when the process cannot keep its promise, the worker.
+ * @locality Kafka thread. */
+void worker_on_delivery(void *opaque, const svc_delivery *d);
+/* Finish j's offset ticket: its request is answered (an already revoked
+ * partition's ticket is stale, and that is no error). @locality Kafka thread. */
+void worker_finish_offset(svc_worker *w, job *j);
 
 /* Latch a process-level error of class `code` (the exit code): the Kafka
  * loop stops without committing. The first call wins. */

@@ -1,0 +1,98 @@
+/* Jobs: their queues between the threads, the registry of live jobs that a
+ * revocation searches, and their release.
+ * @locality any thread: the queues and the registry lock. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/worker_internal.h"
+
+void job_queue_init(job_queue *q)
+{
+    memset(q, 0, sizeof *q);
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->cond, NULL);
+}
+
+void job_queue_deinit(job_queue *q)
+{
+    pthread_mutex_destroy(&q->lock);
+    pthread_cond_destroy(&q->cond);
+}
+
+void job_queue_push(job_queue *q, job *j)
+{
+    pthread_mutex_lock(&q->lock);
+    j->next = NULL;
+    if (q->tail)
+        q->tail->next = j;
+    else
+        q->head = j;
+    q->tail = j;
+    q->n++;
+    pthread_cond_signal(&q->cond);
+    pthread_mutex_unlock(&q->lock);
+}
+
+job *job_queue_pop(job_queue *q, int timeout_ms)
+{
+    pthread_mutex_lock(&q->lock);
+    if (!q->head && timeout_ms > 0) {
+        struct timespec ts;
+        svc_deadline_in(&ts, timeout_ms);
+        pthread_cond_timedwait(&q->cond, &q->lock, &ts);
+    }
+    job *j = q->head;
+    if (j) {
+        q->head = j->next;
+        if (!q->head)
+            q->tail = NULL;
+        q->n--;
+    }
+    pthread_mutex_unlock(&q->lock);
+    return j;
+}
+
+void worker_register(svc_worker *w, job *j)
+{
+    pthread_mutex_lock(&w->registry_lock);
+    j->reg_prev = NULL;
+    j->reg_next = w->registry;
+    if (w->registry)
+        w->registry->reg_prev = j;
+    w->registry = j;
+    pthread_mutex_unlock(&w->registry_lock);
+}
+
+void worker_unregister(svc_worker *w, job *j)
+{
+    pthread_mutex_lock(&w->registry_lock);
+    if (j->reg_prev)
+        j->reg_prev->reg_next = j->reg_next;
+    else if (w->registry == j)
+        w->registry = j->reg_next;
+    if (j->reg_next)
+        j->reg_next->reg_prev = j->reg_prev;
+    j->reg_prev = j->reg_next = NULL;
+    pthread_mutex_unlock(&w->registry_lock);
+}
+
+void job_free(job *j)
+{
+    if (!j || atomic_fetch_sub(&j->refs, 1) != 1)
+        return;
+    svc_worker *w = j->w;
+    worker_unregister(w, j);
+    svc_kafka_msg_release(&j->msg);
+    svc_request_destroy(j->req);
+    ml_token_buf_deinit(&j->prompt);
+    for (int i = 0; i < j->n_images; i++)
+        free(j->images[i].pixels);
+    free(j->images);
+    free(j->id);
+    free(j->reply_topic);
+    svc_buf_deinit(&j->text);
+    free(j->lp);
+    free(j->lp_top);
+    free(j);
+    atomic_fetch_sub(&w->inflight, 1);
+}
