@@ -30,7 +30,7 @@ struct ml_engine {
     ml_runtime *rt;                      /* owned */
 };
 
-/* ==== backends by name ============================================================== */
+/* ---- backends by name -------------------------------------------------------------- */
 
 int ml_engine_parse_devices(const char *list, int *out, int max, char *err, size_t errlen)
 {
@@ -128,7 +128,7 @@ static ml_status open_backends(ml_engine *e, const ml_engine_config *cfg, char *
     return st;
 }
 
-/* ==== open / close ================================================================ */
+/* ---- open / close ---------------------------------------------------------------- */
 
 /* The model directory's tokenizer.json, else the fallback. */
 static ml_status open_tokenizer(ml_engine *e, const ml_engine_config *cfg, char *err,
@@ -197,7 +197,7 @@ const ml_image_params *ml_engine_image_params(const ml_engine *e) { return &e->i
 const char *ml_engine_backend_name(const ml_engine *e) { return e->backend_name; }
 int ml_engine_world(const ml_engine *e) { return e->world; }
 
-/* ==== request builders ============================================================ */
+/* ---- request builders ------------------------------------------------------------ */
 
 ml_status ml_engine_prepare_image(const ml_engine *e, const uint8_t *bytes, size_t n,
                                   ml_request_image *im, char *err, size_t errlen)

@@ -79,7 +79,7 @@ const ml_image_params *ml_engine_image_params(const ml_engine *e);
 const char *ml_engine_backend_name(const ml_engine *e);
 int ml_engine_world(const ml_engine *e);
 
-/* ==== request builders ============================================================ */
+/* ---- request builders ------------------------------------------------------------ */
 
 /* Decode and preprocess image bytes into im's pixels (transferred to im),
  * aspect ratio and tile mask, with the engine's image parameters; im->key

@@ -61,7 +61,7 @@ struct svc_http {
     http_conn conns[SVC_HTTP_CONN_MAX];
 };
 
-/* ==== Request parsing ====================================================== */
+/* ---- Request parsing ------------------------------------------------------ */
 
 /* Length of the header block (through its blank line) in b[0..len), or 0 when
  * the blank line has not arrived. */
@@ -118,7 +118,7 @@ svc_http_route svc_http_parse_request(const char *buf, size_t len)
     return SVC_HTTP_NOT_FOUND;
 }
 
-/* ==== Answers ============================================================== */
+/* ---- Answers -------------------------------------------------------------- */
 
 static int heartbeat_fresh(const svc_health *h, long long now)
 {
@@ -189,7 +189,7 @@ static bool answer(svc_http *h, http_conn *c, svc_http_route route)
     return respond_text(c, 400, "Bad Request", "bad request\n");
 }
 
-/* ==== Connections ========================================================== */
+/* ---- Connections ---------------------------------------------------------- */
 
 /* Free the slot. unanswered: the client never got its response because of the
  * server (deadline, eviction, out of memory), counted in
@@ -295,7 +295,7 @@ static void accept_one(svc_http *h, long long now)
     slot->got = 0;
 }
 
-/* ==== The loop ============================================================= */
+/* ---- The loop ------------------------------------------------------------- */
 
 /* @locality HTTP thread. */
 static void *run(void *arg)

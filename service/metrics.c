@@ -11,7 +11,7 @@
 #define LAG_SERIES_MAX 256 /* assigned partitions whose lag is exported */
 #define INFO_MAX 128
 
-/* ==== names ================================================================ */
+/* ---- names ---------------------------------------------------------------- */
 
 static const char *const counter_names[SVC_COUNTER_COUNT][2] = {
     [SVC_COUNTER_PROMPT_TOKENS] = {"mllama_prompt_tokens_total", "prompt tokens prefilled"},
@@ -88,7 +88,7 @@ static const svc_finish outcomes[] = {SVC_FINISH_STOP, SVC_FINISH_LENGTH, SVC_FI
 #define N_CODES (SVC_ERROR_REPLY_UNDELIVERABLE + 1)
 static const char *const rebalance_names[SVC_REBALANCE_COUNT] = {"assign", "revoke", "lost"};
 
-/* ==== values ================================================================ */
+/* ---- values ---------------------------------------------------------------- */
 
 typedef struct hist_val {
     _Atomic uint64_t buckets[MAX_BUCKETS];
@@ -223,7 +223,7 @@ void svc_metrics_reset(void)
         atomic_store(&reg.rebalances[i], 0);
 }
 
-/* ==== rendering ============================================================= */
+/* ---- rendering ------------------------------------------------------------- */
 
 static void head(svc_buf *b, const char *name, const char *help, const char *type)
 {

@@ -8,7 +8,7 @@
 #define NS_PER_MS 1000000L
 #define NS_PER_S 1000000000L
 
-/* ==== clocks ==================================================================== */
+/* ---- clocks -------------------------------------------------------------------- */
 
 static int64_t ms_of(clockid_t clock)
 {
@@ -32,7 +32,7 @@ void svc_deadline_in(struct timespec *ts, int ms)
     }
 }
 
-/* ==== error buffers ============================================================== */
+/* ---- error buffers -------------------------------------------------------------- */
 
 void svc_verrf(char *err, size_t errlen, const char *fmt, va_list ap)
 {
@@ -48,7 +48,7 @@ void svc_errf(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
-/* ==== the byte buffer ============================================================= */
+/* ---- the byte buffer ------------------------------------------------------------- */
 
 void svc_buf_init(svc_buf *b)
 {

@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <time.h>
 
-/* ==== clocks ==================================================================== */
+/* ---- clocks -------------------------------------------------------------------- */
 
 /* Monotonic milliseconds: heartbeats, deadlines, durations. */
 long long svc_now_ms(void);
@@ -20,14 +20,14 @@ int64_t svc_wall_ms(void);
 /* *ts = now + ms on CLOCK_REALTIME, the clock pthread_cond_timedwait waits on. */
 void svc_deadline_in(struct timespec *ts, int ms);
 
-/* ==== error buffers ============================================================== */
+/* ---- error buffers -------------------------------------------------------------- */
 
 /* printf into a caller's error buffer: NULL-safe (err NULL or errlen 0 does
  * nothing), always NUL-terminated, truncated to fit. */
 void svc_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void svc_verrf(char *err, size_t errlen, const char *fmt, va_list ap);
 
-/* ==== the byte buffer ============================================================= */
+/* ---- the byte buffer ------------------------------------------------------------- */
 
 /* A growable output buffer, reused record after record so that steady-state
  * streaming allocates nothing. Zero-initialise or svc_buf_init. */

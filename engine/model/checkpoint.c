@@ -37,9 +37,7 @@ struct ml_checkpoint {
     char *names;       /* owned pool of the canonical names */
 };
 
-/* ======================================================================== */
-/* canonical names                                                          */
-/* ======================================================================== */
+/* ---- canonical names --------------------------------------------------- */
 
 /* The canonical form of name is *prefix followed by *rest. */
 static void split_canonical(const char *name, const char **prefix, const char **rest)
@@ -78,9 +76,7 @@ static int cmp_entries(const void *a, const void *b)
     return strcmp(((const ck_entry *)a)->canonical, ((const ck_entry *)b)->canonical);
 }
 
-/* ======================================================================== */
-/* opening                                                                  */
-/* ======================================================================== */
+/* ---- opening ----------------------------------------------------------- */
 
 /* dir + "/" + name, malloc'd, or NULL. */
 static char *join_path(const char *dir, const char *name)
@@ -284,9 +280,7 @@ void ml_checkpoint_destroy(ml_checkpoint *ck)
     free(ck);
 }
 
-/* ======================================================================== */
-/* lookup                                                                   */
-/* ======================================================================== */
+/* ---- lookup ------------------------------------------------------------ */
 
 size_t ml_checkpoint_count(const ml_checkpoint *ck)
 {

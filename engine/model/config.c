@@ -28,9 +28,7 @@ static const int default_intermediate_layers[] = {3, 7, 15, 23, 30};
 static const int default_cross_layers[] = {3, 8, 13, 18, 23, 28, 33, 38};
 #define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-/* ======================================================================== */
-/* JSON access with field paths in every error                              */
-/* ======================================================================== */
+/* ---- JSON access with field paths in every error ----------------------- */
 
 /* The error sink and the object path ("text_config.rope_scaling") that
  * prefixes every field name in messages. */
@@ -224,9 +222,7 @@ static ml_status get_int_list(const jctx *c, const cJSON *obj, const char *key, 
     return ML_OK;
 }
 
-/* ======================================================================== */
-/* vision_config                                                            */
-/* ======================================================================== */
+/* ---- vision_config ----------------------------------------------------- */
 
 static ml_status parse_aspect_ratios(const jctx *c, const cJSON *obj, ml_vision_config *v)
 {
@@ -327,9 +323,7 @@ static ml_status parse_vision(jctx *c, const cJSON *obj, ml_vision_config *v)
     return ML_OK;
 }
 
-/* ======================================================================== */
-/* text_config                                                              */
-/* ======================================================================== */
+/* ---- text_config ------------------------------------------------------- */
 
 /* rope_scaling (legacy) or rope_parameters (newer): the type, and the
  * llama3 parameters (all required for llama3, as _validate_llama3 wants). */
@@ -478,9 +472,7 @@ static ml_status parse_text(jctx *c, const cJSON *obj, ml_text_config *t)
     return ML_OK;
 }
 
-/* ======================================================================== */
-/* top level                                                                */
-/* ======================================================================== */
+/* ---- top level --------------------------------------------------------- */
 
 static ml_status parse_dtype(jctx *c, const cJSON *root, ml_dtype *out)
 {
@@ -565,9 +557,7 @@ ml_status ml_config_load(ml_config *cfg, const char *path, char *err, size_t err
     return st;
 }
 
-/* ======================================================================== */
-/* derived quantities                                                       */
-/* ======================================================================== */
+/* ---- derived quantities ------------------------------------------------ */
 
 int ml_config_n_self_layers(const ml_config *cfg)
 {

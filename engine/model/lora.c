@@ -27,9 +27,7 @@
 /* Messages quote tensor names up to this many bytes. */
 #define QUOTE "%.200s"
 
-/* ======================================================================== */
-/* sites                                                                    */
-/* ======================================================================== */
+/* ---- sites ------------------------------------------------------------- */
 
 static int n_vision_layers(const ml_config *cfg)
 {
@@ -160,9 +158,7 @@ static void new_layout_name(const char *hub, char *out, size_t n)
     snprintf(out, n, "%s", hub);
 }
 
-/* ======================================================================== */
-/* ml_lora_adapter                                                          */
-/* ======================================================================== */
+/* ---- ml_lora_adapter --------------------------------------------------- */
 
 typedef struct lora_module {
     int rank;              /* 0: not adapted */
@@ -493,9 +489,7 @@ float ml_lora_adapter_scale(const ml_lora_adapter *a) { return a->scale; }
 int ml_lora_adapter_n_modules(const ml_lora_adapter *a) { return a->n_modules; }
 int ml_lora_adapter_touches_images(const ml_lora_adapter *a) { return a->touches_images; }
 
-/* ======================================================================== */
-/* ml_lora: slots                                                           */
-/* ======================================================================== */
+/* ---- ml_lora: slots ---------------------------------------------------- */
 
 /* The part of a site that a shard keeps: A's columns [in0, in0 + in) and
  * B's rows [out0, out0 + out) of the whole (out, in) Linear. Under tensor

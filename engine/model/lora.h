@@ -75,9 +75,7 @@
 #define ML_LORA_CONFIG_FILE "adapter_config.json"
 #define ML_LORA_WEIGHTS_FILE "adapter_model.safetensors"
 
-/* ======================================================================== */
-/* ml_lora_config: adapter_config.json                                      */
-/* ======================================================================== */
+/* ---- ml_lora_config: adapter_config.json ------------------------------- */
 
 typedef struct ml_lora_config ml_lora_config;
 
@@ -101,9 +99,7 @@ float ml_lora_config_scale(const ml_lora_config *c);
  * excluded. */
 int ml_lora_config_targets(const ml_lora_config *c, const char *name);
 
-/* ======================================================================== */
-/* ml_lora_adapter: an adapter directory in host memory                     */
-/* ======================================================================== */
+/* ---- ml_lora_adapter: an adapter directory in host memory -------------- */
 
 typedef struct ml_lora_adapter ml_lora_adapter;
 
@@ -130,9 +126,7 @@ int ml_lora_adapter_n_modules(const ml_lora_adapter *a);
  * k/v projection: then an image's resident state depends on the adapter. */
 int ml_lora_adapter_touches_images(const ml_lora_adapter *a);
 
-/* ======================================================================== */
-/* ml_lora: an adapter slot in backend memory                               */
-/* ======================================================================== */
+/* ---- ml_lora: an adapter slot in backend memory ------------------------ */
 
 /* Backend bytes of one slot of model m for adapters of rank <= max_rank:
  * (in + out) · max_rank bf16 elements for every adaptable Linear, on each

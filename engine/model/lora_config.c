@@ -46,9 +46,7 @@ struct ml_lora_config {
     matcher target, exclude;
 };
 
-/* ======================================================================== */
-/* JSON access                                                              */
-/* ======================================================================== */
+/* ---- JSON access ------------------------------------------------------- */
 
 /* The member named key; Python's json keeps the last of duplicates. */
 static const cJSON *member(const cJSON *obj, const char *key)
@@ -73,9 +71,7 @@ static int is_unset(const cJSON *v)
     return 0;
 }
 
-/* ======================================================================== */
-/* matching                                                                 */
-/* ======================================================================== */
+/* ---- matching ---------------------------------------------------------- */
 
 static void matcher_deinit(matcher *m)
 {
@@ -346,9 +342,7 @@ static ml_status parse_matcher(matcher *m, const cJSON *root, const char *field,
     return matcher_list(m, v, field, err, errlen);
 }
 
-/* ======================================================================== */
-/* fields                                                                   */
-/* ======================================================================== */
+/* ---- fields ------------------------------------------------------------ */
 
 /* Features that change the forward or the weights in ways this engine does
  * not reproduce; each must be unset. */
@@ -435,9 +429,7 @@ static ml_status parse_numbers(ml_lora_config *c, const cJSON *root, char *err, 
     return ML_OK;
 }
 
-/* ======================================================================== */
-/* public                                                                   */
-/* ======================================================================== */
+/* ---- public ------------------------------------------------------------ */
 
 ml_status ml_lora_config_parse(ml_lora_config **out, const char *json, size_t len, char *err,
                                size_t errlen)

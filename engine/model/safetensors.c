@@ -19,9 +19,7 @@ struct ml_safetensors {
     ml_tensor_view *tensors; /* (n), sorted by name; points into this allocation */
 };
 
-/* ======================================================================== */
-/* tensor views                                                             */
-/* ======================================================================== */
+/* ---- tensor views ------------------------------------------------------ */
 
 int64_t ml_tensor_view_numel(const ml_tensor_view *t)
 {
@@ -80,9 +78,7 @@ ml_status ml_tensor_view_read_i64(const ml_tensor_view *t, int64_t *out, char *e
                    ml_dtype_name(t->dtype));
 }
 
-/* ======================================================================== */
-/* header parsing                                                           */
-/* ======================================================================== */
+/* ---- header parsing ---------------------------------------------------- */
 
 /* Valid safetensors dtypes this build does not handle: ML_ERR_UNSUPPORTED
  * rather than ML_ERR_FORMAT for them. */
@@ -302,9 +298,7 @@ static ml_status parse(ml_safetensors **out, const unsigned char *buf, size_t si
     return ML_OK;
 }
 
-/* ======================================================================== */
-/* public                                                                   */
-/* ======================================================================== */
+/* ---- public ------------------------------------------------------------ */
 
 ml_status ml_safetensors_parse(ml_safetensors **out, const void *buf, size_t size,
                                const char *label, char *err, size_t errlen)

@@ -65,9 +65,7 @@ ml_status ml_tensor_view_read_f32(const ml_tensor_view *t, float *out, char *err
  * ML_ERR_INVALID_ARG for floating dtypes. */
 ml_status ml_tensor_view_read_i64(const ml_tensor_view *t, int64_t *out, char *err, size_t errlen);
 
-/* ======================================================================== */
-/* ml_safetensors: one file                                                 */
-/* ======================================================================== */
+/* ---- ml_safetensors: one file ------------------------------------------ */
 
 typedef struct ml_safetensors ml_safetensors;
 
@@ -102,9 +100,7 @@ const ml_tensor_view *ml_safetensors_tensor(const ml_safetensors *st, size_t i);
 /* The tensor with exactly this name, or NULL. */
 const ml_tensor_view *ml_safetensors_find(const ml_safetensors *st, const char *name);
 
-/* ======================================================================== */
-/* ml_checkpoint: a model directory                                         */
-/* ======================================================================== */
+/* ---- ml_checkpoint: a model directory ---------------------------------- */
 
 typedef struct ml_checkpoint ml_checkpoint;
 
@@ -150,9 +146,7 @@ int ml_checkpoint_n_shards(const ml_checkpoint *ck);
  * return value is >= n. */
 size_t ml_checkpoint_canonical_name(const char *name, char *out, size_t n);
 
-/* ======================================================================== */
-/* writers                                                                  */
-/* ======================================================================== */
+/* ---- writers ----------------------------------------------------------- */
 
 /* Write tensors[0..n) as one safetensors file at path, as the reference
  * writer does: header {"__metadata__": {"format": "pt"}, ...} padded with

@@ -16,9 +16,7 @@
 #define SHARD_NAME_MAX 64
 #define NAME_IN_MSG "%.200s"
 
-/* ======================================================================== */
-/* file output                                                              */
-/* ======================================================================== */
+/* ---- file output ------------------------------------------------------- */
 
 static ml_status pwrite_all(int fd, const void *buf, size_t n, off_t off, const char *path,
                             char *err, size_t errlen)
@@ -76,9 +74,7 @@ static ml_status out_close(out_file *f, ml_status rc, char *err, size_t errlen)
     return rc;
 }
 
-/* ======================================================================== */
-/* one file                                                                 */
-/* ======================================================================== */
+/* ---- one file ---------------------------------------------------------- */
 
 /* Check t as a writer input; its byte size in *bytes. */
 static ml_status check_input(const ml_tensor_view *t, uint64_t *bytes, char *err, size_t errlen)
@@ -258,9 +254,7 @@ ml_status ml_safetensors_write(const char *path, const ml_tensor_view *tensors, 
     return rc;
 }
 
-/* ======================================================================== */
-/* shards                                                                   */
-/* ======================================================================== */
+/* ---- shards ------------------------------------------------------------ */
 
 static ml_status write_index(const char *dir, const ml_tensor_view *tensors, size_t n,
                              const int *shard_of, int n_shards, uint64_t total, char *err,

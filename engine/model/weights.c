@@ -54,9 +54,7 @@ typedef struct binder {
     size_t errlen;
 } binder;
 
-/* ======================================================================== */
-/* pass 1: look up and check                                                */
-/* ======================================================================== */
+/* ---- pass 1: look up and check ----------------------------------------- */
 
 static void format_shape(char *buf, size_t n, int ndim, const int64_t *d)
 {
@@ -252,9 +250,7 @@ static ml_status bind_text(binder *b, ml_text_weights *w, const ml_config *cfg)
     return ML_OK;
 }
 
-/* ======================================================================== */
-/* pass 2: borrow or convert                                                */
-/* ======================================================================== */
+/* ---- pass 2: borrow or convert ----------------------------------------- */
 
 static int needs_copy(const ml_tensor_view *t)
 {
@@ -327,9 +323,7 @@ static ml_status materialize(weights_impl *wi, const binder *b, char *err, size_
     return ML_OK;
 }
 
-/* ======================================================================== */
-/* public                                                                   */
-/* ======================================================================== */
+/* ---- public ------------------------------------------------------------ */
 
 /* Every tensor of the model, in one order for binding and for the manifest. */
 static ml_status bind_all(binder *b, ml_weights *w, const ml_config *cfg)

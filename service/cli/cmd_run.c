@@ -53,9 +53,7 @@ static void usage(FILE *f)
             "are per device.\n");
 }
 
-/* ==========================================================================
- * what to generate
- * ========================================================================== */
+/* ---- what to generate -------------------------------------------------------------- */
 
 typedef enum prompt_kind { PROMPT_NONE, PROMPT_TEXT, PROMPT_CHAT, PROMPT_IDS } prompt_kind;
 
@@ -118,7 +116,7 @@ static int append_text(run_job *j, const char *s, size_t n)
     return 0;
 }
 
-/* ---- runtime callbacks (step loop = main thread) --------------------------- */
+/* ---- runtime callbacks (step loop = main thread) ----------------------------------- */
 
 static void on_logits(void *ctx, const float *logits, int vocab)
 {
@@ -167,9 +165,7 @@ static const char *reason_name(ml_finish_reason r)
     return "?";
 }
 
-/* ==========================================================================
- * building a request
- * ========================================================================== */
+/* ---- building a request ------------------------------------------------------------ */
 
 static int parse_ids(const char *s, ml_token_buf *out)
 {
@@ -305,9 +301,7 @@ static int submit(run_ctx *c, const job_spec *spec, run_job *j)
     return 0;
 }
 
-/* ==========================================================================
- * output
- * ========================================================================== */
+/* ---- output ------------------------------------------------------------------------ */
 
 static cJSON *ids_json(const ml_token_buf *b)
 {
@@ -353,9 +347,7 @@ static void print_json_line(cJSON *o)
     cJSON_Delete(o);
 }
 
-/* ==========================================================================
- * batch files
- * ========================================================================== */
+/* ---- batch files ------------------------------------------------------------------- */
 
 static int spec_from_json(const cJSON *o, int line, job_spec *spec)
 {
@@ -409,9 +401,7 @@ static int spec_from_json(const cJSON *o, int line, job_spec *spec)
     return 0;
 }
 
-/* ==========================================================================
- * the command
- * ========================================================================== */
+/* ---- the command ------------------------------------------------------------------- */
 
 typedef struct run_opts {
     const char *model_dir, *batch, *logits_out, *backend, *devices;

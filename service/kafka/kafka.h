@@ -107,7 +107,7 @@ typedef struct svc_kafka_kv {
     const char *value;
 } svc_kafka_kv;
 
-/* ==== Consumed messages ====================================================== */
+/* ---- Consumed messages ------------------------------------------------------ */
 
 /* A request message handed out by svc_consumer_poll. Its offset is begun in
  * the tracker: finish the ticket exactly once (after the final record is
@@ -152,7 +152,7 @@ void svc_kafka_msg_release(svc_kafka_msg *m);
  * holding m. */
 svc_kafka_status svc_kafka_msg_detach(svc_kafka_msg *m, size_t max_value);
 
-/* ==== Consumer ================================================================ */
+/* ---- Consumer ---------------------------------------------------------------- */
 
 typedef struct svc_consumer svc_consumer;
 
@@ -240,7 +240,7 @@ svc_kafka_status svc_consumer_close(svc_consumer *c, char *err, size_t errlen);
  * after the producer whose delivery reports finish into it is destroyed. */
 void svc_consumer_destroy(svc_consumer *c);
 
-/* ==== Producer ================================================================ */
+/* ---- Producer ---------------------------------------------------------------- */
 
 typedef struct svc_producer svc_producer;
 

@@ -25,7 +25,7 @@ struct svc_consumer {
     size_t pending_cap;
 };
 
-/* ==== messages ================================================================ */
+/* ---- messages ---------------------------------------------------------------- */
 
 bool svc_kafka_msg_header(const svc_kafka_msg *m, const char *name, const void **value,
                           size_t *len)
@@ -94,7 +94,7 @@ svc_kafka_status svc_kafka_msg_detach(svc_kafka_msg *m, size_t max_value)
     return SVC_KAFKA_OK;
 }
 
-/* ==== helpers ================================================================= */
+/* ---- helpers ----------------------------------------------------------------- */
 
 static int32_t topic_id(const svc_consumer *c, const char *topic)
 {
@@ -143,7 +143,7 @@ static svc_kafka_status pause_resume(svc_consumer *c, rd_kafka_topic_partition_l
     return SVC_KAFKA_OK;
 }
 
-/* ==== rebalance =============================================================== */
+/* ---- rebalance --------------------------------------------------------------- */
 
 /* @locality Kafka thread, inside rd_kafka_consumer_poll or _close. */
 static void on_assign(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, bool cooperative)
@@ -259,7 +259,7 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
             rd_kafka_err2name((rd_kafka_resp_err_t)err), reason);
 }
 
-/* ==== lifecycle =============================================================== */
+/* ---- lifecycle --------------------------------------------------------------- */
 
 void svc_consumer_destroy(svc_consumer *c)
 {
@@ -391,7 +391,7 @@ svc_kafka_status svc_consumer_close(svc_consumer *c, char *err, size_t errlen)
     return SVC_KAFKA_OK;
 }
 
-/* ==== polling ================================================================= */
+/* ---- polling ----------------------------------------------------------------- */
 
 /* A consumer event delivered as a message with err set. */
 static void log_event(const rd_kafka_message_t *rkm)
@@ -450,7 +450,7 @@ svc_kafka_status svc_consumer_poll(svc_consumer *c, int timeout_ms, svc_kafka_ms
     return SVC_KAFKA_OK;
 }
 
-/* ==== offsets and backpressure ================================================ */
+/* ---- offsets and backpressure ------------------------------------------------ */
 
 svc_kafka_status svc_consumer_finish(svc_consumer *c, const svc_offset_ticket *t, char *err,
                                      size_t errlen)

@@ -41,7 +41,7 @@ static _Thread_local uint64_t dr_thread_of;
 static _Thread_local bool in_report;
 static atomic_uint_least64_t next_id = 1;
 
-/* ==== callbacks =============================================================== */
+/* ---- callbacks --------------------------------------------------------------- */
 
 /* @locality the delivery-report thread. */
 static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
@@ -77,7 +77,7 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
             rd_kafka_err2name((rd_kafka_resp_err_t)err), reason);
 }
 
-/* ==== lifecycle =============================================================== */
+/* ---- lifecycle --------------------------------------------------------------- */
 
 svc_kafka_status svc_producer_create(const svc_producer_config *cfg, svc_producer **out,
                                      char *err, size_t errlen)
@@ -173,7 +173,7 @@ void svc_producer_destroy(svc_producer *p)
     free(p);
 }
 
-/* ==== producing =============================================================== */
+/* ---- producing --------------------------------------------------------------- */
 
 static void sleep_ms(int ms)
 {
@@ -273,7 +273,7 @@ svc_kafka_status svc_producer_produce_dlt(svc_producer *p, const svc_dead_letter
                    errlen);
 }
 
-/* ==== serving reports ========================================================= */
+/* ---- serving reports --------------------------------------------------------- */
 
 int svc_producer_poll(svc_producer *p, int timeout_ms)
 {

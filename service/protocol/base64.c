@@ -146,7 +146,7 @@ void svc_base64_encode(const uint8_t *src, size_t n, char *dst)
     *dst = '\0';
 }
 
-/* ==== data: URLs ========================================================= */
+/* ---- data: URLs --------------------------------------------------------- */
 
 static bool has_prefix_ci(const char *s, size_t len, const char *prefix)
 {

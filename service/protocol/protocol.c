@@ -6,7 +6,7 @@
 
 #include "protocol/protocol.h"
 
-/* ==== Errors, limits, names ============================================== */
+/* ---- Errors, limits, names ---------------------------------------------- */
 
 const char *svc_error_code(svc_error e)
 {
@@ -67,7 +67,7 @@ const char *svc_role_name(svc_role role)
     return "user";
 }
 
-/* ==== Validators ========================================================= */
+/* ---- Validators --------------------------------------------------------- */
 
 static bool is_name_char(char c)
 {
@@ -90,7 +90,7 @@ bool svc_valid_topic(const char *s, size_t len)
     return !(len == 1 && s[0] == '.') && !(len == 2 && s[0] == '.' && s[1] == '.');
 }
 
-/* ==== The reply-topic policy ============================================= */
+/* ---- The reply-topic policy --------------------------------------------- */
 
 #define POLICY_PREFIX_MARK '*'
 #define INTERNAL_TOPIC_PREFIX "__"

@@ -98,7 +98,7 @@
 
 #include "util.h"
 
-/* ==== Errors ============================================================= */
+/* ---- Errors ------------------------------------------------------------- */
 
 /* Request-level outcomes. The strings (svc_error_code) are a stable wire
  * contract: clients switch on them. */
@@ -135,7 +135,7 @@ const char *svc_error_code(svc_error e);
 #define SVC_ERRMSG_MAX 256
 
 
-/* ==== Limits ============================================================= */
+/* ---- Limits ------------------------------------------------------------- */
 
 #define SVC_TOPIC_NAME_MAX 249   /* Kafka's own limit on topic names */
 #define SVC_ADAPTER_NAME_MAX 128
@@ -184,7 +184,7 @@ void svc_limits_default(svc_limits *lim);
  * logprobs, 1 + top_logprobs more. @locality any thread. */
 size_t svc_reply_bound(uint32_t max_tokens, bool logprobs, uint32_t top_logprobs);
 
-/* ==== Parsed request ===================================================== */
+/* ---- Parsed request ----------------------------------------------------- */
 
 typedef enum svc_role {
     SVC_ROLE_SYSTEM = 0,
@@ -319,7 +319,7 @@ bool svc_request_answerable(const svc_request *req);
  * @locality any thread, once no one reads the request. */
 void svc_request_destroy(svc_request *req);
 
-/* ==== Shared validators ================================================== */
+/* ---- Shared validators -------------------------------------------------- */
 
 /* True for a Kafka topic name: [A-Za-z0-9._-]{1,249}, not "." or "..". */
 bool svc_valid_topic(const char *s, size_t len);
@@ -364,7 +364,7 @@ bool svc_valid_traceparent(const char *s, size_t len);
  * first invalid byte. @locality any thread (all validators). */
 bool svc_utf8_valid(const char *s, size_t len, size_t *bad);
 
-/* ==== Reply records ====================================================== */
+/* ---- Reply records ------------------------------------------------------ */
 
 typedef enum svc_finish {
     SVC_FINISH_NONE = 0, /* not the last record */
@@ -452,7 +452,7 @@ int svc_reply_completion(svc_buf *out, const svc_reply_ctx *ctx, const svc_reply
 int svc_reply_error(svc_buf *out, const svc_reply_ctx *ctx, bool stream, uint32_t seq,
                     svc_error e, const char *message);
 
-/* ==== Record headers ===================================================== */
+/* ---- Record headers ----------------------------------------------------- */
 
 #define SVC_HEADERS_MAX 8
 #define SVC_HEADERS_STORE 640 /* formatted numbers and the copied error message */

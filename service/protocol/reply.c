@@ -15,7 +15,7 @@
 #define LOGPROB_FLOOR (-9999.0)
 #define U64_DIGITS 20
 
-/* ==== UTF-8 ============================================================== */
+/* ---- UTF-8 -------------------------------------------------------------- */
 
 /* Length (1..4) of the valid UTF-8 sequence at s[0..n), or 0 when s[0]
  * does not start one (RFC 3629: no overlongs, no surrogates, <= U+10FFFF). */
@@ -71,7 +71,7 @@ bool svc_utf8_valid(const char *s, size_t len, size_t *bad)
     return true;
 }
 
-/* ==== JSON writer ======================================================= */
+/* ---- JSON writer ------------------------------------------------------- */
 
 /* Appends latch the first allocation failure; the builder checks once. */
 typedef struct jw {
@@ -185,7 +185,7 @@ static void jw_cstr(jw *w, const char *s)
     jw_str(w, s, s ? strlen(s) : 0);
 }
 
-/* ==== Reply records ====================================================== */
+/* ---- Reply records ------------------------------------------------------ */
 
 const char *svc_finish_name(svc_finish f)
 {
@@ -378,7 +378,7 @@ int svc_reply_error(svc_buf *out, const svc_reply_ctx *ctx, bool stream, uint32_
     return stream ? svc_reply_chunk(out, ctx, &r) : svc_reply_completion(out, ctx, &r);
 }
 
-/* ==== Record headers ===================================================== */
+/* ---- Record headers ----------------------------------------------------- */
 
 static void headers_add(svc_headers *hs, const char *name, const char *value, size_t len)
 {

@@ -20,7 +20,7 @@
 #include "protocol/base64.h"
 #include "protocol/protocol.h"
 
-/* ==== The request ======================================================== */
+/* ---- The request -------------------------------------------------------- */
 
 /* The request as allocated: the public part first, so a svc_request pointer
  * is also a request_impl pointer. */
@@ -43,7 +43,7 @@ bool svc_request_answerable(const svc_request *req)
     return req && req->id && req->reply_topic;
 }
 
-/* ==== JSON pre-scan ====================================================== */
+/* ---- JSON pre-scan ------------------------------------------------------ */
 
 /* An upper bound on the number of values in the JSON text s[0..n): one plus
  * the commas and opening brackets outside strings. cJSON spends about 64
@@ -76,7 +76,7 @@ static size_t json_value_bound(const char *s, size_t n, size_t max)
     return count;
 }
 
-/* ==== Parser state and field helpers ===================================== */
+/* ---- Parser state and field helpers ------------------------------------- */
 
 typedef struct parser {
     request_impl *r;
@@ -186,7 +186,7 @@ static bool valid_id(const char *s, size_t len, size_t max)
     return true;
 }
 
-/* ==== Addressing ========================================================= */
+/* ---- Addressing --------------------------------------------------------- */
 
 static svc_error set_id(parser *p, const char *s, size_t len, const char *source)
 {
@@ -303,7 +303,7 @@ static svc_error parse_deadline(parser *p, const svc_request_input *in, const cJ
     return SVC_ERROR_NONE;
 }
 
-/* ==== Messages =========================================================== */
+/* ---- Messages ----------------------------------------------------------- */
 
 /* Where a part sits, for error messages: "messages[1].content[2]". */
 typedef struct part_loc {
@@ -567,7 +567,7 @@ static svc_error parse_messages(parser *p, const cJSON *root)
     return SVC_ERROR_NONE;
 }
 
-/* ==== Generation options ================================================= */
+/* ---- Generation options ------------------------------------------------- */
 
 static svc_error add_stop(parser *p, const cJSON *s, size_t i, const char **slot)
 {
@@ -734,7 +734,7 @@ static svc_error parse_options(parser *p, const cJSON *root)
     return parse_adapter(p, root);
 }
 
-/* ==== Entry point ======================================================== */
+/* ---- Entry point -------------------------------------------------------- */
 
 static const svc_sampling sampling_default = {
     .temperature = 1.0f,

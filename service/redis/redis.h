@@ -60,7 +60,7 @@ typedef enum svc_redis_status {
 /* Stable lower-case name ("ok", "unavailable", ...). Never NULL. */
 const char *svc_redis_status_name(svc_redis_status st);
 
-/* ==== URL ================================================================ */
+/* ---- URL ---------------------------------------------------------------- */
 
 #define SVC_REDIS_HOST_MAX 255
 #define SVC_REDIS_CRED_MAX 255
@@ -82,7 +82,7 @@ typedef struct svc_redis_url {
 svc_redis_status svc_redis_url_parse(const char *url, svc_redis_url *out, char *err,
                                      size_t errlen);
 
-/* ==== Client ============================================================= */
+/* ---- Client ------------------------------------------------------------- */
 
 typedef struct svc_redis_config {
     const char *url;       /* borrowed for the call */
@@ -117,7 +117,7 @@ svc_redis_status svc_redis_create(const svc_redis_config *cfg, svc_redis **out, 
  * overwrites them, another expires them. */
 void svc_redis_destroy(svc_redis *r);
 
-/* ==== Image index ======================================================== */
+/* ---- Image index -------------------------------------------------------- */
 
 /* Record that the image's cross-attention states are resident here
  * (`bytes` of pool memory, `tiles` tiles) and publish <p>:img:<sha256>.
@@ -136,7 +136,7 @@ svc_redis_status svc_redis_img_touch(svc_redis *r, const char *sha256, int64_t n
  * it still names this worker; a failed delete is retried at reconciliation. */
 svc_redis_status svc_redis_img_evict(svc_redis *r, const char *sha256);
 
-/* ==== Worker heartbeat =================================================== */
+/* ---- Worker heartbeat --------------------------------------------------- */
 
 typedef struct svc_redis_worker_info {
     const char *partitions;   /* borrowed, e.g. "llm.requests:0,1,5" */
@@ -153,7 +153,7 @@ typedef struct svc_redis_worker_info {
 svc_redis_status svc_redis_heartbeat(svc_redis *r, const svc_redis_worker_info *info,
                                      int64_t now_ms);
 
-/* ==== Blobs, adapters, attempts ========================================== */
+/* ---- Blobs, adapters, attempts ------------------------------------------ */
 
 /* Fetch <p>:blob:img:<sha256>. Returns OK with *data (malloc'd, owned by the
  * caller) and *len; NOT_FOUND (also for an empty value); ERR_TOO_LARGE when
@@ -216,7 +216,7 @@ svc_redis_status svc_redis_request_attempt_incr(svc_redis *r, const char *id, ui
  * live worker holds it. @locality the Redis thread of this client. */
 svc_redis_status svc_redis_route(svc_redis *r, const char *sha256, char *partitions, size_t n);
 
-/* ==== Metrics ============================================================ */
+/* ---- Metrics ------------------------------------------------------------ */
 
 typedef enum svc_redis_breaker {
     SVC_REDIS_BREAKER_CLOSED = 0,

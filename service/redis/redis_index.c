@@ -21,7 +21,7 @@ static const char del_if_owner_lua[] =
     "if redis.call('hget', KEYS[1], 'worker') == ARGV[1] then "
     "return redis.call('del', KEYS[1]) end return 0";
 
-/* ==== Counters and names ================================================= */
+/* ---- Counters and names ------------------------------------------------- */
 
 static void count(_Atomic uint64_t *c)
 {
@@ -48,7 +48,7 @@ const char *svc_redis_status_name(svc_redis_status st)
     return "invalid";
 }
 
-/* ==== Create / destroy =================================================== */
+/* ---- Create / destroy --------------------------------------------------- */
 
 void svc_redis_config_default(svc_redis_config *cfg)
 {
@@ -162,7 +162,7 @@ void svc_redis_stats_get(const svc_redis *r, svc_redis_stats *out)
     };
 }
 
-/* ==== Commands =========================================================== */
+/* ---- Commands ----------------------------------------------------------- */
 
 void svc_redis_arg(svc_redis_cmd *c, const void *s, size_t len)
 {
@@ -301,7 +301,7 @@ static svc_redis_status append_worker_publish(svc_redis *r)
     return st ? st : svc_redis_append(r, &x);
 }
 
-/* ==== Breaker and connection ============================================= */
+/* ---- Breaker and connection --------------------------------------------- */
 
 static void set_breaker(svc_redis *r, svc_redis_breaker b)
 {
@@ -430,7 +430,7 @@ svc_redis_status svc_redis_call_end(svc_redis *r, svc_redis_status st)
     return call_failed(r, st);
 }
 
-/* ==== Mirror and pending deletes ========================================= */
+/* ---- Mirror and pending deletes ----------------------------------------- */
 
 /* Index of sha in the mirror, or where it would be inserted (*found false). */
 static size_t mirror_find(const svc_redis *r, const char *sha, bool *found)
@@ -482,7 +482,7 @@ static void pending_add(svc_redis *r, const char *sha)
     gauge(&r->n_pending_now, r->n_pending);
 }
 
-/* ==== Reconciliation ===================================================== */
+/* ---- Reconciliation ----------------------------------------------------- */
 
 /* Re-publish the worker hash and every resident image, and delete the
  * images evicted while Redis was unreachable: one pipeline. */
@@ -512,7 +512,7 @@ static svc_redis_status reconcile(svc_redis *r)
     return SVC_REDIS_OK;
 }
 
-/* ==== Image index ======================================================== */
+/* ---- Image index -------------------------------------------------------- */
 
 /* Publish one mirror entry as a call of its own. */
 static svc_redis_status publish_entry(svc_redis *r, const img_entry *e)
@@ -596,7 +596,7 @@ svc_redis_status svc_redis_img_evict(svc_redis *r, const char *sha256)
     return st;
 }
 
-/* ==== Heartbeat ========================================================== */
+/* ---- Heartbeat ---------------------------------------------------------- */
 
 static svc_redis_status remember_info(svc_redis *r, const svc_redis_worker_info *info,
                                       int64_t now_ms)

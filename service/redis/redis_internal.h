@@ -63,7 +63,7 @@ struct svc_redis {
     _Atomic int breaker;
 };
 
-/* ==== Calls ============================================================== */
+/* ---- Calls -------------------------------------------------------------- */
 
 /* Start a call: refuse it while the breaker is open, else connect and
  * reconcile as needed. OK means r->c is ready for the call's commands; any
@@ -75,7 +75,7 @@ svc_redis_status svc_redis_call_begin(svc_redis *r);
  * failure and drop the connection. */
 svc_redis_status svc_redis_call_end(svc_redis *r, svc_redis_status st);
 
-/* ==== Commands =========================================================== */
+/* ---- Commands ----------------------------------------------------------- */
 
 #define ARGS_MAX 12
 

@@ -9,7 +9,7 @@
 #include "protocol/protocol.h"
 #include "redis/redis_internal.h"
 
-/* ==== Blobs ============================================================== */
+/* ---- Blobs -------------------------------------------------------------- */
 
 static void key_blob(const svc_redis *r, const char *sha, char key[KEY_MAX])
 {
@@ -82,7 +82,7 @@ svc_redis_status svc_redis_blob_put(svc_redis *r, const char *sha256, const void
     return svc_redis_call_end(r, st);
 }
 
-/* ==== Adapters =========================================================== */
+/* ---- Adapters ----------------------------------------------------------- */
 
 static bool adapter_key(const svc_redis *r, const char *name, char key[KEY_MAX])
 {
@@ -238,7 +238,7 @@ svc_redis_status svc_redis_adapter_put(svc_redis *r, const char *name, const voi
     return svc_redis_call_end(r, st);
 }
 
-/* ==== Attempts =========================================================== */
+/* ---- Attempts ----------------------------------------------------------- */
 
 /* INCR s->key, then EXPIRE it attempts_ttl_s from now; the count into
  * *attempt (0 on failure). */

@@ -22,7 +22,7 @@
 #define DIR_PATH_MAX (SVC_CONFIG_STR + SVC_ADAPTER_NAME_MAX + 32)
 #define FILE_PATH_MAX (DIR_PATH_MAX + 32)
 
-/* ==== Remembered failures ================================================= */
+/* ---- Remembered failures ------------------------------------------------- */
 
 /* The live failure of name, copied into msg; SVC_ERROR_NONE when none. */
 static svc_error failure_find(svc_adapter_store *s, const char *name, char *msg, size_t msglen)
@@ -67,7 +67,7 @@ static void failure_remember(svc_adapter_store *s, const char *name, svc_error c
     pthread_mutex_unlock(&s->lock);
 }
 
-/* ==== Files =============================================================== */
+/* ---- Files --------------------------------------------------------------- */
 
 /* Write all of data to dir/file (created, never replaced) and sync it.
  * Returns 0, or -1 with errno set. */
@@ -150,7 +150,7 @@ static svc_error too_large(svc_adapter_store *s, const char *name, size_t config
     return SVC_ERROR_ADAPTER_TOO_LARGE;
 }
 
-/* ==== The store =========================================================== */
+/* ---- The store ----------------------------------------------------------- */
 
 void svc_adapter_store_init(svc_adapter_store *s, const char *dir, size_t max_bytes)
 {

@@ -32,7 +32,7 @@
 #define CANCEL_POLL_MS 0
 #define INDEX_WAIT_MS 200 /* how long the index thread sleeps without events */
 
-/* ==== process-level errors ==================================================== */
+/* ---- process-level errors ---------------------------------------------------- */
 
 void worker_fail(svc_worker *w, svc_worker_exit code, const char *fmt, ...)
 {
@@ -46,7 +46,7 @@ void worker_fail(svc_worker *w, svc_worker_exit code, const char *fmt, ...)
     svc_log(SVC_LOG_ERROR, "worker_fatal", "%s", w->fatal_msg);
 }
 
-/* ==== rebalances (Kafka thread) ================================================ */
+/* ---- rebalances (Kafka thread) ------------------------------------------------ */
 
 /* have[p] = 1 for each partition of w->partitions ("topic:p,p,p"), the
  * others untouched. Called with partitions_lock held. */
@@ -158,7 +158,7 @@ static void on_stats(void *opaque, const char *json, size_t len)
     cJSON_Delete(root);
 }
 
-/* ==== the cancel topic (Kafka thread) ============================================ */
+/* ---- the cancel topic (Kafka thread) -------------------------------------------- */
 
 /* The only source of client cancels: records of the cancel topic, keyed by
  * request id, into the pending-cancel table (worker_cancel.c). */
@@ -173,7 +173,7 @@ static void poll_cancels(svc_worker *w)
     }
 }
 
-/* ==== the resident-image mirror ================================================== */
+/* ---- the resident-image mirror -------------------------------------------------- */
 
 /* The prep threads decide between "resident: send the key only" and "fetch
  * the blob from Redis" without touching the runtime, which belongs to the
@@ -211,7 +211,7 @@ bool worker_mirror_contains(svc_worker *w, const uint8_t *key)
     return found;
 }
 
-/* ==== the Redis index thread ======================================================= */
+/* ---- the Redis index thread ------------------------------------------------------- */
 
 void worker_on_image_event(void *ctx, ml_image_event ev, const uint8_t *key, size_t bytes,
                            int n_tiles)
@@ -281,7 +281,7 @@ static void *index_main(void *arg)
     return NULL;
 }
 
-/* ==== create ======================================================================= */
+/* ---- create ----------------------------------------------------------------------- */
 
 static void model_fingerprint(svc_worker *w)
 {
@@ -547,7 +547,7 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     return w;
 }
 
-/* ==== the Kafka loop ================================================================ */
+/* ---- the Kafka loop ---------------------------------------------------------------- */
 
 void svc_worker_request_stop(svc_worker *w) { atomic_store(&w->stop, true); }
 const char *svc_worker_brokers(const svc_worker *w) { return w->brokers; }
@@ -661,7 +661,7 @@ int svc_worker_run(svc_worker *w)
     return w->fatal_code;
 }
 
-/* ==== destroy ======================================================================= */
+/* ---- destroy ----------------------------------------------------------------------- */
 
 void svc_worker_destroy(svc_worker *w)
 {

@@ -25,7 +25,7 @@ static uint64_t id_hash(const char *id, size_t len)
     return h;
 }
 
-/* ==== the table ================================================================ */
+/* ---- the table ---------------------------------------------------------------- */
 
 int worker_cancels_init(cancel_table *t)
 {
@@ -110,7 +110,7 @@ bool worker_cancel_hits(svc_worker *w, const job *j)
     return hit;
 }
 
-/* ==== the step thread ============================================================= */
+/* ---- the step thread ------------------------------------------------------------- */
 
 submit_verdict worker_cancel_before_submit(svc_worker *w, job *j)
 {

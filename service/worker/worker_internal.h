@@ -34,7 +34,7 @@
 #include "redis/redis.h"
 #include "worker/worker.h"
 
-/* ==== jobs ================================================================== */
+/* ---- jobs ------------------------------------------------------------------ */
 
 /* What a record produced for a job is: its delivery report's ctx points
  * at the job's job_record of that kind. */
@@ -121,9 +121,9 @@ void job_queue_push(job_queue *q, job *j);
 /* Pop one job, waiting up to timeout_ms; NULL when none came. */
 job *job_queue_pop(job_queue *q, int timeout_ms);
 
-/* ==== pending cancels (worker_cancel.c) ========================================
- *
- * Every cancel record is remembered for a while, so that a cancel stops its
+/* ---- pending cancels (worker_cancel.c) ----------------------------------------- */
+
+/* Every cancel record is remembered for a while, so that a cancel stops its
  * request whatever stage the request is in when the cancel arrives: queued
  * for prep, being prepared, waiting for the step thread, or running. The
  * prep thread consults the table once the request id is known, the step
@@ -182,7 +182,7 @@ typedef struct prep_thread {
  * (worker.h); the other bits make it unique to the execution. */
 #define WORKER_ATTEMPT_UNCOUNTED 0x80000000u
 
-/* ==== the worker ============================================================== */
+/* ---- the worker -------------------------------------------------------------- */
 
 struct svc_worker {
     svc_config cfg;             /* owned */

@@ -13,7 +13,7 @@
 #include "metrics.h"
 #include "worker/worker_internal.h"
 
-/* ==== producing ================================================================== */
+/* ---- producing ------------------------------------------------------------------ */
 
 /* A record refused for itself or its topic is its request's failure; the
  * others (timeouts, brokers down, queue full, a fatal producer) mean the

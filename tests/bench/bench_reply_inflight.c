@@ -75,7 +75,7 @@ static void note_delivery(run *r, sample *s, bool ok)
         s->latency_us = now_us() - s->produced_us;
 }
 
-/* ==== the two producers ============================================================ */
+/* ---- the two producers ------------------------------------------------------------ */
 
 /* The worker's producer. */
 static void ours_dr(void *opaque, const svc_delivery *d)
@@ -110,7 +110,7 @@ static rd_kafka_t *peer_create(const char *brokers, run *r)
     return rk;
 }
 
-/* ==== the load ======================================================================= */
+/* ---- the load ----------------------------------------------------------------------- */
 
 typedef struct producer {
     svc_producer *ours; /* exactly one of the two is set */

@@ -39,9 +39,7 @@
  * models' small vocabulary. */
 #define ML_RT_FILLER_TOKEN 17
 
-/* ======================================================================== */
-/* results                                                                  */
-/* ======================================================================== */
+/* ---- results ----------------------------------------------------------- */
 
 typedef struct ml_rt_result {
     int32_t out[ML_RT_MAX_OUT]; /* the first ML_RT_MAX_OUT sampled tokens */
@@ -120,9 +118,7 @@ static inline int ml_rt_same_output(const ml_rt_result *a, const ml_rt_result *b
            !memcmp(a->out, b->out, (size_t)a->n_out * sizeof a->out[0]);
 }
 
-/* ======================================================================== */
-/* fixture                                                                  */
-/* ======================================================================== */
+/* ---- fixture ----------------------------------------------------------- */
 
 typedef struct ml_rt_fixture {
     ml_backend *be;                  /* owned */
@@ -324,9 +320,7 @@ static inline void ml_rt_fixture_open_lora(ml_rt_fixture *f, const ml_model_limi
     ml_safetensors_destroy(in);
 }
 
-/* ======================================================================== */
-/* runtime                                                                  */
-/* ======================================================================== */
+/* ---- runtime ----------------------------------------------------------- */
 
 /* A runtime configuration for f: a KV pool of kv_blocks blocks, room for
  * image_slots resident image states, ML_RT_STEP_SEQS running, no adapters.

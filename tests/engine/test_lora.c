@@ -41,9 +41,7 @@
 #define MAX_IMAGES 2
 #define MAX_TILES 4
 
-/* ======================================================================== */
-/* the lora op                                                              */
-/* ======================================================================== */
+/* ---- the lora op ------------------------------------------------------- */
 
 /* y += segments, in double, as the contract of backend.h states. */
 static void lora_reference(float *y, const float *x, const ml_lora_segment *segs, int n_segs,
@@ -112,9 +110,7 @@ static void test_op(ml_backend *be)
     op_case(be, 37, 33, 1, one, 1, "lora op, N = 1, odd K");
 }
 
-/* ======================================================================== */
-/* adapter_config.json                                                      */
-/* ======================================================================== */
+/* ---- adapter_config.json ----------------------------------------------- */
 
 static ml_lora_config *parse(const char *json, ml_status want, const char *needle)
 {
@@ -224,9 +220,7 @@ static void test_config(void)
     ml_lora_config_destroy(c);
 }
 
-/* ======================================================================== */
-/* files                                                                    */
-/* ======================================================================== */
+/* ---- files ------------------------------------------------------------- */
 
 static void write_text(const char *path, const char *text)
 {
@@ -337,9 +331,7 @@ static ml_lora_adapter *scratch_load(scratch *s, const ml_config *cfg, ml_status
     return a;
 }
 
-/* ======================================================================== */
-/* the model                                                                */
-/* ======================================================================== */
+/* ---- the model --------------------------------------------------------- */
 
 typedef struct fixture {
     ml_backend *be;
@@ -533,9 +525,7 @@ static float *logits_with(fixture *f, const ml_lora_adapter *a)
     return logits;
 }
 
-/* ======================================================================== */
-/* loading errors and variants                                              */
-/* ======================================================================== */
+/* ---- loading errors and variants --------------------------------------- */
 
 /* Rename every key to the transformers >= 4.52 layout. */
 static void to_new_layout(scratch *s)

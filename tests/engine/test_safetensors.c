@@ -16,9 +16,7 @@ static int contains(const char *s, const char *sub)
     return strstr(s, sub) != NULL;
 }
 
-/* ======================================================================== */
-/* round trip                                                               */
-/* ======================================================================== */
+/* ---- round trip -------------------------------------------------------- */
 
 static const uint16_t bf16_vals[6] = {0x3f80, 0xbf80, 0x4000,
                                       0x0000, 0x7f80, 0x3f00};        /* 1 -1 2 0 inf .5 */
@@ -151,9 +149,7 @@ static void test_writer_errors(void)
     check(access(tmp, F_OK) != 0, "no temporary left behind");
 }
 
-/* ======================================================================== */
-/* corrupt files                                                            */
-/* ======================================================================== */
+/* ---- corrupt files ----------------------------------------------------- */
 
 /* Parse a hand-built image and expect status want with every needle in err. */
 static void expect_parse(const char *what, const char *json, uint64_t header_len, size_t data_len,
@@ -295,9 +291,7 @@ static void test_corrupt(void)
           "a directory is not a file: %s", err);
 }
 
-/* ======================================================================== */
-/* checkpoints                                                              */
-/* ======================================================================== */
+/* ---- checkpoints ------------------------------------------------------- */
 
 static void test_canonical_names(void)
 {

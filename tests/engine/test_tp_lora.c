@@ -76,7 +76,7 @@ static int resolve(void *ctx, const char *name, char *dir, size_t n)
     return !strcmp(name, A1) || !strcmp(name, A2);
 }
 
-/* ==== running a batch ================================================================= */
+/* ---- running a batch ----------------------------------------------------------------- */
 
 /* The whole model or the split one, with its adapter slots. */
 typedef struct served {
@@ -258,7 +258,7 @@ static void run_batch(const served *s, const seq_spec *seqs, int n, const ml_lor
     }
 }
 
-/* ==== checks ========================================================================== */
+/* ---- checks -------------------------------------------------------------------------- */
 
 /* The largest |got - want| over n values, relative to want's magnitude. */
 static double rel_diff(const float *got, const float *want, size_t n)

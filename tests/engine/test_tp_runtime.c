@@ -43,7 +43,7 @@ static void run_alone(ml_rt_fixture *f, const ml_rt_request *q, ml_rt_result *ou
     ml_runtime_destroy(rt);
 }
 
-/* ==== the runtime on a split model =================================================== */
+/* ---- the runtime on a split model --------------------------------------------------- */
 
 static const ml_rt_kind kinds[] = {ML_RT_TWO_IMAGES, ML_RT_TEXT_ONLY, ML_RT_ONE_IMAGE,
                                    ML_RT_TWO_IMAGES, ML_RT_ONE_IMAGE, ML_RT_TEXT_ONLY};
@@ -234,7 +234,7 @@ static void run_world(ml_rt_fixture *whole, int world, const ml_rt_result *alone
             group[r]->ops->destroy(group[r]);
 }
 
-/* ==== loading ========================================================================= */
+/* ---- loading ------------------------------------------------------------------------- */
 
 static void test_load_refusals(ml_rt_fixture *whole)
 {

@@ -27,9 +27,7 @@
 /* save_pretrained's default max_shard_size "5GB". */
 #define HUB_SHARD_BYTES 5000000000ull
 
-/* ======================================================================== */
-/* the tensor list of a config, in hub names                                */
-/* ======================================================================== */
+/* ---- the tensor list of a config, in hub names ------------------------- */
 
 typedef struct tensor_list {
     ml_tensor_view t[MAX_TENSORS];
@@ -172,9 +170,7 @@ static size_t find_index(const tensor_list *l, const char *name)
     exit(2);
 }
 
-/* ======================================================================== */
-/* the fake 11B                                                             */
-/* ======================================================================== */
+/* ---- the fake 11B ------------------------------------------------------ */
 
 static tensor_list big;
 
@@ -299,9 +295,7 @@ static void test_fake_11b(const char *layout)
     ml_checkpoint_destroy(ck);
 }
 
-/* ======================================================================== */
-/* a tiny model with data                                                   */
-/* ======================================================================== */
+/* ---- a tiny model with data -------------------------------------------- */
 
 static const char tiny_config[] =
     "{\"vision_config\": {\"hidden_size\": 8, \"attention_heads\": 2, \"intermediate_size\": 16,"
@@ -518,9 +512,7 @@ static void test_misaligned(void)
     ml_checkpoint_destroy(ck);
 }
 
-/* ======================================================================== */
-/* errors                                                                   */
-/* ======================================================================== */
+/* ---- errors ------------------------------------------------------------ */
 
 static void expect_bind_error(const char *sub, ml_status want, const char *needle)
 {

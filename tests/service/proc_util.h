@@ -100,7 +100,7 @@ static inline void pu_die(const char *what)
     exit(1);
 }
 
-/* ==== files ==================================================================== */
+/* ---- files -------------------------------------------------------------------- */
 
 /* The whole file, NUL-terminated (malloc'd, owned by the caller), or NULL.
  * *len (if non-NULL) gets its size. */
@@ -223,7 +223,7 @@ static inline bool pu_which(const char *prog)
     return false;
 }
 
-/* ==== processes ================================================================= */
+/* ---- processes ----------------------------------------------------------------- */
 
 typedef struct pu_proc {
     pid_t pid;              /* 0: never started */
@@ -384,7 +384,7 @@ static inline void pu_check_log_clean(const char *log)
     }
 }
 
-/* ==== redis-server ================================================================= */
+/* ---- redis-server ----------------------------------------------------------------- */
 
 static inline int pu_free_port(void)
 {
@@ -468,7 +468,7 @@ static inline bool pu_redis_start(pu_redis *r, const char *dir, int port)
     return false;
 }
 
-/* ==== mllama processes =============================================================== */
+/* ---- mllama processes --------------------------------------------------------------- */
 
 #ifdef ML_MLLAMA_BIN
 #define PU_MLLAMA ML_MLLAMA_BIN
@@ -671,7 +671,7 @@ static inline bool pu_wait_assigned(pu_proc *p, int timeout_ms)
 
 #endif /* ML_MLLAMA_BIN */
 
-/* ==== kcat ====================================================================== */
+/* ---- kcat ---------------------------------------------------------------------- */
 
 /* Run a shell command and return its stdout (malloc'd; NULL if it could not
  * run). *code gets its exit status. */
@@ -700,7 +700,7 @@ static inline char *pu_shell(const char *cmd, int *code)
     return buf;
 }
 
-/* ==== request bodies ============================================================= */
+/* ---- request bodies ------------------------------------------------------------- */
 
 /* "data:image/jpeg;base64,..." of bytes (malloc'd). */
 static inline char *pu_data_url(const void *bytes, size_t n)
@@ -752,7 +752,7 @@ static inline char *pu_image_part(const void *bytes, size_t n)
     return s;
 }
 
-/* ==== a Kafka client ================================================================ */
+/* ---- a Kafka client ---------------------------------------------------------------- */
 
 /* One record read back (replies or dead letters). */
 typedef struct pu_record {

@@ -149,7 +149,7 @@ static svc_http *start(void)
     return h;
 }
 
-/* ==== routes ================================================================ */
+/* ---- routes ---------------------------------------------------------------- */
 
 static void test_routes(void)
 {
@@ -201,7 +201,7 @@ static void test_routes(void)
     svc_http_stop(h);
 }
 
-/* ==== slow clients ========================================================= */
+/* ---- slow clients --------------------------------------------------------- */
 
 /* Silent, half-line and trickling clients hold connections while probes are
  * answered within PROBE_BUDGET_MS; each stalled connection is closed within

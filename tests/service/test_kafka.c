@@ -51,7 +51,7 @@ static int kcat(const char *args, char *out, size_t cap)
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-/* ==== A: at-least-once offsets and restart ==================================== */
+/* ---- A: at-least-once offsets and restart ------------------------------------ */
 
 enum { A_N = 40, A_PARTS = 4, A_DLT_INDEX = 2 };
 
@@ -234,7 +234,7 @@ static void scenario_offsets_restart(const char *bootstraps, rd_kafka_mock_clust
     }
 }
 
-/* ==== B: cooperative rebalance with a third member ============================ */
+/* ---- B: cooperative rebalance with a third member ---------------------------- */
 
 enum { B_PARTS = 6, B_MAX = 4000 };
 
@@ -343,7 +343,7 @@ static void scenario_cooperative(const char *bootstraps, rd_kafka_mock_cluster_t
     svc_producer_destroy(b_src.p);
 }
 
-/* ==== C: pause survives rebalances ============================================ */
+/* ---- C: pause survives rebalances -------------------------------------------- */
 
 enum { C_PARTS = 4, C_BATCH = 16 };
 
@@ -439,7 +439,7 @@ static void scenario_pause(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
     svc_producer_destroy(src.p);
 }
 
-/* ==== G: eager fallback ========================================================= */
+/* ---- G: eager fallback --------------------------------------------------------- */
 
 enum { G_PARTS = 4, G_N = 16 };
 
@@ -486,7 +486,7 @@ static void scenario_eager(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
     svc_producer_destroy(src.p);
 }
 
-/* ==== D: headers through kcat, auto-created topics ============================ */
+/* ---- D: headers through kcat, auto-created topics ---------------------------- */
 
 static void scenario_headers(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
 {
@@ -519,7 +519,7 @@ static void scenario_headers(const char *bootstraps, rd_kafka_mock_cluster_t *mc
           "D: kcat read (rc %d): %s", rc, out);
 }
 
-/* ==== F: a full producer queue ================================================= */
+/* ---- F: a full producer queue ------------------------------------------------- */
 
 enum { F_N = 300, F_QUEUE = 5 };
 
@@ -587,7 +587,7 @@ static void scenario_queue_full(const char *bootstraps, rd_kafka_mock_cluster_t 
     svc_producer_destroy(f.p);
 }
 
-/* ==== E: the standalone mock-kafka command ==================================== */
+/* ---- E: the standalone mock-kafka command ------------------------------------ */
 
 static void scenario_cli(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
 {

@@ -87,7 +87,7 @@ static int read_all(const char *topic, int n_parts, int *counts, int max, int *i
     return n;
 }
 
-/* ==== P: produce errors ======================================================== */
+/* ---- P: produce errors -------------------------------------------------------- */
 
 
 static void scenario_produce(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
@@ -129,7 +129,7 @@ static void scenario_produce(const char *bootstraps, rd_kafka_mock_cluster_t *mc
           inversions);
 }
 
-/* ==== shared by O, H, D: a worker replying to a stream of requests ============== */
+/* ---- shared by O, H, D: a worker replying to a stream of requests -------------- */
 
 enum { S_PARTS = 2, S_MAX = 512 };
 
@@ -218,7 +218,7 @@ static void stream_finish(stream *s, const char *what)
     svc_producer_destroy(s->src.p);
 }
 
-/* ==== O: OffsetCommit errors ==================================================== */
+/* ---- O: OffsetCommit errors ---------------------------------------------------- */
 
 static void scenario_commit(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
 {
@@ -238,7 +238,7 @@ static void scenario_commit(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
     stream_finish(&s, "O");
 }
 
-/* ==== H: Heartbeat errors lose the assignment =================================== */
+/* ---- H: Heartbeat errors lose the assignment ----------------------------------- */
 
 enum { H_HELD = 4 };
 
@@ -308,7 +308,7 @@ static void scenario_heartbeat(const char *bootstraps, rd_kafka_mock_cluster_t *
     check(before >= 20, "H: consumed %zu", before);
 }
 
-/* ==== D: every broker down ======================================================= */
+/* ---- D: every broker down ------------------------------------------------------- */
 
 static void scenario_down(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
 {
@@ -333,7 +333,7 @@ static void scenario_down(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
     stream_finish(&s, "D");
 }
 
-/* ==== F: a fatal producer error ================================================= */
+/* ---- F: a fatal producer error ------------------------------------------------- */
 
 /* Scenario F injects one error into one Produce request and expects the
  * three records after it to share that request: a linger well above the

@@ -37,7 +37,7 @@
 static pu_redis server; /* its port and directory stay across restarts */
 static redisContext *probe;
 
-/* ==== The server ========================================================== */
+/* ---- The server ---------------------------------------------------------- */
 
 static void probe_close(void)
 {
@@ -89,7 +89,7 @@ static void cleanup(void)
     pu_tmpdir_done(server.dir);
 }
 
-/* ==== Probes ============================================================== */
+/* ---- Probes -------------------------------------------------------------- */
 
 static long long probe_int(const char *fmt, const char *key)
 {
@@ -140,7 +140,7 @@ static void check_img(const char *sha, const char *worker, const char *bytes, co
     check(ttl > IMG_TTL - 5 && ttl <= IMG_TTL, "%.8s: TTL %lld", sha, ttl);
 }
 
-/* ==== URL parsing ========================================================= */
+/* ---- URL parsing --------------------------------------------------------- */
 
 static void test_url(void)
 {
@@ -198,7 +198,7 @@ static void test_config(void)
     svc_redis_destroy(NULL);
 }
 
-/* ==== Against the server ================================================== */
+/* ---- Against the server -------------------------------------------------- */
 
 static svc_redis *client_create(void)
 {

@@ -52,7 +52,7 @@ static void cleanup(void)
     pu_tmpdir_done(dir);
 }
 
-/* ==== adapters ======================================================================= */
+/* ---- adapters ----------------------------------------------------------------------- */
 
 /* One module of the micro model an adapter adapts (micro: text hidden 64,
  * 2 heads of 32, 1 K/V head; layer 1 is the cross-attention layer). */
@@ -137,7 +137,7 @@ static long redis_calls(const char *command)
     return n;
 }
 
-/* ==== requests ======================================================================= */
+/* ---- requests ----------------------------------------------------------------------- */
 
 static bool start_worker(const char *name, const char *adapters_dir)
 {
@@ -212,7 +212,7 @@ static double expect_answer(const char *id, const char *image_part, const char *
     return cached;
 }
 
-/* ==== the cases ====================================================================== */
+/* ---- the cases ---------------------------------------------------------------------- */
 
 static void test_unwritable_dir(void)
 {

@@ -62,7 +62,7 @@ static void cleanup(void)
     pu_tmpdir_done(dir);
 }
 
-/* ==== requests ===================================================================== */
+/* ---- requests --------------------------------------------------------------------- */
 
 /* Send `text` as request `id` and expect a normal answer (`what` names it in
  * failures). Returns the final record's JSON (owned by the caller:
@@ -170,7 +170,7 @@ static void expect_image_answered(const char *id, const char *part, const char *
     free(body);
 }
 
-/* ==== cases ======================================================================== */
+/* ---- cases ------------------------------------------------------------------------ */
 
 static void test_json_and_fields(void)
 {
@@ -423,7 +423,7 @@ static void test_dead_letters(void)
     expect_dead_letter("json-no-headers", "{\"id\":", "invalid_json");
 }
 
-/* ==== reply addresses and sizes ==================================================== */
+/* ---- reply addresses and sizes ---------------------------------------------------- */
 
 static int64_t topic_end(const char *topic, int partitions)
 {

@@ -85,7 +85,7 @@ static double finished(int i)
     return pu_metric(pu_worker_http_port(&workers[i]), "mllama_requests_total");
 }
 
-/* ==== kcat ======================================================================= */
+/* ---- kcat ----------------------------------------------------------------------- */
 
 /* Produce `body` keyed `key` to topic with kcat (from a file: an inline image
  * is too long for a command line). */
@@ -158,7 +158,7 @@ static void check_kcat_stream(const char *id)
     free(out);
 }
 
-/* ==== one worker ================================================================= */
+/* ---- one worker ----------------------------------------------------------------- */
 
 /* Send a request through the client and return its final record, parsed
  * (NULL after a check failure). */
@@ -467,7 +467,7 @@ static void test_unknown_adapter(void)
     free(body);
 }
 
-/* ==== several workers ============================================================ */
+/* ---- several workers ------------------------------------------------------------ */
 
 /* Every id answered, each stream well-formed; returns the number of
  * requests that needed more than one attempt. */

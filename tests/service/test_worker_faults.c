@@ -79,7 +79,7 @@ static void cleanup(void)
     pu_tmpdir_done(dir);
 }
 
-/* ==== requests ====================================================================== */
+/* ---- requests ---------------------------------------------------------------------- */
 
 /* Produce a text request `id` with max_tokens; partition -1 routes by key. */
 static void send_body(const char *id, int max_tokens, int32_t partition)
@@ -149,7 +149,7 @@ static bool wait_streaming(int first, int n)
     return false;
 }
 
-/* ==== broker faults ================================================================== */
+/* ---- broker faults ------------------------------------------------------------------ */
 
 static void test_produce_errors(void)
 {
@@ -226,7 +226,7 @@ static void test_brokers_down(const char *const *extra)
     check(pu_worker_start(&workers[W3], &env, names[W3], extra), "w3 start");
 }
 
-/* ==== poison message ================================================================= */
+/* ---- poison message ----------------------------------------------------------------- */
 
 static void test_poison(void)
 {
@@ -256,7 +256,7 @@ static void test_poison(void)
     fprintf(stderr, "poison           dead-lettered: too_many_attempts\n");
 }
 
-/* ==== Redis down ====================================================================== */
+/* ---- Redis down ---------------------------------------------------------------------- */
 
 static void test_redis_restart(const char *image_sha)
 {
@@ -310,7 +310,7 @@ static void test_redis_restart(const char *image_sha)
     }
 }
 
-/* ==== worker faults ==================================================================== */
+/* ---- worker faults -------------------------------------------------------------------- */
 
 static void test_worker_killed(void)
 {

@@ -33,7 +33,7 @@ static void cleanup(void)
     pu_tmpdir_done(dir);
 }
 
-/* ==== configuration =================================================================== */
+/* ---- configuration ------------------------------------------------------------------- */
 
 /* svc_config_load with the given overrides must fail naming `needle`. */
 static void config_refused(const char *const *sets, size_t n, const char *needle)
@@ -84,7 +84,7 @@ static void test_config(void)
     svc_config_deinit(&cfg);
 }
 
-/* ==== mllama run ====================================================================== */
+/* ---- mllama run ---------------------------------------------------------------------- */
 
 /* `mllama run` on the fixture with `args`; its output ids as text ("[...]"),
  * malloc'd, or NULL on failure (exit code in *code, output in *out). */
@@ -137,7 +137,7 @@ static void test_run(void)
     }
 }
 
-/* ==== mllama worker =================================================================== */
+/* ---- mllama worker ------------------------------------------------------------------- */
 
 /* A worker that must exit at start with `want`, its log holding `needle`. */
 static void worker_refused(const char *set, int want, const char *needle)
