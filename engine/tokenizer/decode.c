@@ -154,8 +154,6 @@ void ml_token_stream_destroy(ml_token_stream *s)
     free(s);
 }
 
-void ml_token_stream_reset(ml_token_stream *s) { s->n_pending = 0; }
-
 ml_status ml_token_stream_push(ml_token_stream *s, int32_t id, const char **text, size_t *len,
                                char *err, size_t errlen)
 {

@@ -142,9 +142,6 @@ ml_status ml_token_stream_create(const ml_tokenizer *tok, unsigned flags, ml_tok
 /* No-op on NULL. */
 void ml_token_stream_destroy(ml_token_stream *s);
 
-/* Forget any pending partial character, for reuse on a new sequence. */
-void ml_token_stream_reset(ml_token_stream *s);
-
 /* Feed one id. *text and *len receive the newly completed text (possibly empty),
  * borrowed from the stream and valid until its next call. No allocation.
  * Errors: ML_ERR_INVALID_ARG for an id out of range or unassigned; the

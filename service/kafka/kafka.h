@@ -222,9 +222,6 @@ svc_kafka_status svc_consumer_pause(svc_consumer *c);
 svc_kafka_status svc_consumer_resume(svc_consumer *c);
 bool svc_consumer_paused(const svc_consumer *c);
 
-/* The subscribed topic with this id (a ticket's topic_id), or NULL;
- * borrowed, lives as long as c. @locality any. */
-const char *svc_consumer_topic(const svc_consumer *c, int32_t topic_id);
 
 /* True once the consumer hit a fatal error (e.g. fenced by a static member
  * with the same group.instance.id); err gets the reason. @locality any. */

@@ -104,11 +104,6 @@ static int32_t topic_id(const svc_consumer *c, const char *topic)
     return -1;
 }
 
-const char *svc_consumer_topic(const svc_consumer *c, int32_t id)
-{
-    return id >= 0 && (size_t)id < c->n_topics ? c->topics[id] : NULL;
-}
-
 bool svc_consumer_paused(const svc_consumer *c)
 {
     return c->paused;

@@ -550,8 +550,6 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
 /* ---- the Kafka loop ---------------------------------------------------------------- */
 
 void svc_worker_request_stop(svc_worker *w) { atomic_store(&w->stop, true); }
-const char *svc_worker_brokers(const svc_worker *w) { return w->brokers; }
-int svc_worker_http_port(const svc_worker *w) { return svc_http_port(w->http); }
 
 /* Hand a consumed message to the prep pool. */
 static void accept_message(svc_worker *w, svc_kafka_msg *m)

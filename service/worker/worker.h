@@ -53,11 +53,6 @@ int svc_worker_run(svc_worker *w);
 /* Ask for a graceful drain (async-signal-safe). */
 void svc_worker_request_stop(svc_worker *w);
 
-/* Bootstrap servers in use ("mock" resolved to the in-process cluster). */
-const char *svc_worker_brokers(const svc_worker *w);
-
-/* The bound HTTP port. */
-int svc_worker_http_port(const svc_worker *w);
 
 /* Join the threads and free everything. NULL is a no-op. */
 void svc_worker_destroy(svc_worker *w);
