@@ -13,8 +13,9 @@
 
 #define ML_TEST_SKIP 77
 
-static int ml_test_failures;
-static int ml_test_checks;
+/* Every check of a test executable counts here (harness.c). */
+extern int ml_test_failures;
+extern int ml_test_checks;
 
 static inline void ml_check_at(int ok, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
