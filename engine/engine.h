@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "image/image.h"
+#include "list.h" /* the engine's intrusive list, for the caller's registries too */
 #include "image/prepare.h"
 #include "model/mkmodel.h"
 #include "model/mllama.h"

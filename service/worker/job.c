@@ -55,24 +55,16 @@ job *job_queue_pop(job_queue *q, int timeout_ms)
 void worker_register(svc_worker *w, job *j)
 {
     pthread_mutex_lock(&w->registry_lock);
-    j->reg_prev = NULL;
-    j->reg_next = w->registry;
-    if (w->registry)
-        w->registry->reg_prev = j;
-    w->registry = j;
+    ml_list_push_front(&w->registry, &j->reg);
     pthread_mutex_unlock(&w->registry_lock);
 }
 
 void worker_unregister(svc_worker *w, job *j)
 {
     pthread_mutex_lock(&w->registry_lock);
-    if (j->reg_prev)
-        j->reg_prev->reg_next = j->reg_next;
-    else if (w->registry == j)
-        w->registry = j->reg_next;
-    if (j->reg_next)
-        j->reg_next->reg_prev = j->reg_prev;
-    j->reg_prev = j->reg_next = NULL;
+    /* A job that failed before it was registered is in no list. */
+    if (j->reg.prev || j->reg.next || w->registry.head == &j->reg)
+        ml_list_remove(&w->registry, &j->reg);
     pthread_mutex_unlock(&w->registry_lock);
 }
 

@@ -110,7 +110,7 @@ static void on_revoke(void *opaque, const rd_kafka_topic_partition_list_t *parts
      * partition this worker keeps must go on. The step thread cancels the
      * running ones; the others end at their next stage. */
     pthread_mutex_lock(&w->registry_lock);
-    for (job *j = w->registry; j; j = j->reg_next)
+    for (job *j = registry_first(w); j; j = registry_next(j))
         for (size_t i = 0; i < n_pending; i++)
             if (pending[i].partition == j->ticket.partition &&
                 pending[i].offset == j->ticket.offset && pending[i].epoch == j->ticket.epoch)

@@ -127,7 +127,8 @@ submit_verdict worker_cancel_before_submit(svc_worker *w, job *j)
     for (;;) {
         int n = 0;
         pthread_mutex_lock(&w->registry_lock);
-        for (job *o = w->registry; o && n < CANCEL_BATCH && !superseded; o = o->reg_next) {
+        for (job *o = registry_first(w); o && n < CANCEL_BATCH && !superseded;
+             o = registry_next(o)) {
             /* An abandoned execution answers nowhere here: it replaces nothing. */
             if (o == j || !o->handle || !o->id || atomic_load(&o->abandoned) ||
                 strcmp(o->id, j->id))
@@ -161,7 +162,7 @@ void worker_cancels_apply(svc_worker *w)
     for (;;) {
         int n = 0;
         pthread_mutex_lock(&w->registry_lock);
-        for (job *j = w->registry; j && n < CANCEL_BATCH; j = j->reg_next) {
+        for (job *j = registry_first(w); j && n < CANCEL_BATCH; j = registry_next(j)) {
             if (!j->handle || j->cancel_sent)
                 continue;
             if (all || atomic_load(&j->abandoned) || worker_cancel_hits(w, j)) {

@@ -55,7 +55,7 @@ typedef struct job_record {
  * (which finishes the ticket), or a process-level stop (nothing finished). */
 typedef struct job {
     struct job *next;           /* queue link */
-    struct job *reg_prev, *reg_next; /* the live-job registry */
+    ml_list_node reg;           /* in the live-job registry */
     svc_worker *w;              /* borrowed */
     svc_offset_ticket ticket;   /* finished when the final record is delivered */
     char topic[SVC_TOPIC_NAME_MAX + 1];
@@ -233,7 +233,7 @@ struct svc_worker {
     pthread_cond_t event_cond;
     image_event *events_head, *events_tail;
     pthread_mutex_t registry_lock;
-    job *registry;              /* every live job */
+    ml_list registry;           /* every live job (job.reg), newest first */
     pthread_mutex_t resident_lock;
     uint8_t (*resident)[ML_IMAGE_KEY_BYTES]; /* owned: keys of resident image states */
     size_t n_resident, cap_resident;
@@ -243,6 +243,14 @@ struct svc_worker {
     atomic_bool threads_stop;
     svc_http *http;
 };
+
+/* The registry's jobs, newest first, under registry_lock: first, then next
+ * until NULL. */
+static inline job *registry_first(const svc_worker *w)
+{
+    return ml_list_entry(w->registry.head, job, reg);
+}
+static inline job *registry_next(const job *j) { return ml_list_entry(j->reg.next, job, reg); }
 
 /* Registry of live jobs, for revocations (any thread). */
 void worker_register(svc_worker *w, job *j);
