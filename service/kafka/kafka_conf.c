@@ -65,6 +65,18 @@ svc_kafka_status svc_kafka_fail(char *err, size_t errlen, svc_kafka_status st, c
     return st;
 }
 
+void svc_kafka_log_error(rd_kafka_t *rk, const char *role, int err, const char *reason)
+{
+    if (err == RD_KAFKA_RESP_ERR__FATAL) {
+        char buf[512];
+        rd_kafka_fatal_error(rk, buf, sizeof buf);
+        svc_log(SVC_LOG_ERROR, "kafka.fatal", "%s: %s", role, buf);
+        return;
+    }
+    svc_log(SVC_LOG_WARN, "kafka.error", "%s: %s: %s", role,
+            rd_kafka_err2name((rd_kafka_resp_err_t)err), reason);
+}
+
 /* librdkafka's log lines, mapped from syslog levels. Runs on librdkafka's
  * internal threads. */
 static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf)

@@ -30,6 +30,11 @@ svc_kafka_status svc_kafka_conf_build(const svc_kafka_kv *defaults, size_t n_def
 size_t svc_kafka_headers_bytes(const rd_kafka_headers_t *hdrs);
 
 /* printf into err (if non-NULL) and return st: error paths are one line. */
+/* Log a librdkafka global error of `role`'s handle ("consumer",
+ * "producer"): a fatal one with its cause (rd_kafka_fatal_error), others as
+ * warnings. The body of both handles' error_cb. */
+void svc_kafka_log_error(rd_kafka_t *rk, const char *role, int err, const char *reason);
+
 svc_kafka_status svc_kafka_fail(char *err, size_t errlen, svc_kafka_status st, const char *fmt,
                                 ...) __attribute__((format(printf, 4, 5)));
 

@@ -244,14 +244,8 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
  * Served by rd_kafka_consumer_poll, so on the Kafka thread. */
 static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
-    if (err == RD_KAFKA_RESP_ERR__FATAL) {
-        char buf[512];
-        rd_kafka_fatal_error(rk, buf, sizeof buf);
-        svc_log(SVC_LOG_ERROR, "kafka.fatal", "consumer: %s", buf);
-        return;
-    }
-    svc_log(SVC_LOG_WARN, "kafka.error", "consumer: %s: %s",
-            rd_kafka_err2name((rd_kafka_resp_err_t)err), reason);
+    (void)opaque;
+    svc_kafka_log_error(rk, "consumer", err, reason);
 }
 
 /* ---- lifecycle --------------------------------------------------------------- */

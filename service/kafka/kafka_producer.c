@@ -67,14 +67,8 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 /* @locality the delivery-report thread. */
 static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
-    if (err == RD_KAFKA_RESP_ERR__FATAL) {
-        char buf[512];
-        rd_kafka_fatal_error(rk, buf, sizeof buf);
-        svc_log(SVC_LOG_ERROR, "kafka.fatal", "producer: %s", buf);
-        return;
-    }
-    svc_log(SVC_LOG_WARN, "kafka.error", "producer: %s: %s",
-            rd_kafka_err2name((rd_kafka_resp_err_t)err), reason);
+    (void)opaque;
+    svc_kafka_log_error(rk, "producer", err, reason);
 }
 
 /* ---- lifecycle --------------------------------------------------------------- */

@@ -235,6 +235,18 @@ void svc_redis_fmt_u64(char buf[NUM_MAX], uint64_t v)
     snprintf(buf, NUM_MAX, "%" PRIu64, v);
 }
 
+/* Queue h (a command on `key`), then EXPIRE key ttl: two replies. */
+static svc_redis_status append_with_expire(svc_redis *r, svc_redis_cmd *h, const char *key,
+                                           const char *ttl)
+{
+    svc_redis_cmd x = {0};
+    svc_redis_arg_str(&x, "EXPIRE");
+    svc_redis_arg_str(&x, key);
+    svc_redis_arg_str(&x, ttl);
+    svc_redis_status st = svc_redis_append(r, h);
+    return st ? st : svc_redis_append(r, &x);
+}
+
 /* HSET <img key> worker .. bytes .. tiles .. last_use .. ; EXPIRE <key> ttl */
 static svc_redis_status append_img_publish(svc_redis *r, const img_entry *e)
 {
@@ -255,12 +267,7 @@ static svc_redis_status append_img_publish(svc_redis *r, const img_entry *e)
     svc_redis_arg_str(&h, s.n[1]);
     svc_redis_arg_str(&h, "last_use");
     svc_redis_arg_str(&h, s.n[2]);
-    svc_redis_cmd x = {0};
-    svc_redis_arg_str(&x, "EXPIRE");
-    svc_redis_arg_str(&x, s.key);
-    svc_redis_arg_str(&x, s.n[3]);
-    svc_redis_status st = svc_redis_append(r, &h);
-    return st ? st : svc_redis_append(r, &x);
+    return append_with_expire(r, &h, s.key, s.n[3]);
 }
 
 static svc_redis_status append_img_delete(svc_redis *r, const char *sha)
@@ -293,12 +300,7 @@ static svc_redis_status append_worker_publish(svc_redis *r)
     svc_redis_arg_str(&h, s.n[0]);
     svc_redis_arg_str(&h, "heartbeat_ms");
     svc_redis_arg_str(&h, s.n[1]);
-    svc_redis_cmd x = {0};
-    svc_redis_arg_str(&x, "EXPIRE");
-    svc_redis_arg_str(&x, s.key);
-    svc_redis_arg_str(&x, s.n[2]);
-    svc_redis_status st = svc_redis_append(r, &h);
-    return st ? st : svc_redis_append(r, &x);
+    return append_with_expire(r, &h, s.key, s.n[2]);
 }
 
 /* ---- Breaker and connection --------------------------------------------- */
