@@ -130,7 +130,7 @@ build_direct() {
     local libs=("$obj"/*.o -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib" -lcudart_static -lcublasLt
                 "${nccl_l[@]}" -Wl,-rpath,"$CUDA_HOME/lib64" -lstdc++ -lpthread -ldl -lrt -lm)
     for t in test_cuda_device "${CUDA_OPS_TESTS[@]}" bench_cuda; do
-        cc "${cflags[@]}" "$ROOT/tests/gpu/$t.c" "${libs[@]}" -o "$BIN/$t" >>"$LOG" 2>&1 || return 1
+        cc "${cflags[@]}" "$ROOT/tests/gpu/$t.c" "$ROOT/tests/harness.c" "${libs[@]}" -o "$BIN/$t" >>"$LOG" 2>&1 || return 1
     done
 }
 
