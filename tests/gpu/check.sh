@@ -9,9 +9,9 @@
 # when its dependencies are present (after trying ops/install-deps.sh,
 # which needs the Debian archive and may fail offline). Without them it
 # falls back to compiling directly only what the GPU checks need: the
-# kernels, engine/*.c and engine/cpu/*.c, test_cuda_device, test_cuda_ops
-# and bench_cuda (test_cuda_golden needs cJSON for the model loader and is
-# then reported as not built).
+# kernels, engine/*.c and engine/cpu/*.c, test_cuda_device, the
+# test_cuda_ops_* tests and bench_cuda (test_cuda_golden needs cJSON for
+# the model loader and is then reported as not built).
 #
 # Output: $OUT/gpu-summary.json, gpu-summary.txt and the logs when OUT is
 # set (the device tool's return folder), else build-gpu/. Expected runtime
@@ -26,6 +26,10 @@ DEST=${OUT:-$BUILD}
 JOBS=${JOBS:-16}
 TEST_TIMEOUT=300   # seconds per test
 BENCH_TIMEOUT=240
+# The ops against the CPU backend, one executable per file (tests/gpu/test_cuda_ops_*.c).
+CUDA_OPS_TESTS=(test_cuda_ops_backend test_cuda_ops_matmul test_cuda_ops_norms
+                test_cuda_ops_elementwise test_cuda_ops_sample test_cuda_ops_attn
+                test_cuda_ops_graphs)
 mkdir -p "$BUILD" "$DEST"
 LOG=$DEST/check.log
 : >"$LOG"
@@ -82,8 +86,8 @@ build_cmake() {
     [ -f "$BUILD/CMakeCache.txt" ] && gen=()
     cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DMLLAMA_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_CUDA_ARCHITECTURES=90 "${extra[@]}" >>"$LOG" 2>&1 &&
-        cmake --build "$BUILD" -j"$JOBS" --target mlk_cuda test_cuda_device test_cuda_ops \
-            test_cuda_golden bench_cuda >>"$LOG" 2>&1
+        cmake --build "$BUILD" -j"$JOBS" --target mlk_cuda test_cuda_device \
+            "${CUDA_OPS_TESTS[@]}" test_cuda_golden bench_cuda >>"$LOG" 2>&1
 }
 
 # Direct compilation of what the GPU checks need, for machines without the
@@ -125,8 +129,8 @@ build_direct() {
     mkdir -p "$BIN"
     local libs=("$obj"/*.o -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib" -lcudart_static -lcublasLt
                 "${nccl_l[@]}" -Wl,-rpath,"$CUDA_HOME/lib64" -lstdc++ -lpthread -ldl -lrt -lm)
-    for t in test_cuda_device test_cuda_ops bench_cuda; do
-        cc "${cflags[@]}" "$ROOT/tests/gpu/$t.c" "${libs[@]}" -o "$BIN/$t" >>"$LOG" 2>&1 || return 1
+    for t in test_cuda_device "${CUDA_OPS_TESTS[@]}" bench_cuda; do
+        cc "${cflags[@]}" "$ROOT/tests/gpu/$t.c" "$ROOT/tests/harness.c" "${libs[@]}" -o "$BIN/$t" >>"$LOG" 2>&1 || return 1
     done
 }
 
@@ -178,7 +182,7 @@ if [ "$MODE" = cmake ]; then
         --output-on-failure) >"$DEST/ctest.log" 2>&1
     say "ctest -L gpu: $(grep -E 'tests passed|tests failed' "$DEST/ctest.log" | tail -1)"
     # ... whose per-test results feed the summary.
-    for t in test_cuda_device test_cuda_ops test_cuda_golden; do
+    for t in test_cuda_device "${CUDA_OPS_TESTS[@]}" test_cuda_golden; do
         line=$(grep -E "Test +#[0-9]+: $t " "$DEST/ctest.log" | tail -1)
         secs=$(echo "$line" | sed -n 's/.* \([0-9.]*\) sec.*/\1/p')
         case "$line" in
@@ -193,7 +197,9 @@ if [ "$MODE" = cmake ]; then
     done
 elif [ "$MODE" = direct ]; then
     run_test test_cuda_device
-    run_test test_cuda_ops
+    for t in "${CUDA_OPS_TESTS[@]}"; do
+        run_test "$t"
+    done
     TESTS_JSON+=", {\"name\": \"test_cuda_golden\", \"status\": \"not_built\", \"reason\": \"no cJSON on this machine\"}"
 fi
 

@@ -1,0 +1,172 @@
+/* What the test_cuda_ops_*.c tests share: each compares ops of the CUDA
+ * backend with the CPU backend (the reference) on random inputs, at small
+ * shapes and at the shapes of the real model (ggml's test-backend-ops, with
+ * an NMSE = Σ(gpu - cpu)² / Σcpu² per op), and is skipped (77) without a
+ * CUDA device. Header-only, one copy of the backends per test binary.
+ *
+ * Thresholds, with u = 2^-24 (f32) and E[δ²] ≈ 2.8e-6 the mean squared
+ * relative error of rounding a value to bf16 (unit roundoff 2^-8; uniform
+ * error within a binade, averaged over the significand: 2^-16·0.54/3):
+ * - NMSE_F32 = 1e-9: both sides in f32, only the summation order differs.
+ *   A sum of K random products carries a relative error ~u·sqrt(K/2)
+ *   (5e-6 at K = 14336), an NMSE of ~3e-11; norms, activations and RoPE
+ *   (CUDA's erff/expf/cosf/sinf are within 2 ulp of libm) are far below.
+ * - NMSE_GEMM = 2e-5: matmul with M > 4 rounds x to bf16 for the tensor
+ *   cores. Each product then carries an independent relative error of
+ *   variance E[δ²], so the output NMSE is E[δ²] ≈ 2.8e-6 whatever K is;
+ *   2e-5 leaves 7x headroom, while one wrong element, row or bias term
+ *   costs far more (a dropped term of K adds ~1/K ≥ 7e-5).
+ * - NMSE_MMA = 5e-5: the tensor-core vision attention rounds Q, K, V and P
+ *   to bf16: V and P each add ~E[δ²] to the NMSE, and the score error
+ *   (scale·Σ q·k with both rounded, ~1.6e-3 absolute for the inputs here)
+ *   shifts the softmax weights by about that relatively, ~2.5e-6 more:
+ *   ~8e-6 in all, 6x headroom.
+ * - Caches: the GPU stores K/V in bf16, the CPU in f32. The inputs of the
+ *   causal and cross tests are rounded to bf16 first, so both caches hold
+ *   the same values and those ops are held to NMSE_F32; kv_write and
+ *   kv_store must equal ml_f32_to_bf16 of the input bit for bit.
+ * - lora is f32 throughout (bf16 adapters widened): NMSE_F32.
+ * - Data movement (copy_2d, embed, patchify, zero), add_rows and add_bf16
+ *   must match exactly (the GPU rounds each product as the CPU does).
+ * - sample: greedy tokens and top logprob ids exactly, logprob values and
+ *   draws within float rounding (see test_cuda_ops_sample.c).
+ *
+ *     int main(void) { cuda_ops_open(); test_...(); return cuda_ops_close(); }
+ */
+#ifndef ML_TEST_CUDA_OPS_HARNESS_H
+#define ML_TEST_CUDA_OPS_HARNESS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "dtype.h"
+#include "harness.h"
+#include "mlk_backend.h"
+#include "mlk_device.h"
+#include "test_rand.h"
+
+#define NMSE_F32 1e-9
+#define NMSE_GEMM 2e-5
+#define NMSE_MMA 5e-5
+#define POOL_BYTES ((size_t)8 << 30)
+#define ERRLEN 512
+#define RNG_SEED 0x2545f4914f6cdd1dull /* the inputs these tests have always drawn first */
+
+static ml_backend *g_cpu, *g_gpu;
+
+/* n random floats in [lo, hi), owned by the caller (free). */
+static inline float *rand_f32(size_t n, float lo, float hi)
+{
+    float *x = xmalloc(n * sizeof *x);
+    fill(x, n, lo, hi);
+    return x;
+}
+
+/* Random values that bf16 represents exactly (the GPU's K/V caches). */
+static inline float *rand_f32_bf16(size_t n, float lo, float hi)
+{
+    float *x = rand_f32(n, lo, hi);
+    for (size_t i = 0; i < n; i++)
+        x[i] = ml_round_bf16(x[i]);
+    return x;
+}
+
+/* n random bf16 values from [lo, hi), owned by the caller (free). */
+static inline uint16_t *rand_bf16(size_t n, float lo, float hi)
+{
+    uint16_t *w = xmalloc(n * sizeof *w);
+    fill_bf16(w, n, lo, hi);
+    return w;
+}
+
+static inline uint16_t *to_bf16(const float *x, size_t n)
+{
+    uint16_t *w = xmalloc(n * sizeof *w);
+    for (size_t i = 0; i < n; i++)
+        w[i] = ml_f32_to_bf16(x[i]);
+    return w;
+}
+
+static inline void sync_ok(const char *what)
+{
+    char err[ERRLEN] = "";
+    ml_status st = g_gpu->ops->synchronize(g_gpu, err, sizeof err);
+    check(st == ML_OK, "%s: synchronize: %s", what, err);
+}
+
+/* Device copy of host bytes (exits when the pool is exhausted). */
+static inline void *dput(const void *host, size_t bytes)
+{
+    void *d = g_gpu->ops->alloc(g_gpu, bytes);
+    if (!d) {
+        fprintf(stderr, "device pool exhausted (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    if (host)
+        g_gpu->ops->upload(g_gpu, d, host, bytes);
+    return d;
+}
+
+static inline void dget(void *host, const void *dev, size_t bytes, const char *what)
+{
+    g_gpu->ops->download(g_gpu, host, dev, bytes);
+    sync_ok(what);
+}
+
+static inline void dfree(void *d)
+{
+    g_gpu->ops->free(g_gpu, d);
+}
+
+static inline void check_nmse(const float *got, const float *want, size_t n, double tol, const char *what)
+{
+    const double e = tensor_nmse(got, want, n);
+    double max_abs = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)got[i] - want[i]);
+        max_abs = d > max_abs || d != d ? d : max_abs;
+    }
+    check(e <= tol, "%s: NMSE %.3g above %.3g (max |diff| %.3g)", what, e, tol, max_abs);
+    fprintf(stderr, "  %-64s NMSE %.2e (limit %.0e) max|diff| %.2e\n", what, e, tol, max_abs);
+}
+
+static inline void check_exact(const void *got, const void *want, size_t bytes, const char *what)
+{
+    size_t at = 0;
+    while (at < bytes && ((const unsigned char *)got)[at] == ((const unsigned char *)want)[at])
+        at++;
+    check(at == bytes, "%s: differs from the CPU at byte %zu of %zu", what, at, bytes);
+    fprintf(stderr, "  %-64s %s\n", what, at == bytes ? "exact" : "DIFFERS");
+}
+
+/* Skip (77) without a device; seed the inputs and create both backends
+ * (exits with the failures when one cannot be). Returns the device count. */
+static inline int cuda_ops_open(void)
+{
+    const int n_devices = mlk_device_count();
+    if (n_devices == 0)
+        ml_test_skip("no CUDA device");
+    rand_seed(RNG_SEED);
+    char err[ERRLEN] = "";
+    g_cpu = ml_backend_cpu_create(0, err, sizeof err);
+    check(g_cpu != NULL, "cpu backend: %s", err);
+    g_gpu = ml_backend_cuda_create(0, POOL_BYTES, err, sizeof err);
+    check(g_gpu != NULL, "cuda backend: %s", err);
+    if (!g_cpu || !g_gpu)
+        exit(check_done());
+    fprintf(stderr, "cpu backend %s, cuda backend %s\n", g_cpu->ops->name, g_gpu->ops->name);
+    return n_devices;
+}
+
+/* Destroy both backends; the exit code. */
+static inline int cuda_ops_close(void)
+{
+    g_gpu->ops->destroy(g_gpu);
+    g_cpu->ops->destroy(g_cpu);
+    return check_done();
+}
+
+#endif
