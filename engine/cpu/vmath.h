@@ -9,7 +9,7 @@
  * and get the same bits per element.
  *
  * Accuracy, against double-precision libm over every float (checked
- * exhaustively during development; tests/engine/test_cpu_ops.c repeats a
+ * exhaustively during development; tests/engine/test_cpu_vmath.c repeats a
  * 2^24-point sweep of each function):
  *   vm_exp  <= 1 ulp (0.94 measured) for ln(FLT_MIN) <= x <= ln(FLT_MAX);
  *           +inf above; 0 below (results under FLT_MIN flush to 0 rather

@@ -1,0 +1,514 @@
+/* The CPU backend's attention ops (vision, causal over the paged cache,
+ * cross) against a double-precision reference on each ISA path and thread
+ * count (cpu_ops_util.h), and the softmax_block kernel of each ISA.
+ *
+ * Tolerances, with u = 2^-24:
+ * - attention: per output element, max|v| · (2·δs + (n_keys + 16)·u) where
+ *   δs = 2·head_dim·u·scale·max_j Σ_d |q_d·k_jd| bounds the error of a
+ *   scaled score: an error δ in scores scales the softmax weights by
+ *   e^(±2δ), and the weights' sum carries at most n_keys roundings.
+ * - the vector exp inside softmax_block: 4 ulp relative. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cpu/cpu_features.h"
+#include "cpu/cpu_kernels.h"
+#include "cpu_ops_util.h"
+#include "dtype.h"
+#include "harness.h"
+#include "test_rand.h"
+
+/* ---- attention: reference ------------------------------------------------------------ */
+
+/* One query row against n keys (rows key[j], val[j]) with a visibility
+ * predicate `see` (NULL = all); writes the double result and bound. */
+static void ref_attend(const float *q, const float *const *key, const float *const *val,
+                       const uint8_t *see, int n, int hd, float scale, double *out, double *bound)
+{
+    double *s = xmalloc((size_t)n * sizeof *s);
+    double mx = -INFINITY, amax = 0, vmax = 0;
+    int visible = 0;
+    for (int j = 0; j < n; j++) {
+        if (see && !see[j])
+            continue;
+        double d = 0, a = 0;
+        for (int i = 0; i < hd; i++) {
+            d += (double)q[i] * key[j][i];
+            a += fabs((double)q[i] * key[j][i]);
+        }
+        s[j] = d * scale;
+        amax = a * scale > amax ? a * scale : amax;
+        mx = s[j] > mx ? s[j] : mx;
+        for (int i = 0; i < hd; i++)
+            vmax = fabs(val[j][i]) > vmax ? fabs(val[j][i]) : vmax;
+        visible++;
+    }
+    double l = 0;
+    for (int i = 0; i < hd; i++)
+        out[i] = 0;
+    for (int j = 0; j < n; j++) {
+        if (see && !see[j])
+            continue;
+        double p = exp(s[j] - mx);
+        l += p;
+        for (int i = 0; i < hd; i++)
+            out[i] += p * val[j][i];
+    }
+    const double ds = 2.0 * hd * U * amax;
+    for (int i = 0; i < hd; i++) {
+        out[i] /= l;
+        bound[i] = vmax * (4.0 * ds + (visible + 16) * U);
+    }
+    free(s);
+}
+
+/* ---- attention: vision --------------------------------------------------------------- */
+
+static void test_attn_vision_case(ml_backend *be[N_BACKENDS], int n_seq, int tiles, int tile_len,
+                                  int real_len, int n_heads, int hd)
+{
+    const int seq_len = tiles * tile_len;
+    const size_t n = (size_t)n_seq * seq_len * n_heads * hd;
+    float *q = xmalloc(n * sizeof *q), *k = xmalloc(n * sizeof *k), *v = xmalloc(n * sizeof *v);
+    float *out[N_BACKENDS];
+    double *want = xmalloc(n * sizeof *want), *bound = xmalloc(n * sizeof *bound);
+    uint8_t *valid = xmalloc((size_t)n_seq * seq_len);
+    fill(q, n, -2, 2);
+    fill(k, n, -1, 1);
+    fill(v, n, -1, 1);
+    /* Sequence s has tiles 0 .. s (others padded); each tile's last
+     * tile_len - real_len tokens are padding. */
+    for (int s = 0; s < n_seq; s++)
+        for (int t = 0; t < seq_len; t++)
+            valid[s * seq_len + t] = t / tile_len <= s % tiles && t % tile_len < real_len;
+    const float scale = 1.0f / sqrtf((float)hd);
+
+    const float **kr = xmalloc((size_t)seq_len * sizeof *kr), **vr = xmalloc((size_t)seq_len * sizeof *vr);
+    for (int s = 0; s < n_seq; s++) {
+        for (int h = 0; h < n_heads; h++) {
+            for (int j = 0; j < seq_len; j++) {
+                kr[j] = k + (((size_t)s * seq_len + j) * n_heads + h) * hd;
+                vr[j] = v + (((size_t)s * seq_len + j) * n_heads + h) * hd;
+            }
+            for (int t = 0; t < seq_len; t++) {
+                const size_t at = (((size_t)s * seq_len + t) * n_heads + h) * hd;
+                ref_attend(q + at, kr, vr, valid[s * seq_len + t] ? NULL : valid + s * seq_len,
+                           seq_len, hd, scale, want + at, bound + at);
+            }
+        }
+    }
+    char what[96];
+    snprintf(what, sizeof what, "attn_vision seqs=%d len=%d heads=%d hd=%d", n_seq, seq_len,
+             n_heads, hd);
+    for (int b = 0; b < N_BACKENDS; b++) {
+        out[b] = xmalloc(n * sizeof *out[b]);
+        ml_attn_vision_params p = {.out = out[b], .q = q, .k = k, .v = v, .valid = valid,
+                                   .n_seq = n_seq, .seq_len = seq_len, .n_heads = n_heads,
+                                   .head_dim = hd, .scale = scale};
+        be[b]->ops->attn_vision(be[b], &p);
+    }
+    check_bounded(out[0], want, bound, n, what);
+    check_same(out[0], out[1], n * sizeof *out[0], what);
+    for (int b = 0; b < N_BACKENDS; b++)
+        free(out[b]);
+    free(q);
+    free(k);
+    free(v);
+    free(want);
+    free(bound);
+    free(valid);
+    free(kr);
+    free(vr);
+}
+
+static void test_attn_vision(ml_backend *be[N_BACKENDS])
+{
+    test_attn_vision_case(be, 4, 2, 8, 8, 3, 16); /* odd sequences have no padding */
+    test_attn_vision_case(be, 3, 4, 56, 53, 2, 80); /* 224 keys: several blocks */
+    test_attn_vision_case(be, 1, 2, 24, 21, 2, 128);
+    test_attn_vision_case(be, 2, 2, 20, 19, 1, 256); /* the largest head_dim */
+    /* mostly padding: the padding queries skip the key blocks without a valid key */
+    test_attn_vision_case(be, 2, 4, 100, 97, 2, 80);
+}
+
+/* ---- attention: causal over the paged cache --------------------------------------- */
+
+static void test_attn_causal_case(ml_backend *be[N_BACKENDS], int n_heads, int n_kv, int hd,
+                                  int block_size)
+{
+    enum { SEQS = 4 };
+    static const int pos0[SEQS] = {0, 5, 9, 37};
+    static const int n_new[SEQS] = {7, 1, 0, 100}; /* one sequence sits this step out */
+    int32_t seq_start[SEQS + 1] = {0}, pos0_i[SEQS];
+    int max_blocks = 0, total_blocks = 0;
+    for (int s = 0; s < SEQS; s++) {
+        seq_start[s + 1] = seq_start[s] + n_new[s];
+        pos0_i[s] = pos0[s];
+        int nb = (pos0[s] + n_new[s] + block_size - 1) / block_size;
+        max_blocks = nb + 1 > max_blocks ? nb + 1 : max_blocks; /* a spare column */
+        total_blocks += nb;
+    }
+    const int n_phys = total_blocks + 3; /* unused blocks hold garbage */
+    int32_t *perm = xmalloc((size_t)n_phys * sizeof *perm);
+    for (int i = 0; i < n_phys; i++)
+        perm[i] = i;
+    for (int i = n_phys - 1; i > 0; i--) { /* shuffled physical blocks */
+        int r = irand(i + 1), t = perm[i];
+        perm[i] = perm[r];
+        perm[r] = t;
+    }
+    int32_t *table = xmalloc((size_t)SEQS * max_blocks * sizeof *table);
+    for (int s = 0, used = 0; s < SEQS; s++) {
+        int nb = (pos0[s] + n_new[s] + block_size - 1) / block_size;
+        for (int b = 0; b < max_blocks; b++)
+            table[s * max_blocks + b] = b < nb ? perm[used + b] : -1;
+        used += nb;
+    }
+    const size_t cache_n = (size_t)n_phys * block_size * n_kv * hd;
+    float *kc = xmalloc(cache_n * sizeof *kc), *vc = xmalloc(cache_n * sizeof *vc);
+    fill(kc, cache_n, -1, 1);
+    fill(vc, cache_n, -1, 1);
+    const int n_tok = seq_start[SEQS];
+    const size_t n = (size_t)n_tok * n_heads * hd;
+    float *q = xmalloc(n * sizeof *q), *out[N_BACKENDS];
+    double *want = xmalloc(n * sizeof *want), *bound = xmalloc(n * sizeof *bound);
+    fill(q, n, -2, 2);
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int group = n_heads / n_kv;
+
+    const int max_keys = 37 + 100;
+    const float **kr = xmalloc(max_keys * sizeof *kr), **vr = xmalloc(max_keys * sizeof *vr);
+    for (int s = 0; s < SEQS; s++) {
+        for (int h = 0; h < n_heads; h++) {
+            const int g = h / group;
+            for (int j = 0; j < pos0[s] + n_new[s]; j++) {
+                size_t slot = (size_t)table[s * max_blocks + j / block_size] * block_size + j % block_size;
+                kr[j] = kc + (slot * n_kv + g) * hd;
+                vr[j] = vc + (slot * n_kv + g) * hd;
+            }
+            for (int t = 0; t < n_new[s]; t++) {
+                const size_t at = ((size_t)(seq_start[s] + t) * n_heads + h) * hd;
+                ref_attend(q + at, kr, vr, NULL, pos0[s] + t + 1, hd, scale, want + at, bound + at);
+            }
+        }
+    }
+    char what[96];
+    snprintf(what, sizeof what, "attn_causal heads=%d kv=%d hd=%d block=%d", n_heads, n_kv, hd,
+             block_size);
+    for (int b = 0; b < N_BACKENDS; b++) {
+        out[b] = xmalloc(n * sizeof *out[b]);
+        ml_attn_causal_params p = {.out = out[b], .q = q, .k_cache = kc, .v_cache = vc,
+                                   .block_table = table, .seq_start = seq_start, .pos0 = pos0_i,
+                                   .n_seqs = SEQS, .max_blocks_per_seq = max_blocks,
+                                   .block_size = block_size, .n_heads = n_heads,
+                                   .n_kv_heads = n_kv, .head_dim = hd, .scale = scale};
+        be[b]->ops->attn_causal(be[b], &p);
+    }
+    check_bounded(out[0], want, bound, n, what);
+    check_same(out[0], out[1], n * sizeof *out[0], what);
+    for (int b = 0; b < N_BACKENDS; b++)
+        free(out[b]);
+    free(perm);
+    free(table);
+    free(kc);
+    free(vc);
+    free(q);
+    free(want);
+    free(bound);
+    free(kr);
+    free(vr);
+}
+
+static void test_attn_causal(ml_backend *be[N_BACKENDS])
+{
+    test_attn_causal_case(be, 4, 4, 16, 16);   /* GQA 1 */
+    test_attn_causal_case(be, 8, 2, 80, 16);   /* GQA 4 */
+    test_attn_causal_case(be, 8, 1, 128, 4);   /* GQA 8, many small blocks */
+}
+
+/* ---- attention: cross ------------------------------------------------------------------- */
+
+/* One step of CROSS_SEQS sequences: a text-only one, one with an image,
+ * one with two and one that shares an image with the previous sequence
+ * (resident states are shared, not copied); max_images is one more than any
+ * sequence uses, so every row and state table has padding. Each image's
+ * state holds two layers' K and V planes and the call reads layer 1. The
+ * mask columns past a sequence's images are garbage (1) and must be
+ * ignored. The rows' masks (cross_mask):
+ *   MIXED  rows cycle through: no chunk allowed (every key), every chunk,
+ *          random chunks
+ *   TILES  as HF builds them for images with fewer tiles than slots: image
+ *          state i has CROSS_TILES_USED[i] real tiles, a row sees the real
+ *          tiles of one image (earlier rows the first image, later ones
+ *          the second); every 13th row sees no chunk at all, which
+ *          makes its items visit every key
+ * With chunk_len above the kernel's key block, whole key blocks are masked
+ * for every row of an item and skipped.
+ *
+ * Besides the naive reference, each case runs a second time with one more
+ * row at the end of every sequence that may see every chunk: the item
+ * holding it visits every key block, as the kernel did before it skipped
+ * any, and the other rows must come out bit for bit the same (an item's
+ * columns never interact, and a skipped block would only have added
+ * exp(-inf) = 0 weights). */
+#define CROSS_SEQS 4
+#define CROSS_MAX_IMAGES 3
+#define CROSS_STATES 4
+#define CROSS_LAYERS 2
+#define CROSS_NONE_EVERY 13
+static const int CROSS_TILES_USED[CROSS_STATES] = {1, 2, 3, 1};
+
+typedef enum cross_mask {
+    CROSS_MASK_MIXED,
+    CROSS_MASK_TILES,
+} cross_mask;
+
+/* Mask row of local row lt of n_tok in a sequence with images state_of[0 ..
+ * n_img), global row t: stride entries, max_tiles per image. */
+static void cross_mask_row(uint8_t *row, cross_mask mask, int t, int lt, int n_tok,
+                           const int *state_of, int n_img, int max_tiles, int stride)
+{
+    const int real = n_img * max_tiles;
+    const int img = n_img ? lt * n_img / n_tok : 0;
+    for (int c = 0; c < stride; c++) {
+        if (c >= real) {
+            row[c] = 1; /* ignored */
+            continue;
+        }
+        switch (mask) {
+        case CROSS_MASK_MIXED:
+            row[c] = t % 3 == 0 ? 0 : t % 3 == 1 ? 1 : urand() < 0.5;
+            break;
+        case CROSS_MASK_TILES:
+            row[c] = t % CROSS_NONE_EVERY != CROSS_NONE_EVERY - 1 && c / max_tiles == img &&
+                     c % max_tiles < CROSS_TILES_USED[state_of[img]];
+            break;
+        }
+    }
+}
+
+static void test_attn_cross_case(ml_backend *be[N_BACKENDS], const int n_tok[CROSS_SEQS],
+                                 int n_heads, int n_kv, int hd, int max_tiles, int chunk_len,
+                                 cross_mask mask)
+{
+    /* state_of[s][i]: which of the CROSS_STATES images is image i of sequence s */
+    static const int n_img[CROSS_SEQS] = {1, 0, 2, 2};
+    static const int state_of[CROSS_SEQS][CROSS_MAX_IMAGES] = {{0}, {0}, {1, 2}, {2, 3}};
+    const int image_keys = max_tiles * chunk_len, stride = CROSS_MAX_IMAGES * max_tiles;
+    const size_t plane = (size_t)image_keys * n_kv * hd;
+    const size_t plane_bytes = plane * sizeof(float);
+
+    float *states[CROSS_STATES];
+    for (int i = 0; i < CROSS_STATES; i++) {
+        states[i] = xmalloc(2 * CROSS_LAYERS * plane_bytes);
+        fill(states[i], 2 * CROSS_LAYERS * plane, -1, 1);
+    }
+    const size_t k_offset = 2 * plane_bytes, v_offset = 3 * plane_bytes; /* layer 1 */
+    const void *table[CROSS_SEQS * CROSS_MAX_IMAGES];
+    /* seq_start: the case; wide_start: with the row that sees every chunk */
+    int32_t n_images[CROSS_SEQS], seq_start[CROSS_SEQS + 1] = {0}, wide_start[CROSS_SEQS + 1] = {0};
+    for (int s = 0; s < CROSS_SEQS; s++) {
+        n_images[s] = n_img[s];
+        seq_start[s + 1] = seq_start[s] + n_tok[s];
+        wide_start[s + 1] = wide_start[s] + n_tok[s] + 1;
+        for (int i = 0; i < CROSS_MAX_IMAGES; i++) /* padding entries: a pointer never read */
+            table[s * CROSS_MAX_IMAGES + i] = i < n_img[s] ? states[state_of[s][i]] : (void *)-1;
+    }
+    const int T = seq_start[CROSS_SEQS], T_wide = wide_start[CROSS_SEQS];
+    const size_t row = (size_t)n_heads * hd;
+    uint8_t *allowed = xmalloc((size_t)T * stride), *allowed_wide = xmalloc((size_t)T_wide * stride);
+    float *q = xmalloc((size_t)T * row * sizeof *q), *q_wide = xmalloc((size_t)T_wide * row * sizeof *q);
+    fill(q_wide, (size_t)T_wide * row, -2, 2);
+    for (int s = 0; s < CROSS_SEQS; s++) {
+        for (int lt = 0; lt <= n_tok[s]; lt++) {
+            const int wt = wide_start[s] + lt;
+            if (lt == n_tok[s]) { /* the extra row: every chunk */
+                memset(allowed_wide + (size_t)wt * stride, 1, (size_t)stride);
+                continue;
+            }
+            const int t = seq_start[s] + lt;
+            cross_mask_row(allowed + (size_t)t * stride, mask, t, lt, n_tok[s], state_of[s],
+                           n_img[s], max_tiles, stride);
+            memcpy(allowed_wide + (size_t)wt * stride, allowed + (size_t)t * stride, (size_t)stride);
+            memcpy(q + (size_t)t * row, q_wide + (size_t)wt * row, row * sizeof *q);
+        }
+    }
+    const size_t n = (size_t)T * row;
+    float *out[N_BACKENDS], *out_wide = xmalloc((size_t)T_wide * row * sizeof *out_wide);
+    double *want = xmalloc(n * sizeof *want), *bound = xmalloc(n * sizeof *bound);
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int group = n_heads / n_kv;
+
+    const int max_keys = CROSS_MAX_IMAGES * image_keys;
+    const float **kr = xmalloc((size_t)max_keys * sizeof *kr);
+    const float **vr = xmalloc((size_t)max_keys * sizeof *vr);
+    uint8_t *see = xmalloc((size_t)max_keys);
+    for (int s = 0; s < CROSS_SEQS; s++) {
+        const int n_keys = n_img[s] * image_keys;
+        for (int h = 0; h < n_heads; h++) {
+            for (int j = 0; j < n_keys; j++) {
+                const char *state = (const char *)states[state_of[s][j / image_keys]];
+                const size_t off = ((size_t)(j % image_keys) * n_kv + h / group) * hd;
+                kr[j] = (const float *)(state + k_offset) + off;
+                vr[j] = (const float *)(state + v_offset) + off;
+            }
+            for (int t = seq_start[s]; t < seq_start[s + 1]; t++) {
+                const size_t at = (size_t)t * row + (size_t)h * hd;
+                if (n_keys == 0) { /* text only: exactly 0 */
+                    for (int d = 0; d < hd; d++)
+                        want[at + d] = bound[at + d] = 0;
+                    continue;
+                }
+                int any = 0;
+                for (int j = 0; j < n_keys; j++)
+                    any |= see[j] = allowed[(size_t)t * stride + j / chunk_len];
+                ref_attend(q + at, kr, vr, any ? see : NULL, n_keys, hd, scale, want + at,
+                           bound + at);
+            }
+        }
+    }
+    char what[96];
+    snprintf(what, sizeof what, "attn_cross %s tokens=%d,%d,%d,%d heads=%d kv=%d hd=%d tiles=%d chunk=%d",
+             mask == CROSS_MASK_MIXED ? "mixed" : "tiles", n_tok[0], n_tok[1], n_tok[2], n_tok[3],
+             n_heads, n_kv, hd, max_tiles, chunk_len);
+    ml_attn_cross_params p = {.q = q, .states = table, .k_offset = k_offset, .v_offset = v_offset,
+                              .n_images = n_images, .seq_start = seq_start, .allowed = allowed,
+                              .n_seqs = CROSS_SEQS, .n_tokens = T, .max_images = CROSS_MAX_IMAGES,
+                              .max_tiles = max_tiles, .chunk_len = chunk_len, .n_heads = n_heads,
+                              .n_kv_heads = n_kv, .head_dim = hd, .scale = scale};
+    for (int b = 0; b < N_BACKENDS; b++) {
+        out[b] = xmalloc(n * sizeof *out[b]);
+        fill(out[b], n, 7, 8); /* text-only rows must be overwritten with 0 */
+        p.out = out[b];
+        be[b]->ops->attn_cross(be[b], &p);
+    }
+    check_bounded(out[0], want, bound, n, what);
+    check_same(out[0], out[1], n * sizeof *out[0], what);
+    int zero = 1; /* sequence 1 is the text-only one */
+    for (size_t i = (size_t)seq_start[1] * row; i < (size_t)seq_start[2] * row; i++)
+        zero &= out[0][i] == 0.0f && !signbit(out[0][i]);
+    check(zero, "%s: text-only rows are +0", what);
+
+    p.out = out_wide;
+    p.q = q_wide;
+    p.seq_start = wide_start;
+    p.allowed = allowed_wide;
+    p.n_tokens = T_wide;
+    be[1]->ops->attn_cross(be[1], &p);
+    int same = 1;
+    for (int s = 0; s < CROSS_SEQS; s++)
+        same &= memcmp(out_wide + (size_t)wide_start[s] * row, out[1] + (size_t)seq_start[s] * row,
+                       (size_t)n_tok[s] * row * sizeof *out_wide) == 0;
+    check(same, "%s [%s]: rows differ from the same rows in items that visit every key", what,
+          g_isa);
+
+    for (int b = 0; b < N_BACKENDS; b++)
+        free(out[b]);
+    for (int i = 0; i < CROSS_STATES; i++)
+        free(states[i]);
+    free(out_wide);
+    free(allowed);
+    free(allowed_wide);
+    free(q);
+    free(q_wide);
+    free(want);
+    free(bound);
+    free(kr);
+    free(vr);
+    free(see);
+}
+
+static void test_attn_cross(ml_backend *be[N_BACKENDS])
+{
+    static const int decode[CROSS_SEQS] = {1, 1, 1, 1};
+    static const int prefill[CROSS_SEQS] = {5, 3, 9, 2};
+    /* several row blocks, and an empty sequence */
+    static const int long_rows[CROSS_SEQS] = {40, 2, 7, 0};
+    test_attn_cross_case(be, decode, 8, 2, 80, 2, 17, CROSS_MASK_MIXED);
+    test_attn_cross_case(be, prefill, 8, 2, 80, 2, 17, CROSS_MASK_MIXED);
+    test_attn_cross_case(be, prefill, 4, 4, 16, 4, 7, CROSS_MASK_MIXED);
+    /* 120 keys an image: several blocks */
+    test_attn_cross_case(be, long_rows, 8, 1, 128, 2, 60, CROSS_MASK_MIXED);
+    /* images of 1-3 tiles in 4 slots; chunks longer than a key block and
+     * not a multiple of it, so blocks straddle seen and unseen chunks */
+    test_attn_cross_case(be, decode, 8, 2, 64, 4, 150, CROSS_MASK_TILES);
+    test_attn_cross_case(be, prefill, 8, 2, 64, 4, 150, CROSS_MASK_TILES);
+    test_attn_cross_case(be, long_rows, 8, 1, 32, 4, 250, CROSS_MASK_TILES);
+}
+
+/* ---- kernels ------------------------------------------------------------------------------ */
+
+/* softmax_block over two key blocks (an online update) against double. */
+static void test_softmax_kernel(const ml_cpu_kernels *kn)
+{
+    enum { NK = 50, NQ = 37 };
+    float s1[NK * NQ], s2[NK * NQ], m[NQ], l[NQ], alpha[NQ];
+    fill(s1, NK * NQ, -120, 10);
+    fill(s2, NK * NQ, -60, 30);
+    for (int j = 0; j < NK; j++)
+        s1[j * NQ + 3] = -INFINITY; /* column 3 fully masked in block 1 */
+    for (int c = 0; c < NQ; c++) {
+        m[c] = -INFINITY;
+        l[c] = 0;
+    }
+    const float scale = 0.5f;
+    double e_max = 0;
+    int ok = 1, ok_m = 1, ok_l = 1, ok_alpha = 1;
+    for (int blk = 0; blk < 2; blk++) {
+        float *s = blk ? s2 : s1, raw[NK * NQ];
+        float m_old[NQ], l_old[NQ];
+        memcpy(raw, s, sizeof raw);
+        memcpy(m_old, m, sizeof m);
+        memcpy(l_old, l, sizeof l);
+        kn->softmax_block(s, NQ, NK, NQ, scale, m, l, alpha);
+        for (int c = 0; c < NQ; c++) {
+            double mx = m_old[c];
+            for (int j = 0; j < NK; j++)
+                mx = fmax(mx, (double)raw[j * NQ + c] * scale);
+            ok_m &= m[c] == (float)mx;
+            const double sh = isinf(mx) ? 0 : mx;
+            double sum = 0;
+            for (int j = 0; j < NK; j++) {
+                /* The f32 argument as the kernel forms it: scale is a power
+                 * of two, so only the subtraction rounds, fused or not. The
+                 * rounding of a large argument is not exp's error. */
+                double arg = (float)((double)raw[j * NQ + c] * scale - sh);
+                double want = exp(arg);
+                sum += want;
+                if (want < 1.2e-38) { /* below FLT_MIN: 0 or denormal */
+                    ok &= s[j * NQ + c] <= 1.2e-38f;
+                    continue;
+                }
+                double e = fabs(s[j * NQ + c] - want) / want;
+                e_max = e > e_max ? e : e_max;
+            }
+            const double a = exp((float)((double)m_old[c] - sh));
+            ok_alpha &= fabs(alpha[c] - a) <= 4 * U * a + 1.2e-38;
+            ok_l &= fabs(l[c] - (l_old[c] * a + sum)) <= (NK + 8) * U * (l_old[c] * a + sum);
+        }
+    }
+    const char *isa = ml_cpu_isa_name(kn->isa);
+    check(ok && e_max <= 4 * U, "softmax_block [%s]: exp off (max rel err %.3g ulp)", isa,
+          e_max / (2 * U));
+    check(ok_m, "softmax_block [%s]: running max", isa);
+    check(ok_l, "softmax_block [%s]: running sum", isa);
+    check(ok_alpha, "softmax_block [%s]: rescale factors", isa);
+    fprintf(stderr, "  softmax_block exp max rel error %.3g ulp\n", e_max / (2 * U));
+}
+
+
+static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
+{
+    test_softmax_kernel(ml_cpu_kernels_for(isa));
+    test_attn_vision(be);
+    test_attn_causal(be);
+    test_attn_cross(be);
+}
+
+int main(void)
+{
+    return cpu_ops_run_paths(run_path, 0);
+}

@@ -1,0 +1,116 @@
+/* The CPU backend itself: its thread pool, creating it (ML_CPU_ISA, thread
+ * counts, the errors), and its memory ops on each ISA path this machine
+ * supports (cpu_ops_util.h). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "cpu/cpu_features.h"
+#include "cpu/threadpool.h"
+#include "cpu_ops_util.h"
+#include "harness.h"
+#include "test_rand.h"
+
+/* ---- thread pool ----------------------------------------------------------------------- */
+
+typedef struct pool_check {
+    int *hits;
+    int used[THREADS_MANY]; /* each thread writes only its own slot */
+} pool_check;
+
+static void mark(void *ctx, int64_t begin, int64_t end, int tid)
+{
+    pool_check *pc = ctx;
+    for (int64_t i = begin; i < end; i++)
+        pc->hits[i]++;
+    pc->used[tid] = 1;
+}
+
+static void test_pool(void)
+{
+    char err[ERRLEN];
+    ml_cpu_pool *pool = ml_cpu_pool_create(THREADS_MANY, err, sizeof err);
+    check(pool != NULL, "pool create: %s", err);
+    if (!pool)
+        return;
+    enum { N = 1000, ROUNDS = 300 };
+    static int hits[N];
+    pool_check pc = {.hits = hits};
+    int ok = 1;
+    for (int r = 0; r < ROUNDS; r++) {
+        memset(hits, 0, sizeof hits);
+        const int64_t n = 1 + r % N;
+        ml_cpu_pool_for(pool, n, 1 + r % 7, mark, &pc);
+        for (int64_t i = 0; i < N; i++)
+            ok &= hits[i] == (i < n);
+        if (r % 50 == 0)
+            usleep(5000); /* let the workers fall asleep on the condition variable */
+    }
+    check(ok, "pool_for visits every item exactly once");
+    int used = 0;
+    for (int t = 0; t < THREADS_MANY; t++)
+        used += pc.used[t];
+    check(used == THREADS_MANY, "pool_for used all %d threads (%d)", THREADS_MANY, used);
+    ml_cpu_pool_destroy(pool);
+    ml_cpu_pool_destroy(NULL);
+}
+
+static void test_create_errors(void)
+{
+    char err[ERRLEN] = "";
+    setenv("ML_CPU_ISA", "sse9", 1);
+    check(ml_backend_cpu_create(1, err, sizeof err) == NULL && strstr(err, "sse9"),
+          "unknown ML_CPU_ISA rejected: %s", err);
+    unsetenv("ML_CPU_ISA");
+    check(ml_backend_cpu_create(-1, err, sizeof err) == NULL, "negative thread count rejected");
+    ml_backend *be = ml_backend_cpu_create(0, err, sizeof err);
+    check(be != NULL, "create with one thread per CPU: %s", err);
+    if (be) {
+        char want[32];
+        snprintf(want, sizeof want, "cpu-%s", ml_cpu_isa_name(ml_cpu_isa_detect()));
+        check(strcmp(be->ops->name, want) == 0, "name %s (want %s)", be->ops->name, want);
+        be->ops->destroy(be);
+    }
+}
+
+/* ---- memory ops ---------------------------------------------------------------- */
+
+static void test_memory(ml_backend *be)
+{
+    const ml_backend_ops *o = be->ops;
+    check(o->kv_elem_size == sizeof(float), "kv_elem_size");
+    float *p = o->alloc(be, 1000 * sizeof(float));
+    check(p && ((uintptr_t)p % 64) == 0, "alloc aligned");
+    float src[1000], back[1000];
+    fill(src, 1000, -1, 1);
+    o->upload(be, p, src, sizeof src);
+    o->download(be, back, p, sizeof back);
+    check(memcmp(src, back, sizeof src) == 0, "upload/download round trip");
+    check(o->weight(be, src, sizeof src) == src, "weight returns the host pointer");
+    o->zero(be, p, 1000);
+    int zero = 1;
+    for (int i = 0; i < 1000; i++)
+        zero &= p[i] == 0.0f;
+    check(zero, "zero");
+    o->free(be, p);
+    void *empty = o->alloc(be, 0);
+    check(empty != NULL, "alloc(0) gives a block");
+    o->free(be, empty);
+    char err[ERRLEN] = "";
+    check(o->synchronize(be, err, sizeof err) == ML_OK, "synchronize");
+}
+
+
+static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
+{
+    test_memory(be[0]);
+}
+
+int main(void)
+{
+    test_pool();
+    test_create_errors();
+    return cpu_ops_run_paths(run_path, 1);
+}

@@ -1,0 +1,174 @@
+/* The CPU backend's matmul against a double-precision reference on each ISA
+ * path and thread count (cpu_ops_util.h), its batch invariance, and the
+ * gemv kernel of each ISA across block shapes.
+ *
+ * Tolerance, with u = 2^-24: |y - ref| <= (K + 3)·u·(Σ_k |x_k·w_k| + |bias|
+ * + |y0|), the classic bound of f32 recursive summation (any summation order
+ * and FMA or not satisfies it; blocked/vector sums are far below it). A
+ * wrong or missing term costs ~|x·w| ≈ Σ/K, far above it for the K used
+ * here. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cpu/cpu_features.h"
+#include "cpu/cpu_kernels.h"
+#include "cpu_ops_util.h"
+#include "dtype.h"
+#include "harness.h"
+#include "test_rand.h"
+
+/* ---- matmul ------------------------------------------------------------------------ */
+
+static void test_matmul_case(ml_backend *be[N_BACKENDS], int M, int K, int N, int with_bias,
+                             int accumulate)
+{
+    float *x = xmalloc((size_t)M * K * sizeof *x);
+    uint16_t *w = xmalloc((size_t)N * K * sizeof *w);
+    uint16_t *bias = xmalloc((size_t)N * sizeof *bias);
+    float *y0 = xmalloc((size_t)M * N * sizeof *y0);
+    float *y[N_BACKENDS];
+    double *want = xmalloc((size_t)M * N * sizeof *want);
+    double *bound = xmalloc((size_t)M * N * sizeof *bound);
+    fill(x, (size_t)M * K, -1, 1);
+    fill_bf16(w, (size_t)N * K, -1, 1);
+    fill_bf16(bias, (size_t)N, -1, 1);
+    fill(y0, (size_t)M * N, -1, 1);
+
+    for (int m = 0; m < M; m++) {
+        for (int n = 0; n < N; n++) {
+            double s = 0, a = 0;
+            for (int k = 0; k < K; k++) {
+                double p = (double)x[(size_t)m * K + k] * ml_bf16_to_f32(w[(size_t)n * K + k]);
+                s += p;
+                a += fabs(p);
+            }
+            if (with_bias) {
+                s += ml_bf16_to_f32(bias[n]);
+                a += fabs(ml_bf16_to_f32(bias[n]));
+            }
+            if (accumulate) {
+                s += y0[(size_t)m * N + n];
+                a += fabs(y0[(size_t)m * N + n]);
+            }
+            want[(size_t)m * N + n] = s;
+            bound[(size_t)m * N + n] = (K + 3) * U * a * 1.01;
+        }
+    }
+    char what[96];
+    snprintf(what, sizeof what, "matmul M=%d K=%d N=%d bias=%d acc=%d", M, K, N, with_bias,
+             accumulate);
+    for (int b = 0; b < N_BACKENDS; b++) {
+        y[b] = xmalloc((size_t)M * N * sizeof *y[b]);
+        memcpy(y[b], y0, (size_t)M * N * sizeof *y[b]);
+        be[b]->ops->matmul(be[b], y[b], x, w, with_bias ? bias : NULL, M, K, N, accumulate);
+    }
+    check_bounded(y[0], want, bound, (size_t)M * N, what);
+    check_same(y[0], y[1], (size_t)M * N * sizeof *y[0], what);
+    for (int b = 0; b < N_BACKENDS; b++)
+        free(y[b]);
+    free(x);
+    free(w);
+    free(bias);
+    free(y0);
+    free(want);
+    free(bound);
+}
+
+static void test_matmul(ml_backend *be[N_BACKENDS])
+{
+    static const int Ms[] = {1, 3, 16, 17, 64, 200};
+    static const int KNs[][2] = {{1, 1}, {7, 5}, {33, 37}, {300, 130}, {520, 300}};
+    int i = 0;
+    for (size_t a = 0; a < sizeof Ms / sizeof Ms[0]; a++)
+        for (size_t b = 0; b < sizeof KNs / sizeof KNs[0]; b++, i++)
+            test_matmul_case(be, Ms[a], KNs[b][0], KNs[b][1], i % 2, (i / 2) % 2);
+    /* A weight of odd row length (unaligned rows) through both regimes. */
+    test_matmul_case(be, 2, 4099, 9, 1, 0);
+    test_matmul_case(be, 40, 1031, 70, 0, 1);
+}
+
+/* Batch invariance: a sequence decoded alone (M = 1) and in a batch of any
+ * size of the GEMV regime gets bit-identical rows, whatever block of the
+ * kernel each dot lands in. */
+static void test_matmul_batch_invariance(ml_backend *be)
+{
+    enum { K = 1031, N = 67, MAX_M = 16 }; /* odd K: masked or scalar tails */
+    float *x = xmalloc((size_t)MAX_M * K * sizeof *x);
+    float *alone = xmalloc((size_t)MAX_M * N * sizeof *alone);
+    float *y = xmalloc((size_t)MAX_M * N * sizeof *y);
+    uint16_t *w = xmalloc((size_t)N * K * sizeof *w);
+    fill(x, (size_t)MAX_M * K, -1, 1);
+    fill_bf16(w, (size_t)N * K, -1, 1);
+    for (int m = 0; m < MAX_M; m++)
+        be->ops->matmul(be, alone + (size_t)m * N, x + (size_t)m * K, w, NULL, 1, K, N, 0);
+    int same = 1, first_bad = 0;
+    for (int M = 2; M <= MAX_M; M++) {
+        be->ops->matmul(be, y, x, w, NULL, M, K, N, 0);
+        const int ok = memcmp(y, alone, (size_t)M * N * sizeof *y) == 0;
+        if (!ok && same)
+            first_bad = M;
+        same &= ok;
+    }
+    check(same, "matmul [%s]: batch of %d rows differs from the rows alone", g_isa, first_bad);
+    free(x);
+    free(alone);
+    free(y);
+    free(w);
+}
+
+/* gemv: dot (r, j) of every block shape equals the 1 x 1 block's, bit for bit. */
+static void test_gemv_kernel(const ml_cpu_kernels *kn)
+{
+    static const int Ks[] = {1, 15, 16, 37, 300, 1031};
+    const int max_r = kn->gemv_rows, max_c = kn->gemv_cols, max_k = 1031;
+    uint16_t *w = xmalloc((size_t)max_r * max_k * sizeof *w);
+    float *x = xmalloc((size_t)max_c * max_k * sizeof *x);
+    float one[ML_CPU_GEMV_MAX_ROWS][ML_CPU_GEMV_MAX_COLS];
+    float dots[ML_CPU_GEMV_MAX_ROWS * ML_CPU_GEMV_MAX_COLS];
+    /* The draws depend on the ISA's block shape: keep them out of the
+     * stream the later cases share across paths. */
+    const uint64_t rng = ml_test_rng;
+    int same = 1;
+    for (size_t t = 0; t < sizeof Ks / sizeof Ks[0]; t++) {
+        const int K = Ks[t];
+        fill_bf16(w, (size_t)max_r * K, -1, 1);
+        fill(x, (size_t)max_c * K, -1, 1);
+        for (int r = 0; r < max_r; r++)
+            for (int j = 0; j < max_c; j++)
+                kn->gemv(1, 1, K, w + (size_t)r * K, (size_t)K, x + (size_t)j * K, (size_t)K,
+                         &one[r][j]);
+        for (int rows = 1; rows <= max_r; rows++) {
+            for (int cols = 1; cols <= max_c; cols++) {
+                /* the block starting at the last rows / cols, so each dot
+                 * moves to another place in the block as the shape grows */
+                const int r0 = max_r - rows, j0 = max_c - cols;
+                kn->gemv(rows, cols, K, w + (size_t)r0 * K, (size_t)K, x + (size_t)j0 * K,
+                         (size_t)K, dots);
+                for (int r = 0; r < rows; r++)
+                    for (int j = 0; j < cols; j++)
+                        same &= memcmp(&dots[r * cols + j], &one[r0 + r][j0 + j],
+                                       sizeof *dots) == 0;
+            }
+        }
+    }
+    check(same, "gemv [%s]: a dot depends on the block shape", ml_cpu_isa_name(kn->isa));
+    rand_seed(rng);
+    free(w);
+    free(x);
+}
+
+
+static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
+{
+    test_gemv_kernel(ml_cpu_kernels_for(isa));
+    test_matmul(be);
+    test_matmul_batch_invariance(be[1]);
+}
+
+int main(void)
+{
+    return cpu_ops_run_paths(run_path, 0);
+}
