@@ -20,14 +20,9 @@
 #include "protocol/base64.h"
 #include "protocol/protocol.h"
 
-/* ---- The request -------------------------------------------------------- */
+#include "protocol/request_internal.h"
 
-/* The request as allocated: the public part first, so a svc_request pointer
- * is also a request_impl pointer. */
-typedef struct request_impl {
-    svc_request pub;
-    svc_arena arena; /* what pub points into */
-} request_impl;
+/* ---- The request -------------------------------------------------------- */
 
 void svc_request_destroy(svc_request *req)
 {
@@ -76,103 +71,7 @@ static size_t json_value_bound(const char *s, size_t n, size_t max)
     return count;
 }
 
-/* ---- Parser state and field helpers ------------------------------------- */
-
-typedef struct parser {
-    request_impl *r;
-    const svc_limits *lim;
-    char *err;
-    size_t errlen;
-    svc_error first; /* the first error; later ones are not reported */
-    svc_image *images; /* capacity lim->max_images, allocated at the first image */
-    size_t n_parts;
-} parser;
-
-static svc_error fail(parser *p, svc_error e, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Record an error (only the first one is kept) and return it. */
-static svc_error fail(parser *p, svc_error e, const char *fmt, ...)
-{
-    if (p->first != SVC_ERROR_NONE)
-        return e;
-    p->first = e;
-    va_list ap;
-    va_start(ap, fmt);
-    svc_verrf(p->err, p->errlen, fmt, ap);
-    va_end(ap);
-    return e;
-}
-
-static svc_error out_of_memory(parser *p)
-{
-    return fail(p, SVC_ERROR_INTERNAL, "out of memory while parsing the request");
-}
-
-/* Member `name` of obj; NULL when absent or JSON null (the same thing here). */
-static const cJSON *member(const cJSON *obj, const char *name)
-{
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, name);
-    return (it && !cJSON_IsNull(it)) ? it : NULL;
-}
-
-/* Largest integer a JSON number (an IEEE double) holds exactly. */
-#define JSON_INT_MAX 9007199254740991.0 /* 2^53 - 1 */
-
-/* Optional integer in [lo, hi]; *out unchanged when absent. */
-static svc_error opt_int(parser *p, const cJSON *obj, const char *name, int64_t lo, int64_t hi,
-                         int64_t *out, bool *present)
-{
-    const cJSON *it = member(obj, name);
-    if (present)
-        *present = it != NULL;
-    if (!it)
-        return SVC_ERROR_NONE;
-    double v = it->valuedouble;
-    if (!cJSON_IsNumber(it) || !isfinite(v) || v != floor(v) || fabs(v) > JSON_INT_MAX)
-        return fail(p, SVC_ERROR_INVALID_REQUEST, "%s: expected an integer", name);
-    if (v < (double)lo || v > (double)hi)
-        return fail(p, SVC_ERROR_INVALID_REQUEST, "%s: %.0f is out of range [%lld, %lld]", name,
-                    v, (long long)lo, (long long)hi);
-    *out = (int64_t)v;
-    return SVC_ERROR_NONE;
-}
-
-/* A closed or open bound of a number range. */
-typedef struct bound {
-    double v;
-    bool open;
-} bound;
-
-/* Optional number in the range (lo, hi) with the given openness; *out
- * unchanged when absent. */
-static svc_error opt_number(parser *p, const cJSON *obj, const char *name, bound lo, bound hi,
-                            float *out)
-{
-    const cJSON *it = member(obj, name);
-    if (!it)
-        return SVC_ERROR_NONE;
-    double v = it->valuedouble;
-    if (!cJSON_IsNumber(it) || !isfinite(v))
-        return fail(p, SVC_ERROR_INVALID_REQUEST, "%s: expected a number", name);
-    bool ok = (lo.open ? v > lo.v : v >= lo.v) && (hi.open ? v < hi.v : v <= hi.v);
-    if (!ok)
-        return fail(p, SVC_ERROR_INVALID_REQUEST, "%s: %g is out of range %c%g, %g%c", name, v,
-                    lo.open ? '(' : '[', lo.v, hi.v, hi.open ? ')' : ']');
-    *out = (float)v;
-    return SVC_ERROR_NONE;
-}
-
-static svc_error opt_bool(parser *p, const cJSON *obj, const char *name, bool *out)
-{
-    const cJSON *it = member(obj, name);
-    if (!it)
-        return SVC_ERROR_NONE;
-    if (!cJSON_IsBool(it))
-        return fail(p, SVC_ERROR_INVALID_REQUEST, "%s: expected true or false", name);
-    *out = cJSON_IsTrue(it);
-    return SVC_ERROR_NONE;
-}
+/* ---- Field helpers ------------------------------------------------------ */
 
 /* Checks shared by ids from headers, keys and JSON: 1..max bytes, UTF-8,
  * no control characters (ids travel in headers and logs). */
@@ -567,173 +466,6 @@ static svc_error parse_messages(parser *p, const cJSON *root)
     return SVC_ERROR_NONE;
 }
 
-/* ---- Generation options ------------------------------------------------- */
-
-static svc_error add_stop(parser *p, const cJSON *s, size_t i, const char **slot)
-{
-    if (!cJSON_IsString(s))
-        return fail(p, SVC_ERROR_INVALID_REQUEST, "stop[%zu]: expected a string", i);
-    size_t len = strlen(s->valuestring);
-    if (len == 0 || len > p->lim->max_stop_bytes || !svc_utf8_valid(s->valuestring, len, NULL))
-        return fail(p, SVC_ERROR_INVALID_REQUEST, "stop[%zu]: expected 1..%zu bytes of UTF-8", i,
-                    p->lim->max_stop_bytes);
-    *slot = svc_arena_strndup(&p->r->arena, s->valuestring, len);
-    return *slot ? SVC_ERROR_NONE : out_of_memory(p);
-}
-
-static svc_error parse_stop(parser *p, const cJSON *root)
-{
-    const cJSON *stop = member(root, "stop");
-    if (!stop)
-        return SVC_ERROR_NONE;
-    size_t n;
-    if (cJSON_IsString(stop))
-        n = 1;
-    else if (cJSON_IsArray(stop))
-        n = (size_t)cJSON_GetArraySize(stop);
-    else
-        return fail(p, SVC_ERROR_INVALID_REQUEST, "stop: expected a string or an array of strings");
-    if (n > p->lim->max_stop)
-        return fail(p, SVC_ERROR_INVALID_REQUEST, "stop: at most %zu stop strings",
-                    p->lim->max_stop);
-    if (n == 0)
-        return SVC_ERROR_NONE;
-    const char **list = svc_arena_alloc(&p->r->arena, n * sizeof *list);
-    if (!list)
-        return out_of_memory(p);
-    p->r->pub.stop = list;
-    p->r->pub.n_stop = n;
-    if (cJSON_IsString(stop))
-        return add_stop(p, stop, 0, &list[0]);
-    size_t i = 0;
-    const cJSON *s;
-    cJSON_ArrayForEach(s, stop)
-    {
-        svc_error e = add_stop(p, s, i, &list[i]);
-        if (e)
-            return e;
-        i++;
-    }
-    return SVC_ERROR_NONE;
-}
-
-static svc_error parse_adapter(parser *p, const cJSON *root)
-{
-    const cJSON *a = member(root, "adapter");
-    if (!a)
-        return SVC_ERROR_NONE;
-    if (!cJSON_IsString(a) || !svc_valid_adapter_name(a->valuestring, strlen(a->valuestring)))
-        return fail(p, SVC_ERROR_INVALID_REQUEST,
-                    "adapter: expected a name of 1..%d characters [A-Za-z0-9._-], not starting "
-                    "with '.'", SVC_ADAPTER_NAME_MAX);
-    p->r->pub.adapter = svc_arena_strndup(&p->r->arena, a->valuestring, strlen(a->valuestring));
-    return p->r->pub.adapter ? SVC_ERROR_NONE : out_of_memory(p);
-}
-
-/* Sampling ranges (OpenAI's where it has one). */
-#define TEMPERATURE_MAX 2.0
-#define PENALTY_ABS_MAX 2.0
-#define REPETITION_PENALTY_MAX 10.0
-
-/* response_format: text (the default) or json_object (JSON mode). */
-static svc_error parse_response_format(parser *p, const cJSON *root)
-{
-    const cJSON *format = member(root, "response_format");
-    const cJSON *type = cJSON_IsObject(format) ? member(format, "type") : NULL;
-    if (!format || (cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
-        return SVC_ERROR_NONE;
-    if (cJSON_IsString(type) && !strcmp(type->valuestring, "json_object")) {
-        p->r->pub.json_object = true;
-        return SVC_ERROR_NONE;
-    }
-    return fail(p, SVC_ERROR_INVALID_REQUEST,
-                "response_format: expected {\"type\": \"text\"} or {\"type\": "
-                "\"json_object\"} (JSON schemas are not supported)");
-}
-
-/* Fields a client sends to change what the answer is (tool calls, token
- * biases): ignoring them like unknown fields would return a plain text
- * answer the client did not ask for, so they are refused by name. Their
- * neutral values (null, [], {}) pass. */
-static svc_error refuse_unsupported(parser *p, const cJSON *root)
-{
-    const cJSON *tools = member(root, "tools");
-    if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
-        return fail(p, SVC_ERROR_INVALID_REQUEST, "tools: tool calling is not supported");
-    const cJSON *bias = member(root, "logit_bias");
-    if (bias && !(cJSON_IsObject(bias) && !bias->child))
-        return fail(p, SVC_ERROR_INVALID_REQUEST, "logit_bias: not supported");
-    return SVC_ERROR_NONE;
-}
-
-static svc_error parse_options(parser *p, const cJSON *root)
-{
-    svc_request *req = &p->r->pub;
-    svc_sampling *s = &req->sampling;
-    const svc_limits *lim = p->lim;
-    svc_error e;
-
-    int64_t v = lim->max_tokens_default;
-    bool has_max_tokens, has_alias;
-    int64_t alias = 0;
-    if ((e = opt_int(p, root, "max_tokens", 1, lim->max_tokens_limit, &v, &has_max_tokens)) ||
-        (e = opt_int(p, root, "max_completion_tokens", 1, lim->max_tokens_limit, &alias,
-                     &has_alias)))
-        return e;
-    if (has_max_tokens && has_alias)
-        return fail(p, SVC_ERROR_INVALID_REQUEST,
-                    "max_tokens: give either max_tokens or max_completion_tokens, not both");
-    req->max_tokens = (uint32_t)(has_alias ? alias : v);
-
-    int64_t n = 1;
-    if ((e = opt_int(p, root, "n", 1, 1, &n, NULL)))
-        return e;
-
-    if ((e = opt_number(p, root, "temperature", (bound){0, false},
-                        (bound){TEMPERATURE_MAX, false}, &s->temperature)) ||
-        (e = opt_number(p, root, "top_p", (bound){0, true}, (bound){1, false}, &s->top_p)) ||
-        (e = opt_number(p, root, "min_p", (bound){0, false}, (bound){1, true}, &s->min_p)) ||
-        (e = opt_number(p, root, "repetition_penalty", (bound){0, true},
-                        (bound){REPETITION_PENALTY_MAX, false}, &s->repetition_penalty)) ||
-        (e = opt_number(p, root, "presence_penalty", (bound){-PENALTY_ABS_MAX, false},
-                        (bound){PENALTY_ABS_MAX, false}, &s->presence_penalty)) ||
-        (e = opt_number(p, root, "frequency_penalty", (bound){-PENALTY_ABS_MAX, false},
-                        (bound){PENALTY_ABS_MAX, false}, &s->frequency_penalty)))
-        return e;
-
-    int64_t top_k = 0;
-    if ((e = opt_int(p, root, "top_k", 0, INT32_MAX, &top_k, NULL)))
-        return e;
-    s->top_k = (int32_t)top_k;
-    if ((e = opt_int(p, root, "seed", -(int64_t)JSON_INT_MAX, (int64_t)JSON_INT_MAX, &s->seed,
-                     &s->has_seed)))
-        return e;
-
-    int64_t top_logprobs = 0;
-    bool has_top_logprobs;
-    if ((e = opt_bool(p, root, "logprobs", &req->logprobs)) ||
-        (e = opt_int(p, root, "top_logprobs", 0, SVC_TOP_LOGPROBS_MAX, &top_logprobs,
-                     &has_top_logprobs)))
-        return e;
-    if (top_logprobs > 0 && !req->logprobs)
-        return fail(p, SVC_ERROR_INVALID_REQUEST, "top_logprobs: needs \"logprobs\": true");
-    req->top_logprobs = (uint32_t)top_logprobs;
-    /* A stream: false answer is one record: refuse what may not fit before
-     * any work is done (streamed chunks hold one token each). */
-    size_t reply_bytes = svc_reply_bound(req->max_tokens, req->logprobs, req->top_logprobs);
-    if (!req->stream && lim->max_reply_bytes && reply_bytes > lim->max_reply_bytes)
-        return fail(p, SVC_ERROR_REPLY_TOO_LARGE,
-                    "max_tokens: a stream:false reply of %u tokens%s may need %zu bytes, over "
-                    "the limit of %zu; lower max_tokens or top_logprobs, or stream",
-                    req->max_tokens, req->logprobs ? " with logprobs" : "", reply_bytes,
-                    lim->max_reply_bytes);
-
-    if ((e = parse_stop(p, root)) || (e = parse_response_format(p, root)) ||
-        (e = refuse_unsupported(p, root)))
-        return e;
-    return parse_adapter(p, root);
-}
-
 /* ---- Entry point -------------------------------------------------------- */
 
 static const svc_sampling sampling_default = {
@@ -832,7 +564,7 @@ svc_error svc_request_parse(const svc_request_input *in, const svc_limits *lim,
     if (!e)
         e = parse_deadline(&p, in, root);
     if (!e)
-        e = parse_options(&p, root);
+        e = svc_request_parse_options(&p, root);
     if (!e)
         e = parse_messages(&p, root);
     cJSON_Delete(root);
