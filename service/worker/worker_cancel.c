@@ -16,15 +16,6 @@
  * registry lock and cancelled outside it. */
 #define CANCEL_BATCH 64
 
-/* FNV-1a, 64 bits. */
-static uint64_t id_hash(const char *id, size_t len)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (unsigned char)id[i]) * 0x100000001b3ull;
-    return h;
-}
-
 /* ---- the table ---------------------------------------------------------------- */
 
 int worker_cancels_init(cancel_table *t)
@@ -73,7 +64,6 @@ void worker_cancel_record(svc_worker *w, const svc_kafka_msg *m)
     memcpy(c->id, m->key, m->key_len);
     c->id[m->key_len] = '\0';
     c->len = m->key_len;
-    c->hash = id_hash(c->id, c->len);
     c->arrival = ++w->arrivals;
     c->at_ms = now;
     c->timestamp_ms = m->timestamp_ms;
@@ -97,14 +87,13 @@ bool worker_cancel_hits(svc_worker *w, const job *j)
     if (!j->id)
         return false;
     size_t len = strlen(j->id);
-    uint64_t h = id_hash(j->id, len);
     cancel_table *t = &w->pending_cancels;
     bool hit = false;
     pthread_mutex_lock(&t->lock);
     expire(t, svc_now_ms());
     for (size_t i = 0; i < t->n && !hit; i++) {
         const pending_cancel *c = &t->ring[(t->head + i) % WORKER_CANCELS_MAX];
-        hit = c->hash == h && c->len == len && !memcmp(c->id, j->id, len) && meant_for(c, j);
+        hit = c->len == len && !memcmp(c->id, j->id, len) && meant_for(c, j);
     }
     pthread_mutex_unlock(&t->lock);
     return hit;

@@ -142,7 +142,6 @@ job *job_queue_pop(job_queue *q, int timeout_ms);
 #define WORKER_CANCEL_TTL_MS (5 * 60 * 1000)
 
 typedef struct pending_cancel {
-    uint64_t hash;              /* of the id: compared before the bytes */
     uint64_t arrival;           /* Kafka thread's arrival number */
     long long at_ms;            /* svc_now_ms() when it arrived */
     int64_t timestamp_ms;       /* the cancel record's; -1 when absent */
