@@ -11,9 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "http.h"
 #include "log.h"
 #include "metrics.h"
+#include "util.h"
 
 #define STAGING_PREFIX ".staging-"
 #define CONFIG_FILE "adapter_config.json"

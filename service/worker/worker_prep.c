@@ -28,9 +28,8 @@
 
 /* This thread's Redis connection (its prep_thread's, set by
  * worker_prep_main; NULL without Redis). A connection serves one thread
- * (redis_index.h). */
+ * (redis/redis.h). */
 static _Thread_local svc_redis *prep_redis;
-
 
 static svc_bytes header(const job *j, const char *name)
 {
@@ -77,7 +76,8 @@ static svc_error count_pixels(svc_worker *w, job *j, const uint8_t *bytes, size_
 {
     ml_image_info info;
     char err[256];
-    ml_status st = ml_image_probe(bytes, n, &ml_engine_image_params(w->engine)->limits, &info, err, sizeof err);
+    ml_status st = ml_image_probe(bytes, n, &ml_engine_image_params(w->engine)->limits, &info,
+                                  err, sizeof err);
     if (st != ML_OK) {
         svc_errf(msg, msglen, "image %d: %s", index, err);
         return image_status_error(st);

@@ -14,7 +14,6 @@
 
 #define IDLE_WAIT_MS 50
 
-
 static svc_finish finish_of(ml_finish_reason r)
 {
     switch (r) {
