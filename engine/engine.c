@@ -48,8 +48,8 @@ int ml_engine_parse_devices(const char *list, int *out, int max, char *err, size
         }
         for (int i = 0; i < n; i++)
             if (out[i] == (int)d) {
-                ml_fail(err, errlen, ML_ERR_INVALID_ARG, "device list '%s': device %ld is listed twice",
-                        list, d);
+                ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                        "device list '%s': device %ld is listed twice", list, d);
                 return -1;
             }
         if (n == max) {

@@ -231,29 +231,30 @@ static void env_name(const field *f, char *out, size_t n)
         *p = (char)toupper((unsigned char)*p);
 }
 
-/* A librdkafka property's integer value, or dflt when the config sets none
- * (an invalid value is librdkafka's to refuse when the client is created). */
-static long kafka_prop_long(const svc_config *cfg, const char *key, long dflt)
+void svc_config_reply_policy(const svc_config *cfg, const char *reserved[SVC_REPLY_RESERVED],
+                             svc_topic_policy *p)
 {
-    for (size_t i = 0; i < cfg->kafka.n_props; i++)
-        if (!strcmp(cfg->kafka.props[i].key, key))
-            return strtol(cfg->kafka.props[i].value, NULL, 10);
-    return dflt;
+    reserved[0] = cfg->kafka.request_topic;
+    reserved[1] = cfg->kafka.cancel_topic;
+    reserved[2] = cfg->kafka.dlt_topic;
+    *p = (svc_topic_policy){cfg->kafka.reply_topics, reserved, SVC_REPLY_RESERVED};
 }
 
 /* The reply-topic policy and the record sizes against the producer's. */
 static int validate_replies(const svc_config *cfg, char *err, size_t errlen)
 {
-    const char *reserved[] = {cfg->kafka.request_topic, cfg->kafka.cancel_topic,
-                              cfg->kafka.dlt_topic};
-    svc_topic_policy policy = {cfg->kafka.reply_topics, reserved,
-                               sizeof reserved / sizeof reserved[0]};
+    const char *reserved[SVC_REPLY_RESERVED];
+    svc_topic_policy policy;
+    svc_config_reply_policy(cfg, reserved, &policy);
     char why[400];
     if (!svc_topic_policy_check(&policy, why, sizeof why)) {
         svc_errf(err, errlen, "kafka.reply_topics: %s", why);
         return -1;
     }
-    long max_message = kafka_prop_long(cfg, "message.max.bytes", SVC_KAFKA_MESSAGE_MAX_DEFAULT);
+    const svc_kafka_kv *props = cfg->kafka.props;
+    size_t n = cfg->kafka.n_props;
+    long max_message = svc_kafka_kv_long(props, n, "message.max.bytes",
+                                         SVC_KAFKA_MESSAGE_MAX_DEFAULT);
     if (cfg->limits.max_reply_bytes + (long)SVC_RECORD_RESERVE > max_message) {
         svc_errf(err, errlen,
                  "limits.max_reply_bytes (%ld) must stay %u bytes below the producer's "
@@ -261,8 +262,8 @@ static int validate_replies(const svc_config *cfg, char *err, size_t errlen)
                  cfg->limits.max_reply_bytes, SVC_RECORD_RESERVE, max_message);
         return -1;
     }
-    long timeout = kafka_prop_long(cfg, "message.timeout.ms", SVC_PRODUCER_TIMEOUT_MS);
-    long propagation = kafka_prop_long(cfg, "topic.metadata.propagation.max.ms", 0);
+    long timeout = svc_kafka_kv_long(props, n, "message.timeout.ms", SVC_PRODUCER_TIMEOUT_MS);
+    long propagation = svc_kafka_kv_long(props, n, "topic.metadata.propagation.max.ms", 0);
     if (timeout > 0 && propagation >= timeout) {
         svc_errf(err, errlen,
                  "kafka.topic.metadata.propagation.max.ms (%ld) must be below "

@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "kafka/kafka.h"
+#include "protocol/protocol.h"
 
 #define SVC_CONFIG_STR 512
 #define SVC_CONFIG_MAX_KAFKA_PROPS 64
@@ -76,5 +77,12 @@ int svc_config_load(svc_config *cfg, const char *path, const char *const *overri
 
 /* Free the pass-through property strings. */
 void svc_config_deinit(svc_config *cfg);
+
+/* The reply-topic policy of cfg: kafka.reply_topics, with the request,
+ * cancel and dead-letter topics reserved. reserved receives their names
+ * (borrowed from cfg) and p points into it and cfg, so both must outlive p. */
+#define SVC_REPLY_RESERVED 3
+void svc_config_reply_policy(const svc_config *cfg, const char *reserved[SVC_REPLY_RESERVED],
+                             svc_topic_policy *p);
 
 #endif

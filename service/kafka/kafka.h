@@ -107,6 +107,11 @@ typedef struct svc_kafka_kv {
     const char *value;
 } svc_kafka_kv;
 
+/* The integer value of property `key` in kv[0..n), the last setting winning
+ * as it does when they are applied, or dflt when none sets it (an invalid
+ * value is librdkafka's to refuse when the client is created). @locality any. */
+long svc_kafka_kv_long(const svc_kafka_kv *kv, size_t n, const char *key, long dflt);
+
 /* ---- Consumed messages ------------------------------------------------------ */
 
 /* A request message handed out by svc_consumer_poll. Its offset is begun in

@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
@@ -63,6 +64,15 @@ svc_kafka_status svc_kafka_fail(char *err, size_t errlen, svc_kafka_status st, c
     svc_verrf(err, errlen, fmt, ap);
     va_end(ap);
     return st;
+}
+
+long svc_kafka_kv_long(const svc_kafka_kv *kv, size_t n, const char *key, long dflt)
+{
+    long v = dflt;
+    for (size_t i = 0; i < n; i++)
+        if (kv[i].key && kv[i].value && !strcmp(kv[i].key, key))
+            v = strtol(kv[i].value, NULL, 10);
+    return v;
 }
 
 void svc_kafka_log_error(rd_kafka_t *rk, const char *role, int err, const char *reason)

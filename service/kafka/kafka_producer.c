@@ -82,11 +82,8 @@ svc_kafka_status svc_producer_create(const svc_producer_config *cfg, svc_produce
                               "producer: a delivery callback is required");
     /* A missing topic must fail its records before they time out: the
      * propagation wait defaults to at most half the message timeout. */
-    long timeout_ms = SVC_PRODUCER_TIMEOUT_MS;
-    for (size_t i = 0; i < cfg->n_kafka; i++)
-        if (cfg->kafka[i].key && cfg->kafka[i].value &&
-            !strcmp(cfg->kafka[i].key, "message.timeout.ms"))
-            timeout_ms = strtol(cfg->kafka[i].value, NULL, 10);
+    long timeout_ms =
+        svc_kafka_kv_long(cfg->kafka, cfg->n_kafka, "message.timeout.ms", SVC_PRODUCER_TIMEOUT_MS);
     long propagation_ms = SVC_PRODUCER_PROPAGATION_MS;
     if (timeout_ms > 0 && propagation_ms > timeout_ms / 2)
         propagation_ms = timeout_ms / 2;

@@ -489,11 +489,7 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     w->limits.max_images = (size_t)w->cfg.runtime.max_images_per_request;
     w->limits.max_tokens_default = (uint32_t)w->cfg.runtime.default_max_tokens;
     w->limits.max_reply_bytes = (size_t)w->cfg.limits.max_reply_bytes;
-    w->reply_reserved[0] = w->cfg.kafka.request_topic;
-    w->reply_reserved[1] = w->cfg.kafka.cancel_topic;
-    w->reply_reserved[2] = w->cfg.kafka.dlt_topic;
-    w->reply_policy = (svc_topic_policy){w->cfg.kafka.reply_topics, w->reply_reserved,
-                                         sizeof w->reply_reserved / sizeof w->reply_reserved[0]};
+    svc_config_reply_policy(&w->cfg, w->reply_reserved, &w->reply_policy);
     svc_adapter_store_init(&w->adapters, w->cfg.model.adapters_dir,
                            (size_t)w->cfg.limits.max_adapter_bytes);
     /* Start time in ms: numbers of uncounted attempts differ across processes. */
@@ -523,7 +519,8 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
         svc_worker_destroy(w);
         return NULL;
     }
-    svc_metrics_set_info(MLLAMA_VERSION, ml_engine_backend_name(w->engine), w->model_name, w->fingerprint);
+    svc_metrics_set_info(MLLAMA_VERSION, ml_engine_backend_name(w->engine), w->model_name,
+                         w->fingerprint);
     if (connect_redis(w, err, errlen) || connect_kafka(w, err, errlen)) {
         *code = SVC_WORKER_EXIT_KAFKA;
         svc_worker_destroy(w);

@@ -211,7 +211,7 @@ struct svc_worker {
     svc_producer *producer;
     atomic_int inflight;        /* jobs consumed and not yet fully delivered */
     svc_topic_policy reply_policy; /* kafka.reply_topics; reserved: reply_reserved */
-    const char *reply_reserved[3]; /* borrowed from cfg: request, cancel, DLT topics */
+    const char *reply_reserved[SVC_REPLY_RESERVED]; /* borrowed from cfg */
     pthread_mutex_t failure_lock;  /* jobs' reply_why */
     pthread_mutex_t partitions_lock;
     char partitions[1024];      /* "topic:0,1,5" for the Redis heartbeat */
