@@ -6,7 +6,8 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "clock.h"
 
 struct ml_adapter {
     char name[ML_ADAPTER_NAME_MAX]; /* "" when the slot is empty */
@@ -25,13 +26,6 @@ struct ml_adapters {
     uint64_t tick;
     ml_adapters_stats stats;
 };
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 ml_status ml_adapters_create(ml_adapters **out, ml_model *m, int n_slots, int max_rank,
                              ml_adapter_resolve_fn resolve, void *resolve_ctx, char *err,
@@ -114,7 +108,7 @@ static ml_adapter_result load_into(ml_adapters *a, ml_adapter *s, const char *na
         return ML_ADAPTER_UNKNOWN;
     }
     dir[sizeof dir - 1] = '\0'; /* whatever the resolver wrote */
-    double t0 = now_ms();
+    double t0 = ml_clock_ms();
     ml_lora_adapter *host = NULL;
     ml_status st = ml_lora_adapter_load(&host, dir, ml_model_config(a->model), err, errlen);
     if (st == ML_OK && ml_lora_adapter_rank(host) > a->max_rank)
@@ -140,7 +134,7 @@ static ml_adapter_result load_into(ml_adapters *a, ml_adapter *s, const char *na
     memcpy(s->name, name, strlen(name) + 1); /* the caller checked the length */
     a->stats.resident++;
     a->stats.loads++;
-    a->stats.load_ms += now_ms() - t0;
+    a->stats.load_ms += ml_clock_ms() - t0;
     return ML_ADAPTER_READY;
 }
 

@@ -10,8 +10,8 @@
 
 #include <stdbool.h>
 #include <stdint.h>
-#include <time.h>
 
+#include "clock.h"
 #include "list.h"
 #include "runtime/json_mode.h"
 #include "runtime/runtime.h"
@@ -82,13 +82,6 @@ struct ml_runtime {
 
 /* The sequence linked by n; NULL for NULL (the end of a list). */
 static inline rt_seq *seq_of(ml_list_node *n) { return ml_list_entry(n, rt_seq, link); }
-
-static inline double rt_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 /* ---- sequence.c ------------------------------------------------------------ */
 

@@ -91,11 +91,11 @@ static acquire_result acquire_images(ml_runtime *rt, rt_seq *s, ml_request_error
             e = ml_image_cache_reserve(rt->images, im->key, im->n_tiles);
             if (!e)
                 return ACQUIRE_WAIT;
-            double t0 = rt_now_ms();
+            double t0 = ml_clock_ms();
             ml_status st = ml_model_encode_image(rt->model, im->pixels, im->aspect_ratio_id,
                                                  im->aspect_ratio_mask, seq_lora(s),
                                                  ml_image_entry_state(e), NULL, err, errlen);
-            s->usage.vision_ms += rt_now_ms() - t0;
+            s->usage.vision_ms += ml_clock_ms() - t0;
             if (st != ML_OK) {
                 ml_image_cache_release(rt->images, e);
                 *error = ML_REQERR_INTERNAL;
@@ -125,7 +125,7 @@ static void admit(ml_runtime *rt)
         if ((first + rt->block_size - 1) / rt->block_size > ml_kv_cache_n_free(rt->kv))
             return;
         if (s->t_admit == 0) {
-            s->t_admit = rt_now_ms();
+            s->t_admit = ml_clock_ms();
             s->usage.queue_ms = s->t_admit - s->t_submit;
         }
         char err[256];

@@ -266,7 +266,7 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
     s->deadline_ms = req->deadline_ms;
     s->usage.prompt_tokens = req->n_prompt;
     s->usage.images = req->n_images;
-    s->t_submit = rt_now_ms();
+    s->t_submit = ml_clock_ms();
     image_ranges(s, ml_model_config(rt->model)->image_token_index);
     s->state = SEQ_WAITING;
     ml_list_push_back(&rt->waiting, &s->link);
@@ -333,7 +333,7 @@ void ml_rt_seq_advance(ml_runtime *rt, rt_seq *s, const float *logits)
         ml_rt_seq_finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL, err, 0);
         return;
     }
-    double t = rt_now_ms();
+    double t = ml_clock_ms();
     if (s->t_first == 0) {
         s->t_first = t;
         s->usage.ttft_ms = t - s->t_submit;
@@ -392,7 +392,7 @@ void ml_rt_seq_finish(ml_runtime *rt, rt_seq *s, ml_finish_reason reason, ml_req
             }
         }
     }
-    double t = rt_now_ms();
+    double t = ml_clock_ms();
     if (s->t_first > 0)
         s->usage.decode_ms = t - s->t_first;
     s->usage.completion_tokens = s->n_tokens - s->n_prompt;
