@@ -136,8 +136,9 @@ ml_status ml_image_check_size(uint32_t width, uint32_t height, const ml_image_li
                               char *err, size_t errlen)
 {
     if ((uint64_t)width * height > lim->max_pixels)
-        return ml_fail(err, errlen, ML_ERR_TOO_LARGE, "image is %ux%u, above the limit of %llu pixels",
-                       width, height, (unsigned long long)lim->max_pixels);
+        return ml_fail(err, errlen, ML_ERR_TOO_LARGE,
+                       "image is %ux%u, above the limit of %llu pixels", width, height,
+                       (unsigned long long)lim->max_pixels);
     if (width > ML_IMAGE_MAX_SIDE || height > ML_IMAGE_MAX_SIDE)
         return ml_fail(err, errlen, ML_ERR_TOO_LARGE,
                        "image is %ux%u; sides above %u pixels are not supported", width, height,
