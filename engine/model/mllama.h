@@ -29,8 +29,25 @@ typedef struct ml_lora ml_lora;
  * valid input ids are [0, vocab_size + 8), logits cover [0, vocab_size). */
 #define ML_MODEL_EMBED_EXTRA_ROWS 8
 
-/* Sizes that bound the workspace allocated at load; nothing is allocated
- * while the model runs. */
+/* What a cross-attention layer adds for a text row that may see no image
+ * tile (the full-text-row mask is 0: engine/model/README.md §4.6). */
+typedef enum ml_row_mask_mode {
+    /* Meta's reference CrossAttentionTransformerBlock, which vLLM and SGLang
+     * follow: the row's attention output and its MLP output are both
+     * zeroed, so the row leaves the layer unchanged. */
+    ML_ROW_MASK_REFERENCE = 0,
+    /* transformers 4.47: only the MLP output is zeroed; the attention
+     * output (uniform over every key of the sequence's images) is added. */
+    ML_ROW_MASK_TRANSFORMERS,
+} ml_row_mask_mode;
+
+/* "reference" or "transformers" (static). */
+const char *ml_row_mask_mode_name(ml_row_mask_mode mode);
+/* The mode named s; 0, or -1 for a name that is neither. */
+int ml_row_mask_mode_parse(const char *s, ml_row_mask_mode *out);
+
+/* Sizes that bound the workspace allocated at load (nothing is allocated
+ * while the model runs), and the two choices made with them. */
 typedef struct ml_model_limits {
     int max_step_tokens;  /* text tokens in one forward step, all sequences together */
     int max_step_seqs;    /* sequences in one forward step */
@@ -42,10 +59,11 @@ typedef struct ml_model_limits {
      * 0: run every step op by op. Results agree to rounding (a graph runs
      * the batch padded to its bucket). */
     int decode_graphs;
+    ml_row_mask_mode row_mask;
 } ml_model_limits;
 
 /* Defaults: 512-token steps, 32 sequences, 8 images per sequence, 16-token
- * blocks, LoRA ranks up to 64, decode graphs on. */
+ * blocks, LoRA ranks up to 64, decode graphs on, the reference row mask. */
 ml_model_limits ml_model_limits_default(void);
 
 /* Load config.json and the safetensors checkpoint under dir, bind the weights

@@ -33,8 +33,30 @@ ml_model_limits ml_model_limits_default(void)
         .kv_block_size = 16,
         .max_lora_rank = ML_DEFAULT_MAX_LORA_RANK,
         .decode_graphs = 1,
+        .row_mask = ML_ROW_MASK_REFERENCE,
     };
     return l;
+}
+
+static const char *const ROW_MASK_NAMES[] = {
+    [ML_ROW_MASK_REFERENCE] = "reference",
+    [ML_ROW_MASK_TRANSFORMERS] = "transformers",
+};
+
+const char *ml_row_mask_mode_name(ml_row_mask_mode mode)
+{
+    return (unsigned)mode < sizeof ROW_MASK_NAMES / sizeof ROW_MASK_NAMES[0] ? ROW_MASK_NAMES[mode] : "?";
+}
+
+int ml_row_mask_mode_parse(const char *s, ml_row_mask_mode *out)
+{
+    for (size_t i = 0; s && i < sizeof ROW_MASK_NAMES / sizeof ROW_MASK_NAMES[0]; i++) {
+        if (strcmp(s, ROW_MASK_NAMES[i]) == 0) {
+            *out = (ml_row_mask_mode)i;
+            return 0;
+        }
+    }
+    return -1;
 }
 
 /* ---- weights on the backend ------------------------------------------- */
@@ -186,6 +208,9 @@ static ml_status check_limits(const ml_model_limits *l, char *err, size_t errlen
                        ML_LORA_MAX_RANK, l->max_step_tokens, l->max_step_seqs,
                        l->max_logit_rows, l->max_seq_images, l->kv_block_size,
                        l->max_lora_rank, l->decode_graphs);
+    if (l->row_mask != ML_ROW_MASK_REFERENCE && l->row_mask != ML_ROW_MASK_TRANSFORMERS)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "model limits: row mask mode %d unknown",
+                       (int)l->row_mask);
     return ML_OK;
 }
 

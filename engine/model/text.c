@@ -205,8 +205,10 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
             int any = 0;
             for (int c = 0; c < chunks; c++)
                 any |= allowed[c];
-            h->row_attn[n] = q->n_images > 0 ? 1.0f : 0.0f;
             h->row_mlp[n] = any ? 1.0f : 0.0f;
+            h->row_attn[n] = m->limits.row_mask == ML_ROW_MASK_REFERENCE ? h->row_mlp[n]
+                             : q->n_images > 0                          ? 1.0f
+                                                                        : 0.0f;
         }
     }
     h->seq_start[n_seqs] = n;
@@ -313,8 +315,9 @@ static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int
  * attention over the image states' K/V, o_proj), tanh-gated residual;
  * RMSNorm, MllamaTextMLP, tanh-gated residual. Rows of text-only sequences
  * get a zero attention output and are left untouched (row_attn = row_mlp =
- * 0), which is what HF's layer skip does for a batch of one. The attention
- * output is not multiplied by the row mask; the MLP output is (HF quirk,
+ * 0), which is what HF's layer skip does for a batch of one. The MLP output
+ * is multiplied by the full-text-row mask (row_mlp); the attention output
+ * too in the reference mode, not in the transformers one (row_attn,
  * engine/model/README.md §4.6). */
 static void cross_layer(ml_model *m, const ml_text_layer *L, int layer, int cross_idx,
                         const ml_lora_rows *lora, int n_seqs, int n)

@@ -138,6 +138,7 @@ typedef struct ml_rt_fixture {
 static inline ml_model_limits ml_rt_limits(void)
 {
     ml_model_limits lim = ml_model_limits_default();
+    lim.row_mask = ML_ROW_MASK_TRANSFORMERS; /* the fixtures are transformers 4.47's */
     lim.max_step_tokens = ML_RT_STEP_TOKENS;
     lim.max_step_seqs = ML_RT_STEP_SEQS;
     lim.max_logit_rows = ML_RT_STEP_SEQS;

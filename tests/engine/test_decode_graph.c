@@ -423,6 +423,7 @@ static void run_part(const char *part, const char *dir, ml_safetensors *ref,
 {
     char err[512];
     ml_model_limits lim = ml_model_limits_default();
+    lim.row_mask = ML_ROW_MASK_TRANSFORMERS; /* the fixtures are transformers 4.47's */
     lim.max_step_tokens = N_SEQS * src->S;
     lim.max_step_seqs = MAX_SEQS;
     lim.max_logit_rows = MAX_SEQS;

@@ -368,6 +368,7 @@ static void load_fixture(fixture *f)
         f->allowed[i] = xmask[i] != 0;
 
     ml_model_limits lim = ml_model_limits_default();
+    lim.row_mask = ML_ROW_MASK_TRANSFORMERS; /* the fixtures are transformers 4.47's */
     lim.max_step_tokens = f->S;
     lim.max_step_seqs = 1;
     lim.max_logit_rows = f->S;

@@ -45,6 +45,7 @@ static void run_fixture(ml_backend *be, const char *name)
     int N = pix_v ? (int)pix_v->shape[1] : 0;
 
     ml_model_limits lim = ml_model_limits_default();
+    lim.row_mask = ML_ROW_MASK_TRANSFORMERS; /* the fixtures are transformers 4.47's */
     lim.max_step_tokens = B * S;
     lim.max_step_seqs = B;
     lim.max_logit_rows = B * S;

@@ -114,6 +114,7 @@ static ml_status run_shards(const char *dir, ml_safetensors *ref, ml_backend **b
     ml_fx_prompt probe;
     ml_fx_prompt_load(&probe, ref, cfg.vision.max_num_tiles, GREEDY_STEPS);
     ml_model_limits lim = ml_model_limits_default();
+    lim.row_mask = ML_ROW_MASK_TRANSFORMERS; /* the fixtures are transformers 4.47's */
     lim.max_step_tokens = probe.B * probe.S;
     lim.max_step_seqs = probe.B;
     lim.max_logit_rows = probe.B * probe.S;
