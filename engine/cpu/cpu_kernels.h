@@ -34,12 +34,25 @@ typedef struct ml_cpu_kernels {
                       const float *b, size_t ldb, float *c, size_t ldc);
     int tile_rows, tile_cols;
 
-    /* dots (r, j) = Σ_k w[r * ldw + k] · x[j * ldx + k] for r < rows <= gemv_rows,
-     * j < cols <= gemv_cols; w bf16 (rows, K), x f32 (cols, K); dots row-major
-     * (rows, cols). Reads each weight element once. Each dot is summed in an
-     * order that depends on K alone (per SIMD lane in increasing k, then the
-     * lanes), never on rows, cols or its place in the block: a sequence's
-     * result does not depend on the batch it is decoded in. */
+    /* The decode matmul, in gemm_tile's order: y[j * ldy + r] += Σ_{p<k}
+     * w[r * ldw + p] · x[j * ldx + p] for r < rows <= gemv_seq_rows, j < cols
+     * <= gemv_seq_cols; w bf16 (rows, k), x f32 (cols, k). Each sum starts
+     * at 0 and takes one product at a time in increasing p, with the FMA or
+     * the multiply-add gemm_tile uses, and is then added to y: exactly what
+     * gemm_tile computes for the same element over the same k, so the
+     * matmul's two regimes give a row the same bits (matmul.c). Vectorised
+     * across weight rows, which costs an in-register transpose of w. */
+    void (*gemv_seq)(int rows, int cols, int k, const uint16_t *w, size_t ldw, const float *x,
+                     size_t ldx, float *y, size_t ldy);
+    int gemv_seq_rows, gemv_seq_cols;
+
+    /* LoRA's kernel (lora.c): dots (r, j) = Σ_k w[r * ldw + k] · x[j * ldx + k]
+     * for r < rows <= gemv_rows, j < cols <= gemv_cols; w bf16 (rows, K), x
+     * f32 (cols, K); dots row-major (rows, cols). Reads each weight element
+     * once. Each dot is summed in an order that depends on K alone (per SIMD
+     * lane in increasing k, then the lanes), never on rows, cols or its
+     * place in the block: a sequence's result does not depend on the batch
+     * it is decoded in. */
     void (*gemv)(int rows, int cols, int K, const uint16_t *w, size_t ldw, const float *x,
                  size_t ldx, float *dots);
     int gemv_rows, gemv_cols;
@@ -77,6 +90,13 @@ extern const ml_cpu_kernels ml_cpu_kernels_plain;
 #if ML_CPU_X86
 extern const ml_cpu_kernels ml_cpu_kernels_avx2;
 extern const ml_cpu_kernels ml_cpu_kernels_avx512;
+/* AVX2's gemv_seq and its block, which the AVX-512 table shares: the
+ * transpose, not the vector width, bounds it, and the order it must follow
+ * is lane-free. */
+#define ML_CPU_GEMV_SEQ_AVX2_ROWS 32
+#define ML_CPU_GEMV_SEQ_AVX2_COLS 2
+void ml_cpu_gemv_seq_avx2(int rows, int cols, int k, const uint16_t *w, size_t ldw,
+                          const float *x, size_t ldx, float *y, size_t ldy);
 #endif
 
 /* The kernel table of an ISA (which the caller has checked is supported). */

@@ -10,6 +10,7 @@
 
 #define VMATH_BITS 256
 #include "cpu/vmath.h"
+#include "dtype.h"
 
 #define LANES 8
 /* 6 x 16 tile: 12 accumulators + 2 B vectors + 1 broadcast of 16 ymm. */
@@ -22,6 +23,11 @@
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 /* Running maxima kept apart in softmax_block's max pass. */
 #define MAX_CHAINS 4
+
+static inline int imin(int a, int b)
+{
+    return a < b ? a : b;
+}
 
 /* Lanes [0, n) all ones: the mask operand of maskload/maskstore. */
 static inline __m256i lane_mask(int n)
@@ -181,6 +187,102 @@ static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const
     }
 }
 
+/* ---- gemv_seq ----------------------------------------------------------------- */
+
+/* Lanes = 8 weight rows; SEQ_GROUPS of them are interleaved so that as many
+ * independent FMA chains hide the FMA latency at one activation row. */
+#define SEQ_GROUPS (ML_CPU_GEMV_SEQ_AVX2_ROWS / LANES)
+#define SEQ_COLS ML_CPU_GEMV_SEQ_AVX2_COLS
+/* k per transposed chunk: 16 bf16 = 8 dwords of each of the 8 rows. */
+#define SEQ_CHUNK 16
+
+/* dwords [4h, 4h+4) of rows r and r+4 of 8 row pointers as one vector. */
+ALWAYS_INLINE __m256i rows_pair(const uint16_t *const wr[LANES], int r, int p)
+{
+    return _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(wr[r] + p))),
+        _mm_loadu_si128((const __m128i *)(wr[r + 4] + p)), 1);
+}
+
+/* acc[j] += one FMA per k of the 8 dwords (bf16 pairs) of 4 row pairs,
+ * transposed in 128-bit lanes: v[q] holds dword q of rows 0..7, its low
+ * half is k = 2q and its high half k = 2q + 1. */
+ALWAYS_INLINE void seq_half(const int cols, const uint16_t *const wr[LANES], int p,
+                            const float *x, size_t ldx, __m256 acc[SEQ_COLS])
+{
+    const __m256i hi_mask = _mm256_set1_epi32((int)0xffff0000u);
+    const __m256i a0 = rows_pair(wr, 0, p), a1 = rows_pair(wr, 1, p);
+    const __m256i a2 = rows_pair(wr, 2, p), a3 = rows_pair(wr, 3, p);
+    const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
+    const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
+    const __m256i v[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                          _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+        const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v[q], 16));
+        const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v[q], hi_mask));
+#pragma GCC unroll 2
+        for (int j = 0; j < cols; j++) {
+            const float *xj = x + (size_t)j * ldx + p + 2 * q;
+            acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(xj), even, acc[j]);
+            acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(xj + 1), odd, acc[j]);
+        }
+    }
+}
+
+ALWAYS_INLINE void seq_block(const int cols, int rows, int k, const uint16_t *w, size_t ldw,
+                             const float *x, size_t ldx, float *y, size_t ldy)
+{
+    const int groups = (rows + LANES - 1) / LANES;
+    const uint16_t *wr[SEQ_GROUPS][LANES];
+    __m256 acc[SEQ_GROUPS][SEQ_COLS];
+    for (int g = 0; g < groups; g++) {
+        /* rows past `rows` repeat the last one; their lanes are not stored */
+        for (int i = 0; i < LANES; i++)
+            wr[g][i] = w + (size_t)imin(g * LANES + i, rows - 1) * ldw;
+        for (int j = 0; j < cols; j++)
+            acc[g][j] = _mm256_setzero_ps();
+    }
+    int p = 0;
+    for (; p + SEQ_CHUNK <= k; p += SEQ_CHUNK) {
+#pragma GCC unroll 4
+        for (int g = 0; g < SEQ_GROUPS; g++) {
+            if (g < groups) {
+                seq_half(cols, wr[g], p, x, ldx, acc[g]);
+                seq_half(cols, wr[g], p + LANES, x, ldx, acc[g]);
+            }
+        }
+    }
+    for (; p < k; p++) {
+        for (int g = 0; g < groups; g++) {
+            float wf[LANES];
+            for (int i = 0; i < LANES; i++)
+                wf[i] = ml_bf16_to_f32(wr[g][i][p]);
+            const __m256 wv = _mm256_loadu_ps(wf);
+            for (int j = 0; j < cols; j++)
+                acc[g][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + (size_t)j * ldx + p), wv,
+                                            acc[g][j]);
+        }
+    }
+    for (int g = 0; g < groups; g++) {
+        const __m256i mask = lane_mask(rows - g * LANES);
+        for (int j = 0; j < cols; j++) {
+            float *yj = y + (size_t)j * ldy + (size_t)g * LANES;
+            _mm256_maskstore_ps(yj, mask, _mm256_add_ps(_mm256_maskload_ps(yj, mask), acc[g][j]));
+        }
+    }
+}
+
+void ml_cpu_gemv_seq_avx2(int rows, int cols, int k, const uint16_t *w, size_t ldw,
+                          const float *x, size_t ldx, float *y, size_t ldy)
+{
+    switch (cols) {
+    case 1: seq_block(1, rows, k, w, ldw, x, ldx, y, ldy); break;
+    case 2: seq_block(2, rows, k, w, ldw, x, ldx, y, ldy); break;
+    default: assert(!"gemv_seq: cols out of range");
+    }
+}
+
 /* ---- pack_block --------------------------------------------------------------- */
 
 /* 8 rows of 8 bf16 → f32, transposed in registers: unpack and shuffle pair
@@ -268,6 +370,9 @@ const ml_cpu_kernels ml_cpu_kernels_avx2 = {
     .gemv = gemv,
     .gemv_rows = GEMV_ROWS,
     .gemv_cols = GEMV_COLS,
+    .gemv_seq = ml_cpu_gemv_seq_avx2,
+    .gemv_seq_rows = ML_CPU_GEMV_SEQ_AVX2_ROWS,
+    .gemv_seq_cols = ML_CPU_GEMV_SEQ_AVX2_COLS,
     .pack_block = pack_block,
     .pack_block_size = LANES,
     .softmax_block = softmax_block,

@@ -12,6 +12,8 @@
 #define TILE_COLS 16
 #define GEMV_ROWS 4
 #define GEMV_COLS 4
+#define GEMV_SEQ_ROWS 4
+#define GEMV_SEQ_COLS 4
 #define PACK_BLOCK 8
 
 static void gemm_tile(int m, int n, int k, const float *a, size_t a_rs, size_t a_cs,
@@ -36,6 +38,19 @@ static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const
             for (int k = 0; k < K; k++)
                 acc += ml_bf16_to_f32(w[(size_t)r * ldw + k]) * x[(size_t)j * ldx + k];
             dots[r * cols + j] = acc;
+        }
+    }
+}
+
+static void gemv_seq(int rows, int cols, int k, const uint16_t *w, size_t ldw, const float *x,
+                     size_t ldx, float *y, size_t ldy)
+{
+    for (int j = 0; j < cols; j++) {
+        for (int r = 0; r < rows; r++) {
+            float acc = 0.0f;
+            for (int p = 0; p < k; p++)
+                acc += x[(size_t)j * ldx + p] * ml_bf16_to_f32(w[(size_t)r * ldw + p]);
+            y[(size_t)j * ldy + r] += acc;
         }
     }
 }
@@ -103,6 +118,9 @@ const ml_cpu_kernels ml_cpu_kernels_plain = {
     .gemv = gemv,
     .gemv_rows = GEMV_ROWS,
     .gemv_cols = GEMV_COLS,
+    .gemv_seq = gemv_seq,
+    .gemv_seq_rows = GEMV_SEQ_ROWS,
+    .gemv_seq_cols = GEMV_SEQ_COLS,
     .pack_block = pack_block,
     .pack_block_size = PACK_BLOCK,
     .softmax_block = softmax_block,

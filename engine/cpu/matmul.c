@@ -4,20 +4,28 @@
  * (AVX-512 BF16's vdpbf16ps would round x to bf16 first; it is not used).
  *
  * Two regimes:
- * - M <= GEMV_MAX_M (decode): memory-bound. Threads split N; each streams its
- *   weight rows once, gemv_rows at a time, against up to gemv_cols activation
- *   rows that stay in cache.
- * - larger M (prefill, the vision tower): compute-bound blocked GEMM. Threads
+ * - M <= GEMV_MAX_M (decode of a few sequences): memory-bound. Threads split N; each streams its
+ *   weight rows once, gemv_seq_rows at a time, against up to gemv_seq_cols
+ *   activation rows that stay in cache.
+ * - larger M (prefill, the vision tower, wider decode steps): blocked GEMM. Threads
  *   form a grid over (M, N); each converts KC x NC panels of its weight rows
  *   to f32 strips of tile_cols columns in its scratch (once per panel, reused
  *   for all its rows) and runs the ISA's register-blocked gemm_tile on them.
- * Within a regime, the order in which an output element is summed depends
- * only on the ISA, never on the thread count. */
+ * Batch invariance: both regimes sum an output element in one order, which
+ *   depends on K and the ISA only: y = (y or 0) + bias, then for each KC
+ *   block in turn, y += (the block's products summed from 0 in increasing
+ *   k). gemm_tile sums so by construction and gemv_seq is bound to its
+ *   order (cpu_kernels.h), so a row of x gets the same bits whatever M is,
+ *   i.e. whatever else the step computes (test_cpu_ops checks it across the
+ *   switch), and whatever the thread count. */
 #include "cpu/cpu_internal.h"
 #include "dtype.h"
 
-/* Largest M served by the GEMV regime (measured crossover, see the bench). */
-#define GEMV_MAX_M 16
+/* Largest M served by the GEMV regime: the measured crossover
+ * (bench_cpu_ops gemv, K 4096 x N 14336 on 2 AVX2/AVX-512 cores). gemv_seq
+ * transposes each weight block once per gemv_seq_cols rows, so past 4 rows
+ * the GEMM, which widens each panel once for all rows, is faster. */
+#define GEMV_MAX_M 4
 /* GEMM panel: KC x NC f32 (256 KiB) stays in L2 while the thread's rows run
  * over it; NC is a multiple of every ISA's tile_cols. */
 #define GEMM_KC 256
@@ -53,26 +61,32 @@ static inline float bias_at(const uint16_t *bias, int n)
 
 /* ---- GEMV regime ------------------------------------------------------------ */
 
-/* Weight rows [begin, end) for every activation row. */
+/* y[m0..m1, n0..n1] = (y or 0) + bias: the start of every element's sum. */
+static void init_block(const matmul_job *j, int m0, int m1, int n0, int n1)
+{
+    for (int m = m0; m < m1; m++) {
+        float *yr = j->y + (size_t)m * j->N;
+        for (int n = n0; n < n1; n++)
+            yr[n] = (j->accumulate ? yr[n] : 0.0f) + bias_at(j->bias, n);
+    }
+}
+
+/* Weight rows [begin, end) for every activation row, KC block by block as
+ * gemm_block sums them. */
 static void gemv_part(void *ctx, int64_t begin, int64_t end, int tid)
 {
     const matmul_job *j = ctx;
     const ml_cpu_kernels *kn = j->cb->kern;
     const size_t K = (size_t)j->K, N = (size_t)j->N;
-    float dots[ML_CPU_GEMV_MAX_ROWS * ML_CPU_GEMV_MAX_COLS];
-    for (int n = (int)begin; n < (int)end; n += kn->gemv_rows) {
-        const int rows = imin(kn->gemv_rows, (int)end - n);
-        for (int m = 0; m < j->M; m += kn->gemv_cols) {
-            const int cols = imin(kn->gemv_cols, j->M - m);
-            kn->gemv(rows, cols, j->K, j->w + (size_t)n * K, K, j->x + (size_t)m * K, K, dots);
-            for (int r = 0; r < rows; r++) {
-                const float b = bias_at(j->bias, n + r);
-                for (int c = 0; c < cols; c++) {
-                    float *yp = &j->y[(size_t)(m + c) * N + (size_t)(n + r)];
-                    const float v = dots[r * cols + c] + b;
-                    *yp = j->accumulate ? *yp + v : v;
-                }
-            }
+    for (int n = (int)begin; n < (int)end; n += kn->gemv_seq_rows) {
+        const int rows = imin(kn->gemv_seq_rows, (int)end - n);
+        init_block(j, 0, j->M, n, n + rows);
+        for (int pc = 0; pc < j->K; pc += GEMM_KC) {
+            const int kc = imin(GEMM_KC, j->K - pc);
+            for (int m = 0; m < j->M; m += kn->gemv_seq_cols)
+                kn->gemv_seq(rows, imin(kn->gemv_seq_cols, j->M - m), kc,
+                             j->w + (size_t)n * K + pc, K, j->x + (size_t)m * K + pc, K,
+                             j->y + (size_t)m * N + (size_t)n, N);
         }
     }
 }
@@ -126,11 +140,7 @@ static void gemm_block(const matmul_job *j, int m0, int m1, int n0, int n1, floa
     const size_t K = (size_t)j->K, N = (size_t)j->N;
     const int mr = kn->tile_rows, nr = kn->tile_cols;
 
-    for (int m = m0; m < m1; m++) {
-        float *yr = j->y + (size_t)m * N;
-        for (int n = n0; n < n1; n++)
-            yr[n] = (j->accumulate ? yr[n] : 0.0f) + bias_at(j->bias, n);
-    }
+    init_block(j, m0, m1, n0, n1);
     for (int jc = n0; jc < n1; jc += GEMM_NC) {
         const int nc = imin(GEMM_NC, n1 - jc);
         for (int pc = 0; pc < j->K; pc += GEMM_KC) {

@@ -1,6 +1,6 @@
 /* The CPU backend's matmul against a double-precision reference on each ISA
  * path and thread count (cpu_ops_util.h), its batch invariance, and the
- * gemv kernel of each ISA across block shapes.
+ * LoRA's gemv kernel of each ISA across block shapes.
  *
  * Tolerance, with u = 2^-24: |y - ref| <= (K + 3)·u·(Σ_k |x_k·w_k| + |bias|
  * + |y0|), the classic bound of f32 recursive summation (any summation order
@@ -90,23 +90,28 @@ static void test_matmul(ml_backend *be[N_BACKENDS])
     test_matmul_case(be, 40, 1031, 70, 0, 1);
 }
 
-/* Batch invariance: a sequence decoded alone (M = 1) and in a batch of any
- * size of the GEMV regime gets bit-identical rows, whatever block of the
- * kernel each dot lands in. */
+/* Batch invariance: a sequence decoded alone (M = 1) and in a step of any
+ * size, on either side of the GEMV/GEMM switch, gets bit-identical rows,
+ * whatever block of a kernel or thread's part each element lands in. */
 static void test_matmul_batch_invariance(ml_backend *be)
 {
-    enum { K = 1031, N = 67, MAX_M = 16 }; /* odd K: masked or scalar tails */
+    /* K: four KC blocks and an odd tail (masked or scalar tails); N: a
+     * ragged last block of every kernel; MAX_M: past the GEMV regime and
+     * the GEMM's first row tiles. */
+    enum { K = 1031, N = 67, MAX_M = 40 };
     float *x = xmalloc((size_t)MAX_M * K * sizeof *x);
     float *alone = xmalloc((size_t)MAX_M * N * sizeof *alone);
     float *y = xmalloc((size_t)MAX_M * N * sizeof *y);
     uint16_t *w = xmalloc((size_t)N * K * sizeof *w);
     fill(x, (size_t)MAX_M * K, -1, 1);
     fill_bf16(w, (size_t)N * K, -1, 1);
+    uint16_t *bias = xmalloc((size_t)N * sizeof *bias);
+    fill_bf16(bias, (size_t)N, -1, 1);
     for (int m = 0; m < MAX_M; m++)
-        be->ops->matmul(be, alone + (size_t)m * N, x + (size_t)m * K, w, NULL, 1, K, N, 0);
+        be->ops->matmul(be, alone + (size_t)m * N, x + (size_t)m * K, w, bias, 1, K, N, 0);
     int same = 1, first_bad = 0;
     for (int M = 2; M <= MAX_M; M++) {
-        be->ops->matmul(be, y, x, w, NULL, M, K, N, 0);
+        be->ops->matmul(be, y, x, w, bias, M, K, N, 0);
         const int ok = memcmp(y, alone, (size_t)M * N * sizeof *y) == 0;
         if (!ok && same)
             first_bad = M;
@@ -117,9 +122,10 @@ static void test_matmul_batch_invariance(ml_backend *be)
     free(alone);
     free(y);
     free(w);
+    free(bias);
 }
 
-/* gemv: dot (r, j) of every block shape equals the 1 x 1 block's, bit for bit. */
+/* LoRA's gemv: dot (r, j) of every block shape equals the 1 x 1 block's, bit for bit. */
 static void test_gemv_kernel(const ml_cpu_kernels *kn)
 {
     static const int Ks[] = {1, 15, 16, 37, 300, 1031};
@@ -159,7 +165,6 @@ static void test_gemv_kernel(const ml_cpu_kernels *kn)
     free(w);
     free(x);
 }
-
 
 static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
 {
