@@ -15,6 +15,9 @@ Standard library only.
     bench_report.py runtime --cache OURS.kv B=RUN.jsonl[,RUN.jsonl...]...
         Throughput against concurrency (the fastest run of each B), and
         image-cache miss against hit.
+    bench_report.py revisions --base-rev REV --base-seq BASE.kv --tree-seq TREE.kv
+            [--base-concurrent B=RUN.jsonl,... --tree-concurrent B=RUN.jsonl,...]...
+        This tree's timings over a base revision's (compare_revisions.sh).
 """
 import argparse
 import json
@@ -273,6 +276,33 @@ def cmd_runtime(args):
                                                  100 * (1 - hit / num(ours, "ours_0_ttft_ms"))))
 
 
+# ---- revisions --------------------------------------------------------------
+
+
+def best_tps(paths):
+    return max(read_runs(p)[1]["completion_tokens_per_s"] for p in paths.split(","))
+
+
+def cmd_revisions(args):
+    base, tree = read_kv([args.base_seq]), read_kv([args.tree_seq])
+    rows = []
+    for label, i in (("text only", 0), ("image", 1)):
+        for k in TIMINGS:
+            if k == "decode_ms" or (i == 0 and k == "vision_ms"):
+                continue
+            b, t = num(base, "ours_%d_%s" % (i, k)), num(tree, "ours_%d_%s" % (i, k))
+            rows.append([label, k, fmt(b, 2), fmt(t, 2), ratio(t, b)])
+    conc = lambda specs: dict(s.split("=", 1) for s in specs or [])
+    bc, tc = conc(args.base_concurrent), conc(args.tree_concurrent)
+    for b in bc:
+        # tokens/s: the tree's time over the base's is base tps / tree tps
+        btps, ttps = best_tps(bc[b]), best_tps(tc[b])
+        rows.append(["%s concurrent" % b, "ms per completion token", fmt(1e3 / btps, 2),
+                     fmt(1e3 / ttps, 2), ratio(btps, ttps)])
+    print(md_table(["request", "timing", "base %s" % args.base_rev, "this tree",
+                    "this tree / base"], rows))
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -293,8 +323,14 @@ def main():
     r.add_argument("--cache", required=True)
     r.add_argument("--goal", type=int, default=80)
     r.add_argument("runs", nargs="+", metavar="B=RUN.jsonl[,RUN.jsonl...]")
+    v = sub.add_parser("revisions")
+    v.add_argument("--base-rev", required=True)
+    v.add_argument("--base-seq", required=True)
+    v.add_argument("--tree-seq", required=True)
+    v.add_argument("--base-concurrent", action="append")
+    v.add_argument("--tree-concurrent", action="append")
     args = p.parse_args()
-    {"ours": cmd_ours, "compare": cmd_compare, "bandwidth": cmd_bandwidth,
+    {"revisions": cmd_revisions, "ours": cmd_ours, "compare": cmd_compare, "bandwidth": cmd_bandwidth,
      "runtime": cmd_runtime}[args.cmd](args)
 
 

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The engine of this tree against the engine of another revision, same
+# checkpoint, same inputs, in one run: vision, prefill, TTFT and decode
+# ms/token of a text and an image request (one at a time), and completion
+# tokens/s of B concurrent text requests (decode steps of B rows). Printed
+# as this tree's time over the base's (below 1.00x: this tree is faster).
+# What it is for: the cost of a change to the engine's arithmetic, e.g.
+# batch invariance (README.md "Performance").
+#
+#   tests/bench/compare_revisions.sh --base REV [--preset small|1b|tiny]
+#       [--build DIR] [--work DIR] [--max-tokens N] [--concurrent "4 16"]
+#       [--repeats N] [--python PY] [--no-build]
+#
+# REV is built from `git archive` into WORK/base-REV (Release CPU build,
+# kept between runs). The two builds alternate, --repeats processes each,
+# best of each timing.
+set -euo pipefail
+
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+# shellcheck source=lib.sh
+. "$repo/tests/bench/lib.sh"
+
+preset=small
+build="$repo/build-bench"
+work=""
+max_tokens=33
+concurrent="4 16"
+repeats=3
+python="$BENCH_PYTHON_DEFAULT"
+no_build=0
+base=""
+BENCH_OPTIONS="base concurrent"
+bench_parse_args "$@"
+[ -n "$base" ] || bench_die "--base REV is required"
+rev=$(git -C "$repo" rev-parse --short "$base^{commit}") || bench_die "no revision $base"
+bench_setup revs
+base_src="$work/base-$rev"
+if [ ! -x "$base_src/build/service/mllama" ]; then
+    rm -rf "$base_src"
+    mkdir -p "$base_src"
+    git -C "$repo" archive "$rev" | tar -x -C "$base_src"
+    (repo="$base_src" bench_build "$base_src/build" mllama)
+fi
+base_mllama="$base_src/build/service/mllama"
+batch_py="$repo/tests/bench/make_batch.py"
+"$python" "$batch_py" --max-tokens "$max_tokens" --prompt "$BENCH_PROMPT" \
+    --sequence - "$image" >"$run/seq.jsonl"
+for b in $concurrent; do
+    "$python" "$batch_py" --max-tokens "$max_tokens" --prompt "Write a short story" \
+        --concurrent "$b" >"$run/c$b.jsonl"
+done
+
+echo "revisions: this tree against $rev, preset $preset, $max_tokens tokens per request," \
+    "$BENCH_THREADS threads"
+echo "before: $(bench_load)"
+for r in $(seq 1 "$repeats"); do
+    for side in base tree; do
+        bin="$mllama"
+        [ "$side" = base ] && bin="$base_mllama"
+        bench_time_run "$run/${side}_seq_$r.jsonl" "$run/${side}_seq_$r.wall" \
+            "$bin" run --model "$model" --batch "$run/seq.jsonl" --threads "$BENCH_THREADS"
+        for b in $concurrent; do
+            "$bin" run --model "$model" --batch "$run/c$b.jsonl" --threads "$BENCH_THREADS" \
+                >"$run/${side}_c${b}_$r.jsonl" || bench_die "$side: batch of $b failed"
+        done
+    done
+done
+echo "after: $(bench_load)"
+echo
+args=()
+for side in base tree; do
+    $report ours "$run/${side}"_seq_*.jsonl >"$run/$side.kv"
+    args+=("--$side-seq" "$run/$side.kv")
+    for b in $concurrent; do
+        args+=("--$side-concurrent" "$b=$(ls "$run/${side}_c${b}"_*.jsonl | paste -sd,)")
+    done
+done
+$report revisions --base-rev "$rev" "${args[@]}"
