@@ -1888,7 +1888,7 @@ def check_transformers_version():
         raise SystemExit(
             "transformers %s is outside [%s, %s): from 4.54 on, Mllama's vision encoder takes "
             "intermediate_layers_indices one layer late (the encoder input is no longer "
-            "hidden_states[0]), so its fixtures would not be the reference's. Install the "
+            "hidden_states[0]), so the fixtures it made would not match what the engine computes. Install the "
             "versions of tests/golden/requirements.txt (transformers 4.47.1), see "
             "tests/golden/README.md." % (have, low, high))
 
