@@ -1888,9 +1888,9 @@ def check_transformers_version():
         raise SystemExit(
             "transformers %s is outside [%s, %s): from 4.54 on, Mllama's vision encoder takes "
             "intermediate_layers_indices one layer late (the encoder input is no longer "
-            "hidden_states[0]), so the fixtures it made would not match what the engine computes. Install the "
-            "versions of tests/golden/requirements.txt (transformers 4.47.1), see "
-            "tests/golden/README.md." % (have, low, high))
+            "hidden_states[0]), so the fixtures it made would not match what the engine "
+            "computes. Install the versions of tests/golden/requirements.txt (transformers "
+            "4.47.1), see tests/golden/README.md." % (have, low, high))
 
 
 def _reference_layer_forward(transformers_forward):
@@ -1955,7 +1955,7 @@ def meta_cross_attention_block(layer, x, vision, allowed, eps):
             .view(b, s, heads, hd), att.q_norm.weight)
     k = rms((vision @ att.k_proj.weight.T).view(b, -1, kv_heads, hd), att.k_norm.weight)
     v = (vision @ att.v_proj.weight.T).view(b, -1, kv_heads, hd)
-    group = heads // kv_heads                                             # query head h reads kv head h // group
+    group = heads // kv_heads              # query head h reads kv head h // group
     k = k.repeat_interleave(group, dim=2)
     v = v.repeat_interleave(group, dim=2)
     scores = torch.einsum("bshd,bkhd->bhsk", q, k) / math.sqrt(hd)
@@ -2234,8 +2234,9 @@ def gen_reference_lora(ver):
         "generator": "tests/golden/gen_fixtures.py --only reference",
         "versions": dict(ver, peft=peft.__version__),
         "semantics": "reference (Meta's row mask): " + REFERENCE_PATCH_DOC,
-        "model": "fixtures/lora (model, adapters, inputs); each case's reference.safetensors "
-                 "holds logits (1, S, V) and %d greedy tokens, as fixtures/lora/<case>/" % LORA_STEPS,
+        "model": "fixtures/lora (model, adapters, inputs); each case's "
+                 "reference.safetensors holds logits (1, S, V) and %d greedy tokens, as "
+                 "fixtures/lora/<case>/" % LORA_STEPS,
         "cases": cases,
     })
     return {k: v["transformers_vs_reference"] for k, v in cases.items()}
