@@ -2139,12 +2139,14 @@ def gen_reference_model(name, ver):
     save_file(out, path, metadata={"generator": "tests/golden/gen_fixtures.py --only reference"})
     log("wrote %s" % os.path.relpath(path, REPO_ROOT))
     difference = mode_difference(t_logits, ref["logits"], row_mask, t_tokens, tokens)
+    with open(os.path.join(src, "meta.json"), encoding="utf-8") as f:
+        layouts = json.load(f)["prompt_layouts"]
     write_json(os.path.join(out_dir, "meta.json"), {
         "name": name,
         "versions": ver,
         "semantics": "reference (Meta's row mask): " + REFERENCE_PATCH_DOC,
         "model": "fixtures/models/%s (weights, inputs, vision and projector outputs)" % name,
-        "prompt_layouts": json.load(open(os.path.join(src, "meta.json")))["prompt_layouts"],
+        "prompt_layouts": layouts,
         "reference": {
             "dtype": "float32 forward of the bf16 weights, eager attention, cpu, 1 thread",
             "generation": "generate(do_sample=False, max_new_tokens=%d, eos_token_id=None)"
