@@ -1867,8 +1867,7 @@ LAYER_CHECK_MODEL = "m3_two_images_interleaved"
 # reference-mode greedy path cannot be re-seeded: its margin (a1: 0.009) is held to this
 # bound instead, still 500x the float32 reordering error (~1e-5) the tests allow for.
 REFERENCE_LORA_MIN_MARGIN = 5e-3
-# The two modes' runs of a model that has no row without a tile (image first, or no
-# image) must agree bit for bit; the patch must not move anything else.
+# What reference_row_mask() changes, as the fixtures' JSON records it.
 REFERENCE_PATCH_DOC = (
     "transformers 4.47.1 MllamaCrossAttentionDecoderLayer.forward, unchanged except that the "
     "cross_attn output is multiplied by full_text_row_masked_out_mask[:, 0] before the gated "
