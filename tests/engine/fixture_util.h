@@ -17,23 +17,70 @@
 #include "model/safetensors.h"
 
 #define ML_FX_DIR ML_SOURCE_DIR "/tests/golden/fixtures/models"
+/* The same models' expected outputs under Meta's cross-attention row mask
+ * (ML_ROW_MASK_REFERENCE; tests/golden/README.md "reference_mode/"). */
+#define ML_FX_REFERENCE_DIR ML_SOURCE_DIR "/tests/golden/fixtures/reference_mode/models"
 /* Largest index.json read. */
 #define ML_FX_INDEX_MAX (1 << 16)
+
+/* The JSON file at path, parsed (owned by the caller: cJSON_Delete); NULL
+ * when it cannot be read. */
+static inline cJSON *ml_fx_json(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    static char buf[ML_FX_INDEX_MAX];
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    return cJSON_ParseWithLength(buf, len);
+}
 
 /* The "models" array of index.json: an owned cJSON tree (cJSON_Delete) whose
  * string items name fixture directories under ML_FX_DIR, in *models. Skips
  * the test (exit 77) when there are no fixtures. */
 static inline cJSON *ml_fx_index(const cJSON **models)
 {
-    FILE *f = fopen(ML_FX_DIR "/index.json", "rb");
-    if (!f)
+    cJSON *index = ml_fx_json(ML_FX_DIR "/index.json");
+    if (!index)
         ml_test_skip("no fixture models (tests/golden/fixtures/models/index.json)");
-    static char buf[ML_FX_INDEX_MAX];
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    cJSON *index = cJSON_ParseWithLength(buf, len);
     *models = cJSON_GetObjectItemCaseSensitive(index, "models");
     return index;
+}
+
+/* Whether the string array `key` of json lists name. */
+static inline int ml_fx_lists(const cJSON *json, const char *key, const char *name)
+{
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(json, key))
+    {
+        if (cJSON_IsString(it) && !strcmp(it->valuestring, name))
+            return 1;
+    }
+    return 0;
+}
+
+/* Into buf: the reference.safetensors that holds fixture `name`'s expected
+ * text-side outputs (text_hidden_states, logits, greedy_tokens, step_logits)
+ * under `mode`. The transformers mode's are the fixture's own. The reference
+ * mode's are under ML_FX_REFERENCE_DIR for the models its index.json lists
+ * in "models", and the fixture's own for those in "unchanged" (every row
+ * sees a tile or there is no image: both modes agree, gen_fixtures.py checks
+ * it bit for bit). Inputs, vision and projector outputs are always the
+ * fixture's own. 0, or -1 when the reference index lists name nowhere. */
+static inline int ml_fx_expected_path(char *buf, size_t len, const char *name,
+                                      ml_row_mask_mode mode)
+{
+    int own = mode == ML_ROW_MASK_TRANSFORMERS, found = own;
+    if (!own) {
+        cJSON *index = ml_fx_json(ML_FX_REFERENCE_DIR "/index.json");
+        own = ml_fx_lists(index, "unchanged", name);
+        found = own || ml_fx_lists(index, "models", name);
+        cJSON_Delete(index);
+    }
+    snprintf(buf, len, "%s/%s/reference.safetensors", own ? ML_FX_DIR : ML_FX_REFERENCE_DIR,
+             name);
+    return found ? 0 : -1;
 }
 
 /* A reference tensor as f32 (ints converted), malloc'd; numel in *n when n
@@ -95,23 +142,34 @@ typedef struct ml_fx_prompt {
     float *greedy;     /* (B, steps) generate()'s tokens */
 } ml_fx_prompt;
 
+/* Replace p's greedy tokens by the first p->steps of each row of st's
+ * greedy_tokens (another mode's expectations for the same prompt). */
+static inline void ml_fx_prompt_greedy(ml_fx_prompt *p, ml_safetensors *st)
+{
+    const ml_tensor_view *greedy_v = ml_safetensors_find(st, "greedy_tokens");
+    int ref_steps = (int)greedy_v->shape[1];
+    float *greedy = ml_fx_f32(st, "greedy_tokens", NULL);
+    for (int b = 0; b < p->B; b++)
+        for (int i = 0; i < p->steps; i++)
+            p->greedy[b * p->steps + i] = greedy[b * ref_steps + i];
+    free(greedy);
+}
+
 /* Read input_ids, cross_attention_mask and greedy_tokens (the first
  * `steps` of each row) from the reference. */
 static inline void ml_fx_prompt_load(ml_fx_prompt *p, ml_safetensors *st, int T, int steps)
 {
     const ml_tensor_view *ids_v = ml_safetensors_find(st, "input_ids");
     const ml_tensor_view *pix_v = ml_safetensors_find(st, "pixel_values");
-    const ml_tensor_view *greedy_v = ml_safetensors_find(st, "greedy_tokens");
     p->B = (int)ids_v->shape[0];
     p->S = (int)ids_v->shape[1];
     p->N = pix_v ? (int)pix_v->shape[1] : 0;
     p->T = T;
     p->steps = steps;
     p->ctx = p->S + steps;
-    int B = p->B, S = p->S, N = p->N, ctx = p->ctx, ref_steps = (int)greedy_v->shape[1];
+    int B = p->B, S = p->S, N = p->N, ctx = p->ctx;
     float *ids = ml_fx_f32(st, "input_ids", NULL);
     float *xmask = N ? ml_fx_f32(st, "cross_attention_mask", NULL) : NULL; /* (B, S, N, T) */
-    float *greedy = ml_fx_f32(st, "greedy_tokens", NULL);
     p->tokens = malloc((size_t)B * ctx * sizeof *p->tokens);
     p->allowed = calloc((size_t)B * ctx * (N ? N : 1) * T, 1);
     p->greedy = malloc((size_t)B * steps * sizeof *p->greedy);
@@ -124,12 +182,10 @@ static inline void ml_fx_prompt_load(ml_fx_prompt *p, ml_safetensors *st, int T,
             for (int c = 0; c < N * T; c++)
                 p->allowed[((size_t)b * ctx + s) * N * T + c] =
                     xmask[((size_t)b * S + (s < S ? s : S - 1)) * N * T + c] != 0;
-        for (int i = 0; i < steps; i++)
-            p->greedy[b * steps + i] = greedy[b * ref_steps + i];
     }
     free(ids);
     free(xmask);
-    free(greedy);
+    ml_fx_prompt_greedy(p, st);
 }
 
 static inline void ml_fx_prompt_free(ml_fx_prompt *p)

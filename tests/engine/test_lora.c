@@ -9,7 +9,9 @@
  *   the newer key layout and F16 weights loading to the same slot;
  * - golden: the base model and the two fixture adapters (every kind of
  *   Linear, r=8; text-only rsLoRA, r=4, by regex) against PEFT +
- *   transformers: prompt logits and 16 greedy tokens.
+ *   transformers: prompt logits and 16 greedy tokens, in both cross-attention
+ *   row-mask modes (transformers' own outputs; the same with Meta's row mask
+ *   patched in, tests/golden/fixtures/reference_mode/lora).
  *
  * Tolerances as in test_model_golden: the reference is a float32 forward of
  * the same bf16 weights, so the two differ by summation order only. */
@@ -31,6 +33,7 @@
 #include "test_rand.h"
 
 #define FIXTURE ML_SOURCE_DIR "/tests/golden/fixtures/lora"
+#define REFERENCE_FIXTURE ML_SOURCE_DIR "/tests/golden/fixtures/reference_mode/lora"
 #define MODEL_DIR FIXTURE "/model"
 #define A1 "a1_all_r8"
 #define A2 "a2_text_rslora_r4"
@@ -336,6 +339,7 @@ static ml_lora_adapter *scratch_load(scratch *s, const ml_config *cfg, ml_status
 typedef struct fixture {
     ml_backend *be;
     ml_model *m;
+    ml_row_mask_mode mode;                  /* the model's, set at load */
     int S, N, T, V;
     int32_t ids[MAX_PROMPT];
     float *pixels;                          /* (N, T, 3, side, side) */
@@ -344,10 +348,21 @@ typedef struct fixture {
     uint8_t allowed[MAX_PROMPT * MAX_IMAGES * MAX_TILES]; /* (S, N·T) */
 } fixture;
 
-static void load_fixture(fixture *f)
+/* Each row-mask mode and the folder of its expected outputs (one
+ * <case>/reference.safetensors per adapter case). */
+static const struct {
+    ml_row_mask_mode mode;
+    const char *dir;
+} MODES[] = {
+    {ML_ROW_MASK_REFERENCE, REFERENCE_FIXTURE},
+    {ML_ROW_MASK_TRANSFORMERS, FIXTURE},
+};
+
+static void load_fixture(fixture *f, ml_row_mask_mode mode)
 {
     char err[512];
     memset(f, 0, sizeof *f);
+    f->mode = mode;
     f->be = ml_backend_cpu_create(2, err, sizeof err);
     if (!f->be) {
         fprintf(stderr, "cpu backend: %s\n", err);
@@ -368,7 +383,7 @@ static void load_fixture(fixture *f)
         f->allowed[i] = xmask[i] != 0;
 
     ml_model_limits lim = ml_model_limits_default();
-    lim.row_mask = ML_ROW_MASK_TRANSFORMERS; /* the fixtures are transformers 4.47's */
+    lim.row_mask = mode;
     lim.max_step_tokens = f->S;
     lim.max_step_seqs = 1;
     lim.max_logit_rows = f->S;
@@ -402,6 +417,13 @@ static void load_fixture(fixture *f)
     free(mask);
     free(xmask);
     ml_safetensors_destroy(in);
+}
+
+static void free_fixture(fixture *f)
+{
+    free(f->pixels);
+    ml_model_destroy(f->m);
+    f->be->ops->destroy(f->be);
 }
 
 /* Load a fixture adapter (NULL name: none) into a new slot of rank 8. */
@@ -482,11 +504,13 @@ static float *run_model(fixture *f, const ml_lora *lora, const int64_t *greedy, 
     return logits;
 }
 
-/* One golden case: `name` is the adapter (NULL: base), `ref` its folder. */
-static void golden_case(fixture *f, const char *name, const char *ref)
+/* One golden case: `name` is the adapter (NULL: base), `ref` its folder
+ * under `dir` (MODES). */
+static void golden_case(fixture *f, const char *name, const char *dir, const char *ref)
 {
-    char path[512], err[512];
-    snprintf(path, sizeof path, FIXTURE "/%s/reference.safetensors", ref);
+    char path[512], err[512], label[128];
+    snprintf(path, sizeof path, "%s/%s/reference.safetensors", dir, ref);
+    snprintf(label, sizeof label, "%s (%s)", ref, ml_row_mask_mode_name(f->mode));
     ml_safetensors *st;
     if (ml_safetensors_open(&st, path, err, sizeof err) != ML_OK) {
         check(0, "%s", err);
@@ -501,10 +525,10 @@ static void golden_case(fixture *f, const char *name, const char *ref)
     ml_lora *lora = slot_for(f, name);
     int mismatches = 0;
     float *got = run_model(f, lora, greedy, &mismatches);
-    char what[128];
-    snprintf(what, sizeof what, "%s prompt logits", ref);
+    char what[160];
+    snprintf(what, sizeof what, "%s prompt logits", label);
     ml_fx_compare(got, want, n_logits, TOL_LOGITS, what);
-    check(mismatches == 0, "%s: %d of %d greedy tokens differ from PEFT generate()", ref,
+    check(mismatches == 0, "%s: %d of %d greedy tokens differ from PEFT generate()", label,
           mismatches, GREEDY_STEPS);
     free(got);
     free(want);
@@ -740,11 +764,16 @@ int main(void)
     be->ops->destroy(be);
     test_config();
 
+    /* The last mode's model stays loaded for the loading tests. */
     fixture f;
-    load_fixture(&f);
-    golden_case(&f, NULL, "base");
-    golden_case(&f, A1, A1);
-    golden_case(&f, A2, A2);
+    for (size_t k = 0; k < sizeof MODES / sizeof MODES[0]; k++) {
+        if (k)
+            free_fixture(&f);
+        load_fixture(&f, MODES[k].mode);
+        golden_case(&f, NULL, MODES[k].dir, "base");
+        golden_case(&f, A1, MODES[k].dir, A1);
+        golden_case(&f, A2, MODES[k].dir, A2);
+    }
 
     char tmp[] = "/tmp/ml_test_lora_XXXXXX";
     if (!mkdtemp(tmp)) {
@@ -754,8 +783,6 @@ int main(void)
     test_loading(&f, tmp);
     rmdir(tmp);
 
-    free(f.pixels);
-    ml_model_destroy(f.m);
-    f.be->ops->destroy(f.be);
+    free_fixture(&f);
     return check_done();
 }

@@ -3,6 +3,10 @@
  * projector output, every decoder hidden state and the logits of the prompt,
  * then 32 greedy tokens decoded step by step against generate() and its
  * per-step logits. All batch rows of a fixture run in one batched step.
+ * Each fixture runs in both cross-attention row-mask modes: the transformers
+ * mode against transformers 4.47's own outputs, the reference mode (the
+ * default) against the same transformers with Meta's row mask patched in
+ * (fixtures/reference_mode); inputs, vision and projector outputs are common.
  *
  * Tolerances. The reference is a float32 forward of the same bf16 weights;
  * ours is float32 with another summation order (blocked, vectorised,
@@ -28,24 +32,45 @@
 #define TOL_HIDDEN 2e-5
 #define TOL_LOGITS 2e-5
 
-static void run_fixture(ml_backend *be, const char *name)
+/* The modes every fixture runs in. */
+static const ml_row_mask_mode MODES[] = {ML_ROW_MASK_TRANSFORMERS, ML_ROW_MASK_REFERENCE};
+
+/* Fixture `name` in row-mask mode `mode`: inputs, vision and projector
+ * outputs from its reference.safetensors (ref), the text side from the
+ * mode's expectations (expect, ml_fx_expected_path; ref itself when they are
+ * the same file). */
+static void run_fixture(ml_backend *be, const char *name, ml_row_mask_mode mode)
 {
-    char dir[1024], path[1200], err[512];
+    char dir[1024], path[1200], want_path[1200], err[512], label[256];
     snprintf(dir, sizeof dir, "%s/%s", ML_FX_DIR, name);
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
-    fprintf(stderr, "== %s\n", name);
-    ml_safetensors *ref;
-    if (ml_safetensors_open(&ref, path, err, sizeof err) != ML_OK) {
-        check(0, "%s: %s", name, err);
+    snprintf(label, sizeof label, "%s (%s)", name, ml_row_mask_mode_name(mode));
+    fprintf(stderr, "== %s\n", label);
+    if (ml_fx_expected_path(want_path, sizeof want_path, name, mode) != 0) {
+        check(0, "%s: no %s-mode expectations (rerun gen_fixtures.py --only reference)", label,
+              ml_row_mask_mode_name(mode));
         return;
     }
+    ml_safetensors *ref, *expect = NULL;
+    if (ml_safetensors_open(&ref, path, err, sizeof err) != ML_OK) {
+        check(0, "%s: %s", label, err);
+        return;
+    }
+    int own = !strcmp(path, want_path);
+    if (!own && ml_safetensors_open(&expect, want_path, err, sizeof err) != ML_OK) {
+        check(0, "%s: %s", label, err);
+        ml_safetensors_destroy(ref);
+        return;
+    }
+    if (own)
+        expect = ref;
     const ml_tensor_view *ids_v = ml_safetensors_find(ref, "input_ids");
     int B = (int)ids_v->shape[0], S = (int)ids_v->shape[1];
     const ml_tensor_view *pix_v = ml_safetensors_find(ref, "pixel_values");
     int N = pix_v ? (int)pix_v->shape[1] : 0;
 
     ml_model_limits lim = ml_model_limits_default();
-    lim.row_mask = ML_ROW_MASK_TRANSFORMERS; /* the fixtures are transformers 4.47's */
+    lim.row_mask = mode;
     lim.max_step_tokens = B * S;
     lim.max_step_seqs = B;
     lim.max_logit_rows = B * S;
@@ -53,7 +78,9 @@ static void run_fixture(ml_backend *be, const char *name)
     lim.kv_block_size = KV_BLOCK;
     ml_model *m;
     if (ml_model_load(&m, dir, be, &lim, err, sizeof err) != ML_OK) {
-        check(0, "%s: load: %s", name, err);
+        check(0, "%s: load: %s", label, err);
+        if (!own)
+            ml_safetensors_destroy(expect);
         ml_safetensors_destroy(ref);
         return;
     }
@@ -82,11 +109,11 @@ static void run_fixture(ml_backend *be, const char *name)
             ml_vision_taps taps = {got_v, got_p};
             ml_status st = ml_model_encode_image(m, pixels + i * slot, (int)ar_ids[i], mask,
                                                  NULL, states[i], &taps, err, sizeof err);
-            check(st == ML_OK, "%s: encode %d: %s", name, i, err);
-            char what[128];
-            snprintf(what, sizeof what, "%s image %d vision_output", name, i);
+            check(st == ML_OK, "%s: encode %d: %s", label, i, err);
+            char what[320];
+            snprintf(what, sizeof what, "%s image %d vision_output", label, i);
             ml_fx_compare(got_v, vout + i * vsz, vsz, TOL_VISION, what);
-            snprintf(what, sizeof what, "%s image %d projector_output", name, i);
+            snprintf(what, sizeof what, "%s image %d projector_output", label, i);
             ml_fx_compare(got_p, proj + i * psz, psz, TOL_VISION, what);
         }
         free(got_v);
@@ -101,6 +128,7 @@ static void run_fixture(ml_backend *be, const char *name)
     /* ---- prefill: all rows in one step ---------------------------------- */
     ml_fx_prompt pr;
     ml_fx_prompt_load(&pr, ref, T, GREEDY_STEPS);
+    ml_fx_prompt_greedy(&pr, expect);
     int blocks_per_seq = (pr.ctx + KV_BLOCK - 1) / KV_BLOCK;
     ml_kv_cache *kv;
     int n_self = L - cfg->text.n_cross_layers;
@@ -118,21 +146,23 @@ static void run_fixture(ml_backend *be, const char *name)
     float *hidden = malloc((size_t)(L + 1) * B * S * D * sizeof *hidden);
     ml_text_taps taps = {hidden};
     ml_status st = ml_model_forward(m, kv, seqs, B, logits, &taps, err, sizeof err);
-    check(st == ML_OK, "%s: prefill: %s", name, err);
+    check(st == ML_OK, "%s: prefill: %s", label, err);
     size_t nh;
-    float *ref_hidden = ml_fx_f32(ref, "text_hidden_states", &nh);
+    float *ref_hidden = ml_fx_f32(expect, "text_hidden_states", &nh);
     for (int l = 0; l <= L; l++) {
-        char what[128];
-        snprintf(what, sizeof what, "%s hidden_states[%d]", name, l);
+        char what[320];
+        snprintf(what, sizeof what, "%s hidden_states[%d]", label, l);
         size_t layer = (size_t)B * S * D;
         ml_fx_compare(hidden + l * layer, ref_hidden + l * layer, layer, TOL_HIDDEN, what);
     }
     size_t nl;
-    float *ref_logits = ml_fx_f32(ref, "logits", &nl);
-    ml_fx_compare(logits, ref_logits, nl, TOL_LOGITS, "prefill logits");
+    float *ref_logits = ml_fx_f32(expect, "logits", &nl);
+    char what[320];
+    snprintf(what, sizeof what, "%s prefill logits", label);
+    ml_fx_compare(logits, ref_logits, nl, TOL_LOGITS, what);
 
     /* ---- greedy decode, all rows together -------------------------------- */
-    float *step_ref = ml_fx_f32(ref, "step_logits", NULL);    /* (B, 32, V) */
+    float *step_ref = ml_fx_f32(expect, "step_logits", NULL);   /* (B, 32, V) */
     float *row_logits = malloc((size_t)B * V * sizeof *row_logits);
     for (int b = 0; b < B; b++)
         memcpy(row_logits + (size_t)b * V, logits + ((size_t)b * S + S - 1) * V,
@@ -151,11 +181,11 @@ static void run_fixture(ml_backend *be, const char *name)
         }
         if (step + 1 < GREEDY_STEPS)
             st = ml_model_forward(m, kv, seqs, B, row_logits, NULL, err, sizeof err);
-        check(st == ML_OK, "%s: decode step %d: %s", name, step, err);
+        check(st == ML_OK, "%s: decode step %d: %s", label, step, err);
     }
     fprintf(stderr, "  %-40s max step-logit error %.3g of scale\n", "greedy decode", worst);
-    check(worst <= TOL_LOGITS, "%s: step logits off by %.3g of their scale", name, worst);
-    check(mismatches == 0, "%s: %d of %d greedy tokens differ from generate()", name, mismatches,
+    check(worst <= TOL_LOGITS, "%s: step logits off by %.3g of their scale", label, worst);
+    check(mismatches == 0, "%s: %d of %d greedy tokens differ from generate()", label, mismatches,
           B * GREEDY_STEPS);
 
     free(step_ref);
@@ -172,6 +202,8 @@ static void run_fixture(ml_backend *be, const char *name)
     free(states);
     ml_kv_cache_destroy(kv);
     ml_model_destroy(m);
+    if (!own)
+        ml_safetensors_destroy(expect);
     ml_safetensors_destroy(ref);
 }
 
@@ -183,11 +215,13 @@ int main(void)
     ml_backend *be = ml_backend_cpu_create(2, err, sizeof err);
     check(be != NULL, "cpu backend: %s", err);
     int n = 0;
-    cJSON_ArrayForEach(it, models)
-    {
-        if (be && cJSON_IsString(it)) {
-            run_fixture(be, it->valuestring);
-            n++;
+    for (size_t k = 0; k < sizeof MODES / sizeof MODES[0]; k++) {
+        cJSON_ArrayForEach(it, models)
+        {
+            if (be && cJSON_IsString(it)) {
+                run_fixture(be, it->valuestring, MODES[k]);
+                n++;
+            }
         }
     }
     check(n > 0, "no models listed in index.json");

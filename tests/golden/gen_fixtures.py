@@ -3,7 +3,7 @@
 
     /opt/refvenv/bin/python tests/golden/gen_fixtures.py [--only GROUP]
 
-GROUP is one of images, seeds, masks, models, tokenizer, lora (default: all).
+GROUP is one of images, seeds, masks, models, tokenizer, lora, reference (default: all).
 
 Writes under tests/golden/fixtures/ (see tests/golden/README.md for the layout):
   images/     real JPEG/PNG photos and, per image, what the transformers 4.47.1
@@ -18,6 +18,11 @@ Writes under tests/golden/fixtures/ (see tests/golden/README.md for the layout):
   lora/       a tiny model (m3's configuration, its own weights), two PEFT LoRA adapters
               saved with save_pretrained, and float32 logits and greedy tokens of the base
               model and of each adapter on one two-image prompt.
+  reference_mode/
+              the same models and adapters run with Meta's cross-attention row mask
+              (a one-function patch of transformers' cross-attention decoder layer, checked
+              against a direct re-implementation of Meta's CrossAttentionTransformerBlock),
+              and how far their logits and greedy tokens are from transformers' own.
 
 The group `seeds` writes the png_*.png seeds of tests/fuzz/corpus/image/ (tiny valid
 files and hostile ones) and prints what Pillow + convert_to_rgb make of each, the
@@ -29,11 +34,14 @@ on the same machine and package versions rewrites identical files. The float32
 reference activations may differ in the last bits on a CPU with a different SIMD
 path; weights, images and every integer output do not.
 
-Python is only needed to regenerate these files: tests never run it.
+Python is only needed to regenerate these files: tests never run it. The generator
+refuses transformers versions outside TRANSFORMERS_RANGE (tests/golden/README.md says why).
 """
 import argparse
+import contextlib
 import hashlib
 import importlib.util
+import inspect
 import io
 import json
 import math
@@ -77,6 +85,12 @@ RECOMPUTE_TOL = 1e-4
 SDPA_TOL = 1e-4
 # A greedy run stuck on one or two tokens checks little of the decode path.
 MIN_DISTINCT_GREEDY = 8
+# transformers versions whose Mllama behaves as the fixtures record: 4.45.0 introduced
+# Mllama; from 4.54 the vision encoder's hidden_states list no longer starts with the
+# encoder's input, so intermediate_layers_indices select one layer late and an index equal
+# to num_hidden_layers raises IndexError. [low, high): the committed files were made with
+# 4.47.1 (requirements.txt).
+TRANSFORMERS_RANGE = ("4.45.0", "4.54.0")
 
 
 def log(msg):
@@ -1681,17 +1695,16 @@ def vision_output(model, inputs):
     return got["out"]
 
 
-def lora_reference(model, inputs, pad_id):
+def lora_reference(model, inputs, pad_id, min_margin=LORA_MIN_MARGIN):
     """Prompt logits, LORA_STEPS greedy tokens (checked against a full recompute) and
-    the smallest top-1/top-2 margin of their steps."""
+    the smallest top-1/top-2 margin of their steps (at least min_margin)."""
     logits = forward(model, inputs).logits
     tokens, step_logits = greedy(model, inputs, pad_id, LORA_STEPS)
     recompute = check_against_recompute(model, inputs, tokens, step_logits, LORA_STEPS)
     top2 = step_logits.topk(2, dim=-1).values
     margin = float((top2[..., 0] - top2[..., 1]).min())
-    if margin < LORA_MIN_MARGIN:
-        raise RuntimeError("greedy margin %g below %g; pick another seed" % (margin,
-                                                                           LORA_MIN_MARGIN))
+    if margin < min_margin:
+        raise RuntimeError("greedy margin %g below %g; pick another seed" % (margin, min_margin))
     if len(set(tokens[0].tolist())) < MIN_DISTINCT_GREEDY // 2:
         raise RuntimeError("degenerate greedy output %s" % tokens[0].tolist())
     ref = {"logits": logits.contiguous(), "greedy_tokens": tokens.contiguous()}
@@ -1825,13 +1838,455 @@ def gen_lora():
                   if f.endswith((".safetensors", ".json"))},
     })
 
+# ======================================================================================
+# E) Reference semantics: Meta's cross-attention row mask
+# ======================================================================================
+#
+# Meta's CrossAttentionTransformerBlock (and vLLM's and SGLang's cross-attention layers)
+# multiply the cross-attention output by the full-text-row mask before the gated
+# residual, and the MLP output again; transformers 4.47.1 masks only the MLP output. A
+# text row that sees no tile (one before the first <|image|>) therefore passes through the
+# layer unchanged in the reference, while transformers adds its uniform attention over
+# every image key. The fixtures below are transformers with that one difference patched
+# in; the layer check proves the patch equals the reference block.
+
+REFERENCE_DIR = os.path.join(FIXTURES_DIR, "reference_mode")
+REFERENCE_MODELS_DIR = os.path.join(REFERENCE_DIR, "models")
+REFERENCE_LORA_DIR = os.path.join(REFERENCE_DIR, "lora")
+# The text-side tensors that the row mask changes; inputs, vision and projector outputs
+# are those of fixtures/models/<name>/reference.safetensors.
+REFERENCE_TENSORS = ("text_hidden_states", "logits", "greedy_tokens", "step_logits")
+# Layer check: patched transformers and the re-implementation agree to float32 rounding
+# (relative to the output's largest magnitude); the unpatched layer must move every row
+# that sees no tile by far more than that, and no other row.
+LAYER_CHECK_SEED = 1313
+LAYER_CHECK_TOL = 1e-5
+LAYER_CHECK_MIN_DIFF = 1e-2
+LAYER_CHECK_MODEL = "m3_two_images_interleaved"
+# The LoRA fixture's weights and seed are fixed by its transformers-mode files, so its
+# reference-mode greedy path cannot be re-seeded: its margin (a1: 0.009) is held to this
+# bound instead, still 500x the float32 reordering error (~1e-5) the tests allow for.
+REFERENCE_LORA_MIN_MARGIN = 5e-3
+# What reference_row_mask() changes, as the fixtures' JSON records it.
+REFERENCE_PATCH_DOC = (
+    "transformers 4.47.1 MllamaCrossAttentionDecoderLayer.forward, unchanged except that the "
+    "cross_attn output is multiplied by full_text_row_masked_out_mask[:, 0] before the gated "
+    "residual (a forward hook on layer.cross_attn for the duration of the call); the MLP "
+    "output keeps its mask. This is Meta's CrossAttentionTransformerBlock, vLLM's and "
+    "SGLang's MllamaCrossAttentionDecoderLayer.")
+
+
+def check_transformers_version():
+    """Refuse a transformers whose Mllama differs from what the fixtures record."""
+    import transformers
+    from packaging.version import Version
+
+    low, high = TRANSFORMERS_RANGE
+    have = Version(transformers.__version__)
+    if not Version(low) <= have < Version(high):
+        raise SystemExit(
+            "transformers %s is outside [%s, %s): from 4.54 on, Mllama's vision encoder takes "
+            "intermediate_layers_indices one layer late (the encoder input is no longer "
+            "hidden_states[0]), so the fixtures it made would not match what the engine "
+            "computes. Install the versions of tests/golden/requirements.txt (transformers "
+            "4.47.1), see tests/golden/README.md." % (have, low, high))
+
+
+def _reference_layer_forward(transformers_forward):
+    """transformers_forward with the cross-attention output row-masked (REFERENCE_PATCH_DOC)."""
+    signature = inspect.signature(transformers_forward)
+
+    def forward(self, *args, **kwargs):
+        mask = signature.bind(self, *args, **kwargs).arguments.get(
+            "full_text_row_masked_out_mask")
+        if mask is None:
+            return transformers_forward(self, *args, **kwargs)
+
+        def zero_rows(_module, _inputs, output):
+            return (mask[:, 0] * output[0],) + tuple(output[1:])
+
+        handle = self.cross_attn.register_forward_hook(zero_rows)
+        try:
+            return transformers_forward(self, *args, **kwargs)
+        finally:
+            handle.remove()
+
+    return forward
+
+
+@contextlib.contextmanager
+def reference_row_mask():
+    """Every MllamaCrossAttentionDecoderLayer computes the reference semantics while inside."""
+    from transformers.models.mllama import modeling_mllama
+
+    cls = modeling_mllama.MllamaCrossAttentionDecoderLayer
+    original = cls.forward
+    cls.forward = _reference_layer_forward(original)
+    try:
+        yield
+    finally:
+        cls.forward = original
+
+
+def meta_cross_attention_block(layer, x, vision, allowed, eps):
+    """Meta's CrossAttentionTransformerBlock computed from its definition with the weights of
+    an HF cross-attention decoder layer (no HF module is called):
+
+        r    = 1 if the row may see any key, else 0
+        a    = RMSNorm(x);  q = RMSNorm_head(Wq a);  k = RMSNorm_head(Wk c);  v = Wv c
+        attn = softmax(q kᵀ / √d + bias) v  (bias -inf on keys the row may not see; a row
+               that may see none attends uniformly, and r zeroes it)
+        h    = x + tanh(g_attn) · r · Wo attn
+        out  = h + tanh(g_mlp) · r · W2 (silu(W1 n) ⊙ W3 n),  n = RMSNorm(h)
+
+    x (B, S, D) text rows, vision (B, K, D) projected vision tokens, allowed (B, S, K) bool."""
+    import torch
+
+    def rms(t, weight):
+        return weight * (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps))
+
+    att = layer.cross_attn
+    heads, kv_heads = att.num_heads, att.num_key_value_heads
+    b, s, _ = x.shape
+    hd = att.head_dim
+    row = allowed.any(-1).to(x.dtype)[..., None]                          # (B, S, 1)
+    q = rms((rms(x, layer.input_layernorm.weight) @ att.q_proj.weight.T)
+            .view(b, s, heads, hd), att.q_norm.weight)
+    k = rms((vision @ att.k_proj.weight.T).view(b, -1, kv_heads, hd), att.k_norm.weight)
+    v = (vision @ att.v_proj.weight.T).view(b, -1, kv_heads, hd)
+    group = heads // kv_heads              # query head h reads kv head h // group
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bshd,bkhd->bhsk", q, k) / math.sqrt(hd)
+    sees = allowed | ~allowed.any(-1, keepdim=True)                      # rows with no key: all
+    scores = scores.masked_fill(~sees[:, None], float("-inf"))
+    attn = torch.einsum("bhsk,bkhd->bshd", scores.softmax(-1), v).reshape(b, s, heads * hd)
+    h = x + torch.tanh(layer.cross_attn_attn_gate) * row * (attn @ att.o_proj.weight.T)
+    n = rms(h, layer.post_attention_layernorm.weight)
+    mlp = layer.mlp
+    ffn = (torch.nn.functional.silu(n @ mlp.gate_proj.weight.T) * (n @ mlp.up_proj.weight.T)) \
+        @ mlp.down_proj.weight.T
+    return h + torch.tanh(layer.cross_attn_mlp_gate) * row * ffn
+
+
+def check_reference_layer():
+    """The patched transformers layer against meta_cross_attention_block on random inputs
+    (rows that see no tile included), and the unpatched layer differing on exactly those
+    rows. Returns the measured differences."""
+    import torch
+    from transformers.models.mllama.modeling_mllama import _prepare_cross_attention_mask
+
+    model = load_model(os.path.join(MODELS_DIR, LAYER_CHECK_MODEL), torch.float32, "eager")
+    tcfg = model.config.text_config
+    index = tcfg.cross_attention_layers[0]
+    layer = model.language_model.model.layers[index]
+    rng = np.random.default_rng(LAYER_CHECK_SEED)
+    batch, rows, images, tokens = 2, 9, 2, 3
+    d = tcfg.hidden_size
+    # Per (row, image, tile): may the row see it? Sample 0's first three rows and sample
+    # 1's rows 0 and 5 see nothing; every other row sees at least one tile.
+    tiles = rng.random((batch, rows, images, MAX_TILES)) < 0.5
+    blind = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 5)]
+    for b in range(batch):
+        for r in range(rows):
+            if (b, r) in blind:
+                tiles[b, r] = False
+            elif not tiles[b, r].any():
+                tiles[b, r, rng.integers(images), rng.integers(MAX_TILES)] = True
+    mask = torch.from_numpy(tiles.astype(np.int64))                      # (B, S, N, T)
+    x = torch.from_numpy(rng.standard_normal((batch, rows, d)).astype(np.float32))
+    vision = torch.from_numpy(rng.standard_normal(
+        (batch, images * MAX_TILES * tokens, d)).astype(np.float32))
+    hf_mask, row_mask = _prepare_cross_attention_mask(mask, tokens, torch.float32)
+    allowed = mask.bool().repeat_interleave(tokens, dim=-1).reshape(batch, rows, -1)
+
+    def run_hf():
+        with torch.no_grad():
+            return layer(x, cross_attention_states=vision, cross_attention_mask=hf_mask,
+                         attention_mask=None, full_text_row_masked_out_mask=row_mask)[0]
+
+    with torch.no_grad():
+        want = meta_cross_attention_block(layer, x, vision, allowed, tcfg.rms_norm_eps)
+    with reference_row_mask():
+        patched = run_hf()
+    unpatched = run_hf()
+    scale = float(want.abs().max())
+    patched_diff = float((patched - want).abs().max()) / scale
+    if patched_diff > LAYER_CHECK_TOL:
+        raise RuntimeError("patched layer differs from the reference block by %g" % patched_diff)
+    is_blind = ~allowed.any(-1)                                           # (B, S)
+    if sorted(map(tuple, is_blind.nonzero().tolist())) != blind:
+        raise RuntimeError("the layer check's blind rows are not the planned ones")
+    if not torch.equal(patched[is_blind], x[is_blind]):
+        raise RuntimeError("patched layer changes a row that sees no tile")
+    per_row = (unpatched - want).abs().amax(-1) / scale                   # (B, S)
+    if per_row[is_blind].min() < LAYER_CHECK_MIN_DIFF or per_row[~is_blind].max() > LAYER_CHECK_TOL:
+        raise RuntimeError("unpatched layer: blind rows moved by >= %g, others by <= %g"
+                           % (float(per_row[is_blind].min()), float(per_row[~is_blind].max())))
+    result = {
+        "model": LAYER_CHECK_MODEL, "layer": index, "seed": LAYER_CHECK_SEED,
+        "shape": {"batch": batch, "rows": rows, "images": images, "tiles": MAX_TILES,
+                  "tokens_per_tile": tokens, "hidden": d},
+        "rows_without_a_tile": [list(r) for r in blind],
+        "max_abs_diff_patched_vs_reimplementation_rel": patched_diff,
+        "patched_rows_without_a_tile_unchanged_bitwise": True,
+        "min_abs_diff_unpatched_vs_reimplementation_rows_without_a_tile_rel":
+            float(per_row[is_blind].min()),
+        "max_abs_diff_unpatched_vs_reimplementation_other_rows_rel":
+            float(per_row[~is_blind].max()),
+    }
+    log("layer check: patched vs re-implementation %.3g; unpatched moves blind rows by >= %.3g, "
+        "others by <= %.3g" % (patched_diff, result[
+            "min_abs_diff_unpatched_vs_reimplementation_rows_without_a_tile_rel"],
+            result["max_abs_diff_unpatched_vs_reimplementation_other_rows_rel"]))
+    return result
+
+
+def greedy_agreement(a, b):
+    """Per batch row: how many of the greedy tokens agree position by position, and the
+    first step where they differ (None when all agree)."""
+    out = []
+    for ra, rb in zip(a.tolist(), b.tolist()):
+        same = [x == y for x, y in zip(ra, rb)]
+        out.append({"steps": len(same), "agree": sum(same),
+                    "first_divergence": same.index(False) if False in same else None})
+    return out
+
+
+def mode_difference(transformers_logits, reference_logits, row_mask, t_tokens, r_tokens):
+    """How far transformers' prompt logits and greedy tokens are from the reference's.
+    row_mask (B, S): 1 where the row sees a tile."""
+    diff = (transformers_logits - reference_logits).abs()                 # (B, S, V)
+    span = float(reference_logits.max() - reference_logits.min())
+    blind = row_mask == 0
+    per_row = diff.amax(-1)
+    return {
+        "max_abs_logit_diff": float(diff.max()),
+        "reference_logit_range": span,
+        "max_abs_logit_diff_rel_range": float(diff.max()) / span,
+        "max_abs_logit_diff_rows_without_a_tile": float(per_row[blind].max()),
+        "max_abs_logit_diff_rows_with_a_tile": float(per_row[~blind].max()),
+        "rows_without_a_tile": int(blind.sum()),
+        "prompt_argmax_agreement": float((transformers_logits.argmax(-1)
+                                          == reference_logits.argmax(-1)).double().mean()),
+        "greedy": greedy_agreement(t_tokens, r_tokens),
+    }
+
+
+def stored_inputs(ref):
+    """The forward inputs a model fixture's reference.safetensors holds."""
+    import torch
+
+    inputs = {k: ref[k] for k in ("input_ids", "pixel_values", "aspect_ratio_ids",
+                                  "aspect_ratio_mask", "cross_attention_mask") if k in ref}
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    return inputs
+
+
+def gen_reference_model(name, ver):
+    """Model `name` under the reference row mask. Returns (kind, summary): kind is
+    'models' when some row sees no tile (own fixture written) or 'unchanged' (both modes
+    agree bit for bit, checked; the transformers fixture serves both)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src = os.path.join(MODELS_DIR, name)
+    stored = load_file(os.path.join(src, "reference.safetensors"))
+    inputs = stored_inputs(stored)
+    has_images = "pixel_values" in stored
+    model = load_model(src, torch.float32, "eager")
+    pad_id = model.config.text_config.pad_token_id
+    # transformers' own run, here and now: the comparison is between two runs on one machine.
+    t_logits = forward(model, inputs).logits
+    t_tokens, _ = greedy(model, inputs, pad_id)
+    if not torch.equal(t_tokens, stored["greedy_tokens"]):
+        raise RuntimeError("%s: transformers' greedy tokens differ from the fixture's" % name)
+    replay_diff = float((t_logits - stored["logits"]).abs().max())
+    if replay_diff > RECOMPUTE_TOL:
+        raise RuntimeError("%s: transformers' logits moved by %g from the fixture's"
+                           % (name, replay_diff))
+    with reference_row_mask():
+        ref = reference_tensors(model, inputs, has_images)
+        check_stage_layout(model, ref)
+        tokens, step_logits = greedy(model, inputs, pad_id)
+        recompute_diff = check_against_recompute(model, inputs, tokens, step_logits)
+        sdpa = load_model(src, torch.float32, "sdpa")
+        sdpa_diff = float((forward(sdpa, inputs).logits - ref["logits"]).abs().max())
+        del sdpa
+    if sdpa_diff > SDPA_TOL:
+        raise RuntimeError("%s: sdpa and eager differ by %g under the patch" % (name, sdpa_diff))
+    row_mask = stored["full_text_row_mask"] if has_images else None
+    if row_mask is None or bool(row_mask.all()):
+        if not (torch.equal(ref["logits"], t_logits) and torch.equal(tokens, t_tokens)):
+            raise RuntimeError("%s: every row sees a tile, yet the patch moved the logits" % name)
+        log("%s: no row without a tile; both modes agree bitwise" % name)
+        return "unchanged", None
+    for key in ("vision_output", "projector_output"):
+        if not torch.equal(ref[key], stored[key]):
+            raise RuntimeError("%s: the patch moved %s" % (name, key))
+    for row in tokens.tolist():
+        if len(set(row)) < MIN_DISTINCT_GREEDY:
+            raise RuntimeError("%s: degenerate greedy output %s" % (name, row))
+    top2 = step_logits.topk(2, dim=-1).values
+    margin = float((top2[..., 0] - top2[..., 1]).min())
+    out = {k: v for k, v in dict(ref, greedy_tokens=tokens.contiguous(),
+                                 step_logits=step_logits.contiguous()).items()
+           if k in REFERENCE_TENSORS}
+    out_dir = os.path.join(REFERENCE_MODELS_DIR, name)
+    reset_dir(out_dir)
+    path = os.path.join(out_dir, "reference.safetensors")
+    save_file(out, path, metadata={"generator": "tests/golden/gen_fixtures.py --only reference"})
+    log("wrote %s" % os.path.relpath(path, REPO_ROOT))
+    difference = mode_difference(t_logits, ref["logits"], row_mask, t_tokens, tokens)
+    with open(os.path.join(src, "meta.json"), encoding="utf-8") as f:
+        layouts = json.load(f)["prompt_layouts"]
+    write_json(os.path.join(out_dir, "meta.json"), {
+        "name": name,
+        "versions": ver,
+        "semantics": "reference (Meta's row mask): " + REFERENCE_PATCH_DOC,
+        "model": "fixtures/models/%s (weights, inputs, vision and projector outputs)" % name,
+        "prompt_layouts": layouts,
+        "reference": {
+            "dtype": "float32 forward of the bf16 weights, eager attention, cpu, 1 thread",
+            "generation": "generate(do_sample=False, max_new_tokens=%d, eos_token_id=None)"
+                          % GREEDY_STEPS,
+            "checks": {
+                "max_abs_diff_sdpa_vs_eager_logits": sdpa_diff,
+                "max_abs_diff_cached_decode_vs_full_recompute": recompute_diff,
+                "vision_and_projector_output_equal_transformers_fixture": True,
+                "max_abs_diff_transformers_rerun_vs_fixture_logits": replay_diff,
+                "min_top1_top2_step_logit_margin": margin,
+            },
+        },
+        "transformers_vs_reference": difference,
+        "files": {"reference.safetensors": sha256_file(path)},
+        "tensors": tensor_table(out),
+    })
+    greedy_txt = ", ".join("%d/%d (first divergence %s)" % (g["agree"], g["steps"],
+                                                            g["first_divergence"])
+                           for g in difference["greedy"])
+    log("%s: max|Δlogit| %.3g (%.3g of range), greedy agree %s" % (
+        name, difference["max_abs_logit_diff"], difference["max_abs_logit_diff_rel_range"],
+        greedy_txt))
+    return "models", difference
+
+
+def lora_inputs():
+    """The LoRA fixture's forward inputs, rebuilt from lora/inputs.safetensors."""
+    import torch
+    from safetensors.torch import load_file
+
+    stored = load_file(os.path.join(LORA_DIR, "inputs.safetensors"))
+    real = stored["aspect_ratio_mask"].bool()
+    tile = stored["pixel_values_real_tiles"].shape[-1]
+    pixels = torch.zeros(tuple(real.shape) + (3, tile, tile), dtype=torch.float32)
+    pixels[real] = stored["pixel_values_real_tiles"]
+    inputs = {k: stored[k] for k in ("input_ids", "aspect_ratio_ids", "aspect_ratio_mask",
+                                     "cross_attention_mask")}
+    inputs["pixel_values"] = pixels
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    return inputs
+
+
+def gen_reference_lora(ver):
+    """The LoRA fixture's base model and adapters under the reference row mask."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file, save_file
+    from transformers.models.mllama.modeling_mllama import _prepare_cross_attention_mask
+
+    import peft
+
+    reset_dir(REFERENCE_LORA_DIR)
+    inputs = lora_inputs()
+    model_dir = os.path.join(LORA_DIR, "model")
+    cases = {}
+    for case in ["base"] + [c["name"] for c in LORA_CASES]:
+        model = load_model(model_dir, torch.float32, "eager")
+        if case != "base":
+            model = PeftModel.from_pretrained(model, os.path.join(LORA_DIR, case))
+            model.eval()
+        stored = load_file(os.path.join(LORA_DIR, case, "reference.safetensors"))
+        pad_id = model.config.text_config.pad_token_id
+        t_logits = forward(model, inputs).logits
+        t_tokens, _ = greedy(model, inputs, pad_id, LORA_STEPS)
+        replay_diff = float((t_logits - stored["logits"]).abs().max())
+        if not torch.equal(t_tokens, stored["greedy_tokens"]) or replay_diff > RECOMPUTE_TOL:
+            raise RuntimeError("lora %s: transformers' rerun differs from the fixture" % case)
+        with reference_row_mask():
+            ref, checks = lora_reference(model, inputs, pad_id, REFERENCE_LORA_MIN_MARGIN)
+        del model
+        out_dir = os.path.join(REFERENCE_LORA_DIR, case)
+        os.makedirs(out_dir)
+        path = os.path.join(out_dir, "reference.safetensors")
+        save_file(ref, path)
+        log("wrote %s" % os.path.relpath(path, REPO_ROOT))
+        row_mask = _prepare_cross_attention_mask(
+            inputs["cross_attention_mask"], 1, torch.float32)[1][:, 0, :, 0]
+        checks["max_abs_diff_transformers_rerun_vs_fixture_logits"] = replay_diff
+        cases[case] = {
+            "checks": checks,
+            "greedy_tokens": ref["greedy_tokens"][0].tolist(),
+            "transformers_vs_reference": mode_difference(t_logits, ref["logits"], row_mask,
+                                                         t_tokens, ref["greedy_tokens"]),
+            "files": {"reference.safetensors": sha256_file(path)},
+        }
+    write_json(os.path.join(REFERENCE_LORA_DIR, "meta.json"), {
+        "generator": "tests/golden/gen_fixtures.py --only reference",
+        "versions": dict(ver, peft=peft.__version__),
+        "semantics": "reference (Meta's row mask): " + REFERENCE_PATCH_DOC,
+        "model": "fixtures/lora (model, adapters, inputs); each case's "
+                 "reference.safetensors holds logits (1, S, V) and %d greedy tokens, as "
+                 "fixtures/lora/<case>/" % LORA_STEPS,
+        "cases": cases,
+    })
+    return {k: v["transformers_vs_reference"] for k, v in cases.items()}
+
+
+def gen_reference():
+    import torch
+
+    torch.set_num_threads(1)
+    reset_dir(REFERENCE_DIR)
+    os.makedirs(REFERENCE_MODELS_DIR)
+    ver = versions()
+    layer_check = check_reference_layer()
+    with open(os.path.join(MODELS_DIR, "index.json"), encoding="utf-8") as f:
+        names = json.load(f)["models"]
+    kinds = {"models": [], "unchanged": []}
+    summary = {}
+    for name in names:
+        kind, difference = gen_reference_model(name, ver)
+        kinds[kind].append(name)
+        if difference is not None:
+            summary[name] = difference
+    lora = gen_reference_lora(ver)
+    write_json(os.path.join(REFERENCE_MODELS_DIR, "index.json"), {
+        "generator": "tests/golden/gen_fixtures.py --only reference",
+        "semantics": REFERENCE_PATCH_DOC,
+        "models": kinds["models"],
+        "unchanged": kinds["unchanged"],
+        "unchanged_means": "every row of the prompt sees a tile (or there is no image): both "
+                           "modes give bit-identical outputs (checked), so "
+                           "fixtures/models/<name>/reference.safetensors is also the "
+                           "reference-mode answer",
+    })
+    write_json(os.path.join(REFERENCE_DIR, "summary.json"), {
+        "generator": "tests/golden/gen_fixtures.py --only reference",
+        "versions": ver,
+        "layer_check": layer_check,
+        "transformers_vs_reference": {"models": summary, "lora": lora},
+    })
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only",
-                        choices=["images", "seeds", "masks", "models", "tokenizer", "lora"],
+                        choices=["images", "seeds", "masks", "models", "tokenizer", "lora",
+                                 "reference"],
                         help="generate one group only (default: all)")
     args = parser.parse_args()
+    check_transformers_version()
     if args.only in (None, "images"):
         gen_images()
     if args.only in (None, "seeds"):
@@ -1844,6 +2299,8 @@ def main():
         gen_tokenizer(required=args.only == "tokenizer")
     if args.only in (None, "lora"):
         gen_lora()
+    if args.only in (None, "reference"):
+        gen_reference()
 
 
 if __name__ == "__main__":
