@@ -83,6 +83,42 @@ static inline int ml_fx_expected_path(char *buf, size_t len, const char *name,
     return found ? 0 : -1;
 }
 
+/* Fixture `name`'s reference.safetensors into *ref and its `mode`
+ * expectations (ml_fx_expected_path) into *expect: *ref itself when they are
+ * one file, else a second file (close both with ml_fx_close_pair). 0, or -1
+ * with the reason in err and nothing open. */
+static inline int ml_fx_open_pair(const char *name, ml_row_mask_mode mode, ml_safetensors **ref,
+                                  ml_safetensors **expect, char *err, size_t errlen)
+{
+    char path[1200], want_path[1200];
+    snprintf(path, sizeof path, "%s/%s/reference.safetensors", ML_FX_DIR, name);
+    *ref = *expect = NULL;
+    if (ml_fx_expected_path(want_path, sizeof want_path, name, mode) != 0) {
+        snprintf(err, errlen, "no %s-mode expectations (rerun gen_fixtures.py --only reference)",
+                 ml_row_mask_mode_name(mode));
+        return -1;
+    }
+    if (ml_safetensors_open(ref, path, err, errlen) != ML_OK)
+        return -1;
+    if (!strcmp(path, want_path)) {
+        *expect = *ref;
+        return 0;
+    }
+    if (ml_safetensors_open(expect, want_path, err, errlen) != ML_OK) {
+        ml_safetensors_destroy(*ref);
+        *ref = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static inline void ml_fx_close_pair(ml_safetensors *ref, ml_safetensors *expect)
+{
+    if (expect != ref)
+        ml_safetensors_destroy(expect);
+    ml_safetensors_destroy(ref);
+}
+
 /* A reference tensor as f32 (ints converted), malloc'd; numel in *n when n
  * is not NULL. NULL (and *n 0) when absent. */
 static inline float *ml_fx_f32(ml_safetensors *st, const char *name, size_t *n)

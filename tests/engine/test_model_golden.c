@@ -41,29 +41,15 @@ static const ml_row_mask_mode MODES[] = {ML_ROW_MASK_TRANSFORMERS, ML_ROW_MASK_R
  * the same file). */
 static void run_fixture(ml_backend *be, const char *name, ml_row_mask_mode mode)
 {
-    char dir[1024], path[1200], want_path[1200], err[512], label[256];
+    char dir[1024], err[512], label[256];
     snprintf(dir, sizeof dir, "%s/%s", ML_FX_DIR, name);
-    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
     snprintf(label, sizeof label, "%s (%s)", name, ml_row_mask_mode_name(mode));
     fprintf(stderr, "== %s\n", label);
-    if (ml_fx_expected_path(want_path, sizeof want_path, name, mode) != 0) {
-        check(0, "%s: no %s-mode expectations (rerun gen_fixtures.py --only reference)", label,
-              ml_row_mask_mode_name(mode));
-        return;
-    }
-    ml_safetensors *ref, *expect = NULL;
-    if (ml_safetensors_open(&ref, path, err, sizeof err) != ML_OK) {
+    ml_safetensors *ref, *expect;
+    if (ml_fx_open_pair(name, mode, &ref, &expect, err, sizeof err) != 0) {
         check(0, "%s: %s", label, err);
         return;
     }
-    int own = !strcmp(path, want_path);
-    if (!own && ml_safetensors_open(&expect, want_path, err, sizeof err) != ML_OK) {
-        check(0, "%s: %s", label, err);
-        ml_safetensors_destroy(ref);
-        return;
-    }
-    if (own)
-        expect = ref;
     const ml_tensor_view *ids_v = ml_safetensors_find(ref, "input_ids");
     int B = (int)ids_v->shape[0], S = (int)ids_v->shape[1];
     const ml_tensor_view *pix_v = ml_safetensors_find(ref, "pixel_values");
@@ -79,9 +65,7 @@ static void run_fixture(ml_backend *be, const char *name, ml_row_mask_mode mode)
     ml_model *m;
     if (ml_model_load(&m, dir, be, &lim, err, sizeof err) != ML_OK) {
         check(0, "%s: load: %s", label, err);
-        if (!own)
-            ml_safetensors_destroy(expect);
-        ml_safetensors_destroy(ref);
+        ml_fx_close_pair(ref, expect);
         return;
     }
     const ml_config *cfg = ml_model_config(m);
@@ -202,9 +186,7 @@ static void run_fixture(ml_backend *be, const char *name, ml_row_mask_mode mode)
     free(states);
     ml_kv_cache_destroy(kv);
     ml_model_destroy(m);
-    if (!own)
-        ml_safetensors_destroy(expect);
-    ml_safetensors_destroy(ref);
+    ml_fx_close_pair(ref, expect);
 }
 
 int main(void)
