@@ -120,7 +120,7 @@ static const ml_row_mask_mode MODES[] = {ML_ROW_MASK_TRANSFORMERS, ML_ROW_MASK_R
 
 static void run_fixture(ml_backend *be, const char *fixture, ml_row_mask_mode mode)
 {
-    char dir[1024], err[512], name[96];
+    char dir[1024], err[512], name[80];
     snprintf(dir, sizeof dir, "%s/%s", ML_FX_DIR, fixture);
     snprintf(name, sizeof name, "%s (%s)", fixture, ml_row_mask_mode_name(mode));
     fprintf(stderr, "== %s\n", name);
