@@ -27,6 +27,7 @@
 #include "model/mllama.h"
 #include "model/safetensors.h"
 #include "runtime/runtime.h"
+#include "fixture_util.h"
 #include "tokenizer_util.h"
 
 #define ML_RT_MAX_OUT 64     /* tokens an ml_rt_result keeps */
@@ -138,7 +139,6 @@ typedef struct ml_rt_fixture {
 static inline ml_model_limits ml_rt_limits(void)
 {
     ml_model_limits lim = ml_model_limits_default();
-    lim.row_mask = ML_ROW_MASK_TRANSFORMERS; /* the fixtures are transformers 4.47's */
     lim.max_step_tokens = ML_RT_STEP_TOKENS;
     lim.max_step_seqs = ML_RT_STEP_SEQS;
     lim.max_logit_rows = ML_RT_STEP_SEQS;
@@ -241,8 +241,9 @@ static inline void ml_rt_fixture_set_images(ml_rt_fixture *f, const int64_t *ar_
 
 /* A golden fixture model (model_dir: tests/golden/fixtures/models/<name>,
  * written by gen_fixtures.py) opened as ml_rt_fixture_open does, with the
- * prompt, images and pixels of its reference.safetensors, and the first
- * n_greedy tokens of transformers' greedy continuation in greedy. */
+ * prompt, images and pixels of its reference.safetensors, and in greedy the
+ * first n_greedy tokens of the greedy continuation in lim's row-mask mode
+ * (fixture_util.h ml_fx_expected_path). */
 static inline void ml_rt_fixture_open_golden(ml_rt_fixture *f, const char *model_dir,
                                              const ml_model_limits *lim, int32_t *greedy,
                                              int n_greedy)
@@ -254,7 +255,17 @@ static inline void ml_rt_fixture_open_golden(ml_rt_fixture *f, const char *model
     size_t n, n_tokens, n_ar;
     int64_t *ids = ml_rt_read_i64(ref, "input_ids", &n);
     ml_rt_fixture_set_prompt(f, ids, n);
-    int64_t *tokens = ml_rt_read_i64(ref, "greedy_tokens", &n_tokens);
+    const char *name = strrchr(model_dir, '/');
+    char want_path[1200];
+    if (ml_fx_expected_path(want_path, sizeof want_path, name ? name + 1 : model_dir,
+                            lim->row_mask) != 0) {
+        fprintf(stderr, "%s: no %s-mode expectations\n", model_dir,
+                ml_row_mask_mode_name(lim->row_mask));
+        exit(1);
+    }
+    ml_safetensors *want = ml_rt_safetensors_open(want_path);
+    int64_t *tokens = ml_rt_read_i64(want, "greedy_tokens", &n_tokens);
+    ml_safetensors_destroy(want);
     int64_t *ar_ids = ml_rt_read_i64(ref, "aspect_ratio_ids", &n_ar);
     int64_t *ar_mask = ml_rt_read_i64(ref, "aspect_ratio_mask", &n);
     const ml_tensor_view *pixels = ml_safetensors_find(ref, "pixel_values");
@@ -280,6 +291,18 @@ static inline void ml_rt_fixture_open_golden(ml_rt_fixture *f, const char *model
  * configuration, adapters in subdirectories, references of PEFT +
  * transformers beside them. */
 #define ML_RT_LORA_FIXTURE ML_SOURCE_DIR "/tests/golden/fixtures/lora"
+/* The same cases with Meta's row mask patched in (gen_fixtures.py --only reference). */
+#define ML_RT_LORA_REFERENCE_FIXTURE ML_SOURCE_DIR "/tests/golden/fixtures/reference_mode/lora"
+
+/* Into buf: the reference.safetensors of LoRA fixture case `name` (base,
+ * a1_all_r8, ...) in row-mask mode `mode`. */
+static inline void ml_rt_lora_expected_path(char *buf, size_t len, const char *name,
+                                            ml_row_mask_mode mode)
+{
+    snprintf(buf, len, "%s/%s/reference.safetensors",
+             mode == ML_ROW_MASK_REFERENCE ? ML_RT_LORA_REFERENCE_FIXTURE : ML_RT_LORA_FIXTURE,
+             name);
+}
 
 /* The LoRA fixture's model opened as ml_rt_fixture_open does with lim, and
  * the prompt and images of its inputs.safetensors, which holds the real

@@ -1,7 +1,8 @@
 /* LoRA in the runtime (engine/runtime/adapters.*, scheduler.c) on the LoRA
  * golden fixture (m3's configuration, two images) and the real tokenizer:
  * - one request per adapter (and the base model) reproduces PEFT +
- *   transformers' 16 greedy tokens end to end;
+ *   transformers' 16 greedy tokens end to end (with Meta's row mask patched
+ *   in: the default reference mode);
  * - a mixed batch (base, adapter 1, adapter 2; two images, one image, text
  *   only) joining at different steps gives exactly what each gives alone;
  * - more adapters than slots: requests wait for a slot, slots are swapped
@@ -57,7 +58,7 @@ static void load_fixture(ml_rt_fixture *f)
 static void reference_tokens(const char *ref, int32_t *out)
 {
     char path[512];
-    snprintf(path, sizeof path, FIXTURE "/%s/reference.safetensors", ref);
+    ml_rt_lora_expected_path(path, sizeof path, ref, ml_rt_limits().row_mask);
     ml_safetensors *st = ml_rt_safetensors_open(path);
     size_t n;
     int64_t *v = ml_rt_read_i64(st, "greedy_tokens", &n);

@@ -1,7 +1,9 @@
 /* The runtime on a golden fixture model (m3: two images, GQA, cross layers
  * [1, 2]) and the real tokenizer:
- * - one request through the runtime reproduces transformers' 32 greedy tokens
- *   (the cross-attention mask is derived from the prompt's image tokens);
+ * - one request through the runtime reproduces the 32 greedy tokens of
+ *   transformers with Meta's row mask patched in (the default reference
+ *   mode; the cross-attention mask is derived from the prompt's image
+ *   tokens);
  * - requests batched together and joining at different steps (text-only,
  *   one image, two images) give exactly what each gives alone;
  * - a KV pool too small for all of them forces preemptions, and the outputs
@@ -27,7 +29,7 @@
 #define FLOOD_IMAGE_SLOTS 3 /* fewer than two requests' images */
 #define FLOOD_TOKENS 3
 
-/* transformers' greedy continuation of the fixture prompt. */
+/* The reference-mode greedy continuation of the fixture prompt. */
 static int32_t greedy[GREEDY_STEPS];
 
 /* The outputs of a request run alone. */

@@ -273,7 +273,7 @@ static double rel_diff(const float *got, const float *want, size_t n)
 static void check_golden(const served *s, const batch_out *o, int i)
 {
     char path[512], err[256] = "";
-    snprintf(path, sizeof path, ML_RT_LORA_FIXTURE "/%s/reference.safetensors", batch[i].ref);
+    ml_rt_lora_expected_path(path, sizeof path, batch[i].ref, ml_rt_limits().row_mask);
     ml_safetensors *ref = ml_rt_safetensors_open(path);
     int S = s->f.n_prompt, V = ml_model_config(s->f.model)->text.vocab_size;
     size_t n_greedy;
