@@ -41,13 +41,13 @@ static void run_alone(ml_rt_fixture *f, ml_rt_kind k, int max_tokens, ml_rt_resu
     ml_runtime_destroy(rt);
 }
 
-static void test_matches_transformers(ml_rt_fixture *f)
+static void test_matches_golden(ml_rt_fixture *f)
 {
     ml_rt_result r = {0};
     run_alone(f, ML_RT_TWO_IMAGES, GREEDY_STEPS, &r);
     check(r.done == 1 && r.reason == ML_FINISH_REASON_LENGTH, "one length finish");
     check(r.n_out == GREEDY_STEPS && !memcmp(r.out, greedy, sizeof greedy),
-          "runtime greedy tokens equal generate() (%d tokens)", r.n_out);
+          "runtime greedy tokens equal the fixture's generate() (%d tokens)", r.n_out);
     check(r.usage.images == 2 && r.usage.images_cached == 0, "usage images");
 }
 
@@ -309,7 +309,7 @@ int main(void)
     ml_rt_fixture f;
     ml_model_limits lim = ml_rt_limits();
     ml_rt_fixture_open_golden(&f, MODEL, &lim, greedy, GREEDY_STEPS);
-    test_matches_transformers(&f);
+    test_matches_golden(&f);
     test_batching(&f, 64, "ample KV pool");
     test_batching(&f, 6, "small KV pool");
     test_cache_hit(&f);
