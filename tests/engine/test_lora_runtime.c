@@ -256,10 +256,10 @@ static void test_unknown(ml_rt_fixture *f)
 }
 
 /* Batch invariance: a seeded sampled request gets bit-identical tokens and
- * logprobs alone and joined mid-stream by other requests' prefill chunks
- * (text only, with images, with either adapter), whose steps mix its decode
- * row into GEMMs, LoRA segments and eager steps where alone it ran the
- * GEMV regime and decode-graph replays. Temperature 1 over 64 tokens: a
+ * logprobs alone, joined mid-stream by other requests' prefill chunks (text
+ * only, with images, with either adapter), and joining theirs: its decode
+ * rows go into GEMMs, LoRA segments and eager steps where alone they ran
+ * the GEMV regime and decode-graph replays, its prompt into mixed steps. Temperature 1 over 64 tokens: a
  * logit moved by one rounding changes a draw sooner or later. */
 static void test_sampled_joined(ml_rt_fixture *f)
 {
@@ -285,26 +285,35 @@ static void test_sampled_joined(ml_rt_fixture *f)
         ml_rt_drain(rt, 0);
         ml_runtime_destroy(rt);
 
-        rt = runtime(f, 2, 6, 8);
-        ml_rt_submit(f, rt, &q, &joined);
-        for (int i = 0; i < JOINERS; i++) {
-            ml_rt_steps(rt, JOIN_EVERY);
-            submit(f, rt, kinds[i], adapters[i], 8, 0, &others[i]);
-        }
-        ml_rt_drain(rt, 0);
-        ml_runtime_destroy(rt);
-        check(alone.n_out == ML_RT_MAX_OUT && ml_rt_same_output(&alone, &joined),
-              "subject %zu: the same %d sampled tokens alone and joined (%d)", s, alone.n_out,
-              joined.n_out);
-        check(!memcmp(alone.lp, joined.lp, (size_t)alone.n_out * sizeof alone.lp[0]),
-              "subject %zu: the same logprobs alone and joined", s);
-        for (int i = 0; i < JOINERS; i++) {
-            check(others[i].done == 1 && others[i].n_out == 8, "subject %zu: joiner %d ran", s,
-                  i);
-            ml_rt_result_deinit(&others[i]);
+        /* late = 0: the others join the subject's decode; late = 1: the
+         * subject's own prefill joins theirs. */
+        for (int late = 0; late < 2; late++) {
+            rt = runtime(f, 2, 6, 8);
+            if (!late)
+                ml_rt_submit(f, rt, &q, &joined);
+            for (int i = 0; i < JOINERS; i++) {
+                ml_rt_steps(rt, late ? 1 : JOIN_EVERY);
+                submit(f, rt, kinds[i], adapters[i], 8, 0, &others[i]);
+            }
+            if (late)
+                ml_rt_submit(f, rt, &q, &joined);
+            ml_rt_drain(rt, 0);
+            ml_runtime_destroy(rt);
+            check(alone.n_out == ML_RT_MAX_OUT && ml_rt_same_output(&alone, &joined),
+                  "subject %zu, late %d: the same %d sampled tokens alone and joined (%d)", s,
+                  late, alone.n_out, joined.n_out);
+            check(!memcmp(alone.lp, joined.lp, (size_t)alone.n_out * sizeof alone.lp[0]),
+                  "subject %zu, late %d: the same logprobs alone and joined", s, late);
+            for (int i = 0; i < JOINERS; i++) {
+                check(others[i].done == 1 && others[i].n_out == 8,
+                      "subject %zu, late %d: joiner %d ran", s, late, i);
+                ml_rt_result_deinit(&others[i]);
+            }
+            ml_rt_result_deinit(&joined);
+            memset(&joined, 0, sizeof joined);
+            memset(others, 0, sizeof others);
         }
         ml_rt_result_deinit(&alone);
-        ml_rt_result_deinit(&joined);
     }
 }
 
