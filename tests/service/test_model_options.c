@@ -1,4 +1,5 @@
-/* `mllama run`'s model and template options, end to end (service/cli/cmd_run.c):
+/* The options that change what the model computes or what its prompt says,
+ * end to end through `mllama run` (service/cli/cmd_run.c) and the worker:
  * - --cross-attention-row-mask reaches the model: on a golden fixture whose
  *   image is not the first token (m3: rows before the first <|image|>),
  *   transformers gives generate()'s greedy tokens, as the engine did before
@@ -8,7 +9,12 @@
  * - --date-string pins the Instruct template's "Today Date" (the prompt ids
  *   are ml_chat_encode's with that date), without it the date is today's in
  *   UTC, a batch line's "date_string" overrides the flag, and a date with a
- *   control character is refused. */
+ *   control character is refused;
+ * - the worker's model.cross_attention_row_mask reaches its model: with
+ *   transformers (the micro model, a mock Kafka cluster, no Redis) it logs
+ *   the mode and answers an image request with the text `mllama run
+ *   --cross-attention-row-mask transformers` gives, which differs from the
+ *   reference mode's. */
 #include "proc_util.h"
 
 #include "cli/commands.h"
@@ -16,10 +22,21 @@
 #include "engine/fixture_util.h"
 
 #define STEPS 32 /* the fixtures' greedy tokens */
+#define TOPICS PU_REQUESTS ":1," PU_REPLIES ":1," PU_DLT ":1," PU_CANCEL ":1"
+#define IMAGE ML_SOURCE_DIR "/tests/golden/fixtures/images/tiny_16x16.jpg"
+#define QUESTION "What is this?"
+#define ANSWER_TOKENS 8
+#define ANSWER_MS 60000 /* the first request, from produce to final record */
 
-static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16];
+static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
+static pu_proc kafka, worker;
 
-static void cleanup(void) { pu_tmpdir_done(dir); }
+static void cleanup(void)
+{
+    pu_kill(&worker);
+    pu_kill(&kafka);
+    pu_tmpdir_done(dir);
+}
 
 /* `mllama run ARGS --json`; the parsed JSON of its first line (owned) or NULL,
  * the exit code in *code and the whole output in *out (owned) when out is
@@ -244,6 +261,77 @@ static void test_date(void)
     ml_tokenizer_destroy(tok);
 }
 
+/* ---- the worker ------------------------------------------------------------------- */
+
+/* The greedy answer (malloc'd) of `mllama run` to IMAGE + QUESTION under `mode`. */
+static char *run_image_text(const char *mode)
+{
+    char args[2 * PU_PATH_MAX];
+    snprintf(args, sizeof args,
+             "--model %s --image " IMAGE " --chat '" QUESTION "' --max-tokens %d "
+             "--cross-attention-row-mask %s",
+             model, ANSWER_TOKENS, mode);
+    int code = -1;
+    char *out = NULL;
+    cJSON *j = run_json(args, &code, &out);
+    const char *text = pu_json_str(j, PU_PATH("text"));
+    check(text != NULL, "run --image --chat (%s): exit %d: %s", mode, code, out ? out : "");
+    char *s = strdup(text ? text : "");
+    cJSON_Delete(j);
+    free(out);
+    return s;
+}
+
+static void test_worker(void)
+{
+    char *hf = run_image_text("transformers"), *ref = run_image_text("reference");
+    check(strcmp(hf, ref) != 0, "the micro model must answer differently in the two modes: '%s'",
+          hf);
+
+    if (!pu_mock_kafka_start(&kafka, dir, TOPICS, brokers, sizeof brokers))
+        pu_die("mock kafka");
+    pu_worker_env env = {brokers, "", model, dir};
+    static const char *const extra[] = {"model.cross_attention_row_mask=transformers",
+                                        "runtime.max_adapters=0", NULL};
+    if (!pu_worker_start(&worker, &env, "row-mask", extra))
+        pu_die("worker start");
+    check(pu_file_count(worker.log, "cross_attention_row_mask transformers)") == 1,
+          "the worker logs its row mask at start");
+
+    const char *topics[] = {PU_REPLIES};
+    pu_client client;
+    pu_client_init(&client, brokers, topics, 1);
+    size_t n;
+    char *jpeg = pu_slurp(IMAGE, &n);
+    char *part = jpeg ? pu_image_part(jpeg, n) : NULL;
+    if (!part)
+        pu_die(IMAGE);
+    char extra_body[96];
+    snprintf(extra_body, sizeof extra_body,
+             "\"max_tokens\":%d,\"temperature\":0,\"stream\":false", ANSWER_TOKENS);
+    char *body = pu_chat_request("row-mask-1", QUESTION, part, extra_body);
+    check(pu_client_send(&client, "row-mask-1", body), "row-mask-1: produce");
+    const pu_record *f = pu_client_wait(&client, "row-mask-1", ANSWER_MS);
+    check(f != NULL, "row-mask-1: no final record within %d ms", ANSWER_MS);
+    cJSON *j = f ? pu_json(f) : NULL;
+    const char *text = pu_json_str(j, PU_PATH("choices", "0", "message", "content"));
+    check(text && !strcmp(text, hf), "the transformers worker answers '%s', mllama run '%s'",
+          text ? text : "-", hf);
+    fprintf(stderr, "worker (transformers): '%s'\nrun reference:         '%s'\n",
+            text ? text : "-", ref);
+    cJSON_Delete(j);
+    free(body);
+    free(part);
+    free(jpeg);
+    free(hf);
+    free(ref);
+    pu_client_deinit(&client);
+
+    int code = pu_stop(&worker, PU_STOP_MS);
+    check(code == 0, "row-mask worker: exit code %d after SIGTERM", code);
+    pu_check_log_clean(worker.log);
+}
+
 int main(void)
 {
     atexit(cleanup);
@@ -255,5 +343,6 @@ int main(void)
     if (!pu_make_model(model, log))
         pu_die("mkmodel");
     test_date();
+    test_worker();
     return check_done();
 }
