@@ -45,6 +45,7 @@ static const field fields[] = {
     INT("model", "tensor_parallel", model.tensor_parallel, 1, ML_ENGINE_MAX_WORLD),
     STR("model", "devices", model.devices),
     STR("model", "adapters_dir", model.adapters_dir),
+    STR("model", "cross_attention_row_mask", model.cross_attention_row_mask),
     LONG("runtime", "kv_mib", runtime.kv_mib, 1, 1L << 24),
     LONG("runtime", "image_mib", runtime.image_mib, 1, 1L << 24),
     INT("runtime", "max_running", runtime.max_running, 1, 4096),
@@ -281,6 +282,14 @@ static int validate(svc_config *cfg, char *err, size_t errlen)
         strcmp(cfg->model.backend, "cuda")) {
         svc_errf(err, errlen, "model.backend: expected auto, cpu or cuda, got '%s'",
                  cfg->model.backend);
+        return -1;
+    }
+    if (ml_row_mask_mode_parse(cfg->model.cross_attention_row_mask, &cfg->model.row_mask)) {
+        svc_errf(err, errlen,
+                 "model.cross_attention_row_mask: expected %s or %s, got '%s'",
+                 ml_row_mask_mode_name(ML_ROW_MASK_REFERENCE),
+                 ml_row_mask_mode_name(ML_ROW_MASK_TRANSFORMERS),
+                 cfg->model.cross_attention_row_mask);
         return -1;
     }
     const char *topics[][2] = {{"kafka.request_topic", cfg->kafka.request_topic},

@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 
+#include "engine.h"
 #include "kafka/kafka.h"
 #include "protocol/protocol.h"
 
@@ -31,6 +32,8 @@ typedef struct svc_config {
                                             tensor_parallel devices */
         char adapters_dir[SVC_CONFIG_STR]; /* PEFT adapters: <dir>/<name>/; Redis-held ones are
                                               written here */
+        char cross_attention_row_mask[16]; /* "reference" or "transformers" (ml_row_mask_mode) */
+        ml_row_mask_mode row_mask;       /* cross_attention_row_mask, parsed at validation */
     } model;
     struct {
         long kv_mib, image_mib;

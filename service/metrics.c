@@ -114,6 +114,7 @@ static struct {
     lag_series lag[LAG_SERIES_MAX];
     int n_lag;
     char version[INFO_MAX], backend[INFO_MAX], model[INFO_MAX], fingerprint[INFO_MAX];
+    char row_mask[INFO_MAX];
 } reg = {.lag_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static uint64_t to_bits(double v)
@@ -131,12 +132,13 @@ static double from_bits(uint64_t u)
 }
 
 void svc_metrics_set_info(const char *version, const char *backend, const char *model_name,
-                          const char *fingerprint)
+                          const char *fingerprint, const char *row_mask)
 {
     snprintf(reg.version, sizeof reg.version, "%s", version);
     snprintf(reg.backend, sizeof reg.backend, "%s", backend);
     snprintf(reg.model, sizeof reg.model, "%s", model_name);
     snprintf(reg.fingerprint, sizeof reg.fingerprint, "%s", fingerprint);
+    snprintf(reg.row_mask, sizeof reg.row_mask, "%s", row_mask);
 }
 
 void svc_metrics_add(svc_counter c, uint64_t n) { atomic_fetch_add(&reg.counters[c], n); }
@@ -236,9 +238,12 @@ void svc_metrics_render(svc_buf *b)
     head(b, "mllama_build_info", "build and backend", "gauge");
     svc_buf_printf(b, "mllama_build_info{version=\"%s\",backend=\"%s\"} 1\n", reg.version,
                    reg.backend);
-    head(b, "mllama_model_info", "served model and its fingerprint", "gauge");
-    svc_buf_printf(b, "mllama_model_info{name=\"%s\",fingerprint=\"%s\"} 1\n", reg.model,
-                   reg.fingerprint);
+    head(b, "mllama_model_info", "served model, its fingerprint and its cross-attention row mask",
+         "gauge");
+    svc_buf_printf(b,
+                   "mllama_model_info{name=\"%s\",fingerprint=\"%s\","
+                   "cross_attention_row_mask=\"%s\"} 1\n",
+                   reg.model, reg.fingerprint, reg.row_mask);
     for (int i = 0; i < SVC_COUNTER_COUNT; i++) {
         head(b, counter_names[i][0], counter_names[i][1], "counter");
         svc_buf_printf(b, "%s %llu\n", counter_names[i][0],

@@ -56,10 +56,11 @@ typedef enum svc_rebalance {
     SVC_REBALANCE_COUNT,
 } svc_rebalance;
 
-/* Static labels of mllama_build_info / mllama_model_info. Strings are
- * copied. Call once at start, before the HTTP server runs. */
+/* Static labels of mllama_build_info / mllama_model_info (row_mask: the
+ * model.cross_attention_row_mask the model runs with). Strings are copied.
+ * Call once at start, before the HTTP server runs. */
 void svc_metrics_set_info(const char *version, const char *backend, const char *model_name,
-                          const char *fingerprint);
+                          const char *fingerprint, const char *row_mask);
 
 void svc_metrics_add(svc_counter c, uint64_t n);
 void svc_metrics_set(svc_gauge g, double v);

@@ -3,7 +3,9 @@
 
 #include <stdbool.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "tokenizer/unicode.h"
 
@@ -30,6 +32,40 @@ static const char HEADER_GAP[] = "\n\n";
 static const char SYSTEM_PREAMBLE[] = "Cutting Knowledge Date: December 2023\nToday Date: ";
 static const char DATE_END[] = "\n\n";
 static const char IMAGE_WITH_SYSTEM[] = "Prompting with images is incompatible with system messages.";
+
+/* ---- the date ------------------------------------------------------------ */
+
+/* %b of the C locale: the template's strftime_now runs in Python, whose
+ * default is the C locale whatever the environment says. */
+static const char *const MONTH_ABBR[12] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                           "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+/* The years %Y writes in 4 digits. */
+#define DATE_YEAR_MIN 1000
+#define DATE_YEAR_MAX 9999
+
+ml_status ml_chat_format_date(time_t t, char out[ML_CHAT_DATE_BYTES])
+{
+    struct tm utc;
+    if (!gmtime_r(&t, &utc) || utc.tm_mon < 0 || utc.tm_mon > 11 ||
+        utc.tm_year > DATE_YEAR_MAX - 1900 || utc.tm_year < DATE_YEAR_MIN - 1900) {
+        memcpy(out, ML_CHAT_DEFAULT_DATE, sizeof ML_CHAT_DEFAULT_DATE);
+        return ML_ERR_INVALID_ARG;
+    }
+    snprintf(out, ML_CHAT_DATE_BYTES, "%02d %s %04d", utc.tm_mday, MONTH_ABBR[utc.tm_mon],
+             utc.tm_year + 1900);
+    return ML_OK;
+}
+
+const char *ml_chat_date_today(char out[ML_CHAT_DATE_BYTES])
+{
+    struct timespec now;
+    if (clock_gettime(CLOCK_REALTIME, &now) != 0 ||
+        ml_chat_format_date(now.tv_sec, out) != ML_OK)
+        memcpy(out, ML_CHAT_DEFAULT_DATE, sizeof ML_CHAT_DEFAULT_DATE);
+    return out;
+}
+
+/* ---- rendering ------------------------------------------------------------ */
 
 /* One marker the template wrote, at byte `at` of the rendered prompt. */
 typedef struct mark {

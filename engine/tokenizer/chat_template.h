@@ -17,9 +17,10 @@
  * - Images together with a non-blank system message are an error, as in the
  *   template ("Prompting with images is incompatible with system messages.").
  *   A system message that trims to "" is allowed with images.
- * - The date: the template uses today's date when transformers provides
- *   strftime_now; here it is always the option (default "26 Jul 2024", the
- *   template's own fallback), so prompts are reproducible.
+ * - The date: the template writes strftime_now("%d %b %Y"), today's date,
+ *   and "26 Jul 2024" only when it has no clock. Here it is the option: the
+ *   caller passes today's (ml_chat_date_today) or a pinned one, and NULL
+ *   gives the template's fallback, ML_CHAT_DEFAULT_DATE.
  *
  * Message text is never a special token. ml_chat_render emits it raw (the
  * rendered string cannot tell a user's "<|eot_id|>" from the template's),
@@ -34,6 +35,7 @@
 #define ML_CHAT_TEMPLATE_H
 
 #include <stddef.h>
+#include <time.h>
 
 #include "status.h"
 #include "tokenizer/tokenizer.h"
@@ -60,6 +62,23 @@ typedef struct ml_chat_options {
 } ml_chat_options;
 
 #define ML_CHAT_DEFAULT_DATE "26 Jul 2024"
+/* Bytes of a date ml_chat_format_date writes, its NUL included ("01 Dec 2026"). */
+#define ML_CHAT_DATE_BYTES 12
+
+/* The template's strftime_now("%d %b %Y") for t, in UTC: the day of the month
+ * zero-padded to 2 digits, the month's English abbreviation (the C locale's,
+ * whatever the process locale is), the year in 4 digits: "01 Dec 2026".
+ * Returns ML_OK, or ML_ERR_INVALID_ARG when t is not a date of the years
+ * 1000 to 9999; out then holds ML_CHAT_DEFAULT_DATE. @locality any thread. */
+ml_status ml_chat_format_date(time_t t, char out[ML_CHAT_DATE_BYTES]);
+
+/* Today's date in UTC from the realtime clock, as ml_chat_format_date writes
+ * it; ML_CHAT_DEFAULT_DATE (what the template writes without a clock) when
+ * the clock cannot be read or gives no such date. Returns out.
+ * UTC rather than the local time zone: workers in different zones serving
+ * one topic then write the same prompt for the same request.
+ * @locality any thread. */
+const char *ml_chat_date_today(char out[ML_CHAT_DATE_BYTES]);
 
 /* Render the prompt text. On success *prompt is a new NUL-terminated string
  * (owned by the caller: free()) of *len bytes. opt may be NULL (defaults:

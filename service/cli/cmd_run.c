@@ -12,6 +12,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "engine.h"
+#include "protocol/protocol.h"
 
 #define CMD "mllama run"
 #define MAX_IMAGES 16
@@ -30,9 +31,11 @@ static void usage(FILE *f)
             "                  [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
             "                  [--seed S] [--stop STR]... [--json-object] [--logits-out F.npy] [--json]\n"
             "                  [--threads N] [--kv-mib N] [--image-mib N] [--backend auto|cpu|cuda]\n"
-            "                  [--tp N [--devices 0,1,...]]\n"
+            "                  [--tp N [--devices 0,1,...]] [--cross-attention-row-mask MODE]\n"
+            "                  [--date-string DATE]\n"
             "       mllama run --model DIR --batch FILE.jsonl [--threads N] [--kv-mib N] [--image-mib N]\n"
-            "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]]\n\n"
+            "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]]\n"
+            "                  [--cross-attention-row-mask MODE] [--date-string DATE]\n\n"
             "--prompt is raw text (special tokens parsed; <|begin_of_text|> is inserted after\n"
             "any leading <|image|> tokens when absent, as MllamaProcessor does); --chat wraps\n"
             "TEXT and the images in the Llama 3.2 Vision Instruct template, TEXT encoded as\n"
@@ -40,13 +43,19 @@ static void usage(FILE *f)
             "ids. Greedy unless --temperature > 0. Text streams to stdout; --json prints one\n"
             "JSON object with prompt/output ids, text and timings instead. --json-object is\n"
             "JSON mode: the answer is kept one JSON object and ends when it is complete.\n"
+            "--cross-attention-row-mask: reference (the default: Meta's model, vLLM, SGLang;\n"
+            "a text row before its first image gets nothing from cross-attention) or\n"
+            "transformers (transformers 4.47: such a row adds attention spread evenly over\n"
+            "the images). --date-string: the Instruct template's \"Today Date\" for --chat\n"
+            "(default: today's date in UTC, e.g. \"01 Dec 2026\"); the template writes it only\n"
+            "into prompts without images.\n"
             "--batch: one JSON object per line with \"prompt\", \"chat\" or \"ids\", optional\n"
             "\"images\" (paths), \"max_tokens\", \"temperature\", \"top_p\", \"top_k\", \"min_p\",\n"
-            "\"seed\", \"stop\", \"json_object\" (true: JSON mode), and \"after\": the 0-based\n"
-            "index of an earlier line, to submit this request only once that one has\n"
-            "finished (e.g. an image-cache hit after a miss); the others are submitted at\n"
-            "once. Prints one JSON result per request and "
-            "the throughput.\n"
+            "\"seed\", \"stop\", \"json_object\" (true: JSON mode), \"date_string\" (as\n"
+            "--date-string, which it overrides), and \"after\": the 0-based index of an\n"
+            "earlier line, to submit this request only once that one has finished (e.g. an\n"
+            "image-cache hit after a miss); the others are submitted at once. Prints one\n"
+            "JSON result per request and the throughput.\n"
             "--tp N splits the model over N devices (tensor parallelism: N must divide the\n"
             "attention heads, K/V heads and MLP widths): N CPU backends sharing --threads, or\n"
             "the CUDA devices of --devices (default: the first N). --kv-mib and --image-mib\n"
@@ -62,6 +71,7 @@ typedef enum prompt_kind { PROMPT_NONE, PROMPT_TEXT, PROMPT_CHAT, PROMPT_IDS } p
 typedef struct job_spec {
     prompt_kind kind;
     const char *text;
+    const char *date_string;    /* the template's "Today Date" (--chat); NULL = today */
     const char *images[MAX_IMAGES];
     int n_images;
     ml_sampling_params sampling;
@@ -224,15 +234,19 @@ static int encode_prompt(const run_ctx *c, const char *text, ml_token_buf *out)
 
 /* One user turn: the images, then the text (the model card's layout). The
  * text is message text (ml_chat_encode): unlike --prompt, special-token text
- * in it is not parsed. */
-static int encode_chat(const run_ctx *c, const char *text, int n_images, ml_token_buf *out)
+ * in it is not parsed. The date is spec's, else today's in UTC, as the
+ * worker writes it. */
+static int encode_chat(const run_ctx *c, const job_spec *spec, ml_token_buf *out)
 {
     ml_chat_part parts[MAX_IMAGES + 1];
-    for (int i = 0; i < n_images; i++)
+    for (int i = 0; i < spec->n_images; i++)
         parts[i] = (ml_chat_part){.type = ML_CHAT_PART_IMAGE};
-    parts[n_images] = (ml_chat_part){.type = ML_CHAT_PART_TEXT, .text = text};
-    ml_chat_message msg = {.role = "user", .parts = parts, .n_parts = (size_t)n_images + 1};
-    ml_chat_options opt = {.add_generation_prompt = 1};
+    parts[spec->n_images] = (ml_chat_part){.type = ML_CHAT_PART_TEXT, .text = spec->text};
+    ml_chat_message msg = {.role = "user", .parts = parts, .n_parts = (size_t)spec->n_images + 1};
+    char today[ML_CHAT_DATE_BYTES];
+    ml_chat_options opt = {.add_generation_prompt = 1,
+                           .date_string = spec->date_string ? spec->date_string
+                                                            : ml_chat_date_today(today)};
     char err[256];
     if (ml_chat_encode(c->tok, &msg, 1, &opt, out, err, sizeof err) != ML_OK) {
         fprintf(stderr, CMD ": %s\n", err);
@@ -268,7 +282,7 @@ static int submit(run_ctx *c, const job_spec *spec, run_job *j)
     if (spec->kind == PROMPT_IDS)
         rc = parse_ids(spec->text, &j->prompt);
     else if (spec->kind == PROMPT_CHAT)
-        rc = encode_chat(c, spec->text, spec->n_images, &j->prompt);
+        rc = encode_chat(c, spec, &j->prompt);
     else
         rc = encode_prompt(c, spec->text, &j->prompt);
     if (rc)
@@ -347,6 +361,17 @@ static void print_json_line(cJSON *o)
     cJSON_Delete(o);
 }
 
+/* A --date-string or batch "date_string" value: the worker's rule for the request
+ * field (svc_valid_date_string), so both refuse the same text. */
+static int check_date_string(const char *what, const char *s)
+{
+    if (svc_valid_date_string(s, strlen(s)))
+        return 0;
+    fprintf(stderr, CMD ": %s: expected 1..%d bytes of UTF-8 without control characters, "
+                    "e.g. \"26 Jul 2024\"\n", what, SVC_DATE_STRING_MAX);
+    return -1;
+}
+
 /* ---- batch files ------------------------------------------------------------------- */
 
 static int spec_from_json(const cJSON *o, int line, job_spec *spec)
@@ -375,8 +400,15 @@ static int spec_from_json(const cJSON *o, int line, job_spec *spec)
         }
         spec->images[spec->n_images++] = im->valuestring;
     }
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "date_string");
+    if (v) {
+        char what[64];
+        snprintf(what, sizeof what, "batch line %d: \"date_string\"", line);
+        if (!cJSON_IsString(v) || check_date_string(what, v->valuestring))
+            return -1;
+        spec->date_string = v->valuestring;
+    }
     ml_sampling_params *p = &spec->sampling;
-    const cJSON *v;
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "max_tokens")) && cJSON_IsNumber(v))
         p->max_tokens = (uint32_t)v->valuedouble;
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "temperature")) && cJSON_IsNumber(v))
@@ -407,6 +439,7 @@ typedef struct run_opts {
     const char *model_dir, *batch, *logits_out, *backend, *devices;
     int json, threads, tp;
     long kv_mib, image_mib;
+    ml_row_mask_mode row_mask;
     job_spec spec;
 } run_opts;
 
@@ -418,6 +451,7 @@ static int parse_args(int argc, char **argv, run_opts *o)
     o->kv_mib = DEFAULT_KV_MIB;
     o->backend = "auto";
     o->tp = 1;
+    o->row_mask = ml_model_limits_default().row_mask;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
@@ -450,7 +484,18 @@ static int parse_args(int argc, char **argv, run_opts *o)
             o->backend = v;
         else if (!strcmp(a, "--devices"))
             o->devices = v;
-        else if (!strcmp(a, "--image")) {
+        else if (!strcmp(a, "--cross-attention-row-mask")) {
+            if (ml_row_mask_mode_parse(v, &o->row_mask)) {
+                fprintf(stderr, CMD ": %s: expected %s or %s, got '%s'\n", a,
+                        ml_row_mask_mode_name(ML_ROW_MASK_REFERENCE),
+                        ml_row_mask_mode_name(ML_ROW_MASK_TRANSFORMERS), v);
+                return -1;
+            }
+        } else if (!strcmp(a, "--date-string")) {
+            if (check_date_string(a, v))
+                return -1;
+            o->spec.date_string = v;
+        } else if (!strcmp(a, "--image")) {
             if (o->spec.n_images == MAX_IMAGES) {
                 fprintf(stderr, CMD ": at most %d images\n", MAX_IMAGES);
                 return -1;
@@ -539,6 +584,7 @@ static int ctx_init(run_ctx *c, const run_opts *o, int max_images)
         .runtime = {.kv_bytes = (size_t)o->kv_mib * MIB, .image_bytes = (size_t)o->image_mib * MIB},
         .image_states = max_images,
     };
+    ec.limits.row_mask = o->row_mask;
     if (o->logits_out)
         ec.limits.max_logit_rows = ec.limits.max_step_seqs;
     ec.runtime.max_running = ec.limits.max_step_seqs;
@@ -617,13 +663,13 @@ static int after_of(const cJSON *o, int index, int *after)
 }
 
 /* Submit every request not yet submitted whose "after" request is done. */
-static int submit_ready(run_ctx *c, cJSON **lines, run_job *jobs, int n)
+static int submit_ready(run_ctx *c, const run_opts *o, cJSON **lines, run_job *jobs, int n)
 {
     for (int i = 0; i < n; i++) {
         run_job *j = &jobs[i];
         if (j->submitted || (j->after >= 0 && !jobs[j->after].done))
             continue;
-        job_spec spec = {0};
+        job_spec spec = {.date_string = o->spec.date_string};
         ml_sampling_params_default(&spec.sampling);
         spec.sampling.temperature = 0;
         spec.sampling.max_tokens = DEFAULT_MAX_TOKENS;
@@ -655,7 +701,7 @@ static int run_batch(run_ctx *c, const run_opts *o, cJSON **lines, int n)
      * for a finished request. */
     char err[512];
     while (rc == 0) {
-        rc = submit_ready(c, lines, jobs, n);
+        rc = submit_ready(c, o, lines, jobs, n);
         if (rc || ml_runtime_active(c->rt) == 0)
             break;
         if (ml_runtime_step(c->rt, err, sizeof err) != ML_OK) {

@@ -180,6 +180,20 @@ bool svc_valid_adapter_name(const char *s, size_t len)
     return len > 0 && len <= SVC_ADAPTER_NAME_MAX && s[0] != '.' && all_name_chars(s, len);
 }
 
+bool svc_valid_date_string(const char *s, size_t len)
+{
+    if (len == 0 || len > SVC_DATE_STRING_MAX || !svc_utf8_valid(s, len, NULL))
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        /* U+0080..U+009F (C1) is 0xC2 0x80..0x9F in valid UTF-8. */
+        bool c1 = c == 0xC2 && i + 1 < len && (unsigned char)s[i + 1] <= 0x9F;
+        if (c < 0x20 || c == 0x7F || c1)
+            return false;
+    }
+    return true;
+}
+
 static bool is_lower_hex(char c)
 {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');

@@ -29,6 +29,8 @@
  *   stream              bool                      true        false: one chat.completion record
  *   response_format     {"type": T}               text        T "text" or "json_object" (JSON
  *                                                             mode: the answer is one JSON object)
+ *   date_string         string                    today (UTC) the chat template's "Today Date"
+ *                                                             (svc_valid_date_string)
  *
  * JSON null is the same as an absent field (OpenAI clients send nulls).
  * Unknown fields (model, user, stream_options, ...) are ignored so that
@@ -150,6 +152,8 @@ const char *svc_error_code(svc_error e);
 #define SVC_REPLY_ENTRY_BYTES 128
 /* The rest of a completion record: id, model, usage, timings, framing. */
 #define SVC_REPLY_FIXED_BYTES 4096
+/* The longest date_string, in bytes: room for any spelling of a date. */
+#define SVC_DATE_STRING_MAX 64
 /* The longest request id the parser accepts by default (svc_limits.max_id_bytes);
  * buffers that hold an id (the worker's pending cancels) are sized by it. */
 #define SVC_ID_MAX_BYTES 256
@@ -264,6 +268,9 @@ typedef struct svc_request {
     bool logprobs;
     uint32_t top_logprobs;
     bool json_object;        /* response_format {"type": "json_object"} */
+    /* The chat template's "Today Date" (NUL-terminated, svc_valid_date_string);
+     * NULL = the worker writes today's date. */
+    const char *date_string;
 } svc_request;
 
 /* A header value as it came off the wire: not NUL-terminated; ptr NULL =
@@ -351,6 +358,11 @@ bool svc_topic_policy_check(const svc_topic_policy *p, char *err, size_t errlen)
 /* True for an adapter name: [A-Za-z0-9._-]{1,128}, not starting with '.'
  * (it becomes a Redis key part and may name a directory). */
 bool svc_valid_adapter_name(const char *s, size_t len);
+
+/* True for a date_string: 1..SVC_DATE_STRING_MAX bytes of UTF-8 without
+ * control characters (C0, DEL, C1). Only its shape is checked: any text a
+ * client chooses to call the date ("26 Jul 2024", "2024-07-26") passes. */
+bool svc_valid_date_string(const char *s, size_t len);
 
 /* True for exactly 64 lower-case hex digits. */
 bool svc_valid_sha256(const char *s, size_t len);

@@ -117,7 +117,7 @@ static inline svc_error opt_bool(parser *p, const cJSON *obj, const char *name, 
 }
 
 /* The generation options of the body (request_options.c): sampling,
- * limits, stop strings, response format, adapter. */
+ * limits, stop strings, response format, date_string, adapter. */
 svc_error svc_request_parse_options(parser *p, const cJSON *root);
 
 #endif

@@ -1,6 +1,6 @@
 /* The generation options of a request record: sampling, limits, stop
- * strings, response format and adapter, each type- and range-checked with an
- * error naming the field. */
+ * strings, response format, the template's date and adapter, each type- and
+ * range-checked with an error naming the field. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +71,22 @@ static svc_error parse_adapter(parser *p, const cJSON *root)
                     "with '.'", SVC_ADAPTER_NAME_MAX);
     p->r->pub.adapter = svc_arena_strndup(&p->r->arena, a->valuestring, strlen(a->valuestring));
     return p->r->pub.adapter ? SVC_ERROR_NONE : out_of_memory(p);
+}
+
+/* date_string: the chat template's "Today Date", pinned by the client (a
+ * reproducible prompt); it is encoded as text, as message text is. */
+static svc_error parse_date_string(parser *p, const cJSON *root)
+{
+    const cJSON *d = member(root, "date_string");
+    if (!d)
+        return SVC_ERROR_NONE;
+    if (!cJSON_IsString(d) || !svc_valid_date_string(d->valuestring, strlen(d->valuestring)))
+        return fail(p, SVC_ERROR_INVALID_REQUEST,
+                    "date_string: expected 1..%d bytes of UTF-8 without control characters, "
+                    "e.g. \"26 Jul 2024\"", SVC_DATE_STRING_MAX);
+    p->r->pub.date_string = svc_arena_strndup(&p->r->arena, d->valuestring,
+                                              strlen(d->valuestring));
+    return p->r->pub.date_string ? SVC_ERROR_NONE : out_of_memory(p);
 }
 
 /* Sampling ranges (OpenAI's where it has one). */
@@ -172,7 +188,7 @@ svc_error svc_request_parse_options(parser *p, const cJSON *root)
                     lim->max_reply_bytes);
 
     if ((e = parse_stop(p, root)) || (e = parse_response_format(p, root)) ||
-        (e = refuse_unsupported(p, root)))
+        (e = refuse_unsupported(p, root)) || (e = parse_date_string(p, root)))
         return e;
     return parse_adapter(p, root);
 }

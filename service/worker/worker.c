@@ -371,6 +371,7 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
     ec.limits.max_step_seqs = c->runtime.max_running;
     ec.limits.max_logit_rows = c->runtime.max_running;
     ec.limits.max_seq_images = c->runtime.max_images_per_request;
+    ec.limits.row_mask = c->model.row_mask;
     if (ml_engine_open(&w->engine, &ec, err, errlen) != ML_OK)
         return -1;
     w->model = ml_engine_model(w->engine);
@@ -520,7 +521,7 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
         return NULL;
     }
     svc_metrics_set_info(MLLAMA_VERSION, ml_engine_backend_name(w->engine), w->model_name,
-                         w->fingerprint);
+                         w->fingerprint, ml_row_mask_mode_name(w->cfg.model.row_mask));
     if (connect_redis(w, err, errlen) || connect_kafka(w, err, errlen)) {
         *code = SVC_WORKER_EXIT_KAFKA;
         svc_worker_destroy(w);
@@ -538,8 +539,10 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     }
     atomic_store(&w->health.model_loaded, 1);
     svc_log(SVC_LOG_INFO, "worker_started",
-            "worker %s, model %s (%s) on %s x%d, brokers %s, group %s, http :%d",
-            w->cfg.worker_id, w->model_name, w->fingerprint, ml_engine_backend_name(w->engine),
+            "worker %s, model %s (%s, cross_attention_row_mask %s) on %s x%d, brokers %s, "
+            "group %s, http :%d",
+            w->cfg.worker_id, w->model_name, w->fingerprint,
+            ml_row_mask_mode_name(w->cfg.model.row_mask), ml_engine_backend_name(w->engine),
             ml_engine_world(w->engine), w->brokers, w->cfg.kafka.group, svc_http_port(w->http));
     return w;
 }

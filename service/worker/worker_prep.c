@@ -212,7 +212,9 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
 /* The Instruct chat template over the request's messages. Message text is
  * encoded as text (ml_chat_encode): a client's "<|eot_id|>" cannot forge a
  * turn, and the prompt's <|image|> ids are exactly the image parts, one per
- * entry of j->images, which the runtime checks. */
+ * entry of j->images, which the runtime checks. The date is the request's
+ * date_string, else today's in UTC, read when the request is prepared (the
+ * template's strftime_now). */
 static svc_error build_prompt(svc_worker *w, job *j, char *msg, size_t msglen)
 {
     const svc_request *r = j->req;
@@ -237,7 +239,10 @@ static svc_error build_prompt(svc_worker *w, job *j, char *msg, size_t msglen)
                      ? (ml_chat_part){.type = ML_CHAT_PART_IMAGE}
                      : (ml_chat_part){.type = ML_CHAT_PART_TEXT, .text = sm->parts[k].text};
     }
-    ml_chat_options opt = {.add_generation_prompt = 1};
+    char today[ML_CHAT_DATE_BYTES];
+    ml_chat_options opt = {.add_generation_prompt = 1,
+                           .date_string = r->date_string ? r->date_string
+                                                         : ml_chat_date_today(today)};
     char err[256];
     ml_status st = ml_chat_encode(w->tok, msgs, r->n_messages, &opt, &j->prompt, err, sizeof err);
     free(parts);

@@ -5,11 +5,14 @@
  * config/tokenizer/tokenizer.json + <|image|>. Messages that hold special-token
  * text are where this implementation departs from the reference on purpose:
  * the text stays text (chat_template.h), and those tests check that
- * property instead of reference ids. */
+ * property instead of reference ids. The date the template writes
+ * (ml_chat_format_date, ml_chat_date_today) is checked against
+ * strftime("%d %b %Y") in UTC at fixed instants. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "harness.h"
 #include "tokenizer/chat_template.h"
@@ -359,6 +362,77 @@ static void test_errors(void)
     expect_error("text part without text", null_part, 1, ML_ERR_INVALID_ARG, "without text");
 }
 
+/* The template's strftime_now("%d %b %Y"), in UTC, with the C locale's
+ * month names whatever TZ says (here 14 hours ahead of UTC, where every
+ * instant below is already the next day or later). */
+static void test_date_format(void)
+{
+    setenv("TZ", "XST-14", 1);
+    tzset();
+    static const struct {
+        time_t t;
+        const char *want;
+    } cases[] = {
+        {1796083200, "01 Dec 2026"},   /* 2026-12-01 00:00:00 UTC */
+        {1768003199, "09 Jan 2026"},   /* 2026-01-09 23:59:59 UTC */
+        {1709208000, "29 Feb 2024"},   /* a leap day */
+        {1721952000, "26 Jul 2024"},   /* the template's fallback date */
+        {253402300799, "31 Dec 9999"}, /* the last 4-digit year */
+        {-30610224000, "01 Jan 1000"}, /* the first */
+    };
+    char out[ML_CHAT_DATE_BYTES];
+    for (size_t i = 0; i < N_OF(cases); i++) {
+        ml_status st = ml_chat_format_date(cases[i].t, out);
+        check(st == ML_OK && !strcmp(out, cases[i].want), "date of %lld: '%s', want '%s'",
+              (long long)cases[i].t, out, cases[i].want);
+    }
+    /* Every month's abbreviation: the 15th of each month of 2026, noon UTC. */
+    static const time_t mid_2026[12] = {1768478400, 1771156800, 1773576000, 1776254400,
+                                        1778846400, 1781524800, 1784116800, 1786795200,
+                                        1789473600, 1792065600, 1794744000, 1797336000};
+    static const char *const months[12] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                           "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+    for (int m = 0; m < 12; m++) {
+        char want[ML_CHAT_DATE_BYTES];
+        snprintf(want, sizeof want, "15 %s 2026", months[m]);
+        check(ml_chat_format_date(mid_2026[m], out) == ML_OK && !strcmp(out, want),
+              "month %d: '%s', want '%s'", m + 1, out, want);
+    }
+    /* A year %Y would not write in 4 digits: the template's fallback. */
+    static const time_t outside[] = {253402300800, /* 10000-01-01 */
+                                     -30610224001 /* 999-12-31 23:59:59 */};
+    for (size_t i = 0; i < N_OF(outside); i++)
+        check(ml_chat_format_date(outside[i], out) == ML_ERR_INVALID_ARG &&
+                  !strcmp(out, ML_CHAT_DEFAULT_DATE),
+              "date of %lld: '%s', want the fallback", (long long)outside[i], out);
+
+    /* Today: the clock's date, read before or after (midnight may pass). */
+    char before[ML_CHAT_DATE_BYTES], after[ML_CHAT_DATE_BYTES];
+    ml_chat_format_date(time(NULL), before);
+    const char *today = ml_chat_date_today(out);
+    ml_chat_format_date(time(NULL), after);
+    check(today == out && (!strcmp(out, before) || !strcmp(out, after)),
+          "today: '%s' (the clock says '%s')", out, after);
+    unsetenv("TZ");
+    tzset();
+}
+
+/* The date option is what the system block writes. */
+static void test_date_in_prompt(void)
+{
+    const ml_chat_part user[] = {TEXT("Hi")};
+    const ml_chat_message msgs[] = {{"user", user, 1}};
+    char date[ML_CHAT_DATE_BYTES];
+    ml_chat_format_date(1796083200, date);
+    const ml_chat_options opt = {.add_generation_prompt = 1, .date_string = date};
+    char *text = NULL, err[256] = "";
+    size_t len = 0;
+    ml_status st = ml_chat_render(msgs, 1, &opt, &text, &len, err, sizeof err);
+    check(st == ML_OK && strstr(text, "\nToday Date: 01 Dec 2026\n\n"), "date in prompt: %s",
+          st == ML_OK ? text : err);
+    free(text);
+}
+
 int main(void)
 {
     ml_tokenizer *tok = ml_tok_load(ML_TOK_REAL_PATH, NULL);
@@ -376,6 +450,8 @@ int main(void)
     test_special_text_in_system_and_date(tok);
     test_encode_errors(tok);
     test_errors();
+    test_date_format();
+    test_date_in_prompt();
     ml_tokenizer_destroy(tok);
     return check_done();
 }

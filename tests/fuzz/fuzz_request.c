@@ -54,6 +54,8 @@ static void check_request(const svc_request *req, const svc_limits *lim)
         }
     }
     require(text == req->n_text_bytes);
+    require(!req->date_string ||
+            svc_valid_date_string(req->date_string, strlen(req->date_string)));
     for (size_t i = 0; i < req->n_images; i++) {
         const svc_image *im = &req->images[i];
         if (im->kind == SVC_IMAGE_INLINE)

@@ -104,7 +104,8 @@ static void test_minimal_and_defaults(void)
               req->sampling.top_k == 0 && req->sampling.min_p == 0.0f &&
               req->sampling.repetition_penalty == 1.0f && !req->sampling.has_seed,
           "sampling defaults");
-    check(req->n_stop == 0 && !req->logprobs && req->top_logprobs == 0, "other defaults");
+    check(req->n_stop == 0 && !req->logprobs && req->top_logprobs == 0 && !req->date_string,
+          "other defaults");
     check(req->n_messages == 1 && req->messages[0].role == SVC_ROLE_USER &&
               req->messages[0].n_parts == 1,
           "one message, one part");
@@ -190,14 +191,14 @@ static void test_nulls_and_neutral_values(void)
     char *json = wrap("\"x\"", ",\"temperature\":null,\"stop\":null,\"adapter\":null,"
                                "\"seed\":null,\"max_tokens\":null,\"stream\":null,"
                                "\"tools\":[],\"response_format\":{\"type\":\"text\"},"
-                               "\"logit_bias\":{},\"tool_choice\":null");
+                               "\"logit_bias\":{},\"tool_choice\":null,\"date_string\":null");
     svc_request *req = NULL;
     char err[SVC_ERRMSG_MAX];
     svc_error e = json ? parse(json, &req, err, sizeof err) : SVC_ERROR_INTERNAL;
     check(e == SVC_ERROR_NONE, "nulls: %s", err);
     if (!e)
         check(req->sampling.temperature == 1.0f && req->n_stop == 0 && !req->adapter &&
-                  !req->sampling.has_seed && req->stream &&
+                  !req->sampling.has_seed && req->stream && !req->date_string &&
                   req->max_tokens == limits.max_tokens_default,
               "nulls keep defaults");
     svc_request_destroy(req);
@@ -455,6 +456,14 @@ static void test_option_errors(void)
         {",\"response_format\":{\"type\":\"json_schema\"}", "response_format: expected"},
         {",\"response_format\":\"text\"", "response_format: expected"},
         {",\"logit_bias\":{\"50256\":-100}", "logit_bias: not supported"},
+        {",\"date_string\":\"\"", "date_string: expected 1..64 bytes"},
+        {",\"date_string\":7", "date_string: expected 1..64 bytes"},
+        {",\"date_string\":[\"26 Jul 2024\"]", "date_string: expected"},
+        {",\"date_string\":\"26 Jul\\n2024\"", "date_string: expected"},
+        {",\"date_string\":\"\\u007f\"", "date_string: expected"},
+        {",\"date_string\":\"\\u0085\"", "date_string: expected"},
+        {",\"date_string\":\"0123456789012345678901234567890123456789012345678901234567890123"
+         "4\"", "date_string: expected"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         expect_error_wrapped("\"x\"", cases[i].extra, SVC_ERROR_INVALID_REQUEST, cases[i].msg);
@@ -604,6 +613,34 @@ static void test_reply_topic_policy(void)
           "reply error codes");
 }
 
+/* date_string: kept as given when it is 1..64 bytes of UTF-8 without control
+ * characters (the refusals are in test_option_errors). */
+static void test_date_string(void)
+{
+    static const char *const good[] = {
+        "26 Jul 2024", "01 Dec 2026", "2024-07-26", "26 juil. 2024",
+        "\xe4\xbb\x8a\xe6\x97\xa5", /* U+4ECA U+65E5, two CJK characters */
+        "0123456789012345678901234567890123456789012345678901234567890123", /* 64 bytes */
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char extra[128];
+        snprintf(extra, sizeof extra, ",\"date_string\":\"%s\"", good[i]);
+        char *json = wrap("\"x\"", extra);
+        svc_request *req = NULL;
+        char err[SVC_ERRMSG_MAX] = "";
+        svc_error e = json ? parse(json, &req, err, sizeof err) : SVC_ERROR_INTERNAL;
+        check(e == SVC_ERROR_NONE && req->date_string && !strcmp(req->date_string, good[i]),
+              "date_string '%s': %s", good[i], e ? err : "");
+        svc_request_destroy(req);
+        free(json);
+    }
+    check(svc_valid_date_string("26 Jul 2024", 11) && !svc_valid_date_string("", 0) &&
+              !svc_valid_date_string("26\tJul", 6) && !svc_valid_date_string("\xc2\x9f", 2) &&
+              svc_valid_date_string("\xc2\xa0", 2) && !svc_valid_date_string("\xc2", 1) &&
+              !svc_valid_date_string("\xff", 1),
+          "svc_valid_date_string: C0, C1 and invalid UTF-8 refused, U+00A0 kept");
+}
+
 static void test_validators(void)
 {
     check(svc_valid_topic("a.b_c-D9", 8) && !svc_valid_topic("", 0) &&
@@ -642,6 +679,7 @@ int main(void)
     test_limits();
     test_reply_size();
     test_reply_topic_policy();
+    test_date_string();
     test_validators();
     return check_done();
 }

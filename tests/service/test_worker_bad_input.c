@@ -9,6 +9,8 @@
  * thousands of scans, too many images, a prompt over the KV pool, an
  * expired deadline, an unknown adapter, special-token text in a message
  * (a forged turn and a forged <|image|>: answered as text, no image counted),
+ * a date_string with a control character or none at all (refused; a valid
+ * one, and today's UTC date without one, is the prompt's date),
  * and records with no reply address
  * (mllama.dlt with x-error-code, x-error-msg and x-original-*). Reply
  * addresses: a reply topic outside kafka.reply_topics (the request, cancel
@@ -38,6 +40,8 @@
 #define ANSWER_MS 30000
 #define BOMB_SCANS 4000
 #define BOMB_MS 5000          /* a scan bomb must be refused this fast */
+/* The template's date for requests whose prompt length is checked. */
+#define PINNED_DATE "26 Jul 2024"
 #define MAX_DIMENSION 65500   /* JPEG's own limit, and far over max_image_pixels */
 #define MAX_REPLY_BYTES 65536 /* limits.max_reply_bytes: its minimum */
 #define BIG_RECORD 1200000    /* over librdkafka's default message.max.bytes */
@@ -64,12 +68,17 @@ static void cleanup(void)
 
 /* ---- requests --------------------------------------------------------------------- */
 
-/* Send `text` as request `id` and expect a normal answer (`what` names it in
- * failures). Returns the final record's JSON (owned by the caller:
- * cJSON_Delete), NULL when none came. */
-static cJSON *expect_answered(const char *id, const char *text, const char *what)
+/* Send `text` as request `id` with date_string `date` (NULL: none, the
+ * worker's today) and expect a normal answer (`what` names it in failures).
+ * Returns the final record's JSON (owned by the caller: cJSON_Delete), NULL
+ * when none came. */
+static cJSON *expect_answered(const char *id, const char *text, const char *date,
+                              const char *what)
 {
-    char *body = pu_chat_request(id, text, NULL, "\"max_tokens\":2");
+    char extra[160] = "\"max_tokens\":2";
+    if (date)
+        snprintf(extra, sizeof extra, "\"max_tokens\":2,\"date_string\":\"%s\"", date);
+    char *body = pu_chat_request(id, text, NULL, extra);
     check(pu_client_send(&client, id, body), "%s: produce", id);
     const pu_record *f = pu_client_wait(&client, id, ANSWER_MS);
     cJSON *j = f ? pu_json(f) : NULL;
@@ -89,7 +98,7 @@ static void good_request(const char *after)
     char id[64], what[128];
     snprintf(id, sizeof id, "good-%d", n_good++);
     snprintf(what, sizeof what, "good request after %s", after);
-    cJSON_Delete(expect_answered(id, "Hello", what));
+    cJSON_Delete(expect_answered(id, "Hello", NULL, what));
 }
 
 /* Send `body` (len bytes) keyed `id`, with the request_id and reply_topic
@@ -353,8 +362,8 @@ static void test_special_tokens(void)
     ml_tokenizer *tok = NULL;
     if (ml_tokenizer_load(ML_DEFAULT_TOKENIZER, &tok, err, sizeof err) != ML_OK)
         pu_die(err);
-    cJSON *h = expect_answered("special-honest", honest, "honest text");
-    cJSON *f = expect_answered("special-forged", forged, "forged turn");
+    cJSON *h = expect_answered("special-honest", honest, PINNED_DATE, "honest text");
+    cJSON *f = expect_answered("special-forged", forged, PINNED_DATE, "forged turn");
     double honest_tokens = pu_json_num(h, PU_PATH("usage", "prompt_tokens"));
     double want =
         honest_tokens - (double)text_tokens(tok, honest) + (double)text_tokens(tok, forged);
@@ -408,6 +417,61 @@ static void expect_dead_letter(const char *key, const char *body, const char *co
     const pu_record *d = send_for_dead_letter(key, body, strlen(body), code);
     check(!d || !strcmp(d->value, body), "%s: dead letter value differs", key);
     good_request(key);
+}
+
+/* ml_chat_encode's length of one user turn `text` with `date`. */
+static double chat_tokens(const ml_tokenizer *tok, const char *text, const char *date)
+{
+    const ml_chat_part part = {.type = ML_CHAT_PART_TEXT, .text = text};
+    const ml_chat_message msg = {.role = "user", .parts = &part, .n_parts = 1};
+    const ml_chat_options opt = {.add_generation_prompt = 1, .date_string = date};
+    ml_token_buf ids;
+    ml_token_buf_init(&ids);
+    char err[256];
+    if (ml_chat_encode(tok, &msg, 1, &opt, &ids, err, sizeof err) != ML_OK)
+        pu_die(err);
+    double n = (double)ids.n;
+    ml_token_buf_deinit(&ids);
+    return n;
+}
+
+/* date_string is the prompt's "Today Date" (it changes the prompt's length
+ * by what the template with that date says), today's in UTC without it,
+ * and a bad one is invalid_request. */
+static void test_date_string(void)
+{
+    static const char *const bad[] = {"\"date_string\":\"26\\u0007Jul\"",
+                                      "\"date_string\":\"\"", "\"date_string\":2024"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "date-bad-%zu", i);
+        char *b = pu_chat_request(id, "Hi", NULL, bad[i]);
+        expect_error(id, b, "invalid_request");
+        free(b);
+    }
+    char err[256];
+    ml_tokenizer *tok = NULL;
+    if (ml_tokenizer_load(ML_DEFAULT_TOKENIZER, &tok, err, sizeof err) != ML_OK)
+        pu_die(err);
+    static const char longer[] = "Friday, the twenty-sixth of July, 2024";
+    cJSON *a = expect_answered("date-pinned", "Hi", PINNED_DATE, "pinned date");
+    cJSON *b = expect_answered("date-longer", "Hi", longer, "longer date");
+    double got = pu_json_num(b, PU_PATH("usage", "prompt_tokens")) -
+                 pu_json_num(a, PU_PATH("usage", "prompt_tokens"));
+    double want = chat_tokens(tok, "Hi", longer) - chat_tokens(tok, "Hi", PINNED_DATE);
+    check(want != 0 && got == want, "date_string '%s': %+.0f prompt tokens, want %+.0f", longer,
+          got, want);
+    char today[ML_CHAT_DATE_BYTES];
+    double before = chat_tokens(tok, "Hi", ml_chat_date_today(today));
+    cJSON *c = expect_answered("date-today", "Hi", NULL, "today's date");
+    double after = chat_tokens(tok, "Hi", ml_chat_date_today(today));
+    double n = pu_json_num(c, PU_PATH("usage", "prompt_tokens"));
+    check(n == before || n == after, "no date_string: %.0f prompt tokens, today (%s) %.0f", n,
+          today, after);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    cJSON_Delete(c);
+    ml_tokenizer_destroy(tok);
 }
 
 static void test_dead_letters(void)
@@ -614,6 +678,7 @@ int main(void)
     test_images();
     test_limits();
     test_special_tokens();
+    test_date_string();
     test_dead_letters();
     test_reply_topics();
     test_reply_sizes();

@@ -8,9 +8,11 @@
  * - `mllama worker` with model.tensor_parallel=3 on the tiny model exits
  *   with the model-load code, and with a bad value with the config code;
  * - `mllama worker` with model.tensor_parallel=2 (the tiny model, a mock
- *   Kafka cluster, no Redis) logs the split, answers a chat request with
- *   the text `mllama run --tp 1` generates for the same prompt, and drains
- *   on SIGTERM with exit code 0 and no sanitizer report. */
+ *   Kafka cluster, no Redis) logs the split and its cross-attention row
+ *   mask (reference, the default; also in mllama_model_info), answers a
+ *   chat request with the text `mllama run --tp 1` generates for the same
+ *   prompt and date, and drains on SIGTERM with exit code 0 and no
+ *   sanitizer report. */
 #include "proc_util.h"
 
 #include "cli/commands.h"
@@ -22,6 +24,8 @@
 #define ANSWER_MS 60000 /* the tiny model's first request, from produce to final record */
 #define MAX_TOKENS 8
 #define PROMPT "Hello there."
+/* The template's date in both prompts: the same whatever day the test runs. */
+#define DATE "26 Jul 2024"
 
 static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
 static pu_proc kafka, worker;
@@ -161,7 +165,8 @@ static char *reference_text(void)
 {
     char cmd[2 * PU_PATH_MAX];
     snprintf(cmd, sizeof cmd,
-             PU_MLLAMA " run --model %s --chat '" PROMPT "' --max-tokens %d --json --threads 1",
+             PU_MLLAMA " run --model %s --chat '" PROMPT "' --date-string '" DATE "' "
+                       "--max-tokens %d --json --threads 1",
              model, MAX_TOKENS);
     int code = -1;
     char *out = pu_shell(cmd, &code);
@@ -188,12 +193,20 @@ static void test_worker(void)
     check(pu_file_count(worker.log, "\"tensor_parallel\"") == 1 &&
               pu_file_count(worker.log, "on cpu x2") == 1,
           "the worker logs its split over 2 devices");
+    check(pu_file_count(worker.log, "cross_attention_row_mask reference)") == 1,
+          "the worker logs its row mask at start");
+    char *metrics = pu_http_get(pu_worker_http_port(&worker), "/metrics");
+    check(metrics && strstr(metrics, "cross_attention_row_mask=\"reference\"} 1"),
+          "mllama_model_info carries the row mask");
+    free(metrics);
 
     const char *topics[] = {PU_REPLIES};
     pu_client client;
     pu_client_init(&client, brokers, topics, 1);
-    char extra_body[96];
-    snprintf(extra_body, sizeof extra_body, "\"max_tokens\":%d,\"temperature\":0,\"stream\":false",
+    char extra_body[160];
+    snprintf(extra_body, sizeof extra_body,
+             "\"max_tokens\":%d,\"temperature\":0,\"stream\":false,\"date_string\":\"" DATE
+             "\"",
              MAX_TOKENS);
     char *body = pu_chat_request("tp-1", PROMPT, NULL, extra_body);
     check(pu_client_send(&client, "tp-1", body), "tp-1: produce");
