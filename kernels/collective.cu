@@ -62,8 +62,8 @@ static ml_status group_fail(ml_backend **out, int n, ml_status st, char *err, si
 }
 
 extern "C" ml_status ml_backend_cuda_create_group(int n_devices, const int *devices,
-                                                  size_t pool_bytes, ml_backend **out, char *err,
-                                                  size_t errlen)
+                                                  size_t pool_bytes, int batch_invariant,
+                                                  ml_backend **out, char *err, size_t errlen)
 {
     if (n_devices < 1 || !devices || !out)
         return group_fail(out, 0, ML_ERR_INVALID_ARG, err, errlen, "no devices", NULL);
@@ -81,7 +81,7 @@ extern "C" ml_status ml_backend_cuda_create_group(int n_devices, const int *devi
 #endif
     for (int i = 0; i < n_devices; i++) {
         ml_status st;
-        mlk_backend *b = mlk_backend_new(devices[i], pool_bytes, &st, err, errlen);
+        mlk_backend *b = mlk_backend_new(devices[i], pool_bytes, batch_invariant, &st, err, errlen);
         if (!b)
             return group_fail(out, i, st, NULL, 0, NULL, NULL);
         b->ops.all_reduce_sum = mlk_all_reduce_sum;

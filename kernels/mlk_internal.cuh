@@ -118,6 +118,10 @@ typedef struct mlk_backend {
     ml_backend_ops ops;
     char name[64];
     int device, sm_count, cc_major;
+    /* ml_backend_cuda_create's batch_invariant, fixed for the backend's
+     * life: matmul and attention make shape choices that do not depend on
+     * the other rows of the call (README.md in this directory). */
+    int batch_invariant;
     cudaStream_t stream;      /* owned: every op is queued here */
     cublasLtHandle_t lt;      /* owned */
     void *nccl;               /* owned ncclComm_t of a group, or NULL */
@@ -244,8 +248,8 @@ void mlk_attn_init(mlk_backend *b);
 
 /* backend.cu: the constructor shared by create and create_group; on error
  * NULL with *st and err set. */
-mlk_backend *mlk_backend_new(int device, size_t pool_bytes, ml_status *st, char *err,
-                             size_t errlen);
+mlk_backend *mlk_backend_new(int device, size_t pool_bytes, int batch_invariant, ml_status *st,
+                             char *err, size_t errlen);
 void mlk_backend_free(ml_backend *be);
 
 #endif

@@ -153,7 +153,7 @@ static inline int cuda_ops_open(void)
     char err[ERRLEN] = "";
     g_cpu = ml_backend_cpu_create(0, err, sizeof err);
     check(g_cpu != NULL, "cpu backend: %s", err);
-    g_gpu = ml_backend_cuda_create(0, POOL_BYTES, err, sizeof err);
+    g_gpu = ml_backend_cuda_create(0, POOL_BYTES, 0, err, sizeof err);
     check(g_gpu != NULL, "cuda backend: %s", err);
     if (!g_cpu || !g_gpu)
         exit(check_done());

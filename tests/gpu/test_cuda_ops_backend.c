@@ -73,7 +73,7 @@ static void test_errors(void)
     dfree(d);
     dfree(dvalid);
 
-    ml_backend *none = ml_backend_cuda_create(1 << 20, 0, err, sizeof err);
+    ml_backend *none = ml_backend_cuda_create(1 << 20, 0, 0, err, sizeof err);
     check(none == NULL && err[0], "create on an absent device fails: %s", err);
 }
 
@@ -115,7 +115,8 @@ static void test_all_reduce(int n_devices)
     ml_backend *group[MAX_MEMBERS] = {NULL, NULL};
     char err[ERRLEN] = "";
     /* Next to g_gpu's pool: keep the members' pools small. */
-    ml_status st = ml_backend_cuda_create_group(n, devices, (size_t)1 << 30, group, err, sizeof err);
+    ml_status st = ml_backend_cuda_create_group(n, devices, (size_t)1 << 30, 0, group, err,
+                                               sizeof err);
     check(st == ML_OK, "create_group(%d): %s", n, err);
     if (st != ML_OK)
         return;
