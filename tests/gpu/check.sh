@@ -29,7 +29,7 @@ BENCH_TIMEOUT=240
 # The ops against the CPU backend, one executable per file (tests/gpu/test_cuda_ops_*.c).
 CUDA_OPS_TESTS=(test_cuda_ops_backend test_cuda_ops_matmul test_cuda_ops_norms
                 test_cuda_ops_elementwise test_cuda_ops_sample test_cuda_ops_attn
-                test_cuda_ops_graphs)
+                test_cuda_ops_graphs test_cuda_ops_invariance)
 mkdir -p "$BUILD" "$DEST"
 LOG=$DEST/check.log
 : >"$LOG"
