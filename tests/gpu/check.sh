@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The one script a lent GPU machine runs (an H200, 16 cores, no network):
 # build the CUDA backend for sm_90, run the gpu-labelled tests, then the
-# decode/vision benchmark, and write a summary (JSON + text).
+# decode/vision benchmark (with the cost of runtime.batch_invariant: the
+# 11B decode and the vision encode again with it on), and write a summary
+# (JSON + text).
 #
 #   bash tests/gpu/check.sh            # from the repository root
 #
