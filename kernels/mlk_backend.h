@@ -6,9 +6,14 @@
  * - kv_elem_size is 2: K/V caches and resident cross-attention states are
  *   bf16 (the CPU keeps f32); matmul rounds its f32 activations to bf16 for
  *   the tensor cores (cuBLASLt, f32 accumulation) except in the M <= 4
- *   decode path; the vision attention rounds Q, K, V and P to bf16.
+ *   decode path (which a batch-invariant backend does not take); the
+ *   vision attention rounds Q, K, V and P to bf16.
  *   Results therefore agree with the CPU to bf16 level (an NMSE of ~3e-6
  *   per matmul), not bitwise: tests/gpu compares them by NMSE.
+ * - Unless created batch_invariant, a row's result may depend on the other
+ *   rows of the call (the matmul regime and cuBLASLt algorithm follow M,
+ *   the attention splits follow the number of sequences): README.md in
+ *   this directory lists each case.
  * - Ops are queued on one stream and return at once; errors are latched
  *   and reported by synchronize. download's host buffer is complete only
  *   after synchronize returns.
