@@ -459,6 +459,7 @@ mlk_backend *mlk_backend_new(int device, size_t pool_bytes, int batch_invariant,
     b->sm_count = prop.multiProcessorCount;
     b->cc_major = prop.major;
     b->batch_invariant = batch_invariant != 0;
+    b->world = 1;
     b->capture_slot = -1;
     snprintf(b->name, sizeof b->name, "cuda:%d", device);
     b->ops.name = b->name;

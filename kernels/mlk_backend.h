@@ -49,8 +49,9 @@ ml_backend *ml_backend_cuda_create(int device, size_t pool_bytes, int batch_inva
 /* n_devices backends, one per entry of devices[], joined by one NCCL
  * communicator so all_reduce_sum sums across them (tensor parallelism),
  * each created as ml_backend_cuda_create(devices[i], pool_bytes,
- * batch_invariant). NCCL's sum is not covered by batch_invariant: its
- * reduction order may follow the message size (kernels/README.md).
+ * batch_invariant). A batch-invariant group of two or more sums in rank
+ * order (an all-gather and a local sum: collective.cu), the same bits on
+ * every member and for every n; it takes 32 MiB more of each pool.
  * On success out[0 .. n_devices) are owned by the caller, each destroyed
  * with its ops->destroy; each must then be driven by its own thread
  * (collectives block until every member has joined). Errors:

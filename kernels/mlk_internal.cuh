@@ -32,6 +32,10 @@
 /* cuBLASLt workspace, handed to every cublasLtMatmul so that graph capture
  * never allocates (32 MiB is NVIDIA's recommendation for Hopper). */
 #define MLK_LT_WS_BYTES ((size_t)32 << 20)
+/* A batch-invariant group's all_reduce_sum: the members' slices of one
+ * chunk side by side (chunks of MLK_GATHER_BYTES / world). Carved only for
+ * such groups, outside MLK_WORKSPACE_BYTES. */
+#define MLK_GATHER_BYTES ((size_t)32 << 20)
 /* Attention split-K partial results (decode over long contexts). */
 #define MLK_ATTN_WS_BYTES ((size_t)16 << 20)
 #define MLK_WORKSPACE_BYTES \
@@ -125,6 +129,10 @@ typedef struct mlk_backend {
     cudaStream_t stream;      /* owned: every op is queued here */
     cublasLtHandle_t lt;      /* owned */
     void *nccl;               /* owned ncclComm_t of a group, or NULL */
+    int world;                /* members of the group (1 alone) */
+    /* Batch-invariant groups of two or more: all_reduce_sum's all-gather
+     * staging, MLK_GATHER_BYTES from the pool (collective.cu); else NULL. */
+    float *gather;
 
     mlk_pool pool;
     mlk_weight_map weights;

@@ -77,32 +77,6 @@ static void test_errors(void)
     check(none == NULL && err[0], "create on an absent device fails: %s", err);
 }
 
-typedef struct reduce_job {
-    ml_backend *be;   /* borrowed: the member this thread drives */
-    float *host;      /* (n): in, then the sum */
-    size_t n;
-    ml_status st;
-} reduce_job;
-
-static void *reduce_thread(void *arg)
-{
-    reduce_job *j = arg;
-    const ml_backend_ops *o = j->be->ops;
-    float *d = o->alloc(j->be, j->n * 4);
-    char err[ERRLEN] = "";
-    j->st = ML_ERR_NOMEM;
-    if (!d)
-        return NULL;
-    o->upload(j->be, d, j->host, j->n * 4);
-    o->all_reduce_sum(j->be, d, j->n);
-    o->download(j->be, j->host, d, j->n * 4);
-    j->st = o->synchronize(j->be, err, sizeof err);
-    if (j->st != ML_OK)
-        fprintf(stderr, "all_reduce_sum: %s\n", err);
-    o->free(j->be, d);
-    return NULL;
-}
-
 /* A group of two devices when there are two and NCCL, else of one (whose
  * sum is the identity); each member driven by its own thread. */
 static void test_all_reduce(int n_devices)
@@ -120,17 +94,17 @@ static void test_all_reduce(int n_devices)
     check(st == ML_OK, "create_group(%d): %s", n, err);
     if (st != ML_OK)
         return;
-    reduce_job jobs[MAX_MEMBERS];
+    cuda_reduce_job jobs[MAX_MEMBERS];
     pthread_t th[MAX_MEMBERS];
     float *want = xmalloc(LEN * 4);
     memset(want, 0, LEN * 4);
     for (int m = 0; m < n; m++) {
-        jobs[m] = (reduce_job){group[m], rand_f32(LEN, -1, 1), LEN, ML_OK};
+        jobs[m] = (cuda_reduce_job){group[m], rand_f32(LEN, -1, 1), LEN, ML_OK};
         for (int i = 0; i < LEN; i++)
             want[i] += jobs[m].host[i];
     }
     for (int m = 0; m < n; m++)
-        pthread_create(&th[m], NULL, reduce_thread, &jobs[m]);
+        pthread_create(&th[m], NULL, cuda_reduce_thread, &jobs[m]);
     for (int m = 0; m < n; m++)
         pthread_join(th[m], NULL);
     for (int m = 0; m < n; m++) {

@@ -3,11 +3,14 @@
  * sequence are bit-identical alone and inside calls of other M (1, 7, 16,
  * 17, 64, 300, and a tiled 9000) and of other sequence mixes (decode and
  * prefill neighbours, text-only and two-image neighbours, more sequences
- * than one launch's workspace holds), while still agreeing with the CPU
- * backend to the thresholds of cuda_ops_harness.h. The same cases run on a
+ * than one launch's workspace holds), and so is a row's all_reduce_sum
+ * across a group of two devices (when there are two), while agreeing with
+ * the CPU backend to the thresholds of cuda_ops_harness.h. The same cases run on a
  * backend without batch invariance for the record: its differences are
  * printed, not checked (they are allowed there). Skipped (77) without a
  * CUDA device. */
+#include <pthread.h>
+
 #include "cuda_ops_harness.h"
 
 static ml_backend *g_invariant; /* batch_invariant = 1 */
@@ -401,6 +404,60 @@ static void test_cross(int checked)
     }
 }
 
+/* ---- all_reduce_sum across a batch-invariant group --------------------------------------- */
+
+/* Two members sum M rows of WIDTH; one row of fixed values at a place that
+ * moves with M must come out as row_0 + row_1 in f32 (rank order) on both,
+ * whatever M, also when the sum takes several staging chunks (M = 3000). */
+static void test_all_reduce(void)
+{
+    enum { WIDTH = 4096, MEMBERS = 2 };
+    if (mlk_device_count() < MEMBERS || !ml_backend_cuda_has_nccl()) {
+        fprintf(stderr, "  all_reduce_sum needs two devices and NCCL: not run\n");
+        return;
+    }
+    static const int Ms[] = {1, 7, 300, 3000}, pos[] = {0, 3, 150, 2900};
+    const int devices[MEMBERS] = {0, 1};
+    ml_backend *group[MEMBERS] = {NULL, NULL};
+    char err[ERRLEN] = "";
+    /* Next to the other backends' pools: keep the members' small. */
+    ml_status st = ml_backend_cuda_create_group(MEMBERS, devices, (size_t)1 << 30, 1, group, err,
+                                               sizeof err);
+    check(st == ML_OK, "batch-invariant create_group(%d): %s", MEMBERS, err);
+    if (st != ML_OK)
+        return;
+    float *row[MEMBERS], want[WIDTH];
+    for (int m = 0; m < MEMBERS; m++)
+        row[m] = rand_f32(WIDTH, -1, 1);
+    for (int i = 0; i < WIDTH; i++)
+        want[i] = row[0][i] + row[1][i];
+    for (size_t c = 0; c < sizeof Ms / sizeof Ms[0]; c++) {
+        const size_t n = (size_t)Ms[c] * WIDTH;
+        cuda_reduce_job jobs[MEMBERS];
+        pthread_t th[MEMBERS];
+        for (int m = 0; m < MEMBERS; m++) {
+            jobs[m] = (cuda_reduce_job){group[m], rand_f32(n, -1, 1), n, ML_OK};
+            memcpy(jobs[m].host + (size_t)pos[c] * WIDTH, row[m], WIDTH * 4);
+        }
+        for (int m = 0; m < MEMBERS; m++)
+            pthread_create(&th[m], NULL, cuda_reduce_thread, &jobs[m]);
+        for (int m = 0; m < MEMBERS; m++)
+            pthread_join(th[m], NULL);
+        for (int m = 0; m < MEMBERS; m++) {
+            char what[128];
+            snprintf(what, sizeof what, "all_reduce_sum M = %d, row %d on member %d: rank order",
+                     Ms[c], pos[c], m);
+            check(jobs[m].st == ML_OK, "%s: status %d", what, (int)jobs[m].st);
+            same_bits(jobs[m].host + (size_t)pos[c] * WIDTH, want, WIDTH, 1, what);
+            free(jobs[m].host);
+        }
+    }
+    for (int m = 0; m < MEMBERS; m++) {
+        group[m]->ops->destroy(group[m]);
+        free(row[m]);
+    }
+}
+
 int main(void)
 {
     cuda_ops_open();
@@ -415,6 +472,8 @@ int main(void)
     on_both(test_causal);
     fprintf(stderr, "attn_cross\n");
     on_both(test_cross);
+    fprintf(stderr, "all_reduce_sum\n");
+    test_all_reduce();
     g_invariant->ops->destroy(g_invariant);
     return cuda_ops_close();
 }
