@@ -76,14 +76,15 @@ static ml_status cpu_open(ml_engine *e, int world, int threads, char *err, size_
 
 #ifdef MLLAMA_HAVE_CUDA
 static ml_status cuda_open(ml_engine *e, int world, const int *devices, size_t pool_bytes,
-                           char *err, size_t errlen)
+                           int batch_invariant, char *err, size_t errlen)
 {
     e->backend_name = "cuda";
     if (world == 1) {
-        e->be[0] = ml_backend_cuda_create(devices[0], pool_bytes, err, errlen);
+        e->be[0] = ml_backend_cuda_create(devices[0], pool_bytes, batch_invariant, err, errlen);
         return e->be[0] ? ML_OK : ML_ERR_UNSUPPORTED;
     }
-    return ml_backend_cuda_create_group(world, devices, pool_bytes, e->be, err, errlen);
+    return ml_backend_cuda_create_group(world, devices, pool_bytes, batch_invariant, e->be, err,
+                                        errlen);
 }
 #endif
 
@@ -112,7 +113,7 @@ static ml_status open_backends(ml_engine *e, const ml_engine_config *cfg, char *
     ml_status st;
 #ifdef MLLAMA_HAVE_CUDA
     if (want_cuda || (!strcmp(name, "auto") && mlk_device_count() > 0))
-        st = cuda_open(e, world, ids, cfg->pool_bytes, err, errlen);
+        st = cuda_open(e, world, ids, cfg->pool_bytes, cfg->batch_invariant, err, errlen);
     else
         st = cpu_open(e, world, cfg->threads, err, errlen);
 #else

@@ -44,6 +44,12 @@ typedef struct ml_engine_config {
     const char *devices;
     int threads;             /* CPU threads in all (0 = every core), shared by a group */
     size_t pool_bytes;       /* each CUDA device's pool (0 = most of its free memory) */
+    /* CUDA only (the CPU backend is batch invariant always): nonzero makes
+     * every op's result for a row independent of the other rows of the step
+     * (ml_backend_cuda_create's batch_invariant), so a seeded request samples
+     * the same tokens alone and in any batch; 0 keeps the fastest kernel
+     * choice per shape. */
+    int batch_invariant;
     ml_model_limits limits;  /* ml_model_limits_default() and the caller's changes */
     /* The tokenizer.json used when model_dir has none (borrowed; NULL: none). */
     const char *fallback_tokenizer;

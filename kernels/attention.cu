@@ -17,6 +17,20 @@
  *   token over an image's 6404) over CTAs; longer ones stride row blocks.
  * Unsupported shapes (head_dim not a multiple of 8 or above 256) latch
  * ML_ERR_UNSUPPORTED.
+ *
+ * Batch-invariant backends (mlk_backend.batch_invariant): the shapes above
+ * follow the step (z from the number of sequences, the cross-attention's
+ * warp shape and split from the average sequence), so a decode row's keys
+ * are split and merged differently as other sequences come and go. There,
+ * causal and cross use rows_per_warp(group) and BI_KV_SPLITS CTAs per
+ * (kv head, sequence) always, with the split on: a single-block sequence's
+ * keys go in BI_KV_SPLITS parts of ceil(tiles / BI_KV_SPLITS) tiles, a
+ * function of its own length, merged in split order; longer sequences
+ * stride their row blocks, each row's keys walked by one warp in order as
+ * before. When the partials of every sequence would not fit the
+ * workspace, the sequences go in groups, one launch each (seq0). The
+ * vision attention needs nothing: an image's rows never meet another
+ * image's in its shape or order.
  * Compiled, not yet run on a GPU. */
 #include <cstring>
 
@@ -34,6 +48,10 @@
 #define VISION_ROWS MLK_ATTN_SIMT_MAX_ROWS
 /* The SIMT kernel's rows per CTA in its many-rows shape. */
 #define SIMT_CTA_ROWS(rows_per_warp) (4 * (rows_per_warp))
+/* Batch-invariant backends: CTAs a decode sequence's keys are split over,
+ * whatever the step (a single sequence at batch 1 still spreads over the
+ * GPU: 16 x 8 kv heads = 128 CTAs). */
+#define BI_KV_SPLITS 16
 
 void mlk_attn_init(mlk_backend *b)
 {
@@ -67,6 +85,30 @@ static int fit_splits(int want, int n_seqs, int n_kv_heads, int rows, int head_d
     const size_t per_split = (size_t)n_seqs * n_kv_heads * rows * (head_dim + 2) * sizeof(float);
     const size_t fit = MLK_ATTN_WS_BYTES / per_split;
     return (size_t)want < fit ? want : (int)fit;
+}
+
+/* The batch-invariant launch of a causal or cross call: BI_KV_SPLITS CTAs
+ * per (kv head, sequence) with the split on, the sequences in as few
+ * groups as the workspace allows. */
+static void attn_invariant(mlk_backend *b, mlk_attn_args *a, int rpw, const char *op)
+{
+    a->split = 1;
+    a->partial = b->attn_ws;
+    const size_t per_seq =
+        (size_t)BI_KV_SPLITS * a->n_kv_heads * rpw * (a->head_dim + 2) * sizeof(float);
+    const int group = (int)(MLK_ATTN_WS_BYTES / per_seq);
+    if (group < 1) {
+        mlk_latch(b, ML_ERR_UNSUPPORTED, op,
+                  "batch-invariant split of %d kv heads needs %zu bytes of partials per sequence",
+                  a->n_kv_heads, per_seq);
+        return;
+    }
+    const int n_seqs = a->n_seqs;
+    for (int s0 = 0; s0 < n_seqs && b->err_status == ML_OK; s0 += group) {
+        a->seq0 = s0;
+        a->n_seqs = n_seqs - s0 < group ? n_seqs - s0 : group;
+        mlk_attn_simt(b, a, rpw, BI_KV_SPLITS, op);
+    }
 }
 
 void mlk_attn_vision(ml_backend *be, const ml_attn_vision_params *p)
@@ -127,6 +169,10 @@ void mlk_attn_causal(ml_backend *be, const ml_attn_causal_params *p)
     a.head_dim = p->head_dim;
     a.scale = p->scale;
     const int rpw = rows_per_warp(a.group);
+    if (b->batch_invariant) {
+        attn_invariant(b, &a, rpw, op);
+        return;
+    }
     /* Enough CTAs to fill the GPU whatever the lengths turn out to be:
      * decode sequences split their keys over them, longer ones stride
      * their row blocks. */
@@ -180,6 +226,10 @@ void mlk_attn_cross(ml_backend *be, const ml_attn_cross_params *p)
     a.group = p->n_heads / p->n_kv_heads;
     a.head_dim = p->head_dim;
     a.scale = p->scale;
+    if (b->batch_invariant) {
+        attn_invariant(b, &a, rows_per_warp(a.group), op);
+        return;
+    }
     /* The average sequence's rows choose the warp shape: one token's GQA
      * group in a decode step, many rows in a prefill. */
     const int rows = (p->n_tokens + p->n_seqs - 1) / p->n_seqs * a.group;

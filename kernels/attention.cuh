@@ -47,9 +47,13 @@ typedef struct mlk_attn_args {
     /* Launch shape: gridDim.z CTAs per (kv head, sequence). A sequence
      * with more row blocks than that strides over them; with split set, a
      * sequence of a single row block instead splits its keys over the z
-     * CTAs, which leave partial results in `partial` for attn_combine. */
+     * CTAs, which leave partial results in `partial` for attn_combine.
+     * A launch covers sequences seq0 .. seq0 + n_seqs - 1 (gridDim.y =
+     * n_seqs; seq0 > 0 when a step's sequences take several launches so
+     * that their partials fit the workspace, attention.cu). */
     int split;
-    float *partial;          /* (n_seqs, n_kv_heads, gridDim.z, rows, head_dim + 2) */
+    int seq0;
+    float *partial;          /* (gridDim.y, n_kv_heads, gridDim.z, rows, head_dim + 2) */
 } mlk_attn_args;
 
 /* Flash-style attention on CUDA cores, any kind, head_dim % 8 == 0 and

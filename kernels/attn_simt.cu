@@ -10,13 +10,13 @@
 __global__ void __launch_bounds__(COMBINE_THREADS)
     attn_combine_kernel(const __grid_constant__ mlk_attn_args a, int rows_per_warp, int z_slots)
 {
-    const int kvh = blockIdx.x, s = blockIdx.y, HD = a.head_dim;
+    const int kvh = blockIdx.x, s = a.seq0 + blockIdx.y, HD = a.head_dim;
     const int rows_total = seq_tokens(a, s) * a.group;
     if (rows_total <= 0 || rows_total > rows_per_warp)
         return;
     const int first = seq_first(a, s);
     const size_t rec = (size_t)HD + 2, z_stride = (size_t)rows_per_warp * rec;
-    const float *base = a.partial + ((size_t)s * a.n_kv_heads + kvh) * z_slots * z_stride;
+    const float *base = a.partial + ((size_t)blockIdx.y * a.n_kv_heads + kvh) * z_slots * z_stride;
     for (int e = threadIdx.x; e < rows_total * HD; e += blockDim.x) {
         const int i = e / HD, d = e % HD;
         const float *r = base + (size_t)i * rec;

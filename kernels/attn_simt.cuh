@@ -347,7 +347,8 @@ __device__ void attend_block(const mlk_attn_args &a, int s, int kvh, int rows_to
         float *dst;
         if (to_partial) {
             dst = a.partial +
-                  ((((size_t)s * a.n_kv_heads + kvh) * n_splits + split) * R + i) * (HD + 2);
+                  ((((size_t)(s - a.seq0) * a.n_kv_heads + kvh) * n_splits + split) * R + i) *
+                      (HD + 2);
             if (lane == 0) { /* no key at all (text-only cross rows): a zero output of weight
                                 1, which attn_combine_kernel turns into exactly 0 */
                 dst[0] = n_keys > 0 ? mx : 0.0f;
@@ -371,7 +372,7 @@ __device__ void attend_block(const mlk_attn_args &a, int s, int kvh, int rows_to
 template <int HDC, int R>
 __global__ void __launch_bounds__(SIMT_THREADS) attn_simt_kernel(const __grid_constant__ mlk_attn_args a)
 {
-    const int kvh = blockIdx.x, s = blockIdx.y, z = blockIdx.z;
+    const int kvh = blockIdx.x, s = a.seq0 + blockIdx.y, z = blockIdx.z;
     const int rows_total = seq_tokens(a, s) * a.group;
     if (rows_total <= 0)
         return;

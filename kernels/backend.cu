@@ -414,8 +414,8 @@ static int create_cuda_failed(cudaError_t rc, const char *what, ml_status *st, c
                        errlen, "%s: %s", what, cudaGetErrorString(rc));
 }
 
-mlk_backend *mlk_backend_new(int device, size_t pool_bytes, ml_status *st, char *err,
-                             size_t errlen)
+mlk_backend *mlk_backend_new(int device, size_t pool_bytes, int batch_invariant, ml_status *st,
+                             char *err, size_t errlen)
 {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n) {
@@ -458,6 +458,8 @@ mlk_backend *mlk_backend_new(int device, size_t pool_bytes, ml_status *st, char 
     b->device = device;
     b->sm_count = prop.multiProcessorCount;
     b->cc_major = prop.major;
+    b->batch_invariant = batch_invariant != 0;
+    b->world = 1;
     b->capture_slot = -1;
     snprintf(b->name, sizeof b->name, "cuda:%d", device);
     b->ops.name = b->name;
@@ -496,10 +498,10 @@ fail:
     return NULL;
 }
 
-extern "C" ml_backend *ml_backend_cuda_create(int device, size_t pool_bytes, char *err,
-                                              size_t errlen)
+extern "C" ml_backend *ml_backend_cuda_create(int device, size_t pool_bytes, int batch_invariant,
+                                              char *err, size_t errlen)
 {
     ml_status st;
-    mlk_backend *b = mlk_backend_new(device, pool_bytes, &st, err, errlen);
+    mlk_backend *b = mlk_backend_new(device, pool_bytes, batch_invariant, &st, err, errlen);
     return b ? &b->base : NULL;
 }

@@ -3,6 +3,17 @@
  * Built without NCCL (MLK_HAVE_NCCL undefined), a group can only have one
  * member, whose all_reduce_sum is the identity, so graph code written for
  * tensor parallelism still runs at TP = 1.
+ *
+ * Batch-invariant groups (ml_backend_cuda_create_group's batch_invariant)
+ * cannot use ncclAllReduce: NCCL picks its algorithm (ring, tree), protocol
+ * and chunking by the message size, rows · width, so which partial sums an
+ * element's total is built from changes with the step's rows. Theirs is an
+ * ncclAllGather of chunks of MLK_GATHER_BYTES / world into the pool's
+ * staging, then x[i] = ((x_0[i] + x_1[i]) + x_2[i]) + ... in rank order,
+ * on every member: the same bits on every rank and for every n, as the
+ * CPU group adds. It moves (world - 1) · n floats into each member against
+ * a ring all-reduce's 2 (world - 1) / world · n: the same at world 2,
+ * world / 2 times more beyond.
  * Compiled, not yet run on a GPU. */
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +22,40 @@
 
 #ifdef MLK_HAVE_NCCL
 #include <nccl.h>
+#endif
+
+#define RANK_SUM_THREADS 256
+
+#ifdef MLK_HAVE_NCCL
+/* x[i] = Σ_r parts[r·len + i] for r = 0 .. world-1, added in that order. */
+__global__ void rank_sum_kernel(float *x, const float *parts, size_t len, int world)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float s = parts[i];
+        for (int r = 1; r < world; r++)
+            s += parts[(size_t)r * len + i];
+        x[i] = s;
+    }
+}
+
+/* The batch-invariant all_reduce_sum (see the top of the file). Every
+ * chunk's collective is issued even after an error, as in mlk_all_reduce_sum:
+ * the peers wait in each one. */
+static void rank_order_sum(mlk_backend *b, float *x, size_t n)
+{
+    const size_t chunk = MLK_GATHER_BYTES / sizeof(float) / (size_t)b->world;
+    for (size_t c0 = 0; c0 < n; c0 += chunk) {
+        const size_t len = n - c0 < chunk ? n - c0 : chunk;
+        const ncclResult_t rc = ncclAllGather(x + c0, b->gather, len, ncclFloat32,
+                                              (ncclComm_t)b->nccl, b->stream);
+        if (rc != ncclSuccess)
+            mlk_latch(b, ML_ERR_IO, "all_reduce_sum", "%s", ncclGetErrorString(rc));
+        rank_sum_kernel<<<mlk_blocks(len, RANK_SUM_THREADS), RANK_SUM_THREADS, 0, b->stream>>>(
+            x + c0, b->gather, len, b->world);
+        mlk_launched(b, "all_reduce_sum");
+    }
+}
 #endif
 
 void mlk_all_reduce_sum(ml_backend *be, float *x, size_t n)
@@ -24,6 +69,10 @@ void mlk_all_reduce_sum(ml_backend *be, float *x, size_t n)
      * this member's synchronize reports its error to the caller. */
     mlk_cuda_failed(b, cudaSetDevice(b->device), "set device");
 #ifdef MLK_HAVE_NCCL
+    if (b->gather) {
+        rank_order_sum(b, x, n);
+        return;
+    }
     const ncclResult_t rc =
         ncclAllReduce(x, x, n, ncclFloat32, ncclSum, (ncclComm_t)b->nccl, b->stream);
     if (rc != ncclSuccess)
@@ -62,8 +111,8 @@ static ml_status group_fail(ml_backend **out, int n, ml_status st, char *err, si
 }
 
 extern "C" ml_status ml_backend_cuda_create_group(int n_devices, const int *devices,
-                                                  size_t pool_bytes, ml_backend **out, char *err,
-                                                  size_t errlen)
+                                                  size_t pool_bytes, int batch_invariant,
+                                                  ml_backend **out, char *err, size_t errlen)
 {
     if (n_devices < 1 || !devices || !out)
         return group_fail(out, 0, ML_ERR_INVALID_ARG, err, errlen, "no devices", NULL);
@@ -81,7 +130,7 @@ extern "C" ml_status ml_backend_cuda_create_group(int n_devices, const int *devi
 #endif
     for (int i = 0; i < n_devices; i++) {
         ml_status st;
-        mlk_backend *b = mlk_backend_new(devices[i], pool_bytes, &st, err, errlen);
+        mlk_backend *b = mlk_backend_new(devices[i], pool_bytes, batch_invariant, &st, err, errlen);
         if (!b)
             return group_fail(out, i, st, NULL, 0, NULL, NULL);
         b->ops.all_reduce_sum = mlk_all_reduce_sum;
@@ -97,9 +146,20 @@ extern "C" ml_status ml_backend_cuda_create_group(int n_devices, const int *devi
         return group_fail(out, n_devices, ML_ERR_IO, err, errlen, "ncclCommInitAll: ",
                           ncclGetErrorString(rc));
     }
-    for (int i = 0; i < n_devices; i++)
-        mlk_of(out[i])->nccl = comms[i];
+    for (int i = 0; i < n_devices; i++) {
+        mlk_backend *b = mlk_of(out[i]);
+        b->nccl = comms[i];
+        b->world = n_devices;
+    }
     free(comms);
+    /* A single member's sum is exact already; larger groups stage. */
+    for (int i = 0; batch_invariant && n_devices > 1 && i < n_devices; i++) {
+        mlk_backend *b = mlk_of(out[i]);
+        b->gather = (float *)mlk_pool_alloc(&b->pool, MLK_GATHER_BYTES);
+        if (!b->gather)
+            return group_fail(out, n_devices, ML_ERR_NOMEM, err, errlen,
+                              "pool too small for the batch-invariant all-reduce staging", NULL);
+    }
 #endif
     return ML_OK;
 }

@@ -19,6 +19,28 @@
  *   shape (mlk_gemm_plan), so after warm-up a GEMM only launches: nothing
  *   is allocated or synchronised, and graph capture records it.
  *
+ * Batch-invariant backends (mlk_backend.batch_invariant) give a row the
+ * same bits whatever M is, which the two regimes above do not: a decode
+ * row is f32 in the GEMV and bf16-rounded in the GEMM, and the heuristic
+ * picks another tile shape, and split-K or not, as M changes. So there:
+ * - every M, 1 included, takes the GEMM regime;
+ * - the algorithm of a weight shape (K, N, bias, alignments) is the
+ *   heuristic's first answer for BI_REFERENCE_ROWS rows, asked with
+ *   CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = CUBLASLT_REDUCTION_SCHEME_NONE
+ *   (one CTA sums all of K for an output tile: no split-K, no reduction
+ *   whose order depends on the grid) and alignments capped at
+ *   BI_MAX_ALIGN (so the tiles of a tiled call, whose y rows start at
+ *   other offsets, keep the key). The heuristic is a function of the
+ *   descriptors and the device, so every plan of that shape, whatever its
+ *   rows, gets the same algorithm and configuration; each is checked at
+ *   its own rows with cublasLtMatmulAlgoCheck and must report SPLITK_NUM 1.
+ *   A shape the algorithm cannot run is ML_ERR_UNSUPPORTED, latched, rather
+ *   than a silent change of numerics. A row's sum over K is then the same
+ *   kernel's on the same tile of K, whichever M-tile holds the row.
+ *   Not covered by cuBLASLt's documentation: a stream-K kernel (work split
+ *   by the tile count, hence by M) reported as SPLITK_NUM 1; the
+ *   invariance test (tests/gpu/test_cuda_ops_invariance.c) would see one.
+ *
  * Accuracy of the GEMM regime: rounding x to bf16 (unit roundoff 2^-8)
  * gives each product a relative error δ with E[δ²] ≈ 2^-16·0.54/3 ≈ 2.8e-6
  * (uniform rounding error within a binade, averaged over the significand);
@@ -36,6 +58,13 @@
 #define CONVERT_THREADS 256
 /* cuBLASLt's default (and largest) alignment assumption for its operands. */
 #define LT_MAX_ALIGN 256u
+/* Batch-invariant GEMMs: the rows the algorithm of a weight shape is chosen
+ * for (a decode batch of the larger deployments, a small prefill chunk:
+ * tiles sized for it waste little at M = 1 and stay reasonable at M =
+ * 2048), and the largest operand alignment assumed (16 bytes, the vector
+ * load every tensor-core kernel needs). */
+#define BI_REFERENCE_ROWS 64
+#define BI_MAX_ALIGN 16u
 
 /* ---- GEMV regime ---------------------------------------------------------------------- */
 
@@ -159,13 +188,13 @@ __global__ void bias_kernel(float *y, const uint16_t *bias, int M, int N, int ac
     }
 }
 
-/* Largest power of two dividing the address, capped at LT_MAX_ALIGN: what
- * the heuristic may assume of an operand. */
-static uint32_t alignment(const void *p)
+/* Largest power of two dividing the address, capped at `cap` (at most
+ * LT_MAX_ALIGN): what the heuristic may assume of an operand. */
+static uint32_t alignment(const void *p, uint32_t cap)
 {
     const uintptr_t v = (uintptr_t)p;
     uint32_t a = 1;
-    while (a < LT_MAX_ALIGN && (v & a) == 0)
+    while (a < cap && (v & a) == 0)
         a <<= 1;
     return a;
 }
@@ -177,6 +206,32 @@ static int lt_failed(mlk_backend *b, cublasStatus_t st, const char *call, int ro
         return 0;
     mlk_latch(b, ML_ERR_IO, "matmul", "%s (%d x %d x %d): %s", call, rows, K, N,
               cublasLtGetStatusString(st));
+    return 1;
+}
+
+/* The batch-invariant contract for algo, chosen at BI_REFERENCE_ROWS, on
+ * plan p's own rows: cuBLASLt accepts it there and it sums K in one pass.
+ * Returns 0, or 1 with ML_ERR_UNSUPPORTED latched. */
+static int invariant_algo_check(mlk_backend *b, mlk_gemm_plan *p, const cublasLtMatmulAlgo_t *algo,
+                                int rows, int K, int N)
+{
+    cublasLtMatmulHeuristicResult_t checked;
+    int32_t splits = 0;
+    size_t written = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoConfigGetAttribute(
+        algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &written);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoCheck(b->lt, &p->desc, &p->w_layout, &p->x_layout, &p->y_layout,
+                                     &p->y_layout, algo, &checked);
+    if (st == CUBLAS_STATUS_SUCCESS && checked.workspaceSize > MLK_LT_WS_BYTES)
+        st = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (st == CUBLAS_STATUS_SUCCESS && splits == 1)
+        return 0;
+    mlk_latch(b, ML_ERR_UNSUPPORTED, "matmul",
+              "batch-invariant GEMM %d x %d x %d: the algorithm chosen at %d rows %s (turn "
+              "batch invariance off to run this shape)",
+              rows, K, N, BI_REFERENCE_ROWS,
+              st != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(st) : "splits K");
     return 1;
 }
 
@@ -196,6 +251,7 @@ static int plan_build(mlk_backend *b, mlk_gemm_plan *p, int rows, int K, int N, 
     const float *bias_ptr = b->bias_f32;
     const uint64_t ws_bytes = MLK_LT_WS_BYTES;
     const uint32_t align_x = MLK_POOL_ALIGN; /* the staging is a pool block */
+    const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
     cublasLtMatmulPreferenceOpaque_t pref;
     cublasLtMatmulHeuristicResult_t found;
     int n_found = 0;
@@ -237,13 +293,27 @@ static int plan_build(mlk_backend *b, mlk_gemm_plan *p, int rows, int K, int N, 
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulPreferenceSetAttribute(
             &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_y, sizeof align_y);
+    if (st == CUBLAS_STATUS_SUCCESS && b->batch_invariant)
+        st = cublasLtMatmulPreferenceSetAttribute(
+            &pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_reduction, sizeof no_reduction);
+    /* Batch-invariant: ask for the reference rows, whatever this plan's. */
+    cublasLtMatrixLayoutOpaque_t x_ref, y_ref;
+    cublasLtMatrixLayout_t x_ask = &p->x_layout, y_ask = &p->y_layout;
+    if (st == CUBLAS_STATUS_SUCCESS && b->batch_invariant) {
+        st = cublasLtMatrixLayoutInit(&x_ref, CUDA_R_16BF, (uint64_t)K, BI_REFERENCE_ROWS, K);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = cublasLtMatrixLayoutInit(&y_ref, CUDA_R_32F, (uint64_t)N, BI_REFERENCE_ROWS, N);
+        x_ask = &x_ref;
+        y_ask = &y_ref;
+    }
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulAlgoGetHeuristic(b->lt, &p->desc, &p->w_layout, &p->x_layout,
-                                            &p->y_layout, &p->y_layout, &pref, 1, &found,
-                                            &n_found);
+        st = cublasLtMatmulAlgoGetHeuristic(b->lt, &p->desc, &p->w_layout, x_ask, y_ask, y_ask,
+                                            &pref, 1, &found, &n_found);
     if (st == CUBLAS_STATUS_SUCCESS)
         st = n_found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED : found.state;
     if (lt_failed(b, st, "cublasLtMatmulAlgoGetHeuristic", rows, K, N))
+        return 1;
+    if (b->batch_invariant && invariant_algo_check(b, p, &found.algo, rows, K, N))
         return 1;
 
     p->algo = found.algo;
@@ -301,11 +371,12 @@ static void gemm(mlk_backend *b, float *y, const float *x, const uint16_t *w, co
     /* Read by cublasLtMatmul at the call (host pointer mode), so a graph
      * records the values. */
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    const uint32_t align_w = alignment(w);
+    const uint32_t cap = b->batch_invariant ? BI_MAX_ALIGN : LT_MAX_ALIGN;
+    const uint32_t align_w = alignment(w, cap);
     for (int m0 = 0; m0 < M && b->err_status == ML_OK; m0 += tile_m) {
         const int rows = M - m0 < tile_m ? M - m0 : tile_m;
         float *y_tile = y + (size_t)m0 * N; /* (rows, N) */
-        mlk_gemm_plan *p = plan_for(b, rows, K, N, bias != NULL, align_w, alignment(y_tile));
+        mlk_gemm_plan *p = plan_for(b, rows, K, N, bias != NULL, align_w, alignment(y_tile, cap));
         if (!p)
             return;
         const size_t n = (size_t)rows * K;
@@ -337,7 +408,7 @@ void mlk_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w, con
         }
         return;
     }
-    if (gemv_fits(x, w, M, K))
+    if (!b->batch_invariant && gemv_fits(x, w, M, K))
         gemv(b, y, x, w, bias, M, K, N, accumulate);
     else
         gemm(b, y, x, w, bias, M, K, N, accumulate);

@@ -32,6 +32,10 @@
 /* cuBLASLt workspace, handed to every cublasLtMatmul so that graph capture
  * never allocates (32 MiB is NVIDIA's recommendation for Hopper). */
 #define MLK_LT_WS_BYTES ((size_t)32 << 20)
+/* A batch-invariant group's all_reduce_sum: the members' slices of one
+ * chunk side by side (chunks of MLK_GATHER_BYTES / world). Carved only for
+ * such groups, outside MLK_WORKSPACE_BYTES. */
+#define MLK_GATHER_BYTES ((size_t)32 << 20)
 /* Attention split-K partial results (decode over long contexts). */
 #define MLK_ATTN_WS_BYTES ((size_t)16 << 20)
 #define MLK_WORKSPACE_BYTES \
@@ -118,9 +122,17 @@ typedef struct mlk_backend {
     ml_backend_ops ops;
     char name[64];
     int device, sm_count, cc_major;
+    /* ml_backend_cuda_create's batch_invariant, fixed for the backend's
+     * life: matmul and attention make shape choices that do not depend on
+     * the other rows of the call (README.md in this directory). */
+    int batch_invariant;
     cudaStream_t stream;      /* owned: every op is queued here */
     cublasLtHandle_t lt;      /* owned */
     void *nccl;               /* owned ncclComm_t of a group, or NULL */
+    int world;                /* members of the group (1 alone) */
+    /* Batch-invariant groups of two or more: all_reduce_sum's all-gather
+     * staging, MLK_GATHER_BYTES from the pool (collective.cu); else NULL. */
+    float *gather;
 
     mlk_pool pool;
     mlk_weight_map weights;
@@ -244,8 +256,8 @@ void mlk_attn_init(mlk_backend *b);
 
 /* backend.cu: the constructor shared by create and create_group; on error
  * NULL with *st and err set. */
-mlk_backend *mlk_backend_new(int device, size_t pool_bytes, ml_status *st, char *err,
-                             size_t errlen);
+mlk_backend *mlk_backend_new(int device, size_t pool_bytes, int batch_invariant, ml_status *st,
+                             char *err, size_t errlen);
 void mlk_backend_free(ml_backend *be);
 
 #endif

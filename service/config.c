@@ -22,7 +22,7 @@ extern const char svc_local_config[];
  * logprobs) or an error record always fits. */
 #define REPLY_BYTES_MIN 65536
 
-typedef enum field_type { FIELD_STR, FIELD_INT, FIELD_LONG } field_type;
+typedef enum field_type { FIELD_STR, FIELD_INT, FIELD_LONG, FIELD_BOOL } field_type;
 
 typedef struct field {
     const char *section; /* NULL for top-level keys */
@@ -35,6 +35,7 @@ typedef struct field {
 #define STR(sec, k, member) {sec, k, FIELD_STR, offsetof(svc_config, member), sizeof(((svc_config *)0)->member), 0, 0}
 #define INT(sec, k, member, lo, hi) {sec, k, FIELD_INT, offsetof(svc_config, member), sizeof(int), lo, hi}
 #define LONG(sec, k, member, lo, hi) {sec, k, FIELD_LONG, offsetof(svc_config, member), sizeof(long), lo, hi}
+#define BOOL(sec, k, member) {sec, k, FIELD_BOOL, offsetof(svc_config, member), sizeof(int), 0, 1}
 
 static const field fields[] = {
     STR(NULL, "worker_id", worker_id),
@@ -54,6 +55,7 @@ static const field fields[] = {
     INT("runtime", "default_max_tokens", runtime.default_max_tokens, 1, 1 << 20),
     INT("runtime", "max_adapters", runtime.max_adapters, 0, 1024),
     INT("runtime", "max_adapter_rank", runtime.max_adapter_rank, 1, 4096),
+    BOOL("runtime", "batch_invariant", runtime.batch_invariant),
     STR("kafka", "brokers", kafka.brokers),
     STR("kafka", "group", kafka.group),
     STR("kafka", "request_topic", kafka.request_topic),
@@ -92,6 +94,16 @@ static int set_text(svc_config *cfg, const field *f, const char *v, const char *
         memcpy(dst, v, strlen(v) + 1);
         return 0;
     }
+    if (f->type == FIELD_BOOL) {
+        static const char *const yes[] = {"true", "on", "1"}, *const no[] = {"false", "off", "0"};
+        for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++)
+            if (!strcmp(v, yes[i]) || !strcmp(v, no[i])) {
+                *(int *)(void *)dst = !strcmp(v, yes[i]);
+                return 0;
+            }
+        svc_errf(err, errlen, "%s: expected true or false (on/off, 1/0), got '%s'", where, v);
+        return -1;
+    }
     char *end;
     errno = 0;
     long n = strtol(v, &end, 10);
@@ -117,6 +129,13 @@ static int set_json(svc_config *cfg, const field *f, const cJSON *v, const char 
             return -1;
         }
         return set_text(cfg, f, v->valuestring, where, err, errlen);
+    }
+    if (f->type == FIELD_BOOL) {
+        if (!cJSON_IsBool(v)) {
+            svc_errf(err, errlen, "%s: expected true or false", where);
+            return -1;
+        }
+        return set_text(cfg, f, cJSON_IsTrue(v) ? "true" : "false", where, err, errlen);
     }
     if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long)v->valuedouble) {
         svc_errf(err, errlen, "%s: expected an integer", where);

@@ -32,10 +32,11 @@ static void usage(FILE *f)
             "                  [--seed S] [--stop STR]... [--json-object] [--logits-out F.npy] [--json]\n"
             "                  [--threads N] [--kv-mib N] [--image-mib N] [--backend auto|cpu|cuda]\n"
             "                  [--tp N [--devices 0,1,...]] [--cross-attention-row-mask MODE]\n"
-            "                  [--date-string DATE]\n"
+            "                  [--date-string DATE] [--batch-invariant on|off]\n"
             "       mllama run --model DIR --batch FILE.jsonl [--threads N] [--kv-mib N] [--image-mib N]\n"
             "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]]\n"
-            "                  [--cross-attention-row-mask MODE] [--date-string DATE]\n\n"
+            "                  [--cross-attention-row-mask MODE] [--date-string DATE]\n"
+            "                  [--batch-invariant on|off]\n\n"
             "--prompt is raw text (special tokens parsed; <|begin_of_text|> is inserted after\n"
             "any leading <|image|> tokens when absent, as MllamaProcessor does); --chat wraps\n"
             "TEXT and the images in the Llama 3.2 Vision Instruct template, TEXT encoded as\n"
@@ -59,7 +60,11 @@ static void usage(FILE *f)
             "--tp N splits the model over N devices (tensor parallelism: N must divide the\n"
             "attention heads, K/V heads and MLP widths): N CPU backends sharing --threads, or\n"
             "the CUDA devices of --devices (default: the first N). --kv-mib and --image-mib\n"
-            "are per device.\n");
+            "are per device.\n"
+            "--batch-invariant on: CUDA kernels whose result for a request does not depend on\n"
+            "the others in the batch (a seeded request samples the same tokens alone and in a\n"
+            "batch; runtime.batch_invariant of the worker). Default off. The CPU backend is\n"
+            "batch invariant always.\n");
 }
 
 /* ---- what to generate -------------------------------------------------------------- */
@@ -437,7 +442,7 @@ static int spec_from_json(const cJSON *o, int line, job_spec *spec)
 
 typedef struct run_opts {
     const char *model_dir, *batch, *logits_out, *backend, *devices;
-    int json, threads, tp;
+    int json, threads, tp, batch_invariant;
     long kv_mib, image_mib;
     ml_row_mask_mode row_mask;
     job_spec spec;
@@ -495,6 +500,12 @@ static int parse_args(int argc, char **argv, run_opts *o)
             if (check_date_string(a, v))
                 return -1;
             o->spec.date_string = v;
+        } else if (!strcmp(a, "--batch-invariant")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) {
+                fprintf(stderr, CMD ": --batch-invariant: expected on or off, got '%s'\n", v);
+                return -1;
+            }
+            o->batch_invariant = !strcmp(v, "on");
         } else if (!strcmp(a, "--image")) {
             if (o->spec.n_images == MAX_IMAGES) {
                 fprintf(stderr, CMD ": at most %d images\n", MAX_IMAGES);
@@ -579,6 +590,7 @@ static int ctx_init(run_ctx *c, const run_opts *o, int max_images)
         .world = o->tp,
         .devices = o->devices,
         .threads = o->threads,
+        .batch_invariant = o->batch_invariant,
         .limits = ml_model_limits_default(),
         .fallback_tokenizer = ML_DEFAULT_TOKENIZER,
         .runtime = {.kv_bytes = (size_t)o->kv_mib * MIB, .image_bytes = (size_t)o->image_mib * MIB},

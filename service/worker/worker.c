@@ -351,6 +351,7 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
         .world = c->model.tensor_parallel,
         .devices = c->model.devices,
         .threads = c->model.threads,
+        .batch_invariant = c->runtime.batch_invariant,
         .limits = ml_model_limits_default(),
         .fallback_tokenizer = ML_DEFAULT_TOKENIZER,
         .max_image_pixels = (uint64_t)c->limits.max_image_pixels,
@@ -377,6 +378,10 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
     w->model = ml_engine_model(w->engine);
     w->tok = ml_engine_tokenizer(w->engine);
     w->rt = ml_engine_runtime(w->engine);
+    if (c->runtime.batch_invariant && !strcmp(ml_engine_backend_name(w->engine), "cpu"))
+        svc_log(SVC_LOG_INFO, "batch_invariant",
+                "runtime.batch_invariant selects CUDA kernels; the CPU backend is batch "
+                "invariant always");
     if (ml_engine_world(w->engine) > 1)
         svc_log(SVC_LOG_INFO, "tensor_parallel",
                 "model split over %d %s devices; runtime.kv_mib and runtime.image_mib are per "

@@ -8,7 +8,10 @@
  * - vision: one 4-tile image through the vision tower (32 local + 8 global
  *   layers at 6432 tokens), the projector and the 8 cross layers' K/V;
  *   FLOP / time against dense bf16 peak, with attention and GEMMs also
- *   timed alone.
+ *   timed alone;
+ * - the cost of batch invariance (ml_backend_cuda_create's batch_invariant,
+ *   the worker's runtime.batch_invariant): the 11B decode steps and the
+ *   vision encode again on a batch-invariant backend, against the above.
  * Weights are random bf16 uploaded straight into device memory (one 64 MiB
  * random block repeated): the op sequence is text.c's and vision.c's, but no
  * checkpoint or model loader is involved, so the bench needs only the op
@@ -62,6 +65,7 @@ typedef struct peak {
 } peak;
 
 static ml_backend *g_be;
+static int g_batch_invariant; /* backends made by backend_or_die */
 static void *g_rand; /* RAND_BLOCK_BYTES of random bf16 on the device */
 static size_t g_weight_bytes;
 
@@ -563,7 +567,7 @@ static peak peak_of(const char *name)
 static ml_backend *backend_or_die(void)
 {
     char err[512];
-    ml_backend *be = ml_backend_cuda_create(0, 0, err, sizeof err);
+    ml_backend *be = ml_backend_cuda_create(0, 0, g_batch_invariant, err, sizeof err);
     if (!be) {
         fprintf(stderr, "cuda backend: %s\n", err);
         exit(1);
@@ -625,6 +629,23 @@ int main(int argc, char **argv)
            vr.attn_ms, 100.0 * vr.attn_flops / (vr.attn_ms * 1e-3) / pk.flops, vr.gemm_ms,
            100.0 * vr.gemm_flops / (vr.gemm_ms * 1e-3) / pk.flops);
 
+    /* The same 11B steps and encode with batch invariance on. */
+    g_batch_invariant = 1;
+    decode_result inv[2];
+    for (int bi = 0; bi < 2; bi++) {
+        backend_or_die();
+        inv[bi] = bench_decode(&PRESET_11B, batches[bi]);
+        printf("batch-invariant decode 11b batch %2d: %7.3f ms/step graph (%7.3f eager), "
+               "%+.1f%% against off\n",
+               batches[bi], inv[bi].graph_ms, inv[bi].eager_ms,
+               100.0 * (inv[bi].graph_ms / dec[1][bi].graph_ms - 1.0));
+    }
+    backend_or_die();
+    const vision_result vinv = bench_vision();
+    g_be->ops->destroy(g_be);
+    printf("batch-invariant vision: %.2f ms (GEMMs %.2f ms), %+.1f%% against off\n", vinv.ms,
+           vinv.gemm_ms, 100.0 * (vinv.ms / vr.ms - 1.0));
+
     if (argc > 1) {
         FILE *f = fopen(argv[1], "w");
         if (!f) {
@@ -649,10 +670,16 @@ int main(int argc, char **argv)
         fprintf(f,
                 "  ],\n  \"vision\": {\"tiles\": %d, \"ms\": %.3f, \"flops\": %.4g, \"mfu\": %.4f,"
                 " \"attention_ms\": %.3f, \"attention_mfu\": %.4f, \"gemm_ms\": %.3f,"
-                " \"gemm_mfu\": %.4f}\n}\n",
+                " \"gemm_mfu\": %.4f},\n",
                 V_TILES, vr.ms, vr.flops, vr.flops / (vr.ms * 1e-3) / pk.flops, vr.attn_ms,
                 vr.attn_flops / (vr.attn_ms * 1e-3) / pk.flops, vr.gemm_ms,
                 vr.gemm_flops / (vr.gemm_ms * 1e-3) / pk.flops);
+        fprintf(f,
+                "  \"batch_invariant\": {\"decode_11b\": [{\"batch\": %d, \"ms_per_step\": %.4f, "
+                "\"off_ms_per_step\": %.4f}, {\"batch\": %d, \"ms_per_step\": %.4f, "
+                "\"off_ms_per_step\": %.4f}], \"vision_ms\": %.3f, \"off_vision_ms\": %.3f}\n}\n",
+                batches[0], inv[0].graph_ms, dec[1][0].graph_ms, batches[1], inv[1].graph_ms,
+                dec[1][1].graph_ms, vinv.ms, vr.ms);
         fclose(f);
     }
     return 0;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The one script a lent GPU machine runs (an H200, 16 cores, no network):
 # build the CUDA backend for sm_90, run the gpu-labelled tests, then the
-# decode/vision benchmark, and write a summary (JSON + text).
+# decode/vision benchmark (with the cost of runtime.batch_invariant: the
+# 11B decode and the vision encode again with it on), and write a summary
+# (JSON + text).
 #
 #   bash tests/gpu/check.sh            # from the repository root
 #
@@ -29,7 +31,7 @@ BENCH_TIMEOUT=240
 # The ops against the CPU backend, one executable per file (tests/gpu/test_cuda_ops_*.c).
 CUDA_OPS_TESTS=(test_cuda_ops_backend test_cuda_ops_matmul test_cuda_ops_norms
                 test_cuda_ops_elementwise test_cuda_ops_sample test_cuda_ops_attn
-                test_cuda_ops_graphs)
+                test_cuda_ops_graphs test_cuda_ops_invariance)
 mkdir -p "$BUILD" "$DEST"
 LOG=$DEST/check.log
 : >"$LOG"

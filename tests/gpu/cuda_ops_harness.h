@@ -142,6 +142,35 @@ static inline void check_exact(const void *got, const void *want, size_t bytes, 
     fprintf(stderr, "  %-64s %s\n", what, at == bytes ? "exact" : "DIFFERS");
 }
 
+/* One member of a device group summing host's n floats with all_reduce_sum,
+ * on the thread that runs cuda_reduce_thread(job) (collectives block until
+ * every member has joined, so each member needs its own thread). */
+typedef struct cuda_reduce_job {
+    ml_backend *be;   /* borrowed: the member this thread drives */
+    float *host;      /* (n): in, then the sum */
+    size_t n;
+    ml_status st;
+} cuda_reduce_job;
+
+static inline void *cuda_reduce_thread(void *arg)
+{
+    cuda_reduce_job *j = arg;
+    const ml_backend_ops *o = j->be->ops;
+    float *d = o->alloc(j->be, j->n * 4);
+    char err[ERRLEN] = "";
+    j->st = ML_ERR_NOMEM;
+    if (!d)
+        return NULL;
+    o->upload(j->be, d, j->host, j->n * 4);
+    o->all_reduce_sum(j->be, d, j->n);
+    o->download(j->be, j->host, d, j->n * 4);
+    j->st = o->synchronize(j->be, err, sizeof err);
+    if (j->st != ML_OK)
+        fprintf(stderr, "all_reduce_sum: %s\n", err);
+    o->free(j->be, d);
+    return NULL;
+}
+
 /* Skip (77) without a device; seed the inputs and create both backends
  * (exits with the failures when one cannot be). Returns the device count. */
 static inline int cuda_ops_open(void)
@@ -153,7 +182,7 @@ static inline int cuda_ops_open(void)
     char err[ERRLEN] = "";
     g_cpu = ml_backend_cpu_create(0, err, sizeof err);
     check(g_cpu != NULL, "cpu backend: %s", err);
-    g_gpu = ml_backend_cuda_create(0, POOL_BYTES, err, sizeof err);
+    g_gpu = ml_backend_cuda_create(0, POOL_BYTES, 0, err, sizeof err);
     check(g_gpu != NULL, "cuda backend: %s", err);
     if (!g_cpu || !g_gpu)
         exit(check_done());

@@ -290,7 +290,7 @@ int main(void)
     const cJSON *models, *it;
     cJSON *index = ml_fx_index(&models);
     char err[512];
-    ml_backend *be = ml_backend_cuda_create(0, POOL_BYTES, err, sizeof err);
+    ml_backend *be = ml_backend_cuda_create(0, POOL_BYTES, 0, err, sizeof err);
     check(be != NULL, "cuda backend: %s", err);
     int n = 0;
     cJSON_ArrayForEach(it, models)

@@ -73,34 +73,8 @@ static void test_errors(void)
     dfree(d);
     dfree(dvalid);
 
-    ml_backend *none = ml_backend_cuda_create(1 << 20, 0, err, sizeof err);
+    ml_backend *none = ml_backend_cuda_create(1 << 20, 0, 0, err, sizeof err);
     check(none == NULL && err[0], "create on an absent device fails: %s", err);
-}
-
-typedef struct reduce_job {
-    ml_backend *be;   /* borrowed: the member this thread drives */
-    float *host;      /* (n): in, then the sum */
-    size_t n;
-    ml_status st;
-} reduce_job;
-
-static void *reduce_thread(void *arg)
-{
-    reduce_job *j = arg;
-    const ml_backend_ops *o = j->be->ops;
-    float *d = o->alloc(j->be, j->n * 4);
-    char err[ERRLEN] = "";
-    j->st = ML_ERR_NOMEM;
-    if (!d)
-        return NULL;
-    o->upload(j->be, d, j->host, j->n * 4);
-    o->all_reduce_sum(j->be, d, j->n);
-    o->download(j->be, j->host, d, j->n * 4);
-    j->st = o->synchronize(j->be, err, sizeof err);
-    if (j->st != ML_OK)
-        fprintf(stderr, "all_reduce_sum: %s\n", err);
-    o->free(j->be, d);
-    return NULL;
 }
 
 /* A group of two devices when there are two and NCCL, else of one (whose
@@ -115,21 +89,22 @@ static void test_all_reduce(int n_devices)
     ml_backend *group[MAX_MEMBERS] = {NULL, NULL};
     char err[ERRLEN] = "";
     /* Next to g_gpu's pool: keep the members' pools small. */
-    ml_status st = ml_backend_cuda_create_group(n, devices, (size_t)1 << 30, group, err, sizeof err);
+    ml_status st = ml_backend_cuda_create_group(n, devices, (size_t)1 << 30, 0, group, err,
+                                               sizeof err);
     check(st == ML_OK, "create_group(%d): %s", n, err);
     if (st != ML_OK)
         return;
-    reduce_job jobs[MAX_MEMBERS];
+    cuda_reduce_job jobs[MAX_MEMBERS];
     pthread_t th[MAX_MEMBERS];
     float *want = xmalloc(LEN * 4);
     memset(want, 0, LEN * 4);
     for (int m = 0; m < n; m++) {
-        jobs[m] = (reduce_job){group[m], rand_f32(LEN, -1, 1), LEN, ML_OK};
+        jobs[m] = (cuda_reduce_job){group[m], rand_f32(LEN, -1, 1), LEN, ML_OK};
         for (int i = 0; i < LEN; i++)
             want[i] += jobs[m].host[i];
     }
     for (int m = 0; m < n; m++)
-        pthread_create(&th[m], NULL, reduce_thread, &jobs[m]);
+        pthread_create(&th[m], NULL, cuda_reduce_thread, &jobs[m]);
     for (int m = 0; m < n; m++)
         pthread_join(th[m], NULL);
     for (int m = 0; m < n; m++) {

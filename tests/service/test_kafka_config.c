@@ -1,10 +1,13 @@
 /* The Kafka layer's configuration surface and the log helper, without a
  * cluster: pass-through properties (errors name the key, fixed keys are
- * refused), the mock's topic specification (hostile input), and one JSON
- * object per log line whatever the message holds. */
+ * refused), the mock's topic specification (hostile input), the worker
+ * configuration's reply settings and its boolean runtime.batch_invariant,
+ * and one JSON object per log line whatever the message holds. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "harness.h"
@@ -157,6 +160,63 @@ static void test_reply_config(void)
     svc_config_deinit(&cfg);
 }
 
+/* runtime.batch_invariant, a boolean: off by default (its cost on a GPU is
+ * unmeasured), set by --set, the environment or a JSON true/false, and
+ * refused in any other spelling. */
+static void test_batch_invariant_config(void)
+{
+    static const struct {
+        const char *set, *json; /* one of them */
+        int want;               /* -1: refused */
+    } cases[] = {
+        {"runtime.batch_invariant=on", NULL, 1},     {"runtime.batch_invariant=true", NULL, 1},
+        {"runtime.batch_invariant=1", NULL, 1},      {"runtime.batch_invariant=off", NULL, 0},
+        {"runtime.batch_invariant=yes", NULL, -1},   {"runtime.batch_invariant=", NULL, -1},
+        {NULL, "{\"runtime\": {\"batch_invariant\": true}}", 1},
+        {NULL, "{\"runtime\": {\"batch_invariant\": false}}", 0},
+        {NULL, "{\"runtime\": {\"batch_invariant\": 1}}", -1},
+        {NULL, "{\"runtime\": {\"batch_invariant\": \"on\"}}", -1},
+    };
+    svc_config cfg;
+    char err[512] = "";
+    check(svc_config_load(&cfg, NULL, NULL, 0, err, sizeof err) == 0 &&
+              cfg.runtime.batch_invariant == 0,
+          "runtime.batch_invariant is off by default: %s", err);
+    svc_config_deinit(&cfg);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[] = "/tmp/mllama-config-XXXXXX";
+        const char *label = cases[i].set ? cases[i].set : cases[i].json;
+        int rc;
+        err[0] = 0;
+        if (cases[i].set) {
+            rc = svc_config_load(&cfg, NULL, &cases[i].set, 1, err, sizeof err);
+        } else {
+            int fd = mkstemp(path);
+            FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+            check(f != NULL, "temporary config file");
+            if (!f)
+                continue;
+            fputs(cases[i].json, f);
+            fclose(f);
+            rc = svc_config_load(&cfg, path, NULL, 0, err, sizeof err);
+            unlink(path);
+        }
+        if (cases[i].want < 0)
+            check(rc == -1 && strstr(err, "runtime.batch_invariant"), "%s refused naming the key: %s",
+                  label, rc ? err : "accepted");
+        else
+            check(rc == 0 && cfg.runtime.batch_invariant == cases[i].want, "%s gives %d: %s", label,
+                  cases[i].want, err);
+        svc_config_deinit(&cfg);
+    }
+    setenv("MLLAMA_RUNTIME_BATCH_INVARIANT", "on", 1);
+    check(svc_config_load(&cfg, NULL, NULL, 0, err, sizeof err) == 0 &&
+              cfg.runtime.batch_invariant == 1,
+          "MLLAMA_RUNTIME_BATCH_INVARIANT=on: %s", err);
+    svc_config_deinit(&cfg);
+    unsetenv("MLLAMA_RUNTIME_BATCH_INVARIANT");
+}
+
 /* A producer that cannot reach any broker: records queue, then the bound on
  * a full queue answers ERR_QUEUE_FULL, both on the delivery-report thread
  * (which polls while it waits) and on another thread (which sleeps). */
@@ -306,6 +366,7 @@ int main(void)
     test_pass_through();
     test_record_status();
     test_reply_config();
+    test_batch_invariant_config();
     test_queue_full();
     test_mock_topics();
     test_log_lines();
