@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 /* The tokenizer.json the service ships (Llama 3.2 Vision's). */
@@ -37,6 +38,18 @@ static inline char *ml_tok_read_file(const char *path, size_t *len)
         *len = (size_t)size;
     }
     return buf;
+}
+
+/* The chat template's ids (appended to ids) of one user turn `text` with
+ * the generation prompt and `date` as the template's date. 0, or -1 with
+ * ml_chat_encode's reason in err. */
+static inline int ml_tok_chat_turn(const ml_tokenizer *tok, const char *text, const char *date,
+                                   ml_token_buf *ids, char *err, size_t errlen)
+{
+    const ml_chat_part part = {.type = ML_CHAT_PART_TEXT, .text = text};
+    const ml_chat_message msg = {.role = "user", .parts = &part, .n_parts = 1};
+    const ml_chat_options opt = {.add_generation_prompt = 1, .date_string = date};
+    return ml_chat_encode(tok, &msg, 1, &opt, ids, err, errlen) == ML_OK ? 0 : -1;
 }
 
 /* Seconds on the monotonic clock, for timing. */

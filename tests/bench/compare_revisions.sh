@@ -20,14 +20,8 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 # shellcheck source=lib.sh
 . "$repo/tests/bench/lib.sh"
 
-preset=small
-build="$repo/build-bench"
-work=""
-max_tokens=33
+bench_defaults small 33
 concurrent="4 16"
-repeats=3
-python="$BENCH_PYTHON_DEFAULT"
-no_build=0
 base=""
 BENCH_OPTIONS="base concurrent"
 bench_parse_args "$@"

@@ -15,13 +15,7 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 # shellcheck source=lib.sh
 . "$repo/tests/bench/lib.sh"
 
-preset=1b
-build="$repo/build-bench"
-work=""
-max_tokens=33
-repeats=3
-python="$BENCH_PYTHON_DEFAULT"
-no_build=0
+bench_defaults 1b 33
 bench_parse_args "$@"
 bench_setup bw bench_read_bw
 "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" --prompt "$BENCH_PROMPT" \

@@ -18,14 +18,8 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 # shellcheck source=lib.sh
 . "$repo/tests/bench/lib.sh"
 
-preset=small
-build="$repo/build-bench"
-work=""
-max_tokens=33
-repeats=3
+bench_defaults small 33
 dtypes="bf16 f32"
-python="$BENCH_PYTHON_DEFAULT"
-no_build=0
 BENCH_OPTIONS="dtypes"
 bench_parse_args "$@"
 bench_setup evt

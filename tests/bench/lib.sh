@@ -15,10 +15,23 @@ bench_die() {
     exit 2
 }
 
+# bench_defaults PRESET MAX_TOKENS: the shared options' defaults (the build
+# in build-bench, 3 repeats, the reference venv's Python), set before the
+# script's own and bench_parse_args.
+bench_defaults() {
+    preset="$1"
+    max_tokens="$2"
+    build="$repo/build-bench"
+    work=""
+    repeats=3
+    python="$BENCH_PYTHON_DEFAULT"
+    no_build=0
+}
+
 # bench_parse_args "$@": options shared by the scripts (--preset, --build,
 # --work, --max-tokens, --repeats, --python, --no-build) and the script's own
 # listed in $BENCH_OPTIONS (e.g. "dtypes" for --dtypes); `--max-tokens N`
-# sets $max_tokens. The script sets the defaults first.
+# sets $max_tokens. Called after bench_defaults and the script's own defaults.
 bench_parse_args() {
     local name
     while [ $# -gt 0 ]; do

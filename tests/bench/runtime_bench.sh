@@ -17,14 +17,8 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 # shellcheck source=lib.sh
 . "$repo/tests/bench/lib.sh"
 
-preset=small
-build="$repo/build-bench"
-work=""
-max_tokens=32
+bench_defaults small 32
 batches="1 2 4 8 16"
-repeats=3
-python="$BENCH_PYTHON_DEFAULT"
-no_build=0
 BENCH_OPTIONS="batches"
 bench_parse_args "$@"
 bench_setup rt

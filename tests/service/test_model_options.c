@@ -16,6 +16,7 @@
  *   --cross-attention-row-mask transformers` gives, which differs from the
  *   reference mode's. */
 #include "proc_util.h"
+#include "tokenizer_util.h"
 
 #include "cli/commands.h"
 #include "engine.h"
@@ -166,13 +167,10 @@ static void test_row_mask(void)
 static void chat_ids(const ml_tokenizer *tok, const char *text, const char *date, char *buf,
                      size_t cap)
 {
-    const ml_chat_part part = {.type = ML_CHAT_PART_TEXT, .text = text};
-    const ml_chat_message msg = {.role = "user", .parts = &part, .n_parts = 1};
-    const ml_chat_options opt = {.add_generation_prompt = 1, .date_string = date};
     ml_token_buf ids;
     ml_token_buf_init(&ids);
     char err[256];
-    if (ml_chat_encode(tok, &msg, 1, &opt, &ids, err, sizeof err) != ML_OK)
+    if (ml_tok_chat_turn(tok, text, date, &ids, err, sizeof err) != 0)
         pu_die(err);
     size_t n = 0;
     buf[0] = 0;

@@ -28,6 +28,7 @@
 #include "engine.h"
 #include "jpeg_craft.h"
 #include "proc_util.h"
+#include "tokenizer_util.h"
 
 #define TOPICS PU_REQUESTS ":2," PU_REPLIES ":2," PU_DLT ":1," PU_CANCEL ":1"
 #define TINY ML_SOURCE_DIR "/tests/golden/fixtures/images/tiny_16x16.jpg"
@@ -422,13 +423,10 @@ static void expect_dead_letter(const char *key, const char *body, const char *co
 /* ml_chat_encode's length of one user turn `text` with `date`. */
 static double chat_tokens(const ml_tokenizer *tok, const char *text, const char *date)
 {
-    const ml_chat_part part = {.type = ML_CHAT_PART_TEXT, .text = text};
-    const ml_chat_message msg = {.role = "user", .parts = &part, .n_parts = 1};
-    const ml_chat_options opt = {.add_generation_prompt = 1, .date_string = date};
     ml_token_buf ids;
     ml_token_buf_init(&ids);
     char err[256];
-    if (ml_chat_encode(tok, &msg, 1, &opt, &ids, err, sizeof err) != ML_OK)
+    if (ml_tok_chat_turn(tok, text, date, &ids, err, sizeof err) != 0)
         pu_die(err);
     double n = (double)ids.n;
     ml_token_buf_deinit(&ids);
