@@ -94,7 +94,7 @@ extern const ml_cpu_kernels ml_cpu_kernels_avx512;
  * transpose, not the vector width, bounds it, and the order it must follow
  * is lane-free. */
 #define ML_CPU_GEMV_SEQ_AVX2_ROWS 32
-#define ML_CPU_GEMV_SEQ_AVX2_COLS 2
+#define ML_CPU_GEMV_SEQ_AVX2_COLS 4
 void ml_cpu_gemv_seq_avx2(int rows, int cols, int k, const uint16_t *w, size_t ldw,
                           const float *x, size_t ldx, float *y, size_t ldy);
 #endif

@@ -230,23 +230,26 @@ ALWAYS_INLINE void seq_half(const int cols, const uint16_t *const wr[LANES], int
     }
 }
 
-ALWAYS_INLINE void seq_block(const int cols, int rows, int k, const uint16_t *w, size_t ldw,
-                             const float *x, size_t ldx, float *y, size_t ldy)
+/* Rows [8·g0, 8·(g0 + G)) of the block, G = passes' group count: each
+ * weight chunk is transposed once for all `cols` activation rows. */
+ALWAYS_INLINE void seq_pass(const int cols, const int G, int g0, int rows, int k,
+                            const uint16_t *w, size_t ldw, const float *x, size_t ldx, float *y,
+                            size_t ldy)
 {
-    const int groups = (rows + LANES - 1) / LANES;
+    const int groups = imin(G, (rows - g0 * LANES + LANES - 1) / LANES);
     const uint16_t *wr[SEQ_GROUPS][LANES];
     __m256 acc[SEQ_GROUPS][SEQ_COLS];
     for (int g = 0; g < groups; g++) {
         /* rows past `rows` repeat the last one; their lanes are not stored */
         for (int i = 0; i < LANES; i++)
-            wr[g][i] = w + (size_t)imin(g * LANES + i, rows - 1) * ldw;
+            wr[g][i] = w + (size_t)imin((g0 + g) * LANES + i, rows - 1) * ldw;
         for (int j = 0; j < cols; j++)
             acc[g][j] = _mm256_setzero_ps();
     }
     int p = 0;
     for (; p + SEQ_CHUNK <= k; p += SEQ_CHUNK) {
 #pragma GCC unroll 4
-        for (int g = 0; g < SEQ_GROUPS; g++) {
+        for (int g = 0; g < G; g++) {
             if (g < groups) {
                 seq_half(cols, wr[g], p, x, ldx, acc[g]);
                 seq_half(cols, wr[g], p + LANES, x, ldx, acc[g]);
@@ -265,12 +268,23 @@ ALWAYS_INLINE void seq_block(const int cols, int rows, int k, const uint16_t *w,
         }
     }
     for (int g = 0; g < groups; g++) {
-        const __m256i mask = lane_mask(rows - g * LANES);
+        const __m256i mask = lane_mask(rows - (g0 + g) * LANES);
         for (int j = 0; j < cols; j++) {
-            float *yj = y + (size_t)j * ldy + (size_t)g * LANES;
+            float *yj = y + (size_t)j * ldy + (size_t)(g0 + g) * LANES;
             _mm256_maskstore_ps(yj, mask, _mm256_add_ps(_mm256_maskload_ps(yj, mask), acc[g][j]));
         }
     }
+}
+
+/* Up to two activation rows: all SEQ_GROUPS groups in one pass (enough
+ * independent chains at one row); three or four: two passes of half the
+ * groups, so the accumulators (groups x cols) still fit 16 registers. */
+ALWAYS_INLINE void seq_block(const int cols, int rows, int k, const uint16_t *w, size_t ldw,
+                             const float *x, size_t ldx, float *y, size_t ldy)
+{
+    const int G = cols <= 2 ? SEQ_GROUPS : SEQ_GROUPS / 2;
+    for (int g0 = 0; g0 * LANES < rows; g0 += G)
+        seq_pass(cols, G, g0, rows, k, w, ldw, x, ldx, y, ldy);
 }
 
 void ml_cpu_gemv_seq_avx2(int rows, int cols, int k, const uint16_t *w, size_t ldw,
@@ -279,6 +293,8 @@ void ml_cpu_gemv_seq_avx2(int rows, int cols, int k, const uint16_t *w, size_t l
     switch (cols) {
     case 1: seq_block(1, rows, k, w, ldw, x, ldx, y, ldy); break;
     case 2: seq_block(2, rows, k, w, ldw, x, ldx, y, ldy); break;
+    case 3: seq_block(3, rows, k, w, ldw, x, ldx, y, ldy); break;
+    case 4: seq_block(4, rows, k, w, ldw, x, ldx, y, ldy); break;
     default: assert(!"gemv_seq: cols out of range");
     }
 }
