@@ -259,11 +259,13 @@ static void test_unknown(ml_rt_fixture *f)
  * logprobs alone, joined mid-stream by other requests' prefill chunks (text
  * only, with images, with either adapter), and joining theirs: its decode
  * rows go into GEMMs, LoRA segments and eager steps where alone they ran
- * the GEMV regime and decode-graph replays, its prompt into mixed steps. Temperature 1 over 64 tokens: a
+ * the GEMV regime and decode-graph replays, its prompt into mixed steps;
+ * and alone with its prompt prefilled in small chunks (what a prefix cache
+ * relies on: a row's K/V does not depend on how its prompt was cut). Temperature 1 over 64 tokens: a
  * logit moved by one rounding changes a draw sooner or later. */
 static void test_sampled_joined(ml_rt_fixture *f)
 {
-    enum { JOINERS = 5, JOIN_EVERY = 3 };
+    enum { JOINERS = 5, JOIN_EVERY = 3, CHUNK = 5 };
     static const ml_rt_kind kinds[JOINERS] = {ML_RT_TEXT_ONLY, ML_RT_TWO_IMAGES, ML_RT_ONE_IMAGE,
                                               ML_RT_TEXT_ONLY, ML_RT_TWO_IMAGES};
     static const char *const adapters[JOINERS] = {NULL, A1, NULL, A2, A2};
@@ -286,16 +288,24 @@ static void test_sampled_joined(ml_rt_fixture *f)
         ml_runtime_destroy(rt);
 
         /* late = 0: the others join the subject's decode; late = 1: the
-         * subject's own prefill joins theirs. */
-        for (int late = 0; late < 2; late++) {
-            rt = runtime(f, 2, 6, 8);
-            if (!late)
+         * subject's own prefill joins theirs; late = 2: alone again, its
+         * prompt prefilled CHUNK tokens a step. */
+        for (int late = 0; late < 3; late++) {
+            ml_runtime_config rc = ml_rt_config(f, KV_BLOCKS, 6);
+            rc.max_adapters = 2;
+            rc.resolve_adapter = resolve;
+            if (late == 2) {
+                rc.max_step_tokens = CHUNK;
+                rc.max_running = 1;
+            }
+            rt = ml_rt_runtime_create(f, &rc);
+            if (late != 1)
                 ml_rt_submit(f, rt, &q, &joined);
-            for (int i = 0; i < JOINERS; i++) {
+            for (int i = 0; i < JOINERS && late < 2; i++) {
                 ml_rt_steps(rt, late ? 1 : JOIN_EVERY);
                 submit(f, rt, kinds[i], adapters[i], 8, 0, &others[i]);
             }
-            if (late)
+            if (late == 1)
                 ml_rt_submit(f, rt, &q, &joined);
             ml_rt_drain(rt, 0);
             ml_runtime_destroy(rt);
@@ -304,7 +314,7 @@ static void test_sampled_joined(ml_rt_fixture *f)
                   late, alone.n_out, joined.n_out);
             check(!memcmp(alone.lp, joined.lp, (size_t)alone.n_out * sizeof alone.lp[0]),
                   "subject %zu, late %d: the same logprobs alone and joined", s, late);
-            for (int i = 0; i < JOINERS; i++) {
+            for (int i = 0; i < JOINERS && late < 2; i++) {
                 check(others[i].done == 1 && others[i].n_out == 8,
                       "subject %zu, late %d: joiner %d ran", s, late, i);
                 ml_rt_result_deinit(&others[i]);
