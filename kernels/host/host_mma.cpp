@@ -23,9 +23,18 @@ constexpr int LDM_DIM = 8;
 constexpr uintptr_t LDM_ROW_BYTES = LDM_DIM * sizeof(uint16_t);
 constexpr int LDM_MAX_MATRICES = 4;
 
-uint16_t lo_half(uint32_t r) { return (uint16_t)(r & 0xffffu); }
-uint16_t hi_half(uint32_t r) { return (uint16_t)(r >> 16); }
-uint32_t pack(uint16_t lo, uint16_t hi) { return (uint32_t)lo | (uint32_t)hi << 16; }
+uint16_t lo_half(uint32_t r)
+{
+    return (uint16_t)(r & 0xffffu);
+}
+uint16_t hi_half(uint32_t r)
+{
+    return (uint16_t)(r >> 16);
+}
+uint32_t pack(uint16_t lo, uint16_t hi)
+{
+    return (uint32_t)lo | (uint32_t)hi << 16;
+}
 
 } // namespace
 
@@ -80,8 +89,7 @@ void mlk_host_ldmatrix(int n_matrices, int trans, const void *const row_addr[32]
         for (int r = 0; r < LDM_DIM; r++) {
             const void *p = row_addr[i * LDM_DIM + r];
             if ((uintptr_t)p % LDM_ROW_BYTES != 0) {
-                std::fprintf(stderr,
-                             "ldmatrix: lane %d's row address %p is not %zu-byte aligned\n",
+                std::fprintf(stderr, "ldmatrix: lane %d's row address %p is not %zu-byte aligned\n",
                              i * LDM_DIM + r, p, (size_t)LDM_ROW_BYTES);
                 std::abort();
             }

@@ -20,7 +20,7 @@ namespace {
 
 constexpr int WARP = 32;
 constexpr int M = 16, N = 8, K = 16;
-constexpr int HALF = 8;         /* rows (or k) the upper fragment registers add */
+constexpr int HALF = 8; /* rows (or k) the upper fragment registers add */
 constexpr uint32_t UNTOUCHED = 0xdeadbeefu;
 constexpr double F32_UNIT_ROUNDOFF = 1.0 / (1 << 24);
 
@@ -28,16 +28,28 @@ constexpr double F32_UNIT_ROUNDOFF = 1.0 / (1 << 24);
 struct Slot {
     int lane, reg, half;
 };
-Slot slot_a(int i, int k) { return {4 * (i % HALF) + (k % HALF) / 2, i / HALF + 2 * (k / HALF), k % 2}; }
-Slot slot_b(int k, int j) { return {4 * j + (k % HALF) / 2, k / HALF, k % 2}; }
-Slot slot_c(int i, int j) { return {4 * (i % HALF) + j / 2, 2 * (i / HALF) + j % 2, 0}; }
+Slot slot_a(int i, int k)
+{
+    return {4 * (i % HALF) + (k % HALF) / 2, i / HALF + 2 * (k / HALF), k % 2};
+}
+Slot slot_b(int k, int j)
+{
+    return {4 * j + (k % HALF) / 2, k / HALF, k % 2};
+}
+Slot slot_c(int i, int j)
+{
+    return {4 * (i % HALF) + j / 2, 2 * (i / HALF) + j % 2, 0};
+}
 
 void put16(uint32_t &reg, int half, uint16_t v)
 {
     const int shift = 16 * half;
     reg = (reg & ~(0xffffu << shift)) | (uint32_t)v << shift;
 }
-uint16_t get16(uint32_t reg, int half) { return (uint16_t)(reg >> (16 * half)); }
+uint16_t get16(uint32_t reg, int half)
+{
+    return (uint16_t)(reg >> (16 * half));
+}
 
 /* Distribute row-major A (M, K), B (K, N) bf16 and C (M, N) f32 into the
  * warp's fragments. */
@@ -100,8 +112,8 @@ void test_mma_random(void)
             for (int j = 0; j < N; j++) {
                 double ref = C[i * N + j], mag = std::fabs(C[i * N + j]);
                 for (int k = 0; k < K; k++) {
-                    const double p = (double)ml_bf16_to_f32(A[i * K + k]) *
-                                     ml_bf16_to_f32(B[k * N + j]);
+                    const double p =
+                        (double)ml_bf16_to_f32(A[i * K + k]) * ml_bf16_to_f32(B[k * N + j]);
                     ref += p;
                     mag += std::fabs(p);
                 }
@@ -189,9 +201,15 @@ void test_composed(void)
     fill_small_ints(q_s, M);
     fill_small_ints(k_s, KEYS);
     fill_small_ints(v_s, KEYS);
-    auto q = [&](int r, int d) { return (double)ml_bf16_to_f32(q_s[r * LDS + d]); };
-    auto kk = [&](int r, int d) { return (double)ml_bf16_to_f32(k_s[r * LDS + d]); };
-    auto v = [&](int r, int d) { return (double)ml_bf16_to_f32(v_s[r * LDS + d]); };
+    auto q = [&](int r, int d) {
+        return (double)ml_bf16_to_f32(q_s[r * LDS + d]);
+    };
+    auto kk = [&](int r, int d) {
+        return (double)ml_bf16_to_f32(k_s[r * LDS + d]);
+    };
+    auto v = [&](int r, int d) {
+        return (double)ml_bf16_to_f32(v_s[r * LDS + d]);
+    };
 
     /* Q's A fragments by 32-bit loads, as attn_mma.cu's qa; the same by
      * ldmatrix.x4 (rows 0-15 from lanes 0-15 at column 0, lanes 16-31 at 8). */
