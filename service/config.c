@@ -22,7 +22,7 @@ extern const char svc_local_config[];
  * logprobs) or an error record always fits. */
 #define REPLY_BYTES_MIN 65536
 
-typedef enum field_type { FIELD_STR, FIELD_INT, FIELD_LONG } field_type;
+typedef enum field_type { FIELD_STR, FIELD_INT, FIELD_LONG, FIELD_BOOL } field_type;
 
 typedef struct field {
     const char *section; /* NULL for top-level keys */
@@ -35,6 +35,7 @@ typedef struct field {
 #define STR(sec, k, member) {sec, k, FIELD_STR, offsetof(svc_config, member), sizeof(((svc_config *)0)->member), 0, 0}
 #define INT(sec, k, member, lo, hi) {sec, k, FIELD_INT, offsetof(svc_config, member), sizeof(int), lo, hi}
 #define LONG(sec, k, member, lo, hi) {sec, k, FIELD_LONG, offsetof(svc_config, member), sizeof(long), lo, hi}
+#define BOOL(sec, k, member) {sec, k, FIELD_BOOL, offsetof(svc_config, member), sizeof(int), 0, 1}
 
 static const field fields[] = {
     STR(NULL, "worker_id", worker_id),
@@ -53,6 +54,7 @@ static const field fields[] = {
     INT("runtime", "default_max_tokens", runtime.default_max_tokens, 1, 1 << 20),
     INT("runtime", "max_adapters", runtime.max_adapters, 0, 1024),
     INT("runtime", "max_adapter_rank", runtime.max_adapter_rank, 1, 4096),
+    BOOL("runtime", "prefix_cache", runtime.prefix_cache),
     STR("kafka", "brokers", kafka.brokers),
     STR("kafka", "group", kafka.group),
     STR("kafka", "request_topic", kafka.request_topic),
@@ -91,6 +93,15 @@ static int set_text(svc_config *cfg, const field *f, const char *v, const char *
         memcpy(dst, v, strlen(v) + 1);
         return 0;
     }
+    if (f->type == FIELD_BOOL) {
+        int on = !strcmp(v, "true") || !strcmp(v, "1");
+        if (!on && strcmp(v, "false") && strcmp(v, "0")) {
+            svc_errf(err, errlen, "%s: expected true or false, got '%s'", where, v);
+            return -1;
+        }
+        *(int *)(void *)dst = on;
+        return 0;
+    }
     char *end;
     errno = 0;
     long n = strtol(v, &end, 10);
@@ -116,6 +127,13 @@ static int set_json(svc_config *cfg, const field *f, const cJSON *v, const char 
             return -1;
         }
         return set_text(cfg, f, v->valuestring, where, err, errlen);
+    }
+    if (f->type == FIELD_BOOL) {
+        if (!cJSON_IsBool(v)) {
+            svc_errf(err, errlen, "%s: expected true or false", where);
+            return -1;
+        }
+        return set_text(cfg, f, cJSON_IsTrue(v) ? "true" : "false", where, err, errlen);
     }
     if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long)v->valuedouble) {
         svc_errf(err, errlen, "%s: expected an integer", where);

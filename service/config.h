@@ -36,6 +36,7 @@ typedef struct svc_config {
         long kv_mib, image_mib;
         int max_running, max_step_tokens, max_images_per_request, default_max_tokens;
         int max_adapters, max_adapter_rank;
+        int prefix_cache;                /* share full K/V blocks by content (1 = on) */
     } runtime;
     struct {
         char brokers[SVC_CONFIG_STR];    /* "mock" = the in-process mock cluster */

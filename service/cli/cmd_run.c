@@ -30,9 +30,9 @@ static void usage(FILE *f)
             "                  [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
             "                  [--seed S] [--stop STR]... [--json-object] [--logits-out F.npy] [--json]\n"
             "                  [--threads N] [--kv-mib N] [--image-mib N] [--backend auto|cpu|cuda]\n"
-            "                  [--tp N [--devices 0,1,...]]\n"
+            "                  [--tp N [--devices 0,1,...]] [--no-prefix-cache]\n"
             "       mllama run --model DIR --batch FILE.jsonl [--threads N] [--kv-mib N] [--image-mib N]\n"
-            "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]]\n\n"
+            "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]] [--no-prefix-cache]\n\n"
             "--prompt is raw text (special tokens parsed; <|begin_of_text|> is inserted after\n"
             "any leading <|image|> tokens when absent, as MllamaProcessor does); --chat wraps\n"
             "TEXT and the images in the Llama 3.2 Vision Instruct template, TEXT encoded as\n"
@@ -47,6 +47,9 @@ static void usage(FILE *f)
             "finished (e.g. an image-cache hit after a miss); the others are submitted at\n"
             "once. Prints one JSON result per request and "
             "the throughput.\n"
+            "Requests share the K/V of full blocks of a common prompt prefix (the prefix\n"
+            "cache: usage.prompt_tokens_cached of each result); --no-prefix-cache turns it\n"
+            "off, for A/B comparisons.\n"
             "--tp N splits the model over N devices (tensor parallelism: N must divide the\n"
             "attention heads, K/V heads and MLP widths): N CPU backends sharing --threads, or\n"
             "the CUDA devices of --devices (default: the first N). --kv-mib and --image-mib\n"
@@ -332,6 +335,7 @@ static cJSON *result_json(const run_job *j)
     cJSON_AddNumberToObject(t, "ms_per_token", decoded ? u->decode_ms / decoded : 0);
     cJSON *us = cJSON_AddObjectToObject(o, "usage");
     cJSON_AddNumberToObject(us, "prompt_tokens", u->prompt_tokens);
+    cJSON_AddNumberToObject(us, "prompt_tokens_cached", u->prompt_tokens_cached);
     cJSON_AddNumberToObject(us, "completion_tokens", u->completion_tokens);
     cJSON_AddNumberToObject(us, "images", u->images);
     cJSON_AddNumberToObject(us, "images_cached", u->images_cached);
@@ -405,7 +409,7 @@ static int spec_from_json(const cJSON *o, int line, job_spec *spec)
 
 typedef struct run_opts {
     const char *model_dir, *batch, *logits_out, *backend, *devices;
-    int json, threads, tp;
+    int json, threads, tp, no_prefix_cache;
     long kv_mib, image_mib;
     job_spec spec;
 } run_opts;
@@ -428,6 +432,10 @@ static int parse_args(int argc, char **argv, run_opts *o)
         }
         if (!strcmp(a, "--json")) {
             o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-prefix-cache")) {
+            o->no_prefix_cache = 1;
             continue;
         }
         if (!strcmp(a, "--json-object")) {
@@ -536,7 +544,8 @@ static int ctx_init(run_ctx *c, const run_opts *o, int max_images)
         .threads = o->threads,
         .limits = ml_model_limits_default(),
         .fallback_tokenizer = ML_DEFAULT_TOKENIZER,
-        .runtime = {.kv_bytes = (size_t)o->kv_mib * MIB, .image_bytes = (size_t)o->image_mib * MIB},
+        .runtime = {.kv_bytes = (size_t)o->kv_mib * MIB, .image_bytes = (size_t)o->image_mib * MIB,
+                    .prefix_cache = !o->no_prefix_cache},
         .image_states = max_images,
     };
     if (o->logits_out)
@@ -665,11 +674,12 @@ static int run_batch(run_ctx *c, const run_opts *o, cJSON **lines, int n)
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double wall = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    long generated = 0, prompt = 0;
+    long generated = 0, prompt = 0, prompt_cached = 0;
     for (int i = 0; rc == 0 && i < n; i++) {
         print_json_line(result_json(&jobs[i]));
         generated += jobs[i].usage.completion_tokens;
         prompt += jobs[i].usage.prompt_tokens;
+        prompt_cached += jobs[i].usage.prompt_tokens_cached;
     }
     for (int i = 0; i < n; i++)
         job_deinit(&jobs[i]);
@@ -678,6 +688,7 @@ static int run_batch(run_ctx *c, const run_opts *o, cJSON **lines, int n)
         cJSON *agg = cJSON_CreateObject();
         cJSON_AddNumberToObject(agg, "requests", n);
         cJSON_AddNumberToObject(agg, "prompt_tokens", (double)prompt);
+        cJSON_AddNumberToObject(agg, "prompt_tokens_cached", (double)prompt_cached);
         cJSON_AddNumberToObject(agg, "completion_tokens", (double)generated);
         cJSON_AddNumberToObject(agg, "wall_s", wall);
         cJSON_AddNumberToObject(agg, "completion_tokens_per_s", wall > 0 ? generated / wall : 0);

@@ -157,6 +157,35 @@ static void test_reply_config(void)
     svc_config_deinit(&cfg);
 }
 
+/* A boolean key (runtime.prefix_cache): on by default, true/false/1/0 from
+ * overrides, anything else refused naming the key. */
+static void test_bool_config(void)
+{
+    static const struct {
+        const char *set;
+        int want; /* -1: refused */
+    } cases[] = {
+        {NULL, 1},
+        {"runtime.prefix_cache=false", 0},
+        {"runtime.prefix_cache=0", 0},
+        {"runtime.prefix_cache=true", 1},
+        {"runtime.prefix_cache=yes", -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        svc_config cfg;
+        char err[512] = "";
+        int rc = svc_config_load(&cfg, NULL, cases[i].set ? &cases[i].set : NULL,
+                                 cases[i].set ? 1 : 0, err, sizeof err);
+        if (cases[i].want < 0)
+            check(rc == -1 && strstr(err, "runtime.prefix_cache"), "%s refused: %s",
+                  cases[i].set, rc ? err : "accepted");
+        else
+            check(rc == 0 && cfg.runtime.prefix_cache == cases[i].want, "%s: prefix_cache %d (%s)",
+                  cases[i].set ? cases[i].set : "the default", cfg.runtime.prefix_cache, err);
+        svc_config_deinit(&cfg);
+    }
+}
+
 /* A producer that cannot reach any broker: records queue, then the bound on
  * a full queue answers ERR_QUEUE_FULL, both on the delivery-report thread
  * (which polls while it waits) and on another thread (which sleeps). */
@@ -306,6 +335,7 @@ int main(void)
     test_pass_through();
     test_record_status();
     test_reply_config();
+    test_bool_config();
     test_queue_full();
     test_mock_topics();
     test_log_lines();
