@@ -283,8 +283,9 @@ static void test_not_streamed(void)
     free(body);
 }
 
-/* One turn of the conversation: the user's image and instructions, then for turn 2 the first answer and a second question. The
- * body as JSON text (owned). */
+/* One turn of the conversation: the user's image and instructions, then
+ * for turn 2 the first answer and a second question. The body as JSON text
+ * (owned). */
 static char *conversation_turn(const char *id, const char *answer)
 {
     cJSON *req = cJSON_CreateObject();
