@@ -203,10 +203,10 @@ typedef struct ml_runtime_stats {
     uint64_t steps, tokens_generated, preemptions, images_encoded, image_cache_hits;
     uint64_t images_evicted;      /* requests ended with ML_REQERR_IMAGE_EVICTED */
     /* Prefix cache: full blocks looked up at admission (readmission after a
-     * preemption included) and found or not, the tokens they held, idle
-     * cached blocks evicted for room, and blocks published now (in use or
-     * idle; idle ones are also counted in kv_blocks_free). */
-    uint64_t prefix_block_hits, prefix_block_misses, prefix_tokens_hit, kv_blocks_evicted;
+     * preemption included) and found or not, idle cached blocks evicted for
+     * room, and blocks published now (in use or idle; idle ones are also
+     * counted in kv_blocks_free). */
+    uint64_t prefix_block_hits, prefix_block_misses, kv_blocks_evicted;
     int kv_blocks_cached;
     ml_adapters_stats adapters;   /* all zero without adapter slots */
 } ml_runtime_stats;

@@ -171,7 +171,6 @@ static void admit(ml_runtime *rt)
         int eligible = rt->cfg.prefix_cache ? (s->n_tokens - 1) / rt->block_size : 0;
         rt->stats.prefix_block_hits += (uint64_t)s->n_blocks;
         rt->stats.prefix_block_misses += (uint64_t)(eligible - s->n_blocks);
-        rt->stats.prefix_tokens_hit += (uint64_t)hit;
         if (s->usage.preemptions == 0) /* what the request's own prefill was spared */
             s->usage.prompt_tokens_cached = hit;
         ml_list_remove(&rt->waiting, &s->link);
