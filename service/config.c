@@ -56,6 +56,7 @@ static const field fields[] = {
     INT("runtime", "max_adapters", runtime.max_adapters, 0, 1024),
     INT("runtime", "max_adapter_rank", runtime.max_adapter_rank, 1, 4096),
     BOOL("runtime", "batch_invariant", runtime.batch_invariant),
+    BOOL("runtime", "prefix_cache", runtime.prefix_cache),
     STR("kafka", "brokers", kafka.brokers),
     STR("kafka", "group", kafka.group),
     STR("kafka", "request_topic", kafka.request_topic),

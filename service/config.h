@@ -40,6 +40,7 @@ typedef struct svc_config {
         int max_running, max_step_tokens, max_images_per_request, default_max_tokens;
         int max_adapters, max_adapter_rank;
         int batch_invariant;             /* CUDA: batch-invariant kernels (ml_engine_config) */
+        int prefix_cache;                /* share full K/V blocks by content (1 = on) */
     } runtime;
     struct {
         char brokers[SVC_CONFIG_STR];    /* "mock" = the in-process mock cluster */

@@ -14,7 +14,15 @@
 /* ---- names ---------------------------------------------------------------- */
 
 static const char *const counter_names[SVC_COUNTER_COUNT][2] = {
-    [SVC_COUNTER_PROMPT_TOKENS] = {"mllama_prompt_tokens_total", "prompt tokens prefilled"},
+    [SVC_COUNTER_PROMPT_TOKENS] = {"mllama_prompt_tokens_total", "prompt tokens of requests"},
+    [SVC_COUNTER_PROMPT_TOKENS_CACHED] = {"mllama_prompt_tokens_cached_total",
+                                          "prompt tokens whose K/V came from the prefix cache"},
+    [SVC_COUNTER_PREFIX_BLOCK_HITS] = {"mllama_prefix_cache_block_hits_total",
+                                       "full prompt K/V blocks found in the prefix cache"},
+    [SVC_COUNTER_PREFIX_BLOCK_MISSES] = {"mllama_prefix_cache_block_misses_total",
+                                         "full prompt K/V blocks not found: computed"},
+    [SVC_COUNTER_KV_BLOCKS_EVICTED] = {"mllama_kv_blocks_evicted_total",
+                                       "idle cached K/V blocks evicted for room"},
     [SVC_COUNTER_TOKENS_GENERATED] = {"mllama_tokens_generated_total",
                                       "completion tokens sampled"},
     [SVC_COUNTER_IMAGE_CACHE_HITS] = {"mllama_image_cache_hits_total",
@@ -44,7 +52,11 @@ static const char *const gauge_names[SVC_GAUGE_COUNT][2] = {
     [SVC_GAUGE_REQUESTS_WAITING] = {"mllama_requests_waiting",
                                     "requests accepted and waiting for admission"},
     [SVC_GAUGE_REQUESTS_RUNNING] = {"mllama_requests_running", "sequences in the running batch"},
-    [SVC_GAUGE_KV_BLOCKS_USED] = {"mllama_kv_blocks_used", "self-attention KV blocks in use"},
+    [SVC_GAUGE_KV_BLOCKS_USED] = {"mllama_kv_blocks_used",
+                                  "self-attention KV blocks held by sequences"},
+    [SVC_GAUGE_KV_BLOCKS_CACHED] = {"mllama_kv_blocks_cached",
+                                    "KV blocks in the prefix cache, held or idle (idle ones "
+                                    "are free to reuse)"},
     [SVC_GAUGE_KV_BLOCKS_CAPACITY] = {"mllama_kv_blocks_capacity",
                                       "self-attention KV blocks in the pool"},
     [SVC_GAUGE_IMAGE_CACHE_BYTES] = {"mllama_image_cache_bytes",

@@ -3,6 +3,18 @@
 #include <assert.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* A block's bookkeeping. Idle cached blocks form a doubly linked list by
+ * index (lru_prev toward the most recently used end); published blocks a
+ * chained hash table by digest. */
+typedef struct kv_block {
+    uint8_t hash[ML_KV_BLOCK_HASH_BYTES]; /* valid when published */
+    int32_t refs;
+    int32_t bucket_next;       /* next published block of its bucket, -1 */
+    int32_t lru_prev, lru_next; /* idle neighbours, -1 */
+    uint8_t published;
+} kv_block;
 
 struct ml_kv_cache {
     uint64_t id;               /* unique in the process (ml_kv_cache_id) */
@@ -11,6 +23,12 @@ struct ml_kv_cache {
     void **k, **v;             /* owned (world · n_layers) backend buffers, rank-major */
     int32_t *free_list;        /* owned (n_blocks): a stack of free block ids */
     int n_free;
+    kv_block *meta;            /* owned (n_blocks) */
+    int32_t *buckets;          /* owned (bucket_mask + 1): first published block, -1 */
+    uint32_t bucket_mask;
+    int32_t lru_head, lru_tail; /* idle blocks: most and least recently used, -1 */
+    int n_idle, n_published;
+    uint64_t evictions;
 };
 
 size_t ml_kv_cache_block_bytes(int n_layers, int block_size, int n_kv_heads, int head_dim,
@@ -53,7 +71,15 @@ ml_status ml_kv_cache_create_group(ml_kv_cache **out, ml_backend *const *bes, in
     kv->k = calloc(n_pools, sizeof *kv->k);
     kv->v = calloc(n_pools, sizeof *kv->v);
     kv->free_list = malloc((size_t)n_blocks * sizeof *kv->free_list);
-    if (!kv->bes || !kv->k || !kv->v || !kv->free_list) {
+    /* At least as many buckets as blocks, a power of two: chains stay short
+     * and a digest's low bits (uniform: SHA-256) pick the bucket. */
+    size_t n_buckets = 1;
+    while (n_buckets < (size_t)n_blocks)
+        n_buckets *= 2;
+    kv->bucket_mask = (uint32_t)(n_buckets - 1);
+    kv->meta = calloc((size_t)n_blocks, sizeof *kv->meta);
+    kv->buckets = malloc(n_buckets * sizeof *kv->buckets);
+    if (!kv->bes || !kv->k || !kv->v || !kv->free_list || !kv->meta || !kv->buckets) {
         ml_kv_cache_destroy(kv);
         return ml_fail(err, errlen, ML_ERR_NOMEM, "kv cache: out of memory");
     }
@@ -78,6 +104,11 @@ ml_status ml_kv_cache_create_group(ml_kv_cache **out, ml_backend *const *bes, in
     for (int b = 0; b < n_blocks; b++)
         kv->free_list[b] = n_blocks - 1 - b;
     kv->n_free = n_blocks;
+    for (size_t i = 0; i < n_buckets; i++)
+        kv->buckets[i] = -1;
+    for (int b = 0; b < n_blocks; b++)
+        kv->meta[b].bucket_next = kv->meta[b].lru_prev = kv->meta[b].lru_next = -1;
+    kv->lru_head = kv->lru_tail = -1;
     *out = kv;
     return ML_OK;
 }
@@ -98,23 +129,134 @@ void ml_kv_cache_destroy(ml_kv_cache *kv)
     free(kv->k);
     free(kv->v);
     free(kv->free_list);
+    free(kv->meta);
+    free(kv->buckets);
     free(kv);
 }
 
 int ml_kv_cache_block_size(const ml_kv_cache *kv) { return kv->block_size; }
 int ml_kv_cache_n_blocks(const ml_kv_cache *kv) { return kv->n_blocks; }
-int ml_kv_cache_n_free(const ml_kv_cache *kv) { return kv->n_free; }
+int ml_kv_cache_n_free(const ml_kv_cache *kv) { return kv->n_free + kv->n_idle; }
+int ml_kv_cache_n_idle(const ml_kv_cache *kv) { return kv->n_idle; }
+int ml_kv_cache_n_published(const ml_kv_cache *kv) { return kv->n_published; }
+uint64_t ml_kv_cache_evictions(const ml_kv_cache *kv) { return kv->evictions; }
 int ml_kv_cache_world(const ml_kv_cache *kv) { return kv->world; }
+
+/* ---- idle list and digest index -------------------------------------------- */
+
+static void idle_unlink(ml_kv_cache *kv, int32_t b)
+{
+    kv_block *m = &kv->meta[b];
+    if (m->lru_prev >= 0)
+        kv->meta[m->lru_prev].lru_next = m->lru_next;
+    else
+        kv->lru_head = m->lru_next;
+    if (m->lru_next >= 0)
+        kv->meta[m->lru_next].lru_prev = m->lru_prev;
+    else
+        kv->lru_tail = m->lru_prev;
+    m->lru_prev = m->lru_next = -1;
+    kv->n_idle--;
+}
+
+static void idle_push_front(ml_kv_cache *kv, int32_t b)
+{
+    kv_block *m = &kv->meta[b];
+    m->lru_prev = -1;
+    m->lru_next = kv->lru_head;
+    if (kv->lru_head >= 0)
+        kv->meta[kv->lru_head].lru_prev = b;
+    else
+        kv->lru_tail = b;
+    kv->lru_head = b;
+    kv->n_idle++;
+}
+
+static uint32_t bucket_of(const ml_kv_cache *kv, const uint8_t *hash)
+{
+    uint32_t h;
+    memcpy(&h, hash, sizeof h);
+    return h & kv->bucket_mask;
+}
+
+static int32_t find(const ml_kv_cache *kv, const uint8_t *hash)
+{
+    for (int32_t b = kv->buckets[bucket_of(kv, hash)]; b >= 0; b = kv->meta[b].bucket_next)
+        if (!memcmp(kv->meta[b].hash, hash, ML_KV_BLOCK_HASH_BYTES))
+            return b;
+    return -1;
+}
+
+/* Forget b's digest (it is about to be reused). */
+static void unpublish(ml_kv_cache *kv, int32_t b)
+{
+    int32_t *p = &kv->buckets[bucket_of(kv, kv->meta[b].hash)];
+    while (*p != b)
+        p = &kv->meta[*p].bucket_next;
+    *p = kv->meta[b].bucket_next;
+    kv->meta[b].bucket_next = -1;
+    kv->meta[b].published = 0;
+    kv->n_published--;
+}
+
+/* ---- references ------------------------------------------------------------ */
 
 int32_t ml_kv_cache_alloc(ml_kv_cache *kv)
 {
-    return kv->n_free ? kv->free_list[--kv->n_free] : -1;
+    int32_t b;
+    if (kv->n_free) {
+        b = kv->free_list[--kv->n_free];
+    } else if (kv->lru_tail >= 0) {
+        b = kv->lru_tail;
+        idle_unlink(kv, b);
+        unpublish(kv, b);
+        kv->evictions++;
+    } else {
+        return -1;
+    }
+    assert(kv->meta[b].refs == 0 && !kv->meta[b].published);
+    kv->meta[b].refs = 1;
+    return b;
 }
 
 void ml_kv_cache_release(ml_kv_cache *kv, int32_t block)
 {
-    assert(block >= 0 && block < kv->n_blocks && kv->n_free < kv->n_blocks);
-    kv->free_list[kv->n_free++] = block;
+    assert(block >= 0 && block < kv->n_blocks && kv->meta[block].refs > 0);
+    kv_block *m = &kv->meta[block];
+    if (--m->refs > 0)
+        return;
+    if (m->published) {
+        idle_push_front(kv, block);
+    } else {
+        assert(kv->n_free < kv->n_blocks);
+        kv->free_list[kv->n_free++] = block;
+    }
+}
+
+int32_t ml_kv_cache_lookup(ml_kv_cache *kv, const uint8_t *hash)
+{
+    int32_t b = find(kv, hash);
+    if (b < 0)
+        return -1;
+    if (kv->meta[b].refs++ == 0)
+        idle_unlink(kv, b);
+    return b;
+}
+
+int ml_kv_cache_publish(ml_kv_cache *kv, int32_t block, const uint8_t *hash)
+{
+    assert(block >= 0 && block < kv->n_blocks);
+    kv_block *m = &kv->meta[block];
+    assert(m->refs > 0 && !m->published);
+    if (find(kv, hash) >= 0)
+        return 0;
+    memcpy(m->hash, hash, ML_KV_BLOCK_HASH_BYTES);
+    m->published = 1;
+    uint32_t i = bucket_of(kv, hash);
+    m->bucket_next = kv->buckets[i];
+    kv->buckets[i] = block;
+    kv->n_published++;
+    return 1;
 }
 
 void *ml_kv_cache_k(ml_kv_cache *kv, int rank, int layer)

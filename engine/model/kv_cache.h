@@ -9,6 +9,19 @@
  * one free list: a block id names the same slots on every rank, so one block
  * table serves every shard.
  *
+ * Blocks are refcounted and may be content-addressed (the prefix cache,
+ * engine/runtime/prefix.c): a full block whose K/V a sequence has written
+ * can be published under a 32-byte digest of everything its K/V depend
+ * on; another sequence then takes a reference to it by digest instead of
+ * computing it again. A published block whose last reference is dropped
+ * stays cached, idle, in least-recently-used order, and is evicted (its
+ * digest forgotten) only when a block is allocated and none is free: one
+ * pool, one budget, and idle cached blocks count as free everywhere
+ * (ml_kv_cache_n_free). Blocks never published go back to the free list at
+ * their last release, as before. The cache never writes a block; that a
+ * shared block is never written again is its users' contract (only full,
+ * computed blocks are published, and a sequence writes only past them).
+ *
  * @locality: the step loop thread; the pools of a cache with several ranks
  * may be read by each rank's thread while a step runs (the free list is not
  * touched then). */
@@ -20,6 +33,9 @@
 
 #include "backend.h"
 #include "status.h"
+
+/* Bytes of a block's content digest (SHA-256, see engine/runtime/prefix.c). */
+#define ML_KV_BLOCK_HASH_BYTES 32
 
 typedef struct ml_kv_cache ml_kv_cache;
 
@@ -48,7 +64,15 @@ size_t ml_kv_cache_block_bytes(int n_layers, int block_size, int n_kv_heads, int
 
 int ml_kv_cache_block_size(const ml_kv_cache *kv);
 int ml_kv_cache_n_blocks(const ml_kv_cache *kv);
+/* Blocks ml_kv_cache_alloc can hand out now: the free ones and the idle
+ * cached ones it would evict. */
 int ml_kv_cache_n_free(const ml_kv_cache *kv);
+/* Of those, idle cached blocks (published, no reference). */
+int ml_kv_cache_n_idle(const ml_kv_cache *kv);
+/* Published blocks, referenced or idle. */
+int ml_kv_cache_n_published(const ml_kv_cache *kv);
+/* Idle cached blocks evicted to satisfy an allocation, since create. */
+uint64_t ml_kv_cache_evictions(const ml_kv_cache *kv);
 /* A number no other cache of this process has had or will have: a model
  * that recorded a graph against a cache's pools knows it from a new cache
  * allocated at the same address. */
@@ -56,11 +80,26 @@ uint64_t ml_kv_cache_id(const ml_kv_cache *kv);
 /* Ranks the cache has pools for (1 unless made by ml_kv_cache_create_group). */
 int ml_kv_cache_world(const ml_kv_cache *kv);
 
-/* Take a free block (its contents are stale until written); -1 when none. */
+/* Take a block with one reference (its contents are stale until written):
+ * a free one, else the least recently used idle cached one, evicted; -1
+ * when every block is referenced. */
 int32_t ml_kv_cache_alloc(ml_kv_cache *kv);
 
-/* Return a block taken with ml_kv_cache_alloc. */
+/* Drop one reference to a block taken with ml_kv_cache_alloc or
+ * ml_kv_cache_lookup. At the last, a published block becomes idle (the
+ * most recently used), any other block free. */
 void ml_kv_cache_release(ml_kv_cache *kv, int32_t block);
+
+/* The published block of digest `hash` (ML_KV_BLOCK_HASH_BYTES, borrowed)
+ * with one more reference, an idle one leaving the LRU list; -1 when no
+ * block has that digest. */
+int32_t ml_kv_cache_lookup(ml_kv_cache *kv, const uint8_t *hash);
+
+/* Publish `block` (referenced, not yet published, its K/V written) under
+ * `hash`. Returns 1, or 0 when another block already has that digest (two
+ * sequences computed the same prefix at once): this one stays private and
+ * is freed at its last release. */
+int ml_kv_cache_publish(ml_kv_cache *kv, int32_t block, const uint8_t *hash);
 
 /* Rank `rank`'s pools of self-attention layer `layer` (0 .. n_layers-1), in
  * that rank's backend. Borrowed. */

@@ -106,6 +106,8 @@ void ml_runtime_get_stats(const ml_runtime *rt, ml_runtime_stats *st)
     st->running = rt->running.n;
     st->kv_blocks_total = ml_kv_cache_n_blocks(rt->kv);
     st->kv_blocks_free = ml_kv_cache_n_free(rt->kv);
+    st->kv_blocks_cached = ml_kv_cache_n_published(rt->kv);
+    st->kv_blocks_evicted = ml_kv_cache_evictions(rt->kv);
     st->image_bytes_used = ml_image_cache_used(rt->images);
     st->image_bytes_budget = ml_image_cache_budget(rt->images);
     if (rt->adapters)

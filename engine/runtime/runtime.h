@@ -12,6 +12,11 @@
  * adapters and the base model, ordered so each adapter's rows are one
  * segment, and an image's resident state is shared between requests unless
  * their adapter changes it (its key then includes the adapter's name).
+ * With prefix_cache, full K/V blocks are content-addressed (runtime/prefix.c):
+ * a request whose prompt starts like one seen before (a system prompt, the
+ * earlier turns of a chat) takes those blocks by reference and prefills
+ * only the rest, with the same output as without the cache on a
+ * batch-invariant backend.
  *
  * Memory: the KV pool, the image-state budget and the adapter slots are
  * fixed at create, so the model workspace, the KV pool, resident images and
@@ -56,6 +61,13 @@ typedef struct ml_runtime_config {
     int max_adapter_rank;
     ml_adapter_resolve_fn resolve_adapter;
     void *resolve_adapter_ctx;
+    /* The prefix cache (runtime/prefix.c): full K/V blocks shared by
+     * content. 0 = every request prefills its whole prompt. */
+    int prefix_cache;
+    /* The model's identity (the service's model fingerprint), the root of
+     * every block key; all zero when the caller has none (the cache lives
+     * and dies with this runtime's model, so it is then still exact). */
+    uint8_t model_fingerprint[ML_KV_BLOCK_HASH_BYTES];
 } ml_runtime_config;
 
 /* Why a request ended. */
@@ -83,6 +95,10 @@ typedef enum ml_request_error {
 
 typedef struct ml_usage {
     int prompt_tokens, completion_tokens;
+    /* Prompt tokens whose K/V came from the prefix cache at admission (a
+     * multiple of the block size; 0 without the cache): prefill computed
+     * prompt_tokens - prompt_tokens_cached of them. */
+    int prompt_tokens_cached;
     int images, images_cached;      /* images, and how many were resident already */
     int preemptions;
     double queue_ms, vision_ms, prefill_ms, decode_ms, ttft_ms;
@@ -186,6 +202,12 @@ typedef struct ml_runtime_stats {
     size_t image_bytes_used, image_bytes_budget;
     uint64_t steps, tokens_generated, preemptions, images_encoded, image_cache_hits;
     uint64_t images_evicted;      /* requests ended with ML_REQERR_IMAGE_EVICTED */
+    /* Prefix cache: full blocks looked up at admission (readmission after a
+     * preemption included) and found or not, idle cached blocks evicted for
+     * room, and blocks published now (in use or idle; idle ones are also
+     * counted in kv_blocks_free). */
+    uint64_t prefix_block_hits, prefix_block_misses, kv_blocks_evicted;
+    int kv_blocks_cached;
     ml_adapters_stats adapters;   /* all zero without adapter slots */
 } ml_runtime_stats;
 void ml_runtime_get_stats(const ml_runtime *rt, ml_runtime_stats *st);

@@ -32,6 +32,14 @@ typedef struct rt_seq {
     int n_cached;               /* tokens whose K/V are in the cache */
     int32_t *blocks;            /* owned (max_blocks): the block table */
     int n_blocks;
+    /* Prefix cache (prefix.c): the digests of the sequence's full blocks,
+     * (cap / block_size, ML_KV_BLOCK_HASH_BYTES), computed as far as
+     * n_chain (they follow from the tokens, so they survive preemption),
+     * and of the block table, the first n_published blocks were found in
+     * the cache or published. */
+    uint8_t *chain;             /* owned */
+    uint8_t root[ML_KV_BLOCK_HASH_BYTES];
+    int rooted, n_chain, chain_images, n_published;
 
     int n_images;
     ml_request_image *images;   /* owned (n_images): pixels owned until encoded */
@@ -95,6 +103,20 @@ void ml_rt_seq_fill_allowed(const ml_runtime *rt, const rt_seq *s, int pos, int 
 /* Append the step's token to s and stream it: drawn here from `logits`, or
  * with logits NULL the model's s->sampled. */
 void ml_rt_seq_advance(ml_runtime *rt, rt_seq *s, const float *logits);
+
+/* ---- prefix.c -------------------------------------------------------------- */
+
+/* With the prefix cache, give s (no blocks yet: admission) the cached
+ * blocks of its longest cached prefix of full blocks, by reference, and
+ * count them as computed. At least one token is left to compute (its
+ * logits are the next draw), so a prompt never hits its last block.
+ * Returns the tokens found. s's image keys must be final (its adapter
+ * acquired). */
+int ml_rt_prefix_match(ml_runtime *rt, rt_seq *s);
+
+/* With the prefix cache, publish the blocks of s that the last step
+ * filled (every token's K/V written). */
+void ml_rt_prefix_publish(ml_runtime *rt, rt_seq *s);
 
 /* Remove s from its list, release everything and report the end. With
  * emit_tail, text held back by the detokenizer and the stop matcher goes

@@ -112,17 +112,28 @@ static acquire_result acquire_images(ml_runtime *rt, rt_seq *s, ml_request_error
     return ACQUIRE_DONE;
 }
 
+/* Blocks that hold n tokens. */
+static int blocks_for(const ml_runtime *rt, int n)
+{
+    return (n + rt->block_size - 1) / rt->block_size;
+}
+
+/* Tokens of s's next prefill chunk. */
+static int first_chunk(const ml_runtime *rt, const rt_seq *s)
+{
+    int first = s->n_tokens - s->n_cached;
+    return first < rt->cfg.max_step_tokens ? first : rt->cfg.max_step_tokens;
+}
+
 /* Move waiting sequences into the running batch while there is room. */
 static void admit(ml_runtime *rt)
 {
     while (rt->waiting.head && rt->running.n < rt->cfg.max_running) {
         rt_seq *s = seq_of(rt->waiting.head);
         /* The first chunk's blocks must be free, or admission would only
-         * cause a preemption. */
-        int first = s->n_tokens - s->n_cached;
-        if (first > rt->cfg.max_step_tokens)
-            first = rt->cfg.max_step_tokens;
-        if ((first + rt->block_size - 1) / rt->block_size > ml_kv_cache_n_free(rt->kv))
+         * cause a preemption. Cached blocks are not looked up yet (the keys
+         * may still change with the adapter): this bound assumes none. */
+        if (blocks_for(rt, first_chunk(rt, s)) > ml_kv_cache_n_free(rt->kv))
             return;
         if (s->t_admit == 0) {
             s->t_admit = ml_clock_ms();
@@ -148,6 +159,20 @@ static void admit(ml_runtime *rt)
             ml_rt_seq_finish(rt, s, ML_FINISH_REASON_ERROR, error, err, 0);
             continue;
         }
+        /* Cached blocks by reference; what is left must still find room
+         * (counting idle cached blocks as free), or it waits holding none.
+         * With nothing running everything idle is free: it fits, as submit
+         * checked. */
+        int hit = ml_rt_prefix_match(rt, s);
+        if (rt->running.n > 0 && blocks_for(rt, first_chunk(rt, s)) > ml_kv_cache_n_free(rt->kv)) {
+            ml_rt_seq_release_blocks(rt, s);
+            return;
+        }
+        int eligible = rt->cfg.prefix_cache ? (s->n_tokens - 1) / rt->block_size : 0;
+        rt->stats.prefix_block_hits += (uint64_t)s->n_blocks;
+        rt->stats.prefix_block_misses += (uint64_t)(eligible - s->n_blocks);
+        if (s->usage.preemptions == 0) /* what the request's own prefill was spared */
+            s->usage.prompt_tokens_cached = hit;
         ml_list_remove(&rt->waiting, &s->link);
         s->state = SEQ_RUNNING;
         ml_list_push_back(&rt->running, &s->link);
@@ -158,7 +183,9 @@ static void admit(ml_runtime *rt)
 
 /* Preemption by recompute: s keeps its tokens (prompt and generated),
  * sampler and images, and re-prefills when readmitted, so its output does
- * not change. It goes to the front of the queue. */
+ * not change; with the prefix cache its published blocks stay cached
+ * (idle, evictable) and those still there when it returns are not
+ * recomputed. It goes to the front of the queue. */
 static void preempt(ml_runtime *rt, rt_seq *s)
 {
     ml_rt_seq_release_blocks(rt, s);
@@ -179,7 +206,7 @@ typedef enum blocks_result {
  * sequences (s included, when it is the newest) as needed. */
 static blocks_result ensure_blocks(ml_runtime *rt, rt_seq *s, int upto)
 {
-    int need = (upto + rt->block_size - 1) / rt->block_size;
+    int need = blocks_for(rt, upto);
     while (s->n_blocks < need) {
         int32_t b = ml_kv_cache_alloc(rt->kv);
         if (b >= 0) {
@@ -339,6 +366,7 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
     for (int i = 0; i < n_step; i++) {
         rt_seq *s = rt->step_owner[i];
         s->n_cached += rt->step[i].n_tokens;
+        ml_rt_prefix_publish(rt, s); /* before advance, which may end s */
         if (rt->step[i].logits == ML_LOGITS_SAMPLE)
             ml_rt_seq_advance(rt, s, NULL);
         else if (rt->step[i].logits == ML_LOGITS_LAST)

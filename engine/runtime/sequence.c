@@ -12,10 +12,14 @@
 
 void ml_rt_seq_release_blocks(ml_runtime *rt, rt_seq *s)
 {
-    for (int i = 0; i < s->n_blocks; i++)
+    /* Last block first: cached blocks become idle most recently used in
+     * reverse, so eviction takes a prefix's tail before its head (a block
+     * is found only through its parents). */
+    for (int i = s->n_blocks - 1; i >= 0; i--)
         ml_kv_cache_release(rt->kv, s->blocks[i]);
     s->n_blocks = 0;
     s->n_cached = 0;
+    s->n_published = 0;
 }
 
 static void seq_free(ml_runtime *rt, rt_seq *s)
@@ -37,6 +41,7 @@ static void seq_free(ml_runtime *rt, rt_seq *s)
     free(s->range_end);
     free(s->tokens);
     free(s->blocks);
+    free(s->chain);
     free(s->stop_text);
     ml_sampler_seq_destroy(s->sampler);
     ml_json_state_destroy(s->json);
@@ -236,6 +241,7 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
     s->n_prompt = s->n_tokens = req->n_prompt;
     s->tokens = malloc((size_t)cap * sizeof *s->tokens);
     s->blocks = malloc((size_t)rt->max_blocks * sizeof *s->blocks);
+    s->chain = malloc(((size_t)cap / rt->block_size + 1) * ML_KV_BLOCK_HASH_BYTES);
     s->n_images = req->n_images;
     size_t ni = (size_t)req->n_images + 1;
     s->images = calloc(ni, sizeof *s->images);
@@ -243,8 +249,8 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
     s->states = calloc(ni, sizeof *s->states);
     s->range_start = calloc(ni, sizeof *s->range_start);
     s->range_end = calloc(ni, sizeof *s->range_end);
-    if (!s->tokens || !s->blocks || !s->images || !s->entries || !s->states || !s->range_start ||
-        !s->range_end)
+    if (!s->tokens || !s->blocks || !s->chain || !s->images || !s->entries || !s->states ||
+        !s->range_start || !s->range_end)
         goto nomem;
     if (adapter_of(req) && !(s->adapter_name = strdup(adapter_of(req))))
         goto nomem;

@@ -32,11 +32,11 @@ static void usage(FILE *f)
             "                  [--seed S] [--stop STR]... [--json-object] [--logits-out F.npy] [--json]\n"
             "                  [--threads N] [--kv-mib N] [--image-mib N] [--backend auto|cpu|cuda]\n"
             "                  [--tp N [--devices 0,1,...]] [--cross-attention-row-mask MODE]\n"
-            "                  [--date-string DATE] [--batch-invariant on|off]\n"
+            "                  [--date-string DATE] [--batch-invariant on|off] [--no-prefix-cache]\n"
             "       mllama run --model DIR --batch FILE.jsonl [--threads N] [--kv-mib N] [--image-mib N]\n"
             "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]]\n"
             "                  [--cross-attention-row-mask MODE] [--date-string DATE]\n"
-            "                  [--batch-invariant on|off]\n\n"
+            "                  [--batch-invariant on|off] [--no-prefix-cache]\n\n"
             "--prompt is raw text (special tokens parsed; <|begin_of_text|> is inserted after\n"
             "any leading <|image|> tokens when absent, as MllamaProcessor does); --chat wraps\n"
             "TEXT and the images in the Llama 3.2 Vision Instruct template, TEXT encoded as\n"
@@ -57,6 +57,9 @@ static void usage(FILE *f)
             "earlier line, to submit this request only once that one has finished (e.g. an\n"
             "image-cache hit after a miss); the others are submitted at once. Prints one\n"
             "JSON result per request and the throughput.\n"
+            "Requests share the K/V of full blocks of a common prompt prefix (the prefix\n"
+            "cache: usage.prompt_tokens_cached of each result); --no-prefix-cache turns it\n"
+            "off, for A/B comparisons.\n"
             "--tp N splits the model over N devices (tensor parallelism: N must divide the\n"
             "attention heads, K/V heads and MLP widths): N CPU backends sharing --threads, or\n"
             "the CUDA devices of --devices (default: the first N). --kv-mib and --image-mib\n"
@@ -351,6 +354,7 @@ static cJSON *result_json(const run_job *j)
     cJSON_AddNumberToObject(t, "ms_per_token", decoded ? u->decode_ms / decoded : 0);
     cJSON *us = cJSON_AddObjectToObject(o, "usage");
     cJSON_AddNumberToObject(us, "prompt_tokens", u->prompt_tokens);
+    cJSON_AddNumberToObject(us, "prompt_tokens_cached", u->prompt_tokens_cached);
     cJSON_AddNumberToObject(us, "completion_tokens", u->completion_tokens);
     cJSON_AddNumberToObject(us, "images", u->images);
     cJSON_AddNumberToObject(us, "images_cached", u->images_cached);
@@ -442,7 +446,7 @@ static int spec_from_json(const cJSON *o, int line, job_spec *spec)
 
 typedef struct run_opts {
     const char *model_dir, *batch, *logits_out, *backend, *devices;
-    int json, threads, tp, batch_invariant;
+    int json, threads, tp, batch_invariant, no_prefix_cache;
     long kv_mib, image_mib;
     ml_row_mask_mode row_mask;
     job_spec spec;
@@ -467,6 +471,10 @@ static int parse_args(int argc, char **argv, run_opts *o)
         }
         if (!strcmp(a, "--json")) {
             o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-prefix-cache")) {
+            o->no_prefix_cache = 1;
             continue;
         }
         if (!strcmp(a, "--json-object")) {
@@ -593,7 +601,8 @@ static int ctx_init(run_ctx *c, const run_opts *o, int max_images)
         .batch_invariant = o->batch_invariant,
         .limits = ml_model_limits_default(),
         .fallback_tokenizer = ML_DEFAULT_TOKENIZER,
-        .runtime = {.kv_bytes = (size_t)o->kv_mib * MIB, .image_bytes = (size_t)o->image_mib * MIB},
+        .runtime = {.kv_bytes = (size_t)o->kv_mib * MIB, .image_bytes = (size_t)o->image_mib * MIB,
+                    .prefix_cache = !o->no_prefix_cache},
         .image_states = max_images,
     };
     ec.limits.row_mask = o->row_mask;
@@ -723,11 +732,12 @@ static int run_batch(run_ctx *c, const run_opts *o, cJSON **lines, int n)
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double wall = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    long generated = 0, prompt = 0;
+    long generated = 0, prompt = 0, prompt_cached = 0;
     for (int i = 0; rc == 0 && i < n; i++) {
         print_json_line(result_json(&jobs[i]));
         generated += jobs[i].usage.completion_tokens;
         prompt += jobs[i].usage.prompt_tokens;
+        prompt_cached += jobs[i].usage.prompt_tokens_cached;
     }
     for (int i = 0; i < n; i++)
         job_deinit(&jobs[i]);
@@ -736,6 +746,7 @@ static int run_batch(run_ctx *c, const run_opts *o, cJSON **lines, int n)
         cJSON *agg = cJSON_CreateObject();
         cJSON_AddNumberToObject(agg, "requests", n);
         cJSON_AddNumberToObject(agg, "prompt_tokens", (double)prompt);
+        cJSON_AddNumberToObject(agg, "prompt_tokens_cached", (double)prompt_cached);
         cJSON_AddNumberToObject(agg, "completion_tokens", (double)generated);
         cJSON_AddNumberToObject(agg, "wall_s", wall);
         cJSON_AddNumberToObject(agg, "completion_tokens_per_s", wall > 0 ? generated / wall : 0);

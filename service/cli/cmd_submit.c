@@ -2,8 +2,11 @@
  * terminal, as a chat frontend would: it reads the reply topic from the end
  * offsets it saw before producing, prints the deltas of its request id, and
  * starts over when a new attempt begins (a worker died mid-stream and
- * another one is answering). With --redis it routes the request to a
- * partition owned by the worker that holds the image resident.
+ * another one is answering). With --conversation it keys the record by the
+ * conversation id, so the default partitioner puts every turn on one
+ * partition (one worker, whose prefix cache holds the earlier turns); with
+ * --redis, and no conversation, it routes the request to a partition owned
+ * by the worker that holds the image resident.
  * @locality: the main thread. */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -29,6 +32,7 @@
 
 typedef struct submit_opts {
     const char *brokers, *topic, *reply_topic, *redis_url, *redis_prefix, *id, *adapter;
+    const char *conversation;   /* the record key when given; NULL: the request id */
     const char *prompt;
     const char *images[MAX_IMAGES];
     int n_images;
@@ -43,9 +47,13 @@ static void usage(FILE *f)
             "usage: mllama submit --brokers HOST:PORT [--image FILE]... [--max-tokens N]\n"
             "                     [--temperature T] [--topic T] [--reply-topic T] [--id ID]\n"
             "                     [--adapter NAME] [--redis URL [--redis-prefix P]]\n"
-            "                     [--no-stream] [--timeout S] [--quiet] \"prompt\"\n\n"
+            "                     [--conversation ID] [--no-stream] [--timeout S] [--quiet]\n"
+            "                     \"prompt\"\n\n"
             "Sends one chat request (images inline as data URLs, then the text) and\n"
             "streams the reply's text to stdout; the final record goes to stderr.\n"
+            "--conversation ID keys the record by ID instead of the request id: every turn\n"
+            "of a conversation goes to one partition, hence one worker and its prefix\n"
+            "cache. It wins over --redis image routing (README.md \"Prefix cache\").\n"
             "Exit 0 on finish_reason stop/length, 1 on error or timeout.\n");
 }
 
@@ -268,6 +276,8 @@ static int parse_args(int argc, char **argv, submit_opts *o)
             o->id = v;
         else if (!strcmp(a, "--adapter"))
             o->adapter = v;
+        else if (!strcmp(a, "--conversation"))
+            o->conversation = v;
         else if (!strcmp(a, "--image") && o->n_images < MAX_IMAGES)
             o->images[o->n_images++] = v;
         else if (!strcmp(a, "--max-tokens")) {
@@ -324,7 +334,14 @@ int cmd_submit(int argc, char **argv)
     char *body = build_request(&o, sha_hex);
     if (!body)
         return SVC_EXIT_FAILURE;
-    int32_t partition = route(&o, sha_hex);
+    /* A conversation's worker holds the K/V of all its earlier turns (and
+     * their images); an image resident elsewhere saves one vision encode. */
+    int32_t partition = RD_KAFKA_PARTITION_UA;
+    if (o.conversation && o.redis_url)
+        fprintf(stderr, CMD ": conversation affinity: image routing not used\n");
+    else
+        partition = route(&o, sha_hex);
+    const char *key = o.conversation ? o.conversation : o.id;
 
     rd_kafka_t *cons = client(RD_KAFKA_CONSUMER, o.brokers, o.id);
     rd_kafka_t *prod = client(RD_KAFKA_PRODUCER, o.brokers, NULL);
@@ -333,7 +350,7 @@ int cmd_submit(int argc, char **argv)
         goto out;
     rd_kafka_resp_err_t e = rd_kafka_producev(
         prod, RD_KAFKA_V_TOPIC(o.topic), RD_KAFKA_V_PARTITION(partition),
-        RD_KAFKA_V_KEY(o.id, strlen(o.id)), RD_KAFKA_V_VALUE(body, strlen(body)),
+        RD_KAFKA_V_KEY(key, strlen(key)), RD_KAFKA_V_VALUE(body, strlen(body)),
         RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
     if (e || rd_kafka_flush(prod, FLUSH_MS)) {
         fprintf(stderr, CMD ": produce to %s: %s\n", o.topic, rd_kafka_err2str(e));

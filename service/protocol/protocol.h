@@ -70,7 +70,8 @@
  *                "logprobs":null,"finish_reason":null}],"seq":0,"attempt":1}
  * (role only in the record with seq 0). The final record has a finish_reason
  * (stop, length, cancelled, error), "usage" {prompt_tokens,
- * completion_tokens, total_tokens, images, images_cached}, "timings"
+ * prompt_tokens_cached, completion_tokens, total_tokens, images,
+ * images_cached}, "timings"
  * {queue_ms, vision_ms, prefill_ms, decode_ms, ttft_ms} and, on failure,
  * "error": {"code","message"}. stream: false gives one record, seq 0:
  *   {"id":ID,"object":"chat.completion","created":S,"model":M,
@@ -419,6 +420,7 @@ typedef struct svc_logprob_entry {
 
 typedef struct svc_usage {
     uint32_t prompt_tokens;
+    uint32_t prompt_tokens_cached; /* of those, K/V served from the prefix cache */
     uint32_t completion_tokens;
     uint32_t images;
     uint32_t images_cached; /* served from resident cross-attention states */

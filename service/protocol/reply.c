@@ -279,6 +279,8 @@ static void write_tail(jw *w, const svc_reply_ctx *ctx, const svc_reply *r)
         const svc_usage *u = r->usage;
         JW_LIT(w, ",\"usage\":{\"prompt_tokens\":");
         jw_u64(w, u->prompt_tokens);
+        JW_LIT(w, ",\"prompt_tokens_cached\":");
+        jw_u64(w, u->prompt_tokens_cached);
         JW_LIT(w, ",\"completion_tokens\":");
         jw_u64(w, u->completion_tokens);
         JW_LIT(w, ",\"total_tokens\":");

@@ -310,7 +310,7 @@ static void model_fingerprint(svc_worker *w)
                 fclose(f);
         }
     }
-    uint8_t d[ML_SHA256_DIGEST_SIZE];
+    uint8_t *d = w->fingerprint_digest;
     char hex[ML_SHA256_HEX_SIZE];
     ml_sha256_final(&ctx, d);
     ml_sha256_hex(d, hex);
@@ -366,8 +366,14 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
             .max_adapter_rank = c->runtime.max_adapter_rank,
             .resolve_adapter = resolve_adapter,
             .resolve_adapter_ctx = w,
+            .prefix_cache = c->runtime.prefix_cache,
         },
     };
+    /* The model's files as they are now, generated preset included: the
+     * prefix cache's keys are rooted in them. */
+    model_fingerprint(w);
+    memcpy(ec.runtime.model_fingerprint, w->fingerprint_digest,
+           sizeof ec.runtime.model_fingerprint);
     ec.limits.max_step_tokens = c->runtime.max_step_tokens;
     ec.limits.max_step_seqs = c->runtime.max_running;
     ec.limits.max_logit_rows = c->runtime.max_running;
@@ -396,7 +402,6 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
     ml_runtime_get_stats(w->rt, &rs);
     svc_metrics_set(SVC_GAUGE_KV_BLOCKS_CAPACITY, rs.kv_blocks_total);
     svc_metrics_set(SVC_GAUGE_IMAGE_CACHE_BUDGET_BYTES, (double)rs.image_bytes_budget);
-    model_fingerprint(w);
     return 0;
 }
 

@@ -187,6 +187,7 @@ struct svc_worker {
     svc_config cfg;             /* owned */
     char model_name[SVC_CONFIG_STR];
     char fingerprint[17];       /* first 16 hex digits of the model fingerprint */
+    uint8_t fingerprint_digest[ML_SHA256_DIGEST_SIZE]; /* all of it: the prefix cache's root */
     svc_limits limits;
     svc_health health;
     atomic_bool stop;           /* SIGTERM/SIGINT: drain and exit */
@@ -200,6 +201,9 @@ struct svc_worker {
     ml_tokenizer *tok;
     ml_runtime *rt;
     uint64_t adapter_loads_seen; /* runtime adapter loads already counted (step thread) */
+    struct {
+        uint64_t hits, misses, evicted;
+    } prefix_seen;               /* prefix-cache counts already counted (step thread) */
     atomic_uint_least64_t free_pool_bytes; /* step thread writes, index thread heartbeats it */
     atomic_uint next_uncounted; /* prep pool: numbers attempts Redis could not count */
 

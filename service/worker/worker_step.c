@@ -199,6 +199,7 @@ static void on_finish(void *ctx, const char *tail, size_t tail_len, ml_finish_re
         return;
     }
     svc_metrics_add(SVC_COUNTER_PROMPT_TOKENS, (uint64_t)u->prompt_tokens);
+    svc_metrics_add(SVC_COUNTER_PROMPT_TOKENS_CACHED, (uint64_t)u->prompt_tokens_cached);
     svc_metrics_add(SVC_COUNTER_IMAGE_CACHE_HITS, (uint64_t)u->images_cached);
     svc_metrics_add(SVC_COUNTER_IMAGE_CACHE_MISSES, (uint64_t)(u->images - u->images_cached));
     svc_metrics_add(SVC_COUNTER_PREEMPTIONS, (uint64_t)u->preemptions);
@@ -217,6 +218,7 @@ static void on_finish(void *ctx, const char *tail, size_t tail_len, ml_finish_re
     svc_finish fin = finish_of(reason);
     svc_metrics_observe(SVC_HIST_REQUEST_DURATION, svc_now_s() - j->t_handoff);
     svc_usage usage = {.prompt_tokens = (uint32_t)u->prompt_tokens,
+                       .prompt_tokens_cached = (uint32_t)u->prompt_tokens_cached,
                        .completion_tokens = (uint32_t)u->completion_tokens,
                        .images = (uint32_t)u->images, .images_cached = (uint32_t)u->images_cached};
     svc_timings timings = {.queue_ms = u->queue_ms, .vision_ms = u->vision_ms,
@@ -288,6 +290,14 @@ static void publish_gauges(svc_worker *w)
     ml_runtime_get_stats(w->rt, &st);
     svc_metrics_add(SVC_COUNTER_ADAPTER_LOADS, st.adapters.loads - w->adapter_loads_seen);
     w->adapter_loads_seen = st.adapters.loads;
+    svc_metrics_add(SVC_COUNTER_PREFIX_BLOCK_HITS, st.prefix_block_hits - w->prefix_seen.hits);
+    svc_metrics_add(SVC_COUNTER_PREFIX_BLOCK_MISSES,
+                    st.prefix_block_misses - w->prefix_seen.misses);
+    svc_metrics_add(SVC_COUNTER_KV_BLOCKS_EVICTED, st.kv_blocks_evicted - w->prefix_seen.evicted);
+    w->prefix_seen.hits = st.prefix_block_hits;
+    w->prefix_seen.misses = st.prefix_block_misses;
+    w->prefix_seen.evicted = st.kv_blocks_evicted;
+    svc_metrics_set(SVC_GAUGE_KV_BLOCKS_CACHED, st.kv_blocks_cached);
     svc_metrics_set(SVC_GAUGE_REQUESTS_WAITING, st.waiting);
     svc_metrics_set(SVC_GAUGE_REQUESTS_RUNNING, st.running);
     svc_metrics_set(SVC_GAUGE_KV_BLOCKS_USED, st.kv_blocks_total - st.kv_blocks_free);

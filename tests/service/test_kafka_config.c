@@ -160,7 +160,7 @@ static void test_reply_config(void)
     svc_config_deinit(&cfg);
 }
 
-/* runtime.batch_invariant, a boolean: off by default (its cost on a GPU is
+/* The boolean keys: runtime.batch_invariant, off by default (its cost on a GPU is
  * unmeasured), set by --set, the environment or a JSON true/false, and
  * refused in any other spelling. */
 static void test_batch_invariant_config(void)
@@ -215,6 +215,16 @@ static void test_batch_invariant_config(void)
           "MLLAMA_RUNTIME_BATCH_INVARIANT=on: %s", err);
     svc_config_deinit(&cfg);
     unsetenv("MLLAMA_RUNTIME_BATCH_INVARIANT");
+    /* runtime.prefix_cache is the other boolean: on by default, and off by override. */
+    const char *off = "runtime.prefix_cache=off";
+    check(svc_config_load(&cfg, NULL, NULL, 0, err, sizeof err) == 0 &&
+              cfg.runtime.prefix_cache == 1,
+          "runtime.prefix_cache is on by default: %s", err);
+    svc_config_deinit(&cfg);
+    check(svc_config_load(&cfg, NULL, &off, 1, err, sizeof err) == 0 &&
+              cfg.runtime.prefix_cache == 0,
+          "%s: %s", off, err);
+    svc_config_deinit(&cfg);
 }
 
 /* A producer that cannot reach any broker: records queue, then the bound on

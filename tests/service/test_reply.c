@@ -96,8 +96,8 @@ static void test_first_and_middle_chunks(void)
 static void test_final_chunk(void)
 {
     svc_buf b = {0};
-    svc_usage u = {.prompt_tokens = 1000, .completion_tokens = 24, .images = 2,
-                   .images_cached = 1};
+    svc_usage u = {.prompt_tokens = 1000, .prompt_tokens_cached = 992, .completion_tokens = 24,
+                   .images = 2, .images_cached = 1};
     svc_timings t = {.queue_ms = 1.5, .vision_ms = 80.25, .prefill_ms = 30, .decode_ms = 400,
                      .ttft_ms = NAN};
     svc_reply r = {.seq = 24, .finish = SVC_FINISH_LENGTH, .usage = &u, .timings = &t};
@@ -108,6 +108,7 @@ static void test_final_chunk(void)
     const cJSON *delta = cJSON_GetObjectItem(c, "delta");
     check(cJSON_IsObject(delta) && delta->child == NULL, "empty delta: %s", b.data);
     check(num_is(path(root, "usage", "prompt_tokens", NULL), 1000) &&
+              num_is(path(root, "usage", "prompt_tokens_cached", NULL), 992) &&
               num_is(path(root, "usage", "completion_tokens", NULL), 24) &&
               num_is(path(root, "usage", "total_tokens", NULL), 1024) &&
               num_is(path(root, "usage", "images", NULL), 2) &&

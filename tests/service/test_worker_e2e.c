@@ -9,6 +9,10 @@
  *   from the resident cache (usage.images_cached 1), and Redis indexes it
  *   (<prefix>:img:<sha256>).
  * - stream: false gives a single chat.completion record.
+ * - A two-turn chat (an image and instructions, then the answer and another
+ *   question) keyed by its conversation id: both
+ *   records land on one partition, and the second turn's usage says the
+ *   first turn's full K/V blocks came from the prefix cache (metrics too).
  * - A cancel record (key = id) on mllama.cancel stops a long request
  *   (finish_reason cancelled), also for an id of the longest length the
  *   parser accepts; and stops requests it reaches before they reach the
@@ -277,6 +281,124 @@ static void test_not_streamed(void)
     }
     cJSON_Delete(j);
     free(body);
+}
+
+/* One turn of the conversation: the user's image and instructions, then
+ * for turn 2 the first answer and a second question. The body as JSON text
+ * (owned). */
+static char *conversation_turn(const char *id, const char *answer)
+{
+    cJSON *req = cJSON_CreateObject();
+    cJSON_AddStringToObject(req, "id", id);
+    cJSON_AddStringToObject(req, "reply_topic", PU_REPLIES);
+    cJSON_AddNumberToObject(req, "max_tokens", 8);
+    cJSON_AddNumberToObject(req, "temperature", 0);
+    cJSON_AddBoolToObject(req, "stream", 0);
+    cJSON *msgs = cJSON_AddArrayToObject(req, "messages");
+    cJSON *user = cJSON_CreateObject();
+    cJSON_AddStringToObject(user, "role", "user");
+    cJSON *content = cJSON_AddArrayToObject(user, "content");
+    char *part = pu_image_part(image, image_len);
+    cJSON_AddItemToArray(content, cJSON_Parse(part));
+    free(part);
+    cJSON *text = cJSON_CreateObject();
+    cJSON_AddStringToObject(text, "type", "text");
+    /* Long enough for a few full blocks (the template refuses a system
+     * message beside an image). */
+    cJSON_AddStringToObject(text, "text",
+                            "You describe photographs for people who cannot see them: name the "
+                            "objects, their colours and where they are, and say nothing you "
+                            "cannot see. What is in this picture?");
+    cJSON_AddItemToArray(content, text);
+    cJSON_AddItemToArray(msgs, user);
+    if (answer) {
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddStringToObject(a, "role", "assistant");
+        cJSON_AddStringToObject(a, "content", answer);
+        cJSON_AddItemToArray(msgs, a);
+        cJSON *q = cJSON_CreateObject();
+        cJSON_AddStringToObject(q, "role", "user");
+        cJSON_AddStringToObject(q, "content", "And which colours stand out?");
+        cJSON_AddItemToArray(msgs, q);
+    }
+    char *s = cJSON_PrintUnformatted(req);
+    cJSON_Delete(req);
+    if (!s)
+        pu_die("out of memory");
+    return s;
+}
+
+/* Send one turn keyed by the conversation and return its final record
+ * (NULL after a check failure). */
+static cJSON *ask_in_conversation(const char *conversation, const char *id, const char *body)
+{
+    check(pu_client_send_to(&client, PU_REQUESTS, -1, conversation, body, strlen(body), NULL, 0),
+          "%s: produce", id);
+    const pu_record *f = pu_client_wait(&client, id, ANSWER_MS);
+    check(f != NULL, "%s: no final record within %d ms", id, ANSWER_MS);
+    return f ? pu_json(f) : NULL;
+}
+
+/* The request partition of each record keyed `key`, as kcat reads them; -1
+ * when they are not all on one. Returns how many there are in *n. */
+static int request_partition(const char *key, int *n)
+{
+    char cmd[PU_PATH_MAX + 256];
+    snprintf(cmd, sizeof cmd,
+             "kcat -b %s -C -t " PU_REQUESTS " -f '%%k\t%%p\n' -e -o beginning -q", brokers);
+    int code = -1, partition = -2;
+    char *out = pu_shell(cmd, &code);
+    *n = 0;
+    for (char *line = out, *end; code == 0 && line && *line; line = end ? end + 1 : NULL) {
+        end = strchr(line, '\n');
+        if (end)
+            *end = '\0';
+        char *tab = strchr(line, '\t');
+        if (!tab || (size_t)(tab - line) != strlen(key) || strncmp(line, key, strlen(key)))
+            continue;
+        int p = atoi(tab + 1);
+        partition = partition == -2 || partition == p ? p : -1;
+        (*n)++;
+    }
+    free(out);
+    return partition < 0 ? -1 : partition;
+}
+
+static void test_conversation(void)
+{
+    const char *conv = "e2e-conversation";
+    const int block = ml_model_limits_default().kv_block_size;
+    char *body = conversation_turn("e2e-turn-1", NULL);
+    cJSON *t1 = ask_in_conversation(conv, "e2e-turn-1", body);
+    free(body);
+    const char *answer = pu_json_str(t1, PU_PATH("choices", "0", "message", "content"));
+    double p1 = pu_json_num(t1, PU_PATH("usage", "prompt_tokens"));
+    const char *why = pu_json_str(t1, PU_PATH("error", "message"));
+    check(answer && p1 > block, "turn 1: answered (%g prompt tokens, error %s)", p1,
+          why ? why : "-");
+    body = conversation_turn("e2e-turn-2", answer ? answer : "");
+    cJSON *t2 = ask_in_conversation(conv, "e2e-turn-2", body);
+    free(body);
+    /* Turn 2's prompt starts with all of turn 1's: at least its full blocks
+     * were computed by turn 1 and are found. */
+    double cached = pu_json_num(t2, PU_PATH("usage", "prompt_tokens_cached"));
+    double want = (double)((int)p1 / block * block);
+    check(cached >= want && cached < pu_json_num(t2, PU_PATH("usage", "prompt_tokens")),
+          "turn 2: %g prompt tokens cached, want at least turn 1's %g full-block tokens",
+          cached, want);
+    fprintf(stderr, "conversation: turn 1 %g prompt tokens, ttft %.1f ms; turn 2 %g, %g cached, "
+            "ttft %.1f ms\n", p1, pu_json_num(t1, PU_PATH("timings", "ttft_ms")),
+            pu_json_num(t2, PU_PATH("usage", "prompt_tokens")), cached,
+            pu_json_num(t2, PU_PATH("timings", "ttft_ms")));
+    int port = pu_worker_http_port(&workers[0]);
+    check(pu_metric(port, "mllama_prompt_tokens_cached_total") >= cached &&
+              pu_metric(port, "mllama_prefix_cache_block_hits_total") >= cached / block,
+          "conversation: the prefix-cache metrics count the hit");
+    int n = 0;
+    check(request_partition(conv, &n) >= 0 && n == 2,
+          "conversation: its %d records on one partition", n);
+    cJSON_Delete(t1);
+    cJSON_Delete(t2);
 }
 
 /* Cancel a long request with `id` once it streams, the cancel produced by
@@ -595,6 +717,7 @@ int main(void)
     test_kcat_request();
     test_resident_image();
     test_not_streamed();
+    test_conversation();
     test_cancel();
     test_cancel_before_running();
     test_same_id_twice();
