@@ -6,10 +6,12 @@
 #ifndef ML_TEST_HARNESS_H
 #define ML_TEST_HARNESS_H
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define ML_TEST_SKIP 77
 
@@ -99,6 +101,26 @@ static inline void ml_test_skip(const char *why)
 {
     fprintf(stderr, "SKIP: %s\n", why);
     exit(ML_TEST_SKIP);
+}
+
+/* ---- benchmarks (label bench) ----------------------------------------- */
+
+/* A benchmark runs only with ML_BENCH=1; otherwise it exits as skipped. */
+static inline void ml_bench_require(void)
+{
+    const char *on = getenv("ML_BENCH");
+    if (!on || strcmp(on, "1") != 0)
+        ml_test_skip("benchmarks run only with ML_BENCH=1");
+}
+
+/* The environment variable `name` as an integer in [lo, hi], else def
+ * (unset, not a number or out of range). */
+static inline int ml_bench_env_int(const char *name, int def, int lo, int hi)
+{
+    const char *v = getenv(name);
+    char *end;
+    long n = v ? strtol(v, &end, 10) : 0;
+    return v && *v && !*end && n >= lo && n <= hi ? (int)n : def;
 }
 
 #endif

@@ -400,13 +400,8 @@ static int wanted(const char *group)
 
 int main(void)
 {
-    const char *on = getenv("ML_BENCH");
-    if (!on || strcmp(on, "1") != 0)
-        ml_test_skip("benchmarks run only with ML_BENCH=1");
-    const char *tenv = getenv("ML_BENCH_THREADS");
-    g_threads = tenv ? atoi(tenv) : 2;
-    if (g_threads < 1 || g_threads > MAX_THREADS)
-        g_threads = 2;
+    ml_bench_require();
+    g_threads = ml_bench_env_int("ML_BENCH_THREADS", 2, 1, MAX_THREADS);
 
     if (wanted("bandwidth")) {
         bench_bandwidth(g_threads);

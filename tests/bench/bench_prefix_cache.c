@@ -205,11 +205,9 @@ static double best(double have, double x) { return have == 0 || x < have ? x : h
 
 int main(void)
 {
-    const char *on = getenv("ML_BENCH");
-    if (!on || strcmp(on, "1"))
-        ml_test_skip("set ML_BENCH=1 to run benchmarks");
-    int threads = getenv("ML_BENCH_THREADS") ? atoi(getenv("ML_BENCH_THREADS")) : 2;
-    int reps = getenv("ML_BENCH_REPS") ? atoi(getenv("ML_BENCH_REPS")) : DEFAULT_REPS;
+    ml_bench_require();
+    int threads = ml_bench_env_int("ML_BENCH_THREADS", 2, 1, INT_MAX);
+    int reps = ml_bench_env_int("ML_BENCH_REPS", DEFAULT_REPS, 1, INT_MAX);
     bench b = {.threads = threads};
     char model_dir[300], err[512];
     snprintf(model_dir, sizeof model_dir, "%s/model", ml_scratch_dir());

@@ -111,13 +111,8 @@ static double read_bandwidth(const u64x8 *buf, int threads)
 
 int main(void)
 {
-    const char *on = getenv("ML_BENCH");
-    if (!on || strcmp(on, "1") != 0)
-        ml_test_skip("benchmarks run only with ML_BENCH=1");
-    const char *tenv = getenv("ML_BENCH_THREADS");
-    int threads = tenv ? atoi(tenv) : 2;
-    if (threads < 1 || threads > MAX_THREADS)
-        threads = 2;
+    ml_bench_require();
+    int threads = ml_bench_env_int("ML_BENCH_THREADS", 2, 1, MAX_THREADS);
 
     u64x8 *buf = aligned_alloc(sizeof(u64x8), BW_BYTES);
     if (!buf) {

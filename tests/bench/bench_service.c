@@ -184,9 +184,7 @@ static void run_series(const char *name, const char *image_part, int n, int max_
 
 int main(int argc, char **argv)
 {
-    const char *bench = getenv("ML_BENCH");
-    if (!bench || strcmp(bench, "1"))
-        ml_test_skip("set ML_BENCH=1 to run");
+    ml_bench_require();
     if (!pu_which("redis-server"))
         ml_test_skip("needs redis-server on PATH");
     int n = argc > 1 ? atoi(argv[1]) : DEFAULT_REQUESTS;

@@ -116,9 +116,7 @@ static size_t time_lines(const ml_tokenizer *tok, const char *text, size_t len, 
 
 int main(int argc, char **argv)
 {
-    const char *env = getenv("ML_BENCH");
-    if (!env || strcmp(env, "1"))
-        ml_test_skip("set ML_BENCH=1 to run the tokenizer benchmark");
+    ml_bench_require();
     const char *text_path = NULL, *write_path = NULL, *tok_path = ML_TOK_REAL_PATH;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--text"))
