@@ -196,23 +196,36 @@ static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const
 /* k per transposed chunk: 16 bf16 = 8 dwords of each of the 8 rows. */
 #define SEQ_CHUNK 16
 
-/* dwords [4h, 4h+4) of rows r and r+4 of 8 row pointers as one vector. */
-ALWAYS_INLINE __m256i rows_pair(const uint16_t *const wr[LANES], int r, int p)
+/* A group of 8 weight rows: the first at base, ld apart; rows past `last`
+ * repeat row `last` (their lanes are never stored). */
+typedef struct seq_group {
+    const uint16_t *base;
+    size_t ld;
+    int last;
+} seq_group;
+
+ALWAYS_INLINE const uint16_t *group_row(const seq_group *g, int r)
+{
+    return g->base + (size_t)(r < g->last ? r : g->last) * g->ld;
+}
+
+/* dwords [p/2, p/2 + 4) of rows r and r + 4 as one vector. */
+ALWAYS_INLINE __m256i rows_pair(const seq_group *g, int r, int p)
 {
     return _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(wr[r] + p))),
-        _mm_loadu_si128((const __m128i *)(wr[r + 4] + p)), 1);
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(group_row(g, r) + p))),
+        _mm_loadu_si128((const __m128i *)(group_row(g, r + 4) + p)), 1);
 }
 
 /* acc[j] += one FMA per k of the 8 dwords (bf16 pairs) of 4 row pairs,
  * transposed in 128-bit lanes: v[q] holds dword q of rows 0..7, its low
  * half is k = 2q and its high half k = 2q + 1. */
-ALWAYS_INLINE void seq_half(const int cols, const uint16_t *const wr[LANES], int p,
-                            const float *x, size_t ldx, __m256 acc[SEQ_COLS])
+ALWAYS_INLINE void seq_half(const int cols, const seq_group *g, int p, const float *x,
+                            size_t ldx, __m256 acc[SEQ_COLS])
 {
     const __m256i hi_mask = _mm256_set1_epi32((int)0xffff0000u);
-    const __m256i a0 = rows_pair(wr, 0, p), a1 = rows_pair(wr, 1, p);
-    const __m256i a2 = rows_pair(wr, 2, p), a3 = rows_pair(wr, 3, p);
+    const __m256i a0 = rows_pair(g, 0, p), a1 = rows_pair(g, 1, p);
+    const __m256i a2 = rows_pair(g, 2, p), a3 = rows_pair(g, 3, p);
     const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
     const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
     const __m256i v[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
@@ -221,7 +234,7 @@ ALWAYS_INLINE void seq_half(const int cols, const uint16_t *const wr[LANES], int
     for (int q = 0; q < 4; q++) {
         const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v[q], 16));
         const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v[q], hi_mask));
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int j = 0; j < cols; j++) {
             const float *xj = x + (size_t)j * ldx + p + 2 * q;
             acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(xj), even, acc[j]);
@@ -230,19 +243,23 @@ ALWAYS_INLINE void seq_half(const int cols, const uint16_t *const wr[LANES], int
     }
 }
 
-/* Rows [8·g0, 8·(g0 + G)) of the block, G = passes' group count: each
- * weight chunk is transposed once for all `cols` activation rows. */
-ALWAYS_INLINE void seq_pass(const int cols, const int G, int g0, int rows, int k,
+/* Rows [8·g0, 8·g0 + 8·groups) of the block, groups <= G: each weight
+ * chunk is transposed once for all `cols` activation rows. full (a
+ * constant): every group has 8 rows, so rows need no clamping and the
+ * compiler keeps the accumulators of exactly G groups in registers. */
+ALWAYS_INLINE void seq_pass(const int cols, const int G, const int full, int g0, int rows, int k,
                             const uint16_t *w, size_t ldw, const float *x, size_t ldx, float *y,
                             size_t ldy)
 {
-    const int groups = imin(G, (rows - g0 * LANES + LANES - 1) / LANES);
-    const uint16_t *wr[SEQ_GROUPS][LANES];
+    const int groups = full ? G : imin(G, (rows - g0 * LANES + LANES - 1) / LANES);
+    seq_group grp[SEQ_GROUPS];
     __m256 acc[SEQ_GROUPS][SEQ_COLS];
-    for (int g = 0; g < groups; g++) {
-        /* rows past `rows` repeat the last one; their lanes are not stored */
-        for (int i = 0; i < LANES; i++)
-            wr[g][i] = w + (size_t)imin((g0 + g) * LANES + i, rows - 1) * ldw;
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) {
+        const int first = (g0 + g) * LANES;
+        grp[g] = (seq_group){w + (size_t)first * ldw, ldw,
+                             full ? LANES - 1 : imin(LANES, rows - first) - 1};
+#pragma GCC unroll 4
         for (int j = 0; j < cols; j++)
             acc[g][j] = _mm256_setzero_ps();
     }
@@ -250,9 +267,9 @@ ALWAYS_INLINE void seq_pass(const int cols, const int G, int g0, int rows, int k
     for (; p + SEQ_CHUNK <= k; p += SEQ_CHUNK) {
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++) {
-            if (g < groups) {
-                seq_half(cols, wr[g], p, x, ldx, acc[g]);
-                seq_half(cols, wr[g], p + LANES, x, ldx, acc[g]);
+            if (full || g < groups) {
+                seq_half(cols, &grp[g], p, x, ldx, acc[g]);
+                seq_half(cols, &grp[g], p + LANES, x, ldx, acc[g]);
             }
         }
     }
@@ -260,7 +277,7 @@ ALWAYS_INLINE void seq_pass(const int cols, const int G, int g0, int rows, int k
         for (int g = 0; g < groups; g++) {
             float wf[LANES];
             for (int i = 0; i < LANES; i++)
-                wf[i] = ml_bf16_to_f32(wr[g][i][p]);
+                wf[i] = ml_bf16_to_f32(group_row(&grp[g], i)[p]);
             const __m256 wv = _mm256_loadu_ps(wf);
             for (int j = 0; j < cols; j++)
                 acc[g][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + (size_t)j * ldx + p), wv,
@@ -283,8 +300,12 @@ ALWAYS_INLINE void seq_block(const int cols, int rows, int k, const uint16_t *w,
                              const float *x, size_t ldx, float *y, size_t ldy)
 {
     const int G = cols <= 2 ? SEQ_GROUPS : SEQ_GROUPS / 2;
-    for (int g0 = 0; g0 * LANES < rows; g0 += G)
-        seq_pass(cols, G, g0, rows, k, w, ldw, x, ldx, y, ldy);
+    for (int g0 = 0; g0 * LANES < rows; g0 += G) {
+        if ((g0 + G) * LANES <= rows)
+            seq_pass(cols, G, 1, g0, rows, k, w, ldw, x, ldx, y, ldy);
+        else
+            seq_pass(cols, G, 0, g0, rows, k, w, ldw, x, ldx, y, ldy);
+    }
 }
 
 void ml_cpu_gemv_seq_avx2(int rows, int cols, int k, const uint16_t *w, size_t ldw,
