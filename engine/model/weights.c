@@ -277,7 +277,8 @@ static void convert_to_bf16(const ml_tensor_view *t, uint16_t *out)
             break;
         case ML_DTYPE_I32:
         case ML_DTYPE_I64:
-        case ML_DTYPE_U8: assert(!"integer weights are rejected by bind()"); break;
+        case ML_DTYPE_U8:
+        case ML_DTYPE_F8_E4M3: assert(!"bind() admits float weights of 2 or 4 bytes only"); break;
         }
     }
 }
