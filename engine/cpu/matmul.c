@@ -17,7 +17,17 @@
  *   k). gemm_tile sums so by construction and gemv_seq is bound to its
  *   order (cpu_kernels.h), so a row of x gets the same bits whatever M is,
  *   i.e. whatever else the step computes (test_cpu_ops checks it across the
- *   switch), and whatever the thread count. */
+ *   switch), and whatever the thread count.
+ *
+ * FP8 weights (matmul_f8, W8A16): w is F8_E4M3 (N, K) with a scale per
+ * output row, and its value is bf16(f8 · scale), compressed-tensors'
+ * decompression. Each block a regime would read from w is first expanded
+ * to those bf16 values in the thread's scratch (stage_f8), then the bf16
+ * driver runs on it unchanged, so an FP8 matmul gives the bits of the bf16
+ * matmul of the decompressed weights, in both regimes and at every M: the
+ * order, and with it batch invariance, is the bf16 one. Scaling the sum
+ * instead (y = s · Σ f8·x) would be exact for the f8 values but differ from
+ * the reference by the rounding of f8 · s to bf16. */
 #include "cpu/cpu_internal.h"
 #include "dtype.h"
 
@@ -37,16 +47,23 @@
 typedef struct matmul_job {
     float *y;           /* (M, N) */
     const float *x;     /* (M, K) */
-    const uint16_t *w;  /* (N, K) bf16 */
+    const uint16_t *w;  /* (N, K) bf16, or NULL when w8 is set */
+    const uint8_t *w8;  /* (N, K) F8_E4M3, or NULL */
+    const float *scale; /* (N) of w8 */
     const uint16_t *bias; /* (N) bf16 or NULL */
     int M, K, N, accumulate;
     const ml_cpu_backend *cb;
     int grid_m, grid_n; /* GEMM thread grid */
 } matmul_job;
 
+/* Scratch of a thread: the GEMM panel (KC x NC f32), then the bf16 staging
+ * of an FP8 block (at most NC rows of KC), in floats. */
+#define PANEL_FLOATS ((size_t)GEMM_KC * GEMM_NC)
+#define STAGE_FLOATS ((size_t)GEMM_KC * GEMM_NC * sizeof(uint16_t) / sizeof(float))
+
 size_t ml_cpu_matmul_scratch_floats(void)
 {
-    return (size_t)GEMM_KC * GEMM_NC;
+    return PANEL_FLOATS + STAGE_FLOATS;
 }
 
 static inline int imin(int a, int b)
@@ -57,6 +74,39 @@ static inline int imin(int a, int b)
 static inline float bias_at(const uint16_t *bias, int n)
 {
     return bias ? ml_bf16_to_f32(bias[n]) : 0.0f;
+}
+
+/* stage (rows, kc) bf16, row stride kc = bf16(w8[n0 + r][k0 + c] · scale[n0 + r]),
+ * the decompressed values of the block. */
+static void stage_f8(uint16_t *stage, const matmul_job *j, int n0, int rows, int k0, int kc)
+{
+    const size_t K = (size_t)j->K;
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *src = j->w8 + (size_t)(n0 + r) * K + k0;
+        const float s = j->scale[n0 + r];
+        uint16_t *dst = stage + (size_t)r * kc;
+        for (int c = 0; c < kc; c++)
+            dst[c] = ml_f32_to_bf16(ml_f8e4m3_to_f32(src[c]) * s);
+    }
+}
+
+/* The bf16 block of w at rows [n0, n0 + rows), columns [k0, k0 + kc), and
+ * its row stride: in place for bf16, staged for FP8. */
+static const uint16_t *weight_block(const matmul_job *j, uint16_t *stage, int n0, int rows, int k0,
+                                    int kc, size_t *ldw)
+{
+    if (!j->w8) {
+        *ldw = (size_t)j->K;
+        return j->w + (size_t)n0 * j->K + k0;
+    }
+    stage_f8(stage, j, n0, rows, k0, kc);
+    *ldw = (size_t)kc;
+    return stage;
+}
+
+static uint16_t *stage_of(const matmul_job *j, int tid)
+{
+    return (uint16_t *)(ml_cpu_scratch(j->cb, tid) + PANEL_FLOATS);
 }
 
 /* ---- GEMV regime ------------------------------------------------------------ */
@@ -78,15 +128,17 @@ static void gemv_part(void *ctx, int64_t begin, int64_t end, int tid)
     const matmul_job *j = ctx;
     const ml_cpu_kernels *kn = j->cb->kern;
     const size_t K = (size_t)j->K, N = (size_t)j->N;
+    uint16_t *stage = stage_of(j, tid);
     for (int n = (int)begin; n < (int)end; n += kn->gemv_seq_rows) {
         const int rows = imin(kn->gemv_seq_rows, (int)end - n);
         init_block(j, 0, j->M, n, n + rows);
         for (int pc = 0; pc < j->K; pc += GEMM_KC) {
             const int kc = imin(GEMM_KC, j->K - pc);
+            size_t ldw;
+            const uint16_t *w = weight_block(j, stage, n, rows, pc, kc, &ldw);
             for (int m = 0; m < j->M; m += kn->gemv_seq_cols)
-                kn->gemv_seq(rows, imin(kn->gemv_seq_cols, j->M - m), kc,
-                             j->w + (size_t)n * K + pc, K, j->x + (size_t)m * K + pc, K,
-                             j->y + (size_t)m * N + (size_t)n, N);
+                kn->gemv_seq(rows, imin(kn->gemv_seq_cols, j->M - m), kc, w, ldw,
+                             j->x + (size_t)m * K + pc, K, j->y + (size_t)m * N + (size_t)n, N);
         }
     }
 }
@@ -133,8 +185,10 @@ static void pack_panel(const ml_cpu_kernels *kn, float *panel, const uint16_t *w
     }
 }
 
-/* y[m0..m1, n0..n1] with the panel buffer `panel` (GEMM_KC x GEMM_NC). */
-static void gemm_block(const matmul_job *j, int m0, int m1, int n0, int n1, float *panel)
+/* y[m0..m1, n0..n1] with the panel buffer `panel` (GEMM_KC x GEMM_NC) and
+ * the FP8 staging `stage`. */
+static void gemm_block(const matmul_job *j, int m0, int m1, int n0, int n1, float *panel,
+                       uint16_t *stage)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
     const size_t K = (size_t)j->K, N = (size_t)j->N;
@@ -145,7 +199,9 @@ static void gemm_block(const matmul_job *j, int m0, int m1, int n0, int n1, floa
         const int nc = imin(GEMM_NC, n1 - jc);
         for (int pc = 0; pc < j->K; pc += GEMM_KC) {
             const int kc = imin(GEMM_KC, j->K - pc);
-            pack_panel(kn, panel, j->w, K, jc, nc, pc, kc);
+            size_t ldw;
+            const uint16_t *w = weight_block(j, stage, jc, nc, pc, kc, &ldw);
+            pack_panel(kn, panel, w, ldw, 0, nc, 0, kc);
             for (int ic = m0; ic < m1; ic += mr) {
                 const int m = imin(mr, m1 - ic);
                 for (int s = 0; s * nr < nc; s++)
@@ -174,18 +230,16 @@ static void gemm_part(void *ctx, int64_t begin, int64_t end, int tid)
         split_units(j->M, kn->tile_rows, j->grid_m, (int)(part / j->grid_n), &m0, &m1);
         split_units(j->N, kn->tile_cols, j->grid_n, (int)(part % j->grid_n), &n0, &n1);
         if (m0 < m1 && n0 < n1)
-            gemm_block(j, m0, m1, n0, n1, ml_cpu_scratch(j->cb, tid));
+            gemm_block(j, m0, m1, n0, n1, ml_cpu_scratch(j->cb, tid), stage_of(j, tid));
     }
 }
 
-void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
-                   const uint16_t *bias, int M, int K, int N, int accumulate)
+/* Either regime over job (w or w8 set). */
+static void run(ml_cpu_backend *cb, matmul_job job)
 {
-    ml_cpu_backend *cb = ml_cpu_of(be);
+    const int M = job.M, K = job.K, N = job.N;
     if (M <= 0 || N <= 0)
         return;
-    matmul_job job = {.y = y, .x = x, .w = w, .bias = bias, .M = M, .K = K, .N = N,
-                      .accumulate = accumulate, .cb = cb};
     if (M <= GEMV_MAX_M) {
         ml_cpu_pool_for(cb->pool, N, ml_cpu_grain((double)M * K), gemv_part, &job);
         return;
@@ -205,4 +259,21 @@ void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
     job.grid_n = grid_n;
     job.grid_m = threads / grid_n;
     ml_cpu_pool_for(cb->pool, threads, 1, gemm_part, &job);
+}
+
+void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
+                   const uint16_t *bias, int M, int K, int N, int accumulate)
+{
+    ml_cpu_backend *cb = ml_cpu_of(be);
+    run(cb, (matmul_job){.y = y, .x = x, .w = w, .bias = bias, .M = M, .K = K, .N = N,
+                         .accumulate = accumulate, .cb = cb});
+}
+
+void ml_cpu_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w,
+                      const float *scale, const uint16_t *bias, int M, int K, int N,
+                      int accumulate)
+{
+    ml_cpu_backend *cb = ml_cpu_of(be);
+    run(cb, (matmul_job){.y = y, .x = x, .w8 = w, .scale = scale, .bias = bias, .M = M, .K = K,
+                         .N = N, .accumulate = accumulate, .cb = cb});
 }
