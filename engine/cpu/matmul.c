@@ -20,14 +20,19 @@
  *   switch), and whatever the thread count.
  *
  * FP8 weights (matmul_f8, W8A16): w is F8_E4M3 (N, K) with a scale per
- * output row, and its value is bf16(f8 · scale), compressed-tensors'
- * decompression. Each block a regime would read from w is first expanded
- * to those bf16 values in the thread's scratch (stage_f8), then the bf16
- * driver runs on it unchanged, so an FP8 matmul gives the bits of the bf16
- * matmul of the decompressed weights, in both regimes and at every M: the
- * order, and with it batch invariance, is the bf16 one. Scaling the sum
- * instead (y = s · Σ f8·x) would be exact for the f8 values but differ from
- * the reference by the rounding of f8 · s to bf16. */
+ * output row. Every E4M3 value is a bf16 value, so each block a regime
+ * would read from w is expanded exactly to bf16 in the thread's scratch
+ * (stage_f8) and the bf16 driver runs on it from y = 0; the scale then
+ * multiplies each finished sum and the bias is added: y = s · Σ x·q + b.
+ * Per element that is one sum in the bf16 order (whatever M, the regime
+ * or the threads) and two operations after it, so batch invariance holds
+ * as for bf16. Where the scale goes: the weight is q · s exactly (a 4-bit
+ * by 8-bit product), as the float32 reference decompresses it
+ * (compressed-tensors' dequantize in the float32 scale dtype of an f32
+ * model); applying s to the sum is that product summed in another order,
+ * within the f32 rounding of the bf16 path. Applying it per element in
+ * bf16, bf16(q · s), would instead match a bf16 model's decompression and
+ * be 2^-9 relative per weight away from the f32 reference. */
 #include "cpu/cpu_internal.h"
 #include "dtype.h"
 
@@ -51,7 +56,7 @@ typedef struct matmul_job {
     const uint8_t *w8;  /* (N, K) F8_E4M3, or NULL */
     const float *scale; /* (N) of w8 */
     const uint16_t *bias; /* (N) bf16 or NULL */
-    int M, K, N, accumulate;
+    int M, K, N, accumulate; /* accumulate is 0 for w8 */
     const ml_cpu_backend *cb;
     int grid_m, grid_n; /* GEMM thread grid */
 } matmul_job;
@@ -76,17 +81,15 @@ static inline float bias_at(const uint16_t *bias, int n)
     return bias ? ml_bf16_to_f32(bias[n]) : 0.0f;
 }
 
-/* stage (rows, kc) bf16, row stride kc = bf16(w8[n0 + r][k0 + c] · scale[n0 + r]),
- * the decompressed values of the block. */
+/* stage (rows, kc) bf16, row stride kc = w8[n0 + r][k0 + c] exactly. */
 static void stage_f8(uint16_t *stage, const matmul_job *j, int n0, int rows, int k0, int kc)
 {
     const size_t K = (size_t)j->K;
     for (int r = 0; r < rows; r++) {
         const uint8_t *src = j->w8 + (size_t)(n0 + r) * K + k0;
-        const float s = j->scale[n0 + r];
         uint16_t *dst = stage + (size_t)r * kc;
         for (int c = 0; c < kc; c++)
-            dst[c] = ml_f32_to_bf16(ml_f8e4m3_to_f32(src[c]) * s);
+            dst[c] = ml_f32_to_bf16(ml_f8e4m3_to_f32(src[c]));
     }
 }
 
@@ -111,13 +114,26 @@ static uint16_t *stage_of(const matmul_job *j, int tid)
 
 /* ---- GEMV regime ------------------------------------------------------------ */
 
-/* y[m0..m1, n0..n1] = (y or 0) + bias: the start of every element's sum. */
+/* y[m0..m1, n0..n1] = (y or 0) + bias, or 0 for FP8: the start of every
+ * element's sum. */
 static void init_block(const matmul_job *j, int m0, int m1, int n0, int n1)
 {
     for (int m = m0; m < m1; m++) {
         float *yr = j->y + (size_t)m * j->N;
         for (int n = n0; n < n1; n++)
-            yr[n] = (j->accumulate ? yr[n] : 0.0f) + bias_at(j->bias, n);
+            yr[n] = j->w8 ? 0.0f : (j->accumulate ? yr[n] : 0.0f) + bias_at(j->bias, n);
+    }
+}
+
+/* FP8: y[m0..m1, n0..n1] = scale · (the finished sum) + bias. */
+static void finish_block(const matmul_job *j, int m0, int m1, int n0, int n1)
+{
+    if (!j->w8)
+        return;
+    for (int m = m0; m < m1; m++) {
+        float *yr = j->y + (size_t)m * j->N;
+        for (int n = n0; n < n1; n++)
+            yr[n] = j->scale[n] * yr[n] + bias_at(j->bias, n);
     }
 }
 
@@ -140,6 +156,7 @@ static void gemv_part(void *ctx, int64_t begin, int64_t end, int tid)
                 kn->gemv_seq(rows, imin(kn->gemv_seq_cols, j->M - m), kc, w, ldw,
                              j->x + (size_t)m * K + pc, K, j->y + (size_t)m * N + (size_t)n, N);
         }
+        finish_block(j, 0, j->M, n, n + rows);
     }
 }
 
@@ -210,6 +227,7 @@ static void gemm_block(const matmul_job *j, int m0, int m1, int n0, int n1, floa
                                   j->y + (size_t)ic * N + (size_t)(jc + s * nr), N);
             }
         }
+        finish_block(j, m0, m1, jc, jc + nc);
     }
 }
 
@@ -270,10 +288,9 @@ void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
 }
 
 void ml_cpu_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w,
-                      const float *scale, const uint16_t *bias, int M, int K, int N,
-                      int accumulate)
+                      const float *scale, const uint16_t *bias, int M, int K, int N)
 {
     ml_cpu_backend *cb = ml_cpu_of(be);
     run(cb, (matmul_job){.y = y, .x = x, .w8 = w, .scale = scale, .bias = bias, .M = M, .K = K,
-                         .N = N, .accumulate = accumulate, .cb = cb});
+                         .N = N, .cb = cb});
 }
