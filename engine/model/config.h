@@ -126,6 +126,10 @@ typedef enum ml_quant_scheme {
 
 typedef struct ml_quant_config {
     ml_quant_scheme scheme;
+    /* 0: the checkpoint stores the scheme (F8_E4M3 + weight_scale); 1: it
+     * stores float weights, quantized when they are bound (ml_quant_config_
+     * fp8_at_load). */
+    int at_load;
     /* input_activations {type float, num_bits 8, strategy token, dynamic}:
      * the reference quantizes each activation row to FP8 at run time (W8A8);
      * 0 when input_activations is null (W8A16). */
@@ -161,6 +165,12 @@ ml_status ml_config_parse(ml_config *cfg, const char *json, size_t len, char *er
  * Also ML_ERR_IO / ML_ERR_NOT_FOUND when the file cannot be read; messages
  * are prefixed with the path. */
 ml_status ml_config_load(ml_config *cfg, const char *path, char *err, size_t errlen);
+
+/* The scheme for quantizing a bf16 checkpoint at load (model.weights =
+ * "fp8"): FP8 channel weights, W8A16, with the published checkpoints'
+ * ignore list (the vision tower, the projector and lm_head stay as stored;
+ * both key layouts), so the text decoder's Linears are FP8. */
+void ml_quant_config_fp8_at_load(ml_quant_config *q);
 
 /* Whether the quantization_config's ignore list names module (a Linear's
  * name as the checkpoint stores it, without ".weight"), as compressed-tensors

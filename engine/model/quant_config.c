@@ -233,6 +233,24 @@ ml_status ml_quant_config_parse(ml_quant_config *q, const cJSON *v, char *err, s
     return ML_OK;
 }
 
+void ml_quant_config_fp8_at_load(ml_quant_config *q)
+{
+    static const char *const ignore[] = {
+        "re:.*lm_head",           "re:multi_modal_projector.*",       "re:vision_model.*",
+        "re:model\\.vision_model.*", "re:model\\.multi_modal_projector.*",
+    };
+    memset(q, 0, sizeof *q);
+    q->scheme = ML_QUANT_FP8_CHANNEL;
+    q->at_load = 1;
+    size_t used = 0;
+    for (size_t i = 0; i < sizeof ignore / sizeof ignore[0]; i++) {
+        const size_t len = strlen(ignore[i]) + 1;
+        memcpy(q->ignore + used, ignore[i], len);
+        used += len;
+    }
+    q->n_ignore = (int)(sizeof ignore / sizeof ignore[0]);
+}
+
 ml_status ml_quant_config_ignores(const ml_quant_config *q, const char *module, int *ignored,
                                   char *err, size_t errlen)
 {
