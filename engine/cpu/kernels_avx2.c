@@ -378,6 +378,32 @@ static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, flo
     }
 }
 
+/* ---- widen_f8 ------------------------------------------------------------------ */
+
+/* Eight codes at a time in 32-bit lanes, both cases computed and blended;
+ * the tail through the plain loop. */
+void ml_cpu_widen_f8_avx2(uint16_t *dst, const uint8_t *src, size_t n)
+{
+    const __m256i low7 = _mm256_set1_epi32(0x7f), sign = _mm256_set1_epi32(0x80);
+    const __m256i bias = _mm256_set1_epi32((int)(ML_CPU_F8_BIAS_TO_BF16 << 7));
+    const __m256i min_normal = _mm256_set1_epi32((int)ML_CPU_F8_MIN_NORMAL_MAG - 1);
+    const __m256 sub_step = _mm256_set1_ps(0x1p-9f);
+    size_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(src + i)));
+        const __m256i mag = _mm256_and_si256(c, low7);
+        const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(mag, 4), bias);
+        const __m256i sub = _mm256_srli_epi32(
+            _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mag), sub_step)), 16);
+        __m256i r = _mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(mag, min_normal));
+        r = _mm256_or_si256(r, _mm256_slli_epi32(_mm256_and_si256(c, sign), 8));
+        /* packus works per 128-bit lane: [r0-3 r0-3 | r4-7 r4-7] -> r0-7 */
+        const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_castsi256_si128(p));
+    }
+    ml_cpu_widen_f8_loop(dst + i, src + i, n - i);
+}
+
 const ml_cpu_kernels ml_cpu_kernels_avx2 = {
     .isa = ML_CPU_ISA_AVX2,
     .gemm_tile = gemm_tile,
@@ -391,6 +417,7 @@ const ml_cpu_kernels ml_cpu_kernels_avx2 = {
     .gemv_seq_cols = ML_CPU_GEMV_SEQ_AVX2_COLS,
     .pack_block = pack_block,
     .pack_block_size = LANES,
+    .widen_f8 = ml_cpu_widen_f8_avx2,
     .softmax_block = softmax_block,
     .exp_n = vm_exp_n,
     .erf_n = vm_erf_n,

@@ -279,6 +279,7 @@ const ml_cpu_kernels ml_cpu_kernels_avx512 = {
     .gemv_seq_cols = ML_CPU_GEMV_SEQ_AVX2_COLS,
     .pack_block = pack_block,
     .pack_block_size = LANES,
+    .widen_f8 = ml_cpu_widen_f8_avx2,
     .softmax_block = softmax_block,
     .exp_n = vm_exp_n,
     .erf_n = vm_erf_n,

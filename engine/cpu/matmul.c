@@ -85,12 +85,9 @@ static inline float bias_at(const uint16_t *bias, int n)
 static void stage_f8(uint16_t *stage, const matmul_job *j, int n0, int rows, int k0, int kc)
 {
     const size_t K = (size_t)j->K;
-    for (int r = 0; r < rows; r++) {
-        const uint8_t *src = j->w8 + (size_t)(n0 + r) * K + k0;
-        uint16_t *dst = stage + (size_t)r * kc;
-        for (int c = 0; c < kc; c++)
-            dst[c] = ml_f32_to_bf16(ml_f8e4m3_to_f32(src[c]));
-    }
+    for (int r = 0; r < rows; r++)
+        j->cb->kern->widen_f8(stage + (size_t)r * kc, j->w8 + (size_t)(n0 + r) * K + k0,
+                              (size_t)kc);
 }
 
 /* The bf16 block of w at rows [n0, n0 + rows), columns [k0, k0 + kc), and
