@@ -46,6 +46,12 @@ typedef struct ml_cpu_kernels {
     void (*gemv_seq)(int rows, int cols, int k, const uint16_t *w, size_t ldw, const float *x,
                      size_t ldx, float *y, size_t ldy);
     int gemv_seq_rows, gemv_seq_cols;
+    /* gemv_seq with F8_E4M3 weights (row stride ldw bytes), each widened
+     * exactly to bf16 in registers: the same bits as gemv_seq on the
+     * widened rows. NULL where an ISA has none: the driver stages the rows
+     * with widen_f8 and calls gemv_seq. */
+    void (*gemv_seq_f8)(int rows, int cols, int k, const uint8_t *w, size_t ldw, const float *x,
+                        size_t ldx, float *y, size_t ldy);
 
     /* LoRA's kernel (lora.c): dots (r, j) = Σ_k w[r * ldw + k] · x[j * ldx + k]
      * for r < rows <= gemv_rows, j < cols <= gemv_cols; w bf16 (rows, K), x
@@ -105,6 +111,8 @@ extern const ml_cpu_kernels ml_cpu_kernels_avx512;
 #define ML_CPU_GEMV_SEQ_AVX2_COLS 4
 void ml_cpu_gemv_seq_avx2(int rows, int cols, int k, const uint16_t *w, size_t ldw,
                           const float *x, size_t ldx, float *y, size_t ldy);
+void ml_cpu_gemv_seq_f8_avx2(int rows, int cols, int k, const uint8_t *w, size_t ldw,
+                             const float *x, size_t ldx, float *y, size_t ldy);
 /* AVX2's widen_f8, which the AVX-512 table shares (it is load-bound). */
 void ml_cpu_widen_f8_avx2(uint16_t *dst, const uint8_t *src, size_t n);
 #endif

@@ -275,6 +275,7 @@ const ml_cpu_kernels ml_cpu_kernels_avx512 = {
     .gemv_rows = GEMV_ROWS,
     .gemv_cols = GEMV_COLS,
     .gemv_seq = ml_cpu_gemv_seq_avx2,
+    .gemv_seq_f8 = ml_cpu_gemv_seq_f8_avx2,
     .gemv_seq_rows = ML_CPU_GEMV_SEQ_AVX2_ROWS,
     .gemv_seq_cols = ML_CPU_GEMV_SEQ_AVX2_COLS,
     .pack_block = pack_block,

@@ -147,6 +147,13 @@ static void gemv_part(void *ctx, int64_t begin, int64_t end, int tid)
         init_block(j, 0, j->M, n, n + rows);
         for (int pc = 0; pc < j->K; pc += GEMM_KC) {
             const int kc = imin(GEMM_KC, j->K - pc);
+            if (j->w8 && kn->gemv_seq_f8) { /* widened in registers */
+                for (int m = 0; m < j->M; m += kn->gemv_seq_cols)
+                    kn->gemv_seq_f8(rows, imin(kn->gemv_seq_cols, j->M - m), kc,
+                                    j->w8 + (size_t)n * K + pc, K, j->x + (size_t)m * K + pc, K,
+                                    j->y + (size_t)m * N + (size_t)n, N);
+                continue;
+            }
             size_t ldw;
             const uint16_t *w = weight_block(j, stage, n, rows, pc, kc, &ldw);
             for (int m = 0; m < j->M; m += kn->gemv_seq_cols)
