@@ -153,6 +153,13 @@ typedef struct ml_backend_ops {
      * With accumulate != 0, y += instead of y =. */
     void (*matmul)(ml_backend *be, float *y, const float *x, const uint16_t *w,
                    const uint16_t *bias, int M, int K, int N, int accumulate);
+    /* y (M, N) = scale[n] · (x · wᵀ)[m][n] + bias[n], w (N, K) F8_E4M3
+     * widened exactly, scale (N) f32: the weight q · scale of
+     * compressed-tensors' decompression, its scale applied to each sum.
+     * NULL where the backend has no FP8 path (the model refuses FP8 weights
+     * on it at load). */
+    void (*matmul_f8)(ml_backend *be, float *y, const float *x, const uint8_t *w,
+                      const float *scale, const uint16_t *bias, int M, int K, int N);
     /* Segmented LoRA after a matmul (PEFT LoraLayer.forward, one adapter per
      * segment): y[rows] += scale · ((x[rows] · aᵀ) · bᵀ) for each of the
      * n_segs segments (a host array borrowed for the call; rows of different

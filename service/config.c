@@ -47,6 +47,7 @@ static const field fields[] = {
     STR("model", "devices", model.devices),
     STR("model", "adapters_dir", model.adapters_dir),
     STR("model", "cross_attention_row_mask", model.cross_attention_row_mask),
+    STR("model", "weights", model.weights),
     LONG("runtime", "kv_mib", runtime.kv_mib, 1, 1L << 24),
     LONG("runtime", "image_mib", runtime.image_mib, 1, 1L << 24),
     INT("runtime", "max_running", runtime.max_running, 1, 4096),
@@ -312,6 +313,12 @@ static int validate(svc_config *cfg, char *err, size_t errlen)
                  cfg->model.cross_attention_row_mask);
         return -1;
     }
+    if (strcmp(cfg->model.weights, "stored") && strcmp(cfg->model.weights, "fp8")) {
+        svc_errf(err, errlen, "model.weights: expected stored or fp8, got '%s'",
+                 cfg->model.weights);
+        return -1;
+    }
+    cfg->model.quantize_fp8 = !strcmp(cfg->model.weights, "fp8");
     const char *topics[][2] = {{"kafka.request_topic", cfg->kafka.request_topic},
                                {"kafka.cancel_topic", cfg->kafka.cancel_topic},
                                {"kafka.dlt_topic", cfg->kafka.dlt_topic}};

@@ -34,6 +34,8 @@ typedef struct svc_config {
                                               written here */
         char cross_attention_row_mask[16]; /* "reference" or "transformers" (ml_row_mask_mode) */
         ml_row_mask_mode row_mask;       /* cross_attention_row_mask, parsed at validation */
+        char weights[8];                 /* "stored" or "fp8" (quantize at load) */
+        int quantize_fp8;                /* weights, parsed at validation */
     } model;
     struct {
         long kv_mib, image_mib;

@@ -46,6 +46,7 @@ static const ml_backend_ops cpu_ops = {
     .kv_elem_size = sizeof(float),
     .synchronize = ml_cpu_synchronize,
     .matmul = ml_cpu_matmul,
+    .matmul_f8 = ml_cpu_matmul_f8,
     .lora = ml_cpu_lora,
     .rmsnorm = ml_cpu_rmsnorm,
     .layernorm = ml_cpu_layernorm,

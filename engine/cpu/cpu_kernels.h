@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cpu/cpu_features.h"
 
@@ -45,6 +46,12 @@ typedef struct ml_cpu_kernels {
     void (*gemv_seq)(int rows, int cols, int k, const uint16_t *w, size_t ldw, const float *x,
                      size_t ldx, float *y, size_t ldy);
     int gemv_seq_rows, gemv_seq_cols;
+    /* gemv_seq with F8_E4M3 weights (row stride ldw bytes), each widened
+     * exactly to bf16 in registers: the same bits as gemv_seq on the
+     * widened rows. NULL where an ISA has none: the driver stages the rows
+     * with widen_f8 and calls gemv_seq. */
+    void (*gemv_seq_f8)(int rows, int cols, int k, const uint8_t *w, size_t ldw, const float *x,
+                        size_t ldx, float *y, size_t ldy);
 
     /* LoRA's kernel (lora.c): dots (r, j) = Σ_k w[r * ldw + k] · x[j * ldx + k]
      * for r < rows <= gemv_rows, j < cols <= gemv_cols; w bf16 (rows, K), x
@@ -61,6 +68,13 @@ typedef struct ml_cpu_kernels {
      * square block of bf16 weights widened and transposed (GEMM packing). */
     void (*pack_block)(float *dst, size_t ldd, const uint16_t *src, size_t lds);
     int pack_block_size;
+
+    /* dst[i] = the bf16 of the F8_E4M3 code src[i], exactly (every E4M3
+     * value is a bf16 value), for i < n: FP8 weights staged for the bf16
+     * matmul drivers (matmul.c). The NaN codes, which no checkpoint holds
+     * (compressed-tensors clamps to ±448), widen to ±480. Plain is
+     * ml_cpu_widen_f8_loop; AVX2 the same arithmetic in vector registers. */
+    void (*widen_f8)(uint16_t *dst, const uint8_t *src, size_t n);
 
     /* One key block of online softmax over the columns of s (nk, nq), row
      * stride lds, holding raw scores q·k (masked entries = -INFINITY; every
@@ -97,7 +111,30 @@ extern const ml_cpu_kernels ml_cpu_kernels_avx512;
 #define ML_CPU_GEMV_SEQ_AVX2_COLS 4
 void ml_cpu_gemv_seq_avx2(int rows, int cols, int k, const uint16_t *w, size_t ldw,
                           const float *x, size_t ldx, float *y, size_t ldy);
+void ml_cpu_gemv_seq_f8_avx2(int rows, int cols, int k, const uint8_t *w, size_t ldw,
+                             const float *x, size_t ldx, float *y, size_t ldy);
+/* AVX2's widen_f8, which the AVX-512 table shares (it is load-bound). */
+void ml_cpu_widen_f8_avx2(uint16_t *dst, const uint8_t *src, size_t n);
 #endif
+
+/* widen_f8's arithmetic: a normal code (exponent e > 0) is the bf16 bits
+ * (e + 127 - 7) << 7 | mantissa << 4; a subnormal, mantissa · 2^-9, is
+ * exact in f32 and so are its top 16 bits. */
+#define ML_CPU_F8_BIAS_TO_BF16 (127u - 7u)
+#define ML_CPU_F8_MIN_NORMAL_MAG 8u
+static inline void ml_cpu_widen_f8_loop(uint16_t *restrict dst, const uint8_t *restrict src,
+                                        size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t c = src[i], mag = c & 0x7fu;
+        const uint32_t normal = (mag << 4) + (ML_CPU_F8_BIAS_TO_BF16 << 7);
+        const float f = (float)(int32_t)mag * 0x1p-9f;
+        uint32_t fb;
+        memcpy(&fb, &f, sizeof fb);
+        const uint32_t r = mag >= ML_CPU_F8_MIN_NORMAL_MAG ? normal : fb >> 16;
+        dst[i] = (uint16_t)(r | (c & 0x80u) << 8);
+    }
+}
 
 /* The kernel table of an ISA (which the caller has checked is supported). */
 const ml_cpu_kernels *ml_cpu_kernels_for(ml_cpu_isa isa);

@@ -39,6 +39,7 @@
 
 typedef enum graph_op_kind {
     GRAPH_OP_MATMUL,
+    GRAPH_OP_MATMUL_F8,
     GRAPH_OP_LORA,
     GRAPH_OP_RMSNORM,
     GRAPH_OP_LAYERNORM,
@@ -68,6 +69,15 @@ typedef struct args_matmul {
     const uint16_t *w, *bias;
     int M, K, N, accumulate;
 } args_matmul;
+
+typedef struct args_matmul_f8 {
+    float *y;
+    const float *x;
+    const uint8_t *w;
+    const float *scale;
+    const uint16_t *bias;
+    int M, K, N;
+} args_matmul_f8;
 
 typedef struct args_lora {
     float *y;
@@ -174,6 +184,7 @@ typedef struct graph_op {
     graph_op_kind kind;
     union {
         args_matmul matmul;
+        args_matmul_f8 matmul_f8;
         args_lora lora;
         args_rmsnorm rmsnorm;
         args_layernorm layernorm;
@@ -344,6 +355,14 @@ static void rec_matmul(ml_backend *be, float *y, const float *x, const uint16_t 
         op->u.matmul = (args_matmul){y, x, w, bias, M, K, N, accumulate};
 }
 
+static void rec_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w,
+                          const float *scale, const uint16_t *bias, int M, int K, int N)
+{
+    graph_op *op = record(be, GRAPH_OP_MATMUL_F8);
+    if (op)
+        op->u.matmul_f8 = (args_matmul_f8){y, x, w, scale, bias, M, K, N};
+}
+
 static void rec_lora(ml_backend *be, float *y, const float *x, const ml_lora_segment *segs,
                      int n_segs, int K, int N, float *scratch, int max_rank)
 {
@@ -509,6 +528,7 @@ static const ml_backend_ops rec_ops_template = {
     .weight = rec_weight,
     .synchronize = rec_synchronize,
     .matmul = rec_matmul,
+    .matmul_f8 = rec_matmul_f8,
     .lora = rec_lora,
     .rmsnorm = rec_rmsnorm,
     .layernorm = rec_layernorm,
@@ -538,6 +558,11 @@ static void replay_op(ml_backend *be, const ml_backend_ops *o, const graph_op *o
     case GRAPH_OP_MATMUL: {
         const args_matmul *a = &op->u.matmul;
         o->matmul(be, a->y, a->x, a->w, a->bias, a->M, a->K, a->N, a->accumulate);
+        break;
+    }
+    case GRAPH_OP_MATMUL_F8: {
+        const args_matmul_f8 *a = &op->u.matmul_f8;
+        o->matmul_f8(be, a->y, a->x, a->w, a->scale, a->bias, a->M, a->K, a->N);
         break;
     }
     case GRAPH_OP_LORA: {

@@ -110,6 +110,11 @@ static void silu_mul(float *y, const float *gate, const float *up, size_t n)
     }
 }
 
+static void widen_f8(uint16_t *dst, const uint8_t *src, size_t n)
+{
+    ml_cpu_widen_f8_loop(dst, src, n);
+}
+
 const ml_cpu_kernels ml_cpu_kernels_plain = {
     .isa = ML_CPU_ISA_PLAIN,
     .gemm_tile = gemm_tile,
@@ -123,6 +128,7 @@ const ml_cpu_kernels ml_cpu_kernels_plain = {
     .gemv_seq_cols = GEMV_SEQ_COLS,
     .pack_block = pack_block,
     .pack_block_size = PACK_BLOCK,
+    .widen_f8 = widen_f8,
     .softmax_block = softmax_block,
     .exp_n = exp_n,
     .erf_n = erf_n,

@@ -17,7 +17,22 @@
  *   k). gemm_tile sums so by construction and gemv_seq is bound to its
  *   order (cpu_kernels.h), so a row of x gets the same bits whatever M is,
  *   i.e. whatever else the step computes (test_cpu_ops checks it across the
- *   switch), and whatever the thread count. */
+ *   switch), and whatever the thread count.
+ *
+ * FP8 weights (matmul_f8, W8A16): w is F8_E4M3 (N, K) with a scale per
+ * output row. Every E4M3 value is a bf16 value, so each block a regime
+ * would read from w is expanded exactly to bf16 in the thread's scratch
+ * (stage_f8) and the bf16 driver runs on it from y = 0; the scale then
+ * multiplies each finished sum and the bias is added: y = s · Σ x·q + b.
+ * Per element that is one sum in the bf16 order (whatever M, the regime
+ * or the threads) and two operations after it, so batch invariance holds
+ * as for bf16. Where the scale goes: the weight is q · s exactly (a 4-bit
+ * by 8-bit product), as the float32 reference decompresses it
+ * (compressed-tensors' dequantize in the float32 scale dtype of an f32
+ * model); applying s to the sum is that product summed in another order,
+ * within the f32 rounding of the bf16 path. Applying it per element in
+ * bf16, bf16(q · s), would instead match a bf16 model's decompression and
+ * be 2^-9 relative per weight away from the f32 reference. */
 #include "cpu/cpu_internal.h"
 #include "dtype.h"
 
@@ -37,16 +52,23 @@
 typedef struct matmul_job {
     float *y;           /* (M, N) */
     const float *x;     /* (M, K) */
-    const uint16_t *w;  /* (N, K) bf16 */
+    const uint16_t *w;  /* (N, K) bf16, or NULL when w8 is set */
+    const uint8_t *w8;  /* (N, K) F8_E4M3, or NULL */
+    const float *scale; /* (N) of w8 */
     const uint16_t *bias; /* (N) bf16 or NULL */
-    int M, K, N, accumulate;
+    int M, K, N, accumulate; /* accumulate is 0 for w8 */
     const ml_cpu_backend *cb;
     int grid_m, grid_n; /* GEMM thread grid */
 } matmul_job;
 
+/* Scratch of a thread: the GEMM panel (KC x NC f32), then the bf16 staging
+ * of an FP8 block (at most NC rows of KC), in floats. */
+#define PANEL_FLOATS ((size_t)GEMM_KC * GEMM_NC)
+#define STAGE_FLOATS ((size_t)GEMM_KC * GEMM_NC * sizeof(uint16_t) / sizeof(float))
+
 size_t ml_cpu_matmul_scratch_floats(void)
 {
-    return (size_t)GEMM_KC * GEMM_NC;
+    return PANEL_FLOATS + STAGE_FLOATS;
 }
 
 static inline int imin(int a, int b)
@@ -59,15 +81,56 @@ static inline float bias_at(const uint16_t *bias, int n)
     return bias ? ml_bf16_to_f32(bias[n]) : 0.0f;
 }
 
+/* stage (rows, kc) bf16, row stride kc = w8[n0 + r][k0 + c] exactly. */
+static void stage_f8(uint16_t *stage, const matmul_job *j, int n0, int rows, int k0, int kc)
+{
+    const size_t K = (size_t)j->K;
+    for (int r = 0; r < rows; r++)
+        j->cb->kern->widen_f8(stage + (size_t)r * kc, j->w8 + (size_t)(n0 + r) * K + k0,
+                              (size_t)kc);
+}
+
+/* The bf16 block of w at rows [n0, n0 + rows), columns [k0, k0 + kc), and
+ * its row stride: in place for bf16, staged for FP8. */
+static const uint16_t *weight_block(const matmul_job *j, uint16_t *stage, int n0, int rows, int k0,
+                                    int kc, size_t *ldw)
+{
+    if (!j->w8) {
+        *ldw = (size_t)j->K;
+        return j->w + (size_t)n0 * j->K + k0;
+    }
+    stage_f8(stage, j, n0, rows, k0, kc);
+    *ldw = (size_t)kc;
+    return stage;
+}
+
+static uint16_t *stage_of(const matmul_job *j, int tid)
+{
+    return (uint16_t *)(ml_cpu_scratch(j->cb, tid) + PANEL_FLOATS);
+}
+
 /* ---- GEMV regime ------------------------------------------------------------ */
 
-/* y[m0..m1, n0..n1] = (y or 0) + bias: the start of every element's sum. */
+/* y[m0..m1, n0..n1] = (y or 0) + bias, or 0 for FP8: the start of every
+ * element's sum. */
 static void init_block(const matmul_job *j, int m0, int m1, int n0, int n1)
 {
     for (int m = m0; m < m1; m++) {
         float *yr = j->y + (size_t)m * j->N;
         for (int n = n0; n < n1; n++)
-            yr[n] = (j->accumulate ? yr[n] : 0.0f) + bias_at(j->bias, n);
+            yr[n] = j->w8 ? 0.0f : (j->accumulate ? yr[n] : 0.0f) + bias_at(j->bias, n);
+    }
+}
+
+/* FP8: y[m0..m1, n0..n1] = scale · (the finished sum) + bias. */
+static void finish_block(const matmul_job *j, int m0, int m1, int n0, int n1)
+{
+    if (!j->w8)
+        return;
+    for (int m = m0; m < m1; m++) {
+        float *yr = j->y + (size_t)m * j->N;
+        for (int n = n0; n < n1; n++)
+            yr[n] = j->scale[n] * yr[n] + bias_at(j->bias, n);
     }
 }
 
@@ -78,16 +141,26 @@ static void gemv_part(void *ctx, int64_t begin, int64_t end, int tid)
     const matmul_job *j = ctx;
     const ml_cpu_kernels *kn = j->cb->kern;
     const size_t K = (size_t)j->K, N = (size_t)j->N;
+    uint16_t *stage = stage_of(j, tid);
     for (int n = (int)begin; n < (int)end; n += kn->gemv_seq_rows) {
         const int rows = imin(kn->gemv_seq_rows, (int)end - n);
         init_block(j, 0, j->M, n, n + rows);
         for (int pc = 0; pc < j->K; pc += GEMM_KC) {
             const int kc = imin(GEMM_KC, j->K - pc);
+            if (j->w8 && kn->gemv_seq_f8) { /* widened in registers */
+                for (int m = 0; m < j->M; m += kn->gemv_seq_cols)
+                    kn->gemv_seq_f8(rows, imin(kn->gemv_seq_cols, j->M - m), kc,
+                                    j->w8 + (size_t)n * K + pc, K, j->x + (size_t)m * K + pc, K,
+                                    j->y + (size_t)m * N + (size_t)n, N);
+                continue;
+            }
+            size_t ldw;
+            const uint16_t *w = weight_block(j, stage, n, rows, pc, kc, &ldw);
             for (int m = 0; m < j->M; m += kn->gemv_seq_cols)
-                kn->gemv_seq(rows, imin(kn->gemv_seq_cols, j->M - m), kc,
-                             j->w + (size_t)n * K + pc, K, j->x + (size_t)m * K + pc, K,
-                             j->y + (size_t)m * N + (size_t)n, N);
+                kn->gemv_seq(rows, imin(kn->gemv_seq_cols, j->M - m), kc, w, ldw,
+                             j->x + (size_t)m * K + pc, K, j->y + (size_t)m * N + (size_t)n, N);
         }
+        finish_block(j, 0, j->M, n, n + rows);
     }
 }
 
@@ -133,8 +206,10 @@ static void pack_panel(const ml_cpu_kernels *kn, float *panel, const uint16_t *w
     }
 }
 
-/* y[m0..m1, n0..n1] with the panel buffer `panel` (GEMM_KC x GEMM_NC). */
-static void gemm_block(const matmul_job *j, int m0, int m1, int n0, int n1, float *panel)
+/* y[m0..m1, n0..n1] with the panel buffer `panel` (GEMM_KC x GEMM_NC) and
+ * the FP8 staging `stage`. */
+static void gemm_block(const matmul_job *j, int m0, int m1, int n0, int n1, float *panel,
+                       uint16_t *stage)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
     const size_t K = (size_t)j->K, N = (size_t)j->N;
@@ -145,7 +220,9 @@ static void gemm_block(const matmul_job *j, int m0, int m1, int n0, int n1, floa
         const int nc = imin(GEMM_NC, n1 - jc);
         for (int pc = 0; pc < j->K; pc += GEMM_KC) {
             const int kc = imin(GEMM_KC, j->K - pc);
-            pack_panel(kn, panel, j->w, K, jc, nc, pc, kc);
+            size_t ldw;
+            const uint16_t *w = weight_block(j, stage, jc, nc, pc, kc, &ldw);
+            pack_panel(kn, panel, w, ldw, 0, nc, 0, kc);
             for (int ic = m0; ic < m1; ic += mr) {
                 const int m = imin(mr, m1 - ic);
                 for (int s = 0; s * nr < nc; s++)
@@ -154,6 +231,7 @@ static void gemm_block(const matmul_job *j, int m0, int m1, int n0, int n1, floa
                                   j->y + (size_t)ic * N + (size_t)(jc + s * nr), N);
             }
         }
+        finish_block(j, m0, m1, jc, jc + nc);
     }
 }
 
@@ -174,18 +252,16 @@ static void gemm_part(void *ctx, int64_t begin, int64_t end, int tid)
         split_units(j->M, kn->tile_rows, j->grid_m, (int)(part / j->grid_n), &m0, &m1);
         split_units(j->N, kn->tile_cols, j->grid_n, (int)(part % j->grid_n), &n0, &n1);
         if (m0 < m1 && n0 < n1)
-            gemm_block(j, m0, m1, n0, n1, ml_cpu_scratch(j->cb, tid));
+            gemm_block(j, m0, m1, n0, n1, ml_cpu_scratch(j->cb, tid), stage_of(j, tid));
     }
 }
 
-void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
-                   const uint16_t *bias, int M, int K, int N, int accumulate)
+/* Either regime over job (w or w8 set). */
+static void run(ml_cpu_backend *cb, matmul_job job)
 {
-    ml_cpu_backend *cb = ml_cpu_of(be);
+    const int M = job.M, K = job.K, N = job.N;
     if (M <= 0 || N <= 0)
         return;
-    matmul_job job = {.y = y, .x = x, .w = w, .bias = bias, .M = M, .K = K, .N = N,
-                      .accumulate = accumulate, .cb = cb};
     if (M <= GEMV_MAX_M) {
         ml_cpu_pool_for(cb->pool, N, ml_cpu_grain((double)M * K), gemv_part, &job);
         return;
@@ -205,4 +281,20 @@ void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
     job.grid_n = grid_n;
     job.grid_m = threads / grid_n;
     ml_cpu_pool_for(cb->pool, threads, 1, gemm_part, &job);
+}
+
+void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
+                   const uint16_t *bias, int M, int K, int N, int accumulate)
+{
+    ml_cpu_backend *cb = ml_cpu_of(be);
+    run(cb, (matmul_job){.y = y, .x = x, .w = w, .bias = bias, .M = M, .K = K, .N = N,
+                         .accumulate = accumulate, .cb = cb});
+}
+
+void ml_cpu_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w,
+                      const float *scale, const uint16_t *bias, int M, int K, int N)
+{
+    ml_cpu_backend *cb = ml_cpu_of(be);
+    run(cb, (matmul_job){.y = y, .x = x, .w8 = w, .scale = scale, .bias = bias, .M = M, .K = K,
+                         .N = N, .cb = cb});
 }

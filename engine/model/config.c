@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/mapped_file.h"
+#include "model/quant_config.h"
 
 /* Upper bounds on sizes, so every derived product (the tile embedding is
  * max_num_tiles * num_patches * hidden_size elements) stays far inside
@@ -537,7 +538,9 @@ ml_status ml_config_parse(ml_config *cfg, const char *json, size_t len, char *er
           (st = parse_dtype(&c, root, &tmp.dtype)) ||
           (st = get_object(&c, root, "vision_config", &vision)) ||
           (st = get_object(&c, root, "text_config", &text)) ||
-          (st = parse_vision(&c, vision, &tmp.vision)) || (st = parse_text(&c, text, &tmp.text))))
+          (st = parse_vision(&c, vision, &tmp.vision)) || (st = parse_text(&c, text, &tmp.text)) ||
+          (st = ml_quant_config_parse(&tmp.quant, member(root, "quantization_config"), err,
+                                      errlen))))
         *cfg = tmp;
     cJSON_Delete(root);
     return st;

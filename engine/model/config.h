@@ -22,7 +22,8 @@
  * vocabularies, and transformers accepts that too. Whoever embeds a token
  * checks its range.
  *
- * ml_config is a plain value: no heap memory, copy it freely. */
+ * ml_config is a plain value: no heap memory, copy it freely (it is about
+ * 70 KB, mostly the quantization ignore list: keep it off small stacks). */
 #ifndef ML_MODEL_CONFIG_H
 #define ML_MODEL_CONFIG_H
 
@@ -105,9 +106,45 @@ typedef struct ml_text_config {
     int eos_token_ids[ML_CONFIG_MAX_EOS];
 } ml_text_config;
 
+/* quantization_config (quant_config.c). Only compressed-tensors'
+ * "float-quantized" format with FP8 E4M3 weights, one symmetric scale per
+ * output channel (strategy "channel") and input activations either FP8
+ * dynamic per token (the published "FP8-dynamic" checkpoints) or not
+ * quantized (FP8 weight-only): the scheme of the published FP8 Llama 3.2
+ * Vision checkpoints. Per-tensor and static scales, other bit widths, group
+ * or block strategies, output-activation and K/V quantization are refused
+ * with ML_ERR_UNSUPPORTED naming the field. */
+typedef enum ml_quant_scheme {
+    ML_QUANT_NONE,        /* no quantization_config: every weight as stored */
+    ML_QUANT_FP8_CHANNEL, /* Linear weights F8_E4M3 + a (out_features, 1) weight_scale */
+} ml_quant_scheme;
+
+/* Capacity of the ignore list: entries and their bytes with terminators
+ * (published lists are three regexes, or a few hundred module names). */
+#define ML_QUANT_MAX_IGNORE 1024
+#define ML_QUANT_IGNORE_BYTES (64u << 10)
+
+typedef struct ml_quant_config {
+    ml_quant_scheme scheme;
+    /* 0: the checkpoint stores the scheme (F8_E4M3 + weight_scale); 1: it
+     * stores float weights, quantized when they are bound (ml_quant_config_
+     * fp8_at_load). */
+    int at_load;
+    /* input_activations {type float, num_bits 8, strategy token, dynamic}:
+     * the reference quantizes each activation row to FP8 at run time (W8A8);
+     * 0 when input_activations is null (W8A16). */
+    int act_dynamic_token;
+    /* `ignore`: module names (exact) and "re:" Python patterns (re.match,
+     * a prefix of the name), in file order, each NUL-terminated, back to
+     * back; the modules they name keep their stored dtype. */
+    int n_ignore;
+    char ignore[ML_QUANT_IGNORE_BYTES];
+} ml_quant_config;
+
 typedef struct ml_config {
     ml_vision_config vision;
     ml_text_config text;
+    ml_quant_config quant;
     int image_token_index; /* default 128256 */
     /* `dtype` (newer transformers) or `torch_dtype`: bfloat16, float16 or
      * float32; BF16 when absent. Informational: ml_weights converts every
@@ -128,6 +165,21 @@ ml_status ml_config_parse(ml_config *cfg, const char *json, size_t len, char *er
  * Also ML_ERR_IO / ML_ERR_NOT_FOUND when the file cannot be read; messages
  * are prefixed with the path. */
 ml_status ml_config_load(ml_config *cfg, const char *path, char *err, size_t errlen);
+
+/* The scheme for quantizing a bf16 checkpoint at load (model.weights =
+ * "fp8"): FP8 channel weights, W8A16, with the published checkpoints'
+ * ignore list (the vision tower, the projector and lm_head stay as stored;
+ * both key layouts), so the text decoder's Linears are FP8. */
+void ml_quant_config_fp8_at_load(ml_quant_config *q);
+
+/* Whether the quantization_config's ignore list names module (a Linear's
+ * name as the checkpoint stores it, without ".weight"), as compressed-tensors
+ * matches it: an entry equal to the name, or "re:<pattern>" whose pattern
+ * re.match-es it. Returns ML_OK and *ignored, or ML_ERR_NOMEM (a pattern
+ * could not be compiled again; every pattern compiled when the config was
+ * parsed). */
+ml_status ml_quant_config_ignores(const ml_quant_config *q, const char *module, int *ignored,
+                                  char *err, size_t errlen);
 
 /* ---- derived quantities (cfg must have been validated) ------------------ */
 

@@ -13,7 +13,11 @@ void ml_linear(ml_model *m, float *y, const float *x, const ml_weight *w, const 
     /* Shapes are checked at load (weights.c) and kept by the slicing
      * (shard.c): a mismatch here is a graph bug. */
     assert(w->rows == N && w->cols == K);
-    be->ops->matmul(be, y, x, w->data, bias ? bias->data : NULL, M, K, N, 0);
+    const uint16_t *b = bias ? bias->data : NULL;
+    if (w->f8) /* matmul_f8 is present: the model refuses FP8 weights elsewhere at load */
+        be->ops->matmul_f8(be, y, x, w->f8, w->scale, b, M, K, N);
+    else
+        be->ops->matmul(be, y, x, w->data, b, M, K, N, 0);
 
     ml_lora_segment *segs = m->host.lora_segs;
     int n = 0;

@@ -12,6 +12,7 @@
 
 #include "dtype.h"
 #include "model/config.h"
+#include "model/fp8_quant.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -157,6 +158,38 @@ static cJSON *config_json(const preset *p)
     return c;
 }
 
+/* quantization_config of the published FP8-dynamic checkpoints, as
+ * compressed-tensors serialises it (unset QuantizationArgs fields null). */
+static void add_fp8_config(cJSON *c)
+{
+    static const char *const ignore[] = {"re:.*lm_head", "re:multi_modal_projector.*",
+                                         "re:vision_model.*"};
+    cJSON *q = cJSON_AddObjectToObject(c, "quantization_config");
+    cJSON *g = cJSON_AddObjectToObject(cJSON_AddObjectToObject(q, "config_groups"), "group_0");
+    cJSON_AddItemToObject(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
+    static const struct {
+        const char *key, *strategy;
+        int dynamic;
+    } args[] = {{"weights", "channel", 0}, {"input_activations", "token", 1}};
+    for (size_t i = 0; i < sizeof args / sizeof args[0]; i++) {
+        cJSON *a = cJSON_AddObjectToObject(g, args[i].key);
+        cJSON_AddNumberToObject(a, "num_bits", 8);
+        cJSON_AddStringToObject(a, "type", "float");
+        cJSON_AddBoolToObject(a, "symmetric", 1);
+        cJSON_AddStringToObject(a, "strategy", args[i].strategy);
+        cJSON_AddBoolToObject(a, "dynamic", args[i].dynamic);
+        cJSON_AddNullToObject(a, "group_size");
+        cJSON_AddNullToObject(a, "block_structure");
+        cJSON_AddNullToObject(a, "actorder");
+    }
+    cJSON_AddNullToObject(g, "output_activations");
+    cJSON_AddStringToObject(q, "format", "float-quantized");
+    cJSON_AddItemToObject(q, "ignore", cJSON_CreateStringArray(ignore, 3));
+    cJSON_AddNullToObject(q, "kv_cache_scheme");
+    cJSON_AddStringToObject(q, "quant_method", "compressed-tensors");
+    cJSON_AddStringToObject(q, "quantization_status", "compressed");
+}
+
 /* preprocessor_config.json with the published values (engine/model/README.md §1). */
 static cJSON *preprocessor_json(const preset *p)
 {
@@ -237,6 +270,35 @@ static void fill(const ml_manifest_entry *e, uint16_t *out, size_t n, uint64_t s
 
 /* ---- the writer ---------------------------------------------------------- */
 
+/* Entry i holds a Linear's random bf16 values (rows, cols): replace them by
+ * their F8_E4M3 codes and fill entry i + 1, its weight_scale, with the
+ * scales (the manifest binds a scale right after its weight). */
+static ml_status quantize_entry(const ml_manifest_entry *m, ml_tensor_view *views,
+                                uint16_t **data, size_t i, size_t n, char *err, size_t errlen)
+{
+    const int64_t rows = m[i].shape[0], cols = m[i].shape[1];
+    uint8_t *q = malloc((size_t)(rows * cols));
+    uint16_t *s = malloc((size_t)rows * sizeof *s);
+    if (i + 1 >= n || !q || !s) {
+        free(q);
+        free(s);
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "out of memory quantizing %s", m[i].name);
+    }
+    ml_fp8_quantize_rows(data[i], rows, cols, q, s);
+    free(data[i]);
+    data[i] = (uint16_t *)q; /* freed as the other buffers */
+    views[i].dtype = ML_DTYPE_F8_E4M3;
+    views[i].data = q;
+    views[i].nbytes = (size_t)(rows * cols);
+    ml_tensor_view *sv = &views[i + 1];
+    *sv = (ml_tensor_view){.name = m[i + 1].name, .dtype = ML_DTYPE_BF16, .ndim = m[i + 1].ndim};
+    memcpy(sv->shape, m[i + 1].shape, sizeof m[i + 1].shape);
+    sv->data = s;
+    sv->nbytes = (size_t)rows * sizeof *s;
+    data[i + 1] = s;
+    return ML_OK;
+}
+
 /* mkdir -p: every missing component of dir. */
 static int make_dirs(const char *dir)
 {
@@ -255,7 +317,7 @@ static int make_dirs(const char *dir)
 }
 
 ml_status ml_mkmodel(const char *name, const char *dir, const char *tokenizer_dir, uint64_t seed,
-                     char *err, size_t errlen)
+                     int fp8, char *err, size_t errlen)
 {
     const preset *p = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
@@ -269,8 +331,10 @@ ml_status ml_mkmodel(const char *name, const char *dir, const char *tokenizer_di
 
     char path[4096], from[4096];
     cJSON *cj = config_json(p), *pj = preprocessor_json(p);
+    if (fp8)
+        add_fp8_config(cj);
     char *cfg_text = cJSON_Print(cj);
-    ml_config cfg;
+    static ml_config cfg; /* large: the ignore list */
     ml_status rc = cfg_text ? ML_OK : ml_fail(err, errlen, ML_ERR_NOMEM, "out of memory");
     if (rc == ML_OK)
         rc = ml_config_parse(&cfg, cfg_text, strlen(cfg_text), err, errlen);
@@ -312,6 +376,9 @@ ml_status ml_mkmodel(const char *name, const char *dir, const char *tokenizer_di
         }
         fill(&m[i], data[i], numel, seed);
         v->data = data[i];
+        if (m[i].dtype == ML_DTYPE_F8_E4M3) /* the values, quantized; its scale comes next */
+            rc = quantize_entry(m, views, data, i, n, err, errlen);
+        i += m[i].dtype == ML_DTYPE_F8_E4M3;
     }
     if (rc == ML_OK)
         rc = ml_safetensors_write_sharded(dir, views, n, SHARD_BYTES, NULL, err, errlen);

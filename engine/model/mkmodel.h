@@ -19,9 +19,13 @@ extern const char *const ml_mkmodel_presets[];
 
 /* Write the preset into dir (created if absent). tokenizer_dir holds
  * tokenizer.json and tokenizer_config.json to copy in. The same seed gives
- * the same bytes. Errors: ML_ERR_INVALID_ARG (unknown preset), ML_ERR_IO,
+ * the same bytes. With fp8, a compressed-tensors FP8 checkpoint of the same
+ * weights: the published FP8-dynamic quantization_config (ignoring the
+ * vision tower, the projector and lm_head) and every text-decoder Linear
+ * quantized as compressed-tensors does (fp8_quant.h), F8_E4M3 with a BF16
+ * weight_scale. Errors: ML_ERR_INVALID_ARG (unknown preset), ML_ERR_IO,
  * ML_ERR_NOMEM; err says which file. */
 ml_status ml_mkmodel(const char *preset, const char *dir, const char *tokenizer_dir,
-                     uint64_t seed, char *err, size_t errlen);
+                     uint64_t seed, int fp8, char *err, size_t errlen);
 
 #endif

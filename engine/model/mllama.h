@@ -60,6 +60,10 @@ typedef struct ml_model_limits {
      * the batch padded to its bucket). */
     int decode_graphs;
     ml_row_mask_mode row_mask;
+    /* 1: quantize a float checkpoint's text-decoder Linears to FP8 at load
+     * (model.weights = "fp8"; ml_quant_config_fp8_at_load); a checkpoint
+     * that is already quantized loads as stored. 0: every weight as stored. */
+    int quantize_fp8;
 } ml_model_limits;
 
 /* Defaults: 512-token steps, 32 sequences, 8 images per sequence, 16-token

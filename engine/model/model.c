@@ -63,8 +63,13 @@ int ml_row_mask_mode_parse(const char *s, ml_row_mask_mode *out)
 
 static void to_backend(ml_backend *be, ml_weight *w)
 {
+    const size_t n = (size_t)w->rows * (size_t)w->cols;
     if (w->data)
-        w->data = be->ops->weight(be, w->data, (size_t)w->rows * (size_t)w->cols * 2);
+        w->data = be->ops->weight(be, w->data, n * sizeof *w->data);
+    if (w->f8) {
+        w->f8 = be->ops->weight(be, w->f8, n * sizeof *w->f8);
+        w->scale = be->ops->weight(be, w->scale, (size_t)w->rows * sizeof *w->scale);
+    }
 }
 
 static void vision_layer_to_backend(ml_backend *be, ml_vision_layer *l)
@@ -93,6 +98,10 @@ static ml_status bind_backend_weights(ml_model *m, char *err, size_t errlen)
 {
     const ml_weights *hw = m->host_weights;
     ml_weights *w = &m->w;
+    if ((hw->bytes_f8 || hw->bytes_quantized) && !m->be->ops->matmul_f8)
+        return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
+                       "model: FP8 weights need the CPU backend (backend %s has no FP8 matmul)",
+                       m->be->ops->name);
     *w = *hw;
     /* +1: a config may have no global layers, and malloc(0) may be NULL. */
     w->vision.layers = malloc((size_t)(hw->vision.n_layers + 1) * sizeof *w->vision.layers);
@@ -242,8 +251,11 @@ ml_status ml_model_load_shard(ml_model **out, const char *dir, ml_backend *be,
     }
     if ((st = ml_config_load(&m->cfg, path, err, errlen)) != ML_OK ||
         (st = ml_shard_init(m, rank, world, err, errlen)) != ML_OK ||
-        (st = ml_checkpoint_open(&m->ckpt, dir, err, errlen)) != ML_OK ||
-        (st = ml_weights_create(&m->host_weights, m->ckpt, &m->cfg, err, errlen)) != ML_OK ||
+        (st = ml_checkpoint_open(&m->ckpt, dir, err, errlen)) != ML_OK)
+        goto fail;
+    if (lim.quantize_fp8 && m->cfg.quant.scheme == ML_QUANT_NONE)
+        ml_quant_config_fp8_at_load(&m->cfg.quant);
+    if ((st = ml_weights_create(&m->host_weights, m->ckpt, &m->cfg, err, errlen)) != ML_OK ||
         (st = bind_backend_weights(m, err, errlen)) != ML_OK)
         goto fail;
 

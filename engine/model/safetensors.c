@@ -43,6 +43,10 @@ ml_status ml_tensor_view_read_f32(const ml_tensor_view *t, float *out, char *err
             out[i] = t->dtype == ML_DTYPE_BF16 ? ml_bf16_to_f32(h) : ml_f16_to_f32(h);
         }
         return ML_OK;
+    case ML_DTYPE_F8_E4M3:
+        for (size_t i = 0; i < n; i++)
+            out[i] = ml_f8e4m3_to_f32(p[i]);
+        return ML_OK;
     case ML_DTYPE_I32:
     case ML_DTYPE_I64:
     case ML_DTYPE_U8: break;
@@ -71,7 +75,8 @@ ml_status ml_tensor_view_read_i64(const ml_tensor_view *t, int64_t *out, char *e
         return ML_OK;
     case ML_DTYPE_BF16:
     case ML_DTYPE_F16:
-    case ML_DTYPE_F32: break;
+    case ML_DTYPE_F32:
+    case ML_DTYPE_F8_E4M3: break;
     }
     return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                    "tensor '" NAME_IN_MSG "': dtype %s is not an integer type", t->name,
@@ -84,8 +89,7 @@ ml_status ml_tensor_view_read_i64(const ml_tensor_view *t, int64_t *out, char *e
  * rather than ML_ERR_FORMAT for them. */
 static int is_foreign_dtype(const char *s)
 {
-    static const char *const names[] = {"BOOL", "I8",  "I16",     "U16",    "U32",
-                                        "U64",  "F64", "F8_E5M2", "F8_E4M3"};
+    static const char *const names[] = {"BOOL", "I8", "I16", "U16", "U32", "U64", "F64", "F8_E5M2"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(s, names[i]))
             return 1;

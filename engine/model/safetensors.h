@@ -57,8 +57,9 @@ typedef struct ml_tensor_view {
 /* Number of elements (1 for a scalar). */
 int64_t ml_tensor_view_numel(const ml_tensor_view *t);
 
-/* Convert a BF16/F16/F32 tensor to numel f32 values in out (any alignment of
- * t->data). ML_ERR_INVALID_ARG for integer dtypes, with t's name in err. */
+/* Convert a BF16/F16/F32/F8_E4M3 tensor to numel f32 values in out (any
+ * alignment of t->data); exact, each type being a subset of f32.
+ * ML_ERR_INVALID_ARG for integer dtypes, with t's name in err. */
 ml_status ml_tensor_view_read_f32(const ml_tensor_view *t, float *out, char *err, size_t errlen);
 
 /* Convert an I64/I32/U8 tensor to numel int64 values in out.

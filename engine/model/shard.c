@@ -91,14 +91,19 @@ typedef struct slicer {
     size_t used;
 } slicer;
 
-/* Column-parallel: the shard's range of output rows of w (out, in), or of
- * the elements of a bias (1, out). A view, no copy. */
+/* Column-parallel: the shard's range of output rows of w (out, in) and of
+ * an FP8 weight's scales, or of the elements of a bias (1, out). A view, no
+ * copy. */
 static void take_out(slicer *sl, ml_weight *w)
 {
-    if (!sl->base || !w->data)
+    if (!sl->base || !(w->data || w->f8))
         return;
     int64_t world = sl->shard->world, rank = sl->shard->rank;
-    if (w->rows == 1) {
+    if (w->f8) {
+        w->rows /= world;
+        w->f8 += rank * w->rows * w->cols;
+        w->scale += rank * w->rows;
+    } else if (w->rows == 1) {
         w->cols /= world;
         w->data += rank * w->cols;
     } else {
@@ -108,13 +113,26 @@ static void take_out(slicer *sl, ml_weight *w)
 }
 
 /* Row-parallel: the shard's range of input columns of w (out, in), copied
- * into the row_slices buffer since a column range is strided. */
+ * into the row_slices buffer since a column range is strided. An FP8
+ * weight's bytes take whole bf16 elements of the buffer; its scales, one
+ * per output row, are all the shard's. */
 static void take_in(slicer *sl, ml_weight *w)
 {
-    if (!w->data)
+    if (!w->data && !w->f8)
         return;
     int64_t world = sl->shard->world, rank = sl->shard->rank;
     int64_t cols = w->cols / world;
+    if (w->f8) {
+        if (sl->base) {
+            uint8_t *dst = (uint8_t *)(sl->base + sl->used);
+            for (int64_t r = 0; r < w->rows; r++)
+                memcpy(dst + r * cols, w->f8 + r * w->cols + rank * cols, (size_t)cols);
+            w->f8 = dst;
+            w->cols = cols;
+        }
+        sl->used += (size_t)(w->rows * cols + 1) / sizeof *sl->base;
+        return;
+    }
     if (sl->base) {
         uint16_t *dst = sl->base + sl->used;
         for (int64_t r = 0; r < w->rows; r++)

@@ -30,8 +30,15 @@
 #include "model/safetensors.h"
 #include "status.h"
 
+/* A bf16 weight has data; an FP8 Linear (config quant ML_QUANT_FP8_CHANNEL,
+ * not ignored) has f8 and scale instead, its value being f8[r][c] ·
+ * scale[r] exactly: compressed-tensors' decompression into a float32 model
+ * (backend.h matmul_f8 applies the scale to each sum). Neither set: absent
+ * (a row-parallel bias off rank 0, shard.h). */
 typedef struct ml_weight {
     const uint16_t *data; /* borrowed: the checkpoint's mapping or ml_weights' buffer; bf16 */
+    const uint8_t *f8;    /* borrowed: the mapping; F8_E4M3 (rows, cols), or NULL */
+    const float *scale;   /* borrowed: ml_weights' buffer; (rows) weight_scale, when f8 */
     int64_t rows, cols;
 } ml_weight;
 
@@ -124,6 +131,9 @@ typedef struct ml_weights {
     size_t n_unused;        /* checkpoint tensors present but not part of the model */
     size_t bytes_borrowed;  /* bf16 bytes read in place from the mapping */
     size_t bytes_converted; /* bf16 bytes of converted copies (owned) */
+    size_t bytes_f8;        /* F8_E4M3 bytes read in place from the mapping */
+    size_t bytes_quantized; /* F8_E4M3 bytes quantized at load (owned) */
+    size_t bytes_scales;    /* f32 bytes of the FP8 weights' scales (owned) */
 } ml_weights;
 
 /* Bind every tensor of the model described by cfg (validated) to ck.
@@ -132,9 +142,15 @@ typedef struct ml_weights {
  * ML_ERR_NOT_FOUND (a tensor is missing; err names it), ML_ERR_FORMAT (a
  * shape differs from the config, "tensor X: shape (a, b), expected (c, d)",
  * or a weight has an integer dtype), ML_ERR_NOMEM. Nothing is read from the
- * mapping except the gates and the tensors that need conversion, so binding
- * a multi-GB checkpoint costs no I/O. Checkpoint tensors the model does not
- * use are ignored and counted in n_unused. */
+ * mapping except the gates, the scales and the tensors that need
+ * conversion, so binding a multi-GB checkpoint costs no I/O. Checkpoint
+ * tensors the model does not use are ignored and counted in n_unused.
+ * With cfg->quant FP8, every Linear the ignore list does not name must be
+ * F8_E4M3 with a `<module>.weight_scale` of shape (out_features, 1) or
+ * (out_features) in a float dtype (ML_ERR_FORMAT otherwise, naming the
+ * tensor); the Linears it names bind as without quantization. With
+ * cfg->quant.at_load they are float weights, quantized here
+ * (fp8_quant.h) into a buffer ml_weights owns. */
 ml_status ml_weights_create(ml_weights **out, const ml_checkpoint *ck, const ml_config *cfg,
                             char *err, size_t errlen);
 
@@ -146,7 +162,8 @@ typedef struct ml_manifest_entry {
     char name[ML_MANIFEST_NAME_MAX];
     int ndim;
     int64_t shape[4];
-    int is_gate; /* a shape-(1) residual gate */
+    int is_gate;    /* a shape-(1) residual gate */
+    ml_dtype dtype; /* BF16, or F8_E4M3 for a quantized Linear (its scale is BF16) */
 } ml_manifest_entry;
 
 /* The tensors ml_weights_create binds for cfg (validated), in binding order:
@@ -159,8 +176,8 @@ ml_status ml_weights_manifest(const ml_config *cfg, ml_manifest_entry **out, siz
 /* Free the layer arrays and converted copies. NULL is a no-op. */
 void ml_weights_destroy(ml_weights *w);
 
-/* One line for the load log: tensors bound and unused, MiB borrowed and
- * converted. Returns buf. */
+/* One line for the load log: tensors bound and unused, MiB by dtype and
+ * origin (in place, converted, quantized at load, scales). Returns buf. */
 const char *ml_weights_summary(const ml_weights *w, char *buf, size_t n);
 
 #endif

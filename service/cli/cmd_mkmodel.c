@@ -12,9 +12,11 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mllama mkmodel --preset micro|tiny|small|1b|11b --out DIR [--seed N]\n"
-               "                      [--tokenizer-dir DIR]\n\n"
+               "                      [--tokenizer-dir DIR] [--fp8]\n\n"
                "Writes config.json, bf16 safetensors (sharded past 2 GB), the tokenizer and\n"
                "preprocessor_config.json: the real architecture with random weights.\n"
+               "--fp8 writes the same weights as a compressed-tensors FP8 checkpoint (the\n"
+               "text decoder's Linears F8_E4M3 with per-channel scales).\n"
                "--tokenizer-dir defaults to the project's config/tokenizer.\n");
 }
 
@@ -22,10 +24,15 @@ int cmd_mkmodel(int argc, char **argv)
 {
     const char *preset = NULL, *out = NULL, *tok_dir = ML_DEFAULT_TOKENIZER_DIR;
     long seed = 0;
+    int fp8 = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return SVC_EXIT_OK;
+        }
+        if (!strcmp(argv[i], "--fp8")) {
+            fp8 = 1;
+            continue;
         }
         if (i + 1 >= argc) {
             fprintf(stderr, CMD ": %s needs a value\n", argv[i]);
@@ -51,10 +58,10 @@ int cmd_mkmodel(int argc, char **argv)
         return SVC_EXIT_USAGE;
     }
     char err[512];
-    if (ml_mkmodel(preset, out, tok_dir, (uint64_t)seed, err, sizeof err) != ML_OK) {
+    if (ml_mkmodel(preset, out, tok_dir, (uint64_t)seed, fp8, err, sizeof err) != ML_OK) {
         fprintf(stderr, CMD ": %s\n", err);
         return SVC_EXIT_FAILURE;
     }
-    fprintf(stderr, CMD ": wrote the %s preset to %s\n", preset, out);
+    fprintf(stderr, CMD ": wrote the %s preset%s to %s\n", preset, fp8 ? " (fp8)" : "", out);
     return SVC_EXIT_OK;
 }

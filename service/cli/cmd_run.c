@@ -33,10 +33,11 @@ static void usage(FILE *f)
             "                  [--threads N] [--kv-mib N] [--image-mib N] [--backend auto|cpu|cuda]\n"
             "                  [--tp N [--devices 0,1,...]] [--cross-attention-row-mask MODE]\n"
             "                  [--date-string DATE] [--batch-invariant on|off] [--no-prefix-cache]\n"
+            "                  [--weights stored|fp8]\n"
             "       mllama run --model DIR --batch FILE.jsonl [--threads N] [--kv-mib N] [--image-mib N]\n"
             "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]]\n"
             "                  [--cross-attention-row-mask MODE] [--date-string DATE]\n"
-            "                  [--batch-invariant on|off] [--no-prefix-cache]\n\n"
+            "                  [--batch-invariant on|off] [--no-prefix-cache] [--weights stored|fp8]\n\n"
             "--prompt is raw text (special tokens parsed; <|begin_of_text|> is inserted after\n"
             "any leading <|image|> tokens when absent, as MllamaProcessor does); --chat wraps\n"
             "TEXT and the images in the Llama 3.2 Vision Instruct template, TEXT encoded as\n"
@@ -44,6 +45,9 @@ static void usage(FILE *f)
             "ids. Greedy unless --temperature > 0. Text streams to stdout; --json prints one\n"
             "JSON object with prompt/output ids, text and timings instead. --json-object is\n"
             "JSON mode: the answer is kept one JSON object and ends when it is complete.\n"
+            "--weights fp8 quantizes a bf16 checkpoint's text-decoder Linears to FP8 at load\n"
+            "(as the worker's model.weights); a compressed-tensors FP8 checkpoint loads as\n"
+            "stored either way.\n"
             "--cross-attention-row-mask: reference (the default: Meta's model, vLLM, SGLang;\n"
             "a text row before its first image gets nothing from cross-attention) or\n"
             "transformers (transformers 4.47: such a row adds attention spread evenly over\n"
@@ -449,6 +453,7 @@ typedef struct run_opts {
     int json, threads, tp, batch_invariant, no_prefix_cache;
     long kv_mib, image_mib;
     ml_row_mask_mode row_mask;
+    int quantize_fp8; /* --weights fp8 */
     job_spec spec;
 } run_opts;
 
@@ -497,7 +502,13 @@ static int parse_args(int argc, char **argv, run_opts *o)
             o->backend = v;
         else if (!strcmp(a, "--devices"))
             o->devices = v;
-        else if (!strcmp(a, "--cross-attention-row-mask")) {
+        else if (!strcmp(a, "--weights")) {
+            if (strcmp(v, "stored") && strcmp(v, "fp8")) {
+                fprintf(stderr, CMD ": %s: expected stored or fp8, got '%s'\n", a, v);
+                return -1;
+            }
+            o->quantize_fp8 = !strcmp(v, "fp8");
+        } else if (!strcmp(a, "--cross-attention-row-mask")) {
             if (ml_row_mask_mode_parse(v, &o->row_mask)) {
                 fprintf(stderr, CMD ": %s: expected %s or %s, got '%s'\n", a,
                         ml_row_mask_mode_name(ML_ROW_MASK_REFERENCE),
@@ -606,6 +617,7 @@ static int ctx_init(run_ctx *c, const run_opts *o, int max_images)
         .image_states = max_images,
     };
     ec.limits.row_mask = o->row_mask;
+    ec.limits.quantize_fp8 = o->quantize_fp8;
     if (o->logits_out)
         ec.limits.max_logit_rows = ec.limits.max_step_seqs;
     ec.runtime.max_running = ec.limits.max_step_seqs;

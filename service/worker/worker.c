@@ -341,7 +341,7 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
     if (stat(path, &st) != 0 && c->model.preset_if_missing[0]) {
         svc_log(SVC_LOG_INFO, "model_generate", "no model at %s: writing the %s preset",
                 c->model.dir, c->model.preset_if_missing);
-        if (ml_mkmodel(c->model.preset_if_missing, c->model.dir, ML_DEFAULT_TOKENIZER_DIR, 0, err,
+        if (ml_mkmodel(c->model.preset_if_missing, c->model.dir, ML_DEFAULT_TOKENIZER_DIR, 0, 0, err,
                        errlen) != ML_OK)
             return -1;
     }
@@ -379,6 +379,7 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
     ec.limits.max_logit_rows = c->runtime.max_running;
     ec.limits.max_seq_images = c->runtime.max_images_per_request;
     ec.limits.row_mask = c->model.row_mask;
+    ec.limits.quantize_fp8 = c->model.quantize_fp8;
     if (ml_engine_open(&w->engine, &ec, err, errlen) != ML_OK)
         return -1;
     w->model = ml_engine_model(w->engine);

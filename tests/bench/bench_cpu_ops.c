@@ -170,6 +170,8 @@ typedef struct mm_job {
     float *y;
     const float *x;
     const uint16_t *w;
+    const uint8_t *w8;  /* the FP8 run's weights, (N, K) */
+    const float *scale; /* (N) */
     int M, K, N;
 } mm_job;
 
@@ -177,6 +179,12 @@ static void mm_run(void *ctx)
 {
     mm_job *j = ctx;
     j->be->ops->matmul(j->be, j->y, j->x, j->w, NULL, j->M, j->K, j->N, 0);
+}
+
+static void mm_run_f8(void *ctx)
+{
+    mm_job *j = ctx;
+    j->be->ops->matmul_f8(j->be, j->y, j->x, j->w8, j->scale, NULL, j->M, j->K, j->N);
 }
 
 /* sweep: also the M values around the GEMV/GEMM switch (first shape only). */
@@ -188,24 +196,38 @@ static void bench_gemv(ml_backend *be, int sweep)
     for (int s = 0; s < 2; s++) {
         const int K = shapes[s][0], N = shapes[s][1];
         uint16_t *w = xmalloc((size_t)N * K * sizeof *w);
+        uint8_t *w8 = xmalloc((size_t)N * K);
+        float *scale = xmalloc((size_t)N * sizeof *scale);
         float *x = xmalloc((size_t)max_m * K * sizeof *x);
         float *y = xmalloc((size_t)max_m * N * sizeof *y);
-        for (size_t i = 0; i < (size_t)N * K; i++)
+        for (size_t i = 0; i < (size_t)N * K; i++) {
             w[i] = ml_f32_to_bf16(frand(-1, 1));
+            w8[i] = ml_f32_to_f8e4m3(frand(-ML_F8E4M3_MAX, ML_F8E4M3_MAX));
+        }
+        for (int n = 0; n < N; n++)
+            scale[n] = 1.0f / ML_F8E4M3_MAX;
         for (size_t i = 0; i < (size_t)max_m * K; i++)
             x[i] = frand(-1, 1);
         const double bytes = (double)N * K * sizeof *w;
         for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++) {
-            mm_job j = {.be = be, .y = y, .x = x, .w = w, .M = Ms[m], .K = K, .N = N};
+            mm_job j = {.be = be, .y = y, .x = x, .w = w, .w8 = w8, .scale = scale,
+                        .M = Ms[m], .K = K, .N = N};
             timing t = best_of(mm_run, &j, 7);
             printf("  matmul M=%-2d K=%-5d N=%-5d %8.2f ms  weights %5.1f GB/s wall %5.1f cpu"
                    "  %6.1f GFLOP/s cpu\n",
                    j.M, K, N, t.wall * 1e3, bytes / t.wall / 1e9, bytes / t.cpu / 1e9,
                    2.0 * j.M * K * N / t.cpu / 1e9);
+            /* FP8 weights right after, same shape: half the bytes */
+            timing t8 = best_of(mm_run_f8, &j, 7);
+            printf("  matmul_f8 M=%-2d K=%-5d N=%-5d %8.2f ms  weights %5.1f GB/s wall  "
+                   "%.2fx the bf16 time\n",
+                   j.M, K, N, t8.wall * 1e3, bytes / 2 / t8.wall / 1e9, t.wall / t8.wall);
             if (!sweep || s == 1)
                 break;
         }
         free(w);
+        free(w8);
+        free(scale);
         free(x);
         free(y);
     }

@@ -249,7 +249,7 @@ int main(void)
     lim.max_step_tokens = N_SEQS * PROMPT_TOKENS;
     lim.max_logit_rows = N_SEQS;
     lim.max_lora_rank = RANK;
-    int ok = ml_mkmodel(PRESET, model_dir, TOKENIZER_DIR, SEED, err, sizeof err) == ML_OK &&
+    int ok = ml_mkmodel(PRESET, model_dir, TOKENIZER_DIR, SEED, 0, err, sizeof err) == ML_OK &&
              (b.be = ml_backend_cpu_create(threads, err, sizeof err)) != NULL &&
              ml_model_load(&b.model, model_dir, b.be, &lim, err, sizeof err) == ML_OK;
     char names[N_SEQS][16];

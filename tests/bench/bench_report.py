@@ -12,6 +12,9 @@ Standard library only.
         same size, first in a fresh process), request 2 (text only).
     bench_report.py bandwidth --model DIR --ours OURS.kv --read-gbs X [--kv-bytes 4]
         Decode bytes per step from config.json against the time per token.
+    bench_report.py fp8 --bf16 BF16.kv --fp8 FP8.kv
+        Decode ms/token of an FP8 checkpoint against its bf16 original, as a
+        ratio per request (fp8_decode.sh).
     bench_report.py runtime --cache OURS.kv B=RUN.jsonl[,RUN.jsonl...]...
         Throughput against concurrency (the fastest run of each B), and
         image-cache miss against hit.
@@ -191,7 +194,10 @@ def cmd_compare(args):
 
 def decode_bytes(cfg, n_prompt, n_tokens, image, kv_bytes):
     """Bytes one greedy decode step reads: (weights, K/V), averaged over the
-    steps of an n_tokens generation after an n_prompt prompt."""
+    steps of an n_tokens generation after an n_prompt prompt. With a
+    quantization_config (an FP8 checkpoint: mkmodel --fp8's ignores lm_head,
+    the projector and the vision tower) the text decoder's Linears read one
+    byte a weight and a float32 scale a row."""
     t, v = cfg["text_config"], cfg["vision_config"]
     D, I, H = t["hidden_size"], t["intermediate_size"], t["num_attention_heads"]
     hd = t.get("head_dim") or D // H
@@ -199,13 +205,19 @@ def decode_bytes(cfg, n_prompt, n_tokens, image, kv_bytes):
     cross = set(t["cross_attention_layers"])
     n_cross = len(cross)
     n_self = t["num_hidden_layers"] - n_cross
+    fp8 = "quantization_config" in cfg
     mlp = 3 * D * I
-    self_layer = D * H * hd + 2 * D * kv_w + H * hd * D + mlp + 2 * D
+    # (Linear weights, their output rows, other bf16 weights) of each layer kind.
+    self_layer = (D * H * hd + 2 * D * kv_w + H * hd * D + mlp,
+                  H * hd + 2 * kv_w + D + 2 * I + D, 2 * D)
     # k_proj/v_proj ran once at encode; a step reads q, o, the norms, the MLP.
-    cross_layer = D * H * hd + H * hd * D + 2 * hd + mlp + 2 * D
-    params = n_self * self_layer + (n_cross * cross_layer if image else 0)
-    params += t["vocab_size"] * D + 2 * D  # lm_head, final norm, one embedding row
-    weights = 2 * params                    # bf16
+    cross_layer = (D * H * hd + H * hd * D + mlp, H * hd + D + 2 * I + D, 2 * hd + 2 * D)
+    layers = [(n_self, self_layer)] + ([(n_cross, cross_layer)] if image else [])
+    linear = sum(n * k[0] for n, k in layers)
+    rows = sum(n * k[1] for n, k in layers)
+    other = sum(n * k[2] for n, k in layers)
+    other += t["vocab_size"] * D + 2 * D  # lm_head, final norm, one embedding row
+    weights = (linear + 4 * rows if fp8 else 2 * linear) + 2 * other
     ctx = n_prompt + n_tokens / 2.0
     kv = n_self * 2 * ctx * kv_w * kv_bytes
     if image:
@@ -236,6 +248,21 @@ def cmd_bandwidth(args):
     for label, frac in summary:
         print("goal >= %d%% of read bandwidth, %s: %.0f%% (%s)"
               % (args.goal, label, 100 * frac, "met" if 100 * frac >= args.goal else "NOT met"))
+
+
+def cmd_fp8(args):
+    base, fp8 = read_kv([args.bf16]), read_kv([args.fp8])
+    rows = []
+    for label, i in (("text only", 0), ("with 1 image", 1)):
+        a, b = num(base, "ours_%d_ms_per_token" % i), num(fp8, "ours_%d_ms_per_token" % i)
+        same = base["ours_%d_output_ids" % i] == fp8["ours_%d_output_ids" % i]
+        rows.append([label, "%.2f" % a, "%.2f" % b, "%.2fx" % (a / b),
+                     "same" if same else "differ"])
+    print(md_table(["decode", "bf16 ms/token", "fp8 ms/token", "speedup", "greedy tokens"],
+                   rows))
+    print()
+    print("goal >= %.1fx: %s" % (args.goal, ", ".join(
+        "%s %s" % (r[0], "met" if float(r[3][:-1]) >= args.goal else "NOT met") for r in rows)))
 
 
 # ---- runtime ------------------------------------------------------------------------
@@ -319,6 +346,10 @@ def main():
     b.add_argument("--read-gbs", type=float, required=True)
     b.add_argument("--kv-bytes", type=int, default=4)
     b.add_argument("--goal", type=int, default=60)
+    f = sub.add_parser("fp8")
+    f.add_argument("--bf16", required=True)
+    f.add_argument("--fp8", required=True)
+    f.add_argument("--goal", type=float, default=1.8)
     r = sub.add_parser("runtime")
     r.add_argument("--cache", required=True)
     r.add_argument("--goal", type=int, default=80)
@@ -331,7 +362,7 @@ def main():
     v.add_argument("--tree-concurrent", action="append")
     args = p.parse_args()
     {"revisions": cmd_revisions, "ours": cmd_ours, "compare": cmd_compare, "bandwidth": cmd_bandwidth,
-     "runtime": cmd_runtime}[args.cmd](args)
+     "fp8": cmd_fp8, "runtime": cmd_runtime}[args.cmd](args)
 
 
 if __name__ == "__main__":

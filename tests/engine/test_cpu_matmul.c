@@ -125,6 +125,67 @@ static void test_matmul_batch_invariance(ml_backend *be)
     free(bias);
 }
 
+/* FP8 weights (matmul_f8): y = s · (x · qᵀ) + b with the sum exactly the
+ * bf16 matmul's of q widened to bf16 (exact), at every M on both sides of
+ * the GEMV/GEMM switch, with and without bias; so its batch invariance is
+ * the bf16 path's, checked too. */
+static void test_matmul_f8(ml_backend *be)
+{
+    enum { K = 1031, N = 67, MAX_M = 40 };
+    float *x = xmalloc((size_t)MAX_M * K * sizeof *x);
+    float *y8 = xmalloc((size_t)MAX_M * N * sizeof *y8);
+    float *y16 = xmalloc((size_t)MAX_M * N * sizeof *y16);
+    float *alone = xmalloc((size_t)MAX_M * N * sizeof *alone);
+    uint8_t *w8 = xmalloc((size_t)N * K);
+    uint16_t *w16 = xmalloc((size_t)N * K * sizeof *w16);
+    uint16_t *bias = xmalloc((size_t)N * sizeof *bias);
+    float *scale = xmalloc((size_t)N * sizeof *scale);
+    fill(x, (size_t)MAX_M * K, -1, 1);
+    fill_bf16(bias, (size_t)N, -1, 1);
+    for (int n = 0; n < N; n++) {
+        /* absmax / 448 of weights of magnitude ~0.01..1, held in bf16 */
+        scale[n] = ml_round_bf16(frand(0.01f, 1.0f) / ML_F8E4M3_MAX);
+        for (int k = 0; k < K; k++) {
+            uint8_t c = (uint8_t)irand(256);
+            if ((c & 0x7f) == 0x7f) /* NaN: never in a checkpoint */
+                c ^= 1;
+            w8[(size_t)n * K + k] = c;
+            w16[(size_t)n * K + k] = ml_f32_to_bf16(ml_f8e4m3_to_f32(c));
+        }
+    }
+    int same = 1, first_bad = 0;
+    for (int M = 1; M <= MAX_M; M++) {
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            be->ops->matmul_f8(be, y8, x, w8, scale, with_bias ? bias : NULL, M, K, N);
+            be->ops->matmul(be, y16, x, w16, NULL, M, K, N, 0);
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++) {
+                    float *v = &y16[(size_t)m * N + n];
+                    *v = scale[n] * *v + (with_bias ? ml_bf16_to_f32(bias[n]) : 0.0f);
+                }
+            const int ok = memcmp(y8, y16, (size_t)M * N * sizeof *y8) == 0;
+            if (!ok && same)
+                first_bad = M;
+            same &= ok;
+        }
+    }
+    check(same, "matmul_f8 [%s]: M = %d is not scale times the bf16 sum of q, plus bias", g_isa,
+          first_bad);
+    for (int m = 0; m < MAX_M; m++)
+        be->ops->matmul_f8(be, alone + (size_t)m * N, x + (size_t)m * K, w8, scale, bias, 1, K, N);
+    be->ops->matmul_f8(be, y8, x, w8, scale, bias, MAX_M, K, N);
+    check(memcmp(y8, alone, (size_t)MAX_M * N * sizeof *y8) == 0,
+          "matmul_f8 [%s]: a batch of %d rows differs from the rows alone", g_isa, MAX_M);
+    free(x);
+    free(y8);
+    free(y16);
+    free(alone);
+    free(w8);
+    free(w16);
+    free(bias);
+    free(scale);
+}
+
 /* LoRA's gemv: dot (r, j) of every block shape equals the 1 x 1 block's, bit for bit. */
 static void test_gemv_kernel(const ml_cpu_kernels *kn)
 {
@@ -171,6 +232,8 @@ static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
     test_gemv_kernel(ml_cpu_kernels_for(isa));
     test_matmul(be);
     test_matmul_batch_invariance(be[1]);
+    test_matmul_f8(be[0]);
+    test_matmul_f8(be[1]);
 }
 
 int main(void)

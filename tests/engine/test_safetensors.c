@@ -25,6 +25,7 @@ static const float f32_vals[4] = {1.5f, -2.25f, 3.0e-5f, 65504.0f};
 static const int64_t i64_vals[3] = {128000, -1, INT64_MAX};
 static const int32_t i32_vals[2] = {-7, 2147483647};
 static const uint8_t u8_vals[5] = {0, 1, 127, 128, 255};
+static const uint8_t f8_vals[4] = {0x38, 0xfe, 0x01, 0x7f}; /* 1 -448 2^-9 NaN */
 static const float scalar_val = 42.0f;
 
 static void fill_inputs(ml_tensor_view *t)
@@ -37,8 +38,9 @@ static void fill_inputs(ml_tensor_view *t)
     t[5] = (ml_tensor_view){"e.i32", ML_DTYPE_I32, 1, {2}, i32_vals, sizeof i32_vals};
     t[6] = (ml_tensor_view){"scalar", ML_DTYPE_F32, 0, {0}, &scalar_val, sizeof scalar_val};
     t[7] = (ml_tensor_view){"empty", ML_DTYPE_F32, 2, {0, 4}, NULL, 0};
+    t[8] = (ml_tensor_view){"g.f8", ML_DTYPE_F8_E4M3, 2, {2, 2}, f8_vals, sizeof f8_vals};
 }
-#define N_INPUTS 8
+#define N_INPUTS 9
 
 static void check_round_trip(const ml_safetensors *st, const ml_tensor_view *in, size_t n)
 {
@@ -71,6 +73,9 @@ static void check_round_trip(const ml_safetensors *st, const ml_tensor_view *in,
     check(ml_tensor_view_read_f32(ml_safetensors_find(st, "b.f16"), f, err, ERRLEN) == ML_OK,
           "read f16");
     check(f[0] == 1.0f && f[1] == -2.0f && f[2] == 0.5f && f[3] == 0x1p-24f, "f16 values");
+    check(ml_tensor_view_read_f32(ml_safetensors_find(st, "g.f8"), f, err, ERRLEN) == ML_OK,
+          "read f8_e4m3");
+    check(f[0] == 1.0f && f[1] == -448.0f && f[2] == 0x1p-9f && f[3] != f[3], "f8_e4m3 values");
     int64_t v[5];
     check(ml_tensor_view_read_i64(ml_safetensors_find(st, "e.i32"), v, err, ERRLEN) == ML_OK &&
               v[0] == -7 && v[1] == 2147483647,

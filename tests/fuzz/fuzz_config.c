@@ -1,5 +1,6 @@
 /* Fuzz target: bytes -> ml_config_parse (config.json parsing and every
- * validation rule), then the derived quantities of whatever validates. */
+ * validation rule, quantization_config included), then the derived
+ * quantities of whatever validates and its ignore matching. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -8,7 +9,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    ml_config cfg;
+    static ml_config cfg; /* large: the ignore list */
     char err[256];
     if (ml_config_parse(&cfg, (const char *)data, size, err, sizeof err) != ML_OK)
         return 0;
@@ -23,5 +24,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (inv_freq)
         ml_config_rope_inv_freq(&cfg, inv_freq);
     free(inv_freq);
+    /* every pattern compiled at parse time, so matching cannot fail */
+    int ignored;
+    if (ml_quant_config_ignores(&cfg.quant, "language_model.model.layers.0.mlp.up_proj", &ignored,
+                                err, sizeof err) != ML_OK)
+        abort();
     return 0;
 }

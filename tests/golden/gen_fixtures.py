@@ -1111,6 +1111,41 @@ MODEL_CASES = [
     },
 ]
 
+# FP8 fixtures: a model of the cases above, its Linears quantized by compressed-tensors
+# (pinned in requirements.txt) with the weights of the published Llama 3.2 Vision FP8
+# checkpoints (float8 E4M3, one symmetric scale per output channel, the MinMax observer),
+# the vision tower, the projector and lm_head left bf16 by `ignore`, saved compressed
+# (float-quantized). transformers 4.47.1 loads it with run_compressed=True:
+# CompressedLinear decompresses each weight on every forward, q.to(scale dtype) * scale,
+# in a float32 model's float32 scale dtype, so its weight is q * scale exactly: W8A16,
+# what the engine computes. Input activations are not quantized (input_activations
+# null, compressed-tensors' FP8 weight-only scheme): with the published FP8_DYNAMIC
+# scheme, compressed-tensors 0.8.1 fake-quantizes each Linear's input with "token"
+# scales reduced over dim 0 only, which is exact for the text rows (batch 1) but not for
+# the cross-attention k/v projections (the image's tiles are dim 0), so its reference
+# would be neither W8A16 nor per-token W8A8.
+FP8_IGNORE = ["re:.*lm_head", "re:multi_modal_projector.*", "re:vision_model.*"]
+FP8_CASES = [
+    {
+        "name": "m8_fp8_sharded",
+        "exercises": [
+            "compressed-tensors FP8 checkpoint (float-quantized; F8_E4M3 weights + BF16 "
+            "weight_scale (out, 1) for every text-decoder Linear), FP8 channel weights "
+            "without input quantization, vision/projector/lm_head ignored by name",
+            "sharded: model.safetensors.index.json + several shards",
+            "one image, aspect (3,1) id 7 (3 tiles); <|image|> first, so every row sees it",
+            "GQA ratio 2; cross-attention layer [2] of 4; MLP 256 wide",
+        ],
+        "vision": vision_config(42, 32, 2, 64, 4, [1, 2]),
+        "text": text_config(512, 64, 4, 2, 256, 4, [2], 500000.0, 64, True),
+        "images": [[("chelsea", 40, 120, (3, 1))]],
+        "prompts": [["IMG", "BOS", ("t", 14)]],
+        "seed": 808,
+        "max_shard_size": "100KB",
+        "fp8": True,
+    },
+]
+
 # Initialisation scales. HF's init (std 0.02, zero gates) would give near-uniform
 # logits and hide gate bugs, so everything is O(1) and every gate is nonzero.
 NORM_WEIGHT_NOISE = 0.1
@@ -1423,6 +1458,45 @@ def full_config(config):
             "vision_config": fields(config.vision_config)}
 
 
+def fp8_quantization_config():
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig,
+                                                 QuantizationScheme)
+
+    fp8 = dict(num_bits=8, type="float", symmetric=True)
+    scheme = QuantizationScheme(
+        targets=["Linear"], weights=QuantizationArgs(strategy="channel", dynamic=False, **fp8))
+    return QuantizationConfig(config_groups={"group_0": scheme}, ignore=FP8_IGNORE,
+                              format="float-quantized")
+
+
+def fp8_compress(model):
+    """Quantize model's Linears in place as llm-compressor's FP8 recipes do for weights (the
+    MinMax observer over each weight row, then calculate_qparams), and return the
+    compressed state dict, the compressor that wrote it and the number of Linears."""
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationStatus, apply_quantization_config
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    apply_quantization_config(model, fp8_quantization_config())
+    quantized = 0
+    with torch.no_grad():
+        for module in model.modules():
+            scheme = getattr(module, "quantization_scheme", None)
+            if scheme is None:
+                continue
+            w = module.weight
+            scale, zp = calculate_qparams(w.amin(dim=1, keepdim=True),
+                                          w.amax(dim=1, keepdim=True), scheme.weights)
+            module.weight_scale.data.copy_(scale)
+            module.weight_zero_point.data.copy_(zp)
+            module.quantization_status = QuantizationStatus.FROZEN
+            quantized += 1
+    compressor = ModelCompressor.from_pretrained_model(model,
+                                                       quantization_format="float-quantized")
+    return compressor.compress(model), compressor, quantized
+
+
 def gen_model(case, ver):
     import torch
     from safetensors.torch import load_file, save_file
@@ -1447,11 +1521,22 @@ def gen_model(case, ver):
     model = MllamaForConditionalGeneration(config)
     randomize(model, case["seed"])
     model = model.to(torch.bfloat16)
-    bf16_state = {k: v.clone() for k, v in model.state_dict().items()}
     save_kwargs = {"safe_serialization": True}
     if "max_shard_size" in case:
         save_kwargs["max_shard_size"] = case["max_shard_size"]
-    model.save_pretrained(out_dir, **save_kwargs)
+    unquantized_dir = None
+    if case.get("fp8"):
+        # The unquantized model too, for the FP8-vs-bf16 difference only.
+        unquantized_dir = out_dir + ".bf16"
+        reset_dir(unquantized_dir)
+        model.save_pretrained(unquantized_dir, safe_serialization=True)
+        state, compressor, n_fp8 = fp8_compress(model)
+        bf16_state = {k: v.clone() for k, v in state.items()}
+        model.save_pretrained(out_dir, state_dict=state, **save_kwargs)
+        compressor.update_config(out_dir)
+    else:
+        bf16_state = {k: v.clone() for k, v in model.state_dict().items()}
+        model.save_pretrained(out_dir, **save_kwargs)
     del model
 
     rng = np.random.default_rng(case["seed"])
@@ -1465,7 +1550,13 @@ def gen_model(case, ver):
     # Reference: the saved bf16 weights, loaded as float32 (exact), eager attention.
     model = load_model(out_dir, torch.float32, "eager")
     for k, v in model.state_dict().items():
-        if not torch.equal(v, bf16_state[k].float()):
+        want = bf16_state[k]
+        if want.dtype == torch.float8_e4m3fn:  # compare the codes
+            same = v.dtype == want.dtype and torch.equal(v.view(torch.uint8),
+                                                         want.view(torch.uint8))
+        else:
+            same = torch.equal(v, want.float())
+        if not same:
             raise RuntimeError("%s: %s does not reload bit-identically" % (name, k))
     ref = reference_tensors(model, inputs, images is not None)
     check_stage_layout(model, ref)
@@ -1490,6 +1581,22 @@ def gen_model(case, ver):
     same = (ref["greedy_tokens_bf16"] == tokens).all(dim=0).tolist() + [False]
     bf16_agree_steps = same.index(False)
     bf16_diff = ref["logits_bf16"] - ref["logits"]
+    fp8_checks = None
+    if unquantized_dir:
+        plain = load_model(unquantized_dir, torch.float32, "eager")
+        plain_logits = forward(plain, inputs).logits
+        plain_tokens = greedy(plain, inputs, tcfg.pad_token_id)[0]
+        del plain
+        shutil.rmtree(unquantized_dir)
+        agree = (plain_tokens == tokens).all(dim=0).tolist() + [False]
+        fp8_checks = {
+            "fp8_linears": n_fp8,
+            "max_abs_diff_fp8_vs_unquantized_logits": float(
+                (plain_logits - ref["logits"]).abs().max()),
+            "fp8_vs_unquantized_argmax_agreement": float(
+                (plain_logits.argmax(-1) == ref["logits"].argmax(-1)).double().mean()),
+            "greedy_fp8_equals_unquantized_for_first_steps": agree.index(False),
+        }
 
     ref_path = os.path.join(out_dir, "reference.safetensors")
     save_file(ref, ref_path, metadata={"generator": "tests/golden/gen_fixtures.py"})
@@ -1531,6 +1638,7 @@ def gen_model(case, ver):
                 "greedy_bf16_equals_f32_for_first_steps": bf16_agree_steps,
                 "min_top1_top2_step_logit_margin": float(margins.min()),
                 "logits_std": float(logits.std()),
+                **(fp8_checks or {}),
             },
         },
         "derived": {
@@ -1573,11 +1681,66 @@ def gen_models():
     torch.set_num_threads(1)
     reset_dir(MODELS_DIR)
     ver = versions()
-    names = [gen_model(case, ver) for case in MODEL_CASES]
+    names = [gen_model(case, ver) for case in MODEL_CASES + FP8_CASES]
     write_json(os.path.join(MODELS_DIR, "index.json"), {
         "generator": "tests/golden/gen_fixtures.py --only models",
         "models": names,
     })
+
+
+FP8_QUANT_PATH = os.path.join(FIXTURES_DIR, "fp8_quant.safetensors")
+
+
+def gen_fp8_quant():
+    """compressed-tensors' quantization of one bf16 weight, row by row: rows of ordinary
+    values across four decades, one of zeros (the eps scale), one that reaches e4m3
+    subnormals, one of negative zeros and a single large value (the zero point's +0)."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(1717)
+    w = torch.randn(12, 96, generator=g) * torch.logspace(-3, 1, 12).unsqueeze(1)
+    w[3] = 0
+    w[5] = torch.randn(96, generator=g) * 1e-4
+    w[5, 0] = 0.3
+    w[7] = -0.0
+    w[7, 11] = 3e4
+    w = w.to(torch.bfloat16)
+    layer = torch.nn.Sequential(torch.nn.Linear(96, 12, bias=False)).to(torch.bfloat16)
+    with torch.no_grad():
+        layer[0].weight.copy_(w)
+    state, _, _ = fp8_compress(layer)
+    save_file({"weight": w.contiguous(), "quantized": state["0.weight"].contiguous(),
+               "scale": state["0.weight_scale"].contiguous()},
+              FP8_QUANT_PATH, metadata={"generator": "tests/golden/gen_fixtures.py --only fp8"})
+    log("wrote %s" % os.path.relpath(FP8_QUANT_PATH, REPO_ROOT))
+
+
+def gen_fp8():
+    """The FP8 cases alone, added to (or replaced in) the model index and the reference-mode
+    index, leaving every other fixture as it is; and the quantization golden."""
+    import torch
+
+    torch.set_num_threads(1)
+    gen_fp8_quant()
+    ver = versions()
+    index_path = os.path.join(MODELS_DIR, "index.json")
+    ref_index_path = os.path.join(REFERENCE_MODELS_DIR, "index.json")
+    with open(index_path, encoding="utf-8") as f:
+        index = json.load(f)
+    with open(ref_index_path, encoding="utf-8") as f:
+        ref_index = json.load(f)
+    for case in FP8_CASES:
+        name = gen_model(case, ver)
+        if name not in index["models"]:
+            index["models"].append(name)
+        kind, _ = gen_reference_model(name, ver)
+        for k in ("models", "unchanged"):
+            if name in ref_index[k]:
+                ref_index[k].remove(name)
+        ref_index[kind].append(name)
+    write_json(index_path, index)
+    write_json(ref_index_path, ref_index)
 
 
 # ======================================================================================
@@ -2283,7 +2446,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only",
                         choices=["images", "seeds", "masks", "models", "tokenizer", "lora",
-                                 "reference"],
+                                 "reference", "fp8"],
                         help="generate one group only (default: all)")
     args = parser.parse_args()
     check_transformers_version()
@@ -2301,6 +2464,8 @@ def main():
         gen_lora()
     if args.only in (None, "reference"):
         gen_reference()
+    if args.only == "fp8":
+        gen_fp8()
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
  * (service/config.c): model.cross_attention_row_mask takes "reference" (the
  * default) or "transformers" from every source (file, environment, --set),
  * and any other value is refused with an error naming the key and the two
- * values. */
+ * values; model.weights takes "stored" (the default) or "fp8" (quantize at
+ * load), likewise. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,10 +84,26 @@ static void test_refused(void)
           rc ? err : "accepted");
 }
 
+static void test_weights(void)
+{
+    svc_config cfg;
+    char err[512];
+    check(load(&cfg, NULL, NULL, err, sizeof err) == 0 && cfg.model.quantize_fp8 == 0 &&
+              !strcmp(cfg.model.weights, "stored"),
+          "model.weights defaults to stored: %s", err);
+    check(load(&cfg, NULL, "model.weights=fp8", err, sizeof err) == 0 &&
+              cfg.model.quantize_fp8 == 1,
+          "model.weights=fp8: %s", err);
+    int rc = load(&cfg, NULL, "model.weights=int8", err, sizeof err);
+    check(rc == -1 && strstr(err, "model.weights: expected stored or fp8, got 'int8'"),
+          "model.weights=int8 refused: %s", rc ? err : "accepted");
+}
+
 int main(void)
 {
     unsetenv(ENV);
     test_values();
     test_refused();
+    test_weights();
     return check_done();
 }
