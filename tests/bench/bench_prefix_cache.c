@@ -216,7 +216,7 @@ int main(void)
     lim.max_step_seqs = 1;
     lim.max_logit_rows = 1;
     lim.max_seq_images = 1;
-    if (ml_mkmodel(PRESET, model_dir, TOKENIZER_DIR, SEED, err, sizeof err) != ML_OK ||
+    if (ml_mkmodel(PRESET, model_dir, TOKENIZER_DIR, SEED, 0, err, sizeof err) != ML_OK ||
         !(b.be = ml_backend_cpu_create(threads, err, sizeof err)) ||
         ml_model_load(&b.model, model_dir, b.be, &lim, err, sizeof err) != ML_OK) {
         fprintf(stderr, "setup: %s\n", err);
