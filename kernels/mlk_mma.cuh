@@ -13,15 +13,14 @@
 #ifdef MLK_HOST
 #include "host_mma.h"
 
-/* The fragments of every lane of the warp; aborts unless all 32 take part. */
-template <class T>
-static inline void mlk_host_mma_exchange(const T &mine, T all[MLK_HOST_WARP])
+/* The .sync.aligned instructions need every lane of the warp. */
+static inline unsigned mlk_host_whole_warp()
 {
     if (__activemask() != 0xffffffffu) {
         fprintf(stderr, "mlk host: a .sync.aligned mma instruction without the whole warp\n");
         abort();
     }
-    mlk_host_warp_exchange(mine, all);
+    return 0xffffffffu;
 }
 #endif
 
@@ -31,22 +30,26 @@ __device__ __forceinline__ void mlk_mma_m16n8k16_bf16(float (&d)[4], const uint3
                                                       uint32_t b0, uint32_t b1)
 {
 #ifdef MLK_HOST
+    /* In: this lane's A, B and C fragments; out: its D fragment in c. */
     struct lane_frags {
         uint32_t a[4], b[2];
         float c[4];
     };
     const lane_frags mine = {{a[0], a[1], a[2], a[3]}, {b0, b1}, {d[0], d[1], d[2], d[3]}};
-    lane_frags all[MLK_HOST_WARP];
-    mlk_host_mma_exchange(mine, all);
-    uint32_t wa[MLK_HOST_WARP][4], wb[MLK_HOST_WARP][2];
-    float wc[MLK_HOST_WARP][4], wd[MLK_HOST_WARP][4];
-    for (int l = 0; l < MLK_HOST_WARP; l++) {
-        memcpy(wa[l], all[l].a, sizeof wa[l]);
-        memcpy(wb[l], all[l].b, sizeof wb[l]);
-        memcpy(wc[l], all[l].c, sizeof wc[l]);
-    }
-    mlk_host_mma_m16n8k16_bf16(wa, wb, wc, wd);
-    memcpy(d, wd[mlk_host::cur->lane], sizeof d);
+    const lane_frags out = mlk_host_warp_compute(
+        mlk_host_whole_warp(), mine, [](lane_frags *all) {
+            uint32_t wa[MLK_HOST_WARP][4], wb[MLK_HOST_WARP][2];
+            float wc[MLK_HOST_WARP][4], wd[MLK_HOST_WARP][4];
+            for (int l = 0; l < MLK_HOST_WARP; l++) {
+                memcpy(wa[l], all[l].a, sizeof wa[l]);
+                memcpy(wb[l], all[l].b, sizeof wb[l]);
+                memcpy(wc[l], all[l].c, sizeof wc[l]);
+            }
+            mlk_host_mma_m16n8k16_bf16(wa, wb, wc, wd);
+            for (int l = 0; l < MLK_HOST_WARP; l++)
+                memcpy(all[l].c, wd[l], sizeof wd[l]);
+        });
+    memcpy(d, out.c, sizeof d);
 #else
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
@@ -61,11 +64,25 @@ __device__ __forceinline__ void mlk_mma_m16n8k16_bf16(float (&d)[4], const uint3
 __device__ __forceinline__ void mlk_ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16 *row)
 {
 #ifdef MLK_HOST
-    const void *rows[MLK_HOST_WARP];
-    mlk_host_mma_exchange((const void *)row, rows);
-    uint32_t out[MLK_HOST_WARP][4];
-    mlk_host_ldmatrix(4, 1, rows, out);
-    memcpy(r, out[mlk_host::cur->lane], sizeof r);
+    /* In: this lane's row address; out: its four registers. */
+    union lane_regs {
+        const void *row;
+        uint32_t r[4];
+    };
+    lane_regs mine;
+    memset(&mine, 0, sizeof mine);
+    mine.row = row;
+    const lane_regs out = mlk_host_warp_compute(
+        mlk_host_whole_warp(), mine, [](lane_regs *all) {
+            const void *rows[MLK_HOST_WARP];
+            uint32_t regs[MLK_HOST_WARP][4];
+            for (int l = 0; l < MLK_HOST_WARP; l++)
+                rows[l] = all[l].row;
+            mlk_host_ldmatrix(4, 1, rows, regs);
+            for (int l = 0; l < MLK_HOST_WARP; l++)
+                memcpy(all[l].r, regs[l], sizeof regs[l]);
+        });
+    memcpy(r, out.r, sizeof r);
 #else
     const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"

@@ -411,6 +411,13 @@ void syncthreads()
 
 const unsigned char *warp_gather(unsigned mask, const void *mine, size_t size)
 {
+    return warp_gather_finish(mask, mine, size, nullptr, nullptr);
+}
+
+const unsigned char *warp_gather_finish(unsigned mask, const void *mine, size_t size,
+                                        void (*finish)(void *ctx, unsigned char *slots),
+                                        void *ctx)
+{
     runner &r = *tl_runner;
     fiber *f = r.running;
     warp_state &w = r.warps[f->warp];
@@ -445,6 +452,8 @@ const unsigned char *warp_gather(unsigned mask, const void *mine, size_t size)
                 peer->state = FIBER_RUNNABLE;
             }
         w.pending = 0;
+        if (finish)
+            finish(ctx, w.slots);
     }
     yield();
     return w.slots;

@@ -63,6 +63,12 @@ void syncthreads();
  * lanes outside the mask are zero). Valid until the caller's next warp
  * collective. */
 const unsigned char *warp_gather(unsigned mask, const void *mine, size_t size);
+/* As warp_gather, and finish(ctx, slots) runs once when the last lane has
+ * arrived, before any lane returns: it may rewrite the slots (a result per
+ * lane computed once for the warp). */
+const unsigned char *warp_gather_finish(unsigned mask, const void *mine, size_t size,
+                                        void (*finish)(void *ctx, unsigned char *slots),
+                                        void *ctx);
 /* Lanes of the caller's warp that have not exited. */
 unsigned active_mask();
 /* The launch's dynamic shared memory (16-byte aligned), NULL when it asked
@@ -117,6 +123,22 @@ void mlk_host_warp_exchange(const T &mine, T all[MLK_HOST_WARP])
     static_assert(std::is_trivially_copyable<T>::value, "warp exchange of a non-trivial type");
     const unsigned char *slots = mlk_host::warp_gather(mlk_host::active_mask(), &mine, sizeof(T));
     memcpy((void *)all, slots, MLK_HOST_WARP * sizeof(T));
+}
+
+/* Every lane of `mask` contributes `mine`; finish(all) runs once for the
+ * warp when all have (and may rewrite all[]); each lane returns its own
+ * all[lane]. For warp-wide instructions that would be wasteful to compute
+ * in every lane (mma). */
+template <class T, class F>
+T mlk_host_warp_compute(unsigned mask, const T &mine, F &&finish)
+{
+    static_assert(std::is_trivially_copyable<T>::value, "warp compute of a non-trivial type");
+    auto run = [](void *ctx, unsigned char *slots) { (*(F *)ctx)((T *)slots); };
+    const unsigned char *slots =
+        mlk_host::warp_gather_finish(mask, &mine, sizeof(T), run, (void *)&finish);
+    T out;
+    memcpy((void *)&out, slots + mlk_host::cur->lane * sizeof(T), sizeof(T));
+    return out;
 }
 
 /* ---- the built-in variables and qualifiers ------------------------------------------ */

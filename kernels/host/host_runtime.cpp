@@ -4,17 +4,28 @@
  *
  * Devices: MLK_HOST_DEVICES of them (default HOST_DEFAULT_DEVICES, enough for
  * the two-rank tensor-parallel tests), each reported as an sm_90 device of
- * MLK_HOST_DEVICE_MIB MiB (default HOST_DEFAULT_MIB) with an H100's limits,
+ * MLK_HOST_DEVICE_MIB MiB (default HOST_DEFAULT_MIB, each device its own) with
+ * an H100's limits,
  * so that the backend takes the paths it takes on its target. Device memory
- * is malloc'd host memory of exactly the requested size (AddressSanitizer
- * then sees accesses past an allocation), counted against that size. */
+ * is host memory mapped without reserve (only what is touched is used, so
+ * a device-sized pool costs nothing), counted against the device's size;
+ * the bytes past an allocation's end up to a guard page are poisoned for
+ * AddressSanitizer, and the guard page faults. */
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cuda_runtime.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 
 #include "host_exec.h"
 #include "host_stream.h"
@@ -22,7 +33,7 @@
 namespace {
 
 constexpr int HOST_DEFAULT_DEVICES = 2;
-constexpr size_t HOST_DEFAULT_MIB = 8192;
+constexpr size_t HOST_DEFAULT_MIB = 80 << 10; /* an H100's */
 constexpr int HOST_CC_MAJOR = 9, HOST_CC_MINOR = 0;
 constexpr int HOST_SM_COUNT = 132;
 /* Shared memory per block: the default limit, and the opt-in maximum of an
@@ -35,8 +46,14 @@ thread_local cudaError_t tl_last_error = cudaSuccess;
 thread_local int tl_device = 0;
 
 std::mutex g_mu;
-size_t g_used_bytes;                      /* @locks g_mu */
-std::map<const void *, size_t> g_device;  /* @locks g_mu: live cudaMalloc blocks and sizes */
+constexpr int MAX_DEVICES = 64;
+size_t g_used_bytes[MAX_DEVICES];         /* @locks g_mu: per device */
+struct device_block {
+    size_t bytes;
+    size_t mapped; /* bytes mapped, the guard page included */
+    int device;
+};
+std::map<const void *, device_block> g_device; /* @locks g_mu: live cudaMalloc blocks */
 std::map<const char *, size_t> g_pinned;  /* @locks g_mu: live cudaHostAlloc blocks and sizes */
 std::map<const void *, size_t> g_smem_attr; /* @locks g_mu: MaxDynamicSharedMemorySize set */
 
@@ -48,7 +65,7 @@ int env_int(const char *name, int fallback)
 
 int device_count()
 {
-    static const int n = env_int("MLK_HOST_DEVICES", HOST_DEFAULT_DEVICES);
+    static const int n = std::min(env_int("MLK_HOST_DEVICES", HOST_DEFAULT_DEVICES), MAX_DEVICES);
     return n;
 }
 
@@ -204,7 +221,7 @@ extern "C" cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
         return fail(cudaErrorInvalidValue);
     std::lock_guard<std::mutex> lock(g_mu);
     *total_bytes = device_bytes();
-    *free_bytes = device_bytes() - g_used_bytes;
+    *free_bytes = device_bytes() - g_used_bytes[tl_device];
     return cudaSuccess;
 }
 
@@ -219,14 +236,21 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t bytes)
     if (cap != cudaSuccess)
         return fail(cap);
     std::lock_guard<std::mutex> lock(g_mu);
-    if (bytes > device_bytes() - g_used_bytes)
+    if (bytes > device_bytes() - g_used_bytes[tl_device])
         return fail(cudaErrorMemoryAllocation);
-    if (posix_memalign(p, DEVICE_ALIGN, bytes ? bytes : 1) != 0) {
-        *p = nullptr;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t data = (bytes + page - 1) / page * page;
+    void *m = mmap(nullptr, data + page, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED)
         return fail(cudaErrorMemoryAllocation);
-    }
-    g_device[*p] = bytes;
-    g_used_bytes += bytes;
+    mprotect((char *)m + data, page, PROT_NONE);
+#if defined(__SANITIZE_ADDRESS__)
+    ASAN_POISON_MEMORY_REGION((char *)m + bytes, data - bytes);
+#endif
+    *p = m;
+    g_device[*p] = device_block{bytes, data + page, tl_device};
+    g_used_bytes[tl_device] += bytes;
     return cudaSuccess;
 }
 
@@ -241,9 +265,12 @@ extern "C" cudaError_t cudaFree(void *p)
     auto it = g_device.find(p);
     if (it == g_device.end())
         return fail(cudaErrorInvalidDevicePointer);
-    g_used_bytes -= it->second;
+    g_used_bytes[it->second.device] -= it->second.bytes;
+#if defined(__SANITIZE_ADDRESS__)
+    ASAN_UNPOISON_MEMORY_REGION(p, it->second.mapped);
+#endif
+    munmap(p, it->second.mapped);
     g_device.erase(it);
-    free(p);
     return cudaSuccess;
 }
 
