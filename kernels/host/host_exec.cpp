@@ -40,12 +40,18 @@ constexpr unsigned MAX_BLOCK_Z = 64;
 constexpr unsigned MAX_GRID_YZ = 65535;
 constexpr size_t GATHER_MAX = 64;
 constexpr size_t SMEM_ALIGN = 16;
+/* Fiber i's stack starts (i % STACK_COLOURS) * STACK_COLOUR_BYTES below its
+ * mapping's top: equally aligned stack tops would all fall in the same cache
+ * sets, and switching among them would thrash the caches. */
+constexpr unsigned STACK_COLOURS = 64;
+constexpr size_t STACK_COLOUR_BYTES = 64 + 16;
 /* Dynamic shared memory starts as this byte in every block (all-ones f32 and
  * bf16 are NaNs), so a read before the block's first write shows. */
 constexpr int SMEM_POISON = 0xff;
 
-/* ---- contexts: a minimal switch on x86-64 (callee-saved registers, the SSE
- * and x87 control words, the stack pointer), ucontext elsewhere ------------- */
+/* ---- contexts: a minimal switch on x86-64 (callee-saved registers and the
+ * stack pointer; the SSE and x87 control words are the thread's, never changed
+ * by a kernel, so not switched), ucontext elsewhere ------------------------------ */
 
 #if defined(__x86_64__)
 extern "C" void mlk_host_switch(void **save_sp, void *to_sp);
@@ -61,14 +67,8 @@ mlk_host_switch:
     pushq %r13
     pushq %r14
     pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
     popq %r15
     popq %r14
     popq %r13
@@ -94,21 +94,18 @@ struct context {
 /* A fresh context that calls entry(arg) on [stack, stack + size). */
 void context_init(context *c, char *stack, size_t size, void (*entry)(void *), void *arg)
 {
-    /* mlk_host_switch's frame, read upwards from sp: control words, r15,
-     * r14, r13, r12, rbx, rbp, return address; after its ret the stack is
-     * 16-byte aligned, as the trampoline's call needs. */
+    /* mlk_host_switch's frame, read upwards from sp: r15, r14, r13, r12,
+     * rbx, rbp, return address; after its ret the stack is 16-byte
+     * aligned, as the trampoline's call needs. */
     uintptr_t top = ((uintptr_t)(stack + size) & ~(uintptr_t)15) - 16;
-    uint64_t *frame = (uint64_t *)top - 8;
-    uint32_t csr[2];
-    asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(csr[0]), "=m"(csr[1]));
-    memcpy(&frame[0], csr, sizeof csr);
-    frame[1] = 0;                   /* r15 */
-    frame[2] = 0;                   /* r14 */
-    frame[3] = (uint64_t)entry;     /* r13 */
-    frame[4] = (uint64_t)arg;       /* r12 */
-    frame[5] = 0;                   /* rbx */
-    frame[6] = 0;                   /* rbp */
-    frame[7] = (uint64_t)&mlk_host_fiber_start;
+    uint64_t *frame = (uint64_t *)top - 7;
+    frame[0] = 0;                   /* r15 */
+    frame[1] = 0;                   /* r14 */
+    frame[2] = (uint64_t)entry;     /* r13 */
+    frame[3] = (uint64_t)arg;       /* r12 */
+    frame[4] = 0;                   /* rbx */
+    frame[5] = 0;                   /* rbp */
+    frame[6] = (uint64_t)&mlk_host_fiber_start;
     c->sp = frame;
 }
 
@@ -180,9 +177,14 @@ struct runner {
     uint3 block_idx;
     uint64_t rng = 0;
     uint64_t launches = 0;
+    /* The pass: the fibers runnable when it began, in schedule order, and
+     * the one running. */
+    std::vector<unsigned> pass;
+    size_t pass_pos = 0;
 #ifdef MLK_HOST_ASAN
-    const void *sched_bottom = nullptr;
+    const void *sched_bottom = nullptr; /* the host thread's stack */
     size_t sched_size = 0;
+    bool from_sched = false;            /* the last switch left the scheduler */
 #endif
     ~runner()
     {
@@ -192,6 +194,21 @@ struct runner {
 };
 
 thread_local runner *tl_runner;
+
+#ifdef MLK_HOST_ASAN
+/* Tell ASan the switch into this context is complete; the first switch
+ * out of the scheduler also tells where its stack is. */
+void sanitizer_arrived(runner &r, void *fake)
+{
+    const void *bottom = nullptr;
+    size_t size = 0;
+    __sanitizer_finish_switch_fiber(fake, &bottom, &size);
+    if (r.from_sched) {
+        r.sched_bottom = bottom;
+        r.sched_size = size;
+    }
+}
+#endif
 
 runner &this_runner()
 {
@@ -216,35 +233,36 @@ runner &this_runner()
     abort();
 }
 
-/* Switch from the running fiber back to the scheduler. */
+/* Switch from `from` (the running fiber's context or the scheduler's) to
+ * fiber `to`, or to the scheduler when to is NULL; returns when something
+ * switches back. */
+void switch_to(runner &r, context *from, fiber *to)
+{
+    r.running = to;
+    cur = to ? &to->c : nullptr;
+#ifdef MLK_HOST_ASAN
+    void *fake = nullptr;
+    r.from_sched = from == &r.sched;
+    if (to)
+        __sanitizer_start_switch_fiber(&fake, to->stack, STACK_BYTES);
+    else
+        __sanitizer_start_switch_fiber(&fake, r.sched_bottom, r.sched_size);
+#endif
+    context_switch(from, to ? &to->ctx : &r.sched);
+#ifdef MLK_HOST_ASAN
+    sanitizer_arrived(r, fake);
+#endif
+}
+
+/* The running fiber is done until a collective releases it: on to the next
+ * fiber of the pass, straight (half the switches of going through the
+ * scheduler), or back to the scheduler after the pass's last. */
 void yield()
 {
     runner &r = *tl_runner;
     fiber *f = r.running;
-#ifdef MLK_HOST_ASAN
-    void *fake = nullptr;
-    __sanitizer_start_switch_fiber(&fake, r.sched_bottom, r.sched_size);
-#endif
-    context_switch(&f->ctx, &r.sched);
-#ifdef MLK_HOST_ASAN
-    __sanitizer_finish_switch_fiber(fake, &r.sched_bottom, &r.sched_size);
-#endif
-}
-
-void resume(runner &r, fiber *f)
-{
-    r.running = f;
-    cur = &f->c;
-#ifdef MLK_HOST_ASAN
-    void *fake = nullptr;
-    __sanitizer_start_switch_fiber(&fake, f->stack, STACK_BYTES);
-#endif
-    context_switch(&r.sched, &f->ctx);
-#ifdef MLK_HOST_ASAN
-    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
-#endif
-    r.running = nullptr;
-    cur = nullptr;
+    fiber *next = ++r.pass_pos < r.pass.size() ? r.fibers[r.pass[r.pass_pos]].get() : nullptr;
+    switch_to(r, &f->ctx, next);
 }
 
 void release_barrier(runner &r)
@@ -274,7 +292,7 @@ void fiber_main(void *arg)
     fiber *f = (fiber *)arg;
     runner &r = *tl_runner;
 #ifdef MLK_HOST_ASAN
-    __sanitizer_finish_switch_fiber(nullptr, &r.sched_bottom, &r.sched_size);
+    sanitizer_arrived(r, nullptr);
 #endif
     for (;;) {
         (*r.thread_fn)();
@@ -283,7 +301,7 @@ void fiber_main(void *arg)
     }
 }
 
-fiber *fiber_new()
+fiber *fiber_new(unsigned index)
 {
     char *stack = (char *)mmap(nullptr, STACK_BYTES, PROT_READ | PROT_WRITE,
                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -292,7 +310,8 @@ fiber *fiber_new()
     mprotect(stack, (size_t)sysconf(_SC_PAGESIZE), PROT_NONE);
     fiber *f = new fiber();
     f->stack = stack;
-    context_init(&f->ctx, stack, STACK_BYTES, fiber_main, f);
+    context_init(&f->ctx, stack, STACK_BYTES - index % STACK_COLOURS * STACK_COLOUR_BYTES,
+                 fiber_main, f);
     return f;
 }
 
@@ -380,18 +399,16 @@ void run_block(runner &r, const launch_config &cfg, uint3 block_idx, int order)
     }
     if (r.dyn_smem)
         memset(r.dyn_smem, SMEM_POISON, r.dyn_smem_bytes);
-    std::vector<unsigned> runnable;
-    runnable.reserve(n);
     while (r.n_exited < n) {
-        runnable.clear();
+        r.pass.clear();
         for (unsigned t = 0; t < n; t++)
             if (r.fibers[t]->state == FIBER_RUNNABLE)
-                runnable.push_back(t);
-        if (runnable.empty())
+                r.pass.push_back(t);
+        if (r.pass.empty())
             deadlock(r);
-        apply_order(r, order, runnable);
-        for (unsigned t : runnable)
-            resume(r, r.fibers[t].get());
+        apply_order(r, order, r.pass);
+        r.pass_pos = 0;
+        switch_to(r, &r.sched, r.fibers[r.pass[0]].get());
     }
 }
 
@@ -495,7 +512,7 @@ void run_grid(const launch_config &cfg, const std::function<void()> &thread)
         fail("a grid launched from inside a kernel");
     const unsigned n = cfg.block.x * cfg.block.y * cfg.block.z;
     while (r.fibers.size() < n)
-        r.fibers.emplace_back(fiber_new());
+        r.fibers.emplace_back(fiber_new((unsigned)r.fibers.size()));
     if (r.warps.size() < (n + MLK_HOST_WARP - 1) / MLK_HOST_WARP)
         r.warps.resize((n + MLK_HOST_WARP - 1) / MLK_HOST_WARP);
     const int order = schedule_order();
