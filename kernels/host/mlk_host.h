@@ -1,6 +1,7 @@
 /* What tests need of the HOST build (MLLAMA_CUDA=HOST, MLLAMA_CUDA_HOST
  * defined for every target that links mlk_cuda): the schedule order of the
- * emulated threads. Callable from C.
+ * emulated threads, and digests of what comes back from the device to
+ * compare runs under different orders. Callable from C.
  * @locality: any thread; takes effect at the next grid launched. */
 #ifndef MLK_HOST_H
 #define MLK_HOST_H
@@ -20,6 +21,16 @@ enum {
     MLK_HOST_SCHEDULE_SHUFFLE = 2
 };
 void mlk_host_schedule_set(int order, unsigned long long seed);
+
+/* From now on every device-to-host copy, when it executes, writes one
+ * mlk_host_digest record to fd (a pipe to a process comparing runs under
+ * different schedule orders); fd < 0 stops. Whole records, in copy order. */
+typedef struct mlk_host_digest {
+    unsigned long long index; /* device-to-host copies before this one */
+    unsigned long long bytes;
+    unsigned long long hash;  /* FNV-1a 64 of the bytes */
+} mlk_host_digest;
+void mlk_host_digest_downloads(int fd);
 
 #ifdef __cplusplus
 }
