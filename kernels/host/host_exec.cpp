@@ -520,8 +520,8 @@ void run_grid(const launch_config &cfg, const std::function<void()> &thread)
     r.thread_fn = &thread;
     r.dyn_smem_bytes = cfg.smem;
     r.dyn_smem = nullptr;
-    if (cfg.smem &&
-        posix_memalign(&r.dyn_smem, SMEM_ALIGN, (cfg.smem + SMEM_ALIGN - 1) / SMEM_ALIGN * SMEM_ALIGN))
+    const size_t smem_rounded = (cfg.smem + SMEM_ALIGN - 1) / SMEM_ALIGN * SMEM_ALIGN;
+    if (cfg.smem && posix_memalign(&r.dyn_smem, SMEM_ALIGN, smem_rounded))
         fail("out of memory for dynamic shared memory");
 
     const uint64_t n_blocks = (uint64_t)cfg.grid.x * cfg.grid.y * cfg.grid.z;

@@ -162,7 +162,8 @@ extern "C" cudaError_t cudaPeekAtLastError(void)
     X(cudaErrorNoDevice, "no CUDA-capable device is detected")                                   \
     X(cudaErrorIllegalState, "operation not permitted in the current state")                     \
     X(cudaErrorStreamCaptureUnsupported, "operation not permitted when stream is capturing")     \
-    X(cudaErrorStreamCaptureInvalidated, "operation failed due to a previous error during capture") \
+    X(cudaErrorStreamCaptureInvalidated,                                                         \
+      "operation failed due to a previous error during capture")                                 \
     X(cudaErrorStreamCaptureWrongThread, "attempt to terminate a thread-local capture sequence "   \
                                          "from another thread")                                   \
     X(cudaErrorStreamCaptureImplicit, "operation would make the legacy stream depend on a "        \
@@ -375,7 +376,7 @@ extern "C" cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaS
     return rc == cudaSuccess ? rc : fail(rc);
 }
 
-/* ---- kernels' attributes ---------------------------------------------------------------------- */
+/* ---- kernels' attributes ------------------------------------------------------------------ */
 
 extern "C" cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int value)
 {

@@ -220,7 +220,7 @@ extern "C" cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureSt
     return cudaSuccess;
 }
 
-/* ---- graphs ----------------------------------------------------------------------------------- */
+/* ---- graphs ------------------------------------------------------------------------------- */
 
 extern "C" cudaError_t cudaGraphDestroy(cudaGraph_t g)
 {

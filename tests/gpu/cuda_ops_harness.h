@@ -125,6 +125,16 @@ static inline void *dput(const void *host, size_t bytes)
     return d;
 }
 
+/* Device copy of host bytes in a block 4 bytes larger (never empty, even
+ * for an empty input); only the host's `bytes` are read. */
+static inline void *dput_padded(const void *host, size_t bytes)
+{
+    void *d = dput(NULL, bytes + 4);
+    if (bytes)
+        g_gpu->ops->upload(g_gpu, d, host, bytes);
+    return d;
+}
+
 static inline void dget(void *host, const void *dev, size_t bytes, const char *what)
 {
     g_gpu->ops->download(g_gpu, host, dev, bytes);
@@ -187,8 +197,8 @@ static size_t read_digests(int fd, mlk_host_digest *d)
  * every child skipped). */
 static void cuda_ops_fork_orders(void)
 {
-    static const int orders[SCHEDULE_ORDERS] = {MLK_HOST_SCHEDULE_FORWARD, MLK_HOST_SCHEDULE_REVERSE,
-                                                MLK_HOST_SCHEDULE_SHUFFLE};
+    static const int orders[SCHEDULE_ORDERS] = {
+        MLK_HOST_SCHEDULE_FORWARD, MLK_HOST_SCHEDULE_REVERSE, MLK_HOST_SCHEDULE_SHUFFLE};
     static const char *const names[SCHEDULE_ORDERS] = {"forward", "reverse", "shuffle"};
     if (getenv("MLK_HOST_SCHEDULE"))
         return;

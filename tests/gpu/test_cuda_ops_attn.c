@@ -133,8 +133,9 @@ static void causal_case(int n_seqs, const int *pos0, const int *n_new, int n_hea
         }
     uint16_t *kc16 = to_bf16(kc, cache_n), *vc16 = to_bf16(vc, cache_n);
     uint16_t *dkc = dput(kc16, cache_n * 2), *dvc = dput(vc16, cache_n * 2);
-    float *dk = dput(k, (size_t)n_tok * row * 4 + 4), *dv = dput(v, (size_t)n_tok * row * 4 + 4);
-    float *dq = dput(q, nq * 4 + 4), *dout = dput(NULL, nq * 4 + 4);
+    float *dk = dput_padded(k, (size_t)n_tok * row * 4);
+    float *dv = dput_padded(v, (size_t)n_tok * row * 4);
+    float *dq = dput_padded(q, nq * 4), *dout = dput(NULL, nq * 4 + 4);
     int32_t *dslot = dput(slot, (size_t)n_tok * 4 + 4);
     int32_t *dtable = dput(pg.table, (size_t)n_seqs * pg.max_blocks * 4);
     int32_t *dstart = dput(pg.seq_start, (size_t)(n_seqs + 1) * 4);
