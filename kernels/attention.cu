@@ -16,8 +16,7 @@
  *   about one token per sequence (decode) splits each sequence's keys (a
  *   token over an image's 6404) over CTAs; longer ones stride row blocks.
  * Unsupported shapes (head_dim not a multiple of 8 or above 256) latch
- * ML_ERR_UNSUPPORTED.
- * Compiled, not yet run on a GPU. */
+ * ML_ERR_UNSUPPORTED. */
 #include <cstring>
 
 #include "attention.cuh"

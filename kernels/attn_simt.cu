@@ -1,6 +1,5 @@
 /* The SIMT attention's launcher and its split-K combine kernel (the kernel
- * itself and its design notes are in attn_simt.cuh).
- * Compiled, not yet run on a GPU. */
+ * itself and its design notes are in attn_simt.cuh). */
 #include "attn_simt.cuh"
 
 #define COMBINE_THREADS 128

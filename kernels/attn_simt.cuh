@@ -28,8 +28,7 @@
  * The kernel template lives in this header; attn_simt_r4.cu and
  * attn_simt_r8.cu instantiate it (one file per rows-per-warp, so the
  * instantiations compile in parallel), attn_simt.cu holds the combine
- * kernel and the launcher.
- * Compiled, not yet run on a GPU. */
+ * kernel and the launcher. */
 #ifndef MLK_ATTN_SIMT_CUH
 #define MLK_ATTN_SIMT_CUH
 

@@ -2,8 +2,7 @@
  * K and V rows into paged cache slots, kv_store converts a resident
  * cross-attention plane. Conversion rounds to nearest even, as
  * ml_f32_to_bf16 does, so a cache written here holds exactly the bf16
- * rounding of the CPU's f32 cache.
- * Compiled, not yet run on a GPU. */
+ * rounding of the CPU's f32 cache. */
 #include "mlk_internal.cuh"
 
 #define CACHE_THREADS 256

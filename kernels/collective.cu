@@ -2,8 +2,7 @@
  * and all_reduce_sum over them (ncclAllReduce on each backend's stream).
  * Built without NCCL (MLK_HAVE_NCCL undefined), a group can only have one
  * member, whose all_reduce_sum is the identity, so graph code written for
- * tensor parallelism still runs at TP = 1.
- * Compiled, not yet run on a GPU. */
+ * tensor parallelism still runs at TP = 1. */
 #include <cstdio>
 #include <cstdlib>
 

@@ -6,8 +6,7 @@
  * Products that the CPU rounds before adding use __fmul_rn/__fadd_rn so
  * that nvcc does not contract them into an FMA: add_rows, add_bf16 and the
  * RoPE rotation then agree with the CPU bitwise, and gelu/silu/rope differ
- * only by the ulps of CUDA's erff/expf/cosf/sinf against libm's.
- * Compiled, not yet run on a GPU. */
+ * only by the ulps of CUDA's erff/expf/cosf/sinf against libm's. */
 #include "mlk_internal.cuh"
 
 #define EW_THREADS 256

@@ -23,8 +23,7 @@
  * gives each product a relative error δ with E[δ²] ≈ 2^-16·0.54/3 ≈ 2.8e-6
  * (uniform rounding error within a binade, averaged over the significand);
  * summed over K independent terms the output's NMSE is the same 2.8e-6
- * whatever K is. tests/gpu/test_cuda_ops_matmul.c holds it to 2e-5.
- * Compiled, not yet run on a GPU. */
+ * whatever K is. tests/gpu/test_cuda_ops_matmul.c holds it to 2e-5. */
 #include "mlk_internal.cuh"
 
 #define GEMV_MAX_M 4

@@ -3,8 +3,7 @@
  * decoder's 4096, where one warp would serialise 128 loads per lane).
  * Sums are f32 in a different order from the CPU's 16-lane sums: results
  * agree to f32 rounding (relative ~1e-7), not bitwise. y may alias x: each
- * row is read completely before any of it is written.
- * Compiled, not yet run on a GPU. */
+ * row is read completely before any of it is written. */
 #include "mlk_internal.cuh"
 
 #define NORM_THREADS 256

@@ -51,9 +51,7 @@
  * coalesced read by the 1024 threads of one SM, plus shared-memory atomics
  * for the tokens in range; rows run on separate SMs. One SM reading a row
  * from L2 at 100-200 GB/s puts a pass at 3-5 us: a guess, not a
- * measurement.
- *
- * Compiled, not yet run on a GPU. */
+ * measurement. */
 #include <cfloat>
 #include <climits>
 #include <cmath>
