@@ -10,8 +10,9 @@
 # touches the network (a lent machine is offline). Without them it
 # falls back to compiling directly only what the GPU checks need: the
 # kernels, engine/*.c and engine/cpu/*.c, test_cuda_device, the
-# test_cuda_ops_* tests and bench_cuda (test_cuda_golden needs cJSON for
-# the model loader and is then reported as not built).
+# test_cuda_ops_* tests and bench_cuda (the model tests, test_cuda_golden,
+# _decode_graph and _runtime, need cJSON for the model loader and are then
+# reported as not built).
 #
 # Output: $OUT/gpu-summary.json, gpu-summary.txt and the logs when OUT is
 # set (the device tool's return folder), else build-gpu/. Expected runtime
@@ -30,6 +31,8 @@ BENCH_TIMEOUT=240
 CUDA_OPS_TESTS=(test_cuda_ops_backend test_cuda_ops_matmul test_cuda_ops_norms
                 test_cuda_ops_elementwise test_cuda_ops_sample test_cuda_ops_attn
                 test_cuda_ops_graphs)
+# The model end to end on CUDA backends (CMake build only: they need cJSON).
+CUDA_MODEL_TESTS=(test_cuda_golden test_cuda_decode_graph test_cuda_runtime)
 mkdir -p "$BUILD" "$DEST"
 LOG=$DEST/check.log
 : >"$LOG"
@@ -81,7 +84,7 @@ build_cmake() {
     cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DMLLAMA_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_CUDA_ARCHITECTURES=90 "${extra[@]}" >>"$LOG" 2>&1 &&
         cmake --build "$BUILD" -j"$JOBS" --target mlk_cuda test_cuda_device \
-            "${CUDA_OPS_TESTS[@]}" test_cuda_golden bench_cuda >>"$LOG" 2>&1
+            "${CUDA_OPS_TESTS[@]}" "${CUDA_MODEL_TESTS[@]}" bench_cuda >>"$LOG" 2>&1
 }
 
 # Direct compilation of what the GPU checks need, for machines without the
@@ -176,7 +179,7 @@ if [ "$MODE" = cmake ]; then
         --output-on-failure) >"$DEST/ctest.log" 2>&1
     say "ctest -L gpu: $(grep -E 'tests passed|tests failed' "$DEST/ctest.log" | tail -1)"
     # ... whose per-test results feed the summary.
-    for t in test_cuda_device "${CUDA_OPS_TESTS[@]}" test_cuda_golden; do
+    for t in test_cuda_device "${CUDA_OPS_TESTS[@]}" "${CUDA_MODEL_TESTS[@]}"; do
         line=$(grep -E "Test +#[0-9]+: $t " "$DEST/ctest.log" | tail -1)
         secs=$(echo "$line" | sed -n 's/.* \([0-9.]*\) sec.*/\1/p')
         case "$line" in
@@ -194,7 +197,9 @@ elif [ "$MODE" = direct ]; then
     for t in "${CUDA_OPS_TESTS[@]}"; do
         run_test "$t"
     done
-    TESTS_JSON+=", {\"name\": \"test_cuda_golden\", \"status\": \"not_built\", \"reason\": \"no cJSON on this machine\"}"
+    for t in "${CUDA_MODEL_TESTS[@]}"; do
+        TESTS_JSON+=", {\"name\": \"$t\", \"status\": \"not_built\", \"reason\": \"no cJSON on this machine\"}"
+    done
 fi
 
 # ---- benchmark -----------------------------------------------------------------------------
