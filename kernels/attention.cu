@@ -30,8 +30,7 @@
  * before. When the partials of every sequence would not fit the
  * workspace, the sequences go in groups, one launch each (seq0). The
  * vision attention needs nothing: an image's rows never meet another
- * image's in its shape or order.
- * Compiled, not yet run on a GPU. */
+ * image's in its shape or order. */
 #include <cstring>
 
 #include "attention.cuh"

@@ -22,8 +22,9 @@
  * the f32 CPU reference the output's NMSE is about that of bf16 rounding,
  * a few 1e-6; tests/gpu holds it to 5e-5.
  * Head dims 16, 32, 64, 80 and 128 are instantiated; others use the SIMT
- * kernel. Compiled, not yet run on a GPU. */
+ * kernel. */
 #include "attention.cuh"
+#include "mlk_mma.cuh"
 
 #define MMA_WARPS 8
 #define MMA_THREADS (MMA_WARPS * 32)
@@ -44,27 +45,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return (uint32_t)__bfloat16_as_ushort(v.x) | (uint32_t)__bfloat16_as_ushort(v.y) << 16;
-}
-
-/* d (16x8 f32) += a (16x16 bf16, row) · b (16x8 bf16, col). */
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Four 8x8 bf16 matrices, transposed: lanes 8i .. 8i+7 give the row
- * addresses of matrix i, and r[i] receives this lane's fragment of it. */
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16 *row)
-{
-    const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
 }
 
 __device__ __forceinline__ uint32_t lds32(const __nv_bfloat16 *p)
@@ -94,7 +74,7 @@ __global__ void __launch_bounds__(MMA_THREADS, HD <= 80 ? 2 : 1)
     constexpr int DTILES = HD / 8;         /* 8-wide column tiles of O */
     constexpr int NTILES = MMA_BK / 8;     /* 8-key column tiles of S */
     constexpr int VEC = HD / 4;            /* float4 per row */
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    MLK_DYNAMIC_SHARED(unsigned char, smem_raw);
     __nv_bfloat16 *q_s = (__nv_bfloat16 *)smem_raw;   /* (MMA_BQ, LDS) */
     __nv_bfloat16 *k_s = q_s + MMA_BQ * LDS;          /* (MMA_BK, LDS) */
     __nv_bfloat16 *v_s = k_s + MMA_BK * LDS;          /* (MMA_BK, LDS) */
@@ -167,7 +147,8 @@ __global__ void __launch_bounds__(MMA_THREADS, HD <= 80 ? 2 : 1)
             const __nv_bfloat16 *kr = k_s + (nt * 8 + g) * LDS + 2 * t4;
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ks++)
-                mma_bf16(sc[nt], qa[ks], lds32(kr + ks * 16), lds32(kr + ks * 16 + 8));
+                mlk_mma_m16n8k16_bf16(sc[nt], qa[ks], lds32(kr + ks * 16),
+                                      lds32(kr + ks * 16 + 8));
         }
 
         /* Mask and scale; the tile's row maxima over the lane quad. */
@@ -224,9 +205,9 @@ __global__ void __launch_bounds__(MMA_THREADS, HD <= 80 ? 2 : 1)
 #pragma unroll
             for (int dt = 0; dt < DTILES; dt += 2) {
                 uint32_t vb[4];
-                ldmatrix_x4_trans(vb, v_s + vrow * LDS + dt * 8 + (lane >> 4) * 8);
-                mma_bf16(o[dt], pa, vb[0], vb[1]);
-                mma_bf16(o[dt + 1], pa, vb[2], vb[3]);
+                mlk_ldmatrix_x4_trans(vb, v_s + vrow * LDS + dt * 8 + (lane >> 4) * 8);
+                mlk_mma_m16n8k16_bf16(o[dt], pa, vb[0], vb[1]);
+                mlk_mma_m16n8k16_bf16(o[dt + 1], pa, vb[2], vb[3]);
             }
         }
     }
@@ -253,7 +234,7 @@ static void launch(mlk_backend *b, const mlk_attn_args *a)
 {
     const dim3 grid((unsigned)a->n_heads, (unsigned)a->n_seqs,
                     (unsigned)((a->seq_len + MMA_BQ - 1) / MMA_BQ));
-    attn_vision_mma_kernel<HD><<<grid, MMA_THREADS, mma_smem_bytes(HD), b->stream>>>(*a);
+    mlk_launch(attn_vision_mma_kernel<HD>, grid, MMA_THREADS, mma_smem_bytes(HD), b->stream, *a);
 }
 
 int mlk_attn_vision_mma(mlk_backend *b, const mlk_attn_args *a, const char *op)
@@ -273,8 +254,8 @@ int mlk_attn_vision_mma(mlk_backend *b, const mlk_attn_args *a, const char *op)
 template <int HD>
 static void allow_smem()
 {
-    cudaFuncSetAttribute(attn_vision_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)mma_smem_bytes(HD));
+    cudaFuncSetAttribute((const void *)attn_vision_mma_kernel<HD>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mma_smem_bytes(HD));
 }
 
 void mlk_attn_mma_init(void)

@@ -1,6 +1,5 @@
 /* The SIMT attention's launcher and its split-K combine kernel (the kernel
- * itself and its design notes are in attn_simt.cuh).
- * Compiled, not yet run on a GPU. */
+ * itself and its design notes are in attn_simt.cuh). */
 #include "attn_simt.cuh"
 
 #define COMBINE_THREADS 128
@@ -47,8 +46,8 @@ void mlk_attn_simt(mlk_backend *b, const mlk_attn_args *a, int rows_per_warp, in
         mlk_attn_simt_launch_r8(b, a, grid);
     mlk_launched(b, op);
     if (a->split) {
-        attn_combine_kernel<<<dim3((unsigned)a->n_kv_heads, (unsigned)a->n_seqs), COMBINE_THREADS,
-                              0, b->stream>>>(*a, rows_per_warp, z_slots);
+        mlk_launch(attn_combine_kernel, dim3((unsigned)a->n_kv_heads, (unsigned)a->n_seqs),
+                   COMBINE_THREADS, 0, b->stream, *a, rows_per_warp, z_slots);
         mlk_launched(b, op);
     }
 }

@@ -28,8 +28,7 @@
  * The kernel template lives in this header; attn_simt_r4.cu and
  * attn_simt_r8.cu instantiate it (one file per rows-per-warp, so the
  * instantiations compile in parallel), attn_simt.cu holds the combine
- * kernel and the launcher.
- * Compiled, not yet run on a GPU. */
+ * kernel and the launcher. */
 #ifndef MLK_ATTN_SIMT_CUH
 #define MLK_ATTN_SIMT_CUH
 
@@ -138,7 +137,7 @@ template <int HDC, int R>
 __device__ void attend_block(const mlk_attn_args &a, int s, int kvh, int rows_total, int qb,
                              int split, int n_splits, bool to_partial)
 {
-    extern __shared__ float smem[];
+    MLK_DYNAMIC_SHARED(float, smem);
     const bool single = rows_total <= R;
     const int WR = single ? 1 : SIMT_WARPS, WK = SIMT_WARPS / WR;
     const int cta_rows = WR * R;
@@ -403,18 +402,19 @@ void simt_launch(mlk_backend *b, const mlk_attn_args *a, dim3 grid)
 {
     const size_t smem = simt_smem_floats(R, a->head_dim) * sizeof(float);
     switch (simt_lane_dims(a->head_dim)) {
-    case 1: attn_simt_kernel<1, R><<<grid, SIMT_THREADS, smem, b->stream>>>(*a); break;
-    case 2: attn_simt_kernel<2, R><<<grid, SIMT_THREADS, smem, b->stream>>>(*a); break;
-    case 3: attn_simt_kernel<3, R><<<grid, SIMT_THREADS, smem, b->stream>>>(*a); break;
-    case 4: attn_simt_kernel<4, R><<<grid, SIMT_THREADS, smem, b->stream>>>(*a); break;
-    default: attn_simt_kernel<8, R><<<grid, SIMT_THREADS, smem, b->stream>>>(*a); break;
+    case 1: mlk_launch(attn_simt_kernel<1, R>, grid, SIMT_THREADS, smem, b->stream, *a); break;
+    case 2: mlk_launch(attn_simt_kernel<2, R>, grid, SIMT_THREADS, smem, b->stream, *a); break;
+    case 3: mlk_launch(attn_simt_kernel<3, R>, grid, SIMT_THREADS, smem, b->stream, *a); break;
+    case 4: mlk_launch(attn_simt_kernel<4, R>, grid, SIMT_THREADS, smem, b->stream, *a); break;
+    default: mlk_launch(attn_simt_kernel<8, R>, grid, SIMT_THREADS, smem, b->stream, *a); break;
     }
 }
 
 template <int HDC, int R>
 static void simt_allow_smem_one()
 {
-    cudaFuncSetAttribute(attn_simt_kernel<HDC, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute((const void *)attn_simt_kernel<HDC, R>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)(simt_smem_floats(R, HDC * 32) * sizeof(float)));
 }
 

@@ -1,5 +1,4 @@
-/* attn_simt_kernel instantiations with 4 rows per warp (attn_simt.cuh).
- * Compiled, not yet run on a GPU. */
+/* attn_simt_kernel instantiations with 4 rows per warp (attn_simt.cuh). */
 #include "attn_simt.cuh"
 
 void mlk_attn_simt_launch_r4(mlk_backend *b, const mlk_attn_args *a, dim3 grid)

@@ -1,9 +1,6 @@
 /* The CUDA backend object: create/destroy, the op table, memory (pool,
  * weights, transfers), synchronize with latched errors, and graph capture.
- * The compute ops live in their own files (matmul.cu, norm.cu, ...).
- *
- * Compiled, not yet run on a GPU: every path here builds for sm_80/sm_90
- * and is exercised by tests/gpu, which skip on machines without a device. */
+ * The compute ops live in their own files (matmul.cu, norm.cu, ...). */
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>

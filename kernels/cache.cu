@@ -2,8 +2,7 @@
  * K and V rows into paged cache slots, kv_store converts a resident
  * cross-attention plane. Conversion rounds to nearest even, as
  * ml_f32_to_bf16 does, so a cache written here holds exactly the bf16
- * rounding of the CPU's f32 cache.
- * Compiled, not yet run on a GPU. */
+ * rounding of the CPU's f32 cache. */
 #include "mlk_internal.cuh"
 
 #define CACHE_THREADS 256
@@ -33,8 +32,8 @@ void mlk_kv_write(ml_backend *be, void *k_cache, void *v_cache, const float *k, 
         return;
     const size_t row = (size_t)n_kv_heads * head_dim;
     const size_t n = (size_t)n_tokens * row;
-    kv_write_kernel<<<mlk_blocks(n, CACHE_THREADS), CACHE_THREADS, 0, b->stream>>>(
-        (uint16_t *)k_cache, (uint16_t *)v_cache, k, v, slot, n_tokens, row);
+    mlk_launch(kv_write_kernel, mlk_blocks(n, CACHE_THREADS), CACHE_THREADS, 0,
+               b->stream, (uint16_t *)k_cache, (uint16_t *)v_cache, k, v, slot, n_tokens, row);
     mlk_launched(b, "kv_write");
 }
 
@@ -50,7 +49,7 @@ void mlk_kv_store(ml_backend *be, void *dst, const float *src, size_t n)
     mlk_backend *b = mlk_of(be);
     if (!n || mlk_enter(b))
         return;
-    kv_store_kernel<<<mlk_blocks(n, CACHE_THREADS), CACHE_THREADS, 0, b->stream>>>(
-        (uint16_t *)dst, src, n);
+    mlk_launch(kv_store_kernel, mlk_blocks(n, CACHE_THREADS), CACHE_THREADS, 0,
+               b->stream, (uint16_t *)dst, src, n);
     mlk_launched(b, "kv_store");
 }

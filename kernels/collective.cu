@@ -13,8 +13,7 @@
  * on every member: the same bits on every rank and for every n, as the
  * CPU group adds. It moves (world - 1) · n floats into each member against
  * a ring all-reduce's 2 (world - 1) / world · n: the same at world 2,
- * world / 2 times more beyond.
- * Compiled, not yet run on a GPU. */
+ * world / 2 times more beyond. */
 #include <cstdio>
 #include <cstdlib>
 

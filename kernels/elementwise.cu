@@ -6,8 +6,7 @@
  * Products that the CPU rounds before adding use __fmul_rn/__fadd_rn so
  * that nvcc does not contract them into an FMA: add_rows, add_bf16 and the
  * RoPE rotation then agree with the CPU bitwise, and gelu/silu/rope differ
- * only by the ulps of CUDA's erff/expf/cosf/sinf against libm's.
- * Compiled, not yet run on a GPU. */
+ * only by the ulps of CUDA's erff/expf/cosf/sinf against libm's. */
 #include "mlk_internal.cuh"
 
 #define EW_THREADS 256
@@ -30,7 +29,7 @@ void mlk_gelu(ml_backend *be, float *x, size_t n)
     mlk_backend *b = mlk_of(be);
     if (!n || mlk_enter(b))
         return;
-    gelu_kernel<<<mlk_blocks(n, EW_THREADS), EW_THREADS, 0, b->stream>>>(x, n);
+    mlk_launch(gelu_kernel, mlk_blocks(n, EW_THREADS), EW_THREADS, 0, b->stream, x, n);
     mlk_launched(b, "gelu");
 }
 
@@ -48,28 +47,29 @@ void mlk_silu_mul(ml_backend *be, float *y, const float *gate, const float *up, 
     mlk_backend *b = mlk_of(be);
     if (!n || mlk_enter(b))
         return;
-    silu_mul_kernel<<<mlk_blocks(n, EW_THREADS), EW_THREADS, 0, b->stream>>>(y, gate, up, n);
+    mlk_launch(silu_mul_kernel, mlk_blocks(n, EW_THREADS), EW_THREADS, 0,
+               b->stream, y, gate, up, n);
     mlk_launched(b, "silu_mul");
 }
 
 /* ---- RoPE ---------------------------------------------------------------------------- */
 
-/* One thread per (token, head, i < half): rotates the pair (i, i + half). */
+/* One thread per (token, head, i < half_dim): rotates the pair (i, i + half_dim). */
 __global__ void rope_kernel(float *x, const int32_t *pos, const float *inv_freq, int n_tokens,
-                            int n_heads, int half)
+                            int n_heads, int half_dim)
 {
-    const size_t n = (size_t)n_tokens * n_heads * half;
+    const size_t n = (size_t)n_tokens * n_heads * half_dim;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;
          e += (size_t)gridDim.x * blockDim.x) {
-        const int i = (int)(e % half);
-        const size_t th = e / half; /* token * n_heads + head */
+        const int i = (int)(e % half_dim);
+        const size_t th = e / half_dim; /* token * n_heads + head */
         const int t = (int)(th / n_heads);
         const float angle = __fmul_rn((float)pos[t], inv_freq[i]);
         const float c = cosf(angle), s = sinf(angle);
-        float *row = x + th * 2 * half;
-        const float x0 = row[i], x1 = row[i + half];
+        float *row = x + th * 2 * half_dim;
+        const float x0 = row[i], x1 = row[i + half_dim];
         row[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        row[i + half] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+        row[i + half_dim] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
     }
 }
 
@@ -85,8 +85,8 @@ void mlk_rope(ml_backend *be, float *x, const int32_t *pos, const float *inv_fre
         return;
     }
     const size_t n = (size_t)n_tokens * n_heads * (head_dim / 2);
-    rope_kernel<<<mlk_blocks(n, EW_THREADS), EW_THREADS, 0, b->stream>>>(
-        x, pos, inv_freq, n_tokens, n_heads, head_dim / 2);
+    mlk_launch(rope_kernel, mlk_blocks(n, EW_THREADS), EW_THREADS, 0,
+               b->stream, x, pos, inv_freq, n_tokens, n_heads, head_dim / 2);
     mlk_launched(b, "rope");
 }
 
@@ -110,8 +110,8 @@ void mlk_add_rows(ml_backend *be, float *y, const float *x, const float *row_sca
     if (rows <= 0 || dim <= 0 || mlk_enter(b))
         return;
     const size_t n = (size_t)rows * dim;
-    add_rows_kernel<<<mlk_blocks(n, EW_THREADS), EW_THREADS, 0, b->stream>>>(y, x, row_scale,
-                                                                             gate, rows, dim);
+    mlk_launch(add_rows_kernel, mlk_blocks(n, EW_THREADS), EW_THREADS, 0,
+               b->stream, y, x, row_scale, gate, rows, dim);
     mlk_launched(b, "add_rows");
 }
 
@@ -138,8 +138,8 @@ void mlk_add_bf16(ml_backend *be, float *y, const uint16_t *w, float alpha, int 
         return;
     }
     const size_t n = (size_t)rows * dim;
-    add_bf16_kernel<<<mlk_blocks(n, EW_THREADS), EW_THREADS, 0, b->stream>>>(y, w, alpha, rows,
-                                                                             period, dim);
+    mlk_launch(add_bf16_kernel, mlk_blocks(n, EW_THREADS), EW_THREADS, 0,
+               b->stream, y, w, alpha, rows, period, dim);
     mlk_launched(b, "add_bf16");
 }
 
@@ -171,8 +171,8 @@ void mlk_copy_2d(ml_backend *be, float *dst, const float *src, int rows, int col
     if (rows <= 0 || cols <= 0 || mlk_enter(b))
         return;
     const size_t n = (size_t)rows * cols;
-    copy_2d_kernel<<<mlk_blocks(n, EW_THREADS), EW_THREADS, 0, b->stream>>>(
-        dst, src, rows, cols, dst_row, dst_col, src_row);
+    mlk_launch(copy_2d_kernel, mlk_blocks(n, EW_THREADS), EW_THREADS, 0,
+               b->stream, dst, src, rows, cols, dst_row, dst_col, src_row);
     mlk_launched(b, "copy_2d");
 }
 
@@ -192,8 +192,8 @@ void mlk_embed(ml_backend *be, float *y, const uint16_t *table, const int32_t *i
     if (n <= 0 || dim <= 0 || mlk_enter(b))
         return;
     const size_t total = (size_t)n * dim;
-    embed_kernel<<<mlk_blocks(total, EW_THREADS), EW_THREADS, 0, b->stream>>>(y, table, ids, n,
-                                                                              dim);
+    mlk_launch(embed_kernel, mlk_blocks(total, EW_THREADS), EW_THREADS, 0,
+               b->stream, y, table, ids, n, dim);
     mlk_launched(b, "embed");
 }
 
@@ -232,7 +232,7 @@ void mlk_patchify(ml_backend *be, float *patches, const float *pixels, int n_img
     }
     const int grid = side / patch;
     const size_t n = (size_t)n_img * grid * grid * PATCH_CHANNELS * patch * patch;
-    patchify_kernel<<<mlk_blocks(n, EW_THREADS), EW_THREADS, 0, b->stream>>>(
-        patches, pixels, n_img, side, patch, grid);
+    mlk_launch(patchify_kernel, mlk_blocks(n, EW_THREADS), EW_THREADS, 0,
+               b->stream, patches, pixels, n_img, side, patch, grid);
     mlk_launched(b, "patchify");
 }

@@ -8,8 +8,7 @@
  * parameters, LORA_SEGS_PER_LAUNCH at a time with each segment's first
  * work item, so the launches can be recorded in a graph. At decode (a row
  * or two per adapter) both passes are bound by reading A and B once.
- * Sums are f32 in another order than the CPU's: NMSE-level agreement.
- * Compiled, not yet run on a GPU. */
+ * Sums are f32 in another order than the CPU's: NMSE-level agreement. */
 #include <cstring>
 
 #include "mlk_internal.cuh"
@@ -119,8 +118,8 @@ void mlk_lora(ml_backend *be, float *y, const float *x, const ml_lora_segment *s
         if (a.n_segs == 0)
             continue;
         a.first[a.n_segs] = shrink;
-        lora_shrink_kernel<<<(unsigned)((shrink + LORA_WARPS - 1) / LORA_WARPS), LORA_THREADS, 0,
-                             b->stream>>>(a);
+        mlk_launch(lora_shrink_kernel, (unsigned)((shrink + LORA_WARPS - 1) / LORA_WARPS),
+                   LORA_THREADS, 0, b->stream, a);
         mlk_launched(b, "lora (shrink)");
         /* The expand pass counts (row, column) items. */
         long long at = 0;
@@ -129,8 +128,8 @@ void mlk_lora(ml_backend *be, float *y, const float *x, const ml_lora_segment *s
             at += (long long)a.seg[s].n_rows * N;
         }
         a.first[a.n_segs] = expand;
-        lora_expand_kernel<<<(unsigned)((expand + LORA_THREADS - 1) / LORA_THREADS), LORA_THREADS,
-                             0, b->stream>>>(a);
+        mlk_launch(lora_expand_kernel, (unsigned)((expand + LORA_THREADS - 1) / LORA_THREADS),
+                   LORA_THREADS, 0, b->stream, a);
         mlk_launched(b, "lora (expand)");
     }
 }

@@ -45,8 +45,7 @@
  * gives each product a relative error δ with E[δ²] ≈ 2^-16·0.54/3 ≈ 2.8e-6
  * (uniform rounding error within a binade, averaged over the significand);
  * summed over K independent terms the output's NMSE is the same 2.8e-6
- * whatever K is. tests/gpu/test_cuda_ops_matmul.c holds it to 2e-5.
- * Compiled, not yet run on a GPU. */
+ * whatever K is. tests/gpu/test_cuda_ops_matmul.c holds it to 2e-5. */
 #include "mlk_internal.cuh"
 
 #define GEMV_MAX_M 4
@@ -152,12 +151,14 @@ static void gemv(mlk_backend *b, float *y, const float *x, const uint16_t *w, co
 {
     const unsigned blocks = (unsigned)((N + GEMV_ROWS - 1) / GEMV_ROWS);
     if (M == 1)
-        gemv_kernel<1><<<blocks, GEMV_THREADS, 0, b->stream>>>(y, x, w, bias, M, K, N, accumulate);
+        mlk_launch(gemv_kernel<1>, blocks, GEMV_THREADS, 0,
+                   b->stream, y, x, w, bias, M, K, N, accumulate);
     else if (M == 2)
-        gemv_kernel<2><<<blocks, GEMV_THREADS, 0, b->stream>>>(y, x, w, bias, M, K, N, accumulate);
+        mlk_launch(gemv_kernel<2>, blocks, GEMV_THREADS, 0,
+                   b->stream, y, x, w, bias, M, K, N, accumulate);
     else
-        gemv_kernel<GEMV_MAX_M><<<blocks, GEMV_THREADS, 0, b->stream>>>(y, x, w, bias, M, K, N,
-                                                                        accumulate);
+        mlk_launch(gemv_kernel<GEMV_MAX_M>, blocks, GEMV_THREADS, 0,
+                   b->stream, y, x, w, bias, M, K, N, accumulate);
     mlk_launched(b, "matmul (gemv)");
 }
 
@@ -364,8 +365,8 @@ static void gemm(mlk_backend *b, float *y, const float *x, const uint16_t *w, co
             mlk_latch(b, ML_ERR_UNSUPPORTED, "matmul", "N = %d exceeds the bias workspace", N);
             return;
         }
-        widen_bias_kernel<<<mlk_blocks((size_t)N, CONVERT_THREADS), CONVERT_THREADS, 0,
-                            b->stream>>>(b->bias_f32, bias, N);
+        mlk_launch(widen_bias_kernel, mlk_blocks((size_t)N, CONVERT_THREADS), CONVERT_THREADS, 0,
+                   b->stream, b->bias_f32, bias, N);
         mlk_launched(b, "matmul (bias)");
     }
     /* Read by cublasLtMatmul at the call (host pointer mode), so a graph
@@ -380,8 +381,8 @@ static void gemm(mlk_backend *b, float *y, const float *x, const uint16_t *w, co
         if (!p)
             return;
         const size_t n = (size_t)rows * K;
-        to_bf16_kernel<<<mlk_blocks(n, CONVERT_THREADS), CONVERT_THREADS, 0, b->stream>>>(
-            b->xbf16, x + (size_t)m0 * K, n);
+        mlk_launch(to_bf16_kernel, mlk_blocks(n, CONVERT_THREADS), CONVERT_THREADS, 0,
+                   b->stream, b->xbf16, x + (size_t)m0 * K, n);
         mlk_launched(b, "matmul (convert)");
         cublasStatus_t st = cublasLtMatmul(b->lt, &p->desc, &alpha, w, &p->w_layout, b->xbf16,
                                            &p->x_layout, &beta, y_tile, &p->y_layout, y_tile,
@@ -399,8 +400,8 @@ void mlk_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w, con
         return;
     if (K <= 0) { /* an empty sum: y = (accumulate ? y : 0) + bias */
         if (bias) {
-            bias_kernel<<<mlk_blocks((size_t)M * N, CONVERT_THREADS), CONVERT_THREADS, 0,
-                          b->stream>>>(y, bias, M, N, accumulate);
+            mlk_launch(bias_kernel, mlk_blocks((size_t)M * N, CONVERT_THREADS), CONVERT_THREADS, 0,
+                       b->stream, y, bias, M, N, accumulate);
             mlk_launched(b, "matmul (bias)");
         } else if (!accumulate) {
             mlk_cuda_failed(b, cudaMemsetAsync(y, 0, (size_t)M * N * sizeof *y, b->stream),

@@ -13,10 +13,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#ifdef MLK_HOST
+#include "host_exec.h"
+#endif
 
 #include "mlk_backend.h"
 
@@ -187,6 +192,27 @@ static inline unsigned mlk_blocks(size_t n, unsigned threads)
     size_t b = (n + threads - 1) / threads;
     return (unsigned)(b < 1 ? 1 : b > max_blocks ? max_blocks : b);
 }
+
+/* Every kernel launch, kernel<<<grid, block, smem, stream>>>(args...), in one
+ * form that both builds share: the HOST build (MLK_HOST) runs the grid by
+ * the host execution model (kernels/host/host_exec.h) instead. Launch
+ * errors surface through cudaGetLastError (mlk_launched) in both. */
+template <class... P, class... A>
+static inline void mlk_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                              cudaStream_t stream, A &&...args)
+{
+#ifdef MLK_HOST
+    mlk_host::launch(kernel, grid, block, smem, stream, std::forward<A>(args)...);
+#else
+    kernel<<<grid, block, smem, stream>>>(std::forward<A>(args)...);
+#endif
+}
+
+/* extern __shared__ type name[]: the launch's dynamic shared memory, 16-byte
+ * aligned (host_exec.h defines the HOST form). */
+#ifndef MLK_HOST
+#define MLK_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#endif
 
 /* ---- device helpers ------------------------------------------------------------- */
 

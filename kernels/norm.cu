@@ -3,8 +3,7 @@
  * decoder's 4096, where one warp would serialise 128 loads per lane).
  * Sums are f32 in a different order from the CPU's 16-lane sums: results
  * agree to f32 rounding (relative ~1e-7), not bitwise. y may alias x: each
- * row is read completely before any of it is written.
- * Compiled, not yet run on a GPU. */
+ * row is read completely before any of it is written. */
 #include "mlk_internal.cuh"
 
 #define NORM_THREADS 256
@@ -101,11 +100,11 @@ void mlk_rmsnorm(ml_backend *be, float *y, const float *x, const uint16_t *w, in
     if (rows <= 0 || dim <= 0 || mlk_enter(b))
         return;
     if (dim >= NORM_WIDE_DIM)
-        rmsnorm_kernel<NORM_WARPS><<<norm_blocks(rows, NORM_WARPS), NORM_THREADS, 0, b->stream>>>(
-            y, x, w, rows, dim, eps);
+        mlk_launch(rmsnorm_kernel<NORM_WARPS>, norm_blocks(rows, NORM_WARPS), NORM_THREADS, 0,
+                   b->stream, y, x, w, rows, dim, eps);
     else
-        rmsnorm_kernel<1><<<norm_blocks(rows, 1), NORM_THREADS, 0, b->stream>>>(y, x, w, rows,
-                                                                                dim, eps);
+        mlk_launch(rmsnorm_kernel<1>, norm_blocks(rows, 1), NORM_THREADS, 0,
+                   b->stream, y, x, w, rows, dim, eps);
     mlk_launched(b, "rmsnorm");
 }
 
@@ -116,11 +115,10 @@ void mlk_layernorm(ml_backend *be, float *y, const float *x, const uint16_t *w, 
     if (rows <= 0 || dim <= 0 || mlk_enter(b))
         return;
     if (dim >= NORM_WIDE_DIM)
-        layernorm_kernel<NORM_WARPS>
-            <<<norm_blocks(rows, NORM_WARPS), NORM_THREADS, 0, b->stream>>>(y, x, w, bias, rows,
-                                                                             dim, eps);
+        mlk_launch(layernorm_kernel<NORM_WARPS>, norm_blocks(rows, NORM_WARPS), NORM_THREADS, 0,
+                   b->stream, y, x, w, bias, rows, dim, eps);
     else
-        layernorm_kernel<1><<<norm_blocks(rows, 1), NORM_THREADS, 0, b->stream>>>(y, x, w, bias,
-                                                                                  rows, dim, eps);
+        mlk_launch(layernorm_kernel<1>, norm_blocks(rows, 1), NORM_THREADS, 0,
+                   b->stream, y, x, w, bias, rows, dim, eps);
     mlk_launched(b, "layernorm");
 }

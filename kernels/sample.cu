@@ -51,9 +51,7 @@
  * coalesced read by the 1024 threads of one SM, plus shared-memory atomics
  * for the tokens in range; rows run on separate SMs. One SM reading a row
  * from L2 at 100-200 GB/s puts a pass at 3-5 us: a guess, not a
- * measurement.
- *
- * Compiled, not yet run on a GPU. */
+ * measurement. */
 #include <cfloat>
 #include <climits>
 #include <cmath>
@@ -700,7 +698,7 @@ void mlk_sample(ml_backend *be, const ml_sample_params *p)
     /* sample.c's negligible_log_gap, with the same host logf, so that both
      * backends cut the candidates at the same logit. */
     const float log_gap = logf((float)p->vocab) + (float)FLT_MANT_DIG * (float)M_LN2;
-    sample_kernel<<<p->rows, SAMPLE_THREADS, 0, b->stream>>>(*p, log_gap,
-                                                              mass_scale_for(p->vocab));
+    mlk_launch(sample_kernel,
+               p->rows, SAMPLE_THREADS, 0, b->stream, *p, log_gap, mass_scale_for(p->vocab));
     mlk_launched(b, "sample");
 }

@@ -3,7 +3,9 @@
 #   1. the release build with every test except benchmarks (gpu tests skip
 #      themselves without a device; the CUDA backend is compiled when nvcc exists),
 #   2. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer,
-#   3. every libFuzzer target for a short run (clang).
+#   3. the CUDA backend executed on the host (MLLAMA_CUDA=HOST, kernels/README.md):
+#      the cuda_host tests, in release and under ASan + UBSan,
+#   4. every libFuzzer target for a short run (clang).
 # Build trees go to build-test*/ at the repository root. Exits non-zero on the
 # first failing stage.
 set -euo pipefail
@@ -31,6 +33,30 @@ cmake --build build-test-asan -j"$jobs"
 stage "sanitizer tests"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-test-asan -LE "bench|gpu" -j"$jobs" --output-on-failure --timeout 1800
+
+# Only the targets of one label (the host builds need nothing else).
+label_targets() { # build dir, label
+  ctest --test-dir "$1" -N -L "$2" | sed -n 's/.*Test *#[0-9]*: //p' | tr '\n' ' '
+}
+
+stage "host CUDA build (MLLAMA_CUDA=HOST)"
+cmake -S . -B build-test-host -DCMAKE_BUILD_TYPE=Release -DMLLAMA_CUDA=HOST >/dev/null
+cmake --build build-test-host -j"$jobs" --target $(label_targets build-test-host cuda_host)
+stage "host CUDA tests (each op test under three schedule orders)"
+ctest --test-dir build-test-host -L cuda_host -j"$jobs" --output-on-failure --timeout 900
+
+stage "host CUDA build under ASan + UBSan"
+cmake -S . -B build-test-host-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLLAMA_CUDA=HOST \
+  -DMLLAMA_SANITIZE=ON >/dev/null
+cmake --build build-test-host-asan -j"$jobs" --target $(label_targets build-test-host-asan cuda_host)
+# One schedule order (the release stage compared them). The end-to-end
+# golden and runtime tests (6-7 minutes each here on 2 cores) are left to the
+# release stage: every kernel they run is in the op tests, which run here.
+stage "host CUDA tests under ASan + UBSan (op tests, decode graphs)"
+MLK_HOST_SCHEDULE=shuffle:1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+  UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-test-host-asan -L cuda_host -E 'test_cuda_golden|test_cuda_runtime' \
+  -j"$jobs" --output-on-failure --timeout 1800
 
 stage "fuzz (libFuzzer, ${fuzz_seconds}s per target)"
 CC=clang cmake -S . -B build-test-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLLAMA_CUDA=OFF \

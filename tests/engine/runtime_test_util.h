@@ -29,11 +29,17 @@
 #include "runtime/runtime.h"
 #include "fixture_util.h"
 #include "tokenizer_util.h"
+#ifdef ML_TEST_CUDA
+#include "harness.h"
+#include "mlk_backend.h"
+#include "mlk_device.h"
+#endif
 
 #define ML_RT_MAX_OUT 64     /* tokens an ml_rt_result keeps */
 #define ML_RT_MAX_PROMPT 64  /* tokens of the fixture prompt */
 #define ML_RT_IMAGES 2       /* images (and <|image|> tokens) of the fixture prompt */
 #define ML_RT_THREADS 2      /* CPU backend threads */
+#define ML_RT_CUDA_POOL_BYTES ((size_t)1 << 30) /* the CUDA backend's, ML_TEST_CUDA */
 #define ML_RT_STEP_TOKENS 128
 #define ML_RT_STEP_SEQS 8
 /* Stands in for a removed <|image|>: an ordinary text token of the fixture
@@ -147,14 +153,21 @@ static inline ml_model_limits ml_rt_limits(void)
 }
 
 /* Zeroes *f, then opens the model in model_dir with lim on a CPU backend
- * and the real tokenizer, and allocates f->pixels (zeroed). The prompt and
- * the images are the caller's to set. */
+ * (a CUDA one, device 0, when built with ML_TEST_CUDA) and the real
+ * tokenizer, and allocates f->pixels (zeroed). The prompt and the images
+ * are the caller's to set. */
 static inline void ml_rt_fixture_open(ml_rt_fixture *f, const char *model_dir,
                                       const ml_model_limits *lim)
 {
     char err[512];
     memset(f, 0, sizeof *f);
+#ifdef ML_TEST_CUDA
+    if (mlk_device_count() == 0)
+        ml_test_skip("no CUDA device");
+    f->be = ml_backend_cuda_create(0, ML_RT_CUDA_POOL_BYTES, err, sizeof err);
+#else
     f->be = ml_backend_cpu_create(ML_RT_THREADS, err, sizeof err);
+#endif
     if (!f->be || ml_model_load(&f->model, model_dir, f->be, lim, err, sizeof err) != ML_OK) {
         fprintf(stderr, "fixture %s: %s\n", model_dir, err);
         exit(1);

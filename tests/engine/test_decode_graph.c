@@ -24,7 +24,11 @@
  * anew against the new pools instead of replaying the old ones (freed: a
  * use-after-free under ASan). Last, the same on a tensor-parallel model of
  * 2 ranks (ml_model_load_tp on a CPU group), where each shard records its
- * own graphs around the all-reduces. */
+ * own graphs around the all-reduces.
+ *
+ * Built with ML_TEST_CUDA (test_cuda_decode_graph, the CUDA builds) the same
+ * runs on CUDA backends: CUDA graphs captured and replayed against eager
+ * launches, and the 2 ranks a group of two devices joined by NCCL. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +37,10 @@
 #include "backend.h"
 #include "harness.h"
 #include "fixture_util.h"
+#ifdef ML_TEST_CUDA
+#include "mlk_backend.h"
+#include "mlk_device.h"
+#endif
 
 /* Two images with text between, GQA, heads that split over 2 ranks. */
 #define FIXTURE "m3_two_images_interleaved"
@@ -44,6 +52,37 @@
 /* max_step_seqs: 5 sequences pad to a bucket of 8, uncapped. */
 #define MAX_SEQS 8
 #define TP_WORLD 2
+
+/* ---- the backends ---------------------------------------------------------------- */
+
+#ifdef ML_TEST_CUDA
+/* Per backend: the fixture model, its caches and workspaces, with room. */
+#define CUDA_POOL_BYTES ((size_t)1 << 30)
+static const char *const backend_kind = "cuda";
+
+static ml_backend *backend_create(char *err, size_t errlen)
+{
+    return ml_backend_cuda_create(0, CUDA_POOL_BYTES, err, errlen);
+}
+
+static ml_status group_create(ml_backend **out, char *err, size_t errlen)
+{
+    static const int devices[TP_WORLD] = {0, 1};
+    return ml_backend_cuda_create_group(TP_WORLD, devices, CUDA_POOL_BYTES, out, err, errlen);
+}
+#else
+static const char *const backend_kind = "cpu";
+
+static ml_backend *backend_create(char *err, size_t errlen)
+{
+    return ml_backend_cpu_create(2, err, errlen);
+}
+
+static ml_status group_create(ml_backend **out, char *err, size_t errlen)
+{
+    return ml_backend_cpu_create_group(TP_WORLD, 1, out, err, errlen);
+}
+#endif
 
 /* ---- the sequences ------------------------------------------------------------- */
 
@@ -467,6 +506,10 @@ static void run_part(const char *part, const char *dir, ml_safetensors *ref,
 
 int main(void)
 {
+#ifdef ML_TEST_CUDA
+    if (mlk_device_count() < TP_WORLD)
+        ml_test_skip("fewer than 2 CUDA devices");
+#endif
     char err[512];
     const char *dir = ML_FX_DIR "/" FIXTURE;
     const char *path = ML_FX_DIR "/" FIXTURE "/reference.safetensors";
@@ -486,14 +529,14 @@ int main(void)
     ml_status st = ml_config_load(&cfg, cfg_path, err, sizeof err);
     check(st == ML_OK, "%s", err);
     ready &= st == ML_OK;
-    ml_backend *be = ml_backend_cpu_create(2, err, sizeof err);
-    check(be != NULL, "cpu backend: %s", err);
+    ml_backend *be = backend_create(err, sizeof err);
+    check(be != NULL, "%s backend: %s", backend_kind, err);
     ready &= be != NULL;
     ml_backend *group_graph[TP_WORLD] = {0}, *group_eager[TP_WORLD] = {0};
-    st = ml_backend_cpu_create_group(TP_WORLD, 1, group_graph, err, sizeof err);
+    st = group_create(group_graph, err, sizeof err);
     if (st == ML_OK)
-        st = ml_backend_cpu_create_group(TP_WORLD, 1, group_eager, err, sizeof err);
-    check(st == ML_OK, "cpu groups of %d: %s", TP_WORLD, err);
+        st = group_create(group_eager, err, sizeof err);
+    check(st == ML_OK, "%s groups of %d: %s", backend_kind, TP_WORLD, err);
     ready &= st == ML_OK;
 
     if (ready) {

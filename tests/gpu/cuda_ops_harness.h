@@ -31,6 +31,13 @@
  * - sample: greedy tokens and top logprob ids exactly, logprob values and
  *   draws within float rounding (see test_cuda_ops_sample.c).
  *
+ * In the HOST build (MLLAMA_CUDA_HOST: the backend run by the host execution
+ * model, kernels/README.md) the test runs three times, in child processes
+ * under the schedule orders forward, reverse and a seeded shuffle, and what
+ * every run downloads must be identical bit for bit: a kernel that lacks a
+ * barrier gives results that depend on the order its threads run in. With
+ * MLK_HOST_SCHEDULE set, only that order runs, in this process.
+ *
  *     int main(void) { cuda_ops_open(); test_...(); return cuda_ops_close(); }
  */
 #ifndef ML_TEST_CUDA_OPS_HARNESS_H
@@ -47,6 +54,14 @@
 #include "mlk_backend.h"
 #include "mlk_device.h"
 #include "test_rand.h"
+
+#ifdef MLLAMA_CUDA_HOST
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "host/mlk_host.h"
+#endif
 
 #define NMSE_F32 1e-9
 #define NMSE_GEMM 2e-5
@@ -106,6 +121,16 @@ static inline void *dput(const void *host, size_t bytes)
         exit(1);
     }
     if (host)
+        g_gpu->ops->upload(g_gpu, d, host, bytes);
+    return d;
+}
+
+/* Device copy of host bytes in a block 4 bytes larger (never empty, even
+ * for an empty input); only the host's `bytes` are read. */
+static inline void *dput_padded(const void *host, size_t bytes)
+{
+    void *d = dput(NULL, bytes + 4);
+    if (bytes)
         g_gpu->ops->upload(g_gpu, d, host, bytes);
     return d;
 }
@@ -171,6 +196,108 @@ static inline void *cuda_reduce_thread(void *arg)
     return NULL;
 }
 
+#ifdef MLLAMA_CUDA_HOST
+#define SCHEDULE_ORDERS 3
+#define SCHEDULE_SEED 0x5eed
+#define DIGEST_MAX (1 << 16)
+
+/* All of a run's download digests (at most DIGEST_MAX); the count. */
+static size_t read_digests(int fd, mlk_host_digest *d)
+{
+    size_t n = 0, got = 0;
+    for (;;) {
+        ssize_t r = read(fd, (char *)d + got, DIGEST_MAX * sizeof *d - got);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+        n = got / sizeof *d;
+        if (n == DIGEST_MAX)
+            break;
+    }
+    close(fd);
+    return n;
+}
+
+/* The schedule-order runs (header comment). In each child: returns, with
+ * its order set and its downloads digested. In the parent: waits for the
+ * children, compares their downloads and exits with the verdict: a failed
+ * child's status (its log, if it was not the forward run, copied to
+ * stderr), 1 when the runs downloaded different bytes, else 0 (or 77 when
+ * every child skipped). */
+static void cuda_ops_fork_orders(void)
+{
+    static const int orders[SCHEDULE_ORDERS] = {
+        MLK_HOST_SCHEDULE_FORWARD, MLK_HOST_SCHEDULE_REVERSE, MLK_HOST_SCHEDULE_SHUFFLE};
+    static const char *const names[SCHEDULE_ORDERS] = {"forward", "reverse", "shuffle"};
+    if (getenv("MLK_HOST_SCHEDULE"))
+        return;
+    fflush(NULL);
+    pid_t pid[SCHEDULE_ORDERS];
+    int fd[SCHEDULE_ORDERS];
+    FILE *log[SCHEDULE_ORDERS] = {NULL, NULL, NULL};
+    for (int i = 0; i < SCHEDULE_ORDERS; i++) {
+        int p[2];
+        if (i > 0)
+            log[i] = tmpfile();
+        if (pipe(p) != 0 || (i > 0 && !log[i]) || (pid[i] = fork()) < 0) {
+            perror("schedule orders");
+            exit(1);
+        }
+        if (pid[i] == 0) {
+            close(p[0]);
+            for (int j = 0; j < i; j++)
+                close(fd[j]);
+            if (log[i])
+                dup2(fileno(log[i]), STDERR_FILENO);
+            mlk_host_schedule_set(orders[i], SCHEDULE_SEED);
+            mlk_host_digest_downloads(p[1]);
+            return;
+        }
+        close(p[1]);
+        fd[i] = p[0];
+    }
+    static mlk_host_digest d[SCHEDULE_ORDERS][DIGEST_MAX];
+    size_t n[SCHEDULE_ORDERS];
+    int code = 0, skipped = 0;
+    for (int i = 0; i < SCHEDULE_ORDERS; i++) {
+        n[i] = read_digests(fd[i], d[i]);
+        int status = 0;
+        waitpid(pid[i], &status, 0);
+        const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        skipped += rc == 77;
+        if (rc != 0 && rc != 77) {
+            fprintf(stderr, "schedule order %s: exit status %d\n", names[i], rc);
+            if (log[i]) {
+                rewind(log[i]);
+                for (int c; (c = fgetc(log[i])) != EOF;)
+                    fputc(c, stderr);
+            }
+            code = code ? code : rc;
+        }
+        if (log[i])
+            fclose(log[i]);
+    }
+    if (code)
+        exit(code);
+    if (skipped == SCHEDULE_ORDERS)
+        exit(77);
+    for (int i = 1; i < SCHEDULE_ORDERS; i++) {
+        size_t at = 0;
+        while (at < n[0] && at < n[i] && d[0][at].bytes == d[i][at].bytes &&
+               d[0][at].hash == d[i][at].hash)
+            at++;
+        if (at < n[0] || at < n[i]) {
+            fprintf(stderr, "FAIL schedule order %s: download %zu of %zu (%llu bytes) differs from "
+                            "the forward order's\n",
+                    names[i], at, n[0], at < n[i] ? d[i][at].bytes : 0ull);
+            exit(1);
+        }
+    }
+    fprintf(stderr, "schedule orders forward, reverse, shuffle: %zu downloads identical\n", n[0]);
+    exit(0);
+}
+#endif
+
 /* Skip (77) without a device; seed the inputs and create both backends
  * (exits with the failures when one cannot be). Returns the device count. */
 static inline int cuda_ops_open(void)
@@ -178,6 +305,9 @@ static inline int cuda_ops_open(void)
     const int n_devices = mlk_device_count();
     if (n_devices == 0)
         ml_test_skip("no CUDA device");
+#ifdef MLLAMA_CUDA_HOST
+    cuda_ops_fork_orders();
+#endif
     rand_seed(RNG_SEED);
     char err[ERRLEN] = "";
     g_cpu = ml_backend_cpu_create(0, err, sizeof err);
