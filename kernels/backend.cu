@@ -356,6 +356,7 @@ static const ml_backend_ops cuda_ops = {
     .kv_elem_size = sizeof(uint16_t),
     .synchronize = cuda_synchronize,
     .matmul = mlk_matmul,
+    .matmul_f8 = NULL, /* FP8 weights need the CPU backend: refused at load */
     .lora = mlk_lora,
     .rmsnorm = mlk_rmsnorm,
     .layernorm = mlk_layernorm,

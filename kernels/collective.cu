@@ -50,8 +50,8 @@ static void rank_order_sum(mlk_backend *b, float *x, size_t n)
                                               (ncclComm_t)b->nccl, b->stream);
         if (rc != ncclSuccess)
             mlk_latch(b, ML_ERR_IO, "all_reduce_sum", "%s", ncclGetErrorString(rc));
-        rank_sum_kernel<<<mlk_blocks(len, RANK_SUM_THREADS), RANK_SUM_THREADS, 0, b->stream>>>(
-            x + c0, b->gather, len, b->world);
+        mlk_launch(rank_sum_kernel, mlk_blocks(len, RANK_SUM_THREADS), RANK_SUM_THREADS, 0,
+                   b->stream, x + c0, b->gather, len, b->world);
         mlk_launched(b, "all_reduce_sum");
     }
 }

@@ -1,10 +1,12 @@
 /* NCCL for the HOST build: the communicators of one ncclCommInitAll are the
  * ranks of one in-process group, each driven by its own thread (as the
- * engine's tensor-parallel workers are). ncclAllReduce is a rendezvous: the
- * last rank to arrive sums every rank's buffer in rank order (a fixed order,
- * so results are reproducible; a device's ring order differs) and writes the
- * sum to every rank's output, then all return. It goes through the stream,
- * so a captured graph replays it. */
+ * engine's tensor-parallel workers are). A collective is a rendezvous: the
+ * last rank to arrive does the whole of it for every rank, then all return.
+ * ncclAllReduce sums every rank's buffer in rank order (a fixed order, so
+ * results are reproducible; a device's ring order differs) into every
+ * rank's output; ncclAllGather concatenates the ranks' buffers in rank
+ * order into every rank's output. Both go through the stream, so a
+ * captured graph replays them. */
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -35,13 +37,38 @@ struct group {
     std::vector<float> sum;
 };
 
-void all_reduce(group &g, int rank, const float *send, float *recv, size_t count)
+enum class op { reduce, gather };
+
+const char *op_name(op o)
+{
+    return o == op::reduce ? "ncclAllReduce" : "ncclAllGather";
+}
+
+/* The last rank's work: every rank's send and recv are in g. */
+void complete(group &g, op o, size_t count)
+{
+    const size_t ranks = (size_t)g.n_ranks;
+    if (o == op::gather) {
+        for (size_t dst = 0; dst < ranks; dst++)
+            for (size_t r = 0; r < ranks; r++)
+                std::copy(g.send[r], g.send[r] + count, g.recv[dst] + r * count);
+        return;
+    }
+    g.sum.assign(count, 0.0f);
+    for (size_t r = 0; r < ranks; r++)
+        for (size_t i = 0; i < count; i++)
+            g.sum[i] += g.send[r][i];
+    for (size_t r = 0; r < ranks; r++)
+        std::copy(g.sum.begin(), g.sum.end(), g.recv[r]);
+}
+
+void collective(group &g, op o, int rank, const float *send, float *recv, size_t count)
 {
     std::unique_lock<std::mutex> lock(g.mu);
     if (g.arrived == 0)
         g.count = count;
     else if (g.count != count) {
-        fprintf(stderr, "mlk host: ncclAllReduce: rank %d reduces %zu elements, its peers %zu\n",
+        fprintf(stderr, "mlk host: %s: rank %d moves %zu elements, its peers %zu\n", op_name(o),
                 rank, count, g.count);
         abort();
     }
@@ -49,12 +76,7 @@ void all_reduce(group &g, int rank, const float *send, float *recv, size_t count
     g.recv[(size_t)rank] = recv;
     const uint64_t gen = g.generation;
     if (++g.arrived == g.n_ranks) {
-        g.sum.assign(count, 0.0f);
-        for (int r = 0; r < g.n_ranks; r++)
-            for (size_t i = 0; i < count; i++)
-                g.sum[i] += g.send[(size_t)r][i];
-        for (int r = 0; r < g.n_ranks; r++)
-            std::copy(g.sum.begin(), g.sum.end(), g.recv[(size_t)r]);
+        complete(g, o, count);
         g.arrived = 0;
         g.generation++;
         g.cv.notify_all();
@@ -62,11 +84,16 @@ void all_reduce(group &g, int rank, const float *send, float *recv, size_t count
     }
     if (!g.cv.wait_for(lock, std::chrono::seconds(PEER_WAIT_SECONDS),
                        [&] { return g.generation != gen; })) {
-        fprintf(stderr, "mlk host: ncclAllReduce: rank %d waited %d s for its peers\n", rank,
+        fprintf(stderr, "mlk host: %s: rank %d waited %d s for its peers\n", op_name(o), rank,
                 PEER_WAIT_SECONDS);
         abort();
     }
 }
+
+/* Enqueue collective o of comm's rank on stream. */
+ncclResult_t submit(op o, const void *sendbuff, void *recvbuff, size_t count,
+                    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
+                    const void *kind);
 
 } /* namespace */
 
@@ -94,23 +121,44 @@ extern "C" ncclResult_t ncclCommDestroy(ncclComm_t comm)
     return ncclSuccess;
 }
 
-extern "C" ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
-                                      ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                                      cudaStream_t stream)
+namespace {
+
+ncclResult_t submit(op o, const void *sendbuff, void *recvbuff, size_t count,
+                    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream,
+                    const void *kind)
 {
-    static const char all_reduce_kind = 0;
-    if (!comm || (count && (!sendbuff || !recvbuff)))
-        return ncclInvalidArgument;
-    if (datatype != ncclFloat32 || op != ncclSum)
+    if (!comm || (count && (!sendbuff || !recvbuff)) || datatype != ncclFloat32)
         return ncclInvalidArgument;
     std::shared_ptr<group> g = comm->g;
     const int rank = comm->rank;
     const float *send = (const float *)sendbuff;
     float *recv = (float *)recvbuff;
     const cudaError_t rc = mlk_host_stream_submit(
-        stream, [g, rank, send, recv, count] { all_reduce(*g, rank, send, recv, count); },
-        &all_reduce_kind);
+        stream, [g, o, rank, send, recv, count] { collective(*g, o, rank, send, recv, count); },
+        kind);
     return rc == cudaSuccess ? ncclSuccess : ncclInvalidUsage;
+}
+
+} /* namespace */
+
+extern "C" ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                                      ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                      cudaStream_t stream)
+{
+    static const char all_reduce_kind = 0;
+    if (op != ncclSum)
+        return ncclInvalidArgument;
+    return submit(op::reduce, sendbuff, recvbuff, count, datatype, comm, stream,
+                  &all_reduce_kind);
+}
+
+extern "C" ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                                      ncclDataType_t datatype, ncclComm_t comm,
+                                      cudaStream_t stream)
+{
+    static const char all_gather_kind = 0;
+    return submit(op::gather, sendbuff, recvbuff, sendcount, datatype, comm, stream,
+                  &all_gather_kind);
 }
 
 extern "C" const char *ncclGetErrorString(ncclResult_t rc)

@@ -164,7 +164,7 @@ static inline void ml_rt_fixture_open(ml_rt_fixture *f, const char *model_dir,
 #ifdef ML_TEST_CUDA
     if (mlk_device_count() == 0)
         ml_test_skip("no CUDA device");
-    f->be = ml_backend_cuda_create(0, ML_RT_CUDA_POOL_BYTES, err, sizeof err);
+    f->be = ml_backend_cuda_create(0, ML_RT_CUDA_POOL_BYTES, 0, err, sizeof err);
 #else
     f->be = ml_backend_cpu_create(ML_RT_THREADS, err, sizeof err);
 #endif

@@ -62,13 +62,13 @@ static const char *const backend_kind = "cuda";
 
 static ml_backend *backend_create(char *err, size_t errlen)
 {
-    return ml_backend_cuda_create(0, CUDA_POOL_BYTES, err, errlen);
+    return ml_backend_cuda_create(0, CUDA_POOL_BYTES, 0, err, errlen);
 }
 
 static ml_status group_create(ml_backend **out, char *err, size_t errlen)
 {
     static const int devices[TP_WORLD] = {0, 1};
-    return ml_backend_cuda_create_group(TP_WORLD, devices, CUDA_POOL_BYTES, out, err, errlen);
+    return ml_backend_cuda_create_group(TP_WORLD, devices, CUDA_POOL_BYTES, 0, out, err, errlen);
 }
 #else
 static const char *const backend_kind = "cpu";

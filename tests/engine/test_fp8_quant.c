@@ -119,7 +119,7 @@ static void test_bind_compressed(void)
          "compressed-tensors quantization_config)");
     ml_checkpoint_destroy(ck);
     ck = NULL;
-    bind(BF16_MODEL, 0, &ck, &cfg, ML_OK, NULL);
+    ml_weights_destroy(bind(BF16_MODEL, 0, &ck, &cfg, ML_OK, NULL));
     ml_checkpoint_destroy(ck);
 }
 

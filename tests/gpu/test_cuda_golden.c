@@ -142,7 +142,14 @@ static void run_fixture(ml_backend *be, const char *fixture, ml_row_mask_mode mo
     lim.max_seq_images = N;
     lim.kv_block_size = KV_BLOCK;
     ml_model *m;
-    if (ml_model_load(&m, dir, be, &lim, err, sizeof err) != ML_OK) {
+    ml_status load = ml_model_load(&m, dir, be, &lim, err, sizeof err);
+    if (load == ML_ERR_UNSUPPORTED && !be->ops->matmul_f8) {
+        /* An FP8 fixture: this backend refuses FP8 weights at load, as documented. */
+        fprintf(stderr, "  skipped: %s\n", err);
+        ml_fx_close_pair(ref, expect);
+        return;
+    }
+    if (load != ML_OK) {
         check(0, "%s: load: %s", name, err);
         ml_fx_close_pair(ref, expect);
         return;
