@@ -152,8 +152,13 @@ static inline ml_model_limits ml_rt_limits(void)
     return lim;
 }
 
+#if defined(ML_TEST_CUDA) && !defined(ML_TEST_CUDA_BATCH_INVARIANT)
+#define ML_TEST_CUDA_BATCH_INVARIANT 0
+#endif
+
 /* Zeroes *f, then opens the model in model_dir with lim on a CPU backend
- * (a CUDA one, device 0, when built with ML_TEST_CUDA) and the real
+ * (a CUDA one, device 0, when built with ML_TEST_CUDA; batch-invariant with
+ * ML_TEST_CUDA_BATCH_INVARIANT=1) and the real
  * tokenizer, and allocates f->pixels (zeroed). The prompt and the images
  * are the caller's to set. */
 static inline void ml_rt_fixture_open(ml_rt_fixture *f, const char *model_dir,
@@ -164,7 +169,8 @@ static inline void ml_rt_fixture_open(ml_rt_fixture *f, const char *model_dir,
 #ifdef ML_TEST_CUDA
     if (mlk_device_count() == 0)
         ml_test_skip("no CUDA device");
-    f->be = ml_backend_cuda_create(0, ML_RT_CUDA_POOL_BYTES, 0, err, sizeof err);
+    f->be = ml_backend_cuda_create(0, ML_RT_CUDA_POOL_BYTES, ML_TEST_CUDA_BATCH_INVARIANT, err,
+                                   sizeof err);
 #else
     f->be = ml_backend_cpu_create(ML_RT_THREADS, err, sizeof err);
 #endif
