@@ -48,17 +48,6 @@ static const char *field_path(const jctx *c, const char *key, char *buf, size_t 
 
 #define PATH_LEN 192
 
-/* The member named key (case-sensitive). Python's json keeps the last of
- * duplicate keys, so do we. */
-static const cJSON *member(const cJSON *obj, const char *key)
-{
-    const cJSON *found = NULL;
-    for (const cJSON *it = obj ? obj->child : NULL; it; it = it->next)
-        if (it->string && !strcmp(it->string, key))
-            found = it;
-    return found;
-}
-
 /* Absent or JSON null. */
 static int is_unset(const cJSON *v)
 {
@@ -88,7 +77,7 @@ static ml_status value_int(const jctx *c, const cJSON *v, const char *path, long
 static ml_status get_int(const jctx *c, const cJSON *obj, const char *key, int def, long lo,
                          long hi, int *out)
 {
-    const cJSON *v = member(obj, key);
+    const cJSON *v = ml_json_member(obj, key);
     if (!v) {
         *out = def;
         return ML_OK;
@@ -100,7 +89,7 @@ static ml_status get_int(const jctx *c, const cJSON *obj, const char *key, int d
 /* A token id: def when absent, -1 when null (transformers allows None). */
 static ml_status get_token_id(const jctx *c, const cJSON *obj, const char *key, int def, int *out)
 {
-    const cJSON *v = member(obj, key);
+    const cJSON *v = ml_json_member(obj, key);
     if (cJSON_IsNull(v)) {
         *out = -1;
         return ML_OK;
@@ -115,7 +104,7 @@ static ml_status get_positive(const jctx *c, const cJSON *obj, const char *key, 
 {
     char path[PATH_LEN];
     field_path(c, key, path, sizeof path);
-    const cJSON *v = member(obj, key);
+    const cJSON *v = ml_json_member(obj, key);
     if (!v) {
         if (def < 0)
             return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: required", path);
@@ -136,7 +125,7 @@ static ml_status get_positive(const jctx *c, const cJSON *obj, const char *key, 
  * model_type). Anything else is ML_ERR_UNSUPPORTED. */
 static ml_status expect_string(const jctx *c, const cJSON *obj, const char *key, const char *want)
 {
-    const cJSON *v = member(obj, key);
+    const cJSON *v = ml_json_member(obj, key);
     if (!v)
         return ML_OK;
     char path[PATH_LEN];
@@ -153,7 +142,7 @@ static ml_status expect_string(const jctx *c, const cJSON *obj, const char *key,
 /* A boolean member; def when absent or null. */
 static ml_status get_bool(const jctx *c, const cJSON *obj, const char *key, int def, int *out)
 {
-    const cJSON *v = member(obj, key);
+    const cJSON *v = ml_json_member(obj, key);
     if (is_unset(v)) {
         *out = def;
         return ML_OK;
@@ -170,7 +159,7 @@ static ml_status get_bool(const jctx *c, const cJSON *obj, const char *key, int 
 /* A nested object member: NULL when absent or null. */
 static ml_status get_object(const jctx *c, const cJSON *obj, const char *key, const cJSON **out)
 {
-    const cJSON *v = member(obj, key);
+    const cJSON *v = ml_json_member(obj, key);
     *out = NULL;
     if (is_unset(v))
         return ML_OK;
@@ -192,7 +181,7 @@ static ml_status get_int_list(const jctx *c, const cJSON *obj, const char *key, 
 {
     char path[PATH_LEN];
     field_path(c, key, path, sizeof path);
-    const cJSON *v = member(obj, key);
+    const cJSON *v = ml_json_member(obj, key);
     if (is_unset(v)) {
         if (n_def > 0)
             memcpy(out, def, (size_t)n_def * sizeof *out);
@@ -229,7 +218,7 @@ static ml_status parse_aspect_ratios(const jctx *c, const cJSON *obj, ml_vision_
 {
     char path[PATH_LEN];
     field_path(c, "supported_aspect_ratios", path, sizeof path);
-    const cJSON *list = member(obj, "supported_aspect_ratios");
+    const cJSON *list = ml_json_member(obj, "supported_aspect_ratios");
     if (is_unset(list)) {
         if (v->max_num_tiles != DEFAULT_ASPECT_RATIOS_TILES)
             return ml_fail(c->err, c->errlen, ML_ERR_FORMAT,
@@ -276,7 +265,7 @@ static ml_status parse_vision(jctx *c, const cJSON *obj, ml_vision_config *v)
     char path[PATH_LEN];
     ml_status st;
     double eps;
-    const cJSON *heads = member(obj, "attention_heads");
+    const cJSON *heads = ml_json_member(obj, "attention_heads");
     if ((st = get_int(c, obj, "hidden_size", 1280, 1, MAX_DIM, &v->hidden_size)) ||
         (st = get_int(c, obj, heads ? "attention_heads" : "num_attention_heads", 16, 1, MAX_DIM,
                       &v->attention_heads)) ||
@@ -301,7 +290,7 @@ static ml_status parse_vision(jctx *c, const cJSON *obj, ml_vision_config *v)
 
     /* Required: the class default (448) differs from every published
      * checkpoint (560), see the header comment. */
-    if (!member(obj, "image_size"))
+    if (!ml_json_member(obj, "image_size"))
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: required",
                        field_path(c, "image_size", path, sizeof path));
     if ((st = get_int(c, obj, "image_size", 0, 1, MAX_IMAGE_SIZE, &v->image_size)))
@@ -336,8 +325,8 @@ static ml_status parse_rope_object(jctx *c, const cJSON *obj, ml_rope_scaling *r
     if (!obj)
         return ML_OK;
     /* BC in transformers: "rope_type" was once "type". */
-    const char *key = member(obj, "rope_type") ? "rope_type" : "type";
-    const cJSON *t = member(obj, key);
+    const char *key = ml_json_member(obj, "rope_type") ? "rope_type" : "type";
+    const cJSON *t = ml_json_member(obj, key);
     if (is_unset(t))
         return ML_OK;
     field_path(c, key, path, sizeof path);
@@ -357,7 +346,7 @@ static ml_status parse_rope_object(jctx *c, const cJSON *obj, ml_rope_scaling *r
         (st = get_positive(c, obj, "low_freq_factor", -1, &low)) ||
         (st = get_positive(c, obj, "high_freq_factor", -1, &high)))
         return st;
-    if (!member(obj, "original_max_position_embeddings"))
+    if (!ml_json_member(obj, "original_max_position_embeddings"))
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: required",
                        field_path(c, "original_max_position_embeddings", path, sizeof path));
     if ((st = get_int(c, obj, "original_max_position_embeddings", 0, 1, INT_MAX,
@@ -439,7 +428,7 @@ static ml_status parse_text(jctx *c, const cJSON *obj, ml_text_config *t)
         return st;
     t->rms_norm_eps = (float)eps;
     static const int default_eos[] = {128001};
-    if (cJSON_IsNull(member(obj, "eos_token_id")))
+    if (cJSON_IsNull(ml_json_member(obj, "eos_token_id")))
         t->n_eos = 0;
     else if ((st = get_int_list(c, obj, "eos_token_id", default_eos, N_OF(default_eos), 1,
                                 ML_CONFIG_MAX_EOS, 0, MAX_TOKEN_ID, t->eos_token_ids, &t->n_eos)))
@@ -481,8 +470,8 @@ static ml_status parse_dtype(jctx *c, const cJSON *root, ml_dtype *out)
         const char *torch;
         ml_dtype dtype;
     } names[] = {{"bfloat16", ML_DTYPE_BF16}, {"float16", ML_DTYPE_F16}, {"float32", ML_DTYPE_F32}};
-    const char *key = is_unset(member(root, "dtype")) ? "torch_dtype" : "dtype";
-    const cJSON *v = member(root, key);
+    const char *key = is_unset(ml_json_member(root, "dtype")) ? "torch_dtype" : "dtype";
+    const cJSON *v = ml_json_member(root, key);
     *out = ML_DTYPE_BF16;
     if (is_unset(v))
         return ML_OK;
@@ -539,7 +528,7 @@ ml_status ml_config_parse(ml_config *cfg, const char *json, size_t len, char *er
           (st = get_object(&c, root, "vision_config", &vision)) ||
           (st = get_object(&c, root, "text_config", &text)) ||
           (st = parse_vision(&c, vision, &tmp.vision)) || (st = parse_text(&c, text, &tmp.text)) ||
-          (st = ml_quant_config_parse(&tmp.quant, member(root, "quantization_config"), err,
+          (st = ml_quant_config_parse(&tmp.quant, ml_json_member(root, "quantization_config"), err,
                                       errlen))))
         *cfg = tmp;
     cJSON_Delete(root);

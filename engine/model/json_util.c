@@ -1,5 +1,7 @@
 #include "model/json_util.h"
 
+#include <string.h>
+
 const char *ml_json_type_name(const cJSON *v)
 {
     if (cJSON_IsNull(v))
@@ -15,4 +17,13 @@ const char *ml_json_type_name(const cJSON *v)
     if (cJSON_IsObject(v))
         return "an object";
     return "an invalid value";
+}
+
+const cJSON *ml_json_member(const cJSON *obj, const char *key)
+{
+    const cJSON *found = NULL;
+    for (const cJSON *it = obj ? obj->child : NULL; it; it = it->next)
+        if (it->string && !strcmp(it->string, key))
+            found = it;
+    return found;
 }

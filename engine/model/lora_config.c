@@ -44,16 +44,6 @@ struct ml_lora_config {
 
 /* ---- JSON access ------------------------------------------------------- */
 
-/* The member named key; Python's json keeps the last of duplicates. */
-static const cJSON *member(const cJSON *obj, const char *key)
-{
-    const cJSON *found = NULL;
-    for (const cJSON *it = obj->child; it; it = it->next)
-        if (it->string && !strcmp(it->string, key))
-            found = it;
-    return found;
-}
-
 /* Absent, or a value PEFT writes for a feature that is off: null, false,
  * "", [] or {}. */
 static int is_unset(const cJSON *v)
@@ -149,7 +139,7 @@ static ml_status matcher_list(matcher *m, const cJSON *v, const char *field, cha
 static ml_status parse_matcher(matcher *m, const cJSON *root, const char *field, int required,
                                char *err, size_t errlen)
 {
-    const cJSON *v = member(root, field);
+    const cJSON *v = ml_json_member(root, field);
     if (!v || cJSON_IsNull(v)) {
         if (required)
             return ml_fail(err, errlen, ML_ERR_FORMAT, "%s: required", field);
@@ -188,15 +178,15 @@ static const char *const base_rewriting_inits[] = {"pissa", "olora", "loftq", "c
 
 static ml_status check_features(const cJSON *root, char *err, size_t errlen)
 {
-    const cJSON *v = member(root, "peft_type");
+    const cJSON *v = ml_json_member(root, "peft_type");
     if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && !strcmp(v->valuestring, "LORA")))
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED, "peft_type %.64s: only LORA is served",
                        cJSON_IsString(v) ? v->valuestring : ml_json_type_name(v));
     for (size_t i = 0; i < sizeof must_be_unset / sizeof must_be_unset[0]; i++)
-        if (!is_unset(member(root, must_be_unset[i])))
+        if (!is_unset(ml_json_member(root, must_be_unset[i])))
             return ml_fail(err, errlen, ML_ERR_UNSUPPORTED, "%s is set: not supported",
                            must_be_unset[i]);
-    v = member(root, "bias");
+    v = ml_json_member(root, "bias");
     if (v && !cJSON_IsNull(v)) {
         if (!cJSON_IsString(v))
             return ml_fail(err, errlen, ML_ERR_FORMAT, "bias: expected a string, got %s",
@@ -205,7 +195,7 @@ static ml_status check_features(const cJSON *root, char *err, size_t errlen)
             return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
                            "bias \"%.32s\": only \"none\" is supported", v->valuestring);
     }
-    v = member(root, "init_lora_weights");
+    v = ml_json_member(root, "init_lora_weights");
     if (v && cJSON_IsString(v)) {
         for (size_t i = 0; i < sizeof base_rewriting_inits / sizeof base_rewriting_inits[0]; i++)
             if (!strncasecmp(v->valuestring, base_rewriting_inits[i],
@@ -225,7 +215,7 @@ static ml_status parse_numbers(ml_lora_config *c, const cJSON *root, char *err, 
 {
     c->r = DEFAULT_RANK;
     c->alpha = DEFAULT_ALPHA;
-    const cJSON *v = member(root, "r");
+    const cJSON *v = ml_json_member(root, "r");
     if (v) {
         if (!cJSON_IsNumber(v))
             return ml_fail(err, errlen, ML_ERR_FORMAT, "r: expected an integer, got %s",
@@ -236,14 +226,14 @@ static ml_status parse_numbers(ml_lora_config *c, const cJSON *root, char *err, 
                            d, ML_LORA_MAX_RANK);
         c->r = (int)d;
     }
-    v = member(root, "lora_alpha");
+    v = ml_json_member(root, "lora_alpha");
     if (v) {
         if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
             return ml_fail(err, errlen, ML_ERR_FORMAT, "lora_alpha: expected a number, got %s",
                            ml_json_type_name(v));
         c->alpha = v->valuedouble;
     }
-    v = member(root, "use_rslora");
+    v = ml_json_member(root, "use_rslora");
     if (v && !cJSON_IsNull(v)) {
         if (!cJSON_IsBool(v))
             return ml_fail(err, errlen, ML_ERR_FORMAT, "use_rslora: expected a boolean, got %s",

@@ -32,16 +32,6 @@ typedef struct qctx {
     size_t errlen;
 } qctx;
 
-/* The member named key; Python's json keeps the last of duplicates. */
-static const cJSON *member(const cJSON *obj, const char *key)
-{
-    const cJSON *found = NULL;
-    for (const cJSON *it = obj->child; it; it = it->next)
-        if (it->string && !strcmp(it->string, key))
-            found = it;
-    return found;
-}
-
 static int is_unset(const cJSON *v)
 {
     return !v || cJSON_IsNull(v);
@@ -53,7 +43,7 @@ static int is_unset(const cJSON *v)
 static ml_status want_string(const qctx *c, const cJSON *obj, const char *path, const char *key,
                              const char *want, int required)
 {
-    const cJSON *v = member(obj, key);
+    const cJSON *v = ml_json_member(obj, key);
     if (is_unset(v)) {
         if (!required)
             return ML_OK;
@@ -75,7 +65,7 @@ static ml_status want_string(const qctx *c, const cJSON *obj, const char *path, 
 static ml_status want_unset(const qctx *c, const cJSON *obj, const char *path, const char *key,
                             int empty_ok)
 {
-    const cJSON *v = member(obj, key);
+    const cJSON *v = ml_json_member(obj, key);
     if (is_unset(v) || cJSON_IsFalse(v) ||
         (empty_ok && (cJSON_IsObject(v) || cJSON_IsArray(v)) && !v->child))
         return ML_OK;
@@ -87,7 +77,7 @@ static ml_status want_unset(const qctx *c, const cJSON *obj, const char *path, c
 static ml_status want_bool(const qctx *c, const cJSON *obj, const char *path, const char *key,
                            int want, int def, const char *why)
 {
-    const cJSON *v = member(obj, key);
+    const cJSON *v = ml_json_member(obj, key);
     int got = def;
     if (!is_unset(v)) {
         if (!cJSON_IsBool(v))
@@ -109,7 +99,7 @@ static ml_status check_args(const qctx *c, const cJSON *a, const char *path, con
     if (!cJSON_IsObject(a))
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: expected an object, got %s", path,
                        ml_json_type_name(a));
-    const cJSON *bits = member(a, "num_bits");
+    const cJSON *bits = ml_json_member(a, "num_bits");
     if (!cJSON_IsNumber(bits))
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s.num_bits: expected an integer, got %s",
                        path, ml_json_type_name(bits));
@@ -137,21 +127,21 @@ static ml_status parse_group(const qctx *c, const cJSON *g, const char *path, ml
     if (!cJSON_IsObject(g))
         return ml_fail(c->err, c->errlen, ML_ERR_FORMAT, "%s: expected an object, got %s", path,
                        ml_json_type_name(g));
-    const cJSON *targets = member(g, "targets");
+    const cJSON *targets = ml_json_member(g, "targets");
     if (!cJSON_IsArray(targets) || cJSON_GetArraySize(targets) != 1 ||
         !cJSON_IsString(targets->child) || strcmp(targets->child->valuestring, TARGET_LINEAR))
         return ml_fail(c->err, c->errlen, ML_ERR_UNSUPPORTED,
                        "%s.targets: only [\"" TARGET_LINEAR "\"] is supported", path);
     char sub[PATH_LEN + 32]; /* path and ".input_activations" */
     snprintf(sub, sizeof sub, "%s.weights", path);
-    const cJSON *w = member(g, "weights");
+    const cJSON *w = ml_json_member(g, "weights");
     if (is_unset(w))
         return ml_fail(c->err, c->errlen, ML_ERR_UNSUPPORTED, "%s: weights are not quantized",
                        sub);
     ml_status rc = check_args(c, w, sub, STRATEGY_CHANNEL, 0);
     if (rc != ML_OK)
         return rc;
-    const cJSON *in = member(g, "input_activations");
+    const cJSON *in = ml_json_member(g, "input_activations");
     snprintf(sub, sizeof sub, "%s.input_activations", path);
     if (!is_unset(in) && (rc = check_args(c, in, sub, STRATEGY_TOKEN, 1)))
         return rc;
@@ -216,7 +206,7 @@ ml_status ml_quant_config_parse(ml_quant_config *q, const cJSON *v, char *err, s
         (rc = want_unset(&c, v, path, "sparsity_config", 1)) ||
         (rc = want_unset(&c, v, path, "transform_config", 1)))
         return rc;
-    const cJSON *groups = member(v, "config_groups");
+    const cJSON *groups = ml_json_member(v, "config_groups");
     if (!cJSON_IsObject(groups) || !groups->child)
         return ml_fail(err, errlen, ML_ERR_FORMAT, "%s.config_groups: expected a non-empty object",
                        path);
@@ -227,7 +217,7 @@ ml_status ml_quant_config_parse(ml_quant_config *q, const cJSON *v, char *err, s
     char gpath[PATH_LEN];
     snprintf(gpath, sizeof gpath, "%s.config_groups.%.64s", path, groups->child->string);
     if ((rc = parse_group(&c, groups->child, gpath, q)) ||
-        (rc = parse_ignore(&c, member(v, "ignore"), q)))
+        (rc = parse_ignore(&c, ml_json_member(v, "ignore"), q)))
         return rc;
     q->scheme = ML_QUANT_FP8_CHANNEL;
     return ML_OK;

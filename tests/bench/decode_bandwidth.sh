@@ -23,21 +23,13 @@ bench_setup bw bench_read_bw
 
 echo "decode bandwidth: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads"
 echo "before: $(bench_load)"
-# The read-bandwidth ceiling (bench_read_bw.c), measured before every
-# decode run and after the last: the highest figure counts, the conservative
-# choice on a VM whose bandwidth moves with its neighbours (20-36 GB/s
-# within minutes on the development machine).
-read_bw() {
-    ML_BENCH=1 ML_BENCH_THREADS=$BENCH_THREADS "$build/tests/bench_read_bw" 2>/dev/null |
-        awk -v t="$BENCH_THREADS" '$3 == t"" { for (i = 4; i <= NF; i++) if ($i == "GB/s") print $(i - 1) }'
-}
 bws=()
 for r in $(seq 1 "$repeats"); do
-    bws+=("$(read_bw)")
+    bws+=("$(bench_read_gbs)")
     bench_time_run "$run/ours_$r.jsonl" "$run/ours_$r.wall" \
         "$mllama" run --model "$model" --batch "$run/batch.jsonl" --threads "$BENCH_THREADS"
 done
-bws+=("$(read_bw)")
+bws+=("$(bench_read_gbs)")
 $report ours "$run"/ours_*.jsonl >"$run/ours.kv"
 echo "after: $(bench_load)"
 read_gbs=$(printf '%s\n' "${bws[@]}" | sort -g | tail -1)

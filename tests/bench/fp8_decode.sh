@@ -28,19 +28,15 @@ fi
 
 echo "fp8 decode: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads"
 echo "before: $(bench_load)"
-read_bw() {
-    ML_BENCH=1 ML_BENCH_THREADS=$BENCH_THREADS "$build/tests/bench_read_bw" 2>/dev/null |
-        awk -v t="$BENCH_THREADS" '$3 == t"" { for (i = 4; i <= NF; i++) if ($i == "GB/s") print $(i - 1) }'
-}
 bws=()
 for r in $(seq 1 "$repeats"); do
-    bws+=("$(read_bw)")
+    bws+=("$(bench_read_gbs)")
     bench_time_run "$run/bf16_$r.jsonl" "$run/bf16_$r.wall" \
         "$mllama" run --model "$model" --batch "$run/batch.jsonl" --threads "$BENCH_THREADS"
     bench_time_run "$run/fp8_$r.jsonl" "$run/fp8_$r.wall" \
         "$mllama" run --model "$fp8_model" --batch "$run/batch.jsonl" --threads "$BENCH_THREADS"
 done
-bws+=("$(read_bw)")
+bws+=("$(bench_read_gbs)")
 $report ours "$run"/bf16_*.jsonl >"$run/bf16.kv"
 $report ours "$run"/fp8_*.jsonl >"$run/fp8.kv"
 echo "after: $(bench_load)"

@@ -107,6 +107,15 @@ ImageOps.mirror(Image.open(sys.argv[1])).save(sys.argv[2], quality=95)' "$2" "$3
         bench_die "cannot write $3 (needs Pillow in $1)"
 }
 
+# bench_read_gbs: the read bandwidth (GB/s) bench_read_bw measures now with
+# $BENCH_THREADS threads, the ceiling of a memory-bound decode. Measure it
+# around every decode run and keep the highest: on a VM it moves with the
+# neighbours (20-36 GB/s within minutes on the development machine).
+bench_read_gbs() {
+    ML_BENCH=1 ML_BENCH_THREADS=$BENCH_THREADS "$build/tests/bench_read_bw" 2>/dev/null |
+        awk -v t="$BENCH_THREADS" '$3 == t"" { for (i = 4; i <= NF; i++) if ($i == "GB/s") print $(i - 1) }'
+}
+
 # bench_load: the machine load, to be printed with every result.
 bench_load() {
     echo "load average $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"

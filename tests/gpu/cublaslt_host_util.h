@@ -30,7 +30,7 @@ cudaStream_t g_last_stream = nullptr;
 std::vector<std::function<void()>> g_recorded;
 } // namespace
 
-void mlk_host_stream_enqueue(cudaStream_t s, std::function<void()> work)
+void mlk_host_stream_enqueue(cudaStream_t s, std::function<void()> work, const void *)
 {
     g_enqueued++;
     g_last_stream = s;
