@@ -163,7 +163,7 @@ static void test_reply_config(void)
 /* The boolean keys: runtime.batch_invariant, off by default (its cost on a GPU is
  * unmeasured), set by --set, the environment or a JSON true/false, and
  * refused in any other spelling. */
-static void test_batch_invariant_config(void)
+static void test_bool_config(void)
 {
     static const struct {
         const char *set, *json; /* one of them */
@@ -376,7 +376,7 @@ int main(void)
     test_pass_through();
     test_record_status();
     test_reply_config();
-    test_batch_invariant_config();
+    test_bool_config();
     test_queue_full();
     test_mock_topics();
     test_log_lines();
