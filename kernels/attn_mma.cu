@@ -165,10 +165,8 @@ __global__ void __launch_bounds__(MMA_THREADS, HD <= 80 ? 2 : 1)
                 mt0 = fmaxf(mt0, sc[nt][j]);
                 mt1 = fmaxf(mt1, sc[nt][2 + j]);
             }
-        mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 1));
-        mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, 2));
-        mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 1));
-        mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, 2));
+        mt0 = mlk_warp_xor_reduce<1, 2>(mt0, mlk_op_fmax());
+        mt1 = mlk_warp_xor_reduce<1, 2>(mt1, mlk_op_fmax());
         const float mn0 = fmaxf(m0, mt0), mn1 = fmaxf(m1, mt1);
         const float sh0 = mn0 == -INFINITY ? 0.0f : mn0, sh1 = mn1 == -INFINITY ? 0.0f : mn1;
         const float alpha0 = __expf(m0 - sh0), alpha1 = __expf(m1 - sh1);
@@ -212,10 +210,8 @@ __global__ void __launch_bounds__(MMA_THREADS, HD <= 80 ? 2 : 1)
         }
     }
 
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    l0 = mlk_warp_xor_reduce<1, 2>(l0, mlk_op_add());
+    l1 = mlk_warp_xor_reduce<1, 2>(l1, mlk_op_add());
     float *out0 = a.out + ((tok0 + r0) * H + h) * HD + 2 * t4;
     float *out1 = a.out + ((tok0 + r1) * H + h) * HD + 2 * t4;
 #pragma unroll

@@ -227,18 +227,38 @@ __device__ __forceinline__ uint16_t mlk_to_bf16(float f)
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
+/* v = op(v, the v of lane ^ o) for each offset o in turn, every lane of
+ * the warp taking part: the butterfly that every warp reduction here is.
+ * The HOST build computes it as one warp collective giving each lane the
+ * same value (host_exec.h): emulated, a collective costs a context switch
+ * per lane, and a reduction's five shuffles would be five. */
+template <int... Offsets, typename T, typename Op>
+__device__ __forceinline__ T mlk_warp_xor_reduce(T v, Op op)
+{
+#ifdef MLK_HOST
+    return mlk_host_warp_xor_reduce<Offsets...>(v, op);
+#else
+    ((v = op(v, __shfl_xor_sync(0xffffffffu, v, Offsets))), ...);
+    return v;
+#endif
+}
+
+struct mlk_op_add {
+    template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct mlk_op_fmax {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+/* Over all 32 lanes, every lane getting the result. */
 __device__ __forceinline__ float mlk_warp_sum(float v)
 {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+    return mlk_warp_xor_reduce<16, 8, 4, 2, 1>(v, mlk_op_add());
 }
 
 __device__ __forceinline__ float mlk_warp_max(float v)
 {
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
+    return mlk_warp_xor_reduce<16, 8, 4, 2, 1>(v, mlk_op_fmax());
 }
 
 /* ---- op implementations (contracts in backend.h) --------------------------------- */

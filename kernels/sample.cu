@@ -129,8 +129,7 @@ __device__ __forceinline__ u64 code_floor(float z)
  * The order is fixed, so a float sum is the same on every run. */
 template <typename T, typename Op> __device__ T block_reduce(T *slots, T v, Op op)
 {
-    for (int o = 16; o > 0; o >>= 1)
-        v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    v = mlk_warp_xor_reduce<16, 8, 4, 2, 1>(v, op);
     if (threadIdx.x % 32 == 0)
         slots[threadIdx.x / 32] = v;
     __syncthreads();
@@ -144,9 +143,6 @@ template <typename T, typename Op> __device__ T block_reduce(T *slots, T v, Op o
 struct op_max_u64 {
     __device__ u64 operator()(u64 a, u64 b) const { return b > a ? b : a; }
 };
-template <typename T> struct op_sum {
-    __device__ T operator()(T a, T b) const { return a + b; }
-};
 
 __device__ u64 block_max_u64(sample_smem &sm, u64 v)
 {
@@ -155,12 +151,12 @@ __device__ u64 block_max_u64(sample_smem &sm, u64 v)
 
 __device__ u64 block_sum_u64(sample_smem &sm, u64 v)
 {
-    return block_reduce(sm.reduce, v, op_sum<u64>());
+    return block_reduce(sm.reduce, v, mlk_op_add());
 }
 
 __device__ double block_sum_f64(sample_smem &sm, double v)
 {
-    return block_reduce(sm.reduce_f64, v, op_sum<double>());
+    return block_reduce(sm.reduce_f64, v, mlk_op_add());
 }
 
 /* Exclusive prefix sum of v over the threads in order; the sum of all in

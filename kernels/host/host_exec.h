@@ -141,6 +141,22 @@ T mlk_host_warp_compute(unsigned mask, const T &mine, F &&finish)
     return out;
 }
 
+/* mlk_warp_xor_reduce (mlk_internal.cuh) over the full warp: for each
+ * offset in turn, lane i's value becomes op(its value, lane i ^ o's), as
+ * the shuffles compute it, in one collective rather than one per offset. */
+template <int... Offsets, class T, class Op>
+T mlk_host_warp_xor_reduce(T v, Op op)
+{
+    return mlk_host_warp_compute(0xffffffffu, v, [&op](T *all) {
+        T next[MLK_HOST_WARP];
+        for (unsigned o : {(unsigned)Offsets...}) {
+            for (unsigned i = 0; i < MLK_HOST_WARP; i++)
+                next[i] = op(all[i], all[i ^ o]);
+            memcpy((void *)all, next, sizeof next);
+        }
+    });
+}
+
 /* ---- the built-in variables and qualifiers ------------------------------------------ */
 
 #define threadIdx (mlk_host::cur->thread_idx)
