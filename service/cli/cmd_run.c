@@ -629,6 +629,10 @@ static int ctx_init(run_ctx *c, const run_opts *o, int max_images)
     c->model = ml_engine_model(c->engine);
     c->tok = ml_engine_tokenizer(c->engine);
     c->rt = ml_engine_runtime(c->engine);
+    const ml_memory_plan_spec *spec;
+    const ml_memory_plan *plan = ml_engine_memory_plan(c->engine, &spec);
+    char line[1024];
+    fprintf(stderr, CMD ": memory plan: %s\n", ml_memory_plan_format(plan, spec, line, sizeof line));
     return 0;
 }
 
