@@ -2,6 +2,12 @@
 // (engine/model/memory_plan.h, which includes no CUDA header) against the
 // backend's own (kernels/mlk_internal.cuh): a compile-time check, built
 // wherever the CUDA backend is (ON and HOST builds).
+// The HOST build compiles the backend as C++ with MLK_HOST (kernels/
+// CMakeLists.txt) and tells consumers MLLAMA_CUDA_HOST; the header needs
+// the former to parse as C++. The ON build compiles this file with nvcc.
+#if defined(MLLAMA_CUDA_HOST) && !defined(MLK_HOST)
+#define MLK_HOST 1
+#endif
 #include "mlk_internal.cuh"
 
 extern "C" {
