@@ -71,7 +71,8 @@ static ml_status cpu_open(ml_engine *e, int world, int threads, char *err, size_
 {
     /* The CPU "devices" of a group share the host's memory; its own scratch
      * is a few MiB per thread, left out of the plan. */
-    e->plan_spec.device_bytes = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    e->plan_spec.device_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
     e->plan_spec.backend_bytes = 0;
     e->backend_name = "cpu";
     if (world == 1) {
@@ -88,7 +89,8 @@ static ml_status cuda_open(ml_engine *e, int world, const int *devices, size_t p
 {
     e->backend_name = "cuda";
     /* The pool the backend takes: pool_bytes, or its share of the free
-     * memory, planned here on the device's total (an upper bound). */
+     * memory, planned here on the device's total (an upper bound); 0 when
+     * the device cannot be queried (the plan then fits nothing). */
     mlk_device_info info;
     char qerr[256];
     e->plan_spec.device_bytes =

@@ -8,7 +8,8 @@
  *
  * Weights are counted as resident on one device: F8_E4M3 Linears at 1 byte
  * an element, their weight_scale as the f32 the backends hold (one per
- * output row), everything else bf16. Under tensor parallelism a device
+ * output row), everything else bf16 but the shape-(1) gates (floats in
+ * the weight tables, not in device memory). Under tensor parallelism a device
  * holds its shard (shard.h: column-parallel Linears' rows with their
  * scales, row-parallel Linears' columns with all their scales, the rest
  * replicated), 1/world of each K/V block and image state.

@@ -14,6 +14,7 @@
 #include "model/mkmodel.h"
 #include "model/mllama.h"
 #include "model/quant_config.h"
+#include "model/weights.h"
 
 #define TOKENIZER_DIR ML_SOURCE_DIR "/config/tokenizer"
 #define GIB ML_PLAN_GIB
@@ -42,17 +43,18 @@
 /* One f32 scale a row: 33,587,200 B. */
 #define EXPECT_SCALES (LAYERS * LINEAR_ROWS * 4)
 /* bf16, as published: embed_tokens (vocab + 8 rows), lm_head, final norm, two
- * norms a layer, cross q_norm/k_norm (128) and the two gates a cross layer. */
-#define TEXT_BF16 ((VOCAB + 8) * D + VOCAB * D + D + 2 * D * LAYERS + CROSS * (2 * 128 + 2))
+ * norms a layer, cross q_norm/k_norm (128). The gates (shape (1)) are read
+ * into floats at load and are not resident. */
+#define TEXT_BF16 ((VOCAB + 8) * D + VOCAB * D + D + 2 * D * LAYERS + CROSS * 2 * 128)
 /* A vision layer: q, k, v, o, fc1 + bias, fc2 + bias, two LayerNorms. */
 #define VISION_LAYER (4 * DV * DV + IV * DV + IV + DV * IV + DV + 4 * DV)
-/* The tower: patch conv, class embedding, position embedding + gate, tile
- * position embedding, pre/post tile embeddings + gates, layernorm_pre/post,
- * the layers, the global layers' two gates. */
-#define VISION (DV * 3 * 14 * 14 + DV + PATCHES * DV + 1 + ASPECTS * TILES * PATCHES * DV + \
-                2 * (ASPECTS * TILES * DV + 1) + 4 * DV + VLAYERS * VISION_LAYER + 2 * 8)
+/* The tower: patch conv, class embedding, position embedding, tile
+ * position embedding, pre/post tile embeddings, layernorm_pre/post, the
+ * layers. */
+#define VISION (DV * 3 * 14 * 14 + DV + PATCHES * DV + ASPECTS * TILES * PATCHES * DV + \
+                2 * ASPECTS * TILES * DV + 4 * DV + VLAYERS * VISION_LAYER)
 #define PROJECTOR (D * VOUT + D)
-/* 6,059,107,446 B. */
+/* 6,059,107,328 B. */
 #define EXPECT_BF16 (2 * (TEXT_BF16 + VISION + PROJECTOR))
 
 /* The CUDA backend's plan inputs: bf16 K/V, 16-token blocks. A self layer's
@@ -115,6 +117,42 @@ static void print_plan(const char *what, const ml_memory_plan *p, const ml_memor
     fprintf(stderr, "  %s: %s\n", what, ml_memory_plan_format(p, s, line, sizeof line));
 }
 
+/* A tensor-parallel model's plan (two CPU shards of the tiny preset,
+ * header-only FP8) is the config's at world 2, with a shard's workspace. */
+static void test_loaded_tp(void)
+{
+    char err[512], dir[512], path[600];
+    ml_scratch_subdir("fp8_tiny", dir, sizeof dir);
+    check(ml_mkmodel("tiny", dir, TOKENIZER_DIR, 0, ML_MKMODEL_FP8 | ML_MKMODEL_HEADER_ONLY, err,
+                     sizeof err) == ML_OK,
+          "mkmodel tiny: %s", err);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    check(ml_config_load(&cfg, path, err, sizeof err) == ML_OK, "config: %s", err);
+    ml_backend *bes[2] = {NULL, NULL};
+    check(ml_backend_cpu_create_group(2, 1, bes, err, sizeof err) == ML_OK, "group: %s", err);
+    ml_model *m = NULL;
+    check(ml_model_load_tp(&m, dir, bes, 2, NULL, err, sizeof err) == ML_OK, "load TP 2: %s",
+          err);
+    if (!m)
+        return;
+    ml_memory_plan_spec spec = {.device_bytes = GIB, .kv_bytes = 64 * ML_PLAN_MIB,
+                                .image_bytes = 64 * ML_PLAN_MIB};
+    ml_memory_plan got, want;
+    check(ml_model_memory_plan(m, &spec, &got, err, sizeof err) == ML_OK, "plan: %s", err);
+    check(spec.world == 2 && spec.workspace_bytes > 0 && spec.kv_elem_size == sizeof(float),
+          "the model fills world 2, a shard's workspace and the CPU's f32 K/V");
+    check(ml_memory_plan_compute(&cfg, &spec, &want, err, sizeof err) == ML_OK, "plan: %s", err);
+    check(!memcmp(&got, &want, sizeof got), "loaded TP 2 plan == the config's");
+    check(got.kv_block_bytes == ml_model_kv_block_bytes(m) &&
+              got.image_state_bytes == ml_model_image_state_bytes(m),
+          "the plan's block and image sizes are the runtime's");
+    check(got.weight_bytes[ML_PLAN_FP8] > 0 && got.weight_bytes[ML_PLAN_SCALES] > 0,
+          "tiny FP8: fp8 and scale bytes");
+    ml_model_destroy(m);
+    for (int r = 0; r < 2; r++)
+        bes[r]->ops->destroy(bes[r]);
+}
+
 int main(void)
 {
     char err[512], dir[512];
@@ -175,6 +213,22 @@ int main(void)
     for (int d = 0; d < ML_PLAN_DTYPES; d++)
         check(lp.weight_bytes[d] == p.weight_bytes[d], "loaded model's %s bytes == config's",
               ml_plan_dtype_name((ml_plan_dtype)d));
+    /* ...and what the loader bound from the checkpoint (weights.h counters). */
+    ml_checkpoint *ck = NULL;
+    ml_weights *w = NULL;
+    check(ml_checkpoint_open(&ck, dir, err, sizeof err) == ML_OK &&
+              ml_weights_create(&w, ck, &cfg, err, sizeof err) == ML_OK,
+          "bind the fake: %s", err);
+    if (w) {
+        check(w->bytes_f8 == p.weight_bytes[ML_PLAN_FP8] &&
+                  w->bytes_scales == p.weight_bytes[ML_PLAN_SCALES] &&
+                  w->bytes_borrowed + w->bytes_converted == p.weight_bytes[ML_PLAN_BF16],
+              "the plan's bytes are the bound weights' (f8 %zu, scales %zu, bf16 %zu)",
+              w->bytes_f8, w->bytes_scales, w->bytes_borrowed + w->bytes_converted);
+        check(w->n_unused == 0, "the fake holds exactly the model's tensors");
+    }
+    ml_weights_destroy(w);
+    ml_checkpoint_destroy(ck);
     check(p.kv_block_bytes == (uint64_t)(BLOCK * KV_TOKEN_BYTES), "a block is 16 x 320 KiB");
     check(p.kv_blocks == (int64_t)(KV_BUDGET / (BLOCK * KV_TOKEN_BYTES)) && p.kv_blocks == 4915,
           "24 GiB hold 4915 blocks (%lld)", (long long)p.kv_blocks);
@@ -230,5 +284,7 @@ int main(void)
     ml_memory_plan_spec tp3 = h200_spec(3, workspace);
     check(ml_memory_plan_compute(&bf16, &tp3, &p, err, sizeof err) == ML_ERR_INVALID_ARG,
           "TP 3 refused: %s", err);
+
+    test_loaded_tp();
     return check_done();
 }
