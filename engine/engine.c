@@ -192,6 +192,10 @@ ml_status ml_engine_open(ml_engine **out, const ml_engine_config *cfg, char *err
         st = ml_runtime_create(&e->rt, e->model, e->tok, &rc, err, errlen);
         e->plan_spec.kv_bytes = rc.kv_bytes;
         e->plan_spec.image_bytes = rc.image_bytes;
+        const int rank = rc.max_adapter_rank ? rc.max_adapter_rank : cfg->limits.max_lora_rank;
+        e->plan_spec.adapter_bytes =
+            rc.max_adapters > 0 ? (uint64_t)rc.max_adapters * ml_lora_slot_bytes(e->model, rank)
+                                : 0;
         if (st == ML_OK)
             st = ml_model_memory_plan(e->model, &e->plan_spec, &e->plan, err, errlen);
     }

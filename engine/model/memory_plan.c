@@ -185,10 +185,12 @@ ml_status ml_memory_plan_compute(const ml_config *cfg, const ml_memory_plan_spec
     p->images = (int64_t)(spec->image_bytes / p->image_state_bytes);
     p->image_pool_bytes = (uint64_t)p->images * p->image_state_bytes;
     p->workspace = spec->backend_bytes + spec->workspace_bytes;
-    p->used = p->weights + p->kv_pool_bytes + p->image_pool_bytes + p->workspace;
+    p->used = p->weights + p->kv_pool_bytes + p->image_pool_bytes + spec->adapter_bytes +
+              p->workspace;
     p->left = (int64_t)spec->device_bytes - (int64_t)p->used;
     p->fits = p->left >= 0;
-    const int64_t rest = (int64_t)spec->device_bytes - (int64_t)(p->weights + p->workspace);
+    const int64_t rest =
+        (int64_t)spec->device_bytes - (int64_t)(p->weights + spec->adapter_bytes + p->workspace);
     p->kv_blocks_max = floor_div(rest - (int64_t)p->image_pool_bytes, p->kv_block_bytes);
     p->kv_tokens_max = p->kv_blocks_max * spec->kv_block_size;
     p->images_max = floor_div(rest - (int64_t)p->kv_pool_bytes, p->image_state_bytes);
@@ -206,7 +208,8 @@ const char *ml_memory_plan_format(const ml_memory_plan *p, const ml_memory_plan_
     snprintf(buf, n,
              "device %.2f GiB (world %d): weights %.2f GiB (fp8 %.2f, bf16 %.2f, scales %.3f); "
              "kv pool %.2f GiB = %lld blocks of %d tokens (%lld tokens, %.1f KiB/token); "
-             "image states %.2f GiB = %lld images of %.1f MiB; workspace %.2f GiB "
+             "image states %.2f GiB = %lld images of %.1f MiB; adapter slots %.2f GiB; "
+             "workspace %.2f GiB "
              "(backend %.2f, model %.2f); left %.2f GiB%s; at most %lld kv tokens or %lld images",
              gib(spec->device_bytes), spec->world, gib(p->weights),
              gib(p->weight_bytes[ML_PLAN_FP8]), gib(p->weight_bytes[ML_PLAN_BF16]),
@@ -214,7 +217,7 @@ const char *ml_memory_plan_format(const ml_memory_plan *p, const ml_memory_plan_
              (long long)p->kv_blocks, spec->kv_block_size, (long long)p->kv_tokens,
              (double)p->kv_block_bytes / spec->kv_block_size / 1024.0, gib(p->image_pool_bytes),
              (long long)p->images, (double)p->image_state_bytes / (double)ML_PLAN_MIB,
-             gib(p->workspace), gib(spec->backend_bytes), gib(spec->workspace_bytes),
+             gib(spec->adapter_bytes), gib(p->workspace), gib(spec->backend_bytes), gib(spec->workspace_bytes),
              p->left >= 0 ? gib((uint64_t)p->left) : -gib((uint64_t)-p->left),
              p->fits ? "" : " (DOES NOT FIT)", (long long)p->kv_tokens_max,
              (long long)p->images_max);

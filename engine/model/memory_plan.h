@@ -65,7 +65,8 @@ typedef struct ml_memory_plan_spec {
     size_t kv_elem_size;      /* the backend's kv_elem_size */
     int kv_block_size;        /* tokens a K/V block (model limits' kv_block_size) */
     uint64_t kv_bytes;        /* the K/V pool (runtime.kv_mib) */
-    uint64_t image_bytes;     /* resident image states (runtime.image_mib) */
+    uint64_t image_bytes;     /* resident image states (runtime.image_mib), at their budget */
+    uint64_t adapter_bytes;   /* every LoRA slot (runtime.max_adapters · ml_lora_slot_bytes) */
 } ml_memory_plan_spec;
 
 /* One device's plan. Counts are what the runtime makes of the budgets
@@ -81,11 +82,11 @@ typedef struct ml_memory_plan {
     int64_t images;            /* in image_bytes */
     uint64_t image_pool_bytes; /* images · image_state_bytes */
     uint64_t workspace;        /* backend + model workspaces */
-    uint64_t used;             /* weights + pools + workspace */
+    uint64_t used;             /* weights + pools + adapter slots + workspace */
     int64_t left;              /* device_bytes - used; < 0: does not fit */
     int fits;                  /* left >= 0 */
-    /* With everything left after the weights and workspaces given to one
-     * pool, the other as configured: the largest K/V pool (blocks, tokens)
+    /* With everything left after the weights, adapter slots and workspaces
+     * given to one pool, the other as configured: the largest K/V pool (blocks, tokens)
      * and image count the device could hold; 0 when the rest is negative. */
     int64_t kv_blocks_max, kv_tokens_max, images_max;
 } ml_memory_plan;

@@ -146,8 +146,8 @@ size_t ml_model_kv_block_bytes(const ml_model *m);
 /* The memory plan of m on each of its devices (memory_plan.h): its
  * weights as loaded (FP8 at load included), its workspace, block size and
  * backend's kv_elem_size and world, which this fills into *spec; the
- * caller sets spec's device_bytes, backend_bytes, kv_bytes and
- * image_bytes. Errors: those of ml_memory_plan_compute. */
+ * caller sets spec's device_bytes, backend_bytes, kv_bytes, image_bytes
+ * and adapter_bytes. Errors: those of ml_memory_plan_compute. */
 ml_status ml_model_memory_plan(const ml_model *m, ml_memory_plan_spec *spec, ml_memory_plan *out,
                                char *err, size_t errlen);
 

@@ -17,8 +17,8 @@
 #include <string.h>
 
 #include "model/linear.h"
-#include "model/memory_plan.h"
 #include "model/lora_internal.h"
+#include "model/memory_plan.h"
 #include "model/model_internal.h"
 #include "model/shard.h"
 

@@ -243,6 +243,16 @@ int main(void)
           "room left: at most %lld tokens or %lld images", (long long)p.kv_tokens_max,
           (long long)p.images_max);
 
+    /* Adapter slots come out of the same device. */
+    ml_memory_plan_spec with_slots = spec;
+    with_slots.adapter_bytes = 4 * GIB;
+    ml_memory_plan r;
+    check(ml_memory_plan_compute(&cfg, &with_slots, &r, err, sizeof err) == ML_OK, "plan: %s",
+          err);
+    check(r.used == p.used + 4 * GIB && r.left == p.left - (int64_t)(4 * GIB) && r.fits &&
+              r.kv_tokens_max < p.kv_tokens_max,
+          "4 GiB of adapter slots: 4 GiB less left");
+
     /* model.weights = "fp8" on the bf16 checkpoint: the same bytes. */
     ml_config at_load = cfg;
     ml_quant_config_fp8_at_load(&at_load.quant);
