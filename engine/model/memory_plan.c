@@ -21,6 +21,7 @@
 #define BIAS_LEAF ".bias"
 #define SELF_ATTN "self_attn."
 #define CROSS_ATTN "cross_attn."
+#define BYTES_PER_KIB 1024.0
 
 static const char *const DTYPE_NAMES[ML_PLAN_DTYPES] = {
     [ML_PLAN_FP8] = "fp8",
@@ -84,7 +85,8 @@ static ml_shard_split split_of(const char *name, int *is_scale)
         return ML_SHARD_WHOLE;
     }
     if (!strncmp(name, VISION_PREFIX, strlen(VISION_PREFIX)) &&
-        (at = strstr(name, VISION_LAYERS_INFIX)) && (at = strchr(at + strlen(VISION_LAYERS_INFIX), '.'))) {
+        (at = strstr(name, VISION_LAYERS_INFIX)) &&
+        (at = strchr(at + strlen(VISION_LAYERS_INFIX), '.'))) {
         const char *leaf = at + 1;
         for (int i = 0; i < ML_LORA_VISION_MODULES; i++) {
             ml_shard_split s = ml_shard_split_vision((ml_lora_vision_module)i);
@@ -209,15 +211,15 @@ const char *ml_memory_plan_format(const ml_memory_plan *p, const ml_memory_plan_
              "device %.2f GiB (world %d): weights %.2f GiB (fp8 %.2f, bf16 %.2f, scales %.3f); "
              "kv pool %.2f GiB = %lld blocks of %d tokens (%lld tokens, %.1f KiB/token); "
              "image states %.2f GiB = %lld images of %.1f MiB; adapter slots %.2f GiB; "
-             "workspace %.2f GiB "
-             "(backend %.2f, model %.2f); left %.2f GiB%s; at most %lld kv tokens or %lld images",
+             "workspace %.2f GiB (backend %.2f, model %.2f); left %.2f GiB%s; at most %lld kv tokens or %lld images",
              gib(spec->device_bytes), spec->world, gib(p->weights),
              gib(p->weight_bytes[ML_PLAN_FP8]), gib(p->weight_bytes[ML_PLAN_BF16]),
              gib(p->weight_bytes[ML_PLAN_SCALES]), gib(p->kv_pool_bytes),
              (long long)p->kv_blocks, spec->kv_block_size, (long long)p->kv_tokens,
-             (double)p->kv_block_bytes / spec->kv_block_size / 1024.0, gib(p->image_pool_bytes),
+             (double)p->kv_block_bytes / spec->kv_block_size / BYTES_PER_KIB, gib(p->image_pool_bytes),
              (long long)p->images, (double)p->image_state_bytes / (double)ML_PLAN_MIB,
-             gib(spec->adapter_bytes), gib(p->workspace), gib(spec->backend_bytes), gib(spec->workspace_bytes),
+             gib(spec->adapter_bytes), gib(p->workspace), gib(spec->backend_bytes),
+             gib(spec->workspace_bytes),
              p->left >= 0 ? gib((uint64_t)p->left) : -gib((uint64_t)-p->left),
              p->fits ? "" : " (DOES NOT FIT)", (long long)p->kv_tokens_max,
              (long long)p->images_max);
