@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 
@@ -28,6 +29,9 @@ struct ml_engine {
     ml_tokenizer *tok;                   /* owned */
     ml_image_params image_params;
     ml_runtime *rt;                      /* owned */
+    /* One device's memory plan, computed at open (ml_engine_memory_plan). */
+    ml_memory_plan_spec plan_spec;
+    ml_memory_plan plan;
 };
 
 /* ---- backends by name -------------------------------------------------------------- */
@@ -65,6 +69,11 @@ int ml_engine_parse_devices(const char *list, int *out, int max, char *err, size
 
 static ml_status cpu_open(ml_engine *e, int world, int threads, char *err, size_t errlen)
 {
+    /* The CPU "devices" of a group share the host's memory; its own scratch
+     * is a few MiB per thread, left out of the plan. */
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    e->plan_spec.device_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    e->plan_spec.backend_bytes = 0;
     e->backend_name = "cpu";
     if (world == 1) {
         e->be[0] = ml_backend_cpu_create(threads, err, errlen);
@@ -79,6 +88,17 @@ static ml_status cuda_open(ml_engine *e, int world, const int *devices, size_t p
                            int batch_invariant, char *err, size_t errlen)
 {
     e->backend_name = "cuda";
+    /* The pool the backend takes: pool_bytes, or its share of the free
+     * memory, planned here on the device's total (an upper bound); 0 when
+     * the device cannot be queried (the plan then fits nothing). */
+    mlk_device_info info;
+    char qerr[256];
+    e->plan_spec.device_bytes =
+        pool_bytes ? pool_bytes
+        : mlk_device_query(devices[0], &info, qerr, sizeof qerr) == 0
+            ? (uint64_t)info.total_bytes * ML_PLAN_CUDA_POOL_SHARE_TENTHS / 10
+            : 0;
+    e->plan_spec.backend_bytes = ML_PLAN_CUDA_WORKSPACE_BYTES;
     if (world == 1) {
         e->be[0] = ml_backend_cuda_create(devices[0], pool_bytes, batch_invariant, err, errlen);
         return e->be[0] ? ML_OK : ML_ERR_UNSUPPORTED;
@@ -170,6 +190,14 @@ ml_status ml_engine_open(ml_engine **out, const ml_engine_config *cfg, char *err
             rc.image_bytes = ml_model_image_state_bytes(e->model) *
                              (size_t)(cfg->image_states > 0 ? cfg->image_states : 1);
         st = ml_runtime_create(&e->rt, e->model, e->tok, &rc, err, errlen);
+        e->plan_spec.kv_bytes = rc.kv_bytes;
+        e->plan_spec.image_bytes = rc.image_bytes;
+        const int rank = rc.max_adapter_rank ? rc.max_adapter_rank : cfg->limits.max_lora_rank;
+        e->plan_spec.adapter_bytes =
+            rc.max_adapters > 0 ? (uint64_t)rc.max_adapters * ml_lora_slot_bytes(e->model, rank)
+                                : 0;
+        if (st == ML_OK)
+            st = ml_model_memory_plan(e->model, &e->plan_spec, &e->plan, err, errlen);
     }
     if (st != ML_OK) {
         ml_engine_close(e);
@@ -197,6 +225,13 @@ ml_runtime *ml_engine_runtime(const ml_engine *e) { return e->rt; }
 const ml_image_params *ml_engine_image_params(const ml_engine *e) { return &e->image_params; }
 const char *ml_engine_backend_name(const ml_engine *e) { return e->backend_name; }
 int ml_engine_world(const ml_engine *e) { return e->world; }
+
+const ml_memory_plan *ml_engine_memory_plan(const ml_engine *e, const ml_memory_plan_spec **spec)
+{
+    if (spec)
+        *spec = &e->plan_spec;
+    return &e->plan;
+}
 
 /* ---- request builders ------------------------------------------------------------ */
 

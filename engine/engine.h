@@ -85,6 +85,12 @@ const ml_image_params *ml_engine_image_params(const ml_engine *e);
 /* "cpu" or "cuda" (static), and the devices the model is split over. */
 const char *ml_engine_backend_name(const ml_engine *e);
 int ml_engine_world(const ml_engine *e);
+/* One device's memory plan of the open engine (model/memory_plan.h), and in
+ * *spec (when non-NULL) what it was computed for: the device's usable bytes
+ * (the CUDA pool: the config's pool_bytes, or 90% of the device's total; the CPU:
+ * the host's physical memory), the backend's own workspace, the runtime's
+ * budgets. Borrowed; lives as long as e. */
+const ml_memory_plan *ml_engine_memory_plan(const ml_engine *e, const ml_memory_plan_spec **spec);
 
 /* ---- request builders ------------------------------------------------------------ */
 

@@ -8,6 +8,8 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "engine.h"
+
 #define LAG_SERIES_MAX 256 /* assigned partitions whose lag is exported */
 #define INFO_MAX 128
 
@@ -122,6 +124,7 @@ static struct {
     _Atomic uint64_t errors[N_CODES];
     _Atomic uint64_t dead_letters[N_CODES];
     _Atomic uint64_t rebalances[SVC_REBALANCE_COUNT];
+    _Atomic uint64_t weight_bytes[ML_PLAN_DTYPES]; /* double bits */
     pthread_mutex_t lag_lock;
     lag_series lag[LAG_SERIES_MAX];
     int n_lag;
@@ -192,6 +195,12 @@ void svc_metrics_dead_letter(svc_error code)
 
 void svc_metrics_rebalance(svc_rebalance type) { atomic_fetch_add(&reg.rebalances[type], 1); }
 
+void svc_metrics_set_weight_bytes(int dtype, double bytes)
+{
+    if (dtype >= 0 && dtype < ML_PLAN_DTYPES)
+        atomic_store(&reg.weight_bytes[dtype], to_bits(bytes));
+}
+
 void svc_metrics_set_lag(const char *topic, int32_t partition, int64_t lag)
 {
     pthread_mutex_lock(&reg.lag_lock);
@@ -235,6 +244,8 @@ void svc_metrics_reset(void)
     }
     for (int i = 0; i < SVC_REBALANCE_COUNT; i++)
         atomic_store(&reg.rebalances[i], 0);
+    for (int i = 0; i < ML_PLAN_DTYPES; i++)
+        atomic_store(&reg.weight_bytes[i], 0);
 }
 
 /* ---- rendering ------------------------------------------------------------- */
@@ -284,6 +295,12 @@ void svc_metrics_render(svc_buf *b)
     for (int i = 0; i < SVC_REBALANCE_COUNT; i++)
         svc_buf_printf(b, "mllama_kafka_rebalances_total{type=\"%s\"} %llu\n", rebalance_names[i],
                        (unsigned long long)atomic_load(&reg.rebalances[i]));
+    head(b, "mllama_weight_bytes", "resident model weight bytes on one device, by dtype",
+         "gauge");
+    for (int i = 0; i < ML_PLAN_DTYPES; i++)
+        svc_buf_printf(b, "mllama_weight_bytes{dtype=\"%s\"} %.17g\n",
+                       ml_plan_dtype_name((ml_plan_dtype)i),
+                       from_bits(atomic_load(&reg.weight_bytes[i])));
     for (int h = 0; h < SVC_HIST_COUNT; h++) {
         const hist_def *d = &hist_defs[h];
         const hist_val *v = &reg.hists[h];

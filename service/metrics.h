@@ -67,6 +67,11 @@ typedef enum svc_rebalance {
 void svc_metrics_set_info(const char *version, const char *backend, const char *model_name,
                           const char *fingerprint, const char *row_mask);
 
+/* mllama_weight_bytes{dtype}: the model's resident weight bytes on one
+ * device of type `dtype` (an ml_plan_dtype: fp8, bf16, scales), set at
+ * model load. Out-of-range types are ignored. */
+void svc_metrics_set_weight_bytes(int dtype, double bytes);
+
 void svc_metrics_add(svc_counter c, uint64_t n);
 void svc_metrics_set(svc_gauge g, double v);
 void svc_metrics_observe(svc_histogram h, double seconds);

@@ -16,7 +16,10 @@
 #include "model/safetensors.h"
 #include "model/weights.h"
 
-/* save_pretrained shards at 5 GB; smaller shards keep demo copies cheap. */
+/* save_pretrained shards at 5 GB (max_shard_size="5GB", transformers 4.47
+ * modeling_utils.py): a header-only checkpoint, which stands in for a
+ * published one, is split there; smaller shards keep demo copies cheap. */
+#define HUB_SHARD_BYTES (5000ull * 1000 * 1000)
 #define SHARD_BYTES (2000ull * 1000 * 1000)
 #define MAX_LIST 40
 
@@ -33,6 +36,7 @@
 
 typedef struct preset {
     const char *name;
+    int header_only; /* its random values would not fit a development machine */
     int tile;
     int v_hidden, v_heads, v_inter, v_layers, v_global;
     int n_inter, inter[MAX_LIST];
@@ -43,16 +47,23 @@ typedef struct preset {
 static const preset presets[] = {
     /* 56-pixel tiles (4 patches + CLS, padded to 8): a whole image costs
      * milliseconds, for service tests that need many requests. */
-    {"micro", 56, 32, 2, 64, 2, 1, 1, {1}, 64, 2, 1, 128, 3, 1, {1}},
-    {"tiny", TILE, 64, 2, 256, 4, 2, 2, {1, 3}, 256, 4, 2, 768, 5, 1, {2}},
-    {"small", TILE, 256, 4, 1024, 8, 2, 3, {2, 5, 7}, 1024, 8, 2, 2816, 10, 2, {3, 8}},
+    {"micro", 0, 56, 32, 2, 64, 2, 1, 1, {1}, 64, 2, 1, 128, 3, 1, {1}},
+    {"tiny", 0, TILE, 64, 2, 256, 4, 2, 2, {1, 3}, 256, 4, 2, 768, 5, 1, {2}},
+    {"small", 0, TILE, 256, 4, 1024, 8, 2, 3, {2, 5, 7}, 1024, 8, 2, 2816, 10, 2, {3, 8}},
     /* Llama 3.2 1B's decoder widths; vision layers of the real width. */
-    {"1b", TILE, 1280, 16, 5120, 8, 2, 5, {1, 3, 5, 6, 7}, 2048, 32, 8, 8192, 16, 3, {3, 8, 13}},
-    {"11b", TILE, 1280, 16, 5120, 32, 8, 5, {3, 7, 15, 23, 30}, 4096, 32, 8, 14336, 40, 8,
+    {"1b", 0, TILE, 1280, 16, 5120, 8, 2, 5, {1, 3, 5, 6, 7}, 2048, 32, 8, 8192, 16, 3, {3, 8, 13}},
+    {"11b", 0, TILE, 1280, 16, 5120, 32, 8, 5, {3, 7, 15, 23, 30}, 4096, 32, 8, 14336, 40, 8,
      {3, 8, 13, 18, 23, 28, 33, 38}},
+    /* Llama-3.2-90B-Vision(-Instruct) config.json: the 11B vision tower;
+     * text hidden 8192, intermediate 28672, 100 layers, 64 heads, 8 K/V
+     * heads, a cross-attention layer every 5 from 3 (20 of them). The same
+     * shapes as the docs' model facts (performance notes §1: 88.6 B
+     * parameters, 177 GB in bf16). */
+    {"90b", 1, TILE, 1280, 16, 5120, 32, 8, 5, {3, 7, 15, 23, 30}, 8192, 64, 8, 28672, 100, 20,
+     {3, 8, 13, 18, 23, 28, 33, 38, 43, 48, 53, 58, 63, 68, 73, 78, 83, 88, 93, 98}},
 };
 
-const char *const ml_mkmodel_presets[] = {"micro", "tiny", "small", "1b", "11b", NULL};
+const char *const ml_mkmodel_presets[] = {"micro", "tiny", "small", "1b", "11b", "90b", NULL};
 
 /* ---- files -------------------------------------------------------------- */
 
@@ -159,7 +170,10 @@ static cJSON *config_json(const preset *p)
 }
 
 /* quantization_config of the published FP8-dynamic checkpoints, as
- * compressed-tensors serialises it (unset QuantizationArgs fields null). */
+ * compressed-tensors 0.8.1 serialises it (QuantizationConfig.model_dump of
+ * preset_name_to_scheme("FP8_DYNAMIC", ["Linear"]); unset fields null) with
+ * the ignore list of llm-compressor's mllama FP8 example, which the
+ * published checkpoints carry. */
 static void add_fp8_config(cJSON *c)
 {
     static const char *const ignore[] = {"re:.*lm_head", "re:multi_modal_projector.*",
@@ -168,9 +182,9 @@ static void add_fp8_config(cJSON *c)
     cJSON *g = cJSON_AddObjectToObject(cJSON_AddObjectToObject(q, "config_groups"), "group_0");
     cJSON_AddItemToObject(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
     static const struct {
-        const char *key, *strategy;
+        const char *key, *strategy, *observer;
         int dynamic;
-    } args[] = {{"weights", "channel", 0}, {"input_activations", "token", 1}};
+    } args[] = {{"weights", "channel", "minmax", 0}, {"input_activations", "token", NULL, 1}};
     for (size_t i = 0; i < sizeof args / sizeof args[0]; i++) {
         cJSON *a = cJSON_AddObjectToObject(g, args[i].key);
         cJSON_AddNumberToObject(a, "num_bits", 8);
@@ -181,11 +195,17 @@ static void add_fp8_config(cJSON *c)
         cJSON_AddNullToObject(a, "group_size");
         cJSON_AddNullToObject(a, "block_structure");
         cJSON_AddNullToObject(a, "actorder");
+        if (args[i].observer)
+            cJSON_AddStringToObject(a, "observer", args[i].observer);
+        else
+            cJSON_AddNullToObject(a, "observer");
+        cJSON_AddObjectToObject(a, "observer_kwargs");
     }
     cJSON_AddNullToObject(g, "output_activations");
     cJSON_AddStringToObject(q, "format", "float-quantized");
     cJSON_AddItemToObject(q, "ignore", cJSON_CreateStringArray(ignore, 3));
     cJSON_AddNullToObject(q, "kv_cache_scheme");
+    cJSON_AddNullToObject(q, "global_compression_ratio");
     cJSON_AddStringToObject(q, "quant_method", "compressed-tensors");
     cJSON_AddStringToObject(q, "quantization_status", "compressed");
 }
@@ -316,8 +336,43 @@ static int make_dirs(const char *dir)
     return mkdir(path, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
+/* Every manifest entry as a view without data: the writer leaves each a
+ * hole, so the files get their full size but no blocks. */
+static void header_views(const ml_manifest_entry *m, ml_tensor_view *views, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        ml_tensor_view *v = &views[i];
+        *v = (ml_tensor_view){.name = m[i].name, .dtype = m[i].dtype, .ndim = m[i].ndim};
+        memcpy(v->shape, m[i].shape, sizeof m[i].shape);
+        v->nbytes = (size_t)ml_tensor_view_numel(v) * ml_dtype_size(v->dtype);
+    }
+}
+
+/* Random values for every manifest entry into data[i] (owned by the
+ * caller), FP8 Linears quantized with their scale in the next entry. */
+static ml_status random_views(const ml_manifest_entry *m, ml_tensor_view *views, uint16_t **data,
+                              size_t n, uint64_t seed, char *err, size_t errlen)
+{
+    ml_status rc = ML_OK;
+    for (size_t i = 0; rc == ML_OK && i < n; i++) {
+        ml_tensor_view *v = &views[i];
+        *v = (ml_tensor_view){.name = m[i].name, .dtype = ML_DTYPE_BF16, .ndim = m[i].ndim};
+        memcpy(v->shape, m[i].shape, sizeof m[i].shape);
+        size_t numel = (size_t)ml_tensor_view_numel(v);
+        v->nbytes = numel * sizeof(uint16_t);
+        if (!(data[i] = malloc(v->nbytes)))
+            return ml_fail(err, errlen, ML_ERR_NOMEM, "out of memory for %s", m[i].name);
+        fill(&m[i], data[i], numel, seed);
+        v->data = data[i];
+        if (m[i].dtype == ML_DTYPE_F8_E4M3) /* the values, quantized; its scale comes next */
+            rc = quantize_entry(m, views, data, i, n, err, errlen);
+        i += m[i].dtype == ML_DTYPE_F8_E4M3;
+    }
+    return rc;
+}
+
 ml_status ml_mkmodel(const char *name, const char *dir, const char *tokenizer_dir, uint64_t seed,
-                     int fp8, char *err, size_t errlen)
+                     unsigned flags, char *err, size_t errlen)
 {
     const preset *p = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
@@ -325,13 +380,18 @@ ml_status ml_mkmodel(const char *name, const char *dir, const char *tokenizer_di
             p = &presets[i];
     if (!p)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
-                       "unknown preset '%s' (micro, tiny, small, 1b, 11b)", name);
+                       "unknown preset '%s' (micro, tiny, small, 1b, 11b, 90b)", name);
+    const int header_only = (flags & ML_MKMODEL_HEADER_ONLY) != 0;
+    if (p->header_only && !header_only)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "preset '%s' is header-only: its random weights would not fit in memory",
+                       name);
     if (make_dirs(dir) != 0)
         return ml_fail(err, errlen, ML_ERR_IO, "%s: %s", dir, strerror(errno));
 
     char path[4096], from[4096];
     cJSON *cj = config_json(p), *pj = preprocessor_json(p);
-    if (fp8)
+    if (flags & ML_MKMODEL_FP8)
         add_fp8_config(cj);
     char *cfg_text = cJSON_Print(cj);
     static ml_config cfg; /* large: the ignore list */
@@ -364,24 +424,14 @@ ml_status ml_mkmodel(const char *name, const char *dir, const char *tokenizer_di
     uint16_t **data = calloc(n, sizeof *data);
     if (!views || !data)
         rc = ml_fail(err, errlen, ML_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; rc == ML_OK && i < n; i++) {
-        ml_tensor_view *v = &views[i];
-        *v = (ml_tensor_view){.name = m[i].name, .dtype = ML_DTYPE_BF16, .ndim = m[i].ndim};
-        memcpy(v->shape, m[i].shape, sizeof m[i].shape);
-        size_t numel = (size_t)ml_tensor_view_numel(v);
-        v->nbytes = numel * sizeof(uint16_t);
-        if (!(data[i] = malloc(v->nbytes))) {
-            rc = ml_fail(err, errlen, ML_ERR_NOMEM, "out of memory for %s", m[i].name);
-            break;
-        }
-        fill(&m[i], data[i], numel, seed);
-        v->data = data[i];
-        if (m[i].dtype == ML_DTYPE_F8_E4M3) /* the values, quantized; its scale comes next */
-            rc = quantize_entry(m, views, data, i, n, err, errlen);
-        i += m[i].dtype == ML_DTYPE_F8_E4M3;
-    }
+    else if (header_only)
+        header_views(m, views, n);
+    else
+        rc = random_views(m, views, data, n, seed, err, errlen);
     if (rc == ML_OK)
-        rc = ml_safetensors_write_sharded(dir, views, n, SHARD_BYTES, NULL, err, errlen);
+        rc = ml_safetensors_write_sharded(dir, views, n,
+                                          header_only ? HUB_SHARD_BYTES : SHARD_BYTES, NULL, err,
+                                          errlen);
     for (size_t i = 0; data && i < n; i++)
         free(data[i]);
     free(data);

@@ -19,6 +19,7 @@
 #include "backend.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
+#include "model/memory_plan.h"
 #include "status.h"
 
 typedef struct ml_model ml_model;
@@ -141,6 +142,14 @@ int ml_model_kv_heads(const ml_model *m);
  * budget of B bytes per device holds B / this blocks, world times the
  * tokens of one device serving the whole model. */
 size_t ml_model_kv_block_bytes(const ml_model *m);
+
+/* The memory plan of m on each of its devices (memory_plan.h): its
+ * weights as loaded (FP8 at load included), its workspace, block size and
+ * backend's kv_elem_size and world, which this fills into *spec; the
+ * caller sets spec's device_bytes, backend_bytes, kv_bytes, image_bytes
+ * and adapter_bytes. Errors: those of ml_memory_plan_compute. */
+ml_status ml_model_memory_plan(const ml_model *m, ml_memory_plan_spec *spec, ml_memory_plan *out,
+                               char *err, size_t errlen);
 
 /* A K/V cache of n_blocks blocks of the limits' kv_block_size for m: pools
  * for each of its ranks in that rank's backend, one block allocator (a

@@ -9,13 +9,12 @@
 #include "model/model_internal.h"
 #include "model/shard.h"
 
-ml_status ml_shard_init(ml_model *m, int rank, int world, char *err, size_t errlen)
+ml_status ml_shard_check_config(const ml_config *cfg, int world, char *err, size_t errlen)
 {
-    const ml_text_config *tc = &m->cfg.text;
-    const ml_vision_config *vc = &m->cfg.vision;
-    if (world < 1 || rank < 0 || rank >= world)
-        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "shard: rank %d of world %d", rank,
-                       world);
+    const ml_text_config *tc = &cfg->text;
+    const ml_vision_config *vc = &cfg->vision;
+    if (world < 1)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "shard: world %d", world);
     const struct {
         const char *name;
         int value;
@@ -31,6 +30,19 @@ ml_status ml_shard_init(ml_model *m, int rank, int world, char *err, size_t errl
             return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
                            "shard: %s = %d does not divide into %d shards", split[i].name,
                            split[i].value, world);
+    return ML_OK;
+}
+
+ml_status ml_shard_init(ml_model *m, int rank, int world, char *err, size_t errlen)
+{
+    const ml_text_config *tc = &m->cfg.text;
+    const ml_vision_config *vc = &m->cfg.vision;
+    if (world < 1 || rank < 0 || rank >= world)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "shard: rank %d of world %d", rank,
+                       world);
+    ml_status st = ml_shard_check_config(&m->cfg, world, err, errlen);
+    if (st != ML_OK)
+        return st;
     if (world > 1 && !m->be->ops->all_reduce_sum)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
                        "shard: backend %s has no all_reduce_sum (create it in a group)",

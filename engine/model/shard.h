@@ -41,6 +41,11 @@ ml_shard_split ml_shard_split_vision(ml_lora_vision_module mod);
 /* Self- and cross-attention projections alike. */
 ml_shard_split ml_shard_split_text(ml_lora_text_module mod);
 
+/* Whether cfg's split dimensions (text heads, K/V heads and MLP width,
+ * vision heads and MLP width) divide into world shards: ML_OK,
+ * ML_ERR_INVALID_ARG (world < 1) or ML_ERR_UNSUPPORTED naming the field. */
+ml_status ml_shard_check_config(const ml_config *cfg, int world, char *err, size_t errlen);
+
 /* Validate that every split dimension of m->cfg divides by world (and that
  * the backend can all-reduce when world > 1) and fill m->shard. Errors:
  * ML_ERR_INVALID_ARG (rank outside [0, world)), ML_ERR_UNSUPPORTED (a

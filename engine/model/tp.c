@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "model/lora_internal.h"
+#include "model/memory_plan.h"
 #include "model/model_internal.h"
 #include "model/shard.h"
 
@@ -434,10 +435,8 @@ ml_status ml_model_load_tp(ml_model **out, const char *dir, ml_backend *const *b
 
 size_t ml_model_kv_block_bytes(const ml_model *m)
 {
-    const ml_text_config *tc = &m->cfg.text;
-    return ml_kv_cache_block_bytes(tc->num_hidden_layers - tc->n_cross_layers,
-                                   m->limits.kv_block_size, m->shard.n_kv_heads, tc->head_dim,
-                                   m->be->ops->kv_elem_size);
+    return (size_t)ml_memory_plan_kv_block_bytes(&m->cfg, m->shard.world, m->limits.kv_block_size,
+                                                 m->be->ops->kv_elem_size);
 }
 
 ml_status ml_model_kv_cache_create(ml_kv_cache **out, const ml_model *m, int n_blocks,
@@ -489,4 +488,16 @@ void ml_model_image_state_free(ml_model *m, void *state)
         if (parts[r])
             m->tp->bes[r]->ops->free(m->tp->bes[r], parts[r]);
     free(parts);
+}
+
+ml_status ml_model_memory_plan(const ml_model *m, ml_memory_plan_spec *spec, ml_memory_plan *out,
+                               char *err, size_t errlen)
+{
+    /* Every shard carves the same workspace: rank 0's stands for each. */
+    const ml_model *one = m->tp ? m->tp->ranks[0].shard : m;
+    spec->world = m->shard.world;
+    spec->workspace_bytes = one->workspace_bytes;
+    spec->kv_elem_size = m->be->ops->kv_elem_size;
+    spec->kv_block_size = m->limits.kv_block_size;
+    return ml_memory_plan_compute(&m->cfg, spec, out, err, errlen);
 }

@@ -18,6 +18,7 @@
 
 #include "model/linear.h"
 #include "model/lora_internal.h"
+#include "model/memory_plan.h"
 #include "model/model_internal.h"
 #include "model/shard.h"
 
@@ -82,9 +83,8 @@ void ml_vision_plan(const ml_model *m, ml_carver *c, ml_vision_bufs *b)
 
 size_t ml_model_image_state_bytes(const ml_model *m)
 {
-    vision_dims d = dims_of(m);
-    return 2 * (size_t)m->cfg.text.n_cross_layers * (size_t)d.T * (size_t)d.P *
-           (size_t)d.kv_width * m->be->ops->kv_elem_size;
+    return (size_t)ml_memory_plan_image_state_bytes(&m->cfg, m->shard.world,
+                                                    m->be->ops->kv_elem_size);
 }
 
 /* The image's adapter (if any) as a Linear over `rows` rows sees it: one

@@ -101,6 +101,7 @@ static ml_status bind_name(binder *b, bind_kind kind, ml_weight *dst, float *gat
         memcpy(e->shape, want.d, sizeof want.d);
         e->is_gate = kind == BIND_GATE;
         e->dtype = kind == BIND_F8 ? ML_DTYPE_F8_E4M3 : ML_DTYPE_BF16;
+        e->quantized_at_load = kind == BIND_QUANTIZE;
         return ML_OK;
     }
     const ml_tensor_view *t = ml_checkpoint_find(b->ck, name);

@@ -164,6 +164,7 @@ typedef struct ml_manifest_entry {
     int64_t shape[4];
     int is_gate;    /* a shape-(1) residual gate */
     ml_dtype dtype; /* BF16, or F8_E4M3 for a quantized Linear (its scale is BF16) */
+    int quantized_at_load; /* a BF16 Linear that cfg->quant.at_load makes F8_E4M3 */
 } ml_manifest_entry;
 
 /* The tensors ml_weights_create binds for cfg (validated), in binding order:

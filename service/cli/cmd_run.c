@@ -33,7 +33,7 @@ static void usage(FILE *f)
             "                  [--threads N] [--kv-mib N] [--image-mib N] [--backend auto|cpu|cuda]\n"
             "                  [--tp N [--devices 0,1,...]] [--cross-attention-row-mask MODE]\n"
             "                  [--date-string DATE] [--batch-invariant on|off] [--no-prefix-cache]\n"
-            "                  [--weights stored|fp8]\n"
+            "                  [--weights stored|fp8] [--memory-plan]\n"
             "       mllama run --model DIR --batch FILE.jsonl [--threads N] [--kv-mib N] [--image-mib N]\n"
             "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]]\n"
             "                  [--cross-attention-row-mask MODE] [--date-string DATE]\n"
@@ -48,6 +48,9 @@ static void usage(FILE *f)
             "--weights fp8 quantizes a bf16 checkpoint's text-decoder Linears to FP8 at load\n"
             "(as the worker's model.weights); a compressed-tensors FP8 checkpoint loads as\n"
             "stored either way.\n"
+            "--memory-plan prints one device's memory plan at load to stderr: weights by\n"
+            "dtype, the K/V pool and image states of --kv-mib / --image-mib, the workspaces,\n"
+            "what is left and the most K/V tokens or images that would fit.\n"
             "--cross-attention-row-mask: reference (the default: Meta's model, vLLM, SGLang;\n"
             "a text row before its first image gets nothing from cross-attention) or\n"
             "transformers (transformers 4.47: such a row adds attention spread evenly over\n"
@@ -450,7 +453,7 @@ static int spec_from_json(const cJSON *o, int line, job_spec *spec)
 
 typedef struct run_opts {
     const char *model_dir, *batch, *logits_out, *backend, *devices;
-    int json, threads, tp, batch_invariant, no_prefix_cache;
+    int json, threads, tp, batch_invariant, no_prefix_cache, memory_plan;
     long kv_mib, image_mib;
     ml_row_mask_mode row_mask;
     int quantize_fp8; /* --weights fp8 */
@@ -476,6 +479,10 @@ static int parse_args(int argc, char **argv, run_opts *o)
         }
         if (!strcmp(a, "--json")) {
             o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--memory-plan")) {
+            o->memory_plan = 1;
             continue;
         }
         if (!strcmp(a, "--no-prefix-cache")) {
@@ -629,6 +636,13 @@ static int ctx_init(run_ctx *c, const run_opts *o, int max_images)
     c->model = ml_engine_model(c->engine);
     c->tok = ml_engine_tokenizer(c->engine);
     c->rt = ml_engine_runtime(c->engine);
+    if (o->memory_plan) {
+        const ml_memory_plan_spec *spec;
+        const ml_memory_plan *plan = ml_engine_memory_plan(c->engine, &spec);
+        char line[1024];
+        fprintf(stderr, CMD ": memory plan: %s\n",
+                ml_memory_plan_format(plan, spec, line, sizeof line));
+    }
     return 0;
 }
 

@@ -394,6 +394,15 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
                 "model split over %d %s devices; runtime.kv_mib and runtime.image_mib are per "
                 "device",
                 ml_engine_world(w->engine), ml_engine_backend_name(w->engine));
+    const ml_memory_plan_spec *spec;
+    const ml_memory_plan *plan = ml_engine_memory_plan(w->engine, &spec);
+    char line[1024];
+    /* A plan that does not fit is a warning: what it counts may not be allocated (a
+     * device) or may page (the host). */
+    svc_log(plan->fits ? SVC_LOG_INFO : SVC_LOG_WARN, "memory_plan", "%s",
+            ml_memory_plan_format(plan, spec, line, sizeof line));
+    for (int d = 0; d < ML_PLAN_DTYPES; d++)
+        svc_metrics_set_weight_bytes(d, (double)plan->weight_bytes[d]);
     if (c->runtime.max_adapters > 0)
         svc_log(SVC_LOG_INFO, "adapter_slots", "%d slots of rank %d, %.1f MiB each, from %s",
                 c->runtime.max_adapters, c->runtime.max_adapter_rank,

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine.h" /* ml_plan_dtype */
 #include "harness.h"
 #include "http.h"
 #include "metrics.h"
@@ -167,6 +168,17 @@ static void test_routes(void)
     check(get(port, "/metrics", body, sizeof body, NULL) == 200 &&
               strstr(body, "# TYPE mllama_http_connections_dropped_total counter"),
           "/metrics lists mllama_http_connections_dropped_total");
+    /* The model's weight bytes by dtype, as the worker sets them at load. */
+    svc_metrics_set_weight_bytes(ML_PLAN_FP8, 85563801600.0);
+    svc_metrics_set_weight_bytes(ML_PLAN_SCALES, 33587200.0);
+    svc_metrics_set_weight_bytes(ML_PLAN_DTYPES, 1.0);
+    check(get(port, "/metrics", body, sizeof body, NULL) == 200 &&
+              strstr(body, "# TYPE mllama_weight_bytes gauge") &&
+              strstr(body, "\nmllama_weight_bytes{dtype=\"fp8\"} 85563801600\n") &&
+              strstr(body, "\nmllama_weight_bytes{dtype=\"bf16\"} 0\n") &&
+              strstr(body, "\nmllama_weight_bytes{dtype=\"scales\"} 33587200\n") &&
+              !strstr(body, "dtype=\"?\""),
+          "/metrics: mllama_weight_bytes by dtype, an unknown dtype ignored");
     check(get(port, "/nope", body, sizeof body, NULL) == 404, "unknown path 404");
     check(get(port, "/healthzz", body, sizeof body, NULL) == 404, "a longer path is another path");
     check(exchange(port, "GET /healthz HTTP/1.0\n\n", body, sizeof body, NULL) == 200,
