@@ -25,7 +25,7 @@
 
 namespace mlk_host {
 
-thread_local const coords *cur;
+__thread const coords *cur;
 
 namespace {
 

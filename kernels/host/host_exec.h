@@ -53,7 +53,12 @@ struct coords {
     unsigned lane;       /* thread_idx's linear index % 32 */
     unsigned warp_lanes; /* lanes of this warp that the block has (the last warp may be partial) */
 };
-extern thread_local const coords *cur;
+/* GNU __thread rather than thread_local: a pointer needs no dynamic
+ * initialisation, and a thread_local read from another translation unit
+ * goes through C++'s TLS wrapper, whose -fsanitize=null check GCC 12
+ * miscompiles (it tests a stale flag: a "null" cur in a fiber that has
+ * one). */
+extern __thread const coords *cur;
 
 /* Block barrier. */
 void syncthreads();
