@@ -8,6 +8,16 @@
 
 #include "mlk_internal.cuh"
 
+extern "C" {
+#include "model/memory_plan.h"
+}
+
+/* The memory plan restates the backend's sizes without CUDA headers. */
+static_assert(ML_PLAN_CUDA_WORKSPACE_BYTES == MLK_WORKSPACE_BYTES,
+              "engine/model/memory_plan.h restates MLK_WORKSPACE_BYTES");
+static_assert(ML_PLAN_CUDA_KV_ELEM_SIZE == sizeof(uint16_t),
+              "engine/model/memory_plan.h restates the bf16 K/V caches");
+
 /* Share of the free device memory taken when pool_bytes is 0: the rest is
  * left to the CUDA context, cuBLAS kernels' modules and other processes. */
 #define POOL_DEFAULT_SHARE 0.90

@@ -29,8 +29,8 @@
 /* The CUDA backend's own workspaces on each device, restated (the engine
  * includes no CUDA header): kernels/mlk_internal.cuh MLK_WORKSPACE_BYTES =
  * bf16 activation staging 128 MiB + bias staging 1 MiB + cuBLASLt
- * workspace 32 MiB + attention split-K 16 MiB. tests/gpu/
- * test_memory_plan_cuda.cpp asserts at compile time that the two agree. */
+ * workspace 32 MiB + attention split-K 16 MiB. kernels/backend.cu asserts
+ * at compile time that the two agree. */
 #define ML_PLAN_CUDA_WORKSPACE_BYTES ((128 + 1 + 32 + 16) * ML_PLAN_MIB)
 /* The CUDA backend's K/V and image-state element (bf16; mlk_backend.h). */
 #define ML_PLAN_CUDA_KV_ELEM_SIZE 2
