@@ -381,6 +381,19 @@ const char *pu_finish_reason(const cJSON *j)
     return pu_json_str(j, PU_PATH("choices", "0", "finish_reason"));
 }
 
+char *pu_run_text(const char *cmd)
+{
+    int code = -1;
+    char *out = pu_shell(cmd, &code);
+    cJSON *j = out && code == 0 ? cJSON_Parse(out) : NULL;
+    const char *text = pu_json_str(j, PU_PATH("text"));
+    char *s = text ? strdup(text) : NULL;
+    check(s != NULL, "%s: exit %d: %s", cmd, code, out ? out : "");
+    cJSON_Delete(j);
+    free(out);
+    return s;
+}
+
 const char *pu_error_code(const cJSON *j)
 {
     return pu_json_str(j, PU_PATH("error", "code"));

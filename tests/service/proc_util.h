@@ -403,6 +403,11 @@ double pu_json_num(const cJSON *j, const char *const *path);
 /* finish_reason of a chunk or completion record. */
 const char *pu_finish_reason(const cJSON *j);
 
+/* Run `cmd`, an `mllama run ... --json` command line; the "text" of the JSON
+ * object it prints (malloc'd), or NULL after a failed check naming its exit
+ * code and output. */
+char *pu_run_text(const char *cmd);
+
 /* error.code of a final record, or NULL. */
 const char *pu_error_code(const cJSON *j);
 

@@ -52,15 +52,7 @@ static char *reference_text(void)
              PU_MLLAMA " run --model %s --backend cuda --image " IMAGE " --chat '" PROMPT
                        "' --date-string '" DATE "' --max-tokens %d --json --threads 1",
              model, MAX_TOKENS);
-    int code = -1;
-    char *out = pu_shell(cmd, &code);
-    cJSON *j = out && code == 0 ? cJSON_Parse(out) : NULL;
-    const char *text = pu_json_str(j, PU_PATH("text"));
-    char *s = text ? strdup(text) : NULL;
-    check(s != NULL, "run --backend cuda: exit %d: %s", code, out ? out : "");
-    cJSON_Delete(j);
-    free(out);
-    return s;
+    return pu_run_text(cmd);
 }
 
 /* The final record of `id` as JSON (NULL when none came), its stream checked. */

@@ -168,15 +168,7 @@ static char *reference_text(void)
              PU_MLLAMA " run --model %s --chat '" PROMPT "' --date-string '" DATE "' "
                        "--max-tokens %d --json --threads 1",
              model, MAX_TOKENS);
-    int code = -1;
-    char *out = pu_shell(cmd, &code);
-    cJSON *j = out && code == 0 ? cJSON_Parse(out) : NULL;
-    const char *text = pu_json_str(j, PU_PATH("text"));
-    char *s = text ? strdup(text) : NULL;
-    check(s != NULL, "run --chat on the tiny model: exit %d", code);
-    cJSON_Delete(j);
-    free(out);
-    return s;
+    return pu_run_text(cmd);
 }
 
 static void test_worker(void)
