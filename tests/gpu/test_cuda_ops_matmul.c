@@ -1,5 +1,6 @@
-/* matmul (GEMV, tensor cores, tiled) and lora of the CUDA backend against
- * the CPU backend.
+/* matmul (GEMV, tensor cores, tiled), matmul_f8 and lora of the CUDA
+ * backend against the CPU backend (matmul_f8's W8A8: against a double
+ * reference of backend.h's contract).
  * Thresholds: tests/gpu/cuda_ops_harness.h. Skipped (77) without a CUDA device. */
 #include "cuda_ops_harness.h"
 
@@ -57,6 +58,117 @@ static void test_matmul(void)
     matmul_case(9000, 8192, 64, 1, 0, 1, NMSE_F32);   /* M·K above the workspace: tiled */
 }
 
+/* ---- matmul_f8 -------------------------------------------------------------------------- */
+
+/* float8_e4m3fn's NaN code magnitude; every other code is drawn. */
+#define E4M3_NAN_CODE 0x7f
+
+/* n random finite E4M3 codes, every binade and sign alike (subnormals
+ * included), owned by the caller (free). */
+static uint8_t *rand_e4m3(size_t n)
+{
+    uint8_t *w = xmalloc(n);
+    for (size_t i = 0; i < n; i++)
+        w[i] = (uint8_t)(irand(E4M3_NAN_CODE) | (irand(2) << 7));
+    return w;
+}
+
+/* backend.h's W8A8 contract in double: s_x and qx exactly as specified
+ * (f32 divisions, engine/dtype.h's round-to-nearest-even E4M3), then
+ * y = Σ qx·q · (s_x·scale) + bias summed in double. */
+static void w8a8_reference(float *y, const float *x, const uint8_t *w, const float *scale,
+                           const uint16_t *bias, int M, int K, int N)
+{
+    float *qx = xmalloc((size_t)K * sizeof *qx);
+    for (int m = 0; m < M; m++) {
+        const float *row = x + (size_t)m * K;
+        float amax = 0.0f;
+        for (int k = 0; k < K; k++)
+            amax = fmaxf(amax, fabsf(row[k]));
+        const float sx = amax > 0.0f ? amax / ML_F8E4M3_MAX : 1.0f;
+        for (int k = 0; k < K; k++)
+            qx[k] = ml_f8e4m3_to_f32(ml_f32_to_f8e4m3(row[k] / sx));
+        for (int n = 0; n < N; n++) {
+            double sum = 0.0;
+            for (int k = 0; k < K; k++)
+                sum += (double)qx[k] * ml_f8e4m3_to_f32(w[(size_t)n * K + k]);
+            const float s = sx * scale[n];
+            y[(size_t)m * N + n] =
+                (float)(sum * s + (bias ? (double)ml_bf16_to_f32(bias[n]) : 0.0));
+        }
+    }
+    free(qx);
+}
+
+/* One matmul_f8 against the CPU (W8A16) or the contract (W8A8). Row 0 of x
+ * is zero with zero_row (s_x = 1 there). Scales are per-channel absmax
+ * scales of weights of ~0.05 (0.05/448). */
+static void matmul_f8_case(int M, int K, int N, int with_bias, int quant_x, int zero_row,
+                           double tol)
+{
+    const size_t nx = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
+    float *x = rand_f32(nx, -1, 1), *scale = rand_f32((size_t)N, 5e-5f, 2e-4f);
+    if (zero_row)
+        memset(x, 0, (size_t)K * sizeof *x);
+    uint8_t *w = rand_e4m3(nw);
+    uint16_t *bias = rand_bf16((size_t)N, -1, 1);
+    float *y = rand_f32(ny, -1, 1), *got = xmalloc(ny * sizeof *got);
+    float *dx = dput(x, nx * sizeof *x), *dy = dput(y, ny * sizeof *y);
+    float *dscale = dput(scale, (size_t)N * sizeof *scale);
+    uint8_t *dw = dput(w, nw);
+    uint16_t *db = dput(bias, (size_t)N * sizeof *bias);
+    const uint16_t *b = with_bias ? bias : NULL;
+    if (quant_x)
+        w8a8_reference(y, x, w, scale, b, M, K, N);
+    else
+        g_cpu->ops->matmul_f8(g_cpu, y, x, w, scale, b, M, K, N, 0);
+    g_gpu->ops->matmul_f8(g_gpu, dy, dx, dw, dscale, with_bias ? db : NULL, M, K, N, quant_x);
+    char what[128];
+    snprintf(what, sizeof what, "matmul_f8 %s %dx%dx%d%s%s", quant_x ? "W8A8" : "W8A16", M, K, N,
+             with_bias ? " +bias" : "", zero_row ? " (row 0 zero)" : "");
+    dget(got, dy, ny * sizeof *got, what);
+    check_nmse(got, y, ny, tol, what);
+    dfree(dx);
+    dfree(dy);
+    dfree(dscale);
+    dfree(dw);
+    dfree(db);
+    free(x);
+    free(scale);
+    free(w);
+    free(bias);
+    free(y);
+    free(got);
+}
+
+/* W8A16 is held to the bf16 matmul's tolerances (the weights widen
+ * exactly; x is f32 in the GEMV, bf16-rounded in the GEMM). W8A8 to
+ * NMSE_F32 everywhere: qx·q is exact in f32 on every path, so only the
+ * summation order differs from the double reference, while one qx code off
+ * by one step (2^-4 relative at least) adds ~1/(256·M·K) ≥ 4e-9 here. */
+static void test_matmul_f8(void)
+{
+    /* GEMV (M <= 4, K % 16 == 0). */
+    matmul_f8_case(1, 4096, 14336, 0, 0, 0, NMSE_F32); /* 11B gate/up at batch 1 */
+    matmul_f8_case(3, 4096, 1024, 1, 0, 0, NMSE_F32);
+    matmul_f8_case(4, 64, 37, 1, 0, 0, NMSE_F32);      /* N not a multiple of 4 */
+    matmul_f8_case(1, 14336, 4096, 0, 1, 0, NMSE_F32); /* 11B down, W8A8 */
+    matmul_f8_case(4, 64, 37, 1, 1, 1, NMSE_F32);
+    /* GEMM: W8A16 through widened bf16 tiles. */
+    matmul_f8_case(2, 40, 64, 1, 0, 0, NMSE_GEMM);     /* K % 16 != 0: never GEMV */
+    matmul_f8_case(32, 4096, 4096, 0, 0, 0, NMSE_GEMM); /* decode at batch 32 */
+    matmul_f8_case(17, 64, 33, 1, 0, 0, NMSE_GEMM);
+    matmul_f8_case(20, 16384, 1100, 1, 0, 0, NMSE_GEMM); /* w in column tiles 1024 + 76 */
+    matmul_f8_case(600, 65536, 16, 0, 0, 0, NMSE_GEMM);  /* x in row tiles of 511 */
+    /* GEMM W8A8: E4M3 tensor cores (the host device is sm_90), or the bf16
+     * path where FP8's layout rules fail (N % 4, K % 16). */
+    matmul_f8_case(32, 4096, 1024, 0, 1, 0, NMSE_F32);
+    matmul_f8_case(300, 4096, 1024, 1, 1, 1, NMSE_F32); /* a prefill chunk */
+    matmul_f8_case(17, 64, 36, 1, 1, 0, NMSE_F32);
+    matmul_f8_case(17, 64, 33, 1, 1, 1, NMSE_F32);     /* N % 4 != 0: bf16 path */
+    matmul_f8_case(9, 40, 64, 1, 1, 0, NMSE_F32);      /* K % 16 != 0: bf16 path */
+}
+
 /* Three adapters over rows 0-2, 5 and 10-39 of a 40-row batch (rows 3, 4
  * and 6-9 untouched), ranks 16, 8 and 64. */
 static void test_lora(void)
@@ -106,5 +218,6 @@ int main(void)
     fprintf(stderr, "matmul\n");
     test_matmul();
     test_lora();
+    test_matmul_f8();
     return cuda_ops_close();
 }
