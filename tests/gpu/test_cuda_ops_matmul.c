@@ -2,6 +2,8 @@
  * backend against the CPU backend (matmul_f8's W8A8: against a double
  * reference of backend.h's contract).
  * Thresholds: tests/gpu/cuda_ops_harness.h. Skipped (77) without a CUDA device. */
+#include <assert.h>
+
 #include "cuda_ops_harness.h"
 
 /* ---- matmul ----------------------------------------------------------------------------- */
@@ -59,19 +61,6 @@ static void test_matmul(void)
 }
 
 /* ---- matmul_f8 -------------------------------------------------------------------------- */
-
-/* float8_e4m3fn's NaN code magnitude; every other code is drawn. */
-#define E4M3_NAN_CODE 0x7f
-
-/* n random finite E4M3 codes, every binade and sign alike (subnormals
- * included), owned by the caller (free). */
-static uint8_t *rand_e4m3(size_t n)
-{
-    uint8_t *w = xmalloc(n);
-    for (size_t i = 0; i < n; i++)
-        w[i] = (uint8_t)(irand(E4M3_NAN_CODE) | (irand(2) << 7));
-    return w;
-}
 
 /* backend.h's W8A8 contract in double: s_x and qx exactly as specified
  * (f32 divisions, engine/dtype.h's round-to-nearest-even E4M3), then
@@ -169,6 +158,74 @@ static void test_matmul_f8(void)
     matmul_f8_case(9, 40, 64, 1, 1, 0, NMSE_F32);      /* K % 16 != 0: bf16 path */
 }
 
+#define E4M3_ONE 0x38 /* 1.0 */
+#define QUANT_K 256
+
+/* W8A8's quantization exactly, on every path: against the identity weight
+ * (scale 1), y[m][n] = qx[m][n] · s_x[m], one f32 rounding after exact
+ * steps, so it must equal the contract's value (w8a8_reference) exactly.
+ * Row 0 holds every E4M3 magnitude and every midpoint between neighbours
+ * (the ties: to even), 448 setting s_x = 1, and values below half the
+ * smallest subnormal; the other rows are row 0 times factors that make s_x
+ * a power of two (the same codes) or not (x / s_x rounds in f32 first). */
+static void quantization_case(int M, int N)
+{
+    static const float factors[] = {1.0f, 0x1p-7f, 0.3f, 3.7e3f, -1e-3f, 0.999f, 2.0f, 1e-30f};
+    const int K = QUANT_K;
+    float row[QUANT_K];
+    int k = 0;
+    for (int c = 0; c < E4M3_NAN_CODE; c++, k++) /* the magnitudes, signs alternating */
+        row[k] = (c % 2 ? -1.0f : 1.0f) * ml_f8e4m3_to_f32((uint8_t)c);
+    for (int c = 0; c + 1 < E4M3_NAN_CODE; c++, k++) /* the midpoints */
+        row[k] = (c % 2 ? 1.0f : -1.0f) * 0.5f *
+                 (ml_f8e4m3_to_f32((uint8_t)c) + ml_f8e4m3_to_f32((uint8_t)(c + 1)));
+    row[k++] = 0x1p-11f;
+    row[k++] = -0x1p-10f; /* half the smallest subnormal: a tie, to 0 */
+    row[k++] = 447.9f;
+    assert(k == K);
+    float *x = xmalloc((size_t)M * K * sizeof *x), *scale = xmalloc((size_t)N * sizeof *scale);
+    for (int m = 0; m < M; m++)
+        for (int i = 0; i < K; i++)
+            x[(size_t)m * K + i] = row[i] * factors[m % (int)(sizeof factors / sizeof factors[0])];
+    uint8_t *w = calloc((size_t)N * K, 1);
+    for (int n = 0; n < N; n++) {
+        w[(size_t)n * K + n] = E4M3_ONE;
+        scale[n] = 1.0f;
+    }
+    float *want = xmalloc((size_t)M * N * sizeof *want), *got = xmalloc((size_t)M * N * sizeof *got);
+    w8a8_reference(want, x, w, scale, NULL, M, K, N);
+    float *dx = dput(x, (size_t)M * K * sizeof *x), *dy = dput(NULL, (size_t)M * N * sizeof *dy);
+    float *dscale = dput(scale, (size_t)N * sizeof *scale);
+    uint8_t *dw = dput(w, (size_t)N * K);
+    g_gpu->ops->matmul_f8(g_gpu, dy, dx, dw, dscale, NULL, M, K, N, 1);
+    char what[96];
+    snprintf(what, sizeof what, "matmul_f8 W8A8 quantization, %d x %d x %d", M, K, N);
+    dget(got, dy, (size_t)M * N * sizeof *got, what);
+    int bad = 0, first = -1;
+    for (int e = 0; e < M * N; e++)
+        if (got[e] != want[e] && bad++ == 0) /* == : the sum's zero may be +0 for a -0 */
+            first = e;
+    check(bad == 0, "%s: %d values differ, first at %d: %.9g, want %.9g", what, bad, first,
+          first >= 0 ? got[first] : 0.0, first >= 0 ? want[first] : 0.0);
+    fprintf(stderr, "  %-64s %s\n", what, bad ? "DIFFERS" : "exact");
+    dfree(dx);
+    dfree(dy);
+    dfree(dscale);
+    dfree(dw);
+    free(x);
+    free(scale);
+    free(w);
+    free(want);
+    free(got);
+}
+
+static void test_quantization(void)
+{
+    quantization_case(4, QUANT_K);     /* GEMV */
+    quantization_case(8, QUANT_K);     /* E4M3 tensor cores */
+    quantization_case(8, QUANT_K - 1); /* N % 4 != 0: the bf16 path */
+}
+
 /* Three adapters over rows 0-2, 5 and 10-39 of a 40-row batch (rows 3, 4
  * and 6-9 untouched), ranks 16, 8 and 64. */
 static void test_lora(void)
@@ -219,5 +276,6 @@ int main(void)
     test_matmul();
     test_lora();
     test_matmul_f8();
+    test_quantization();
     return cuda_ops_close();
 }
