@@ -96,7 +96,10 @@
 /* f32 exponent bias minus E4M3's (127 - 7), and the f32 mantissa bits
  * below E4M3's three. */
 #define E4M3_EXP_REBIAS 120
+#define E4M3_REBIAS_SCALE 0x1p120f /* 2^E4M3_EXP_REBIAS */
 #define E4M3_DROPPED_BITS 20
+#define E4M3_SIGN 0x80u
+#define E4M3_MAGNITUDE 0x7fu
 /* FP8 matmuls carve the conversion workspace (b->xbf16, MLK_XBF16_BYTES):
  * [0, F8_W_STAGE_BYTES) a column tile of w widened to bf16, then the
  * staged x (bf16, E4M3 or f32), then F8_SX_ROWS f32 row scales s_x. */
@@ -129,8 +132,8 @@
  * no branch: the GEMV's decode cost per weight. */
 __device__ __forceinline__ float e4m3_to_f32(uint32_t c)
 {
-    const uint32_t bits = ((c & 0x80u) << 24) | ((c & 0x7fu) << E4M3_DROPPED_BITS);
-    return __uint_as_float(bits) * 0x1p120f;
+    const uint32_t bits = ((c & E4M3_SIGN) << 24) | ((c & E4M3_MAGNITUDE) << E4M3_DROPPED_BITS);
+    return __uint_as_float(bits) * E4M3_REBIAS_SCALE;
 }
 
 /* |v| (finite, not NaN) to the nearest E4M3 magnitude code, ties to even,
@@ -583,7 +586,7 @@ __global__ void __launch_bounds__(QUANT_THREADS)
     Q *out = qx + (size_t)blockIdx.x * K;
     for (int k = threadIdx.x; k < K; k += QUANT_THREADS) {
         const float v = row[k] / s;
-        store_q(&out[k], e4m3_magnitude_code(fabsf(v)) | (v < 0.0f ? 0x80u : 0u));
+        store_q(&out[k], e4m3_magnitude_code(fabsf(v)) | (v < 0.0f ? E4M3_SIGN : 0u));
     }
 }
 
