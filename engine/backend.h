@@ -159,7 +159,8 @@ typedef struct ml_backend_ops {
      * NULL where the backend has no FP8 path (the model refuses FP8 weights
      * on it at load). */
     void (*matmul_f8)(ml_backend *be, float *y, const float *x, const uint8_t *w,
-                      const float *scale, const uint16_t *bias, int M, int K, int N);
+                      const float *scale, const uint16_t *bias, int M, int K, int N,
+                      int quant_x);
     /* Segmented LoRA after a matmul (PEFT LoraLayer.forward, one adapter per
      * segment): y[rows] += scale · ((x[rows] · aᵀ) · bᵀ) for each of the
      * n_segs segments (a host array borrowed for the call; rows of different

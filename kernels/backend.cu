@@ -24,6 +24,8 @@ static_assert(ML_PLAN_CUDA_KV_ELEM_SIZE == sizeof(uint16_t),
 /* Pool sizes are rounded down to this (the driver's large-page size). */
 #define POOL_GRANULE ((size_t)2 << 20)
 #define WEIGHT_MAP_INITIAL_SLOTS 1024
+/* The first compute capability with FP8 (E4M3) tensor cores: Ada, sm_89. */
+#define FP8_MMA_MIN_SM 89
 
 /* ---- errors ---------------------------------------------------------------------- */
 
@@ -366,7 +368,7 @@ static const ml_backend_ops cuda_ops = {
     .kv_elem_size = sizeof(uint16_t),
     .synchronize = cuda_synchronize,
     .matmul = mlk_matmul,
-    .matmul_f8 = NULL, /* FP8 weights need the CPU backend: refused at load */
+    .matmul_f8 = mlk_matmul_f8,
     .lora = mlk_lora,
     .rmsnorm = mlk_rmsnorm,
     .layernorm = mlk_layernorm,
@@ -466,6 +468,7 @@ mlk_backend *mlk_backend_new(int device, size_t pool_bytes, int batch_invariant,
     b->device = device;
     b->sm_count = prop.multiProcessorCount;
     b->cc_major = prop.major;
+    b->fp8_mma = prop.major * 10 + prop.minor >= FP8_MMA_MIN_SM;
     b->batch_invariant = batch_invariant != 0;
     b->world = 1;
     b->capture_slot = -1;

@@ -102,13 +102,21 @@ typedef struct mlk_weight_map {
 
 /* ---- cuBLASLt GEMM plans (matmul.cu) --------------------------------------------- */
 
+/* What a GEMM plan is for: yᵀ (N, rows) = w (K, N)ᵀ · xᵀ (K, rows) in
+ * cuBLASLt's column-major view, y's rows ldy floats apart (N, or the full
+ * width when y is a column tile). */
+typedef struct mlk_gemm_key {
+    int rows, K, N, ldy, bias;   /* rows == 0 marks an empty slot */
+    uint32_t ab_type;            /* cudaDataType of w and x: CUDA_R_16BF or CUDA_R_8F_E4M3 */
+    uint32_t align_w, align_y;   /* byte alignment of w and y, at most 256 */
+} mlk_gemm_key;
+
 /* One GEMM configuration and the algorithm cuBLASLt's heuristic chose for
  * it. The descriptors live in place (the *Init forms of the cuBLASLt API),
  * so building or replacing a plan allocates nothing and needs no destroy.
  * accumulate is not in the key: beta is an argument of each call. */
 typedef struct mlk_gemm_plan {
-    int rows, K, N, bias;        /* key; rows == 0 marks an empty slot */
-    uint32_t align_w, align_y;   /* key: byte alignment of w and y, at most 256 */
+    mlk_gemm_key key;
     uint64_t last_use;           /* mlk_backend.gemm_clock at the last lookup */
     cublasLtMatmulDescOpaque_t desc;
     cublasLtMatrixLayoutOpaque_t w_layout, x_layout, y_layout; /* y: C and D */
@@ -127,6 +135,9 @@ typedef struct mlk_backend {
     ml_backend_ops ops;
     char name[64];
     int device, sm_count, cc_major;
+    /* sm_89 or later: FP8 tensor cores, so W8A8 GEMMs take cuBLASLt's E4M3
+     * kernels (matmul.cu). */
+    int fp8_mma;
     /* ml_backend_cuda_create's batch_invariant, fixed for the backend's
      * life: matmul and attention make shape choices that do not depend on
      * the other rows of the call (README.md in this directory). */
@@ -142,7 +153,8 @@ typedef struct mlk_backend {
     mlk_pool pool;
     mlk_weight_map weights;
     /* Workspaces carved from the pool at create. */
-    __nv_bfloat16 *xbf16;     /* MLK_XBF16_BYTES: matmul activations in bf16 */
+    __nv_bfloat16 *xbf16;     /* MLK_XBF16_BYTES: matmul activations in bf16 (FP8
+                                 matmuls carve it otherwise: matmul.cu) */
     float *bias_f32;          /* MLK_BIAS_F32_BYTES: matmul bias for the epilogue */
     void *lt_ws;              /* MLK_LT_WS_BYTES */
     float *attn_ws;           /* MLK_ATTN_WS_BYTES: attention partials */
@@ -265,6 +277,8 @@ __device__ __forceinline__ float mlk_warp_max(float v)
 
 void mlk_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w, const uint16_t *bias,
                 int M, int K, int N, int accumulate);
+void mlk_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w, const float *scale,
+                   const uint16_t *bias, int M, int K, int N, int quant_x);
 void mlk_lora(ml_backend *be, float *y, const float *x, const ml_lora_segment *segs, int n_segs,
               int K, int N, float *scratch, int max_rank);
 void mlk_rmsnorm(ml_backend *be, float *y, const float *x, const uint16_t *w, int rows, int dim,

@@ -108,7 +108,8 @@ ml_status ml_cpu_synchronize(ml_backend *be, char *err, size_t errlen);
 void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
                    const uint16_t *bias, int M, int K, int N, int accumulate);
 void ml_cpu_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w,
-                      const float *scale, const uint16_t *bias, int M, int K, int N);
+                      const float *scale, const uint16_t *bias, int M, int K, int N,
+                      int quant_x);
 void ml_cpu_lora(ml_backend *be, float *y, const float *x, const ml_lora_segment *segs,
                  int n_segs, int K, int N, float *scratch, int max_rank);
 

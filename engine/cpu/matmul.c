@@ -33,6 +33,8 @@
  * within the f32 rounding of the bf16 path. Applying it per element in
  * bf16, bf16(q · s), would instead match a bf16 model's decompression and
  * be 2^-9 relative per weight away from the f32 reference. */
+#include <assert.h>
+
 #include "cpu/cpu_internal.h"
 #include "dtype.h"
 
@@ -292,8 +294,10 @@ void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
 }
 
 void ml_cpu_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w,
-                      const float *scale, const uint16_t *bias, int M, int K, int N)
+                      const float *scale, const uint16_t *bias, int M, int K, int N,
+                      int quant_x)
 {
+    assert(!quant_x); /* W8A16 only: the model never asks this backend for W8A8 */
     ml_cpu_backend *cb = ml_cpu_of(be);
     run(cb, (matmul_job){.y = y, .x = x, .w8 = w, .scale = scale, .bias = bias, .M = M, .K = K,
                          .N = N, .cb = cb});

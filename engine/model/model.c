@@ -100,7 +100,7 @@ static ml_status bind_backend_weights(ml_model *m, char *err, size_t errlen)
     ml_weights *w = &m->w;
     if ((hw->bytes_f8 || hw->bytes_quantized) && !m->be->ops->matmul_f8)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
-                       "model: FP8 weights need the CPU backend (backend %s has no FP8 matmul)",
+                       "model: FP8 weights need a backend with an FP8 matmul (%s has none)",
                        m->be->ops->name);
     *w = *hw;
     /* +1: a config may have no global layers, and malloc(0) may be NULL. */

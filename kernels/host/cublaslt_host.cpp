@@ -16,6 +16,14 @@
  *   both bf16 (C and D f32 or bf16) or all f32; CUBLAS_COMPUTE_32F with f32
  *   scale; alpha and beta by host pointer (read at the call) or by device
  *   pointer (read when the work runs). beta == 0 reads no C (C may be NaN).
+ * - FP8: A and B both CUDA_R_8F_E4M3 (C = D f32 or bf16, no bias epilogue
+ *   and no scale pointers here: the scales default to 1), under the
+ *   requirements cublasLtMatmul documents for FP8 kernels: the TN form
+ *   (A transposed, B not), and the Tensor Core usage rules, i.e. k (the
+ *   leading extent of A and B), m·sizeof(D) and every leading dimension a
+ *   multiple of 16 bytes, and 16-byte aligned pointers (an algorithm is
+ *   only found for a 16-byte alignment promise). Violations are
+ *   CUBLAS_STATUS_NOT_SUPPORTED, as a device's missing algorithm is.
  * - a heuristic that always answers one algorithm (this one) unless the
  *   preference excludes it, cublasLtMatmulAlgoCheck, the algorithm's
  *   configuration (split-K 1, no reduction scheme: every preference's
@@ -25,7 +33,7 @@
  * with CUBLAS_STATUS_NOT_SUPPORTED, never approximated.
  *
  * Numerics: each D element is one f32 sum of its k products in k order
- * (bf16 products are exact in f32), then alpha·sum, + beta·C, + bias, each
+ * (bf16 and E4M3 products are exact in f32), then alpha·sum, + beta·C, + bias, each
  * rounded to f32, then rounded to D's type (bf16: to nearest even). A GPU's
  * kernels sum in another, tile-dependent order: results agree to f32
  * summation error, not bit for bit, and the algorithm choice (hence split-K
@@ -48,6 +56,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -68,6 +77,9 @@ constexpr uint64_t MAX_DIM = INT32_MAX;
 /* Output tiles of the host GEMM: D rows gathered per pass, D columns summed
  * together (independent accumulators the compiler can vectorise). */
 constexpr int64_t TILE_ROWS = 64, TILE_COLS = 32;
+/* FP8 kernels: leading dimensions, the k extent, m·sizeof(D) and pointers
+ * in multiples of this many bytes ("Tensor Core usage"). */
+constexpr uint32_t FP8_ALIGN = 16;
 
 /* The algorithm with its default configuration, relying on the given
  * operand alignments. */
@@ -92,6 +104,7 @@ Algo algo_with(uint32_t align_a, uint32_t align_b, uint32_t align_c, uint32_t al
 size_t type_size(uint32_t type)
 {
     switch (type) {
+    case CUDA_R_8F_E4M3: return sizeof(uint8_t);
     case CUDA_R_16BF: return sizeof(uint16_t);
     case CUDA_R_32F: return sizeof(float);
     default: return 0;
@@ -104,7 +117,33 @@ struct Problem {
     Layout a, b, c, d;
     int64_t m, n, k, batches;
     uint32_t bias_type;
+    bool fp8; /* A and B E4M3 */
 };
+
+/* An E4M3 (float8_e4m3fn) code's exact value; 0x7f and 0xff are NaN. */
+float e4m3_to_f32(uint8_t c)
+{
+    const int e = (c >> 3) & 0xf, m = c & 0x7;
+    float v;
+    if (e == 0xf && m == 0x7)
+        v = NAN;
+    else if (e == 0)
+        v = std::ldexp((float)m, -9);
+    else
+        v = std::ldexp((float)(8 + m), e - 10);
+    return (c & 0x80) ? -v : v;
+}
+
+/* The FP8 kernels' layout rules (top of file), for problem p. */
+bool fp8_layouts_ok(const Problem &p)
+{
+    const Layout *ls[] = {&p.a, &p.b, &p.c, &p.d};
+    for (const Layout *l : ls)
+        if (((uint64_t)l->ld * type_size(l->type)) % FP8_ALIGN != 0)
+            return false;
+    return p.desc.transa == CUBLAS_OP_T && p.desc.transb == CUBLAS_OP_N &&
+           (uint64_t)p.k % FP8_ALIGN == 0 && ((uint64_t)p.m * type_size(p.d.type)) % FP8_ALIGN == 0;
+}
 
 cublasStatus_t check_layout(const Layout &l)
 {
@@ -160,10 +199,13 @@ cublasStatus_t make_problem(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a_de
     if (st != CUBLAS_STATUS_SUCCESS)
         return st;
 
-    /* bf16 x bf16 -> bf16 or f32, f32 x f32 -> f32; C is D's type. */
+    /* bf16 x bf16 or E4M3 x E4M3 -> bf16 or f32, f32 x f32 -> f32; C is
+     * D's type. */
     const bool ab_bf16 = p->a.type == CUDA_R_16BF && p->b.type == CUDA_R_16BF;
     const bool ab_f32 = p->a.type == CUDA_R_32F && p->b.type == CUDA_R_32F;
-    if ((!ab_bf16 && !ab_f32) || (ab_f32 && p->d.type != CUDA_R_32F) || p->c.type != p->d.type)
+    p->fp8 = p->a.type == CUDA_R_8F_E4M3 && p->b.type == CUDA_R_8F_E4M3;
+    if ((!ab_bf16 && !ab_f32 && !p->fp8) || (ab_f32 && p->d.type != CUDA_R_32F) ||
+        p->c.type != p->d.type || (p->fp8 && p->desc.epilogue != CUBLASLT_EPILOGUE_DEFAULT))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     p->bias_type =
         p->desc.bias_data_type == TYPE_OF_D ? p->d.type : (uint32_t)p->desc.bias_data_type;
@@ -184,6 +226,8 @@ cublasStatus_t make_problem(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a_de
         p->c.batch_count != p->d.batch_count)
         return CUBLAS_STATUS_NOT_SUPPORTED;
     p->batches = p->d.batch_count;
+    if (p->fp8 && !fp8_layouts_ok(*p))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -213,10 +257,14 @@ uint32_t usable_alignment(uint32_t promised, const Layout &l)
 /* The preference filters an algorithm by its numerics and utilisation. */
 uint64_t impl_flags(const Problem &p)
 {
-    return (p.a.type == CUDA_R_16BF
-                ? CUBLASLT_NUMERICAL_IMPL_FLAGS_HMMA | CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16BF
-                : CUBLASLT_NUMERICAL_IMPL_FLAGS_FMA | CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_32F) |
-           CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_32F;
+    const uint64_t input = p.fp8 ? CUBLASLT_NUMERICAL_IMPL_FLAGS_HMMA |
+                                       CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_8F_E4M3
+                           : p.a.type == CUDA_R_16BF
+                               ? CUBLASLT_NUMERICAL_IMPL_FLAGS_HMMA |
+                                     CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16BF
+                               : CUBLASLT_NUMERICAL_IMPL_FLAGS_FMA |
+                                     CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_32F;
+    return input | CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_32F;
 }
 /* "wavesCount 1.0 suggests the kernel fully occupies the GPU". */
 constexpr float HOST_WAVES = 1.0f;
@@ -241,10 +289,12 @@ void fill_result(cublasLtMatmulHeuristicResult_t *r)
 
 /* ---- the computation -------------------------------------------------------------- */
 
-/* Element idx of an array of `type` (bf16 or f32), widened to f32. */
+/* Element idx of an array of `type` (E4M3, bf16 or f32), widened to f32. */
 float load_at(uint32_t type, const void *base, int64_t idx)
 {
     const unsigned char *p = static_cast<const unsigned char *>(base);
+    if (type == CUDA_R_8F_E4M3)
+        return e4m3_to_f32(p[idx]);
     if (type == CUDA_R_16BF) {
         uint16_t h;
         std::memcpy(&h, p + idx * (int64_t)sizeof h, sizeof h);
@@ -375,10 +425,14 @@ cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
     if ((impl_flags(p) & ~pref.impl_mask) != 0 ||
         (pref.max_waves_count > 0.0f && pref.max_waves_count < HOST_WAVES))
         return CUBLAS_STATUS_NOT_SUPPORTED;
-    store(&results[0].algo, algo_with(usable_alignment(pref.min_alignment_a, p.a),
-                                      usable_alignment(pref.min_alignment_b, p.b),
-                                      usable_alignment(pref.min_alignment_c, p.c),
-                                      usable_alignment(pref.min_alignment_d, p.d)));
+    const Algo found = algo_with(usable_alignment(pref.min_alignment_a, p.a),
+                                 usable_alignment(pref.min_alignment_b, p.b),
+                                 usable_alignment(pref.min_alignment_c, p.c),
+                                 usable_alignment(pref.min_alignment_d, p.d));
+    if (p.fp8 && std::min({found.align_a, found.align_b, found.align_c, found.align_d}) <
+                     FP8_ALIGN)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    store(&results[0].algo, found);
     fill_result(&results[0]);
     *returned = 1;
     return CUBLAS_STATUS_SUCCESS;
@@ -483,6 +537,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
     if (!keeps(A, p.a, a.align_a) || !keeps(B, p.b, a.align_b) ||
         (reads_c && !keeps(C, p.c, a.align_c)) || !keeps(D, p.d, a.align_d))
         return CUBLAS_STATUS_INVALID_VALUE;
+    if (p.fp8 && (!aligned_to(A, FP8_ALIGN) || !aligned_to(B, FP8_ALIGN) ||
+                  (reads_c && !aligned_to(C, FP8_ALIGN)) || !aligned_to(D, FP8_ALIGN)))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
 
     const Operands x = {A, B, C, p.desc.bias_pointer, D};
     if (host_scalars) {

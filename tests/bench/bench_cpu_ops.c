@@ -184,7 +184,7 @@ static void mm_run(void *ctx)
 static void mm_run_f8(void *ctx)
 {
     mm_job *j = ctx;
-    j->be->ops->matmul_f8(j->be, j->y, j->x, j->w8, j->scale, NULL, j->M, j->K, j->N);
+    j->be->ops->matmul_f8(j->be, j->y, j->x, j->w8, j->scale, NULL, j->M, j->K, j->N, 0);
 }
 
 /* sweep: also the M values around the GEMV/GEMM switch (first shape only). */

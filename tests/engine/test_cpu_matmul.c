@@ -156,7 +156,7 @@ static void test_matmul_f8(ml_backend *be)
     int same = 1, first_bad = 0;
     for (int M = 1; M <= MAX_M; M++) {
         for (int with_bias = 0; with_bias < 2; with_bias++) {
-            be->ops->matmul_f8(be, y8, x, w8, scale, with_bias ? bias : NULL, M, K, N);
+            be->ops->matmul_f8(be, y8, x, w8, scale, with_bias ? bias : NULL, M, K, N, 0);
             be->ops->matmul(be, y16, x, w16, NULL, M, K, N, 0);
             for (int m = 0; m < M; m++)
                 for (int n = 0; n < N; n++) {
@@ -172,8 +172,9 @@ static void test_matmul_f8(ml_backend *be)
     check(same, "matmul_f8 [%s]: M = %d is not scale times the bf16 sum of q, plus bias", g_isa,
           first_bad);
     for (int m = 0; m < MAX_M; m++)
-        be->ops->matmul_f8(be, alone + (size_t)m * N, x + (size_t)m * K, w8, scale, bias, 1, K, N);
-    be->ops->matmul_f8(be, y8, x, w8, scale, bias, MAX_M, K, N);
+        be->ops->matmul_f8(be, alone + (size_t)m * N, x + (size_t)m * K, w8, scale, bias, 1, K, N,
+                           0);
+    be->ops->matmul_f8(be, y8, x, w8, scale, bias, MAX_M, K, N, 0);
     check(memcmp(y8, alone, (size_t)MAX_M * N * sizeof *y8) == 0,
           "matmul_f8 [%s]: a batch of %d rows differs from the rows alone", g_isa, MAX_M);
     free(x);

@@ -11,7 +11,11 @@
  *   timed alone;
  * - the cost of batch invariance (ml_backend_cuda_create's batch_invariant,
  *   the worker's runtime.batch_invariant): the 11B decode steps and the
- *   vision encode again on a batch-invariant backend, against the above.
+ *   vision encode again on a batch-invariant backend, against the above;
+ * - FP8 weights in decode: the 11B MLP's GEMVs (gate/up 4096 -> 14336,
+ *   down 14336 -> 4096) at 1 and 4 rows through matmul (bf16), matmul_f8
+ *   W8A16 and W8A8, weight bytes / time against HBM bandwidth, and the
+ *   FP8 / bf16 speed-up (issue 17's goal: 1.8x or more).
  * Weights are random bf16 uploaded straight into device memory (one 64 MiB
  * random block repeated): the op sequence is text.c's and vision.c's, but no
  * checkpoint or model loader is involved, so the bench needs only the op
@@ -551,6 +555,74 @@ static vision_result bench_vision(void)
     return r;
 }
 
+/* ---- FP8 weights: the decode GEMV ------------------------------------------------------------- */
+
+#define GEMV_SHAPES 2
+#define GEMV_BATCHES 2
+/* Scales of ~0.05-magnitude weights (absmax / 448); values do not change
+ * the timing, but keep the sums finite. */
+#define F8_SCALE 1e-4f
+
+typedef struct gemv_result {
+    int M, K, N;
+    double bf16_ms, w8a16_ms, w8a8_ms;
+} gemv_result;
+
+typedef enum gemv_kind { GEMV_BF16, GEMV_W8A16, GEMV_W8A8 } gemv_kind;
+
+typedef struct gemv_job {
+    int M, K, N;
+    float *y, *x, *scale;
+    uint16_t *w16;
+    uint8_t *w8;
+} gemv_job;
+
+static double gemv_ms(const gemv_job *j, gemv_kind kind)
+{
+    const ml_backend_ops *o = g_be->ops;
+    double t0 = 0;
+    for (int it = 0; it < WARMUP + ITERS; it++) {
+        if (it == WARMUP) {
+            sync_or_die("gemv warm-up");
+            t0 = now_s();
+        }
+        if (kind == GEMV_BF16)
+            o->matmul(g_be, j->y, j->x, j->w16, NULL, j->M, j->K, j->N, 0);
+        else
+            o->matmul_f8(g_be, j->y, j->x, j->w8, j->scale, NULL, j->M, j->K, j->N,
+                         kind == GEMV_W8A8);
+    }
+    sync_or_die("gemv");
+    return (now_s() - t0) * 1e3 / ITERS;
+}
+
+/* bf16 and E4M3 weights of one shape, each call timed alone. */
+static gemv_result bench_gemv(int M, int K, int N)
+{
+    const size_t nw = (size_t)N * K;
+    uint8_t *codes = malloc(nw);
+    float *host = malloc(((size_t)M * K > (size_t)N ? (size_t)M * K : (size_t)N) * sizeof *host);
+    uint64_t s = 0x2545f4914f6cdd1dull;
+    for (size_t i = 0; i < nw; i++) { /* finite codes only (0x7f, 0xff are NaN) */
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        codes[i] = (uint8_t)((s >> 32) % 0x7f) | (uint8_t)((s >> 8) & 0x80);
+    }
+    gemv_job j = {M, K, N, dalloc((size_t)M * N * 4), NULL, NULL, dweight(nw), dupload(codes, nw)};
+    for (size_t i = 0; i < (size_t)N; i++)
+        host[i] = F8_SCALE;
+    j.scale = dupload(host, (size_t)N * sizeof *host);
+    for (size_t i = 0; i < (size_t)M * K; i++)
+        host[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+    j.x = dupload(host, (size_t)M * K * sizeof *host);
+    free(codes);
+    free(host);
+    const gemv_result r = {M, K, N, gemv_ms(&j, GEMV_BF16), gemv_ms(&j, GEMV_W8A16),
+                           gemv_ms(&j, GEMV_W8A8)};
+    return r;
+}
+
 /* ---- main ------------------------------------------------------------------------------------- */
 
 static peak peak_of(const char *name)
@@ -646,6 +718,24 @@ int main(int argc, char **argv)
     printf("batch-invariant vision: %.2f ms (GEMMs %.2f ms), %+.1f%% against off\n", vinv.ms,
            vinv.gemm_ms, 100.0 * (vinv.ms / vr.ms - 1.0));
 
+    g_batch_invariant = 0;
+    static const int gemv_shapes[GEMV_SHAPES][2] = {{4096, 14336}, {14336, 4096}};
+    static const int gemv_batches[GEMV_BATCHES] = {1, 4};
+    gemv_result gv[GEMV_SHAPES][GEMV_BATCHES];
+    backend_or_die();
+    for (int si = 0; si < GEMV_SHAPES; si++)
+        for (int bi = 0; bi < GEMV_BATCHES; bi++) {
+            gemv_result *r = &gv[si][bi];
+            *r = bench_gemv(gemv_batches[bi], gemv_shapes[si][0], gemv_shapes[si][1]);
+            const double nw = (double)r->N * r->K;
+            printf("gemv %d x %5d -> %5d: bf16 %.3f ms (%.0f%% of HBM), fp8 W8A16 %.3f ms "
+                   "(%.0f%%, %.2fx), W8A8 %.3f ms (%.2fx)\n",
+                   r->M, r->K, r->N, r->bf16_ms, 100.0 * 2 * nw / (r->bf16_ms * 1e-3) / pk.bw,
+                   r->w8a16_ms, 100.0 * nw / (r->w8a16_ms * 1e-3) / pk.bw,
+                   r->bf16_ms / r->w8a16_ms, r->w8a8_ms, r->bf16_ms / r->w8a8_ms);
+        }
+    g_be->ops->destroy(g_be);
+
     if (argc > 1) {
         FILE *f = fopen(argv[1], "w");
         if (!f) {
@@ -677,9 +767,20 @@ int main(int argc, char **argv)
         fprintf(f,
                 "  \"batch_invariant\": {\"decode_11b\": [{\"batch\": %d, \"ms_per_step\": %.4f, "
                 "\"off_ms_per_step\": %.4f}, {\"batch\": %d, \"ms_per_step\": %.4f, "
-                "\"off_ms_per_step\": %.4f}], \"vision_ms\": %.3f, \"off_vision_ms\": %.3f}\n}\n",
+                "\"off_ms_per_step\": %.4f}], \"vision_ms\": %.3f, \"off_vision_ms\": %.3f},\n",
                 batches[0], inv[0].graph_ms, dec[1][0].graph_ms, batches[1], inv[1].graph_ms,
                 dec[1][1].graph_ms, vinv.ms, vr.ms);
+        fprintf(f, "  \"fp8_gemv\": [\n");
+        for (int si = 0; si < GEMV_SHAPES; si++)
+            for (int bi = 0; bi < GEMV_BATCHES; bi++) {
+                const gemv_result *r = &gv[si][bi];
+                fprintf(f,
+                        "    {\"rows\": %d, \"K\": %d, \"N\": %d, \"bf16_ms\": %.4f, "
+                        "\"w8a16_ms\": %.4f, \"w8a8_ms\": %.4f}%s\n",
+                        r->M, r->K, r->N, r->bf16_ms, r->w8a16_ms, r->w8a8_ms,
+                        si == GEMV_SHAPES - 1 && bi == GEMV_BATCHES - 1 ? "" : ",");
+            }
+        fprintf(f, "  ]\n}\n");
         fclose(f);
     }
     return 0;

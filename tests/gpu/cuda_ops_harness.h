@@ -97,6 +97,19 @@ static inline uint16_t *rand_bf16(size_t n, float lo, float hi)
     return w;
 }
 
+/* float8_e4m3fn's NaN code magnitude; every other code is drawn. */
+#define E4M3_NAN_CODE 0x7f
+
+/* n random finite E4M3 codes, every binade and sign alike (subnormals
+ * included), owned by the caller (free). */
+static inline uint8_t *rand_e4m3(size_t n)
+{
+    uint8_t *w = xmalloc(n);
+    for (size_t i = 0; i < n; i++)
+        w[i] = (uint8_t)(irand(E4M3_NAN_CODE) | (irand(2) << 7));
+    return w;
+}
+
 static inline uint16_t *to_bf16(const float *x, size_t n)
 {
     uint16_t *w = xmalloc(n * sizeof *w);

@@ -1,7 +1,8 @@
 /* kernels/host/cublaslt_host.cpp: what the host cuBLASLt computes, against
  * a double reference: layouts in both orders with padded leading
  * dimensions, transposes, batches, alpha/beta, the bias epilogue, bf16 and
- * f32 outputs; and the exact call sequences of kernels/matmul.cu (plain and
+ * f32 outputs, E4M3 inputs under FP8's layout rules (and their refusals);
+ * and the exact call sequences of kernels/matmul.cu (plain and
  * batch-invariant) for y = x·Wᵀ + bias against a naive loop. Needs no GPU.
  * (The API's contract: test_cublaslt_host_api.cpp.)
  *
@@ -19,8 +20,11 @@ constexpr float D_SENTINEL = 12288.0f; /* 3 * 2^12: exact in bf16 too */
 
 size_t esize(cudaDataType t)
 {
-    return t == CUDA_R_16BF ? 2 : 4;
+    return t == CUDA_R_8F_E4M3 ? 1 : t == CUDA_R_16BF ? 2 : 4;
 }
+
+/* float8_e4m3fn's NaN codes (magnitude 0x7f). */
+constexpr uint8_t E4M3_NAN = 0x7f;
 
 /* A stored matrix: its layout parameters, its storage, and its elements as
  * doubles (row-major per batch) for the reference. */
@@ -51,7 +55,10 @@ struct Mat {
     }
     void set_raw(int64_t idx, float v)
     {
-        if (type == CUDA_R_16BF) {
+        if (type == CUDA_R_8F_E4M3) { /* only NaN (padding) is written as a float */
+            check(std::isnan(v), "E4M3 elements are set as codes");
+            ((unsigned char *)buf.p)[idx] = E4M3_NAN;
+        } else if (type == CUDA_R_16BF) {
             const uint16_t h = ml_f32_to_bf16(v);
             std::memcpy((char *)buf.p + idx * 2, &h, 2);
         } else {
@@ -60,6 +67,8 @@ struct Mat {
     }
     float get_raw(int64_t idx) const
     {
+        if (type == CUDA_R_8F_E4M3)
+            return ml_f8e4m3_to_f32(((const unsigned char *)buf.p)[idx]);
         if (type == CUDA_R_16BF) {
             uint16_t h;
             std::memcpy(&h, (const char *)buf.p + idx * 2, 2);
@@ -76,7 +85,12 @@ struct Mat {
         for (int b = 0; b < batches; b++)
             for (int i = 0; i < rows; i++)
                 for (int j = 0; j < cols; j++) {
-                    set_raw(index(b, i, j), frand(lo, hi));
+                    if (type == CUDA_R_8F_E4M3) /* a random finite code, every binade */
+                        ((unsigned char *)buf.p)[index(b, i, j)] =
+                            (unsigned char)((unsigned)frand(0, E4M3_NAN) |
+                                            (frand(0, 1) < 0.5f ? 0x80u : 0u));
+                    else
+                        set_raw(index(b, i, j), frand(lo, hi));
                     val[((size_t)b * rows + i) * cols + j] = get_raw(index(b, i, j));
                 }
     }
@@ -167,7 +181,8 @@ void run_case(const Case &c)
     snprintf(what, sizeof what,
              "%dx%dx%d op%c%c order %c%c%c %s->%s pad %d batches %d%s%s alpha %g beta %g", c.m, c.n,
              c.k, ta ? 'T' : 'N', tb ? 'T' : 'N', "CR"[c.oa], "CR"[c.ob], "CR"[c.od],
-             c.ab == CUDA_R_16BF ? "bf16" : "f32", c.d == CUDA_R_16BF ? "bf16" : "f32", c.pad,
+             c.ab == CUDA_R_8F_E4M3 ? "e4m3" : c.ab == CUDA_R_16BF ? "bf16" : "f32",
+             c.d == CUDA_R_16BF ? "bf16" : "f32", c.pad,
              c.batches, c.bias ? " bias" : "", c.in_place ? " in-place" : "", c.alpha, c.beta);
     check(st == CUBLAS_STATUS_SUCCESS && g_enqueued == before + 1 && g_last_stream == TEST_STREAM,
           "%s: status %d, %d work items on the stream", what, (int)st, g_enqueued - before);
@@ -258,6 +273,87 @@ void test_cases(void)
     run_case({3, 100, 9, CUBLAS_OP_N, CUBLAS_OP_T, CUBLASLT_ORDER_ROW, CUBLASLT_ORDER_COL,
               CUBLASLT_ORDER_ROW, CUDA_R_16BF, CUDA_R_16BF, 0, 1, true, true, 1.0f, 1.0f});
     fprintf(stderr, "  %d layout/type/epilogue cases\n", n_case + 2);
+}
+
+/* A D = A·B call of E4M3 operands, column-major, without running it:
+ * cublasLtMatmul's status. */
+cublasStatus_t fp8_status(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                          bool bias)
+{
+    const bool t_a = ta == CUBLAS_OP_T, t_b = tb == CUBLAS_OP_T;
+    Mat A(CUDA_R_8F_E4M3, CUBLASLT_ORDER_COL, t_a ? k : m, t_a ? m : k, 0, 1);
+    Mat B(CUDA_R_8F_E4M3, CUBLASLT_ORDER_COL, t_b ? n : k, t_b ? k : n, 0, 1);
+    Mat D(CUDA_R_32F, CUBLASLT_ORDER_COL, m, n, 0, 1);
+    Buf bias_v((size_t)m * sizeof(float));
+    const void *bias_ptr = bias_v.p;
+    cublasLtMatmulDescOpaque_t desc;
+    cublasLtMatrixLayoutOpaque_t la, lb, ld;
+    const int32_t ta_v = ta, tb_v = tb;
+    const uint32_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    check(cublasLtMatmulDescInit(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta_v,
+                                             sizeof ta_v) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb_v,
+                                             sizeof tb_v) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                             sizeof epi) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
+                                             sizeof bias_ptr) == CUBLAS_STATUS_SUCCESS,
+          "fp8 descriptor");
+    A.layout(&la);
+    B.layout(&lb);
+    D.layout(&ld);
+    const float one = 1.0f, zero = 0.0f;
+    const int before = g_enqueued;
+    const cublasStatus_t st = cublasLtMatmul(g_lt, &desc, &one, A.buf.p, &la, B.buf.p, &lb, &zero,
+                                             D.buf.p, &ld, D.buf.p, &ld, nullptr, nullptr, 0,
+                                             TEST_STREAM);
+    check(st == CUBLAS_STATUS_SUCCESS || g_enqueued == before, "a refused call queues nothing");
+    return st;
+}
+
+/* E4M3 x E4M3: the TN form with every FP8 layout rule met computes D to
+ * f32 summation error (exact products), f32 or bf16 D, padded leading
+ * dimensions that stay multiples of 16 bytes, C in place (run_case's
+ * separate C has an odd ld); everything else the FP8
+ * kernels do not run is CUBLAS_STATUS_NOT_SUPPORTED. */
+void test_fp8(void)
+{
+    const float alphas[] = {1.0f, -0.5f}, betas[] = {0.0f, 0.75f};
+    const cudaDataType outs[] = {CUDA_R_32F, CUDA_R_16BF};
+    int n_case = 0;
+    for (cudaDataType d : outs)
+        for (float alpha : alphas)
+            for (float beta : betas) {
+                /* pad 16: lda, ldb 64 + 16 bytes; ldd (20 + 16) · 4 or 2 bytes. */
+                run_case({d == CUDA_R_32F ? 20 : 24, 9, 64, CUBLAS_OP_T, CUBLAS_OP_N,
+                          CUBLASLT_ORDER_COL, CUBLASLT_ORDER_COL, CUBLASLT_ORDER_COL,
+                          CUDA_R_8F_E4M3, d, n_case % 2 ? 16 : 0, 1, false, true, alpha, beta});
+                n_case++;
+            }
+    run_case({68, 40, 160, CUBLAS_OP_T, CUBLAS_OP_N, CUBLASLT_ORDER_COL, CUBLASLT_ORDER_COL,
+              CUBLASLT_ORDER_COL, CUDA_R_8F_E4M3, CUDA_R_32F, 0, 1, false, true, 1.0f, 0.0f});
+    const struct {
+        cublasOperation_t ta, tb;
+        int m, n, k;
+        bool bias;
+        const char *what;
+    } refused[] = {
+        {CUBLAS_OP_N, CUBLAS_OP_N, 16, 8, 32, false, "the NN form"},
+        {CUBLAS_OP_T, CUBLAS_OP_T, 16, 8, 32, false, "the TT form"},
+        {CUBLAS_OP_T, CUBLAS_OP_N, 16, 8, 40, false, "k = 40 (not 16-byte)"},
+        {CUBLAS_OP_T, CUBLAS_OP_N, 6, 8, 32, false, "m = 6 f32 (24 bytes)"},
+        {CUBLAS_OP_T, CUBLAS_OP_N, 16, 8, 32, true, "the bias epilogue"},
+    };
+    for (const auto &r : refused) {
+        const cublasStatus_t st = fp8_status(r.ta, r.tb, r.m, r.n, r.k, r.bias);
+        check(st == CUBLAS_STATUS_NOT_SUPPORTED, "fp8 with %s: %s, want NOT_SUPPORTED", r.what,
+              cublasLtGetStatusName(st));
+    }
+    check(fp8_status(CUBLAS_OP_T, CUBLAS_OP_N, 16, 8, 32, false) == CUBLAS_STATUS_SUCCESS,
+          "fp8 control case");
+    fprintf(stderr, "  %d fp8 cases, %d refusals\n", n_case + 1,
+            (int)(sizeof refused / sizeof refused[0]));
 }
 
 /* ---- kernels/matmul.cu's calls ---------------------------------------------------- */
@@ -451,6 +547,7 @@ int main(void)
 {
     check(cublasLtCreate(&g_lt) == CUBLAS_STATUS_SUCCESS, "cublasLtCreate");
     test_cases();
+    test_fp8();
     test_matmul_cu(false);
     test_matmul_cu(true);
     check(cublasLtDestroy(g_lt) == CUBLAS_STATUS_SUCCESS, "cublasLtDestroy");

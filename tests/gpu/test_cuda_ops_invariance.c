@@ -1,5 +1,6 @@
 /* Batch invariance of the CUDA backend (ml_backend_cuda_create with
- * batch_invariant = 1): the matmul of one row and the attention of one
+ * batch_invariant = 1): the matmul (bf16, and FP8 weights in W8A16 and
+ * W8A8) of one row and the attention of one
  * sequence are bit-identical alone and inside calls of other M (1, 7, 16,
  * 17, 64, 300, and a tiled 9000) and of other sequence mixes (decode and
  * prefill neighbours, text-only and two-image neighbours, more sequences
@@ -47,15 +48,30 @@ static void on_both(void (*fn)(int checked))
 
 /* ---- matmul ------------------------------------------------------------------------------ */
 
+/* The weights of matmul_rows: bf16 (matmul), or E4M3 with per-row scales
+ * (matmul_f8) without or with the activations' quantization. */
+typedef enum weight_kind { WEIGHT_BF16, WEIGHT_W8A16, WEIGHT_W8A8 } weight_kind;
+
+static const char *const WEIGHT_NAMES[] = {"matmul", "matmul_f8 W8A16", "matmul_f8 W8A8"};
+
 /* One row x (K) of fixed values at row pos[i] of calls of M[i] rows (other
  * rows random); its output row must be the same bits in every call. With
- * accumulate, the row's y starts from the same values each time. */
-static void matmul_rows(int checked, int K, int N, int with_bias, int accumulate, const int *Ms,
-                        const int *pos, int n_calls)
+ * accumulate (bf16 only), the row's y starts from the same values each
+ * time. Against the CPU: the first call's row (W8A8: not here, the CPU
+ * backend serves W8A16 only; test_cuda_ops_matmul checks it). */
+static void matmul_rows(int checked, weight_kind kind, int K, int N, int with_bias, int accumulate,
+                        const int *Ms, const int *pos, int n_calls)
 {
     float *row = rand_f32((size_t)K, -1, 1), *y_row = rand_f32((size_t)N, -1, 1);
-    uint16_t *w = rand_bf16((size_t)N * K, -1, 1), *bias = rand_bf16((size_t)N, -1, 1);
-    uint16_t *dw = dput(w, (size_t)N * K * 2), *db = dput(bias, (size_t)N * 2);
+    const int f8 = kind != WEIGHT_BF16;
+    const size_t w_bytes = (size_t)N * K * (f8 ? 1 : 2);
+    void *w = f8 ? (void *)rand_e4m3((size_t)N * K) : (void *)rand_bf16((size_t)N * K, -1, 1);
+    uint16_t *bias = rand_bf16((size_t)N, -1, 1);
+    float *scale = rand_f32((size_t)N, 5e-5f, 2e-4f);
+    void *dw = dput(w, w_bytes);
+    uint16_t *db = dput(bias, (size_t)N * 2);
+    float *dscale = dput(scale, (size_t)N * sizeof *scale);
+    const char *name = WEIGHT_NAMES[kind];
     float *alone = xmalloc((size_t)N * 4), *got = xmalloc((size_t)N * 4);
     for (int c = 0; c < n_calls; c++) {
         const int M = Ms[c], p = pos[c];
@@ -63,16 +79,25 @@ static void matmul_rows(int checked, int K, int N, int with_bias, int accumulate
         memcpy(x + (size_t)p * K, row, (size_t)K * 4);
         memcpy(y + (size_t)p * N, y_row, (size_t)N * 4);
         float *dx = dput(x, (size_t)M * K * 4), *dy = dput(y, (size_t)M * N * 4);
-        g_gpu->ops->matmul(g_gpu, dy, dx, dw, with_bias ? db : NULL, M, K, N, accumulate);
+        if (f8)
+            g_gpu->ops->matmul_f8(g_gpu, dy, dx, dw, dscale, with_bias ? db : NULL, M, K, N,
+                                  kind == WEIGHT_W8A8);
+        else
+            g_gpu->ops->matmul(g_gpu, dy, dx, dw, with_bias ? db : NULL, M, K, N, accumulate);
         char what[160];
-        snprintf(what, sizeof what, "matmul %dx%d%s%s: row %d of M = %d against M = %d", K, N,
+        snprintf(what, sizeof what, "%s %dx%d%s%s: row %d of M = %d against M = %d", name, K, N,
                  with_bias ? " +bias" : "", accumulate ? " +=" : "", p, M, Ms[0]);
         dget(c == 0 ? alone : got, (const float *)dy + (size_t)p * N, (size_t)N * 4, what);
-        if (c == 0 && checked) {
+        if (c == 0 && checked && kind != WEIGHT_W8A8) {
             float *want = xmalloc((size_t)N * 4);
             memcpy(want, y_row, (size_t)N * 4);
-            g_cpu->ops->matmul(g_cpu, want, row, w, with_bias ? bias : NULL, 1, K, N, accumulate);
-            snprintf(what, sizeof what, "matmul %dx%d%s%s at M = %d against the CPU", K, N,
+            if (f8)
+                g_cpu->ops->matmul_f8(g_cpu, want, row, w, scale, with_bias ? bias : NULL, 1, K,
+                                      N, 0);
+            else
+                g_cpu->ops->matmul(g_cpu, want, row, w, with_bias ? bias : NULL, 1, K, N,
+                                   accumulate);
+            snprintf(what, sizeof what, "%s %dx%d%s%s at M = %d against the CPU", name, K, N,
                      with_bias ? " +bias" : "", accumulate ? " +=" : "", M);
             check_nmse(alone, want, (size_t)N, NMSE_GEMM, what);
             free(want);
@@ -86,10 +111,12 @@ static void matmul_rows(int checked, int K, int N, int with_bias, int accumulate
     }
     dfree(dw);
     dfree(db);
+    dfree(dscale);
     free(row);
     free(y_row);
     free(w);
     free(bias);
+    free(scale);
     free(alone);
     free(got);
 }
@@ -99,14 +126,19 @@ static void test_matmul(int checked)
     /* The row's place moves with M; 1 takes the GEMV path without invariance. */
     static const int Ms[] = {1, 7, 16, 17, 64, 300}, pos[] = {0, 6, 3, 16, 40, 177};
     const int n = (int)(sizeof Ms / sizeof Ms[0]);
-    matmul_rows(checked, 4096, 1024, 0, 0, Ms, pos, n);   /* decoder k/v */
-    matmul_rows(checked, 4096, 14336, 0, 0, Ms, pos, n);  /* gate/up */
-    matmul_rows(checked, 14336, 4096, 0, 1, Ms, pos, n);  /* down, accumulating */
-    matmul_rows(checked, 1280, 5120, 1, 0, Ms, pos, n);   /* vision fc1 with its bias */
-    matmul_rows(checked, 64, 37, 1, 1, Ms, pos, n);       /* odd N */
+    matmul_rows(checked, WEIGHT_BF16, 4096, 1024, 0, 0, Ms, pos, n);   /* decoder k/v */
+    matmul_rows(checked, WEIGHT_BF16, 4096, 14336, 0, 0, Ms, pos, n);  /* gate/up */
+    matmul_rows(checked, WEIGHT_BF16, 14336, 4096, 0, 1, Ms, pos, n);  /* down, accumulating */
+    matmul_rows(checked, WEIGHT_BF16, 1280, 5120, 1, 0, Ms, pos, n);   /* vision fc1 with its bias */
+    matmul_rows(checked, WEIGHT_BF16, 64, 37, 1, 1, Ms, pos, n);       /* odd N */
     /* M·K above the conversion workspace: the row in the second M-tile. */
     static const int tiled[] = {1, 9000}, tiled_pos[] = {0, 8500};
-    matmul_rows(checked, 8192, 64, 1, 0, tiled, tiled_pos, 2);
+    matmul_rows(checked, WEIGHT_BF16, 8192, 64, 1, 0, tiled, tiled_pos, 2);
+    /* FP8 weights: widened bf16 tiles, E4M3 tensor cores, the bf16 path of
+     * W8A8 (N % 4 != 0). */
+    matmul_rows(checked, WEIGHT_W8A16, 4096, 1024, 1, 0, Ms, pos, n);
+    matmul_rows(checked, WEIGHT_W8A8, 4096, 1024, 1, 0, Ms, pos, n);
+    matmul_rows(checked, WEIGHT_W8A8, 64, 37, 1, 0, Ms, pos, n);
 }
 
 /* ---- causal attention -------------------------------------------------------------------- */
