@@ -193,96 +193,121 @@ static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const
  * independent FMA chains hide the FMA latency at one activation row. */
 #define SEQ_GROUPS (ML_CPU_GEMV_SEQ_AVX2_ROWS / LANES)
 #define SEQ_COLS ML_CPU_GEMV_SEQ_AVX2_COLS
-/* k per transposed chunk: 16 bf16 = 8 dwords of each of the 8 rows. */
+/* k per transposed chunk: 16 bf16 (two halves of 4 dwords per row) or 16
+ * F8_E4M3 codes (4 dwords per row). */
 #define SEQ_CHUNK 16
 
-/* The weights are bf16 or, for gemv_seq_f8, F8_E4M3 codes widened to bf16
- * as they are loaded (the arithmetic of ml_cpu_widen_f8_loop; the
- * subnormals from `sub`, their eight bf16 values, by byte shuffle): the
- * same bf16 values in registers, so both compute the same bits. Row
+/* The weights are bf16 or, for gemv_seq_f8, F8_E4M3 codes: the f8 path
+ * transposes bytes (half the shuffles per weight of bf16) and widens each
+ * code to f32 after the transpose, with the arithmetic of
+ * ml_cpu_widen_f8_loop (shifts and a mask, then the exact multiply by
+ * 2^120), so both compute the same bits from the same weight values. Row
  * pointers are bytes; f8 is a compile-time constant in every caller. */
-typedef struct seq_weights {
-    int f8;
-    __m128i sub; /* f8: bf16 of codes 0..7 (mantissa · 2^-9) */
-} seq_weights;
-
-/* The 8 bf16 weights from k = p of the row at wr. */
-ALWAYS_INLINE __m128i load8(const seq_weights *sw, const unsigned char *wr, int p)
-{
-    if (!sw->f8)
-        return _mm_loadu_si128((const __m128i *)(wr + 2 * (size_t)p));
-    const __m128i c = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(wr + p)));
-    const __m128i mag = _mm_and_si128(c, _mm_set1_epi16(0x7f));
-    const __m128i normal = _mm_add_epi16(_mm_slli_epi16(mag, 4),
-                                         _mm_set1_epi16((short)(ML_CPU_F8_BIAS_TO_BF16 << 7)));
-    /* byte indices 2·mag (low) and 2·mag + 1 (high) into the eight entries */
-    const __m128i idx =
-        _mm_add_epi16(_mm_mullo_epi16(mag, _mm_set1_epi16(0x0202)), _mm_set1_epi16(0x0100));
-    const __m128i is_normal =
-        _mm_cmpgt_epi16(mag, _mm_set1_epi16((short)(ML_CPU_F8_MIN_NORMAL_MAG - 1)));
-    const __m128i r = _mm_blendv_epi8(_mm_shuffle_epi8(sw->sub, idx), normal, is_normal);
-    return _mm_or_si128(r, _mm_slli_epi16(_mm_and_si128(c, _mm_set1_epi16(0x80)), 8));
-}
 
 /* The weight at k = p of the row at wr, in f32 (the scalar tail). */
-ALWAYS_INLINE float load1(const seq_weights *sw, const unsigned char *wr, int p)
+ALWAYS_INLINE float load1(const int f8, const unsigned char *wr, int p)
 {
-    if (sw->f8)
-        return ml_f8e4m3_to_f32(wr[p]);
+    if (f8)
+        return ml_cpu_f8_to_f32(wr[p]);
     uint16_t h;
     memcpy(&h, wr + 2 * (size_t)p, sizeof h);
     return ml_bf16_to_f32(h);
 }
 
-/* dwords [4h, 4h+4) of rows r and r+4 of 8 row pointers as one vector. */
-ALWAYS_INLINE __m256i rows_pair(const seq_weights *sw, const unsigned char *const wr[LANES],
-                                int r, int p)
+/* 16 bytes from p of rows r and r+4 of 8 row pointers as one vector: the
+ * 8 bf16 weights (bf16) or the 16 codes (f8) from k = p. */
+ALWAYS_INLINE __m256i rows_pair(const unsigned char *const wr[LANES], int r, size_t p)
 {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(load8(sw, wr[r], p)),
-                                   load8(sw, wr[r + 4], p), 1);
+    return _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(wr[r] + p))),
+        _mm_loadu_si128((const __m128i *)(wr[r + 4] + p)), 1);
 }
 
-/* acc[j] += one FMA per k of the 8 dwords (bf16 pairs) of 4 row pairs,
- * transposed in 128-bit lanes: v[q] holds dword q of rows 0..7, its low
- * half is k = 2q and its high half k = 2q + 1. */
-ALWAYS_INLINE void seq_half(const seq_weights *sw, const int cols,
-                            const unsigned char *const wr[LANES], int p, const float *x,
-                            size_t ldx, __m256 acc[SEQ_COLS])
+/* The dwords [4h, 4h+4) of rows 0..7 (h = 0 or 1 per 128-bit lane of the
+ * rows_pair vectors at p) transposed: v[q] holds dword q of rows 0..7. */
+ALWAYS_INLINE void transpose_rows(const unsigned char *const wr[LANES], size_t p, __m256i v[4])
 {
-    const __m256i hi_mask = _mm256_set1_epi32((int)0xffff0000u);
-    const __m256i a0 = rows_pair(sw, wr, 0, p), a1 = rows_pair(sw, wr, 1, p);
-    const __m256i a2 = rows_pair(sw, wr, 2, p), a3 = rows_pair(sw, wr, 3, p);
+    const __m256i a0 = rows_pair(wr, 0, p), a1 = rows_pair(wr, 1, p);
+    const __m256i a2 = rows_pair(wr, 2, p), a3 = rows_pair(wr, 3, p);
     const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
     const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
-    const __m256i v[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
-                          _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    v[0] = _mm256_unpacklo_epi64(t0, t2);
+    v[1] = _mm256_unpackhi_epi64(t0, t2);
+    v[2] = _mm256_unpacklo_epi64(t1, t3);
+    v[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/* acc[j] += x[j][i] · wv for the weight vector of the chunk's k = i. */
+ALWAYS_INLINE void seq_fma(const int cols, const float *x, size_t ldx, int i, __m256 wv,
+                           __m256 acc[SEQ_COLS])
+{
+#pragma GCC unroll 4
+    for (int j = 0; j < cols; j++)
+        acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + (size_t)j * ldx + i), wv, acc[j]);
+}
+
+/* bf16: one FMA per k over 8 k of 8 rows from p (x at k = p); v[q]'s low
+ * half is k = 2q and its high half k = 2q + 1. */
+ALWAYS_INLINE void seq_half(const int cols, const unsigned char *const wr[LANES], int p,
+                            const float *x, size_t ldx, __m256 acc[SEQ_COLS])
+{
+    const __m256i hi_mask = _mm256_set1_epi32((int)0xffff0000u);
+    __m256i v[4];
+    transpose_rows(wr, 2 * (size_t)p, v);
 #pragma GCC unroll 4
     for (int q = 0; q < 4; q++) {
-        const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v[q], 16));
-        const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v[q], hi_mask));
-#pragma GCC unroll 2
-        for (int j = 0; j < cols; j++) {
-            const float *xj = x + (size_t)j * ldx + p + 2 * q;
-            acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(xj), even, acc[j]);
-            acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(xj + 1), odd, acc[j]);
-        }
+        seq_fma(cols, x, ldx, 2 * q, _mm256_castsi256_ps(_mm256_slli_epi32(v[q], 16)), acc);
+        seq_fma(cols, x, ldx, 2 * q + 1, _mm256_castsi256_ps(_mm256_and_si256(v[q], hi_mask)),
+                acc);
+    }
+}
+
+/* f8: one FMA per k over 16 k of 8 rows from p (x at k = p); byte b of v[q]'s dwords is
+ * k = 4q + b. Each code is moved to the high byte of a 16-bit word and
+ * shifted right by 4 with its sign (hi: bytes 1 and 3 in place; lo: bytes
+ * 0 and 2 moved up first), which leaves the widened f32's sign, exponent
+ * and mantissa in the high word under ML_CPU_F8_F32_MASK. */
+ALWAYS_INLINE void seq_chunk_f8(const int cols, const unsigned char *const wr[LANES], int p,
+                                const float *x, size_t ldx, __m256 acc[SEQ_COLS])
+{
+    const __m256i mask = _mm256_set1_epi32((int)ML_CPU_F8_F32_MASK);
+    const __m256 rebias = _mm256_set1_ps(ML_CPU_F8_REBIAS);
+    __m256i v[4];
+    transpose_rows(wr, (size_t)p, v);
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+        const __m256i hi = _mm256_srai_epi16(v[q], 4);
+        const __m256i lo = _mm256_srai_epi16(_mm256_slli_epi16(v[q], 8), 4);
+        const __m256i bits[4] = {_mm256_and_si256(_mm256_slli_epi32(lo, 16), mask),
+                                 _mm256_and_si256(_mm256_slli_epi32(hi, 16), mask),
+                                 _mm256_and_si256(lo, mask), _mm256_and_si256(hi, mask)};
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; b++)
+            seq_fma(cols, x, ldx, 4 * q + b,
+                    _mm256_mul_ps(_mm256_castsi256_ps(bits[b]), rebias), acc);
     }
 }
 
 /* Rows [8·g0, 8·(g0 + G)) of the block, G = passes' group count: each
  * weight chunk is transposed once for all `cols` activation rows. */
-ALWAYS_INLINE void seq_pass(const seq_weights *sw, const int cols, const int G, int g0,
-                            int rows, int k, const unsigned char *w, size_t ldw, const float *x,
-                            size_t ldx, float *y, size_t ldy)
+ALWAYS_INLINE void seq_pass(const int f8, const int cols, const int G, int g0, int rows, int k,
+                            const unsigned char *w, size_t ldw, const float *x, size_t ldx,
+                            float *y, size_t ldy)
 {
     const int groups = imin(G, (rows - g0 * LANES + LANES - 1) / LANES);
-    const size_t row_bytes = ldw * (sw->f8 ? 1 : sizeof(uint16_t));
+    const size_t row_bytes = ldw * (f8 ? 1 : sizeof(uint16_t));
+    /* Every loop over the accumulators has compile-time bounds and is
+     * unrolled, so that they stay in registers (a spilled one puts a
+     * store-to-load forward into its FMA chain). */
     const unsigned char *wr[SEQ_GROUPS][LANES];
     __m256 acc[SEQ_GROUPS][SEQ_COLS];
-    for (int g = 0; g < groups; g++) {
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) {
         /* rows past `rows` repeat the last one; their lanes are not stored */
         for (int i = 0; i < LANES; i++)
-            wr[g][i] = w + (size_t)imin((g0 + g) * LANES + i, rows - 1) * row_bytes;
+            wr[g][i] = w + (size_t)imin((g0 + imin(g, groups - 1)) * LANES + i, rows - 1) *
+                               row_bytes;
+#pragma GCC unroll 4
         for (int j = 0; j < cols; j++)
             acc[g][j] = _mm256_setzero_ps();
     }
@@ -291,24 +316,38 @@ ALWAYS_INLINE void seq_pass(const seq_weights *sw, const int cols, const int G, 
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++) {
             if (g < groups) {
-                seq_half(sw, cols, wr[g], p, x, ldx, acc[g]);
-                seq_half(sw, cols, wr[g], p + LANES, x, ldx, acc[g]);
+                /* One base per group, opaque to the compiler: otherwise GCC
+                 * keeps the 16·cols broadcast addresses of the chunk live
+                 * across the groups and spills them (measured: the f8 path
+                 * at 40% of this speed). */
+                const float *xp = x + p;
+                __asm__("" : "+r"(xp));
+                if (f8) {
+                    seq_chunk_f8(cols, wr[g], p, xp, ldx, acc[g]);
+                } else {
+                    seq_half(cols, wr[g], p, xp, ldx, acc[g]);
+                    seq_half(cols, wr[g], p + LANES, xp + LANES, ldx, acc[g]);
+                }
             }
         }
     }
     for (; p < k; p++) {
-        for (int g = 0; g < groups; g++) {
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            if (g >= groups)
+                continue;
             float wf[LANES];
             for (int i = 0; i < LANES; i++)
-                wf[i] = load1(sw, wr[g][i], p);
-            const __m256 wv = _mm256_loadu_ps(wf);
-            for (int j = 0; j < cols; j++)
-                acc[g][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + (size_t)j * ldx + p), wv,
-                                            acc[g][j]);
+                wf[i] = load1(f8, wr[g][i], p);
+            seq_fma(cols, x + p, ldx, 0, _mm256_loadu_ps(wf), acc[g]);
         }
     }
-    for (int g = 0; g < groups; g++) {
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) {
+        if (g >= groups)
+            continue;
         const __m256i mask = lane_mask(rows - (g0 + g) * LANES);
+#pragma GCC unroll 4
         for (int j = 0; j < cols; j++) {
             float *yj = y + (size_t)j * ldy + (size_t)(g0 + g) * LANES;
             _mm256_maskstore_ps(yj, mask, _mm256_add_ps(_mm256_maskload_ps(yj, mask), acc[g][j]));
@@ -319,24 +358,23 @@ ALWAYS_INLINE void seq_pass(const seq_weights *sw, const int cols, const int G, 
 /* Up to two activation rows: all SEQ_GROUPS groups in one pass (enough
  * independent chains at one row); three or four: two passes of half the
  * groups, so the accumulators (groups x cols) still fit 16 registers. */
-ALWAYS_INLINE void seq_block(const seq_weights *sw, const int cols, int rows, int k,
+ALWAYS_INLINE void seq_block(const int f8, const int cols, int rows, int k,
                              const unsigned char *w, size_t ldw, const float *x, size_t ldx,
                              float *y, size_t ldy)
 {
     const int G = cols <= 2 ? SEQ_GROUPS : SEQ_GROUPS / 2;
     for (int g0 = 0; g0 * LANES < rows; g0 += G)
-        seq_pass(sw, cols, G, g0, rows, k, w, ldw, x, ldx, y, ldy);
+        seq_pass(f8, cols, G, g0, rows, k, w, ldw, x, ldx, y, ldy);
 }
 
-ALWAYS_INLINE void seq_cols(const seq_weights *sw, int rows, int cols, int k,
-                            const unsigned char *w, size_t ldw, const float *x, size_t ldx,
-                            float *y, size_t ldy)
+ALWAYS_INLINE void seq_cols(const int f8, int rows, int cols, int k, const unsigned char *w,
+                            size_t ldw, const float *x, size_t ldx, float *y, size_t ldy)
 {
     switch (cols) {
-    case 1: seq_block(sw, 1, rows, k, w, ldw, x, ldx, y, ldy); break;
-    case 2: seq_block(sw, 2, rows, k, w, ldw, x, ldx, y, ldy); break;
-    case 3: seq_block(sw, 3, rows, k, w, ldw, x, ldx, y, ldy); break;
-    case 4: seq_block(sw, 4, rows, k, w, ldw, x, ldx, y, ldy); break;
+    case 1: seq_block(f8, 1, rows, k, w, ldw, x, ldx, y, ldy); break;
+    case 2: seq_block(f8, 2, rows, k, w, ldw, x, ldx, y, ldy); break;
+    case 3: seq_block(f8, 3, rows, k, w, ldw, x, ldx, y, ldy); break;
+    case 4: seq_block(f8, 4, rows, k, w, ldw, x, ldx, y, ldy); break;
     default: assert(!"gemv_seq: cols out of range");
     }
 }
@@ -344,18 +382,13 @@ ALWAYS_INLINE void seq_cols(const seq_weights *sw, int rows, int cols, int k,
 void ml_cpu_gemv_seq_avx2(int rows, int cols, int k, const uint16_t *w, size_t ldw,
                           const float *x, size_t ldx, float *y, size_t ldy)
 {
-    const seq_weights sw = {.f8 = 0};
-    seq_cols(&sw, rows, cols, k, (const unsigned char *)w, ldw, x, ldx, y, ldy);
+    seq_cols(0, rows, cols, k, (const unsigned char *)w, ldw, x, ldx, y, ldy);
 }
 
 void ml_cpu_gemv_seq_f8_avx2(int rows, int cols, int k, const uint8_t *w, size_t ldw,
                              const float *x, size_t ldx, float *y, size_t ldy)
 {
-    static const uint8_t subnormal_codes[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-    uint16_t sub[8];
-    ml_cpu_widen_f8_loop(sub, subnormal_codes, 8);
-    const seq_weights sw = {.f8 = 1, .sub = _mm_loadu_si128((const __m128i *)sub)};
-    seq_cols(&sw, rows, cols, k, w, ldw, x, ldx, y, ldy);
+    seq_cols(1, rows, cols, k, w, ldw, x, ldx, y, ldy);
 }
 
 /* ---- pack_block --------------------------------------------------------------- */
@@ -439,23 +472,19 @@ static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, flo
 
 /* ---- widen_f8 ------------------------------------------------------------------ */
 
-/* Eight codes at a time in 32-bit lanes, both cases computed and blended;
- * the tail through the plain loop. */
+/* Eight codes at a time in 32-bit lanes, ml_cpu_f8_to_f32's arithmetic
+ * from the sign-extended code (sign in bits 31..7, shifted so that bit 7
+ * lands on 27 and masked); the tail through the plain loop. */
 void ml_cpu_widen_f8_avx2(uint16_t *dst, const uint8_t *src, size_t n)
 {
-    const __m256i low7 = _mm256_set1_epi32(0x7f), sign = _mm256_set1_epi32(0x80);
-    const __m256i bias = _mm256_set1_epi32((int)(ML_CPU_F8_BIAS_TO_BF16 << 7));
-    const __m256i min_normal = _mm256_set1_epi32((int)ML_CPU_F8_MIN_NORMAL_MAG - 1);
-    const __m256 sub_step = _mm256_set1_ps(0x1p-9f);
+    const __m256i mask = _mm256_set1_epi32((int)ML_CPU_F8_F32_MASK);
+    const __m256 rebias = _mm256_set1_ps(ML_CPU_F8_REBIAS);
     size_t i = 0;
     for (; i + LANES <= n; i += LANES) {
-        const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(src + i)));
-        const __m256i mag = _mm256_and_si256(c, low7);
-        const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(mag, 4), bias);
-        const __m256i sub = _mm256_srli_epi32(
-            _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mag), sub_step)), 16);
-        __m256i r = _mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(mag, min_normal));
-        r = _mm256_or_si256(r, _mm256_slli_epi32(_mm256_and_si256(c, sign), 8));
+        const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(src + i)));
+        const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(c, ML_CPU_F8_MAG_SHIFT), mask);
+        const __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(bits), rebias);
+        const __m256i r = _mm256_srli_epi32(_mm256_castps_si256(f), 16);
         /* packus works per 128-bit lane: [r0-3 r0-3 | r4-7 r4-7] -> r0-7 */
         const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
         _mm_storeu_si128((__m128i *)(dst + i), _mm256_castsi256_si128(p));

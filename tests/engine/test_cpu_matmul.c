@@ -186,6 +186,58 @@ static void test_matmul_f8(ml_backend *be)
     free(scale);
 }
 
+/* The FP8 widening of every one of the 256 codes, exact: ml_cpu_f8_to_f32
+ * against dtype.h's reference conversion (the NaN codes, which no
+ * checkpoint holds, widen to ±480), the ISA's widen_f8 (bf16 staging; from
+ * an odd offset so that vector steps and the tail both see codes), and the
+ * ISA's gemv_seq_f8 against one-hot activations (each output is then one
+ * product, the widened weight times 1). */
+enum { F8_CODES = 256, F8_SEQ_K = 16, F8_SEQ_MAX_ROWS = 32 };
+
+static float f8_want(int c)
+{
+    return (c & 0x7f) == 0x7f ? ((c & 0x80) ? -480.0f : 480.0f) : ml_f8e4m3_to_f32((uint8_t)c);
+}
+
+static void test_f8_codes(const ml_cpu_kernels *kn)
+{
+    int exact = 1, widen = 1, seq = 1;
+    for (int c = 0; c < F8_CODES; c++) {
+        const float got = ml_cpu_f8_to_f32((uint8_t)c), want = f8_want(c);
+        exact &= memcmp(&got, &want, sizeof got) == 0;
+    }
+    enum { OFFSET = 3 };
+    uint8_t src[F8_CODES + OFFSET];
+    uint16_t dst[F8_CODES + OFFSET];
+    for (int c = 0; c < F8_CODES; c++)
+        src[c + OFFSET] = (uint8_t)c;
+    kn->widen_f8(dst + OFFSET, src + OFFSET, F8_CODES);
+    for (int c = 0; c < F8_CODES; c++)
+        widen &= dst[c + OFFSET] == ml_f32_to_bf16(f8_want(c));
+    if (kn->gemv_seq_f8) {
+        /* rows x F8_SEQ_K codes cover all 256 (again each time the rows wrap) */
+        const int rows = kn->gemv_seq_rows;
+        check(rows <= F8_SEQ_MAX_ROWS, "gemv_seq_f8 [%s]: %d rows", ml_cpu_isa_name(kn->isa), rows);
+        uint8_t *w = xmalloc((size_t)rows * F8_SEQ_K);
+        float x[F8_SEQ_K], y[F8_SEQ_MAX_ROWS];
+        for (int r = 0; r < rows; r++)
+            for (int k = 0; k < F8_SEQ_K; k++)
+                w[(size_t)r * F8_SEQ_K + k] = (uint8_t)((r * F8_SEQ_K + k) % F8_CODES);
+        for (int one = 0; one < F8_SEQ_K; one++) {
+            for (int k = 0; k < F8_SEQ_K; k++)
+                x[k] = k == one ? 1.0f : 0.0f;
+            memset(y, 0, sizeof y);
+            kn->gemv_seq_f8(rows, 1, F8_SEQ_K, w, F8_SEQ_K, x, F8_SEQ_K, y, (size_t)rows);
+            for (int r = 0; r < rows; r++)
+                seq &= y[r] == f8_want(w[(size_t)r * F8_SEQ_K + one]);
+        }
+        free(w);
+    }
+    check(exact, "ml_cpu_f8_to_f32: a code differs from ml_f8e4m3_to_f32");
+    check(widen, "widen_f8 [%s]: a code is not its exact bf16", ml_cpu_isa_name(kn->isa));
+    check(seq, "gemv_seq_f8 [%s]: a code is not widened exactly", ml_cpu_isa_name(kn->isa));
+}
+
 /* LoRA's gemv: dot (r, j) of every block shape equals the 1 x 1 block's, bit for bit. */
 static void test_gemv_kernel(const ml_cpu_kernels *kn)
 {
@@ -230,6 +282,7 @@ static void test_gemv_kernel(const ml_cpu_kernels *kn)
 static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
 {
     test_gemv_kernel(ml_cpu_kernels_for(isa));
+    test_f8_codes(ml_cpu_kernels_for(isa));
     test_matmul(be);
     test_matmul_batch_invariance(be[1]);
     test_matmul_f8(be[0]);
