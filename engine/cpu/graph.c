@@ -76,7 +76,7 @@ typedef struct args_matmul_f8 {
     const uint8_t *w;
     const float *scale;
     const uint16_t *bias;
-    int M, K, N;
+    int M, K, N, quant_x;
 } args_matmul_f8;
 
 typedef struct args_lora {
@@ -356,11 +356,12 @@ static void rec_matmul(ml_backend *be, float *y, const float *x, const uint16_t 
 }
 
 static void rec_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w,
-                          const float *scale, const uint16_t *bias, int M, int K, int N)
+                          const float *scale, const uint16_t *bias, int M, int K, int N,
+                          int quant_x)
 {
     graph_op *op = record(be, GRAPH_OP_MATMUL_F8);
     if (op)
-        op->u.matmul_f8 = (args_matmul_f8){y, x, w, scale, bias, M, K, N};
+        op->u.matmul_f8 = (args_matmul_f8){y, x, w, scale, bias, M, K, N, quant_x};
 }
 
 static void rec_lora(ml_backend *be, float *y, const float *x, const ml_lora_segment *segs,
@@ -562,7 +563,7 @@ static void replay_op(ml_backend *be, const ml_backend_ops *o, const graph_op *o
     }
     case GRAPH_OP_MATMUL_F8: {
         const args_matmul_f8 *a = &op->u.matmul_f8;
-        o->matmul_f8(be, a->y, a->x, a->w, a->scale, a->bias, a->M, a->K, a->N);
+        o->matmul_f8(be, a->y, a->x, a->w, a->scale, a->bias, a->M, a->K, a->N, a->quant_x);
         break;
     }
     case GRAPH_OP_LORA: {

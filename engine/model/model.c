@@ -92,6 +92,29 @@ static void text_layer_to_backend(ml_backend *be, ml_text_layer *l)
         to_backend(be, ws[i]);
 }
 
+/* W8A8 needs FP8 weights and a scheme that quantizes activations: a
+ * checkpoint's dynamic per-token input_activations, or quantizing at load
+ * (our scheme, so the user's choice). A W8A16 checkpoint (input_activations
+ * null) is refused rather than run with numerics it was not calibrated
+ * for. Sets m->quant_x. */
+static ml_status check_fp8_activations(ml_model *m, char *err, size_t errlen)
+{
+    const ml_quant_config *q = &m->cfg.quant;
+    m->quant_x = 0;
+    if (!m->limits.fp8_activations)
+        return ML_OK;
+    if (q->scheme == ML_QUANT_NONE)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "model: fp8 activations need FP8 weights (an FP8 checkpoint, or "
+                       "model.weights = \"fp8\")");
+    if (!q->at_load && !q->act_dynamic_token)
+        return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
+                       "model: fp8 activations need a checkpoint whose quantization_config "
+                       "quantizes input_activations (dynamic, per token); this one is W8A16");
+    m->quant_x = 1;
+    return ML_OK;
+}
+
 /* m->w = m->host_weights with every data pointer replaced by the backend's
  * view of it (the same pointer on the CPU, one upload on a device). */
 static ml_status bind_backend_weights(ml_model *m, char *err, size_t errlen)
@@ -255,6 +278,8 @@ ml_status ml_model_load_shard(ml_model **out, const char *dir, ml_backend *be,
         goto fail;
     if (lim.quantize_fp8 && m->cfg.quant.scheme == ML_QUANT_NONE)
         ml_quant_config_fp8_at_load(&m->cfg.quant);
+    if ((st = check_fp8_activations(m, err, errlen)) != ML_OK)
+        goto fail;
     if ((st = ml_weights_create(&m->host_weights, m->ckpt, &m->cfg, err, errlen)) != ML_OK ||
         (st = bind_backend_weights(m, err, errlen)) != ML_OK)
         goto fail;
