@@ -66,10 +66,10 @@ typedef struct ml_model_limits {
     int quantize_fp8;
     /* 1: W8A8, the FP8 Linears quantize their activations per token at run
      * time (model.fp8_activations = "fp8": vLLM's numerics; backend.h
-     * matmul_f8 quant_x); the load fails unless the text decoder's Linears
-     * are FP8 and the scheme allows it (a checkpoint whose
-     * input_activations are dynamic per token, or quantize_fp8). 0: W8A16,
-     * activations kept in f32 (transformers' decompressed reference). */
+     * matmul_f8 quant_x); the load fails with ML_ERR_INVALID_ARG unless the
+     * weights are FP8 (an FP8 checkpoint, whatever its input_activations,
+     * or quantize_fp8). 0: W8A16, activations kept in f32 (transformers'
+     * decompressed reference). */
     int fp8_activations;
 } ml_model_limits;
 

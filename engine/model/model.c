@@ -92,25 +92,21 @@ static void text_layer_to_backend(ml_backend *be, ml_text_layer *l)
         to_backend(be, ws[i]);
 }
 
-/* W8A8 needs FP8 weights and a scheme that quantizes activations: a
- * checkpoint's dynamic per-token input_activations, or quantizing at load
- * (our scheme, so the user's choice). A W8A16 checkpoint (input_activations
- * null) is refused rather than run with numerics it was not calibrated
- * for. Sets m->quant_x. */
+/* W8A8 needs FP8 weights: an FP8 checkpoint or model.weights = "fp8".
+ * Dynamic per-token quantization takes nothing from the checkpoint (no
+ * calibrated activation scale), so it is allowed whatever the scheme says
+ * of input_activations: a W8A16 checkpoint (input_activations null, as
+ * quantize-at-load's scheme) runs as vLLM would run the FP8-dynamic one.
+ * Sets m->quant_x. */
 static ml_status check_fp8_activations(ml_model *m, char *err, size_t errlen)
 {
-    const ml_quant_config *q = &m->cfg.quant;
     m->quant_x = 0;
     if (!m->limits.fp8_activations)
         return ML_OK;
-    if (q->scheme == ML_QUANT_NONE)
+    if (m->cfg.quant.scheme == ML_QUANT_NONE)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "model: fp8 activations need FP8 weights (an FP8 checkpoint, or "
                        "model.weights = \"fp8\")");
-    if (!q->at_load && !q->act_dynamic_token)
-        return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
-                       "model: fp8 activations need a checkpoint whose quantization_config "
-                       "quantizes input_activations (dynamic, per token); this one is W8A16");
     m->quant_x = 1;
     return ML_OK;
 }
