@@ -104,15 +104,11 @@ extern const ml_cpu_kernels ml_cpu_kernels_plain;
 #if ML_CPU_X86
 extern const ml_cpu_kernels ml_cpu_kernels_avx2;
 extern const ml_cpu_kernels ml_cpu_kernels_avx512;
-/* AVX2's gemv_seq and its block, which the AVX-512 table shares: the
- * transpose, not the vector width, bounds it, and the order it must follow
- * is lane-free. */
+/* The gemv_seq block of the AVX2 and AVX-512 tables (gemv_seq_x86.h, the
+ * same 256-bit source in both): the transpose, not the vector width,
+ * bounds it, and the order it must follow is lane-free. */
 #define ML_CPU_GEMV_SEQ_AVX2_ROWS 32
 #define ML_CPU_GEMV_SEQ_AVX2_COLS 4
-void ml_cpu_gemv_seq_avx2(int rows, int cols, int k, const uint16_t *w, size_t ldw,
-                          const float *x, size_t ldx, float *y, size_t ldy);
-void ml_cpu_gemv_seq_f8_avx2(int rows, int cols, int k, const uint8_t *w, size_t ldw,
-                             const float *x, size_t ldx, float *y, size_t ldy);
 /* AVX2's widen_f8, which the AVX-512 table shares (it is load-bound). */
 void ml_cpu_widen_f8_avx2(uint16_t *dst, const uint8_t *src, size_t n);
 #endif
