@@ -148,9 +148,9 @@ SEQ_INLINE void seq_pass(const int f8, const int cols, const int G, int g0, int 
 #pragma GCC unroll 4
     for (int g = 0; g < G; g++) {
         /* rows past `rows` repeat the last one; their lanes are not stored */
+        const int first = (g0 + seq_imin(g, groups - 1)) * SEQ_LANES;
         for (int i = 0; i < SEQ_LANES; i++)
-            wr[g][i] = w + (size_t)seq_imin((g0 + seq_imin(g, groups - 1)) * SEQ_LANES + i, rows - 1) *
-                               row_bytes;
+            wr[g][i] = w + (size_t)seq_imin(first + i, rows - 1) * row_bytes;
 #pragma GCC unroll 4
         for (int j = 0; j < cols; j++)
             acc[g][j] = _mm256_setzero_ps();
