@@ -22,7 +22,8 @@
  * 2. W8A16 quantized at load (model.weights = "fp8") on every bf16 fixture
  *    against its bf16 reference: the FP8-vs-bf16 difference of issue 17,
  *    reported (tests/golden/README.md) and held to the same TOL_FP8.
- * 3. W8A8 on bf16 weights is refused at load. Run in reference row-mask
+ * 3. W8A8 decoded by graph replay equals W8A8 op by op (the replay
+ *    carries quant_x), and W8A8 on bf16 weights is refused at load. Run in reference row-mask
  *    mode; the float32 references are the fixtures' (gen_fixtures.py).
  */
 #include <math.h>
@@ -174,6 +175,14 @@ int main(void)
         print_result("W8A8", FP8_FIXTURE, &r);
         check(r.max_rel <= TOL_FP8, "W8A8 %s: logits off by %.3g of their scale (> 2^-3)",
               FP8_FIXTURE, r.max_rel);
+        /* the decode steps above replayed graphs (the default): op by op
+         * they give the same logits, so the replay carries quant_x */
+        fx_result eager;
+        lim.decode_graphs = 0;
+        if (run(be, FP8_FIXTURE, &lim, &eager) == 0)
+            check(eager.max_abs == r.max_abs && eager.agree == r.agree,
+                  "W8A8 %s: graph replay (%.6g, %d) differs from op by op (%.6g, %d)",
+                  FP8_FIXTURE, r.max_abs, r.agree, eager.max_abs, eager.agree);
     }
     lim = ml_model_limits_default();
     lim.quantize_fp8 = 1;
