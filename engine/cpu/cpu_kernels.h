@@ -126,13 +126,19 @@ void ml_cpu_widen_f8_avx2(uint16_t *dst, const uint8_t *src, size_t n);
 #define ML_CPU_F8_MAG_SHIFT 20
 #define ML_CPU_F8_F32_MASK 0x87f00000u
 #define ML_CPU_F8_REBIAS 0x1p120f
-static inline float ml_cpu_f8_to_f32(uint8_t c)
+/* The value of code c times 2^-120: the bits before the multiply. */
+static inline float ml_cpu_f8_to_f32_unbiased(uint8_t c)
 {
     const uint32_t u = (uint32_t)(c & 0x80u) << ML_CPU_F8_SIGN_SHIFT |
                        (uint32_t)(c & 0x7fu) << ML_CPU_F8_MAG_SHIFT;
     float f;
     memcpy(&f, &u, sizeof f);
-    return f * ML_CPU_F8_REBIAS;
+    return f;
+}
+
+static inline float ml_cpu_f8_to_f32(uint8_t c)
+{
+    return ml_cpu_f8_to_f32_unbiased(c) * ML_CPU_F8_REBIAS;
 }
 
 /* widen_f8's arithmetic: the top half of ml_cpu_f8_to_f32 (exact: an

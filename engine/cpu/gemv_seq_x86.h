@@ -2,16 +2,17 @@
  * by kernels_avx2.c and kernels_avx512.c: the same source compiled twice,
  * so that the AVX-512 build encodes it with EVEX and has 32 vector
  * registers for the 4 x 8-row groups and their chunk (measured: the f8
- * path 1.2x faster in L1 than with AVX2's 16), while the order of every
+ * path 20 against 16 Gw/s in L1 with AVX2's 16), while the order of every
  * sum, and so every bit, stays the same. The block is ML_CPU_GEMV_SEQ_AVX2_ROWS
  * x ML_CPU_GEMV_SEQ_AVX2_COLS on both: the transpose, not the vector
  * width, bounds it. Defines static gemv_seq and gemv_seq_f8; include once,
- * after <immintrin.h>, dtype.h and cpu_kernels.h. */
+ * in the file's kernel section. */
 #ifndef ML_CPU_GEMV_SEQ_X86_H
 #define ML_CPU_GEMV_SEQ_X86_H
 
 #include <assert.h>
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "cpu/cpu_kernels.h"
@@ -44,13 +45,26 @@ static inline __m256i seq_lane_mask(int n)
 /* The weights are bf16 or, for gemv_seq_f8, F8_E4M3 codes: the f8 path
  * transposes bytes (half the shuffles per weight of bf16) and widens each
  * code to f32 after the transpose, with the arithmetic of
- * ml_cpu_widen_f8_loop (shifts and a mask, then the exact multiply by
- * 2^120), so both compute the same bits from the same weight values. Row
- * pointers are bytes; f8 is a compile-time constant in every caller. */
+ * ml_cpu_f8_to_f32 (shifts and a mask, then the exact multiply by 2^120),
+ * so both compute the same bits from the same weight values. The multiply
+ * is moved to the activations where that is exact (SEQ_F8_SCALED_X): the
+ * FMA rounds acc + x·w once, and (x·2^120)·(w·2^-120) is the same real
+ * number as x·w as long as x·2^120 is finite, which |x| < 2^8 guarantees
+ * (w·2^-120, an f32 subnormal for an E4M3 subnormal, is exact either way).
+ * It halves the work on the FMA ports (measured: 2x in L1). Row pointers
+ * are bytes; the mode is a compile-time constant in every caller. */
+enum { SEQ_BF16, SEQ_F8, SEQ_F8_SCALED_X };
+/* Largest |x| and k of the scaled-x path (the activations are scaled
+ * into a stack block of SEQ_COLS x SEQ_F8_SCALED_MAX_K floats). */
+#define SEQ_F8_SCALED_X_LIMIT 0x1p8f
+#define SEQ_F8_SCALED_MAX_K 256
 
-/* The weight at k = p of the row at wr, in f32 (the scalar tail). */
+/* The weight at k = p of the row at wr, in f32 (the scalar tail); times
+ * 2^-120 in the scaled-x mode. */
 SEQ_INLINE float load1(const int f8, const unsigned char *wr, int p)
 {
+    if (f8 == SEQ_F8_SCALED_X)
+        return ml_cpu_f8_to_f32_unbiased(wr[p]);
     if (f8)
         return ml_cpu_f8_to_f32(wr[p]);
     uint16_t h;
@@ -111,24 +125,46 @@ SEQ_INLINE void seq_half(const int cols, const unsigned char *const wr[SEQ_LANES
  * shifted right by 4 with its sign (hi: bytes 1 and 3 in place; lo: bytes
  * 0 and 2 moved up first), which leaves the widened f32's sign, exponent
  * and mantissa in the high word under ML_CPU_F8_F32_MASK. */
-SEQ_INLINE void seq_chunk_f8(const int cols, const unsigned char *const wr[SEQ_LANES], int p,
-                                const float *x, size_t ldx, __m256 acc[SEQ_COLS])
+SEQ_INLINE void seq_chunk_f8(const int f8, const int cols, const int G,
+                             const unsigned char *const wr[SEQ_GROUPS][SEQ_LANES], int p,
+                             const float *x, size_t ldx, __m256 acc[SEQ_GROUPS][SEQ_COLS])
 {
     const __m256i mask = _mm256_set1_epi32((int)ML_CPU_F8_F32_MASK);
     const __m256 rebias = _mm256_set1_ps(ML_CPU_F8_REBIAS);
-    __m256i v[4];
-    transpose_rows(wr, (size_t)p, v);
+    __m256i v[SEQ_GROUPS][4];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+        transpose_rows(wr[g], (size_t)p, v[g]);
 #pragma GCC unroll 4
     for (int q = 0; q < 4; q++) {
-        const __m256i hi = _mm256_srai_epi16(v[q], 4);
-        const __m256i lo = _mm256_srai_epi16(_mm256_slli_epi16(v[q], 8), 4);
-        const __m256i bits[4] = {_mm256_and_si256(_mm256_slli_epi32(lo, 16), mask),
-                                 _mm256_and_si256(_mm256_slli_epi32(hi, 16), mask),
-                                 _mm256_and_si256(lo, mask), _mm256_and_si256(hi, mask)};
+        __m256 wv[SEQ_GROUPS][4];
 #pragma GCC unroll 4
-        for (int b = 0; b < 4; b++)
-            seq_fma(cols, x, ldx, 4 * q + b,
-                    _mm256_mul_ps(_mm256_castsi256_ps(bits[b]), rebias), acc);
+        for (int g = 0; g < G; g++) {
+            const __m256i hi = _mm256_srai_epi16(v[g][q], 4);
+            const __m256i lo = _mm256_srai_epi16(_mm256_slli_epi16(v[g][q], 8), 4);
+            const __m256i bits[4] = {_mm256_and_si256(_mm256_slli_epi32(lo, 16), mask),
+                                     _mm256_and_si256(_mm256_slli_epi32(hi, 16), mask),
+                                     _mm256_and_si256(lo, mask), _mm256_and_si256(hi, mask)};
+#pragma GCC unroll 4
+            for (int b = 0; b < 4; b++)
+                wv[g][b] = f8 == SEQ_F8_SCALED_X
+                               ? _mm256_castsi256_ps(bits[b])
+                               : _mm256_mul_ps(_mm256_castsi256_ps(bits[b]), rebias);
+        }
+        /* the groups' chains interleaved at every k: as many independent
+         * FMAs in flight as groups x cols, within the scheduler's reach
+         * (one group's chunk after another left the FMA latency exposed:
+         * measured 2x the bf16 time per weight in L1) */
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; b++) {
+#pragma GCC unroll 4
+            for (int j = 0; j < cols; j++) {
+                const __m256 xb = _mm256_broadcast_ss(x + (size_t)j * ldx + 4 * q + b);
+#pragma GCC unroll 4
+                for (int g = 0; g < G; g++)
+                    acc[g][j] = _mm256_fmadd_ps(xb, wv[g][b], acc[g][j]);
+            }
+        }
     }
 }
 
@@ -157,21 +193,22 @@ SEQ_INLINE void seq_pass(const int f8, const int cols, const int G, int g0, int 
     }
     int p = 0;
     for (; p + SEQ_CHUNK <= k; p += SEQ_CHUNK) {
+        if (f8) {
+            /* all G groups (past `groups` they repeat a valid row and are
+             * not stored) */
+            seq_chunk_f8(f8, cols, G, wr, p, x + p, ldx, acc);
+            continue;
+        }
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++) {
             if (g < groups) {
                 /* One base per group, opaque to the compiler: otherwise GCC
                  * keeps the 16·cols broadcast addresses of the chunk live
-                 * across the groups and spills them (measured: the f8 path
-                 * at 40% of this speed). */
+                 * across the groups and spills them. */
                 const float *xp = x + p;
                 __asm__("" : "+r"(xp));
-                if (f8) {
-                    seq_chunk_f8(cols, wr[g], p, xp, ldx, acc[g]);
-                } else {
-                    seq_half(cols, wr[g], p, xp, ldx, acc[g]);
-                    seq_half(cols, wr[g], p + SEQ_LANES, xp + SEQ_LANES, ldx, acc[g]);
-                }
+                seq_half(cols, wr[g], p, xp, ldx, acc[g]);
+                seq_half(cols, wr[g], p + SEQ_LANES, xp + SEQ_LANES, ldx, acc[g]);
             }
         }
     }
@@ -226,13 +263,25 @@ SEQ_INLINE void seq_cols(const int f8, int rows, int cols, int k, const unsigned
 static void gemv_seq(int rows, int cols, int k, const uint16_t *w, size_t ldw, const float *x,
                      size_t ldx, float *y, size_t ldy)
 {
-    seq_cols(0, rows, cols, k, (const unsigned char *)w, ldw, x, ldx, y, ldy);
+    seq_cols(SEQ_BF16, rows, cols, k, (const unsigned char *)w, ldw, x, ldx, y, ldy);
 }
 
 static void gemv_seq_f8(int rows, int cols, int k, const uint8_t *w, size_t ldw,
                         const float *x, size_t ldx, float *y, size_t ldy)
 {
-    seq_cols(1, rows, cols, k, w, ldw, x, ldx, y, ldy);
+    float xs[SEQ_COLS * SEQ_F8_SCALED_MAX_K] __attribute__((aligned(32)));
+    int small = k <= SEQ_F8_SCALED_MAX_K;
+    for (int j = 0; j < cols && small; j++)
+        for (int p = 0; p < k; p++) /* false for NaN too */
+            small &= fabsf(x[(size_t)j * ldx + p]) < SEQ_F8_SCALED_X_LIMIT;
+    if (!small) {
+        seq_cols(SEQ_F8, rows, cols, k, w, ldw, x, ldx, y, ldy);
+        return;
+    }
+    for (int j = 0; j < cols; j++)
+        for (int p = 0; p < k; p++)
+            xs[j * k + p] = x[(size_t)j * ldx + p] * ML_CPU_F8_REBIAS;
+    seq_cols(SEQ_F8_SCALED_X, rows, cols, k, w, ldw, xs, (size_t)k, y, ldy);
 }
 
 #endif

@@ -142,6 +142,9 @@ static void test_matmul_f8(ml_backend *be)
     uint16_t *bias = xmalloc((size_t)N * sizeof *bias);
     float *scale = xmalloc((size_t)N * sizeof *scale);
     fill(x, (size_t)MAX_M * K, -1, 1);
+    /* row 1 past 2^8: the x86 gemv_seq_f8 multiplies the weights instead of
+     * scaling the activations for the blocks it is in (the same bits) */
+    fill(x + K, K, -1000, 1000);
     fill_bf16(bias, (size_t)N, -1, 1);
     for (int n = 0; n < N; n++) {
         /* absmax / 448 of weights of magnitude ~0.01..1, held in bf16 */
@@ -225,13 +228,18 @@ static void test_f8_codes(const ml_cpu_kernels *kn)
         for (int r = 0; r < rows; r++)
             for (int k = 0; k < F8_SEQ_K; k++)
                 w[(size_t)r * F8_SEQ_K + k] = (uint8_t)((r * F8_SEQ_K + k) % F8_CODES);
-        for (int one = 0; one < F8_SEQ_K; one++) {
-            for (int k = 0; k < F8_SEQ_K; k++)
-                x[k] = k == one ? 1.0f : 0.0f;
-            memset(y, 0, sizeof y);
-            kn->gemv_seq_f8(rows, 1, F8_SEQ_K, w, F8_SEQ_K, x, F8_SEQ_K, y, (size_t)rows);
-            for (int r = 0; r < rows; r++)
-                seq &= y[r] == f8_want(w[(size_t)r * F8_SEQ_K + one]);
+        /* 1 takes the scaled-activation path of the x86 kernels, 300
+         * (>= 2^8) the per-weight multiply; both products are exact */
+        static const float ones[] = {1.0f, 300.0f};
+        for (int v = 0; v < 2; v++) {
+            for (int one = 0; one < F8_SEQ_K; one++) {
+                for (int k = 0; k < F8_SEQ_K; k++)
+                    x[k] = k == one ? ones[v] : 0.0f;
+                memset(y, 0, sizeof y);
+                kn->gemv_seq_f8(rows, 1, F8_SEQ_K, w, F8_SEQ_K, x, F8_SEQ_K, y, (size_t)rows);
+                for (int r = 0; r < rows; r++)
+                    seq &= y[r] == ones[v] * f8_want(w[(size_t)r * F8_SEQ_K + one]);
+            }
         }
         free(w);
     }
