@@ -362,11 +362,26 @@ typedef struct quant_job {
     int K;
 } quant_job;
 
+/* The quantized rows are held halved and their scales doubled: qx/2 is
+ * at most 224, below the 2^8 under which the x86 gemv_seq_f8 scales the
+ * activations instead of the weights (gemv_seq_x86.h), and the result is
+ * the same bits: every product and partial sum is halved exactly (they
+ * stay far above the subnormals) and (2·s_x·scale) · (Σ/2) is the same
+ * real number, rounded once, as (s_x·scale) · Σ. */
+#define ACT_HALF 0.5f
+#define ACT_TWICE 2.0f
+
 static void quant_part(void *ctx, int64_t begin, int64_t end, int tid)
 {
     (void)tid;
     const quant_job *q = ctx;
     ml_cpu_quantize_rows(q->qx, q->sx, q->x, (int)begin, (int)end, q->K);
+    for (int64_t m = begin; m < end; m++) {
+        float *qr = q->qx + (size_t)m * q->K;
+        for (int k = 0; k < q->K; k++)
+            qr[k] *= ACT_HALF;
+        q->sx[m] *= ACT_TWICE;
+    }
 }
 
 /* The act buffer with room for floats, grown if needed; NULL (latched)
