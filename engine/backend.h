@@ -161,6 +161,12 @@ typedef struct ml_backend_ops {
     void (*matmul_f8)(ml_backend *be, float *y, const float *x, const uint8_t *w,
                       const float *scale, const uint16_t *bias, int M, int K, int N,
                       int quant_x);
+    /* quant_x != 0: W8A8 dynamic per token (vLLM's numerics for the
+     * "FP8-dynamic" checkpoints): each row of x is quantized to E4M3 with
+     * s_x[m] = absmax_k |x[m][k]| / 448 (1 for a zero row), qx = E4M3(x /
+     * s_x) rounded to nearest even and saturated at ±448, and y = Σ qx·q ·
+     * (s_x[m]·scale[n]) + bias[n], summed in f32 (qx·q is exact). A row's
+     * result depends on that row alone. quant_x == 0: W8A16 as above. */
     /* Segmented LoRA after a matmul (PEFT LoraLayer.forward, one adapter per
      * segment): y[rows] += scale · ((x[rows] · aᵀ) · bᵀ) for each of the
      * n_segs segments (a host array borrowed for the call; rows of different

@@ -48,6 +48,7 @@ static const field fields[] = {
     STR("model", "adapters_dir", model.adapters_dir),
     STR("model", "cross_attention_row_mask", model.cross_attention_row_mask),
     STR("model", "weights", model.weights),
+    STR("model", "fp8_activations", model.fp8_activations),
     LONG("runtime", "kv_mib", runtime.kv_mib, 1, 1L << 24),
     LONG("runtime", "image_mib", runtime.image_mib, 1, 1L << 24),
     INT("runtime", "max_running", runtime.max_running, 1, 4096),
@@ -319,6 +320,12 @@ static int validate(svc_config *cfg, char *err, size_t errlen)
         return -1;
     }
     cfg->model.quantize_fp8 = !strcmp(cfg->model.weights, "fp8");
+    if (strcmp(cfg->model.fp8_activations, "bf16") && strcmp(cfg->model.fp8_activations, "fp8")) {
+        svc_errf(err, errlen, "model.fp8_activations: expected bf16 or fp8, got '%s'",
+                 cfg->model.fp8_activations);
+        return -1;
+    }
+    cfg->model.quant_activations = !strcmp(cfg->model.fp8_activations, "fp8");
     const char *topics[][2] = {{"kafka.request_topic", cfg->kafka.request_topic},
                                {"kafka.cancel_topic", cfg->kafka.cancel_topic},
                                {"kafka.dlt_topic", cfg->kafka.dlt_topic}};

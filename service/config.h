@@ -36,6 +36,8 @@ typedef struct svc_config {
         ml_row_mask_mode row_mask;       /* cross_attention_row_mask, parsed at validation */
         char weights[8];                 /* "stored" or "fp8" (quantize at load) */
         int quantize_fp8;                /* weights, parsed at validation */
+        char fp8_activations[8];         /* "bf16" (W8A16) or "fp8" (W8A8 per token) */
+        int quant_activations;           /* fp8_activations, parsed at validation */
     } model;
     struct {
         long kv_mib, image_mib;

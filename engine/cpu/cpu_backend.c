@@ -32,6 +32,7 @@ static void cpu_destroy(ml_backend *be)
     ml_cpu_group_release(cb->group);
     ml_cpu_graphs_destroy(cb->graphs);
     free(cb->scratch);
+    free(cb->act);
     free(cb);
 }
 

@@ -55,6 +55,11 @@ typedef struct ml_cpu_backend {
     ml_cpu_pool *pool;        /* owned */
     float *scratch;           /* owned: one region of scratch_floats per thread */
     size_t scratch_floats;
+    /* owned: W8A8's quantized activations and their row scales (matmul.c),
+     * grown to the largest matmul_f8 call with quant_x (the first step of
+     * each shape), so steady-state calls allocate nothing. */
+    float *act;
+    size_t act_floats;
 
     /* The first error since the last synchronize (ML_OK: none), and how
      * many were latched since create, the first or not. */
@@ -110,6 +115,11 @@ void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
 void ml_cpu_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w,
                       const float *scale, const uint16_t *bias, int M, int K, int N,
                       int quant_x);
+/* W8A8's activation quantizer (backend.h matmul_f8 with quant_x), rows
+ * [m0, m1) of x (M, K): sx[m] = absmax_k |x[m][k]| / 448, 1 for a zero
+ * row, and qx[m][k] = the E4M3 value nearest x[m][k] / sx[m] (ties to
+ * even, saturated at ±448) as an f32. No NaN in x. */
+void ml_cpu_quantize_rows(float *qx, float *sx, const float *x, int m0, int m1, int K);
 void ml_cpu_lora(ml_backend *be, float *y, const float *x, const ml_lora_segment *segs,
                  int n_segs, int K, int N, float *scratch, int max_rank);
 

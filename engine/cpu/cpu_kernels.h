@@ -104,35 +104,53 @@ extern const ml_cpu_kernels ml_cpu_kernels_plain;
 #if ML_CPU_X86
 extern const ml_cpu_kernels ml_cpu_kernels_avx2;
 extern const ml_cpu_kernels ml_cpu_kernels_avx512;
-/* AVX2's gemv_seq and its block, which the AVX-512 table shares: the
- * transpose, not the vector width, bounds it, and the order it must follow
- * is lane-free. */
+/* The gemv_seq block of the AVX2 and AVX-512 tables (gemv_seq_x86.h, the
+ * same 256-bit source in both): the transpose, not the vector width,
+ * bounds it, and the order it must follow is lane-free. */
 #define ML_CPU_GEMV_SEQ_AVX2_ROWS 32
 #define ML_CPU_GEMV_SEQ_AVX2_COLS 4
-void ml_cpu_gemv_seq_avx2(int rows, int cols, int k, const uint16_t *w, size_t ldw,
-                          const float *x, size_t ldx, float *y, size_t ldy);
-void ml_cpu_gemv_seq_f8_avx2(int rows, int cols, int k, const uint8_t *w, size_t ldw,
-                             const float *x, size_t ldx, float *y, size_t ldy);
 /* AVX2's widen_f8, which the AVX-512 table shares (it is load-bound). */
 void ml_cpu_widen_f8_avx2(uint16_t *dst, const uint8_t *src, size_t n);
 #endif
 
-/* widen_f8's arithmetic: a normal code (exponent e > 0) is the bf16 bits
- * (e + 127 - 7) << 7 | mantissa << 4; a subnormal, mantissa · 2^-9, is
- * exact in f32 and so are its top 16 bits. */
-#define ML_CPU_F8_BIAS_TO_BF16 (127u - 7u)
-#define ML_CPU_F8_MIN_NORMAL_MAG 8u
+/* The exact widening of an F8_E4M3 code c to f32 (every E4M3 value is an
+ * f32 and a bf16 value): the bits (c & 0x80) << 24 | (c & 0x7f) << 20
+ * read as f32 are the value times 2^-120 (the exponent bias 7 against
+ * f32's 127), a subnormal f32 for the E4M3 subnormals, and the multiply
+ * by ML_CPU_F8_REBIAS restores it exactly, the subnormals included. A
+ * vector kernel that has the code's sign in bit 31 and its 7 other bits
+ * at 26..20 of a lane keeps them with ML_CPU_F8_F32_MASK. The NaN codes,
+ * which no checkpoint holds (compressed-tensors clamps to ±448), widen to
+ * ±480. */
+#define ML_CPU_F8_SIGN_SHIFT 24
+#define ML_CPU_F8_MAG_SHIFT 20
+#define ML_CPU_F8_F32_MASK 0x87f00000u
+#define ML_CPU_F8_REBIAS 0x1p120f
+/* The value of code c times 2^-120: the bits before the multiply. */
+static inline float ml_cpu_f8_to_f32_unbiased(uint8_t c)
+{
+    const uint32_t u = (uint32_t)(c & 0x80u) << ML_CPU_F8_SIGN_SHIFT |
+                       (uint32_t)(c & 0x7fu) << ML_CPU_F8_MAG_SHIFT;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline float ml_cpu_f8_to_f32(uint8_t c)
+{
+    return ml_cpu_f8_to_f32_unbiased(c) * ML_CPU_F8_REBIAS;
+}
+
+/* widen_f8's arithmetic: the top half of ml_cpu_f8_to_f32 (exact: an
+ * E4M3 value has at most 4 significant bits). */
 static inline void ml_cpu_widen_f8_loop(uint16_t *restrict dst, const uint8_t *restrict src,
                                         size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        const uint32_t c = src[i], mag = c & 0x7fu;
-        const uint32_t normal = (mag << 4) + (ML_CPU_F8_BIAS_TO_BF16 << 7);
-        const float f = (float)(int32_t)mag * 0x1p-9f;
-        uint32_t fb;
-        memcpy(&fb, &f, sizeof fb);
-        const uint32_t r = mag >= ML_CPU_F8_MIN_NORMAL_MAG ? normal : fb >> 16;
-        dst[i] = (uint16_t)(r | (c & 0x80u) << 8);
+        const float f = ml_cpu_f8_to_f32(src[i]);
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        dst[i] = (uint16_t)(u >> 16);
     }
 }
 

@@ -187,176 +187,9 @@ static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const
     }
 }
 
-/* ---- gemv_seq ----------------------------------------------------------------- */
+/* ---- gemv_seq: gemv_seq_x86.h ------------------------------------------------- */
 
-/* Lanes = 8 weight rows; SEQ_GROUPS of them are interleaved so that as many
- * independent FMA chains hide the FMA latency at one activation row. */
-#define SEQ_GROUPS (ML_CPU_GEMV_SEQ_AVX2_ROWS / LANES)
-#define SEQ_COLS ML_CPU_GEMV_SEQ_AVX2_COLS
-/* k per transposed chunk: 16 bf16 = 8 dwords of each of the 8 rows. */
-#define SEQ_CHUNK 16
-
-/* The weights are bf16 or, for gemv_seq_f8, F8_E4M3 codes widened to bf16
- * as they are loaded (the arithmetic of ml_cpu_widen_f8_loop; the
- * subnormals from `sub`, their eight bf16 values, by byte shuffle): the
- * same bf16 values in registers, so both compute the same bits. Row
- * pointers are bytes; f8 is a compile-time constant in every caller. */
-typedef struct seq_weights {
-    int f8;
-    __m128i sub; /* f8: bf16 of codes 0..7 (mantissa · 2^-9) */
-} seq_weights;
-
-/* The 8 bf16 weights from k = p of the row at wr. */
-ALWAYS_INLINE __m128i load8(const seq_weights *sw, const unsigned char *wr, int p)
-{
-    if (!sw->f8)
-        return _mm_loadu_si128((const __m128i *)(wr + 2 * (size_t)p));
-    const __m128i c = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(wr + p)));
-    const __m128i mag = _mm_and_si128(c, _mm_set1_epi16(0x7f));
-    const __m128i normal = _mm_add_epi16(_mm_slli_epi16(mag, 4),
-                                         _mm_set1_epi16((short)(ML_CPU_F8_BIAS_TO_BF16 << 7)));
-    /* byte indices 2·mag (low) and 2·mag + 1 (high) into the eight entries */
-    const __m128i idx =
-        _mm_add_epi16(_mm_mullo_epi16(mag, _mm_set1_epi16(0x0202)), _mm_set1_epi16(0x0100));
-    const __m128i is_normal =
-        _mm_cmpgt_epi16(mag, _mm_set1_epi16((short)(ML_CPU_F8_MIN_NORMAL_MAG - 1)));
-    const __m128i r = _mm_blendv_epi8(_mm_shuffle_epi8(sw->sub, idx), normal, is_normal);
-    return _mm_or_si128(r, _mm_slli_epi16(_mm_and_si128(c, _mm_set1_epi16(0x80)), 8));
-}
-
-/* The weight at k = p of the row at wr, in f32 (the scalar tail). */
-ALWAYS_INLINE float load1(const seq_weights *sw, const unsigned char *wr, int p)
-{
-    if (sw->f8)
-        return ml_f8e4m3_to_f32(wr[p]);
-    uint16_t h;
-    memcpy(&h, wr + 2 * (size_t)p, sizeof h);
-    return ml_bf16_to_f32(h);
-}
-
-/* dwords [4h, 4h+4) of rows r and r+4 of 8 row pointers as one vector. */
-ALWAYS_INLINE __m256i rows_pair(const seq_weights *sw, const unsigned char *const wr[LANES],
-                                int r, int p)
-{
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(load8(sw, wr[r], p)),
-                                   load8(sw, wr[r + 4], p), 1);
-}
-
-/* acc[j] += one FMA per k of the 8 dwords (bf16 pairs) of 4 row pairs,
- * transposed in 128-bit lanes: v[q] holds dword q of rows 0..7, its low
- * half is k = 2q and its high half k = 2q + 1. */
-ALWAYS_INLINE void seq_half(const seq_weights *sw, const int cols,
-                            const unsigned char *const wr[LANES], int p, const float *x,
-                            size_t ldx, __m256 acc[SEQ_COLS])
-{
-    const __m256i hi_mask = _mm256_set1_epi32((int)0xffff0000u);
-    const __m256i a0 = rows_pair(sw, wr, 0, p), a1 = rows_pair(sw, wr, 1, p);
-    const __m256i a2 = rows_pair(sw, wr, 2, p), a3 = rows_pair(sw, wr, 3, p);
-    const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
-    const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
-    const __m256i v[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
-                          _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
-#pragma GCC unroll 4
-    for (int q = 0; q < 4; q++) {
-        const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v[q], 16));
-        const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v[q], hi_mask));
-#pragma GCC unroll 2
-        for (int j = 0; j < cols; j++) {
-            const float *xj = x + (size_t)j * ldx + p + 2 * q;
-            acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(xj), even, acc[j]);
-            acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(xj + 1), odd, acc[j]);
-        }
-    }
-}
-
-/* Rows [8·g0, 8·(g0 + G)) of the block, G = passes' group count: each
- * weight chunk is transposed once for all `cols` activation rows. */
-ALWAYS_INLINE void seq_pass(const seq_weights *sw, const int cols, const int G, int g0,
-                            int rows, int k, const unsigned char *w, size_t ldw, const float *x,
-                            size_t ldx, float *y, size_t ldy)
-{
-    const int groups = imin(G, (rows - g0 * LANES + LANES - 1) / LANES);
-    const size_t row_bytes = ldw * (sw->f8 ? 1 : sizeof(uint16_t));
-    const unsigned char *wr[SEQ_GROUPS][LANES];
-    __m256 acc[SEQ_GROUPS][SEQ_COLS];
-    for (int g = 0; g < groups; g++) {
-        /* rows past `rows` repeat the last one; their lanes are not stored */
-        for (int i = 0; i < LANES; i++)
-            wr[g][i] = w + (size_t)imin((g0 + g) * LANES + i, rows - 1) * row_bytes;
-        for (int j = 0; j < cols; j++)
-            acc[g][j] = _mm256_setzero_ps();
-    }
-    int p = 0;
-    for (; p + SEQ_CHUNK <= k; p += SEQ_CHUNK) {
-#pragma GCC unroll 4
-        for (int g = 0; g < G; g++) {
-            if (g < groups) {
-                seq_half(sw, cols, wr[g], p, x, ldx, acc[g]);
-                seq_half(sw, cols, wr[g], p + LANES, x, ldx, acc[g]);
-            }
-        }
-    }
-    for (; p < k; p++) {
-        for (int g = 0; g < groups; g++) {
-            float wf[LANES];
-            for (int i = 0; i < LANES; i++)
-                wf[i] = load1(sw, wr[g][i], p);
-            const __m256 wv = _mm256_loadu_ps(wf);
-            for (int j = 0; j < cols; j++)
-                acc[g][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + (size_t)j * ldx + p), wv,
-                                            acc[g][j]);
-        }
-    }
-    for (int g = 0; g < groups; g++) {
-        const __m256i mask = lane_mask(rows - (g0 + g) * LANES);
-        for (int j = 0; j < cols; j++) {
-            float *yj = y + (size_t)j * ldy + (size_t)(g0 + g) * LANES;
-            _mm256_maskstore_ps(yj, mask, _mm256_add_ps(_mm256_maskload_ps(yj, mask), acc[g][j]));
-        }
-    }
-}
-
-/* Up to two activation rows: all SEQ_GROUPS groups in one pass (enough
- * independent chains at one row); three or four: two passes of half the
- * groups, so the accumulators (groups x cols) still fit 16 registers. */
-ALWAYS_INLINE void seq_block(const seq_weights *sw, const int cols, int rows, int k,
-                             const unsigned char *w, size_t ldw, const float *x, size_t ldx,
-                             float *y, size_t ldy)
-{
-    const int G = cols <= 2 ? SEQ_GROUPS : SEQ_GROUPS / 2;
-    for (int g0 = 0; g0 * LANES < rows; g0 += G)
-        seq_pass(sw, cols, G, g0, rows, k, w, ldw, x, ldx, y, ldy);
-}
-
-ALWAYS_INLINE void seq_cols(const seq_weights *sw, int rows, int cols, int k,
-                            const unsigned char *w, size_t ldw, const float *x, size_t ldx,
-                            float *y, size_t ldy)
-{
-    switch (cols) {
-    case 1: seq_block(sw, 1, rows, k, w, ldw, x, ldx, y, ldy); break;
-    case 2: seq_block(sw, 2, rows, k, w, ldw, x, ldx, y, ldy); break;
-    case 3: seq_block(sw, 3, rows, k, w, ldw, x, ldx, y, ldy); break;
-    case 4: seq_block(sw, 4, rows, k, w, ldw, x, ldx, y, ldy); break;
-    default: assert(!"gemv_seq: cols out of range");
-    }
-}
-
-void ml_cpu_gemv_seq_avx2(int rows, int cols, int k, const uint16_t *w, size_t ldw,
-                          const float *x, size_t ldx, float *y, size_t ldy)
-{
-    const seq_weights sw = {.f8 = 0};
-    seq_cols(&sw, rows, cols, k, (const unsigned char *)w, ldw, x, ldx, y, ldy);
-}
-
-void ml_cpu_gemv_seq_f8_avx2(int rows, int cols, int k, const uint8_t *w, size_t ldw,
-                             const float *x, size_t ldx, float *y, size_t ldy)
-{
-    static const uint8_t subnormal_codes[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-    uint16_t sub[8];
-    ml_cpu_widen_f8_loop(sub, subnormal_codes, 8);
-    const seq_weights sw = {.f8 = 1, .sub = _mm_loadu_si128((const __m128i *)sub)};
-    seq_cols(&sw, rows, cols, k, w, ldw, x, ldx, y, ldy);
-}
+#include "cpu/gemv_seq_x86.h"
 
 /* ---- pack_block --------------------------------------------------------------- */
 
@@ -439,23 +272,19 @@ static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, flo
 
 /* ---- widen_f8 ------------------------------------------------------------------ */
 
-/* Eight codes at a time in 32-bit lanes, both cases computed and blended;
- * the tail through the plain loop. */
+/* Eight codes at a time in 32-bit lanes, ml_cpu_f8_to_f32's arithmetic
+ * from the sign-extended code (sign in bits 31..7, shifted so that bit 7
+ * lands on 27 and masked); the tail through the plain loop. */
 void ml_cpu_widen_f8_avx2(uint16_t *dst, const uint8_t *src, size_t n)
 {
-    const __m256i low7 = _mm256_set1_epi32(0x7f), sign = _mm256_set1_epi32(0x80);
-    const __m256i bias = _mm256_set1_epi32((int)(ML_CPU_F8_BIAS_TO_BF16 << 7));
-    const __m256i min_normal = _mm256_set1_epi32((int)ML_CPU_F8_MIN_NORMAL_MAG - 1);
-    const __m256 sub_step = _mm256_set1_ps(0x1p-9f);
+    const __m256i mask = _mm256_set1_epi32((int)ML_CPU_F8_F32_MASK);
+    const __m256 rebias = _mm256_set1_ps(ML_CPU_F8_REBIAS);
     size_t i = 0;
     for (; i + LANES <= n; i += LANES) {
-        const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(src + i)));
-        const __m256i mag = _mm256_and_si256(c, low7);
-        const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(mag, 4), bias);
-        const __m256i sub = _mm256_srli_epi32(
-            _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mag), sub_step)), 16);
-        __m256i r = _mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(mag, min_normal));
-        r = _mm256_or_si256(r, _mm256_slli_epi32(_mm256_and_si256(c, sign), 8));
+        const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(src + i)));
+        const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(c, ML_CPU_F8_MAG_SHIFT), mask);
+        const __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(bits), rebias);
+        const __m256i r = _mm256_srli_epi32(_mm256_castps_si256(f), 16);
         /* packus works per 128-bit lane: [r0-3 r0-3 | r4-7 r4-7] -> r0-7 */
         const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
         _mm_storeu_si128((__m128i *)(dst + i), _mm256_castsi256_si128(p));
@@ -471,8 +300,8 @@ const ml_cpu_kernels ml_cpu_kernels_avx2 = {
     .gemv = gemv,
     .gemv_rows = GEMV_ROWS,
     .gemv_cols = GEMV_COLS,
-    .gemv_seq = ml_cpu_gemv_seq_avx2,
-    .gemv_seq_f8 = ml_cpu_gemv_seq_f8_avx2,
+    .gemv_seq = gemv_seq,
+    .gemv_seq_f8 = gemv_seq_f8,
     .gemv_seq_rows = ML_CPU_GEMV_SEQ_AVX2_ROWS,
     .gemv_seq_cols = ML_CPU_GEMV_SEQ_AVX2_COLS,
     .pack_block = pack_block,

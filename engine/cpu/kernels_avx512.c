@@ -173,6 +173,10 @@ static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const
     }
 }
 
+/* ---- gemv_seq: gemv_seq_x86.h, EVEX-encoded here ------------------------------- */
+
+#include "cpu/gemv_seq_x86.h"
+
 /* ---- pack_block --------------------------------------------------------------- */
 
 /* 16 rows of 16 bf16 → f32, transposed in registers: three rounds of
@@ -274,8 +278,8 @@ const ml_cpu_kernels ml_cpu_kernels_avx512 = {
     .gemv = gemv,
     .gemv_rows = GEMV_ROWS,
     .gemv_cols = GEMV_COLS,
-    .gemv_seq = ml_cpu_gemv_seq_avx2,
-    .gemv_seq_f8 = ml_cpu_gemv_seq_f8_avx2,
+    .gemv_seq = gemv_seq,
+    .gemv_seq_f8 = gemv_seq_f8,
     .gemv_seq_rows = ML_CPU_GEMV_SEQ_AVX2_ROWS,
     .gemv_seq_cols = ML_CPU_GEMV_SEQ_AVX2_COLS,
     .pack_block = pack_block,

@@ -32,8 +32,19 @@
  * model); applying s to the sum is that product summed in another order,
  * within the f32 rounding of the bf16 path. Applying it per element in
  * bf16, bf16(q · s), would instead match a bf16 model's decompression and
- * be 2^-9 relative per weight away from the f32 reference. */
-#include <assert.h>
+ * be 2^-9 relative per weight away from the f32 reference.
+ *
+ * W8A8 (matmul_f8 with quant_x): the rows of x are first quantized once
+ * per call, in parallel by rows (ml_cpu_quantize_rows), to E4M3 values
+ * held as f32 in the backend's act buffer with their scales s_x; the FP8
+ * driver above then runs on them unchanged, and the finish multiplies
+ * each sum by s_x[m] · scale[n] instead of scale[n]. A row's quantization
+ * reads that row only and its sum is the driver's, so batch invariance
+ * holds as for W8A16. qx · q is exact in f32 (two 4-bit significands), so
+ * the only rounding past the quantization is the f32 sum's. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cpu/cpu_internal.h"
 #include "dtype.h"
@@ -57,6 +68,7 @@ typedef struct matmul_job {
     const uint16_t *w;  /* (N, K) bf16, or NULL when w8 is set */
     const uint8_t *w8;  /* (N, K) F8_E4M3, or NULL */
     const float *scale; /* (N) of w8 */
+    const float *xscale; /* (M) s_x of W8A8 (x holds the quantized rows), or NULL */
     const uint16_t *bias; /* (N) bf16 or NULL */
     int M, K, N, accumulate; /* accumulate is 0 for w8 */
     const ml_cpu_backend *cb;
@@ -124,15 +136,17 @@ static void init_block(const matmul_job *j, int m0, int m1, int n0, int n1)
     }
 }
 
-/* FP8: y[m0..m1, n0..n1] = scale · (the finished sum) + bias. */
+/* FP8: y[m0..m1, n0..n1] = (s_x · scale) · (the finished sum) + bias, s_x
+ * = 1 for W8A16 (1 · scale is scale exactly). */
 static void finish_block(const matmul_job *j, int m0, int m1, int n0, int n1)
 {
     if (!j->w8)
         return;
     for (int m = m0; m < m1; m++) {
         float *yr = j->y + (size_t)m * j->N;
+        const float sx = j->xscale ? j->xscale[m] : 1.0f;
         for (int n = n0; n < n1; n++)
-            yr[n] = j->scale[n] * yr[n] + bias_at(j->bias, n);
+            yr[n] = sx * j->scale[n] * yr[n] + bias_at(j->bias, n);
     }
 }
 
@@ -293,12 +307,116 @@ void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
                          .accumulate = accumulate, .cb = cb});
 }
 
+/* ---- W8A8: the activation quantizer ---------------------------------------- */
+
+/* E4M3's smallest normal, 2^-6, and the subnormals' step count per unit,
+ * 2^9 (a subnormal is a multiple of 2^-9). */
+#define F8_MIN_NORMAL 0x1p-6f
+#define F8_SUBNORMAL_STEPS 0x1p9f
+/* The f32 mantissa bits below E4M3's 3, and the half of their unit. */
+#define F8_DROPPED_BITS 0xfffffu
+#define F8_DROPPED_HALF 0x7ffffu
+#define F8_KEPT_LSB_SHIFT 20
+
+/* The E4M3 value nearest v (ties to even, saturated at ±448) as an f32:
+ * dtype.c's ml_f32_to_f8e4m3 followed by the exact widening, without the
+ * code in between. */
+static inline float round_f8(float v)
+{
+    float a = fabsf(v);
+    if (a >= ML_F8E4M3_MAX) {
+        a = ML_F8E4M3_MAX;
+    } else if (a < F8_MIN_NORMAL) {
+        /* both scalings are exact; nearbyint rounds ties to even */
+        a = nearbyintf(a * F8_SUBNORMAL_STEPS) / F8_SUBNORMAL_STEPS;
+    } else {
+        /* the mantissa rounded to 3 bits, a carry into the exponent; below
+         * 448 it cannot pass 448 (the midpoint to the next step is 464) */
+        uint32_t u;
+        memcpy(&u, &a, sizeof u);
+        u += F8_DROPPED_HALF + ((u >> F8_KEPT_LSB_SHIFT) & 1u);
+        u &= ~F8_DROPPED_BITS;
+        memcpy(&a, &u, sizeof a);
+    }
+    return copysignf(a, v);
+}
+
+void ml_cpu_quantize_rows(float *qx, float *sx, const float *x, int m0, int m1, int K)
+{
+    for (int m = m0; m < m1; m++) {
+        const float *xr = x + (size_t)m * K;
+        float *qr = qx + (size_t)m * K;
+        float amax = 0.0f;
+        for (int k = 0; k < K; k++)
+            amax = fmaxf(amax, fabsf(xr[k]));
+        const float s = amax > 0.0f ? amax / ML_F8E4M3_MAX : 1.0f;
+        for (int k = 0; k < K; k++)
+            qr[k] = round_f8(xr[k] / s);
+        sx[m] = s;
+    }
+}
+
+typedef struct quant_job {
+    float *qx, *sx;
+    const float *x;
+    int K;
+} quant_job;
+
+/* The quantized rows are held halved and their scales doubled: qx/2 is
+ * at most 224, below the 2^8 under which the x86 gemv_seq_f8 scales the
+ * activations instead of the weights (gemv_seq_x86.h), and the result is
+ * the same bits: every product and partial sum is halved exactly (they
+ * stay far above the subnormals) and (2·s_x·scale) · (Σ/2) is the same
+ * real number, rounded once, as (s_x·scale) · Σ. */
+#define ACT_HALF 0.5f
+#define ACT_TWICE 2.0f
+
+static void quant_part(void *ctx, int64_t begin, int64_t end, int tid)
+{
+    (void)tid;
+    const quant_job *q = ctx;
+    ml_cpu_quantize_rows(q->qx, q->sx, q->x, (int)begin, (int)end, q->K);
+    for (int64_t m = begin; m < end; m++) {
+        float *qr = q->qx + (size_t)m * q->K;
+        for (int k = 0; k < q->K; k++)
+            qr[k] *= ACT_HALF;
+        q->sx[m] *= ACT_TWICE;
+    }
+}
+
+/* The act buffer with room for floats, grown if needed; NULL (latched)
+ * when it cannot be. */
+static float *act_buffer(ml_cpu_backend *cb, size_t floats)
+{
+    if (floats <= cb->act_floats)
+        return cb->act;
+    const size_t bytes = (floats * sizeof(float) + ML_CPU_ALIGN - 1) / ML_CPU_ALIGN * ML_CPU_ALIGN;
+    float *p = aligned_alloc(ML_CPU_ALIGN, bytes);
+    if (!p) {
+        ml_cpu_latch(cb, ML_ERR_NOMEM, "matmul_f8", "%zu bytes of quantized activations", bytes);
+        return NULL;
+    }
+    free(cb->act);
+    cb->act = p;
+    cb->act_floats = floats;
+    return p;
+}
+
 void ml_cpu_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w,
                       const float *scale, const uint16_t *bias, int M, int K, int N,
                       int quant_x)
 {
-    assert(!quant_x); /* W8A16 only: the model never asks this backend for W8A8 */
     ml_cpu_backend *cb = ml_cpu_of(be);
-    run(cb, (matmul_job){.y = y, .x = x, .w8 = w, .scale = scale, .bias = bias, .M = M, .K = K,
-                         .N = N, .cb = cb});
+    matmul_job job = {.y = y, .x = x, .w8 = w, .scale = scale, .bias = bias, .M = M, .K = K,
+                      .N = N, .cb = cb};
+    if (quant_x && M > 0 && N > 0) {
+        float *qx = act_buffer(cb, (size_t)M * K + (size_t)M);
+        if (!qx)
+            return;
+        quant_job q = {.qx = qx, .sx = qx + (size_t)M * K, .x = x, .K = K};
+        ml_cpu_pool_for(cb->pool, M, ml_cpu_grain((double)K), quant_part, &q);
+        job.x = q.qx;
+        job.xscale = q.sx;
+    }
+    run(cb, job);
 }

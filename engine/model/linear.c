@@ -15,7 +15,7 @@ void ml_linear(ml_model *m, float *y, const float *x, const ml_weight *w, const 
     assert(w->rows == N && w->cols == K);
     const uint16_t *b = bias ? bias->data : NULL;
     if (w->f8) /* matmul_f8 is present: the model refuses FP8 weights elsewhere at load */
-        be->ops->matmul_f8(be, y, x, w->f8, w->scale, b, M, K, N, 0);
+        be->ops->matmul_f8(be, y, x, w->f8, w->scale, b, M, K, N, m->quant_x);
     else
         be->ops->matmul(be, y, x, w->data, b, M, K, N, 0);
 

@@ -65,6 +65,13 @@ typedef struct ml_model_limits {
      * (model.weights = "fp8"; ml_quant_config_fp8_at_load); a checkpoint
      * that is already quantized loads as stored. 0: every weight as stored. */
     int quantize_fp8;
+    /* 1: W8A8, the FP8 Linears quantize their activations per token at run
+     * time (model.fp8_activations = "fp8": vLLM's numerics; backend.h
+     * matmul_f8 quant_x); the load fails with ML_ERR_INVALID_ARG unless the
+     * weights are FP8 (an FP8 checkpoint, whatever its input_activations,
+     * or quantize_fp8). 0: W8A16, activations kept in f32 (transformers'
+     * decompressed reference). */
+    int fp8_activations;
 } ml_model_limits;
 
 /* Defaults: 512-token steps, 32 sequences, 8 images per sequence, 16-token

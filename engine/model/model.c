@@ -92,6 +92,25 @@ static void text_layer_to_backend(ml_backend *be, ml_text_layer *l)
         to_backend(be, ws[i]);
 }
 
+/* W8A8 needs FP8 weights: an FP8 checkpoint or model.weights = "fp8".
+ * Dynamic per-token quantization takes nothing from the checkpoint (no
+ * calibrated activation scale), so it is allowed whatever the scheme says
+ * of input_activations: a W8A16 checkpoint (input_activations null, as
+ * quantize-at-load's scheme) runs as vLLM would run the FP8-dynamic one.
+ * Sets m->quant_x. */
+static ml_status check_fp8_activations(ml_model *m, char *err, size_t errlen)
+{
+    m->quant_x = 0;
+    if (!m->limits.fp8_activations)
+        return ML_OK;
+    if (m->cfg.quant.scheme == ML_QUANT_NONE)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "model: fp8 activations need FP8 weights (an FP8 checkpoint, or "
+                       "model.weights = \"fp8\")");
+    m->quant_x = 1;
+    return ML_OK;
+}
+
 /* m->w = m->host_weights with every data pointer replaced by the backend's
  * view of it (the same pointer on the CPU, one upload on a device). */
 static ml_status bind_backend_weights(ml_model *m, char *err, size_t errlen)
@@ -255,6 +274,8 @@ ml_status ml_model_load_shard(ml_model **out, const char *dir, ml_backend *be,
         goto fail;
     if (lim.quantize_fp8 && m->cfg.quant.scheme == ML_QUANT_NONE)
         ml_quant_config_fp8_at_load(&m->cfg.quant);
+    if ((st = check_fp8_activations(m, err, errlen)) != ML_OK)
+        goto fail;
     if ((st = ml_weights_create(&m->host_weights, m->ckpt, &m->cfg, err, errlen)) != ML_OK ||
         (st = bind_backend_weights(m, err, errlen)) != ML_OK)
         goto fail;

@@ -97,6 +97,9 @@ typedef struct ml_step_host {
 struct ml_model {
     ml_config cfg;
     ml_model_limits limits;
+    /* matmul_f8's quant_x for every FP8 Linear: limits.fp8_activations,
+     * checked against the scheme at load. */
+    int quant_x;
     ml_backend *be;            /* borrowed */
     ml_shard shard;
     ml_checkpoint *ckpt;       /* owned: the mmaps the host weights point into */

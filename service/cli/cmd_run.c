@@ -33,11 +33,12 @@ static void usage(FILE *f)
             "                  [--threads N] [--kv-mib N] [--image-mib N] [--backend auto|cpu|cuda]\n"
             "                  [--tp N [--devices 0,1,...]] [--cross-attention-row-mask MODE]\n"
             "                  [--date-string DATE] [--batch-invariant on|off] [--no-prefix-cache]\n"
-            "                  [--weights stored|fp8] [--memory-plan]\n"
+            "                  [--weights stored|fp8] [--fp8-activations bf16|fp8] [--memory-plan]\n"
             "       mllama run --model DIR --batch FILE.jsonl [--threads N] [--kv-mib N] [--image-mib N]\n"
             "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]]\n"
             "                  [--cross-attention-row-mask MODE] [--date-string DATE]\n"
-            "                  [--batch-invariant on|off] [--no-prefix-cache] [--weights stored|fp8]\n\n"
+            "                  [--batch-invariant on|off] [--no-prefix-cache] [--weights stored|fp8]\n"
+            "                  [--fp8-activations bf16|fp8]\n\n"
             "--prompt is raw text (special tokens parsed; <|begin_of_text|> is inserted after\n"
             "any leading <|image|> tokens when absent, as MllamaProcessor does); --chat wraps\n"
             "TEXT and the images in the Llama 3.2 Vision Instruct template, TEXT encoded as\n"
@@ -47,7 +48,9 @@ static void usage(FILE *f)
             "JSON mode: the answer is kept one JSON object and ends when it is complete.\n"
             "--weights fp8 quantizes a bf16 checkpoint's text-decoder Linears to FP8 at load\n"
             "(as the worker's model.weights); a compressed-tensors FP8 checkpoint loads as\n"
-            "stored either way.\n"
+            "stored either way. --fp8-activations fp8 (the worker's model.fp8_activations):\n"
+            "W8A8, the FP8 Linears quantize their activations per token as vLLM does; the\n"
+            "default bf16 keeps them in f32 (W8A16, transformers' decompressed numerics).\n"
             "--memory-plan prints one device's memory plan at load to stderr: weights by\n"
             "dtype, the K/V pool and image states of --kv-mib / --image-mib, the workspaces,\n"
             "what is left and the most K/V tokens or images that would fit.\n"
@@ -457,6 +460,7 @@ typedef struct run_opts {
     long kv_mib, image_mib;
     ml_row_mask_mode row_mask;
     int quantize_fp8; /* --weights fp8 */
+    int fp8_activations; /* --fp8-activations fp8 */
     job_spec spec;
 } run_opts;
 
@@ -515,6 +519,12 @@ static int parse_args(int argc, char **argv, run_opts *o)
                 return -1;
             }
             o->quantize_fp8 = !strcmp(v, "fp8");
+        } else if (!strcmp(a, "--fp8-activations")) {
+            if (strcmp(v, "bf16") && strcmp(v, "fp8")) {
+                fprintf(stderr, CMD ": %s: expected bf16 or fp8, got '%s'\n", a, v);
+                return -1;
+            }
+            o->fp8_activations = !strcmp(v, "fp8");
         } else if (!strcmp(a, "--cross-attention-row-mask")) {
             if (ml_row_mask_mode_parse(v, &o->row_mask)) {
                 fprintf(stderr, CMD ": %s: expected %s or %s, got '%s'\n", a,
@@ -625,6 +635,7 @@ static int ctx_init(run_ctx *c, const run_opts *o, int max_images)
     };
     ec.limits.row_mask = o->row_mask;
     ec.limits.quantize_fp8 = o->quantize_fp8;
+    ec.limits.fp8_activations = o->fp8_activations;
     if (o->logits_out)
         ec.limits.max_logit_rows = ec.limits.max_step_seqs;
     ec.runtime.max_running = ec.limits.max_step_seqs;

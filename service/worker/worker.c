@@ -380,8 +380,13 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
     ec.limits.max_seq_images = c->runtime.max_images_per_request;
     ec.limits.row_mask = c->model.row_mask;
     ec.limits.quantize_fp8 = c->model.quantize_fp8;
+    ec.limits.fp8_activations = c->model.quant_activations;
     if (ml_engine_open(&w->engine, &ec, err, errlen) != ML_OK)
         return -1;
+    if (c->model.quant_activations)
+        svc_log(SVC_LOG_INFO, "fp8_activations",
+                "W8A8: the FP8 Linears quantize their activations per token (vLLM's "
+                "numerics, not transformers' decompressed reference)");
     w->model = ml_engine_model(w->engine);
     w->tok = ml_engine_tokenizer(w->engine);
     w->rt = ml_engine_runtime(w->engine);

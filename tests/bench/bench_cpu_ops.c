@@ -187,6 +187,13 @@ static void mm_run_f8(void *ctx)
     j->be->ops->matmul_f8(j->be, j->y, j->x, j->w8, j->scale, NULL, j->M, j->K, j->N, 0);
 }
 
+/* W8A8: the activation rows quantized per call, then the same FP8 matmul. */
+static void mm_run_f8_a8(void *ctx)
+{
+    mm_job *j = ctx;
+    j->be->ops->matmul_f8(j->be, j->y, j->x, j->w8, j->scale, NULL, j->M, j->K, j->N, 1);
+}
+
 /* sweep: also the M values around the GEMV/GEMM switch (first shape only). */
 static void bench_gemv(ml_backend *be, int sweep)
 {
@@ -222,6 +229,9 @@ static void bench_gemv(ml_backend *be, int sweep)
             printf("  matmul_f8 M=%-2d K=%-5d N=%-5d %8.2f ms  weights %5.1f GB/s wall  "
                    "%.2fx the bf16 time\n",
                    j.M, K, N, t8.wall * 1e3, bytes / 2 / t8.wall / 1e9, t.wall / t8.wall);
+            timing ta = best_of(mm_run_f8_a8, &j, 7);
+            printf("  matmul_f8 W8A8 M=%-2d K=%-5d N=%-5d %8.2f ms  %.2fx the W8A16 time\n", j.M,
+                   K, N, ta.wall * 1e3, t8.wall / ta.wall);
             if (!sweep || s == 1)
                 break;
         }

@@ -2,19 +2,22 @@
 """Summaries and Markdown tables for the engine benchmarks (tests/bench/*.sh).
 Standard library only.
 
-    bench_report.py ours RUN.jsonl...
-        Best-of-runs timings of `mllama run --batch` outputs (RUN.wall next to
-        each RUN.jsonl holds the process wall seconds) as "key value" lines:
-        ours_<i>_<timing> for request i, and a wall-clock cross-check.
+    bench_report.py ours [--median] RUN.jsonl...
+        Best-of-runs (or median) timings of `mllama run --batch` outputs
+        (RUN.wall next to each RUN.jsonl holds the process wall seconds) as
+        "key value" lines: ours_<i>_<timing> for request i, and a wall-clock
+        cross-check.
     bench_report.py compare OURS.kv HF.kv...
         The engine-vs-transformers table. Ours: request 1 (the image
         transformers gets, a warm miss), request 0 (another image of the
         same size, first in a fresh process), request 2 (text only).
     bench_report.py bandwidth --model DIR --ours OURS.kv --read-gbs X [--kv-bytes 4]
         Decode bytes per step from config.json against the time per token.
-    bench_report.py fp8 --bf16 BF16.kv --fp8 FP8.kv
-        Decode ms/token of an FP8 checkpoint against its bf16 original, as a
-        ratio per request (fp8_decode.sh).
+    bench_report.py fp8 --bf16 BF16.kv... --fp8 FP8.kv...
+        Decode ms/token of an FP8 checkpoint against its bf16 original, per
+        request: the median and spread (min-max) of each over the runs and
+        of the ratio of each bf16 run to the fp8 run paired with it
+        (fp8_decode.sh alternates them, so a pair saw the same neighbours).
     bench_report.py runtime --cache OURS.kv B=RUN.jsonl[,RUN.jsonl...]...
         Throughput against concurrency (the fastest run of each B), and
         image-cache miss against hit.
@@ -76,8 +79,15 @@ def md_table(header, rows):
 # ---- ours ---------------------------------------------------------------------
 
 
+def median(vs):
+    vs = sorted(vs)
+    n = len(vs)
+    return vs[n // 2] if n % 2 else (vs[n // 2 - 1] + vs[n // 2]) / 2
+
+
 def cmd_ours(args):
     best, first = {}, None
+    every = {}
     walls = []
     for path in args.runs:
         reqs, agg = read_runs(path)
@@ -90,6 +100,9 @@ def cmd_ours(args):
             for k in TIMINGS:
                 key = "ours_%d_%s" % (r["index"], k)
                 best[key] = min(best.get(key, float("inf")), r["timings"][k])
+                every.setdefault(key, []).append(r["timings"][k])
+    if args.median:
+        best = {key: median(vs) for key, vs in every.items()}
     for key, v in best.items():
         print("%s %.2f" % (key, v))
     for r in first:
@@ -250,19 +263,28 @@ def cmd_bandwidth(args):
               % (args.goal, label, 100 * frac, "met" if 100 * frac >= args.goal else "NOT met"))
 
 
+def spread(vs, digits=2, unit=""):
+    return "%.*f%s (%.*f-%.*f)" % (digits, median(vs), unit, digits, min(vs), digits, max(vs))
+
+
 def cmd_fp8(args):
-    base, fp8 = read_kv([args.bf16]), read_kv([args.fp8])
-    rows = []
+    if len(args.bf16) != len(args.fp8):
+        sys.exit("fp8: as many bf16 runs as fp8 runs (they are paired)")
+    base, fp8 = [read_kv([p]) for p in args.bf16], [read_kv([p]) for p in args.fp8]
+    rows, verdicts = [], []
     for label, i in (("text only", 0), ("with 1 image", 1)):
-        a, b = num(base, "ours_%d_ms_per_token" % i), num(fp8, "ours_%d_ms_per_token" % i)
-        same = base["ours_%d_output_ids" % i] == fp8["ours_%d_output_ids" % i]
-        rows.append([label, "%.2f" % a, "%.2f" % b, "%.2fx" % (a / b),
+        key = "ours_%d_ms_per_token" % i
+        a, b = [num(kv, key) for kv in base], [num(kv, key) for kv in fp8]
+        ratios = [x / y for x, y in zip(a, b)]
+        same = base[0]["ours_%d_output_ids" % i] == fp8[0]["ours_%d_output_ids" % i]
+        rows.append([label, spread(a), spread(b), spread(ratios, unit="x"),
                      "same" if same else "differ"])
+        verdicts.append("%s %s" % (label, "met" if median(ratios) >= args.goal else "NOT met"))
+    print("%d paired runs; median (min-max)" % len(base))
     print(md_table(["decode", "bf16 ms/token", "fp8 ms/token", "speedup", "greedy tokens"],
                    rows))
     print()
-    print("goal >= %.1fx: %s" % (args.goal, ", ".join(
-        "%s %s" % (r[0], "met" if float(r[3][:-1]) >= args.goal else "NOT met") for r in rows)))
+    print("goal >= %.1fx (median): %s" % (args.goal, ", ".join(verdicts)))
 
 
 # ---- runtime ------------------------------------------------------------------------
@@ -334,6 +356,7 @@ def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
     o = sub.add_parser("ours")
+    o.add_argument("--median", action="store_true")
     o.add_argument("runs", nargs="+")
     c = sub.add_parser("compare")
     c.add_argument("ours")
@@ -347,8 +370,8 @@ def main():
     b.add_argument("--kv-bytes", type=int, default=4)
     b.add_argument("--goal", type=int, default=60)
     f = sub.add_parser("fp8")
-    f.add_argument("--bf16", required=True)
-    f.add_argument("--fp8", required=True)
+    f.add_argument("--bf16", required=True, nargs="+")
+    f.add_argument("--fp8", required=True, nargs="+")
     f.add_argument("--goal", type=float, default=1.8)
     r = sub.add_parser("runtime")
     r.add_argument("--cache", required=True)

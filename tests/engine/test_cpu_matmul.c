@@ -14,6 +14,7 @@
 
 #include "backend.h"
 #include "cpu/cpu_features.h"
+#include "cpu/cpu_internal.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu_ops_util.h"
 #include "dtype.h"
@@ -141,6 +142,9 @@ static void test_matmul_f8(ml_backend *be)
     uint16_t *bias = xmalloc((size_t)N * sizeof *bias);
     float *scale = xmalloc((size_t)N * sizeof *scale);
     fill(x, (size_t)MAX_M * K, -1, 1);
+    /* row 1 past 2^8: the x86 gemv_seq_f8 multiplies the weights instead of
+     * scaling the activations for the blocks it is in (the same bits) */
+    fill(x + K, K, -1000, 1000);
     fill_bf16(bias, (size_t)N, -1, 1);
     for (int n = 0; n < N; n++) {
         /* absmax / 448 of weights of magnitude ~0.01..1, held in bf16 */
@@ -187,6 +191,240 @@ static void test_matmul_f8(ml_backend *be)
     free(scale);
 }
 
+/* The FP8 widening of every one of the 256 codes, exact: ml_cpu_f8_to_f32
+ * against dtype.h's reference conversion (the NaN codes, which no
+ * checkpoint holds, widen to ±480), the ISA's widen_f8 (bf16 staging; from
+ * an odd offset so that vector steps and the tail both see codes), and the
+ * ISA's gemv_seq_f8 against one-hot activations (each output is then one
+ * product, the widened weight times 1). */
+enum { F8_CODES = 256, F8_SEQ_K = 16, F8_SEQ_MAX_ROWS = 32 };
+
+static float f8_want(int c)
+{
+    return (c & 0x7f) == 0x7f ? ((c & 0x80) ? -480.0f : 480.0f) : ml_f8e4m3_to_f32((uint8_t)c);
+}
+
+static void test_f8_codes(const ml_cpu_kernels *kn)
+{
+    int exact = 1, widen = 1, seq = 1;
+    for (int c = 0; c < F8_CODES; c++) {
+        const float got = ml_cpu_f8_to_f32((uint8_t)c), want = f8_want(c);
+        exact &= memcmp(&got, &want, sizeof got) == 0;
+    }
+    enum { OFFSET = 3 };
+    uint8_t src[F8_CODES + OFFSET];
+    uint16_t dst[F8_CODES + OFFSET];
+    for (int c = 0; c < F8_CODES; c++)
+        src[c + OFFSET] = (uint8_t)c;
+    kn->widen_f8(dst + OFFSET, src + OFFSET, F8_CODES);
+    for (int c = 0; c < F8_CODES; c++)
+        widen &= dst[c + OFFSET] == ml_f32_to_bf16(f8_want(c));
+    if (kn->gemv_seq_f8) {
+        /* rows x F8_SEQ_K codes cover all 256 (again each time the rows wrap) */
+        const int rows = kn->gemv_seq_rows;
+        check(rows <= F8_SEQ_MAX_ROWS, "gemv_seq_f8 [%s]: %d rows", ml_cpu_isa_name(kn->isa), rows);
+        uint8_t *w = xmalloc((size_t)rows * F8_SEQ_K);
+        float x[F8_SEQ_K], y[F8_SEQ_MAX_ROWS];
+        for (int r = 0; r < rows; r++)
+            for (int k = 0; k < F8_SEQ_K; k++)
+                w[(size_t)r * F8_SEQ_K + k] = (uint8_t)((r * F8_SEQ_K + k) % F8_CODES);
+        /* 1 takes the scaled-activation path of the x86 kernels, 300
+         * (>= 2^8) the per-weight multiply; both products are exact */
+        static const float ones[] = {1.0f, 300.0f};
+        for (int v = 0; v < 2; v++) {
+            for (int one = 0; one < F8_SEQ_K; one++) {
+                for (int k = 0; k < F8_SEQ_K; k++)
+                    x[k] = k == one ? ones[v] : 0.0f;
+                memset(y, 0, sizeof y);
+                kn->gemv_seq_f8(rows, 1, F8_SEQ_K, w, F8_SEQ_K, x, F8_SEQ_K, y, (size_t)rows);
+                for (int r = 0; r < rows; r++)
+                    seq &= y[r] == ones[v] * f8_want(w[(size_t)r * F8_SEQ_K + one]);
+            }
+        }
+        free(w);
+    }
+    check(exact, "ml_cpu_f8_to_f32: a code differs from ml_f8e4m3_to_f32");
+    check(widen, "widen_f8 [%s]: a code is not its exact bf16", ml_cpu_isa_name(kn->isa));
+    check(seq, "gemv_seq_f8 [%s]: a code is not widened exactly", ml_cpu_isa_name(kn->isa));
+}
+
+/* ---- W8A8 ----------------------------------------------------------------------- */
+
+/* The quantized value of v by dtype.c's conversion and back (the
+ * reference: an independent rounding of the same contract). */
+static float f8_round_ref(float v)
+{
+    return ml_f8e4m3_to_f32(ml_f32_to_f8e4m3(v));
+}
+
+/* The activation quantizer (ml_cpu_quantize_rows): the scale of random
+ * rows is absmax / 448 and each element the reference's E4M3 rounding of
+ * x / s; a zero row has scale 1 and zeros; a row with absmax 448 (scale 1)
+ * holding every midpoint between adjacent E4M3 values, positive and
+ * negative, normal and subnormal, rounds each to the neighbour with the
+ * even code; and the absmax element of every random row is ±448 exactly,
+ * saturated where x / s rounds above 448 (found and counted). */
+static void test_quantize_rows(void)
+{
+    enum { K = 257, RANDOM_ROWS = 64, TIES = 2 * 126 + 1 };
+    float *x = xmalloc((size_t)(RANDOM_ROWS + 1) * K * sizeof *x);
+    float *qx = xmalloc((size_t)(RANDOM_ROWS + 1) * K * sizeof *qx);
+    float sx[RANDOM_ROWS + 1];
+    /* run on one path only: keep its draws out of the stream the cases
+     * compared across paths share */
+    const uint64_t rng = ml_test_rng;
+    int scale_ok = 1, elems_ok = 1, absmax_ok = 1, over = 0;
+    /* random rows of magnitudes 2^-20 .. 2^20 (scales far from 1) */
+    for (int m = 0; m < RANDOM_ROWS; m++) {
+        const float mag = ldexpf(1.0f, irand(41) - 20);
+        fill(x + (size_t)m * K, K, -mag, mag);
+    }
+    memset(x + (size_t)RANDOM_ROWS * K, 0, K * sizeof *x);
+    ml_cpu_quantize_rows(qx, sx, x, 0, RANDOM_ROWS + 1, K);
+    for (int m = 0; m < RANDOM_ROWS; m++) {
+        const float *xr = x + (size_t)m * K, *qr = qx + (size_t)m * K;
+        float amax = 0.0f;
+        for (int k = 0; k < K; k++)
+            amax = fmaxf(amax, fabsf(xr[k]));
+        const float s = amax / ML_F8E4M3_MAX;
+        scale_ok &= sx[m] == s;
+        for (int k = 0; k < K; k++) {
+            elems_ok &= qr[k] == f8_round_ref(xr[k] / s);
+            if (fabsf(xr[k]) == amax) {
+                absmax_ok &= fabsf(qr[k]) == ML_F8E4M3_MAX;
+                over += fabsf(xr[k] / s) > ML_F8E4M3_MAX;
+            }
+        }
+    }
+    int zero_ok = sx[RANDOM_ROWS] == 1.0f;
+    for (int k = 0; k < K; k++)
+        zero_ok &= qx[(size_t)RANDOM_ROWS * K + k] == 0.0f;
+    /* the ties row: 448 first (scale 1), then the midpoints of codes
+     * c, c + 1 for c = 0 .. 125 (126 is 448's code), each sign */
+    float ties[TIES];
+    ties[0] = ML_F8E4M3_MAX;
+    for (int c = 0; c < 126; c++) {
+        const float mid = (ml_f8e4m3_to_f32((uint8_t)c) + ml_f8e4m3_to_f32((uint8_t)(c + 1))) / 2;
+        ties[1 + 2 * c] = mid;
+        ties[2 + 2 * c] = -mid;
+    }
+    ml_cpu_quantize_rows(qx, sx, ties, 0, 1, TIES);
+    int ties_ok = sx[0] == 1.0f;
+    for (int c = 0; c < 126; c++) {
+        const int even = c % 2 == 0 ? c : c + 1;
+        const float want = ml_f8e4m3_to_f32((uint8_t)even);
+        ties_ok &= qx[1 + 2 * c] == want && qx[2 + 2 * c] == -want;
+    }
+    check(scale_ok, "quantize_rows: a scale is not absmax / 448");
+    check(elems_ok, "quantize_rows: an element is not the E4M3 rounding of x / s");
+    check(absmax_ok, "quantize_rows: an absmax element is not ±448 (%d rounded above 448)", over);
+    check(zero_ok, "quantize_rows: a zero row is not scale 1 and zeros");
+    check(ties_ok, "quantize_rows: a midpoint does not round to the even code");
+    printf("  quantize_rows: %d rows, %d absmax elements saturated from above 448, %d ties\n",
+           RANDOM_ROWS, over, 2 * 126);
+    rand_seed(rng);
+    free(x);
+    free(qx);
+}
+
+/* matmul_f8 with quant_x against a double reference of the contract (the
+ * quantizer's qx and s_x, q widened, Σ qx·q in double times s_x·scale plus
+ * bias), within the f32 summation bound of test_matmul_case (qx·q is
+ * exact, so the sum is the only rounding past the quantization, with one
+ * more for the scale product); bitwise equal to the W8A16 op run on the
+ * quantized rows with its scale times s_x (the same driver, so the
+ * regimes' batch invariance carries over), at every M on both sides of
+ * the GEMV/GEMM switch, with and without bias; a zero row gives the bias;
+ * and a batch equals its rows alone. */
+static void test_matmul_f8_a8(ml_backend *be)
+{
+    enum { K = 1031, N = 67, MAX_M = 40 };
+    float *x = xmalloc((size_t)MAX_M * K * sizeof *x);
+    float *qx = xmalloc((size_t)MAX_M * K * sizeof *qx);
+    float sx[MAX_M];
+    float *y = xmalloc((size_t)MAX_M * N * sizeof *y);
+    float *y16 = xmalloc((size_t)MAX_M * N * sizeof *y16);
+    float *alone = xmalloc((size_t)MAX_M * N * sizeof *alone);
+    uint8_t *w8 = xmalloc((size_t)N * K);
+    uint16_t *bias = xmalloc((size_t)N * sizeof *bias);
+    float *scale = xmalloc((size_t)N * sizeof *scale);
+    float *srow = xmalloc((size_t)N * sizeof *srow);
+    fill(x, (size_t)MAX_M * K, -2, 2);
+    memset(x + (size_t)3 * K, 0, K * sizeof *x); /* row 3 is zero */
+    fill_bf16(bias, (size_t)N, -1, 1);
+    for (int n = 0; n < N; n++) {
+        scale[n] = ml_round_bf16(frand(0.01f, 1.0f) / ML_F8E4M3_MAX);
+        for (int k = 0; k < K; k++) {
+            uint8_t c = (uint8_t)irand(256);
+            w8[(size_t)n * K + k] = (c & 0x7f) == 0x7f ? c ^ 1 : c;
+        }
+    }
+    ml_cpu_quantize_rows(qx, sx, x, 0, MAX_M, K);
+    double worst = 0;
+    int bound_ok = 1, same = 1, first_bad = 0, zero_ok = 1;
+    for (int M = 1; M <= MAX_M; M++) {
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            const uint16_t *b = with_bias ? bias : NULL;
+            be->ops->matmul_f8(be, y, x, w8, scale, b, M, K, N, 1);
+            int ok = 1;
+            for (int m = 0; m < M; m++) {
+                for (int n = 0; n < N; n++)
+                    srow[n] = sx[m] * scale[n];
+                be->ops->matmul_f8(be, y16 + (size_t)m * N, qx + (size_t)m * K, w8, srow, b, 1, K,
+                                   N, 0);
+            }
+            ok &= memcmp(y, y16, (size_t)M * N * sizeof *y) == 0;
+            if (!ok && same)
+                first_bad = M;
+            same &= ok;
+            if (M != MAX_M)
+                continue;
+            for (int m = 0; m < M; m++) {
+                for (int n = 0; n < N; n++) {
+                    double s = 0, a = 0;
+                    for (int k = 0; k < K; k++) {
+                        const double p = (double)qx[(size_t)m * K + k] *
+                                         ml_f8e4m3_to_f32(w8[(size_t)n * K + k]);
+                        s += p;
+                        a += fabs(p);
+                    }
+                    const double sc = (double)sx[m] * scale[n];
+                    const double bn = with_bias ? ml_bf16_to_f32(bias[n]) : 0.0;
+                    const double want = s * sc + bn, got = y[(size_t)m * N + n];
+                    const double bound = (K + 3) * U * (a * sc + fabs(bn)) * 1.01;
+                    bound_ok &= fabs(got - want) <= bound;
+                    if (bound > 0 && fabs(got - want) / bound > worst)
+                        worst = fabs(got - want) / bound;
+                    if (m == 3)
+                        zero_ok &= got == (float)bn;
+                }
+            }
+        }
+    }
+    check(bound_ok, "matmul_f8 W8A8 [%s]: beyond the f32 summation bound of the double "
+          "reference (worst err/bound %.3g)", g_isa, worst);
+    check(same, "matmul_f8 W8A8 [%s]: M = %d is not the W8A16 op on the quantized rows", g_isa,
+          first_bad);
+    check(zero_ok, "matmul_f8 W8A8 [%s]: a zero row is not the bias", g_isa);
+    for (int m = 0; m < MAX_M; m++)
+        be->ops->matmul_f8(be, alone + (size_t)m * N, x + (size_t)m * K, w8, scale, bias, 1, K, N,
+                           1);
+    be->ops->matmul_f8(be, y, x, w8, scale, bias, MAX_M, K, N, 1);
+    check(memcmp(y, alone, (size_t)MAX_M * N * sizeof *y) == 0,
+          "matmul_f8 W8A8 [%s]: a batch of %d rows differs from the rows alone", g_isa, MAX_M);
+    printf("  matmul_f8 W8A8 [%s]: worst err/bound %.3g against the double reference\n", g_isa,
+           worst);
+    free(x);
+    free(qx);
+    free(y);
+    free(y16);
+    free(alone);
+    free(w8);
+    free(bias);
+    free(scale);
+    free(srow);
+}
+
 /* LoRA's gemv: dot (r, j) of every block shape equals the 1 x 1 block's, bit for bit. */
 static void test_gemv_kernel(const ml_cpu_kernels *kn)
 {
@@ -231,10 +469,15 @@ static void test_gemv_kernel(const ml_cpu_kernels *kn)
 static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
 {
     test_gemv_kernel(ml_cpu_kernels_for(isa));
+    test_f8_codes(ml_cpu_kernels_for(isa));
+    if (isa == ML_CPU_ISA_PLAIN) /* the quantizer is plain C on every ISA */
+        test_quantize_rows();
     test_matmul(be);
     test_matmul_batch_invariance(be[1]);
     test_matmul_f8(be[0]);
     test_matmul_f8(be[1]);
+    test_matmul_f8_a8(be[0]);
+    test_matmul_f8_a8(be[1]);
 }
 
 int main(void)

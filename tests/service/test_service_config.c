@@ -3,7 +3,8 @@
  * default) or "transformers" from every source (file, environment, --set),
  * and any other value is refused with an error naming the key and the two
  * values; model.weights takes "stored" (the default) or "fp8" (quantize at
- * load), likewise. */
+ * load), and model.fp8_activations "bf16" (the default, W8A16) or "fp8"
+ * (W8A8), likewise. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +98,15 @@ static void test_weights(void)
     int rc = load(&cfg, NULL, "model.weights=int8", err, sizeof err);
     check(rc == -1 && strstr(err, "model.weights: expected stored or fp8, got 'int8'"),
           "model.weights=int8 refused: %s", rc ? err : "accepted");
+    check(load(&cfg, NULL, NULL, err, sizeof err) == 0 && cfg.model.quant_activations == 0 &&
+              !strcmp(cfg.model.fp8_activations, "bf16"),
+          "model.fp8_activations defaults to bf16: %s", err);
+    check(load(&cfg, NULL, "model.fp8_activations=fp8", err, sizeof err) == 0 &&
+              cfg.model.quant_activations == 1,
+          "model.fp8_activations=fp8: %s", err);
+    rc = load(&cfg, NULL, "model.fp8_activations=int8", err, sizeof err);
+    check(rc == -1 && strstr(err, "model.fp8_activations: expected bf16 or fp8, got 'int8'"),
+          "model.fp8_activations=int8 refused: %s", rc ? err : "accepted");
 }
 
 int main(void)
