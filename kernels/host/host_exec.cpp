@@ -15,6 +15,7 @@
 #include "mlk_host.h"
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define MLK_HOST_ASAN 1
 #endif
@@ -308,6 +309,11 @@ fiber *fiber_new(unsigned index)
     if (stack == MAP_FAILED)
         fail("out of memory for fiber stacks");
     mprotect(stack, (size_t)sysconf(_SC_PAGESIZE), PROT_NONE);
+#ifdef MLK_HOST_ASAN
+    /* The mapping may reuse the addresses of an exited thread's stack, whose
+     * frames' redzones ASan's shadow still marks: fresh memory has none. */
+    ASAN_UNPOISON_MEMORY_REGION(stack, STACK_BYTES);
+#endif
     fiber *f = new fiber();
     f->stack = stack;
     context_init(&f->ctx, stack, STACK_BYTES - index % STACK_COLOURS * STACK_COLOUR_BYTES,
