@@ -4,7 +4,8 @@
 #      themselves without a device; the CUDA backend is compiled when nvcc exists),
 #   2. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer,
 #   3. the CUDA backend executed on the host (MLLAMA_CUDA=HOST, kernels/README.md):
-#      the cuda_host tests, in release and under ASan + UBSan,
+#      the op tests in release under three schedule orders, then every cuda_host
+#      test (the whole-model ones too) under ASan + UBSan,
 #   4. every libFuzzer target for a short run (clang).
 # Build trees go to build-test*/ at the repository root. Exits non-zero on the
 # first failing stage.
@@ -34,25 +35,30 @@ stage "sanitizer tests"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-test-asan -LE "bench|gpu" -j"$jobs" --output-on-failure --timeout 1800
 
-# Only the targets of one label (the host builds need nothing else).
-label_targets() { # build dir, label
-  ctest --test-dir "$1" -N -L "$2" | sed -n 's/.*Test *#[0-9]*: //p' | tr '\n' ' '
+# Only the targets of the tests a label selection picks (the host builds need
+# nothing else).
+label_targets() { # build dir, ctest label options
+  local dir=$1
+  shift
+  ctest --test-dir "$dir" -N "$@" | sed -n 's/.*Test *#[0-9]*: //p' | tr '\n' ' '
 }
 
 stage "host CUDA build (MLLAMA_CUDA=HOST)"
 cmake -S . -B build-test-host -DCMAKE_BUILD_TYPE=Release -DMLLAMA_CUDA=HOST >/dev/null
-cmake --build build-test-host -j"$jobs" --target $(label_targets build-test-host cuda_host)
+# The op tests and the emulator's own; the whole-model tests (label
+# cuda_model) run once, in the sanitizer stage below, where they check the
+# same numerics.
+cmake --build build-test-host -j"$jobs" \
+  --target $(label_targets build-test-host -L cuda_host -LE cuda_model)
 stage "host CUDA tests (each op test under three schedule orders)"
-ctest --test-dir build-test-host -L cuda_host -j"$jobs" --output-on-failure --timeout 900
+ctest --test-dir build-test-host -L cuda_host -LE cuda_model -j"$jobs" --output-on-failure \
+  --timeout 900
 
 stage "host CUDA build under ASan + UBSan"
 cmake -S . -B build-test-host-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLLAMA_CUDA=HOST \
   -DMLLAMA_SANITIZE=ON >/dev/null
-cmake --build build-test-host-asan -j"$jobs" --target $(label_targets build-test-host-asan cuda_host)
-# One schedule order (the release stage compared them). The
-# batch-invariance sweep (11B-shaped GEMMs at M up to 9000: its time is the
-# emulated cuBLASLt's arithmetic) is left to the release stage: every kernel
-# it runs is in the op tests, which run here.
+cmake --build build-test-host-asan -j"$jobs" --target $(label_targets build-test-host-asan -L cuda_host)
+# One schedule order (the release stage compared them).
 stage "host CUDA tests under ASan + UBSan (ops, goldens, runtime, decode graphs, worker)"
 MLK_HOST_SCHEDULE=shuffle:1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1 \
@@ -62,8 +68,8 @@ MLK_HOST_SCHEDULE=shuffle:1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 stage "fuzz (libFuzzer, ${fuzz_seconds}s per target)"
 CC=clang cmake -S . -B build-test-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLLAMA_CUDA=OFF \
   -DMLLAMA_SANITIZE=ON -DMLLAMA_FUZZ=ON -DMLLAMA_FUZZ_SECONDS="$fuzz_seconds" >/dev/null
-cmake --build build-test-fuzz -j"$jobs" --target $(ctest --test-dir build-test-fuzz -N -L fuzz \
-  | sed -n 's/.*Test *#[0-9]*: //p' | tr '\n' ' ')
-ctest --test-dir build-test-fuzz -L fuzz --output-on-failure
+cmake --build build-test-fuzz -j"$jobs" --target $(label_targets build-test-fuzz -L fuzz)
+# Each target runs for its seconds whatever else runs: one per core.
+ctest --test-dir build-test-fuzz -L fuzz -j"$jobs" --output-on-failure
 
 stage "all stages passed"

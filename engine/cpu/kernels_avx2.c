@@ -24,11 +24,6 @@
 /* Running maxima kept apart in softmax_block's max pass. */
 #define MAX_CHAINS 4
 
-static inline int imin(int a, int b)
-{
-    return a < b ? a : b;
-}
-
 /* Lanes [0, n) all ones: the mask operand of maskload/maskstore. */
 static inline __m256i lane_mask(int n)
 {

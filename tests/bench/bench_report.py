@@ -285,6 +285,18 @@ def cmd_fp8(args):
                    rows))
     print()
     print("goal >= %.1fx (median): %s" % (args.goal, ", ".join(verdicts)))
+    print()
+    # The stages FP8 should leave as they were (the vision tower stays bf16;
+    # prefill runs the FP8 GEMM regime).
+    stages = []
+    for label, i, timing in (("prefill, text only", 0, "prefill_ms"),
+                             ("prefill, with 1 image", 1, "prefill_ms"),
+                             ("vision, 1 image", 1, "vision_ms")):
+        key = "ours_%d_%s" % (i, timing)
+        a, b = [num(kv, key) for kv in base], [num(kv, key) for kv in fp8]
+        stages.append([label, spread(a), spread(b),
+                       spread([x / y for x, y in zip(a, b)], unit="x")])
+    print(md_table(["stage", "bf16 ms", "fp8 ms", "speedup"], stages))
 
 
 # ---- runtime ------------------------------------------------------------------------
