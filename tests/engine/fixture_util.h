@@ -112,6 +112,21 @@ static inline int ml_fx_open_pair(const char *name, ml_row_mask_mode mode, ml_sa
     return 0;
 }
 
+/* base with room for a fixture's whole batch in one step (B sequences of S
+ * prompt tokens and N images each, every row's logits kept), K/V blocks of
+ * kv_block tokens, in row-mask mode `mode`. */
+static inline ml_model_limits ml_fx_limits(ml_model_limits base, ml_row_mask_mode mode, int B,
+                                           int S, int N, int kv_block)
+{
+    base.row_mask = mode;
+    base.max_step_tokens = B * S;
+    base.max_step_seqs = B;
+    base.max_logit_rows = B * S;
+    base.max_seq_images = N;
+    base.kv_block_size = kv_block;
+    return base;
+}
+
 static inline void ml_fx_close_pair(ml_safetensors *ref, ml_safetensors *expect)
 {
     if (expect != ref)

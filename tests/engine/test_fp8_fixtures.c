@@ -72,13 +72,7 @@ static int run(ml_backend *be, const char *name, const ml_model_limits *lim_in, 
     const ml_tensor_view *pix_v = ml_safetensors_find(ref, "pixel_values");
     const int B = (int)ids_v->shape[0], S = (int)ids_v->shape[1];
     const int N = pix_v ? (int)pix_v->shape[1] : 0;
-    ml_model_limits lim = *lim_in;
-    lim.row_mask = ML_ROW_MASK_REFERENCE;
-    lim.max_step_tokens = B * S;
-    lim.max_step_seqs = B;
-    lim.max_logit_rows = B * S;
-    lim.max_seq_images = N;
-    lim.kv_block_size = KV_BLOCK;
+    ml_model_limits lim = ml_fx_limits(*lim_in, ML_ROW_MASK_REFERENCE, B, S, N, KV_BLOCK);
     ml_model *m;
     if (ml_model_load(&m, dir, be, &lim, err, sizeof err) != ML_OK) {
         check(0, "%s: load: %s", name, err);

@@ -55,13 +55,7 @@ static void run_fixture(ml_backend *be, const char *name, ml_row_mask_mode mode)
     const ml_tensor_view *pix_v = ml_safetensors_find(ref, "pixel_values");
     int N = pix_v ? (int)pix_v->shape[1] : 0;
 
-    ml_model_limits lim = ml_model_limits_default();
-    lim.row_mask = mode;
-    lim.max_step_tokens = B * S;
-    lim.max_step_seqs = B;
-    lim.max_logit_rows = B * S;
-    lim.max_seq_images = N;
-    lim.kv_block_size = KV_BLOCK;
+    ml_model_limits lim = ml_fx_limits(ml_model_limits_default(), mode, B, S, N, KV_BLOCK);
     ml_model *m;
     if (ml_model_load(&m, dir, be, &lim, err, sizeof err) != ML_OK) {
         check(0, "%s: load: %s", label, err);

@@ -137,13 +137,8 @@ static void run_fixture(ml_backend *be, const char *fixture, ml_row_mask_mode mo
     const ml_tensor_view *pix_v = ml_safetensors_find(ref, "pixel_values");
     const int N = pix_v ? (int)pix_v->shape[1] : 0;
 
-    ml_model_limits lim = ml_model_limits_default();
-    lim.row_mask = mode;
-    lim.max_step_tokens = B * S;
-    lim.max_step_seqs = B;
-    lim.max_logit_rows = B * S;
-    lim.max_seq_images = N;
-    lim.kv_block_size = KV_BLOCK;
+    const ml_model_limits lim =
+        ml_fx_limits(ml_model_limits_default(), mode, B, S, N, KV_BLOCK);
     ml_model *m;
     ml_status load = ml_model_load(&m, dir, be, &lim, err, sizeof err);
     if (load != ML_OK) {
