@@ -11,7 +11,9 @@
  *   Linear, r=8; text-only rsLoRA, r=4, by regex) against PEFT +
  *   transformers: prompt logits and 16 greedy tokens, in both cross-attention
  *   row-mask modes (transformers' own outputs; the same with Meta's row mask
- *   patched in, tests/golden/fixtures/reference_mode/lora).
+ *   patched in, tests/golden/fixtures/reference_mode/lora);
+ * - both adapters on an FP8 base (quantized at load): their effect on the
+ *   logits against PEFT's on the bf16 model (test_fp8_base).
  *
  * Tolerances as in test_model_golden: the reference is a float32 forward of
  * the same bf16 weights, so the two differ by summation order only. */
@@ -358,7 +360,9 @@ static const struct {
     {ML_ROW_MASK_TRANSFORMERS, FIXTURE},
 };
 
-static void load_fixture(fixture *f, ml_row_mask_mode mode)
+/* fp8: the base's text Linears quantized to FP8 at load (model.weights =
+ * "fp8"). */
+static void load_fixture(fixture *f, ml_row_mask_mode mode, int fp8)
 {
     char err[512];
     memset(f, 0, sizeof *f);
@@ -389,6 +393,7 @@ static void load_fixture(fixture *f, ml_row_mask_mode mode)
     lim.max_logit_rows = f->S;
     lim.max_seq_images = f->N;
     lim.kv_block_size = KV_BLOCK;
+    lim.quantize_fp8 = fp8;
     if (ml_model_load(&f->m, MODEL_DIR, f->be, &lim, err, sizeof err) != ML_OK) {
         fprintf(stderr, "model: %s\n", err);
         exit(1);
@@ -535,6 +540,67 @@ static void golden_case(fixture *f, const char *name, const char *dir, const cha
     free(greedy);
     ml_lora_destroy(lora);
     ml_safetensors_destroy(st);
+}
+
+/* Prompt logits (S, V) of a golden reference case under dir. */
+static float *reference_logits(const char *dir, const char *ref, size_t n)
+{
+    char path[512], err[512];
+    snprintf(path, sizeof path, "%s/%s/reference.safetensors", dir, ref);
+    ml_safetensors *st;
+    float *want = malloc(n * sizeof *want);
+    if (ml_safetensors_open(&st, path, err, sizeof err) != ML_OK) {
+        check(0, "%s", err);
+        memset(want, 0, n * sizeof *want);
+        return want;
+    }
+    ml_tensor_view_read_f32(ml_safetensors_find(st, "logits"), want, err, sizeof err);
+    ml_safetensors_destroy(st);
+    return want;
+}
+
+/* LoRA on an FP8 base (model.weights = "fp8": the text decoder's Linears
+ * quantized at load; adapters stay bf16, their delta added by the segmented
+ * op after matmul_f8). An adapter's effect, prompt logits with it minus
+ * without, must be PEFT's effect on the bf16 model to within
+ * TOL_FP8_DELTA of that effect's largest value. Both of our runs share the
+ * base's quantization, so what is left is the quantization's perturbation
+ * of the adapter's own path, of the size FP8 costs the logits themselves
+ * (0.06-0.10 of their scale on the fixtures, test_fp8_fixtures); an
+ * adapter dropped on the FP8 Linears would leave the whole of a text
+ * adapter's effect (1.0) or most of an all-Linear one's. */
+#define TOL_FP8_DELTA 0.25
+static void test_fp8_base(void)
+{
+    fixture f;
+    load_fixture(&f, ML_ROW_MASK_REFERENCE, 1);
+    const size_t n = (size_t)f.S * f.V;
+    float *base = run_model(&f, NULL, NULL, NULL);
+    float *ref_base = reference_logits(REFERENCE_FIXTURE, "base", n);
+    const char *const adapters[] = {A1, A2};
+    for (size_t a = 0; a < sizeof adapters / sizeof adapters[0]; a++) {
+        ml_lora *lora = slot_for(&f, adapters[a]);
+        float *got = run_model(&f, lora, NULL, NULL);
+        float *want = reference_logits(REFERENCE_FIXTURE, adapters[a], n);
+        double scale = 0, err = 0;
+        for (size_t i = 0; i < n; i++) {
+            const double d_want = (double)want[i] - ref_base[i];
+            const double d_got = (double)got[i] - base[i];
+            scale = fmax(scale, fabs(d_want));
+            err = fmax(err, fabs(d_got - d_want));
+        }
+        printf("  fp8 base + %-20s effect %.4g, off by %.4g (%.3g of it)\n", adapters[a], scale,
+               err, err / scale);
+        check(scale > 0 && err <= TOL_FP8_DELTA * scale,
+              "fp8 base + %s: the adapter's effect is off by %.3g of its size", adapters[a],
+              err / scale);
+        free(got);
+        free(want);
+        ml_lora_destroy(lora);
+    }
+    free(base);
+    free(ref_base);
+    free_fixture(&f);
 }
 
 /* Logits of adapter a (host) through a fresh slot. */
@@ -769,7 +835,7 @@ int main(void)
     for (size_t k = 0; k < sizeof MODES / sizeof MODES[0]; k++) {
         if (k)
             free_fixture(&f);
-        load_fixture(&f, MODES[k].mode);
+        load_fixture(&f, MODES[k].mode, 0);
         golden_case(&f, NULL, MODES[k].dir, "base");
         golden_case(&f, A1, MODES[k].dir, A1);
         golden_case(&f, A2, MODES[k].dir, A2);
@@ -784,5 +850,6 @@ int main(void)
     rmdir(tmp);
 
     free_fixture(&f);
+    test_fp8_base();
     return check_done();
 }
