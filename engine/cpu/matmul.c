@@ -309,38 +309,6 @@ void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
 
 /* ---- W8A8: the activation quantizer ---------------------------------------- */
 
-/* E4M3's smallest normal, 2^-6, and the subnormals' step count per unit,
- * 2^9 (a subnormal is a multiple of 2^-9). */
-#define F8_MIN_NORMAL 0x1p-6f
-#define F8_SUBNORMAL_STEPS 0x1p9f
-/* The f32 mantissa bits below E4M3's 3, and the half of their unit. */
-#define F8_DROPPED_BITS 0xfffffu
-#define F8_DROPPED_HALF 0x7ffffu
-#define F8_KEPT_LSB_SHIFT 20
-
-/* The E4M3 value nearest v (ties to even, saturated at ±448) as an f32:
- * dtype.c's ml_f32_to_f8e4m3 followed by the exact widening, without the
- * code in between. */
-static inline float round_f8(float v)
-{
-    float a = fabsf(v);
-    if (a >= ML_F8E4M3_MAX) {
-        a = ML_F8E4M3_MAX;
-    } else if (a < F8_MIN_NORMAL) {
-        /* both scalings are exact; nearbyint rounds ties to even */
-        a = nearbyintf(a * F8_SUBNORMAL_STEPS) / F8_SUBNORMAL_STEPS;
-    } else {
-        /* the mantissa rounded to 3 bits, a carry into the exponent; below
-         * 448 it cannot pass 448 (the midpoint to the next step is 464) */
-        uint32_t u;
-        memcpy(&u, &a, sizeof u);
-        u += F8_DROPPED_HALF + ((u >> F8_KEPT_LSB_SHIFT) & 1u);
-        u &= ~F8_DROPPED_BITS;
-        memcpy(&a, &u, sizeof a);
-    }
-    return copysignf(a, v);
-}
-
 void ml_cpu_quantize_rows(float *qx, float *sx, const float *x, int m0, int m1, int K)
 {
     for (int m = m0; m < m1; m++) {
@@ -351,7 +319,7 @@ void ml_cpu_quantize_rows(float *qx, float *sx, const float *x, int m0, int m1, 
             amax = fmaxf(amax, fabsf(xr[k]));
         const float s = amax > 0.0f ? amax / ML_F8E4M3_MAX : 1.0f;
         for (int k = 0; k < K; k++)
-            qr[k] = round_f8(xr[k] / s);
+            qr[k] = ml_f8e4m3_to_f32(ml_f32_to_f8e4m3(xr[k] / s));
         sx[m] = s;
     }
 }
