@@ -19,8 +19,9 @@ static_assert(ML_PLAN_CUDA_KV_ELEM_SIZE == sizeof(uint16_t),
               "engine/model/memory_plan.h restates the bf16 K/V caches");
 
 /* Share of the free device memory taken when pool_bytes is 0: the rest is
- * left to the CUDA context, cuBLAS kernels' modules and other processes. */
-#define POOL_DEFAULT_SHARE 0.90
+ * left to the CUDA context, cuBLAS kernels' modules and other processes.
+ * One number with the memory plan's. */
+#define POOL_DEFAULT_SHARE (ML_PLAN_CUDA_POOL_SHARE_TENTHS / 10.0)
 /* Pool sizes are rounded down to this (the driver's large-page size). */
 #define POOL_GRANULE ((size_t)2 << 20)
 #define WEIGHT_MAP_INITIAL_SLOTS 1024

@@ -41,8 +41,8 @@
  * code: the loader plans with what the backend really got. */
 #define ML_PLAN_H200_BYTES (139 * ML_PLAN_GIB)
 /* The CUDA backend's pool when the worker does not size it: 90% of the
- * free memory (kernels/backend.cu POOL_DEFAULT_SHARE), the rest left to
- * the CUDA context, cuBLASLt and NCCL. In tenths, to stay integral. */
+ * free memory (kernels/backend.cu's POOL_DEFAULT_SHARE is this), the rest
+ * left to the CUDA context, cuBLASLt and NCCL. In tenths, to stay integral. */
 #define ML_PLAN_CUDA_POOL_SHARE_TENTHS 9
 
 /* Weight bytes by resident dtype. */
