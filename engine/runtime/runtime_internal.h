@@ -13,7 +13,7 @@
 
 #include "clock.h"
 #include "list.h"
-#include "runtime/json_mode.h"
+#include "grammar/json_mode.h"
 #include "runtime/runtime.h"
 #include "runtime/stop.h"
 

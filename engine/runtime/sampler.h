@@ -49,9 +49,15 @@ typedef struct ml_sampling_params {
     size_t n_stop;
     bool logprobs;         /* report the chosen token's logprob */
     /* JSON mode (OpenAI response_format json_object): the runtime keeps the
-     * output a prefix of one JSON object (runtime/json_mode.h) and ends the
+     * output a prefix of one JSON object (grammar/json_mode.h) and ends the
      * sequence when the object is complete. */
     bool json_object;
+    /* JSON Schema (response_format json_schema): borrowed, NULL when none;
+     * the runtime takes its own reference for the sequence's life and keeps
+     * the output a prefix of a document valid under it (grammar/grammar.h),
+     * ending the sequence when the document is complete. Excludes
+     * json_object. */
+    struct ml_grammar *grammar;
     uint32_t top_logprobs; /* 0..ML_SAMPLE_MAX_TOP alternatives; needs logprobs */
 } ml_sampling_params;
 

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/json_mode.h"
+#include "grammar/json_mode.h"
 
 /* The string states whose tokens are decided once, at creation: inside a
  * string, neither the key flag nor the container stack changes what is

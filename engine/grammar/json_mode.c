@@ -1,13 +1,13 @@
 /* JSON mode (json_mode.h): a byte-level pushdown recognizer of one JSON
  * object, and the walk of the vocabulary trie (json_vocab.c builds it) that
  * turns it into a token mask. */
-#include "runtime/json_mode.h"
+#include "grammar/json_mode.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/json_mode_internal.h"
+#include "grammar/json_mode_internal.h"
 #include "sha256.h"
 
 /* ---- the recognizer -------------------------------------------------------- */

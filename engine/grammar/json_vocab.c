@@ -3,14 +3,14 @@
  * Built once: sort the byte strings, number the trie's nodes in preorder
  * from the sorted run, lay them out breadth-first, then let json_mode.c
  * decide the in-string verdicts. */
-#include "runtime/json_mode.h"
+#include "grammar/json_mode.h"
 
 #include <assert.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/json_mode_internal.h"
+#include "grammar/json_mode_internal.h"
 
 typedef struct json_sort_entry {
     const uint8_t *bytes; /* borrowed from the vocabulary's pool */
