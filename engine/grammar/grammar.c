@@ -331,9 +331,18 @@ ml_status ml_grammar_state_accept(ml_grammar_state *s, int32_t token, char *err,
     return ML_OK;
 }
 
+/* Complete when the value being read may end here and so may every caller's
+ * after it: the returns the next byte would take (grammar_internal.h) lead
+ * to an accepting state of machine 0. The document's last value is often a
+ * call (a recursive $ref, or any value, at the top). */
 int ml_grammar_state_complete(const ml_grammar_state *s)
 {
-    return s->depth == 0 && (s->g->flags[s->cur] & ML_GRAMMAR_ACCEPT);
+    if (!(s->g->flags[s->cur] & ML_GRAMMAR_ACCEPT))
+        return 0;
+    for (unsigned d = s->depth; d-- > 0;)
+        if (!(s->g->flags[s->stack[d]] & ML_GRAMMAR_ACCEPT))
+            return 0;
+    return 1;
 }
 
 /* ---- the mask ---------------------------------------------------------------- */
