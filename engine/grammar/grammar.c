@@ -42,6 +42,7 @@ struct ml_grammar_mask_cache {
     uint32_t *entry;  /* owned (SLOTS): the entry of the slot's key */
     uint64_t *masks;  /* owned (ENTRIES, n_words), allocated at the first insert */
     uint32_t *counts; /* owned (ENTRIES): bits set in each mask */
+    uint8_t *plain;   /* owned (n_states), allocated at the first string: PLAIN_* */
 };
 
 ml_grammar *ml_grammar_alloc(uint32_t n_states, uint32_t n_classes, uint32_t n_calls)
@@ -78,6 +79,7 @@ static void mask_cache_destroy(ml_grammar_mask_cache *c)
     free(c->entry);
     free(c->masks);
     free(c->counts);
+    free(c->plain);
     free(c);
 }
 
@@ -153,11 +155,16 @@ static bool grammar_is_ws(uint8_t b)
  * when b is refused. Frames pushed go to fr's arena, which has room for
  * ML_GRAMMAR_MAX_DEPTH more than fr->n (a byte enters at most that many
  * calls). */
-static bool grammar_step(const ml_grammar *g, gpos *p, gframes *fr, uint8_t b)
+static inline bool grammar_step(const ml_grammar *g, gpos *p, gframes *fr, uint8_t b)
 {
     uint32_t cls = g->byte_class[b];
     for (;;) {
         uint32_t e = g->next[(size_t)p->cur * g->n_classes + cls];
+        if (e < g->n_states && p->depth == 0 && !grammar_is_ws(b)) { /* the common case */
+            p->ws = 0;
+            p->cur = e;
+            return true;
+        }
         if (e == ML_GRAMMAR_DEAD) {
             if (!(g->flags[p->cur] & ML_GRAMMAR_ACCEPT) || p->depth == 0)
                 return false;
@@ -196,12 +203,11 @@ static bool grammar_step(const ml_grammar *g, gpos *p, gframes *fr, uint8_t b)
 
 /* ---- per-sequence state ---------------------------------------------------- */
 
-/* One level of the mask walk: the position after the path to a trie node,
- * the node's children still to scan, and the arena length on arrival (the
- * frames above it belong to deeper levels). */
+/* One level of the mask walk: the position after the path to a trie node
+ * at that depth, and the arena length after it (the frames above belong to
+ * the deeper levels, dropped when the walk moves to a sibling). */
 typedef struct glevel {
     gpos pos;
-    uint32_t next, end;
     uint32_t n_frames;
 } glevel;
 
@@ -336,6 +342,196 @@ int ml_grammar_state_complete(const ml_grammar_state *s)
     return s->depth == 0 && (s->g->flags[s->cur] & ML_GRAMMAR_ACCEPT);
 }
 
+/* ---- strings without constraints -------------------------------------------- */
+
+/* Fibonacci hashing: the high bits mix every bit of the key. */
+static uint32_t grammar_hash(uint64_t key)
+{
+    return (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 32);
+}
+
+/* Most strings of a schema are plain (a name, an address, a description):
+ * between their characters every token that stays inside the string is
+ * allowed, so a walk would visit most of the trie for a verdict known in
+ * advance. The verdicts from between two characters of a string written in
+ * lexemes.h's one form per character are decided once per vocabulary
+ * (canon_in_string), and a state that behaves exactly like that point until
+ * the string ends (state_is_plain) walks only the subtrees where a token
+ * leaves the string. The reference is this automaton: */
+enum {
+    CANON_CHAR,  /* between characters */
+    CANON_ESC,   /* after \ */
+    CANON_U,     /* after \u: 0 */
+    CANON_U0,    /* after \u0: 0 or 1 */
+    CANON_U00,   /* after \u00: a control without a short escape */
+    CANON_U01,   /* after \u01: any lower-case hex digit */
+    CANON_CONT1, /* UTF-8: one continuation byte to come */
+    CANON_CONT2,
+    CANON_CONT3,
+    CANON_E0,    /* after E0: A0-BF (no overlong form) */
+    CANON_ED,    /* after ED: 80-9F (no surrogate) */
+    CANON_F0,    /* after F0: 90-BF (no overlong form) */
+    CANON_F4,    /* after F4: 80-8F (nothing past U+10FFFF) */
+    CANON_N,
+    CANON_DEAD = CANON_N,
+    CANON_EXIT, /* the closing quote */
+};
+
+static bool canon_cont(uint8_t b)
+{
+    return b >= 0x80 && b <= 0xbf;
+}
+
+static uint8_t canon_step(uint8_t c, uint8_t b)
+{
+    switch (c) {
+    case CANON_CHAR:
+        if (b == '"')
+            return CANON_EXIT;
+        if (b == '\\')
+            return CANON_ESC;
+        if (b >= 0x20 && b < 0x80)
+            return CANON_CHAR;
+        if (b >= 0xc2 && b <= 0xdf)
+            return CANON_CONT1;
+        if (b == 0xe0)
+            return CANON_E0;
+        if (b == 0xed)
+            return CANON_ED;
+        if (b >= 0xe1 && b <= 0xef)
+            return CANON_CONT2;
+        if (b == 0xf0)
+            return CANON_F0;
+        if (b == 0xf4)
+            return CANON_F4;
+        if (b >= 0xf1 && b <= 0xf3)
+            return CANON_CONT3;
+        return CANON_DEAD;
+    case CANON_ESC:
+        if (b == 'u')
+            return CANON_U;
+        return strchr("\"\\bfnrt", b) && b ? CANON_CHAR : CANON_DEAD;
+    case CANON_U:
+        return b == '0' ? CANON_U0 : CANON_DEAD;
+    case CANON_U0:
+        return b == '0' ? CANON_U00 : b == '1' ? CANON_U01 : CANON_DEAD;
+    case CANON_U00: /* \b \t \n \f \r (08, 09, 0a, 0c, 0d) have their short forms */
+        return (b >= '0' && b <= '7') || b == 'b' || b == 'e' || b == 'f' ? CANON_CHAR
+                                                                           : CANON_DEAD;
+    case CANON_U01:
+        return (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') ? CANON_CHAR : CANON_DEAD;
+    case CANON_CONT1:
+        return canon_cont(b) ? CANON_CHAR : CANON_DEAD;
+    case CANON_CONT2:
+        return canon_cont(b) ? CANON_CONT1 : CANON_DEAD;
+    case CANON_CONT3:
+        return canon_cont(b) ? CANON_CONT2 : CANON_DEAD;
+    case CANON_E0:
+        return b >= 0xa0 && b <= 0xbf ? CANON_CONT1 : CANON_DEAD;
+    case CANON_ED:
+        return b >= 0x80 && b <= 0x9f ? CANON_CONT1 : CANON_DEAD;
+    case CANON_F0:
+        return b >= 0x90 && b <= 0xbf ? CANON_CONT2 : CANON_DEAD;
+    case CANON_F4:
+        return b >= 0x80 && b <= 0x8f ? CANON_CONT2 : CANON_DEAD;
+    default:
+        return CANON_DEAD;
+    }
+}
+
+ml_status ml_grammar_vocab_mark_strings(ml_json_vocab *v, char *err, size_t errlen)
+{
+    v->canon_in_string = calloc(v->n_words, sizeof *v->canon_in_string);
+    v->pre_closes = calloc(v->pre_n ? v->pre_n : 1, 1);
+    /* at[d]: the reference state after the path's first d bytes; path[d]:
+     * the node at depth d. */
+    uint8_t *at = malloc(v->max_len + 1);
+    uint32_t *path = malloc((v->max_len + 1) * sizeof *path);
+    bool ok = v->canon_in_string && v->pre_closes && at && path;
+    if (ok) {
+        at[0] = CANON_CHAR;
+        for (uint32_t i = 0; i < v->pre_n;) {
+            uint32_t d = v->pre_depth[i];
+            uint8_t c = canon_step(at[d - 1], v->pre_byte[i]);
+            path[d] = i;
+            if (c == CANON_EXIT) {
+                for (uint32_t a = d; a > 0 && !v->pre_closes[path[a]]; a--)
+                    v->pre_closes[path[a]] = 1;
+            }
+            if (c >= CANON_N) {
+                i = v->pre_skip[i];
+                continue;
+            }
+            at[d] = c;
+            for (uint32_t t = v->pre_tok[i]; t < v->pre_tok[i + 1]; t++) {
+                uint32_t id = (uint32_t)v->pre_ids[t];
+                v->canon_in_string[id >> 6] |= 1ull << (id & 63u);
+            }
+            i++;
+        }
+    }
+    free(at);
+    free(path);
+    return ok ? ML_OK : ml_fail(err, errlen, ML_ERR_NOMEM, "grammar: out of memory for the trie");
+}
+
+/* Pairs a plain string's check explores: a plain string's own states pair
+ * with the reference's few; a bigger exploration is not a plain string,
+ * and its states are walked in full. */
+#define PLAIN_MAX_PAIRS 256u
+#define PLAIN_SLOTS (4u * PLAIN_MAX_PAIRS)
+
+/* Whether state s of g behaves as CANON_CHAR until its string ends: pairs
+ * (grammar state, reference state) explored from (s, CANON_CHAR), where
+ * every byte the reference takes inside the string must lead the grammar
+ * to a state inside the string with no more need, every byte the reference
+ * refuses must be refused, and every closing quote must lead to one and the
+ * same state. */
+static bool grammar_state_plain(const ml_grammar *g, uint32_t s)
+{
+    uint64_t seen[PLAIN_SLOTS] = {0}; /* pair + 1, 0 for an empty slot */
+    uint64_t queue[PLAIN_MAX_PAIRS];
+    uint32_t head = 0, tail = 0, exit_to = ML_GRAMMAR_DEAD;
+    queue[tail++] = (uint64_t)s * CANON_N + CANON_CHAR;
+    seen[grammar_hash(queue[0] + 1) % PLAIN_SLOTS] = queue[0] + 1;
+    while (head < tail) {
+        uint32_t q = (uint32_t)(queue[head] / CANON_N);
+        uint8_t c = (uint8_t)(queue[head] % CANON_N);
+        head++;
+        if (!(g->flags[q] & ML_GRAMMAR_IN_STRING) || (g->flags[q] & ML_GRAMMAR_ACCEPT) ||
+            g->need[q] > g->need[s])
+            return false;
+        for (int b = 0; b < 256; b++) {
+            uint32_t e = g->next[(size_t)q * g->n_classes + g->byte_class[b]];
+            uint8_t to = canon_step(c, (uint8_t)b);
+            if (to == CANON_DEAD) {
+                if (e != ML_GRAMMAR_DEAD)
+                    return false;
+                continue;
+            }
+            if (e == ML_GRAMMAR_DEAD || (e & ML_GRAMMAR_CALL))
+                return false;
+            if (to == CANON_EXIT) {
+                if (exit_to != ML_GRAMMAR_DEAD && exit_to != e)
+                    return false;
+                exit_to = e;
+                continue;
+            }
+            uint64_t key = (uint64_t)e * CANON_N + to + 1;
+            uint32_t i = grammar_hash(key) % PLAIN_SLOTS;
+            while (seen[i] && seen[i] != key)
+                i = (i + 1) % PLAIN_SLOTS;
+            if (seen[i])
+                continue;
+            if (tail == PLAIN_MAX_PAIRS)
+                return false;
+            seen[i] = key;
+            queue[tail++] = key - 1;
+        }
+    }
+    return true;
+}
+
 /* ---- the mask ---------------------------------------------------------------- */
 
 static uint64_t mask_key(const ml_grammar_state *s)
@@ -345,8 +541,7 @@ static uint64_t mask_key(const ml_grammar_state *s)
 
 static uint32_t mask_slot(uint64_t key)
 {
-    key *= 0x9e3779b97f4a7c15ull; /* Fibonacci hashing: the high bits mix every key bit */
-    return (uint32_t)(key >> 40) & (GRAMMAR_MASK_CACHE_SLOTS - 1u);
+    return grammar_hash(key) & (GRAMMAR_MASK_CACHE_SLOTS - 1u);
 }
 
 /* Copy the cached mask for the state into allowed: true when there was one
@@ -412,60 +607,78 @@ static void mask_cache_put(ml_grammar_state *s, const uint64_t *allowed, size_t 
     pthread_mutex_unlock(&c->lock);
 }
 
-/* The walk: depth first down the trie from the state's position, a subtree
- * skipped at the first refused byte; sets the bits of the tokens whose
- * every byte is taken and returns how many. *base_popped: some token
- * returned into a frame of the starting stack. */
-static size_t mask_walk(ml_grammar_state *s, uint64_t *allowed, bool *base_popped)
+/* What grammar_state_plain said of each state, remembered per grammar. */
+enum { PLAIN_UNKNOWN, PLAIN_YES, PLAIN_NO };
+
+static bool state_is_plain(const ml_grammar_state *s)
+{
+    const ml_grammar *g = s->g;
+    if (!(g->flags[s->cur] & ML_GRAMMAR_IN_STRING))
+        return false;
+    ml_grammar_mask_cache *c = g->masks;
+    pthread_mutex_lock(&c->lock);
+    if (!c->plain)
+        c->plain = calloc(g->n_states, 1);
+    uint8_t known = c->plain ? c->plain[s->cur] : PLAIN_NO;
+    pthread_mutex_unlock(&c->lock);
+    if (known != PLAIN_UNKNOWN)
+        return known == PLAIN_YES;
+    bool plain = grammar_state_plain(g, s->cur);
+    pthread_mutex_lock(&c->lock);
+    c->plain[s->cur] = plain ? PLAIN_YES : PLAIN_NO; /* c->plain was made above */
+    pthread_mutex_unlock(&c->lock);
+    return plain;
+}
+
+/* The walk: the trie in depth-first order, front to back, each node's
+ * position made from its parent's by its byte, and a node's subtree skipped
+ * at the first refused byte, or when only is given and only[node] is 0;
+ * ORs the bits of the tokens whose every byte is taken into allowed.
+ * *base_popped: some token returned into a frame of the starting stack. */
+static void mask_walk(ml_grammar_state *s, const uint8_t *only, uint64_t *allowed,
+                      bool *base_popped)
 {
     const ml_json_vocab *v = s->v;
     const ml_grammar *g = s->g;
-    glevel *walk = s->walk;
+    glevel *level = s->walk;
     gframes fr;
-    walk[0].pos = state_pos(s, &fr);
-    walk[0].next = v->child[0];
-    walk[0].end = v->child[1];
-    walk[0].n_frames = fr.n;
-    size_t count = 0, d = 0;
-    for (;;) {
-        glevel *l = &walk[d];
-        if (l->next == l->end) {
-            if (d == 0)
-                break;
-            d--;
+    level[0].pos = state_pos(s, &fr);
+    level[0].n_frames = fr.n;
+    for (uint32_t i = 0; i < v->pre_n;) {
+        uint32_t d = v->pre_depth[i];
+        gpos p = level[d - 1].pos;
+        fr.n = level[d - 1].n_frames;
+        if ((only && !only[i]) || !grammar_step(g, &p, &fr, v->pre_byte[i])) {
+            i = v->pre_skip[i];
             continue;
         }
-        uint32_t c = l->next++;
-        glevel *below = l + 1;
-        below->pos = l->pos;
-        fr.n = l->n_frames;
-        if (!grammar_step(g, &below->pos, &fr, v->byte[c]))
-            continue;
-        for (uint32_t t = v->tok[c]; t < v->tok[c + 1]; t++) {
-            uint32_t id = (uint32_t)v->ids[t];
+        level[d].pos = p;
+        level[d].n_frames = fr.n;
+        for (uint32_t t = v->pre_tok[i]; t < v->pre_tok[i + 1]; t++) {
+            uint32_t id = (uint32_t)v->pre_ids[t];
             allowed[id >> 6] |= 1ull << (id & 63u);
-            count++;
         }
-        if (v->child[c] == v->child[c + 1])
-            continue;
-        below->next = v->child[c];
-        below->end = v->child[c + 1];
-        below->n_frames = fr.n;
-        d++;
+        i++;
     }
     *base_popped = fr.base_popped;
-    return count;
 }
 
 size_t ml_grammar_state_allowed(ml_grammar_state *s, uint64_t *allowed)
 {
+    const ml_json_vocab *v = s->v;
     size_t count = 0;
     if (mask_cache_get(s, allowed, &count))
         return count;
-    memset(allowed, 0, s->v->n_words * sizeof *allowed);
-    bool base_popped = false;
-    count = mask_walk(s, allowed, &base_popped);
-    if (!base_popped)
+    /* A plain string's mask is a copy and a short walk: not worth a slot. */
+    bool plain = state_is_plain(s), base_popped = false;
+    if (plain)
+        memcpy(allowed, v->canon_in_string, v->n_words * sizeof *allowed);
+    else
+        memset(allowed, 0, v->n_words * sizeof *allowed);
+    mask_walk(s, plain ? v->pre_closes : NULL, allowed, &base_popped);
+    for (size_t w = 0; w < v->n_words; w++)
+        count += (size_t)__builtin_popcountll(allowed[w]);
+    if (!plain && !base_popped)
         mask_cache_put(s, allowed, count);
     return count;
 }
