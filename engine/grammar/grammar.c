@@ -752,6 +752,35 @@ static void mask_walk(ml_grammar_state *s, const uint8_t *only, uint64_t *allowe
     *base_popped = fr.base_popped;
 }
 
+/* mask_walk for a grammar without calls, where a position is a state and a
+ * whitespace run: the walk most masks take, with nothing to push, pop or
+ * check for depth (every need is 0). */
+static void mask_walk_flat(ml_grammar_state *s, const uint8_t *only, uint64_t *allowed)
+{
+    const ml_json_vocab *v = s->v;
+    const ml_grammar *g = s->g;
+    glevel *level = s->walk;
+    level[0].pos = (gpos){.cur = s->cur, .ws = s->ws};
+    for (uint32_t i = 0; i < v->pre_n;) {
+        uint32_t d = v->pre_depth[i];
+        uint8_t b = v->pre_byte[i];
+        gpos p = level[d - 1].pos;
+        uint32_t e = g->next[(size_t)p.cur * g->n_classes + g->byte_class[b]];
+        bool ws = grammar_is_ws(b) && !(g->flags[p.cur] & ML_GRAMMAR_IN_STRING);
+        if (e == ML_GRAMMAR_DEAD || (ws && p.ws >= ML_JSON_MAX_WHITESPACE) ||
+            (only && !only[i])) {
+            i = v->pre_skip[i];
+            continue;
+        }
+        level[d].pos = (gpos){.cur = e, .ws = ws ? (uint8_t)(p.ws + 1) : 0};
+        for (uint32_t t = v->pre_tok[i]; t < v->pre_tok[i + 1]; t++) {
+            uint32_t id = (uint32_t)v->pre_ids[t];
+            allowed[id >> 6] |= 1ull << (id & 63u);
+        }
+        i++;
+    }
+}
+
 size_t ml_grammar_state_allowed(ml_grammar_state *s, uint64_t *allowed)
 {
     const ml_json_vocab *v = s->v;
@@ -769,7 +798,10 @@ size_t ml_grammar_state_allowed(ml_grammar_state *s, uint64_t *allowed)
     } else {
         memset(allowed, 0, v->n_words * sizeof *allowed);
     }
-    mask_walk(s, plain ? v->pre_closes : NULL, allowed, &base_popped);
+    if (s->g->n_calls == 0)
+        mask_walk_flat(s, plain ? v->pre_closes : NULL, allowed);
+    else
+        mask_walk(s, plain ? v->pre_closes : NULL, allowed, &base_popped);
     for (size_t w = 0; w < v->n_words; w++)
         count += (size_t)__builtin_popcountll(allowed[w]);
     if (!plain && !base_popped)
