@@ -746,7 +746,10 @@ static void mask_walk(ml_grammar_state *s, const uint8_t *only, uint64_t *allowe
         uint32_t d = v->pre_depth[i];
         gpos p = level[d - 1].pos;
         fr.n = level[d - 1].n_frames;
-        if ((only && !only[i]) || !grammar_step(g, &p, &fr, v->pre_byte[i])) {
+        /* only filters the paths still inside the string: below a byte
+         * that left it, every token is walked. */
+        bool skip = only && !only[i] && (g->flags[p.cur] & ML_GRAMMAR_IN_STRING);
+        if (skip || !grammar_step(g, &p, &fr, v->pre_byte[i])) {
             i = v->pre_skip[i];
             continue;
         }
@@ -777,7 +780,7 @@ static void mask_walk_flat(ml_grammar_state *s, const uint8_t *only, uint64_t *a
         uint32_t e = g->next[(size_t)p.cur * g->n_classes + g->byte_class[b]];
         bool ws = grammar_is_ws(b) && !(g->flags[p.cur] & ML_GRAMMAR_IN_STRING);
         if (e == ML_GRAMMAR_DEAD || (ws && p.ws >= ML_JSON_MAX_WHITESPACE) ||
-            (only && !only[i])) {
+            (only && !only[i] && (g->flags[p.cur] & ML_GRAMMAR_IN_STRING))) {
             i = v->pre_skip[i];
             continue;
         }

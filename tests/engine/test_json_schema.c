@@ -83,7 +83,8 @@ static bool walk_tokens(ml_grammar *g, const char *text)
     for (size_t i = 0; i < ids.n && ok; i++) {
         ml_grammar_state_allowed(s, g_mask);
         ok = mask_bit(g_mask, ids.ids[i]);
-        check(ok == (ml_grammar_state_allows(s, ids.ids[i]) == 1), "mask and allows disagree");
+        check(ok == (ml_grammar_state_allows(s, ids.ids[i]) == 1),
+              "%s: mask and allows disagree on token %zu (id %d)", text, i, ids.ids[i]);
         if (ok)
             check(ml_grammar_state_accept(s, ids.ids[i], err, sizeof err) == ML_OK, "accept: %s",
                   err);
