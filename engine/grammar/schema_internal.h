@@ -1,5 +1,6 @@
 /* What the JSON Schema compiler's files share; not an API.
- *   schema.c        the entry points, keywords, $ref, the combinators;
+ *   schema.c        the entry points, the digest, keywords, $ref;
+ *   schema_combine.c the combinators and the merging of keywords;
  *   schema_value.c  the automata of one type: objects, arrays, scalars,
  *                   enum/const values, and the shared "any value" machine;
  *   schema_emit.c   the machines turned into grammar_internal.h's tables.
@@ -73,6 +74,44 @@ typedef struct schema_compiler {
 
 /* ---- schema.c -------------------------------------------------------------- */
 
+/* What a keyword does. */
+typedef enum schema_kw_class {
+    KW_ANNOTATION, /* no effect on validity: ignored */
+    KW_COMPOSE,    /* $ref, allOf, anyOf, oneOf, not, enum, const */
+    KW_TYPE,       /* type */
+    KW_TYPED,      /* applies to values of one type (schema_value.c) */
+    KW_REFUSED,    /* cannot be enforced exactly */
+} schema_kw_class;
+
+typedef struct schema_kw {
+    const char *name;
+    schema_kw_class cls;
+    const char *why; /* KW_REFUSED: the reason, for the message */
+} schema_kw;
+
+/* The keyword named name, NULL when unknown. */
+const schema_kw *schema_keyword(const char *name);
+
+/* Refuse (latched) what cannot be enforced in node; say whether it has
+ * type-specific keywords (*typed), a type (*has_type) and parts to combine
+ * (*compose: $ref, allOf, anyOf, oneOf, not, enum, const). */
+bool schema_check(schema_compiler *sc, const cJSON *node, bool *typed, bool *has_type,
+                  bool *compose);
+
+/* The type set a "type" value names; node's (SCHEMA_T_ALL without one);
+ * 0 with the error latched when malformed. */
+unsigned schema_type_set(schema_compiler *sc, const cJSON *t);
+unsigned schema_types(schema_compiler *sc, const cJSON *node);
+
+/* The node a "#..." reference names, NULL (latched) when it names none or
+ * is not a JSON Pointer fragment. */
+const cJSON *schema_resolve(schema_compiler *sc, const char *ref);
+
+/* The values of the "$ref" member ref (compiled once per target; a call
+ * when the target is recursive). */
+ml_fsm *schema_ref_of(schema_compiler *sc, const cJSON *ref, bool *any);
+
+
 /* The automaton of the values valid under schema node (a JSON Pointer
  * segment already pushed for it), NULL with the error latched. *any is set
  * when the schema admits every JSON value (the result is then a call of
@@ -89,17 +128,13 @@ ml_fsm *schema_compile_at(schema_compiler *sc, const cJSON *node, const char *ke
  * and the result unused, when every string is); for propertyNames. */
 ml_fsm *schema_compile_strings(schema_compiler *sc, const cJSON *node, bool *any);
 
-/* The intersection of n parts (owned), those flagged in anys (every value)
- * dropped, *any set when all are. When two or more remain and one holds a
- * call they cannot be intersected: *calls is set, every part freed, NULL
- * returned (not latched: the caller decides). */
-ml_fsm *schema_conjoin(schema_compiler *sc, ml_fsm **parts, const bool *anys, size_t n,
-                       bool *any, bool *calls);
-
 /* Append "/key" (or "/index" when key is NULL) to the current pointer;
  * returns what schema_pointer_pop restores. */
 size_t schema_pointer_push(schema_compiler *sc, const char *key, int index);
 void schema_pointer_pop(schema_compiler *sc, size_t old);
+
+/* The current pointer for messages ("the root" for the empty one). */
+const char *schema_where(const schema_compiler *sc);
 
 /* Latch ML_ERR_UNSUPPORTED (or st) naming keyword at the current pointer;
  * returns NULL so error paths are one line. */
@@ -108,6 +143,21 @@ ml_fsm *schema_refuse(schema_compiler *sc, ml_status st, const char *keyword, co
 /* A new machine slot for pointer (the body set later); -1 when full
  * (latched). */
 int schema_machine_new(schema_compiler *sc, const char *pointer);
+
+/* ---- schema_combine.c ------------------------------------------------------ */
+
+/* The parts of node (checked: typed, has_type as schema_check said)
+ * intersected; with allow_merge, parts that cannot be intersected (calls)
+ * are merged at the keyword level instead, else refused. */
+ml_fsm *schema_parts(schema_compiler *sc, const cJSON *node, bool typed, bool has_type,
+                     bool allow_merge, bool *any);
+
+/* The intersection of n parts (owned), those flagged in anys (every value)
+ * dropped, *any set when all are. When two or more remain and one holds a
+ * call they cannot be intersected: *calls is set, every part freed, NULL
+ * returned (not latched: the caller decides). */
+ml_fsm *schema_conjoin(schema_compiler *sc, ml_fsm **parts, const bool *anys, size_t n,
+                       bool *any, bool *calls);
 
 /* ---- schema_value.c -------------------------------------------------------- */
 
