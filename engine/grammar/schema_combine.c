@@ -678,3 +678,17 @@ static ml_fsm *schema_merged(schema_compiler *sc, const cJSON *node, bool *any)
     return r;
 }
 
+
+ml_fsm *schema_compile_all(schema_compiler *sc, const cJSON *const *nodes, size_t n, bool *any)
+{
+    if (n == 1)
+        return schema_compile(sc, nodes[0], any);
+    cJSON *all = cJSON_CreateObject();
+    cJSON *arr = all ? cJSON_AddArrayToObject(all, "allOf") : NULL;
+    bool ok = arr != NULL;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = cJSON_AddItemToArray(arr, schema_alias(nodes[i]));
+    ml_fsm *r = ok ? schema_compile(sc, all, any) : (schema_nomem(sc), NULL);
+    cJSON_Delete(all);
+    return r;
+}

@@ -159,6 +159,10 @@ ml_fsm *schema_parts(schema_compiler *sc, const cJSON *node, bool typed, bool ha
 ml_fsm *schema_conjoin(schema_compiler *sc, ml_fsm **parts, const bool *anys, size_t n,
                        bool *any, bool *calls);
 
+/* The values valid under every one of nodes[0..n) (allOf of them, built
+ * without copying them). */
+ml_fsm *schema_compile_all(schema_compiler *sc, const cJSON *const *nodes, size_t n, bool *any);
+
 /* ---- schema_value.c -------------------------------------------------------- */
 
 /* Whitespace between tokens: [ \t\n\r]*. */

@@ -319,8 +319,7 @@ typedef struct members {
     bool *required;
     size_t n_pat;
     ml_fsm *pat_key[SCHEMA_MAX_PATTERN_PROPERTIES];   /* owned: quoted keys matching */
-    ml_fsm *pat_value[SCHEMA_MAX_PATTERN_PROPERTIES]; /* owned */
-    bool pat_any[SCHEMA_MAX_PATTERN_PROPERTIES];
+    const cJSON *pat_node[SCHEMA_MAX_PATTERN_PROPERTIES]; /* borrowed: their schemas */
     ml_fsm *add_value; /* owned: additionalProperties' values (empty when false) */
     bool add_any;
     ml_fsm *names; /* owned: propertyNames as quoted keys, NULL when unconstrained */
@@ -333,7 +332,6 @@ static void members_deinit(members *mb)
     free(mb->required);
     for (size_t i = 0; i < mb->n_pat; i++) {
         ml_fsm_free(mb->pat_key[i]);
-        ml_fsm_free(mb->pat_value[i]);
     }
     ml_fsm_free(mb->add_value);
     ml_fsm_free(mb->names);
@@ -398,7 +396,7 @@ static bool members_init(schema_compiler *sc, const cJSON *node, members *mb)
         size_t k = mb->n_pat++;
         mb->pat_key[k] = cat(fc, lit(fc, "\""), ml_regex_compile(fc, p->string, strlen(p->string)),
                              lit(fc, "\""), NULL);
-        mb->pat_value[k] = schema_compile_at(sc, p, p->string, 0, &mb->pat_any[k]);
+        mb->pat_node[k] = p;
     }
     schema_pointer_pop(sc, at);
     mb->add_value = add ? schema_compile_at(sc, add, "additionalProperties", 0, &mb->add_any)
@@ -425,36 +423,21 @@ static ml_fsm *member_value(schema_compiler *sc, const members *mb, size_t i)
     ml_fsm_ctx *fc = sc->fc;
     if (mb->names && !key_matches(sc, mb->names, mb->name[i]))
         return ml_fsm_nothing(fc);
-    ml_fsm *parts[SCHEMA_MAX_PATTERN_PROPERTIES + 1];
-    bool anys[SCHEMA_MAX_PATTERN_PROPERTIES + 1] = {false};
+    const cJSON *nodes[SCHEMA_MAX_PATTERN_PROPERTIES + 1];
     size_t n = 0;
-    if (mb->schema[i]) {
-        size_t at = schema_pointer_push(sc, "properties", 0);
-        parts[n] = schema_compile_at(sc, mb->schema[i], mb->name[i], 0, &anys[n]);
-        n++;
-        schema_pointer_pop(sc, at);
-    }
+    if (mb->schema[i])
+        nodes[n++] = mb->schema[i];
     for (size_t k = 0; k < mb->n_pat; k++)
-        if (key_matches(sc, mb->pat_key[k], mb->name[i])) {
-            parts[n] = copy(fc, mb->pat_value[k]);
-            anys[n++] = mb->pat_any[k];
-        }
-    if (n == 0) {
-        parts[n] = copy(fc, mb->add_value);
-        anys[n++] = mb->add_any;
-    }
-    for (size_t k = 0; k < n; k++)
-        if (!parts[k]) {
-            for (size_t j = 0; j < n; j++)
-                ml_fsm_free(parts[j]);
-            return NULL;
-        }
-    bool any, calls;
-    ml_fsm *r = schema_conjoin(sc, parts, anys, n, &any, &calls);
-    if (calls)
-        return schema_refuse(sc, ML_ERR_UNSUPPORTED, "patternProperties",
-                             "a property under both its own schema and a pattern's, with "
-                             "recursive values");
+        if (key_matches(sc, mb->pat_key[k], mb->name[i]))
+            nodes[n++] = mb->pat_node[k];
+    if (n == 0)
+        return copy(fc, mb->add_value);
+    size_t at = schema_pointer_push(sc, "properties", 0);
+    size_t at2 = schema_pointer_push(sc, mb->name[i], 0);
+    bool any;
+    ml_fsm *r = schema_compile_all(sc, nodes, n, &any);
+    schema_pointer_pop(sc, at2);
+    schema_pointer_pop(sc, at);
     return r;
 }
 
@@ -495,23 +478,15 @@ static ml_fsm *additional_members(schema_compiler *sc, const members *mb)
         if (set == 0) {
             value = copy(fc, mb->add_value);
         } else {
-            ml_fsm *parts[SCHEMA_MAX_PATTERN_PROPERTIES];
-            bool anys[SCHEMA_MAX_PATTERN_PROPERTIES];
+            const cJSON *nodes[SCHEMA_MAX_PATTERN_PROPERTIES];
             size_t n = 0;
             for (size_t k = 0; k < mb->n_pat; k++)
-                if ((set >> k) & 1) {
-                    parts[n] = copy(fc, mb->pat_value[k]);
-                    anys[n++] = mb->pat_any[k];
-                }
-            bool any, calls;
-            value = schema_conjoin(sc, parts, anys, n, &any, &calls);
-            if (calls) {
-                ml_fsm_free(key);
-                ml_fsm_free(r);
-                ml_fsm_free(base);
-                return schema_refuse(sc, ML_ERR_UNSUPPORTED, "patternProperties",
-                                     "keys matching several patterns with recursive values");
-            }
+                if ((set >> k) & 1)
+                    nodes[n++] = mb->pat_node[k];
+            bool any;
+            size_t at = schema_pointer_push(sc, "patternProperties", 0);
+            value = schema_compile_all(sc, nodes, n, &any);
+            schema_pointer_pop(sc, at);
         }
         if (value && ml_fsm_is_empty(value)) {
             ml_fsm_free(key);

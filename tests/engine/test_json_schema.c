@@ -205,6 +205,72 @@ static void test_types(void)
     ml_grammar_unref(g);
 }
 
+static void test_scalars(void)
+{
+    ml_grammar *g = compile("{\"type\": \"integer\", \"minimum\": 1, \"maximum\": 12}", __LINE__);
+    ACCEPTS(g, "1");
+    ACCEPTS(g, "12");
+    REFUSES(g, "0", 0);
+    REFUSES(g, "13", 1);
+    REFUSES(g, "-1", 0);
+    ml_grammar_unref(g);
+
+    g = compile("{\"type\": \"number\", \"exclusiveMinimum\": 0, \"maximum\": 1}", __LINE__);
+    ACCEPTS(g, "0.5");
+    ACCEPTS(g, "1");
+    REFUSES(g, "0", INCOMPLETE);
+    REFUSES(g, "-0.1", 0);
+    REFUSES(g, "1.5", 2);
+    ml_grammar_unref(g);
+
+    /* Draft 4's boolean exclusiveMinimum. */
+    g = compile("{\"type\": \"integer\", \"minimum\": 5, \"exclusiveMinimum\": true}", __LINE__);
+    ACCEPTS(g, "6");
+    REFUSES(g, "5", INCOMPLETE);
+    ml_grammar_unref(g);
+
+    g = compile("{\"type\": \"integer\", \"multipleOf\": 5}", __LINE__);
+    ACCEPTS(g, "10");
+    ACCEPTS(g, "-35");
+    REFUSES(g, "7", INCOMPLETE);
+    ml_grammar_unref(g);
+
+    /* An integer multipleOf on a number: integers only (narrower). */
+    g = compile("{\"type\": \"number\", \"multipleOf\": 2}", __LINE__);
+    ACCEPTS(g, "4");
+    REFUSES(g, "4.0", 1);
+    ml_grammar_unref(g);
+
+    g = compile("{\"type\": \"string\", \"minLength\": 2, \"maxLength\": 3}", __LINE__);
+    ACCEPTS(g, "\"ab\"");
+    ACCEPTS(g, "\"abc\"");
+    ACCEPTS(g, "\"\xc3\xa9\xc3\xa9\""); /* code points, not bytes */
+    REFUSES(g, "\"a\"", 2);
+    REFUSES(g, "\"abcd\"", 4);
+    ml_grammar_unref(g);
+
+    g = compile("{\"type\": \"string\", \"pattern\": \"^[a-z]+$\"}", __LINE__);
+    ACCEPTS(g, "\"abc\"");
+    REFUSES(g, "\"ab1\"", 3);
+    REFUSES(g, "\"\"", 1);
+    ml_grammar_unref(g);
+
+    g = compile("{\"type\": \"string\", \"format\": \"date\"}", __LINE__);
+    ACCEPTS(g, "\"2024-02-29\"");
+    REFUSES(g, "\"2024-13-01\"", 7);
+    ml_grammar_unref(g);
+    REFUSED("{\"type\": \"string\", \"format\": \"color\"}", ML_ERR_UNSUPPORTED, "color");
+
+    /* enum numbers in one canonical text. */
+    g = compile("{\"enum\": [1.5, 100, -0.25, 1e2]}", __LINE__);
+    ACCEPTS(g, "1.5");
+    ACCEPTS(g, "100");
+    ACCEPTS(g, "-0.25");
+    REFUSES(g, "1.50", 3);
+    REFUSES(g, "1e2", 1);
+    ml_grammar_unref(g);
+}
+
 static void test_any(void)
 {
     const char *any[] = {"{}", "true", "{\"description\": \"anything\"}"};
@@ -304,6 +370,39 @@ static void test_objects(void)
     ACCEPTS(g, "{\"a\\\"b\": 1, \"tab\\t\": 2}");
     REFUSES(g, "{\"a\\u0022b\": 1}", 4);
     ml_grammar_unref(g);
+}
+
+static void test_members(void)
+{
+    /* A named property under its own schema and a matching pattern's. */
+    ml_grammar *g = compile("{\"properties\": {\"x-a\": {\"type\": \"string\"}}, "
+                            "\"patternProperties\": {\"^x-\": {\"maxLength\": 2}}}",
+                            __LINE__);
+    ACCEPTS(g, "{\"x-a\": \"ab\"}");
+    ACCEPTS(g, "{\"x-b\": 1234}");
+    REFUSES(g, "{\"x-a\": \"abc\"}", 11);
+    REFUSES(g, "{\"x-b\": \"abc\"}", 11);
+    ml_grammar_unref(g);
+
+    /* Keys matching two patterns take both schemas. */
+    g = compile("{\"type\": \"object\", \"patternProperties\": {\"^a\": {\"type\": "
+                "\"integer\"}, \"b$\": {\"minimum\": 5}}, \"additionalProperties\": false}",
+                __LINE__);
+    ACCEPTS(g, "{\"ab\": 7, \"a\": 1, \"b\": \"s\"}");
+    REFUSES(g, "{\"ab\": 3}", 8);
+    REFUSES(g, "{\"ab\": \"s\"}", 7);
+    REFUSES(g, "{\"c\": 1}", 3);
+    ml_grammar_unref(g);
+
+    g = compile("{\"type\": \"object\", \"propertyNames\": {\"pattern\": \"^[a-z]+$\"}}",
+                __LINE__);
+    ACCEPTS(g, "{\"abc\": 1, \"d\": {\"E\": 2}}");
+    REFUSES(g, "{\"aB\": 1}", 3);
+    ml_grammar_unref(g);
+
+    REFUSED("{\"patternProperties\": {\"a\": {}, \"b\": {}, \"c\": {}, \"d\": {}, \"e\": {}}}",
+            ML_ERR_UNSUPPORTED, "patternProperties");
+    REFUSED("{\"properties\": {\"a\": {}, \"a\": {}}}", ML_ERR_INVALID_ARG, "properties");
 }
 
 static void test_arrays(void)
@@ -472,6 +571,29 @@ static void test_refs(void)
                 __LINE__);
     ACCEPTS(g, "[{\"x\": [{}, {\"x\": []}]}]");
     ml_grammar_unref(g);
+
+    /* oneOf with recursive branches told apart by their first byte. */
+    g = compile("{\"oneOf\": [{\"type\": \"null\"}, {\"type\": \"array\", \"items\": "
+                "{\"$ref\": \"#\"}}]}",
+                __LINE__);
+    ACCEPTS(g, "[null, []]");
+    REFUSES(g, "[1]", 1);
+    ml_grammar_unref(g);
+
+    /* Nesting: ML_GRAMMAR_MAX_DEPTH calls deep at most. */
+    g = compile("{\"type\": \"array\", \"items\": {\"$ref\": \"#\"}}", __LINE__);
+    char deep[2 * 200 + 1];
+    for (int n = 1; n <= 200; n *= 2) {
+        memset(deep, '[', (size_t)n);
+        memset(deep + n, ']', (size_t)n);
+        deep[2 * n] = '\0';
+        long at = g ? walk_bytes(g, deep) : 0;
+        if (n <= ML_GRAMMAR_MAX_DEPTH)
+            check(at == 2 * n, "%d deep: refused at %ld", n, at);
+        else
+            check(at == ML_GRAMMAR_MAX_DEPTH, "%d deep: refused at %ld", n, at);
+    }
+    ml_grammar_unref(g);
 }
 
 /* ---- 3: refused schemas ------------------------------------------------------ */
@@ -626,8 +748,10 @@ int main(void)
             g_byte_id[(uint8_t)bytes[0]] = id;
     }
     test_types();
+    test_scalars();
     test_any();
     test_objects();
+    test_members();
     test_arrays();
     test_enum_const();
     test_combinators();
