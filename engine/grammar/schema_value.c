@@ -5,7 +5,6 @@
  * arrays and objects, never before or after a value: the container around a
  * value owns the gaps, so a document has none at either end. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,17 +24,19 @@
 
 /* ---- building blocks -------------------------------------------------------- */
 
-/* The concatenation of the NULL-terminated list of automata (owned). */
-static ml_fsm *cat(ml_fsm_ctx *fc, ml_fsm *first, ...)
+/* The concatenation of a[0..n) (owned; every one freed, whatever the
+ * outcome, even after a NULL). */
+static ml_fsm *cat_n(ml_fsm_ctx *fc, ml_fsm *const *a, size_t n)
 {
-    va_list ap;
-    va_start(ap, first);
-    ml_fsm *r = first;
-    for (ml_fsm *a; (a = va_arg(ap, ml_fsm *));)
-        r = ml_fsm_concat(fc, r, a);
-    va_end(ap);
+    ml_fsm *r = a[0];
+    for (size_t i = 1; i < n; i++)
+        r = ml_fsm_concat(fc, r, a[i]);
     return r;
 }
+/* cat(fc, a, b, ...): the concatenation of the automata given (owned). */
+#define cat(fc, ...)                                   \
+    cat_n((fc), (ml_fsm *const[]){__VA_ARGS__},        \
+          sizeof((ml_fsm *const[]){__VA_ARGS__}) / sizeof(ml_fsm *))
 
 static ml_fsm *lit(ml_fsm_ctx *fc, const char *s)
 {
@@ -54,7 +55,7 @@ ml_fsm *schema_gap(ml_fsm_ctx *fc)
 /* "," then a gap. */
 static ml_fsm *comma(ml_fsm_ctx *fc)
 {
-    return cat(fc, lit(fc, ","), schema_gap(fc), NULL);
+    return cat(fc, lit(fc, ","), schema_gap(fc));
 }
 
 static ml_fsm *copy(ml_fsm_ctx *fc, const ml_fsm *a)
@@ -98,7 +99,7 @@ static ml_fsm *key_of(schema_compiler *sc, const char *name)
 {
     ml_fsm_ctx *fc = sc->fc;
     return cat(fc, lit(fc, "\""), ml_lex_json_string_content_of(fc, name, strlen(name)),
-               lit(fc, "\""), NULL);
+               lit(fc, "\""));
 }
 
 /* 1 when a (a quoted-string automaton) accepts the key name. */
@@ -267,12 +268,11 @@ static ml_fsm *schema_array(schema_compiler *sc, const cJSON *node)
     } else {
         uint32_t more_hi = hi == ML_FSM_UNBOUNDED ? ML_FSM_UNBOUNDED : hi - 1;
         tail_first = cat(fc, copy(fc, er),
-                         ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, er), NULL),
-                                       lo ? lo - 1 : 0, more_hi),
-                         NULL);
+                         ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, er)),
+                                       lo ? lo - 1 : 0, more_hi));
         if (lo == 0)
             tail_first = ml_fsm_union(fc, tail_first, ml_fsm_epsilon(fc));
-        r = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, er), NULL), lo, hi);
+        r = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, er)), lo, hi);
     }
     ml_fsm_free(er);
 
@@ -297,16 +297,16 @@ static ml_fsm *schema_array(schema_compiler *sc, const cJSON *node)
         }
         schema_pointer_pop(sc, at);
         for (uint32_t k = m - 1; k >= 1; k--) {
-            ml_fsm *cont = k < max ? cat(fc, comma(fc), e[k], r, NULL)
+            ml_fsm *cont = k < max ? cat(fc, comma(fc), e[k], r)
                                    : (ml_fsm_free(e[k]), ml_fsm_free(r), ml_fsm_nothing(fc));
             r = k >= min ? ml_fsm_union(fc, ml_fsm_epsilon(fc), cont) : cont;
         }
-        ml_fsm *cont = max > 0 ? cat(fc, e[0], r, NULL)
+        ml_fsm *cont = max > 0 ? cat(fc, e[0], r)
                                : (ml_fsm_free(e[0]), ml_fsm_free(r), ml_fsm_nothing(fc));
         body = min == 0 ? ml_fsm_union(fc, ml_fsm_epsilon(fc), cont) : cont;
         free(e);
     }
-    return cat(fc, lit(fc, "["), schema_gap(fc), body, lit(fc, "]"), NULL);
+    return cat(fc, lit(fc, "["), schema_gap(fc), body, lit(fc, "]"));
 }
 
 /* ---- objects ----------------------------------------------------------------- */
@@ -395,7 +395,7 @@ static bool members_init(schema_compiler *sc, const cJSON *node, members *mb)
     for (const cJSON *p = pats ? pats->child : NULL; p; p = p->next) {
         size_t k = mb->n_pat++;
         mb->pat_key[k] = cat(fc, lit(fc, "\""), ml_regex_compile(fc, p->string, strlen(p->string)),
-                             lit(fc, "\""), NULL);
+                             lit(fc, "\""));
         mb->pat_node[k] = p;
     }
     schema_pointer_pop(sc, at);
@@ -444,7 +444,7 @@ static ml_fsm *member_value(schema_compiler *sc, const members *mb, size_t i)
 /* key gap ":" gap value gap: one member, its trailing gap included. */
 static ml_fsm *member(ml_fsm_ctx *fc, ml_fsm *key, ml_fsm *value)
 {
-    return cat(fc, key, schema_gap(fc), lit(fc, ":"), schema_gap(fc), value, schema_gap(fc), NULL);
+    return cat(fc, key, schema_gap(fc), lit(fc, ":"), schema_gap(fc), value, schema_gap(fc));
 }
 
 /* The members not named: one region per set of patterns a key matches
@@ -514,16 +514,16 @@ static ml_fsm *schema_object(schema_compiler *sc, const cJSON *node)
     ml_fsm *x = additional_members(sc, &mb);
     ml_fsm *f, *rest;
     if (x) {
-        rest = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, x), NULL), 0, ML_FSM_UNBOUNDED);
-        f = ml_fsm_union(fc, ml_fsm_epsilon(fc), cat(fc, x, copy(fc, rest), NULL));
+        rest = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, x)), 0, ML_FSM_UNBOUNDED);
+        f = ml_fsm_union(fc, ml_fsm_epsilon(fc), cat(fc, x, copy(fc, rest)));
     } else {
         rest = ml_fsm_epsilon(fc);
         f = ml_fsm_epsilon(fc);
     }
     for (size_t i = mb.n; i-- > 0 && ml_fsm_ctx_status(fc) == ML_OK;) {
         ml_fsm *m = member(fc, key_of(sc, mb.name[i]), member_value(sc, &mb, i));
-        ml_fsm *first = cat(fc, copy(fc, m), copy(fc, rest), NULL);
-        ml_fsm *later = cat(fc, comma(fc), m, copy(fc, rest), NULL);
+        ml_fsm *first = cat(fc, copy(fc, m), copy(fc, rest));
+        ml_fsm *later = cat(fc, comma(fc), m, copy(fc, rest));
         if (mb.required[i]) {
             ml_fsm_free(f);
             ml_fsm_free(rest);
@@ -536,7 +536,7 @@ static ml_fsm *schema_object(schema_compiler *sc, const cJSON *node)
     }
     members_deinit(&mb);
     ml_fsm_free(rest);
-    return cat(fc, lit(fc, "{"), schema_gap(fc), f, lit(fc, "}"), NULL);
+    return cat(fc, lit(fc, "{"), schema_gap(fc), f, lit(fc, "}"));
 }
 
 /* ---- types, any value, literals ---------------------------------------------- */
@@ -571,17 +571,16 @@ ml_fsm *schema_any(schema_compiler *sc)
         ml_lex_bound none = {0};
         ml_fsm *v = ml_fsm_call(fc, (uint32_t)k);
         ml_fsm *items = cat(fc, copy(fc, v), schema_gap(fc),
-                            ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, v), schema_gap(fc), NULL),
-                                          0, ML_FSM_UNBOUNDED),
-                            NULL);
+                            ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, v), schema_gap(fc)),
+                                          0, ML_FSM_UNBOUNDED));
         ml_fsm *arr = cat(fc, lit(fc, "["), schema_gap(fc),
-                          ml_fsm_union(fc, ml_fsm_epsilon(fc), items), lit(fc, "]"), NULL);
+                          ml_fsm_union(fc, ml_fsm_epsilon(fc), items), lit(fc, "]"));
         ml_fsm *mem = member(fc, any_string(fc), v);
-        ml_fsm *more = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, mem), NULL), 0,
+        ml_fsm *more = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, mem)), 0,
                                      ML_FSM_UNBOUNDED);
-        ml_fsm *mems = cat(fc, mem, more, NULL);
+        ml_fsm *mems = cat(fc, mem, more);
         ml_fsm *obj = cat(fc, lit(fc, "{"), schema_gap(fc),
-                          ml_fsm_union(fc, ml_fsm_epsilon(fc), mems), lit(fc, "}"), NULL);
+                          ml_fsm_union(fc, ml_fsm_epsilon(fc), mems), lit(fc, "}"));
         ml_fsm *body = ml_fsm_union(fc, lit(fc, "null"), lit(fc, "true"));
         body = ml_fsm_union(fc, body, lit(fc, "false"));
         body = ml_fsm_union(fc, body, ml_lex_json_number(fc, none, none));
@@ -630,14 +629,13 @@ ml_fsm *schema_literal(schema_compiler *sc, const cJSON *v)
     if (cJSON_IsString(v))
         return key_of(sc, v->valuestring);
     bool obj = cJSON_IsObject(v);
-    ml_fsm *r = cat(fc, lit(fc, obj ? "{" : "["), schema_gap(fc), NULL);
+    ml_fsm *r = cat(fc, lit(fc, obj ? "{" : "["), schema_gap(fc));
     for (const cJSON *e = v->child; e; e = e->next) {
         if (e != v->child)
-            r = cat(fc, r, comma(fc), NULL);
+            r = cat(fc, r, comma(fc));
         if (obj)
-            r = cat(fc, r, key_of(sc, e->string), schema_gap(fc), lit(fc, ":"), schema_gap(fc),
-                    NULL);
-        r = cat(fc, r, schema_literal(sc, e), schema_gap(fc), NULL);
+            r = cat(fc, r, key_of(sc, e->string), schema_gap(fc), lit(fc, ":"), schema_gap(fc));
+        r = cat(fc, r, schema_literal(sc, e), schema_gap(fc));
     }
-    return cat(fc, r, lit(fc, obj ? "}" : "]"), NULL);
+    return cat(fc, r, lit(fc, obj ? "}" : "]"));
 }
