@@ -500,43 +500,74 @@ static ml_fsm *additional_members(schema_compiler *sc, const members *mb)
     return r;
 }
 
+/* A run of consecutive members (a leaf: one defined member, or the
+ * additional ones): first, its non-empty selections written with commas
+ * between them and none before (owned); empty, whether it may write
+ * nothing (no required member in it). */
+typedef struct span {
+    ml_fsm *first;
+    bool empty;
+} span;
+
+/* The members of l then r: a selection of both is l's, a comma, r's. Built
+ * as a balanced tree of joins, so each member's automaton is copied about
+ * log n times instead of n (a chain of suffixes costs n^2 states). */
+static span join(ml_fsm_ctx *fc, span l, span r)
+{
+    ml_fsm *after = cat(fc, comma(fc), copy(fc, r.first));
+    if (r.empty)
+        after = ml_fsm_union(fc, ml_fsm_epsilon(fc), after);
+    ml_fsm *first = cat(fc, l.first, after);
+    if (l.empty)
+        first = ml_fsm_union(fc, first, r.first);
+    else
+        ml_fsm_free(r.first);
+    return (span){.first = first, .empty = l.empty && r.empty};
+}
+
+static span join_range(ml_fsm_ctx *fc, span *s, size_t lo, size_t hi)
+{
+    if (hi - lo == 1)
+        return s[lo];
+    size_t mid = lo + (hi - lo) / 2;
+    span l = join_range(fc, s, lo, mid);
+    return join(fc, l, join_range(fc, s, mid, hi));
+}
+
 /* Defined members first, in order, each optional one skippable, then any
- * number of additional ones. f: the members from i on when none came before
- * (no comma first); rest: the same after one came. */
+ * number of additional ones, commas between them. */
 static ml_fsm *schema_object(schema_compiler *sc, const cJSON *node)
 {
     ml_fsm_ctx *fc = sc->fc;
     members mb = {0};
-    if (!members_init(sc, node, &mb)) {
-        members_deinit(&mb);
-        return NULL;
+    span *spans = NULL;
+    ml_fsm *body = NULL;
+    if (!members_init(sc, node, &mb))
+        goto out;
+    spans = calloc(mb.n + 1, sizeof *spans);
+    if (!spans) {
+        ml_fsm_ctx_fail(fc, ML_ERR_NOMEM, "schema: out of memory");
+        goto out;
     }
+    size_t n = 0;
+    for (size_t i = 0; i < mb.n; i++)
+        spans[n++] = (span){.first = member(fc, key_of(sc, mb.name[i]), member_value(sc, &mb, i)),
+                            .empty = !mb.required[i]};
     ml_fsm *x = additional_members(sc, &mb);
-    ml_fsm *f, *rest;
     if (x) {
-        rest = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, x)), 0, ML_FSM_UNBOUNDED);
-        f = ml_fsm_union(fc, ml_fsm_epsilon(fc), cat(fc, x, copy(fc, rest)));
+        ml_fsm *more = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, x)), 0, ML_FSM_UNBOUNDED);
+        spans[n++] = (span){.first = cat(fc, x, more), .empty = true};
+    }
+    if (n == 0) {
+        body = ml_fsm_epsilon(fc);
     } else {
-        rest = ml_fsm_epsilon(fc);
-        f = ml_fsm_epsilon(fc);
+        span all = join_range(fc, spans, 0, n);
+        body = all.empty ? ml_fsm_union(fc, ml_fsm_epsilon(fc), all.first) : all.first;
     }
-    for (size_t i = mb.n; i-- > 0 && ml_fsm_ctx_status(fc) == ML_OK;) {
-        ml_fsm *m = member(fc, key_of(sc, mb.name[i]), member_value(sc, &mb, i));
-        ml_fsm *first = cat(fc, copy(fc, m), copy(fc, rest));
-        ml_fsm *later = cat(fc, comma(fc), m, copy(fc, rest));
-        if (mb.required[i]) {
-            ml_fsm_free(f);
-            ml_fsm_free(rest);
-            f = first;
-            rest = later;
-        } else {
-            f = ml_fsm_union(fc, first, f);
-            rest = ml_fsm_union(fc, later, rest);
-        }
-    }
+out:
+    free(spans);
     members_deinit(&mb);
-    ml_fsm_free(rest);
-    return cat(fc, lit(fc, "{"), schema_gap(fc), f, lit(fc, "}"));
+    return cat(fc, lit(fc, "{"), schema_gap(fc), body, lit(fc, "}"));
 }
 
 /* ---- types, any value, literals ---------------------------------------------- */
