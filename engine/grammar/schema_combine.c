@@ -191,14 +191,33 @@ static ml_fsm *schema_one_of(schema_compiler *sc, const cJSON *node)
     return r;
 }
 
-static ml_fsm *schema_enum(schema_compiler *sc, const cJSON *node)
+/* The type bits of a JSON value (an integral number is an integer too). */
+static unsigned schema_value_types(const cJSON *v)
 {
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(node, "enum");
-    if (!cJSON_IsArray(e))
+    if (cJSON_IsNull(v))
+        return SCHEMA_T_NULL;
+    if (cJSON_IsBool(v))
+        return SCHEMA_T_BOOLEAN;
+    if (cJSON_IsNumber(v))
+        return v->valuedouble == floor(v->valuedouble) ? SCHEMA_T_NUMBER | SCHEMA_T_INTEGER
+                                                       : SCHEMA_T_NUMBER;
+    if (cJSON_IsString(v))
+        return SCHEMA_T_STRING;
+    return cJSON_IsArray(v) ? SCHEMA_T_ARRAY : SCHEMA_T_OBJECT;
+}
+
+/* The values of enum (an array) or const (one value, when one is true)
+ * whose type is in types. */
+static ml_fsm *schema_values(schema_compiler *sc, const cJSON *v, bool one, unsigned types)
+{
+    if (!one && !cJSON_IsArray(v))
         return schema_refuse(sc, ML_ERR_INVALID_ARG, "enum", "not an array");
+    size_t at = schema_pointer_push(sc, one ? "const" : "enum", 0);
     ml_fsm *r = ml_fsm_nothing(sc->fc);
-    for (const cJSON *v = e->child; v; v = v->next)
-        r = ml_fsm_union(sc->fc, r, schema_literal(sc, v));
+    for (const cJSON *e = one ? v : v->child; e; e = one ? NULL : e->next)
+        if (schema_value_types(e) & types)
+            r = ml_fsm_union(sc->fc, r, schema_literal(sc, e));
+    schema_pointer_pop(sc, at);
     return r;
 }
 
@@ -486,10 +505,17 @@ ml_fsm *schema_parts(schema_compiler *sc, const cJSON *node, bool typed, bool ha
     unsigned types = schema_types(sc, node);
     if (!types)
         return NULL;
-    if (typed || has_type) {
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(node, "enum");
+    const cJSON *co = cJSON_GetObjectItemCaseSensitive(node, "const");
+    /* A "type" beside enum/const and no other type keyword filters the
+     * values instead of being intersected (an object or array type holds
+     * calls, which cannot be). */
+    bool filter = has_type && !typed && (en || co);
+    if ((typed || has_type) && !filter) {
         parts[n] = schema_typed(sc, node, types);
         n++;
     }
+    unsigned value_types = filter ? types : SCHEMA_T_ALL;
     const cJSON *v;
     if ((v = cJSON_GetObjectItemCaseSensitive(node, "$ref"))) {
         size_t at = schema_pointer_push(sc, "$ref", 0);
@@ -528,15 +554,13 @@ ml_fsm *schema_parts(schema_compiler *sc, const cJSON *node, bool typed, bool ha
         parts[n] = schema_one_of(sc, node);
         n++;
     }
-    if (cJSON_GetObjectItemCaseSensitive(node, "enum")) {
-        parts[n] = schema_enum(sc, node);
+    if (en) {
+        parts[n] = schema_values(sc, en, false, value_types);
         n++;
     }
-    if ((v = cJSON_GetObjectItemCaseSensitive(node, "const"))) {
-        size_t at = schema_pointer_push(sc, "const", 0);
-        parts[n] = schema_literal(sc, v);
+    if (co) {
+        parts[n] = schema_values(sc, co, true, value_types);
         n++;
-        schema_pointer_pop(sc, at);
     }
     if (!typed && !has_type && n == 0) { /* annotations, or "not" alone */
         parts[n] = schema_any(sc);

@@ -469,6 +469,15 @@ static void test_enum_const(void)
     REFUSES(g, "\"a\\u000ab\"", 3);
     ml_grammar_unref(g);
 
+    /* enum under an object or array type: the values of that type. */
+    g = compile("{\"type\": [\"object\", \"integer\"], \"enum\": [{\"a\": 1}, [2], 3, 3.5]}",
+                __LINE__);
+    ACCEPTS(g, "{\"a\": 1}");
+    ACCEPTS(g, "3");
+    REFUSES(g, "[2]", 0);
+    REFUSES(g, "3.5", 1);
+    ml_grammar_unref(g);
+
     /* enum under a type: the intersection. */
     g = compile("{\"type\": \"string\", \"enum\": [\"a\", 1]}", __LINE__);
     ACCEPTS(g, "\"a\"");
