@@ -461,6 +461,18 @@ static ml_fsm *schema_ref(schema_compiler *sc, const cJSON *node, const char *re
     if (ti < 0)
         return NULL;
     schema_target *t = &sc->targets[ti];
+    if (sc->regular_depth && !(t->memo && !ml_fsm_has_calls(t->memo))) {
+        /* Compiled regular: a fresh copy (the memo is the unbounded one),
+         * refused when recursive. */
+        if (t->in_progress)
+            return schema_refuse(sc, ML_ERR_UNSUPPORTED, "$ref",
+                                 "a recursive reference inside a schema that must be regular "
+                                 "(the complement of oneOf or not, an enum beside it)");
+        t->in_progress = true;
+        ml_fsm *r = schema_compile(sc, node, any);
+        sc->targets[ti].in_progress = false;
+        return r;
+    }
     if (t->memo) {
         *any = t->memo_any;
         return ml_fsm_copy(sc->fc, t->memo);
@@ -584,6 +596,7 @@ static void schema_compiler_deinit(schema_compiler *sc)
     for (uint32_t i = 0; i < sc->n_machines; i++)
         ml_fsm_free(sc->machines[i].fsm);
     free(sc->machines);
+    ml_fsm_free(sc->any_regular);
 }
 
 ml_status ml_grammar_compile_schema(const char *text, size_t len, const ml_schema_limits *lim,

@@ -591,9 +591,38 @@ ml_fsm *schema_typed(schema_compiler *sc, const cJSON *node, unsigned types)
     return r;
 }
 
+/* Every JSON value with containers nested at most depth deep. */
+static ml_fsm *any_nested(ml_fsm_ctx *fc, uint32_t depth)
+{
+    ml_lex_bound none = {0};
+    ml_fsm *scalar = ml_fsm_union(fc, lit(fc, "null"), lit(fc, "true"));
+    scalar = ml_fsm_union(fc, scalar, lit(fc, "false"));
+    scalar = ml_fsm_union(fc, scalar, ml_lex_json_number(fc, none, none));
+    scalar = ml_fsm_union(fc, scalar, any_string(fc));
+    ml_fsm *v = copy(fc, scalar);
+    for (uint32_t d = 0; d < depth; d++) {
+        ml_fsm *item = cat(fc, copy(fc, v), schema_gap(fc));
+        ml_fsm *more = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, item)), 0, ML_FSM_UNBOUNDED);
+        ml_fsm *arr = cat(fc, lit(fc, "["), schema_gap(fc),
+                          ml_fsm_union(fc, ml_fsm_epsilon(fc), cat(fc, item, more)), lit(fc, "]"));
+        ml_fsm *mem = member(fc, any_string(fc), v);
+        ml_fsm *mems = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, mem)), 0, ML_FSM_UNBOUNDED);
+        ml_fsm *obj = cat(fc, lit(fc, "{"), schema_gap(fc),
+                          ml_fsm_union(fc, ml_fsm_epsilon(fc), cat(fc, mem, mems)), lit(fc, "}"));
+        v = ml_fsm_union(fc, copy(fc, scalar), ml_fsm_union(fc, arr, obj));
+    }
+    ml_fsm_free(scalar);
+    return v;
+}
+
 ml_fsm *schema_any(schema_compiler *sc)
 {
     ml_fsm_ctx *fc = sc->fc;
+    if (sc->regular_depth) {
+        if (!sc->any_regular)
+            sc->any_regular = any_nested(fc, sc->regular_depth);
+        return copy(fc, sc->any_regular);
+    }
     if (sc->any_machine < 0) {
         int k = schema_machine_new(sc, "any value");
         if (k < 0)

@@ -495,18 +495,18 @@ static void test_combinators(void)
     ml_grammar_unref(g);
 
     /* oneOf: the values in exactly one branch. */
-    g = compile("{\"oneOf\": [{\"enum\": [1, 2]}, {\"enum\": [2, 3]}]}", __LINE__);
-    ACCEPTS(g, "1");
-    ACCEPTS(g, "3");
-    REFUSES(g, "2", 0);
+    g = compile("{\"oneOf\": [{\"enum\": [\"a\", \"b\"]}, {\"enum\": [\"b\", \"c\"]}]}", __LINE__);
+    ACCEPTS(g, "\"a\"");
+    ACCEPTS(g, "\"c\"");
+    REFUSES(g, "\"b\"", 1);
     ml_grammar_unref(g);
 
     /* allOf, regular: the intersection. */
-    g = compile("{\"allOf\": [{\"enum\": [1, 2, 3]}, {\"enum\": [2, 3, 4]}], \"not\": "
-                "{\"const\": 3}}",
+    g = compile("{\"allOf\": [{\"enum\": [1, 2, \"c\"]}, {\"enum\": [2, \"c\", 4]}], \"not\": "
+                "{\"const\": \"c\"}}",
                 __LINE__);
     ACCEPTS(g, "2");
-    REFUSES(g, "3", 0);
+    REFUSES(g, "\"c\"", 0);
     REFUSES(g, "1", 0);
     ml_grammar_unref(g);
 
@@ -527,6 +527,42 @@ static void test_combinators(void)
     REFUSES(g, "{\"a\": 1}", 7);
     REFUSES(g, "{\"b\": \"x\", \"a\": 1}", 2);
     ml_grammar_unref(g);
+
+    /* oneOf: branches of different types need no difference, even with
+     * recursive values; exact branches (no numbers, patterns, formats or
+     * ordered properties) are subtracted, those with calls within
+     * SCHEMA_REGULAR_DEPTH nested containers. */
+    g = compile("{\"oneOf\": [{\"type\": \"object\"}, {\"type\": \"array\", \"items\": "
+                "{\"type\": \"integer\"}}, {\"type\": \"string\", \"pattern\": \"^a\"}]}",
+                __LINE__);
+    ACCEPTS(g, "{\"x\": [1, {}]}");
+    ACCEPTS(g, "[1, 2]");
+    ACCEPTS(g, "\"ab\"");
+    ml_grammar_unref(g);
+
+    g = compile("{\"oneOf\": [{\"type\": \"array\"}, {\"type\": \"array\", \"minItems\": 2}]}",
+                __LINE__);
+    ACCEPTS(g, "[]");
+    ACCEPTS(g, "[{\"a\": [true]}]");
+    REFUSES(g, "[1, 2]", 2);
+    REFUSES(g, "[[[[[1]]]]]", 4);
+    ml_grammar_unref(g);
+
+    g = compile("{\"type\": [\"string\", \"null\"], \"not\": {\"enum\": [\"\", null]}}", __LINE__);
+    ACCEPTS(g, "\"a\"");
+    REFUSES(g, "null", 0);
+    REFUSES(g, "\"\"", 1);
+    ml_grammar_unref(g);
+
+    /* Subtracting a narrowed schema would admit what it matches. */
+    REFUSED("{\"oneOf\": [{\"type\": \"number\"}, {\"enum\": [100]}]}", ML_ERR_UNSUPPORTED,
+            "oneOf");
+    REFUSED("{\"oneOf\": [{\"type\": \"object\"}, {\"type\": \"object\", \"required\": "
+            "[\"a\"]}]}",
+            ML_ERR_UNSUPPORTED, "oneOf");
+    REFUSED("{\"type\": \"object\", \"not\": {\"required\": [\"x\"]}}", ML_ERR_UNSUPPORTED,
+            "not");
+    REFUSED("{\"type\": \"string\", \"not\": {\"pattern\": \"^a\"}}", ML_ERR_UNSUPPORTED, "not");
 
     /* anyOf distributed over an object with recursive members. */
     g = compile("{\"type\": \"object\", \"properties\": {\"a\": {}, \"b\": {}}, "
@@ -635,10 +671,10 @@ static void test_refusals(void)
     /* An infinite document only. */
     REFUSED("{\"type\": \"array\", \"items\": {\"$ref\": \"#\"}, \"minItems\": 1}",
             ML_ERR_INVALID_ARG, "no document");
-    /* oneOf with overlapping recursive branches. */
-    REFUSED("{\"oneOf\": [{\"type\": \"object\"}, {\"type\": \"object\", \"required\": "
-            "[\"a\"]}]}",
-            ML_ERR_UNSUPPORTED, "oneOf");
+    /* oneOf whose overlapping branches hold a recursive reference. */
+    REFUSED("{\"$defs\": {\"t\": {\"type\": \"array\", \"items\": {\"$ref\": \"#/$defs/t\"}}}, "
+            "\"oneOf\": [{\"$ref\": \"#/$defs/t\"}, {\"type\": \"array\", \"maxItems\": 1}]}",
+            ML_ERR_UNSUPPORTED, "oneOf", "narrower");
     /* Alternatives that begin with the same byte, one a recursive call. */
     REFUSED("{\"anyOf\": [{\"type\": \"array\", \"items\": {\"$ref\": \"#\"}}, {\"$ref\": "
             "\"#/$defs/l\"}], \"$defs\": {\"l\": {\"type\": \"array\", \"items\": {\"$ref\": "
