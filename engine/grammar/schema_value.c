@@ -128,6 +128,30 @@ static ml_fsm *any_string(ml_fsm_ctx *fc)
     return ml_lex_json_string(fc, &s);
 }
 
+/* Keys of printable ASCII only (their one form: \" and \\ escaped): where
+ * regex.c's automata match exactly what Python's re does (they are
+ * narrower elsewhere: line terminators, Unicode classes), so a key outside
+ * a pattern's automaton is surely outside the pattern. */
+static ml_fsm *ascii_key(ml_fsm_ctx *fc)
+{
+    uint8_t plain[32] = {0};
+    for (int b = 0x20; b < 0x7f; b++)
+        if (b != '"' && b != '\\')
+            plain[b >> 3] |= (uint8_t)(1u << (b & 7));
+    ml_fsm *ch = ml_fsm_union(fc, ml_fsm_byte_set(fc, plain),
+                              ml_fsm_union(fc, lit(fc, "\\\""), lit(fc, "\\\\")));
+    ml_fsm *body = ml_fsm_tag(fc, ml_fsm_repeat(fc, ch, 0, ML_FSM_UNBOUNDED), ML_FSM_TAG_IN_STRING);
+    return cat(fc, lit(fc, "\""), body, lit(fc, "\""));
+}
+
+static bool ascii_printable(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
+            return false;
+    return true;
+}
+
 /* ---- keyword values ---------------------------------------------------------- */
 
 /* A count keyword (minLength, maxItems...): *out = its value, or absent when
@@ -427,9 +451,14 @@ static ml_fsm *member_value(schema_compiler *sc, const members *mb, size_t i)
     size_t n = 0;
     if (mb->schema[i])
         nodes[n++] = mb->schema[i];
-    for (size_t k = 0; k < mb->n_pat; k++)
+    for (size_t k = 0; k < mb->n_pat; k++) {
         if (key_matches(sc, mb->pat_key[k], mb->name[i]))
             nodes[n++] = mb->pat_node[k];
+        else if (!ascii_printable(mb->name[i]))
+            return schema_refuse(sc, ML_ERR_UNSUPPORTED, "patternProperties",
+                                 "a property name beyond printable ASCII, where whether a "
+                                 "pattern matches it is not decided exactly");
+    }
     if (n == 0)
         return copy(fc, mb->add_value);
     size_t at = schema_pointer_push(sc, "properties", 0);
@@ -456,6 +485,8 @@ static ml_fsm *additional_members(schema_compiler *sc, const members *mb)
     if (mb->n_pat == 0 && ml_fsm_is_empty(mb->add_value))
         return NULL;
     ml_fsm *base = any_string(fc);
+    if (mb->n_pat) /* a key outside a pattern must surely be outside it */
+        base = ml_fsm_intersect(fc, base, ascii_key(fc));
     if (mb->names)
         base = ml_fsm_intersect(fc, base, copy(fc, mb->names));
     if (mb->n) {

@@ -394,6 +394,15 @@ static void test_members(void)
     REFUSES(g, "{\"c\": 1}", 3);
     ml_grammar_unref(g);
 
+    /* Beside patterns, other keys are printable ASCII (where the patterns'
+     * automata are exact): "a\n" matches "^a$" under Python's re. */
+    g = compile("{\"type\": \"object\", \"patternProperties\": {\"^a$\": {\"type\": \"integer\"}}}",
+                __LINE__);
+    ACCEPTS(g, "{\"a\": 1, \"b\": \"x\", \"q\\\"\": 2}");
+    REFUSES(g, "{\"a\\n\": \"x\"}", 4);
+    REFUSES(g, "{\"\xc3\xa9\": 1}", 2);
+    ml_grammar_unref(g);
+
     g = compile("{\"type\": \"object\", \"propertyNames\": {\"pattern\": \"^[a-z]+$\"}}",
                 __LINE__);
     ACCEPTS(g, "{\"abc\": 1, \"d\": {\"E\": 2}}");
