@@ -424,14 +424,17 @@ static bool schema_merge_members(schema_compiler *sc, cJSON *m, const cJSON *src
 
 /* A numeric keyword both sides give: the stricter one (larger for lower
  * bounds, smaller for upper bounds). */
-static bool schema_merge_bound(cJSON *m, const cJSON *v, bool lower)
+static bool schema_merge_bound(schema_compiler *sc, cJSON *m, const cJSON *v, bool lower)
 {
     const cJSON *old = cJSON_GetObjectItemCaseSensitive(m, v->string);
-    if (!cJSON_IsNumber(old) || !cJSON_IsNumber(v))
+    if (!cJSON_IsNumber(old) || !cJSON_IsNumber(v)) {
+        schema_refuse(sc, ML_ERR_UNSUPPORTED, v->string,
+                      "given twice in an allOf with recursive parts, not both numbers");
         return false;
+    }
     double keep = lower ? fmax(old->valuedouble, v->valuedouble)
                         : fmin(old->valuedouble, v->valuedouble);
-    return schema_set(m, v->string, cJSON_CreateNumber(keep));
+    return schema_set(m, v->string, cJSON_CreateNumber(keep)) || schema_nomem(sc);
 }
 
 static cJSON *schema_type_array(unsigned set)
@@ -506,10 +509,10 @@ static bool schema_merge_key(schema_compiler *sc, cJSON *m, const cJSON *v, int 
     }
     if (!strcmp(k, "minimum") || !strcmp(k, "minLength") || !strcmp(k, "minItems") ||
         (!strcmp(k, "exclusiveMinimum") && cJSON_IsNumber(v)))
-        return schema_merge_bound(m, v, true) || schema_nomem(sc);
+        return schema_merge_bound(sc, m, v, true);
     if (!strcmp(k, "maximum") || !strcmp(k, "maxLength") || !strcmp(k, "maxItems") ||
         (!strcmp(k, "exclusiveMaximum") && cJSON_IsNumber(v)))
-        return schema_merge_bound(m, v, false) || schema_nomem(sc);
+        return schema_merge_bound(sc, m, v, false);
     if (!strcmp(k, "items") && cJSON_IsObject(v) && cJSON_IsObject(old))
         return schema_set(m, k, schema_all_of_pair(old, v)) || schema_nomem(sc);
     if (!strcmp(k, "additionalItems") || !strcmp(k, "propertyNames"))

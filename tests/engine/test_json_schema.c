@@ -689,6 +689,9 @@ static void test_refusals(void)
             "\"#/$defs/l\"}], \"$defs\": {\"l\": {\"type\": \"array\", \"items\": {\"$ref\": "
             "\"#/$defs/l\"}}}}",
             ML_ERR_UNSUPPORTED, "first byte");
+    REFUSED("{\"$defs\": {\"a\": {\"$id\": \"http://x/a\", \"$ref\": \"#/$defs/b\"}}, "
+            "\"$ref\": \"#/$defs/a\"}",
+            ML_ERR_UNSUPPORTED, "$id");
     REFUSED("{\"enum\": [12345678901234567890]}", ML_ERR_UNSUPPORTED, "2^53");
     REFUSED("{\"const\": \"a\\u0000b\"}", ML_ERR_UNSUPPORTED, "u0000");
 }
