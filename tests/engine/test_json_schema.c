@@ -563,6 +563,21 @@ static void test_combinators(void)
     REFUSES(g, "\"\"", 1);
     ml_grammar_unref(g);
 
+    /* A discriminator: a property both branches require, with disjoint
+     * values. */
+    g = compile("{\"oneOf\": [{\"type\": \"object\", \"properties\": {\"kind\": {\"const\": "
+                "\"a\"}, \"x\": {\"type\": \"number\"}}, \"required\": [\"kind\"]}, {\"$ref\": "
+                "\"#/$defs/b\"}], \"$defs\": {\"b\": {\"type\": \"object\", \"properties\": "
+                "{\"kind\": {\"enum\": [\"b\", \"c\"]}}, \"required\": [\"kind\"]}}}",
+                __LINE__);
+    ACCEPTS(g, "{\"kind\": \"a\", \"x\": 1.5}");
+    ACCEPTS(g, "{\"kind\": \"c\", \"x\": {}}");
+    REFUSES(g, "{\"kind\": \"d\"}", 10);
+    ml_grammar_unref(g);
+    REFUSED("{\"oneOf\": [{\"properties\": {\"k\": {\"const\": 1}}}, {\"properties\": {\"k\": "
+            "{\"const\": 2}}}]}",
+            ML_ERR_UNSUPPORTED, "oneOf");
+
     /* Subtracting a narrowed schema would admit what it matches. */
     REFUSED("{\"oneOf\": [{\"type\": \"number\"}, {\"enum\": [100]}]}", ML_ERR_UNSUPPORTED,
             "oneOf");
