@@ -51,7 +51,7 @@ static ml_grammar *compile(const char *schema, int line)
     ml_check_at(st == ML_OK, __FILE__, line, "compile %s: %s", schema, err);
     if (st != ML_OK)
         return NULL;
-    st = ml_grammar_check(g, err, sizeof err);
+    st = ml_grammar_check(g, true, err, sizeof err);
     ml_check_at(st == ML_OK, __FILE__, line, "check %s: %s", schema, err);
     return g;
 }
