@@ -15,8 +15,6 @@
  * exact is refused. */
 #include "grammar/grammar.h"
 
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

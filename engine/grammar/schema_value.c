@@ -345,7 +345,6 @@ typedef struct members {
     ml_fsm *pat_key[SCHEMA_MAX_PATTERN_PROPERTIES];   /* owned: quoted keys matching */
     const cJSON *pat_node[SCHEMA_MAX_PATTERN_PROPERTIES]; /* borrowed: their schemas */
     ml_fsm *add_value; /* owned: additionalProperties' values (empty when false) */
-    bool add_any;
     ml_fsm *names; /* owned: propertyNames as quoted keys, NULL when unconstrained */
 } members;
 
@@ -423,12 +422,11 @@ static bool members_init(schema_compiler *sc, const cJSON *node, members *mb)
         mb->pat_node[k] = p;
     }
     schema_pointer_pop(sc, at);
-    mb->add_value = add ? schema_compile_at(sc, add, "additionalProperties", 0, &mb->add_any)
+    bool any;
+    mb->add_value = add ? schema_compile_at(sc, add, "additionalProperties", 0, &any)
                         : schema_any(sc);
-    mb->add_any |= !add;
     if (pn) {
         at = schema_pointer_push(sc, "propertyNames", 0);
-        bool any;
         mb->names = schema_compile_strings(sc, pn, &any);
         schema_pointer_pop(sc, at);
         if (any) {
