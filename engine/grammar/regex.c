@@ -6,13 +6,13 @@
  * (what the `jsonschema` package runs), whose character classes are wider
  * on Unicode than ECMA's. Where the two disagree the automaton takes what
  * both accept:
- *   - \s is ECMA's white space without U+FEFF (not white space to Python);
- *     \S excludes ECMA's and Python's white space (U+001C..U+001F, U+0085);
- *   - \D and \W match ASCII characters only (Python's \D and \W exclude
- *     every Unicode digit, letter and number; no table of them is kept);
- *   - inside a negated class, \d \w \s count as wide as either engine
- *     reads them (\d and \w as every non-ASCII character too), so the
- *     complement is narrow;
+ *   - a class (an escape like \s alone too) matches the characters both
+ *     engines' classes match, a negated class those neither matches: \s
+ *     is without U+FEFF (not white space to Python), \S without Python's
+ *     extra white space (U+001C..U+001F, U+0085), while [\s\S] is any;
+ *   - \D and \W match ASCII characters only, and under a negated class
+ *     \d and \w cover every non-ASCII character: Python's \d and \w
+ *     take Unicode digits and letters, and no table of them is kept;
  *   - a \u escape of a surrogate is refused (ECMA pairs two of them into
  *     one character outside its Unicode mode, Python reads two code points).
  * Python's own differences are narrower already: its `.` excludes only
@@ -135,44 +135,103 @@ static const uint32_t line_terminators[][2] = {{'\n', '\n'}, {'\r', '\r'}, {0x20
 
 #define N_OF(t) (sizeof(t) / sizeof((t)[0]))
 
-/* \s as both engines read it (narrow) or as either reads it (wide). */
-static void add_space(cpset *s, bool wide)
+/* A class as three sets: what ECMA matches, a part of what Python matches
+ * (narrow) and a cover of it (wide). Python's classes are known exactly
+ * but for \d and \w on non-ASCII characters. */
+typedef struct cls3 {
+    cpset ecma, narrow, wide;
+} cls3;
+
+static void cls_add(cls3 *k, uint32_t lo, uint32_t hi)
 {
-    if (wide) {
-        cps_add_table(s, ecma_space, N_OF(ecma_space));
-        cps_add_table(s, python_space_extra, N_OF(python_space_extra));
-        return;
-    }
+    cps_add(&k->ecma, lo, hi);
+    cps_add(&k->narrow, lo, hi);
+    cps_add(&k->wide, lo, hi);
+}
+
+static void cls_deinit(cls3 *k)
+{
+    free(k->ecma.r);
+    free(k->narrow.r);
+    free(k->wide.r);
+    memset(k, 0, sizeof *k);
+}
+
+static void cps_merge(cpset *into, cpset *from)
+{
+    into->oom |= from->oom;
+    cps_add_table(into, (const uint32_t(*)[2])from->r, from->n);
+}
+
+/* Each set of `from` added to `into`'s; from is emptied. */
+static void cls_merge(cls3 *into, cls3 *from)
+{
+    cps_merge(&into->ecma, &from->ecma);
+    cps_merge(&into->narrow, &from->narrow);
+    cps_merge(&into->wide, &from->wide);
+    cls_deinit(from);
+}
+
+/* True with *v when k is one character. */
+static bool cls_single(const cls3 *k, uint32_t *v)
+{
+    if (k->ecma.n != 1 || k->ecma.r[0][0] != k->ecma.r[0][1])
+        return false;
+    *v = k->ecma.r[0][0];
+    return true;
+}
+
+static void python_space(cpset *s)
+{
     for (size_t i = 0; i < N_OF(ecma_space); i++)
         if (ecma_space[i][0] != byte_order_mark)
             cps_add(s, ecma_space[i][0], ecma_space[i][1]);
+    cps_add_table(s, python_space_extra, N_OF(python_space_extra));
 }
 
-/* The class escape letter (d D w W s S) into s, narrow or wide. */
-static void add_class_escape(cpset *s, uint8_t letter, bool wide)
+/* The class escape letter (d D w W s S) added to k. */
+static void add_class_escape(cls3 *k, uint8_t letter)
 {
-    cpset part = {0};
-    bool negated = letter == 'D' || letter == 'W' || letter == 'S';
-    /* The complement of a narrow set is wide and the other way round. */
-    bool part_wide = negated ? !wide : wide;
+    cls3 part = {0};
     switch (letter | 0x20) {
     case 'd':
-        cps_add_table(&part, ascii_digit, N_OF(ascii_digit));
+        cps_add_table(&part.ecma, ascii_digit, N_OF(ascii_digit));
+        cps_add_table(&part.narrow, ascii_digit, N_OF(ascii_digit));
+        cps_add_table(&part.wide, ascii_digit, N_OF(ascii_digit));
+        cps_add_table(&part.wide, non_ascii, N_OF(non_ascii));
         break;
     case 'w':
-        cps_add_table(&part, ascii_word, N_OF(ascii_word));
+        cps_add_table(&part.ecma, ascii_word, N_OF(ascii_word));
+        cps_add_table(&part.narrow, ascii_word, N_OF(ascii_word));
+        cps_add_table(&part.wide, ascii_word, N_OF(ascii_word));
+        cps_add_table(&part.wide, non_ascii, N_OF(non_ascii));
         break;
     default:
-        add_space(&part, part_wide);
+        cps_add_table(&part.ecma, ecma_space, N_OF(ecma_space));
+        python_space(&part.narrow);
+        python_space(&part.wide);
         break;
     }
-    if ((letter | 0x20) != 's' && part_wide)
-        cps_add_table(&part, non_ascii, N_OF(non_ascii));
-    if (negated)
-        cps_complement(&part);
-    s->oom |= part.oom;
-    cps_add_table(s, (const uint32_t(*)[2])part.r, part.n);
-    free(part.r);
+    if (letter != (letter | 0x20)) { /* \D \W \S: the complements, narrow and wide swapped */
+        cpset narrow = part.narrow;
+        part.narrow = part.wide;
+        part.wide = narrow;
+        cps_complement(&part.ecma);
+        cps_complement(&part.narrow);
+        cps_complement(&part.wide);
+    }
+    cls_merge(k, &part);
+}
+
+/* a ∩ b into a (b emptied). */
+static void cps_intersect(cpset *a, cpset *b)
+{
+    cps_complement(a);
+    cps_complement(b);
+    cps_merge(a, b);
+    free(b->r);
+    memset(b, 0, sizeof *b);
+    cps_complement(a);
 }
 
 /* ---- reading -------------------------------------------------------------------- */
@@ -261,10 +320,9 @@ static bool read_unicode_escape(rx *x, uint32_t *v, size_t at)
     return true;
 }
 
-/* The escape after a backslash (x->pos past it) as a set of code points
- * into s. In a class, \b is the backspace and \d-style escapes are read
- * wide when the class is negated. */
-static bool read_escape(rx *x, cpset *s, bool in_class, bool wide)
+/* The escape after a backslash (x->pos past it) added to k. In a class,
+ * \b is the backspace. */
+static bool read_escape(rx *x, cls3 *k, bool in_class)
 {
     size_t at = x->pos - 1;
     if (at_end(x))
@@ -274,13 +332,13 @@ static bool read_escape(rx *x, cpset *s, bool in_class, bool wide)
     if (ch >= 0x80) {
         if (!read_utf8(x, &v))
             return false;
-        cps_add(s, v, v);
+        cls_add(k, v, v);
         return true;
     }
     x->pos++;
     switch (ch) {
     case 'd': case 'D': case 'w': case 'W': case 's': case 'S':
-        add_class_escape(s, (uint8_t)ch, wide);
+        add_class_escape(k, (uint8_t)ch);
         return true;
     case 't': v = '\t'; break;
     case 'n': v = '\n'; break;
@@ -329,7 +387,7 @@ static bool read_escape(rx *x, cpset *s, bool in_class, bool wide)
         v = (uint32_t)ch; /* an escaped punctuation character is itself */
         break;
     }
-    cps_add(s, v, v);
+    cls_add(k, v, v);
     return true;
 }
 
@@ -348,6 +406,36 @@ static ml_fsm *set_fsm(rx *x, cpset *s)
     return a;
 }
 
+/* The characters of k both engines match (a negated class: those neither
+ * matches); frees k. */
+static ml_fsm *class_fsm(rx *x, cls3 *k, bool negated)
+{
+    cpset s = k->ecma;
+    k->ecma = (cpset){0};
+    if (negated) {
+        cps_merge(&s, &k->wide);
+        cps_complement(&s);
+    } else {
+        cps_intersect(&s, &k->narrow);
+    }
+    cls_deinit(k);
+    return set_fsm(x, &s);
+}
+
+/* One class atom at x->pos into k: a character or an escape. */
+static bool read_class_atom(rx *x, cls3 *k)
+{
+    if (peek(x) == '\\') {
+        x->pos++;
+        return read_escape(x, k, true);
+    }
+    uint32_t v;
+    if (!read_utf8(x, &v))
+        return false;
+    cls_add(k, v, v);
+    return true;
+}
+
 /* A class [...] (x->pos past '['). */
 static ml_fsm *read_class(rx *x)
 {
@@ -355,61 +443,42 @@ static ml_fsm *read_class(rx *x)
     bool negated = peek(x) == '^';
     if (negated)
         x->pos++;
-    cpset s = {0};
+    cls3 k = {0};
     while (peek(x) != ']') {
         if (at_end(x)) {
-            free(s.r);
+            cls_deinit(&k);
             return rx_fail(x, ML_ERR_INVALID_ARG, "unterminated class", at);
         }
-        /* One class atom: a single character (lo) or a set (an escape). */
-        cpset atom = {0};
+        cls3 atom = {0}, hi = {0};
         size_t atom_at = x->pos;
-        bool ok;
-        if (peek(x) == '\\') {
+        uint32_t lo_cp, hi_cp;
+        bool ok = read_class_atom(x, &atom);
+        if (ok && cls_single(&atom, &lo_cp) && peek(x) == '-' && x->pos + 1 < x->n &&
+            x->p[x->pos + 1] != ']') {
             x->pos++;
-            ok = read_escape(x, &atom, true, negated);
-        } else {
-            uint32_t v;
-            ok = read_utf8(x, &v);
-            cps_add(&atom, v, v);
-        }
-        bool single = ok && atom.n == 1 && atom.r[0][0] == atom.r[0][1];
-        if (ok && single && peek(x) == '-' && x->pos + 1 < x->n && x->p[x->pos + 1] != ']') {
-            x->pos++;
-            cpset hi = {0};
-            if (peek(x) == '\\') {
-                x->pos++;
-                ok = read_escape(x, &hi, true, negated);
-            } else {
-                uint32_t v;
-                ok = read_utf8(x, &v);
-                cps_add(&hi, v, v);
-            }
-            if (ok && !(hi.n == 1 && hi.r[0][0] == hi.r[0][1])) {
+            ok = read_class_atom(x, &hi);
+            if (ok && !cls_single(&hi, &hi_cp)) {
                 /* [a-\d]: Annex B reads the '-' literally. */
-                cps_add(&s, '-', '-');
-                cps_add_table(&s, (const uint32_t(*)[2])hi.r, hi.n);
-            } else if (ok && hi.r[0][0] < atom.r[0][0]) {
+                cls_add(&atom, '-', '-');
+                cls_merge(&atom, &hi);
+            } else if (ok && hi_cp < lo_cp) {
                 ok = rx_fail(x, ML_ERR_INVALID_ARG, "class range out of order", atom_at) != NULL;
             } else if (ok) {
-                atom.r[0][1] = hi.r[0][0];
+                cls_deinit(&atom);
+                cls_add(&atom, lo_cp, hi_cp);
             }
-            s.oom |= hi.oom;
-            free(hi.r);
         }
+        cls_deinit(&hi);
         if (ok)
-            cps_add_table(&s, (const uint32_t(*)[2])atom.r, atom.n);
-        s.oom |= atom.oom;
-        free(atom.r);
+            cls_merge(&k, &atom);
+        cls_deinit(&atom);
         if (!ok) {
-            free(s.r);
+            cls_deinit(&k);
             return NULL;
         }
     }
     x->pos++;
-    if (negated)
-        cps_complement(&s);
-    return set_fsm(x, &s);
+    return class_fsm(x, &k, negated);
 }
 
 /* ---- the grammar ------------------------------------------------------------------ */
@@ -541,13 +610,15 @@ static ml_fsm *read_atom(rx *x, bool top, bool *done)
         cps_add_table(&s, line_terminators, N_OF(line_terminators));
         cps_complement(&s);
         return set_fsm(x, &s);
-    case '\\':
+    case '\\': {
+        cls3 k = {0};
         x->pos++;
-        if (!read_escape(x, &s, false, false)) {
-            free(s.r);
+        if (!read_escape(x, &k, false)) {
+            cls_deinit(&k);
             return NULL;
         }
-        return set_fsm(x, &s);
+        return class_fsm(x, &k, false);
+    }
     default: {
         uint32_t v;
         if (!read_utf8(x, &v))
