@@ -354,8 +354,8 @@ ml_fsm *ml_lex_json_number(ml_fsm_ctx *c, ml_lex_bound lo, ml_lex_bound hi)
     if (ml_fsm_ctx_status(c) != ML_OK || !number_bound_ok(c, lo) || !number_bound_ok(c, hi))
         return NULL;
     if (!lo.present && !hi.present) {
-        ml_fsm *a = capped_shape(c, true);
-        return ml_fsm_union(c, ml_fsm_copy(c, a), ml_fsm_concat(c, ch(c, '-'), a));
+        ml_fsm *a = capped_shape(c, true), *b = ml_fsm_copy(c, a);
+        return ml_fsm_union(c, a, ml_fsm_concat(c, ch(c, '-'), b));
     }
     /* Exclusive bounds become inclusive ones at the next double inside. */
     double l = lo.exclusive ? nextafter(lo.value, INFINITY) : lo.value;
