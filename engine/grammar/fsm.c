@@ -363,8 +363,8 @@ static ml_fsm *empty_language(ml_fsm_ctx *c, uint8_t tags)
 static ml_fsm *quotient(ml_fsm_ctx *c, const ml_fsm *a, const uint8_t *live, const uint32_t *cls)
 {
     uint32_t n = a->n_states;
-    uint32_t *rep = malloc((size_t)n * sizeof *rep);   /* new state -> an old state */
-    uint32_t *num = malloc((size_t)n * sizeof *num);   /* class -> new state */
+    uint32_t *rep = malloc((size_t)n * sizeof *rep); /* new state -> an old state */
+    uint32_t *num = malloc((size_t)n * sizeof *num); /* class -> new state */
     ml_fsm *r = fsm_alloc(c);
     if (!rep || !num || !r) {
         free(rep);

@@ -1,6 +1,7 @@
 /* The representation of fsm.h's automata, shared by fsm.c (context, atoms,
- * trimming and minimisation) and fsm_ops.c (composition). Not for use
- * outside those two files.
+ * trimming), fsm_min.c (minimisation), fsm_ops.c (composition) and
+ * lexemes_number.c (the residue automata of multipleOf, built state by
+ * state). Not for use outside ml_grammar.
  *
  * An automaton is stored compressed: the edges of state s are
  * edges[first[s] .. first[s + 1]), sorted by lo and disjoint. While one is

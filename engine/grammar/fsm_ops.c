@@ -206,8 +206,8 @@ static uint32_t subset_state(ml_fsm_ctx *c, const nfa *m, fsm_seqset *sets, ml_f
 
 /* Expand subset q of r: one edge per interval between the boundaries of
  * its members' edges that some edge covers. */
-static bool subset_expand(ml_fsm_ctx *c, const nfa *m, fsm_seqset *sets, ml_fsm *r,
-                          subset_work *w, uint32_t q)
+static bool subset_expand(ml_fsm_ctx *c, const nfa *m, fsm_seqset *sets, ml_fsm *r, subset_work *w,
+                          uint32_t q)
 {
     uint32_t n_members;
     const uint32_t *mem = fsm_seqset_get(sets, q, &n_members);
@@ -557,8 +557,8 @@ ml_fsm *ml_fsm_utf8(ml_fsm_ctx *c, const uint32_t (*ranges)[2], size_t n)
     if (c->status != ML_OK)
         return NULL;
     nfa m = {0};
-    bool ok = nfa_add_state(c, &m, false, 0) != FSM_NONE &&
-              nfa_add_state(c, &m, true, 0) != FSM_NONE;
+    bool ok =
+        nfa_add_state(c, &m, false, 0) != FSM_NONE && nfa_add_state(c, &m, true, 0) != FSM_NONE;
     for (size_t r = 0; ok && r < n; r++) {
         uint32_t lo = ranges[r][0], hi = ranges[r][1] > UTF8_MAX_CP ? UTF8_MAX_CP : ranges[r][1];
         /* Split at the surrogates and at each encoded length's end. */

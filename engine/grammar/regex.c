@@ -257,9 +257,11 @@ static bool read_utf8(rx *x, uint32_t *cp)
 {
     size_t at = x->pos;
     uint8_t b = x->p[x->pos++];
-    int len = b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3
-            : b >= 0xF0 && b <= 0xF4                ? 4
-                                                    : 0;
+    int len = b < 0x80                 ? 1
+              : b >= 0xC2 && b <= 0xDF ? 2
+              : b >= 0xE0 && b <= 0xEF ? 3
+              : b >= 0xF0 && b <= 0xF4 ? 4
+                                       : 0;
     if (len == 0)
         return rx_fail(x, ML_ERR_INVALID_ARG, "invalid UTF-8", at) != NULL;
     uint32_t v = len == 1 ? b : b & (0x3Fu >> (len - 1));
@@ -337,14 +339,29 @@ static bool read_escape(rx *x, cls3 *k, bool in_class)
     }
     x->pos++;
     switch (ch) {
-    case 'd': case 'D': case 'w': case 'W': case 's': case 'S':
+    case 'd':
+    case 'D':
+    case 'w':
+    case 'W':
+    case 's':
+    case 'S':
         add_class_escape(k, (uint8_t)ch);
         return true;
-    case 't': v = '\t'; break;
-    case 'n': v = '\n'; break;
-    case 'r': v = '\r'; break;
-    case 'f': v = '\f'; break;
-    case 'v': v = '\v'; break;
+    case 't':
+        v = '\t';
+        break;
+    case 'n':
+        v = '\n';
+        break;
+    case 'r':
+        v = '\r';
+        break;
+    case 'f':
+        v = '\f';
+        break;
+    case 'v':
+        v = '\v';
+        break;
     case '0':
         if (peek(x) >= '0' && peek(x) <= '9')
             return rx_fail(x, ML_ERR_UNSUPPORTED, "legacy octal escape", at) != NULL;
@@ -375,7 +392,8 @@ static bool read_escape(rx *x, cls3 *k, bool in_class)
         break;
     case 'B':
         return rx_fail(x, ML_ERR_UNSUPPORTED, "word boundary \\B", at) != NULL;
-    case 'p': case 'P':
+    case 'p':
+    case 'P':
         return rx_fail(x, ML_ERR_UNSUPPORTED, "Unicode property escape", at) != NULL;
     case 'k':
         return rx_fail(x, ML_ERR_UNSUPPORTED, "named backreference", at) != NULL;
@@ -518,9 +536,21 @@ static bool read_braces(rx *x, uint32_t *min, uint32_t *max)
 static bool read_quantifier(rx *x, uint32_t *min, uint32_t *max)
 {
     switch (peek(x)) {
-    case '*': *min = 0; *max = ML_FSM_UNBOUNDED; x->pos++; break;
-    case '+': *min = 1; *max = ML_FSM_UNBOUNDED; x->pos++; break;
-    case '?': *min = 0; *max = 1; x->pos++; break;
+    case '*':
+        *min = 0;
+        *max = ML_FSM_UNBOUNDED;
+        x->pos++;
+        break;
+    case '+':
+        *min = 1;
+        *max = ML_FSM_UNBOUNDED;
+        x->pos++;
+        break;
+    case '?':
+        *min = 0;
+        *max = 1;
+        x->pos++;
+        break;
     case '{':
         if (!read_braces(x, min, max))
             return false;
@@ -645,7 +675,8 @@ static ml_fsm *read_alternative(rx *x, bool top)
         size_t at = x->pos;
         uint32_t min, max;
         if (read_quantifier(x, &min, &max)) {
-            if (min > ML_REGEX_MAX_REPEAT || (max != ML_FSM_UNBOUNDED && max > ML_REGEX_MAX_REPEAT)) {
+            if (min > ML_REGEX_MAX_REPEAT ||
+                (max != ML_FSM_UNBOUNDED && max > ML_REGEX_MAX_REPEAT)) {
                 ml_fsm_free(atom);
                 ml_fsm_free(seq);
                 return rx_fail(x, ML_ERR_TOO_LARGE, "repeat bound over 1000", at);

@@ -113,8 +113,7 @@ static void test_atoms(void)
           "call");
     ml_fsm_free(a);
     check(ml_fsm_ctx_status(c) == ML_OK && !strcmp(ml_fsm_ctx_error(c), ""), "no error");
-    check(ml_fsm_call(c, ML_FSM_MAX_CALLS) == NULL &&
-              ml_fsm_ctx_status(c) == ML_ERR_INVALID_ARG,
+    check(ml_fsm_call(c, ML_FSM_MAX_CALLS) == NULL && ml_fsm_ctx_status(c) == ML_ERR_INVALID_ARG,
           "call past the limit");
     ml_fsm_ctx_destroy(c);
 }
@@ -201,7 +200,8 @@ static void test_tags(void)
     /* "x" then a tagged "x": the middle state is not merged away. */
     ml_fsm *a = ml_fsm_concat(c, lit(c, "\""), ml_fsm_tag(c, lit(c, "x"), ML_FSM_TAG_IN_STRING));
     check(ml_fsm_n_states(a) == 3 && ml_fsm_tags(a, 0) == 0 &&
-              ml_fsm_tags(a, 1) == ML_FSM_TAG_IN_STRING && ml_fsm_tags(a, 2) == ML_FSM_TAG_IN_STRING,
+              ml_fsm_tags(a, 1) == ML_FSM_TAG_IN_STRING &&
+              ml_fsm_tags(a, 2) == ML_FSM_TAG_IN_STRING,
           "tagged concat");
     ml_fsm_free(a);
 
@@ -222,8 +222,8 @@ static void test_tags(void)
 static void test_calls(void)
 {
     ml_fsm_ctx *c = ml_fsm_ctx_create(BOUND, 0);
-    ml_fsm *a = ml_fsm_concat(c, lit(c, "["),
-                              ml_fsm_concat(c, ml_fsm_repeat(c, ml_fsm_call(c, 3), 0, 2), lit(c, "]")));
+    ml_fsm *a = ml_fsm_concat(
+        c, lit(c, "["), ml_fsm_concat(c, ml_fsm_repeat(c, ml_fsm_call(c, 3), 0, 2), lit(c, "]")));
     check(a && ml_fsm_has_calls(a) && m(a, "[]") && ml_fsm_n_states(a) == 5, "calls compose");
     check(ml_fsm_intersect(c, a, lit(c, "[]")) == NULL &&
               ml_fsm_ctx_status(c) == ML_ERR_UNSUPPORTED,
@@ -290,8 +290,7 @@ static void test_bounds(void)
     ml_fsm_ctx_destroy(c);
 
     c = ml_fsm_ctx_create(BOUND, 0);
-    check(ml_fsm_repeat(c, lit(c, "a"), 3, 2) == NULL &&
-              ml_fsm_ctx_status(c) == ML_ERR_INVALID_ARG,
+    check(ml_fsm_repeat(c, lit(c, "a"), 3, 2) == NULL && ml_fsm_ctx_status(c) == ML_ERR_INVALID_ARG,
           "min over max");
     ml_fsm_ctx_destroy(c);
 }
@@ -313,8 +312,8 @@ static void test_utf8(void)
 {
     ml_fsm_ctx *c = ml_fsm_ctx_create(BOUND, 0);
     static const uint32_t ranges[][2] = {
-        {0x41, 0x5A}, {0x7F, 0x800}, {0xD000, 0xE0FF}, {0xFFF0, 0x10010}, {0x10FF00, 0x7FFFFFFF},
-        {0x50, 0x60}, /* overlaps the first */
+        {0x41, 0x5A},      {0x7F, 0x800},          {0xD000, 0xE0FF},
+        {0xFFF0, 0x10010}, {0x10FF00, 0x7FFFFFFF}, {0x50, 0x60}, /* overlaps the first */
     };
     size_t n = sizeof ranges / sizeof ranges[0];
     ml_fsm *a = ml_fsm_utf8(c, ranges, n);

@@ -53,8 +53,7 @@ static void test_content_of(void)
     check(m(a, "") && !m(a, "a"), "empty text");
     ml_fsm_free(a);
     check(ml_lex_json_string_content_of(c, "ab\xed\xa0\x80", 5) == NULL &&
-              ml_fsm_ctx_status(c) == ML_ERR_INVALID_ARG &&
-              strstr(ml_fsm_ctx_error(c), "byte 2"),
+              ml_fsm_ctx_status(c) == ML_ERR_INVALID_ARG && strstr(ml_fsm_ctx_error(c), "byte 2"),
           "surrogate refused: %s", ml_fsm_ctx_error(c));
     ml_fsm_ctx_destroy(c);
 }
@@ -189,7 +188,8 @@ static void test_integers(void)
                 for (int64_t v = -1200; a && v <= 1200; v++) {
                     char text[32];
                     snprintf(text, sizeof text, "%lld", (long long)v);
-                    bool want = within((long double)v, lo, hi) && (mul == 0 || v % (int64_t)mul == 0);
+                    bool want =
+                        within((long double)v, lo, hi) && (mul == 0 || v % (int64_t)mul == 0);
                     if (m(a, text) != want && wrong++ < 10)
                         fprintf(stderr, "  integer %s in [%g%s, %g%s] mul %llu: got %d\n", text,
                                 lo.value, lo.present ? (lo.exclusive ? " excl" : "") : " none",
@@ -252,13 +252,54 @@ static void test_numbers(void)
 {
     static const double bounds[] = {-1e20, -7, -1.5, -0.1, 0, 0.1, 1, 1.5, 2.5, 100, 1e20};
     static const char *const texts[] = {
-        "0", "-0", "-0.0", "1", "-1", "2", "-2", "7", "-7", "100", "-100", "0.1", "-0.1",
-        "0.10000000000000001", "0.1000000000000000055511151231257827021181583404541015625",
-        "0.09999999999999999", "0.10000000000000000555", "-0.10000000000000001", "1.5", "-1.5",
-        "1.4999999999999999", "1.50000000000000001", "2.5", "2.4", "99.99", "100.0", "100.5",
-        "0.5", "-0.5", "1.0", "-7.0", "-6.999999999999999999", "100000000000000000000",
-        "99999999999999999999.5", "100000000000000000000.0", "-100000000000000000000.0", "1e1",
-        "1E+2", "2.5e-1", "-1e1", "0.000", "3", "0.3", "0.30", "1.25", "5", "-3.25", "42",
+        "0",
+        "-0",
+        "-0.0",
+        "1",
+        "-1",
+        "2",
+        "-2",
+        "7",
+        "-7",
+        "100",
+        "-100",
+        "0.1",
+        "-0.1",
+        "0.10000000000000001",
+        "0.1000000000000000055511151231257827021181583404541015625",
+        "0.09999999999999999",
+        "0.10000000000000000555",
+        "-0.10000000000000001",
+        "1.5",
+        "-1.5",
+        "1.4999999999999999",
+        "1.50000000000000001",
+        "2.5",
+        "2.4",
+        "99.99",
+        "100.0",
+        "100.5",
+        "0.5",
+        "-0.5",
+        "1.0",
+        "-7.0",
+        "-6.999999999999999999",
+        "100000000000000000000",
+        "99999999999999999999.5",
+        "100000000000000000000.0",
+        "-100000000000000000000.0",
+        "1e1",
+        "1E+2",
+        "2.5e-1",
+        "-1e1",
+        "0.000",
+        "3",
+        "0.3",
+        "0.30",
+        "1.25",
+        "5",
+        "-3.25",
+        "42",
     };
     size_t nb = sizeof bounds / sizeof bounds[0], nt = sizeof texts / sizeof texts[0];
     size_t wider = 0, narrower = 0;

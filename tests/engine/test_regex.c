@@ -63,8 +63,8 @@ static void check_refused(const char *pattern, ml_status want, const char *what)
     ml_fsm_ctx *c = ml_fsm_ctx_create(BOUND, 0);
     ml_fsm *a = ml_regex_compile(c, pattern, strlen(pattern));
     check(a == NULL && ml_fsm_ctx_status(c) == want && strstr(ml_fsm_ctx_error(c), what),
-          "/%s/: status %s, \"%s\", want %s \"%s\"", pattern,
-          ml_status_name(ml_fsm_ctx_status(c)), ml_fsm_ctx_error(c), ml_status_name(want), what);
+          "/%s/: status %s, \"%s\", want %s \"%s\"", pattern, ml_status_name(ml_fsm_ctx_status(c)),
+          ml_fsm_ctx_error(c), ml_status_name(want), what);
     ml_fsm_free(a);
     ml_fsm_ctx_destroy(c);
 }
@@ -143,13 +143,16 @@ static void test_one_form(void)
     check(m(a, "\xef\xbb\xbf") && m(a, "\\u001c") && m(a, "a b"), "[\\s\\S] is any character");
     ml_fsm_free(a);
     a = compile(c, "^\\s$");
-    check(m(a, " ") && !m(a, "\xef\xbb\xbf") && !m(a, "\\u001c"), "\\s: what both engines call space");
+    check(m(a, " ") && !m(a, "\xef\xbb\xbf") && !m(a, "\\u001c"),
+          "\\s: what both engines call space");
     ml_fsm_free(a);
     a = compile(c, "^[^\\s]$");
     check(!m(a, "\xef\xbb\xbf") && !m(a, "\\u001c") && m(a, "x"), "[^\\s]: neither engine's space");
     ml_fsm_free(a);
     a = compile(c, "^\\w\\d$");
-    check(m(a, "a1") && !m(a, "\xc3\xa9" "1"), "\\w is ASCII");
+    check(m(a, "a1") && !m(a, "\xc3\xa9"
+                              "1"),
+          "\\w is ASCII");
     ml_fsm_free(a);
     check(ml_fsm_ctx_status(c) == ML_OK, "no error: %s", ml_fsm_ctx_error(c));
     ml_fsm_ctx_destroy(c);

@@ -61,9 +61,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     check_automaton(a);
     static const uint32_t all[][2] = {{0, 0x10FFFF}};
-    ml_fsm *shorts = ml_fsm_tag(
-        c, ml_fsm_repeat(c, ml_lex_json_char(c, all, 1), 0, FUZZ_SHORT_CHARS),
-        ML_FSM_TAG_IN_STRING);
+    ml_fsm *shorts =
+        ml_fsm_tag(c, ml_fsm_repeat(c, ml_lex_json_char(c, all, 1), 0, FUZZ_SHORT_CHARS),
+                   ML_FSM_TAG_IN_STRING);
     ml_fsm *both = ml_fsm_intersect(c, ml_fsm_copy(c, a), shorts);
     if (both)
         check_automaton(both);
