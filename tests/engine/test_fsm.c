@@ -5,6 +5,7 @@
  * expressions over {a, b} against a brute-force evaluation of their
  * languages up to a length. */
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "clock.h"
@@ -191,6 +192,49 @@ static void test_compose(void)
     ml_fsm_free(a);
     ml_fsm_free(b);
     check(ml_fsm_ctx_status(c) == ML_OK, "no error: %s", ml_fsm_ctx_error(c));
+    ml_fsm_ctx_destroy(c);
+}
+
+static void test_n_ary(void)
+{
+    ml_fsm_ctx *c = ml_fsm_ctx_create(BOUND, 0);
+    ml_fsm *parts[] = {lit(c, "ab"), lit(c, "cb"), ml_fsm_epsilon(c), lit(c, "abc")};
+    ml_fsm *a = ml_fsm_union_n(c, parts, 4);
+    ml_fsm *b = ml_fsm_union(c, ml_fsm_union(c, lit(c, "ab"), lit(c, "cb")),
+                             ml_fsm_union(c, ml_fsm_epsilon(c), lit(c, "abc")));
+    check(a && same_fsm(a, b) && m(a, "") && m(a, "abc") && !m(a, "a"), "union_n");
+    ml_fsm_free(a);
+    ml_fsm_free(b);
+
+    ml_fsm *seq[] = {lit(c, "a"), ml_fsm_repeat(c, lit(c, "b"), 0, ML_FSM_UNBOUNDED), lit(c, "c")};
+    a = ml_fsm_concat_n(c, seq, 3);
+    check(a && m(a, "ac") && m(a, "abbc") && !m(a, "ab") && ml_fsm_n_states(a) == 3, "concat_n");
+    ml_fsm_free(a);
+
+    a = ml_fsm_union_n(c, NULL, 0);
+    b = ml_fsm_concat_n(c, NULL, 0);
+    check(a && ml_fsm_is_empty(a) && b && m(b, "") && ml_fsm_n_states(b) == 1, "n = 0");
+    ml_fsm_free(a);
+    ml_fsm_free(b);
+
+    ml_fsm *with_null[] = {lit(c, "a"), NULL, lit(c, "b")};
+    check(ml_fsm_union_n(c, with_null, 3) == NULL && ml_fsm_ctx_status(c) == ML_OK,
+          "a NULL member: NULL, the others freed");
+    ml_fsm_ctx_destroy(c);
+
+    /* An enum of 2000 strings in one construction, well within a second
+     * (a chain of 2000 ml_fsm_union takes seconds). */
+    c = ml_fsm_ctx_create(100000, ml_clock_ms() + 1000);
+    static ml_fsm *values[2000];
+    for (int i = 0; i < 2000; i++) {
+        char text[32];
+        int n = snprintf(text, sizeof text, "\"value_%d\"", i * 7919);
+        values[i] = ml_fsm_literal(c, text, (size_t)n);
+    }
+    a = ml_fsm_union_n(c, values, 2000);
+    check(a && m(a, "\"value_7919\"") && !m(a, "\"value_7918\""), "enum of 2000: %s",
+          ml_fsm_ctx_error(c));
+    ml_fsm_free(a);
     ml_fsm_ctx_destroy(c);
 }
 
@@ -462,6 +506,7 @@ int main(void)
 {
     test_atoms();
     test_compose();
+    test_n_ary();
     test_tags();
     test_calls();
     test_bounds();
