@@ -409,7 +409,23 @@ static bool read_escape(rx *x, cls3 *k, bool in_class)
     return true;
 }
 
-/* The automaton of one character in s (normalised); frees s's ranges. */
+/* One code point's UTF-8 form (a valid scalar value) into out; its length. */
+static size_t utf8_encode(uint32_t cp, char out[4])
+{
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    size_t n = cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    static const uint8_t lead[] = {0, 0, 0xC0, 0xE0, 0xF0};
+    for (size_t i = n - 1; i > 0; i--, cp >>= 6)
+        out[i] = (char)(0x80 | (cp & 0x3F));
+    out[0] = (char)(lead[n] | cp);
+    return n;
+}
+
+/* The automaton of one character in s (normalised); frees s's ranges. A
+ * single character is its literal form, the common case of a pattern. */
 static ml_fsm *set_fsm(rx *x, cpset *s)
 {
     ml_fsm *a = NULL;
@@ -417,7 +433,12 @@ static ml_fsm *set_fsm(rx *x, cpset *s)
         ml_fsm_ctx_fail(x->c, ML_ERR_NOMEM, "out of memory reading a pattern");
     } else {
         cps_normalise(s);
-        a = ml_lex_json_char(x->c, (const uint32_t(*)[2])s->r, s->n);
+        char one[4];
+        if (s->n == 1 && s->r[0][0] == s->r[0][1] &&
+            (s->r[0][0] < RX_SURROGATE_LO || s->r[0][0] > RX_SURROGATE_HI))
+            a = ml_lex_json_string_content_of(x->c, one, utf8_encode(s->r[0][0], one));
+        else
+            a = ml_lex_json_char(x->c, (const uint32_t(*)[2])s->r, s->n);
     }
     free(s->r);
     memset(s, 0, sizeof *s);
@@ -659,45 +680,89 @@ static ml_fsm *read_atom(rx *x, bool top, bool *done)
     }
 }
 
+/* A growing list of automata, composed at once (ml_fsm_concat_n or
+ * ml_fsm_union_n) so a long pattern is not rebuilt once per term. */
+typedef struct fsm_list {
+    ml_fsm **a;
+    size_t n, cap;
+} fsm_list;
+
+/* Appends a (taken); false (latched, a freed) on failure. */
+static bool list_push(rx *x, fsm_list *l, ml_fsm *a)
+{
+    if (!a)
+        return false;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 8;
+        ml_fsm **grown = realloc(l->a, cap * sizeof *grown);
+        if (!grown) {
+            ml_fsm_free(a);
+            ml_fsm_ctx_fail(x->c, ML_ERR_NOMEM, "out of memory reading a pattern");
+            return false;
+        }
+        l->a = grown;
+        l->cap = cap;
+    }
+    l->a[l->n++] = a;
+    return true;
+}
+
+/* The list composed (concatenated or united); NULL when failed (latched by
+ * whoever failed). The list's automata are taken either way. */
+static ml_fsm *list_take(rx *x, fsm_list *l, bool concat, bool failed)
+{
+    ml_fsm *r = NULL;
+    if (failed) {
+        for (size_t i = 0; i < l->n; i++)
+            ml_fsm_free(l->a[i]);
+    } else {
+        r = concat ? ml_fsm_concat_n(x->c, l->a, l->n) : ml_fsm_union_n(x->c, l->a, l->n);
+    }
+    free(l->a);
+    *l = (fsm_list){0};
+    return r;
+}
+
+/* The term after an atom: a quantifier, checked and applied (the atom
+ * taken), or the atom itself. */
+static ml_fsm *read_term(rx *x, ml_fsm *atom)
+{
+    size_t at = x->pos;
+    uint32_t min, max;
+    if (!read_quantifier(x, &min, &max))
+        return atom;
+    const char *error = NULL;
+    ml_status st = ML_ERR_INVALID_ARG;
+    if (min > ML_REGEX_MAX_REPEAT || (max != ML_FSM_UNBOUNDED && max > ML_REGEX_MAX_REPEAT)) {
+        error = "repeat bound over 1000";
+        st = ML_ERR_TOO_LARGE;
+    } else if (min > max) {
+        error = "repeat bounds out of order";
+    } else {
+        int next = peek(x);
+        at = x->pos;
+        if (next == '*' || next == '+' || next == '?' ||
+            (next == '{' && read_braces(x, &min, &max)))
+            error = "nothing to repeat";
+    }
+    if (error) {
+        ml_fsm_free(atom);
+        return rx_fail(x, st, error, at);
+    }
+    return ml_fsm_repeat(x->c, atom, min, max);
+}
+
 /* Terms up to '|', ')' or the end (or a final '$' at the top level). */
 static ml_fsm *read_alternative(rx *x, bool top)
 {
-    ml_fsm *seq = ml_fsm_epsilon(x->c);
+    fsm_list terms = {0};
     for (;;) {
         bool done;
         ml_fsm *atom = read_atom(x, top, &done);
         if (done)
-            return seq;
-        if (!atom) {
-            ml_fsm_free(seq);
-            return NULL;
-        }
-        size_t at = x->pos;
-        uint32_t min, max;
-        if (read_quantifier(x, &min, &max)) {
-            if (min > ML_REGEX_MAX_REPEAT ||
-                (max != ML_FSM_UNBOUNDED && max > ML_REGEX_MAX_REPEAT)) {
-                ml_fsm_free(atom);
-                ml_fsm_free(seq);
-                return rx_fail(x, ML_ERR_TOO_LARGE, "repeat bound over 1000", at);
-            }
-            if (min > max) {
-                ml_fsm_free(atom);
-                ml_fsm_free(seq);
-                return rx_fail(x, ML_ERR_INVALID_ARG, "repeat bounds out of order", at);
-            }
-            atom = ml_fsm_repeat(x->c, atom, min, max);
-            int next = peek(x);
-            if (next == '*' || next == '+' || next == '?' ||
-                (next == '{' && read_braces(x, &min, &max))) {
-                ml_fsm_free(atom);
-                ml_fsm_free(seq);
-                return rx_fail(x, ML_ERR_INVALID_ARG, "nothing to repeat", x->pos);
-            }
-        }
-        seq = ml_fsm_concat(x->c, seq, atom);
-        if (!seq)
-            return NULL;
+            return list_take(x, &terms, true, false);
+        if (!atom || !list_push(x, &terms, read_term(x, atom)))
+            return list_take(x, &terms, true, true);
     }
 }
 
@@ -711,7 +776,7 @@ static ml_fsm *any_string(ml_fsm_ctx *c)
  * (^ first, $ last) and is otherwise searched for: any text around it. */
 static ml_fsm *read_disjunction(rx *x, bool top)
 {
-    ml_fsm *all = ml_fsm_nothing(x->c);
+    fsm_list alts = {0};
     for (;;) {
         bool start = top && peek(x) == '^';
         if (start)
@@ -720,13 +785,15 @@ static ml_fsm *read_disjunction(rx *x, bool top)
         bool end = top && peek(x) == '$';
         if (end)
             x->pos++;
-        if (top && !start)
-            alt = ml_fsm_concat(x->c, any_string(x->c), alt);
-        if (top && !end)
-            alt = ml_fsm_concat(x->c, alt, any_string(x->c));
-        all = ml_fsm_union(x->c, all, alt);
-        if (!all || peek(x) != '|')
-            return all;
+        if (alt && top && (!start || !end)) {
+            ml_fsm *around[] = {start ? ml_fsm_epsilon(x->c) : any_string(x->c), alt,
+                                end ? ml_fsm_epsilon(x->c) : any_string(x->c)};
+            alt = ml_fsm_concat_n(x->c, around, 3);
+        }
+        if (!list_push(x, &alts, alt))
+            return list_take(x, &alts, false, true);
+        if (peek(x) != '|')
+            return list_take(x, &alts, false, false);
         x->pos++;
     }
 }
