@@ -8,6 +8,7 @@
 
 #include "grammar/fsm.h"
 #include "grammar/fsm_internal.h"
+#include "grammar/utf8.h"
 
 /* An epsilon-NFA grows a few states past the automata it is built from
  * (joints between copies); it may hold this many times the context's
@@ -570,44 +571,16 @@ ml_fsm *ml_fsm_minus(ml_fsm_ctx *c, ml_fsm *a, ml_fsm *b)
 
 /* ---- UTF-8 ------------------------------------------------------------------------ */
 
-#define UTF8_MAX_BYTES 4
-#define UTF8_MAX_CP 0x10FFFFu
-#define UTF8_SURROGATE_LO 0xD800u
-#define UTF8_SURROGATE_HI 0xDFFFu
 #define UTF8_CONT_BITS 6
 
-static const uint32_t utf8_len_max[UTF8_MAX_BYTES] = {0x7F, 0x7FF, 0xFFFF, UTF8_MAX_CP};
-
-static int utf8_encode(uint32_t cp, uint8_t *out)
-{
-    if (cp <= 0x7F) {
-        out[0] = (uint8_t)cp;
-        return 1;
-    }
-    if (cp <= 0x7FF) {
-        out[0] = (uint8_t)(0xC0 | cp >> 6);
-        out[1] = (uint8_t)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp <= 0xFFFF) {
-        out[0] = (uint8_t)(0xE0 | cp >> 12);
-        out[1] = (uint8_t)(0x80 | (cp >> 6 & 0x3F));
-        out[2] = (uint8_t)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (uint8_t)(0xF0 | cp >> 18);
-    out[1] = (uint8_t)(0x80 | (cp >> 12 & 0x3F));
-    out[2] = (uint8_t)(0x80 | (cp >> 6 & 0x3F));
-    out[3] = (uint8_t)(0x80 | (cp & 0x3F));
-    return 4;
-}
+static const uint32_t utf8_len_max[ML_UTF8_MAX_BYTES] = {0x7F, 0x7FF, 0xFFFF, ML_UTF8_MAX_CP};
 
 /* Paths start -> end in m for the code points [lo, hi] (one encoded
  * length, no surrogates): split until every byte position is one range,
  * as RE2 and Rust's regex-syntax do. */
 static bool utf8_paths(ml_fsm_ctx *c, nfa *m, uint32_t lo, uint32_t hi)
 {
-    for (int i = 1; i < UTF8_MAX_BYTES; i++) {
+    for (int i = 1; i < ML_UTF8_MAX_BYTES; i++) {
         uint32_t mask = (1u << (UTF8_CONT_BITS * i)) - 1;
         if ((lo & ~mask) == (hi & ~mask))
             continue;
@@ -616,9 +589,9 @@ static bool utf8_paths(ml_fsm_ctx *c, nfa *m, uint32_t lo, uint32_t hi)
         if ((hi & mask) != mask)
             return utf8_paths(c, m, lo, (hi & ~mask) - 1) && utf8_paths(c, m, hi & ~mask, hi);
     }
-    uint8_t elo[UTF8_MAX_BYTES], ehi[UTF8_MAX_BYTES];
-    int n = utf8_encode(lo, elo);
-    utf8_encode(hi, ehi);
+    uint8_t elo[ML_UTF8_MAX_BYTES], ehi[ML_UTF8_MAX_BYTES];
+    int n = (int)ml_utf8_encode(lo, elo);
+    ml_utf8_encode(hi, ehi);
     uint32_t from = 0; /* the start; 1 is the accepting end */
     for (int k = 0; k < n; k++) {
         uint32_t to = k + 1 == n ? 1 : nfa_add_state(c, m, false, 0);
@@ -637,13 +610,14 @@ ml_fsm *ml_fsm_utf8(ml_fsm_ctx *c, const uint32_t (*ranges)[2], size_t n)
     bool ok =
         nfa_add_state(c, &m, false, 0) != FSM_NONE && nfa_add_state(c, &m, true, 0) != FSM_NONE;
     for (size_t r = 0; ok && r < n; r++) {
-        uint32_t lo = ranges[r][0], hi = ranges[r][1] > UTF8_MAX_CP ? UTF8_MAX_CP : ranges[r][1];
+        uint32_t lo = ranges[r][0],
+                 hi = ranges[r][1] > ML_UTF8_MAX_CP ? ML_UTF8_MAX_CP : ranges[r][1];
         /* Split at the surrogates and at each encoded length's end. */
-        const uint32_t cuts[][2] = {{lo, UTF8_SURROGATE_LO - 1}, {UTF8_SURROGATE_HI + 1, hi}};
+        const uint32_t cuts[][2] = {{lo, ML_UTF8_SURROGATE_LO - 1}, {ML_UTF8_SURROGATE_HI + 1, hi}};
         for (int part = 0; ok && part < 2; part++) {
             uint32_t plo = cuts[part][0] > lo ? cuts[part][0] : lo;
             uint32_t phi = cuts[part][1] < hi ? cuts[part][1] : hi;
-            for (int len = 0; ok && len < UTF8_MAX_BYTES && plo <= phi; len++) {
+            for (int len = 0; ok && len < ML_UTF8_MAX_BYTES && plo <= phi; len++) {
                 uint32_t end = utf8_len_max[len] < phi ? utf8_len_max[len] : phi;
                 if (plo <= end) {
                     ok = utf8_paths(c, &m, plo, end) && fsm_tick(c);

@@ -32,8 +32,8 @@
 #include <string.h>
 
 #include "grammar/regex.h"
+#include "grammar/utf8.h"
 
-#define LEX_MAX_CP 0x10FFFFu
 #define LEX_FIRST_PRINTABLE 0x20u
 #define LEX_ESCAPE_MAX 7 /* \u00XX */
 
@@ -113,7 +113,7 @@ ml_fsm *ml_lex_json_char(ml_fsm_ctx *c, const uint32_t (*ranges)[2], size_t n)
 {
     /* The raw part: every range without the controls, '"' and '\'. */
     static const uint32_t raw_windows[][2] = {
-        {LEX_FIRST_PRINTABLE, '"' - 1}, {'"' + 1, '\\' - 1}, {'\\' + 1, LEX_MAX_CP}};
+        {LEX_FIRST_PRINTABLE, '"' - 1}, {'"' + 1, '\\' - 1}, {'\\' + 1, ML_UTF8_MAX_CP}};
     size_t n_windows = sizeof raw_windows / sizeof raw_windows[0];
     uint32_t(*raw)[2] = malloc((n * n_windows + 1) * sizeof *raw);
     if (!raw) {
@@ -146,30 +146,6 @@ ml_fsm *ml_lex_json_char(ml_fsm_ctx *c, const uint32_t (*ranges)[2], size_t n)
 
 /* ---- a given text -------------------------------------------------------------- */
 
-/* The next code point of UTF-8 text at *i (advanced), or -1 when invalid
- * (overlong, surrogate, past U+10FFFF, truncated). */
-static int32_t next_cp(const uint8_t *p, size_t n, size_t *i)
-{
-    static const uint32_t min_of_len[] = {0, 0, 0x80, 0x800, 0x10000};
-    uint8_t b = p[(*i)++];
-    int len = b < 0x80                 ? 1
-              : b >= 0xC2 && b <= 0xDF ? 2
-              : b >= 0xE0 && b <= 0xEF ? 3
-              : b >= 0xF0 && b <= 0xF4 ? 4
-                                       : 0;
-    if (len == 0)
-        return -1;
-    uint32_t v = len == 1 ? b : b & (0x3Fu >> (len - 1));
-    for (int k = 1; k < len; k++) {
-        if (*i >= n || (p[*i] & 0xC0) != 0x80)
-            return -1;
-        v = v << 6 | (p[(*i)++] & 0x3F);
-    }
-    if (v < min_of_len[len] || v > LEX_MAX_CP || (v >= 0xD800 && v <= 0xDFFF))
-        return -1;
-    return (int32_t)v;
-}
-
 ml_fsm *ml_lex_json_string_content_of(ml_fsm_ctx *c, const char *utf8, size_t n)
 {
     if (ml_fsm_ctx_status(c) != ML_OK)
@@ -184,7 +160,7 @@ ml_fsm *ml_lex_json_string_content_of(ml_fsm_ctx *c, const char *utf8, size_t n)
     size_t len = 0;
     for (size_t i = 0; i < n;) {
         size_t start = i;
-        int32_t cp = next_cp(p, n, &i);
+        int32_t cp = ml_utf8_decode(p, n, &i);
         if (cp < 0) {
             free(out);
             ml_fsm_ctx_fail(c, ML_ERR_INVALID_ARG, "string: invalid UTF-8 at byte %zu", start);
@@ -289,7 +265,7 @@ static ml_fsm *format_content(ml_fsm_ctx *c, const char *name)
 /* Any characters, between min and max of them (max ML_FSM_UNBOUNDED: no bound). */
 static ml_fsm *any_chars(ml_fsm_ctx *c, uint32_t min, uint32_t max)
 {
-    static const uint32_t all[][2] = {{0, LEX_MAX_CP}};
+    static const uint32_t all[][2] = {{0, ML_UTF8_MAX_CP}};
     return ml_fsm_repeat(c, ml_lex_json_char(c, all, 1), min, max);
 }
 

@@ -29,11 +29,9 @@
 #include <string.h>
 
 #include "grammar/lexemes.h"
+#include "grammar/utf8.h"
 
 #define RX_MAX_DEPTH 128 /* nesting of groups */
-#define RX_MAX_CP 0x10FFFFu
-#define RX_SURROGATE_LO 0xD800u
-#define RX_SURROGATE_HI 0xDFFFu
 #define RX_ASCII_MAX 0x7Fu
 #define RX_CONTROL_MASK 0x1Fu
 
@@ -112,8 +110,8 @@ static void cps_complement(cpset *s)
             cps_add(&out, next, s->r[i][0] - 1);
         next = s->r[i][1] + 1;
     }
-    if (next <= RX_MAX_CP)
-        cps_add(&out, next, RX_MAX_CP);
+    if (next <= ML_UTF8_MAX_CP)
+        cps_add(&out, next, ML_UTF8_MAX_CP);
     out.oom |= s->oom;
     free(s->r);
     *s = out;
@@ -129,7 +127,7 @@ static const uint32_t ecma_space[][2] = {
 static const uint32_t python_space_extra[][2] = {{0x1C, 0x1F}, {0x85, 0x85}};
 static const uint32_t ascii_word[][2] = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
 static const uint32_t ascii_digit[][2] = {{'0', '9'}};
-static const uint32_t non_ascii[][2] = {{RX_ASCII_MAX + 1, RX_MAX_CP}};
+static const uint32_t non_ascii[][2] = {{RX_ASCII_MAX + 1, ML_UTF8_MAX_CP}};
 static const uint32_t byte_order_mark = 0xFEFF;
 static const uint32_t line_terminators[][2] = {{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}};
 
@@ -256,24 +254,10 @@ static int peek(const rx *x)
 static bool read_utf8(rx *x, uint32_t *cp)
 {
     size_t at = x->pos;
-    uint8_t b = x->p[x->pos++];
-    int len = b < 0x80                 ? 1
-              : b >= 0xC2 && b <= 0xDF ? 2
-              : b >= 0xE0 && b <= 0xEF ? 3
-              : b >= 0xF0 && b <= 0xF4 ? 4
-                                       : 0;
-    if (len == 0)
+    int32_t v = ml_utf8_decode(x->p, x->n, &x->pos);
+    if (v < 0)
         return rx_fail(x, ML_ERR_INVALID_ARG, "invalid UTF-8", at) != NULL;
-    uint32_t v = len == 1 ? b : b & (0x3Fu >> (len - 1));
-    for (int i = 1; i < len; i++) {
-        if (at_end(x) || (x->p[x->pos] & 0xC0) != 0x80)
-            return rx_fail(x, ML_ERR_INVALID_ARG, "invalid UTF-8", at) != NULL;
-        v = v << 6 | (x->p[x->pos++] & 0x3F);
-    }
-    static const uint32_t min_of_len[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (v < min_of_len[len] || v > RX_MAX_CP || (v >= RX_SURROGATE_LO && v <= RX_SURROGATE_HI))
-        return rx_fail(x, ML_ERR_INVALID_ARG, "invalid UTF-8", at) != NULL;
-    *cp = v;
+    *cp = (uint32_t)v;
     return true;
 }
 
@@ -313,7 +297,7 @@ static bool read_unicode_escape(rx *x, uint32_t *v, size_t at)
     int digits = 0;
     for (int h; (h = hex_value(peek(x))) >= 0; x->pos++, digits++) {
         *v = *v << 4 | (uint32_t)h;
-        if (*v > RX_MAX_CP)
+        if (*v > ML_UTF8_MAX_CP)
             return rx_fail(x, ML_ERR_INVALID_ARG, "\\u{...} past U+10FFFF", at) != NULL;
     }
     if (digits == 0 || peek(x) != '}')
@@ -374,7 +358,7 @@ static bool read_escape(rx *x, cls3 *k, bool in_class)
     case 'u':
         if (!read_unicode_escape(x, &v, at))
             return false;
-        if (v >= RX_SURROGATE_LO && v <= RX_SURROGATE_HI)
+        if (v >= ML_UTF8_SURROGATE_LO && v <= ML_UTF8_SURROGATE_HI)
             return rx_fail(x, ML_ERR_UNSUPPORTED, "surrogate escape", at) != NULL;
         break;
     case 'c': {
@@ -409,21 +393,6 @@ static bool read_escape(rx *x, cls3 *k, bool in_class)
     return true;
 }
 
-/* One code point's UTF-8 form (a valid scalar value) into out; its length. */
-static size_t utf8_encode(uint32_t cp, char out[4])
-{
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    size_t n = cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-    static const uint8_t lead[] = {0, 0, 0xC0, 0xE0, 0xF0};
-    for (size_t i = n - 1; i > 0; i--, cp >>= 6)
-        out[i] = (char)(0x80 | (cp & 0x3F));
-    out[0] = (char)(lead[n] | cp);
-    return n;
-}
-
 /* The automaton of one character in s (normalised); frees s's ranges. A
  * single character is its literal form, the common case of a pattern. */
 static ml_fsm *set_fsm(rx *x, cpset *s)
@@ -433,10 +402,11 @@ static ml_fsm *set_fsm(rx *x, cpset *s)
         ml_fsm_ctx_fail(x->c, ML_ERR_NOMEM, "out of memory reading a pattern");
     } else {
         cps_normalise(s);
-        char one[4];
+        uint8_t one[ML_UTF8_MAX_BYTES];
         if (s->n == 1 && s->r[0][0] == s->r[0][1] &&
-            (s->r[0][0] < RX_SURROGATE_LO || s->r[0][0] > RX_SURROGATE_HI))
-            a = ml_lex_json_string_content_of(x->c, one, utf8_encode(s->r[0][0], one));
+            (s->r[0][0] < ML_UTF8_SURROGATE_LO || s->r[0][0] > ML_UTF8_SURROGATE_HI))
+            a = ml_lex_json_string_content_of(x->c, (const char *)one,
+                                              ml_utf8_encode(s->r[0][0], one));
         else
             a = ml_lex_json_char(x->c, (const uint32_t(*)[2])s->r, s->n);
     }
@@ -768,7 +738,7 @@ static ml_fsm *read_alternative(rx *x, bool top)
 
 static ml_fsm *any_string(ml_fsm_ctx *c)
 {
-    static const uint32_t all[][2] = {{0, RX_MAX_CP}};
+    static const uint32_t all[][2] = {{0, ML_UTF8_MAX_CP}};
     return ml_fsm_repeat(c, ml_lex_json_char(c, all, 1), 0, ML_FSM_UNBOUNDED);
 }
 
