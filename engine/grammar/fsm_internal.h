@@ -18,6 +18,11 @@
 
 #define FSM_ERROR_LEN 256
 #define FSM_NONE UINT32_MAX
+/* The memory bound beside the state bound: the subsets of a subset
+ * construction (NFA states, summed) and the labelled transitions of a
+ * minimisation stay under this many words per state of the bound. A byte
+ * automaton has at most 257 labels per state; typical ones have a few. */
+#define FSM_WORDS_PER_STATE 256u
 
 struct ml_fsm_ctx {
     uint32_t max_states;

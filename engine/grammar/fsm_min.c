@@ -195,6 +195,12 @@ bool fsm_classes(ml_fsm_ctx *c, const ml_fsm *a, const uint8_t *live, uint32_t *
         idx[s] = live[s] ? nl++ : FSM_NONE;
     if (!make_transitions(a, live, idx, &tr))
         goto out;
+    if (tr.m > (uint64_t)(c->max_states + 1) * FSM_WORDS_PER_STATE) {
+        ml_fsm_ctx_fail(c, ML_ERR_TOO_LARGE,
+                        "minimisation over %u transitions per state of the bound of %u",
+                        FSM_WORDS_PER_STATE, c->max_states);
+        goto out;
+    }
     size_t marks = (size_t)(nl > tr.m ? nl : tr.m) + 2 * (size_t)tr.m + 2;
     k.M = calloc(marks, sizeof *k.M);
     k.W = calloc(marks, sizeof *k.W);

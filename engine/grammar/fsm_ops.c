@@ -314,8 +314,15 @@ static ml_fsm *determinize(ml_fsm_ctx *c, nfa *m, uint32_t start)
     w.set[0] = start;
     uint32_t n = closure(m, &w, 1);
     bool ok = subset_state(c, m, &sets, r, w.set, n) != FSM_NONE;
-    for (uint32_t q = 0; ok && q < sets.n; q++)
+    for (uint32_t q = 0; ok && q < sets.n; q++) {
         ok = fsm_tick(c) && subset_expand(c, m, &sets, r, &w, q);
+        if (ok && sets.pool_len > (size_t)c->max_states * FSM_WORDS_PER_STATE) {
+            ml_fsm_ctx_fail(c, ML_ERR_TOO_LARGE,
+                            "subset construction over %u words per state of the bound of %u",
+                            FSM_WORDS_PER_STATE, c->max_states);
+            ok = false;
+        }
+    }
     if (ok)
         fsm_seal(r);
 out:
