@@ -10,6 +10,9 @@
  *     multipleOf in floats, exact only up to 2^53); Python refuses integer
  *     texts of more than 4300 digits outright;
  *   - "-0" and negative zeros ("-0.0") are refused;
+ *   - a bound of 2^53 or more in magnitude is first moved one double
+ *     inward: the schema may have written an integer Python keeps exact
+ *     while the double it was read into rounded it;
  *   - under a bound, number texts have no exponent, and each bound is moved
  *     inward to a decimal of at most 17 significant digits and 30
  *     decimals (so "exclusiveMinimum": 0 refuses values below 1e-30).
@@ -33,8 +36,9 @@
  * integer digits. */
 #define NUM_EXACT_DECIMALS 1080
 #define NUM_TEXT_MAX (NUM_EXACT_DECIMALS + 320)
-#define NUM_INT_BOUND_LIMIT 9223372036854775808.0 /* 2^63 */
-#define NUM_EXACT_FLOAT_LIMIT "9007199254740992"  /* 2^53 */
+#define NUM_INT_BOUND_LIMIT 9223372036854775808.0    /* 2^63 */
+#define NUM_EXACT_FLOAT_LIMIT "9007199254740992"     /* 2^53 */
+#define NUM_EXACT_DOUBLE_INTEGERS 9007199254740992.0 /* 2^53 */
 #define NUM_RADIX 10u
 
 /* A nonnegative decimal: integer digits (no leading zero but "0") and
@@ -256,6 +260,16 @@ static ml_fsm *multiples(ml_fsm_ctx *c, uint64_t m)
     return ml_fsm_union(c, ch(c, '0'), ml_fsm_concat(c, a, digits(c, '0', '0', zeros, zeros)));
 }
 
+/* A bound of 2^53 or more in magnitude moved to the next double inside
+ * (toward the allowed values): the schema may have written an integer
+ * that Python keeps exact and the double rounded by up to half a step. */
+static double inward(double v, bool lower)
+{
+    if (fabs(v) < NUM_EXACT_DOUBLE_INTEGERS)
+        return v;
+    return nextafter(v, lower ? INFINITY : -INFINITY);
+}
+
 static bool bound_ok(ml_fsm_ctx *c, ml_lex_bound b, double limit, const char *what)
 {
     if (!b.present)
@@ -277,8 +291,9 @@ ml_fsm *ml_lex_json_integer(ml_fsm_ctx *c, ml_lex_bound lo, ml_lex_bound hi, uin
         !bound_ok(c, hi, NUM_INT_BOUND_LIMIT, "integer"))
         return NULL;
     /* The integer bounds, exact in doubles below 2^63. */
-    double l = lo.exclusive ? floor(lo.value) + 1 : ceil(lo.value);
-    double h = hi.exclusive ? ceil(hi.value) - 1 : floor(hi.value);
+    double lv = inward(lo.value, true), hv = inward(hi.value, false);
+    double l = lo.exclusive ? floor(lv) + 1 : ceil(lv);
+    double h = hi.exclusive ? ceil(hv) - 1 : floor(hv);
     decimal d_lo, d_hi, d_cap, d_one;
     char text[NUM_TEXT_MAX];
     if (multiple_of)
@@ -362,8 +377,9 @@ ml_fsm *ml_lex_json_number(ml_fsm_ctx *c, ml_lex_bound lo, ml_lex_bound hi)
         return ml_fsm_union(c, a, ml_fsm_concat(c, ch(c, '-'), b));
     }
     /* Exclusive bounds become inclusive ones at the next double inside. */
-    double l = lo.exclusive ? nextafter(lo.value, INFINITY) : lo.value;
-    double h = hi.exclusive ? nextafter(hi.value, -INFINITY) : hi.value;
+    double lv = inward(lo.value, true), hv = inward(hi.value, false);
+    double l = lo.exclusive ? nextafter(lv, INFINITY) : lv;
+    double h = hi.exclusive ? nextafter(hv, -INFINITY) : hv;
     decimal d_lo, d_hi;
     ml_fsm *nonneg = ml_fsm_nothing(c), *neg = ml_fsm_nothing(c);
     if (!hi.present || h >= 0) {

@@ -210,11 +210,17 @@ static void test_integers(void)
               m(a, "-9999999999999999999") && m(a, "0"),
           "unbounded: at most 19 digits");
     ml_fsm_free(a);
-    a = ml_lex_json_integer(c, bnd(true, false, 4611686018427387904.0),
-                            bnd(true, false, 4611686018427387904.0), 0);
-    check(m(a, "4611686018427387904") && !m(a, "4611686018427387905") &&
-              !m(a, "4611686018427387903"),
-          "2^62 exactly");
+    a = ml_lex_json_integer(c, bnd(true, false, 9007199254740991.0),
+                            bnd(true, false, 9007199254740991.0), 0);
+    check(m(a, "9007199254740991") && !m(a, "9007199254740992") && !m(a, "9007199254740990"),
+          "2^53 - 1 exactly");
+    ml_fsm_free(a);
+    /* From 2^53 on a bound moves one double inward: the schema's integer
+     * may have been rounded into it. */
+    a = ml_lex_json_integer(c, bnd(true, false, 4611686018427387904.0), bnd(false, false, 0), 0);
+    check(!m(a, "4611686018427387904") && !m(a, "4611686018427387905") &&
+              m(a, "4611686018427388928"),
+          "minimum 2^62 moves inward");
     ml_fsm_free(a);
     a = ml_lex_json_integer(c, bnd(true, false, 0), bnd(false, false, 0), 2);
     check(m(a, "9007199254740992") && !m(a, "9007199254740994"), "multipleOf: up to 2^53");
