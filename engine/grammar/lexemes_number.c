@@ -373,8 +373,9 @@ ml_fsm *ml_lex_json_number(ml_fsm_ctx *c, ml_lex_bound lo, ml_lex_bound hi)
     if (ml_fsm_ctx_status(c) != ML_OK || !number_bound_ok(c, lo) || !number_bound_ok(c, hi))
         return NULL;
     if (!lo.present && !hi.present) {
-        ml_fsm *a = capped_shape(c, true), *b = ml_fsm_copy(c, a);
-        return ml_fsm_union(c, a, ml_fsm_concat(c, ch(c, '-'), b));
+        ml_fsm *a = capped_shape(c, true);
+        ml_fsm *pos = ml_fsm_copy(c, a); /* before the concat below frees a */
+        return ml_fsm_union(c, pos, ml_fsm_concat(c, ch(c, '-'), a));
     }
     /* Exclusive bounds become inclusive ones at the next double inside. */
     double lv = inward(lo.value, true), hv = inward(hi.value, false);
