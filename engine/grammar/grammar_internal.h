@@ -97,4 +97,10 @@ ml_grammar *ml_grammar_alloc(uint32_t n_states, uint32_t n_classes, uint32_t n_c
  * first broken guarantee, its state and byte in err. */
 ml_status ml_grammar_check(const ml_grammar *g, bool full, char *err, size_t errlen);
 
+/* For tests: when the mask of s takes grammar.c's string shortcut, the
+ * characters the string may still take (ML_GRAMMAR_BUDGET_UNBOUNDED: no
+ * limit); -1 when it does not. */
+#define ML_GRAMMAR_BUDGET_UNBOUNDED 65535L
+long ml_grammar_state_string_budget(const ml_grammar_state *s);
+
 #endif
