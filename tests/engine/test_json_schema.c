@@ -648,6 +648,22 @@ static void test_refs(void)
     ACCEPTS(g, "[{\"x\": [{}, {\"x\": []}]}]");
     ml_grammar_unref(g);
 
+    /* More recursive targets than the machine table's first size. */
+    char many[4096];
+    int k = snprintf(many, sizeof many, "{\"type\": \"object\", \"properties\": {");
+    for (int i = 0; i < 12; i++)
+        k += snprintf(many + k, sizeof many - (size_t)k, "%s\"p%d\": {\"$ref\": \"#/$defs/d%d\"}",
+                      i ? ", " : "", i, i);
+    k += snprintf(many + k, sizeof many - (size_t)k, "}, \"$defs\": {");
+    for (int i = 0; i < 12; i++)
+        k += snprintf(many + k, sizeof many - (size_t)k,
+                      "%s\"d%d\": {\"type\": \"array\", \"items\": {\"$ref\": \"#/$defs/d%d\"}}",
+                      i ? ", " : "", i, i);
+    snprintf(many + k, sizeof many - (size_t)k, "}}");
+    g = compile(many, __LINE__);
+    ACCEPTS(g, "{\"p0\": [[]], \"p11\": [[], [[]]]}");
+    ml_grammar_unref(g);
+
     /* oneOf with recursive branches told apart by their first byte. */
     g = compile("{\"oneOf\": [{\"type\": \"null\"}, {\"type\": \"array\", \"items\": "
                 "{\"$ref\": \"#\"}}]}",
