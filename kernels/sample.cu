@@ -45,7 +45,8 @@
  * kernel body on 1024 host threads): greedy 1 (2 with penalties: the
  * copy); a draw with temperature only 3-4; with top-p and/or min-p 6; with
  * top-k 50 and top-p 3, everything after the top-k in shared memory;
- * greedy with 20 top logprobs 4. Rows where thousands of logits tie at the
+ * greedy with 20 top logprobs 4; a constrained row (a mask) adds the copy
+ * it is applied on, as penalties do. Rows where thousands of logits tie at the
  * crossing also walk the ids: up to 9. The bound is 7 passes a selection
  * (64 bits at 11 a level, then a gather), about 30 in all. Each pass is a
  * coalesced read by the 1024 threads of one SM, plus shared-memory atomics
@@ -629,7 +630,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     }
     const float *z = raw;
     u64 raw_best;
-    if (penalised || row.mask) {
+    if (penalised || row.mask) { /* raw stays the logprobs' row */
         float *work = (float *)p.scratch + (size_t)r * vocab;
         raw_best = row_best(sm, raw, vocab, work);
         if (penalised)
@@ -638,8 +639,9 @@ __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
             apply_mask(work, vocab, p.mask + (size_t)(row.mask - 1) * (((size_t)vocab + 63) / 64));
         z = work;
     }
+    const bool copied = penalised || row.mask;
     const u64 best = row_best(sm, z, vocab, NULL);
-    if (!penalised)
+    if (!copied)
         raw_best = best;
     if (!isfinite(key_value((uint32_t)(best >> 32)))) {
         write_no_token(out);
