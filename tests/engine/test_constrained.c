@@ -12,7 +12,11 @@
  * - logprobs stay the unconstrained model's (log_softmax of the raw row);
  * - stop strings, a max_tokens cut (length), cancel mid-document, and
  *   preemption (the state survives re-prefill: same output as without);
- */
+ * - grammars (grammar/grammar.h) built by hand from tables, independent of
+ *   the schema compiler: a list that admits nothing once closed (the
+ *   sequence ends at once with stop) and a number that may always go on
+ *   (the stop id is allowed exactly once it is complete), many sequences
+ *   sharing one grammar, its references all returned at the end. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +25,7 @@
 #include <cjson/cJSON.h>
 
 #include "grammar/grammar.h"
+#include "grammar/grammar_internal.h"
 #include "grammar/json_mode.h"
 #include "harness.h"
 #include "runtime_test_util.h"
@@ -225,6 +230,115 @@ static void test_json_endings(ml_rt_fixture *f)
     check_json_result(f, &r[1], CUT, 0, "json request cut by max_tokens");
 }
 
+/* ---- grammars -------------------------------------------------------------- */
+
+enum { G_START, G_OPEN, G_NUM, G_COMMA, G_DONE, G_LIST_STATES };
+
+static void edges(ml_grammar *g, uint32_t from, const char *bytes, uint32_t to)
+{
+    for (const char *b = bytes; *b; b++)
+        g->next[(size_t)from * g->n_classes + (uint8_t)*b] = to;
+}
+
+/* A grammar over raw bytes (one class per byte), no calls, every state
+ * dead but for what the caller adds. */
+static ml_grammar *bare_grammar(uint32_t n_states)
+{
+    ml_grammar *g = ml_grammar_alloc(n_states, 256, 0);
+    if (!g) {
+        fprintf(stderr, "out of memory for a grammar\n");
+        exit(1);
+    }
+    for (int b = 0; b < 256; b++)
+        g->byte_class[b] = (uint8_t)b;
+    memset(g->next, 0xff, (size_t)n_states * 256 * sizeof *g->next);
+    g->start = 0;
+    return g;
+}
+
+/* "[" (digits ("," digits)*)? "]": nothing may follow the "]". */
+static ml_grammar *list_grammar(void)
+{
+    static const char digits[] = "0123456789";
+    ml_grammar *g = bare_grammar(G_LIST_STATES);
+    edges(g, G_START, "[", G_OPEN);
+    edges(g, G_OPEN, digits, G_NUM);
+    edges(g, G_OPEN, "]", G_DONE);
+    edges(g, G_NUM, digits, G_NUM);
+    edges(g, G_NUM, ",", G_COMMA);
+    edges(g, G_NUM, "]", G_DONE);
+    edges(g, G_COMMA, digits, G_NUM);
+    g->flags[G_DONE] = ML_GRAMMAR_ACCEPT;
+    return g;
+}
+
+/* digits+: complete after the first digit and never closed. */
+static ml_grammar *number_grammar(void)
+{
+    ml_grammar *g = bare_grammar(2);
+    edges(g, 0, "0123456789", 1);
+    edges(g, 1, "0123456789", 1);
+    g->flags[1] = ML_GRAMMAR_ACCEPT;
+    return g;
+}
+
+/* r's tokens, each accepted by a fresh state of g; a request that stopped
+ * is complete; `closed`: it stopped at once on completing (nothing may
+ * follow), else by the stop id, which is never streamed. */
+static void check_grammar_result(const ml_rt_fixture *f, ml_grammar *g, const ml_rt_result *r,
+                                 int closed, const char *what)
+{
+    char err[256] = "";
+    ml_grammar_state *gs = NULL;
+    check(r->done == 1 && r->error == ML_REQERR_NONE &&
+              ml_grammar_state_create(g, g_vocab, &gs, err, sizeof err) == ML_OK,
+          "%s: ended once without error ('%s')", what, r->message);
+    int ok = gs != NULL;
+    for (int t = 0; ok && t < r->n_out; t++)
+        ok = ml_grammar_state_accept(gs, r->out[t], err, sizeof err) == ML_OK;
+    check(ok, "%s: every token inside the grammar (%s)", what, err);
+    if (r->reason == ML_FINISH_REASON_STOP) {
+        char *text = NULL;
+        size_t len = 0;
+        ml_tokenizer_decode(f->tok, r->out, (size_t)r->n_out, 0, &text, &len, err, sizeof err);
+        check(gs && ml_grammar_state_complete(gs) && r->n_out > 0 &&
+                  r->usage.completion_tokens == r->n_out + !closed,
+              "%s: stopped on a complete document '%s' after %d tokens (%d counted)", what,
+              text ? text : "", r->n_out, r->usage.completion_tokens);
+        free(text);
+    } else {
+        check(r->reason == ML_FINISH_REASON_LENGTH && r->n_out == TOKENS,
+              "%s: finish %d after %d tokens", what, (int)r->reason, r->n_out);
+    }
+    ml_grammar_state_destroy(gs);
+}
+
+static void test_grammar(ml_rt_fixture *f, ml_grammar *g, int closed, const char *name)
+{
+    ml_rt_result alone[N_CON], host[N_CON], con[N_CON], free_r[N_FREE];
+    for (int i = 0; i < N_CON; i++) {
+        run_alone(f, i, g, 0, &alone[i]);
+        run_alone(f, i, g, 1, &host[i]);
+    }
+    /* Every batched request holds a reference to the one grammar. */
+    run_batched(f, g, KV_AMPLE, con, free_r);
+    int stopped = 0;
+    for (int i = 0; i < N_CON; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "%s request %d batched", name, i);
+        check_grammar_result(f, g, &con[i], closed, what);
+        stopped += con[i].reason == ML_FINISH_REASON_STOP;
+        check(same_result(&alone[i], &con[i]) && same_result(&host[i], &con[i]),
+              "%s request %d: alone, batched and on the host give the same tokens and logprobs",
+              name, i);
+        ml_rt_result_deinit(&alone[i]);
+        ml_rt_result_deinit(&host[i]);
+    }
+    check(atomic_load(&g->refs) == 1, "%s: every sequence released its reference", name);
+    fprintf(stderr, "  %s grammar batched: %d of %d completed their document\n", name, stopped,
+            N_CON);
+}
+
 int main(void)
 {
     ml_rt_fixture f;
@@ -239,6 +353,11 @@ int main(void)
     }
     test_json_batched(&f);
     test_json_endings(&f);
+    ml_grammar *list = list_grammar(), *number = number_grammar();
+    test_grammar(&f, list, 1, "list");
+    test_grammar(&f, number, 0, "number");
+    ml_grammar_unref(list);
+    ml_grammar_unref(number);
     ml_json_vocab_destroy(g_vocab);
     ml_rt_fixture_close(&f);
     return check_done();
