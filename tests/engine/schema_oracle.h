@@ -60,4 +60,9 @@ bool schema_oracle_pattern(const char *pattern, const char *s, char *why, size_t
  * judges it; unknown formats are true. */
 bool schema_oracle_format(const char *format, const char *s);
 
+/* true when text (len bytes) is one JSON text as RFC 8259 defines it
+ * (strict numbers, escapes and UTF-8; whitespace around the value). On
+ * false, why says at which byte and what is wrong. */
+bool schema_oracle_json_text(const char *text, size_t len, char *why, size_t n);
+
 #endif

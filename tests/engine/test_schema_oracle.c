@@ -2,7 +2,8 @@
  * case of fixtures/schema_oracle/cases.json (schema, instance text, validity
  * as jsonschema judged it when generate.py wrote the file) must get the same
  * answer; then what the oracle refuses to judge (never reported valid) and a
- * few regex cases where ECMA-262 differs from Python's re. */
+ * few regex cases where ECMA-262 differs from Python's re; the strict JSON
+ * text check. */
 #include <cjson/cJSON.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -163,10 +164,33 @@ static void test_ecma(void)
     }
 }
 
+/* The strict RFC 8259 check, where cJSON is lenient. */
+static void test_json_text(void)
+{
+    static const struct {
+        const char *text;
+        bool ok;
+    } cases[] = {
+        {"{}", true}, {" [1, -0.5e+3, \"a\\u00e9\\n\", true, null] ", true},
+        {"{\"a\":{\"b\":[]}}", true}, {"\"\xc3\xa9\xf0\x9f\x98\x80\"", true},
+        {"01", false}, {"+1", false}, {"1.", false}, {".5", false}, {"1e", false},
+        {"[1,]", false}, {"{\"a\":1,}", false}, {"{a:1}", false}, {"'a'", false},
+        {"\"\x01\"", false}, {"\"\\x\"", false}, {"\"\\u12\"", false},
+        {"\"\xc3\"", false}, {"\"\xed\xa0\x80\"", false}, {"\"\xc0\xaf\"", false},
+        {"1 2", false}, {"", false}, {"nul", false}, {"[", false}, {"\"abc", false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char why[128] = "";
+        bool ok = schema_oracle_json_text(cases[i].text, strlen(cases[i].text), why, sizeof why);
+        check(ok == cases[i].ok, "'%s': %d (%s)", cases[i].text, ok, why);
+    }
+}
+
 int main(void)
 {
     test_fixture();
     test_refusals();
     test_ecma();
+    test_json_text();
     return check_done();
 }
