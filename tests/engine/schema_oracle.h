@@ -16,7 +16,8 @@
  *   uniqueItems;
  * - allOf, anyOf, oneOf, not, if / then / else;
  * - $ref to the document ("#", "#/json/pointer", percent-decoded), $defs and
- *   definitions, recursive; siblings of $ref apply (2020-12);
+ *   definitions, recursive; siblings of $ref apply (2020-12); every "#..."
+ *   resolves against the document root (a nested $id does not rebase it);
  * - minLength / maxLength (code points), pattern (an ECMA-262 search, the
  *   subset below), format (date, time, date-time, duration, email, hostname,
  *   ipv4, ipv6, uri, uuid; others are annotations, as for jsonschema);
