@@ -554,11 +554,19 @@ static void apply_penalties(const ml_sample_row *row, const int32_t *pen_id,
     }
 }
 
-/* z (n): the tokens `allowed` clears at -inf. */
+/* z (n): the tokens `allowed` clears at -inf. A word at a time: a
+ * grammar's mask is mostly whole words of ones (inside a string) or of
+ * zeros (between values), which cost a test or a fill. */
 static void apply_mask(const uint64_t *allowed, float *z, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        z[i] = allowed[i >> 6] >> (i & 63) & 1 ? z[i] : -INFINITY;
+    for (size_t w = 0; w * 64 < n; w++) {
+        uint64_t bits = allowed[w];
+        size_t base = w * 64, end = n - base < 64 ? n - base : 64;
+        if (bits == UINT64_MAX && end == 64)
+            continue;
+        for (size_t i = 0; i < end; i++)
+            z[base + i] = bits >> i & 1 ? z[base + i] : -INFINITY;
+    }
 }
 
 /* Penalised, masked logits of the row (logits itself when no penalty or

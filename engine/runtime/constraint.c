@@ -25,8 +25,8 @@ struct ml_constraint {
     size_t n_stop_ids;
     uint64_t *mask;            /* owned (words) */
     size_t words;
-    /* The last mask allowed no grammar token (only ending). */
-    bool no_continuation;
+    size_t n_allowed;          /* grammar tokens the last mask allows */
+    bool fresh;                /* mask is the current position's (ml_constraint_ended made it) */
     /* Under the masker's lock: the mask is queued and not yet computed. */
     ml_masker *masker;         /* borrowed: the one it was last queued on */
     bool pending;
@@ -81,19 +81,23 @@ const uint64_t *ml_constraint_mask(const ml_constraint *c)
     return c->mask;
 }
 
-/* The mask of the next token into c->mask (the mask thread's work). */
+static bool constraint_complete(const ml_constraint *c)
+{
+    return c->kind == CONSTRAINT_JSON ? ml_json_state_complete(c->json)
+                                      : ml_grammar_state_complete(c->grammar);
+}
+
+/* The mask of the next token into c->mask (the mask thread's work, or the
+ * step thread's when no mask is queued). */
 static void constraint_compute(ml_constraint *c)
 {
-    bool complete;
     if (c->kind == CONSTRAINT_JSON) {
         ml_json_state_allowed(c->json, c->mask);
-        complete = ml_json_state_complete(c->json);
-        c->no_continuation = complete;
+        c->n_allowed = 1; /* not counted: a JSON mode sequence ends when complete */
     } else {
-        c->no_continuation = ml_grammar_state_allowed(c->grammar, c->mask) == 0;
-        complete = ml_grammar_state_complete(c->grammar);
+        c->n_allowed = ml_grammar_state_allowed(c->grammar, c->mask);
     }
-    if (complete)
+    if (constraint_complete(c))
         for (size_t i = 0; i < c->n_stop_ids; i++) {
             uint32_t id = (uint32_t)c->stop_ids[i];
             if (id / 64 < c->words)
@@ -104,16 +108,24 @@ static void constraint_compute(ml_constraint *c)
 ml_status ml_constraint_accept(ml_constraint *c, int32_t token, char *err, size_t errlen)
 {
     assert(!c->pending);
+    c->fresh = false;
     if (c->kind == CONSTRAINT_JSON)
         return ml_json_state_accept(c->json, token, err, errlen);
     return ml_grammar_state_accept(c->grammar, token, err, errlen);
 }
 
-int ml_constraint_ended(const ml_constraint *c)
+int ml_constraint_ended(ml_constraint *c)
 {
-    if (c->kind == CONSTRAINT_JSON)
-        return ml_json_state_complete(c->json);
-    return c->no_continuation;
+    assert(!c->pending);
+    if (c->kind == CONSTRAINT_JSON || !constraint_complete(c))
+        return constraint_complete(c);
+    /* A complete document may go on (a top-level number, say): the mask
+     * says, computed here on the step thread, only while the document is
+     * complete; the next step uses it as is. */
+    if (!c->fresh)
+        constraint_compute(c);
+    c->fresh = true;
+    return c->n_allowed == 0;
 }
 
 /* ---- the mask thread ------------------------------------------------------- */
@@ -195,6 +207,8 @@ void ml_masker_destroy(ml_masker *m)
 
 void ml_masker_queue(ml_masker *m, ml_constraint *c)
 {
+    if (c->fresh)
+        return; /* computed by ml_constraint_ended since the last token */
     pthread_mutex_lock(&m->lock);
     assert(m->n < m->cap && !c->pending);
     c->masker = m;

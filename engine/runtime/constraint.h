@@ -8,9 +8,9 @@
  * request's stop ids exactly when the document is complete (a stop id is
  * a special token, never part of a document; every other special id,
  * <|image|> included, is never allowed). A sequence whose document admits
- * nothing more ends at once with `stop` (ml_constraint_ended): JSON mode as
- * soon as its object is complete, a schema when its mask allows no
- * grammar token (known once that mask is computed). The sample op applies
+ * nothing more ends at once with `stop` (ml_constraint_ended), after the
+ * token that completed it: JSON mode's object, or a schema's document when
+ * its grammar allows no token after it. The sample op applies
  * the mask to the penalised logits; logprobs stay those of the
  * unconstrained model (sample.h).
  *
@@ -67,9 +67,11 @@ void ml_constraint_wait(void *c);
 ml_status ml_constraint_accept(ml_constraint *c, int32_t token, char *err, size_t errlen);
 
 /* 1 when the document admits nothing more, so the sequence ends now with
- * `stop`: JSON mode's object is complete, or the last mask allowed no
- * grammar token. */
-int ml_constraint_ended(const ml_constraint *c);
+ * `stop`: JSON mode's object is complete, or a schema's document is
+ * complete and its grammar allows no token after it (a mask computed here,
+ * on the calling thread, once the document is complete). Not while c is
+ * queued. */
+int ml_constraint_ended(ml_constraint *c);
 
 /* ---- the mask thread ------------------------------------------------------- */
 
@@ -81,8 +83,9 @@ ml_status ml_masker_create(int cap, ml_masker **out, char *err, size_t errlen);
 /* Joins the thread. No-op on NULL. Nothing may be queued (drain first). */
 void ml_masker_destroy(ml_masker *m);
 
-/* Compute c's next mask on the thread, after those queued before it. At
- * most cap constraints are queued between drains. */
+/* Compute c's next mask on the thread, after those queued before it
+ * (nothing to do when ml_constraint_ended computed it since the last
+ * token). At most cap constraints are queued between drains. */
 void ml_masker_queue(ml_masker *m, ml_constraint *c);
 
 /* Block until every queued mask is ready. */

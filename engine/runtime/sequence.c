@@ -318,12 +318,6 @@ void ml_rt_seq_advance(ml_runtime *rt, rt_seq *s, const float *logits)
 {
     char err[256];
     ml_finish end = ML_FINISH_NONE;
-    /* A document that admits nothing more ends before this step's token
-     * (which could only have been a stop id). */
-    if (s->con && ml_constraint_ended(s->con)) {
-        ml_rt_seq_finish(rt, s, ML_FINISH_REASON_STOP, ML_REQERR_NONE, NULL, 1);
-        return;
-    }
     if (logits) {
         if (s->cb.on_logits)
             s->cb.on_logits(s->cb.ctx, logits, rt->vocab);

@@ -12,13 +12,16 @@
  *   images by pixels or by key;
  * - ml_rt_config / ml_rt_runtime_create (ml_rt_runtime_sized: both in one),
  *   ml_rt_steps, ml_rt_drain;
- * - ml_rt_flood: many image requests against a small image budget.
+ * - ml_rt_flood: many image requests against a small image budget;
+ * - ml_rt_same_logprobs: two runs' logprobs alike (bitwise on the CPU,
+ *   within the CUDA op's rounding under ML_TEST_CUDA).
  * Setup failures (files, loads, allocation) print the reason and exit the
  * test with 1; what the runtime does with a request is reported through
  * check(). Header-only, test code only; include after harness.h. */
 #ifndef ML_TEST_RUNTIME_UTIL_H
 #define ML_TEST_RUNTIME_UTIL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,6 +127,43 @@ static inline int ml_rt_same_output(const ml_rt_result *a, const ml_rt_result *b
     return a->done == 1 && b->done == 1 && a->reason == b->reason && a->n_out == b->n_out &&
            !memcmp(a->out, b->out, (size_t)a->n_out * sizeof a->out[0]);
 }
+
+#ifdef ML_TEST_CUDA
+/* ml_rt_same_logprobs: the logprobs of n tokens alike. The CUDA sample op's
+ * against the host sampler's: the ids exactly,
+ * the values to the float rounding of log-sums taken in another order with
+ * CUDA's expf (the bound tests/gpu/test_cuda_ops_sample.c argues). */
+#define ML_RT_LOGPROB_ATOL 5e-7
+#define ML_RT_LOGPROB_RTOL 2.4e-7
+
+static inline int ml_rt_logprob_close(ml_token_logprob got, ml_token_logprob want)
+{
+    if (got.id != want.id)
+        return 0;
+    if (isinf(want.logprob) || isinf(got.logprob))
+        return got.logprob == want.logprob;
+    return fabsf(got.logprob - want.logprob) <=
+           ML_RT_LOGPROB_ATOL + ML_RT_LOGPROB_RTOL * fabsf(want.logprob);
+}
+
+static inline int ml_rt_same_logprobs(const ml_sample_out *a, const ml_sample_out *b, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (a[i].n_top != b[i].n_top || !ml_rt_logprob_close(a[i].chosen, b[i].chosen))
+            return 0;
+        for (uint32_t j = 0; j < a[i].n_top; j++)
+            if (!ml_rt_logprob_close(a[i].top[j], b[i].top[j]))
+                return 0;
+    }
+    return 1;
+}
+#else
+/* The CPU sample op is the host sampler's arithmetic: bit for bit. */
+static inline int ml_rt_same_logprobs(const ml_sample_out *a, const ml_sample_out *b, int n)
+{
+    return !memcmp(a, b, (size_t)n * sizeof *a);
+}
+#endif
 
 /* ---- fixture ----------------------------------------------------------- */
 

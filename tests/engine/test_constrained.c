@@ -12,7 +12,14 @@
  * - logprobs stay the unconstrained model's (log_softmax of the raw row);
  * - stop strings, a max_tokens cut (length), cancel mid-document, and
  *   preemption (the state survives re-prefill: same output as without);
- */
+ * - grammars (grammar/grammar.h): two built by hand from tables,
+ *   independent of the schema compiler, a list that admits nothing once
+ *   closed (the sequence ends at once with stop) and a number that may
+ *   always go on (the stop id is allowed exactly once it is complete), and
+ *   one compiled from a JSON Schema (ml_grammar_compile_schema); many
+ *   sequences sharing one grammar, its references all returned at the end;
+ *   a finished document checked by a validator written here with cJSON,
+ *   not by the grammar. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include "grammar/grammar.h"
+#include "grammar/grammar_internal.h"
 #include "grammar/json_mode.h"
 #include "harness.h"
 #include "runtime_test_util.h"
@@ -73,10 +81,11 @@ static void check_json_result(const ml_rt_fixture *f, const ml_rt_result *r, int
     ml_json_state_destroy(js);
 }
 
-/* Bitwise the same tokens and logprobs. */
+/* The same tokens and logprobs (bitwise on the CPU; on CUDA the sample op
+ * against the host sampler within rounding, ml_rt_same_logprobs). */
 static int same_result(const ml_rt_result *a, const ml_rt_result *b)
 {
-    return ml_rt_same_output(a, b) && !memcmp(a->lp, b->lp, (size_t)a->n_out * sizeof a->lp[0]);
+    return ml_rt_same_output(a, b) && ml_rt_same_logprobs(a->lp, b->lp, a->n_out);
 }
 
 /* Sampling of constrained request i: seeded draws (one greedy), logprobs
@@ -102,7 +111,7 @@ static ml_rt_kind kind_of(int i)
 
 /* ---- JSON mode -------------------------------------------------------------- */
 
-enum { N_CON = 4, N_FREE = 3 };
+enum { N_CON = 8, N_FREE = 3 };
 
 /* Constrained request i, alone in a fresh runtime (kv_blocks blocks);
  * keep_logits samples it on the host. */
@@ -225,6 +234,172 @@ static void test_json_endings(ml_rt_fixture *f)
     check_json_result(f, &r[1], CUT, 0, "json request cut by max_tokens");
 }
 
+/* ---- grammars -------------------------------------------------------------- */
+
+enum { G_START, G_OPEN, G_NUM, G_COMMA, G_DONE, G_LIST_STATES };
+
+static void edges(ml_grammar *g, uint32_t from, const char *bytes, uint32_t to)
+{
+    for (const char *b = bytes; *b; b++)
+        g->next[(size_t)from * g->n_classes + (uint8_t)*b] = to;
+}
+
+/* A grammar over raw bytes (one class per byte), no calls, every state
+ * dead but for what the caller adds. */
+static ml_grammar *bare_grammar(uint32_t n_states)
+{
+    ml_grammar *g = ml_grammar_alloc(n_states, 256, 0);
+    if (!g) {
+        fprintf(stderr, "out of memory for a grammar\n");
+        exit(1);
+    }
+    for (int b = 0; b < 256; b++)
+        g->byte_class[b] = (uint8_t)b;
+    memset(g->next, 0xff, (size_t)n_states * 256 * sizeof *g->next);
+    g->start = 0;
+    return g;
+}
+
+/* "[" (digits ("," digits)*)? "]": nothing may follow the "]". */
+static ml_grammar *list_grammar(void)
+{
+    static const char digits[] = "0123456789";
+    ml_grammar *g = bare_grammar(G_LIST_STATES);
+    edges(g, G_START, "[", G_OPEN);
+    edges(g, G_OPEN, digits, G_NUM);
+    edges(g, G_OPEN, "]", G_DONE);
+    edges(g, G_NUM, digits, G_NUM);
+    edges(g, G_NUM, ",", G_COMMA);
+    edges(g, G_NUM, "]", G_DONE);
+    edges(g, G_COMMA, digits, G_NUM);
+    g->flags[G_DONE] = ML_GRAMMAR_ACCEPT;
+    return g;
+}
+
+/* digits+: complete after the first digit and never closed. */
+static ml_grammar *number_grammar(void)
+{
+    ml_grammar *g = bare_grammar(2);
+    edges(g, 0, "0123456789", 1);
+    edges(g, 1, "0123456789", 1);
+    g->flags[1] = ML_GRAMMAR_ACCEPT;
+    return g;
+}
+
+/* Independent validators of a finished document: 1 when valid. */
+typedef int (*validate_fn)(const cJSON *doc, const char *text, size_t len);
+
+static int valid_list(const cJSON *doc, const char *text, size_t len)
+{
+    (void)text, (void)len;
+    const cJSON *e;
+    int ok = cJSON_IsArray(doc);
+    cJSON_ArrayForEach(e, doc) ok &= cJSON_IsNumber(e) && e->valuedouble >= 0;
+    return ok;
+}
+
+static int valid_number(const cJSON *doc, const char *text, size_t len)
+{
+    (void)doc;
+    int ok = len > 0;
+    for (size_t i = 0; i < len; i++)
+        ok &= text[i] >= '0' && text[i] <= '9';
+    return ok;
+}
+
+static const char schema_text[] =
+    "{\"type\":\"object\",\"properties\":{"
+    "\"name\":{\"type\":\"string\",\"maxLength\":12},"
+    "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},\"maxItems\":3}},"
+    "\"required\":[\"name\",\"age\"],\"additionalProperties\":false}";
+
+/* schema_text's rules, checked on the parsed document. */
+static int valid_person(const cJSON *doc, const char *text, size_t len)
+{
+    (void)text, (void)len;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(doc, "name");
+    const cJSON *age = cJSON_GetObjectItemCaseSensitive(doc, "age");
+    const cJSON *tags = cJSON_GetObjectItemCaseSensitive(doc, "tags"), *e;
+    int ok = cJSON_IsObject(doc) && cJSON_IsString(name) && cJSON_IsNumber(age) &&
+             age->valuedouble == (double)(int)age->valuedouble && age->valuedouble >= 0 &&
+             age->valuedouble <= 150 && (!tags || cJSON_IsArray(tags));
+    if (ok) { /* maxLength counts characters: UTF-8 lead bytes */
+        int chars = 0;
+        for (const char *c = name->valuestring; *c; c++)
+            chars += ((unsigned char)*c & 0xC0) != 0x80;
+        ok = chars <= 12;
+    }
+    int n = 0;
+    cJSON_ArrayForEach(e, tags) ok &= cJSON_IsString(e) && n++ < 3 &&
+                                      (!strcmp(e->valuestring, "a") || !strcmp(e->valuestring, "b"));
+    cJSON_ArrayForEach(e, doc) ok &= !strcmp(e->string, "name") || !strcmp(e->string, "age") ||
+                                     !strcmp(e->string, "tags");
+    return ok;
+}
+
+/* r's tokens, each accepted by a fresh state of g; a request that stopped
+ * is complete and valid by `valid`; `closed`: it stopped at once on
+ * completing (nothing may follow), else by the stop id, which is never
+ * streamed. */
+static void check_grammar_result(const ml_rt_fixture *f, ml_grammar *g, const ml_rt_result *r,
+                                 int closed, validate_fn valid, const char *what)
+{
+    char err[256] = "";
+    ml_grammar_state *gs = NULL;
+    check(r->done == 1 && r->error == ML_REQERR_NONE &&
+              ml_grammar_state_create(g, g_vocab, &gs, err, sizeof err) == ML_OK,
+          "%s: ended once without error ('%s')", what, r->message);
+    int ok = gs != NULL;
+    for (int t = 0; ok && t < r->n_out; t++)
+        ok = ml_grammar_state_accept(gs, r->out[t], err, sizeof err) == ML_OK;
+    check(ok, "%s: every token inside the grammar (%s)", what, err);
+    if (r->reason == ML_FINISH_REASON_STOP) {
+        char *text = NULL;
+        size_t len = 0;
+        ml_tokenizer_decode(f->tok, r->out, (size_t)r->n_out, 0, &text, &len, err, sizeof err);
+        cJSON *doc = text ? cJSON_ParseWithLength(text, len) : NULL;
+        check(gs && ml_grammar_state_complete(gs) && r->n_out > 0 &&
+                  r->usage.completion_tokens == r->n_out + !closed,
+              "%s: stopped on a complete document '%s' after %d tokens (%d counted)", what,
+              text ? text : "", r->n_out, r->usage.completion_tokens);
+        check(text && valid(doc, text, len), "%s: '%s' is valid", what, text ? text : "");
+        cJSON_Delete(doc);
+        free(text);
+    } else {
+        check(r->reason == ML_FINISH_REASON_LENGTH && r->n_out == TOKENS,
+              "%s: finish %d after %d tokens", what, (int)r->reason, r->n_out);
+    }
+    ml_grammar_state_destroy(gs);
+}
+
+static void test_grammar(ml_rt_fixture *f, ml_grammar *g, int closed, validate_fn valid,
+                         const char *name)
+{
+    ml_rt_result alone[N_CON], host[N_CON], con[N_CON], free_r[N_FREE];
+    for (int i = 0; i < N_CON; i++) {
+        run_alone(f, i, g, 0, &alone[i]);
+        run_alone(f, i, g, 1, &host[i]);
+    }
+    /* Every batched request holds a reference to the one grammar. */
+    run_batched(f, g, KV_AMPLE, con, free_r);
+    int stopped = 0;
+    for (int i = 0; i < N_CON; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "%s request %d batched", name, i);
+        check_grammar_result(f, g, &con[i], closed, valid, what);
+        stopped += con[i].reason == ML_FINISH_REASON_STOP;
+        check(same_result(&alone[i], &con[i]) && same_result(&host[i], &con[i]),
+              "%s request %d: alone, batched and on the host give the same tokens and logprobs",
+              name, i);
+        ml_rt_result_deinit(&alone[i]);
+        ml_rt_result_deinit(&host[i]);
+    }
+    check(atomic_load(&g->refs) == 1, "%s: every sequence released its reference", name);
+    fprintf(stderr, "  %s grammar batched: %d of %d completed their document\n", name, stopped,
+            N_CON);
+}
+
 int main(void)
 {
     ml_rt_fixture f;
@@ -239,6 +414,21 @@ int main(void)
     }
     test_json_batched(&f);
     test_json_endings(&f);
+    ml_grammar *list = list_grammar(), *number = number_grammar();
+    test_grammar(&f, list, 1, valid_list, "list");
+    test_grammar(&f, number, 0, valid_number, "number");
+    ml_grammar_unref(list);
+    ml_grammar_unref(number);
+    ml_schema_limits slim;
+    ml_schema_limits_default(&slim);
+    ml_grammar *person = NULL;
+    check(ml_grammar_compile_schema(schema_text, sizeof schema_text - 1, &slim, &person, err,
+                                    sizeof err) == ML_OK,
+          "the schema compiles: %s", err);
+    if (person) {
+        test_grammar(&f, person, 1, valid_person, "schema");
+        ml_grammar_unref(person);
+    }
     ml_json_vocab_destroy(g_vocab);
     ml_rt_fixture_close(&f);
     return check_done();

@@ -256,40 +256,6 @@ static void test_json_mode(ml_rt_fixture *f)
     ml_json_vocab_destroy(vocab);
 }
 
-#ifdef ML_TEST_CUDA
-/* The CUDA sample op's logprobs against the host sampler's: the ids exactly,
- * the values to the float rounding of log-sums taken in another order with
- * CUDA's expf (the bound tests/gpu/test_cuda_ops_sample.c argues). */
-#define LOGPROB_ATOL 5e-7
-#define LOGPROB_RTOL 2.4e-7
-
-static int logprob_close(ml_token_logprob got, ml_token_logprob want)
-{
-    if (got.id != want.id)
-        return 0;
-    if (isinf(want.logprob) || isinf(got.logprob))
-        return got.logprob == want.logprob;
-    return fabsf(got.logprob - want.logprob) <= LOGPROB_ATOL + LOGPROB_RTOL * fabsf(want.logprob);
-}
-
-static int same_logprobs(const ml_sample_out *a, const ml_sample_out *b, int n)
-{
-    for (int i = 0; i < n; i++) {
-        if (a[i].n_top != b[i].n_top || !logprob_close(a[i].chosen, b[i].chosen))
-            return 0;
-        for (uint32_t j = 0; j < a[i].n_top; j++)
-            if (!logprob_close(a[i].top[j], b[i].top[j]))
-                return 0;
-    }
-    return 1;
-}
-#else
-/* The CPU sample op is the host sampler's arithmetic: bit for bit. */
-static int same_logprobs(const ml_sample_out *a, const ml_sample_out *b, int n)
-{
-    return !memcmp(a, b, (size_t)n * sizeof *a);
-}
-#endif
 
 /* The runtime samples where the logits are (the model's sample op) unless a
  * logits callback must see them (then the host sampler does): the same
@@ -332,7 +298,7 @@ static void test_sampling_paths(ml_rt_fixture *f)
         check(r[0][i].n_out == TOKENS && ml_rt_same_output(&r[0][i], &r[1][i]),
               "request %d: the model's sample op and the host sampler give the same %d tokens",
               i, r[0][i].n_out);
-        check(same_logprobs(r[0][i].lp, r[1][i].lp, r[0][i].n_out) && r[0][i].lp[0].n_top == 3,
+        check(ml_rt_same_logprobs(r[0][i].lp, r[1][i].lp, r[0][i].n_out) && r[0][i].lp[0].n_top == 3,
               "request %d: the same logprobs", i);
         ml_rt_result_deinit(&r[0][i]);
         ml_rt_result_deinit(&r[1][i]);
