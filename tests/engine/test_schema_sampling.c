@@ -38,7 +38,7 @@
 /* Requests per schema (seeds SEED_BASE...), and each one's token budget. */
 #define SEEDS 16
 #define SEED_BASE 22000
-#define MAX_TOKENS 320
+#define MAX_TOKENS 512
 /* The text a document may take: the longest tokens of the fixture's
  * 700-logit vocabulary are a few bytes. */
 #define TEXT_CAP (MAX_TOKENS * 16)
