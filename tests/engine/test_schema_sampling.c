@@ -17,6 +17,12 @@
  * with a keyword the compiler may not enforce exactly. Each is either
  * refused with the keyword and its JSON Pointer in the message, or compiled
  * and then proven like the corpus.
+ * Last, the oracle's fixture (fixtures/schema_oracle/cases.json, validity
+ * computed by Python's jsonschema): each instance is fed byte by byte to
+ * the grammar of its schema (when it compiles); one the grammar takes as a
+ * complete document must be one jsonschema judged valid. The grammar may
+ * refuse valid ones (property order, its refusals), never accept invalid
+ * ones.
  * Exit 1 when a fixture file cannot be read; the oracle's own refusal to
  * judge ("oracle: ...") is a failure, never a pass. */
 #include <cjson/cJSON.h>
@@ -34,6 +40,7 @@
 #define MODEL ML_SOURCE_DIR "/tests/golden/fixtures/models/m3_two_images_interleaved"
 #define SCHEMA_DIR ML_SOURCE_DIR "/tests/engine/fixtures/schemas"
 #define REFUSED_PATH ML_SOURCE_DIR "/tests/engine/fixtures/schemas_refused/refused.json"
+#define CASES_PATH ML_SOURCE_DIR "/tests/engine/fixtures/schema_oracle/cases.json"
 #define GREEDY_STEPS 4
 /* Requests per schema (seeds SEED_BASE...), and each one's token budget. */
 #define SEEDS 16
@@ -60,6 +67,7 @@ static const char *const corpus[] = {
 };
 
 static ml_json_vocab *g_vocab; /* the fixture's token trie, for the replays */
+static int32_t g_byte_id[256];  /* the single-byte token of each byte */
 
 /* What one request reported. */
 typedef struct doc {
@@ -314,6 +322,92 @@ static void test_refused(ml_rt_fixture *f)
     cJSON_Delete(list);
 }
 
+/* ---- jsonschema's verdicts ---------------------------------------------------- */
+
+/* g_byte_id from the fixture's vocabulary (Llama 3's first 256 ids are the
+ * 256 bytes). */
+static void find_byte_tokens(const ml_rt_fixture *f, int n_vocab)
+{
+    int found = 0;
+    for (int b = 0; b < 256; b++)
+        g_byte_id[b] = -1;
+    for (int32_t id = 0; id < n_vocab; id++) {
+        size_t len;
+        char *text = decode(f, &id, 1, &len);
+        if (len == 1 && g_byte_id[(unsigned char)text[0]] < 0) {
+            g_byte_id[(unsigned char)text[0]] = id;
+            found++;
+        }
+        free(text);
+    }
+    if (found != 256) {
+        fprintf(stderr, "only %d of the 256 bytes have a token of their own\n", found);
+        exit(1);
+    }
+}
+
+/* 1 when the grammar takes text, fed byte by byte, as a complete document. */
+static int grammar_takes(ml_grammar *g, const char *text)
+{
+    ml_grammar_state *s = NULL;
+    char err[256] = "";
+    if (ml_grammar_state_create(g, g_vocab, &s, err, sizeof err) != ML_OK) {
+        fprintf(stderr, "state: %s\n", err);
+        exit(1);
+    }
+    int ok = 1;
+    for (const char *c = text; *c && ok; c++)
+        ok = ml_grammar_state_accept(s, g_byte_id[(unsigned char)*c], err, sizeof err) == ML_OK;
+    ok = ok && ml_grammar_state_complete(s);
+    ml_grammar_state_destroy(s);
+    return ok;
+}
+
+static void test_jsonschema_cases(void)
+{
+    size_t len;
+    char *text = read_text(CASES_PATH, &len);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!root) {
+        fprintf(stderr, "%s: not JSON\n", CASES_PATH);
+        exit(1);
+    }
+    int compiled = 0, refused = 0, taken_valid = 0, taken_invalid = 0, left_valid = 0,
+        left_invalid = 0;
+    const cJSON *group;
+    cJSON_ArrayForEach(group, cJSON_GetObjectItemCaseSensitive(root, "groups")) {
+        char *schema = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(group, "schema"));
+        char err[512] = "";
+        ml_grammar *g = NULL;
+        if (compile(schema, strlen(schema), &g, err, sizeof err) != ML_OK) {
+            refused++;
+            free(schema);
+            continue;
+        }
+        compiled++;
+        const cJSON *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(group, "tests")) {
+            const char *inst = cJSON_GetObjectItemCaseSensitive(c, "text")->valuestring;
+            bool valid = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "valid"));
+            int taken = grammar_takes(g, inst);
+            check(!taken || valid, "schema %s: the grammar takes %s, which jsonschema judged invalid",
+                  schema, inst);
+            taken_valid += taken && valid;
+            taken_invalid += taken && !valid;
+            left_valid += !taken && valid;
+            left_invalid += !taken && !valid;
+        }
+        ml_grammar_unref(g);
+        free(schema);
+    }
+    fprintf(stderr,
+            "  jsonschema's cases: %d schemas compiled, %d refused; taken: %d valid, %d invalid; "
+            "left: %d valid, %d invalid\n",
+            compiled, refused, taken_valid, taken_invalid, left_valid, left_invalid);
+    cJSON_Delete(root);
+}
+
 int main(void)
 {
     ml_rt_fixture f;
@@ -326,8 +420,10 @@ int main(void)
         fprintf(stderr, "json vocab: %s\n", err);
         return 1;
     }
+    find_byte_tokens(&f, ml_model_config(f.model)->text.vocab_size);
     test_corpus(&f);
     test_refused(&f);
+    test_jsonschema_cases();
     ml_json_vocab_destroy(g_vocab);
     ml_rt_fixture_close(&f);
     return check_done();
