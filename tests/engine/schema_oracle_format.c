@@ -2,10 +2,8 @@
  * jsonschema FormatChecker judges it with the libraries it calls
  * (rfc3339-validator, fqdn, ipaddress, isoduration, rfc3987, uuid), written
  * from those definitions without reference to engine/grammar/lexemes.c. */
-#include <math.h>
-#include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -2,7 +2,6 @@
  * ECMA-262 pattern matcher of the `pattern` keyword, written from ECMA-262
  * (2015 and later, without the u flag; Annex B's literal '{' and ']', and
  * '-' next to a class escape), without reference to engine/grammar/regex.c. */
-#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
