@@ -36,7 +36,7 @@ CUDA_OPS_TESTS=(test_cuda_ops_backend test_cuda_ops_matmul test_cuda_ops_norms
 # The model end to end on CUDA backends (CMake build only: they need cJSON);
 # test_worker_cuda skips itself where redis-server or kcat is missing.
 CUDA_MODEL_TESTS=(test_cuda_golden test_cuda_decode_graph test_cuda_runtime
-                  test_cuda_batch_invariance test_worker_cuda)
+                  test_cuda_constrained test_cuda_batch_invariance test_worker_cuda)
 mkdir -p "$BUILD" "$DEST"
 LOG=$DEST/check.log
 : >"$LOG"
