@@ -457,10 +457,11 @@ typedef struct ml_rt_request {
     int64_t deadline_ms; /* 0 = none */
     int keep_logits;     /* copy the first step's logits into the result */
     const ml_sampling_params *sampling; /* borrowed; NULL = greedy (max_tokens applies) */
+    const ml_request_callbacks *cb; /* borrowed; NULL = callbacks that fill the result */
 } ml_rt_request;
 
 /* Submit q as a request (greedy unless q->sampling) whose callbacks fill r
- * (borrowed until it ends). Image i's key is (i + 1, key_salt, 0...). Returns the handle;
+ * (borrowed until it ends; unused with q->cb). Image i's key is (i + 1, key_salt, 0...). Returns the handle;
  * ml_runtime_submit's own failure is a check failure (handle 0). */
 static inline uint64_t ml_rt_submit(const ml_rt_fixture *f, ml_runtime *rt,
                                     const ml_rt_request *q, ml_rt_result *r)
@@ -506,7 +507,7 @@ static inline uint64_t ml_rt_submit(const ml_rt_fixture *f, ml_runtime *rt,
         .n_images = n_images,
         .deadline_ms = q->deadline_ms,
         .adapter = q->adapter,
-        .cb = ml_rt_callbacks(r, q->keep_logits),
+        .cb = q->cb ? *q->cb : ml_rt_callbacks(r, q->keep_logits),
     };
     if (q->sampling) {
         req.sampling = *q->sampling;
