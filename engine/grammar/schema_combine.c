@@ -72,9 +72,7 @@ static ml_fsm *schema_any_of(schema_compiler *sc, const cJSON *node, bool *any)
     } else if (*any) {
         r = schema_any(sc);
     } else {
-        r = b[0];
-        for (size_t i = 1; i < n; i++)
-            r = ml_fsm_union(sc->fc, r, b[i]);
+        r = ml_fsm_union_n(sc->fc, b, n);
         free(b);
         free(anys);
         return r;
@@ -216,14 +214,20 @@ ml_fsm *schema_compile_regular(schema_compiler *sc, const cJSON *node)
 /* Each branch minus the union of the others (regular branches). */
 static ml_fsm *schema_exclusive(schema_compiler *sc, ml_fsm *const *b, size_t n)
 {
-    ml_fsm *r = ml_fsm_nothing(sc->fc);
+    ml_fsm **part = calloc(2 * n, sizeof *part), **others = part + n;
+    if (!part) {
+        ml_fsm_ctx_fail(sc->fc, ML_ERR_NOMEM, "schema: out of memory");
+        return NULL;
+    }
     for (size_t i = 0; i < n; i++) {
-        ml_fsm *others = ml_fsm_nothing(sc->fc);
+        size_t k = 0;
         for (size_t j = 0; j < n; j++)
             if (j != i)
-                others = ml_fsm_union(sc->fc, others, ml_fsm_copy(sc->fc, b[j]));
-        r = ml_fsm_union(sc->fc, r, ml_fsm_minus(sc->fc, ml_fsm_copy(sc->fc, b[i]), others));
+                others[k++] = ml_fsm_copy(sc->fc, b[j]);
+        part[i] = ml_fsm_minus(sc->fc, ml_fsm_copy(sc->fc, b[i]), ml_fsm_union_n(sc->fc, others, k));
     }
+    ml_fsm *r = ml_fsm_union_n(sc->fc, part, n);
+    free(part);
     return r;
 }
 
@@ -315,9 +319,7 @@ static ml_fsm *schema_one_of_list(schema_compiler *sc, ml_fsm **b, size_t n,
     }
     ml_fsm *r = NULL;
     if (n == 1 || disjoint) {
-        r = b[0];
-        for (size_t i = 1; i < n; i++)
-            r = ml_fsm_union(sc->fc, r, b[i]);
+        r = ml_fsm_union_n(sc->fc, b, n);
         free(b);
         return r;
     }
@@ -386,12 +388,18 @@ static ml_fsm *schema_values(schema_compiler *sc, const cJSON *v, bool one, unsi
 {
     if (!one && !cJSON_IsArray(v))
         return schema_refuse(sc, ML_ERR_INVALID_ARG, "enum", "not an array");
-    size_t at = schema_pointer_push(sc, one ? "const" : "enum", 0);
-    ml_fsm *r = ml_fsm_nothing(sc->fc);
+    ml_fsm **lits = calloc(one ? 1 : (size_t)cJSON_GetArraySize(v) + 1, sizeof *lits);
+    if (!lits) {
+        ml_fsm_ctx_fail(sc->fc, ML_ERR_NOMEM, "schema: out of memory");
+        return NULL;
+    }
+    size_t at = schema_pointer_push(sc, one ? "const" : "enum", 0), n = 0;
     for (const cJSON *e = one ? v : v->child; e; e = one ? NULL : e->next)
         if (schema_value_types(e) & types)
-            r = ml_fsm_union(sc->fc, r, schema_literal(sc, e));
+            lits[n++] = schema_literal(sc, e);
     schema_pointer_pop(sc, at);
+    ml_fsm *r = ml_fsm_union_n(sc->fc, lits, n);
+    free(lits);
     return r;
 }
 
@@ -862,9 +870,7 @@ static ml_fsm *schema_merged_object(schema_compiler *sc, cJSON *m, bool *any)
             *any = true;
             r = schema_any(sc);
         } else {
-            r = b[0];
-            for (i = 1; i < n; i++)
-                r = ml_fsm_union(sc->fc, r, b[i]);
+            r = ml_fsm_union_n(sc->fc, b, n);
             free(b);
         }
     }

@@ -29,19 +29,16 @@
 
 /* ---- building blocks -------------------------------------------------------- */
 
-/* The concatenation of a[0..n) (owned; every one freed, whatever the
- * outcome, even after a NULL). */
-static ml_fsm *cat_n(ml_fsm_ctx *fc, ml_fsm *const *a, size_t n)
-{
-    ml_fsm *r = a[0];
-    for (size_t i = 1; i < n; i++)
-        r = ml_fsm_concat(fc, r, a[i]);
-    return r;
-}
-/* cat(fc, a, b, ...): the concatenation of the automata given (owned). */
-#define cat(fc, ...)                                   \
-    cat_n((fc), (ml_fsm *const[]){__VA_ARGS__},        \
-          sizeof((ml_fsm *const[]){__VA_ARGS__}) / sizeof(ml_fsm *))
+/* cat(fc, a, b, ...): the concatenation of the automata given (owned), in
+ * one construction. */
+#define cat(fc, ...)                                          \
+    ml_fsm_concat_n((fc), (ml_fsm *const[]){__VA_ARGS__},     \
+                    sizeof((ml_fsm *const[]){__VA_ARGS__}) / sizeof(ml_fsm *))
+/* alt(fc, a, b, ...): the union of the automata given (owned), in one
+ * construction. */
+#define alt(fc, ...)                                          \
+    ml_fsm_union_n((fc), (ml_fsm *const[]){__VA_ARGS__},      \
+                   sizeof((ml_fsm *const[]){__VA_ARGS__}) / sizeof(ml_fsm *))
 
 static ml_fsm *lit(ml_fsm_ctx *fc, const char *s)
 {
@@ -143,8 +140,7 @@ static ml_fsm *ascii_key(ml_fsm_ctx *fc)
     for (int b = 0x20; b < 0x7f; b++)
         if (b != '"' && b != '\\')
             plain[b >> 3] |= (uint8_t)(1u << (b & 7));
-    ml_fsm *ch = ml_fsm_union(fc, ml_fsm_byte_set(fc, plain),
-                              ml_fsm_union(fc, lit(fc, "\\\""), lit(fc, "\\\\")));
+    ml_fsm *ch = alt(fc, ml_fsm_byte_set(fc, plain), lit(fc, "\\\""), lit(fc, "\\\\"));
     ml_fsm *body = ml_fsm_tag(fc, ml_fsm_repeat(fc, ch, 0, ML_FSM_UNBOUNDED), ML_FSM_TAG_IN_STRING);
     return cat(fc, lit(fc, "\""), body, lit(fc, "\""));
 }
@@ -500,12 +496,19 @@ static ml_fsm *additional_members(schema_compiler *sc, const members *mb)
     if (mb->names)
         base = ml_fsm_intersect(fc, base, copy(fc, mb->names));
     if (mb->n) {
-        ml_fsm *named = ml_fsm_nothing(fc);
+        ml_fsm **named = calloc(mb->n, sizeof *named);
+        if (!named) {
+            ml_fsm_free(base);
+            ml_fsm_ctx_fail(fc, ML_ERR_NOMEM, "schema: out of memory");
+            return NULL;
+        }
         for (size_t i = 0; i < mb->n; i++)
-            named = ml_fsm_union(fc, named, key_of(sc, mb->name[i]));
-        base = ml_fsm_minus(fc, base, named);
+            named[i] = key_of(sc, mb->name[i]);
+        base = ml_fsm_minus(fc, base, ml_fsm_union_n(fc, named, mb->n));
+        free(named);
     }
-    ml_fsm *r = NULL;
+    ml_fsm *regions[1u << SCHEMA_MAX_PATTERN_PROPERTIES];
+    size_t n_regions = 0;
     for (unsigned set = 0; set < (1u << mb->n_pat) && base; set++) {
         ml_fsm *key = copy(fc, base);
         for (size_t k = 0; k < mb->n_pat; k++)
@@ -534,11 +537,10 @@ static ml_fsm *additional_members(schema_compiler *sc, const members *mb)
             ml_fsm_free(value);
             continue;
         }
-        ml_fsm *m = member(fc, key, value);
-        r = r ? ml_fsm_union(fc, r, m) : m;
+        regions[n_regions++] = member(fc, key, value);
     }
     ml_fsm_free(base);
-    return r;
+    return n_regions ? ml_fsm_union_n(fc, regions, n_regions) : NULL;
 }
 
 /* A run of consecutive members (a leaf: one defined member, or the
@@ -616,30 +618,31 @@ out:
 ml_fsm *schema_typed(schema_compiler *sc, const cJSON *node, unsigned types)
 {
     ml_fsm_ctx *fc = sc->fc;
-    ml_fsm *r = ml_fsm_nothing(fc);
+    ml_fsm *r[7];
+    size_t n = 0;
     if (types & SCHEMA_T_NULL)
-        r = ml_fsm_union(fc, r, lit(fc, "null"));
-    if (types & SCHEMA_T_BOOLEAN)
-        r = ml_fsm_union(fc, r, ml_fsm_union(fc, lit(fc, "true"), lit(fc, "false")));
+        r[n++] = lit(fc, "null");
+    if (types & SCHEMA_T_BOOLEAN) {
+        r[n++] = lit(fc, "true");
+        r[n++] = lit(fc, "false");
+    }
     if (types & (SCHEMA_T_NUMBER | SCHEMA_T_INTEGER))
-        r = ml_fsm_union(fc, r, schema_numeric(sc, node, !(types & SCHEMA_T_NUMBER)));
+        r[n++] = schema_numeric(sc, node, !(types & SCHEMA_T_NUMBER));
     if (types & SCHEMA_T_STRING)
-        r = ml_fsm_union(fc, r, schema_string(sc, node));
+        r[n++] = schema_string(sc, node);
     if (types & SCHEMA_T_ARRAY)
-        r = ml_fsm_union(fc, r, schema_array(sc, node));
+        r[n++] = schema_array(sc, node);
     if (types & SCHEMA_T_OBJECT)
-        r = ml_fsm_union(fc, r, schema_object(sc, node));
-    return r;
+        r[n++] = schema_object(sc, node);
+    return ml_fsm_union_n(fc, r, n);
 }
 
 /* Every JSON value with containers nested at most depth deep. */
 static ml_fsm *any_nested(ml_fsm_ctx *fc, uint32_t depth)
 {
     ml_lex_bound none = {0};
-    ml_fsm *scalar = ml_fsm_union(fc, lit(fc, "null"), lit(fc, "true"));
-    scalar = ml_fsm_union(fc, scalar, lit(fc, "false"));
-    scalar = ml_fsm_union(fc, scalar, ml_lex_json_number(fc, none, none));
-    scalar = ml_fsm_union(fc, scalar, any_string(fc));
+    ml_fsm *scalar = alt(fc, lit(fc, "null"), lit(fc, "true"), lit(fc, "false"),
+                         ml_lex_json_number(fc, none, none), any_string(fc));
     ml_fsm *v = copy(fc, scalar);
     for (uint32_t d = 0; d < depth; d++) {
         ml_fsm *item = cat(fc, copy(fc, v), schema_gap(fc));
@@ -650,7 +653,7 @@ static ml_fsm *any_nested(ml_fsm_ctx *fc, uint32_t depth)
         ml_fsm *mems = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, mem)), 0, ML_FSM_UNBOUNDED);
         ml_fsm *obj = cat(fc, lit(fc, "{"), schema_gap(fc),
                           ml_fsm_union(fc, ml_fsm_epsilon(fc), cat(fc, mem, mems)), lit(fc, "}"));
-        v = ml_fsm_union(fc, copy(fc, scalar), ml_fsm_union(fc, arr, obj));
+        v = alt(fc, copy(fc, scalar), arr, obj);
     }
     ml_fsm_free(scalar);
     return v;
@@ -682,12 +685,8 @@ ml_fsm *schema_any(schema_compiler *sc)
         ml_fsm *mems = cat(fc, mem, more);
         ml_fsm *obj = cat(fc, lit(fc, "{"), schema_gap(fc),
                           ml_fsm_union(fc, ml_fsm_epsilon(fc), mems), lit(fc, "}"));
-        ml_fsm *body = ml_fsm_union(fc, lit(fc, "null"), lit(fc, "true"));
-        body = ml_fsm_union(fc, body, lit(fc, "false"));
-        body = ml_fsm_union(fc, body, ml_lex_json_number(fc, none, none));
-        body = ml_fsm_union(fc, body, any_string(fc));
-        body = ml_fsm_union(fc, body, arr);
-        sc->machines[k].fsm = ml_fsm_union(fc, body, obj);
+        sc->machines[k].fsm = alt(fc, lit(fc, "null"), lit(fc, "true"), lit(fc, "false"),
+                                  ml_lex_json_number(fc, none, none), any_string(fc), arr, obj);
         if (!sc->machines[k].fsm)
             return NULL;
     }
