@@ -31,6 +31,11 @@ ml_fsm_ctx *ml_fsm_ctx_create(uint32_t max_states, double deadline_ms)
     return c;
 }
 
+void ml_fsm_ctx_defer_minimal(ml_fsm_ctx *c)
+{
+    c->defer_minimal = true;
+}
+
 void ml_fsm_ctx_destroy(ml_fsm_ctx *c)
 {
     free(c);
@@ -405,7 +410,8 @@ static ml_fsm *quotient(ml_fsm_ctx *c, const ml_fsm *a, const uint8_t *live, con
     return r;
 }
 
-ml_fsm *fsm_finish(ml_fsm_ctx *c, ml_fsm *a)
+/* fsm_finish (minimise), or trim only. */
+static ml_fsm *reduce(ml_fsm_ctx *c, ml_fsm *a, bool minimise)
 {
     if (!a)
         return NULL;
@@ -423,13 +429,42 @@ ml_fsm *fsm_finish(ml_fsm_ctx *c, ml_fsm *a)
     else if (mark_live(c, a, live)) {
         if (!live[0]) /* keeps the start's tags: an empty string content stays in-string */
             r = empty_language(c, a->tags[0]);
-        else if (fsm_classes(c, a, live, cls))
+        else if (minimise && fsm_classes(c, a, live, cls))
             r = quotient(c, a, live, cls);
+        else if (!minimise && !memchr(live, 0, a->n_states)) {
+            free(live);
+            free(cls);
+            a->minimal = false;
+            return a;
+        } else if (!minimise) {
+            for (uint32_t s = 0; s < a->n_states; s++)
+                cls[s] = s;
+            r = quotient(c, a, live, cls);
+        }
     }
     free(live);
     free(cls);
     ml_fsm_free(a);
+    if (r)
+        r->minimal = minimise || r->n_states == 1;
     return r;
+}
+
+ml_fsm *fsm_finish(ml_fsm_ctx *c, ml_fsm *a)
+{
+    return reduce(c, a, true);
+}
+
+ml_fsm *fsm_settle(ml_fsm_ctx *c, ml_fsm *a)
+{
+    return reduce(c, a, !c->defer_minimal);
+}
+
+ml_fsm *ml_fsm_minimal(ml_fsm_ctx *c, ml_fsm *a)
+{
+    if (a && a->minimal && c->status == ML_OK)
+        return a;
+    return fsm_finish(c, a);
 }
 
 /* ---- atoms ------------------------------------------------------------------- */
@@ -559,6 +594,7 @@ ml_fsm *ml_fsm_copy(ml_fsm_ctx *c, const ml_fsm *a)
     r->n_states = r->cap_states = r->n_open = n;
     r->n_edges = a->n_edges;
     r->cap_edges = a->n_edges ? a->n_edges : 1;
+    r->minimal = a->minimal;
     return r;
 }
 

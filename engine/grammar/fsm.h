@@ -73,6 +73,14 @@ typedef struct ml_fsm_edge {
  * Returns NULL when out of memory. */
 ml_fsm_ctx *ml_fsm_ctx_create(uint32_t max_states, double deadline_ms);
 
+/* From now on, concatenation, union and repetition in c return
+ * deterministic, trimmed automata that may not be minimal (minimisation is
+ * most of their cost, and a composition of many steps needs it once, at the
+ * end: ml_fsm_minimal); every other operation still returns minimal ones,
+ * and languages are the same. An extension of the contract above, for the
+ * schema compiler. */
+void ml_fsm_ctx_defer_minimal(ml_fsm_ctx *c);
+
 /* No-op on NULL. Automata made in the context must be freed first. */
 void ml_fsm_ctx_destroy(ml_fsm_ctx *c);
 
@@ -133,6 +141,10 @@ ml_fsm *ml_fsm_intersect(ml_fsm_ctx *c, ml_fsm *a, ml_fsm *b);
 ml_fsm *ml_fsm_minus(ml_fsm_ctx *c, ml_fsm *a, ml_fsm *b);
 /* a with tags ORed into every state. */
 ml_fsm *ml_fsm_tag(ml_fsm_ctx *c, ml_fsm *a, uint8_t tags);
+
+/* a minimal and canonically numbered (a itself when it already is). Takes
+ * ownership of a. */
+ml_fsm *ml_fsm_minimal(ml_fsm_ctx *c, ml_fsm *a);
 
 /* A deep copy (a stays the caller's). */
 ml_fsm *ml_fsm_copy(ml_fsm_ctx *c, const ml_fsm *a);

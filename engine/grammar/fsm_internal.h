@@ -28,6 +28,7 @@ struct ml_fsm_ctx {
     uint32_t max_states;
     double deadline_ms; /* 0: none */
     uint32_t ticks;     /* work units since the clock was last read */
+    bool defer_minimal; /* ml_fsm_ctx_defer_minimal */
     ml_status status;
     char error[FSM_ERROR_LEN];
 };
@@ -40,6 +41,7 @@ struct ml_fsm {
     uint32_t n_open; /* states whose edges are filled or being filled */
     ml_fsm_edge *edges;
     size_t n_edges, cap_edges;
+    bool minimal; /* minimal and canonically numbered (fsm_finish's) */
 };
 
 /* An empty automaton (no states) to fill; NULL (latched) when out of memory. */
@@ -63,6 +65,11 @@ void fsm_seal(ml_fsm *a);
 /* The trimmed, minimal, canonically numbered (breadth first from the start,
  * edges in symbol order) automaton of a's language. Takes ownership of a. */
 ml_fsm *fsm_finish(ml_fsm_ctx *c, ml_fsm *a);
+
+/* What a composition ends with: fsm_finish, or, when the context defers
+ * minimisation, the trimmed automaton (breadth-first numbered when states
+ * were removed). Takes ownership of a. */
+ml_fsm *fsm_settle(ml_fsm_ctx *c, ml_fsm *a);
 
 /* The classes of the live states of a (live[s] set) under language and
  * tag equivalence, numbered below n_states, into cls (n_states; entries of

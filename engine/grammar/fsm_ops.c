@@ -293,7 +293,7 @@ static bool subset_expand(ml_fsm_ctx *c, const nfa *m, fsm_seqset *sets, ml_fsm 
 }
 
 /* The minimal DFA of m's language from state start. Consumes m. */
-static ml_fsm *determinize(ml_fsm_ctx *c, nfa *m, uint32_t start)
+static ml_fsm *determinize(ml_fsm_ctx *c, nfa *m, uint32_t start, bool settle)
 {
     ml_fsm *r = NULL;
     fsm_seqset sets = {0};
@@ -340,7 +340,7 @@ out:
         ml_fsm_free(r);
         return NULL;
     }
-    return fsm_finish(c, r);
+    return settle ? fsm_settle(c, r) : fsm_finish(c, r);
 }
 
 /* ---- concatenation, union, repetition ----------------------------------------------------- */
@@ -367,7 +367,7 @@ ml_fsm *ml_fsm_concat(ml_fsm_ctx *c, ml_fsm *a, ml_fsm *b)
         nfa_wire_accepts(c, &m, a, ia, ib);
     ml_fsm_free(a);
     ml_fsm_free(b);
-    return determinize(c, &m, ia);
+    return determinize(c, &m, ia, true);
 }
 
 ml_fsm *ml_fsm_union(ml_fsm_ctx *c, ml_fsm *a, ml_fsm *b)
@@ -382,7 +382,7 @@ ml_fsm *ml_fsm_union(ml_fsm_ctx *c, ml_fsm *a, ml_fsm *b)
         nfa_add_epsilon(c, &m, start, ib);
     ml_fsm_free(a);
     ml_fsm_free(b);
-    return determinize(c, &m, start);
+    return determinize(c, &m, start, false);
 }
 
 /* Append one copy of a after joint `from`: returns the joint after it
@@ -409,6 +409,10 @@ ml_fsm *ml_fsm_repeat(ml_fsm_ctx *c, ml_fsm *a, uint32_t min, uint32_t max)
         ml_fsm_ctx_fail(c, ML_ERR_INVALID_ARG, "repeat {%u,%u}: min over max", min, max);
         return NULL;
     }
+    /* Each copy costs a's states: the fewest. */
+    a = ml_fsm_minimal(c, a);
+    if (!a)
+        return NULL;
     uint64_t copies = max == ML_FSM_UNBOUNDED ? (uint64_t)min + 1 : max;
     if (copies * (a->n_states + 1) > (uint64_t)c->max_states * NFA_STATES_PER_BOUND) {
         ml_fsm_ctx_fail(c, ML_ERR_TOO_LARGE,
@@ -435,7 +439,7 @@ ml_fsm *ml_fsm_repeat(ml_fsm_ctx *c, ml_fsm *a, uint32_t min, uint32_t max)
             m.accept[j] = 1;
     }
     ml_fsm_free(a);
-    return determinize(c, &m, start);
+    return determinize(c, &m, start, false);
 }
 
 /* Frees a[0..n) and returns false when one is missing or the context has
@@ -463,7 +467,7 @@ ml_fsm *ml_fsm_union_n(ml_fsm_ctx *c, ml_fsm *const *a, size_t n)
     }
     for (size_t i = 0; i < n; i++)
         ml_fsm_free(a[i]);
-    return determinize(c, &m, start);
+    return determinize(c, &m, start, false);
 }
 
 ml_fsm *ml_fsm_concat_n(ml_fsm_ctx *c, ml_fsm *const *a, size_t n)
@@ -478,7 +482,7 @@ ml_fsm *ml_fsm_concat_n(ml_fsm_ctx *c, ml_fsm *const *a, size_t n)
         m.accept[joint] = 1;
     for (size_t i = 0; i < n; i++)
         ml_fsm_free(a[i]);
-    return determinize(c, &m, start);
+    return determinize(c, &m, start, true);
 }
 
 /* ---- products ------------------------------------------------------------------- */
@@ -540,6 +544,11 @@ static bool product_expand(ml_fsm_ctx *c, fsm_seqset *pairs, ml_fsm *r, const ml
 
 static ml_fsm *product(ml_fsm_ctx *c, ml_fsm *a, ml_fsm *b, bool minus)
 {
+    if (!take_two(c, a, b))
+        return NULL;
+    /* The pairs are the product of the operands' states: the fewest. */
+    a = ml_fsm_minimal(c, a);
+    b = ml_fsm_minimal(c, b);
     if (!take_two(c, a, b))
         return NULL;
     ml_fsm *r = NULL;
@@ -633,5 +642,5 @@ ml_fsm *ml_fsm_utf8(ml_fsm_ctx *c, const uint32_t (*ranges)[2], size_t n)
             }
         }
     }
-    return determinize(c, &m, 0);
+    return determinize(c, &m, 0, false);
 }

@@ -644,6 +644,7 @@ ml_status ml_grammar_compile_schema(const char *text, size_t len, const ml_schem
         cJSON_Delete(doc);
         return ml_fail(err, errlen, ML_ERR_NOMEM, "schema: out of memory");
     }
+    ml_fsm_ctx_defer_minimal(fc);
     schema_compiler sc = {.fc = fc, .max_states = lim->max_states, .root = doc, .any_machine = -1};
     /* Machine 0, the document: the root compiled as a $ref target, so that
      * "#" references to it make it a machine of its own. */
@@ -655,6 +656,10 @@ ml_status ml_grammar_compile_schema(const char *text, size_t len, const ml_schem
         sc.machines[0].fsm = document;
         if (sc.machines[0].fsm && ml_fsm_is_empty(sc.machines[0].fsm))
             ml_fsm_ctx_fail(fc, ML_ERR_INVALID_ARG, "schema: no JSON value is valid under it");
+        /* The tables are of the minimal automata (fsm.h: minimisation
+         * deferred while composing). */
+        for (size_t k = 0; k < sc.n_machines && ml_fsm_ctx_status(fc) == ML_OK; k++)
+            sc.machines[k].fsm = ml_fsm_minimal(fc, sc.machines[k].fsm);
         if (ml_fsm_ctx_status(fc) == ML_OK)
             g = schema_emit(&sc);
     }
