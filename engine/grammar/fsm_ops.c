@@ -2,7 +2,9 @@
  * the UTF-8 atom go through an epsilon-NFA and the subset construction;
  * intersection and difference are products of the two automata (the
  * difference with b completed by a sink). Every result goes through
- * fsm_finish (fsm.c): trimmed, minimal, canonically numbered. */
+ * fsm_finish (fsm.c): trimmed, minimal, canonically numbered; a
+ * concatenation only through fsm_settle when the context defers
+ * minimisation. */
 #include <stdlib.h>
 #include <string.h>
 
