@@ -16,6 +16,12 @@
  * (joints between copies); it may hold this many times the context's
  * state bound before the construction is refused. */
 #define NFA_STATES_PER_BOUND 4u
+/* Sorts of fewer keys than this are insertion sorts, longer ones radix
+ * sorts by bytes (the subsets and edge boundaries sorted per subset state
+ * are mostly a handful, sometimes thousands). */
+#define SORT_INSERTION_MAX 32u
+#define SORT_RADIX_BITS 8u
+#define SORT_RADIX (1u << SORT_RADIX_BITS)
 
 /* ---- epsilon-NFA ------------------------------------------------------------------ */
 
@@ -155,16 +161,48 @@ typedef struct subset_work {
     uint32_t *members;    /* (n) the subset being expanded */
     const nfa_edge **out; /* (cap_out) its symbol edges */
     uint64_t *events; /* (2 cap_out) where each starts and ends: pos << 32 | edge << 1 | start */
+    uint32_t *set_tmp;    /* (n + edges) for sorting set */
+    uint64_t *events_tmp; /* (2 cap_out) for sorting events */
     uint32_t *active; /* (cap_out) the edges covering the sweep's position */
     uint32_t *slot;   /* (cap_out) each edge's index in active */
     size_t cap_out;
 } subset_work;
 
-static int cmp_u32(const void *x, const void *y)
-{
-    uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
-    return (a > b) - (a < b);
-}
+/* name(a, tmp, n): sort a[0, n) of type ascending, tmp holding n keys.
+ * Byte positions where every key agrees are skipped. */
+#define FSM_DEFINE_SORT(name, type)                                                  \
+    static void name(type *a, type *tmp, size_t n)                                   \
+    {                                                                                \
+        if (n <= SORT_INSERTION_MAX) {                                               \
+            for (size_t i = 1; i < n; i++) {                                         \
+                type x = a[i];                                                       \
+                size_t j = i;                                                        \
+                for (; j > 0 && a[j - 1] > x; j--)                                   \
+                    a[j] = a[j - 1];                                                 \
+                a[j] = x;                                                            \
+            }                                                                        \
+            return;                                                                  \
+        }                                                                            \
+        type all_or = 0, all_and = (type)~(type)0;                                   \
+        for (size_t i = 0; i < n; i++) {                                             \
+            all_or |= a[i];                                                          \
+            all_and &= a[i];                                                         \
+        }                                                                            \
+        for (unsigned shift = 0; shift < 8 * sizeof(type); shift += SORT_RADIX_BITS) { \
+            if ((((all_or ^ all_and) >> shift) & (SORT_RADIX - 1)) == 0)             \
+                continue;                                                            \
+            size_t count[SORT_RADIX + 1] = {0};                                      \
+            for (size_t i = 0; i < n; i++)                                           \
+                count[((a[i] >> shift) & (SORT_RADIX - 1)) + 1]++;                   \
+            for (unsigned d = 0; d < SORT_RADIX; d++)                                \
+                count[d + 1] += count[d];                                            \
+            for (size_t i = 0; i < n; i++)                                           \
+                tmp[count[(a[i] >> shift) & (SORT_RADIX - 1)]++] = a[i];             \
+            memcpy(a, tmp, n * sizeof *a);                                           \
+        }                                                                            \
+    }
+FSM_DEFINE_SORT(sort_u32, uint32_t)
+FSM_DEFINE_SORT(sort_u64, uint64_t)
 
 /* The epsilon closure of w->set[0, n) in place, sorted; its size. */
 static uint32_t closure(const nfa *m, subset_work *w, uint32_t n)
@@ -187,7 +225,7 @@ static uint32_t closure(const nfa *m, subset_work *w, uint32_t n)
             }
         }
     }
-    qsort(w->set, len, sizeof *w->set, cmp_u32);
+    sort_u32(w->set, w->set_tmp, len);
     return len;
 }
 
@@ -220,24 +258,21 @@ static bool subset_grow(ml_fsm_ctx *c, subset_work *w)
     uint64_t *events = realloc(w->events, 2 * cap * sizeof *events);
     if (events)
         w->events = events;
+    uint64_t *events_tmp = realloc(w->events_tmp, 2 * cap * sizeof *events_tmp);
+    if (events_tmp)
+        w->events_tmp = events_tmp;
     uint32_t *active = realloc(w->active, cap * sizeof *active);
     if (active)
         w->active = active;
     uint32_t *slot = realloc(w->slot, cap * sizeof *slot);
     if (slot)
         w->slot = slot;
-    if (!out || !events || !active || !slot) {
+    if (!out || !events || !events_tmp || !active || !slot) {
         fsm_nomem(c);
         return false;
     }
     w->cap_out = cap;
     return true;
-}
-
-static int cmp_u64(const void *x, const void *y)
-{
-    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
-    return (a > b) - (a < b);
 }
 
 /* Expand subset q of r: a sweep over the starts and ends of its members'
@@ -265,7 +300,7 @@ static bool subset_expand(ml_fsm_ctx *c, const nfa *m, fsm_seqset *sets, ml_fsm 
         w->events[n_events++] = (uint64_t)(w->out[i]->hi + 1) << 32 | (uint64_t)i << 1;
     }
     if (n_events > 0)
-        qsort(w->events, n_events, sizeof *w->events, cmp_u64);
+        sort_u64(w->events, w->events_tmp, n_events);
     fsm_open(r, q);
     uint32_t n_active = 0;
     for (size_t k = 0; k < n_events;) {
@@ -307,9 +342,10 @@ static ml_fsm *determinize(ml_fsm_ctx *c, nfa *m, uint32_t start, bool settle)
     /* A closure starts from the targets of the edges covering a symbol:
      * overlapping edges of one state (UTF-8 paths) may outnumber the states. */
     w.set = malloc(((size_t)m->n + m->n_edges) * sizeof *w.set);
+    w.set_tmp = malloc(((size_t)m->n + m->n_edges) * sizeof *w.set_tmp);
     w.members = malloc((size_t)m->n * sizeof *w.members);
     r = fsm_alloc(c);
-    if (!w.stamp || !w.stack || !w.set || !w.members || !r) {
+    if (!w.stamp || !w.stack || !w.set || !w.set_tmp || !w.members || !r) {
         fsm_nomem(c);
         goto out;
     }
@@ -334,6 +370,8 @@ out:
     free(w.members);
     free(w.out);
     free(w.events);
+    free(w.events_tmp);
+    free(w.set_tmp);
     free(w.active);
     free(w.slot);
     fsm_seqset_deinit(&sets);
