@@ -103,8 +103,12 @@ static bool make_transitions(const ml_fsm *a, const uint8_t *live, const uint32_
                              transitions *tr)
 {
     /* label[sym]: the elementary interval holding sym, from a mark at each
-     * edge boundary (symbols are few: no sort needed). */
-    uint32_t *label = calloc(ML_FSM_N_SYMBOLS + 1, sizeof *label);
+     * edge boundary (symbols are few: no sort needed), up to the highest
+     * symbol on an edge (most automata have no call symbols). */
+    uint32_t top = 0;
+    for (size_t e = 0; e < a->n_edges; e++)
+        top = a->edges[e].hi > top ? a->edges[e].hi : top;
+    uint32_t *label = calloc((size_t)top + 2, sizeof *label);
     if (!label)
         return false;
     for (uint32_t s = 0; s < a->n_states; s++)
@@ -114,7 +118,7 @@ static bool make_transitions(const ml_fsm *a, const uint8_t *live, const uint32_
                 label[a->edges[e].hi + 1] = 1;
             }
     uint32_t n_labels = 0;
-    for (uint32_t sym = 0; sym <= ML_FSM_N_SYMBOLS; sym++) {
+    for (uint32_t sym = 0; sym <= top + 1; sym++) {
         n_labels += label[sym];
         label[sym] = n_labels;
     }
