@@ -251,15 +251,22 @@ _Static_assert(sizeof formats / sizeof formats[0] + 1 ==
                    sizeof ml_lex_formats / sizeof ml_lex_formats[0],
                "every format is listed");
 
+bool ml_lex_format_check(ml_fsm_ctx *c, const char *name)
+{
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
+        if (!strcmp(formats[i].name, name))
+            return true;
+    ml_fsm_ctx_fail(c, ML_ERR_UNSUPPORTED, "format \"%s\" is not supported", name);
+    return false;
+}
+
 static ml_fsm *format_content(ml_fsm_ctx *c, const char *name)
 {
-    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
-        if (strcmp(formats[i].name, name) != 0)
-            continue;
-        return ml_regex_compile(c, formats[i].pattern, strlen(formats[i].pattern));
-    }
-    ml_fsm_ctx_fail(c, ML_ERR_UNSUPPORTED, "format \"%s\" is not supported", name);
-    return NULL;
+    if (!ml_lex_format_check(c, name))
+        return NULL;
+    for (size_t i = 0;; i++)
+        if (!strcmp(formats[i].name, name))
+            return ml_regex_compile(c, formats[i].pattern, strlen(formats[i].pattern));
 }
 
 /* Any characters, between min and max of them (max ML_FSM_UNBOUNDED: no bound). */

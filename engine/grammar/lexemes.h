@@ -42,6 +42,11 @@ typedef struct ml_lex_string {
  * and error messages. */
 extern const char *const ml_lex_formats[];
 
+/* True when ml_lex_json_string knows the format; else latches its error
+ * (ML_ERR_UNSUPPORTED, naming it) in c, for a caller that refuses before
+ * building anything. */
+bool ml_lex_format_check(ml_fsm_ctx *c, const char *name);
+
 /* `"` content `"` under s. Errors: an unknown format (ML_ERR_UNSUPPORTED,
  * naming it), a pattern regex.h refuses (its message), min over max
  * (the empty language, not an error: the caller decides). */

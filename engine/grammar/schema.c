@@ -645,14 +645,19 @@ ml_status ml_grammar_compile_schema(const char *text, size_t len, const ml_schem
         return ml_fail(err, errlen, ML_ERR_NOMEM, "schema: out of memory");
     }
     ml_fsm_ctx_defer_minimal(fc);
-    schema_compiler sc = {.fc = fc, .max_states = lim->max_states, .root = doc, .any_machine = -1};
+    schema_compiler sc = {.fc = fc,
+                          .max_states = lim->max_states,
+                          .deadline_ms = lim->max_compile_ms > 0 ? t0 + lim->max_compile_ms : 0,
+                          .root = doc,
+                          .any_machine = -1};
     /* Machine 0, the document: the root compiled as a $ref target, so that
      * "#" references to it make it a machine of its own. */
     ml_grammar *g = NULL;
     if (schema_check_ids(&sc, doc, false) && schema_machine_new(&sc, "the document") == 0) {
         bool any;
+        schema_refuse_early(&sc, doc);
         /* Apart from the store: compiling may grow sc.machines. */
-        ml_fsm *document = schema_ref(&sc, doc, "#", &any);
+        ml_fsm *document = ml_fsm_ctx_status(fc) == ML_OK ? schema_ref(&sc, doc, "#", &any) : NULL;
         sc.machines[0].fsm = document;
         if (sc.machines[0].fsm && ml_fsm_is_empty(sc.machines[0].fsm))
             ml_fsm_ctx_fail(fc, ML_ERR_INVALID_ARG, "schema: no JSON value is valid under it");

@@ -66,6 +66,7 @@ typedef struct schema_machine {
 typedef struct schema_compiler {
     ml_fsm_ctx *fc;     /* borrowed: the context; its error is the compile's */
     uint32_t max_states; /* the limits' bound, also on the grammar's total */
+    double deadline_ms;  /* the context's (0: none), for a scratch context */
     const cJSON *root;  /* borrowed: the schema document */
     schema_target *targets;
     size_t n_targets, cap_targets;
@@ -178,6 +179,15 @@ ml_fsm *schema_compile_all(schema_compiler *sc, const cJSON *const *nodes, size_
 ml_fsm *schema_compile_regular(schema_compiler *sc, const cJSON *node);
 
 /* ---- schema_value.c -------------------------------------------------------- */
+
+/* Refuse (latched), before any automaton is built, an unknown format that
+ * compiling root would end with: the first thing compiling may refuse, in
+ * its order, when every schema before it is one that refuses nothing (a
+ * scalar type with annotations; a string with a format; an array with
+ * items; an object with properties, required and a boolean
+ * additionalProperties). Compiling such a schema costs the automata of the
+ * members before the refusal; anything else is left to compiling. */
+void schema_refuse_early(schema_compiler *sc, const cJSON *root);
 
 /* Whitespace between tokens: [ \t\n\r]*. */
 ml_fsm *schema_gap(ml_fsm_ctx *fc);

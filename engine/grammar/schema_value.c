@@ -155,22 +155,28 @@ static bool ascii_printable(const char *s)
 
 /* ---- keyword values ---------------------------------------------------------- */
 
-/* A count keyword (minLength, maxItems...): *out = its value, or absent when
- * missing; ML_FSM_UNBOUNDED at or over 2^32 - 1. False (latched) when it is
+/* A count keyword's value v (minLength, maxItems...): *out = it, or absent
+ * when v is NULL; ML_FSM_UNBOUNDED at or over 2^32 - 1. False when it is
  * not a non-negative integer. */
-static bool count_of(schema_compiler *sc, const cJSON *node, const char *key, uint32_t absent,
-                     uint32_t *out)
+static bool count_value(const cJSON *v, uint32_t absent, uint32_t *out)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(node, key);
     *out = absent;
     if (!v)
         return true;
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble)) {
-        schema_refuse(sc, ML_ERR_INVALID_ARG, key, "not a non-negative integer");
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble))
         return false;
-    }
     *out = v->valuedouble >= SCHEMA_COUNT_UNBOUNDED ? ML_FSM_UNBOUNDED : (uint32_t)v->valuedouble;
     return true;
+}
+
+/* count_value of node's key, refused (latched) when not a count. */
+static bool count_of(schema_compiler *sc, const cJSON *node, const char *key, uint32_t absent,
+                     uint32_t *out)
+{
+    if (count_value(cJSON_GetObjectItemCaseSensitive(node, key), absent, out))
+        return true;
+    schema_refuse(sc, ML_ERR_INVALID_ARG, key, "not a non-negative integer");
+    return false;
 }
 
 /* The upper bound enforced for [min, max] (SCHEMA_MAX_ENFORCED_BOUND). */
@@ -202,6 +208,113 @@ static ml_fsm *schema_string(schema_compiler *sc, const cJSON *node)
     }
     s.format = f ? f->valuestring : NULL;
     return ml_lex_json_string(sc->fc, &s);
+}
+
+/* True when node's keywords other than annotations are the type keyword,
+ * equal to type, and those named in also (NULL-terminated). */
+static bool only_keywords(const cJSON *node, const char *type, const char *const *also)
+{
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(node, "type");
+    if (!cJSON_IsObject(node) || !cJSON_IsString(t) || strcmp(t->valuestring, type) != 0)
+        return false;
+    for (const cJSON *m = node->child; m; m = m->next) {
+        const schema_kw *kw = schema_keyword(m->string);
+        bool listed = !strcmp(m->string, "type");
+        for (const char *const *a = also; *a && !listed; a++)
+            listed = !strcmp(m->string, *a);
+        if (!listed && (!kw || kw->cls != KW_ANNOTATION))
+            return false;
+    }
+    return true;
+}
+
+/* True when node or a schema under it has an unknown format. */
+static bool has_unknown_format(const cJSON *node)
+{
+    for (const cJSON *m = node ? node->child : NULL; m; m = m->next) {
+        if (m->string && !strcmp(m->string, "format") && cJSON_IsString(m)) {
+            const char *const *f = ml_lex_formats;
+            while (*f && strcmp(*f, m->valuestring) != 0)
+                f++;
+            if (!*f)
+                return true;
+        }
+        if (has_unknown_format(m))
+            return true;
+    }
+    return false;
+}
+
+/* True when compiling string schema node (only_keywords) refuses nothing,
+ * in schema_string's order; false (latched when surely) otherwise. */
+static bool string_refuses_nothing(schema_compiler *sc, const cJSON *node)
+{
+    const cJSON *lo = cJSON_GetObjectItemCaseSensitive(node, "minLength");
+    const cJSON *hi = cJSON_GetObjectItemCaseSensitive(node, "maxLength");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(node, "pattern");
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(node, "format");
+    uint32_t min, max;
+    if (!count_value(lo, 0, &min) || !count_value(hi, ML_FSM_UNBOUNDED, &max) ||
+        (p && !cJSON_IsString(p)) || (f && !cJSON_IsString(f)))
+        return false;
+    if (min > enforced_max(min, max))
+        return true; /* no string: neither format nor pattern is read */
+    if (f && !ml_lex_format_check(sc->fc, f->valuestring))
+        return false;
+    if (!p)
+        return true;
+    /* Whether regex.h takes the pattern, apart from the compilation. */
+    ml_fsm_ctx *scratch = ml_fsm_ctx_create(sc->max_states, sc->deadline_ms);
+    ml_fsm *a = scratch ? ml_regex_compile(scratch, p->valuestring, strlen(p->valuestring)) : NULL;
+    ml_fsm_free(a);
+    ml_fsm_ctx_destroy(scratch);
+    return a != NULL;
+}
+
+/* True when compiling node refuses nothing (bounds aside), walked in the
+ * order compiling takes; false at the first node that may refuse, with
+ * the error latched when it surely does (an unknown format). */
+static bool refuses_nothing(schema_compiler *sc, const cJSON *node)
+{
+    static const char *const none[] = {NULL};
+    static const char *const string_kw[] = {"format", "pattern", "minLength", "maxLength", NULL};
+    static const char *const array_kw[] = {"items", NULL};
+    static const char *const object_kw[] = {"properties", "required", "additionalProperties",
+                                            NULL};
+    static const char *const scalars[] = {"integer", "number", "boolean", "null"};
+    for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++)
+        if (only_keywords(node, scalars[i], none))
+            return true;
+    if (only_keywords(node, "string", string_kw))
+        return string_refuses_nothing(sc, node);
+    if (only_keywords(node, "array", array_kw))
+        return refuses_nothing(sc, cJSON_GetObjectItemCaseSensitive(node, "items"));
+    if (!only_keywords(node, "object", object_kw))
+        return false;
+    /* members_init's checks, then the values in order. */
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(node, "properties");
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(node, "required");
+    const cJSON *add = cJSON_GetObjectItemCaseSensitive(node, "additionalProperties");
+    if ((props && !cJSON_IsObject(props)) || (req && !cJSON_IsArray(req)) ||
+        (add && !cJSON_IsBool(add)))
+        return false;
+    for (const cJSON *r = req ? req->child : NULL; r; r = r->next)
+        if (!cJSON_IsString(r))
+            return false;
+    for (const cJSON *p = props ? props->child : NULL; p; p = p->next)
+        for (const cJSON *q = props->child; q != p; q = q->next)
+            if (!strcmp(p->string, q->string))
+                return false;
+    for (const cJSON *p = props ? props->child : NULL; p; p = p->next)
+        if (!refuses_nothing(sc, p))
+            return false;
+    return true;
+}
+
+void schema_refuse_early(schema_compiler *sc, const cJSON *root)
+{
+    if (has_unknown_format(root))
+        refuses_nothing(sc, root);
 }
 
 /* One side's bound: key (inclusive) and its exclusive twin, in the draft-4
