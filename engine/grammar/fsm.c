@@ -604,10 +604,14 @@ ml_fsm *ml_fsm_tag(ml_fsm_ctx *c, ml_fsm *a, uint8_t tags)
         ml_fsm_free(a);
         return NULL;
     }
-    for (uint32_t s = 0; s < a->n_states; s++)
+    bool uniform = true;
+    for (uint32_t s = 0; s < a->n_states; s++) {
+        uniform &= a->tags[s] == a->tags[0];
         a->tags[s] |= tags;
-    /* States that differed only in tags may now merge. */
-    return fsm_finish(c, a);
+    }
+    /* States that differed only in tags may now merge; when none differed,
+     * a minimal automaton stays minimal and canonically numbered. */
+    return uniform && a->minimal ? a : fsm_finish(c, a);
 }
 
 /* ---- inspection ----------------------------------------------------------------- */
