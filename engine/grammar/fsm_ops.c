@@ -479,7 +479,7 @@ ml_fsm *ml_fsm_repeat(ml_fsm_ctx *c, ml_fsm *a, uint32_t min, uint32_t max)
             m.accept[j] = 1;
     }
     ml_fsm_free(a);
-    return determinize(c, &m, start, false);
+    return determinize(c, &m, start, true);
 }
 
 /* Frees a[0..n) and returns false when one is missing or the context has
