@@ -329,8 +329,14 @@ static bool subset_expand(ml_fsm_ctx *c, const nfa *m, fsm_seqset *sets, ml_fsm 
     return true;
 }
 
-/* The minimal DFA of m's language from state start. Consumes m. */
-static ml_fsm *determinize(ml_fsm_ctx *c, nfa *m, uint32_t start, bool settle)
+/* determinize's lazy_max: always minimise, or never (fsm_settle decides). */
+#define DFA_MINIMAL 0u
+#define DFA_SETTLE UINT32_MAX
+
+/* The DFA of m's language from state start: fsm_settle's when it has at
+ * most lazy_max states (a bound on how much larger than minimal an
+ * operation may leave it), else minimal. Consumes m. */
+static ml_fsm *determinize(ml_fsm_ctx *c, nfa *m, uint32_t start, uint32_t lazy_max)
 {
     ml_fsm *r = NULL;
     fsm_seqset sets = {0};
@@ -380,7 +386,7 @@ out:
         ml_fsm_free(r);
         return NULL;
     }
-    return settle ? fsm_settle(c, r) : fsm_finish(c, r);
+    return r->n_states <= lazy_max ? fsm_settle(c, r) : fsm_finish(c, r);
 }
 
 /* ---- concatenation, union, repetition ----------------------------------------------------- */
@@ -407,7 +413,19 @@ ml_fsm *ml_fsm_concat(ml_fsm_ctx *c, ml_fsm *a, ml_fsm *b)
         nfa_wire_accepts(c, &m, a, ia, ib);
     ml_fsm_free(a);
     ml_fsm_free(b);
-    return determinize(c, &m, ia, true);
+    return determinize(c, &m, ia, DFA_SETTLE);
+}
+
+/* A union left unminimised may be no larger than its largest operand and
+ * a new start (as a union with the empty string): one whose operands stay
+ * side by side (a copy of one inside another, unmerged) would double at
+ * every level of a composition. */
+static uint32_t union_lazy_max(ml_fsm *const *a, size_t n)
+{
+    uint32_t most = 0;
+    for (size_t i = 0; i < n; i++)
+        most = a[i]->n_states > most ? a[i]->n_states : most;
+    return most + 1;
 }
 
 ml_fsm *ml_fsm_union(ml_fsm_ctx *c, ml_fsm *a, ml_fsm *b)
@@ -420,9 +438,10 @@ ml_fsm *ml_fsm_union(ml_fsm_ctx *c, ml_fsm *a, ml_fsm *b)
     uint32_t ib = ia == FSM_NONE ? FSM_NONE : nfa_embed(c, &m, b, true);
     if (ib != FSM_NONE && nfa_add_epsilon(c, &m, start, ia))
         nfa_add_epsilon(c, &m, start, ib);
+    uint32_t lazy_max = union_lazy_max((ml_fsm *const[]){a, b}, 2);
     ml_fsm_free(a);
     ml_fsm_free(b);
-    return determinize(c, &m, start, false);
+    return determinize(c, &m, start, lazy_max);
 }
 
 /* Append one copy of a after joint `from`: returns the joint after it
@@ -479,7 +498,7 @@ ml_fsm *ml_fsm_repeat(ml_fsm_ctx *c, ml_fsm *a, uint32_t min, uint32_t max)
             m.accept[j] = 1;
     }
     ml_fsm_free(a);
-    return determinize(c, &m, start, true);
+    return determinize(c, &m, start, DFA_SETTLE);
 }
 
 /* Frees a[0..n) and returns false when one is missing or the context has
@@ -505,9 +524,10 @@ ml_fsm *ml_fsm_union_n(ml_fsm_ctx *c, ml_fsm *const *a, size_t n)
         if (base != FSM_NONE)
             nfa_add_epsilon(c, &m, start, base);
     }
+    uint32_t lazy_max = union_lazy_max(a, n);
     for (size_t i = 0; i < n; i++)
         ml_fsm_free(a[i]);
-    return determinize(c, &m, start, false);
+    return determinize(c, &m, start, lazy_max);
 }
 
 ml_fsm *ml_fsm_concat_n(ml_fsm_ctx *c, ml_fsm *const *a, size_t n)
@@ -522,7 +542,7 @@ ml_fsm *ml_fsm_concat_n(ml_fsm_ctx *c, ml_fsm *const *a, size_t n)
         m.accept[joint] = 1;
     for (size_t i = 0; i < n; i++)
         ml_fsm_free(a[i]);
-    return determinize(c, &m, start, true);
+    return determinize(c, &m, start, DFA_SETTLE);
 }
 
 /* ---- products ------------------------------------------------------------------- */
@@ -682,5 +702,5 @@ ml_fsm *ml_fsm_utf8(ml_fsm_ctx *c, const uint32_t (*ranges)[2], size_t n)
             }
         }
     }
-    return determinize(c, &m, 0, false);
+    return determinize(c, &m, 0, DFA_MINIMAL);
 }
