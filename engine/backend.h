@@ -114,13 +114,17 @@ typedef struct ml_lora_segment {
  * Everything behind a pointer is backend memory, read when the op runs: a
  * recorded call (graph_begin) replays with new controls, penalties and
  * draws in the same buffers, as long as the entries stay within the
- * capacity the pointers had when recorded. */
+ * capacity the pointers had when recorded. A row with row[r].mask = k >= 1
+ * draws only among the tokens whose bit is set in slice k - 1 of `mask`
+ * (structured outputs; its logprobs stay the raw model's); the masks are
+ * data like the rest, read when the op runs. */
 typedef struct ml_sample_params {
     ml_sample_out *out;         /* (rows) */
     const float *logits;        /* (rows, vocab), not modified */
     const ml_sample_row *row;   /* (rows) */
     const int32_t *pen_id;      /* penalty entries: ids distinct within a row, in [0, vocab) */
     const uint32_t *pen_count;  /*   the id's count in the output so far; 0 = prompt only */
+    const uint64_t *mask;       /* (slices, (vocab + 63) / 64); NULL when no row has one */
     void *scratch;              /* sample_scratch_bytes(be, rows, vocab) bytes, overwritten */
     int rows, vocab;
 } ml_sample_params;

@@ -75,6 +75,11 @@ typedef struct ml_sample_row {
     uint32_t n_top;           /* <= ML_SAMPLE_MAX_TOP best raw logprobs; needs logprobs */
     int32_t pen_start;        /* the row's penalty entries: [pen_start, pen_start + n_pen) */
     int32_t n_pen;            /*   of the op's pen_id / pen_count arrays */
+    /* A constraint (structured outputs): 0 = none; k >= 1: slice k - 1 of
+     * the op's mask array, (vocab + 63) / 64 words, bit id & 63 of word
+     * id >> 6 set when id may be drawn (ml_sample_one's `allowed`). Zero,
+     * so that a zeroed row is unconstrained. */
+    uint32_t mask;
 } ml_sample_row;
 
 typedef struct ml_token_logprob {
@@ -114,7 +119,9 @@ ml_sample_scratch *ml_sample_scratch_init(void *mem, size_t vocab);
  * ids distinct and within [0, vocab)) into *out. allowed is NULL, or a
  * constraint ((vocab + 63) / 64 words, bit id & 63 of word id >> 6): a
  * token whose bit is clear is never drawn, as if its logit were -inf after
- * the penalties (JSON mode, on the host); the logprobs stay the raw ones.
+ * the penalties (structured outputs); the logprobs stay the raw ones, those
+ * of the unconstrained model. row->mask is not read here: the backend op
+ * turns it into `allowed`. Nothing allowed gives ML_SAMPLE_NO_TOKEN.
  * Uses the scratch (made for this vocab) and nothing else. */
 void ml_sample_one(ml_sample_scratch *s, const float *logits, const ml_sample_row *row,
                    const int32_t *pen_id, const uint32_t *pen_count, const uint64_t *allowed,

@@ -45,7 +45,8 @@
  * kernel body on 1024 host threads): greedy 1 (2 with penalties: the
  * copy); a draw with temperature only 3-4; with top-p and/or min-p 6; with
  * top-k 50 and top-p 3, everything after the top-k in shared memory;
- * greedy with 20 top logprobs 4. Rows where thousands of logits tie at the
+ * greedy with 20 top logprobs 4; a constrained row (a mask) adds the copy
+ * it is applied on, as penalties do. Rows where thousands of logits tie at the
  * crossing also walk the ids: up to 9. The bound is 7 passes a selection
  * (64 bits at 11 a level, then a gather), about 30 in all. Each pass is a
  * coalesced read by the 1024 threads of one SM, plus shared-memory atomics
@@ -490,6 +491,16 @@ __device__ void apply_penalties(float *z, int vocab, const ml_sample_row &row,
     __syncthreads();
 }
 
+/* The row's constraint on the penalised copy z, as sample.c applies it:
+ * a token whose bit is clear gets -inf, so no selection ever reaches it. */
+__device__ void apply_mask(float *z, int vocab, const uint64_t *allowed)
+{
+    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS)
+        if (!(allowed[i >> 6] >> (i & 63) & 1))
+            z[i] = -INFINITY;
+    __syncthreads();
+}
+
 /* Steps 3-6 of sample.h over the penalised logits z with best token `best`
  * (finite maximum zmax): the drawn token's id. */
 __device__ int draw_token(sample_smem &sm, const float *z, int vocab, u64 best, float log_gap,
@@ -613,16 +624,24 @@ __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     const bool penalised = row.n_pen > 0 && row.pen_start >= 0 &&
                            (row.repetition_penalty != 1.0f || row.presence_penalty != 0.0f ||
                             row.frequency_penalty != 0.0f);
+    if (row.mask && !p.mask) { /* a constraint never turns into a free draw */
+        write_no_token(out);
+        return;
+    }
     const float *z = raw;
     u64 raw_best;
-    if (penalised) {
+    if (penalised || row.mask) { /* raw stays the logprobs' row */
         float *work = (float *)p.scratch + (size_t)r * vocab;
         raw_best = row_best(sm, raw, vocab, work);
-        apply_penalties(work, vocab, row, p.pen_id, p.pen_count);
+        if (penalised)
+            apply_penalties(work, vocab, row, p.pen_id, p.pen_count);
+        if (row.mask)
+            apply_mask(work, vocab, p.mask + (size_t)(row.mask - 1) * (((size_t)vocab + 63) / 64));
         z = work;
     }
+    const bool copied = penalised || row.mask;
     const u64 best = row_best(sm, z, vocab, NULL);
-    if (!penalised)
+    if (!copied)
         raw_best = best;
     if (!isfinite(key_value((uint32_t)(best >> 32)))) {
         write_no_token(out);
@@ -672,7 +691,7 @@ static double mass_scale_for(int vocab)
 size_t mlk_sample_scratch_bytes(ml_backend *be, int rows, int vocab)
 {
     (void)be;
-    /* One penalised copy per row. */
+    /* One penalised, masked copy per row. */
     return rows > 0 && vocab > 0 ? (size_t)rows * (size_t)vocab * sizeof(float) : 0;
 }
 

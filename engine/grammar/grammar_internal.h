@@ -29,6 +29,8 @@
  *      stack depth D only when D + need[t] <= ML_GRAMMAR_MAX_DEPTH, and a
  *      call only when the callee and the return state both fit (D + 1 +
  *      need[enter] and D + need[ret]), so no state it reaches is a dead end.
+ *      need[s] <= ML_GRAMMAR_MAX_DEPTH for every state (at depth 0 the walk
+ *      takes a byte edge without looking).
  *   4. Whitespace outside strings is a self-loop (the gap between tokens);
  *      flags[s] & ML_GRAMMAR_IN_STRING says s is inside a string, where
  *      whitespace is content. The walk counts the whitespace bytes taken

@@ -244,6 +244,16 @@ typedef struct ml_step_seq {
     const int32_t *pen_id;        /* (sample->n_pen) distinct ids in [0, vocab) */
     const uint32_t *pen_count;    /* (sample->n_pen) */
     ml_sample_out *sampled;
+    /* ML_LOGITS_SAMPLE with a constraint (structured outputs): the tokens
+     * the sample op may draw, (vocab + 63) / 64 words (sample.h's bitmask;
+     * host, borrowed for the call; sample->mask is ignored), NULL for none.
+     * It is read only after mask_wait(mask_ctx) returns (when not NULL),
+     * which the model calls once the forward pass is queued and before the
+     * sample op, so that the caller can compute the mask while the pass
+     * runs; mask_wait may be called from any thread of the model. */
+    const uint64_t *mask;
+    void (*mask_wait)(void *mask_ctx);
+    void *mask_ctx;
     /* The sequence's adapter (borrowed), NULL for the base model. Its LoRA
      * of the text decoder and lm_head applies to this sequence's rows only;
      * consecutive sequences with the same adapter share one segment of

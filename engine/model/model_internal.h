@@ -57,6 +57,7 @@ typedef struct ml_text_bufs {
     int32_t *pen_id;       /* (P) */
     uint32_t *pen_count;   /* (P) */
     ml_sample_out *sampled; /* (R) */
+    uint64_t *sample_mask; /* (max_step_seqs, (vocab + 63) / 64) the constrained rows' masks */
     void *sample_scratch;  /* sample_scratch_bytes(R, vocab) */
     float *row_attn;       /* (N) 1 for tokens of sequences with images, else 0 */
     float *row_mlp;        /* (N) full_text_row_mask, 0 for text-only sequences */
@@ -91,6 +92,7 @@ typedef struct ml_step_host {
     int32_t *pen_id;              /* (max_step_seqs · vocab) */
     uint32_t *pen_count;          /* (max_step_seqs · vocab) */
     int n_pen;                    /* entries staged */
+    int n_mask;                   /* constrained rows staged (sample_rows[r].mask) */
     ml_sample_out *sampled;       /* (max_logit_rows) downloaded b->sampled */
 } ml_step_host;
 

@@ -42,6 +42,7 @@ void ml_text_plan(const ml_model *m, ml_carver *c, ml_text_bufs *b)
     b->pen_id = ml_carve(c, pens * sizeof *b->pen_id);
     b->pen_count = ml_carve(c, pens * sizeof *b->pen_count);
     b->sampled = ml_carve(c, R * sizeof *b->sampled);
+    b->sample_mask = ml_carve(c, s * (((size_t)tc->vocab_size + 63) / 64) * sizeof(uint64_t));
     b->sample_scratch =
         ml_carve(c, m->be->ops->sample_scratch_bytes(m->be, (int)R, tc->vocab_size));
     b->row_attn = ml_carve(c, n * f);
@@ -110,6 +111,7 @@ static ml_status stage_sample_row(ml_model *m, const ml_step_seq *q, int s, int 
     }
     h->sample_rows[r] = *q->sample;
     h->sample_rows[r].pen_start = h->n_pen;
+    h->sample_rows[r].mask = q->mask ? (uint32_t)++h->n_mask : 0;
     h->n_pen += n_pen;
     return ML_OK;
 }
@@ -136,6 +138,7 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
     ml_status st;
     h->n_lora_groups = 0;
     h->n_pen = 0;
+    h->n_mask = 0;
     for (int s = 0; s < n_seqs; s++) {
         const ml_step_seq *q = &seqs[s];
         int end = q->pos0 + q->n_tokens;
@@ -387,27 +390,46 @@ static void decoder(ml_model *m, ml_kv_cache *kv, int n_seqs, int n, int any_ima
                      tap_stride * sizeof(float));
 }
 
-/* lm_head (untied, no bias) over `rows` (n_rows, D) into b->logits, and
- * with `sample` the sample op over every row into b->sampled. */
-static void lm_head(ml_model *m, const float *rows, int n_rows, int sample)
+/* lm_head (untied, no bias) over `rows` (n_rows, D) into b->logits. */
+static void lm_head(ml_model *m, const float *rows, int n_rows)
+{
+    const ml_text_config *tc = &m->cfg.text;
+    ml_lora_rows lora = step_lora(m, 1);
+    ml_linear(m, m->tb.logits, rows, &m->w.text.lm_head, NULL, n_rows, tc->hidden_size,
+              tc->vocab_size, &lora, ml_lora_site_lm_head(&m->cfg));
+}
+
+/* The sample op over the n_rows rows of b->logits into b->sampled, after
+ * the constrained sequences' masks: each is waited for here, with the
+ * forward pass already queued (on a GPU it runs meanwhile; the mask is then
+ * queued behind it), and uploaded to its slice, numbered as stage_sample_row
+ * numbered them (sequence order). */
+static void sample_step(ml_model *m, const ml_step_seq *seqs, int n_seqs, int n_rows)
 {
     const ml_text_config *tc = &m->cfg.text;
     const ml_text_bufs *b = &m->tb;
     ml_backend *be = m->be;
-    ml_lora_rows lora = step_lora(m, 1);
-    ml_linear(m, b->logits, rows, &m->w.text.lm_head, NULL, n_rows, tc->hidden_size,
-              tc->vocab_size, &lora, ml_lora_site_lm_head(&m->cfg));
-    if (sample) {
-        ml_sample_params p = {.out = b->sampled,
-                              .logits = b->logits,
-                              .row = b->sample_rows,
-                              .pen_id = b->pen_id,
-                              .pen_count = b->pen_count,
-                              .scratch = b->sample_scratch,
-                              .rows = n_rows,
-                              .vocab = tc->vocab_size};
-        be->ops->sample(be, &p);
+    size_t words = ((size_t)tc->vocab_size + 63) / 64;
+    int k = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const ml_step_seq *q = &seqs[s];
+        if (q->logits != ML_LOGITS_SAMPLE || !q->mask)
+            continue;
+        if (q->mask_wait)
+            q->mask_wait(q->mask_ctx);
+        be->ops->upload(be, b->sample_mask + (size_t)k++ * words, q->mask,
+                        words * sizeof *q->mask);
     }
+    ml_sample_params p = {.out = b->sampled,
+                          .logits = b->logits,
+                          .row = b->sample_rows,
+                          .pen_id = b->pen_id,
+                          .pen_count = b->pen_count,
+                          .mask = b->sample_mask,
+                          .scratch = b->sample_scratch,
+                          .rows = n_rows,
+                          .vocab = tc->vocab_size};
+    be->ops->sample(be, &p);
 }
 
 /* Queue the downloads of the step's results: the logit rows of
@@ -516,13 +538,16 @@ static void pad_step(ml_model *m, int n_seqs, int bucket)
     }
 }
 
+/* The recording ends at the logits: the sample op follows it unrecorded, so
+ * that the constrained sequences' masks can be waited for while the replay
+ * runs (one launch more than recording it too). */
 static void decode_replay(ml_model *m, ml_kv_cache *kv, int slot, int bucket, int any_images)
 {
     ml_backend *be = m->be;
     if (!m->graph_recorded[slot]) {
         be->ops->graph_begin(be, slot);
         decoder(m, kv, bucket, bucket, any_images, NULL);
-        lm_head(m, m->tb.x, bucket, 1);
+        lm_head(m, m->tb.x, bucket);
         be->ops->graph_end(be, slot);
         m->graph_recorded[slot] = 1;
     }
@@ -548,11 +573,12 @@ ml_status ml_shard_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs
     int bucket = 0;
     int slot = decode_slot(m, kv, seqs, n_seqs, any_images, taps, &bucket);
     if (slot >= 0) {
-        /* The recording samples every row: one graph serves steps with and
-         * without sampled sequences. */
+        /* Every row is sampled: one shape serves steps with and without
+         * sampled sequences. */
         pad_step(m, n_seqs, bucket);
         upload_step(m, bucket, bucket, bucket, 1);
         decode_replay(m, kv, slot, bucket, any_images);
+        sample_step(m, seqs, n_seqs, bucket);
     } else {
         upload_step(m, n_seqs, n, n_rows, any_sample);
         decoder(m, kv, n_seqs, n, any_images, taps);
@@ -572,7 +598,9 @@ ml_status ml_shard_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs
             rows = b->rows;
         }
         if (n_rows > 0)
-            lm_head(m, rows, n_rows, any_sample);
+            lm_head(m, rows, n_rows);
+        if (n_rows > 0 && any_sample)
+            sample_step(m, seqs, n_seqs, n_rows);
     }
     fetch_results(m, seqs, n_seqs, logits, any_sample);
     st = be->ops->synchronize(be, err, errlen);

@@ -89,8 +89,8 @@ void ml_runtime_destroy(ml_runtime *rt)
     free(rt->step_owner);
     free(rt->allowed);
     free(rt->logits);
+    ml_masker_destroy(rt->masker);
     ml_json_vocab_destroy(rt->json_vocab);
-    free(rt->json_allowed);
     free(rt);
 }
 

@@ -14,6 +14,7 @@
 #include "clock.h"
 #include "list.h"
 #include "grammar/json_mode.h"
+#include "runtime/constraint.h"
 #include "runtime/runtime.h"
 #include "runtime/stop.h"
 
@@ -55,7 +56,7 @@ typedef struct rt_seq {
     ml_sample_out sampled;      /* the step's token and logprobs */
     char *stop_text;            /* owned: the request's stop strings, back to back */
     ml_sampler_seq *sampler;    /* owned */
-    ml_json_state *json;        /* owned; JSON mode only */
+    ml_constraint *con;         /* owned; structured outputs only (constraint.h) */
     ml_token_stream *detok;     /* owned */
     ml_stop *stop;              /* owned */
     ml_request_callbacks cb;
@@ -82,9 +83,9 @@ struct ml_runtime {
     rt_seq **step_owner;        /* (max_running) */
     uint8_t *allowed;           /* (max_step_tokens, max_seq_images · T) */
     float *logits;              /* (max_running, vocab) */
-    /* JSON mode, made at the first request that asks for it: */
-    ml_json_vocab *json_vocab;  /* owned: the tokens' bytes for the grammar */
-    uint64_t *json_allowed;     /* owned ((vocab + 63) / 64): one step's mask */
+    /* Structured outputs, made at the first request that asks for them: */
+    ml_json_vocab *json_vocab;  /* owned: the token trie the grammars walk */
+    ml_masker *masker;          /* owned: the mask thread (constraint.h) */
     ml_runtime_stats stats;
 };
 
@@ -101,7 +102,8 @@ void ml_rt_seq_release_blocks(ml_runtime *rt, rt_seq *s);
 void ml_rt_seq_fill_allowed(const ml_runtime *rt, const rt_seq *s, int pos, int n, uint8_t *out);
 
 /* Append the step's token to s and stream it: drawn here from `logits`, or
- * with logits NULL the model's s->sampled. */
+ * with logits NULL the model's s->sampled. A constrained s's mask for the
+ * step is ready (the step drained the mask thread). */
 void ml_rt_seq_advance(ml_runtime *rt, rt_seq *s, const float *logits);
 
 /* ---- prefix.c -------------------------------------------------------------- */

@@ -246,11 +246,11 @@ static void expire(ml_runtime *rt)
 }
 
 /* Is s sampled on the host from its logits row (its logits callback must
- * see the row, or JSON mode masks it), rather than where the logits are
- * (ML_LOGITS_SAMPLE)? */
+ * see the row), rather than where the logits are (ML_LOGITS_SAMPLE)? A
+ * constrained row is sampled where the logits are, its mask with it. */
 static bool samples_on_host(const rt_seq *s)
 {
-    return s->cb.on_logits != NULL || s->json != NULL;
+    return s->cb.on_logits != NULL;
 }
 
 /* Slot order of a step entry's adapter; the base model first. */
@@ -345,20 +345,38 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
     if (n_step == 0)
         return ML_OK;
     /* Only now draw: a sequence dropped above must not have consumed a
-     * number of its stream. */
+     * number of its stream. A constrained sequence's mask for this token
+     * goes to the mask thread, which computes it while the forward pass
+     * runs; the model waits for it before its sample op. */
     for (int i = 0; i < n_step; i++) {
         ml_step_seq *q = &rt->step[i];
         rt_seq *s = rt->step_owner[i];
+        q->mask = NULL;
+        q->mask_wait = NULL;
+        q->mask_ctx = NULL;
+        if (q->logits == ML_LOGITS_NONE)
+            continue;
+        if (s->con)
+            ml_masker_queue(rt->masker, s->con);
         if (q->logits != ML_LOGITS_SAMPLE)
             continue;
         ml_sampler_seq_row(s->sampler, &s->row, &q->pen_id, &q->pen_count);
         q->sample = &s->row;
         q->sampled = &s->sampled;
+        if (s->con) {
+            q->mask = ml_constraint_mask(s->con);
+            q->mask_wait = ml_constraint_wait;
+            q->mask_ctx = s->con;
+        }
     }
     group_by_adapter(rt, n_step);
 
     ml_status st = ml_model_forward(rt->model, rt->kv, rt->step, n_step, rt->logits, NULL, err,
                                     errlen);
+    /* Every mask of the step is ready before a token is accepted, or a
+     * sequence ends (nothing is in flight between steps). */
+    if (rt->masker)
+        ml_masker_drain(rt->masker);
     if (st != ML_OK)
         return st;
     rt->stats.steps++;

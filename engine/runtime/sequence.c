@@ -44,7 +44,7 @@ static void seq_free(ml_runtime *rt, rt_seq *s)
     free(s->chain);
     free(s->stop_text);
     ml_sampler_seq_destroy(s->sampler);
-    ml_json_state_destroy(s->json);
+    ml_constraint_destroy(s->con);
     ml_token_stream_destroy(s->detok);
     ml_stop_destroy(s->stop);
     free(s);
@@ -179,18 +179,18 @@ static ml_request_error validate(const ml_runtime *rt, const ml_request *req, ch
     return ML_REQERR_NONE;
 }
 
-/* JSON mode's shared parts, made once, at the first request that asks (the
- * token trie costs 100-200 ms and megabytes a worker without JSON requests
- * never needs). After a failure the next request tries again. */
-static ml_status json_prepare(ml_runtime *rt, char *err, size_t errlen)
+/* Structured outputs' shared parts, made once, at the first request that
+ * asks (the token trie costs 100-200 ms and megabytes, the mask thread a
+ * thread, that a worker without such requests never needs). After a
+ * failure the next request tries again. */
+static ml_status constraint_prepare(ml_runtime *rt, char *err, size_t errlen)
 {
-    if (rt->json_vocab)
-        return ML_OK;
-    if (!rt->json_allowed)
-        rt->json_allowed = malloc(((size_t)rt->vocab + 63) / 64 * sizeof *rt->json_allowed);
-    if (!rt->json_allowed)
-        return ml_fail(err, errlen, ML_ERR_NOMEM, "runtime: out of memory for JSON mode");
-    return ml_json_vocab_create(rt->tok, (size_t)rt->vocab, &rt->json_vocab, err, errlen);
+    ml_status st = ML_OK;
+    if (!rt->masker)
+        st = ml_masker_create(rt->cfg.max_running, &rt->masker, err, errlen);
+    if (st == ML_OK && !rt->json_vocab)
+        st = ml_json_vocab_create(rt->tok, (size_t)rt->vocab, &rt->json_vocab, err, errlen);
+    return st;
 }
 
 /* The request's stop strings are borrowed for the call only: keep a copy. */
@@ -219,10 +219,15 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
     if (rerr == ML_REQERR_NONE &&
         ml_sampling_params_validate(&req->sampling, (size_t)rt->vocab, msg, sizeof msg) != ML_OK)
         rerr = ML_REQERR_INVALID_REQUEST;
-    /* JSON mode's vocabulary, made at the first request that asks: should
-     * that fail, this request ends saying why and the runtime goes on. */
-    if (rerr == ML_REQERR_NONE && req->sampling.json_object &&
-        json_prepare(rt, msg, sizeof msg) != ML_OK)
+    /* Structured outputs' trie and thread, made at the first request that
+     * asks: should that fail, this request ends saying why and the runtime
+     * goes on. */
+    if (rerr == ML_REQERR_NONE && req->sampling.json_object && req->sampling.grammar) {
+        ml_fail(msg, sizeof msg, ML_ERR_INVALID_ARG, "json_object and a grammar exclude each other");
+        rerr = ML_REQERR_INVALID_REQUEST;
+    }
+    if (rerr == ML_REQERR_NONE && ml_constraint_wanted(&req->sampling) &&
+        constraint_prepare(rt, msg, sizeof msg) != ML_OK)
         rerr = ML_REQERR_INTERNAL;
     *handle = rt->next_handle++;
     if (rerr != ML_REQERR_NONE) {
@@ -258,8 +263,10 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
     if (req->n_images) /* a text-only request may pass no array at all */
         memcpy(s->images, req->images, (size_t)req->n_images * sizeof *s->images);
     s->sampling = req->sampling;
-    if (s->sampling.json_object &&
-        ml_json_state_create(rt->json_vocab, &s->json, err, errlen) != ML_OK)
+    /* The grammar is the caller's: the constraint holds its own reference. */
+    s->sampling.grammar = NULL;
+    if (ml_constraint_wanted(&req->sampling) &&
+        ml_constraint_create(&req->sampling, rt->json_vocab, &s->con, err, errlen) != ML_OK)
         goto nomem;
     if (copy_stop_strings(s) != ML_OK ||
         ml_sampler_seq_create(&s->sampling, (size_t)rt->vocab, req->prompt,
@@ -311,17 +318,16 @@ void ml_rt_seq_advance(ml_runtime *rt, rt_seq *s, const float *logits)
 {
     char err[256];
     ml_finish end = ML_FINISH_NONE;
+    /* A document that admits nothing more ends before this step's token
+     * (which could only have been a stop id). */
+    if (s->con && ml_constraint_ended(s->con)) {
+        ml_rt_seq_finish(rt, s, ML_FINISH_REASON_STOP, ML_REQERR_NONE, NULL, 1);
+        return;
+    }
     if (logits) {
         if (s->cb.on_logits)
             s->cb.on_logits(s->cb.ctx, logits, rt->vocab);
-        /* JSON mode draws among the tokens its grammar allows next (the
-         * object is incomplete here: a sequence ends as soon as its object
-         * is, below). */
-        const uint64_t *allowed = NULL;
-        if (s->json) {
-            ml_json_state_allowed(s->json, rt->json_allowed);
-            allowed = rt->json_allowed;
-        }
+        const uint64_t *allowed = s->con ? ml_constraint_mask(s->con) : NULL;
         if (ml_sampler_sample(rt->sampler, s->sampler, logits, allowed, &s->sampled, err,
                               sizeof err) != ML_OK) {
             ml_rt_seq_finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL, err, 0);
@@ -335,7 +341,8 @@ void ml_rt_seq_advance(ml_runtime *rt, rt_seq *s, const float *logits)
     int32_t id = s->sampled.chosen.id;
     const ml_sample_out *lpp = s->sampling.logprobs ? &s->sampled : NULL;
     if (ml_sampler_seq_accept(s->sampler, id, &end, err, sizeof err) != ML_OK ||
-        (s->json && ml_json_state_accept(s->json, id, err, sizeof err) != ML_OK)) {
+        (s->con && end != ML_FINISH_STOP &&
+         ml_constraint_accept(s->con, id, err, sizeof err) != ML_OK)) {
         ml_rt_seq_finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL, err, 0);
         return;
     }
@@ -364,7 +371,7 @@ void ml_rt_seq_advance(ml_runtime *rt, rt_seq *s, const float *logits)
     s->cb.on_token(s->cb.ctx, id, r.text, r.len, lpp);
     if (r.stopped)
         ml_rt_seq_finish(rt, s, ML_FINISH_REASON_STOP, ML_REQERR_NONE, NULL, 0);
-    else if (s->json && ml_json_state_complete(s->json)) /* the object is the answer */
+    else if (s->con && ml_constraint_ended(s->con)) /* the document is the answer */
         ml_rt_seq_finish(rt, s, ML_FINISH_REASON_STOP, ML_REQERR_NONE, NULL, 1);
     else if (end == ML_FINISH_LENGTH || s->n_tokens >= s->cap)
         ml_rt_seq_finish(rt, s, ML_FINISH_REASON_LENGTH, ML_REQERR_NONE, NULL, 1);

@@ -3,7 +3,9 @@
  * and 0 ("eager"), each with its own K/V cache and image states, and both
  * run the same steps, each fed its own token (our argmax of its logits, or
  * the model's ML_LOGITS_SAMPLE token: greedy for one sequence, every
- * filter and penalty for another, which the graph samples too). Every step's
+ * filter and penalty for another, which the graph samples too; both under
+ * a constraint mask that changes every step, which the model waits for
+ * (mask_wait) and then applies in its sample op, after the replay). Every step's
  * logits must be bit-identical and its ids equal, not merely close: a
  * graph replays the very ops the eager path issues, over the batch padded
  * to its bucket, and no CPU op mixes rows of different sequences or sums
@@ -176,6 +178,8 @@ typedef struct side {
     int32_t *pen_id[N_SEQS];              /* owned (ctx) */
     uint32_t *pen_count[N_SEQS];          /* owned (ctx) */
     ml_sample_out sampled[N_SEQS];
+    uint64_t *mask[N_SEQS];               /* owned (words): each sampled sequence's constraint */
+    int mask_waits;                       /* mask_wait calls, one per masked sampled row and rank */
     float *logits;                        /* owned (MAX_SEQS, V): the last step's rows */
     int n_rows;                           /* rows of the last step in logits */
     int row_seq[MAX_SEQS];                /* the sequence of each of those rows */
@@ -199,6 +203,28 @@ static ml_status side_new_cache(side *sd, char *err, size_t errlen)
     return ML_OK;
 }
 
+static size_t mask_words(const ml_model *m)
+{
+    return ((size_t)ml_model_config(m)->text.vocab_size + 63) / 64;
+}
+
+/* Sequence s's constraint for its step after `fed` tokens, the same on
+ * both sides: ids with (id * 37 + fed + s) % 3 != 0 (the raw best is
+ * barred a third of the time). */
+static void fill_mask(uint64_t *mask, size_t words, int V, int s, int fed)
+{
+    memset(mask, 0, words * sizeof *mask);
+    for (int id = 0; id < V; id++)
+        if ((id * 37 + fed + s) % 3 != 0)
+            mask[id >> 6] |= 1ull << (id & 63);
+}
+
+/* Every rank of a tensor-parallel model waits, each on its own thread. */
+static void count_mask_wait(void *ctx)
+{
+    __atomic_fetch_add(&((side *)ctx)->mask_waits, 1, __ATOMIC_RELAXED);
+}
+
 /* Take m (owned from now on, also on error), encode the fixture's images,
  * derive the sequences from src and make the K/V cache. On error the
  * caller still calls side_close. */
@@ -220,7 +246,8 @@ static ml_status side_open(side *sd, ml_model *m, ml_safetensors *ref, const ml_
     for (int s = 0; s < N_SEQS; s++) {
         sd->pen_id[s] = malloc((size_t)src->ctx * sizeof *sd->pen_id[s]);
         sd->pen_count[s] = malloc((size_t)src->ctx * sizeof *sd->pen_count[s]);
-        if (!sd->pen_id[s] || !sd->pen_count[s])
+        sd->mask[s] = malloc(mask_words(m) * sizeof *sd->mask[s]);
+        if (!sd->pen_id[s] || !sd->pen_count[s] || !sd->mask[s])
             st = ml_fail(err, errlen, ML_ERR_NOMEM, "out of memory");
     }
     if (st == ML_OK)
@@ -241,6 +268,7 @@ static void side_close(side *sd)
     for (int s = 0; s < N_SEQS; s++) {
         free(sd->pen_id[s]);
         free(sd->pen_count[s]);
+        free(sd->mask[s]);
     }
 }
 
@@ -271,6 +299,10 @@ static void stage_sample(side *sd, int s, int fed, ml_step_seq *q)
     q->pen_id = sd->pen_id[s];
     q->pen_count = sd->pen_count[s];
     q->sampled = &sd->sampled[s];
+    fill_mask(sd->mask[s], mask_words(sd->m), V, s, fed);
+    q->mask = sd->mask[s];
+    q->mask_wait = count_mask_wait;
+    q->mask_ctx = sd;
 }
 
 /* Sequence s's share of its next step: the rest of its prompt (its first
@@ -430,10 +462,22 @@ static void run_plan(const char *part, side *graph, side *eager, const step_plan
                 same ? "bitwise equal" : "DIFFER");
         if (!same)
             report_difference(p->what, graph->logits, eager->logits, rows, V, graph->row_seq);
+        int n_sampled = 0;
+        for (int i = 0; i < p->n; i++)
+            n_sampled += SPECS[p->seqs[i]].logits == ML_LOGITS_SAMPLE;
+        check(graph->mask_waits == n_sampled * ml_model_world(graph->m) &&
+                  eager->mask_waits == graph->mask_waits,
+              "%s: %s: the model waited for each of the %d masks (%d, %d)", part, p->what,
+              n_sampled, graph->mask_waits, eager->mask_waits);
+        graph->mask_waits = eager->mask_waits = 0;
         for (int i = 0; i < p->n; i++) {
             int s = p->seqs[i];
             check(graph->next[s] == eager->next[s], "%s: %s: sequence %d: next token %d vs %d",
                   part, p->what, s, graph->next[s], eager->next[s]);
+            if (SPECS[s].logits == ML_LOGITS_SAMPLE && graph->next[s] >= 0)
+                check(graph->mask[s][graph->next[s] >> 6] >> (graph->next[s] & 63) & 1,
+                      "%s: %s: sequence %d: sampled token %d is one its mask allows", part,
+                      p->what, s, graph->next[s]);
             if (SPECS[s].logits == ML_LOGITS_SAMPLE)
                 check(graph->next[s] >= 0 &&
                           memcmp(&graph->sampled[s], &eager->sampled[s],

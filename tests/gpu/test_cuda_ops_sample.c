@@ -1,5 +1,6 @@
 /* The sample op of the CUDA backend against the CPU backend: eagerly, as a
- * recorded graph, and its refusal of invalid shapes.
+ * recorded graph, with and without per-row constraint masks, and its
+ * refusal of invalid shapes.
  * Thresholds: tests/gpu/cuda_ops_harness.h. Skipped (77) without a CUDA device. */
 #include "cuda_ops_harness.h"
 
@@ -194,19 +195,77 @@ typedef struct sample_batch {
     ml_sample_row *row;   /* (rows) */
     int32_t *pen_id;      /* (rows * SAMPLE_MAX_PEN) */
     uint32_t *pen_count;  /* (rows * SAMPLE_MAX_PEN) */
+    uint64_t *mask;       /* (rows, words) constraint slices, NULL when unconstrained */
+    int words, n_masks;
 } sample_batch;
 
-static sample_batch sample_batch_make(int rows, int V)
+typedef enum mask_kind {
+    MASK_HALF,         /* each id with probability 1/2 */
+    MASK_SPARSE,       /* about 1% of the ids, never the raw best */
+    MASK_ONE,          /* all but one masked */
+    MASK_EOS,          /* only the last id: an end-of-sequence id once a document is complete */
+    MASK_TEXT_AND_EOS, /* a few ids and the last one */
+    MASK_NONE_ALLOWED, /* nothing: no token */
+    MASK_KINDS
+} mask_kind;
+
+static void mask_set(uint64_t *m, int id)
+{
+    m[id >> 6] |= 1ull << (id & 63);
+}
+
+/* A random constraint of the given kind over x (V) into m (words, zeroed). */
+static void fill_mask(uint64_t *m, const float *x, int V, mask_kind kind)
+{
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        best = x[i] > x[best] ? i : best;
+    switch (kind) {
+    case MASK_HALF:
+        for (int i = 0; i < V; i++)
+            if (irand(2))
+                mask_set(m, i);
+        break;
+    case MASK_SPARSE:
+        for (int i = 0; i < V; i++)
+            if (i != best && irand(100) == 0)
+                mask_set(m, i);
+        break;
+    case MASK_ONE: mask_set(m, irand(V)); break;
+    case MASK_EOS: mask_set(m, V - 1); break;
+    case MASK_TEXT_AND_EOS:
+        for (int j = 0; j < 5; j++)
+            mask_set(m, irand(V));
+        mask_set(m, V - 1);
+        break;
+    case MASK_NONE_ALLOWED:
+    case MASK_KINDS: break;
+    }
+}
+
+/* Random rows; with `masked` three rows in four carry a constraint, its
+ * slice numbered from the end (the op must follow row.mask, not the row
+ * index). */
+static sample_batch sample_batch_make(int rows, int V, int masked)
 {
     sample_batch b = {rows, V, 0, xmalloc((size_t)rows * V * 4),
                       xmalloc((size_t)rows * sizeof(ml_sample_row)),
                       xmalloc((size_t)rows * SAMPLE_MAX_PEN * 4),
-                      xmalloc((size_t)rows * SAMPLE_MAX_PEN * 4)};
+                      xmalloc((size_t)rows * SAMPLE_MAX_PEN * 4), NULL, (V + 63) / 64, 0};
+    if (masked) {
+        b.mask = xmalloc((size_t)rows * b.words * sizeof *b.mask);
+        memset(b.mask, 0, (size_t)rows * b.words * sizeof *b.mask);
+    }
     for (int r = 0; r < rows; r++) {
         float *x = b.logits + (size_t)r * V;
         fill_logits(x, V, shape_cycle[r % SHAPE_CYCLE]);
         b.row[r] = random_controls(x, V, b.n_entries, b.pen_id, b.pen_count);
         b.n_entries += b.row[r].n_pen;
+        if (masked && r % 4 != 0) {
+            uint32_t slice = (uint32_t)(rows - 1 - b.n_masks++);
+            fill_mask(b.mask + (size_t)slice * b.words, x, V, (mask_kind)irand(MASK_KINDS));
+            b.row[r].mask = slice + 1;
+        }
     }
     return b;
 }
@@ -217,6 +276,13 @@ static void sample_batch_free(sample_batch *b)
     free(b->row);
     free(b->pen_id);
     free(b->pen_count);
+    free(b->mask);
+}
+
+/* Row r's constraint, NULL when it has none. */
+static const uint64_t *row_mask(const sample_batch *b, int r)
+{
+    return b->row[r].mask ? b->mask + (size_t)(b->row[r].mask - 1) * b->words : NULL;
 }
 
 /* The CPU backend's outputs for the batch (caller frees). */
@@ -227,8 +293,8 @@ static ml_sample_out *sample_cpu(const sample_batch *b)
     void *scratch = g_cpu->ops->alloc(g_cpu, bytes);
     check(scratch != NULL, "cpu sample scratch");
     ml_sample_params p = {.out = want, .logits = b->logits, .row = b->row, .pen_id = b->pen_id,
-                          .pen_count = b->pen_count, .scratch = scratch, .rows = b->rows,
-                          .vocab = b->vocab};
+                          .pen_count = b->pen_count, .mask = b->mask, .scratch = scratch,
+                          .rows = b->rows, .vocab = b->vocab};
     g_cpu->ops->sample(g_cpu, &p);
     g_cpu->ops->free(g_cpu, scratch);
     return want;
@@ -237,7 +303,7 @@ static ml_sample_out *sample_cpu(const sample_batch *b)
 /* Device copies of a batch and the op's parameters over them. */
 typedef struct sample_dev {
     ml_sample_params p;
-    void *dev[6];
+    void *dev[7];
 } sample_dev;
 
 static sample_dev sample_dev_make(const sample_batch *b)
@@ -250,9 +316,10 @@ static sample_dev sample_dev_make(const sample_batch *b)
     d.dev[3] = dput(b->pen_id, pen_bytes);
     d.dev[4] = dput(b->pen_count, pen_bytes);
     d.dev[5] = dput(NULL, g_gpu->ops->sample_scratch_bytes(g_gpu, b->rows, b->vocab));
+    d.dev[6] = b->mask ? dput(b->mask, (size_t)b->rows * b->words * sizeof *b->mask) : NULL;
     d.p = (ml_sample_params){.out = d.dev[0], .logits = d.dev[1], .row = d.dev[2],
-                             .pen_id = d.dev[3], .pen_count = d.dev[4], .scratch = d.dev[5],
-                             .rows = b->rows, .vocab = b->vocab};
+                             .pen_id = d.dev[3], .pen_count = d.dev[4], .mask = d.dev[6],
+                             .scratch = d.dev[5], .rows = b->rows, .vocab = b->vocab};
     return d;
 }
 
@@ -271,27 +338,40 @@ static void sample_compare(const sample_batch *b, const ml_sample_out *got,
     void *mem = g_cpu->ops->alloc(g_cpu, ml_sample_scratch_bytes((size_t)V)); /* 64-byte aligned */
     ml_sample_scratch *s = ml_sample_scratch_init(mem, (size_t)V);
     ml_token_logprob *dist = xmalloc((size_t)V * sizeof *dist);
-    int n_greedy = 0, n_draw = 0, n_none = 0, n_differ = 0, bad = 0;
+    float *masked = xmalloc((size_t)V * sizeof *masked);
+    int n_greedy = 0, n_draw = 0, n_none = 0, n_differ = 0, n_masked = 0, bad = 0;
     for (int r = 0; r < b->rows && s; r++) {
         const ml_sample_row *row = &b->row[r];
         const float *x = b->logits + (size_t)r * V;
         const ml_sample_out *g = &got[r], *w = &want[r];
         const int32_t *pid = b->pen_id + row->pen_start;
         const uint32_t *pcount = b->pen_count + row->pen_start;
-        int ok = 1;
+        /* A constrained row draws from its logits with the masked ids at
+         * -inf (penalties leave -inf there); its logprobs stay the raw x's. */
+        const uint64_t *m = row_mask(b, r);
+        const float *drawn_from = x;
+        if (m) {
+            n_masked++;
+            for (int i = 0; i < V; i++)
+                masked[i] = m[i >> 6] >> (i & 63) & 1 ? x[i] : -INFINITY;
+            drawn_from = masked;
+        }
+        int ok = m == NULL || g->chosen.id == ML_SAMPLE_NO_TOKEN ||
+                 (m[g->chosen.id >> 6] >> (g->chosen.id & 63) & 1);
         if (w->chosen.id == ML_SAMPLE_NO_TOKEN) {
             n_none++;
             ok = g->chosen.id == ML_SAMPLE_NO_TOKEN && g->n_top == 0 && g->chosen.logprob == 0.0f;
         } else if (row->temperature < ML_SAMPLE_GREEDY_TEMPERATURE) {
             n_greedy++;
-            ok = g->chosen.id == w->chosen.id;
+            ok = ok && g->chosen.id == w->chosen.id;
         } else {
             n_draw++;
             if (g->chosen.id != w->chosen.id) {
                 n_differ++;
                 size_t n_kept = 0;
-                ok = ml_sample_distribution(s, x, row, pid, pcount, dist, (size_t)V, &n_kept, NULL,
-                                            0) == ML_OK &&
+                ok = ok &&
+                     ml_sample_distribution(s, drawn_from, row, pid, pcount, dist, (size_t)V,
+                                            &n_kept, NULL, 0) == ML_OK &&
                      drawable(dist, n_kept, g->chosen.id, row->u);
             }
         }
@@ -322,21 +402,25 @@ static void sample_compare(const sample_batch *b, const ml_sample_out *got,
     }
     check(s != NULL, "%s: host scratch", what);
     check(bad == 0, "%s: %d of %d rows disagree with the CPU", what, bad, b->rows);
-    fprintf(stderr, "  %-64s %d greedy, %d drawn (%d differ within %.0e of a boundary), %d none\n",
-            what, n_greedy, n_draw, n_differ, SAMPLE_U_TOL, n_none);
+    fprintf(stderr,
+            "  %-64s %d greedy, %d drawn (%d differ within %.0e of a boundary), %d none, "
+            "%d masked\n",
+            what, n_greedy, n_draw, n_differ, SAMPLE_U_TOL, n_none, n_masked);
     g_cpu->ops->free(g_cpu, mem);
     free(dist);
+    free(masked);
 }
 
-static void sample_case(int rows, int V)
+static void sample_case(int rows, int V, int masked)
 {
-    sample_batch b = sample_batch_make(rows, V);
+    sample_batch b = sample_batch_make(rows, V, masked);
     ml_sample_out *want = sample_cpu(&b);
     ml_sample_out *got = xmalloc((size_t)rows * sizeof *got);
     ml_sample_out *again = xmalloc((size_t)rows * sizeof *again);
     sample_dev d = sample_dev_make(&b);
     char what[96];
-    snprintf(what, sizeof what, "sample, %d rows of vocab %d", rows, V);
+    snprintf(what, sizeof what, "sample, %d rows of vocab %d%s", rows, V,
+             masked ? ", constrained" : "");
     g_gpu->ops->sample(g_gpu, &d.p);
     dget(got, d.p.out, (size_t)rows * sizeof *got, what);
     sample_compare(&b, got, want, what);
@@ -351,12 +435,12 @@ static void sample_case(int rows, int V)
     free(again);
 }
 
-/* Recorded once, replayed with new logits, controls and penalty entries
- * written into the same buffers: the op reads them when it runs. */
+/* Recorded once, replayed with new logits, controls, penalty entries and
+ * masks written into the same buffers: the op reads them when it runs. */
 static void sample_graph(void)
 {
     enum { ROWS = 24, V = 1000, SLOT = 5 };
-    sample_batch b = sample_batch_make(ROWS, V);
+    sample_batch b = sample_batch_make(ROWS, V, 1);
     sample_dev d = sample_dev_make(&b);
     ml_sample_out *got = xmalloc(ROWS * sizeof *got);
     sync_ok("sample graph setup");
@@ -365,8 +449,9 @@ static void sample_graph(void)
     g_gpu->ops->graph_end(g_gpu, SLOT);
     sync_ok("sample graph record");
     for (int rep = 0; rep < 2; rep++) {
-        sample_batch next = sample_batch_make(ROWS, V);
+        sample_batch next = sample_batch_make(ROWS, V, 1);
         g_gpu->ops->upload(g_gpu, d.dev[1], next.logits, (size_t)ROWS * V * 4);
+        g_gpu->ops->upload(g_gpu, d.dev[6], next.mask, (size_t)ROWS * next.words * 8);
         /* Within the recorded capacity: the first batch's entry count. */
         const int n = next.n_entries < b.n_entries ? next.n_entries : b.n_entries;
         for (int r = 0; r < ROWS; r++)
@@ -397,9 +482,12 @@ static void test_sample(void)
      * whatever this one draws. */
     const uint64_t stream = ml_test_rng;
     rand_seed(SAMPLE_RNG_SEED);
-    sample_case(120, 128256);
-    sample_case(600, 1000);
-    sample_case(60, 3);
+    sample_case(120, 128256, 0);
+    sample_case(600, 1000, 0);
+    sample_case(60, 3, 0);
+    sample_case(48, 128256, 1);
+    sample_case(300, 1000, 1);
+    sample_case(60, 3, 1);
     sample_graph();
     ml_test_rng = stream;
 
