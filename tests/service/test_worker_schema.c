@@ -2,11 +2,11 @@
  * and redis-server as processes, the micro model):
  * - requests with an invoice schema (an image with one of them, streamed
  *   and not, several seeds at temperature 1) answer documents that are
- *   valid: each is parsed with cJSON and checked against the schema's rules
- *   by hand here (types, required and no other members, property order,
- *   string lengths in code points, a pattern, a date format, integer
- *   ranges, an enum, array bounds), independently of the grammar compiler;
- *   a stream's chunks concatenate to the document;
+ *   valid as the independent validator (tests/engine/schema_oracle.h)
+ *   judges them, with their members in the order `properties` defines them
+ *   (the schema has a pattern, a date format, integer ranges, an enum,
+ *   string and array bounds, closed objects); a stream's chunks concatenate
+ *   to the document;
  * - the schema is compiled once: the same schema again, in another spelling
  *   (member order, whitespace), is a cache hit (mllama_schema_compiles_total,
  *   mllama_schema_cache_hits_total);
@@ -17,6 +17,7 @@
  *   each is still answered: the worker keeps serving.
  * Skipped (77) without redis-server. */
 #include "proc_util.h"
+#include "schema_oracle.h"
 
 #define TOPICS PU_REQUESTS ":1," PU_REPLIES ":1," PU_DLT ":1," PU_CANCEL ":1"
 #define IMAGE ML_SOURCE_DIR "/tests/golden/fixtures/images/ex_640x480.jpg"
@@ -77,53 +78,9 @@ static void cleanup(void)
     pu_tmpdir_done(dir);
 }
 
-/* ---- the schema's rules, by hand ----------------------------------------------- */
+/* ---- validity: the oracle, and property order ------------------------------------ */
 
-/* Code points of a UTF-8 string (what minLength and maxLength count). */
-static size_t code_points(const char *s)
-{
-    size_t n = 0;
-    for (; *s; s++)
-        n += ((unsigned char)*s & 0xC0) != 0x80;
-    return n;
-}
-
-static bool string_within(const cJSON *v, size_t min, size_t max)
-{
-    return cJSON_IsString(v) && code_points(v->valuestring) >= min &&
-           code_points(v->valuestring) <= max;
-}
-
-static bool integer_within(const cJSON *v, double min, double max)
-{
-    return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && v->valuedouble >= min &&
-           v->valuedouble <= max;
-}
-
-/* ^[A-Z]{3}-[0-9]{2}$ */
-static bool ref_matches(const char *s)
-{
-    for (int i = 0; i < 3; i++)
-        if (s[i] < 'A' || s[i] > 'Z')
-            return false;
-    return s[3] == '-' && s[4] >= '0' && s[4] <= '9' && s[5] >= '0' && s[5] <= '9' && !s[6];
-}
-
-/* RFC 3339 full-date: YYYY-MM-DD, the day within its month (leap years). */
-static bool is_date(const char *s)
-{
-    for (int i = 0; i < 10; i++)
-        if (i == 4 || i == 7 ? s[i] != '-' : (s[i] < '0' || s[i] > '9'))
-            return false;
-    if (s[10])
-        return false;
-    int y = atoi(s), m = atoi(s + 5), d = atoi(s + 8);
-    static const int days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
-    bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    return m >= 1 && m <= 12 && d >= 1 && d <= days[m - 1] + (m == 2 && leap);
-}
-
-/* An object with exactly these members, in this order. */
+/* An object whose members are these, in this order. */
 static bool members_are(const cJSON *o, const char *const *names, size_t n)
 {
     if (!cJSON_IsObject(o))
@@ -135,53 +92,55 @@ static bool members_are(const cJSON *o, const char *const *names, size_t n)
     return m == NULL;
 }
 
-/* Whether text is a document valid under INVOICE_SCHEMA; why says which
- * rule failed. */
-static bool invoice_valid(const char *text, const char **why)
+/* Whether text is a document valid under INVOICE_SCHEMA, as the
+ * independent validator (tests/engine/schema_oracle.h) judges it, with its
+ * members in the order `properties` defines them (every one is required, so
+ * each object has exactly these). why (n bytes) says what failed. */
+static bool invoice_valid(const char *text, char *why, size_t n)
 {
     static const char *const top[] = {"vendor", "ref", "date", "total", "items", "paid",
                                       "currency"};
     static const char *const item[] = {"name", "qty"};
-    cJSON *doc = cJSON_Parse(text);
-    bool ok = false;
-    const cJSON *items = cJSON_GetObjectItemCaseSensitive(doc, "items"), *it;
-    const cJSON *currency = cJSON_GetObjectItemCaseSensitive(doc, "currency");
-    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(doc, "ref");
-    const cJSON *date = cJSON_GetObjectItemCaseSensitive(doc, "date");
-    if (!doc)
-        *why = "not JSON";
-    else if (!members_are(doc, top, sizeof top / sizeof top[0]))
-        *why = "not the members vendor..currency, in order";
-    else if (!string_within(cJSON_GetObjectItemCaseSensitive(doc, "vendor"), 1, 8))
-        *why = "vendor: a string of 1..8";
-    else if (!cJSON_IsString(ref) || !ref_matches(ref->valuestring))
-        *why = "ref: ^[A-Z]{3}-[0-9]{2}$";
-    else if (!cJSON_IsString(date) || !is_date(date->valuestring))
-        *why = "date: format date";
-    else if (!integer_within(cJSON_GetObjectItemCaseSensitive(doc, "total"), 0, 100000))
-        *why = "total: an integer in [0, 100000]";
-    else if (!cJSON_IsArray(items) || cJSON_GetArraySize(items) < 1 ||
-             cJSON_GetArraySize(items) > 3)
-        *why = "items: 1..3";
-    else if (!cJSON_IsBool(cJSON_GetObjectItemCaseSensitive(doc, "paid")))
-        *why = "paid: a boolean";
-    else if (!cJSON_IsString(currency) || (strcmp(currency->valuestring, "EUR") &&
-                                            strcmp(currency->valuestring, "USD")))
-        *why = "currency: EUR or USD";
-    else
-        ok = true;
-    const cJSON *checked = ok ? items : NULL;
-    cJSON_ArrayForEach(it, checked)
+    cJSON *schema = cJSON_Parse(INVOICE_SCHEMA), *doc = cJSON_Parse(text);
+    bool ok = schema_oracle_valid(schema, doc, why, n);
+    if (ok && !members_are(doc, top, sizeof top / sizeof top[0])) {
+        snprintf(why, n, "members not in the order of properties");
+        ok = false;
+    }
+    const cJSON *items = ok ? cJSON_GetObjectItemCaseSensitive(doc, "items") : NULL, *it;
+    cJSON_ArrayForEach(it, items)
     {
-        if (!members_are(it, item, 2) ||
-            !string_within(cJSON_GetObjectItemCaseSensitive(it, "name"), 0, 6) ||
-            !integer_within(cJSON_GetObjectItemCaseSensitive(it, "qty"), 1, 9)) {
-            *why = "items[]: {name: a string of 0..6, qty: an integer in [1, 9]}";
+        if (ok && !members_are(it, item, sizeof item / sizeof item[0])) {
+            snprintf(why, n, "items[]: members not in the order of properties");
             ok = false;
         }
     }
+    cJSON_Delete(schema);
     cJSON_Delete(doc);
     return ok;
+}
+
+/* The check itself: a valid invoice passes, one out of order or out of
+ * range does not. */
+static void test_validator(void)
+{
+    static const char good[] = "{\"vendor\":\"ACME\",\"ref\":\"ABC-12\",\"date\":\"2024-02-29\","
+                               "\"total\":12,\"items\":[{\"name\":\"bolt\",\"qty\":3}],"
+                               "\"paid\":true,\"currency\":\"EUR\"}";
+    static const char *const bad[] = {
+        "{\"ref\":\"ABC-12\",\"vendor\":\"ACME\",\"date\":\"2024-02-29\",\"total\":12,"
+        "\"items\":[{\"name\":\"bolt\",\"qty\":3}],\"paid\":true,\"currency\":\"EUR\"}",
+        "{\"vendor\":\"ACME\",\"ref\":\"ABC-12\",\"date\":\"2023-02-29\",\"total\":12,"
+        "\"items\":[{\"name\":\"bolt\",\"qty\":3}],\"paid\":true,\"currency\":\"EUR\"}",
+        "{\"vendor\":\"ACME\",\"ref\":\"ABC-12\",\"date\":\"2024-02-29\",\"total\":12,"
+        "\"items\":[{\"qty\":3,\"name\":\"bolt\"}],\"paid\":true,\"currency\":\"EUR\"}",
+        "{\"vendor\":\"ACME\",\"ref\":\"ABC-12\",\"date\":\"2024-02-29\",\"total\":12,"
+        "\"items\":[{\"name\":\"bolt\",\"qty\":10}],\"paid\":true,\"currency\":\"EUR\"}",
+    };
+    char why[256] = "";
+    check(invoice_valid(good, why, sizeof why), "a valid invoice: %s", why);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        check(!invoice_valid(bad[i], why, sizeof why), "invalid invoice %zu passed", i);
 }
 
 /* ---- requests ------------------------------------------------------------------- */
@@ -257,9 +216,9 @@ static void expect_valid(const char *id, const char *schema, const char *extra,
     check(reason && !strcmp(reason, "stop"), "%s: finish_reason %s (error %s: %s)", id,
           reason ? reason : "(none)", code ? code : "-", message ? message : "");
     char *text = answer_text(id);
-    const char *why = "";
-    check(text && invoice_valid(text, &why), "%s: invalid document (%s): %.300s", id, why,
-          text ? text : "(none)");
+    char why[256] = "";
+    check(text && invoice_valid(text, why, sizeof why), "%s: invalid document (%s): %.300s", id,
+          why, text ? text : "(none)");
     fprintf(stderr, "%s: %.300s\n", id, text ? text : "(none)");
     free(text);
     cJSON_Delete(j);
@@ -384,6 +343,7 @@ int main(void)
     pu_client_init(&client, brokers, topics, 1);
 
     int64_t t0 = pu_now_ms();
+    test_validator();
     good_request("start");
     test_valid_documents();
     test_refused();
