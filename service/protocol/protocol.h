@@ -185,7 +185,8 @@ typedef struct svc_limits {
     uint32_t max_tokens_default;
     uint32_t max_tokens_limit;
     size_t max_reply_bytes;   /* one reply record; 0 = unbounded */
-    size_t max_schema_bytes;  /* response_format json_schema: the schema's compact JSON text */
+    size_t max_schema_bytes;  /* response_format json_schema: the schema's compact JSON text
+                                 (below INT_MAX: cJSON prints into an int-sized buffer) */
 } svc_limits;
 
 /* Fill `lim` with the defaults: 32 MiB request, 65536 JSON values, 256-byte
