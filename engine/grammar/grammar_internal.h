@@ -87,4 +87,11 @@ struct ml_grammar {
  * no mask cache filled; frees everything ml_grammar_unref frees. */
 ml_grammar *ml_grammar_alloc(uint32_t n_states, uint32_t n_classes, uint32_t n_calls);
 
+/* Check the tables against the five guarantees above (and that every entry
+ * is in range), independently of how schema_emit.c made them: the tests
+ * and the fuzz target run it on every grammar they compile. Costs up to
+ * O(n_states^2 * n_classes) (a fixpoint), so not in the serving path. ML_OK, or ML_ERR_FORMAT with the first broken guarantee, its
+ * state and byte in err. */
+ml_status ml_grammar_check(const ml_grammar *g, char *err, size_t errlen);
+
 #endif

@@ -54,12 +54,15 @@ struct ml_json_vocab {
     uint32_t *pre_tok;   /* owned: pre_n + 1 */
     int32_t *pre_ids;    /* owned: n_tok */
 
-    /* grammar.c's string shortcut: the tokens that, from between two
-     * characters of a string written in lexemes.h's one form per character,
-     * stay inside it (canon_in_string), and the depth-first nodes with a
-     * token through them that leaves it (pre_closes[i] != 0). */
-    uint64_t *canon_in_string; /* owned: n_words */
-    uint8_t *pre_closes;       /* owned: pre_n */
+    /* grammar.c's string shortcut. From between two characters of a string
+     * written in lexemes.h's one form per character: canon_upto + c *
+     * n_words is the mask of the tokens that stay inside the string having
+     * begun at most c characters, for c in [0, canon_max_chars] (the last
+     * one: every token that stays inside); pre_closes[i] != 0 when a token
+     * through depth-first node i leaves the string. */
+    uint64_t *canon_upto;     /* owned: (canon_max_chars + 1, n_words) */
+    uint32_t canon_max_chars; /* the most characters one token begins inside a string */
+    uint8_t *pre_closes;      /* owned: pre_n */
 
     /* owned: n_words each; the tokens that, from json_pre_mode[p], are
      * accepted without leaving the string */
@@ -71,7 +74,7 @@ struct ml_json_vocab {
  * leaves it (JSON_NODE_CLOSES flags). Errors: ML_ERR_NOMEM. */
 ml_status ml_json_vocab_mark_strings(ml_json_vocab *v, char *err, size_t errlen);
 
-/* Decide canon_in_string and pre_closes (grammar.c) on a vocabulary whose
+/* Decide canon_upto and pre_closes (grammar.c) on a vocabulary whose
  * trie is built. Errors: ML_ERR_NOMEM. */
 ml_status ml_grammar_vocab_mark_strings(ml_json_vocab *v, char *err, size_t errlen);
 

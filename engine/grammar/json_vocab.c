@@ -269,7 +269,7 @@ void ml_json_vocab_destroy(ml_json_vocab *v)
     free(v->pre_skip);
     free(v->pre_tok);
     free(v->pre_ids);
-    free(v->canon_in_string);
+    free(v->canon_upto);
     free(v->pre_closes);
     for (size_t p = 0; p < JSON_N_PRE; p++)
         free(v->in_string[p]);
