@@ -2,8 +2,8 @@
  * submit. Attempt counting (poison messages), parsing and validation, image
  * decoding and preprocessing (or the resident-state shortcut, or the Redis
  * blob), the JSON schema's grammar (schema_cache.h), the chat template and
- * the sampling controls. Every failure here is
- * answered at once with an error record or a dead letter.
+ * the sampling controls. Every failure here is answered at once with an
+ * error record or a dead letter.
  *
  * worker.prep_threads threads run worker_prep_main, each popping prep_q and
  * preparing one job at a time, so a request with heavy images holds one
@@ -301,7 +301,7 @@ static svc_error prepare_schema(svc_worker *w, job *j, char *msg, size_t msglen)
     const svc_request *r = j->req;
     if (!r->json_schema)
         return SVC_ERROR_NONE;
-    char err[SVC_ERRMSG_MAX - 64];
+    char err[SVC_ERRMSG_MAX];
     svc_schema_lookup info;
     ml_status st = svc_schema_cache_get(w->schemas, r->json_schema, r->json_schema_len,
                                         &j->sampling.grammar, &info, err, sizeof err);
