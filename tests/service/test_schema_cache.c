@@ -155,7 +155,7 @@ static void test_errors(void)
         const char *schema, *word;
     } bad[] = {
         {"{\"type\":\"array\",\"uniqueItems\":true}", "uniqueItems"},
-        {"{\"type\":\"object\",\"properties\":{\"x\":{\"frobnicate\":1}}}", "frobnicate"},
+        {"{\"type\":\"object\",\"properties\":{\"x\":{\"dependentRequired\":{}}}}", "dependentRequired"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         for (int round = 0; round < 2; round++) {

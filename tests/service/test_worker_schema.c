@@ -11,7 +11,7 @@
  *   (member order, whitespace), is a cache hit (mllama_schema_compiles_total,
  *   mllama_schema_cache_hits_total);
  * - max_tokens cutting the document short ends with finish_reason length;
- * - refused schemas (uniqueItems, an unknown keyword, a malformed type, a
+ * - refused schemas (uniqueItems, a conditional, a malformed type, a
  *   schema over limits.max_schema_bytes) answer invalid_request naming the
  *   keyword (and its JSON Pointer) or the bound, and a good request after
  *   each is still answered: the worker keeps serving.
@@ -304,10 +304,10 @@ static void test_refused(void)
                    "{\"type\":\"object\",\"properties\":{\"tags\":{\"type\":\"array\","
                    "\"uniqueItems\":true}}}",
                    PU_PATH("uniqueItems", "/properties/tags"));
-    expect_refused("schema-unknown-keyword",
+    expect_refused("schema-conditional",
                    "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\","
-                   "\"frobnicate\":3}}}",
-                   PU_PATH("frobnicate", "/properties/x"));
+                   "\"if\":{\"maxLength\":3},\"then\":{\"pattern\":\"^a\"}}}}",
+                   PU_PATH("if", "/properties/x"));
     expect_refused("schema-bad-type", "{\"type\":\"strnig\"}", PU_PATH("type"));
     /* Over the bound: refused from its size, before it is compiled. */
     char big[MAX_SCHEMA_BYTES + 64];
