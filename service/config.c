@@ -6,6 +6,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,11 @@ extern const char svc_local_config[];
 /* limits.max_reply_bytes at least: a streamed chunk (one token's text and
  * logprobs) or an error record always fits. */
 #define REPLY_BYTES_MIN 65536
+/* limits.max_schema_bytes at most: the parser prints a schema into a buffer
+ * of this size (an int for cJSON), and no real schema comes near it. */
+#define SCHEMA_BYTES_MAX (64L << 20)
+/* limits.schema_cache_entries at most: lookups scan the entries. */
+#define SCHEMA_CACHE_ENTRIES_MAX 4096
 
 typedef enum field_type { FIELD_STR, FIELD_INT, FIELD_LONG, FIELD_BOOL } field_type;
 
@@ -77,6 +83,11 @@ static const field fields[] = {
     LONG("limits", "max_request_pixels", limits.max_request_pixels, 1, 1L << 36),
     LONG("limits", "max_reply_bytes", limits.max_reply_bytes, REPLY_BYTES_MIN, 1L << 30),
     LONG("limits", "max_adapter_bytes", limits.max_adapter_bytes, 1024, 1L << 30),
+    LONG("limits", "max_schema_bytes", limits.max_schema_bytes, 16, SCHEMA_BYTES_MAX),
+    LONG("limits", "max_schema_states", limits.max_schema_states, 16, UINT32_MAX),
+    INT("limits", "max_schema_compile_ms", limits.max_schema_compile_ms, 1, 60 * 1000),
+    INT("limits", "schema_cache_entries", limits.schema_cache_entries, 0, SCHEMA_CACHE_ENTRIES_MAX),
+    LONG("limits", "schema_cache_bytes", limits.schema_cache_bytes, 0, 1L << 40),
     INT("limits", "max_attempts", limits.max_attempts, 1, 1000),
     INT("worker", "prep_threads", worker.prep_threads, 1, SVC_PREP_THREADS_MAX),
     STR("http", "listen", http.listen),

@@ -47,6 +47,10 @@ static const char *const counter_names[SVC_COUNTER_COUNT][2] = {
     [SVC_COUNTER_HTTP_CONNECTIONS_DROPPED] = {"mllama_http_connections_dropped_total",
                                               "HTTP connections closed unanswered: past their "
                                               "deadline or evicted by a newer one"},
+    [SVC_COUNTER_SCHEMA_COMPILES] = {"mllama_schema_compiles_total",
+                                     "JSON schemas compiled (cache misses that compiled)"},
+    [SVC_COUNTER_SCHEMA_CACHE_HITS] = {"mllama_schema_cache_hits_total",
+                                       "json_schema requests served a cached grammar"},
 };
 
 static const char *const gauge_names[SVC_GAUGE_COUNT][2] = {
@@ -71,6 +75,8 @@ static const char *const gauge_names[SVC_GAUGE_COUNT][2] = {
                                            "assigned partitions paused"},
     [SVC_GAUGE_REDIS_BREAKER_OPEN] = {"mllama_redis_breaker_open",
                                       "1 while the Redis circuit breaker is open"},
+    [SVC_GAUGE_SCHEMA_CACHE_BYTES] = {"mllama_schema_cache_bytes",
+                                      "bytes of the cached compiled grammars (tables and masks)"},
 };
 
 #define MAX_BUCKETS 12
@@ -92,6 +98,9 @@ static const hist_def hist_defs[SVC_HIST_COUNT] = {
     [SVC_HIST_VISION_ENCODE] = {"mllama_vision_encode_seconds",
                                 "one image through the vision tower and cross K/V", 10,
                                 {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8}},
+    [SVC_HIST_SCHEMA_COMPILE] = {"mllama_schema_compile_seconds",
+                                 "one JSON schema compiled into a grammar (cache misses)", 10,
+                                 {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 2}},
 };
 
 static const svc_finish outcomes[] = {SVC_FINISH_STOP, SVC_FINISH_LENGTH, SVC_FINISH_CANCELLED,

@@ -63,6 +63,20 @@ ml_status ml_fsm_ctx_fail(ml_fsm_ctx *c, ml_status st, const char *fmt, ...)
     return st;
 }
 
+void ml_fsm_ctx_locate(ml_fsm_ctx *c, const char *where)
+{
+    if (c->status != ML_ERR_INVALID_ARG && c->status != ML_ERR_UNSUPPORTED)
+        return;
+    /* "where: " moves the message right, cut at the buffer's end. */
+    size_t n = strlen(where) + 2;
+    if (n >= sizeof c->error)
+        return;
+    memmove(c->error + n, c->error, sizeof c->error - n - 1);
+    c->error[sizeof c->error - 1] = '\0';
+    memcpy(c->error, where, n - 2);
+    memcpy(c->error + n - 2, ": ", 2);
+}
+
 void *fsm_nomem(ml_fsm_ctx *c)
 {
     ml_fsm_ctx_fail(c, ML_ERR_NOMEM, "out of memory building an automaton");

@@ -95,6 +95,12 @@ const char *ml_fsm_ctx_error(const ml_fsm_ctx *c);
 ml_status ml_fsm_ctx_fail(ml_fsm_ctx *c, ml_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Say where the latched error happened: a refusal (ML_ERR_INVALID_ARG or
+ * ML_ERR_UNSUPPORTED) from a lexeme, whose message knows the construct but
+ * not the schema keyword holding it, becomes "where: message". Other
+ * errors, and no error, are left as they are. */
+void ml_fsm_ctx_locate(ml_fsm_ctx *c, const char *where);
+
 /* No-op on NULL. */
 void ml_fsm_free(ml_fsm *a);
 

@@ -174,6 +174,13 @@ ml_fsm *schema_refuse(schema_compiler *sc, ml_status st, const char *keyword, co
     return NULL;
 }
 
+void schema_locate(schema_compiler *sc)
+{
+    char where[SCHEMA_MAX_POINTER + 4];
+    snprintf(where, sizeof where, "at %s", schema_where(sc));
+    ml_fsm_ctx_locate(sc->fc, where);
+}
+
 int schema_machine_new(schema_compiler *sc, const char *pointer)
 {
     if (sc->n_machines >= ML_FSM_MAX_CALLS) {
@@ -263,6 +270,10 @@ static const schema_kw schema_keywords[] = {
     {"$dynamicRef", KW_REFUSED, "dynamic references are not resolved"},
     {"$recursiveRef", KW_REFUSED, "dynamic references are not resolved"},
     {"$recursiveAnchor", KW_REFUSED, "dynamic references are not resolved"},
+    /* Draft 3's validation keywords, which its validators enforce. */
+    {"disallow", KW_REFUSED, "draft 3's disallow is not enforced"},
+    {"extends", KW_REFUSED, "draft 3's extends is not enforced"},
+    {"divisibleBy", KW_REFUSED, "draft 3's divisibleBy is not enforced"},
 };
 
 const schema_kw *schema_keyword(const char *name)
@@ -280,11 +291,13 @@ bool schema_check(schema_compiler *sc, const cJSON *node, bool *typed, bool *has
 {
     *typed = *has_type = *compose = false;
     for (const cJSON *m = node->child; m; m = m->next) {
+        /* A keyword JSON Schema does not define is an annotation: validators
+         * ignore it (draft 2020-12 §4.3.1), so ignoring it is exact, even
+         * for a misspelt one ("additonalProperties") or a vendor's
+         * ("x-kubernetes-group-version-kind", OpenAPI's "nullable"). */
         const schema_kw *kw = schema_keyword(m->string);
-        if (!kw) {
-            schema_refuse(sc, ML_ERR_UNSUPPORTED, m->string, "not a keyword this compiler knows");
-            return false;
-        }
+        if (!kw)
+            continue;
         switch (kw->cls) {
         case KW_ANNOTATION:
             break;

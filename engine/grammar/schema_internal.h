@@ -150,6 +150,9 @@ const char *schema_where(const schema_compiler *sc);
 /* Latch ML_ERR_UNSUPPORTED (or st) naming keyword at the current pointer;
  * returns NULL so error paths are one line. */
 ml_fsm *schema_refuse(schema_compiler *sc, ml_status st, const char *keyword, const char *why);
+/* Prefix the latched refusal of a lexeme (a pattern, a format) with the
+ * current pointer ("at /properties/s: pattern: ..."). */
+void schema_locate(schema_compiler *sc);
 
 /* A new machine slot for pointer (the body set later); -1 when full
  * (latched). */

@@ -207,7 +207,10 @@ static ml_fsm *schema_string(schema_compiler *sc, const cJSON *node)
         s.pattern_len = strlen(p->valuestring);
     }
     s.format = f ? f->valuestring : NULL;
-    return ml_lex_json_string(sc->fc, &s);
+    ml_fsm *a = ml_lex_json_string(sc->fc, &s);
+    if (!a)
+        schema_locate(sc);
+    return a;
 }
 
 /* True when node's keywords other than annotations are the type keyword,
@@ -541,6 +544,8 @@ static bool members_init(schema_compiler *sc, const cJSON *node, members *mb)
         mb->pat_key[k] = cat(fc, lit(fc, "\""), ml_regex_compile(fc, p->string, strlen(p->string)),
                              lit(fc, "\""));
         mb->pat_node[k] = p;
+        if (!mb->pat_key[k])
+            schema_locate(sc);
     }
     schema_pointer_pop(sc, at);
     bool any;

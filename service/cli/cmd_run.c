@@ -4,6 +4,7 @@
  * backend or split over a tensor-parallel group (--tp). */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #define MAX_IMAGES 16
 #define MAX_IMAGE_FILE_BYTES (64u << 20)
 #define MAX_BATCH_FILE_BYTES (256u << 20)
+#define MAX_RESPONSE_FORMAT_BYTES (64u << 20)
 #define DEFAULT_MAX_TOKENS 64
 #define DEFAULT_KV_MIB 512
 #define MIB (1u << 20)
@@ -29,7 +31,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: mllama run --model DIR [--image FILE]... (--prompt TEXT | --chat TEXT | --ids 1,2,3)\n"
             "                  [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
-            "                  [--seed S] [--stop STR]... [--json-object] [--logits-out F.npy] [--json]\n"
+            "                  [--seed S] [--stop STR]... [--json-object | --response-format FILE]\n"
+            "                  [--logits-out F.npy] [--json]\n"
             "                  [--threads N] [--kv-mib N] [--image-mib N] [--backend auto|cpu|cuda]\n"
             "                  [--tp N [--devices 0,1,...]] [--cross-attention-row-mask MODE]\n"
             "                  [--date-string DATE] [--batch-invariant on|off] [--no-prefix-cache]\n"
@@ -46,6 +49,10 @@ static void usage(FILE *f)
             "ids. Greedy unless --temperature > 0. Text streams to stdout; --json prints one\n"
             "JSON object with prompt/output ids, text and timings instead. --json-object is\n"
             "JSON mode: the answer is kept one JSON object and ends when it is complete.\n"
+            "--response-format FILE: a request's response_format object, e.g.\n"
+            "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {...}}}, checked\n"
+            "and compiled as the worker does (a schema it refuses is refused here, with the\n"
+            "same message), so a schema can be tried locally.\n"
             "--weights fp8 quantizes a bf16 checkpoint's text-decoder Linears to FP8 at load\n"
             "(as the worker's model.weights); a compressed-tensors FP8 checkpoint loads as\n"
             "stored either way. --fp8-activations fp8 (the worker's model.fp8_activations):\n"
@@ -452,6 +459,59 @@ static int spec_from_json(const cJSON *o, int line, job_spec *spec)
     return 0;
 }
 
+/* ---- --response-format ---------------------------------------------------------------- */
+
+/* The response_format object in path, checked by the worker's own request
+ * parser (inside a minimal request) and a json_schema compiled within the
+ * worker's default limits, so that a file passes here exactly when a
+ * request carrying it passes a worker with the default configuration. Sets
+ * p->json_object, or p->grammar (owned by the caller: ml_grammar_unref).
+ * Returns 0, or -1 with the parser's or compiler's message printed. */
+static int load_response_format(const char *path, ml_sampling_params *p)
+{
+    size_t len;
+    char *format = svc_read_file(CMD, path, MAX_RESPONSE_FORMAT_BYTES, &len);
+    if (!format)
+        return -1;
+    static const char head[] = "{\"id\":\"run\",\"reply_topic\":\"run\",\"messages\":[{\"role\":"
+                               "\"user\",\"content\":\"x\"}],\"response_format\":";
+    size_t n = sizeof head + len + 1;
+    char *body = malloc(n);
+    if (!body) {
+        free(format);
+        fprintf(stderr, CMD ": out of memory\n");
+        return -1;
+    }
+    snprintf(body, n, "%s%s}", head, format);
+    free(format);
+    svc_limits lim;
+    svc_limits_default(&lim);
+    lim.max_request_bytes = n;
+    lim.max_json_values = SIZE_MAX;
+    svc_request_input in = {.value = body, .value_len = strlen(body)};
+    svc_request *req = NULL;
+    char err[SVC_ERRMSG_MAX];
+    int rc = -1;
+    if (svc_request_parse(&in, &lim, &req, err, sizeof err) != SVC_ERROR_NONE) {
+        fprintf(stderr, CMD ": %s: %s\n", path, err);
+    } else if (req->json_schema) {
+        ml_schema_limits sl;
+        ml_schema_limits_default(&sl);
+        sl.max_schema_bytes = lim.max_schema_bytes;
+        if (ml_grammar_compile_schema(req->json_schema, req->json_schema_len, &sl, &p->grammar,
+                                      err, sizeof err) != ML_OK)
+            fprintf(stderr, CMD ": %s: response_format.json_schema.schema: %s\n", path, err);
+        else
+            rc = 0;
+    } else {
+        p->json_object = req->json_object;
+        rc = 0;
+    }
+    svc_request_destroy(req);
+    free(body);
+    return rc;
+}
+
 /* ---- the command ------------------------------------------------------------------- */
 
 typedef struct run_opts {
@@ -494,6 +554,10 @@ static int parse_args(int argc, char **argv, run_opts *o)
             continue;
         }
         if (!strcmp(a, "--json-object")) {
+            if (o->spec.sampling.grammar) {
+                fprintf(stderr, CMD ": give --json-object or one --response-format\n");
+                return -1;
+            }
             o->spec.sampling.json_object = true;
             continue;
         }
@@ -509,6 +573,14 @@ static int parse_args(int argc, char **argv, run_opts *o)
             o->batch = v;
         else if (!strcmp(a, "--logits-out"))
             o->logits_out = v;
+        else if (!strcmp(a, "--response-format")) {
+            if (p->json_object || p->grammar) {
+                fprintf(stderr, CMD ": give --json-object or one --response-format\n");
+                return -1;
+            }
+            if (load_response_format(v, p))
+                return -1;
+        }
         else if (!strcmp(a, "--backend"))
             o->backend = v;
         else if (!strcmp(a, "--devices"))
@@ -797,8 +869,10 @@ static int run_batch(run_ctx *c, const run_opts *o, cJSON **lines, int n)
 int cmd_run(int argc, char **argv)
 {
     run_opts o = {0};
-    if (parse_args(argc, argv, &o))
+    if (parse_args(argc, argv, &o)) {
+        ml_grammar_unref(o.spec.sampling.grammar);
         return SVC_EXIT_USAGE;
+    }
 
     char *batch_text = NULL;
     cJSON **lines = NULL;
@@ -831,5 +905,6 @@ out:
         cJSON_Delete(lines[i]);
     free(lines);
     free(batch_text);
+    ml_grammar_unref(o.spec.sampling.grammar);
     return rc ? SVC_EXIT_FAILURE : SVC_EXIT_OK;
 }

@@ -29,11 +29,13 @@
 #define POLL_MS 100
 #define FLUSH_MS 10000
 #define DEFAULT_TIMEOUT_S 300
+#define MAX_RESPONSE_FORMAT_BYTES (16u << 20)
 
 typedef struct submit_opts {
     const char *brokers, *topic, *reply_topic, *redis_url, *redis_prefix, *id, *adapter;
     const char *conversation;   /* the record key when given; NULL: the request id */
     const char *prompt;
+    const char *response_format; /* a file holding the response_format object; NULL: none */
     const char *images[MAX_IMAGES];
     int n_images;
     long max_tokens, timeout_s;
@@ -48,12 +50,15 @@ static void usage(FILE *f)
             "                     [--temperature T] [--topic T] [--reply-topic T] [--id ID]\n"
             "                     [--adapter NAME] [--redis URL [--redis-prefix P]]\n"
             "                     [--conversation ID] [--no-stream] [--timeout S] [--quiet]\n"
-            "                     \"prompt\"\n\n"
+            "                     [--response-format FILE] \"prompt\"\n\n"
             "Sends one chat request (images inline as data URLs, then the text) and\n"
             "streams the reply's text to stdout; the final record goes to stderr.\n"
             "--conversation ID keys the record by ID instead of the request id: every turn\n"
             "of a conversation goes to one partition, hence one worker and its prefix\n"
             "cache. It wins over --redis image routing (README.md \"Prefix cache\").\n"
+            "--response-format FILE: the request's response_format, a JSON object such as\n"
+            "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {...}}}\n"
+            "(README.md \"Protocol\"); the worker checks it.\n"
             "Exit 0 on finish_reason stop/length, 1 on error or timeout.\n");
 }
 
@@ -67,6 +72,20 @@ static char *build_request(const submit_opts *o, char *sha_hex_out)
     cJSON_AddBoolToObject(req, "stream", !o->no_stream);
     if (o->adapter)
         cJSON_AddStringToObject(req, "adapter", o->adapter);
+    if (o->response_format) {
+        size_t len;
+        char *text = svc_read_file(CMD, o->response_format, MAX_RESPONSE_FORMAT_BYTES, &len);
+        cJSON *format = text ? cJSON_ParseWithLength(text, len) : NULL;
+        if (text && !cJSON_IsObject(format))
+            fprintf(stderr, CMD ": %s: expected a JSON object\n", o->response_format);
+        free(text);
+        if (!cJSON_IsObject(format)) {
+            cJSON_Delete(format);
+            cJSON_Delete(req);
+            return NULL;
+        }
+        cJSON_AddItemToObject(req, "response_format", format);
+    }
     cJSON *msg = cJSON_CreateObject();
     cJSON_AddStringToObject(msg, "role", "user");
     cJSON *content = cJSON_AddArrayToObject(msg, "content");
@@ -278,6 +297,8 @@ static int parse_args(int argc, char **argv, submit_opts *o)
             o->adapter = v;
         else if (!strcmp(a, "--conversation"))
             o->conversation = v;
+        else if (!strcmp(a, "--response-format"))
+            o->response_format = v;
         else if (!strcmp(a, "--image") && o->n_images < MAX_IMAGES)
             o->images[o->n_images++] = v;
         else if (!strcmp(a, "--max-tokens")) {

@@ -48,6 +48,7 @@ void svc_limits_default(svc_limits *lim)
         .max_stop_bytes = 256,
         .max_tokens_default = 256,
         .max_tokens_limit = 4096,
+        .max_schema_bytes = SVC_SCHEMA_BYTES_DEFAULT,
     };
 }
 

@@ -27,8 +27,13 @@
  *   n                   integer                   1           only 1 is supported
  *   deadline_ms         integer                   none        absolute unix ms, > 0
  *   stream              bool                      true        false: one chat.completion record
- *   response_format     {"type": T}               text        T "text" or "json_object" (JSON
+ *   response_format     {"type": T, ...}          text        T "text", "json_object" (JSON
  *                                                             mode: the answer is one JSON object)
+ *                                                             or "json_schema", with
+ *     "json_schema": {"name": N, "schema": S, "strict": B, "description": D}: N required,
+ *     [A-Za-z0-9_-]{1,64}; S required, an object or a boolean, its compact JSON text at
+ *     most max_schema_bytes; B bool, optional (the answer validates either way);
+ *     D string, optional. Other members are ignored, as unknown fields are.
  *   date_string         string                    today (UTC) the chat template's "Today Date"
  *                                                             (svc_valid_date_string)
  *
@@ -36,7 +41,7 @@
  * Unknown fields (model, user, stream_options, ...) are ignored so that
  * clients can add fields before workers know them. Known fields that would
  * change the answer and are not supported are refused by name: tools (tool
- * calling), response_format of another type (json_schema), logit_bias;
+ * calling), response_format of another type, logit_bias;
  * their empty values pass. Duplicate keys: the
  * first one counts (cJSON lookup order).
  *
@@ -158,6 +163,11 @@ const char *svc_error_code(svc_error e);
 /* The longest request id the parser accepts by default (svc_limits.max_id_bytes);
  * buffers that hold an id (the worker's pending cancels) are sized by it. */
 #define SVC_ID_MAX_BYTES 256
+/* response_format json_schema: the longest name (OpenAI's), and the default
+ * bound on a schema's text (svc_limits.max_schema_bytes; the engine's own
+ * default, ml_schema_limits_default). */
+#define SVC_SCHEMA_NAME_MAX 64
+#define SVC_SCHEMA_BYTES_DEFAULT (256u << 10)
 
 /* What one request may ask for; hostile input is bounded by these before
  * anything proportional to it is allocated. */
@@ -175,12 +185,15 @@ typedef struct svc_limits {
     uint32_t max_tokens_default;
     uint32_t max_tokens_limit;
     size_t max_reply_bytes;   /* one reply record; 0 = unbounded */
+    size_t max_schema_bytes;  /* response_format json_schema: the schema's compact JSON text
+                                 (below INT_MAX: cJSON prints into an int-sized buffer) */
 } svc_limits;
 
 /* Fill `lim` with the defaults: 32 MiB request, 65536 JSON values, 256-byte
  * id, 1024 messages, 4096 parts, 1 MiB text, 8 images of at most 20 MiB,
  * 4 stop strings of at most 256 bytes, max_tokens 256 by default and 4096 at
- * most, replies unbounded. @locality any thread. */
+ * most, replies unbounded, a JSON schema of at most SVC_SCHEMA_BYTES_DEFAULT.
+ * @locality any thread. */
 void svc_limits_default(svc_limits *lim);
 
 /* The bytes a stream: false completion of max_tokens tokens may need, as
@@ -269,6 +282,15 @@ typedef struct svc_request {
     bool logprobs;
     uint32_t top_logprobs;
     bool json_object;        /* response_format {"type": "json_object"} */
+    /* response_format {"type": "json_schema"}: the schema as compact JSON
+     * text (NUL-terminated, json_schema_len <= max_schema_bytes), NULL when
+     * none; its name ([A-Za-z0-9_-]{1,64}) and strict as the client gave
+     * them (strict changes nothing: the answer is valid either way). The
+     * schema is compiled by the worker, not here. */
+    const char *json_schema;
+    size_t json_schema_len;
+    const char *json_schema_name;
+    bool json_schema_strict;
     /* The chat template's "Today Date" (NUL-terminated, svc_valid_date_string);
      * NULL = the worker writes today's date. */
     const char *date_string;

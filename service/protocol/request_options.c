@@ -94,7 +94,86 @@ static svc_error parse_date_string(parser *p, const cJSON *root)
 #define PENALTY_ABS_MAX 2.0
 #define REPETITION_PENALTY_MAX 10.0
 
-/* response_format: text (the default) or json_object (JSON mode). */
+/* OpenAI's rule for response_format.json_schema.name. */
+static bool valid_schema_name(const char *s, size_t len)
+{
+    if (len == 0 || len > SVC_SCHEMA_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '_' || c == '-';
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+/* The schema's compact JSON text into the arena, printed into a buffer of
+ * max_schema_bytes so that a schema over the bound costs no more than that
+ * (escapes can make the text several times the size of its share of the
+ * record). */
+static svc_error keep_schema_text(parser *p, const cJSON *schema)
+{
+    size_t max = p->lim->max_schema_bytes;
+    /* cJSON_PrintPreallocated may need a few bytes past the text it fits
+     * (cJSON.h), and the NUL. */
+    enum { PRINT_SLACK = 5 };
+    char *buf = malloc(max + PRINT_SLACK);
+    if (!buf)
+        return out_of_memory(p);
+    bool fits = cJSON_PrintPreallocated((cJSON *)schema, buf, (int)(max + PRINT_SLACK), false);
+    size_t len = fits ? strlen(buf) : 0;
+    svc_error e = SVC_ERROR_NONE;
+    if (!fits || len > max)
+        e = fail(p, SVC_ERROR_INVALID_REQUEST,
+                 "response_format.json_schema.schema: its compact JSON text is over the limit "
+                 "of %zu bytes (limits.max_schema_bytes)", max);
+    else if (!(p->r->pub.json_schema = svc_arena_strndup(&p->r->arena, buf, len)))
+        e = out_of_memory(p);
+    else
+        p->r->pub.json_schema_len = len;
+    free(buf);
+    return e;
+}
+
+/* response_format.json_schema, as OpenAI defines it: the shape is checked
+ * here and the schema kept as text; whether it can be enforced is the
+ * compiler's to say (the worker's prep threads). */
+static svc_error parse_json_schema(parser *p, const cJSON *format)
+{
+    const cJSON *js = member(format, "json_schema");
+    if (!cJSON_IsObject(js))
+        return fail(p, SVC_ERROR_INVALID_REQUEST,
+                    "response_format.json_schema: expected an object with \"name\" and "
+                    "\"schema\"");
+    const cJSON *name = member(js, "name");
+    if (!cJSON_IsString(name) || !valid_schema_name(name->valuestring, strlen(name->valuestring)))
+        return fail(p, SVC_ERROR_INVALID_REQUEST,
+                    "response_format.json_schema.name: expected 1..%d characters [A-Za-z0-9_-]",
+                    SVC_SCHEMA_NAME_MAX);
+    const cJSON *description = member(js, "description");
+    if (description && !cJSON_IsString(description))
+        return fail(p, SVC_ERROR_INVALID_REQUEST,
+                    "response_format.json_schema.description: expected a string");
+    const cJSON *strict = member(js, "strict");
+    if (strict && !cJSON_IsBool(strict))
+        return fail(p, SVC_ERROR_INVALID_REQUEST,
+                    "response_format.json_schema.strict: expected true or false");
+    const cJSON *schema = member(js, "schema");
+    if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema))
+        return fail(p, SVC_ERROR_INVALID_REQUEST,
+                    "response_format.json_schema.schema: expected a JSON Schema (an object or a "
+                    "boolean)");
+    svc_request *req = &p->r->pub;
+    req->json_schema_strict = cJSON_IsTrue(strict);
+    req->json_schema_name = svc_arena_strndup(&p->r->arena, name->valuestring,
+                                              strlen(name->valuestring));
+    return req->json_schema_name ? keep_schema_text(p, schema) : out_of_memory(p);
+}
+
+/* response_format: text (the default), json_object (JSON mode) or
+ * json_schema. */
 static svc_error parse_response_format(parser *p, const cJSON *root)
 {
     const cJSON *format = member(root, "response_format");
@@ -105,9 +184,11 @@ static svc_error parse_response_format(parser *p, const cJSON *root)
         p->r->pub.json_object = true;
         return SVC_ERROR_NONE;
     }
+    if (cJSON_IsString(type) && !strcmp(type->valuestring, "json_schema"))
+        return parse_json_schema(p, format);
     return fail(p, SVC_ERROR_INVALID_REQUEST,
-                "response_format: expected {\"type\": \"text\"} or {\"type\": "
-                "\"json_object\"} (JSON schemas are not supported)");
+                "response_format: expected {\"type\": \"text\"}, {\"type\": \"json_object\"} "
+                "or {\"type\": \"json_schema\", \"json_schema\": {...}}");
 }
 
 /* Fields a client sends to change what the answer is (tool calls, token

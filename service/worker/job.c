@@ -77,6 +77,7 @@ void job_free(job *j)
     svc_kafka_msg_release(&j->msg);
     svc_request_destroy(j->req);
     ml_token_buf_deinit(&j->prompt);
+    ml_grammar_unref(j->sampling.grammar);
     for (int i = 0; i < j->n_images; i++)
         free(j->images[i].pixels);
     free(j->images);

@@ -515,6 +515,19 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     w->limits.max_images = (size_t)w->cfg.runtime.max_images_per_request;
     w->limits.max_tokens_default = (uint32_t)w->cfg.runtime.default_max_tokens;
     w->limits.max_reply_bytes = (size_t)w->cfg.limits.max_reply_bytes;
+    w->limits.max_schema_bytes = (size_t)w->cfg.limits.max_schema_bytes;
+    svc_schema_cache_config sc = {.max_entries = (size_t)w->cfg.limits.schema_cache_entries,
+                                  .max_bytes = (size_t)w->cfg.limits.schema_cache_bytes};
+    ml_schema_limits_default(&sc.limits);
+    sc.limits.max_schema_bytes = w->limits.max_schema_bytes;
+    sc.limits.max_states = (uint32_t)w->cfg.limits.max_schema_states;
+    sc.limits.max_compile_ms = w->cfg.limits.max_schema_compile_ms;
+    if (!(w->schemas = svc_schema_cache_create(&sc))) {
+        *code = SVC_WORKER_EXIT_CONFIG;
+        svc_errf(err, errlen, "out of memory");
+        svc_worker_destroy(w);
+        return NULL;
+    }
     svc_config_reply_policy(&w->cfg, w->reply_reserved, &w->reply_policy);
     svc_adapter_store_init(&w->adapters, w->cfg.model.adapters_dir,
                            (size_t)w->cfg.limits.max_adapter_bytes);
@@ -728,6 +741,7 @@ void svc_worker_destroy(svc_worker *w)
     job_queue_deinit(&w->silent_q);
     free(w->resident);
     svc_adapter_store_deinit(&w->adapters);
+    svc_schema_cache_destroy(w->schemas);
     svc_config_deinit(&w->cfg);
     free(w);
 }

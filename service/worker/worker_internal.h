@@ -32,6 +32,7 @@
 #include "kafka/kafka.h"
 #include "protocol/protocol.h"
 #include "redis/redis.h"
+#include "worker/schema_cache.h"
 #include "worker/worker.h"
 
 /* ---- jobs ------------------------------------------------------------------ */
@@ -85,7 +86,7 @@ typedef struct job {
     ml_token_buf prompt;
     ml_request_image *images;   /* owned array; pixels transferred at submit */
     int n_images;
-    ml_sampling_params sampling;
+    ml_sampling_params sampling; /* .grammar: owned, one reference (the runtime takes its own) */
     bool keep_req;              /* an at_caller image may need req's bytes: keep it until the end */
     bool redecode;              /* back from the step thread: decode every image, submit again */
     int n_skipped;              /* inline images prep left undecoded (at_caller) */
@@ -223,6 +224,7 @@ struct svc_worker {
     /* Redis (NULL when redis.url is empty); the prep threads' own are in prep. */
     svc_redis *redis_index;
     svc_adapter_store adapters; /* Redis-held adapters copied into model.adapters_dir */
+    svc_schema_cache *schemas;  /* owned: compiled json_schema grammars (prep threads) */
 
     /* Threads and queues. */
     job_queue prep_q;           /* Kafka -> prep */

@@ -1,8 +1,9 @@
 /* The prep pool: from a consumed record to a job the step thread can
  * submit. Attempt counting (poison messages), parsing and validation, image
  * decoding and preprocessing (or the resident-state shortcut, or the Redis
- * blob), the chat template and the sampling controls. Every failure here is
- * answered at once with an error record or a dead letter.
+ * blob), the JSON schema's grammar (schema_cache.h), the chat template and
+ * the sampling controls. Every failure here is answered at once with an
+ * error record or a dead letter.
  *
  * worker.prep_threads threads run worker_prep_main, each popping prep_q and
  * preparing one job at a time, so a request with heavy images holds one
@@ -265,7 +266,9 @@ static void build_sampling(svc_worker *w, job *j)
 {
     const svc_request *r = j->req;
     ml_sampling_params *s = &j->sampling;
+    ml_grammar *grammar = s->grammar; /* prepare_schema's reference, kept */
     ml_sampling_params_default(s);
+    s->grammar = grammar;
     s->temperature = r->sampling.temperature;
     s->top_p = r->sampling.top_p;
     s->top_k = r->sampling.top_k > 0 ? (uint32_t)r->sampling.top_k : 0;
@@ -286,6 +289,36 @@ static void build_sampling(svc_worker *w, job *j)
     s->logprobs = r->logprobs;
     s->top_logprobs = r->top_logprobs;
     s->json_object = r->json_object;
+}
+
+/* response_format json_schema: the grammar from the worker's cache, or
+ * compiled here (never on the step thread, whose step would wait for it),
+ * into j->sampling.grammar (j's reference, released by job_free). What the
+ * compiler cannot enforce exactly is refused with its message, which names
+ * the keyword and its JSON Pointer, or the bound it went over. */
+static svc_error prepare_schema(svc_worker *w, job *j, char *msg, size_t msglen)
+{
+    const svc_request *r = j->req;
+    if (!r->json_schema)
+        return SVC_ERROR_NONE;
+    char err[SVC_ERRMSG_MAX];
+    svc_schema_lookup info;
+    ml_status st = svc_schema_cache_get(w->schemas, r->json_schema, r->json_schema_len,
+                                        &j->sampling.grammar, &info, err, sizeof err);
+    if (st != ML_OK) {
+        svc_errf(msg, msglen, "response_format.json_schema.schema: %s", err);
+        return st == ML_ERR_NOMEM ? SVC_ERROR_INTERNAL : SVC_ERROR_INVALID_REQUEST;
+    }
+    if (info.hit) {
+        svc_metrics_add(SVC_COUNTER_SCHEMA_CACHE_HITS, 1);
+    } else {
+        svc_metrics_add(SVC_COUNTER_SCHEMA_COMPILES, 1);
+        svc_metrics_observe(SVC_HIST_SCHEMA_COMPILE, info.compile_s);
+    }
+    size_t entries, bytes;
+    svc_schema_cache_usage(w->schemas, &entries, &bytes);
+    svc_metrics_set(SVC_GAUGE_SCHEMA_CACHE_BYTES, (double)bytes);
+    return SVC_ERROR_NONE;
 }
 
 /* A job back from the step thread: the runtime ended it with
@@ -415,6 +448,8 @@ static void prepare(svc_worker *w, job *j)
     }
     if ((j->req->adapter &&
          (code = ensure_adapter(w, j->req->adapter, msg, sizeof msg)) != SVC_ERROR_NONE) ||
+        /* The schema before the images: a refused one costs no decoding. */
+        (code = prepare_schema(w, j, msg, sizeof msg)) != SVC_ERROR_NONE ||
         (code = prepare_images(w, j, msg, sizeof msg)) != SVC_ERROR_NONE ||
         (code = build_prompt(w, j, msg, sizeof msg)) != SVC_ERROR_NONE) {
         worker_reply_error(w, j, code, msg);

@@ -210,6 +210,18 @@ static void test_types(void)
     ACCEPTS(g, "[]");
     REFUSES(g, "\"a\"", 2);
     ml_grammar_unref(g);
+
+    /* Keywords JSON Schema does not define are annotations, ignored as a
+     * validator ignores them: a vendor's, OpenAPI's nullable, a misspelt
+     * additionalProperties. */
+    g = compile("{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", "
+                "\"nullable\": true, \"x-kubernetes-patch-merge-key\": \"name\"}}, "
+                "\"additonalProperties\": false}",
+                __LINE__);
+    ACCEPTS(g, "{\"a\": \"s\"}");
+    ACCEPTS(g, "{\"a\": \"s\", \"b\": 1}");
+    REFUSES(g, "{\"a\": null}", 6);
+    ml_grammar_unref(g);
 }
 
 static void test_scalars(void)
@@ -711,7 +723,14 @@ static void test_refusals(void)
     REFUSED("{\"properties\": {\"tags\": {\"uniqueItems\": true}}}", ML_ERR_UNSUPPORTED,
             "uniqueItems", "/properties/tags");
     REFUSED("{\"minProperties\": 1}", ML_ERR_UNSUPPORTED, "minProperties");
-    REFUSED("{\"items\": {\"foo\": 1}}", ML_ERR_UNSUPPORTED, "'foo'", "/items");
+    REFUSED("{\"items\": {\"divisibleBy\": 2}}", ML_ERR_UNSUPPORTED, "divisibleBy", "/items");
+    /* A lexeme's refusal says where in the schema it is. */
+    REFUSED("{\"properties\": {\"s\": {\"pattern\": \"(a)\\\\1\"}}}", ML_ERR_UNSUPPORTED,
+            "at /properties/s: pattern", "backreference");
+    REFUSED("{\"patternProperties\": {\"(?=a)\": {}}}", ML_ERR_UNSUPPORTED,
+            "at /patternProperties", "lookaround");
+    REFUSED("{\"items\": {\"format\": \"color\"}}", ML_ERR_UNSUPPORTED, "at /items: format",
+            "color");
     REFUSED("{\"if\": {}, \"then\": {}}", ML_ERR_UNSUPPORTED, "'if'");
     REFUSED("{\"$ref\": \"other.json#/a\"}", ML_ERR_UNSUPPORTED, "$ref");
     REFUSED("{\"$ref\": \"#anchor\"}", ML_ERR_UNSUPPORTED, "$ref");

@@ -56,6 +56,15 @@ static void check_request(const svc_request *req, const svc_limits *lim)
     require(text == req->n_text_bytes);
     require(!req->date_string ||
             svc_valid_date_string(req->date_string, strlen(req->date_string)));
+    /* A json_schema is kept as JSON text within the bound, with a name. */
+    if (req->json_schema) {
+        require(!req->json_object && req->json_schema_name && req->json_schema_name[0]);
+        require(strlen(req->json_schema) == req->json_schema_len &&
+                req->json_schema_len <= lim->max_schema_bytes);
+        cJSON *schema = cJSON_ParseWithLength(req->json_schema, req->json_schema_len);
+        require(cJSON_IsObject(schema) || cJSON_IsBool(schema));
+        cJSON_Delete(schema);
+    }
     for (size_t i = 0; i < req->n_images; i++) {
         const svc_image *im = &req->images[i];
         if (im->kind == SVC_IMAGE_INLINE)
@@ -96,6 +105,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     lim.max_images = 3;
     lim.max_image_bytes = 4096;
     lim.max_id_bytes = 64;
+    lim.max_schema_bytes = 1024;
 
     svc_request_input in = {
         .value = data + 1,

@@ -4,7 +4,8 @@
  * and any other value is refused with an error naming the key and the two
  * values; model.weights takes "stored" (the default) or "fp8" (quantize at
  * load), and model.fp8_activations "bf16" (the default, W8A16) or "fp8"
- * (W8A8), likewise. */
+ * (W8A8), likewise. The structured-output limits have their defaults and
+ * ranges. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,11 +110,39 @@ static void test_weights(void)
           "model.fp8_activations=int8 refused: %s", rc ? err : "accepted");
 }
 
+/* The structured-output limits: the embedded defaults (README.md
+ * "Configuration"), and each key's range named when refused. */
+static void test_schema_limits(void)
+{
+    svc_config cfg;
+    char err[512];
+    check(load(&cfg, NULL, NULL, err, sizeof err) == 0 &&
+              cfg.limits.max_schema_bytes == 262144 && cfg.limits.max_schema_states == 200000 &&
+              cfg.limits.max_schema_compile_ms == 2000 && cfg.limits.schema_cache_entries == 256 &&
+              cfg.limits.schema_cache_bytes == 268435456L,
+          "schema limits: the defaults of config/local.json: %s", err);
+    check(load(&cfg, NULL, "limits.schema_cache_entries=0", err, sizeof err) == 0 &&
+              cfg.limits.schema_cache_entries == 0,
+          "a cache of no entries (every request compiles): %s", err);
+    static const char *const refused[] = {
+        "limits.max_schema_bytes=8",          "limits.max_schema_bytes=1000000000",
+        "limits.max_schema_states=0",         "limits.max_schema_compile_ms=0",
+        "limits.schema_cache_entries=100000", "limits.schema_cache_bytes=-1",
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "%.*s", (int)strcspn(refused[i], "="), refused[i]);
+        check(load(&cfg, NULL, refused[i], err, sizeof err) != 0 && strstr(err, key),
+              "%s refused naming the key: %s", refused[i], err);
+    }
+}
+
 int main(void)
 {
     unsetenv(ENV);
     test_values();
     test_refused();
     test_weights();
+    test_schema_limits();
     return check_done();
 }
