@@ -640,7 +640,7 @@ static bool schema_merge_into(schema_compiler *sc, cJSON *m, const cJSON *src, i
     bool members = false;
     for (const cJSON *v = src->child; v; v = v->next) {
         const schema_kw *kw = schema_keyword(v->string);
-        if (kw->cls == KW_ANNOTATION)
+        if (!kw || kw->cls == KW_ANNOTATION) /* unknown: an annotation (schema_check) */
             continue;
         if (!strcmp(v->string, "properties") || !strcmp(v->string, "additionalProperties")) {
             members = true;
