@@ -213,8 +213,9 @@ static ml_fsm *schema_string(schema_compiler *sc, const cJSON *node)
     return a;
 }
 
-/* True when node's keywords other than annotations are the type keyword,
- * equal to type, and those named in also (NULL-terminated). */
+/* True when node's keywords other than annotations (schema_check's: the
+ * table's and unknown ones) are the type keyword, equal to type, and those
+ * named in also (NULL-terminated). */
 static bool only_keywords(const cJSON *node, const char *type, const char *const *also)
 {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(node, "type");
@@ -225,7 +226,7 @@ static bool only_keywords(const cJSON *node, const char *type, const char *const
         bool listed = !strcmp(m->string, "type");
         for (const char *const *a = also; *a && !listed; a++)
             listed = !strcmp(m->string, *a);
-        if (!listed && (!kw || kw->cls != KW_ANNOTATION))
+        if (!listed && kw && kw->cls != KW_ANNOTATION) /* unknown: an annotation */
             return false;
     }
     return true;
@@ -262,8 +263,10 @@ static bool string_refuses_nothing(schema_compiler *sc, const cJSON *node)
         return false;
     if (min > enforced_max(min, max))
         return true; /* no string: neither format nor pattern is read */
-    if (f && !ml_lex_format_check(sc->fc, f->valuestring))
+    if (f && !ml_lex_format_check(sc->fc, f->valuestring)) {
+        schema_locate(sc);
         return false;
+    }
     if (!p)
         return true;
     /* Whether regex.h takes the pattern, apart from the compilation. */
@@ -272,6 +275,20 @@ static bool string_refuses_nothing(schema_compiler *sc, const cJSON *node)
     ml_fsm_free(a);
     ml_fsm_ctx_destroy(scratch);
     return a != NULL;
+}
+
+static bool refuses_nothing(schema_compiler *sc, const cJSON *node);
+
+/* refuses_nothing of node's key (its pointer pushed as compiling does). */
+static bool refuses_nothing_at(schema_compiler *sc, const cJSON *node, const char *key,
+                               const char *name)
+{
+    size_t at = schema_pointer_push(sc, key, 0);
+    if (name)
+        schema_pointer_push(sc, name, 0);
+    bool r = refuses_nothing(sc, node);
+    schema_pointer_pop(sc, at);
+    return r;
 }
 
 /* True when compiling node refuses nothing (bounds aside), walked in the
@@ -291,7 +308,8 @@ static bool refuses_nothing(schema_compiler *sc, const cJSON *node)
     if (only_keywords(node, "string", string_kw))
         return string_refuses_nothing(sc, node);
     if (only_keywords(node, "array", array_kw))
-        return refuses_nothing(sc, cJSON_GetObjectItemCaseSensitive(node, "items"));
+        return refuses_nothing_at(sc, cJSON_GetObjectItemCaseSensitive(node, "items"), "items",
+                                  NULL);
     if (!only_keywords(node, "object", object_kw))
         return false;
     /* members_init's checks, then the values in order. */
@@ -309,7 +327,7 @@ static bool refuses_nothing(schema_compiler *sc, const cJSON *node)
             if (!strcmp(p->string, q->string))
                 return false;
     for (const cJSON *p = props ? props->child : NULL; p; p = p->next)
-        if (!refuses_nothing(sc, p))
+        if (!refuses_nothing_at(sc, p, "properties", p->string))
             return false;
     return true;
 }
