@@ -631,6 +631,7 @@ static void schema_compiler_deinit(schema_compiler *sc)
         ml_fsm_free(sc->machines[i].fsm);
     free(sc->machines);
     ml_fsm_free(sc->any_regular);
+    cJSON_Delete(sc->merge_kept);
 }
 
 ml_status ml_grammar_compile_schema(const char *text, size_t len, const ml_schema_limits *lim,

@@ -67,6 +67,7 @@ typedef struct schema_compiler {
     ml_fsm_ctx *fc;     /* borrowed: the context; its error is the compile's */
     uint32_t max_states; /* the limits' bound, also on the grammar's total */
     double deadline_ms;  /* the context's (0: none), for a scratch context */
+    cJSON *merge_kept;   /* owned: values merged keywords replaced (schema_combine.c) */
     const cJSON *root;  /* borrowed: the schema document */
     schema_target *targets;
     size_t n_targets, cap_targets;
