@@ -167,8 +167,6 @@ static bool schema_exact(schema_compiler *sc, const cJSON *node, int depth)
     static const char *const lists[] = {"prefixItems", "items", "anyOf", "allOf"};
     for (const cJSON *m = node->child; m; m = m->next) {
         const schema_kw *kw = schema_keyword(m->string);
-        if (!kw)
-            return false;
         if (kw->cls == KW_ANNOTATION)
             continue;
         constrained = true;
@@ -237,7 +235,7 @@ static const cJSON *schema_deref(schema_compiler *sc, const cJSON *node)
             const schema_kw *kw = schema_keyword(m->string);
             if (!strcmp(m->string, "$ref"))
                 ref = m;
-            else if (!kw || kw->cls != KW_ANNOTATION)
+            else if (kw->cls != KW_ANNOTATION)
                 return node;
         }
         if (!cJSON_IsString(ref))
@@ -418,13 +416,26 @@ static cJSON *schema_all_of_pair(const cJSON *a, const cJSON *b)
     return o;
 }
 
-static bool schema_set(cJSON *m, const char *key, cJSON *v)
+/* Set m's key to v (taken). The value it replaces is not freed but kept in
+ * sc->replaced until the compilation ends: merged values (allOf pairs,
+ * aliases of members) may refer to it. */
+static bool schema_set(schema_compiler *sc, cJSON *m, const char *key, cJSON *v)
 {
     if (!v)
         return false;
-    if (cJSON_GetObjectItemCaseSensitive(m, key))
-        return cJSON_ReplaceItemInObjectCaseSensitive(m, key, v);
-    return cJSON_AddItemToObject(m, key, v);
+    cJSON *old = cJSON_DetachItemFromObjectCaseSensitive(m, key);
+    if (old && !sc->replaced)
+        sc->replaced = cJSON_CreateArray();
+    if (old && (!sc->replaced || !cJSON_AddItemToArray(sc->replaced, old))) {
+        cJSON_AddItemToObject(m, key, old); /* back where it was: m stays whole */
+        cJSON_Delete(v);
+        return false;
+    }
+    if (!cJSON_AddItemToObject(m, key, v)) {
+        cJSON_Delete(v);
+        return false;
+    }
+    return true;
 }
 
 /* A node standing for v without copying it: a reference to its members
@@ -481,14 +492,14 @@ static bool schema_merge_members(schema_compiler *sc, cJSON *m, const cJSON *src
     const cJSON *sa = cJSON_GetObjectItemCaseSensitive(src, "additionalProperties");
     bool ok = true;
     if (ma && sa)
-        ok = schema_set(m, "additionalProperties", schema_all_of_pair(ma, sa));
+        ok = schema_set(sc, m, "additionalProperties", schema_all_of_pair(ma, sa));
     else if (sa)
-        ok = schema_set(m, "additionalProperties", schema_alias(sa));
+        ok = schema_set(sc, m, "additionalProperties", schema_alias(sa));
     if (!ok) {
         cJSON_Delete(props);
         return schema_nomem(sc);
     }
-    return schema_set(m, "properties", props) || schema_nomem(sc);
+    return schema_set(sc, m, "properties", props) || schema_nomem(sc);
 }
 
 /* A numeric keyword both sides give: the stricter one (larger for lower
@@ -503,7 +514,7 @@ static bool schema_merge_bound(schema_compiler *sc, cJSON *m, const cJSON *v, bo
     }
     double keep = lower ? fmax(old->valuedouble, v->valuedouble)
                         : fmin(old->valuedouble, v->valuedouble);
-    return schema_set(m, v->string, cJSON_CreateNumber(keep)) || schema_nomem(sc);
+    return schema_set(sc, m, v->string, cJSON_CreateNumber(keep)) || schema_nomem(sc);
 }
 
 static cJSON *schema_type_array(unsigned set)
@@ -551,7 +562,7 @@ static bool schema_merge_key(schema_compiler *sc, cJSON *m, const cJSON *v, int 
         return true;
     }
     if (!old) {
-        return schema_set(m, k, schema_alias(v)) || schema_nomem(sc);
+        return schema_set(sc, m, k, schema_alias(v)) || schema_nomem(sc);
     }
     if (cJSON_Compare(old, v, true))
         return true;
@@ -559,7 +570,7 @@ static bool schema_merge_key(schema_compiler *sc, cJSON *m, const cJSON *v, int 
         unsigned a = schema_types(sc, m), b = schema_type_set(sc, v);
         if (!a || !b)
             return false;
-        return schema_set(m, "type", schema_type_array(a & b)) || schema_nomem(sc);
+        return schema_set(sc, m, "type", schema_type_array(a & b)) || schema_nomem(sc);
     }
     if (!strcmp(k, "required")) {
         if (!cJSON_IsArray(v)) {
@@ -574,7 +585,7 @@ static bool schema_merge_key(schema_compiler *sc, cJSON *m, const cJSON *v, int 
             if (!have)
                 cJSON_AddItemToArray(req, cJSON_Duplicate(e, true));
         }
-        return schema_set(m, k, req) || schema_nomem(sc);
+        return schema_set(sc, m, k, req) || schema_nomem(sc);
     }
     if (!strcmp(k, "minimum") || !strcmp(k, "minLength") || !strcmp(k, "minItems") ||
         (!strcmp(k, "exclusiveMinimum") && cJSON_IsNumber(v)))
@@ -583,9 +594,9 @@ static bool schema_merge_key(schema_compiler *sc, cJSON *m, const cJSON *v, int 
         (!strcmp(k, "exclusiveMaximum") && cJSON_IsNumber(v)))
         return schema_merge_bound(sc, m, v, false);
     if (!strcmp(k, "items") && cJSON_IsObject(v) && cJSON_IsObject(old))
-        return schema_set(m, k, schema_all_of_pair(old, v)) || schema_nomem(sc);
+        return schema_set(sc, m, k, schema_all_of_pair(old, v)) || schema_nomem(sc);
     if (!strcmp(k, "additionalItems") || !strcmp(k, "propertyNames"))
-        return schema_set(m, k, schema_all_of_pair(old, v)) || schema_nomem(sc);
+        return schema_set(sc, m, k, schema_all_of_pair(old, v)) || schema_nomem(sc);
     if (!strcmp(k, "anyOf")) {
         /* A ∩ (B1 ∪ ...) ∩ (C1 ∪ ...) = ∪ (A ∩ Bi ∩ Cj). */
         if (!cJSON_IsArray(v) || !cJSON_IsArray(old)) {
@@ -600,7 +611,7 @@ static bool schema_merge_key(schema_compiler *sc, cJSON *m, const cJSON *v, int 
         for (const cJSON *a = old->child; prod && a; a = a->next)
             for (const cJSON *b = v->child; b; b = b->next)
                 cJSON_AddItemToArray(prod, schema_all_of_pair(a, b));
-        return schema_set(m, k, prod) || schema_nomem(sc);
+        return schema_set(sc, m, k, prod) || schema_nomem(sc);
     }
     schema_refuse(sc, ML_ERR_UNSUPPORTED, k,
                   "given twice with different values in an allOf with recursive parts");
@@ -620,7 +631,7 @@ static bool schema_merge_into(schema_compiler *sc, cJSON *m, const cJSON *src, i
     }
     if (cJSON_IsBool(src)) {
         return cJSON_IsTrue(src) ||
-               schema_set(m, "type", cJSON_CreateArray()) || schema_nomem(sc);
+               schema_set(sc, m, "type", cJSON_CreateArray()) || schema_nomem(sc);
     }
     if (!cJSON_IsObject(src)) {
         schema_refuse(sc, ML_ERR_INVALID_ARG, "allOf", "a branch is not a schema");

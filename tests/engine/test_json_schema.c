@@ -529,6 +529,18 @@ static void test_enum_const(void)
 
 static void test_combinators(void)
 {
+    /* allOf of three objects with recursive values: the second merge
+     * replaces the merged member list the first made, which the merged
+     * members still refer to (a use after free, found on the benchmark). */
+    ml_grammar *merged = compile(
+        "{\"definitions\": {\"a\": {\"properties\": {\"x\": {}}}, \"b\": {\"properties\": "
+        "{\"x\": {}}}, \"c\": {\"properties\": {}}}, \"properties\": {\"rules\": {\"allOf\": "
+        "[{\"$ref\": \"#/definitions/a\"}, {\"$ref\": \"#/definitions/b\"}, {\"$ref\": "
+        "\"#/definitions/c\"}]}}}",
+        __LINE__);
+    ACCEPTS(merged, "{\"rules\": {\"x\": [1, {\"y\": null}]}}");
+    ml_grammar_unref(merged);
+
     ml_grammar *g = compile("{\"anyOf\": [{\"type\": \"string\"}, {\"type\": \"integer\"}]}",
                             __LINE__);
     ACCEPTS(g, "\"s\"");
