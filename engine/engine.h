@@ -6,7 +6,8 @@
  * a tensor-parallel group when asked), its tokenizer and image parameters,
  * and the runtime that schedules requests on it. The types of the calls a
  * caller then makes (runtime submit, tokenizer, chat template, image
- * preprocessing, sampling controls) come with the headers included below.
+ * preprocessing, sampling controls, JSON Schema grammars) come with the
+ * headers included below.
  * @locality: open and close on the thread that will drive the runtime (the
  * runtime's own contract: runtime/runtime.h); the accessors and request
  * builders on any thread (what they read is immutable once open). */
@@ -16,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "grammar/grammar.h" /* JSON Schema grammars: the caller compiles and caches them */
 #include "image/image.h"
 #include "list.h" /* the engine's intrusive list, for the caller's registries too */
 #include "image/prepare.h"

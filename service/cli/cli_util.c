@@ -110,3 +110,20 @@ int svc_parse_double(const char *cmd, const char *opt, const char *s, double lo,
     *out = v;
     return 0;
 }
+
+void svc_put_json_string(FILE *out, const char *s, size_t n)
+{
+    fputc('"', out);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            fprintf(out, "\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", out);
+        else if (c < 0x20)
+            fprintf(out, "\\u%04x", c);
+        else
+            fputc(c, out);
+    }
+    fputc('"', out);
+}

@@ -1,11 +1,12 @@
-/* Small helpers shared by the CLI subcommands: whole-file reads, .npy output
- * and strict number parsing. Errors are printed to stderr prefixed with the
+/* Small helpers shared by the CLI subcommands: whole-file reads, .npy output,
+ * strict number parsing and JSON string output. Errors are printed to stderr prefixed with the
  * command name. @locality: the main thread. */
 #ifndef SVC_CLI_UTIL_H
 #define SVC_CLI_UTIL_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* The whole file at path, NUL-terminated (the NUL is not counted in *len),
  * at most max_bytes. Owned by the caller (free). NULL on error, printed. */
@@ -21,5 +22,9 @@ int svc_write_npy_f32(const char *cmd, const char *path, const float *data, int 
 int svc_parse_long(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
 int svc_parse_double(const char *cmd, const char *opt, const char *s, double lo, double hi,
                      double *out);
+
+/* Write s[0..n) to out as a JSON string, quotes included: quote, backslash
+ * and control bytes escaped, every other byte (UTF-8) as is. */
+void svc_put_json_string(FILE *out, const char *s, size_t n);
 
 #endif
