@@ -1,4 +1,4 @@
-/* JSON mode (engine/runtime/json_mode.h) over the real Llama 3 vocabulary:
+/* JSON mode (engine/grammar/json_mode.h) over the real Llama 3 vocabulary:
  *   1. the recognizer fed byte by byte (through the single-byte tokens) over
  *      valid objects (accepted, complete exactly at the end) and invalid
  *      texts (refused at the right byte, the state unchanged);
