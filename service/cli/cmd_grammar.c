@@ -66,51 +66,6 @@ typedef struct grammar_ctx {
     ml_token_buf ids;
 } grammar_ctx;
 
-static const char *skip_ws(const char *p, const char *end)
-{
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
-        p++;
-    return p;
-}
-
-/* The text of the "schema" member's value in the object line[0..len), as it
- * appears there (so the compiler sees the schema's own numbers, not cJSON's
- * doubles): *start and *n. cJSON parses every key and value; this only
- * steps over the punctuation between them. The line is already known to be
- * a valid JSON object. Returns false when there is no such member. */
-static bool schema_span(const char *line, size_t len, const char **start, size_t *n)
-{
-    const char *end = line + len, *p = skip_ws(line, end);
-    if (p == end || *p != '{')
-        return false;
-    p = skip_ws(p + 1, end);
-    while (p < end && *p == '"') {
-        const char *after;
-        cJSON *key = cJSON_ParseWithLengthOpts(p, (size_t)(end - p), &after, 0);
-        bool is_schema = cJSON_IsString(key) && !strcmp(key->valuestring, "schema");
-        cJSON_Delete(key);
-        if (!after)
-            return false;
-        p = skip_ws(after, end);
-        if (p == end || *p != ':')
-            return false;
-        const char *value = skip_ws(p + 1, end);
-        cJSON *v = cJSON_ParseWithLengthOpts(value, (size_t)(end - value), &after, 0);
-        cJSON_Delete(v);
-        if (!v || !after)
-            return false;
-        if (is_schema) {
-            *start = value;
-            *n = (size_t)(after - value);
-            return true;
-        }
-        p = skip_ws(after, end);
-        if (p < end && *p == ',')
-            p = skip_ws(p + 1, end);
-    }
-    return false;
-}
-
 static void put_refusal(const char *error, double compile_us)
 {
     fputs("{\"compiled\":false,\"error\":", stdout);
@@ -162,7 +117,7 @@ static bool run_line(grammar_ctx *c, const char *line, size_t len)
     const char *schema;
     size_t schema_len;
     bool ok = cJSON_IsObject(doc) && cJSON_IsArray(tests) &&
-              schema_span(line, len, &schema, &schema_len);
+              svc_json_member_span(line, len, "schema", &schema, &schema_len);
     for (const cJSON *t = ok ? tests->child : NULL; ok && t; t = t->next)
         ok = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(t, "text"));
     if (!ok) {
