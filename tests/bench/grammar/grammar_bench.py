@@ -193,6 +193,24 @@ def table(names, scored):
     return "\n".join(out)
 
 
+def strata_table(corpus, names, results):
+    """Schemas passing per stratum, per engine."""
+    strata = sorted({row["stratum"] for row in corpus})
+    out = ["| stratum | schemas | " + " | ".join(names) + " |", "|:--|--:|" + "--:|" * len(names)]
+    for st in strata:
+        idx = [i for i, row in enumerate(corpus) if row["stratum"] == st]
+        cells = []
+        for res in results:
+            cells.append(str(sum(1 for i in idx if passes(corpus[i], res[i]))))
+        out.append(f"| {st} | {len(idx)} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def passes(row, res):
+    return bool(res.get("compiled")) and all(
+        want["valid"] == got["accepted"] for want, got in zip(row["tests"], res["tests"]))
+
+
 def ratios(a, b, name_a, name_b):
     (sa, ca, ma), (sb, cb, mb) = a, b
     parts = [f"passing {sa['passing']}/{sb['passing']} = {sa['passing'] / max(sb['passing'], 1):.2f}"]
@@ -201,7 +219,7 @@ def ratios(a, b, name_a, name_b):
                         ("mask p50", percentile(ma, 50), percentile(mb, 50)),
                         ("mask p99", percentile(ma, 99), percentile(mb, 99)),
                         ("mask max", max(ma, default=0), max(mb, default=0))]:
-        parts.append(f"{label} {x / y:.2f}x" if y else f"{label} -")
+        parts.append(f"{label} {x / y:.3g}x" if y else f"{label} -")
     return f"{name_a} / {name_b}: " + "; ".join(parts)
 
 
@@ -213,7 +231,8 @@ ANNOTATIONS = {"title", "description", "examples", "default", "$schema", "$id", 
 
 def refusal_key(msg):
     """Group compile refusals by their wording without pointers and numbers."""
-    m = re.sub(r" at (/\S*|'[^']*'|\"[^\"]*\")", "", msg)
+    m = msg.split("\n")[0]
+    m = re.sub(r" at (/\S*|'[^']*'|\"[^\"]*\")", "", m)
     m = re.sub(r"\d+", "N", m)
     return m[:120]
 
@@ -251,7 +270,9 @@ def path_at(text, offset):
             elif stack:
                 stack[-1][2] = True
         i += 1
-    return [s[1] for s in stack if s[1] is not None]
+    # A key written but not yet followed by ':' is the object's business,
+    # not its value's.
+    return [s[1] for s in stack if s[1] is not None and not (s[0] == "o" and s[2])]
 
 
 def resolve_ref(root, sch):
@@ -383,6 +404,8 @@ def cmd_report(args):
     print(f"{len(corpus)} schemas, {n_tests} instances ({n_valid} valid, "
           f"{n_tests - n_valid} invalid)\n")
     print(table(names, scored))
+    print("\nSchemas passing per stratum:\n")
+    print(strata_table(corpus, names, results))
     if len(names) >= 2:
         print("\n" + ratios(scored[0], scored[1], names[0], names[1]))
         mismatch = sum(1 for a, b in zip(results[0], results[1])
