@@ -1,6 +1,7 @@
 /* Byte automata (fsm.h): the context and its bounds, the representation,
- * the atoms, inspection, and the trimming and minimisation every operation
- * ends with. The compositions are in fsm_ops.c. */
+ * the atoms, inspection, and the trimming and quotient every operation ends
+ * with. The compositions are in fsm_ops.c, the equivalence classes of
+ * minimisation in fsm_min.c. */
 #include "grammar/fsm.h"
 
 #include <stdarg.h>
@@ -341,73 +342,6 @@ out:
     return ok;
 }
 
-/* The signature of live state s under the partition cls: its old class,
- * acceptance and tags, then its edges to live states with targets replaced
- * by classes, adjacent ranges into one class merged. Written to sig (room
- * for 3 + 3 * edges); returns its length. */
-static uint32_t signature(const ml_fsm *a, const uint8_t *live, const uint32_t *cls, uint32_t s,
-                          uint32_t *sig)
-{
-    uint32_t len = 0;
-    sig[len++] = cls[s];
-    sig[len++] = a->accept[s];
-    sig[len++] = a->tags[s];
-    for (uint32_t e = a->first[s]; e < a->first[s + 1]; e++) {
-        const ml_fsm_edge *ed = &a->edges[e];
-        if (!live[ed->to])
-            continue;
-        uint32_t k = cls[ed->to];
-        if (len > 3 && sig[len - 1] == k && sig[len - 2] + 1 == ed->lo) {
-            sig[len - 2] = ed->hi;
-            continue;
-        }
-        sig[len++] = ed->lo;
-        sig[len++] = ed->hi;
-        sig[len++] = k;
-    }
-    return len;
-}
-
-/* Moore's refinement: classes of live states until no round splits one.
- * cls (n_states) receives them. False (latched) on memory or deadline. */
-static bool refine(ml_fsm_ctx *c, const ml_fsm *a, const uint8_t *live, uint32_t *cls)
-{
-    uint32_t n = a->n_states, max_edges = 0;
-    for (uint32_t s = 0; s < n; s++) {
-        cls[s] = 0;
-        if (a->first[s + 1] - a->first[s] > max_edges)
-            max_edges = a->first[s + 1] - a->first[s];
-    }
-    uint32_t *sig = malloc(((size_t)max_edges * 3 + 3) * sizeof *sig);
-    uint32_t *next = malloc((size_t)n * sizeof *next);
-    fsm_seqset set = {0};
-    bool ok = sig && next;
-    if (!ok)
-        fsm_nomem(c);
-    uint32_t n_classes = 1;
-    while (ok) {
-        fsm_seqset_clear(&set);
-        for (uint32_t s = 0; s < n && ok; s++) {
-            if (!live[s])
-                continue;
-            bool added;
-            uint32_t len = signature(a, live, cls, s, sig);
-            next[s] = fsm_seqset_put(c, &set, sig, len, &added);
-            ok = next[s] != FSM_NONE && fsm_tick(c);
-        }
-        if (!ok)
-            break;
-        memcpy(cls, next, (size_t)n * sizeof *cls);
-        if (set.n == n_classes)
-            break;
-        n_classes = set.n;
-    }
-    free(sig);
-    free(next);
-    fsm_seqset_deinit(&set);
-    return ok;
-}
-
 /* The empty language: one start state, no edges. */
 static ml_fsm *empty_language(ml_fsm_ctx *c)
 {
@@ -485,7 +419,7 @@ ml_fsm *fsm_finish(ml_fsm_ctx *c, ml_fsm *a)
     else if (mark_live(c, a, live)) {
         if (!live[0])
             r = empty_language(c);
-        else if (refine(c, a, live, cls))
+        else if (fsm_classes(c, a, live, cls))
             r = quotient(c, a, live, cls);
     }
     free(live);

@@ -58,6 +58,11 @@ void fsm_seal(ml_fsm *a);
  * edges in symbol order) automaton of a's language. Takes ownership of a. */
 ml_fsm *fsm_finish(ml_fsm_ctx *c, ml_fsm *a);
 
+/* The classes of the live states of a (live[s] set) under language and
+ * tag equivalence, numbered below n_states, into cls (n_states; entries of
+ * dead states undefined). False (latched) on memory or deadline. */
+bool fsm_classes(ml_fsm_ctx *c, const ml_fsm *a, const uint8_t *live, uint32_t *cls);
+
 /* Count one unit of work; false (latched ML_ERR_TOO_LARGE) past the
  * context's deadline, or when the context already failed. */
 bool fsm_tick(ml_fsm_ctx *c);

@@ -42,6 +42,7 @@ struct ml_grammar_mask_cache {
     uint32_t *entry;  /* owned (SLOTS): the entry of the slot's key */
     uint64_t *masks;  /* owned (ENTRIES, n_words), allocated at the first insert */
     uint32_t *counts; /* owned (ENTRIES): bits set in each mask */
+    uint16_t *budget; /* owned (n_states), allocated at the first string: BUDGET_* */
 };
 
 ml_grammar *ml_grammar_alloc(uint32_t n_states, uint32_t n_classes, uint32_t n_calls)
@@ -78,6 +79,7 @@ static void mask_cache_destroy(ml_grammar_mask_cache *c)
     free(c->entry);
     free(c->masks);
     free(c->counts);
+    free(c->budget);
     free(c);
 }
 
@@ -153,11 +155,16 @@ static bool grammar_is_ws(uint8_t b)
  * when b is refused. Frames pushed go to fr's arena, which has room for
  * ML_GRAMMAR_MAX_DEPTH more than fr->n (a byte enters at most that many
  * calls). */
-static bool grammar_step(const ml_grammar *g, gpos *p, gframes *fr, uint8_t b)
+static inline bool grammar_step(const ml_grammar *g, gpos *p, gframes *fr, uint8_t b)
 {
     uint32_t cls = g->byte_class[b];
     for (;;) {
         uint32_t e = g->next[(size_t)p->cur * g->n_classes + cls];
+        if (e < g->n_states && p->depth == 0 && !grammar_is_ws(b)) { /* the common case */
+            p->ws = 0;
+            p->cur = e;
+            return true;
+        }
         if (e == ML_GRAMMAR_DEAD) {
             if (!(g->flags[p->cur] & ML_GRAMMAR_ACCEPT) || p->depth == 0)
                 return false;
@@ -196,12 +203,11 @@ static bool grammar_step(const ml_grammar *g, gpos *p, gframes *fr, uint8_t b)
 
 /* ---- per-sequence state ---------------------------------------------------- */
 
-/* One level of the mask walk: the position after the path to a trie node,
- * the node's children still to scan, and the arena length on arrival (the
- * frames above it belong to deeper levels). */
+/* One level of the mask walk: the position after the path to a trie node
+ * at that depth, and the arena length after it (the frames above belong to
+ * the deeper levels, dropped when the walk moves to a sibling). */
 typedef struct glevel {
     gpos pos;
-    uint32_t next, end;
     uint32_t n_frames;
 } glevel;
 
@@ -331,9 +337,300 @@ ml_status ml_grammar_state_accept(ml_grammar_state *s, int32_t token, char *err,
     return ML_OK;
 }
 
+/* Complete when the value being read may end here and so may every caller's
+ * after it: the returns the next byte would take (grammar_internal.h) lead
+ * to an accepting state of machine 0. The document's last value is often a
+ * call (a recursive $ref, or any value, at the top). */
 int ml_grammar_state_complete(const ml_grammar_state *s)
 {
-    return s->depth == 0 && (s->g->flags[s->cur] & ML_GRAMMAR_ACCEPT);
+    if (!(s->g->flags[s->cur] & ML_GRAMMAR_ACCEPT))
+        return 0;
+    for (unsigned d = s->depth; d-- > 0;)
+        if (!(s->g->flags[s->stack[d]] & ML_GRAMMAR_ACCEPT))
+            return 0;
+    return 1;
+}
+
+/* ---- strings under a length at most ---------------------------------------- */
+
+/* Fibonacci hashing: the high bits mix every bit of the key. */
+static uint32_t grammar_hash(uint64_t key)
+{
+    return (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 32);
+}
+
+/* Most strings of a schema are plain (a name, an address, a description),
+ * or plain with a maxLength: between their characters every token that
+ * stays inside the string is allowed if it begins no more characters than
+ * are left, so a walk would visit most of the trie for a verdict known in
+ * advance. These verdicts, from between two characters of a string written
+ * in lexemes.h's one form per character, are decided once per vocabulary by
+ * the number of characters a token begins (canon_upto), and a state that
+ * behaves exactly like that point with a budget of characters (string_budget)
+ * walks only the subtrees where a token leaves the string. The reference is
+ * this automaton: */
+enum {
+    CANON_CHAR,  /* between characters */
+    CANON_ESC,   /* after \ */
+    CANON_U,     /* after \u: 0 */
+    CANON_U0,    /* after \u0: 0 or 1 */
+    CANON_U00,   /* after \u00: a control without a short escape */
+    CANON_U01,   /* after \u01: any lower-case hex digit */
+    CANON_CONT1, /* UTF-8: one continuation byte to come */
+    CANON_CONT2,
+    CANON_CONT3,
+    CANON_E0,    /* after E0: A0-BF (no overlong form) */
+    CANON_ED,    /* after ED: 80-9F (no surrogate) */
+    CANON_F0,    /* after F0: 90-BF (no overlong form) */
+    CANON_F4,    /* after F4: 80-8F (nothing past U+10FFFF) */
+    CANON_N,
+    CANON_DEAD = CANON_N,
+    CANON_EXIT, /* the closing quote */
+};
+
+static bool canon_cont(uint8_t b)
+{
+    return b >= 0x80 && b <= 0xbf;
+}
+
+static uint8_t canon_step(uint8_t c, uint8_t b)
+{
+    switch (c) {
+    case CANON_CHAR:
+        if (b == '"')
+            return CANON_EXIT;
+        if (b == '\\')
+            return CANON_ESC;
+        if (b >= 0x20 && b < 0x80)
+            return CANON_CHAR;
+        if (b >= 0xc2 && b <= 0xdf)
+            return CANON_CONT1;
+        if (b == 0xe0)
+            return CANON_E0;
+        if (b == 0xed)
+            return CANON_ED;
+        if (b >= 0xe1 && b <= 0xef)
+            return CANON_CONT2;
+        if (b == 0xf0)
+            return CANON_F0;
+        if (b == 0xf4)
+            return CANON_F4;
+        if (b >= 0xf1 && b <= 0xf3)
+            return CANON_CONT3;
+        return CANON_DEAD;
+    case CANON_ESC:
+        if (b == 'u')
+            return CANON_U;
+        return strchr("\"\\bfnrt", b) && b ? CANON_CHAR : CANON_DEAD;
+    case CANON_U:
+        return b == '0' ? CANON_U0 : CANON_DEAD;
+    case CANON_U0:
+        return b == '0' ? CANON_U00 : b == '1' ? CANON_U01 : CANON_DEAD;
+    case CANON_U00: /* \b \t \n \f \r (08, 09, 0a, 0c, 0d) have their short forms */
+        return (b >= '0' && b <= '7') || b == 'b' || b == 'e' || b == 'f' ? CANON_CHAR
+                                                                           : CANON_DEAD;
+    case CANON_U01:
+        return (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') ? CANON_CHAR : CANON_DEAD;
+    case CANON_CONT1:
+        return canon_cont(b) ? CANON_CHAR : CANON_DEAD;
+    case CANON_CONT2:
+        return canon_cont(b) ? CANON_CONT1 : CANON_DEAD;
+    case CANON_CONT3:
+        return canon_cont(b) ? CANON_CONT2 : CANON_DEAD;
+    case CANON_E0:
+        return b >= 0xa0 && b <= 0xbf ? CANON_CONT1 : CANON_DEAD;
+    case CANON_ED:
+        return b >= 0x80 && b <= 0x9f ? CANON_CONT1 : CANON_DEAD;
+    case CANON_F0:
+        return b >= 0x90 && b <= 0xbf ? CANON_CONT2 : CANON_DEAD;
+    case CANON_F4:
+        return b >= 0x80 && b <= 0x8f ? CANON_CONT2 : CANON_DEAD;
+    default:
+        return CANON_DEAD;
+    }
+}
+
+/* Per vocabulary: each token's characters begun inside a string when it
+ * stays there (the cumulative masks canon_upto), and the nodes whose
+ * subtree has a token leaving it. */
+ml_status ml_grammar_vocab_mark_strings(ml_json_vocab *v, char *err, size_t errlen)
+{
+    v->pre_closes = calloc(v->pre_n ? v->pre_n : 1, 1);
+    /* at[d] and begun[d]: the reference state after the path's first d
+     * bytes and the characters they begin; path[d]: the node at depth d;
+     * chars[id]: what the token begins (UINT16_MAX: does not stay inside). */
+    uint8_t *at = malloc(v->max_len + 1);
+    uint16_t *begun = malloc((v->max_len + 1) * sizeof *begun);
+    uint32_t *path = malloc((v->max_len + 1) * sizeof *path);
+    uint16_t *chars = malloc(v->n_vocab * sizeof *chars);
+    bool ok = v->pre_closes && at && begun && path && chars;
+    if (ok) {
+        memset(chars, 0xff, v->n_vocab * sizeof *chars);
+        at[0] = CANON_CHAR;
+        begun[0] = 0;
+        v->canon_max_chars = 0;
+        for (uint32_t i = 0; i < v->pre_n;) {
+            uint32_t d = v->pre_depth[i];
+            uint8_t c = canon_step(at[d - 1], v->pre_byte[i]);
+            path[d] = i;
+            if (c == CANON_EXIT)
+                for (uint32_t a = d; a > 0 && !v->pre_closes[path[a]]; a--)
+                    v->pre_closes[path[a]] = 1;
+            if (c >= CANON_N) {
+                i = v->pre_skip[i];
+                continue;
+            }
+            at[d] = c;
+            begun[d] = (uint16_t)(begun[d - 1] + (at[d - 1] == CANON_CHAR));
+            if (begun[d] > v->canon_max_chars && v->pre_tok[i] < v->pre_tok[i + 1])
+                v->canon_max_chars = begun[d];
+            for (uint32_t t = v->pre_tok[i]; t < v->pre_tok[i + 1]; t++)
+                chars[v->pre_ids[t]] = begun[d];
+            i++;
+        }
+        v->canon_upto = calloc(((size_t)v->canon_max_chars + 1) * v->n_words,
+                               sizeof *v->canon_upto);
+        ok = v->canon_upto != NULL;
+    }
+    if (ok) {
+        for (size_t id = 0; id < v->n_vocab; id++)
+            if (chars[id] != UINT16_MAX)
+                v->canon_upto[chars[id] * v->n_words + (id >> 6)] |= 1ull << (id & 63u);
+        for (size_t c = 1; c <= v->canon_max_chars; c++)
+            for (size_t w = 0; w < v->n_words; w++)
+                v->canon_upto[c * v->n_words + w] |= v->canon_upto[(c - 1) * v->n_words + w];
+    }
+    free(at);
+    free(begun);
+    free(path);
+    free(chars);
+    return ok ? ML_OK : ml_fail(err, errlen, ML_ERR_NOMEM, "grammar: out of memory for the trie");
+}
+
+/* The budget of a state, as string_budget finds it, remembered per grammar
+ * (ml_grammar_mask_cache.budget): unknown, not such a string, unbounded, or
+ * BUDGET_0 + the characters left. */
+enum { BUDGET_UNKNOWN, BUDGET_NONE, BUDGET_0 };
+#define BUDGET_UNBOUNDED UINT16_MAX
+/* Pairs one exploration may visit: a string with a maxLength of a few
+ * hundred characters; past it, its states are walked in full. */
+#define BUDGET_MAX_PAIRS 8192u
+#define BUDGET_SLOTS (2u * BUDGET_MAX_PAIRS)
+
+typedef struct budget_pair {
+    uint32_t q;     /* grammar state */
+    uint8_t c;      /* reference state */
+    uint16_t layer; /* characters begun since the start */
+} budget_pair;
+
+typedef struct budget_scan {
+    const ml_grammar *g;
+    uint16_t need;
+    uint64_t *seen;       /* (BUDGET_SLOTS): q * CANON_N + c + 1, 0 for an empty slot */
+    uint16_t *seen_layer; /* (BUDGET_SLOTS) */
+    budget_pair *queue;   /* (BUDGET_MAX_PAIRS) */
+    uint32_t n;
+    bool merged; /* a pair was reached at two layers: a cycle or paths of different lengths */
+    bool closed; /* some state between characters takes no character */
+    uint16_t closed_layer;
+} budget_scan;
+
+static bool budget_push(budget_scan *b, uint32_t q, uint8_t c, uint16_t layer)
+{
+    uint64_t key = (uint64_t)q * CANON_N + c + 1;
+    uint32_t i = grammar_hash(key) % BUDGET_SLOTS;
+    while (b->seen[i] && b->seen[i] != key)
+        i = (i + 1) % BUDGET_SLOTS;
+    if (b->seen[i]) {
+        b->merged |= b->seen_layer[i] != layer;
+        return true;
+    }
+    if (b->n == BUDGET_MAX_PAIRS || layer == UINT16_MAX)
+        return false;
+    b->seen[i] = key;
+    b->seen_layer[i] = layer;
+    b->queue[b->n++] = (budget_pair){.q = q, .c = c, .layer = layer};
+    return true;
+}
+
+/* Explore one pair: every byte the reference takes inside the string must
+ * take the grammar to a state inside it (with the same need), every byte it
+ * refuses must be refused; between characters, a state may instead take no
+ * character at all (closed: the budget is spent). Closing quotes are left
+ * to the walk. */
+static bool budget_visit(budget_scan *b, budget_pair p)
+{
+    const ml_grammar *g = b->g;
+    if (!(g->flags[p.q] & ML_GRAMMAR_IN_STRING) || (g->flags[p.q] & ML_GRAMMAR_ACCEPT) ||
+        g->need[p.q] != b->need)
+        return false;
+    const uint32_t *row = g->next + (size_t)p.q * g->n_classes;
+    bool takes = false, refuses = false;
+    for (int byte = 0; byte < 256; byte++) {
+        uint32_t e = row[g->byte_class[byte]];
+        uint8_t to = canon_step(p.c, (uint8_t)byte);
+        if (to == CANON_EXIT) {
+            if (e != ML_GRAMMAR_DEAD && (e & ML_GRAMMAR_CALL))
+                return false;
+            continue;
+        }
+        if (to == CANON_DEAD || e == ML_GRAMMAR_DEAD) {
+            refuses |= to != CANON_DEAD;
+            if (e != ML_GRAMMAR_DEAD)
+                return false;
+            continue;
+        }
+        if (e & ML_GRAMMAR_CALL)
+            return false;
+        takes = true;
+    }
+    if (refuses) {
+        if (takes || p.c != CANON_CHAR)
+            return false;
+        if (b->closed && b->closed_layer != p.layer)
+            b->merged = true;
+        b->closed = true;
+        b->closed_layer = p.layer;
+        return true;
+    }
+    for (int byte = 0; byte < 256; byte++) {
+        uint8_t to = canon_step(p.c, (uint8_t)byte);
+        if (to >= CANON_N)
+            continue;
+        uint16_t layer = (uint16_t)(p.layer + (p.c == CANON_CHAR));
+        if (!budget_push(b, row[g->byte_class[byte]], to, layer))
+            return false;
+    }
+    return true;
+}
+
+/* The characters state s may still take, if s behaves as the reference
+ * between characters with that many left (BUDGET_UNBOUNDED: no limit), else
+ * BUDGET_NONE; the budgets of the states between characters met on the way
+ * are written to memo where unknown. */
+static uint16_t string_budget(const ml_grammar *g, uint32_t s, uint16_t *memo)
+{
+    budget_scan b = {.g = g, .need = g->need[s]};
+    b.seen = calloc(BUDGET_SLOTS, sizeof *b.seen);
+    b.seen_layer = malloc(BUDGET_SLOTS * sizeof *b.seen_layer);
+    b.queue = malloc(BUDGET_MAX_PAIRS * sizeof *b.queue);
+    bool ok = b.seen && b.seen_layer && b.queue && budget_push(&b, s, CANON_CHAR, 0);
+    for (uint32_t head = 0; ok && head < b.n; head++)
+        ok = budget_visit(&b, b.queue[head]);
+    /* Bounded only when every path spends the budget at the same count. */
+    ok = ok && !(b.closed && b.merged);
+    uint16_t budget = !ok ? BUDGET_NONE : b.closed ? (uint16_t)(BUDGET_0 + b.closed_layer)
+                                                   : BUDGET_UNBOUNDED;
+    for (uint32_t i = 0; ok && i < b.n; i++) {
+        budget_pair p = b.queue[i];
+        if (p.c == CANON_CHAR && memo[p.q] == BUDGET_UNKNOWN)
+            memo[p.q] = b.closed ? (uint16_t)(BUDGET_0 + b.closed_layer - p.layer)
+                                 : BUDGET_UNBOUNDED;
+    }
+    free(b.seen);
+    free(b.seen_layer);
+    free(b.queue);
+    return budget;
 }
 
 /* ---- the mask ---------------------------------------------------------------- */
@@ -345,8 +642,7 @@ static uint64_t mask_key(const ml_grammar_state *s)
 
 static uint32_t mask_slot(uint64_t key)
 {
-    key *= 0x9e3779b97f4a7c15ull; /* Fibonacci hashing: the high bits mix every key bit */
-    return (uint32_t)(key >> 40) & (GRAMMAR_MASK_CACHE_SLOTS - 1u);
+    return grammar_hash(key) & (GRAMMAR_MASK_CACHE_SLOTS - 1u);
 }
 
 /* Copy the cached mask for the state into allowed: true when there was one
@@ -412,60 +708,115 @@ static void mask_cache_put(ml_grammar_state *s, const uint64_t *allowed, size_t 
     pthread_mutex_unlock(&c->lock);
 }
 
-/* The walk: depth first down the trie from the state's position, a subtree
- * skipped at the first refused byte; sets the bits of the tokens whose
- * every byte is taken and returns how many. *base_popped: some token
- * returned into a frame of the starting stack. */
-static size_t mask_walk(ml_grammar_state *s, uint64_t *allowed, bool *base_popped)
+/* The string budget of the state (string_budget), BUDGET_NONE outside
+ * strings, looked up or found and remembered. */
+static uint16_t state_budget(const ml_grammar_state *s)
+{
+    const ml_grammar *g = s->g;
+    if (!(g->flags[s->cur] & ML_GRAMMAR_IN_STRING))
+        return BUDGET_NONE;
+    ml_grammar_mask_cache *c = g->masks;
+    pthread_mutex_lock(&c->lock);
+    if (!c->budget)
+        c->budget = calloc(g->n_states, sizeof *c->budget);
+    uint16_t budget = !c->budget ? BUDGET_NONE : c->budget[s->cur];
+    if (budget == BUDGET_UNKNOWN) {
+        budget = string_budget(g, s->cur, c->budget);
+        c->budget[s->cur] = budget;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return budget;
+}
+
+/* The walk: the trie in depth-first order, front to back, each node's
+ * position made from its parent's by its byte, and a node's subtree skipped
+ * at the first refused byte, or when only is given and only[node] is 0;
+ * ORs the bits of the tokens whose every byte is taken into allowed.
+ * *base_popped: some token returned into a frame of the starting stack. */
+static void mask_walk(ml_grammar_state *s, const uint8_t *only, uint64_t *allowed,
+                      bool *base_popped)
 {
     const ml_json_vocab *v = s->v;
     const ml_grammar *g = s->g;
-    glevel *walk = s->walk;
+    glevel *level = s->walk;
     gframes fr;
-    walk[0].pos = state_pos(s, &fr);
-    walk[0].next = v->child[0];
-    walk[0].end = v->child[1];
-    walk[0].n_frames = fr.n;
-    size_t count = 0, d = 0;
-    for (;;) {
-        glevel *l = &walk[d];
-        if (l->next == l->end) {
-            if (d == 0)
-                break;
-            d--;
+    level[0].pos = state_pos(s, &fr);
+    level[0].n_frames = fr.n;
+    for (uint32_t i = 0; i < v->pre_n;) {
+        uint32_t d = v->pre_depth[i];
+        gpos p = level[d - 1].pos;
+        fr.n = level[d - 1].n_frames;
+        /* only filters the paths still inside the string: below a byte
+         * that left it, every token is walked. */
+        bool skip = only && !only[i] && (g->flags[p.cur] & ML_GRAMMAR_IN_STRING);
+        if (skip || !grammar_step(g, &p, &fr, v->pre_byte[i])) {
+            i = v->pre_skip[i];
             continue;
         }
-        uint32_t c = l->next++;
-        glevel *below = l + 1;
-        below->pos = l->pos;
-        fr.n = l->n_frames;
-        if (!grammar_step(g, &below->pos, &fr, v->byte[c]))
-            continue;
-        for (uint32_t t = v->tok[c]; t < v->tok[c + 1]; t++) {
-            uint32_t id = (uint32_t)v->ids[t];
+        level[d].pos = p;
+        level[d].n_frames = fr.n;
+        for (uint32_t t = v->pre_tok[i]; t < v->pre_tok[i + 1]; t++) {
+            uint32_t id = (uint32_t)v->pre_ids[t];
             allowed[id >> 6] |= 1ull << (id & 63u);
-            count++;
         }
-        if (v->child[c] == v->child[c + 1])
-            continue;
-        below->next = v->child[c];
-        below->end = v->child[c + 1];
-        below->n_frames = fr.n;
-        d++;
+        i++;
     }
     *base_popped = fr.base_popped;
-    return count;
+}
+
+/* mask_walk for a grammar without calls, where a position is a state and a
+ * whitespace run: the walk most masks take, with nothing to push, pop or
+ * check for depth (every need is 0). */
+static void mask_walk_flat(ml_grammar_state *s, const uint8_t *only, uint64_t *allowed)
+{
+    const ml_json_vocab *v = s->v;
+    const ml_grammar *g = s->g;
+    glevel *level = s->walk;
+    level[0].pos = (gpos){.cur = s->cur, .ws = s->ws};
+    for (uint32_t i = 0; i < v->pre_n;) {
+        uint32_t d = v->pre_depth[i];
+        uint8_t b = v->pre_byte[i];
+        gpos p = level[d - 1].pos;
+        uint32_t e = g->next[(size_t)p.cur * g->n_classes + g->byte_class[b]];
+        bool ws = grammar_is_ws(b) && !(g->flags[p.cur] & ML_GRAMMAR_IN_STRING);
+        if (e == ML_GRAMMAR_DEAD || (ws && p.ws >= ML_JSON_MAX_WHITESPACE) ||
+            (only && !only[i] && (g->flags[p.cur] & ML_GRAMMAR_IN_STRING))) {
+            i = v->pre_skip[i];
+            continue;
+        }
+        level[d].pos = (gpos){.cur = e, .ws = ws ? (uint8_t)(p.ws + 1) : 0};
+        for (uint32_t t = v->pre_tok[i]; t < v->pre_tok[i + 1]; t++) {
+            uint32_t id = (uint32_t)v->pre_ids[t];
+            allowed[id >> 6] |= 1ull << (id & 63u);
+        }
+        i++;
+    }
 }
 
 size_t ml_grammar_state_allowed(ml_grammar_state *s, uint64_t *allowed)
 {
+    const ml_json_vocab *v = s->v;
     size_t count = 0;
     if (mask_cache_get(s, allowed, &count))
         return count;
-    memset(allowed, 0, s->v->n_words * sizeof *allowed);
-    bool base_popped = false;
-    count = mask_walk(s, allowed, &base_popped);
-    if (!base_popped)
+    /* A string's mask under a budget is a copy and a short walk: not
+     * worth a slot. */
+    uint16_t budget = state_budget(s);
+    bool plain = budget != BUDGET_NONE, base_popped = false;
+    if (plain) {
+        uint32_t left = (uint32_t)budget - BUDGET_0;
+        uint32_t c = left < v->canon_max_chars ? left : v->canon_max_chars;
+        memcpy(allowed, v->canon_upto + (size_t)c * v->n_words, v->n_words * sizeof *allowed);
+    } else {
+        memset(allowed, 0, v->n_words * sizeof *allowed);
+    }
+    if (s->g->n_calls == 0)
+        mask_walk_flat(s, plain ? v->pre_closes : NULL, allowed);
+    else
+        mask_walk(s, plain ? v->pre_closes : NULL, allowed, &base_popped);
+    for (size_t w = 0; w < v->n_words; w++)
+        count += (size_t)__builtin_popcountll(allowed[w]);
+    if (!plain && !base_popped)
         mask_cache_put(s, allowed, count);
     return count;
 }

@@ -51,8 +51,9 @@ typedef struct ml_grammar_state ml_grammar_state;
 /* ---- compilation (schema.c) ------------------------------------------------ */
 
 /* The sha256 of the schema's canonical form (its JSON with object members
- * sorted by key and no whitespace), the key under which compiled grammars
- * are cached: two texts of the same schema share it. Errors:
+ * sorted by key, except the names under a "properties" keyword, whose order
+ * is the order documents follow; no whitespace), the key under which
+ * compiled grammars are cached: two texts of the same schema share it. Errors:
  * ML_ERR_INVALID_ARG (not JSON, or over lim->max_schema_bytes with
  * ML_ERR_TOO_LARGE). */
 ml_status ml_schema_digest(const char *text, size_t len, const ml_schema_limits *lim,

@@ -29,6 +29,8 @@
  *      stack depth D only when D + need[t] <= ML_GRAMMAR_MAX_DEPTH, and a
  *      call only when the callee and the return state both fit (D + 1 +
  *      need[enter] and D + need[ret]), so no state it reaches is a dead end.
+ *      need[s] <= ML_GRAMMAR_MAX_DEPTH for every state (at depth 0 the walk
+ *      takes a byte edge without looking).
  *   4. Whitespace outside strings is a self-loop (the gap between tokens);
  *      flags[s] & ML_GRAMMAR_IN_STRING says s is inside a string, where
  *      whitespace is content. The walk counts the whitespace bytes taken
@@ -84,5 +86,12 @@ struct ml_grammar {
 /* What schema.c hands grammar.c: a grammar with refs 1, digest, tables and
  * no mask cache filled; frees everything ml_grammar_unref frees. */
 ml_grammar *ml_grammar_alloc(uint32_t n_states, uint32_t n_classes, uint32_t n_calls);
+
+/* Check the tables against the five guarantees above (and that every entry
+ * is in range), independently of how schema_emit.c made them: the tests
+ * and the fuzz target run it on every grammar they compile. Costs up to
+ * O(n_states^2 * n_classes) (a fixpoint), so not in the serving path. ML_OK, or ML_ERR_FORMAT with the first broken guarantee, its
+ * state and byte in err. */
+ml_status ml_grammar_check(const ml_grammar *g, char *err, size_t errlen);
 
 #endif

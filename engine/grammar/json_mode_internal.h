@@ -42,6 +42,28 @@ struct ml_json_vocab {
     size_t n_tok;
     size_t max_len; /* longest token: the trie's depth */
 
+    /* The same trie in depth-first order, for walks that read it front to
+     * back (grammar.c): node i (the root left out) is reached by byte
+     * pre_byte[i] from its parent, the nearest node before it with depth
+     * pre_depth[i] - 1; its subtree is [i, pre_skip[i]); the tokens spelled
+     * by the path to it are pre_ids[pre_tok[i], pre_tok[i + 1]). */
+    size_t pre_n;
+    uint8_t *pre_byte;   /* owned: pre_n */
+    uint16_t *pre_depth; /* owned: pre_n, 1 for the root's children */
+    uint32_t *pre_skip;  /* owned: pre_n */
+    uint32_t *pre_tok;   /* owned: pre_n + 1 */
+    int32_t *pre_ids;    /* owned: n_tok */
+
+    /* grammar.c's string shortcut. From between two characters of a string
+     * written in lexemes.h's one form per character: canon_upto + c *
+     * n_words is the mask of the tokens that stay inside the string having
+     * begun at most c characters, for c in [0, canon_max_chars] (the last
+     * one: every token that stays inside); pre_closes[i] != 0 when a token
+     * through depth-first node i leaves the string. */
+    uint64_t *canon_upto;     /* owned: (canon_max_chars + 1, n_words) */
+    uint32_t canon_max_chars; /* the most characters one token begins inside a string */
+    uint8_t *pre_closes;      /* owned: pre_n */
+
     /* owned: n_words each; the tokens that, from json_pre_mode[p], are
      * accepted without leaving the string */
     uint64_t *in_string[JSON_N_PRE];
@@ -51,5 +73,9 @@ struct ml_json_vocab {
  * a string from each JSON_PRE_* state (in_string) and the nodes where one
  * leaves it (JSON_NODE_CLOSES flags). Errors: ML_ERR_NOMEM. */
 ml_status ml_json_vocab_mark_strings(ml_json_vocab *v, char *err, size_t errlen);
+
+/* Decide canon_upto and pre_closes (grammar.c) on a vocabulary whose
+ * trie is built. Errors: ML_ERR_NOMEM. */
+ml_status ml_grammar_vocab_mark_strings(ml_json_vocab *v, char *err, size_t errlen);
 
 #endif

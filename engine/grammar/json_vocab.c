@@ -45,9 +45,10 @@ static uint32_t json_common_prefix(const json_sort_entry *a, const json_sort_ent
  * Scratch for json_build_trie. */
 typedef struct json_preorder {
     size_t n;
-    uint32_t *next; /* owned, n */
-    uint32_t *tok;  /* owned, n + 1 */
-    uint8_t *byte;  /* owned, n */
+    uint32_t *next;  /* owned, n */
+    uint32_t *tok;   /* owned, n + 1 */
+    uint8_t *byte;   /* owned, n */
+    uint16_t *depth; /* owned, n */
 } json_preorder;
 
 static void json_preorder_deinit(json_preorder *p)
@@ -55,6 +56,7 @@ static void json_preorder_deinit(json_preorder *p)
     free(p->next);
     free(p->tok);
     free(p->byte);
+    free(p->depth);
 }
 
 static bool json_preorder_init(json_preorder *p, const json_sort_entry *sorted, size_t n_tok)
@@ -66,7 +68,8 @@ static bool json_preorder_init(json_preorder *p, const json_sort_entry *sorted, 
     p->next = malloc((n ? n : 1) * sizeof *p->next);
     p->tok = malloc((n + 1) * sizeof *p->tok);
     p->byte = malloc(n ? n : 1);
-    if (!p->next || !p->tok || !p->byte)
+    p->depth = malloc((n ? n : 1) * sizeof *p->depth);
+    if (!p->next || !p->tok || !p->byte || !p->depth)
         return false;
 
     /* path[d]: the node at depth d (1-based) on the current token's path. */
@@ -79,6 +82,7 @@ static bool json_preorder_init(json_preorder *p, const json_sort_entry *sorted, 
             p->next[path[open]] = (uint32_t)i;
         for (size_t d = shared; d < e->len; d++) {
             p->byte[i] = e->bytes[d];
+            p->depth[i] = (uint16_t)(d + 1);
             p->tok[i] = (uint32_t)k;
             path[d + 1] = (uint32_t)i++;
         }
@@ -91,7 +95,8 @@ static bool json_preorder_init(json_preorder *p, const json_sort_entry *sorted, 
     return true;
 }
 
-/* Lay the sorted tokens out as v's breadth-first trie. */
+/* Lay the sorted tokens out as v's breadth-first trie, and keep the
+ * depth-first one (taking pre's arrays). */
 static ml_status json_build_trie(ml_json_vocab *v, const json_sort_entry *sorted, char *err,
                                  size_t errlen)
 {
@@ -107,7 +112,8 @@ static ml_status json_build_trie(ml_json_vocab *v, const json_sort_entry *sorted
         v->child = malloc((v->n_node + 1) * sizeof *v->child);
         v->tok = malloc((v->n_node + 1) * sizeof *v->tok);
         v->ids = malloc((v->n_tok ? v->n_tok : 1) * sizeof *v->ids);
-        ok = queue && v->byte && v->flags && v->child && v->tok && v->ids;
+        v->pre_ids = malloc((v->n_tok ? v->n_tok : 1) * sizeof *v->pre_ids);
+        ok = queue && v->byte && v->flags && v->child && v->tok && v->ids && v->pre_ids;
     }
     if (!ok) {
         json_preorder_deinit(&pre);
@@ -136,7 +142,13 @@ static ml_status json_build_trie(ml_json_vocab *v, const json_sort_entry *sorted
     v->byte[v->n_node] = 0;
     v->child[v->n_node] = (uint32_t)v->n_node;
     v->tok[v->n_node] = (uint32_t)n_ids;
-    json_preorder_deinit(&pre);
+    for (size_t k = 0; k < v->n_tok; k++)
+        v->pre_ids[k] = sorted[k].id;
+    v->pre_n = pre.n;
+    v->pre_byte = pre.byte;
+    v->pre_depth = pre.depth;
+    v->pre_skip = pre.next;
+    v->pre_tok = pre.tok;
     free(queue);
     return ML_OK;
 }
@@ -201,6 +213,8 @@ ml_status ml_json_vocab_create_from_bytes(const char *const *bytes, const size_t
     st = json_build_trie(v, sorted, err, errlen);
     if (st == ML_OK)
         st = ml_json_vocab_mark_strings(v, err, errlen);
+    if (st == ML_OK)
+        st = ml_grammar_vocab_mark_strings(v, err, errlen);
 done:
     free(sorted);
     if (st != ML_OK) {
@@ -250,6 +264,13 @@ void ml_json_vocab_destroy(ml_json_vocab *v)
     free(v->child);
     free(v->tok);
     free(v->ids);
+    free(v->pre_byte);
+    free(v->pre_depth);
+    free(v->pre_skip);
+    free(v->pre_tok);
+    free(v->pre_ids);
+    free(v->canon_upto);
+    free(v->pre_closes);
     for (size_t p = 0; p < JSON_N_PRE; p++)
         free(v->in_string[p]);
     free(v);

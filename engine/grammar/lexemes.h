@@ -52,6 +52,12 @@ ml_fsm *ml_lex_json_string(ml_fsm_ctx *c, const ml_lex_string *s);
  * names. ML_ERR_INVALID_ARG for invalid UTF-8. */
 ml_fsm *ml_lex_json_string_content_of(ml_fsm_ctx *c, const char *utf8, size_t n);
 
+/* One character among the n code point ranges (any order, may overlap;
+ * the surrogates never match) in the one form above: the content of a
+ * string, untagged (the caller tags the content it builds). For regex.c
+ * and the string lexemes. */
+ml_fsm *ml_lex_json_char(ml_fsm_ctx *c, const uint32_t (*ranges)[2], size_t n);
+
 /* A bound of a number: absent, inclusive or exclusive, at value (a JSON
  * number as the schema's parser read it: a double). */
 typedef struct ml_lex_bound {

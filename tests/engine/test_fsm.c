@@ -279,6 +279,16 @@ static void test_bounds(void)
           "deadline: %s", ml_fsm_ctx_error(c));
     ml_fsm_ctx_destroy(c);
 
+    /* Minimisation is not quadratic: a chain of 50000 states (Moore's
+     * refinement would take 50000 rounds) well within a second. */
+    c = ml_fsm_ctx_create(100000, ml_clock_ms() + 1000);
+    static char chain[50000];
+    memset(chain, 'a', sizeof chain);
+    a = ml_fsm_concat(c, ml_fsm_literal(c, chain, sizeof chain), ml_fsm_byte_range(c, 'a', 'b'));
+    check(a && ml_fsm_n_states(a) == sizeof chain + 2, "long chain: %s", ml_fsm_ctx_error(c));
+    ml_fsm_free(a);
+    ml_fsm_ctx_destroy(c);
+
     c = ml_fsm_ctx_create(BOUND, 0);
     check(ml_fsm_repeat(c, lit(c, "a"), 3, 2) == NULL &&
               ml_fsm_ctx_status(c) == ML_ERR_INVALID_ARG,

@@ -7,7 +7,13 @@
  *   2. the trie mask against the per-token check, at every prefix of the
  *      documents, with multi-byte tokens that call and return within
  *      themselves, and from the mask cache (a second state, same answers);
- *   3. accept leaves the state unchanged on refusal; reset; references. */
+ *   3. accept leaves the state unchanged on refusal; reset; references;
+ *   4. on the real Llama 3 vocabulary, strings written in one form per
+ *      character (restated here from lexemes.h, independently of grammar.c's
+ *      shortcut for such strings), with length limits or without the letter
+ *      x: the mask against the per-token check for every id, inside the
+ *      string, after a backslash, inside \u escapes and UTF-8 characters,
+ *      at and near the limits. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +22,7 @@
 #include "grammar/grammar.h"
 #include "grammar/grammar_internal.h"
 #include "harness.h"
+#include "tokenizer_util.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -225,6 +232,171 @@ static void test_refusal_keeps_state(ml_grammar *g)
     ml_grammar_state_destroy(s);
 }
 
+/* ---- strings on the real vocabulary ------------------------------------------ */
+
+/* "..." with every character in lexemes.h's one form: raw UTF-8 (shortest
+ * form, no surrogates) except " \ and the controls, written \" \\ \b \f \n
+ * \r \t or \u00XX (lower-case hex) for the other controls; at least min_len
+ * and at most max_len characters (max_len < 0: no limit), and, unless
+ * allow_x, no letter x. The states of one character position: */
+enum { S_CHAR, S_ESC, S_U, S_U0, S_U00, S_U01, S_C1, S_C2, S_C3, S_E0, S_ED, S_F0, S_F4, N_POS };
+/* Then the layers: layer l holds the states after l characters begun. */
+enum { S_START, S_DONE, S_LAYERS };
+
+typedef struct string_builder {
+    ml_grammar *g;
+    int n_layers;
+} string_builder;
+
+static uint32_t pos_state(const string_builder *b, int layer, int pos)
+{
+    return S_LAYERS + (uint32_t)(layer * N_POS + pos);
+}
+
+static void range(ml_grammar *g, uint32_t from, int lo, int hi, uint32_t to)
+{
+    for (int c = lo; c <= hi; c++)
+        g->next[(size_t)from * g->n_classes + (uint32_t)c] = to;
+}
+
+/* An edge of layer l from position p: from S_CHAR a character begins (the
+ * next layer, or this one when there is no limit). */
+static void pos_range(const string_builder *b, int l, int p, int lo, int hi, int to)
+{
+    int into = p == S_CHAR && b->n_layers > 1 ? l + 1 : l;
+    range(b->g, pos_state(b, l, p), lo, hi, pos_state(b, into, to));
+}
+
+static ml_grammar *string_grammar(int min_len, int max_len, bool allow_x)
+{
+    string_builder b = {.n_layers = max_len < 0 ? 1 : max_len + 1};
+    uint32_t n_states = S_LAYERS + (uint32_t)(b.n_layers * N_POS);
+    ml_grammar *g = b.g = ml_grammar_alloc(n_states, 256, 0);
+    if (!g)
+        return NULL;
+    for (int c = 0; c < 256; c++)
+        g->byte_class[c] = (uint8_t)c;
+    memset(g->next, 0xff, (size_t)n_states * 256 * sizeof *g->next);
+    range(g, S_START, '"', '"', pos_state(&b, 0, S_CHAR));
+    for (int l = 0; l < b.n_layers; l++) {
+        if (l >= min_len || max_len < 0)
+            range(g, pos_state(&b, l, S_CHAR), '"', '"', S_DONE);
+        for (int p = 0; p < N_POS; p++)
+            g->flags[pos_state(&b, l, p)] = ML_GRAMMAR_IN_STRING;
+        if (max_len >= 0 && l == max_len)
+            continue; /* no character begins here */
+        pos_range(&b, l, S_CHAR, 0x20, 0x7f, S_CHAR);
+        range(g, pos_state(&b, l, S_CHAR), '"', '"',
+              l >= min_len || max_len < 0 ? S_DONE : ML_GRAMMAR_DEAD);
+        if (!allow_x)
+            range(g, pos_state(&b, l, S_CHAR), 'x', 'x', ML_GRAMMAR_DEAD);
+        pos_range(&b, l, S_CHAR, '\\', '\\', S_ESC);
+        pos_range(&b, l, S_CHAR, 0xc2, 0xdf, S_C1);
+        pos_range(&b, l, S_CHAR, 0xe0, 0xe0, S_E0);
+        pos_range(&b, l, S_CHAR, 0xe1, 0xec, S_C2);
+        pos_range(&b, l, S_CHAR, 0xed, 0xed, S_ED);
+        pos_range(&b, l, S_CHAR, 0xee, 0xef, S_C2);
+        pos_range(&b, l, S_CHAR, 0xf0, 0xf0, S_F0);
+        pos_range(&b, l, S_CHAR, 0xf1, 0xf3, S_C3);
+        pos_range(&b, l, S_CHAR, 0xf4, 0xf4, S_F4);
+    }
+    /* Inside a character: the layer where it began. */
+    for (int l = 0; l < b.n_layers; l++) {
+        for (const char *e = "\"\\bfnrt"; *e; e++)
+            pos_range(&b, l, S_ESC, *e, *e, S_CHAR);
+        pos_range(&b, l, S_ESC, 'u', 'u', S_U);
+        pos_range(&b, l, S_U, '0', '0', S_U0);
+        pos_range(&b, l, S_U0, '0', '0', S_U00);
+        pos_range(&b, l, S_U0, '1', '1', S_U01);
+        pos_range(&b, l, S_U00, '0', '7', S_CHAR);
+        pos_range(&b, l, S_U00, 'b', 'b', S_CHAR);
+        pos_range(&b, l, S_U00, 'e', 'f', S_CHAR);
+        pos_range(&b, l, S_U01, '0', '9', S_CHAR);
+        pos_range(&b, l, S_U01, 'a', 'f', S_CHAR);
+        pos_range(&b, l, S_C1, 0x80, 0xbf, S_CHAR);
+        pos_range(&b, l, S_C2, 0x80, 0xbf, S_C1);
+        pos_range(&b, l, S_C3, 0x80, 0xbf, S_C2);
+        pos_range(&b, l, S_E0, 0xa0, 0xbf, S_C1);
+        pos_range(&b, l, S_ED, 0x80, 0x9f, S_C1);
+        pos_range(&b, l, S_F0, 0x90, 0xbf, S_C2);
+        pos_range(&b, l, S_F4, 0x80, 0x8f, S_C2);
+    }
+    g->flags[S_DONE] = ML_GRAMMAR_ACCEPT;
+    g->start = S_START;
+    return g;
+}
+
+/* Every id of the real vocabulary: the mask's bit against the per-token
+ * check. */
+static void check_real_mask(ml_grammar_state *s, const ml_json_vocab *v, uint64_t *mask,
+                            const char *what)
+{
+    size_t count = ml_grammar_state_allowed(s, mask), set = 0, bad = 0;
+    size_t n = ml_json_vocab_n_vocab(v);
+    for (size_t id = 0; id < n; id++) {
+        bool bit = (mask[id >> 6] >> (id & 63)) & 1;
+        set += bit;
+        bad += bit != (bool)ml_grammar_state_allows(s, (int32_t)id);
+    }
+    check(bad == 0 && set == count && set > 0, "%s: %zu of %zu ids disagree (%zu allowed)", what,
+          bad, n, set);
+}
+
+static int32_t real_byte_token(const ml_tokenizer *tok, uint8_t b)
+{
+    for (int32_t id = 0; id < 128000; id++) {
+        size_t len = 0;
+        const char *bytes = ml_tokenizer_token_bytes(tok, id, &len);
+        if (len == 1 && (uint8_t)bytes[0] == b)
+            return id;
+    }
+    return -1;
+}
+
+static void test_real_strings(void)
+{
+    double load_s = 0;
+    ml_tokenizer *tok = ml_tok_load(ML_TOK_REAL_PATH, &load_s);
+    ml_json_vocab *v = NULL;
+    check(tok && ml_json_vocab_create(tok, 128256, &v, NULL, 0) == ML_OK, "real vocabulary");
+    uint64_t *mask = calloc(ml_json_vocab_mask_words(v ? v : g_vocab), sizeof *mask);
+    /* Prefixes fed byte by byte after the opening quote, and where they
+     * end: between characters, after \, inside \u00, inside a 3-byte and a
+     * 4-byte character, near and at a length limit. */
+    static const char *const prefixes[] = {"",         "ab",       "\\",      "\\u0",
+                                           "\\u00",    "\\u001",   "\xe2\x82", "\xf0\x9f",
+                                           "\xed",     "abcdefg",  "abcd\xc3", "abcdefgh"};
+    static const struct {
+        int min_len, max_len;
+        bool allow_x;
+    } strings[] = {{0, -1, true}, {0, -1, false}, {3, -1, true}, {0, 8, true}, {2, 9, true},
+                   {0, 8, false}};
+    for (size_t k = 0; k < N_OF(strings) && v; k++) {
+        ml_grammar *g = string_grammar(strings[k].min_len, strings[k].max_len, strings[k].allow_x);
+        for (size_t j = 0; g && j < N_OF(prefixes); j++) {
+            ml_grammar_state *s = NULL;
+            check(ml_grammar_state_create(g, v, &s, NULL, 0) == ML_OK, "create");
+            char what[128];
+            snprintf(what, sizeof what, "string %d..%d%s, after '\"%s'", strings[k].min_len,
+                     strings[k].max_len, strings[k].allow_x ? "" : " without x", prefixes[j]);
+            const char *text = prefixes[j];
+            bool fed = ml_grammar_state_accept(s, real_byte_token(tok, '"'), NULL, 0) == ML_OK;
+            for (size_t i = 0; text[i] && fed; i++)
+                fed = ml_grammar_state_accept(s, real_byte_token(tok, (uint8_t)text[i]), NULL,
+                                              0) == ML_OK;
+            if (fed) {
+                check_real_mask(s, v, mask, what);
+                check_real_mask(s, v, mask, what); /* again: the remembered budget */
+            }
+            ml_grammar_state_destroy(s);
+        }
+        ml_grammar_unref(g);
+    }
+    free(mask);
+    ml_json_vocab_destroy(v);
+    ml_tokenizer_destroy(tok);
+}
+
 int main(void)
 {
     const char *bytes[N_OF(vocab_text)];
@@ -246,6 +418,7 @@ int main(void)
         test_whitespace(g);
         test_cache(g);
         test_refusal_keeps_state(g);
+        test_real_strings();
     }
     ml_grammar_unref(g);
     ml_json_vocab_destroy(g_vocab);

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "runtime/json_mode.h"
+#include "grammar/json_mode.h"
 #include "test_rand.h"
 #include "tokenizer_util.h"
 

@@ -21,7 +21,7 @@
 #include <cjson/cJSON.h>
 
 #include "harness.h"
-#include "runtime/json_mode.h"
+#include "grammar/json_mode.h"
 #include "runtime_test_util.h"
 
 #define MODEL ML_SOURCE_DIR "/tests/golden/fixtures/models/m3_two_images_interleaved"

@@ -1,4 +1,4 @@
-/* Fuzz target: JSON mode (engine/runtime/json_mode.h) over hostile bytes.
+/* Fuzz target: JSON mode (engine/grammar/json_mode.h) over hostile bytes.
  * The input is fed as single-byte tokens (token id = byte value) until the
  * first refused byte. Properties, checked with abort():
  *   - at every byte the mask bit, ml_json_state_allows and accept agree, and
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/json_mode.h"
+#include "grammar/json_mode.h"
 #include "tokenizer_util.h"
 
 #define FUZZ_N_BYTES 256

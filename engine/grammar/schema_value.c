@@ -1,0 +1,643 @@
+/* The automata of the values of one JSON type under a schema's keywords
+ * (schema_internal.h): scalars through lexemes.h, arrays and objects
+ * composed with fsm.h, enum/const values, and the shared "any value"
+ * machine. Whitespace gaps ([ \t\n\r]*) sit between every two tokens inside
+ * arrays and objects, never before or after a value: the container around a
+ * value owns the gaps, so a document has none at either end. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/lexemes.h"
+#include "grammar/regex.h"
+#include "grammar/schema_internal.h"
+
+/* Integers up to 2^53 are exact in a double, so their decimal text is
+ * exactly the schema's number. */
+#define SCHEMA_EXACT_INTEGER 9007199254740992.0
+/* Digits enough for any double to read back the same (%.17g). */
+#define SCHEMA_DOUBLE_DIGITS 17
+/* A count keyword (maxLength, maxItems) at or over this is no bound: no
+ * document the engine can generate is that long. */
+#define SCHEMA_COUNT_UNBOUNDED 4294967295.0
+
+/* ---- building blocks -------------------------------------------------------- */
+
+/* The concatenation of the NULL-terminated list of automata (owned). */
+static ml_fsm *cat(ml_fsm_ctx *fc, ml_fsm *first, ...)
+{
+    va_list ap;
+    va_start(ap, first);
+    ml_fsm *r = first;
+    for (ml_fsm *a; (a = va_arg(ap, ml_fsm *));)
+        r = ml_fsm_concat(fc, r, a);
+    va_end(ap);
+    return r;
+}
+
+static ml_fsm *lit(ml_fsm_ctx *fc, const char *s)
+{
+    return ml_fsm_literal(fc, s, strlen(s));
+}
+
+ml_fsm *schema_gap(ml_fsm_ctx *fc)
+{
+    uint8_t set[32] = {0};
+    static const char ws[] = " \t\n\r";
+    for (const char *p = ws; *p; p++)
+        set[(uint8_t)*p >> 3] |= (uint8_t)(1u << ((uint8_t)*p & 7));
+    return ml_fsm_repeat(fc, ml_fsm_byte_set(fc, set), 0, ML_FSM_UNBOUNDED);
+}
+
+/* "," then a gap. */
+static ml_fsm *comma(ml_fsm_ctx *fc)
+{
+    return cat(fc, lit(fc, ","), schema_gap(fc), NULL);
+}
+
+static ml_fsm *copy(ml_fsm_ctx *fc, const ml_fsm *a)
+{
+    return a ? ml_fsm_copy(fc, a) : NULL;
+}
+
+char *schema_string_form(const char *utf8, size_t *n)
+{
+    size_t len = strlen(utf8);
+    char *out = malloc(6 * len + 1); /* \u00XX is the longest form of a byte */
+    if (!out)
+        return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)utf8[i];
+        const char *esc = c == '"'    ? "\\\""
+                          : c == '\\' ? "\\\\"
+                          : c == '\b' ? "\\b"
+                          : c == '\f' ? "\\f"
+                          : c == '\n' ? "\\n"
+                          : c == '\r' ? "\\r"
+                          : c == '\t' ? "\\t"
+                                      : NULL;
+        if (esc) {
+            memcpy(out + k, esc, 2);
+            k += 2;
+        } else if (c < 0x20) {
+            k += (size_t)snprintf(out + k, 7, "\\u%04x", c);
+        } else {
+            out[k++] = (char)c;
+        }
+    }
+    out[k] = '\0';
+    *n = k;
+    return out;
+}
+
+/* `"` name `"`: a key equal to name. */
+static ml_fsm *key_of(schema_compiler *sc, const char *name)
+{
+    ml_fsm_ctx *fc = sc->fc;
+    return cat(fc, lit(fc, "\""), ml_lex_json_string_content_of(fc, name, strlen(name)),
+               lit(fc, "\""), NULL);
+}
+
+/* 1 when a (a quoted-string automaton) accepts the key name. */
+static bool key_matches(schema_compiler *sc, const ml_fsm *a, const char *name)
+{
+    size_t n;
+    char *form = schema_string_form(name, &n);
+    char *quoted = form ? malloc(n + 2) : NULL;
+    bool r = false;
+    if (quoted) {
+        quoted[0] = '"';
+        memcpy(quoted + 1, form, n);
+        quoted[n + 1] = '"';
+        r = ml_fsm_matches(a, quoted, n + 2);
+    } else {
+        ml_fsm_ctx_fail(sc->fc, ML_ERR_NOMEM, "schema: out of memory");
+    }
+    free(form);
+    free(quoted);
+    return r;
+}
+
+static ml_fsm *any_string(ml_fsm_ctx *fc)
+{
+    ml_lex_string s = {.min_length = 0, .max_length = ML_FSM_UNBOUNDED};
+    return ml_lex_json_string(fc, &s);
+}
+
+/* ---- keyword values ---------------------------------------------------------- */
+
+/* A count keyword (minLength, maxItems...): *out = its value, or absent when
+ * missing; ML_FSM_UNBOUNDED at or over 2^32 - 1. False (latched) when it is
+ * not a non-negative integer. */
+static bool count_of(schema_compiler *sc, const cJSON *node, const char *key, uint32_t absent,
+                     uint32_t *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(node, key);
+    *out = absent;
+    if (!v)
+        return true;
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble)) {
+        schema_refuse(sc, ML_ERR_INVALID_ARG, key, "not a non-negative integer");
+        return false;
+    }
+    *out = v->valuedouble >= SCHEMA_COUNT_UNBOUNDED ? ML_FSM_UNBOUNDED : (uint32_t)v->valuedouble;
+    return true;
+}
+
+/* ---- scalars ----------------------------------------------------------------- */
+
+static ml_fsm *schema_string(schema_compiler *sc, const cJSON *node)
+{
+    ml_lex_string s = {0};
+    if (!count_of(sc, node, "minLength", 0, &s.min_length) ||
+        !count_of(sc, node, "maxLength", ML_FSM_UNBOUNDED, &s.max_length))
+        return NULL;
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(node, "pattern");
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(node, "format");
+    if (p && !cJSON_IsString(p))
+        return schema_refuse(sc, ML_ERR_INVALID_ARG, "pattern", "not a string");
+    if (f && !cJSON_IsString(f))
+        return schema_refuse(sc, ML_ERR_INVALID_ARG, "format", "not a string");
+    if (p) {
+        s.pattern = p->valuestring;
+        s.pattern_len = strlen(p->valuestring);
+    }
+    s.format = f ? f->valuestring : NULL;
+    return ml_lex_json_string(sc->fc, &s);
+}
+
+/* One side's bound: key (inclusive) and its exclusive twin, in the draft-4
+ * form (a boolean modifying key) or the later one (a number); the stricter
+ * when both are numbers. */
+static bool bound_of(schema_compiler *sc, const cJSON *node, const char *key, const char *excl,
+                     bool lower, ml_lex_bound *b)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(node, key);
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(node, excl);
+    *b = (ml_lex_bound){0};
+    if (v && !cJSON_IsNumber(v)) {
+        schema_refuse(sc, ML_ERR_INVALID_ARG, key, "not a number");
+        return false;
+    }
+    if (x && !cJSON_IsNumber(x) && !cJSON_IsBool(x)) {
+        schema_refuse(sc, ML_ERR_INVALID_ARG, excl, "not a number or a boolean");
+        return false;
+    }
+    if (v)
+        *b = (ml_lex_bound){.present = true, .exclusive = cJSON_IsTrue(x), .value = v->valuedouble};
+    if (cJSON_IsNumber(x)) {
+        double xv = x->valuedouble;
+        if (!b->present || (lower ? xv >= b->value : xv <= b->value))
+            *b = (ml_lex_bound){.present = true, .exclusive = true, .value = xv};
+    }
+    return true;
+}
+
+/* Integers, or numbers when !integer; a number schema with an integer
+ * multipleOf admits integers only (narrower: 4.0 is refused, 4 accepted). */
+static ml_fsm *schema_numeric(schema_compiler *sc, const cJSON *node, bool integer)
+{
+    ml_lex_bound lo, hi;
+    if (!bound_of(sc, node, "minimum", "exclusiveMinimum", true, &lo) ||
+        !bound_of(sc, node, "maximum", "exclusiveMaximum", false, &hi))
+        return NULL;
+    uint64_t mult = 0;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(node, "multipleOf");
+    if (m) {
+        if (!cJSON_IsNumber(m) || !(m->valuedouble > 0))
+            return schema_refuse(sc, ML_ERR_INVALID_ARG, "multipleOf", "not a number above 0");
+        if (m->valuedouble != floor(m->valuedouble) || m->valuedouble > 0x1p63)
+            return schema_refuse(sc, ML_ERR_UNSUPPORTED, "multipleOf",
+                                 "only integer divisors up to 2^63 are enforced exactly");
+        mult = (uint64_t)m->valuedouble;
+        integer = true;
+    }
+    return integer ? ml_lex_json_integer(sc->fc, lo, hi, mult)
+                   : ml_lex_json_number(sc->fc, lo, hi);
+}
+
+/* ---- arrays ------------------------------------------------------------------ */
+
+/* A value then its trailing gap; *none when no value is valid. */
+static ml_fsm *element(schema_compiler *sc, const cJSON *schema, const char *key, int index,
+                       bool *none)
+{
+    bool any;
+    ml_fsm *v = schema ? schema_compile_at(sc, schema, key, index, &any) : schema_any(sc);
+    *none = v && ml_fsm_is_empty(v);
+    return ml_fsm_concat(sc->fc, v, schema_gap(sc->fc));
+}
+
+static ml_fsm *schema_array(schema_compiler *sc, const cJSON *node)
+{
+    ml_fsm_ctx *fc = sc->fc;
+    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(node, "prefixItems");
+    const cJSON *items = cJSON_GetObjectItemCaseSensitive(node, "items");
+    const cJSON *rest = items;
+    const char *rest_key = "items";
+    if (pre && (!cJSON_IsArray(pre) || cJSON_IsArray(items)))
+        return schema_refuse(sc, ML_ERR_INVALID_ARG, "prefixItems",
+                             "not an array of schemas, or beside an array 'items'");
+    if (cJSON_IsArray(items)) { /* draft 4: items as an array, additionalItems after it */
+        pre = items;
+        rest = cJSON_GetObjectItemCaseSensitive(node, "additionalItems");
+        rest_key = "additionalItems";
+    }
+    uint32_t min, max;
+    if (!count_of(sc, node, "minItems", 0, &min) ||
+        !count_of(sc, node, "maxItems", ML_FSM_UNBOUNDED, &max))
+        return NULL;
+    uint32_t m = pre ? (uint32_t)cJSON_GetArraySize(pre) : 0;
+
+    /* The elements after the prefix: between lo and hi of them. */
+    bool rest_none;
+    ml_fsm *er = element(sc, rest, rest_key, 0, &rest_none);
+    uint32_t lo = min > m ? min - m : 0;
+    uint32_t hi = rest_none ? 0 : max == ML_FSM_UNBOUNDED ? ML_FSM_UNBOUNDED : max > m ? max - m : 0;
+    ml_fsm *tail_first, *r;
+    if (lo > hi) {
+        tail_first = ml_fsm_nothing(fc);
+        r = ml_fsm_nothing(fc);
+    } else if (hi == 0) {
+        tail_first = ml_fsm_epsilon(fc);
+        r = ml_fsm_epsilon(fc);
+    } else {
+        uint32_t more_hi = hi == ML_FSM_UNBOUNDED ? ML_FSM_UNBOUNDED : hi - 1;
+        tail_first = cat(fc, copy(fc, er),
+                         ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, er), NULL),
+                                       lo ? lo - 1 : 0, more_hi),
+                         NULL);
+        if (lo == 0)
+            tail_first = ml_fsm_union(fc, tail_first, ml_fsm_epsilon(fc));
+        r = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, er), NULL), lo, hi);
+    }
+    ml_fsm_free(er);
+
+    /* r: what may follow i elements (a comma first), from i = m down to 1. */
+    ml_fsm *body;
+    if (m == 0) {
+        ml_fsm_free(r);
+        body = tail_first;
+    } else {
+        ml_fsm_free(tail_first);
+        ml_fsm **e = calloc(m, sizeof *e);
+        if (!e) {
+            ml_fsm_free(r);
+            ml_fsm_ctx_fail(fc, ML_ERR_NOMEM, "schema: out of memory");
+            return NULL;
+        }
+        size_t at = schema_pointer_push(sc, cJSON_IsArray(items) ? "items" : "prefixItems", 0);
+        int i = 0;
+        for (const cJSON *p = pre->child; p; p = p->next, i++) {
+            bool none;
+            e[i] = element(sc, p, NULL, i, &none);
+        }
+        schema_pointer_pop(sc, at);
+        for (uint32_t k = m - 1; k >= 1; k--) {
+            ml_fsm *cont = k < max ? cat(fc, comma(fc), e[k], r, NULL)
+                                   : (ml_fsm_free(e[k]), ml_fsm_free(r), ml_fsm_nothing(fc));
+            r = k >= min ? ml_fsm_union(fc, ml_fsm_epsilon(fc), cont) : cont;
+        }
+        ml_fsm *cont = max > 0 ? cat(fc, e[0], r, NULL)
+                               : (ml_fsm_free(e[0]), ml_fsm_free(r), ml_fsm_nothing(fc));
+        body = min == 0 ? ml_fsm_union(fc, ml_fsm_epsilon(fc), cont) : cont;
+        free(e);
+    }
+    return cat(fc, lit(fc, "["), schema_gap(fc), body, lit(fc, "]"), NULL);
+}
+
+/* ---- objects ----------------------------------------------------------------- */
+
+/* What an object schema's members are built from. */
+typedef struct members {
+    size_t n;              /* named members: properties, then required names not in them */
+    const char **name;     /* borrowed */
+    const cJSON **schema;  /* borrowed: the property's schema, NULL for a required-only name */
+    bool *required;
+    size_t n_pat;
+    ml_fsm *pat_key[SCHEMA_MAX_PATTERN_PROPERTIES];   /* owned: quoted keys matching */
+    const cJSON *pat_node[SCHEMA_MAX_PATTERN_PROPERTIES]; /* borrowed: their schemas */
+    ml_fsm *add_value; /* owned: additionalProperties' values (empty when false) */
+    bool add_any;
+    ml_fsm *names; /* owned: propertyNames as quoted keys, NULL when unconstrained */
+} members;
+
+static void members_deinit(members *mb)
+{
+    free(mb->name);
+    free(mb->schema);
+    free(mb->required);
+    for (size_t i = 0; i < mb->n_pat; i++) {
+        ml_fsm_free(mb->pat_key[i]);
+    }
+    ml_fsm_free(mb->add_value);
+    ml_fsm_free(mb->names);
+}
+
+static bool members_init(schema_compiler *sc, const cJSON *node, members *mb)
+{
+    ml_fsm_ctx *fc = sc->fc;
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(node, "properties");
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(node, "required");
+    const cJSON *pats = cJSON_GetObjectItemCaseSensitive(node, "patternProperties");
+    const cJSON *add = cJSON_GetObjectItemCaseSensitive(node, "additionalProperties");
+    const cJSON *pn = cJSON_GetObjectItemCaseSensitive(node, "propertyNames");
+    if ((props && !cJSON_IsObject(props)) || (pats && !cJSON_IsObject(pats))) {
+        schema_refuse(sc, ML_ERR_INVALID_ARG, props && !cJSON_IsObject(props) ? "properties"
+                                                                               : "patternProperties",
+                      "not an object of schemas");
+        return false;
+    }
+    if (req && !cJSON_IsArray(req)) {
+        schema_refuse(sc, ML_ERR_INVALID_ARG, "required", "not an array of names");
+        return false;
+    }
+    size_t cap = (size_t)cJSON_GetArraySize(props) + (size_t)cJSON_GetArraySize(req);
+    mb->name = calloc(cap + 1, sizeof *mb->name);
+    mb->schema = calloc(cap + 1, sizeof *mb->schema);
+    mb->required = calloc(cap + 1, sizeof *mb->required);
+    if (!mb->name || !mb->schema || !mb->required) {
+        ml_fsm_ctx_fail(fc, ML_ERR_NOMEM, "schema: out of memory");
+        return false;
+    }
+    for (const cJSON *p = props ? props->child : NULL; p; p = p->next) {
+        for (size_t i = 0; i < mb->n; i++)
+            if (!strcmp(mb->name[i], p->string)) {
+                schema_refuse(sc, ML_ERR_INVALID_ARG, "properties", "a name given twice");
+                return false;
+            }
+        mb->name[mb->n] = p->string;
+        mb->schema[mb->n++] = p;
+    }
+    for (const cJSON *r = req ? req->child : NULL; r; r = r->next) {
+        if (!cJSON_IsString(r)) {
+            schema_refuse(sc, ML_ERR_INVALID_ARG, "required", "not an array of names");
+            return false;
+        }
+        size_t i = 0;
+        while (i < mb->n && strcmp(mb->name[i], r->valuestring))
+            i++;
+        if (i == mb->n)
+            mb->name[mb->n++] = r->valuestring;
+        mb->required[i] = true;
+    }
+
+    size_t n_pat = (size_t)cJSON_GetArraySize(pats);
+    if (n_pat > SCHEMA_MAX_PATTERN_PROPERTIES) {
+        schema_refuse(sc, ML_ERR_UNSUPPORTED, "patternProperties",
+                      "more than 4 patterns (their key regions grow as 2^n)");
+        return false;
+    }
+    size_t at = schema_pointer_push(sc, "patternProperties", 0);
+    for (const cJSON *p = pats ? pats->child : NULL; p; p = p->next) {
+        size_t k = mb->n_pat++;
+        mb->pat_key[k] = cat(fc, lit(fc, "\""), ml_regex_compile(fc, p->string, strlen(p->string)),
+                             lit(fc, "\""), NULL);
+        mb->pat_node[k] = p;
+    }
+    schema_pointer_pop(sc, at);
+    mb->add_value = add ? schema_compile_at(sc, add, "additionalProperties", 0, &mb->add_any)
+                        : schema_any(sc);
+    mb->add_any |= !add;
+    if (pn) {
+        at = schema_pointer_push(sc, "propertyNames", 0);
+        bool any;
+        mb->names = schema_compile_strings(sc, pn, &any);
+        schema_pointer_pop(sc, at);
+        if (any) {
+            ml_fsm_free(mb->names);
+            mb->names = NULL;
+        }
+    }
+    return ml_fsm_ctx_status(fc) == ML_OK;
+}
+
+/* The value of named member i: its property's schema, and each pattern its
+ * name matches, or else additionalProperties; nothing when propertyNames
+ * refuses the name. */
+static ml_fsm *member_value(schema_compiler *sc, const members *mb, size_t i)
+{
+    ml_fsm_ctx *fc = sc->fc;
+    if (mb->names && !key_matches(sc, mb->names, mb->name[i]))
+        return ml_fsm_nothing(fc);
+    const cJSON *nodes[SCHEMA_MAX_PATTERN_PROPERTIES + 1];
+    size_t n = 0;
+    if (mb->schema[i])
+        nodes[n++] = mb->schema[i];
+    for (size_t k = 0; k < mb->n_pat; k++)
+        if (key_matches(sc, mb->pat_key[k], mb->name[i]))
+            nodes[n++] = mb->pat_node[k];
+    if (n == 0)
+        return copy(fc, mb->add_value);
+    size_t at = schema_pointer_push(sc, "properties", 0);
+    size_t at2 = schema_pointer_push(sc, mb->name[i], 0);
+    bool any;
+    ml_fsm *r = schema_compile_all(sc, nodes, n, &any);
+    schema_pointer_pop(sc, at2);
+    schema_pointer_pop(sc, at);
+    return r;
+}
+
+/* key gap ":" gap value gap: one member, its trailing gap included. */
+static ml_fsm *member(ml_fsm_ctx *fc, ml_fsm *key, ml_fsm *value)
+{
+    return cat(fc, key, schema_gap(fc), lit(fc, ":"), schema_gap(fc), value, schema_gap(fc), NULL);
+}
+
+/* The members not named: one region per set of patterns a key matches
+ * (and none: additionalProperties), each key under the intersection of
+ * their schemas; NULL (not an error) when no such key is valid. */
+static ml_fsm *additional_members(schema_compiler *sc, const members *mb)
+{
+    ml_fsm_ctx *fc = sc->fc;
+    if (mb->n_pat == 0 && ml_fsm_is_empty(mb->add_value))
+        return NULL;
+    ml_fsm *base = any_string(fc);
+    if (mb->names)
+        base = ml_fsm_intersect(fc, base, copy(fc, mb->names));
+    if (mb->n) {
+        ml_fsm *named = ml_fsm_nothing(fc);
+        for (size_t i = 0; i < mb->n; i++)
+            named = ml_fsm_union(fc, named, key_of(sc, mb->name[i]));
+        base = ml_fsm_minus(fc, base, named);
+    }
+    ml_fsm *r = NULL;
+    for (unsigned set = 0; set < (1u << mb->n_pat) && base; set++) {
+        ml_fsm *key = copy(fc, base);
+        for (size_t k = 0; k < mb->n_pat; k++)
+            key = (set >> k) & 1 ? ml_fsm_intersect(fc, key, copy(fc, mb->pat_key[k]))
+                                 : ml_fsm_minus(fc, key, copy(fc, mb->pat_key[k]));
+        if (!key || ml_fsm_is_empty(key)) {
+            ml_fsm_free(key);
+            continue;
+        }
+        ml_fsm *value;
+        if (set == 0) {
+            value = copy(fc, mb->add_value);
+        } else {
+            const cJSON *nodes[SCHEMA_MAX_PATTERN_PROPERTIES];
+            size_t n = 0;
+            for (size_t k = 0; k < mb->n_pat; k++)
+                if ((set >> k) & 1)
+                    nodes[n++] = mb->pat_node[k];
+            bool any;
+            size_t at = schema_pointer_push(sc, "patternProperties", 0);
+            value = schema_compile_all(sc, nodes, n, &any);
+            schema_pointer_pop(sc, at);
+        }
+        if (value && ml_fsm_is_empty(value)) {
+            ml_fsm_free(key);
+            ml_fsm_free(value);
+            continue;
+        }
+        ml_fsm *m = member(fc, key, value);
+        r = r ? ml_fsm_union(fc, r, m) : m;
+    }
+    ml_fsm_free(base);
+    return r;
+}
+
+/* Defined members first, in order, each optional one skippable, then any
+ * number of additional ones. f: the members from i on when none came before
+ * (no comma first); rest: the same after one came. */
+static ml_fsm *schema_object(schema_compiler *sc, const cJSON *node)
+{
+    ml_fsm_ctx *fc = sc->fc;
+    members mb = {0};
+    if (!members_init(sc, node, &mb)) {
+        members_deinit(&mb);
+        return NULL;
+    }
+    ml_fsm *x = additional_members(sc, &mb);
+    ml_fsm *f, *rest;
+    if (x) {
+        rest = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, x), NULL), 0, ML_FSM_UNBOUNDED);
+        f = ml_fsm_union(fc, ml_fsm_epsilon(fc), cat(fc, x, copy(fc, rest), NULL));
+    } else {
+        rest = ml_fsm_epsilon(fc);
+        f = ml_fsm_epsilon(fc);
+    }
+    for (size_t i = mb.n; i-- > 0 && ml_fsm_ctx_status(fc) == ML_OK;) {
+        ml_fsm *m = member(fc, key_of(sc, mb.name[i]), member_value(sc, &mb, i));
+        ml_fsm *first = cat(fc, copy(fc, m), copy(fc, rest), NULL);
+        ml_fsm *later = cat(fc, comma(fc), m, copy(fc, rest), NULL);
+        if (mb.required[i]) {
+            ml_fsm_free(f);
+            ml_fsm_free(rest);
+            f = first;
+            rest = later;
+        } else {
+            f = ml_fsm_union(fc, first, f);
+            rest = ml_fsm_union(fc, later, rest);
+        }
+    }
+    members_deinit(&mb);
+    ml_fsm_free(rest);
+    return cat(fc, lit(fc, "{"), schema_gap(fc), f, lit(fc, "}"), NULL);
+}
+
+/* ---- types, any value, literals ---------------------------------------------- */
+
+ml_fsm *schema_typed(schema_compiler *sc, const cJSON *node, unsigned types)
+{
+    ml_fsm_ctx *fc = sc->fc;
+    ml_fsm *r = ml_fsm_nothing(fc);
+    if (types & SCHEMA_T_NULL)
+        r = ml_fsm_union(fc, r, lit(fc, "null"));
+    if (types & SCHEMA_T_BOOLEAN)
+        r = ml_fsm_union(fc, r, ml_fsm_union(fc, lit(fc, "true"), lit(fc, "false")));
+    if (types & (SCHEMA_T_NUMBER | SCHEMA_T_INTEGER))
+        r = ml_fsm_union(fc, r, schema_numeric(sc, node, !(types & SCHEMA_T_NUMBER)));
+    if (types & SCHEMA_T_STRING)
+        r = ml_fsm_union(fc, r, schema_string(sc, node));
+    if (types & SCHEMA_T_ARRAY)
+        r = ml_fsm_union(fc, r, schema_array(sc, node));
+    if (types & SCHEMA_T_OBJECT)
+        r = ml_fsm_union(fc, r, schema_object(sc, node));
+    return r;
+}
+
+ml_fsm *schema_any(schema_compiler *sc)
+{
+    ml_fsm_ctx *fc = sc->fc;
+    if (sc->any_machine < 0) {
+        int k = schema_machine_new(sc, "any value");
+        if (k < 0)
+            return NULL;
+        sc->any_machine = k;
+        ml_lex_bound none = {0};
+        ml_fsm *v = ml_fsm_call(fc, (uint32_t)k);
+        ml_fsm *items = cat(fc, copy(fc, v), schema_gap(fc),
+                            ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, v), schema_gap(fc), NULL),
+                                          0, ML_FSM_UNBOUNDED),
+                            NULL);
+        ml_fsm *arr = cat(fc, lit(fc, "["), schema_gap(fc),
+                          ml_fsm_union(fc, ml_fsm_epsilon(fc), items), lit(fc, "]"), NULL);
+        ml_fsm *mem = member(fc, any_string(fc), v);
+        ml_fsm *more = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, mem), NULL), 0,
+                                     ML_FSM_UNBOUNDED);
+        ml_fsm *mems = cat(fc, mem, more, NULL);
+        ml_fsm *obj = cat(fc, lit(fc, "{"), schema_gap(fc),
+                          ml_fsm_union(fc, ml_fsm_epsilon(fc), mems), lit(fc, "}"), NULL);
+        ml_fsm *body = ml_fsm_union(fc, lit(fc, "null"), lit(fc, "true"));
+        body = ml_fsm_union(fc, body, lit(fc, "false"));
+        body = ml_fsm_union(fc, body, ml_lex_json_number(fc, none, none));
+        body = ml_fsm_union(fc, body, any_string(fc));
+        body = ml_fsm_union(fc, body, arr);
+        sc->machines[k].fsm = ml_fsm_union(fc, body, obj);
+        if (!sc->machines[k].fsm)
+            return NULL;
+    }
+    return ml_fsm_call(fc, (uint32_t)sc->any_machine);
+}
+
+/* A number's one text: the integer when it is one exactly (|v| < 2^53),
+ * else the shortest %g that reads back the same double. */
+static ml_fsm *number_literal(schema_compiler *sc, double v)
+{
+    char buf[64];
+    if (!isfinite(v))
+        return schema_refuse(sc, ML_ERR_INVALID_ARG, "enum", "a number out of range");
+    if (v == floor(v)) {
+        if (fabs(v) >= SCHEMA_EXACT_INTEGER)
+            return schema_refuse(sc, ML_ERR_UNSUPPORTED, "enum",
+                                 "an integer beyond 2^53 (its exact value is not kept)");
+        snprintf(buf, sizeof buf, "%.0f", v);
+    } else {
+        for (int p = 1; p <= SCHEMA_DOUBLE_DIGITS; p++) {
+            snprintf(buf, sizeof buf, "%.*g", p, v);
+            if (strtod(buf, NULL) == v)
+                break;
+        }
+    }
+    return lit(sc->fc, buf);
+}
+
+ml_fsm *schema_literal(schema_compiler *sc, const cJSON *v)
+{
+    ml_fsm_ctx *fc = sc->fc;
+    if (cJSON_IsNull(v))
+        return lit(fc, "null");
+    if (cJSON_IsTrue(v))
+        return lit(fc, "true");
+    if (cJSON_IsFalse(v))
+        return lit(fc, "false");
+    if (cJSON_IsNumber(v))
+        return number_literal(sc, v->valuedouble);
+    if (cJSON_IsString(v))
+        return key_of(sc, v->valuestring);
+    bool obj = cJSON_IsObject(v);
+    ml_fsm *r = cat(fc, lit(fc, obj ? "{" : "["), schema_gap(fc), NULL);
+    for (const cJSON *e = v->child; e; e = e->next) {
+        if (e != v->child)
+            r = cat(fc, r, comma(fc), NULL);
+        if (obj)
+            r = cat(fc, r, key_of(sc, e->string), schema_gap(fc), lit(fc, ":"), schema_gap(fc),
+                    NULL);
+        r = cat(fc, r, schema_literal(sc, e), schema_gap(fc), NULL);
+    }
+    return cat(fc, r, lit(fc, obj ? "}" : "]"), NULL);
+}
