@@ -230,11 +230,19 @@ ANNOTATIONS = {"title", "description", "examples", "default", "$schema", "$id", 
 
 
 def refusal_key(msg):
-    """Group compile refusals by their wording without pointers and numbers."""
+    """Group compile refusals by their wording: the first line without JSON
+    Pointers, numbers and quoted names (the names are listed per group)."""
     m = msg.split("\n")[0]
-    m = re.sub(r" at (/\S*|'[^']*'|\"[^\"]*\")", "", m)
+    m = re.sub(r" at (the root|/.*?)(?=: |$)", "", m)
+    m = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", m)
     m = re.sub(r"\d+", "N", m)
-    return m[:120]
+    return m[:140]
+
+
+def quoted_name(msg):
+    """The first quoted name of a message (the keyword or format), or ''."""
+    found = re.search(r"'([^']*)'|\"([^\"]*)\"", msg)
+    return (found.group(1) or found.group(2) or "") if found else ""
 
 
 def path_at(text, offset):
@@ -338,6 +346,39 @@ def cause_of(sch):
     return ",".join(keys) + fmt if keys else "(no keyword)"
 
 
+# A mask this slow is worth a look: llguidance's p99 on this corpus is ~0.6 ms.
+SLOW_MASK_US = 1000.0
+
+
+def slow_masks(corpus, results, tok):
+    """Masks over SLOW_MASK_US grouped by the subschema's keywords at the
+    position they were computed for, with the slowest example of each."""
+    groups = collections.defaultdict(list)
+    for row, res in zip(corpus, results):
+        if not res.get("compiled"):
+            continue
+        for want, got in zip(row["tests"], res["tests"]):
+            slow = [(us, k) for k, us in enumerate(got["mask_us"]) if us >= SLOW_MASK_US]
+            if not slow:
+                continue
+            text = instance_text(want["data"])
+            offsets = tok.encode(text, add_special_tokens=False).offsets
+            for us, k in slow:
+                offset = offsets[k][0] if k < len(offsets) else len(text)
+                path = path_at(text, offset)
+                cause = cause_of(schema_at(row["schema"], path))
+                context = text[max(0, offset - 40):offset] + "⟦" + text[offset:offset + 20] + "⟧"
+                groups[cause].append((us, row["id"], "/" + "/".join(map(str, path)), context))
+    n = sum(map(len, groups.values()))
+    out = [f"## Masks over {SLOW_MASK_US:.0f} µs: {n}, by the subschema's keywords where "
+           f"they were computed", ""]
+    for cause, hits in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:25]:
+        us, sid, path, context = max(hits)
+        out.append(f"- {len(hits)} × {cause} (median {percentile([h[0] for h in hits], 50):,.0f} "
+                   f"µs); slowest {us:,.0f} µs: {sid} at `{path}` `{context}`")
+    return out
+
+
 def failures(corpus, results, tokenizer_dir, name):
     from tokenizers import Tokenizer
 
@@ -372,6 +413,10 @@ def failures(corpus, results, tokenizer_dir, name):
     out.append("")
     for key, hits in sorted(refusals.items(), key=lambda kv: -len(kv[1])):
         out.append(f"- {len(hits)} × `{key}` — e.g. {hits[0][0]}: `{hits[0][1][:200]}`")
+        names = collections.Counter(quoted_name(err) for _, err in hits)
+        if len(names) > 1:
+            out.append("    - " + ", ".join(f"`{n}` {c}" for n, c in names.most_common(15))
+                       + (", ..." if len(names) > 15 else ""))
     out.append("")
     n_val = sum(map(len, causes.values()))
     out.append(f"## Valid instances refused: {n_val}, by the subschema's keywords where it "
@@ -381,6 +426,8 @@ def failures(corpus, results, tokenizer_dir, name):
         out.append(f"- {len(hits)} × {key}")
         for sid, path, what in hits[:3]:
             out.append(f"    - {sid} at `{path}` {('`' + what + '`') if what else ''}")
+    out.append("")
+    out += slow_masks(corpus, results, tok)
     out.append("")
     out.append(f"## Invalid instances accepted: {len(accepted_invalid)}")
     out.append("")
