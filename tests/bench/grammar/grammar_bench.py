@@ -193,6 +193,25 @@ def table(names, scored):
     return "\n".join(out)
 
 
+def common_times(res_a, res_b, name_a, name_b):
+    """Compile and mask times on the schemas both engines compile: the
+    percentiles over each engine's own compiled set mix in different
+    schemas."""
+    both = [(a, b) for a, b in zip(res_a, res_b) if a.get("compiled") and b.get("compiled")]
+    ca = [a["compile_us"] for a, _ in both]
+    cb = [b["compile_us"] for _, b in both]
+    ma = [us for a, _ in both for t in a["tests"] for us in t["mask_us"]]
+    mb = [us for _, b in both for t in b["tests"] for us in t["mask_us"]]
+    parts = []
+    for label, x, y in [("compile p50", percentile(ca, 50), percentile(cb, 50)),
+                        ("compile p99", percentile(ca, 99), percentile(cb, 99)),
+                        ("mask p50", percentile(ma, 50), percentile(mb, 50)),
+                        ("mask p99", percentile(ma, 99), percentile(mb, 99)),
+                        ("mask max", max(ma, default=0), max(mb, default=0))]:
+        parts.append(f"{label} {fmt_us(x)} / {fmt_us(y)}")
+    return f"on the {len(both)} schemas both compile, {name_a} / {name_b}: " + "; ".join(parts)
+
+
 def strata_table(corpus, names, results):
     """Schemas passing per stratum, per engine."""
     strata = sorted({row["stratum"] for row in corpus})
@@ -455,6 +474,7 @@ def cmd_report(args):
     print(strata_table(corpus, names, results))
     if len(names) >= 2:
         print("\n" + ratios(scored[0], scored[1], names[0], names[1]))
+        print(common_times(results[0], results[1], names[0], names[1]))
         mismatch = sum(1 for a, b in zip(results[0], results[1])
                        if a.get("compiled") and b.get("compiled")
                        for x, y in zip(a["tests"], b["tests"]) if x["tokens"] != y["tokens"])
