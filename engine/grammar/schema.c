@@ -461,6 +461,18 @@ static ml_fsm *schema_ref(schema_compiler *sc, const cJSON *node, const char *re
     if (ti < 0)
         return NULL;
     schema_target *t = &sc->targets[ti];
+    if (sc->regular_depth && !(t->memo && !ml_fsm_has_calls(t->memo))) {
+        /* Compiled regular: a fresh copy (the memo is the unbounded one),
+         * refused when recursive. */
+        if (t->in_progress)
+            return schema_refuse(sc, ML_ERR_UNSUPPORTED, "$ref",
+                                 "a recursive reference inside a schema that must be regular "
+                                 "(the complement of oneOf or not, an enum beside it)");
+        t->in_progress = true;
+        ml_fsm *r = schema_compile(sc, node, any);
+        sc->targets[ti].in_progress = false;
+        return r;
+    }
     if (t->memo) {
         *any = t->memo_any;
         return ml_fsm_copy(sc->fc, t->memo);
@@ -572,6 +584,29 @@ ml_fsm *schema_compile_strings(schema_compiler *sc, const cJSON *node, bool *any
     return ml_fsm_intersect(sc->fc, r, ml_lex_json_string(sc->fc, &all));
 }
 
+/* Refuse a $ref under a subschema with its own $id (or draft 4's id): it
+ * would resolve against that resource, and references here resolve
+ * against the document root only. */
+static bool schema_check_ids(schema_compiler *sc, const cJSON *v, bool nested_id)
+{
+    if (cJSON_IsObject(v) && v != sc->root) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(v, "$id");
+        if (!id)
+            id = cJSON_GetObjectItemCaseSensitive(v, "id");
+        nested_id |= cJSON_IsString(id) && id->valuestring[0] != '#';
+        if (nested_id && cJSON_GetObjectItemCaseSensitive(v, "$ref")) {
+            ml_fsm_ctx_fail(sc->fc, ML_ERR_UNSUPPORTED,
+                            "unsupported keyword '$ref' under a nested '$id': references "
+                            "resolve against the document root only");
+            return false;
+        }
+    }
+    for (const cJSON *c = v->child; c; c = c->next)
+        if (!schema_check_ids(sc, c, nested_id))
+            return false;
+    return true;
+}
+
 /* ---- entry point ----------------------------------------------------------- */
 
 static void schema_compiler_deinit(schema_compiler *sc)
@@ -584,6 +619,7 @@ static void schema_compiler_deinit(schema_compiler *sc)
     for (uint32_t i = 0; i < sc->n_machines; i++)
         ml_fsm_free(sc->machines[i].fsm);
     free(sc->machines);
+    ml_fsm_free(sc->any_regular);
 }
 
 ml_status ml_grammar_compile_schema(const char *text, size_t len, const ml_schema_limits *lim,
@@ -614,7 +650,7 @@ ml_status ml_grammar_compile_schema(const char *text, size_t len, const ml_schem
     /* Machine 0, the document: the root compiled as a $ref target, so that
      * "#" references to it make it a machine of its own. */
     ml_grammar *g = NULL;
-    if (schema_machine_new(&sc, "the document") == 0) {
+    if (schema_check_ids(&sc, doc, false) && schema_machine_new(&sc, "the document") == 0) {
         bool any;
         sc.machines[0].fsm = schema_ref(&sc, doc, "#", &any);
         if (sc.machines[0].fsm && ml_fsm_is_empty(sc.machines[0].fsm))

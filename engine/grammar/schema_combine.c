@@ -11,39 +11,8 @@
 /* anyOf branches times anyOf branches when two anyOf meet in one allOf. */
 #define SCHEMA_MAX_ANYOF_PRODUCT 64
 
-/* ---- first bytes ----------------------------------------------------------- */
-
-/* The bytes any JSON value may begin with. */
-static void schema_value_first(uint8_t set[32])
-{
-    static const char starts[] = "\"{[-0123456789tfn";
-    for (const char *p = starts; *p; p++)
-        set[(uint8_t)*p >> 3] |= (uint8_t)(1u << ((uint8_t)*p & 7));
-}
-
-/* OR into set the bytes a's strings may begin with; a call contributes its
- * machine's first bytes, or every value's first byte while the machine is
- * being compiled. seen marks machines on the way (a cycle adds nothing). */
-static void schema_first(const schema_compiler *sc, const ml_fsm *a, uint8_t set[32],
-                         uint8_t *seen)
-{
-    const ml_fsm_edge *e;
-    size_t n = ml_fsm_edges(a, 0, &e);
-    for (size_t i = 0; i < n; i++) {
-        for (uint32_t s = e[i].lo; s <= e[i].hi && s < ML_FSM_N_BYTES; s++)
-            set[s >> 3] |= (uint8_t)(1u << (s & 7));
-        for (uint32_t s = e[i].lo > ML_FSM_N_BYTES ? e[i].lo : ML_FSM_N_BYTES; s <= e[i].hi; s++) {
-            uint32_t k = s - ML_FSM_N_BYTES;
-            if (seen[k])
-                continue;
-            seen[k] = 1;
-            if (sc->machines[k].fsm)
-                schema_first(sc, sc->machines[k].fsm, set, seen);
-            else
-                schema_value_first(set);
-        }
-    }
-}
+static bool schema_nomem(schema_compiler *sc);
+static unsigned schema_value_types(const cJSON *v);
 
 /* ---- combinators ----------------------------------------------------------- */
 
@@ -115,60 +84,185 @@ static ml_fsm *schema_any_of(schema_compiler *sc, const cJSON *node, bool *any)
     return r;
 }
 
-/* Exactly one of n branches: each branch minus the union of the others when
- * all are regular; with calls, only branches told apart by their first
- * byte (their languages are then disjoint). Takes ownership of b. */
-static ml_fsm *schema_one_of_list(schema_compiler *sc, ml_fsm **b, const bool *anys, size_t n)
+/* ---- exactness ----------------------------------------------------------- */
+
+/* A difference A minus B is exact only if B's automaton holds every text of
+ * A's automaton that B's schema admits; the automata of numbers, patterns,
+ * formats and of objects with ordered properties are narrower than their
+ * schemas (lexemes.c, README.md), so subtracting them would admit texts the
+ * schema matches. Two tools keep oneOf and not sound: type classes (an
+ * over-approximation of the JSON types a schema admits: branches of
+ * disjoint classes are disjoint, nothing to subtract), and exactness (a
+ * schema whose automaton is its language, on the one spelling per value
+ * that every automaton here uses). */
+
+/* The JSON types node may admit (an over-approximation; integers are
+ * numbers). */
+static unsigned schema_classes(schema_compiler *sc, const cJSON *node, int depth)
 {
-    if (n == 1) {
-        ml_fsm *r = b[0];
+    if (cJSON_IsBool(node))
+        return cJSON_IsTrue(node) ? SCHEMA_T_ALL : 0;
+    if (!cJSON_IsObject(node) || depth > SCHEMA_MAX_NESTING)
+        return SCHEMA_T_ALL;
+    unsigned t = SCHEMA_T_ALL;
+    const cJSON *v;
+    if ((v = cJSON_GetObjectItemCaseSensitive(node, "type"))) {
+        unsigned set = schema_type_set(sc, v);
+        t &= set ? set : SCHEMA_T_ALL;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(node, "enum")) && cJSON_IsArray(v)) {
+        unsigned set = 0;
+        for (const cJSON *e = v->child; e; e = e->next)
+            set |= schema_value_types(e);
+        t &= set;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(node, "const")))
+        t &= schema_value_types(v);
+    if ((v = cJSON_GetObjectItemCaseSensitive(node, "$ref")) && cJSON_IsString(v)) {
+        const cJSON *target = schema_resolve(sc, v->valuestring);
+        t &= target ? schema_classes(sc, target, depth + 1) : SCHEMA_T_ALL;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(node, "allOf")) && cJSON_IsArray(v))
+        for (const cJSON *b = v->child; b; b = b->next)
+            t &= schema_classes(sc, b, depth + 1);
+    static const char *const unions[] = {"anyOf", "oneOf"};
+    for (int u = 0; u < 2; u++)
+        if ((v = cJSON_GetObjectItemCaseSensitive(node, unions[u])) && cJSON_IsArray(v)) {
+            unsigned set = 0;
+            for (const cJSON *b = v->child; b; b = b->next)
+                set |= schema_classes(sc, b, depth + 1);
+            t &= set;
+        }
+    if (t & (SCHEMA_T_INTEGER | SCHEMA_T_NUMBER))
+        t |= SCHEMA_T_INTEGER | SCHEMA_T_NUMBER;
+    return t & SCHEMA_T_ALL;
+}
+
+/* A value whose literal automaton is exact: no number (one text of many),
+ * no object of two or more members (one order of many). */
+static bool schema_exact_value(const cJSON *v)
+{
+    if (cJSON_IsNumber(v) || (cJSON_IsObject(v) && v->child && v->child->next))
+        return false;
+    for (const cJSON *e = v->child; e; e = e->next)
+        if (!schema_exact_value(e))
+            return false;
+    return true;
+}
+
+/* True when node's automaton is exactly its language (on the one
+ * spelling): no numbers (node admits none), and only keywords whose
+ * automata are exact. Conservative. */
+static bool schema_exact(schema_compiler *sc, const cJSON *node, int depth)
+{
+    if (cJSON_IsBool(node))
+        return true;
+    if (!cJSON_IsObject(node) || depth > SCHEMA_MAX_NESTING)
+        return false;
+    bool constrained = false;
+    static const char *const counts[] = {"minLength", "maxLength", "minItems", "maxItems",
+                                         "uniqueItems", "type"};
+    static const char *const subschemas[] = {"items", "additionalItems"};
+    static const char *const lists[] = {"prefixItems", "items", "anyOf", "allOf"};
+    for (const cJSON *m = node->child; m; m = m->next) {
+        const schema_kw *kw = schema_keyword(m->string);
+        if (!kw)
+            return false;
+        if (kw->cls == KW_ANNOTATION)
+            continue;
+        constrained = true;
+        bool ok = false;
+        for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+            ok |= !strcmp(m->string, counts[i]);
+        for (size_t i = 0; i < sizeof subschemas / sizeof subschemas[0]; i++)
+            if (!strcmp(m->string, subschemas[i]) && !cJSON_IsArray(m))
+                ok |= schema_exact(sc, m, depth + 1);
+        for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++)
+            if (!strcmp(m->string, lists[i]) && cJSON_IsArray(m)) {
+                ok = true;
+                for (const cJSON *b = m->child; b; b = b->next)
+                    ok &= schema_exact(sc, b, depth + 1);
+            }
+        if (!strcmp(m->string, "enum") || !strcmp(m->string, "const")) {
+            ok = true;
+            for (const cJSON *e = !strcmp(m->string, "enum") ? m->child : m; e;
+                 e = !strcmp(m->string, "enum") ? e->next : NULL)
+                ok &= schema_exact_value(e);
+        }
+        if (!strcmp(m->string, "$ref") && cJSON_IsString(m)) {
+            const cJSON *target = schema_resolve(sc, m->valuestring);
+            ok = target && schema_exact(sc, target, depth + 1);
+        }
+        if (!ok)
+            return false;
+    }
+    /* Every value (no keyword) is exact: the automaton holds every text the
+     * others here write. Constrained numbers are not. */
+    return !constrained || !(schema_classes(sc, node, depth) & SCHEMA_T_NUMBER);
+}
+
+ml_fsm *schema_compile_regular(schema_compiler *sc, const cJSON *node)
+{
+    uint32_t saved = sc->regular_depth;
+    sc->regular_depth = SCHEMA_REGULAR_DEPTH;
+    bool any;
+    ml_fsm *r = schema_compile(sc, node, &any);
+    r = ml_fsm_intersect(sc->fc, r, schema_any(sc));
+    sc->regular_depth = saved;
+    return r;
+}
+
+/* Each branch minus the union of the others (regular branches). */
+static ml_fsm *schema_exclusive(schema_compiler *sc, ml_fsm *const *b, size_t n)
+{
+    ml_fsm *r = ml_fsm_nothing(sc->fc);
+    for (size_t i = 0; i < n; i++) {
+        ml_fsm *others = ml_fsm_nothing(sc->fc);
+        for (size_t j = 0; j < n; j++)
+            if (j != i)
+                others = ml_fsm_union(sc->fc, others, ml_fsm_copy(sc->fc, b[j]));
+        r = ml_fsm_union(sc->fc, r, ml_fsm_minus(sc->fc, ml_fsm_copy(sc->fc, b[i]), others));
+    }
+    return r;
+}
+
+/* Exactly one of n branches (b, compiled from nodes). Branches of disjoint
+ * type classes are disjoint: their union. Otherwise each branch minus the
+ * union of the others, which needs every branch exact (schema_exact), and
+ * regular: branches holding calls are compiled again within
+ * SCHEMA_REGULAR_DEPTH nested containers (deeper documents are refused: a
+ * narrowing). Takes ownership of b. */
+static ml_fsm *schema_one_of_list(schema_compiler *sc, ml_fsm **b, size_t n,
+                                  const cJSON *const *nodes)
+{
+    unsigned seen = 0;
+    bool disjoint = true, exact = true, calls = false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned c = schema_classes(sc, nodes[i], 0);
+        disjoint &= !(seen & c);
+        seen |= c;
+        exact &= schema_exact(sc, nodes[i], 0);
+        calls |= ml_fsm_has_calls(b[i]);
+    }
+    ml_fsm *r = NULL;
+    if (n == 1 || disjoint) {
+        r = b[0];
+        for (size_t i = 1; i < n; i++)
+            r = ml_fsm_union(sc->fc, r, b[i]);
         free(b);
         return r;
     }
-    bool calls = false, any = false;
-    for (size_t i = 0; i < n; i++) {
-        calls |= ml_fsm_has_calls(b[i]);
-        any |= anys[i];
-    }
-    ml_fsm *r = NULL;
-    if (any) {
+    if (!exact) {
         schema_refuse(sc, ML_ERR_UNSUPPORTED, "oneOf",
-                      "a branch admits every value: the others' complement is not built");
-    } else if (!calls) {
-        r = ml_fsm_nothing(sc->fc);
-        for (size_t i = 0; i < n; i++) {
-            ml_fsm *others = ml_fsm_nothing(sc->fc);
-            for (size_t j = 0; j < n; j++)
-                if (j != i)
-                    others = ml_fsm_union(sc->fc, others, ml_fsm_copy(sc->fc, b[j]));
-            r = ml_fsm_union(sc->fc, r, ml_fsm_minus(sc->fc, ml_fsm_copy(sc->fc, b[i]), others));
-        }
+                      "branches that may overlap, one of them enforced narrower than its "
+                      "schema (numbers, patterns, formats, ordered properties): excluding it "
+                      "would admit documents it matches");
     } else {
-        uint8_t first[32] = {0};
-        uint8_t *seen = calloc(ML_FSM_MAX_CALLS, 1);
-        bool overlap = !seen;
-        for (size_t i = 0; i < n && !overlap; i++) {
-            uint8_t fi[32] = {0};
-            memset(seen, 0, ML_FSM_MAX_CALLS);
-            schema_first(sc, b[i], fi, seen);
-            for (int w = 0; w < 32; w++) {
-                overlap |= (first[w] & fi[w]) != 0;
-                first[w] |= fi[w];
-            }
+        for (size_t i = 0; calls && i < n; i++) {
+            ml_fsm_free(b[i]);
+            b[i] = schema_compile_regular(sc, nodes[i]);
         }
-        free(seen);
-        if (overlap) {
-            schema_refuse(sc, ML_ERR_UNSUPPORTED, "oneOf",
-                          "branches holding recursive references may begin with the same "
-                          "byte, so exclusivity cannot be decided");
-        } else {
-            r = b[0];
-            b[0] = NULL;
-            for (size_t i = 1; i < n; i++) {
-                r = ml_fsm_union(sc->fc, r, b[i]);
-                b[i] = NULL;
-            }
-        }
+        r = schema_exclusive(sc, b, n);
     }
     schema_free_all(b, n);
     return r;
@@ -184,21 +278,51 @@ static ml_fsm *schema_one_of(schema_compiler *sc, const cJSON *node)
         free(anys);
         return NULL;
     }
+    const cJSON **nodes = calloc(n, sizeof *nodes);
+    if (!nodes) {
+        schema_free_all(b, n);
+        free(anys);
+        return (schema_nomem(sc), NULL);
+    }
+    size_t i = 0;
+    for (const cJSON *br = cJSON_GetObjectItemCaseSensitive(node, "oneOf")->child; br;
+         br = br->next)
+        nodes[i++] = br;
     size_t at = schema_pointer_push(sc, "oneOf", 0);
-    ml_fsm *r = schema_one_of_list(sc, b, anys, n);
+    ml_fsm *r = schema_one_of_list(sc, b, n, nodes);
     schema_pointer_pop(sc, at);
+    free(nodes);
     free(anys);
     return r;
 }
 
-static ml_fsm *schema_enum(schema_compiler *sc, const cJSON *node)
+/* The type bits of a JSON value (an integral number is an integer too). */
+static unsigned schema_value_types(const cJSON *v)
 {
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(node, "enum");
-    if (!cJSON_IsArray(e))
+    if (cJSON_IsNull(v))
+        return SCHEMA_T_NULL;
+    if (cJSON_IsBool(v))
+        return SCHEMA_T_BOOLEAN;
+    if (cJSON_IsNumber(v))
+        return v->valuedouble == floor(v->valuedouble) ? SCHEMA_T_NUMBER | SCHEMA_T_INTEGER
+                                                       : SCHEMA_T_NUMBER;
+    if (cJSON_IsString(v))
+        return SCHEMA_T_STRING;
+    return cJSON_IsArray(v) ? SCHEMA_T_ARRAY : SCHEMA_T_OBJECT;
+}
+
+/* The values of enum (an array) or const (one value, when one is true)
+ * whose type is in types. */
+static ml_fsm *schema_values(schema_compiler *sc, const cJSON *v, bool one, unsigned types)
+{
+    if (!one && !cJSON_IsArray(v))
         return schema_refuse(sc, ML_ERR_INVALID_ARG, "enum", "not an array");
+    size_t at = schema_pointer_push(sc, one ? "const" : "enum", 0);
     ml_fsm *r = ml_fsm_nothing(sc->fc);
-    for (const cJSON *v = e->child; v; v = v->next)
-        r = ml_fsm_union(sc->fc, r, schema_literal(sc, v));
+    for (const cJSON *e = one ? v : v->child; e; e = one ? NULL : e->next)
+        if (schema_value_types(e) & types)
+            r = ml_fsm_union(sc->fc, r, schema_literal(sc, e));
+    schema_pointer_pop(sc, at);
     return r;
 }
 
@@ -300,14 +424,17 @@ static bool schema_merge_members(schema_compiler *sc, cJSON *m, const cJSON *src
 
 /* A numeric keyword both sides give: the stricter one (larger for lower
  * bounds, smaller for upper bounds). */
-static bool schema_merge_bound(cJSON *m, const cJSON *v, bool lower)
+static bool schema_merge_bound(schema_compiler *sc, cJSON *m, const cJSON *v, bool lower)
 {
     const cJSON *old = cJSON_GetObjectItemCaseSensitive(m, v->string);
-    if (!cJSON_IsNumber(old) || !cJSON_IsNumber(v))
+    if (!cJSON_IsNumber(old) || !cJSON_IsNumber(v)) {
+        schema_refuse(sc, ML_ERR_UNSUPPORTED, v->string,
+                      "given twice in an allOf with recursive parts, not both numbers");
         return false;
+    }
     double keep = lower ? fmax(old->valuedouble, v->valuedouble)
                         : fmin(old->valuedouble, v->valuedouble);
-    return schema_set(m, v->string, cJSON_CreateNumber(keep));
+    return schema_set(m, v->string, cJSON_CreateNumber(keep)) || schema_nomem(sc);
 }
 
 static cJSON *schema_type_array(unsigned set)
@@ -382,10 +509,10 @@ static bool schema_merge_key(schema_compiler *sc, cJSON *m, const cJSON *v, int 
     }
     if (!strcmp(k, "minimum") || !strcmp(k, "minLength") || !strcmp(k, "minItems") ||
         (!strcmp(k, "exclusiveMinimum") && cJSON_IsNumber(v)))
-        return schema_merge_bound(m, v, true) || schema_nomem(sc);
+        return schema_merge_bound(sc, m, v, true);
     if (!strcmp(k, "maximum") || !strcmp(k, "maxLength") || !strcmp(k, "maxItems") ||
         (!strcmp(k, "exclusiveMaximum") && cJSON_IsNumber(v)))
-        return schema_merge_bound(m, v, false) || schema_nomem(sc);
+        return schema_merge_bound(sc, m, v, false);
     if (!strcmp(k, "items") && cJSON_IsObject(v) && cJSON_IsObject(old))
         return schema_set(m, k, schema_all_of_pair(old, v)) || schema_nomem(sc);
     if (!strcmp(k, "additionalItems") || !strcmp(k, "propertyNames"))
@@ -486,10 +613,17 @@ ml_fsm *schema_parts(schema_compiler *sc, const cJSON *node, bool typed, bool ha
     unsigned types = schema_types(sc, node);
     if (!types)
         return NULL;
-    if (typed || has_type) {
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(node, "enum");
+    const cJSON *co = cJSON_GetObjectItemCaseSensitive(node, "const");
+    /* A "type" beside enum/const and no other type keyword filters the
+     * values instead of being intersected (an object or array type holds
+     * calls, which cannot be). */
+    bool filter = has_type && !typed && (en || co);
+    if ((typed || has_type) && !filter) {
         parts[n] = schema_typed(sc, node, types);
         n++;
     }
+    unsigned value_types = filter ? types : SCHEMA_T_ALL;
     const cJSON *v;
     if ((v = cJSON_GetObjectItemCaseSensitive(node, "$ref"))) {
         size_t at = schema_pointer_push(sc, "$ref", 0);
@@ -512,9 +646,7 @@ ml_fsm *schema_parts(schema_compiler *sc, const cJSON *node, bool typed, bool ha
         if (calls) {
             for (size_t i = 0; i < n; i++)
                 ml_fsm_free(parts[i]);
-            return allow_merge ? schema_merged(sc, node, any)
-                               : schema_refuse(sc, ML_ERR_UNSUPPORTED, "allOf",
-                                               "branches with recursive values cannot be merged");
+            return allow_merge ? schema_merged(sc, node, any) : schema_compile_regular(sc, node);
         }
         parts[n] = all;
         anys[n] = all_any;
@@ -528,15 +660,13 @@ ml_fsm *schema_parts(schema_compiler *sc, const cJSON *node, bool typed, bool ha
         parts[n] = schema_one_of(sc, node);
         n++;
     }
-    if (cJSON_GetObjectItemCaseSensitive(node, "enum")) {
-        parts[n] = schema_enum(sc, node);
+    if (en) {
+        parts[n] = schema_values(sc, en, false, value_types);
         n++;
     }
-    if ((v = cJSON_GetObjectItemCaseSensitive(node, "const"))) {
-        size_t at = schema_pointer_push(sc, "const", 0);
-        parts[n] = schema_literal(sc, v);
+    if (co) {
+        parts[n] = schema_values(sc, co, true, value_types);
         n++;
-        schema_pointer_pop(sc, at);
     }
     if (!typed && !has_type && n == 0) { /* annotations, or "not" alone */
         parts[n] = schema_any(sc);
@@ -551,13 +681,7 @@ ml_fsm *schema_parts(schema_compiler *sc, const cJSON *node, bool typed, bool ha
     bool calls;
     ml_fsm *r = schema_conjoin(sc, parts, anys, n, any, &calls);
     if (calls)
-        return allow_merge ? schema_merged(sc, node, any)
-                           : schema_refuse(sc, ML_ERR_UNSUPPORTED,
-                                           cJSON_GetObjectItemCaseSensitive(node, "enum")    ? "enum"
-                                           : cJSON_GetObjectItemCaseSensitive(node, "const") ? "const"
-                                                                                             : "allOf",
-                                           "intersected with a value holding recursive "
-                                           "references (or any value)");
+        return allow_merge ? schema_merged(sc, node, any) : schema_compile_regular(sc, node);
     if ((v = cJSON_GetObjectItemCaseSensitive(node, "not"))) {
         bool not_any;
         ml_fsm *no = schema_compile_at(sc, v, "not", 0, &not_any);
@@ -572,14 +696,34 @@ ml_fsm *schema_parts(schema_compiler *sc, const cJSON *node, bool typed, bool ha
             *any = false;
             return ml_fsm_nothing(sc->fc);
         }
-        if (*any || ml_fsm_has_calls(r) || ml_fsm_has_calls(no)) {
+        /* The siblings' classes: node's own, "not" aside (it only removes). */
+        unsigned own = SCHEMA_T_ALL;
+        for (const cJSON *m = node->child; m; m = m->next)
+            if (strcmp(m->string, "not")) {
+                cJSON one = *m;
+                one.next = one.prev = NULL;
+                cJSON holder = {.type = cJSON_Object, .child = &one};
+                own &= schema_classes(sc, &holder, 0);
+            }
+        if (!(own & schema_classes(sc, v, 0))) {
+            ml_fsm_free(no); /* disjoint: nothing to take away */
+        } else if (!schema_exact(sc, v, 0)) {
             ml_fsm_free(no);
             ml_fsm_free(r);
             return schema_refuse(sc, ML_ERR_UNSUPPORTED, "not",
-                                 "the complement is built only within a regular sibling "
-                                 "(a typed scalar, an enum...), not within recursive values");
+                                 "a schema enforced narrower than it is (numbers, patterns, "
+                                 "formats, ordered properties): its complement would admit "
+                                 "documents it matches");
+        } else if ((*any && !sc->regular_depth) || ml_fsm_has_calls(r) || ml_fsm_has_calls(no)) {
+            /* Not regular: the whole schema within SCHEMA_REGULAR_DEPTH. */
+            ml_fsm_free(no);
+            ml_fsm_free(r);
+            *any = false;
+            return schema_compile_regular(sc, node);
+        } else {
+            *any = false;
+            r = ml_fsm_minus(sc->fc, r, no);
         }
-        r = ml_fsm_minus(sc->fc, r, no);
     }
     return r;
 }
@@ -609,9 +753,16 @@ static ml_fsm *schema_merged_object(schema_compiler *sc, cJSON *m, bool *any)
         return n ? (schema_nomem(sc), NULL)
                  : schema_refuse(sc, ML_ERR_INVALID_ARG, how, "not a non-empty array");
     }
+    cJSON **mbs = calloc(n, sizeof *mbs); /* kept for schema_one_of_list */
+    if (!mbs) {
+        free(b);
+        free(anys);
+        cJSON_Delete(split);
+        return (schema_nomem(sc), NULL);
+    }
     size_t i = 0;
     for (const cJSON *br = split->child; br; br = br->next, i++) {
-        cJSON *mb = cJSON_CreateObject();
+        cJSON *mb = mbs[i] = cJSON_CreateObject();
         for (const cJSON *e = m->child; mb && e; e = e->next) {
             cJSON_AddItemToObject(mb, e->string, schema_alias(e));
         }
@@ -624,20 +775,15 @@ static ml_fsm *schema_merged_object(schema_compiler *sc, cJSON *m, bool *any)
             b[i] = schema_merged(sc, mb, &anys[i]);
             schema_pointer_pop(sc, at);
         }
-        cJSON_Delete(mb);
         if (!b[i])
             break;
     }
-    cJSON_Delete(split);
+    ml_fsm *r = NULL;
+    *any = false;
     if (ml_fsm_ctx_status(sc->fc) != ML_OK) {
         schema_free_all(b, n);
-        free(anys);
-        return NULL;
-    }
-    ml_fsm *r;
-    *any = false;
-    if (!strcmp(how, "oneOf")) {
-        r = schema_one_of_list(sc, b, anys, n);
+    } else if (!strcmp(how, "oneOf")) {
+        r = schema_one_of_list(sc, b, n, (const cJSON *const *)mbs);
     } else {
         bool all = false;
         for (i = 0; i < n; i++)
@@ -653,6 +799,10 @@ static ml_fsm *schema_merged_object(schema_compiler *sc, cJSON *m, bool *any)
             free(b);
         }
     }
+    for (i = 0; i < n; i++)
+        cJSON_Delete(mbs[i]);
+    free(mbs);
+    cJSON_Delete(split);
     free(anys);
     return r;
 }

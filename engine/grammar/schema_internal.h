@@ -22,6 +22,12 @@
 #define SCHEMA_MAX_NESTING 128
 /* Longest JSON Pointer kept for messages (longer ones are cut). */
 #define SCHEMA_MAX_POINTER 512
+/* Nested containers a schema is compiled within when it must be regular
+ * (oneOf, not, enum beside values holding calls): "any value" becomes the
+ * values nested at most this deep, and the result is cut to documents that
+ * shallow, so the complement is exact on them (deeper ones are refused: a
+ * narrowing). */
+#define SCHEMA_REGULAR_DEPTH 4
 /* patternProperties of one object: the keys fall into 2^n regions (which
  * patterns they match), each an automaton. */
 #define SCHEMA_MAX_PATTERN_PROPERTIES 4
@@ -66,6 +72,10 @@ typedef struct schema_compiler {
     schema_machine *machines;
     uint32_t n_machines, cap_machines;
     int any_machine; /* -1 until "any value" is first needed */
+    /* 0, or SCHEMA_REGULAR_DEPTH while a schema is compiled regular: "any
+     * value" is then any_regular, and a recursive $ref is refused. */
+    uint32_t regular_depth;
+    ml_fsm *any_regular; /* owned: values nested at most regular_depth deep */
     int nesting;     /* subschemas being compiled, for SCHEMA_MAX_NESTING */
     /* The JSON Pointer of the subschema being compiled (messages). */
     char pointer[SCHEMA_MAX_POINTER];
@@ -163,12 +173,17 @@ ml_fsm *schema_conjoin(schema_compiler *sc, ml_fsm **parts, const bool *anys, si
  * without copying them). */
 ml_fsm *schema_compile_all(schema_compiler *sc, const cJSON *const *nodes, size_t n, bool *any);
 
+/* The values of node nested at most SCHEMA_REGULAR_DEPTH containers deep,
+ * as an automaton without calls (a recursive $ref in it is refused). */
+ml_fsm *schema_compile_regular(schema_compiler *sc, const cJSON *node);
+
 /* ---- schema_value.c -------------------------------------------------------- */
 
 /* Whitespace between tokens: [ \t\n\r]*. */
 ml_fsm *schema_gap(ml_fsm_ctx *fc);
 
-/* A call of the shared "any JSON value" machine (built on first use). */
+/* A call of the shared "any JSON value" machine (built on first use); while
+ * compiling regular (regular_depth), a copy of any_regular instead. */
 ml_fsm *schema_any(schema_compiler *sc);
 
 /* The values of the types in types under node's type-specific keywords

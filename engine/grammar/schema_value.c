@@ -5,7 +5,6 @@
  * arrays and objects, never before or after a value: the container around a
  * value owns the gaps, so a document has none at either end. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,17 +24,19 @@
 
 /* ---- building blocks -------------------------------------------------------- */
 
-/* The concatenation of the NULL-terminated list of automata (owned). */
-static ml_fsm *cat(ml_fsm_ctx *fc, ml_fsm *first, ...)
+/* The concatenation of a[0..n) (owned; every one freed, whatever the
+ * outcome, even after a NULL). */
+static ml_fsm *cat_n(ml_fsm_ctx *fc, ml_fsm *const *a, size_t n)
 {
-    va_list ap;
-    va_start(ap, first);
-    ml_fsm *r = first;
-    for (ml_fsm *a; (a = va_arg(ap, ml_fsm *));)
-        r = ml_fsm_concat(fc, r, a);
-    va_end(ap);
+    ml_fsm *r = a[0];
+    for (size_t i = 1; i < n; i++)
+        r = ml_fsm_concat(fc, r, a[i]);
     return r;
 }
+/* cat(fc, a, b, ...): the concatenation of the automata given (owned). */
+#define cat(fc, ...)                                   \
+    cat_n((fc), (ml_fsm *const[]){__VA_ARGS__},        \
+          sizeof((ml_fsm *const[]){__VA_ARGS__}) / sizeof(ml_fsm *))
 
 static ml_fsm *lit(ml_fsm_ctx *fc, const char *s)
 {
@@ -54,7 +55,7 @@ ml_fsm *schema_gap(ml_fsm_ctx *fc)
 /* "," then a gap. */
 static ml_fsm *comma(ml_fsm_ctx *fc)
 {
-    return cat(fc, lit(fc, ","), schema_gap(fc), NULL);
+    return cat(fc, lit(fc, ","), schema_gap(fc));
 }
 
 static ml_fsm *copy(ml_fsm_ctx *fc, const ml_fsm *a)
@@ -98,7 +99,7 @@ static ml_fsm *key_of(schema_compiler *sc, const char *name)
 {
     ml_fsm_ctx *fc = sc->fc;
     return cat(fc, lit(fc, "\""), ml_lex_json_string_content_of(fc, name, strlen(name)),
-               lit(fc, "\""), NULL);
+               lit(fc, "\""));
 }
 
 /* 1 when a (a quoted-string automaton) accepts the key name. */
@@ -125,6 +126,30 @@ static ml_fsm *any_string(ml_fsm_ctx *fc)
 {
     ml_lex_string s = {.min_length = 0, .max_length = ML_FSM_UNBOUNDED};
     return ml_lex_json_string(fc, &s);
+}
+
+/* Keys of printable ASCII only (their one form: \" and \\ escaped): where
+ * regex.c's automata match exactly what Python's re does (they are
+ * narrower elsewhere: line terminators, Unicode classes), so a key outside
+ * a pattern's automaton is surely outside the pattern. */
+static ml_fsm *ascii_key(ml_fsm_ctx *fc)
+{
+    uint8_t plain[32] = {0};
+    for (int b = 0x20; b < 0x7f; b++)
+        if (b != '"' && b != '\\')
+            plain[b >> 3] |= (uint8_t)(1u << (b & 7));
+    ml_fsm *ch = ml_fsm_union(fc, ml_fsm_byte_set(fc, plain),
+                              ml_fsm_union(fc, lit(fc, "\\\""), lit(fc, "\\\\")));
+    ml_fsm *body = ml_fsm_tag(fc, ml_fsm_repeat(fc, ch, 0, ML_FSM_UNBOUNDED), ML_FSM_TAG_IN_STRING);
+    return cat(fc, lit(fc, "\""), body, lit(fc, "\""));
+}
+
+static bool ascii_printable(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
+            return false;
+    return true;
 }
 
 /* ---- keyword values ---------------------------------------------------------- */
@@ -267,12 +292,11 @@ static ml_fsm *schema_array(schema_compiler *sc, const cJSON *node)
     } else {
         uint32_t more_hi = hi == ML_FSM_UNBOUNDED ? ML_FSM_UNBOUNDED : hi - 1;
         tail_first = cat(fc, copy(fc, er),
-                         ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, er), NULL),
-                                       lo ? lo - 1 : 0, more_hi),
-                         NULL);
+                         ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, er)),
+                                       lo ? lo - 1 : 0, more_hi));
         if (lo == 0)
             tail_first = ml_fsm_union(fc, tail_first, ml_fsm_epsilon(fc));
-        r = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, er), NULL), lo, hi);
+        r = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, er)), lo, hi);
     }
     ml_fsm_free(er);
 
@@ -297,16 +321,16 @@ static ml_fsm *schema_array(schema_compiler *sc, const cJSON *node)
         }
         schema_pointer_pop(sc, at);
         for (uint32_t k = m - 1; k >= 1; k--) {
-            ml_fsm *cont = k < max ? cat(fc, comma(fc), e[k], r, NULL)
+            ml_fsm *cont = k < max ? cat(fc, comma(fc), e[k], r)
                                    : (ml_fsm_free(e[k]), ml_fsm_free(r), ml_fsm_nothing(fc));
             r = k >= min ? ml_fsm_union(fc, ml_fsm_epsilon(fc), cont) : cont;
         }
-        ml_fsm *cont = max > 0 ? cat(fc, e[0], r, NULL)
+        ml_fsm *cont = max > 0 ? cat(fc, e[0], r)
                                : (ml_fsm_free(e[0]), ml_fsm_free(r), ml_fsm_nothing(fc));
         body = min == 0 ? ml_fsm_union(fc, ml_fsm_epsilon(fc), cont) : cont;
         free(e);
     }
-    return cat(fc, lit(fc, "["), schema_gap(fc), body, lit(fc, "]"), NULL);
+    return cat(fc, lit(fc, "["), schema_gap(fc), body, lit(fc, "]"));
 }
 
 /* ---- objects ----------------------------------------------------------------- */
@@ -395,7 +419,7 @@ static bool members_init(schema_compiler *sc, const cJSON *node, members *mb)
     for (const cJSON *p = pats ? pats->child : NULL; p; p = p->next) {
         size_t k = mb->n_pat++;
         mb->pat_key[k] = cat(fc, lit(fc, "\""), ml_regex_compile(fc, p->string, strlen(p->string)),
-                             lit(fc, "\""), NULL);
+                             lit(fc, "\""));
         mb->pat_node[k] = p;
     }
     schema_pointer_pop(sc, at);
@@ -427,9 +451,14 @@ static ml_fsm *member_value(schema_compiler *sc, const members *mb, size_t i)
     size_t n = 0;
     if (mb->schema[i])
         nodes[n++] = mb->schema[i];
-    for (size_t k = 0; k < mb->n_pat; k++)
+    for (size_t k = 0; k < mb->n_pat; k++) {
         if (key_matches(sc, mb->pat_key[k], mb->name[i]))
             nodes[n++] = mb->pat_node[k];
+        else if (!ascii_printable(mb->name[i]))
+            return schema_refuse(sc, ML_ERR_UNSUPPORTED, "patternProperties",
+                                 "a property name beyond printable ASCII, where whether a "
+                                 "pattern matches it is not decided exactly");
+    }
     if (n == 0)
         return copy(fc, mb->add_value);
     size_t at = schema_pointer_push(sc, "properties", 0);
@@ -444,7 +473,7 @@ static ml_fsm *member_value(schema_compiler *sc, const members *mb, size_t i)
 /* key gap ":" gap value gap: one member, its trailing gap included. */
 static ml_fsm *member(ml_fsm_ctx *fc, ml_fsm *key, ml_fsm *value)
 {
-    return cat(fc, key, schema_gap(fc), lit(fc, ":"), schema_gap(fc), value, schema_gap(fc), NULL);
+    return cat(fc, key, schema_gap(fc), lit(fc, ":"), schema_gap(fc), value, schema_gap(fc));
 }
 
 /* The members not named: one region per set of patterns a key matches
@@ -456,6 +485,8 @@ static ml_fsm *additional_members(schema_compiler *sc, const members *mb)
     if (mb->n_pat == 0 && ml_fsm_is_empty(mb->add_value))
         return NULL;
     ml_fsm *base = any_string(fc);
+    if (mb->n_pat) /* a key outside a pattern must surely be outside it */
+        base = ml_fsm_intersect(fc, base, ascii_key(fc));
     if (mb->names)
         base = ml_fsm_intersect(fc, base, copy(fc, mb->names));
     if (mb->n) {
@@ -500,43 +531,74 @@ static ml_fsm *additional_members(schema_compiler *sc, const members *mb)
     return r;
 }
 
+/* A run of consecutive members (a leaf: one defined member, or the
+ * additional ones): first, its non-empty selections written with commas
+ * between them and none before (owned); empty, whether it may write
+ * nothing (no required member in it). */
+typedef struct span {
+    ml_fsm *first;
+    bool empty;
+} span;
+
+/* The members of l then r: a selection of both is l's, a comma, r's. Built
+ * as a balanced tree of joins, so each member's automaton is copied about
+ * log n times instead of n (a chain of suffixes costs n^2 states). */
+static span join(ml_fsm_ctx *fc, span l, span r)
+{
+    ml_fsm *after = cat(fc, comma(fc), copy(fc, r.first));
+    if (r.empty)
+        after = ml_fsm_union(fc, ml_fsm_epsilon(fc), after);
+    ml_fsm *first = cat(fc, l.first, after);
+    if (l.empty)
+        first = ml_fsm_union(fc, first, r.first);
+    else
+        ml_fsm_free(r.first);
+    return (span){.first = first, .empty = l.empty && r.empty};
+}
+
+static span join_range(ml_fsm_ctx *fc, span *s, size_t lo, size_t hi)
+{
+    if (hi - lo == 1)
+        return s[lo];
+    size_t mid = lo + (hi - lo) / 2;
+    span l = join_range(fc, s, lo, mid);
+    return join(fc, l, join_range(fc, s, mid, hi));
+}
+
 /* Defined members first, in order, each optional one skippable, then any
- * number of additional ones. f: the members from i on when none came before
- * (no comma first); rest: the same after one came. */
+ * number of additional ones, commas between them. */
 static ml_fsm *schema_object(schema_compiler *sc, const cJSON *node)
 {
     ml_fsm_ctx *fc = sc->fc;
     members mb = {0};
-    if (!members_init(sc, node, &mb)) {
-        members_deinit(&mb);
-        return NULL;
+    span *spans = NULL;
+    ml_fsm *body = NULL;
+    if (!members_init(sc, node, &mb))
+        goto out;
+    spans = calloc(mb.n + 1, sizeof *spans);
+    if (!spans) {
+        ml_fsm_ctx_fail(fc, ML_ERR_NOMEM, "schema: out of memory");
+        goto out;
     }
+    size_t n = 0;
+    for (size_t i = 0; i < mb.n; i++)
+        spans[n++] = (span){.first = member(fc, key_of(sc, mb.name[i]), member_value(sc, &mb, i)),
+                            .empty = !mb.required[i]};
     ml_fsm *x = additional_members(sc, &mb);
-    ml_fsm *f, *rest;
     if (x) {
-        rest = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, x), NULL), 0, ML_FSM_UNBOUNDED);
-        f = ml_fsm_union(fc, ml_fsm_epsilon(fc), cat(fc, x, copy(fc, rest), NULL));
+        ml_fsm *more = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, x)), 0, ML_FSM_UNBOUNDED);
+        spans[n++] = (span){.first = cat(fc, x, more), .empty = true};
+    }
+    if (n == 0) {
+        body = ml_fsm_epsilon(fc);
     } else {
-        rest = ml_fsm_epsilon(fc);
-        f = ml_fsm_epsilon(fc);
+        span all = join_range(fc, spans, 0, n);
+        body = all.empty ? ml_fsm_union(fc, ml_fsm_epsilon(fc), all.first) : all.first;
     }
-    for (size_t i = mb.n; i-- > 0 && ml_fsm_ctx_status(fc) == ML_OK;) {
-        ml_fsm *m = member(fc, key_of(sc, mb.name[i]), member_value(sc, &mb, i));
-        ml_fsm *first = cat(fc, copy(fc, m), copy(fc, rest), NULL);
-        ml_fsm *later = cat(fc, comma(fc), m, copy(fc, rest), NULL);
-        if (mb.required[i]) {
-            ml_fsm_free(f);
-            ml_fsm_free(rest);
-            f = first;
-            rest = later;
-        } else {
-            f = ml_fsm_union(fc, first, f);
-            rest = ml_fsm_union(fc, later, rest);
-        }
-    }
+out:
+    free(spans);
     members_deinit(&mb);
-    ml_fsm_free(rest);
-    return cat(fc, lit(fc, "{"), schema_gap(fc), f, lit(fc, "}"), NULL);
+    return cat(fc, lit(fc, "{"), schema_gap(fc), body, lit(fc, "}"));
 }
 
 /* ---- types, any value, literals ---------------------------------------------- */
@@ -560,9 +622,38 @@ ml_fsm *schema_typed(schema_compiler *sc, const cJSON *node, unsigned types)
     return r;
 }
 
+/* Every JSON value with containers nested at most depth deep. */
+static ml_fsm *any_nested(ml_fsm_ctx *fc, uint32_t depth)
+{
+    ml_lex_bound none = {0};
+    ml_fsm *scalar = ml_fsm_union(fc, lit(fc, "null"), lit(fc, "true"));
+    scalar = ml_fsm_union(fc, scalar, lit(fc, "false"));
+    scalar = ml_fsm_union(fc, scalar, ml_lex_json_number(fc, none, none));
+    scalar = ml_fsm_union(fc, scalar, any_string(fc));
+    ml_fsm *v = copy(fc, scalar);
+    for (uint32_t d = 0; d < depth; d++) {
+        ml_fsm *item = cat(fc, copy(fc, v), schema_gap(fc));
+        ml_fsm *more = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, item)), 0, ML_FSM_UNBOUNDED);
+        ml_fsm *arr = cat(fc, lit(fc, "["), schema_gap(fc),
+                          ml_fsm_union(fc, ml_fsm_epsilon(fc), cat(fc, item, more)), lit(fc, "]"));
+        ml_fsm *mem = member(fc, any_string(fc), v);
+        ml_fsm *mems = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, mem)), 0, ML_FSM_UNBOUNDED);
+        ml_fsm *obj = cat(fc, lit(fc, "{"), schema_gap(fc),
+                          ml_fsm_union(fc, ml_fsm_epsilon(fc), cat(fc, mem, mems)), lit(fc, "}"));
+        v = ml_fsm_union(fc, copy(fc, scalar), ml_fsm_union(fc, arr, obj));
+    }
+    ml_fsm_free(scalar);
+    return v;
+}
+
 ml_fsm *schema_any(schema_compiler *sc)
 {
     ml_fsm_ctx *fc = sc->fc;
+    if (sc->regular_depth) {
+        if (!sc->any_regular)
+            sc->any_regular = any_nested(fc, sc->regular_depth);
+        return copy(fc, sc->any_regular);
+    }
     if (sc->any_machine < 0) {
         int k = schema_machine_new(sc, "any value");
         if (k < 0)
@@ -571,17 +662,16 @@ ml_fsm *schema_any(schema_compiler *sc)
         ml_lex_bound none = {0};
         ml_fsm *v = ml_fsm_call(fc, (uint32_t)k);
         ml_fsm *items = cat(fc, copy(fc, v), schema_gap(fc),
-                            ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, v), schema_gap(fc), NULL),
-                                          0, ML_FSM_UNBOUNDED),
-                            NULL);
+                            ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, v), schema_gap(fc)),
+                                          0, ML_FSM_UNBOUNDED));
         ml_fsm *arr = cat(fc, lit(fc, "["), schema_gap(fc),
-                          ml_fsm_union(fc, ml_fsm_epsilon(fc), items), lit(fc, "]"), NULL);
+                          ml_fsm_union(fc, ml_fsm_epsilon(fc), items), lit(fc, "]"));
         ml_fsm *mem = member(fc, any_string(fc), v);
-        ml_fsm *more = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, mem), NULL), 0,
+        ml_fsm *more = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, mem)), 0,
                                      ML_FSM_UNBOUNDED);
-        ml_fsm *mems = cat(fc, mem, more, NULL);
+        ml_fsm *mems = cat(fc, mem, more);
         ml_fsm *obj = cat(fc, lit(fc, "{"), schema_gap(fc),
-                          ml_fsm_union(fc, ml_fsm_epsilon(fc), mems), lit(fc, "}"), NULL);
+                          ml_fsm_union(fc, ml_fsm_epsilon(fc), mems), lit(fc, "}"));
         ml_fsm *body = ml_fsm_union(fc, lit(fc, "null"), lit(fc, "true"));
         body = ml_fsm_union(fc, body, lit(fc, "false"));
         body = ml_fsm_union(fc, body, ml_lex_json_number(fc, none, none));
@@ -630,14 +720,13 @@ ml_fsm *schema_literal(schema_compiler *sc, const cJSON *v)
     if (cJSON_IsString(v))
         return key_of(sc, v->valuestring);
     bool obj = cJSON_IsObject(v);
-    ml_fsm *r = cat(fc, lit(fc, obj ? "{" : "["), schema_gap(fc), NULL);
+    ml_fsm *r = cat(fc, lit(fc, obj ? "{" : "["), schema_gap(fc));
     for (const cJSON *e = v->child; e; e = e->next) {
         if (e != v->child)
-            r = cat(fc, r, comma(fc), NULL);
+            r = cat(fc, r, comma(fc));
         if (obj)
-            r = cat(fc, r, key_of(sc, e->string), schema_gap(fc), lit(fc, ":"), schema_gap(fc),
-                    NULL);
-        r = cat(fc, r, schema_literal(sc, e), schema_gap(fc), NULL);
+            r = cat(fc, r, key_of(sc, e->string), schema_gap(fc), lit(fc, ":"), schema_gap(fc));
+        r = cat(fc, r, schema_literal(sc, e), schema_gap(fc));
     }
-    return cat(fc, r, lit(fc, obj ? "}" : "]"), NULL);
+    return cat(fc, r, lit(fc, obj ? "}" : "]"));
 }

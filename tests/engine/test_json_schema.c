@@ -394,6 +394,15 @@ static void test_members(void)
     REFUSES(g, "{\"c\": 1}", 3);
     ml_grammar_unref(g);
 
+    /* Beside patterns, other keys are printable ASCII (where the patterns'
+     * automata are exact): "a\n" matches "^a$" under Python's re. */
+    g = compile("{\"type\": \"object\", \"patternProperties\": {\"^a$\": {\"type\": \"integer\"}}}",
+                __LINE__);
+    ACCEPTS(g, "{\"a\": 1, \"b\": \"x\", \"q\\\"\": 2}");
+    REFUSES(g, "{\"a\\n\": \"x\"}", 4);
+    REFUSES(g, "{\"\xc3\xa9\": 1}", 2);
+    ml_grammar_unref(g);
+
     g = compile("{\"type\": \"object\", \"propertyNames\": {\"pattern\": \"^[a-z]+$\"}}",
                 __LINE__);
     ACCEPTS(g, "{\"abc\": 1, \"d\": {\"E\": 2}}");
@@ -469,6 +478,15 @@ static void test_enum_const(void)
     REFUSES(g, "\"a\\u000ab\"", 3);
     ml_grammar_unref(g);
 
+    /* enum under an object or array type: the values of that type. */
+    g = compile("{\"type\": [\"object\", \"integer\"], \"enum\": [{\"a\": 1}, [2], 3, 3.5]}",
+                __LINE__);
+    ACCEPTS(g, "{\"a\": 1}");
+    ACCEPTS(g, "3");
+    REFUSES(g, "[2]", 0);
+    REFUSES(g, "3.5", 1);
+    ml_grammar_unref(g);
+
     /* enum under a type: the intersection. */
     g = compile("{\"type\": \"string\", \"enum\": [\"a\", 1]}", __LINE__);
     ACCEPTS(g, "\"a\"");
@@ -486,18 +504,18 @@ static void test_combinators(void)
     ml_grammar_unref(g);
 
     /* oneOf: the values in exactly one branch. */
-    g = compile("{\"oneOf\": [{\"enum\": [1, 2]}, {\"enum\": [2, 3]}]}", __LINE__);
-    ACCEPTS(g, "1");
-    ACCEPTS(g, "3");
-    REFUSES(g, "2", 0);
+    g = compile("{\"oneOf\": [{\"enum\": [\"a\", \"b\"]}, {\"enum\": [\"b\", \"c\"]}]}", __LINE__);
+    ACCEPTS(g, "\"a\"");
+    ACCEPTS(g, "\"c\"");
+    REFUSES(g, "\"b\"", 1);
     ml_grammar_unref(g);
 
     /* allOf, regular: the intersection. */
-    g = compile("{\"allOf\": [{\"enum\": [1, 2, 3]}, {\"enum\": [2, 3, 4]}], \"not\": "
-                "{\"const\": 3}}",
+    g = compile("{\"allOf\": [{\"enum\": [1, 2, \"c\"]}, {\"enum\": [2, \"c\", 4]}], \"not\": "
+                "{\"const\": \"c\"}}",
                 __LINE__);
     ACCEPTS(g, "2");
-    REFUSES(g, "3", 0);
+    REFUSES(g, "\"c\"", 0);
     REFUSES(g, "1", 0);
     ml_grammar_unref(g);
 
@@ -518,6 +536,42 @@ static void test_combinators(void)
     REFUSES(g, "{\"a\": 1}", 7);
     REFUSES(g, "{\"b\": \"x\", \"a\": 1}", 2);
     ml_grammar_unref(g);
+
+    /* oneOf: branches of different types need no difference, even with
+     * recursive values; exact branches (no numbers, patterns, formats or
+     * ordered properties) are subtracted, those with calls within
+     * SCHEMA_REGULAR_DEPTH nested containers. */
+    g = compile("{\"oneOf\": [{\"type\": \"object\"}, {\"type\": \"array\", \"items\": "
+                "{\"type\": \"integer\"}}, {\"type\": \"string\", \"pattern\": \"^a\"}]}",
+                __LINE__);
+    ACCEPTS(g, "{\"x\": [1, {}]}");
+    ACCEPTS(g, "[1, 2]");
+    ACCEPTS(g, "\"ab\"");
+    ml_grammar_unref(g);
+
+    g = compile("{\"oneOf\": [{\"type\": \"array\"}, {\"type\": \"array\", \"minItems\": 2}]}",
+                __LINE__);
+    ACCEPTS(g, "[]");
+    ACCEPTS(g, "[{\"a\": [true]}]");
+    REFUSES(g, "[1, 2]", 2);
+    REFUSES(g, "[[[[[1]]]]]", 4);
+    ml_grammar_unref(g);
+
+    g = compile("{\"type\": [\"string\", \"null\"], \"not\": {\"enum\": [\"\", null]}}", __LINE__);
+    ACCEPTS(g, "\"a\"");
+    REFUSES(g, "null", 0);
+    REFUSES(g, "\"\"", 1);
+    ml_grammar_unref(g);
+
+    /* Subtracting a narrowed schema would admit what it matches. */
+    REFUSED("{\"oneOf\": [{\"type\": \"number\"}, {\"enum\": [100]}]}", ML_ERR_UNSUPPORTED,
+            "oneOf");
+    REFUSED("{\"oneOf\": [{\"type\": \"object\"}, {\"type\": \"object\", \"required\": "
+            "[\"a\"]}]}",
+            ML_ERR_UNSUPPORTED, "oneOf");
+    REFUSED("{\"type\": \"object\", \"not\": {\"required\": [\"x\"]}}", ML_ERR_UNSUPPORTED,
+            "not");
+    REFUSED("{\"type\": \"string\", \"not\": {\"pattern\": \"^a\"}}", ML_ERR_UNSUPPORTED, "not");
 
     /* anyOf distributed over an object with recursive members. */
     g = compile("{\"type\": \"object\", \"properties\": {\"a\": {}, \"b\": {}}, "
@@ -626,15 +680,18 @@ static void test_refusals(void)
     /* An infinite document only. */
     REFUSED("{\"type\": \"array\", \"items\": {\"$ref\": \"#\"}, \"minItems\": 1}",
             ML_ERR_INVALID_ARG, "no document");
-    /* oneOf with overlapping recursive branches. */
-    REFUSED("{\"oneOf\": [{\"type\": \"object\"}, {\"type\": \"object\", \"required\": "
-            "[\"a\"]}]}",
-            ML_ERR_UNSUPPORTED, "oneOf");
+    /* oneOf whose overlapping branches hold a recursive reference. */
+    REFUSED("{\"$defs\": {\"t\": {\"type\": \"array\", \"items\": {\"$ref\": \"#/$defs/t\"}}}, "
+            "\"oneOf\": [{\"$ref\": \"#/$defs/t\"}, {\"type\": \"array\", \"maxItems\": 1}]}",
+            ML_ERR_UNSUPPORTED, "oneOf", "narrower");
     /* Alternatives that begin with the same byte, one a recursive call. */
     REFUSED("{\"anyOf\": [{\"type\": \"array\", \"items\": {\"$ref\": \"#\"}}, {\"$ref\": "
             "\"#/$defs/l\"}], \"$defs\": {\"l\": {\"type\": \"array\", \"items\": {\"$ref\": "
             "\"#/$defs/l\"}}}}",
             ML_ERR_UNSUPPORTED, "first byte");
+    REFUSED("{\"$defs\": {\"a\": {\"$id\": \"http://x/a\", \"$ref\": \"#/$defs/b\"}}, "
+            "\"$ref\": \"#/$defs/a\"}",
+            ML_ERR_UNSUPPORTED, "$id");
     REFUSED("{\"enum\": [12345678901234567890]}", ML_ERR_UNSUPPORTED, "2^53");
     REFUSED("{\"const\": \"a\\u0000b\"}", ML_ERR_UNSUPPORTED, "u0000");
 }
