@@ -16,6 +16,7 @@
  * or a set handled), so the deadline costs nothing measurable. */
 #define FSM_TICKS_PER_CLOCK 256u
 #define FSM_SEQSET_MIN_SLOTS 64u
+#define FSM_MIN_EDGES 4u
 
 /* ---- context --------------------------------------------------------------- */
 
@@ -95,9 +96,12 @@ ml_fsm *fsm_alloc(ml_fsm_ctx *c)
     ml_fsm *a = calloc(1, sizeof *a);
     if (!a)
         return fsm_nomem(c);
+    /* Edges are never NULL, so ml_fsm_edges always points into an array. */
+    a->cap_edges = FSM_MIN_EDGES;
     a->first = calloc(1, sizeof *a->first);
-    if (!a->first) {
-        free(a);
+    a->edges = malloc(a->cap_edges * sizeof *a->edges);
+    if (!a->first || !a->edges) {
+        ml_fsm_free(a);
         return fsm_nomem(c);
     }
     return a;
@@ -342,11 +346,11 @@ out:
     return ok;
 }
 
-/* The empty language: one start state, no edges. */
-static ml_fsm *empty_language(ml_fsm_ctx *c)
+/* The empty language: one start state with these tags, no edges. */
+static ml_fsm *empty_language(ml_fsm_ctx *c, uint8_t tags)
 {
     ml_fsm *r = fsm_alloc(c);
-    if (r && fsm_add_state(c, r, false, 0) == FSM_NONE) {
+    if (r && fsm_add_state(c, r, false, tags) == FSM_NONE) {
         ml_fsm_free(r);
         return NULL;
     }
@@ -359,8 +363,8 @@ static ml_fsm *empty_language(ml_fsm_ctx *c)
 static ml_fsm *quotient(ml_fsm_ctx *c, const ml_fsm *a, const uint8_t *live, const uint32_t *cls)
 {
     uint32_t n = a->n_states;
-    uint32_t *rep = malloc((size_t)n * sizeof *rep);   /* new state -> an old state */
-    uint32_t *num = malloc((size_t)n * sizeof *num);   /* class -> new state */
+    uint32_t *rep = malloc((size_t)n * sizeof *rep); /* new state -> an old state */
+    uint32_t *num = malloc((size_t)n * sizeof *num); /* class -> new state */
     ml_fsm *r = fsm_alloc(c);
     if (!rep || !num || !r) {
         free(rep);
@@ -415,10 +419,10 @@ ml_fsm *fsm_finish(ml_fsm_ctx *c, ml_fsm *a)
     if (!live || !cls)
         fsm_nomem(c);
     else if (a->n_states == 0)
-        r = empty_language(c);
+        r = empty_language(c, 0);
     else if (mark_live(c, a, live)) {
-        if (!live[0])
-            r = empty_language(c);
+        if (!live[0]) /* keeps the start's tags: an empty string content stays in-string */
+            r = empty_language(c, a->tags[0]);
         else if (fsm_classes(c, a, live, cls))
             r = quotient(c, a, live, cls);
     }
@@ -455,7 +459,7 @@ static ml_fsm *one_step(ml_fsm_ctx *c, const uint32_t (*ranges)[2], size_t n)
 
 ml_fsm *ml_fsm_nothing(ml_fsm_ctx *c)
 {
-    return c->status == ML_OK ? empty_language(c) : NULL;
+    return c->status == ML_OK ? empty_language(c, 0) : NULL;
 }
 
 ml_fsm *ml_fsm_epsilon(ml_fsm_ctx *c)

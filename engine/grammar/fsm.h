@@ -115,6 +115,14 @@ ml_fsm *ml_fsm_utf8(ml_fsm_ctx *c, const uint32_t (*ranges)[2], size_t n);
 ml_fsm *ml_fsm_concat(ml_fsm_ctx *c, ml_fsm *a, ml_fsm *b);
 /* a or b. */
 ml_fsm *ml_fsm_union(ml_fsm_ctx *c, ml_fsm *a, ml_fsm *b);
+/* The union of a[0..n) in one subset construction (n = 0: the empty
+ * language): for enum and anyOf, where a chain of ml_fsm_union redoes the
+ * growing result once per member. Takes ownership of every a[i]; NULL
+ * when any is NULL. */
+ml_fsm *ml_fsm_union_n(ml_fsm_ctx *c, ml_fsm *const *a, size_t n);
+/* a[0] then a[1] ... then a[n - 1] (n = 0: the empty string), in one
+ * construction. Ownership as ml_fsm_union_n. */
+ml_fsm *ml_fsm_concat_n(ml_fsm_ctx *c, ml_fsm *const *a, size_t n);
 /* Between min and max (ML_FSM_UNBOUNDED: no bound) repetitions of a;
  * min <= max. A bounded repeat costs about max copies of a: the context's
  * state bound applies. */

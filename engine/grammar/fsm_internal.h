@@ -1,6 +1,7 @@
 /* The representation of fsm.h's automata, shared by fsm.c (context, atoms,
- * trimming and minimisation) and fsm_ops.c (composition). Not for use
- * outside those two files.
+ * trimming), fsm_min.c (minimisation), fsm_ops.c (composition) and
+ * lexemes_number.c (the residue automata of multipleOf, built state by
+ * state). Not for use outside ml_grammar.
  *
  * An automaton is stored compressed: the edges of state s are
  * edges[first[s] .. first[s + 1]), sorted by lo and disjoint. While one is
@@ -17,6 +18,11 @@
 
 #define FSM_ERROR_LEN 256
 #define FSM_NONE UINT32_MAX
+/* The memory bound beside the state bound: the subsets of a subset
+ * construction (NFA states, summed) and the labelled transitions of a
+ * minimisation stay under this many words per state of the bound. A byte
+ * automaton has at most 257 labels per state; typical ones have a few. */
+#define FSM_WORDS_PER_STATE 256u
 
 struct ml_fsm_ctx {
     uint32_t max_states;

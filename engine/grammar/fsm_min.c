@@ -91,26 +91,6 @@ static void rpart_split(rpart *p, rmarks *k)
     }
 }
 
-static int cmp_u32(const void *x, const void *y)
-{
-    uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
-    return (a > b) - (a < b);
-}
-
-/* The index of the elementary interval starting at sym. */
-static uint32_t interval_of(const uint32_t *bounds, uint32_t n_bounds, uint32_t sym)
-{
-    uint32_t lo = 0, hi = n_bounds;
-    while (lo + 1 < hi) {
-        uint32_t mid = (lo + hi) / 2;
-        if (bounds[mid] <= sym)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 /* The transitions (tail, label, head) between live states, numbered
  * compactly (idx), labelled by elementary intervals; NULL arrays on
  * memory failure. */
@@ -122,23 +102,23 @@ typedef struct transitions {
 static bool make_transitions(const ml_fsm *a, const uint8_t *live, const uint32_t *idx,
                              transitions *tr)
 {
-    uint32_t *bounds = malloc((2 * a->n_edges + 1) * sizeof *bounds), n_bounds = 0;
-    if (!bounds)
+    /* label[sym]: the elementary interval holding sym, from a mark at each
+     * edge boundary (symbols are few: no sort needed). */
+    uint32_t *label = calloc(ML_FSM_N_SYMBOLS + 1, sizeof *label);
+    if (!label)
         return false;
     for (uint32_t s = 0; s < a->n_states; s++)
         for (uint32_t e = a->first[s]; live[s] && e < a->first[s + 1]; e++)
             if (live[a->edges[e].to]) {
-                bounds[n_bounds++] = a->edges[e].lo;
-                bounds[n_bounds++] = a->edges[e].hi + 1;
+                label[a->edges[e].lo] = 1;
+                label[a->edges[e].hi + 1] = 1;
             }
-    if (n_bounds > 0)
-        qsort(bounds, n_bounds, sizeof *bounds, cmp_u32);
-    uint32_t u = 0;
-    for (uint32_t i = 0; i < n_bounds; i++)
-        if (u == 0 || bounds[u - 1] != bounds[i])
-            bounds[u++] = bounds[i];
-    n_bounds = u;
-    tr->n_labels = n_bounds;
+    uint32_t n_labels = 0;
+    for (uint32_t sym = 0; sym <= ML_FSM_N_SYMBOLS; sym++) {
+        n_labels += label[sym];
+        label[sym] = n_labels;
+    }
+    tr->n_labels = n_labels + 1;
     size_t m = 0;
     for (int pass = 0; pass < 2; pass++) {
         m = 0;
@@ -147,8 +127,7 @@ static bool make_transitions(const ml_fsm *a, const uint8_t *live, const uint32_
                 const ml_fsm_edge *ed = &a->edges[e];
                 if (!live[ed->to])
                     continue;
-                uint32_t k0 = interval_of(bounds, n_bounds, ed->lo);
-                uint32_t k1 = interval_of(bounds, n_bounds, ed->hi);
+                uint32_t k0 = label[ed->lo], k1 = label[ed->hi];
                 for (uint32_t k = k0; k <= k1; k++, m++)
                     if (pass == 1) {
                         tr->T[m] = idx[s];
@@ -162,13 +141,13 @@ static bool make_transitions(const ml_fsm *a, const uint8_t *live, const uint32_
             tr->Lb = malloc(sz);
             tr->H = malloc(sz);
             if (!tr->T || !tr->Lb || !tr->H || m >= UINT32_MAX) {
-                free(bounds);
+                free(label);
                 return false;
             }
         }
     }
     tr->m = (uint32_t)m;
-    free(bounds);
+    free(label);
     return true;
 }
 
@@ -216,6 +195,12 @@ bool fsm_classes(ml_fsm_ctx *c, const ml_fsm *a, const uint8_t *live, uint32_t *
         idx[s] = live[s] ? nl++ : FSM_NONE;
     if (!make_transitions(a, live, idx, &tr))
         goto out;
+    if (tr.m > (uint64_t)(c->max_states + 1) * FSM_WORDS_PER_STATE) {
+        ml_fsm_ctx_fail(c, ML_ERR_TOO_LARGE,
+                        "minimisation over %u transitions per state of the bound of %u",
+                        FSM_WORDS_PER_STATE, c->max_states);
+        goto out;
+    }
     size_t marks = (size_t)(nl > tr.m ? nl : tr.m) + 2 * (size_t)tr.m + 2;
     k.M = calloc(marks, sizeof *k.M);
     k.W = calloc(marks, sizeof *k.W);

@@ -8,6 +8,7 @@
 
 #include "grammar/fsm.h"
 #include "grammar/fsm_internal.h"
+#include "grammar/utf8.h"
 
 /* An epsilon-NFA grows a few states past the automata it is built from
  * (joints between copies); it may hold this many times the context's
@@ -148,10 +149,12 @@ static bool nfa_index(ml_fsm_ctx *c, nfa *m)
 typedef struct subset_work {
     uint32_t *stamp, gen; /* (n) closure marks */
     uint32_t *stack;      /* (n) */
-    uint32_t *set;        /* (n) the closure being built */
+    uint32_t *set;        /* (n + edges) the closure being built */
     uint32_t *members;    /* (n) the subset being expanded */
-    uint32_t *bounds;     /* interval boundaries of its edges */
-    const nfa_edge **out; /* its symbol edges */
+    const nfa_edge **out; /* (cap_out) its symbol edges */
+    uint64_t *events; /* (2 cap_out) where each starts and ends: pos << 32 | edge << 1 | start */
+    uint32_t *active; /* (cap_out) the edges covering the sweep's position */
+    uint32_t *slot;   /* (cap_out) each edge's index in active */
     size_t cap_out;
 } subset_work;
 
@@ -206,8 +209,39 @@ static uint32_t subset_state(ml_fsm_ctx *c, const nfa *m, fsm_seqset *sets, ml_f
 
 /* Expand subset q of r: one edge per interval between the boundaries of
  * its members' edges that some edge covers. */
-static bool subset_expand(ml_fsm_ctx *c, const nfa *m, fsm_seqset *sets, ml_fsm *r,
-                          subset_work *w, uint32_t q)
+static bool subset_grow(ml_fsm_ctx *c, subset_work *w)
+{
+    size_t cap = w->cap_out ? w->cap_out * 2 : 64;
+    const nfa_edge **out = realloc(w->out, cap * sizeof *out);
+    if (out)
+        w->out = out;
+    uint64_t *events = realloc(w->events, 2 * cap * sizeof *events);
+    if (events)
+        w->events = events;
+    uint32_t *active = realloc(w->active, cap * sizeof *active);
+    if (active)
+        w->active = active;
+    uint32_t *slot = realloc(w->slot, cap * sizeof *slot);
+    if (slot)
+        w->slot = slot;
+    if (!out || !events || !active || !slot) {
+        fsm_nomem(c);
+        return false;
+    }
+    w->cap_out = cap;
+    return true;
+}
+
+static int cmp_u64(const void *x, const void *y)
+{
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* Expand subset q of r: a sweep over the starts and ends of its members'
+ * edges, one edge of r per interval between them that some edge covers. */
+static bool subset_expand(ml_fsm_ctx *c, const nfa *m, fsm_seqset *sets, ml_fsm *r, subset_work *w,
+                          uint32_t q)
 {
     uint32_t n_members;
     const uint32_t *mem = fsm_seqset_get(sets, q, &n_members);
@@ -218,44 +252,41 @@ static bool subset_expand(ml_fsm_ctx *c, const nfa *m, fsm_seqset *sets, ml_fsm 
         for (uint32_t e = m->first[s]; e < m->first[s + 1]; e++) {
             if (m->edges[e].lo > m->edges[e].hi)
                 continue;
-            if (n_out == w->cap_out) {
-                size_t cap = w->cap_out ? w->cap_out * 2 : 64;
-                const nfa_edge **out = realloc(w->out, cap * sizeof *out);
-                uint32_t *bounds = realloc(w->bounds, 2 * cap * sizeof *bounds);
-                if (out)
-                    w->out = out;
-                if (bounds)
-                    w->bounds = bounds;
-                if (!out || !bounds) {
-                    fsm_nomem(c);
-                    return false;
-                }
-                w->cap_out = cap;
-            }
+            if (n_out == w->cap_out && !subset_grow(c, w))
+                return false;
             w->out[n_out++] = &m->edges[e];
         }
     }
-    size_t n_bounds = 0;
+    size_t n_events = 0;
     for (size_t i = 0; i < n_out; i++) {
-        w->bounds[n_bounds++] = w->out[i]->lo;
-        w->bounds[n_bounds++] = w->out[i]->hi + 1;
+        w->events[n_events++] = (uint64_t)w->out[i]->lo << 32 | (uint64_t)i << 1 | 1u;
+        w->events[n_events++] = (uint64_t)(w->out[i]->hi + 1) << 32 | (uint64_t)i << 1;
     }
-    if (n_bounds > 0)
-        qsort(w->bounds, n_bounds, sizeof *w->bounds, cmp_u32);
+    if (n_events > 0)
+        qsort(w->events, n_events, sizeof *w->events, cmp_u64);
     fsm_open(r, q);
-    for (size_t k = 0; k + 1 < n_bounds; k++) {
-        uint32_t lo = w->bounds[k], hi = w->bounds[k + 1] - 1;
-        if (w->bounds[k + 1] == lo)
+    uint32_t n_active = 0;
+    for (size_t k = 0; k < n_events;) {
+        uint32_t pos = (uint32_t)(w->events[k] >> 32);
+        for (; k < n_events && (uint32_t)(w->events[k] >> 32) == pos; k++) {
+            uint32_t i = (uint32_t)(w->events[k] & UINT32_MAX) >> 1;
+            if (w->events[k] & 1u) {
+                w->slot[i] = n_active;
+                w->active[n_active++] = i;
+            } else {
+                uint32_t last = w->active[--n_active];
+                w->active[w->slot[i]] = last;
+                w->slot[last] = w->slot[i];
+            }
+        }
+        if (n_active == 0 || k == n_events)
             continue;
-        uint32_t n = 0;
-        for (size_t i = 0; i < n_out; i++)
-            if (w->out[i]->lo <= lo && lo <= w->out[i]->hi)
-                w->set[n++] = w->out[i]->to;
-        if (n == 0)
-            continue;
-        n = closure(m, w, n);
+        uint32_t hi = (uint32_t)(w->events[k] >> 32) - 1;
+        for (uint32_t j = 0; j < n_active; j++)
+            w->set[j] = w->out[w->active[j]]->to;
+        uint32_t n = closure(m, w, n_active);
         uint32_t to = subset_state(c, m, sets, r, w->set, n);
-        if (to == FSM_NONE || !fsm_add_edge(c, r, lo, hi, to))
+        if (to == FSM_NONE || !fsm_add_edge(c, r, pos, hi, to))
             return false;
     }
     return true;
@@ -271,7 +302,9 @@ static ml_fsm *determinize(ml_fsm_ctx *c, nfa *m, uint32_t start)
         goto out;
     w.stamp = calloc(m->n, sizeof *w.stamp);
     w.stack = malloc((size_t)m->n * sizeof *w.stack);
-    w.set = malloc((size_t)m->n * sizeof *w.set);
+    /* A closure starts from the targets of the edges covering a symbol:
+     * overlapping edges of one state (UTF-8 paths) may outnumber the states. */
+    w.set = malloc(((size_t)m->n + m->n_edges) * sizeof *w.set);
     w.members = malloc((size_t)m->n * sizeof *w.members);
     r = fsm_alloc(c);
     if (!w.stamp || !w.stack || !w.set || !w.members || !r) {
@@ -281,8 +314,15 @@ static ml_fsm *determinize(ml_fsm_ctx *c, nfa *m, uint32_t start)
     w.set[0] = start;
     uint32_t n = closure(m, &w, 1);
     bool ok = subset_state(c, m, &sets, r, w.set, n) != FSM_NONE;
-    for (uint32_t q = 0; ok && q < sets.n; q++)
+    for (uint32_t q = 0; ok && q < sets.n; q++) {
         ok = fsm_tick(c) && subset_expand(c, m, &sets, r, &w, q);
+        if (ok && sets.pool_len > (size_t)c->max_states * FSM_WORDS_PER_STATE) {
+            ml_fsm_ctx_fail(c, ML_ERR_TOO_LARGE,
+                            "subset construction over %u words per state of the bound of %u",
+                            FSM_WORDS_PER_STATE, c->max_states);
+            ok = false;
+        }
+    }
     if (ok)
         fsm_seal(r);
 out:
@@ -291,7 +331,9 @@ out:
     free(w.set);
     free(w.members);
     free(w.out);
-    free(w.bounds);
+    free(w.events);
+    free(w.active);
+    free(w.slot);
     fsm_seqset_deinit(&sets);
     nfa_deinit(m);
     if (c->status != ML_OK) {
@@ -396,6 +438,49 @@ ml_fsm *ml_fsm_repeat(ml_fsm_ctx *c, ml_fsm *a, uint32_t min, uint32_t max)
     return determinize(c, &m, start);
 }
 
+/* Frees a[0..n) and returns false when one is missing or the context has
+ * failed. */
+static bool take_n(ml_fsm_ctx *c, ml_fsm *const *a, size_t n)
+{
+    bool ok = c->status == ML_OK;
+    for (size_t i = 0; i < n; i++)
+        ok &= a[i] != NULL;
+    for (size_t i = 0; !ok && i < n; i++)
+        ml_fsm_free(a[i]);
+    return ok;
+}
+
+ml_fsm *ml_fsm_union_n(ml_fsm_ctx *c, ml_fsm *const *a, size_t n)
+{
+    if (!take_n(c, a, n))
+        return NULL;
+    nfa m = {0};
+    uint32_t start = nfa_add_state(c, &m, false, 0);
+    for (size_t i = 0; i < n && c->status == ML_OK; i++) {
+        uint32_t base = nfa_embed(c, &m, a[i], true);
+        if (base != FSM_NONE)
+            nfa_add_epsilon(c, &m, start, base);
+    }
+    for (size_t i = 0; i < n; i++)
+        ml_fsm_free(a[i]);
+    return determinize(c, &m, start);
+}
+
+ml_fsm *ml_fsm_concat_n(ml_fsm_ctx *c, ml_fsm *const *a, size_t n)
+{
+    if (!take_n(c, a, n))
+        return NULL;
+    nfa m = {0};
+    uint32_t start = nfa_add_state(c, &m, false, 0), joint = start;
+    for (size_t i = 0; i < n && joint != FSM_NONE; i++)
+        joint = repeat_step(c, &m, a[i], joint, false);
+    if (joint != FSM_NONE)
+        m.accept[joint] = 1;
+    for (size_t i = 0; i < n; i++)
+        ml_fsm_free(a[i]);
+    return determinize(c, &m, start);
+}
+
 /* ---- products ------------------------------------------------------------------- */
 
 /* State (i, j) of the product of a and b; j == b->n_states is b's sink
@@ -493,44 +578,16 @@ ml_fsm *ml_fsm_minus(ml_fsm_ctx *c, ml_fsm *a, ml_fsm *b)
 
 /* ---- UTF-8 ------------------------------------------------------------------------ */
 
-#define UTF8_MAX_BYTES 4
-#define UTF8_MAX_CP 0x10FFFFu
-#define UTF8_SURROGATE_LO 0xD800u
-#define UTF8_SURROGATE_HI 0xDFFFu
 #define UTF8_CONT_BITS 6
 
-static const uint32_t utf8_len_max[UTF8_MAX_BYTES] = {0x7F, 0x7FF, 0xFFFF, UTF8_MAX_CP};
-
-static int utf8_encode(uint32_t cp, uint8_t *out)
-{
-    if (cp <= 0x7F) {
-        out[0] = (uint8_t)cp;
-        return 1;
-    }
-    if (cp <= 0x7FF) {
-        out[0] = (uint8_t)(0xC0 | cp >> 6);
-        out[1] = (uint8_t)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp <= 0xFFFF) {
-        out[0] = (uint8_t)(0xE0 | cp >> 12);
-        out[1] = (uint8_t)(0x80 | (cp >> 6 & 0x3F));
-        out[2] = (uint8_t)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (uint8_t)(0xF0 | cp >> 18);
-    out[1] = (uint8_t)(0x80 | (cp >> 12 & 0x3F));
-    out[2] = (uint8_t)(0x80 | (cp >> 6 & 0x3F));
-    out[3] = (uint8_t)(0x80 | (cp & 0x3F));
-    return 4;
-}
+static const uint32_t utf8_len_max[ML_UTF8_MAX_BYTES] = {0x7F, 0x7FF, 0xFFFF, ML_UTF8_MAX_CP};
 
 /* Paths start -> end in m for the code points [lo, hi] (one encoded
  * length, no surrogates): split until every byte position is one range,
  * as RE2 and Rust's regex-syntax do. */
 static bool utf8_paths(ml_fsm_ctx *c, nfa *m, uint32_t lo, uint32_t hi)
 {
-    for (int i = 1; i < UTF8_MAX_BYTES; i++) {
+    for (int i = 1; i < ML_UTF8_MAX_BYTES; i++) {
         uint32_t mask = (1u << (UTF8_CONT_BITS * i)) - 1;
         if ((lo & ~mask) == (hi & ~mask))
             continue;
@@ -539,9 +596,9 @@ static bool utf8_paths(ml_fsm_ctx *c, nfa *m, uint32_t lo, uint32_t hi)
         if ((hi & mask) != mask)
             return utf8_paths(c, m, lo, (hi & ~mask) - 1) && utf8_paths(c, m, hi & ~mask, hi);
     }
-    uint8_t elo[UTF8_MAX_BYTES], ehi[UTF8_MAX_BYTES];
-    int n = utf8_encode(lo, elo);
-    utf8_encode(hi, ehi);
+    uint8_t elo[ML_UTF8_MAX_BYTES], ehi[ML_UTF8_MAX_BYTES];
+    int n = (int)ml_utf8_encode(lo, elo);
+    ml_utf8_encode(hi, ehi);
     uint32_t from = 0; /* the start; 1 is the accepting end */
     for (int k = 0; k < n; k++) {
         uint32_t to = k + 1 == n ? 1 : nfa_add_state(c, m, false, 0);
@@ -557,16 +614,17 @@ ml_fsm *ml_fsm_utf8(ml_fsm_ctx *c, const uint32_t (*ranges)[2], size_t n)
     if (c->status != ML_OK)
         return NULL;
     nfa m = {0};
-    bool ok = nfa_add_state(c, &m, false, 0) != FSM_NONE &&
-              nfa_add_state(c, &m, true, 0) != FSM_NONE;
+    bool ok =
+        nfa_add_state(c, &m, false, 0) != FSM_NONE && nfa_add_state(c, &m, true, 0) != FSM_NONE;
     for (size_t r = 0; ok && r < n; r++) {
-        uint32_t lo = ranges[r][0], hi = ranges[r][1] > UTF8_MAX_CP ? UTF8_MAX_CP : ranges[r][1];
+        uint32_t lo = ranges[r][0],
+                 hi = ranges[r][1] > ML_UTF8_MAX_CP ? ML_UTF8_MAX_CP : ranges[r][1];
         /* Split at the surrogates and at each encoded length's end. */
-        const uint32_t cuts[][2] = {{lo, UTF8_SURROGATE_LO - 1}, {UTF8_SURROGATE_HI + 1, hi}};
+        const uint32_t cuts[][2] = {{lo, ML_UTF8_SURROGATE_LO - 1}, {ML_UTF8_SURROGATE_HI + 1, hi}};
         for (int part = 0; ok && part < 2; part++) {
             uint32_t plo = cuts[part][0] > lo ? cuts[part][0] : lo;
             uint32_t phi = cuts[part][1] < hi ? cuts[part][1] : hi;
-            for (int len = 0; ok && len < UTF8_MAX_BYTES && plo <= phi; len++) {
+            for (int len = 0; ok && len < ML_UTF8_MAX_BYTES && plo <= phi; len++) {
                 uint32_t end = utf8_len_max[len] < phi ? utf8_len_max[len] : phi;
                 if (plo <= end) {
                     ok = utf8_paths(c, &m, plo, end) && fsm_tick(c);

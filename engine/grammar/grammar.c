@@ -42,7 +42,7 @@ struct ml_grammar_mask_cache {
     uint32_t *entry;  /* owned (SLOTS): the entry of the slot's key */
     uint64_t *masks;  /* owned (ENTRIES, n_words), allocated at the first insert */
     uint32_t *counts; /* owned (ENTRIES): bits set in each mask */
-    uint16_t *budget; /* owned (n_states), allocated at the first string: BUDGET_* */
+    uint32_t *budget; /* owned (n_states), allocated at the first string: BUDGET_* */
 };
 
 ml_grammar *ml_grammar_alloc(uint32_t n_states, uint32_t n_classes, uint32_t n_calls)
@@ -373,9 +373,10 @@ enum {
     CANON_CHAR,  /* between characters */
     CANON_ESC,   /* after \ */
     CANON_U,     /* after \u: 0 */
-    CANON_U0,    /* after \u0: 0 or 1 */
-    CANON_U00,   /* after \u00: a control without a short escape */
-    CANON_U01,   /* after \u01: any lower-case hex digit */
+    CANON_U0,    /* after \u0: 0 */
+    CANON_U00,   /* after \u00: 0 or 1 */
+    CANON_U000,  /* after \u000: a control without a short escape */
+    CANON_U001,  /* after \u001: any lower-case hex digit */
     CANON_CONT1, /* UTF-8: one continuation byte to come */
     CANON_CONT2,
     CANON_CONT3,
@@ -425,11 +426,13 @@ static uint8_t canon_step(uint8_t c, uint8_t b)
     case CANON_U:
         return b == '0' ? CANON_U0 : CANON_DEAD;
     case CANON_U0:
-        return b == '0' ? CANON_U00 : b == '1' ? CANON_U01 : CANON_DEAD;
-    case CANON_U00: /* \b \t \n \f \r (08, 09, 0a, 0c, 0d) have their short forms */
+        return b == '0' ? CANON_U00 : CANON_DEAD;
+    case CANON_U00:
+        return b == '0' ? CANON_U000 : b == '1' ? CANON_U001 : CANON_DEAD;
+    case CANON_U000: /* \b \t \n \f \r (08, 09, 0a, 0c, 0d) have their short forms */
         return (b >= '0' && b <= '7') || b == 'b' || b == 'e' || b == 'f' ? CANON_CHAR
                                                                            : CANON_DEAD;
-    case CANON_U01:
+    case CANON_U001:
         return (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') ? CANON_CHAR : CANON_DEAD;
     case CANON_CONT1:
         return canon_cont(b) ? CANON_CHAR : CANON_DEAD;
@@ -509,9 +512,13 @@ ml_status ml_grammar_vocab_mark_strings(ml_json_vocab *v, char *err, size_t errl
 
 /* The budget of a state, as string_budget finds it, remembered per grammar
  * (ml_grammar_mask_cache.budget): unknown, not such a string, unbounded, or
- * BUDGET_0 + the characters left. */
+ * BUDGET_0 + the characters left; with, above BUDGET_NEED_SHIFT, the
+ * largest need of the string's states (the shortcut holds at depths where
+ * every one of them fits). */
 enum { BUDGET_UNKNOWN, BUDGET_NONE, BUDGET_0 };
-#define BUDGET_UNBOUNDED UINT16_MAX
+#define BUDGET_UNBOUNDED ((uint32_t)ML_GRAMMAR_BUDGET_UNBOUNDED)
+#define BUDGET_NEED_SHIFT 16
+#define BUDGET_CODE(m) ((m) & 0xffffu)
 /* Pairs one exploration may visit: a string with a maxLength of a few
  * hundred characters; past it, its states are walked in full. */
 #define BUDGET_MAX_PAIRS 8192u
@@ -525,7 +532,7 @@ typedef struct budget_pair {
 
 typedef struct budget_scan {
     const ml_grammar *g;
-    uint16_t need;
+    uint16_t need; /* the largest need met */
     uint64_t *seen;       /* (BUDGET_SLOTS): q * CANON_N + c + 1, 0 for an empty slot */
     uint16_t *seen_layer; /* (BUDGET_SLOTS) */
     budget_pair *queue;   /* (BUDGET_MAX_PAIRS) */
@@ -554,16 +561,17 @@ static bool budget_push(budget_scan *b, uint32_t q, uint8_t c, uint16_t layer)
 }
 
 /* Explore one pair: every byte the reference takes inside the string must
- * take the grammar to a state inside it (with the same need), every byte it
+ * take the grammar to a state inside it, every byte it
  * refuses must be refused; between characters, a state may instead take no
  * character at all (closed: the budget is spent). Closing quotes are left
  * to the walk. */
 static bool budget_visit(budget_scan *b, budget_pair p)
 {
     const ml_grammar *g = b->g;
-    if (!(g->flags[p.q] & ML_GRAMMAR_IN_STRING) || (g->flags[p.q] & ML_GRAMMAR_ACCEPT) ||
-        g->need[p.q] != b->need)
+    if (!(g->flags[p.q] & ML_GRAMMAR_IN_STRING) || (g->flags[p.q] & ML_GRAMMAR_ACCEPT))
         return false;
+    if (g->need[p.q] > b->need)
+        b->need = g->need[p.q];
     const uint32_t *row = g->next + (size_t)p.q * g->n_classes;
     bool takes = false, refuses = false;
     for (int byte = 0; byte < 256; byte++) {
@@ -606,11 +614,12 @@ static bool budget_visit(budget_scan *b, budget_pair p)
 
 /* The characters state s may still take, if s behaves as the reference
  * between characters with that many left (BUDGET_UNBOUNDED: no limit), else
- * BUDGET_NONE; the budgets of the states between characters met on the way
- * are written to memo where unknown. */
-static uint16_t string_budget(const ml_grammar *g, uint32_t s, uint16_t *memo)
+ * BUDGET_NONE, with the string's largest need (BUDGET_NEED_SHIFT); the
+ * budgets of the states between characters met on the way are written to
+ * memo where unknown (their strings are parts of this one). */
+static uint32_t string_budget(const ml_grammar *g, uint32_t s, uint32_t *memo)
 {
-    budget_scan b = {.g = g, .need = g->need[s]};
+    budget_scan b = {.g = g};
     b.seen = calloc(BUDGET_SLOTS, sizeof *b.seen);
     b.seen_layer = malloc(BUDGET_SLOTS * sizeof *b.seen_layer);
     b.queue = malloc(BUDGET_MAX_PAIRS * sizeof *b.queue);
@@ -619,13 +628,15 @@ static uint16_t string_budget(const ml_grammar *g, uint32_t s, uint16_t *memo)
         ok = budget_visit(&b, b.queue[head]);
     /* Bounded only when every path spends the budget at the same count. */
     ok = ok && !(b.closed && b.merged);
-    uint16_t budget = !ok ? BUDGET_NONE : b.closed ? (uint16_t)(BUDGET_0 + b.closed_layer)
-                                                   : BUDGET_UNBOUNDED;
+    uint32_t need = (uint32_t)b.need << BUDGET_NEED_SHIFT;
+    uint32_t budget = !ok       ? BUDGET_NONE
+                      : b.closed ? need | (BUDGET_0 + b.closed_layer)
+                                 : need | BUDGET_UNBOUNDED;
     for (uint32_t i = 0; ok && i < b.n; i++) {
         budget_pair p = b.queue[i];
         if (p.c == CANON_CHAR && memo[p.q] == BUDGET_UNKNOWN)
-            memo[p.q] = b.closed ? (uint16_t)(BUDGET_0 + b.closed_layer - p.layer)
-                                 : BUDGET_UNBOUNDED;
+            memo[p.q] = b.closed ? need | (BUDGET_0 + b.closed_layer - p.layer)
+                                 : need | BUDGET_UNBOUNDED;
     }
     free(b.seen);
     free(b.seen_layer);
@@ -708,9 +719,10 @@ static void mask_cache_put(ml_grammar_state *s, const uint64_t *allowed, size_t 
     pthread_mutex_unlock(&c->lock);
 }
 
-/* The string budget of the state (string_budget), BUDGET_NONE outside
- * strings, looked up or found and remembered. */
-static uint16_t state_budget(const ml_grammar_state *s)
+/* The string budget of the state (string_budget's code), BUDGET_NONE
+ * outside strings and where the string's states do not all fit at the
+ * state's depth; looked up, or found and remembered. */
+static uint32_t state_budget(const ml_grammar_state *s)
 {
     const ml_grammar *g = s->g;
     if (!(g->flags[s->cur] & ML_GRAMMAR_IN_STRING))
@@ -719,13 +731,23 @@ static uint16_t state_budget(const ml_grammar_state *s)
     pthread_mutex_lock(&c->lock);
     if (!c->budget)
         c->budget = calloc(g->n_states, sizeof *c->budget);
-    uint16_t budget = !c->budget ? BUDGET_NONE : c->budget[s->cur];
+    uint32_t budget = !c->budget ? BUDGET_NONE : c->budget[s->cur];
     if (budget == BUDGET_UNKNOWN) {
         budget = string_budget(g, s->cur, c->budget);
         c->budget[s->cur] = budget;
     }
     pthread_mutex_unlock(&c->lock);
-    return budget;
+    if (s->depth + (budget >> BUDGET_NEED_SHIFT) > ML_GRAMMAR_MAX_DEPTH)
+        return BUDGET_NONE;
+    return BUDGET_CODE(budget);
+}
+
+long ml_grammar_state_string_budget(const ml_grammar_state *s)
+{
+    uint32_t budget = state_budget(s);
+    return budget == BUDGET_NONE        ? -1
+           : budget == BUDGET_UNBOUNDED ? ML_GRAMMAR_BUDGET_UNBOUNDED
+                                        : (long)(budget - BUDGET_0);
 }
 
 /* The walk: the trie in depth-first order, front to back, each node's
@@ -801,10 +823,10 @@ size_t ml_grammar_state_allowed(ml_grammar_state *s, uint64_t *allowed)
         return count;
     /* A string's mask under a budget is a copy and a short walk: not
      * worth a slot. */
-    uint16_t budget = state_budget(s);
+    uint32_t budget = state_budget(s);
     bool plain = budget != BUDGET_NONE, base_popped = false;
     if (plain) {
-        uint32_t left = (uint32_t)budget - BUDGET_0;
+        uint32_t left = budget - BUDGET_0;
         uint32_t c = left < v->canon_max_chars ? left : v->canon_max_chars;
         memcpy(allowed, v->canon_upto + (size_t)c * v->n_words, v->n_words * sizeof *allowed);
     } else {

@@ -9,10 +9,7 @@
 
 #define CHECK_NONE UINT32_MAX
 
-static bool check_ws(int b)
-{
-    return b == ' ' || b == '\t' || b == '\n' || b == '\r';
-}
+static const uint8_t check_ws_bytes[] = {' ', '\t', '\n', '\r'};
 
 static uint32_t entry(const ml_grammar *g, uint32_t s, int b)
 {
@@ -65,12 +62,32 @@ static bool check_machines(const ml_grammar *g, const uint32_t *starts, uint32_t
     return true;
 }
 
-/* need[] recomputed by relaxation to a fixpoint and compared. */
-static bool check_need(const ml_grammar *g, uint32_t *need, char *err, size_t errlen)
+/* need[] recomputed by relaxation to a fixpoint and compared (full), or
+ * only checked to be each state's minimum over its entries (not full:
+ * local, one pass). */
+static bool check_need(const ml_grammar *g, bool full, uint32_t *need, char *err, size_t errlen)
 {
     for (uint32_t s = 0; s < g->n_states; s++)
-        need[s] = g->flags[s] & ML_GRAMMAR_ACCEPT ? 0 : CHECK_NONE;
-    for (bool changed = true; changed;) {
+        need[s] = g->flags[s] & ML_GRAMMAR_ACCEPT ? 0 : full ? CHECK_NONE : g->need[s];
+    if (!full) {
+        for (uint32_t s = 0; s < g->n_states; s++) {
+            uint32_t best = g->flags[s] & ML_GRAMMAR_ACCEPT ? 0 : CHECK_NONE;
+            for (uint32_t c = 0; c < g->n_classes; c++) {
+                uint32_t e = g->next[(size_t)s * g->n_classes + c], v;
+                if (e == ML_GRAMMAR_DEAD)
+                    continue;
+                if (e & ML_GRAMMAR_CALL) {
+                    const ml_grammar_call *k = &g->calls[e & ~ML_GRAMMAR_CALL];
+                    v = need[k->enter] + 1u > need[k->ret] ? need[k->enter] + 1u : need[k->ret];
+                } else {
+                    v = need[e];
+                }
+                best = v < best ? v : best;
+            }
+            need[s] = best;
+        }
+    }
+    for (bool changed = full; changed;) {
         changed = false;
         for (uint32_t s = g->n_states; s-- > 0;) {
             for (uint32_t c = 0; c < g->n_classes; c++) {
@@ -101,15 +118,15 @@ static bool check_need(const ml_grammar *g, uint32_t *need, char *err, size_t er
     return true;
 }
 
-/* The bytes with an entry in state s. */
+/* The byte classes with an entry in state s. */
 static void check_first(const ml_grammar *g, uint32_t s, uint8_t set[32])
 {
-    for (int b = 0; b < 256; b++)
-        if (entry(g, s, b) != ML_GRAMMAR_DEAD)
-            set[b >> 3] |= (uint8_t)(1u << (b & 7));
+    for (uint32_t c = 0; c < g->n_classes; c++)
+        if (g->next[(size_t)s * g->n_classes + c] != ML_GRAMMAR_DEAD)
+            set[c >> 3] |= (uint8_t)(1u << (c & 7));
 }
 
-ml_status ml_grammar_check(const ml_grammar *g, char *err, size_t errlen)
+ml_status ml_grammar_check(const ml_grammar *g, bool full, char *err, size_t errlen)
 {
     if (!g || g->n_states == 0 || g->start >= g->n_states || g->n_classes == 0 ||
         g->n_classes > 256)
@@ -149,14 +166,20 @@ ml_status ml_grammar_check(const ml_grammar *g, char *err, size_t errlen)
     }
     st = ML_ERR_FORMAT;
     if (!check_machines(g, starts, n_starts, mach, tmp, err, errlen) ||
-        !check_need(g, tmp, err, errlen))
+        !check_need(g, full, tmp, err, errlen))
         goto out;
 
     /* 1: a call's byte is one its callee begins with (looking it up at the
      * callee's start finds an edge, or a call that does, within n_calls). */
+    int rep[256];
+    for (uint32_t c = 0; c < g->n_classes; c++)
+        rep[c] = -1;
+    for (int b = 255; b >= 0; b--)
+        rep[g->byte_class[b]] = b;
     for (uint32_t s = 0; s < n; s++)
-        for (int b = 0; b < 256; b++) {
-            uint32_t e = entry(g, s, b);
+        for (uint32_t c = 0; c < g->n_classes; c++) {
+            int b = rep[c];
+            uint32_t e = b < 0 ? ML_GRAMMAR_DEAD : entry(g, s, b);
             for (uint32_t hops = 0; e != ML_GRAMMAR_DEAD && (e & ML_GRAMMAR_CALL); hops++) {
                 if (hops > g->n_calls) {
                     ml_fail(err, errlen, ML_ERR_FORMAT,
@@ -197,18 +220,21 @@ ml_status ml_grammar_check(const ml_grammar *g, char *err, size_t errlen)
     for (uint32_t s = 0; s < n; s++) {
         if (!(g->flags[s] & ML_GRAMMAR_ACCEPT))
             continue;
-        for (int b = 0; b < 256; b++) {
-            if (entry(g, s, b) == ML_GRAMMAR_DEAD)
+        for (uint32_t c = 0; c < g->n_classes; c++) {
+            int b = rep[c];
+            if (b < 0 || entry(g, s, b) == ML_GRAMMAR_DEAD)
                 continue;
-            if (bit(follow[mach[s]], b)) {
+            if (bit(follow[mach[s]], (int)c)) {
                 ml_fail(err, errlen, ML_ERR_FORMAT,
                         "state %u byte 0x%02x: continues a value and may follow it "
                         "(guarantee 2)",
                         s, b);
                 goto out;
             }
-            /* 5: the document ends where it is complete. */
-            if (mach[s] == 0 && check_ws(b)) {
+        }
+        /* 5: the document ends where it is complete. */
+        for (size_t w = 0; w < sizeof check_ws_bytes; w++) {
+            if (mach[s] == 0 && entry(g, s, check_ws_bytes[w]) != ML_GRAMMAR_DEAD) {
                 ml_fail(err, errlen, ML_ERR_FORMAT,
                         "state %u: whitespace after a complete document (guarantee 5)", s);
                 goto out;
@@ -221,13 +247,14 @@ ml_status ml_grammar_check(const ml_grammar *g, char *err, size_t errlen)
     for (uint32_t s = 0; s < n; s++) {
         if (g->flags[s] & ML_GRAMMAR_IN_STRING)
             continue;
-        for (int b = 0; b < 256; b++) {
+        for (size_t w0 = 0; w0 < sizeof check_ws_bytes; w0++) {
+            int b = check_ws_bytes[w0];
             uint32_t t = entry(g, s, b);
-            if (!check_ws(b) || t == ML_GRAMMAR_DEAD)
+            if (t == ML_GRAMMAR_DEAD)
                 continue;
             bool gap = !(t & ML_GRAMMAR_CALL) && !(g->flags[t] & ML_GRAMMAR_IN_STRING);
-            for (int w = 0; gap && w < 256; w++)
-                gap = !check_ws(w) || entry(g, t, w) == t;
+            for (size_t w = 0; gap && w < sizeof check_ws_bytes; w++)
+                gap = entry(g, t, check_ws_bytes[w]) == t;
             if (!gap) {
                 ml_fail(err, errlen, ML_ERR_FORMAT,
                         "state %u byte 0x%02x: whitespace outside a string that does not "

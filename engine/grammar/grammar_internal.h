@@ -44,6 +44,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -88,10 +89,18 @@ struct ml_grammar {
 ml_grammar *ml_grammar_alloc(uint32_t n_states, uint32_t n_classes, uint32_t n_calls);
 
 /* Check the tables against the five guarantees above (and that every entry
- * is in range), independently of how schema_emit.c made them: the tests
- * and the fuzz target run it on every grammar they compile. Costs up to
- * O(n_states^2 * n_classes) (a fixpoint), so not in the serving path. ML_OK, or ML_ERR_FORMAT with the first broken guarantee, its
- * state and byte in err. */
-ml_status ml_grammar_check(const ml_grammar *g, char *err, size_t errlen);
+ * is in range), independently of how schema_emit.c made them. full: need[]
+ * is recomputed to a fixpoint (up to O(n_states^2 * n_classes): tests and
+ * fuzzing); else only checked to be each state's minimum over its entries
+ * (O(n_states * n_classes): schema.c runs that on every grammar it emits,
+ * and refuses a schema that fails it). ML_OK, or ML_ERR_FORMAT with the
+ * first broken guarantee, its state and byte in err. */
+ml_status ml_grammar_check(const ml_grammar *g, bool full, char *err, size_t errlen);
+
+/* For tests: when the mask of s takes grammar.c's string shortcut, the
+ * characters the string may still take (ML_GRAMMAR_BUDGET_UNBOUNDED: no
+ * limit); -1 when it does not. */
+#define ML_GRAMMAR_BUDGET_UNBOUNDED 65535L
+long ml_grammar_state_string_budget(const ml_grammar_state *s);
 
 #endif

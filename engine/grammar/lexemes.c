@@ -32,8 +32,8 @@
 #include <string.h>
 
 #include "grammar/regex.h"
+#include "grammar/utf8.h"
 
-#define LEX_MAX_CP 0x10FFFFu
 #define LEX_FIRST_PRINTABLE 0x20u
 #define LEX_ESCAPE_MAX 7 /* \u00XX */
 
@@ -46,13 +46,27 @@ static size_t escaped_form(uint32_t cp, char out[LEX_ESCAPE_MAX])
     static const char hex[] = "0123456789abcdef";
     char short_form = 0;
     switch (cp) {
-    case '"': short_form = '"'; break;
-    case '\\': short_form = '\\'; break;
-    case '\b': short_form = 'b'; break;
-    case '\f': short_form = 'f'; break;
-    case '\n': short_form = 'n'; break;
-    case '\r': short_form = 'r'; break;
-    case '\t': short_form = 't'; break;
+    case '"':
+        short_form = '"';
+        break;
+    case '\\':
+        short_form = '\\';
+        break;
+    case '\b':
+        short_form = 'b';
+        break;
+    case '\f':
+        short_form = 'f';
+        break;
+    case '\n':
+        short_form = 'n';
+        break;
+    case '\r':
+        short_form = 'r';
+        break;
+    case '\t':
+        short_form = 't';
+        break;
     default:
         if (cp >= LEX_FIRST_PRINTABLE)
             return 0;
@@ -66,11 +80,40 @@ static size_t escaped_form(uint32_t cp, char out[LEX_ESCAPE_MAX])
     return 2;
 }
 
+static void set_bit(uint8_t set[32], uint8_t b)
+{
+    set[b >> 3] |= (uint8_t)(1u << (b & 7));
+}
+
+/* The escaped forms of the characters marked in special (the controls,
+ * then '"' and '\' at LEX_FIRST_PRINTABLE and + 1), built as "\" then one
+ * letter or "u00" and two hex digits, not as a union per character. */
+static ml_fsm *escapes(ml_fsm_ctx *c, const bool *special)
+{
+    uint8_t letters[32] = {0}, hex_low[2][32] = {{0}};
+    for (uint32_t cp = 0; cp < LEX_FIRST_PRINTABLE + 2; cp++) {
+        if (!special[cp])
+            continue;
+        char form[LEX_ESCAPE_MAX];
+        uint32_t x = cp < LEX_FIRST_PRINTABLE ? cp : cp == LEX_FIRST_PRINTABLE ? '"' : '\\';
+        if (escaped_form(x, form) == 2)
+            set_bit(letters, (uint8_t)form[1]);
+        else
+            set_bit(hex_low[x >> 4], (uint8_t)form[5]);
+    }
+    ml_fsm *u =
+        ml_fsm_union(c, ml_fsm_concat(c, ml_fsm_literal(c, "0", 1), ml_fsm_byte_set(c, hex_low[0])),
+                     ml_fsm_concat(c, ml_fsm_literal(c, "1", 1), ml_fsm_byte_set(c, hex_low[1])));
+    ml_fsm *after = ml_fsm_union(c, ml_fsm_byte_set(c, letters),
+                                 ml_fsm_concat(c, ml_fsm_literal(c, "u00", 3), u));
+    return ml_fsm_concat(c, ml_fsm_literal(c, "\\", 1), after);
+}
+
 ml_fsm *ml_lex_json_char(ml_fsm_ctx *c, const uint32_t (*ranges)[2], size_t n)
 {
     /* The raw part: every range without the controls, '"' and '\'. */
     static const uint32_t raw_windows[][2] = {
-        {LEX_FIRST_PRINTABLE, '"' - 1}, {'"' + 1, '\\' - 1}, {'\\' + 1, LEX_MAX_CP}};
+        {LEX_FIRST_PRINTABLE, '"' - 1}, {'"' + 1, '\\' - 1}, {'\\' + 1, ML_UTF8_MAX_CP}};
     size_t n_windows = sizeof raw_windows / sizeof raw_windows[0];
     uint32_t(*raw)[2] = malloc((n * n_windows + 1) * sizeof *raw);
     if (!raw) {
@@ -78,8 +121,8 @@ ml_fsm *ml_lex_json_char(ml_fsm_ctx *c, const uint32_t (*ranges)[2], size_t n)
         return NULL;
     }
     size_t n_raw = 0;
-    bool special[LEX_FIRST_PRINTABLE + 1] = {0}; /* controls; [0x20]: '"' or '\' seen */
-    bool quote = false, backslash = false;
+    /* The characters with an escaped form: the controls, then '"' and '\'. */
+    bool special[LEX_FIRST_PRINTABLE + 2] = {0};
     for (size_t i = 0; i < n; i++) {
         uint32_t lo = ranges[i][0], hi = ranges[i][1];
         for (size_t w = 0; w < n_windows; w++) {
@@ -93,45 +136,15 @@ ml_fsm *ml_lex_json_char(ml_fsm_ctx *c, const uint32_t (*ranges)[2], size_t n)
         }
         for (uint32_t cp = lo; cp < LEX_FIRST_PRINTABLE && cp <= hi; cp++)
             special[cp] = true;
-        quote |= lo <= '"' && '"' <= hi;
-        backslash |= lo <= '\\' && '\\' <= hi;
+        special[LEX_FIRST_PRINTABLE] |= lo <= '"' && '"' <= hi;
+        special[LEX_FIRST_PRINTABLE + 1] |= lo <= '\\' && '\\' <= hi;
     }
     ml_fsm *a = n_raw ? ml_fsm_utf8(c, (const uint32_t(*)[2])raw, n_raw) : ml_fsm_nothing(c);
     free(raw);
-    char form[LEX_ESCAPE_MAX];
-    for (uint32_t cp = 0; cp < LEX_FIRST_PRINTABLE; cp++)
-        if (special[cp])
-            a = ml_fsm_union(c, a, ml_fsm_literal(c, form, escaped_form(cp, form)));
-    if (quote)
-        a = ml_fsm_union(c, a, ml_fsm_literal(c, form, escaped_form('"', form)));
-    if (backslash)
-        a = ml_fsm_union(c, a, ml_fsm_literal(c, form, escaped_form('\\', form)));
-    return a;
+    return ml_fsm_union(c, a, escapes(c, special));
 }
 
 /* ---- a given text -------------------------------------------------------------- */
-
-/* The next code point of UTF-8 text at *i (advanced), or -1 when invalid
- * (overlong, surrogate, past U+10FFFF, truncated). */
-static int32_t next_cp(const uint8_t *p, size_t n, size_t *i)
-{
-    static const uint32_t min_of_len[] = {0, 0, 0x80, 0x800, 0x10000};
-    uint8_t b = p[(*i)++];
-    int len = b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3
-            : b >= 0xF0 && b <= 0xF4                ? 4
-                                                    : 0;
-    if (len == 0)
-        return -1;
-    uint32_t v = len == 1 ? b : b & (0x3Fu >> (len - 1));
-    for (int k = 1; k < len; k++) {
-        if (*i >= n || (p[*i] & 0xC0) != 0x80)
-            return -1;
-        v = v << 6 | (p[(*i)++] & 0x3F);
-    }
-    if (v < min_of_len[len] || v > LEX_MAX_CP || (v >= 0xD800 && v <= 0xDFFF))
-        return -1;
-    return (int32_t)v;
-}
 
 ml_fsm *ml_lex_json_string_content_of(ml_fsm_ctx *c, const char *utf8, size_t n)
 {
@@ -147,7 +160,7 @@ ml_fsm *ml_lex_json_string_content_of(ml_fsm_ctx *c, const char *utf8, size_t n)
     size_t len = 0;
     for (size_t i = 0; i < n;) {
         size_t start = i;
-        int32_t cp = next_cp(p, n, &i);
+        int32_t cp = ml_utf8_decode(p, n, &i);
         if (cp < 0) {
             free(out);
             ml_fsm_ctx_fail(c, ML_ERR_INVALID_ARG, "string: invalid UTF-8 at byte %zu", start);
@@ -168,19 +181,23 @@ ml_fsm *ml_lex_json_string_content_of(ml_fsm_ctx *c, const char *utf8, size_t n)
 /* ---- formats ------------------------------------------------------------------- */
 
 #define DIGIT "[0-9]"
-#define YEAR "(?:" DIGIT "{3}[1-9]|" DIGIT "{2}[1-9]" DIGIT "|" DIGIT "[1-9]" DIGIT "{2}|[1-9]" DIGIT "{3})"
+/* Years 0001..9999. */
+#define YEAR                                                                                       \
+    "(?:" DIGIT "{3}[1-9]|" DIGIT "{2}[1-9]" DIGIT "|" DIGIT "[1-9]" DIGIT "{2}|[1-9]" DIGIT       \
+    "{3})"
 /* Leap years: divisible by 4 and not by 100, or by 400 (never 0000). */
-#define LEAP_YEAR                                                                      \
+#define LEAP_YEAR                                                                                  \
     "(?:" DIGIT "{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
-#define DATE                                                                          \
-    "(?:" YEAR "-(?:0[13578]|1[02])-(?:0[1-9]|[12]" DIGIT "|3[01])|" YEAR             \
-    "-(?:0[469]|11)-(?:0[1-9]|[12]" DIGIT "|30)|" YEAR "-02-(?:0[1-9]|1" DIGIT "|2[0-8])|" \
-    LEAP_YEAR "-02-29)"
+#define DATE                                                                                       \
+    "(?:" YEAR "-(?:0[13578]|1[02])-(?:0[1-9]|[12]" DIGIT "|3[01])|" YEAR                          \
+    "-(?:0[469]|11)-(?:0[1-9]|[12]" DIGIT "|30)|" YEAR "-02-(?:0[1-9]|1" DIGIT                     \
+    "|2[0-8])|" LEAP_YEAR "-02-29)"
 #define HOUR "(?:[01]" DIGIT "|2[0-3])"
 #define MINUTE "[0-5]" DIGIT
 #define TIME HOUR ":" MINUTE ":" MINUTE "(?:\\." DIGIT "+)?(?:Z|[+-]" HOUR ":" MINUTE ")"
-#define DUR_TIME "T(?:" DIGIT "+H(?:" DIGIT "+M(?:" DIGIT "+S)?)?|" DIGIT "+M(?:" DIGIT "+S)?|" DIGIT "+S)"
-#define DUR_DATE                                                                       \
+#define DUR_TIME                                                                                   \
+    "T(?:" DIGIT "+H(?:" DIGIT "+M(?:" DIGIT "+S)?)?|" DIGIT "+M(?:" DIGIT "+S)?|" DIGIT "+S)"
+#define DUR_DATE                                                                                   \
     "(?:" DIGIT "+D|" DIGIT "+M(?:" DIGIT "+D)?|" DIGIT "+Y(?:" DIGIT "+M(?:" DIGIT "+D)?)?)"
 #define LABEL "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 #define HOSTNAME LABEL "(?:\\." LABEL ")*"
@@ -192,21 +209,22 @@ ml_fsm *ml_lex_json_string_content_of(ml_fsm_ctx *c, const char *utf8, size_t n)
 #define IPV4 OCTET "\\." OCTET "\\." OCTET "\\." OCTET
 #define H16 "[0-9A-Fa-f]{1,4}"
 #define LS32 "(?:" H16 ":" H16 "|" IPV4 ")"
-#define IPV6                                                                            \
-    "(?:(?:" H16 ":){6}" LS32 "|::(?:" H16 ":){5}" LS32 "|(?:" H16 ")?::(?:" H16 ":){4}" LS32 \
-    "|(?:(?:" H16 ":){0,1}" H16 ")?::(?:" H16 ":){3}" LS32 "|(?:(?:" H16 ":){0,2}" H16        \
-    ")?::(?:" H16 ":){2}" LS32 "|(?:(?:" H16 ":){0,3}" H16 ")?::" H16 ":" LS32               \
-    "|(?:(?:" H16 ":){0,4}" H16 ")?::" LS32 "|(?:(?:" H16 ":){0,5}" H16 ")?::" H16           \
-    "|(?:(?:" H16 ":){0,6}" H16 ")?::)"
+#define IPV6                                                                                       \
+    "(?:(?:" H16 ":){6}" LS32 "|::(?:" H16 ":){5}" LS32 "|(?:" H16 ")?::(?:" H16 ":){4}" LS32      \
+    "|(?:(?:" H16 ":){0,1}" H16 ")?::(?:" H16 ":){3}" LS32 "|(?:(?:" H16 ":){0,2}" H16             \
+    ")?::(?:" H16 ":){2}" LS32 "|(?:(?:" H16 ":){0,3}" H16 ")?::" H16 ":" LS32 "|(?:(?:" H16       \
+    ":){0,4}" H16 ")?::" LS32 "|(?:(?:" H16 ":){0,5}" H16 ")?::" H16 "|(?:(?:" H16 ":){0,6}" H16   \
+    ")?::)"
 #define UNRESERVED "A-Za-z0-9._~\\-"
 #define SUB_DELIMS "!$&'()*+,;="
 #define PCT "%[0-9A-Fa-f]{2}"
 #define PCHAR "(?:[" UNRESERVED SUB_DELIMS ":@]|" PCT ")"
 #define SEGMENT PCHAR "*"
-#define URI                                                                               \
-    "[A-Za-z][A-Za-z0-9+.-]*:(?://(?:(?:[" UNRESERVED SUB_DELIMS ":]|" PCT ")*@)?(?:[" \
-    UNRESERVED SUB_DELIMS "]|" PCT ")*(?::" DIGIT "*)?(?:/" SEGMENT ")*|/(?:" PCHAR "+(?:/" \
-    SEGMENT ")*)?|" PCHAR "+(?:/" SEGMENT ")*|)(?:\\?(?:" PCHAR "|[/?])*)?(?:#(?:" PCHAR "|[/?])*)?"
+#define URI                                                                                        \
+    "[A-Za-z][A-Za-z0-9+.-]*:(?://(?:(?:[" UNRESERVED SUB_DELIMS ":]|" PCT                         \
+    ")*@)?(?:[" UNRESERVED SUB_DELIMS "]|" PCT ")*(?::" DIGIT "*)?(?:/" SEGMENT ")*|/(?:" PCHAR    \
+    "+(?:/" SEGMENT ")*)?|" PCHAR "+(?:/" SEGMENT ")*|)(?:\\?(?:" PCHAR "|[/?])*)?(?:#(?:" PCHAR   \
+    "|[/?])*)?"
 #define HEX "[0-9A-Fa-f]"
 
 static const struct format {
@@ -225,8 +243,8 @@ static const struct format {
 };
 
 const char *const ml_lex_formats[] = {
-    "date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uuid",
-    NULL,
+    "date", "time", "date-time", "duration", "email", "hostname",
+    "ipv4", "ipv6", "uri",       "uuid",     NULL,
 };
 
 _Static_assert(sizeof formats / sizeof formats[0] + 1 ==
@@ -247,7 +265,7 @@ static ml_fsm *format_content(ml_fsm_ctx *c, const char *name)
 /* Any characters, between min and max of them (max ML_FSM_UNBOUNDED: no bound). */
 static ml_fsm *any_chars(ml_fsm_ctx *c, uint32_t min, uint32_t max)
 {
-    static const uint32_t all[][2] = {{0, LEX_MAX_CP}};
+    static const uint32_t all[][2] = {{0, ML_UTF8_MAX_CP}};
     return ml_fsm_repeat(c, ml_lex_json_char(c, all, 1), min, max);
 }
 

@@ -10,6 +10,9 @@
  *     multipleOf in floats, exact only up to 2^53); Python refuses integer
  *     texts of more than 4300 digits outright;
  *   - "-0" and negative zeros ("-0.0") are refused;
+ *   - a bound of 2^53 or more in magnitude is first moved one double
+ *     inward: the schema may have written an integer Python keeps exact
+ *     while the double it was read into rounded it;
  *   - under a bound, number texts have no exponent, and each bound is moved
  *     inward to a decimal of at most 17 significant digits and 30
  *     decimals (so "exclusiveMinimum": 0 refuses values below 1e-30).
@@ -33,8 +36,9 @@
  * integer digits. */
 #define NUM_EXACT_DECIMALS 1080
 #define NUM_TEXT_MAX (NUM_EXACT_DECIMALS + 320)
-#define NUM_INT_BOUND_LIMIT 9223372036854775808.0 /* 2^63 */
-#define NUM_EXACT_FLOAT_LIMIT "9007199254740992"  /* 2^53 */
+#define NUM_INT_BOUND_LIMIT 9223372036854775808.0    /* 2^63 */
+#define NUM_EXACT_FLOAT_LIMIT "9007199254740992"     /* 2^53 */
+#define NUM_EXACT_DOUBLE_INTEGERS 9007199254740992.0 /* 2^53 */
 #define NUM_RADIX 10u
 
 /* A nonnegative decimal: integer digits (no leading zero but "0") and
@@ -60,8 +64,8 @@ static ml_fsm *digits(ml_fsm_ctx *c, char lo, char hi, uint32_t min, uint32_t ma
 static ml_fsm *naturals(ml_fsm_ctx *c, uint32_t max_digits)
 {
     uint32_t more = max_digits == ML_FSM_UNBOUNDED ? ML_FSM_UNBOUNDED : max_digits - 1;
-    return ml_fsm_union(c, ch(c, '0'), ml_fsm_concat(c, digits(c, '1', '9', 1, 1),
-                                                      digits(c, '0', '9', 0, more)));
+    return ml_fsm_union(c, ch(c, '0'),
+                        ml_fsm_concat(c, digits(c, '1', '9', 1, 1), digits(c, '0', '9', 0, more)));
 }
 
 /* "." and one or more digits, optional when `optional`. */
@@ -81,8 +85,9 @@ static ml_fsm *same_length(ml_fsm_ctx *c, const char *s, size_t n, bool gt, char
         char lo = gt ? (char)(s[i] + 1) : i == 0 ? first_min : '0';
         char hi = gt ? '9' : (char)(s[i] - 1);
         if (lo <= hi)
-            other = ml_fsm_concat(c, digits(c, lo, hi, 1, 1),
-                                  digits(c, '0', '9', (uint32_t)(n - 1 - i), (uint32_t)(n - 1 - i)));
+            other =
+                ml_fsm_concat(c, digits(c, lo, hi, 1, 1),
+                              digits(c, '0', '9', (uint32_t)(n - 1 - i), (uint32_t)(n - 1 - i)));
         else
             other = ml_fsm_nothing(c);
         a = ml_fsm_union(c, ml_fsm_concat(c, ch(c, s[i]), a), other);
@@ -94,7 +99,8 @@ static ml_fsm *same_length(ml_fsm_ctx *c, const char *s, size_t n, bool gt, char
 static ml_fsm *fraction_cmp(ml_fsm_ctx *c, const char *f, bool ge)
 {
     size_t n = strlen(f);
-    ml_fsm *a = ge ? digits(c, '0', '9', 0, ML_FSM_UNBOUNDED) : digits(c, '0', '0', 0, ML_FSM_UNBOUNDED);
+    ml_fsm *a =
+        ge ? digits(c, '0', '9', 0, ML_FSM_UNBOUNDED) : digits(c, '0', '0', 0, ML_FSM_UNBOUNDED);
     for (size_t i = n; i-- > 0;) {
         char lo = ge ? (char)(f[i] + 1) : '0', hi = ge ? '9' : (char)(f[i] - 1);
         ml_fsm *other = lo <= hi ? ml_fsm_concat(c, digits(c, lo, hi, 1, 1),
@@ -114,8 +120,9 @@ static ml_fsm *decimal_cmp(ml_fsm_ctx *c, const decimal *d, bool ge, bool allow_
     size_t n = strlen(d->int_part);
     ml_fsm *other_ints; /* integer parts strictly beyond d's */
     if (ge)
-        other_ints = ml_fsm_union(c, ml_fsm_concat(c, digits(c, '1', '9', 1, 1),
-                                                   digits(c, '0', '9', (uint32_t)n, ML_FSM_UNBOUNDED)),
+        other_ints = ml_fsm_union(c,
+                                  ml_fsm_concat(c, digits(c, '1', '9', 1, 1),
+                                                digits(c, '0', '9', (uint32_t)n, ML_FSM_UNBOUNDED)),
                                   same_length(c, d->int_part, n, true, '0'));
     else
         other_ints = ml_fsm_union(c, n >= 2 ? naturals(c, (uint32_t)n - 1) : ml_fsm_nothing(c),
@@ -129,11 +136,11 @@ static ml_fsm *decimal_cmp(ml_fsm_ctx *c, const decimal *d, bool ge, bool allow_
     else if (ge)
         same_frac = ml_fsm_concat(c, ch(c, '.'), fraction_cmp(c, d->frac, true));
     else
-        same_frac = ml_fsm_union(
-            c, ml_fsm_epsilon(c),
-            ml_fsm_concat(c, ch(c, '.'),
-                          ml_fsm_intersect(c, fraction_cmp(c, d->frac, false),
-                                           digits(c, '0', '9', 1, ML_FSM_UNBOUNDED))));
+        same_frac =
+            ml_fsm_union(c, ml_fsm_epsilon(c),
+                         ml_fsm_concat(c, ch(c, '.'),
+                                       ml_fsm_intersect(c, fraction_cmp(c, d->frac, false),
+                                                        digits(c, '0', '9', 1, ML_FSM_UNBOUNDED))));
     return ml_fsm_union(c, ml_fsm_concat(c, other_ints, any_frac),
                         ml_fsm_concat(c, ml_fsm_literal(c, d->int_part, n), same_frac));
 }
@@ -253,6 +260,16 @@ static ml_fsm *multiples(ml_fsm_ctx *c, uint64_t m)
     return ml_fsm_union(c, ch(c, '0'), ml_fsm_concat(c, a, digits(c, '0', '0', zeros, zeros)));
 }
 
+/* A bound of 2^53 or more in magnitude moved to the next double inside
+ * (toward the allowed values): the schema may have written an integer
+ * that Python keeps exact and the double rounded by up to half a step. */
+static double inward(double v, bool lower)
+{
+    if (fabs(v) < NUM_EXACT_DOUBLE_INTEGERS)
+        return v;
+    return nextafter(v, lower ? INFINITY : -INFINITY);
+}
+
 static bool bound_ok(ml_fsm_ctx *c, ml_lex_bound b, double limit, const char *what)
 {
     if (!b.present)
@@ -274,8 +291,9 @@ ml_fsm *ml_lex_json_integer(ml_fsm_ctx *c, ml_lex_bound lo, ml_lex_bound hi, uin
         !bound_ok(c, hi, NUM_INT_BOUND_LIMIT, "integer"))
         return NULL;
     /* The integer bounds, exact in doubles below 2^63. */
-    double l = lo.exclusive ? floor(lo.value) + 1 : ceil(lo.value);
-    double h = hi.exclusive ? ceil(hi.value) - 1 : floor(hi.value);
+    double lv = inward(lo.value, true), hv = inward(hi.value, false);
+    double l = lo.exclusive ? floor(lv) + 1 : ceil(lv);
+    double h = hi.exclusive ? ceil(hv) - 1 : floor(hv);
     decimal d_lo, d_hi, d_cap, d_one;
     char text[NUM_TEXT_MAX];
     if (multiple_of)
@@ -295,9 +313,9 @@ ml_fsm *ml_lex_json_integer(ml_fsm_ctx *c, ml_lex_bound lo, ml_lex_bound hi, uin
         if (hi.present)
             decimal_of_integer(h, &d_hi);
         ml_fsm_free(nonneg);
-        nonneg = ml_fsm_intersect(c, magnitudes(c, lo.present && l > 0 ? &d_lo : NULL,
-                                                hi.present ? &d_hi : NULL, false),
-                                  ml_fsm_copy(c, cap));
+        nonneg = ml_fsm_intersect(
+            c, magnitudes(c, lo.present && l > 0 ? &d_lo : NULL, hi.present ? &d_hi : NULL, false),
+            ml_fsm_copy(c, cap));
     }
     if (!lo.present || l < 0) {
         if (lo.present)
@@ -305,9 +323,10 @@ ml_fsm *ml_lex_json_integer(ml_fsm_ctx *c, ml_lex_bound lo, ml_lex_bound hi, uin
         if (hi.present && h < 0)
             decimal_of_integer(-h, &d_lo);
         ml_fsm_free(neg);
-        neg = ml_fsm_intersect(c, magnitudes(c, hi.present && h < 0 ? &d_lo : &d_one,
-                                             lo.present ? &d_hi : NULL, false),
-                               ml_fsm_copy(c, cap));
+        neg = ml_fsm_intersect(
+            c,
+            magnitudes(c, hi.present && h < 0 ? &d_lo : &d_one, lo.present ? &d_hi : NULL, false),
+            ml_fsm_copy(c, cap));
     }
     ml_fsm_free(cap);
     if (multiple_of) {
@@ -331,10 +350,10 @@ static ml_fsm *capped_shape(ml_fsm_ctx *c, bool exponent)
     e_set['E' >> 3] |= (uint8_t)(1u << ('E' & 7));
     sign_set['+' >> 3] |= (uint8_t)(1u << ('+' & 7));
     sign_set['-' >> 3] |= (uint8_t)(1u << ('-' & 7));
-    ml_fsm *exponent_part = ml_fsm_concat(
-        c, ml_fsm_byte_set(c, e_set),
-        ml_fsm_concat(c, ml_fsm_repeat(c, ml_fsm_byte_set(c, sign_set), 0, 1),
-                      digits(c, '0', '9', 1, ML_FSM_UNBOUNDED)));
+    ml_fsm *exponent_part =
+        ml_fsm_concat(c, ml_fsm_byte_set(c, e_set),
+                      ml_fsm_concat(c, ml_fsm_repeat(c, ml_fsm_byte_set(c, sign_set), 0, 1),
+                                    digits(c, '0', '9', 1, ML_FSM_UNBOUNDED)));
     ml_fsm *with_exp = ml_fsm_concat(
         c, ml_fsm_concat(c, naturals(c, ML_FSM_UNBOUNDED), fraction(c, true)), exponent_part);
     return ml_fsm_union(c, a, with_exp);
@@ -359,8 +378,9 @@ ml_fsm *ml_lex_json_number(ml_fsm_ctx *c, ml_lex_bound lo, ml_lex_bound hi)
         return ml_fsm_union(c, pos, ml_fsm_concat(c, ch(c, '-'), a));
     }
     /* Exclusive bounds become inclusive ones at the next double inside. */
-    double l = lo.exclusive ? nextafter(lo.value, INFINITY) : lo.value;
-    double h = hi.exclusive ? nextafter(hi.value, -INFINITY) : hi.value;
+    double lv = inward(lo.value, true), hv = inward(hi.value, false);
+    double l = lo.exclusive ? nextafter(lv, INFINITY) : lv;
+    double h = hi.exclusive ? nextafter(hv, -INFINITY) : hv;
     decimal d_lo, d_hi;
     ml_fsm *nonneg = ml_fsm_nothing(c), *neg = ml_fsm_nothing(c);
     if (!hi.present || h >= 0) {
@@ -369,23 +389,24 @@ ml_fsm *ml_lex_json_number(ml_fsm_ctx *c, ml_lex_bound lo, ml_lex_bound hi)
         if (hi.present)
             decimal_of(h, false, &d_hi);
         ml_fsm_free(nonneg);
-        nonneg = ml_fsm_intersect(c, magnitudes(c, lo.present && l > 0 ? &d_lo : NULL,
-                                                hi.present ? &d_hi : NULL, true),
-                                  capped_shape(c, false));
+        nonneg = ml_fsm_intersect(
+            c, magnitudes(c, lo.present && l > 0 ? &d_lo : NULL, hi.present ? &d_hi : NULL, true),
+            capped_shape(c, false));
     }
     if (!lo.present || l < 0) {
         if (lo.present)
             decimal_of(-l, false, &d_hi);
         if (hi.present && h < 0)
             decimal_of(-h, true, &d_lo);
-        ml_fsm *zeros = ml_fsm_concat(c, ch(c, '0'),
-                                      ml_fsm_repeat(c, ml_fsm_concat(c, ch(c, '.'),
-                                                                     digits(c, '0', '0', 1, ML_FSM_UNBOUNDED)),
-                                                    0, 1));
+        ml_fsm *zeros = ml_fsm_concat(
+            c, ch(c, '0'),
+            ml_fsm_repeat(c, ml_fsm_concat(c, ch(c, '.'), digits(c, '0', '0', 1, ML_FSM_UNBOUNDED)),
+                          0, 1));
         ml_fsm_free(neg);
         neg = ml_fsm_minus(c,
-                           ml_fsm_intersect(c, magnitudes(c, hi.present && h < 0 ? &d_lo : NULL,
-                                                          lo.present ? &d_hi : NULL, true),
+                           ml_fsm_intersect(c,
+                                            magnitudes(c, hi.present && h < 0 ? &d_lo : NULL,
+                                                       lo.present ? &d_hi : NULL, true),
                                             capped_shape(c, false)),
                            zeros);
     }

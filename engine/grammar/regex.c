@@ -6,13 +6,13 @@
  * (what the `jsonschema` package runs), whose character classes are wider
  * on Unicode than ECMA's. Where the two disagree the automaton takes what
  * both accept:
- *   - \s is ECMA's white space without U+FEFF (not white space to Python);
- *     \S excludes ECMA's and Python's white space (U+001C..U+001F, U+0085);
- *   - \D and \W match ASCII characters only (Python's \D and \W exclude
- *     every Unicode digit, letter and number; no table of them is kept);
- *   - inside a negated class, \d \w \s count as wide as either engine
- *     reads them (\d and \w as every non-ASCII character too), so the
- *     complement is narrow;
+ *   - a class (an escape like \s alone too) matches the characters both
+ *     engines' classes match, a negated class those neither matches: \s
+ *     is without U+FEFF (not white space to Python), \S without Python's
+ *     extra white space (U+001C..U+001F, U+0085), while [\s\S] is any;
+ *   - \D and \W match ASCII characters only, and under a negated class
+ *     \d and \w cover every non-ASCII character: Python's \d and \w
+ *     take Unicode digits and letters, and no table of them is kept;
  *   - a \u escape of a surrogate is refused (ECMA pairs two of them into
  *     one character outside its Unicode mode, Python reads two code points).
  * Python's own differences are narrower already: its `.` excludes only
@@ -29,11 +29,9 @@
 #include <string.h>
 
 #include "grammar/lexemes.h"
+#include "grammar/utf8.h"
 
 #define RX_MAX_DEPTH 128 /* nesting of groups */
-#define RX_MAX_CP 0x10FFFFu
-#define RX_SURROGATE_LO 0xD800u
-#define RX_SURROGATE_HI 0xDFFFu
 #define RX_ASCII_MAX 0x7Fu
 #define RX_CONTROL_MASK 0x1Fu
 
@@ -112,8 +110,8 @@ static void cps_complement(cpset *s)
             cps_add(&out, next, s->r[i][0] - 1);
         next = s->r[i][1] + 1;
     }
-    if (next <= RX_MAX_CP)
-        cps_add(&out, next, RX_MAX_CP);
+    if (next <= ML_UTF8_MAX_CP)
+        cps_add(&out, next, ML_UTF8_MAX_CP);
     out.oom |= s->oom;
     free(s->r);
     *s = out;
@@ -129,50 +127,109 @@ static const uint32_t ecma_space[][2] = {
 static const uint32_t python_space_extra[][2] = {{0x1C, 0x1F}, {0x85, 0x85}};
 static const uint32_t ascii_word[][2] = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
 static const uint32_t ascii_digit[][2] = {{'0', '9'}};
-static const uint32_t non_ascii[][2] = {{RX_ASCII_MAX + 1, RX_MAX_CP}};
+static const uint32_t non_ascii[][2] = {{RX_ASCII_MAX + 1, ML_UTF8_MAX_CP}};
 static const uint32_t byte_order_mark = 0xFEFF;
 static const uint32_t line_terminators[][2] = {{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}};
 
 #define N_OF(t) (sizeof(t) / sizeof((t)[0]))
 
-/* \s as both engines read it (narrow) or as either reads it (wide). */
-static void add_space(cpset *s, bool wide)
+/* A class as three sets: what ECMA matches, a part of what Python matches
+ * (narrow) and a cover of it (wide). Python's classes are known exactly
+ * but for \d and \w on non-ASCII characters. */
+typedef struct cls3 {
+    cpset ecma, narrow, wide;
+} cls3;
+
+static void cls_add(cls3 *k, uint32_t lo, uint32_t hi)
 {
-    if (wide) {
-        cps_add_table(s, ecma_space, N_OF(ecma_space));
-        cps_add_table(s, python_space_extra, N_OF(python_space_extra));
-        return;
-    }
+    cps_add(&k->ecma, lo, hi);
+    cps_add(&k->narrow, lo, hi);
+    cps_add(&k->wide, lo, hi);
+}
+
+static void cls_deinit(cls3 *k)
+{
+    free(k->ecma.r);
+    free(k->narrow.r);
+    free(k->wide.r);
+    memset(k, 0, sizeof *k);
+}
+
+static void cps_merge(cpset *into, cpset *from)
+{
+    into->oom |= from->oom;
+    cps_add_table(into, (const uint32_t(*)[2])from->r, from->n);
+}
+
+/* Each set of `from` added to `into`'s; from is emptied. */
+static void cls_merge(cls3 *into, cls3 *from)
+{
+    cps_merge(&into->ecma, &from->ecma);
+    cps_merge(&into->narrow, &from->narrow);
+    cps_merge(&into->wide, &from->wide);
+    cls_deinit(from);
+}
+
+/* True with *v when k is one character. */
+static bool cls_single(const cls3 *k, uint32_t *v)
+{
+    if (k->ecma.n != 1 || k->ecma.r[0][0] != k->ecma.r[0][1])
+        return false;
+    *v = k->ecma.r[0][0];
+    return true;
+}
+
+static void python_space(cpset *s)
+{
     for (size_t i = 0; i < N_OF(ecma_space); i++)
         if (ecma_space[i][0] != byte_order_mark)
             cps_add(s, ecma_space[i][0], ecma_space[i][1]);
+    cps_add_table(s, python_space_extra, N_OF(python_space_extra));
 }
 
-/* The class escape letter (d D w W s S) into s, narrow or wide. */
-static void add_class_escape(cpset *s, uint8_t letter, bool wide)
+/* The class escape letter (d D w W s S) added to k. */
+static void add_class_escape(cls3 *k, uint8_t letter)
 {
-    cpset part = {0};
-    bool negated = letter == 'D' || letter == 'W' || letter == 'S';
-    /* The complement of a narrow set is wide and the other way round. */
-    bool part_wide = negated ? !wide : wide;
+    cls3 part = {0};
     switch (letter | 0x20) {
     case 'd':
-        cps_add_table(&part, ascii_digit, N_OF(ascii_digit));
+        cps_add_table(&part.ecma, ascii_digit, N_OF(ascii_digit));
+        cps_add_table(&part.narrow, ascii_digit, N_OF(ascii_digit));
+        cps_add_table(&part.wide, ascii_digit, N_OF(ascii_digit));
+        cps_add_table(&part.wide, non_ascii, N_OF(non_ascii));
         break;
     case 'w':
-        cps_add_table(&part, ascii_word, N_OF(ascii_word));
+        cps_add_table(&part.ecma, ascii_word, N_OF(ascii_word));
+        cps_add_table(&part.narrow, ascii_word, N_OF(ascii_word));
+        cps_add_table(&part.wide, ascii_word, N_OF(ascii_word));
+        cps_add_table(&part.wide, non_ascii, N_OF(non_ascii));
         break;
     default:
-        add_space(&part, part_wide);
+        cps_add_table(&part.ecma, ecma_space, N_OF(ecma_space));
+        python_space(&part.narrow);
+        python_space(&part.wide);
         break;
     }
-    if ((letter | 0x20) != 's' && part_wide)
-        cps_add_table(&part, non_ascii, N_OF(non_ascii));
-    if (negated)
-        cps_complement(&part);
-    s->oom |= part.oom;
-    cps_add_table(s, (const uint32_t(*)[2])part.r, part.n);
-    free(part.r);
+    if (letter != (letter | 0x20)) { /* \D \W \S: the complements, narrow and wide swapped */
+        cpset narrow = part.narrow;
+        part.narrow = part.wide;
+        part.wide = narrow;
+        cps_complement(&part.ecma);
+        cps_complement(&part.narrow);
+        cps_complement(&part.wide);
+    }
+    cls_merge(k, &part);
+}
+
+/* a ∩ b into a (b emptied). */
+static void cps_intersect(cpset *a, cpset *b)
+{
+    cps_complement(a);
+    cps_complement(b);
+    cps_merge(a, b);
+    free(b->r);
+    memset(b, 0, sizeof *b);
+    cps_complement(a);
 }
 
 /* ---- reading -------------------------------------------------------------------- */
@@ -197,22 +254,10 @@ static int peek(const rx *x)
 static bool read_utf8(rx *x, uint32_t *cp)
 {
     size_t at = x->pos;
-    uint8_t b = x->p[x->pos++];
-    int len = b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3
-            : b >= 0xF0 && b <= 0xF4                ? 4
-                                                    : 0;
-    if (len == 0)
+    int32_t v = ml_utf8_decode(x->p, x->n, &x->pos);
+    if (v < 0)
         return rx_fail(x, ML_ERR_INVALID_ARG, "invalid UTF-8", at) != NULL;
-    uint32_t v = len == 1 ? b : b & (0x3Fu >> (len - 1));
-    for (int i = 1; i < len; i++) {
-        if (at_end(x) || (x->p[x->pos] & 0xC0) != 0x80)
-            return rx_fail(x, ML_ERR_INVALID_ARG, "invalid UTF-8", at) != NULL;
-        v = v << 6 | (x->p[x->pos++] & 0x3F);
-    }
-    static const uint32_t min_of_len[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (v < min_of_len[len] || v > RX_MAX_CP || (v >= RX_SURROGATE_LO && v <= RX_SURROGATE_HI))
-        return rx_fail(x, ML_ERR_INVALID_ARG, "invalid UTF-8", at) != NULL;
-    *cp = v;
+    *cp = (uint32_t)v;
     return true;
 }
 
@@ -252,7 +297,7 @@ static bool read_unicode_escape(rx *x, uint32_t *v, size_t at)
     int digits = 0;
     for (int h; (h = hex_value(peek(x))) >= 0; x->pos++, digits++) {
         *v = *v << 4 | (uint32_t)h;
-        if (*v > RX_MAX_CP)
+        if (*v > ML_UTF8_MAX_CP)
             return rx_fail(x, ML_ERR_INVALID_ARG, "\\u{...} past U+10FFFF", at) != NULL;
     }
     if (digits == 0 || peek(x) != '}')
@@ -261,10 +306,9 @@ static bool read_unicode_escape(rx *x, uint32_t *v, size_t at)
     return true;
 }
 
-/* The escape after a backslash (x->pos past it) as a set of code points
- * into s. In a class, \b is the backspace and \d-style escapes are read
- * wide when the class is negated. */
-static bool read_escape(rx *x, cpset *s, bool in_class, bool wide)
+/* The escape after a backslash (x->pos past it) added to k. In a class,
+ * \b is the backspace. */
+static bool read_escape(rx *x, cls3 *k, bool in_class)
 {
     size_t at = x->pos - 1;
     if (at_end(x))
@@ -274,19 +318,34 @@ static bool read_escape(rx *x, cpset *s, bool in_class, bool wide)
     if (ch >= 0x80) {
         if (!read_utf8(x, &v))
             return false;
-        cps_add(s, v, v);
+        cls_add(k, v, v);
         return true;
     }
     x->pos++;
     switch (ch) {
-    case 'd': case 'D': case 'w': case 'W': case 's': case 'S':
-        add_class_escape(s, (uint8_t)ch, wide);
+    case 'd':
+    case 'D':
+    case 'w':
+    case 'W':
+    case 's':
+    case 'S':
+        add_class_escape(k, (uint8_t)ch);
         return true;
-    case 't': v = '\t'; break;
-    case 'n': v = '\n'; break;
-    case 'r': v = '\r'; break;
-    case 'f': v = '\f'; break;
-    case 'v': v = '\v'; break;
+    case 't':
+        v = '\t';
+        break;
+    case 'n':
+        v = '\n';
+        break;
+    case 'r':
+        v = '\r';
+        break;
+    case 'f':
+        v = '\f';
+        break;
+    case 'v':
+        v = '\v';
+        break;
     case '0':
         if (peek(x) >= '0' && peek(x) <= '9')
             return rx_fail(x, ML_ERR_UNSUPPORTED, "legacy octal escape", at) != NULL;
@@ -299,7 +358,7 @@ static bool read_escape(rx *x, cpset *s, bool in_class, bool wide)
     case 'u':
         if (!read_unicode_escape(x, &v, at))
             return false;
-        if (v >= RX_SURROGATE_LO && v <= RX_SURROGATE_HI)
+        if (v >= ML_UTF8_SURROGATE_LO && v <= ML_UTF8_SURROGATE_HI)
             return rx_fail(x, ML_ERR_UNSUPPORTED, "surrogate escape", at) != NULL;
         break;
     case 'c': {
@@ -317,7 +376,8 @@ static bool read_escape(rx *x, cpset *s, bool in_class, bool wide)
         break;
     case 'B':
         return rx_fail(x, ML_ERR_UNSUPPORTED, "word boundary \\B", at) != NULL;
-    case 'p': case 'P':
+    case 'p':
+    case 'P':
         return rx_fail(x, ML_ERR_UNSUPPORTED, "Unicode property escape", at) != NULL;
     case 'k':
         return rx_fail(x, ML_ERR_UNSUPPORTED, "named backreference", at) != NULL;
@@ -329,11 +389,12 @@ static bool read_escape(rx *x, cpset *s, bool in_class, bool wide)
         v = (uint32_t)ch; /* an escaped punctuation character is itself */
         break;
     }
-    cps_add(s, v, v);
+    cls_add(k, v, v);
     return true;
 }
 
-/* The automaton of one character in s (normalised); frees s's ranges. */
+/* The automaton of one character in s (normalised); frees s's ranges. A
+ * single character is its literal form, the common case of a pattern. */
 static ml_fsm *set_fsm(rx *x, cpset *s)
 {
     ml_fsm *a = NULL;
@@ -341,11 +402,47 @@ static ml_fsm *set_fsm(rx *x, cpset *s)
         ml_fsm_ctx_fail(x->c, ML_ERR_NOMEM, "out of memory reading a pattern");
     } else {
         cps_normalise(s);
-        a = ml_lex_json_char(x->c, (const uint32_t(*)[2])s->r, s->n);
+        uint8_t one[ML_UTF8_MAX_BYTES];
+        if (s->n == 1 && s->r[0][0] == s->r[0][1] &&
+            (s->r[0][0] < ML_UTF8_SURROGATE_LO || s->r[0][0] > ML_UTF8_SURROGATE_HI))
+            a = ml_lex_json_string_content_of(x->c, (const char *)one,
+                                              ml_utf8_encode(s->r[0][0], one));
+        else
+            a = ml_lex_json_char(x->c, (const uint32_t(*)[2])s->r, s->n);
     }
     free(s->r);
     memset(s, 0, sizeof *s);
     return a;
+}
+
+/* The characters of k both engines match (a negated class: those neither
+ * matches); frees k. */
+static ml_fsm *class_fsm(rx *x, cls3 *k, bool negated)
+{
+    cpset s = k->ecma;
+    k->ecma = (cpset){0};
+    if (negated) {
+        cps_merge(&s, &k->wide);
+        cps_complement(&s);
+    } else {
+        cps_intersect(&s, &k->narrow);
+    }
+    cls_deinit(k);
+    return set_fsm(x, &s);
+}
+
+/* One class atom at x->pos into k: a character or an escape. */
+static bool read_class_atom(rx *x, cls3 *k)
+{
+    if (peek(x) == '\\') {
+        x->pos++;
+        return read_escape(x, k, true);
+    }
+    uint32_t v;
+    if (!read_utf8(x, &v))
+        return false;
+    cls_add(k, v, v);
+    return true;
 }
 
 /* A class [...] (x->pos past '['). */
@@ -355,61 +452,42 @@ static ml_fsm *read_class(rx *x)
     bool negated = peek(x) == '^';
     if (negated)
         x->pos++;
-    cpset s = {0};
+    cls3 k = {0};
     while (peek(x) != ']') {
         if (at_end(x)) {
-            free(s.r);
+            cls_deinit(&k);
             return rx_fail(x, ML_ERR_INVALID_ARG, "unterminated class", at);
         }
-        /* One class atom: a single character (lo) or a set (an escape). */
-        cpset atom = {0};
+        cls3 atom = {0}, hi = {0};
         size_t atom_at = x->pos;
-        bool ok;
-        if (peek(x) == '\\') {
+        uint32_t lo_cp, hi_cp;
+        bool ok = read_class_atom(x, &atom);
+        if (ok && cls_single(&atom, &lo_cp) && peek(x) == '-' && x->pos + 1 < x->n &&
+            x->p[x->pos + 1] != ']') {
             x->pos++;
-            ok = read_escape(x, &atom, true, negated);
-        } else {
-            uint32_t v;
-            ok = read_utf8(x, &v);
-            cps_add(&atom, v, v);
-        }
-        bool single = ok && atom.n == 1 && atom.r[0][0] == atom.r[0][1];
-        if (ok && single && peek(x) == '-' && x->pos + 1 < x->n && x->p[x->pos + 1] != ']') {
-            x->pos++;
-            cpset hi = {0};
-            if (peek(x) == '\\') {
-                x->pos++;
-                ok = read_escape(x, &hi, true, negated);
-            } else {
-                uint32_t v;
-                ok = read_utf8(x, &v);
-                cps_add(&hi, v, v);
-            }
-            if (ok && !(hi.n == 1 && hi.r[0][0] == hi.r[0][1])) {
+            ok = read_class_atom(x, &hi);
+            if (ok && !cls_single(&hi, &hi_cp)) {
                 /* [a-\d]: Annex B reads the '-' literally. */
-                cps_add(&s, '-', '-');
-                cps_add_table(&s, (const uint32_t(*)[2])hi.r, hi.n);
-            } else if (ok && hi.r[0][0] < atom.r[0][0]) {
+                cls_add(&atom, '-', '-');
+                cls_merge(&atom, &hi);
+            } else if (ok && hi_cp < lo_cp) {
                 ok = rx_fail(x, ML_ERR_INVALID_ARG, "class range out of order", atom_at) != NULL;
             } else if (ok) {
-                atom.r[0][1] = hi.r[0][0];
+                cls_deinit(&atom);
+                cls_add(&atom, lo_cp, hi_cp);
             }
-            s.oom |= hi.oom;
-            free(hi.r);
         }
+        cls_deinit(&hi);
         if (ok)
-            cps_add_table(&s, (const uint32_t(*)[2])atom.r, atom.n);
-        s.oom |= atom.oom;
-        free(atom.r);
+            cls_merge(&k, &atom);
+        cls_deinit(&atom);
         if (!ok) {
-            free(s.r);
+            cls_deinit(&k);
             return NULL;
         }
     }
     x->pos++;
-    if (negated)
-        cps_complement(&s);
-    return set_fsm(x, &s);
+    return class_fsm(x, &k, negated);
 }
 
 /* ---- the grammar ------------------------------------------------------------------ */
@@ -449,9 +527,21 @@ static bool read_braces(rx *x, uint32_t *min, uint32_t *max)
 static bool read_quantifier(rx *x, uint32_t *min, uint32_t *max)
 {
     switch (peek(x)) {
-    case '*': *min = 0; *max = ML_FSM_UNBOUNDED; x->pos++; break;
-    case '+': *min = 1; *max = ML_FSM_UNBOUNDED; x->pos++; break;
-    case '?': *min = 0; *max = 1; x->pos++; break;
+    case '*':
+        *min = 0;
+        *max = ML_FSM_UNBOUNDED;
+        x->pos++;
+        break;
+    case '+':
+        *min = 1;
+        *max = ML_FSM_UNBOUNDED;
+        x->pos++;
+        break;
+    case '?':
+        *min = 0;
+        *max = 1;
+        x->pos++;
+        break;
     case '{':
         if (!read_braces(x, min, max))
             return false;
@@ -541,13 +631,15 @@ static ml_fsm *read_atom(rx *x, bool top, bool *done)
         cps_add_table(&s, line_terminators, N_OF(line_terminators));
         cps_complement(&s);
         return set_fsm(x, &s);
-    case '\\':
+    case '\\': {
+        cls3 k = {0};
         x->pos++;
-        if (!read_escape(x, &s, false, false)) {
-            free(s.r);
+        if (!read_escape(x, &k, false)) {
+            cls_deinit(&k);
             return NULL;
         }
-        return set_fsm(x, &s);
+        return class_fsm(x, &k, false);
+    }
     default: {
         uint32_t v;
         if (!read_utf8(x, &v))
@@ -558,50 +650,95 @@ static ml_fsm *read_atom(rx *x, bool top, bool *done)
     }
 }
 
+/* A growing list of automata, composed at once (ml_fsm_concat_n or
+ * ml_fsm_union_n) so a long pattern is not rebuilt once per term. */
+typedef struct fsm_list {
+    ml_fsm **a;
+    size_t n, cap;
+} fsm_list;
+
+/* Appends a (taken); false (latched, a freed) on failure. */
+static bool list_push(rx *x, fsm_list *l, ml_fsm *a)
+{
+    if (!a)
+        return false;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 8;
+        ml_fsm **grown = realloc(l->a, cap * sizeof *grown);
+        if (!grown) {
+            ml_fsm_free(a);
+            ml_fsm_ctx_fail(x->c, ML_ERR_NOMEM, "out of memory reading a pattern");
+            return false;
+        }
+        l->a = grown;
+        l->cap = cap;
+    }
+    l->a[l->n++] = a;
+    return true;
+}
+
+/* The list composed (concatenated or united); NULL when failed (latched by
+ * whoever failed). The list's automata are taken either way. */
+static ml_fsm *list_take(rx *x, fsm_list *l, bool concat, bool failed)
+{
+    ml_fsm *r = NULL;
+    if (failed) {
+        for (size_t i = 0; i < l->n; i++)
+            ml_fsm_free(l->a[i]);
+    } else {
+        r = concat ? ml_fsm_concat_n(x->c, l->a, l->n) : ml_fsm_union_n(x->c, l->a, l->n);
+    }
+    free(l->a);
+    *l = (fsm_list){0};
+    return r;
+}
+
+/* The term after an atom: a quantifier, checked and applied (the atom
+ * taken), or the atom itself. */
+static ml_fsm *read_term(rx *x, ml_fsm *atom)
+{
+    size_t at = x->pos;
+    uint32_t min, max;
+    if (!read_quantifier(x, &min, &max))
+        return atom;
+    const char *error = NULL;
+    ml_status st = ML_ERR_INVALID_ARG;
+    if (min > ML_REGEX_MAX_REPEAT || (max != ML_FSM_UNBOUNDED && max > ML_REGEX_MAX_REPEAT)) {
+        error = "repeat bound over 1000";
+        st = ML_ERR_TOO_LARGE;
+    } else if (min > max) {
+        error = "repeat bounds out of order";
+    } else {
+        int next = peek(x);
+        at = x->pos;
+        if (next == '*' || next == '+' || next == '?' ||
+            (next == '{' && read_braces(x, &min, &max)))
+            error = "nothing to repeat";
+    }
+    if (error) {
+        ml_fsm_free(atom);
+        return rx_fail(x, st, error, at);
+    }
+    return ml_fsm_repeat(x->c, atom, min, max);
+}
+
 /* Terms up to '|', ')' or the end (or a final '$' at the top level). */
 static ml_fsm *read_alternative(rx *x, bool top)
 {
-    ml_fsm *seq = ml_fsm_epsilon(x->c);
+    fsm_list terms = {0};
     for (;;) {
         bool done;
         ml_fsm *atom = read_atom(x, top, &done);
         if (done)
-            return seq;
-        if (!atom) {
-            ml_fsm_free(seq);
-            return NULL;
-        }
-        size_t at = x->pos;
-        uint32_t min, max;
-        if (read_quantifier(x, &min, &max)) {
-            if (min > ML_REGEX_MAX_REPEAT || (max != ML_FSM_UNBOUNDED && max > ML_REGEX_MAX_REPEAT)) {
-                ml_fsm_free(atom);
-                ml_fsm_free(seq);
-                return rx_fail(x, ML_ERR_TOO_LARGE, "repeat bound over 1000", at);
-            }
-            if (min > max) {
-                ml_fsm_free(atom);
-                ml_fsm_free(seq);
-                return rx_fail(x, ML_ERR_INVALID_ARG, "repeat bounds out of order", at);
-            }
-            atom = ml_fsm_repeat(x->c, atom, min, max);
-            int next = peek(x);
-            if (next == '*' || next == '+' || next == '?' ||
-                (next == '{' && read_braces(x, &min, &max))) {
-                ml_fsm_free(atom);
-                ml_fsm_free(seq);
-                return rx_fail(x, ML_ERR_INVALID_ARG, "nothing to repeat", x->pos);
-            }
-        }
-        seq = ml_fsm_concat(x->c, seq, atom);
-        if (!seq)
-            return NULL;
+            return list_take(x, &terms, true, false);
+        if (!atom || !list_push(x, &terms, read_term(x, atom)))
+            return list_take(x, &terms, true, true);
     }
 }
 
 static ml_fsm *any_string(ml_fsm_ctx *c)
 {
-    static const uint32_t all[][2] = {{0, RX_MAX_CP}};
+    static const uint32_t all[][2] = {{0, ML_UTF8_MAX_CP}};
     return ml_fsm_repeat(c, ml_lex_json_char(c, all, 1), 0, ML_FSM_UNBOUNDED);
 }
 
@@ -609,7 +746,7 @@ static ml_fsm *any_string(ml_fsm_ctx *c)
  * (^ first, $ last) and is otherwise searched for: any text around it. */
 static ml_fsm *read_disjunction(rx *x, bool top)
 {
-    ml_fsm *all = ml_fsm_nothing(x->c);
+    fsm_list alts = {0};
     for (;;) {
         bool start = top && peek(x) == '^';
         if (start)
@@ -618,13 +755,15 @@ static ml_fsm *read_disjunction(rx *x, bool top)
         bool end = top && peek(x) == '$';
         if (end)
             x->pos++;
-        if (top && !start)
-            alt = ml_fsm_concat(x->c, any_string(x->c), alt);
-        if (top && !end)
-            alt = ml_fsm_concat(x->c, alt, any_string(x->c));
-        all = ml_fsm_union(x->c, all, alt);
-        if (!all || peek(x) != '|')
-            return all;
+        if (alt && top && (!start || !end)) {
+            ml_fsm *around[] = {start ? ml_fsm_epsilon(x->c) : any_string(x->c), alt,
+                                end ? ml_fsm_epsilon(x->c) : any_string(x->c)};
+            alt = ml_fsm_concat_n(x->c, around, 3);
+        }
+        if (!list_push(x, &alts, alt))
+            return list_take(x, &alts, false, true);
+        if (peek(x) != '|')
+            return list_take(x, &alts, false, false);
         x->pos++;
     }
 }

@@ -15,8 +15,6 @@
  * exact is refused. */
 #include "grammar/grammar.h"
 
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -652,7 +650,9 @@ ml_status ml_grammar_compile_schema(const char *text, size_t len, const ml_schem
     ml_grammar *g = NULL;
     if (schema_check_ids(&sc, doc, false) && schema_machine_new(&sc, "the document") == 0) {
         bool any;
-        sc.machines[0].fsm = schema_ref(&sc, doc, "#", &any);
+        /* Apart from the store: compiling may grow sc.machines. */
+        ml_fsm *document = schema_ref(&sc, doc, "#", &any);
+        sc.machines[0].fsm = document;
         if (sc.machines[0].fsm && ml_fsm_is_empty(sc.machines[0].fsm))
             ml_fsm_ctx_fail(fc, ML_ERR_INVALID_ARG, "schema: no JSON value is valid under it");
         if (ml_fsm_ctx_status(fc) == ML_OK)

@@ -94,7 +94,8 @@ static ml_fsm *schema_any_of(schema_compiler *sc, const cJSON *node, bool *any)
  * over-approximation of the JSON types a schema admits: branches of
  * disjoint classes are disjoint, nothing to subtract), and exactness (a
  * schema whose automaton is its language, on the one spelling per value
- * that every automaton here uses). */
+ * that every automaton here uses). Branches told apart by a required
+ * property with disjoint values (a discriminator) are disjoint too. */
 
 /* The JSON types node may admit (an over-approximation; integers are
  * numbers). */
@@ -226,8 +227,78 @@ static ml_fsm *schema_exclusive(schema_compiler *sc, ml_fsm *const *b, size_t n)
     return r;
 }
 
-/* Exactly one of n branches (b, compiled from nodes). Branches of disjoint
- * type classes are disjoint: their union. Otherwise each branch minus the
+/* node with its top-level $ref followed while it is alone (annotations
+ * aside), for a look at its keywords. */
+static const cJSON *schema_deref(schema_compiler *sc, const cJSON *node)
+{
+    for (int hops = 0; cJSON_IsObject(node) && hops < SCHEMA_MAX_NESTING; hops++) {
+        const cJSON *ref = NULL;
+        for (const cJSON *m = node->child; m; m = m->next) {
+            const schema_kw *kw = schema_keyword(m->string);
+            if (!strcmp(m->string, "$ref"))
+                ref = m;
+            else if (!kw || kw->cls != KW_ANNOTATION)
+                return node;
+        }
+        if (!cJSON_IsString(ref))
+            return node;
+        const cJSON *t = schema_resolve(sc, ref->valuestring);
+        if (!t)
+            return node;
+        node = t;
+    }
+    return node;
+}
+
+/* The values enum or const allows at node, NULL when neither is there. */
+static const cJSON *schema_value_list(const cJSON *node, bool *one)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(node, "const");
+    *one = v != NULL;
+    return v ? v : cJSON_GetObjectItemCaseSensitive(node, "enum");
+}
+
+/* True when no value is valid under both a and b, seen from their type
+ * classes or, for objects, a property both require whose schemas admit
+ * disjoint classes or disjoint enum/const values (a discriminator). */
+static bool schema_disjoint(schema_compiler *sc, const cJSON *a, const cJSON *b, int depth)
+{
+    if (!(schema_classes(sc, a, 0) & schema_classes(sc, b, 0)))
+        return true;
+    a = schema_deref(sc, a);
+    b = schema_deref(sc, b);
+    bool one_a = false, one_b = false;
+    const cJSON *va = cJSON_IsObject(a) ? schema_value_list(a, &one_a) : NULL;
+    const cJSON *vb = cJSON_IsObject(b) ? schema_value_list(b, &one_b) : NULL;
+    if (va && vb && (one_a || cJSON_IsArray(va)) && (one_b || cJSON_IsArray(vb))) {
+        for (const cJSON *x = one_a ? va : va->child; x; x = one_a ? NULL : x->next)
+            for (const cJSON *y = one_b ? vb : vb->child; y; y = one_b ? NULL : y->next)
+                if (cJSON_Compare(x, y, true))
+                    return false;
+        return true;
+    }
+    if (depth > 0 || !cJSON_IsObject(a) || !cJSON_IsObject(b))
+        return false;
+    const cJSON *ra = cJSON_GetObjectItemCaseSensitive(a, "required");
+    const cJSON *rb = cJSON_GetObjectItemCaseSensitive(b, "required");
+    const cJSON *pa = cJSON_GetObjectItemCaseSensitive(a, "properties");
+    const cJSON *pb = cJSON_GetObjectItemCaseSensitive(b, "properties");
+    if (!cJSON_IsArray(ra) || !cJSON_IsArray(rb))
+        return false;
+    for (const cJSON *x = ra->child; x; x = x->next)
+        for (const cJSON *y = rb->child; y; y = y->next) {
+            if (!cJSON_IsString(x) || !cJSON_Compare(x, y, true))
+                continue;
+            const cJSON *sa = cJSON_GetObjectItemCaseSensitive(pa, x->valuestring);
+            const cJSON *sb = cJSON_GetObjectItemCaseSensitive(pb, x->valuestring);
+            if (sa && sb && schema_disjoint(sc, sa, sb, depth + 1))
+                return true;
+        }
+    return false;
+}
+
+/* Exactly one of n branches (b, compiled from nodes). Pairwise disjoint
+ * branches (schema_disjoint): their union. Otherwise each branch minus the
  * union of the others, which needs every branch exact (schema_exact), and
  * regular: branches holding calls are compiled again within
  * SCHEMA_REGULAR_DEPTH nested containers (deeper documents are refused: a
@@ -235,12 +306,10 @@ static ml_fsm *schema_exclusive(schema_compiler *sc, ml_fsm *const *b, size_t n)
 static ml_fsm *schema_one_of_list(schema_compiler *sc, ml_fsm **b, size_t n,
                                   const cJSON *const *nodes)
 {
-    unsigned seen = 0;
     bool disjoint = true, exact = true, calls = false;
     for (size_t i = 0; i < n; i++) {
-        unsigned c = schema_classes(sc, nodes[i], 0);
-        disjoint &= !(seen & c);
-        seen |= c;
+        for (size_t j = 0; j < i && disjoint; j++)
+            disjoint = schema_disjoint(sc, nodes[i], nodes[j], 0);
         exact &= schema_exact(sc, nodes[i], 0);
         calls |= ml_fsm_has_calls(b[i]);
     }

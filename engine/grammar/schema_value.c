@@ -282,20 +282,19 @@ static ml_fsm *schema_array(schema_compiler *sc, const cJSON *node)
     ml_fsm *er = element(sc, rest, rest_key, 0, &rest_none);
     uint32_t lo = min > m ? min - m : 0;
     uint32_t hi = rest_none ? 0 : max == ML_FSM_UNBOUNDED ? ML_FSM_UNBOUNDED : max > m ? max - m : 0;
-    ml_fsm *tail_first, *r;
-    if (lo > hi) {
-        tail_first = ml_fsm_nothing(fc);
-        r = ml_fsm_nothing(fc);
-    } else if (hi == 0) {
-        tail_first = ml_fsm_epsilon(fc);
-        r = ml_fsm_epsilon(fc);
-    } else {
+    /* The elements after the prefix: with no prefix, the first has no comma
+     * before it (tail_first); after a prefix, each has (r). */
+    ml_fsm *tail_first = NULL, *r = NULL;
+    if (lo > hi || hi == 0) {
+        *(m == 0 ? &tail_first : &r) = lo > hi ? ml_fsm_nothing(fc) : ml_fsm_epsilon(fc);
+    } else if (m == 0) {
         uint32_t more_hi = hi == ML_FSM_UNBOUNDED ? ML_FSM_UNBOUNDED : hi - 1;
         tail_first = cat(fc, copy(fc, er),
                          ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, er)),
                                        lo ? lo - 1 : 0, more_hi));
         if (lo == 0)
             tail_first = ml_fsm_union(fc, tail_first, ml_fsm_epsilon(fc));
+    } else {
         r = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, er)), lo, hi);
     }
     ml_fsm_free(er);
@@ -303,10 +302,8 @@ static ml_fsm *schema_array(schema_compiler *sc, const cJSON *node)
     /* r: what may follow i elements (a comma first), from i = m down to 1. */
     ml_fsm *body;
     if (m == 0) {
-        ml_fsm_free(r);
         body = tail_first;
     } else {
-        ml_fsm_free(tail_first);
         ml_fsm **e = calloc(m, sizeof *e);
         if (!e) {
             ml_fsm_free(r);
@@ -345,7 +342,6 @@ typedef struct members {
     ml_fsm *pat_key[SCHEMA_MAX_PATTERN_PROPERTIES];   /* owned: quoted keys matching */
     const cJSON *pat_node[SCHEMA_MAX_PATTERN_PROPERTIES]; /* borrowed: their schemas */
     ml_fsm *add_value; /* owned: additionalProperties' values (empty when false) */
-    bool add_any;
     ml_fsm *names; /* owned: propertyNames as quoted keys, NULL when unconstrained */
 } members;
 
@@ -423,12 +419,11 @@ static bool members_init(schema_compiler *sc, const cJSON *node, members *mb)
         mb->pat_node[k] = p;
     }
     schema_pointer_pop(sc, at);
-    mb->add_value = add ? schema_compile_at(sc, add, "additionalProperties", 0, &mb->add_any)
+    bool any;
+    mb->add_value = add ? schema_compile_at(sc, add, "additionalProperties", 0, &any)
                         : schema_any(sc);
-    mb->add_any |= !add;
     if (pn) {
         at = schema_pointer_push(sc, "propertyNames", 0);
-        bool any;
         mb->names = schema_compile_strings(sc, pn, &any);
         schema_pointer_pop(sc, at);
         if (any) {

@@ -5,6 +5,7 @@
  * expressions over {a, b} against a brute-force evaluation of their
  * languages up to a length. */
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "clock.h"
@@ -113,8 +114,7 @@ static void test_atoms(void)
           "call");
     ml_fsm_free(a);
     check(ml_fsm_ctx_status(c) == ML_OK && !strcmp(ml_fsm_ctx_error(c), ""), "no error");
-    check(ml_fsm_call(c, ML_FSM_MAX_CALLS) == NULL &&
-              ml_fsm_ctx_status(c) == ML_ERR_INVALID_ARG,
+    check(ml_fsm_call(c, ML_FSM_MAX_CALLS) == NULL && ml_fsm_ctx_status(c) == ML_ERR_INVALID_ARG,
           "call past the limit");
     ml_fsm_ctx_destroy(c);
 }
@@ -195,13 +195,57 @@ static void test_compose(void)
     ml_fsm_ctx_destroy(c);
 }
 
+static void test_n_ary(void)
+{
+    ml_fsm_ctx *c = ml_fsm_ctx_create(BOUND, 0);
+    ml_fsm *parts[] = {lit(c, "ab"), lit(c, "cb"), ml_fsm_epsilon(c), lit(c, "abc")};
+    ml_fsm *a = ml_fsm_union_n(c, parts, 4);
+    ml_fsm *b = ml_fsm_union(c, ml_fsm_union(c, lit(c, "ab"), lit(c, "cb")),
+                             ml_fsm_union(c, ml_fsm_epsilon(c), lit(c, "abc")));
+    check(a && same_fsm(a, b) && m(a, "") && m(a, "abc") && !m(a, "a"), "union_n");
+    ml_fsm_free(a);
+    ml_fsm_free(b);
+
+    ml_fsm *seq[] = {lit(c, "a"), ml_fsm_repeat(c, lit(c, "b"), 0, ML_FSM_UNBOUNDED), lit(c, "c")};
+    a = ml_fsm_concat_n(c, seq, 3);
+    check(a && m(a, "ac") && m(a, "abbc") && !m(a, "ab") && ml_fsm_n_states(a) == 3, "concat_n");
+    ml_fsm_free(a);
+
+    a = ml_fsm_union_n(c, NULL, 0);
+    b = ml_fsm_concat_n(c, NULL, 0);
+    check(a && ml_fsm_is_empty(a) && b && m(b, "") && ml_fsm_n_states(b) == 1, "n = 0");
+    ml_fsm_free(a);
+    ml_fsm_free(b);
+
+    ml_fsm *with_null[] = {lit(c, "a"), NULL, lit(c, "b")};
+    check(ml_fsm_union_n(c, with_null, 3) == NULL && ml_fsm_ctx_status(c) == ML_OK,
+          "a NULL member: NULL, the others freed");
+    ml_fsm_ctx_destroy(c);
+
+    /* An enum of 2000 strings in one construction, well within a second
+     * (a chain of 2000 ml_fsm_union takes seconds). */
+    c = ml_fsm_ctx_create(100000, ml_clock_ms() + 1000);
+    static ml_fsm *values[2000];
+    for (int i = 0; i < 2000; i++) {
+        char text[32];
+        int n = snprintf(text, sizeof text, "\"value_%d\"", i * 7919);
+        values[i] = ml_fsm_literal(c, text, (size_t)n);
+    }
+    a = ml_fsm_union_n(c, values, 2000);
+    check(a && m(a, "\"value_7919\"") && !m(a, "\"value_7918\""), "enum of 2000: %s",
+          ml_fsm_ctx_error(c));
+    ml_fsm_free(a);
+    ml_fsm_ctx_destroy(c);
+}
+
 static void test_tags(void)
 {
     ml_fsm_ctx *c = ml_fsm_ctx_create(BOUND, 0);
     /* "x" then a tagged "x": the middle state is not merged away. */
     ml_fsm *a = ml_fsm_concat(c, lit(c, "\""), ml_fsm_tag(c, lit(c, "x"), ML_FSM_TAG_IN_STRING));
     check(ml_fsm_n_states(a) == 3 && ml_fsm_tags(a, 0) == 0 &&
-              ml_fsm_tags(a, 1) == ML_FSM_TAG_IN_STRING && ml_fsm_tags(a, 2) == ML_FSM_TAG_IN_STRING,
+              ml_fsm_tags(a, 1) == ML_FSM_TAG_IN_STRING &&
+              ml_fsm_tags(a, 2) == ML_FSM_TAG_IN_STRING,
           "tagged concat");
     ml_fsm_free(a);
 
@@ -222,8 +266,8 @@ static void test_tags(void)
 static void test_calls(void)
 {
     ml_fsm_ctx *c = ml_fsm_ctx_create(BOUND, 0);
-    ml_fsm *a = ml_fsm_concat(c, lit(c, "["),
-                              ml_fsm_concat(c, ml_fsm_repeat(c, ml_fsm_call(c, 3), 0, 2), lit(c, "]")));
+    ml_fsm *a = ml_fsm_concat(
+        c, lit(c, "["), ml_fsm_concat(c, ml_fsm_repeat(c, ml_fsm_call(c, 3), 0, 2), lit(c, "]")));
     check(a && ml_fsm_has_calls(a) && m(a, "[]") && ml_fsm_n_states(a) == 5, "calls compose");
     check(ml_fsm_intersect(c, a, lit(c, "[]")) == NULL &&
               ml_fsm_ctx_status(c) == ML_ERR_UNSUPPORTED,
@@ -290,8 +334,7 @@ static void test_bounds(void)
     ml_fsm_ctx_destroy(c);
 
     c = ml_fsm_ctx_create(BOUND, 0);
-    check(ml_fsm_repeat(c, lit(c, "a"), 3, 2) == NULL &&
-              ml_fsm_ctx_status(c) == ML_ERR_INVALID_ARG,
+    check(ml_fsm_repeat(c, lit(c, "a"), 3, 2) == NULL && ml_fsm_ctx_status(c) == ML_ERR_INVALID_ARG,
           "min over max");
     ml_fsm_ctx_destroy(c);
 }
@@ -313,8 +356,8 @@ static void test_utf8(void)
 {
     ml_fsm_ctx *c = ml_fsm_ctx_create(BOUND, 0);
     static const uint32_t ranges[][2] = {
-        {0x41, 0x5A}, {0x7F, 0x800}, {0xD000, 0xE0FF}, {0xFFF0, 0x10010}, {0x10FF00, 0x7FFFFFFF},
-        {0x50, 0x60}, /* overlaps the first */
+        {0x41, 0x5A},      {0x7F, 0x800},          {0xD000, 0xE0FF},
+        {0xFFF0, 0x10010}, {0x10FF00, 0x7FFFFFFF}, {0x50, 0x60}, /* overlaps the first */
     };
     size_t n = sizeof ranges / sizeof ranges[0];
     ml_fsm *a = ml_fsm_utf8(c, ranges, n);
@@ -463,6 +506,7 @@ int main(void)
 {
     test_atoms();
     test_compose();
+    test_n_ary();
     test_tags();
     test_calls();
     test_bounds();

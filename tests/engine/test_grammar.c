@@ -239,7 +239,10 @@ static void test_refusal_keeps_state(ml_grammar *g)
  * \r \t or \u00XX (lower-case hex) for the other controls; at least min_len
  * and at most max_len characters (max_len < 0: no limit), and, unless
  * allow_x, no letter x. The states of one character position: */
-enum { S_CHAR, S_ESC, S_U, S_U0, S_U00, S_U01, S_C1, S_C2, S_C3, S_E0, S_ED, S_F0, S_F4, N_POS };
+enum {
+    S_CHAR, S_ESC, S_U, S_U0, S_U00, S_U000, S_U001, S_C1, S_C2, S_C3, S_E0, S_ED, S_F0, S_F4,
+    N_POS
+};
 /* Then the layers: layer l holds the states after l characters begun. */
 enum { S_START, S_DONE, S_LAYERS };
 
@@ -307,12 +310,13 @@ static ml_grammar *string_grammar(int min_len, int max_len, bool allow_x)
         pos_range(&b, l, S_ESC, 'u', 'u', S_U);
         pos_range(&b, l, S_U, '0', '0', S_U0);
         pos_range(&b, l, S_U0, '0', '0', S_U00);
-        pos_range(&b, l, S_U0, '1', '1', S_U01);
-        pos_range(&b, l, S_U00, '0', '7', S_CHAR);
-        pos_range(&b, l, S_U00, 'b', 'b', S_CHAR);
-        pos_range(&b, l, S_U00, 'e', 'f', S_CHAR);
-        pos_range(&b, l, S_U01, '0', '9', S_CHAR);
-        pos_range(&b, l, S_U01, 'a', 'f', S_CHAR);
+        pos_range(&b, l, S_U00, '0', '0', S_U000);
+        pos_range(&b, l, S_U00, '1', '1', S_U001);
+        pos_range(&b, l, S_U000, '0', '7', S_CHAR);
+        pos_range(&b, l, S_U000, 'b', 'b', S_CHAR);
+        pos_range(&b, l, S_U000, 'e', 'f', S_CHAR);
+        pos_range(&b, l, S_U001, '0', '9', S_CHAR);
+        pos_range(&b, l, S_U001, 'a', 'f', S_CHAR);
         pos_range(&b, l, S_C1, 0x80, 0xbf, S_CHAR);
         pos_range(&b, l, S_C2, 0x80, 0xbf, S_C1);
         pos_range(&b, l, S_C3, 0x80, 0xbf, S_C2);
@@ -363,9 +367,13 @@ static void test_real_strings(void)
     /* Prefixes fed byte by byte after the opening quote, and where they
      * end: between characters, after \, inside \u00, inside a 3-byte and a
      * 4-byte character, near and at a length limit. */
-    static const char *const prefixes[] = {"",         "ab",       "\\",      "\\u0",
-                                           "\\u00",    "\\u001",   "\xe2\x82", "\xf0\x9f",
-                                           "\xed",     "abcdefg",  "abcd\xc3", "abcdefgh"};
+    static const struct {
+        const char *text;
+        int chars; /* characters written, -1 when it ends inside one */
+    } prefixes[] = {
+        {"", 0},          {"ab", 2},         {"\\", -1},       {"\\u0", -1},       {"\\u00", -1},
+        {"\\u000", -1},   {"\\u001", -1},    {"\\u001f", 1},    {"\\u000b\\t", 2}, {"\xe2\x82", -1},
+        {"\xf0\x9f", -1}, {"\xed", -1},       {"abcdefg", 7},    {"abcd\xc3", -1},  {"abcdefgh", 8}};
     static const struct {
         int min_len, max_len;
         bool allow_x;
@@ -378,16 +386,25 @@ static void test_real_strings(void)
             check(ml_grammar_state_create(g, v, &s, NULL, 0) == ML_OK, "create");
             char what[128];
             snprintf(what, sizeof what, "string %d..%d%s, after '\"%s'", strings[k].min_len,
-                     strings[k].max_len, strings[k].allow_x ? "" : " without x", prefixes[j]);
-            const char *text = prefixes[j];
+                     strings[k].max_len, strings[k].allow_x ? "" : " without x",
+                     prefixes[j].text);
+            const char *text = prefixes[j].text;
             bool fed = ml_grammar_state_accept(s, real_byte_token(tok, '"'), NULL, 0) == ML_OK;
             for (size_t i = 0; text[i] && fed; i++)
                 fed = ml_grammar_state_accept(s, real_byte_token(tok, (uint8_t)text[i]), NULL,
                                               0) == ML_OK;
-            if (fed) {
-                check_real_mask(s, v, mask, what);
-                check_real_mask(s, v, mask, what); /* again: the remembered budget */
-            }
+            check(fed, "%s: the prefix is a string's", what);
+            /* Between characters of a string the reference describes, the
+             * mask takes the shortcut with the characters left (a string
+             * without x is one where no character is left). */
+            bool full = prefixes[j].chars == strings[k].max_len;
+            long want = prefixes[j].chars < 0 || (!strings[k].allow_x && !full) ? -1
+                        : strings[k].max_len < 0 ? ML_GRAMMAR_BUDGET_UNBOUNDED
+                                                 : strings[k].max_len - prefixes[j].chars;
+            check(ml_grammar_state_string_budget(s) == want, "%s: budget %ld, want %ld", what,
+                  ml_grammar_state_string_budget(s), want);
+            check_real_mask(s, v, mask, what);
+            check_real_mask(s, v, mask, what); /* again: the remembered budget */
             ml_grammar_state_destroy(s);
         }
         ml_grammar_unref(g);

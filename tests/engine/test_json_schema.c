@@ -41,17 +41,23 @@ static bool mask_bit(const uint64_t *mask, int32_t id)
 
 /* The grammar of schema, or NULL (a failed check) when it does not compile
  * or breaks a guarantee of grammar_internal.h. */
+/* Wall time for one compile in these tests: the default bound, 2 s, is for
+ * release builds; sanitizer builds on a loaded machine run several times
+ * slower (test_bounds checks the bound itself). */
+#define TEST_COMPILE_MS 60000.0
+
 static ml_grammar *compile(const char *schema, int line)
 {
     ml_schema_limits lim;
     ml_schema_limits_default(&lim);
+    lim.max_compile_ms = TEST_COMPILE_MS;
     ml_grammar *g = NULL;
     char err[512] = "";
     ml_status st = ml_grammar_compile_schema(schema, strlen(schema), &lim, &g, err, sizeof err);
     ml_check_at(st == ML_OK, __FILE__, line, "compile %s: %s", schema, err);
     if (st != ML_OK)
         return NULL;
-    st = ml_grammar_check(g, err, sizeof err);
+    st = ml_grammar_check(g, true, err, sizeof err);
     ml_check_at(st == ML_OK, __FILE__, line, "check %s: %s", schema, err);
     return g;
 }
@@ -143,6 +149,7 @@ static void refused_at(const char *schema, ml_status want, int line, ...)
 {
     ml_schema_limits lim;
     ml_schema_limits_default(&lim);
+    lim.max_compile_ms = TEST_COMPILE_MS;
     ml_grammar *g = NULL;
     char err[512] = "";
     ml_status st = ml_grammar_compile_schema(schema, strlen(schema), &lim, &g, err, sizeof err);
@@ -563,6 +570,21 @@ static void test_combinators(void)
     REFUSES(g, "\"\"", 1);
     ml_grammar_unref(g);
 
+    /* A discriminator: a property both branches require, with disjoint
+     * values. */
+    g = compile("{\"oneOf\": [{\"type\": \"object\", \"properties\": {\"kind\": {\"const\": "
+                "\"a\"}, \"x\": {\"type\": \"number\"}}, \"required\": [\"kind\"]}, {\"$ref\": "
+                "\"#/$defs/b\"}], \"$defs\": {\"b\": {\"type\": \"object\", \"properties\": "
+                "{\"kind\": {\"enum\": [\"b\", \"c\"]}}, \"required\": [\"kind\"]}}}",
+                __LINE__);
+    ACCEPTS(g, "{\"kind\": \"a\", \"x\": 1.5}");
+    ACCEPTS(g, "{\"kind\": \"c\", \"x\": {}}");
+    REFUSES(g, "{\"kind\": \"d\"}", 10);
+    ml_grammar_unref(g);
+    REFUSED("{\"oneOf\": [{\"properties\": {\"k\": {\"const\": 1}}}, {\"properties\": {\"k\": "
+            "{\"const\": 2}}}]}",
+            ML_ERR_UNSUPPORTED, "oneOf");
+
     /* Subtracting a narrowed schema would admit what it matches. */
     REFUSED("{\"oneOf\": [{\"type\": \"number\"}, {\"enum\": [100]}]}", ML_ERR_UNSUPPORTED,
             "oneOf");
@@ -624,6 +646,22 @@ static void test_refs(void)
                 "{\"$ref\": \"#/$defs/a\"}}}}, \"$ref\": \"#/$defs/a\"}",
                 __LINE__);
     ACCEPTS(g, "[{\"x\": [{}, {\"x\": []}]}]");
+    ml_grammar_unref(g);
+
+    /* More recursive targets than the machine table's first size. */
+    char many[4096];
+    int k = snprintf(many, sizeof many, "{\"type\": \"object\", \"properties\": {");
+    for (int i = 0; i < 12; i++)
+        k += snprintf(many + k, sizeof many - (size_t)k, "%s\"p%d\": {\"$ref\": \"#/$defs/d%d\"}",
+                      i ? ", " : "", i, i);
+    k += snprintf(many + k, sizeof many - (size_t)k, "}, \"$defs\": {");
+    for (int i = 0; i < 12; i++)
+        k += snprintf(many + k, sizeof many - (size_t)k,
+                      "%s\"d%d\": {\"type\": \"array\", \"items\": {\"$ref\": \"#/$defs/d%d\"}}",
+                      i ? ", " : "", i, i);
+    snprintf(many + k, sizeof many - (size_t)k, "}}");
+    g = compile(many, __LINE__);
+    ACCEPTS(g, "{\"p0\": [[]], \"p11\": [[], [[]]]}");
     ml_grammar_unref(g);
 
     /* oneOf with recursive branches told apart by their first byte. */

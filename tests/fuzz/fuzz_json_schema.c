@@ -98,7 +98,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (st != ML_OK)
         return 0;
     require(dst == ML_OK && !memcmp(digest, ml_grammar_digest(g), sizeof digest));
-    require(ml_grammar_check(g, err, sizeof err) == ML_OK);
+    require(ml_grammar_check(g, true, err, sizeof err) == ML_OK);
     walk(g, data, size);
     ml_grammar_unref(g);
     return 0;
