@@ -21,6 +21,11 @@
 /* A count keyword (maxLength, maxItems) at or over this is no bound: no
  * document the engine can generate is that long. */
 #define SCHEMA_COUNT_UNBOUNDED 4294967295.0
+/* A maxLength or maxItems above this is enforced as this (or minLength /
+ * minItems when larger): a bounded repeat costs a copy of the item per
+ * unit, so maxLength 32767 would need some 300000 states. A narrowing:
+ * longer strings and arrays are refused. */
+#define SCHEMA_MAX_ENFORCED_BOUND 1024u
 
 /* ---- building blocks -------------------------------------------------------- */
 
@@ -172,6 +177,14 @@ static bool count_of(schema_compiler *sc, const cJSON *node, const char *key, ui
     return true;
 }
 
+/* The upper bound enforced for [min, max] (SCHEMA_MAX_ENFORCED_BOUND). */
+static uint32_t enforced_max(uint32_t min, uint32_t max)
+{
+    if (max == ML_FSM_UNBOUNDED || max <= SCHEMA_MAX_ENFORCED_BOUND)
+        return max;
+    return min > SCHEMA_MAX_ENFORCED_BOUND ? min : SCHEMA_MAX_ENFORCED_BOUND;
+}
+
 /* ---- scalars ----------------------------------------------------------------- */
 
 static ml_fsm *schema_string(schema_compiler *sc, const cJSON *node)
@@ -180,6 +193,7 @@ static ml_fsm *schema_string(schema_compiler *sc, const cJSON *node)
     if (!count_of(sc, node, "minLength", 0, &s.min_length) ||
         !count_of(sc, node, "maxLength", ML_FSM_UNBOUNDED, &s.max_length))
         return NULL;
+    s.max_length = enforced_max(s.min_length, s.max_length);
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(node, "pattern");
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(node, "format");
     if (p && !cJSON_IsString(p))
@@ -275,6 +289,7 @@ static ml_fsm *schema_array(schema_compiler *sc, const cJSON *node)
     if (!count_of(sc, node, "minItems", 0, &min) ||
         !count_of(sc, node, "maxItems", ML_FSM_UNBOUNDED, &max))
         return NULL;
+    max = enforced_max(min, max);
     uint32_t m = pre ? (uint32_t)cJSON_GetArraySize(pre) : 0;
 
     /* The elements after the prefix: between lo and hi of them. */

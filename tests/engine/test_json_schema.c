@@ -256,6 +256,20 @@ static void test_scalars(void)
     REFUSES(g, "\"abcd\"", 4);
     ml_grammar_unref(g);
 
+    /* A maxLength past SCHEMA_MAX_ENFORCED_BOUND (1024) is enforced as it. */
+    g = compile("{\"type\": \"string\", \"maxLength\": 32767}", __LINE__);
+    if (g) {
+        static char text[1100];
+        text[0] = '"';
+        memset(text + 1, 'a', 1024);
+        strcpy(text + 1025, "\"");
+        check(walk_bytes(g, text) == 1026, "1024 characters");
+        text[1025] = 'a';
+        strcpy(text + 1026, "\"");
+        check(walk_bytes(g, text) == 1025, "1025 characters refused");
+    }
+    ml_grammar_unref(g);
+
     g = compile("{\"type\": \"string\", \"pattern\": \"^[a-z]+$\"}", __LINE__);
     ACCEPTS(g, "\"abc\"");
     REFUSES(g, "\"ab1\"", 3);
