@@ -293,6 +293,11 @@ static void test_scalars(void)
     REFUSES(g, "\"2024-13-01\"", 7);
     ml_grammar_unref(g);
     REFUSED("{\"type\": \"string\", \"format\": \"color\"}", ML_ERR_UNSUPPORTED, "color");
+    /* A format JSON Schema does not define is an annotation. */
+    g = compile("{\"type\": \"string\", \"format\": \"byte\", \"maxLength\": 4}", __LINE__);
+    ACCEPTS(g, "\"ab=\"");
+    REFUSES(g, "\"abcde\"", 5);
+    ml_grammar_unref(g);
 
     /* enum numbers in one canonical text. */
     g = compile("{\"enum\": [1.5, 100, -0.25, 1e2]}", __LINE__);
