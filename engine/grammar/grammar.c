@@ -453,6 +453,17 @@ static uint8_t canon_step(uint8_t c, uint8_t b)
     }
 }
 
+/* canon_step as a table, for the explorations below. */
+static uint8_t canon_next[CANON_N][256];
+static pthread_once_t canon_once = PTHREAD_ONCE_INIT;
+
+static void canon_table_init(void)
+{
+    for (int c = 0; c < CANON_N; c++)
+        for (int b = 0; b < 256; b++)
+            canon_next[c][b] = canon_step((uint8_t)c, (uint8_t)b);
+}
+
 /* Per vocabulary: each token's characters begun inside a string when it
  * stays there (the cumulative masks canon_upto), and the nodes whose
  * subtree has a token leaving it. */
@@ -519,9 +530,11 @@ enum { BUDGET_UNKNOWN, BUDGET_NONE, BUDGET_0 };
 #define BUDGET_UNBOUNDED ((uint32_t)ML_GRAMMAR_BUDGET_UNBOUNDED)
 #define BUDGET_NEED_SHIFT 16
 #define BUDGET_CODE(m) ((m) & 0xffffu)
-/* Pairs one exploration may visit: a string with a maxLength of a few
- * hundred characters; past it, its states are walked in full. */
-#define BUDGET_MAX_PAIRS 8192u
+/* Pairs one exploration may visit: a string with a maxLength of 1024 (the
+ * most schema.c enforces) pairs each of its 1025 positions with the
+ * reference's 14 states; a key among a few hundred names pairs each prefix
+ * of theirs likewise. Past it, the string's states are walked in full. */
+#define BUDGET_MAX_PAIRS 32768u
 #define BUDGET_SLOTS (2u * BUDGET_MAX_PAIRS)
 
 typedef struct budget_pair {
@@ -574,9 +587,10 @@ static bool budget_visit(budget_scan *b, budget_pair p)
         b->need = g->need[p.q];
     const uint32_t *row = g->next + (size_t)p.q * g->n_classes;
     bool takes = false, refuses = false;
+    const uint8_t *canon = canon_next[p.c];
     for (int byte = 0; byte < 256; byte++) {
         uint32_t e = row[g->byte_class[byte]];
-        uint8_t to = canon_step(p.c, (uint8_t)byte);
+        uint8_t to = canon[byte];
         if (to == CANON_EXIT) {
             if (e != ML_GRAMMAR_DEAD && (e & ML_GRAMMAR_CALL))
                 return false;
@@ -601,13 +615,18 @@ static bool budget_visit(budget_scan *b, budget_pair p)
         b->closed_layer = p.layer;
         return true;
     }
+    uint16_t layer = (uint16_t)(p.layer + (p.c == CANON_CHAR));
+    uint32_t last_e = ML_GRAMMAR_DEAD;
+    uint8_t last_to = CANON_DEAD;
     for (int byte = 0; byte < 256; byte++) {
-        uint8_t to = canon_step(p.c, (uint8_t)byte);
-        if (to >= CANON_N)
+        uint8_t to = canon[byte];
+        uint32_t e = row[g->byte_class[byte]];
+        if (to >= CANON_N || (e == last_e && to == last_to)) /* runs of bytes share a pair */
             continue;
-        uint16_t layer = (uint16_t)(p.layer + (p.c == CANON_CHAR));
-        if (!budget_push(b, row[g->byte_class[byte]], to, layer))
+        if (!budget_push(b, e, to, layer))
             return false;
+        last_e = e;
+        last_to = to;
     }
     return true;
 }
@@ -619,6 +638,7 @@ static bool budget_visit(budget_scan *b, budget_pair p)
  * memo where unknown (their strings are parts of this one). */
 static uint32_t string_budget(const ml_grammar *g, uint32_t s, uint32_t *memo)
 {
+    pthread_once(&canon_once, canon_table_init);
     budget_scan b = {.g = g};
     b.seen = calloc(BUDGET_SLOTS, sizeof *b.seen);
     b.seen_layer = malloc(BUDGET_SLOTS * sizeof *b.seen_layer);

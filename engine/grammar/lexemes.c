@@ -251,8 +251,30 @@ _Static_assert(sizeof formats / sizeof formats[0] + 1 ==
                    sizeof ml_lex_formats / sizeof ml_lex_formats[0],
                "every format is listed");
 
+/* The formats JSON Schema defines (draft 2020-12's format vocabulary, draft
+ * 3's color) that a validator checks when asked to (Python jsonschema's
+ * FormatChecker): one of them lexemes.c does not build is refused. Any
+ * other format ("byte", "url", "path"...) is an annotation validators
+ * ignore, so ignoring it is exact. */
+static const char *const checked_formats[] = {
+    "date",      "time",      "date-time",     "duration",      "email",
+    "idn-email", "hostname",  "idn-hostname",  "ipv4",          "ipv6",
+    "uri",       "uri-reference", "iri",       "iri-reference", "uuid",
+    "uri-template", "json-pointer", "relative-json-pointer", "regex", "color",
+};
+
+bool ml_lex_format_ignored(const char *name)
+{
+    for (size_t i = 0; i < sizeof checked_formats / sizeof checked_formats[0]; i++)
+        if (!strcmp(checked_formats[i], name))
+            return false;
+    return true;
+}
+
 bool ml_lex_format_check(ml_fsm_ctx *c, const char *name)
 {
+    if (ml_lex_format_ignored(name))
+        return true;
     for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
         if (!strcmp(formats[i].name, name))
             return true;
@@ -260,13 +282,14 @@ bool ml_lex_format_check(ml_fsm_ctx *c, const char *name)
     return false;
 }
 
+/* The content of a format that is not ignored (ml_lex_format_ignored). */
 static ml_fsm *format_content(ml_fsm_ctx *c, const char *name)
 {
-    if (!ml_lex_format_check(c, name))
-        return NULL;
-    for (size_t i = 0;; i++)
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
         if (!strcmp(formats[i].name, name))
             return ml_regex_compile(c, formats[i].pattern, strlen(formats[i].pattern));
+    ml_lex_format_check(c, name);
+    return NULL;
 }
 
 /* Any characters, between min and max of them (max ML_FSM_UNBOUNDED: no bound). */
@@ -282,11 +305,12 @@ ml_fsm *ml_lex_json_string(ml_fsm_ctx *c, const ml_lex_string *s)
         return NULL;
     if (s->min_length > s->max_length)
         return ml_fsm_nothing(c);
+    const char *format = s->format && !ml_lex_format_ignored(s->format) ? s->format : NULL;
     ml_fsm *content = NULL;
-    if (s->min_length > 0 || s->max_length != ML_FSM_UNBOUNDED || (!s->pattern && !s->format))
+    if (s->min_length > 0 || s->max_length != ML_FSM_UNBOUNDED || (!s->pattern && !format))
         content = ml_fsm_tag(c, any_chars(c, s->min_length, s->max_length), ML_FSM_TAG_IN_STRING);
-    if (s->format) {
-        ml_fsm *f = format_content(c, s->format);
+    if (format) {
+        ml_fsm *f = format_content(c, format);
         content = content ? ml_fsm_intersect(c, content, f) : f;
     }
     if (s->pattern) {

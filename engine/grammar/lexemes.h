@@ -42,14 +42,20 @@ typedef struct ml_lex_string {
  * and error messages. */
 extern const char *const ml_lex_formats[];
 
-/* True when ml_lex_json_string knows the format; else latches its error
- * (ML_ERR_UNSUPPORTED, naming it) in c, for a caller that refuses before
- * building anything. */
+/* True when validators ignore the format: it is none of those JSON Schema
+ * defines (a vendor's "byte", "url", "path"...), so it constrains nothing. */
+bool ml_lex_format_ignored(const char *name);
+
+/* True when ml_lex_json_string takes the format (built or ignored); else
+ * latches its error (ML_ERR_UNSUPPORTED, naming it) in c, for a caller
+ * that refuses before building anything. */
 bool ml_lex_format_check(ml_fsm_ctx *c, const char *name);
 
-/* `"` content `"` under s. Errors: an unknown format (ML_ERR_UNSUPPORTED,
- * naming it), a pattern regex.h refuses (its message), min over max
- * (the empty language, not an error: the caller decides). */
+/* `"` content `"` under s. Errors: a format JSON Schema defines that
+ * lexemes.c does not build (ML_ERR_UNSUPPORTED, naming it; an ignored one,
+ * ml_lex_format_ignored, constrains nothing), a pattern regex.h refuses (its
+ * message), min over max (the empty language, not an error: the caller
+ * decides). */
 ml_fsm *ml_lex_json_string(ml_fsm_ctx *c, const ml_lex_string *s);
 
 /* The content of a string (no quotes, tagged) whose value equals the given

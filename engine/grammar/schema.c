@@ -276,12 +276,18 @@ static const schema_kw schema_keywords[] = {
     {"divisibleBy", KW_REFUSED, "draft 3's divisibleBy is not enforced"},
 };
 
+/* A keyword JSON Schema does not define is an annotation: validators ignore
+ * it (draft 2020-12 §4.3.1), so ignoring it is exact, even for a misspelt one
+ * ("additonalProperties") or a vendor's ("x-kubernetes-group-version-kind",
+ * OpenAPI's "nullable"). */
+static const schema_kw schema_undefined = {"", KW_ANNOTATION, NULL};
+
 const schema_kw *schema_keyword(const char *name)
 {
     for (size_t i = 0; i < sizeof schema_keywords / sizeof schema_keywords[0]; i++)
         if (!strcmp(schema_keywords[i].name, name))
             return &schema_keywords[i];
-    return NULL;
+    return &schema_undefined;
 }
 
 /* Refuse what cannot be enforced; say whether node has type-specific
@@ -291,13 +297,7 @@ bool schema_check(schema_compiler *sc, const cJSON *node, bool *typed, bool *has
 {
     *typed = *has_type = *compose = false;
     for (const cJSON *m = node->child; m; m = m->next) {
-        /* A keyword JSON Schema does not define is an annotation: validators
-         * ignore it (draft 2020-12 §4.3.1), so ignoring it is exact, even
-         * for a misspelt one ("additonalProperties") or a vendor's
-         * ("x-kubernetes-group-version-kind", OpenAPI's "nullable"). */
         const schema_kw *kw = schema_keyword(m->string);
-        if (!kw)
-            continue;
         switch (kw->cls) {
         case KW_ANNOTATION:
             break;
@@ -631,7 +631,7 @@ static void schema_compiler_deinit(schema_compiler *sc)
         ml_fsm_free(sc->machines[i].fsm);
     free(sc->machines);
     ml_fsm_free(sc->any_regular);
-    cJSON_Delete(sc->merge_kept);
+    cJSON_Delete(sc->replaced);
 }
 
 ml_status ml_grammar_compile_schema(const char *text, size_t len, const ml_schema_limits *lim,

@@ -165,8 +165,6 @@ static bool schema_exact(schema_compiler *sc, const cJSON *node, int depth)
     static const char *const lists[] = {"prefixItems", "items", "anyOf", "allOf"};
     for (const cJSON *m = node->child; m; m = m->next) {
         const schema_kw *kw = schema_keyword(m->string);
-        if (!kw)
-            return false;
         if (kw->cls == KW_ANNOTATION)
             continue;
         constrained = true;
@@ -241,7 +239,7 @@ static const cJSON *schema_deref(schema_compiler *sc, const cJSON *node)
             const schema_kw *kw = schema_keyword(m->string);
             if (!strcmp(m->string, "$ref"))
                 ref = m;
-            else if (!kw || kw->cls != KW_ANNOTATION)
+            else if (kw->cls != KW_ANNOTATION)
                 return node;
         }
         if (!cJSON_IsString(ref))
@@ -426,22 +424,21 @@ static cJSON *schema_all_of_pair(const cJSON *a, const cJSON *b)
     return o;
 }
 
-/* m's key set to v (owned). The value it replaces is kept until the
- * compilation ends (sc->merge_kept), not freed: v or another merged node
- * may refer to its members (an allOf pair of the old and the new value, an
- * anyOf product). */
+/* Set m's key to v (taken). The value it replaces is not freed but kept in
+ * sc->replaced until the compilation ends: merged values (allOf pairs,
+ * aliases of members) may refer to it. */
 static bool schema_set(schema_compiler *sc, cJSON *m, const char *key, cJSON *v)
 {
     if (!v)
         return false;
     cJSON *old = cJSON_DetachItemFromObjectCaseSensitive(m, key);
-    if (old && !sc->merge_kept && !(sc->merge_kept = cJSON_CreateArray())) {
-        cJSON_AddItemToObject(m, key, old);
+    if (old && !sc->replaced)
+        sc->replaced = cJSON_CreateArray();
+    if (old && (!sc->replaced || !cJSON_AddItemToArray(sc->replaced, old))) {
+        cJSON_AddItemToObject(m, key, old); /* back where it was: m stays whole */
         cJSON_Delete(v);
         return false;
     }
-    if (old)
-        cJSON_AddItemToArray(sc->merge_kept, old);
     if (!cJSON_AddItemToObject(m, key, v)) {
         cJSON_Delete(v);
         return false;

@@ -67,7 +67,6 @@ typedef struct schema_compiler {
     ml_fsm_ctx *fc;     /* borrowed: the context; its error is the compile's */
     uint32_t max_states; /* the limits' bound, also on the grammar's total */
     double deadline_ms;  /* the context's (0: none), for a scratch context */
-    cJSON *merge_kept;   /* owned: values merged keywords replaced (schema_combine.c) */
     const cJSON *root;  /* borrowed: the schema document */
     schema_target *targets;
     size_t n_targets, cap_targets;
@@ -79,6 +78,9 @@ typedef struct schema_compiler {
     uint32_t regular_depth;
     ml_fsm *any_regular; /* owned: values nested at most regular_depth deep */
     int nesting;     /* subschemas being compiled, for SCHEMA_MAX_NESTING */
+    /* owned, NULL until needed: the values allOf merging replaced, kept
+     * until the compilation ends because merged values refer to them */
+    cJSON *replaced;
     /* The JSON Pointer of the subschema being compiled (messages). */
     char pointer[SCHEMA_MAX_POINTER];
     size_t pointer_len;
@@ -101,7 +103,8 @@ typedef struct schema_kw {
     const char *why; /* KW_REFUSED: the reason, for the message */
 } schema_kw;
 
-/* The keyword named name, NULL when unknown. */
+/* The keyword name, or an annotation entry for a name JSON Schema does not
+ * define (never NULL). */
 const schema_kw *schema_keyword(const char *name);
 
 /* Refuse (latched) what cannot be enforced in node; say whether it has

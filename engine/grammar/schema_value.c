@@ -232,11 +232,13 @@ static bool only_keywords(const cJSON *node, const char *type, const char *const
     return true;
 }
 
-/* True when node or a schema under it has an unknown format. */
+/* True when node or a schema under it has a format lexemes.h refuses
+ * (neither built nor ignored). */
 static bool has_unknown_format(const cJSON *node)
 {
     for (const cJSON *m = node ? node->child : NULL; m; m = m->next) {
-        if (m->string && !strcmp(m->string, "format") && cJSON_IsString(m)) {
+        if (m->string && !strcmp(m->string, "format") && cJSON_IsString(m) &&
+            !ml_lex_format_ignored(m->valuestring)) {
             const char *const *f = ml_lex_formats;
             while (*f && strcmp(*f, m->valuestring) != 0)
                 f++;

@@ -1,5 +1,7 @@
 #include "cli/cli_util.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -109,4 +111,63 @@ int svc_parse_double(const char *cmd, const char *opt, const char *s, double lo,
     }
     *out = v;
     return 0;
+}
+
+void svc_put_json_string(FILE *out, const char *s, size_t n)
+{
+    fputc('"', out);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            fprintf(out, "\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", out);
+        else if (c < 0x20)
+            fprintf(out, "\\u%04x", c);
+        else
+            fputc(c, out);
+    }
+    fputc('"', out);
+}
+
+static const char *skip_ws(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    return p;
+}
+
+bool svc_json_member_span(const char *text, size_t len, const char *key, const char **start,
+                          size_t *n)
+{
+    const char *end = text + len, *p = skip_ws(text, end);
+    if (p == end || *p != '{')
+        return false;
+    p = skip_ws(p + 1, end);
+    while (p < end && *p == '"') {
+        const char *after = NULL;
+        cJSON *name = cJSON_ParseWithLengthOpts(p, (size_t)(end - p), &after, 0);
+        if (!name)
+            return false;
+        bool wanted = cJSON_IsString(name) && !strcmp(name->valuestring, key);
+        cJSON_Delete(name);
+        p = skip_ws(after, end);
+        if (p == end || *p != ':')
+            return false;
+        const char *value = skip_ws(p + 1, end);
+        cJSON *v = cJSON_ParseWithLengthOpts(value, (size_t)(end - value), &after, 0);
+        if (!v)
+            return false;
+        cJSON_Delete(v);
+        if (wanted) {
+            *start = value;
+            *n = (size_t)(after - value);
+            return true;
+        }
+        p = skip_ws(after, end);
+        if (p == end || *p != ',')
+            return false;
+        p = skip_ws(p + 1, end);
+    }
+    return false;
 }

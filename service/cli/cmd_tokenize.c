@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "engine.h"
 
@@ -32,25 +33,6 @@ static void usage(FILE *f)
             "A bad line is reported on stderr with its number and skipped; the exit\n"
             "status is then 1.\n",
             DEFAULT_TOKENIZER);
-}
-
-/* Write s[0..n) as a JSON string body: quote, backslash and control bytes
- * escaped, everything else (UTF-8) as is. */
-static void put_json_string(FILE *out, const char *s, size_t n)
-{
-    fputc('"', out);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\')
-            fprintf(out, "\\%c", c);
-        else if (c == '\n')
-            fputs("\\n", out);
-        else if (c < 0x20)
-            fprintf(out, "\\u%04x", c);
-        else
-            fputc(c, out);
-    }
-    fputc('"', out);
 }
 
 /* One line; returns false (message printed) when it is bad. */
@@ -105,7 +87,7 @@ static bool decode_line(const ml_tokenizer *tok, const cJSON *doc, size_t lineno
         return false;
     }
     fputs("{\"text\":", stdout);
-    put_json_string(stdout, text, len);
+    svc_put_json_string(stdout, text, len);
     fputs("}\n", stdout);
     free(text);
     return true;

@@ -14,6 +14,7 @@ enum {
 int cmd_preprocess(int argc, char **argv);
 int cmd_mock_kafka(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_grammar(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
 int cmd_worker(int argc, char **argv);

@@ -14,6 +14,7 @@ static const svc_command commands[] = {
     {"preprocess", cmd_preprocess, "run the Mllama image preprocessing on a JPEG or PNG, write .npy"},
     {"mock-kafka", cmd_mock_kafka, "run a mock Kafka cluster; print its bootstrap servers"},
     {"tokenize", cmd_tokenize, "encode/decode JSON lines with a tokenizer.json"},
+    {"grammar", cmd_grammar, "check JSON Schemas and documents against the token masks (JSON lines)"},
     {"worker", cmd_worker, "run the Kafka worker (the product)"},
     {"submit", cmd_submit, "send one chat request to Kafka and stream the reply"},
     {"healthcheck", cmd_healthcheck, "GET a worker endpoint; exit 0 on HTTP 200"},

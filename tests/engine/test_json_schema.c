@@ -293,6 +293,11 @@ static void test_scalars(void)
     REFUSES(g, "\"2024-13-01\"", 7);
     ml_grammar_unref(g);
     REFUSED("{\"type\": \"string\", \"format\": \"color\"}", ML_ERR_UNSUPPORTED, "color");
+    /* A format JSON Schema does not define is an annotation. */
+    g = compile("{\"type\": \"string\", \"format\": \"byte\", \"maxLength\": 4}", __LINE__);
+    ACCEPTS(g, "\"ab=\"");
+    REFUSES(g, "\"abcde\"", 5);
+    ml_grammar_unref(g);
 
     /* enum numbers in one canonical text. */
     g = compile("{\"enum\": [1.5, 100, -0.25, 1e2]}", __LINE__);
@@ -529,6 +534,18 @@ static void test_enum_const(void)
 
 static void test_combinators(void)
 {
+    /* allOf of three objects with recursive values: the second merge
+     * replaces the merged member list the first made, which the merged
+     * members still refer to (a use after free, found on the benchmark). */
+    ml_grammar *merged = compile(
+        "{\"definitions\": {\"a\": {\"properties\": {\"x\": {}}}, \"b\": {\"properties\": "
+        "{\"x\": {}}}, \"c\": {\"properties\": {}}}, \"properties\": {\"rules\": {\"allOf\": "
+        "[{\"$ref\": \"#/definitions/a\"}, {\"$ref\": \"#/definitions/b\"}, {\"$ref\": "
+        "\"#/definitions/c\"}]}}}",
+        __LINE__);
+    ACCEPTS(merged, "{\"rules\": {\"x\": [1, {\"y\": null}]}}");
+    ml_grammar_unref(merged);
+
     ml_grammar *g = compile("{\"anyOf\": [{\"type\": \"string\"}, {\"type\": \"integer\"}]}",
                             __LINE__);
     ACCEPTS(g, "\"s\"");

@@ -116,6 +116,14 @@ static void test_strings(void)
           "unknown format: %s", ml_fsm_ctx_error(c));
     ml_fsm_ctx_destroy(c);
 
+    /* A format JSON Schema does not define is an annotation. */
+    c = ml_fsm_ctx_create(BOUND, 0);
+    a = string_of(c, 0, 3, NULL, "byte");
+    check(m(a, "\"a=\"") && m(a, "\"\"") && !m(a, "\"abcd\"") && ml_fsm_ctx_status(c) == ML_OK,
+          "an undefined format constrains nothing: %s", ml_fsm_ctx_error(c));
+    ml_fsm_free(a);
+    ml_fsm_ctx_destroy(c);
+
     c = ml_fsm_ctx_create(BOUND, 0);
     check(string_of(c, 0, ML_FSM_UNBOUNDED, "(?=x)", NULL) == NULL &&
               ml_fsm_ctx_status(c) == ML_ERR_UNSUPPORTED && strstr(ml_fsm_ctx_error(c), "byte 0"),
