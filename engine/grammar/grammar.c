@@ -293,19 +293,10 @@ static size_t state_run(const ml_grammar_state *s, const uint8_t *bytes, size_t 
     return len;
 }
 
-/* The bytes of token, or NULL when it is never allowed. */
-static const uint8_t *grammar_token(const ml_json_vocab *v, int32_t token, size_t *len)
-{
-    if (token < 0 || (size_t)token >= v->n_vocab)
-        return NULL;
-    *len = v->offset[token + 1] - v->offset[token];
-    return *len ? v->bytes + v->offset[token] : NULL;
-}
-
 int ml_grammar_state_allows(const ml_grammar_state *s, int32_t token)
 {
     size_t len = 0;
-    const uint8_t *bytes = grammar_token(s->v, token, &len);
+    const uint8_t *bytes = ml_json_vocab_token(s->v, token, &len);
     gpos p;
     gframes fr;
     return bytes && state_run(s, bytes, len, &p, &fr) == len;
@@ -314,7 +305,7 @@ int ml_grammar_state_allows(const ml_grammar_state *s, int32_t token)
 ml_status ml_grammar_state_accept(ml_grammar_state *s, int32_t token, char *err, size_t errlen)
 {
     size_t len = 0;
-    const uint8_t *bytes = grammar_token(s->v, token, &len);
+    const uint8_t *bytes = ml_json_vocab_token(s->v, token, &len);
     if (!bytes)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "grammar: token %d is never allowed (special, without bytes or outside "

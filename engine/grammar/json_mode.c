@@ -576,19 +576,10 @@ void ml_json_state_allowed(ml_json_state *s, uint64_t *allowed)
     json_walk(v, s->walk, &s->rec, 0, allowed);
 }
 
-/* The bytes of token, or NULL when it is never allowed. */
-static const uint8_t *json_token(const ml_json_vocab *v, int32_t token, size_t *len)
-{
-    if (token < 0 || (size_t)token >= v->n_vocab)
-        return NULL;
-    *len = v->offset[token + 1] - v->offset[token];
-    return *len ? v->bytes + v->offset[token] : NULL;
-}
-
 int ml_json_state_allows(const ml_json_state *s, int32_t token)
 {
     size_t len = 0;
-    const uint8_t *bytes = json_token(s->v, token, &len);
+    const uint8_t *bytes = ml_json_vocab_token(s->v, token, &len);
     if (!bytes || s->rec.mode == JSON_DONE)
         return 0;
     json_rec r = s->rec;
@@ -598,7 +589,7 @@ int ml_json_state_allows(const ml_json_state *s, int32_t token)
 ml_status ml_json_state_accept(ml_json_state *s, int32_t token, char *err, size_t errlen)
 {
     size_t len = 0;
-    const uint8_t *bytes = json_token(s->v, token, &len);
+    const uint8_t *bytes = ml_json_vocab_token(s->v, token, &len);
     if (!bytes)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "json mode: token %d is never allowed (special, without bytes or "

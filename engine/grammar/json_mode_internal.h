@@ -69,6 +69,10 @@ struct ml_json_vocab {
     uint64_t *in_string[JSON_N_PRE];
 };
 
+/* The bytes of token (*len of them), or NULL when it is never allowed
+ * (special, without bytes, or outside [0, n_vocab)). */
+const uint8_t *ml_json_vocab_token(const ml_json_vocab *v, int32_t token, size_t *len);
+
 /* Decide, on a vocabulary whose trie is built, the tokens that stay inside
  * a string from each JSON_PRE_* state (in_string) and the nodes where one
  * leaves it (JSON_NODE_CLOSES flags). Errors: ML_ERR_NOMEM. */

@@ -276,6 +276,14 @@ void ml_json_vocab_destroy(ml_json_vocab *v)
     free(v);
 }
 
+const uint8_t *ml_json_vocab_token(const ml_json_vocab *v, int32_t token, size_t *len)
+{
+    if (token < 0 || (size_t)token >= v->n_vocab)
+        return NULL;
+    *len = v->offset[token + 1] - v->offset[token];
+    return *len ? v->bytes + v->offset[token] : NULL;
+}
+
 size_t ml_json_vocab_n_vocab(const ml_json_vocab *v)
 {
     return v->n_vocab;
