@@ -2,8 +2,9 @@
  * ML_BENCH=1; tests/bench/constrained_bench.sh runs it): a batch of
  * ML_BENCH_BATCH (default 16) sequences decoding together on a generated
  * model (ML_BENCH_PRESET, default "small": real vocabulary), the CPU
- * backend, all in JSON mode ("json") or all free ("free"), timed step by
- * step around ml_runtime_step over STEPS steps.
+ * backend, all constrained ("json": JSON mode, or the JSON Schema in the
+ * file ML_BENCH_SCHEMA, compiled once and shared) or all free ("free"),
+ * timed step by step around ml_runtime_step over STEPS steps.
  * Every step has the same shape: each of the batch's slots holds one
  * request whose prompt is the one token BOS, so that a request's first step
  * is one token like a decode step. A JSON request ends when its object is
@@ -28,6 +29,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "grammar/grammar.h"
 #include "harness.h"
 #include "model/mkmodel.h"
 #include "runtime/runtime.h"
@@ -51,6 +53,7 @@ typedef struct bench {
     int batch;
     ml_model *model;   /* borrowed */
     ml_tokenizer *tok; /* borrowed */
+    ml_grammar *grammar; /* owned; NULL: JSON mode */
     /* The JSON run's schedule: slot i's k-th request had lengths[i][k]
      * tokens; n_len[i] of them ended within the run. */
     int lengths[MAX_BATCH][MAX_PER_SLOT];
@@ -109,7 +112,8 @@ static uint64_t submit(ml_runtime *rt, const bench *b, int json, int i, int k, a
                       .cb = {.on_token = on_token, .on_finish = on_finish, .ctx = a}};
     ml_sampling_params_default(&req.sampling);
     req.sampling.seed = SEED + (uint64_t)(i * MAX_PER_SLOT + k);
-    req.sampling.json_object = json;
+    req.sampling.json_object = json && !b->grammar;
+    req.sampling.grammar = json ? b->grammar : NULL;
     req.sampling.max_tokens = !json && k < b->n_len[i] ? (uint32_t)b->lengths[i][k] : MAX_TOKENS;
     memset(a, 0, sizeof *a);
     uint64_t h;
@@ -203,9 +207,22 @@ int main(void)
     }
     b.model = model;
     b.tok = ml_tok_load(ML_TOK_REAL_PATH, NULL);
-    printf("constrained decoding: preset %s, batch %d, %d threads, %s, %d steps (%d timed), "
+    const char *schema_path = getenv("ML_BENCH_SCHEMA");
+    if (schema_path) {
+        size_t len = 0;
+        char *text = ml_tok_read_file(schema_path, &len);
+        ml_schema_limits sl;
+        ml_schema_limits_default(&sl);
+        if (!text || ml_grammar_compile_schema(text, len, &sl, &b.grammar, err, sizeof err) != ML_OK) {
+            fprintf(stderr, "%s: %s\n", schema_path, text ? err : "cannot be read");
+            return 1;
+        }
+        free(text);
+    }
+    printf("constrained decoding (%s): preset %s, batch %d, %d threads, %s, %d steps (%d timed), "
            "%d runs a side\n",
-           preset, b.batch, threads, be->ops->name, STEPS, STEPS - WARMUP_STEPS, reps);
+           schema_path ? schema_path : "JSON mode", preset, b.batch, threads, be->ops->name, STEPS,
+           STEPS - WARMUP_STEPS, reps);
     double free_ms[100], json_ms[100], free_cpu[100], json_cpu[100];
     for (int r = 0; r < reps; r++) {
         int ended;
@@ -224,6 +241,7 @@ int main(void)
            j / f, GOAL_RATIO);
     printf("median CPU per step: free %.3f ms, json %.3f ms; json / free %.3f\n", fc, jc,
            jc / fc);
+    ml_grammar_unref(b.grammar);
     ml_tokenizer_destroy(b.tok);
     ml_model_destroy(model);
     be->ops->destroy(be);
