@@ -97,10 +97,37 @@ ml_grammar *ml_grammar_alloc(uint32_t n_states, uint32_t n_classes, uint32_t n_c
  * first broken guarantee, its state and byte in err. */
 ml_status ml_grammar_check(const ml_grammar *g, bool full, char *err, size_t errlen);
 
+/* A string budget without limit (ml_grammar_state_string_budget). */
+#define ML_GRAMMAR_BUDGET_UNBOUNDED 65535L
+
+/* Fibonacci hashing: the high bits mix every bit of the key. */
+static inline uint32_t ml_grammar_hash(uint64_t key)
+{
+    return (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 32);
+}
+
+/* The budget of a state, as ml_grammar_string_budget finds it, remembered
+ * per grammar (ml_grammar_mask_cache.budget): unknown, not such a string,
+ * unbounded, or GRAMMAR_BUDGET_0 + the characters left; with, above
+ * GRAMMAR_BUDGET_NEED_SHIFT, the largest need of the string's states (the
+ * shortcut holds at depths where every one of them fits). */
+enum { GRAMMAR_BUDGET_UNKNOWN, GRAMMAR_BUDGET_NONE, GRAMMAR_BUDGET_0 };
+#define GRAMMAR_BUDGET_UNBOUNDED ((uint32_t)ML_GRAMMAR_BUDGET_UNBOUNDED)
+#define GRAMMAR_BUDGET_NEED_SHIFT 16
+#define GRAMMAR_BUDGET_CODE(m) ((m) & 0xffffu)
+
+/* The characters state s may still take, if s behaves as the point between
+ * two characters of a string in lexemes.h's one form per character with
+ * that many left (GRAMMAR_BUDGET_UNBOUNDED: no limit), else
+ * GRAMMAR_BUDGET_NONE, with the string's largest need above
+ * GRAMMAR_BUDGET_NEED_SHIFT; the budgets of the states between characters
+ * met on the way are written to memo (n_states entries) where unknown
+ * (their strings are parts of this one). In grammar_string.c. */
+uint32_t ml_grammar_string_budget(const ml_grammar *g, uint32_t s, uint32_t *memo);
+
 /* For tests: when the mask of s takes grammar.c's string shortcut, the
  * characters the string may still take (ML_GRAMMAR_BUDGET_UNBOUNDED: no
  * limit); -1 when it does not. */
-#define ML_GRAMMAR_BUDGET_UNBOUNDED 65535L
 long ml_grammar_state_string_budget(const ml_grammar_state *s);
 
 #endif
