@@ -55,7 +55,6 @@
 #define PU_CANCEL "mllama.cancel"
 #define PU_PATH_MAX 512
 #define PU_START_MS 20000  /* a process reaching its ready state (ASan builds are slow) */
-#define PU_STOP_MS 20000   /* a process exiting after SIGTERM */
 #define PU_POLL_MS 20
 #define PU_MAX_FD 65536    /* descriptors a child closes before exec */
 
@@ -72,6 +71,10 @@
 #ifndef PU_SLOWDOWN
 #define PU_SLOWDOWN 1
 #endif
+/* A process exiting after SIGTERM. A sanitizer build takes longer: its exit
+ * unpoisons every mapping it frees, and the CUDA host execution model maps
+ * the whole device memory pool (a shadow of gigabytes to clear). */
+#define PU_STOP_MS (20000 * PU_SLOWDOWN)
 
 int64_t pu_now_ms(void);
 
