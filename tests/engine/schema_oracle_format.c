@@ -209,8 +209,9 @@ static bool ipv4_n(const char *s, size_t n)
     for (;;) {
         size_t start = i;
         int v = 0;
-        while (i < n && is_digit(s[i]))
-            v = v * 10 + (s[i++] - '0');
+        for (; i < n && is_digit(s[i]); i++)
+            if (i - start < 3) /* a longer run is refused below; no overflow */
+                v = v * 10 + (s[i] - '0');
         size_t d = i - start;
         if (d == 0 || d > 3 || v > 255 || (d > 1 && s[start] == '0'))
             return false;
