@@ -36,6 +36,7 @@
 #include "harness.h"
 #include "runtime_test_util.h"
 #include "schema_oracle.h"
+#include "tokenizer_util.h"
 
 #define MODEL ML_SOURCE_DIR "/tests/golden/fixtures/models/m3_two_images_interleaved"
 #define SCHEMA_DIR ML_SOURCE_DIR "/tests/engine/fixtures/schemas"
@@ -116,23 +117,12 @@ static void on_finish(void *ctx, const char *tail, size_t tail_len, ml_finish_re
 
 static char *read_text(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        perror(path);
+    char *text = ml_tok_read_file(path, len);
+    if (!text) {
+        fprintf(stderr, "%s: cannot be read\n", path);
         exit(1);
     }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        fprintf(stderr, "%s: read failed\n", path);
-        exit(1);
-    }
-    fclose(f);
-    buf[n] = '\0';
-    *len = (size_t)n;
-    return buf;
+    return text;
 }
 
 /* ---- one document's checks ---------------------------------------------------- */
