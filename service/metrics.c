@@ -103,6 +103,12 @@ static const hist_def hist_defs[SVC_HIST_COUNT] = {
                                  {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 2}},
 };
 
+/* Per tenant: a request's wait from consumption to admission into the batch. */
+static const hist_def tenant_queue_def = {
+    "mllama_tenant_queue_seconds",
+    "consumed to admitted into the batch, by tenant", 12,
+    {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
+
 static const svc_finish outcomes[] = {SVC_FINISH_STOP, SVC_FINISH_LENGTH, SVC_FINISH_CANCELLED,
                                       SVC_FINISH_ERROR};
 #define N_OUTCOMES (sizeof outcomes / sizeof outcomes[0])
@@ -139,6 +145,11 @@ static struct {
     int n_lag;
     char version[INFO_MAX], backend[INFO_MAX], model[INFO_MAX], fingerprint[INFO_MAX];
     char row_mask[INFO_MAX];
+    size_t n_tenants;
+    char tenant[SVC_METRICS_TENANTS_MAX][INFO_MAX];
+    hist_val tenant_queue[SVC_METRICS_TENANTS_MAX];
+    _Atomic int tenant_in_flight[SVC_METRICS_TENANTS_MAX];
+    _Atomic bool tenant_paused[SVC_METRICS_TENANTS_MAX];
 } reg = {.lag_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static uint64_t to_bits(double v)
@@ -168,10 +179,8 @@ void svc_metrics_set_info(const char *version, const char *backend, const char *
 void svc_metrics_add(svc_counter c, uint64_t n) { atomic_fetch_add(&reg.counters[c], n); }
 void svc_metrics_set(svc_gauge g, double v) { atomic_store(&reg.gauges[g], to_bits(v)); }
 
-void svc_metrics_observe(svc_histogram h, double seconds)
+static void observe(const hist_def *d, hist_val *v, double seconds)
 {
-    const hist_def *d = &hist_defs[h];
-    hist_val *v = &reg.hists[h];
     for (int i = 0; i < d->n; i++)
         if (seconds <= d->le[i]) {
             atomic_fetch_add(&v->buckets[i], 1);
@@ -181,6 +190,36 @@ void svc_metrics_observe(svc_histogram h, double seconds)
     uint64_t old = atomic_load(&v->sum_bits);
     while (!atomic_compare_exchange_weak(&v->sum_bits, &old, to_bits(from_bits(old) + seconds)))
         ;
+}
+
+void svc_metrics_observe(svc_histogram h, double seconds)
+{
+    observe(&hist_defs[h], &reg.hists[h], seconds);
+}
+
+void svc_metrics_set_tenants(const char *const *names, size_t n)
+{
+    reg.n_tenants = n < SVC_METRICS_TENANTS_MAX ? n : SVC_METRICS_TENANTS_MAX;
+    for (size_t i = 0; i < reg.n_tenants; i++)
+        snprintf(reg.tenant[i], sizeof reg.tenant[i], "%s", names[i]);
+}
+
+void svc_metrics_tenant_queue(size_t tenant, double seconds)
+{
+    if (tenant < reg.n_tenants)
+        observe(&tenant_queue_def, &reg.tenant_queue[tenant], seconds);
+}
+
+void svc_metrics_tenant_in_flight(size_t tenant, int n)
+{
+    if (tenant < reg.n_tenants)
+        atomic_store(&reg.tenant_in_flight[tenant], n);
+}
+
+void svc_metrics_tenant_paused(size_t tenant, bool paused)
+{
+    if (tenant < reg.n_tenants)
+        atomic_store(&reg.tenant_paused[tenant], paused);
 }
 
 void svc_metrics_finished(svc_finish outcome)
@@ -230,6 +269,14 @@ void svc_metrics_set_lag(const char *topic, int32_t partition, int64_t lag)
     pthread_mutex_unlock(&reg.lag_lock);
 }
 
+static void hist_reset(hist_val *v)
+{
+    for (int b = 0; b < MAX_BUCKETS; b++)
+        atomic_store(&v->buckets[b], 0);
+    atomic_store(&v->count, 0);
+    atomic_store(&v->sum_bits, 0);
+}
+
 void svc_metrics_reset(void)
 {
     pthread_mutex_lock(&reg.lag_lock);
@@ -239,11 +286,12 @@ void svc_metrics_reset(void)
         atomic_store(&reg.counters[i], 0);
     for (int i = 0; i < SVC_GAUGE_COUNT; i++)
         atomic_store(&reg.gauges[i], 0);
-    for (int h = 0; h < SVC_HIST_COUNT; h++) {
-        for (int b = 0; b < MAX_BUCKETS; b++)
-            atomic_store(&reg.hists[h].buckets[b], 0);
-        atomic_store(&reg.hists[h].count, 0);
-        atomic_store(&reg.hists[h].sum_bits, 0);
+    for (int h = 0; h < SVC_HIST_COUNT; h++)
+        hist_reset(&reg.hists[h]);
+    for (size_t t = 0; t < SVC_METRICS_TENANTS_MAX; t++) {
+        hist_reset(&reg.tenant_queue[t]);
+        atomic_store(&reg.tenant_in_flight[t], 0);
+        atomic_store(&reg.tenant_paused[t], false);
     }
     for (size_t i = 0; i < N_OUTCOMES; i++)
         atomic_store(&reg.outcomes[i], 0);
@@ -262,6 +310,29 @@ void svc_metrics_reset(void)
 static void head(svc_buf *b, const char *name, const char *help, const char *type)
 {
     svc_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A histogram's series; `tenant` adds that label (NULL: none). */
+static void render_hist(svc_buf *b, const hist_def *d, const hist_val *v, const char *tenant)
+{
+    char label[INFO_MAX + 16] = "";
+    if (tenant)
+        snprintf(label, sizeof label, "tenant=\"%s\",", tenant);
+    uint64_t cum = 0;
+    for (int i = 0; i < d->n; i++) {
+        cum += atomic_load(&v->buckets[i]);
+        svc_buf_printf(b, "%s_bucket{%sle=\"%g\"} %llu\n", d->name, label, d->le[i],
+                       (unsigned long long)cum);
+    }
+    uint64_t count = atomic_load(&v->count);
+    /* The label without its trailing comma, in braces, for _sum and _count. */
+    char braces[sizeof label + 2] = "";
+    if (tenant)
+        snprintf(braces, sizeof braces, "{%.*s}", (int)strlen(label) - 1, label);
+    svc_buf_printf(b, "%s_bucket{%sle=\"+Inf\"} %llu\n%s_sum%s %.17g\n%s_count%s %llu\n", d->name,
+                   label, (unsigned long long)count, d->name, braces,
+                   from_bits(atomic_load(&v->sum_bits)), d->name, braces,
+                   (unsigned long long)count);
 }
 
 void svc_metrics_render(svc_buf *b)
@@ -311,20 +382,21 @@ void svc_metrics_render(svc_buf *b)
                        ml_plan_dtype_name((ml_plan_dtype)i),
                        from_bits(atomic_load(&reg.weight_bytes[i])));
     for (int h = 0; h < SVC_HIST_COUNT; h++) {
-        const hist_def *d = &hist_defs[h];
-        const hist_val *v = &reg.hists[h];
-        head(b, d->name, d->help, "histogram");
-        uint64_t cum = 0;
-        for (int i = 0; i < d->n; i++) {
-            cum += atomic_load(&v->buckets[i]);
-            svc_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", d->name, d->le[i],
-                           (unsigned long long)cum);
-        }
-        uint64_t count = atomic_load(&v->count);
-        svc_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", d->name,
-                       (unsigned long long)count, d->name, from_bits(atomic_load(&v->sum_bits)),
-                       d->name, (unsigned long long)count);
+        head(b, hist_defs[h].name, hist_defs[h].help, "histogram");
+        render_hist(b, &hist_defs[h], &reg.hists[h], NULL);
     }
+    head(b, tenant_queue_def.name, tenant_queue_def.help, "histogram");
+    for (size_t t = 0; t < reg.n_tenants; t++)
+        render_hist(b, &tenant_queue_def, &reg.tenant_queue[t], reg.tenant[t]);
+    head(b, "mllama_tenant_in_flight", "requests consumed and not finished, by tenant", "gauge");
+    for (size_t t = 0; t < reg.n_tenants; t++)
+        svc_buf_printf(b, "mllama_tenant_in_flight{tenant=\"%s\"} %d\n", reg.tenant[t],
+                       atomic_load(&reg.tenant_in_flight[t]));
+    head(b, "mllama_tenant_paused", "1 while the tenant's request partitions are paused",
+         "gauge");
+    for (size_t t = 0; t < reg.n_tenants; t++)
+        svc_buf_printf(b, "mllama_tenant_paused{tenant=\"%s\"} %d\n", reg.tenant[t],
+                       atomic_load(&reg.tenant_paused[t]) ? 1 : 0);
     head(b, "mllama_kafka_consumer_lag", "consumer lag of each assigned partition", "gauge");
     pthread_mutex_lock(&reg.lag_lock);
     for (int i = 0; i < reg.n_lag; i++)

@@ -6,6 +6,7 @@
 #ifndef SVC_METRICS_H
 #define SVC_METRICS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -90,6 +91,20 @@ void svc_metrics_dead_letter(svc_error code);
 void svc_metrics_rebalance(svc_rebalance type);
 /* mllama_kafka_consumer_lag{topic,partition}; a negative lag removes the series. */
 void svc_metrics_set_lag(const char *topic, int32_t partition, int64_t lag);
+
+/* The tenants, by index (service/README.md §1 "Admission"): each gets
+ * mllama_tenant_queue_seconds{tenant}, mllama_tenant_in_flight{tenant} and
+ * mllama_tenant_paused{tenant}. Names are copied; past
+ * SVC_METRICS_TENANTS_MAX they are ignored, as are the updates of indices
+ * beyond those set. Call once at start, before the HTTP server runs. */
+#define SVC_METRICS_TENANTS_MAX 64
+void svc_metrics_set_tenants(const char *const *names, size_t n);
+/* mllama_tenant_queue_seconds{tenant}: one request's wait from its
+ * consumption to its admission into the batch. */
+void svc_metrics_tenant_queue(size_t tenant, double seconds);
+/* mllama_tenant_in_flight{tenant}, mllama_tenant_paused{tenant} */
+void svc_metrics_tenant_in_flight(size_t tenant, int n);
+void svc_metrics_tenant_paused(size_t tenant, bool paused);
 
 /* Render every series into *out (replacing its contents). */
 void svc_metrics_render(svc_buf *out);

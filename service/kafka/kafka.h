@@ -76,7 +76,8 @@ typedef enum svc_kafka_status {
     SVC_KAFKA_ERR_TOPIC,      /* produce, delivery: the topic refuses records (unknown,
                                  not authorized, invalid) */
     SVC_KAFKA_ERR_STALE,      /* finish: the partition is no longer ours (revoked, lost) */
-    SVC_KAFKA_ERR_INVALID,    /* finish: not pending (finished twice: a caller bug) */
+    SVC_KAFKA_ERR_INVALID,    /* finish: not pending (finished twice: a caller bug);
+                                 pause_topic: a topic not subscribed to */
     SVC_KAFKA_ERR_TIMED_OUT,  /* flush: records still undelivered at the deadline */
     SVC_KAFKA_ERR_FATAL,      /* process-level: stop polling, do not commit, exit */
     SVC_KAFKA_ERR_NOMEM,
@@ -225,7 +226,15 @@ svc_kafka_status svc_consumer_finish(svc_consumer *c, const svc_offset_ticket *t
  * @locality Kafka thread. */
 svc_kafka_status svc_consumer_pause(svc_consumer *c);
 svc_kafka_status svc_consumer_resume(svc_consumer *c);
+/* The same for one subscribed topic (a tenant's request topic: fair share,
+ * service/README.md §1): its partitions, now and when assigned later, the
+ * other topics untouched. Returns OK, ERR_INVALID (not a subscribed topic)
+ * or ERR_KAFKA. */
+svc_kafka_status svc_consumer_pause_topic(svc_consumer *c, const char *topic, bool pause);
+/* Whether every subscribed topic is paused. */
 bool svc_consumer_paused(const svc_consumer *c);
+/* Assigned partitions paused now. */
+int svc_consumer_paused_partitions(const svc_consumer *c);
 
 
 /* True once the consumer hit a fatal error (e.g. fenced by a static member

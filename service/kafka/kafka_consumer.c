@@ -18,7 +18,9 @@ struct svc_consumer {
     char **topics;           /* owned copies; index = topic_id */
     size_t n_topics;
     svc_consumer_events ev;
-    bool paused;             /* the backpressure intent, re-applied on every assignment */
+    bool *paused;            /* owned, per topic: the backpressure intent, re-applied on
+                                every assignment */
+    int n_paused_parts;      /* assigned partitions paused now */
     bool closed;
     atomic_bool failed;      /* out of memory inside a rebalance: process-level */
     svc_offset_ticket *pending; /* owned scratch for on_revoke */
@@ -106,8 +108,13 @@ static int32_t topic_id(const svc_consumer *c, const char *topic)
 
 bool svc_consumer_paused(const svc_consumer *c)
 {
-    return c->paused;
+    for (size_t i = 0; i < c->n_topics; i++)
+        if (!c->paused[i])
+            return false;
+    return true;
 }
+
+int svc_consumer_paused_partitions(const svc_consumer *c) { return c->n_paused_parts; }
 
 bool svc_consumer_fatal(svc_consumer *c, char *err, size_t errlen)
 {
@@ -138,6 +145,44 @@ static svc_kafka_status pause_resume(svc_consumer *c, rd_kafka_topic_partition_l
     return SVC_KAFKA_OK;
 }
 
+/* Apply the pause intent of each topic to `parts` (those of other topics
+ * are left alone), only topic `only` when it is >= 0. */
+static svc_kafka_status apply_pauses(svc_consumer *c, const rd_kafka_topic_partition_list_t *parts,
+                                     int32_t only)
+{
+    svc_kafka_status st = SVC_KAFKA_OK;
+    rd_kafka_topic_partition_list_t *lists[2] = {rd_kafka_topic_partition_list_new(parts->cnt),
+                                                 rd_kafka_topic_partition_list_new(parts->cnt)};
+    for (int i = 0; i < parts->cnt; i++) {
+        int32_t id = topic_id(c, parts->elems[i].topic);
+        if (id >= 0 && (only < 0 || id == only))
+            rd_kafka_topic_partition_list_add(lists[c->paused[id]], parts->elems[i].topic,
+                                              parts->elems[i].partition);
+    }
+    for (int pause = 0; pause < 2; pause++) {
+        if (lists[pause]->cnt && pause_resume(c, lists[pause], pause) != SVC_KAFKA_OK)
+            st = SVC_KAFKA_ERR_KAFKA;
+        rd_kafka_topic_partition_list_destroy(lists[pause]);
+    }
+    return st;
+}
+
+/* Count the assigned partitions paused now (the paused-partitions gauge),
+ * after the assignment or an intent changed. */
+static void recount_paused(svc_consumer *c)
+{
+    rd_kafka_topic_partition_list_t *parts;
+    if (rd_kafka_assignment(c->rk, &parts) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        return;
+    int n = 0;
+    for (int i = 0; i < parts->cnt; i++) {
+        int32_t id = topic_id(c, parts->elems[i].topic);
+        n += id >= 0 && c->paused[id];
+    }
+    c->n_paused_parts = n;
+    rd_kafka_topic_partition_list_destroy(parts);
+}
+
 /* ---- rebalance --------------------------------------------------------------- */
 
 /* @locality Kafka thread, inside rd_kafka_consumer_poll or _close. */
@@ -164,9 +209,10 @@ static void on_assign(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, b
     }
     /* librdkafka keeps a partition's pause flag across unassign/assign, so an
      * old pause (or none) may be stale: state the intent explicitly. */
-    pause_resume(c, parts, c->paused);
-    svc_log(SVC_LOG_INFO, "kafka.assign", "%d partitions assigned (%s)%s", parts->cnt,
-            cooperative ? "incremental" : "eager", c->paused ? ", paused" : "");
+    apply_pauses(c, parts, -1);
+    recount_paused(c);
+    svc_log(SVC_LOG_INFO, "kafka.assign", "%d partitions assigned (%s), %d paused", parts->cnt,
+            cooperative ? "incremental" : "eager", c->n_paused_parts);
     if (c->ev.on_assign)
         c->ev.on_assign(c->ev.opaque, parts);
 }
@@ -218,6 +264,7 @@ static void on_revoke(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, b
     } else {
         rd_kafka_assign(c->rk, NULL);
     }
+    recount_paused(c);
 }
 
 static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
@@ -261,6 +308,7 @@ void svc_consumer_destroy(svc_consumer *c)
     for (size_t i = 0; i < c->n_topics; i++)
         free(c->topics[i]);
     free(c->topics);
+    free(c->paused);
     free(c->pending);
     svc_offsets_destroy(c->offsets);
     free(c);
@@ -314,9 +362,11 @@ svc_kafka_status svc_consumer_create(const svc_consumer_config *cfg, svc_consume
         return st;
 
     svc_consumer *c = calloc(1, sizeof *c);
-    if (c)
+    if (c) {
         c->topics = calloc(cfg->n_topics, sizeof *c->topics);
-    if (!c || !c->topics || !(c->offsets = svc_offsets_create())) {
+        c->paused = calloc(cfg->n_topics, sizeof *c->paused);
+    }
+    if (!c || !c->topics || !c->paused || !(c->offsets = svc_offsets_create())) {
         rd_kafka_conf_destroy(conf);
         svc_consumer_destroy(c);
         return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_NOMEM, "out of memory");
@@ -473,11 +523,18 @@ svc_kafka_status svc_consumer_finish(svc_consumer *c, const svc_offset_ticket *t
     return SVC_KAFKA_OK;
 }
 
-static svc_kafka_status set_paused(svc_consumer *c, bool pause)
+/* Set the intent of topic `only` (every topic when -1) and apply it to the
+ * assignment. */
+static svc_kafka_status set_paused(svc_consumer *c, int32_t only, bool pause)
 {
-    if (c->paused == pause)
+    bool changed = false;
+    for (size_t i = 0; i < c->n_topics; i++)
+        if ((only < 0 || (size_t)only == i) && c->paused[i] != pause) {
+            c->paused[i] = pause;
+            changed = true;
+        }
+    if (!changed)
         return SVC_KAFKA_OK;
-    c->paused = pause;
     rd_kafka_topic_partition_list_t *parts;
     rd_kafka_resp_err_t e = rd_kafka_assignment(c->rk, &parts);
     if (e) {
@@ -485,19 +542,27 @@ static svc_kafka_status set_paused(svc_consumer *c, bool pause)
                 rd_kafka_err2str(e));
         return SVC_KAFKA_ERR_KAFKA;
     }
-    svc_kafka_status st = pause_resume(c, parts, pause);
-    svc_log(SVC_LOG_INFO, pause ? "kafka.pause" : "kafka.resume", "%d partitions %s", parts->cnt,
-            pause ? "paused" : "resumed");
+    svc_kafka_status st = apply_pauses(c, parts, only);
     rd_kafka_topic_partition_list_destroy(parts);
+    recount_paused(c);
+    svc_log(SVC_LOG_INFO, pause ? "kafka.pause" : "kafka.resume", "%s %s, %d partitions paused",
+            only < 0 ? "every topic" : c->topics[only], pause ? "paused" : "resumed",
+            c->n_paused_parts);
     return st;
 }
 
 svc_kafka_status svc_consumer_pause(svc_consumer *c)
 {
-    return set_paused(c, true);
+    return set_paused(c, -1, true);
 }
 
 svc_kafka_status svc_consumer_resume(svc_consumer *c)
 {
-    return set_paused(c, false);
+    return set_paused(c, -1, false);
+}
+
+svc_kafka_status svc_consumer_pause_topic(svc_consumer *c, const char *topic, bool pause)
+{
+    int32_t id = topic_id(c, topic);
+    return id < 0 ? SVC_KAFKA_ERR_INVALID : set_paused(c, id, pause);
 }
