@@ -86,6 +86,8 @@ void job_free(job *j)
     svc_buf_deinit(&j->text);
     free(j->lp);
     free(j->lp_top);
+    size_t tenant = job_tenant(j);
     free(j);
+    atomic_fetch_sub(&w->tenant_inflight[tenant], 1);
     atomic_fetch_sub(&w->inflight, 1);
 }

@@ -284,6 +284,28 @@ static void *index_main(void *arg)
 
 /* ---- create ----------------------------------------------------------------------- */
 
+/* Fair share across the tenants (fair.h): the step thread's queue, the
+ * in-flight counts and the Kafka thread's fetch plan, the metrics' tenant
+ * names. Returns 0, or -1 out of memory. */
+static int worker_fair_init(svc_worker *w)
+{
+    size_t n = w->cfg.n_tenants;
+    int weights[SVC_TENANTS_MAX];
+    const char *names[SVC_TENANTS_MAX];
+    w->tenant_inflight = calloc(n, sizeof *w->tenant_inflight);
+    w->fetch = calloc(n, sizeof *w->fetch);
+    if (!w->tenant_inflight || !w->fetch)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        const svc_tenant *t = &w->cfg.tenants[i];
+        weights[i] = t->weight;
+        names[i] = t->name;
+        w->fetch[i] = (svc_fair_fetch){.weight = t->weight, .max_in_flight = t->max_in_flight};
+    }
+    svc_metrics_set_tenants(names, n);
+    return (w->fair = svc_fair_create(weights, n)) ? 0 : -1;
+}
+
 static void model_fingerprint(svc_worker *w)
 {
     /* config.json and the checkpoint's file sizes: cheap, and changes when
@@ -508,7 +530,7 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     job_queue_init(&w->prep_q);
     job_queue_init(&w->step_q);
     job_queue_init(&w->silent_q);
-    if (worker_cancels_init(&w->pending_cancels)) {
+    if (worker_cancels_init(&w->pending_cancels) || worker_fair_init(w)) {
         *code = SVC_WORKER_EXIT_CONFIG;
         svc_errf(err, errlen, "out of memory");
         svc_worker_destroy(w);
@@ -616,6 +638,7 @@ static void accept_message(svc_worker *w, svc_kafka_msg *m)
     j->offset = m->offset;
     j->timestamp_ms = m->timestamp_ms;
     j->arrival = ++w->arrivals;
+    j->t_consumed = svc_now_s();
     j->attempt = 1;
     j->stream = true;
     atomic_init(&j->refs, 1);
@@ -624,6 +647,7 @@ static void accept_message(svc_worker *w, svc_kafka_msg *m)
     ml_token_buf_init(&j->prompt);
     svc_buf_init(&j->text);
     atomic_fetch_add(&w->inflight, 1);
+    atomic_fetch_add(&w->tenant_inflight[job_tenant(j)], 1);
     worker_register(w, j);
     job_queue_push(&w->prep_q, j);
 }
@@ -640,17 +664,33 @@ static void finish_silent(svc_worker *w)
     }
 }
 
+/* Fetch by tenant (fair.h, service/README.md §1): a tenant at its
+ * max_in_flight pauses alone; at the worker's high mark only the tenants
+ * holding their share of it pause, so a quiet tenant's request is still
+ * fetched while another floods. Draining pauses all. */
 static void backpressure(svc_worker *w, bool draining)
 {
-    int inflight = atomic_load(&w->inflight);
     int high = INFLIGHT_HIGH_PER_SLOT * w->cfg.runtime.max_running;
     int low = INFLIGHT_LOW_PER_SLOT * w->cfg.runtime.max_running;
-    bool paused = svc_consumer_paused(w->consumer);
-    if (!paused && (draining || inflight >= high))
-        svc_consumer_pause(w->consumer);
-    else if (paused && !draining && inflight <= low)
-        svc_consumer_resume(w->consumer);
-    svc_metrics_set(SVC_GAUGE_KAFKA_PAUSED_PARTITIONS, svc_consumer_paused(w->consumer));
+    size_t n = w->cfg.n_tenants;
+    bool was[SVC_TENANTS_MAX];
+    for (size_t i = 0; i < n; i++) {
+        was[i] = w->fetch[i].paused;
+        w->fetch[i].in_flight = atomic_load(&w->tenant_inflight[i]);
+    }
+    svc_fair_fetch_plan(w->fetch, n, high, low, draining);
+    for (size_t i = 0; i < n; i++) {
+        svc_metrics_tenant_in_flight(i, w->fetch[i].in_flight);
+        if (w->fetch[i].paused == was[i])
+            continue;
+        /* On failure the intent stays with the consumer, which applies it
+         * at the next assignment. */
+        svc_consumer_pause_topic(w->consumer, w->cfg.tenants[i].request_topic,
+                                 w->fetch[i].paused);
+        svc_metrics_tenant_paused(i, w->fetch[i].paused);
+    }
+    svc_metrics_set(SVC_GAUGE_KAFKA_PAUSED_PARTITIONS,
+                    svc_consumer_paused_partitions(w->consumer));
 }
 
 int svc_worker_run(svc_worker *w)
@@ -727,6 +767,8 @@ void svc_worker_destroy(svc_worker *w)
         job_free(j);
     for (job *j; (j = job_queue_pop(&w->silent_q, 0));)
         job_free(j);
+    for (svc_fair_item *it; w->fair && (it = svc_fair_pop(w->fair, NULL));)
+        job_free(job_of_fair(it));
     ml_engine_close(w->engine); /* in-flight sequences end here; fatal path only */
     /* Producer before consumers: its delivery reports finish into them. */
     svc_producer_destroy(w->producer);
@@ -747,6 +789,9 @@ void svc_worker_destroy(svc_worker *w)
     job_queue_deinit(&w->prep_q);
     job_queue_deinit(&w->step_q);
     job_queue_deinit(&w->silent_q);
+    svc_fair_destroy(w->fair);
+    free(w->fetch);
+    free(w->tenant_inflight);
     free(w->resident);
     svc_adapter_store_deinit(&w->adapters);
     svc_schema_cache_destroy(w->schemas);

@@ -22,10 +22,12 @@
 #define SVC_WORKER_INTERNAL_H
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
 #include "worker/adapter_store.h"
+#include "worker/fair.h"
 #include "config.h"
 #include "engine.h"
 #include "http.h"
@@ -81,6 +83,9 @@ typedef struct job {
     bool final_replaced;        /* the final in flight is the reply_too_large replacement */
     svc_error dlt_code;         /* the dead letter's code, counted once it is delivered */
     bool cancel_sent;           /* step thread: ml_runtime_cancel was called on handle */
+    svc_fair_item fair;         /* step thread: in w->fair while prepared and held */
+    double t_consumed;          /* monotonic seconds: the Kafka thread took the record */
+    double t_submit;            /* monotonic seconds: handed to the runtime */
     svc_request *req;           /* owned until submitted */
     svc_kafka_msg msg;          /* owned by its prep thread until parsed */
     /* What the step thread submits. */
@@ -216,6 +221,8 @@ struct svc_worker {
     svc_consumer *cancels;      /* cancel topic, a group of its own: sees every cancel */
     svc_producer *producer;
     atomic_int inflight;        /* jobs consumed and not yet fully delivered */
+    atomic_int *tenant_inflight; /* owned, per tenant: the same, by tenant */
+    svc_fair_fetch *fetch;      /* owned, per tenant: Kafka thread's fetch plan (fair.h) */
     pthread_mutex_t failure_lock;  /* jobs' reply_why */
     pthread_mutex_t partitions_lock;
     char partitions[1024];      /* "topic:0,1,5" for the Redis heartbeat */
@@ -228,6 +235,8 @@ struct svc_worker {
     /* Threads and queues. */
     job_queue prep_q;           /* Kafka -> prep */
     job_queue step_q;           /* prep -> step */
+    svc_fair *fair;             /* owned: step thread; prepared jobs held until the runtime
+                                   has room, admitted across tenants by weight */
     job_queue silent_q;         /* step -> Kafka: superseded jobs, finished without a record */
     cancel_table pending_cancels;
     uint64_t arrivals;          /* Kafka thread: numbers requests and cancels as consumed */
@@ -255,6 +264,15 @@ static inline job *registry_first(const svc_worker *w)
     return ml_list_entry(w->registry.head, job, reg);
 }
 static inline job *registry_next(const job *j) { return ml_list_entry(j->reg.next, job, reg); }
+
+/* The index of j's tenant in w->cfg.tenants. @locality any. */
+static inline size_t job_tenant(const job *j) { return (size_t)(j->tenant - j->w->cfg.tenants); }
+
+/* The job a held item of w->fair is. */
+static inline job *job_of_fair(const svc_fair_item *it)
+{
+    return (job *)((char *)it - offsetof(job, fair));
+}
 
 /* Registry of live jobs, for revocations (any thread). */
 void worker_register(svc_worker *w, job *j);

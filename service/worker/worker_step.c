@@ -1,6 +1,8 @@
-/* The step thread: owns the runtime, submits prepared jobs, applies cancels,
- * steps the batch and turns the runtime's callbacks into reply records. It
- * decodes no image (a late one goes back to the prep pool: on_finish).
+/* The step thread: owns the runtime, holds prepared jobs until the runtime
+ * has room and admits them across tenants by weight (fair.h), applies
+ * cancels, steps the batch and turns the runtime's callbacks into reply
+ * records. It decodes no image (a late one goes back to the prep pool:
+ * on_finish).
  * @locality: the step thread (callbacks included). */
 #include <math.h>
 #include <stdio.h>
@@ -217,11 +219,14 @@ static void on_finish(void *ctx, const char *tail, size_t tail_len, ml_finish_re
     }
     svc_finish fin = finish_of(reason);
     svc_metrics_observe(SVC_HIST_REQUEST_DURATION, svc_now_s() - j->t_handoff);
+    /* Waiting for a batch slot: held here, then in the runtime's queue. */
+    double held_s = j->t_submit - j->t_handoff, runtime_s = u->queue_ms / 1000.0;
+    svc_metrics_tenant_queue(job_tenant(j), j->t_submit - j->t_consumed + runtime_s);
     svc_usage usage = {.prompt_tokens = (uint32_t)u->prompt_tokens,
                        .prompt_tokens_cached = (uint32_t)u->prompt_tokens_cached,
                        .completion_tokens = (uint32_t)u->completion_tokens,
                        .images = (uint32_t)u->images, .images_cached = (uint32_t)u->images_cached};
-    svc_timings timings = {.queue_ms = u->queue_ms, .vision_ms = u->vision_ms,
+    svc_timings timings = {.queue_ms = (held_s + runtime_s) * 1000.0, .vision_ms = u->vision_ms,
                            .prefill_ms = u->prefill_ms, .decode_ms = u->decode_ms,
                            .ttft_ms = u->ttft_ms};
     reply_final(w, j, fin, tail, tail_len, &usage, &timings);
@@ -272,6 +277,7 @@ static void submit(svc_worker *w, job *j)
         .cb = {.on_token = on_token, .on_finish = on_finish, .ctx = j},
     };
     char err[256];
+    j->t_submit = svc_now_s();
     ml_status st = ml_runtime_submit(w->rt, &r, &j->handle, err, sizeof err);
     /* The runtime copied the prompt and the stop strings and took the pixels. */
     free(images);
@@ -281,6 +287,42 @@ static void submit(svc_worker *w, job *j)
         /* Nothing was queued and no callback ran: j is still ours. */
         ml_token_buf_deinit(&j->prompt);
         worker_reply_error(w, j, SVC_ERROR_INTERNAL, err);
+    }
+}
+
+/* ---- holding and admission -------------------------------------------------- */
+
+/* Whether a held job was stopped while it waited: it ends now, through
+ * submit, which sees why (not when its turn would have come). */
+static bool stopped_while_held(const svc_fair_item *it, void *ctx)
+{
+    svc_worker *w = ctx;
+    const job *j = job_of_fair(it);
+    return atomic_load(&w->cancel_all) || atomic_load(&j->abandoned) || worker_cancel_hits(w, j);
+}
+
+/* End the held jobs a cancel, a revocation or the drain's end reached.
+ * Before worker_cancels_apply, which clears cancel_scan. */
+static void sweep_held(svc_worker *w)
+{
+    if (!atomic_load(&w->cancel_scan) && !atomic_load(&w->cancel_all))
+        return;
+    for (svc_fair_item *it; (it = svc_fair_take(w->fair, stopped_while_held, w));)
+        submit(w, job_of_fair(it));
+}
+
+/* Hand held jobs to the runtime while its batch has room, the next one by
+ * tenant weight. The runtime's own queue is first come, first served:
+ * jobs wait here instead, so that the order across tenants is decided
+ * here; the runtime holds at most max_running (running and waiting for
+ * KV blocks), so no slot stays empty for longer than one step. */
+static void admit_held(svc_worker *w)
+{
+    while (ml_runtime_active(w->rt) < w->cfg.runtime.max_running) {
+        svc_fair_item *it = svc_fair_pop(w->fair, NULL);
+        if (!it)
+            break;
+        submit(w, job_of_fair(it));
     }
 }
 
@@ -298,7 +340,7 @@ static void publish_gauges(svc_worker *w)
     w->prefix_seen.misses = st.prefix_block_misses;
     w->prefix_seen.evicted = st.kv_blocks_evicted;
     svc_metrics_set(SVC_GAUGE_KV_BLOCKS_CACHED, st.kv_blocks_cached);
-    svc_metrics_set(SVC_GAUGE_REQUESTS_WAITING, st.waiting);
+    svc_metrics_set(SVC_GAUGE_REQUESTS_WAITING, st.waiting + (double)svc_fair_total(w->fair));
     svc_metrics_set(SVC_GAUGE_REQUESTS_RUNNING, st.running);
     svc_metrics_set(SVC_GAUGE_KV_BLOCKS_USED, st.kv_blocks_total - st.kv_blocks_free);
     svc_metrics_set(SVC_GAUGE_IMAGE_CACHE_BYTES, (double)st.image_bytes_used);
@@ -315,11 +357,13 @@ void *worker_step_main(void *arg)
     char err[512];
     while (!atomic_load(&w->threads_stop)) {
         atomic_store(&w->health.step_heartbeat_ms, svc_now_ms());
-        int active = ml_runtime_active(w->rt);
-        for (job *j; (j = job_queue_pop(&w->step_q, active ? 0 : IDLE_WAIT_MS));) {
-            submit(w, j);
-            active = 1;
+        bool idle = !ml_runtime_active(w->rt) && !svc_fair_total(w->fair);
+        for (job *j; (j = job_queue_pop(&w->step_q, idle ? IDLE_WAIT_MS : 0));) {
+            svc_fair_push(w->fair, job_tenant(j), &j->fair);
+            idle = false;
         }
+        sweep_held(w);
+        admit_held(w);
         worker_cancels_apply(w);
         if (ml_runtime_active(w->rt) > 0 && ml_runtime_step(w->rt, err, sizeof err) != ML_OK) {
             worker_fail(w, SVC_WORKER_EXIT_DEVICE, "backend: %s", err);

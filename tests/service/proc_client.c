@@ -201,12 +201,20 @@ int pu_client_poll(pu_client *c, int timeout_ms)
     return got;
 }
 
+/* PU_REPLIES or a tenant's reply topic, PU_REPLIES.<tenant> (the default
+ * reply policy of a configured tenant). */
+static bool is_reply_topic(const char *topic)
+{
+    size_t len = strlen(PU_REPLIES);
+    return !strncmp(topic, PU_REPLIES, len) && (!topic[len] || topic[len] == '.');
+}
+
 size_t pu_client_replies(const pu_client *c, const char *id, const pu_record **out,
                          size_t max)
 {
     size_t n = 0;
     for (size_t i = 0; i < c->n; i++)
-        if (!strcmp(c->recs[i].topic, PU_REPLIES) && !strcmp(c->recs[i].key, id)) {
+        if (is_reply_topic(c->recs[i].topic) && !strcmp(c->recs[i].key, id)) {
             if (n < max)
                 out[n] = &c->recs[i];
             n++;
@@ -218,7 +226,7 @@ const pu_record *pu_client_final(const pu_client *c, const char *id)
 {
     const pu_record *f = NULL;
     for (size_t i = 0; i < c->n; i++)
-        if (c->recs[i].final && !strcmp(c->recs[i].topic, PU_REPLIES) &&
+        if (c->recs[i].final && is_reply_topic(c->recs[i].topic) &&
             !strcmp(c->recs[i].key, id))
             f = &c->recs[i];
     return f;
@@ -303,7 +311,7 @@ int pu_check_stream_at(const pu_client *c, const char *id, bool lossy)
     /* Attempts in the order they began; all but the last are superseded. */
     for (size_t i = 0; i < c->n; i++) {
         const pu_record *r = &c->recs[i];
-        if (strcmp(r->topic, PU_REPLIES) || strcmp(r->key, id))
+        if (!is_reply_topic(r->topic) || strcmp(r->key, id))
             continue;
         int a = 0;
         while (a < n && at[a].attempt != r->attempt)
@@ -317,7 +325,7 @@ int pu_check_stream_at(const pu_client *c, const char *id, bool lossy)
     }
     for (size_t i = 0; i < c->n; i++) {
         const pu_record *r = &c->recs[i];
-        if (strcmp(r->topic, PU_REPLIES) || strcmp(r->key, id))
+        if (!is_reply_topic(r->topic) || strcmp(r->key, id))
             continue;
         int a = 0;
         while (at[a].attempt != r->attempt)
