@@ -232,6 +232,10 @@ static const char *const pu_worker_defaults[] = {
     "model.threads=1",
 };
 
+/* A configuration file (e.g. one with "tenants") that pu_worker_start
+ * passes with --config before its --set overrides; NULL: none. */
+extern const char *pu_worker_config;
+
 /* Start `mllama worker` named `name` (its worker_id and log <dir>/<name>.log)
  * with pu_worker_defaults, then the `extra` --set overrides (NULL-terminated,
  * may be NULL; a later setting of a key wins). Waits for worker_started. */
