@@ -34,6 +34,7 @@ extern const char svc_local_config[];
 #define TENANT_IN_FLIGHT_PER_SLOT 2
 #define TENANT_IN_FLIGHT_MAX (1 << 20)
 #define IMPLICIT_TENANT "default"
+#define TENANTS_ENV "MLLAMA_TENANTS" /* the "tenants" array as JSON text */
 /* The domain tag of a cache salt, NUL included: sha256(tag || cache_group). */
 static const char cache_salt_tag[] = "mllama.cache";
 
@@ -327,6 +328,16 @@ static int set_tenants(svc_config *cfg, const cJSON *arr, const char *name, char
     cfg->tenants = t;
     cfg->n_tenants = (size_t)n;
     return 0;
+}
+
+/* "tenants" from text (the environment, --set): a JSON array as in a file. */
+static int set_tenants_text(svc_config *cfg, const char *text, const char *where, char *err,
+                            size_t errlen)
+{
+    cJSON *arr = cJSON_Parse(text);
+    int rc = set_tenants(cfg, arr, where, err, errlen);
+    cJSON_Delete(arr);
+    return rc;
 }
 
 /* Apply a whole JSON document. Unknown keys are errors: a typo must not
@@ -718,11 +729,22 @@ int svc_config_load(svc_config *cfg, const char *path, const char *const *overri
         if (v && set_text(cfg, &fields[i], v, where, err, errlen))
             return -1;
     }
+    const char *tenants = getenv(TENANTS_ENV);
+    if (tenants && set_tenants_text(cfg, tenants, "environment " TENANTS_ENV, err, errlen))
+        return -1;
+    static const char tenants_set[] = "tenants=";
     for (size_t i = 0; i < n_overrides; i++) {
         char buf[SVC_CONFIG_STR * 2];
         snprintf(buf, sizeof buf, "%s", overrides[i]);
         char *eq = strchr(buf, '='), *dot = strchr(buf, '.');
         snprintf(where, sizeof where, "--set %s", overrides[i]);
+        /* A JSON array, of any length and with dots in its topics. */
+        if (!strncmp(overrides[i], tenants_set, sizeof tenants_set - 1)) {
+            if (set_tenants_text(cfg, overrides[i] + sizeof tenants_set - 1, "--set tenants", err,
+                                 errlen))
+                return -1;
+            continue;
+        }
         if (!eq || (dot && dot > eq)) {
             svc_errf(err, errlen, "%s: expected [section.]key=value", where);
             return -1;
