@@ -443,7 +443,9 @@ static void prepare(svc_worker *w, job *j)
     /* A cancel that came while it was queued: the step thread checks again
      * at submit, for one that comes during the work below. */
     if (worker_job_stopped(w, j)) {
-        worker_reply_cancelled(w, j, "cancelled before it was prepared");
+        worker_reply_cancelled(w, j, atomic_load(&j->replaced)
+                                         ? "replaced by a newer execution before it was prepared"
+                                         : "cancelled before it was prepared");
         return;
     }
     if ((j->req->adapter &&
