@@ -211,19 +211,6 @@ static const field *find_field(const char *section, const char *key)
 
 /* ---- tenants ------------------------------------------------------------------ */
 
-/* True for a tenant or cache-group name: [a-z0-9_-]{1,SVC_TENANT_NAME_MAX}. */
-static bool valid_tenant_name(const char *s)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > SVC_TENANT_NAME_MAX)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_' ||
-              s[i] == '-'))
-            return false;
-    return true;
-}
-
 /* A string member `key` of tenant object o into dst (size n); absent leaves
  * dst as it is (empty: the default). */
 static int tenant_str(const cJSON *o, const char *key, char *dst, size_t n, const char *where,
@@ -313,7 +300,7 @@ static int set_tenants(svc_config *cfg, const cJSON *arr, const char *name, char
             rc = -1;
             break;
         }
-        if (!valid_tenant_name(x->name)) {
+        if (!svc_valid_tenant_name(x->name, strlen(x->name))) {
             svc_errf(err, errlen, "%s.name: expected [a-z0-9_-]{1,%d}, got '%s'", where,
                      SVC_TENANT_NAME_MAX, x->name);
             rc = -1;
@@ -474,7 +461,7 @@ static int tenant_defaults(const svc_config *cfg, svc_tenant *t, const char *whe
         t->max_in_flight = TENANT_IN_FLIGHT_PER_SLOT * cfg->runtime.max_running;
     if (!t->cache_group[0])
         memcpy(t->cache_group, t->name, sizeof t->cache_group);
-    if (!valid_tenant_name(t->cache_group)) {
+    if (!svc_valid_tenant_name(t->cache_group, strlen(t->cache_group))) {
         svc_errf(err, errlen, "%s.cache_group: expected [a-z0-9_-]{1,%d}, got '%s'", where,
                  SVC_TENANT_NAME_MAX, t->cache_group);
         return -1;

@@ -25,6 +25,8 @@
  *   cancelled before the retry's seq 0.
  * - acme naming beta's reply topic is dead-lettered reply_topic_not_allowed
  *   and nothing reaches beta's topic.
+ * - `mllama submit --tenant acme` is answered on acme's topics, under an id
+ *   of 128 random bits.
  * Skipped (77) without redis-server. */
 #include "proc_util.h"
 
@@ -366,6 +368,23 @@ static void test_reply_topic_of_another(void)
           "wrong topic: a record reached beta's topic");
 }
 
+/* `mllama submit --tenant acme` writes acme's request topic, reads acme's
+ * reply topic, and names its request with 128 random bits. */
+static void test_submit_tenant(void)
+{
+    char log[PU_PATH_MAX + 32];
+    snprintf(log, sizeof log, "%s/submit.log", dir);
+    char *argv[] = {PU_MLLAMA, "submit", "--brokers", brokers, "--tenant", "acme",
+                    "--max-tokens", "4", "--quiet", "Hello", NULL};
+    int code = pu_run(argv, log, ANSWER_MS);
+    char *out = pu_slurp(log, NULL);
+    const char *sent = out ? strstr(out, "sent req-") : NULL;
+    size_t hex = sent ? strspn(sent + strlen("sent req-"), "0123456789abcdef") : 0;
+    check(code == 0 && hex == 32 && strstr(out, " to " REQ_ACME "\n"),
+          "submit --tenant acme: exit %d, %s", code, out ? out : "(no output)");
+    free(out);
+}
+
 int main(void)
 {
     if (!pu_which("redis-server")) {
@@ -404,6 +423,7 @@ int main(void)
     test_forged_retry_and_cancel();
     test_retry_within_tenant();
     test_reply_topic_of_another();
+    test_submit_tenant();
 
     for (int i = 1; i < 3; i++)
         check(pu_stop(&workers[i], PU_STOP_MS) == 0, "w%d: drained with exit code 0", i);
