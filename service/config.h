@@ -21,7 +21,6 @@
 #define SVC_CONFIG_TOPIC 256             /* a topic name's field; validated to 249 bytes */
 #define SVC_PREP_THREADS_MAX 64
 #define SVC_TENANTS_MAX 64
-#define SVC_TENANT_NAME_MAX 48           /* [a-z0-9_-]{1,48} */
 #define SVC_CACHE_SALT_BYTES 32
 /* The names a tenant's reply policy never allows: every tenant's request and
  * cancel topics, kafka.request_topic, kafka.cancel_topic and the DLT. */

@@ -28,7 +28,9 @@
  * backlog, as long as a flood request does. */
 #include "service/proc_util.h"
 
-#define TENANTS "{\"tenants\":[{\"name\":\"flood\"},{\"name\":\"quiet\"}]}\n"
+#define TENANTS "tenants=[{\"name\":\"flood\"},{\"name\":\"quiet\"}]"
+#define QUIET_REPLIES "mllama.replies.quiet"
+#define FLOOD_REPLIES "mllama.replies.flood"
 #define TOPICS                                                                       \
     "mllama.requests.flood:4,mllama.requests.quiet:4,mllama.cancel.flood:1,"         \
     "mllama.cancel.quiet:1,mllama.replies.flood:4,mllama.replies.quiet:4," PU_DLT ":1"
@@ -101,7 +103,11 @@ static double quiet_one(const char *id, double *queue_ms)
     if (!pu_client_send_to(&client, "mllama.requests.quiet", -1, id, b, strlen(b), NULL, 0))
         pu_die("produce");
     free(b);
-    const pu_record *f = pu_client_wait(&client, id, ANSWER_MS);
+    const pu_record *f = NULL;
+    for (int64_t end = pu_now_ms() + ANSWER_MS; !f && pu_now_ms() < end;) {
+        pu_client_poll(&client, PU_POLL_MS);
+        f = pu_client_final_on(&client, QUIET_REPLIES, id);
+    }
     if (!f)
         pu_die("no answer from the quiet tenant's request");
     cJSON *j = pu_json(f);
@@ -111,7 +117,7 @@ static double quiet_one(const char *id, double *queue_ms)
     *queue_ms = pu_json_num(j, PU_PATH("timings", "queue_ms"));
     cJSON_Delete(j);
     const pu_record *recs[1];
-    pu_client_replies(&client, id, recs, 1);
+    pu_client_replies_on(&client, QUIET_REPLIES, id, recs, 1);
     return (double)(recs[0]->t_us - t0) / 1000;
 }
 
@@ -190,7 +196,7 @@ static int flood_finals(int n, double *queue_ms)
     char id[64];
     for (int i = 0; i < n; i++) {
         snprintf(id, sizeof id, "flood-%d", i);
-        const pu_record *f = pu_client_final(&client, id);
+        const pu_record *f = pu_client_final_on(&client, FLOOD_REPLIES, id);
         if (!f)
             continue;
         cJSON *j = pu_json(f);
@@ -225,15 +231,10 @@ int main(int argc, char **argv)
         pu_die("usage: bench_fair_share [FLOOD >= 1 [SAMPLES >= 1]] | --check");
     atexit(cleanup);
     pu_micro_stack_start("fair", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
-    char config[PU_PATH_MAX + 32];
-    snprintf(config, sizeof config, "%s/tenants.json", dir);
-    if (!pu_write_file(config, TENANTS, strlen(TENANTS)))
-        pu_die(config);
-    pu_worker_config = config;
     pu_client_fetch_wait_ms = "1";
-    const char *replies[] = {"mllama.replies.flood", "mllama.replies.quiet"};
+    const char *replies[] = {FLOOD_REPLIES, QUIET_REPLIES};
     pu_client_init(&client, brokers, replies, 2);
-    const char *sets[] = {"runtime.max_running=" MAX_RUNNING, NULL};
+    const char *sets[] = {TENANTS, "runtime.max_running=" MAX_RUNNING, NULL};
     pu_worker_env env = {brokers, redis.url, model, dir};
     if (!pu_worker_start(&worker, &env, "fair", sets) || !pu_wait_assigned(&worker, JOIN_MS))
         pu_die("worker start");
