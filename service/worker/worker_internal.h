@@ -12,7 +12,8 @@
  *   parsing, image decoding and preprocessing, tokenization. Jobs of one
  *   partition may leave the pool in any order: offsets are finished in any
  *   order anyway (offsets.h), and the step thread submits in pop order.
- * - step: the runtime (model, backend); reply records. It decodes no
+ * - step: the runtime (model, backend); the fair queue, where prepared
+ *   jobs wait to enter the batch by tenant weight (fair.h); reply records. It decodes no
  *   image: an inline image whose state is evicted before admission sends
  *   its job back to the prep pool (ML_REQERR_IMAGE_EVICTED, redecode).
  * - index: the Redis index (its own connection): heartbeats and image events.

@@ -281,6 +281,16 @@ int main(int argc, char **argv)
               "want at most %.1f of it (first-come admission makes them equal)",
               queue_flood, flood_queue, CHECK_QUEUE_FRACTION);
     }
+    /* The per-tenant series (ops/metrics.md). */
+    char *page = pu_http_get(port, "/metrics");
+    char want[128];
+    snprintf(want, sizeof want, "mllama_tenant_queue_seconds_count{tenant=\"quiet\"} %d",
+             WARMUP + 2 * samples);
+    check(page && strstr(page, want), "/metrics has %s", want);
+    check(page && strstr(page, "mllama_tenant_in_flight{tenant=\"flood\"} ") &&
+              strstr(page, "mllama_tenant_paused{tenant=\"quiet\"} 0"),
+          "/metrics has the tenants' in-flight and paused gauges");
+    free(page);
     pu_check_log_clean(worker.log);
     pu_stop(&worker, PU_STOP_MS);
     pu_client_deinit(&client);
