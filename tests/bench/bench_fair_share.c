@@ -21,9 +21,11 @@
  * admitted into the batch) of both tenants under the flood.
  *
  * --check is the small version run by ctest (CHECK_FLOOD requests): the
- * ratio under CHECK_RATIO, generous for a shared machine, and the quiet
- * tenant's queue_ms at most CHECK_QUEUE_FRACTION of the flood's, measured
- * in the same worker at the same time whatever the machine's load.
+ * ratio under CHECK_RATIO, generous for a loaded shared machine (2.3 to
+ * 3.3 at a load of 2.5 on 2 cores; first-come admission gave 10 to 14),
+ * and the quiet tenant's queue_ms at most CHECK_QUEUE_FRACTION of the
+ * flood's, measured in the same worker at the same time whatever the
+ * machine's load.
  * First-come admission fails both: the quiet request waits behind the
  * backlog, as long as a flood request does. */
 #include "service/proc_util.h"
@@ -40,8 +42,11 @@
 #define BENCH_SAMPLES 20
 #define CHECK_FLOOD 300
 #define CHECK_SAMPLES 10
-#define FLOOD_TOKENS_MIN 4
-#define FLOOD_TOKENS_SPREAD 25 /* 4..28 tokens, 16 on average */
+/* 4..28 tokens, 16 on average; a sanitizer build's steps are PU_SLOWDOWN
+ * times longer, its requests as many times shorter, so that a slot frees
+ * about as often in milliseconds. */
+#define FLOOD_TOKENS_MIN (4 / PU_SLOWDOWN)
+#define FLOOD_TOKENS_SPREAD (25 / PU_SLOWDOWN)
 #define GOLDEN 0.6180339887498949
 #define QUIET_TOKENS 4
 #define WARMUP 3
@@ -49,7 +54,7 @@
 #define BACKLOG_WAIT_MS 2000
 #define CHECK_QUEUE_FRACTION 0.5
 #define GOAL_RATIO 2.0
-#define CHECK_RATIO 3.0
+#define CHECK_RATIO 5.0
 #define ANSWER_MS (30000 * PU_SLOWDOWN)
 #define JOIN_MS 30000
 #define FLUSH_MS 30000
