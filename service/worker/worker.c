@@ -283,6 +283,8 @@ static void *index_main(void *arg)
 
 /* ---- create ----------------------------------------------------------------------- */
 
+_Static_assert(SVC_METRICS_TENANTS_MAX >= SVC_TENANTS_MAX, "a metrics series for every tenant");
+
 /* Fair share across the tenants (fair.h): the step thread's queue, the
  * in-flight counts and the Kafka thread's fetch plan, the metrics' tenant
  * names. Returns 0, or -1 out of memory. */
