@@ -1,5 +1,6 @@
 /* The worker: wiring, the Kafka loop, the drain sequence and the Redis index
  * thread (worker.h, worker_internal.h). */
+#include <assert.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -493,7 +494,11 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
         return NULL;
     }
     w->cfg = *cfg;
-    cfg->kafka.n_props = 0; /* moved */
+    /* Moved: the properties and the tenants are w's now. */
+    cfg->kafka.n_props = 0;
+    cfg->tenants = NULL;
+    cfg->reserved_topics = NULL;
+    cfg->n_tenants = cfg->n_reserved_topics = 0;
     pthread_mutex_init(&w->partitions_lock, NULL);
     pthread_mutex_init(&w->event_lock, NULL);
     pthread_cond_init(&w->event_cond, NULL);
@@ -528,7 +533,6 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
         svc_worker_destroy(w);
         return NULL;
     }
-    svc_config_reply_policy(&w->cfg, w->reply_reserved, &w->reply_policy);
     svc_adapter_store_init(&w->adapters, w->cfg.model.adapters_dir,
                            (size_t)w->cfg.limits.max_adapter_bytes);
     /* Start time in ms: numbers of uncounted attempts differ across processes. */
@@ -601,6 +605,10 @@ static void accept_message(svc_worker *w, svc_kafka_msg *m)
         return;
     }
     j->w = w;
+    /* The topic is the identity: the consumer hands out only subscribed
+     * topics, each a tenant's request topic. */
+    j->tenant = svc_config_tenant_by_topic(&w->cfg, m->topic);
+    assert(j->tenant);
     j->msg = *m;
     j->ticket = m->ticket;
     snprintf(j->topic, sizeof j->topic, "%s", m->topic);

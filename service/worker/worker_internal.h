@@ -59,6 +59,7 @@ typedef struct job {
     ml_list_node reg;           /* in the live-job registry */
     svc_worker *w;              /* borrowed */
     svc_offset_ticket ticket;   /* finished when the final record is delivered */
+    const svc_tenant *tenant;   /* borrowed from w->cfg: whose request topic it came from */
     char topic[SVC_TOPIC_NAME_MAX + 1];
     int32_t partition;
     int64_t offset;
@@ -215,8 +216,6 @@ struct svc_worker {
     svc_consumer *cancels;      /* cancel topic, a group of its own: sees every cancel */
     svc_producer *producer;
     atomic_int inflight;        /* jobs consumed and not yet fully delivered */
-    svc_topic_policy reply_policy; /* kafka.reply_topics; reserved: reply_reserved */
-    const char *reply_reserved[SVC_REPLY_RESERVED]; /* borrowed from cfg */
     pthread_mutex_t failure_lock;  /* jobs' reply_why */
     pthread_mutex_t partitions_lock;
     char partitions[1024];      /* "topic:0,1,5" for the Redis heartbeat */

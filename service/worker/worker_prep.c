@@ -414,9 +414,9 @@ static void prepare(svc_worker *w, job *j)
     /* A reply topic outside the policy has no allowed address to answer:
      * not even an error reply goes there. */
     const char *topic = j->req ? j->req->reply_topic : NULL;
-    if (topic && !svc_reply_topic_allowed(&w->reply_policy, topic, strlen(topic))) {
-        svc_errf(msg, sizeof msg, "reply_topic '%s' is not allowed by kafka.reply_topics",
-                 topic);
+    if (topic && !svc_reply_topic_allowed(&j->tenant->policy, topic, strlen(topic))) {
+        svc_errf(msg, sizeof msg, "reply_topic '%s' is not allowed for tenant %s", topic,
+                 j->tenant->name);
         worker_dead_letter(w, j, SVC_ERROR_REPLY_TOPIC_NOT_ALLOWED, msg);
         return;
     }
