@@ -468,11 +468,7 @@ static int tenant_defaults(const svc_config *cfg, svc_tenant *t, const char *whe
                  SVC_TENANT_NAME_MAX, t->cache_group);
         return -1;
     }
-    ml_sha256_ctx ctx;
-    ml_sha256_init(&ctx);
-    ml_sha256_update(&ctx, cache_salt_tag, sizeof cache_salt_tag);
-    ml_sha256_update(&ctx, t->cache_group, strlen(t->cache_group));
-    ml_sha256_final(&ctx, t->cache_salt);
+    svc_cache_salt(t->cache_group, t->cache_salt);
     return 0;
 }
 
@@ -768,4 +764,13 @@ void svc_config_deinit(svc_config *cfg)
         free((char *)cfg->kafka.props[i].value);
     }
     cfg->kafka.n_props = 0;
+}
+
+void svc_cache_salt(const char *cache_group, uint8_t out[SVC_CACHE_SALT_BYTES])
+{
+    ml_sha256_ctx ctx;
+    ml_sha256_init(&ctx);
+    ml_sha256_update(&ctx, cache_salt_tag, sizeof cache_salt_tag);
+    ml_sha256_update(&ctx, cache_group, strlen(cache_group));
+    ml_sha256_final(&ctx, out);
 }

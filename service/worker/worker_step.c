@@ -271,6 +271,9 @@ static void submit(svc_worker *w, job *j)
         .adapter = req->adapter,
         .cb = {.on_token = on_token, .on_finish = on_finish, .ctx = j},
     };
+    /* The tenant's cache partition (runtime.h ml_request.cache_salt; the
+     * same size: config.h). */
+    memcpy(r.cache_salt, j->tenant->cache_salt, sizeof r.cache_salt);
     char err[256];
     ml_status st = ml_runtime_submit(w->rt, &r, &j->handle, err, sizeof err);
     /* The runtime copied the prompt and the stop strings and took the pixels. */

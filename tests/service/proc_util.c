@@ -2,6 +2,8 @@
  * the test's main thread. */
 #include "proc_util.h"
 
+#include "config.h"
+
 int64_t pu_now_ms(void)
 {
     struct timespec ts;
@@ -522,6 +524,19 @@ char *pu_shell(const char *cmd, int *code)
     if (buf)
         buf[len] = '\0';
     return buf;
+}
+
+void pu_image_key(const char *group, const char *content_hex, char out[ML_SHA256_HEX_SIZE])
+{
+    uint8_t salt[SVC_CACHE_SALT_BYTES], key[ML_IMAGE_KEY_BYTES];
+    svc_cache_salt(group, salt);
+    for (int i = 0; i < ML_IMAGE_KEY_BYTES; i++) {
+        unsigned v = 0;
+        sscanf(content_hex + 2 * i, "%2x", &v);
+        key[i] = (uint8_t)v;
+    }
+    ml_image_state_key(salt, key, NULL, key);
+    ml_sha256_hex(key, out);
 }
 
 char *pu_data_url(const void *bytes, size_t n)

@@ -262,6 +262,12 @@ char *pu_shell(const char *cmd, int *code);
 
 /* ---- request bodies ------------------------------------------------------------- */
 
+/* The Redis key part (<p>:img:<key>, <p>:blob:img:<key>) of the image whose
+ * bytes have sha256 content_hex, in cache group `group`'s partition: the
+ * hex of ml_image_state_key over svc_cache_salt(group), as a frontend
+ * computes it. */
+void pu_image_key(const char *group, const char *content_hex, char out[ML_SHA256_HEX_SIZE]);
+
 /* "data:image/jpeg;base64,..." of bytes (malloc'd). */
 char *pu_data_url(const void *bytes, size_t n);
 
