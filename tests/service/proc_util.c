@@ -398,6 +398,8 @@ void pu_micro_stack_start(const char *tag, char *dir, char *model,
         pu_die("setup");
 }
 
+const char *pu_worker_config;
+
 bool pu_worker_start(pu_proc *p, const pu_worker_env *env, const char *name,
                      const char *const *extra)
 {
@@ -411,10 +413,14 @@ bool pu_worker_start(pu_proc *p, const pu_worker_env *env, const char *name,
         snprintf(sets[n++], sizeof sets[0], "%s", pu_worker_defaults[i]);
     for (size_t i = 0; extra && extra[i] && n < PU_MAX_SETS; i++)
         snprintf(sets[n++], sizeof sets[0], "%s", extra[i]);
-    char *argv[2 + 2 * PU_MAX_SETS + 1];
+    char *argv[4 + 2 * PU_MAX_SETS + 1];
     int argc = 0;
     argv[argc++] = PU_MLLAMA;
     argv[argc++] = "worker";
+    if (pu_worker_config) {
+        argv[argc++] = "--config";
+        argv[argc++] = (char *)pu_worker_config;
+    }
     for (int i = 0; i < n; i++) {
         argv[argc++] = "--set";
         argv[argc++] = sets[i];

@@ -232,9 +232,14 @@ static const char *const pu_worker_defaults[] = {
     "model.threads=1",
 };
 
+/* A configuration file every worker started from now on loads (--config;
+ * what only a file can set, such as "tenants"); NULL: none. */
+extern const char *pu_worker_config;
+
 /* Start `mllama worker` named `name` (its worker_id and log <dir>/<name>.log)
- * with pu_worker_defaults, then the `extra` --set overrides (NULL-terminated,
- * may be NULL; a later setting of a key wins). Waits for worker_started. */
+ * with pu_worker_config, pu_worker_defaults, then the `extra` --set overrides
+ * (NULL-terminated, may be NULL; a later setting of a key wins). Waits for
+ * worker_started. */
 bool pu_worker_start(pu_proc *p, const pu_worker_env *env, const char *name,
                      const char *const *extra);
 
