@@ -33,7 +33,7 @@ extern const char svc_local_config[];
 /* A tenant's max_in_flight by default: runtime.max_running times this. */
 #define TENANT_IN_FLIGHT_PER_SLOT 2
 #define TENANT_IN_FLIGHT_MAX (1 << 20)
-#define IMPLICIT_TENANT "default"
+#define TENANTS_ENV "MLLAMA_TENANTS" /* the "tenants" array as JSON text */
 /* The domain tag of a cache salt, NUL included: sha256(tag || cache_group). */
 static const char cache_salt_tag[] = "mllama.cache";
 
@@ -210,19 +210,6 @@ static const field *find_field(const char *section, const char *key)
 
 /* ---- tenants ------------------------------------------------------------------ */
 
-/* True for a tenant or cache-group name: [a-z0-9_-]{1,SVC_TENANT_NAME_MAX}. */
-static bool valid_tenant_name(const char *s)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > SVC_TENANT_NAME_MAX)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_' ||
-              s[i] == '-'))
-            return false;
-    return true;
-}
-
 /* A string member `key` of tenant object o into dst (size n); absent leaves
  * dst as it is (empty: the default). */
 static int tenant_str(const cJSON *o, const char *key, char *dst, size_t n, const char *where,
@@ -312,7 +299,7 @@ static int set_tenants(svc_config *cfg, const cJSON *arr, const char *name, char
             rc = -1;
             break;
         }
-        if (!valid_tenant_name(x->name)) {
+        if (!svc_valid_tenant_name(x->name, strlen(x->name))) {
             svc_errf(err, errlen, "%s.name: expected [a-z0-9_-]{1,%d}, got '%s'", where,
                      SVC_TENANT_NAME_MAX, x->name);
             rc = -1;
@@ -327,6 +314,16 @@ static int set_tenants(svc_config *cfg, const cJSON *arr, const char *name, char
     cfg->tenants = t;
     cfg->n_tenants = (size_t)n;
     return 0;
+}
+
+/* "tenants" from text (the environment, --set): a JSON array as in a file. */
+static int set_tenants_text(svc_config *cfg, const char *text, const char *where, char *err,
+                            size_t errlen)
+{
+    cJSON *arr = cJSON_Parse(text);
+    int rc = set_tenants(cfg, arr, where, err, errlen);
+    cJSON_Delete(arr);
+    return rc;
 }
 
 /* Apply a whole JSON document. Unknown keys are errors: a typo must not
@@ -463,7 +460,7 @@ static int tenant_defaults(const svc_config *cfg, svc_tenant *t, const char *whe
         t->max_in_flight = TENANT_IN_FLIGHT_PER_SLOT * cfg->runtime.max_running;
     if (!t->cache_group[0])
         memcpy(t->cache_group, t->name, sizeof t->cache_group);
-    if (!valid_tenant_name(t->cache_group)) {
+    if (!svc_valid_tenant_name(t->cache_group, strlen(t->cache_group))) {
         svc_errf(err, errlen, "%s.cache_group: expected [a-z0-9_-]{1,%d}, got '%s'", where,
                  SVC_TENANT_NAME_MAX, t->cache_group);
         return -1;
@@ -519,7 +516,7 @@ static int validate_tenants(svc_config *cfg, char *err, size_t errlen)
         }
         cfg->n_tenants = 1;
         svc_tenant *t = &cfg->tenants[0];
-        snprintf(t->name, sizeof t->name, "%s", IMPLICIT_TENANT);
+        snprintf(t->name, sizeof t->name, "%s", SVC_IMPLICIT_TENANT);
         snprintf(t->request_topic, sizeof t->request_topic, "%s", cfg->kafka.request_topic);
         snprintf(t->cancel_topic, sizeof t->cancel_topic, "%s", cfg->kafka.cancel_topic);
         snprintf(t->reply_topics, sizeof t->reply_topics, "%s", cfg->kafka.reply_topics);
@@ -714,11 +711,22 @@ int svc_config_load(svc_config *cfg, const char *path, const char *const *overri
         if (v && set_text(cfg, &fields[i], v, where, err, errlen))
             return -1;
     }
+    const char *tenants = getenv(TENANTS_ENV);
+    if (tenants && set_tenants_text(cfg, tenants, "environment " TENANTS_ENV, err, errlen))
+        return -1;
+    static const char tenants_set[] = "tenants=";
     for (size_t i = 0; i < n_overrides; i++) {
         char buf[SVC_CONFIG_STR * 2];
         snprintf(buf, sizeof buf, "%s", overrides[i]);
         char *eq = strchr(buf, '='), *dot = strchr(buf, '.');
         snprintf(where, sizeof where, "--set %s", overrides[i]);
+        /* A JSON array, of any length and with dots in its topics. */
+        if (!strncmp(overrides[i], tenants_set, sizeof tenants_set - 1)) {
+            if (set_tenants_text(cfg, overrides[i] + sizeof tenants_set - 1, "--set tenants", err,
+                                 errlen))
+                return -1;
+            continue;
+        }
         if (!eq || (dot && dot > eq)) {
             svc_errf(err, errlen, "%s: expected [section.]key=value", where);
             return -1;

@@ -21,7 +21,8 @@
 #define SVC_CONFIG_TOPIC 256             /* a topic name's field; validated to 249 bytes */
 #define SVC_PREP_THREADS_MAX 64
 #define SVC_TENANTS_MAX 64
-#define SVC_TENANT_NAME_MAX 48           /* [a-z0-9_-]{1,48} */
+/* The tenant of a configuration without "tenants" (its cache group too). */
+#define SVC_IMPLICIT_TENANT "default"
 #define SVC_CACHE_SALT_BYTES ML_CACHE_SALT_BYTES /* the runtime's request salt */
 /* The names a tenant's reply policy never allows: every tenant's request and
  * cancel topics, kafka.request_topic, kafka.cancel_topic and the DLT. */

@@ -210,6 +210,17 @@ bool svc_topic_policy_overlap(const svc_topic_policy *a, const svc_topic_policy 
     return false;
 }
 
+bool svc_valid_tenant_name(const char *s, size_t len)
+{
+    if (len == 0 || len > SVC_TENANT_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_' ||
+              s[i] == '-'))
+            return false;
+    return true;
+}
+
 bool svc_valid_adapter_name(const char *s, size_t len)
 {
     return len > 0 && len <= SVC_ADAPTER_NAME_MAX && s[0] != '.' && all_name_chars(s, len);

@@ -385,6 +385,11 @@ bool svc_topic_policy_check(const svc_topic_policy *p, char *err, size_t errlen)
 bool svc_topic_policy_overlap(const svc_topic_policy *a, const svc_topic_policy *b, char *why,
                               size_t whylen);
 
+/* True for a tenant or cache-group name: [a-z0-9_-]{1,48} (it becomes a
+ * topic-name suffix and a Redis key part). */
+#define SVC_TENANT_NAME_MAX 48
+bool svc_valid_tenant_name(const char *s, size_t len);
+
 /* True for an adapter name: [A-Za-z0-9._-]{1,128}, not starting with '.'
  * (it becomes a Redis key part and may name a directory). */
 bool svc_valid_adapter_name(const char *s, size_t len);

@@ -12,7 +12,7 @@
  *   <p>:adapter:<name>           hash {config: adapter_config.json,
  *                                      weights: adapter_model.safetensors}  no TTL
  *   <p>:attempts:<topic>:<partition>:<offset>  integer (INCR)               TTL attempts_ttl_s
- *   <p>:request_attempts:<request id>          integer (INCR)               TTL attempts_ttl_s
+ *   <p>:request_attempts:<tenant>:<request id> integer (INCR)               TTL attempts_ttl_s
  * Image keys carry the partition so that neither the index nor a blob's
  * presence tells anyone who knows only an image's bytes whether another
  * cache group has it (service/README.md §3). last_use and heartbeat_ms are
@@ -213,12 +213,14 @@ void svc_redis_adapter_deinit(svc_redis_adapter *a);
 svc_redis_status svc_redis_attempt_incr(svc_redis *r, const char *topic, int32_t partition,
                                         int64_t offset, uint32_t *attempt);
 
-/* Count one more execution of request `id` (whatever record carried it) and
- * return the count in *attempt (1 the first time): the number a reply's
- * `attempt` carries, so a client's retry under the same id is told apart
- * from the first execution. Same TTL and failure rule as above; INVALID for
- * an empty id or one too long for a key. */
-svc_redis_status svc_redis_request_attempt_incr(svc_redis *r, const char *id, uint32_t *attempt);
+/* Count one more execution of request `id` of tenant `tenant` (whatever
+ * record carried it) and return the count in *attempt (1 the first time):
+ * the number a reply's `attempt` carries, so a client's retry under the same
+ * id is told apart from the first execution; another tenant's id is another
+ * counter. Same TTL and failure rule as above; INVALID for an empty id or
+ * tenant, or one too long for a key. */
+svc_redis_status svc_redis_request_attempt_incr(svc_redis *r, const char *tenant, const char *id,
+                                                uint32_t *attempt);
 
 /* Cache-affinity routing for producers: the request-topic partitions
  * ("topic:0,1,5") of the worker that holds the image of key sha256 (the

@@ -289,12 +289,13 @@ svc_redis_status svc_redis_attempt_incr(svc_redis *r, const char *topic, int32_t
     return count_attempt(r, &s, attempt);
 }
 
-svc_redis_status svc_redis_request_attempt_incr(svc_redis *r, const char *id, uint32_t *attempt)
+svc_redis_status svc_redis_request_attempt_incr(svc_redis *r, const char *tenant, const char *id,
+                                                uint32_t *attempt)
 {
     *attempt = 0;
     svc_redis_scratch s;
-    if (!id || !*id ||
-        snprintf(s.key, KEY_MAX, "%s:request_attempts:%s", r->prefix, id) >= KEY_MAX)
+    if (!tenant || !*tenant || !id || !*id ||
+        snprintf(s.key, KEY_MAX, "%s:request_attempts:%s:%s", r->prefix, tenant, id) >= KEY_MAX)
         return SVC_REDIS_ERR_INVALID;
     return count_attempt(r, &s, attempt);
 }

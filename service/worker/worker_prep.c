@@ -367,7 +367,7 @@ static uint32_t uncounted_attempt(svc_worker *w)
            (atomic_fetch_add(&w->next_uncounted, 1) & ~WORKER_ATTEMPT_UNCOUNTED);
 }
 
-/* The attempt a reply carries: executions of the request id, counted in
+/* The attempt a reply carries: executions of the request id in its tenant, counted in
  * Redis, so a client's retry under the same id (another record) is a new,
  * higher attempt, as a redelivery of the same record is; the per-offset
  * count stays the poison-message guard. Once the id is known, before any
@@ -376,7 +376,8 @@ static void count_attempt_by_id(svc_worker *w, job *j)
 {
     if (prep_redis && j->id) {
         uint32_t attempt;
-        if (svc_redis_request_attempt_incr(prep_redis, j->id, &attempt) == SVC_REDIS_OK) {
+        if (svc_redis_request_attempt_incr(prep_redis, j->tenant->name, j->id, &attempt) ==
+            SVC_REDIS_OK) {
             j->attempt = attempt;
             return;
         }
@@ -435,9 +436,8 @@ static void prepare(svc_worker *w, job *j)
         worker_dead_letter(w, j, SVC_ERROR_REPLY_TOPIC_NOT_ALLOWED, msg);
         return;
     }
-    if (j->req && j->req->id && j->req->reply_topic) {
-        j->id = strdup(j->req->id);
-        j->reply_topic = strdup(j->req->reply_topic);
+    if (j->req && j->req->id && j->req->reply_topic &&
+        job_identify(w, j, j->req->id, j->req->reply_topic) == 0) {
         j->stream = j->req->stream;
         count_attempt_by_id(w, j);
     }
@@ -457,8 +457,10 @@ static void prepare(svc_worker *w, job *j)
     }
     /* A cancel that came while it was queued: the step thread checks again
      * at submit, for one that comes during the work below. */
-    if (worker_cancel_hits(w, j)) {
-        worker_reply_cancelled(w, j, "cancelled before it was prepared");
+    if (worker_job_stopped(w, j)) {
+        worker_reply_cancelled(w, j, atomic_load(&j->replaced)
+                                         ? "replaced by a newer execution before it was prepared"
+                                         : "cancelled before it was prepared");
         return;
     }
     if ((j->req->adapter &&

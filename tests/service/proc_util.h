@@ -353,6 +353,12 @@ size_t pu_client_replies(const pu_client *c, const char *id, const pu_record **o
 /* The last final record of request `id`, or NULL. */
 const pu_record *pu_client_final(const pu_client *c, const char *id);
 
+/* pu_client_replies and pu_client_final on reply topic `topic` (they read
+ * PU_REPLIES). */
+size_t pu_client_replies_on(const pu_client *c, const char *topic, const char *id,
+                            const pu_record **out, size_t max);
+const pu_record *pu_client_final_on(const pu_client *c, const char *topic, const char *id);
+
 /* The first record on `topic` whose key is `key`, or NULL. */
 const pu_record *pu_client_find(const pu_client *c, const char *topic,
                                 const char *key);
@@ -397,6 +403,9 @@ bool pu_seen_before(const pu_client *c, size_t i, const pu_record *r);
 int pu_check_stream_at(const pu_client *c, const char *id, bool lossy);
 
 int pu_check_stream(const pu_client *c, const char *id);
+
+/* pu_check_stream_at on reply topic `topic` (it reads PU_REPLIES). */
+int pu_check_stream_on(const pu_client *c, const char *topic, const char *id, bool lossy);
 
 /* Parse a record value (cJSON, owned by the caller) and return it, or NULL
  * after a check failure. */

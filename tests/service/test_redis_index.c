@@ -355,13 +355,15 @@ static void test_blobs_adapters_attempts(svc_redis *r)
     /* Per request id: the number replies carry, apart from the per-record
      * counters even for an id that looks like one ("id" is a valid topic). */
     for (uint32_t want = 1; want <= 2; want++)
-        check(svc_redis_request_attempt_incr(r, "2:41", &n) == SVC_REDIS_OK && n == want,
+        check(svc_redis_request_attempt_incr(r, "acme", "2:41", &n) == SVC_REDIS_OK && n == want,
               "request attempt %u (got %u)", want, n);
-    ttl = ttl_of(PREFIX ":request_attempts:2:41");
+    ttl = ttl_of(PREFIX ":request_attempts:acme:2:41");
     check(ttl > ATTEMPTS_TTL - 5 && ttl <= ATTEMPTS_TTL, "request attempts TTL %lld", ttl);
+    check(svc_redis_request_attempt_incr(r, "beta", "2:41", &n) == SVC_REDIS_OK && n == 1,
+          "another tenant's id is another counter (got %u)", n);
     check(svc_redis_attempt_incr(r, "id", 2, 41, &n) == SVC_REDIS_OK && n == 1,
           "a record counter shares the request counter");
-    check(svc_redis_request_attempt_incr(r, "", &n) == SVC_REDIS_ERR_INVALID && n == 0,
+    check(svc_redis_request_attempt_incr(r, "acme", "", &n) == SVC_REDIS_ERR_INVALID && n == 0,
           "empty request id");
 
     svc_redis_stats st;

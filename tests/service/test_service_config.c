@@ -231,6 +231,26 @@ static void test_tenants_configured(void)
     check(a && !svc_reply_topic_allowed(&a->policy, "mllama.replies.acme", 0),
           "an empty topic is refused");
     svc_config_deinit(&cfg);
+
+    /* The same array from --set and from the environment (a container's
+     * configuration), a later source replacing an earlier one. */
+    static const char set[] = "tenants=[{\"name\": \"gamma\", \"cancel_topic\": \"g.c\"}]";
+    const char *sets[] = {set};
+    setenv("MLLAMA_TENANTS", "[{\"name\": \"delta\"}, {\"name\": \"eps\"}]", 1);
+    check(svc_config_load(&cfg, NULL, NULL, 0, err, sizeof err) == 0 && cfg.n_tenants == 2 &&
+              !strcmp(cfg.tenants[1].request_topic, "mllama.requests.eps"),
+          "MLLAMA_TENANTS: %s", err);
+    svc_config_deinit(&cfg);
+    check(svc_config_load(&cfg, NULL, sets, 1, err, sizeof err) == 0 && cfg.n_tenants == 1 &&
+              !strcmp(cfg.tenants[0].name, "gamma") && !strcmp(cfg.tenants[0].cancel_topic, "g.c"),
+          "--set tenants= wins over the environment: %s", err);
+    svc_config_deinit(&cfg);
+    setenv("MLLAMA_TENANTS", "[{\"name\": ", 1);
+    check(svc_config_load(&cfg, NULL, NULL, 0, err, sizeof err) == -1 &&
+              strstr(err, "environment MLLAMA_TENANTS: tenants: expected an array"),
+          "a malformed MLLAMA_TENANTS refused: %s", err);
+    svc_config_deinit(&cfg);
+    unsetenv("MLLAMA_TENANTS");
 }
 
 static void test_tenants_refused(void)
