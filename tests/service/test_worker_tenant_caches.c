@@ -13,7 +13,9 @@
  * - An image the victim made resident is not resident for the probe:
  *   inline it is encoded again (images_cached 0), named by sha256 it is
  *   invalid_image (no state in the probe's partition and no blob), and
- *   the Redis index holds it under the victim's key only.
+ *   the Redis index holds it under the victim's key only: `mllama submit
+ *   --redis --tenant victim` routes the image to the worker, `--tenant
+ *   bystander` (a fifth tenant) finds nothing to route by.
  * - front_a and front_b share: front_b finds front_a's system prompt blocks
  *   and its image (inline and by sha256), the documented opt-in.
  * - The worker drains on SIGTERM with exit code 0 and no sanitizer report.
@@ -28,11 +30,12 @@
     PU_REQUESTS ".probe:1," PU_CANCEL ".probe:1," PU_REPLIES ".probe:1,"                            \
     PU_REQUESTS ".victim:1," PU_CANCEL ".victim:1," PU_REPLIES ".victim:1,"                         \
     PU_REQUESTS ".front_a:1," PU_CANCEL ".front_a:1," PU_REPLIES ".front_a:1,"                      \
-    PU_REQUESTS ".front_b:1," PU_CANCEL ".front_b:1," PU_REPLIES ".front_b:1"
+    PU_REQUESTS ".front_b:1," PU_CANCEL ".front_b:1," PU_REPLIES ".front_b:1,"                      \
+    PU_REQUESTS ".bystander:1," PU_CANCEL ".bystander:1," PU_REPLIES ".bystander:1"
 #define TENANTS                                                                                    \
     "{\"tenants\": [{\"name\": \"probe\"}, {\"name\": \"victim\"},"                                \
     " {\"name\": \"front_a\", \"cache_group\": \"public\"},"                                       \
-    " {\"name\": \"front_b\", \"cache_group\": \"public\"}]}\n"
+    " {\"name\": \"front_b\", \"cache_group\": \"public\"}, {\"name\": \"bystander\"}]}\n"
 #define ANSWER_MS 30000
 #define JOIN_MS 30000
 #define INDEX_MS 10000
@@ -144,6 +147,20 @@ static double guess(const char *tenant, const char *id, const char *code)
     return cached_tokens(tenant, id, system, NULL, "What are your opening hours?", NULL);
 }
 
+/* Run `mllama submit --redis` for tenant with the image; whether it routed
+ * the request by the image's residency. */
+static bool submit_routes(const char *tenant)
+{
+    char log[PU_PATH_MAX + 64];
+    snprintf(log, sizeof log, "%s/submit-%s.log", dir, tenant);
+    char *argv[] = {PU_MLLAMA, "submit", "--brokers", brokers, "--tenant", (char *)tenant,
+                    "--redis", redis.url, "--image", IMAGE, "--max-tokens", "1", "--quiet",
+                    "What is in the picture?", NULL};
+    int code = pu_run(argv, log, ANSWER_MS);
+    check(code == 0, "submit --tenant %s: exit %d", tenant, code);
+    return pu_file_count(log, "image resident on a worker owning partition") == 1;
+}
+
 /* ---- the cases ------------------------------------------------------------------------ */
 
 static void test_secret_guessing(void)
@@ -201,6 +218,10 @@ static void test_images(void)
     cached_tokens("probe", "probe-image", NULL, part, "What is in the picture?", &images);
     check(images == 0, "probe: the victim's image is not resident for it (%g cached)", images);
     free(part);
+
+    /* Routing reads the index in the sender's partition. */
+    check(submit_routes("victim"), "submit --tenant victim: not routed by the resident image");
+    check(!submit_routes("bystander"), "submit --tenant bystander: routed by the victim's image");
 }
 
 static void test_shared_group(void)
