@@ -260,8 +260,7 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
     s->range_start = calloc(ni, sizeof *s->range_start);
     s->range_end = calloc(ni, sizeof *s->range_end);
     if (!s->tokens || !s->blocks || !s->chain || !s->images || !s->content || !s->entries ||
-        !s->states ||
-        !s->range_start || !s->range_end)
+        !s->states || !s->range_start || !s->range_end)
         goto nomem;
     if (adapter_of(req) && !(s->adapter_name = strdup(adapter_of(req))))
         goto nomem;
