@@ -233,8 +233,9 @@ static int tenant_int(const cJSON *o, const char *key, int *dst, int lo, int hi,
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!v)
         return 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long)v->valuedouble ||
-        v->valuedouble < lo || v->valuedouble > hi) {
+    /* The range first: converting a double beyond int is undefined. */
+    if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble > hi ||
+        v->valuedouble != (double)(int)v->valuedouble) {
         svc_errf(err, errlen, "%s.%s: expected an integer in [%d, %d]", where, key, lo, hi);
         return -1;
     }
