@@ -292,4 +292,21 @@ ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen);
 ml_status ml_backend_cpu_create_group(int world, int threads_each, ml_backend **out, char *err,
                                       size_t errlen);
 
+/* ---- the CUDA backend's sizes, restated ---- */
+/* The engine plans device memory (model/memory_plan.h) without CUDA headers,
+ * and kernels/ sees the engine only through this interface, so the CUDA
+ * backend's own numbers the plan needs are written here, once;
+ * kernels/backend.cu asserts at compile time that they agree with its own. */
+
+/* Its own workspaces on each device: kernels/mlk_internal.cuh
+ * MLK_WORKSPACE_BYTES = bf16 activation staging 128 MiB + bias staging
+ * 1 MiB + cuBLASLt workspace 32 MiB + attention split-K 16 MiB. */
+#define ML_PLAN_CUDA_WORKSPACE_BYTES ((uint64_t)(128 + 1 + 32 + 16) << 20)
+/* Its K/V and image-state element (bf16; mlk_backend.h). */
+#define ML_PLAN_CUDA_KV_ELEM_SIZE 2
+/* Its pool when the worker does not size it: 90% of the free memory
+ * (kernels/backend.cu's POOL_DEFAULT_SHARE is this), the rest left to the
+ * CUDA context, cuBLASLt and NCCL. In tenths, to stay integral. */
+#define ML_PLAN_CUDA_POOL_SHARE_TENTHS 9
+
 #endif

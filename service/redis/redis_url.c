@@ -6,7 +6,7 @@
 
 #include "protocol/protocol.h"
 #include "redis/redis.h"
-#include "sha256.h"
+#include "engine.h" /* ml_hex_digit */
 
 #define DEFAULT_PORT 6379
 

@@ -1,8 +1,9 @@
 /* Private to engine/image: the PNG half of ml_image_decode and
- * ml_image_probe (decode_png.c), and the checks both formats share.
+ * ml_image_probe (decode_png.c), and the checks both formats share
+ * (limits.c).
  * @locality: thread-safe; no global state. */
-#ifndef ML_IMAGE_DECODE_PNG_H
-#define ML_IMAGE_DECODE_PNG_H
+#ifndef ML_IMAGE_INTERNAL_H
+#define ML_IMAGE_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -23,7 +24,7 @@ ml_status ml_image_png_decode(const uint8_t *data, size_t len, const ml_image_li
 ml_status ml_image_png_probe(const uint8_t *data, size_t len, const ml_image_limits *lim,
                              ml_image_info *info, char *err, size_t errlen);
 
-/* The size checks of both decoders (decode.c): ML_ERR_TOO_LARGE with the
+/* The size checks of both decoders (limits.c): ML_ERR_TOO_LARGE with the
  * numbers in err when width*height is above lim->max_pixels or a side above
  * ML_IMAGE_MAX_SIDE, else ML_OK. */
 ml_status ml_image_check_size(uint32_t width, uint32_t height, const ml_image_limits *lim,
