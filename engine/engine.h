@@ -21,7 +21,7 @@
 #include "image/image.h"
 #include "list.h" /* the engine's intrusive list, for the caller's registries too */
 #include "image/prepare.h"
-#include "model/mkmodel.h"
+#include "checkpoint/mkmodel.h"
 #include "model/mllama.h"
 #include "runtime/runtime.h"
 #include "runtime/sampler.h"

@@ -9,7 +9,7 @@
 
 #include "model/lora_internal.h"
 #include "model/mllama.h"
-#include "model/weights.h"
+#include "checkpoint/weights.h"
 
 /* The adapters a Linear's rows see: the groups of rows that share one
  * (n_groups 0: every row is the base model's), counted in token rows, or

@@ -10,10 +10,10 @@
 #include <string.h>
 
 #include "dtype.h"
-#include "model/mapped_file.h"
+#include "checkpoint/mapped_file.h"
 #include "model/lora_internal.h"
 #include "model/model_internal.h"
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 #include "model/shard.h"
 
 /* Every PEFT adapter key starts with this (PeftModel.base_model.model). */

@@ -10,8 +10,8 @@
 #include <strings.h>
 
 #include "model/lora.h"
-#include "model/json_util.h"
-#include "model/pyregex.h"
+#include "checkpoint/json_util.h"
+#include "checkpoint/pyregex.h"
 
 /* PEFT's defaults (LoraConfig) for absent fields. */
 #define DEFAULT_RANK 8

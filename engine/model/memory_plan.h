@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include "backend.h" /* the CUDA backend's sizes: ML_PLAN_CUDA_* */
-#include "model/config.h"
+#include "checkpoint/config.h"
 #include "status.h"
 
 #define ML_PLAN_MIB ((uint64_t)1 << 20)

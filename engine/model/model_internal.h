@@ -8,9 +8,9 @@
 
 #include "model/lora_internal.h"
 #include "model/mllama.h"
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 #include "model/shard.h"
-#include "model/weights.h"
+#include "checkpoint/weights.h"
 
 /* Largest text head_dim the RoPE table on the stack allows (published: 128). */
 #define ML_MAX_HEAD_DIM 256

@@ -31,7 +31,7 @@
 #include "clock.h"
 #include "grammar/grammar.h"
 #include "harness.h"
-#include "model/mkmodel.h"
+#include "checkpoint/mkmodel.h"
 #include "runtime/runtime.h"
 #include "test_rand.h"
 #include "tokenizer_util.h"

@@ -26,7 +26,7 @@
 #include <time.h>
 
 #include "harness.h"
-#include "model/mkmodel.h"
+#include "checkpoint/mkmodel.h"
 #include "runtime/runtime.h"
 #include "test_rand.h"
 #include "tokenizer_util.h"

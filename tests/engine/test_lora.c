@@ -30,7 +30,7 @@
 #include "fixture_util.h" /* after harness.h */
 #include "model/lora.h"
 #include "model/mllama.h"
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 #include "runtime_test_util.h"
 #include "test_rand.h"
 

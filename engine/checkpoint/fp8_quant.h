@@ -7,8 +7,8 @@
  * Its decompression q · scale is what matmul_f8 computes with (backend.h). Used to quantize a bf16 checkpoint at load
  * (model.weights = "fp8") and by `mllama mkmodel --fp8`.
  * @locality: any thread; no state. */
-#ifndef ML_MODEL_FP8_QUANT_H
-#define ML_MODEL_FP8_QUANT_H
+#ifndef ML_CHECKPOINT_FP8_QUANT_H
+#define ML_CHECKPOINT_FP8_QUANT_H
 
 #include <stdint.h>
 

@@ -19,8 +19,8 @@
  * that returned them and stay valid until its _destroy.
  * @locality: any thread. Objects are immutable after open/parse, so
  * concurrent readers need no lock. */
-#ifndef ML_MODEL_SAFETENSORS_H
-#define ML_MODEL_SAFETENSORS_H
+#ifndef ML_CHECKPOINT_SAFETENSORS_H
+#define ML_CHECKPOINT_SAFETENSORS_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -4,7 +4,7 @@
  * shape against the config, recording (destination, source); materialize()
  * then points each destination at the mapping, or converts it into one
  * owned bf16 buffer. */
-#include "model/weights.h"
+#include "checkpoint/weights.h"
 
 #include <assert.h>
 #include <stdarg.h>
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "dtype.h"
-#include "model/fp8_quant.h"
+#include "checkpoint/fp8_quant.h"
 
 #define NAME_MAX_LEN ML_MANIFEST_NAME_MAX
 /* Upper bound of bind() calls: per vision layer 12 tensors + 2 gates + 6

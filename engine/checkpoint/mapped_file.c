@@ -1,4 +1,4 @@
-#include "model/mapped_file.h"
+#include "checkpoint/mapped_file.h"
 
 #include <errno.h>
 #include <fcntl.h>

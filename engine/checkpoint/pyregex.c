@@ -1,5 +1,5 @@
 /* Python re -> POSIX ERE (pyregex.h). */
-#include "model/pyregex.h"
+#include "checkpoint/pyregex.h"
 
 #include <ctype.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* config.json parsing and validation (MllamaConfig, engine/model/README.md §1). */
-#include "model/config.h"
-#include "model/json_util.h"
+#include "checkpoint/config.h"
+#include "checkpoint/json_util.h"
 
 #include <cjson/cJSON.h>
 #include <limits.h>
@@ -8,8 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "model/mapped_file.h"
-#include "model/quant_config.h"
+#include "checkpoint/mapped_file.h"
+#include "checkpoint/quant_config.h"
 
 /* Upper bounds on sizes, so every derived product (the tile embedding is
  * max_num_tiles * num_patches * hidden_size elements) stays far inside

@@ -3,8 +3,8 @@
  * POSIX EREs with the same match set, for the subset of the syntax where the
  * two agree; anything outside it is refused rather than matched differently.
  * @locality: any thread. */
-#ifndef ML_MODEL_PYREGEX_H
-#define ML_MODEL_PYREGEX_H
+#ifndef ML_CHECKPOINT_PYREGEX_H
+#define ML_CHECKPOINT_PYREGEX_H
 
 #include <regex.h>
 #include <stddef.h>

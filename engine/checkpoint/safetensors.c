@@ -1,11 +1,11 @@
 /* One safetensors file: header parsing and validation, tensor views. */
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/mapped_file.h"
+#include "checkpoint/mapped_file.h"
 
 /* Largest integer a JSON number (a double) holds exactly. */
 #define MAX_JSON_INT (1ull << 53)

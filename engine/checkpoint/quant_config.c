@@ -7,14 +7,14 @@
  * and re.match). Every field that changes what a weight means is checked;
  * the informational ones (observer, global_compression_ratio, version) are
  * not read. */
-#include "model/quant_config.h"
+#include "checkpoint/quant_config.h"
 
 #include <regex.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "model/json_util.h"
-#include "model/pyregex.h"
+#include "checkpoint/json_util.h"
+#include "checkpoint/pyregex.h"
 
 #define QUANT_METHOD "compressed-tensors"
 #define FORMAT_FLOAT "float-quantized"

@@ -1,7 +1,7 @@
 /* Small cJSON helpers shared by the model's JSON parsers (config.json and its
  * quantization_config, adapter_config.json). */
-#ifndef ML_MODEL_JSON_UTIL_H
-#define ML_MODEL_JSON_UTIL_H
+#ifndef ML_CHECKPOINT_JSON_UTIL_H
+#define ML_CHECKPOINT_JSON_UTIL_H
 
 #include <cjson/cJSON.h>
 

@@ -1,5 +1,5 @@
 /* compressed-tensors' FP8 channel quantization (fp8_quant.h). */
-#include "model/fp8_quant.h"
+#include "checkpoint/fp8_quant.h"
 
 #include <float.h>
 #include <math.h>

@@ -20,14 +20,14 @@
  * Ownership: ml_weights borrows the checkpoint (which must outlive it) and
  * owns only its layer arrays and the converted copies.
  * @locality: any thread; read-only after ml_weights_create. */
-#ifndef ML_MODEL_WEIGHTS_H
-#define ML_MODEL_WEIGHTS_H
+#ifndef ML_CHECKPOINT_WEIGHTS_H
+#define ML_CHECKPOINT_WEIGHTS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/config.h"
-#include "model/safetensors.h"
+#include "checkpoint/config.h"
+#include "checkpoint/safetensors.h"
 #include "status.h"
 
 /* A bf16 weight has data; an FP8 Linear (config quant ML_QUANT_FP8_CHANNEL,

@@ -24,8 +24,8 @@
  *
  * ml_config is a plain value: no heap memory, copy it freely (it is about
  * 70 KB, mostly the quantization ignore list: keep it off small stacks). */
-#ifndef ML_MODEL_CONFIG_H
-#define ML_MODEL_CONFIG_H
+#ifndef ML_CHECKPOINT_CONFIG_H
+#define ML_CHECKPOINT_CONFIG_H
 
 #include <stddef.h>
 

@@ -3,8 +3,8 @@
  * preprocessor files), for demos and benchmarks where no published
  * checkpoint is at hand. The graph, the loader and the tokenizer are the
  * real ones; only the weight values are random. */
-#ifndef ML_MODEL_MKMODEL_H
-#define ML_MODEL_MKMODEL_H
+#ifndef ML_CHECKPOINT_MKMODEL_H
+#define ML_CHECKPOINT_MKMODEL_H
 
 #include <stdint.h>
 

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 /* The header (after its 8-byte length) is padded to this multiple, so the
  * data region starts aligned (as the reference writer does). */

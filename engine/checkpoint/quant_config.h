@@ -1,11 +1,11 @@
 /* The parser of config.json's quantization_config, for config.c; the
  * struct and the ignore matcher are public in config.h. */
-#ifndef ML_MODEL_QUANT_CONFIG_H
-#define ML_MODEL_QUANT_CONFIG_H
+#ifndef ML_CHECKPOINT_QUANT_CONFIG_H
+#define ML_CHECKPOINT_QUANT_CONFIG_H
 
 #include <cjson/cJSON.h>
 
-#include "model/config.h"
+#include "checkpoint/config.h"
 
 /* Fill *q from v, the quantization_config member (NULL when absent): absent
  * or null is ML_QUANT_NONE. Errors name the field path

@@ -1,11 +1,11 @@
-/* A whole file mapped read-only into memory: the one way engine/model reads
+/* A whole file mapped read-only into memory: the one way the engine reads
  * files (config.json, safetensors shards, the shard index).
  *
  * The mapping is MAP_PRIVATE and PROT_READ: pages are read lazily from the
  * page cache, so a 5 GB shard costs address space, not memory, until a
  * tensor is touched. An empty file maps to data == NULL, size == 0. */
-#ifndef ML_MODEL_MAPPED_FILE_H
-#define ML_MODEL_MAPPED_FILE_H
+#ifndef ML_CHECKPOINT_MAPPED_FILE_H
+#define ML_CHECKPOINT_MAPPED_FILE_H
 
 #include <stddef.h>
 

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/mapped_file.h"
-#include "model/safetensors.h"
+#include "checkpoint/mapped_file.h"
+#include "checkpoint/safetensors.h"
 
 #define NAME_IN_MSG "%.200s"
 

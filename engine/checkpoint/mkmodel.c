@@ -1,6 +1,6 @@
 /* Random-weight checkpoints (mkmodel.h). The tensor list comes from
  * ml_weights_manifest, so what is written is exactly what the loader binds. */
-#include "model/mkmodel.h"
+#include "checkpoint/mkmodel.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -11,10 +11,10 @@
 #include <sys/stat.h>
 
 #include "dtype.h"
-#include "model/config.h"
-#include "model/fp8_quant.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "checkpoint/config.h"
+#include "checkpoint/fp8_quant.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/weights.h"
 
 /* save_pretrained shards at 5 GB (max_shard_size="5GB", transformers 4.47
  * modeling_utils.py): a header-only checkpoint, which stands in for a

@@ -1,4 +1,4 @@
-#include "model/json_util.h"
+#include "checkpoint/json_util.h"
 
 #include <string.h>
 
