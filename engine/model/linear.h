@@ -29,7 +29,7 @@ typedef struct ml_lora_rows {
  * NULL (a row-parallel bias off rank 0, shard.h) is none. The ops are taken
  * from m->be->ops at the call, so a recording backend records them. Uses
  * m->host.lora_segs (max_step_seqs entries, at least lora->n_groups). */
-void ml_linear(ml_model *m, float *y, const float *x, const ml_weight *w, const ml_weight *bias,
+void ml_linear(ml_shard *m, float *y, const float *x, const ml_weight *w, const ml_weight *bias,
                int M, int K, int N, const ml_lora_rows *lora, int site);
 
 #endif

@@ -1,8 +1,10 @@
-/* A tensor-parallel model driven as one model (mllama.h ml_model_load_tp,
- * engine/model/README.md §11): `world` shards, the threads that drive ranks 1.., and the
- * per-rank memory behind the single handles its callers hold (the K/V
- * cache, image states, adapter slots), so that the runtime serves a model
- * split over several devices without knowing ranks.
+/* The model the runtime holds (mllama.h): one shard (shard.h; a whole
+ * model is the shard of world 1, and a shard of a group may be driven by
+ * hand), or a tensor-parallel model driven as one model (ml_model_load_tp,
+ * engine/model/README.md §11): `world` shards, the threads that drive ranks
+ * 1.., and the per-rank memory behind the single handles its callers hold
+ * (the K/V cache, image states, adapter slots), so that the runtime serves
+ * a model split over several devices without knowing ranks.
  *
  * A call is posted to every rank under one mutex: the caller stores it,
  * bumps `posted` and wakes the threads, runs rank 0 itself, then waits
@@ -33,6 +35,16 @@
 #include "model/memory_plan.h"
 #include "model/model_internal.h"
 #include "model/shard.h"
+
+/* The ranks of a tensor-parallel model and their threads (below). */
+typedef struct ml_tp ml_tp;
+
+/* The model the callers hold. Its configuration, limits and geometry are
+ * its first shard's: rank 0's of a tensor-parallel model. */
+struct ml_model {
+    ml_shard *shard; /* owned without tp; with tp, rank 0's, owned by tp */
+    ml_tp *tp;       /* owned: the ranks of a tensor-parallel model, else NULL */
+};
 
 /* Room for one shard's error message. */
 #define TP_ERR_MAX 512
@@ -68,7 +80,7 @@ typedef struct tp_call {
 typedef struct tp_rank {
     ml_tp *tp;                /* borrowed: the group it belongs to */
     int rank;
-    ml_model *shard;          /* owned */
+    ml_shard *shard;          /* owned */
     pthread_t thread;         /* ranks >= 1 */
     ml_step_seq *seqs;        /* owned (max_step_seqs): the step with this rank's image states
                                  and adapter slots (and, ranks >= 1, sample outputs in
@@ -133,8 +145,8 @@ static void run_rank(tp_rank *r, const tp_call *c)
     r->err[0] = '\0';
     switch (c->op) {
     case TP_LOAD:
-        r->st = ml_model_load_shard(&r->shard, c->dir, tp->bes[r->rank], c->limits, r->rank,
-                                    tp->world, r->err, sizeof r->err);
+        r->st = ml_shard_load(&r->shard, c->dir, tp->bes[r->rank], c->limits, r->rank,
+                              tp->world, r->err, sizeof r->err);
         break;
     case TP_ENCODE:
         r->st = ml_shard_encode_image(r->shard, c->pixels, c->aspect_ratio_id,
@@ -208,13 +220,14 @@ static ml_status run_all(ml_tp *tp, const tp_call *c, char *err, size_t errlen)
     return ML_OK;
 }
 
-static ml_status tp_encode_image(ml_tp *tp, const float *pixels, int aspect_ratio_id,
+static ml_status tp_encode_image(const ml_model *m, const float *pixels, int aspect_ratio_id,
                                  const uint8_t *aspect_ratio_mask, const ml_lora *lora,
                                  void *state, const ml_vision_taps *taps, char *err,
                                  size_t errlen)
 {
     /* A slot of this model is a handle with a part per rank (lora.c). */
-    if (lora && lora->model->tp != tp)
+    ml_tp *tp = m->tp;
+    if (lora && lora->model != m)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "encode: the adapter slot belongs to another model");
     if (!state)
@@ -225,11 +238,12 @@ static ml_status tp_encode_image(ml_tp *tp, const float *pixels, int aspect_rati
     return run_all(tp, &c, err, errlen);
 }
 
-static ml_status tp_forward(ml_tp *tp, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
+static ml_status tp_forward(const ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
                             float *logits, const ml_text_taps *taps, char *err, size_t errlen)
 {
     /* What rank_step relies on is checked here, before any rank runs; the
      * shards check the rest, each the same way. */
+    ml_tp *tp = m->tp;
     const ml_model_limits *l = &tp->ranks[0].shard->limits;
     if (n_seqs <= 0 || n_seqs > l->max_step_seqs)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "step: %d sequences, limit %d", n_seqs,
@@ -240,7 +254,7 @@ static ml_status tp_forward(ml_tp *tp, ml_kv_cache *kv, const ml_step_seq *seqs,
                        ml_kv_cache_world(kv), tp->world);
     for (int s = 0; s < n_seqs; s++) {
         const ml_step_seq *q = &seqs[s];
-        if (q->lora && q->lora->model->tp != tp)
+        if (q->lora && q->lora->model != m)
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                            "step: sequence %d has an adapter slot of another model", s);
         if (q->n_images < 0 || q->n_images > l->max_seq_images)
@@ -265,9 +279,9 @@ ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_rat
                                 size_t errlen)
 {
     if (!m->tp)
-        return ml_shard_encode_image(m, pixels, aspect_ratio_id, aspect_ratio_mask, lora, state,
-                                     taps, err, errlen);
-    return tp_encode_image(m->tp, pixels, aspect_ratio_id, aspect_ratio_mask, lora, state, taps,
+        return ml_shard_encode_image(m->shard, pixels, aspect_ratio_id, aspect_ratio_mask, lora,
+                                     state, taps, err, errlen);
+    return tp_encode_image(m, pixels, aspect_ratio_id, aspect_ratio_mask, lora, state, taps,
                            err, errlen);
 }
 
@@ -275,16 +289,21 @@ ml_status ml_model_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs
                            float *logits, const ml_text_taps *taps, char *err, size_t errlen)
 {
     if (!m->tp)
-        return ml_shard_forward(m, kv, seqs, n_seqs, logits, taps, err, errlen);
-    return tp_forward(m->tp, kv, seqs, n_seqs, logits, taps, err, errlen);
+        return ml_shard_forward(m->shard, kv, seqs, n_seqs, logits, taps, err, errlen);
+    return tp_forward(m, kv, seqs, n_seqs, logits, taps, err, errlen);
+}
+
+size_t ml_lora_slot_bytes(const ml_model *m, int max_rank)
+{
+    return ml_lora_shard_bytes(m->shard, max_rank);
 }
 
 ml_status ml_lora_create(ml_lora **out, ml_model *m, int max_rank, char *err, size_t errlen)
 {
     if (!m->tp)
-        return ml_lora_slot_create(out, m, NULL, 0, max_rank, err, errlen);
+        return ml_lora_slot_create(out, m, &m->shard, 1, max_rank, err, errlen);
     *out = NULL;
-    ml_model **shards = malloc((size_t)m->tp->world * sizeof *shards);
+    ml_shard **shards = malloc((size_t)m->tp->world * sizeof *shards);
     if (!shards)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "adapter slot: out of memory");
     for (int r = 0; r < m->tp->world; r++)
@@ -296,7 +315,8 @@ ml_status ml_lora_create(ml_lora **out, ml_model *m, int max_rank, char *err, si
 
 /* ---- load / destroy ----------------------------------------------------------- */
 
-void ml_tp_destroy(ml_tp *tp)
+/* Join the threads and destroy the shards. NULL is a no-op. */
+static void tp_destroy(ml_tp *tp)
 {
     if (!tp)
         return;
@@ -308,7 +328,7 @@ void ml_tp_destroy(ml_tp *tp)
     }
     for (int r = 0; r < tp->world; r++) {
         tp_rank *k = &tp->ranks[r];
-        ml_model_destroy(k->shard);
+        ml_shard_destroy(k->shard);
         free(k->seqs);
         free(k->states);
         free(k->logits);
@@ -345,7 +365,7 @@ static ml_status tp_create(ml_tp **out, ml_backend *const *bes, int world, char 
     tp->bes = calloc((size_t)world, sizeof *tp->bes);
     tp->ranks = calloc((size_t)world, sizeof *tp->ranks);
     if (!tp->bes || !tp->ranks) {
-        ml_tp_destroy(tp); /* world 0: there are no ranks to visit */
+        tp_destroy(tp); /* world 0: there are no ranks to visit */
         return ml_fail(err, errlen, ML_ERR_NOMEM, "tensor parallel: out of memory");
     }
     tp->world = world;
@@ -355,7 +375,7 @@ static ml_status tp_create(ml_tp **out, ml_backend *const *bes, int world, char 
     }
     for (int r = 1; r < world; r++) {
         if (pthread_create(&tp->ranks[r].thread, NULL, rank_main, &tp->ranks[r]) != 0) {
-            ml_tp_destroy(tp);
+            tp_destroy(tp);
             return ml_fail(err, errlen, ML_ERR_NOMEM,
                            "tensor parallel: cannot start the thread of rank %d", r);
         }
@@ -368,7 +388,7 @@ static ml_status tp_create(ml_tp **out, ml_backend *const *bes, int world, char 
 /* Every rank's per-call scratch, sized by the load limits. */
 static ml_status tp_alloc_scratch(ml_tp *tp, char *err, size_t errlen)
 {
-    const ml_model *s0 = tp->ranks[0].shard;
+    const ml_shard *s0 = tp->ranks[0].shard;
     const ml_model_limits *l = &s0->limits;
     size_t seqs = (size_t)l->max_step_seqs;
     /* +1: max_seq_images may be 0, and malloc(0) may be NULL. */
@@ -387,6 +407,39 @@ static ml_status tp_alloc_scratch(ml_tp *tp, char *err, size_t errlen)
                            "tensor parallel: out of memory for rank %d's step scratch", r);
     }
     return ML_OK;
+}
+
+/* A model over shard s (owned) or, with tp, over tp's ranks (s is rank 0's). */
+static ml_status model_new(ml_model **out, ml_shard *s, ml_tp *tp, char *err, size_t errlen)
+{
+    ml_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        if (tp)
+            tp_destroy(tp);
+        else
+            ml_shard_destroy(s);
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "model: out of memory");
+    }
+    m->shard = s;
+    m->tp = tp;
+    *out = m;
+    return ML_OK;
+}
+
+ml_status ml_model_load(ml_model **out, const char *dir, ml_backend *be,
+                        const ml_model_limits *limits, char *err, size_t errlen)
+{
+    return ml_model_load_shard(out, dir, be, limits, 0, 1, err, errlen);
+}
+
+ml_status ml_model_load_shard(ml_model **out, const char *dir, ml_backend *be,
+                              const ml_model_limits *limits, int rank, int world, char *err,
+                              size_t errlen)
+{
+    *out = NULL;
+    ml_shard *s;
+    ml_status st = ml_shard_load(&s, dir, be, limits, rank, world, err, errlen);
+    return st == ML_OK ? model_new(out, s, NULL, err, errlen) : st;
 }
 
 ml_status ml_model_load_tp(ml_model **out, const char *dir, ml_backend *const *bes, int world,
@@ -412,56 +465,68 @@ ml_status ml_model_load_tp(ml_model **out, const char *dir, ml_backend *const *b
     st = run_all(tp, &load, err, errlen);
     if (st == ML_OK)
         st = tp_alloc_scratch(tp, err, errlen);
-    ml_model *m = st == ML_OK ? calloc(1, sizeof *m) : NULL;
-    if (st == ML_OK && !m)
-        st = ml_fail(err, errlen, ML_ERR_NOMEM, "tensor parallel: out of memory");
     if (st != ML_OK) {
-        ml_tp_destroy(tp);
+        tp_destroy(tp);
         return st;
     }
-    /* The face the callers see: rank 0's configuration and geometry. */
-    const ml_model *s0 = tp->ranks[0].shard;
-    m->cfg = s0->cfg;
-    m->limits = s0->limits;
-    m->be = bes[0];
-    m->shard = s0->shard;
-    m->shard.row_slices = NULL; /* rank 0's, owned by its shard */
-    m->tp = tp;
-    *out = m;
-    return ML_OK;
+    return model_new(out, tp->ranks[0].shard, tp, err, errlen);
 }
+
+void ml_model_destroy(ml_model *m)
+{
+    if (!m)
+        return;
+    if (m->tp)
+        tp_destroy(m->tp);
+    else
+        ml_shard_destroy(m->shard);
+    free(m);
+}
+
+const ml_config *ml_model_config(const ml_model *m) { return &m->shard->cfg; }
+ml_backend *ml_model_backend(const ml_model *m) { return m->shard->be; }
+const ml_model_limits *ml_model_limits_of(const ml_model *m) { return &m->shard->limits; }
+int ml_model_world(const ml_model *m) { return m->shard->dims.world; }
+int ml_model_kv_heads(const ml_model *m) { return m->shard->dims.n_kv_heads; }
 
 /* ---- memory behind one handle ------------------------------------------------- */
 
 size_t ml_model_kv_block_bytes(const ml_model *m)
 {
-    return (size_t)ml_memory_plan_kv_block_bytes(&m->cfg, m->shard.world, m->limits.kv_block_size,
-                                                 m->be->ops->kv_elem_size);
+    const ml_shard *s = m->shard;
+    return (size_t)ml_memory_plan_kv_block_bytes(&s->cfg, s->dims.world, s->limits.kv_block_size,
+                                                 s->be->ops->kv_elem_size);
 }
 
 ml_status ml_model_kv_cache_create(ml_kv_cache **out, const ml_model *m, int n_blocks,
                                    char *err, size_t errlen)
 {
     *out = NULL;
-    const ml_text_config *tc = &m->cfg.text;
-    if (!m->tp && m->shard.world > 1)
+    const ml_shard *s = m->shard;
+    const ml_text_config *tc = &s->cfg.text;
+    if (!m->tp && s->dims.world > 1)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "kv cache: shard %d of %d driven by hand shares its group's cache "
                        "(ml_kv_cache_create_group)",
-                       m->shard.rank, m->shard.world);
-    ml_backend *const *bes = m->tp ? m->tp->bes : &m->be;
+                       s->dims.rank, s->dims.world);
+    ml_backend *const *bes = m->tp ? m->tp->bes : &s->be;
     int world = m->tp ? m->tp->world : 1;
     return ml_kv_cache_create_group(out, bes, world,
                                     tc->num_hidden_layers - tc->n_cross_layers, n_blocks,
-                                    m->limits.kv_block_size, m->shard.n_kv_heads, tc->head_dim,
+                                    s->limits.kv_block_size, s->dims.n_kv_heads, tc->head_dim,
                                     err, errlen);
+}
+
+size_t ml_model_image_state_bytes(const ml_model *m)
+{
+    return ml_shard_image_state_bytes(m->shard);
 }
 
 void *ml_model_image_state_alloc(ml_model *m)
 {
     size_t bytes = ml_model_image_state_bytes(m);
     if (!m->tp)
-        return m->be->ops->alloc(m->be, bytes);
+        return m->shard->be->ops->alloc(m->shard->be, bytes);
     void **parts = calloc((size_t)m->tp->world, sizeof *parts);
     if (!parts)
         return NULL;
@@ -480,7 +545,7 @@ void ml_model_image_state_free(ml_model *m, void *state)
     if (!state)
         return;
     if (!m->tp) {
-        m->be->ops->free(m->be, state);
+        m->shard->be->ops->free(m->shard->be, state);
         return;
     }
     void **parts = state;
@@ -493,11 +558,11 @@ void ml_model_image_state_free(ml_model *m, void *state)
 ml_status ml_model_memory_plan(const ml_model *m, ml_memory_plan_spec *spec, ml_memory_plan *out,
                                char *err, size_t errlen)
 {
-    /* Every shard carves the same workspace: rank 0's stands for each. */
-    const ml_model *one = m->tp ? m->tp->ranks[0].shard : m;
-    spec->world = m->shard.world;
-    spec->workspace_bytes = one->workspace_bytes;
-    spec->kv_elem_size = m->be->ops->kv_elem_size;
-    spec->kv_block_size = m->limits.kv_block_size;
-    return ml_memory_plan_compute(&m->cfg, spec, out, err, errlen);
+    /* Every shard carves the same workspace: the first stands for each. */
+    const ml_shard *s = m->shard;
+    spec->world = s->dims.world;
+    spec->workspace_bytes = s->workspace_bytes;
+    spec->kv_elem_size = s->be->ops->kv_elem_size;
+    spec->kv_block_size = s->limits.kv_block_size;
+    return ml_memory_plan_compute(&s->cfg, spec, out, err, errlen);
 }
