@@ -87,7 +87,7 @@ fi
 # ---- calls --------------------------------------------------------------------
 # One line per unit: its files, then why they call each other.
 UNITS='
-engine/grammar/schema.c engine/grammar/schema_value.c engine/grammar/schema_combine.c : one recursive descent over a schema (schema_internal.h): a value holds schemas, a combinator holds values
+engine/grammar/schema.c engine/grammar/schema_value.c engine/grammar/schema_object.c engine/grammar/schema_combine.c engine/grammar/schema_merge.c : one recursive descent over a schema (schema_internal.h): a value holds schemas, a combinator holds values
 engine/grammar/fsm.c engine/grammar/fsm_min.c : the automaton and its minimisation, one data structure (fsm_internal.h)
 engine/grammar/regex.c engine/grammar/lexemes.c : the lexeme library compiles its patterns with the regex compiler, which takes the JSON string lexemes from it
 engine/grammar/json_mode.c engine/grammar/json_vocab.c : the JSON-mode automaton and its vocabulary tables (json_mode_internal.h)
