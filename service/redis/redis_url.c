@@ -1,4 +1,4 @@
-/* Redis URL parsing (svc_redis_url_parse in redis_index.h). */
+/* Redis URL parsing (svc_redis_url_parse in redis.h). */
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
