@@ -55,7 +55,8 @@ int ml_lora_site_text(const ml_config *cfg, int layer, ml_lora_text_module mod)
     return ml_lora_site_lm_head(cfg) + 1 + layer * ML_LORA_TEXT_MODULES + (int)mod;
 }
 
-int ml_lora_n_sites(const ml_config *cfg)
+/* How many adaptable Linears (sites) cfg has: the first site past the last text layer. */
+static int lora_n_sites(const ml_config *cfg)
 {
     return ml_lora_site_text(cfg, cfg->text.num_hidden_layers, ML_LORA_TEXT_Q);
 }
@@ -259,7 +260,7 @@ static ml_status open_weights(loader *ld)
 
 static ml_status build_sites(loader *ld)
 {
-    int n = ld->n_sites = ml_lora_n_sites(ld->cfg);
+    int n = ld->n_sites = lora_n_sites(ld->cfg);
     ld->sites = malloc((size_t)n * sizeof *ld->sites);
     ld->by_name = malloc((size_t)n * sizeof *ld->by_name);
     ld->a = calloc((size_t)n, sizeof *ld->a);
@@ -529,7 +530,7 @@ size_t ml_lora_shard_bytes(const ml_shard *s, int max_rank)
 {
     size_t elems = 0;
     site_info si;
-    for (int i = 0; i < ml_lora_n_sites(&s->cfg); i++) {
+    for (int i = 0; i < lora_n_sites(&s->cfg); i++) {
         describe_site(&s->cfg, i, &si);
         site_part p = part_of(&s->dims, &si);
         elems += part_elems(&p, max_rank);
@@ -545,7 +546,7 @@ static ml_lora *slot_new(const ml_model *m, const ml_config *cfg, int max_rank)
     if (l) {
         l->model = m;
         l->max_rank = max_rank;
-        l->n_sites = ml_lora_n_sites(cfg);
+        l->n_sites = lora_n_sites(cfg);
     }
     return l;
 }
@@ -580,7 +581,7 @@ static size_t stage_elems(const ml_shard *s, int max_rank)
 {
     size_t widest = 0;
     site_info si;
-    for (int i = 0; i < ml_lora_n_sites(&s->cfg); i++) {
+    for (int i = 0; i < lora_n_sites(&s->cfg); i++) {
         describe_site(&s->cfg, i, &si);
         site_part p = part_of(&s->dims, &si);
         if (p.in < si.in && (size_t)p.in > widest)

@@ -39,7 +39,6 @@ typedef enum ml_lora_text_module {
     ML_LORA_TEXT_MODULES,
 } ml_lora_text_module;
 
-int ml_lora_n_sites(const ml_config *cfg);
 int ml_lora_site_vision(const ml_config *cfg, int global, int layer, ml_lora_vision_module mod);
 int ml_lora_site_projector(const ml_config *cfg);
 int ml_lora_site_lm_head(const ml_config *cfg);
