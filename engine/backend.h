@@ -157,20 +157,19 @@ typedef struct ml_backend_ops {
      * With accumulate != 0, y += instead of y =. */
     void (*matmul)(ml_backend *be, float *y, const float *x, const uint16_t *w,
                    const uint16_t *bias, int M, int K, int N, int accumulate);
-    /* y (M, N) = scale[n] · (x · wᵀ)[m][n] + bias[n], w (N, K) F8_E4M3
-     * widened exactly, scale (N) f32: the weight q · scale of
-     * compressed-tensors' decompression, its scale applied to each sum.
-     * NULL where the backend has no FP8 path (the model refuses FP8 weights
-     * on it at load). */
-    void (*matmul_f8)(ml_backend *be, float *y, const float *x, const uint8_t *w,
-                      const float *scale, const uint16_t *bias, int M, int K, int N,
-                      int quant_x);
-    /* quant_x != 0: W8A8 dynamic per token (vLLM's numerics for the
+    /* quant_x == 0 (W8A16): y (M, N) = scale[n] · (x · wᵀ)[m][n] + bias[n],
+     * w (N, K) F8_E4M3 widened exactly, scale (N) f32: the weight q · scale
+     * of compressed-tensors' decompression, its scale applied to each sum.
+     * quant_x != 0: W8A8 dynamic per token (vLLM's numerics for the
      * "FP8-dynamic" checkpoints): each row of x is quantized to E4M3 with
      * s_x[m] = absmax_k |x[m][k]| / 448 (1 for a zero row), qx = E4M3(x /
      * s_x) rounded to nearest even and saturated at ±448, and y = Σ qx·q ·
      * (s_x[m]·scale[n]) + bias[n], summed in f32 (qx·q is exact). A row's
-     * result depends on that row alone. quant_x == 0: W8A16 as above. */
+     * result depends on that row alone. NULL where the backend has no FP8
+     * path (the model refuses FP8 weights on it at load). */
+    void (*matmul_f8)(ml_backend *be, float *y, const float *x, const uint8_t *w,
+                      const float *scale, const uint16_t *bias, int M, int K, int N,
+                      int quant_x);
     /* Segmented LoRA after a matmul (PEFT LoraLayer.forward, one adapter per
      * segment): y[rows] += scale · ((x[rows] · aᵀ) · bᵀ) for each of the
      * n_segs segments (a host array borrowed for the call; rows of different
