@@ -20,8 +20,8 @@
 #include "grammar/grammar.h" /* JSON Schema grammars: the caller compiles and caches them */
 #include "image/image.h"
 #include "list.h" /* the engine's intrusive list, for the caller's registries too */
-#include "image/prepare.h"
 #include "checkpoint/mkmodel.h"
+#include "image/prepare.h"
 #include "model/mllama.h"
 #include "runtime/runtime.h"
 #include "runtime/sampler.h"

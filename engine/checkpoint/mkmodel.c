@@ -10,11 +10,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "dtype.h"
 #include "checkpoint/config.h"
 #include "checkpoint/fp8_quant.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
+#include "dtype.h"
 
 /* save_pretrained shards at 5 GB (max_shard_size="5GB", transformers 4.47
  * modeling_utils.py): a header-only checkpoint, which stands in for a

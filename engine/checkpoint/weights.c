@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
 #include "checkpoint/fp8_quant.h"
+#include "dtype.h"
 
 #define NAME_MAX_LEN ML_MANIFEST_NAME_MAX
 /* Upper bound of bind() calls: per vision layer 12 tensors + 2 gates + 6

@@ -7,9 +7,9 @@
 #ifndef ML_MODEL_LINEAR_H
 #define ML_MODEL_LINEAR_H
 
+#include "checkpoint/weights.h"
 #include "model/lora_internal.h"
 #include "model/mllama.h"
-#include "checkpoint/weights.h"
 
 /* The adapters a Linear's rows see: the groups of rows that share one
  * (n_groups 0: every row is the base model's), counted in token rows, or

@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
 #include "checkpoint/mapped_file.h"
+#include "checkpoint/safetensors.h"
+#include "dtype.h"
 #include "model/lora_internal.h"
 #include "model/model_internal.h"
-#include "checkpoint/safetensors.h"
 #include "model/shard.h"
 
 /* Every PEFT adapter key starts with this (PeftModel.base_model.model). */

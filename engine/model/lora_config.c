@@ -9,9 +9,9 @@
 #include <string.h>
 #include <strings.h>
 
-#include "model/lora.h"
 #include "checkpoint/json_util.h"
 #include "checkpoint/pyregex.h"
+#include "model/lora.h"
 
 /* PEFT's defaults (LoraConfig) for absent fields. */
 #define DEFAULT_RANK 8

@@ -9,11 +9,11 @@
 #ifndef ML_MODEL_INTERNAL_H
 #define ML_MODEL_INTERNAL_H
 
+#include "checkpoint/safetensors.h"
+#include "checkpoint/weights.h"
 #include "model/lora_internal.h"
 #include "model/mllama.h"
-#include "checkpoint/safetensors.h"
 #include "model/shard.h"
-#include "checkpoint/weights.h"
 
 /* Largest text head_dim the RoPE table on the stack allows (published: 128). */
 #define ML_MAX_HEAD_DIM 256

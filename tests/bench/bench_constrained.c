@@ -30,6 +30,7 @@
 
 #include "clock.h"
 #include "grammar/grammar.h"
+#include "cpu/cpu_backend.h"
 #include "harness.h"
 #include "checkpoint/mkmodel.h"
 #include "runtime/runtime.h"

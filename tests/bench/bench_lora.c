@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "dtype.h"
+#include "cpu/cpu_backend.h"
 #include "harness.h"
 #include "model/lora.h"
 #include "checkpoint/mkmodel.h"

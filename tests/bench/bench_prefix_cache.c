@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cpu/cpu_backend.h"
 #include "harness.h"
 #include "checkpoint/mkmodel.h"
 #include "runtime/runtime.h"

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/cpu_backend.h"
 #include "model/mllama.h"
 #include "checkpoint/safetensors.h"
 

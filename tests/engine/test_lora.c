@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "cpu/cpu_backend.h"
 #include "dtype.h"
 #include "harness.h"
 #include "fixture_util.h" /* after harness.h */

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "backend.h"
+#include "cpu/cpu_backend.h"
 #include "harness.h"
 #include "checkpoint/mkmodel.h"
 #include "model/mllama.h"
