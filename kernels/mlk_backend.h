@@ -32,7 +32,8 @@ extern "C" {
 #include "backend.h"
 
 /* A backend on CUDA device `device` owning one device pool of pool_bytes
- * (0 = 90% of the device's free memory) from which alloc, weight and the
+ * (0 = backend.h's ML_PLAN_CUDA_POOL_SHARE_TENTHS of the device's free
+ * memory) from which alloc, weight and the
  * backend's own workspaces (about MLK_WORKSPACE_BYTES, see mlk_internal.cuh)
  * are carved. batch_invariant != 0: every op's result for a row (a token,
  * a sequence) is bit-identical whatever the other rows of the call are
