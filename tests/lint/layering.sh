@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The house's layering rules (README.md "Contributing", Layout) as a test:
-#   - service/ includes no engine header but engine.h (the front door);
+#   - service/ includes no engine header but engine.h (the front door), and
+#     its rooms (its folders, and each file at its top) include only
+#     themselves and the rooms below them, in the order SERVICE_ROOMS
+#     (service/CMakeLists.txt, lowest first);
 #   - kernels/ includes of the engine only backend.h, the interface it implements;
 #   - an engine room includes only itself and the rooms below it, in the order
 #     engine/CMakeLists.txt declares its modules (passed here as ROOMS, lowest
@@ -12,11 +15,11 @@
 #     UNITS below are the exceptions: one piece of code split over files that
 #     call each other, sharing a private header; the check treats each as one
 #     file, so a circle through anything outside it still fails.
-# Usage: layering.sh SOURCE_DIR "ROOM..." [NM OBJECT...]
+# Usage: layering.sh SOURCE_DIR "ENGINE_ROOM..." "SERVICE_ROOM..." [NM OBJECT...]
 # Plain POSIX tools (find, grep, awk, tsort, nm): no compiler, no Python.
 set -euo pipefail
-src=$1 rooms=$2
-shift 2
+src=$1 rooms=$2 svc_rooms=$3
+shift 3
 cd "$src"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -29,7 +32,7 @@ find service engine kernels -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu
 xargs grep -HoE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[^"]+"' < "$tmp/files" \
   > "$tmp/includes" || true
 
-awk -v rooms="$rooms" -v edges="$tmp/include_edges" '
+awk -v rooms="$rooms" -v svc_rooms="$svc_rooms" -v edges="$tmp/include_edges" '
   # A file resolves as the compiler finds it: beside the includer, then the
   # include roots its target is given (service/, engine/ and kernels/CMakeLists.txt).
   function room(p,   a, n) {
@@ -39,6 +42,12 @@ awk -v rooms="$rooms" -v edges="$tmp/include_edges" '
     return a[2]
   }
   function dirname(p) { sub(/\/[^\/]*$/, "", p); return p }
+  # The room of a service file: its folder, or for a file at the top its name.
+  function svc_room(p,   a, n) {
+    n = split(p, a, "/")
+    if (n > 2) return a[2]
+    sub(/\.[ch]$/, "", a[2]); return a[2]
+  }
   function bad(msg) { print "layering: " msg; errors++ }
   FILENAME != "-" { exists[$0] = 1; next }
   {
@@ -60,6 +69,15 @@ awk -v rooms="$rooms" -v edges="$tmp/include_edges" '
     if (rf == "service") {
       if (rt == "kernels" || (t ~ /^engine\// && t != "engine/engine.h"))
         bad(f " includes " t ": service/ sees the engine only through engine.h")
+      if (rt == "service") {
+        sf = svc_room(f); st = svc_room(t)
+        if (sf != st) {
+          if (!(sf in srank)) bad(f ": service room " sf " is not in the room order (" svc_rooms ")")
+          else if (!(st in srank)) bad(t ": service room " st " is not in the room order (" svc_rooms ")")
+          else if (srank[st] > srank[sf])
+            bad(f " includes " t ": service room " sf " sits below " st " (order: " svc_rooms ")")
+        }
+      }
     } else if (rf == "kernels") {
       if (rt == "service" || (t ~ /^engine\// && t != "engine/backend.h"))
         bad(f " includes " t ": kernels/ sees the engine only through backend.h")
@@ -74,7 +92,10 @@ awk -v rooms="$rooms" -v edges="$tmp/include_edges" '
         bad(f " includes " t ": room " rf " sits below " rt " (order: " rooms ")")
     }
   }
-  BEGIN { n = split(rooms, o, " "); for (i = 1; i <= n; i++) rank[o[i]] = i }
+  BEGIN {
+    n = split(rooms, o, " "); for (i = 1; i <= n; i++) rank[o[i]] = i
+    n = split(svc_rooms, o, " "); for (i = 1; i <= n; i++) srank[o[i]] = i
+  }
   END { exit errors > 0 }
 ' "$tmp/files" - < "$tmp/includes" || fail=1
 
