@@ -24,7 +24,7 @@
 #include "proc_util.h"
 
 #include "engine.h"
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 #include "test_rand.h"
 
 #define IMAGE ML_SOURCE_DIR "/tests/golden/fixtures/images/ex_640x480.jpg"
