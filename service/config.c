@@ -33,7 +33,6 @@ extern const char svc_local_config[];
 /* A tenant's max_in_flight by default: runtime.max_running times this. */
 #define TENANT_IN_FLIGHT_PER_SLOT 2
 #define TENANT_IN_FLIGHT_MAX (1 << 20)
-#define IMPLICIT_TENANT "default"
 #define TENANTS_ENV "MLLAMA_TENANTS" /* the "tenants" array as JSON text */
 /* The domain tag of a cache salt, NUL included: sha256(tag || cache_group). */
 static const char cache_salt_tag[] = "mllama.cache";
@@ -467,11 +466,7 @@ static int tenant_defaults(const svc_config *cfg, svc_tenant *t, const char *whe
                  SVC_TENANT_NAME_MAX, t->cache_group);
         return -1;
     }
-    ml_sha256_ctx ctx;
-    ml_sha256_init(&ctx);
-    ml_sha256_update(&ctx, cache_salt_tag, sizeof cache_salt_tag);
-    ml_sha256_update(&ctx, t->cache_group, strlen(t->cache_group));
-    ml_sha256_final(&ctx, t->cache_salt);
+    svc_cache_salt(t->cache_group, t->cache_salt);
     return 0;
 }
 
@@ -522,7 +517,7 @@ static int validate_tenants(svc_config *cfg, char *err, size_t errlen)
         }
         cfg->n_tenants = 1;
         svc_tenant *t = &cfg->tenants[0];
-        snprintf(t->name, sizeof t->name, "%s", IMPLICIT_TENANT);
+        snprintf(t->name, sizeof t->name, "%s", SVC_IMPLICIT_TENANT);
         snprintf(t->request_topic, sizeof t->request_topic, "%s", cfg->kafka.request_topic);
         snprintf(t->cancel_topic, sizeof t->cancel_topic, "%s", cfg->kafka.cancel_topic);
         snprintf(t->reply_topics, sizeof t->reply_topics, "%s", cfg->kafka.reply_topics);
@@ -778,4 +773,13 @@ void svc_config_deinit(svc_config *cfg)
         free((char *)cfg->kafka.props[i].value);
     }
     cfg->kafka.n_props = 0;
+}
+
+void svc_cache_salt(const char *cache_group, uint8_t out[SVC_CACHE_SALT_BYTES])
+{
+    ml_sha256_ctx ctx;
+    ml_sha256_init(&ctx);
+    ml_sha256_update(&ctx, cache_salt_tag, sizeof cache_salt_tag);
+    ml_sha256_update(&ctx, cache_group, strlen(cache_group));
+    ml_sha256_final(&ctx, out);
 }

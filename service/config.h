@@ -21,7 +21,9 @@
 #define SVC_CONFIG_TOPIC 256             /* a topic name's field; validated to 249 bytes */
 #define SVC_PREP_THREADS_MAX 64
 #define SVC_TENANTS_MAX 64
-#define SVC_CACHE_SALT_BYTES 32
+/* The tenant of a configuration without "tenants" (its cache group too). */
+#define SVC_IMPLICIT_TENANT "default"
+#define SVC_CACHE_SALT_BYTES ML_CACHE_SALT_BYTES /* the runtime's request salt */
 /* The names a tenant's reply policy never allows: every tenant's request and
  * cancel topics, kafka.request_topic, kafka.cancel_topic and the DLT. */
 #define SVC_RESERVED_TOPICS_MAX (2 * SVC_TENANTS_MAX + 3)
@@ -129,5 +131,11 @@ void svc_config_deinit(svc_config *cfg);
 /* The tenant whose request topic or cancel topic is `topic`, or NULL.
  * Borrowed from cfg. @locality any thread (cfg is read-only after load). */
 const svc_tenant *svc_config_tenant_by_topic(const svc_config *cfg, const char *topic);
+
+/* A cache group's salt, sha256("mllama.cache\0" || cache_group): the
+ * svc_tenant.cache_salt of the group's tenants, and what a frontend or
+ * `mllama submit` needs to compute its tenant's image keys in Redis
+ * (ml_image_state_key). @locality any thread. */
+void svc_cache_salt(const char *cache_group, uint8_t out[SVC_CACHE_SALT_BYTES]);
 
 #endif

@@ -126,6 +126,10 @@ static svc_error count_inline_pixels(svc_worker *w, job *j, char *msg, size_t ms
  * the job keeps the request's bytes until it ends; a sha256 reference uses
  * the resident state when this worker has it under the request's adapter,
  * else the blob Redis holds.
+ * Every lookup is in the tenant's cache partition: the resident mirror and
+ * the blob are found by ml_image_state_key of the content digest and the
+ * tenant's cache salt (the key the runtime gives the state), never by the
+ * digest itself, so a tenant learns nothing of another group's images.
  * The request's pixel budget is checked from the headers first. */
 static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
 {
@@ -141,13 +145,16 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
         return SVC_ERROR_INTERNAL;
     }
     j->n_images = (int)r->n_images;
+    const uint8_t *salt = j->tenant->cache_salt;
     for (size_t i = 0; i < r->n_images; i++) {
         const svc_image *img = &r->images[i];
         ml_request_image *im = &j->images[i];
+        uint8_t base[ML_IMAGE_KEY_BYTES]; /* the base state's key in the partition */
         svc_error e;
         if (img->kind == SVC_IMAGE_INLINE) {
             ml_sha256(img->bytes, img->n_bytes, im->key);
-            if (!r->adapter && !j->redecode && worker_mirror_contains(w, im->key)) {
+            ml_image_state_key(salt, im->key, NULL, base);
+            if (!r->adapter && !j->redecode && worker_mirror_contains(w, base)) {
                 im->n_tiles = 1; /* the resident state's count wins */
                 im->at_caller = 1; /* an eviction before admission comes back: redecode */
                 j->keep_req = true;
@@ -157,7 +164,10 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
             }
             e = prepare_pixels(w, img->bytes, img->n_bytes, (int)i, im, msg, msglen);
         } else {
+            /* The client's digest is content, whatever it names: the
+             * runtime derives the state keys from it (ml_image_state_key). */
             hex_to_key(img->sha256, im->key);
+            ml_image_state_key(salt, im->key, NULL, base);
             /* Under an adapter the runtime keys the state by (image,
              * adapter) when the adapter changes image states, which only
              * the loaded adapter tells: a resident state under that key
@@ -165,19 +175,24 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
              * fetched, and the base state is relied on only without it. */
             uint8_t adapted[ML_IMAGE_KEY_BYTES];
             if (r->adapter)
-                ml_image_key_for_adapter(im->key, r->adapter, adapted);
-            bool base_resident = worker_mirror_contains(w, im->key);
+                ml_image_state_key(salt, im->key, r->adapter, adapted);
+            bool base_resident = worker_mirror_contains(w, base);
             if (r->adapter ? worker_mirror_contains(w, adapted) : base_resident) {
                 /* No pixels: the runtime uses the resident state and its
                  * tile count. */
                 im->n_tiles = 1;
                 continue;
             }
+            /* Blobs are stored per partition too (service/README.md §3):
+             * under the base state's key, so finding one confirms only an
+             * upload for this tenant's cache group. */
+            char blob_key[ML_SHA256_HEX_SIZE];
+            ml_sha256_hex(base, blob_key);
             uint8_t *blob = NULL;
             size_t n = 0;
             svc_redis_status rs =
-                prep_redis ? svc_redis_blob_get(prep_redis, img->sha256,
-                                                w->limits.max_image_bytes, &blob, &n)
+                prep_redis ? svc_redis_blob_get(prep_redis, blob_key, w->limits.max_image_bytes,
+                                                &blob, &n)
                            : SVC_REDIS_NOT_FOUND;
             if (rs != SVC_REDIS_OK && rs != SVC_REDIS_NOT_FOUND)
                 svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);

@@ -278,6 +278,9 @@ static void submit(svc_worker *w, job *j)
         .adapter = req->adapter,
         .cb = {.on_token = on_token, .on_finish = on_finish, .ctx = j},
     };
+    /* The tenant's cache partition (runtime.h ml_request.cache_salt; the
+     * same size: config.h). */
+    memcpy(r.cache_salt, j->tenant->cache_salt, sizeof r.cache_salt);
     char err[256];
     j->t_submit = svc_now_s();
     ml_status st = ml_runtime_submit(w->rt, &r, &j->handle, err, sizeof err);

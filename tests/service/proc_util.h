@@ -232,9 +232,14 @@ static const char *const pu_worker_defaults[] = {
     "model.threads=1",
 };
 
+/* A configuration file every worker started from now on loads (--config;
+ * what only a file can set, such as "tenants"); NULL: none. */
+extern const char *pu_worker_config;
+
 /* Start `mllama worker` named `name` (its worker_id and log <dir>/<name>.log)
- * with pu_worker_defaults, then the `extra` --set overrides (NULL-terminated,
- * may be NULL; a later setting of a key wins). Waits for worker_started. */
+ * with pu_worker_config, pu_worker_defaults, then the `extra` --set overrides
+ * (NULL-terminated, may be NULL; a later setting of a key wins). Waits for
+ * worker_started. */
 bool pu_worker_start(pu_proc *p, const pu_worker_env *env, const char *name,
                      const char *const *extra);
 
@@ -261,6 +266,12 @@ bool pu_wait_assigned(pu_proc *p, int timeout_ms);
 char *pu_shell(const char *cmd, int *code);
 
 /* ---- request bodies ------------------------------------------------------------- */
+
+/* The Redis key part (<p>:img:<key>, <p>:blob:img:<key>) of the image whose
+ * bytes have sha256 content_hex, in cache group `group`'s partition: the
+ * hex of ml_image_state_key over svc_cache_salt(group), as a frontend
+ * computes it. */
+void pu_image_key(const char *group, const char *content_hex, char out[ML_SHA256_HEX_SIZE]);
 
 /* "data:image/jpeg;base64,..." of bytes (malloc'd). */
 char *pu_data_url(const void *bytes, size_t n);
