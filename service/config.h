@@ -59,6 +59,9 @@ typedef struct svc_config {
         char url[SVC_CONFIG_STR];        /* "" = no Redis */
         char prefix[128];
         int timeout_ms, heartbeat_s, ttl_s;
+        int call_timeout_ms;             /* a whole Redis call, connect included */
+        int attempts_ttl_s;              /* per-request-id attempt counters */
+        int offset_attempts_ttl_s;       /* per-offset (poison-message) counters */
     } redis;
     struct {
         long max_request_bytes, max_image_bytes, max_image_pixels;
@@ -74,6 +77,7 @@ typedef struct svc_config {
     } limits;
     struct {
         int prep_threads;                /* threads preparing requests (parse, decode, template) */
+        int stall_ms;                    /* a prep thread busy this long fails /healthz */
     } worker;
     struct {
         char listen[256];

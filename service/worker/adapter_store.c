@@ -139,15 +139,23 @@ static svc_error redis_failed(const char *name, svc_redis_status rs, char *msg, 
     return SVC_ERROR_ADAPTER_UNAVAILABLE;
 }
 
-static svc_error too_large(svc_adapter_store *s, const char *name, size_t config_len,
-                           size_t weights_len, char *msg, size_t msglen)
+static svc_error too_large(svc_adapter_store *s, const char *name, char *msg, size_t msglen)
 {
-    svc_errf(msg, msglen,
-             "adapter '%s' in Redis is %zu bytes (config %zu + weights %zu), over "
-             "limits.max_adapter_bytes (%zu)",
-             name, config_len + weights_len, config_len, weights_len, s->max_bytes);
+    svc_errf(msg, msglen, "adapter '%s' in Redis is over limits.max_adapter_bytes (%zu)", name,
+             s->max_bytes);
     failure_remember(s, name, SVC_ERROR_ADAPTER_TOO_LARGE, msg);
     return SVC_ERROR_ADAPTER_TOO_LARGE;
+}
+
+/* The adapter Redis holds cannot be served (why): the log says why, the
+ * client only that it is refused; remembered for name. */
+static svc_error refused(svc_adapter_store *s, const char *name, const char *why, char *msg,
+                         size_t msglen)
+{
+    svc_log(SVC_LOG_ERROR, "adapter_refused", "adapter %s from Redis refused: %s", name, why);
+    svc_errf(msg, msglen, "adapter '%s' is refused by this worker", name);
+    failure_remember(s, name, SVC_ERROR_ADAPTER_UNAVAILABLE, msg);
+    return SVC_ERROR_ADAPTER_UNAVAILABLE;
 }
 
 /* ---- The store ----------------------------------------------------------- */
@@ -190,17 +198,6 @@ svc_error svc_adapter_store_ensure(svc_adapter_store *s, svc_redis *r, const cha
         return SVC_ERROR_UNKNOWN_ADAPTER;
     }
 
-    size_t config_len, weights_len;
-    svc_redis_status rs = svc_redis_adapter_stat(r, name, &config_len, &weights_len);
-    if (rs == SVC_REDIS_NOT_FOUND) {
-        svc_errf(msg, msglen, "adapter '%s' is neither in %s nor in Redis", name, s->dir);
-        return SVC_ERROR_UNKNOWN_ADAPTER;
-    }
-    if (rs != SVC_REDIS_OK)
-        return redis_failed(name, rs, msg, msglen);
-    if (config_len + weights_len > s->max_bytes)
-        return too_large(s, name, config_len, weights_len, msg, msglen);
-
     /* Writable before anything moves: a misconfigured volume costs no
      * transfer. */
     if (mkdir(s->dir, 0755) != 0 && errno != EEXIST)
@@ -211,18 +208,26 @@ svc_error svc_adapter_store_ensure(svc_adapter_store *s, svc_redis *r, const cha
 
     svc_redis_adapter a;
     svc_metrics_add(SVC_COUNTER_ADAPTER_FETCHES, 1);
-    rs = svc_redis_adapter_get(r, name, s->max_bytes, &a);
+    svc_redis_status rs = svc_redis_adapter_get(r, name, s->max_bytes, &a);
     if (rs != SVC_REDIS_OK) {
         staging_remove(staging);
         if (rs == SVC_REDIS_NOT_FOUND) {
-            svc_errf(msg, msglen, "adapter '%s' was deleted from Redis while being fetched",
-                     name);
+            svc_errf(msg, msglen, "adapter '%s' is unknown", name);
             return SVC_ERROR_UNKNOWN_ADAPTER;
         }
-        return rs == SVC_REDIS_ERR_TOO_LARGE ? too_large(s, name, config_len, weights_len, msg,
-                                                         msglen)
+        return rs == SVC_REDIS_ERR_TOO_LARGE ? too_large(s, name, msg, msglen)
                                              : redis_failed(name, rs, msg, msglen);
     }
+    char digest[SVC_SHA256_HEX_LEN + 1];
+    svc_redis_adapter_digest(a.config, a.config_len, a.weights, a.weights_len, digest);
+    if (strcmp(digest, a.sha256)) {
+        svc_redis_adapter_deinit(&a);
+        staging_remove(staging);
+        return refused(s, name, a.sha256[0] ? "its bytes do not hash to its sha256 field"
+                                            : "it has no sha256 field (unpinned)",
+                       msg, msglen);
+    }
+    size_t total = a.config_len + a.weights_len;
     /* Both files, then the rename: the directory appears whole or not at
      * all (the config is written last all the same, as a copy by hand
      * should be: the resolver takes its presence for completeness). */
@@ -243,6 +248,6 @@ svc_error svc_adapter_store_ensure(svc_adapter_store *s, svc_redis *r, const cha
         return store_failed(s, name, "rename a copy to", final, err, msg, msglen);
     }
     svc_log(SVC_LOG_INFO, "adapter_fetched", "adapter %s (%zu bytes) from Redis into %s", name,
-            config_len + weights_len, final);
+            total, final);
     return SVC_ERROR_NONE;
 }

@@ -475,7 +475,10 @@ static int connect_redis(svc_worker *w, char *err, size_t errlen)
     rc.prefix = c->redis.prefix;
     rc.worker_id = c->worker_id;
     rc.connect_timeout_ms = rc.command_timeout_ms = c->redis.timeout_ms;
+    rc.call_timeout_ms = c->redis.call_timeout_ms;
     rc.worker_ttl_s = c->redis.ttl_s;
+    rc.attempts_ttl_s = c->redis.attempts_ttl_s;
+    rc.offset_attempts_ttl_s = c->redis.offset_attempts_ttl_s;
     if (svc_redis_create(&rc, &w->redis_index, err, errlen) != SVC_REDIS_OK)
         return -1;
     for (int i = 0; i < w->n_prep; i++)
@@ -544,6 +547,9 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     for (int i = 0; i < w->n_prep; i++)
         w->prep[i].w = w;
     w->health.watchdog_ms = WATCHDOG_MS;
+    _Static_assert(SVC_PREP_THREADS_MAX <= SVC_HEALTH_WATCH_MAX, "every prep thread is watched");
+    w->health.n_watch = w->n_prep;
+    w->health.stall_ms = w->cfg.worker.stall_ms;
     atomic_store(&w->health.kafka_heartbeat_ms, svc_now_ms());
     atomic_store(&w->health.step_heartbeat_ms, svc_now_ms());
 
