@@ -618,7 +618,7 @@ static void accept_message(svc_worker *w, svc_kafka_msg *m)
     j->stream = true;
     atomic_init(&j->refs, 1);
     for (int k = 0; k < JOB_RECORD_KINDS; k++)
-        j->records[k] = (job_record){j, (job_record_kind)k};
+        j->records[k] = (job_record){.j = j, .kind = (job_record_kind)k};
     ml_token_buf_init(&j->prompt);
     svc_buf_init(&j->text);
     atomic_fetch_add(&w->inflight, 1);

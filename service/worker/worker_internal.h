@@ -49,6 +49,10 @@ typedef enum job_record_kind {
 typedef struct job_record {
     struct job *j; /* borrowed: the job the record is for */
     job_record_kind kind;
+    /* The worker's produce number (svc_worker.produced) of the last record
+     * of this kind queued: exact for a final or a dead letter, the latest
+     * chunk's for chunks (worker_on_delivery). */
+    atomic_uint_least64_t produced;
 } job_record;
 
 /* One consumed request from hand-off to the delivery of its last record.
@@ -215,6 +219,15 @@ struct svc_worker {
     svc_consumer *cancels;      /* cancel topic, a group of its own: sees every cancel */
     svc_producer *producer;
     atomic_int inflight;        /* jobs consumed and not yet fully delivered */
+    atomic_uint_least64_t produced; /* records queued so far: numbers job_record.produced */
+    /* Kafka thread: the highest produce numbers of acknowledged finals and
+     * dead letters, for two different topics (acked[0] the highest), which
+     * tell a reply topic that stopped taking records from a cluster that
+     * lost them all (worker_on_delivery). */
+    struct {
+        uint64_t produced;
+        char topic[SVC_TOPIC_NAME_MAX + 1];
+    } acked[2];
     svc_topic_policy reply_policy; /* kafka.reply_topics; reserved: reply_reserved */
     const char *reply_reserved[SVC_REPLY_RESERVED]; /* borrowed from cfg */
     pthread_mutex_t failure_lock;  /* jobs' reply_why */

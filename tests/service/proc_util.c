@@ -350,20 +350,31 @@ bool pu_redis_start(pu_redis *r, const char *dir, int port)
     return false;
 }
 
-/* Serve one connection of the trickling Redis (pu_trickle). */
-static void trickle_serve(pu_trickle *t, int fd)
+typedef struct trickle_conn {
+    pu_trickle *t;
+    int fd;
+} trickle_conn;
+
+/* Serve one connection of the trickling Redis (pu_trickle), on a thread of
+ * its own. */
+static void *trickle_serve(void *arg)
 {
+    trickle_conn *tc = arg;
+    pu_trickle *t = tc->t;
     static const char reply[] = "$1048576\r\n";
     char buf[256];
-    (void)!read(fd, buf, sizeof buf); /* the command: whatever it is */
+    (void)!read(tc->fd, buf, sizeof buf); /* the command: whatever it is */
     for (int64_t t0 = pu_now_ms(), i = 0; !atomic_load(&t->stop) &&
                                           pu_now_ms() - t0 < PU_TRICKLE_FOR_MS; i++) {
         char c = i < (int64_t)sizeof reply - 1 ? reply[i] : 'x';
-        if (send(fd, &c, 1, MSG_NOSIGNAL) != 1)
+        if (send(tc->fd, &c, 1, MSG_NOSIGNAL) != 1)
             break; /* the client gave up */
         pu_sleep_ms(PU_TRICKLE_BYTE_MS);
     }
-    close(fd);
+    close(tc->fd);
+    free(tc);
+    atomic_fetch_sub(&t->serving, 1);
+    return NULL;
 }
 
 static void *trickle_main(void *arg)
@@ -371,10 +382,25 @@ static void *trickle_main(void *arg)
     pu_trickle *t = arg;
     while (!atomic_load(&t->stop)) {
         struct pollfd p = {.fd = t->listen_fd, .events = POLLIN};
-        if (poll(&p, 1, PU_POLL_MS) == 1) {
-            int fd = accept(t->listen_fd, NULL, NULL);
+        if (poll(&p, 1, PU_POLL_MS) != 1)
+            continue;
+        trickle_conn *tc = malloc(sizeof *tc);
+        int fd = accept(t->listen_fd, NULL, NULL);
+        pthread_t th;
+        if (!tc || fd < 0) {
+            free(tc);
             if (fd >= 0)
-                trickle_serve(t, fd);
+                close(fd);
+            continue;
+        }
+        *tc = (trickle_conn){t, fd};
+        atomic_fetch_add(&t->serving, 1);
+        if (pthread_create(&th, NULL, trickle_serve, tc) == 0) {
+            pthread_detach(th);
+        } else {
+            atomic_fetch_sub(&t->serving, 1);
+            close(fd);
+            free(tc);
         }
     }
     return NULL;
@@ -398,6 +424,8 @@ void pu_trickle_stop(pu_trickle *t)
 {
     atomic_store(&t->stop, true);
     pthread_join(t->thread, NULL);
+    while (atomic_load(&t->serving) > 0)
+        pu_sleep_ms(PU_TRICKLE_BYTE_MS);
     close(t->listen_fd);
 }
 

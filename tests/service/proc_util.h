@@ -187,14 +187,15 @@ bool pu_redis_start(pu_redis *r, const char *dir, int port);
  * command with the start of a long bulk string, one byte per
  * PU_TRICKLE_BYTE_MS, for PU_TRICKLE_FOR_MS per connection, then hangs up.
  * Each read of a client then gets a byte within any timeout of its own, so
- * only a total deadline ends a call before the server does. It runs on its
- * own thread (one connection at a time: a second waits its turn). */
+ * only a total deadline ends a call before the server does. It accepts on a
+ * thread of its own and serves each connection on another. */
 #define PU_TRICKLE_BYTE_MS 20
 #define PU_TRICKLE_FOR_MS 20000
 typedef struct pu_trickle {
     int listen_fd, port;
     pthread_t thread;
     atomic_bool stop;
+    atomic_int serving; /* connections being served */
     char url[64]; /* redis://127.0.0.1:<port>/0 */
 } pu_trickle;
 bool pu_trickle_start(pu_trickle *t);
