@@ -82,6 +82,7 @@ static const field fields[] = {
     INT("redis", "attempts_ttl_s", redis.attempts_ttl_s, 60, 7 * 86400),
     INT("redis", "offset_attempts_ttl_s", redis.offset_attempts_ttl_s, 60, 86400),
     INT("worker", "stall_ms", worker.stall_ms, 100, 3600 * 1000),
+    LONG("limits", "adapters_dir_bytes", limits.adapters_dir_bytes, 1L << 20, 1L << 40),
     LONG("limits", "max_request_bytes", limits.max_request_bytes, 1024, 1L << 31),
     LONG("limits", "max_image_bytes", limits.max_image_bytes, 1024, 1L << 31),
     LONG("limits", "max_image_pixels", limits.max_image_pixels, 1, 1L << 32),

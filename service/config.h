@@ -68,6 +68,7 @@ typedef struct svc_config {
         long max_request_pixels;         /* decoded pixels of all of a request's images */
         long max_reply_bytes;            /* one reply record; a dead letter's value */
         long max_adapter_bytes;          /* a Redis-held adapter's two files together */
+        long adapters_dir_bytes;         /* every copy of a Redis-held adapter together */
         long max_schema_bytes;           /* response_format json_schema: the compact schema text */
         long max_schema_states;          /* automaton states one compilation may build */
         int max_schema_compile_ms;       /* wall time of one compilation */

@@ -205,6 +205,12 @@ typedef struct svc_redis_adapter {
 void svc_redis_adapter_digest(const void *config, size_t config_len, const void *weights,
                               size_t weights_len, char hex[SVC_SHA256_HEX_LEN + 1]);
 
+/* The sha256 field of <p>:adapter:<name> (HGET: nothing else moves), into
+ * hex. NOT_FOUND when the adapter is missing, or its digest (missing, or
+ * not 64 lower-case hex digits): an adapter without one is not served. */
+svc_redis_status svc_redis_adapter_sha256(svc_redis *r, const char *name,
+                                          char hex[SVC_SHA256_HEX_LEN + 1]);
+
 /* Fetch <p>:adapter:<name> in one round trip: a script reads both fields'
  * sizes and returns the bytes only when they fit max_bytes together. OK
  * fills *out (sha256 as stored: the caller checks it against

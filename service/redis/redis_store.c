@@ -83,6 +83,9 @@ svc_redis_status svc_redis_blob_put(svc_redis *r, const char *sha256, const void
     return svc_redis_call_end(r, st);
 }
 
+static svc_redis_status hget(svc_redis *r, const char *key, const char *field, char *out,
+                             size_t n);
+
 /* ---- Adapters ----------------------------------------------------------- */
 
 static bool adapter_key(const svc_redis *r, const char *name, char key[KEY_MAX])
@@ -194,6 +197,25 @@ svc_redis_status svc_redis_adapter_get(svc_redis *r, const char *name, size_t ma
     if (st != SVC_REDIS_OK)
         svc_redis_adapter_deinit(out);
     return st;
+}
+
+svc_redis_status svc_redis_adapter_sha256(svc_redis *r, const char *name,
+                                          char hex[SVC_SHA256_HEX_LEN + 1])
+{
+    hex[0] = '\0';
+    char key[KEY_MAX];
+    if (!adapter_key(r, name, key))
+        return SVC_REDIS_ERR_INVALID;
+    svc_redis_status st = svc_redis_call_begin(r);
+    if (st != SVC_REDIS_OK)
+        return st;
+    char v[SVC_SHA256_HEX_LEN + 2]; /* one more: a longer value is refused */
+    st = hget(r, key, "sha256", v, sizeof v);
+    if (st == SVC_REDIS_OK && !svc_valid_sha256(v, strlen(v)))
+        st = SVC_REDIS_NOT_FOUND; /* not a digest: as good as none */
+    if (st == SVC_REDIS_OK)
+        memcpy(hex, v, SVC_SHA256_HEX_LEN + 1);
+    return svc_redis_call_end(r, st);
 }
 
 svc_redis_status svc_redis_adapter_put(svc_redis *r, const char *name, const void *config,

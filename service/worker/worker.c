@@ -532,8 +532,6 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
         return NULL;
     }
     svc_config_reply_policy(&w->cfg, w->reply_reserved, &w->reply_policy);
-    svc_adapter_store_init(&w->adapters, w->cfg.model.adapters_dir,
-                           (size_t)w->cfg.limits.max_adapter_bytes);
     /* Start time in ms: numbers of uncounted attempts differ across processes. */
     atomic_store(&w->next_uncounted, (uint32_t)svc_wall_ms());
     w->prep = calloc((size_t)w->cfg.worker.prep_threads, sizeof *w->prep);
@@ -564,6 +562,13 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
         svc_worker_destroy(w);
         return NULL;
     }
+    /* Adapters from Redis are checked against the loaded model. */
+    svc_adapter_store_config ac = {.dir = w->cfg.model.adapters_dir,
+                                   .max_bytes = (size_t)w->cfg.limits.max_adapter_bytes,
+                                   .dir_max_bytes = (size_t)w->cfg.limits.adapters_dir_bytes,
+                                   .model = ml_model_config(w->model),
+                                   .max_rank = w->cfg.runtime.max_adapter_rank};
+    svc_adapter_store_init(&w->adapters, &ac);
     svc_metrics_set_info(MLLAMA_VERSION, ml_engine_backend_name(w->engine), w->model_name,
                          w->fingerprint, ml_row_mask_mode_name(w->cfg.model.row_mask));
     if (connect_redis(w, err, errlen) || connect_kafka(w, err, errlen)) {

@@ -85,6 +85,9 @@ typedef struct job {
     svc_error dlt_code;         /* the dead letter's code, counted once it is delivered */
     bool cancel_sent;           /* step thread: ml_runtime_cancel was called on handle */
     svc_request *req;           /* owned until submitted */
+    /* The name the runtime knows req's adapter by (adapter_store.h): prep
+     * points req->adapter here. */
+    char adapter_ref[SVC_ADAPTER_REF_MAX];
     svc_kafka_msg msg;          /* owned by its prep thread until parsed */
     /* What the step thread submits. */
     ml_token_buf prompt;

@@ -261,12 +261,18 @@ static svc_error build_prompt(svc_worker *w, job *j, char *msg, size_t msglen)
 }
 
 /* Make the request's adapter available locally (adapter_store.h), through
- * this prep thread's Redis connection. */
-static svc_error ensure_adapter(svc_worker *w, const char *name, char *msg, size_t msglen)
+ * this prep thread's Redis connection, and have the request name it as the
+ * runtime knows it: a copy from Redis by its content, so the runtime's
+ * adapter slots and the image states made under it follow a republished
+ * adapter. Before the images: their keys under an adapter take its name. */
+static svc_error ensure_adapter(svc_worker *w, job *j, char *msg, size_t msglen)
 {
     svc_watch_begin(prep_watch, "adapter fetch");
-    svc_error e = svc_adapter_store_ensure(&w->adapters, prep_redis, name, msg, msglen);
+    svc_error e = svc_adapter_store_ensure(&w->adapters, prep_redis, j->req->adapter,
+                                           j->adapter_ref, msg, msglen);
     svc_watch_begin(prep_watch, "prepare");
+    if (e == SVC_ERROR_NONE)
+        j->req->adapter = j->adapter_ref;
     return e;
 }
 
@@ -474,7 +480,7 @@ static void prepare(svc_worker *w, job *j)
         return;
     }
     if ((j->req->adapter &&
-         (code = ensure_adapter(w, j->req->adapter, msg, sizeof msg)) != SVC_ERROR_NONE) ||
+         (code = ensure_adapter(w, j, msg, sizeof msg)) != SVC_ERROR_NONE) ||
         /* The schema before the images: a refused one costs no decoding. */
         (code = prepare_schema(w, j, msg, sizeof msg)) != SVC_ERROR_NONE ||
         (code = prepare_images(w, j, msg, sizeof msg)) != SVC_ERROR_NONE ||
