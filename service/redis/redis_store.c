@@ -179,7 +179,9 @@ svc_redis_status svc_redis_adapter_get(svc_redis *r, const char *name, size_t ma
         return st;
     svc_redis_fmt_u64(s.n[0], max_bytes);
     svc_redis_cmd c = {0};
-    svc_redis_arg_str(&c, "EVAL");
+    /* EVAL_RO (Redis 7): a read-only script, so the worker's read-only
+     * permission on adapter keys (ops/redis/users.acl) admits it. */
+    svc_redis_arg_str(&c, "EVAL_RO");
     svc_redis_arg(&c, adapter_get_lua, sizeof adapter_get_lua - 1);
     svc_redis_arg_str(&c, "1");
     svc_redis_arg_str(&c, s.key);

@@ -373,10 +373,10 @@ static void test_blobs_adapters_attempts(svc_redis *r)
     free(out);
     /* One round trip, one script; over the cap its bytes are never read
      * (commandstats counts the script's own commands too). */
-    long evals = command_calls("eval"), hmgets = command_calls("hmget");
+    long evals = command_calls("eval_ro"), hmgets = command_calls("hmget");
     check(svc_redis_adapter_get(r, "a1", 10, &ad) == SVC_REDIS_ERR_TOO_LARGE, "over the cap");
-    check(command_calls("eval") == evals + 1 && command_calls("hmget") == hmgets,
-          "one EVAL per fetch, no HMGET over the cap");
+    check(command_calls("eval_ro") == evals + 1 && command_calls("hmget") == hmgets,
+          "one EVAL_RO per fetch, no HMGET over the cap");
     check(svc_redis_adapter_get(r, "nope", 1024, &ad) == SVC_REDIS_NOT_FOUND, "adapter missing");
     redisReply *rep = probe_cmd("HSET " PREFIX ":adapter:half config x");
     freeReplyObject(rep);

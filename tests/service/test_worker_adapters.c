@@ -194,17 +194,17 @@ static void test_unwritable_dir(void)
     snprintf(adapters, sizeof adapters, "%s/adapters", file);
     check(start_worker("w1", adapters), "w1 start");
 
-    long eval0 = redis_calls("eval");
+    long eval0 = redis_calls("eval_ro");
     expect_error("unwritable-1", "tweak-text", "adapter_unavailable", "cannot be stored");
     check(metric("mllama_adapter_store_errors_total") == 1, "store errors: %g",
           metric("mllama_adapter_store_errors_total"));
-    check(redis_calls("eval") == eval0, "the adapter was fetched for an unwritable dir");
+    check(redis_calls("eval_ro") == eval0, "the adapter was fetched for an unwritable dir");
     check(pu_file_count(worker.log, "\"adapter_store_failed\"") == 1,
           "the failure is not logged once as adapter_store_failed");
 
     long hget0 = redis_calls("hget");
     expect_error("unwritable-2", "tweak-text", "adapter_unavailable", "remembered");
-    check(redis_calls("hget") == hget0 && redis_calls("eval") == eval0,
+    check(redis_calls("hget") == hget0 && redis_calls("eval_ro") == eval0,
           "the second request went to Redis (hget %ld -> %ld)", hget0, redis_calls("hget"));
     check(metric("mllama_adapter_store_errors_total") == 1, "store errors: %g",
           metric("mllama_adapter_store_errors_total"));
@@ -261,11 +261,11 @@ static void test_image_under_adapter(void)
 
     /* Bytes that do not load are refused before they are kept: the client
      * gets a generic message (no path), the log the reason; remembered. */
-    long eval0 = redis_calls("eval");
+    long eval0 = redis_calls("eval_ro");
     expect_error("junk-1", "junk", "adapter_unavailable", "cannot be served by this worker");
     check(pu_file_count(worker.log, "\"adapter_refused\"") == 1, "junk: not logged");
     expect_error("junk-2", "junk", "adapter_unavailable", "remembered");
-    check(redis_calls("eval") == eval0 + 1, "junk fetched %ld times", redis_calls("eval") - eval0);
+    check(redis_calls("eval_ro") == eval0 + 1, "junk fetched %ld times", redis_calls("eval_ro") - eval0);
     char kept[2 * PU_PATH_MAX];
     snprintf(kept, sizeof kept, "%s/junk", adapters);
     check(access(kept, F_OK) != 0, "junk was kept");

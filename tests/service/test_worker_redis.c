@@ -23,6 +23,8 @@
  * Skipped (77) without redis-server. */
 #include "proc_util.h"
 
+#include "redis/redis.h"
+
 #define STUCK_TOPIC PU_REPLIES ".stuck"
 #define TOPICS PU_REQUESTS ":2," PU_REPLIES ":2," STUCK_TOPIC ":1," PU_DLT ":1," PU_CANCEL ":1"
 #define ANSWER_MS 30000
@@ -170,6 +172,47 @@ static void test_roles(void)
     freeReplyObject(r);
 }
 
+/* Every call of the Redis client as the worker role, and the two it must
+ * not make. */
+static void test_worker_role(void)
+{
+    svc_redis_config cfg;
+    svc_redis_config_default(&cfg);
+    cfg.url = worker_url;
+    cfg.prefix = "mllama";
+    cfg.worker_id = "w-role";
+    svc_redis *r = NULL;
+    char err[160];
+    check(svc_redis_create(&cfg, &r, err, sizeof err) == SVC_REDIS_OK, "create: %s", err);
+    static const char sha[] = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    static const svc_redis_worker_info info = {.partitions = PU_REQUESTS ":0,1"};
+    uint32_t n;
+    uint8_t *blob = NULL;
+    size_t len;
+    char parts[64], digest[SVC_SHA256_HEX_LEN + 1];
+    svc_redis_adapter a;
+    check(svc_redis_img_insert(r, sha, 100, 1, 1) == SVC_REDIS_OK, "worker: index insert");
+    check(svc_redis_heartbeat(r, &info, 2) == SVC_REDIS_OK, "worker: heartbeat");
+    check(svc_redis_route(r, sha, parts, sizeof parts) == SVC_REDIS_OK, "worker: route");
+    check(svc_redis_img_evict(r, sha) == SVC_REDIS_OK, "worker: index delete (script)");
+    check(svc_redis_attempt_incr(r, PU_REQUESTS, 0, 7, &n) == SVC_REDIS_OK && n == 1,
+          "worker: offset counter");
+    check(svc_redis_request_attempt_incr(r, "default", "role-1", &n) == SVC_REDIS_OK && n == 1,
+          "worker: request counter");
+    check(svc_redis_blob_get(r, sha, 16, &blob, &len) == SVC_REDIS_OK && len == 1,
+          "worker: blob read");
+    free(blob);
+    check(svc_redis_adapter_sha256(r, "a", digest) == SVC_REDIS_NOT_FOUND,
+          "worker: adapter digest read (none stored)");
+    check(svc_redis_adapter_get(r, "a", 1024, &a) == SVC_REDIS_NOT_FOUND,
+          "worker: adapter read (weights missing)");
+    check(svc_redis_adapter_put(r, "a", "{}", 2, "w", 1) == SVC_REDIS_ERR_REPLY,
+          "worker: adapter write refused");
+    check(svc_redis_blob_put(r, sha, "z", 1, 60) == SVC_REDIS_ERR_REPLY,
+          "worker: blob write refused");
+    svc_redis_destroy(r);
+}
+
 /* ---- requests --------------------------------------------------------------------- */
 
 static bool start_worker(const char *name, const char *url, const char *const *more)
@@ -252,14 +295,19 @@ static void send_junk(void)
 static void test_acl_worker(void)
 {
     test_roles();
+    test_worker_role();
     /* Room for the junk in flight (backpressure pauses at twice
      * runtime.max_running unfinished records). */
     const char *more[] = {"runtime.max_running=512", NULL};
     check(start_worker("w-acl", worker_url, more), "worker as mllama-worker");
     expect_answered("acl-1");
-    redisReply *r = as_user("test-admin", ADMIN_PW, "KEYS mllama:request_attempts:*");
-    check(r && r->type == REDIS_REPLY_ARRAY && r->elements == 1,
-          "the request's counter, by hash, written by the worker role");
+    uint8_t d[ML_SHA256_DIGEST_SIZE];
+    char hex[ML_SHA256_HEX_SIZE];
+    ml_sha256("default\0acl-1", sizeof "default\0acl-1" - 1, d);
+    ml_sha256_hex(d, hex);
+    redisReply *r = as_user("test-admin", ADMIN_PW, "GET mllama:request_attempts:%s", hex);
+    check(r && r->type == REDIS_REPLY_STRING && !strcmp(r->str, "1"),
+          "the request's counter, by sha256(tenant NUL id), written by the worker role");
     freeReplyObject(r);
 
     long long before = dbsize();
