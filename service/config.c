@@ -27,6 +27,15 @@ extern const char svc_local_config[];
 #define SCHEMA_BYTES_MAX (64L << 20)
 /* limits.schema_cache_entries at most: lookups scan the entries. */
 #define SCHEMA_CACHE_ENTRIES_MAX 4096
+/* A tenant's weight at most: shares are ratios of small numbers. */
+#define TENANT_WEIGHT_MAX 10000
+#define TENANT_WEIGHT_DEFAULT 1
+/* A tenant's max_in_flight by default: runtime.max_running times this. */
+#define TENANT_IN_FLIGHT_PER_SLOT 2
+#define TENANT_IN_FLIGHT_MAX (1 << 20)
+#define TENANTS_ENV "MLLAMA_TENANTS" /* the "tenants" array as JSON text */
+/* The domain tag of a cache salt, NUL included: sha256(tag || cache_group). */
+static const char cache_salt_tag[] = "mllama.cache";
 
 typedef enum field_type { FIELD_STR, FIELD_INT, FIELD_LONG, FIELD_BOOL } field_type;
 
@@ -205,6 +214,125 @@ static const field *find_field(const char *section, const char *key)
     return NULL;
 }
 
+/* ---- tenants ------------------------------------------------------------------ */
+
+/* A string member `key` of tenant object o into dst (size n); absent leaves
+ * dst as it is (empty: the default). */
+static int tenant_str(const cJSON *o, const char *key, char *dst, size_t n, const char *where,
+                      char *err, size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v)
+        return 0;
+    if (!cJSON_IsString(v) || strlen(v->valuestring) >= n) {
+        svc_errf(err, errlen, "%s.%s: expected a string of at most %zu bytes", where, key, n - 1);
+        return -1;
+    }
+    memcpy(dst, v->valuestring, strlen(v->valuestring) + 1);
+    return 0;
+}
+
+/* An integer member `key` in [lo, hi]; absent leaves *dst (0: the default). */
+static int tenant_int(const cJSON *o, const char *key, int *dst, int lo, int hi,
+                      const char *where, char *err, size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v)
+        return 0;
+    /* The range first: converting a double beyond int is undefined. */
+    if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble > hi ||
+        v->valuedouble != (double)(int)v->valuedouble) {
+        svc_errf(err, errlen, "%s.%s: expected an integer in [%d, %d]", where, key, lo, hi);
+        return -1;
+    }
+    *dst = (int)v->valuedouble;
+    return 0;
+}
+
+/* The "tenants" array of a config document, replacing any earlier one.
+ * Defaults are applied at validation, once every source is read. */
+static int set_tenants(svc_config *cfg, const cJSON *arr, const char *name, char *err,
+                       size_t errlen)
+{
+    static const char *const keys[] = {"name",   "request_topic", "cancel_topic", "reply_topics",
+                                       "weight", "max_in_flight", "cache_group"};
+    int n = cJSON_GetArraySize(arr);
+    if (!cJSON_IsArray(arr) || n < 1 || n > SVC_TENANTS_MAX) {
+        svc_errf(err, errlen, "%s: tenants: expected an array of 1 to %d tenant objects", name,
+                 SVC_TENANTS_MAX);
+        return -1;
+    }
+    svc_tenant *t = calloc((size_t)n, sizeof *t);
+    if (!t) {
+        svc_errf(err, errlen, "config: out of memory");
+        return -1;
+    }
+    char where[300];
+    int i = 0, rc = 0;
+    const cJSON *o;
+    cJSON_ArrayForEach(o, arr)
+    {
+        snprintf(where, sizeof where, "%s: tenants[%d]", name, i);
+        if (!cJSON_IsObject(o)) {
+            svc_errf(err, errlen, "%s: expected an object", where);
+            rc = -1;
+            break;
+        }
+        const cJSON *kv;
+        cJSON_ArrayForEach(kv, o)
+        {
+            size_t k = 0;
+            while (k < sizeof keys / sizeof keys[0] && strcmp(keys[k], kv->string))
+                k++;
+            if (k == sizeof keys / sizeof keys[0]) {
+                svc_errf(err, errlen, "%s.%s: unknown key", where, kv->string);
+                rc = -1;
+                break;
+            }
+        }
+        svc_tenant *x = &t[i++];
+        if (rc || tenant_str(o, "name", x->name, sizeof x->name, where, err, errlen) ||
+            tenant_str(o, "request_topic", x->request_topic, sizeof x->request_topic, where, err,
+                       errlen) ||
+            tenant_str(o, "cancel_topic", x->cancel_topic, sizeof x->cancel_topic, where, err,
+                       errlen) ||
+            tenant_str(o, "reply_topics", x->reply_topics, sizeof x->reply_topics, where, err,
+                       errlen) ||
+            tenant_str(o, "cache_group", x->cache_group, sizeof x->cache_group, where, err,
+                       errlen) ||
+            tenant_int(o, "weight", &x->weight, 1, TENANT_WEIGHT_MAX, where, err, errlen) ||
+            tenant_int(o, "max_in_flight", &x->max_in_flight, 1, TENANT_IN_FLIGHT_MAX, where, err,
+                       errlen)) {
+            rc = -1;
+            break;
+        }
+        if (!svc_valid_tenant_name(x->name, strlen(x->name))) {
+            svc_errf(err, errlen, "%s.name: expected [a-z0-9_-]{1,%d}, got '%s'", where,
+                     SVC_TENANT_NAME_MAX, x->name);
+            rc = -1;
+            break;
+        }
+    }
+    if (rc) {
+        free(t);
+        return -1;
+    }
+    free(cfg->tenants);
+    cfg->tenants = t;
+    cfg->n_tenants = (size_t)n;
+    return 0;
+}
+
+/* "tenants" from text (the environment, --set): a JSON array as in a file. */
+static int set_tenants_text(svc_config *cfg, const char *text, const char *where, char *err,
+                            size_t errlen)
+{
+    cJSON *arr = cJSON_Parse(text);
+    int rc = set_tenants(cfg, arr, where, err, errlen);
+    cJSON_Delete(arr);
+    return rc;
+}
+
 /* Apply a whole JSON document. Unknown keys are errors: a typo must not
  * silently fall back to a default. */
 static int apply_json(svc_config *cfg, const char *text, size_t len, const char *name,
@@ -223,6 +351,10 @@ static int apply_json(svc_config *cfg, const char *text, size_t len, const char 
     {
         if (rc)
             break;
+        if (!strcmp(item->string, "tenants")) {
+            rc = set_tenants(cfg, item, name, err, errlen);
+            continue;
+        }
         if (!cJSON_IsObject(item)) {
             const field *f = find_field(NULL, item->string);
             snprintf(where, sizeof where, "%s: %s", name, item->string);
@@ -271,26 +403,196 @@ static void env_name(const field *f, char *out, size_t n)
         *p = (char)toupper((unsigned char)*p);
 }
 
-void svc_config_reply_policy(const svc_config *cfg, const char *reserved[SVC_REPLY_RESERVED],
-                             svc_topic_policy *p)
+/* `<base>.<name>` into dst (size n); false when it does not fit. */
+static bool derive_topic(char *dst, size_t n, const char *base, const char *name)
 {
-    reserved[0] = cfg->kafka.request_topic;
-    reserved[1] = cfg->kafka.cancel_topic;
-    reserved[2] = cfg->kafka.dlt_topic;
-    *p = (svc_topic_policy){cfg->kafka.reply_topics, reserved, SVC_REPLY_RESERVED};
+    return (size_t)snprintf(dst, n, "%s.%s", base, name) < n;
 }
 
-/* The reply-topic policy and the record sizes against the producer's. */
-static int validate_replies(const svc_config *cfg, char *err, size_t errlen)
+/* The first exact entry of a reply-topic policy (its first topic name), in
+ * dst; false when it has none. */
+static bool first_reply_topic(const char *policy, char *dst, size_t n)
 {
-    const char *reserved[SVC_REPLY_RESERVED];
-    svc_topic_policy policy;
-    svc_config_reply_policy(cfg, reserved, &policy);
-    char why[400];
-    if (!svc_topic_policy_check(&policy, why, sizeof why)) {
-        svc_errf(err, errlen, "kafka.reply_topics: %s", why);
+    for (const char *at = policy; *at;) {
+        size_t len = strcspn(at, ",");
+        if (len > 0 && at[len - 1] != '*' && len < n) {
+            memcpy(dst, at, len);
+            dst[len] = 0;
+            return true;
+        }
+        at += len + (at[len] == ',');
+    }
+    return false;
+}
+
+/* Fill in a tenant's defaults (config.h, README "Tenants"). where names it
+ * in errors. */
+static int tenant_defaults(const svc_config *cfg, svc_tenant *t, const char *where, char *err,
+                           size_t errlen)
+{
+    if (!t->request_topic[0] &&
+        !derive_topic(t->request_topic, sizeof t->request_topic, cfg->kafka.request_topic,
+                      t->name)) {
+        svc_errf(err, errlen, "%s.request_topic: '%s.%s' is longer than %d bytes", where,
+                 cfg->kafka.request_topic, t->name, SVC_TOPIC_NAME_MAX);
         return -1;
     }
+    if (!t->cancel_topic[0] &&
+        !derive_topic(t->cancel_topic, sizeof t->cancel_topic, cfg->kafka.cancel_topic,
+                      t->name)) {
+        svc_errf(err, errlen, "%s.cancel_topic: '%s.%s' is longer than %d bytes", where,
+                 cfg->kafka.cancel_topic, t->name, SVC_TOPIC_NAME_MAX);
+        return -1;
+    }
+    if (!t->reply_topics[0]) {
+        char first[SVC_TOPIC_NAME_MAX + 1];
+        if (!first_reply_topic(cfg->kafka.reply_topics, first, sizeof first)) {
+            svc_errf(err, errlen,
+                     "%s.reply_topics: required, as kafka.reply_topics names no topic to "
+                     "derive it from",
+                     where);
+            return -1;
+        }
+        size_t n = (size_t)snprintf(t->reply_topics, sizeof t->reply_topics, "%s.%s,%s.%s.*",
+                                    first, t->name, first, t->name);
+        if (n >= sizeof t->reply_topics || strlen(first) + 1 + strlen(t->name) > SVC_TOPIC_NAME_MAX) {
+            svc_errf(err, errlen, "%s.reply_topics: '%s.%s' is longer than %d bytes", where,
+                     first, t->name, SVC_TOPIC_NAME_MAX);
+            return -1;
+        }
+    }
+    if (!t->weight)
+        t->weight = TENANT_WEIGHT_DEFAULT;
+    if (!t->max_in_flight)
+        t->max_in_flight = TENANT_IN_FLIGHT_PER_SLOT * cfg->runtime.max_running;
+    if (!t->cache_group[0])
+        memcpy(t->cache_group, t->name, sizeof t->cache_group);
+    if (!svc_valid_tenant_name(t->cache_group, strlen(t->cache_group))) {
+        svc_errf(err, errlen, "%s.cache_group: expected [a-z0-9_-]{1,%d}, got '%s'", where,
+                 SVC_TENANT_NAME_MAX, t->cache_group);
+        return -1;
+    }
+    svc_cache_salt(t->cache_group, t->cache_salt);
+    return 0;
+}
+
+/* The names no reply may go to, copied into one allocation (the pointers
+ * first, then the names), so nothing points into the svc_config struct,
+ * which is copied. */
+static int build_reserved(svc_config *cfg, char *err, size_t errlen)
+{
+    const char *names[SVC_RESERVED_TOPICS_MAX];
+    size_t n = 0;
+    names[n++] = cfg->kafka.request_topic;
+    names[n++] = cfg->kafka.cancel_topic;
+    names[n++] = cfg->kafka.dlt_topic;
+    for (size_t i = 0; i < cfg->n_tenants; i++) {
+        names[n++] = cfg->tenants[i].request_topic;
+        names[n++] = cfg->tenants[i].cancel_topic;
+    }
+    const size_t slot = SVC_CONFIG_TOPIC;
+    char *block = malloc(n * (sizeof(char *) + slot));
+    if (!block) {
+        svc_errf(err, errlen, "config: out of memory");
+        return -1;
+    }
+    const char **ptrs = (const char **)(void *)block;
+    char *text = block + n * sizeof(char *);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(text + i * slot, slot, "%s", names[i]);
+        ptrs[i] = text + i * slot;
+    }
+    free(cfg->reserved_topics);
+    cfg->reserved_topics = ptrs;
+    cfg->n_reserved_topics = n;
+    return 0;
+}
+
+/* The tenants after every source: the implicit one when none is
+ * configured, defaults, then the rules that keep tenants apart: distinct
+ * names, request and cancel topics distinct from each other and from the
+ * DLT, each reply policy valid and overlapping no other tenant's (one
+ * could then answer on another's topic). */
+static int validate_tenants(svc_config *cfg, char *err, size_t errlen)
+{
+    bool implicit = cfg->n_tenants == 0;
+    if (implicit) {
+        if (!(cfg->tenants = calloc(1, sizeof *cfg->tenants))) {
+            svc_errf(err, errlen, "config: out of memory");
+            return -1;
+        }
+        cfg->n_tenants = 1;
+        svc_tenant *t = &cfg->tenants[0];
+        snprintf(t->name, sizeof t->name, "%s", SVC_IMPLICIT_TENANT);
+        snprintf(t->request_topic, sizeof t->request_topic, "%s", cfg->kafka.request_topic);
+        snprintf(t->cancel_topic, sizeof t->cancel_topic, "%s", cfg->kafka.cancel_topic);
+        snprintf(t->reply_topics, sizeof t->reply_topics, "%s", cfg->kafka.reply_topics);
+    }
+    char where[96];
+    for (size_t i = 0; i < cfg->n_tenants; i++) {
+        snprintf(where, sizeof where, "tenants[%zu] (%s)", i, cfg->tenants[i].name);
+        if (tenant_defaults(cfg, &cfg->tenants[i], where, err, errlen))
+            return -1;
+    }
+    for (size_t i = 0; i < cfg->n_tenants; i++) {
+        const svc_tenant *a = &cfg->tenants[i];
+        snprintf(where, sizeof where, "tenants[%zu] (%s)", i, a->name);
+        const char *own[] = {a->request_topic, a->cancel_topic};
+        for (size_t k = 0; k < 2; k++) {
+            if (!svc_valid_topic(own[k], strlen(own[k]))) {
+                svc_errf(err, errlen, "%s: '%s' is not a valid topic name", where, own[k]);
+                return -1;
+            }
+            if (!strcmp(own[k], cfg->kafka.dlt_topic) || !strcmp(own[0], own[1])) {
+                svc_errf(err, errlen, "%s: topic '%s' is used twice", where, own[k]);
+                return -1;
+            }
+        }
+        for (size_t j = i + 1; j < cfg->n_tenants; j++) {
+            const svc_tenant *b = &cfg->tenants[j];
+            if (!strcmp(a->name, b->name)) {
+                svc_errf(err, errlen, "tenants[%zu] and tenants[%zu]: both named '%s'", i, j,
+                         a->name);
+                return -1;
+            }
+            const char *theirs[] = {b->request_topic, b->cancel_topic};
+            for (size_t k = 0; k < 4; k++)
+                if (!strcmp(own[k / 2], theirs[k % 2])) {
+                    svc_errf(err, errlen, "tenants '%s' and '%s' share the topic '%s'", a->name,
+                             b->name, own[k / 2]);
+                    return -1;
+                }
+        }
+    }
+    if (build_reserved(cfg, err, errlen))
+        return -1;
+    char why[400];
+    for (size_t i = 0; i < cfg->n_tenants; i++) {
+        svc_tenant *t = &cfg->tenants[i];
+        t->policy = (svc_topic_policy){t->reply_topics, cfg->reserved_topics,
+                                       cfg->n_reserved_topics};
+        if (!svc_topic_policy_check(&t->policy, why, sizeof why)) {
+            if (implicit)
+                svc_errf(err, errlen, "kafka.reply_topics: %s", why);
+            else
+                svc_errf(err, errlen, "tenants[%zu] (%s).reply_topics: %s", i, t->name, why);
+            return -1;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (svc_topic_policy_overlap(&cfg->tenants[j].policy, &t->policy, why, sizeof why)) {
+                svc_errf(err, errlen,
+                         "tenants '%s' and '%s': reply topics overlap (%s): one could answer "
+                         "on the other's topic",
+                         cfg->tenants[j].name, t->name, why);
+                return -1;
+            }
+    }
+    return 0;
+}
+
+/* The record sizes and timeouts against the producer's. */
+static int validate_replies(const svc_config *cfg, char *err, size_t errlen)
+{
     const svc_kafka_kv *props = cfg->kafka.props;
     size_t n = cfg->kafka.n_props;
     long max_message = svc_kafka_kv_long(props, n, "message.max.bytes",
@@ -352,7 +654,7 @@ static int validate(svc_config *cfg, char *err, size_t errlen)
                      topics[i][1]);
             return -1;
         }
-    if (validate_replies(cfg, err, errlen))
+    if (validate_tenants(cfg, err, errlen) || validate_replies(cfg, err, errlen))
         return -1;
     if (!cfg->model.dir[0] || !cfg->kafka.brokers[0] || !cfg->kafka.group[0]) {
         svc_errf(err, errlen, "model.dir, kafka.brokers and kafka.group are required");
@@ -416,11 +718,22 @@ int svc_config_load(svc_config *cfg, const char *path, const char *const *overri
         if (v && set_text(cfg, &fields[i], v, where, err, errlen))
             return -1;
     }
+    const char *tenants = getenv(TENANTS_ENV);
+    if (tenants && set_tenants_text(cfg, tenants, "environment " TENANTS_ENV, err, errlen))
+        return -1;
+    static const char tenants_set[] = "tenants=";
     for (size_t i = 0; i < n_overrides; i++) {
         char buf[SVC_CONFIG_STR * 2];
         snprintf(buf, sizeof buf, "%s", overrides[i]);
         char *eq = strchr(buf, '='), *dot = strchr(buf, '.');
         snprintf(where, sizeof where, "--set %s", overrides[i]);
+        /* A JSON array, of any length and with dots in its topics. */
+        if (!strncmp(overrides[i], tenants_set, sizeof tenants_set - 1)) {
+            if (set_tenants_text(cfg, overrides[i] + sizeof tenants_set - 1, "--set tenants", err,
+                                 errlen))
+                return -1;
+            continue;
+        }
         if (!eq || (dot && dot > eq)) {
             svc_errf(err, errlen, "%s: expected [section.]key=value", where);
             return -1;
@@ -445,11 +758,34 @@ int svc_config_load(svc_config *cfg, const char *path, const char *const *overri
     return validate(cfg, err, errlen);
 }
 
+const svc_tenant *svc_config_tenant_by_topic(const svc_config *cfg, const char *topic)
+{
+    for (size_t i = 0; topic && i < cfg->n_tenants; i++)
+        if (!strcmp(cfg->tenants[i].request_topic, topic) ||
+            !strcmp(cfg->tenants[i].cancel_topic, topic))
+            return &cfg->tenants[i];
+    return NULL;
+}
+
 void svc_config_deinit(svc_config *cfg)
 {
+    free(cfg->tenants);
+    free(cfg->reserved_topics);
+    cfg->tenants = NULL;
+    cfg->reserved_topics = NULL;
+    cfg->n_tenants = cfg->n_reserved_topics = 0;
     for (size_t i = 0; i < cfg->kafka.n_props; i++) {
         free((char *)cfg->kafka.props[i].key);
         free((char *)cfg->kafka.props[i].value);
     }
     cfg->kafka.n_props = 0;
+}
+
+void svc_cache_salt(const char *cache_group, uint8_t out[SVC_CACHE_SALT_BYTES])
+{
+    ml_sha256_ctx ctx;
+    ml_sha256_init(&ctx);
+    ml_sha256_update(&ctx, cache_salt_tag, sizeof cache_salt_tag);
+    ml_sha256_update(&ctx, cache_group, strlen(cache_group));
+    ml_sha256_final(&ctx, out);
 }

@@ -18,7 +18,32 @@
 
 #define SVC_CONFIG_STR 512
 #define SVC_CONFIG_MAX_KAFKA_PROPS 64
+#define SVC_CONFIG_TOPIC 256             /* a topic name's field; validated to 249 bytes */
 #define SVC_PREP_THREADS_MAX 64
+#define SVC_TENANTS_MAX 64
+/* The tenant of a configuration without "tenants" (its cache group too). */
+#define SVC_IMPLICIT_TENANT "default"
+#define SVC_CACHE_SALT_BYTES ML_CACHE_SALT_BYTES /* the runtime's request salt */
+/* The names a tenant's reply policy never allows: every tenant's request and
+ * cancel topics, kafka.request_topic, kafka.cancel_topic and the DLT. */
+#define SVC_RESERVED_TOPICS_MAX (2 * SVC_TENANTS_MAX + 3)
+
+/* A tenant: whoever may write its request and cancel topics (the broker's
+ * ACLs decide who that is). The topic a record was read from is its
+ * tenant; nothing in a record chooses one (service/README.md "Tenants").
+ * Filled by svc_config_load, defaults applied; read-only afterwards. */
+typedef struct svc_tenant {
+    char name[SVC_TENANT_NAME_MAX + 1];
+    char request_topic[SVC_CONFIG_TOPIC];
+    char cancel_topic[SVC_CONFIG_TOPIC];
+    char reply_topics[SVC_CONFIG_STR];   /* its reply-topic policy (svc_topic_policy) */
+    svc_topic_policy policy;             /* reply_topics parsed; borrows from the tenant and
+                                            from the config's reserved list */
+    int weight;                          /* its share of admission, relative to the others */
+    int max_in_flight;                   /* its requests consumed and not yet finished */
+    char cache_group[SVC_TENANT_NAME_MAX + 1]; /* tenants of one group share caches */
+    uint8_t cache_salt[SVC_CACHE_SALT_BYTES]; /* sha256("mllama.cache\0" || cache_group) */
+} svc_tenant;
 
 typedef struct svc_config {
     char worker_id[SVC_CONFIG_STR];      /* "" = <hostname>-<pid> */
@@ -49,7 +74,8 @@ typedef struct svc_config {
     struct {
         char brokers[SVC_CONFIG_STR];    /* "mock" = the in-process mock cluster */
         char group[256];
-        char request_topic[256], cancel_topic[256], dlt_topic[256];
+        char request_topic[SVC_CONFIG_TOPIC], cancel_topic[SVC_CONFIG_TOPIC];
+        char dlt_topic[SVC_CONFIG_TOPIC];
         char reply_topics[SVC_CONFIG_STR]; /* the reply-topic policy (svc_topic_policy) */
         int mock_partitions;
         svc_kafka_kv props[SVC_CONFIG_MAX_KAFKA_PROPS]; /* owned strings */
@@ -86,6 +112,15 @@ typedef struct svc_config {
     struct {
         int grace_ms;
     } drain;
+    /* The tenants, at least one after load: the file's "tenants" array, or
+     * the implicit tenant "default" on kafka.request_topic,
+     * kafka.cancel_topic and kafka.reply_topics. Owned (heap), so a copy of
+     * the struct (svc_worker_create's) keeps every pointer into them valid;
+     * svc_config_deinit frees them, once, from whichever copy owns them. */
+    svc_tenant *tenants;
+    size_t n_tenants;
+    const char **reserved_topics;        /* owned array; names borrowed from the tenants/kafka */
+    size_t n_reserved_topics;
 } svc_config;
 
 /* Load path (NULL: config/local.json's defaults compiled in), apply the
@@ -94,14 +129,18 @@ typedef struct svc_config {
 int svc_config_load(svc_config *cfg, const char *path, const char *const *overrides,
                     size_t n_overrides, char *err, size_t errlen);
 
-/* Free the pass-through property strings. */
+/* Free the pass-through property strings and the tenants. NULL fields are
+ * skipped, so a moved-from config (its fields set to NULL/0) is a no-op. */
 void svc_config_deinit(svc_config *cfg);
 
-/* The reply-topic policy of cfg: kafka.reply_topics, with the request,
- * cancel and dead-letter topics reserved. reserved receives their names
- * (borrowed from cfg) and p points into it and cfg, so both must outlive p. */
-#define SVC_REPLY_RESERVED 3
-void svc_config_reply_policy(const svc_config *cfg, const char *reserved[SVC_REPLY_RESERVED],
-                             svc_topic_policy *p);
+/* The tenant whose request topic or cancel topic is `topic`, or NULL.
+ * Borrowed from cfg. @locality any thread (cfg is read-only after load). */
+const svc_tenant *svc_config_tenant_by_topic(const svc_config *cfg, const char *topic);
+
+/* A cache group's salt, sha256("mllama.cache\0" || cache_group): the
+ * svc_tenant.cache_salt of the group's tenants, and what a frontend or
+ * `mllama submit` needs to compute its tenant's image keys in Redis
+ * (ml_image_state_key). @locality any thread. */
+void svc_cache_salt(const char *cache_group, uint8_t out[SVC_CACHE_SALT_BYTES]);
 
 #endif

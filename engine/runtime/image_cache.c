@@ -28,12 +28,29 @@ struct ml_image_cache {
     void *event_ctx;
 };
 
-void ml_image_key_for_adapter(const uint8_t *key, const char *adapter, uint8_t *out)
+/* Domain separation (ml_image_state_key): a base state's key and an
+ * adapter's are made from different tags, never equal by construction. */
+static const char BASE_TAG[] = "mllama image state 2";
+static const char ADAPTER_TAG[] = "mllama image state under adapter 2";
+
+void ml_image_state_key(const uint8_t *salt, const uint8_t *content, const char *adapter,
+                        uint8_t *out)
 {
     ml_sha256_ctx h;
     ml_sha256_init(&h);
-    ml_sha256_update(&h, key, ML_IMAGE_KEY_BYTES);
-    ml_sha256_update(&h, adapter, strlen(adapter));
+    if (adapter)
+        ml_sha256_update(&h, ADAPTER_TAG, sizeof ADAPTER_TAG);
+    else
+        ml_sha256_update(&h, BASE_TAG, sizeof BASE_TAG);
+    ml_sha256_update(&h, salt, ML_CACHE_SALT_BYTES);
+    ml_sha256_update(&h, content, ML_IMAGE_KEY_BYTES);
+    if (adapter) {
+        /* The length first: no name is a prefix of another's encoding. */
+        size_t n = strlen(adapter);
+        uint8_t len[4] = {(uint8_t)n, (uint8_t)(n >> 8), (uint8_t)(n >> 16), (uint8_t)(n >> 24)};
+        ml_sha256_update(&h, len, sizeof len);
+        ml_sha256_update(&h, adapter, n);
+    }
     ml_sha256_final(&h, out);
 }
 

@@ -1,9 +1,10 @@
 /* Resident cross-attention states (engine/model/README.md §12): for every image, the K/V
  * of every cross-attention layer, computed once and kept in backend memory
- * within a byte budget. Entries are keyed by a 32-byte digest (the caller
- * hashes image bytes, preprocessing parameters, model fingerprint and any
- * adapter that touches vision or cross K/V), refcounted while sequences use
- * them and evicted least-recently-used otherwise.
+ * within a byte budget. Entries are keyed by a 32-byte digest
+ * (ml_image_state_key: the image's content digest, the request's cache
+ * partition and any adapter that touches vision or cross K/V; the cache
+ * lives and dies with one model), refcounted while sequences use them and
+ * evicted least-recently-used otherwise.
  *
  * @locality: the step loop thread. */
 #ifndef ML_RUNTIME_IMAGE_CACHE_H
@@ -17,12 +18,26 @@
 
 #define ML_IMAGE_KEY_BYTES 32
 
-/* The key of an image's state under an adapter that changes image states
- * (ml_lora_touches_images): sha256(key || adapter name), so base requests
- * and adapters that leave images alone keep sharing the original entries.
- * The runtime keys such states this way; a caller mirroring the resident
- * set looks them up with it. out may alias key. @locality any thread. */
-void ml_image_key_for_adapter(const uint8_t *key, const char *adapter, uint8_t *out);
+/* The cache partition a request belongs to (ml_request.cache_salt): the
+ * service's tenant cache group, hashed. */
+#define ML_CACHE_SALT_BYTES 32
+
+/* The key of an image's resident state: content is the digest the caller
+ * has for the image (sha256 of its bytes), salt the request's cache
+ * partition. With adapter NULL (the base model, or an adapter that leaves
+ * image states alone: ml_lora_touches_images) it is
+ *   sha256(BASE_TAG ‖ salt ‖ content),
+ * else, for the states an adapter that changes images makes of its own,
+ *   sha256(ADAPTER_TAG ‖ salt ‖ content ‖ len(adapter) ‖ adapter).
+ * Distinct tags and the salt make the two derivations and the partitions
+ * disjoint: a digest a client names is always taken as content and goes
+ * through the base derivation, so it can never name an adapter's state or
+ * another partition's, whatever 32 bytes it chooses. The runtime keys
+ * states this way; a caller mirroring the resident set (image events), an
+ * index or a router computes the same keys with it. out may alias content.
+ * @locality any thread. */
+void ml_image_state_key(const uint8_t *salt, const uint8_t *content, const char *adapter,
+                        uint8_t *out);
 
 typedef struct ml_image_cache ml_image_cache;
 typedef struct ml_image_entry ml_image_entry;

@@ -7,12 +7,15 @@
  *   key_j = SHA-256(BLOCK_TAG, key_{j-1}, its block_size token ids,
  *                   and for each <|image|> among them the image's key),
  * key_{-1} being the sequence's root:
- *   root  = SHA-256(ROOT_TAG, model fingerprint, adapter name, row-mask
- *                   mode, tensor-parallel world, block size
+ *   root  = SHA-256(ROOT_TAG, model fingerprint, cache salt, adapter name,
+ *                   row-mask mode, tensor-parallel world, block size
  *                   [, in the transformers mode: every image key]).
  * An image's key is the one the resident image cache has for its state
- * (image_cache.h: content sha256, preprocessing parameters, and the
- * adapter when it changes image states). That covers everything a block's
+ * (image_cache.h ml_image_state_key: content sha256, cache salt, and the
+ * adapter when it changes image states). The salt is the request's cache
+ * partition: requests of two salts never find each other's blocks, so a
+ * cached-token count (usage, or a faster first token) tells a sender only
+ * about prompts of its own partition. That covers everything a block's
  * K/V depend on: the weights (model, adapter), the split (the world
  * changes how partial sums are added), and every earlier token and image
  * with its position (a key names its whole prefix). The cross-attention
@@ -64,6 +67,7 @@ static void make_root(const ml_runtime *rt, rt_seq *s)
     ml_sha256_init(&h);
     ml_sha256_update(&h, ROOT_TAG, sizeof ROOT_TAG);
     ml_sha256_update(&h, rt->cfg.model_fingerprint, sizeof rt->cfg.model_fingerprint);
+    ml_sha256_update(&h, s->salt, sizeof s->salt);
     /* The length first: no name is a prefix of another's encoding. */
     const char *adapter = s->adapter_name ? s->adapter_name : "";
     hash_i32(&h, (int32_t)strlen(adapter));

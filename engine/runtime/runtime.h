@@ -10,13 +10,16 @@
  * Requests may name a LoRA adapter: adapters live in a fixed number of
  * slots (runtime/adapters.h), a step batches sequences of any mix of
  * adapters and the base model, ordered so each adapter's rows are one
- * segment, and an image's resident state is shared between requests unless
- * their adapter changes it (its key then includes the adapter's name).
+ * segment, and an image's resident state is shared between requests of one
+ * cache partition (ml_request.cache_salt) unless their adapter changes it
+ * (its key then includes the adapter's name: ml_image_state_key).
  * With prefix_cache, full K/V blocks are content-addressed (runtime/prefix.c):
  * a request whose prompt starts like one seen before (a system prompt, the
  * earlier turns of a chat) takes those blocks by reference and prefills
  * only the rest, with the same output as without the cache on a
- * batch-invariant backend.
+ * batch-invariant backend. Both caches are partitioned by the request's
+ * cache salt: requests of two salts never share a block or an image state,
+ * so neither their usage nor their timings tell one what the other sent.
  *
  * Memory: the KV pool, the image-state budget and the adapter slots are
  * fixed at create, so the model workspace, the KV pool, resident images and
@@ -126,7 +129,10 @@ typedef struct ml_request_callbacks {
 /* One image of a request, in the order of its <|image|> tokens. */
 typedef struct ml_request_image ml_request_image;
 struct ml_request_image {
-    uint8_t key[ML_IMAGE_KEY_BYTES]; /* cache key (see image_cache.h) */
+    /* The image's content digest (sha256 of its bytes, or what the client
+     * named): the runtime keys its state by ml_image_state_key of it, the
+     * request's cache salt and, when it changes images, its adapter. */
+    uint8_t key[ML_IMAGE_KEY_BYTES];
     /* Transferred: (max_tiles, 3, S, S) f32 packed by ml_image_pack_slot, or
      * NULL to require a resident state. The runtime frees it (free()). */
     float *pixels;
@@ -157,6 +163,11 @@ typedef struct ml_request {
      * submit (ML_REQERR_UNKNOWN_ADAPTER); one whose files cannot be served
      * ends it when it is admitted, with the same code. */
     const char *adapter;
+    /* The cache partition (the service: its tenant's cache group, hashed):
+     * the root of every prefix-cache key and part of every image-state key,
+     * so requests share cached blocks and image states only with requests
+     * of an equal salt. All zero is a partition like any other. */
+    uint8_t cache_salt[ML_CACHE_SALT_BYTES];
     ml_request_callbacks cb;
 } ml_request;
 

@@ -43,7 +43,12 @@ typedef struct rt_seq {
     int rooted, n_chain, chain_images, n_published;
 
     int n_images;
-    ml_request_image *images;   /* owned (n_images): pixels owned until encoded */
+    /* owned (n_images): pixels owned until encoded; each key is its state's
+     * (ml_image_state_key), the content digests the request gave are kept
+     * in content to derive an adapter's keys at admission. */
+    ml_request_image *images;
+    uint8_t (*content)[ML_IMAGE_KEY_BYTES]; /* owned (n_images) */
+    uint8_t salt[ML_CACHE_SALT_BYTES]; /* the request's cache partition */
     ml_image_entry **entries;   /* owned (n_images): acquired cache entries, NULL until admitted */
     const void **states;        /* owned (n_images): their backend states, for the model */
     int *range_start, *range_end; /* owned (n_images): token ranges of the cross mask */

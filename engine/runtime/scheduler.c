@@ -22,15 +22,16 @@ static const ml_lora *seq_lora(const rt_seq *s)
     return s->adapter ? ml_adapter_lora(s->adapter) : NULL;
 }
 
-/* An adapter that changes image states gets its own states
- * (ml_image_key_for_adapter). */
+/* An adapter that changes image states gets its own states, keyed from
+ * the request's content digests by the adapter derivation
+ * (ml_image_state_key). */
 static void image_keys_for_adapter(rt_seq *s)
 {
     if (!ml_lora_touches_images(seq_lora(s)))
         return;
     const char *name = ml_adapter_name(s->adapter);
     for (int i = 0; i < s->n_images; i++)
-        ml_image_key_for_adapter(s->images[i].key, name, s->images[i].key);
+        ml_image_state_key(s->salt, s->content[i], name, s->images[i].key);
 }
 
 /* Reference s's adapter, loading it if needed (once per sequence: the

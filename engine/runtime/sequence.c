@@ -35,6 +35,7 @@ static void seq_free(ml_runtime *rt, rt_seq *s)
             free(s->images[i].pixels);
     }
     free(s->images);
+    free(s->content);
     free(s->entries);
     free(s->states);
     free(s->range_start);
@@ -149,10 +150,13 @@ static ml_request_error validate(const ml_runtime *rt, const ml_request *req, ch
         /* With an adapter the key may still change (image_keys_for_adapter),
          * and the caller of an at_caller image wants to hear of its eviction
          * (ML_REQERR_IMAGE_EVICTED): a missing state is found at admission. */
-        if (!im->pixels && !im->at_caller && !adapter &&
-            !ml_image_cache_contains(rt->images, im->key)) {
-            ml_fail(msg, n, ML_ERR_NOT_FOUND, "image %d is neither given nor resident", i);
-            return ML_REQERR_INVALID_IMAGE;
+        if (!im->pixels && !im->at_caller && !adapter) {
+            uint8_t key[ML_IMAGE_KEY_BYTES];
+            ml_image_state_key(req->cache_salt, im->key, NULL, key);
+            if (!ml_image_cache_contains(rt->images, key)) {
+                ml_fail(msg, n, ML_ERR_NOT_FOUND, "image %d is neither given nor resident", i);
+                return ML_REQERR_INVALID_IMAGE;
+            }
         }
         if (im->n_tiles < 1 || im->n_tiles > rt->max_tiles) {
             ml_fail(msg, n, ML_ERR_INVALID_ARG, "image %d: %d tiles", i, im->n_tiles);
@@ -250,18 +254,26 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
     s->n_images = req->n_images;
     size_t ni = (size_t)req->n_images + 1;
     s->images = calloc(ni, sizeof *s->images);
+    s->content = calloc(ni, sizeof *s->content);
     s->entries = calloc(ni, sizeof *s->entries);
     s->states = calloc(ni, sizeof *s->states);
     s->range_start = calloc(ni, sizeof *s->range_start);
     s->range_end = calloc(ni, sizeof *s->range_end);
-    if (!s->tokens || !s->blocks || !s->chain || !s->images || !s->entries || !s->states ||
-        !s->range_start || !s->range_end)
+    if (!s->tokens || !s->blocks || !s->chain || !s->images || !s->content || !s->entries ||
+        !s->states || !s->range_start || !s->range_end)
         goto nomem;
     if (adapter_of(req) && !(s->adapter_name = strdup(adapter_of(req))))
         goto nomem;
     memcpy(s->tokens, req->prompt, (size_t)req->n_prompt * sizeof *s->tokens);
     if (req->n_images) /* a text-only request may pass no array at all */
         memcpy(s->images, req->images, (size_t)req->n_images * sizeof *s->images);
+    /* Base keys until an adapter that changes images is acquired
+     * (scheduler.c image_keys_for_adapter). */
+    memcpy(s->salt, req->cache_salt, sizeof s->salt);
+    for (int i = 0; i < req->n_images; i++) {
+        memcpy(s->content[i], req->images[i].key, ML_IMAGE_KEY_BYTES);
+        ml_image_state_key(s->salt, s->content[i], NULL, s->images[i].key);
+    }
     s->sampling = req->sampling;
     /* The grammar is the caller's: the constraint holds its own reference. */
     s->sampling.grammar = NULL;

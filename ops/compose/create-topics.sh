@@ -8,6 +8,12 @@
 #
 # The names are the defaults of config/*.json (kafka.request_topic,
 # kafka.dlt_topic, kafka.cancel_topic) and of `mllama submit`'s reply topic.
+# With TENANTS="acme beta" (the names of the worker's "tenants", service/README
+# "Tenants") each tenant gets its own request, cancel and reply topic instead,
+# named as the worker derives them: mllama.requests.<name>,
+# mllama.cancel.<name>, mllama.replies.<name>. Grant each tenant's principal
+# WRITE on its request and cancel topics and READ on its reply topics, and no
+# one else: the topic a record comes from is its tenant.
 set -eu
 
 bootstrap=${BOOTSTRAP:-localhost:9092}
@@ -29,6 +35,21 @@ dlt_retention_ms=1209600000
 # Cancel records are keyed by request id, and every id is new, so compaction
 # alone would keep them forever; deletion after a day bounds the topic.
 cancel_retention_ms=86400000
+# Request and cancel records carry the broker's append time: the worker orders
+# a cancel against its request by it (README "Delivery contract"), and a
+# producer's CreateTime is whatever the producer chose.
+append_time=message.timestamp.type=LogAppendTime
+tenants=${TENANTS:-}
+for t in $tenants; do
+  case $t in
+    *[!a-z0-9_-]*) bad=1 ;;
+    *) bad=$(( ${#t} > 48 )) ;;
+  esac
+  if [ "$bad" = 1 ]; then
+    echo "create-topics.sh: tenant '$t': expected [a-z0-9_-]{1,48}" >&2
+    exit 2
+  fi
+done
 
 create() {
   name=$1 partitions=$2
@@ -39,13 +60,23 @@ create() {
 
 # The partition count of the request topic bounds the useful number of workers:
 # KEDA never scales past it (ops/k8s/keda-scaledobject.yaml maxReplicaCount).
-create mllama.requests 8 --config max.message.bytes=$max_request_bytes
+if [ -z "$tenants" ]; then
+create mllama.requests 8 --config max.message.bytes=$max_request_bytes --config $append_time
 create mllama.replies 8 --config retention.ms=$reply_retention_ms \
   --config max.message.bytes=$max_record_bytes
+create mllama.cancel 1 --config cleanup.policy=compact,delete \
+  --config retention.ms=$cancel_retention_ms --config $append_time
+fi
+for t in $tenants; do
+  create "mllama.requests.$t" 8 --config max.message.bytes=$max_request_bytes \
+    --config $append_time
+  create "mllama.replies.$t" 8 --config retention.ms=$reply_retention_ms \
+    --config max.message.bytes=$max_record_bytes
+  create "mllama.cancel.$t" 1 --config cleanup.policy=compact,delete \
+    --config retention.ms=$cancel_retention_ms --config $append_time
+done
 create mllama.dlt 1 --config retention.ms=$dlt_retention_ms \
   --config max.message.bytes=$max_record_bytes
-create mllama.cancel 1 --config cleanup.policy=compact,delete \
-  --config retention.ms=$cancel_retention_ms
 
 # One summary line per topic, for the log.
 "$kafka_topics" --bootstrap-server "$bootstrap" --describe --topic 'mllama[.].*' | grep PartitionCount

@@ -6,7 +6,13 @@
  * conversation id, so the default partitioner puts every turn on one
  * partition (one worker, whose prefix cache holds the earlier turns); with
  * --redis, and no conversation, it routes the request to a partition owned
- * by the worker that holds the image resident.
+ * by the worker that holds the image resident in the tenant's cache
+ * partition (the image's index key is that partition's: --cache-group, by
+ * default the tenant's name). With --tenant it writes the
+ * tenant's request topic and reads its reply topic, named as the worker
+ * derives them (README.md "Tenants"). The request id is 128 random bits: on
+ * a reply topic that others read, an id is all it takes to read or cancel
+ * a request of the tenant, so it must not be guessable.
  * @locality: the main thread. */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -14,12 +20,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "protocol/base64.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "config.h"
 #include "engine.h"
+#include "protocol/protocol.h"
 #include "redis/redis.h"
 
 #define CMD "mllama submit"
@@ -30,10 +39,16 @@
 #define FLUSH_MS 10000
 #define DEFAULT_TIMEOUT_S 300
 #define MAX_RESPONSE_FORMAT_BYTES (16u << 20)
+#define REQUEST_TOPIC "mllama.requests" /* kafka.request_topic's default */
+#define REPLY_TOPIC "mllama.replies"    /* the first of kafka.reply_topics' default */
+#define ID_RANDOM_BYTES 16              /* an unguessable request id: 128 bits */
+#define ID_PREFIX "req-"
 
 typedef struct submit_opts {
     const char *brokers, *topic, *reply_topic, *redis_url, *redis_prefix, *id, *adapter;
+    const char *tenant;         /* picks the tenant's topics; NULL: the shared ones */
     const char *conversation;   /* the record key when given; NULL: the request id */
+    const char *cache_group;    /* the tenant's cache group: its image keys in Redis */
     const char *prompt;
     const char *response_format; /* a file holding the response_format object; NULL: none */
     const char *images[MAX_IMAGES];
@@ -48,21 +63,29 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: mllama submit --brokers HOST:PORT [--image FILE]... [--max-tokens N]\n"
             "                     [--temperature T] [--topic T] [--reply-topic T] [--id ID]\n"
-            "                     [--adapter NAME] [--redis URL [--redis-prefix P]]\n"
+            "                     [--tenant NAME] [--adapter NAME]\n"
+            "                     [--redis URL [--redis-prefix P] [--cache-group G]]\n"
             "                     [--conversation ID] [--no-stream] [--timeout S] [--quiet]\n"
             "                     [--response-format FILE] \"prompt\"\n\n"
             "Sends one chat request (images inline as data URLs, then the text) and\n"
             "streams the reply's text to stdout; the final record goes to stderr.\n"
+            "--tenant NAME sends to " REQUEST_TOPIC ".NAME and reads " REPLY_TOPIC ".NAME (the\n"
+            "worker's defaults for a tenant); --topic and --reply-topic win over it.\n"
+            "Without --id the id is 128 random bits: ids must be unguessable.\n"
             "--conversation ID keys the record by ID instead of the request id: every turn\n"
             "of a conversation goes to one partition, hence one worker and its prefix\n"
             "cache. It wins over --redis image routing (README.md \"Prefix cache\").\n"
+            "--cache-group G: the cache group of the request's tenant (default: the tenant's\n"
+            "name, or \"" SVC_IMPLICIT_TENANT "\" without --tenant): --redis looks the image up in\n"
+            "that group's cache partition.\n"
             "--response-format FILE: the request's response_format, a JSON object such as\n"
             "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {...}}}\n"
             "(README.md \"Protocol\"); the worker checks it.\n"
             "Exit 0 on finish_reason stop/length, 1 on error or timeout.\n");
 }
 
-static char *build_request(const submit_opts *o, char *sha_hex_out)
+/* The request's body; the first image's content sha256 goes to image_digest. */
+static char *build_request(const submit_opts *o, uint8_t image_digest[ML_SHA256_DIGEST_SIZE])
 {
     cJSON *req = cJSON_CreateObject();
     cJSON_AddStringToObject(req, "id", o->id);
@@ -97,11 +120,8 @@ static char *build_request(const submit_opts *o, char *sha_hex_out)
             cJSON_Delete(msg);
             return NULL;
         }
-        if (i == 0) {
-            uint8_t d[ML_SHA256_DIGEST_SIZE];
-            ml_sha256(bytes, len, d);
-            ml_sha256_hex(d, sha_hex_out);
-        }
+        if (i == 0)
+            ml_sha256(bytes, len, image_digest);
         /* Labelled by signature; anything else goes out as JPEG for the
          * worker to refuse with its own message. */
         const char *type = ml_image_media_type((const uint8_t *)bytes, len);
@@ -136,29 +156,43 @@ static char *build_request(const submit_opts *o, char *sha_hex_out)
     return s;
 }
 
-/* The partition of the worker holding the image, or RD_KAFKA_PARTITION_UA. */
-static int32_t route(const submit_opts *o, const char *sha_hex)
+/* The partition of the worker holding the image of content digest
+ * image_digest in the tenant's cache partition, or RD_KAFKA_PARTITION_UA. */
+static int32_t route(const submit_opts *o, const uint8_t *image_digest)
 {
-    if (!o->redis_url || !sha_hex[0])
+    if (!o->redis_url || o->n_images == 0)
         return RD_KAFKA_PARTITION_UA;
+    /* The index names the state's key in the partition (service/README.md §3). */
+    uint8_t salt[SVC_CACHE_SALT_BYTES], key[ML_IMAGE_KEY_BYTES];
+    char key_hex[ML_SHA256_HEX_SIZE];
+    svc_cache_salt(o->cache_group   ? o->cache_group
+                   : o->tenant      ? o->tenant
+                                    : SVC_IMPLICIT_TENANT,
+                   salt);
+    ml_image_state_key(salt, image_digest, NULL, key);
+    ml_sha256_hex(key, key_hex);
     svc_redis_config rc;
     svc_redis_config_default(&rc);
     rc.url = o->redis_url;
     rc.prefix = o->redis_prefix;
     rc.worker_id = "submit";
     svc_redis *r;
-    char err[256], parts[1024];
+    char err[256], parts[8192];
     int32_t p = RD_KAFKA_PARTITION_UA;
     if (svc_redis_create(&rc, &r, err, sizeof err) != SVC_REDIS_OK) {
         fprintf(stderr, CMD ": redis: %s (sending without affinity)\n", err);
         return p;
     }
-    if (svc_redis_route(r, sha_hex, parts, sizeof parts) == SVC_REDIS_OK) {
-        const char *colon = strchr(parts, ':');
-        if (colon && colon[1] >= '0' && colon[1] <= '9' &&
-            !strncmp(parts, o->topic, (size_t)(colon - parts))) {
-            p = (int32_t)atoi(colon + 1);
-            fprintf(stderr, CMD ": image resident on a worker owning partition %d\n", p);
+    if (svc_redis_route(r, key_hex, parts, sizeof parts) == SVC_REDIS_OK) {
+        /* "topic:0,1;topic2:3": the first partition of our topic's entry. */
+        for (const char *e = parts; *e; e += strcspn(e, ";") + (e[strcspn(e, ";")] == ';')) {
+            const char *colon = strchr(e, ':');
+            if (colon && (size_t)(colon - e) == strlen(o->topic) &&
+                !strncmp(e, o->topic, strlen(o->topic)) && colon[1] >= '0' && colon[1] <= '9') {
+                p = (int32_t)atoi(colon + 1);
+                fprintf(stderr, CMD ": image resident on a worker owning partition %d\n", p);
+                break;
+            }
         }
     }
     svc_redis_destroy(r);
@@ -259,8 +293,7 @@ static int show(rd_kafka_message_t *m, const submit_opts *o, uint32_t *attempt, 
 
 static int parse_args(int argc, char **argv, submit_opts *o)
 {
-    *o = (submit_opts){.topic = "mllama.requests", .reply_topic = "mllama.replies",
-                       .redis_prefix = "mllama", .max_tokens = 128, .temperature = 0,
+    *o = (submit_opts){.redis_prefix = "mllama", .max_tokens = 128, .temperature = 0,
                        .timeout_s = DEFAULT_TIMEOUT_S};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -293,10 +326,14 @@ static int parse_args(int argc, char **argv, submit_opts *o)
             o->redis_prefix = v;
         else if (!strcmp(a, "--id"))
             o->id = v;
+        else if (!strcmp(a, "--tenant"))
+            o->tenant = v;
         else if (!strcmp(a, "--adapter"))
             o->adapter = v;
         else if (!strcmp(a, "--conversation"))
             o->conversation = v;
+        else if (!strcmp(a, "--cache-group"))
+            o->cache_group = v;
         else if (!strcmp(a, "--response-format"))
             o->response_format = v;
         else if (!strcmp(a, "--image") && o->n_images < MAX_IMAGES)
@@ -319,6 +356,35 @@ static int parse_args(int argc, char **argv, submit_opts *o)
         usage(stderr);
         return -1;
     }
+    if (o->tenant && !svc_valid_tenant_name(o->tenant, strlen(o->tenant))) {
+        fprintf(stderr, CMD ": --tenant %s: expected [a-z0-9_-]{1,%d}\n", o->tenant,
+                SVC_TENANT_NAME_MAX);
+        return -1;
+    }
+    return 0;
+}
+
+/* The tenant's topic `base`.`tenant` in buf, or base without a tenant. */
+static const char *tenant_topic(const char *base, const char *tenant, char *buf, size_t n)
+{
+    if (!tenant)
+        return base;
+    snprintf(buf, n, "%s.%s", base, tenant);
+    return buf;
+}
+
+/* "req-" and ID_RANDOM_BYTES random bytes in hex. Returns 0, or -1 when the
+ * kernel has no randomness to give. */
+static int random_id(char *out, size_t n)
+{
+    uint8_t bytes[ID_RANDOM_BYTES];
+    if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes) {
+        perror(CMD ": getrandom");
+        return -1;
+    }
+    size_t len = (size_t)snprintf(out, n, "%s", ID_PREFIX);
+    for (size_t i = 0; i < sizeof bytes && len + 2 < n; i++)
+        len += (size_t)snprintf(out + len, n - len, "%02x", bytes[i]);
     return 0;
 }
 
@@ -345,14 +411,19 @@ int cmd_submit(int argc, char **argv)
     submit_opts o;
     if (parse_args(argc, argv, &o))
         return SVC_EXIT_USAGE;
-    char id_buf[64], sha_hex[ML_SHA256_HEX_SIZE] = "";
+    char id_buf[64];
+    uint8_t image_digest[ML_SHA256_DIGEST_SIZE] = {0};
+    char topic_buf[SVC_TOPIC_NAME_MAX + 1], reply_buf[SVC_TOPIC_NAME_MAX + 1];
+    if (!o.topic)
+        o.topic = tenant_topic(REQUEST_TOPIC, o.tenant, topic_buf, sizeof topic_buf);
+    if (!o.reply_topic)
+        o.reply_topic = tenant_topic(REPLY_TOPIC, o.tenant, reply_buf, sizeof reply_buf);
     if (!o.id) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        snprintf(id_buf, sizeof id_buf, "req-%lld-%ld", (long long)ts.tv_sec, ts.tv_nsec);
+        if (random_id(id_buf, sizeof id_buf))
+            return SVC_EXIT_FAILURE;
         o.id = id_buf;
     }
-    char *body = build_request(&o, sha_hex);
+    char *body = build_request(&o, image_digest);
     if (!body)
         return SVC_EXIT_FAILURE;
     /* A conversation's worker holds the K/V of all its earlier turns (and
@@ -361,7 +432,7 @@ int cmd_submit(int argc, char **argv)
     if (o.conversation && o.redis_url)
         fprintf(stderr, CMD ": conversation affinity: image routing not used\n");
     else
-        partition = route(&o, sha_hex);
+        partition = route(&o, image_digest);
     const char *key = o.conversation ? o.conversation : o.id;
 
     rd_kafka_t *cons = client(RD_KAFKA_CONSUMER, o.brokers, o.id);

@@ -124,6 +124,9 @@ typedef struct svc_kafka_msg {
     int32_t partition;
     int64_t offset;
     int64_t timestamp_ms;    /* producer or broker time; -1 when absent */
+    bool broker_time;        /* timestamp_ms is the broker's (the topic's
+                                message.timestamp.type is LogAppendTime), not
+                                the producer's choice */
     const void *key;         /* borrowed; NULL when absent */
     size_t key_len;
     const void *value;       /* borrowed; not NUL-terminated; NULL when empty */

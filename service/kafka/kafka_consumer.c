@@ -428,6 +428,7 @@ svc_kafka_status svc_consumer_poll(svc_consumer *c, int timeout_ms, svc_kafka_ms
     msg->partition = rkm->partition;
     msg->offset = rkm->offset;
     msg->timestamp_ms = rd_kafka_message_timestamp(rkm, &tstype);
+    msg->broker_time = tstype == RD_KAFKA_TIMESTAMP_LOG_APPEND_TIME;
     msg->key = rkm->key;
     msg->key_len = rkm->key_len;
     msg->value = rkm->payload;

@@ -176,6 +176,51 @@ bool svc_topic_policy_check(const svc_topic_policy *p, char *err, size_t errlen)
     return true;
 }
 
+/* Whether entries e (n bytes) and f (m bytes) can match the same topic. */
+static bool entries_overlap(const char *e, size_t n, const char *f, size_t m)
+{
+    bool pe = n > 0 && e[n - 1] == POLICY_PREFIX_MARK, pf = m > 0 && f[m - 1] == POLICY_PREFIX_MARK;
+    size_t se = pe ? n - 1 : n, sf = pf ? m - 1 : m;
+    if (!pe && !pf)
+        return n == m && !memcmp(e, f, n);
+    if (pe && pf) {
+        size_t k = se < sf ? se : sf;
+        return !memcmp(e, f, k);
+    }
+    /* One exact name, one prefix: the name starts with the prefix's stem. */
+    const char *name = pe ? f : e, *stem = pe ? e : f;
+    size_t name_len = pe ? m : n, stem_len = pe ? se : sf;
+    return name_len >= stem_len && !memcmp(name, stem, stem_len);
+}
+
+bool svc_topic_policy_overlap(const svc_topic_policy *a, const svc_topic_policy *b, char *why,
+                              size_t whylen)
+{
+    const char *at = a->allowed, *e;
+    size_t n;
+    while (next_entry(&at, &e, &n)) {
+        const char *bt = b->allowed, *f;
+        size_t m;
+        while (next_entry(&bt, &f, &m))
+            if (n > 0 && m > 0 && entries_overlap(e, n, f, m)) {
+                svc_errf(why, whylen, "'%.*s' and '%.*s'", (int)n, e, (int)m, f);
+                return true;
+            }
+    }
+    return false;
+}
+
+bool svc_valid_tenant_name(const char *s, size_t len)
+{
+    if (len == 0 || len > SVC_TENANT_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_' ||
+              s[i] == '-'))
+            return false;
+    return true;
+}
+
 bool svc_valid_adapter_name(const char *s, size_t len)
 {
     return len > 0 && len <= SVC_ADAPTER_NAME_MAX && s[0] != '.' && all_name_chars(s, len);

@@ -378,6 +378,18 @@ bool svc_reply_topic_allowed(const svc_topic_policy *p, const char *topic, size_
  * and the reason in err. @locality any thread. */
 bool svc_topic_policy_check(const svc_topic_policy *p, char *err, size_t errlen);
 
+/* True when some topic name is allowed by an entry of a->allowed and by an
+ * entry of b->allowed (equal names, a name under a prefix, or two prefixes
+ * one of which starts the other), with the two entries in why. Reserved
+ * topics are not considered. Pure. @locality any thread. */
+bool svc_topic_policy_overlap(const svc_topic_policy *a, const svc_topic_policy *b, char *why,
+                              size_t whylen);
+
+/* True for a tenant or cache-group name: [a-z0-9_-]{1,48} (it becomes a
+ * topic-name suffix and a Redis key part). */
+#define SVC_TENANT_NAME_MAX 48
+bool svc_valid_tenant_name(const char *s, size_t len);
+
 /* True for an adapter name: [A-Za-z0-9._-]{1,128}, not starting with '.'
  * (it becomes a Redis key part and may name a directory). */
 bool svc_valid_adapter_name(const char *s, size_t len);

@@ -2,17 +2,22 @@
  * cluster-wide directory of resident images, its heartbeat, image blobs
  * submitted by reference, adapters, and the poison-message attempt counter.
  *
- * Keys, with <p> the configured prefix:
- *   <p>:img:<sha256>             hash {worker, bytes, tiles, last_use}      TTL img_ttl_s
+ * Keys, with <p> the configured prefix and <key> an image's key in a cache
+ * partition (lower-case hex of ml_image_state_key: the image's content
+ * sha256 under its tenant's cache salt; engine/runtime/image_cache.h):
+ *   <p>:img:<key>                hash {worker, bytes, tiles, last_use}      TTL img_ttl_s
  *   <p>:worker:<id>              hash {partitions, free_pool_bytes,
  *                                      heartbeat_ms}                        TTL worker_ttl_s
- *   <p>:blob:img:<sha256>        string: the image bytes                    TTL set by the writer
+ *   <p>:blob:img:<key>           string: the image bytes (the base key)     TTL set by the writer
  *   <p>:adapter:<name>           hash {config: adapter_config.json,
  *                                      weights: adapter_model.safetensors,
  *                                      sha256: svc_redis_adapter_digest}    no TTL
  *   <p>:attempts:<topic>:<partition>:<offset>  integer (INCR)     TTL offset_attempts_ttl_s
  *   <p>:request_attempts:<sha256(tenant NUL id)> integer (INCR)   TTL attempts_ttl_s
- * last_use and heartbeat_ms are unix ms. An adapter is stored as its two
+ * Image keys carry the partition so that neither the index nor a blob's
+ * presence tells anyone who knows only an image's bytes whether another
+ * cache group has it (service/README.md §3). last_use and heartbeat_ms are
+ * unix ms. An adapter is stored as its two
  * PEFT files (not a path) so that any worker can load it without a shared
  * filesystem, with the digest its publisher computed: a worker serves only
  * bytes that hash to it. A request id is hashed into its key with its
@@ -141,7 +146,9 @@ void svc_redis_destroy(svc_redis *r);
 /* ---- Image index -------------------------------------------------------- */
 
 /* Record that the image's cross-attention states are resident here
- * (`bytes` of pool memory, `tiles` tiles) and publish <p>:img:<sha256>.
+ * (`bytes` of pool memory, `tiles` tiles) and publish <p>:img:<sha256>,
+ * sha256 being the state's key (the runtime's, as its image events give
+ * it: partitioned, adapter-derived for an adapter's own states).
  * The local mirror is updated in every case; a non-OK status only says the
  * Redis write is deferred to reconciliation. ERR_INVALID for a malformed
  * sha256 (mirror unchanged); ERR_NOMEM / ERR_TOO_LARGE when the mirror
@@ -176,14 +183,17 @@ svc_redis_status svc_redis_heartbeat(svc_redis *r, const svc_redis_worker_info *
 
 /* ---- Blobs, adapters, attempts ------------------------------------------ */
 
-/* Fetch <p>:blob:img:<sha256>. Returns OK with *data (malloc'd, owned by the
+/* Fetch <p>:blob:img:<sha256>, sha256 being the image's base key in the
+ * requester's partition (ml_image_state_key with no adapter). Returns OK with *data (malloc'd, owned by the
  * caller) and *len; NOT_FOUND (also for an empty value); ERR_TOO_LARGE when
  * the value is over max_bytes (at most max_bytes + 1 bytes are transferred). */
 svc_redis_status svc_redis_blob_get(svc_redis *r, const char *sha256, size_t max_bytes,
                                     uint8_t **data, size_t *len);
 
 /* Store image bytes under <p>:blob:img:<sha256> for ttl_s seconds (> 0).
- * The caller vouches that sha256 is the digest of data. */
+ * The caller vouches that sha256 is the base key, in the partition of the
+ * tenant it uploads for, of data's digest (the worker checks the content
+ * digest the request names against the bytes). */
 svc_redis_status svc_redis_blob_put(svc_redis *r, const char *sha256, const void *data,
                                     size_t len, int ttl_s);
 
@@ -242,14 +252,16 @@ svc_redis_status svc_redis_attempt_incr(svc_redis *r, const char *topic, int32_t
 /* Count one more execution of request `id` of `tenant` (whatever record
  * carried it) and return the count in *attempt (1 the first time): the
  * number a reply's `attempt` carries, so a client's retry under the same id
- * is told apart from the first execution. The key is the sha256 of tenant,
- * a NUL and id; it expires attempts_ttl_s after the last execution. Failure
- * rule as above; INVALID for an empty tenant or id. */
+ * is told apart from the first execution; another tenant's id is another
+ * counter. The key is the sha256 of tenant, a NUL and id; it expires
+ * attempts_ttl_s after the last execution. Failure rule as above; INVALID
+ * for an empty tenant or id. */
 svc_redis_status svc_redis_request_attempt_incr(svc_redis *r, const char *tenant, const char *id,
                                                 uint32_t *attempt);
 
 /* Cache-affinity routing for producers: the request-topic partitions
- * ("topic:0,1,5") of the worker that holds image sha256 resident, from
+ * ("topic:0,1,5") of the worker that holds the image of key sha256 (the
+ * base key in the producer's tenant's partition) resident, from
  * <p>:img:<sha256>.worker and that worker's heartbeat. NOT_FOUND when no
  * live worker holds it. @locality the Redis thread of this client. */
 svc_redis_status svc_redis_route(svc_redis *r, const char *sha256, char *partitions, size_t n);

@@ -68,6 +68,21 @@ void worker_unregister(svc_worker *w, job *j)
     pthread_mutex_unlock(&w->registry_lock);
 }
 
+int job_identify(svc_worker *w, job *j, const char *id, const char *reply_topic)
+{
+    char *i = strdup(id), *t = strdup(reply_topic);
+    if (!i || !t) {
+        free(i);
+        free(t);
+        return -1;
+    }
+    pthread_mutex_lock(&w->registry_lock);
+    j->id = i;
+    j->reply_topic = t;
+    pthread_mutex_unlock(&w->registry_lock);
+    return 0;
+}
+
 void job_free(job *j)
 {
     if (!j || atomic_fetch_sub(&j->refs, 1) != 1)

@@ -1,5 +1,6 @@
 /* The worker: wiring, the Kafka loop, the drain sequence and the Redis index
  * thread (worker.h, worker_internal.h). */
+#include <assert.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -48,43 +49,43 @@ void worker_fail(svc_worker *w, svc_worker_exit code, const char *fmt, ...)
 
 /* ---- rebalances (Kafka thread) ------------------------------------------------ */
 
-/* have[p] = 1 for each partition of w->partitions ("topic:p,p,p"), the
- * others untouched. Called with partitions_lock held. */
-static void held_partitions(const svc_worker *w, int *have)
+/* The tenant index of request topic `topic`, or -1. */
+static int tenant_index(const svc_worker *w, const char *topic)
 {
-    const char *list = strchr(w->partitions, ':');
-    for (const char *p = list ? list + 1 : ""; *p;) {
-        int n = atoi(p);
-        if (n >= 0 && n < SVC_MOCK_KAFKA_MAX_PARTITIONS)
-            have[n] = 1;
-        p = strchr(p, ',');
-        p = p ? p + 1 : "";
-    }
+    const svc_tenant *t = svc_config_tenant_by_topic(&w->cfg, topic);
+    return t && !strcmp(t->request_topic, topic) ? (int)(t - w->cfg.tenants) : -1;
 }
 
 static void describe_partitions(svc_worker *w, const rd_kafka_topic_partition_list_t *add,
                                 const rd_kafka_topic_partition_list_t *remove)
 {
-    /* Keep "topic:p,p,p" of the assignment for the Redis heartbeat, so
-     * producers route images to the worker that holds them. */
+    /* Keep "topic:p,p,p" of the assignment, one per tenant joined by ';',
+     * for the Redis heartbeat, so producers route images to the worker
+     * that holds them. */
     pthread_mutex_lock(&w->partitions_lock);
-    int have[SVC_MOCK_KAFKA_MAX_PARTITIONS] = {0};
-    held_partitions(w, have);
-    for (int i = 0; add && i < add->cnt; i++)
-        if (add->elems[i].partition < SVC_MOCK_KAFKA_MAX_PARTITIONS)
-            have[add->elems[i].partition] = 1;
-    for (int i = 0; remove && i < remove->cnt; i++)
-        if (remove->elems[i].partition < SVC_MOCK_KAFKA_MAX_PARTITIONS)
-            have[remove->elems[i].partition] = 0;
-    size_t len = (size_t)snprintf(w->partitions, sizeof w->partitions, "%s:",
-                                  w->cfg.kafka.request_topic);
-    int count = 0;
-    for (int p = 0; p < SVC_MOCK_KAFKA_MAX_PARTITIONS && len < sizeof w->partitions; p++)
-        if (have[p]) {
-            len += (size_t)snprintf(w->partitions + len, sizeof w->partitions - len, "%s%d",
-                                    count ? "," : "", p);
-            count++;
+    for (int pass = 0; pass < 2; pass++) {
+        const rd_kafka_topic_partition_list_t *l = pass ? remove : add;
+        for (int i = 0; l && i < l->cnt; i++) {
+            int t = tenant_index(w, l->elems[i].topic);
+            if (t >= 0 && l->elems[i].partition >= 0 &&
+                l->elems[i].partition < SVC_MOCK_KAFKA_MAX_PARTITIONS)
+                w->held[t][l->elems[i].partition] = !pass;
         }
+    }
+    size_t len = 0;
+    int count = 0;
+    w->partitions[0] = 0;
+    for (size_t t = 0; t < w->cfg.n_tenants && len < sizeof w->partitions; t++) {
+        len += (size_t)snprintf(w->partitions + len, sizeof w->partitions - len, "%s%s:",
+                                t ? ";" : "", w->cfg.tenants[t].request_topic);
+        for (int p = 0, n = 0; p < SVC_MOCK_KAFKA_MAX_PARTITIONS && len < sizeof w->partitions;
+             p++)
+            if (w->held[t][p]) {
+                len += (size_t)snprintf(w->partitions + len, sizeof w->partitions - len, "%s%d",
+                                        n++ ? "," : "", p);
+                count++;
+            }
+    }
     pthread_mutex_unlock(&w->partitions_lock);
     svc_metrics_set(SVC_GAUGE_KAFKA_ASSIGNED_PARTITIONS, count);
 }
@@ -132,10 +133,6 @@ static void on_revoke(void *opaque, const rd_kafka_topic_partition_list_t *parts
 static void on_stats(void *opaque, const char *json, size_t len)
 {
     svc_worker *w = opaque;
-    int have[SVC_MOCK_KAFKA_MAX_PARTITIONS] = {0};
-    pthread_mutex_lock(&w->partitions_lock);
-    held_partitions(w, have);
-    pthread_mutex_unlock(&w->partitions_lock);
     cJSON *root = cJSON_ParseWithLength(json, len);
     const cJSON *topic;
     cJSON_ArrayForEach(topic, cJSON_GetObjectItemCaseSensitive(root, "topics"))
@@ -148,9 +145,12 @@ static void on_stats(void *opaque, const char *json, size_t len)
             const cJSON *state = cJSON_GetObjectItemCaseSensitive(part, "fetch_state");
             if (!cJSON_IsNumber(id) || id->valueint < 0 || !cJSON_IsNumber(lag))
                 continue;
-            int assigned = cJSON_IsString(state) && strcmp(state->valuestring, "none") &&
-                           !strcmp(topic->string, w->cfg.kafka.request_topic) &&
-                           id->valueint < SVC_MOCK_KAFKA_MAX_PARTITIONS && have[id->valueint];
+            int t = tenant_index(w, topic->string);
+            pthread_mutex_lock(&w->partitions_lock);
+            int assigned = cJSON_IsString(state) && strcmp(state->valuestring, "none") && t >= 0 &&
+                           id->valueint < SVC_MOCK_KAFKA_MAX_PARTITIONS &&
+                           w->held[t][id->valueint];
+            pthread_mutex_unlock(&w->partitions_lock);
             svc_metrics_set_lag(topic->string, id->valueint,
                                 assigned ? (int64_t)lag->valuedouble : -1);
         }
@@ -420,17 +420,34 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
     return 0;
 }
 
+/* The embedded mock cluster's topics: every tenant's request, cancel and
+ * first reply topic, and the DLT ("name:partitions,..."). Returns 0, or -1
+ * when they do not fit. */
+static int mock_topics(const svc_config *c, char *out, size_t n)
+{
+    size_t len = (size_t)snprintf(out, n, "%s:1", c->kafka.dlt_topic);
+    for (size_t i = 0; i < c->n_tenants && len < n; i++) {
+        const svc_tenant *t = &c->tenants[i];
+        char reply[SVC_CONFIG_TOPIC] = REPLIES_TOPIC;
+        size_t first = strcspn(t->reply_topics, ",*");
+        if (c->tenants[i].reply_topics[first] != '*' && first < sizeof reply)
+            snprintf(reply, sizeof reply, "%.*s", (int)first, t->reply_topics);
+        len += (size_t)snprintf(out + len, n - len, ",%s:%d,%s:1,%s:%d", t->request_topic,
+                                c->kafka.mock_partitions, t->cancel_topic, reply,
+                                c->kafka.mock_partitions);
+    }
+    return len < n ? 0 : -1;
+}
+
 static int connect_kafka(svc_worker *w, char *err, size_t errlen)
 {
     const svc_config *c = &w->cfg;
     snprintf(w->brokers, sizeof w->brokers, "%s", c->kafka.brokers);
     if (!strcmp(c->kafka.brokers, "mock")) {
-        char topics[1200];
-        snprintf(topics, sizeof topics, "%s:%d,%s:%d,%s:1,%s:1", c->kafka.request_topic,
-                 c->kafka.mock_partitions, REPLIES_TOPIC, c->kafka.mock_partitions,
-                 c->kafka.dlt_topic, c->kafka.cancel_topic);
+        char topics[SVC_TENANTS_MAX * 3 * (SVC_CONFIG_TOPIC + 8) + SVC_CONFIG_TOPIC];
         svc_mock_kafka *m;
-        if (svc_mock_kafka_create(MOCK_BROKERS, topics, &m, err, errlen) != SVC_KAFKA_OK)
+        if (mock_topics(c, topics, sizeof topics) ||
+            svc_mock_kafka_create(MOCK_BROKERS, topics, &m, err, errlen) != SVC_KAFKA_OK)
             return -1;
         w->mock = m;
         snprintf(w->brokers, sizeof w->brokers, "%s", svc_mock_kafka_bootstraps(m));
@@ -441,10 +458,16 @@ static int connect_kafka(svc_worker *w, char *err, size_t errlen)
                               .opaque = w, .close_flush_ms = FATAL_FLUSH_MS};
     if (svc_producer_create(&pc, &w->producer, err, errlen) != SVC_KAFKA_OK)
         return -1;
-    const char *req_topics[] = {c->kafka.request_topic};
+    /* Every tenant's request topic in one group; the topic a record comes
+     * from is its tenant. */
+    const char *req_topics[SVC_TENANTS_MAX], *cancel_topics[SVC_TENANTS_MAX];
+    for (size_t i = 0; i < c->n_tenants; i++) {
+        req_topics[i] = c->tenants[i].request_topic;
+        cancel_topics[i] = c->tenants[i].cancel_topic;
+    }
     svc_consumer_config cc = {.brokers = w->brokers, .group_id = c->kafka.group,
-                              .topics = req_topics, .n_topics = 1, .kafka = c->kafka.props,
-                              .n_kafka = c->kafka.n_props,
+                              .topics = req_topics, .n_topics = c->n_tenants,
+                              .kafka = c->kafka.props, .n_kafka = c->kafka.n_props,
                               .events = {.on_assign = on_assign, .on_revoke = on_revoke,
                                          .on_stats = on_stats, .opaque = w}};
     if (svc_consumer_create(&cc, &w->consumer, err, errlen) != SVC_KAFKA_OK)
@@ -452,10 +475,9 @@ static int connect_kafka(svc_worker *w, char *err, size_t errlen)
     /* Every worker must see every cancel: a group of its own, from now on. */
     char group[sizeof c->kafka.group + sizeof c->worker_id + 16];
     snprintf(group, sizeof group, "%s.cancel.%s", c->kafka.group, c->worker_id);
-    const char *cancel_topics[] = {c->kafka.cancel_topic};
     svc_kafka_kv latest[] = {{"auto.offset.reset", "latest"}};
     svc_consumer_config kc = {.brokers = w->brokers, .group_id = group, .topics = cancel_topics,
-                              .n_topics = 1, .kafka = latest, .n_kafka = 1};
+                              .n_topics = c->n_tenants, .kafka = latest, .n_kafka = 1};
     if (svc_consumer_create(&kc, &w->cancels, err, errlen) != SVC_KAFKA_OK)
         return -1;
     return 0;
@@ -496,7 +518,11 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
         return NULL;
     }
     w->cfg = *cfg;
-    cfg->kafka.n_props = 0; /* moved */
+    /* Moved: the properties and the tenants are w's now. */
+    cfg->kafka.n_props = 0;
+    cfg->tenants = NULL;
+    cfg->reserved_topics = NULL;
+    cfg->n_tenants = cfg->n_reserved_topics = 0;
     pthread_mutex_init(&w->partitions_lock, NULL);
     pthread_mutex_init(&w->event_lock, NULL);
     pthread_cond_init(&w->event_cond, NULL);
@@ -505,7 +531,6 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     pthread_mutex_init(&w->failure_lock, NULL);
     job_queue_init(&w->prep_q);
     job_queue_init(&w->step_q);
-    job_queue_init(&w->silent_q);
     if (worker_cancels_init(&w->pending_cancels)) {
         *code = SVC_WORKER_EXIT_CONFIG;
         svc_errf(err, errlen, "out of memory");
@@ -531,7 +556,6 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
         svc_worker_destroy(w);
         return NULL;
     }
-    svc_config_reply_policy(&w->cfg, w->reply_reserved, &w->reply_policy);
     /* Start time in ms: numbers of uncounted attempts differ across processes. */
     atomic_store(&w->next_uncounted, (uint32_t)svc_wall_ms());
     w->prep = calloc((size_t)w->cfg.worker.prep_threads, sizeof *w->prep);
@@ -612,12 +636,16 @@ static void accept_message(svc_worker *w, svc_kafka_msg *m)
         return;
     }
     j->w = w;
+    /* The topic is the identity: the consumer hands out only subscribed
+     * topics, each a tenant's request topic. */
+    j->tenant = svc_config_tenant_by_topic(&w->cfg, m->topic);
+    assert(j->tenant);
     j->msg = *m;
     j->ticket = m->ticket;
     snprintf(j->topic, sizeof j->topic, "%s", m->topic);
     j->partition = m->partition;
     j->offset = m->offset;
-    j->timestamp_ms = m->timestamp_ms;
+    j->broker_ms = m->broker_time ? m->timestamp_ms : -1;
     j->arrival = ++w->arrivals;
     j->attempt = 1;
     j->stream = true;
@@ -629,18 +657,6 @@ static void accept_message(svc_worker *w, svc_kafka_msg *m)
     atomic_fetch_add(&w->inflight, 1);
     worker_register(w, j);
     job_queue_push(&w->prep_q, j);
-}
-
-/* Finish the jobs that end without a record (superseded before they ran:
- * their id is answered by the newer execution). Unless abandoned or after
- * a process-level error, as for a delivered final record. */
-static void finish_silent(svc_worker *w)
-{
-    for (job *j; (j = job_queue_pop(&w->silent_q, 0));) {
-        if (!atomic_load(&j->abandoned) && !atomic_load(&w->fatal))
-            worker_finish_offset(w, j);
-        job_free(j);
-    }
 }
 
 static void backpressure(svc_worker *w, bool draining)
@@ -687,7 +703,6 @@ int svc_worker_run(svc_worker *w)
         else if (st != SVC_KAFKA_NO_MESSAGE)
             worker_fail(w, SVC_WORKER_EXIT_KAFKA, "consumer: %s", svc_kafka_status_name(st));
         poll_cancels(w);
-        finish_silent(w);
         svc_producer_poll(w->producer, 0);
         if (svc_producer_fatal(w->producer, err, sizeof err) ||
             svc_consumer_fatal(w->consumer, err, sizeof err))
@@ -728,8 +743,10 @@ void svc_worker_destroy(svc_worker *w)
         job_free(j);
     for (job *j; (j = job_queue_pop(&w->step_q, 0));)
         job_free(j);
-    for (job *j; (j = job_queue_pop(&w->silent_q, 0));)
+    for (job *j = w->parked, *next; j; j = next) {
+        next = j->next;
         job_free(j);
+    }
     ml_engine_close(w->engine); /* in-flight sequences end here; fatal path only */
     /* Producer before consumers: its delivery reports finish into them. */
     svc_producer_destroy(w->producer);
@@ -749,7 +766,6 @@ void svc_worker_destroy(svc_worker *w)
     }
     job_queue_deinit(&w->prep_q);
     job_queue_deinit(&w->step_q);
-    job_queue_deinit(&w->silent_q);
     free(w->resident);
     svc_adapter_store_deinit(&w->adapters);
     svc_schema_cache_destroy(w->schemas);

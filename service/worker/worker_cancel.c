@@ -1,10 +1,12 @@
 /* Cancels: the table of pending cancels (worker_internal.h says what it
  * holds and for how long) and how the step thread applies it, together
  * with the other ways an execution is stopped on this worker: a newer
- * execution of the same request id, a revoked partition, the end of a
- * drain's grace. Abandoned jobs are stopped by their flag, never by id, so
- * a revocation cannot stop another execution of the same id that this
- * worker still owns. */
+ * execution of the same request, a revoked partition, the end of a drain's
+ * grace. Everything is keyed by (tenant, id): a record from one tenant's
+ * topics never stops, replaces or waits on another tenant's request.
+ * Abandoned jobs are stopped by their flag, never by id, so a revocation
+ * cannot stop another execution of the same id that this worker still
+ * owns. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,7 +51,8 @@ void worker_cancel_record(svc_worker *w, const svc_kafka_msg *m)
 {
     /* Only what the request parser could have accepted as an id can match
      * one; the buffer holds the longest of them. */
-    if (!m->key || m->key_len == 0 || m->key_len > w->limits.max_id_bytes ||
+    const svc_tenant *tenant = svc_config_tenant_by_topic(&w->cfg, m->topic);
+    if (!tenant || !m->key || m->key_len == 0 || m->key_len > w->limits.max_id_bytes ||
         m->key_len > SVC_ID_MAX_BYTES)
         return;
     cancel_table *t = &w->pending_cancels;
@@ -64,25 +67,27 @@ void worker_cancel_record(svc_worker *w, const svc_kafka_msg *m)
     memcpy(c->id, m->key, m->key_len);
     c->id[m->key_len] = '\0';
     c->len = m->key_len;
+    c->tenant = tenant;
     c->arrival = ++w->arrivals;
     c->at_ms = now;
-    c->timestamp_ms = m->timestamp_ms;
+    c->broker_ms = m->broker_time ? m->timestamp_ms : -1;
     pthread_mutex_unlock(&t->lock);
     atomic_store(&w->cancel_scan, true);
-    svc_log(SVC_LOG_INFO, "cancel_received", "request %.*s", (int)m->key_len,
-            (const char *)m->key);
+    svc_log(SVC_LOG_INFO, "cancel_received", "tenant %s request %.*s", tenant->name,
+            (int)m->key_len, (const char *)m->key);
 }
 
 /* Whether cancel c is meant for the execution j of its id: one whose request
- * record is not newer than the cancel record. */
+ * record is not newer than the cancel record, in the worker's order
+ * (worker_internal.h). */
 static bool meant_for(const pending_cancel *c, const job *j)
 {
-    if (c->timestamp_ms >= 0 && j->timestamp_ms >= 0)
-        return j->timestamp_ms <= c->timestamp_ms;
+    if (c->broker_ms >= 0 && j->broker_ms >= 0)
+        return j->broker_ms <= c->broker_ms;
     return j->arrival < c->arrival;
 }
 
-bool worker_cancel_hits(svc_worker *w, const job *j)
+static bool cancel_hits(svc_worker *w, const job *j)
 {
     if (!j->id)
         return false;
@@ -93,53 +98,81 @@ bool worker_cancel_hits(svc_worker *w, const job *j)
     expire(t, svc_now_ms());
     for (size_t i = 0; i < t->n && !hit; i++) {
         const pending_cancel *c = &t->ring[(t->head + i) % WORKER_CANCELS_MAX];
-        hit = c->len == len && !memcmp(c->id, j->id, len) && meant_for(c, j);
+        hit = c->tenant == j->tenant && c->len == len && !memcmp(c->id, j->id, len) &&
+              meant_for(c, j);
     }
     pthread_mutex_unlock(&t->lock);
     return hit;
 }
 
+bool worker_job_stopped(svc_worker *w, const job *j)
+{
+    return atomic_load(&j->replaced) || cancel_hits(w, j);
+}
+
 /* ---- the step thread ------------------------------------------------------------- */
+
+/* Whether a and b (ids set) are executions of one request. */
+static bool same_request(const job *a, const job *b)
+{
+    return a->tenant == b->tenant && !strcmp(a->id, b->id) &&
+           !strcmp(a->reply_topic, b->reply_topic);
+}
 
 submit_verdict worker_cancel_before_submit(svc_worker *w, job *j)
 {
-    if (worker_cancel_hits(w, j))
+    if (worker_job_stopped(w, j))
         return SUBMIT_CANCELLED;
     /* The execution consumed last is the one that runs: a client's retry
-     * under the same id replaces the earlier one, which ends with
-     * finish_reason cancelled before the retry's first record. An earlier
-     * one that reaches submit after the retry (prep finishes out of order)
-     * sends nothing: a final record of its own, a seq 0, would come after
-     * the retry's seq 0 and take the frontend's eye off the retry. */
+     * replaces the earlier ones, which end with finish_reason cancelled
+     * before the retry's first record, whatever stage they are in. j runs
+     * once none older is left here: a running one is cancelled now (its
+     * final is queued inside ml_runtime_cancel), one not yet submitted ends
+     * at its next stage (replaced), and one of j's tenant whose id is not
+     * known yet may be the same request. Each older one leaves the
+     * registry once its records are delivered; only then does j start. */
     uint64_t older[CANCEL_BATCH];
-    bool superseded = false;
+    bool wait = false, newer = false;
     for (;;) {
         int n = 0;
         pthread_mutex_lock(&w->registry_lock);
-        for (job *o = registry_first(w); o && n < CANCEL_BATCH && !superseded;
-             o = registry_next(o)) {
+        for (job *o = registry_first(w); o && n < CANCEL_BATCH && !newer; o = registry_next(o)) {
             /* An abandoned execution answers nowhere here: it replaces nothing. */
-            if (o == j || !o->handle || !o->id || atomic_load(&o->abandoned) ||
-                strcmp(o->id, j->id))
+            if (o == j || o->tenant != j->tenant || atomic_load(&o->abandoned))
                 continue;
             if (o->arrival > j->arrival) {
-                superseded = true;
-            } else if (!o->cancel_sent) {
+                newer = o->id && same_request(o, j);
+                continue;
+            }
+            if (!o->id) {
+                wait = true;
+                continue;
+            }
+            if (!same_request(o, j))
+                continue;
+            wait = true;
+            atomic_store(&o->replaced, true);
+            if (o->handle && !o->cancel_sent) {
                 o->cancel_sent = true;
                 older[n++] = o->handle;
             }
         }
         pthread_mutex_unlock(&w->registry_lock);
         for (int i = 0; i < n; i++) {
-            svc_log(SVC_LOG_INFO, "request_superseded",
-                    "request %s: a newer execution (attempt %u) replaces a running one", j->id,
-                    j->attempt);
+            svc_log(SVC_LOG_INFO, "request_replaced",
+                    "tenant %s request %s: a newer execution (attempt %u) replaces a running one",
+                    j->tenant->name, j->id, j->attempt);
             ml_runtime_cancel(w->rt, older[i]);
         }
         if (n < CANCEL_BATCH)
             break;
     }
-    return superseded ? SUBMIT_SUPERSEDED : SUBMIT_RUN;
+    if (newer) {
+        /* Consumed after j and prepared first: j is the older one. */
+        atomic_store(&j->replaced, true);
+        return SUBMIT_CANCELLED;
+    }
+    return wait ? SUBMIT_WAIT : SUBMIT_RUN;
 }
 
 void worker_cancels_apply(svc_worker *w)
@@ -154,7 +187,7 @@ void worker_cancels_apply(svc_worker *w)
         for (job *j = registry_first(w); j && n < CANCEL_BATCH; j = registry_next(j)) {
             if (!j->handle || j->cancel_sent)
                 continue;
-            if (all || atomic_load(&j->abandoned) || worker_cancel_hits(w, j)) {
+            if (all || atomic_load(&j->abandoned) || cancel_hits(w, j)) {
                 j->cancel_sent = true;
                 handles[n++] = j->handle;
             }

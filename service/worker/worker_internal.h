@@ -30,6 +30,7 @@
 #include "engine.h"
 #include "http.h"
 #include "kafka/kafka.h"
+#include "kafka/mock_kafka.h"
 #include "protocol/protocol.h"
 #include "redis/redis.h"
 #include "worker/schema_cache.h"
@@ -63,13 +64,19 @@ typedef struct job {
     ml_list_node reg;           /* in the live-job registry */
     svc_worker *w;              /* borrowed */
     svc_offset_ticket ticket;   /* finished when the final record is delivered */
+    const svc_tenant *tenant;   /* borrowed from w->cfg: whose request topic it came from */
     char topic[SVC_TOPIC_NAME_MAX + 1];
     int32_t partition;
     int64_t offset;
-    int64_t timestamp_ms;       /* the record's; -1 when absent */
+    int64_t broker_ms;          /* the record's LogAppendTime; -1 when its topic keeps
+                                   the producer's time, which orders nothing */
     uint64_t arrival;           /* Kafka thread's arrival number (worker_cancel.c) */
     uint32_t attempt;
     atomic_bool abandoned;      /* partition revoked or lost: no more records */
+    /* A newer execution of the same request (tenant, id and reply topic)
+     * was consumed: this one ends cancelled at its next stage, before the
+     * newer sends anything (worker_cancel.c). */
+    atomic_bool replaced;
     /* References: one for the pipeline (prep, then step thread, until its
      * final record or dead letter is queued) and one per record queued and
      * not yet reported. job_free drops one; the last frees the job. */
@@ -99,7 +106,9 @@ typedef struct job {
     int n_skipped;              /* inline images prep left undecoded (at_caller) */
     uint64_t pixels;            /* decoded pixels its images come to (prep: the budget) */
     uint64_t handle;            /* runtime handle once submitted */
-    /* Reply state (step thread). */
+    /* Reply state (step thread). id and reply_topic are set once, by the
+     * prep thread under registry_lock (job_identify), and read by others
+     * under it. */
     char *id, *reply_topic;     /* owned copies */
     bool stream;
     uint32_t seq;
@@ -136,10 +145,14 @@ job *job_queue_pop(job_queue *q, int timeout_ms);
  * for prep, being prepared, waiting for the step thread, or running. The
  * prep thread consults the table once the request id is known, the step
  * thread at submit and (for running sequences) whenever a cancel arrives.
- * A cancel stops the executions of its id whose request record is not newer
- * than the cancel record (record timestamps; where either has none, those
- * consumed before the cancel arrived), so a client that cancels and then
- * sends the id again gets the new execution run.
+ * A cancel is its tenant's (the cancel topic it came from): it stops the
+ * executions of its id from that tenant's request topic whose request
+ * record is not newer than the cancel record, so a client that cancels and
+ * then sends the id again gets the new execution run. Newer is the worker's
+ * order, never the producer's: the broker's LogAppendTime when both records
+ * carry one, else the order this worker consumed them in (a producer's
+ * CreateTime is whatever the producer chose: a request stamped a day ahead
+ * could not be cancelled, a cancel stamped ahead would stop every re-send).
  *
  * Bounded: WORKER_CANCELS_MAX entries, each forgotten WORKER_CANCEL_TTL_MS
  * after it arrived, the oldest first when the table is full. A running
@@ -150,9 +163,10 @@ job *job_queue_pop(job_queue *q, int timeout_ms);
 #define WORKER_CANCEL_TTL_MS (5 * 60 * 1000)
 
 typedef struct pending_cancel {
+    const svc_tenant *tenant;   /* borrowed from w->cfg: whose cancel topic it came from */
     uint64_t arrival;           /* Kafka thread's arrival number */
     long long at_ms;            /* svc_now_ms() when it arrived */
-    int64_t timestamp_ms;       /* the cancel record's; -1 when absent */
+    int64_t broker_ms;          /* the cancel record's LogAppendTime; -1: none */
     size_t len;
     char id[SVC_ID_MAX_BYTES + 1];
 } pending_cancel;
@@ -190,6 +204,10 @@ typedef struct prep_thread {
 #define WORKER_ATTEMPT_UNCOUNTED 0x80000000u
 
 /* ---- the worker -------------------------------------------------------------- */
+
+/* The Redis heartbeat's partitions text: every tenant's request topic and
+ * its assigned partitions. */
+#define WORKER_PARTITIONS_TEXT 8192
 
 struct svc_worker {
     svc_config cfg;             /* owned */
@@ -231,11 +249,11 @@ struct svc_worker {
         uint64_t produced;
         char topic[SVC_TOPIC_NAME_MAX + 1];
     } acked[2];
-    svc_topic_policy reply_policy; /* kafka.reply_topics; reserved: reply_reserved */
-    const char *reply_reserved[SVC_REPLY_RESERVED]; /* borrowed from cfg */
     pthread_mutex_t failure_lock;  /* jobs' reply_why */
     pthread_mutex_t partitions_lock;
-    char partitions[1024];      /* "topic:0,1,5" for the Redis heartbeat */
+    bool held[SVC_TENANTS_MAX][SVC_MOCK_KAFKA_MAX_PARTITIONS]; /* assigned, per tenant's
+                                                                  request topic */
+    char partitions[WORKER_PARTITIONS_TEXT]; /* "topic:0,1,5;topic2:3" for the heartbeat */
 
     /* Redis (NULL when redis.url is empty); the prep threads' own are in prep. */
     svc_redis *redis_index;
@@ -245,7 +263,8 @@ struct svc_worker {
     /* Threads and queues. */
     job_queue prep_q;           /* Kafka -> prep */
     job_queue step_q;           /* prep -> step */
-    job_queue silent_q;         /* step -> Kafka: superseded jobs, finished without a record */
+    job *parked;                /* step thread: prepared jobs waiting for the older
+                                   executions of their request to end (job.next links) */
     cancel_table pending_cancels;
     uint64_t arrivals;          /* Kafka thread: numbers requests and cancels as consumed */
     atomic_bool cancel_scan;    /* a cancel arrived or a job was abandoned: step rescans */
@@ -276,6 +295,11 @@ static inline job *registry_next(const job *j) { return ml_list_entry(j->reg.nex
 /* Registry of live jobs, for revocations (any thread). */
 void worker_register(svc_worker *w, job *j);
 void worker_unregister(svc_worker *w, job *j);
+
+/* Give j its request id and reply topic (copies), under registry_lock, so
+ * the step thread can match it with other executions of its request.
+ * Returns 0, or -1 out of memory (j unchanged). @locality prep thread. */
+int job_identify(svc_worker *w, job *j, const char *id, const char *reply_topic);
 
 /* Drop the caller's reference to j (the pipeline's, or a record's in its
  * delivery report); the last one frees j and everything it owns and
@@ -320,18 +344,25 @@ void worker_fail(svc_worker *w, svc_worker_exit code, const char *fmt, ...)
  * memory; deinit accepts a table init never reached (zeroed). */
 int worker_cancels_init(cancel_table *t);
 void worker_cancels_deinit(cancel_table *t);
-/* Remember the cancel record m (key = request id) and have the step thread
- * rescan. A key that cannot be a request id is ignored. @locality Kafka thread. */
+/* Remember the cancel record m (key = request id) for the tenant of m's
+ * topic and have the step thread rescan. A key that cannot be a request id
+ * is ignored. @locality Kafka thread. */
 void worker_cancel_record(svc_worker *w, const svc_kafka_msg *m);
-/* Whether a pending cancel stops j (its id set). @locality any thread. */
-bool worker_cancel_hits(svc_worker *w, const job *j);
-/* At submit: whether j runs. When it does, older executions of its id
- * still running here are cancelled (they end with finish_reason cancelled
- * before j sends anything). @locality step thread. */
+/* Whether j is to stop before it runs: a pending cancel of its tenant and
+ * id is meant for it, or a newer execution replaced it (its id set).
+ * @locality any thread. */
+bool worker_job_stopped(svc_worker *w, const job *j);
+/* At submit: whether j runs. A retry is a newer execution of the same
+ * request: same tenant, id and reply topic. The older executions still
+ * here are replaced (cancelled when running, j->replaced otherwise) and j
+ * waits until each has ended and its records are delivered, so their
+ * cancelled finals come before j's first record. @locality step thread. */
 typedef enum submit_verdict {
     SUBMIT_RUN,
-    SUBMIT_CANCELLED,   /* a pending cancel stops it: its final says cancelled */
-    SUBMIT_SUPERSEDED,  /* a newer execution of its id runs here: it sends nothing */
+    SUBMIT_CANCELLED,   /* a pending cancel or a newer execution stops it: its final
+                           says cancelled */
+    SUBMIT_WAIT,        /* older executions of its request (or of a request of its
+                           tenant not yet parsed) are still here: park it, ask again */
 } submit_verdict;
 submit_verdict worker_cancel_before_submit(svc_worker *w, job *j);
 /* Cancel the running jobs that a new cancel hits, that were abandoned, or

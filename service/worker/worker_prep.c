@@ -129,6 +129,10 @@ static svc_error count_inline_pixels(svc_worker *w, job *j, char *msg, size_t ms
  * the job keeps the request's bytes until it ends; a sha256 reference uses
  * the resident state when this worker has it under the request's adapter,
  * else the blob Redis holds.
+ * Every lookup is in the tenant's cache partition: the resident mirror and
+ * the blob are found by ml_image_state_key of the content digest and the
+ * tenant's cache salt (the key the runtime gives the state), never by the
+ * digest itself, so a tenant learns nothing of another group's images.
  * The request's pixel budget is checked from the headers first. */
 static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
 {
@@ -144,13 +148,16 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
         return SVC_ERROR_INTERNAL;
     }
     j->n_images = (int)r->n_images;
+    const uint8_t *salt = j->tenant->cache_salt;
     for (size_t i = 0; i < r->n_images; i++) {
         const svc_image *img = &r->images[i];
         ml_request_image *im = &j->images[i];
+        uint8_t base[ML_IMAGE_KEY_BYTES]; /* the base state's key in the partition */
         svc_error e;
         if (img->kind == SVC_IMAGE_INLINE) {
             ml_sha256(img->bytes, img->n_bytes, im->key);
-            if (!r->adapter && !j->redecode && worker_mirror_contains(w, im->key)) {
+            ml_image_state_key(salt, im->key, NULL, base);
+            if (!r->adapter && !j->redecode && worker_mirror_contains(w, base)) {
                 im->n_tiles = 1; /* the resident state's count wins */
                 im->at_caller = 1; /* an eviction before admission comes back: redecode */
                 j->keep_req = true;
@@ -160,7 +167,10 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
             }
             e = prepare_pixels(w, img->bytes, img->n_bytes, (int)i, im, msg, msglen);
         } else {
+            /* The client's digest is content, whatever it names: the
+             * runtime derives the state keys from it (ml_image_state_key). */
             hex_to_key(img->sha256, im->key);
+            ml_image_state_key(salt, im->key, NULL, base);
             /* Under an adapter the runtime keys the state by (image,
              * adapter) when the adapter changes image states, which only
              * the loaded adapter tells: a resident state under that key
@@ -168,20 +178,25 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
              * fetched, and the base state is relied on only without it. */
             uint8_t adapted[ML_IMAGE_KEY_BYTES];
             if (r->adapter)
-                ml_image_key_for_adapter(im->key, r->adapter, adapted);
-            bool base_resident = worker_mirror_contains(w, im->key);
+                ml_image_state_key(salt, im->key, r->adapter, adapted);
+            bool base_resident = worker_mirror_contains(w, base);
             if (r->adapter ? worker_mirror_contains(w, adapted) : base_resident) {
                 /* No pixels: the runtime uses the resident state and its
                  * tile count. */
                 im->n_tiles = 1;
                 continue;
             }
+            /* Blobs are stored per partition too (service/README.md §3):
+             * under the base state's key, so finding one confirms only an
+             * upload for this tenant's cache group. */
+            char blob_key[ML_SHA256_HEX_SIZE];
+            ml_sha256_hex(base, blob_key);
             uint8_t *blob = NULL;
             size_t n = 0;
             svc_watch_begin(prep_watch, "redis blob");
             svc_redis_status rs =
-                prep_redis ? svc_redis_blob_get(prep_redis, img->sha256,
-                                                w->limits.max_image_bytes, &blob, &n)
+                prep_redis ? svc_redis_blob_get(prep_redis, blob_key, w->limits.max_image_bytes,
+                                                &blob, &n)
                            : SVC_REDIS_NOT_FOUND;
             svc_watch_begin(prep_watch, "prepare");
             if (rs != SVC_REDIS_OK && rs != SVC_REDIS_NOT_FOUND)
@@ -366,20 +381,18 @@ static uint32_t uncounted_attempt(svc_worker *w)
            (atomic_fetch_add(&w->next_uncounted, 1) & ~WORKER_ATTEMPT_UNCOUNTED);
 }
 
-/* The attempt a reply carries: executions of the request id of its tenant,
+/* The attempt a reply carries: executions of the request id in its tenant,
  * counted in Redis, so a client's retry under the same id (another record)
  * is a new, higher attempt, as a redelivery of the same record is; the
  * per-offset count stays the poison-message guard. Once the request has
  * parsed, before any reply. */
 static void count_attempt_by_id(svc_worker *w, job *j)
 {
-    /* The tenant is the job's once jobs carry one (issue 23, job->tenant);
-     * until then every request is the implicit tenant's. */
-    const char *tenant = "default";
     if (prep_redis) {
         uint32_t attempt;
         svc_watch_begin(prep_watch, "redis request attempts");
-        svc_redis_status rs = svc_redis_request_attempt_incr(prep_redis, tenant, j->id, &attempt);
+        svc_redis_status rs =
+            svc_redis_request_attempt_incr(prep_redis, j->tenant->name, j->id, &attempt);
         svc_watch_begin(prep_watch, "prepare");
         if (rs == SVC_REDIS_OK) {
             j->attempt = attempt;
@@ -445,15 +458,14 @@ static void prepare(svc_worker *w, job *j)
     /* A reply topic outside the policy has no allowed address to answer:
      * not even an error reply goes there. */
     const char *topic = j->req ? j->req->reply_topic : NULL;
-    if (topic && !svc_reply_topic_allowed(&w->reply_policy, topic, strlen(topic))) {
-        svc_errf(msg, sizeof msg, "reply_topic '%s' is not allowed by kafka.reply_topics",
-                 topic);
+    if (topic && !svc_reply_topic_allowed(&j->tenant->policy, topic, strlen(topic))) {
+        svc_errf(msg, sizeof msg, "reply_topic '%s' is not allowed for tenant %s", topic,
+                 j->tenant->name);
         worker_dead_letter(w, j, SVC_ERROR_REPLY_TOPIC_NOT_ALLOWED, msg);
         return;
     }
-    if (j->req && j->req->id && j->req->reply_topic) {
-        j->id = strdup(j->req->id);
-        j->reply_topic = strdup(j->req->reply_topic);
+    if (j->req && j->req->id && j->req->reply_topic &&
+        job_identify(w, j, j->req->id, j->req->reply_topic) == 0) {
         j->stream = j->req->stream;
     }
     if (code != SVC_ERROR_NONE || !j->id || !j->reply_topic) {
@@ -475,8 +487,10 @@ static void prepare(svc_worker *w, job *j)
     }
     /* A cancel that came while it was queued: the step thread checks again
      * at submit, for one that comes during the work below. */
-    if (worker_cancel_hits(w, j)) {
-        worker_reply_cancelled(w, j, "cancelled before it was prepared");
+    if (worker_job_stopped(w, j)) {
+        worker_reply_cancelled(w, j, atomic_load(&j->replaced)
+                                         ? "replaced by a newer execution before it was prepared"
+                                         : "cancelled before it was prepared");
         return;
     }
     if ((j->req->adapter &&

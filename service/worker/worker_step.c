@@ -13,6 +13,7 @@
 #include "worker/worker_internal.h"
 
 #define IDLE_WAIT_MS 50
+#define PARKED_WAIT_MS 2 /* how often parked jobs are looked at when nothing runs */
 
 static svc_finish finish_of(ml_finish_reason r)
 {
@@ -236,7 +237,8 @@ void worker_reply_cancelled(svc_worker *w, job *j, const char *why)
     reply_final(w, j, SVC_FINISH_CANCELLED, NULL, 0, &usage, &timings);
 }
 
-/* Submit a prepared job. After ml_runtime_submit the job belongs to the
+/* Submit a prepared job, or park it (w->parked) while older executions of
+ * its request end. After ml_runtime_submit the job belongs to the
  * runtime's callbacks (which may already have run and handed it to a
  * delivery report): it is not touched again here. */
 static void submit(svc_worker *w, job *j)
@@ -248,13 +250,13 @@ static void submit(svc_worker *w, job *j)
     switch (worker_cancel_before_submit(w, j)) {
     case SUBMIT_RUN: break;
     case SUBMIT_CANCELLED:
-        worker_reply_cancelled(w, j, "cancelled before it started");
+        worker_reply_cancelled(w, j, atomic_load(&j->replaced)
+                                         ? "replaced by a newer execution before it started"
+                                         : "cancelled before it started");
         return;
-    case SUBMIT_SUPERSEDED:
-        svc_log(SVC_LOG_INFO, "request_superseded",
-                "request %s attempt %u: a newer execution runs already", j->id, j->attempt);
-        svc_metrics_finished(SVC_FINISH_CANCELLED);
-        job_queue_push(&w->silent_q, j);
+    case SUBMIT_WAIT:
+        j->next = w->parked;
+        w->parked = j;
         return;
     }
     svc_request *req = j->req;
@@ -271,6 +273,9 @@ static void submit(svc_worker *w, job *j)
         .adapter = req->adapter,
         .cb = {.on_token = on_token, .on_finish = on_finish, .ctx = j},
     };
+    /* The tenant's cache partition (runtime.h ml_request.cache_salt; the
+     * same size: config.h). */
+    memcpy(r.cache_salt, j->tenant->cache_salt, sizeof r.cache_salt);
     char err[256];
     ml_status st = ml_runtime_submit(w->rt, &r, &j->handle, err, sizeof err);
     /* The runtime copied the prompt and the stop strings and took the pixels. */
@@ -309,16 +314,35 @@ static void publish_gauges(svc_worker *w)
     atomic_store(&w->free_pool_bytes, free_kv + free_images);
 }
 
+/* Ask again for every parked job, oldest first (the list is newest first:
+ * it is taken whole and resubmitted in reverse). */
+static void submit_parked(svc_worker *w)
+{
+    job *rev = NULL;
+    for (job *j = w->parked, *next; j; j = next) {
+        next = j->next;
+        j->next = rev;
+        rev = j;
+    }
+    w->parked = NULL;
+    for (job *j = rev, *next; j; j = next) {
+        next = j->next;
+        submit(w, j);
+    }
+}
+
 void *worker_step_main(void *arg)
 {
     svc_worker *w = arg;
     char err[512];
     while (!atomic_load(&w->threads_stop)) {
         atomic_store(&w->health.step_heartbeat_ms, svc_now_ms());
-        int active = ml_runtime_active(w->rt);
-        for (job *j; (j = job_queue_pop(&w->step_q, active ? 0 : IDLE_WAIT_MS));) {
+        submit_parked(w);
+        /* Idle, a parked job waits for delivery reports: look again soon. */
+        int wait = ml_runtime_active(w->rt) ? 0 : w->parked ? PARKED_WAIT_MS : IDLE_WAIT_MS;
+        for (job *j; (j = job_queue_pop(&w->step_q, wait));) {
             submit(w, j);
-            active = 1;
+            wait = 0;
         }
         worker_cancels_apply(w);
         if (ml_runtime_active(w->rt) > 0 && ml_runtime_step(w->rt, err, sizeof err) != ML_OK) {

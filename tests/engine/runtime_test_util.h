@@ -453,6 +453,9 @@ typedef struct ml_rt_request {
     int resident;        /* images named by key only (no pixels) */
     int at_caller;       /* with resident: ml_request_image.at_caller */
     int key_salt;        /* second key byte: another value is another image */
+    /* Image i's content digest instead of (i + 1, key_salt, 0...); NULL = that. */
+    const uint8_t (*keys)[ML_IMAGE_KEY_BYTES];
+    int cache_salt;      /* ml_request.cache_salt's first byte: another partition */
     const char *adapter; /* borrowed; NULL = the base model */
     int64_t deadline_ms; /* 0 = none */
     int keep_logits;     /* copy the first step's logits into the result */
@@ -461,7 +464,8 @@ typedef struct ml_rt_request {
 } ml_rt_request;
 
 /* Submit q as a request (greedy unless q->sampling) whose callbacks fill r
- * (borrowed until it ends; unused with q->cb). Image i's key is (i + 1, key_salt, 0...). Returns the handle;
+ * (borrowed until it ends; unused with q->cb). Image i's key is q->keys[i], or
+ * (i + 1, key_salt, 0...), and the cache salt (cache_salt, 0...). Returns the handle;
  * ml_runtime_submit's own failure is a check failure (handle 0). */
 static inline uint64_t ml_rt_submit(const ml_rt_fixture *f, ml_runtime *rt,
                                     const ml_rt_request *q, ml_rt_result *r)
@@ -482,8 +486,12 @@ static inline uint64_t ml_rt_submit(const ml_rt_fixture *f, ml_runtime *rt,
         }
         ml_request_image *im = &images[n_images++];
         memset(im, 0, sizeof *im);
-        im->key[0] = (uint8_t)(seen + 1);
-        im->key[1] = (uint8_t)q->key_salt;
+        if (q->keys) {
+            memcpy(im->key, q->keys[n_images - 1], ML_IMAGE_KEY_BYTES);
+        } else {
+            im->key[0] = (uint8_t)(seen + 1);
+            im->key[1] = (uint8_t)q->key_salt;
+        }
         im->aspect_ratio_id = f->ar_ids[seen];
         im->n_tiles = f->n_tiles[seen];
         memcpy(im->aspect_ratio_mask, f->ar_mask[seen], sizeof im->aspect_ratio_mask);
@@ -507,6 +515,7 @@ static inline uint64_t ml_rt_submit(const ml_rt_fixture *f, ml_runtime *rt,
         .n_images = n_images,
         .deadline_ms = q->deadline_ms,
         .adapter = q->adapter,
+        .cache_salt = {(uint8_t)q->cache_salt},
         .cb = q->cb ? *q->cb : ml_rt_callbacks(r, q->keep_logits),
     };
     if (q->sampling) {

@@ -218,6 +218,68 @@ static void test_image_states(ml_rt_fixture *f)
     ml_runtime_destroy(rt);
 }
 
+/* Image states are partitioned by cache salt, and a state an adapter made
+ * can never be named by a digest (README.md issue 23 items 2 and 9). */
+static void test_image_partitions(ml_rt_fixture *f)
+{
+    enum { SALT_A = 1, SALT_B = 2 };
+    ml_runtime *rt = runtime(f, 2, 6, 8);
+    ml_image_cache *cache = ml_runtime_image_cache(rt);
+    ml_rt_result base = {0}, adapted = {0}, forged = {0}, other = {0}, other_pixels = {0},
+                 other_adapter = {0}, same = {0};
+    ml_rt_submit(f, rt, &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = 2,
+                                         .cache_salt = SALT_A},
+                 &base);
+    ml_rt_submit(f, rt, &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = 2,
+                                         .adapter = A1, .cache_salt = SALT_A},
+                 &adapted);
+    ml_rt_drain(rt, 0);
+    check(ml_image_cache_count(cache) == 4, "salt A: base and a1 states (%d)",
+          ml_image_cache_count(cache));
+
+    /* A base request naming a1's states by their keys, as a client that can
+     * compute them would: its digests are taken as content, so nothing. */
+    uint8_t keys[ML_RT_IMAGES][ML_IMAGE_KEY_BYTES] = {{1}, {2}};
+    uint8_t salt[ML_CACHE_SALT_BYTES] = {SALT_A};
+    for (int i = 0; i < 2; i++)
+        ml_image_state_key(salt, keys[i], A1, keys[i]);
+    ml_rt_submit(f, rt, &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = 2,
+                                         .resident = 1, .keys = keys, .cache_salt = SALT_A},
+                 &forged);
+    check(forged.done == 1 && forged.error == ML_REQERR_INVALID_IMAGE,
+          "an adapter's state named by its key from a base request: invalid image (%s)",
+          forged.message);
+
+    /* Salt B sees none of salt A's states, by name or by content. */
+    ml_rt_submit(f, rt, &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = 2,
+                                         .resident = 1, .cache_salt = SALT_B},
+                 &other);
+    check(other.done == 1 && other.error == ML_REQERR_INVALID_IMAGE,
+          "salt B names salt A's image: invalid image (%s)", other.message);
+    ml_rt_submit(f, rt, &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = 2,
+                                         .resident = 1, .adapter = A1, .cache_salt = SALT_B},
+                 &other_adapter);
+    ml_rt_submit(f, rt, &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = 2,
+                                         .cache_salt = SALT_B},
+                 &other_pixels);
+    ml_rt_drain(rt, 0);
+    check(other_adapter.done == 1 && other_adapter.error == ML_REQERR_INVALID_IMAGE,
+          "salt B names salt A's a1 image: invalid image (%s)", other_adapter.message);
+    check(other_pixels.done == 1 && other_pixels.usage.images_cached == 0 &&
+              ml_rt_same_output(&other_pixels, &base) && ml_image_cache_count(cache) == 6,
+          "salt B with pixels: states of its own (%d cached), same output",
+          other_pixels.usage.images_cached);
+
+    /* An equal salt shares. */
+    ml_rt_submit(f, rt, &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = 2,
+                                         .resident = 1, .cache_salt = SALT_A},
+                 &same);
+    ml_rt_drain(rt, 0);
+    check(same.done == 1 && same.usage.images_cached == 2 && ml_rt_same_output(&same, &base),
+          "salt A again by key: its states (%s)", same.message);
+    ml_runtime_destroy(rt);
+}
+
 static void test_unknown(ml_rt_fixture *f)
 {
     ml_runtime *rt = runtime(f, 1, 2, 8);
@@ -342,6 +404,7 @@ int main(void)
     test_mixed_batch(&f);
     test_lru(&f);
     test_image_states(&f);
+    test_image_partitions(&f);
     test_unknown(&f);
     test_sampled_joined(&f);
     ml_rt_fixture_close(&f);

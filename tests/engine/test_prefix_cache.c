@@ -18,6 +18,9 @@
  * - eviction under pressure: a pool too small for the prompts seen, so
  *   idle cached blocks are evicted, the pool is whole again when idle;
  * - preemption of sequences holding shared blocks;
+ * - cache partitions: the same prompt with an image under two cache salts
+ *   finds neither blocks nor image states of the other salt, and finds its
+ *   own salt's again;
  * - the shared system prompt and the chat on a CPU group of 2 ranks. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +52,7 @@ typedef struct preq {
     const char *adapter;
     int max_tokens;
     int json;
+    int salt; /* ml_request.cache_salt's first byte */
 } preq;
 
 static int32_t image_token(const ml_rt_fixture *f)
@@ -108,6 +112,7 @@ static void submit(const ml_rt_fixture *f, ml_runtime *rt, const preq *q, uint64
         .images = images,
         .n_images = q->n_images,
         .adapter = q->adapter,
+        .cache_salt = {(uint8_t)q->salt},
         .cb = ml_rt_callbacks(r, 1),
     };
     ml_sampling_params_default(&req.sampling);
@@ -465,6 +470,52 @@ static void test_preempt(ml_rt_fixture *f)
     run_deinit(&on);
 }
 
+/* ---- cache partitions -------------------------------------------------------------- */
+
+enum { SALTED_REQS = 4, SALT_A = 1, SALT_B = 2 };
+
+/* The system prompt, an image and a question: one prompt, sent under salts
+ * A, B, A, B one after the other, the same seed every time. */
+static void salted_prompt(const ml_rt_fixture *f, preq *q, int i)
+{
+    sys_prompt(q);
+    add_image(f, q, 0);
+    add_text(q, 800, 12);
+    q->salt = i % 2 ? SALT_B : SALT_A;
+}
+
+static void scenario_salts(ml_rt_fixture *f, ml_runtime *rt, run *u)
+{
+    for (int i = 0; i < SALTED_REQS; i++) {
+        preq q;
+        salted_prompt(f, &q, i);
+        submit(f, rt, &q, 90, &u->r[u->n++]);
+        drain(rt);
+    }
+}
+
+static void test_salts(ml_rt_fixture *f)
+{
+    run off, on;
+    run_both(f, scenario_salts, KV_BLOCKS, &off, &on, "cache salts");
+    preq q;
+    salted_prompt(f, &q, 0);
+    int full = expect_hit(f, q.n_prompt, q.n_prompt);
+    for (int i = 0; i < SALTED_REQS; i++) {
+        const ml_usage *u = &on.r[i].usage;
+        int first_of_salt = i < 2;
+        check(u->prompt_tokens_cached == (first_of_salt ? 0 : full) &&
+                  u->images_cached == !first_of_salt,
+              "cache salts: request %d (salt %d) finds %d tokens and %d images of its own "
+              "salt only (%d, %d)",
+              i, i % 2 ? SALT_B : SALT_A, first_of_salt ? 0 : full, !first_of_salt,
+              u->prompt_tokens_cached, u->images_cached);
+        check(ml_rt_same_output(&on.r[i], &on.r[0]), "cache salts: request %d: same output", i);
+    }
+    run_deinit(&off);
+    run_deinit(&on);
+}
+
 /* ---- main ----------------------------------------------------------------------- */
 
 static void open_fixture(ml_rt_fixture *f, ml_row_mask_mode mode)
@@ -508,6 +559,7 @@ int main(void)
     test_adapters(&f);
     test_pressure(&f);
     test_preempt(&f);
+    test_salts(&f);
     test_tensor_parallel(&f);
     ml_rt_fixture_close(&f);
 

@@ -3,12 +3,24 @@
  * configuration would be, and the topic matched against it whether the
  * list passed or not (the matcher must not trust it). A topic it allows is
  * always a valid Kafka name, never reserved, never "__"-prefixed, and
- * matches an entry of the list. */
+ * matches an entry of the list; a list holding just that topic overlaps
+ * the list (svc_topic_policy_overlap, both ways). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "protocol/protocol.h"
+
+/* topic[0..len) NUL-terminated (malloc'd; NULL out of memory). */
+static char *topic_copy(const char *topic, size_t len)
+{
+    char *s = malloc(len + 1);
+    if (s) {
+        memcpy(s, topic, len);
+        s[len] = '\0';
+    }
+    return s;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -38,6 +50,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; i++)
             if (strlen(reserved[i]) == topic_len && !memcmp(reserved[i], topic, topic_len))
                 abort();
+        svc_topic_policy only = {topic_copy(topic, topic_len), reserved, 0};
+        char why[SVC_ERRMSG_MAX];
+        if (only.allowed && !(svc_topic_policy_overlap(&p, &only, why, sizeof why) &&
+                              svc_topic_policy_overlap(&only, &p, why, sizeof why)))
+            abort();
+        free((char *)only.allowed);
         if (!strstr(list, "*")) {
             /* Without prefixes, an allowed topic is one of the entries. */
             bool found = false;

@@ -204,9 +204,15 @@ int pu_client_poll(pu_client *c, int timeout_ms)
 size_t pu_client_replies(const pu_client *c, const char *id, const pu_record **out,
                          size_t max)
 {
+    return pu_client_replies_on(c, PU_REPLIES, id, out, max);
+}
+
+size_t pu_client_replies_on(const pu_client *c, const char *topic, const char *id,
+                            const pu_record **out, size_t max)
+{
     size_t n = 0;
     for (size_t i = 0; i < c->n; i++)
-        if (!strcmp(c->recs[i].topic, PU_REPLIES) && !strcmp(c->recs[i].key, id)) {
+        if (!strcmp(c->recs[i].topic, topic) && !strcmp(c->recs[i].key, id)) {
             if (n < max)
                 out[n] = &c->recs[i];
             n++;
@@ -216,9 +222,14 @@ size_t pu_client_replies(const pu_client *c, const char *id, const pu_record **o
 
 const pu_record *pu_client_final(const pu_client *c, const char *id)
 {
+    return pu_client_final_on(c, PU_REPLIES, id);
+}
+
+const pu_record *pu_client_final_on(const pu_client *c, const char *topic, const char *id)
+{
     const pu_record *f = NULL;
     for (size_t i = 0; i < c->n; i++)
-        if (c->recs[i].final && !strcmp(c->recs[i].topic, PU_REPLIES) &&
+        if (c->recs[i].final && !strcmp(c->recs[i].topic, topic) &&
             !strcmp(c->recs[i].key, id))
             f = &c->recs[i];
     return f;
@@ -297,13 +308,18 @@ bool pu_seen_before(const pu_client *c, size_t i, const pu_record *r)
 
 int pu_check_stream_at(const pu_client *c, const char *id, bool lossy)
 {
+    return pu_check_stream_on(c, PU_REPLIES, id, lossy);
+}
+
+int pu_check_stream_on(const pu_client *c, const char *topic, const char *id, bool lossy)
+{
     enum { MAX_ATTEMPTS = 16 };
     pu_attempt_state at[MAX_ATTEMPTS];
     int n = 0, finals = 0;
     /* Attempts in the order they began; all but the last are superseded. */
     for (size_t i = 0; i < c->n; i++) {
         const pu_record *r = &c->recs[i];
-        if (strcmp(r->topic, PU_REPLIES) || strcmp(r->key, id))
+        if (strcmp(r->topic, topic) || strcmp(r->key, id))
             continue;
         int a = 0;
         while (a < n && at[a].attempt != r->attempt)
@@ -317,7 +333,7 @@ int pu_check_stream_at(const pu_client *c, const char *id, bool lossy)
     }
     for (size_t i = 0; i < c->n; i++) {
         const pu_record *r = &c->recs[i];
-        if (strcmp(r->topic, PU_REPLIES) || strcmp(r->key, id))
+        if (strcmp(r->topic, topic) || strcmp(r->key, id))
             continue;
         int a = 0;
         while (at[a].attempt != r->attempt)

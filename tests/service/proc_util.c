@@ -5,6 +5,8 @@
 #include <arpa/inet.h>
 #include <poll.h>
 
+#include "config.h"
+
 int64_t pu_now_ms(void)
 {
     struct timespec ts;
@@ -478,6 +480,8 @@ void pu_micro_stack_start(const char *tag, char *dir, char *model,
         pu_die("setup");
 }
 
+const char *pu_worker_config;
+
 bool pu_worker_start(pu_proc *p, const pu_worker_env *env, const char *name,
                      const char *const *extra)
 {
@@ -491,10 +495,14 @@ bool pu_worker_start(pu_proc *p, const pu_worker_env *env, const char *name,
         snprintf(sets[n++], sizeof sets[0], "%s", pu_worker_defaults[i]);
     for (size_t i = 0; extra && extra[i] && n < PU_MAX_SETS; i++)
         snprintf(sets[n++], sizeof sets[0], "%s", extra[i]);
-    char *argv[2 + 2 * PU_MAX_SETS + 1];
+    char *argv[4 + 2 * PU_MAX_SETS + 1];
     int argc = 0;
     argv[argc++] = PU_MLLAMA;
     argv[argc++] = "worker";
+    if (pu_worker_config) {
+        argv[argc++] = "--config";
+        argv[argc++] = (char *)pu_worker_config;
+    }
     for (int i = 0; i < n; i++) {
         argv[argc++] = "--set";
         argv[argc++] = sets[i];
@@ -604,6 +612,19 @@ char *pu_shell(const char *cmd, int *code)
     if (buf)
         buf[len] = '\0';
     return buf;
+}
+
+void pu_image_key(const char *group, const char *content_hex, char out[ML_SHA256_HEX_SIZE])
+{
+    uint8_t salt[SVC_CACHE_SALT_BYTES], key[ML_IMAGE_KEY_BYTES];
+    svc_cache_salt(group, salt);
+    for (int i = 0; i < ML_IMAGE_KEY_BYTES; i++) {
+        unsigned v = 0;
+        sscanf(content_hex + 2 * i, "%2x", &v);
+        key[i] = (uint8_t)v;
+    }
+    ml_image_state_key(salt, key, NULL, key);
+    ml_sha256_hex(key, out);
 }
 
 char *pu_data_url(const void *bytes, size_t n)

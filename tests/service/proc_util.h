@@ -252,9 +252,14 @@ static const char *const pu_worker_defaults[] = {
     "model.threads=1",
 };
 
+/* A configuration file every worker started from now on loads (--config;
+ * what only a file can set, such as "tenants"); NULL: none. */
+extern const char *pu_worker_config;
+
 /* Start `mllama worker` named `name` (its worker_id and log <dir>/<name>.log)
- * with pu_worker_defaults, then the `extra` --set overrides (NULL-terminated,
- * may be NULL; a later setting of a key wins). Waits for worker_started. */
+ * with pu_worker_config, pu_worker_defaults, then the `extra` --set overrides
+ * (NULL-terminated, may be NULL; a later setting of a key wins). Waits for
+ * worker_started. */
 bool pu_worker_start(pu_proc *p, const pu_worker_env *env, const char *name,
                      const char *const *extra);
 
@@ -281,6 +286,12 @@ bool pu_wait_assigned(pu_proc *p, int timeout_ms);
 char *pu_shell(const char *cmd, int *code);
 
 /* ---- request bodies ------------------------------------------------------------- */
+
+/* The Redis key part (<p>:img:<key>, <p>:blob:img:<key>) of the image whose
+ * bytes have sha256 content_hex, in cache group `group`'s partition: the
+ * hex of ml_image_state_key over svc_cache_salt(group), as a frontend
+ * computes it. */
+void pu_image_key(const char *group, const char *content_hex, char out[ML_SHA256_HEX_SIZE]);
 
 /* "data:image/jpeg;base64,..." of bytes (malloc'd). */
 char *pu_data_url(const void *bytes, size_t n);
@@ -362,6 +373,12 @@ size_t pu_client_replies(const pu_client *c, const char *id, const pu_record **o
 /* The last final record of request `id`, or NULL. */
 const pu_record *pu_client_final(const pu_client *c, const char *id);
 
+/* pu_client_replies and pu_client_final on reply topic `topic` (they read
+ * PU_REPLIES). */
+size_t pu_client_replies_on(const pu_client *c, const char *topic, const char *id,
+                            const pu_record **out, size_t max);
+const pu_record *pu_client_final_on(const pu_client *c, const char *topic, const char *id);
+
 /* The first record on `topic` whose key is `key`, or NULL. */
 const pu_record *pu_client_find(const pu_client *c, const char *topic,
                                 const char *key);
@@ -406,6 +423,9 @@ bool pu_seen_before(const pu_client *c, size_t i, const pu_record *r);
 int pu_check_stream_at(const pu_client *c, const char *id, bool lossy);
 
 int pu_check_stream(const pu_client *c, const char *id);
+
+/* pu_check_stream_at on reply topic `topic` (it reads PU_REPLIES). */
+int pu_check_stream_on(const pu_client *c, const char *topic, const char *id, bool lossy);
 
 /* Parse a record value (cJSON, owned by the caller) and return it, or NULL
  * after a check failure. */

@@ -551,6 +551,43 @@ static void test_reply_size(void)
     limits = saved;
 }
 
+/* Two tenants' reply-topic policies overlap when one topic name could be
+ * allowed by both (config.c refuses such tenants). */
+static void test_reply_policy_overlap(void)
+{
+    static const struct {
+        const char *a, *b;
+        bool overlap;
+    } cases[] = {
+        {"mllama.replies.acme,mllama.replies.acme.*", "mllama.replies.beta,mllama.replies.beta.*",
+         false},
+        {"mllama.replies.acme,mllama.replies.acme.*", "mllama.replies.acme2", false},
+        {"mllama.replies.acme.*", "mllama.replies.acme.ui", true},
+        {"mllama.replies.acme", "mllama.replies.*", true},
+        {"x", "y,x", true},
+        {"x", "xy", false},
+        {"x*", "xy", true},
+        {"ab*", "a*", true},
+        {"ab*", "ac*", false},
+        {"", "x", false},
+    };
+    char why[SVC_ERRMSG_MAX];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        svc_topic_policy a = {cases[i].a, NULL, 0}, b = {cases[i].b, NULL, 0};
+        check(svc_topic_policy_overlap(&a, &b, why, sizeof why) == cases[i].overlap &&
+                  svc_topic_policy_overlap(&b, &a, why, sizeof why) == cases[i].overlap,
+              "'%s' and '%s': overlap should be %d", cases[i].a, cases[i].b, cases[i].overlap);
+    }
+    svc_topic_policy a = {"p.x", NULL, 0}, b = {"q,p.*", NULL, 0};
+    check(svc_topic_policy_overlap(&a, &b, why, sizeof why) && strstr(why, "'p.x' and 'p.*'"),
+          "the overlapping entries named: %s", why);
+    check(svc_valid_tenant_name("acme_2-b", 8) && !svc_valid_tenant_name("Acme", 4) &&
+              !svc_valid_tenant_name("a.b", 3) && !svc_valid_tenant_name("", 0) &&
+              svc_valid_tenant_name("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", 48) &&
+              !svc_valid_tenant_name("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", 49),
+          "tenant names: [a-z0-9_-]{1,48}");
+}
+
 /* The reply-topic policy: exact names and prefixes; never the reserved
  * topics or Kafka's own, whatever the list says. */
 static void test_reply_topic_policy(void)
@@ -830,6 +867,7 @@ int main(void)
     test_limits();
     test_reply_size();
     test_reply_topic_policy();
+    test_reply_policy_overlap();
     test_date_string();
     test_validators();
     test_json_schema();

@@ -5,7 +5,14 @@
  * values; model.weights takes "stored" (the default) or "fp8" (quantize at
  * load), and model.fp8_activations "bf16" (the default, W8A16) or "fp8"
  * (W8A8), likewise. The structured-output limits have their defaults and
- * ranges. */
+ * ranges. Tenants: with none configured there is one, "default", on the
+ * kafka section's topics; a "tenants" array gets the documented defaults
+ * (topics and reply policy derived from the kafka section and the name,
+ * weight 1, max_in_flight 2 x runtime.max_running, cache_group the name,
+ * cache_salt sha256("mllama.cache\0" || cache_group)), is found by its
+ * request or cancel topic, and is refused (naming the tenant) for a bad
+ * name, a duplicate name or topic, a topic shared with the DLT, reply
+ * policies of two tenants that overlap, or an unknown key. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +144,155 @@ static void test_schema_limits(void)
     }
 }
 
+/* Load a config file holding `body` (and one override, may be NULL); the
+ * caller deinits cfg. Returns svc_config_load's rc. */
+static int load_body(svc_config *cfg, const char *body, const char *set, char *err,
+                     size_t errlen)
+{
+    char path[] = "/tmp/mllama-config-XXXXXX";
+    int fd = mkstemp(path);
+    size_t n = strlen(body);
+    check(fd >= 0 && write(fd, body, n) == (ssize_t)n, "temp file");
+    if (fd >= 0)
+        close(fd);
+    const char *sets[] = {set};
+    err[0] = 0;
+    int rc = svc_config_load(cfg, path, sets, set ? 1 : 0, err, errlen);
+    remove(path);
+    return rc;
+}
+
+static bool salt_is(const svc_tenant *t, const char *group)
+{
+    uint8_t want[ML_SHA256_DIGEST_SIZE];
+    ml_sha256_ctx ctx;
+    ml_sha256_init(&ctx);
+    ml_sha256_update(&ctx, "mllama.cache", sizeof "mllama.cache"); /* the NUL too */
+    ml_sha256_update(&ctx, group, strlen(group));
+    ml_sha256_final(&ctx, want);
+    return !memcmp(t->cache_salt, want, sizeof want);
+}
+
+static void test_tenants_implicit(void)
+{
+    svc_config cfg;
+    char err[512];
+    check(svc_config_load(&cfg, NULL, NULL, 0, err, sizeof err) == 0, "defaults: %s", err);
+    const svc_tenant *t = cfg.n_tenants == 1 ? &cfg.tenants[0] : NULL;
+    check(t && !strcmp(t->name, "default") && !strcmp(t->request_topic, "mllama.requests") &&
+              !strcmp(t->cancel_topic, "mllama.cancel") &&
+              !strcmp(t->reply_topics, "mllama.replies,mllama.replies.*") && t->weight == 1 &&
+              t->max_in_flight == 2 * cfg.runtime.max_running &&
+              !strcmp(t->cache_group, "default") && salt_is(t, "default"),
+          "no tenants: the implicit tenant on the kafka section's topics");
+    check(t && svc_config_tenant_by_topic(&cfg, "mllama.requests") == t &&
+              svc_config_tenant_by_topic(&cfg, "mllama.cancel") == t &&
+              !svc_config_tenant_by_topic(&cfg, "mllama.replies") &&
+              !svc_config_tenant_by_topic(&cfg, "mllama.dlt"),
+          "the implicit tenant found by its request and cancel topics only");
+    check(t && svc_reply_topic_allowed(&t->policy, "mllama.replies.x", 16) &&
+              !svc_reply_topic_allowed(&t->policy, "mllama.cancel", 13),
+          "the implicit tenant's policy is kafka.reply_topics");
+    svc_config_deinit(&cfg);
+}
+
+static void test_tenants_configured(void)
+{
+    static const char body[] =
+        "{\"tenants\": [{\"name\": \"acme\"},"
+        " {\"name\": \"beta-2\", \"weight\": 3, \"max_in_flight\": 5,"
+        "  \"request_topic\": \"beta.in\", \"cancel_topic\": \"beta.stop\","
+        "  \"reply_topics\": \"beta.out\", \"cache_group\": \"shared\"}]}";
+    svc_config cfg;
+    char err[512];
+    check(load_body(&cfg, body, "runtime.max_running=7", err, sizeof err) == 0, "two tenants: %s",
+          err);
+    const svc_tenant *a = cfg.n_tenants == 2 ? &cfg.tenants[0] : NULL;
+    const svc_tenant *b = a ? &cfg.tenants[1] : NULL;
+    check(a && !strcmp(a->name, "acme") && !strcmp(a->request_topic, "mllama.requests.acme") &&
+              !strcmp(a->cancel_topic, "mllama.cancel.acme") &&
+              !strcmp(a->reply_topics, "mllama.replies.acme,mllama.replies.acme.*") &&
+              a->weight == 1 && a->max_in_flight == 14 && !strcmp(a->cache_group, "acme") &&
+              salt_is(a, "acme"),
+          "acme: every default derived from the kafka section and its name");
+    check(b && b->weight == 3 && b->max_in_flight == 5 && !strcmp(b->request_topic, "beta.in") &&
+              !strcmp(b->cancel_topic, "beta.stop") && !strcmp(b->reply_topics, "beta.out") &&
+              salt_is(b, "shared"),
+          "beta-2: every key as given");
+    check(b && svc_config_tenant_by_topic(&cfg, "beta.stop") == b &&
+              svc_config_tenant_by_topic(&cfg, "mllama.requests.acme") == a &&
+              !svc_config_tenant_by_topic(&cfg, "mllama.requests"),
+          "tenants found by their topics; the kafka section's own topic is no tenant's");
+    check(a && b && svc_reply_topic_allowed(&a->policy, "mllama.replies.acme.ui", 22) &&
+              !svc_reply_topic_allowed(&a->policy, "beta.out", 8) &&
+              !svc_reply_topic_allowed(&b->policy, "mllama.replies.acme", 19) &&
+              !svc_reply_topic_allowed(&a->policy, "mllama.replies", 14),
+          "each tenant's policy allows its own reply topics only");
+    check(a && !svc_reply_topic_allowed(&a->policy, "mllama.replies.acme", 0),
+          "an empty topic is refused");
+    svc_config_deinit(&cfg);
+
+    /* The same array from --set and from the environment (a container's
+     * configuration), a later source replacing an earlier one. */
+    static const char set[] = "tenants=[{\"name\": \"gamma\", \"cancel_topic\": \"g.c\"}]";
+    const char *sets[] = {set};
+    setenv("MLLAMA_TENANTS", "[{\"name\": \"delta\"}, {\"name\": \"eps\"}]", 1);
+    check(svc_config_load(&cfg, NULL, NULL, 0, err, sizeof err) == 0 && cfg.n_tenants == 2 &&
+              !strcmp(cfg.tenants[1].request_topic, "mllama.requests.eps"),
+          "MLLAMA_TENANTS: %s", err);
+    svc_config_deinit(&cfg);
+    check(svc_config_load(&cfg, NULL, sets, 1, err, sizeof err) == 0 && cfg.n_tenants == 1 &&
+              !strcmp(cfg.tenants[0].name, "gamma") && !strcmp(cfg.tenants[0].cancel_topic, "g.c"),
+          "--set tenants= wins over the environment: %s", err);
+    svc_config_deinit(&cfg);
+    setenv("MLLAMA_TENANTS", "[{\"name\": ", 1);
+    check(svc_config_load(&cfg, NULL, NULL, 0, err, sizeof err) == -1 &&
+              strstr(err, "environment MLLAMA_TENANTS: tenants: expected an array"),
+          "a malformed MLLAMA_TENANTS refused: %s", err);
+    svc_config_deinit(&cfg);
+    unsetenv("MLLAMA_TENANTS");
+}
+
+static void test_tenants_refused(void)
+{
+    static const struct {
+        const char *body, *want;
+    } bad[] = {
+        {"{\"tenants\": [{\"name\": \"Acme\"}]}", "tenants[0].name: expected [a-z0-9_-]"},
+        {"{\"tenants\": [{}]}", "tenants[0].name"},
+        {"{\"tenants\": []}", "tenants: expected an array"},
+        {"{\"tenants\": {\"name\": \"a\"}}", "tenants: expected an array"},
+        {"{\"tenants\": [{\"name\": \"a\", \"colour\": \"red\"}]}",
+         "tenants[0].colour: unknown key"},
+        {"{\"tenants\": [{\"name\": \"a\", \"weight\": 0}]}", "tenants[0].weight"},
+        {"{\"tenants\": [{\"name\": \"a\"}, {\"name\": \"a\"}]}", "both named 'a'"},
+        {"{\"tenants\": [{\"name\": \"a\"}, {\"name\": \"b\", "
+         "\"request_topic\": \"mllama.cancel.a\"}]}",
+         "share the topic 'mllama.cancel.a'"},
+        {"{\"tenants\": [{\"name\": \"a\", \"cancel_topic\": \"mllama.dlt\"}]}",
+         "topic 'mllama.dlt' is used twice"},
+        {"{\"tenants\": [{\"name\": \"a\"}, {\"name\": \"b\", "
+         "\"reply_topics\": \"mllama.replies.*\"}]}",
+         "reply topics overlap"},
+        {"{\"tenants\": [{\"name\": \"a\", \"reply_topics\": \"x\"}, {\"name\": \"b\", "
+         "\"reply_topics\": \"y,x\"}]}",
+         "reply topics overlap ('x' and 'x')"},
+        {"{\"tenants\": [{\"name\": \"a\", \"reply_topics\": \"mllama.requests.b\"}, "
+         "{\"name\": \"b\"}]}",
+         "tenants[0] (a).reply_topics"},
+        {"{\"tenants\": [{\"name\": \"a\", \"cache_group\": \"A B\"}]}",
+         "cache_group: expected"},
+    };
+    svc_config cfg;
+    char err[512];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = load_body(&cfg, bad[i].body, NULL, err, sizeof err);
+        check(rc == -1 && strstr(err, bad[i].want), "%s refused (%s): %s", bad[i].body,
+              bad[i].want, rc ? err : "accepted");
+        svc_config_deinit(&cfg);
+    }
+}
+
 int main(void)
 {
     unsetenv(ENV);
@@ -144,5 +300,8 @@ int main(void)
     test_refused();
     test_weights();
     test_schema_limits();
+    test_tenants_implicit();
+    test_tenants_configured();
+    test_tenants_refused();
     return check_done();
 }

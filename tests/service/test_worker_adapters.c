@@ -18,7 +18,10 @@
  *   {"type":"image","sha256"} reference under an adapter that changes
  *   image states (cross-attention k/v) is answered from the Redis blob,
  *   then, the blob deleted, from the state resident under that adapter;
- *   under an adapter that leaves images alone the base state serves.
+ *   under an adapter that leaves images alone the base state serves. A
+ *   base-model request naming the adapter's state by the key the Redis
+ *   index shows for it is refused (invalid_image): a client's digest is
+ *   always content, never an adapter's key.
  * - Both drain on SIGTERM with exit code 0 and no sanitizer report.
  * Skipped (77) without redis-server. */
 #include "adapter_util.h"
@@ -184,6 +187,30 @@ static double expect_answer(const char *id, const char *image_part, const char *
     return cached;
 }
 
+/* The hex keys of the image index (<p>:img:<key>) into keys[i] (room for
+ * cap); returns how many. */
+static int index_keys(char (*keys)[ML_SHA256_HEX_SIZE], int cap)
+{
+    redisReply *rep = pu_redis_cmd(&redis, "KEYS mllama:img:*");
+    int n = 0;
+    for (size_t i = 0; rep && rep->type == REDIS_REPLY_ARRAY && i < rep->elements && n < cap; i++)
+        if (strlen(rep->element[i]->str) == strlen("mllama:img:") + ML_SHA256_HEX_SIZE - 1)
+            snprintf(keys[n++], ML_SHA256_HEX_SIZE, "%s",
+                     rep->element[i]->str + strlen("mllama:img:"));
+    freeReplyObject(rep);
+    return n;
+}
+
+/* Wait until the index holds n keys (the index thread publishes them). */
+static int wait_index_keys(char (*keys)[ML_SHA256_HEX_SIZE], int cap, int n)
+{
+    int64_t deadline = pu_now_ms() + ANSWER_MS;
+    int got;
+    while ((got = index_keys(keys, cap)) < n && pu_now_ms() < deadline)
+        pu_sleep_ms(50);
+    return got;
+}
+
 /* ---- the cases ---------------------------------------------------------------------- */
 
 static void test_unwritable_dir(void)
@@ -229,8 +256,10 @@ static void test_image_under_adapter(void)
     check(expect_answer("base-inline", inline_part, NULL) == 0, "base-inline: cached");
     free(inline_part);
 
-    char blob_key[128], ref[160];
-    snprintf(blob_key, sizeof blob_key, "mllama:blob:img:%s", image_sha);
+    /* The blob under its key in the default tenant's partition. */
+    char blob_key[128], ref[160], partitioned[ML_SHA256_HEX_SIZE];
+    pu_image_key("default", image_sha, partitioned);
+    snprintf(blob_key, sizeof blob_key, "mllama:blob:img:%s", partitioned);
     snprintf(ref, sizeof ref, "{\"type\":\"image\",\"sha256\":\"%s\"}", image_sha);
     redisReply *rep = pu_redis_cmd(&redis, "SET %s %b", blob_key, image, image_len);
     check(rep && rep->type == REDIS_REPLY_STATUS, "SET blob");
@@ -251,6 +280,24 @@ static void test_image_under_adapter(void)
     freeReplyObject(rep);
     check(expect_answer("ref-images-2", ref, "tweak-images") == 1,
           "ref-images-2: not served from the adapter's resident state");
+
+    /* The index shows the base state's key and the adapter's: a base
+     * request naming the adapter's is not served from it. */
+    char keys[2][ML_SHA256_HEX_SIZE], forged[160];
+    check(wait_index_keys(keys, 2, 2) == 2, "index: two image states");
+    for (int k = 0; k < 2; k++) {
+        snprintf(forged, sizeof forged, "{\"type\":\"image\",\"sha256\":\"%s\"}", keys[k]);
+        char id[32];
+        snprintf(id, sizeof id, "forged-base-%d", k);
+        char *body = pu_chat_request(id, "What is in the picture?", forged, "\"max_tokens\":4");
+        cJSON *j = ask(id, body);
+        const char *code = pu_error_code(j);
+        check(code && !strcmp(code, "invalid_image"),
+              "%s: a base request naming an index key (%s) got %s, want invalid_image", id,
+              keys[k], code ? code : "an answer");
+        cJSON_Delete(j);
+        free(body);
+    }
 
     /* An adapter that leaves images alone shares the base state. */
     check(expect_answer("ref-text", ref, "tweak-text") == 1, "ref-text: not cached");

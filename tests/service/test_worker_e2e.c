@@ -7,7 +7,8 @@
  *   final record (length or stop) with usage.images 1.
  * - The same image again, inline and by {"type":"image","sha256"}, is served
  *   from the resident cache (usage.images_cached 1), and Redis indexes it
- *   (<prefix>:img:<sha256>).
+ *   under its key in the default tenant's cache partition
+ *   (<prefix>:img:<key>), never under the bare content digest.
  * - stream: false gives a single chat.completion record.
  * - A two-turn chat (an image and instructions, then the answer and another
  *   question) keyed by its conversation id: both
@@ -191,12 +192,15 @@ static void test_resident_image(void)
 {
     /* The first request made the image resident; the index thread publishes
      * it to Redis. */
-    char key[128];
-    snprintf(key, sizeof key, "mllama:img:%s", image_sha);
+    char key[128], partitioned[ML_SHA256_HEX_SIZE];
+    pu_image_key("default", image_sha, partitioned);
+    snprintf(key, sizeof key, "mllama:img:%s", partitioned);
     int64_t deadline = pu_now_ms() + ANSWER_MS;
     while (pu_redis_exists(&redis, key) != 1 && pu_now_ms() < deadline)
         pu_sleep_ms(50);
     check(pu_redis_exists(&redis, key) == 1, "Redis lacks %s", key);
+    snprintf(key, sizeof key, "mllama:img:%s", image_sha);
+    check(pu_redis_exists(&redis, key) == 0, "Redis indexes the bare content digest %s", key);
 
     char *part = pu_image_part(image, image_len);
     char *body = pu_chat_request("e2e-inline-again", "And now?", part, "\"max_tokens\":4");

@@ -15,7 +15,7 @@
  *   too_many_attempts instead of being run again.
  * - Redis killed (SIGKILL) mid-traffic: the worker keeps serving (breaker),
  *   numbering the attempts it cannot count apart from counted ones;
- *   restarted empty: the index (<prefix>:img:<sha256>) is restored.
+ *   restarted empty: the index (<prefix>:img:<key>) is restored.
  * - A worker killed (SIGKILL) mid-stream: another worker answers its
  *   requests in attempt 2, seq restarting at 0.
  * - SIGTERM: in-flight requests finish, exit code 0, offsets committed (a
@@ -276,8 +276,9 @@ static void test_redis_restart(const char *image_sha)
     free(body);
     free(part);
     expect_answered("image", n_ids - 1, 1);
-    char key[128];
-    snprintf(key, sizeof key, "mllama:img:%s", image_sha);
+    char key[128], partitioned[ML_SHA256_HEX_SIZE];
+    pu_image_key("default", image_sha, partitioned);
+    snprintf(key, sizeof key, "mllama:img:%s", partitioned);
     int64_t deadline = pu_now_ms() + INDEX_MS;
     while (pu_redis_exists(&redis, key) != 1 && pu_now_ms() < deadline)
         pu_sleep_ms(50);
