@@ -91,19 +91,21 @@ static bool pin_get(svc_adapter_store *s, const char *name, char sha256[SVC_SHA2
 }
 
 /* name maps to sha256 as of now ("" forgets it): in its entry, else in the
- * least recently checked one. */
+ * least recently checked one (forgetting a name without one is a no-op). */
 static void pin_set(svc_adapter_store *s, const char *name, const char *sha256)
 {
     pthread_mutex_lock(&s->lock);
     svc_adapter_pin *slot = &s->pins[0];
-    for (int i = 0; i < SVC_ADAPTER_PINS_MAX; i++) {
+    bool found = false;
+    for (int i = 0; i < SVC_ADAPTER_PINS_MAX && !found; i++) {
         svc_adapter_pin *p = &s->pins[i];
-        if (!strcmp(p->name, name)) {
+        found = !strcmp(p->name, name);
+        if (found || p->checked_ms < slot->checked_ms)
             slot = p;
-            break;
-        }
-        if (p->checked_ms < slot->checked_ms)
-            slot = p;
+    }
+    if (!found && !sha256[0]) {
+        pthread_mutex_unlock(&s->lock);
+        return;
     }
     snprintf(slot->name, sizeof slot->name, "%s", sha256[0] ? name : "");
     snprintf(slot->sha256, sizeof slot->sha256, "%s", sha256);
