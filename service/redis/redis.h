@@ -240,14 +240,22 @@ svc_redis_status svc_redis_adapter_put(svc_redis *r, const char *name, const voi
 void svc_redis_adapter_deinit(svc_redis_adapter *a);
 
 /* Count one more attempt at the record topic/partition/offset and return
- * the count in *attempt (1 the first time). The key expires
- * offset_attempts_ttl_s after the last attempt: a poison record is
+ * the count in *attempt (1 the first time). The key is deleted when the
+ * record is finished (svc_redis_attempt_clear) and expires
+ * offset_attempts_ttl_s after the last attempt otherwise: a poison record is
  * redelivered within seconds, so an hour keeps the guard and bounds what a
- * stream of records leaves behind. When this fails the caller does not know the
+ * stream of records leaves behind when a delete is lost. When this fails the caller does not know the
  * count and should process the record anyway (Redis must not stop the
  * partition). */
 svc_redis_status svc_redis_attempt_incr(svc_redis *r, const char *topic, int32_t partition,
                                         int64_t offset, uint32_t *attempt);
+
+/* The record topic/partition/offset is finished (answered or
+ * dead-lettered): delete its attempt counter, which only a redelivery
+ * before the commit could still need (it then starts at 1 again). OK also
+ * when there was none. */
+svc_redis_status svc_redis_attempt_clear(svc_redis *r, const char *topic, int32_t partition,
+                                         int64_t offset);
 
 /* Count one more execution of request `id` of `tenant` (whatever record
  * carried it) and return the count in *attempt (1 the first time): the

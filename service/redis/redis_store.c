@@ -288,16 +288,44 @@ static svc_redis_status count_attempt(svc_redis *r, svc_redis_scratch *s, int tt
     return svc_redis_call_end(r, st);
 }
 
+/* <p>:attempts:<topic>:<partition>:<offset> into key; false for an
+ * invalid record address. */
+static bool offset_key(const svc_redis *r, const char *topic, int32_t partition, int64_t offset,
+                       char key[KEY_MAX])
+{
+    if (!topic || !svc_valid_topic(topic, strlen(topic)) || partition < 0 || offset < 0)
+        return false;
+    snprintf(key, KEY_MAX, "%s:attempts:%s:%" PRId32 ":%" PRId64, r->prefix, topic, partition,
+             offset);
+    return true;
+}
+
 svc_redis_status svc_redis_attempt_incr(svc_redis *r, const char *topic, int32_t partition,
                                         int64_t offset, uint32_t *attempt)
 {
     *attempt = 0;
-    if (!topic || !svc_valid_topic(topic, strlen(topic)) || partition < 0 || offset < 0)
-        return SVC_REDIS_ERR_INVALID;
     svc_redis_scratch s;
-    snprintf(s.key, KEY_MAX, "%s:attempts:%s:%" PRId32 ":%" PRId64, r->prefix, topic, partition,
-             offset);
+    if (!offset_key(r, topic, partition, offset, s.key))
+        return SVC_REDIS_ERR_INVALID;
     return count_attempt(r, &s, r->cfg.offset_attempts_ttl_s, attempt);
+}
+
+svc_redis_status svc_redis_attempt_clear(svc_redis *r, const char *topic, int32_t partition,
+                                         int64_t offset)
+{
+    char key[KEY_MAX];
+    if (!offset_key(r, topic, partition, offset, key))
+        return SVC_REDIS_ERR_INVALID;
+    svc_redis_status st = svc_redis_call_begin(r);
+    if (st != SVC_REDIS_OK)
+        return st;
+    svc_redis_cmd c = {0};
+    svc_redis_arg_str(&c, "DEL");
+    svc_redis_arg_str(&c, key);
+    st = svc_redis_append(r, &c);
+    if (st == SVC_REDIS_OK)
+        st = svc_redis_drain(r, 1);
+    return svc_redis_call_end(r, st);
 }
 
 svc_redis_status svc_redis_request_attempt_incr(svc_redis *r, const char *tenant, const char *id,

@@ -243,14 +243,25 @@ static void *index_main(void *arg)
     long long next_beat = 0;
     while (!atomic_load(&w->threads_stop)) {
         pthread_mutex_lock(&w->event_lock);
-        if (!w->events_head) {
+        if (!w->events_head && !w->clears_head) {
             struct timespec ts;
             svc_deadline_in(&ts, INDEX_WAIT_MS);
             pthread_cond_timedwait(&w->event_cond, &w->event_lock, &ts);
         }
         image_event *e = w->events_head;
         w->events_head = w->events_tail = NULL;
+        attempt_clear *c = w->clears_head;
+        w->clears_head = w->clears_tail = NULL;
+        w->n_clears = 0;
         pthread_mutex_unlock(&w->event_lock);
+        /* Answered records' attempt counters (worker_finish_offset). */
+        for (attempt_clear *next; c; c = next) {
+            next = c->next;
+            if (svc_redis_attempt_clear(w->redis_index, c->topic, c->partition, c->offset) !=
+                SVC_REDIS_OK)
+                svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
+            free(c);
+        }
         for (image_event *next; e; e = next) {
             next = e->next;
             svc_redis_status st =
@@ -763,6 +774,11 @@ void svc_worker_destroy(svc_worker *w)
         image_event *e = w->events_head;
         w->events_head = e->next;
         free(e);
+    }
+    while (w->clears_head) {
+        attempt_clear *c = w->clears_head;
+        w->clears_head = c->next;
+        free(c);
     }
     job_queue_deinit(&w->prep_q);
     job_queue_deinit(&w->step_q);

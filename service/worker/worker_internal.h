@@ -95,6 +95,7 @@ typedef struct job {
     /* The name the runtime knows req's adapter by (adapter_store.h): prep
      * points req->adapter here. */
     char adapter_ref[SVC_ADAPTER_REF_MAX];
+    bool offset_counted;        /* prep counted the record in Redis: delete it when finished */
     svc_kafka_msg msg;          /* owned by its prep thread until parsed */
     /* What the step thread submits. */
     ml_token_buf prompt;
@@ -186,6 +187,17 @@ typedef struct image_event {
     int n_tiles;
 } image_event;
 
+/* A finished record whose attempt counter the index thread deletes
+ * (svc_redis_attempt_clear). At most WORKER_CLEARS_MAX wait at once; past
+ * that a counter is left to its TTL (redis.offset_attempts_ttl_s). */
+#define WORKER_CLEARS_MAX 4096
+typedef struct attempt_clear {
+    struct attempt_clear *next;
+    char topic[SVC_TOPIC_NAME_MAX + 1];
+    int32_t partition;
+    int64_t offset;
+} attempt_clear;
+
 /* One thread of the prep pool. */
 typedef struct prep_thread {
     svc_worker *w;              /* borrowed */
@@ -272,6 +284,8 @@ struct svc_worker {
     pthread_mutex_t event_lock;
     pthread_cond_t event_cond;
     image_event *events_head, *events_tail;
+    attempt_clear *clears_head, *clears_tail; /* under event_lock, for the index thread */
+    int n_clears;
     pthread_mutex_t registry_lock;
     ml_list registry;           /* every live job (job.reg), newest first */
     pthread_mutex_t resident_lock;

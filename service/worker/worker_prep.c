@@ -422,6 +422,7 @@ static bool count_attempt_by_offset(svc_worker *w, job *j)
         svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
         return true;
     }
+    j->offset_counted = true;
     if ((int)attempt <= w->cfg.limits.max_attempts)
         return true;
     char msg[SVC_ERRMSG_MAX];

@@ -296,10 +296,38 @@ void worker_on_delivery(void *opaque, const svc_delivery *d)
     job_free(j);
 }
 
+/* Have the index thread delete j's attempt counter: the record is
+ * answered. Dropped when the queue is full or memory short (the counter
+ * then expires). @locality Kafka thread. */
+static void queue_attempt_clear(svc_worker *w, const job *j)
+{
+    attempt_clear *c = w->redis_index && j->offset_counted ? calloc(1, sizeof *c) : NULL;
+    if (!c)
+        return;
+    snprintf(c->topic, sizeof c->topic, "%s", j->topic);
+    c->partition = j->partition;
+    c->offset = j->offset;
+    pthread_mutex_lock(&w->event_lock);
+    if (w->n_clears < WORKER_CLEARS_MAX) {
+        if (w->clears_tail)
+            w->clears_tail->next = c;
+        else
+            w->clears_head = c;
+        w->clears_tail = c;
+        w->n_clears++;
+        c = NULL;
+        pthread_cond_signal(&w->event_cond);
+    }
+    pthread_mutex_unlock(&w->event_lock);
+    free(c);
+}
+
 void worker_finish_offset(svc_worker *w, job *j)
 {
     char err[256];
     svc_kafka_status st = svc_consumer_finish(w->consumer, &j->ticket, err, sizeof err);
     if (st != SVC_KAFKA_OK && st != SVC_KAFKA_ERR_STALE)
         svc_log(SVC_LOG_ERROR, "offset_finish", "%s", err);
+    if (st == SVC_KAFKA_OK)
+        queue_attempt_clear(w, j);
 }

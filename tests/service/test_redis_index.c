@@ -393,6 +393,13 @@ static void test_blobs_adapters_attempts(svc_redis *r)
     check(svc_redis_attempt_incr(r, "llm.requests", 2, 42, &n) == SVC_REDIS_OK && n == 1,
           "another offset starts at 1");
     check(svc_redis_attempt_incr(r, "bad topic", 0, 0, &n) == SVC_REDIS_ERR_INVALID, "bad topic");
+    /* A finished record's counter is deleted; deleting none is no error. */
+    check(svc_redis_attempt_clear(r, "llm.requests", 2, 42) == SVC_REDIS_OK &&
+              !exists(PREFIX ":attempts:llm.requests:2:42"),
+          "counter cleared");
+    check(svc_redis_attempt_clear(r, "llm.requests", 2, 42) == SVC_REDIS_OK, "clear, none left");
+    check(svc_redis_attempt_clear(r, "bad topic", 0, 0) == SVC_REDIS_ERR_INVALID,
+          "clear, bad topic");
     /* Per (tenant, request id): the number replies carry, under a key
      * hashed from both (never the id's bytes), apart per tenant. */
     for (uint32_t want = 1; want <= 2; want++)

@@ -8,6 +8,7 @@
  *   A frontend (mllama-frontend) writes a blob and reads the index, and is
  *   refused (NOPERM) counters, adapters and index entries; the adapter
  *   publisher is refused counters; a client without a role, everything.
+ * - An answered record's attempt counter is deleted.
  * - JUNK records (half unparseable, without headers: dead letters; half
  *   answerable but invalid: error replies) leave at most JUNK_KEYS_MAX new
  *   keys in Redis: nothing is counted for a record that does not parse.
@@ -37,6 +38,7 @@
 #define CALL_TIMEOUT_MS 4000 /* its redis.call_timeout_ms: well past the stall bound */
 #define HEALTH_FAIL_MS (STALL_MS + 2500) /* /healthz fails by then */
 #define GROUP "mllama-workers"
+#define CLEAR_MS 5000        /* an answered record's attempt counter deleted by then */
 
 #define WORKER_PW "worker-pw"
 #define FRONTEND_PW "frontend-pw"
@@ -301,6 +303,17 @@ static void test_acl_worker(void)
     const char *more[] = {"runtime.max_running=512", NULL};
     check(start_worker("w-acl", worker_url, more), "worker as mllama-worker");
     expect_answered("acl-1");
+    /* Its record's attempt counter is deleted once it is answered. */
+    char counter[128];
+    snprintf(counter, sizeof counter, "mllama:attempts:" PU_REQUESTS ":%d:%lld",
+             (int)client.last_partition, (long long)client.last_offset);
+    long long left = 1;
+    for (int64_t t0 = pu_now_ms(); left != 0 && pu_now_ms() - t0 < CLEAR_MS; pu_sleep_ms(50)) {
+        redisReply *e = as_user("test-admin", ADMIN_PW, "EXISTS %s", counter);
+        left = e && e->type == REDIS_REPLY_INTEGER ? e->integer : -1;
+        freeReplyObject(e);
+    }
+    check(left == 0, "%s is left after its record was answered", counter);
     uint8_t d[ML_SHA256_DIGEST_SIZE];
     char hex[ML_SHA256_HEX_SIZE];
     ml_sha256("default\0acl-1", sizeof "default\0acl-1" - 1, d);
