@@ -15,7 +15,8 @@
  * - step: the runtime (model, backend); reply records. It decodes no
  *   image: an inline image whose state is evicted before admission sends
  *   its job back to the prep pool (ML_REQERR_IMAGE_EVICTED, redecode).
- * - index: the Redis index (its own connection): heartbeats and image events.
+ * - index: the Redis index (its own connection): heartbeats, image events
+ *   and the deletes of finished records' attempt counters.
  * - http: /metrics, /healthz, /readyz (http.c).
  * They talk through the queues below; nothing blocks the Kafka thread. */
 #ifndef SVC_WORKER_INTERNAL_H
