@@ -157,20 +157,19 @@ typedef struct ml_backend_ops {
      * With accumulate != 0, y += instead of y =. */
     void (*matmul)(ml_backend *be, float *y, const float *x, const uint16_t *w,
                    const uint16_t *bias, int M, int K, int N, int accumulate);
-    /* y (M, N) = scale[n] · (x · wᵀ)[m][n] + bias[n], w (N, K) F8_E4M3
-     * widened exactly, scale (N) f32: the weight q · scale of
-     * compressed-tensors' decompression, its scale applied to each sum.
-     * NULL where the backend has no FP8 path (the model refuses FP8 weights
-     * on it at load). */
-    void (*matmul_f8)(ml_backend *be, float *y, const float *x, const uint8_t *w,
-                      const float *scale, const uint16_t *bias, int M, int K, int N,
-                      int quant_x);
-    /* quant_x != 0: W8A8 dynamic per token (vLLM's numerics for the
+    /* quant_x == 0 (W8A16): y (M, N) = scale[n] · (x · wᵀ)[m][n] + bias[n],
+     * w (N, K) F8_E4M3 widened exactly, scale (N) f32: the weight q · scale
+     * of compressed-tensors' decompression, its scale applied to each sum.
+     * quant_x != 0: W8A8 dynamic per token (vLLM's numerics for the
      * "FP8-dynamic" checkpoints): each row of x is quantized to E4M3 with
      * s_x[m] = absmax_k |x[m][k]| / 448 (1 for a zero row), qx = E4M3(x /
      * s_x) rounded to nearest even and saturated at ±448, and y = Σ qx·q ·
      * (s_x[m]·scale[n]) + bias[n], summed in f32 (qx·q is exact). A row's
-     * result depends on that row alone. quant_x == 0: W8A16 as above. */
+     * result depends on that row alone. NULL where the backend has no FP8
+     * path (the model refuses FP8 weights on it at load). */
+    void (*matmul_f8)(ml_backend *be, float *y, const float *x, const uint8_t *w,
+                      const float *scale, const uint16_t *bias, int M, int K, int N,
+                      int quant_x);
     /* Segmented LoRA after a matmul (PEFT LoraLayer.forward, one adapter per
      * segment): y[rows] += scale · ((x[rows] · aᵀ) · bᵀ) for each of the
      * n_segs segments (a host array borrowed for the call; rows of different
@@ -271,25 +270,21 @@ struct ml_backend {
     const ml_backend_ops *ops;
 };
 
-/* The CPU backend with n_threads threads, the caller's included (0 = one per
- * online CPU). Its kernels use the widest ISA the CPU supports unless the
- * environment variable ML_CPU_ISA (plain, avx2, avx512) names a lower one.
- * Returns NULL and fills err on failure (an unknown or unsupported
- * ML_CPU_ISA, out of memory, a thread that would not start). */
-ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen);
+/* ---- the CUDA backend's sizes, restated ---- */
+/* The engine plans device memory (model/memory_plan.h) without CUDA headers,
+ * and kernels/ sees the engine only through this interface, so the CUDA
+ * backend's own numbers the plan needs are written here, once;
+ * kernels/backend.cu asserts at compile time that they agree with its own. */
 
-/* `world` CPU backends of threads_each threads each (0 = the online CPUs
- * shared evenly, at least one) forming one tensor-parallel group: their
- * all_reduce_sum is an in-process collective, for `world` threads each
- * driving one member (every rank gets bit-identical sums, added in rank
- * order). out[0 .. world) receives the members, each owned by the caller
- * (destroy each; the group goes with the last). On failure every out[i] is
- * NULL, nothing is left allocated and err says why: ML_ERR_INVALID_ARG
- * (world outside [1, ML_CPU_GROUP_MAX], threads_each < 0), the ISA
- * selection's error (ML_CPU_ISA, as ml_backend_cpu_create), ML_ERR_NOMEM
- * (memory, or a thread that would not start). */
-#define ML_CPU_GROUP_MAX 64
-ml_status ml_backend_cpu_create_group(int world, int threads_each, ml_backend **out, char *err,
-                                      size_t errlen);
+/* Its own workspaces on each device: kernels/mlk_internal.cuh
+ * MLK_WORKSPACE_BYTES = bf16 activation staging 128 MiB + bias staging
+ * 1 MiB + cuBLASLt workspace 32 MiB + attention split-K 16 MiB. */
+#define ML_PLAN_CUDA_WORKSPACE_BYTES ((uint64_t)(128 + 1 + 32 + 16) << 20)
+/* Its K/V and image-state element (bf16; mlk_backend.h). */
+#define ML_PLAN_CUDA_KV_ELEM_SIZE 2
+/* Its pool when the worker does not size it: 90% of the free memory
+ * (kernels/backend.cu's POOL_DEFAULT_SHARE is this), the rest left to the
+ * CUDA context, cuBLASLt and NCCL. In tenths, to stay integral. */
+#define ML_PLAN_CUDA_POOL_SHARE_TENTHS 9
 
 #endif

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "cpu/cpu_backend.h"
 
 #ifdef MLLAMA_HAVE_CUDA
 #include "mlk_backend.h"

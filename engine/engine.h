@@ -20,8 +20,8 @@
 #include "grammar/grammar.h" /* JSON Schema grammars: the caller compiles and caches them */
 #include "image/image.h"
 #include "list.h" /* the engine's intrusive list, for the caller's registries too */
+#include "checkpoint/mkmodel.h"
 #include "image/prepare.h"
-#include "model/mkmodel.h"
 #include "model/mllama.h"
 #include "runtime/runtime.h"
 #include "runtime/sampler.h"
@@ -89,9 +89,10 @@ const char *ml_engine_backend_name(const ml_engine *e);
 int ml_engine_world(const ml_engine *e);
 /* One device's memory plan of the open engine (model/memory_plan.h), and in
  * *spec (when non-NULL) what it was computed for: the device's usable bytes
- * (the CUDA pool: the config's pool_bytes, or 90% of the device's total; the CPU:
- * the host's physical memory), the backend's own workspace, the runtime's
- * budgets. Borrowed; lives as long as e. */
+ * (the CUDA pool: the config's pool_bytes, or backend.h's
+ * ML_PLAN_CUDA_POOL_SHARE_TENTHS of the device's total; the CPU: the host's
+ * physical memory), the backend's own workspace, the runtime's budgets.
+ * Borrowed; lives as long as e. */
 const ml_memory_plan *ml_engine_memory_plan(const ml_engine *e, const ml_memory_plan_spec **spec);
 
 /* ---- request builders ------------------------------------------------------------ */

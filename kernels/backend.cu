@@ -8,19 +8,16 @@
 
 #include "mlk_internal.cuh"
 
-extern "C" {
-#include "model/memory_plan.h"
-}
-
-/* The memory plan restates the backend's sizes without CUDA headers. */
+/* The interface restates the backend's sizes for the memory plan, which
+ * includes no CUDA header (backend.h, through mlk_internal.cuh). */
 static_assert(ML_PLAN_CUDA_WORKSPACE_BYTES == MLK_WORKSPACE_BYTES,
-              "engine/model/memory_plan.h restates MLK_WORKSPACE_BYTES");
+              "engine/backend.h restates MLK_WORKSPACE_BYTES");
 static_assert(ML_PLAN_CUDA_KV_ELEM_SIZE == sizeof(uint16_t),
-              "engine/model/memory_plan.h restates the bf16 K/V caches");
+              "engine/backend.h restates the bf16 K/V caches");
 
 /* Share of the free device memory taken when pool_bytes is 0: the rest is
  * left to the CUDA context, cuBLAS kernels' modules and other processes.
- * One number with the memory plan's. */
+ * One number with the memory plan's (backend.h). */
 #define POOL_DEFAULT_SHARE (ML_PLAN_CUDA_POOL_SHARE_TENTHS / 10.0)
 /* Pool sizes are rounded down to this (the driver's large-page size). */
 #define POOL_GRANULE ((size_t)2 << 20)

@@ -32,17 +32,17 @@ extern "C" {
 #include "backend.h"
 
 /* A backend on CUDA device `device` owning one device pool of pool_bytes
- * (0 = 90% of the device's free memory) from which alloc, weight and the
- * backend's own workspaces (about MLK_WORKSPACE_BYTES, see mlk_internal.cuh)
- * are carved. batch_invariant != 0: every op's result for a row (a token,
- * a sequence) is bit-identical whatever the other rows of the call are
- * (matmul: one cuBLASLt algorithm per weight shape for every M, no GEMV
- * regime, no split-K; attention: a decode sequence's keys split by its own
- * length, not by the batch; kernels/README.md "Batch invariance"); 0: the
- * fastest choice per shape. Fixed for the backend's life. Returns NULL and
- * fills err when the device is absent, the pool cannot be allocated or is
- * smaller than the workspaces, or cuBLASLt fails to start. Destroy with
- * be->ops->destroy(be). */
+ * (0 = backend.h's ML_PLAN_CUDA_POOL_SHARE_TENTHS of the device's free
+ * memory) from which alloc, weight and the backend's own workspaces (about
+ * MLK_WORKSPACE_BYTES, see mlk_internal.cuh) are carved. batch_invariant
+ * != 0: every op's result for a row (a token, a sequence) is bit-identical
+ * whatever the other rows of the call are (matmul: one cuBLASLt algorithm
+ * per weight shape for every M, no GEMV regime, no split-K; attention: a
+ * decode sequence's keys split by its own length, not by the batch;
+ * kernels/README.md "Batch invariance"); 0: the fastest choice per shape.
+ * Fixed for the backend's life. Returns NULL and fills err when the device
+ * is absent, the pool cannot be allocated or is smaller than the workspaces,
+ * or cuBLASLt fails to start. Destroy with be->ops->destroy(be). */
 ml_backend *ml_backend_cuda_create(int device, size_t pool_bytes, int batch_invariant, char *err,
                                    size_t errlen);
 

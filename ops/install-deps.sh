@@ -8,7 +8,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config   # compiler and build
   libcjson-dev                       # JSON: config.json, tokenizer.json, protocol
-  libturbojpeg0-dev libjpeg-dev      # JPEG decode (TurboJPEG and libjpeg APIs)
+  libjpeg-dev                        # JPEG decode (the libjpeg API)
   libpng-dev                         # PNG decode
   librdkafka-dev kcat                # Kafka client; kcat as the independent test client
   libhiredis-dev redis-server        # Redis client; a local server for demos and tests

@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #include "metrics.h"
-#include "protocol/protocol.h"
 
 #define STOP_POLL_MS 200 /* how soon the thread sees a stop */
 #define LISTEN_BACKLOG 16

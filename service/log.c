@@ -14,7 +14,8 @@
 static atomic_int log_threshold = SVC_LOG_INFO;
 static FILE *log_out; /* NULL = stdout; set before threads start */
 
-const char *svc_log_level_name(svc_log_level level)
+/* Stable lower-case name of a level. Never NULL. */
+static const char *level_name(svc_log_level level)
 {
     switch (level) {
     case SVC_LOG_DEBUG: return "debug";
@@ -29,7 +30,7 @@ int svc_log_level_parse(const char *name, svc_log_level *level)
 {
     static const svc_log_level all[] = {SVC_LOG_DEBUG, SVC_LOG_INFO, SVC_LOG_WARN, SVC_LOG_ERROR};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (name && !strcmp(name, svc_log_level_name(all[i]))) {
+        if (name && !strcmp(name, level_name(all[i]))) {
             *level = all[i];
             return 0;
         }
@@ -95,7 +96,7 @@ void svc_log(svc_log_level level, const char *event, const char *fmt, ...)
                      "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\","
                      "\"event\":\"%s\",\"msg\":\"",
                      utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min,
-                     utc.tm_sec, now.tv_nsec / 1000000, svc_log_level_name(level), event);
+                     utc.tm_sec, now.tv_nsec / 1000000, level_name(level), event);
     if (n < 0 || (size_t)n >= sizeof line)
         return;
     size_t pos = (size_t)n;

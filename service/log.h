@@ -39,7 +39,4 @@ void svc_log_set_output(FILE *f);
  * for anything else (level unchanged). */
 int svc_log_level_parse(const char *name, svc_log_level *level);
 
-/* Stable lower-case name of a level. Never NULL. */
-const char *svc_log_level_name(svc_log_level level);
-
 #endif

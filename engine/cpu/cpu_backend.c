@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
 #include "cpu/cpu_internal.h"
 #include "cpu/graph.h"

@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 
+#include "cpu/cpu_backend.h"
 #include "cpu/cpu_internal.h"
 #include "status.h"
 

@@ -185,6 +185,21 @@ ml_fsm *schema_compile_all(schema_compiler *sc, const cJSON *const *nodes, size_
  * as an automaton without calls (a recursive $ref in it is refused). */
 ml_fsm *schema_compile_regular(schema_compiler *sc, const cJSON *node);
 
+/* ---- schema_merge.c -------------------------------------------------------- */
+
+/* Merge src's keywords into m (m refers to src's subschemas, never copies
+ * them). $ref and allOf are inlined; properties merged per name. false
+ * with the error latched (a keyword given twice with different values,
+ * nesting too deep, memory). */
+bool schema_merge_into(schema_compiler *sc, cJSON *m, const cJSON *src, int depth);
+
+/* A node standing for v without copying it: a reference to its members
+ * or items (a copy for a scalar). NULL when out of memory. */
+cJSON *schema_alias(const cJSON *v);
+
+/* Latch "out of memory" on the compiler; false. */
+bool schema_nomem(schema_compiler *sc);
+
 /* ---- schema_value.c -------------------------------------------------------- */
 
 /* Refuse (latched), before any automaton is built, an unknown format that
@@ -215,6 +230,42 @@ ml_fsm *schema_literal(schema_compiler *sc, const cJSON *v);
 /* The one form of a string's content (lexemes.h) in a new NUL-terminated
  * buffer (owned by the caller), *n its length; NULL when out of memory. */
 char *schema_string_form(const char *utf8, size_t *n);
+
+/* The building blocks of value automata, shared with schema_object.c. */
+/* cat(fc, a, b, ...): the concatenation of the automata given (owned), in
+ * one construction. */
+#define cat(fc, ...)                                          \
+    ml_fsm_concat_n((fc), (ml_fsm *const[]){__VA_ARGS__},     \
+                    sizeof((ml_fsm *const[]){__VA_ARGS__}) / sizeof(ml_fsm *))
+/* alt(fc, a, b, ...): the union of the automata given (owned), in one
+ * construction. */
+#define alt(fc, ...)                                          \
+    ml_fsm_union_n((fc), (ml_fsm *const[]){__VA_ARGS__},      \
+                   sizeof((ml_fsm *const[]){__VA_ARGS__}) / sizeof(ml_fsm *))
+/* The literal bytes of s. */
+ml_fsm *schema_lit(ml_fsm_ctx *fc, const char *s);
+/* "," then a gap. */
+ml_fsm *schema_comma(ml_fsm_ctx *fc);
+/* key gap ":" gap value gap: one member, its trailing gap included. */
+ml_fsm *schema_member(ml_fsm_ctx *fc, ml_fsm *key, ml_fsm *value);
+/* A copy of a, or NULL for NULL. */
+ml_fsm *schema_copy(ml_fsm_ctx *fc, const ml_fsm *a);
+/* `"` name `"`: a key equal to name. */
+ml_fsm *schema_key_of(schema_compiler *sc, const char *name);
+/* 1 when a (a quoted-string automaton) accepts the key name. */
+bool schema_key_matches(schema_compiler *sc, const ml_fsm *a, const char *name);
+/* Any JSON string. */
+ml_fsm *schema_any_string(ml_fsm_ctx *fc);
+/* Quoted keys of printable ASCII only (schema_value.c says why). */
+ml_fsm *schema_ascii_key(ml_fsm_ctx *fc);
+/* 1 when s is printable ASCII only. */
+bool schema_ascii_printable(const char *s);
+
+/* ---- schema_object.c ------------------------------------------------------- */
+
+/* The values of an object schema: node's properties, required,
+ * patternProperties, additionalProperties and propertyNames. */
+ml_fsm *schema_object(schema_compiler *sc, const cJSON *node);
 
 /* ---- schema_emit.c --------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /* The automata of the values of one JSON type under a schema's keywords
- * (schema_internal.h): scalars through lexemes.h, arrays and objects
- * composed with fsm.h, enum/const values, and the shared "any value"
- * machine. Whitespace gaps ([ \t\n\r]*) sit between every two tokens inside
+ * (schema_internal.h): scalars through lexemes.h, arrays composed with
+ * fsm.h (objects: schema_object.c), enum/const values, and the shared "any
+ * value" machine. Whitespace gaps ([ \t\n\r]*) sit between every two tokens inside
  * arrays and objects, never before or after a value: the container around a
  * value owns the gaps, so a document has none at either end. */
 #include <math.h>
@@ -29,18 +29,7 @@
 
 /* ---- building blocks -------------------------------------------------------- */
 
-/* cat(fc, a, b, ...): the concatenation of the automata given (owned), in
- * one construction. */
-#define cat(fc, ...)                                          \
-    ml_fsm_concat_n((fc), (ml_fsm *const[]){__VA_ARGS__},     \
-                    sizeof((ml_fsm *const[]){__VA_ARGS__}) / sizeof(ml_fsm *))
-/* alt(fc, a, b, ...): the union of the automata given (owned), in one
- * construction. */
-#define alt(fc, ...)                                          \
-    ml_fsm_union_n((fc), (ml_fsm *const[]){__VA_ARGS__},      \
-                   sizeof((ml_fsm *const[]){__VA_ARGS__}) / sizeof(ml_fsm *))
-
-static ml_fsm *lit(ml_fsm_ctx *fc, const char *s)
+ml_fsm *schema_lit(ml_fsm_ctx *fc, const char *s)
 {
     return ml_fsm_literal(fc, s, strlen(s));
 }
@@ -54,13 +43,17 @@ ml_fsm *schema_gap(ml_fsm_ctx *fc)
     return ml_fsm_repeat(fc, ml_fsm_byte_set(fc, set), 0, ML_FSM_UNBOUNDED);
 }
 
-/* "," then a gap. */
-static ml_fsm *comma(ml_fsm_ctx *fc)
+ml_fsm *schema_comma(ml_fsm_ctx *fc)
 {
-    return cat(fc, lit(fc, ","), schema_gap(fc));
+    return cat(fc, schema_lit(fc, ","), schema_gap(fc));
 }
 
-static ml_fsm *copy(ml_fsm_ctx *fc, const ml_fsm *a)
+ml_fsm *schema_member(ml_fsm_ctx *fc, ml_fsm *key, ml_fsm *value)
+{
+    return cat(fc, key, schema_gap(fc), schema_lit(fc, ":"), schema_gap(fc), value, schema_gap(fc));
+}
+
+ml_fsm *schema_copy(ml_fsm_ctx *fc, const ml_fsm *a)
 {
     return a ? ml_fsm_copy(fc, a) : NULL;
 }
@@ -96,16 +89,14 @@ char *schema_string_form(const char *utf8, size_t *n)
     return out;
 }
 
-/* `"` name `"`: a key equal to name. */
-static ml_fsm *key_of(schema_compiler *sc, const char *name)
+ml_fsm *schema_key_of(schema_compiler *sc, const char *name)
 {
     ml_fsm_ctx *fc = sc->fc;
-    return cat(fc, lit(fc, "\""), ml_lex_json_string_content_of(fc, name, strlen(name)),
-               lit(fc, "\""));
+    return cat(fc, schema_lit(fc, "\""), ml_lex_json_string_content_of(fc, name, strlen(name)),
+               schema_lit(fc, "\""));
 }
 
-/* 1 when a (a quoted-string automaton) accepts the key name. */
-static bool key_matches(schema_compiler *sc, const ml_fsm *a, const char *name)
+bool schema_key_matches(schema_compiler *sc, const ml_fsm *a, const char *name)
 {
     size_t n;
     char *form = schema_string_form(name, &n);
@@ -124,7 +115,7 @@ static bool key_matches(schema_compiler *sc, const ml_fsm *a, const char *name)
     return r;
 }
 
-static ml_fsm *any_string(ml_fsm_ctx *fc)
+ml_fsm *schema_any_string(ml_fsm_ctx *fc)
 {
     ml_lex_string s = {.min_length = 0, .max_length = ML_FSM_UNBOUNDED};
     return ml_lex_json_string(fc, &s);
@@ -134,18 +125,19 @@ static ml_fsm *any_string(ml_fsm_ctx *fc)
  * regex.c's automata match exactly what Python's re does (they are
  * narrower elsewhere: line terminators, Unicode classes), so a key outside
  * a pattern's automaton is surely outside the pattern. */
-static ml_fsm *ascii_key(ml_fsm_ctx *fc)
+ml_fsm *schema_ascii_key(ml_fsm_ctx *fc)
 {
     uint8_t plain[32] = {0};
     for (int b = 0x20; b < 0x7f; b++)
         if (b != '"' && b != '\\')
             plain[b >> 3] |= (uint8_t)(1u << (b & 7));
-    ml_fsm *ch = alt(fc, ml_fsm_byte_set(fc, plain), lit(fc, "\\\""), lit(fc, "\\\\"));
+    ml_fsm *ch =
+        alt(fc, ml_fsm_byte_set(fc, plain), schema_lit(fc, "\\\""), schema_lit(fc, "\\\\"));
     ml_fsm *body = ml_fsm_tag(fc, ml_fsm_repeat(fc, ch, 0, ML_FSM_UNBOUNDED), ML_FSM_TAG_IN_STRING);
-    return cat(fc, lit(fc, "\""), body, lit(fc, "\""));
+    return cat(fc, schema_lit(fc, "\""), body, schema_lit(fc, "\""));
 }
 
-static bool ascii_printable(const char *s)
+bool schema_ascii_printable(const char *s)
 {
     for (; *s; s++)
         if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
@@ -436,13 +428,13 @@ static ml_fsm *schema_array(schema_compiler *sc, const cJSON *node)
         *(m == 0 ? &tail_first : &r) = lo > hi ? ml_fsm_nothing(fc) : ml_fsm_epsilon(fc);
     } else if (m == 0) {
         uint32_t more_hi = hi == ML_FSM_UNBOUNDED ? ML_FSM_UNBOUNDED : hi - 1;
-        tail_first = cat(fc, copy(fc, er),
-                         ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, er)),
+        tail_first = cat(fc, schema_copy(fc, er),
+                         ml_fsm_repeat(fc, cat(fc, schema_comma(fc), schema_copy(fc, er)),
                                        lo ? lo - 1 : 0, more_hi));
         if (lo == 0)
             tail_first = ml_fsm_union(fc, tail_first, ml_fsm_epsilon(fc));
     } else {
-        r = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, er)), lo, hi);
+        r = ml_fsm_repeat(fc, cat(fc, schema_comma(fc), schema_copy(fc, er)), lo, hi);
     }
     ml_fsm_free(er);
 
@@ -465,7 +457,7 @@ static ml_fsm *schema_array(schema_compiler *sc, const cJSON *node)
         }
         schema_pointer_pop(sc, at);
         for (uint32_t k = m - 1; k >= 1; k--) {
-            ml_fsm *cont = k < max ? cat(fc, comma(fc), e[k], r)
+            ml_fsm *cont = k < max ? cat(fc, schema_comma(fc), e[k], r)
                                    : (ml_fsm_free(e[k]), ml_fsm_free(r), ml_fsm_nothing(fc));
             r = k >= min ? ml_fsm_union(fc, ml_fsm_epsilon(fc), cont) : cont;
         }
@@ -474,281 +466,7 @@ static ml_fsm *schema_array(schema_compiler *sc, const cJSON *node)
         body = min == 0 ? ml_fsm_union(fc, ml_fsm_epsilon(fc), cont) : cont;
         free(e);
     }
-    return cat(fc, lit(fc, "["), schema_gap(fc), body, lit(fc, "]"));
-}
-
-/* ---- objects ----------------------------------------------------------------- */
-
-/* What an object schema's members are built from. */
-typedef struct members {
-    size_t n;              /* named members: properties, then required names not in them */
-    const char **name;     /* borrowed */
-    const cJSON **schema;  /* borrowed: the property's schema, NULL for a required-only name */
-    bool *required;
-    size_t n_pat;
-    ml_fsm *pat_key[SCHEMA_MAX_PATTERN_PROPERTIES];   /* owned: quoted keys matching */
-    const cJSON *pat_node[SCHEMA_MAX_PATTERN_PROPERTIES]; /* borrowed: their schemas */
-    ml_fsm *add_value; /* owned: additionalProperties' values (empty when false) */
-    ml_fsm *names; /* owned: propertyNames as quoted keys, NULL when unconstrained */
-} members;
-
-static void members_deinit(members *mb)
-{
-    free(mb->name);
-    free(mb->schema);
-    free(mb->required);
-    for (size_t i = 0; i < mb->n_pat; i++) {
-        ml_fsm_free(mb->pat_key[i]);
-    }
-    ml_fsm_free(mb->add_value);
-    ml_fsm_free(mb->names);
-}
-
-static bool members_init(schema_compiler *sc, const cJSON *node, members *mb)
-{
-    ml_fsm_ctx *fc = sc->fc;
-    const cJSON *props = cJSON_GetObjectItemCaseSensitive(node, "properties");
-    const cJSON *req = cJSON_GetObjectItemCaseSensitive(node, "required");
-    const cJSON *pats = cJSON_GetObjectItemCaseSensitive(node, "patternProperties");
-    const cJSON *add = cJSON_GetObjectItemCaseSensitive(node, "additionalProperties");
-    const cJSON *pn = cJSON_GetObjectItemCaseSensitive(node, "propertyNames");
-    if ((props && !cJSON_IsObject(props)) || (pats && !cJSON_IsObject(pats))) {
-        schema_refuse(sc, ML_ERR_INVALID_ARG, props && !cJSON_IsObject(props) ? "properties"
-                                                                               : "patternProperties",
-                      "not an object of schemas");
-        return false;
-    }
-    if (req && !cJSON_IsArray(req)) {
-        schema_refuse(sc, ML_ERR_INVALID_ARG, "required", "not an array of names");
-        return false;
-    }
-    size_t cap = (size_t)cJSON_GetArraySize(props) + (size_t)cJSON_GetArraySize(req);
-    mb->name = calloc(cap + 1, sizeof *mb->name);
-    mb->schema = calloc(cap + 1, sizeof *mb->schema);
-    mb->required = calloc(cap + 1, sizeof *mb->required);
-    if (!mb->name || !mb->schema || !mb->required) {
-        ml_fsm_ctx_fail(fc, ML_ERR_NOMEM, "schema: out of memory");
-        return false;
-    }
-    for (const cJSON *p = props ? props->child : NULL; p; p = p->next) {
-        for (size_t i = 0; i < mb->n; i++)
-            if (!strcmp(mb->name[i], p->string)) {
-                schema_refuse(sc, ML_ERR_INVALID_ARG, "properties", "a name given twice");
-                return false;
-            }
-        mb->name[mb->n] = p->string;
-        mb->schema[mb->n++] = p;
-    }
-    for (const cJSON *r = req ? req->child : NULL; r; r = r->next) {
-        if (!cJSON_IsString(r)) {
-            schema_refuse(sc, ML_ERR_INVALID_ARG, "required", "not an array of names");
-            return false;
-        }
-        size_t i = 0;
-        while (i < mb->n && strcmp(mb->name[i], r->valuestring))
-            i++;
-        if (i == mb->n)
-            mb->name[mb->n++] = r->valuestring;
-        mb->required[i] = true;
-    }
-
-    size_t n_pat = (size_t)cJSON_GetArraySize(pats);
-    if (n_pat > SCHEMA_MAX_PATTERN_PROPERTIES) {
-        schema_refuse(sc, ML_ERR_UNSUPPORTED, "patternProperties",
-                      "more than 4 patterns (their key regions grow as 2^n)");
-        return false;
-    }
-    size_t at = schema_pointer_push(sc, "patternProperties", 0);
-    for (const cJSON *p = pats ? pats->child : NULL; p; p = p->next) {
-        size_t k = mb->n_pat++;
-        mb->pat_key[k] = cat(fc, lit(fc, "\""), ml_regex_compile(fc, p->string, strlen(p->string)),
-                             lit(fc, "\""));
-        mb->pat_node[k] = p;
-        if (!mb->pat_key[k])
-            schema_locate(sc);
-    }
-    schema_pointer_pop(sc, at);
-    bool any;
-    mb->add_value = add ? schema_compile_at(sc, add, "additionalProperties", 0, &any)
-                        : schema_any(sc);
-    if (pn) {
-        at = schema_pointer_push(sc, "propertyNames", 0);
-        mb->names = schema_compile_strings(sc, pn, &any);
-        schema_pointer_pop(sc, at);
-        if (any) {
-            ml_fsm_free(mb->names);
-            mb->names = NULL;
-        }
-    }
-    return ml_fsm_ctx_status(fc) == ML_OK;
-}
-
-/* The value of named member i: its property's schema, and each pattern its
- * name matches, or else additionalProperties; nothing when propertyNames
- * refuses the name. */
-static ml_fsm *member_value(schema_compiler *sc, const members *mb, size_t i)
-{
-    ml_fsm_ctx *fc = sc->fc;
-    if (mb->names && !key_matches(sc, mb->names, mb->name[i]))
-        return ml_fsm_nothing(fc);
-    const cJSON *nodes[SCHEMA_MAX_PATTERN_PROPERTIES + 1];
-    size_t n = 0;
-    if (mb->schema[i])
-        nodes[n++] = mb->schema[i];
-    for (size_t k = 0; k < mb->n_pat; k++) {
-        if (key_matches(sc, mb->pat_key[k], mb->name[i]))
-            nodes[n++] = mb->pat_node[k];
-        else if (!ascii_printable(mb->name[i]))
-            return schema_refuse(sc, ML_ERR_UNSUPPORTED, "patternProperties",
-                                 "a property name beyond printable ASCII, where whether a "
-                                 "pattern matches it is not decided exactly");
-    }
-    if (n == 0)
-        return copy(fc, mb->add_value);
-    size_t at = schema_pointer_push(sc, "properties", 0);
-    size_t at2 = schema_pointer_push(sc, mb->name[i], 0);
-    bool any;
-    ml_fsm *r = schema_compile_all(sc, nodes, n, &any);
-    schema_pointer_pop(sc, at2);
-    schema_pointer_pop(sc, at);
-    return r;
-}
-
-/* key gap ":" gap value gap: one member, its trailing gap included. */
-static ml_fsm *member(ml_fsm_ctx *fc, ml_fsm *key, ml_fsm *value)
-{
-    return cat(fc, key, schema_gap(fc), lit(fc, ":"), schema_gap(fc), value, schema_gap(fc));
-}
-
-/* The members not named: one region per set of patterns a key matches
- * (and none: additionalProperties), each key under the intersection of
- * their schemas; NULL (not an error) when no such key is valid. */
-static ml_fsm *additional_members(schema_compiler *sc, const members *mb)
-{
-    ml_fsm_ctx *fc = sc->fc;
-    if (mb->n_pat == 0 && ml_fsm_is_empty(mb->add_value))
-        return NULL;
-    ml_fsm *base = any_string(fc);
-    if (mb->n_pat) /* a key outside a pattern must surely be outside it */
-        base = ml_fsm_intersect(fc, base, ascii_key(fc));
-    if (mb->names)
-        base = ml_fsm_intersect(fc, base, copy(fc, mb->names));
-    if (mb->n) {
-        ml_fsm **named = calloc(mb->n, sizeof *named);
-        if (!named) {
-            ml_fsm_free(base);
-            ml_fsm_ctx_fail(fc, ML_ERR_NOMEM, "schema: out of memory");
-            return NULL;
-        }
-        for (size_t i = 0; i < mb->n; i++)
-            named[i] = key_of(sc, mb->name[i]);
-        base = ml_fsm_minus(fc, base, ml_fsm_union_n(fc, named, mb->n));
-        free(named);
-    }
-    ml_fsm *regions[1u << SCHEMA_MAX_PATTERN_PROPERTIES];
-    size_t n_regions = 0;
-    for (unsigned set = 0; set < (1u << mb->n_pat) && base; set++) {
-        ml_fsm *key = copy(fc, base);
-        for (size_t k = 0; k < mb->n_pat; k++)
-            key = (set >> k) & 1 ? ml_fsm_intersect(fc, key, copy(fc, mb->pat_key[k]))
-                                 : ml_fsm_minus(fc, key, copy(fc, mb->pat_key[k]));
-        if (!key || ml_fsm_is_empty(key)) {
-            ml_fsm_free(key);
-            continue;
-        }
-        ml_fsm *value;
-        if (set == 0) {
-            value = copy(fc, mb->add_value);
-        } else {
-            const cJSON *nodes[SCHEMA_MAX_PATTERN_PROPERTIES];
-            size_t n = 0;
-            for (size_t k = 0; k < mb->n_pat; k++)
-                if ((set >> k) & 1)
-                    nodes[n++] = mb->pat_node[k];
-            bool any;
-            size_t at = schema_pointer_push(sc, "patternProperties", 0);
-            value = schema_compile_all(sc, nodes, n, &any);
-            schema_pointer_pop(sc, at);
-        }
-        if (value && ml_fsm_is_empty(value)) {
-            ml_fsm_free(key);
-            ml_fsm_free(value);
-            continue;
-        }
-        regions[n_regions++] = member(fc, key, value);
-    }
-    ml_fsm_free(base);
-    return n_regions ? ml_fsm_union_n(fc, regions, n_regions) : NULL;
-}
-
-/* A run of consecutive members (a leaf: one defined member, or the
- * additional ones): first, its non-empty selections written with commas
- * between them and none before (owned); empty, whether it may write
- * nothing (no required member in it). */
-typedef struct span {
-    ml_fsm *first;
-    bool empty;
-} span;
-
-/* The members of l then r: a selection of both is l's, a comma, r's. Built
- * as a balanced tree of joins, so each member's automaton is copied about
- * log n times instead of n (a chain of suffixes costs n^2 states). */
-static span join(ml_fsm_ctx *fc, span l, span r)
-{
-    ml_fsm *after = cat(fc, comma(fc), copy(fc, r.first));
-    if (r.empty)
-        after = ml_fsm_union(fc, ml_fsm_epsilon(fc), after);
-    ml_fsm *first = cat(fc, l.first, after);
-    if (l.empty)
-        first = ml_fsm_union(fc, first, r.first);
-    else
-        ml_fsm_free(r.first);
-    return (span){.first = first, .empty = l.empty && r.empty};
-}
-
-static span join_range(ml_fsm_ctx *fc, span *s, size_t lo, size_t hi)
-{
-    if (hi - lo == 1)
-        return s[lo];
-    size_t mid = lo + (hi - lo) / 2;
-    span l = join_range(fc, s, lo, mid);
-    return join(fc, l, join_range(fc, s, mid, hi));
-}
-
-/* Defined members first, in order, each optional one skippable, then any
- * number of additional ones, commas between them. */
-static ml_fsm *schema_object(schema_compiler *sc, const cJSON *node)
-{
-    ml_fsm_ctx *fc = sc->fc;
-    members mb = {0};
-    span *spans = NULL;
-    ml_fsm *body = NULL;
-    if (!members_init(sc, node, &mb))
-        goto out;
-    spans = calloc(mb.n + 1, sizeof *spans);
-    if (!spans) {
-        ml_fsm_ctx_fail(fc, ML_ERR_NOMEM, "schema: out of memory");
-        goto out;
-    }
-    size_t n = 0;
-    for (size_t i = 0; i < mb.n; i++)
-        spans[n++] = (span){.first = member(fc, key_of(sc, mb.name[i]), member_value(sc, &mb, i)),
-                            .empty = !mb.required[i]};
-    ml_fsm *x = additional_members(sc, &mb);
-    if (x) {
-        ml_fsm *more = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, x)), 0, ML_FSM_UNBOUNDED);
-        spans[n++] = (span){.first = cat(fc, x, more), .empty = true};
-    }
-    if (n == 0) {
-        body = ml_fsm_epsilon(fc);
-    } else {
-        span all = join_range(fc, spans, 0, n);
-        body = all.empty ? ml_fsm_union(fc, ml_fsm_epsilon(fc), all.first) : all.first;
-    }
-out:
-    free(spans);
-    members_deinit(&mb);
-    return cat(fc, lit(fc, "{"), schema_gap(fc), body, lit(fc, "}"));
+    return cat(fc, schema_lit(fc, "["), schema_gap(fc), body, schema_lit(fc, "]"));
 }
 
 /* ---- types, any value, literals ---------------------------------------------- */
@@ -759,10 +477,10 @@ ml_fsm *schema_typed(schema_compiler *sc, const cJSON *node, unsigned types)
     ml_fsm *r[7];
     size_t n = 0;
     if (types & SCHEMA_T_NULL)
-        r[n++] = lit(fc, "null");
+        r[n++] = schema_lit(fc, "null");
     if (types & SCHEMA_T_BOOLEAN) {
-        r[n++] = lit(fc, "true");
-        r[n++] = lit(fc, "false");
+        r[n++] = schema_lit(fc, "true");
+        r[n++] = schema_lit(fc, "false");
     }
     if (types & (SCHEMA_T_NUMBER | SCHEMA_T_INTEGER))
         r[n++] = schema_numeric(sc, node, !(types & SCHEMA_T_NUMBER));
@@ -779,19 +497,24 @@ ml_fsm *schema_typed(schema_compiler *sc, const cJSON *node, unsigned types)
 static ml_fsm *any_nested(ml_fsm_ctx *fc, uint32_t depth)
 {
     ml_lex_bound none = {0};
-    ml_fsm *scalar = alt(fc, lit(fc, "null"), lit(fc, "true"), lit(fc, "false"),
-                         ml_lex_json_number(fc, none, none), any_string(fc));
-    ml_fsm *v = copy(fc, scalar);
+    ml_fsm *scalar =
+        alt(fc, schema_lit(fc, "null"), schema_lit(fc, "true"), schema_lit(fc, "false"),
+            ml_lex_json_number(fc, none, none), schema_any_string(fc));
+    ml_fsm *v = schema_copy(fc, scalar);
     for (uint32_t d = 0; d < depth; d++) {
-        ml_fsm *item = cat(fc, copy(fc, v), schema_gap(fc));
-        ml_fsm *more = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, item)), 0, ML_FSM_UNBOUNDED);
-        ml_fsm *arr = cat(fc, lit(fc, "["), schema_gap(fc),
-                          ml_fsm_union(fc, ml_fsm_epsilon(fc), cat(fc, item, more)), lit(fc, "]"));
-        ml_fsm *mem = member(fc, any_string(fc), v);
-        ml_fsm *mems = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, mem)), 0, ML_FSM_UNBOUNDED);
-        ml_fsm *obj = cat(fc, lit(fc, "{"), schema_gap(fc),
-                          ml_fsm_union(fc, ml_fsm_epsilon(fc), cat(fc, mem, mems)), lit(fc, "}"));
-        v = alt(fc, copy(fc, scalar), arr, obj);
+        ml_fsm *item = cat(fc, schema_copy(fc, v), schema_gap(fc));
+        ml_fsm *more = ml_fsm_repeat(fc, cat(fc, schema_comma(fc), schema_copy(fc, item)), 0,
+                                     ML_FSM_UNBOUNDED);
+        ml_fsm *arr =
+            cat(fc, schema_lit(fc, "["), schema_gap(fc),
+                ml_fsm_union(fc, ml_fsm_epsilon(fc), cat(fc, item, more)), schema_lit(fc, "]"));
+        ml_fsm *mem = schema_member(fc, schema_any_string(fc), v);
+        ml_fsm *mems =
+            ml_fsm_repeat(fc, cat(fc, schema_comma(fc), schema_copy(fc, mem)), 0, ML_FSM_UNBOUNDED);
+        ml_fsm *obj =
+            cat(fc, schema_lit(fc, "{"), schema_gap(fc),
+                ml_fsm_union(fc, ml_fsm_epsilon(fc), cat(fc, mem, mems)), schema_lit(fc, "}"));
+        v = alt(fc, schema_copy(fc, scalar), arr, obj);
     }
     ml_fsm_free(scalar);
     return v;
@@ -803,7 +526,7 @@ ml_fsm *schema_any(schema_compiler *sc)
     if (sc->regular_depth) {
         if (!sc->any_regular)
             sc->any_regular = any_nested(fc, sc->regular_depth);
-        return copy(fc, sc->any_regular);
+        return schema_copy(fc, sc->any_regular);
     }
     if (sc->any_machine < 0) {
         int k = schema_machine_new(sc, "any value");
@@ -812,19 +535,21 @@ ml_fsm *schema_any(schema_compiler *sc)
         sc->any_machine = k;
         ml_lex_bound none = {0};
         ml_fsm *v = ml_fsm_call(fc, (uint32_t)k);
-        ml_fsm *items = cat(fc, copy(fc, v), schema_gap(fc),
-                            ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, v), schema_gap(fc)),
-                                          0, ML_FSM_UNBOUNDED));
-        ml_fsm *arr = cat(fc, lit(fc, "["), schema_gap(fc),
-                          ml_fsm_union(fc, ml_fsm_epsilon(fc), items), lit(fc, "]"));
-        ml_fsm *mem = member(fc, any_string(fc), v);
-        ml_fsm *more = ml_fsm_repeat(fc, cat(fc, comma(fc), copy(fc, mem)), 0,
+        ml_fsm *items =
+            cat(fc, schema_copy(fc, v), schema_gap(fc),
+                ml_fsm_repeat(fc, cat(fc, schema_comma(fc), schema_copy(fc, v), schema_gap(fc)), 0,
+                              ML_FSM_UNBOUNDED));
+        ml_fsm *arr = cat(fc, schema_lit(fc, "["), schema_gap(fc),
+                          ml_fsm_union(fc, ml_fsm_epsilon(fc), items), schema_lit(fc, "]"));
+        ml_fsm *mem = schema_member(fc, schema_any_string(fc), v);
+        ml_fsm *more = ml_fsm_repeat(fc, cat(fc, schema_comma(fc), schema_copy(fc, mem)), 0,
                                      ML_FSM_UNBOUNDED);
         ml_fsm *mems = cat(fc, mem, more);
-        ml_fsm *obj = cat(fc, lit(fc, "{"), schema_gap(fc),
-                          ml_fsm_union(fc, ml_fsm_epsilon(fc), mems), lit(fc, "}"));
-        sc->machines[k].fsm = alt(fc, lit(fc, "null"), lit(fc, "true"), lit(fc, "false"),
-                                  ml_lex_json_number(fc, none, none), any_string(fc), arr, obj);
+        ml_fsm *obj = cat(fc, schema_lit(fc, "{"), schema_gap(fc),
+                          ml_fsm_union(fc, ml_fsm_epsilon(fc), mems), schema_lit(fc, "}"));
+        sc->machines[k].fsm =
+            alt(fc, schema_lit(fc, "null"), schema_lit(fc, "true"), schema_lit(fc, "false"),
+                ml_lex_json_number(fc, none, none), schema_any_string(fc), arr, obj);
         if (!sc->machines[k].fsm)
             return NULL;
     }
@@ -850,30 +575,31 @@ static ml_fsm *number_literal(schema_compiler *sc, double v)
                 break;
         }
     }
-    return lit(sc->fc, buf);
+    return schema_lit(sc->fc, buf);
 }
 
 ml_fsm *schema_literal(schema_compiler *sc, const cJSON *v)
 {
     ml_fsm_ctx *fc = sc->fc;
     if (cJSON_IsNull(v))
-        return lit(fc, "null");
+        return schema_lit(fc, "null");
     if (cJSON_IsTrue(v))
-        return lit(fc, "true");
+        return schema_lit(fc, "true");
     if (cJSON_IsFalse(v))
-        return lit(fc, "false");
+        return schema_lit(fc, "false");
     if (cJSON_IsNumber(v))
         return number_literal(sc, v->valuedouble);
     if (cJSON_IsString(v))
-        return key_of(sc, v->valuestring);
+        return schema_key_of(sc, v->valuestring);
     bool obj = cJSON_IsObject(v);
-    ml_fsm *r = cat(fc, lit(fc, obj ? "{" : "["), schema_gap(fc));
+    ml_fsm *r = cat(fc, schema_lit(fc, obj ? "{" : "["), schema_gap(fc));
     for (const cJSON *e = v->child; e; e = e->next) {
         if (e != v->child)
-            r = cat(fc, r, comma(fc));
+            r = cat(fc, r, schema_comma(fc));
         if (obj)
-            r = cat(fc, r, key_of(sc, e->string), schema_gap(fc), lit(fc, ":"), schema_gap(fc));
+            r = cat(fc, r, schema_key_of(sc, e->string), schema_gap(fc), schema_lit(fc, ":"),
+                    schema_gap(fc));
         r = cat(fc, r, schema_literal(sc, e), schema_gap(fc));
     }
-    return cat(fc, r, lit(fc, obj ? "}" : "]"));
+    return cat(fc, r, schema_lit(fc, obj ? "}" : "]"));
 }

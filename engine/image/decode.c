@@ -8,7 +8,7 @@
  * truncated file from a complete one, and has no CMYK->RGB path matching
  * Pillow's. The libjpeg API gives a progress monitor, warnings and raw CMYK. */
 #include "image/image.h"
-#include "image/decode_png.h"
+#include "image/image_internal.h"
 
 #include <setjmp.h>
 #include <stdint.h>
@@ -130,20 +130,6 @@ static uint32_t count_scans(const uint8_t *data, size_t len)
         pos += MARKER_BYTES + seg;
     }
     return scans;
-}
-
-ml_status ml_image_check_size(uint32_t width, uint32_t height, const ml_image_limits *lim,
-                              char *err, size_t errlen)
-{
-    if ((uint64_t)width * height > lim->max_pixels)
-        return ml_fail(err, errlen, ML_ERR_TOO_LARGE,
-                       "image is %ux%u, above the limit of %llu pixels", width, height,
-                       (unsigned long long)lim->max_pixels);
-    if (width > ML_IMAGE_MAX_SIDE || height > ML_IMAGE_MAX_SIDE)
-        return ml_fail(err, errlen, ML_ERR_TOO_LARGE,
-                       "image is %ux%u; sides above %u pixels are not supported", width, height,
-                       ML_IMAGE_MAX_SIDE);
-    return ML_OK;
 }
 
 static const char *format_name(const uint8_t *data, size_t len)
@@ -284,12 +270,6 @@ static ml_status decode_guarded(decoder *d, const uint8_t *data, size_t len, ml_
     out->height = ci->output_height;
     d->pixels = NULL;
     return ML_OK;
-}
-
-void ml_image_limits_default(ml_image_limits *lim)
-{
-    lim->max_pixels = ML_IMAGE_DEFAULT_MAX_PIXELS;
-    lim->max_scans = ML_IMAGE_DEFAULT_MAX_SCANS;
 }
 
 /* Pillow's JPEG signature check (JpegImagePlugin._accept). */

@@ -53,7 +53,7 @@
  * is decoded here. When a frame control chunk (fcTL) before IDAT gives frame
  * 0 a rectangle smaller than the canvas, Pillow decodes IDAT into that
  * rectangle; such files are refused as unsupported. */
-#include "image/decode_png.h"
+#include "image/image_internal.h"
 
 #include <assert.h>
 #include <setjmp.h>

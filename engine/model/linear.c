@@ -6,7 +6,7 @@
 
 #include "model/model_internal.h"
 
-void ml_linear(ml_model *m, float *y, const float *x, const ml_weight *w, const ml_weight *bias,
+void ml_linear(ml_shard *m, float *y, const float *x, const ml_weight *w, const ml_weight *bias,
                int M, int K, int N, const ml_lora_rows *lora, int site)
 {
     ml_backend *be = m->be;

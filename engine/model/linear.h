@@ -7,9 +7,9 @@
 #ifndef ML_MODEL_LINEAR_H
 #define ML_MODEL_LINEAR_H
 
+#include "checkpoint/weights.h"
 #include "model/lora_internal.h"
 #include "model/mllama.h"
-#include "model/weights.h"
 
 /* The adapters a Linear's rows see: the groups of rows that share one
  * (n_groups 0: every row is the base model's), counted in token rows, or
@@ -29,7 +29,7 @@ typedef struct ml_lora_rows {
  * NULL (a row-parallel bias off rank 0, shard.h) is none. The ops are taken
  * from m->be->ops at the call, so a recording backend records them. Uses
  * m->host.lora_segs (max_step_seqs entries, at least lora->n_groups). */
-void ml_linear(ml_model *m, float *y, const float *x, const ml_weight *w, const ml_weight *bias,
+void ml_linear(ml_shard *m, float *y, const float *x, const ml_weight *w, const ml_weight *bias,
                int M, int K, int N, const ml_lora_rows *lora, int site);
 
 #endif

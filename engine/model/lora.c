@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint/mapped_file.h"
+#include "checkpoint/safetensors.h"
 #include "dtype.h"
-#include "model/mapped_file.h"
 #include "model/lora_internal.h"
 #include "model/model_internal.h"
-#include "model/safetensors.h"
 #include "model/shard.h"
 
 /* Every PEFT adapter key starts with this (PeftModel.base_model.model). */
@@ -55,7 +55,8 @@ int ml_lora_site_text(const ml_config *cfg, int layer, ml_lora_text_module mod)
     return ml_lora_site_lm_head(cfg) + 1 + layer * ML_LORA_TEXT_MODULES + (int)mod;
 }
 
-int ml_lora_n_sites(const ml_config *cfg)
+/* How many adaptable Linears (sites) cfg has: the first site past the last text layer. */
+static int lora_n_sites(const ml_config *cfg)
 {
     return ml_lora_site_text(cfg, cfg->text.num_hidden_layers, ML_LORA_TEXT_Q);
 }
@@ -259,7 +260,7 @@ static ml_status open_weights(loader *ld)
 
 static ml_status build_sites(loader *ld)
 {
-    int n = ld->n_sites = ml_lora_n_sites(ld->cfg);
+    int n = ld->n_sites = lora_n_sites(ld->cfg);
     ld->sites = malloc((size_t)n * sizeof *ld->sites);
     ld->by_name = malloc((size_t)n * sizeof *ld->by_name);
     ld->a = calloc((size_t)n, sizeof *ld->a);
@@ -502,7 +503,7 @@ typedef struct site_part {
     int in0, in, out0, out;
 } site_part;
 
-static site_part part_of(const ml_shard *sh, const site_info *s)
+static site_part part_of(const ml_shard_dims *sh, const site_info *s)
 {
     site_part p = {0, s->in, 0, s->out};
     switch (s->split) {
@@ -525,43 +526,46 @@ static size_t part_elems(const site_part *p, int max_rank)
     return ((size_t)p->in + (size_t)p->out) * (size_t)max_rank;
 }
 
-size_t ml_lora_slot_bytes(const ml_model *m, int max_rank)
+size_t ml_lora_shard_bytes(const ml_shard *s, int max_rank)
 {
     size_t elems = 0;
-    site_info s;
-    for (int i = 0; i < ml_lora_n_sites(&m->cfg); i++) {
-        describe_site(&m->cfg, i, &s);
-        site_part p = part_of(&m->shard, &s);
+    site_info si;
+    for (int i = 0; i < lora_n_sites(&s->cfg); i++) {
+        describe_site(&s->cfg, i, &si);
+        site_part p = part_of(&s->dims, &si);
         elems += part_elems(&p, max_rank);
     }
     return elems * sizeof(uint16_t);
 }
 
-/* An empty slot of m, a whole model or one shard, in m's backend. */
-/* A handle of model m with nothing allocated yet, or NULL. */
-static ml_lora *slot_new(ml_model *m, int max_rank)
+/* A slot or handle of model m with nothing allocated yet, or NULL; cfg is
+ * the model's (any shard's). */
+static ml_lora *slot_new(const ml_model *m, const ml_config *cfg, int max_rank)
 {
     ml_lora *l = calloc(1, sizeof *l);
     if (l) {
         l->model = m;
         l->max_rank = max_rank;
-        l->n_sites = ml_lora_n_sites(&m->cfg);
+        l->n_sites = lora_n_sites(cfg);
     }
     return l;
 }
 
-static ml_status slot_create(ml_lora **out, ml_model *m, int max_rank, char *err, size_t errlen)
+/* An empty slot of m on shard s's backend. */
+static ml_status slot_create(ml_lora **out, const ml_model *m, ml_shard *s, int max_rank,
+                             char *err, size_t errlen)
 {
     *out = NULL;
-    if (!m->be->ops->lora)
+    if (!s->be->ops->lora)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED, "adapter slot: backend %s has no lora op",
-                       m->be->ops->name);
-    ml_lora *l = slot_new(m, max_rank);
+                       s->be->ops->name);
+    ml_lora *l = slot_new(m, &s->cfg, max_rank);
     if (!l)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "adapter slot: out of memory");
-    l->bytes = ml_lora_slot_bytes(m, max_rank);
+    l->shard = s;
+    l->bytes = ml_lora_shard_bytes(s, max_rank);
     l->sites = calloc((size_t)l->n_sites, sizeof *l->sites);
-    l->mem = m->be->ops->alloc(m->be, l->bytes);
+    l->mem = s->be->ops->alloc(s->be, l->bytes);
     if (!l->sites || !l->mem) {
         double mib = (double)l->bytes / (1 << 20);
         ml_lora_destroy(l);
@@ -572,37 +576,38 @@ static ml_status slot_create(ml_lora **out, ml_model *m, int max_rank, char *err
 }
 
 /* bf16 elements of the host buffer that gathers a row-parallel A's column
- * range, for the shards of m (any rank: the ranges have one width). */
-static size_t stage_elems(const ml_model *m, int max_rank)
+ * range, for the shards of s's group (any rank: the ranges have one width). */
+static size_t stage_elems(const ml_shard *s, int max_rank)
 {
     size_t widest = 0;
-    site_info s;
-    for (int i = 0; i < ml_lora_n_sites(&m->cfg); i++) {
-        describe_site(&m->cfg, i, &s);
-        site_part p = part_of(&m->shard, &s);
-        if (p.in < s.in && (size_t)p.in > widest)
+    site_info si;
+    for (int i = 0; i < lora_n_sites(&s->cfg); i++) {
+        describe_site(&s->cfg, i, &si);
+        site_part p = part_of(&s->dims, &si);
+        if (p.in < si.in && (size_t)p.in > widest)
             widest = (size_t)p.in;
     }
     return widest * (size_t)max_rank;
 }
 
 /* The handle of tensor-parallel model m: a slot on every rank's shard. */
-static ml_status split_slot_create(ml_lora **out, ml_model *m, ml_model *const *shards,
+static ml_status split_slot_create(ml_lora **out, const ml_model *m, ml_shard *const *shards,
                                    int world, int max_rank, char *err, size_t errlen)
 {
-    ml_lora *l = slot_new(m, max_rank);
+    ml_lora *l = slot_new(m, &shards[0]->cfg, max_rank);
     if (!l)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "adapter slot: out of memory");
     l->parts = calloc((size_t)world, sizeof *l->parts);
     /* +1: malloc(0) may be NULL. */
-    l->stage = malloc((stage_elems(m, max_rank) + 1) * sizeof *l->stage);
+    l->stage = malloc((stage_elems(shards[0], max_rank) + 1) * sizeof *l->stage);
     if (!l->parts || !l->stage) {
         ml_lora_destroy(l);
         return ml_fail(err, errlen, ML_ERR_NOMEM, "adapter slot: out of memory");
     }
+    l->n_parts = world;
     for (int r = 0; r < world; r++) {
         char why[256];
-        ml_status st = slot_create(&l->parts[r], shards[r], max_rank, why, sizeof why);
+        ml_status st = slot_create(&l->parts[r], m, shards[r], max_rank, why, sizeof why);
         if (st != ML_OK) {
             ml_lora_destroy(l);
             return ml_fail(err, errlen, st, "%s (rank %d of %d)", why, r, world);
@@ -613,34 +618,35 @@ static ml_status split_slot_create(ml_lora **out, ml_model *m, ml_model *const *
     return ML_OK;
 }
 
-ml_status ml_lora_slot_create(ml_lora **out, ml_model *m, ml_model *const *shards, int n_shards,
-                              int max_rank, char *err, size_t errlen)
+ml_status ml_lora_slot_create(ml_lora **out, const ml_model *m, ml_shard *const *shards,
+                              int n_shards, int max_rank, char *err, size_t errlen)
 {
     *out = NULL;
-    if (max_rank < 1 || max_rank > m->limits.max_lora_rank)
+    const ml_shard *s = shards[0];
+    if (max_rank < 1 || max_rank > s->limits.max_lora_rank)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "adapter slot: rank %d outside [1, %d] (model limits' max_lora_rank)",
-                       max_rank, m->limits.max_lora_rank);
-    if (n_shards > 0)
+                       max_rank, s->limits.max_lora_rank);
+    if (n_shards > 1)
         return split_slot_create(out, m, shards, n_shards, max_rank, err, errlen);
-    if (m->shard.world > 1)
+    if (s->dims.world > 1)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
                        "adapter slot: shard %d of %d driven by hand (create the slot on the "
                        "ml_model_load_tp model)",
-                       m->shard.rank, m->shard.world);
-    return slot_create(out, m, max_rank, err, errlen);
+                       s->dims.rank, s->dims.world);
+    return slot_create(out, m, shards[0], max_rank, err, errlen);
 }
 
 void ml_lora_destroy(ml_lora *l)
 {
     if (!l)
         return;
-    for (int r = 0; l->parts && r < l->model->shard.world; r++)
+    for (int r = 0; l->parts && r < l->n_parts; r++)
         ml_lora_destroy(l->parts[r]);
     free(l->parts);
     free(l->stage);
     if (l->mem)
-        l->model->be->ops->free(l->model->be, l->mem);
+        l->shard->be->ops->free(l->shard->be, l->mem);
     free(l->sites);
     free(l);
 }
@@ -650,23 +656,23 @@ static void lora_clear(ml_lora *l)
 {
     if (l->sites)
         memset(l->sites, 0, (size_t)l->n_sites * sizeof *l->sites);
-    for (int r = 0; l->parts && r < l->model->shard.world; r++)
+    for (int r = 0; l->parts && r < l->n_parts; r++)
         lora_clear(l->parts[r]);
     l->touches_images = 0;
     l->scale = 0;
 }
 
-/* Upload the share of adapter a (checked against the model) that l's
- * shard keeps; stage: host room of stage_elems when l is a shard's. */
+/* Upload the share of adapter a (checked against the model) that slot l's
+ * shard keeps; stage: host room of stage_elems when l is a part of a handle. */
 static void slot_upload(ml_lora *l, const ml_lora_adapter *a, uint16_t *stage)
 {
-    const ml_config *cfg = &l->model->cfg;
-    ml_backend *be = l->model->be;
+    const ml_config *cfg = &l->shard->cfg;
+    ml_backend *be = l->shard->be;
     uint16_t *next = l->mem;
     site_info s;
     for (int i = 0; i < l->n_sites; i++) {
         describe_site(cfg, i, &s);
-        site_part p = part_of(&l->model->shard, &s);
+        site_part p = part_of(&l->shard->dims, &s);
         const lora_module *md = &a->mods[i];
         uint16_t *dst_a = next, *dst_b = next + (size_t)p.in * l->max_rank;
         next += part_elems(&p, l->max_rank);
@@ -694,7 +700,7 @@ static void slot_upload(ml_lora *l, const ml_lora_adapter *a, uint16_t *stage)
 ml_status ml_lora_set(ml_lora *l, const ml_lora_adapter *a, char *err, size_t errlen)
 {
     lora_clear(l);
-    const ml_config *cfg = &l->model->cfg;
+    const ml_config *cfg = l->parts ? &l->parts[0]->shard->cfg : &l->shard->cfg;
     if (a->n_sites != l->n_sites)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "adapter slot: the adapter was loaded for another model (%d Linears, "
@@ -713,7 +719,7 @@ ml_status ml_lora_set(ml_lora *l, const ml_lora_adapter *a, char *err, size_t er
                            s.name, a->mods[i].in, a->mods[i].out, s.in, s.out);
     }
     if (l->parts) {
-        for (int r = 0; r < l->model->shard.world; r++)
+        for (int r = 0; r < l->n_parts; r++)
             slot_upload(l->parts[r], a, l->stage);
     } else {
         slot_upload(l, a, NULL);

@@ -59,7 +59,7 @@
 
 #include <stddef.h>
 
-#include "model/config.h"
+#include "checkpoint/config.h"
 #include "model/mllama.h"
 #include "status.h"
 

@@ -9,9 +9,9 @@
 #include <string.h>
 #include <strings.h>
 
+#include "checkpoint/json_util.h"
+#include "checkpoint/pyregex.h"
 #include "model/lora.h"
-#include "model/json_util.h"
-#include "model/pyregex.h"
 
 /* PEFT's defaults (LoraConfig) for absent fields. */
 #define DEFAULT_RANK 8

@@ -11,6 +11,9 @@
 #include "model/mllama.h"
 #include "status.h"
 
+/* One shard of the model (shard.h, model_internal.h). */
+typedef struct ml_shard ml_shard;
+
 /* LoRA sites: every Linear an adapter may adapt, numbered vision local
  * layers (ML_LORA_VISION_MODULES each), vision global layers, the
  * projector, lm_head, then text layers (ML_LORA_TEXT_MODULES each; q/k/v/o
@@ -36,7 +39,6 @@ typedef enum ml_lora_text_module {
     ML_LORA_TEXT_MODULES,
 } ml_lora_text_module;
 
-int ml_lora_n_sites(const ml_config *cfg);
 int ml_lora_site_vision(const ml_config *cfg, int global, int layer, ml_lora_vision_module mod);
 int ml_lora_site_projector(const ml_config *cfg);
 int ml_lora_site_lm_head(const ml_config *cfg);
@@ -54,9 +56,10 @@ typedef struct ml_lora_site {
  * the shard's output range, a row-parallel one's A columns of its input
  * range, a replicated one's A and B whole. The slot of a tensor-parallel
  * model (ml_model_load_tp) is a handle over one such slot per rank, which
- * tp.c hands to each rank's steps and encodes. */
+ * mllama.c hands to each rank's steps and encodes. */
 struct ml_lora {
-    ml_model *model;        /* borrowed: whole, a shard, or tensor-parallel (model->tp) */
+    const ml_model *model;  /* borrowed: the model ml_lora_create made it for */
+    ml_shard *shard;        /* borrowed: the shard a slot's memory is on; NULL in a handle */
     int max_rank;
     float scale;
     int touches_images;
@@ -65,8 +68,9 @@ struct ml_lora {
     uint16_t *mem;          /* owned backend buffer: every site's A then B at max_rank;
                                NULL in a tensor-parallel handle */
     size_t bytes;           /* of mem; of each rank's slot in a handle */
-    /* A tensor-parallel handle only (else NULL): */
-    ml_lora **parts;        /* owned (world): rank r's slot, in its shard's backend */
+    /* A tensor-parallel handle only (else NULL and 0): */
+    ml_lora **parts;        /* owned (n_parts): rank r's slot, in its shard's backend */
+    int n_parts;            /* the model's world */
     uint16_t *stage;        /* owned host (max_rank, widest row-parallel input share):
                                ml_lora_set gathers A's column range here */
 };
@@ -78,11 +82,15 @@ typedef struct ml_lora_group {
     int logit_start, n_logits; /* logit rows (lm_head) */
 } ml_lora_group;
 
-/* ml_lora_create's slot: with n_shards == 0 one slot on m's own backend;
- * otherwise a handle for m with a part on each of shards[0 .. n_shards)
- * (borrowed), the tensor-parallel model's ranks. Errors as ml_lora_create,
- * naming the rank that failed. */
-ml_status ml_lora_slot_create(ml_lora **out, ml_model *m, ml_model *const *shards, int n_shards,
-                              int max_rank, char *err, size_t errlen);
+/* ml_lora_create's slot for model m: with n_shards == 1 one slot on
+ * shards[0]'s backend; otherwise a handle with a part on each of
+ * shards[0 .. n_shards) (borrowed), the tensor-parallel model's ranks.
+ * Errors as ml_lora_create, naming the rank that failed. */
+ml_status ml_lora_slot_create(ml_lora **out, const ml_model *m, ml_shard *const *shards,
+                              int n_shards, int max_rank, char *err, size_t errlen);
+
+/* ml_lora_slot_bytes of one shard: the backend bytes its part of a slot
+ * of max_rank takes. */
+size_t ml_lora_shard_bytes(const ml_shard *s, int max_rank);
 
 #endif

@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint/weights.h"
 #include "dtype.h"
 #include "model/kv_cache.h"
 #include "model/shard.h"
-#include "model/weights.h"
 
 /* Hub-name pieces of a layer's Linears (weights.c binds these names). */
 #define VISION_LAYERS_INFIX ".layers."

@@ -20,31 +20,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/config.h"
+#include "backend.h" /* the CUDA backend's sizes: ML_PLAN_CUDA_* */
+#include "checkpoint/config.h"
 #include "status.h"
 
 #define ML_PLAN_MIB ((uint64_t)1 << 20)
 #define ML_PLAN_GIB ((uint64_t)1 << 30)
 
-/* The CUDA backend's own workspaces on each device, restated (the engine
- * includes no CUDA header): kernels/mlk_internal.cuh MLK_WORKSPACE_BYTES =
- * bf16 activation staging 128 MiB + bias staging 1 MiB + cuBLASLt
- * workspace 32 MiB + attention split-K 16 MiB. kernels/backend.cu asserts
- * at compile time that the two agree. */
-#define ML_PLAN_CUDA_WORKSPACE_BYTES ((128 + 1 + 32 + 16) * ML_PLAN_MIB)
-/* The CUDA backend's K/V and image-state element (bf16; mlk_backend.h). */
-#define ML_PLAN_CUDA_KV_ELEM_SIZE 2
 /* Usable bytes of one H200 (141 GB of HBM3e on NVIDIA's datasheet, which
  * nvidia-smi shows as about 140.4 GiB): the CUDA runtime leaves about
  * 139 GiB to allocations once a context exists (the project's H200 device
  * machine reports "about 139 GiB of GPU memory"). Not measured by this
  * code: the loader plans with what the backend really got. */
 #define ML_PLAN_H200_BYTES (139 * ML_PLAN_GIB)
-/* The CUDA backend's pool when the worker does not size it: 90% of the
- * free memory (kernels/backend.cu's POOL_DEFAULT_SHARE is this), the rest
- * left to the CUDA context, cuBLASLt and NCCL. In tenths, to stay integral. */
-#define ML_PLAN_CUDA_POOL_SHARE_TENTHS 9
-
 /* Weight bytes by resident dtype. */
 typedef enum ml_plan_dtype {
     ML_PLAN_FP8,    /* F8_E4M3 Linear weights */

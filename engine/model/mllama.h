@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "backend.h"
-#include "model/config.h"
+#include "checkpoint/config.h"
 #include "model/kv_cache.h"
 #include "model/memory_plan.h"
 #include "status.h"

@@ -1,5 +1,6 @@
-/* Loading a checkpoint directory into a model bound to a backend, and the
- * workspace that every later step slices (README.md "Contributing", Memory). */
+/* Loading a checkpoint directory into a shard bound to a backend (a whole
+ * model is the shard of world 1), and the model limits it is loaded under.
+ * The workspace every later step slices is workspace.c's. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,19 +10,9 @@
 #include "model/model_internal.h"
 #include "model/shard.h"
 
-/* Alignment of every carved buffer: a cache line, and what vector loads and
- * CUDA coalescing like. */
-#define ML_CARVE_ALIGN 64
 /* Default largest adapter rank: covers common fine-tunes (8 .. 64) for a
  * scratch of (tokens, 64) floats. */
 #define ML_DEFAULT_MAX_LORA_RANK 64
-
-void *ml_carve(ml_carver *c, size_t bytes)
-{
-    size_t at = (c->off + ML_CARVE_ALIGN - 1) & ~(size_t)(ML_CARVE_ALIGN - 1);
-    c->off = at + bytes;
-    return c->base ? c->base + at : NULL;
-}
 
 ml_model_limits ml_model_limits_default(void)
 {
@@ -98,7 +89,7 @@ static void text_layer_to_backend(ml_backend *be, ml_text_layer *l)
  * of input_activations: a W8A16 checkpoint (input_activations null, as
  * quantize-at-load's scheme) runs as vLLM would run the FP8-dynamic one.
  * Sets m->quant_x. */
-static ml_status check_fp8_activations(ml_model *m, char *err, size_t errlen)
+static ml_status check_fp8_activations(ml_shard *m, char *err, size_t errlen)
 {
     m->quant_x = 0;
     if (!m->limits.fp8_activations)
@@ -113,7 +104,7 @@ static ml_status check_fp8_activations(ml_model *m, char *err, size_t errlen)
 
 /* m->w = m->host_weights with every data pointer replaced by the backend's
  * view of it (the same pointer on the CPU, one upload on a device). */
-static ml_status bind_backend_weights(ml_model *m, char *err, size_t errlen)
+static ml_status bind_backend_weights(ml_shard *m, char *err, size_t errlen)
 {
     const ml_weights *hw = m->host_weights;
     ml_weights *w = &m->w;
@@ -160,63 +151,10 @@ static ml_status bind_backend_weights(ml_model *m, char *err, size_t errlen)
      * 90B over 8 GPUs they would keep a third of each shard's weights in
      * host memory for nothing. The CPU backend computes on them. */
     if (st == ML_OK && w->text.lm_head.data != m->host_weights->text.lm_head.data) {
-        free(m->shard.row_slices);
-        m->shard.row_slices = NULL;
+        free(m->dims.row_slices);
+        m->dims.row_slices = NULL;
     }
     return st;
-}
-
-/* ---- workspace --------------------------------------------------------- */
-
-static ml_status plan_workspace(ml_model *m, char *err, size_t errlen)
-{
-    ml_carver vision = {0}, text = {0};
-    ml_vision_plan(m, &vision, &m->vb);
-    ml_text_plan(m, &text, &m->tb);
-    /* Vision encodes and decoder steps never overlap: one buffer serves both. */
-    m->workspace_bytes = vision.off > text.off ? vision.off : text.off;
-    m->workspace = m->be->ops->alloc(m->be, m->workspace_bytes);
-    if (!m->workspace)
-        return ml_fail(err, errlen, ML_ERR_NOMEM, "model: cannot allocate a %.1f MiB workspace",
-                       (double)m->workspace_bytes / (1 << 20));
-    vision = (ml_carver){.base = m->workspace};
-    text = (ml_carver){.base = m->workspace};
-    ml_vision_plan(m, &vision, &m->vb);
-    ml_text_plan(m, &text, &m->tb);
-
-    /* Host staging for the per-step metadata: same carving, host memory. */
-    const ml_model_limits *l = &m->limits;
-    size_t n = (size_t)l->max_step_tokens, s = (size_t)l->max_step_seqs;
-    size_t chunks = (size_t)l->max_seq_images * (size_t)m->cfg.vision.max_num_tiles;
-    ml_carver hc = {0};
-    for (int pass = 0; pass < 2; pass++) {
-        ml_step_host *h = &m->host;
-        h->row_attn = ml_carve(&hc, n * sizeof(float));
-        h->row_mlp = ml_carve(&hc, n * sizeof(float));
-        h->tokens = ml_carve(&hc, n * sizeof(int32_t));
-        h->pos = ml_carve(&hc, n * sizeof(int32_t));
-        h->slots = ml_carve(&hc, n * sizeof(int32_t));
-        h->block_tables = ml_carve(&hc, s * (size_t)m->max_blocks_per_seq * sizeof(int32_t));
-        h->seq_start = ml_carve(&hc, (s + 1) * sizeof(int32_t));
-        h->pos0 = ml_carve(&hc, s * sizeof(int32_t));
-        h->image_states = ml_carve(&hc, s * (size_t)l->max_seq_images * sizeof(void *));
-        h->n_images = ml_carve(&hc, s * sizeof(int32_t));
-        h->allowed = ml_carve(&hc, n * chunks);
-        h->lora_groups = ml_carve(&hc, s * sizeof *h->lora_groups);
-        h->lora_segs = ml_carve(&hc, s * sizeof *h->lora_segs);
-        size_t rows = (size_t)l->max_logit_rows, pens = s * (size_t)m->cfg.text.vocab_size;
-        h->sample_rows = ml_carve(&hc, rows * sizeof *h->sample_rows);
-        h->pen_id = ml_carve(&hc, pens * sizeof *h->pen_id);
-        h->pen_count = ml_carve(&hc, pens * sizeof *h->pen_count);
-        h->sampled = ml_carve(&hc, rows * sizeof *h->sampled);
-        if (pass == 0) {
-            hc.base = malloc(hc.off);
-            if (!hc.base)
-                return ml_fail(err, errlen, ML_ERR_NOMEM, "model: out of memory (step staging)");
-            hc.off = 0;
-        }
-    }
-    return ML_OK;
 }
 
 /* ---- load ---------------------------------------------------------------- */
@@ -242,22 +180,16 @@ static ml_status check_limits(const ml_model_limits *l, char *err, size_t errlen
     return ML_OK;
 }
 
-ml_status ml_model_load(ml_model **out, const char *dir, ml_backend *be,
-                        const ml_model_limits *limits, char *err, size_t errlen)
-{
-    return ml_model_load_shard(out, dir, be, limits, 0, 1, err, errlen);
-}
-
-ml_status ml_model_load_shard(ml_model **out, const char *dir, ml_backend *be,
-                              const ml_model_limits *limits, int rank, int world, char *err,
-                              size_t errlen)
+ml_status ml_shard_load(ml_shard **out, const char *dir, ml_backend *be,
+                        const ml_model_limits *limits, int rank, int world, char *err,
+                        size_t errlen)
 {
     *out = NULL;
     ml_model_limits lim = limits ? *limits : ml_model_limits_default();
     ml_status st = check_limits(&lim, err, errlen);
     if (st != ML_OK)
         return st;
-    ml_model *m = calloc(1, sizeof *m);
+    ml_shard *m = calloc(1, sizeof *m);
     if (!m)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "model: out of memory");
     m->be = be;
@@ -307,20 +239,19 @@ ml_status ml_model_load_shard(ml_model **out, const char *dir, ml_backend *be,
     }
     be->ops->upload(be, m->inv_freq, inv_freq, sizeof(float) * (size_t)tc->head_dim / 2);
 
-    if ((st = plan_workspace(m, err, errlen)) != ML_OK)
+    if ((st = ml_workspace_create(m, err, errlen)) != ML_OK)
         goto fail;
     *out = m;
     return ML_OK;
 fail:
-    ml_model_destroy(m);
+    ml_shard_destroy(m);
     return st;
 }
 
-void ml_model_destroy(ml_model *m)
+void ml_shard_destroy(ml_shard *m)
 {
     if (!m)
         return;
-    ml_tp_destroy(m->tp);
     if (m->workspace)
         m->be->ops->free(m->be, m->workspace);
     if (m->inv_freq)
@@ -330,14 +261,8 @@ void ml_model_destroy(ml_model *m)
     free(m->w.vision.layers);
     free(m->w.vision.global_layers);
     free(m->w.text.layers);
-    free(m->shard.row_slices);
+    free(m->dims.row_slices);
     ml_weights_destroy(m->host_weights);
     ml_checkpoint_destroy(m->ckpt);
     free(m);
 }
-
-const ml_config *ml_model_config(const ml_model *m) { return &m->cfg; }
-ml_backend *ml_model_backend(const ml_model *m) { return m->be; }
-const ml_model_limits *ml_model_limits_of(const ml_model *m) { return &m->limits; }
-int ml_model_world(const ml_model *m) { return m->shard.world; }
-int ml_model_kv_heads(const ml_model *m) { return m->shard.n_kv_heads; }

@@ -1,16 +1,19 @@
-/* The model object and its workspace, shared by the model's translation
- * units (model.c: load and workspace; vision.c: the vision tower; text.c:
- * the decoder; shard.c, lora.c, tp.c). The shard and the tensor-parallel
- * model are declared in shard.h, the LoRA internals in lora_internal.h.
- * Not part of the engine's public surface. */
+/* One shard of the model and its workspace, shared by the files that load
+ * and compute on it (model.c: load; workspace.c: the workspace's layout;
+ * vision.c: the vision tower; text.c: the decoder; linear.c, shard.c,
+ * lora.c). A whole model is the shard of world 1. The model the runtime
+ * holds (mllama.h) is mllama.c's, over one shard or the ranks of a
+ * tensor-parallel group. The shard's calls are declared in shard.h, the
+ * LoRA internals in lora_internal.h. Not part of the engine's public
+ * surface. */
 #ifndef ML_MODEL_INTERNAL_H
 #define ML_MODEL_INTERNAL_H
 
+#include "checkpoint/safetensors.h"
+#include "checkpoint/weights.h"
 #include "model/lora_internal.h"
 #include "model/mllama.h"
-#include "model/safetensors.h"
 #include "model/shard.h"
-#include "model/weights.h"
 
 /* Largest text head_dim the RoPE table on the stack allows (published: 128). */
 #define ML_MAX_HEAD_DIM 256
@@ -24,7 +27,7 @@
 
 /* Buffers of one vision encode, carved from the workspace. Shapes use
  * T = max_num_tiles, P = num_patches, Pp = padded patches, S = T·Pp; D_a,
- * I_v and KV are this shard's (shard.h ml_shard: D_v, I_v, KV over world). */
+ * I_v and KV are this shard's (shard.h ml_shard_dims: D_v, I_v, KV over world). */
 typedef struct ml_vision_bufs {
     float *pixels;    /* (T, 3, side, side) */
     float *patches;   /* (T, P-1, 3·p·p) */
@@ -42,7 +45,7 @@ typedef struct ml_vision_bufs {
 } ml_vision_bufs;
 
 /* Buffers of one decoder step. N = max_step_tokens, R = max_logit_rows;
- * H, KV and I are this shard's (shard.h ml_shard). */
+ * H, KV and I are this shard's (shard.h ml_shard_dims). */
 typedef struct ml_text_bufs {
     float *h, *x;          /* (N, D) */
     float *q, *attn;       /* (N, H·hd) */
@@ -96,14 +99,14 @@ typedef struct ml_step_host {
     ml_sample_out *sampled;       /* (max_logit_rows) downloaded b->sampled */
 } ml_step_host;
 
-struct ml_model {
+struct ml_shard {
     ml_config cfg;
     ml_model_limits limits;
     /* matmul_f8's quant_x for every FP8 Linear: limits.fp8_activations,
      * checked against the scheme at load. */
     int quant_x;
     ml_backend *be;            /* borrowed */
-    ml_shard shard;
+    ml_shard_dims dims;
     ml_checkpoint *ckpt;       /* owned: the mmaps the host weights point into */
     ml_weights *host_weights;  /* owned: bf16 host views */
     ml_weights w;              /* backend views: same shapes, data from be->ops->weight;
@@ -122,8 +125,9 @@ struct ml_model {
      * of ml_kv_cache_id graph_kv. */
     uint8_t graph_recorded[ML_GRAPH_SLOTS];
     uint64_t graph_kv;
-    ml_tp *tp;                 /* owned: the shards of a tensor-parallel model, else NULL */
 };
+
+/* ---- the workspace (workspace.c) ---- */
 
 /* A bump allocator over one buffer. With base == NULL it only measures, so
  * the same carving code sizes the workspace at load and slices it later. */
@@ -134,8 +138,23 @@ typedef struct ml_carver {
 
 void *ml_carve(ml_carver *c, size_t bytes);
 
+/* The vision tower's sizes on shard m. T = max_num_tiles, P = patches per
+ * tile + CLS, Pp = P padded to a multiple of 8, S = T·Pp, Dv = vision
+ * hidden, Da = this shard's attention width (heads · hd), Iv = its MLP
+ * width, D = text hidden, kv_width = its cross K/V width (KV heads · hd). */
+typedef struct ml_vision_dims {
+    int T, P, Pp, S, Dv, Da, Iv, heads, hd, side, patch, patch_len, n_inter, vout, D, kv_width;
+} ml_vision_dims;
+
+ml_vision_dims ml_vision_dims_of(const ml_shard *m);
+
 /* Carve the vision (resp. text) buffers of m from c. */
-void ml_vision_plan(const ml_model *m, ml_carver *c, ml_vision_bufs *b);
-void ml_text_plan(const ml_model *m, ml_carver *c, ml_text_bufs *b);
+void ml_vision_plan(const ml_shard *m, ml_carver *c, ml_vision_bufs *b);
+void ml_text_plan(const ml_shard *m, ml_carver *c, ml_text_bufs *b);
+
+/* Allocate m's workspace on its backend (one buffer: vision encodes and
+ * decoder steps never overlap), carve m->vb and m->tb from it, and the host
+ * staging m->host. Errors: ML_ERR_NOMEM. */
+ml_status ml_workspace_create(ml_shard *m, char *err, size_t errlen);
 
 #endif

@@ -33,7 +33,7 @@ ml_status ml_shard_check_config(const ml_config *cfg, int world, char *err, size
     return ML_OK;
 }
 
-ml_status ml_shard_init(ml_model *m, int rank, int world, char *err, size_t errlen)
+ml_status ml_shard_init(ml_shard *m, int rank, int world, char *err, size_t errlen)
 {
     const ml_text_config *tc = &m->cfg.text;
     const ml_vision_config *vc = &m->cfg.vision;
@@ -47,19 +47,19 @@ ml_status ml_shard_init(ml_model *m, int rank, int world, char *err, size_t errl
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
                        "shard: backend %s has no all_reduce_sum (create it in a group)",
                        m->be->ops->name);
-    m->shard.rank = rank;
-    m->shard.world = world;
-    m->shard.n_heads = tc->num_attention_heads / world;
-    m->shard.n_kv_heads = tc->num_key_value_heads / world;
-    m->shard.intermediate = tc->intermediate_size / world;
-    m->shard.vision_heads = vc->attention_heads / world;
-    m->shard.vision_intermediate = vc->intermediate_size / world;
+    m->dims.rank = rank;
+    m->dims.world = world;
+    m->dims.n_heads = tc->num_attention_heads / world;
+    m->dims.n_kv_heads = tc->num_key_value_heads / world;
+    m->dims.intermediate = tc->intermediate_size / world;
+    m->dims.vision_heads = vc->attention_heads / world;
+    m->dims.vision_intermediate = vc->intermediate_size / world;
     return ML_OK;
 }
 
-void ml_shard_all_reduce(ml_model *m, float *x, size_t n)
+void ml_shard_all_reduce(ml_shard *m, float *x, size_t n)
 {
-    if (m->shard.world > 1)
+    if (m->dims.world > 1)
         m->be->ops->all_reduce_sum(m->be, x, n);
 }
 
@@ -98,7 +98,7 @@ ml_shard_split ml_shard_split_text(ml_lora_text_module mod)
  * row-parallel copies are counted (in elements) and nothing is changed;
  * with base set every weight is sliced. */
 typedef struct slicer {
-    const ml_shard *shard;
+    const ml_shard_dims *shard;
     uint16_t *base;
     size_t used;
 } slicer;
@@ -209,18 +209,18 @@ static void slice_all(slicer *sl, ml_weights *w)
         slice_text_layer(sl, &w->text.layers[i]);
 }
 
-ml_status ml_shard_weights(ml_model *m, char *err, size_t errlen)
+ml_status ml_shard_weights(ml_shard *m, char *err, size_t errlen)
 {
-    if (m->shard.world == 1)
+    if (m->dims.world == 1)
         return ML_OK;
-    slicer sl = {.shard = &m->shard};
+    slicer sl = {.shard = &m->dims};
     slice_all(&sl, &m->w);
-    m->shard.row_slices = malloc(sl.used * sizeof *m->shard.row_slices);
-    if (!m->shard.row_slices)
+    m->dims.row_slices = malloc(sl.used * sizeof *m->dims.row_slices);
+    if (!m->dims.row_slices)
         return ml_fail(err, errlen, ML_ERR_NOMEM,
                        "shard: out of memory for %.1f MiB of row-parallel weights",
-                       (double)(sl.used * sizeof *m->shard.row_slices) / (1 << 20));
-    sl = (slicer){.shard = &m->shard, .base = m->shard.row_slices};
+                       (double)(sl.used * sizeof *m->dims.row_slices) / (1 << 20));
+    sl = (slicer){.shard = &m->dims, .base = m->dims.row_slices};
     slice_all(&sl, &m->w);
     return ML_OK;
 }

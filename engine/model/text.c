@@ -4,7 +4,7 @@
  *
  * Shapes: N = tokens in the step (all sequences), D = hidden, H = heads,
  * KV = key/value heads, hd = head_dim, I = MLP width, all per shard under
- * tensor parallelism (shard.h ml_shard: H/N heads, KV/N kv heads,
+ * tensor parallelism (shard.h ml_shard_dims: H/N heads, KV/N kv heads,
  * I/N channels; o_proj and down_proj outputs are partial sums, all-reduced).
  * Sequences are contiguous row ranges of every (N, ...) buffer.
  *
@@ -19,46 +19,6 @@
 #include "model/lora_internal.h"
 #include "model/model_internal.h"
 #include "model/shard.h"
-
-void ml_text_plan(const ml_model *m, ml_carver *c, ml_text_bufs *b)
-{
-    const ml_text_config *tc = &m->cfg.text;
-    const ml_model_limits *l = &m->limits;
-    size_t f = sizeof(float), n = (size_t)l->max_step_tokens, s = (size_t)l->max_step_seqs;
-    size_t qw = (size_t)m->shard.n_heads * tc->head_dim;
-    size_t kvw = (size_t)m->shard.n_kv_heads * tc->head_dim;
-    b->h = ml_carve(c, n * tc->hidden_size * f);
-    b->x = ml_carve(c, n * tc->hidden_size * f);
-    b->q = ml_carve(c, n * qw * f);
-    b->attn = ml_carve(c, n * qw * f);
-    b->k = ml_carve(c, n * kvw * f);
-    b->v = ml_carve(c, n * kvw * f);
-    b->gate = ml_carve(c, n * (size_t)m->shard.intermediate * f);
-    b->up = ml_carve(c, n * (size_t)m->shard.intermediate * f);
-    b->logits = ml_carve(c, (size_t)l->max_logit_rows * tc->vocab_size * f);
-    b->rows = ml_carve(c, (size_t)l->max_logit_rows * tc->hidden_size * f);
-    size_t R = (size_t)l->max_logit_rows, pens = s * (size_t)tc->vocab_size;
-    b->sample_rows = ml_carve(c, R * sizeof *b->sample_rows);
-    b->pen_id = ml_carve(c, pens * sizeof *b->pen_id);
-    b->pen_count = ml_carve(c, pens * sizeof *b->pen_count);
-    b->sampled = ml_carve(c, R * sizeof *b->sampled);
-    b->sample_mask = ml_carve(c, s * (((size_t)tc->vocab_size + 63) / 64) * sizeof(uint64_t));
-    b->sample_scratch =
-        ml_carve(c, m->be->ops->sample_scratch_bytes(m->be, (int)R, tc->vocab_size));
-    b->row_attn = ml_carve(c, n * f);
-    b->row_mlp = ml_carve(c, n * f);
-    b->tokens = ml_carve(c, n * sizeof(int32_t));
-    b->pos = ml_carve(c, n * sizeof(int32_t));
-    b->slots = ml_carve(c, n * sizeof(int32_t));
-    b->block_tables = ml_carve(c, s * (size_t)m->max_blocks_per_seq * sizeof(int32_t));
-    b->seq_start = ml_carve(c, (s + 1) * sizeof(int32_t));
-    b->pos0 = ml_carve(c, s * sizeof(int32_t));
-    b->image_states = ml_carve(c, s * (size_t)l->max_seq_images * sizeof(void *));
-    b->n_images = ml_carve(c, s * sizeof(int32_t));
-    b->allowed = ml_carve(c, n * (size_t)l->max_seq_images * m->cfg.vision.max_num_tiles);
-    size_t lora_rows = n > (size_t)l->max_logit_rows ? n : (size_t)l->max_logit_rows;
-    b->lora_t = ml_carve(c, lora_rows * (size_t)l->max_lora_rank * f);
-}
 
 /* ---- step metadata -------------------------------------------------------- */
 
@@ -80,7 +40,7 @@ static const ml_sample_row unsampled_row = {.temperature = 0.0f, .top_p = 1.0f,
 
 /* Stage the sample op's controls of logit row r, which belongs to sequence
  * q (index s), and q's penalty entries when it is sampled. */
-static ml_status stage_sample_row(ml_model *m, const ml_step_seq *q, int s, int r, char *err,
+static ml_status stage_sample_row(ml_shard *m, const ml_step_seq *q, int s, int r, char *err,
                                   size_t errlen)
 {
     ml_step_host *h = &m->host;
@@ -118,7 +78,7 @@ static ml_status stage_sample_row(ml_model *m, const ml_step_seq *q, int s, int 
 
 /* Check the step against the load limits and fill the host staging.
  * Returns the number of tokens and logit rows through *n_tokens, *n_rows. */
-static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_seq *seqs,
+static ml_status stage_step(ml_shard *m, const ml_kv_cache *kv, const ml_step_seq *seqs,
                             int n_seqs, int *n_tokens, int *n_rows, char *err, size_t errlen)
 {
     const ml_model_limits *l = &m->limits;
@@ -142,7 +102,7 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
     for (int s = 0; s < n_seqs; s++) {
         const ml_step_seq *q = &seqs[s];
         int end = q->pos0 + q->n_tokens;
-        if (q->lora && q->lora->model != m)
+        if (q->lora && q->lora->shard != m)
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                            "step: sequence %d has an adapter slot of another model", s);
         if (q->logits < ML_LOGITS_NONE || q->logits > ML_LOGITS_SAMPLE)
@@ -223,7 +183,7 @@ static ml_status stage_step(ml_model *m, const ml_kv_cache *kv, const ml_step_se
 /* Upload the staged step: n_seqs sequences of n tokens in all, and with
  * `sample` the sample op's controls of n_rows logit rows and the staged
  * penalty entries. */
-static void upload_step(ml_model *m, int n_seqs, int n, int n_rows, int sample)
+static void upload_step(ml_shard *m, int n_seqs, int n, int n_rows, int sample)
 {
     ml_backend *be = m->be;
     const ml_step_host *h = &m->host;
@@ -254,7 +214,7 @@ static void upload_step(ml_model *m, int n_seqs, int n, int n_rows, int sample)
 
 /* The step's adapters as a Linear's rows see them: its groups over the
  * token rows, or with logit_rows over the logit rows (lm_head). */
-static ml_lora_rows step_lora(ml_model *m, int logit_rows)
+static ml_lora_rows step_lora(ml_shard *m, int logit_rows)
 {
     return (ml_lora_rows){.groups = m->host.lora_groups, .n_groups = m->host.n_lora_groups,
                           .logit_rows = logit_rows, .scratch = m->tb.lora_t};
@@ -262,10 +222,10 @@ static ml_lora_rows step_lora(ml_model *m, int logit_rows)
 
 /* MllamaTextMLP: down_proj(silu(gate_proj(x)) * up_proj(x)); x (n, D) is
  * replaced. `site` is the layer's first LoRA site (its q_proj). */
-static void mlp(ml_model *m, const ml_text_layer *L, const ml_lora_rows *lora, int site, int n)
+static void mlp(ml_shard *m, const ml_text_layer *L, const ml_lora_rows *lora, int site, int n)
 {
     const ml_text_bufs *b = &m->tb;
-    int D = m->cfg.text.hidden_size, I = m->shard.intermediate;
+    int D = m->cfg.text.hidden_size, I = m->dims.intermediate;
     ml_linear(m, b->gate, b->x, &L->gate_proj, NULL, n, D, I, lora, site + ML_LORA_TEXT_GATE);
     ml_linear(m, b->up, b->x, &L->up_proj, NULL, n, D, I, lora, site + ML_LORA_TEXT_UP);
     m->be->ops->silu_mul(m->be, b->gate, b->gate, b->up, (size_t)n * I);
@@ -276,7 +236,7 @@ static void mlp(ml_model *m, const ml_text_layer *L, const ml_lora_rows *lora, i
 /* MllamaSelfAttentionDecoderLayer: RMSNorm, MllamaTextSelfSdpaAttention
  * (q/k/v, llama3 RoPE, paged causal GQA attention, o_proj), residual;
  * RMSNorm, MllamaTextMLP, residual. */
-static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int layer,
+static void self_layer(ml_shard *m, ml_kv_cache *kv, const ml_text_layer *L, int layer,
                        const ml_lora_rows *lora, int n_seqs, int n)
 {
     const ml_text_config *tc = &m->cfg.text;
@@ -284,7 +244,7 @@ static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int
     const ml_backend_ops *op = be->ops;
     const ml_text_bufs *b = &m->tb;
     const ml_text_self_attn *A = &L->self;
-    int D = tc->hidden_size, H = m->shard.n_heads, KV = m->shard.n_kv_heads;
+    int D = tc->hidden_size, H = m->dims.n_heads, KV = m->dims.n_kv_heads;
     int hd = tc->head_dim, site = ml_lora_site_text(&m->cfg, layer, ML_LORA_TEXT_Q);
 
     op->rmsnorm(be, b->x, b->h, L->input_layernorm.data, n, D, tc->rms_norm_eps);
@@ -293,8 +253,8 @@ static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int
     ml_linear(m, b->v, b->x, &A->v_proj, NULL, n, D, KV * hd, lora, site + ML_LORA_TEXT_V);
     op->rope(be, b->q, b->pos, m->inv_freq, n, H, hd);
     op->rope(be, b->k, b->pos, m->inv_freq, n, KV, hd);
-    void *kc = ml_kv_cache_k(kv, m->shard.rank, m->self_index[layer]);
-    void *vc = ml_kv_cache_v(kv, m->shard.rank, m->self_index[layer]);
+    void *kc = ml_kv_cache_k(kv, m->dims.rank, m->self_index[layer]);
+    void *vc = ml_kv_cache_v(kv, m->dims.rank, m->self_index[layer]);
     op->kv_write(be, kc, vc, b->k, b->v, b->slots, n, KV, hd);
     ml_attn_causal_params ap = {
         .out = b->attn, .q = b->q, .k_cache = kc, .v_cache = vc,
@@ -322,7 +282,7 @@ static void self_layer(ml_model *m, ml_kv_cache *kv, const ml_text_layer *L, int
  * is multiplied by the full-text-row mask (row_mlp); the attention output
  * too in the reference mode, not in the transformers one (row_attn,
  * engine/model/README.md §4.6). */
-static void cross_layer(ml_model *m, const ml_text_layer *L, int layer, int cross_idx,
+static void cross_layer(ml_shard *m, const ml_text_layer *L, int layer, int cross_idx,
                         const ml_lora_rows *lora, int n_seqs, int n)
 {
     const ml_text_config *tc = &m->cfg.text;
@@ -330,7 +290,7 @@ static void cross_layer(ml_model *m, const ml_text_layer *L, int layer, int cros
     const ml_backend_ops *op = be->ops;
     const ml_text_bufs *b = &m->tb;
     const ml_text_cross_attn *A = &L->cross;
-    int D = tc->hidden_size, H = m->shard.n_heads, KV = m->shard.n_kv_heads;
+    int D = tc->hidden_size, H = m->dims.n_heads, KV = m->dims.n_kv_heads;
     int hd = tc->head_dim, T = m->cfg.vision.max_num_tiles, P = ml_config_num_patches(&m->cfg);
     int site = ml_lora_site_text(&m->cfg, layer, ML_LORA_TEXT_Q);
     size_t plane_bytes = (size_t)T * P * KV * hd * op->kv_elem_size;
@@ -362,7 +322,7 @@ static void cross_layer(ml_model *m, const ml_text_layer *L, int layer, int cros
 /* Embeddings, every layer and the final norm over the staged step, leaving
  * the normed hidden states in b->x. Fetches the op table itself, after any
  * graph_begin, so that a recording backend records these ops. */
-static void decoder(ml_model *m, ml_kv_cache *kv, int n_seqs, int n, int any_images,
+static void decoder(ml_shard *m, ml_kv_cache *kv, int n_seqs, int n, int any_images,
                     const ml_text_taps *taps)
 {
     const ml_text_config *tc = &m->cfg.text;
@@ -391,7 +351,7 @@ static void decoder(ml_model *m, ml_kv_cache *kv, int n_seqs, int n, int any_ima
 }
 
 /* lm_head (untied, no bias) over `rows` (n_rows, D) into b->logits. */
-static void lm_head(ml_model *m, const float *rows, int n_rows)
+static void lm_head(ml_shard *m, const float *rows, int n_rows)
 {
     const ml_text_config *tc = &m->cfg.text;
     ml_lora_rows lora = step_lora(m, 1);
@@ -404,7 +364,7 @@ static void lm_head(ml_model *m, const float *rows, int n_rows)
  * forward pass already queued (on a GPU it runs meanwhile; the mask is then
  * queued behind it), and uploaded to its slice, numbered as stage_sample_row
  * numbered them (sequence order). */
-static void sample_step(ml_model *m, const ml_step_seq *seqs, int n_seqs, int n_rows)
+static void sample_step(ml_shard *m, const ml_step_seq *seqs, int n_seqs, int n_rows)
 {
     const ml_text_config *tc = &m->cfg.text;
     const ml_text_bufs *b = &m->tb;
@@ -436,7 +396,7 @@ static void sample_step(ml_model *m, const ml_step_seq *seqs, int n_seqs, int n_
  * ML_LOGITS_LAST and ML_LOGITS_ALL sequences into `logits`, one download
  * per run of consecutive rows, and with `sample` every row's sample into
  * m->host.sampled (scattered by scatter_sampled after synchronize). */
-static void fetch_results(ml_model *m, const ml_step_seq *seqs, int n_seqs, float *logits,
+static void fetch_results(ml_shard *m, const ml_step_seq *seqs, int n_seqs, float *logits,
                           int sample)
 {
     ml_backend *be = m->be;
@@ -464,7 +424,7 @@ static void fetch_results(ml_model *m, const ml_step_seq *seqs, int n_seqs, floa
 }
 
 /* After synchronize: each ML_LOGITS_SAMPLE sequence's result to its *sampled. */
-static void scatter_sampled(const ml_model *m, const ml_step_seq *seqs, int n_seqs)
+static void scatter_sampled(const ml_shard *m, const ml_step_seq *seqs, int n_seqs)
 {
     int row = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -488,7 +448,7 @@ static void scatter_sampled(const ml_model *m, const ml_step_seq *seqs, int n_se
 
 /* The graph slot of this step, or -1 when it must run op by op; *bucket
  * receives the padded batch size. */
-static int decode_slot(ml_model *m, const ml_kv_cache *kv, const ml_step_seq *seqs,
+static int decode_slot(ml_shard *m, const ml_kv_cache *kv, const ml_step_seq *seqs,
                        int n_seqs, int any_images, const ml_text_taps *taps, int *bucket)
 {
     const ml_backend_ops *op = m->be->ops;
@@ -516,7 +476,7 @@ static int decode_slot(ml_model *m, const ml_kv_cache *kv, const ml_step_seq *se
 }
 
 /* Stage padding sequences n_seqs .. bucket-1 after the real ones. */
-static void pad_step(ml_model *m, int n_seqs, int bucket)
+static void pad_step(ml_shard *m, int n_seqs, int bucket)
 {
     ml_step_host *h = &m->host;
     size_t images = (size_t)m->limits.max_seq_images;
@@ -541,7 +501,7 @@ static void pad_step(ml_model *m, int n_seqs, int bucket)
 /* The recording ends at the logits: the sample op follows it unrecorded, so
  * that the constrained sequences' masks can be waited for while the replay
  * runs (one launch more than recording it too). */
-static void decode_replay(ml_model *m, ml_kv_cache *kv, int slot, int bucket, int any_images)
+static void decode_replay(ml_shard *m, ml_kv_cache *kv, int slot, int bucket, int any_images)
 {
     ml_backend *be = m->be;
     if (!m->graph_recorded[slot]) {
@@ -554,7 +514,7 @@ static void decode_replay(ml_model *m, ml_kv_cache *kv, int slot, int bucket, in
     be->ops->graph_replay(be, slot);
 }
 
-ml_status ml_shard_forward(ml_model *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
+ml_status ml_shard_forward(ml_shard *m, ml_kv_cache *kv, const ml_step_seq *seqs, int n_seqs,
                            float *logits, const ml_text_taps *taps, char *err, size_t errlen)
 {
     const ml_text_config *tc = &m->cfg.text;

@@ -5,7 +5,7 @@
  * Shapes: T = max_num_tiles, P = patches per tile + CLS (1601), Pp = P
  * padded to a multiple of 8 (1608), S = T·Pp (6432), D_v = vision hidden,
  * I_v = vision MLP width, D = text hidden. Under tensor parallelism
- * (shard.h ml_shard) a shard holds heads/N attention heads (q, k,
+ * (shard.h ml_shard_dims) a shard holds heads/N attention heads (q, k,
  * v and attn are (S, D_a) with D_a = D_v/N), I_v/N MLP channels and KV/N
  * cross K/V heads; o_proj and fc2 produce partial sums that are all-reduced.
  *
@@ -26,70 +26,15 @@
  * not vision_config.norm_eps (MllamaVisionModel.__init__). */
 #define VISION_OUTER_LN_EPS 1e-5f
 
-typedef struct vision_dims {
-    int T, P, Pp, S, Dv, Da, Iv, heads, hd, side, patch, patch_len, n_inter, vout, D, kv_width;
-} vision_dims;
-
-static vision_dims dims_of(const ml_model *m)
+size_t ml_shard_image_state_bytes(const ml_shard *m)
 {
-    const ml_vision_config *vc = &m->cfg.vision;
-    vision_dims d;
-    d.T = vc->max_num_tiles;
-    d.P = ml_config_num_patches(&m->cfg);
-    d.Pp = ml_config_num_patches_padded(&m->cfg);
-    d.S = d.T * d.Pp;
-    d.Dv = vc->hidden_size;
-    d.Iv = m->shard.vision_intermediate;
-    d.heads = m->shard.vision_heads;
-    d.hd = vc->head_dim;
-    d.Da = d.heads * d.hd;
-    d.side = vc->image_size;
-    d.patch = vc->patch_size;
-    d.patch_len = vc->num_channels * vc->patch_size * vc->patch_size;
-    d.n_inter = vc->n_intermediate_layers;
-    d.vout = vc->vision_output_dim;
-    d.D = m->cfg.text.hidden_size;
-    d.kv_width = m->shard.n_kv_heads * m->cfg.text.head_dim;
-    return d;
-}
-
-void ml_vision_plan(const ml_model *m, ml_carver *c, ml_vision_bufs *b)
-{
-    vision_dims d = dims_of(m);
-    size_t f = sizeof(float), S = (size_t)d.S, tp = (size_t)d.T * (size_t)d.P;
-    b->pixels = ml_carve(c, (size_t)d.T * (size_t)m->cfg.vision.num_channels * (size_t)d.side *
-                                (size_t)d.side * f);
-    b->patches = ml_carve(c, (size_t)d.T * (size_t)(d.P - 1) * (size_t)d.patch_len * f);
-    b->h = ml_carve(c, S * (size_t)d.Dv * f);
-    b->x = ml_carve(c, S * (size_t)d.Dv * f);
-    b->vout = ml_carve(c, tp * (size_t)d.vout * f);
-    b->valid = ml_carve(c, S);
-    b->lora_t = ml_carve(c, S * (size_t)m->limits.max_lora_rank * f);
-    /* The encoder temporaries are dead once the global transformer is done;
-     * the projector output and the K/V staging reuse their space. */
-    size_t encoder_start = c->off;
-    b->q = ml_carve(c, S * (size_t)d.Da * f);
-    b->k = ml_carve(c, S * (size_t)d.Da * f);
-    b->v = ml_carve(c, S * (size_t)d.Da * f);
-    b->attn = ml_carve(c, S * (size_t)d.Da * f);
-    b->mlp = ml_carve(c, S * (size_t)d.Iv * f);
-    size_t encoder_end = c->off;
-    c->off = encoder_start;
-    b->proj = ml_carve(c, tp * (size_t)d.D * f);
-    b->kv_tmp = ml_carve(c, tp * (size_t)d.kv_width * f);
-    if (c->off < encoder_end)
-        c->off = encoder_end;
-}
-
-size_t ml_model_image_state_bytes(const ml_model *m)
-{
-    return (size_t)ml_memory_plan_image_state_bytes(&m->cfg, m->shard.world,
+    return (size_t)ml_memory_plan_image_state_bytes(&m->cfg, m->dims.world,
                                                     m->be->ops->kv_elem_size);
 }
 
 /* The image's adapter (if any) as a Linear over `rows` rows sees it: one
  * group *g of every row, or none. */
-static ml_lora_rows image_lora(ml_model *m, const ml_lora *lora, int rows, ml_lora_group *g)
+static ml_lora_rows image_lora(ml_shard *m, const ml_lora *lora, int rows, ml_lora_group *g)
 {
     *g = (ml_lora_group){.lora = lora, .row_start = 0, .n_rows = rows};
     return (ml_lora_rows){.groups = g, .n_groups = lora ? 1 : 0, .scratch = m->vb.lora_t};
@@ -99,7 +44,7 @@ static ml_lora_rows image_lora(ml_model *m, const ml_lora *lora, int rows, ml_lo
  * to the residual stream through tanh(gate) for global layers and with
  * weight 1 for local ones. h (S, D_v) is updated in place. `lora` covers
  * the S rows; `site` is the layer's first LoRA site (its q_proj). */
-static void encoder_layer(ml_model *m, const vision_dims *d, const ml_vision_layer *L,
+static void encoder_layer(ml_shard *m, const ml_vision_dims *d, const ml_vision_layer *L,
                           const ml_lora_rows *lora, int site)
 {
     ml_backend *be = m->be;
@@ -143,7 +88,7 @@ static void encoder_layer(ml_model *m, const vision_dims *d, const ml_vision_lay
  * == layer: vision output channel D_v + c·n_inter + k for hidden channel c
  * (torch.stack(..., dim=-1) then flatten: interleaved, §3.12). Pad tokens
  * are dropped. */
-static void collect_intermediate(ml_model *m, const vision_dims *d, int layer)
+static void collect_intermediate(ml_shard *m, const ml_vision_dims *d, int layer)
 {
     const ml_vision_config *vc = &m->cfg.vision;
     const ml_vision_bufs *b = &m->vb;
@@ -159,7 +104,7 @@ static void collect_intermediate(ml_model *m, const vision_dims *d, int layer)
 
 /* MllamaVisionModel.forward up to the concatenated output (T·P, vout);
  * `lora` covers the S rows of the encoders. */
-static void vision_tower(ml_model *m, const vision_dims *d, int ar_id, const ml_lora_rows *lora)
+static void vision_tower(ml_shard *m, const ml_vision_dims *d, int ar_id, const ml_lora_rows *lora)
 {
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;
@@ -221,12 +166,12 @@ static void vision_tower(ml_model *m, const vision_dims *d, int ar_id, const ml_
                     (size_t)d->vout, 1, (size_t)d->Dv);
 }
 
-ml_status ml_shard_encode_image(ml_model *m, const float *pixels, int aspect_ratio_id,
+ml_status ml_shard_encode_image(ml_shard *m, const float *pixels, int aspect_ratio_id,
                                 const uint8_t *aspect_ratio_mask, const ml_lora *lora,
                                 void *state, const ml_vision_taps *taps, char *err,
                                 size_t errlen)
 {
-    vision_dims d = dims_of(m);
+    ml_vision_dims d = ml_vision_dims_of(m);
     ml_backend *be = m->be;
     const ml_backend_ops *op = be->ops;
     const ml_vision_bufs *b = &m->vb;
@@ -234,7 +179,7 @@ ml_status ml_shard_encode_image(ml_model *m, const float *pixels, int aspect_rat
     if (aspect_ratio_id < 0 || aspect_ratio_id >= n_ids)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "aspect_ratio_id %d outside [0, %d)",
                        aspect_ratio_id, n_ids);
-    if (lora && lora->model != m)
+    if (lora && lora->shard != m)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "encode: the adapter slot belongs to another model");
 
@@ -276,7 +221,7 @@ ml_status ml_shard_encode_image(ml_model *m, const float *pixels, int aspect_rat
         ml_linear(m, b->kv_tmp, b->proj, &L->cross.k_proj, NULL, (int)tp, d.D, d.kv_width,
                   &outputs, ml_lora_site_text(&m->cfg, l, ML_LORA_TEXT_K));
         op->rmsnorm(be, b->kv_tmp, b->kv_tmp, L->cross.k_norm.data,
-                    (int)tp * m->shard.n_kv_heads, tc->head_dim, tc->rms_norm_eps);
+                    (int)tp * m->dims.n_kv_heads, tc->head_dim, tc->rms_norm_eps);
         op->kv_store(be, dst, b->kv_tmp, plane);
         dst += plane_bytes;
         ml_linear(m, b->kv_tmp, b->proj, &L->cross.v_proj, NULL, (int)tp, d.D, d.kv_width,

@@ -1,5 +1,5 @@
 /* `mllama mkmodel`: write a random-weight checkpoint of the real
- * architecture (engine/model/mkmodel.h). */
+ * architecture (engine/checkpoint/mkmodel.h). */
 #include <stdio.h>
 #include <string.h>
 

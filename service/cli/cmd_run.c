@@ -1,7 +1,7 @@
 /* `mllama run`: generate from a model directory through the runtime, for
  * one prompt (text streamed to stdout) or a JSONL batch of requests
- * (continuous batching; per-request results and throughput), on one
- * backend or split over a tensor-parallel group (--tp). */
+ * (continuous batching; per-request results and throughput; cmd_run_batch.c),
+ * on one backend or split over a tensor-parallel group (--tp). */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdint.h>
@@ -12,19 +12,14 @@
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/run_internal.h"
 #include "engine.h"
 #include "protocol/protocol.h"
 
-#define CMD "mllama run"
-#define MAX_IMAGES 16
 #define MAX_IMAGE_FILE_BYTES (64u << 20)
-#define MAX_BATCH_FILE_BYTES (256u << 20)
 #define MAX_RESPONSE_FORMAT_BYTES (64u << 20)
-#define DEFAULT_MAX_TOKENS 64
 #define DEFAULT_KV_MIB 512
 #define MIB (1u << 20)
-/* The context a request may use: its prompt plus max_tokens (the runtime
- * stops at the model's context length anyway). */
 
 static void usage(FILE *f)
 {
@@ -88,45 +83,6 @@ static void usage(FILE *f)
 }
 
 /* ---- what to generate -------------------------------------------------------------- */
-
-typedef enum prompt_kind { PROMPT_NONE, PROMPT_TEXT, PROMPT_CHAT, PROMPT_IDS } prompt_kind;
-
-/* One request as given on the command line or on a batch line (borrowed
- * strings). */
-typedef struct job_spec {
-    prompt_kind kind;
-    const char *text;
-    const char *date_string;    /* the template's "Today Date" (--chat); NULL = today */
-    const char *images[MAX_IMAGES];
-    int n_images;
-    ml_sampling_params sampling;
-} job_spec;
-
-/* One request and its outcome. */
-typedef struct run_job {
-    int index;
-    int stream;                 /* print text to stdout as it comes */
-    ml_token_buf prompt;        /* owned */
-    ml_token_buf output;        /* owned */
-    char *text;                 /* owned (text_cap) */
-    size_t text_len, text_cap;
-    float *logits;              /* owned (n_logit_rows, vocab) when collecting */
-    size_t n_logit_rows, logit_cap;
-    int collect_logits, vocab;
-    int after;                  /* batch: index of the request to wait for, or -1 */
-    int submitted, done;
-    ml_finish_reason reason;
-    ml_request_error error;
-    char message[256];
-    ml_usage usage;
-} run_job;
-
-typedef struct run_ctx {
-    ml_engine *engine; /* owned */
-    ml_model *model;   /* borrowed from engine, as are tok and rt */
-    ml_tokenizer *tok;
-    ml_runtime *rt;
-} run_ctx;
 
 /* s may be NULL when n is 0 (a request that ends before its first token). */
 static int append_text(run_job *j, const char *s, size_t n)
@@ -301,7 +257,7 @@ static int load_image(const run_ctx *c, const char *path, ml_request_image *im)
 }
 
 /* Build and submit the request of spec into job. */
-static int submit(run_ctx *c, const job_spec *spec, run_job *j)
+int run_submit(run_ctx *c, const job_spec *spec, run_job *j)
 {
     int rc = 0;
     if (spec->kind == PROMPT_IDS)
@@ -350,7 +306,7 @@ static cJSON *ids_json(const ml_token_buf *b)
     return a;
 }
 
-static cJSON *result_json(const run_job *j)
+cJSON *run_result_json(const run_job *j)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "index", j->index);
@@ -378,7 +334,7 @@ static cJSON *result_json(const run_job *j)
     return o;
 }
 
-static void print_json_line(cJSON *o)
+void run_print_json_line(cJSON *o)
 {
     char *s = cJSON_PrintUnformatted(o);
     if (s)
@@ -389,74 +345,13 @@ static void print_json_line(cJSON *o)
 
 /* A --date-string or batch "date_string" value: the worker's rule for the request
  * field (svc_valid_date_string), so both refuse the same text. */
-static int check_date_string(const char *what, const char *s)
+int run_check_date_string(const char *what, const char *s)
 {
     if (svc_valid_date_string(s, strlen(s)))
         return 0;
     fprintf(stderr, CMD ": %s: expected 1..%d bytes of UTF-8 without control characters, "
                     "e.g. \"26 Jul 2024\"\n", what, SVC_DATE_STRING_MAX);
     return -1;
-}
-
-/* ---- batch files ------------------------------------------------------------------- */
-
-static int spec_from_json(const cJSON *o, int line, job_spec *spec)
-{
-    const char *keys[] = {"prompt", "chat", "ids"};
-    const prompt_kind kinds[] = {PROMPT_TEXT, PROMPT_CHAT, PROMPT_IDS};
-    for (int k = 0; k < 3; k++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, keys[k]);
-        if (cJSON_IsString(v)) {
-            spec->kind = kinds[k];
-            spec->text = v->valuestring;
-        }
-    }
-    if (spec->kind == PROMPT_NONE) {
-        fprintf(stderr, CMD ": batch line %d: needs a string \"prompt\", \"chat\" or \"ids\"\n",
-                line);
-        return -1;
-    }
-    const cJSON *images = cJSON_GetObjectItemCaseSensitive(o, "images"), *im;
-    cJSON_ArrayForEach(im, images)
-    {
-        if (!cJSON_IsString(im) || spec->n_images == MAX_IMAGES) {
-            fprintf(stderr, CMD ": batch line %d: \"images\" must be at most %d paths\n", line,
-                    MAX_IMAGES);
-            return -1;
-        }
-        spec->images[spec->n_images++] = im->valuestring;
-    }
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "date_string");
-    if (v) {
-        char what[64];
-        snprintf(what, sizeof what, "batch line %d: \"date_string\"", line);
-        if (!cJSON_IsString(v) || check_date_string(what, v->valuestring))
-            return -1;
-        spec->date_string = v->valuestring;
-    }
-    ml_sampling_params *p = &spec->sampling;
-    if ((v = cJSON_GetObjectItemCaseSensitive(o, "max_tokens")) && cJSON_IsNumber(v))
-        p->max_tokens = (uint32_t)v->valuedouble;
-    if ((v = cJSON_GetObjectItemCaseSensitive(o, "temperature")) && cJSON_IsNumber(v))
-        p->temperature = (float)v->valuedouble;
-    if ((v = cJSON_GetObjectItemCaseSensitive(o, "top_p")) && cJSON_IsNumber(v))
-        p->top_p = (float)v->valuedouble;
-    if ((v = cJSON_GetObjectItemCaseSensitive(o, "top_k")) && cJSON_IsNumber(v))
-        p->top_k = (uint32_t)v->valuedouble;
-    if ((v = cJSON_GetObjectItemCaseSensitive(o, "min_p")) && cJSON_IsNumber(v))
-        p->min_p = (float)v->valuedouble;
-    if ((v = cJSON_GetObjectItemCaseSensitive(o, "seed")) && cJSON_IsNumber(v))
-        p->seed = (uint64_t)v->valuedouble;
-    p->json_object = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "json_object"));
-    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(o, "stop"), *s;
-    cJSON_ArrayForEach(s, stop)
-    {
-        if (cJSON_IsString(s) && p->n_stop < ML_STOP_MAX_STRINGS) {
-            p->stop[p->n_stop] = s->valuestring;
-            p->stop_len[p->n_stop++] = strlen(s->valuestring);
-        }
-    }
-    return 0;
 }
 
 /* ---- --response-format ---------------------------------------------------------------- */
@@ -513,16 +408,6 @@ static int load_response_format(const char *path, ml_sampling_params *p)
 }
 
 /* ---- the command ------------------------------------------------------------------- */
-
-typedef struct run_opts {
-    const char *model_dir, *batch, *logits_out, *backend, *devices;
-    int json, threads, tp, batch_invariant, no_prefix_cache, memory_plan;
-    long kv_mib, image_mib;
-    ml_row_mask_mode row_mask;
-    int quantize_fp8; /* --weights fp8 */
-    int fp8_activations; /* --fp8-activations fp8 */
-    job_spec spec;
-} run_opts;
 
 static int parse_args(int argc, char **argv, run_opts *o)
 {
@@ -605,7 +490,7 @@ static int parse_args(int argc, char **argv, run_opts *o)
                 return -1;
             }
         } else if (!strcmp(a, "--date-string")) {
-            if (check_date_string(a, v))
+            if (run_check_date_string(a, v))
                 return -1;
             o->spec.date_string = v;
         } else if (!strcmp(a, "--batch-invariant")) {
@@ -741,7 +626,7 @@ static int drain(run_ctx *c)
     return 0;
 }
 
-static void job_deinit(run_job *j)
+void run_job_deinit(run_job *j)
 {
     ml_token_buf_deinit(&j->prompt);
     ml_token_buf_deinit(&j->output);
@@ -757,11 +642,11 @@ static int run_single(run_ctx *c, const run_opts *o)
                  .vocab = ml_model_config(c->model)->text.vocab_size};
     ml_token_buf_init(&j.prompt);
     ml_token_buf_init(&j.output);
-    int rc = submit(c, &spec, &j) || drain(c) ? -1 : 0;
+    int rc = run_submit(c, &spec, &j) || drain(c) ? -1 : 0;
     if (rc == 0 && j.stream)
         printf("\n");
     if (rc == 0 && o->json)
-        print_json_line(result_json(&j));
+        run_print_json_line(run_result_json(&j));
     if (rc == 0 && j.reason == ML_FINISH_REASON_ERROR) {
         fprintf(stderr, CMD ": %s\n", j.message);
         rc = -1;
@@ -770,99 +655,7 @@ static int run_single(run_ctx *c, const run_opts *o)
         size_t shape[2] = {j.n_logit_rows, (size_t)j.vocab};
         rc = svc_write_npy_f32(CMD, o->logits_out, j.logits, 2, shape);
     }
-    job_deinit(&j);
-    return rc;
-}
-
-/* A batch line's "after" (absent: -1), which must name an earlier line so
- * that the requests form no cycle. */
-static int after_of(const cJSON *o, int index, int *after)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "after");
-    *after = -1;
-    if (!v)
-        return 0;
-    double a = cJSON_IsNumber(v) ? v->valuedouble : -1;
-    if (!(a >= 0 && a < index) || a != (double)(int)a) {
-        fprintf(stderr, CMD ": batch line %d: \"after\" must be the index of an earlier line\n",
-                index + 1);
-        return -1;
-    }
-    *after = (int)a;
-    return 0;
-}
-
-/* Submit every request not yet submitted whose "after" request is done. */
-static int submit_ready(run_ctx *c, const run_opts *o, cJSON **lines, run_job *jobs, int n)
-{
-    for (int i = 0; i < n; i++) {
-        run_job *j = &jobs[i];
-        if (j->submitted || (j->after >= 0 && !jobs[j->after].done))
-            continue;
-        job_spec spec = {.date_string = o->spec.date_string};
-        ml_sampling_params_default(&spec.sampling);
-        spec.sampling.temperature = 0;
-        spec.sampling.max_tokens = DEFAULT_MAX_TOKENS;
-        ml_engine_add_stop_ids(c->engine, &spec.sampling);
-        if (spec_from_json(lines[i], i + 1, &spec) || submit(c, &spec, j))
-            return -1;
-        j->submitted = 1;
-    }
-    return 0;
-}
-
-static int run_batch(run_ctx *c, const run_opts *o, cJSON **lines, int n)
-{
-    run_job *jobs = calloc((size_t)n + 1, sizeof *jobs);
-    if (!jobs)
-        return -1;
-    int rc = 0;
-    for (int i = 0; i < n; i++) {
-        jobs[i].index = i;
-        ml_token_buf_init(&jobs[i].prompt);
-        ml_token_buf_init(&jobs[i].output);
-        if (rc == 0)
-            rc = after_of(lines[i], i, &jobs[i].after);
-    }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    /* Each "after" names an earlier line, so when nothing is active every
-     * request has been submitted: the lowest unsubmitted one would wait
-     * for a finished request. */
-    char err[512];
-    while (rc == 0) {
-        rc = submit_ready(c, o, lines, jobs, n);
-        if (rc || ml_runtime_active(c->rt) == 0)
-            break;
-        if (ml_runtime_step(c->rt, err, sizeof err) != ML_OK) {
-            fprintf(stderr, CMD ": %s\n", err);
-            rc = -1;
-        }
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double wall = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    long generated = 0, prompt = 0, prompt_cached = 0;
-    for (int i = 0; rc == 0 && i < n; i++) {
-        print_json_line(result_json(&jobs[i]));
-        generated += jobs[i].usage.completion_tokens;
-        prompt += jobs[i].usage.prompt_tokens;
-        prompt_cached += jobs[i].usage.prompt_tokens_cached;
-    }
-    for (int i = 0; i < n; i++)
-        job_deinit(&jobs[i]);
-    free(jobs);
-    if (rc == 0) {
-        cJSON *agg = cJSON_CreateObject();
-        cJSON_AddNumberToObject(agg, "requests", n);
-        cJSON_AddNumberToObject(agg, "prompt_tokens", (double)prompt);
-        cJSON_AddNumberToObject(agg, "prompt_tokens_cached", (double)prompt_cached);
-        cJSON_AddNumberToObject(agg, "completion_tokens", (double)generated);
-        cJSON_AddNumberToObject(agg, "wall_s", wall);
-        cJSON_AddNumberToObject(agg, "completion_tokens_per_s", wall > 0 ? generated / wall : 0);
-        cJSON *wrap = cJSON_CreateObject();
-        cJSON_AddItemToObject(wrap, "aggregate", agg);
-        print_json_line(wrap);
-    }
+    run_job_deinit(&j);
     return rc;
 }
 
@@ -874,37 +667,18 @@ int cmd_run(int argc, char **argv)
         return SVC_EXIT_USAGE;
     }
 
-    char *batch_text = NULL;
-    cJSON **lines = NULL;
-    int n_lines = 0, max_images = o.spec.n_images, rc = -1;
-    if (o.batch) {
-        size_t len;
-        if (!(batch_text = svc_read_file(CMD, o.batch, MAX_BATCH_FILE_BYTES, &len)))
-            return SVC_EXIT_FAILURE;
-        for (char *p = batch_text; *p; p++)
-            n_lines += *p == '\n';
-        lines = calloc((size_t)n_lines + 2, sizeof *lines);
-        n_lines = 0;
-        for (char *line = strtok(batch_text, "\n"); lines && line; line = strtok(NULL, "\n")) {
-            if (!*line)
-                continue;
-            if (!(lines[n_lines] = cJSON_Parse(line))) {
-                fprintf(stderr, CMD ": %s: line %d is not JSON\n", o.batch, n_lines + 1);
-                goto out;
-            }
-            const cJSON *ims = cJSON_GetObjectItemCaseSensitive(lines[n_lines++], "images");
-            max_images += cJSON_GetArraySize(ims);
-        }
+    run_batch_lines batch = {0};
+    int max_images = o.spec.n_images, rc = -1;
+    if (o.batch && run_batch_read(o.batch, &batch, &max_images)) {
+        run_batch_lines_deinit(&batch);
+        ml_grammar_unref(o.spec.sampling.grammar);
+        return SVC_EXIT_FAILURE;
     }
     run_ctx c = {0};
     if (ctx_init(&c, &o, max_images) == 0)
-        rc = o.batch ? run_batch(&c, &o, lines, n_lines) : run_single(&c, &o);
+        rc = o.batch ? run_batch(&c, &o, &batch) : run_single(&c, &o);
     ctx_deinit(&c);
-out:
-    for (int i = 0; lines && i < n_lines; i++)
-        cJSON_Delete(lines[i]);
-    free(lines);
-    free(batch_text);
+    run_batch_lines_deinit(&batch);
     ml_grammar_unref(o.spec.sampling.grammar);
     return rc ? SVC_EXIT_FAILURE : SVC_EXIT_OK;
 }

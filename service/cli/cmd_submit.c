@@ -271,7 +271,10 @@ static int show(rd_kafka_message_t *m, const submit_opts *o, uint32_t *attempt, 
         const cJSON *err = cJSON_GetObjectItem(v, "error");
         *ok = !err && cJSON_IsString(fin) &&
               (!strcmp(fin->valuestring, "stop") || !strcmp(fin->valuestring, "length"));
+        /* The answer's line ends before the summary goes to stderr: when both
+         * go to one file or pipe, stdout is fully buffered. */
         printf("\n");
+        fflush(stdout);
         if (!o->quiet || err) {
             cJSON *summary = cJSON_CreateObject();
             cJSON_AddItemToObject(summary, "finish_reason", cJSON_Duplicate(fin, 1));

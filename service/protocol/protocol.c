@@ -91,6 +91,58 @@ bool svc_valid_topic(const char *s, size_t len)
     return !(len == 1 && s[0] == '.') && !(len == 2 && s[0] == '.' && s[1] == '.');
 }
 
+size_t svc_utf8_seq_len(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0];
+    if (c < 0x80)
+        return 1;
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xbf; /* range of the second byte */
+    if (c >= 0xc2 && c <= 0xdf) {
+        len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        if (c == 0xe0)
+            lo = 0xa0; /* overlong */
+        else if (c == 0xed)
+            hi = 0x9f; /* surrogates */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        if (c == 0xf0)
+            lo = 0x90; /* overlong */
+        else if (c == 0xf4)
+            hi = 0x8f; /* above U+10FFFF */
+    } else {
+        return 0;
+    }
+    if (n < len || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+    return len;
+}
+
+bool svc_utf8_valid(const char *s, size_t len, size_t *bad)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < len) {
+        if (u[i] < 0x80) {
+            i++;
+            continue;
+        }
+        size_t k = svc_utf8_seq_len(u + i, len - i);
+        if (k == 0) {
+            if (bad)
+                *bad = i;
+            return false;
+        }
+        i += k;
+    }
+    return true;
+}
+
 /* ---- The reply-topic policy --------------------------------------------- */
 
 #define POLICY_PREFIX_MARK '*'

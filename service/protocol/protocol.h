@@ -410,6 +410,9 @@ bool svc_valid_traceparent(const char *s, size_t len);
  * points above U+10FFFF). On false, *bad (if non-NULL) is the offset of the
  * first invalid byte. @locality any thread (all validators). */
 bool svc_utf8_valid(const char *s, size_t len, size_t *bad);
+/* Length (1..4) of the valid UTF-8 sequence at s[0..n), or 0 when s[0]
+ * does not start one (RFC 3629: no overlongs, no surrogates, <= U+10FFFF). */
+size_t svc_utf8_seq_len(const unsigned char *s, size_t n);
 
 /* ---- Reply records ------------------------------------------------------ */
 

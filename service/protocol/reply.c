@@ -15,62 +15,6 @@
 #define LOGPROB_FLOOR (-9999.0)
 #define U64_DIGITS 20
 
-/* ---- UTF-8 -------------------------------------------------------------- */
-
-/* Length (1..4) of the valid UTF-8 sequence at s[0..n), or 0 when s[0]
- * does not start one (RFC 3629: no overlongs, no surrogates, <= U+10FFFF). */
-static size_t utf8_seq_len(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    if (c < 0x80)
-        return 1;
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xbf; /* range of the second byte */
-    if (c >= 0xc2 && c <= 0xdf) {
-        len = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        len = 3;
-        if (c == 0xe0)
-            lo = 0xa0; /* overlong */
-        else if (c == 0xed)
-            hi = 0x9f; /* surrogates */
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        len = 4;
-        if (c == 0xf0)
-            lo = 0x90; /* overlong */
-        else if (c == 0xf4)
-            hi = 0x8f; /* above U+10FFFF */
-    } else {
-        return 0;
-    }
-    if (n < len || s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i < len; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-    return len;
-}
-
-bool svc_utf8_valid(const char *s, size_t len, size_t *bad)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < len) {
-        if (u[i] < 0x80) {
-            i++;
-            continue;
-        }
-        size_t k = utf8_seq_len(u + i, len - i);
-        if (k == 0) {
-            if (bad)
-                *bad = i;
-            return false;
-        }
-        i += k;
-    }
-    return true;
-}
-
 /* ---- JSON writer ------------------------------------------------------- */
 
 /* Appends latch the first allocation failure; the builder checks once. */
@@ -151,7 +95,7 @@ static void jw_str(jw *w, const char *s, size_t n)
             i++;
             continue;
         }
-        size_t k = c >= 0x80 ? utf8_seq_len(u + i, n - i) : 0;
+        size_t k = c >= 0x80 ? svc_utf8_seq_len(u + i, n - i) : 0;
         if (k > 0) {
             i += k;
             continue;

@@ -1,4 +1,4 @@
-/* Redis URL parsing (svc_redis_url_parse in redis_index.h). */
+/* Redis URL parsing (svc_redis_url_parse in redis.h). */
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -6,7 +6,7 @@
 
 #include "protocol/protocol.h"
 #include "redis/redis.h"
-#include "sha256.h"
+#include "engine.h" /* ml_hex_digit */
 
 #define DEFAULT_PORT 6379
 

@@ -30,8 +30,9 @@
 
 #include "clock.h"
 #include "grammar/grammar.h"
+#include "cpu/cpu_backend.h"
 #include "harness.h"
-#include "model/mkmodel.h"
+#include "checkpoint/mkmodel.h"
 #include "runtime/runtime.h"
 #include "test_rand.h"
 #include "tokenizer_util.h"

@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "backend.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
 #include "dtype.h"
 #include "harness.h"

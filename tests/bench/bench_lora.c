@@ -21,10 +21,11 @@
 #include <time.h>
 
 #include "dtype.h"
+#include "cpu/cpu_backend.h"
 #include "harness.h"
 #include "model/lora.h"
-#include "model/mkmodel.h"
-#include "model/safetensors.h"
+#include "checkpoint/mkmodel.h"
+#include "checkpoint/safetensors.h"
 #include "runtime/runtime.h"
 #include "test_rand.h"
 #include "tokenizer_util.h"

@@ -25,8 +25,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "cpu/cpu_backend.h"
 #include "harness.h"
-#include "model/mkmodel.h"
+#include "checkpoint/mkmodel.h"
 #include "runtime/runtime.h"
 #include "test_rand.h"
 #include "tokenizer_util.h"

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu/cpu_backend.h"
 #include "harness.h"
 #include "test_rand.h"
 

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
 #include "harness.h"
 #include "test_rand.h"

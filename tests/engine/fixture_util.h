@@ -13,8 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/cpu_backend.h"
 #include "model/mllama.h"
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #define ML_FX_DIR ML_SOURCE_DIR "/tests/golden/fixtures/models"
 /* The same models' expected outputs under Meta's cross-attention row mask

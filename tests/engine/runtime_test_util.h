@@ -28,7 +28,7 @@
 #include <string.h>
 
 #include "model/mllama.h"
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 #include "runtime/runtime.h"
 #include "fixture_util.h"
 #include "tokenizer_util.h"

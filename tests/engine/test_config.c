@@ -1,4 +1,4 @@
-/* engine/model/config.h: the published 11B and 90B configs parse to the
+/* engine/checkpoint/config.h: the published 11B and 90B configs parse to the
  * values of engine/model/README.md §1, the newer rope_parameters/dtype spelling gives
  * the same config, class defaults apply where keys are absent, every
  * validation error names its field, and the llama3 RoPE frequencies match
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "model/config.h"
+#include "checkpoint/config.h"
 
 #define ERRLEN 512
 #define CONFIGS ML_SOURCE_DIR "/tests/golden/fixtures/configs/"

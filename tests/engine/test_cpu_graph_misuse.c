@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu/cpu_backend.h"
 #include "cpu_graph_util.h"
 #include "dtype.h"
 #include "harness.h"

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "cpu/cpu_backend.h"
 #include "harness.h"
 #include "fixture_util.h"
 #ifdef ML_TEST_CUDA

@@ -12,9 +12,9 @@
 #include <sys/stat.h>
 
 #include "harness.h"
-#include "model/config.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "checkpoint/config.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/weights.h"
 
 #define ERRLEN 512
 #define MODELS ML_SOURCE_DIR "/tests/golden/fixtures/models"

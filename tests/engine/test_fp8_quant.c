@@ -1,4 +1,4 @@
-/* engine/model/fp8_quant.c and the FP8 binding of engine/model/weights.c:
+/* engine/checkpoint/fp8_quant.c and the FP8 binding of engine/checkpoint/weights.c:
  * the quantizer reproduces compressed-tensors bit for bit (its codes and
  * bf16 scales for rows of four decades, zeros, subnormal codes and -0,
  * fixtures/fp8_quant.safetensors from gen_fixtures.py --only fp8); a
@@ -11,10 +11,10 @@
 
 #include "dtype.h"
 #include "harness.h"
-#include "model/config.h"
-#include "model/fp8_quant.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "checkpoint/config.h"
+#include "checkpoint/fp8_quant.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/weights.h"
 
 #define ERRLEN 512
 #define FIXTURES ML_SOURCE_DIR "/tests/golden/fixtures"

@@ -8,11 +8,10 @@
  *      at the expected byte (or incomplete at the end), and refused as
  *      tokens too;
  *   3. schemas that must be refused, the keyword and its JSON Pointer (or
- *      the bound) in the message;
+ *      the bound) in the message (test_json_schema_refused.c);
  *   4. every compiled grammar passes ml_grammar_check (the five guarantees
  *      of grammar_internal.h); masks equal ml_grammar_state_allows for every
  *      id in a few states; the digest of the canonical form. */
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +21,7 @@
 #include "grammar/grammar.h"
 #include "grammar/grammar_internal.h"
 #include "harness.h"
+#include "test_json_schema.h"
 #include "tokenizer_util.h"
 
 #define N_VOCAB 128256
@@ -41,11 +41,6 @@ static bool mask_bit(const uint64_t *mask, int32_t id)
 
 /* The grammar of schema, or NULL (a failed check) when it does not compile
  * or breaks a guarantee of grammar_internal.h. */
-/* Wall time for one compile in these tests: the default bound, 2 s, is for
- * release builds; sanitizer builds on a loaded machine run several times
- * slower (test_bounds checks the bound itself). */
-#define TEST_COMPILE_MS 60000.0
-
 static ml_grammar *compile(const char *schema, int line)
 {
     ml_schema_limits lim;
@@ -141,28 +136,6 @@ static void refuses_at(ml_grammar *g, const char *text, long at, int line)
     long got = walk_bytes(g, text);
     ml_check_at(got == at, __FILE__, line, "%s: refused at %ld, expected %ld", text, got, at);
     ml_check_at(!walk_tokens(g, text), __FILE__, line, "tokens of %s accepted", text);
-}
-
-/* The schema refused with st, err holding each of the needles. */
-#define REFUSED(schema, st, ...) refused_at((schema), (st), __LINE__, __VA_ARGS__, NULL)
-static void refused_at(const char *schema, ml_status want, int line, ...)
-{
-    ml_schema_limits lim;
-    ml_schema_limits_default(&lim);
-    lim.max_compile_ms = TEST_COMPILE_MS;
-    ml_grammar *g = NULL;
-    char err[512] = "";
-    ml_status st = ml_grammar_compile_schema(schema, strlen(schema), &lim, &g, err, sizeof err);
-    ml_check_at(st == want, __FILE__, line, "%s: status %s, expected %s (%s)", schema,
-                ml_status_name(st), ml_status_name(want), err);
-    ml_check_at(g == NULL, __FILE__, line, "%s: a grammar on error", schema);
-    va_list ap;
-    va_start(ap, line);
-    for (const char *needle; (needle = va_arg(ap, const char *));)
-        ml_check_at(strstr(err, needle) != NULL, __FILE__, line, "%s: '%s' not in \"%s\"", schema,
-                    needle, err);
-    va_end(ap);
-    ml_grammar_unref(g);
 }
 
 /* ---- 1 and 2: documents per keyword ------------------------------------------ */
@@ -729,94 +702,6 @@ static void test_refs(void)
             check(at == ML_GRAMMAR_MAX_DEPTH, "%d deep: refused at %ld", n, at);
     }
     ml_grammar_unref(g);
-}
-
-/* ---- 3: refused schemas ------------------------------------------------------ */
-
-static void test_refusals(void)
-{
-    REFUSED("{\"type\": \"array\", \"uniqueItems\": true}", ML_ERR_UNSUPPORTED, "uniqueItems",
-            "the root");
-    REFUSED("{\"properties\": {\"tags\": {\"uniqueItems\": true}}}", ML_ERR_UNSUPPORTED,
-            "uniqueItems", "/properties/tags");
-    REFUSED("{\"minProperties\": 1}", ML_ERR_UNSUPPORTED, "minProperties");
-    REFUSED("{\"items\": {\"divisibleBy\": 2}}", ML_ERR_UNSUPPORTED, "divisibleBy", "/items");
-    /* A lexeme's refusal says where in the schema it is. */
-    REFUSED("{\"properties\": {\"s\": {\"pattern\": \"(a)\\\\1\"}}}", ML_ERR_UNSUPPORTED,
-            "at /properties/s: pattern", "backreference");
-    REFUSED("{\"patternProperties\": {\"(?=a)\": {}}}", ML_ERR_UNSUPPORTED,
-            "at /patternProperties", "lookaround");
-    REFUSED("{\"items\": {\"format\": \"color\"}}", ML_ERR_UNSUPPORTED, "at /items: format",
-            "color");
-    REFUSED("{\"if\": {}, \"then\": {}}", ML_ERR_UNSUPPORTED, "'if'");
-    REFUSED("{\"$ref\": \"other.json#/a\"}", ML_ERR_UNSUPPORTED, "$ref");
-    REFUSED("{\"$ref\": \"#anchor\"}", ML_ERR_UNSUPPORTED, "$ref");
-    REFUSED("{\"$ref\": \"#/nowhere\"}", ML_ERR_INVALID_ARG, "$ref", "resolve");
-    REFUSED("{\"$dynamicRef\": \"#x\"}", ML_ERR_UNSUPPORTED, "$dynamicRef");
-    REFUSED("{\"contains\": {}}", ML_ERR_UNSUPPORTED, "contains");
-    REFUSED("{\"type\": \"integer\", \"multipleOf\": 0.5}", ML_ERR_UNSUPPORTED, "multipleOf");
-    REFUSED("{\"type\": \"strin\"}", ML_ERR_INVALID_ARG, "type");
-    REFUSED("{\"minLength\": -1}", ML_ERR_INVALID_ARG, "minLength");
-    REFUSED("[1, 2]", ML_ERR_INVALID_ARG, "not an object");
-    REFUSED("{\"type\": ", ML_ERR_INVALID_ARG, "not JSON");
-    REFUSED("{} {}", ML_ERR_INVALID_ARG, "not JSON");
-    /* $ref cycles that consume nothing. */
-    REFUSED("{\"$ref\": \"#\"}", ML_ERR_UNSUPPORTED, "consumes nothing");
-    REFUSED("{\"$defs\": {\"a\": {\"anyOf\": [{\"$ref\": \"#/$defs/a\"}, {\"type\": "
-            "\"null\"}]}}, \"$ref\": \"#/$defs/a\"}",
-            ML_ERR_UNSUPPORTED, "consumes nothing");
-    /* An infinite document only. */
-    REFUSED("{\"type\": \"array\", \"items\": {\"$ref\": \"#\"}, \"minItems\": 1}",
-            ML_ERR_INVALID_ARG, "no document");
-    /* oneOf whose overlapping branches hold a recursive reference. */
-    REFUSED("{\"$defs\": {\"t\": {\"type\": \"array\", \"items\": {\"$ref\": \"#/$defs/t\"}}}, "
-            "\"oneOf\": [{\"$ref\": \"#/$defs/t\"}, {\"type\": \"array\", \"maxItems\": 1}]}",
-            ML_ERR_UNSUPPORTED, "oneOf", "narrower");
-    /* Alternatives that begin with the same byte, one a recursive call. */
-    REFUSED("{\"anyOf\": [{\"type\": \"array\", \"items\": {\"$ref\": \"#\"}}, {\"$ref\": "
-            "\"#/$defs/l\"}], \"$defs\": {\"l\": {\"type\": \"array\", \"items\": {\"$ref\": "
-            "\"#/$defs/l\"}}}}",
-            ML_ERR_UNSUPPORTED, "first byte");
-    REFUSED("{\"$defs\": {\"a\": {\"$id\": \"http://x/a\", \"$ref\": \"#/$defs/b\"}}, "
-            "\"$ref\": \"#/$defs/a\"}",
-            ML_ERR_UNSUPPORTED, "$id");
-    REFUSED("{\"enum\": [12345678901234567890]}", ML_ERR_UNSUPPORTED, "2^53");
-    REFUSED("{\"const\": \"a\\u0000b\"}", ML_ERR_UNSUPPORTED, "u0000");
-}
-
-static void test_bounds(void)
-{
-    ml_schema_limits lim;
-    ml_schema_limits_default(&lim);
-    check(lim.max_schema_bytes == 256u * 1024u && lim.max_states == 200000u &&
-              lim.max_compile_ms == 2000.0,
-          "default limits");
-    ml_grammar *g = NULL;
-    char err[512];
-    const char *big = "{\"type\": \"string\", \"description\": \"0123456789\"}";
-    lim.max_schema_bytes = 20;
-    check(ml_grammar_compile_schema(big, strlen(big), &lim, &g, err, sizeof err) ==
-                  ML_ERR_TOO_LARGE &&
-              strstr(err, "max_schema_bytes") && !g,
-          "schema bytes bound: %s", err);
-    uint8_t d[32];
-    check(ml_schema_digest(big, strlen(big), &lim, d, err, sizeof err) == ML_ERR_TOO_LARGE,
-          "digest bound");
-    ml_schema_limits_default(&lim);
-    lim.max_states = 50;
-    const char *arr = "{\"type\": \"array\", \"items\": {\"type\": \"boolean\"}, \"maxItems\": 200}";
-    check(ml_grammar_compile_schema(arr, strlen(arr), &lim, &g, err, sizeof err) ==
-                  ML_ERR_TOO_LARGE &&
-              !g,
-          "state bound: %s", err);
-    ml_schema_limits_default(&lim);
-    lim.max_compile_ms = 1e-6;
-    const char *slow = "{\"type\": \"array\", \"items\": {\"enum\": [\"alpha\", \"beta\", "
-                       "\"gamma\"]}, \"maxItems\": 60}";
-    check(ml_grammar_compile_schema(slow, strlen(slow), &lim, &g, err, sizeof err) ==
-                  ML_ERR_TOO_LARGE &&
-              !g,
-          "time bound: %s", err);
 }
 
 /* ---- 4: masks, digest --------------------------------------------------------- */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "cpu/cpu_backend.h"
 #include "model/kv_cache.h"
 
 #define N_BLOCKS 4

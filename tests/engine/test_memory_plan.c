@@ -10,11 +10,12 @@
 #include <sys/stat.h>
 
 #include "backend.h"
+#include "cpu/cpu_backend.h"
 #include "harness.h"
-#include "model/mkmodel.h"
+#include "checkpoint/mkmodel.h"
 #include "model/mllama.h"
-#include "model/quant_config.h"
-#include "model/weights.h"
+#include "checkpoint/quant_config.h"
+#include "checkpoint/weights.h"
 
 #define TOKENIZER_DIR ML_SOURCE_DIR "/config/tokenizer"
 #define GIB ML_PLAN_GIB

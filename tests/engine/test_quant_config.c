@@ -1,4 +1,4 @@
-/* engine/model/quant_config.c: the quantization_config that llm-compressor
+/* engine/checkpoint/quant_config.c: the quantization_config that llm-compressor
  * writes for its FP8_DYNAMIC scheme (and the weight-only FP8 variant)
  * parses, every field that changes what a weight means is checked and an
  * error names it, and ignore entries match as compressed-tensors matches
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "model/config.h"
+#include "checkpoint/config.h"
 
 #define ERRLEN 512
 #define BASE "{\"vision_config\": {\"image_size\": 560}, \"quantization_config\": "

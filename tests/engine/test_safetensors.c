@@ -1,4 +1,4 @@
-/* engine/model/safetensors.h: writer -> reader round trips, every
+/* engine/checkpoint/safetensors.h: writer -> reader round trips, every
  * corrupt-file error path, checkpoint directories (single, sharded, both key
  * layouts) and their error paths. */
 #include "model_test_util.h"
@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #define ERRLEN 512
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu/cpu_backend.h"
 #include "harness.h"
 #include "fixture_util.h"
 #include "model/lora.h"

@@ -1,4 +1,4 @@
-/* engine/model/weights.h: binding the Mllama tensor set.
+/* engine/checkpoint/weights.h: binding the Mllama tensor set.
  *
  * - A header-only fake of the real Llama-3.2-11B-Vision checkpoint: the
  *   5-shard layout of the hub repository, every tensor with its real name
@@ -16,9 +16,9 @@
 #include <sys/stat.h>
 
 #include "harness.h"
-#include "model/config.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "checkpoint/config.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/weights.h"
 
 #define ERRLEN 512
 #define CONFIGS ML_SOURCE_DIR "/tests/golden/fixtures/configs/"

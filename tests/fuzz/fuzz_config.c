@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "model/config.h"
+#include "checkpoint/config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 /* Keeps the reads of tensor bytes from being optimised away. */
 static volatile unsigned sink;

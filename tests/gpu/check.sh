@@ -67,7 +67,7 @@ say "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), NCCL ${NC
 # ---- dependencies of the full CMake build -------------------------------------------------
 deps_ok() {
     command -v cmake >/dev/null && command -v pkg-config >/dev/null || return 1
-    for p in libcjson libturbojpeg libjpeg rdkafka hiredis; do
+    for p in libcjson libjpeg libpng rdkafka hiredis; do
         pkg-config --exists "$p" || return 1
     done
 }

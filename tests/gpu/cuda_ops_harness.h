@@ -49,6 +49,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu/cpu_backend.h"
 #include "dtype.h"
 #include "harness.h"
 #include "mlk_backend.h"

@@ -36,7 +36,7 @@
 #include "mlk_backend.h"
 #include "mlk_device.h"
 #include "model/mllama.h"
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #define GREEDY_STEPS 32
 #define KV_BLOCK 16

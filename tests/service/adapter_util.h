@@ -8,7 +8,7 @@
 
 #include "proc_util.h"
 
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 #include "redis/redis.h"
 #include "test_rand.h"
 

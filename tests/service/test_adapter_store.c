@@ -37,7 +37,7 @@
 #include "harness.h"
 #include "log.h"
 #include "metrics.h"
-#include "model/config.h"
+#include "checkpoint/config.h"
 
 #define PREFIX "mllama"
 #define MAX_BYTES 32768

@@ -1,0 +1,33 @@
+/* The CPU backend's constructors (cpu_backend.c): the op table of
+ * engine/backend.h on the host, the reference every other backend is
+ * tested against. The twin of kernels/mlk_backend.h. */
+#ifndef ML_CPU_BACKEND_H
+#define ML_CPU_BACKEND_H
+
+#include <stddef.h>
+
+#include "backend.h"
+#include "status.h"
+
+/* The CPU backend with n_threads threads, the caller's included (0 = one per
+ * online CPU). Its kernels use the widest ISA the CPU supports unless the
+ * environment variable ML_CPU_ISA (plain, avx2, avx512) names a lower one.
+ * Returns NULL and fills err on failure (an unknown or unsupported
+ * ML_CPU_ISA, out of memory, a thread that would not start). */
+ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen);
+
+/* `world` CPU backends of threads_each threads each (0 = the online CPUs
+ * shared evenly, at least one) forming one tensor-parallel group: their
+ * all_reduce_sum is an in-process collective, for `world` threads each
+ * driving one member (every rank gets bit-identical sums, added in rank
+ * order). out[0 .. world) receives the members, each owned by the caller
+ * (destroy each; the group goes with the last). On failure every out[i] is
+ * NULL, nothing is left allocated and err says why: ML_ERR_INVALID_ARG
+ * (world outside [1, ML_CPU_GROUP_MAX], threads_each < 0), the ISA
+ * selection's error (ML_CPU_ISA, as ml_backend_cpu_create), ML_ERR_NOMEM
+ * (memory, or a thread that would not start). */
+#define ML_CPU_GROUP_MAX 64
+ml_status ml_backend_cpu_create_group(int world, int threads_each, ml_backend **out, char *err,
+                                      size_t errlen);
+
+#endif

@@ -1,0 +1,24 @@
+/* The limits both decoders enforce (image.h, image_internal.h): below
+ * decode.c and decode_png.c, so neither calls back into the other. */
+#include "image/image.h"
+#include "image/image_internal.h"
+
+void ml_image_limits_default(ml_image_limits *lim)
+{
+    lim->max_pixels = ML_IMAGE_DEFAULT_MAX_PIXELS;
+    lim->max_scans = ML_IMAGE_DEFAULT_MAX_SCANS;
+}
+
+ml_status ml_image_check_size(uint32_t width, uint32_t height, const ml_image_limits *lim,
+                              char *err, size_t errlen)
+{
+    if ((uint64_t)width * height > lim->max_pixels)
+        return ml_fail(err, errlen, ML_ERR_TOO_LARGE,
+                       "image is %ux%u, above the limit of %llu pixels", width, height,
+                       (unsigned long long)lim->max_pixels);
+    if (width > ML_IMAGE_MAX_SIDE || height > ML_IMAGE_MAX_SIDE)
+        return ml_fail(err, errlen, ML_ERR_TOO_LARGE,
+                       "image is %ux%u; sides above %u pixels are not supported", width, height,
+                       ML_IMAGE_MAX_SIDE);
+    return ML_OK;
+}

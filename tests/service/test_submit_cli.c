@@ -1,0 +1,62 @@
+/* `mllama submit` against a worker on the micro model (mock Kafka, real
+ * redis-server, separate processes): the streamed answer and the final
+ * record's summary stay apart. The answer goes to stdout and ends with a
+ * newline before the summary goes to stderr, so the two never share a line
+ * even when stdout is a file or a pipe (fully buffered) and both land in one
+ * place, as in the demo. Exit 0 on a length or stop finish. Skipped (77)
+ * without redis-server. */
+#include <string.h>
+
+#include "proc_util.h"
+
+#define TOPICS PU_REQUESTS ":1," PU_REPLIES ":1," PU_DLT ":1," PU_CANCEL ":1"
+#define SUBMIT_MS 60000 /* a request answered, from the submit's start */
+#define SUMMARY "{\"finish_reason\":"
+
+static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
+static pu_redis redis;
+static pu_proc kafka, worker;
+
+static void cleanup(void)
+{
+    pu_kill(&worker);
+    pu_kill(&kafka);
+    pu_kill(&redis.proc);
+    pu_tmpdir_done(dir);
+}
+
+int main(void)
+{
+    if (!pu_which("redis-server"))
+        ml_test_skip("needs redis-server on PATH");
+    atexit(cleanup);
+    pu_micro_stack_start("submit", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
+    pu_worker_env env = {brokers, redis.url, model, dir};
+    if (!pu_worker_start(&worker, &env, "w1", NULL) || !pu_wait_assigned(&worker, SUBMIT_MS))
+        pu_die("worker start");
+
+    char log[PU_PATH_MAX + 32];
+    snprintf(log, sizeof log, "%s/submit.log", dir);
+    char *const argv[] = {PU_MLLAMA, "submit", "--brokers", brokers, "--max-tokens", "6",
+                          "Describe the weather.", NULL};
+    int code = pu_run(argv, log, SUBMIT_MS);
+    check(code == 0, "submit: exit code %d", code);
+    size_t n;
+    char *out = pu_slurp(log, &n);
+    check(out != NULL, "submit: no output");
+    const char *sent = out ? strstr(out, " bytes) to ") : NULL;
+    const char *summary = out ? strstr(out, SUMMARY) : NULL;
+    check(sent && summary && summary > sent, "submit: no summary after the request was sent");
+    if (sent && summary && summary > sent) {
+        const char *answer = strchr(sent, '\n') + 1;
+        check(summary > answer, "submit: an empty answer proves nothing");
+        check(summary[-1] == '\n', "submit: the summary shares a line with the answer");
+        check(strchr(summary, '\n') != NULL, "submit: the summary is not a whole line");
+    }
+    if (ml_test_failures)
+        pu_show_log(log, 2000);
+    free(out);
+    check(pu_stop(&worker, PU_STOP_MS) == 0, "worker: exit code after SIGTERM");
+    pu_check_log_clean(worker.log);
+    return check_done();
+}
