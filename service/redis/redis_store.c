@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
 #include "protocol/protocol.h"
 #include "redis/redis_internal.h"
-#include "sha256.h"
 
 /* ---- Blobs -------------------------------------------------------------- */
 

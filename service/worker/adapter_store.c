@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "model/lora.h"
+#include "engine.h"
 
 #include "log.h"
 #include "metrics.h"

@@ -42,7 +42,7 @@
 #include <stdint.h>
 
 #include "config.h"
-#include "model/mllama.h"
+#include "engine.h"
 #include "protocol/protocol.h"
 #include "redis/redis.h"
 
