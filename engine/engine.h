@@ -22,6 +22,7 @@
 #include "list.h" /* the engine's intrusive list, for the caller's registries too */
 #include "checkpoint/mkmodel.h"
 #include "image/prepare.h"
+#include "model/lora.h" /* adapters: the worker checks one before it keeps it */
 #include "model/mllama.h"
 #include "runtime/runtime.h"
 #include "runtime/sampler.h"

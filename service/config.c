@@ -86,6 +86,12 @@ static const field fields[] = {
     INT("redis", "timeout_ms", redis.timeout_ms, 1, 60000),
     INT("redis", "heartbeat_s", redis.heartbeat_s, 1, 3600),
     INT("redis", "ttl_s", redis.ttl_s, 1, 86400),
+    /* Redis trust boundary and deadlines (service/README.md §3, §7). */
+    INT("redis", "call_timeout_ms", redis.call_timeout_ms, 1, 60000),
+    INT("redis", "attempts_ttl_s", redis.attempts_ttl_s, 60, 7 * 86400),
+    INT("redis", "offset_attempts_ttl_s", redis.offset_attempts_ttl_s, 60, 86400),
+    INT("worker", "stall_ms", worker.stall_ms, 100, 3600 * 1000),
+    LONG("limits", "adapters_dir_bytes", limits.adapters_dir_bytes, 1L << 20, 1L << 40),
     LONG("limits", "max_request_bytes", limits.max_request_bytes, 1024, 1L << 31),
     LONG("limits", "max_image_bytes", limits.max_image_bytes, 1024, 1L << 31),
     LONG("limits", "max_image_pixels", limits.max_image_pixels, 1, 1L << 32),

@@ -85,12 +85,16 @@ typedef struct svc_config {
         char url[SVC_CONFIG_STR];        /* "" = no Redis */
         char prefix[128];
         int timeout_ms, heartbeat_s, ttl_s;
+        int call_timeout_ms;             /* a whole Redis call, connect included */
+        int attempts_ttl_s;              /* per-request-id attempt counters */
+        int offset_attempts_ttl_s;       /* per-offset (poison-message) counters */
     } redis;
     struct {
         long max_request_bytes, max_image_bytes, max_image_pixels;
         long max_request_pixels;         /* decoded pixels of all of a request's images */
         long max_reply_bytes;            /* one reply record; a dead letter's value */
         long max_adapter_bytes;          /* a Redis-held adapter's two files together */
+        long adapters_dir_bytes;         /* every copy of a Redis-held adapter together */
         long max_schema_bytes;           /* response_format json_schema: the compact schema text */
         long max_schema_states;          /* automaton states one compilation may build */
         int max_schema_compile_ms;       /* wall time of one compilation */
@@ -100,6 +104,7 @@ typedef struct svc_config {
     } limits;
     struct {
         int prep_threads;                /* threads preparing requests (parse, decode, template) */
+        int stall_ms;                    /* a prep thread busy this long fails /healthz */
     } worker;
     struct {
         char listen[256];

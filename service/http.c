@@ -125,6 +125,35 @@ static int heartbeat_fresh(const svc_health *h, long long now)
            now - atomic_load(&h->step_heartbeat_ms) <= h->watchdog_ms;
 }
 
+void svc_watch_begin(svc_watch *w, const char *doing)
+{
+    atomic_store(&w->doing, doing);
+    if (atomic_load(&w->since_ms) == 0) {
+        atomic_store(&w->since_wall_ms, svc_wall_ms());
+        atomic_store(&w->since_ms, svc_now_ms());
+    }
+}
+
+void svc_watch_end(svc_watch *w) { atomic_store(&w->since_ms, 0); }
+
+/* The first watched thread busy longer than stall_ms, written into why
+ * ("stalled: prep thread 2 in redis attempts for 4100 ms, since unix ms
+ * ...\n"); false when none is. @locality HTTP thread. */
+static bool stalled(svc_health *h, long long now, char *why, size_t n)
+{
+    for (int i = 0; i < h->n_watch; i++) {
+        svc_watch *w = &h->watch[i];
+        long long since = atomic_load(&w->since_ms);
+        if (since == 0 || now - since <= h->stall_ms)
+            continue;
+        const char *doing = atomic_load(&w->doing);
+        snprintf(why, n, "stalled: prep thread %d in %s for %lld ms, since unix ms %lld\n", i,
+                 doing ? doing : "?", now - since, atomic_load(&w->since_wall_ms));
+        return true;
+    }
+    return false;
+}
+
 /* Why the worker is not ready, or NULL when it is (/readyz, mllama_ready). */
 static const char *not_ready(svc_health *hl)
 {
@@ -165,7 +194,11 @@ static bool answer(svc_http *h, http_conn *c, svc_http_route route)
                        h->body.len);
     case SVC_HTTP_HEALTHZ: {
         int loaded = atomic_load(&hl->model_loaded);
-        int ok = loaded && heartbeat_fresh(hl, svc_now_ms());
+        long long now = svc_now_ms();
+        char why[160];
+        if (loaded && stalled(hl, now, why, sizeof why))
+            return respond_text(c, 503, "Service Unavailable", why);
+        int ok = loaded && heartbeat_fresh(hl, now);
         return ok       ? respond_text(c, 200, "OK", "ok\n")
                : loaded ? respond_text(c, 503, "Service Unavailable", "stale heartbeat\n")
                         : respond_text(c, 503, "Service Unavailable", "loading\n");

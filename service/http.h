@@ -25,6 +25,19 @@
  * this many bytes is answered 431. */
 #define SVC_HTTP_HEADER_MAX 4096
 
+/* Threads whose work is watched (svc_watch): the prep pool's, at most
+ * SVC_PREP_THREADS_MAX (config.h). */
+#define SVC_HEALTH_WATCH_MAX 64
+
+/* A watched thread: what it is doing and since when, so a thread held by a
+ * call that never returns (a resolver, a kernel read) is seen from outside.
+ * Written by its thread (svc_watch_begin/end), read by the HTTP thread. */
+typedef struct svc_watch {
+    _Atomic long long since_ms;     /* CLOCK_MONOTONIC ms the work began; 0 = idle */
+    _Atomic long long since_wall_ms; /* the same instant, unix ms, for the answer */
+    _Atomic(const char *) doing;    /* a static string: "prepare", "redis attempts", ... */
+} svc_watch;
+
 /* What the probes read. Written by the worker's threads, read by the HTTP
  * thread; all fields atomic. Heartbeats are CLOCK_MONOTONIC milliseconds. */
 typedef struct svc_health {
@@ -34,7 +47,20 @@ typedef struct svc_health {
     _Atomic long long kafka_heartbeat_ms;
     _Atomic long long step_heartbeat_ms;
     long long watchdog_ms; /* a heartbeat older than this fails /healthz */
+    /* Watched threads (the prep pool): one busy longer than stall_ms fails
+     * /healthz, which names it, what it does and since when. Set before
+     * the server starts. */
+    svc_watch watch[SVC_HEALTH_WATCH_MAX];
+    int n_watch;
+    long long stall_ms;
 } svc_health;
+
+/* Thread-side bookkeeping of a svc_watch. begin marks the thread busy with
+ * `doing` (a string that outlives the process: a literal) from now; a
+ * second begin while busy only changes `doing`, so one job's phases keep
+ * the job's start. end marks it idle. @locality the watched thread. */
+void svc_watch_begin(svc_watch *w, const char *doing);
+void svc_watch_end(svc_watch *w);
 
 /* What the bytes received so far on a connection ask for. */
 typedef enum svc_http_route {

@@ -10,15 +10,24 @@
  *                                      heartbeat_ms}                        TTL worker_ttl_s
  *   <p>:blob:img:<key>           string: the image bytes (the base key)     TTL set by the writer
  *   <p>:adapter:<name>           hash {config: adapter_config.json,
- *                                      weights: adapter_model.safetensors}  no TTL
- *   <p>:attempts:<topic>:<partition>:<offset>  integer (INCR)               TTL attempts_ttl_s
- *   <p>:request_attempts:<tenant>:<request id> integer (INCR)               TTL attempts_ttl_s
+ *                                      weights: adapter_model.safetensors,
+ *                                      sha256: svc_redis_adapter_digest}    no TTL
+ *   <p>:attempts:<topic>:<partition>:<offset>  integer (INCR)     TTL offset_attempts_ttl_s
+ *   <p>:request_attempts:<sha256(tenant NUL id)> integer (INCR)   TTL attempts_ttl_s
  * Image keys carry the partition so that neither the index nor a blob's
  * presence tells anyone who knows only an image's bytes whether another
  * cache group has it (service/README.md §3). last_use and heartbeat_ms are
  * unix ms. An adapter is stored as its two
  * PEFT files (not a path) so that any worker can load it without a shared
- * filesystem.
+ * filesystem, with the digest its publisher computed: a worker serves only
+ * bytes that hash to it. A request id is hashed into its key with its
+ * tenant, so neither its length nor its bytes reach a key, and two tenants'
+ * ids never share a counter.
+ *
+ * Who may write what is enforced by Redis 7 ACL users (ops/redis/users.acl,
+ * service/README.md §3): workers own the index, worker and counter keys and
+ * only read blobs and adapters; frontends write blobs; the adapter publisher
+ * writes adapters.
  *
  * Redis is a hint, never the only copy (service/README.md §3): the worker's local
  * state is the truth and this client mirrors it. Every image insert and
@@ -36,20 +45,30 @@
  * failures it opens and calls fail fast (SVC_REDIS_UNAVAILABLE) without
  * touching the network for breaker_open_ms, doubling on each failed trial
  * up to breaker_open_max_ms; then one call is let through (half-open) and
- * its success closes the breaker. Connect and command timeouts bound every
- * call that does go out.
+ * its success closes the breaker.
+ *
+ * Every call that goes out has a total deadline, call_timeout_ms from its
+ * start, connect, AUTH and reconciliation included: replies are read here
+ * (not by redisGetReply), each read and write armed with the time left, so
+ * a Redis that trickles a reply byte by byte cannot hold a call longer than
+ * its deadline (command_timeout_ms bounds one read or write besides).
  *
  * Threading: one svc_redis is used by one thread (the worker's Redis
  * thread; never the Kafka poll thread or the step loop). Only
  * svc_redis_stats_get may be called from any thread. hiredis 0.14 writes
  * with write(2): the process must ignore SIGPIPE. Hostnames are resolved
- * with getaddrinfo, which has no timeout of its own. */
+ * with getaddrinfo at each connect, which has no timeout of its own and is
+ * outside the deadline: deployments name Redis by an address or a name the
+ * local resolver answers at once (a Kubernetes Service), and a resolver that
+ * hangs shows as a stalled thread on /healthz (service/README.md §7). */
 #ifndef SVC_REDIS_INDEX_H
 #define SVC_REDIS_INDEX_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "protocol/protocol.h"
 
 typedef enum svc_redis_status {
     SVC_REDIS_OK = 0,
@@ -94,13 +113,15 @@ typedef struct svc_redis_config {
     const char *prefix;    /* e.g. "mllama"; [A-Za-z0-9._-]{1,64} */
     const char *worker_id; /* this worker; printable ASCII without spaces or ':', 1..128 */
     int connect_timeout_ms;  /* default 200 */
-    int command_timeout_ms;  /* default 200 */
+    int command_timeout_ms;  /* one read or write; default 200 */
+    int call_timeout_ms;     /* a whole call, connect included; default 1000 */
     int breaker_failures;    /* consecutive failures that open the breaker; default 3 */
     int breaker_open_ms;     /* first open period; default 1000 */
     int breaker_open_max_ms; /* cap of the doubling; default 30000 */
     int img_ttl_s;           /* default 300 */
     int worker_ttl_s;        /* default 30: heartbeat at least every third of it */
-    int attempts_ttl_s;      /* default 86400 */
+    int attempts_ttl_s;      /* per request id; default 86400 */
+    int offset_attempts_ttl_s; /* per record offset; default 3600 */
     size_t max_pending_deletes; /* default 4096 */
     size_t max_resident;     /* images this worker may index; default 65536 */
 } svc_redis_config;
@@ -176,28 +197,41 @@ svc_redis_status svc_redis_blob_get(svc_redis *r, const char *sha256, size_t max
 svc_redis_status svc_redis_blob_put(svc_redis *r, const char *sha256, const void *data,
                                     size_t len, int ttl_s);
 
-/* An adapter's two PEFT files, owned by the caller (svc_redis_adapter_deinit). */
+/* An adapter's two PEFT files and the digest its publisher stored, owned by
+ * the caller (svc_redis_adapter_deinit). */
 typedef struct svc_redis_adapter {
     uint8_t *config;  /* adapter_config.json */
     size_t config_len;
     uint8_t *weights; /* adapter_model.safetensors */
     size_t weights_len;
+    char sha256[SVC_SHA256_HEX_LEN + 1]; /* the hash's sha256 field; "" when absent */
 } svc_redis_adapter;
 
-/* The sizes of <p>:adapter:<name>'s two fields (HSTRLEN: nothing else is
- * transferred). OK fills both; NOT_FOUND when the key or one of its fields
- * is missing; both are 0 on failure. */
-svc_redis_status svc_redis_adapter_stat(svc_redis *r, const char *name, size_t *config_len,
-                                        size_t *weights_len);
+/* The content digest of an adapter, in lower-case hex: sha256 over the
+ * lower-case hex sha256 of the config and of the weights, each followed by
+ * "\n" — what `sha256sum adapter_config.json adapter_model.safetensors |
+ * cut -c1-64 | sha256sum` prints, so a publisher needs no tool of ours.
+ * @locality any thread. */
+void svc_redis_adapter_digest(const void *config, size_t config_len, const void *weights,
+                              size_t weights_len, char hex[SVC_SHA256_HEX_LEN + 1]);
 
-/* Fetch <p>:adapter:<name>. OK fills *out; NOT_FOUND when the key or one of
- * its two fields is missing; ERR_TOO_LARGE when the two fields together are
- * over max_bytes (checked with HSTRLEN before transferring). *out is zeroed
- * on failure. */
+/* The sha256 field of <p>:adapter:<name> (HGET: nothing else moves), into
+ * hex. NOT_FOUND when the adapter is missing, or its digest (missing, or
+ * not 64 lower-case hex digits): an adapter without one is not served. */
+svc_redis_status svc_redis_adapter_sha256(svc_redis *r, const char *name,
+                                          char hex[SVC_SHA256_HEX_LEN + 1]);
+
+/* Fetch <p>:adapter:<name> in one round trip: a script reads both fields'
+ * sizes and returns the bytes only when they fit max_bytes together. OK
+ * fills *out (sha256 as stored: the caller checks it against
+ * svc_redis_adapter_digest); NOT_FOUND when the key or one of its two files
+ * is missing; ERR_TOO_LARGE (nothing transferred) over max_bytes. *out is
+ * zeroed on failure. */
 svc_redis_status svc_redis_adapter_get(svc_redis *r, const char *name, size_t max_bytes,
                                        svc_redis_adapter *out);
 
-/* Store an adapter (both files; replaces an existing one). */
+/* Store an adapter: both files and their digest, replacing an existing one
+ * in one command. Needs the adapter-publisher ACL role (ops/redis). */
 svc_redis_status svc_redis_adapter_put(svc_redis *r, const char *name, const void *config,
                                        size_t config_len, const void *weights,
                                        size_t weights_len);
@@ -206,19 +240,30 @@ svc_redis_status svc_redis_adapter_put(svc_redis *r, const char *name, const voi
 void svc_redis_adapter_deinit(svc_redis_adapter *a);
 
 /* Count one more attempt at the record topic/partition/offset and return
- * the count in *attempt (1 the first time). The key expires attempts_ttl_s
- * after the last attempt. When this fails the caller does not know the
+ * the count in *attempt (1 the first time). The key is deleted when the
+ * record is finished (svc_redis_attempt_clear) and expires
+ * offset_attempts_ttl_s after the last attempt otherwise: a poison record is
+ * redelivered within seconds, so an hour keeps the guard and bounds what a
+ * stream of records leaves behind when a delete is lost. When this fails the caller does not know the
  * count and should process the record anyway (Redis must not stop the
  * partition). */
 svc_redis_status svc_redis_attempt_incr(svc_redis *r, const char *topic, int32_t partition,
                                         int64_t offset, uint32_t *attempt);
 
-/* Count one more execution of request `id` of tenant `tenant` (whatever
- * record carried it) and return the count in *attempt (1 the first time):
- * the number a reply's `attempt` carries, so a client's retry under the same
- * id is told apart from the first execution; another tenant's id is another
- * counter. Same TTL and failure rule as above; INVALID for an empty id or
- * tenant, or one too long for a key. */
+/* The record topic/partition/offset is finished (answered or
+ * dead-lettered): delete its attempt counter, which only a redelivery
+ * before the commit could still need (it then starts at 1 again). OK also
+ * when there was none. */
+svc_redis_status svc_redis_attempt_clear(svc_redis *r, const char *topic, int32_t partition,
+                                         int64_t offset);
+
+/* Count one more execution of request `id` of `tenant` (whatever record
+ * carried it) and return the count in *attempt (1 the first time): the
+ * number a reply's `attempt` carries, so a client's retry under the same id
+ * is told apart from the first execution; another tenant's id is another
+ * counter. The key is the sha256 of tenant, a NUL and id; it expires
+ * attempts_ttl_s after the last execution. Failure rule as above; INVALID
+ * for an empty tenant or id. */
 svc_redis_status svc_redis_request_attempt_incr(svc_redis *r, const char *tenant, const char *id,
                                                 uint32_t *attempt);
 

@@ -55,12 +55,14 @@ void svc_redis_config_default(svc_redis_config *cfg)
     *cfg = (svc_redis_config){
         .connect_timeout_ms = 200,
         .command_timeout_ms = 200,
+        .call_timeout_ms = 1000,
         .breaker_failures = 3,
         .breaker_open_ms = 1000,
         .breaker_open_max_ms = 30000,
         .img_ttl_s = 300,
         .worker_ttl_s = 30,
         .attempts_ttl_s = 86400,
+        .offset_attempts_ttl_s = 3600,
         .max_pending_deletes = 4096,
         .max_resident = 65536,
     };
@@ -93,6 +95,7 @@ svc_redis_status svc_redis_create(const svc_redis_config *cfg, svc_redis **out, 
         return SVC_REDIS_ERR_INVALID;
     }
     if (cfg->connect_timeout_ms <= 0 || cfg->command_timeout_ms <= 0 ||
+        cfg->call_timeout_ms <= 0 || cfg->offset_attempts_ttl_s <= 0 ||
         cfg->breaker_failures <= 0 || cfg->breaker_open_ms <= 0 ||
         cfg->breaker_open_max_ms < cfg->breaker_open_ms || cfg->img_ttl_s <= 0 ||
         cfg->worker_ttl_s <= 0 || cfg->attempts_ttl_s <= 0 || cfg->max_resident == 0) {
@@ -186,14 +189,40 @@ svc_redis_status svc_redis_append(svc_redis *r, svc_redis_cmd *c)
     return SVC_REDIS_OK;
 }
 
+static struct timeval ms_to_tv(int ms)
+{
+    return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+}
+
+/* Arm the socket for one read or write: the time left of the call's
+ * deadline, at most command_timeout_ms. ERR_IO once the deadline passed. */
+static svc_redis_status arm(svc_redis *r)
+{
+    long long left = r->deadline_ms - svc_now_ms();
+    if (left <= 0)
+        return SVC_REDIS_ERR_IO;
+    int ms = left < r->cfg.command_timeout_ms ? (int)left : r->cfg.command_timeout_ms;
+    return redisSetTimeout(r->c, ms_to_tv(ms)) == REDIS_OK ? SVC_REDIS_OK : SVC_REDIS_ERR_IO;
+}
+
 /* Read the next reply. ERR_IO leaves *reply NULL; an error reply is
- * returned (ERR_REPLY) so that the pipeline stays in step. */
+ * returned (ERR_REPLY) so that the pipeline stays in step. This is
+ * redisGetReply's loop with each write and read armed by arm(): hiredis's
+ * own bounds each read, so a server sending a byte per timeout would hold
+ * it for ever. */
 svc_redis_status svc_redis_next_reply(svc_redis *r, redisReply **reply)
 {
     void *p = NULL;
     *reply = NULL;
-    if (redisGetReply(r->c, &p) != REDIS_OK || !p)
+    if (redisGetReplyFromReader(r->c, &p) != REDIS_OK)
         return SVC_REDIS_ERR_IO;
+    for (int done = 0; !p && !done;)
+        if (arm(r) != SVC_REDIS_OK || redisBufferWrite(r->c, &done) != REDIS_OK)
+            return SVC_REDIS_ERR_IO;
+    while (!p)
+        if (arm(r) != SVC_REDIS_OK || redisBufferRead(r->c) != REDIS_OK ||
+            redisGetReplyFromReader(r->c, &p) != REDIS_OK)
+            return SVC_REDIS_ERR_IO;
     *reply = p;
     return (*reply)->type == REDIS_REPLY_ERROR ? SVC_REDIS_ERR_REPLY : SVC_REDIS_OK;
 }
@@ -352,19 +381,17 @@ static void call_succeeded(svc_redis *r)
     set_breaker(r, SVC_REDIS_BREAKER_CLOSED);
 }
 
-static struct timeval ms_to_tv(int ms)
-{
-    return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-}
-
-/* Connect, set the command timeout, AUTH and SELECT. */
+/* Connect within the call's deadline (the name's resolution aside:
+ * redis.h), then AUTH (with the ACL user when the URL names one) and
+ * SELECT. */
 static svc_redis_status connect_now(svc_redis *r)
 {
-    r->c = redisConnectWithTimeout(r->url.host, r->url.port,
-                                   ms_to_tv(r->cfg.connect_timeout_ms));
-    if (!r->c)
+    long long left = r->deadline_ms - svc_now_ms();
+    if (left <= 0)
         return SVC_REDIS_ERR_IO;
-    if (r->c->err || redisSetTimeout(r->c, ms_to_tv(r->cfg.command_timeout_ms)) != REDIS_OK)
+    int ms = left < r->cfg.connect_timeout_ms ? (int)left : r->cfg.connect_timeout_ms;
+    r->c = redisConnectWithTimeout(r->url.host, r->url.port, ms_to_tv(ms));
+    if (!r->c || r->c->err)
         return SVC_REDIS_ERR_IO;
     size_t n = 0;
     svc_redis_status st = SVC_REDIS_OK;
@@ -400,6 +427,7 @@ static svc_redis_status reconcile(svc_redis *r);
 svc_redis_status svc_redis_call_begin(svc_redis *r)
 {
     count(&r->n_calls);
+    r->deadline_ms = svc_now_ms() + r->cfg.call_timeout_ms;
     if (breaker(r) == SVC_REDIS_BREAKER_OPEN) {
         if (svc_now_ms() < r->open_until_ms) {
             count(&r->n_fast_fails);

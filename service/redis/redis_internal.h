@@ -36,6 +36,7 @@ struct svc_redis {
     svc_redis_config cfg; /* url, prefix, worker_id are NULL here: copied above */
 
     redisContext *c;      /* owned; NULL while disconnected */
+    long long deadline_ms; /* svc_now_ms() by which the current call ends */
 
     /* Breaker, on a monotonic clock. */
     int consecutive_failures;
@@ -65,9 +66,10 @@ struct svc_redis {
 
 /* ---- Calls -------------------------------------------------------------- */
 
-/* Start a call: refuse it while the breaker is open, else connect and
- * reconcile as needed. OK means r->c is ready for the call's commands; any
- * other status is the call's result (already counted). */
+/* Start a call: refuse it while the breaker is open, else set its deadline
+ * (call_timeout_ms from now) and connect and reconcile as needed. OK means
+ * r->c is ready for the call's commands; any other status is the call's
+ * result (already counted). */
 svc_redis_status svc_redis_call_begin(svc_redis *r);
 
 /* Finish a call whose commands returned `st` and return it: success,
@@ -101,8 +103,10 @@ void svc_redis_arg_str(svc_redis_cmd *c, const char *s);
  * could not allocate (the context is then in error). */
 svc_redis_status svc_redis_append(svc_redis *r, svc_redis_cmd *c);
 
-/* Read the next reply into *reply (owned by the caller: freeReplyObject).
- * ERR_IO leaves it NULL; an error reply is returned as ERR_REPLY. */
+/* Read the next reply into *reply (owned by the caller: freeReplyObject),
+ * sending what is queued first, all within the call's deadline. ERR_IO
+ * (also past the deadline) leaves it NULL; an error reply is returned as
+ * ERR_REPLY. */
 svc_redis_status svc_redis_next_reply(svc_redis *r, redisReply **reply);
 
 /* Read and discard n replies; the first non-OK status wins; stops at an

@@ -1,11 +1,12 @@
 /* Plain key-value operations of the Redis client, through the same
  * connection and breaker as the index: image blobs, adapters and the
- * poison-message attempt counter (redis_index.h). */
+ * attempt counters (redis.h). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
 #include "protocol/protocol.h"
 #include "redis/redis_internal.h"
 
@@ -82,6 +83,9 @@ svc_redis_status svc_redis_blob_put(svc_redis *r, const char *sha256, const void
     return svc_redis_call_end(r, st);
 }
 
+static svc_redis_status hget(svc_redis *r, const char *key, const char *field, char *out,
+                             size_t n);
+
 /* ---- Adapters ----------------------------------------------------------- */
 
 static bool adapter_key(const svc_redis *r, const char *name, char key[KEY_MAX])
@@ -107,111 +111,113 @@ static uint8_t *dup_bytes(const char *s, size_t len)
     return p;
 }
 
-static const char *const adapter_fields[2] = {"config", "weights"};
+/* One round trip: the sizes first, the bytes only when they fit ARGV[1].
+ * Returns {0} (a file missing or empty), {1} (too large) or
+ * {2, config, weights, sha256 or false}. */
+static const char adapter_get_lua[] =
+    "local c = redis.call('hstrlen', KEYS[1], 'config') "
+    "local w = redis.call('hstrlen', KEYS[1], 'weights') "
+    "if c == 0 or w == 0 then return {0} end "
+    "if c + w > tonumber(ARGV[1]) then return {1} end "
+    "local v = redis.call('hmget', KEYS[1], 'config', 'weights', 'sha256') "
+    "return {2, v[1], v[2], v[3]}";
 
-/* HSTRLEN of both fields into len[2]: NOT_FOUND when the key or a field is
- * missing (or empty). */
-static svc_redis_status adapter_lengths(svc_redis *r, const char *key, size_t len[2])
+enum { ADAPTER_MISSING = 0, ADAPTER_TOO_LARGE = 1, ADAPTER_FOUND = 2, ADAPTER_FOUND_LEN = 4 };
+
+/* adapter_get_lua's answer into *out. */
+static svc_redis_status adapter_reply(const redisReply *rep, svc_redis_adapter *out)
 {
-    svc_redis_status st = SVC_REDIS_OK;
-    for (int f = 0; f < 2 && !st; f++) {
-        svc_redis_cmd c = {0};
-        svc_redis_arg_str(&c, "HSTRLEN");
-        svc_redis_arg_str(&c, key);
-        svc_redis_arg_str(&c, adapter_fields[f]);
-        st = svc_redis_append(r, &c);
-    }
-    for (int f = 0; f < 2 && st != SVC_REDIS_ERR_IO; f++) {
-        redisReply *rep;
-        svc_redis_status rs = svc_redis_next_reply(r, &rep);
-        if (rs == SVC_REDIS_OK && rep->type != REDIS_REPLY_INTEGER)
-            rs = SVC_REDIS_ERR_REPLY;
-        if (rs == SVC_REDIS_OK && rep->integer <= 0)
-            rs = SVC_REDIS_NOT_FOUND;
-        if (rs == SVC_REDIS_OK)
-            len[f] = (size_t)rep->integer;
-        freeReplyObject(rep);
-        if (st == SVC_REDIS_OK || rs == SVC_REDIS_ERR_IO)
-            st = rs;
-    }
-    return st;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 1 ||
+        rep->element[0]->type != REDIS_REPLY_INTEGER)
+        return SVC_REDIS_ERR_REPLY;
+    long long tag = rep->element[0]->integer;
+    if (tag == ADAPTER_MISSING)
+        return SVC_REDIS_NOT_FOUND;
+    if (tag == ADAPTER_TOO_LARGE)
+        return SVC_REDIS_ERR_TOO_LARGE;
+    if (tag != ADAPTER_FOUND || rep->elements != ADAPTER_FOUND_LEN ||
+        rep->element[1]->type != REDIS_REPLY_STRING || rep->element[2]->type != REDIS_REPLY_STRING)
+        return SVC_REDIS_ERR_REPLY;
+    const redisReply *sha = rep->element[3]; /* Lua false arrives as nil */
+    if (sha->type == REDIS_REPLY_STRING && (size_t)sha->len == SVC_SHA256_HEX_LEN)
+        memcpy(out->sha256, sha->str, SVC_SHA256_HEX_LEN + 1);
+    out->config = dup_bytes(rep->element[1]->str, (size_t)rep->element[1]->len);
+    out->weights = dup_bytes(rep->element[2]->str, (size_t)rep->element[2]->len);
+    out->config_len = (size_t)rep->element[1]->len;
+    out->weights_len = (size_t)rep->element[2]->len;
+    return out->config && out->weights ? SVC_REDIS_OK : SVC_REDIS_ERR_NOMEM;
 }
 
-/* Both fields, after their HSTRLENs say they fit max_bytes together. */
-static svc_redis_status adapter_fetch(svc_redis *r, const char *key, size_t max_bytes,
-                                      svc_redis_adapter *out)
+void svc_redis_adapter_digest(const void *config, size_t config_len, const void *weights,
+                              size_t weights_len, char hex[SVC_SHA256_HEX_LEN + 1])
 {
-    size_t len[2] = {0, 0};
-    svc_redis_status st = adapter_lengths(r, key, len);
-    if (st == SVC_REDIS_OK && len[0] + len[1] > max_bytes)
-        st = SVC_REDIS_ERR_TOO_LARGE;
-    if (st != SVC_REDIS_OK)
-        return st;
-
-    svc_redis_cmd c = {0};
-    svc_redis_arg_str(&c, "HMGET");
-    svc_redis_arg_str(&c, key);
-    svc_redis_arg_str(&c, adapter_fields[0]);
-    svc_redis_arg_str(&c, adapter_fields[1]);
-    redisReply *rep = NULL;
-    st = svc_redis_append(r, &c);
-    if (st == SVC_REDIS_OK)
-        st = svc_redis_next_reply(r, &rep);
-    if (st == SVC_REDIS_OK && (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2))
-        st = SVC_REDIS_ERR_REPLY;
-    size_t total = 0;
-    for (size_t f = 0; st == SVC_REDIS_OK && f < 2; f++) {
-        const redisReply *v = rep->element[f];
-        if (v->type != REDIS_REPLY_STRING || v->len == 0)
-            st = SVC_REDIS_NOT_FOUND; /* deleted between the two round trips */
-        else if ((total += (size_t)v->len) > max_bytes)
-            st = SVC_REDIS_ERR_TOO_LARGE; /* replaced in between */
-    }
-    if (st == SVC_REDIS_OK) {
-        out->config = dup_bytes(rep->element[0]->str, (size_t)rep->element[0]->len);
-        out->weights = dup_bytes(rep->element[1]->str, (size_t)rep->element[1]->len);
-        out->config_len = (size_t)rep->element[0]->len;
-        out->weights_len = (size_t)rep->element[1]->len;
-    }
-    freeReplyObject(rep);
-    return st;
-}
-
-svc_redis_status svc_redis_adapter_stat(svc_redis *r, const char *name, size_t *config_len,
-                                        size_t *weights_len)
-{
-    *config_len = *weights_len = 0;
-    char key[KEY_MAX];
-    if (!adapter_key(r, name, key))
-        return SVC_REDIS_ERR_INVALID;
-    svc_redis_status st = svc_redis_call_begin(r);
-    if (st != SVC_REDIS_OK)
-        return st;
-    size_t len[2] = {0, 0};
-    st = svc_redis_call_end(r, adapter_lengths(r, key, len));
-    if (st == SVC_REDIS_OK) {
-        *config_len = len[0];
-        *weights_len = len[1];
-    }
-    return st;
+    uint8_t d[ML_SHA256_DIGEST_SIZE];
+    char line[SVC_SHA256_HEX_LEN + 1];
+    ml_sha256_ctx all;
+    ml_sha256_init(&all);
+    ml_sha256(config, config_len, d);
+    ml_sha256_hex(d, line);
+    ml_sha256_update(&all, line, SVC_SHA256_HEX_LEN);
+    ml_sha256_update(&all, "\n", 1);
+    ml_sha256(weights, weights_len, d);
+    ml_sha256_hex(d, line);
+    ml_sha256_update(&all, line, SVC_SHA256_HEX_LEN);
+    ml_sha256_update(&all, "\n", 1);
+    ml_sha256_final(&all, d);
+    ml_sha256_hex(d, hex);
 }
 
 svc_redis_status svc_redis_adapter_get(svc_redis *r, const char *name, size_t max_bytes,
                                        svc_redis_adapter *out)
 {
     memset(out, 0, sizeof *out);
+    svc_redis_scratch s;
+    if (!adapter_key(r, name, s.key))
+        return SVC_REDIS_ERR_INVALID;
+    svc_redis_status st = svc_redis_call_begin(r);
+    if (st != SVC_REDIS_OK)
+        return st;
+    svc_redis_fmt_u64(s.n[0], max_bytes);
+    svc_redis_cmd c = {0};
+    /* EVAL_RO (Redis 7): a read-only script, so the worker's read-only
+     * permission on adapter keys (ops/redis/users.acl) admits it. */
+    svc_redis_arg_str(&c, "EVAL_RO");
+    svc_redis_arg(&c, adapter_get_lua, sizeof adapter_get_lua - 1);
+    svc_redis_arg_str(&c, "1");
+    svc_redis_arg_str(&c, s.key);
+    svc_redis_arg_str(&c, s.n[0]);
+    redisReply *rep = NULL;
+    st = svc_redis_append(r, &c);
+    if (st == SVC_REDIS_OK)
+        st = svc_redis_next_reply(r, &rep);
+    if (st == SVC_REDIS_OK)
+        st = adapter_reply(rep, out);
+    freeReplyObject(rep);
+    /* Out of memory here is no failure of Redis. */
+    st = st == SVC_REDIS_ERR_NOMEM ? (svc_redis_call_end(r, SVC_REDIS_OK), st)
+                                   : svc_redis_call_end(r, st);
+    if (st != SVC_REDIS_OK)
+        svc_redis_adapter_deinit(out);
+    return st;
+}
+
+svc_redis_status svc_redis_adapter_sha256(svc_redis *r, const char *name,
+                                          char hex[SVC_SHA256_HEX_LEN + 1])
+{
+    hex[0] = '\0';
     char key[KEY_MAX];
     if (!adapter_key(r, name, key))
         return SVC_REDIS_ERR_INVALID;
     svc_redis_status st = svc_redis_call_begin(r);
     if (st != SVC_REDIS_OK)
         return st;
-    st = svc_redis_call_end(r, adapter_fetch(r, key, max_bytes, out));
-    if (st == SVC_REDIS_OK && (!out->config || !out->weights))
-        st = SVC_REDIS_ERR_NOMEM;
-    if (st != SVC_REDIS_OK)
-        svc_redis_adapter_deinit(out);
-    return st;
+    char v[SVC_SHA256_HEX_LEN + 2]; /* one more: a longer value is refused */
+    st = hget(r, key, "sha256", v, sizeof v);
+    if (st == SVC_REDIS_OK && !svc_valid_sha256(v, strlen(v)))
+        st = SVC_REDIS_NOT_FOUND; /* not a digest: as good as none */
+    if (st == SVC_REDIS_OK)
+        memcpy(hex, v, SVC_SHA256_HEX_LEN + 1);
+    return svc_redis_call_end(r, st);
 }
 
 svc_redis_status svc_redis_adapter_put(svc_redis *r, const char *name, const void *config,
@@ -232,6 +238,10 @@ svc_redis_status svc_redis_adapter_put(svc_redis *r, const char *name, const voi
     svc_redis_arg(&c, config, config_len);
     svc_redis_arg_str(&c, "weights");
     svc_redis_arg(&c, weights, weights_len);
+    char digest[SVC_SHA256_HEX_LEN + 1];
+    svc_redis_adapter_digest(config, config_len, weights, weights_len, digest);
+    svc_redis_arg_str(&c, "sha256");
+    svc_redis_arg_str(&c, digest);
     st = svc_redis_append(r, &c);
     if (st == SVC_REDIS_OK)
         st = svc_redis_drain(r, 1);
@@ -240,15 +250,16 @@ svc_redis_status svc_redis_adapter_put(svc_redis *r, const char *name, const voi
 
 /* ---- Attempts ----------------------------------------------------------- */
 
-/* INCR s->key, then EXPIRE it attempts_ttl_s from now; the count into
- * *attempt (0 on failure). */
-static svc_redis_status count_attempt(svc_redis *r, svc_redis_scratch *s, uint32_t *attempt)
+/* INCR s->key, then EXPIRE it ttl_s from now; the count into *attempt (0
+ * on failure). */
+static svc_redis_status count_attempt(svc_redis *r, svc_redis_scratch *s, int ttl_s,
+                                      uint32_t *attempt)
 {
     *attempt = 0;
     svc_redis_status st = svc_redis_call_begin(r);
     if (st != SVC_REDIS_OK)
         return st;
-    svc_redis_fmt_i64(s->n[0], r->cfg.attempts_ttl_s);
+    svc_redis_fmt_i64(s->n[0], ttl_s);
     svc_redis_cmd inc = {0};
     svc_redis_arg_str(&inc, "INCR");
     svc_redis_arg_str(&inc, s->key);
@@ -277,27 +288,63 @@ static svc_redis_status count_attempt(svc_redis *r, svc_redis_scratch *s, uint32
     return svc_redis_call_end(r, st);
 }
 
+/* <p>:attempts:<topic>:<partition>:<offset> into key; false for an
+ * invalid record address. */
+static bool offset_key(const svc_redis *r, const char *topic, int32_t partition, int64_t offset,
+                       char key[KEY_MAX])
+{
+    if (!topic || !svc_valid_topic(topic, strlen(topic)) || partition < 0 || offset < 0)
+        return false;
+    snprintf(key, KEY_MAX, "%s:attempts:%s:%" PRId32 ":%" PRId64, r->prefix, topic, partition,
+             offset);
+    return true;
+}
+
 svc_redis_status svc_redis_attempt_incr(svc_redis *r, const char *topic, int32_t partition,
                                         int64_t offset, uint32_t *attempt)
 {
     *attempt = 0;
-    if (!topic || !svc_valid_topic(topic, strlen(topic)) || partition < 0 || offset < 0)
-        return SVC_REDIS_ERR_INVALID;
     svc_redis_scratch s;
-    snprintf(s.key, KEY_MAX, "%s:attempts:%s:%" PRId32 ":%" PRId64, r->prefix, topic, partition,
-             offset);
-    return count_attempt(r, &s, attempt);
+    if (!offset_key(r, topic, partition, offset, s.key))
+        return SVC_REDIS_ERR_INVALID;
+    return count_attempt(r, &s, r->cfg.offset_attempts_ttl_s, attempt);
+}
+
+svc_redis_status svc_redis_attempt_clear(svc_redis *r, const char *topic, int32_t partition,
+                                         int64_t offset)
+{
+    char key[KEY_MAX];
+    if (!offset_key(r, topic, partition, offset, key))
+        return SVC_REDIS_ERR_INVALID;
+    svc_redis_status st = svc_redis_call_begin(r);
+    if (st != SVC_REDIS_OK)
+        return st;
+    svc_redis_cmd c = {0};
+    svc_redis_arg_str(&c, "DEL");
+    svc_redis_arg_str(&c, key);
+    st = svc_redis_append(r, &c);
+    if (st == SVC_REDIS_OK)
+        st = svc_redis_drain(r, 1);
+    return svc_redis_call_end(r, st);
 }
 
 svc_redis_status svc_redis_request_attempt_incr(svc_redis *r, const char *tenant, const char *id,
                                                 uint32_t *attempt)
 {
     *attempt = 0;
-    svc_redis_scratch s;
-    if (!tenant || !*tenant || !id || !*id ||
-        snprintf(s.key, KEY_MAX, "%s:request_attempts:%s:%s", r->prefix, tenant, id) >= KEY_MAX)
+    if (!tenant || !*tenant || !id || !*id)
         return SVC_REDIS_ERR_INVALID;
-    return count_attempt(r, &s, attempt);
+    uint8_t d[ML_SHA256_DIGEST_SIZE];
+    char hex[SVC_SHA256_HEX_LEN + 1];
+    ml_sha256_ctx h;
+    ml_sha256_init(&h);
+    ml_sha256_update(&h, tenant, strlen(tenant) + 1); /* its NUL separates it from id */
+    ml_sha256_update(&h, id, strlen(id));
+    ml_sha256_final(&h, d);
+    ml_sha256_hex(d, hex);
+    svc_redis_scratch s;
+    snprintf(s.key, KEY_MAX, "%s:request_attempts:%s", r->prefix, hex);
+    return count_attempt(r, &s, r->cfg.attempts_ttl_s, attempt);
 }
 
 /* HGET key field into out (NUL-terminated, truncated to n). */

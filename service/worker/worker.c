@@ -243,14 +243,25 @@ static void *index_main(void *arg)
     long long next_beat = 0;
     while (!atomic_load(&w->threads_stop)) {
         pthread_mutex_lock(&w->event_lock);
-        if (!w->events_head) {
+        if (!w->events_head && !w->clears_head) {
             struct timespec ts;
             svc_deadline_in(&ts, INDEX_WAIT_MS);
             pthread_cond_timedwait(&w->event_cond, &w->event_lock, &ts);
         }
         image_event *e = w->events_head;
         w->events_head = w->events_tail = NULL;
+        attempt_clear *c = w->clears_head;
+        w->clears_head = w->clears_tail = NULL;
+        w->n_clears = 0;
         pthread_mutex_unlock(&w->event_lock);
+        /* Answered records' attempt counters (worker_finish_offset). */
+        for (attempt_clear *next; c; c = next) {
+            next = c->next;
+            if (svc_redis_attempt_clear(w->redis_index, c->topic, c->partition, c->offset) !=
+                SVC_REDIS_OK)
+                svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
+            free(c);
+        }
         for (image_event *next; e; e = next) {
             next = e->next;
             svc_redis_status st =
@@ -521,7 +532,10 @@ static int connect_redis(svc_worker *w, char *err, size_t errlen)
     rc.prefix = c->redis.prefix;
     rc.worker_id = c->worker_id;
     rc.connect_timeout_ms = rc.command_timeout_ms = c->redis.timeout_ms;
+    rc.call_timeout_ms = c->redis.call_timeout_ms;
     rc.worker_ttl_s = c->redis.ttl_s;
+    rc.attempts_ttl_s = c->redis.attempts_ttl_s;
+    rc.offset_attempts_ttl_s = c->redis.offset_attempts_ttl_s;
     if (svc_redis_create(&rc, &w->redis_index, err, errlen) != SVC_REDIS_OK)
         return -1;
     for (int i = 0; i < w->n_prep; i++)
@@ -577,8 +591,6 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
         svc_worker_destroy(w);
         return NULL;
     }
-    svc_adapter_store_init(&w->adapters, w->cfg.model.adapters_dir,
-                           (size_t)w->cfg.limits.max_adapter_bytes);
     /* Start time in ms: numbers of uncounted attempts differ across processes. */
     atomic_store(&w->next_uncounted, (uint32_t)svc_wall_ms());
     w->prep = calloc((size_t)w->cfg.worker.prep_threads, sizeof *w->prep);
@@ -592,6 +604,9 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     for (int i = 0; i < w->n_prep; i++)
         w->prep[i].w = w;
     w->health.watchdog_ms = WATCHDOG_MS;
+    _Static_assert(SVC_PREP_THREADS_MAX <= SVC_HEALTH_WATCH_MAX, "every prep thread is watched");
+    w->health.n_watch = w->n_prep;
+    w->health.stall_ms = w->cfg.worker.stall_ms;
     atomic_store(&w->health.kafka_heartbeat_ms, svc_now_ms());
     atomic_store(&w->health.step_heartbeat_ms, svc_now_ms());
 
@@ -606,6 +621,13 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
         svc_worker_destroy(w);
         return NULL;
     }
+    /* Adapters from Redis are checked against the loaded model. */
+    svc_adapter_store_config ac = {.dir = w->cfg.model.adapters_dir,
+                                   .max_bytes = (size_t)w->cfg.limits.max_adapter_bytes,
+                                   .dir_max_bytes = (size_t)w->cfg.limits.adapters_dir_bytes,
+                                   .model = ml_model_config(w->model),
+                                   .max_rank = w->cfg.runtime.max_adapter_rank};
+    svc_adapter_store_init(&w->adapters, &ac);
     svc_metrics_set_info(MLLAMA_VERSION, ml_engine_backend_name(w->engine), w->model_name,
                          w->fingerprint, ml_row_mask_mode_name(w->cfg.model.row_mask));
     if (connect_redis(w, err, errlen) || connect_kafka(w, err, errlen)) {
@@ -665,7 +687,7 @@ static void accept_message(svc_worker *w, svc_kafka_msg *m)
     j->stream = true;
     atomic_init(&j->refs, 1);
     for (int k = 0; k < JOB_RECORD_KINDS; k++)
-        j->records[k] = (job_record){j, (job_record_kind)k};
+        j->records[k] = (job_record){.j = j, .kind = (job_record_kind)k};
     ml_token_buf_init(&j->prompt);
     svc_buf_init(&j->text);
     atomic_fetch_add(&w->inflight, 1);
@@ -796,6 +818,11 @@ void svc_worker_destroy(svc_worker *w)
         image_event *e = w->events_head;
         w->events_head = e->next;
         free(e);
+    }
+    while (w->clears_head) {
+        attempt_clear *c = w->clears_head;
+        w->clears_head = c->next;
+        free(c);
     }
     job_queue_deinit(&w->prep_q);
     job_queue_deinit(&w->step_q);

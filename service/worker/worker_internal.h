@@ -16,7 +16,8 @@
  *   jobs wait to enter the batch by tenant weight (fair.h); reply records. It decodes no
  *   image: an inline image whose state is evicted before admission sends
  *   its job back to the prep pool (ML_REQERR_IMAGE_EVICTED, redecode).
- * - index: the Redis index (its own connection): heartbeats and image events.
+ * - index: the Redis index (its own connection): heartbeats, image events
+ *   and the deletes of finished records' attempt counters.
  * - http: /metrics, /healthz, /readyz (http.c).
  * They talk through the queues below; nothing blocks the Kafka thread. */
 #ifndef SVC_WORKER_INTERNAL_H
@@ -53,6 +54,10 @@ typedef enum job_record_kind {
 typedef struct job_record {
     struct job *j; /* borrowed: the job the record is for */
     job_record_kind kind;
+    /* The worker's produce number (svc_worker.produced) of the last record
+     * of this kind queued: exact for a final or a dead letter, the latest
+     * chunk's for chunks (worker_on_delivery). */
+    atomic_uint_least64_t produced;
 } job_record;
 
 /* One consumed request from hand-off to the delivery of its last record.
@@ -94,6 +99,10 @@ typedef struct job {
     double t_consumed;          /* monotonic seconds: the Kafka thread took the record */
     double t_submit;            /* monotonic seconds: handed to the runtime */
     svc_request *req;           /* owned until submitted */
+    /* The name the runtime knows req's adapter by (adapter_store.h): prep
+     * points req->adapter here. */
+    char adapter_ref[SVC_ADAPTER_REF_MAX];
+    bool offset_counted;        /* prep counted the record in Redis: delete it when finished */
     svc_kafka_msg msg;          /* owned by its prep thread until parsed */
     /* What the step thread submits. */
     ml_token_buf prompt;
@@ -185,6 +194,17 @@ typedef struct image_event {
     int n_tiles;
 } image_event;
 
+/* A finished record whose attempt counter the index thread deletes
+ * (svc_redis_attempt_clear). At most WORKER_CLEARS_MAX wait at once; past
+ * that a counter is left to its TTL (redis.offset_attempts_ttl_s). */
+#define WORKER_CLEARS_MAX 4096
+typedef struct attempt_clear {
+    struct attempt_clear *next;
+    char topic[SVC_TOPIC_NAME_MAX + 1];
+    int32_t partition;
+    int64_t offset;
+} attempt_clear;
+
 /* One thread of the prep pool. */
 typedef struct prep_thread {
     svc_worker *w;              /* borrowed */
@@ -241,6 +261,15 @@ struct svc_worker {
     atomic_int inflight;        /* jobs consumed and not yet fully delivered */
     atomic_int *tenant_inflight; /* owned, per tenant: the same, by tenant */
     svc_fair_fetch *fetch;      /* owned, per tenant: Kafka thread's fetch plan (fair.h) */
+    atomic_uint_least64_t produced; /* records queued so far: numbers job_record.produced */
+    /* Kafka thread: the highest produce numbers of acknowledged finals and
+     * dead letters, for two different topics (acked[0] the highest), which
+     * tell a reply topic that stopped taking records from a cluster that
+     * lost them all (worker_on_delivery). */
+    struct {
+        uint64_t produced;
+        char topic[SVC_TOPIC_NAME_MAX + 1];
+    } acked[2];
     pthread_mutex_t failure_lock;  /* jobs' reply_why */
     pthread_mutex_t partitions_lock;
     bool held[SVC_TENANTS_MAX][SVC_MOCK_KAFKA_MAX_PARTITIONS]; /* assigned, per tenant's
@@ -266,6 +295,8 @@ struct svc_worker {
     pthread_mutex_t event_lock;
     pthread_cond_t event_cond;
     image_event *events_head, *events_tail;
+    attempt_clear *clears_head, *clears_tail; /* under event_lock, for the index thread */
+    int n_clears;
     pthread_mutex_t registry_lock;
     ml_list registry;           /* every live job (job.reg), newest first */
     pthread_mutex_t resident_lock;

@@ -31,6 +31,9 @@
  * worker_prep_main; NULL without Redis). A connection serves one thread
  * (redis/redis.h). */
 static _Thread_local svc_redis *prep_redis;
+/* This thread's entry of the health watchdog (svc_health.watch): what it
+ * is doing and since when, read by /healthz. */
+static _Thread_local svc_watch *prep_watch;
 
 static svc_bytes header(const job *j, const char *name)
 {
@@ -190,10 +193,12 @@ static svc_error prepare_images(svc_worker *w, job *j, char *msg, size_t msglen)
             ml_sha256_hex(base, blob_key);
             uint8_t *blob = NULL;
             size_t n = 0;
+            svc_watch_begin(prep_watch, "redis blob");
             svc_redis_status rs =
                 prep_redis ? svc_redis_blob_get(prep_redis, blob_key, w->limits.max_image_bytes,
                                                 &blob, &n)
                            : SVC_REDIS_NOT_FOUND;
+            svc_watch_begin(prep_watch, "prepare");
             if (rs != SVC_REDIS_OK && rs != SVC_REDIS_NOT_FOUND)
                 svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
             if (rs != SVC_REDIS_OK && base_resident) {
@@ -271,10 +276,19 @@ static svc_error build_prompt(svc_worker *w, job *j, char *msg, size_t msglen)
 }
 
 /* Make the request's adapter available locally (adapter_store.h), through
- * this prep thread's Redis connection. */
-static svc_error ensure_adapter(svc_worker *w, const char *name, char *msg, size_t msglen)
+ * this prep thread's Redis connection, and have the request name it as the
+ * runtime knows it: a copy from Redis by its content, so the runtime's
+ * adapter slots and the image states made under it follow a republished
+ * adapter. Before the images: their keys under an adapter take its name. */
+static svc_error ensure_adapter(svc_worker *w, job *j, char *msg, size_t msglen)
 {
-    return svc_adapter_store_ensure(&w->adapters, prep_redis, name, msg, msglen);
+    svc_watch_begin(prep_watch, "adapter fetch");
+    svc_error e = svc_adapter_store_ensure(&w->adapters, prep_redis, j->req->adapter,
+                                           j->adapter_ref, msg, msglen);
+    svc_watch_begin(prep_watch, "prepare");
+    if (e == SVC_ERROR_NONE)
+        j->req->adapter = j->adapter_ref;
+    return e;
 }
 
 static void build_sampling(svc_worker *w, job *j)
@@ -367,17 +381,20 @@ static uint32_t uncounted_attempt(svc_worker *w)
            (atomic_fetch_add(&w->next_uncounted, 1) & ~WORKER_ATTEMPT_UNCOUNTED);
 }
 
-/* The attempt a reply carries: executions of the request id in its tenant, counted in
- * Redis, so a client's retry under the same id (another record) is a new,
- * higher attempt, as a redelivery of the same record is; the per-offset
- * count stays the poison-message guard. Once the id is known, before any
- * reply. */
+/* The attempt a reply carries: executions of the request id in its tenant,
+ * counted in Redis, so a client's retry under the same id (another record)
+ * is a new, higher attempt, as a redelivery of the same record is; the
+ * per-offset count stays the poison-message guard. Once the request has
+ * parsed, before any reply. */
 static void count_attempt_by_id(svc_worker *w, job *j)
 {
-    if (prep_redis && j->id) {
+    if (prep_redis) {
         uint32_t attempt;
-        if (svc_redis_request_attempt_incr(prep_redis, j->tenant->name, j->id, &attempt) ==
-            SVC_REDIS_OK) {
+        svc_watch_begin(prep_watch, "redis request attempts");
+        svc_redis_status rs =
+            svc_redis_request_attempt_incr(prep_redis, j->tenant->name, j->id, &attempt);
+        svc_watch_begin(prep_watch, "prepare");
+        if (rs == SVC_REDIS_OK) {
             j->attempt = attempt;
             return;
         }
@@ -385,6 +402,34 @@ static void count_attempt_by_id(svc_worker *w, job *j)
     }
     if (!(j->attempt & WORKER_ATTEMPT_UNCOUNTED))
         j->attempt = uncounted_attempt(w);
+}
+
+/* Poison messages: count this execution of the record. Returns false when
+ * the record was consumed limits.max_attempts times already (j is then
+ * dead-lettered). Only records that parsed are counted, so junk leaves
+ * nothing in Redis; what can crash a worker comes after the parse (the
+ * parser itself is fuzzed). */
+static bool count_attempt_by_offset(svc_worker *w, job *j)
+{
+    if (!prep_redis)
+        return true;
+    uint32_t attempt;
+    svc_watch_begin(prep_watch, "redis offset attempts");
+    svc_redis_status rs =
+        svc_redis_attempt_incr(prep_redis, j->topic, j->partition, j->offset, &attempt);
+    svc_watch_begin(prep_watch, "prepare");
+    if (rs != SVC_REDIS_OK) {
+        svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
+        return true;
+    }
+    j->offset_counted = true;
+    if ((int)attempt <= w->cfg.limits.max_attempts)
+        return true;
+    char msg[SVC_ERRMSG_MAX];
+    svc_errf(msg, sizeof msg, "the message was consumed %u times without being answered",
+             attempt - 1);
+    worker_dead_letter(w, j, SVC_ERROR_TOO_MANY_ATTEMPTS, msg);
+    return false;
 }
 
 static void prepare(svc_worker *w, job *j)
@@ -398,26 +443,10 @@ static void prepare(svc_worker *w, job *j)
         redecode(w, j);
         return;
     }
-    /* Poison messages: every execution counts, before anything can crash. */
-    bool counted = false;
-    if (prep_redis) {
-        uint32_t attempt;
-        svc_redis_status rs = svc_redis_attempt_incr(prep_redis, j->topic, j->partition,
-                                                     j->offset, &attempt);
-        counted = rs == SVC_REDIS_OK;
-        if (counted)
-            j->attempt = attempt;
-        else
-            svc_metrics_add(SVC_COUNTER_REDIS_ERRORS, 1);
-    }
-    if (!counted)
-        j->attempt = uncounted_attempt(w);
-    if (counted && (int)j->attempt > w->cfg.limits.max_attempts) {
-        svc_errf(msg, sizeof msg, "the message was consumed %u times without being answered",
-                 j->attempt - 1);
-        worker_dead_letter(w, j, SVC_ERROR_TOO_MANY_ATTEMPTS, msg);
-        return;
-    }
+    /* Until the request has parsed and been counted, its number is one no
+     * other execution has (an error reply to a request that does not parse
+     * carries it). */
+    j->attempt = uncounted_attempt(w);
 
     svc_request_input in = {
         .value = j->msg.value, .value_len = j->msg.value_len,
@@ -439,7 +468,6 @@ static void prepare(svc_worker *w, job *j)
     if (j->req && j->req->id && j->req->reply_topic &&
         job_identify(w, j, j->req->id, j->req->reply_topic) == 0) {
         j->stream = j->req->stream;
-        count_attempt_by_id(w, j);
     }
     if (code != SVC_ERROR_NONE || !j->id || !j->reply_topic) {
         if (!j->req || !svc_request_answerable(j->req) || !j->id || !j->reply_topic)
@@ -449,6 +477,9 @@ static void prepare(svc_worker *w, job *j)
             worker_reply_error(w, j, code, msg);
         return;
     }
+    if (!count_attempt_by_offset(w, j))
+        return;
+    count_attempt_by_id(w, j);
     /* The request owns what it uses; of the record, only what a later dead
      * letter needs stays (reply_undeliverable). */
     if (svc_kafka_msg_detach(&j->msg, WORKER_LATE_DLT_VALUE_MAX) != SVC_KAFKA_OK) {
@@ -464,7 +495,7 @@ static void prepare(svc_worker *w, job *j)
         return;
     }
     if ((j->req->adapter &&
-         (code = ensure_adapter(w, j->req->adapter, msg, sizeof msg)) != SVC_ERROR_NONE) ||
+         (code = ensure_adapter(w, j, msg, sizeof msg)) != SVC_ERROR_NONE) ||
         /* The schema before the images: a refused one costs no decoding. */
         (code = prepare_schema(w, j, msg, sizeof msg)) != SVC_ERROR_NONE ||
         (code = prepare_images(w, j, msg, sizeof msg)) != SVC_ERROR_NONE ||
@@ -482,10 +513,14 @@ void *worker_prep_main(void *arg)
     prep_thread *self = arg;
     svc_worker *w = self->w;
     prep_redis = self->redis;
+    prep_watch = &w->health.watch[self - w->prep];
     while (!atomic_load(&w->threads_stop)) {
         job *j = job_queue_pop(&w->prep_q, PREP_POLL_MS);
-        if (j)
-            prepare(w, j);
+        if (!j)
+            continue;
+        svc_watch_begin(prep_watch, "prepare");
+        prepare(w, j);
+        svc_watch_end(prep_watch);
     }
     return NULL;
 }

@@ -23,6 +23,42 @@ static bool request_level(svc_kafka_status st)
     return st == SVC_KAFKA_ERR_TOO_LARGE || st == SVC_KAFKA_ERR_TOPIC;
 }
 
+/* Number the record of rec's kind about to be queued (before it is: its
+ * report may come at once). @locality any. */
+static void note_produced(svc_worker *w, job_record *rec)
+{
+    atomic_store(&rec->produced, atomic_fetch_add(&w->produced, 1) + 1);
+}
+
+/* An acknowledged final or dead letter to topic, produced as number n.
+ * @locality Kafka thread. */
+static void note_acked(svc_worker *w, const char *topic, uint64_t n)
+{
+    if (!strcmp(w->acked[0].topic, topic)) {
+        if (n > w->acked[0].produced)
+            w->acked[0].produced = n;
+        return;
+    }
+    if (n > w->acked[0].produced) {
+        w->acked[1] = w->acked[0];
+        w->acked[0].produced = n;
+        snprintf(w->acked[0].topic, sizeof w->acked[0].topic, "%s", topic);
+    } else if (n > w->acked[1].produced) {
+        w->acked[1].produced = n;
+        snprintf(w->acked[1].topic, sizeof w->acked[1].topic, "%s", topic);
+    }
+}
+
+/* Whether a record to another topic than `topic`, produced after number n,
+ * was acknowledged: then the cluster takes records and a timeout on topic
+ * is that topic's (partitions without a leader, too few in-sync replicas),
+ * its request's failure and not the process's. @locality Kafka thread. */
+static bool acked_elsewhere_after(const svc_worker *w, const char *topic, uint64_t n)
+{
+    int other = strcmp(w->acked[0].topic, topic) ? 0 : 1;
+    return w->acked[other].produced > n;
+}
+
 /* The reply topic refused a record of j: remember the first reason.
  * @locality any. */
 static void reply_refused(svc_worker *w, job *j, const char *why)
@@ -72,6 +108,7 @@ static svc_kafka_status produce_reply(svc_worker *w, job *j, job_record_kind kin
         .headers = kh, .n_headers = hs.n, .ctx = &j->records[kind],
     };
     atomic_fetch_add(&j->refs, 1);
+    note_produced(w, &j->records[kind]);
     svc_kafka_status st = svc_producer_produce(w->producer, &r, err, errlen);
     if (st != SVC_KAFKA_OK) {
         atomic_fetch_sub(&j->refs, 1); /* never the last: the caller holds one */
@@ -187,6 +224,7 @@ void worker_dead_letter(svc_worker *w, job *j, svc_error code, const char *messa
     svc_log(SVC_LOG_WARN, "dead_letter", "%s[%" PRId32 "]@%" PRId64 ": %s: %s", j->topic,
             j->partition, j->offset, svc_error_code(code), message);
     atomic_fetch_add(&j->refs, 1);
+    note_produced(w, &j->records[JOB_RECORD_DEAD_LETTER]);
     if (svc_producer_produce_dlt(w->producer, &dl, &j->msg, err, sizeof err) != SVC_KAFKA_OK) {
         /* The last resort refused: the record would be lost if its offset
          * moved on, so nothing is committed past it. */
@@ -202,35 +240,47 @@ void worker_dead_letter(svc_worker *w, job *j, svc_error code, const char *messa
  * failure (see worker_produce_final): a final is replaced or becomes a dead
  * letter; a refused chunk leaves a gap, so nothing more follows it and the
  * final becomes a dead letter, and a final that had already gone out is
- * followed by the dead letter all the same (the gap voids it). An
- * acknowledged final or dead letter finishes the ticket. Any other failure
- * (message.timeout.ms passed: brokers down; a dead letter refused; the
- * producer fatal) leaves a record lost that nothing runs again while this
- * worker keeps the partition: a process-level error. The worker stops
- * storing offsets and exits, so the group hands every unfinished request
- * out again, as a new attempt. */
+ * followed by the dead letter all the same (the gap voids it). So is a
+ * reply record that timed out (message.timeout.ms) while a final or dead
+ * letter produced after it to another topic was acknowledged: the cluster
+ * takes records, that topic does not (reply_undeliverable). An acknowledged
+ * final or dead letter finishes the ticket. Any other failure (a timeout
+ * with nothing later acknowledged elsewhere: brokers down; a dead letter
+ * refused; the producer fatal) leaves a record lost that nothing runs again
+ * while this worker keeps the partition: a process-level error. The worker
+ * stops storing offsets and exits, so the group hands every unfinished
+ * request out again, as a new attempt. */
 void worker_on_delivery(void *opaque, const svc_delivery *d)
 {
     svc_worker *w = opaque;
     const job_record *rec = d->ctx;
     job *j = rec->j;
     bool reply = rec->kind != JOB_RECORD_DEAD_LETTER;
+    uint64_t produced = atomic_load(&rec->produced);
+    if (d->status == SVC_KAFKA_OK && rec->kind != JOB_RECORD_CHUNK)
+        note_acked(w, d->topic, produced);
+    /* For a chunk, `produced` is its latest sibling's number, never lower
+     * than its own: the test below only gets stricter. */
+    bool topic_stuck = reply && d->err == RD_KAFKA_RESP_ERR__MSG_TIMED_OUT &&
+                       acked_elsewhere_after(w, d->topic, produced);
+    bool refused = reply && (request_level(d->status) || topic_stuck);
     if (d->status != SVC_KAFKA_OK) {
-        bool lost = !reply || !request_level(d->status);
-        svc_log(lost ? SVC_LOG_ERROR : SVC_LOG_WARN, "delivery_failed",
-                "%s [%" PRId32 "]: %s", d->topic, d->partition, d->errstr);
-        if (lost)
+        svc_log(refused ? SVC_LOG_WARN : SVC_LOG_ERROR, "delivery_failed",
+                "%s [%" PRId32 "]: %s%s", d->topic, d->partition, d->errstr,
+                topic_stuck ? " (later records to other topics were acknowledged)" : "");
+        if (!refused)
             worker_fail(w, SVC_WORKER_EXIT_KAFKA, "record lost: %s [%" PRId32 "]: %s", d->topic,
                         d->partition, d->errstr);
     }
     bool live = !atomic_load(&j->abandoned) && !atomic_load(&w->fatal);
     char why[SVC_ERRMSG_MAX];
-    if (d->status != SVC_KAFKA_OK && reply && request_level(d->status)) {
+    if (d->status != SVC_KAFKA_OK && refused) {
         snprintf(why, sizeof why, "%s", d->errstr);
         if (rec->kind == JOB_RECORD_CHUNK || !live)
             reply_refused(w, j, why);
         else {
-            final_refused(w, j, d->status, why); /* takes the record's reference */
+            /* takes the record's reference */
+            final_refused(w, j, topic_stuck ? SVC_KAFKA_ERR_TOPIC : d->status, why);
             return;
         }
     } else if (d->status == SVC_KAFKA_OK && rec->kind == JOB_RECORD_FINAL && live &&
@@ -246,10 +296,38 @@ void worker_on_delivery(void *opaque, const svc_delivery *d)
     job_free(j);
 }
 
+/* Have the index thread delete j's attempt counter: the record is
+ * answered. Dropped when the queue is full or memory short (the counter
+ * then expires). @locality Kafka thread. */
+static void queue_attempt_clear(svc_worker *w, const job *j)
+{
+    attempt_clear *c = w->redis_index && j->offset_counted ? calloc(1, sizeof *c) : NULL;
+    if (!c)
+        return;
+    snprintf(c->topic, sizeof c->topic, "%s", j->topic);
+    c->partition = j->partition;
+    c->offset = j->offset;
+    pthread_mutex_lock(&w->event_lock);
+    if (w->n_clears < WORKER_CLEARS_MAX) {
+        if (w->clears_tail)
+            w->clears_tail->next = c;
+        else
+            w->clears_head = c;
+        w->clears_tail = c;
+        w->n_clears++;
+        c = NULL;
+        pthread_cond_signal(&w->event_cond);
+    }
+    pthread_mutex_unlock(&w->event_lock);
+    free(c);
+}
+
 void worker_finish_offset(svc_worker *w, job *j)
 {
     char err[256];
     svc_kafka_status st = svc_consumer_finish(w->consumer, &j->ticket, err, sizeof err);
     if (st != SVC_KAFKA_OK && st != SVC_KAFKA_ERR_STALE)
         svc_log(SVC_LOG_ERROR, "offset_finish", "%s", err);
+    if (st == SVC_KAFKA_OK)
+        queue_attempt_clear(w, j);
 }

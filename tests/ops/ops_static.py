@@ -794,8 +794,15 @@ def check_compose(c, compose, local, topics):
     c.check(f"PLAINTEXT://{env.get('MLLAMA_KAFKA_BROKERS')}" in
             str(kafka_env.get('KAFKA_ADVERTISED_LISTENERS', '')).split(','), where,
             'MLLAMA_KAFKA_BROKERS must be the broker\'s advertised PLAINTEXT listener')
-    c.check(str(env.get('MLLAMA_REDIS_URL', '')).startswith('redis://redis:'), where,
-            'MLLAMA_REDIS_URL must point at the redis service')
+    redis_url = str(env.get('MLLAMA_REDIS_URL', ''))
+    c.check(re.match(r'redis://mllama-worker:[^@]+@redis:', redis_url) is not None, where,
+            'MLLAMA_REDIS_URL must point at the redis service as the mllama-worker ACL user')
+    conf = read(c, 'ops/redis/redis.conf')
+    policy = re.search(r'^maxmemory-policy\s+(\S+)', conf, re.M)
+    c.check(re.search(r'^maxmemory\s+\S+', conf, re.M) is not None and policy is not None and
+            policy.group(1).startswith('volatile-'), 'ops/redis/redis.conf',
+            'maxmemory and a volatile-* maxmemory-policy (never noeviction: a full Redis '
+            'refuses INCR and the poison guard is off; never allkeys-*: adapters have no TTL)')
     c.check('models:/models:ro' in (worker.get('volumes') or []), where,
             'workers mount the model volume read-only at /models')
     c.check('../config/local.json:/etc/mllama/config.json:ro' in (worker.get('volumes') or []), where,
@@ -899,15 +906,23 @@ def check_k8s(c, files, prod, topics, own, external):
             'adapters published in Redis are copied there and the root filesystem is read-only')
     if 'emptyDir' in volume:
         size = quantity_bytes(dig(volume, 'emptyDir', 'sizeLimit'))
+        # The copies stay under limits.adapters_dir_bytes, and one more may
+        # be staged while they are at it (service/worker/adapter_store.h).
         max_adapter = dig(prod, 'limits', 'max_adapter_bytes') or 0
-        c.check(size is not None and size >= max_adapter, rel,
+        dir_bytes = dig(prod, 'limits', 'adapters_dir_bytes') or 0
+        c.check(size is not None and size >= dir_bytes + max_adapter, rel,
                 f'the {holder.get("name")} emptyDir needs a sizeLimit of at least '
-                f'limits.max_adapter_bytes ({max_adapter})')
+                f'limits.adapters_dir_bytes + limits.max_adapter_bytes ({dir_bytes + max_adapter})')
     c.check(prod['model']['dir'].startswith('/models/'), 'config/production.example.json',
             'model.dir must be inside the /models mount')
 
     kust = (files.get('ops/k8s/kustomization.yaml') or [None])[0] or {}
-    resources = set(kust.get('resources') or [])
+    # Directories are other kustomizations (../redis/k8s), checked as files.
+    resources = {r for r in kust.get('resources') or [] if r.endswith('.yaml')}
+    for r in kust.get('resources') or []:
+        if not r.endswith('.yaml'):
+            c.check(os.path.exists(os.path.join(c.path('ops/k8s'), r, 'kustomization.yaml')),
+                    'ops/k8s/kustomization.yaml', f'resource {r} is not a kustomization')
     yaml_files = {os.path.basename(r) for r in files if r.startswith('ops/k8s/')} - {'kustomization.yaml'}
     c.check(resources == yaml_files, 'ops/k8s/kustomization.yaml',
             f'resources must list every manifest: missing {sorted(yaml_files - resources)}, '

@@ -2,6 +2,9 @@
  * the test's main thread. */
 #include "proc_util.h"
 
+#include <arpa/inet.h>
+#include <poll.h>
+
 #include "config.h"
 
 int64_t pu_now_ms(void)
@@ -347,6 +350,85 @@ bool pu_redis_start(pu_redis *r, const char *dir, int port)
             break;
     }
     return false;
+}
+
+typedef struct trickle_conn {
+    pu_trickle *t;
+    int fd;
+} trickle_conn;
+
+/* Serve one connection of the trickling Redis (pu_trickle), on a thread of
+ * its own. */
+static void *trickle_serve(void *arg)
+{
+    trickle_conn *tc = arg;
+    pu_trickle *t = tc->t;
+    static const char reply[] = "$1048576\r\n";
+    char buf[256];
+    (void)!read(tc->fd, buf, sizeof buf); /* the command: whatever it is */
+    for (int64_t t0 = pu_now_ms(), i = 0; !atomic_load(&t->stop) &&
+                                          pu_now_ms() - t0 < PU_TRICKLE_FOR_MS; i++) {
+        char c = i < (int64_t)sizeof reply - 1 ? reply[i] : 'x';
+        if (send(tc->fd, &c, 1, MSG_NOSIGNAL) != 1)
+            break; /* the client gave up */
+        pu_sleep_ms(PU_TRICKLE_BYTE_MS);
+    }
+    close(tc->fd);
+    free(tc);
+    atomic_fetch_sub(&t->serving, 1);
+    return NULL;
+}
+
+static void *trickle_main(void *arg)
+{
+    pu_trickle *t = arg;
+    while (!atomic_load(&t->stop)) {
+        struct pollfd p = {.fd = t->listen_fd, .events = POLLIN};
+        if (poll(&p, 1, PU_POLL_MS) != 1)
+            continue;
+        trickle_conn *tc = malloc(sizeof *tc);
+        int fd = accept(t->listen_fd, NULL, NULL);
+        pthread_t th;
+        if (!tc || fd < 0) {
+            free(tc);
+            if (fd >= 0)
+                close(fd);
+            continue;
+        }
+        *tc = (trickle_conn){t, fd};
+        atomic_fetch_add(&t->serving, 1);
+        if (pthread_create(&th, NULL, trickle_serve, tc) == 0) {
+            pthread_detach(th);
+        } else {
+            atomic_fetch_sub(&t->serving, 1);
+            close(fd);
+            free(tc);
+        }
+    }
+    return NULL;
+}
+
+bool pu_trickle_start(pu_trickle *t)
+{
+    memset(t, 0, sizeof *t);
+    t->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (t->listen_fd < 0 || bind(t->listen_fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        listen(t->listen_fd, 16) != 0 || getsockname(t->listen_fd, (struct sockaddr *)&a, &len))
+        return false;
+    t->port = ntohs(a.sin_port);
+    snprintf(t->url, sizeof t->url, "redis://127.0.0.1:%d/0", t->port);
+    return pthread_create(&t->thread, NULL, trickle_main, t) == 0;
+}
+
+void pu_trickle_stop(pu_trickle *t)
+{
+    atomic_store(&t->stop, true);
+    pthread_join(t->thread, NULL);
+    while (atomic_load(&t->serving) > 0)
+        pu_sleep_ms(PU_TRICKLE_BYTE_MS);
+    close(t->listen_fd);
 }
 
 bool pu_make_model(const char *dir, const char *log)

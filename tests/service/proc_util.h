@@ -26,6 +26,8 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -180,6 +182,24 @@ int pu_redis_exists(const pu_redis *r, const char *key);
 /* Start redis-server on r->port (0: a free one) with no persistence, its
  * files under dir, and wait until it answers PING. */
 bool pu_redis_start(pu_redis *r, const char *dir, int port);
+
+/* A fake Redis that trickles: it accepts every connection and answers any
+ * command with the start of a long bulk string, one byte per
+ * PU_TRICKLE_BYTE_MS, for PU_TRICKLE_FOR_MS per connection, then hangs up.
+ * Each read of a client then gets a byte within any timeout of its own, so
+ * only a total deadline ends a call before the server does. It accepts on a
+ * thread of its own and serves each connection on another. */
+#define PU_TRICKLE_BYTE_MS 20
+#define PU_TRICKLE_FOR_MS 20000
+typedef struct pu_trickle {
+    int listen_fd, port;
+    pthread_t thread;
+    atomic_bool stop;
+    atomic_int serving; /* connections being served */
+    char url[64]; /* redis://127.0.0.1:<port>/0 */
+} pu_trickle;
+bool pu_trickle_start(pu_trickle *t);
+void pu_trickle_stop(pu_trickle *t);
 
 /* ---- mllama processes --------------------------------------------------------------- */
 

@@ -203,6 +203,17 @@ static void test_routes(void)
               !strcmp(body, "stale heartbeat\n"),
           "stale step heartbeat 503: '%s'", body);
     health_ok();
+    /* A watched thread busy past stall_ms: named, with what and since when;
+     * busy within it, or idle again, is alive. */
+    svc_watch_begin(&health.watch[1], "redis blob");
+    check(get(port, "/healthz", body, sizeof body, NULL) == 200, "busy within stall_ms: alive");
+    atomic_store(&health.watch[1].since_ms, svc_now_ms() - 2 * health.stall_ms);
+    check(get(port, "/healthz", body, sizeof body, NULL) == 503 &&
+              !strncmp(body, "stalled: prep thread 1 in redis blob for ", 41) &&
+              strstr(body, "since unix ms "),
+          "stalled prep thread 503: '%s'", body);
+    svc_watch_end(&health.watch[1]);
+    check(get(port, "/healthz", body, sizeof body, NULL) == 200, "idle again: alive");
     atomic_store(&health.draining, 1);
     check(get(port, "/readyz", body, sizeof body, NULL) == 503 && !strcmp(body, "draining\n"),
           "draining 503: '%s'", body);
@@ -327,6 +338,8 @@ static void test_eviction(void)
 int main(void)
 {
     health.watchdog_ms = 60000; /* before any server reads it */
+    health.stall_ms = 60000;
+    health.n_watch = 2;
     test_routes();
     test_slow_clients();
     test_eviction();

@@ -18,6 +18,7 @@
 #include "log.h"
 #include "proc_util.h"
 #include "redis/redis.h"
+#include "sha256.h"
 
 #define DB 3
 #define PREFIX "t"
@@ -28,11 +29,16 @@
 #define IMG_TTL 300
 #define WORKER_TTL 30
 #define ATTEMPTS_TTL 600
+#define OFFSET_ATTEMPTS_TTL 120
 #define MAX_PENDING 2
 /* A call that goes out costs at most a connect and a command timeout; allow
  * generous scheduling slack on a shared machine. */
 #define CALL_BOUND_MS (2 * TIMEOUT_MS + 400)
 #define FAST_FAIL_MS 50
+/* The total deadline of a call against the trickling server, and the
+ * scheduling slack allowed on top of it. */
+#define CALL_DEADLINE_MS 300
+#define CALL_SLACK_MS 300
 
 static pu_redis server; /* its port and directory stay across restarts */
 static redisContext *probe;
@@ -116,6 +122,21 @@ static const char *hget(const char *key, const char *field, char *buf, size_t ca
     snprintf(buf, cap, "%s", (rep && rep->type == REDIS_REPLY_STRING) ? rep->str : "");
     freeReplyObject(rep);
     return buf;
+}
+
+/* Calls of one command so far (INFO commandstats), 0 when never called. */
+static long command_calls(const char *command)
+{
+    redisReply *rep = probe_cmd("INFO commandstats");
+    long n = -1;
+    if (rep && rep->type == REDIS_REPLY_STRING) {
+        char needle[64];
+        snprintf(needle, sizeof needle, "cmdstat_%s:calls=", command);
+        const char *at = strstr(rep->str, needle);
+        n = at ? atol(at + strlen(needle)) : 0;
+    }
+    freeReplyObject(rep);
+    return n;
 }
 
 static void sha_of(char c, char out[65])
@@ -217,6 +238,7 @@ static svc_redis *client_create(void)
     cfg.img_ttl_s = IMG_TTL;
     cfg.worker_ttl_s = WORKER_TTL;
     cfg.attempts_ttl_s = ATTEMPTS_TTL;
+    cfg.offset_attempts_ttl_s = OFFSET_ATTEMPTS_TTL;
     cfg.max_pending_deletes = MAX_PENDING;
     svc_redis *r = NULL;
     char err[160];
@@ -330,12 +352,31 @@ static void test_blobs_adapters_attempts(svc_redis *r)
     check(svc_redis_adapter_get(r, "a1", sizeof cfg_json, &ad) == SVC_REDIS_ERR_TOO_LARGE &&
               !ad.config,
           "adapter over the cap with both files");
-    size_t cl = 1, wl = 1;
-    check(svc_redis_adapter_stat(r, "a1", &cl, &wl) == SVC_REDIS_OK &&
-              cl == sizeof cfg_json - 1 && wl == sizeof weights,
-          "adapter sizes: %zu + %zu", cl, wl);
-    check(svc_redis_adapter_stat(r, "nope", &cl, &wl) == SVC_REDIS_NOT_FOUND && cl == 0 && wl == 0,
-          "adapter sizes of a missing adapter");
+    /* The publisher's digest travels with the files, in the same round trip. */
+    char want_sha[SVC_SHA256_HEX_LEN + 1];
+    svc_redis_adapter_digest(cfg_json, sizeof cfg_json - 1, weights, sizeof weights, want_sha);
+    check(svc_redis_adapter_get(r, "a1", 1024, &ad) == SVC_REDIS_OK &&
+              !strcmp(ad.sha256, want_sha),
+          "adapter digest '%s', want '%s'", ad.sha256, want_sha);
+    svc_redis_adapter_deinit(&ad);
+    /* `sha256sum adapter_config.json adapter_model.safetensors | cut -c1-64 |
+     * sha256sum`, as a publisher without our tools computes it. */
+    char shell[1024];
+    snprintf(shell, sizeof shell,
+             "cd %s && printf '%%s' '%s' > c && printf '\\010\\0\\0\\0\\0\\0\\0\\0{}\\0\\001\\002' > w && "
+             "sha256sum c w | cut -c1-64 | sha256sum | cut -c1-64",
+             server.dir, cfg_json);
+    int code = -1;
+    char *out = pu_shell(shell, &code);
+    check(out && code == 0 && !strncmp(out, want_sha, SVC_SHA256_HEX_LEN),
+          "digest by sha256sum '%s', want '%s'", out ? out : "(none)", want_sha);
+    free(out);
+    /* One round trip, one script; over the cap its bytes are never read
+     * (commandstats counts the script's own commands too). */
+    long evals = command_calls("eval_ro"), hmgets = command_calls("hmget");
+    check(svc_redis_adapter_get(r, "a1", 10, &ad) == SVC_REDIS_ERR_TOO_LARGE, "over the cap");
+    check(command_calls("eval_ro") == evals + 1 && command_calls("hmget") == hmgets,
+          "one EVAL_RO per fetch, no HMGET over the cap");
     check(svc_redis_adapter_get(r, "nope", 1024, &ad) == SVC_REDIS_NOT_FOUND, "adapter missing");
     redisReply *rep = probe_cmd("HSET " PREFIX ":adapter:half config x");
     freeReplyObject(rep);
@@ -348,23 +389,39 @@ static void test_blobs_adapters_attempts(svc_redis *r)
         check(svc_redis_attempt_incr(r, "llm.requests", 2, 41, &n) == SVC_REDIS_OK && n == want,
               "attempt %u (got %u)", want, n);
     ttl = ttl_of(PREFIX ":attempts:llm.requests:2:41");
-    check(ttl > ATTEMPTS_TTL - 5 && ttl <= ATTEMPTS_TTL, "attempts TTL %lld", ttl);
+    check(ttl > OFFSET_ATTEMPTS_TTL - 5 && ttl <= OFFSET_ATTEMPTS_TTL, "attempts TTL %lld", ttl);
     check(svc_redis_attempt_incr(r, "llm.requests", 2, 42, &n) == SVC_REDIS_OK && n == 1,
           "another offset starts at 1");
     check(svc_redis_attempt_incr(r, "bad topic", 0, 0, &n) == SVC_REDIS_ERR_INVALID, "bad topic");
-    /* Per request id: the number replies carry, apart from the per-record
-     * counters even for an id that looks like one ("id" is a valid topic). */
+    /* A finished record's counter is deleted; deleting none is no error. */
+    check(svc_redis_attempt_clear(r, "llm.requests", 2, 42) == SVC_REDIS_OK &&
+              !exists(PREFIX ":attempts:llm.requests:2:42"),
+          "counter cleared");
+    check(svc_redis_attempt_clear(r, "llm.requests", 2, 42) == SVC_REDIS_OK, "clear, none left");
+    check(svc_redis_attempt_clear(r, "bad topic", 0, 0) == SVC_REDIS_ERR_INVALID,
+          "clear, bad topic");
+    /* Per (tenant, request id): the number replies carry, under a key
+     * hashed from both (never the id's bytes), apart per tenant. */
     for (uint32_t want = 1; want <= 2; want++)
-        check(svc_redis_request_attempt_incr(r, "acme", "2:41", &n) == SVC_REDIS_OK && n == want,
+        check(svc_redis_request_attempt_incr(r, "acme", "2:41", &n) == SVC_REDIS_OK &&
+                  n == want,
               "request attempt %u (got %u)", want, n);
-    ttl = ttl_of(PREFIX ":request_attempts:acme:2:41");
+    check(svc_redis_request_attempt_incr(r, "globex", "2:41", &n) == SVC_REDIS_OK && n == 1,
+          "another tenant's id of the same bytes starts at 1");
+    /* tenant "acme" + id "x" differs from tenant "acmex" + id "": the NUL. */
+    check(svc_redis_request_attempt_incr(r, "acm", "e2:41", &n) == SVC_REDIS_OK && n == 1,
+          "the tenant's end is part of the key");
+    uint8_t d[32];
+    char hex[SVC_SHA256_HEX_LEN + 1], k[128];
+    ml_sha256("acme\0" "2:41", 9, d);
+    ml_sha256_hex(d, hex);
+    snprintf(k, sizeof k, PREFIX ":request_attempts:%s", hex);
+    ttl = ttl_of(k);
     check(ttl > ATTEMPTS_TTL - 5 && ttl <= ATTEMPTS_TTL, "request attempts TTL %lld", ttl);
-    check(svc_redis_request_attempt_incr(r, "beta", "2:41", &n) == SVC_REDIS_OK && n == 1,
-          "another tenant's id is another counter (got %u)", n);
-    check(svc_redis_attempt_incr(r, "id", 2, 41, &n) == SVC_REDIS_OK && n == 1,
-          "a record counter shares the request counter");
     check(svc_redis_request_attempt_incr(r, "acme", "", &n) == SVC_REDIS_ERR_INVALID && n == 0,
           "empty request id");
+    check(svc_redis_request_attempt_incr(r, "", "x", &n) == SVC_REDIS_ERR_INVALID && n == 0,
+          "empty tenant");
 
     svc_redis_stats st;
     svc_redis_stats_get(r, &st);
@@ -488,6 +545,35 @@ static void test_backoff_doubles(svc_redis *r)
     check(st.breaker == SVC_REDIS_BREAKER_OPEN, "open again");
 }
 
+/* A Redis that trickles its reply (pu_trickle): every read gets a byte
+ * within the command timeout, so only the call's total deadline ends it. */
+static void test_trickling_server(void)
+{
+    pu_trickle t;
+    check(pu_trickle_start(&t), "trickling server");
+    svc_redis_config cfg;
+    svc_redis_config_default(&cfg);
+    cfg.url = t.url;
+    cfg.prefix = PREFIX;
+    cfg.worker_id = WORKER;
+    cfg.connect_timeout_ms = cfg.command_timeout_ms = TIMEOUT_MS;
+    cfg.call_timeout_ms = CALL_DEADLINE_MS;
+    svc_redis *r = NULL;
+    char err[160];
+    check(svc_redis_create(&cfg, &r, err, sizeof err) == SVC_REDIS_OK, "create: %s", err);
+    uint32_t n;
+    uint8_t *data;
+    size_t len;
+    char sha[65];
+    sha_of('5', sha);
+    TIMED(svc_redis_attempt_incr(r, "llm.requests", 1, 1, &n), SVC_REDIS_ERR_IO,
+          CALL_DEADLINE_MS + CALL_SLACK_MS, "INCR against a trickling server");
+    TIMED(svc_redis_blob_get(r, sha, 1 << 20, &data, &len), SVC_REDIS_ERR_IO,
+          CALL_DEADLINE_MS + CALL_SLACK_MS, "GETRANGE against a trickling server");
+    svc_redis_destroy(r);
+    pu_trickle_stop(&t);
+}
+
 int main(void)
 {
     /* hiredis 0.14 writes with write(2); a dead peer must not kill us. */
@@ -495,6 +581,7 @@ int main(void)
     svc_log_set_level(SVC_LOG_WARN);
     test_url();
     test_config();
+    test_trickling_server();
 
     if (!pu_which("redis-server"))
         ml_test_skip("redis-server is not installed");

@@ -6,11 +6,14 @@
  *   read-only root filesystem would refuse it): a request naming an adapter
  *   Redis holds gets adapter_unavailable saying why, counted in
  *   mllama_adapter_store_errors_total, and none of the adapter's bytes
- *   move (no HMGET reaches Redis); a second request gets the same answer
+ *   move (no fetch script runs); a second request gets the same answer
  *   from memory (no Redis command at all).
  * - An adapter over limits.max_adapter_bytes gets adapter_too_large naming
- *   the limit, before its bytes move.
- * - w2 (a writable directory) copies an adapter from Redis and serves it.
+ *   the limit, before its bytes move (the fetch script checks the size).
+ * - w2 (a writable directory) copies an adapter from Redis into
+ *   <dir>/@<sha256> (pinned by the digest its publisher stored) and serves
+ *   it; an adapter whose weights do not load is refused with a message that
+ *   names no path, logged (adapter_refused), remembered, and not kept.
  *   With the base model's state of an image resident, a
  *   {"type":"image","sha256"} reference under an adapter that changes
  *   image states (cross-attention k/v) is answered from the Redis blob,
@@ -21,11 +24,9 @@
  *   always content, never an adapter's key.
  * - Both drain on SIGTERM with exit code 0 and no sanitizer report.
  * Skipped (77) without redis-server. */
-#include "proc_util.h"
+#include "adapter_util.h"
 
 #include "engine.h"
-#include "checkpoint/safetensors.h"
-#include "test_rand.h"
 
 #define IMAGE ML_SOURCE_DIR "/tests/golden/fixtures/images/ex_640x480.jpg"
 #define TOPICS PU_REQUESTS ":2," PU_REPLIES ":2," PU_DLT ":1," PU_CANCEL ":1"
@@ -36,7 +37,6 @@
 #define RANK 2
 #define ALPHA 4
 #define LORA_INIT 0.5f          /* large enough to change the micro model's answers */
-#define MAX_MODULES 8
 
 static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
 static pu_redis redis;
@@ -57,72 +57,44 @@ static void cleanup(void)
 
 /* ---- adapters ----------------------------------------------------------------------- */
 
-/* One module of the micro model an adapter adapts (micro: text hidden 64,
- * 2 heads of 32, 1 K/V head; layer 1 is the cross-attention layer). */
-typedef struct module {
-    const char *name; /* after base_model.model. */
-    int in, out;
-} module;
+static char sha_images[SVC_SHA256_HEX_LEN + 1], sha_text[SVC_SHA256_HEX_LEN + 1];
 
 /* Publish a random rank-RANK adapter of `modules` as mllama:adapter:<name>,
- * its target_modules the regular expression `targets`. */
-static void publish_adapter(const char *name, const char *targets, const module *modules,
-                            int n)
+ * its target_modules the regular expression `targets`; its digest into sha. */
+static void publish_adapter(const char *name, const char *targets, const pu_lora_module *modules,
+                            int n, char sha[SVC_SHA256_HEX_LEN + 1])
 {
-    char cfg[512], path[PU_PATH_MAX + 64], err[256];
-    snprintf(cfg, sizeof cfg,
-             "{\"peft_type\": \"LORA\", \"r\": %d, \"lora_alpha\": %d, \"bias\": \"none\", "
-             "\"target_modules\": \"%s\"}",
-             RANK, ALPHA, targets);
-    ml_tensor_view views[2 * MAX_MODULES];
-    char names[2 * MAX_MODULES][128];
-    float *data[2 * MAX_MODULES];
-    for (int m = 0; m < n; m++) {
-        for (int ab = 0; ab < 2; ab++) {
-            int k = 2 * m + ab, rows = ab ? modules[m].out : RANK, cols = ab ? RANK : modules[m].in;
-            snprintf(names[k], sizeof names[k], "base_model.model.%s.lora_%c.weight",
-                     modules[m].name, "AB"[ab]);
-            data[k] = xmalloc((size_t)rows * cols * sizeof *data[k]);
-            fill(data[k], (size_t)rows * cols, -LORA_INIT, LORA_INIT);
-            views[k] = (ml_tensor_view){.name = names[k], .dtype = ML_DTYPE_F32, .ndim = 2,
-                                        .shape = {rows, cols}, .data = data[k],
-                                        .nbytes = (size_t)rows * cols * sizeof *data[k]};
-        }
-    }
-    snprintf(path, sizeof path, "%s/%s.safetensors", dir, name);
-    ml_status st = ml_safetensors_write(path, views, (size_t)(2 * n), err, sizeof err);
-    for (int k = 0; k < 2 * n; k++)
-        free(data[k]);
-    if (st != ML_OK)
-        pu_die(err);
-    size_t len = 0;
-    char *weights = pu_slurp(path, &len);
-    if (!weights)
-        pu_die(path);
-    redisReply *rep = pu_redis_cmd(&redis, "HSET mllama:adapter:%s config %b weights %b", name,
-                                   cfg, strlen(cfg), weights, len);
-    check(rep && rep->type == REDIS_REPLY_INTEGER, "publish %s", name);
-    freeReplyObject(rep);
-    fprintf(stderr, "adapter %s: %zu bytes of weights\n", name, len);
-    free(weights);
+    pu_adapter_files f = pu_adapter_make(dir, name, targets, modules, n, RANK, ALPHA, LORA_INIT);
+    pu_adapter_publish(&redis, "mllama", name, &f, sha);
+    fprintf(stderr, "adapter %s: %zu bytes of weights, sha256 %s\n", name, f.weights_len, sha);
+    pu_adapter_files_free(&f);
 }
 
 static void publish_adapters(void)
 {
-    static const module images[] = {{"language_model.model.layers.1.cross_attn.k_proj", 64, 32},
-                                    {"language_model.model.layers.1.cross_attn.v_proj", 64, 32}};
-    static const module text[] = {{"language_model.model.layers.0.self_attn.q_proj", 64, 64},
-                                  {"language_model.model.layers.2.self_attn.q_proj", 64, 64}};
-    publish_adapter("tweak-images", ".*cross_attn\\\\.(k_proj|v_proj)", images, 2);
+    static const pu_lora_module images[] = {
+        {"language_model.model.layers.1.cross_attn.k_proj", 64, 32},
+        {"language_model.model.layers.1.cross_attn.v_proj", 64, 32}};
+    static const pu_lora_module text[] = {
+        {"language_model.model.layers.0.self_attn.q_proj", 64, 64},
+        {"language_model.model.layers.2.self_attn.q_proj", 64, 64}};
+    publish_adapter("tweak-images", ".*cross_attn\\\\.(k_proj|v_proj)", images, 2, sha_images);
     publish_adapter("tweak-text", ".*language_model.*layers\\\\.(0|2)\\\\.self_attn\\\\.q_proj",
-                    text, 2);
+                    text, 2, sha_text);
     /* Refused on its size alone: its bytes are never read. */
-    char *junk = calloc(1, HUGE_WEIGHTS);
-    redisReply *rep = pu_redis_cmd(&redis, "HSET mllama:adapter:huge config {} weights %b", junk,
-                                   (size_t)HUGE_WEIGHTS);
-    check(rep && rep->type == REDIS_REPLY_INTEGER, "publish huge");
-    freeReplyObject(rep);
-    free(junk);
+    pu_adapter_files huge = {.config = strdup("{}"), .config_len = 2,
+                             .weights = calloc(1, HUGE_WEIGHTS), .weights_len = HUGE_WEIGHTS};
+    pu_adapter_publish(&redis, "mllama", "huge", &huge, NULL);
+    pu_adapter_files_free(&huge);
+    /* A digest that matches its bytes, and weights that are no safetensors
+     * file: refused when checked, before it is kept. */
+    pu_adapter_files junk = {.config = strdup("{\"peft_type\": \"LORA\", \"r\": 2, "
+                                              "\"target_modules\": [\"q_proj\"]}"),
+                             .weights = strdup("not a safetensors file")};
+    junk.config_len = strlen(junk.config);
+    junk.weights_len = strlen(junk.weights);
+    pu_adapter_publish(&redis, "mllama", "junk", &junk, NULL);
+    pu_adapter_files_free(&junk);
 }
 
 /* Calls of one Redis command so far (INFO commandstats), -1 if unknown. */
@@ -249,26 +221,21 @@ static void test_unwritable_dir(void)
     snprintf(adapters, sizeof adapters, "%s/adapters", file);
     check(start_worker("w1", adapters), "w1 start");
 
-    long hmget0 = redis_calls("hmget");
+    long eval0 = redis_calls("eval_ro");
     expect_error("unwritable-1", "tweak-text", "adapter_unavailable", "cannot be stored");
     check(metric("mllama_adapter_store_errors_total") == 1, "store errors: %g",
           metric("mllama_adapter_store_errors_total"));
-    check(redis_calls("hmget") == hmget0, "the adapter was transferred to an unwritable dir");
+    check(redis_calls("eval_ro") == eval0, "the adapter was fetched for an unwritable dir");
     check(pu_file_count(worker.log, "\"adapter_store_failed\"") == 1,
           "the failure is not logged once as adapter_store_failed");
 
-    long hstrlen0 = redis_calls("hstrlen");
+    long hget0 = redis_calls("hget");
     expect_error("unwritable-2", "tweak-text", "adapter_unavailable", "remembered");
-    check(redis_calls("hstrlen") == hstrlen0 && redis_calls("hmget") == hmget0,
-          "the second request went to Redis (hstrlen %ld -> %ld)", hstrlen0,
-          redis_calls("hstrlen"));
+    check(redis_calls("hget") == hget0 && redis_calls("eval_ro") == eval0,
+          "the second request went to Redis (hget %ld -> %ld)", hget0, redis_calls("hget"));
     check(metric("mllama_adapter_store_errors_total") == 1, "store errors: %g",
           metric("mllama_adapter_store_errors_total"));
 
-    expect_error("too-large", "huge", "adapter_too_large", "limits.max_adapter_bytes");
-    check(redis_calls("hmget") == hmget0, "an adapter over the limit was transferred");
-    check(metric("mllama_adapter_fetches_total") == 0, "fetches: %g",
-          metric("mllama_adapter_fetches_total"));
     stop_worker();
 }
 
@@ -277,6 +244,12 @@ static void test_image_under_adapter(void)
     char adapters[PU_PATH_MAX + 16];
     snprintf(adapters, sizeof adapters, "%s/adapters", dir);
     check(start_worker("w2", adapters), "w2 start");
+
+    long hmget0 = redis_calls("hmget");
+    expect_error("too-large", "huge", "adapter_too_large", "limits.max_adapter_bytes");
+    check(redis_calls("hmget") == hmget0, "an adapter over the limit was transferred");
+    check(metric("mllama_adapter_fetches_total") == 0, "fetches: %g",
+          metric("mllama_adapter_fetches_total"));
 
     /* The base model's state of the image becomes resident. */
     char *inline_part = pu_image_part(image, image_len);
@@ -298,8 +271,8 @@ static void test_image_under_adapter(void)
           "ref-images-1: served from a state the adapter does not use");
     check(metric("mllama_adapter_fetches_total") == 1, "fetches: %g",
           metric("mllama_adapter_fetches_total"));
-    char copied[PU_PATH_MAX + 64];
-    snprintf(copied, sizeof copied, "%s/tweak-images/adapter_config.json", adapters);
+    char copied[PU_PATH_MAX + 128];
+    snprintf(copied, sizeof copied, "%s/@%s/adapter_config.json", adapters, sha_images);
     check(access(copied, R_OK) == 0, "%s missing", copied);
 
     /* Now the state under the adapter is resident: no blob needed. */
@@ -332,6 +305,17 @@ static void test_image_under_adapter(void)
           metric("mllama_adapter_fetches_total"));
     check(metric("mllama_adapter_store_errors_total") == 0, "store errors: %g",
           metric("mllama_adapter_store_errors_total"));
+
+    /* Bytes that do not load are refused before they are kept: the client
+     * gets a generic message (no path), the log the reason; remembered. */
+    long eval0 = redis_calls("eval_ro");
+    expect_error("junk-1", "junk", "adapter_unavailable", "cannot be served by this worker");
+    check(pu_file_count(worker.log, "\"adapter_refused\"") == 1, "junk: not logged");
+    expect_error("junk-2", "junk", "adapter_unavailable", "remembered");
+    check(redis_calls("eval_ro") == eval0 + 1, "junk fetched %ld times", redis_calls("eval_ro") - eval0);
+    char kept[2 * PU_PATH_MAX];
+    snprintf(kept, sizeof kept, "%s/junk", adapters);
+    check(access(kept, F_OK) != 0, "junk was kept");
     stop_worker();
 }
 
