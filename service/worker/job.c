@@ -59,7 +59,7 @@ void worker_register(svc_worker *w, job *j)
     pthread_mutex_unlock(&w->registry_lock);
 }
 
-void worker_unregister(svc_worker *w, job *j)
+static void worker_unregister(svc_worker *w, job *j)
 {
     pthread_mutex_lock(&w->registry_lock);
     /* A job that failed before it was registered is in no list. */

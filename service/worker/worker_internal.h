@@ -328,7 +328,6 @@ static inline job *job_of_fair(const svc_fair_item *it)
 
 /* Registry of live jobs, for revocations (any thread). */
 void worker_register(svc_worker *w, job *j);
-void worker_unregister(svc_worker *w, job *j);
 
 /* Give j its request id and reply topic (copies), under registry_lock, so
  * the step thread can match it with other executions of its request.
