@@ -62,19 +62,9 @@
 #define JOIN_MS 30000
 #define FLUSH_MS 30000
 
-static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
-static pu_redis redis;
-static pu_proc kafka, worker;
+static pu_stack st;
+static pu_proc *const worker = &st.workers[0];
 static pu_client client;
-
-static void cleanup(void)
-{
-    pu_kill(&worker);
-    pu_kill(&kafka);
-    pu_kill(&redis.proc);
-    if (dir[0])
-        pu_tmpdir_done(dir);
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -234,20 +224,16 @@ int main(int argc, char **argv)
     bool check_mode = argc > 1 && !strcmp(argv[1], "--check");
     if (!check_mode)
         ml_bench_require();
-    if (!pu_which("redis-server"))
-        ml_test_skip("needs redis-server on PATH");
     int n_flood = check_mode ? CHECK_FLOOD : argc > 1 ? atoi(argv[1]) : BENCH_FLOOD;
     int samples = check_mode ? CHECK_SAMPLES : argc > 2 ? atoi(argv[2]) : BENCH_SAMPLES;
     if (n_flood < 1 || samples < 1)
         pu_die("usage: bench_fair_share [FLOOD >= 1 [SAMPLES >= 1]] | --check");
-    atexit(cleanup);
-    pu_micro_stack_start("fair", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
+    pu_stack_start(&st, "fair", TOPICS);
     pu_client_fetch_wait_ms = "1";
     const char *replies[] = {FLOOD_REPLIES, QUIET_REPLIES};
-    pu_client_init(&client, brokers, replies, 2);
+    pu_client_init(&client, st.brokers, replies, 2);
     const char *sets[] = {TENANTS, "runtime.max_running=" MAX_RUNNING, NULL};
-    pu_worker_env env = {brokers, redis.url, model, dir};
-    if (!pu_worker_start(&worker, &env, "fair", sets) || !pu_wait_assigned(&worker, JOIN_MS))
+    if (!pu_worker_start(worker, &st.env, "fair", sets) || !pu_wait_assigned(worker, JOIN_MS))
         pu_die("worker start");
 
     machine("before");
@@ -255,7 +241,7 @@ int main(int argc, char **argv)
     quiet_series("warmup", WARMUP, &ignored, &ignored);
     quiet_series("alone", samples, &first_alone, &queue_alone);
     flood(n_flood);
-    int port = pu_worker_http_port(&worker);
+    int port = pu_worker_http_port(worker);
     int64_t deadline = pu_now_ms() + ANSWER_MS;
     while (pu_metric(port, "mllama_requests_running") < MAX_RUNNING_N && pu_now_ms() < deadline)
         pu_sleep_ms(PU_POLL_MS);
@@ -309,8 +295,8 @@ int main(int argc, char **argv)
               strstr(page, "mllama_tenant_paused{tenant=\"quiet\"} 0"),
           "/metrics has the tenants' in-flight and paused gauges");
     free(page);
-    pu_check_log_clean(worker.log);
-    pu_stop(&worker, PU_STOP_MS);
+    pu_check_log_clean(worker->log);
+    pu_stop(worker, PU_STOP_MS);
     pu_client_deinit(&client);
     return check_done();
 }

@@ -38,19 +38,9 @@
 #define GOAL_FRACTION 0.05
 #define GOAL_P99_MS 5.0
 
-static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
-static pu_redis redis;
-static pu_proc kafka, worker;
+static pu_stack st;
+static pu_proc *const worker = &st.workers[0];
 static pu_client client;
-
-static void cleanup(void)
-{
-    pu_kill(&worker);
-    pu_kill(&kafka);
-    pu_kill(&redis.proc);
-    if (dir[0])
-        pu_rmtree(dir);
-}
 
 typedef struct samples {
     double *v;
@@ -166,8 +156,7 @@ static void report(const char *name, series *s)
 
 static void start_worker(const char *name, const char *const *extra)
 {
-    pu_worker_env env = {brokers, redis.url, model, dir};
-    if (!pu_worker_start(&worker, &env, name, extra) || !pu_wait_assigned(&worker, JOIN_MS))
+    if (!pu_worker_start(worker, &st.env, name, extra) || !pu_wait_assigned(worker, JOIN_MS))
         pu_die("worker start");
 }
 
@@ -185,17 +174,14 @@ static void run_series(const char *name, const char *image_part, int n, int max_
 int main(int argc, char **argv)
 {
     ml_bench_require();
-    if (!pu_which("redis-server"))
-        ml_test_skip("needs redis-server on PATH");
     int n = argc > 1 ? atoi(argv[1]) : DEFAULT_REQUESTS;
     int max_tokens = argc > 2 ? atoi(argv[2]) : DEFAULT_TOKENS;
     if (n < 1 || max_tokens < 2 || max_tokens >= MAX_RECORDS)
         pu_die("usage: bench_service [REQUESTS >= 1 [MAX_TOKENS in 2..4095]]");
-    atexit(cleanup);
-    pu_micro_stack_start("bench", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
+    pu_stack_start(&st, "bench", TOPICS);
     pu_client_fetch_wait_ms = "1";
     const char *topics[] = {PU_REPLIES};
-    pu_client_init(&client, brokers, topics, 1);
+    pu_client_init(&client, st.brokers, topics, 1);
 
     const char *shipped[] = {"kafka.fetch.wait.max.ms=1", NULL};
     start_worker("bench-default", shipped);
@@ -208,12 +194,12 @@ int main(int argc, char **argv)
     free(image);
     run_series("inline JPEG, linger.ms 0", part, n, IMAGE_TOKENS);
     free(part);
-    pu_stop(&worker, PU_STOP_MS);
+    pu_stop(worker, PU_STOP_MS);
 
     const char *linger[] = {"kafka.fetch.wait.max.ms=1", "kafka.linger.ms=5", NULL};
     start_worker("bench-linger", linger);
     run_series("text, linger.ms 5", NULL, n, max_tokens);
-    pu_stop(&worker, PU_STOP_MS);
+    pu_stop(worker, PU_STOP_MS);
     pu_client_deinit(&client);
     return 0;
 }

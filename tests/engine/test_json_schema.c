@@ -39,16 +39,22 @@ static bool mask_bit(const uint64_t *mask, int32_t id)
     return (mask[id >> 6] >> (id & 63)) & 1;
 }
 
-/* The grammar of schema, or NULL (a failed check) when it does not compile
- * or breaks a guarantee of grammar_internal.h. */
-static ml_grammar *compile(const char *schema, int line)
+ml_status test_compile_schema(const char *schema, ml_grammar **g, char *err, size_t errlen)
 {
     ml_schema_limits lim;
     ml_schema_limits_default(&lim);
     lim.max_compile_ms = TEST_COMPILE_MS;
-    ml_grammar *g = NULL;
+    *g = NULL;
+    return ml_grammar_compile_schema(schema, strlen(schema), &lim, g, err, errlen);
+}
+
+/* The grammar of schema, or NULL (a failed check) when it does not compile
+ * or breaks a guarantee of grammar_internal.h. */
+static ml_grammar *compile(const char *schema, int line)
+{
+    ml_grammar *g;
     char err[512] = "";
-    ml_status st = ml_grammar_compile_schema(schema, strlen(schema), &lim, &g, err, sizeof err);
+    ml_status st = test_compile_schema(schema, &g, err, sizeof err);
     ml_check_at(st == ML_OK, __FILE__, line, "compile %s: %s", schema, err);
     if (st != ML_OK)
         return NULL;

@@ -11,12 +11,9 @@
 
 void refused_at(const char *schema, ml_status want, int line, ...)
 {
-    ml_schema_limits lim;
-    ml_schema_limits_default(&lim);
-    lim.max_compile_ms = TEST_COMPILE_MS;
-    ml_grammar *g = NULL;
+    ml_grammar *g;
     char err[512] = "";
-    ml_status st = ml_grammar_compile_schema(schema, strlen(schema), &lim, &g, err, sizeof err);
+    ml_status st = test_compile_schema(schema, &g, err, sizeof err);
     ml_check_at(st == want, __FILE__, line, "%s: status %s, expected %s (%s)", schema,
                 ml_status_name(st), ml_status_name(want), err);
     ml_check_at(g == NULL, __FILE__, line, "%s: a grammar on error", schema);

@@ -282,6 +282,15 @@ void pu_check_log_clean(const char *log)
     }
 }
 
+void pu_worker_drain(pu_proc *p)
+{
+    int code = pu_stop(p, PU_STOP_MS);
+    check(code == 0, "exit code %d after SIGTERM", code);
+    if (code != 0)
+        pu_show_log(p->log, 3000);
+    pu_check_log_clean(p->log);
+}
+
 int pu_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -296,22 +305,50 @@ int pu_free_port(void)
     return port;
 }
 
-redisReply *pu_redis_cmd(const pu_redis *r, const char *fmt, ...)
+static redisReply *pu_redis_vcmd(int port, const char *user, const char *pw,
+                                 const char *fmt, va_list ap)
 {
     struct timeval tv = {1, 0};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
     if (!c || c->err) {
         if (c)
             redisFree(c);
         return NULL;
     }
     redisSetTimeout(c, tv);
-    va_list ap;
-    va_start(ap, fmt);
+    if (user)
+        freeReplyObject(redisCommand(c, "AUTH %s %s", user, pw));
     redisReply *rep = redisvCommand(c, fmt, ap);
-    va_end(ap);
     redisFree(c);
     return rep;
+}
+
+redisReply *pu_redis_cmd(const pu_redis *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *rep = pu_redis_vcmd(r->port, NULL, NULL, fmt, ap);
+    va_end(ap);
+    return rep;
+}
+
+redisReply *pu_redis_cmd_as(int port, const char *user, const char *pw, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *rep = pu_redis_vcmd(port, user, pw, fmt, ap);
+    va_end(ap);
+    return rep;
+}
+
+long pu_redis_calls(const redisReply *info, const char *command)
+{
+    if (!info || info->type != REDIS_REPLY_STRING)
+        return -1;
+    char needle[64];
+    snprintf(needle, sizeof needle, "cmdstat_%s:calls=", command);
+    const char *at = strstr(info->str, needle);
+    return at ? atol(at + strlen(needle)) : 0;
 }
 
 int pu_redis_exists(const pu_redis *r, const char *key)
@@ -320,6 +357,14 @@ int pu_redis_exists(const pu_redis *r, const char *key)
     int v = rep && rep->type == REDIS_REPLY_INTEGER ? (int)rep->integer : -1;
     freeReplyObject(rep);
     return v;
+}
+
+bool pu_redis_wait_exists(const pu_redis *r, const char *key, int timeout_ms)
+{
+    int64_t deadline = pu_now_ms() + timeout_ms;
+    while (pu_redis_exists(r, key) != 1 && pu_now_ms() < deadline)
+        pu_sleep_ms(50);
+    return pu_redis_exists(r, key) == 1;
 }
 
 bool pu_redis_start(pu_redis *r, const char *dir, int port)
@@ -478,6 +523,37 @@ void pu_micro_stack_start(const char *tag, char *dir, char *model,
     if (!pu_make_model(model, log) || !pu_redis_start(redis, dir, 0) ||
         !pu_mock_kafka_start(kafka, dir, topics, brokers, cap))
         pu_die("setup");
+}
+
+/* The stack pu_stack_stop kills at exit: atexit takes no argument. */
+static pu_stack *pu_stack_live;
+
+static void pu_stack_atexit(void)
+{
+    pu_stack_stop(pu_stack_live);
+}
+
+void pu_stack_start(pu_stack *s, const char *tag, const char *topics)
+{
+    if (!pu_which("redis-server"))
+        ml_test_skip("needs redis-server on PATH");
+    if (pu_stack_live)
+        pu_die("a second pu_stack");
+    pu_stack_live = s;
+    atexit(pu_stack_atexit);
+    pu_micro_stack_start(tag, s->dir, s->model, &s->redis, &s->kafka, topics, s->brokers,
+                         sizeof s->brokers);
+    s->env = (pu_worker_env){s->brokers, s->redis.url, s->model, s->dir};
+}
+
+void pu_stack_stop(pu_stack *s)
+{
+    for (int i = 0; i < PU_STACK_WORKERS; i++)
+        pu_kill(&s->workers[i]);
+    pu_kill(&s->kafka);
+    pu_kill(&s->redis.proc);
+    pu_tmpdir_done(s->dir);
+    s->dir[0] = '\0';
 }
 
 const char *pu_worker_config;

@@ -161,6 +161,10 @@ void pu_show_log(const char *log, size_t tail);
  * these markers. Checked for every worker a test ran. */
 void pu_check_log_clean(const char *log);
 
+/* SIGTERM a worker and check that it drained: exit code 0 (the tail of its
+ * log shown otherwise) and no sanitizer report in its log. */
+void pu_worker_drain(pu_proc *p);
+
 /* ---- redis-server ----------------------------------------------------------------- */
 
 int pu_free_port(void);
@@ -176,8 +180,20 @@ typedef struct pu_redis {
  * reachable); the caller frees it with freeReplyObject. */
 redisReply *pu_redis_cmd(const pu_redis *r, const char *fmt, ...);
 
+/* pu_redis_cmd on the server at 127.0.0.1:port, after AUTH user pw when
+ * user is non-NULL (a command the user may not run gets its error reply). */
+redisReply *pu_redis_cmd_as(int port, const char *user, const char *pw, const char *fmt, ...);
+
+/* Calls of `command` counted in `info`, a reply to INFO commandstats: 0 when
+ * never called, -1 when info is no such reply (NULL included). */
+long pu_redis_calls(const redisReply *info, const char *command);
+
 /* EXISTS key: 1, 0, or -1 when the server does not answer. */
 int pu_redis_exists(const pu_redis *r, const char *key);
+
+/* Wait up to timeout_ms for key to exist (a worker's index thread writes
+ * it after the reply). Returns whether it does. */
+bool pu_redis_wait_exists(const pu_redis *r, const char *key, int timeout_ms);
 
 /* Start redis-server on r->port (0: a free one) with no persistence, its
  * files under dir, and wait until it answers PING. */
@@ -220,14 +236,6 @@ extern const char *const *pu_mock_kafka_args;
 bool pu_mock_kafka_start(pu_proc *p, const char *dir, const char *topics,
                          char *bootstraps, size_t cap);
 
-/* The usual stack of a worker test, in a fresh pu_tmpdir(tag, dir): the
- * micro model in dir/micro (path to model, PU_PATH_MAX + 16 bytes), a
- * redis-server and a mock Kafka cluster with `topics` (bootstraps to
- * brokers, cap bytes). Dies on any failure. */
-void pu_micro_stack_start(const char *tag, char *dir, char *model,
-                          pu_redis *redis, pu_proc *kafka, const char *topics,
-                          char *brokers, size_t cap);
-
 /* What every worker of a test shares. */
 typedef struct pu_worker_env {
     const char *brokers;
@@ -235,6 +243,36 @@ typedef struct pu_worker_env {
     const char *model_dir;
     const char *dir; /* logs go to <dir>/<name>.log */
 } pu_worker_env;
+
+/* The processes and files of a worker test: what pu_micro_stack_start
+ * starts, and the workers a test runs over it (up to PU_STACK_WORKERS). */
+#define PU_STACK_WORKERS 3
+typedef struct pu_stack {
+    char dir[PU_PATH_MAX]; /* "" until started */
+    char model[PU_PATH_MAX + 16];
+    char brokers[256];
+    pu_redis redis;
+    pu_proc kafka;
+    pu_proc workers[PU_STACK_WORKERS];
+    pu_worker_env env; /* the addresses above, for pu_worker_start */
+} pu_stack;
+
+/* pu_micro_stack_start into s (static: it is stopped at exit, after a
+ * failed check or pu_die too). One stack per test. Skips the test (77)
+ * without redis-server on PATH; dies on any other failure. */
+void pu_stack_start(pu_stack *s, const char *tag, const char *topics);
+
+/* Kill every process of s and pu_tmpdir_done its directory. Safe to call
+ * again, and before pu_stack_start returned. */
+void pu_stack_stop(pu_stack *s);
+
+/* The usual stack of a worker test, in a fresh pu_tmpdir(tag, dir): the
+ * micro model in dir/micro (path to model, PU_PATH_MAX + 16 bytes), a
+ * redis-server and a mock Kafka cluster with `topics` (bootstraps to
+ * brokers, cap bytes). Dies on any failure. */
+void pu_micro_stack_start(const char *tag, char *dir, char *model,
+                          pu_redis *redis, pu_proc *kafka, const char *topics,
+                          char *brokers, size_t cap);
 
 #define PU_MAX_SETS 24
 

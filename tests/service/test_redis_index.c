@@ -128,13 +128,7 @@ static const char *hget(const char *key, const char *field, char *buf, size_t ca
 static long command_calls(const char *command)
 {
     redisReply *rep = probe_cmd("INFO commandstats");
-    long n = -1;
-    if (rep && rep->type == REDIS_REPLY_STRING) {
-        char needle[64];
-        snprintf(needle, sizeof needle, "cmdstat_%s:calls=", command);
-        const char *at = strstr(rep->str, needle);
-        n = at ? atol(at + strlen(needle)) : 0;
-    }
+    long n = pu_redis_calls(rep, command);
     freeReplyObject(rep);
     return n;
 }

@@ -13,31 +13,18 @@
 #define SUBMIT_MS 60000 /* a request answered, from the submit's start */
 #define SUMMARY "{\"finish_reason\":"
 
-static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
-static pu_redis redis;
-static pu_proc kafka, worker;
-
-static void cleanup(void)
-{
-    pu_kill(&worker);
-    pu_kill(&kafka);
-    pu_kill(&redis.proc);
-    pu_tmpdir_done(dir);
-}
+static pu_stack st;
+static pu_proc *const worker = &st.workers[0];
 
 int main(void)
 {
-    if (!pu_which("redis-server"))
-        ml_test_skip("needs redis-server on PATH");
-    atexit(cleanup);
-    pu_micro_stack_start("submit", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
-    pu_worker_env env = {brokers, redis.url, model, dir};
-    if (!pu_worker_start(&worker, &env, "w1", NULL) || !pu_wait_assigned(&worker, SUBMIT_MS))
+    pu_stack_start(&st, "submit", TOPICS);
+    if (!pu_worker_start(worker, &st.env, "w1", NULL) || !pu_wait_assigned(worker, SUBMIT_MS))
         pu_die("worker start");
 
     char log[PU_PATH_MAX + 32];
-    snprintf(log, sizeof log, "%s/submit.log", dir);
-    char *const argv[] = {PU_MLLAMA, "submit", "--brokers", brokers, "--max-tokens", "6",
+    snprintf(log, sizeof log, "%s/submit.log", st.dir);
+    char *const argv[] = {PU_MLLAMA, "submit", "--brokers", st.brokers, "--max-tokens", "6",
                           "Describe the weather.", NULL};
     int code = pu_run(argv, log, SUBMIT_MS);
     check(code == 0, "submit: exit code %d", code);
@@ -56,7 +43,7 @@ int main(void)
     if (ml_test_failures)
         pu_show_log(log, 2000);
     free(out);
-    check(pu_stop(&worker, PU_STOP_MS) == 0, "worker: exit code after SIGTERM");
-    pu_check_log_clean(worker.log);
+    check(pu_stop(worker, PU_STOP_MS) == 0, "worker: exit code after SIGTERM");
+    pu_check_log_clean(worker->log);
     return check_done();
 }

@@ -38,22 +38,12 @@
 #define ALPHA 4
 #define LORA_INIT 0.5f          /* large enough to change the micro model's answers */
 
-static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
-static pu_redis redis;
-static pu_proc kafka, worker;
-static pu_worker_env env;
+static pu_stack st;
+static pu_proc *const worker = &st.workers[0];
 static pu_client client;
 static uint8_t *image;
 static size_t image_len;
 static char image_sha[ML_SHA256_HEX_SIZE];
-
-static void cleanup(void)
-{
-    pu_kill(&worker);
-    pu_kill(&kafka);
-    pu_kill(&redis.proc);
-    pu_tmpdir_done(dir);
-}
 
 /* ---- adapters ----------------------------------------------------------------------- */
 
@@ -64,8 +54,8 @@ static char sha_images[SVC_SHA256_HEX_LEN + 1], sha_text[SVC_SHA256_HEX_LEN + 1]
 static void publish_adapter(const char *name, const char *targets, const pu_lora_module *modules,
                             int n, char sha[SVC_SHA256_HEX_LEN + 1])
 {
-    pu_adapter_files f = pu_adapter_make(dir, name, targets, modules, n, RANK, ALPHA, LORA_INIT);
-    pu_adapter_publish(&redis, "mllama", name, &f, sha);
+    pu_adapter_files f = pu_adapter_make(st.dir, name, targets, modules, n, RANK, ALPHA, LORA_INIT);
+    pu_adapter_publish(&st.redis, "mllama", name, &f, sha);
     fprintf(stderr, "adapter %s: %zu bytes of weights, sha256 %s\n", name, f.weights_len, sha);
     pu_adapter_files_free(&f);
 }
@@ -84,7 +74,7 @@ static void publish_adapters(void)
     /* Refused on its size alone: its bytes are never read. */
     pu_adapter_files huge = {.config = strdup("{}"), .config_len = 2,
                              .weights = calloc(1, HUGE_WEIGHTS), .weights_len = HUGE_WEIGHTS};
-    pu_adapter_publish(&redis, "mllama", "huge", &huge, NULL);
+    pu_adapter_publish(&st.redis, "mllama", "huge", &huge, NULL);
     pu_adapter_files_free(&huge);
     /* A digest that matches its bytes, and weights that are no safetensors
      * file: refused when checked, before it is kept. */
@@ -93,21 +83,15 @@ static void publish_adapters(void)
                              .weights = strdup("not a safetensors file")};
     junk.config_len = strlen(junk.config);
     junk.weights_len = strlen(junk.weights);
-    pu_adapter_publish(&redis, "mllama", "junk", &junk, NULL);
+    pu_adapter_publish(&st.redis, "mllama", "junk", &junk, NULL);
     pu_adapter_files_free(&junk);
 }
 
 /* Calls of one Redis command so far (INFO commandstats), -1 if unknown. */
 static long redis_calls(const char *command)
 {
-    redisReply *rep = pu_redis_cmd(&redis, "INFO commandstats");
-    long n = -1;
-    if (rep && rep->type == REDIS_REPLY_STRING) {
-        char needle[64];
-        snprintf(needle, sizeof needle, "cmdstat_%s:calls=", command);
-        const char *at = strstr(rep->str, needle);
-        n = at ? atol(at + strlen(needle)) : 0;
-    }
+    redisReply *rep = pu_redis_cmd(&st.redis, "INFO commandstats");
+    long n = pu_redis_calls(rep, command);
     freeReplyObject(rep);
     return n;
 }
@@ -120,19 +104,10 @@ static bool start_worker(const char *name, const char *adapters_dir)
     snprintf(dir_set, sizeof dir_set, "model.adapters_dir=%s", adapters_dir);
     snprintf(limit_set, sizeof limit_set, "limits.max_adapter_bytes=%d", MAX_ADAPTER_BYTES);
     const char *extra[] = {dir_set, limit_set, NULL};
-    return pu_worker_start(&worker, &env, name, extra) && pu_wait_assigned(&worker, JOIN_MS);
+    return pu_worker_start(worker, &st.env, name, extra) && pu_wait_assigned(worker, JOIN_MS);
 }
 
-static void stop_worker(void)
-{
-    int code = pu_stop(&worker, PU_STOP_MS);
-    check(code == 0, "exit code %d after SIGTERM", code);
-    if (code != 0)
-        pu_show_log(worker.log, 3000);
-    pu_check_log_clean(worker.log);
-}
-
-static double metric(const char *name) { return pu_metric(pu_worker_http_port(&worker), name); }
+static double metric(const char *name) { return pu_metric(pu_worker_http_port(worker), name); }
 
 /* The final record of a request (parsed; NULL after a check failure). */
 static cJSON *ask(const char *id, const char *body)
@@ -191,7 +166,7 @@ static double expect_answer(const char *id, const char *image_part, const char *
  * cap); returns how many. */
 static int index_keys(char (*keys)[ML_SHA256_HEX_SIZE], int cap)
 {
-    redisReply *rep = pu_redis_cmd(&redis, "KEYS mllama:img:*");
+    redisReply *rep = pu_redis_cmd(&st.redis, "KEYS mllama:img:*");
     int n = 0;
     for (size_t i = 0; rep && rep->type == REDIS_REPLY_ARRAY && i < rep->elements && n < cap; i++)
         if (strlen(rep->element[i]->str) == strlen("mllama:img:") + ML_SHA256_HEX_SIZE - 1)
@@ -216,7 +191,7 @@ static int wait_index_keys(char (*keys)[ML_SHA256_HEX_SIZE], int cap, int n)
 static void test_unwritable_dir(void)
 {
     char file[PU_PATH_MAX + 16], adapters[PU_PATH_MAX + 32];
-    snprintf(file, sizeof file, "%s/a-file", dir);
+    snprintf(file, sizeof file, "%s/a-file", st.dir);
     check(pu_write_file(file, "x", 1), "write %s", file);
     snprintf(adapters, sizeof adapters, "%s/adapters", file);
     check(start_worker("w1", adapters), "w1 start");
@@ -226,7 +201,7 @@ static void test_unwritable_dir(void)
     check(metric("mllama_adapter_store_errors_total") == 1, "store errors: %g",
           metric("mllama_adapter_store_errors_total"));
     check(redis_calls("eval_ro") == eval0, "the adapter was fetched for an unwritable dir");
-    check(pu_file_count(worker.log, "\"adapter_store_failed\"") == 1,
+    check(pu_file_count(worker->log, "\"adapter_store_failed\"") == 1,
           "the failure is not logged once as adapter_store_failed");
 
     long hget0 = redis_calls("hget");
@@ -236,13 +211,13 @@ static void test_unwritable_dir(void)
     check(metric("mllama_adapter_store_errors_total") == 1, "store errors: %g",
           metric("mllama_adapter_store_errors_total"));
 
-    stop_worker();
+    pu_worker_drain(worker);
 }
 
 static void test_image_under_adapter(void)
 {
     char adapters[PU_PATH_MAX + 16];
-    snprintf(adapters, sizeof adapters, "%s/adapters", dir);
+    snprintf(adapters, sizeof adapters, "%s/adapters", st.dir);
     check(start_worker("w2", adapters), "w2 start");
 
     long hmget0 = redis_calls("hmget");
@@ -261,7 +236,7 @@ static void test_image_under_adapter(void)
     pu_image_key("default", image_sha, partitioned);
     snprintf(blob_key, sizeof blob_key, "mllama:blob:img:%s", partitioned);
     snprintf(ref, sizeof ref, "{\"type\":\"image\",\"sha256\":\"%s\"}", image_sha);
-    redisReply *rep = pu_redis_cmd(&redis, "SET %s %b", blob_key, image, image_len);
+    redisReply *rep = pu_redis_cmd(&st.redis, "SET %s %b", blob_key, image, image_len);
     check(rep && rep->type == REDIS_REPLY_STATUS, "SET blob");
     freeReplyObject(rep);
 
@@ -276,7 +251,7 @@ static void test_image_under_adapter(void)
     check(access(copied, R_OK) == 0, "%s missing", copied);
 
     /* Now the state under the adapter is resident: no blob needed. */
-    rep = pu_redis_cmd(&redis, "DEL %s", blob_key);
+    rep = pu_redis_cmd(&st.redis, "DEL %s", blob_key);
     freeReplyObject(rep);
     check(expect_answer("ref-images-2", ref, "tweak-images") == 1,
           "ref-images-2: not served from the adapter's resident state");
@@ -310,25 +285,21 @@ static void test_image_under_adapter(void)
      * gets a generic message (no path), the log the reason; remembered. */
     long eval0 = redis_calls("eval_ro");
     expect_error("junk-1", "junk", "adapter_unavailable", "cannot be served by this worker");
-    check(pu_file_count(worker.log, "\"adapter_refused\"") == 1, "junk: not logged");
+    check(pu_file_count(worker->log, "\"adapter_refused\"") == 1, "junk: not logged");
     expect_error("junk-2", "junk", "adapter_unavailable", "remembered");
     check(redis_calls("eval_ro") == eval0 + 1, "junk fetched %ld times", redis_calls("eval_ro") - eval0);
     char kept[2 * PU_PATH_MAX];
     snprintf(kept, sizeof kept, "%s/junk", adapters);
     check(access(kept, F_OK) != 0, "junk was kept");
-    stop_worker();
+    pu_worker_drain(worker);
 }
 
 int main(void)
 {
-    if (!pu_which("redis-server"))
-        ml_test_skip("needs redis-server on PATH");
-    atexit(cleanup);
-    pu_micro_stack_start("adapters", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
+    pu_stack_start(&st, "adapters", TOPICS);
     image = pu_slurp_image(IMAGE, &image_len, image_sha);
-    env = (pu_worker_env){brokers, redis.url, model, dir};
     const char *topics[] = {PU_REPLIES};
-    pu_client_init(&client, brokers, topics, 1);
+    pu_client_init(&client, st.brokers, topics, 1);
     publish_adapters();
 
     test_unwritable_dir();

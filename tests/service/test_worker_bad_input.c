@@ -56,19 +56,10 @@
 #define MISSING_TOPIC PU_REPLIES ".missing" /* allowed by the default policy */
 #define BIG_PROMPT 200000     /* bytes: a prompt over the KV pool, a record over 64 KiB */
 
-static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
-static pu_redis redis;
-static pu_proc kafka, worker;
+static pu_stack st;
+static pu_proc *const worker = &st.workers[0];
 static pu_client client;
 static int n_good;
-
-static void cleanup(void)
-{
-    pu_kill(&worker);
-    pu_kill(&kafka);
-    pu_kill(&redis.proc);
-    pu_tmpdir_done(dir);
-}
 
 /* ---- requests --------------------------------------------------------------------- */
 
@@ -529,7 +520,7 @@ static bool committed_past(int32_t partition, int64_t offset)
 {
     int64_t committed[REQUEST_PARTITIONS];
     for (int64_t deadline = pu_now_ms() + ANSWER_MS; pu_now_ms() < deadline; pu_sleep_ms(100))
-        if (pu_committed(brokers, GROUP, PU_REQUESTS, REQUEST_PARTITIONS, committed) &&
+        if (pu_committed(st.brokers, GROUP, PU_REQUESTS, REQUEST_PARTITIONS, committed) &&
             committed[partition] > offset)
             return true;
     return false;
@@ -640,7 +631,7 @@ static void test_reply_sizes(void)
  * client read from the topic. */
 static void test_dlt_metric(void)
 {
-    int port = pu_worker_http_port(&worker);
+    int port = pu_worker_http_port(worker);
     size_t seen = 0;
     for (size_t i = 0; i < client.n; i++)
         seen += !strcmp(client.recs[i].topic, PU_DLT);
@@ -654,14 +645,10 @@ static void test_dlt_metric(void)
 
 int main(void)
 {
-    if (!pu_which("redis-server"))
-        ml_test_skip("needs redis-server on PATH");
-    atexit(cleanup);
     static const char *const mock_args[] = {"--topic-error",
                                             MISSING_TOPIC "=UNKNOWN_TOPIC_OR_PART", NULL};
     pu_mock_kafka_args = mock_args;
-    pu_micro_stack_start("bad-input", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
-    pu_worker_env env = {brokers, redis.url, model, dir};
+    pu_stack_start(&st, "bad-input", TOPICS);
     char max_image[64], kv[64], images[64];
     snprintf(max_image, sizeof max_image, "limits.max_image_bytes=%d", MAX_IMAGE_BYTES);
     snprintf(kv, sizeof kv, "runtime.kv_mib=%d", KV_MIB);
@@ -669,11 +656,11 @@ int main(void)
     char reply_bytes[64];
     snprintf(reply_bytes, sizeof reply_bytes, "limits.max_reply_bytes=%d", MAX_REPLY_BYTES);
     const char *extra[] = {max_image, kv, images, reply_bytes, NULL};
-    if (!pu_worker_start(&worker, &env, "bad-input", extra))
+    if (!pu_worker_start(worker, &st.env, "bad-input", extra))
         pu_die("worker start");
     const char *topics[] = {PU_REPLIES, PU_DLT};
     pu_client_message_max_bytes = CLIENT_MAX_BYTES;
-    pu_client_init(&client, brokers, topics, 2);
+    pu_client_init(&client, st.brokers, topics, 2);
 
     int64_t t0 = pu_now_ms();
     good_request("start");
@@ -688,9 +675,9 @@ int main(void)
     test_dlt_metric();
     fprintf(stderr, "bad input: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
 
-    int code = pu_stop(&worker, PU_STOP_MS);
+    int code = pu_stop(worker, PU_STOP_MS);
     check(code == 0, "worker exit code %d after SIGTERM", code);
-    pu_check_log_clean(worker.log);
+    pu_check_log_clean(worker->log);
     pu_client_deinit(&client);
     return check_done();
 }

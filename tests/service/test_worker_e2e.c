@@ -57,37 +57,24 @@
 #define HEARTBEAT_WAIT_MS 15000 /* three heartbeats (redis.heartbeat_s 5) */
 #define QUEUED_TOKENS 64     /* what a request cancelled before running would stream */
 
-static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
-static pu_redis redis;
-static pu_proc kafka;
-static pu_proc workers[3];
+static pu_stack st;
 static const char *const worker_names[] = {"w1", "w2", "w3"};
-static pu_worker_env env;
 static pu_client client;
 static uint8_t *image;
 static size_t image_len;
 static char image_sha[ML_SHA256_HEX_SIZE];
 
-static void cleanup(void)
-{
-    for (int i = 0; i < 3; i++)
-        pu_kill(&workers[i]);
-    pu_kill(&kafka);
-    pu_kill(&redis.proc);
-    pu_tmpdir_done(dir);
-}
-
 static bool start_worker(int i)
 {
     static const char *const extra[] = {"redis.timeout_ms=" REDIS_TIMEOUT,
                                         "kafka.statistics.interval.ms=" STATS_MS, NULL};
-    return pu_worker_start(&workers[i], &env, worker_names[i], extra);
+    return pu_worker_start(&st.workers[i], &st.env, worker_names[i], extra);
 }
 
 /* Requests finished by a worker, from its /metrics. */
 static double finished(int i)
 {
-    return pu_metric(pu_worker_http_port(&workers[i]), "mllama_requests_total");
+    return pu_metric(pu_worker_http_port(&st.workers[i]), "mllama_requests_total");
 }
 
 /* ---- kcat ----------------------------------------------------------------------- */
@@ -97,10 +84,10 @@ static double finished(int i)
 static bool kcat_produce(const char *topic, const char *key, const char *body)
 {
     char file[PU_PATH_MAX + 32], cmd[2 * PU_PATH_MAX + 256];
-    snprintf(file, sizeof file, "%s/%s.json", dir, key);
+    snprintf(file, sizeof file, "%s/%s.json", st.dir, key);
     if (!pu_write_file(file, body, strlen(body)))
         return false;
-    snprintf(cmd, sizeof cmd, "kcat -b %s -P -t %s -k %s -l %s 2>&1", brokers, topic, key, file);
+    snprintf(cmd, sizeof cmd, "kcat -b %s -P -t %s -k %s -l %s 2>&1", st.brokers, topic, key, file);
     int code = -1;
     char *out = pu_shell(cmd, &code);
     if (code != 0)
@@ -115,7 +102,8 @@ static void check_kcat_stream(const char *id)
 {
     char cmd[PU_PATH_MAX + 256];
     snprintf(cmd, sizeof cmd,
-             "kcat -b %s -C -t " PU_REPLIES " -f '%%k\\t%%h\\t%%s\\n' -e -o beginning -q", brokers);
+             "kcat -b %s -C -t " PU_REPLIES " -f '%%k\\t%%h\\t%%s\\n' -e -o beginning -q",
+             st.brokers);
     int code = -1;
     char *out = pu_shell(cmd, &code);
     check(out && code == 0, "kcat consume: exit %d", code);
@@ -195,19 +183,16 @@ static void test_resident_image(void)
     char key[128], partitioned[ML_SHA256_HEX_SIZE];
     pu_image_key("default", image_sha, partitioned);
     snprintf(key, sizeof key, "mllama:img:%s", partitioned);
-    int64_t deadline = pu_now_ms() + ANSWER_MS;
-    while (pu_redis_exists(&redis, key) != 1 && pu_now_ms() < deadline)
-        pu_sleep_ms(50);
-    check(pu_redis_exists(&redis, key) == 1, "Redis lacks %s", key);
+    check(pu_redis_wait_exists(&st.redis, key, ANSWER_MS), "Redis lacks %s", key);
     snprintf(key, sizeof key, "mllama:img:%s", image_sha);
-    check(pu_redis_exists(&redis, key) == 0, "Redis indexes the bare content digest %s", key);
+    check(pu_redis_exists(&st.redis, key) == 0, "Redis indexes the bare content digest %s", key);
 
     char *part = pu_image_part(image, image_len);
     char *body = pu_chat_request("e2e-inline-again", "And now?", part, "\"max_tokens\":4");
     cJSON *j = ask("e2e-inline-again", body);
     check(pu_json_num(j, PU_PATH("usage", "images")) == 1, "inline again: images");
     check(pu_json_num(j, PU_PATH("usage", "images_cached")) == 1, "inline again: not cached");
-    check(pu_metric(pu_worker_http_port(&workers[0]), "mllama_image_decodes_skipped_total") == 1,
+    check(pu_metric(pu_worker_http_port(&st.workers[0]), "mllama_image_decodes_skipped_total") == 1,
           "inline again: the worker decoded an image it held");
     cJSON_Delete(j);
     free(body);
@@ -349,7 +334,7 @@ static int request_partition(const char *key, int *n)
 {
     char cmd[PU_PATH_MAX + 256];
     snprintf(cmd, sizeof cmd,
-             "kcat -b %s -C -t " PU_REQUESTS " -f '%%k\t%%p\n' -e -o beginning -q", brokers);
+             "kcat -b %s -C -t " PU_REQUESTS " -f '%%k\t%%p\n' -e -o beginning -q", st.brokers);
     int code = -1, partition = -2;
     char *out = pu_shell(cmd, &code);
     *n = 0;
@@ -394,7 +379,7 @@ static void test_conversation(void)
             "ttft %.1f ms\n", p1, pu_json_num(t1, PU_PATH("timings", "ttft_ms")),
             pu_json_num(t2, PU_PATH("usage", "prompt_tokens")), cached,
             pu_json_num(t2, PU_PATH("timings", "ttft_ms")));
-    int port = pu_worker_http_port(&workers[0]);
+    int port = pu_worker_http_port(&st.workers[0]);
     check(pu_metric(port, "mllama_prompt_tokens_cached_total") >= cached &&
               pu_metric(port, "mllama_prefix_cache_block_hits_total") >= cached / block,
           "conversation: the prefix-cache metrics count the hit");
@@ -460,10 +445,10 @@ static void test_cancel_before_running(void)
 {
     static const char *const ids[] = {"e2e-cancel-in-prep", "e2e-cancel-queued"};
     enum { N = sizeof ids / sizeof ids[0] };
-    int received = pu_file_count(workers[0].log, "\"cancel_received\"");
+    int received = pu_file_count(st.workers[0].log, "\"cancel_received\"");
     char pause[16];
     snprintf(pause, sizeof pause, "%d", PAUSE_MS);
-    redisReply *rep = pu_redis_cmd(&redis, "CLIENT PAUSE %s", pause);
+    redisReply *rep = pu_redis_cmd(&st.redis, "CLIENT PAUSE %s", pause);
     check(rep && rep->type == REDIS_REPLY_STATUS, "CLIENT PAUSE refused");
     freeReplyObject(rep);
     int64_t paused_at = pu_now_ms();
@@ -478,7 +463,7 @@ static void test_cancel_before_running(void)
         check(pu_client_send_to(&client, PU_CANCEL, -1, ids[i], "cancel", 6, NULL, 0),
               "%s: produce the cancel", ids[i]);
     /* Only meaningful when the cancels arrived while Redis held the requests. */
-    bool in_time = pu_wait_log(&workers[0], "\"cancel_received\"", received + N,
+    bool in_time = pu_wait_log(&st.workers[0], "\"cancel_received\"", received + N,
                                PAUSE_MS - (int)(pu_now_ms() - paused_at));
     check(in_time && pu_now_ms() - paused_at < PAUSE_MS,
           "the cancels arrived after the pause (%lld ms)", (long long)(pu_now_ms() - paused_at));
@@ -573,7 +558,7 @@ static void test_heartbeat(void)
     long long free_bytes = 0;
     int64_t deadline = pu_now_ms() + HEARTBEAT_WAIT_MS;
     for (; free_bytes <= 0 && pu_now_ms() < deadline; pu_sleep_ms(200)) {
-        redisReply *rep = pu_redis_cmd(&redis, "HGET mllama:worker:w1 free_pool_bytes");
+        redisReply *rep = pu_redis_cmd(&st.redis, "HGET mllama:worker:w1 free_pool_bytes");
         if (rep && rep->type == REDIS_REPLY_STRING)
             free_bytes = atoll(rep->str);
         freeReplyObject(rep);
@@ -620,7 +605,7 @@ static int check_all(char (*ids)[ID_MAX], int n, int timeout_ms)
 static int lag_series(int i)
 {
     static const char name[] = "mllama_kafka_consumer_lag{";
-    char *page = pu_http_get(pu_worker_http_port(&workers[i]), "/metrics");
+    char *page = pu_http_get(pu_worker_http_port(&st.workers[i]), "/metrics");
     int n = page ? 0 : -1;
     for (const char *p = page; p && (p = strstr(p, name)); p += sizeof name - 1)
         n += p == page || p[-1] == '\n';
@@ -633,7 +618,8 @@ static int lag_series(int i)
 static bool lag_follows_assignment(int i, int max_assigned, int *series, double *assigned)
 {
     for (int64_t deadline = pu_now_ms() + LAG_MS;; pu_sleep_ms(100)) {
-        *assigned = pu_metric(pu_worker_http_port(&workers[i]), "mllama_kafka_assigned_partitions");
+        *assigned = pu_metric(pu_worker_http_port(&st.workers[i]),
+                              "mllama_kafka_assigned_partitions");
         *series = lag_series(i);
         bool ok = *assigned <= max_assigned && *series == (int)*assigned;
         if (ok || pu_now_ms() >= deadline)
@@ -662,7 +648,7 @@ static void test_two_workers_share(void)
 
     check(start_worker(1), "w2 start");
     /* w2 takes part once the cooperative rebalance hands it partitions. */
-    check(pu_wait_assigned(&workers[1], JOIN_MS), "w2 never joined");
+    check(pu_wait_assigned(&st.workers[1], JOIN_MS), "w2 never joined");
     /* The partitions w1 gave away lose their series there. */
     ok = lag_follows_assignment(0, PARTITIONS - 1, &series, &assigned);
     check(ok, "lag: after w2 joined, w1 has %d series for %g partitions", series, assigned);
@@ -693,11 +679,11 @@ static void test_third_worker_joins(void)
         check(pu_client_send(&client, ids[i], body), "%s: produce", ids[i]);
         free(body);
         pu_client_poll(&client, BURST_GAP_MS);
-        sent_after_join += i > BURST_JOIN_AT && pu_metric(pu_worker_http_port(&workers[2]),
+        sent_after_join += i > BURST_JOIN_AT && pu_metric(pu_worker_http_port(&st.workers[2]),
                                                           "mllama_kafka_assigned_partitions") > 0;
     }
     int retried = check_all(ids, BURST_REQUESTS, BURST_MS);
-    check(pu_wait_assigned(&workers[2], JOIN_MS), "w3 never joined");
+    check(pu_wait_assigned(&st.workers[2], JOIN_MS), "w3 never joined");
     fprintf(stderr,
             "burst: %d of %d requests needed a second attempt; %d were sent after w3 had "
             "partitions; w3 answered %g\n",
@@ -706,14 +692,12 @@ static void test_third_worker_joins(void)
 
 int main(void)
 {
-    if (!pu_which("redis-server") || !pu_which("kcat"))
-        ml_test_skip("needs redis-server and kcat on PATH");
-    atexit(cleanup);
-    pu_micro_stack_start("e2e", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
+    if (!pu_which("kcat"))
+        ml_test_skip("needs kcat on PATH");
+    pu_stack_start(&st, "e2e", TOPICS);
     image = pu_slurp_image(IMAGE, &image_len, image_sha);
-    env = (pu_worker_env){brokers, redis.url, model, dir};
     const char *topics[] = {PU_REPLIES};
-    pu_client_init(&client, brokers, topics, 1);
+    pu_client_init(&client, st.brokers, topics, 1);
 
     int64_t t0 = pu_now_ms();
     if (!start_worker(0))
@@ -733,11 +717,11 @@ int main(void)
     fprintf(stderr, "all: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
 
     for (int i = 0; i < 3; i++) {
-        int code = pu_stop(&workers[i], PU_STOP_MS);
+        int code = pu_stop(&st.workers[i], PU_STOP_MS);
         check(code == 0, "%s: exit code %d after SIGTERM", worker_names[i], code);
         if (code != 0)
-            pu_show_log(workers[i].log, 3000);
-        pu_check_log_clean(workers[i].log);
+            pu_show_log(st.workers[i].log, 3000);
+        pu_check_log_clean(st.workers[i].log);
     }
     pu_client_deinit(&client);
     free(image);

@@ -60,26 +60,6 @@ static void cleanup(void)
 
 /* ---- Redis with the shipped ACL ------------------------------------------------ */
 
-/* One command on a new connection as user (NULL: no AUTH). */
-static redisReply *as_user(const char *user, const char *pw, const char *fmt, ...)
-{
-    struct timeval tv = {2, 0};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", redis_port, tv);
-    if (!c || c->err) {
-        if (c)
-            redisFree(c);
-        return NULL;
-    }
-    if (user)
-        freeReplyObject(redisCommand(c, "AUTH %s %s", user, pw));
-    va_list ap;
-    va_start(ap, fmt);
-    redisReply *rep = redisvCommand(c, fmt, ap);
-    va_end(ap);
-    redisFree(c);
-    return rep;
-}
-
 static bool is_noperm(const redisReply *r)
 {
     return r && r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOPERM", 6);
@@ -111,7 +91,7 @@ static void redis_start(void)
     if (!pu_spawn(&redis, log, argv))
         pu_die("redis-server");
     for (int64_t t0 = pu_now_ms(); pu_now_ms() - t0 < PU_START_MS; pu_sleep_ms(PU_POLL_MS)) {
-        redisReply *rep = as_user("test-admin", ADMIN_PW, "PING");
+        redisReply *rep = pu_redis_cmd_as(redis_port, "test-admin", ADMIN_PW, "PING");
         bool up = rep && rep->type == REDIS_REPLY_STATUS;
         freeReplyObject(rep);
         if (up)
@@ -123,7 +103,7 @@ static void redis_start(void)
 
 static long long dbsize(void)
 {
-    redisReply *rep = as_user("test-admin", ADMIN_PW, "DBSIZE");
+    redisReply *rep = pu_redis_cmd_as(redis_port, "test-admin", ADMIN_PW, "DBSIZE");
     long long n = rep && rep->type == REDIS_REPLY_INTEGER ? rep->integer : -1;
     freeReplyObject(rep);
     return n;
@@ -133,16 +113,18 @@ static long long dbsize(void)
 static void test_roles(void)
 {
     static const char sha[] = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-    redisReply *r = as_user(NULL, NULL, "GET mllama:blob:img:%s", sha);
+    redisReply *r = pu_redis_cmd_as(redis_port, NULL, NULL, "GET mllama:blob:img:%s", sha);
     check(r && r->type == REDIS_REPLY_ERROR && strstr(r->str, "NOAUTH"),
           "a client without a role: %s", r && r->str ? r->str : "(no reply)");
     freeReplyObject(r);
 
-    r = as_user("mllama-frontend", FRONTEND_PW, "SET mllama:blob:img:%s x EX 60", sha);
+    r = pu_redis_cmd_as(redis_port, "mllama-frontend", FRONTEND_PW,
+                        "SET mllama:blob:img:%s x EX 60", sha);
     check(r && r->type == REDIS_REPLY_STATUS, "frontend writes a blob: %s",
           r && r->str ? r->str : "(no reply)");
     freeReplyObject(r);
-    r = as_user("mllama-frontend", FRONTEND_PW, "HGET mllama:img:%s worker", sha);
+    r = pu_redis_cmd_as(redis_port, "mllama-frontend", FRONTEND_PW, "HGET mllama:img:%s worker",
+                        sha);
     check(r && r->type == REDIS_REPLY_NIL, "frontend reads the index (routing)");
     freeReplyObject(r);
     static const char *const refused[] = {
@@ -155,21 +137,23 @@ static void test_roles(void)
         "EVAL return 1 0",
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
-        r = as_user("mllama-frontend", FRONTEND_PW, refused[i]);
+        r = pu_redis_cmd_as(redis_port, "mllama-frontend", FRONTEND_PW, refused[i]);
         check(is_noperm(r), "frontend: '%s' answered %s", refused[i],
               r && r->str ? r->str : "(not an error)");
         freeReplyObject(r);
     }
-    r = as_user("mllama-adapter-publisher", PUBLISHER_PW, "INCR mllama:attempts:t:0:1");
+    r = pu_redis_cmd_as(redis_port, "mllama-adapter-publisher", PUBLISHER_PW,
+                        "INCR mllama:attempts:t:0:1");
     check(is_noperm(r), "the adapter publisher may not touch counters");
     freeReplyObject(r);
-    r = as_user("mllama-adapter-publisher", PUBLISHER_PW, "HSET mllama:adapter:a config {}");
+    r = pu_redis_cmd_as(redis_port, "mllama-adapter-publisher", PUBLISHER_PW,
+                        "HSET mllama:adapter:a config {}");
     check(r && r->type == REDIS_REPLY_INTEGER, "the adapter publisher writes adapters");
     freeReplyObject(r);
-    r = as_user("mllama-worker", WORKER_PW, "HSET mllama:adapter:a config {}");
+    r = pu_redis_cmd_as(redis_port, "mllama-worker", WORKER_PW, "HSET mllama:adapter:a config {}");
     check(is_noperm(r), "a worker may not write adapters");
     freeReplyObject(r);
-    r = as_user("mllama-worker", WORKER_PW, "SET mllama:blob:img:%s y", sha);
+    r = pu_redis_cmd_as(redis_port, "mllama-worker", WORKER_PW, "SET mllama:blob:img:%s y", sha);
     check(is_noperm(r), "a worker may not write blobs");
     freeReplyObject(r);
 }
@@ -226,15 +210,6 @@ static bool start_worker(const char *name, const char *url, const char *const *m
         extra[n++] = more[i];
     extra[n] = NULL;
     return pu_worker_start(&worker, &env, name, extra) && pu_wait_assigned(&worker, JOIN_MS);
-}
-
-static void stop_worker(void)
-{
-    int code = pu_stop(&worker, PU_STOP_MS);
-    check(code == 0, "exit code %d after SIGTERM", code);
-    if (code != 0)
-        pu_show_log(worker.log, 3000);
-    pu_check_log_clean(worker.log);
 }
 
 /* A request answered with a completion. */
@@ -309,7 +284,7 @@ static void test_acl_worker(void)
              (int)client.last_partition, (long long)client.last_offset);
     long long left = 1;
     for (int64_t t0 = pu_now_ms(); left != 0 && pu_now_ms() - t0 < CLEAR_MS; pu_sleep_ms(50)) {
-        redisReply *e = as_user("test-admin", ADMIN_PW, "EXISTS %s", counter);
+        redisReply *e = pu_redis_cmd_as(redis_port, "test-admin", ADMIN_PW, "EXISTS %s", counter);
         left = e && e->type == REDIS_REPLY_INTEGER ? e->integer : -1;
         freeReplyObject(e);
     }
@@ -318,7 +293,8 @@ static void test_acl_worker(void)
     char hex[ML_SHA256_HEX_SIZE];
     ml_sha256("default\0acl-1", sizeof "default\0acl-1" - 1, d);
     ml_sha256_hex(d, hex);
-    redisReply *r = as_user("test-admin", ADMIN_PW, "GET mllama:request_attempts:%s", hex);
+    redisReply *r = pu_redis_cmd_as(redis_port, "test-admin", ADMIN_PW,
+                                    "GET mllama:request_attempts:%s", hex);
     check(r && r->type == REDIS_REPLY_STRING && !strcmp(r->str, "1"),
           "the request's counter, by sha256(tenant NUL id), written by the worker role");
     freeReplyObject(r);
@@ -347,7 +323,7 @@ static void test_acl_worker(void)
           dl ? dl->headers : "(none)");
     check(pu_running(&worker), "the worker survived a reply topic without a leader");
     expect_answered("after-dlt");
-    stop_worker();
+    pu_worker_drain(&worker);
 }
 
 /* A trickling Redis: /healthz names the stalled prep thread. */
@@ -383,7 +359,7 @@ static void test_trickle(void)
     health = pu_http_get(port, "/healthz");
     check(health && !strcmp(health, "ok\n"), "/healthz after: %s", health ? health : "(none)");
     free(health);
-    stop_worker();
+    pu_worker_drain(&worker);
     pu_trickle_stop(&t);
 }
 

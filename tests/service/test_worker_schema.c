@@ -62,21 +62,12 @@
     "\"paid\": {\"type\": \"boolean\"},"                                                       \
     "\"currency\": {\"enum\": [\"EUR\", \"USD\"]}} }"
 
-static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
-static pu_redis redis;
-static pu_proc kafka, worker;
+static pu_stack st;
+static pu_proc *const worker = &st.workers[0];
 static pu_client client;
 static int port, n_good;
 static uint8_t *image;
 static size_t image_len;
-
-static void cleanup(void)
-{
-    pu_kill(&worker);
-    pu_kill(&kafka);
-    pu_kill(&redis.proc);
-    pu_tmpdir_done(dir);
-}
 
 /* ---- validity: the oracle, and property order ------------------------------------ */
 
@@ -326,21 +317,17 @@ static void test_refused(void)
 
 int main(void)
 {
-    if (!pu_which("redis-server"))
-        ml_test_skip("needs redis-server on PATH");
-    atexit(cleanup);
-    pu_micro_stack_start("schema", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
+    pu_stack_start(&st, "schema", TOPICS);
     char image_sha[ML_SHA256_HEX_SIZE];
     image = pu_slurp_image(IMAGE, &image_len, image_sha);
-    pu_worker_env env = {brokers, redis.url, model, dir};
     char max_schema[64];
     snprintf(max_schema, sizeof max_schema, "limits.max_schema_bytes=%d", MAX_SCHEMA_BYTES);
     const char *extra[] = {max_schema, NULL};
-    if (!pu_worker_start(&worker, &env, "schema", extra))
+    if (!pu_worker_start(worker, &st.env, "schema", extra))
         pu_die("worker start");
-    port = pu_worker_http_port(&worker);
+    port = pu_worker_http_port(worker);
     const char *topics[] = {PU_REPLIES};
-    pu_client_init(&client, brokers, topics, 1);
+    pu_client_init(&client, st.brokers, topics, 1);
 
     int64_t t0 = pu_now_ms();
     test_validator();
@@ -349,9 +336,9 @@ int main(void)
     test_refused();
     fprintf(stderr, "schema: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
 
-    int code = pu_stop(&worker, PU_STOP_MS);
+    int code = pu_stop(worker, PU_STOP_MS);
     check(code == 0, "worker exit code %d after SIGTERM", code);
-    pu_check_log_clean(worker.log);
+    pu_check_log_clean(worker->log);
     pu_client_deinit(&client);
     free(image);
     return check_done();

@@ -54,22 +54,13 @@
     "You are the product assistant. Our product is a bicycle bell in three colours, sold in "     \
     "every country of the union, with a two-year warranty and free returns for thirty days."
 
-static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256], config[PU_PATH_MAX + 32];
-static pu_redis redis;
-static pu_proc kafka, worker;
-static pu_worker_env env;
+static char config[PU_PATH_MAX + 32];
+static pu_stack st;
+static pu_proc *const worker = &st.workers[0];
 static pu_client client;
 static uint8_t *image;
 static size_t image_len;
 static char image_sha[ML_SHA256_HEX_SIZE];
-
-static void cleanup(void)
-{
-    pu_kill(&worker);
-    pu_kill(&kafka);
-    pu_kill(&redis.proc);
-    pu_tmpdir_done(dir);
-}
 
 /* ---- requests ------------------------------------------------------------------------ */
 
@@ -152,9 +143,9 @@ static double guess(const char *tenant, const char *id, const char *code)
 static bool submit_routes(const char *tenant)
 {
     char log[PU_PATH_MAX + 64];
-    snprintf(log, sizeof log, "%s/submit-%s.log", dir, tenant);
-    char *argv[] = {PU_MLLAMA, "submit", "--brokers", brokers, "--tenant", (char *)tenant,
-                    "--redis", redis.url, "--image", IMAGE, "--max-tokens", "1", "--quiet",
+    snprintf(log, sizeof log, "%s/submit-%s.log", st.dir, tenant);
+    char *argv[] = {PU_MLLAMA, "submit", "--brokers", st.brokers, "--tenant", (char *)tenant,
+                    "--redis", st.redis.url, "--image", IMAGE, "--max-tokens", "1", "--quiet",
                     "What is in the picture?", NULL};
     int code = pu_run(argv, log, ANSWER_MS);
     check(code == 0, "submit --tenant %s: exit %d", tenant, code);
@@ -184,28 +175,32 @@ static void test_secret_guessing(void)
           right, victim_again);
 }
 
+/* A tenant's first request with the image (an inline content part): the
+ * image is encoded, none cached. */
+static void image_encoded(const char *tenant, const char *id, const char *part)
+{
+    double images = -1;
+    cached_tokens(tenant, id, NULL, part, "What is in the picture?", &images);
+    check(images == 0, "%s: the image is encoded (%g cached)", tenant, images);
+}
+
 static void test_images(void)
 {
     char *part = pu_image_part(image, image_len);
     char ref[160];
     snprintf(ref, sizeof ref, "{\"type\":\"image\",\"sha256\":\"%s\"}", image_sha);
-    double images = -1;
-    cached_tokens("victim", "victim-image", NULL, part, "What is in the picture?", &images);
-    check(images == 0, "victim: the image is encoded (%g cached)", images);
+    image_encoded("victim", "victim-image", part);
 
     /* The victim's state is indexed under its partition's key only. */
     char key[160], victim_key[ML_SHA256_HEX_SIZE], probe_key[ML_SHA256_HEX_SIZE];
     pu_image_key("victim", image_sha, victim_key);
     pu_image_key("probe", image_sha, probe_key);
     snprintf(key, sizeof key, "mllama:img:%s", victim_key);
-    int64_t deadline = pu_now_ms() + INDEX_MS;
-    while (pu_redis_exists(&redis, key) != 1 && pu_now_ms() < deadline)
-        pu_sleep_ms(50);
-    check(pu_redis_exists(&redis, key) == 1, "index: the victim's key %s", key);
+    check(pu_redis_wait_exists(&st.redis, key, INDEX_MS), "index: the victim's key %s", key);
     snprintf(key, sizeof key, "mllama:img:%s", probe_key);
-    check(pu_redis_exists(&redis, key) == 0, "index: the probe's key %s", key);
+    check(pu_redis_exists(&st.redis, key) == 0, "index: the probe's key %s", key);
     snprintf(key, sizeof key, "mllama:img:%s", image_sha);
-    check(pu_redis_exists(&redis, key) == 0, "index: the bare content digest %s", key);
+    check(pu_redis_exists(&st.redis, key) == 0, "index: the bare content digest %s", key);
 
     /* The probe cannot tell it is resident: by reference it is unknown, inline
      * it is encoded again. */
@@ -215,6 +210,7 @@ static void test_images(void)
           "probe names the victim's image by sha256: %s, want invalid_image",
           code ? code : "an answer");
     cJSON_Delete(j);
+    double images = -1;
     cached_tokens("probe", "probe-image", NULL, part, "What is in the picture?", &images);
     check(images == 0, "probe: the victim's image is not resident for it (%g cached)", images);
     free(part);
@@ -236,9 +232,8 @@ static void test_shared_group(void)
     char *part = pu_image_part(image, image_len);
     char ref[160];
     snprintf(ref, sizeof ref, "{\"type\":\"image\",\"sha256\":\"%s\"}", image_sha);
+    image_encoded("front_a", "front-a-image", part);
     double images = -1;
-    cached_tokens("front_a", "front-a-image", NULL, part, "What is in the picture?", &images);
-    check(images == 0, "front_a: the image is encoded (%g cached)", images);
     cached_tokens("front_b", "front-b-image", NULL, part, "And now?", &images);
     check(images == 1, "front_b: front_a's image is resident for it (%g cached)", images);
     cached_tokens("front_b", "front-b-ref", NULL, ref, "And by name?", &images);
@@ -248,30 +243,23 @@ static void test_shared_group(void)
 
 int main(void)
 {
-    if (!pu_which("redis-server"))
-        ml_test_skip("needs redis-server on PATH");
-    atexit(cleanup);
-    pu_micro_stack_start("tenant-caches", dir, model, &redis, &kafka, TOPICS, brokers,
-                         sizeof brokers);
+    pu_stack_start(&st, "tenant-caches", TOPICS);
     image = pu_slurp_image(IMAGE, &image_len, image_sha);
-    snprintf(config, sizeof config, "%s/tenants.json", dir);
+    snprintf(config, sizeof config, "%s/tenants.json", st.dir);
     if (!pu_write_file(config, TENANTS, strlen(TENANTS)))
         pu_die("write the tenants' configuration");
     pu_worker_config = config;
-    env = (pu_worker_env){brokers, redis.url, model, dir};
     const char *topics[] = {PU_REPLIES ".probe", PU_REPLIES ".victim", PU_REPLIES ".front_a",
                             PU_REPLIES ".front_b"};
-    pu_client_init(&client, brokers, topics, 4);
-    if (!pu_worker_start(&worker, &env, "w1", NULL) || !pu_wait_assigned(&worker, JOIN_MS))
+    pu_client_init(&client, st.brokers, topics, 4);
+    if (!pu_worker_start(worker, &st.env, "w1", NULL) || !pu_wait_assigned(worker, JOIN_MS))
         pu_die("worker start");
 
     test_secret_guessing();
     test_images();
     test_shared_group();
 
-    int code = pu_stop(&worker, PU_STOP_MS);
-    check(code == 0, "exit code %d after SIGTERM", code);
-    pu_check_log_clean(worker.log);
+    pu_worker_drain(worker);
     pu_client_deinit(&client);
     free(image);
     return check_done();

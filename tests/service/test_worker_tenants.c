@@ -58,20 +58,8 @@
 #define SLOW_IMAGE_SIDE 6000
 #define SLOW_IMAGE_PIXELS "limits.max_image_pixels=40000000"
 
-static char dir[PU_PATH_MAX], model[PU_PATH_MAX + 16], brokers[256];
-static pu_redis redis;
-static pu_proc kafka, workers[3];
-static pu_worker_env env;
+static pu_stack st;
 static pu_client client;
-
-static void cleanup(void)
-{
-    for (int i = 0; i < 3; i++)
-        pu_kill(&workers[i]);
-    pu_kill(&kafka);
-    pu_kill(&redis.proc);
-    pu_tmpdir_done(dir);
-}
 
 /* ---- requests ---------------------------------------------------------------------- */
 
@@ -235,7 +223,7 @@ static void test_retry_not_started(void)
     }
     int n_first = check_replaced(PU_REPLIES, id);
     check(n_first == 1, "not started: the replaced execution sent %d records", n_first);
-    check(pu_file_count(workers[0].log, "replaced by a newer execution before it") == 1,
+    check(pu_file_count(st.workers[0].log, "replaced by a newer execution before it") == 1,
           "not started: the older execution had started (the image decoded too fast)");
 }
 
@@ -256,9 +244,9 @@ static void test_request_stamped_ahead(void)
 static void test_cancel_stamped_ahead(void)
 {
     static const char id[] = "tn-cancel-ahead";
-    int seen = pu_file_count(workers[0].log, "request tn-cancel-ahead\"");
+    int seen = pu_file_count(st.workers[0].log, "request tn-cancel-ahead\"");
     check(send_at(PU_CANCEL, id, "cancel", wall_ms() + DAY_MS), "cancel ahead: produce");
-    check(pu_wait_log(&workers[0], "request tn-cancel-ahead\"", seen + 1, ANSWER_MS),
+    check(pu_wait_log(&st.workers[0], "request tn-cancel-ahead\"", seen + 1, ANSWER_MS),
           "cancel ahead: the cancel was not received");
     check(send_request(PU_REQUESTS, id, PU_REPLIES, SHORT_TOKENS), "cancel ahead: produce the request");
     const pu_record *f = wait_final(PU_REPLIES, id, ANSWER_MS);
@@ -298,8 +286,8 @@ static bool forged_cancel_received(const char *id)
     snprintf(needle, sizeof needle, "tenant beta request %s\"", id);
     for (int i = 0; i < CANCEL_TRIES; i++) {
         check(send_at(CANCEL_BETA, id, "cancel", 0), "forged cancel: produce");
-        if (pu_wait_log(&workers[1], needle, 1, CANCEL_WAIT_MS) &&
-            pu_wait_log(&workers[2], needle, 1, CANCEL_WAIT_MS))
+        if (pu_wait_log(&st.workers[1], needle, 1, CANCEL_WAIT_MS) &&
+            pu_wait_log(&st.workers[2], needle, 1, CANCEL_WAIT_MS))
             return true;
     }
     return false;
@@ -373,8 +361,8 @@ static void test_reply_topic_of_another(void)
 static void test_submit_tenant(void)
 {
     char log[PU_PATH_MAX + 32];
-    snprintf(log, sizeof log, "%s/submit.log", dir);
-    char *argv[] = {PU_MLLAMA, "submit", "--brokers", brokers, "--tenant", "acme",
+    snprintf(log, sizeof log, "%s/submit.log", st.dir);
+    char *argv[] = {PU_MLLAMA, "submit", "--brokers", st.brokers, "--tenant", "acme",
                     "--max-tokens", "4", "--quiet", "Hello", NULL};
     int code = pu_run(argv, log, ANSWER_MS);
     char *out = pu_slurp(log, NULL);
@@ -387,36 +375,30 @@ static void test_submit_tenant(void)
 
 int main(void)
 {
-    if (!pu_which("redis-server")) {
-        fprintf(stderr, "SKIP: redis-server not found\n");
-        return 77;
-    }
-    pu_micro_stack_start("tenants", dir, model, &redis, &kafka, TOPICS, brokers, sizeof brokers);
-    env = (pu_worker_env){.brokers = brokers, .redis_url = redis.url, .model_dir = model,
-                          .dir = dir};
+    pu_stack_start(&st, "tenants", TOPICS);
     static const char *const topics[] = {PU_REPLIES, REPLIES_UI, PU_DLT, REPLIES_ACME,
                                          REPLIES_BETA};
-    pu_client_init(&client, brokers, topics, (int)(sizeof topics / sizeof topics[0]));
+    pu_client_init(&client, st.brokers, topics, (int)(sizeof topics / sizeof topics[0]));
 
     static const char *const implicit[] = {SLOW_IMAGE_PIXELS, NULL};
-    if (!pu_worker_start(&workers[0], &env, "w0", implicit) ||
-        !pu_wait_assigned(&workers[0], JOIN_MS)) {
-        cleanup();
+    if (!pu_worker_start(&st.workers[0], &st.env, "w0", implicit) ||
+        !pu_wait_assigned(&st.workers[0], JOIN_MS)) {
+        pu_stack_stop(&st);
         pu_die("worker w0");
     }
     test_retry_not_started();
     test_request_stamped_ahead();
     test_cancel_stamped_ahead();
     test_other_reply_topic();
-    check(pu_stop(&workers[0], PU_STOP_MS) == 0, "w0: drained with exit code 0");
+    check(pu_stop(&st.workers[0], PU_STOP_MS) == 0, "w0: drained with exit code 0");
 
     static const char *const tenants[] = {TENANTS, NULL};
     for (int i = 1; i < 3; i++) {
         char name[8];
         snprintf(name, sizeof name, "w%d", i);
-        if (!pu_worker_start(&workers[i], &env, name, tenants) ||
-            !pu_wait_assigned(&workers[i], JOIN_MS)) {
-            cleanup();
+        if (!pu_worker_start(&st.workers[i], &st.env, name, tenants) ||
+            !pu_wait_assigned(&st.workers[i], JOIN_MS)) {
+            pu_stack_stop(&st);
             pu_die(name);
         }
     }
@@ -426,10 +408,10 @@ int main(void)
     test_submit_tenant();
 
     for (int i = 1; i < 3; i++)
-        check(pu_stop(&workers[i], PU_STOP_MS) == 0, "w%d: drained with exit code 0", i);
+        check(pu_stop(&st.workers[i], PU_STOP_MS) == 0, "w%d: drained with exit code 0", i);
     for (int i = 0; i < 3; i++)
-        pu_check_log_clean(workers[i].log);
+        pu_check_log_clean(st.workers[i].log);
     pu_client_deinit(&client);
-    cleanup();
+    pu_stack_stop(&st);
     return check_done();
 }
