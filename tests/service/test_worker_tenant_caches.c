@@ -92,7 +92,7 @@ static cJSON *chat(const char *tenant, const char *id, const char *system, const
     if (system)
         snprintf(sys, sizeof sys, "{\"role\":\"system\",\"content\":\"%s\"},", system);
     const char *part = image_part ? image_part : "";
-    size_t need = strlen(sys) + strlen(part) + strlen(text) + 512;
+    size_t need = strlen(id) + strlen(tenant) + strlen(sys) + strlen(part) + strlen(text) + 512;
     char *body = malloc(need);
     if (!body)
         pu_die("out of memory");
