@@ -144,9 +144,14 @@ typedef struct ml_backend_ops {
     void (*upload)(ml_backend *be, void *dst, const void *src_host, size_t bytes);
     void (*download)(ml_backend *be, void *dst_host, const void *src, size_t bytes);
     /* Make a checkpoint tensor usable by ops. The CPU backend returns `host`
-     * itself (weights stay in the mmap); CUDA copies once into its pool.
-     * The result is borrowed from the backend and lives until destroy. */
+     * itself (weights stay in the mmap); CUDA uploads a copy into its pool
+     * at every call: no cache keyed by the host address, which a later
+     * mapping or malloc may reuse for other bytes. The result is owned by
+     * the caller, given back with weight_free before destroy; NULL on error
+     * (latched). */
     const void *(*weight)(ml_backend *be, const void *host, size_t bytes);
+    /* Give back a result of weight; NULL is a no-op. */
+    void (*weight_free)(ml_backend *be, const void *w);
     /* Bytes per element of the K/V caches used by kv_write and attention. */
     size_t kv_elem_size;
     /* Wait for queued work; report the first latched error. */
@@ -255,11 +260,12 @@ typedef struct ml_backend_ops {
      * are fixed (host arrays such as lora's segs are copied when recorded),
      * device memory is read when the replay runs (so per-step inputs are
      * uploaded before the replay to the same buffers). alloc, free, weight,
-     * upload, download, synchronize, graph_begin and graph_replay are not
-     * allowed while recording; nor are a slot outside the range, graph_end
-     * of a slot not being recorded, or the replay of a slot that holds no
-     * graph. Each is a latched error and does nothing else. A recording
-     * during which an error is latched leaves its slot empty. */
+     * weight_free, upload, download, synchronize, graph_begin and
+     * graph_replay are not allowed while recording; nor are a slot outside
+     * the range, graph_end of a slot not being recorded, or the replay of a
+     * slot that holds no graph. Each is a latched error and does nothing
+     * else. A recording during which an error is latched leaves its slot
+     * empty. */
     void (*graph_begin)(ml_backend *be, int slot);
     void (*graph_end)(ml_backend *be, int slot);
     void (*graph_replay)(ml_backend *be, int slot);

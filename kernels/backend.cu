@@ -21,7 +21,6 @@ static_assert(ML_PLAN_CUDA_KV_ELEM_SIZE == sizeof(uint16_t),
 #define POOL_DEFAULT_SHARE (ML_PLAN_CUDA_POOL_SHARE_TENTHS / 10.0)
 /* Pool sizes are rounded down to this (the driver's large-page size). */
 #define POOL_GRANULE ((size_t)2 << 20)
-#define WEIGHT_MAP_INITIAL_SLOTS 1024
 /* The first compute capability with FP8 (E4M3) tensor cores: Ada, sm_89. */
 #define FP8_MMA_MIN_SM 89
 
@@ -114,53 +113,16 @@ static void cuda_free(ml_backend *be, void *p)
         mlk_latch(b, ML_ERR_INVALID_ARG, "free", "%p is not a live pool block", p);
 }
 
-static size_t weight_hash(const void *host, size_t n_slots)
-{
-    uint64_t h = (uint64_t)(uintptr_t)host * 0x9e3779b97f4a7c15ull;
-    return (size_t)(h >> 20) & (n_slots - 1);
-}
-
-/* The slot holding key (host, bytes), or the empty slot where it belongs. */
-static mlk_weight_entry *weight_slot(mlk_weight_map *m, const void *host, size_t bytes)
-{
-    size_t i = weight_hash(host, m->n_slots);
-    while (m->slots[i].host && (m->slots[i].host != host || m->slots[i].bytes != bytes))
-        i = (i + 1) & (m->n_slots - 1);
-    return &m->slots[i];
-}
-
-/* Keep the load factor at most 1/2; returns 0 or -1 (out of host memory). */
-static int weight_map_reserve(mlk_weight_map *m)
-{
-    if (m->n_slots && 2 * (m->n_used + 1) <= m->n_slots)
-        return 0;
-    size_t n = m->n_slots ? 2 * m->n_slots : WEIGHT_MAP_INITIAL_SLOTS;
-    mlk_weight_entry *slots = (mlk_weight_entry *)calloc(n, sizeof *slots);
-    if (!slots)
-        return -1;
-    mlk_weight_map grown = {slots, n, 0};
-    for (size_t i = 0; i < m->n_slots; i++)
-        if (m->slots[i].host) {
-            *weight_slot(&grown, m->slots[i].host, m->slots[i].bytes) = m->slots[i];
-            grown.n_used++;
-        }
-    free(m->slots);
-    *m = grown;
-    return 0;
-}
-
+/* A copy per call, owned by the caller until cuda_weight_free (backend.h).
+ * No cache keyed by the host address: a model loaded after another was
+ * destroyed maps its checkpoint where the old mmap may have been, and would
+ * get the old model's copy of any tensor of the same size at an address the
+ * two share. */
 static const void *cuda_weight(ml_backend *be, const void *host, size_t bytes)
 {
     mlk_backend *b = mlk_of(be);
     if (!host || capturing(b, "weight") || mlk_enter(b))
         return NULL;
-    if (weight_map_reserve(&b->weights) != 0) {
-        mlk_latch(b, ML_ERR_NOMEM, "weight", "out of host memory for the weight map");
-        return NULL;
-    }
-    mlk_weight_entry *e = weight_slot(&b->weights, host, bytes);
-    if (e->host)
-        return e->dev;
     void *dev = mlk_pool_alloc(&b->pool, bytes);
     if (!dev) {
         mlk_latch(b, ML_ERR_NOMEM, "weight",
@@ -175,9 +137,12 @@ static const void *cuda_weight(ml_backend *be, const void *host, size_t bytes)
         mlk_pool_free(&b->pool, dev);
         return NULL;
     }
-    *e = mlk_weight_entry{host, bytes, dev};
-    b->weights.n_used++;
     return dev;
+}
+
+static void cuda_weight_free(ml_backend *be, const void *w)
+{
+    cuda_free(be, (void *)w);
 }
 
 static void cuda_upload(ml_backend *be, void *dst, const void *src_host, size_t bytes)
@@ -351,7 +316,6 @@ void mlk_backend_free(ml_backend *be)
     if (b->stage_down)
         cudaFreeHost(b->stage_down);
     mlk_pool_deinit(&b->pool);
-    free(b->weights.slots);
     free(b);
 }
 
@@ -363,6 +327,7 @@ static const ml_backend_ops cuda_ops = {
     .upload = cuda_upload,
     .download = cuda_download,
     .weight = cuda_weight,
+    .weight_free = cuda_weight_free,
     .kv_elem_size = sizeof(uint16_t),
     .synchronize = cuda_synchronize,
     .matmul = mlk_matmul,

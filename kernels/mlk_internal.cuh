@@ -87,19 +87,6 @@ void *mlk_pool_alloc(mlk_pool *p, size_t bytes);
  * when ptr is not a live block of this pool (the pool is unchanged). */
 int mlk_pool_free(mlk_pool *p, void *ptr);
 
-/* ---- host pointer → uploaded weight ------------------------------------------ */
-
-typedef struct mlk_weight_entry {
-    const void *host;  /* borrowed key */
-    size_t bytes;
-    void *dev;         /* in the pool */
-} mlk_weight_entry;
-
-typedef struct mlk_weight_map {
-    mlk_weight_entry *slots; /* owned: open addressing, power-of-two size */
-    size_t n_slots, n_used;
-} mlk_weight_map;
-
 /* ---- cuBLASLt GEMM plans (matmul.cu) --------------------------------------------- */
 
 /* What a GEMM plan is for: yᵀ (N, rows) = w (K, N)ᵀ · xᵀ (K, rows) in
@@ -151,7 +138,6 @@ typedef struct mlk_backend {
     float *gather;
 
     mlk_pool pool;
-    mlk_weight_map weights;
     /* Workspaces carved from the pool at create. */
     __nv_bfloat16 *xbf16;     /* MLK_XBF16_BYTES: matmul activations in bf16 (FP8
                                  matmuls carve it otherwise: matmul.cu) */

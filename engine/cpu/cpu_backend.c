@@ -45,6 +45,7 @@ static const ml_backend_ops cpu_ops = {
     .upload = ml_cpu_copy,
     .download = ml_cpu_copy,
     .weight = ml_cpu_weight,
+    .weight_free = ml_cpu_weight_free,
     .kv_elem_size = sizeof(float),
     .synchronize = ml_cpu_synchronize,
     .matmul = ml_cpu_matmul,

@@ -108,6 +108,7 @@ void *ml_cpu_alloc(ml_backend *be, size_t bytes);
 void ml_cpu_free(ml_backend *be, void *p);
 void ml_cpu_copy(ml_backend *be, void *dst, const void *src, size_t bytes); /* upload, download */
 const void *ml_cpu_weight(ml_backend *be, const void *host, size_t bytes);
+void ml_cpu_weight_free(ml_backend *be, const void *w);
 ml_status ml_cpu_synchronize(ml_backend *be, char *err, size_t errlen);
 
 void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,

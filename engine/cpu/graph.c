@@ -340,6 +340,12 @@ static const void *rec_weight(ml_backend *be, const void *host, size_t bytes)
     return NULL;
 }
 
+static void rec_weight_free(ml_backend *be, const void *w)
+{
+    if (w)
+        refused(be, "weight_free");
+}
+
 /* Refused like the others, and reported at once: this is the synchronize. */
 static ml_status rec_synchronize(ml_backend *be, char *err, size_t errlen)
 {
@@ -527,6 +533,7 @@ static const ml_backend_ops rec_ops_template = {
     .upload = rec_upload,
     .download = rec_download,
     .weight = rec_weight,
+    .weight_free = rec_weight_free,
     .synchronize = rec_synchronize,
     .matmul = rec_matmul,
     .matmul_f8 = rec_matmul_f8,

@@ -39,6 +39,11 @@ const void *ml_cpu_weight(ml_backend *be, const void *host, size_t bytes)
     return host;
 }
 
+/* Nothing to give back: weight lent the caller its own host bytes. */
+void ml_cpu_weight_free(ml_backend *be, const void *w)
+{
+}
+
 void ml_cpu_latch(ml_cpu_backend *cb, ml_status st, const char *op, const char *fmt, ...)
 {
     cb->n_latched++;

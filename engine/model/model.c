@@ -63,24 +63,51 @@ static void to_backend(ml_backend *be, ml_weight *w)
     }
 }
 
-static void vision_layer_to_backend(ml_backend *be, ml_vision_layer *l)
+/* Give back what to_backend got (a failed weight is NULL, a no-op). */
+static void from_backend(ml_backend *be, ml_weight *w)
 {
-    ml_weight *ws[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj,
-                       &l->fc1_weight, &l->fc1_bias, &l->fc2_weight, &l->fc2_bias,
-                       &l->input_layernorm_weight, &l->input_layernorm_bias,
-                       &l->post_attention_layernorm_weight, &l->post_attention_layernorm_bias};
-    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-        to_backend(be, ws[i]);
+    be->ops->weight_free(be, w->data);
+    w->data = NULL;
+    if (w->f8) {
+        be->ops->weight_free(be, w->f8);
+        be->ops->weight_free(be, w->scale);
+        w->f8 = NULL;
+        w->scale = NULL;
+    }
 }
 
-static void text_layer_to_backend(ml_backend *be, ml_text_layer *l)
+/* fn on every ml_weight of w, one list for binding and giving back. */
+static void each_weight(ml_backend *be, ml_weights *w, void (*fn)(ml_backend *, ml_weight *))
 {
-    ml_weight *ws[] = {&l->self.q_proj, &l->self.k_proj, &l->self.v_proj, &l->self.o_proj,
-                       &l->cross.q_proj, &l->cross.k_proj, &l->cross.v_proj, &l->cross.o_proj,
-                       &l->cross.q_norm, &l->cross.k_norm, &l->input_layernorm,
-                       &l->post_attention_layernorm, &l->gate_proj, &l->up_proj, &l->down_proj};
-    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-        to_backend(be, ws[i]);
+    ml_vision_weights *v = &w->vision;
+    ml_weight *vs[] = {&v->patch_embedding, &v->class_embedding, &v->position_embedding,
+                       &v->tile_position_embedding, &v->pre_tile_embedding,
+                       &v->post_tile_embedding, &v->layernorm_pre_weight, &v->layernorm_pre_bias,
+                       &v->layernorm_post_weight, &v->layernorm_post_bias,
+                       &w->projector_weight, &w->projector_bias, &w->text.embed_tokens,
+                       &w->text.norm, &w->text.lm_head};
+    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++)
+        fn(be, vs[i]);
+    for (int k = 0; k < v->n_layers + v->n_global_layers; k++) {
+        ml_vision_layer *l = k < v->n_layers ? &v->layers[k] : &v->global_layers[k - v->n_layers];
+        ml_weight *ws[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj,
+                           &l->fc1_weight, &l->fc1_bias, &l->fc2_weight, &l->fc2_bias,
+                           &l->input_layernorm_weight, &l->input_layernorm_bias,
+                           &l->post_attention_layernorm_weight,
+                           &l->post_attention_layernorm_bias};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            fn(be, ws[i]);
+    }
+    for (int k = 0; k < w->text.n_layers; k++) {
+        ml_text_layer *l = &w->text.layers[k];
+        ml_weight *ws[] = {&l->self.q_proj, &l->self.k_proj, &l->self.v_proj, &l->self.o_proj,
+                           &l->cross.q_proj, &l->cross.k_proj, &l->cross.v_proj,
+                           &l->cross.o_proj, &l->cross.q_norm, &l->cross.k_norm,
+                           &l->input_layernorm, &l->post_attention_layernorm, &l->gate_proj,
+                           &l->up_proj, &l->down_proj};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            fn(be, ws[i]);
+    }
 }
 
 /* W8A8 needs FP8 weights: an FP8 checkpoint or model.weights = "fp8".
@@ -130,21 +157,8 @@ static ml_status bind_backend_weights(ml_shard *m, char *err, size_t errlen)
         return st;
 
     ml_backend *be = m->be;
-    ml_vision_weights *v = &w->vision;
-    ml_weight *vs[] = {&v->patch_embedding, &v->class_embedding, &v->position_embedding,
-                       &v->tile_position_embedding, &v->pre_tile_embedding,
-                       &v->post_tile_embedding, &v->layernorm_pre_weight, &v->layernorm_pre_bias,
-                       &v->layernorm_post_weight, &v->layernorm_post_bias,
-                       &w->projector_weight, &w->projector_bias, &w->text.embed_tokens,
-                       &w->text.norm, &w->text.lm_head};
-    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++)
-        to_backend(be, vs[i]);
-    for (int i = 0; i < v->n_layers; i++)
-        vision_layer_to_backend(be, &v->layers[i]);
-    for (int i = 0; i < v->n_global_layers; i++)
-        vision_layer_to_backend(be, &v->global_layers[i]);
-    for (int i = 0; i < w->text.n_layers; i++)
-        text_layer_to_backend(be, &w->text.layers[i]);
+    each_weight(be, w, to_backend);
+    m->w_bound = 1;
     st = be->ops->synchronize(be, err, errlen);
     /* A backend that copies the weights (a device) is done with the host
      * slices of the row-parallel Linears once the copies are complete: for
@@ -258,6 +272,8 @@ void ml_shard_destroy(ml_shard *m)
         m->be->ops->free(m->be, m->inv_freq);
     free(m->host.row_attn); /* the start of the host staging allocation */
     free(m->self_index);
+    if (m->w_bound)
+        each_weight(m->be, &m->w, from_backend);
     free(m->w.vision.layers);
     free(m->w.vision.global_layers);
     free(m->w.text.layers);
