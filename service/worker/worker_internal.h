@@ -411,10 +411,10 @@ void worker_reply_cancelled(svc_worker *w, job *j, const char *why);
 /* Thread bodies. worker_prep_main's arg is its prep_thread. */
 void *worker_prep_main(void *arg);
 void *worker_step_main(void *arg);
+void *worker_index_main(void *arg); /* arg: the worker; runs while Redis is configured */
 
-/* The resident-image mirror: updated from the runtime's events (step
- * thread), read by the prep threads. */
-void worker_mirror_update(svc_worker *w, ml_image_event ev, const uint8_t *key);
+/* The resident-image mirror (worker_index.c): updated from the runtime's
+ * events (step thread), read by the prep threads. */
 bool worker_mirror_contains(svc_worker *w, const uint8_t *key);
 
 /* The image event callback of the runtime (step thread). */
