@@ -425,7 +425,7 @@ static bool first_reply_topic(const char *policy, char *dst, size_t n)
     return false;
 }
 
-/* Fill in a tenant's defaults (config.h, README "Tenants"). where names it
+/* Fill in a tenant's defaults (config.h, service/protocol/README.md "Tenants"). where names it
  * in errors. */
 static int tenant_defaults(const svc_config *cfg, svc_tenant *t, const char *where, char *err,
                            size_t errlen)

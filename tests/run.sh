@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it (README "Tests"):
+# The whole test suite, as CI runs it (README.md "Build and test"):
 #   1. the release build with every test except benchmarks (gpu tests skip
 #      themselves without a device; the CUDA backend is compiled when nvcc exists),
 #   2. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer,

@@ -82,8 +82,8 @@ typedef enum ml_finish_reason {
     ML_FINISH_REASON_ERROR,     /* see the error code and message */
 } ml_finish_reason;
 
-/* Request-level error codes, the stable protocol codes of README.md "Protocol" that
- * the runtime can detect itself. */
+/* Request-level error codes, the stable protocol codes of service/protocol/README.md
+ * ("Replies and errors") that the runtime can detect itself. */
 typedef enum ml_request_error {
     ML_REQERR_NONE,
     ML_REQERR_INVALID_REQUEST,  /* inconsistent images / image tokens */

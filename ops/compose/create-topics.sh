@@ -36,8 +36,8 @@ dlt_retention_ms=1209600000
 # alone would keep them forever; deletion after a day bounds the topic.
 cancel_retention_ms=86400000
 # Request and cancel records carry the broker's append time: the worker orders
-# a cancel against its request by it (README "Delivery contract"), and a
-# producer's CreateTime is whatever the producer chose.
+# a cancel against its request by it (service/protocol/README.md, "Delivery
+# contract for frontends"), and a producer's CreateTime is whatever the producer chose.
 append_time=message.timestamp.type=LogAppendTime
 tenants=${TENANTS:-}
 for t in $tenants; do

@@ -10,7 +10,7 @@
  * partition (the image's index key is that partition's: --cache-group, by
  * default the tenant's name). With --tenant it writes the
  * tenant's request topic and reads its reply topic, named as the worker
- * derives them (README.md "Tenants"). The request id is 128 random bits: on
+ * derives them (service/protocol/README.md "Tenants"). The request id is 128 random bits: on
  * a reply topic that others read, an id is all it takes to read or cancel
  * a request of the tenant, so it must not be guessable.
  * @locality: the main thread. */
@@ -74,13 +74,14 @@ static void usage(FILE *f)
             "Without --id the id is 128 random bits: ids must be unguessable.\n"
             "--conversation ID keys the record by ID instead of the request id: every turn\n"
             "of a conversation goes to one partition, hence one worker and its prefix\n"
-            "cache. It wins over --redis image routing (README.md \"Prefix cache\").\n"
+            "cache. It wins over --redis image routing (service/protocol/README.md,\n"
+            "\"Keying a conversation\").\n"
             "--cache-group G: the cache group of the request's tenant (default: the tenant's\n"
             "name, or \"" SVC_IMPLICIT_TENANT "\" without --tenant): --redis looks the image up in\n"
             "that group's cache partition.\n"
             "--response-format FILE: the request's response_format, a JSON object such as\n"
             "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {...}}}\n"
-            "(README.md \"Protocol\"); the worker checks it.\n"
+            "(service/protocol/README.md); the worker checks it.\n"
             "Exit 0 on finish_reason stop/length, 1 on error or timeout.\n");
 }
 

@@ -1,4 +1,4 @@
-/* The request/reply protocol of the worker (README.md "Protocol"): parsing and
+/* The request/reply protocol of the worker (README.md here): parsing and
  * validating one request record, and building the reply records and their
  * headers.
  *

@@ -1,5 +1,5 @@
 /* Compiled JSON Schema grammars, cached by content for the prep threads
- * (README.md "Protocol", response_format json_schema).
+ * (service/protocol/README.md "Requests", response_format json_schema).
  *
  * A pipeline sends one schema with every request: compiling it each time
  * would cost the prep threads up to limits.max_schema_compile_ms a request.

@@ -1,5 +1,5 @@
 /* mllama-worker: Kafka in, the Mllama runtime, streamed replies out, Redis
- * as the cluster's index (service/README.md §1, §3, §6, §8; README.md "Protocol").
+ * as the cluster's index (service/README.md §1, §3, §6, §8; service/protocol/README.md).
  *
  * Delivery contract (at-least-once): a request's offset is stored only after
  * its final record (or its dead-letter copy) is acknowledged by the broker,
@@ -30,9 +30,9 @@
 
 typedef struct svc_worker svc_worker;
 
-/* Exit codes of `mllama worker` (README.md "Contributing", Errors:
- * process-level errors exit with a distinct code so the orchestrator
- * restarts the worker). */
+/* Exit codes of `mllama worker` (config/README.md "Exit codes"; README.md
+ * "Contributing", Errors: process-level errors exit with a distinct code so
+ * the orchestrator restarts the worker). */
 typedef enum svc_worker_exit {
     SVC_WORKER_EXIT_OK = 0,
     SVC_WORKER_EXIT_CONFIG = 3,  /* configuration invalid */

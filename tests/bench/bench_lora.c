@@ -7,7 +7,7 @@
  *
  * Reported: decode tokens/s after every sequence has its first token (so
  * prefill is excluded) and the ratio LoRA / base (goal >= 0.85 at batch 8,
- * README.md "Performance"). Base and LoRA runs alternate ML_BENCH_REPS times and
+ * tests/bench/README.md "Results"). Base and LoRA runs alternate ML_BENCH_REPS times and
  * the best of each counts, by wall clock and by CPU time (process CPU
  * seconds / threads): on a shared machine the wall figure is what this run
  * got, the CPU figure what the code does with the cores to itself.

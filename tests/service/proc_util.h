@@ -446,9 +446,10 @@ bool pu_committed(const char *brokers, const char *group, const char *topic, int
  * seqs, and may show a record again, byte for byte: librdkafka's mock
  * cluster does not drop an idempotent producer's retry of a batch it stored
  * just before its broker went down (a broker drops it by its sequence
- * number), and a frontend drops an (attempt, seq) it has seen (README.md,
- * "Delivery contract"). Returns the number of attempts seen (0 when there
- * are no records), reporting violations as check failures. */
+ * number), and a frontend drops an (attempt, seq) it has seen
+ * (service/protocol/README.md, "Delivery contract for frontends"). Returns
+ * the number of attempts seen (0 when there are no records), reporting
+ * violations as check failures. */
 typedef struct pu_attempt_state {
     int64_t attempt;
     int next_seq;

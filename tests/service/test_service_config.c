@@ -117,8 +117,8 @@ static void test_weights(void)
           "model.fp8_activations=int8 refused: %s", rc ? err : "accepted");
 }
 
-/* The structured-output limits: the embedded defaults (README.md
- * "Configuration"), and each key's range named when refused. */
+/* The structured-output limits: the embedded defaults (config/README.md
+ * "Keys"), and each key's range named when refused. */
 static void test_schema_limits(void)
 {
     svc_config cfg;

@@ -1,5 +1,5 @@
-/* Caches partitioned by tenant (README.md "Prefix cache and conversation
- * affinity"), against a real worker process: `mllama mock-kafka`, a
+/* Caches partitioned by tenant (engine/runtime/README.md, "Partitions"),
+ * against a real worker process: `mllama mock-kafka`, a
  * redis-server and one worker on the micro model with four tenants, probe
  * and victim (each its own cache group) and front_a and front_b (one
  * cache_group, "public").
