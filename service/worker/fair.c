@@ -5,8 +5,7 @@
 #include <stdlib.h>
 
 typedef struct fair_tenant {
-    svc_fair_item *head, *tail; /* borrowed items, arrival order */
-    size_t n;
+    ml_list q;                  /* borrowed items, arrival order */
     uint64_t vt;                /* virtual time: the start tag of its next request */
     uint64_t step;              /* SVC_FAIR_VT_UNIT / weight */
 } fair_tenant;
@@ -50,15 +49,9 @@ void svc_fair_push(svc_fair *f, size_t tenant, svc_fair_item *it)
     assert(tenant < f->n);
     fair_tenant *t = &f->t[tenant];
     /* Back from idle: no credit for the time it sent nothing. */
-    if (!t->n && t->vt < f->vnow)
+    if (!t->q.n && t->vt < f->vnow)
         t->vt = f->vnow;
-    it->next = NULL;
-    if (t->tail)
-        t->tail->next = it;
-    else
-        t->head = it;
-    t->tail = it;
-    t->n++;
+    ml_list_push_back(&t->q, &it->node);
     f->total++;
 }
 
@@ -66,19 +59,15 @@ svc_fair_item *svc_fair_pop(svc_fair *f, size_t *tenant)
 {
     fair_tenant *best = NULL;
     for (size_t i = 0; i < f->n; i++)
-        if (f->t[i].n && (!best || f->t[i].vt < best->vt))
+        if (f->t[i].q.n && (!best || f->t[i].vt < best->vt))
             best = &f->t[i];
     if (!best)
         return NULL;
-    svc_fair_item *it = best->head;
-    best->head = it->next;
-    if (!best->head)
-        best->tail = NULL;
-    best->n--;
+    svc_fair_item *it = ml_list_entry(best->q.head, svc_fair_item, node);
+    ml_list_remove(&best->q, &it->node);
     f->total--;
     f->vnow = best->vt;
     best->vt += best->step;
-    it->next = NULL;
     if (tenant)
         *tenant = (size_t)(best - f->t);
     return it;
@@ -89,16 +78,12 @@ svc_fair_item *svc_fair_take(svc_fair *f, bool (*match)(const svc_fair_item *it,
 {
     for (size_t i = 0; i < f->n; i++) {
         fair_tenant *t = &f->t[i];
-        for (svc_fair_item **p = &t->head, *prev = NULL; *p; prev = *p, p = &(*p)->next) {
-            svc_fair_item *it = *p;
+        for (ml_list_node *n = t->q.head; n; n = n->next) {
+            svc_fair_item *it = ml_list_entry(n, svc_fair_item, node);
             if (!match(it, ctx))
                 continue;
-            *p = it->next;
-            if (t->tail == it)
-                t->tail = prev;
-            t->n--;
+            ml_list_remove(&t->q, n);
             f->total--;
-            it->next = NULL;
             return it;
         }
     }
@@ -108,7 +93,7 @@ svc_fair_item *svc_fair_take(svc_fair *f, bool (*match)(const svc_fair_item *it,
 size_t svc_fair_waiting(const svc_fair *f, size_t tenant)
 {
     assert(tenant < f->n);
-    return f->t[tenant].n;
+    return (size_t)f->t[tenant].q.n;
 }
 
 size_t svc_fair_total(const svc_fair *f) { return f->total; }

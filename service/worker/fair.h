@@ -28,12 +28,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine.h" /* ml_list: a tenant's queue */
+
 /* A tenant of weight w advances by this much per admitted request. */
 #define SVC_FAIR_VT_UNIT (1u << 20)
 
 /* Embedded in whatever is queued; the queue links it while it waits. */
 typedef struct svc_fair_item {
-    struct svc_fair_item *next;
+    ml_list_node node;
 } svc_fair_item;
 
 typedef struct svc_fair svc_fair;
