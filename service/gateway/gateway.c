@@ -430,49 +430,75 @@ static rd_kafka_conf_t *consumer_conf(const svc_gateway *g, char *err, size_t er
     return conf;
 }
 
-/* Create the reply topics the cluster lacks (the Admin API; one that exists
- * already is fine). */
+/* Whether the cluster has `topic` (with partitions); err_out gets why not. */
+static bool topic_exists(svc_gateway *g, const char *topic, rd_kafka_resp_err_t *err_out)
+{
+    const rd_kafka_metadata_t *md = NULL;
+    rd_kafka_topic_t *t = rd_kafka_topic_new(g->consumer, topic, NULL);
+    rd_kafka_resp_err_t e = rd_kafka_metadata(g->consumer, 0, t, &md, STARTUP_TIMEOUT_MS);
+    rd_kafka_topic_destroy(t);
+    if (!e && (md->topic_cnt != 1 || md->topics[0].err || !md->topics[0].partition_cnt))
+        e = md->topic_cnt == 1 && md->topics[0].err ? md->topics[0].err
+                                                    : RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART;
+    if (md)
+        rd_kafka_metadata_destroy(md);
+    *err_out = e;
+    return !e;
+}
+
+/* Create the reply topics the cluster lacks (the Admin API; one created
+ * meanwhile by another instance is fine). */
 static int create_reply_topics(svc_gateway *g, char *err, size_t errlen)
 {
     rd_kafka_NewTopic_t *nt[SVC_TENANTS_MAX];
     size_t n = 0;
-    int rc = 0;
-    for (size_t i = 0; i < g->n_tenants && !rc; i++) {
-        nt[n] = rd_kafka_NewTopic_new(g->tenants[i].reply_topic, g->cfg.gateway.reply_partitions,
-                                      -1, err, errlen);
-        rc = nt[n] ? 0 : -1;
-        n += nt[n] != NULL;
-    }
-    rd_kafka_queue_t *q = rd_kafka_queue_new(g->consumer);
-    rd_kafka_AdminOptions_t *opts = rd_kafka_AdminOptions_new(g->consumer, RD_KAFKA_ADMIN_OP_CREATETOPICS);
-    rd_kafka_AdminOptions_set_request_timeout(opts, STARTUP_TIMEOUT_MS, NULL, 0);
-    if (!rc) {
-        rd_kafka_CreateTopics(g->consumer, nt, n, opts, q);
-        rd_kafka_event_t *ev = rd_kafka_queue_poll(q, STARTUP_TIMEOUT_MS + 1000);
-        const rd_kafka_CreateTopics_result_t *res = ev ? rd_kafka_event_CreateTopics_result(ev) : NULL;
-        if (!res) {
-            svc_errf(err, errlen, "creating the reply topics: %s",
-                     ev ? rd_kafka_event_error_string(ev) : "no answer");
-            rc = -1;
-        } else {
-            size_t k;
-            const rd_kafka_topic_result_t **tr = rd_kafka_CreateTopics_result_topics(res, &k);
-            for (size_t i = 0; i < k && !rc; i++) {
-                rd_kafka_resp_err_t e = rd_kafka_topic_result_error(tr[i]);
-                if (e && e != RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
-                    svc_errf(err, errlen, "creating reply topic %s: %s",
-                             rd_kafka_topic_result_name(tr[i]),
-                             rd_kafka_topic_result_error_string(tr[i]));
-                    rc = -1;
-                } else if (!e) {
-                    svc_log(SVC_LOG_INFO, "gateway_topic_created", "%s, %d partitions",
-                            rd_kafka_topic_result_name(tr[i]), g->cfg.gateway.reply_partitions);
-                }
-            }
+    for (size_t i = 0; i < g->n_tenants; i++) {
+        rd_kafka_resp_err_t e;
+        if (topic_exists(g, g->tenants[i].reply_topic, &e))
+            continue;
+        if (e != RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) {
+            svc_errf(err, errlen, "reply topic %s: %s", g->tenants[i].reply_topic,
+                     rd_kafka_err2str(e));
+            rd_kafka_NewTopic_destroy_array(nt, n);
+            return -1;
         }
-        if (ev)
-            rd_kafka_event_destroy(ev);
+        if (!(nt[n] = rd_kafka_NewTopic_new(g->tenants[i].reply_topic,
+                                            g->cfg.gateway.reply_partitions, -1, err, errlen))) {
+            rd_kafka_NewTopic_destroy_array(nt, n);
+            return -1;
+        }
+        n++;
     }
+    if (!n)
+        return 0;
+    rd_kafka_queue_t *q = rd_kafka_queue_new(g->consumer);
+    rd_kafka_AdminOptions_t *opts =
+        rd_kafka_AdminOptions_new(g->consumer, RD_KAFKA_ADMIN_OP_CREATETOPICS);
+    rd_kafka_AdminOptions_set_request_timeout(opts, STARTUP_TIMEOUT_MS, NULL, 0);
+    rd_kafka_CreateTopics(g->consumer, nt, n, opts, q);
+    rd_kafka_event_t *ev = rd_kafka_queue_poll(q, STARTUP_TIMEOUT_MS + STARTUP_TIMEOUT_MS / 10);
+    const rd_kafka_CreateTopics_result_t *res = ev ? rd_kafka_event_CreateTopics_result(ev) : NULL;
+    int rc = 0;
+    if (!res || rd_kafka_event_error(ev)) {
+        svc_errf(err, errlen, "creating the reply topics: %s",
+                 ev ? rd_kafka_event_error_string(ev) : "no answer");
+        rc = -1;
+    }
+    size_t k = 0;
+    const rd_kafka_topic_result_t **tr = res ? rd_kafka_CreateTopics_result_topics(res, &k) : NULL;
+    for (size_t i = 0; i < k && !rc; i++) {
+        rd_kafka_resp_err_t e = rd_kafka_topic_result_error(tr[i]);
+        if (e && e != RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
+            svc_errf(err, errlen, "creating reply topic %s: %s", rd_kafka_topic_result_name(tr[i]),
+                     rd_kafka_topic_result_error_string(tr[i]));
+            rc = -1;
+        } else if (!e) {
+            svc_log(SVC_LOG_INFO, "gateway_topic_created", "%s, %d partitions",
+                    rd_kafka_topic_result_name(tr[i]), g->cfg.gateway.reply_partitions);
+        }
+    }
+    if (ev)
+        rd_kafka_event_destroy(ev);
     rd_kafka_AdminOptions_destroy(opts);
     rd_kafka_queue_destroy(q);
     rd_kafka_NewTopic_destroy_array(nt, n);
