@@ -13,6 +13,7 @@ packages=(
   librdkafka-dev kcat                # Kafka client; kcat as the independent test client
   libhiredis-dev redis-server        # Redis client; a local server for demos and tests
   clang libclang-rt-dev              # libFuzzer targets in CI
+  chromium chromium-driver python3-venv  # the gateway's page and client tests (tests/gateway)
 )
 
 missing=()

@@ -88,7 +88,7 @@ static void test_index(void)
     if (!index)
         return;
     /* Every src="..." and href="..." of the index names an embedded file
-     * (relative, so "x" is "/x"). */
+     * (relative, so "x" is "/x"), but for data: URLs (the empty favicon). */
     const char *text = (const char *)index->data;
     size_t n_links = 0;
     static const char *const attrs[] = {"src=\"", "href=\""};
@@ -96,6 +96,8 @@ static void test_index(void)
         for (const char *p = strstr(text, attrs[k]); p; p = strstr(p + 1, attrs[k])) {
             const char *v = p + strlen(attrs[k]);
             size_t len = strcspn(v, "\"");
+            if (strncmp(v, "data:", 5) == 0)
+                continue;
             char url[256];
             snprintf(url, sizeof url, "/%.*s", (int)len, v);
             check(gw_asset_find(url) != NULL, "the index links %s: it resolves", url);
