@@ -20,7 +20,7 @@ const ui = {
   ttft: $("ttft"), tps: $("tps"), requestId: $("request-id"), status: $("status"),
 };
 
-const history = [];   // the conversation as OpenAI messages
+const conversation = []; // OpenAI messages, sent whole each turn
 let image = null;     // the attached image as a data URL, or null
 let turn = null;      // the answer in flight (see send), or null
 
@@ -213,7 +213,7 @@ async function send(ev) {
   const content = image
     ? [{ type: "text", text }, { type: "image_url", image_url: { url: image } }]
     : text;
-  history.push({ role: "user", content });
+  conversation.push({ role: "user", content });
   addMessage("user", text, image);
   ui.prompt.value = "";
   clearImage();
@@ -230,7 +230,7 @@ async function send(ev) {
   setStatus("waiting");
   setBusy(true);
 
-  const body = { messages: history, stream: true, stream_options: { include_usage: true } };
+  const body = { messages: conversation, stream: true, stream_options: { include_usage: true } };
   if (ui.model.value) body.model = ui.model.value;
   const maxTokens = parseInt(ui.maxTokens.value, 10);
   if (maxTokens > 0) body.max_tokens = maxTokens;
@@ -267,8 +267,8 @@ function finish(t, state) {
   // A turn that produced text stays in the conversation, even stopped; one
   // that produced none takes its question back out, so the next turn does
   // not carry a request the service refused.
-  if (t.text) history.push({ role: "assistant", content: t.text });
-  else history.pop();
+  if (t.text) conversation.push({ role: "assistant", content: t.text });
+  else conversation.pop();
   t.li.dataset.state = state;
   setStatus(state);
   turn = null;
@@ -331,7 +331,7 @@ function attachImage() {
 
 function newChat() {
   stop();
-  history.length = 0;
+  conversation.length = 0;
   ui.messages.replaceChildren();
   ui.ttft.value = ui.tps.value = ui.requestId.value = "–";
   showError("");
