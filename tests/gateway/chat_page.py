@@ -6,6 +6,7 @@ stop button; an image the service refuses, shown as an error. A screenshot of
 the finished answer is saved and its path printed.
 
     chat_page.py --base-url http://127.0.0.1:PORT --image FILE --out DIR [--api-key KEY]
+                 [--ops-url http://127.0.0.1:OPS_PORT]
 
 Uses Debian's chromium and chromium-driver (ops/install-deps.sh) and selenium
 from the tests' venv (tests/gateway/venv.sh). Exit 1 on any failed check.
@@ -14,6 +15,7 @@ import argparse
 import os
 import re
 import sys
+import urllib.request
 
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
@@ -28,6 +30,7 @@ LOAD_TIMEOUT_S = 20      # the page and its model list
 MAX_TOKENS = 16
 LONG_MAX_TOKENS = 2000   # an answer long enough to be stopped midway
 WINDOW = (1100, 900)
+CANCELS = "mllama_gateway_cancels_total"
 
 n_checks = 0
 n_failures = 0
@@ -121,7 +124,16 @@ def test_second_turn(d):
               "two answers in the conversation")
 
 
-def test_stop(d):
+def metric(ops_url, name):
+    """The sum of a metric's series on the gateway's /metrics."""
+    with urllib.request.urlopen(ops_url + "/metrics", timeout=LOAD_TIMEOUT_S) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
+               if line.startswith(name) and line[len(name)] in " {")
+
+
+def test_stop(d, ops_url):
+    cancels = metric(ops_url, CANCELS) if ops_url else 0
     by_id(d, "new-chat").click()
     send(d, "Write a long story about the sea.", max_tokens=LONG_MAX_TOKENS)
     WebDriverWait(d, ANSWER_TIMEOUT_S).until(
@@ -135,6 +147,9 @@ def test_stop(d):
               f"stopped: {a.get_attribute('data-state')} {by_id(d, 'error').text!r}")
         check(not by_id(d, "stop").is_enabled() and by_id(d, "send").is_enabled(),
               "after stop: send enabled, stop disabled")
+        if ops_url and a.get_attribute("data-state") == "stopped":
+            check(metric(ops_url, CANCELS) > cancels, f"stop cancelled the request ({CANCELS})")
+        print(f"chat_page: stop: {a.get_attribute('data-state')}")
 
 
 def test_refused_image(d, out):
@@ -157,6 +172,7 @@ def main():
     ap.add_argument("--image", required=True)
     ap.add_argument("--out", required=True, help="folder for the screenshot")
     ap.add_argument("--api-key", default="")
+    ap.add_argument("--ops-url", default="", help="http://host:ops_port: check cancels")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     d = browser()
@@ -174,7 +190,7 @@ def main():
             check(False, f"the model list loaded: {by_id(d, 'error').text!r}")
         test_answer(d, args.image, args.out)
         test_second_turn(d)
-        test_stop(d)
+        test_stop(d, args.ops_url.rstrip("/"))
         test_refused_image(d, args.out)
         if args.api_key:
             d.refresh()

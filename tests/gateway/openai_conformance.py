@@ -2,7 +2,8 @@
 the bytes: models.list; a chat completion with an image, non-streamed and
 streamed (chunk shapes, one id, finish_reason, usage only with
 stream_options.include_usage); errors as the client's exception classes; the
-exact SSE framing (`id: n`, `data: ...`, `data: [DONE]`) and its headers.
+exact SSE framing (`id: n`, `data: ...`, `data: [DONE]`) and its headers; a
+finished stream read again with Last-Event-ID.
 
     openai_conformance.py --base-url http://127.0.0.1:PORT --image FILE [--api-key KEY]
 
@@ -143,9 +144,11 @@ def test_errors(client, model, base_url, api_key):
 SSE_EVENT = re.compile(rb"id: (\d+)\ndata: ([^\n]*)\n\n|: [^\n]*\n\n")
 
 
-def curl(base_url, api_key, path, body=None):
+def curl(base_url, api_key, path, body=None, headers=()):
     """Returns (status, headers as a lower-cased dict, body bytes)."""
     cmd = ["curl", "-N", "-sS", "-D", "-", "--max-time", str(TIMEOUT_S), base_url + path]
+    for h in headers:
+        cmd += ["-H", h]
     if api_key:
         cmd += ["-H", f"Authorization: Bearer {api_key}"]
     if body is not None:
@@ -171,6 +174,18 @@ def test_sse_framing(base_url, api_key, model, messages):
     check(h.get("x-accel-buffering") == "no", "SSE: X-Accel-Buffering: no")
     rid = h.get("x-request-id", "")
     check(REQUEST_ID.fullmatch(rid), f"SSE: X-Request-Id {rid!r}")
+    ids, data = parse_sse(payload, "SSE")
+    check(ids == list(range(len(ids))), f"SSE: ids 0, 1, 2, ...: {ids}")
+    check(data and data[-1] == b"[DONE]", "SSE: data: [DONE] is the last event")
+    for d in data[:-1]:
+        obj = json.loads(d)
+        check(obj.get("id") == rid and obj.get("object") == "chat.completion.chunk",
+              f"SSE: chunk {d[:120]!r}")
+    return rid, ids, data
+
+
+def parse_sse(payload, what):
+    """The (ids, data) of an SSE body; checks that every byte is an event."""
     at, ids, data = 0, [], []
     for m in SSE_EVENT.finditer(payload):
         if m.start() != at:
@@ -179,15 +194,27 @@ def test_sse_framing(base_url, api_key, model, messages):
         if m.group(1) is not None:
             ids.append(int(m.group(1)))
             data.append(m.group(2))
-    check(at == len(payload), f"SSE: every byte is an event; unparsed from {at}: "
+    check(at == len(payload), f"{what}: every byte is an event; unparsed from {at}: "
                               f"{payload[at:at + 80]!r}")
-    check(ids == list(range(len(ids))), f"SSE: ids 0, 1, 2, ...: {ids}")
-    check(data and data[-1] == b"[DONE]", "SSE: data: [DONE] is the last event")
-    for d in data[:-1]:
-        obj = json.loads(d)
-        check(obj.get("id") == rid and obj.get("object") == "chat.completion.chunk",
-              f"SSE: chunk {d[:120]!r}")
-    return rid
+    return ids, data
+
+
+def test_resume(base_url, api_key, rid, ids, data):
+    """GET .../{id}/stream after the stream ended: with Last-Event-ID: n the
+    events after n, without it all of them, byte for byte the same."""
+    path = f"/v1/chat/completions/{rid}/stream"
+    for last in (None, 0, len(ids) // 2):
+        hdr = () if last is None else (f"Last-Event-ID: {last}",)
+        status, h, payload = curl(base_url, api_key, path, headers=hdr)
+        what = f"resume after {last}"
+        check(status == 200 and h.get("content-type", "").startswith("text/event-stream"),
+              f"{what}: {status} {h.get('content-type')}")
+        got_ids, got_data = parse_sse(payload, what)
+        start = 0 if last is None else last + 1
+        check(got_ids == ids[start:] and got_data == data[start:],
+              f"{what}: events {got_ids}, want {ids[start:]}")
+    status, _, _ = curl(base_url, api_key, "/v1/chat/completions/chatcmpl-" + "0" * 32 + "/stream")
+    check(status == 404, f"resume of an unknown id: {status}")
 
 
 def test_http_surface(base_url, api_key):
@@ -221,7 +248,7 @@ def main():
           f"same seed, same text streamed or not: {streamed!r} vs {text!r}")
     test_stream(client, model, messages, include_usage=False)
     test_errors(client, model, base + "/v1", args.api_key)
-    test_sse_framing(base, args.api_key, model, messages)
+    test_resume(base, args.api_key, *test_sse_framing(base, args.api_key, model, messages))
     test_http_surface(base, args.api_key)
     print(f"openai_conformance: model {model}, answer {text!r} ({finish})")
     print(f"{n_checks} checks, {n_failures} failures")

@@ -110,5 +110,5 @@ rc=0
 "$venv/bin/python" "$here/openai_conformance.py" --base-url "$base" --image "$image" \
   --api-key "$key" || rc=1
 "$venv/bin/python" "$here/chat_page.py" --base-url "$base" --image "$image" \
-  --api-key "$key" --out "$out" || rc=1
+  --api-key "$key" --ops-url "http://127.0.0.1:$ops_port" --out "$out" || rc=1
 exit "$rc"
