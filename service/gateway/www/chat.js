@@ -220,6 +220,8 @@ async function send(ev) {
 
   const answer = addMessage("assistant", "");
   answer.li.dataset.state = "waiting";
+  // Screen readers announce the answer once, when it is whole, not per token.
+  answer.li.setAttribute("aria-busy", "true");
   const t = turn = {
     controller: new AbortController(), id: null, lastEventId: null,
     li: answer.li, out: answer.body, text: "", chunks: 0, usage: null,
@@ -270,6 +272,7 @@ function finish(t, state) {
   if (t.text) conversation.push({ role: "assistant", content: t.text });
   else conversation.pop();
   t.li.dataset.state = state;
+  t.li.removeAttribute("aria-busy");
   setStatus(state);
   turn = null;
   setBusy(false);
