@@ -14,6 +14,7 @@ packages=(
   libhiredis-dev redis-server        # Redis client; a local server for demos and tests
   libevent-dev                       # the gateway's HTTP server (evhttp) and event loop
   clang libclang-rt-dev              # libFuzzer targets in CI
+  chromium chromium-driver python3-venv  # the gateway's page and client tests (tests/gateway)
 )
 
 missing=()
