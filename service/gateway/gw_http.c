@@ -410,13 +410,16 @@ static int authenticate(gw_conn *c)
     return i;
 }
 
-/* The request's body as one contiguous NUL-free view (evhttp has bounded
- * it by limits.max_request_bytes already). */
+/* The request's body, contiguous and NUL-terminated (the NUL not counted
+ * in *len): evhttp has bounded it by limits.max_request_bytes already.
+ * NULL when out of memory. */
 static const char *body_of(gw_conn *c, size_t *len)
 {
     struct evbuffer *in = evhttp_request_get_input_buffer(c->req);
     *len = evbuffer_get_length(in);
-    return *len ? (const char *)evbuffer_pullup(in, -1) : "";
+    if (evbuffer_add(in, "", 1))
+        return NULL;
+    return (const char *)evbuffer_pullup(in, -1);
 }
 
 /* Rewrite the client's body into the worker's request (see the brief in
@@ -429,7 +432,12 @@ static char *rewrite(gw_conn *c, gw_stream_params *p, bool *stream, int64_t *dea
     svc_gateway *g = c->g;
     size_t len;
     const char *text = body_of(c, &len);
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!text) {
+        send_error(c, "internal", "out of memory", 0);
+        return NULL;
+    }
+    /* The whole body is one value: trailing bytes are an error, not ignored. */
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len + 1, NULL, true);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         send_error(c, "invalid_json", "The body is not a JSON object.", 0);
