@@ -12,7 +12,9 @@ packages=(
   libpng-dev                         # PNG decode
   librdkafka-dev kcat                # Kafka client; kcat as the independent test client
   libhiredis-dev redis-server        # Redis client; a local server for demos and tests
+  libevent-dev                       # the gateway's HTTP server (evhttp) and event loop
   clang libclang-rt-dev              # libFuzzer targets in CI
+  chromium chromium-driver python3-venv  # the gateway's page and client tests (tests/gateway)
 )
 
 missing=()

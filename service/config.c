@@ -34,6 +34,11 @@ extern const char svc_local_config[];
 #define TENANT_IN_FLIGHT_PER_SLOT 2
 #define TENANT_IN_FLIGHT_MAX (1 << 20)
 #define TENANTS_ENV "MLLAMA_TENANTS" /* the "tenants" array as JSON text */
+/* gateway.max_connections and the stream limits at most: the gateway's
+ * descriptors (one per connection) stay below a generous RLIMIT_NOFILE. */
+#define GATEWAY_CONNECTIONS_MAX (1 << 20)
+/* A tenant's requests per second and burst at most. */
+#define GATEWAY_RATE_MAX 1000000
 /* The domain tag of a cache salt, NUL included: sha256(tag || cache_group). */
 static const char cache_salt_tag[] = "mllama.cache";
 
@@ -107,6 +112,24 @@ static const field fields[] = {
     INT("worker", "prep_threads", worker.prep_threads, 1, SVC_PREP_THREADS_MAX),
     STR("http", "listen", http.listen),
     INT("drain", "grace_ms", drain.grace_ms, 0, 3600 * 1000),
+    STR("gateway", "listen", gateway.listen),
+    STR("gateway", "instance", gateway.instance),
+    STR("gateway", "api_keys_file", gateway.api_keys_file),
+    STR("gateway", "model", gateway.model),
+    INT("gateway", "retain_s", gateway.retain_s, 0, 86400),
+    INT("gateway", "abandon_ms", gateway.abandon_ms, 0, 3600 * 1000),
+    INT("gateway", "request_timeout_s", gateway.request_timeout_s, 1, 86400),
+    INT("gateway", "max_connections", gateway.max_connections, 1, GATEWAY_CONNECTIONS_MAX),
+    INT("gateway", "max_streams", gateway.max_streams, 1, GATEWAY_CONNECTIONS_MAX),
+    INT("gateway", "tenant_max_streams", gateway.tenant_max_streams, 1, GATEWAY_CONNECTIONS_MAX),
+    INT("gateway", "tenant_requests_per_s", gateway.tenant_requests_per_s, 1, GATEWAY_RATE_MAX),
+    INT("gateway", "tenant_burst", gateway.tenant_burst, 1, GATEWAY_RATE_MAX),
+    INT("gateway", "header_timeout_ms", gateway.header_timeout_ms, 100, 3600 * 1000),
+    INT("gateway", "keepalive_s", gateway.keepalive_s, 1, 3600),
+    LONG("gateway", "max_retained_bytes", gateway.max_retained_bytes, 1L << 20, 1L << 40),
+    LONG("gateway", "write_buffer_bytes", gateway.write_buffer_bytes, 4096, 1L << 30),
+    BOOL("gateway", "create_reply_topics", gateway.create_reply_topics),
+    INT("gateway", "reply_partitions", gateway.reply_partitions, 1, 1024),
 };
 #define N_FIELDS (sizeof fields / sizeof fields[0])
 
@@ -254,8 +277,10 @@ static int tenant_int(const cJSON *o, const char *key, int *dst, int lo, int hi,
 static int set_tenants(svc_config *cfg, const cJSON *arr, const char *name, char *err,
                        size_t errlen)
 {
-    static const char *const keys[] = {"name",   "request_topic", "cancel_topic", "reply_topics",
-                                       "weight", "max_in_flight", "cache_group"};
+    static const char *const keys[] = {"name",         "request_topic",  "cancel_topic",
+                                       "reply_topics", "weight",         "max_in_flight",
+                                       "cache_group",  "max_streams",    "requests_per_s",
+                                       "burst"};
     int n = cJSON_GetArraySize(arr);
     if (!cJSON_IsArray(arr) || n < 1 || n > SVC_TENANTS_MAX) {
         svc_errf(err, errlen, "%s: tenants: expected an array of 1 to %d tenant objects", name,
@@ -302,7 +327,12 @@ static int set_tenants(svc_config *cfg, const cJSON *arr, const char *name, char
                        errlen) ||
             tenant_int(o, "weight", &x->weight, 1, TENANT_WEIGHT_MAX, where, err, errlen) ||
             tenant_int(o, "max_in_flight", &x->max_in_flight, 1, TENANT_IN_FLIGHT_MAX, where, err,
-                       errlen)) {
+                       errlen) ||
+            tenant_int(o, "max_streams", &x->max_streams, 1, GATEWAY_CONNECTIONS_MAX, where, err,
+                       errlen) ||
+            tenant_int(o, "requests_per_s", &x->requests_per_s, 1, GATEWAY_RATE_MAX, where, err,
+                       errlen) ||
+            tenant_int(o, "burst", &x->burst, 1, GATEWAY_RATE_MAX, where, err, errlen)) {
             rc = -1;
             break;
         }
@@ -467,6 +497,12 @@ static int tenant_defaults(const svc_config *cfg, svc_tenant *t, const char *whe
         t->max_in_flight = TENANT_IN_FLIGHT_PER_SLOT * cfg->runtime.max_running;
     if (!t->cache_group[0])
         memcpy(t->cache_group, t->name, sizeof t->cache_group);
+    if (!t->max_streams)
+        t->max_streams = cfg->gateway.tenant_max_streams;
+    if (!t->requests_per_s)
+        t->requests_per_s = cfg->gateway.tenant_requests_per_s;
+    if (!t->burst)
+        t->burst = cfg->gateway.tenant_burst;
     if (!svc_valid_tenant_name(t->cache_group, strlen(t->cache_group))) {
         svc_errf(err, errlen, "%s.cache_group: expected [a-z0-9_-]{1,%d}, got '%s'", where,
                  SVC_TENANT_NAME_MAX, t->cache_group);

@@ -43,6 +43,10 @@ typedef struct svc_tenant {
     int max_in_flight;                   /* its requests consumed and not yet finished */
     char cache_group[SVC_TENANT_NAME_MAX + 1]; /* tenants of one group share caches */
     uint8_t cache_salt[SVC_CACHE_SALT_BYTES]; /* sha256("mllama.cache\0" || cache_group) */
+    /* The gateway's limits for the tenant's HTTP clients (0 in the file: the
+     * gateway section's tenant_* default, filled in at load). */
+    int max_streams;                     /* its streams open at once */
+    int requests_per_s, burst;           /* its token bucket: refill rate and size */
 } svc_tenant;
 
 typedef struct svc_config {
@@ -112,6 +116,26 @@ typedef struct svc_config {
     struct {
         int grace_ms;
     } drain;
+    /* `mllama gateway` (service/gateway/gateway.h): the OpenAI-compatible
+     * HTTP front over the Kafka contract. */
+    struct {
+        char listen[256];                /* the public HTTP listener, "host:port" */
+        char instance[64];               /* names its reply topics; "" = the hostname */
+        char api_keys_file[SVC_CONFIG_STR]; /* "" = no authentication (one tenant only) */
+        char model[256];                 /* the base model's public name; "" = basename of
+                                            model.dir */
+        int retain_s;                    /* an ended stream stays resumable this long */
+        int abandon_ms;                  /* a stream without a reader this long is cancelled */
+        int request_timeout_s;           /* the deadline given to a request without one */
+        int max_connections, max_streams, tenant_max_streams;
+        int tenant_requests_per_s, tenant_burst;
+        int header_timeout_ms;           /* a request must arrive whole within this */
+        int keepalive_s;                 /* SSE comment interval on an idle stream */
+        long max_retained_bytes;         /* every stream's event log together */
+        long write_buffer_bytes;         /* a connection's unsent bytes before writes pause */
+        int create_reply_topics;         /* create missing reply topics at start */
+        int reply_partitions;            /* their partitions when created */
+    } gateway;
     /* The tenants, at least one after load: the file's "tenants" array, or
      * the implicit tenant "default" on kafka.request_topic,
      * kafka.cancel_topic and kafka.reply_topics. Owned (heap), so a copy of

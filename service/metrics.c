@@ -79,14 +79,8 @@ static const char *const gauge_names[SVC_GAUGE_COUNT][2] = {
                                       "bytes of the cached compiled grammars (tables and masks)"},
 };
 
-#define MAX_BUCKETS 12
-typedef struct hist_def {
-    const char *name, *help;
-    int n;
-    double le[MAX_BUCKETS];
-} hist_def;
 
-static const hist_def hist_defs[SVC_HIST_COUNT] = {
+static const svc_hist_def hist_defs[SVC_HIST_COUNT] = {
     [SVC_HIST_TTFT] = {"mllama_time_to_first_token_seconds", "hand-off to first token record",
                        12, {0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64}},
     [SVC_HIST_INTER_TOKEN] = {"mllama_inter_token_latency_seconds",
@@ -104,7 +98,7 @@ static const hist_def hist_defs[SVC_HIST_COUNT] = {
 };
 
 /* Per tenant: a request's wait from consumption to admission into the batch. */
-static const hist_def tenant_queue_def = {
+static const svc_hist_def tenant_queue_def = {
     "mllama_tenant_queue_seconds",
     "consumed to admitted into the batch, by tenant", 12,
     {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
@@ -119,12 +113,6 @@ static const char *const rebalance_names[SVC_REBALANCE_COUNT] = {"assign", "revo
 
 /* ---- values ---------------------------------------------------------------- */
 
-typedef struct hist_val {
-    _Atomic uint64_t buckets[MAX_BUCKETS];
-    _Atomic uint64_t count;
-    _Atomic uint64_t sum_bits;
-} hist_val;
-
 typedef struct lag_series {
     char topic[SVC_TOPIC_NAME_MAX + 1];
     int32_t partition;
@@ -134,7 +122,7 @@ typedef struct lag_series {
 static struct {
     _Atomic uint64_t counters[SVC_COUNTER_COUNT];
     _Atomic uint64_t gauges[SVC_GAUGE_COUNT]; /* double bits */
-    hist_val hists[SVC_HIST_COUNT];
+    svc_hist_val hists[SVC_HIST_COUNT];
     _Atomic uint64_t outcomes[N_OUTCOMES];
     _Atomic uint64_t errors[N_CODES];
     _Atomic uint64_t dead_letters[N_CODES];
@@ -147,7 +135,7 @@ static struct {
     char row_mask[INFO_MAX];
     size_t n_tenants;
     char tenant[SVC_METRICS_TENANTS_MAX][INFO_MAX];
-    hist_val tenant_queue[SVC_METRICS_TENANTS_MAX];
+    svc_hist_val tenant_queue[SVC_METRICS_TENANTS_MAX];
     _Atomic int tenant_in_flight[SVC_METRICS_TENANTS_MAX];
     _Atomic bool tenant_paused[SVC_METRICS_TENANTS_MAX];
 } reg = {.lag_lock = PTHREAD_MUTEX_INITIALIZER};
@@ -179,7 +167,7 @@ void svc_metrics_set_info(const char *version, const char *backend, const char *
 void svc_metrics_add(svc_counter c, uint64_t n) { atomic_fetch_add(&reg.counters[c], n); }
 void svc_metrics_set(svc_gauge g, double v) { atomic_store(&reg.gauges[g], to_bits(v)); }
 
-static void observe(const hist_def *d, hist_val *v, double seconds)
+void svc_hist_observe(const svc_hist_def *d, svc_hist_val *v, double seconds)
 {
     for (int i = 0; i < d->n; i++)
         if (seconds <= d->le[i]) {
@@ -194,7 +182,7 @@ static void observe(const hist_def *d, hist_val *v, double seconds)
 
 void svc_metrics_observe(svc_histogram h, double seconds)
 {
-    observe(&hist_defs[h], &reg.hists[h], seconds);
+    svc_hist_observe(&hist_defs[h], &reg.hists[h], seconds);
 }
 
 void svc_metrics_set_tenants(const char *const *names, size_t n)
@@ -207,7 +195,7 @@ void svc_metrics_set_tenants(const char *const *names, size_t n)
 void svc_metrics_tenant_queue(size_t tenant, double seconds)
 {
     if (tenant < reg.n_tenants)
-        observe(&tenant_queue_def, &reg.tenant_queue[tenant], seconds);
+        svc_hist_observe(&tenant_queue_def, &reg.tenant_queue[tenant], seconds);
 }
 
 void svc_metrics_tenant_in_flight(size_t tenant, int n)
@@ -269,9 +257,9 @@ void svc_metrics_set_lag(const char *topic, int32_t partition, int64_t lag)
     pthread_mutex_unlock(&reg.lag_lock);
 }
 
-static void hist_reset(hist_val *v)
+static void hist_reset(svc_hist_val *v)
 {
-    for (int b = 0; b < MAX_BUCKETS; b++)
+    for (int b = 0; b < SVC_HIST_BUCKETS_MAX; b++)
         atomic_store(&v->buckets[b], 0);
     atomic_store(&v->count, 0);
     atomic_store(&v->sum_bits, 0);
@@ -307,17 +295,16 @@ void svc_metrics_reset(void)
 
 /* ---- rendering ------------------------------------------------------------- */
 
-static void head(svc_buf *b, const char *name, const char *help, const char *type)
+void svc_prom_head(svc_buf *b, const char *name, const char *help, const char *type)
 {
     svc_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-/* A histogram's series; `tenant` adds that label (NULL: none). */
-static void render_hist(svc_buf *b, const hist_def *d, const hist_val *v, const char *tenant)
+void svc_prom_hist(svc_buf *b, const svc_hist_def *d, const svc_hist_val *v, const char *labels)
 {
     char label[INFO_MAX + 16] = "";
-    if (tenant)
-        snprintf(label, sizeof label, "tenant=\"%s\",", tenant);
+    if (labels)
+        snprintf(label, sizeof label, "%s,", labels);
     uint64_t cum = 0;
     for (int i = 0; i < d->n; i++) {
         cum += atomic_load(&v->buckets[i]);
@@ -327,7 +314,7 @@ static void render_hist(svc_buf *b, const hist_def *d, const hist_val *v, const 
     uint64_t count = atomic_load(&v->count);
     /* The label without its trailing comma, in braces, for _sum and _count. */
     char braces[sizeof label + 2] = "";
-    if (tenant)
+    if (labels)
         snprintf(braces, sizeof braces, "{%.*s}", (int)strlen(label) - 1, label);
     svc_buf_printf(b, "%s_bucket{%sle=\"+Inf\"} %llu\n%s_sum%s %.17g\n%s_count%s %llu\n", d->name,
                    label, (unsigned long long)count, d->name, braces,
@@ -338,66 +325,69 @@ static void render_hist(svc_buf *b, const hist_def *d, const hist_val *v, const 
 void svc_metrics_render(svc_buf *b)
 {
     b->len = 0;
-    head(b, "mllama_build_info", "build and backend", "gauge");
+    svc_prom_head(b, "mllama_build_info", "build and backend", "gauge");
     svc_buf_printf(b, "mllama_build_info{version=\"%s\",backend=\"%s\"} 1\n", reg.version,
                    reg.backend);
-    head(b, "mllama_model_info", "served model, its fingerprint and its cross-attention row mask",
+    svc_prom_head(b, "mllama_model_info", "served model, its fingerprint and its cross-attention row mask",
          "gauge");
     svc_buf_printf(b,
                    "mllama_model_info{name=\"%s\",fingerprint=\"%s\","
                    "cross_attention_row_mask=\"%s\"} 1\n",
                    reg.model, reg.fingerprint, reg.row_mask);
     for (int i = 0; i < SVC_COUNTER_COUNT; i++) {
-        head(b, counter_names[i][0], counter_names[i][1], "counter");
+        svc_prom_head(b, counter_names[i][0], counter_names[i][1], "counter");
         svc_buf_printf(b, "%s %llu\n", counter_names[i][0],
                        (unsigned long long)atomic_load(&reg.counters[i]));
     }
     for (int i = 0; i < SVC_GAUGE_COUNT; i++) {
-        head(b, gauge_names[i][0], gauge_names[i][1], "gauge");
+        svc_prom_head(b, gauge_names[i][0], gauge_names[i][1], "gauge");
         svc_buf_printf(b, "%s %.17g\n", gauge_names[i][0],
                        from_bits(atomic_load(&reg.gauges[i])));
     }
-    head(b, "mllama_requests_total", "requests finished, by finish_reason", "counter");
+    svc_prom_head(b, "mllama_requests_total", "requests finished, by finish_reason", "counter");
     for (size_t i = 0; i < N_OUTCOMES; i++)
         svc_buf_printf(b, "mllama_requests_total{outcome=\"%s\"} %llu\n",
                        svc_finish_name(outcomes[i]),
                        (unsigned long long)atomic_load(&reg.outcomes[i]));
-    head(b, "mllama_request_errors_total", "requests answered with an error, by code", "counter");
+    svc_prom_head(b, "mllama_request_errors_total", "requests answered with an error, by code", "counter");
     for (int c = SVC_ERROR_INVALID_JSON; c < SVC_ERROR_TOO_MANY_ATTEMPTS; c++)
         svc_buf_printf(b, "mllama_request_errors_total{code=\"%s\"} %llu\n", svc_error_code(c),
                        (unsigned long long)atomic_load(&reg.errors[c]));
-    head(b, "mllama_dlt_messages_total", "messages sent to the dead-letter topic, by code",
+    svc_prom_head(b, "mllama_dlt_messages_total", "messages sent to the dead-letter topic, by code",
          "counter");
     for (int c = SVC_ERROR_INVALID_JSON; c < (int)N_CODES; c++)
         svc_buf_printf(b, "mllama_dlt_messages_total{code=\"%s\"} %llu\n", svc_error_code(c),
                        (unsigned long long)atomic_load(&reg.dead_letters[c]));
-    head(b, "mllama_kafka_rebalances_total", "rebalance callbacks, by type", "counter");
+    svc_prom_head(b, "mllama_kafka_rebalances_total", "rebalance callbacks, by type", "counter");
     for (int i = 0; i < SVC_REBALANCE_COUNT; i++)
         svc_buf_printf(b, "mllama_kafka_rebalances_total{type=\"%s\"} %llu\n", rebalance_names[i],
                        (unsigned long long)atomic_load(&reg.rebalances[i]));
-    head(b, "mllama_weight_bytes", "resident model weight bytes on one device, by dtype",
+    svc_prom_head(b, "mllama_weight_bytes", "resident model weight bytes on one device, by dtype",
          "gauge");
     for (int i = 0; i < ML_PLAN_DTYPES; i++)
         svc_buf_printf(b, "mllama_weight_bytes{dtype=\"%s\"} %.17g\n",
                        ml_plan_dtype_name((ml_plan_dtype)i),
                        from_bits(atomic_load(&reg.weight_bytes[i])));
     for (int h = 0; h < SVC_HIST_COUNT; h++) {
-        head(b, hist_defs[h].name, hist_defs[h].help, "histogram");
-        render_hist(b, &hist_defs[h], &reg.hists[h], NULL);
+        svc_prom_head(b, hist_defs[h].name, hist_defs[h].help, "histogram");
+        svc_prom_hist(b, &hist_defs[h], &reg.hists[h], NULL);
     }
-    head(b, tenant_queue_def.name, tenant_queue_def.help, "histogram");
-    for (size_t t = 0; t < reg.n_tenants; t++)
-        render_hist(b, &tenant_queue_def, &reg.tenant_queue[t], reg.tenant[t]);
-    head(b, "mllama_tenant_in_flight", "requests consumed and not finished, by tenant", "gauge");
+    svc_prom_head(b, tenant_queue_def.name, tenant_queue_def.help, "histogram");
+    char labels[INFO_MAX + 16];
+    for (size_t t = 0; t < reg.n_tenants; t++) {
+        snprintf(labels, sizeof labels, "tenant=\"%s\"", reg.tenant[t]);
+        svc_prom_hist(b, &tenant_queue_def, &reg.tenant_queue[t], labels);
+    }
+    svc_prom_head(b, "mllama_tenant_in_flight", "requests consumed and not finished, by tenant", "gauge");
     for (size_t t = 0; t < reg.n_tenants; t++)
         svc_buf_printf(b, "mllama_tenant_in_flight{tenant=\"%s\"} %d\n", reg.tenant[t],
                        atomic_load(&reg.tenant_in_flight[t]));
-    head(b, "mllama_tenant_paused", "1 while the tenant's request partitions are paused",
+    svc_prom_head(b, "mllama_tenant_paused", "1 while the tenant's request partitions are paused",
          "gauge");
     for (size_t t = 0; t < reg.n_tenants; t++)
         svc_buf_printf(b, "mllama_tenant_paused{tenant=\"%s\"} %d\n", reg.tenant[t],
                        atomic_load(&reg.tenant_paused[t]) ? 1 : 0);
-    head(b, "mllama_kafka_consumer_lag", "consumer lag of each assigned partition", "gauge");
+    svc_prom_head(b, "mllama_kafka_consumer_lag", "consumer lag of each assigned partition", "gauge");
     pthread_mutex_lock(&reg.lag_lock);
     for (int i = 0; i < reg.n_lag; i++)
         svc_buf_printf(b, "mllama_kafka_consumer_lag{topic=\"%s\",partition=\"%d\"} %lld\n",

@@ -6,11 +6,13 @@
 #ifndef SVC_METRICS_H
 #define SVC_METRICS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "protocol/protocol.h"
+#include "util.h"
 
 typedef enum svc_counter {
     SVC_COUNTER_PROMPT_TOKENS,
@@ -105,6 +107,31 @@ void svc_metrics_tenant_queue(size_t tenant, double seconds);
 /* mllama_tenant_in_flight{tenant}, mllama_tenant_paused{tenant} */
 void svc_metrics_tenant_in_flight(size_t tenant, int n);
 void svc_metrics_tenant_paused(size_t tenant, bool paused);
+
+/* ---- the Prometheus text format, for any registry ----------------------------
+ * What the worker's registry renders with, public so that another process's
+ * registry (the gateway's) writes the same format. */
+
+#define SVC_HIST_BUCKETS_MAX 12
+/* A histogram's name, help and upper bounds (seconds), static. */
+typedef struct svc_hist_def {
+    const char *name, *help;
+    int n;
+    double le[SVC_HIST_BUCKETS_MAX];
+} svc_hist_def;
+/* Its values: lock-free, zero-initialised. */
+typedef struct svc_hist_val {
+    _Atomic uint64_t buckets[SVC_HIST_BUCKETS_MAX];
+    _Atomic uint64_t count;
+    _Atomic uint64_t sum_bits; /* the sum's double bits */
+} svc_hist_val;
+
+void svc_hist_observe(const svc_hist_def *d, svc_hist_val *v, double seconds);
+/* The # HELP and # TYPE lines of a metric. */
+void svc_prom_head(svc_buf *b, const char *name, const char *help, const char *type);
+/* A histogram's _bucket, _sum and _count series; `labels` ("tenant=\"a\"",
+ * without braces) goes on each, NULL for none. Call after its svc_prom_head. */
+void svc_prom_hist(svc_buf *b, const svc_hist_def *d, const svc_hist_val *v, const char *labels);
 
 /* Render every series into *out (replacing its contents). */
 void svc_metrics_render(svc_buf *out);

@@ -18,6 +18,7 @@ int cmd_grammar(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
 int cmd_worker(int argc, char **argv);
+int cmd_gateway(int argc, char **argv);
 int cmd_submit(int argc, char **argv);
 int cmd_healthcheck(int argc, char **argv);
 

@@ -16,6 +16,7 @@ static const svc_command commands[] = {
     {"tokenize", cmd_tokenize, "encode/decode JSON lines with a tokenizer.json"},
     {"grammar", cmd_grammar, "check JSON Schemas and documents against the token masks (JSON lines)"},
     {"worker", cmd_worker, "run the Kafka worker (the product)"},
+    {"gateway", cmd_gateway, "run the OpenAI-compatible HTTP gateway in front of the workers"},
     {"submit", cmd_submit, "send one chat request to Kafka and stream the reply"},
     {"healthcheck", cmd_healthcheck, "GET a worker endpoint; exit 0 on HTTP 200"},
     {"mkmodel", cmd_mkmodel, "write a random-weight checkpoint of the real architecture"},

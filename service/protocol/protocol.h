@@ -68,8 +68,9 @@
  * fall through to the next one.
  *
  * ---- Reply records -------------------------------------------------------
- * Key: the request id. Headers: request_id, attempt, seq, final ("true" or
- * "false"). stream: true gives chat.completion.chunk records, seq 0, 1, ...:
+ * Key: the request id. Headers: request_id, attempt, seq, final and
+ * reproducible ("true" or "false", svc_headers_reply). stream: true gives
+ * chat.completion.chunk records, seq 0, 1, ...:
  *   {"id":ID,"object":"chat.completion.chunk","created":S,"model":M,
  *    "choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},
  *                "logprobs":null,"finish_reason":null}],"seq":0,"attempt":1}
@@ -525,10 +526,17 @@ typedef struct svc_headers {
     size_t store_used;
 } svc_headers;
 
-/* Reply headers: request_id (borrowed), attempt, seq, final ("true" or
- * "false"). @locality any thread. */
+/* Reply headers: request_id (borrowed), attempt, seq, final and
+ * reproducible ("true" or "false"). reproducible says that another
+ * execution of the request on a worker of the same configuration gives the
+ * same records, bit for bit: the backend is batch invariant (the CPU
+ * backend always; CUDA with runtime.batch_invariant), so a new attempt's
+ * tokens do not depend on what else was batched. A frontend that has shown
+ * part of an attempt may then continue from where it was instead of
+ * starting over (service/protocol/README.md, "Delivery contract").
+ * @locality any thread. */
 void svc_headers_reply(svc_headers *hs, const char *request_id, uint32_t attempt,
-                       uint32_t seq, bool final);
+                       uint32_t seq, bool final, bool reproducible);
 
 /* Dead-letter headers: x-error-code, x-error-msg (copied, truncated to fit
  * the store), x-original-topic (borrowed), x-original-partition,

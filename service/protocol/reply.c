@@ -365,13 +365,14 @@ static void headers_reset(svc_headers *hs)
 }
 
 void svc_headers_reply(svc_headers *hs, const char *request_id, uint32_t attempt,
-                       uint32_t seq, bool final)
+                       uint32_t seq, bool final, bool reproducible)
 {
     headers_reset(hs);
     headers_add(hs, "request_id", request_id, strlen(request_id));
     headers_add_i64(hs, "attempt", attempt);
     headers_add_i64(hs, "seq", seq);
     headers_add(hs, "final", final ? "true" : "false", final ? 4 : 5);
+    headers_add(hs, "reproducible", reproducible ? "true" : "false", reproducible ? 4 : 5);
 }
 
 void svc_headers_dlt(svc_headers *hs, svc_error code, const char *message,

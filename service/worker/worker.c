@@ -305,7 +305,9 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
     w->model = ml_engine_model(w->engine);
     w->tok = ml_engine_tokenizer(w->engine);
     w->rt = ml_engine_runtime(w->engine);
-    if (c->runtime.batch_invariant && !strcmp(ml_engine_backend_name(w->engine), "cpu"))
+    bool cpu = !strcmp(ml_engine_backend_name(w->engine), "cpu");
+    w->reproducible = cpu || c->runtime.batch_invariant;
+    if (c->runtime.batch_invariant && cpu)
         svc_log(SVC_LOG_INFO, "batch_invariant",
                 "runtime.batch_invariant selects CUDA kernels; the CPU backend is batch "
                 "invariant always");

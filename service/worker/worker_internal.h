@@ -233,6 +233,7 @@ struct svc_worker {
     char model_name[SVC_CONFIG_STR];
     char fingerprint[17];       /* first 16 hex digits of the model fingerprint */
     uint8_t fingerprint_digest[ML_SHA256_DIGEST_SIZE]; /* all of it: the prefix cache's root */
+    bool reproducible;          /* batch-invariant backend: the `reproducible` reply header */
     svc_limits limits;
     svc_health health;
     atomic_bool stop;           /* SIGTERM/SIGINT: drain and exit */

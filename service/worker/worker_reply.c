@@ -98,7 +98,7 @@ static svc_kafka_status produce_reply(svc_worker *w, job *j, job_record_kind kin
         return SVC_KAFKA_ERR_TOO_LARGE;
     }
     svc_headers hs;
-    svc_headers_reply(&hs, j->id, j->attempt, seq, final);
+    svc_headers_reply(&hs, j->id, j->attempt, seq, final, w->reproducible);
     svc_kafka_header kh[SVC_HEADERS_MAX];
     for (size_t i = 0; i < hs.n; i++)
         kh[i] = (svc_kafka_header){hs.h[i].name, hs.h[i].value, hs.h[i].len};

@@ -283,14 +283,16 @@ static void check_header(const svc_headers *hs, size_t i, const char *name, cons
 static void test_headers(void)
 {
     svc_headers hs;
-    svc_headers_reply(&hs, "req-1", 3, 4294967295u, true);
-    check(hs.n == 4, "4 reply headers");
+    svc_headers_reply(&hs, "req-1", 3, 4294967295u, true, true);
+    check(hs.n == 5, "5 reply headers");
     check_header(&hs, 0, "request_id", "req-1");
     check_header(&hs, 1, "attempt", "3");
     check_header(&hs, 2, "seq", "4294967295");
     check_header(&hs, 3, "final", "true");
-    svc_headers_reply(&hs, "req-1", 1, 0, false);
+    check_header(&hs, 4, "reproducible", "true");
+    svc_headers_reply(&hs, "req-1", 1, 0, false, false);
     check_header(&hs, 3, "final", "false");
+    check_header(&hs, 4, "reproducible", "false");
 
     svc_headers_dlt(&hs, SVC_ERROR_INVALID_REQUEST, "reply_topic: missing", "llm.requests", 7,
                     INT64_MAX, "worker-0");

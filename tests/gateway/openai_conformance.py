@@ -1,0 +1,259 @@
+"""The gateway as OpenAI's official Python client sees it, and as curl -N sees
+the bytes: models.list; a chat completion with an image, non-streamed and
+streamed (chunk shapes, one id, finish_reason, usage only with
+stream_options.include_usage); errors as the client's exception classes; the
+exact SSE framing (`id: n`, `data: ...`, `data: [DONE]`) and its headers; a
+finished stream read again with Last-Event-ID.
+
+    openai_conformance.py --base-url http://127.0.0.1:PORT --image FILE [--api-key KEY]
+
+With --api-key the gateway is expected to require keys (a wrong one is a 401).
+Prints every failed check and "N checks, M failures"; exit 1 on any failure.
+"""
+import argparse
+import base64
+import json
+import re
+import subprocess
+import sys
+
+import openai
+
+MAX_TOKENS = 12     # enough for several chunks, short on the CPU micro model
+SEED = 1234         # the same seed gives the same text streamed or not
+TIMEOUT_S = 120     # one request, on a loaded CI machine
+REQUEST_ID = re.compile(r"chatcmpl-[0-9a-f]{32}")
+WORKER_FIELDS = ("seq", "attempt", "timings")  # the worker's, never the client's
+
+n_checks = 0
+n_failures = 0
+
+
+def check(ok, what):
+    global n_checks, n_failures
+    n_checks += 1
+    if not ok:
+        n_failures += 1
+        print(f"FAIL: {what}", flush=True)
+    return ok
+
+
+def image_message(path, text):
+    with open(path, "rb") as f:
+        url = "data:image/jpeg;base64," + base64.b64encode(f.read()).decode()
+    return {"role": "user", "content": [{"type": "text", "text": text},
+                                        {"type": "image_url", "image_url": {"url": url}}]}
+
+
+def test_models(client):
+    models = client.models.list().data
+    check(len(models) >= 1, "models.list has the base model")
+    for m in models:
+        check(isinstance(m.id, str) and m.id and m.object == "model", f"model entry {m}")
+    return models[0].id
+
+
+def test_non_stream(client, model, messages):
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS,
+                                       seed=SEED)
+    check(REQUEST_ID.fullmatch(r.id or ""), f"completion id {r.id!r}")
+    check(r.object == "chat.completion", f"object {r.object!r}")
+    check(r.model == model, f"model echoed: {r.model!r}")
+    check(len(r.choices) == 1, "one choice")
+    c = r.choices[0]
+    check(c.index == 0 and c.message.role == "assistant", "choice 0, role assistant")
+    check(isinstance(c.message.content, str), "content is a string")
+    check(c.finish_reason in ("stop", "length"), f"finish_reason {c.finish_reason!r}")
+    u = r.usage
+    check(u is not None and u.completion_tokens >= 1 and u.prompt_tokens >= 1
+          and u.total_tokens == u.prompt_tokens + u.completion_tokens, f"usage {u}")
+    check(u is not None and u.prompt_tokens_details is not None
+          and u.prompt_tokens_details.cached_tokens is not None, "usage.cached_tokens")
+    check(not any(k in (r.model_extra or {}) for k in WORKER_FIELDS),
+          f"no worker fields: {r.model_extra}")
+    return c.message.content, c.finish_reason
+
+
+def test_stream(client, model, messages, include_usage):
+    kw = {"stream_options": {"include_usage": True}} if include_usage else {}
+    chunks = list(client.chat.completions.create(model=model, messages=messages,
+                                                 max_tokens=MAX_TOKENS, seed=SEED,
+                                                 stream=True, **kw))
+    what = f"stream (include_usage={include_usage})"
+    check(len(chunks) >= 2, f"{what}: {len(chunks)} chunks")
+    ids = {c.id for c in chunks}
+    check(len(ids) == 1 and REQUEST_ID.fullmatch(next(iter(ids))), f"{what}: one id {ids}")
+    text, finish, usage = "", [], []
+    for c in chunks:
+        check(c.object == "chat.completion.chunk" and c.model == model and c.created > 0,
+              f"{what}: chunk head {c.object} {c.model} {c.created}")
+        check(not any(k in (c.model_extra or {}) for k in WORKER_FIELDS),
+              f"{what}: no worker fields: {c.model_extra}")
+        for ch in c.choices:
+            check(ch.index == 0, f"{what}: choice index {ch.index}")
+            text += ch.delta.content or ""
+            if ch.finish_reason:
+                finish.append(ch.finish_reason)
+        if c.usage is not None:
+            usage.append(c)
+    check(len(finish) == 1 and finish[0] in ("stop", "length"), f"{what}: finish {finish}")
+    if include_usage:
+        last = chunks[-1]
+        check(len(usage) == 1 and usage[0] is last and last.choices == [],
+              f"{what}: usage only on a last chunk without choices")
+        check(last.usage.completion_tokens >= 1 and last.usage.total_tokens ==
+              last.usage.prompt_tokens + last.usage.completion_tokens, f"{what}: {last.usage}")
+    else:
+        check(not usage and all(c.choices for c in chunks), f"{what}: no usage chunk")
+    return text, finish[0] if finish else None
+
+
+def test_errors(client, model, base_url, api_key):
+    def expect(exc, status, **kw):
+        try:
+            client.chat.completions.create(model=kw.pop("model", model), max_tokens=4, **kw)
+            check(False, f"{kw}: no error, want {exc.__name__}")
+        except exc as e:
+            check(e.status_code == status, f"{exc.__name__}: status {e.status_code}")
+            check(isinstance(e.body, dict) and e.body.get("code") and e.body.get("message"),
+                  f"{exc.__name__}: an OpenAI error object: {e.body}")
+            return e.body
+        except openai.APIError as e:
+            check(False, f"{kw}: {type(e).__name__} {e}, want {exc.__name__}")
+
+    expect(openai.BadRequestError, 400, messages=[])
+    body = expect(openai.BadRequestError, 400, messages=[{
+        "role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                    {"type": "image_url",
+                                     "image_url": {"url": "data:image/jpeg;base64,AAAA"}}]}])
+    check(body is None or body.get("code") == "invalid_image", f"invalid_image: {body}")
+    expect(openai.NotFoundError, 404, model="no-such-model",
+           messages=[{"role": "user", "content": "hi"}])
+    if api_key:
+        wrong = openai.OpenAI(base_url=base_url, api_key="mk-wrong", max_retries=0,
+                              timeout=TIMEOUT_S)
+        try:
+            wrong.models.list()
+            check(False, "a wrong key is refused")
+        except openai.AuthenticationError as e:
+            check(e.status_code == 401, f"wrong key: status {e.status_code}")
+
+
+# ---- the bytes, as curl -N sees them ----------------------------------------
+
+SSE_EVENT = re.compile(rb"id: (\d+)\ndata: ([^\n]*)\n\n|: [^\n]*\n\n")
+
+
+def curl(base_url, api_key, path, body=None, headers=()):
+    """Returns (status, headers as a lower-cased dict, body bytes)."""
+    cmd = ["curl", "-N", "-sS", "-D", "-", "--max-time", str(TIMEOUT_S), base_url + path]
+    for h in headers:
+        cmd += ["-H", h]
+    if api_key:
+        cmd += ["-H", f"Authorization: Bearer {api_key}"]
+    if body is not None:
+        cmd += ["-H", "Content-Type: application/json", "--data-binary", "@-"]
+    out = subprocess.run(cmd, input=body, capture_output=True, check=True).stdout
+    head, _, payload = out.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return int(lines[0].split()[1]), headers, payload
+
+
+def test_sse_framing(base_url, api_key, model, messages):
+    body = json.dumps({"model": model, "messages": messages, "max_tokens": MAX_TOKENS,
+                       "seed": SEED, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
+    status, h, payload = curl(base_url, api_key, "/v1/chat/completions", body)
+    check(status == 200, f"SSE: status {status}")
+    check(h.get("content-type", "").startswith("text/event-stream"), f"SSE: {h}")
+    check(h.get("cache-control") == "no-cache", f"SSE: cache-control {h.get('cache-control')}")
+    check(h.get("x-accel-buffering") == "no", "SSE: X-Accel-Buffering: no")
+    rid = h.get("x-request-id", "")
+    check(REQUEST_ID.fullmatch(rid), f"SSE: X-Request-Id {rid!r}")
+    ids, data = parse_sse(payload, "SSE")
+    check(ids == list(range(len(ids))), f"SSE: ids 0, 1, 2, ...: {ids}")
+    check(data and data[-1] == b"[DONE]", "SSE: data: [DONE] is the last event")
+    for d in data[:-1]:
+        obj = json.loads(d)
+        check(obj.get("id") == rid and obj.get("object") == "chat.completion.chunk",
+              f"SSE: chunk {d[:120]!r}")
+    return rid, ids, data
+
+
+def parse_sse(payload, what):
+    """The (ids, data) of an SSE body; checks that every byte is an event."""
+    at, ids, data = 0, [], []
+    for m in SSE_EVENT.finditer(payload):
+        if m.start() != at:
+            break
+        at = m.end()
+        if m.group(1) is not None:
+            ids.append(int(m.group(1)))
+            data.append(m.group(2))
+    check(at == len(payload), f"{what}: every byte is an event; unparsed from {at}: "
+                              f"{payload[at:at + 80]!r}")
+    return ids, data
+
+
+def test_resume(base_url, api_key, rid, ids, data):
+    """GET .../{id}/stream after the stream ended: with Last-Event-ID: n the
+    events after n, without it all of them, byte for byte the same."""
+    path = f"/v1/chat/completions/{rid}/stream"
+    for last in (None, 0, len(ids) // 2):
+        hdr = () if last is None else (f"Last-Event-ID: {last}",)
+        status, h, payload = curl(base_url, api_key, path, headers=hdr)
+        what = f"resume after {last}"
+        check(status == 200 and h.get("content-type", "").startswith("text/event-stream"),
+              f"{what}: {status} {h.get('content-type')}")
+        got_ids, got_data = parse_sse(payload, what)
+        start = 0 if last is None else last + 1
+        check(got_ids == ids[start:] and got_data == data[start:],
+              f"{what}: events {got_ids}, want {ids[start:]}")
+    status, _, _ = curl(base_url, api_key, "/v1/chat/completions/chatcmpl-" + "0" * 32 + "/stream")
+    check(status == 404, f"resume of an unknown id: {status}")
+
+
+def test_http_surface(base_url, api_key):
+    status, h, page = curl(base_url, api_key, "/")
+    check(status == 200 and h.get("content-type", "").startswith("text/html")
+          and b"chat.js" in page, f"GET /: {status} {h.get('content-type')}")
+    status, h, _ = curl(base_url, api_key, "/chat.js")
+    check(status == 200 and "javascript" in h.get("content-type", ""), f"GET /chat.js: {status}")
+    status, h, body = curl(base_url, api_key, "/v1/chat/completions", b"{not json")
+    check(status == 400 and json.loads(body)["error"]["code"] == "invalid_json",
+          f"bad JSON: {status} {body[:200]!r}")
+    status, h, body = curl(base_url, api_key, "/v1/no-such-route")
+    check(status == 404 and "error" in json.loads(body), f"unknown route: {status} {body[:200]!r}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base-url", required=True, help="http://host:port (no /v1)")
+    ap.add_argument("--image", required=True, help="a JPEG sent as a data URL")
+    ap.add_argument("--api-key", default="", help="a valid key; the gateway requires keys")
+    args = ap.parse_args()
+    base = args.base_url.rstrip("/")
+    client = openai.OpenAI(base_url=base + "/v1", api_key=args.api_key or "unused",
+                           max_retries=0, timeout=TIMEOUT_S)
+    messages = [image_message(args.image, "Describe this image in one sentence.")]
+
+    model = test_models(client)
+    text, finish = test_non_stream(client, model, messages)
+    streamed, stream_finish = test_stream(client, model, messages, include_usage=True)
+    check(streamed == text and stream_finish == finish,
+          f"same seed, same text streamed or not: {streamed!r} vs {text!r}")
+    test_stream(client, model, messages, include_usage=False)
+    test_errors(client, model, base + "/v1", args.api_key)
+    test_resume(base, args.api_key, *test_sse_framing(base, args.api_key, model, messages))
+    test_http_surface(base, args.api_key)
+    print(f"openai_conformance: model {model}, answer {text!r} ({finish})")
+    print(f"{n_checks} checks, {n_failures} failures")
+    return 1 if n_failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+/* `mllama gateway` end to end, as separate processes: `mllama mock-kafka`, a
+ * real redis-server, a worker on the micro model and the gateway, with curl
+ * (when on PATH) and a socket client of the test's own as HTTP clients.
+ *
+ * - stream: true with an inline image: curl -N sees 200, text/event-stream,
+ *   no-cache, X-Accel-Buffering: no, X-Request-Id, and exactly
+ *   "id: n\ndata: {chunk}\n\n" events n = 0, 1, ... ending "data: [DONE]";
+ *   every chunk is a chat.completion.chunk of that id and the model asked
+ *   for, with no seq, attempt or timings.
+ * - stream: false with the same seed: one chat.completion whose content is
+ *   the stream's text, with usage and its cached_tokens detail.
+ * - stream_options.include_usage: a last chunk with "choices": [] and usage.
+ * - A request the worker refuses (max_tokens 0) is that error's status and
+ *   OpenAI error object, before any SSE byte.
+ * - GET /v1/models; unknown routes 404, wrong methods 405, JSON errors.
+ * - Resume: a client that drops a long stream after event 2 and comes back
+ *   with Last-Event-ID: 2 gets events 3, 4, ... to [DONE]; without the
+ *   header, from 0; the two readings agree; an unknown id is 404.
+ * - Explicit cancel: POST .../cancel ends a long stream (finish_reason
+ *   cancelled) and counts in mllama_gateway_cancels_total.
+ * - Disconnect and vanish: nobody resumes within gateway.abandon_ms, the
+ *   gateway cancels, the worker's cancelled count rises.
+ * - The gateway and the worker stop on SIGTERM with exit code 0, and no
+ *   sanitizer report in either log.
+ * Skipped (77) without redis-server. */
+#include "gw_client.h"
+
+#define IMAGE ML_SOURCE_DIR "/tests/golden/fixtures/images/ex_640x480.jpg"
+#define CALL_MS 30000        /* one request through the gateway */
+#define SHORT_TOKENS 8
+#define LONG_TOKENS (4096 / PU_SLOWDOWN) /* streams long enough to interrupt */
+#define DROP_AFTER_ID 2      /* the resume test's client leaves after this event */
+#define ABANDON_MS 300       /* gateway.abandon_ms of this test */
+#define CANCEL_MS 20000      /* a cancel reaching the worker and its final back */
+#define SEED "\"seed\":1234"
+#define ERR_BODY_MAX 4096
+
+static pu_stack st;
+static gwt_gateway gw;
+static char *image_part;
+
+static const char *const gateway_sets[] = {"gateway.abandon_ms=" "300", "gateway.keepalive_s=1",
+                                           NULL};
+_Static_assert(ABANDON_MS == 300, "gateway_sets spells ABANDON_MS");
+
+/* ---- helpers ---------------------------------------------------------------------- */
+
+/* A chunk event's checks: object, id, model, and the worker's own fields gone. */
+static void check_chunk(const char *data, const char *id, const char *model)
+{
+    cJSON *j = cJSON_Parse(data);
+    check(j != NULL, "chunk is JSON: %.120s", data);
+    const char *obj = pu_json_str(j, PU_PATH("object"));
+    check(obj && !strcmp(obj, "chat.completion.chunk"), "object: %s", obj ? obj : "(none)");
+    const char *cid = pu_json_str(j, PU_PATH("id"));
+    check(cid && !strcmp(cid, id), "chunk id %s, header %s", cid ? cid : "(none)", id);
+    const char *m = pu_json_str(j, PU_PATH("model"));
+    check(m && !strcmp(m, model), "model %s", m ? m : "(none)");
+    check(!cJSON_GetObjectItem(j, "seq") && !cJSON_GetObjectItem(j, "attempt") &&
+              !cJSON_GetObjectItem(j, "timings"),
+          "worker fields removed: %.200s", data);
+    cJSON_Delete(j);
+}
+
+/* The text of a complete SSE body, after the framing checks; NULL when bad. */
+static char *sse_text(const char *body, const char *id, const char *model)
+{
+    char **ev;
+    int n = gwt_events(body, 0, &ev);
+    if (n < 2)
+        return NULL;
+    check(!strcmp(ev[n - 1], "[DONE]"), "last event is [DONE]: %s", ev[n - 1]);
+    for (int i = 0; i + 1 < n; i++)
+        check_chunk(ev[i], id, model);
+    char *text = gwt_stream_text(ev, n - 1);
+    gwt_events_free(ev, n);
+    return text;
+}
+
+static double metric(int port, const char *name)
+{
+    return pu_metric(port, name);
+}
+
+/* ---- stream and non-stream --------------------------------------------------------- */
+
+static char *stream_text; /* the streamed answer of the seeded request */
+
+static void test_stream_curl(void)
+{
+    if (!pu_which("curl")) {
+        fprintf(stderr, "no curl on PATH: the stream is read by the test's client only\n");
+        return;
+    }
+    char *body = gwt_chat_body("Describe the image.", image_part,
+                               "\"stream\":true,\"max_tokens\":8," SEED ",\"model\":\"micro\"");
+    char file[PU_PATH_MAX + 32], hdr[PU_PATH_MAX + 32], cmd[4 * PU_PATH_MAX];
+    snprintf(file, sizeof file, "%s/body.json", st.dir);
+    snprintf(hdr, sizeof hdr, "%s/headers.txt", st.dir);
+    pu_write_file(file, body, strlen(body));
+    snprintf(cmd, sizeof cmd,
+             "curl -sS -N -m 30 -D %s -H 'Content-Type: application/json' --data-binary @%s "
+             "http://127.0.0.1:%d/v1/chat/completions",
+             hdr, file, gw.port);
+    int code;
+    char *out = pu_shell(cmd, &code);
+    char *headers = pu_slurp(hdr, NULL);
+    check(code == 0 && out && headers, "curl exit %d", code);
+    if (out && headers) {
+        check(strstr(headers, "HTTP/1.1 200") != NULL, "status: %.60s", headers);
+        check(strstr(headers, "Content-Type: text/event-stream") != NULL, "content type");
+        check(strstr(headers, "Cache-Control: no-cache") != NULL, "no-cache");
+        check(strstr(headers, "X-Accel-Buffering: no") != NULL, "X-Accel-Buffering");
+        const char *rid = strstr(headers, "X-Request-Id: chatcmpl-");
+        check(rid != NULL, "X-Request-Id");
+        char id[64] = "";
+        if (rid)
+            sscanf(rid + 14, "%63[a-z0-9-]", id);
+        check(strlen(id) == 41, "id chatcmpl-<32 hex>: %s", id);
+        stream_text = sse_text(out, id, "micro");
+        check(stream_text && stream_text[0], "the stream has text");
+    }
+    free(out);
+    free(headers);
+    free(body);
+}
+
+static void test_stream_socket_and_completion(void)
+{
+    char *body = gwt_chat_body("Describe the image.", image_part,
+                               "\"stream\":true,\"max_tokens\":8," SEED);
+    gwt_response r;
+    check(gwt_call(gw.port, "POST", "/v1/chat/completions", NULL, body, &r, CALL_MS),
+          "stream answered");
+    char id[64] = "";
+    check(r.status == 200 && gwt_header(&r, "X-Request-Id", id, sizeof id), "200 %d", r.status);
+    char *text = r.body ? sse_text(r.body, id, "micro") : NULL;
+    check(text != NULL, "socket stream parsed");
+    if (stream_text && text)
+        check(!strcmp(stream_text, text), "same seed, same text: '%s' vs '%s'", stream_text, text);
+    if (!stream_text)
+        stream_text = text;
+    else
+        free(text);
+    gwt_response_free(&r);
+    free(body);
+
+    body = gwt_chat_body("Describe the image.", image_part, "\"max_tokens\":8," SEED);
+    check(gwt_call(gw.port, "POST", "/v1/chat/completions", NULL, body, &r, CALL_MS),
+          "completion answered");
+    check(r.status == 200, "completion status %d: %.300s", r.status, r.body ? r.body : "");
+    cJSON *j = r.body ? cJSON_Parse(r.body) : NULL;
+    const char *obj = pu_json_str(j, PU_PATH("object"));
+    check(obj && !strcmp(obj, "chat.completion"), "object %s", obj ? obj : "(none)");
+    const char *content = pu_json_str(j, PU_PATH("choices", "0", "message", "content"));
+    check(content && stream_text && !strcmp(content, stream_text),
+          "completion text = stream text: '%s' vs '%s'", content ? content : "(none)",
+          stream_text ? stream_text : "(none)");
+    check(pu_json_num(j, PU_PATH("usage", "completion_tokens")) > 0, "usage");
+    check(!isnan(pu_json_num(j, PU_PATH("usage", "prompt_tokens_details", "cached_tokens"))),
+          "cached_tokens");
+    check(!cJSON_GetObjectItem(j, "seq") && !cJSON_GetObjectItem(j, "timings"), "no worker fields");
+    cJSON_Delete(j);
+    gwt_response_free(&r);
+    free(body);
+}
+
+static void test_include_usage(void)
+{
+    char *body = gwt_chat_body("Hello.", NULL,
+                               "\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                               "\"max_tokens\":4");
+    gwt_response r;
+    check(gwt_call(gw.port, "POST", "/v1/chat/completions", NULL, body, &r, CALL_MS), "answered");
+    char **ev;
+    int n = r.body ? gwt_events(r.body, 0, &ev) : -1;
+    check(n >= 3, "events %d", n);
+    if (n >= 3) {
+        cJSON *j = cJSON_Parse(ev[n - 2]);
+        const cJSON *choices = cJSON_GetObjectItem(j, "choices");
+        check(cJSON_IsArray(choices) && cJSON_GetArraySize(choices) == 0, "usage chunk: %s",
+              ev[n - 2]);
+        check(pu_json_num(j, PU_PATH("usage", "total_tokens")) > 0, "usage: %s", ev[n - 2]);
+        cJSON_Delete(j);
+        gwt_events_free(ev, n);
+    }
+    gwt_response_free(&r);
+    free(body);
+}
+
+/* ---- errors -------------------------------------------------------------------------- */
+
+/* One call's status and error code. */
+static void check_error(const char *method, const char *path, const char *body, int status,
+                        const char *code)
+{
+    gwt_response r;
+    check(gwt_call(gw.port, method, path, NULL, body, &r, CALL_MS), "%s %s answered", method, path);
+    cJSON *j = r.body ? cJSON_Parse(r.body) : NULL;
+    const char *got = pu_json_str(j, PU_PATH("error", "code"));
+    check(r.status == status && got && !strcmp(got, code), "%s %s: %d %s, want %d %s: %.200s",
+          method, path, r.status, got ? got : "(none)", status, code, r.body ? r.body : "");
+    check(pu_json_str(j, PU_PATH("error", "message")) && pu_json_str(j, PU_PATH("error", "type")) &&
+              cJSON_IsNull(pu_json_at(j, PU_PATH("error", "param"))),
+          "OpenAI error object: %.200s", r.body ? r.body : "");
+    cJSON_Delete(j);
+    gwt_response_free(&r);
+}
+
+static void test_errors(void)
+{
+    char *bad_tokens = gwt_chat_body("Hello.", NULL, "\"stream\":true,\"max_tokens\":0");
+    check_error("POST", "/v1/chat/completions", bad_tokens, 400, "invalid_request");
+    free(bad_tokens);
+    check_error("POST", "/v1/chat/completions", "{\"messages\": [", 400, "invalid_json");
+    check_error("POST", "/v1/chat/completions", "[1, 2]", 400, "invalid_json");
+    check_error("POST", "/v1/chat/completions", "{\"stream\": \"yes\", \"messages\": []}", 400,
+                "invalid_request");
+    check_error("GET", "/v1/chat/completions", NULL, 405, "method_not_allowed");
+    check_error("GET", "/v1/nothing", NULL, 404, "not_found");
+    check_error("GET", "/v1/chat/completions/chatcmpl-00000000000000000000000000000000/stream",
+                NULL, 404, "not_found");
+    check_error("POST", "/v1/chat/completions/x/cancel", NULL, 404, "not_found");
+
+    gwt_response r;
+    check(gwt_call(gw.port, "GET", "/v1/models", NULL, NULL, &r, CALL_MS), "models");
+    cJSON *j = r.body ? cJSON_Parse(r.body) : NULL;
+    const char *first = pu_json_str(j, PU_PATH("data", "0", "id"));
+    check(r.status == 200 && first && !strcmp(first, "micro"), "models: %.200s",
+          r.body ? r.body : "");
+    cJSON_Delete(j);
+    gwt_response_free(&r);
+}
+
+/* ---- resume, cancel, abandon ------------------------------------------------------------ */
+
+/* Start a long stream on a socket of its own; its id in id (64 bytes). */
+static int long_stream(gwt_response *r, char *id)
+{
+    char extra[128];
+    snprintf(extra, sizeof extra, "\"stream\":true,\"max_tokens\":%d," SEED, LONG_TOKENS);
+    char *body = gwt_chat_body("Tell a long story.", NULL, extra);
+    memset(r, 0, sizeof *r);
+    int fd = gwt_send_request(gw.port, "POST", "/v1/chat/completions", NULL, body, CALL_MS);
+    free(body);
+    check(fd >= 0 && gwt_read(fd, r, "id: 0\n", CALL_MS), "a long stream starts");
+    id[0] = 0;
+    gwt_header(r, "X-Request-Id", id, 64);
+    return fd;
+}
+
+static void test_resume(void)
+{
+    gwt_response r;
+    char id[64], path[128], until[32];
+    int fd = long_stream(&r, id);
+    snprintf(until, sizeof until, "id: %d\n", DROP_AFTER_ID + 1);
+    check(gwt_read(fd, &r, until, CALL_MS), "events before the drop");
+    close(fd); /* the client goes away mid-stream */
+    snprintf(path, sizeof path, "/v1/chat/completions/%s/stream", id);
+    char hdr[64];
+    snprintf(hdr, sizeof hdr, "Last-Event-ID: %d\r\n", DROP_AFTER_ID);
+    gwt_response rest, all;
+    check(gwt_call(gw.port, "GET", path, hdr, NULL, &rest, CALL_MS), "resumed to the end");
+    check(rest.status == 200, "resume status %d", rest.status);
+    char **ev;
+    int n = rest.body ? gwt_events(rest.body, DROP_AFTER_ID + 1, &ev) : -1;
+    check(n >= 2 && !strcmp(ev[n - 1], "[DONE]"), "resumed events from %d: %d", DROP_AFTER_ID + 1,
+          n);
+    if (n > 0)
+        gwt_events_free(ev, n);
+    check(gwt_call(gw.port, "GET", path, NULL, NULL, &all, CALL_MS), "replayed from 0");
+    char **ev_all;
+    int n_all = all.body ? gwt_events(all.body, 0, &ev_all) : -1;
+    check(n_all == n + DROP_AFTER_ID + 1, "replay has every event: %d = %d + %d", n_all, n,
+          DROP_AFTER_ID + 1);
+    if (n_all > 0)
+        gwt_events_free(ev_all, n_all);
+    check(!strcmp(all.body + strlen(all.body) - strlen(rest.body), rest.body),
+          "the resumed events are the replay's tail");
+    check(metric(gw.ops_port, "mllama_gateway_resumes_total") == 2, "resumes counted");
+    gwt_response_free(&r);
+    gwt_response_free(&rest);
+    gwt_response_free(&all);
+}
+
+static void test_cancel(void)
+{
+    gwt_response r;
+    char id[64], path[128];
+    int fd = long_stream(&r, id);
+    snprintf(path, sizeof path, "/v1/chat/completions/%s/cancel", id);
+    gwt_response c;
+    check(gwt_call(gw.port, "POST", path, NULL, NULL, &c, CALL_MS) && c.status == 200,
+          "cancel answered %d", c.status);
+    gwt_response_free(&c);
+    check(gwt_read(fd, &r, NULL, CANCEL_MS), "the cancelled stream ends");
+    check(r.body && strstr(r.body, "\"finish_reason\":\"cancelled\""), "finish_reason cancelled");
+    check(r.body && strstr(r.body, "data: [DONE]\n\n"), "then [DONE]");
+    close(fd);
+    check(metric(gw.ops_port, "mllama_gateway_cancels_total") == 1, "cancel counted");
+    gwt_response_free(&r);
+}
+
+static void test_abandon(void)
+{
+    int wport = pu_worker_http_port(&st.workers[0]);
+    const char *cancelled = "mllama_requests_total{outcome=\"cancelled\"}";
+    double before = metric(wport, cancelled);
+    gwt_response r;
+    char id[64];
+    int fd = long_stream(&r, id);
+    close(fd);
+    gwt_response_free(&r);
+    bool rose = false;
+    for (int64_t t0 = pu_now_ms(); !rose && pu_now_ms() - t0 < CANCEL_MS; pu_sleep_ms(50))
+        rose = metric(wport, cancelled) > before;
+    check(rose, "the worker's cancelled count rises after the client vanished");
+    check(metric(gw.ops_port, "mllama_gateway_abandoned_total") == 1, "abandon counted");
+}
+
+int main(void)
+{
+    pu_stack_start(&st, "gw", GWT_TOPICS);
+    size_t len;
+    char sha[ML_SHA256_HEX_SIZE];
+    uint8_t *img = pu_slurp_image(IMAGE, &len, sha);
+    image_part = pu_image_part(img, len);
+    free(img);
+    if (!pu_worker_start(&st.workers[0], &st.env, "w1", NULL) ||
+        !pu_wait_assigned(&st.workers[0], PU_START_MS))
+        pu_die("worker start");
+    if (!gwt_start(&gw, &st.env, "gateway", gateway_sets))
+        pu_die("gateway start");
+    int64_t t0 = pu_now_ms();
+    test_stream_curl();
+    test_stream_socket_and_completion();
+    test_include_usage();
+    test_errors();
+    test_resume();
+    test_cancel();
+    test_abandon();
+    fprintf(stderr, "gateway tests: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
+    int code = pu_stop(&gw.proc, PU_STOP_MS);
+    check(code == 0, "gateway exit code %d after SIGTERM", code);
+    pu_check_log_clean(gw.proc.log);
+    pu_worker_drain(&st.workers[0]);
+    free(stream_text);
+    free(image_part);
+    return check_done();
+}
