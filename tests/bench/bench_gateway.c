@@ -1,0 +1,392 @@
+/* What `mllama gateway` costs a client: the time it adds to every token and
+ * to the first one, and how many idle streams one gateway holds in how much
+ * memory.
+ *
+ *     ML_BENCH=1 bench_gateway [REQUESTS [MAX_TOKENS [STREAMS]]]
+ *
+ * Without ML_BENCH=1 it exits 77 (skipped) at once. Processes as in
+ * production: `mllama mock-kafka`, a redis-server, a worker on the micro
+ * model and the gateway, all fetching with fetch.wait.max.ms=1 (the mock
+ * answers an empty Fetch only after that wait, so a longer one would
+ * measure the mock: bench_service.c).
+ *
+ * Latency. REQUESTS requests, one at a time, each sent twice in turn: once
+ * through the gateway (HTTP POST, stream: true, the SSE events timestamped
+ * as they come off the socket) and once straight to the request topic (as
+ * a client of the Kafka contract would). A thread of the bench reads both
+ * reply topics, the gateway's own included, and timestamps every record.
+ *   per token:    SSE event k seen - the reply record k of the same request
+ *                 seen on the gateway's reply topic (the gateway's consume,
+ *                 rewrite and write, the bench's read), paired per token;
+ *   first token:  the same for k = 0 (reply side), and end to end: POST
+ *                 sent -> event 0 seen, against a direct request's produce
+ *                 started -> its record 0 seen, over the same worker; their
+ *                 p50 and p99 compared (the request side: HTTP parse, body
+ *                 rewrite, the produce).
+ * Goal (issue 25): <= 2 ms added per token at p99.
+ *
+ * Streams. The worker is stopped (SIGSTOP), so requests wait in Kafka and
+ * their streams stay open and idle; STREAMS of them are opened in steps of a
+ * quarter, each step waiting until the gateway counts them
+ * (mllama_gateway_streams_open) and has answered each with its 200 and
+ * headers (its keep-alive comment sends them, gateway.keepalive_s=1); the
+ * gateway's resident memory (VmRSS, /proc) is read at every step.
+ * Memory per stream = growth / streams opened. Goal: 1000 concurrent
+ * streams in <= 200 MiB of gateway memory. */
+#include <sys/resource.h>
+
+#include "gw_client.h"
+
+#define DEFAULT_REQUESTS 50
+#define DEFAULT_TOKENS 64
+#define DEFAULT_STREAMS 1000
+#define STREAMS_MAX 60000 /* descriptors: the bench and the gateway hold one each */
+#define WARMUP 3
+#define STEPS 4           /* streams opened in this many steps */
+#define CALL_MS 30000     /* one request answered */
+#define OPEN_MS 60000     /* a step of streams counted by the gateway */
+#define RECORDS_MAX (1 << 18)
+#define GOAL_TOKEN_P99_MS 2.0
+#define GOAL_STREAMS 1000
+#define GOAL_STREAMS_MIB 200.0
+#define PROMPT "Tell me about the sea."
+#define MIB (1024.0 * 1024.0)
+
+static pu_stack st;
+static pu_proc *const worker = &st.workers[0];
+static gwt_gateway gw;
+
+/* ---- samples ------------------------------------------------------------------------ */
+
+typedef struct samples {
+    double *v;
+    size_t n, cap;
+} samples;
+
+static void add(samples *s, double x)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 256;
+        s->v = realloc(s->v, s->cap * sizeof *s->v);
+        if (!s->v)
+            pu_die("out of memory");
+    }
+    s->v[s->n++] = x;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The p-th percentile (nearest rank); sorts the samples. */
+static double percentile(samples *s, double p)
+{
+    if (!s->n)
+        return NAN;
+    qsort(s->v, s->n, sizeof *s->v, cmp_double);
+    size_t rank = (size_t)ceil(p / 100.0 * (double)s->n);
+    return s->v[rank ? rank - 1 : 0];
+}
+
+static void print_row(const char *what, samples *s)
+{
+    printf("  %-44s n %5zu  p50 %8.3f ms  p99 %8.3f ms  max %8.3f ms\n", what, s->n,
+           percentile(s, 50), percentile(s, 99), percentile(s, 100));
+}
+
+/* ---- the reply topics, read on a thread of their own -------------------------------- */
+
+/* When a reply record was read; what the bench matches events with. */
+typedef struct seen {
+    char key[64];
+    int seq;
+    int64_t t_us;
+} seen;
+
+static struct {
+    pu_client client; /* the thread's alone */
+    pthread_mutex_t lock;
+    seen recs[RECORDS_MAX]; /* [0, n) under lock */
+    size_t n;
+    atomic_bool stop;
+    pthread_t thread;
+} reader = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void *read_replies(void *arg)
+{
+    (void)arg;
+    size_t copied = 0;
+    while (!atomic_load(&reader.stop)) {
+        pu_client_poll(&reader.client, 0);
+        pthread_mutex_lock(&reader.lock);
+        for (; copied < reader.client.n && reader.n < RECORDS_MAX; copied++) {
+            const pu_record *r = &reader.client.recs[copied];
+            seen *s = &reader.recs[reader.n++];
+            snprintf(s->key, sizeof s->key, "%s", r->key);
+            s->seq = r->seq;
+            s->t_us = r->t_us;
+        }
+        pthread_mutex_unlock(&reader.lock);
+    }
+    return NULL;
+}
+
+/* When record `seq` of request `key` was read, waiting up to CALL_MS for it;
+ * -1 when it never came. */
+static int64_t record_seen(const char *key, int seq)
+{
+    for (int64_t t0 = pu_now_ms(); pu_now_ms() - t0 < CALL_MS; pu_sleep_ms(1)) {
+        pthread_mutex_lock(&reader.lock);
+        int64_t t = -1;
+        for (size_t i = reader.n; i-- > 0 && t < 0;)
+            if (reader.recs[i].seq == seq && !strcmp(reader.recs[i].key, key))
+                t = reader.recs[i].t_us;
+        pthread_mutex_unlock(&reader.lock);
+        if (t >= 0)
+            return t;
+    }
+    return -1;
+}
+
+/* ---- latency --------------------------------------------------------------------------- */
+
+typedef struct latency {
+    samples token_added, first_added, ttft_gateway, ttft_direct;
+    size_t tokens, requests;
+} latency;
+
+/* One request through the gateway: every event's arrival paired with its
+ * record's. */
+static void through_gateway(latency *l, const char *extra, bool record)
+{
+    char *body = gwt_chat_body(PROMPT, NULL, extra);
+    int64_t t0 = pu_now_us();
+    int fd = gwt_send_request(gw.port, "POST", "/v1/chat/completions", NULL, body, CALL_MS);
+    free(body);
+    if (fd < 0)
+        pu_die("gateway: connect");
+    gwt_response r = {0};
+    int64_t at[RECORDS_MAX / 64];
+    int n = 0;
+    for (;; n++) {
+        char until[48];
+        snprintf(until, sizeof until, "id: %d\ndata: ", n);
+        if (!gwt_read(fd, &r, until, CALL_MS))
+            break;
+        at[n] = pu_now_us();
+        if (n + 1 == (int)(sizeof at / sizeof at[0]))
+            pu_die("more events than the bench holds");
+    }
+    close(fd);
+    char id[64];
+    if (r.status != 200 || !gwt_header(&r, "X-Request-Id", id, sizeof id) || n < 3 ||
+        !strstr(r.body, "data: [DONE]\n\n"))
+        pu_die("gateway: not a whole stream");
+    gwt_response_free(&r);
+    /* The last event is [DONE]: it has no record of its own. */
+    int tokens = n - 1;
+    int64_t rec[RECORDS_MAX / 64];
+    for (int k = 0; k < tokens; k++)
+        if ((rec[k] = record_seen(id, k)) < 0)
+            pu_die("a record of the gateway's request never seen on its reply topic");
+    if (!record)
+        return;
+    for (int k = 0; k < tokens; k++)
+        add(&l->token_added, (double)(at[k] - rec[k]) / 1000);
+    add(&l->first_added, (double)(at[0] - rec[0]) / 1000);
+    add(&l->ttft_gateway, (double)(at[0] - t0) / 1000);
+    l->tokens += (size_t)tokens;
+    l->requests++;
+}
+
+/* The same request straight to the request topic; its first record's time. */
+static void direct(latency *l, pu_client *producer, int i, const char *extra, bool record)
+{
+    char id[64];
+    snprintf(id, sizeof id, "direct-%d", i);
+    char *body = pu_chat_request(id, PROMPT, NULL, extra);
+    int64_t t0 = pu_now_us();
+    if (!pu_client_send(producer, id, body))
+        pu_die("direct: produce");
+    free(body);
+    int64_t first = record_seen(id, 0);
+    if (first < 0)
+        pu_die("direct: no reply");
+    if (record)
+        add(&l->ttft_direct, (double)(first - t0) / 1000);
+}
+
+static double measure_latency(int requests, int max_tokens)
+{
+    char extra[128];
+    snprintf(extra, sizeof extra, "\"stream\":true,\"max_tokens\":%d,\"temperature\":0",
+             max_tokens);
+    pu_client producer;
+    pu_client_init(&producer, st.brokers, NULL, 0);
+    latency l = {0};
+    for (int i = 0; i < WARMUP + requests; i++) {
+        through_gateway(&l, extra, i >= WARMUP);
+        direct(&l, &producer, i, extra, i >= WARMUP);
+    }
+    pu_client_deinit(&producer);
+    printf("latency: %zu requests, %.1f reply records each (a token each, the final "
+           "included), one at a time\n",
+           l.requests, (double)l.tokens / (double)l.requests);
+    print_row("added per token (SSE event - reply record)", &l.token_added);
+    print_row("added to the first token, reply side", &l.first_added);
+    print_row("first token, through the gateway", &l.ttft_gateway);
+    print_row("first token, direct to Kafka", &l.ttft_direct);
+    double gp50 = percentile(&l.ttft_gateway, 50), dp50 = percentile(&l.ttft_direct, 50);
+    double gp99 = percentile(&l.ttft_gateway, 99), dp99 = percentile(&l.ttft_direct, 99);
+    printf("  %-44s p50 %+8.3f ms  p99 %+8.3f ms\n", "first token, gateway - direct", gp50 - dp50,
+           gp99 - dp99);
+    double p99 = percentile(&l.token_added, 99);
+    printf("  goal: <= %.0f ms added per token at p99: %s\n\n", GOAL_TOKEN_P99_MS,
+           p99 <= GOAL_TOKEN_P99_MS ? "met" : "not met");
+    samples *all[] = {&l.token_added, &l.first_added, &l.ttft_gateway, &l.ttft_direct};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]->v);
+    return p99;
+}
+
+/* ---- streams held ---------------------------------------------------------------------- */
+
+/* The gateway's resident set in bytes (VmRSS); -1 when unreadable. */
+static double gateway_rss(void)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)gw.proc.pid);
+    char *s = pu_slurp(path, NULL);
+    const char *v = s ? strstr(s, "VmRSS:") : NULL;
+    double kib = v ? atof(v + strlen("VmRSS:")) : -1;
+    free(s);
+    return kib < 0 ? -1 : kib * 1024;
+}
+
+/* Open streams [from, to) on fds; wait until the gateway counts `to` streams
+ * and has answered each new one with its 200. */
+static void open_streams(int *fds, int from, int to)
+{
+    char *body = gwt_chat_body(PROMPT, NULL, "\"stream\":true,\"max_tokens\":16");
+    for (int i = from; i < to; i++)
+        if ((fds[i] = gwt_send_request(gw.port, "POST", "/v1/chat/completions", NULL, body,
+                                       OPEN_MS)) < 0)
+            pu_die("stream: connect (raise ulimit -n?)");
+    free(body);
+    int64_t t0 = pu_now_ms();
+    while (pu_metric(gw.ops_port, "mllama_gateway_streams_open") < to) {
+        if (pu_now_ms() - t0 > OPEN_MS)
+            pu_die("the gateway does not count the streams opened");
+        pu_sleep_ms(50);
+    }
+    for (int i = from; i < to; i++) {
+        gwt_response r = {0};
+        if (!gwt_read(fds[i], &r, ": keep-alive", OPEN_MS) || r.status != 200)
+            pu_die("a stream not answered 200 with a keep-alive");
+        gwt_response_free(&r);
+    }
+}
+
+static double measure_streams(int n)
+{
+    /* Let the previous phase's streams and their memory settle. */
+    pu_signal(worker, SIGSTOP);
+    double base = gateway_rss();
+    int *fds = malloc((size_t)n * sizeof *fds);
+    if (!fds || base < 0)
+        pu_die("streams: setup");
+    printf("streams: idle SSE streams held open (the worker stopped), gateway VmRSS "
+           "%.1f MiB before\n",
+           base / MIB);
+    double rss = base;
+    for (int step = 1; step <= STEPS; step++) {
+        int from = n * (step - 1) / STEPS, to = n * step / STEPS;
+        int64_t t0 = pu_now_ms();
+        open_streams(fds, from, to);
+        rss = gateway_rss();
+        printf("  %6d streams open (%5.1f s to open %d, answered at the 1 s keep-alive)  "
+               "VmRSS %7.1f MiB  "
+               "%6.1f KiB per stream\n",
+               to, (double)(pu_now_ms() - t0) / 1000, to - from, rss / MIB,
+               (rss - base) / 1024 / to);
+    }
+    printf("  connections open (gateway's count): %.0f\n",
+           pu_metric(gw.ops_port, "mllama_gateway_connections_open"));
+    for (int i = 0; i < n; i++)
+        close(fds[i]);
+    free(fds);
+    pu_signal(worker, SIGCONT);
+    double per_stream = (rss - base) / n;
+    double at_goal = (base + per_stream * GOAL_STREAMS) / MIB;
+    printf("  goal: %d streams in <= %.0f MiB: %.1f MiB at %d streams (%s)\n\n", GOAL_STREAMS,
+           GOAL_STREAMS_MIB, at_goal, GOAL_STREAMS,
+           at_goal <= GOAL_STREAMS_MIB ? "met" : "not met");
+    return per_stream;
+}
+
+/* ---- main ------------------------------------------------------------------------------ */
+
+/* Descriptors for n streams in this process and the gateway it starts. */
+static void raise_fd_limit(int n)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        pu_die("getrlimit");
+    rlim_t want = (rlim_t)n + 1024;
+    if (rl.rlim_cur < want) {
+        rl.rlim_cur = want < rl.rlim_max ? want : rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur < want)
+        fprintf(stderr, "descriptors limited to %llu: fewer streams may open\n",
+                (unsigned long long)rl.rlim_cur);
+}
+
+int main(int argc, char **argv)
+{
+    ml_bench_require();
+    int requests = argc > 1 ? atoi(argv[1]) : DEFAULT_REQUESTS;
+    int max_tokens = argc > 2 ? atoi(argv[2]) : DEFAULT_TOKENS;
+    int streams = argc > 3 ? atoi(argv[3]) : DEFAULT_STREAMS;
+    if (requests < 1 || max_tokens < 2 || max_tokens > 4000 || streams < STEPS ||
+        streams > STREAMS_MAX)
+        pu_die("usage: bench_gateway [REQUESTS >= 1 [MAX_TOKENS in 2..4000 [STREAMS in "
+               "4..60000]]]");
+    raise_fd_limit(streams);
+    pu_stack_start(&st, "gwbench", GWT_TOPICS);
+    const char *worker_sets[] = {"kafka.fetch.wait.max.ms=1", NULL};
+    if (!pu_worker_start(worker, &st.env, "bench-worker", worker_sets) ||
+        !pu_wait_assigned(worker, CALL_MS))
+        pu_die("worker start");
+    char max_streams[64], tenant_streams[64];
+    snprintf(max_streams, sizeof max_streams, "gateway.max_streams=%d", streams + 64);
+    snprintf(tenant_streams, sizeof tenant_streams, "gateway.tenant_max_streams=%d",
+             streams + 64);
+    /* No rate limit: the streams phase opens them as fast as it can. */
+    const char *gateway_sets[] = {"kafka.fetch.wait.max.ms=1", "gateway.keepalive_s=1",
+                                  "gateway.tenant_requests_per_s=1000000",
+                                  "gateway.tenant_burst=1000000", max_streams, tenant_streams,
+                                  NULL};
+    if (!gwt_start(&gw, &st.env, "bench-gateway", gateway_sets))
+        pu_die("gateway start");
+
+    pu_client_fetch_wait_ms = "1";
+    const char *topics[] = {GWT_REPLY_TOPIC, PU_REPLIES};
+    pu_client_init(&reader.client, st.brokers, topics, 2);
+    if (pthread_create(&reader.thread, NULL, read_replies, NULL) != 0)
+        pu_die("reader thread");
+
+    measure_latency(requests, max_tokens);
+    measure_streams(streams);
+
+    atomic_store(&reader.stop, true);
+    pthread_join(reader.thread, NULL);
+    pu_client_deinit(&reader.client);
+    /* A sanitizer build's run doubles as a check of the gateway under load. */
+    check(pu_stop(&gw.proc, PU_STOP_MS) == 0, "the gateway exits 0 on SIGTERM");
+    pu_check_log_clean(gw.proc.log);
+    pu_stack_stop(&st);
+    return check_done();
+}
