@@ -20,12 +20,14 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <math.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gateway/gw_assets.h"
 #include "gateway/gw_internal.h"
@@ -754,18 +756,39 @@ static int split_listen(const char *listen, char *host, size_t n, int *port)
     return 0;
 }
 
-static int bind_one(struct evhttp *http, const char *key, const char *listen, int *port,
+static int bind_one(struct evhttp *http, const char *key, const char *addr, int *port,
                     char *err, size_t errlen)
 {
     char host[256];
     int want;
-    if (split_listen(listen, host, sizeof host, &want)) {
-        svc_errf(err, errlen, "%s: expected host:port, got '%s'", key, listen);
+    if (split_listen(addr, host, sizeof host, &want)) {
+        svc_errf(err, errlen, "%s: expected host:port, got '%s'", key, addr);
         return -1;
     }
-    struct evhttp_bound_socket *s = evhttp_bind_socket_with_handle(http, host, (uint16_t)want);
+    /* Bound here rather than by evhttp_bind_socket, whose listen backlog
+     * (128) drops the SYNs of a burst of clients for a second or more. */
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE}, *ai = NULL;
+    char port_text[8];
+    snprintf(port_text, sizeof port_text, "%d", want);
+    int fd = -1, rc = getaddrinfo(host[0] ? host : NULL, port_text, &hints, &ai);
+    if (!rc) {
+        fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+        int one = 1;
+        if (fd >= 0 && (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+                        bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, SOMAXCONN) ||
+                        evutil_make_socket_nonblocking(fd) || evutil_make_socket_closeonexec(fd))) {
+            close(fd);
+            fd = -1;
+        }
+        freeaddrinfo(ai);
+    }
+    struct evhttp_bound_socket *s = fd >= 0 ? evhttp_accept_socket_with_handle(http, fd) : NULL;
     if (!s) {
-        svc_errf(err, errlen, "%s: cannot listen on %s: %s", key, listen, strerror(errno));
+        svc_errf(err, errlen, "%s: cannot listen on %s: %s", key, addr,
+                 rc ? gai_strerror(rc) : strerror(errno));
+        if (fd >= 0)
+            close(fd);
         return -1;
     }
     struct sockaddr_storage sa;

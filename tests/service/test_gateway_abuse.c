@@ -8,24 +8,27 @@
  * - a slow-loris client trickling its request: dropped once
  *   gateway.header_timeout_ms has passed since its accept, while probes and
  *   other clients are answered meanwhile;
- * - many idle connections: held without a thread each, probes and requests
+ * - 2000 idle connections: held without a thread each, probes and requests
  *   still answered, every one closed after the header timeout, and the
  *   gateway's resident memory grows by less than IDLE_BYTES_MAX each;
  * - more requests than the tenant's burst: 429 with Retry-After;
  * - connections past gateway.max_connections are closed at accept.
  * The gateway stops on SIGTERM with exit code 0 and a clean log.
  * Skipped (77) without redis-server. */
+#include <sys/resource.h>
+
 #include "gw_client.h"
 
 #define CALL_MS 20000
 #define HEADER_TIMEOUT_MS 3000     /* gateway.header_timeout_ms of this test */
 #define TRICKLE_MS 100             /* the slow-loris client's pace */
 #define DROP_MS (HEADER_TIMEOUT_MS + 2000) /* when it must be gone by */
-#define IDLE_CONNECTIONS 400       /* under the test's own descriptor limit */
+#define IDLE_CONNECTIONS 2000      /* under the test's own descriptor limit */
 #define IDLE_BYTES_MAX (32 << 10)  /* resident growth per idle connection, at most */
-#define MAX_CONNECTIONS 450        /* gateway.max_connections of this test */
+#define MAX_CONNECTIONS 2050       /* gateway.max_connections of this test */
 #define BURST 12                   /* gateway.tenant_burst of this test */
 #define BIG_BODY "1048576"         /* declared, never sent: over max_request_bytes */
+#define FD_SPARE 256               /* the test's other descriptors */
 #define SLOWDOWN_RSS (PU_SLOWDOWN * PU_SLOWDOWN) /* ASan's shadow and quarantine */
 
 static pu_stack st;
@@ -34,9 +37,9 @@ static char key[128], key2[128], auth[200], auth2[200], keys_path[PU_PATH_MAX + 
 
 static const char *const gateway_sets[] = {
     "gateway.header_timeout_ms=3000", "gateway.tenant_burst=12",
-    "gateway.tenant_requests_per_s=1", "gateway.max_connections=450",
+    "gateway.tenant_requests_per_s=1", "gateway.max_connections=2050",
     "limits.max_request_bytes=65536", NULL, NULL};
-_Static_assert(HEADER_TIMEOUT_MS == 3000 && BURST == 12 && MAX_CONNECTIONS == 450,
+_Static_assert(HEADER_TIMEOUT_MS == 3000 && BURST == 12 && MAX_CONNECTIONS == 2050,
                "gateway_sets spells them");
 
 /* A fresh key for the default tenant: the key, and its line appended to path. */
@@ -232,6 +235,13 @@ static void test_rate_limit(void)
 
 int main(void)
 {
+    /* The idle connections, at both ends (the gateway inherits the limit). */
+    struct rlimit nofile;
+    getrlimit(RLIMIT_NOFILE, &nofile);
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
+    if (nofile.rlim_cur < 2 * MAX_CONNECTIONS + FD_SPARE)
+        ml_test_skip("RLIMIT_NOFILE too low for the idle connections");
     pu_stack_start(&st, "gwabuse", GWT_TOPICS);
     snprintf(keys_path, sizeof keys_path, "%s/keys", st.dir);
     new_key(key, sizeof key, keys_path, false);
