@@ -323,6 +323,8 @@ static void pump(gw_conn *c)
                     r->first_byte = true;
                     gw_observe_ttfb(g, svc_now_s() - r->received_s);
                 }
+                evhttp_add_header(evhttp_request_get_output_headers(c->req), "X-Request-Id",
+                                  r->id);
                 send_body(c, status, NULL, out.data, out.len);
             }
             svc_buf_deinit(&out);
