@@ -39,7 +39,7 @@ static pu_stack st;
 static gwt_gateway gw;
 static char *image_part;
 
-static const char *const gateway_sets[] = {"gateway.abandon_ms=" "300", "gateway.keepalive_s=1",
+static const char *const gateway_sets[] = {"gateway.abandon_ms=300", "gateway.keepalive_s=1",
                                            NULL};
 _Static_assert(ABANDON_MS == 300, "gateway_sets spells ABANDON_MS");
 

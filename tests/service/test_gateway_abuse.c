@@ -11,6 +11,8 @@
  * - 2000 idle connections: held without a thread each, probes and requests
  *   still answered, every one closed after the header timeout, and the
  *   gateway's resident memory grows by less than IDLE_BYTES_MAX each;
+ * - a request no worker answers: 504 deadline_exceeded from the gateway's
+ *   own timer, a grace after its deadline_ms;
  * - more requests than the tenant's burst: 429 with Retry-After;
  * - connections past gateway.max_connections are closed at accept.
  * The gateway stops on SIGTERM with exit code 0 and a clean log.
@@ -219,6 +221,23 @@ static void test_idle_connections(void)
     check(gone == IDLE_CONNECTIONS, "every idle connection closed after the timeout: %d", gone);
 }
 
+/* No worker runs in this test: a request past its deadline is answered
+ * by the gateway's own timer, 504. */
+static void test_unanswered(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    char body[256];
+    snprintf(body, sizeof body,
+             "{\"deadline_ms\":%lld,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+             (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000 - 1);
+    gwt_response r;
+    check(gwt_call(gw.port, "POST", "/v1/chat/completions", auth, body, &r, CALL_MS) &&
+              r.status == 504 && r.body && strstr(r.body, "\"deadline_exceeded\""),
+          "an unanswered request past its deadline: 504 (%d)", r.status);
+    gwt_response_free(&r);
+}
+
 static void test_rate_limit(void)
 {
 
@@ -258,6 +277,7 @@ int main(void)
     test_bad_bodies();
     test_slow_loris();
     test_idle_connections();
+    test_unanswered();
     test_rate_limit();
     check(pu_running(&gw.proc), "the gateway is still up");
     int code = pu_stop(&gw.proc, PU_STOP_MS);
