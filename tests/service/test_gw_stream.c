@@ -533,7 +533,7 @@ static void test_completion_restart(void)
     feed(s, (rec){.attempt = 1, .seq = 1, .content = " try"});
     check(feed(s, (rec){.attempt = 2, .seq = 0, .content = "Second"}) == GW_FEED_CONTINUED,
           "a2 restarts");
-    check(gw_stream_n_events(s) == 1, "the old events are gone");
+    check(gw_stream_n_events(s) == 3, "its first event follows the old ones");
     feed(s, (rec){.attempt = 1, .seq = 2, .content = " more"});
     check(feed(s, (rec){.attempt = 2, .seq = 1, .content = " answer", .finish = SVC_FINISH_STOP}) ==
               GW_FEED_DONE,
@@ -700,7 +700,22 @@ static void test_status_table(void)
                  "{\"error\":{\"message\":\"bad \\\"json\\\"\\n\",\"type\":"
                  "\"invalid_request_error\",\"param\":null,\"code\":\"invalid_json\"}}") == 0,
           "error body: %s", b.data);
+    /* What is not UTF-8 becomes U+FFFD: an answer is always valid UTF-8. */
+    check(gw_error_body(&b, "internal", "bad \xff byte") == 0 &&
+              svc_utf8_valid(b.data, b.len, NULL) && strstr(b.data, "bad \xef\xbf\xbd byte"),
+          "invalid UTF-8 in a message: %s", b.data);
     svc_buf_deinit(&b);
+    gw_stream_params p = {.id = ID, .model = "m\xc3", .created = CREATED};
+    gw_stream *s = gw_stream_create(&p);
+    feed(s, (rec){.attempt = 1, .seq = 0, .content = "x"});
+    gw_stream_fail(s, "internal", "\xc3(");
+    cJSON *j = event_json(s, 0);
+    check(str_is(get(j, "model"), "m\xef\xbf\xbd"), "model made UTF-8");
+    cJSON_Delete(j);
+    j = event_json(s, 1);
+    check(str_is(get(get(j, "error"), "message"), "\xef\xbf\xbd("), "fail message made UTF-8");
+    cJSON_Delete(j);
+    gw_stream_destroy(s);
 }
 
 int main(void)
