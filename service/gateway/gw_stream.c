@@ -120,7 +120,8 @@ static bool chunk_parse(const char *v, size_t n, chunk *c)
     }
     c->finish = gw_json_member(choice, "finish_reason");
     gw_span usage = gw_json_member(root, "usage"), error = gw_json_member(root, "error");
-    if ((!gw_json_is_null(usage) && !gw_json_is(usage, '{')) || (!gw_json_is_null(error) && !gw_json_is(error, '{')))
+    if ((!gw_json_is_null(usage) && !gw_json_is(usage, '{')) ||
+        (!gw_json_is_null(error) && !gw_json_is(error, '{')))
         return false;
     c->usage = gw_json_is_null(usage) ? (gw_span){NULL, 0} : usage;
     c->error = gw_json_is_null(error) ? (gw_span){NULL, 0} : error;

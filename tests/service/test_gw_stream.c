@@ -412,9 +412,36 @@ static void test_error_finals(void)
           "content not a string");
     check_error_end(s, "internal", "server_error");
     gw_stream_destroy(s);
-    s = stream_new(false, false);
-    check(feed_raw(s, 1, 0, false, "{\"choices\":[{\"delta\":{}}]} x") == GW_FEED_DONE,
-          "trailing garbage");
+    static const char *not_chunks[] = {
+        "{\"choices\":[{\"delta\":{}}]} x",
+        "[{\"choices\":[]}]",
+        "{\"choices\":{}}",
+        "{\"choices\":[]}",
+        "{\"choices\":[1]}",
+        "{\"choices\":[{}]}",
+        "{\"choices\":[{\"delta\":{},\"logprobs\":5}]}",
+        "{\"choices\":[{\"delta\":{},\"logprobs\":{\"content\":null}}]}",
+        "{\"choices\":[{\"delta\":{}}],\"usage\":\"x\"}",
+        "{\"choices\":[{\"delta\":{}}],\"error\":[]}",
+    };
+    for (size_t i = 0; i < sizeof not_chunks / sizeof not_chunks[0]; i++) {
+        s = stream_new(false, false);
+        check(feed_raw(s, 1, 0, false, not_chunks[i]) == GW_FEED_DONE, "not a chunk: %s",
+              not_chunks[i]);
+        check_error_end(s, "internal", "server_error");
+        gw_stream_destroy(s);
+    }
+
+    /* A long message is cut, never inside a character. */
+    char longmsg[2 * SVC_ERRMSG_MAX];
+    for (size_t i = 0; i + 2 < sizeof longmsg; i += 2)
+        memcpy(longmsg + i, "\xc3\xa9", 2);
+    longmsg[sizeof longmsg - 2] = '\0';
+    s = stream_new(false, true);
+    gw_stream_fail(s, "internal", longmsg + 1); /* odd: starts inside a character */
+    check(gw_stream_completion(s, &b, &status) == 0 && svc_utf8_valid(b.data, b.len, NULL) &&
+              b.len < sizeof longmsg,
+          "a long message cut to fit: %zu bytes", b.len);
     gw_stream_destroy(s);
     svc_buf_deinit(&b);
 }
