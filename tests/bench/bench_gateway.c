@@ -45,10 +45,13 @@
 #define STREAMS_MAX 60000 /* descriptors: the bench and the gateway hold one each */
 #define WARMUP 3
 #define STEPS 4           /* streams opened in this many steps */
+#define KEEPALIVE_S "1"   /* gateway.keepalive_s: an idle stream's 200 goes out with it */
 #define LIMIT_SLACK 64    /* the gateway's limits above STREAMS: the latency part's requests */
 #define CALL_MS 30000     /* one request answered */
 #define OPEN_MS 60000     /* a step of streams counted by the gateway */
-#define RECORDS_MAX (1 << 18)
+#define RECORDS_MAX (1 << 18) /* reply and request records the reader keeps */
+#define TOKENS_MAX 4000
+#define EVENTS_MAX (TOKENS_MAX + 2) /* a stream's: its tokens, the final and [DONE] */
 #define GOAL_TOKEN_P99_MS 2.0
 #define GOAL_STREAMS 1000
 #define GOAL_STREAMS_MIB 200.0
@@ -178,7 +181,7 @@ static void through_gateway(latency *l, const char *extra, bool record)
     if (fd < 0)
         pu_die("gateway: connect");
     gwt_response r = {0};
-    int64_t at[RECORDS_MAX / 64];
+    int64_t at[EVENTS_MAX];
     int n = 0;
     for (;; n++) {
         char until[48];
@@ -197,7 +200,7 @@ static void through_gateway(latency *l, const char *extra, bool record)
     gwt_response_free(&r);
     /* The last event is [DONE]: it has no record of its own. */
     int tokens = n - 1;
-    int64_t rec[RECORDS_MAX / 64];
+    int64_t rec[EVENTS_MAX];
     for (int k = 0; k < tokens; k++)
         if ((rec[k] = record_seen(id, k)) < 0)
             pu_die("a record of the gateway's request never seen on its reply topic");
@@ -235,7 +238,7 @@ static void direct(latency *l, pu_client *producer, int i, const char *extra, bo
     }
 }
 
-static double measure_latency(int requests, int max_tokens)
+static void measure_latency(int requests, int max_tokens)
 {
     char extra[128];
     snprintf(extra, sizeof extra, "\"stream\":true,\"max_tokens\":%d,\"temperature\":0",
@@ -259,8 +262,8 @@ static double measure_latency(int requests, int max_tokens)
     print_row("first token, direct to Kafka", &l.ttft_direct);
     double gp50 = percentile(&l.ttft_gateway, 50), dp50 = percentile(&l.ttft_direct, 50);
     double gp99 = percentile(&l.ttft_gateway, 99), dp99 = percentile(&l.ttft_direct, 99);
-    printf("  %-50s         p50 %+8.3f ms  p99 %+8.3f ms\n", "first token, gateway - direct", gp50 - dp50,
-           gp99 - dp99);
+    printf("  %-50s         p50 %+8.3f ms  p99 %+8.3f ms\n", "first token, gateway - direct",
+           gp50 - dp50, gp99 - dp99);
     double p99 = percentile(&l.token_added, 99);
     printf("  goal: <= %.0f ms added per token at p99: %s\n\n", GOAL_TOKEN_P99_MS,
            p99 <= GOAL_TOKEN_P99_MS ? "met" : "not met");
@@ -268,7 +271,6 @@ static double measure_latency(int requests, int max_tokens)
                       &l.ttft_direct,      &l.produced_gateway, &l.produced_direct};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free(all[i]->v);
-    return p99;
 }
 
 /* ---- streams held ---------------------------------------------------------------------- */
@@ -309,9 +311,9 @@ static void open_streams(int *fds, int from, int to)
     }
 }
 
-static double measure_streams(int n)
+static void measure_streams(int n)
 {
-    /* Let the previous phase's streams and their memory settle. */
+    /* From now on requests wait in Kafka: their streams stay open and idle. */
     pu_signal(worker, SIGSTOP);
     double base = gateway_rss();
     int *fds = malloc((size_t)n * sizeof *fds);
@@ -326,9 +328,8 @@ static double measure_streams(int n)
         int64_t t0 = pu_now_ms();
         open_streams(fds, from, to);
         rss = gateway_rss();
-        printf("  %6d streams open (%5.1f s to open %d, answered at the 1 s keep-alive)  "
-               "VmRSS %7.1f MiB  "
-               "%6.1f KiB per stream\n",
+        printf("  %6d streams open (%5.1f s to open %d, answered at the " KEEPALIVE_S
+               " s keep-alive)  VmRSS %7.1f MiB  %6.1f KiB per stream\n",
                to, (double)(pu_now_ms() - t0) / 1000, to - from, rss / MIB,
                (rss - base) / 1024 / to);
     }
@@ -343,7 +344,6 @@ static double measure_streams(int n)
     printf("  goal: %d streams in <= %.0f MiB: %.1f MiB at %d streams (%s)\n\n", GOAL_STREAMS,
            GOAL_STREAMS_MIB, at_goal, GOAL_STREAMS,
            at_goal <= GOAL_STREAMS_MIB ? "met" : "not met");
-    return per_stream;
 }
 
 /* ---- main ------------------------------------------------------------------------------ */
@@ -370,7 +370,7 @@ int main(int argc, char **argv)
     int requests = argc > 1 ? atoi(argv[1]) : DEFAULT_REQUESTS;
     int max_tokens = argc > 2 ? atoi(argv[2]) : DEFAULT_TOKENS;
     int streams = argc > 3 ? atoi(argv[3]) : DEFAULT_STREAMS;
-    if (requests < 1 || max_tokens < 2 || max_tokens > 4000 || streams < STEPS ||
+    if (requests < 1 || max_tokens < 2 || max_tokens > TOKENS_MAX || streams < STEPS ||
         streams > STREAMS_MAX)
         pu_die("usage: bench_gateway [REQUESTS >= 1 [MAX_TOKENS in 2..4000 [STREAMS in "
                "4..60000]]]");
@@ -387,7 +387,7 @@ int main(int argc, char **argv)
     snprintf(max_streams, sizeof max_streams, "gateway.max_streams=%d", streams + LIMIT_SLACK);
     snprintf(tenant_streams, sizeof tenant_streams, "gateway.tenant_max_streams=%d",
              streams + LIMIT_SLACK);
-    const char *gateway_sets[] = {"kafka.fetch.wait.max.ms=1", "gateway.keepalive_s=1",
+    const char *gateway_sets[] = {"kafka.fetch.wait.max.ms=1", "gateway.keepalive_s=" KEEPALIVE_S,
                                   "gateway.tenant_requests_per_s=1000000",
                                   "gateway.tenant_burst=1000000", conns, max_streams,
                                   tenant_streams, NULL};
