@@ -14,15 +14,17 @@
  * through the gateway (HTTP POST, stream: true, the SSE events timestamped
  * as they come off the socket) and once straight to the request topic (as
  * a client of the Kafka contract would). A thread of the bench reads both
- * reply topics, the gateway's own included, and timestamps every record.
+ * reply topics, the gateway's own included, and the request topic, and
+ * timestamps every record.
  *   per token:    SSE event k seen - the reply record k of the same request
  *                 seen on the gateway's reply topic (the gateway's consume,
  *                 rewrite and write, the bench's read), paired per token;
  *   first token:  the same for k = 0 (reply side), and end to end: POST
  *                 sent -> event 0 seen, against a direct request's produce
  *                 started -> its record 0 seen, over the same worker; their
- *                 p50 and p99 compared (the request side: HTTP parse, body
- *                 rewrite, the produce).
+ *                 p50 and p99 compared; and the request side alone: POST
+ *                 sent -> the gateway's request record seen, against
+ *                 produce started -> the direct request's record seen.
  * Goal (issue 25): <= 2 ms added per token at p99.
  *
  * Streams. The worker is stopped (SIGSTOP), so requests wait in Kafka and
@@ -43,14 +45,19 @@
 #define STREAMS_MAX 60000 /* descriptors: the bench and the gateway hold one each */
 #define WARMUP 3
 #define STEPS 4           /* streams opened in this many steps */
+#define KEEPALIVE_S "1"   /* gateway.keepalive_s: an idle stream's 200 goes out with it */
+#define LIMIT_SLACK 64    /* the gateway's limits above STREAMS: the latency part's requests */
 #define CALL_MS 30000     /* one request answered */
 #define OPEN_MS 60000     /* a step of streams counted by the gateway */
-#define RECORDS_MAX (1 << 18)
+#define RECORDS_MAX (1 << 18) /* reply and request records the reader keeps */
+#define TOKENS_MAX 4000
+#define EVENTS_MAX (TOKENS_MAX + 2) /* a stream's: its tokens, the final and [DONE] */
 #define GOAL_TOKEN_P99_MS 2.0
 #define GOAL_STREAMS 1000
 #define GOAL_STREAMS_MIB 200.0
 #define PROMPT "Tell me about the sea."
 #define MIB (1024.0 * 1024.0)
+#define REQUEST_SEQ -1 /* a request record has no seq header (pu_record.seq) */
 
 static pu_stack st;
 static pu_proc *const worker = &st.workers[0];
@@ -92,7 +99,7 @@ static double percentile(samples *s, double p)
 
 static void print_row(const char *what, samples *s)
 {
-    printf("  %-44s n %5zu  p50 %8.3f ms  p99 %8.3f ms  max %8.3f ms\n", what, s->n,
+    printf("  %-50s n %5zu  p50 %8.3f ms  p99 %8.3f ms  max %8.3f ms\n", what, s->n,
            percentile(s, 50), percentile(s, 99), percentile(s, 100));
 }
 
@@ -102,6 +109,7 @@ static void print_row(const char *what, samples *s)
 typedef struct seen {
     char key[64];
     int seq;
+    bool final;
     int64_t t_us;
 } seen;
 
@@ -126,6 +134,7 @@ static void *read_replies(void *arg)
             seen *s = &reader.recs[reader.n++];
             snprintf(s->key, sizeof s->key, "%s", r->key);
             s->seq = r->seq;
+            s->final = r->final;
             s->t_us = r->t_us;
         }
         pthread_mutex_unlock(&reader.lock);
@@ -133,16 +142,19 @@ static void *read_replies(void *arg)
     return NULL;
 }
 
-/* When record `seq` of request `key` was read, waiting up to CALL_MS for it;
- * -1 when it never came. */
+/* When record `seq` of request `key` was read (its final record with
+ * ANY_FINAL), waiting up to CALL_MS for it; -1 when it never came. */
+#define ANY_FINAL -2
 static int64_t record_seen(const char *key, int seq)
 {
     for (int64_t t0 = pu_now_ms(); pu_now_ms() - t0 < CALL_MS; pu_sleep_ms(1)) {
         pthread_mutex_lock(&reader.lock);
         int64_t t = -1;
-        for (size_t i = reader.n; i-- > 0 && t < 0;)
-            if (reader.recs[i].seq == seq && !strcmp(reader.recs[i].key, key))
-                t = reader.recs[i].t_us;
+        for (size_t i = reader.n; i-- > 0 && t < 0;) {
+            const seen *r = &reader.recs[i];
+            if ((seq == ANY_FINAL ? r->final : r->seq == seq) && !strcmp(r->key, key))
+                t = r->t_us;
+        }
         pthread_mutex_unlock(&reader.lock);
         if (t >= 0)
             return t;
@@ -153,7 +165,8 @@ static int64_t record_seen(const char *key, int seq)
 /* ---- latency --------------------------------------------------------------------------- */
 
 typedef struct latency {
-    samples token_added, first_added, ttft_gateway, ttft_direct;
+    samples token_added, first_added, ttft_gateway, ttft_direct, produced_gateway,
+        produced_direct;
     size_t tokens, requests;
 } latency;
 
@@ -168,7 +181,7 @@ static void through_gateway(latency *l, const char *extra, bool record)
     if (fd < 0)
         pu_die("gateway: connect");
     gwt_response r = {0};
-    int64_t at[RECORDS_MAX / 64];
+    int64_t at[EVENTS_MAX];
     int n = 0;
     for (;; n++) {
         char until[48];
@@ -187,12 +200,16 @@ static void through_gateway(latency *l, const char *extra, bool record)
     gwt_response_free(&r);
     /* The last event is [DONE]: it has no record of its own. */
     int tokens = n - 1;
-    int64_t rec[RECORDS_MAX / 64];
+    int64_t rec[EVENTS_MAX];
     for (int k = 0; k < tokens; k++)
         if ((rec[k] = record_seen(id, k)) < 0)
             pu_die("a record of the gateway's request never seen on its reply topic");
+    int64_t produced = record_seen(id, REQUEST_SEQ);
+    if (produced < 0)
+        pu_die("the gateway's request never seen on the request topic");
     if (!record)
         return;
+    add(&l->produced_gateway, (double)(produced - t0) / 1000);
     for (int k = 0; k < tokens; k++)
         add(&l->token_added, (double)(at[k] - rec[k]) / 1000);
     add(&l->first_added, (double)(at[0] - rec[0]) / 1000);
@@ -201,7 +218,8 @@ static void through_gateway(latency *l, const char *extra, bool record)
     l->requests++;
 }
 
-/* The same request straight to the request topic; its first record's time. */
+/* The same request straight to the request topic: its first record's time,
+ * then its end (the next request finds the worker idle). */
 static void direct(latency *l, pu_client *producer, int i, const char *extra, bool record)
 {
     char id[64];
@@ -211,14 +229,16 @@ static void direct(latency *l, pu_client *producer, int i, const char *extra, bo
     if (!pu_client_send(producer, id, body))
         pu_die("direct: produce");
     free(body);
-    int64_t first = record_seen(id, 0);
-    if (first < 0)
+    int64_t first = record_seen(id, 0), produced = record_seen(id, REQUEST_SEQ);
+    if (first < 0 || produced < 0 || record_seen(id, ANY_FINAL) < 0)
         pu_die("direct: no reply");
-    if (record)
+    if (record) {
         add(&l->ttft_direct, (double)(first - t0) / 1000);
+        add(&l->produced_direct, (double)(produced - t0) / 1000);
+    }
 }
 
-static double measure_latency(int requests, int max_tokens)
+static void measure_latency(int requests, int max_tokens)
 {
     char extra[128];
     snprintf(extra, sizeof extra, "\"stream\":true,\"max_tokens\":%d,\"temperature\":0",
@@ -236,19 +256,21 @@ static double measure_latency(int requests, int max_tokens)
            l.requests, (double)l.tokens / (double)l.requests);
     print_row("added per token (SSE event - reply record)", &l.token_added);
     print_row("added to the first token, reply side", &l.first_added);
+    print_row("request on the request topic, through the gateway", &l.produced_gateway);
+    print_row("request on the request topic, direct", &l.produced_direct);
     print_row("first token, through the gateway", &l.ttft_gateway);
     print_row("first token, direct to Kafka", &l.ttft_direct);
     double gp50 = percentile(&l.ttft_gateway, 50), dp50 = percentile(&l.ttft_direct, 50);
     double gp99 = percentile(&l.ttft_gateway, 99), dp99 = percentile(&l.ttft_direct, 99);
-    printf("  %-44s p50 %+8.3f ms  p99 %+8.3f ms\n", "first token, gateway - direct", gp50 - dp50,
-           gp99 - dp99);
+    printf("  %-50s         p50 %+8.3f ms  p99 %+8.3f ms\n", "first token, gateway - direct",
+           gp50 - dp50, gp99 - dp99);
     double p99 = percentile(&l.token_added, 99);
     printf("  goal: <= %.0f ms added per token at p99: %s\n\n", GOAL_TOKEN_P99_MS,
            p99 <= GOAL_TOKEN_P99_MS ? "met" : "not met");
-    samples *all[] = {&l.token_added, &l.first_added, &l.ttft_gateway, &l.ttft_direct};
+    samples *all[] = {&l.token_added,      &l.first_added,     &l.ttft_gateway,
+                      &l.ttft_direct,      &l.produced_gateway, &l.produced_direct};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free(all[i]->v);
-    return p99;
 }
 
 /* ---- streams held ---------------------------------------------------------------------- */
@@ -289,9 +311,9 @@ static void open_streams(int *fds, int from, int to)
     }
 }
 
-static double measure_streams(int n)
+static void measure_streams(int n)
 {
-    /* Let the previous phase's streams and their memory settle. */
+    /* From now on requests wait in Kafka: their streams stay open and idle. */
     pu_signal(worker, SIGSTOP);
     double base = gateway_rss();
     int *fds = malloc((size_t)n * sizeof *fds);
@@ -306,9 +328,8 @@ static double measure_streams(int n)
         int64_t t0 = pu_now_ms();
         open_streams(fds, from, to);
         rss = gateway_rss();
-        printf("  %6d streams open (%5.1f s to open %d, answered at the 1 s keep-alive)  "
-               "VmRSS %7.1f MiB  "
-               "%6.1f KiB per stream\n",
+        printf("  %6d streams open (%5.1f s to open %d, answered at the " KEEPALIVE_S
+               " s keep-alive)  VmRSS %7.1f MiB  %6.1f KiB per stream\n",
                to, (double)(pu_now_ms() - t0) / 1000, to - from, rss / MIB,
                (rss - base) / 1024 / to);
     }
@@ -323,7 +344,6 @@ static double measure_streams(int n)
     printf("  goal: %d streams in <= %.0f MiB: %.1f MiB at %d streams (%s)\n\n", GOAL_STREAMS,
            GOAL_STREAMS_MIB, at_goal, GOAL_STREAMS,
            at_goal <= GOAL_STREAMS_MIB ? "met" : "not met");
-    return per_stream;
 }
 
 /* ---- main ------------------------------------------------------------------------------ */
@@ -350,7 +370,7 @@ int main(int argc, char **argv)
     int requests = argc > 1 ? atoi(argv[1]) : DEFAULT_REQUESTS;
     int max_tokens = argc > 2 ? atoi(argv[2]) : DEFAULT_TOKENS;
     int streams = argc > 3 ? atoi(argv[3]) : DEFAULT_STREAMS;
-    if (requests < 1 || max_tokens < 2 || max_tokens > 4000 || streams < STEPS ||
+    if (requests < 1 || max_tokens < 2 || max_tokens > TOKENS_MAX || streams < STEPS ||
         streams > STREAMS_MAX)
         pu_die("usage: bench_gateway [REQUESTS >= 1 [MAX_TOKENS in 2..4000 [STREAMS in "
                "4..60000]]]");
@@ -360,21 +380,23 @@ int main(int argc, char **argv)
     if (!pu_worker_start(worker, &st.env, "bench-worker", worker_sets) ||
         !pu_wait_assigned(worker, CALL_MS))
         pu_die("worker start");
-    char max_streams[64], tenant_streams[64];
-    snprintf(max_streams, sizeof max_streams, "gateway.max_streams=%d", streams + 64);
+    /* Room for every stream, and no rate limit: the streams phase opens them
+     * as fast as it can. */
+    char conns[64], max_streams[64], tenant_streams[64];
+    snprintf(conns, sizeof conns, "gateway.max_connections=%d", streams + LIMIT_SLACK);
+    snprintf(max_streams, sizeof max_streams, "gateway.max_streams=%d", streams + LIMIT_SLACK);
     snprintf(tenant_streams, sizeof tenant_streams, "gateway.tenant_max_streams=%d",
-             streams + 64);
-    /* No rate limit: the streams phase opens them as fast as it can. */
-    const char *gateway_sets[] = {"kafka.fetch.wait.max.ms=1", "gateway.keepalive_s=1",
+             streams + LIMIT_SLACK);
+    const char *gateway_sets[] = {"kafka.fetch.wait.max.ms=1", "gateway.keepalive_s=" KEEPALIVE_S,
                                   "gateway.tenant_requests_per_s=1000000",
-                                  "gateway.tenant_burst=1000000", max_streams, tenant_streams,
-                                  NULL};
+                                  "gateway.tenant_burst=1000000", conns, max_streams,
+                                  tenant_streams, NULL};
     if (!gwt_start(&gw, &st.env, "bench-gateway", gateway_sets))
         pu_die("gateway start");
 
     pu_client_fetch_wait_ms = "1";
-    const char *topics[] = {GWT_REPLY_TOPIC, PU_REPLIES};
-    pu_client_init(&reader.client, st.brokers, topics, 2);
+    const char *topics[] = {GWT_REPLY_TOPIC, PU_REPLIES, PU_REQUESTS};
+    pu_client_init(&reader.client, st.brokers, topics, 3);
     if (pthread_create(&reader.thread, NULL, read_replies, NULL) != 0)
         pu_die("reader thread");
 
