@@ -21,6 +21,8 @@
 #include <event2/keyvalq_struct.h>
 #include <math.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -655,6 +657,11 @@ static void on_request(struct evhttp_request *req, void *arg)
     if (!c->evcon) {
         c->evcon = evcon;
         evhttp_connection_set_closecb(evcon, on_close, c);
+        /* An SSE event is a small write that must leave at once: with
+         * Nagle's algorithm it would wait for the client's delayed ACK of
+         * the previous one (tens of milliseconds per token). */
+        int one = 1;
+        setsockopt(bufferevent_getfd(c->bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     }
     c->req = req;
     const char *uri = evhttp_request_get_uri(req);
