@@ -146,11 +146,16 @@ static void conn_free(gw_conn *c)
 }
 
 /* evhttp closed the connection: the client left, or its answer is complete.
- * Any request it was answering is freed by evhttp after this. */
+ * A request whose answer had not ended is then either still queued on the
+ * connection (evhttp frees it after this) or, when the client left
+ * mid-answer, already detached from it (evhttp_request_get_connection is
+ * NULL) and left to the answer's owner to free. */
 static void on_close(struct evhttp_connection *evcon, void *arg)
 {
     (void)evcon;
     gw_conn *c = arg;
+    if (c->req && !evhttp_request_get_connection(c->req))
+        evhttp_request_free(c->req);
     c->req = NULL;
     conn_free(c);
 }
