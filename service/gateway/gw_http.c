@@ -473,8 +473,10 @@ static char *rewrite(gw_conn *c, gw_stream_params *p, bool *stream, int64_t *dea
     v = cJSON_GetObjectItemCaseSensitive(root, "deadline_ms");
     if (v && (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > 9007199254740991.0))
         bad = "deadline_ms: expected unix milliseconds";
-    *deadline_ms = v && !bad ? (int64_t)v->valuedouble
-                             : svc_wall_ms() + (int64_t)g->cfg.gateway.request_timeout_s * 1000;
+    /* gateway.request_timeout_s is also the latest deadline: every stream
+     * ends within it, so none holds its slot and its memory for longer. */
+    int64_t latest = svc_wall_ms() + (int64_t)g->cfg.gateway.request_timeout_s * 1000;
+    *deadline_ms = v && !bad && v->valuedouble < (double)latest ? (int64_t)v->valuedouble : latest;
     if (bad) {
         cJSON_Delete(root);
         send_error(c, "invalid_request", bad, 0);
