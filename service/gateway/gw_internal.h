@@ -169,6 +169,11 @@ int gw_kafka_start(svc_gateway *g, char *err, size_t errlen);
 /* Whether the reply topics are assigned and the producer is healthy. */
 bool gw_ready(const svc_gateway *g);
 
+/* ---- gw_routes.c --------------------------------------------------------------- */
+
+/* Answer c's request (c->req, dispatched): the route its method and path name. */
+void gw_route(gw_conn *c);
+
 /* ---- gw_http.c ---------------------------------------------------------------- */
 
 /* Bind both listeners (gateway.listen, http.listen). Returns 0 or -1 with err. */
@@ -186,5 +191,21 @@ void gw_observe_ttfb(svc_gateway *g, double seconds);
 void gw_count_error(svc_gateway *g, int status, const char *code);
 /* The gateway's /metrics page. */
 void gw_metrics_render(svc_gateway *g, svc_buf *b);
+/* Answer c's request with body (application/json unless type says
+ * otherwise) and status, closing the connection after it: c may be gone
+ * after this. */
+void gw_send_body(gw_conn *c, int status, const char *type, const void *body, size_t len);
+/* Answer with an OpenAI error object, the status of its code
+ * (gw_http_status_of); retry_after_s > 0 adds Retry-After. As gw_send_body. */
+void gw_send_error(gw_conn *c, const char *code, const char *message, double retry_after_s);
+/* c reads r from event next_event on, as `mode`. */
+void gw_attach(gw_conn *c, gw_req *r, gw_sub_mode mode, size_t next_event);
+/* Send the SSE headers of c's stream (200). */
+void gw_start_sse(gw_conn *c);
+/* Write what c's stream has that c has not sent, under the write watermark;
+ * end the answer once the stream is done and sent. */
+void gw_pump(gw_conn *c);
+/* (Re)arm c's keep-alive comment, gateway.keepalive_s from now. */
+void gw_arm_keepalive(gw_conn *c);
 
 #endif
