@@ -14,6 +14,13 @@
 # mllama.cancel.<name>, mllama.replies.<name>. Grant each tenant's principal
 # WRITE on its request and cancel topics and READ on its reply topics, and no
 # one else: the topic a record comes from is its tenant.
+#
+# GATEWAYS="compose" (the gateway.instance names of the HTTP gateways,
+# service/gateway/README.md) creates each instance's own reply topic: per
+# tenant <tenant reply topic>.gw-<instance> (mllama.replies.acme.gw-compose),
+# without tenants mllama.replies.gw-<instance>. A gateway with
+# gateway.create_reply_topics true creates them itself (it then needs CREATE
+# on them, ops/RUNBOOK.md "Gateway ACLs").
 set -eu
 
 bootstrap=${BOOTSTRAP:-localhost:9092}
@@ -35,11 +42,17 @@ dlt_retention_ms=1209600000
 # Cancel records are keyed by request id, and every id is new, so compaction
 # alone would keep them forever; deletion after a day bounds the topic.
 cancel_retention_ms=86400000
+# A gateway reads its reply topic live, from the end it saw at start, and a
+# request lives at most gateway.request_timeout_s (600 s): an hour is ample.
+gateway_reply_retention_ms=3600000
+# gateway.reply_partitions of config/*.json.
+gateway_reply_partitions=4
 # Request and cancel records carry the broker's append time: the worker orders
 # a cancel against its request by it (service/protocol/README.md, "Delivery
 # contract for frontends"), and a producer's CreateTime is whatever the producer chose.
 append_time=message.timestamp.type=LogAppendTime
 tenants=${TENANTS:-}
+gateways=${GATEWAYS:-}
 for t in $tenants; do
   case $t in
     *[!a-z0-9_-]*) bad=1 ;;
@@ -49,6 +62,13 @@ for t in $tenants; do
     echo "create-topics.sh: tenant '$t': expected [a-z0-9_-]{1,48}" >&2
     exit 2
   fi
+done
+# gateway.instance is sanitized to [a-z0-9-] by the gateway; a name here must
+# already be what it becomes.
+for g in $gateways; do
+  case $g in
+    *[!a-z0-9-]* | '') echo "create-topics.sh: gateway instance '$g': expected [a-z0-9-]+" >&2; exit 2 ;;
+  esac
 done
 
 create() {
@@ -74,6 +94,20 @@ for t in $tenants; do
     --config max.message.bytes=$max_record_bytes
   create "mllama.cancel.$t" 1 --config cleanup.policy=compact,delete \
     --config retention.ms=$cancel_retention_ms --config $append_time
+done
+# Each gateway instance reads only its own reply topic (one per tenant), so
+# replicas never see each other's records.
+gateway_reply() {
+  create "$1.gw-$2" $gateway_reply_partitions --config retention.ms=$gateway_reply_retention_ms \
+    --config max.message.bytes=$max_record_bytes
+}
+for g in $gateways; do
+  if [ -z "$tenants" ]; then
+    gateway_reply mllama.replies "$g"
+  fi
+  for t in $tenants; do
+    gateway_reply "mllama.replies.$t" "$g"
+  done
 done
 create mllama.dlt 1 --config retention.ms=$dlt_retention_ms \
   --config max.message.bytes=$max_record_bytes

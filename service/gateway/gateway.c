@@ -1,13 +1,12 @@
-/* The gateway's lifecycle, its Kafka side and its requests (gateway.h):
- * the producer of requests and cancels, the reply reader (assigned, no
- * group, woken through a pipe), the id table, the running list and the FIFO
- * of ended streams kept for resumes, and the timers that end what nobody
- * ends: deadlines, abandoned streams, retention.
+/* The gateway's lifecycle and its requests (gateway.h): producing requests
+ * and cancels, the id table, the running list and the FIFO of ended streams
+ * kept for resumes, the timers that end what nobody ends (deadlines,
+ * abandoned streams, retention), and the metrics. The reply reader is
+ * gw_kafka.c.
  * @locality: the gateway's thread. */
 #include <ctype.h>
 #include <errno.h>
 #include <event2/http.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -28,14 +27,8 @@
 /* A request's own timeout past its deadline_ms: the worker ends it at the
  * deadline (deadline_exceeded); this covers a request no worker answers. */
 #define DEADLINE_GRACE_MS 5000
-/* Replies handled per wake-up before the loop serves its other events. */
-#define REPLY_BATCH 1024
-/* Startup calls to the cluster: metadata, watermarks, topic creation. */
-#define STARTUP_TIMEOUT_MS 10000
 #define FLUSH_MS 5000
 #define SEED_BITS 53
-
-static const char reproducible_true[] = "true";
 
 /* ---- the id table ------------------------------------------------------------- */
 
@@ -116,8 +109,7 @@ static void request_end(svc_gateway *g, gw_req *r)
     g->n_ended++;
 }
 
-/* After a feed or a failure: account, deliver, end. */
-static void request_progress(svc_gateway *g, gw_req *r)
+void gw_request_progress(svc_gateway *g, gw_req *r)
 {
     account_bytes(g, r);
     if (gw_stream_done(r->stream))
@@ -125,12 +117,12 @@ static void request_progress(svc_gateway *g, gw_req *r)
     gw_http_deliver(g, r);
 }
 
-static void request_fail(svc_gateway *g, gw_req *r, const char *code, const char *message)
+void gw_request_fail(svc_gateway *g, gw_req *r, const char *code, const char *message)
 {
     if (r->ended)
         return;
     gw_stream_fail(r->stream, code, message);
-    request_progress(g, r);
+    gw_request_progress(g, r);
 }
 
 bool gw_retained_room(svc_gateway *g)
@@ -165,7 +157,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     gw_req *r = arg;
-    request_fail(r->g, r, "deadline_exceeded", "no answer before the request's deadline");
+    gw_request_fail(r->g, r, "deadline_exceeded", "no answer before the request's deadline");
 }
 
 void gw_request_readers_changed(svc_gateway *g, gw_req *r)
@@ -197,20 +189,6 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
 }
 
 /* ---- Kafka: producing ---------------------------------------------------------- */
-
-static void on_delivery(void *opaque, const svc_delivery *d)
-{
-    svc_gateway *g = opaque;
-    gw_req *r = d->ctx;
-    if (!r)
-        return; /* a cancel: nothing waits on it */
-    r->deliveries--;
-    if (d->err) {
-        svc_log(SVC_LOG_WARN, "gateway_produce_failed", "request %s to %s: %s", r->id,
-                d->topic, d->errstr);
-        request_fail(g, r, "kafka_unavailable", "the request could not be queued for a worker");
-    }
-}
 
 static void random_hex(char *out, size_t n_bytes)
 {
@@ -320,273 +298,6 @@ void gw_request_cancel(svc_gateway *g, gw_req *r)
     if (svc_producer_produce(g->producer, &rec, err, sizeof err) != SVC_KAFKA_OK)
         svc_log(SVC_LOG_WARN, "gateway_cancel_failed", "request %s to %s: %s", r->id, topic,
                 err);
-}
-
-/* ---- Kafka: the replies ---------------------------------------------------------- */
-
-/* A decimal header as uint32; false when absent or not a number. */
-static bool header_u32(rd_kafka_headers_t *hs, const char *name, uint32_t *out)
-{
-    const void *v;
-    size_t n;
-    char buf[16];
-    if (!hs || rd_kafka_header_get_last(hs, name, &v, &n) || !v || n == 0 || n >= sizeof buf)
-        return false;
-    memcpy(buf, v, n);
-    buf[n] = 0;
-    char *end;
-    errno = 0;
-    unsigned long x = strtoul(buf, &end, 10);
-    if (errno || *end || x > UINT32_MAX || !isdigit((unsigned char)buf[0]))
-        return false;
-    *out = (uint32_t)x;
-    return true;
-}
-
-static bool header_is(rd_kafka_headers_t *hs, const char *name, const char *want)
-{
-    const void *v;
-    size_t n;
-    return hs && !rd_kafka_header_get_last(hs, name, &v, &n) && v && n == strlen(want) &&
-           !memcmp(v, want, n);
-}
-
-/* One record of a reply topic: ours if its key is a running or retained
- * request of the tenant whose reply topic it came from. */
-static void on_reply(svc_gateway *g, rd_kafka_message_t *m)
-{
-    if (m->err) {
-        if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
-            svc_log(SVC_LOG_WARN, "gateway_reply_error", "%s", rd_kafka_message_errstr(m));
-        return;
-    }
-    gw_req *r = m->key ? gw_request_find(g, m->key, m->key_len) : NULL;
-    if (!r || strcmp(rd_kafka_topic_name(m->rkt), g->tenants[r->tenant].reply_topic))
-        return;
-    rd_kafka_headers_t *hs = NULL;
-    rd_kafka_message_headers(m, &hs);
-    gw_record rec = {.value = m->payload, .len = m->len};
-    if (!header_u32(hs, "attempt", &rec.attempt) || !header_u32(hs, "seq", &rec.seq))
-        return;
-    rec.final = header_is(hs, "final", "true");
-    rec.reproducible = header_is(hs, "reproducible", reproducible_true);
-    gw_feed f = gw_stream_feed(r->stream, &rec);
-    if (f == GW_FEED_IGNORED)
-        return;
-    if (f == GW_FEED_DIVERGED) {
-        g->m.divergences++;
-        svc_log(SVC_LOG_WARN, "gateway_stream_diverged",
-                "request %s: attempt %" PRIu32 " cannot continue the stream", r->id, rec.attempt);
-    } else if (f == GW_FEED_CONTINUED) {
-        g->m.continuations++;
-        svc_log(SVC_LOG_INFO, "gateway_stream_continued",
-                "request %s: attempt %" PRIu32 " continues the stream", r->id, rec.attempt);
-    }
-    request_progress(g, r);
-}
-
-static void on_wake(evutil_socket_t fd, short what, void *arg)
-{
-    (void)what;
-    svc_gateway *g = arg;
-    char drain[64];
-    while (read(fd, drain, sizeof drain) > 0)
-        ;
-    for (int i = 0; i < REPLY_BATCH; i++) {
-        rd_kafka_message_t *m = rd_kafka_consume_queue(g->replies, 0);
-        if (!m)
-            return;
-        on_reply(g, m);
-        rd_kafka_message_destroy(m);
-    }
-    /* More are queued: the pipe is written only when the queue turns
-     * non-empty, so come back after the loop's other events. */
-    event_active(g->wake_ev, EV_READ, 0);
-}
-
-/* ---- Kafka: startup ---------------------------------------------------------------- */
-
-static rd_kafka_conf_t *consumer_conf(const svc_gateway *g, char *err, size_t errlen)
-{
-    rd_kafka_conf_t *conf = rd_kafka_conf_new();
-    char group[128];
-    snprintf(group, sizeof group, "mllama-gateway-%s", g->cfg.gateway.instance);
-    /* The pass-through properties first: these are fixed, since the reader
-     * assigns and never commits. */
-    for (size_t i = 0; i < g->cfg.kafka.n_props; i++)
-        if (rd_kafka_conf_set(conf, g->cfg.kafka.props[i].key, g->cfg.kafka.props[i].value, err,
-                              errlen) != RD_KAFKA_CONF_OK) {
-            rd_kafka_conf_destroy(conf);
-            return NULL;
-        }
-    if (rd_kafka_conf_set(conf, "bootstrap.servers", g->cfg.kafka.brokers, err, errlen) ||
-        rd_kafka_conf_set(conf, "group.id", group, err, errlen) ||
-        rd_kafka_conf_set(conf, "enable.auto.commit", "false", err, errlen) ||
-        rd_kafka_conf_set(conf, "enable.auto.offset.store", "false", err, errlen) ||
-        rd_kafka_conf_set(conf, "enable.partition.eof", "false", err, errlen)) {
-        rd_kafka_conf_destroy(conf);
-        return NULL;
-    }
-    return conf;
-}
-
-/* Whether the cluster has `topic` (with partitions); err_out gets why not. */
-static bool topic_exists(svc_gateway *g, const char *topic, rd_kafka_resp_err_t *err_out)
-{
-    const rd_kafka_metadata_t *md = NULL;
-    rd_kafka_topic_t *t = rd_kafka_topic_new(g->consumer, topic, NULL);
-    rd_kafka_resp_err_t e = rd_kafka_metadata(g->consumer, 0, t, &md, STARTUP_TIMEOUT_MS);
-    rd_kafka_topic_destroy(t);
-    if (!e && (md->topic_cnt != 1 || md->topics[0].err || !md->topics[0].partition_cnt))
-        e = md->topic_cnt == 1 && md->topics[0].err ? md->topics[0].err
-                                                    : RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART;
-    if (md)
-        rd_kafka_metadata_destroy(md);
-    *err_out = e;
-    return !e;
-}
-
-/* Create the reply topics the cluster lacks (the Admin API; one created
- * meanwhile by another instance is fine). */
-static int create_reply_topics(svc_gateway *g, char *err, size_t errlen)
-{
-    rd_kafka_NewTopic_t *nt[SVC_TENANTS_MAX];
-    size_t n = 0;
-    for (size_t i = 0; i < g->n_tenants; i++) {
-        rd_kafka_resp_err_t e;
-        if (topic_exists(g, g->tenants[i].reply_topic, &e))
-            continue;
-        if (e != RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) {
-            svc_errf(err, errlen, "reply topic %s: %s", g->tenants[i].reply_topic,
-                     rd_kafka_err2str(e));
-            rd_kafka_NewTopic_destroy_array(nt, n);
-            return -1;
-        }
-        if (!(nt[n] = rd_kafka_NewTopic_new(g->tenants[i].reply_topic,
-                                            g->cfg.gateway.reply_partitions, -1, err, errlen))) {
-            rd_kafka_NewTopic_destroy_array(nt, n);
-            return -1;
-        }
-        n++;
-    }
-    if (!n)
-        return 0;
-    rd_kafka_queue_t *q = rd_kafka_queue_new(g->consumer);
-    rd_kafka_AdminOptions_t *opts =
-        rd_kafka_AdminOptions_new(g->consumer, RD_KAFKA_ADMIN_OP_CREATETOPICS);
-    rd_kafka_AdminOptions_set_request_timeout(opts, STARTUP_TIMEOUT_MS, NULL, 0);
-    rd_kafka_CreateTopics(g->consumer, nt, n, opts, q);
-    rd_kafka_event_t *ev = rd_kafka_queue_poll(q, STARTUP_TIMEOUT_MS + STARTUP_TIMEOUT_MS / 10);
-    const rd_kafka_CreateTopics_result_t *res = ev ? rd_kafka_event_CreateTopics_result(ev) : NULL;
-    int rc = 0;
-    if (!res || rd_kafka_event_error(ev)) {
-        svc_errf(err, errlen, "creating the reply topics: %s",
-                 ev ? rd_kafka_event_error_string(ev) : "no answer");
-        rc = -1;
-    }
-    size_t k = 0;
-    const rd_kafka_topic_result_t **tr = res ? rd_kafka_CreateTopics_result_topics(res, &k) : NULL;
-    for (size_t i = 0; i < k && !rc; i++) {
-        rd_kafka_resp_err_t e = rd_kafka_topic_result_error(tr[i]);
-        if (e && e != RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
-            svc_errf(err, errlen, "creating reply topic %s: %s", rd_kafka_topic_result_name(tr[i]),
-                     rd_kafka_topic_result_error_string(tr[i]));
-            rc = -1;
-        } else if (!e) {
-            svc_log(SVC_LOG_INFO, "gateway_topic_created", "%s, %d partitions",
-                    rd_kafka_topic_result_name(tr[i]), g->cfg.gateway.reply_partitions);
-        }
-    }
-    if (ev)
-        rd_kafka_event_destroy(ev);
-    rd_kafka_AdminOptions_destroy(opts);
-    rd_kafka_queue_destroy(q);
-    rd_kafka_NewTopic_destroy_array(nt, n);
-    return rc;
-}
-
-/* Assign every partition of every reply topic at its high watermark: no
- * reply of a request produced after this is missed, no older one is read. */
-static int assign_reply_topics(svc_gateway *g, char *err, size_t errlen)
-{
-    rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(g->n_tenants);
-    int rc = 0;
-    for (size_t i = 0; i < g->n_tenants && !rc; i++) {
-        const char *topic = g->tenants[i].reply_topic;
-        const rd_kafka_metadata_t *md = NULL;
-        rd_kafka_topic_t *t = rd_kafka_topic_new(g->consumer, topic, NULL);
-        rd_kafka_resp_err_t e = rd_kafka_metadata(g->consumer, 0, t, &md, STARTUP_TIMEOUT_MS);
-        rd_kafka_topic_destroy(t);
-        if (!e && (md->topic_cnt != 1 || md->topics[0].err || !md->topics[0].partition_cnt))
-            e = md->topic_cnt == 1 && md->topics[0].err ? md->topics[0].err
-                                                        : RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART;
-        for (int p = 0; !e && p < md->topics[0].partition_cnt; p++) {
-            int64_t lo, hi;
-            int32_t id = md->topics[0].partitions[p].id;
-            e = rd_kafka_query_watermark_offsets(g->consumer, topic, id, &lo, &hi,
-                                                 STARTUP_TIMEOUT_MS);
-            if (!e)
-                rd_kafka_topic_partition_list_add(parts, topic, id)->offset = hi;
-        }
-        if (md)
-            rd_kafka_metadata_destroy(md);
-        if (e) {
-            svc_errf(err, errlen, "reply topic %s: %s", topic, rd_kafka_err2str(e));
-            rc = -1;
-        }
-    }
-    if (!rc) {
-        rd_kafka_resp_err_t e = rd_kafka_assign(g->consumer, parts);
-        if (e) {
-            svc_errf(err, errlen, "assigning the reply topics: %s", rd_kafka_err2str(e));
-            rc = -1;
-        }
-    }
-    rd_kafka_topic_partition_list_destroy(parts);
-    return rc;
-}
-
-static int kafka_start(svc_gateway *g, char *err, size_t errlen)
-{
-    svc_producer_config pc = {.brokers = g->cfg.kafka.brokers, .kafka = g->cfg.kafka.props,
-                              .n_kafka = g->cfg.kafka.n_props, .on_delivery = on_delivery,
-                              .opaque = g};
-    if (svc_producer_create(&pc, &g->producer, err, errlen) != SVC_KAFKA_OK)
-        return -1;
-    rd_kafka_conf_t *conf = consumer_conf(g, err, errlen);
-    if (!conf)
-        return -1;
-    char why[512];
-    if (!(g->consumer = rd_kafka_new(RD_KAFKA_CONSUMER, conf, why, sizeof why))) {
-        rd_kafka_conf_destroy(conf);
-        svc_errf(err, errlen, "reply reader: %s", why);
-        return -1;
-    }
-    if ((g->cfg.gateway.create_reply_topics && create_reply_topics(g, err, errlen)) ||
-        assign_reply_topics(g, err, errlen))
-        return -1;
-    rd_kafka_poll_set_consumer(g->consumer);
-    g->replies = rd_kafka_queue_get_consumer(g->consumer);
-    if (pipe(g->wake) || fcntl(g->wake[0], F_SETFL, O_NONBLOCK) ||
-        fcntl(g->wake[1], F_SETFL, O_NONBLOCK)) {
-        svc_errf(err, errlen, "pipe: %s", strerror(errno));
-        return -1;
-    }
-    static const char wake_byte[] = "1";
-    rd_kafka_queue_io_event_enable(g->replies, g->wake[1], wake_byte, 1);
-    g->wake_ev = event_new(g->base, g->wake[0], EV_READ | EV_PERSIST, on_wake, g);
-    if (!g->wake_ev || event_add(g->wake_ev, NULL)) {
-        svc_errf(err, errlen, "event loop: out of memory");
-        return -1;
-    }
-    /* Records may have arrived before the pipe was wired. */
-    event_active(g->wake_ev, EV_READ, 0);
-    return 0;
-}
-
-bool gw_ready(const svc_gateway *g)
-{
-    return g->consumer && !svc_producer_fatal(g->producer, NULL, 0);
 }
 
 /* ---- metrics -------------------------------------------------------------------- */
@@ -825,7 +536,7 @@ svc_gateway *svc_gateway_create(const svc_config *cfg, const char *port_file, in
         return NULL;
     }
     *code = SVC_GATEWAY_EXIT_KAFKA;
-    if (kafka_start(g, err, errlen)) {
+    if (gw_kafka_start(g, err, errlen)) {
         svc_gateway_destroy(g);
         return NULL;
     }

@@ -20,12 +20,16 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gateway/gw_assets.h"
 #include "gateway/gw_internal.h"
@@ -142,11 +146,16 @@ static void conn_free(gw_conn *c)
 }
 
 /* evhttp closed the connection: the client left, or its answer is complete.
- * Any request it was answering is freed by evhttp after this. */
+ * A request whose answer had not ended is then either still queued on the
+ * connection (evhttp frees it after this) or, when the client left
+ * mid-answer, already detached from it (evhttp_request_get_connection is
+ * NULL) and left to the answer's owner to free. */
 static void on_close(struct evhttp_connection *evcon, void *arg)
 {
     (void)evcon;
     gw_conn *c = arg;
+    if (c->req && !evhttp_request_get_connection(c->req))
+        evhttp_request_free(c->req);
     c->req = NULL;
     conn_free(c);
 }
@@ -321,6 +330,8 @@ static void pump(gw_conn *c)
                     r->first_byte = true;
                     gw_observe_ttfb(g, svc_now_s() - r->received_s);
                 }
+                evhttp_add_header(evhttp_request_get_output_headers(c->req), "X-Request-Id",
+                                  r->id);
                 send_body(c, status, NULL, out.data, out.len);
             }
             svc_buf_deinit(&out);
@@ -410,13 +421,16 @@ static int authenticate(gw_conn *c)
     return i;
 }
 
-/* The request's body as one contiguous NUL-free view (evhttp has bounded
- * it by limits.max_request_bytes already). */
+/* The request's body, contiguous and NUL-terminated (the NUL not counted
+ * in *len): evhttp has bounded it by limits.max_request_bytes already.
+ * NULL when out of memory. */
 static const char *body_of(gw_conn *c, size_t *len)
 {
     struct evbuffer *in = evhttp_request_get_input_buffer(c->req);
     *len = evbuffer_get_length(in);
-    return *len ? (const char *)evbuffer_pullup(in, -1) : "";
+    if (evbuffer_add(in, "", 1))
+        return NULL;
+    return (const char *)evbuffer_pullup(in, -1);
 }
 
 /* Rewrite the client's body into the worker's request (see the brief in
@@ -429,7 +443,12 @@ static char *rewrite(gw_conn *c, gw_stream_params *p, bool *stream, int64_t *dea
     svc_gateway *g = c->g;
     size_t len;
     const char *text = body_of(c, &len);
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!text) {
+        send_error(c, "internal", "out of memory", 0);
+        return NULL;
+    }
+    /* The whole body is one value: trailing bytes are an error, not ignored. */
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len + 1, NULL, true);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         send_error(c, "invalid_json", "The body is not a JSON object.", 0);
@@ -643,6 +662,11 @@ static void on_request(struct evhttp_request *req, void *arg)
     if (!c->evcon) {
         c->evcon = evcon;
         evhttp_connection_set_closecb(evcon, on_close, c);
+        /* An SSE event is a small write that must leave at once: with
+         * Nagle's algorithm it would wait for the client's delayed ACK of
+         * the previous one (tens of milliseconds per token). */
+        int one = 1;
+        setsockopt(bufferevent_getfd(c->bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     }
     c->req = req;
     const char *uri = evhttp_request_get_uri(req);
@@ -746,18 +770,39 @@ static int split_listen(const char *listen, char *host, size_t n, int *port)
     return 0;
 }
 
-static int bind_one(struct evhttp *http, const char *key, const char *listen, int *port,
+static int bind_one(struct evhttp *http, const char *key, const char *addr, int *port,
                     char *err, size_t errlen)
 {
     char host[256];
     int want;
-    if (split_listen(listen, host, sizeof host, &want)) {
-        svc_errf(err, errlen, "%s: expected host:port, got '%s'", key, listen);
+    if (split_listen(addr, host, sizeof host, &want)) {
+        svc_errf(err, errlen, "%s: expected host:port, got '%s'", key, addr);
         return -1;
     }
-    struct evhttp_bound_socket *s = evhttp_bind_socket_with_handle(http, host, (uint16_t)want);
+    /* Bound here rather than by evhttp_bind_socket, whose listen backlog
+     * (128) drops the SYNs of a burst of clients for a second or more. */
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE}, *ai = NULL;
+    char port_text[8];
+    snprintf(port_text, sizeof port_text, "%d", want);
+    int fd = -1, rc = getaddrinfo(host[0] ? host : NULL, port_text, &hints, &ai);
+    if (!rc) {
+        fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+        int one = 1;
+        if (fd >= 0 && (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+                        bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, SOMAXCONN) ||
+                        evutil_make_socket_nonblocking(fd) || evutil_make_socket_closeonexec(fd))) {
+            close(fd);
+            fd = -1;
+        }
+        freeaddrinfo(ai);
+    }
+    struct evhttp_bound_socket *s = fd >= 0 ? evhttp_accept_socket_with_handle(http, fd) : NULL;
     if (!s) {
-        svc_errf(err, errlen, "%s: cannot listen on %s: %s", key, listen, strerror(errno));
+        svc_errf(err, errlen, "%s: cannot listen on %s: %s", key, addr,
+                 rc ? gai_strerror(rc) : strerror(errno));
+        if (fd >= 0)
+            close(fd);
         return -1;
     }
     struct sockaddr_storage sa;

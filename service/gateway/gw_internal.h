@@ -1,7 +1,7 @@
 /* What the gateway's files share: the gateway, its requests (one stream
- * each) and its client connections. gateway.c owns the lifecycle, Kafka and
- * the request table; gw_http.c the listeners, the connections and the
- * routes. Everything runs on the loop's thread: no locks.
+ * each) and its client connections. gateway.c owns the lifecycle, the
+ * request table and the metrics; gw_kafka.c the reply reader; gw_http.c the
+ * listeners, the connections and the routes. Everything runs on the loop's thread: no locks.
  * @locality: the gateway's thread. */
 #ifndef GW_INTERNAL_H
 #define GW_INTERNAL_H
@@ -138,11 +138,17 @@ int gw_tenant_index(const svc_gateway *g, const char *name);
 
 /* Produce a chat request (the rewritten body) for tenant `tenant` under a
  * fresh id and register it. Returns the request (owned by the gateway) or
- * NULL with an error code (gw_http_status_of) and a message. */
+ * NULL with an error code (gw_http_status_of) and a message. Its delivery
+ * report (gw_kafka.c) fails it when the record is lost. */
 gw_req *gw_request_start(svc_gateway *g, size_t tenant, const char *body, size_t len,
                          const gw_stream_params *params, int64_t deadline_ms, const char **code,
                          char *msg, size_t msglen);
 gw_req *gw_request_find(svc_gateway *g, const char *id, size_t len);
+/* After records were fed to r's stream: account its bytes, write its new
+ * events to its readers, end it when done. */
+void gw_request_progress(svc_gateway *g, gw_req *r);
+/* End a running request from the gateway's side (gw_stream_fail). */
+void gw_request_fail(svc_gateway *g, gw_req *r, const char *code, const char *message);
 /* Produce a cancel for the request (key = id) to its tenant's cancel topic. */
 void gw_request_cancel(svc_gateway *g, gw_req *r);
 /* A reader attached or left; with none left on a running request the
@@ -151,10 +157,17 @@ void gw_request_readers_changed(svc_gateway *g, gw_req *r);
 /* Make room under gateway.max_retained_bytes: forget the oldest ended
  * requests nobody reads. Returns whether the retained bytes are under it. */
 bool gw_retained_room(svc_gateway *g);
-/* Whether the reply topics are assigned and the producer is healthy. */
-bool gw_ready(const svc_gateway *g);
 /* A random 53-bit integer (the range the worker's seed takes exactly). */
 int64_t gw_random_seed(void);
+
+/* ---- gw_kafka.c --------------------------------------------------------------- */
+
+/* The producer, the reply reader assigned and wired into the loop, the reply
+ * topics created first when gateway.create_reply_topics. Returns 0 or -1
+ * with err. */
+int gw_kafka_start(svc_gateway *g, char *err, size_t errlen);
+/* Whether the reply topics are assigned and the producer is healthy. */
+bool gw_ready(const svc_gateway *g);
 
 /* ---- gw_http.c ---------------------------------------------------------------- */
 

@@ -1,10 +1,7 @@
 /* Reply records to SSE events and chat.completion answers (gw_stream.h).
- * Records are never turned into a tree and printed again: a strict JSON
- * scanner finds the spans the answer needs and they are copied as the
- * worker wrote them, so escapes (an escaped NUL included), numbers and
- * UTF-8 reach the client byte for byte, and a chunk costs no allocation
- * beyond its place in the event log. cJSON only writes and reads the small
- * error objects. */
+ * Records are never turned into a tree and printed again: gw_json finds
+ * the spans an answer needs and they are copied as the worker wrote them.
+ * cJSON only writes and reads the small error objects. */
 #include "gateway/gw_stream.h"
 
 #include <assert.h>
@@ -15,15 +12,9 @@
 
 #include <cjson/cJSON.h>
 
+#include "gateway/gw_json.h"
 #include "protocol/protocol.h"
 
-/* The worker's records nest 6 deep (choices, logprobs, content, entry,
- * top_logprobs, bytes); the bound keeps hostile nesting off the stack. */
-#define GW_JSON_DEPTH_MAX 32
-/* cJSON reads at most 63 characters of a number: longer ones are refused
- * so that whatever the gateway passes on parses with cJSON too. The worker
- * writes at most 20. */
-#define GW_JSON_NUMBER_MAX 63
 /* Attempts one stream remembers; limits.max_attempts defaults to 3. Past
  * it the stream ends with an error rather than forget an attempt and
  * follow a late duplicate of its seq 0. */
@@ -69,6 +60,12 @@ static void put(out *o, const char *s, size_t n)
 
 #define PUT_LIT(o, lit) put((o), (lit), sizeof(lit) - 1)
 
+static void put_compact(out *o, gw_span v)
+{
+    if (!o->oom && gw_json_put_compact(o->b, v) != 0)
+        o->oom = true;
+}
+
 static void put_i64(out *o, int64_t v)
 {
     char tmp[U64_DIGITS + 2];
@@ -77,276 +74,17 @@ static void put_i64(out *o, int64_t v)
     put(o, tmp, (size_t)n);
 }
 
-/* ---- the JSON scanner --------------------------------------------------------- */
-
-/* A run of bytes inside a record or an event; p NULL = absent. */
-typedef struct span {
-    const char *p; /* borrowed */
-    size_t n;
-} span;
-
-static bool is_ws(char c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
-static const char *skip_ws(const char *p, const char *end)
-{
-    while (p < end && is_ws(*p))
-        p++;
-    return p;
-}
-
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-/* The code unit of the \uXXXX escape at p, or -1. */
-static long utf16_escape(const char *p, const char *end)
-{
-    if (end - p < 6 || p[0] != '\\' || p[1] != 'u')
-        return -1;
-    long v = 0;
-    for (int i = 2; i < 6; i++) {
-        int d = hex_digit(p[i]);
-        if (d < 0)
-            return -1;
-        v = v * 16 + d;
-    }
-    return v;
-}
-
-#define SURROGATE_HIGH_FIRST 0xd800
-#define SURROGATE_LOW_FIRST 0xdc00
-#define SURROGATE_LAST 0xdfff
-#define UTF16_ESCAPE_LEN 6
-
-/* Past the string at p (*p == '"'), or NULL: raw control characters,
- * invalid escapes, unpaired surrogates and invalid UTF-8 are refused. */
-static const char *skip_string(const char *p, const char *end)
-{
-    p++;
-    while (p < end) {
-        unsigned char c = (unsigned char)*p;
-        if (c == '"')
-            return p + 1;
-        if (c < 0x20)
-            return NULL;
-        if (c >= 0x80) {
-            size_t k = svc_utf8_seq_len((const unsigned char *)p, (size_t)(end - p));
-            if (k == 0)
-                return NULL;
-            p += k;
-            continue;
-        }
-        if (c != '\\') {
-            p++;
-            continue;
-        }
-        if (end - p < 2)
-            return NULL;
-        if (p[1] != 'u') {
-            if (!strchr("\"\\/bfnrt", p[1]) || p[1] == '\0')
-                return NULL;
-            p += 2;
-            continue;
-        }
-        long u = utf16_escape(p, end);
-        if (u < 0 || (u >= SURROGATE_LOW_FIRST && u <= SURROGATE_LAST))
-            return NULL;
-        p += UTF16_ESCAPE_LEN;
-        if (u >= SURROGATE_HIGH_FIRST && u < SURROGATE_LOW_FIRST) {
-            long lo = utf16_escape(p, end);
-            if (lo < SURROGATE_LOW_FIRST || lo > SURROGATE_LAST)
-                return NULL;
-            p += UTF16_ESCAPE_LEN;
-        }
-    }
-    return NULL;
-}
-
-/* Past one or more digits at p, or NULL when there is none. */
-static const char *skip_digits(const char *p, const char *end)
-{
-    const char *q = p;
-    while (q < end && *q >= '0' && *q <= '9')
-        q++;
-    return q > p ? q : NULL;
-}
-
-/* -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? */
-static const char *skip_number(const char *p, const char *end)
-{
-    const char *start = p;
-    if (p < end && *p == '-')
-        p++;
-    if (p < end && *p == '0')
-        p++;
-    else if (!(p = skip_digits(p, end)))
-        return NULL;
-    if (p < end && *p == '.' && !(p = skip_digits(p + 1, end)))
-        return NULL;
-    if (p < end && (*p == 'e' || *p == 'E')) {
-        p++;
-        if (p < end && (*p == '+' || *p == '-'))
-            p++;
-        if (!(p = skip_digits(p, end)))
-            return NULL;
-    }
-    return p - start <= GW_JSON_NUMBER_MAX ? p : NULL;
-}
-
-static const char *skip_literal(const char *p, const char *end, const char *lit)
-{
-    size_t n = strlen(lit);
-    return (size_t)(end - p) >= n && memcmp(p, lit, n) == 0 ? p + n : NULL;
-}
-
-static const char *skip_value(const char *p, const char *end, int depth);
-
-/* Past the object or array at p, or NULL. */
-static const char *skip_container(const char *p, const char *end, int depth)
-{
-    bool object = *p == '{';
-    char close = object ? '}' : ']';
-    p = skip_ws(p + 1, end);
-    if (p < end && *p == close)
-        return p + 1;
-    for (;;) {
-        if (object) {
-            p = skip_ws(p, end);
-            if (p >= end || *p != '"' || !(p = skip_string(p, end)))
-                return NULL;
-            p = skip_ws(p, end);
-            if (p >= end || *p != ':')
-                return NULL;
-            p++;
-        }
-        if (!(p = skip_value(p, end, depth)))
-            return NULL;
-        p = skip_ws(p, end);
-        if (p >= end)
-            return NULL;
-        if (*p == close)
-            return p + 1;
-        if (*p != ',')
-            return NULL;
-        p++;
-    }
-}
-
-/* Past the value at p (leading whitespace skipped), or NULL. */
-static const char *skip_value(const char *p, const char *end, int depth)
-{
-    p = skip_ws(p, end);
-    if (p >= end)
-        return NULL;
-    switch (*p) {
-    case '"': return skip_string(p, end);
-    case '{':
-    case '[': return depth < GW_JSON_DEPTH_MAX ? skip_container(p, end, depth + 1) : NULL;
-    case 't': return skip_literal(p, end, "true");
-    case 'f': return skip_literal(p, end, "false");
-    case 'n': return skip_literal(p, end, "null");
-    default: return skip_number(p, end);
-    }
-}
-
-/* The value of member `key` of the object span obj (already scanned, so
- * well formed), or an absent span. Keys compare as written: the worker
- * never escapes them. The first of duplicate keys counts, as in cJSON. */
-static span member(span obj, const char *key)
-{
-    const char *p = obj.p + 1, *end = obj.p + obj.n;
-    size_t klen = strlen(key);
-    p = skip_ws(p, end);
-    while (*p != '}') {
-        const char *k = p;
-        p = skip_string(p, end);
-        assert(p);
-        bool hit = (size_t)(p - k) == klen + 2 && memcmp(k + 1, key, klen) == 0;
-        p = skip_ws(skip_ws(p, end) + 1, end); /* past ':' */
-        const char *v = p;
-        p = skip_value(p, end, 0);
-        assert(p);
-        if (hit)
-            return (span){v, (size_t)(p - v)};
-        p = skip_ws(p, end);
-        if (*p == ',')
-            p = skip_ws(p + 1, end);
-    }
-    return (span){NULL, 0};
-}
-
-/* The first element of the array span arr (scanned), or an absent span. */
-static span first_element(span arr)
-{
-    const char *end = arr.p + arr.n;
-    const char *p = skip_ws(arr.p + 1, end);
-    if (*p == ']')
-        return (span){NULL, 0};
-    const char *q = skip_value(p, end, 0);
-    assert(q);
-    return (span){p, (size_t)(q - p)};
-}
-
-static bool is_kind(span v, char first)
-{
-    return v.p && v.n > 0 && v.p[0] == first;
-}
-
-static bool is_null(span v)
-{
-    return !v.p || is_kind(v, 'n');
-}
-
-/* What is between the brackets or quotes of a scanned array or string. */
-static span inner(span v)
-{
-    return (span){v.p + 1, v.n - 2};
-}
-
-/* Copy a scanned span without the whitespace outside its strings: SSE data
- * must stay on one line. */
-static void put_compact(out *o, span v)
-{
-    bool in_string = false;
-    size_t run = 0;
-    for (size_t i = 0; i < v.n; i++) {
-        char c = v.p[i];
-        if (in_string) {
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                in_string = false;
-        } else if (c == '"') {
-            in_string = true;
-        } else if (is_ws(c)) {
-            put(o, v.p + run, i - run);
-            run = i + 1;
-        }
-    }
-    put(o, v.p + run, v.n - run);
-}
-
 /* ---- chunks ------------------------------------------------------------------- */
 
 /* The parts of a chat.completion.chunk (a worker's record or an event's
  * data) the stream uses. */
 typedef struct chunk {
-    span choices;  /* the array */
-    span content;  /* choices[0].delta.content between its quotes; absent when none */
-    span logprobs; /* choices[0].logprobs.content, the array; absent when logprobs is null */
-    span finish;   /* choices[0].finish_reason; absent when missing */
-    span usage;    /* an object; absent when missing or null */
-    span error;    /* an object; absent when missing or null */
+    gw_span choices;  /* the array */
+    gw_span content;  /* choices[0].delta.content between its quotes; absent when none */
+    gw_span logprobs; /* choices[0].logprobs.content, the array; absent when logprobs is null */
+    gw_span finish;   /* choices[0].finish_reason; absent when missing */
+    gw_span usage;    /* an object; absent when missing or null */
+    gw_span error;    /* an object; absent when missing or null */
 } chunk;
 
 /* Scan v as one JSON object with the shape of a chunk: choices a non-empty
@@ -355,40 +93,38 @@ typedef struct chunk {
  * and error objects or null. Returns false otherwise. */
 static bool chunk_parse(const char *v, size_t n, chunk *c)
 {
-    const char *end = v + n;
-    const char *p = skip_ws(v, end);
-    const char *q = skip_value(p, end, 0);
-    if (!q || skip_ws(q, end) != end || *p != '{')
+    gw_span root = gw_json_value(v, n);
+    if (!gw_json_is(root, '{'))
         return false;
-    span root = {p, (size_t)(q - p)};
-    *c = (chunk){.choices = member(root, "choices")};
-    if (!is_kind(c->choices, '['))
+    *c = (chunk){.choices = gw_json_member(root, "choices")};
+    if (!gw_json_is(c->choices, '['))
         return false;
-    span choice = first_element(c->choices);
-    if (!is_kind(choice, '{'))
+    gw_span choice = gw_json_first(c->choices);
+    if (!gw_json_is(choice, '{'))
         return false;
-    span delta = member(choice, "delta");
-    if (!is_kind(delta, '{'))
+    gw_span delta = gw_json_member(choice, "delta");
+    if (!gw_json_is(delta, '{'))
         return false;
-    span content = member(delta, "content");
-    if (is_kind(content, '"'))
-        c->content = inner(content);
-    else if (!is_null(content))
+    gw_span content = gw_json_member(delta, "content");
+    if (gw_json_is(content, '"'))
+        c->content = gw_json_inner(content);
+    else if (!gw_json_is_null(content))
         return false;
-    span lp = member(choice, "logprobs");
-    if (!is_null(lp)) {
-        if (!is_kind(lp, '{'))
+    gw_span lp = gw_json_member(choice, "logprobs");
+    if (!gw_json_is_null(lp)) {
+        if (!gw_json_is(lp, '{'))
             return false;
-        c->logprobs = member(lp, "content");
-        if (!is_kind(c->logprobs, '['))
+        c->logprobs = gw_json_member(lp, "content");
+        if (!gw_json_is(c->logprobs, '['))
             return false;
     }
-    c->finish = member(choice, "finish_reason");
-    span usage = member(root, "usage"), error = member(root, "error");
-    if ((!is_null(usage) && !is_kind(usage, '{')) || (!is_null(error) && !is_kind(error, '{')))
+    c->finish = gw_json_member(choice, "finish_reason");
+    gw_span usage = gw_json_member(root, "usage"), error = gw_json_member(root, "error");
+    if ((!gw_json_is_null(usage) && !gw_json_is(usage, '{')) ||
+        (!gw_json_is_null(error) && !gw_json_is(error, '{')))
         return false;
-    c->usage = is_null(usage) ? (span){NULL, 0} : usage;
-    c->error = is_null(error) ? (span){NULL, 0} : error;
+    c->usage = gw_json_is_null(usage) ? (gw_span){NULL, 0} : usage;
+    c->error = gw_json_is_null(error) ? (gw_span){NULL, 0} : error;
     return true;
 }
 
@@ -416,9 +152,10 @@ struct gw_stream {
     size_t block_bytes;
     gw_event *events;  /* owned */
     size_t n_events, cap_events;
-    /* Events 0 .. n_records - 1 are the records seq 0, 1, ... of the attempts
-     * followed (a continuation's records below n_records were compared). */
-    size_t n_records;
+    /* Events answer .. answer + n_records - 1 are the records seq 0, 1, ...
+     * of the attempts followed (a continuation's records below n_records
+     * were compared). answer is 0 but where completion_only restarted. */
+    size_t answer, n_records;
     svc_buf scratch;   /* the event being built */
     svc_buf usage;     /* the final's usage, rewritten; empty when none */
 
@@ -429,18 +166,45 @@ struct gw_stream {
     uint32_t attempt, next_seq;
 
     bool done;
-    bool failed;       /* it ended with an error: */
+    bool failed;       /* it ended with this error: */
     char err_code[ERR_CODE_MAX];
     char err_message[ERR_MESSAGE_MAX];
 };
 
-/* A JSON string of s, allocated by cJSON; NULL when out of memory. */
+/* s as valid UTF-8: s itself, or a copy in tmp with U+FFFD for each byte
+ * that starts no valid sequence; NULL when out of memory. */
+static const char *utf8_text(const char *s, svc_buf *tmp)
+{
+    static const char replacement[] = "\xef\xbf\xbd";
+    size_t n = strlen(s);
+    if (svc_utf8_valid(s, n, NULL))
+        return s;
+    out o = {tmp, false};
+    for (size_t i = 0; i < n;) {
+        size_t k = svc_utf8_seq_len((const unsigned char *)s + i, n - i);
+        if (k > 0) {
+            put(&o, s + i, k);
+            i += k;
+        } else {
+            PUT_LIT(&o, replacement);
+            i++;
+        }
+    }
+    return o.oom ? NULL : tmp->data;
+}
+
+/* A JSON string of s (made valid UTF-8), allocated by cJSON; NULL when out
+ * of memory. */
 static char *json_string(const char *s)
 {
-    cJSON *str = cJSON_CreateString(s);
-    char *text = str ? cJSON_PrintUnformatted(str) : NULL;
+    svc_buf tmp;
+    svc_buf_init(&tmp);
+    const char *text = utf8_text(s, &tmp);
+    cJSON *str = text ? cJSON_CreateString(text) : NULL;
+    char *json = str ? cJSON_PrintUnformatted(str) : NULL;
     cJSON_Delete(str);
-    return text;
+    svc_buf_deinit(&tmp);
+    return json;
 }
 
 gw_stream *gw_stream_create(const gw_stream_params *p)
@@ -462,23 +226,15 @@ gw_stream *gw_stream_create(const gw_stream_params *p)
     return s;
 }
 
-static void drop_events(gw_stream *s)
+void gw_stream_destroy(gw_stream *s)
 {
+    if (!s)
+        return;
     while (s->blocks) {
         log_block *b = s->blocks;
         s->blocks = b->next;
         free(b);
     }
-    s->block_bytes = 0;
-    s->n_events = 0;
-    s->n_records = 0;
-}
-
-void gw_stream_destroy(gw_stream *s)
-{
-    if (!s)
-        return;
-    drop_events(s);
     free(s->events);
     svc_buf_deinit(&s->scratch);
     svc_buf_deinit(&s->usage);
@@ -507,7 +263,7 @@ bool gw_stream_done(const gw_stream *s)
 size_t gw_stream_bytes(const gw_stream *s)
 {
     return sizeof *s + s->block_bytes + s->cap_events * sizeof *s->events + s->scratch.cap +
-           s->usage.cap + strlen(s->id_json) + strlen(s->model_json) + 2;
+           s->usage.cap + strlen(s->id_json) + 1 + strlen(s->model_json) + 1;
 }
 
 /* ---- building events ---------------------------------------------------------- */
@@ -596,15 +352,23 @@ static int emit(gw_stream *s, const out *o, size_t payload)
     return o->oom ? -1 : log_append(s, payload);
 }
 
-/* The error object into o: cJSON writes it (messages are arbitrary text). */
+/* The error object into o: cJSON writes it (messages are arbitrary text,
+ * made valid UTF-8 first: an answer is always valid UTF-8). */
 static void put_error_object(out *o, const char *code, const char *message)
 {
+    svc_buf code_tmp, message_tmp;
+    svc_buf_init(&code_tmp);
+    svc_buf_init(&message_tmp);
+    const char *code_text = utf8_text(code, &code_tmp);
+    const char *message_text = utf8_text(message, &message_tmp);
     cJSON *root = cJSON_CreateObject();
     cJSON *e = cJSON_AddObjectToObject(root, "error");
-    bool built = e && cJSON_AddStringToObject(e, "message", message) &&
+    bool built = code_text && message_text && e &&
+                 cJSON_AddStringToObject(e, "message", message_text) &&
                  cJSON_AddStringToObject(e, "type",
                                          gw_error_type_of(gw_http_status_of(code))) &&
-                 cJSON_AddNullToObject(e, "param") && cJSON_AddStringToObject(e, "code", code);
+                 cJSON_AddNullToObject(e, "param") &&
+                 cJSON_AddStringToObject(e, "code", code_text);
     char *text = built ? cJSON_PrintUnformatted(root) : NULL;
     if (text)
         put(o, text, strlen(text));
@@ -612,6 +376,8 @@ static void put_error_object(out *o, const char *code, const char *message)
         o->oom = true;
     cJSON_free(text);
     cJSON_Delete(root);
+    svc_buf_deinit(&code_tmp);
+    svc_buf_deinit(&message_tmp);
 }
 
 /* Copy at most cap - 1 bytes of src, never splitting a UTF-8 sequence. */
@@ -673,7 +439,7 @@ static gw_feed diverge(gw_stream *s)
 
 /* The worker's error object (scanned) ends the stream with its code and
  * message. */
-static gw_feed end_with_worker_error(gw_stream *s, span error)
+static gw_feed end_with_worker_error(gw_stream *s, gw_span error)
 {
     cJSON *e = cJSON_ParseWithLength(error.p, error.n);
     const cJSON *code = cJSON_GetObjectItemCaseSensitive(e, "code");
@@ -684,26 +450,21 @@ static gw_feed end_with_worker_error(gw_stream *s, span error)
     return GW_FEED_DONE;
 }
 
-static bool is_number(span v)
-{
-    return v.p && v.n > 0 && (v.p[0] == '-' || (v.p[0] >= '0' && v.p[0] <= '9'));
-}
-
 /* The final's usage into s->usage, with the member OpenAI clients read for
  * cached prompt tokens added: "prompt_tokens_details":{"cached_tokens":N}.
  * Returns 0, or -1 when out of memory. */
-static int keep_usage(gw_stream *s, span usage)
+static int keep_usage(gw_stream *s, gw_span usage)
 {
     s->usage.len = 0;
     if (!usage.p)
         return 0;
     out o = {&s->usage, false};
-    put_compact(&o, (span){usage.p, usage.n - 1}); /* without its closing brace */
-    if (skip_ws(usage.p + 1, usage.p + usage.n)[0] != '}')
+    put_compact(&o, (gw_span){usage.p, usage.n - 1}); /* without its closing brace */
+    if (!gw_json_is_empty(usage))
         PUT_LIT(&o, ",");
     PUT_LIT(&o, "\"prompt_tokens_details\":{\"cached_tokens\":");
-    span cached = member(usage, "prompt_tokens_cached");
-    if (is_number(cached))
+    gw_span cached = gw_json_member(usage, "prompt_tokens_cached");
+    if (gw_json_is_number(cached))
         put(&o, cached.p, cached.n);
     else
         PUT_LIT(&o, "0");
@@ -733,7 +494,7 @@ static gw_feed end_with_answer(gw_stream *s, const chunk *c)
 }
 
 /* Record r, the next seq of the followed attempt: compared with what was
- * sent (below n_records) or appended. */
+ * sent (seq below n_records) or appended. */
 static gw_feed take(gw_stream *s, const gw_record *r)
 {
     chunk c;
@@ -744,11 +505,11 @@ static gw_feed take(gw_stream *s, const gw_record *r)
     size_t k = r->seq;
     assert(k <= s->n_records);
     out o = {&s->scratch, false};
-    size_t payload = build_chunk(s, &o, k, &c);
+    size_t payload = build_chunk(s, &o, s->answer + k, &c);
     if (o.oom)
         return fail_internal(s, "out of memory");
     if (k < s->n_records) {
-        const gw_event *sent = &s->events[k];
+        const gw_event *sent = &s->events[s->answer + k];
         bool same = sent->len == s->scratch.len &&
                     memcmp(sent->data, s->scratch.data, sent->len) == 0;
         /* A final below the last record sent would leave the reader with
@@ -790,10 +551,12 @@ gw_feed gw_stream_feed(gw_stream *s, const gw_record *r)
             return fail_internal(s, "the request ran too many times");
         s->seen[s->n_seen++] = r->attempt;
         takeover = s->n_records > 0;
-        if (takeover && s->completion_only)
-            drop_events(s);
-        else if (takeover && !r->reproducible)
+        if (takeover && s->completion_only) {
+            s->answer = s->n_events;
+            s->n_records = 0;
+        } else if (takeover && !r->reproducible) {
             return diverge(s);
+        }
         s->following = true;
         s->broken = false;
         s->attempt = r->attempt;
@@ -828,7 +591,7 @@ int gw_stream_completion(const gw_stream *s, svc_buf *b, int *http_status)
     PUT_LIT(&o, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"");
     chunk c;
     bool any_logprobs = false;
-    for (size_t i = 0; i < s->n_records; i++) {
+    for (size_t i = s->answer; i < s->answer + s->n_records; i++) {
         event_chunk(s, i, &c);
         if (c.content.p)
             put(&o, c.content.p, c.content.n);
@@ -838,14 +601,14 @@ int gw_stream_completion(const gw_stream *s, svc_buf *b, int *http_status)
     if (any_logprobs) {
         PUT_LIT(&o, "{\"content\":[");
         bool first = true;
-        for (size_t i = 0; i < s->n_records; i++) {
+        for (size_t i = s->answer; i < s->answer + s->n_records; i++) {
             event_chunk(s, i, &c);
-            if (!c.logprobs.p || skip_ws(c.logprobs.p + 1, c.logprobs.p + c.logprobs.n)[0] == ']')
+            if (!c.logprobs.p || gw_json_is_empty(c.logprobs))
                 continue;
             if (!first)
                 PUT_LIT(&o, ",");
             first = false;
-            put_compact(&o, inner(c.logprobs));
+            put_compact(&o, gw_json_inner(c.logprobs));
         }
         PUT_LIT(&o, "]}");
     } else {
@@ -853,7 +616,7 @@ int gw_stream_completion(const gw_stream *s, svc_buf *b, int *http_status)
     }
     PUT_LIT(&o, ",\"finish_reason\":");
     /* n_records > 0: an answer ends with its final record. */
-    event_chunk(s, s->n_records - 1, &c);
+    event_chunk(s, s->answer + s->n_records - 1, &c);
     if (c.finish.p)
         put_compact(&o, c.finish);
     else

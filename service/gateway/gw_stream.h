@@ -40,9 +40,8 @@
  * completion_tokens, total_tokens, images, images_cached) with OpenAI's
  * "prompt_tokens_details":{"cached_tokens":<prompt_tokens_cached>} added.
  *
- * Records are checked as strict JSON (RFC 8259, valid UTF-8, paired
- * surrogate escapes, at most GW_JSON_DEPTH_MAX levels); a followed record
- * that is not a chunk ends the stream with an `internal` error.
+ * Records are checked as strict JSON (gw_json.h); a followed record that
+ * is not a chunk ends the stream with an `internal` error.
  *
  * Memory: every event stays until gw_stream_destroy (resumes replay them);
  * gw_stream_bytes says how much the stream holds, for the gateway's
@@ -72,12 +71,13 @@ typedef struct gw_stream gw_stream;
 typedef struct gw_stream_params {
     const char *id;       /* borrowed for the call: the public and Kafka request id */
     const char *model;    /* borrowed for the call: the name the client asked for, echoed
-                             in every chunk */
+                             in every chunk (bytes that are not valid UTF-8 as U+FFFD) */
     int64_t created;      /* unix seconds */
     bool include_usage;   /* stream_options.include_usage */
     /* stream: false: nothing is sent before the end, so a new attempt
-     * restarts the answer (its events replace the old ones) instead of
-     * being compared with what was sent; never stream_diverged. */
+     * restarts the answer instead of being compared with what was sent
+     * (never stream_diverged): its events follow the old ones, and the
+     * answer is made of its own. */
     bool completion_only;
 } gw_stream_params;
 
@@ -97,7 +97,7 @@ typedef enum gw_feed {
     GW_FEED_DONE,      /* new events, the last one [DONE] (an answer or an error) */
     GW_FEED_DIVERGED,  /* as DONE, ended with stream_diverged (count a divergence) */
     GW_FEED_CONTINUED, /* a new attempt took over a stream that had sent events (count a
-                          continuation); completion_only: its first events are new */
+                          continuation); completion_only: its first event is new */
 } gw_feed;
 
 /* A stream with no events. Copies what it keeps of p. Returns NULL when
@@ -117,13 +117,12 @@ gw_feed gw_stream_feed(gw_stream *s, const gw_record *r);
  * `message` (borrowed; cut to fit), then [DONE]. No-op once done. */
 void gw_stream_fail(gw_stream *s, const char *code, const char *message);
 
-/* The number of events so far; it only grows (completion_only: a new
- * attempt may restart it from 0). */
+/* The number of events so far; it only grows. */
 size_t gw_stream_n_events(const gw_stream *s);
 
 /* Event i < gw_stream_n_events: its SSE bytes, "id: <i>\ndata: ...\n\n".
  * *data is borrowed from the stream; it stays valid and unchanged until
- * gw_stream_destroy (completion_only: until a new attempt restarts). */
+ * gw_stream_destroy. */
 void gw_stream_event(const gw_stream *s, size_t i, const char **data, size_t *len);
 
 /* True once the last event ([DONE]) is there; every record after it is
@@ -166,8 +165,9 @@ int gw_http_status_of(const char *code);
 const char *gw_error_type_of(int http_status);
 
 /* {"error":{"message":M,"type":gw_error_type_of(gw_http_status_of(code)),
- * "param":null,"code":C}} into `out`, replacing its content. Returns 0, or
- * -1 when out of memory (out is then empty). */
+ * "param":null,"code":C}} into `out`, replacing its content; bytes of code
+ * or message that are not valid UTF-8 become U+FFFD. Returns 0, or -1 when
+ * out of memory (out is then empty). */
 int gw_error_body(svc_buf *out, const char *code, const char *message);
 
 #endif

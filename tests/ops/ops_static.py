@@ -537,12 +537,14 @@ def parse_metrics_md(c):
         m = re.match(r'\| `([a-z_:][a-z0-9_:]*)` \| ([^|]*)\| ([^|]*)\|', line)
         if not m:
             continue
-        if section == 'Series':
+        if section in ('Series', 'Gateway series'):
             labels = set(re.findall(r'`([a-z_]+)`', m.group(3)))
             own[m.group(1)] = (m.group(2).strip(), labels)
         elif section and section.startswith('External series'):
             external.add(m.group(1))
     c.check(len(own) >= 20, 'ops/metrics.md', f'expected the series table, found {len(own)} rows')
+    for name in GATEWAY_SERIES:
+        c.check(name in own, 'ops/metrics.md', f'the gateway series {name} is not listed')
     return own, external
 
 
@@ -829,10 +831,57 @@ def check_compose(c, compose, local, topics):
     c.check(topics.get('mllama.replies', 0) > 0, 'ops/compose/create-topics.sh', 'no reply topic mllama.replies')
 
 
+def check_compose_gateway(c, compose, local, prod):
+    """The compose stack's gateway against its workers, its topic and the config."""
+    where = 'ops/compose.yaml'
+    services = dig(compose, 'services') or {}
+    gateway = services.get('gateway')
+    if not c.check(isinstance(gateway, dict), where, 'no service gateway'):
+        return
+    env = gateway.get('environment') or {}
+    worker_env = dig(services, 'worker', 'environment') or {}
+    c.check(gateway.get('entrypoint') == ['mllama', 'gateway'], where, 'gateway: entrypoint ["mllama", "gateway"]')
+    c.check(env.get('MLLAMA_KAFKA_BROKERS') == worker_env.get('MLLAMA_KAFKA_BROKERS'), where,
+            'gateway: the workers\' MLLAMA_KAFKA_BROKERS')
+    c.check(dig(gateway, 'depends_on', 'topics', 'condition') == 'service_completed_successfully', where,
+            'gateway: waits for the topics (its reply topic among them)')
+    # The instance's reply topic exists before it starts when it does not
+    # create it: the topics service names the same instance.
+    instance = env.get('MLLAMA_GATEWAY_INSTANCE')
+    gateways = str(dig(services, 'topics', 'environment', 'GATEWAYS') or '').split()
+    c.check(isinstance(instance, str) and instance in gateways, where,
+            'gateway: a fixed MLLAMA_GATEWAY_INSTANCE, listed in the topics service\'s GATEWAYS')
+    creates = str(env.get('MLLAMA_GATEWAY_CREATE_REPLY_TOPICS', gateway_config(local)['create_reply_topics']))
+    c.check(creates.lower() == 'false' or instance in gateways, where,
+            'gateway: reply topic neither created by `topics` nor by the gateway')
+    published = [str(p) for p in gateway.get('ports') or []]
+    listen = env.get('MLLAMA_GATEWAY_LISTEN', gateway_config(local)['listen'])
+    http_listen = env.get('MLLAMA_HTTP_LISTEN', local['http']['listen'])
+    c.check(str(listen).startswith('0.0.0.0:') and str(http_listen).startswith('0.0.0.0:'), where,
+            'gateway: both listeners on 0.0.0.0 inside the container')
+    for port in (listen_port(listen), listen_port(http_listen)):
+        c.check(any(p.startswith('127.0.0.1:') and p.endswith(f':{port}') for p in published), where,
+                f'gateway: container port {port} published on 127.0.0.1')
+    health = dig(gateway, 'healthcheck', 'test') or []
+    c.check(health[:2] == ['CMD', 'mllama'] and f':{listen_port(http_listen)}/readyz' in ' '.join(health),
+            where, 'gateway: healthcheck probes /readyz on http.listen')
+    c.check('../config/local.json:/etc/mllama/config.json:ro' in (gateway.get('volumes') or []) and
+            gateway.get('command') == ['--config', '/etc/mllama/config.json'], where,
+            'gateway: reads config/local.json, as the workers')
+    script = read(c, 'ops/compose/create-topics.sh')
+    partitions = re.search(r'^gateway_reply_partitions=([0-9]+)$', script, re.M)
+    c.check(partitions is not None and int(partitions.group(1)) == gateway_config(prod)['reply_partitions'],
+            'ops/compose/create-topics.sh', 'gateway_reply_partitions must equal gateway.reply_partitions')
+    c.check('create "$1.gw-$2"' in script and 'gateway_reply mllama.replies "$g"' in script and
+            'gateway_reply "mllama.replies.$t" "$g"' in script, 'ops/compose/create-topics.sh',
+            'gateway reply topics are <tenant reply topic>.gw-<instance>')
+
+
 # ==== ops/k8s ==================================================================
 
 def check_k8s(c, files, prod, topics, own, external):
-    objects = {}
+    objects = {}  # the workers': kind -> (file, object)
+    gateway = []  # the gateway's (objects named mllama-gateway*): [(file, object)]
     for rel, docs in files.items():
         if not rel.startswith('ops/k8s/') or docs is None or rel.endswith('kustomization.yaml'):
             continue
@@ -840,7 +889,12 @@ def check_k8s(c, files, prod, topics, own, external):
             for key in ('apiVersion', 'kind'):
                 c.check(isinstance(dig(doc, key), str), rel, f'no {key}')
             c.check(isinstance(dig(doc, 'metadata', 'name'), str), rel, 'no metadata.name')
-            objects[dig(doc, 'kind')] = (rel, doc)
+            if str(dig(doc, 'metadata', 'name')).startswith('mllama-gateway'):
+                gateway.append((rel, doc))
+            else:
+                c.check(dig(doc, 'kind') not in objects, rel, f'a second worker {dig(doc, "kind")}')
+                objects[dig(doc, 'kind')] = (rel, doc)
+    check_k8s_gateway(c, files, gateway, prod, own)
     for kind in ('Deployment', 'Service', 'PodDisruptionBudget', 'ScaledObject', 'PodMonitor', 'PrometheusRule',
                  'NetworkPolicy'):
         c.check(kind in objects, 'ops/k8s', f'no {kind}')
@@ -1004,6 +1058,165 @@ def check_k8s(c, files, prod, topics, own, external):
         check_alerts(c, *objects['PrometheusRule'], own, external)
 
 
+# The gateway section's defaults (config/README.md "gateway"); a config file's
+# own `gateway` section overrides them.
+GATEWAY_DEFAULTS = {'listen': '127.0.0.1:8080', 'keepalive_s': 15, 'max_streams': 4096,
+                    'write_buffer_bytes': 65536, 'max_retained_bytes': 268435456,
+                    'reply_partitions': 4, 'create_reply_topics': True}
+# The series the brief for the gateway names (ops/metrics.md lists them).
+GATEWAY_SERIES = ('mllama_gateway_connections_open', 'mllama_gateway_streams_open',
+                  'mllama_gateway_requests_total', 'mllama_gateway_http_errors_total',
+                  'mllama_gateway_ttfb_seconds', 'mllama_gateway_resumes_total',
+                  'mllama_gateway_continuations_total', 'mllama_gateway_divergences_total',
+                  'mllama_gateway_abandoned_total', 'mllama_gateway_cancels_total',
+                  'mllama_gateway_retained_bytes')
+
+
+def gateway_config(config):
+    merged = dict(GATEWAY_DEFAULTS)
+    merged.update(dig(config, 'gateway') or {})
+    return merged
+
+
+def listen_port(text):
+    return int(str(text).rsplit(':', 1)[1])
+
+
+def env_map(container):
+    """{name: value or the valueFrom mapping} of a container's env."""
+    return {e.get('name'): e.get('value', e.get('valueFrom')) for e in container.get('env') or []}
+
+
+def check_k8s_gateway(c, files, gateway, prod, own):
+    """The gateway's StatefulSet and its companions (ops/k8s/gateway-*.yaml)."""
+    gw = gateway_config(prod)
+    by_kind = {}
+    for rel, obj in gateway:
+        by_kind.setdefault(obj.get('kind'), []).append((rel, obj))
+    for kind in ('StatefulSet', 'Service', 'Ingress', 'ScaledObject', 'PodDisruptionBudget', 'PodMonitor',
+                 'NetworkPolicy'):
+        c.check(kind in by_kind, 'ops/k8s', f'no gateway {kind}')
+    if 'StatefulSet' not in by_kind:
+        return
+    rel, sts = by_kind['StatefulSet'][0]
+    spec = sts.get('spec') or {}
+    pod = dig(spec, 'template', 'spec') or {}
+    pod_labels = dig(spec, 'template', 'metadata', 'labels') or {}
+    container = dig(pod, 'containers', 0) or {}
+    env = env_map(container)
+    ports = {p.get('name'): p.get('containerPort') for p in container.get('ports') or []}
+    api_port, ops_port = ports.get('api'), ports.get('ops')
+    c.check('replicas' not in spec, rel, 'KEDA owns spec.replicas; leave it out')
+    c.check(set((dig(spec, 'selector', 'matchLabels') or {}).items()) <= set(pod_labels.items()) and
+            pod_labels.get('app.kubernetes.io/name') == 'mllama-gateway', rel,
+            'the selector matches the pod labels, app.kubernetes.io/name: mllama-gateway')
+    c.check(container.get('command') == ['mllama', 'gateway'], rel, 'command ["mllama", "gateway"]')
+    # The instance name is the reply topic's suffix: a StatefulSet's stable
+    # pod name, never a per-restart one.
+    c.check(dig(env, 'MLLAMA_GATEWAY_INSTANCE', 'fieldRef', 'fieldPath') == 'metadata.name', rel,
+            'MLLAMA_GATEWAY_INSTANCE is the pod name (fieldRef metadata.name)')
+    c.check(isinstance(env.get('MLLAMA_GATEWAY_LISTEN'), str) and
+            listen_port(env['MLLAMA_GATEWAY_LISTEN']) == api_port, rel,
+            'MLLAMA_GATEWAY_LISTEN listens on the container port "api"')
+    http_listen = env.get('MLLAMA_HTTP_LISTEN', prod['http']['listen'])
+    c.check(listen_port(http_listen) == ops_port, rel, 'http.listen is the container port "ops"')
+    for probe, path in (('livenessProbe', '/healthz'), ('readinessProbe', '/readyz')):
+        c.check(dig(container, probe, 'httpGet', 'path') == path and
+                dig(container, probe, 'httpGet', 'port') in ('ops', ops_port), rel,
+                f'{probe} probes {path} on the ops port')
+    c.check('nvidia.com/gpu' not in (dig(container, 'resources', 'limits') or {}), rel, 'the gateway needs no GPU')
+    c.check(dig(pod, 'securityContext', 'runAsNonRoot') is True, rel, 'pods run as non-root')
+    c.check(dig(container, 'securityContext', 'readOnlyRootFilesystem') is True and
+            dig(container, 'securityContext', 'allowPrivilegeEscalation') is False, rel,
+            'readOnlyRootFilesystem: true, allowPrivilegeEscalation: false')
+    memory = quantity_bytes(dig(container, 'resources', 'limits', 'memory'))
+    bound = gw['max_retained_bytes'] + gw['max_streams'] * gw['write_buffer_bytes']
+    c.check(memory is not None and memory > bound, rel,
+            f'the memory limit must exceed gateway.max_retained_bytes + max_streams x '
+            f'write_buffer_bytes ({bound} bytes)')
+    prestop = dig(container, 'lifecycle', 'preStop', 'exec', 'command') or []
+    prestop_s = int(prestop[1]) if len(prestop) == 2 and prestop[0] == 'sleep' else 0
+    # SIGTERM stops the gateway at once; the preStop sleep is the time its
+    # streams get to finish, so it must be there, and within the grace.
+    c.check(prestop_s > 0 and pod.get('terminationGracePeriodSeconds', 30) > prestop_s, rel,
+            'a preStop sleep, shorter than terminationGracePeriodSeconds')
+    mounts = {m.get('mountPath'): m.get('name') for m in container.get('volumeMounts') or []}
+    volumes = {v.get('name'): v for v in pod.get('volumes') or []}
+    keys_file = env.get('MLLAMA_GATEWAY_API_KEYS_FILE')
+    keys_volume = volumes.get(mounts.get(os.path.dirname(str(keys_file)))) or {}
+    c.check(isinstance(keys_file, str) and 'secret' in keys_volume, rel,
+            'gateway.api_keys_file lies in a mounted Secret directory (an update reaches the file)')
+    generated = {g.get('name') for g in dig((files.get('ops/k8s/kustomization.yaml') or [None])[0],
+                                            'configMapGenerator') or []}
+    c.check(dig(volumes, mounts.get('/etc/mllama'), 'configMap', 'name') in generated, rel,
+            'the gateway reads the generated config at /etc/mllama, as the workers')
+    # The gateway does not use Redis: no credentials, no route to it.
+    c.check('MLLAMA_REDIS_URL' not in env and 'mllama.io/redis-role' not in pod_labels, rel,
+            'the gateway gets no Redis URL and no Redis role label')
+    images = {i.get('name'): i for i in dig((files.get('ops/k8s/kustomization.yaml') or [None])[0],
+                                            'images') or []}
+    c.check(container.get('image') in images and
+            str(images[container.get('image')].get('newTag', '')).endswith('cpu'), 'ops/k8s/kustomization.yaml',
+            'the gateway image maps to the cpu flavour')
+
+    services = {dig(o, 'metadata', 'name'): (r, o) for r, o in by_kind.get('Service', [])}
+    headless = services.get(spec.get('serviceName'))
+    c.check(headless is not None and dig(headless[1], 'spec', 'clusterIP') == 'None', rel,
+            'serviceName names a headless gateway Service')
+    for name, (r, svc) in services.items():
+        selector = dig(svc, 'spec', 'selector') or {}
+        c.check(selector and set(selector.items()) <= set(pod_labels.items()), r,
+                f'Service {name} selects the gateway pods')
+    for r, ing in by_kind.get('Ingress', []):
+        backend = dig(ing, 'spec', 'rules', 0, 'http', 'paths', 0, 'backend', 'service') or {}
+        api_service = (services.get(backend.get('name')) or (None, {}))[1]
+        svc_ports = {p.get('name'): p for p in dig(api_service, 'spec', 'ports') or []}
+        target = dig(svc_ports, dig(backend, 'port', 'name'), 'targetPort')
+        c.check(target in ('api', api_port), r, 'the Ingress reaches the gateway\'s api port')
+        notes = dig(ing, 'metadata', 'annotations') or {}
+        prefix = 'nginx.ingress.kubernetes.io/'
+        c.check(notes.get(prefix + 'proxy-buffering') == 'off', r, 'proxy buffering off (SSE)')
+        read_timeout = int(notes.get(prefix + 'proxy-read-timeout', '60'))
+        c.check(read_timeout > gw['keepalive_s'], r,
+                f'proxy-read-timeout ({read_timeout} s) must exceed gateway.keepalive_s ({gw["keepalive_s"]} s)')
+        body = quantity_bytes(str(notes.get(prefix + 'proxy-body-size', '1m')).replace('m', 'Mi'))
+        c.check(body is not None and body >= prod['limits']['max_request_bytes'], r,
+                'proxy-body-size must admit limits.max_request_bytes (the gateway answers 413 itself)')
+    for r, so in by_kind.get('ScaledObject', []):
+        so_spec = so.get('spec') or {}
+        c.check(dig(so_spec, 'scaleTargetRef', 'kind') == 'StatefulSet' and
+                dig(so_spec, 'scaleTargetRef', 'name') == dig(sts, 'metadata', 'name'), r,
+                'scaleTargetRef names the gateway StatefulSet')
+        triggers = {t.get('type'): t for t in so_spec.get('triggers') or []}
+        query = str(dig(triggers, 'prometheus', 'metadata', 'query') or '')
+        c.check('mllama_gateway_streams_open' in query and 'job="mllama-gateway"' in query, r,
+                'a prometheus trigger on mllama_gateway_streams_open of job "mllama-gateway"')
+        c.check((own.get('mllama_gateway_streams_open') or ('',))[0] == 'G', r,
+                'mllama_gateway_streams_open is a gauge in ops/metrics.md')
+        c.check(re.fullmatch(r'[1-9][0-9]*', str(dig(triggers, 'prometheus', 'metadata', 'threshold'))) is not None,
+                r, 'threshold is a positive integer (streams per gateway)')
+        c.check(1 <= so_spec.get('minReplicaCount', 0) <= so_spec.get('maxReplicaCount', 0), r,
+                'minReplicaCount between 1 and maxReplicaCount')
+    for kind in ('PodDisruptionBudget', 'PodMonitor', 'NetworkPolicy'):
+        for r, obj in by_kind.get(kind, []):
+            key = 'podSelector' if kind == 'NetworkPolicy' else 'selector'
+            selector = dig(obj, 'spec', key, 'matchLabels') or {}
+            c.check(selector and set(selector.items()) <= set(pod_labels.items()), r,
+                    f'{kind} selects the gateway pods')
+    for r, pm in by_kind.get('PodMonitor', []):
+        endpoint = dig(pm, 'spec', 'podMetricsEndpoints', 0) or {}
+        c.check(endpoint.get('port') == 'ops' and endpoint.get('path') == '/metrics', r,
+                'scrapes /metrics on the ops port')
+        c.check(pod_labels.get(dig(pm, 'spec', 'jobLabel')) == 'mllama-gateway', r,
+                'jobLabel gives job="mllama-gateway", which the ScaledObject selects')
+    for r, policy in by_kind.get('NetworkPolicy', []):
+        c.check(dig(policy, 'spec', 'policyTypes') == ['Ingress'], r, 'policyTypes: [Ingress]')
+        for i, rule in enumerate(dig(policy, 'spec', 'ingress') or []):
+            c.check(len(rule.get('from') or []) > 0, r, f'ingress[{i}] names its sources')
+            c.check(all(p.get('port') in ('api', 'ops') for p in rule.get('ports') or [None]), r,
+                    f'ingress[{i}] opens the api or the ops port only')
+
+
 def check_alerts(c, rel, rule_obj, own, external):
     anchors, runbook_alerts = runbook_anchors(c)
     names = []
@@ -1074,11 +1287,20 @@ def check_scripts_and_docs(c, files):
     for rel in ('ops/compose/create-topics.sh', 'ops/compose/client.sh', 'ops/runtime-packages.sh'):
         run = subprocess.run(['sh', '-n', c.path(rel)], capture_output=True, text=True)
         c.check(run.returncode == 0, rel, f'sh -n: {run.stderr.strip()}')
+    run = subprocess.run(['bash', '-n', c.path('ops/demo.sh')], capture_output=True, text=True)
+    c.check(run.returncode == 0, 'ops/demo.sh', f'bash -n: {run.stderr.strip()}')
+    demo = read(c, 'ops/demo.sh')
+    c.check('"$bin" gateway' in demo and '--set gateway.listen=' in demo, 'ops/demo.sh',
+            'the demo starts the gateway (mllama gateway --set gateway.listen=...)')
     runbook = read(c, 'ops/RUNBOOK.md')
     for section in ('Quick start (compose)', 'Deploy (Kubernetes)', 'Scale', 'Drain',
                     'Upgrade the worker image', 'Upgrade the model', 'Rotate adapters',
-                    'Read the dashboard', 'Alerts'):
+                    'Read the dashboard', 'Gateway', 'Alerts'):
         c.check(f'\n## {section}\n' in runbook, 'ops/RUNBOOK.md', f'no section "## {section}"')
+    gateway = runbook.split('\n## Gateway\n', 1)[-1].split('\n## ', 1)[0]
+    for needle in ('mllama gateway --new-key', 'SIGHUP', 'gateway.api_keys_file', '--operation Write',
+                   '--operation Read', '--operation Create', 'X-Accel-Buffering'):
+        c.check(needle in gateway, 'ops/RUNBOOK.md', f'the Gateway section must cover {needle}')
     c.check('docker compose -f ops/compose.yaml up --build' in runbook, 'ops/RUNBOOK.md',
             'the quick start gives the compose command')
     for flavor_arg in ('', '--build-arg FLAVOR=gpu '):
@@ -1114,6 +1336,8 @@ def main():
         check_k8s(c, files, prod, topics, own, external)
     if files.get('ops/compose.yaml') and local is not None:
         check_compose(c, files['ops/compose.yaml'][0], local, topics)
+        if prod is not None:
+            check_compose_gateway(c, files['ops/compose.yaml'][0], local, prod)
     if files.get('ops/grafana/mllama-worker.json') is not None:
         check_dashboard(c, files['ops/grafana/mllama-worker.json'], own, external)
     check_scripts_and_docs(c, files)

@@ -9,6 +9,8 @@
 #ifndef ML_TEST_GW_CLIENT_H
 #define ML_TEST_GW_CLIENT_H
 
+#include <poll.h>
+
 #include "proc_util.h"
 
 /* The gateway's reply topic for the implicit tenant with gateway.instance

@@ -39,7 +39,7 @@ static pu_stack st;
 static gwt_gateway gw;
 static char *image_part;
 
-static const char *const gateway_sets[] = {"gateway.abandon_ms=" "300", "gateway.keepalive_s=1",
+static const char *const gateway_sets[] = {"gateway.abandon_ms=300", "gateway.keepalive_s=1",
                                            NULL};
 _Static_assert(ABANDON_MS == 300, "gateway_sets spells ABANDON_MS");
 
@@ -149,6 +149,9 @@ static void test_stream_socket_and_completion(void)
     check(gwt_call(gw.port, "POST", "/v1/chat/completions", NULL, body, &r, CALL_MS),
           "completion answered");
     check(r.status == 200, "completion status %d: %.300s", r.status, r.body ? r.body : "");
+    char rid[64];
+    check(gwt_header(&r, "X-Request-Id", rid, sizeof rid) && !strncmp(rid, "chatcmpl-", 9),
+          "the completion names its id");
     cJSON *j = r.body ? cJSON_Parse(r.body) : NULL;
     const char *obj = pu_json_str(j, PU_PATH("object"));
     check(obj && !strcmp(obj, "chat.completion"), "object %s", obj ? obj : "(none)");

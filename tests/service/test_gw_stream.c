@@ -412,9 +412,36 @@ static void test_error_finals(void)
           "content not a string");
     check_error_end(s, "internal", "server_error");
     gw_stream_destroy(s);
-    s = stream_new(false, false);
-    check(feed_raw(s, 1, 0, false, "{\"choices\":[{\"delta\":{}}]} x") == GW_FEED_DONE,
-          "trailing garbage");
+    static const char *not_chunks[] = {
+        "{\"choices\":[{\"delta\":{}}]} x",
+        "[{\"choices\":[]}]",
+        "{\"choices\":{}}",
+        "{\"choices\":[]}",
+        "{\"choices\":[1]}",
+        "{\"choices\":[{}]}",
+        "{\"choices\":[{\"delta\":{},\"logprobs\":5}]}",
+        "{\"choices\":[{\"delta\":{},\"logprobs\":{\"content\":null}}]}",
+        "{\"choices\":[{\"delta\":{}}],\"usage\":\"x\"}",
+        "{\"choices\":[{\"delta\":{}}],\"error\":[]}",
+    };
+    for (size_t i = 0; i < sizeof not_chunks / sizeof not_chunks[0]; i++) {
+        s = stream_new(false, false);
+        check(feed_raw(s, 1, 0, false, not_chunks[i]) == GW_FEED_DONE, "not a chunk: %s",
+              not_chunks[i]);
+        check_error_end(s, "internal", "server_error");
+        gw_stream_destroy(s);
+    }
+
+    /* A long message is cut, never inside a character. */
+    char longmsg[2 * SVC_ERRMSG_MAX];
+    for (size_t i = 0; i + 2 < sizeof longmsg; i += 2)
+        memcpy(longmsg + i, "\xc3\xa9", 2);
+    longmsg[sizeof longmsg - 2] = '\0';
+    s = stream_new(false, true);
+    gw_stream_fail(s, "internal", longmsg + 1); /* odd: starts inside a character */
+    check(gw_stream_completion(s, &b, &status) == 0 && svc_utf8_valid(b.data, b.len, NULL) &&
+              b.len < sizeof longmsg,
+          "a long message cut to fit: %zu bytes", b.len);
     gw_stream_destroy(s);
     svc_buf_deinit(&b);
 }
@@ -533,7 +560,7 @@ static void test_completion_restart(void)
     feed(s, (rec){.attempt = 1, .seq = 1, .content = " try"});
     check(feed(s, (rec){.attempt = 2, .seq = 0, .content = "Second"}) == GW_FEED_CONTINUED,
           "a2 restarts");
-    check(gw_stream_n_events(s) == 1, "the old events are gone");
+    check(gw_stream_n_events(s) == 3, "its first event follows the old ones");
     feed(s, (rec){.attempt = 1, .seq = 2, .content = " more"});
     check(feed(s, (rec){.attempt = 2, .seq = 1, .content = " answer", .finish = SVC_FINISH_STOP}) ==
               GW_FEED_DONE,
@@ -700,7 +727,22 @@ static void test_status_table(void)
                  "{\"error\":{\"message\":\"bad \\\"json\\\"\\n\",\"type\":"
                  "\"invalid_request_error\",\"param\":null,\"code\":\"invalid_json\"}}") == 0,
           "error body: %s", b.data);
+    /* What is not UTF-8 becomes U+FFFD: an answer is always valid UTF-8. */
+    check(gw_error_body(&b, "internal", "bad \xff byte") == 0 &&
+              svc_utf8_valid(b.data, b.len, NULL) && strstr(b.data, "bad \xef\xbf\xbd byte"),
+          "invalid UTF-8 in a message: %s", b.data);
     svc_buf_deinit(&b);
+    gw_stream_params p = {.id = ID, .model = "m\xc3", .created = CREATED};
+    gw_stream *s = gw_stream_create(&p);
+    feed(s, (rec){.attempt = 1, .seq = 0, .content = "x"});
+    gw_stream_fail(s, "internal", "\xc3(");
+    cJSON *j = event_json(s, 0);
+    check(str_is(get(j, "model"), "m\xef\xbf\xbd"), "model made UTF-8");
+    cJSON_Delete(j);
+    j = event_json(s, 1);
+    check(str_is(get(get(j, "error"), "message"), "\xef\xbf\xbd("), "fail message made UTF-8");
+    cJSON_Delete(j);
+    gw_stream_destroy(s);
 }
 
 int main(void)
