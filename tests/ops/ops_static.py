@@ -845,15 +845,16 @@ def check_compose_gateway(c, compose, local, prod):
             'gateway: the workers\' MLLAMA_KAFKA_BROKERS')
     c.check(dig(gateway, 'depends_on', 'topics', 'condition') == 'service_completed_successfully', where,
             'gateway: waits for the topics (its reply topic among them)')
-    # The instance's reply topic exists before it starts when it does not
-    # create it: the topics service names the same instance.
+    # A container's hostname changes when it is recreated: the instance, and
+    # so the reply topic, is named. The topic exists before the gateway
+    # starts (the topics service names the same instance) or the gateway
+    # creates it.
     instance = env.get('MLLAMA_GATEWAY_INSTANCE')
     gateways = str(dig(services, 'topics', 'environment', 'GATEWAYS') or '').split()
-    c.check(isinstance(instance, str) and instance in gateways, where,
-            'gateway: a fixed MLLAMA_GATEWAY_INSTANCE, listed in the topics service\'s GATEWAYS')
     creates = str(env.get('MLLAMA_GATEWAY_CREATE_REPLY_TOPICS', gateway_config(local)['create_reply_topics']))
-    c.check(creates.lower() == 'false' or instance in gateways, where,
-            'gateway: reply topic neither created by `topics` nor by the gateway')
+    c.check(isinstance(instance, str) and instance != '', where, 'gateway: a fixed MLLAMA_GATEWAY_INSTANCE')
+    c.check(instance in gateways or creates.lower() == 'true', where,
+            'gateway: its reply topic is created neither by the topics service (GATEWAYS) nor by it')
     published = [str(p) for p in gateway.get('ports') or []]
     listen = env.get('MLLAMA_GATEWAY_LISTEN', gateway_config(local)['listen'])
     http_listen = env.get('MLLAMA_HTTP_LISTEN', local['http']['listen'])
@@ -1063,7 +1064,8 @@ def check_k8s(c, files, prod, topics, own, external):
 GATEWAY_DEFAULTS = {'listen': '127.0.0.1:8080', 'keepalive_s': 15, 'max_streams': 4096,
                     'write_buffer_bytes': 65536, 'max_retained_bytes': 268435456,
                     'reply_partitions': 4, 'create_reply_topics': True}
-# The series the brief for the gateway names (ops/metrics.md lists them).
+# The gateway's series (ops/metrics.md "Gateway series"): what its
+# ScaledObject, alerts and runbook read.
 GATEWAY_SERIES = ('mllama_gateway_connections_open', 'mllama_gateway_streams_open',
                   'mllama_gateway_requests_total', 'mllama_gateway_http_errors_total',
                   'mllama_gateway_ttfb_seconds', 'mllama_gateway_resumes_total',
