@@ -32,6 +32,7 @@
 #include "grammar/grammar.h"
 #include "cpu/cpu_backend.h"
 #include "harness.h"
+#include "bench/bench_samples.h"
 #include "checkpoint/mkmodel.h"
 #include "runtime/runtime.h"
 #include "test_rand.h"
@@ -90,18 +91,6 @@ static double cpu_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* Slot i's k-th request: JSON mode, or free with the k-th JSON request's
@@ -180,7 +169,7 @@ static double run(bench *b, int json, double *cpu_per_step, int *n_ended)
     for (int i = 0; i < b->batch; i++)
         ml_runtime_cancel(rt, handle[i]);
     ml_runtime_destroy(rt);
-    return median(times + WARMUP_STEPS, STEPS - WARMUP_STEPS);
+    return bench_median(times + WARMUP_STEPS, (size_t)STEPS - WARMUP_STEPS);
 }
 
 int main(void)
@@ -236,8 +225,8 @@ int main(void)
                "schedule)\n",
                r, free_ms[r], free_cpu[r], ended);
     }
-    double f = median(free_ms, reps), j = median(json_ms, reps);
-    double fc = median(free_cpu, reps), jc = median(json_cpu, reps);
+    double f = bench_median(free_ms, (size_t)reps), j = bench_median(json_ms, (size_t)reps);
+    double fc = bench_median(free_cpu, (size_t)reps), jc = bench_median(json_cpu, (size_t)reps);
     printf("median step: free %.3f ms, json %.3f ms; json / free %.3f (goal <= %.2f)\n", f, j,
            j / f, GOAL_RATIO);
     printf("median CPU per step: free %.3f ms, json %.3f ms; json / free %.3f\n", fc, jc,

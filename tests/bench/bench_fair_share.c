@@ -30,6 +30,7 @@
  * machine's load.
  * First-come admission fails both: the quiet request waits behind the
  * backlog, as long as a flood request does. */
+#include "bench/bench_samples.h"
 #include "service/proc_util.h"
 
 #define TENANTS "tenants=[{\"name\":\"flood\"},{\"name\":\"quiet\"}]"
@@ -65,19 +66,6 @@
 static pu_stack st;
 static pu_proc *const worker = &st.workers[0];
 static pu_client client;
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The median of n values (sorts them). */
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* A request of `tenant` (its reply topic) into b (BODY_MAX bytes). */
 static void body(char *b, const char *tenant, const char *id, int max_tokens, bool stream)
@@ -123,14 +111,14 @@ static double most_in_flight;
 
 /* SAMPLES quiet requests one after the other: the medians of their time to
  * the first record and of their queue_ms. */
-static void quiet_series(const char *phase, int samples, double *first_ms, double *queue_ms)
+static void quiet_series(const char *phase, int n_quiet, double *first_ms, double *queue_ms)
 {
-    double *first = calloc((size_t)samples, sizeof *first);
-    double *queue = calloc((size_t)samples, sizeof *queue);
+    double *first = calloc((size_t)n_quiet, sizeof *first);
+    double *queue = calloc((size_t)n_quiet, sizeof *queue);
     if (!first || !queue)
         pu_die("out of memory");
     char id[64];
-    for (int i = 0; i < samples; i++) {
+    for (int i = 0; i < n_quiet; i++) {
         snprintf(id, sizeof id, "quiet-%s-%d", phase, i);
         /* Under the flood, the worst moment: the worker holds a backlog of
          * prepared flood requests that first-come admission would serve
@@ -145,8 +133,8 @@ static void quiet_series(const char *phase, int samples, double *first_ms, doubl
         }
         first[i] = quiet_one(id, &queue[i]);
     }
-    *first_ms = median(first, samples);
-    *queue_ms = median(queue, samples);
+    *first_ms = bench_median(first, (size_t)n_quiet);
+    *queue_ms = bench_median(queue, (size_t)n_quiet);
     free(first);
     free(queue);
 }
@@ -204,7 +192,7 @@ static int flood_finals(int n, double *queue_ms)
         queue[done++] = pu_json_num(j, PU_PATH("timings", "queue_ms"));
         cJSON_Delete(j);
     }
-    *queue_ms = done ? median(queue, done) : NAN;
+    *queue_ms = done ? bench_median(queue, (size_t)done) : NAN;
     free(queue);
     return done;
 }
@@ -225,8 +213,8 @@ int main(int argc, char **argv)
     if (!check_mode)
         ml_bench_require();
     int n_flood = check_mode ? CHECK_FLOOD : argc > 1 ? atoi(argv[1]) : BENCH_FLOOD;
-    int samples = check_mode ? CHECK_SAMPLES : argc > 2 ? atoi(argv[2]) : BENCH_SAMPLES;
-    if (n_flood < 1 || samples < 1)
+    int n_quiet = check_mode ? CHECK_SAMPLES : argc > 2 ? atoi(argv[2]) : BENCH_SAMPLES;
+    if (n_flood < 1 || n_quiet < 1)
         pu_die("usage: bench_fair_share [FLOOD >= 1 [SAMPLES >= 1]] | --check");
     pu_stack_start(&st, "fair", TOPICS);
     pu_client_fetch_wait_ms = "1";
@@ -239,7 +227,7 @@ int main(int argc, char **argv)
     machine("before");
     double first_alone, queue_alone, first_flood, queue_flood, ignored;
     quiet_series("warmup", WARMUP, &ignored, &ignored);
-    quiet_series("alone", samples, &first_alone, &queue_alone);
+    quiet_series("alone", n_quiet, &first_alone, &queue_alone);
     flood(n_flood);
     int port = pu_worker_http_port(worker);
     int64_t deadline = pu_now_ms() + ANSWER_MS;
@@ -250,7 +238,7 @@ int main(int argc, char **argv)
     double flood_queue;
     int at_start = flood_finals(n_flood, &flood_queue);
     backlog_port = port;
-    quiet_series("flood", samples, &first_flood, &queue_flood);
+    quiet_series("flood", n_quiet, &first_flood, &queue_flood);
     int at_end = flood_finals(n_flood, &flood_queue);
     machine("after");
 
@@ -265,7 +253,7 @@ int main(int argc, char **argv)
            "flood tenant's requests finished by then: worker queue_ms median %.2f\n"
            "most requests in flight seen under the flood: %.0f (both tenants)\n",
            MAX_RUNNING, n_flood, FLOOD_TOKENS_MIN, FLOOD_TOKENS_MIN + FLOOD_TOKENS_SPREAD - 1,
-           at_start, n_flood, at_end, samples, QUIET_TOKENS,
+           at_start, n_flood, at_end, n_quiet, QUIET_TOKENS,
            first_alone, queue_alone, first_flood, queue_flood, ratio, GOAL_RATIO,
            ratio <= GOAL_RATIO ? "met" : "not met", flood_queue, most_in_flight);
     check(at_end < n_flood, "the flood still ran when the measurement ended (%d/%d)", at_end,
@@ -289,7 +277,7 @@ int main(int argc, char **argv)
     char *page = pu_http_get(port, "/metrics");
     char want[128];
     snprintf(want, sizeof want, "mllama_tenant_queue_seconds_count{tenant=\"quiet\"} %d",
-             WARMUP + 2 * samples);
+             WARMUP + 2 * n_quiet);
     check(page && strstr(page, want), "/metrics has %s", want);
     check(page && strstr(page, "mllama_tenant_in_flight{tenant=\"flood\"} ") &&
               strstr(page, "mllama_tenant_paused{tenant=\"quiet\"} 0"),

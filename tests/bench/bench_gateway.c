@@ -37,6 +37,7 @@
  * streams in <= 200 MiB of gateway memory. */
 #include <sys/resource.h>
 
+#include "bench/bench_samples.h"
 #include "gw_client.h"
 
 #define DEFAULT_REQUESTS 50
@@ -64,44 +65,10 @@ static pu_stack st;
 static pu_proc *const worker = &st.workers[0];
 static gwt_gateway gw;
 
-/* ---- samples ------------------------------------------------------------------------ */
-
-typedef struct samples {
-    double *v;
-    size_t n, cap;
-} samples;
-
-static void add(samples *s, double x)
-{
-    if (s->n == s->cap) {
-        s->cap = s->cap ? 2 * s->cap : 256;
-        s->v = realloc(s->v, s->cap * sizeof *s->v);
-        if (!s->v)
-            pu_die("out of memory");
-    }
-    s->v[s->n++] = x;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The p-th percentile (nearest rank); sorts the samples. */
-static double percentile(samples *s, double p)
-{
-    if (!s->n)
-        return NAN;
-    qsort(s->v, s->n, sizeof *s->v, cmp_double);
-    size_t rank = (size_t)ceil(p / 100.0 * (double)s->n);
-    return s->v[rank ? rank - 1 : 0];
-}
-
 static void print_row(const char *what, samples *s)
 {
     printf("  %-50s n %5zu  p50 %8.3f ms  p99 %8.3f ms  max %8.3f ms\n", what, s->n,
-           percentile(s, 50), percentile(s, 99), percentile(s, 100));
+           samples_percentile(s, 50), samples_percentile(s, 99), samples_percentile(s, 100));
 }
 
 /* ---- the reply topics, read on a thread of their own -------------------------------- */
@@ -210,11 +177,11 @@ static void through_gateway(latency *l, const char *extra, bool record)
         pu_die("the gateway's request never seen on the request topic");
     if (!record)
         return;
-    add(&l->produced_gateway, (double)(produced - t0) / 1000);
+    samples_add(&l->produced_gateway, (double)(produced - t0) / 1000);
     for (int k = 0; k < tokens; k++)
-        add(&l->token_added, (double)(at[k] - rec[k]) / 1000);
-    add(&l->first_added, (double)(at[0] - rec[0]) / 1000);
-    add(&l->ttft_gateway, (double)(at[0] - t0) / 1000);
+        samples_add(&l->token_added, (double)(at[k] - rec[k]) / 1000);
+    samples_add(&l->first_added, (double)(at[0] - rec[0]) / 1000);
+    samples_add(&l->ttft_gateway, (double)(at[0] - t0) / 1000);
     l->tokens += (size_t)tokens;
     l->requests++;
 }
@@ -234,8 +201,8 @@ static void direct(latency *l, pu_client *producer, int i, const char *extra, bo
     if (first < 0 || produced < 0 || record_seen(id, ANY_FINAL) < 0)
         pu_die("direct: no reply");
     if (record) {
-        add(&l->ttft_direct, (double)(first - t0) / 1000);
-        add(&l->produced_direct, (double)(produced - t0) / 1000);
+        samples_add(&l->ttft_direct, (double)(first - t0) / 1000);
+        samples_add(&l->produced_direct, (double)(produced - t0) / 1000);
     }
 }
 
@@ -261,17 +228,17 @@ static void measure_latency(int requests, int max_tokens)
     print_row("request on the request topic, direct", &l.produced_direct);
     print_row("first token, through the gateway", &l.ttft_gateway);
     print_row("first token, direct to Kafka", &l.ttft_direct);
-    double gp50 = percentile(&l.ttft_gateway, 50), dp50 = percentile(&l.ttft_direct, 50);
-    double gp99 = percentile(&l.ttft_gateway, 99), dp99 = percentile(&l.ttft_direct, 99);
+    double gp50 = samples_percentile(&l.ttft_gateway, 50), dp50 = samples_percentile(&l.ttft_direct, 50);
+    double gp99 = samples_percentile(&l.ttft_gateway, 99), dp99 = samples_percentile(&l.ttft_direct, 99);
     printf("  %-50s         p50 %+8.3f ms  p99 %+8.3f ms\n", "first token, gateway - direct",
            gp50 - dp50, gp99 - dp99);
-    double p99 = percentile(&l.token_added, 99);
+    double p99 = samples_percentile(&l.token_added, 99);
     printf("  goal: <= %.0f ms added per token at p99: %s\n\n", GOAL_TOKEN_P99_MS,
            p99 <= GOAL_TOKEN_P99_MS ? "met" : "not met");
     samples *all[] = {&l.token_added,      &l.first_added,     &l.ttft_gateway,
                       &l.ttft_direct,      &l.produced_gateway, &l.produced_direct};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        free(all[i]->v);
+        samples_free(all[i]);
 }
 
 /* ---- streams held ---------------------------------------------------------------------- */

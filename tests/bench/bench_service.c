@@ -24,6 +24,7 @@
  * text requests with the worker's default producer linger.ms (0), the same
  * with linger.ms=5, and requests with an inline JPEG (decode and
  * preprocessing run on the prep thread, so they count as added time). */
+#include "bench/bench_samples.h"
 #include "service/proc_util.h"
 
 #define TOPICS PU_REQUESTS ":4," PU_REPLIES ":4," PU_DLT ":1," PU_CANCEL ":1"
@@ -41,46 +42,6 @@
 static pu_stack st;
 static pu_proc *const worker = &st.workers[0];
 static pu_client client;
-
-typedef struct samples {
-    double *v;
-    size_t n, cap;
-} samples;
-
-static void add(samples *s, double x)
-{
-    if (s->n == s->cap) {
-        s->cap = s->cap ? 2 * s->cap : 256;
-        s->v = realloc(s->v, s->cap * sizeof *s->v);
-        if (!s->v)
-            pu_die("out of memory");
-    }
-    s->v[s->n++] = x;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double mean(const samples *s)
-{
-    double sum = 0;
-    for (size_t i = 0; i < s->n; i++)
-        sum += s->v[i];
-    return s->n ? sum / (double)s->n : NAN;
-}
-
-/* The p-th percentile (nearest rank); sorts the samples. */
-static double percentile(samples *s, double p)
-{
-    if (!s->n)
-        return NAN;
-    qsort(s->v, s->n, sizeof *s->v, cmp_double);
-    size_t rank = (size_t)ceil(p / 100.0 * (double)s->n);
-    return s->v[rank ? rank - 1 : 0];
-}
 
 typedef struct series {
     samples request_ms, model_ms, added_ms, token_added_ms, gap_added_ms, fraction;
@@ -120,38 +81,38 @@ static void run_one(series *s, const char *id, const char *image_part, int max_t
     if (!record)
         return;
     double model_time = ttft + decode;
-    add(&s->request_ms, last);
-    add(&s->model_ms, model_time);
-    add(&s->added_ms, last - model_time);
-    add(&s->fraction, (last - model_time) / model_time);
-    add(&s->token_added_ms, (last - first - decode) / (tokens - 1));
+    samples_add(&s->request_ms, last);
+    samples_add(&s->model_ms, model_time);
+    samples_add(&s->added_ms, last - model_time);
+    samples_add(&s->fraction, (last - model_time) / model_time);
+    samples_add(&s->token_added_ms, (last - first - decode) / (tokens - 1));
     double step = decode / (double)(n > 1 ? n - 1 : 1);
     for (size_t i = 1; i < n; i++)
-        add(&s->gap_added_ms, (double)(recs[i]->t_us - recs[i - 1]->t_us) / 1000 - step);
+        samples_add(&s->gap_added_ms, (double)(recs[i]->t_us - recs[i - 1]->t_us) / 1000 - step);
     s->tokens += tokens;
 }
 
 static void report(const char *name, series *s)
 {
-    double fraction = mean(&s->fraction);
-    double p99_token = percentile(&s->gap_added_ms, 99);
+    double fraction = samples_mean(&s->fraction);
+    double p99_token = samples_percentile(&s->gap_added_ms, 99);
     printf("%-24s requests %zu, %.1f tokens each\n", name, s->request_ms.n,
            s->tokens / (double)s->request_ms.n);
     printf("  %-22s mean %8.2f ms  p50 %8.2f  p99 %8.2f\n", "observed per request",
-           mean(&s->request_ms), percentile(&s->request_ms, 50), percentile(&s->request_ms, 99));
+           samples_mean(&s->request_ms), samples_percentile(&s->request_ms, 50), samples_percentile(&s->request_ms, 99));
     printf("  %-22s mean %8.2f ms  p50 %8.2f  p99 %8.2f\n", "model per request",
-           mean(&s->model_ms), percentile(&s->model_ms, 50), percentile(&s->model_ms, 99));
+           samples_mean(&s->model_ms), samples_percentile(&s->model_ms, 50), samples_percentile(&s->model_ms, 99));
     printf("  %-22s mean %8.2f ms  p50 %8.2f  p99 %8.2f\n", "added per request",
-           mean(&s->added_ms), percentile(&s->added_ms, 50), percentile(&s->added_ms, 99));
+           samples_mean(&s->added_ms), samples_percentile(&s->added_ms, 50), samples_percentile(&s->added_ms, 99));
     printf("  %-22s mean %8.3f ms  p99 (per chunk gap) %8.3f ms\n", "added per token",
-           mean(&s->token_added_ms), p99_token);
+           samples_mean(&s->token_added_ms), p99_token);
     printf("  %-22s mean %7.1f %%  (goal <= %.0f %%; p99 per token goal <= %.0f ms: %s)\n",
            "added / model time", 100 * fraction, 100 * GOAL_FRACTION, GOAL_P99_MS,
            p99_token <= GOAL_P99_MS ? "met" : "not met");
     samples *all[] = {&s->request_ms, &s->model_ms, &s->added_ms, &s->token_added_ms,
                       &s->gap_added_ms, &s->fraction};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        free(all[i]->v);
+        samples_free(all[i]);
 }
 
 static void start_worker(const char *name, const char *const *extra)
