@@ -4,10 +4,13 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include "log.h"
 
 /* .npy 1.0: 6-byte magic, 2 version bytes, 2-byte header length, then the
  * header dict padded with spaces and '\n' to a multiple of 64 bytes. */
@@ -170,4 +173,29 @@ bool svc_json_member_span(const char *text, size_t len, const char *key, const c
         p = skip_ws(p + 1, end);
     }
     return false;
+}
+
+bool svc_cli_config_option(svc_cli_config_args *a, int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc)
+        return false;
+    if (!strcmp(argv[*i], "--config"))
+        a->config = argv[++*i];
+    else if (!strcmp(argv[*i], "--set") && a->n_overrides < SVC_CLI_MAX_OVERRIDES)
+        a->overrides[a->n_overrides++] = argv[++*i];
+    else
+        return false;
+    return true;
+}
+
+int svc_cli_load_config(const svc_cli_config_args *a, svc_config *cfg)
+{
+    signal(SIGPIPE, SIG_IGN);
+    char err[1024];
+    if (svc_config_load(cfg, a->config, a->overrides, a->n_overrides, err, sizeof err)) {
+        svc_log(SVC_LOG_ERROR, "config", "%s", err);
+        svc_config_deinit(cfg);
+        return -1;
+    }
+    return 0;
 }

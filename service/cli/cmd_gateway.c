@@ -2,16 +2,15 @@
  * (service/gateway/gateway.h), and `--new-key TENANT`, which prints a fresh
  * API key and the keys-file line that admits it. */
 #include <errno.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "gateway/gateway.h"
 #include "gateway/gw_auth.h"
 #include "log.h"
 
-#define MAX_OVERRIDES 64
 #define KEY_LINE_MAX 256
 
 static void usage(FILE *f)
@@ -43,39 +42,32 @@ static int new_key(const char *tenant)
 
 int cmd_gateway(int argc, char **argv)
 {
-    const char *config = NULL, *port_file = NULL, *overrides[MAX_OVERRIDES];
-    size_t n_overrides = 0;
+    svc_cli_config_args args = {0};
+    const char *port_file = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return SVC_EXIT_OK;
         }
+        if (svc_cli_config_option(&args, argc, argv, &i))
+            continue;
         if (i + 1 >= argc) {
             usage(stderr);
             return SVC_EXIT_USAGE;
         }
         if (!strcmp(argv[i], "--new-key"))
             return new_key(argv[i + 1]);
-        if (!strcmp(argv[i], "--config"))
-            config = argv[++i];
-        else if (!strcmp(argv[i], "--port-file"))
+        if (!strcmp(argv[i], "--port-file"))
             port_file = argv[++i];
-        else if (!strcmp(argv[i], "--set") && n_overrides < MAX_OVERRIDES)
-            overrides[n_overrides++] = argv[++i];
         else {
             usage(stderr);
             return SVC_EXIT_USAGE;
         }
     }
-    /* A client that closes mid-answer must be an error return, not a signal. */
-    signal(SIGPIPE, SIG_IGN);
     svc_config cfg;
-    char err[1024];
-    if (svc_config_load(&cfg, config, overrides, n_overrides, err, sizeof err)) {
-        svc_log(SVC_LOG_ERROR, "config", "%s", err);
-        svc_config_deinit(&cfg);
+    if (svc_cli_load_config(&args, &cfg))
         return SVC_GATEWAY_EXIT_CONFIG;
-    }
+    char err[1024];
     int code = 0;
     svc_gateway *g = svc_gateway_create(&cfg, port_file, &code, err, sizeof err);
     svc_config_deinit(&cfg);

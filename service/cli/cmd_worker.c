@@ -3,11 +3,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "log.h"
 #include "worker/worker.h"
-
-#define MAX_OVERRIDES 64
 
 static svc_worker *running;
 
@@ -31,36 +30,21 @@ static void usage(FILE *f)
 
 int cmd_worker(int argc, char **argv)
 {
-    const char *config = NULL, *overrides[MAX_OVERRIDES];
-    size_t n_overrides = 0;
+    svc_cli_config_args args = {0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return SVC_EXIT_OK;
         }
-        if (i + 1 >= argc) {
-            usage(stderr);
-            return SVC_EXIT_USAGE;
-        }
-        if (!strcmp(argv[i], "--config"))
-            config = argv[++i];
-        else if (!strcmp(argv[i], "--set") && n_overrides < MAX_OVERRIDES)
-            overrides[n_overrides++] = argv[++i];
-        else {
+        if (!svc_cli_config_option(&args, argc, argv, &i)) {
             usage(stderr);
             return SVC_EXIT_USAGE;
         }
     }
-    /* hiredis and librdkafka write to sockets; a closed peer must be an
-     * error return, not a signal. */
-    signal(SIGPIPE, SIG_IGN);
     svc_config cfg;
-    char err[1024];
-    if (svc_config_load(&cfg, config, overrides, n_overrides, err, sizeof err)) {
-        svc_log(SVC_LOG_ERROR, "config", "%s", err);
-        svc_config_deinit(&cfg);
+    if (svc_cli_load_config(&args, &cfg))
         return SVC_WORKER_EXIT_CONFIG;
-    }
+    char err[1024];
     int code = 0;
     svc_worker *w = svc_worker_create(&cfg, &code, err, sizeof err);
     svc_config_deinit(&cfg);
