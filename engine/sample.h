@@ -11,10 +11,11 @@
  *      (distinct ids, each with a value in [-ML_SAMPLE_MAX_ABS_BIAS,
  *      ML_SAMPLE_MAX_ABS_BIAS]): logit += bias, in float, on the raw
  *      logits, before everything else: OpenAI adds the bias to the logits
- *      "prior to sampling" and vLLM applies it first, so every later step
- *      (penalties, greedy, the filters) sees the biased logit; +100 makes a
- *      token all but certain, -100 all but impossible, with any realistic
- *      logits;
+ *      "prior to sampling" and vLLM applies it before the penalties, so
+ *      every later step (penalties, greedy, the filters, a constraint) sees
+ *      the biased logit. +100 forces a token and -100 bans it "in
+ *      practice": when the row's logits lie less than 100 apart, as a
+ *      trained model's likely tokens do;
  *   1. penalties, on the row's penalty entries only (distinct ids, each with
  *      the number of times it occurs in the output so far):
  *      repetition (HF RepetitionPenaltyLogitsProcessor) on every entry, once
@@ -22,8 +23,8 @@
  *      then frequency and presence (OpenAI / vLLM) on entries with a count,
  *      in float, in this order: logit -= frequency * count; logit -= presence;
  *   2. temperature below ML_SAMPLE_GREEDY_TEMPERATURE: greedy, the argmax of
- *      the biased, penalised logits, the lowest id on ties; steps 3-6 are skipped and
- *      u is not used. Otherwise logits / temperature;
+ *      the biased, penalised logits, the lowest id on ties; steps 3-6 are
+ *      skipped and u is not used. Otherwise logits / temperature;
  *   3. top-k (HF TopKLogitsWarper): keep the k best ranked;
  *   4. top-p (HF TopPLogitsWarper): of what is left, keep the smallest prefix
  *      in rank order whose probability, renormalised over what is left,
