@@ -107,13 +107,14 @@ typedef struct ml_lora_segment {
 } ml_lora_segment;
 
 /* One sample op over a step's logit rows. Row r is sampled by the pipeline
- * of sample.h with the controls row[r] and the penalty entries
- * [row[r].pen_start, + row[r].n_pen) of pen_id / pen_count, and the result
+ * of sample.h with the controls row[r], the penalty entries
+ * [row[r].pen_start, + row[r].n_pen) of pen_id / pen_count and the bias
+ * entries [row[r].bias_start, + row[r].n_bias) of bias, and the result
  * goes to out[r]. A row the caller does not need is given the greedy
  * controls without penalties or logprobs (the cheapest: one maximum).
  * Everything behind a pointer is backend memory, read when the op runs: a
- * recorded call (graph_begin) replays with new controls, penalties and
- * draws in the same buffers, as long as the entries stay within the
+ * recorded call (graph_begin) replays with new controls, penalties, biases
+ * and draws in the same buffers, as long as the entries stay within the
  * capacity the pointers had when recorded. A row with row[r].mask = k >= 1
  * draws only among the tokens whose bit is set in slice k - 1 of `mask`
  * (structured outputs; its logprobs stay the raw model's); the masks are
@@ -124,6 +125,8 @@ typedef struct ml_sample_params {
     const ml_sample_row *row;   /* (rows) */
     const int32_t *pen_id;      /* penalty entries: ids distinct within a row, in [0, vocab) */
     const uint32_t *pen_count;  /*   the id's count in the output so far; 0 = prompt only */
+    const ml_logit_bias *bias;  /* bias entries: ids distinct within a row, in [0, vocab);
+                                   NULL when no row has one */
     const uint64_t *mask;       /* (slices, (vocab + 63) / 64); NULL when no row has one */
     void *scratch;              /* sample_scratch_bytes(be, rows, vocab) bytes, overwritten */
     int rows, vocab;

@@ -3,8 +3,8 @@
  * the vocabulary.
  *
  * One row over V logits, without allocating:
- *   - penalties: a copy of the logits (only when a penalty is on) and one
- *     update per entry;
+ *   - bias and penalties: a copy of the logits (only when a bias, a penalty
+ *     or a mask is on) and one update per entry;
  *   - the maximum (greedy stops after finding its first index);
  *   - one pass collecting the candidates: within the negligible-mass gap of
  *     the maximum, and with top-k only the k best (a heap, see
@@ -141,7 +141,7 @@ static void exp_scaled(const float *z, float zmax, float t, float *y, size_t n)
 #define SAMPLER_BUCKETS 4096
 
 typedef struct sampler_cand {
-    float z; /* penalised logit: the rank key */
+    float z; /* prepared (biased, penalised) logit: the rank key */
     float e; /* exp((z - max) / temperature): unnormalised probability */
     int32_t id;
 } sampler_cand;
@@ -149,7 +149,7 @@ typedef struct sampler_cand {
 struct ml_sample_scratch {
     size_t n_vocab;
     float log_gap;          /* negligible_log_gap(n_vocab) */
-    float *work;            /* (n_vocab) penalised logits */
+    float *work;            /* (n_vocab) biased, penalised, masked logits */
     float *cz;              /* (n_vocab) candidate logits */
     float *ce;              /* (n_vocab) candidate exp((z - zmax) / t) */
     int32_t *cid;           /* (n_vocab) candidate ids */
@@ -539,7 +539,14 @@ static bool row_has_penalties(const ml_sample_row *row)
             row->frequency_penalty != 0.0f);
 }
 
-/* z (n_vocab): a copy of the raw logits; sample.h step 1 in place. */
+/* z (n_vocab): a copy of the raw logits; sample.h step 0 in place. */
+static void apply_bias(const ml_sample_row *row, const ml_logit_bias *bias, float *z)
+{
+    for (int32_t i = 0; i < row->n_bias; i++)
+        z[bias[i].id] += bias[i].value;
+}
+
+/* z (n_vocab): the biased logits; sample.h step 1 in place. */
 static void apply_penalties(const ml_sample_row *row, const int32_t *pen_id,
                             const uint32_t *pen_count, float *z)
 {
@@ -569,18 +576,20 @@ static void apply_mask(const uint64_t *allowed, float *z, size_t n)
     }
 }
 
-/* Penalised, masked logits of the row (logits itself when no penalty or
- * mask is on, else s->work), their maximum *zmax and its first index
- * *best. Returns false when there is no finite maximum. */
+/* Biased, penalised, masked logits of the row (logits itself when no bias,
+ * penalty or mask is on, else s->work), their maximum *zmax and its first
+ * index *best. Returns false when there is no finite maximum. */
 static bool sample_prepare(ml_sample_scratch *s, const float *logits, const ml_sample_row *row,
                            const int32_t *pen_id, const uint32_t *pen_count,
-                           const uint64_t *allowed, const float **z_out, float *zmax,
-                           size_t *best)
+                           const ml_logit_bias *bias, const uint64_t *allowed,
+                           const float **z_out, float *zmax, size_t *best)
 {
     const float *z = logits;
-    bool penalties = row_has_penalties(row);
-    if (penalties || allowed) {
+    bool biased = row->n_bias > 0, penalties = row_has_penalties(row);
+    if (biased || penalties || allowed) {
         memcpy(s->work, logits, s->n_vocab * sizeof *s->work);
+        if (biased)
+            apply_bias(row, bias, s->work);
         if (penalties)
             apply_penalties(row, pen_id, pen_count, s->work);
         if (allowed)
@@ -633,14 +642,14 @@ static kept_set sample_filter(ml_sample_scratch *s, const ml_sample_row *row, co
 }
 
 void ml_sample_one(ml_sample_scratch *s, const float *logits, const ml_sample_row *row,
-                   const int32_t *pen_id, const uint32_t *pen_count, const uint64_t *allowed,
-                   ml_sample_out *out)
+                   const int32_t *pen_id, const uint32_t *pen_count, const ml_logit_bias *bias,
+                   const uint64_t *allowed, ml_sample_out *out)
 {
     const float *z;
     float zmax;
     size_t best;
     memset(out, 0, sizeof *out);
-    if (!sample_prepare(s, logits, row, pen_id, pen_count, allowed, &z, &zmax, &best)) {
+    if (!sample_prepare(s, logits, row, pen_id, pen_count, bias, allowed, &z, &zmax, &best)) {
         out->chosen.id = ML_SAMPLE_NO_TOKEN;
         return;
     }
@@ -653,9 +662,9 @@ void ml_sample_one(ml_sample_scratch *s, const float *logits, const ml_sample_ro
         id = s->scratch[j].id;
     }
     out->chosen.id = id;
-    /* The raw logits have a finite maximum whenever the penalised ones do
-     * (penalties move finite values only, a mask only lowers), unless one
-     * is +inf: then there is no token either. */
+    /* The raw logits have a finite maximum whenever the prepared ones do
+     * (bias and penalties move finite values only, a mask only lowers),
+     * unless one is +inf: then there is no token either. */
     if (row->logprobs &&
         ml_sample_logprobs(logits, s->n_vocab, id, row->n_top, out, NULL, 0) != ML_OK)
         out->chosen = (ml_token_logprob){ML_SAMPLE_NO_TOKEN, 0.0f};
@@ -663,13 +672,14 @@ void ml_sample_one(ml_sample_scratch *s, const float *logits, const ml_sample_ro
 
 ml_status ml_sample_distribution(ml_sample_scratch *s, const float *logits,
                                  const ml_sample_row *row, const int32_t *pen_id,
-                                 const uint32_t *pen_count, ml_token_logprob *out, size_t cap,
-                                 size_t *n_kept, char *err, size_t errlen)
+                                 const uint32_t *pen_count, const ml_logit_bias *bias,
+                                 ml_token_logprob *out, size_t cap, size_t *n_kept, char *err,
+                                 size_t errlen)
 {
     const float *z;
     float zmax;
     size_t best;
-    if (!sample_prepare(s, logits, row, pen_id, pen_count, NULL, &z, &zmax, &best))
+    if (!sample_prepare(s, logits, row, pen_id, pen_count, bias, NULL, &z, &zmax, &best))
         return ml_fail(err, errlen, ML_ERR_FORMAT, "sample: logits have no finite maximum");
     if (row_is_greedy(row)) {
         if (cap > 0)

@@ -7,6 +7,15 @@
  * Pipeline of one row, in this order (HF generate's processor order where HF
  * has the control; presence/frequency are vLLM's and sit where vLLM applies
  * them, right after the repetition penalty):
+ *   0. logit bias (OpenAI's logit_bias), on the row's bias entries only
+ *      (distinct ids, each with a value in [-ML_SAMPLE_MAX_ABS_BIAS,
+ *      ML_SAMPLE_MAX_ABS_BIAS]): logit += bias, in float, on the raw
+ *      logits, before everything else: OpenAI adds the bias to the logits
+ *      "prior to sampling" and vLLM applies it before the penalties, so
+ *      every later step (penalties, greedy, the filters, a constraint) sees
+ *      the biased logit. +100 forces a token and -100 bans it "in
+ *      practice": when the row's logits lie less than 100 apart, as a
+ *      trained model's likely tokens do;
  *   1. penalties, on the row's penalty entries only (distinct ids, each with
  *      the number of times it occurs in the output so far):
  *      repetition (HF RepetitionPenaltyLogitsProcessor) on every entry, once
@@ -14,8 +23,8 @@
  *      then frequency and presence (OpenAI / vLLM) on entries with a count,
  *      in float, in this order: logit -= frequency * count; logit -= presence;
  *   2. temperature below ML_SAMPLE_GREEDY_TEMPERATURE: greedy, the argmax of
- *      the penalised logits, the lowest id on ties; steps 3-6 are skipped and
- *      u is not used. Otherwise logits / temperature;
+ *      the biased, penalised logits, the lowest id on ties; steps 3-6 are
+ *      skipped and u is not used. Otherwise logits / temperature;
  *   3. top-k (HF TopKLogitsWarper): keep the k best ranked;
  *   4. top-p (HF TopPLogitsWarper): of what is left, keep the smallest prefix
  *      in rank order whose probability, renormalised over what is left,
@@ -37,9 +46,11 @@
  * logits (-inf) and NaN are never drawn.
  *
  * Logprobs are those of the raw model output, log_softmax of the logits
- * before penalties, temperature and filters: what vLLM reports by default
- * (logprobs_mode "raw_logprobs") and what makes them comparable across
- * requests with different sampling settings.
+ * before bias, penalties, temperature and filters: what vLLM reports by
+ * default (logprobs_mode "raw_logprobs") and what makes them comparable
+ * across requests with different sampling settings. A bias, like a
+ * constraint (ml_sample_one's `allowed`), changes which token is chosen,
+ * never the logprobs reported for it.
  *
  * Backends: the CPU op runs ml_sample_one per row. A device computes the
  * same pipeline with its own summation order, so it picks the same token
@@ -58,6 +69,16 @@
 #define ML_SAMPLE_GREEDY_TEMPERATURE 1e-5f
 /* The OpenAI API's limit on top_logprobs. */
 #define ML_SAMPLE_MAX_TOP 20
+/* The OpenAI API's limits on logit_bias: entries per request, and the
+ * range of a value. */
+#define ML_SAMPLE_MAX_BIAS 300
+#define ML_SAMPLE_MAX_ABS_BIAS 100.0f
+
+/* One logit bias entry (step 0 of the pipeline). */
+typedef struct ml_logit_bias {
+    int32_t id;  /* in [0, vocab) */
+    float value; /* [-ML_SAMPLE_MAX_ABS_BIAS, ML_SAMPLE_MAX_ABS_BIAS], added to the logit */
+} ml_logit_bias;
 
 /* One step's controls of one row. Plain data, the same bytes in host and
  * backend memory. The caller has checked the ranges
@@ -75,6 +96,8 @@ typedef struct ml_sample_row {
     uint32_t n_top;           /* <= ML_SAMPLE_MAX_TOP best raw logprobs; needs logprobs */
     int32_t pen_start;        /* the row's penalty entries: [pen_start, pen_start + n_pen) */
     int32_t n_pen;            /*   of the op's pen_id / pen_count arrays */
+    int32_t bias_start;       /* the row's bias entries: [bias_start, bias_start + n_bias) */
+    int32_t n_bias;           /*   of the op's bias array; 0 = no bias */
     /* A constraint (structured outputs): 0 = none; k >= 1: slice k - 1 of
      * the op's mask array, (vocab + 63) / 64 words, bit id & 63 of word
      * id >> 6 set when id may be drawn (ml_sample_one's `allowed`). Zero,
@@ -116,7 +139,9 @@ ml_sample_scratch *ml_sample_scratch_init(void *mem, size_t vocab);
 
 /* Run the pipeline on one row: logits (vocab floats, not modified),
  * row's controls, its penalty entries pen_id/pen_count (row->n_pen each,
- * ids distinct and within [0, vocab)) into *out. allowed is NULL, or a
+ * ids distinct and within [0, vocab)) and its bias entries (row->n_bias,
+ * ids distinct and within [0, vocab); NULL when n_bias is 0) into *out.
+ * allowed is NULL, or a
  * constraint ((vocab + 63) / 64 words, bit id & 63 of word id >> 6): a
  * token whose bit is clear is never drawn, as if its logit were -inf after
  * the penalties (structured outputs); the logprobs stay the raw ones, those
@@ -124,20 +149,22 @@ ml_sample_scratch *ml_sample_scratch_init(void *mem, size_t vocab);
  * turns it into `allowed`. Nothing allowed gives ML_SAMPLE_NO_TOKEN.
  * Uses the scratch (made for this vocab) and nothing else. */
 void ml_sample_one(ml_sample_scratch *s, const float *logits, const ml_sample_row *row,
-                   const int32_t *pen_id, const uint32_t *pen_count, const uint64_t *allowed,
-                   ml_sample_out *out);
+                   const int32_t *pen_id, const uint32_t *pen_count, const ml_logit_bias *bias,
+                   const uint64_t *allowed, ml_sample_out *out);
 
-/* The distribution ml_sample_one draws from for this row: the kept tokens,
- * best ranked first, each with its log-probability renormalised over the
- * kept set (after penalties, temperature and filters); greedy gives the
+/* The distribution ml_sample_one draws from for this row (without a
+ * constraint): the kept tokens, best ranked first, each with its
+ * log-probability renormalised over the kept set (after bias, penalties,
+ * temperature and filters); greedy gives the
  * argmax with logprob 0. Writes the first min(*n_kept, cap) entries to out
  * (caller-owned) and the number kept to *n_kept. It sorts the kept set,
  * O(n log n): for tests and debugging, not for every step.
  * Errors: ML_ERR_FORMAT when the logits have no finite maximum. */
 ml_status ml_sample_distribution(ml_sample_scratch *s, const float *logits,
                                  const ml_sample_row *row, const int32_t *pen_id,
-                                 const uint32_t *pen_count, ml_token_logprob *out, size_t cap,
-                                 size_t *n_kept, char *err, size_t errlen);
+                                 const uint32_t *pen_count, const ml_logit_bias *bias,
+                                 ml_token_logprob *out, size_t cap, size_t *n_kept, char *err,
+                                 size_t errlen);
 
 /* log_softmax of the raw logits (vocab floats) for `chosen` and the top_n
  * best ranked ids (descending, lower id first on ties) into out (out->chosen,

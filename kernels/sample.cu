@@ -33,7 +33,7 @@
  * row's total) is far below the float resolution the CPU reference works
  * at. The raw log-softmax sum is a double sum per thread
  * in a fixed order followed by a fixed reduction tree. Where sample.c
- * rounds (penalties, the floor and min-p thresholds, 1/temperature), this
+ * rounds (bias, penalties, the floor and min-p thresholds, 1/temperature), this
  * file rounds the same way, with explicit _rn intrinsics so that nvcc does
  * not fuse them into FMAs: the candidate sets and the greedy token are the
  * CPU's exactly. The exps differ by an ulp or two (CUDA's expf against
@@ -42,8 +42,8 @@
  *
  * Cost of a row of 128256 logits, in passes over the row (501 KB, from L2
  * after the first), as counted in a host emulation of this file (the
- * kernel body on 1024 host threads): greedy 1 (2 with penalties: the
- * copy); a draw with temperature only 3-4; with top-p and/or min-p 6; with
+ * kernel body on 1024 host threads): greedy 1 (2 with a bias or penalties:
+ * the copy); a draw with temperature only 3-4; with top-p and/or min-p 6; with
  * top-k 50 and top-p 3, everything after the top-k in shared memory;
  * greedy with 20 top logprobs 4; a constrained row (a mask) adds the copy
  * it is applied on, as penalties do. Rows where thousands of logits tie at the
@@ -471,7 +471,20 @@ __device__ u64 row_best(sample_smem &sm, const float *z, int vocab, float *copy_
     return block_max_u64(sm, best); /* its barrier also publishes the copy */
 }
 
-/* sample.h step 1 on the copy z, as sample.c rounds it: no FMA. */
+/* sample.h step 0 on the copy z, as sample.c rounds it. The ids of a row
+ * are distinct, so no two threads write the same logit. */
+__device__ void apply_bias(float *z, int vocab, const ml_sample_row &row, const ml_logit_bias *bias)
+{
+    for (int j = threadIdx.x; j < row.n_bias; j += SAMPLE_THREADS) {
+        const ml_logit_bias b = bias[row.bias_start + j];
+        if (b.id < 0 || b.id >= vocab)
+            continue; /* outside the contract; never write outside the row */
+        z[b.id] = __fadd_rn(z[b.id], b.value);
+    }
+    __syncthreads();
+}
+
+/* sample.h step 1 on the biased copy z, as sample.c rounds it: no FMA. */
 __device__ void apply_penalties(float *z, int vocab, const ml_sample_row &row,
                                 const int32_t *pen_id, const uint32_t *pen_count)
 {
@@ -501,7 +514,7 @@ __device__ void apply_mask(float *z, int vocab, const uint64_t *allowed)
     __syncthreads();
 }
 
-/* Steps 3-6 of sample.h over the penalised logits z with best token `best`
+/* Steps 3-6 of sample.h over the biased, penalised logits z with best token `best`
  * (finite maximum zmax): the drawn token's id. */
 __device__ int draw_token(sample_smem &sm, const float *z, int vocab, u64 best, float log_gap,
                           double mass_scale)
@@ -621,25 +634,29 @@ __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     const float *raw = p.logits + (size_t)r * vocab;
     ml_sample_out *out = p.out + r;
 
+    const bool biased = row.n_bias > 0 && row.bias_start >= 0;
     const bool penalised = row.n_pen > 0 && row.pen_start >= 0 &&
                            (row.repetition_penalty != 1.0f || row.presence_penalty != 0.0f ||
                             row.frequency_penalty != 0.0f);
-    if (row.mask && !p.mask) { /* a constraint never turns into a free draw */
+    /* A constraint or a bias never turns into a free draw. */
+    if ((row.mask && !p.mask) || (biased && !p.bias)) {
         write_no_token(out);
         return;
     }
+    const bool copied = biased || penalised || row.mask;
     const float *z = raw;
     u64 raw_best;
-    if (penalised || row.mask) { /* raw stays the logprobs' row */
+    if (copied) { /* raw stays the logprobs' row */
         float *work = (float *)p.scratch + (size_t)r * vocab;
         raw_best = row_best(sm, raw, vocab, work);
+        if (biased)
+            apply_bias(work, vocab, row, p.bias);
         if (penalised)
             apply_penalties(work, vocab, row, p.pen_id, p.pen_count);
         if (row.mask)
             apply_mask(work, vocab, p.mask + (size_t)(row.mask - 1) * (((size_t)vocab + 63) / 64));
         z = work;
     }
-    const bool copied = penalised || row.mask;
     const u64 best = row_best(sm, z, vocab, NULL);
     if (!copied)
         raw_best = best;
@@ -691,7 +708,7 @@ static double mass_scale_for(int vocab)
 size_t mlk_sample_scratch_bytes(ml_backend *be, int rows, int vocab)
 {
     (void)be;
-    /* One penalised, masked copy per row. */
+    /* One biased, penalised, masked copy per row. */
     return rows > 0 && vocab > 0 ? (size_t)rows * (size_t)vocab * sizeof(float) : 0;
 }
 

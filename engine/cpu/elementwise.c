@@ -401,14 +401,16 @@ static void sample_rows(void *ctx, int64_t begin, int64_t end, int tid)
         ml_sample_scratch_init((char *)p->scratch + (size_t)tid * j->scratch_each, (size_t)p->vocab);
     for (int64_t r = begin; r < end; r++) {
         const ml_sample_row *row = &p->row[r];
-        if (row->mask && !p->mask) { /* a constraint never turns into a free draw */
+        /* A constraint or a bias never turns into a free draw. */
+        if ((row->mask && !p->mask) || (row->n_bias > 0 && !p->bias)) {
             p->out[r] = (ml_sample_out){.chosen = {ML_SAMPLE_NO_TOKEN, 0.0f}};
             continue;
         }
         const uint64_t *allowed =
             row->mask ? p->mask + (size_t)(row->mask - 1) * (((size_t)p->vocab + 63) / 64) : NULL;
+        const ml_logit_bias *bias = row->n_bias > 0 ? p->bias + row->bias_start : NULL;
         ml_sample_one(s, p->logits + (size_t)r * p->vocab, row, p->pen_id + row->pen_start,
-                      p->pen_count + row->pen_start, allowed, &p->out[r]);
+                      p->pen_count + row->pen_start, bias, allowed, &p->out[r]);
     }
 }
 

@@ -237,12 +237,15 @@ typedef struct ml_step_seq {
      * (cross_attention_mask rows, engine/model/README.md §5); NULL when n_images == 0. */
     const uint8_t *cross_allowed;
     int logits;                   /* an ml_step_logits */
-    /* ML_LOGITS_SAMPLE: the step's controls and the sequence's penalty
-     * entries (host, borrowed for the call; ml_sampler_seq_row gives them;
-     * sample->pen_start is ignored), and where the result goes (host). */
+    /* ML_LOGITS_SAMPLE: the step's controls and the sequence's penalty and
+     * bias entries (host, borrowed for the call; ml_sampler_seq_row gives
+     * them; sample->pen_start and sample->bias_start are ignored), and
+     * where the result goes (host). */
     const ml_sample_row *sample;
     const int32_t *pen_id;        /* (sample->n_pen) distinct ids in [0, vocab) */
     const uint32_t *pen_count;    /* (sample->n_pen) */
+    const ml_logit_bias *bias;    /* (sample->n_bias <= ML_SAMPLE_MAX_BIAS) distinct ids in
+                                     [0, vocab); NULL when n_bias is 0 */
     ml_sample_out *sampled;
     /* ML_LOGITS_SAMPLE with a constraint (structured outputs): the tokens
      * the sample op may draw, (vocab + 63) / 64 words (sample.h's bitmask;

@@ -55,10 +55,11 @@ typedef struct ml_text_bufs {
     float *rows;           /* (R, D) hidden rows gathered for the lm_head */
     /* The sample op's inputs and outputs (ml_sample_params), P =
      * max_step_seqs · vocab penalty entries (each sampled sequence lists
-     * distinct ids): */
+     * distinct ids), Q = max_step_seqs · ML_SAMPLE_MAX_BIAS bias entries: */
     ml_sample_row *sample_rows; /* (R) */
     int32_t *pen_id;       /* (P) */
     uint32_t *pen_count;   /* (P) */
+    ml_logit_bias *bias;   /* (Q) */
     ml_sample_out *sampled; /* (R) */
     uint64_t *sample_mask; /* (max_step_seqs, (vocab + 63) / 64) the constrained rows' masks */
     void *sample_scratch;  /* sample_scratch_bytes(R, vocab) */
@@ -95,6 +96,8 @@ typedef struct ml_step_host {
     int32_t *pen_id;              /* (max_step_seqs · vocab) */
     uint32_t *pen_count;          /* (max_step_seqs · vocab) */
     int n_pen;                    /* entries staged */
+    ml_logit_bias *bias;          /* (max_step_seqs · ML_SAMPLE_MAX_BIAS) */
+    int n_bias;                   /* entries staged */
     int n_mask;                   /* constrained rows staged (sample_rows[r].mask) */
     ml_sample_out *sampled;       /* (max_logit_rows) downloaded b->sampled */
 } ml_step_host;

@@ -39,7 +39,7 @@ static const ml_sample_row unsampled_row = {.temperature = 0.0f, .top_p = 1.0f,
                                             .repetition_penalty = 1.0f};
 
 /* Stage the sample op's controls of logit row r, which belongs to sequence
- * q (index s), and q's penalty entries when it is sampled. */
+ * q (index s), and q's penalty and bias entries when it is sampled. */
 static ml_status stage_sample_row(ml_shard *m, const ml_step_seq *q, int s, int r, char *err,
                                   size_t errlen)
 {
@@ -50,7 +50,8 @@ static ml_status stage_sample_row(ml_shard *m, const ml_step_seq *q, int s, int 
         return ML_OK;
     }
     if (!q->sample || !q->sampled || q->sample->n_pen < 0 ||
-        (q->sample->n_pen > 0 && (!q->pen_id || !q->pen_count)))
+        (q->sample->n_pen > 0 && (!q->pen_id || !q->pen_count)) || q->sample->n_bias < 0 ||
+        (q->sample->n_bias > 0 && !q->bias))
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "step: sequence %d is sampled without its controls, entries or output", s);
     /* Each sampled sequence lists distinct ids, so at most vocab of them:
@@ -65,14 +66,29 @@ static ml_status stage_sample_row(ml_shard *m, const ml_step_seq *q, int s, int 
             return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                            "step: sequence %d penalty id %d outside [0, %d)", s, q->pen_id[i],
                            vocab);
+    /* The staging holds max_step_seqs lists of ML_SAMPLE_MAX_BIAS. */
+    int n_bias = q->sample->n_bias;
+    if (n_bias > ML_SAMPLE_MAX_BIAS)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "step: sequence %d lists %d bias entries, at most %d", s, n_bias,
+                       ML_SAMPLE_MAX_BIAS);
+    for (int i = 0; i < n_bias; i++)
+        if (q->bias[i].id < 0 || q->bias[i].id >= vocab)
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                           "step: sequence %d bias id %d outside [0, %d)", s, q->bias[i].id,
+                           vocab);
     if (n_pen > 0) { /* the arrays may be NULL then */
         memcpy(h->pen_id + h->n_pen, q->pen_id, (size_t)n_pen * sizeof *h->pen_id);
         memcpy(h->pen_count + h->n_pen, q->pen_count, (size_t)n_pen * sizeof *h->pen_count);
     }
+    if (n_bias > 0)
+        memcpy(h->bias + h->n_bias, q->bias, (size_t)n_bias * sizeof *h->bias);
     h->sample_rows[r] = *q->sample;
     h->sample_rows[r].pen_start = h->n_pen;
+    h->sample_rows[r].bias_start = h->n_bias;
     h->sample_rows[r].mask = q->mask ? (uint32_t)++h->n_mask : 0;
     h->n_pen += n_pen;
+    h->n_bias += n_bias;
     return ML_OK;
 }
 
@@ -98,6 +114,7 @@ static ml_status stage_step(ml_shard *m, const ml_kv_cache *kv, const ml_step_se
     ml_status st;
     h->n_lora_groups = 0;
     h->n_pen = 0;
+    h->n_bias = 0;
     h->n_mask = 0;
     for (int s = 0; s < n_seqs; s++) {
         const ml_step_seq *q = &seqs[s];
@@ -207,6 +224,7 @@ static void upload_step(ml_shard *m, int n_seqs, int n, int n_rows, int sample)
                         (size_t)n_rows * sizeof *h->sample_rows);
         be->ops->upload(be, b->pen_id, h->pen_id, (size_t)h->n_pen * sizeof *h->pen_id);
         be->ops->upload(be, b->pen_count, h->pen_count, (size_t)h->n_pen * sizeof *h->pen_count);
+        be->ops->upload(be, b->bias, h->bias, (size_t)h->n_bias * sizeof *h->bias);
     }
 }
 
@@ -385,6 +403,7 @@ static void sample_step(ml_shard *m, const ml_step_seq *seqs, int n_seqs, int n_
                           .row = b->sample_rows,
                           .pen_id = b->pen_id,
                           .pen_count = b->pen_count,
+                          .bias = b->bias,
                           .mask = b->sample_mask,
                           .scratch = b->sample_scratch,
                           .rows = n_rows,

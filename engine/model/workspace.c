@@ -94,6 +94,7 @@ void ml_text_plan(const ml_shard *m, ml_carver *c, ml_text_bufs *b)
     b->sample_rows = ml_carve(c, R * sizeof *b->sample_rows);
     b->pen_id = ml_carve(c, pens * sizeof *b->pen_id);
     b->pen_count = ml_carve(c, pens * sizeof *b->pen_count);
+    b->bias = ml_carve(c, s * ML_SAMPLE_MAX_BIAS * sizeof *b->bias);
     b->sampled = ml_carve(c, R * sizeof *b->sampled);
     b->sample_mask = ml_carve(c, s * (((size_t)tc->vocab_size + 63) / 64) * sizeof(uint64_t));
     b->sample_scratch =
@@ -155,6 +156,7 @@ ml_status ml_workspace_create(ml_shard *m, char *err, size_t errlen)
         h->sample_rows = ml_carve(&hc, rows * sizeof *h->sample_rows);
         h->pen_id = ml_carve(&hc, pens * sizeof *h->pen_id);
         h->pen_count = ml_carve(&hc, pens * sizeof *h->pen_count);
+        h->bias = ml_carve(&hc, s * ML_SAMPLE_MAX_BIAS * sizeof *h->bias);
         h->sampled = ml_carve(&hc, rows * sizeof *h->sampled);
         if (pass == 0) {
             hc.base = malloc(hc.off);

@@ -156,7 +156,7 @@ typedef struct ml_request {
     int n_prompt;
     ml_request_image *images;        /* borrowed array; each pixels transferred */
     int n_images;
-    ml_sampling_params sampling;     /* copied, stop strings included */
+    ml_sampling_params sampling;     /* copied, stop strings and logit_bias entries included */
     int64_t deadline_ms;             /* CLOCK_REALTIME ms; 0 = none */
     /* LoRA adapter name, borrowed for the call (copied); NULL or "" = the
      * base model. A name the resolver does not know ends the request at

@@ -56,7 +56,9 @@ typedef struct rt_seq {
     char *adapter_name;         /* owned: the request's adapter, NULL for the base model */
     ml_adapter *adapter;        /* referenced from admission to the end; NULL until then */
 
-    ml_sampling_params sampling; /* stop strings borrowed from stop_text */
+    /* Stop strings borrowed from stop_text; no logit_bias entries (the
+     * sampler holds them). */
+    ml_sampling_params sampling;
     ml_sample_row row;          /* the step's sampling controls (ML_LOGITS_SAMPLE) */
     ml_sample_out sampled;      /* the step's token and logprobs */
     char *stop_text;            /* owned: the request's stop strings, back to back */

@@ -18,6 +18,37 @@ void ml_sampling_params_default(ml_sampling_params *p)
     p->max_tokens = ML_SAMPLER_DEFAULT_MAX_TOKENS;
 }
 
+/* The bias entries: at most ML_SAMPLE_MAX_BIAS, values in range, ids with
+ * a logit and distinct (the sample op adds each entry once, in parallel on
+ * a device: a repeated id would be a race there). Quadratic in the entries,
+ * which are few. */
+static ml_status validate_logit_bias(const ml_sampling_params *p, size_t n_vocab, char *err,
+                                     size_t errlen)
+{
+    if (p->n_logit_bias > ML_SAMPLE_MAX_BIAS)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "logit_bias: %zu entries, at most %d",
+                       p->n_logit_bias, ML_SAMPLE_MAX_BIAS);
+    if (p->n_logit_bias > 0 && !p->logit_bias)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "logit_bias: NULL entries");
+    for (size_t i = 0; i < p->n_logit_bias; i++) {
+        const ml_logit_bias *b = &p->logit_bias[i];
+        if (b->id < 0 || (size_t)b->id >= n_vocab)
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                           "logit_bias: token id %d is outside the output vocabulary [0, %zu)",
+                           (int)b->id, n_vocab);
+        if (!(fabsf(b->value) <= ML_SAMPLE_MAX_ABS_BIAS))
+            return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                           "logit_bias: %g for token id %d is outside [-%g, %g]",
+                           (double)b->value, (int)b->id, (double)ML_SAMPLE_MAX_ABS_BIAS,
+                           (double)ML_SAMPLE_MAX_ABS_BIAS);
+        for (size_t j = 0; j < i; j++)
+            if (p->logit_bias[j].id == b->id)
+                return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                               "logit_bias: token id %d is listed twice", (int)b->id);
+    }
+    return ML_OK;
+}
+
 ml_status ml_sampling_params_validate(const ml_sampling_params *p, size_t n_vocab, char *err,
                                       size_t errlen)
 {
@@ -64,7 +95,7 @@ ml_status ml_sampling_params_validate(const ml_sampling_params *p, size_t n_voca
                        (unsigned)p->top_logprobs, ML_SAMPLE_MAX_TOP);
     if (p->top_logprobs > 0 && !p->logprobs)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "top_logprobs: requires logprobs");
-    return ML_OK;
+    return validate_logit_bias(p, n_vocab, err, errlen);
 }
 
 /* ---- random stream --------------------------------------------------------- */
@@ -112,6 +143,10 @@ struct ml_sampler_seq {
     uint64_t rng[4];
     uint32_t n_generated;
     bool finished;
+
+    /* The bias entries, p.n_logit_bias of them (p.logit_bias points here;
+     * NULL when there are none). */
+    ml_logit_bias *bias; /* owned */
 
     /* Penalty entries (NULL when every penalty is off). */
     int32_t *pen_id;     /* owned; n_pen distinct ids of cap_pen, first-seen order */
@@ -169,7 +204,19 @@ ml_status ml_sampler_seq_create(const ml_sampling_params *p, size_t n_vocab,
     memset(seq->p.stop, 0, sizeof seq->p.stop);
     memset(seq->p.stop_len, 0, sizeof seq->p.stop_len);
     seq->p.n_stop = 0;
+    seq->p.logit_bias = NULL;
+    seq->p.n_logit_bias = 0;
     seq->n_vocab = n_vocab;
+    if (p->n_logit_bias > 0) {
+        seq->bias = malloc(p->n_logit_bias * sizeof *seq->bias);
+        if (!seq->bias) {
+            ml_sampler_seq_destroy(seq);
+            return ml_fail(err, errlen, ML_ERR_NOMEM, "sampler: out of memory for logit_bias");
+        }
+        memcpy(seq->bias, p->logit_bias, p->n_logit_bias * sizeof *seq->bias);
+        seq->p.logit_bias = seq->bias;
+        seq->p.n_logit_bias = p->n_logit_bias;
+    }
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++)
         seq->rng[i] = splitmix64_next(&x);
@@ -205,6 +252,7 @@ void ml_sampler_seq_destroy(ml_sampler_seq *seq)
 {
     if (!seq)
         return;
+    free(seq->bias);
     free(seq->pen_id);
     free(seq->pen_count);
     free(seq->slot);
@@ -260,17 +308,19 @@ static void seq_row(const ml_sampler_seq *seq, ml_sample_row *row)
         .logprobs = p->logprobs,
         .n_top = p->top_logprobs,
         .n_pen = (int32_t)seq->n_pen,
+        .n_bias = (int32_t)p->n_logit_bias,
     };
 }
 
 void ml_sampler_seq_row(ml_sampler_seq *seq, ml_sample_row *row, const int32_t **pen_id,
-                        const uint32_t **pen_count)
+                        const uint32_t **pen_count, const ml_logit_bias **bias)
 {
     seq_row(seq, row);
     if (!params_greedy(&seq->p))
         row->u = xoshiro_uniform(seq->rng);
     *pen_id = seq->pen_id;
     *pen_count = seq->pen_count;
+    *bias = seq->bias;
 }
 
 /* ---- sampling on the host -------------------------------------------------- */
@@ -335,8 +385,9 @@ ml_status ml_sampler_sample(ml_sampler *s, ml_sampler_seq *seq, const float *log
     ml_sample_row row;
     const int32_t *pen_id;
     const uint32_t *pen_count;
-    ml_sampler_seq_row(seq, &row, &pen_id, &pen_count);
-    ml_sample_one(s->scratch, logits, &row, pen_id, pen_count, allowed, out);
+    const ml_logit_bias *bias;
+    ml_sampler_seq_row(seq, &row, &pen_id, &pen_count, &bias);
+    ml_sample_one(s->scratch, logits, &row, pen_id, pen_count, bias, allowed, out);
     if (out->chosen.id == ML_SAMPLE_NO_TOKEN)
         return ml_fail(err, errlen, ML_ERR_FORMAT, "sampler: logits have no finite maximum");
     return ML_OK;
@@ -351,6 +402,6 @@ ml_status ml_sampler_distribution(ml_sampler *s, const ml_sampler_seq *seq, cons
         return st;
     ml_sample_row row;
     seq_row(seq, &row);
-    return ml_sample_distribution(s->scratch, logits, &row, seq->pen_id, seq->pen_count, out, cap,
-                                  n_kept, err, errlen);
+    return ml_sample_distribution(s->scratch, logits, &row, seq->pen_id, seq->pen_count,
+                                  seq->bias, out, cap, n_kept, err, errlen);
 }

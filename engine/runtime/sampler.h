@@ -59,15 +59,21 @@ typedef struct ml_sampling_params {
      * json_object. */
     struct ml_grammar *grammar;
     uint32_t top_logprobs; /* 0..ML_SAMPLE_MAX_TOP alternatives; needs logprobs */
+    /* OpenAI's logit_bias (sample.h step 0): borrowed, n_logit_bias
+     * (<= ML_SAMPLE_MAX_BIAS) entries with distinct ids; the sequence keeps
+     * its own copy. */
+    const ml_logit_bias *logit_bias;
+    size_t n_logit_bias;
 } ml_sampling_params;
 
-/* OpenAI's defaults: temperature 1, every filter and penalty off, seed 0,
- * max_tokens ML_SAMPLER_DEFAULT_MAX_TOKENS, no stop ids or strings, no
- * logprobs. */
+/* OpenAI's defaults: temperature 1, every filter, penalty and bias off,
+ * seed 0, max_tokens ML_SAMPLER_DEFAULT_MAX_TOKENS, no stop ids or strings,
+ * no logprobs. */
 void ml_sampling_params_default(ml_sampling_params *p);
 
-/* Check every field against its range and the ids against n_vocab (the
- * number of logits). Errors: ML_ERR_INVALID_ARG, err naming the field
+/* Check every field against its range and the ids (stop ids, logit_bias
+ * ids) against n_vocab (the number of logits: <|image|>, past the lm_head,
+ * has none). Errors: ML_ERR_INVALID_ARG, err naming the field
  * ("top_p: 1.5 is outside (0, 1]"); NaN is out of every range. */
 ml_status ml_sampling_params_validate(const ml_sampling_params *p, size_t n_vocab, char *err,
                                       size_t errlen);
@@ -83,7 +89,8 @@ typedef enum ml_finish {
     ML_FINISH_LENGTH, /* max_tokens tokens generated */
 } ml_finish;
 
-/* State of one sequence: a copy of params (stop strings dropped), the random
+/* State of one sequence: a copy of params (stop strings dropped, the bias
+ * entries copied into the sequence), the random
  * stream, and its penalty entries (sample.h step 1), sized once from
  * max_tokens and the prompt: the distinct ids of the prompt (when the
  * repetition penalty is on) and of the output, each with its count in the
@@ -110,12 +117,13 @@ ml_status ml_sampler_seq_accept(ml_sampler_seq *seq, int32_t token, ml_finish *f
 /* Tokens accepted so far. */
 uint32_t ml_sampler_seq_n_generated(const ml_sampler_seq *seq);
 
-/* The controls of this step (*row) and the sequence's penalty entries
+/* The controls of this step (*row), the sequence's penalty entries
  * (*pen_id, *pen_count: row->n_pen each, borrowed until the next accept;
- * row->pen_start is 0). A non-greedy row draws its u from the stream: call
- * once per sampled step. */
+ * row->pen_start is 0) and its bias entries (*bias: row->n_bias, borrowed
+ * for the sequence's life, NULL when none; row->bias_start is 0). A
+ * non-greedy row draws its u from the stream: call once per sampled step. */
 void ml_sampler_seq_row(ml_sampler_seq *seq, ml_sample_row *row, const int32_t **pen_id,
-                        const uint32_t **pen_count);
+                        const uint32_t **pen_count, const ml_logit_bias **bias);
 
 /* ---- sampling on the host -------------------------------------------------- */
 
@@ -142,7 +150,8 @@ ml_status ml_sampler_sample(ml_sampler *s, ml_sampler_seq *seq, const float *log
                             const uint64_t *allowed, ml_sample_out *out, char *err, size_t errlen);
 
 /* The distribution ml_sampler_sample would draw from for these logits
- * (ml_sample_distribution with the sequence's controls and penalties); draws
+ * (ml_sample_distribution with the sequence's controls, penalties and
+ * bias); draws
  * nothing and records nothing. Errors: as ml_sampler_sample. */
 ml_status ml_sampler_distribution(ml_sampler *s, const ml_sampler_seq *seq, const float *logits,
                                   ml_token_logprob *out, size_t cap, size_t *n_kept, char *err,

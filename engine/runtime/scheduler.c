@@ -361,7 +361,7 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
             ml_masker_queue(rt->masker, s->con);
         if (q->logits != ML_LOGITS_SAMPLE)
             continue;
-        ml_sampler_seq_row(s->sampler, &s->row, &q->pen_id, &q->pen_count);
+        ml_sampler_seq_row(s->sampler, &s->row, &q->pen_id, &q->pen_count, &q->bias);
         q->sample = &s->row;
         q->sampled = &s->sampled;
         if (s->con) {

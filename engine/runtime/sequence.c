@@ -287,6 +287,9 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
         ml_stop_create(s->sampling.stop, s->sampling.stop_len, s->sampling.n_stop, &s->stop, err,
                        errlen) != ML_OK)
         goto nomem;
+    /* The bias entries were borrowed for the call: the sampler keeps its copy. */
+    s->sampling.logit_bias = NULL;
+    s->sampling.n_logit_bias = 0;
     s->cb = req->cb;
     s->deadline_ms = req->deadline_ms;
     s->usage.prompt_tokens = req->n_prompt;

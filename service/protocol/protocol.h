@@ -24,6 +24,14 @@
  *   stop                string | array of string  none        up to max_stop, each 1..max_stop_bytes
  *   logprobs            bool                      false
  *   top_logprobs        integer                   0           0..20; > 0 needs logprobs: true
+ *   logit_bias          object {"<id>": number}   none        at most 300 entries; keys token ids
+ *                                                             in decimal, each once, below the
+ *                                                             model's output vocabulary
+ *                                                             (svc_limits.logit_vocab; <|image|>
+ *                                                             has no logit); values in
+ *                                                             [-100, 100], added to the logits
+ *                                                             before sampling (-100 bans, 100
+ *                                                             forces)
  *   n                   integer                   1           only 1 is supported
  *   deadline_ms         integer                   none        absolute unix ms, > 0
  *   stream              bool                      true        false: one chat.completion record
@@ -41,8 +49,7 @@
  * Unknown fields (model, user, stream_options, ...) are ignored so that
  * clients can add fields before workers know them. Known fields that would
  * change the answer and are not supported are refused by name: tools (tool
- * calling), response_format of another type, logit_bias;
- * their empty values pass. Duplicate keys: the
+ * calling), response_format of another type; their empty values pass. Duplicate keys: the
  * first one counts (cJSON lookup order).
  *
  * messages[i]: {"role": "system"|"user"|"assistant", "content": C}; other
@@ -169,6 +176,10 @@ const char *svc_error_code(svc_error e);
  * default, ml_schema_limits_default). */
 #define SVC_SCHEMA_NAME_MAX 64
 #define SVC_SCHEMA_BYTES_DEFAULT (256u << 10)
+/* logit_bias: OpenAI's fixed limits, entries per request and the range of a
+ * bias (the engine's ML_SAMPLE_MAX_BIAS and ML_SAMPLE_MAX_ABS_BIAS). */
+#define SVC_LOGIT_BIAS_MAX 300
+#define SVC_LOGIT_BIAS_ABS_MAX 100.0
 
 /* What one request may ask for; hostile input is bounded by these before
  * anything proportional to it is allocated. */
@@ -188,12 +199,18 @@ typedef struct svc_limits {
     size_t max_reply_bytes;   /* one reply record; 0 = unbounded */
     size_t max_schema_bytes;  /* response_format json_schema: the schema's compact JSON text
                                  (below INT_MAX: cJSON prints into an int-sized buffer) */
+    /* logit_bias ids must be below this: the model's output vocabulary (its
+     * logit rows; <|image|> has none). Not a configured bound but the
+     * model's: the worker sets it once the model is loaded; 0 = not known
+     * here (the engine still refuses such ids at submit). */
+    size_t logit_vocab;
 } svc_limits;
 
 /* Fill `lim` with the defaults: 32 MiB request, 65536 JSON values, 256-byte
  * id, 1024 messages, 4096 parts, 1 MiB text, 8 images of at most 20 MiB,
  * 4 stop strings of at most 256 bytes, max_tokens 256 by default and 4096 at
- * most, replies unbounded, a JSON schema of at most SVC_SCHEMA_BYTES_DEFAULT.
+ * most, replies unbounded, a JSON schema of at most SVC_SCHEMA_BYTES_DEFAULT,
+ * logit_bias ids not checked against a vocabulary (logit_vocab 0).
  * @locality any thread. */
 void svc_limits_default(svc_limits *lim);
 
@@ -246,6 +263,12 @@ typedef struct svc_image {
                                             runtime hashes the bytes) */
 } svc_image;
 
+/* One logit_bias entry: a token id and the bias added to its logit. */
+typedef struct svc_logit_bias {
+    int32_t id;   /* >= 0, below svc_limits.logit_vocab when that is set */
+    float bias;   /* [-SVC_LOGIT_BIAS_ABS_MAX, SVC_LOGIT_BIAS_ABS_MAX] */
+} svc_logit_bias;
+
 typedef struct svc_sampling {
     float temperature;
     float top_p;
@@ -256,6 +279,8 @@ typedef struct svc_sampling {
     float frequency_penalty;
     bool has_seed;
     int64_t seed;
+    const svc_logit_bias *logit_bias; /* n_logit_bias (<= SVC_LOGIT_BIAS_MAX) distinct ids */
+    size_t n_logit_bias;
 } svc_sampling;
 
 /* A validated request. Every pointer is borrowed from the request itself and

@@ -191,18 +191,86 @@ static svc_error parse_response_format(parser *p, const cJSON *root)
                 "or {\"type\": \"json_schema\", \"json_schema\": {...}}");
 }
 
-/* Fields a client sends to change what the answer is (tool calls, token
- * biases): ignoring them like unknown fields would return a plain text
- * answer the client did not ask for, so they are refused by name. Their
- * neutral values (null, [], {}) pass. */
+/* Fields a client sends to change what the answer is (tool calls):
+ * ignoring them like unknown fields would return a plain text answer the
+ * client did not ask for, so they are refused by name. Their neutral values
+ * (null, []) pass. */
 static svc_error refuse_unsupported(parser *p, const cJSON *root)
 {
     const cJSON *tools = member(root, "tools");
     if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
         return fail(p, SVC_ERROR_INVALID_REQUEST, "tools: tool calling is not supported");
+    return SVC_ERROR_NONE;
+}
+
+/* A logit_bias key: a token id in decimal digits (OpenAI sends the ids as
+ * JSON object keys). Ids past *id's range saturate at UINT64_MAX, which no
+ * vocabulary reaches. Returns false when the key is not digits. */
+static bool bias_key_id(const char *key, uint64_t *id)
+{
+    if (!key || !*key)
+        return false;
+    uint64_t v = 0;
+    for (const char *c = key; *c; c++) {
+        if (*c < '0' || *c > '9')
+            return false;
+        unsigned digit = (unsigned)(*c - '0');
+        v = v > (UINT64_MAX - digit) / 10 ? UINT64_MAX : v * 10 + digit;
+    }
+    *id = v;
+    return true;
+}
+
+/* logit_bias, as OpenAI defines it: {"<token id>": bias, ...}, at most
+ * SVC_LOGIT_BIAS_MAX entries, each bias in [-SVC_LOGIT_BIAS_ABS_MAX,
+ * SVC_LOGIT_BIAS_ABS_MAX], each id once and below lim->logit_vocab (the
+ * output vocabulary; <|image|> has no logit) when the worker set it. */
+static svc_error parse_logit_bias(parser *p, const cJSON *root)
+{
     const cJSON *bias = member(root, "logit_bias");
-    if (bias && !(cJSON_IsObject(bias) && !bias->child))
-        return fail(p, SVC_ERROR_INVALID_REQUEST, "logit_bias: not supported");
+    if (!bias)
+        return SVC_ERROR_NONE;
+    if (!cJSON_IsObject(bias))
+        return fail(p, SVC_ERROR_INVALID_REQUEST,
+                    "logit_bias: expected an object mapping token ids to numbers in [-%g, %g]",
+                    SVC_LOGIT_BIAS_ABS_MAX, SVC_LOGIT_BIAS_ABS_MAX);
+    size_t n = (size_t)cJSON_GetArraySize(bias);
+    if (n > SVC_LOGIT_BIAS_MAX)
+        return fail(p, SVC_ERROR_INVALID_REQUEST, "logit_bias: %zu entries, at most %d", n,
+                    SVC_LOGIT_BIAS_MAX);
+    if (n == 0)
+        return SVC_ERROR_NONE;
+    svc_logit_bias *list = svc_arena_alloc(&p->r->arena, n * sizeof *list);
+    if (!list)
+        return out_of_memory(p);
+    size_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, bias)
+    {
+        uint64_t id;
+        if (!bias_key_id(e->string, &id))
+            return fail(p, SVC_ERROR_INVALID_REQUEST,
+                        "logit_bias: key \"%.32s\" is not a token id (a non-negative integer "
+                        "in decimal)", e->string ? e->string : "");
+        size_t vocab = p->lim->logit_vocab;
+        if (id > INT32_MAX || (vocab && id >= vocab))
+            return fail(p, SVC_ERROR_INVALID_REQUEST,
+                        "logit_bias: token id %.32s is outside the model's output vocabulary "
+                        "[0, %zu) (<|image|> and ids past it have no logit)", e->string,
+                        vocab ? vocab : (size_t)INT32_MAX);
+        double v = e->valuedouble;
+        if (!cJSON_IsNumber(e) || !(fabs(v) <= SVC_LOGIT_BIAS_ABS_MAX))
+            return fail(p, SVC_ERROR_INVALID_REQUEST,
+                        "logit_bias[\"%.32s\"]: expected a number in [-%g, %g]", e->string,
+                        SVC_LOGIT_BIAS_ABS_MAX, SVC_LOGIT_BIAS_ABS_MAX);
+        for (size_t j = 0; j < i; j++)
+            if (list[j].id == (int32_t)id)
+                return fail(p, SVC_ERROR_INVALID_REQUEST,
+                            "logit_bias: token id %lld is given twice", (long long)id);
+        list[i++] = (svc_logit_bias){(int32_t)id, (float)v};
+    }
+    p->r->pub.sampling.logit_bias = list;
+    p->r->pub.sampling.n_logit_bias = n;
     return SVC_ERROR_NONE;
 }
 
@@ -269,7 +337,8 @@ svc_error svc_request_parse_options(parser *p, const cJSON *root)
                     lim->max_reply_bytes);
 
     if ((e = parse_stop(p, root)) || (e = parse_response_format(p, root)) ||
-        (e = refuse_unsupported(p, root)) || (e = parse_date_string(p, root)))
+        (e = refuse_unsupported(p, root)) || (e = parse_logit_bias(p, root)) ||
+        (e = parse_date_string(p, root)))
         return e;
     return parse_adapter(p, root);
 }

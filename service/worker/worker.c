@@ -303,6 +303,8 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
                 "W8A8: the FP8 Linears quantize their activations per token (vLLM's "
                 "numerics, not transformers' decompressed reference)");
     w->model = ml_engine_model(w->engine);
+    /* The parser refuses logit_bias ids without a logit before any work. */
+    w->limits.logit_vocab = (size_t)ml_model_config(w->model)->text.vocab_size;
     w->tok = ml_engine_tokenizer(w->engine);
     w->rt = ml_engine_runtime(w->engine);
     bool cpu = !strcmp(ml_engine_backend_name(w->engine), "cpu");

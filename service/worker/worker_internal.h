@@ -109,6 +109,9 @@ typedef struct job {
     ml_request_image *images;   /* owned array; pixels transferred at submit */
     int n_images;
     ml_sampling_params sampling; /* .grammar: owned, one reference (the runtime takes its own) */
+    /* The request's logit_bias in the engine's form; sampling.logit_bias
+     * points here (the runtime copies the entries at submit). */
+    ml_logit_bias logit_bias[ML_SAMPLE_MAX_BIAS];
     bool keep_req;              /* an at_caller image may need req's bytes: keep it until the end */
     bool redecode;              /* back from the step thread: decode every image, submit again */
     int n_skipped;              /* inline images prep left undecoded (at_caller) */

@@ -318,6 +318,12 @@ static void build_sampling(svc_worker *w, job *j)
     s->logprobs = r->logprobs;
     s->top_logprobs = r->top_logprobs;
     s->json_object = r->json_object;
+    _Static_assert(SVC_LOGIT_BIAS_MAX <= ML_SAMPLE_MAX_BIAS, "j->logit_bias holds them all");
+    for (size_t i = 0; i < r->sampling.n_logit_bias; i++)
+        j->logit_bias[i] = (ml_logit_bias){r->sampling.logit_bias[i].id,
+                                           r->sampling.logit_bias[i].bias};
+    s->logit_bias = j->logit_bias;
+    s->n_logit_bias = r->sampling.n_logit_bias;
 }
 
 /* response_format json_schema: the grammar from the worker's cache, or

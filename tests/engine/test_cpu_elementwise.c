@@ -121,7 +121,8 @@ static void test_patchify(ml_backend *be)
 }
 
 /* The sample op against ml_sample_one row by row: each row's penalty
- * entries found through its pen_start, each thread's scratch its own (rows
+ * entries found through its pen_start and its bias entries through its
+ * bias_start (not in row order), each thread's scratch its own (rows
  * outnumber the threads), greedy ties to the lowest id, NaN ignored, a row
  * without a finite maximum reported as such. */
 static void test_sample(ml_backend *be)
@@ -155,6 +156,13 @@ static void test_sample(ml_backend *be)
     rows[5] = (ml_sample_row){.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 2.0f,
                               .presence_penalty = 2.0f, .pen_start = 5 * PEN, .n_pen = PEN};
     rows[6] = (ml_sample_row){.u = 0.5, .temperature = 1.0f, .top_p = 0.5f, .repetition_penalty = 1.0f};
+    /* Row 5's bias first: +30 lifts id 123 over every logit in [-5, 5] and
+     * its penalties; row 3's pushes its best ids down. */
+    const ml_logit_bias bias[] = {{123, 30.0f}, {7, -100.0f}, {300, 2.5f}, {999, -100.0f}};
+    rows[5].bias_start = 0;
+    rows[5].n_bias = 1;
+    rows[3].bias_start = 1;
+    rows[3].n_bias = 3;
     size_t bytes = be->ops->sample_scratch_bytes(be, ROWS, V);
     void *scratch = be->ops->alloc(be, bytes);
     void *mem = aligned_alloc(64, ml_sample_scratch_bytes(V));
@@ -166,12 +174,13 @@ static void test_sample(ml_backend *be)
         return;
     }
     ml_sample_params p = {.out = got, .logits = logits, .row = rows, .pen_id = pen_id,
-                          .pen_count = pen_count, .scratch = scratch, .rows = ROWS, .vocab = V};
+                          .pen_count = pen_count, .bias = bias, .scratch = scratch,
+                          .rows = ROWS, .vocab = V};
     be->ops->sample(be, &p);
     ml_sample_scratch *s = ml_sample_scratch_init(mem, V);
     for (int r = 0; r < ROWS; r++) {
         ml_sample_one(s, logits + (size_t)r * V, &rows[r], pen_id + rows[r].pen_start,
-                      pen_count + rows[r].pen_start, NULL, &want);
+                      pen_count + rows[r].pen_start, bias + rows[r].bias_start, NULL, &want);
         check(memcmp(&got[r], &want, sizeof want) == 0, "sample: row %d: op %d, reference %d", r,
               got[r].chosen.id, want.chosen.id);
     }
@@ -179,6 +188,7 @@ static void test_sample(ml_backend *be)
               got[2].chosen.id == ML_SAMPLE_NO_TOKEN && got[0].n_top == 0 && got[1].n_top == 1 &&
               got[1].top[0].id == 5,
           "sample: greedy %d %d %d", got[0].chosen.id, got[1].chosen.id, got[2].chosen.id);
+    check(got[5].chosen.id == 123, "sample: row 5's bias forces 123 (got %d)", got[5].chosen.id);
     be->ops->free(be, scratch);
     free(mem);
 }

@@ -260,10 +260,12 @@ static void test_json_mode(ml_rt_fixture *f)
 /* The runtime samples where the logits are (the model's sample op) unless a
  * logits callback must see them (then the host sampler does): the same
  * seeds give the same tokens and logprobs both ways, for batched requests
- * with every filter and penalty on. */
+ * with every filter, penalty and a logit bias on: +100 forces its token at
+ * every step, whatever the penalties, and -100 on the 300 ids OpenAI
+ * allows keeps greedy off all of them. */
 static void test_sampling_paths(ml_rt_fixture *f)
 {
-    enum { N = 3, TOKENS = 12 };
+    enum { N = 3, TOKENS = 12, FORCED = 77 };
     const ml_rt_kind kinds[N] = {ML_RT_TWO_IMAGES, ML_RT_ONE_IMAGE, ML_RT_TEXT_ONLY};
     ml_sampling_params p[N];
     for (int i = 0; i < N; i++) {
@@ -282,6 +284,14 @@ static void test_sampling_paths(ml_rt_fixture *f)
     p[1].frequency_penalty = 0.7f;
     p[2].temperature = 0.0f; /* greedy among sampled requests, with a penalty */
     p[2].repetition_penalty = 1.5f;
+    const ml_logit_bias force[] = {{FORCED, ML_SAMPLE_MAX_ABS_BIAS}};
+    p[1].logit_bias = force;
+    p[1].n_logit_bias = 1;
+    ml_logit_bias ban[ML_SAMPLE_MAX_BIAS];
+    for (int id = 0; id < ML_SAMPLE_MAX_BIAS; id++)
+        ban[id] = (ml_logit_bias){id, -ML_SAMPLE_MAX_ABS_BIAS};
+    p[2].logit_bias = ban;
+    p[2].n_logit_bias = ML_SAMPLE_MAX_BIAS;
     ml_rt_result r[2][N];
     memset(r, 0, sizeof r);
     for (int host = 0; host < 2; host++) {
@@ -300,6 +310,15 @@ static void test_sampling_paths(ml_rt_fixture *f)
               i, r[0][i].n_out);
         check(ml_rt_same_logprobs(r[0][i].lp, r[1][i].lp, r[0][i].n_out) && r[0][i].lp[0].n_top == 3,
               "request %d: the same logprobs", i);
+    }
+    int forced = 0, banned = 0;
+    for (int t = 0; t < r[0][1].n_out; t++)
+        forced += r[0][1].out[t] == FORCED;
+    for (int t = 0; t < r[0][2].n_out; t++)
+        banned += r[0][2].out[t] < ML_SAMPLE_MAX_BIAS;
+    check(forced == TOKENS && banned == 0,
+          "logit bias: %d of %d tokens forced, %d banned ones drawn", forced, TOKENS, banned);
+    for (int i = 0; i < N; i++) {
         ml_rt_result_deinit(&r[0][i]);
         ml_rt_result_deinit(&r[1][i]);
     }

@@ -1,6 +1,6 @@
 /* Sampler controls: parameter validation, greedy, every filter against a
  * brute-force reference written here from the HF / vLLM definitions (sort
- * everything, softmax in double), and the penalties. The draw, logprobs and
+ * everything, softmax in double), the penalties and the logit bias. The draw, logprobs and
  * timing are in test_sampler_draw.c. */
 #include <math.h>
 #include <stdint.h>
@@ -55,6 +55,20 @@ static void test_validate(void)
     INVALID((p.n_stop = 1, p.stop[0] = "", p.stop_len[0] = 0), "stop[0]");
     INVALID(p.top_logprobs = ML_SAMPLE_MAX_TOP + 1, "top_logprobs");
     INVALID(p.top_logprobs = 3, "top_logprobs"); /* without logprobs */
+    ml_logit_bias bias[ML_SAMPLE_MAX_BIAS + 1];
+    for (int i = 0; i <= ML_SAMPLE_MAX_BIAS; i++)
+        bias[i] = (ml_logit_bias){i, (float)(i % 201 - 100)};
+    INVALID((p.logit_bias = bias, p.n_logit_bias = ML_SAMPLE_MAX_BIAS + 1), "logit_bias");
+    INVALID(p.n_logit_bias = 1, "logit_bias"); /* NULL entries */
+    const ml_logit_bias over_vocab[] = {{1000, 1.0f}}, negative_id[] = {{-1, 1.0f}},
+                        over_max[] = {{5, 100.5f}}, under_min[] = {{5, -101.0f}},
+                        nan_value[] = {{5, NAN}}, twice[] = {{5, 1.0f}, {6, 2.0f}, {5, 3.0f}};
+    INVALID((p.logit_bias = over_vocab, p.n_logit_bias = 1), "logit_bias");
+    INVALID((p.logit_bias = negative_id, p.n_logit_bias = 1), "logit_bias");
+    INVALID((p.logit_bias = over_max, p.n_logit_bias = 1), "logit_bias");
+    INVALID((p.logit_bias = under_min, p.n_logit_bias = 1), "logit_bias");
+    INVALID((p.logit_bias = nan_value, p.n_logit_bias = 1), "logit_bias");
+    INVALID((p.logit_bias = twice, p.n_logit_bias = 3), "logit_bias");
 #undef INVALID
 
     p = base;
@@ -69,6 +83,8 @@ static void test_validate(void)
     p.n_stop = 1;
     p.stop[0] = "\nUser:";
     p.stop_len[0] = 6;
+    p.logit_bias = bias; /* ids 0..299, values -100..100 */
+    p.n_logit_bias = ML_SAMPLE_MAX_BIAS;
     check(ml_sampling_params_validate(&p, 1000, err, sizeof err) == ML_OK, "edges: %s", err);
 
     /* Sequence creation validates too, and rejects negative prompt ids. */
@@ -494,6 +510,160 @@ static void test_accept(void)
     ml_sampler_seq_destroy(seq);
 }
 
+/* ---- logit bias ------------------------------------------------------------ */
+
+/* The bias is added to the raw logits before everything else (sample.h
+ * step 0): the distribution is the reference's over z + bias, and the
+ * repetition penalty acts on the biased logit. The sequence keeps its own
+ * copy of the entries. */
+static void test_logit_bias_exact(void)
+{
+    enum { V = 8 };
+    ml_sampler *s = make_sampler(V);
+    ml_sampling_params p;
+    ml_sampling_params_default(&p);
+    const float z[V] = {0.5f, 1.0f, -1.0f, 2.0f, 0.0f, 1.5f, 1.0f, -0.5f};
+    ml_logit_bias bias[] = {{3, -1.25f}, {7, 2.0f}, {0, 0.75f}};
+    p.logit_bias = bias;
+    p.n_logit_bias = N_OF(bias);
+    ml_sampler_seq *seq = make_seq(&p, V, NULL, 0);
+    bias[0].value = 50.0f; /* the caller's array may change: the sequence copied it */
+    float want_z[V];
+    memcpy(want_z, z, sizeof want_z);
+    want_z[3] = 2.0f - 1.25f;
+    want_z[7] = -0.5f + 2.0f;
+    want_z[0] = 0.5f + 0.75f;
+    ml_sampling_params ref;
+    ml_sampling_params_default(&ref);
+    double got[V], want[V], margin;
+    ref_distribution(want_z, V, &ref, want, &margin);
+    got_distribution(s, seq, z, V, got);
+    expect_same_distribution(got, want, V, "logit bias added to the logits");
+    ml_sampler_seq_destroy(seq);
+
+    /* Bias, then penalty: id 2's logit 1.0 - 3.0 = -2.0 is negative, so the
+     * repetition penalty multiplies it (-3.0); applied the other way round
+     * it would be 1.0 / 1.5 - 3.0. */
+    const ml_logit_bias down[] = {{2, -3.0f}};
+    p.logit_bias = down;
+    p.n_logit_bias = 1;
+    p.repetition_penalty = 1.5f;
+    const float y[V] = {0.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const int32_t prompt[] = {2};
+    seq = make_seq(&p, V, prompt, 1);
+    memcpy(want_z, y, sizeof want_z);
+    want_z[2] = (1.0f - 3.0f) * 1.5f;
+    ref_distribution(want_z, V, &ref, want, &margin);
+    got_distribution(s, seq, y, V, got);
+    expect_same_distribution(got, want, V, "logit bias before the repetition penalty");
+    ml_sampler_seq_destroy(seq);
+    ml_sampler_destroy(s);
+}
+
+/* Force a token with +100 and ban one with -100 over Llama 3's vocabulary
+ * of N(0, 3) logits, greedy and drawn (temperature only, and with top-k and
+ * top-p), with penalties on and with a grammar mask: +100 always yields its
+ * token, -100 never yields the token that is the argmax without it. The
+ * logprobs stay the raw model's. */
+enum { BIAS_CONFIGS = 3, BIAS_STEPS = 16 };
+
+static void bias_params(ml_sampling_params *p, int config)
+{
+    ml_sampling_params_default(p);
+    p->max_tokens = BIAS_STEPS;
+    p->logprobs = true;
+    p->seed = 0xb1a5u + (uint64_t)config;
+    if (config == 0)
+        p->temperature = 0.0f;
+    if (config == 2) {
+        p->top_k = 50;
+        p->top_p = 0.9f;
+    }
+}
+
+/* The token the sequence's controls pick without a bias (greedy). */
+static int32_t unbiased_greedy(ml_sampler *s, const ml_sampling_params *base, const float *z,
+                               const int32_t *prompt, size_t n_prompt, const uint64_t *allowed)
+{
+    ml_sampling_params p = *base;
+    p.temperature = 0.0f;
+    p.logit_bias = NULL;
+    p.n_logit_bias = 0;
+    ml_sampler_seq *seq = make_seq(&p, LLAMA3_VOCAB, prompt, n_prompt);
+    ml_sample_out out;
+    char err[256] = "";
+    check(ml_sampler_sample(s, seq, z, allowed, &out, err, sizeof err) == ML_OK, "%s", err);
+    ml_sampler_seq_destroy(seq);
+    return out.chosen.id;
+}
+
+static void test_logit_bias_force_ban(void)
+{
+    const size_t V = LLAMA3_VOCAB, words = (V + 63) / 64;
+    ml_sampler *s = make_sampler(V);
+    float *z = malloc(V * sizeof *z);
+    uint64_t *allowed = malloc(words * sizeof *allowed);
+    ml_sample_out raw;
+    char err[256] = "";
+    for (int penalties = 0; penalties < 2; penalties++)
+        for (int masked = 0; masked < 2; masked++)
+            for (int config = 0; config < BIAS_CONFIGS; config++) {
+                for (size_t i = 0; i < V; i++)
+                    z[i] = test_normal(3.0f);
+                int32_t low = 0; /* the least likely token: the one forced */
+                for (size_t i = 1; i < V; i++)
+                    low = z[i] < z[low] ? (int32_t)i : low;
+                /* A grammar's mask: about half the vocabulary, and the
+                 * forced token. */
+                for (size_t w = 0; w < words; w++)
+                    allowed[w] = (uint64_t)(test_uniform() * 0x1.0p32) << 32 |
+                                 (uint64_t)(test_uniform() * 0x1.0p32);
+                allowed[low >> 6] |= 1ull << (low & 63);
+                const uint64_t *mask = masked ? allowed : NULL;
+                /* Penalties on the forced token and on a few others. */
+                const int32_t prompt[] = {low, 17, 4242, 90000};
+                ml_sampling_params p;
+                bias_params(&p, config);
+                if (penalties) {
+                    p.repetition_penalty = 1.3f;
+                    p.presence_penalty = 0.5f;
+                    p.frequency_penalty = 0.5f;
+                }
+                size_t n_prompt = penalties ? N_OF(prompt) : 0;
+                int32_t best = unbiased_greedy(s, &p, z, prompt, n_prompt, mask);
+                const ml_logit_bias force[] = {{low, ML_SAMPLE_MAX_ABS_BIAS}};
+                const ml_logit_bias ban[] = {{best, -ML_SAMPLE_MAX_ABS_BIAS}};
+                for (int banning = 0; banning < 2; banning++) {
+                    p.logit_bias = banning ? ban : force;
+                    p.n_logit_bias = 1;
+                    ml_sampler_seq *seq = make_seq(&p, V, prompt, n_prompt);
+                    int bad = 0;
+                    for (int step = 0; step < BIAS_STEPS; step++) {
+                        ml_sample_out out;
+                        ml_finish fin;
+                        check(ml_sampler_sample(s, seq, z, mask, &out, err, sizeof err) == ML_OK,
+                              "biased sample: %s", err);
+                        int32_t id = out.chosen.id;
+                        bad += banning ? id == best : id != low;
+                        bad += ml_sample_logprobs(z, V, id, 0, &raw, NULL, 0) != ML_OK ||
+                               out.chosen.logprob != raw.chosen.logprob;
+                        /* The penalties see every token accepted. */
+                        check(ml_sampler_seq_accept(seq, id, &fin, err, sizeof err) == ML_OK,
+                              "accept: %s", err);
+                    }
+                    check(bad == 0,
+                          "logit bias %s (config %d, penalties %d, mask %d): %d of %d steps "
+                          "wrong",
+                          banning ? "-100 bans the argmax" : "+100 forces the least likely", config,
+                          penalties, masked, bad, BIAS_STEPS);
+                    ml_sampler_seq_destroy(seq);
+                }
+            }
+    free(z);
+    free(allowed);
+    ml_sampler_destroy(s);
+}
+
 int main(void)
 {
     test_validate();
@@ -505,5 +675,7 @@ int main(void)
     test_presence_frequency();
     test_penalty_table();
     test_accept();
+    test_logit_bias_exact();
+    test_logit_bias_force_ban();
     return check_done();
 }

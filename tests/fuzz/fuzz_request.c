@@ -65,6 +65,16 @@ static void check_request(const svc_request *req, const svc_limits *lim)
         require(cJSON_IsObject(schema) || cJSON_IsBool(schema));
         cJSON_Delete(schema);
     }
+    /* logit_bias: within OpenAI's bounds and the vocabulary, each id once. */
+    const svc_sampling *s = &req->sampling;
+    require(s->n_logit_bias <= SVC_LOGIT_BIAS_MAX && (s->n_logit_bias == 0) == !s->logit_bias);
+    for (size_t i = 0; i < s->n_logit_bias; i++) {
+        const svc_logit_bias *b = &s->logit_bias[i];
+        require(b->id >= 0 && (size_t)b->id < lim->logit_vocab);
+        require(b->bias >= -SVC_LOGIT_BIAS_ABS_MAX && b->bias <= SVC_LOGIT_BIAS_ABS_MAX);
+        for (size_t j = 0; j < i; j++)
+            require(s->logit_bias[j].id != b->id);
+    }
     for (size_t i = 0; i < req->n_images; i++) {
         const svc_image *im = &req->images[i];
         if (im->kind == SVC_IMAGE_INLINE)
@@ -106,6 +116,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     lim.max_image_bytes = 4096;
     lim.max_id_bytes = 64;
     lim.max_schema_bytes = 1024;
+    lim.logit_vocab = 1000;
 
     svc_request_input in = {
         .value = data + 1,

@@ -1,5 +1,6 @@
 /* The sample op of the CUDA backend against the CPU backend: eagerly, as a
- * recorded graph, with and without per-row constraint masks, and its
+ * recorded graph, with and without per-row constraint masks and logit
+ * biases, a +100 bias forcing its token and -100 banning it, and its
  * refusal of invalid shapes.
  * Thresholds: tests/gpu/cuda_ops_harness.h. Skipped (77) without a CUDA device. */
 #include "cuda_ops_harness.h"
@@ -24,6 +25,7 @@
 #define LOGPROB_RTOL 2.4e-7 /* 2^-22: the result's float rounding on both sides, with room */
 #define SAMPLE_U_TOL 2e-6
 #define SAMPLE_MAX_PEN 48 /* penalty entries per row, at most */
+#define SAMPLE_MAX_BIAS 8 /* bias entries per row in the random batches, at most */
 #define SAMPLE_RNG_SEED 0x5a3d1e8c6b7f9021ull
 
 typedef enum logit_shape {
@@ -104,6 +106,30 @@ static void fill_logits(float *x, int V, logit_shape shape)
     case SHAPE_POS_INF:
         x[irand(V)] = INFINITY;
         break;
+    }
+}
+
+/* Up to SAMPLE_MAX_BIAS bias entries with distinct ids for row r of
+ * logits x (V), a third of the rows, into bias from index r->bias_start:
+ * the best id among them half the time, values anywhere in [-100, 100]. */
+static void random_bias(ml_sample_row *r, const float *x, int V, ml_logit_bias *bias)
+{
+    if (irand(3) != 0)
+        return;
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        best = x[i] > x[best] ? i : best;
+    const int n = 1 + irand(SAMPLE_MAX_BIAS);
+    for (int j = 0; j < n && j < V; j++) {
+        int32_t id = j == 0 && irand(2) ? best : irand(V);
+        for (int k = 0; k < r->n_bias; k++)
+            if (bias[r->bias_start + k].id == id) {
+                id = -1; /* taken: ids are distinct */
+                break;
+            }
+        if (id >= 0)
+            bias[r->bias_start + r->n_bias++] =
+                (ml_logit_bias){id, frand(-ML_SAMPLE_MAX_ABS_BIAS, ML_SAMPLE_MAX_ABS_BIAS)};
     }
 }
 
@@ -197,6 +223,8 @@ typedef struct sample_batch {
     uint32_t *pen_count;  /* (rows * SAMPLE_MAX_PEN) */
     uint64_t *mask;       /* (rows, words) constraint slices, NULL when unconstrained */
     int words, n_masks;
+    ml_logit_bias *bias;  /* (rows * SAMPLE_MAX_BIAS), n_bias of them used */
+    int n_bias;
 } sample_batch;
 
 typedef enum mask_kind {
@@ -251,7 +279,8 @@ static sample_batch sample_batch_make(int rows, int V, int masked)
     sample_batch b = {rows, V, 0, xmalloc((size_t)rows * V * 4),
                       xmalloc((size_t)rows * sizeof(ml_sample_row)),
                       xmalloc((size_t)rows * SAMPLE_MAX_PEN * 4),
-                      xmalloc((size_t)rows * SAMPLE_MAX_PEN * 4), NULL, (V + 63) / 64, 0};
+                      xmalloc((size_t)rows * SAMPLE_MAX_PEN * 4), NULL, (V + 63) / 64, 0,
+                      xmalloc((size_t)rows * SAMPLE_MAX_BIAS * sizeof(ml_logit_bias)), 0};
     if (masked) {
         b.mask = xmalloc((size_t)rows * b.words * sizeof *b.mask);
         memset(b.mask, 0, (size_t)rows * b.words * sizeof *b.mask);
@@ -261,6 +290,9 @@ static sample_batch sample_batch_make(int rows, int V, int masked)
         fill_logits(x, V, shape_cycle[r % SHAPE_CYCLE]);
         b.row[r] = random_controls(x, V, b.n_entries, b.pen_id, b.pen_count);
         b.n_entries += b.row[r].n_pen;
+        b.row[r].bias_start = b.n_bias;
+        random_bias(&b.row[r], x, V, b.bias);
+        b.n_bias += b.row[r].n_bias;
         if (masked && r % 4 != 0) {
             uint32_t slice = (uint32_t)(rows - 1 - b.n_masks++);
             fill_mask(b.mask + (size_t)slice * b.words, x, V, (mask_kind)irand(MASK_KINDS));
@@ -277,6 +309,7 @@ static void sample_batch_free(sample_batch *b)
     free(b->pen_id);
     free(b->pen_count);
     free(b->mask);
+    free(b->bias);
 }
 
 /* Row r's constraint, NULL when it has none. */
@@ -293,8 +326,8 @@ static ml_sample_out *sample_cpu(const sample_batch *b)
     void *scratch = g_cpu->ops->alloc(g_cpu, bytes);
     check(scratch != NULL, "cpu sample scratch");
     ml_sample_params p = {.out = want, .logits = b->logits, .row = b->row, .pen_id = b->pen_id,
-                          .pen_count = b->pen_count, .mask = b->mask, .scratch = scratch,
-                          .rows = b->rows, .vocab = b->vocab};
+                          .pen_count = b->pen_count, .bias = b->bias, .mask = b->mask,
+                          .scratch = scratch, .rows = b->rows, .vocab = b->vocab};
     g_cpu->ops->sample(g_cpu, &p);
     g_cpu->ops->free(g_cpu, scratch);
     return want;
@@ -303,7 +336,7 @@ static ml_sample_out *sample_cpu(const sample_batch *b)
 /* Device copies of a batch and the op's parameters over them. */
 typedef struct sample_dev {
     ml_sample_params p;
-    void *dev[7];
+    void *dev[8];
 } sample_dev;
 
 static sample_dev sample_dev_make(const sample_batch *b)
@@ -317,9 +350,11 @@ static sample_dev sample_dev_make(const sample_batch *b)
     d.dev[4] = dput(b->pen_count, pen_bytes);
     d.dev[5] = dput(NULL, g_gpu->ops->sample_scratch_bytes(g_gpu, b->rows, b->vocab));
     d.dev[6] = b->mask ? dput(b->mask, (size_t)b->rows * b->words * sizeof *b->mask) : NULL;
+    d.dev[7] = dput(b->bias, (size_t)b->rows * SAMPLE_MAX_BIAS * sizeof *b->bias);
     d.p = (ml_sample_params){.out = d.dev[0], .logits = d.dev[1], .row = d.dev[2],
-                             .pen_id = d.dev[3], .pen_count = d.dev[4], .mask = d.dev[6],
-                             .scratch = d.dev[5], .rows = b->rows, .vocab = b->vocab};
+                             .pen_id = d.dev[3], .pen_count = d.dev[4], .bias = d.dev[7],
+                             .mask = d.dev[6], .scratch = d.dev[5], .rows = b->rows,
+                             .vocab = b->vocab};
     return d;
 }
 
@@ -339,13 +374,15 @@ static void sample_compare(const sample_batch *b, const ml_sample_out *got,
     ml_sample_scratch *s = ml_sample_scratch_init(mem, (size_t)V);
     ml_token_logprob *dist = xmalloc((size_t)V * sizeof *dist);
     float *masked = xmalloc((size_t)V * sizeof *masked);
-    int n_greedy = 0, n_draw = 0, n_none = 0, n_differ = 0, n_masked = 0, bad = 0;
+    int n_greedy = 0, n_draw = 0, n_none = 0, n_differ = 0, n_masked = 0, n_biased = 0, bad = 0;
     for (int r = 0; r < b->rows && s; r++) {
         const ml_sample_row *row = &b->row[r];
         const float *x = b->logits + (size_t)r * V;
         const ml_sample_out *g = &got[r], *w = &want[r];
         const int32_t *pid = b->pen_id + row->pen_start;
         const uint32_t *pcount = b->pen_count + row->pen_start;
+        const ml_logit_bias *bias = b->bias + row->bias_start;
+        n_biased += row->n_bias > 0;
         /* A constrained row draws from its logits with the masked ids at
          * -inf (penalties leave -inf there); its logprobs stay the raw x's. */
         const uint64_t *m = row_mask(b, r);
@@ -370,8 +407,8 @@ static void sample_compare(const sample_batch *b, const ml_sample_out *got,
                 n_differ++;
                 size_t n_kept = 0;
                 ok = ok &&
-                     ml_sample_distribution(s, drawn_from, row, pid, pcount, dist, (size_t)V,
-                                            &n_kept, NULL, 0) == ML_OK &&
+                     ml_sample_distribution(s, drawn_from, row, pid, pcount, bias, dist,
+                                            (size_t)V, &n_kept, NULL, 0) == ML_OK &&
                      drawable(dist, n_kept, g->chosen.id, row->u);
             }
         }
@@ -392,11 +429,11 @@ static void sample_compare(const sample_batch *b, const ml_sample_out *got,
             ok = g->top[j].id == 0 && g->top[j].logprob == 0.0f;
         if (!ok && bad++ < 8)
             fprintf(stderr,
-                    "  row %d (shape %d, t %g, k %u, p %g, min_p %g, u %.17g, pen %d, n_top %u): "
-                    "gpu id %d lp %.9g n_top %u, cpu id %d lp %.9g n_top %u\n",
+                    "  row %d (shape %d, t %g, k %u, p %g, min_p %g, u %.17g, pen %d, bias %d, "
+                    "n_top %u): gpu id %d lp %.9g n_top %u, cpu id %d lp %.9g n_top %u\n",
                     r, (int)shape_cycle[r % SHAPE_CYCLE], (double)row->temperature,
                     (unsigned)row->top_k, (double)row->top_p, (double)row->min_p, row->u,
-                    (int)row->n_pen, (unsigned)row->n_top, (int)g->chosen.id,
+                    (int)row->n_pen, (int)row->n_bias, (unsigned)row->n_top, (int)g->chosen.id,
                     (double)g->chosen.logprob, (unsigned)g->n_top, (int)w->chosen.id,
                     (double)w->chosen.logprob, (unsigned)w->n_top);
     }
@@ -404,8 +441,8 @@ static void sample_compare(const sample_batch *b, const ml_sample_out *got,
     check(bad == 0, "%s: %d of %d rows disagree with the CPU", what, bad, b->rows);
     fprintf(stderr,
             "  %-64s %d greedy, %d drawn (%d differ within %.0e of a boundary), %d none, "
-            "%d masked\n",
-            what, n_greedy, n_draw, n_differ, SAMPLE_U_TOL, n_none, n_masked);
+            "%d masked, %d biased\n",
+            what, n_greedy, n_draw, n_differ, SAMPLE_U_TOL, n_none, n_masked, n_biased);
     g_cpu->ops->free(g_cpu, mem);
     free(dist);
     free(masked);
@@ -435,8 +472,9 @@ static void sample_case(int rows, int V, int masked)
     free(again);
 }
 
-/* Recorded once, replayed with new logits, controls, penalty entries and
- * masks written into the same buffers: the op reads them when it runs. */
+/* Recorded once, replayed with new logits, controls, penalty and bias
+ * entries and masks written into the same buffers: the op reads them when
+ * it runs. */
 static void sample_graph(void)
 {
     enum { ROWS = 24, V = 1000, SLOT = 5 };
@@ -458,6 +496,9 @@ static void sample_graph(void)
             if (next.row[r].pen_start + next.row[r].n_pen > n)
                 next.row[r].n_pen = next.row[r].pen_start < n ? n - next.row[r].pen_start : 0;
         g_gpu->ops->upload(g_gpu, d.dev[2], next.row, ROWS * sizeof *next.row);
+        if (next.n_bias > 0)
+            g_gpu->ops->upload(g_gpu, d.dev[7], next.bias,
+                               (size_t)next.n_bias * sizeof *next.bias);
         if (n > 0) {
             g_gpu->ops->upload(g_gpu, d.dev[3], next.pen_id, (size_t)n * 4);
             g_gpu->ops->upload(g_gpu, d.dev[4], next.pen_count, (size_t)n * 4);
@@ -476,6 +517,102 @@ static void sample_graph(void)
     free(got);
 }
 
+/* OpenAI's logit_bias in practice, on both backends: +100 on the least
+ * likely token always yields it, -100 on the best never yields it, greedy
+ * and drawn (temperature only, and with top-k and top-p; u at 0, the
+ * middle and 1 - 2^-53), alone, with penalties (on the forced token too)
+ * and with a constraint mask (allowing both tokens); the GPU agrees with
+ * the CPU row by row. */
+enum { BIAS_CONFIGS = 3, BIAS_EXTRAS = 3, BIAS_US = 3 };
+#define BIAS_LOGIT_SIGMA 3.0f
+
+static void sample_bias_forces_and_bans(int V)
+{
+    static const double us[BIAS_US] = {0.0, 0.5, 1.0 - 0x1.0p-53};
+    const int rows = BIAS_CONFIGS * BIAS_EXTRAS * 2 * BIAS_US;
+    sample_batch b = {rows, V, 0, xmalloc((size_t)rows * V * 4),
+                      xmalloc((size_t)rows * sizeof(ml_sample_row)),
+                      xmalloc((size_t)rows * SAMPLE_MAX_PEN * 4),
+                      xmalloc((size_t)rows * SAMPLE_MAX_PEN * 4), NULL, (V + 63) / 64, 0,
+                      xmalloc((size_t)rows * SAMPLE_MAX_BIAS * sizeof(ml_logit_bias)), 0};
+    b.mask = xmalloc((size_t)rows * b.words * sizeof *b.mask);
+    memset(b.mask, 0, (size_t)rows * b.words * sizeof *b.mask);
+    int32_t *target = xmalloc((size_t)rows * sizeof *target);
+    int r = 0;
+    for (int config = 0; config < BIAS_CONFIGS; config++)
+        for (int extra = 0; extra < BIAS_EXTRAS; extra++) /* none, penalties, mask */
+            for (int banning = 0; banning < 2; banning++)
+                for (int k = 0; k < BIAS_US; k++, r++) {
+                    /* Logits of a realistic spread: +100 outweighs them
+                     * (with sigma 10 the lowest would lie 90 below the
+                     * best, and +100 would not force it in practice). */
+                    float *x = b.logits + (size_t)r * V;
+                    for (int i = 0; i < V; i++)
+                        x[i] = BIAS_LOGIT_SIGMA * gauss();
+                    int best = 0, low = 0;
+                    for (int i = 1; i < V; i++) {
+                        best = x[i] > x[best] ? i : best;
+                        low = x[i] < x[low] ? i : low;
+                    }
+                    ml_sample_row *row = &b.row[r];
+                    *row = (ml_sample_row){.u = us[k], .temperature = config ? 1.0f : 0.0f,
+                                           .top_p = config == 2 ? 0.9f : 1.0f,
+                                           .top_k = config == 2 ? 50 : 0,
+                                           .repetition_penalty = 1.0f, .logprobs = 1,
+                                           .pen_start = b.n_entries, .bias_start = b.n_bias,
+                                           .n_bias = 1};
+                    if (extra == 1) { /* they only lower logits: best stays the best */
+                        row->repetition_penalty = 1.3f;
+                        row->presence_penalty = 0.5f;
+                        row->frequency_penalty = 0.5f;
+                        const int32_t ids[] = {low, (best + 1) % V, (best + 2) % V};
+                        for (int j = 0; j < 3; j++) {
+                            int taken = ids[j] == best;
+                            for (int e = 0; e < row->n_pen; e++)
+                                taken |= b.pen_id[row->pen_start + e] == ids[j];
+                            if (taken)
+                                continue;
+                            b.pen_id[b.n_entries] = ids[j];
+                            b.pen_count[b.n_entries++] = 1;
+                            row->n_pen++;
+                        }
+                    }
+                    if (extra == 2) {
+                        uint64_t *m = b.mask + (size_t)b.n_masks * b.words;
+                        fill_mask(m, x, V, MASK_HALF);
+                        mask_set(m, best);
+                        mask_set(m, low);
+                        row->mask = (uint32_t)++b.n_masks;
+                    }
+                    target[r] = banning ? best : low;
+                    b.bias[b.n_bias++] = (ml_logit_bias){
+                        target[r], banning ? -ML_SAMPLE_MAX_ABS_BIAS : ML_SAMPLE_MAX_ABS_BIAS};
+                }
+    ml_sample_out *want = sample_cpu(&b);
+    ml_sample_out *got = xmalloc((size_t)rows * sizeof *got);
+    sample_dev d = sample_dev_make(&b);
+    char what[96];
+    snprintf(what, sizeof what, "sample, vocab %d: +100 forces, -100 bans", V);
+    g_gpu->ops->sample(g_gpu, &d.p);
+    dget(got, d.p.out, (size_t)rows * sizeof *got, what);
+    sample_compare(&b, got, want, what);
+    int bad = 0;
+    for (int i = 0; i < rows; i++) {
+        const int banned = b.bias[b.row[i].bias_start].value < 0.0f;
+        const int ok = banned ? got[i].chosen.id != target[i] && want[i].chosen.id != target[i]
+                              : got[i].chosen.id == target[i] && want[i].chosen.id == target[i];
+        if (!ok && bad++ < 8)
+            fprintf(stderr, "  row %d: %s %d, gpu %d, cpu %d\n", i, banned ? "banned" : "forced",
+                    (int)target[i], (int)got[i].chosen.id, (int)want[i].chosen.id);
+    }
+    check(bad == 0, "%s: %d of %d rows ignore the bias", what, bad, rows);
+    sample_dev_free(&d);
+    sample_batch_free(&b);
+    free(target);
+    free(want);
+    free(got);
+}
+
 static void test_sample(void)
 {
     /* A stream of its own: the tests after this one draw the same inputs
@@ -489,6 +626,8 @@ static void test_sample(void)
     sample_case(300, 1000, 1);
     sample_case(60, 3, 1);
     sample_graph();
+    sample_bias_forces_and_bans(128256);
+    sample_bias_forces_and_bans(1000);
     ml_test_rng = stream;
 
     /* Invalid shapes are latched and reported at synchronize. */

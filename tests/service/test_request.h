@@ -1,6 +1,7 @@
 /* Helpers shared by the parts of test_request (one executable):
- * test_request.c (fields, precedence, rejections, topics) and
- * test_request_schema.c (response_format json_schema). */
+ * test_request.c (fields, precedence, rejections, topics),
+ * test_request_schema.c (response_format json_schema) and
+ * test_request_bias.c (logit_bias). */
 #ifndef TEST_REQUEST_H
 #define TEST_REQUEST_H
 
@@ -29,5 +30,6 @@ char *wrap(const char *content, const char *extra);
 
 void test_json_schema(void);
 void test_json_schema_bound(void);
+void test_logit_bias(void);
 
 #endif

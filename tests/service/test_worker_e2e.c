@@ -10,6 +10,8 @@
  *   under its key in the default tenant's cache partition
  *   (<prefix>:img:<key>), never under the bare content digest.
  * - stream: false gives a single chat.completion record.
+ * - logit_bias: +100 on one token makes a sampled answer that token only;
+ *   an id without a logit (<|image|>) is invalid_request, naming it.
  * - A two-turn chat (an image and instructions, then the answer and another
  *   question) keyed by its conversation id: both
  *   records land on one partition, and the second turn's usage says the
@@ -268,6 +270,36 @@ static void test_not_streamed(void)
         check(cJSON_IsObject(doc), "json mode: stopped on '%s', not one JSON object", text);
         cJSON_Delete(doc);
     }
+    cJSON_Delete(j);
+    free(body);
+}
+
+/* The request's logit_bias reaches the sample op: +100 on "!" (Llama 3's
+ * id 0) outweighs the micro model's logits at every step of a sampled
+ * answer, and the parser refuses <|image|> with the worker's vocabulary. */
+static void test_logit_bias(void)
+{
+    char *body = pu_chat_request("e2e-bias", "Say something.", NULL,
+                                 "\"max_tokens\":5,\"stream\":false,\"temperature\":1,"
+                                 "\"seed\":11,\"logit_bias\":{\"0\":100}");
+    cJSON *j = ask("e2e-bias", body);
+    const char *reason = pu_finish_reason(j);
+    const char *text = pu_json_str(j, PU_PATH("choices", "0", "message", "content"));
+    check(text && !strcmp(text, "!!!!!") && reason && !strcmp(reason, "length"),
+          "logit_bias +100: content '%s', finish %s", text ? text : "(none)",
+          reason ? reason : "(none)");
+    cJSON_Delete(j);
+    free(body);
+
+    body = pu_chat_request("e2e-bias-image", "Say something.", NULL,
+                           "\"max_tokens\":5,\"logit_bias\":{\"128256\":-100}");
+    j = ask("e2e-bias-image", body);
+    const char *code = pu_error_code(j);
+    const char *message = pu_json_str(j, PU_PATH("error", "message"));
+    check(code && !strcmp(code, "invalid_request") && message &&
+              strstr(message, "logit_bias: token id 128256 is outside"),
+          "logit_bias on <|image|>: error %s, '%s'", code ? code : "(none)",
+          message ? message : "(none)");
     cJSON_Delete(j);
     free(body);
 }
@@ -705,6 +737,7 @@ int main(void)
     test_kcat_request();
     test_resident_image();
     test_not_streamed();
+    test_logit_bias();
     test_conversation();
     test_cancel();
     test_cancel_before_running();
