@@ -4,6 +4,7 @@
 #include <assert.h>
 #include <string.h>
 
+#include "engine.h" /* ml_hex_digit */
 #include "protocol/protocol.h"
 
 #define SURROGATE_HIGH_FIRST 0xd800
@@ -23,17 +24,6 @@ static const char *skip_ws(const char *p, const char *end)
     return p;
 }
 
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* The code unit of the \uXXXX escape at p, or -1. */
 static long utf16_escape(const char *p, const char *end)
 {
@@ -41,7 +31,7 @@ static long utf16_escape(const char *p, const char *end)
         return -1;
     long v = 0;
     for (int i = 2; i < UTF16_ESCAPE_LEN; i++) {
-        int d = hex_digit(p[i]);
+        int d = ml_hex_digit((unsigned char)p[i]);
         if (d < 0)
             return -1;
         v = v * 16 + d;

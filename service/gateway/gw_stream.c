@@ -58,6 +58,18 @@ static void put(out *o, const char *s, size_t n)
     o->b->data[o->b->len] = '\0';
 }
 
+/* A builder's result: 0, or -1 with the buffer emptied after a failed
+ * append (no half-written document is ever read). */
+static int out_end(out *o)
+{
+    if (!o->oom)
+        return 0;
+    o->b->len = 0;
+    if (o->b->data)
+        o->b->data[0] = '\0';
+    return -1;
+}
+
 #define PUT_LIT(o, lit) put((o), (lit), sizeof(lit) - 1)
 
 static void put_compact(out *o, gw_span v)
@@ -627,12 +639,7 @@ int gw_stream_completion(const gw_stream *s, svc_buf *b, int *http_status)
         put(&o, s->usage.data, s->usage.len);
     }
     PUT_LIT(&o, "}");
-    if (!o.oom)
-        return 0;
-    b->len = 0;
-    if (b->data)
-        b->data[0] = '\0';
-    return -1;
+    return out_end(&o);
 }
 
 /* ---- errors --------------------------------------------------------------------- */
@@ -688,10 +695,5 @@ int gw_error_body(svc_buf *b, const char *code, const char *message)
     out o = {b, false};
     b->len = 0;
     put_error_object(&o, code, message);
-    if (!o.oom)
-        return 0;
-    b->len = 0;
-    if (b->data)
-        b->data[0] = '\0';
-    return -1;
+    return out_end(&o);
 }

@@ -23,6 +23,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from checks import check, summary
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 ANSWER_TIMEOUT_S = 120   # one answer on the CPU micro model, on a loaded CI machine
@@ -31,18 +33,6 @@ MAX_TOKENS = 16
 LONG_MAX_TOKENS = 2000   # an answer long enough to be stopped midway
 WINDOW = (1100, 900)
 CANCELS = "mllama_gateway_cancels_total"
-
-n_checks = 0
-n_failures = 0
-
-
-def check(ok, what):
-    global n_checks, n_failures
-    n_checks += 1
-    if not ok:
-        n_failures += 1
-        print(f"FAIL: {what}", flush=True)
-    return ok
 
 
 def browser():
@@ -203,8 +193,7 @@ def main():
         check(not severe, f"no script errors: {severe}")
     finally:
         d.quit()
-    print(f"{n_checks} checks, {n_failures} failures")
-    return 1 if n_failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

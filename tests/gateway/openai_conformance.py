@@ -19,23 +19,13 @@ import sys
 
 import openai
 
+from checks import check, summary
+
 MAX_TOKENS = 12     # enough for several chunks, short on the CPU micro model
 SEED = 1234         # the same seed gives the same text streamed or not
 TIMEOUT_S = 120     # one request, on a loaded CI machine
 REQUEST_ID = re.compile(r"chatcmpl-[0-9a-f]{32}")
 WORKER_FIELDS = ("seq", "attempt", "timings")  # the worker's, never the client's
-
-n_checks = 0
-n_failures = 0
-
-
-def check(ok, what):
-    global n_checks, n_failures
-    n_checks += 1
-    if not ok:
-        n_failures += 1
-        print(f"FAIL: {what}", flush=True)
-    return ok
 
 
 def image_message(path, text):
@@ -251,8 +241,7 @@ def main():
     test_resume(base, args.api_key, *test_sse_framing(base, args.api_key, model, messages))
     test_http_surface(base, args.api_key)
     print(f"openai_conformance: model {model}, answer {text!r} ({finish})")
-    print(f"{n_checks} checks, {n_failures} failures")
-    return 1 if n_failures else 0
+    return summary()
 
 
 if __name__ == "__main__":
