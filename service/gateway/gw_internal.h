@@ -117,6 +117,10 @@ struct svc_gateway {
     int wake[2];                     /* the queue's pipe: read end in the loop */
     struct event *wake_ev;           /* owned */
     int exit_code;                   /* set when the loop stops for a fatal error */
+    /* the drain (SIGTERM, SIGINT): no new requests, running streams end */
+    bool draining;
+    long long drain_deadline_ms;     /* svc_now_ms past which what runs is ended */
+    bool drain_expired;              /* the grace passed: the rest were ended */
     /* requests */
     gw_req **table;                  /* owned buckets: id -> request */
     size_t table_mask;
@@ -128,6 +132,7 @@ struct svc_gateway {
     gw_conn **conns;                 /* owned buckets: bufferevent -> connection */
     size_t conns_mask;
     size_t n_conns;
+    size_t n_answering;              /* connections with a request dispatched, not closed */
     gw_metrics m;
 };
 

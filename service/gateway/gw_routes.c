@@ -18,6 +18,9 @@
 
 #define CHAT_PATH "/v1/chat/completions"
 #define MODELS_PATH "/v1/models"
+/* Retry-After of a request refused while draining: the load balancer has
+ * another instance by then (/readyz turned 503 when the drain began). */
+#define DRAIN_RETRY_AFTER_S 1
 static const char bearer[] = "Bearer ";
 
 /* ---- request parsing ---------------------------------------------------------------- */
@@ -130,6 +133,11 @@ static void chat(gw_conn *c)
     if (t < 0)
         return;
     gw_tenant *ten = &g->tenants[t];
+    if (g->draining) {
+        gw_send_error(c, "not_ready", "The gateway is shutting down: retry on another instance.",
+                      DRAIN_RETRY_AFTER_S);
+        return;
+    }
     double retry;
     if (!gw_bucket_take(&ten->bucket, svc_now_s(), &retry)) {
         gw_send_error(c, "rate_limit_exceeded", "Too many requests for this key's tenant.",
