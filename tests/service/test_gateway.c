@@ -20,6 +20,11 @@
  *   cancelled) and counts in mllama_gateway_cancels_total.
  * - Disconnect and vanish: nobody resumes within gateway.abandon_ms, the
  *   gateway cancels, the worker's cancelled count rises.
+ * - The drain's grace passing: SIGTERM with a long stream open and
+ *   drain.grace_ms shorter than it; the stream ends with a not_ready error
+ *   event then [DONE], its request is cancelled (the worker's cancelled
+ *   count rises), and the gateway exits 0 (the stream that ends within the
+ *   grace is test_gateway_faults.c's).
  * - The gateway and the worker stop on SIGTERM with exit code 0, and no
  *   sanitizer report in either log.
  * Skipped (77) without redis-server. */
@@ -39,8 +44,10 @@ static pu_stack st;
 static gwt_gateway gw;
 static char *image_part;
 
+/* drain.grace_ms is as short as ABANDON_MS, for the same reason: a long
+ * stream outlives it. */
 static const char *const gateway_sets[] = {"gateway.abandon_ms=300", "gateway.keepalive_s=1",
-                                           NULL};
+                                           "drain.grace_ms=300", NULL};
 _Static_assert(ABANDON_MS == 300, "gateway_sets spells ABANDON_MS");
 
 /* ---- helpers ---------------------------------------------------------------------- */
@@ -322,6 +329,33 @@ static void test_abandon(void)
     check(metric(gw.ops_port, "mllama_gateway_abandoned_total") == 1, "abandon counted");
 }
 
+/* SIGTERM with a long stream open: the grace passes, the stream ends with
+ * the gateway's error event, the worker is told to stop computing it. */
+static void test_drain_grace(void)
+{
+    int wport = pu_worker_http_port(&st.workers[0]);
+    const char *cancelled = "mllama_requests_total{outcome=\"cancelled\"}";
+    double before = metric(wport, cancelled);
+    gwt_response r;
+    char id[64];
+    int fd = long_stream(&r, id);
+    pu_signal(&gw.proc, SIGTERM);
+    check(gwt_read(fd, &r, NULL, CANCEL_MS), "the stream ends after the grace");
+    close(fd);
+    check(r.body && strstr(r.body, "\"code\":\"not_ready\"") &&
+              strstr(r.body, "shutting down") && strstr(r.body, "data: [DONE]\n\n"),
+          "an error event saying the gateway is shutting down, then [DONE]: %.300s",
+          r.body ? r.body + (r.body_len > 300 ? r.body_len - 300 : 0) : "");
+    check(pu_wait_exit(&gw.proc, PU_STOP_MS), "the gateway exits after the grace");
+    check(pu_exit_code(&gw.proc) == 0, "gateway exit code %d after the drain",
+          pu_exit_code(&gw.proc));
+    bool rose = false;
+    for (int64_t t0 = pu_now_ms(); !rose && pu_now_ms() - t0 < CANCEL_MS; pu_sleep_ms(50))
+        rose = metric(wport, cancelled) > before;
+    check(rose, "the worker's cancelled count rises: the drained request was cancelled");
+    gwt_response_free(&r);
+}
+
 int main(void)
 {
     pu_stack_start(&st, "gw", GWT_TOPICS);
@@ -343,9 +377,8 @@ int main(void)
     test_resume();
     test_cancel();
     test_abandon();
+    test_drain_grace();
     fprintf(stderr, "gateway tests: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
-    int code = pu_stop(&gw.proc, PU_STOP_MS);
-    check(code == 0, "gateway exit code %d after SIGTERM", code);
     pu_check_log_clean(gw.proc.log);
     pu_worker_drain(&st.workers[0]);
     free(stream_text);
