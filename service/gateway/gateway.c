@@ -230,7 +230,8 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
     }
     long long cutoff = svc_now_ms() - (long long)g->cfg.gateway.retain_s * 1000;
     while (g->ended_head && g->ended_head->ended_ms <= cutoff && !g->ended_head->deliveries)
-        request_free(g, g->ended_head);    if (g->draining)
+        request_free(g, g->ended_head);
+    if (g->draining)
         drain_step(g);
 }
 
