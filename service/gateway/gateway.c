@@ -587,6 +587,10 @@ svc_gateway *svc_gateway_create(const svc_config *cfg, const char *port_file, in
         svc_gateway_destroy(g);
         return NULL;
     }
+    if (gw_adapters_create(&g->cfg, &g->adapters, err, errlen)) {
+        svc_gateway_destroy(g);
+        return NULL;
+    }
     *code = SVC_GATEWAY_EXIT_KAFKA;
     if (gw_kafka_start(g, err, errlen)) {
         svc_gateway_destroy(g);
@@ -671,6 +675,7 @@ void svc_gateway_destroy(svc_gateway *g)
     if (g->sweep)
         event_free(g->sweep);
     gw_keys_free(g->keys);
+    gw_adapters_destroy(g->adapters);
     if (g->base)
         event_base_free(g->base);
     free(g->table);

@@ -33,6 +33,7 @@
 
 typedef struct gw_conn gw_conn;
 typedef struct gw_req gw_req;
+typedef struct gw_adapters gw_adapters;
 
 /* A tenant as the gateway serves it. */
 typedef struct gw_tenant {
@@ -108,6 +109,7 @@ struct svc_gateway {
     struct event *signals[4];        /* owned: TERM, INT, HUP, and the end marker */
     struct event *sweep;             /* owned: retention and producer polls */
     gw_keys *keys;                   /* owned; NULL without authentication */
+    gw_adapters *adapters;           /* owned: Redis's adapter names; NULL without Redis */
     gw_tenant *tenants;              /* owned, cfg.n_tenants */
     size_t n_tenants;
     /* Kafka */
@@ -173,6 +175,18 @@ int64_t gw_random_seed(void);
 int gw_kafka_start(svc_gateway *g, char *err, size_t errlen);
 /* Whether the reply topics are assigned and the producer is healthy. */
 bool gw_ready(const svc_gateway *g);
+
+/* ---- gw_adapters.c ------------------------------------------------------------- */
+
+/* Start listing the adapters stored in Redis (redis.url; "" = none: *out
+ * NULL) on a thread of their own, the first listing at once. Returns 0, or
+ * -1 with err (a bad redis.url). */
+int gw_adapters_create(const svc_config *c, gw_adapters **out, char *err, size_t errlen);
+/* Stop the thread (within one redis.call_timeout_ms) and free. NULL is a no-op. */
+void gw_adapters_destroy(gw_adapters *a);
+/* fn(ctx, name) for each name of the last listing, sorted, under the list's
+ * lock (fn must be quick and must not call back). NULL a: none. */
+void gw_adapters_each(gw_adapters *a, void (*fn)(void *ctx, const char *name), void *ctx);
 
 /* ---- gw_routes.c --------------------------------------------------------------- */
 
