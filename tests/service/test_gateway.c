@@ -12,7 +12,9 @@
  * - stream_options.include_usage: a last chunk with "choices": [] and usage.
  * - A request the worker refuses (max_tokens 0) is that error's status and
  *   OpenAI error object, before any SSE byte.
- * - GET /v1/models; unknown routes 404, wrong methods 405, JSON errors.
+ * - GET /v1/models: the base model, and the adapters stored in Redis
+ *   (published before the gateway starts: its first listing has them);
+ *   unknown routes 404, wrong methods 405, JSON errors.
  * - Resume: a client that drops a long stream after event 2 and comes back
  *   with Last-Event-ID: 2 gets events 3, 4, ... to [DONE]; without the
  *   header, from 0; the two readings agree; an unknown id is 404.
@@ -39,6 +41,8 @@
 #define CANCEL_MS 20000      /* a cancel reaching the worker and its final back */
 #define SEED "\"seed\":1234"
 #define ERR_BODY_MAX 4096
+/* An adapter stored in Redis: /v1/models lists it by its key alone. */
+#define REDIS_ADAPTER "redis-only-adapter"
 
 static pu_stack st;
 static gwt_gateway gw;
@@ -238,6 +242,12 @@ static void test_errors(void)
     const char *first = pu_json_str(j, PU_PATH("data", "0", "id"));
     check(r.status == 200 && first && !strcmp(first, "micro"), "models: %.200s",
           r.body ? r.body : "");
+    const char *adapter = pu_json_str(j, PU_PATH("data", "1", "id"));
+    const char *parent = pu_json_str(j, PU_PATH("data", "1", "parent"));
+    check(adapter && !strcmp(adapter, REDIS_ADAPTER) && parent && !strcmp(parent, "micro"),
+          "models lists the adapter stored in Redis: %.300s", r.body ? r.body : "");
+    check(!pu_json_str(j, PU_PATH("data", "2", "id")), "and nothing else: %.300s",
+          r.body ? r.body : "");
     cJSON_Delete(j);
     gwt_response_free(&r);
 }
@@ -367,6 +377,9 @@ int main(void)
     if (!pu_worker_start(&st.workers[0], &st.env, "w1", NULL) ||
         !pu_wait_assigned(&st.workers[0], PU_START_MS))
         pu_die("worker start");
+    redisReply *put = pu_redis_cmd(&st.redis, "HSET mllama:adapter:" REDIS_ADAPTER " sha256 x");
+    check(put && put->type == REDIS_REPLY_INTEGER, "an adapter key in Redis");
+    freeReplyObject(put);
     if (!gwt_start(&gw, &st.env, "gateway", gateway_sets))
         pu_die("gateway start");
     int64_t t0 = pu_now_ms();
