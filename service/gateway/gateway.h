@@ -7,6 +7,8 @@
  * One thread runs everything: a libevent loop holding the public listener
  * (gateway.listen), the probe listener (http.listen: /healthz, /readyz,
  * /metrics), librdkafka's reply queue (woken through a pipe) and the timers.
+ * (With redis.url, a second thread lists the adapters stored in Redis for
+ * /v1/models; the loop never waits on Redis.)
  * SIGTERM and SIGINT drain it (/readyz and new requests 503, the running
  * streams end within drain.grace_ms, then it stops; a second signal stops
  * it at once), SIGHUP reloads gateway.api_keys_file.

@@ -1,7 +1,9 @@
 /* What the gateway's files share: the gateway, its requests (one stream
  * each) and its client connections. gateway.c owns the lifecycle, the
  * request table and the metrics; gw_kafka.c the reply reader; gw_http.c the
- * listeners, the connections and the routes. Everything runs on the loop's thread: no locks.
+ * listeners, the connections and the routes; gw_adapters.c the Redis adapter
+ * names, listed on a thread of its own that shares only that list (under its
+ * lock). Everything else runs on the loop's thread: no locks.
  * @locality: the gateway's thread. */
 #ifndef GW_INTERNAL_H
 #define GW_INTERNAL_H

@@ -1160,9 +1160,12 @@ def check_k8s_gateway(c, files, gateway, prod, own):
                                             'configMapGenerator') or []}
     c.check(dig(volumes, mounts.get('/etc/mllama'), 'configMap', 'name') in generated, rel,
             'the gateway reads the generated config at /etc/mllama, as the workers')
-    # The gateway does not use Redis: no credentials, no route to it.
-    c.check('MLLAMA_REDIS_URL' not in env and 'mllama.io/redis-role' not in pod_labels, rel,
-            'the gateway gets no Redis URL and no Redis role label')
+    # The gateway reads adapter names from Redis (/v1/models) as a frontend:
+    # that role's credentials and label, never the worker's.
+    url_secret = dig(env.get('MLLAMA_REDIS_URL') or {}, 'secretKeyRef', 'name')
+    c.check(url_secret == 'mllama-redis-frontend' and pod_labels.get('mllama.io/redis-role') == 'frontend',
+            rel, 'the gateway gets the frontend Redis role: its URL from Secret mllama-redis-frontend '
+                 'and the label mllama.io/redis-role: frontend')
     images = {i.get('name'): i for i in dig((files.get('ops/k8s/kustomization.yaml') or [None])[0],
                                             'images') or []}
     c.check(container.get('image') in images and
