@@ -5,7 +5,7 @@
  * gateway's own model.adapters_dir is usually empty (the gateway pod mounts
  * none). Redis calls block, and the loop must not: a thread of its own lists
  * the names (svc_redis_adapter_names, bounded by redis.call_timeout_ms)
- * every ADAPTERS_REFRESH_MS and hands the list over under a lock; the loop
+ * every gateway.adapters_refresh_s and hands the list over under a lock; the loop
  * only copies the last list. A failure keeps the last list and is logged
  * once, until a listing succeeds again.
  * @locality: the refresh thread, and the gateway's thread through
@@ -20,9 +20,6 @@
 #include "log.h"
 #include "redis/redis.h"
 
-/* How often the list is taken again: an adapter published shows in
- * /v1/models within this (the worker looks a name's digest up as often). */
-#define ADAPTERS_REFRESH_MS 10000
 /* Names listed at most: /v1/models stays one small answer. */
 #define ADAPTERS_MAX 4096
 
@@ -31,6 +28,7 @@ struct gw_adapters {
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t wake; /* stop */
+    int refresh_s;       /* gateway.adapters_refresh_s */
     bool stop;
     char **names; /* owned, sorted: the last list */
     size_t n_names;
@@ -72,10 +70,7 @@ static void *refresh_main(void *arg)
         refresh(a, &failing);
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += ADAPTERS_REFRESH_MS / 1000;
-        until.tv_nsec += (long)(ADAPTERS_REFRESH_MS % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L)
-            until.tv_sec++, until.tv_nsec -= 1000000000L;
+        until.tv_sec += a->refresh_s;
         pthread_mutex_lock(&a->lock);
         while (!a->stop && pthread_cond_timedwait(&a->wake, &a->lock, &until) != ETIMEDOUT)
             ;
@@ -105,6 +100,7 @@ int gw_adapters_create(const svc_config *c, gw_adapters **out, char *err, size_t
         free(a);
         return -1;
     }
+    a->refresh_s = c->gateway.adapters_refresh_s;
     pthread_mutex_init(&a->lock, NULL);
     pthread_cond_init(&a->wake, NULL);
     if (pthread_create(&a->thread, NULL, refresh_main, a)) {

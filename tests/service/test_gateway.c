@@ -14,7 +14,8 @@
  *   OpenAI error object, before any SSE byte.
  * - GET /v1/models: the base model, and the adapters stored in Redis
  *   (published before the gateway starts: its first listing has them);
- *   unknown routes 404, wrong methods 405, JSON errors.
+ *   unknown routes 404, wrong methods 405, JSON errors. Redis killed: the
+ *   failed listing is logged once, /v1/models still lists the adapter.
  * - Resume: a client that drops a long stream after event 2 and comes back
  *   with Last-Event-ID: 2 gets events 3, 4, ... to [DONE]; without the
  *   header, from 0; the two readings agree; an unknown id is 404.
@@ -51,8 +52,12 @@ static char *image_part;
 /* drain.grace_ms is as short as ABANDON_MS, for the same reason: a long
  * stream outlives it. */
 static const char *const gateway_sets[] = {"gateway.abandon_ms=300", "gateway.keepalive_s=1",
-                                           "drain.grace_ms=300", NULL};
+                                           "drain.grace_ms=300", "gateway.adapters_refresh_s=1",
+                                           NULL};
 _Static_assert(ABANDON_MS == 300, "gateway_sets spells ABANDON_MS");
+#define REFRESH_MS 1000 /* gateway.adapters_refresh_s of gateway_sets */
+_Static_assert(REFRESH_MS == 1000, "gateway_sets spells REFRESH_MS");
+#define STALE_LISTINGS 3 /* failed listings watched for a second log line */
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
@@ -339,6 +344,23 @@ static void test_abandon(void)
     check(metric(gw.ops_port, "mllama_gateway_abandoned_total") == 1, "abandon counted");
 }
 
+/* Redis gone: the gateway keeps its last list of Redis's adapters and says
+ * so once, however many listings fail. */
+static void test_models_redis_down(void)
+{
+    pu_kill(&st.redis.proc);
+    check(pu_wait_log(&gw.proc, "gateway_adapters_stale", 1, CALL_MS),
+          "a failed listing is logged");
+    pu_sleep_ms(STALE_LISTINGS * REFRESH_MS);
+    check(pu_file_count(gw.proc.log, "gateway_adapters_stale") == 1, "logged once: %d",
+          pu_file_count(gw.proc.log, "gateway_adapters_stale"));
+    gwt_response r;
+    check(gwt_call(gw.port, "GET", "/v1/models", NULL, NULL, &r, CALL_MS) && r.status == 200 &&
+              r.body && strstr(r.body, "\"" REDIS_ADAPTER "\""),
+          "/v1/models keeps the last list: %d %.300s", r.status, r.body ? r.body : "");
+    gwt_response_free(&r);
+}
+
 /* SIGTERM with a long stream open: the grace passes, the stream ends with
  * the gateway's error event, the worker is told to stop computing it. */
 static void test_drain_grace(void)
@@ -390,6 +412,7 @@ int main(void)
     test_resume();
     test_cancel();
     test_abandon();
+    test_models_redis_down();
     test_drain_grace();
     fprintf(stderr, "gateway tests: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
     pu_check_log_clean(gw.proc.log);
