@@ -130,6 +130,7 @@ static const field fields[] = {
     LONG("gateway", "write_buffer_bytes", gateway.write_buffer_bytes, 4096, 1L << 30),
     BOOL("gateway", "create_reply_topics", gateway.create_reply_topics),
     INT("gateway", "reply_partitions", gateway.reply_partitions, 1, 1024),
+    INT("gateway", "adapters_refresh_s", gateway.adapters_refresh_s, 1, 3600),
 };
 #define N_FIELDS (sizeof fields / sizeof fields[0])
 

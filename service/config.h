@@ -135,6 +135,7 @@ typedef struct svc_config {
         long write_buffer_bytes;         /* a connection's unsent bytes before writes pause */
         int create_reply_topics;         /* create missing reply topics at start */
         int reply_partitions;            /* their partitions when created */
+        int adapters_refresh_s;          /* how often /v1/models's Redis adapters are listed */
     } gateway;
     /* The tenants, at least one after load: the file's "tenants" array, or
      * the implicit tenant "default" on kafka.request_topic,

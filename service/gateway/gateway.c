@@ -28,6 +28,10 @@
  * deadline (deadline_exceeded); this covers a request no worker answers. */
 #define DEADLINE_GRACE_MS 5000
 #define FLUSH_MS 5000
+/* After drain.grace_ms the streams still running are ended with an error
+ * event; their readers get this long to receive it before the gateway
+ * stops. */
+#define DRAIN_WRITE_MS 1000
 #define SEED_BITS 53
 
 /* ---- the id table ------------------------------------------------------------- */
@@ -170,7 +174,48 @@ void gw_request_readers_changed(svc_gateway *g, gw_req *r)
     event_add(r->abandon, &tv);
 }
 
-/* Delivery reports, and what has outlived gateway.retain_s. */
+/* ---- the drain ------------------------------------------------------------------ */
+
+/* SIGTERM or SIGINT: /readyz and new chat requests answer 503 from now on;
+ * the streams running, their resumes and cancels go on. */
+static void drain_start(svc_gateway *g, int sig)
+{
+    g->draining = true;
+    g->drain_deadline_ms = svc_now_ms() + g->cfg.drain.grace_ms;
+    svc_log(SVC_LOG_INFO, "drain_started", "signal %d: %zu streams running, grace %d ms", sig,
+            g->n_running, g->cfg.drain.grace_ms);
+}
+
+/* The grace passed: the streams still running end with an error event, and
+ * their requests are cancelled so that no worker computes answers nobody
+ * will read. */
+static void drain_expire(svc_gateway *g)
+{
+    g->drain_expired = true;
+    svc_log(SVC_LOG_WARN, "drain_grace_expired", "ending %zu streams", g->n_running);
+    while (g->running_head) {
+        gw_req *r = g->running_head; /* failing it moves it to the ended FIFO */
+        gw_request_cancel(g, r);
+        gw_request_fail(g, r, "not_ready", "the gateway is shutting down");
+    }
+}
+
+/* Called every sweep while draining: stop the loop once no stream runs and
+ * every answer is written (or its writing has had DRAIN_WRITE_MS past the
+ * grace); the producer is flushed on the way out (svc_gateway_destroy). */
+static void drain_step(svc_gateway *g)
+{
+    long long now = svc_now_ms();
+    if (!g->drain_expired && now >= g->drain_deadline_ms)
+        drain_expire(g);
+    bool written = !g->n_answering || now >= g->drain_deadline_ms + DRAIN_WRITE_MS;
+    if (!g->n_running && written) {
+        svc_log(SVC_LOG_INFO, "drain_done", "%zu answers unfinished, exiting", g->n_answering);
+        event_base_loopbreak(g->base);
+    }
+}
+
+/* Delivery reports, what has outlived gateway.retain_s, and the drain. */
 static void on_sweep(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
@@ -186,6 +231,8 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
     long long cutoff = svc_now_ms() - (long long)g->cfg.gateway.retain_s * 1000;
     while (g->ended_head && g->ended_head->ended_ms <= cutoff && !g->ended_head->deliveries)
         request_free(g, g->ended_head);
+    if (g->draining)
+        drain_step(g);
 }
 
 /* ---- Kafka: producing ---------------------------------------------------------- */
@@ -416,7 +463,12 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
             svc_log(SVC_LOG_ERROR, "gateway_keys_rejected", "%s (the previous keys stay)", err);
         return;
     }
-    svc_log(SVC_LOG_INFO, "gateway_stopping", "signal %d", (int)sig);
+    if (!g->draining) {
+        drain_start(g, (int)sig);
+        return;
+    }
+    svc_log(SVC_LOG_INFO, "gateway_stopping", "signal %d during the drain: stopping now",
+            (int)sig);
     event_base_loopbreak(g->base);
 }
 
@@ -535,6 +587,10 @@ svc_gateway *svc_gateway_create(const svc_config *cfg, const char *port_file, in
         svc_gateway_destroy(g);
         return NULL;
     }
+    if (gw_adapters_create(&g->cfg, &g->adapters, err, errlen)) {
+        svc_gateway_destroy(g);
+        return NULL;
+    }
     *code = SVC_GATEWAY_EXIT_KAFKA;
     if (gw_kafka_start(g, err, errlen)) {
         svc_gateway_destroy(g);
@@ -619,6 +675,7 @@ void svc_gateway_destroy(svc_gateway *g)
     if (g->sweep)
         event_free(g->sweep);
     gw_keys_free(g->keys);
+    gw_adapters_destroy(g->adapters);
     if (g->base)
         event_base_free(g->base);
     free(g->table);

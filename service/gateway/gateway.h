@@ -7,7 +7,11 @@
  * One thread runs everything: a libevent loop holding the public listener
  * (gateway.listen), the probe listener (http.listen: /healthz, /readyz,
  * /metrics), librdkafka's reply queue (woken through a pipe) and the timers.
- * SIGTERM and SIGINT stop it, SIGHUP reloads gateway.api_keys_file.
+ * (With redis.url, a second thread lists the adapters stored in Redis for
+ * /v1/models; the loop never waits on Redis.)
+ * SIGTERM and SIGINT drain it (/readyz and new requests 503, the running
+ * streams end within drain.grace_ms, then it stops; a second signal stops
+ * it at once), SIGHUP reloads gateway.api_keys_file.
  * @locality: the main thread, which becomes the loop's. */
 #ifndef SVC_GATEWAY_H
 #define SVC_GATEWAY_H
@@ -29,8 +33,8 @@ typedef struct svc_gateway svc_gateway;
 svc_gateway *svc_gateway_create(const svc_config *cfg, const char *port_file, int *code,
                                 char *err, size_t errlen);
 
-/* Serve until SIGTERM or SIGINT (or a fatal Kafka error). Returns the exit
- * code: 0 after a stop. */
+/* Serve until a drain ends (SIGTERM or SIGINT), a second signal or a fatal
+ * Kafka error. Returns the exit code: 0 after a signal. */
 int svc_gateway_run(svc_gateway *g);
 
 /* Close every connection, flush the producer, free. NULL is a no-op. */

@@ -131,6 +131,8 @@ static void conn_free(gw_conn *c)
         at = &(*at)->hnext;
     *at = c->hnext;
     g->n_conns--;
+    if (c->dispatched)
+        g->n_answering--;
     event_free(c->deadline);
     event_free(c->keepalive);
     bufferevent_decref(c->bev);
@@ -398,6 +400,8 @@ static void on_request(struct evhttp_request *req, void *arg)
         evhttp_send_error(req, 503, "Service Unavailable");
         return;
     }
+    if (!c->dispatched)
+        g->n_answering++;
     c->dispatched = true;
     event_del(c->deadline);
     if (!c->evcon) {
@@ -439,9 +443,11 @@ static void on_ops(struct evhttp_request *req, void *arg)
         status = ok ? 200 : 503;
         evbuffer_add_printf(buf, "%s\n", ok ? "ok" : "kafka producer fatal");
     } else if (len == 7 && !strncmp(uri, "/readyz", len)) {
-        bool ok = gw_ready(g);
-        status = ok ? 200 : 503;
-        evbuffer_add_printf(buf, "%s\n", ok ? "ready" : "not ready");
+        /* Draining answers 503 at once, so load balancers stop sending
+         * while the open streams run to their end. */
+        const char *why = g->draining ? "draining" : gw_ready(g) ? NULL : "not ready";
+        status = why ? 503 : 200;
+        evbuffer_add_printf(buf, "%s\n", why ? why : "ready");
     } else {
         status = 404;
         evbuffer_add_printf(buf, "not found\n");

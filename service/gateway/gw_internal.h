@@ -1,7 +1,9 @@
 /* What the gateway's files share: the gateway, its requests (one stream
  * each) and its client connections. gateway.c owns the lifecycle, the
  * request table and the metrics; gw_kafka.c the reply reader; gw_http.c the
- * listeners, the connections and the routes. Everything runs on the loop's thread: no locks.
+ * listeners, the connections and the routes; gw_adapters.c the Redis adapter
+ * names, listed on a thread of its own that shares only that list (under its
+ * lock). Everything else runs on the loop's thread: no locks.
  * @locality: the gateway's thread. */
 #ifndef GW_INTERNAL_H
 #define GW_INTERNAL_H
@@ -33,6 +35,7 @@
 
 typedef struct gw_conn gw_conn;
 typedef struct gw_req gw_req;
+typedef struct gw_adapters gw_adapters;
 
 /* A tenant as the gateway serves it. */
 typedef struct gw_tenant {
@@ -108,6 +111,7 @@ struct svc_gateway {
     struct event *signals[4];        /* owned: TERM, INT, HUP, and the end marker */
     struct event *sweep;             /* owned: retention and producer polls */
     gw_keys *keys;                   /* owned; NULL without authentication */
+    gw_adapters *adapters;           /* owned: Redis's adapter names; NULL without Redis */
     gw_tenant *tenants;              /* owned, cfg.n_tenants */
     size_t n_tenants;
     /* Kafka */
@@ -117,6 +121,10 @@ struct svc_gateway {
     int wake[2];                     /* the queue's pipe: read end in the loop */
     struct event *wake_ev;           /* owned */
     int exit_code;                   /* set when the loop stops for a fatal error */
+    /* the drain (SIGTERM, SIGINT): no new requests, running streams end */
+    bool draining;
+    long long drain_deadline_ms;     /* svc_now_ms past which what runs is ended */
+    bool drain_expired;              /* the grace passed: the rest were ended */
     /* requests */
     gw_req **table;                  /* owned buckets: id -> request */
     size_t table_mask;
@@ -128,6 +136,7 @@ struct svc_gateway {
     gw_conn **conns;                 /* owned buckets: bufferevent -> connection */
     size_t conns_mask;
     size_t n_conns;
+    size_t n_answering;              /* connections with a request dispatched, not closed */
     gw_metrics m;
 };
 
@@ -168,6 +177,18 @@ int64_t gw_random_seed(void);
 int gw_kafka_start(svc_gateway *g, char *err, size_t errlen);
 /* Whether the reply topics are assigned and the producer is healthy. */
 bool gw_ready(const svc_gateway *g);
+
+/* ---- gw_adapters.c ------------------------------------------------------------- */
+
+/* Start listing the adapters stored in Redis (redis.url; "" = none: *out
+ * NULL) on a thread of their own, the first listing at once. Returns 0, or
+ * -1 with err (a bad redis.url). */
+int gw_adapters_create(const svc_config *c, gw_adapters **out, char *err, size_t errlen);
+/* Stop the thread (within one redis.call_timeout_ms) and free. NULL is a no-op. */
+void gw_adapters_destroy(gw_adapters *a);
+/* fn(ctx, name) for each name of the last listing, sorted, under the list's
+ * lock (fn must be quick and must not call back). NULL a: none. */
+void gw_adapters_each(gw_adapters *a, void (*fn)(void *ctx, const char *name), void *ctx);
 
 /* ---- gw_routes.c --------------------------------------------------------------- */
 

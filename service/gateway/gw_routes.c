@@ -18,6 +18,9 @@
 
 #define CHAT_PATH "/v1/chat/completions"
 #define MODELS_PATH "/v1/models"
+/* Retry-After of a request refused while draining: the load balancer has
+ * another instance by then (/readyz turned 503 when the drain began). */
+#define DRAIN_RETRY_AFTER_S 1
 static const char bearer[] = "Bearer ";
 
 /* ---- request parsing ---------------------------------------------------------------- */
@@ -130,6 +133,11 @@ static void chat(gw_conn *c)
     if (t < 0)
         return;
     gw_tenant *ten = &g->tenants[t];
+    if (g->draining) {
+        gw_send_error(c, "not_ready", "The gateway is shutting down: retry on another instance.",
+                      DRAIN_RETRY_AFTER_S);
+        return;
+    }
     double retry;
     if (!gw_bucket_take(&ten->bucket, svc_now_s(), &retry)) {
         gw_send_error(c, "rate_limit_exceeded", "Too many requests for this key's tenant.",
@@ -245,8 +253,25 @@ static cJSON *model_entry(const char *id, const char *parent)
     return m;
 }
 
-/* The base model, then every adapter directory under model.adapters_dir
- * (what the workers of this deployment load by name). */
+/* What add_listed adds to. */
+typedef struct model_list {
+    cJSON *data;
+    const char *base;
+} model_list;
+
+/* An adapter of the Redis listing, unless the directory listed it already. */
+static void add_listed(void *ctx, const char *name)
+{
+    model_list *l = ctx;
+    for (const cJSON *m = l->data->child; m; m = m->next)
+        if (!strcmp(cJSON_GetObjectItem(m, "id")->valuestring, name))
+            return;
+    cJSON_AddItemToArray(l->data, model_entry(name, l->base));
+}
+
+/* The base model, then the adapters the workers of this deployment load by
+ * name: every directory under model.adapters_dir, and every adapter stored
+ * in Redis (the last listing of gw_adapters.c: this never waits on Redis). */
 static void models(gw_conn *c)
 {
     svc_gateway *g = c->g;
@@ -262,6 +287,8 @@ static void models(gw_conn *c)
             cJSON_AddItemToArray(data, model_entry(e->d_name, g->model));
     if (d)
         closedir(d);
+    model_list l = {data, g->model};
+    gw_adapters_each(g->adapters, add_listed, &l);
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (text)

@@ -239,6 +239,16 @@ svc_redis_status svc_redis_adapter_put(svc_redis *r, const char *name, const voi
 /* Free the two files and zero *a. */
 void svc_redis_adapter_deinit(svc_redis_adapter *a);
 
+/* The names of the adapters stored (<p>:adapter:<name>, valid adapter names
+ * only), at most max_names, sorted, without duplicates: SCAN ... MATCH in
+ * one call, bounded as a whole by call_timeout_ms. OK with *names
+ * (owned by the caller: svc_redis_names_free) and *n; any other status
+ * leaves them NULL and 0. Needs +scan (ops/redis/users.acl: the frontend
+ * role has it for the gateway's /v1/models). */
+svc_redis_status svc_redis_adapter_names(svc_redis *r, size_t max_names, char ***names,
+                                         size_t *n);
+void svc_redis_names_free(char **names, size_t n);
+
 /* Count one more attempt at the record topic/partition/offset and return
  * the count in *attempt (1 the first time). The key is deleted when the
  * record is finished (svc_redis_attempt_clear) and expires

@@ -248,6 +248,98 @@ svc_redis_status svc_redis_adapter_put(svc_redis *r, const char *name, const voi
     return svc_redis_call_end(r, st);
 }
 
+/* Keys SCAN looks at per round trip: the adapters are few next to the
+ * image keys around them, so a round trip should cover many keys. */
+#define SCAN_COUNT "1000"
+
+static int compare_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+void svc_redis_names_free(char **names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+/* One SCAN reply's adapter names appended to names (capacity max_names). */
+static svc_redis_status scan_names(const svc_redis *r, const redisReply *keys, char **names,
+                                   size_t *n, size_t max_names)
+{
+    size_t skip = strlen(r->prefix) + sizeof ":adapter:" - 1;
+    for (size_t i = 0; i < keys->elements && *n < max_names; i++) {
+        const redisReply *k = keys->element[i];
+        if (k->type != REDIS_REPLY_STRING)
+            return SVC_REDIS_ERR_REPLY;
+        if (k->len <= skip || !svc_valid_adapter_name(k->str + skip, k->len - skip))
+            continue; /* not a name a request could ask for */
+        if (!(names[*n] = strndup(k->str + skip, k->len - skip)))
+            return SVC_REDIS_ERR_NOMEM;
+        (*n)++;
+    }
+    return SVC_REDIS_OK;
+}
+
+svc_redis_status svc_redis_adapter_names(svc_redis *r, size_t max_names, char ***names,
+                                         size_t *n)
+{
+    *names = NULL;
+    *n = 0;
+    char **out = calloc(max_names ? max_names : 1, sizeof *out);
+    if (!out)
+        return SVC_REDIS_ERR_NOMEM;
+    svc_redis_status st = svc_redis_call_begin(r);
+    if (st != SVC_REDIS_OK) {
+        free(out);
+        return st;
+    }
+    char pattern[KEY_MAX], cursor[NUM_MAX] = "0";
+    snprintf(pattern, sizeof pattern, "%s:adapter:*", r->prefix);
+    size_t got = 0;
+    do {
+        svc_redis_cmd c = {0};
+        svc_redis_arg_str(&c, "SCAN");
+        svc_redis_arg_str(&c, cursor);
+        svc_redis_arg_str(&c, "MATCH");
+        svc_redis_arg_str(&c, pattern);
+        svc_redis_arg_str(&c, "COUNT");
+        svc_redis_arg_str(&c, SCAN_COUNT);
+        redisReply *rep = NULL;
+        st = svc_redis_append(r, &c);
+        if (st == SVC_REDIS_OK)
+            st = svc_redis_next_reply(r, &rep);
+        if (st == SVC_REDIS_OK &&
+            (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+             rep->element[0]->type != REDIS_REPLY_STRING || rep->element[0]->len >= NUM_MAX ||
+             rep->element[1]->type != REDIS_REPLY_ARRAY))
+            st = SVC_REDIS_ERR_REPLY;
+        if (st == SVC_REDIS_OK) {
+            memcpy(cursor, rep->element[0]->str, rep->element[0]->len + 1);
+            st = scan_names(r, rep->element[1], out, &got, max_names);
+        }
+        freeReplyObject(rep);
+    } while (st == SVC_REDIS_OK && strcmp(cursor, "0") && got < max_names);
+    st = svc_redis_call_end(r, st);
+    if (st != SVC_REDIS_OK) {
+        svc_redis_names_free(out, got);
+        return st;
+    }
+    /* SCAN may return a key more than once. */
+    qsort(out, got, sizeof *out, compare_names);
+    size_t k = 0;
+    for (size_t i = 0; i < got; i++) {
+        if (k && !strcmp(out[k - 1], out[i]))
+            free(out[i]);
+        else
+            out[k++] = out[i];
+    }
+    *names = out;
+    *n = k;
+    return SVC_REDIS_OK;
+}
+
 /* ---- Attempts ----------------------------------------------------------- */
 
 /* INCR s->key, then EXPIRE it ttl_s from now; the count into *attempt (0

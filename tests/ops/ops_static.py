@@ -863,6 +863,11 @@ def check_compose_gateway(c, compose, local, prod):
     for port in (listen_port(listen), listen_port(http_listen)):
         c.check(any(p.startswith('127.0.0.1:') and p.endswith(f':{port}') for p in published), where,
                 f'gateway: container port {port} published on 127.0.0.1')
+    grace = duration_s(gateway.get('stop_grace_period'))
+    drain_s = dig(local, 'drain', 'grace_ms') / 1000 if dig(local, 'drain', 'grace_ms') else None
+    c.check(grace is not None and drain_s is not None and grace > drain_s, where,
+            f'gateway stop_grace_period ({gateway.get("stop_grace_period")}) must exceed '
+            f'drain.grace_ms of config/local.json ({drain_s} s): SIGTERM drains it')
     health = dig(gateway, 'healthcheck', 'test') or []
     c.check(health[:2] == ['CMD', 'mllama'] and f':{listen_port(http_listen)}/readyz' in ' '.join(health),
             where, 'gateway: healthcheck probes /readyz on http.listen')
@@ -1138,10 +1143,13 @@ def check_k8s_gateway(c, files, gateway, prod, own):
             f'write_buffer_bytes ({bound} bytes)')
     prestop = dig(container, 'lifecycle', 'preStop', 'exec', 'command') or []
     prestop_s = int(prestop[1]) if len(prestop) == 2 and prestop[0] == 'sleep' else 0
-    # SIGTERM stops the gateway at once; the preStop sleep is the time its
-    # streams get to finish, so it must be there, and within the grace.
-    c.check(prestop_s > 0 and pod.get('terminationGracePeriodSeconds', 30) > prestop_s, rel,
-            'a preStop sleep, shorter than terminationGracePeriodSeconds')
+    # SIGTERM drains the gateway as it drains a worker: its open streams get
+    # drain.grace_ms to end, after any preStop sleep, before the SIGKILL.
+    grace = pod.get('terminationGracePeriodSeconds', 30)
+    drain_s = prod['drain']['grace_ms'] / 1000
+    c.check(grace > drain_s + prestop_s, rel,
+            f'terminationGracePeriodSeconds {grace} must exceed preStop {prestop_s} s + '
+            f'drain.grace_ms {drain_s:g} s (config/production.example.json)')
     mounts = {m.get('mountPath'): m.get('name') for m in container.get('volumeMounts') or []}
     volumes = {v.get('name'): v for v in pod.get('volumes') or []}
     keys_file = env.get('MLLAMA_GATEWAY_API_KEYS_FILE')
@@ -1152,9 +1160,12 @@ def check_k8s_gateway(c, files, gateway, prod, own):
                                             'configMapGenerator') or []}
     c.check(dig(volumes, mounts.get('/etc/mllama'), 'configMap', 'name') in generated, rel,
             'the gateway reads the generated config at /etc/mllama, as the workers')
-    # The gateway does not use Redis: no credentials, no route to it.
-    c.check('MLLAMA_REDIS_URL' not in env and 'mllama.io/redis-role' not in pod_labels, rel,
-            'the gateway gets no Redis URL and no Redis role label')
+    # The gateway reads adapter names from Redis (/v1/models) as a frontend:
+    # that role's credentials and label, never the worker's.
+    url_secret = dig(env.get('MLLAMA_REDIS_URL') or {}, 'secretKeyRef', 'name')
+    c.check(url_secret == 'mllama-redis-frontend' and pod_labels.get('mllama.io/redis-role') == 'frontend',
+            rel, 'the gateway gets the frontend Redis role: its URL from Secret mllama-redis-frontend '
+                 'and the label mllama.io/redis-role: frontend')
     images = {i.get('name'): i for i in dig((files.get('ops/k8s/kustomization.yaml') or [None])[0],
                                             'images') or []}
     c.check(container.get('image') in images and

@@ -25,6 +25,7 @@ bool gwt_start(gwt_gateway *g, const pu_worker_env *env, const char *name,
     int n = 0;
     snprintf(sets[n++], sizeof sets[0], "kafka.brokers=%s", env->brokers);
     snprintf(sets[n++], sizeof sets[0], "model.dir=%s", env->model_dir);
+    snprintf(sets[n++], sizeof sets[0], "redis.url=%s", env->redis_url);
     for (size_t i = 0; i < sizeof gwt_defaults / sizeof gwt_defaults[0]; i++)
         snprintf(sets[n++], sizeof sets[0], "%s", gwt_defaults[i]);
     for (size_t i = 0; extra && extra[i] && n < GWT_SETS_MAX; i++)

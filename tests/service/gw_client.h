@@ -24,8 +24,8 @@ typedef struct gwt_gateway {
     int port, ops_port;
 } gwt_gateway;
 
-/* Start `mllama gateway` named `name` (log <dir>/<name>.log) over env with
- * the test defaults, then `extra` (--set overrides, NULL-terminated, may be
+/* Start `mllama gateway` named `name` (log <dir>/<name>.log) over env (its
+ * Kafka, its Redis for the adapter names) with the test defaults, then `extra` (--set overrides, NULL-terminated, may be
  * NULL). Waits for its port file. */
 bool gwt_start(gwt_gateway *g, const pu_worker_env *env, const char *name,
                const char *const *extra);

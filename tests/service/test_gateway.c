@@ -12,7 +12,10 @@
  * - stream_options.include_usage: a last chunk with "choices": [] and usage.
  * - A request the worker refuses (max_tokens 0) is that error's status and
  *   OpenAI error object, before any SSE byte.
- * - GET /v1/models; unknown routes 404, wrong methods 405, JSON errors.
+ * - GET /v1/models: the base model, and the adapters stored in Redis
+ *   (published before the gateway starts: its first listing has them);
+ *   unknown routes 404, wrong methods 405, JSON errors. Redis killed: the
+ *   failed listing is logged once, /v1/models still lists the adapter.
  * - Resume: a client that drops a long stream after event 2 and comes back
  *   with Last-Event-ID: 2 gets events 3, 4, ... to [DONE]; without the
  *   header, from 0; the two readings agree; an unknown id is 404.
@@ -20,6 +23,11 @@
  *   cancelled) and counts in mllama_gateway_cancels_total.
  * - Disconnect and vanish: nobody resumes within gateway.abandon_ms, the
  *   gateway cancels, the worker's cancelled count rises.
+ * - The drain's grace passing: SIGTERM with a long stream open and
+ *   drain.grace_ms shorter than it; the stream ends with a not_ready error
+ *   event then [DONE], its request is cancelled (the worker's cancelled
+ *   count rises), and the gateway exits 0 (the stream that ends within the
+ *   grace is test_gateway_faults.c's).
  * - The gateway and the worker stop on SIGTERM with exit code 0, and no
  *   sanitizer report in either log.
  * Skipped (77) without redis-server. */
@@ -34,14 +42,22 @@
 #define CANCEL_MS 20000      /* a cancel reaching the worker and its final back */
 #define SEED "\"seed\":1234"
 #define ERR_BODY_MAX 4096
+/* An adapter stored in Redis: /v1/models lists it by its key alone. */
+#define REDIS_ADAPTER "redis-only-adapter"
 
 static pu_stack st;
 static gwt_gateway gw;
 static char *image_part;
 
+/* drain.grace_ms is as short as ABANDON_MS, for the same reason: a long
+ * stream outlives it. */
 static const char *const gateway_sets[] = {"gateway.abandon_ms=300", "gateway.keepalive_s=1",
+                                           "drain.grace_ms=300", "gateway.adapters_refresh_s=1",
                                            NULL};
 _Static_assert(ABANDON_MS == 300, "gateway_sets spells ABANDON_MS");
+#define REFRESH_MS 1000 /* gateway.adapters_refresh_s of gateway_sets */
+_Static_assert(REFRESH_MS == 1000, "gateway_sets spells REFRESH_MS");
+#define STALE_LISTINGS 3 /* failed listings watched for a second log line */
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
@@ -231,6 +247,12 @@ static void test_errors(void)
     const char *first = pu_json_str(j, PU_PATH("data", "0", "id"));
     check(r.status == 200 && first && !strcmp(first, "micro"), "models: %.200s",
           r.body ? r.body : "");
+    const char *adapter = pu_json_str(j, PU_PATH("data", "1", "id"));
+    const char *parent = pu_json_str(j, PU_PATH("data", "1", "parent"));
+    check(adapter && !strcmp(adapter, REDIS_ADAPTER) && parent && !strcmp(parent, "micro"),
+          "models lists the adapter stored in Redis: %.300s", r.body ? r.body : "");
+    check(!pu_json_str(j, PU_PATH("data", "2", "id")), "and nothing else: %.300s",
+          r.body ? r.body : "");
     cJSON_Delete(j);
     gwt_response_free(&r);
 }
@@ -322,6 +344,50 @@ static void test_abandon(void)
     check(metric(gw.ops_port, "mllama_gateway_abandoned_total") == 1, "abandon counted");
 }
 
+/* Redis gone: the gateway keeps its last list of Redis's adapters and says
+ * so once, however many listings fail. */
+static void test_models_redis_down(void)
+{
+    pu_kill(&st.redis.proc);
+    check(pu_wait_log(&gw.proc, "gateway_adapters_stale", 1, CALL_MS),
+          "a failed listing is logged");
+    pu_sleep_ms(STALE_LISTINGS * REFRESH_MS);
+    check(pu_file_count(gw.proc.log, "gateway_adapters_stale") == 1, "logged once: %d",
+          pu_file_count(gw.proc.log, "gateway_adapters_stale"));
+    gwt_response r;
+    check(gwt_call(gw.port, "GET", "/v1/models", NULL, NULL, &r, CALL_MS) && r.status == 200 &&
+              r.body && strstr(r.body, "\"" REDIS_ADAPTER "\""),
+          "/v1/models keeps the last list: %d %.300s", r.status, r.body ? r.body : "");
+    gwt_response_free(&r);
+}
+
+/* SIGTERM with a long stream open: the grace passes, the stream ends with
+ * the gateway's error event, the worker is told to stop computing it. */
+static void test_drain_grace(void)
+{
+    int wport = pu_worker_http_port(&st.workers[0]);
+    const char *cancelled = "mllama_requests_total{outcome=\"cancelled\"}";
+    double before = metric(wport, cancelled);
+    gwt_response r;
+    char id[64];
+    int fd = long_stream(&r, id);
+    pu_signal(&gw.proc, SIGTERM);
+    check(gwt_read(fd, &r, NULL, CANCEL_MS), "the stream ends after the grace");
+    close(fd);
+    check(r.body && strstr(r.body, "\"code\":\"not_ready\"") &&
+              strstr(r.body, "shutting down") && strstr(r.body, "data: [DONE]\n\n"),
+          "an error event saying the gateway is shutting down, then [DONE]: %.300s",
+          r.body ? r.body + (r.body_len > 300 ? r.body_len - 300 : 0) : "");
+    check(pu_wait_exit(&gw.proc, PU_STOP_MS), "the gateway exits after the grace");
+    check(pu_exit_code(&gw.proc) == 0, "gateway exit code %d after the drain",
+          pu_exit_code(&gw.proc));
+    bool rose = false;
+    for (int64_t t0 = pu_now_ms(); !rose && pu_now_ms() - t0 < CANCEL_MS; pu_sleep_ms(50))
+        rose = metric(wport, cancelled) > before;
+    check(rose, "the worker's cancelled count rises: the drained request was cancelled");
+    gwt_response_free(&r);
+}
+
 int main(void)
 {
     pu_stack_start(&st, "gw", GWT_TOPICS);
@@ -333,6 +399,9 @@ int main(void)
     if (!pu_worker_start(&st.workers[0], &st.env, "w1", NULL) ||
         !pu_wait_assigned(&st.workers[0], PU_START_MS))
         pu_die("worker start");
+    redisReply *put = pu_redis_cmd(&st.redis, "HSET mllama:adapter:" REDIS_ADAPTER " sha256 x");
+    check(put && put->type == REDIS_REPLY_INTEGER, "an adapter key in Redis");
+    freeReplyObject(put);
     if (!gwt_start(&gw, &st.env, "gateway", gateway_sets))
         pu_die("gateway start");
     int64_t t0 = pu_now_ms();
@@ -343,9 +412,9 @@ int main(void)
     test_resume();
     test_cancel();
     test_abandon();
+    test_models_redis_down();
+    test_drain_grace();
     fprintf(stderr, "gateway tests: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
-    int code = pu_stop(&gw.proc, PU_STOP_MS);
-    check(code == 0, "gateway exit code %d after SIGTERM", code);
     pu_check_log_clean(gw.proc.log);
     pu_worker_drain(&st.workers[0]);
     free(stream_text);

@@ -7,6 +7,10 @@
  * reproducible), the gateway checks and skips them and continues. The
  * gateway counts one continuation and no divergence; the SSE framing stays
  * exact across the crash.
+ *
+ * Then the drain: SIGTERM while a stream is open. /readyz answers 503 at
+ * once, a new chat request gets 503 not_ready with Retry-After, the open
+ * stream runs to its [DONE] with no error event, and the gateway exits 0.
  * Skipped (77) without redis-server. */
 #include "gw_client.h"
 
@@ -14,6 +18,7 @@
 #define KILL_AT_EVENT 16            /* events the client has before the kill */
 #define CALL_MS 60000               /* a stream, including the group's rebalance */
 #define FIND_MS 5000                /* finding the worker that runs the stream */
+#define DRAIN_AT_EVENT 4            /* events the client has before the SIGTERM */
 
 static pu_stack st;
 static gwt_gateway gw;
@@ -48,6 +53,41 @@ static int running_worker(void)
             if (pu_metric(pu_worker_http_port(&st.workers[i]), "mllama_requests_running") > 0)
                 return i;
     return -1;
+}
+
+/* SIGTERM with a stream open: it completes, nothing new is taken, exit 0. */
+static void drain_test(const char *body)
+{
+    int64_t t0 = pu_now_ms();
+    gwt_response r = {0}, ready = {0}, refused = {0};
+    int fd = gwt_send_request(gw.port, "POST", "/v1/chat/completions", NULL, body, CALL_MS);
+    char until[32];
+    snprintf(until, sizeof until, "id: %d\n", DRAIN_AT_EVENT);
+    check(fd >= 0 && gwt_read(fd, &r, until, CALL_MS), "the stream to drain is under way");
+    pu_signal(&gw.proc, SIGTERM);
+    check(pu_wait_log(&gw.proc, "drain_started", 1, CALL_MS), "the drain starts");
+    check(gwt_call(gw.ops_port, "GET", "/readyz", NULL, NULL, &ready, CALL_MS) &&
+              ready.status == 503,
+          "/readyz is 503 while draining: %d", ready.status);
+    check(gwt_call(gw.port, "POST", "/v1/chat/completions", NULL, body, &refused, CALL_MS) &&
+              refused.status == 503 && refused.body && strstr(refused.body, "\"not_ready\""),
+          "a new request is 503 not_ready while draining: %d %.200s", refused.status,
+          refused.body ? refused.body : "");
+    char retry[16];
+    check(gwt_header(&refused, "Retry-After", retry, sizeof retry), "with Retry-After");
+    check(!r.complete && pu_running(&gw.proc), "the stream is still open during the drain");
+    check(gwt_read(fd, &r, NULL, CALL_MS), "the open stream completes after SIGTERM");
+    close(fd);
+    char *text = text_of(&r);
+    check(text && strlen(text) > 0, "the drained stream has its text and no error event");
+    check(pu_wait_exit(&gw.proc, PU_STOP_MS), "the gateway exits once the stream ended");
+    int code = pu_exit_code(&gw.proc);
+    check(code == 0, "gateway exit code %d after the drain", code);
+    fprintf(stderr, "drain test: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
+    free(text);
+    gwt_response_free(&r);
+    gwt_response_free(&ready);
+    gwt_response_free(&refused);
 }
 
 int main(void)
@@ -96,8 +136,7 @@ int main(void)
     check(pu_metric(gw.ops_port, "mllama_gateway_divergences_total") == 0, "no divergence");
     fprintf(stderr, "crash test: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
 
-    int code = pu_stop(&gw.proc, PU_STOP_MS);
-    check(code == 0, "gateway exit code %d after SIGTERM", code);
+    drain_test(body);
     pu_check_log_clean(gw.proc.log);
     pu_worker_drain(&st.workers[1 - (victim >= 0 ? victim : 0)]);
     free(got);

@@ -127,6 +127,11 @@ static void test_roles(void)
                         sha);
     check(r && r->type == REDIS_REPLY_NIL, "frontend reads the index (routing)");
     freeReplyObject(r);
+    r = pu_redis_cmd_as(redis_port, "mllama-frontend", FRONTEND_PW,
+                        "SCAN 0 MATCH mllama:adapter:* COUNT 1000");
+    check(r && r->type == REDIS_REPLY_ARRAY, "frontend lists adapter names (the gateway's "
+                                             "/v1/models): %s", r && r->str ? r->str : "");
+    freeReplyObject(r);
     static const char *const refused[] = {
         "INCR mllama:attempts:" PU_REQUESTS ":0:1",
         "SET mllama:attempts:" PU_REQUESTS ":0:2 100",
