@@ -466,6 +466,18 @@ def dig(obj, *keys):
     return obj
 
 
+def check_drain_grace(c, rel, pod, container, prod):
+    """A pod stopped by SIGTERM drains (worker and gateway alike): its work gets
+    drain.grace_ms to end, after any preStop sleep, before the SIGKILL."""
+    prestop = dig(container, 'lifecycle', 'preStop', 'exec', 'command') or []
+    prestop_s = int(prestop[1]) if len(prestop) == 2 and prestop[0] == 'sleep' else 0
+    grace = pod.get('terminationGracePeriodSeconds', 30)
+    drain_s = prod['drain']['grace_ms'] / 1000
+    c.check(grace > drain_s + prestop_s, rel,
+            f'terminationGracePeriodSeconds {grace} must exceed preStop {prestop_s} s + '
+            f'drain.grace_ms {drain_s:g} s (config/production.example.json)')
+
+
 def duration_s(text):
     """'45s', '10m', '1h30m' -> seconds, or None."""
     if not isinstance(text, str) or not re.fullmatch(r'([0-9]+(ms|s|m|h))+', text):
@@ -929,13 +941,7 @@ def check_k8s(c, files, prod, topics, own, external):
     startup = container.get('startupProbe') or {}
     c.check(startup.get('periodSeconds', 10) * startup.get('failureThreshold', 3) >= 300, rel,
             'the startup probe must allow at least 5 minutes of model load')
-    prestop = dig(container, 'lifecycle', 'preStop', 'exec', 'command') or []
-    prestop_s = int(prestop[1]) if len(prestop) == 2 and prestop[0] == 'sleep' else 0
-    grace = pod.get('terminationGracePeriodSeconds', 30)
-    drain_s = prod['drain']['grace_ms'] / 1000
-    c.check(grace > drain_s + prestop_s, rel,
-            f'terminationGracePeriodSeconds {grace} must exceed preStop {prestop_s} s + '
-            f'drain.grace_ms {drain_s:g} s (config/production.example.json)')
+    check_drain_grace(c, rel, pod, container, prod)
     c.check(dig(container, 'resources', 'limits', 'nvidia.com/gpu') == 1, rel, 'limits nvidia.com/gpu: 1')
     c.check(pod.get('nodeSelector') or pod.get('affinity'), rel, 'GPU workers need a node selector')
     c.check(any(t.get('key') == 'nvidia.com/gpu' for t in pod.get('tolerations') or []), rel,
@@ -1141,15 +1147,8 @@ def check_k8s_gateway(c, files, gateway, prod, own):
     c.check(memory is not None and memory > bound, rel,
             f'the memory limit must exceed gateway.max_retained_bytes + max_streams x '
             f'write_buffer_bytes ({bound} bytes)')
-    prestop = dig(container, 'lifecycle', 'preStop', 'exec', 'command') or []
-    prestop_s = int(prestop[1]) if len(prestop) == 2 and prestop[0] == 'sleep' else 0
-    # SIGTERM drains the gateway as it drains a worker: its open streams get
-    # drain.grace_ms to end, after any preStop sleep, before the SIGKILL.
-    grace = pod.get('terminationGracePeriodSeconds', 30)
-    drain_s = prod['drain']['grace_ms'] / 1000
-    c.check(grace > drain_s + prestop_s, rel,
-            f'terminationGracePeriodSeconds {grace} must exceed preStop {prestop_s} s + '
-            f'drain.grace_ms {drain_s:g} s (config/production.example.json)')
+    # SIGTERM drains the gateway as it drains a worker.
+    check_drain_grace(c, rel, pod, container, prod)
     mounts = {m.get('mountPath'): m.get('name') for m in container.get('volumeMounts') or []}
     volumes = {v.get('name'): v for v in pod.get('volumes') or []}
     keys_file = env.get('MLLAMA_GATEWAY_API_KEYS_FILE')

@@ -327,20 +327,32 @@ static void test_cancel(void)
     gwt_response_free(&r);
 }
 
+/* The worker's count of cancelled requests, and whether it rises above
+ * `before` within CANCEL_MS: the gateway told the worker to stop. */
+#define WORKER_CANCELLED "mllama_requests_total{outcome=\"cancelled\"}"
+static double worker_cancelled(void)
+{
+    return metric(pu_worker_http_port(&st.workers[0]), WORKER_CANCELLED);
+}
+
+static bool worker_cancelled_rises(double before)
+{
+    for (int64_t t0 = pu_now_ms(); pu_now_ms() - t0 < CANCEL_MS; pu_sleep_ms(50))
+        if (worker_cancelled() > before)
+            return true;
+    return false;
+}
+
 static void test_abandon(void)
 {
-    int wport = pu_worker_http_port(&st.workers[0]);
-    const char *cancelled = "mllama_requests_total{outcome=\"cancelled\"}";
-    double before = metric(wport, cancelled);
+    double before = worker_cancelled();
     gwt_response r;
     char id[64];
     int fd = long_stream(&r, id);
     close(fd);
     gwt_response_free(&r);
-    bool rose = false;
-    for (int64_t t0 = pu_now_ms(); !rose && pu_now_ms() - t0 < CANCEL_MS; pu_sleep_ms(50))
-        rose = metric(wport, cancelled) > before;
-    check(rose, "the worker's cancelled count rises after the client vanished");
+    check(worker_cancelled_rises(before),
+          "the worker's cancelled count rises after the client vanished");
     check(metric(gw.ops_port, "mllama_gateway_abandoned_total") == 1, "abandon counted");
 }
 
@@ -365,9 +377,7 @@ static void test_models_redis_down(void)
  * the gateway's error event, the worker is told to stop computing it. */
 static void test_drain_grace(void)
 {
-    int wport = pu_worker_http_port(&st.workers[0]);
-    const char *cancelled = "mllama_requests_total{outcome=\"cancelled\"}";
-    double before = metric(wport, cancelled);
+    double before = worker_cancelled();
     gwt_response r;
     char id[64];
     int fd = long_stream(&r, id);
@@ -381,10 +391,8 @@ static void test_drain_grace(void)
     check(pu_wait_exit(&gw.proc, PU_STOP_MS), "the gateway exits after the grace");
     check(pu_exit_code(&gw.proc) == 0, "gateway exit code %d after the drain",
           pu_exit_code(&gw.proc));
-    bool rose = false;
-    for (int64_t t0 = pu_now_ms(); !rose && pu_now_ms() - t0 < CANCEL_MS; pu_sleep_ms(50))
-        rose = metric(wport, cancelled) > before;
-    check(rose, "the worker's cancelled count rises: the drained request was cancelled");
+    check(worker_cancelled_rises(before),
+          "the worker's cancelled count rises: the drained request was cancelled");
     gwt_response_free(&r);
 }
 
