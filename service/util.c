@@ -1,8 +1,10 @@
 /* Clocks, error buffers and the byte buffer (util.h). @locality any thread. */
 #include "util.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/random.h>
 
 #define BUF_MIN_CAP 512
 #define NS_PER_MS 1000000L
@@ -98,4 +100,18 @@ int svc_buf_printf(svc_buf *b, const char *fmt, ...)
         if (svc_buf_reserve(b, (size_t)n) != 0)
             return -1;
     }
+}
+
+int svc_random_bytes(void *buf, size_t n)
+{
+    uint8_t *p = buf;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = getrandom(p + got, n - got, 0);
+        if (k > 0)
+            got += (size_t)k;
+        else if (k < 0 && errno != EINTR)
+            return -1;
+    }
+    return 0;
 }

@@ -17,6 +17,11 @@ long long svc_now_ms(void);
 double svc_now_s(void);
 /* Unix-epoch milliseconds: what crosses a process (deadline_ms, attempt numbers). */
 int64_t svc_wall_ms(void);
+
+/* n bytes from the kernel's CSPRNG (getrandom(2)), for ids and keys that
+ * must not be guessable. Blocks only until the pool is first seeded;
+ * retries short reads and EINTR. Returns 0, or -1 with errno set. */
+int svc_random_bytes(void *buf, size_t n);
 /* *ts = now + ms on CLOCK_REALTIME, the clock pthread_cond_timedwait waits on. */
 void svc_deadline_in(struct timespec *ts, int ms);
 

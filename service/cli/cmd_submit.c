@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 #include "protocol/base64.h"
@@ -30,6 +29,7 @@
 #include "engine.h"
 #include "protocol/protocol.h"
 #include "redis/redis.h"
+#include "util.h"
 
 #define CMD "mllama submit"
 #define MAX_IMAGES 8
@@ -382,7 +382,7 @@ static const char *tenant_topic(const char *base, const char *tenant, char *buf,
 static int random_id(char *out, size_t n)
 {
     uint8_t bytes[ID_RANDOM_BYTES];
-    if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes) {
+    if (svc_random_bytes(bytes, sizeof bytes)) {
         perror(CMD ": getrandom");
         return -1;
     }

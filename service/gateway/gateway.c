@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include "gateway/gw_internal.h"
@@ -240,16 +239,9 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
 static void random_hex(char *out, size_t n_bytes)
 {
     uint8_t bytes[GW_ID_RANDOM_BYTES];
-    size_t got = 0;
-    while (got < n_bytes) {
-        ssize_t k = getrandom(bytes + got, n_bytes - got, 0);
-        /* getrandom blocks until the pool is seeded and is then never
-         * short on small reads; EINTR is the one retryable failure. */
-        if (k > 0)
-            got += (size_t)k;
-        else if (errno != EINTR)
-            abort();
-    }
+    /* Once the pool is seeded getrandom cannot fail on a valid buffer. */
+    if (svc_random_bytes(bytes, n_bytes))
+        abort();
     for (size_t i = 0; i < n_bytes; i++)
         snprintf(out + 2 * i, 3, "%02x", bytes[i]);
 }
@@ -257,9 +249,8 @@ static void random_hex(char *out, size_t n_bytes)
 int64_t gw_random_seed(void)
 {
     uint64_t v;
-    while (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
-        if (errno != EINTR)
-            abort();
+    if (svc_random_bytes(&v, sizeof v))
+        abort();
     return (int64_t)(v >> (64 - SEED_BITS));
 }
 

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 
 #include "engine.h"
@@ -231,14 +230,8 @@ int gw_new_key(char *key, size_t keylen, char *line, size_t linelen, const char 
         return -1;
     }
     uint8_t random[GW_KEY_RANDOM_BYTES];
-    size_t got = 0;
-    while (got < sizeof random) {
-        ssize_t n = getrandom(random + got, sizeof random - got, 0);
-        if (n < 0 && errno != EINTR)
-            return -1;
-        if (n > 0)
-            got += (size_t)n;
-    }
+    if (svc_random_bytes(random, sizeof random))
+        return -1;
     /* base64url (RFC 4648 §5): the standard spelling with two symbols
      * swapped and the padding cut. */
     char b64[((GW_KEY_RANDOM_BYTES + 2) / 3) * 4 + 1];
