@@ -27,6 +27,7 @@
 #include "cli/commands.h"
 #include "config.h"
 #include "engine.h"
+#include "kafka/kafka.h"
 #include "protocol/protocol.h"
 #include "redis/redis.h"
 #include "util.h"
@@ -229,27 +230,14 @@ static int assign_reply_topic(rd_kafka_t *c, const char *topic)
     return e ? -1 : 0;
 }
 
-static int header_u32(rd_kafka_message_t *m, const char *name, uint32_t *out)
-{
-    rd_kafka_headers_t *hs;
-    const void *v;
-    size_t n;
-    char buf[32];
-    if (rd_kafka_message_headers(m, &hs) || rd_kafka_header_get_last(hs, name, &v, &n) ||
-        n >= sizeof buf)
-        return -1;
-    memcpy(buf, v, n);
-    buf[n] = 0;
-    *out = (uint32_t)strtoul(buf, NULL, 10);
-    return 0;
-}
-
 /* Print one reply record of ours. Returns 1 when it was the final one. */
 static int show(rd_kafka_message_t *m, const submit_opts *o, uint32_t *attempt, int *ok)
 {
     uint32_t a = 0, seq = 0;
-    header_u32(m, "attempt", &a);
-    header_u32(m, "seq", &seq);
+    rd_kafka_headers_t *hs = NULL;
+    rd_kafka_message_headers(m, &hs);
+    svc_kafka_header_u32(hs, "attempt", &a);
+    svc_kafka_header_u32(hs, "seq", &seq);
     /* Follow the attempt that most recently started (seq 0); records of any
      * other attempt are stale. */
     if (a != *attempt) {

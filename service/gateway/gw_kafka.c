@@ -4,7 +4,6 @@
  * loop through a pipe) and, at start, the reply topics created when
  * missing.
  * @locality: the gateway's thread. */
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -40,25 +39,6 @@ static void on_delivery(void *opaque, const svc_delivery *d)
 
 /* ---- Kafka: the replies ---------------------------------------------------------- */
 
-/* A decimal header as uint32; false when absent or not a number. */
-static bool header_u32(rd_kafka_headers_t *hs, const char *name, uint32_t *out)
-{
-    const void *v;
-    size_t n;
-    char buf[16];
-    if (!hs || rd_kafka_header_get_last(hs, name, &v, &n) || !v || n == 0 || n >= sizeof buf)
-        return false;
-    memcpy(buf, v, n);
-    buf[n] = 0;
-    char *end;
-    errno = 0;
-    unsigned long x = strtoul(buf, &end, 10);
-    if (errno || *end || x > UINT32_MAX || !isdigit((unsigned char)buf[0]))
-        return false;
-    *out = (uint32_t)x;
-    return true;
-}
-
 static bool header_is(rd_kafka_headers_t *hs, const char *name, const char *want)
 {
     const void *v;
@@ -82,7 +62,8 @@ static void on_reply(svc_gateway *g, rd_kafka_message_t *m)
     rd_kafka_headers_t *hs = NULL;
     rd_kafka_message_headers(m, &hs);
     gw_record rec = {.value = m->payload, .len = m->len};
-    if (!header_u32(hs, "attempt", &rec.attempt) || !header_u32(hs, "seq", &rec.seq))
+    if (!svc_kafka_header_u32(hs, "attempt", &rec.attempt) ||
+        !svc_kafka_header_u32(hs, "seq", &rec.seq))
         return;
     rec.final = header_is(hs, "final", "true");
     rec.reproducible = header_is(hs, "reproducible", reproducible_true);

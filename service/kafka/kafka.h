@@ -147,6 +147,11 @@ typedef struct svc_kafka_msg {
 bool svc_kafka_msg_header(const svc_kafka_msg *m, const char *name, const void **value,
                           size_t *len);
 
+/* The last header `name` of hs (NULL: none) as a decimal uint32: digits
+ * only, at most UINT32_MAX. True and *out set; false when absent, null or
+ * not such a number (reply records' attempt and seq). @locality any. */
+bool svc_kafka_header_u32(rd_kafka_headers_t *hs, const char *name, uint32_t *out);
+
 /* Destroy the underlying message (or a detached copy); the views become
  * invalid. The ticket stays usable. Releasing an already released message
  * is a no-op. @locality any. */

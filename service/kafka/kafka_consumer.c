@@ -5,6 +5,8 @@
  *           (any); librdkafka calls the callbacks from inside
  *           rd_kafka_consumer_poll and rd_kafka_consumer_close, that is, on
  *           the Kafka thread too. */
+#include <ctype.h>
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +38,24 @@ bool svc_kafka_msg_header(const svc_kafka_msg *m, const char *name, const void *
     if (m->rkm && rd_kafka_message_headers(m->rkm, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR)
         return false;
     return hdrs && rd_kafka_header_get_last(hdrs, name, value, len) == RD_KAFKA_RESP_ERR_NO_ERROR;
+}
+
+bool svc_kafka_header_u32(rd_kafka_headers_t *hs, const char *name, uint32_t *out)
+{
+    const void *v;
+    size_t n;
+    char buf[16]; /* UINT32_MAX has 10 digits */
+    if (!hs || rd_kafka_header_get_last(hs, name, &v, &n) || !v || n == 0 || n >= sizeof buf)
+        return false;
+    memcpy(buf, v, n);
+    buf[n] = 0;
+    char *end;
+    errno = 0;
+    unsigned long x = strtoul(buf, &end, 10);
+    if (errno || *end || x > UINT32_MAX || !isdigit((unsigned char)buf[0]))
+        return false;
+    *out = (uint32_t)x;
+    return true;
 }
 
 void svc_kafka_msg_release(svc_kafka_msg *m)
