@@ -1,7 +1,5 @@
 #include "cli/cli_util.h"
 
-#include <cjson/cJSON.h>
-
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -131,48 +129,6 @@ void svc_put_json_string(FILE *out, const char *s, size_t n)
             fputc(c, out);
     }
     fputc('"', out);
-}
-
-static const char *skip_ws(const char *p, const char *end)
-{
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
-        p++;
-    return p;
-}
-
-bool svc_json_member_span(const char *text, size_t len, const char *key, const char **start,
-                          size_t *n)
-{
-    const char *end = text + len, *p = skip_ws(text, end);
-    if (p == end || *p != '{')
-        return false;
-    p = skip_ws(p + 1, end);
-    while (p < end && *p == '"') {
-        const char *after = NULL;
-        cJSON *name = cJSON_ParseWithLengthOpts(p, (size_t)(end - p), &after, 0);
-        if (!name)
-            return false;
-        bool wanted = cJSON_IsString(name) && !strcmp(name->valuestring, key);
-        cJSON_Delete(name);
-        p = skip_ws(after, end);
-        if (p == end || *p != ':')
-            return false;
-        const char *value = skip_ws(p + 1, end);
-        cJSON *v = cJSON_ParseWithLengthOpts(value, (size_t)(end - value), &after, 0);
-        if (!v)
-            return false;
-        cJSON_Delete(v);
-        if (wanted) {
-            *start = value;
-            *n = (size_t)(after - value);
-            return true;
-        }
-        p = skip_ws(after, end);
-        if (p == end || *p != ',')
-            return false;
-        p = skip_ws(p + 1, end);
-    }
-    return false;
 }
 
 bool svc_cli_config_option(svc_cli_config_args *a, int argc, char **argv, int *i)

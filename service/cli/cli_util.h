@@ -31,16 +31,6 @@ int svc_parse_double(const char *cmd, const char *opt, const char *s, double lo,
  * and control bytes escaped, every other byte (UTF-8) as is. */
 void svc_put_json_string(FILE *out, const char *s, size_t n);
 
-/* The text of member key's value in the JSON object text[0..len) as it is
- * written there (*start into text, *n bytes), e.g. to hand a JSON Schema to
- * its compiler with its numbers as written rather than as cJSON's doubles.
- * cJSON parses each member name and value; this only steps over the
- * whitespace and punctuation between them, up to the member found. Returns
- * false (*start and *n unchanged) when text does not begin as such an
- * object or has no such member; any bytes are safe. */
-bool svc_json_member_span(const char *text, size_t len, const char *key, const char **start,
-                          size_t *n);
-
 /* The options every service command (worker, gateway) takes: --config FILE
  * (NULL: the embedded defaults) and --set section.key=value, repeatable. */
 #define SVC_CLI_MAX_OVERRIDES 64

@@ -17,6 +17,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "engine.h"
+#include "protocol/json_span.h"
 
 #define CMD "mllama grammar"
 /* Llama 3.2 Vision's logit count: the grammar's vocabulary is the output
@@ -114,10 +115,11 @@ static bool run_line(grammar_ctx *c, const char *line, size_t len)
 {
     cJSON *doc = cJSON_ParseWithLength(line, len);
     const cJSON *tests = cJSON_GetObjectItemCaseSensitive(doc, "tests");
-    const char *schema;
-    size_t schema_len;
-    bool ok = cJSON_IsObject(doc) && cJSON_IsArray(tests) &&
-              svc_json_member_span(line, len, "schema", &schema, &schema_len);
+    /* The schema's text as written: its numbers as written, not as cJSON's
+     * doubles. */
+    svc_span root = svc_json_value(line, len);
+    svc_span schema = svc_json_is(root, '{') ? svc_json_member(root, "schema") : root;
+    bool ok = cJSON_IsObject(doc) && cJSON_IsArray(tests) && svc_json_is(root, '{') && schema.p;
     for (const cJSON *t = ok ? tests->child : NULL; ok && t; t = t->next)
         ok = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(t, "text"));
     if (!ok) {
@@ -132,7 +134,7 @@ static bool run_line(grammar_ctx *c, const char *line, size_t len)
     ml_grammar *g = NULL;
     ml_grammar_state *s = NULL;
     double t0 = now_us();
-    ml_status st = ml_grammar_compile_schema(schema, schema_len, &c->limits, &g, err, sizeof err);
+    ml_status st = ml_grammar_compile_schema(schema.p, schema.n, &c->limits, &g, err, sizeof err);
     double compile_us = now_us() - t0;
     if (st == ML_OK)
         st = ml_grammar_state_create(g, c->vocab, &s, err, sizeof err);

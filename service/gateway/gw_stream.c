@@ -1,5 +1,5 @@
 /* Reply records to SSE events and chat.completion answers (gw_stream.h).
- * Records are never turned into a tree and printed again: gw_json finds
+ * Records are never turned into a tree and printed again: svc_json (protocol/json_span.h) finds
  * the spans an answer needs and they are copied as the worker wrote them.
  * cJSON only writes and reads the small error objects. */
 #include "gateway/gw_stream.h"
@@ -12,7 +12,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "gateway/gw_json.h"
+#include "protocol/json_span.h"
 #include "protocol/protocol.h"
 
 /* Attempts one stream remembers; limits.max_attempts defaults to 3. Past
@@ -72,9 +72,9 @@ static int out_end(out *o)
 
 #define PUT_LIT(o, lit) put((o), (lit), sizeof(lit) - 1)
 
-static void put_compact(out *o, gw_span v)
+static void put_compact(out *o, svc_span v)
 {
-    if (!o->oom && gw_json_put_compact(o->b, v) != 0)
+    if (!o->oom && svc_json_put_compact(o->b, v) != 0)
         o->oom = true;
 }
 
@@ -91,12 +91,12 @@ static void put_i64(out *o, int64_t v)
 /* The parts of a chat.completion.chunk (a worker's record or an event's
  * data) the stream uses. */
 typedef struct chunk {
-    gw_span choices;  /* the array */
-    gw_span content;  /* choices[0].delta.content between its quotes; absent when none */
-    gw_span logprobs; /* choices[0].logprobs.content, the array; absent when logprobs is null */
-    gw_span finish;   /* choices[0].finish_reason; absent when missing */
-    gw_span usage;    /* an object; absent when missing or null */
-    gw_span error;    /* an object; absent when missing or null */
+    svc_span choices;  /* the array */
+    svc_span content;  /* choices[0].delta.content between its quotes; absent when none */
+    svc_span logprobs; /* choices[0].logprobs.content, the array; absent when logprobs is null */
+    svc_span finish;   /* choices[0].finish_reason; absent when missing */
+    svc_span usage;    /* an object; absent when missing or null */
+    svc_span error;    /* an object; absent when missing or null */
 } chunk;
 
 /* Scan v as one JSON object with the shape of a chunk: choices a non-empty
@@ -105,38 +105,38 @@ typedef struct chunk {
  * and error objects or null. Returns false otherwise. */
 static bool chunk_parse(const char *v, size_t n, chunk *c)
 {
-    gw_span root = gw_json_value(v, n);
-    if (!gw_json_is(root, '{'))
+    svc_span root = svc_json_value(v, n);
+    if (!svc_json_is(root, '{'))
         return false;
-    *c = (chunk){.choices = gw_json_member(root, "choices")};
-    if (!gw_json_is(c->choices, '['))
+    *c = (chunk){.choices = svc_json_member(root, "choices")};
+    if (!svc_json_is(c->choices, '['))
         return false;
-    gw_span choice = gw_json_first(c->choices);
-    if (!gw_json_is(choice, '{'))
+    svc_span choice = svc_json_first(c->choices);
+    if (!svc_json_is(choice, '{'))
         return false;
-    gw_span delta = gw_json_member(choice, "delta");
-    if (!gw_json_is(delta, '{'))
+    svc_span delta = svc_json_member(choice, "delta");
+    if (!svc_json_is(delta, '{'))
         return false;
-    gw_span content = gw_json_member(delta, "content");
-    if (gw_json_is(content, '"'))
-        c->content = gw_json_inner(content);
-    else if (!gw_json_is_null(content))
+    svc_span content = svc_json_member(delta, "content");
+    if (svc_json_is(content, '"'))
+        c->content = svc_json_inner(content);
+    else if (!svc_json_is_null(content))
         return false;
-    gw_span lp = gw_json_member(choice, "logprobs");
-    if (!gw_json_is_null(lp)) {
-        if (!gw_json_is(lp, '{'))
+    svc_span lp = svc_json_member(choice, "logprobs");
+    if (!svc_json_is_null(lp)) {
+        if (!svc_json_is(lp, '{'))
             return false;
-        c->logprobs = gw_json_member(lp, "content");
-        if (!gw_json_is(c->logprobs, '['))
+        c->logprobs = svc_json_member(lp, "content");
+        if (!svc_json_is(c->logprobs, '['))
             return false;
     }
-    c->finish = gw_json_member(choice, "finish_reason");
-    gw_span usage = gw_json_member(root, "usage"), error = gw_json_member(root, "error");
-    if ((!gw_json_is_null(usage) && !gw_json_is(usage, '{')) ||
-        (!gw_json_is_null(error) && !gw_json_is(error, '{')))
+    c->finish = svc_json_member(choice, "finish_reason");
+    svc_span usage = svc_json_member(root, "usage"), error = svc_json_member(root, "error");
+    if ((!svc_json_is_null(usage) && !svc_json_is(usage, '{')) ||
+        (!svc_json_is_null(error) && !svc_json_is(error, '{')))
         return false;
-    c->usage = gw_json_is_null(usage) ? (gw_span){NULL, 0} : usage;
-    c->error = gw_json_is_null(error) ? (gw_span){NULL, 0} : error;
+    c->usage = svc_json_is_null(usage) ? (svc_span){NULL, 0} : usage;
+    c->error = svc_json_is_null(error) ? (svc_span){NULL, 0} : error;
     return true;
 }
 
@@ -451,7 +451,7 @@ static gw_feed diverge(gw_stream *s)
 
 /* The worker's error object (scanned) ends the stream with its code and
  * message. */
-static gw_feed end_with_worker_error(gw_stream *s, gw_span error)
+static gw_feed end_with_worker_error(gw_stream *s, svc_span error)
 {
     cJSON *e = cJSON_ParseWithLength(error.p, error.n);
     const cJSON *code = cJSON_GetObjectItemCaseSensitive(e, "code");
@@ -465,18 +465,18 @@ static gw_feed end_with_worker_error(gw_stream *s, gw_span error)
 /* The final's usage into s->usage, with the member OpenAI clients read for
  * cached prompt tokens added: "prompt_tokens_details":{"cached_tokens":N}.
  * Returns 0, or -1 when out of memory. */
-static int keep_usage(gw_stream *s, gw_span usage)
+static int keep_usage(gw_stream *s, svc_span usage)
 {
     s->usage.len = 0;
     if (!usage.p)
         return 0;
     out o = {&s->usage, false};
-    put_compact(&o, (gw_span){usage.p, usage.n - 1}); /* without its closing brace */
-    if (!gw_json_is_empty(usage))
+    put_compact(&o, (svc_span){usage.p, usage.n - 1}); /* without its closing brace */
+    if (!svc_json_is_empty(usage))
         PUT_LIT(&o, ",");
     PUT_LIT(&o, "\"prompt_tokens_details\":{\"cached_tokens\":");
-    gw_span cached = gw_json_member(usage, "prompt_tokens_cached");
-    if (gw_json_is_number(cached))
+    svc_span cached = svc_json_member(usage, "prompt_tokens_cached");
+    if (svc_json_is_number(cached))
         put(&o, cached.p, cached.n);
     else
         PUT_LIT(&o, "0");
@@ -615,12 +615,12 @@ int gw_stream_completion(const gw_stream *s, svc_buf *b, int *http_status)
         bool first = true;
         for (size_t i = s->answer; i < s->answer + s->n_records; i++) {
             event_chunk(s, i, &c);
-            if (!c.logprobs.p || gw_json_is_empty(c.logprobs))
+            if (!c.logprobs.p || svc_json_is_empty(c.logprobs))
                 continue;
             if (!first)
                 PUT_LIT(&o, ",");
             first = false;
-            put_compact(&o, gw_json_inner(c.logprobs));
+            put_compact(&o, svc_json_inner(c.logprobs));
         }
         PUT_LIT(&o, "]}");
     } else {

@@ -40,7 +40,7 @@
  * completion_tokens, total_tokens, images, images_cached) with OpenAI's
  * "prompt_tokens_details":{"cached_tokens":<prompt_tokens_cached>} added.
  *
- * Records are checked as strict JSON (gw_json.h); a followed record that
+ * Records are checked as strict JSON (json_span.h); a followed record that
  * is not a chunk ends the stream with an `internal` error.
  *
  * Memory: every event stays until gw_stream_destroy (resumes replay them);

@@ -1,5 +1,5 @@
-/* The strict JSON scanner (gw_json.h). */
-#include "gateway/gw_json.h"
+/* The strict JSON scanner (json_span.h). */
+#include "protocol/json_span.h"
 
 #include <assert.h>
 #include <string.h>
@@ -111,7 +111,7 @@ static const char *skip_number(const char *p, const char *end)
         if (!(p = skip_digits(p, end)))
             return NULL;
     }
-    return p - start <= GW_JSON_NUMBER_MAX ? p : NULL;
+    return p - start <= SVC_JSON_NUMBER_MAX ? p : NULL;
 }
 
 static const char *skip_literal(const char *p, const char *end, const char *lit)
@@ -162,7 +162,7 @@ static const char *skip_value(const char *p, const char *end, int depth)
     switch (*p) {
     case '"': return skip_string(p, end);
     case '{':
-    case '[': return depth < GW_JSON_DEPTH_MAX ? skip_container(p, end, depth + 1) : NULL;
+    case '[': return depth < SVC_JSON_DEPTH_MAX ? skip_container(p, end, depth + 1) : NULL;
     case 't': return skip_literal(p, end, "true");
     case 'f': return skip_literal(p, end, "false");
     case 'n': return skip_literal(p, end, "null");
@@ -170,16 +170,16 @@ static const char *skip_value(const char *p, const char *end, int depth)
     }
 }
 
-static const gw_span absent = {NULL, 0};
+static const svc_span absent = {NULL, 0};
 
-gw_span gw_json_value(const char *s, size_t n)
+svc_span svc_json_value(const char *s, size_t n)
 {
     const char *end = s + n;
     const char *p = skip_ws(s, end);
     const char *q = skip_value(p, end, 0);
     if (!q || skip_ws(q, end) != end)
         return absent;
-    return (gw_span){p, (size_t)(q - p)};
+    return (svc_span){p, (size_t)(q - p)};
 }
 
 /* Past the value at p inside a scanned span: it cannot fail there. */
@@ -190,7 +190,7 @@ static const char *skip_scanned(const char *p, const char *end)
     return q;
 }
 
-gw_span gw_json_member(gw_span obj, const char *key)
+svc_span svc_json_member(svc_span obj, const char *key)
 {
     const char *p = obj.p + 1, *end = obj.p + obj.n;
     size_t klen = strlen(key);
@@ -203,7 +203,7 @@ gw_span gw_json_member(gw_span obj, const char *key)
         const char *v = p;
         p = skip_scanned(p, end);
         if (hit)
-            return (gw_span){v, (size_t)(p - v)};
+            return (svc_span){v, (size_t)(p - v)};
         p = skip_ws(p, end);
         if (*p == ',')
             p = skip_ws(p + 1, end);
@@ -211,38 +211,48 @@ gw_span gw_json_member(gw_span obj, const char *key)
     return absent;
 }
 
-gw_span gw_json_first(gw_span arr)
+svc_span svc_json_first(svc_span arr)
 {
     const char *end = arr.p + arr.n;
     const char *p = skip_ws(arr.p + 1, end);
     if (*p == ']')
         return absent;
-    return (gw_span){p, (size_t)(skip_scanned(p, end) - p)};
+    return (svc_span){p, (size_t)(skip_scanned(p, end) - p)};
 }
 
-bool gw_json_is(gw_span v, char first)
+svc_span svc_json_next(svc_span arr, svc_span elem)
+{
+    const char *end = arr.p + arr.n;
+    const char *p = skip_ws(elem.p + elem.n, end);
+    if (*p == ']')
+        return absent;
+    p = skip_ws(p + 1, end); /* past ',' */
+    return (svc_span){p, (size_t)(skip_scanned(p, end) - p)};
+}
+
+bool svc_json_is(svc_span v, char first)
 {
     return v.p && v.n > 0 && v.p[0] == first;
 }
 
-bool gw_json_is_null(gw_span v)
+bool svc_json_is_null(svc_span v)
 {
-    return !v.p || gw_json_is(v, 'n');
+    return !v.p || svc_json_is(v, 'n');
 }
 
-bool gw_json_is_number(gw_span v)
+bool svc_json_is_number(svc_span v)
 {
     return v.p && v.n > 0 && (v.p[0] == '-' || (v.p[0] >= '0' && v.p[0] <= '9'));
 }
 
-bool gw_json_is_empty(gw_span v)
+bool svc_json_is_empty(svc_span v)
 {
     return skip_ws(v.p + 1, v.p + v.n) == v.p + v.n - 1;
 }
 
-gw_span gw_json_inner(gw_span v)
+svc_span svc_json_inner(svc_span v)
 {
-    return (gw_span){v.p + 1, v.n - 2};
+    return (svc_span){v.p + 1, v.n - 2};
 }
 
 static int put(svc_buf *b, const char *s, size_t n)
@@ -257,7 +267,7 @@ static int put(svc_buf *b, const char *s, size_t n)
     return 0;
 }
 
-int gw_json_put_compact(svc_buf *b, gw_span v)
+int svc_json_put_compact(svc_buf *b, svc_span v)
 {
     size_t len0 = b->len;
     bool in_string = false;
