@@ -146,11 +146,6 @@ typedef struct gframes {
     bool base_popped;
 } gframes;
 
-static bool grammar_is_ws(uint8_t b)
-{
-    return b == ' ' || b == '\t' || b == '\n' || b == '\r';
-}
-
 /* Advance p by byte b (grammar_internal.h's walk); false, p unspecified,
  * when b is refused. Frames pushed go to fr's arena, which has room for
  * ML_GRAMMAR_MAX_DEPTH more than fr->n (a byte enters at most that many
@@ -160,7 +155,7 @@ static inline bool grammar_step(const ml_grammar *g, gpos *p, gframes *fr, uint8
     uint32_t cls = g->byte_class[b];
     for (;;) {
         uint32_t e = g->next[(size_t)p->cur * g->n_classes + cls];
-        if (e < g->n_states && p->depth == 0 && !grammar_is_ws(b)) { /* the common case */
+        if (e < g->n_states && p->depth == 0 && !ml_json_is_ws(b)) { /* the common case */
             p->ws = 0;
             p->cur = e;
             return true;
@@ -189,7 +184,7 @@ static inline bool grammar_step(const ml_grammar *g, gpos *p, gframes *fr, uint8
         }
         if (p->depth + (unsigned)g->need[e] > ML_GRAMMAR_MAX_DEPTH)
             return false;
-        if (grammar_is_ws(b) && !(g->flags[p->cur] & ML_GRAMMAR_IN_STRING)) {
+        if (ml_json_is_ws(b) && !(g->flags[p->cur] & ML_GRAMMAR_IN_STRING)) {
             if (p->ws >= ML_JSON_MAX_WHITESPACE)
                 return false;
             p->ws++;
@@ -498,7 +493,7 @@ static void mask_walk_flat(ml_grammar_state *s, const uint8_t *only, uint64_t *a
         uint8_t b = v->pre_byte[i];
         gpos p = level[d - 1].pos;
         uint32_t e = g->next[(size_t)p.cur * g->n_classes + g->byte_class[b]];
-        bool ws = grammar_is_ws(b) && !(g->flags[p.cur] & ML_GRAMMAR_IN_STRING);
+        bool ws = ml_json_is_ws(b) && !(g->flags[p.cur] & ML_GRAMMAR_IN_STRING);
         if (e == ML_GRAMMAR_DEAD || (ws && p.ws >= ML_JSON_MAX_WHITESPACE) ||
             (only && !only[i] && (g->flags[p.cur] & ML_GRAMMAR_IN_STRING))) {
             i = v->pre_skip[i];

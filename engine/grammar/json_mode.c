@@ -70,11 +70,6 @@ typedef struct json_rec {
 
 static const char *const json_literals[] = {"true", "false", "null"};
 
-static bool json_is_ws(uint8_t c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
 static bool json_is_digit(uint8_t c)
 {
     return c >= '0' && c <= '9';
@@ -151,7 +146,7 @@ static bool json_value_start(json_rec *r, uint8_t c)
 
 static bool json_after_value(json_rec *r, uint8_t c)
 {
-    if (json_is_ws(c))
+    if (ml_json_is_ws(c))
         return true;
     bool array = json_top_is_array(r);
     if (c == ',') {
@@ -276,14 +271,14 @@ static bool json_hex_digit(json_rec *r, uint8_t c)
 static bool json_step(json_rec *r, uint8_t c)
 {
     if (!json_in_string(r->mode)) { /* in a string, whitespace is content */
-        bool ws = json_is_ws(c);
+        bool ws = ml_json_is_ws(c);
         if (ws && r->ws == ML_JSON_MAX_WHITESPACE)
             return false;
         r->ws = ws ? (uint8_t)(r->ws + 1) : 0;
     }
     switch ((enum json_mode)r->mode) {
     case JSON_START:
-        if (json_is_ws(c))
+        if (ml_json_is_ws(c))
             return true;
         return c == '{' && json_push(r, false);
     case JSON_OBJ_FIRST:
@@ -293,14 +288,14 @@ static bool json_step(json_rec *r, uint8_t c)
         }
         /* fall through */
     case JSON_OBJ_KEY:
-        if (json_is_ws(c))
+        if (ml_json_is_ws(c))
             return true;
         if (c != '"')
             return false;
         json_open_string(r, true);
         return true;
     case JSON_OBJ_COLON:
-        if (json_is_ws(c))
+        if (ml_json_is_ws(c))
             return true;
         if (c != ':')
             return false;
@@ -313,11 +308,11 @@ static bool json_step(json_rec *r, uint8_t c)
         }
         /* fall through */
     case JSON_VALUE:
-        return json_is_ws(c) || json_value_start(r, c);
+        return ml_json_is_ws(c) || json_value_start(r, c);
     case JSON_AFTER_VALUE:
         return json_after_value(r, c);
     case JSON_DONE:
-        return json_is_ws(c);
+        return ml_json_is_ws(c);
     case JSON_STR:
         return json_string_byte(r, c);
     case JSON_STR_ESC:

@@ -114,6 +114,16 @@ size_t ml_json_vocab_n_vocab(const ml_json_vocab *v);
 /* Words of an allowed mask for v: (n_vocab + 63) / 64. */
 size_t ml_json_vocab_mask_words(const ml_json_vocab *v);
 
+/* The tokens that begin an answer other than a JSON object: the first of
+ * their bytes that is not JSON whitespace exists and is not '{' (a tool
+ * call's grammar binds only an answer beginning with '{',
+ * ml_sampling_params.grammar_on_brace). Special tokens are not in it. A mask
+ * of ml_json_vocab_mask_words words. */
+const uint64_t *ml_json_vocab_prose(const ml_json_vocab *v);
+
+/* 1 when token has bytes and all are JSON whitespace. */
+int ml_json_vocab_blank(const ml_json_vocab *v, int32_t token);
+
 /* ---- per-sequence state ---------------------------------------------------- */
 
 /* A sequence at the start (nothing generated). v is borrowed and must

@@ -3,6 +3,7 @@
 #ifndef ML_RUNTIME_JSON_MODE_INTERNAL_H
 #define ML_RUNTIME_JSON_MODE_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -67,7 +68,16 @@ struct ml_json_vocab {
     /* owned: n_words each; the tokens that, from json_pre_mode[p], are
      * accepted without leaving the string */
     uint64_t *in_string[JSON_N_PRE];
+
+    /* owned: n_words; ml_json_vocab_prose's mask */
+    uint64_t *prose;
 };
+
+/* JSON's whitespace (RFC 8259): what may stand between tokens. */
+static inline bool ml_json_is_ws(uint8_t c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
 
 /* The bytes of token (*len of them), or NULL when it is never allowed
  * (special, without bytes, or outside [0, n_vocab)). */

@@ -192,6 +192,8 @@ ml_status ml_json_vocab_create_from_bytes(const char *const *bytes, const size_t
         v->in_string[p] = calloc(v->n_words, sizeof *v->in_string[p]);
         ok = ok && v->in_string[p];
     }
+    v->prose = calloc(v->n_words, sizeof *v->prose);
+    ok = ok && v->prose;
     json_sort_entry *sorted = malloc((n_tok ? n_tok : 1) * sizeof *sorted);
     ml_status st = ML_OK;
     if (!ok || !sorted) {
@@ -206,6 +208,11 @@ ml_status ml_json_vocab_create_from_bytes(const char *const *bytes, const size_t
             continue;
         memcpy(v->bytes + at, bytes[i], len);
         sorted[k++] = (json_sort_entry){v->bytes + at, (uint32_t)len, (int32_t)i};
+        size_t lead = 0;
+        while (lead < len && ml_json_is_ws((uint8_t)bytes[i][lead]))
+            lead++;
+        if (lead < len && bytes[i][lead] != '{')
+            v->prose[i / 64] |= 1ull << (i % 64);
         at += len;
     }
     v->offset[n_vocab] = (uint32_t)at;
@@ -273,6 +280,7 @@ void ml_json_vocab_destroy(ml_json_vocab *v)
     free(v->pre_closes);
     for (size_t p = 0; p < JSON_N_PRE; p++)
         free(v->in_string[p]);
+    free(v->prose);
     free(v);
 }
 
@@ -292,5 +300,20 @@ size_t ml_json_vocab_n_vocab(const ml_json_vocab *v)
 size_t ml_json_vocab_mask_words(const ml_json_vocab *v)
 {
     return v->n_words;
+}
+
+const uint64_t *ml_json_vocab_prose(const ml_json_vocab *v)
+{
+    return v->prose;
+}
+
+int ml_json_vocab_blank(const ml_json_vocab *v, int32_t token)
+{
+    size_t len = 0;
+    const uint8_t *b = ml_json_vocab_token(v, token, &len);
+    for (size_t i = 0; b && i < len; i++)
+        if (!ml_json_is_ws(b[i]))
+            return 0;
+    return b != NULL;
 }
 

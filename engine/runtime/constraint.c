@@ -17,8 +17,20 @@ typedef enum constraint_kind {
     CONSTRAINT_GRAMMAR, /* a compiled JSON Schema */
 } constraint_kind;
 
+/* A grammar_on_brace answer's course: undecided while it is only
+ * whitespace, bound once a '{' began the document, free once anything else
+ * began prose. Without grammar_on_brace a constraint is bound from the
+ * start. */
+typedef enum constraint_phase {
+    PHASE_BOUND,
+    PHASE_UNDECIDED,
+    PHASE_FREE,
+} constraint_phase;
+
 struct ml_constraint {
     constraint_kind kind;
+    constraint_phase phase;
+    const ml_json_vocab *vocab; /* borrowed: the prose and blank tokens */
     ml_json_state *json;       /* owned; CONSTRAINT_JSON */
     ml_grammar_state *grammar; /* owned (it holds the grammar's reference); CONSTRAINT_GRAMMAR */
     int32_t stop_ids[ML_SAMPLER_MAX_STOP_IDS];
@@ -41,13 +53,16 @@ ml_status ml_constraint_create(const ml_sampling_params *p, const ml_json_vocab 
                                ml_constraint **out, char *err, size_t errlen)
 {
     if (!p || !v || !out || !ml_constraint_wanted(p) || (p->json_object && p->grammar) ||
-        p->n_stop_ids > ML_SAMPLER_MAX_STOP_IDS)
+        (p->grammar_on_brace && !p->grammar) || p->n_stop_ids > ML_SAMPLER_MAX_STOP_IDS)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
-                       "constraint: needs exactly one of json_object and grammar");
+                       "constraint: needs exactly one of json_object and grammar "
+                       "(grammar_on_brace with a grammar)");
     ml_constraint *c = calloc(1, sizeof *c);
     if (!c)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "constraint: out of memory");
     c->kind = p->json_object ? CONSTRAINT_JSON : CONSTRAINT_GRAMMAR;
+    c->phase = p->grammar_on_brace ? PHASE_UNDECIDED : PHASE_BOUND;
+    c->vocab = v;
     c->words = ml_json_vocab_mask_words(v);
     c->mask = calloc(c->words, sizeof *c->mask);
     memcpy(c->stop_ids, p->stop_ids, p->n_stop_ids * sizeof *c->stop_ids);
@@ -81,8 +96,12 @@ const uint64_t *ml_constraint_mask(const ml_constraint *c)
     return c->mask;
 }
 
+/* Whether the answer may end here: a complete document, or, before a
+ * document began, any answer (blank so far, or prose). */
 static bool constraint_complete(const ml_constraint *c)
 {
+    if (c->phase != PHASE_BOUND)
+        return true;
     return c->kind == CONSTRAINT_JSON ? ml_json_state_complete(c->json)
                                       : ml_grammar_state_complete(c->grammar);
 }
@@ -91,11 +110,26 @@ static bool constraint_complete(const ml_constraint *c)
  * step thread's when no mask is queued). */
 static void constraint_compute(ml_constraint *c)
 {
+    if (c->phase == PHASE_FREE) {
+        /* Every logit: a free answer's sampling is unconstrained. */
+        size_t n_vocab = ml_json_vocab_n_vocab(c->vocab);
+        memset(c->mask, 0xff, c->words * sizeof *c->mask);
+        if (n_vocab % 64)
+            c->mask[c->words - 1] = (1ull << (n_vocab % 64)) - 1;
+        c->n_allowed = n_vocab;
+        return;
+    }
     if (c->kind == CONSTRAINT_JSON) {
         ml_json_state_allowed(c->json, c->mask);
         c->n_allowed = 1; /* not counted: a JSON mode sequence ends when complete */
     } else {
         c->n_allowed = ml_grammar_state_allowed(c->grammar, c->mask);
+    }
+    if (c->phase == PHASE_UNDECIDED) {
+        /* The document's first tokens (whitespace, '{'...) or prose. */
+        const uint64_t *prose = ml_json_vocab_prose(c->vocab);
+        for (size_t w = 0; w < c->words; w++)
+            c->mask[w] |= prose[w];
     }
     if (constraint_complete(c))
         for (size_t i = 0; i < c->n_stop_ids; i++) {
@@ -109,6 +143,17 @@ ml_status ml_constraint_accept(ml_constraint *c, int32_t token, char *err, size_
 {
     assert(!c->pending);
     c->fresh = false;
+    if (c->phase == PHASE_FREE)
+        return ML_OK;
+    if (c->phase == PHASE_UNDECIDED) {
+        const uint64_t *prose = ml_json_vocab_prose(c->vocab);
+        if (prose[(uint32_t)token / 64] >> ((uint32_t)token % 64) & 1) {
+            c->phase = PHASE_FREE;
+            return ML_OK;
+        }
+        if (!ml_json_vocab_blank(c->vocab, token))
+            c->phase = PHASE_BOUND;
+    }
     if (c->kind == CONSTRAINT_JSON)
         return ml_json_state_accept(c->json, token, err, errlen);
     return ml_grammar_state_accept(c->grammar, token, err, errlen);
@@ -117,6 +162,8 @@ ml_status ml_constraint_accept(ml_constraint *c, int32_t token, char *err, size_
 int ml_constraint_ended(ml_constraint *c)
 {
     assert(!c->pending);
+    if (c->phase != PHASE_BOUND)
+        return 0; /* prose, or nothing yet: the answer ends with a stop id */
     if (c->kind == CONSTRAINT_JSON || !constraint_complete(c))
         return constraint_complete(c);
     /* A complete document may go on (a top-level number, say): the mask

@@ -95,6 +95,8 @@ ml_status ml_sampling_params_validate(const ml_sampling_params *p, size_t n_voca
                        (unsigned)p->top_logprobs, ML_SAMPLE_MAX_TOP);
     if (p->top_logprobs > 0 && !p->logprobs)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "top_logprobs: requires logprobs");
+    if (p->grammar_on_brace && !p->grammar)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "grammar_on_brace: requires a grammar");
     return validate_logit_bias(p, n_vocab, err, errlen);
 }
 

@@ -58,6 +58,11 @@ typedef struct ml_sampling_params {
      * ending the sequence when the document is complete. Excludes
      * json_object. */
     struct ml_grammar *grammar;
+    /* With grammar: it binds only an answer whose first byte that is not
+     * JSON whitespace is '{' (OpenAI's tool_choice "auto": a tool call, or
+     * prose); an answer that begins otherwise is free text from its first
+     * token on (runtime/constraint.h). */
+    bool grammar_on_brace;
     uint32_t top_logprobs; /* 0..ML_SAMPLE_MAX_TOP alternatives; needs logprobs */
     /* OpenAI's logit_bias (sample.h step 0): borrowed, n_logit_bias
      * (<= ML_SAMPLE_MAX_BIAS) entries with distinct ids; the sequence keeps

@@ -275,8 +275,10 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
         ml_image_state_key(s->salt, s->content[i], NULL, s->images[i].key);
     }
     s->sampling = req->sampling;
-    /* The grammar is the caller's: the constraint holds its own reference. */
+    /* The grammar is the caller's: the constraint holds its own reference
+     * (and the course of a grammar_on_brace answer). */
     s->sampling.grammar = NULL;
+    s->sampling.grammar_on_brace = false;
     if (ml_constraint_wanted(&req->sampling) &&
         ml_constraint_create(&req->sampling, rt->json_vocab, &s->con, err, errlen) != ML_OK)
         goto nomem;

@@ -64,6 +64,7 @@ const char *svc_role_name(svc_role role)
     case SVC_ROLE_SYSTEM: return "system";
     case SVC_ROLE_USER: return "user";
     case SVC_ROLE_ASSISTANT: return "assistant";
+    case SVC_ROLE_TOOL: return "tool";
     }
     return "user";
 }
@@ -80,6 +81,16 @@ static bool all_name_chars(const char *s, size_t len)
 {
     for (size_t i = 0; i < len; i++)
         if (!is_name_char(s[i]))
+            return false;
+    return true;
+}
+
+bool svc_valid_openai_name(const char *s, size_t len)
+{
+    if (len == 0 || len > SVC_OPENAI_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!is_name_char(s[i]) || s[i] == '.')
             return false;
     return true;
 }

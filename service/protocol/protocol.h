@@ -171,15 +171,19 @@ const char *svc_error_code(svc_error e);
 /* The longest request id the parser accepts by default (svc_limits.max_id_bytes);
  * buffers that hold an id (the worker's pending cancels) are sized by it. */
 #define SVC_ID_MAX_BYTES 256
-/* response_format json_schema: the longest name (OpenAI's), and the default
- * bound on a schema's text (svc_limits.max_schema_bytes; the engine's own
- * default, ml_schema_limits_default). */
-#define SVC_SCHEMA_NAME_MAX 64
+/* The longest name of a JSON schema (response_format) or a function
+ * (tools), OpenAI's rule for both (svc_valid_openai_name). */
+#define SVC_OPENAI_NAME_MAX 64
+/* response_format json_schema: the default bound on a schema's text
+ * (svc_limits.max_schema_bytes; the engine's own default,
+ * ml_schema_limits_default). */
 #define SVC_SCHEMA_BYTES_DEFAULT (256u << 10)
 /* logit_bias: OpenAI's fixed limits, entries per request and the range of a
  * bias (the engine's ML_SAMPLE_MAX_BIAS and ML_SAMPLE_MAX_ABS_BIAS). */
 #define SVC_LOGIT_BIAS_MAX 300
 #define SVC_LOGIT_BIAS_ABS_MAX 100.0
+/* tools: OpenAI's fixed limit on the tools of one request. */
+#define SVC_TOOLS_MAX 128
 
 /* What one request may ask for; hostile input is bounded by these before
  * anything proportional to it is allocated. */
@@ -226,9 +230,10 @@ typedef enum svc_role {
     SVC_ROLE_SYSTEM = 0,
     SVC_ROLE_USER,
     SVC_ROLE_ASSISTANT,
+    SVC_ROLE_TOOL,     /* a tool's result (the template's ipython turn) */
 } svc_role;
 
-/* "system", "user" or "assistant". Never NULL. @locality any thread. */
+/* "system", "user", "assistant" or "tool". Never NULL. @locality any thread. */
 const char *svc_role_name(svc_role role);
 
 typedef enum svc_part_kind {
@@ -247,7 +252,17 @@ typedef struct svc_part {
 typedef struct svc_message {
     svc_role role;
     const svc_part *parts; /* borrowed from the request */
-    size_t n_parts;        /* >= 1; a string content is one TEXT part */
+    size_t n_parts;        /* >= 1; a string content is one TEXT part; 0 for a tool call */
+    /* An assistant message with tool_calls: its one call's function name
+     * (svc_valid_openai_name) and arguments, the JSON text of an object
+     * (the client's `arguments` string), both NUL-terminated; NULL for
+     * any other message. */
+    const char *tool_call_name;
+    const char *tool_call_arguments;
+    /* SVC_ROLE_TOOL: the content's JSON text as the client wrote it (a
+     * string literal or an array of text parts), NUL-terminated: the chat
+     * template renders it with its tojson filter. NULL otherwise. */
+    const char *content_json;
 } svc_message;
 
 typedef enum svc_image_kind {
@@ -282,6 +297,25 @@ typedef struct svc_sampling {
     const svc_logit_bias *logit_bias; /* n_logit_bias (<= SVC_LOGIT_BIAS_MAX) distinct ids */
     size_t n_logit_bias;
 } svc_sampling;
+
+/* tool_choice: what the answer may be when the request has tools. */
+typedef enum svc_tool_choice {
+    SVC_TOOL_CHOICE_NONE = 0, /* text only: no tools, or "none" (tools not rendered) */
+    SVC_TOOL_CHOICE_AUTO,     /* text, or one call: "auto", the default with tools */
+    SVC_TOOL_CHOICE_REQUIRED, /* one call of any of the tools */
+    SVC_TOOL_CHOICE_FUNCTION, /* one call of the named tool (svc_request.tool_named) */
+} svc_tool_choice;
+
+/* One of a request's tools ({"type": "function", "function": {...}}). */
+typedef struct svc_tool {
+    const char *name;   /* NUL-terminated, svc_valid_openai_name, distinct within the request */
+    /* The tool object's JSON text exactly as the client wrote it (not
+     * NUL-terminated): the chat template prints it with Python's
+     * json.dumps, whose numbers (1.0 against 1) and key order only the
+     * written text keeps. */
+    const char *json;
+    size_t json_len;
+} svc_tool;
 
 /* A validated request. Every pointer is borrowed from the request itself and
  * lives until svc_request_destroy; the record it was parsed from may be
@@ -320,6 +354,21 @@ typedef struct svc_request {
     /* The chat template's "Today Date" (NUL-terminated, svc_valid_date_string);
      * NULL = the worker writes today's date. */
     const char *date_string;
+    /* Tools (request_tools.c): rendered into the prompt unless tool_choice
+     * is NONE; n_tools <= SVC_TOOLS_MAX. */
+    const svc_tool *tools;
+    size_t n_tools;
+    svc_tool_choice tool_choice;
+    size_t tool_named;       /* SVC_TOOL_CHOICE_FUNCTION: index into tools */
+    bool parallel_tool_calls; /* as given (default true); one call per turn either way */
+    /* With a tool choice other than NONE: the JSON Schema of a call,
+     * {"name": <a tool's name>, "parameters": <its parameters>} for the
+     * tools tool_choice allows (compact JSON, NUL-terminated,
+     * tool_call_schema_len <= max_schema_bytes), compiled by the worker as
+     * a response_format schema is. AUTO binds it only to an answer that
+     * starts (after whitespace) with '{'. NULL otherwise. */
+    const char *tool_call_schema;
+    size_t tool_call_schema_len;
 } svc_request;
 
 /* A header value as it came off the wire: not NUL-terminated; ptr NULL =
@@ -415,6 +464,10 @@ bool svc_topic_policy_overlap(const svc_topic_policy *a, const svc_topic_policy 
  * topic-name suffix and a Redis key part). */
 #define SVC_TENANT_NAME_MAX 48
 bool svc_valid_tenant_name(const char *s, size_t len);
+
+/* True for a name OpenAI's rule allows for a JSON schema or a function:
+ * [A-Za-z0-9_-]{1,SVC_OPENAI_NAME_MAX}. @locality any thread. */
+bool svc_valid_openai_name(const char *s, size_t len);
 
 /* True for an adapter name: [A-Za-z0-9._-]{1,128}, not starting with '.'
  * (it becomes a Redis key part and may name a directory). */

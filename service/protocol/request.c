@@ -383,7 +383,8 @@ static svc_error parse_part(parser *p, svc_part *part, const cJSON *obj, svc_rol
 
 static svc_error parse_role(parser *p, const cJSON *msg, size_t i, svc_role *role)
 {
-    static const svc_role roles[] = {SVC_ROLE_SYSTEM, SVC_ROLE_USER, SVC_ROLE_ASSISTANT};
+    static const svc_role roles[] = {SVC_ROLE_SYSTEM, SVC_ROLE_USER, SVC_ROLE_ASSISTANT,
+                                     SVC_ROLE_TOOL};
     const cJSON *r = member(msg, "role");
     if (!cJSON_IsString(r))
         return fail(p, SVC_ERROR_INVALID_REQUEST, "messages[%zu].role: expected a string", i);
@@ -394,7 +395,7 @@ static svc_error parse_role(parser *p, const cJSON *msg, size_t i, svc_role *rol
         }
     }
     return fail(p, SVC_ERROR_INVALID_REQUEST,
-                "messages[%zu].role: expected system, user or assistant", i);
+                "messages[%zu].role: expected system, user, assistant or tool", i);
 }
 
 static svc_error parse_message(parser *p, svc_message *m, const cJSON *msg, size_t i)
@@ -404,6 +405,13 @@ static svc_error parse_message(parser *p, svc_message *m, const cJSON *msg, size
     svc_error e = parse_role(p, msg, i, &m->role);
     if (e)
         return e;
+    /* A call's content is not rendered (the template's), so not read. */
+    const cJSON *calls = member(msg, "tool_calls");
+    if (m->role == SVC_ROLE_ASSISTANT && calls &&
+        !(cJSON_IsArray(calls) && cJSON_GetArraySize(calls) == 0))
+        return svc_request_parse_tool_call(p, m, calls, i);
+    if (m->role == SVC_ROLE_TOOL)
+        return svc_request_parse_tool_content(p, m, msg, i);
     const cJSON *content = member(msg, "content");
     size_t n = 0;
     if (cJSON_IsString(content))
@@ -551,7 +559,8 @@ svc_error svc_request_parse(const svc_request_input *in, const svc_limits *lim,
     svc_request *req = &r->pub;
     req->stream = true;
     req->sampling = sampling_default;
-    parser p = {.r = r, .lim = lim, .err = err, .errlen = errlen};
+    parser p = {.r = r, .lim = lim, .err = err, .errlen = errlen, .body = in->value,
+                .body_len = in->value_len};
 
     address_from_headers(&p, in);
     cJSON *root = parse_body(&p, in);
@@ -567,6 +576,8 @@ svc_error svc_request_parse(const svc_request_input *in, const svc_limits *lim,
         e = svc_request_parse_options(&p, root);
     if (!e)
         e = parse_messages(&p, root);
+    if (!e)
+        e = svc_request_check_tools(&p);
     cJSON_Delete(root);
 
     if (e)

@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "protocol/arena.h"
+#include "protocol/json_span.h"
 #include "protocol/protocol.h"
 
 /* The request as allocated: the public part first, so a svc_request pointer
@@ -22,6 +23,10 @@ typedef struct request_impl {
 
 typedef struct parser {
     request_impl *r;
+    const char *body;  /* the record value, for spans of it (json_span.h) */
+    size_t body_len;
+    svc_span root;      /* the body as a span, once scanned (request_tools.c) */
+    svc_span *msg_spans; /* the messages' spans, once one is needed (request_tools.c) */
     const svc_limits *lim;
     char *err;
     size_t errlen;
@@ -117,7 +122,26 @@ static inline svc_error opt_bool(parser *p, const cJSON *obj, const char *name, 
 }
 
 /* The generation options of the body (request_options.c): sampling,
- * limits, stop strings, response format, date_string, adapter. */
+ * limits, stop strings, response format, tools, date_string, adapter. */
 svc_error svc_request_parse_options(parser *p, const cJSON *root);
+
+/* A JSON Schema's compact text into the arena (*text, *text_len), printed
+ * into a buffer of max_schema_bytes so that a schema over the bound costs
+ * no more than that (escapes can make the text several times the size of
+ * its share of the record); `field` names it in the error. */
+svc_error svc_request_keep_schema(parser *p, const cJSON *schema, const char *field,
+                                  const char **text, size_t *text_len);
+
+/* tools, tool_choice and parallel_tool_calls (request_tools.c), after
+ * response_format and stop, which a tool choice excludes. */
+svc_error svc_request_parse_tools(parser *p, const cJSON *root);
+
+/* What tools exclude in the messages, once they are parsed (images). */
+svc_error svc_request_check_tools(parser *p);
+
+/* An assistant message's tool_calls, or a tool message's content
+ * (request_tools.c, for request.c's messages). */
+svc_error svc_request_parse_tool_call(parser *p, svc_message *m, const cJSON *calls, size_t i);
+svc_error svc_request_parse_tool_content(parser *p, svc_message *m, const cJSON *msg, size_t i);
 
 #endif

@@ -94,26 +94,8 @@ static svc_error parse_date_string(parser *p, const cJSON *root)
 #define PENALTY_ABS_MAX 2.0
 #define REPETITION_PENALTY_MAX 10.0
 
-/* OpenAI's rule for response_format.json_schema.name. */
-static bool valid_schema_name(const char *s, size_t len)
-{
-    if (len == 0 || len > SVC_SCHEMA_NAME_MAX)
-        return false;
-    for (size_t i = 0; i < len; i++) {
-        char c = s[i];
-        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                  c == '_' || c == '-';
-        if (!ok)
-            return false;
-    }
-    return true;
-}
-
-/* The schema's compact JSON text into the arena, printed into a buffer of
- * max_schema_bytes so that a schema over the bound costs no more than that
- * (escapes can make the text several times the size of its share of the
- * record). */
-static svc_error keep_schema_text(parser *p, const cJSON *schema)
+svc_error svc_request_keep_schema(parser *p, const cJSON *schema, const char *field,
+                                  const char **text, size_t *text_len)
 {
     size_t max = p->lim->max_schema_bytes;
     /* cJSON_PrintPreallocated may need a few bytes past the text it fits
@@ -127,12 +109,12 @@ static svc_error keep_schema_text(parser *p, const cJSON *schema)
     svc_error e = SVC_ERROR_NONE;
     if (!fits || len > max)
         e = fail(p, SVC_ERROR_INVALID_REQUEST,
-                 "response_format.json_schema.schema: its compact JSON text is over the limit "
-                 "of %zu bytes (limits.max_schema_bytes)", max);
-    else if (!(p->r->pub.json_schema = svc_arena_strndup(&p->r->arena, buf, len)))
+                 "%s: its compact JSON text is over the limit of %zu bytes "
+                 "(limits.max_schema_bytes)", field, max);
+    else if (!(*text = svc_arena_strndup(&p->r->arena, buf, len)))
         e = out_of_memory(p);
     else
-        p->r->pub.json_schema_len = len;
+        *text_len = len;
     free(buf);
     return e;
 }
@@ -148,10 +130,10 @@ static svc_error parse_json_schema(parser *p, const cJSON *format)
                     "response_format.json_schema: expected an object with \"name\" and "
                     "\"schema\"");
     const cJSON *name = member(js, "name");
-    if (!cJSON_IsString(name) || !valid_schema_name(name->valuestring, strlen(name->valuestring)))
+    if (!cJSON_IsString(name) || !svc_valid_openai_name(name->valuestring, strlen(name->valuestring)))
         return fail(p, SVC_ERROR_INVALID_REQUEST,
                     "response_format.json_schema.name: expected 1..%d characters [A-Za-z0-9_-]",
-                    SVC_SCHEMA_NAME_MAX);
+                    SVC_OPENAI_NAME_MAX);
     const cJSON *description = member(js, "description");
     if (description && !cJSON_IsString(description))
         return fail(p, SVC_ERROR_INVALID_REQUEST,
@@ -169,7 +151,10 @@ static svc_error parse_json_schema(parser *p, const cJSON *format)
     req->json_schema_strict = cJSON_IsTrue(strict);
     req->json_schema_name = svc_arena_strndup(&p->r->arena, name->valuestring,
                                               strlen(name->valuestring));
-    return req->json_schema_name ? keep_schema_text(p, schema) : out_of_memory(p);
+    return req->json_schema_name
+               ? svc_request_keep_schema(p, schema, "response_format.json_schema.schema",
+                                         &req->json_schema, &req->json_schema_len)
+               : out_of_memory(p);
 }
 
 /* response_format: text (the default), json_object (JSON mode) or
@@ -189,18 +174,6 @@ static svc_error parse_response_format(parser *p, const cJSON *root)
     return fail(p, SVC_ERROR_INVALID_REQUEST,
                 "response_format: expected {\"type\": \"text\"}, {\"type\": \"json_object\"} "
                 "or {\"type\": \"json_schema\", \"json_schema\": {...}}");
-}
-
-/* Fields a client sends to change what the answer is (tool calls):
- * ignoring them like unknown fields would return a plain text answer the
- * client did not ask for, so they are refused by name. Their neutral values
- * (null, []) pass. */
-static svc_error refuse_unsupported(parser *p, const cJSON *root)
-{
-    const cJSON *tools = member(root, "tools");
-    if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
-        return fail(p, SVC_ERROR_INVALID_REQUEST, "tools: tool calling is not supported");
-    return SVC_ERROR_NONE;
 }
 
 /* A logit_bias key: a token id in decimal digits (OpenAI sends the ids as
@@ -337,7 +310,7 @@ svc_error svc_request_parse_options(parser *p, const cJSON *root)
                     lim->max_reply_bytes);
 
     if ((e = parse_stop(p, root)) || (e = parse_response_format(p, root)) ||
-        (e = refuse_unsupported(p, root)) || (e = parse_logit_bias(p, root)) ||
+        (e = svc_request_parse_tools(p, root)) || (e = parse_logit_bias(p, root)) ||
         (e = parse_date_string(p, root)))
         return e;
     return parse_adapter(p, root);

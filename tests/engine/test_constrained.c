@@ -19,7 +19,10 @@
  *   one compiled from a JSON Schema (ml_grammar_compile_schema); many
  *   sequences sharing one grammar, its references all returned at the end;
  *   a finished document checked by a validator written here with cJSON,
- *   not by the grammar. */
+ *   not by the grammar;
+ * - grammar_on_brace (tool_choice "auto"): an answer is either prose,
+ *   unconstrained from its first token, or, when it begins with '{', a
+ *   document of the grammar; a bias towards '{' makes it one. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -400,6 +403,81 @@ static void test_grammar(ml_rt_fixture *f, ml_grammar *g, int closed, validate_f
             N_CON);
 }
 
+/* The first byte of r's text that is not JSON whitespace, or 0. */
+static int first_byte(const ml_rt_fixture *f, const ml_rt_result *r)
+{
+    char err[256];
+    char *text = NULL;
+    size_t len = 0;
+    int c = 0;
+    if (ml_tokenizer_decode(f->tok, r->out, (size_t)r->n_out, 0, &text, &len, err,
+                            sizeof err) == ML_OK)
+        for (size_t i = 0; i < len && !c; i++)
+            if (!strchr(" \t\n\r", text[i]))
+                c = (unsigned char)text[i];
+    free(text);
+    return c;
+}
+
+/* grammar_on_brace: requests drawn freely begin with prose or a document,
+ * each checked as what it began as; with '{' biased up every one is a
+ * document of g. Alone == batched. */
+static void test_on_brace(ml_rt_fixture *f, ml_grammar *g, validate_fn valid)
+{
+    char err[256] = "";
+    ml_token_buf brace;
+    ml_token_buf_init(&brace);
+    check(ml_tokenizer_encode(f->tok, "{", 1, 0, &brace, err, sizeof err) == ML_OK &&
+              brace.n == 1,
+          "'{' is one token (%s)", err);
+    ml_logit_bias up = {brace.n ? brace.ids[0] : 0, 100.0f};
+    ml_token_buf_deinit(&brace);
+    enum { N_BRACE = 8 };
+    ml_rt_result alone[N_BRACE], batched[N_BRACE];
+    ml_sampling_params p[N_BRACE];
+    for (int i = 0; i < N_BRACE; i++) {
+        constrained_params(&p[i], i, g);
+        p[i].grammar_on_brace = true;
+        p[i].temperature = 1.0f; /* random weights: draws begin with anything */
+        if (i % 2) {
+            p[i].logit_bias = &up;
+            p[i].n_logit_bias = 1;
+        }
+        ml_runtime *rt = ml_rt_runtime_sized(f, KV_AMPLE, IMAGE_SLOTS);
+        memset(&alone[i], 0, sizeof alone[i]);
+        ml_rt_submit(f, rt,
+                     &(ml_rt_request){.kind = kind_of(i), .max_tokens = TOKENS,
+                                      .sampling = &p[i]},
+                     &alone[i]);
+        ml_rt_drain(rt, 0);
+        ml_runtime_destroy(rt);
+    }
+    ml_runtime *rt = ml_rt_runtime_sized(f, KV_AMPLE, IMAGE_SLOTS);
+    memset(batched, 0, sizeof batched);
+    for (int i = 0; i < N_BRACE; i++)
+        ml_rt_submit(f, rt,
+                     &(ml_rt_request){.kind = kind_of(i), .max_tokens = TOKENS,
+                                      .sampling = &p[i]},
+                     &batched[i]);
+    ml_rt_drain(rt, 0);
+    ml_runtime_destroy(rt);
+    int prose = 0;
+    for (int i = 0; i < N_BRACE; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "on_brace request %d", i);
+        int c = first_byte(f, &batched[i]);
+        check(c == '{' || (i % 2 == 0 && c != 0), "%s: begins with '%c'%s", what, c ? c : '0',
+              i % 2 ? " though '{' is biased up" : "");
+        if (c == '{')
+            check_grammar_result(f, g, &batched[i], 1, valid, what);
+        else
+            prose++;
+        check(same_result(&alone[i], &batched[i]), "%s: alone and batched the same", what);
+        ml_rt_result_deinit(&alone[i]);
+    }
+    fprintf(stderr, "  on_brace: %d of %d answers prose, the rest documents\n", prose, N_BRACE);
+}
+
 int main(void)
 {
     ml_rt_fixture f;
@@ -427,6 +505,7 @@ int main(void)
           "the schema compiles: %s", err);
     if (person) {
         test_grammar(&f, person, 1, valid_person, "schema");
+        test_on_brace(&f, person, valid_person);
         ml_grammar_unref(person);
     }
     ml_json_vocab_destroy(g_vocab);
