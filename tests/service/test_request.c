@@ -343,9 +343,10 @@ static void test_message_errors(void)
 {
     expect_error("{\"id\":\"a\",\"reply_topic\":\"t\",\"messages\":[3]}",
                  SVC_ERROR_INVALID_REQUEST, "messages[0]: expected an object", true);
-    expect_error("{\"id\":\"a\",\"reply_topic\":\"t\",\"messages\":[{\"role\":\"tool\","
+    expect_error("{\"id\":\"a\",\"reply_topic\":\"t\",\"messages\":[{\"role\":\"ipython\","
                  "\"content\":\"x\"}]}",
-                 SVC_ERROR_INVALID_REQUEST, "messages[0].role: expected system", true);
+                 SVC_ERROR_INVALID_REQUEST, "messages[0].role: expected system, user, assistant or tool",
+                 true);
     expect_error_wrapped("[]", "", SVC_ERROR_INVALID_REQUEST, "messages[0].content: expected");
     expect_error_wrapped("null", "", SVC_ERROR_INVALID_REQUEST, "messages[0].content: expected");
     expect_error_wrapped("[\"x\"]", "", SVC_ERROR_INVALID_REQUEST,
@@ -446,8 +447,6 @@ static void test_option_errors(void)
         {",\"adapter\":\"a b\"", "adapter: expected a name"},
         {",\"adapter\":7", "adapter: expected a name"},
         {",\"deadline_ms\":0", "deadline_ms: 0 is out of range"},
-        {",\"tools\":[{\"type\":\"function\"}]", "tools: tool calling is not supported"},
-        {",\"tools\":{}", "tools: tool calling is not supported"},
         {",\"response_format\":{\"type\":\"json_schema\"}",
          "response_format.json_schema: expected an object"},
         {",\"response_format\":{\"type\":\"grammar\"}", "response_format: expected"},
@@ -718,5 +717,6 @@ int main(void)
     test_json_schema();
     test_json_schema_bound();
     test_logit_bias();
+    test_tools();
     return check_done();
 }

@@ -1,7 +1,7 @@
 /* Helpers shared by the parts of test_request (one executable):
  * test_request.c (fields, precedence, rejections, topics),
- * test_request_schema.c (response_format json_schema) and
- * test_request_bias.c (logit_bias). */
+ * test_request_schema.c (response_format json_schema),
+ * test_request_bias.c (logit_bias) and test_request_tools.c (tools). */
 #ifndef TEST_REQUEST_H
 #define TEST_REQUEST_H
 
@@ -31,5 +31,6 @@ char *wrap(const char *content, const char *extra);
 void test_json_schema(void);
 void test_json_schema_bound(void);
 void test_logit_bias(void);
+void test_tools(void);
 
 #endif
