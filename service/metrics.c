@@ -104,7 +104,7 @@ static const svc_hist_def tenant_queue_def = {
     {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
 
 static const svc_finish outcomes[] = {SVC_FINISH_STOP, SVC_FINISH_LENGTH, SVC_FINISH_CANCELLED,
-                                      SVC_FINISH_ERROR};
+                                      SVC_FINISH_ERROR, SVC_FINISH_TOOL_CALLS};
 #define N_OUTCOMES (sizeof outcomes / sizeof outcomes[0])
 /* Error codes with a label, in svc_error order from INVALID_JSON; those
  * from TOO_MANY_ATTEMPTS on are dead-letter only. */

@@ -501,9 +501,11 @@ typedef enum svc_finish {
     SVC_FINISH_LENGTH,
     SVC_FINISH_CANCELLED,
     SVC_FINISH_ERROR,
+    SVC_FINISH_TOOL_CALLS, /* the answer is a complete tool call */
 } svc_finish;
 
-/* "stop", "length", "cancelled", "error"; NULL for SVC_FINISH_NONE. */
+/* "stop", "length", "cancelled", "error", "tool_calls"; NULL for
+ * SVC_FINISH_NONE. */
 const char *svc_finish_name(svc_finish f);
 
 /* The finish_reason that goes with an error: cancelled for
@@ -552,10 +554,23 @@ typedef struct svc_timings {
 
 /* One reply record. For stream: false (svc_reply_completion) `content` is
  * the whole answer and `logprobs` every token's entry. */
+/* A tool call's share of a record (tool_stream.h). */
+typedef struct svc_reply_call {
+    const char *id;        /* borrowed: svc_tool_call_id's */
+    /* borrowed: the function; in a chunk, only in the one where the call
+     * begins (with id and type), NULL in those that carry arguments only */
+    const char *name;
+    const char *arguments; /* borrowed: the arguments' JSON text, this chunk's bytes of
+                              it or, in a completion, all of it */
+    size_t arguments_len;
+} svc_reply_call;
+
 typedef struct svc_reply {
     uint32_t seq;
     const char *content;  /* borrowed; NULL or "" = no content */
     size_t content_len;
+    const svc_reply_call *call; /* borrowed; NULL = none (the completion's content is then
+                                   the message's; with a call it is null) */
     const svc_logprob_entry *logprobs; /* borrowed; NULL = "logprobs":null */
     size_t n_logprobs;
     svc_finish finish;    /* NONE for a non-final chunk */

@@ -139,6 +139,7 @@ const char *svc_finish_name(svc_finish f)
     case SVC_FINISH_LENGTH: return "length";
     case SVC_FINISH_CANCELLED: return "cancelled";
     case SVC_FINISH_ERROR: return "error";
+    case SVC_FINISH_TOOL_CALLS: return "tool_calls";
     }
     return NULL;
 }
@@ -276,6 +277,32 @@ static int finish_record(jw *w)
     return -1;
 }
 
+/* "tool_calls":[{..}] as OpenAI writes them: in a chunk, "index" first
+ * and the id, type and name only where the call begins; in a message, the
+ * whole call. */
+static void write_call(jw *w, const svc_reply_call *c, bool chunk)
+{
+    JW_LIT(w, "\"tool_calls\":[{");
+    if (chunk)
+        JW_LIT(w, "\"index\":0");
+    if (c->name) {
+        if (chunk)
+            JW_LIT(w, ",");
+        JW_LIT(w, "\"id\":");
+        jw_cstr(w, c->id);
+        JW_LIT(w, ",\"type\":\"function\"");
+    }
+    JW_LIT(w, ",\"function\":{");
+    if (c->name) {
+        JW_LIT(w, "\"name\":");
+        jw_cstr(w, c->name);
+        JW_LIT(w, ",");
+    }
+    JW_LIT(w, "\"arguments\":");
+    jw_str(w, c->arguments ? c->arguments : "", c->arguments ? c->arguments_len : 0);
+    JW_LIT(w, "}}]");
+}
+
 int svc_reply_chunk(svc_buf *out, const svc_reply_ctx *ctx, const svc_reply *r)
 {
     static const char object[] = "chat.completion.chunk";
@@ -292,6 +319,11 @@ int svc_reply_chunk(svc_buf *out, const svc_reply_ctx *ctx, const svc_reply *r)
         JW_LIT(&w, "\"content\":");
         jw_str(&w, r->content, r->content_len);
     }
+    if (r->call) {
+        if (role || (r->content && r->content_len > 0))
+            JW_LIT(&w, ",");
+        write_call(&w, r->call, true);
+    }
     JW_LIT(&w, "}");
     write_choice_tail(&w, r);
     write_tail(&w, ctx, r);
@@ -305,7 +337,12 @@ int svc_reply_completion(svc_buf *out, const svc_reply_ctx *ctx, const svc_reply
     out->len = 0;
     write_head(&w, ctx, object, sizeof object - 1);
     JW_LIT(&w, "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
-    jw_str(&w, r->content ? r->content : "", r->content ? r->content_len : 0);
+    if (r->call) {
+        JW_LIT(&w, "null,");
+        write_call(&w, r->call, false);
+    } else {
+        jw_str(&w, r->content ? r->content : "", r->content ? r->content_len : 0);
+    }
     JW_LIT(&w, "}");
     write_choice_tail(&w, r);
     write_tail(&w, ctx, r);

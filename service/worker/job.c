@@ -99,6 +99,7 @@ void job_free(job *j)
     free(j->id);
     free(j->reply_topic);
     svc_buf_deinit(&j->text);
+    svc_tool_stream_deinit(&j->tool);
     free(j->lp);
     free(j->lp_top);
     size_t tenant = job_tenant(j);

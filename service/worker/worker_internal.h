@@ -36,6 +36,7 @@
 #include "kafka/kafka.h"
 #include "kafka/mock_kafka.h"
 #include "protocol/protocol.h"
+#include "protocol/tool_stream.h"
 #include "redis/redis.h"
 #include "worker/schema_cache.h"
 #include "worker/worker.h"
@@ -123,7 +124,12 @@ typedef struct job {
     char *id, *reply_topic;     /* owned copies */
     bool stream;
     uint32_t seq;
-    svc_buf text;               /* stream: false accumulates here */
+    svc_buf text;               /* stream: false accumulates here (a call: its arguments) */
+    /* With tools (a tool_choice other than none): the answer as prose or a
+     * call (tool_stream.h), and the call's id. */
+    bool tools;
+    svc_tool_stream tool;
+    char call_id[SVC_TOOL_CALL_ID_LEN + 1];
     /* stream: false with logprobs: each streamed token's entry, its
      * alternatives in lp_top (n_top each, in token order; the entries'
      * top pointers are set when the completion is written, as lp_top

@@ -23,6 +23,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "protocol/json_span.h"
 #include "worker/worker_internal.h"
 
 #define PREP_POLL_MS 200
@@ -318,6 +319,13 @@ static void build_sampling(svc_worker *w, job *j)
     s->logprobs = r->logprobs;
     s->top_logprobs = r->top_logprobs;
     s->json_object = r->json_object;
+    s->grammar_on_brace = r->tool_choice == SVC_TOOL_CHOICE_AUTO;
+    /* The answer's course through a call (tool_stream.h), from its start. */
+    j->tools = r->tool_choice != SVC_TOOL_CHOICE_NONE;
+    if (j->tools) {
+        svc_tool_stream_init(&j->tool, r->tool_choice != SVC_TOOL_CHOICE_AUTO);
+        svc_tool_call_id(j->id, 0, j->call_id);
+    }
     _Static_assert(SVC_LOGIT_BIAS_MAX <= ML_SAMPLE_MAX_BIAS, "j->logit_bias holds them all");
     for (size_t i = 0; i < r->sampling.n_logit_bias; i++)
         j->logit_bias[i] = (ml_logit_bias){r->sampling.logit_bias[i].id,
@@ -326,22 +334,61 @@ static void build_sampling(svc_worker *w, job *j)
     s->n_logit_bias = r->sampling.n_logit_bias;
 }
 
-/* response_format json_schema: the grammar from the worker's cache, or
- * compiled here (never on the step thread, whose step would wait for it),
- * into j->sampling.grammar (j's reference, released by job_free). What the
- * compiler cannot enforce exactly is refused with its message, which names
- * the keyword and its JSON Pointer, or the bound it went over. */
+/* Which of tools[] a call may make (all, or the named one), whose own
+ * parameters schema to blame for an error of the call's. */
+static bool tool_allowed(const svc_request *r, size_t i)
+{
+    return r->tool_choice != SVC_TOOL_CHOICE_FUNCTION || i == r->tool_named;
+}
+
+/* The call schema of r's tools did not compile (err): name the tool whose
+ * parameters are to blame, compiling each on its own (only on this error
+ * path), or the call schema as a whole when none fails alone (a bound
+ * the union went over). */
+static void blame_tool(svc_worker *w, const svc_request *r, const char *err, char *msg,
+                       size_t msglen)
+{
+    for (size_t i = 0; i < r->n_tools; i++) {
+        svc_span fn = svc_json_member(svc_json_value(r->tools[i].json, r->tools[i].json_len),
+                                      "function");
+        svc_span params = svc_json_is(fn, '{') ? svc_json_member(fn, "parameters") : fn;
+        char one[SVC_ERRMSG_MAX];
+        ml_grammar *g = NULL;
+        svc_schema_lookup info;
+        if (!tool_allowed(r, i) || !params.p ||
+            svc_schema_cache_get(w->schemas, params.p, params.n, &g, &info, one, sizeof one) ==
+                ML_OK) {
+            ml_grammar_unref(g);
+            continue;
+        }
+        svc_errf(msg, msglen, "tools[%zu].function.parameters: %s", i, one);
+        return;
+    }
+    svc_errf(msg, msglen, "tools: the schema of a call: %s", err);
+}
+
+/* response_format json_schema, or the schema of a tool call: the grammar
+ * from the worker's cache, or compiled here (never on the step thread,
+ * whose step would wait for it), into j->sampling.grammar (j's reference,
+ * released by job_free). What the compiler cannot enforce exactly is
+ * refused with its message, which names the keyword and its JSON Pointer,
+ * or the bound it went over. */
 static svc_error prepare_schema(svc_worker *w, job *j, char *msg, size_t msglen)
 {
     const svc_request *r = j->req;
-    if (!r->json_schema)
+    const char *text = r->json_schema ? r->json_schema : r->tool_call_schema;
+    size_t len = r->json_schema ? r->json_schema_len : r->tool_call_schema_len;
+    if (!text)
         return SVC_ERROR_NONE;
     char err[SVC_ERRMSG_MAX];
     svc_schema_lookup info;
-    ml_status st = svc_schema_cache_get(w->schemas, r->json_schema, r->json_schema_len,
-                                        &j->sampling.grammar, &info, err, sizeof err);
+    ml_status st = svc_schema_cache_get(w->schemas, text, len, &j->sampling.grammar, &info, err,
+                                        sizeof err);
     if (st != ML_OK) {
-        svc_errf(msg, msglen, "response_format.json_schema.schema: %s", err);
+        if (r->json_schema)
+            svc_errf(msg, msglen, "response_format.json_schema.schema: %s", err);
+        else
+            blame_tool(w, r, err, msg, msglen);
         return st == ML_ERR_NOMEM ? SVC_ERROR_INTERNAL : SVC_ERROR_INVALID_REQUEST;
     }
     if (info.hit) {

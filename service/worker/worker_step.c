@@ -108,6 +108,31 @@ static void keep_logprobs(const svc_worker *w, job *j, int32_t id, const ml_samp
     j->n_lp++;
 }
 
+/* With tools, what a fragment of the answer adds (tool_stream.h): its
+ * prose in *text, and the call's share in *call (NULL when none). */
+static const svc_reply_call *tool_share(job *j, svc_tool_delta d, const char **text,
+                                        size_t *len, svc_reply_call *call)
+{
+    *text = d.content;
+    *len = d.content_len;
+    if (!d.call_begins && !d.arguments_len)
+        return NULL;
+    *call = (svc_reply_call){.id = j->call_id,
+                             .name = d.call_begins ? svc_tool_stream_name(&j->tool) : NULL,
+                             .arguments = d.arguments, .arguments_len = d.arguments_len};
+    return call;
+}
+
+/* A stream: false job's share of a fragment: prose, or the call's
+ * arguments (the message's content is then null), both into j->text. */
+static void keep_text(job *j, const char *text, size_t len, const svc_reply_call *call)
+{
+    if (len)
+        svc_buf_printf(&j->text, "%.*s", (int)len, text);
+    if (call && call->arguments_len)
+        svc_buf_printf(&j->text, "%.*s", (int)call->arguments_len, call->arguments);
+}
+
 static void on_token(void *ctx, int32_t id, const char *text, size_t len, const ml_sample_out *lp)
 {
     job *j = ctx;
@@ -121,22 +146,25 @@ static void on_token(void *ctx, int32_t id, const char *text, size_t len, const 
     j->t_last = now;
     if (atomic_load(&j->abandoned))
         return;
+    svc_reply_call call_buf;
+    const svc_reply_call *call =
+        j->tools ? tool_share(j, svc_tool_stream_feed(&j->tool, text, len), &text, &len, &call_buf)
+                 : NULL;
     if (!j->stream) {
-        if (len)
-            svc_buf_printf(&j->text, "%.*s", (int)len, text);
+        keep_text(j, text, len, call);
         if (lp)
             keep_logprobs(w, j, id, lp);
         return;
     }
     /* Nothing to send while a character or a possible stop string is held
      * back, unless the client wants this token's logprobs. */
-    if (!len && !lp)
+    if (!len && !lp && !call)
         return;
     svc_token_logprob top[ML_SAMPLE_MAX_TOP];
     svc_logprob_entry entry;
     if (lp)
         entry = logprob_entry(w, id, lp, top);
-    svc_reply r = {.seq = j->seq, .content = text, .content_len = len,
+    svc_reply r = {.seq = j->seq, .content = text, .content_len = len, .call = call,
                    .logprobs = lp ? &entry : NULL, .n_logprobs = lp ? 1 : 0};
     svc_reply_ctx rc = reply_ctx(w, j);
     svc_buf b;
@@ -157,21 +185,38 @@ static void reply_final(svc_worker *w, job *j, svc_finish fin, const char *tail,
         worker_reply_error(w, j, SVC_ERROR_INTERNAL, "out of memory for the logprobs");
         return;
     }
+    svc_reply_call call_buf;
+    const svc_reply_call *call = NULL;
+    if (j->tools) {
+        svc_tool_delta d = svc_tool_stream_feed(&j->tool, tail, tail_len);
+        if (!d.content_len && !d.call_begins && !d.arguments_len)
+            d = svc_tool_stream_end(&j->tool);
+        call = tool_share(j, d, &tail, &tail_len, &call_buf);
+        /* A call whose document is complete ends the answer: OpenAI's
+         * finish_reason for it (one cut by max_tokens stays "length"). */
+        if (fin == SVC_FINISH_STOP && svc_tool_stream_called(&j->tool))
+            fin = SVC_FINISH_TOOL_CALLS;
+    }
     svc_metrics_finished(fin);
     svc_reply_ctx rc = reply_ctx(w, j);
     svc_buf b;
     svc_buf_init(&b);
     int built;
     if (j->stream) {
-        svc_reply r = {.seq = j->seq, .content = tail, .content_len = tail_len, .finish = fin,
-                       .usage = u, .timings = t};
+        svc_reply r = {.seq = j->seq, .content = tail, .content_len = tail_len, .call = call,
+                       .finish = fin, .usage = u, .timings = t};
         built = svc_reply_chunk(&b, &rc, &r);
     } else {
-        if (tail_len)
-            svc_buf_printf(&j->text, "%.*s", (int)tail_len, tail);
+        keep_text(j, tail, tail_len, call);
         for (size_t i = 0; i < j->n_lp; i++)
             j->lp[i].top = lp_tops(j, i);
+        /* The message: the call, whose arguments j->text holds, once its
+         * name is known; else the prose. */
+        svc_reply_call whole = {.id = j->call_id,
+                                .name = j->tools ? svc_tool_stream_name(&j->tool) : NULL,
+                                .arguments = j->text.data, .arguments_len = j->text.len};
         svc_reply r = {.seq = 0, .content = j->text.data, .content_len = j->text.len,
+                       .call = whole.name ? &whole : NULL,
                        .logprobs = !j->sampling.logprobs ? NULL : j->lp ? j->lp : &no_logprobs,
                        .n_logprobs = j->n_lp,
                        .finish = fin, .usage = u, .timings = t};

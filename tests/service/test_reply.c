@@ -178,6 +178,63 @@ static void test_completion(void)
     svc_buf_deinit(&b);
 }
 
+/* A tool call in OpenAI's shapes: its head (index, id, type, name, the
+ * arguments so far) where it begins, arguments alone after, and the whole
+ * call in a completion's message, whose content is then null. */
+static void test_tool_calls(void)
+{
+    svc_buf b = {0};
+    svc_reply_call head = {.id = "call_0123456789abcdef01234567", .name = "get_weather",
+                           .arguments = "{\"pl", .arguments_len = 4};
+    svc_reply r = {.seq = 0, .call = &head};
+    check(svc_reply_chunk(&b, &ctx, &r) == 0, "call head chunk");
+    cJSON *root = parse_record(&b, "call head chunk");
+    const cJSON *call = cJSON_GetArrayItem(path(choice(root), "delta", "tool_calls", NULL), 0);
+    check(str_is(path(choice(root), "delta", "role", NULL), "assistant") &&
+              num_is(cJSON_GetObjectItem(call, "index"), 0) &&
+              str_is(cJSON_GetObjectItem(call, "id"), head.id) &&
+              str_is(cJSON_GetObjectItem(call, "type"), "function") &&
+              str_is(path(call, "function", "name", NULL), "get_weather") &&
+              str_is(path(call, "function", "arguments", NULL), "{\"pl") &&
+              !path(choice(root), "delta", "content", NULL),
+          "call head: %s", b.data);
+    cJSON_Delete(root);
+
+    svc_reply_call more = {.id = head.id, .arguments = "ace\": \"Oslo\"}", .arguments_len = 13};
+    r = (svc_reply){.seq = 3, .call = &more};
+    check(svc_reply_chunk(&b, &ctx, &r) == 0, "call arguments chunk");
+    root = parse_record(&b, "call arguments chunk");
+    call = cJSON_GetArrayItem(path(choice(root), "delta", "tool_calls", NULL), 0);
+    check(num_is(cJSON_GetObjectItem(call, "index"), 0) && !cJSON_GetObjectItem(call, "id") &&
+              !path(call, "function", "name", NULL) &&
+              str_is(path(call, "function", "arguments", NULL), "ace\": \"Oslo\"}"),
+          "call arguments: %s", b.data);
+    cJSON_Delete(root);
+
+    r = (svc_reply){.seq = 9, .finish = SVC_FINISH_TOOL_CALLS};
+    check(svc_reply_chunk(&b, &ctx, &r) == 0, "final chunk of a call");
+    root = parse_record(&b, "final chunk of a call");
+    check(str_is(cJSON_GetObjectItem(choice(root), "finish_reason"), "tool_calls"),
+          "finish_reason tool_calls: %s", b.data);
+    cJSON_Delete(root);
+
+    svc_reply_call whole = {.id = head.id, .name = "get_weather",
+                            .arguments = "{\"place\": \"Oslo\"}", .arguments_len = 17};
+    r = (svc_reply){.call = &whole, .finish = SVC_FINISH_TOOL_CALLS};
+    check(svc_reply_completion(&b, &ctx, &r) == 0, "completion with a call");
+    root = parse_record(&b, "completion with a call");
+    const cJSON *msg = path(choice(root), "message", NULL, NULL);
+    call = cJSON_GetArrayItem(cJSON_GetObjectItem(msg, "tool_calls"), 0);
+    check(cJSON_IsNull(cJSON_GetObjectItem(msg, "content")) &&
+              !cJSON_GetObjectItem(call, "index") && str_is(cJSON_GetObjectItem(call, "id"), head.id) &&
+              str_is(cJSON_GetObjectItem(call, "type"), "function") &&
+              str_is(path(call, "function", "name", NULL), "get_weather") &&
+              str_is(path(call, "function", "arguments", NULL), "{\"place\": \"Oslo\"}"),
+          "completion's call: %s", b.data);
+    cJSON_Delete(root);
+    svc_buf_deinit(&b);
+}
+
 static void test_escaping(void)
 {
     /* Every byte value: quotes, backslash, controls, DEL, invalid UTF-8, and
@@ -345,6 +402,7 @@ int main(void)
     test_final_chunk();
     test_errors();
     test_completion();
+    test_tool_calls();
     test_escaping();
     test_logprobs();
     test_headers();
