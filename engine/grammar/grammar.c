@@ -51,6 +51,7 @@ ml_grammar *ml_grammar_alloc(uint32_t n_states, uint32_t n_classes, uint32_t n_c
     if (!g)
         return NULL;
     atomic_init(&g->refs, 1);
+    g->max_ws = ML_JSON_MAX_WHITESPACE;
     g->n_states = n_states;
     g->n_classes = n_classes;
     g->n_calls = n_calls;
@@ -185,7 +186,7 @@ static inline bool grammar_step(const ml_grammar *g, gpos *p, gframes *fr, uint8
         if (p->depth + (unsigned)g->need[e] > ML_GRAMMAR_MAX_DEPTH)
             return false;
         if (ml_json_is_ws(b) && !(g->flags[p->cur] & ML_GRAMMAR_IN_STRING)) {
-            if (p->ws >= ML_JSON_MAX_WHITESPACE)
+            if (p->ws >= g->max_ws)
                 return false;
             p->ws++;
         } else {
@@ -494,7 +495,7 @@ static void mask_walk_flat(ml_grammar_state *s, const uint8_t *only, uint64_t *a
         gpos p = level[d - 1].pos;
         uint32_t e = g->next[(size_t)p.cur * g->n_classes + g->byte_class[b]];
         bool ws = ml_json_is_ws(b) && !(g->flags[p.cur] & ML_GRAMMAR_IN_STRING);
-        if (e == ML_GRAMMAR_DEAD || (ws && p.ws >= ML_JSON_MAX_WHITESPACE) ||
+        if (e == ML_GRAMMAR_DEAD || (ws && p.ws >= g->max_ws) ||
             (only && !only[i] && (g->flags[p.cur] & ML_GRAMMAR_IN_STRING))) {
             i = v->pre_skip[i];
             continue;

@@ -10,7 +10,7 @@
  * cannot enforce exactly it refuses (ml_grammar_compile_schema's errors); it
  * never loosens a keyword. Property order follows `properties`; whitespace
  * between tokens comes in runs of at most ML_JSON_MAX_WHITESPACE bytes (as in
- * JSON mode); recursive references nest at most ML_GRAMMAR_MAX_DEPTH deep,
+ * JSON mode; ml_schema_limits.max_whitespace makes them shorter); recursive references nest at most ML_GRAMMAR_MAX_DEPTH deep,
  * and a state never allows a token after which the document could not be
  * completed within that depth.
  *
@@ -35,14 +35,22 @@
 #define ML_GRAMMAR_MAX_DEPTH 64
 
 /* Bounds on compiling one schema; a schema over any of them is refused
- * (ML_ERR_TOO_LARGE, the bound named in the message) before it costs more. */
+ * (ML_ERR_TOO_LARGE, the bound named in the message) before it costs more.
+ * And one on its documents: max_whitespace. */
 typedef struct ml_schema_limits {
     size_t max_schema_bytes; /* the schema's JSON text */
     uint32_t max_states;     /* every automaton built, intermediates included */
     double max_compile_ms;   /* wall time of the whole compilation */
+    /* The longest run of whitespace between two lexemes of a document, in
+     * bytes: 1..ML_JSON_MAX_WHITESPACE, 0 = ML_JSON_MAX_WHITESPACE. Part of
+     * the grammar, so part of its digest when not the default. A tool call
+     * takes a short one: the model writes calls compactly, and one spinning
+     * on whitespace could otherwise run out of max_tokens inside a call. */
+    uint32_t max_whitespace;
 } ml_schema_limits;
 
-/* Defaults: 256 KiB of schema text, 200000 states, 2000 ms. */
+/* Defaults: 256 KiB of schema text, 200000 states, 2000 ms, whitespace
+ * runs of ML_JSON_MAX_WHITESPACE. */
 void ml_schema_limits_default(ml_schema_limits *lim);
 
 typedef struct ml_grammar ml_grammar;
@@ -52,8 +60,9 @@ typedef struct ml_grammar_state ml_grammar_state;
 
 /* The sha256 of the schema's canonical form (its JSON with object members
  * sorted by key, except the names under a "properties" keyword, whose order
- * is the order documents follow; no whitespace), the key under which
- * compiled grammars are cached: two texts of the same schema share it. Errors:
+ * is the order documents follow; no whitespace) and of lim->max_whitespace
+ * when that is not the default, the key under which compiled grammars are
+ * cached: two texts of the same schema share it. Errors:
  * ML_ERR_INVALID_ARG (not JSON, or over lim->max_schema_bytes with
  * ML_ERR_TOO_LARGE). */
 ml_status ml_schema_digest(const char *text, size_t len, const ml_schema_limits *lim,

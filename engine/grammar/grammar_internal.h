@@ -78,6 +78,7 @@ struct ml_grammar {
     uint16_t *need;         /* owned: n_states, guarantee 3 */
     ml_grammar_call *calls; /* owned: n_calls */
     uint32_t n_calls;
+    uint8_t max_ws;         /* longest whitespace run (ml_schema_limits.max_whitespace) */
 
     /* grammar.c's: masks of states whose mask depends on the state alone,
      * computed once and shared by every sequence (guarded by its lock). */

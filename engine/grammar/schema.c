@@ -34,6 +34,15 @@ void ml_schema_limits_default(ml_schema_limits *lim)
     lim->max_schema_bytes = SCHEMA_DEFAULT_MAX_BYTES;
     lim->max_states = SCHEMA_DEFAULT_MAX_STATES;
     lim->max_compile_ms = SCHEMA_DEFAULT_MAX_COMPILE_MS;
+    lim->max_whitespace = 0;
+}
+
+/* lim's whitespace bound, the default for 0; false when out of range. */
+static bool schema_max_ws(const ml_schema_limits *lim, uint8_t *ws)
+{
+    uint32_t v = lim->max_whitespace ? lim->max_whitespace : ML_JSON_MAX_WHITESPACE;
+    *ws = (uint8_t)v;
+    return v >= 1 && v <= ML_JSON_MAX_WHITESPACE;
 }
 
 /* ---- parsing and the digest ------------------------------------------------ */
@@ -45,6 +54,13 @@ static cJSON *schema_parse(const char *text, size_t len, const ml_schema_limits 
 {
     if (!text || !lim) {
         *st = ml_fail(err, errlen, ML_ERR_INVALID_ARG, "schema: no text or limits");
+        return NULL;
+    }
+    uint8_t ws;
+    if (!schema_max_ws(lim, &ws)) {
+        *st = ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                      "schema: max_whitespace %u is outside [1, %d]", lim->max_whitespace,
+                      ML_JSON_MAX_WHITESPACE);
         return NULL;
     }
     if (len > lim->max_schema_bytes) {
@@ -101,13 +117,28 @@ static void schema_sort(cJSON *v)
     v->child = sorted;
 }
 
-static ml_status schema_digest_of(cJSON *doc, uint8_t digest[32], char *err, size_t errlen)
+/* The digest of the canonical form and, when not the default, the
+ * whitespace bound (the default's digest is the canonical form's alone,
+ * as before the bound could be chosen). */
+static ml_status schema_digest_of(cJSON *doc, const ml_schema_limits *lim, uint8_t digest[32],
+                                  char *err, size_t errlen)
 {
     schema_sort(doc);
     char *canon = cJSON_PrintUnformatted(doc);
     if (!canon)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "schema: out of memory");
-    ml_sha256(canon, strlen(canon), digest);
+    ml_sha256_ctx c;
+    ml_sha256_init(&c);
+    ml_sha256_update(&c, canon, strlen(canon));
+    uint8_t ws;
+    schema_max_ws(lim, &ws);
+    if (ws != ML_JSON_MAX_WHITESPACE) {
+        /* After the text's own bytes, a NUL no JSON text holds. */
+        char tag[32];
+        int n = snprintf(tag, sizeof tag, "%cmax_whitespace=%u", '\0', (unsigned)ws);
+        ml_sha256_update(&c, tag, (size_t)n);
+    }
+    ml_sha256_final(&c, digest);
     cJSON_free(canon);
     return ML_OK;
 }
@@ -119,7 +150,7 @@ ml_status ml_schema_digest(const char *text, size_t len, const ml_schema_limits 
     cJSON *doc = schema_parse(text, len, lim, &st, err, errlen);
     if (!doc)
         return st;
-    st = schema_digest_of(doc, digest, err, errlen);
+    st = schema_digest_of(doc, lim, digest, err, errlen);
     cJSON_Delete(doc);
     return st;
 }
@@ -684,9 +715,10 @@ ml_status ml_grammar_compile_schema(const char *text, size_t len, const ml_schem
     }
     st = ml_fsm_ctx_status(fc);
     if (st == ML_OK && g) {
+        schema_max_ws(lim, &g->max_ws);
         /* The digest is of the canonical form, which sorting makes: last, as
          * it reorders the document the compiler walked. */
-        st = schema_digest_of(doc, g->digest, err, errlen);
+        st = schema_digest_of(doc, lim, g->digest, err, errlen);
         if (st == ML_OK)
             *out = g;
         else

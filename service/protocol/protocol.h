@@ -184,6 +184,13 @@ const char *svc_error_code(svc_error e);
 #define SVC_LOGIT_BIAS_ABS_MAX 100.0
 /* tools: OpenAI's fixed limit on the tools of one request. */
 #define SVC_TOOLS_MAX 128
+/* The longest run of whitespace between two lexemes of a tool call
+ * (ml_schema_limits.max_whitespace): the model writes calls the way
+ * json.dumps does, one space after ':' and ',' (the template renders the
+ * history's calls so), and one byte more leaves room for a newline; a
+ * longer run is never a call the model was taught, and a model spinning on
+ * whitespace would run out of max_tokens inside the call. */
+#define SVC_TOOL_CALL_MAX_WHITESPACE 2
 
 /* What one request may ask for; hostile input is bounded by these before
  * anything proportional to it is allocated. */

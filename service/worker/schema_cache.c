@@ -121,11 +121,13 @@ static void insert(svc_schema_cache *c, const uint8_t *digest, ml_grammar **g)
 }
 
 ml_status svc_schema_cache_get(svc_schema_cache *c, const char *text, size_t len,
-                               ml_grammar **out, svc_schema_lookup *info, char *err,
-                               size_t errlen)
+                               uint32_t max_whitespace, ml_grammar **out,
+                               svc_schema_lookup *info, char *err, size_t errlen)
 {
+    ml_schema_limits lim = c->cfg.limits;
+    lim.max_whitespace = max_whitespace;
     uint8_t digest[DIGEST_BYTES];
-    ml_status st = ml_schema_digest(text, len, &c->cfg.limits, digest, err, errlen);
+    ml_status st = ml_schema_digest(text, len, &lim, digest, err, errlen);
     if (st != ML_OK)
         return st;
     pthread_mutex_lock(&c->lock);
@@ -138,7 +140,7 @@ ml_status svc_schema_cache_get(svc_schema_cache *c, const char *text, size_t len
         return ML_OK;
     }
     double t0 = svc_now_s();
-    st = ml_grammar_compile_schema(text, len, &c->cfg.limits, &g, err, errlen);
+    st = ml_grammar_compile_schema(text, len, &lim, &g, err, errlen);
     if (st != ML_OK)
         return st;
     *info = (svc_schema_lookup){.hit = false, .compile_s = svc_now_s() - t0};

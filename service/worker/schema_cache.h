@@ -45,16 +45,17 @@ svc_schema_cache *svc_schema_cache_create(const svc_schema_cache_config *cfg);
  * and free the cache. NULL is a no-op. */
 void svc_schema_cache_destroy(svc_schema_cache *c);
 
-/* The grammar of the JSON Schema text[0..len): the cached one, or compiled
- * and cached. Returns ML_OK with *out holding a reference owned by the
+/* The grammar of the JSON Schema text[0..len) with whitespace runs of at
+ * most max_whitespace bytes (0: the default; ml_schema_limits): the cached
+ * one, or compiled and cached. Returns ML_OK with *out holding a reference owned by the
  * caller (ml_grammar_unref) and *info saying how it was served; or the
  * error of ml_schema_digest or ml_grammar_compile_schema (ML_ERR_INVALID_ARG,
  * ML_ERR_UNSUPPORTED, ML_ERR_TOO_LARGE: err names the keyword and its JSON
  * Pointer, or the bound; ML_ERR_NOMEM) with *out untouched. Errors are not
  * cached. */
 ml_status svc_schema_cache_get(svc_schema_cache *c, const char *text, size_t len,
-                               ml_grammar **out, svc_schema_lookup *info, char *err,
-                               size_t errlen);
+                               uint32_t max_whitespace, ml_grammar **out,
+                               svc_schema_lookup *info, char *err, size_t errlen);
 
 /* The entries and their ml_grammar_bytes as of the last lookup. */
 void svc_schema_cache_usage(svc_schema_cache *c, size_t *entries, size_t *bytes);

@@ -356,7 +356,8 @@ static void blame_tool(svc_worker *w, const svc_request *r, const char *err, cha
         ml_grammar *g = NULL;
         svc_schema_lookup info;
         if (!tool_allowed(r, i) || !params.p ||
-            svc_schema_cache_get(w->schemas, params.p, params.n, &g, &info, one, sizeof one) ==
+            svc_schema_cache_get(w->schemas, params.p, params.n, SVC_TOOL_CALL_MAX_WHITESPACE, &g,
+                                 &info, one, sizeof one) ==
                 ML_OK) {
             ml_grammar_unref(g);
             continue;
@@ -382,8 +383,9 @@ static svc_error prepare_schema(svc_worker *w, job *j, char *msg, size_t msglen)
         return SVC_ERROR_NONE;
     char err[SVC_ERRMSG_MAX];
     svc_schema_lookup info;
-    ml_status st = svc_schema_cache_get(w->schemas, text, len, &j->sampling.grammar, &info, err,
-                                        sizeof err);
+    uint32_t ws = r->json_schema ? 0 : SVC_TOOL_CALL_MAX_WHITESPACE;
+    ml_status st = svc_schema_cache_get(w->schemas, text, len, ws, &j->sampling.grammar, &info,
+                                        err, sizeof err);
     if (st != ML_OK) {
         if (r->json_schema)
             svc_errf(msg, msglen, "response_format.json_schema.schema: %s", err);

@@ -5,6 +5,7 @@
  *   whole as content;
  *   a name, when told, is at most SVC_OPENAI_NAME_MAX bytes.
  * Aborts when one breaks. */
+#define _GNU_SOURCE /* memmem */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -34,7 +34,7 @@ static ml_grammar *get(svc_schema_cache *c, const char *text, bool *hit)
     ml_grammar *g = NULL;
     svc_schema_lookup info = {0};
     char err[256] = "";
-    ml_status st = svc_schema_cache_get(c, text, strlen(text), &g, &info, err, sizeof err);
+    ml_status st = svc_schema_cache_get(c, text, strlen(text), 0, &g, &info, err, sizeof err);
     check(st == ML_OK && g, "compile %s: %s", text, err);
     if (hit)
         *hit = info.hit;
@@ -82,6 +82,33 @@ static void test_hit(void)
           bytes);
     ml_grammar_unref(a);
     ml_grammar_unref(b);
+    svc_schema_cache_destroy(c);
+}
+
+/* A whitespace bound is part of the grammar: the same schema under another
+ * bound is another entry, and the default bound's digest is the schema's
+ * alone. */
+static void test_whitespace_bound(void)
+{
+    svc_schema_cache_config cfg = config(8, SIZE_MAX);
+    svc_schema_cache *c = svc_schema_cache_create(&cfg);
+    ml_grammar *loose = get(c, schemas[0], NULL), *tight = NULL, *again = NULL;
+    svc_schema_lookup info = {0};
+    char err[256] = "";
+    check(svc_schema_cache_get(c, schemas[0], strlen(schemas[0]), 2, &tight, &info, err,
+                               sizeof err) == ML_OK &&
+              !info.hit && tight != loose,
+          "a tighter whitespace bound compiles a grammar of its own: %s", err);
+    check(svc_schema_cache_get(c, schemas[0], strlen(schemas[0]), ML_JSON_MAX_WHITESPACE, &again,
+                               &info, err, sizeof err) == ML_OK &&
+              info.hit && again == loose,
+          "the default bound named is the default's entry");
+    check(svc_schema_cache_get(c, schemas[0], strlen(schemas[0]), ML_JSON_MAX_WHITESPACE + 1,
+                               &again, &info, err, sizeof err) == ML_ERR_INVALID_ARG,
+          "a bound over ML_JSON_MAX_WHITESPACE is refused");
+    ml_grammar_unref(loose);
+    ml_grammar_unref(tight);
+    ml_grammar_unref(again);
     svc_schema_cache_destroy(c);
 }
 
@@ -162,7 +189,7 @@ static void test_errors(void)
             ml_grammar *g = NULL;
             svc_schema_lookup info = {0};
             char err[256] = "";
-            ml_status st = svc_schema_cache_get(c, bad[i].schema, strlen(bad[i].schema), &g,
+            ml_status st = svc_schema_cache_get(c, bad[i].schema, strlen(bad[i].schema), 0, &g,
                                                 &info, err, sizeof err);
             check(st != ML_OK && g == NULL && strstr(err, bad[i].word),
                   "%s refused naming '%s': %s", bad[i].schema, bad[i].word, err);
@@ -173,7 +200,7 @@ static void test_errors(void)
     ml_grammar *g = NULL;
     svc_schema_lookup info;
     char err[256] = "";
-    ml_status st = svc_schema_cache_get(small, schemas[0], strlen(schemas[0]), &g, &info, err,
+    ml_status st = svc_schema_cache_get(small, schemas[0], strlen(schemas[0]), 0, &g, &info, err,
                                         sizeof err);
     check(st == ML_ERR_TOO_LARGE && !g, "over max_schema_bytes: %s", err);
     size_t entries, bytes;
@@ -201,7 +228,7 @@ static void *hammer(void *p)
         ml_grammar *g = NULL;
         svc_schema_lookup info;
         char err[256];
-        if (svc_schema_cache_get(a->c, s, strlen(s), &g, &info, err, sizeof err) != ML_OK || !g)
+        if (svc_schema_cache_get(a->c, s, strlen(s), 0, &g, &info, err, sizeof err) != ML_OK || !g)
             a->failures++;
         ml_grammar_unref(g);
     }
@@ -233,6 +260,7 @@ static void test_threads(void)
 int main(void)
 {
     test_hit();
+    test_whitespace_bound();
     test_evict_by_entries();
     test_evict_by_bytes();
     test_held_survives_eviction();

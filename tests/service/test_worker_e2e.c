@@ -12,6 +12,12 @@
  * - stream: false gives a single chat.completion record.
  * - logit_bias: +100 on one token makes a sampled answer that token only;
  *   an id without a logit (<|image|>) is invalid_request, naming it.
+ * - Tools: tool_choice "required" gives a well-formed call whose arguments
+ *   validate against the function's schema for every seed (checked here
+ *   with cJSON, not by the grammar), the streamed delta.tool_calls put
+ *   together equal the stream: false message's call, finish_reason
+ *   tool_calls; a named function is the one called; "auto" gives prose or
+ *   a valid call; tools with an image are invalid_request.
  * - A two-turn chat (an image and instructions, then the answer and another
  *   question) keyed by its conversation id: both
  *   records land on one partition, and the second turn's usage says the
@@ -35,6 +41,7 @@
 #include "proc_util.h"
 
 #include "engine.h"
+#include "util.h"
 
 #define IMAGE ML_SOURCE_DIR "/tests/golden/fixtures/images/ex_640x480.jpg"
 #define TOPICS PU_REQUESTS ":4," PU_REPLIES ":4," PU_DLT ":1," PU_CANCEL ":1"
@@ -302,6 +309,158 @@ static void test_logit_bias(void)
           message ? message : "(none)");
     cJSON_Delete(j);
     free(body);
+}
+
+/* ---- tools ------------------------------------------------------------------- */
+
+#define TOOL_SEEDS 8
+#define TOOL_TOKENS 96      /* a call of WEATHER_TOOL is under 40 tokens */
+#define DAYS_MAX 7
+#define WEATHER_TOOL                                                                             \
+    "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":"             \
+    "\"The forecast\",\"parameters\":{\"type\":\"object\",\"properties\":{\"place\":"          \
+    "{\"type\":\"string\",\"enum\":[\"Paris\",\"Oslo\"]},\"days\":{\"type\":\"integer\","       \
+    "\"minimum\":1,\"maximum\":7}},\"required\":[\"place\",\"days\"],"                           \
+    "\"additionalProperties\":false}}}"
+#define CLOCK_TOOL "{\"type\":\"function\",\"function\":{\"name\":\"now\"}}"
+
+/* arguments: a JSON object valid under `name`'s parameters schema (above),
+ * checked by hand. */
+static bool valid_arguments(const char *name, const char *arguments)
+{
+    cJSON *doc = arguments ? cJSON_Parse(arguments) : NULL;
+    bool ok = cJSON_IsObject(doc);
+    if (ok && !strcmp(name, "now")) {
+        ok = doc->child == NULL;
+    } else if (ok) {
+        const cJSON *place = cJSON_GetObjectItemCaseSensitive(doc, "place");
+        const cJSON *days = cJSON_GetObjectItemCaseSensitive(doc, "days");
+        ok = cJSON_GetArraySize(doc) == 2 && cJSON_IsString(place) &&
+             (!strcmp(place->valuestring, "Paris") || !strcmp(place->valuestring, "Oslo")) &&
+             cJSON_IsNumber(days) && days->valuedouble == (int)days->valuedouble &&
+             days->valuedouble >= 1 && days->valuedouble <= DAYS_MAX;
+    }
+    cJSON_Delete(doc);
+    return ok;
+}
+
+/* The call streamed for request `id`: its delta.tool_calls put together
+ * (name into name, arguments into args), and the text content. */
+static void streamed_call(const char *id, char *name, size_t name_cap, svc_buf *args,
+                          svc_buf *content)
+{
+    const pu_record *recs[TOOL_TOKENS + 2];
+    size_t n = pu_client_replies(&client, id, recs, TOOL_TOKENS + 2);
+    name[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        cJSON *j = pu_json(recs[i]);
+        const char *fn = pu_json_str(j, PU_PATH("choices", "0", "delta", "tool_calls", "0",
+                                                "function", "name"));
+        const char *a = pu_json_str(j, PU_PATH("choices", "0", "delta", "tool_calls", "0",
+                                               "function", "arguments"));
+        const char *c = pu_json_str(j, PU_PATH("choices", "0", "delta", "content"));
+        if (fn)
+            snprintf(name, name_cap, "%s", fn);
+        if (a)
+            svc_buf_printf(args, "%s", a);
+        if (c)
+            svc_buf_printf(content, "%s", c);
+        cJSON_Delete(j);
+    }
+}
+
+static char *tool_request(const char *id, const char *tools, const char *choice, int seed,
+                          bool stream)
+{
+    char extra[2048];
+    snprintf(extra, sizeof extra,
+             "\"max_tokens\":%d,\"temperature\":1,\"seed\":%d,\"stream\":%s,\"tools\":[%s]%s%s",
+             TOOL_TOKENS, seed, stream ? "true" : "false", tools, choice ? ",\"tool_choice\":" : "",
+             choice ? choice : "");
+    return pu_chat_request(id, "What is the weather in Oslo this week?", NULL, extra);
+}
+
+static void test_tools(void)
+{
+    for (int seed = 0; seed < TOOL_SEEDS; seed++) {
+        char id[ID_MAX], batch_id[ID_MAX];
+        snprintf(id, sizeof id, "e2e-tool-%d", seed);
+        snprintf(batch_id, sizeof batch_id, "e2e-tool-b%d", seed);
+        const char *choice = seed % 2 ? "{\"type\":\"function\",\"function\":{\"name\":"
+                                        "\"get_weather\"}}"
+                                      : "\"required\"";
+        char *body = tool_request(id, WEATHER_TOOL "," CLOCK_TOOL, choice, seed, true);
+        cJSON *j = ask(id, body);
+        free(body);
+        char name[80];
+        svc_buf args = {0}, content = {0};
+        streamed_call(id, name, sizeof name, &args, &content);
+        const char *reason = pu_finish_reason(j);
+        bool named = !strcmp(name, "get_weather") || (!(seed % 2) && !strcmp(name, "now"));
+        check(reason && !strcmp(reason, "tool_calls") && named &&
+                  valid_arguments(name, args.data) && !content.len,
+              "%s (%s): finish %s, call %s(%s), content '%s'", id, choice,
+              reason ? reason : "(none)", name, args.data ? args.data : "",
+              content.data ? content.data : "");
+        cJSON_Delete(j);
+
+        /* The same request, not streamed: the same call in the message. */
+        body = tool_request(batch_id, WEATHER_TOOL "," CLOCK_TOOL, choice, seed, false);
+        j = ask(batch_id, body);
+        free(body);
+        const char *fn = pu_json_str(j, PU_PATH("choices", "0", "message", "tool_calls", "0",
+                                                "function", "name"));
+        const char *a = pu_json_str(j, PU_PATH("choices", "0", "message", "tool_calls", "0",
+                                               "function", "arguments"));
+        const char *call_id = pu_json_str(j, PU_PATH("choices", "0", "message", "tool_calls",
+                                                     "0", "id"));
+        const cJSON *msg_content = pu_json_at(j, PU_PATH("choices", "0", "message", "content"));
+        check(fn && !strcmp(fn, name) && a && args.data && !strcmp(a, args.data) &&
+                  cJSON_IsNull(msg_content) && call_id && !strncmp(call_id, "call_", 5),
+              "%s: the message's call %s(%s) is the streamed %s(%s)", batch_id, fn ? fn : "-",
+              a ? a : "-", name, args.data ? args.data : "");
+        cJSON_Delete(j);
+        svc_buf_deinit(&args);
+        svc_buf_deinit(&content);
+    }
+
+    /* auto: prose, or a call that validates. */
+    int calls = 0;
+    for (int seed = 0; seed < TOOL_SEEDS; seed++) {
+        char id[ID_MAX];
+        snprintf(id, sizeof id, "e2e-tool-auto-%d", seed);
+        char *body = tool_request(id, WEATHER_TOOL, NULL, seed, true);
+        cJSON *j = ask(id, body);
+        free(body);
+        char name[80];
+        svc_buf args = {0}, content = {0};
+        streamed_call(id, name, sizeof name, &args, &content);
+        const char *reason = pu_finish_reason(j);
+        bool call = name[0] != '\0';
+        calls += call;
+        check(reason && (call ? !strcmp(reason, "tool_calls") && valid_arguments(name, args.data)
+                              : content.len > 0 && strcmp(reason, "error") != 0),
+              "%s: finish %s, call '%s'(%s), content '%.40s'", id, reason ? reason : "(none)",
+              name, args.data ? args.data : "", content.data ? content.data : "");
+        cJSON_Delete(j);
+        svc_buf_deinit(&args);
+        svc_buf_deinit(&content);
+    }
+    fprintf(stderr, "tool_choice auto: %d of %d answers were calls\n", calls, TOOL_SEEDS);
+
+    char *part = pu_image_part(image, image_len);
+    char extra[1024];
+    snprintf(extra, sizeof extra, "\"max_tokens\":4,\"tools\":[%s]", WEATHER_TOOL);
+    char *body = pu_chat_request("e2e-tool-image", "Weather here?", part, extra);
+    cJSON *j = ask("e2e-tool-image", body);
+    const char *code = pu_error_code(j);
+    const char *message = pu_json_str(j, PU_PATH("error", "message"));
+    check(code && !strcmp(code, "invalid_request") && message &&
+              strstr(message, "tool calling does not work with images"),
+          "tools and an image: error %s, '%s'", code ? code : "(none)", message ? message : "");
+    cJSON_Delete(j);
+    free(body);
+    free(part);
 }
 
 /* One turn of the conversation: the user's image and instructions, then
@@ -738,6 +897,7 @@ int main(void)
     test_resident_image();
     test_not_streamed();
     test_logit_bias();
+    test_tools();
     test_conversation();
     test_cancel();
     test_cancel_before_running();
