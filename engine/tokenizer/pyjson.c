@@ -488,7 +488,8 @@ static bool parse_container(parser *p, size_t depth)
             break;
         else
             return fail(p, ML_ERR_INVALID_ARG,
-                        object ? "',' or '}' expected in an object" : "',' or ']' expected in an array");
+                        object ? "',' or '}' expected in an object"
+                               : "',' or ']' expected in an array");
     }
     p->i++;
     if (object && !check_unique_keys(p, first_key))
