@@ -247,8 +247,9 @@ typedef struct plan {
     char *tools_user;
     size_t tools_user_start, tools_user_end;
     ml_pyjson_buf json; /* every tojson text, back to back */
-    span *tool_json;    /* opt->n_tools: each tool's, indented */
-    span *message_json; /* n_msgs: a call's arguments or a tool result's content; len 0: none */
+    span *tool_json;    /* opt->n_tools: each tool's, indented; message_json follows */
+    span *message_json; /* n_msgs, in tool_json's allocation: a call's arguments or a tool
+                           result's content; len 0: none */
 } plan;
 
 static void plan_deinit(plan *pl)
