@@ -7,7 +7,11 @@
  * the text stays text (chat_template.h), and those tests check that
  * property instead of reference ids. The date the template writes
  * (ml_chat_format_date, ml_chat_date_today) is checked against
- * strftime("%d %b %Y") in UTC at fixed instants. */
+ * strftime("%d %b %Y") in UTC at fixed instants. The tool branches'
+ * references are in tests/golden/fixtures/tokenizer/chat_tools.json
+ * (gen_tool_template.py, the same transformers); their departures (tools
+ * with images or without a first user message, a list of text parts as
+ * the first user message) are checked against chat_template.h's rules. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
