@@ -531,8 +531,8 @@ static const char WEATHER_TOOL[] =
 
 /* Where this implementation departs from the template (chat_template.h):
  * the first user message's text parts are joined, then trimmed; a tool
- * result without content_json is its parts' text. Tool results render
- * without tools too, as in the template. */
+ * result without content_json is its parts' text. Calls and tool results
+ * render without tools too, as in the template. */
 static void test_tools_departures(void)
 {
     const char *tools[] = {WEATHER_TOOL};
@@ -551,14 +551,23 @@ static void test_tools_departures(void)
           "departures: %s", text ? text : "");
     free(text);
 
+    /* A call's parts are not rendered, as in the template. */
+    const ml_chat_part said[] = {TEXT("unsaid")};
     const ml_chat_message no_tools[] = {
-        MSG("user", user, 1), {.role = "ipython", .content_json = "[\"a\", 1.50]"}};
+        MSG("user", user, 1),
+        {.role = "assistant",
+         .parts = said,
+         .n_parts = 1,
+         .tool_call_name = "g",
+         .tool_call_arguments = "{}"},
+        {.role = "ipython", .content_json = "[\"a\", 1.50]"}};
     text = NULL;
     check(ml_chat_render(no_tools, N_OF(no_tools), NULL, &text, &len, err, sizeof err) == ML_OK,
           "tool result without tools: %s", err);
-    check(text && !strstr(text, "Environment") &&
-              strstr(text, "<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n[\"a\", "
-                           "1.5]<|eot_id|>"),
+    check(text && !strstr(text, "Environment") && !strstr(text, "unsaid") &&
+              strstr(text, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": "
+                           "\"g\", \"parameters\": {}}<|eot_id|><|start_header_id|>ipython<|"
+                           "end_header_id|>\n\n[\"a\", 1.5]<|eot_id|>"),
           "tool result without tools: %s", text ? text : "");
     free(text);
 }
