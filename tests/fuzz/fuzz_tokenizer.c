@@ -133,7 +133,7 @@ static void fuzz_chat(const ml_tokenizer *tok, const uint8_t *data, size_t size)
     unsigned mode = data[0];
     char *text = malloc(size);
     ml_chat_part *parts = malloc(size * 2 * sizeof *parts);
-    ml_chat_message *msgs = malloc(size * sizeof *msgs);
+    ml_chat_message *msgs = calloc(size, sizeof *msgs); /* the tool fields NULL */
     if (!text || !parts || !msgs)
         abort();
     memcpy(text, data + 1, size - 1);
