@@ -316,10 +316,10 @@ typedef enum svc_tool_choice {
 /* One of a request's tools ({"type": "function", "function": {...}}). */
 typedef struct svc_tool {
     const char *name;   /* NUL-terminated, svc_valid_openai_name, distinct within the request */
-    /* The tool object's JSON text exactly as the client wrote it (not
-     * NUL-terminated): the chat template prints it with Python's
-     * json.dumps, whose numbers (1.0 against 1) and key order only the
-     * written text keeps. */
+    /* The tool object's JSON text exactly as the client wrote it
+     * (NUL-terminated, json_len bytes): the chat template prints it with
+     * Python's json.dumps, whose numbers (1.0 against 1) and key order only
+     * the written text keeps. */
     const char *json;
     size_t json_len;
 } svc_tool;

@@ -243,11 +243,16 @@ static svc_error build_prompt(svc_worker *w, job *j, char *msg, size_t msglen)
     size_t n_parts = 0;
     for (size_t m = 0; m < r->n_messages; m++)
         n_parts += r->messages[m].n_parts;
+    /* The tools are rendered unless tool_choice is "none": then the answer
+     * is text, and the tool block would invite a call it may not make. */
+    size_t n_tools = r->tool_choice != SVC_TOOL_CHOICE_NONE ? r->n_tools : 0;
     ml_chat_part *parts = calloc(n_parts + 1, sizeof *parts);
     ml_chat_message *msgs = calloc(r->n_messages + 1, sizeof *msgs);
-    if (!parts || !msgs) {
+    const char **tools = calloc(n_tools + 1, sizeof *tools);
+    if (!parts || !msgs || !tools) {
         free(parts);
         free(msgs);
+        free(tools);
         svc_errf(msg, msglen, "out of memory");
         return SVC_ERROR_INTERNAL;
     }
@@ -255,20 +260,27 @@ static svc_error build_prompt(svc_worker *w, job *j, char *msg, size_t msglen)
     for (size_t m = 0; m < r->n_messages; m++) {
         const svc_message *sm = &r->messages[m];
         msgs[m] = (ml_chat_message){.role = svc_role_name(sm->role), .parts = p,
-                                    .n_parts = sm->n_parts};
+                                    .n_parts = sm->n_parts,
+                                    .tool_call_name = sm->tool_call_name,
+                                    .tool_call_arguments = sm->tool_call_arguments,
+                                    .content_json = sm->content_json};
         for (size_t k = 0; k < sm->n_parts; k++, p++)
             *p = sm->parts[k].kind == SVC_PART_IMAGE
                      ? (ml_chat_part){.type = ML_CHAT_PART_IMAGE}
                      : (ml_chat_part){.type = ML_CHAT_PART_TEXT, .text = sm->parts[k].text};
     }
+    for (size_t i = 0; i < n_tools; i++)
+        tools[i] = r->tools[i].json;
     char today[ML_CHAT_DATE_BYTES];
     ml_chat_options opt = {.add_generation_prompt = 1,
                            .date_string = r->date_string ? r->date_string
-                                                         : ml_chat_date_today(today)};
+                                                         : ml_chat_date_today(today),
+                           .tools = tools, .n_tools = n_tools};
     char err[256];
     ml_status st = ml_chat_encode(w->tok, msgs, r->n_messages, &opt, &j->prompt, err, sizeof err);
     free(parts);
     free(msgs);
+    free(tools);
     if (st != ML_OK) {
         svc_errf(msg, msglen, "messages: %s", err);
         return st == ML_ERR_NOMEM ? SVC_ERROR_INTERNAL : SVC_ERROR_INVALID_REQUEST;

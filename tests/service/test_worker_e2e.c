@@ -453,10 +453,27 @@ static void test_tools(void)
     }
     fprintf(stderr, "tool_choice auto: %d of %d answers were calls\n", calls, TOOL_SEEDS);
 
+    /* The tools are in the prompt unless tool_choice is "none". */
+    char *body = tool_request("e2e-tool-none", WEATHER_TOOL, "\"none\"", 0, false, "");
+    cJSON *none = ask("e2e-tool-none", body);
+    free(body);
+    body = tool_request("e2e-tool-prompt", WEATHER_TOOL, "\"required\"", 0, false, "");
+    cJSON *with = ask("e2e-tool-prompt", body);
+    free(body);
+    double without_tools = pu_json_num(none, PU_PATH("usage", "prompt_tokens"));
+    double with_tools = pu_json_num(with, PU_PATH("usage", "prompt_tokens"));
+    const char *none_content = pu_json_str(none, PU_PATH("choices", "0", "message", "content"));
+    check(with_tools > without_tools + 40 && none_content &&
+              !pu_json_at(none, PU_PATH("choices", "0", "message", "tool_calls")),
+          "prompt tokens: %g with the tool rendered, %g with tool_choice none (a text answer)",
+          with_tools, without_tools);
+    cJSON_Delete(none);
+    cJSON_Delete(with);
+
     char *part = pu_image_part(image, image_len);
     char extra[1024];
     snprintf(extra, sizeof extra, "\"max_tokens\":4,\"tools\":[%s]", WEATHER_TOOL);
-    char *body = pu_chat_request("e2e-tool-image", "Weather here?", part, extra);
+    body = pu_chat_request("e2e-tool-image", "Weather here?", part, extra);
     cJSON *j = ask("e2e-tool-image", body);
     const char *code = pu_error_code(j);
     const char *message = pu_json_str(j, PU_PATH("error", "message"));
