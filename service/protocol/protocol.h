@@ -44,16 +44,31 @@
  *     D string, optional. Other members are ignored, as unknown fields are.
  *   date_string         string                    today (UTC) the chat template's "Today Date"
  *                                                             (svc_valid_date_string)
+ *   tools               array of tools            none        1..SVC_TOOLS_MAX {"type": "function",
+ *                                                             "function": {"name": N, "description": D,
+ *                                                             "parameters": P, "strict": B}}: N
+ *                                                             svc_valid_openai_name, each once; P a
+ *                                                             JSON Schema object; the text counts
+ *                                                             against max_text_bytes
+ *   tool_choice         "none" | "auto" |         auto with   a named function must be one of the
+ *                       "required" | {"type":     tools, else tools; anything but "none" needs
+ *                       "function", "function":   none        tools, no image, no stop strings and
+ *                       {"name": N}}                          no response_format but text
+ *   parallel_tool_calls bool                      true        either way one call per turn
  *
  * JSON null is the same as an absent field (OpenAI clients send nulls).
  * Unknown fields (model, user, stream_options, ...) are ignored so that
  * clients can add fields before workers know them. Known fields that would
- * change the answer and are not supported are refused by name: tools (tool
- * calling), response_format of another type; their empty values pass. Duplicate keys: the
+ * change the answer and are not supported are refused by name:
+ * response_format of another type. Duplicate keys: the
  * first one counts (cJSON lookup order).
  *
- * messages[i]: {"role": "system"|"user"|"assistant", "content": C}; other
- * keys (name, ...) are ignored. C is a string, or a non-empty array of parts:
+ * messages[i]: {"role": "system"|"user"|"assistant"|"tool", "content": C};
+ * other keys (name, tool_call_id, ...) are ignored. An assistant message
+ * may carry "tool_calls": [one {"type": "function", "function": {"name": N,
+ * "arguments": A}}], A a string holding a JSON object (its content is then
+ * not read); a tool message's C is a string or an array of text parts,
+ * kept as its JSON text. C is a string, or a non-empty array of parts:
  *   {"type":"text","text":"..."}
  *   {"type":"image_url","image_url":{"url":"data:image/jpeg;base64,..."}}
  *   {"type":"image_url","image_url":"data:image/jpeg;base64,..."}
@@ -81,8 +96,13 @@
  *   {"id":ID,"object":"chat.completion.chunk","created":S,"model":M,
  *    "choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},
  *                "logprobs":null,"finish_reason":null}],"seq":0,"attempt":1}
- * (role only in the record with seq 0). The final record has a finish_reason
- * (stop, length, cancelled, error), "usage" {prompt_tokens,
+ * (role only in the record with seq 0). A tool call streams as
+ *   "delta":{"tool_calls":[{"index":0,"id":"call_..","type":"function",
+ *            "function":{"name":N,"arguments":".."}}]}
+ * where it begins, then {"index":0,"function":{"arguments":".."}}; a
+ * completion's message has "content":null and "tool_calls" with the whole
+ * call. The final record has a finish_reason
+ * (stop, length, cancelled, error, tool_calls), "usage" {prompt_tokens,
  * prompt_tokens_cached, completion_tokens, total_tokens, images,
  * images_cached}, "timings"
  * {queue_ms, vision_ms, prefill_ms, decode_ms, ttft_ms} and, on failure,
