@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <librdkafka/rdkafka.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,8 @@ typedef struct submit_opts {
     const char *cache_group;    /* the tenant's cache group: its image keys in Redis */
     const char *prompt;
     const char *response_format; /* a file holding the response_format object; NULL: none */
+    const char *tools;           /* a file holding the tools array; NULL: none */
+    const char *tool_choice;     /* none, auto, required or a function's name; NULL: the default */
     const char *images[MAX_IMAGES];
     int n_images;
     long max_tokens, timeout_s;
@@ -67,7 +70,8 @@ static void usage(FILE *f)
             "                     [--tenant NAME] [--adapter NAME]\n"
             "                     [--redis URL [--redis-prefix P] [--cache-group G]]\n"
             "                     [--conversation ID] [--no-stream] [--timeout S] [--quiet]\n"
-            "                     [--response-format FILE] \"prompt\"\n\n"
+            "                     [--response-format FILE] [--tools FILE [--tool-choice C]]\n"
+            "                     \"prompt\"\n\n"
             "Sends one chat request (images inline as data URLs, then the text) and\n"
             "streams the reply's text to stdout; the final record goes to stderr.\n"
             "--tenant NAME sends to " REQUEST_TOPIC ".NAME and reads " REPLY_TOPIC ".NAME (the\n"
@@ -83,7 +87,42 @@ static void usage(FILE *f)
             "--response-format FILE: the request's response_format, a JSON object such as\n"
             "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {...}}}\n"
             "(service/protocol/README.md); the worker checks it.\n"
-            "Exit 0 on finish_reason stop/length, 1 on error or timeout.\n");
+            "--tools FILE: the request's tools, a JSON array of {\"type\": \"function\",\n"
+            "\"function\": {...}}, sent as written (the prompt prints them as written);\n"
+            "--tool-choice C: none, auto (the default), required, or a function's name. A call\n"
+            "is printed as name(arguments).\n"
+            "Exit 0 on finish_reason stop/length/tool_calls, 1 on error or timeout.\n");
+}
+
+/* --tools FILE (its text, raw: cJSON would print 1.0 as 1, and the
+ * prompt prints the tools as written) and --tool-choice into req. Returns
+ * 0, or -1 after saying why. */
+static int add_tools(const submit_opts *o, cJSON *req)
+{
+    size_t len;
+    char *text = svc_read_file(CMD, o->tools, MAX_RESPONSE_FORMAT_BYTES, &len);
+    cJSON *tools = text ? cJSON_ParseWithLength(text, len) : NULL;
+    bool ok = cJSON_IsArray(tools);
+    cJSON_Delete(tools);
+    if (text && !ok)
+        fprintf(stderr, CMD ": %s: expected a JSON array of tools\n", o->tools);
+    cJSON *raw = ok ? cJSON_CreateRaw(text) : NULL;
+    free(text);
+    if (!raw)
+        return -1;
+    cJSON_AddItemToObject(req, "tools", raw);
+    if (!o->tool_choice)
+        return 0;
+    bool mode = !strcmp(o->tool_choice, "none") || !strcmp(o->tool_choice, "auto") ||
+                !strcmp(o->tool_choice, "required");
+    if (mode) {
+        cJSON_AddStringToObject(req, "tool_choice", o->tool_choice);
+        return 0;
+    }
+    cJSON *choice = cJSON_AddObjectToObject(req, "tool_choice");
+    cJSON_AddStringToObject(choice, "type", "function");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(choice, "function"), "name", o->tool_choice);
+    return 0;
 }
 
 /* The request's body; the first image's content sha256 goes to image_digest. */
@@ -110,6 +149,10 @@ static char *build_request(const submit_opts *o, uint8_t image_digest[ML_SHA256_
             return NULL;
         }
         cJSON_AddItemToObject(req, "response_format", format);
+    }
+    if (o->tools && add_tools(o, req) != 0) {
+        cJSON_Delete(req);
+        return NULL;
     }
     cJSON *msg = cJSON_CreateObject();
     cJSON_AddStringToObject(msg, "role", "user");
@@ -253,13 +296,26 @@ static int show(rd_kafka_message_t *m, const submit_opts *o, uint32_t *attempt, 
     const cJSON *content = cJSON_GetObjectItem(delta, "content");
     if (cJSON_IsString(content))
         fputs(content->valuestring, stdout);
+    /* A call: name( where it begins (every call of a completion), then its
+     * arguments, then ) at the end. */
+    const cJSON *call = cJSON_GetArrayItem(cJSON_GetObjectItem(delta, "tool_calls"), 0);
+    const cJSON *fn = cJSON_GetObjectItem(call, "function");
+    const cJSON *name = cJSON_GetObjectItem(fn, "name");
+    const cJSON *args = cJSON_GetObjectItem(fn, "arguments");
+    if (cJSON_IsString(name))
+        printf("%s(", name->valuestring);
+    if (cJSON_IsString(args))
+        fputs(args->valuestring, stdout);
     fflush(stdout);
     const cJSON *fin = cJSON_GetObjectItem(choice, "finish_reason");
     int final = cJSON_IsString(fin) || cJSON_GetObjectItem(v, "error");
     if (final) {
         const cJSON *err = cJSON_GetObjectItem(v, "error");
         *ok = !err && cJSON_IsString(fin) &&
-              (!strcmp(fin->valuestring, "stop") || !strcmp(fin->valuestring, "length"));
+              (!strcmp(fin->valuestring, "stop") || !strcmp(fin->valuestring, "length") ||
+               !strcmp(fin->valuestring, "tool_calls"));
+        if (cJSON_IsString(fin) && !strcmp(fin->valuestring, "tool_calls"))
+            printf(")");
         /* The answer's line ends before the summary goes to stderr: when both
          * go to one file or pipe, stdout is fully buffered. */
         printf("\n");
@@ -328,6 +384,10 @@ static int parse_args(int argc, char **argv, submit_opts *o)
             o->cache_group = v;
         else if (!strcmp(a, "--response-format"))
             o->response_format = v;
+        else if (!strcmp(a, "--tools"))
+            o->tools = v;
+        else if (!strcmp(a, "--tool-choice"))
+            o->tool_choice = v;
         else if (!strcmp(a, "--image") && o->n_images < MAX_IMAGES)
             o->images[o->n_images++] = v;
         else if (!strcmp(a, "--max-tokens")) {

@@ -3,8 +3,9 @@
  * record's summary stay apart. The answer goes to stdout and ends with a
  * newline before the summary goes to stderr, so the two never share a line
  * even when stdout is a file or a pipe (fully buffered) and both land in one
- * place, as in the demo. Exit 0 on a length or stop finish. Skipped (77)
- * without redis-server. */
+ * place, as in the demo. Exit 0 on a length or stop finish. With --tools
+ * and --tool-choice required the answer is the call, name(arguments), and
+ * the exit 0 (finish tool_calls). Skipped (77) without redis-server. */
 #include <string.h>
 
 #include "proc_util.h"
@@ -12,6 +13,7 @@
 #define TOPICS PU_REQUESTS ":1," PU_REPLIES ":1," PU_DLT ":1," PU_CANCEL ":1"
 #define SUBMIT_MS 60000 /* a request answered, from the submit's start */
 #define SUMMARY "{\"finish_reason\":"
+#define TOOLS ML_SOURCE_DIR "/config/samples/weather_tools.json"
 
 static pu_stack st;
 static pu_proc *const worker = &st.workers[0];
@@ -40,6 +42,18 @@ int main(void)
         check(summary[-1] == '\n', "submit: the summary shares a line with the answer");
         check(strchr(summary, '\n') != NULL, "submit: the summary is not a whole line");
     }
+    if (ml_test_failures)
+        pu_show_log(log, 2000);
+    free(out);
+
+    char *const tool_argv[] = {PU_MLLAMA, "submit", "--brokers", st.brokers, "--max-tokens", "128",
+                               "--tools", TOOLS, "--tool-choice", "required",
+                               "Weather in Oslo this week?", NULL};
+    code = pu_run(tool_argv, log, SUBMIT_MS);
+    out = pu_slurp(log, &n);
+    check(code == 0 && out && strstr(out, "\nget_weather(") &&
+              strstr(out, "})\n" SUMMARY "\"tool_calls\""),
+          "submit --tools: exit code %d, a call then its summary", code);
     if (ml_test_failures)
         pu_show_log(log, 2000);
     free(out);
