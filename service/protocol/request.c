@@ -411,7 +411,7 @@ static svc_error parse_message(parser *p, svc_message *m, const cJSON *msg, size
         !(cJSON_IsArray(calls) && cJSON_GetArraySize(calls) == 0))
         return svc_request_parse_tool_call(p, m, calls, i);
     if (m->role == SVC_ROLE_TOOL)
-        return svc_request_parse_tool_content(p, m, msg, i);
+        return svc_request_parse_tool_content(p, m, i);
     const cJSON *content = member(msg, "content");
     size_t n = 0;
     if (cJSON_IsString(content))

@@ -142,6 +142,6 @@ svc_error svc_request_check_tools(parser *p);
 /* An assistant message's tool_calls, or a tool message's content
  * (request_tools.c, for request.c's messages). */
 svc_error svc_request_parse_tool_call(parser *p, svc_message *m, const cJSON *calls, size_t i);
-svc_error svc_request_parse_tool_content(parser *p, svc_message *m, const cJSON *msg, size_t i);
+svc_error svc_request_parse_tool_content(parser *p, svc_message *m, size_t i);
 
 #endif

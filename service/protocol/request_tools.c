@@ -131,20 +131,30 @@ static svc_error keep_call_schema(parser *p, const cJSON *tools)
     return e;
 }
 
-/* The request body as spans (json_span.h), scanned once: what the chat
- * template prints must be the text the client wrote. */
-static svc_span body_span(parser *p, const char *field)
+/* Member `key` of obj as written in the body (json_span.h): what the chat
+ * template prints must be the text the client wrote. The body is scanned
+ * once, at the first call. An absent span after reporting why: the body
+ * cannot be read strictly, or the key is spelled with escapes (cJSON reads
+ * "t\u006fols" as tools; the span scanner compares keys as written, and a
+ * request has no reason to escape a plain name). `field` names it. */
+static svc_span written_member(parser *p, svc_span obj, const char *key, const char *field)
 {
     if (!p->root.p) {
         p->root = svc_json_value(p->body, p->body_len);
-        if (!p->root.p)
+        if (!p->root.p) {
             fail(p, SVC_ERROR_INVALID_REQUEST,
-                 "%s: the request cannot be read as written (a string of invalid UTF-8 or an "
-                 "unpaired surrogate escape, a number over %d characters or nesting deeper "
-                 "than %d levels)",
+                 "%s: the request cannot be read as written (a raw control character or "
+                 "invalid UTF-8 in a string, an unpaired surrogate escape, a number over %d "
+                 "characters or nesting deeper than %d levels)",
                  field, SVC_JSON_NUMBER_MAX, SVC_JSON_DEPTH_MAX);
+            return (svc_span){NULL, 0};
+        }
     }
-    return p->root;
+    svc_span v = svc_json_member(obj.p ? obj : p->root, key);
+    if (!v.p)
+        fail(p, SVC_ERROR_INVALID_REQUEST, "%s: write the key \"%s\" without escapes", field,
+             key);
+    return v;
 }
 
 static svc_error parse_tool(parser *p, const cJSON *t, size_t i, svc_span text, svc_tool *out)
@@ -191,14 +201,12 @@ static svc_error parse_tool_list(parser *p, const cJSON *tools)
     if (n > SVC_TOOLS_MAX)
         return fail(p, SVC_ERROR_INVALID_REQUEST, "tools: %zu tools, at most %d", n,
                     SVC_TOOLS_MAX);
-    svc_span arr = svc_json_member(body_span(p, "tools"), "tools");
-    if (!p->root.p)
-        return p->first;
     svc_tool *list = svc_arena_alloc(&p->r->arena, n * sizeof *list);
     if (!list)
         return out_of_memory(p);
     size_t i = 0;
     const cJSON *t;
+    svc_span arr = written_member(p, (svc_span){NULL, 0}, "tools", "tools");
     svc_span text = svc_json_first(arr);
     cJSON_ArrayForEach(t, tools)
     {
@@ -269,30 +277,47 @@ static svc_error parse_tool_choice(parser *p, const cJSON *choice)
 svc_error svc_request_parse_tools(parser *p, const cJSON *root)
 {
     svc_request *req = &p->r->pub;
-    const cJSON *tools = member(root, "tools");
-    svc_error e;
-    if (tools && !cJSON_IsArray(tools))
+    const cJSON *given = member(root, "tools");
+    if (given && !cJSON_IsArray(given))
         return fail(p, SVC_ERROR_INVALID_REQUEST, "tools: expected an array of tools");
-    if (tools && cJSON_GetArraySize(tools) > 0 && (e = parse_tool_list(p, tools)))
-        return e;
+    /* The tools are read from their text as written, the one the prompt
+     * prints (written_member), so what is checked is what is rendered
+     * (were "tools" given twice, once with an escaped key, cJSON and the
+     * scanner would each see another). */
+    cJSON *tools = NULL;
+    if (given && cJSON_GetArraySize(given) > 0) {
+        svc_span arr = written_member(p, (svc_span){NULL, 0}, "tools", "tools");
+        if (!arr.p)
+            return p->first;
+        if (!(tools = cJSON_ParseWithLength(arr.p, arr.n)))
+            return out_of_memory(p);
+    }
+    svc_error e = SVC_ERROR_NONE;
+    if (tools && !cJSON_IsArray(tools))
+        e = fail(p, SVC_ERROR_INVALID_REQUEST, "tools: expected an array of tools");
+    if (!e && tools)
+        e = parse_tool_list(p, tools);
     req->parallel_tool_calls = true;
-    if ((e = opt_bool(p, root, "parallel_tool_calls", &req->parallel_tool_calls)) ||
-        (e = parse_tool_choice(p, member(root, "tool_choice"))))
-        return e;
-    if (req->tool_choice == SVC_TOOL_CHOICE_NONE)
-        return SVC_ERROR_NONE;
+    if (!e)
+        e = opt_bool(p, root, "parallel_tool_calls", &req->parallel_tool_calls);
+    if (!e)
+        e = parse_tool_choice(p, member(root, "tool_choice"));
     /* What a call could not be answered with: its document is the answer,
      * so there is no room for another format, and a stop string met inside
      * the arguments would cut the call short. */
-    if (req->json_object || req->json_schema)
-        return fail(p, SVC_ERROR_INVALID_REQUEST,
-                    "response_format: only \"text\" goes with tools (a tool_choice other than "
-                    "\"none\"): a call is a document of its own");
-    if (req->n_stop)
-        return fail(p, SVC_ERROR_INVALID_REQUEST,
-                    "stop: stop strings do not go with tools (a tool_choice other than "
-                    "\"none\"): one inside a call's arguments would cut it short");
-    return keep_call_schema(p, tools);
+    bool calls = req->tool_choice != SVC_TOOL_CHOICE_NONE;
+    if (!e && calls && (req->json_object || req->json_schema))
+        e = fail(p, SVC_ERROR_INVALID_REQUEST,
+                 "response_format: only \"text\" goes with tools (a tool_choice other than "
+                 "\"none\"): a call is a document of its own");
+    if (!e && calls && req->n_stop)
+        e = fail(p, SVC_ERROR_INVALID_REQUEST,
+                 "stop: stop strings do not go with tools (a tool_choice other than "
+                 "\"none\"): one inside a call's arguments would cut it short");
+    if (!e && calls)
+        e = keep_call_schema(p, tools);
+    cJSON_Delete(tools);
+    return e;
 }
 
 svc_error svc_request_check_tools(parser *p)
@@ -312,8 +337,8 @@ static svc_span message_span(parser *p, size_t i)
 {
     const svc_request *req = &p->r->pub;
     if (!p->msg_spans) {
-        svc_span msgs = svc_json_member(body_span(p, "messages"), "messages");
-        if (!p->root.p)
+        svc_span msgs = written_member(p, (svc_span){NULL, 0}, "messages", "messages");
+        if (!svc_json_is(msgs, '['))
             return (svc_span){NULL, 0};
         p->msg_spans = svc_arena_alloc(&p->r->arena, req->n_messages * sizeof *p->msg_spans);
         if (!p->msg_spans) {
@@ -327,9 +352,18 @@ static svc_span message_span(parser *p, size_t i)
     return p->msg_spans[i];
 }
 
-svc_error svc_request_parse_tool_content(parser *p, svc_message *m, const cJSON *msg, size_t i)
+svc_error svc_request_parse_tool_content(parser *p, svc_message *m, size_t i)
 {
-    const cJSON *content = member(msg, "content");
+    /* Read from its text as written, the one the prompt prints. */
+    svc_span span = message_span(p, i);
+    char field[64];
+    snprintf(field, sizeof field, "messages[%zu].content", i);
+    svc_span c = span.p ? written_member(p, span, "content", field) : span;
+    if (!c.p)
+        return p->first ? p->first : out_of_memory(p);
+    cJSON *content = cJSON_ParseWithLength(c.p, c.n);
+    if (!content)
+        return out_of_memory(p);
     bool text = cJSON_IsString(content);
     const cJSON *parts = cJSON_IsArray(content) ? content : NULL, *part;
     cJSON_ArrayForEach(part, parts)
@@ -340,18 +374,14 @@ svc_error svc_request_parse_tool_content(parser *p, svc_message *m, const cJSON 
         if (!text)
             break;
     }
+    cJSON_Delete(content);
     if (!text)
         return fail(p, SVC_ERROR_INVALID_REQUEST,
-                    "messages[%zu].content: a tool result is a string or an array of text parts",
-                    i);
-    svc_span span = message_span(p, i);
-    if (!span.p)
-        return p->first;
-    svc_span c = svc_json_member(span, "content");
+                    "%s: a tool result is a string or an array of text parts", field);
     if (c.n > p->lim->max_text_bytes - p->r->pub.n_text_bytes)
         return fail(p, SVC_ERROR_INVALID_REQUEST,
-                    "messages[%zu].content: the request's text exceeds the limit of %zu bytes",
-                    i, p->lim->max_text_bytes);
+                    "%s: the request's text exceeds the limit of %zu bytes", field,
+                    p->lim->max_text_bytes);
     p->r->pub.n_text_bytes += c.n;
     m->content_json = svc_arena_strndup(&p->r->arena, c.p, c.n);
     return m->content_json ? SVC_ERROR_NONE : out_of_memory(p);

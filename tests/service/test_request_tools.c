@@ -199,6 +199,22 @@ static void test_tool_errors(void)
         free(json);
     }
 
+    /* The tools and a result are read as written: a key spelled with
+     * escapes (cJSON reads it, the prompt could not print it as written) is
+     * refused, and so is a request the strict scanner cannot read. */
+    char *escaped = wrap("\"x\"", ",\"t\\u006fols\":[" CLOCK "]");
+    if (escaped)
+        expect_error(escaped, SVC_ERROR_INVALID_REQUEST,
+                     "tools: write the key \"tools\" without escapes", true);
+    free(escaped);
+    expect_error("{\"id\":\"r1\",\"reply_topic\":\"" TOPIC "\",\"messages\":[{\"role\":"
+                 "\"user\",\"content\":\"x\"},{\"role\":\"tool\",\"c\\u006fntent\":\"r\"}]}",
+                 SVC_ERROR_INVALID_REQUEST,
+                 "messages[1].content: write the key \"content\" without escapes", true);
+    expect_error("{\"id\":\"r1\",\"reply_topic\":\"" TOPIC "\",\"messages\":[{\"role\":"
+                 "\"user\",\"content\":\"x\"}],\"tools\":[" CLOCK "],\"date_string\":\"\x01\"}",
+                 SVC_ERROR_INVALID_REQUEST, "tools: the request cannot be read as written", true);
+
     /* More tools than OpenAI allows. */
     size_t cap = 64 * (SVC_TOOLS_MAX + 2) + 16, at = 0;
     char *many = malloc(cap);
