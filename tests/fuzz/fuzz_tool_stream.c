@@ -63,7 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     while (lead < n && strchr(" \t\n\r", text[lead]) && text[lead])
         lead++;
     if (!call && (lead == n || text[lead] != '{'))
-        require(content.len == n && !memcmp(content.data, text, n) && !args.len);
+        require(content.len == n && (n == 0 || !memcmp(content.data, text, n)) && !args.len);
     svc_buf_deinit(&content);
     svc_buf_deinit(&args);
     svc_tool_stream_deinit(&ts);
