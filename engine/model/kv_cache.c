@@ -219,6 +219,12 @@ int32_t ml_kv_cache_alloc(ml_kv_cache *kv)
     return b;
 }
 
+void ml_kv_cache_retain(ml_kv_cache *kv, int32_t block)
+{
+    assert(block >= 0 && block < kv->n_blocks && kv->meta[block].refs > 0);
+    kv->meta[block].refs++;
+}
+
 void ml_kv_cache_release(ml_kv_cache *kv, int32_t block)
 {
     assert(block >= 0 && block < kv->n_blocks && kv->meta[block].refs > 0);

@@ -85,8 +85,13 @@ int ml_kv_cache_world(const ml_kv_cache *kv);
  * when every block is referenced. */
 int32_t ml_kv_cache_alloc(ml_kv_cache *kv);
 
-/* Drop one reference to a block taken with ml_kv_cache_alloc or
- * ml_kv_cache_lookup. At the last, a published block becomes idle (the
+/* One more reference to a block already referenced: another sequence
+ * shares its K/V as they are (the choices of one request, runtime.h
+ * ml_request.n). Released like the others. */
+void ml_kv_cache_retain(ml_kv_cache *kv, int32_t block);
+
+/* Drop one reference to a block taken with ml_kv_cache_alloc,
+ * ml_kv_cache_lookup or ml_kv_cache_retain. At the last, a published block becomes idle (the
  * most recently used), any other block free. */
 void ml_kv_cache_release(ml_kv_cache *kv, int32_t block);
 

@@ -126,10 +126,22 @@ static int first_chunk(const ml_runtime *rt, const rt_seq *s)
     return first < rt->cfg.max_step_tokens ? first : rt->cfg.max_step_tokens;
 }
 
-/* Move waiting sequences into the running batch while there is room. */
+/* Batch slots the running sequences take, with the choices they will fork. */
+static int slots_used(const ml_runtime *rt)
+{
+    int used = 0;
+    for (const rt_seq *s = seq_of(rt->running.head); s; s = seq_of(s->link.next))
+        used += ml_rt_seq_slots(s);
+    return used;
+}
+
+/* Move waiting sequences into the running batch while there is room: a
+ * request of n choices takes n slots at once (its forks join the batch
+ * when its prompt is prefilled, ml_rt_seq_fork). */
 static void admit(ml_runtime *rt)
 {
-    while (rt->waiting.head && rt->running.n < rt->cfg.max_running) {
+    while (rt->waiting.head &&
+           slots_used(rt) + ml_rt_seq_slots(seq_of(rt->waiting.head)) <= rt->cfg.max_running) {
         rt_seq *s = seq_of(rt->waiting.head);
         /* The first chunk's blocks must be free, or admission would only
          * cause a preemption. Cached blocks are not looked up yet (the keys
@@ -278,6 +290,13 @@ static void group_by_adapter(ml_runtime *rt, int n_step)
     }
 }
 
+/* Is computing s's tokens from pos on a decode step (its one new token),
+ * rather than a prefill chunk (the prompt, or a recompute)? */
+static bool is_decode(const rt_seq *s, int pos)
+{
+    return s->n_tokens - pos == 1 && s->n_tokens > s->n_prompt;
+}
+
 ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
 {
     expire(rt);
@@ -294,7 +313,7 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
         rt_seq *s = seq_of(rt->running.head);
         while (s && budget > 0) {
             int pending = s->n_tokens - s->n_cached;
-            int decoding = pending == 1 && s->n_tokens > s->n_prompt;
+            int decoding = is_decode(s, s->n_cached);
             if (pending <= 0 || decoding != (pass == 0)) {
                 s = seq_of(s->link.next);
                 continue;
@@ -384,8 +403,12 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
     int row = 0;
     for (int i = 0; i < n_step; i++) {
         rt_seq *s = rt->step_owner[i];
+        if (!is_decode(s, rt->step[i].pos0))
+            rt->stats.prefill_tokens += (uint64_t)rt->step[i].n_tokens;
         s->n_cached += rt->step[i].n_tokens;
         ml_rt_prefix_publish(rt, s); /* before advance, which may end s */
+        if (s->n_forks && rt->step[i].logits != ML_LOGITS_NONE)
+            ml_rt_seq_fork(rt, s); /* before s draws, or ends */
         if (rt->step[i].logits == ML_LOGITS_SAMPLE)
             ml_rt_seq_advance(rt, s, NULL);
         else if (rt->step[i].logits == ML_LOGITS_LAST)
