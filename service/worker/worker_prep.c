@@ -488,7 +488,8 @@ static void prepare(svc_worker *w, job *j)
     count_attempt_by_id(w, j);
     /* The request owns what it uses; of the record, only what a later dead
      * letter needs stays (reply_undeliverable). */
-    if (svc_kafka_msg_detach(&j->msg, WORKER_LATE_DLT_VALUE_MAX) != SVC_KAFKA_OK) {
+    if (job_choices_init(j, j->req->n) != 0 ||
+        svc_kafka_msg_detach(&j->msg, WORKER_LATE_DLT_VALUE_MAX) != SVC_KAFKA_OK) {
         worker_reply_error(w, j, SVC_ERROR_INTERNAL, "out of memory");
         return;
     }
