@@ -10,6 +10,10 @@
  *   under its key in the default tenant's cache partition
  *   (<prefix>:img:<key>), never under the bare content digest.
  * - stream: false gives a single chat.completion record.
+ * - n = 3 streamed with a seed: records carry index 0..2, each choice its
+ *   role and finish_reason, the final record no choice and the usage with
+ *   the prompt once; choice i is the answer of n = 1 with seed + i;
+ *   stream: false with n = 2 is one completion of both; n 9 is refused.
  * - logit_bias: +100 on one token makes a sampled answer that token only;
  *   an id without a logit (<|image|>) is invalid_request, naming it.
  * - A two-turn chat (an image and instructions, then the answer and another
@@ -270,6 +274,167 @@ static void test_not_streamed(void)
         check(cJSON_IsObject(doc), "json mode: stopped on '%s', not one JSON object", text);
         cJSON_Delete(doc);
     }
+    cJSON_Delete(j);
+    free(body);
+}
+
+/* ---- n choices ------------------------------------------------------------------ */
+
+#define CHOICES 3
+#define CHOICE_SEED 11
+#define CHOICE_TEXT_MAX 4096
+#define CHOICE_RECORDS_MAX 256
+#define FINISH_MAX 16
+
+typedef struct streamed_choice {
+    char text[CHOICE_TEXT_MAX];
+    char finish[FINISH_MAX];    /* "" until its last record */
+    int records;
+} streamed_choice;
+
+/* The streamed records of `id` (n choices): every record but the final one
+ * carries one choice (index < n), the first of each choice its role, its
+ * last (only) its finish_reason; the final record carries no choice.
+ * Each choice's text put together into c[i]; returns the final record
+ * (parsed, the caller's), NULL after a check failure. */
+static cJSON *collect_choices(const char *id, int n, streamed_choice *c)
+{
+    const pu_record *recs[CHOICE_RECORDS_MAX];
+    size_t n_recs = pu_client_replies(&client, id, recs, CHOICE_RECORDS_MAX);
+    memset(c, 0, (size_t)n * sizeof *c);
+    cJSON *final = NULL;
+    for (size_t r = 0; r < n_recs; r++) {
+        cJSON *j = pu_json(recs[r]);
+        const cJSON *choices = pu_json_at(j, PU_PATH("choices"));
+        if (recs[r]->final) {
+            check(cJSON_IsArray(choices) && cJSON_GetArraySize(choices) == 0,
+                  "%s: the final record carries no choice: %s", id, recs[r]->value);
+            cJSON_Delete(final);
+            final = j;
+            continue;
+        }
+        double index = pu_json_num(j, PU_PATH("choices", "0", "index"));
+        int i = (int)index;
+        bool valid = cJSON_GetArraySize(choices) == 1 && index >= 0 && index < n && i == index;
+        check(valid, "%s: one choice of index < %d per chunk: %s", id, n, recs[r]->value);
+        if (valid) {
+            const char *role = pu_json_str(j, PU_PATH("choices", "0", "delta", "role"));
+            const char *content = pu_json_str(j, PU_PATH("choices", "0", "delta", "content"));
+            const char *finish = pu_finish_reason(j);
+            check((c[i].records == 0) == (role != NULL), "%s: choice %d, record %d: role %s",
+                  id, i, c[i].records, role ? role : "(none)");
+            check(!c[i].finish[0], "%s: choice %d: a record after its finish_reason", id, i);
+            if (content)
+                strncat(c[i].text, content, CHOICE_TEXT_MAX - strlen(c[i].text) - 1);
+            if (finish)
+                snprintf(c[i].finish, FINISH_MAX, "%s", finish);
+            c[i].records++;
+        }
+        cJSON_Delete(j);
+    }
+    for (int i = 0; i < n; i++)
+        check(c[i].finish[0], "%s: choice %d: %d records, no finish_reason", id, i,
+              c[i].records);
+    check(final != NULL, "%s: no final record", id);
+    return final;
+}
+
+/* A stream: false request with n = 1 and the seed (the choice it stands
+ * for): its answer, owned, and its finish in finish (FINISH_MAX). */
+static char *answer_alone(const char *id, int64_t seed, char *finish)
+{
+    char opts[160];
+    snprintf(opts, sizeof opts,
+             "\"max_tokens\":8,\"stream\":false,\"temperature\":1,\"seed\":%lld",
+             (long long)seed);
+    char *body = pu_chat_request(id, "Say something.", NULL, opts);
+    cJSON *j = ask(id, body);
+    const char *text = pu_json_str(j, PU_PATH("choices", "0", "message", "content"));
+    const char *reason = pu_finish_reason(j);
+    snprintf(finish, FINISH_MAX, "%s", reason ? reason : "");
+    char *out = strdup(text ? text : "");
+    cJSON_Delete(j);
+    free(body);
+    return out;
+}
+
+/* n = 3 streamed with a seed: records carry index 0..2, each choice its
+ * role, text and finish_reason, the final the usage with the prompt once;
+ * choice i is the answer of n = 1 with seed + i. stream: false with n = 2:
+ * one completion of both choices. n over limits.max_n: invalid_request. */
+static void test_choices(void)
+{
+    int port = pu_worker_http_port(&st.workers[0]);
+    double forked = pu_metric(port, "mllama_choices_forked_total");
+    char opts[160];
+    snprintf(opts, sizeof opts,
+             "\"max_tokens\":8,\"temperature\":1,\"seed\":%d,\"n\":%d", CHOICE_SEED,
+             CHOICES);
+    char *body = pu_chat_request("e2e-n3", "Say something.", NULL, opts);
+    check(pu_client_send(&client, "e2e-n3", body), "n 3: produce");
+    check(pu_client_wait(&client, "e2e-n3", ANSWER_MS) != NULL, "n 3: no final record");
+    pu_check_stream(&client, "e2e-n3");
+    streamed_choice c[CHOICES];
+    cJSON *final = collect_choices("e2e-n3", CHOICES, c);
+    double completion = 0;
+    double prompt = pu_json_num(final, PU_PATH("usage", "prompt_tokens"));
+    for (int i = 0; i < CHOICES; i++) {
+        char id[ID_MAX], finish[FINISH_MAX];
+        snprintf(id, sizeof id, "e2e-n1-seed%d", CHOICE_SEED + i);
+        char *want = answer_alone(id, CHOICE_SEED + i, finish);
+        check(!strcmp(c[i].text, want) && !strcmp(c[i].finish, finish),
+              "n 3: choice %d ('%s', %s) is n = 1 with seed %d ('%s', %s)", i, c[i].text,
+              c[i].finish, CHOICE_SEED + i, want, finish);
+        const pu_record *f = pu_client_final(&client, id);
+        cJSON *alone = f ? pu_json(f) : NULL;
+        completion += pu_json_num(alone, PU_PATH("usage", "completion_tokens"));
+        check(pu_json_num(alone, PU_PATH("usage", "prompt_tokens")) == prompt,
+              "n 3: the prompt counted once (%g tokens)", prompt);
+        cJSON_Delete(alone);
+        free(want);
+    }
+    check(pu_json_num(final, PU_PATH("usage", "completion_tokens")) == completion,
+          "n 3: completion tokens %g, the sum over the choices %g",
+          pu_json_num(final, PU_PATH("usage", "completion_tokens")), completion);
+    check(pu_json_num(final, PU_PATH("timings", "queue_ms")) >= 0, "n 3: timings");
+    check(pu_metric(port, "mllama_choices_forked_total") == forked + CHOICES - 1,
+          "n 3: %g choices forked, want %d more than %g",
+          pu_metric(port, "mllama_choices_forked_total"), CHOICES - 1, forked);
+    cJSON_Delete(final);
+    free(body);
+
+    /* stream: false: one record, both choices. */
+    snprintf(opts, sizeof opts,
+             "\"max_tokens\":8,\"stream\":false,\"temperature\":1,\"seed\":%d,\"n\":2",
+             CHOICE_SEED);
+    body = pu_chat_request("e2e-n2-batch", "Say something.", NULL, opts);
+    cJSON *j = ask("e2e-n2-batch", body);
+    const pu_record *recs[4];
+    check(pu_client_replies(&client, "e2e-n2-batch", recs, 4) == 1, "n 2, stream false: one record");
+    check(cJSON_GetArraySize(pu_json_at(j, PU_PATH("choices"))) == 2, "n 2, stream false: 2 choices");
+    for (int i = 0; i < 2; i++) {
+        char index[4], id[ID_MAX];
+        snprintf(index, sizeof index, "%d", i);
+        snprintf(id, sizeof id, "e2e-n1-seed%d", CHOICE_SEED + i);
+        const char *text = pu_json_str(j, PU_PATH("choices", index, "message", "content"));
+        const pu_record *af = pu_client_final(&client, id);
+        cJSON *alone = af ? pu_json(af) : NULL;
+        const char *want = pu_json_str(alone, PU_PATH("choices", "0", "message", "content"));
+        check(text && want && !strcmp(text, want) &&
+                  pu_json_num(j, PU_PATH("choices", index, "index")) == i,
+              "n 2, stream false: choice %d '%s' is n = 1 with seed %d '%s'", i,
+              text ? text : "(none)", CHOICE_SEED + i, want ? want : "(none)");
+        cJSON_Delete(alone);
+    }
+    cJSON_Delete(j);
+    free(body);
+
+    body = pu_chat_request("e2e-n9", "Say something.", NULL, "\"n\":9");
+    j = ask("e2e-n9", body);
+    const char *code = pu_error_code(j);
+    const char *msg = pu_json_str(j, PU_PATH("error", "message"));
+    check(code && !strcmp(code, "invalid_request") && msg && strstr(msg, "n: 9"),
+          "n 9: %s (%s)", code ? code : "(none)", msg ? msg : "");
     cJSON_Delete(j);
     free(body);
 }
@@ -738,6 +903,7 @@ int main(void)
     test_resident_image();
     test_not_streamed();
     test_logit_bias();
+    test_choices();
     test_conversation();
     test_cancel();
     test_cancel_before_running();
