@@ -477,6 +477,7 @@ void *worker_step_main(void *arg)
         bool busy = ml_runtime_active(w->rt) || svc_fair_total(w->fair);
         int wait = busy ? 0 : w->parked ? PARKED_WAIT_MS : IDLE_WAIT_MS;
         for (job *j; (j = job_queue_pop(&w->step_q, wait));) {
+            j->fair.cost = j->n_choices; /* n choices: n sequences' share */
             svc_fair_push(w->fair, job_tenant(j), &j->fair);
             wait = 0;
         }
