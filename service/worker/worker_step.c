@@ -304,10 +304,14 @@ static void on_finish(void *ctx, const char *tail, size_t tail_len, ml_finish_re
     svc_error code = reason == ML_FINISH_REASON_DEADLINE ? SVC_ERROR_DEADLINE_EXCEEDED
                                                          : error_of(error);
     if (code != SVC_ERROR_NONE && j->error == SVC_ERROR_NONE) {
-        /* The request's error: the other choices' records stop here. */
+        /* The request's error: the other choices' records stop here, and
+         * the choices still running are cancelled after this step
+         * (worker_cancels_apply; not from inside the runtime's callback). */
         j->error = code;
         snprintf(j->error_message, sizeof j->error_message, "%s",
                  message ? message : svc_error_code(code));
+        if (!last)
+            atomic_store(&w->cancel_scan, true);
     } else if (code == SVC_ERROR_NONE && !atomic_load(&j->abandoned) &&
                j->error == SVC_ERROR_NONE) {
         end_choice(w, c, finish_of(reason), tail, tail_len);
