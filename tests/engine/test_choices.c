@@ -212,6 +212,7 @@ static void check_choices(ml_rt_fixture *f, const creq *q, int prefix_cache, int
               "%s: the request batched alongside %d ran ('%s')", what, k, other[k].message);
 
     /* Alone, with nothing cached: the prompt once, then each fork's tail. */
+    results_deinit(got, q->n);
     memset(got, 0, sizeof got);
     rt = runtime(f, prefix_cache, kv_blocks);
     submit(f, rt, q, got);
