@@ -8,6 +8,7 @@
  *   with an adapter; the prompt is prefilled once (prefill_tokens: the
  *   prompt, then each fork's last partial block), its images encoded once;
  * - JSON mode: each choice its own constraint, equal to its n = 1 request;
+ * - sampled by the backend (the worker's path) as well as on the host;
  * - preemption: a pool too small for every choice at once, so choices are
  *   preempted and recomputed, their output unchanged;
  * - cancel before the fork and mid-way ends every choice once, the pool
@@ -41,6 +42,9 @@ typedef struct creq {
     int json;
     int n;                   /* choices */
     uint64_t seed;
+    /* Sampled where the logits are (ML_LOGITS_SAMPLE, as the worker's
+     * requests), not on the host from the first logits kept. */
+    int on_device;
 } creq;
 
 /* A prompt of n_text pseudo-random text tokens from stream `seed`, with
@@ -83,14 +87,14 @@ static uint64_t submit(const ml_rt_fixture *f, ml_runtime *rt, const creq *q, ml
     }
     ml_request_callbacks cbs[MAX_CHOICES + 1];
     for (int i = 0; i < q->n && i <= MAX_CHOICES; i++)
-        cbs[i] = ml_rt_callbacks(&r[i], 1);
+        cbs[i] = ml_rt_callbacks(&r[i], !q->on_device);
     ml_request req = {
         .prompt = q->prompt,
         .n_prompt = q->n_prompt,
         .images = images,
         .n_images = q->n_images,
         .adapter = q->adapter,
-        .cb = ml_rt_callbacks(&r[0], 1),
+        .cb = ml_rt_callbacks(&r[0], !q->on_device),
         .n = q->n,
         .choices = q->n > 1 ? cbs : NULL,
     };
@@ -131,8 +135,10 @@ static void results_deinit(ml_rt_result *r, int n)
         ml_rt_result_deinit(&r[i]);
 }
 
-/* x (a choice) equals y (its n = 1 request) bit for bit. */
-static void check_same(const ml_rt_result *x, const ml_rt_result *y, const char *what, int i)
+/* x (a choice) equals y (its n = 1 request) bit for bit; the first logits
+ * too when kept (sampled on the host). */
+static void check_same(const ml_rt_result *x, const ml_rt_result *y, const char *what, int i,
+                       int kept)
 {
     check(x->done == 1 && x->error == ML_REQERR_NONE && x->n_out > 0,
           "%s: choice %d ran once ('%s')", what, i, x->message);
@@ -140,8 +146,9 @@ static void check_same(const ml_rt_result *x, const ml_rt_result *y, const char 
           x->n_out, y->n_out);
     check(!memcmp(x->lp, y->lp, (size_t)x->n_out * sizeof x->lp[0]),
           "%s: choice %d: the same logprobs", what, i);
-    check(x->first_logits && y->first_logits && x->vocab == y->vocab &&
-              !memcmp(x->first_logits, y->first_logits, (size_t)x->vocab * sizeof(float)),
+    check(!kept || (x->first_logits && y->first_logits && x->vocab == y->vocab &&
+                    !memcmp(x->first_logits, y->first_logits,
+                            (size_t)x->vocab * sizeof(float))),
           "%s: choice %d: the same first logits", what, i);
 }
 
@@ -206,7 +213,7 @@ static void check_choices(ml_rt_fixture *f, const creq *q, int prefix_cache, int
     check_idle(rt, what);
     ml_runtime_destroy(rt);
     for (int i = 0; i < q->n; i++)
-        check_same(&got[i], &want[i], what, i);
+        check_same(&got[i], &want[i], what, i, !q->on_device);
     for (int k = 0; k <= BATCHED; k++)
         check(other[k].done == 1 && other[k].error == ML_REQERR_NONE,
               "%s: the request batched alongside %d ran ('%s')", what, k, other[k].message);
@@ -265,6 +272,13 @@ static void test_equal(ml_rt_fixture *f)
     q.json = 1;
     q.max_tokens = 40;
     check_choices(f, &q, 0, KV_BLOCKS, "JSON mode, n 3");
+    q.on_device = 1;
+    check_choices(f, &q, 0, KV_BLOCKS, "JSON mode, n 3, sampled by the backend");
+    make_prompt(f, &q, 9, 50, 1);
+    q.n = 5;
+    q.seed = 77;
+    q.on_device = 1;
+    check_choices(f, &q, 1, KV_BLOCKS, "an image, n 5, sampled by the backend");
 }
 
 /* ---- preemption ------------------------------------------------------------ */
@@ -294,7 +308,7 @@ static void test_preempt(ml_rt_fixture *f)
         check_idle(rt, "preemption");
         ml_runtime_destroy(rt);
         for (int i = 0; i < PREEMPT_N; i++)
-            check_same(&got[i], &want[i], cached ? "preemption, cache" : "preemption", i);
+            check_same(&got[i], &want[i], cached ? "preemption, cache" : "preemption", i, 1);
         results_deinit(got, PREEMPT_N);
         memset(got, 0, sizeof got);
     }
