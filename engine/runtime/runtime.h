@@ -174,12 +174,12 @@ typedef struct ml_request {
      * borrowed for the call, copied) and cb is unused. The prompt is
      * prefilled once, by choice 0, its images encoded once; when its
      * prefill ends, choices 1 .. n-1 are forked off it: each takes the
-     * prompt's full K/V blocks and the image states by reference and
-     * computes only the prompt's last partial block (1 to block_size
-     * tokens, as after a prefix-cache hit), then samples on its own:
-     * choice i exactly as a request with n = 1 and seed sampling.seed + i
-     * (bit for bit on a batch-invariant backend), with its own penalties,
-     * stop strings and constraint. Each choice ends on its own, with its
+     * prompt's K/V blocks and the image states by reference (a partly
+     * filled last block is copied by whichever choice writes into it
+     * first) and draws its first token from the same logits row, then
+     * samples on its own: choice i exactly as a request with n = 1 and
+     * seed sampling.seed + i (bit for bit on a batch-invariant backend),
+     * with its own penalties, stop strings and constraint. Each choice ends on its own, with its
      * own on_finish; ml_runtime_cancel and a failure before the fork end
      * every choice. n choices count as n sequences against max_running
      * (the request is admitted when all n fit the batch) and n above
@@ -235,7 +235,7 @@ typedef struct ml_runtime_stats {
     /* Prompt tokens computed by prefill chunks (recomputes after a
      * preemption included, prefix-cache hits not), and choices forked off
      * a prefilled prompt (ml_request.n): n choices add n - 1 forks and
-     * prefill their prompt once, plus each fork's last partial block. */
+     * prefill their prompt once. */
     uint64_t prefill_tokens, choices_forked;
     /* Prefix cache: full blocks looked up at admission (readmission after a
      * preemption included) and found or not, idle cached blocks evicted for

@@ -124,10 +124,13 @@ void ml_rt_seq_advance(ml_runtime *rt, rt_seq *s, const float *logits);
  * fork. */
 static inline int ml_rt_seq_slots(const rt_seq *s) { return 1 + s->n_forks; }
 
-/* s's prompt is prefilled (its logits for the first draw exist, its
- * blocks hold every prompt token): fork its other choices off it, into the
- * running batch (admission kept their slots), before s draws. */
-void ml_rt_seq_fork(ml_runtime *rt, rt_seq *s);
+/* s's prompt is prefilled: its blocks hold every prompt token and
+ * `logits` (vocab floats, on the host) are its first draw's. Fork its
+ * other choices off it into the running batch (admission kept their
+ * slots), sharing its blocks, image states and adapter by reference, then
+ * have s and each fork draw their first token from those logits (their
+ * constraints' masks ready: the step queued them). */
+void ml_rt_seq_fork(ml_runtime *rt, rt_seq *s, const float *logits);
 
 /* ---- prefix.c -------------------------------------------------------------- */
 

@@ -213,15 +213,30 @@ typedef enum blocks_result {
     BLOCKS_OK,
     BLOCKS_PREEMPTED, /* s itself was the newest and went back to the queue */
     BLOCKS_NEVER,     /* s runs alone and the pool still cannot hold it */
+    BLOCKS_NOMEM,     /* no host memory to copy a shared block through */
 } blocks_result;
 
 /* Give s blocks for its first `upto` tokens, preempting the newest running
- * sequences (s included, when it is the newest) as needed. */
+ * sequences (s included, when it is the newest) as needed. The block its
+ * next token goes into, partly filled and shared with another choice of
+ * its request (ml_rt_seq_fork), is copied first: copy-on-write. */
 static blocks_result ensure_blocks(ml_runtime *rt, rt_seq *s, int upto)
 {
     int need = blocks_for(rt, upto);
-    while (s->n_blocks < need) {
+    int into = s->n_cached / rt->block_size;
+    bool cow = s->n_cached % rt->block_size && ml_kv_cache_shared(rt->kv, s->blocks[into]);
+    while (s->n_blocks < need || cow) {
         int32_t b = ml_kv_cache_alloc(rt->kv);
+        if (b >= 0 && cow) {
+            if (ml_kv_cache_copy_block(rt->kv, b, s->blocks[into], NULL, 0) != ML_OK) {
+                ml_kv_cache_release(rt->kv, b);
+                return BLOCKS_NOMEM;
+            }
+            ml_kv_cache_release(rt->kv, s->blocks[into]);
+            s->blocks[into] = b;
+            cow = false;
+            continue;
+        }
         if (b >= 0) {
             s->blocks[s->n_blocks++] = b;
             continue;
@@ -259,11 +274,13 @@ static void expire(ml_runtime *rt)
 }
 
 /* Is s sampled on the host from its logits row (its logits callback must
- * see the row), rather than where the logits are (ML_LOGITS_SAMPLE)? A
+ * see the row, or its choices fork off it), rather than where the logits
+ * are (ML_LOGITS_SAMPLE)? A
  * constrained row is sampled where the logits are, its mask with it. */
 static bool samples_on_host(const rt_seq *s)
 {
-    return s->cb.on_logits != NULL;
+    /* A request's choices draw from one logits row (ml_rt_seq_fork). */
+    return s->cb.on_logits != NULL || s->n_forks > 0;
 }
 
 /* Slot order of a step entry's adapter; the base model first. */
@@ -328,6 +345,12 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
                 s = next;
                 continue;
             }
+            if (br == BLOCKS_NOMEM) {
+                ml_rt_seq_finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL,
+                                 "out of memory copying a shared K/V block", 0);
+                s = next;
+                continue;
+            }
             if (br == BLOCKS_PREEMPTED)
                 break;
             ml_step_seq *q = &rt->step[n_step];
@@ -378,6 +401,9 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
             continue;
         if (s->con)
             ml_masker_queue(rt->masker, s->con);
+        for (int k = 0; k < s->n_forks; k++) /* they draw from this row too */
+            if (s->forks[k]->con)
+                ml_masker_queue(rt->masker, s->forks[k]->con);
         if (q->logits != ML_LOGITS_SAMPLE)
             continue;
         ml_sampler_seq_row(s->sampler, &s->row, &q->pen_id, &q->pen_count, &q->bias);
@@ -407,10 +433,10 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
             rt->stats.prefill_tokens += (uint64_t)rt->step[i].n_tokens;
         s->n_cached += rt->step[i].n_tokens;
         ml_rt_prefix_publish(rt, s); /* before advance, which may end s */
-        if (s->n_forks && rt->step[i].logits != ML_LOGITS_NONE)
-            ml_rt_seq_fork(rt, s); /* before s draws, or ends */
         if (rt->step[i].logits == ML_LOGITS_SAMPLE)
             ml_rt_seq_advance(rt, s, NULL);
+        else if (rt->step[i].logits == ML_LOGITS_LAST && s->n_forks)
+            ml_rt_seq_fork(rt, s, rt->logits + (size_t)row++ * rt->vocab);
         else if (rt->step[i].logits == ML_LOGITS_LAST)
             ml_rt_seq_advance(rt, s, rt->logits + (size_t)row++ * rt->vocab);
     }

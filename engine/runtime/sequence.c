@@ -395,15 +395,18 @@ void ml_runtime_cancel(ml_runtime *rt, uint64_t handle)
 
 /* ---- choices --------------------------------------------------------------- */
 
-void ml_rt_seq_fork(ml_runtime *rt, rt_seq *s)
+void ml_rt_seq_fork(ml_runtime *rt, rt_seq *s, const float *logits)
 {
-    /* The prompt's full blocks but the one its last token is in: a fork
-     * computes that token itself, for its own first draw, and writes its
-     * own tokens after it, as a sequence does after a prefix-cache hit. */
-    const int shared = (s->n_prompt - 1) / rt->block_size;
-    assert(s->n_cached == s->n_prompt && s->n_blocks >= shared);
-    for (int i = 0; i < s->n_forks; i++) {
-        rt_seq *f = s->forks[i];
+    /* Every block of the prompt by reference, the last one too when the
+     * prompt ends inside it: whichever choice then writes into it first
+     * copies it (scheduler.c ensure_blocks), the full ones nobody writes. */
+    assert(s->n_cached == s->n_prompt);
+    rt_seq **forks = s->forks;
+    int n_forks = s->n_forks;
+    s->forks = NULL;
+    s->n_forks = 0;
+    for (int i = 0; i < n_forks; i++) {
+        rt_seq *f = forks[i];
         for (int k = 0; k < s->n_images; k++) {
             /* s holds the state (its key is final: adapter applied). */
             memcpy(f->images[k].key, s->images[k].key, ML_IMAGE_KEY_BYTES);
@@ -419,12 +422,13 @@ void ml_rt_seq_fork(ml_runtime *rt, rt_seq *s)
             assert(got == ML_ADAPTER_READY); /* resident: s references it */
             (void)got;
         }
-        for (int b = 0; b < shared; b++) {
+        for (int b = 0; b < s->n_blocks; b++) {
             ml_kv_cache_retain(rt->kv, s->blocks[b]);
             f->blocks[b] = s->blocks[b];
         }
-        f->n_blocks = f->n_published = shared; /* published by s, when they were */
-        f->n_cached = shared * rt->block_size;
+        f->n_blocks = s->n_blocks;
+        f->n_published = s->n_published; /* published by s, when they were */
+        f->n_cached = s->n_cached;
         if (s->rooted) {
             memcpy(f->root, s->root, sizeof f->root);
             f->rooted = 1;
@@ -440,9 +444,12 @@ void ml_rt_seq_fork(ml_runtime *rt, rt_seq *s)
         rt->n_unforked--;
         rt->stats.choices_forked++;
     }
-    free(s->forks);
-    s->forks = NULL;
-    s->n_forks = 0;
+    /* Each draws its first token from the same logits, choice 0 first; any
+     * may end at once (s too: the forks hold their own references). */
+    ml_rt_seq_advance(rt, s, logits);
+    for (int i = 0; i < n_forks; i++)
+        ml_rt_seq_advance(rt, forks[i], logits);
+    free(forks);
 }
 
 /* ---- a sampled token ------------------------------------------------------- */
