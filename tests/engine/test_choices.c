@@ -15,7 +15,8 @@
  * - cancel before the fork and mid-way ends every choice once, the pool
  *   whole again;
  * - n over max_running, and n > 1 without callbacks, are refused, every
- *   choice told. */
+ *   choice told;
+ * - on a CPU group of 2 ranks (each rank's half of a block copied). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -372,6 +373,39 @@ static void test_refused(ml_rt_fixture *f)
     ml_runtime_destroy(rt);
 }
 
+/* ---- tensor parallelism ---------------------------------------------------- */
+
+enum { WORLD = 2 };
+
+/* On a CPU group of 2 ranks: every rank's half of a shared block is copied
+ * on write, and the choices still equal their n = 1 requests there. */
+static void test_tensor_parallel(const ml_rt_fixture *whole)
+{
+    char err[512] = "";
+    ml_backend *group[WORLD] = {0};
+    ml_model *split = NULL;
+    ml_model_limits lim = ml_rt_limits();
+    lim.max_lora_rank = MAX_LORA_RANK;
+    check(ml_backend_cpu_create_group(WORLD, 1, group, err, sizeof err) == ML_OK &&
+              ml_model_load_tp(&split, ML_RT_LORA_FIXTURE "/model", group, WORLD, &lim, err,
+                               sizeof err) == ML_OK,
+          "the LoRA fixture on a CPU group of %d: %s", WORLD, err);
+    if (split) {
+        ml_rt_fixture tp = *whole;
+        tp.be = group[0];
+        tp.model = split;
+        creq q;
+        make_prompt(&tp, &q, 10, 37, 1);
+        q.n = 3;
+        q.seed = 123;
+        check_choices(&tp, &q, 1, KV_BLOCKS, "2 ranks, an image, n 3");
+    }
+    ml_model_destroy(split);
+    for (int r = 0; r < WORLD; r++)
+        if (group[r])
+            group[r]->ops->destroy(group[r]);
+}
+
 int main(void)
 {
     ml_rt_fixture f;
@@ -382,6 +416,7 @@ int main(void)
     test_preempt(&f);
     test_cancel(&f);
     test_refused(&f);
+    test_tensor_parallel(&f);
     ml_rt_fixture_close(&f);
     return check_done();
 }
