@@ -233,30 +233,42 @@ int ml_kv_cache_shared(const ml_kv_cache *kv, int32_t block)
     return kv->meta[block].refs > 1;
 }
 
+/* Pool p of rank r: layer p / 2's K (p even) or V. */
+static char *pool_of(ml_kv_cache *kv, int r, size_t p)
+{
+    int layer = (int)(p / 2);
+    return p % 2 ? ml_kv_cache_v(kv, r, layer) : ml_kv_cache_k(kv, r, layer);
+}
+
 ml_status ml_kv_cache_copy_block(ml_kv_cache *kv, int32_t dst, int32_t src, char *err,
                                  size_t errlen)
 {
     assert(dst >= 0 && dst < kv->n_blocks && src >= 0 && src < kv->n_blocks);
     /* Through the host: no op copies backend memory to backend memory, and
-     * this happens once per choice forked, not per token. */
+     * this happens once per choice forked, not per token. A download may
+     * land only at synchronize (CUDA stages them), so every pool's slots
+     * come down, then the wait, then they go up. */
     size_t bytes = kv->block_elems * kv->bes[0]->ops->kv_elem_size;
-    void *host = malloc(bytes);
+    size_t n_pools = 2 * (size_t)kv->n_layers;
+    char *host = malloc(n_pools * bytes + 1);
     if (!host)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "kv cache: out of memory copying a block");
-    for (int r = 0; r < kv->world; r++) {
+    ml_status st = ML_OK;
+    for (int r = 0; r < kv->world && st == ML_OK; r++) {
         ml_backend *be = kv->bes[r];
         assert(be->ops->kv_elem_size * kv->block_elems == bytes);
-        for (int l = 0; l < kv->n_layers; l++) {
-            void *pools[2] = {ml_kv_cache_k(kv, r, l), ml_kv_cache_v(kv, r, l)};
-            for (int p = 0; p < 2; p++) {
-                char *base = pools[p];
-                be->ops->download(be, host, base + (size_t)src * bytes, bytes);
-                be->ops->upload(be, base + (size_t)dst * bytes, host, bytes);
-            }
+        for (size_t p = 0; p < n_pools; p++) {
+            char *pool = pool_of(kv, r, p);
+            be->ops->download(be, host + p * bytes, pool + (size_t)src * bytes, bytes);
+        }
+        st = be->ops->synchronize(be, err, errlen);
+        for (size_t p = 0; st == ML_OK && p < n_pools; p++) {
+            char *pool = pool_of(kv, r, p);
+            be->ops->upload(be, pool + (size_t)dst * bytes, host + p * bytes, bytes);
         }
     }
     free(host);
-    return ML_OK;
+    return st;
 }
 
 void ml_kv_cache_release(ml_kv_cache *kv, int32_t block)

@@ -99,8 +99,9 @@ int ml_kv_cache_shared(const ml_kv_cache *kv, int32_t block);
 /* Copy block src's K/V, every layer and rank, into block dst (both
  * referenced by the caller; dst not published): copy-on-write of a
  * partly filled block that several sequences share (the choices of one
- * request). Errors: ML_ERR_NOMEM (the host buffer it goes through); a
- * backend error is latched and reported at synchronize. */
+ * request). Synchronizes each rank's backend (the copy goes through the
+ * host), so call it between steps. Errors: ML_ERR_NOMEM (the host buffer),
+ * a backend's error latched before or by the download. */
 ml_status ml_kv_cache_copy_block(ml_kv_cache *kv, int32_t dst, int32_t src, char *err,
                                  size_t errlen);
 

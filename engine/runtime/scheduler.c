@@ -213,14 +213,15 @@ typedef enum blocks_result {
     BLOCKS_OK,
     BLOCKS_PREEMPTED, /* s itself was the newest and went back to the queue */
     BLOCKS_NEVER,     /* s runs alone and the pool still cannot hold it */
-    BLOCKS_NOMEM,     /* no host memory to copy a shared block through */
+    BLOCKS_FAILED,    /* copying a shared block failed: err says why */
 } blocks_result;
 
 /* Give s blocks for its first `upto` tokens, preempting the newest running
  * sequences (s included, when it is the newest) as needed. The block its
  * next token goes into, partly filled and shared with another choice of
  * its request (ml_rt_seq_fork), is copied first: copy-on-write. */
-static blocks_result ensure_blocks(ml_runtime *rt, rt_seq *s, int upto)
+static blocks_result ensure_blocks(ml_runtime *rt, rt_seq *s, int upto, char *err,
+                                   size_t errlen)
 {
     int need = blocks_for(rt, upto);
     int into = s->n_cached / rt->block_size;
@@ -228,9 +229,9 @@ static blocks_result ensure_blocks(ml_runtime *rt, rt_seq *s, int upto)
     while (s->n_blocks < need || cow) {
         int32_t b = ml_kv_cache_alloc(rt->kv);
         if (b >= 0 && cow) {
-            if (ml_kv_cache_copy_block(rt->kv, b, s->blocks[into], NULL, 0) != ML_OK) {
+            if (ml_kv_cache_copy_block(rt->kv, b, s->blocks[into], err, errlen) != ML_OK) {
                 ml_kv_cache_release(rt->kv, b);
-                return BLOCKS_NOMEM;
+                return BLOCKS_FAILED;
             }
             ml_kv_cache_release(rt->kv, s->blocks[into]);
             s->blocks[into] = b;
@@ -338,16 +339,18 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
             int take = pending < budget ? pending : budget;
             /* Read the successor after ensure_blocks: preemption edits the
              * list, and only the tail (never s's predecessors) leaves it. */
-            blocks_result br = ensure_blocks(rt, s, s->n_cached + take);
+            char why[256];
+            blocks_result br = ensure_blocks(rt, s, s->n_cached + take, why, sizeof why);
             rt_seq *next = br == BLOCKS_PREEMPTED ? NULL : seq_of(s->link.next);
             if (br == BLOCKS_NEVER) {
                 ml_rt_seq_finish(rt, s, ML_FINISH_REASON_LENGTH, ML_REQERR_NONE, NULL, 1);
                 s = next;
                 continue;
             }
-            if (br == BLOCKS_NOMEM) {
-                ml_rt_seq_finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL,
-                                 "out of memory copying a shared K/V block", 0);
+            if (br == BLOCKS_FAILED) {
+                /* Out of memory: this request. A backend error is latched
+                 * too and ends the step (process-level). */
+                ml_rt_seq_finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL, why, 0);
                 s = next;
                 continue;
             }

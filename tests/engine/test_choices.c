@@ -146,8 +146,8 @@ static void check_same(const ml_rt_result *x, const ml_rt_result *y, const char 
           "%s: choice %d ran once ('%s')", what, i, x->message);
     check(ml_rt_same_output(x, y), "%s: choice %d: the same %d tokens as n = 1 (%d)", what, i,
           x->n_out, y->n_out);
-    check(!memcmp(x->lp, y->lp, (size_t)x->n_out * sizeof x->lp[0]),
-          "%s: choice %d: the same logprobs", what, i);
+    check(ml_rt_same_logprobs(x->lp, y->lp, x->n_out), "%s: choice %d: the same logprobs", what,
+          i);
     check(!kept || (x->first_logits && y->first_logits && x->vocab == y->vocab &&
                     !memcmp(x->first_logits, y->first_logits,
                             (size_t)x->vocab * sizeof(float))),
