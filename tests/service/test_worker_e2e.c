@@ -13,7 +13,9 @@
  * - n = 3 streamed with a seed: records carry index 0..2, each choice its
  *   role and finish_reason, the final record no choice and the usage with
  *   the prompt once; choice i is the answer of n = 1 with seed + i;
- *   stream: false with n = 2 is one completion of both; n 9 is refused.
+ *   stream: false with n = 2 is one completion of both, in JSON mode each
+ *   choice a JSON object; n 9 is refused; a cancel ends every choice of a
+ *   running n = 3 request.
  * - logit_bias: +100 on one token makes a sampled answer that token only;
  *   an id without a logit (<|image|>) is invalid_request, naming it.
  * - A two-turn chat (an image and instructions, then the answer and another
@@ -283,7 +285,6 @@ static void test_not_streamed(void)
 #define CHOICES 3
 #define CHOICE_SEED 11
 #define CHOICE_TEXT_MAX 4096
-#define CHOICE_RECORDS_MAX 256
 #define FINISH_MAX 16
 
 typedef struct streamed_choice {
@@ -299,8 +300,11 @@ typedef struct streamed_choice {
  * (parsed, the caller's), NULL after a check failure. */
 static cJSON *collect_choices(const char *id, int n, streamed_choice *c)
 {
-    const pu_record *recs[CHOICE_RECORDS_MAX];
-    size_t n_recs = pu_client_replies(&client, id, recs, CHOICE_RECORDS_MAX);
+    size_t n_recs = pu_client_replies(&client, id, NULL, 0);
+    const pu_record **recs = malloc((n_recs + 1) * sizeof *recs);
+    if (!recs)
+        pu_die("out of memory");
+    n_recs = pu_client_replies(&client, id, recs, n_recs);
     memset(c, 0, (size_t)n * sizeof *c);
     cJSON *final = NULL;
     for (size_t r = 0; r < n_recs; r++) {
@@ -332,6 +336,7 @@ static cJSON *collect_choices(const char *id, int n, streamed_choice *c)
         }
         cJSON_Delete(j);
     }
+    free(recs);
     for (int i = 0; i < n; i++)
         check(c[i].finish[0], "%s: choice %d: %d records, no finish_reason", id, i,
               c[i].records);
@@ -425,6 +430,30 @@ static void test_choices(void)
               "n 2, stream false: choice %d '%s' is n = 1 with seed %d '%s'", i,
               text ? text : "(none)", CHOICE_SEED + i, want ? want : "(none)");
         cJSON_Delete(alone);
+    }
+    cJSON_Delete(j);
+    free(body);
+
+    /* JSON mode: each choice its own document, a JSON object when it stopped. */
+    body = pu_chat_request("e2e-n2-json", "Give me a JSON object.", NULL,
+                           "\"max_tokens\":48,\"stream\":false,\"seed\":3,\"n\":2,"
+                           "\"response_format\":{\"type\":\"json_object\"}");
+    j = ask("e2e-n2-json", body);
+    for (int i = 0; i < 2; i++) {
+        char index[4];
+        snprintf(index, sizeof index, "%d", i);
+        const char *text = pu_json_str(j, PU_PATH("choices", index, "message", "content"));
+        const char *reason = pu_json_str(j, PU_PATH("choices", index, "finish_reason"));
+        const char *start = text ? text + strspn(text, " \t\r\n") : NULL;
+        check(start && *start == '{' && reason &&
+                  (!strcmp(reason, "stop") || !strcmp(reason, "length")),
+              "n 2, json mode: choice %d: finish %s, content '%.80s'", i,
+              reason ? reason : "(none)", text ? text : "");
+        cJSON *doc = reason && !strcmp(reason, "stop") ? cJSON_Parse(text) : NULL;
+        check(!reason || strcmp(reason, "stop") || cJSON_IsObject(doc),
+              "n 2, json mode: choice %d stopped on '%s', not one JSON object", i,
+              text ? text : "");
+        cJSON_Delete(doc);
     }
     cJSON_Delete(j);
     free(body);
@@ -589,10 +618,14 @@ static void test_conversation(void)
 
 /* Cancel a long request with `id` once it streams, the cancel produced by
  * kcat or by the client; expect finish_reason cancelled. */
-static void cancel_running(const char *id, bool by_kcat)
+/* A long request of n choices, cancelled once it streams: it ends
+ * cancelled, every choice of it (n > 1: each choice's last chunk, then the
+ * final record). */
+static void cancel_running(const char *id, bool by_kcat, int n)
 {
     char extra[64];
-    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0", LONG_TOKENS);
+    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0,\"n\":%d", LONG_TOKENS,
+             n);
     char *body = pu_chat_request(id, "Count to a million.", NULL, extra);
     check(pu_client_send(&client, id, body), "cancel: produce");
     free(body);
@@ -612,10 +645,18 @@ static void cancel_running(const char *id, bool by_kcat)
         f = pu_client_wait(&client, id, ANSWER_MS / CANCEL_TRIES);
     }
     cJSON *j = f ? pu_json(f) : NULL;
-    const char *reason = pu_finish_reason(j);
-    check(reason && !strcmp(reason, "cancelled"), "cancel %.40s: finish_reason %s", id,
-          reason ? reason : "(none)");
-    check(pu_json_num(j, PU_PATH("usage", "completion_tokens")) < LONG_TOKENS,
+    if (n > 1) {
+        streamed_choice c[CHOICES];
+        cJSON_Delete(collect_choices(id, n, c));
+        for (int i = 0; i < n; i++)
+            check(!strcmp(c[i].finish, "cancelled"), "cancel %.40s: choice %d: finish_reason %s",
+                  id, i, c[i].finish);
+    } else {
+        const char *reason = pu_finish_reason(j);
+        check(reason && !strcmp(reason, "cancelled"), "cancel %.40s: finish_reason %s", id,
+              reason ? reason : "(none)");
+    }
+    check(pu_json_num(j, PU_PATH("usage", "completion_tokens")) < n * LONG_TOKENS,
           "cancel: ran to the end");
     pu_check_stream(&client, id);
     cJSON_Delete(j);
@@ -623,13 +664,14 @@ static void cancel_running(const char *id, bool by_kcat)
 
 static void test_cancel(void)
 {
-    cancel_running("e2e-cancel", true);
+    cancel_running("e2e-cancel", true, 1);
     char id[LONG_ID_BYTES + 1];
     memset(id, 'L', LONG_ID_BYTES);
     memcpy(id, "e2e-long-id-", 12);
     id[LONG_ID_BYTES] = '\0';
     /* Too long for kcat's file name. */
-    cancel_running(id, false);
+    cancel_running(id, false, 1);
+    cancel_running("e2e-cancel-n3", false, CHOICES);
 }
 
 /* Cancels sent right after their requests, while Redis is paused: the prep
