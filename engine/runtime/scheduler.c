@@ -275,12 +275,12 @@ static void expire(ml_runtime *rt)
 }
 
 /* Is s sampled on the host from its logits row (its logits callback must
- * see the row, or its choices fork off it), rather than where the logits
- * are (ML_LOGITS_SAMPLE)? A
- * constrained row is sampled where the logits are, its mask with it. */
+ * see the row, or its request's other choices draw from it too:
+ * ml_rt_seq_fork), rather than where the logits are (ML_LOGITS_SAMPLE)?
+ * Otherwise a constrained row is sampled where the logits are, its mask
+ * with it. */
 static bool samples_on_host(const rt_seq *s)
 {
-    /* A request's choices draw from one logits row (ml_rt_seq_fork). */
     return s->cb.on_logits != NULL || s->n_forks > 0;
 }
 

@@ -420,7 +420,6 @@ void ml_rt_seq_fork(ml_runtime *rt, rt_seq *s, const float *logits)
             ml_adapter_result got =
                 ml_adapters_acquire(rt->adapters, s->adapter_name, &f->adapter, err, sizeof err);
             assert(got == ML_ADAPTER_READY); /* resident: s references it */
-            (void)got;
         }
         for (int b = 0; b < s->n_blocks; b++) {
             ml_kv_cache_retain(rt->kv, s->blocks[b]);
