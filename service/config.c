@@ -102,6 +102,7 @@ static const field fields[] = {
     LONG("limits", "max_image_pixels", limits.max_image_pixels, 1, 1L << 32),
     LONG("limits", "max_request_pixels", limits.max_request_pixels, 1, 1L << 36),
     LONG("limits", "max_reply_bytes", limits.max_reply_bytes, REPLY_BYTES_MIN, 1L << 30),
+    INT("limits", "max_n", limits.max_n, 1, SVC_MAX_N_LIMIT),
     LONG("limits", "max_adapter_bytes", limits.max_adapter_bytes, 1024, 1L << 30),
     LONG("limits", "max_schema_bytes", limits.max_schema_bytes, 16, SCHEMA_BYTES_MAX),
     LONG("limits", "max_schema_states", limits.max_schema_states, 16, UINT32_MAX),

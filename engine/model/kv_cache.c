@@ -19,6 +19,7 @@ typedef struct kv_block {
 struct ml_kv_cache {
     uint64_t id;               /* unique in the process (ml_kv_cache_id) */
     int world, n_layers, n_blocks, block_size;
+    size_t block_elems;        /* elements of one block of one pool: block_size · heads · dim */
     ml_backend **bes;          /* owned array (world) of borrowed backends */
     void **k, **v;             /* owned (world · n_layers) backend buffers, rank-major */
     int32_t *free_list;        /* owned (n_blocks): a stack of free block ids */
@@ -65,6 +66,7 @@ ml_status ml_kv_cache_create_group(ml_kv_cache **out, ml_backend *const *bes, in
     kv->n_layers = n_layers;
     kv->n_blocks = n_blocks;
     kv->block_size = block_size;
+    kv->block_elems = (size_t)block_size * (size_t)n_kv_heads * (size_t)head_dim;
     /* +1: a model may have no self-attention layer, and calloc(0) may be NULL. */
     size_t n_pools = (size_t)world * (size_t)n_layers + 1;
     kv->bes = calloc((size_t)world, sizeof *kv->bes);
@@ -217,6 +219,56 @@ int32_t ml_kv_cache_alloc(ml_kv_cache *kv)
     assert(kv->meta[b].refs == 0 && !kv->meta[b].published);
     kv->meta[b].refs = 1;
     return b;
+}
+
+void ml_kv_cache_retain(ml_kv_cache *kv, int32_t block)
+{
+    assert(block >= 0 && block < kv->n_blocks && kv->meta[block].refs > 0);
+    kv->meta[block].refs++;
+}
+
+int ml_kv_cache_shared(const ml_kv_cache *kv, int32_t block)
+{
+    assert(block >= 0 && block < kv->n_blocks);
+    return kv->meta[block].refs > 1;
+}
+
+/* Pool p of rank r: layer p / 2's K (p even) or V. */
+static char *pool_of(ml_kv_cache *kv, int r, size_t p)
+{
+    int layer = (int)(p / 2);
+    return p % 2 ? ml_kv_cache_v(kv, r, layer) : ml_kv_cache_k(kv, r, layer);
+}
+
+ml_status ml_kv_cache_copy_block(ml_kv_cache *kv, int32_t dst, int32_t src, char *err,
+                                 size_t errlen)
+{
+    assert(dst >= 0 && dst < kv->n_blocks && src >= 0 && src < kv->n_blocks);
+    /* Through the host: no op copies backend memory to backend memory, and
+     * this happens once per choice forked, not per token. A download may
+     * land only at synchronize (CUDA stages them), so every pool's slots
+     * come down, then the wait, then they go up. */
+    size_t bytes = kv->block_elems * kv->bes[0]->ops->kv_elem_size;
+    size_t n_pools = 2 * (size_t)kv->n_layers;
+    char *host = malloc(n_pools * bytes + 1);
+    if (!host)
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "kv cache: out of memory copying a block");
+    ml_status st = ML_OK;
+    for (int r = 0; r < kv->world && st == ML_OK; r++) {
+        ml_backend *be = kv->bes[r];
+        assert(be->ops->kv_elem_size * kv->block_elems == bytes);
+        for (size_t p = 0; p < n_pools; p++) {
+            char *pool = pool_of(kv, r, p);
+            be->ops->download(be, host + p * bytes, pool + (size_t)src * bytes, bytes);
+        }
+        st = be->ops->synchronize(be, err, errlen);
+        for (size_t p = 0; st == ML_OK && p < n_pools; p++) {
+            char *pool = pool_of(kv, r, p);
+            be->ops->upload(be, pool + (size_t)dst * bytes, host + p * bytes, bytes);
+        }
+    }
+    free(host);
+    return st;
 }
 
 void ml_kv_cache_release(ml_kv_cache *kv, int32_t block)

@@ -18,9 +18,11 @@
  * digest forgotten) only when a block is allocated and none is free: one
  * pool, one budget, and idle cached blocks count as free everywhere
  * (ml_kv_cache_n_free). Blocks never published go back to the free list at
- * their last release, as before. The cache never writes a block; that a
- * shared block is never written again is its users' contract (only full,
- * computed blocks are published, and a sequence writes only past them).
+ * their last release, as before. The cache writes a block only when told
+ * to copy one (ml_kv_cache_copy_block); that a shared block is never
+ * written again is its users' contract (only full, computed blocks are
+ * published, and a sequence writes only past them; the choices of one
+ * request share a partly filled block until one copies it to write).
  *
  * @locality: the step loop thread; the pools of a cache with several ranks
  * may be read by each rank's thread while a step runs (the free list is not
@@ -85,8 +87,26 @@ int ml_kv_cache_world(const ml_kv_cache *kv);
  * when every block is referenced. */
 int32_t ml_kv_cache_alloc(ml_kv_cache *kv);
 
-/* Drop one reference to a block taken with ml_kv_cache_alloc or
- * ml_kv_cache_lookup. At the last, a published block becomes idle (the
+/* One more reference to a block already referenced: another sequence
+ * shares its K/V as they are (the choices of one request, runtime.h
+ * ml_request.n). Released like the others. */
+void ml_kv_cache_retain(ml_kv_cache *kv, int32_t block);
+
+/* 1 when more than one reference holds the block: its K/V are shared, and
+ * whoever would write into it copies it first (ml_kv_cache_copy_block). */
+int ml_kv_cache_shared(const ml_kv_cache *kv, int32_t block);
+
+/* Copy block src's K/V, every layer and rank, into block dst (both
+ * referenced by the caller; dst not published): copy-on-write of a
+ * partly filled block that several sequences share (the choices of one
+ * request). Synchronizes each rank's backend (the copy goes through the
+ * host), so call it between steps. Errors: ML_ERR_NOMEM (the host buffer),
+ * a backend's error latched before or by the download. */
+ml_status ml_kv_cache_copy_block(ml_kv_cache *kv, int32_t dst, int32_t src, char *err,
+                                 size_t errlen);
+
+/* Drop one reference to a block taken with ml_kv_cache_alloc,
+ * ml_kv_cache_lookup or ml_kv_cache_retain. At the last, a published block becomes idle (the
  * most recently used), any other block free. */
 void ml_kv_cache_release(ml_kv_cache *kv, int32_t block);
 

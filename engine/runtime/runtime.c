@@ -96,7 +96,10 @@ void ml_runtime_destroy(ml_runtime *rt)
 
 /* ---- queries --------------------------------------------------------------- */
 
-int ml_runtime_active(const ml_runtime *rt) { return rt->waiting.n + rt->running.n; }
+int ml_runtime_active(const ml_runtime *rt)
+{
+    return rt->waiting.n + rt->running.n + rt->n_unforked;
+}
 ml_image_cache *ml_runtime_image_cache(ml_runtime *rt) { return rt->images; }
 
 void ml_runtime_get_stats(const ml_runtime *rt, ml_runtime_stats *st)

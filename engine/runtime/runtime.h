@@ -169,6 +169,23 @@ typedef struct ml_request {
      * of an equal salt. All zero is a partition like any other. */
     uint8_t cache_salt[ML_CACHE_SALT_BYTES];
     ml_request_callbacks cb;
+    /* Choices (OpenAI's n): 0 or 1 is one choice, reported through cb.
+     * With n > 1, choice i is reported through choices[i] (n entries,
+     * borrowed for the call, copied) and cb is unused. The prompt is
+     * prefilled once, by choice 0, its images encoded once; when its
+     * prefill ends, choices 1 .. n-1 are forked off it: each takes the
+     * prompt's K/V blocks and the image states by reference (a partly
+     * filled last block is copied by whichever choice writes into it
+     * first) and draws its first token from the same logits row, then
+     * samples on its own: choice i exactly as a request with n = 1 and
+     * seed sampling.seed + i (bit for bit on a batch-invariant backend),
+     * with its own penalties, stop strings and constraint. Each choice ends on its own, with its
+     * own on_finish; ml_runtime_cancel and a failure before the fork end
+     * every choice. n choices count as n sequences against max_running
+     * (the request is admitted when all n fit the batch) and n above
+     * max_running is refused (ML_REQERR_INVALID_REQUEST). */
+    int n;
+    const ml_request_callbacks *choices;
 } ml_request;
 
 /* Create a runtime over model (borrowed) and tokenizer (borrowed). Errors:
@@ -184,7 +201,7 @@ ml_status ml_runtime_create(ml_runtime **out, ml_model *model, const ml_tokenize
 void ml_runtime_destroy(ml_runtime *rt);
 
 /* Queue a request. On ML_OK *handle identifies it and its callbacks will
- * run exactly once to completion. A request that is invalid or could never
+ * run to completion, on_finish exactly once per choice. A request that is invalid or could never
  * fit is not queued: the return is ML_OK as well and on_finish has already
  * run with ML_FINISH_REASON_ERROR (so every request ends through one path). Other
  * errors (ML_ERR_NOMEM) mean nothing was queued and no callback ran; the
@@ -192,7 +209,8 @@ void ml_runtime_destroy(ml_runtime *rt);
 ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *handle, char *err,
                             size_t errlen);
 
-/* Cancel a queued or running request: on_finish(ML_FINISH_REASON_CANCELLED) runs
+/* Cancel a queued or running request, every choice of it:
+ * on_finish(ML_FINISH_REASON_CANCELLED) runs for each unfinished choice
  * before this returns. Unknown or finished handles are ignored. */
 void ml_runtime_cancel(ml_runtime *rt, uint64_t handle);
 
@@ -200,7 +218,8 @@ void ml_runtime_cancel(ml_runtime *rt, uint64_t handle);
  * error from the backend, after which the runtime must be destroyed. */
 ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen);
 
-/* Requests queued or running. */
+/* Sequences queued or running, each choice of a request one (those not
+ * yet forked included). */
 int ml_runtime_active(const ml_runtime *rt);
 
 /* The resident image cache (for lookups by the service). Borrowed. */
@@ -213,6 +232,11 @@ typedef struct ml_runtime_stats {
     size_t image_bytes_used, image_bytes_budget;
     uint64_t steps, tokens_generated, preemptions, images_encoded, image_cache_hits;
     uint64_t images_evicted;      /* requests ended with ML_REQERR_IMAGE_EVICTED */
+    /* Prompt tokens computed by prefill chunks (recomputes after a
+     * preemption included, prefix-cache hits not), and choices forked off
+     * a prefilled prompt (ml_request.n): n choices add n - 1 forks and
+     * prefill their prompt once. */
+    uint64_t prefill_tokens, choices_forked;
     /* Prefix cache: full blocks looked up at admission (readmission after a
      * preemption included) and found or not, idle cached blocks evicted for
      * room, and blocks published now (in use or idle; idle ones are also

@@ -21,6 +21,8 @@
 typedef enum seq_state {
     SEQ_WAITING,
     SEQ_RUNNING,
+    SEQ_UNFORKED, /* a choice waiting for its request's prompt: in no list, held by
+                     choice 0's forks */
 } seq_state;
 
 typedef struct rt_seq {
@@ -67,6 +69,10 @@ typedef struct rt_seq {
     ml_token_stream *detok;     /* owned */
     ml_stop *stop;              /* owned */
     ml_request_callbacks cb;
+    /* Choice 0 of a request of n choices, until its prompt is prefilled:
+     * the other choices (SEQ_UNFORKED), forked off it then (ml_rt_seq_fork). */
+    struct rt_seq **forks;      /* owned (n_forks), and each of them */
+    int n_forks;
     int64_t deadline_ms;
     ml_usage usage;
     double t_submit, t_admit, t_first;
@@ -85,6 +91,7 @@ struct ml_runtime {
     /* Of rt_seq.link. waiting is the FCFS queue, preempted sequences at its
      * front; running is in admission order, the newest at the tail. */
     ml_list waiting, running;
+    int n_unforked;             /* SEQ_UNFORKED sequences, held by the forks of others */
     /* Per-step scratch, sized at create. */
     ml_step_seq *step;          /* (max_running) */
     rt_seq **step_owner;        /* (max_running) */
@@ -112,6 +119,18 @@ void ml_rt_seq_fill_allowed(const ml_runtime *rt, const rt_seq *s, int pos, int 
  * with logits NULL the model's s->sampled. A constrained s's mask for the
  * step is ready (the step drained the mask thread). */
 void ml_rt_seq_advance(ml_runtime *rt, rt_seq *s, const float *logits);
+
+/* The batch slots s takes once admitted: itself and its choices still to
+ * fork. */
+static inline int ml_rt_seq_slots(const rt_seq *s) { return 1 + s->n_forks; }
+
+/* s's prompt is prefilled: its blocks hold every prompt token and
+ * `logits` (vocab floats, on the host) are its first draw's. Fork its
+ * other choices off it into the running batch (admission kept their
+ * slots), sharing its blocks, image states and adapter by reference, then
+ * have s and each fork draw their first token from those logits (their
+ * constraints' masks ready: the step queued them). */
+void ml_rt_seq_fork(ml_runtime *rt, rt_seq *s, const float *logits);
 
 /* ---- prefix.c -------------------------------------------------------------- */
 

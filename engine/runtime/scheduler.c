@@ -126,10 +126,22 @@ static int first_chunk(const ml_runtime *rt, const rt_seq *s)
     return first < rt->cfg.max_step_tokens ? first : rt->cfg.max_step_tokens;
 }
 
-/* Move waiting sequences into the running batch while there is room. */
+/* Batch slots the running sequences take, with the choices they will fork. */
+static int slots_used(const ml_runtime *rt)
+{
+    int used = 0;
+    for (const rt_seq *s = seq_of(rt->running.head); s; s = seq_of(s->link.next))
+        used += ml_rt_seq_slots(s);
+    return used;
+}
+
+/* Move waiting sequences into the running batch while there is room: a
+ * request of n choices takes n slots at once (its forks join the batch
+ * when its prompt is prefilled, ml_rt_seq_fork). */
 static void admit(ml_runtime *rt)
 {
-    while (rt->waiting.head && rt->running.n < rt->cfg.max_running) {
+    while (rt->waiting.head &&
+           slots_used(rt) + ml_rt_seq_slots(seq_of(rt->waiting.head)) <= rt->cfg.max_running) {
         rt_seq *s = seq_of(rt->waiting.head);
         /* The first chunk's blocks must be free, or admission would only
          * cause a preemption. Cached blocks are not looked up yet (the keys
@@ -201,15 +213,31 @@ typedef enum blocks_result {
     BLOCKS_OK,
     BLOCKS_PREEMPTED, /* s itself was the newest and went back to the queue */
     BLOCKS_NEVER,     /* s runs alone and the pool still cannot hold it */
+    BLOCKS_FAILED,    /* copying a shared block failed: err says why */
 } blocks_result;
 
 /* Give s blocks for its first `upto` tokens, preempting the newest running
- * sequences (s included, when it is the newest) as needed. */
-static blocks_result ensure_blocks(ml_runtime *rt, rt_seq *s, int upto)
+ * sequences (s included, when it is the newest) as needed. The block its
+ * next token goes into, partly filled and shared with another choice of
+ * its request (ml_rt_seq_fork), is copied first: copy-on-write. */
+static blocks_result ensure_blocks(ml_runtime *rt, rt_seq *s, int upto, char *err,
+                                   size_t errlen)
 {
     int need = blocks_for(rt, upto);
-    while (s->n_blocks < need) {
+    int into = s->n_cached / rt->block_size;
+    bool cow = s->n_cached % rt->block_size && ml_kv_cache_shared(rt->kv, s->blocks[into]);
+    while (s->n_blocks < need || cow) {
         int32_t b = ml_kv_cache_alloc(rt->kv);
+        if (b >= 0 && cow) {
+            if (ml_kv_cache_copy_block(rt->kv, b, s->blocks[into], err, errlen) != ML_OK) {
+                ml_kv_cache_release(rt->kv, b);
+                return BLOCKS_FAILED;
+            }
+            ml_kv_cache_release(rt->kv, s->blocks[into]);
+            s->blocks[into] = b;
+            cow = false;
+            continue;
+        }
         if (b >= 0) {
             s->blocks[s->n_blocks++] = b;
             continue;
@@ -247,11 +275,13 @@ static void expire(ml_runtime *rt)
 }
 
 /* Is s sampled on the host from its logits row (its logits callback must
- * see the row), rather than where the logits are (ML_LOGITS_SAMPLE)? A
- * constrained row is sampled where the logits are, its mask with it. */
+ * see the row, or its request's other choices draw from it too:
+ * ml_rt_seq_fork), rather than where the logits are (ML_LOGITS_SAMPLE)?
+ * Otherwise a constrained row is sampled where the logits are, its mask
+ * with it. */
 static bool samples_on_host(const rt_seq *s)
 {
-    return s->cb.on_logits != NULL;
+    return s->cb.on_logits != NULL || s->n_forks > 0;
 }
 
 /* Slot order of a step entry's adapter; the base model first. */
@@ -278,6 +308,13 @@ static void group_by_adapter(ml_runtime *rt, int n_step)
     }
 }
 
+/* Is computing s's tokens from pos on a decode step (its one new token),
+ * rather than a prefill chunk (the prompt, or a recompute)? */
+static bool is_decode(const rt_seq *s, int pos)
+{
+    return s->n_tokens - pos == 1 && s->n_tokens > s->n_prompt;
+}
+
 ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
 {
     expire(rt);
@@ -294,7 +331,7 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
         rt_seq *s = seq_of(rt->running.head);
         while (s && budget > 0) {
             int pending = s->n_tokens - s->n_cached;
-            int decoding = pending == 1 && s->n_tokens > s->n_prompt;
+            int decoding = is_decode(s, s->n_cached);
             if (pending <= 0 || decoding != (pass == 0)) {
                 s = seq_of(s->link.next);
                 continue;
@@ -302,10 +339,18 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
             int take = pending < budget ? pending : budget;
             /* Read the successor after ensure_blocks: preemption edits the
              * list, and only the tail (never s's predecessors) leaves it. */
-            blocks_result br = ensure_blocks(rt, s, s->n_cached + take);
+            char why[256];
+            blocks_result br = ensure_blocks(rt, s, s->n_cached + take, why, sizeof why);
             rt_seq *next = br == BLOCKS_PREEMPTED ? NULL : seq_of(s->link.next);
             if (br == BLOCKS_NEVER) {
                 ml_rt_seq_finish(rt, s, ML_FINISH_REASON_LENGTH, ML_REQERR_NONE, NULL, 1);
+                s = next;
+                continue;
+            }
+            if (br == BLOCKS_FAILED) {
+                /* Out of memory: this request. A backend error is latched
+                 * too and ends the step (process-level). */
+                ml_rt_seq_finish(rt, s, ML_FINISH_REASON_ERROR, ML_REQERR_INTERNAL, why, 0);
                 s = next;
                 continue;
             }
@@ -359,6 +404,9 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
             continue;
         if (s->con)
             ml_masker_queue(rt->masker, s->con);
+        for (int k = 0; k < s->n_forks; k++) /* they draw from this row too */
+            if (s->forks[k]->con)
+                ml_masker_queue(rt->masker, s->forks[k]->con);
         if (q->logits != ML_LOGITS_SAMPLE)
             continue;
         ml_sampler_seq_row(s->sampler, &s->row, &q->pen_id, &q->pen_count, &q->bias);
@@ -384,10 +432,14 @@ ml_status ml_runtime_step(ml_runtime *rt, char *err, size_t errlen)
     int row = 0;
     for (int i = 0; i < n_step; i++) {
         rt_seq *s = rt->step_owner[i];
+        if (!is_decode(s, rt->step[i].pos0))
+            rt->stats.prefill_tokens += (uint64_t)rt->step[i].n_tokens;
         s->n_cached += rt->step[i].n_tokens;
         ml_rt_prefix_publish(rt, s); /* before advance, which may end s */
         if (rt->step[i].logits == ML_LOGITS_SAMPLE)
             ml_rt_seq_advance(rt, s, NULL);
+        else if (rt->step[i].logits == ML_LOGITS_LAST && s->n_forks)
+            ml_rt_seq_fork(rt, s, rt->logits + (size_t)row++ * rt->vocab);
         else if (rt->step[i].logits == ML_LOGITS_LAST)
             ml_rt_seq_advance(rt, s, rt->logits + (size_t)row++ * rt->vocab);
     }

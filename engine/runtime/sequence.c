@@ -3,6 +3,7 @@
  * step samples is streamed through its stop strings, and cancel, a stop, an
  * error or the end of its budget finish it, releasing everything at once.
  * The step that schedules it is scheduler.c. */
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,9 @@ void ml_rt_seq_release_blocks(ml_runtime *rt, rt_seq *s)
 
 static void seq_free(ml_runtime *rt, rt_seq *s)
 {
+    for (int i = 0; i < s->n_forks; i++)
+        seq_free(rt, s->forks[i]);
+    free(s->forks);
     ml_rt_seq_release_blocks(rt, s);
     if (s->adapter)
         ml_adapters_release(rt->adapters, s->adapter);
@@ -90,13 +94,30 @@ void ml_rt_seq_fill_allowed(const ml_runtime *rt, const rt_seq *s, int pos, int 
 
 /* ---- submit / cancel ------------------------------------------------------- */
 
-/* Report a request refused at submit through its on_finish, as promised. */
+/* The request's choices: n, or 1 when it asks for one or gives no
+ * callbacks for more (validate refuses that). */
+static int n_choices(const ml_request *req)
+{
+    return req->n > 1 && req->choices ? req->n : 1;
+}
+
+/* The callbacks of choice i. */
+static const ml_request_callbacks *choice_cb(const ml_request *req, int i)
+{
+    return req->n > 1 && req->choices ? &req->choices[i] : &req->cb;
+}
+
+/* Report a request refused at submit through the on_finish of each of its
+ * choices, as promised. */
 static void refuse(const ml_request *req, ml_request_error error, const char *message)
 {
     for (int i = 0; i < req->n_images; i++)
         free(req->images[i].pixels);
     ml_usage usage = {.prompt_tokens = req->n_prompt, .images = req->n_images};
-    req->cb.on_finish(req->cb.ctx, NULL, 0, ML_FINISH_REASON_ERROR, error, message, &usage);
+    for (int i = 0; i < n_choices(req); i++) {
+        const ml_request_callbacks *cb = choice_cb(req, i);
+        cb->on_finish(cb->ctx, NULL, 0, ML_FINISH_REASON_ERROR, error, message, &usage);
+    }
 }
 
 /* The request's adapter name, NULL for the base model. */
@@ -111,6 +132,17 @@ static ml_request_error validate(const ml_runtime *rt, const ml_request *req, ch
                                  size_t n)
 {
     const ml_config *mc = ml_model_config(rt->model);
+    if (req->n < 0 || (req->n > 1 && !req->choices)) {
+        ml_fail(msg, n, ML_ERR_INVALID_ARG, "n %d: %s", req->n,
+                req->n < 0 ? "negative" : "choices without their callbacks");
+        return ML_REQERR_INVALID_REQUEST;
+    }
+    if (req->n > rt->cfg.max_running) {
+        ml_fail(msg, n, ML_ERR_TOO_LARGE,
+                "n %d: more choices than the batch runs at once (runtime.max_running %d)",
+                req->n, rt->cfg.max_running);
+        return ML_REQERR_INVALID_REQUEST;
+    }
     int image_tokens = 0;
     for (int i = 0; i < req->n_prompt; i++) {
         int32_t id = req->prompt[i];
@@ -215,37 +247,21 @@ static ml_status copy_stop_strings(rt_seq *s)
     return ML_OK;
 }
 
-ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *handle, char *err,
-                            size_t errlen)
+/* The sequence of choice `choice` of req, sampling with seed
+ * req->sampling.seed + choice (runtime.h ml_request.n). Choice 0 takes the
+ * images' pixels; the others hold none (they take choice 0's states when
+ * forked, ml_rt_seq_fork). On error nothing is taken: the pixels are
+ * still the caller's. */
+static ml_status seq_create(ml_runtime *rt, const ml_request *req, int choice, uint64_t handle,
+                            rt_seq **out, char *err, size_t errlen)
 {
-    char msg[256];
-    ml_request_error rerr = validate(rt, req, msg, sizeof msg);
-    if (rerr == ML_REQERR_NONE &&
-        ml_sampling_params_validate(&req->sampling, (size_t)rt->vocab, msg, sizeof msg) != ML_OK)
-        rerr = ML_REQERR_INVALID_REQUEST;
-    /* Structured outputs' trie and thread, made at the first request that
-     * asks: should that fail, this request ends saying why and the runtime
-     * goes on. */
-    if (rerr == ML_REQERR_NONE && req->sampling.json_object && req->sampling.grammar) {
-        ml_fail(msg, sizeof msg, ML_ERR_INVALID_ARG, "json_object and a grammar exclude each other");
-        rerr = ML_REQERR_INVALID_REQUEST;
-    }
-    if (rerr == ML_REQERR_NONE && ml_constraint_wanted(&req->sampling) &&
-        constraint_prepare(rt, msg, sizeof msg) != ML_OK)
-        rerr = ML_REQERR_INTERNAL;
-    *handle = rt->next_handle++;
-    if (rerr != ML_REQERR_NONE) {
-        refuse(req, rerr, msg);
-        return ML_OK;
-    }
-
     rt_seq *s = calloc(1, sizeof *s);
     int cap = req->n_prompt + (int)req->sampling.max_tokens;
     if (cap > rt->context)
         cap = rt->context;
     if (!s)
-        goto nomem;
-    s->handle = *handle;
+        return ML_ERR_NOMEM;
+    s->handle = handle;
     s->cap = cap;
     s->n_prompt = s->n_tokens = req->n_prompt;
     s->tokens = malloc((size_t)cap * sizeof *s->tokens);
@@ -271,10 +287,13 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
      * (scheduler.c image_keys_for_adapter). */
     memcpy(s->salt, req->cache_salt, sizeof s->salt);
     for (int i = 0; i < req->n_images; i++) {
+        if (choice > 0)
+            s->images[i].pixels = NULL;
         memcpy(s->content[i], req->images[i].key, ML_IMAGE_KEY_BYTES);
         ml_image_state_key(s->salt, s->content[i], NULL, s->images[i].key);
     }
     s->sampling = req->sampling;
+    s->sampling.seed = req->sampling.seed + (uint64_t)choice; /* wraps: any seed has n streams */
     /* The grammar is the caller's: the constraint holds its own reference
      * (and the course of a grammar_on_brace answer). */
     s->sampling.grammar = NULL;
@@ -292,23 +311,69 @@ ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *han
     /* The bias entries were borrowed for the call: the sampler keeps its copy. */
     s->sampling.logit_bias = NULL;
     s->sampling.n_logit_bias = 0;
-    s->cb = req->cb;
+    s->cb = *choice_cb(req, choice);
     s->deadline_ms = req->deadline_ms;
     s->usage.prompt_tokens = req->n_prompt;
     s->usage.images = req->n_images;
     s->t_submit = ml_clock_ms();
     image_ranges(s, ml_model_config(rt->model)->image_token_index);
+    *out = s;
+    return ML_OK;
+nomem:
+    s->n_images = 0; /* the pixels stay the caller's */
+    seq_free(rt, s);
+    return ML_ERR_NOMEM;
+}
+
+ml_status ml_runtime_submit(ml_runtime *rt, const ml_request *req, uint64_t *handle, char *err,
+                            size_t errlen)
+{
+    char msg[256];
+    ml_request_error rerr = validate(rt, req, msg, sizeof msg);
+    if (rerr == ML_REQERR_NONE &&
+        ml_sampling_params_validate(&req->sampling, (size_t)rt->vocab, msg, sizeof msg) != ML_OK)
+        rerr = ML_REQERR_INVALID_REQUEST;
+    /* Structured outputs' trie and thread, made at the first request that
+     * asks: should that fail, this request ends saying why and the runtime
+     * goes on. */
+    if (rerr == ML_REQERR_NONE && req->sampling.json_object && req->sampling.grammar) {
+        ml_fail(msg, sizeof msg, ML_ERR_INVALID_ARG, "json_object and a grammar exclude each other");
+        rerr = ML_REQERR_INVALID_REQUEST;
+    }
+    if (rerr == ML_REQERR_NONE && ml_constraint_wanted(&req->sampling) &&
+        constraint_prepare(rt, msg, sizeof msg) != ML_OK)
+        rerr = ML_REQERR_INTERNAL;
+    *handle = rt->next_handle++;
+    if (rerr != ML_REQERR_NONE) {
+        refuse(req, rerr, msg);
+        return ML_OK;
+    }
+    /* The other choices first, holding no pixels, then choice 0, which
+     * takes them: on a failure the pixels are still all the caller's. */
+    int n = n_choices(req);
+    rt_seq *s = NULL, **forks = n > 1 ? calloc((size_t)n - 1, sizeof *forks) : NULL;
+    ml_status st = n > 1 && !forks ? ML_ERR_NOMEM : ML_OK;
+    for (int i = 1; st == ML_OK && i < n; i++)
+        st = seq_create(rt, req, i, *handle, &forks[i - 1], err, errlen);
+    if (st == ML_OK)
+        st = seq_create(rt, req, 0, *handle, &s, err, errlen);
+    if (st != ML_OK) {
+        for (int i = 0; forks && i < n - 1; i++)
+            if (forks[i])
+                seq_free(rt, forks[i]);
+        free(forks);
+        for (int i = 0; i < req->n_images; i++)
+            free(req->images[i].pixels);
+        return ml_fail(err, errlen, ML_ERR_NOMEM, "runtime: out of memory queueing a request");
+    }
+    for (int i = 0; i < n - 1; i++)
+        forks[i]->state = SEQ_UNFORKED;
+    s->forks = forks;
+    s->n_forks = n - 1;
+    rt->n_unforked += n - 1;
     s->state = SEQ_WAITING;
     ml_list_push_back(&rt->waiting, &s->link);
     return ML_OK;
-nomem:
-    if (s) {
-        s->n_images = 0; /* pixels are freed below, once */
-        seq_free(rt, s);
-    }
-    for (int i = 0; i < req->n_images; i++)
-        free(req->images[i].pixels);
-    return ml_fail(err, errlen, ML_ERR_NOMEM, "runtime: out of memory queueing a request");
 }
 
 static rt_seq *find_seq(ml_runtime *rt, uint64_t handle)
@@ -324,9 +389,68 @@ static rt_seq *find_seq(ml_runtime *rt, uint64_t handle)
 
 void ml_runtime_cancel(ml_runtime *rt, uint64_t handle)
 {
-    rt_seq *s = find_seq(rt, handle);
-    if (s)
+    /* Every choice of the request: they share its handle (and those not
+     * forked yet end with choice 0). */
+    for (rt_seq *s; (s = find_seq(rt, handle));)
         ml_rt_seq_finish(rt, s, ML_FINISH_REASON_CANCELLED, ML_REQERR_NONE, "cancelled", 1);
+}
+
+/* ---- choices --------------------------------------------------------------- */
+
+void ml_rt_seq_fork(ml_runtime *rt, rt_seq *s, const float *logits)
+{
+    /* Every block of the prompt by reference, the last one too when the
+     * prompt ends inside it: whichever choice then writes into it first
+     * copies it (scheduler.c ensure_blocks), the full ones nobody writes. */
+    assert(s->n_cached == s->n_prompt);
+    rt_seq **forks = s->forks;
+    int n_forks = s->n_forks;
+    s->forks = NULL;
+    s->n_forks = 0;
+    for (int i = 0; i < n_forks; i++) {
+        rt_seq *f = forks[i];
+        for (int k = 0; k < s->n_images; k++) {
+            /* s holds the state (its key is final: adapter applied). */
+            memcpy(f->images[k].key, s->images[k].key, ML_IMAGE_KEY_BYTES);
+            f->images[k].n_tiles = s->images[k].n_tiles;
+            f->entries[k] = ml_image_cache_acquire(rt->images, f->images[k].key);
+            assert(f->entries[k]);
+            f->states[k] = ml_image_entry_state(f->entries[k]);
+        }
+        if (s->adapter) {
+            char err[256];
+            ml_adapter_result got =
+                ml_adapters_acquire(rt->adapters, s->adapter_name, &f->adapter, err, sizeof err);
+            assert(got == ML_ADAPTER_READY); /* resident: s references it */
+        }
+        for (int b = 0; b < s->n_blocks; b++) {
+            ml_kv_cache_retain(rt->kv, s->blocks[b]);
+            f->blocks[b] = s->blocks[b];
+        }
+        f->n_blocks = s->n_blocks;
+        f->n_published = s->n_published; /* published by s, when they were */
+        f->n_cached = s->n_cached;
+        if (s->rooted) {
+            memcpy(f->root, s->root, sizeof f->root);
+            f->rooted = 1;
+        }
+        /* The request's prompt, images and queue, as choice 0 saw them. */
+        f->usage.queue_ms = s->usage.queue_ms;
+        f->usage.vision_ms = s->usage.vision_ms;
+        f->usage.images_cached = s->usage.images_cached;
+        f->usage.prompt_tokens_cached = s->usage.prompt_tokens_cached;
+        f->t_admit = s->t_admit;
+        f->state = SEQ_RUNNING;
+        ml_list_push_back(&rt->running, &f->link);
+        rt->n_unforked--;
+        rt->stats.choices_forked++;
+    }
+    /* Each draws its first token from the same logits, choice 0 first; any
+     * may end at once (s too: the forks hold their own references). */
+    ml_rt_seq_advance(rt, s, logits);
+    for (int i = 0; i < n_forks; i++)
+        ml_rt_seq_advance(rt, forks[i], logits);
+    free(forks);
 }
 
 /* ---- a sampled token ------------------------------------------------------- */
@@ -393,7 +517,10 @@ void ml_rt_seq_advance(ml_runtime *rt, rt_seq *s, const float *logits)
 void ml_rt_seq_finish(ml_runtime *rt, rt_seq *s, ml_finish_reason reason, ml_request_error error,
                       const char *message, int emit_tail)
 {
-    ml_list_remove(s->state == SEQ_RUNNING ? &rt->running : &rt->waiting, &s->link);
+    if (s->state == SEQ_UNFORKED)
+        rt->n_unforked--;
+    else
+        ml_list_remove(s->state == SEQ_RUNNING ? &rt->running : &rt->waiting, &s->link);
     /* The tail: what the stop matcher released for the detokenizer's last
      * partial character, then what it still held. Bounded by the longest
      * stop string plus one replacement character. */
@@ -422,7 +549,16 @@ void ml_rt_seq_finish(ml_runtime *rt, rt_seq *s, ml_finish_reason reason, ml_req
     s->usage.completion_tokens = s->n_tokens - s->n_prompt;
     ml_request_callbacks cb = s->cb;
     ml_usage usage = s->usage;
+    rt_seq **forks = s->forks;
+    int n_forks = s->n_forks;
+    s->forks = NULL;
+    s->n_forks = 0;
     /* Free first, so the callback sees the memory already returned. */
     seq_free(rt, s);
     cb.on_finish(cb.ctx, tail, tail_len, reason, error, message, &usage);
+    /* Choices not forked yet end as their request did, with nothing
+     * generated. */
+    for (int i = 0; i < n_forks; i++)
+        ml_rt_seq_finish(rt, forks[i], reason, error, message, 0);
+    free(forks);
 }

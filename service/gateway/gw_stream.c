@@ -29,6 +29,10 @@
 #define ERR_CODE_MAX 64
 #define ERR_MESSAGE_MAX SVC_ERRMSG_MAX
 #define U64_DIGITS 20
+/* Choices one stream follows: the most a worker may be configured to give
+ * (limits.max_n). */
+#define GW_STREAM_CHOICES_MAX SVC_MAX_N_LIMIT
+#define CHOICE_EVENTS_INITIAL 16
 
 enum {
     HTTP_OK = 200,
@@ -92,17 +96,67 @@ static void put_i64(out *o, int64_t v)
  * data) the stream uses. */
 typedef struct chunk {
     svc_span choices;  /* the array */
+    bool has_choice;  /* choices is not empty (the final of n > 1 choices is) */
+    uint32_t index;   /* choices[0].index: its choice (0 when absent) */
     svc_span content;  /* choices[0].delta.content between its quotes; absent when none */
     svc_span logprobs; /* choices[0].logprobs.content, the array; absent when logprobs is null */
     svc_span finish;   /* choices[0].finish_reason; absent when missing */
     svc_span usage;    /* an object; absent when missing or null */
     svc_span error;    /* an object; absent when missing or null */
+    /* choices[0].delta.tool_calls[0] (tool_stream.h): where a call begins
+     * its id and name (the JSON strings), and in every chunk of it the
+     * arguments' bytes between their quotes; absent when none. */
+    svc_span call_id, call_name, call_args;
 } chunk;
 
-/* Scan v as one JSON object with the shape of a chunk: choices a non-empty
- * array whose first element is an object with an object delta; content a
- * string or null; logprobs null or an object with a content array; usage
- * and error objects or null. Returns false otherwise. */
+/* A choice's index: decimal digits below GW_STREAM_CHOICES_MAX; an absent
+ * index is choice 0. Returns false otherwise. */
+static bool index_parse(svc_span v, uint32_t *index)
+{
+    *index = 0;
+    if (!v.p)
+        return true;
+    if (!svc_json_is_number(v) || v.n > U64_DIGITS)
+        return false;
+    uint64_t x = 0;
+    for (size_t i = 0; i < v.n; i++) {
+        if (v.p[i] < '0' || v.p[i] > '9')
+            return false;
+        x = x * 10 + (uint64_t)(v.p[i] - '0');
+        if (x >= GW_STREAM_CHOICES_MAX)
+            return false;
+    }
+    *index = (uint32_t)x;
+    return true;
+}
+
+/* delta.tool_calls (absent or null: no call): an array whose first element
+ * is an object with a function object; id and name strings where present,
+ * arguments a string. Returns false otherwise. */
+static bool call_parse(svc_span calls, chunk *c)
+{
+    if (svc_json_is_null(calls))
+        return true;
+    svc_span call = svc_json_is(calls, '[') ? svc_json_first(calls) : (svc_span){NULL, 0};
+    svc_span fn = svc_json_is(call, '{') ? svc_json_member(call, "function") : call;
+    if (!svc_json_is(fn, '{'))
+        return false;
+    svc_span id = svc_json_member(call, "id"), name = svc_json_member(fn, "name");
+    svc_span args = svc_json_member(fn, "arguments");
+    if ((id.p && !svc_json_is(id, '"')) || (name.p && !svc_json_is(name, '"')) ||
+        !svc_json_is(args, '"'))
+        return false;
+    c->call_id = id;
+    c->call_name = name;
+    c->call_args = svc_json_inner(args);
+    return true;
+}
+
+/* Scan v as one JSON object with the shape of a chunk: choices an array,
+ * empty or whose first element is an object with an index below
+ * GW_STREAM_CHOICES_MAX and an object delta; content a string or null;
+ * logprobs null or an object with a content array; usage and error objects
+ * or null. Returns false otherwise. */
 static bool chunk_parse(const char *v, size_t n, chunk *c)
 {
     svc_span root = svc_json_value(v, n);
@@ -111,8 +165,17 @@ static bool chunk_parse(const char *v, size_t n, chunk *c)
     *c = (chunk){.choices = svc_json_member(root, "choices")};
     if (!svc_json_is(c->choices, '['))
         return false;
+    svc_span usage = svc_json_member(root, "usage"), error = svc_json_member(root, "error");
+    if ((!svc_json_is_null(usage) && !svc_json_is(usage, '{')) ||
+        (!svc_json_is_null(error) && !svc_json_is(error, '{')))
+        return false;
+    c->usage = svc_json_is_null(usage) ? (svc_span){NULL, 0} : usage;
+    c->error = svc_json_is_null(error) ? (svc_span){NULL, 0} : error;
+    c->has_choice = !svc_json_is_empty(c->choices);
+    if (!c->has_choice)
+        return true;
     svc_span choice = svc_json_first(c->choices);
-    if (!svc_json_is(choice, '{'))
+    if (!svc_json_is(choice, '{') || !index_parse(svc_json_member(choice, "index"), &c->index))
         return false;
     svc_span delta = svc_json_member(choice, "delta");
     if (!svc_json_is(delta, '{'))
@@ -121,6 +184,8 @@ static bool chunk_parse(const char *v, size_t n, chunk *c)
     if (svc_json_is(content, '"'))
         c->content = svc_json_inner(content);
     else if (!svc_json_is_null(content))
+        return false;
+    if (!call_parse(svc_json_member(delta, "tool_calls"), c))
         return false;
     svc_span lp = svc_json_member(choice, "logprobs");
     if (!svc_json_is_null(lp)) {
@@ -131,12 +196,6 @@ static bool chunk_parse(const char *v, size_t n, chunk *c)
             return false;
     }
     c->finish = svc_json_member(choice, "finish_reason");
-    svc_span usage = svc_json_member(root, "usage"), error = svc_json_member(root, "error");
-    if ((!svc_json_is_null(usage) && !svc_json_is(usage, '{')) ||
-        (!svc_json_is_null(error) && !svc_json_is(error, '{')))
-        return false;
-    c->usage = svc_json_is_null(usage) ? (svc_span){NULL, 0} : usage;
-    c->error = svc_json_is_null(error) ? (svc_span){NULL, 0} : error;
     return true;
 }
 
@@ -154,6 +213,17 @@ typedef struct gw_event {
     size_t payload;   /* offset of the JSON (or [DONE]) after "data: " */
 } gw_event;
 
+/* One choice of the answer (n > 1 choices: service/protocol/README.md):
+ * the events of its records, in order, and how far a new attempt has
+ * matched them. Records of several choices interleave as the worker
+ * samples them, which a new attempt need not repeat; each choice's own
+ * records it does repeat, so a takeover is compared choice by choice. */
+typedef struct gw_choice {
+    size_t *events;   /* owned: indices into gw_stream.events */
+    size_t n_events, cap_events;
+    size_t matched;   /* of them, those the followed attempt has given again */
+} gw_choice;
+
 struct gw_stream {
     char *id_json;    /* owned (cJSON's allocator): the id as a JSON string */
     char *model_json; /* owned (cJSON's allocator) */
@@ -164,10 +234,13 @@ struct gw_stream {
     size_t block_bytes;
     gw_event *events;  /* owned */
     size_t n_events, cap_events;
-    /* Events answer .. answer + n_records - 1 are the records seq 0, 1, ...
-     * of the attempts followed (a continuation's records below n_records
-     * were compared). answer is 0 but where completion_only restarted. */
+    /* The answer's records, from event `answer` on (0 but where
+     * completion_only restarted), each an event of one choice: choices[i]
+     * the events of choice i (n_choices, one past the highest index seen);
+     * n_records of them in all. */
     size_t answer, n_records;
+    gw_choice *choices; /* owned */
+    size_t n_choices;
     svc_buf scratch;   /* the event being built */
     svc_buf usage;     /* the final's usage, rewritten; empty when none */
 
@@ -248,6 +321,9 @@ void gw_stream_destroy(gw_stream *s)
         free(b);
     }
     free(s->events);
+    for (size_t i = 0; i < s->n_choices; i++)
+        free(s->choices[i].events);
+    free(s->choices);
     svc_buf_deinit(&s->scratch);
     svc_buf_deinit(&s->usage);
     cJSON_free(s->id_json);
@@ -274,8 +350,11 @@ bool gw_stream_done(const gw_stream *s)
 
 size_t gw_stream_bytes(const gw_stream *s)
 {
+    size_t choices = s->n_choices * sizeof *s->choices;
+    for (size_t i = 0; i < s->n_choices; i++)
+        choices += s->choices[i].cap_events * sizeof *s->choices[i].events;
     return sizeof *s + s->block_bytes + s->cap_events * sizeof *s->events + s->scratch.cap +
-           s->usage.cap + strlen(s->id_json) + 1 + strlen(s->model_json) + 1;
+           s->usage.cap + choices + strlen(s->id_json) + 1 + strlen(s->model_json) + 1;
 }
 
 /* ---- building events ---------------------------------------------------------- */
@@ -505,32 +584,77 @@ static gw_feed end_with_answer(gw_stream *s, const chunk *c)
     return GW_FEED_DONE;
 }
 
+/* Choice i, made (with those below it) when first seen; NULL when out of
+ * memory. */
+static gw_choice *choice_at(gw_stream *s, uint32_t i)
+{
+    if (i >= s->n_choices) {
+        gw_choice *c = realloc(s->choices, ((size_t)i + 1) * sizeof *c);
+        if (!c)
+            return NULL;
+        memset(c + s->n_choices, 0, ((size_t)i + 1 - s->n_choices) * sizeof *c);
+        s->choices = c;
+        s->n_choices = (size_t)i + 1;
+    }
+    return &s->choices[i];
+}
+
+/* Event e of the log is choice ch's next. Returns 0 or -1. */
+static int choice_append(gw_choice *ch, size_t e)
+{
+    if (ch->n_events == ch->cap_events) {
+        size_t cap = ch->cap_events ? 2 * ch->cap_events : CHOICE_EVENTS_INITIAL;
+        size_t *ev = realloc(ch->events, cap * sizeof *ev);
+        if (!ev)
+            return -1;
+        ch->events = ev;
+        ch->cap_events = cap;
+    }
+    ch->events[ch->n_events++] = e;
+    ch->matched = ch->n_events;
+    return 0;
+}
+
+/* Whether every choice's sent records were given again. */
+static bool all_matched(const gw_stream *s)
+{
+    for (size_t i = 0; i < s->n_choices; i++)
+        if (s->choices[i].matched < s->choices[i].n_events)
+            return false;
+    return true;
+}
+
 /* Record r, the next seq of the followed attempt: compared with what was
- * sent (seq below n_records) or appended. */
+ * sent of its choice (a record below those the choice sent) or appended.
+ * The final record of n > 1 choices carries none: it ends the answer. */
 static gw_feed take(gw_stream *s, const gw_record *r)
 {
     chunk c;
-    if (!chunk_parse(r->value, r->len, &c))
+    if (!chunk_parse(r->value, r->len, &c) || (!c.has_choice && !r->final))
         return fail_internal(s, "the worker sent a reply record that is not a chunk");
     if (c.error.p)
         return end_with_worker_error(s, c.error);
-    size_t k = r->seq;
-    assert(k <= s->n_records);
+    if (!c.has_choice) /* a final below a choice's last record sent: text the answer lacks */
+        return all_matched(s) ? end_with_answer(s, &c) : diverge(s);
+    gw_choice *ch = choice_at(s, c.index);
+    if (!ch)
+        return fail_internal(s, "out of memory");
     out o = {&s->scratch, false};
-    size_t payload = build_chunk(s, &o, s->answer + k, &c);
+    size_t payload = build_chunk(s, &o, s->n_events, &c);
     if (o.oom)
         return fail_internal(s, "out of memory");
-    if (k < s->n_records) {
-        const gw_event *sent = &s->events[s->answer + k];
-        bool same = sent->len == s->scratch.len &&
-                    memcmp(sent->data, s->scratch.data, sent->len) == 0;
-        /* A final below the last record sent would leave the reader with
-         * text this answer does not have. */
-        if (!same || (r->final && k + 1 < s->n_records))
+    if (ch->matched < ch->n_events) {
+        /* Its data, not its SSE id: the choices may interleave otherwise. */
+        const gw_event *sent = &s->events[ch->events[ch->matched]];
+        size_t sent_len = sent->len - sent->payload, len = s->scratch.len - payload;
+        bool same = sent_len == len &&
+                    memcmp(sent->data + sent->payload, s->scratch.data + payload, len) == 0;
+        ch->matched++;
+        if (!same || (r->final && !all_matched(s)))
             return diverge(s);
         return r->final ? end_with_answer(s, &c) : GW_FEED_IGNORED;
     }
-    if (log_append(s, payload) != 0)
+    if (log_append(s, payload) != 0 || choice_append(ch, s->n_events - 1) != 0)
         return fail_internal(s, "out of memory");
     s->n_records++;
     return r->final ? end_with_answer(s, &c) : GW_FEED_EVENTS;
@@ -566,9 +690,13 @@ gw_feed gw_stream_feed(gw_stream *s, const gw_record *r)
         if (takeover && s->completion_only) {
             s->answer = s->n_events;
             s->n_records = 0;
+            for (size_t i = 0; i < s->n_choices; i++)
+                s->choices[i].n_events = s->choices[i].matched = 0;
         } else if (takeover && !r->reproducible) {
             return diverge(s);
         }
+        for (size_t i = 0; i < s->n_choices; i++)
+            s->choices[i].matched = 0;
         s->following = true;
         s->broken = false;
         s->attempt = r->attempt;
@@ -589,6 +717,84 @@ static void event_chunk(const gw_stream *s, size_t i, chunk *c)
     (void)ok;
 }
 
+/* Choice i of the completion: the contents and the logprobs "content"
+ * entries of its events in order, and its last event's finish_reason. */
+/* Choice i's message: its call, when its chunks carry one (its id and
+ * name from where it began, its arguments put together), else its text. */
+static void put_message(const gw_stream *s, out *o, const gw_choice *ch)
+{
+    chunk c, head = {0};
+    for (size_t k = 0; k < ch->n_events && !head.call_name.p; k++) {
+        event_chunk(s, ch->events[k], &c);
+        if (c.call_name.p)
+            head = c;
+    }
+    PUT_LIT(o, "{\"role\":\"assistant\",\"content\":");
+    if (head.call_name.p) {
+        PUT_LIT(o, "null,\"tool_calls\":[{\"id\":");
+        if (head.call_id.p)
+            put(o, head.call_id.p, head.call_id.n);
+        else
+            PUT_LIT(o, "null");
+        PUT_LIT(o, ",\"type\":\"function\",\"function\":{\"name\":");
+        put(o, head.call_name.p, head.call_name.n);
+        PUT_LIT(o, ",\"arguments\":\"");
+    } else {
+        PUT_LIT(o, "\"");
+    }
+    for (size_t k = 0; k < ch->n_events; k++) {
+        event_chunk(s, ch->events[k], &c);
+        svc_span part = head.call_name.p ? c.call_args : c.content;
+        if (part.p)
+            put(o, part.p, part.n);
+    }
+    if (head.call_name.p)
+        PUT_LIT(o, "\"}}]}");
+    else
+        PUT_LIT(o, "\"}");
+}
+
+static void put_choice(const gw_stream *s, out *o, size_t i)
+{
+    const gw_choice *ch = &s->choices[i];
+    PUT_LIT(o, "{\"index\":");
+    put_i64(o, (int64_t)i);
+    PUT_LIT(o, ",\"message\":");
+    put_message(s, o, ch);
+    chunk c;
+    bool any_logprobs = false;
+    for (size_t k = 0; k < ch->n_events; k++) {
+        event_chunk(s, ch->events[k], &c);
+        any_logprobs |= c.logprobs.p != NULL;
+    }
+    PUT_LIT(o, ",\"logprobs\":");
+    if (any_logprobs) {
+        PUT_LIT(o, "{\"content\":[");
+        bool first = true;
+        for (size_t k = 0; k < ch->n_events; k++) {
+            event_chunk(s, ch->events[k], &c);
+            if (!c.logprobs.p || svc_json_is_empty(c.logprobs))
+                continue;
+            if (!first)
+                PUT_LIT(o, ",");
+            first = false;
+            put_compact(o, svc_json_inner(c.logprobs));
+        }
+        PUT_LIT(o, "]}");
+    } else {
+        PUT_LIT(o, "null");
+    }
+    PUT_LIT(o, ",\"finish_reason\":");
+    c.finish = (svc_span){NULL, 0};
+    if (ch->n_events > 0)
+        event_chunk(s, ch->events[ch->n_events - 1], &c);
+    if (c.finish.p)
+        put_compact(o, c.finish);
+    else
+        PUT_LIT(o, "null");
+    PUT_LIT(o, "}");
+}
+
 int gw_stream_completion(const gw_stream *s, svc_buf *b, int *http_status)
 {
     assert(s->done);
@@ -600,40 +806,13 @@ int gw_stream_completion(const gw_stream *s, svc_buf *b, int *http_status)
     out o = {b, false};
     b->len = 0;
     put_head(s, &o, "chat.completion");
-    PUT_LIT(&o, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"");
-    chunk c;
-    bool any_logprobs = false;
-    for (size_t i = s->answer; i < s->answer + s->n_records; i++) {
-        event_chunk(s, i, &c);
-        if (c.content.p)
-            put(&o, c.content.p, c.content.n);
-        any_logprobs |= c.logprobs.p != NULL;
+    PUT_LIT(&o, ",\"choices\":[");
+    for (size_t i = 0; i < s->n_choices; i++) {
+        if (i)
+            PUT_LIT(&o, ",");
+        put_choice(s, &o, i);
     }
-    PUT_LIT(&o, "\"},\"logprobs\":");
-    if (any_logprobs) {
-        PUT_LIT(&o, "{\"content\":[");
-        bool first = true;
-        for (size_t i = s->answer; i < s->answer + s->n_records; i++) {
-            event_chunk(s, i, &c);
-            if (!c.logprobs.p || svc_json_is_empty(c.logprobs))
-                continue;
-            if (!first)
-                PUT_LIT(&o, ",");
-            first = false;
-            put_compact(&o, svc_json_inner(c.logprobs));
-        }
-        PUT_LIT(&o, "]}");
-    } else {
-        PUT_LIT(&o, "null");
-    }
-    PUT_LIT(&o, ",\"finish_reason\":");
-    /* n_records > 0: an answer ends with its final record. */
-    event_chunk(s, s->answer + s->n_records - 1, &c);
-    if (c.finish.p)
-        put_compact(&o, c.finish);
-    else
-        PUT_LIT(&o, "null");
-    PUT_LIT(&o, "}]");
+    PUT_LIT(&o, "]");
     if (s->usage.len > 0) {
         PUT_LIT(&o, ",\"usage\":");
         put(&o, s->usage.data, s->usage.len);

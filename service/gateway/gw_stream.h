@@ -17,18 +17,25 @@
  *     duplicate and is ignored; a gap in its seqs means that attempt failed:
  *     its records are ignored until a new attempt's seq 0 arrives;
  *   - crash transparency: when a new attempt takes over after events were
- *     sent and the worker says it is `reproducible`, its records below the
- *     number already sent are rewritten as they would be sent and compared
- *     byte for byte with what was sent, then skipped; the first record past
- *     them continues the stream. A mismatch, or a new attempt that is not
- *     reproducible, ends the stream with a `stream_diverged` error: the text
- *     of two attempts is never spliced;
+ *     sent and the worker says it is `reproducible`, its records are
+ *     compared choice by choice (a request of n choices: the choices'
+ *     records interleave as the worker samples them, which a new attempt
+ *     need not repeat, while each choice's own records it does): a record
+ *     of a choice below the number that choice already sent is rewritten as
+ *     it would be sent and compared byte for byte (its data, not its SSE id)
+ *     with that choice's record sent, then skipped; the first record past
+ *     them continues that choice. A mismatch, a final record before every
+ *     choice gave again what it sent, or a new attempt that is not
+ *     reproducible, ends the stream with a `stream_diverged` error: the
+ *     text of two attempts is never spliced;
  *   - the final record (it may carry content too) ends the stream; one with
- *     an "error" object ends it with that error.
+ *     an "error" object ends it with that error. With n > 1 choices it
+ *     carries no choice ("choices":[]) and gives no chunk event of its own.
  *
  * What the client gets: every event is "id: <n>\ndata: <json>\n\n", n = 0,
  * 1, ... (the SSE id a reader resumes after); the last one's data is
- * "[DONE]". A record becomes an OpenAI chat.completion.chunk with the
+ * "[DONE]". A record (of one choice, its "index" as the worker wrote it,
+ * OpenAI's shape for n > 1) becomes an OpenAI chat.completion.chunk with the
  * gateway's id, created and model, the worker's "choices" as they were
  * written (bytes, escapes and numbers untouched, whitespace outside strings
  * dropped so that the data stays on one line), and no seq, attempt, timings,
@@ -135,10 +142,12 @@ size_t gw_stream_bytes(const gw_stream *s);
 /* Once done: the stream: false answer in `out` (replacing its content) and
  * its HTTP status in *http_status. An answer: 200 and the chat.completion
  * the worker would have written for stream: false (service/protocol/reply.c,
- * svc_reply_completion) with the gateway's id, created and model, the
- * contents and the logprobs "content" entries of every chunk in order, the
- * last chunk's finish_reason, the usage above, and no seq, attempt or
- * timings ("logprobs" is null when no chunk had any). An error:
+ * svc_reply_completion, svc_reply_completion_n with n choices) with the
+ * gateway's id, created and model, per choice (index 0 .. the highest seen)
+ * the contents and the logprobs "content" entries of its chunks in order
+ * and its last chunk's finish_reason, the usage above, and no seq, attempt
+ * or timings ("logprobs" is null for a choice when none of its chunks had
+ * any). An error:
  * gw_http_status_of(code) and the OpenAI error object. Returns 0, or -1
  * when out of memory (out is then empty). */
 int gw_stream_completion(const gw_stream *s, svc_buf *out, int *http_status);

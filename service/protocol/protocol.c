@@ -49,13 +49,14 @@ void svc_limits_default(svc_limits *lim)
         .max_tokens_default = 256,
         .max_tokens_limit = 4096,
         .max_schema_bytes = SVC_SCHEMA_BYTES_DEFAULT,
+        .max_n = SVC_MAX_N_DEFAULT,
     };
 }
 
-size_t svc_reply_bound(uint32_t max_tokens, bool logprobs, uint32_t top_logprobs)
+size_t svc_reply_bound(uint32_t n, uint32_t max_tokens, bool logprobs, uint32_t top_logprobs)
 {
     size_t entries = 1 + (logprobs ? 1 + (size_t)top_logprobs : 0);
-    return (size_t)max_tokens * entries * SVC_REPLY_ENTRY_BYTES + SVC_REPLY_FIXED_BYTES;
+    return (size_t)n * max_tokens * entries * SVC_REPLY_ENTRY_BYTES + SVC_REPLY_FIXED_BYTES;
 }
 
 const char *svc_role_name(svc_role role)

@@ -32,7 +32,11 @@
  *                                                             [-100, 100], added to the logits
  *                                                             before sampling (-100 bans, 100
  *                                                             forces)
- *   n                   integer                   1           only 1 is supported
+ *   n                   integer                   1           1..max_n: choices (each samples on
+ *                                                             its own; with seed s, choice i as
+ *                                                             n = 1 with seed s + i, so
+ *                                                             s + n - 1 must stay in the seed's
+ *                                                             range); max_n is limits.max_n
  *   deadline_ms         integer                   none        absolute unix ms, > 0
  *   stream              bool                      true        false: one chat.completion record
  *   response_format     {"type": T, ...}          text        T "text", "json_object" (JSON
@@ -96,7 +100,12 @@
  *   {"id":ID,"object":"chat.completion.chunk","created":S,"model":M,
  *    "choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},
  *                "logprobs":null,"finish_reason":null}],"seq":0,"attempt":1}
- * (role only in the record with seq 0). A tool call streams as
+ * (role only in the record with seq 0). With n > 1 every chunk carries one
+ * choice, "index" 0 .. n-1; the first chunk of each choice carries the
+ * role, its last its finish_reason; then, once every choice has ended, the
+ * final record: "choices":[] with usage (the prompt once, completion
+ * tokens summed over the choices) and timings. With n = 1 the final record
+ * is the choice's last chunk. A tool call streams as
  *   "delta":{"tool_calls":[{"index":0,"id":"call_..","type":"function",
  *            "function":{"name":N,"arguments":".."}}]}
  * where it begins, then {"index":0,"function":{"arguments":".."}}; a
@@ -111,6 +120,8 @@
  *    "choices":[{"index":0,"message":{"role":"assistant","content":"..."},
  *                "logprobs":null,"finish_reason":"stop"}],
  *    "usage":{...},"timings":{...},"seq":0,"attempt":1}
+ * (n choices: "index" 0 .. n-1, each with its message, logprobs and
+ * finish_reason).
  * Logprobs, when requested, follow OpenAI: {"content":[{"token","logprob",
  * "bytes",[...],"top_logprobs":[{"token","logprob","bytes"}]}]}.
  * Text is emitted as valid UTF-8 JSON: control characters are escaped and
@@ -186,6 +197,11 @@ const char *svc_error_code(svc_error e);
 #define SVC_REPLY_ENTRY_BYTES 128
 /* The rest of a completion record: id, model, usage, timings, framing. */
 #define SVC_REPLY_FIXED_BYTES 4096
+/* The largest limits.max_n a configuration may set: n choices are n
+ * sequences of the batch, and no batch is configured this large. */
+#define SVC_MAX_N_LIMIT 128
+/* The default limits.max_n. */
+#define SVC_MAX_N_DEFAULT 8
 /* The longest date_string, in bytes: room for any spelling of a date. */
 #define SVC_DATE_STRING_MAX 64
 /* The longest request id the parser accepts by default (svc_limits.max_id_bytes);
@@ -228,6 +244,7 @@ typedef struct svc_limits {
     uint32_t max_tokens_default;
     uint32_t max_tokens_limit;
     size_t max_reply_bytes;   /* one reply record; 0 = unbounded */
+    uint32_t max_n;           /* choices of one request (n), 1..SVC_MAX_N_LIMIT */
     size_t max_schema_bytes;  /* response_format json_schema: the schema's compact JSON text
                                  (below INT_MAX: cJSON prints into an int-sized buffer) */
     /* logit_bias ids must be below this: the model's output vocabulary (its
@@ -240,16 +257,17 @@ typedef struct svc_limits {
 /* Fill `lim` with the defaults: 32 MiB request, 65536 JSON values, 256-byte
  * id, 1024 messages, 4096 parts, 1 MiB text, 8 images of at most 20 MiB,
  * 4 stop strings of at most 256 bytes, max_tokens 256 by default and 4096 at
- * most, replies unbounded, a JSON schema of at most SVC_SCHEMA_BYTES_DEFAULT,
+ * most, replies unbounded, n at most SVC_MAX_N_DEFAULT, a JSON schema of at most SVC_SCHEMA_BYTES_DEFAULT,
  * logit_bias ids not checked against a vocabulary (logit_vocab 0).
  * @locality any thread. */
 void svc_limits_default(svc_limits *lim);
 
-/* The bytes a stream: false completion of max_tokens tokens may need, as
- * validation bounds it: max_tokens x entries x SVC_REPLY_ENTRY_BYTES +
- * SVC_REPLY_FIXED_BYTES, with one entry per token for the text and, with
- * logprobs, 1 + top_logprobs more. @locality any thread. */
-size_t svc_reply_bound(uint32_t max_tokens, bool logprobs, uint32_t top_logprobs);
+/* The bytes a stream: false completion of n choices of max_tokens tokens
+ * may need, as validation bounds it: n x max_tokens x entries x
+ * SVC_REPLY_ENTRY_BYTES + SVC_REPLY_FIXED_BYTES, with one entry per token
+ * for the text and, with logprobs, 1 + top_logprobs more. @locality any
+ * thread. */
+size_t svc_reply_bound(uint32_t n, uint32_t max_tokens, bool logprobs, uint32_t top_logprobs);
 
 /* ---- Parsed request ----------------------------------------------------- */
 
@@ -363,7 +381,8 @@ typedef struct svc_request {
     size_t n_images;
     size_t n_text_bytes;     /* over all text parts */
     svc_sampling sampling;
-    uint32_t max_tokens;
+    uint32_t max_tokens;     /* per choice */
+    uint32_t n;              /* choices, 1..max_n */
     const char *const *stop; /* n_stop NUL-terminated strings */
     size_t n_stop;
     bool logprobs;
@@ -594,6 +613,13 @@ typedef struct svc_reply_call {
 
 typedef struct svc_reply {
     uint32_t seq;
+    /* Chunks: the choice (n > 1); role says its first chunk, which carries
+     * the role (as the seq 0 record always does). */
+    uint32_t index;
+    bool role;
+    /* The final record of a request of n > 1 choices: "choices":[], usage
+     * and timings (content, logprobs and finish are unused). */
+    bool no_choices;
     const char *content;  /* borrowed; NULL or "" = no content */
     size_t content_len;
     const svc_reply_call *call; /* borrowed; NULL = none (the completion's content is then
@@ -617,6 +643,12 @@ int svc_reply_chunk(svc_buf *out, const svc_reply_ctx *ctx, const svc_reply *r);
 /* Write the single chat.completion record of a stream: false request
  * (r->seq should be 0). Returns 0 or -1 as svc_reply_chunk. */
 int svc_reply_completion(svc_buf *out, const svc_reply_ctx *ctx, const svc_reply *r);
+
+/* The same with n choices: r[i] is choice i (its content, logprobs and
+ * finish); seq, usage, timings and error are r[0]'s. n = 1 writes what
+ * svc_reply_completion writes. */
+int svc_reply_completion_n(svc_buf *out, const svc_reply_ctx *ctx, const svc_reply *r,
+                           size_t n);
 
 /* Write the final error record of a request: a chunk, or a completion when
  * `stream` is false, with finish_reason svc_error_finish(e) and no usage.

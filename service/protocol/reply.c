@@ -203,7 +203,7 @@ static void write_head(jw *w, const svc_reply_ctx *ctx, const char *object, size
     JW_LIT(w, ",");
 }
 
-/* "logprobs":..,"finish_reason":..}] */
+/* "logprobs":..,"finish_reason":..} */
 static void write_choice_tail(jw *w, const svc_reply *r)
 {
     JW_LIT(w, ",\"logprobs\":");
@@ -214,7 +214,7 @@ static void write_choice_tail(jw *w, const svc_reply *r)
         jw_cstr(w, finish);
     else
         JW_LIT(w, "null");
-    JW_LIT(w, "}]");
+    JW_LIT(w, "}");
 }
 
 /* ,"usage":..,"timings":..,"error":..,"seq":..,"attempt":..} */
@@ -309,8 +309,15 @@ int svc_reply_chunk(svc_buf *out, const svc_reply_ctx *ctx, const svc_reply *r)
     jw w = {out, false};
     out->len = 0;
     write_head(&w, ctx, object, sizeof object - 1);
-    JW_LIT(&w, "\"choices\":[{\"index\":0,\"delta\":{");
-    bool role = r->seq == 0;
+    if (r->no_choices) {
+        JW_LIT(&w, "\"choices\":[]");
+        write_tail(&w, ctx, r);
+        return finish_record(&w);
+    }
+    JW_LIT(&w, "\"choices\":[{\"index\":");
+    jw_u64(&w, r->index);
+    JW_LIT(&w, ",\"delta\":{");
+    bool role = r->seq == 0 || r->role;
     if (role)
         JW_LIT(&w, "\"role\":\"assistant\"");
     if (r->content && r->content_len > 0) {
@@ -326,27 +333,42 @@ int svc_reply_chunk(svc_buf *out, const svc_reply_ctx *ctx, const svc_reply *r)
     }
     JW_LIT(&w, "}");
     write_choice_tail(&w, r);
+    JW_LIT(&w, "]");
+    write_tail(&w, ctx, r);
+    return finish_record(&w);
+}
+
+int svc_reply_completion_n(svc_buf *out, const svc_reply_ctx *ctx, const svc_reply *r,
+                           size_t n)
+{
+    static const char object[] = "chat.completion";
+    jw w = {out, false};
+    out->len = 0;
+    write_head(&w, ctx, object, sizeof object - 1);
+    JW_LIT(&w, "\"choices\":[");
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            JW_LIT(&w, ",");
+        JW_LIT(&w, "{\"index\":");
+        jw_u64(&w, i);
+        JW_LIT(&w, ",\"message\":{\"role\":\"assistant\",\"content\":");
+        if (r[i].call) {
+            JW_LIT(&w, "null,");
+            write_call(&w, r[i].call, false);
+        } else {
+            jw_str(&w, r[i].content ? r[i].content : "", r[i].content ? r[i].content_len : 0);
+        }
+        JW_LIT(&w, "}");
+        write_choice_tail(&w, &r[i]);
+    }
+    JW_LIT(&w, "]");
     write_tail(&w, ctx, r);
     return finish_record(&w);
 }
 
 int svc_reply_completion(svc_buf *out, const svc_reply_ctx *ctx, const svc_reply *r)
 {
-    static const char object[] = "chat.completion";
-    jw w = {out, false};
-    out->len = 0;
-    write_head(&w, ctx, object, sizeof object - 1);
-    JW_LIT(&w, "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
-    if (r->call) {
-        JW_LIT(&w, "null,");
-        write_call(&w, r->call, false);
-    } else {
-        jw_str(&w, r->content ? r->content : "", r->content ? r->content_len : 0);
-    }
-    JW_LIT(&w, "}");
-    write_choice_tail(&w, r);
-    write_tail(&w, ctx, r);
-    return finish_record(&w);
+    return svc_reply_completion_n(out, ctx, r, 1);
 }
 
 int svc_reply_error(svc_buf *out, const svc_reply_ctx *ctx, bool stream, uint32_t seq,

@@ -1,6 +1,7 @@
 /* The generation options of a request record: sampling, limits, stop
  * strings, response format, the template's date and adapter, each type- and
  * range-checked with an error naming the field. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -267,8 +268,9 @@ svc_error svc_request_parse_options(parser *p, const cJSON *root)
     req->max_tokens = (uint32_t)(has_alias ? alias : v);
 
     int64_t n = 1;
-    if ((e = opt_int(p, root, "n", 1, 1, &n, NULL)))
+    if ((e = opt_int(p, root, "n", 1, lim->max_n, &n, NULL)))
         return e;
+    req->n = (uint32_t)n;
 
     if ((e = opt_number(p, root, "temperature", (bound){0, false},
                         (bound){TEMPERATURE_MAX, false}, &s->temperature)) ||
@@ -289,6 +291,13 @@ svc_error svc_request_parse_options(parser *p, const cJSON *root)
     if ((e = opt_int(p, root, "seed", -(int64_t)JSON_INT_MAX, (int64_t)JSON_INT_MAX, &s->seed,
                      &s->has_seed)))
         return e;
+    /* Choice i samples with seed s + i (protocol.h): every one must stay
+     * exact, as the parser holds a seed to. */
+    if (s->has_seed && s->seed > (int64_t)JSON_INT_MAX - (n - 1))
+        return fail(p, SVC_ERROR_INVALID_REQUEST,
+                    "seed: with n %" PRId64 " choices sample with seeds %" PRId64 " .. %" PRId64
+                    ", past 2^53 - 1; lower the seed",
+                    n, s->seed, s->seed + (n - 1));
 
     int64_t top_logprobs = 0;
     bool has_top_logprobs;
@@ -301,13 +310,20 @@ svc_error svc_request_parse_options(parser *p, const cJSON *root)
     req->top_logprobs = (uint32_t)top_logprobs;
     /* A stream: false answer is one record: refuse what may not fit before
      * any work is done (streamed chunks hold one token each). */
-    size_t reply_bytes = svc_reply_bound(req->max_tokens, req->logprobs, req->top_logprobs);
-    if (!req->stream && lim->max_reply_bytes && reply_bytes > lim->max_reply_bytes)
+    size_t reply_bytes =
+        svc_reply_bound(req->n, req->max_tokens, req->logprobs, req->top_logprobs);
+    if (!req->stream && lim->max_reply_bytes && reply_bytes > lim->max_reply_bytes) {
+        char what[64];
+        if (req->n > 1)
+            snprintf(what, sizeof what, "n %u choices of %u tokens", req->n, req->max_tokens);
+        else
+            snprintf(what, sizeof what, "%u tokens", req->max_tokens);
         return fail(p, SVC_ERROR_REPLY_TOO_LARGE,
-                    "max_tokens: a stream:false reply of %u tokens%s may need %zu bytes, over "
-                    "the limit of %zu; lower max_tokens or top_logprobs, or stream",
-                    req->max_tokens, req->logprobs ? " with logprobs" : "", reply_bytes,
-                    lim->max_reply_bytes);
+                    "max_tokens: a stream:false reply of %s%s may need %zu bytes, over the "
+                    "limit of %zu; lower %smax_tokens or top_logprobs, or stream",
+                    what, req->logprobs ? " with logprobs" : "", reply_bytes,
+                    lim->max_reply_bytes, req->n > 1 ? "n, " : "");
+    }
 
     if ((e = parse_stop(p, root)) || (e = parse_response_format(p, root)) ||
         (e = svc_request_parse_tools(p, root)) || (e = parse_logit_bias(p, root)) ||

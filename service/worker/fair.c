@@ -67,7 +67,7 @@ svc_fair_item *svc_fair_pop(svc_fair *f, size_t *tenant)
     ml_list_remove(&best->q, &it->node);
     f->total--;
     f->vnow = best->vt;
-    best->vt += best->step;
+    best->vt += best->step * (it->cost ? it->cost : 1);
     if (tenant)
         *tenant = (size_t)(best - f->t);
     return it;

@@ -9,8 +9,9 @@
  * joins at the virtual time of the request admitted last, so idleness banks
  * no credit: nothing is reserved for a tenant that sends nothing (work
  * conserving), and one that starts sending gets its share from then on, not
- * a burst. A request counts one, whatever its length. Within a tenant the
- * order is arrival order.
+ * a burst. A request counts the batch sequences it takes (its cost: n
+ * choices are n sequences, service/protocol/README.md), whatever its
+ * length. Within a tenant the order is arrival order.
  *
  * Fetching (svc_fair_fetch_plan) keeps, per tenant, the in-flight cap and
  * the global backpressure mark apart: a tenant at its max_in_flight pauses
@@ -36,6 +37,7 @@
 /* Embedded in whatever is queued; the queue links it while it waits. */
 typedef struct svc_fair_item {
     ml_list_node node;
+    uint32_t cost;     /* the batch sequences it takes; 0 counts as 1 */
 } svc_fair_item;
 
 typedef struct svc_fair svc_fair;
@@ -52,7 +54,8 @@ void svc_fair_destroy(svc_fair *f);
 void svc_fair_push(svc_fair *f, size_t tenant, svc_fair_item *it);
 
 /* The next item by weight and its tenant (*tenant may be NULL), or NULL
- * when nothing waits. Advances that tenant's virtual time. */
+ * when nothing waits. Advances that tenant's virtual time by the item's
+ * cost. */
 svc_fair_item *svc_fair_pop(svc_fair *f, size_t *tenant);
 
 /* Remove and return the first queued item (tenant order, then arrival

@@ -83,6 +83,48 @@ int job_identify(svc_worker *w, job *j, const char *id, const char *reply_topic)
     return 0;
 }
 
+static void choice_deinit(job_choice *c)
+{
+    svc_buf_deinit(&c->text);
+    svc_tool_stream_deinit(&c->tool);
+    free(c->lp);
+    free(c->lp_top);
+}
+
+static void choice_init(job *j, job_choice *c, uint32_t index)
+{
+    *c = (job_choice){.j = j, .index = index};
+    svc_buf_init(&c->text);
+    if (j->tools) {
+        svc_tool_stream_init(&c->tool, j->tool_call);
+        svc_tool_call_id(j->id, index, c->call_id);
+    }
+}
+
+int job_choices_init(job *j, uint32_t n)
+{
+    if (n <= 1)
+        return 0;
+    job_choice *c = calloc(n, sizeof *c);
+    if (!c)
+        return -1;
+    for (uint32_t i = 0; i < n; i++)
+        choice_init(j, &c[i], i);
+    choice_deinit(&j->first);
+    j->choices = c;
+    j->n_choices = n;
+    return 0;
+}
+
+void job_choices_reset(job *j)
+{
+    for (uint32_t i = 0; i < j->n_choices; i++) {
+        choice_deinit(&j->choices[i]);
+        choice_init(j, &j->choices[i], i);
+    }
+    j->n_ended = 0;
+}
+
 void job_free(job *j)
 {
     if (!j || atomic_fetch_sub(&j->refs, 1) != 1)
@@ -98,10 +140,10 @@ void job_free(job *j)
     free(j->images);
     free(j->id);
     free(j->reply_topic);
-    svc_buf_deinit(&j->text);
-    svc_tool_stream_deinit(&j->tool);
-    free(j->lp);
-    free(j->lp_top);
+    for (uint32_t i = 0; i < j->n_choices; i++)
+        choice_deinit(&j->choices[i]);
+    if (j->choices != &j->first)
+        free(j->choices);
     size_t tenant = job_tenant(j);
     free(j);
     atomic_fetch_sub(&w->tenant_inflight[tenant], 1);

@@ -462,6 +462,7 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     w->limits.max_images = (size_t)w->cfg.runtime.max_images_per_request;
     w->limits.max_tokens_default = (uint32_t)w->cfg.runtime.default_max_tokens;
     w->limits.max_reply_bytes = (size_t)w->cfg.limits.max_reply_bytes;
+    w->limits.max_n = (uint32_t)w->cfg.limits.max_n;
     w->limits.max_schema_bytes = (size_t)w->cfg.limits.max_schema_bytes;
     svc_schema_cache_config sc = {.max_entries = (size_t)w->cfg.limits.schema_cache_entries,
                                   .max_bytes = (size_t)w->cfg.limits.schema_cache_bytes};
@@ -573,7 +574,10 @@ static void accept_message(svc_worker *w, svc_kafka_msg *m)
     for (int k = 0; k < JOB_RECORD_KINDS; k++)
         j->records[k] = (job_record){.j = j, .kind = (job_record_kind)k};
     ml_token_buf_init(&j->prompt);
-    svc_buf_init(&j->text);
+    j->first = (job_choice){.j = j};
+    svc_buf_init(&j->first.text);
+    j->choices = &j->first;
+    j->n_choices = 1;
     atomic_fetch_add(&w->inflight, 1);
     atomic_fetch_add(&w->tenant_inflight[job_tenant(j)], 1);
     worker_register(w, j);

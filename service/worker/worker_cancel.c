@@ -187,7 +187,9 @@ void worker_cancels_apply(svc_worker *w)
         for (job *j = registry_first(w); j && n < CANCEL_BATCH; j = registry_next(j)) {
             if (!j->handle || j->cancel_sent)
                 continue;
-            if (all || atomic_load(&j->abandoned) || cancel_hits(w, j)) {
+            /* A choice's error is its request's: its other choices stop. */
+            if (all || atomic_load(&j->abandoned) || j->error != SVC_ERROR_NONE ||
+                cancel_hits(w, j)) {
                 j->cancel_sent = true;
                 handles[n++] = j->handle;
             }

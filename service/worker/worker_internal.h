@@ -61,6 +61,33 @@ typedef struct job_record {
     atomic_uint_least64_t produced;
 } job_record;
 
+/* One choice of a job (svc_request.n; runtime.h ml_request.n): what its
+ * runtime callbacks report, on the step thread. */
+typedef struct job_choice {
+    struct job *j;              /* borrowed: the job it is a choice of */
+    uint32_t index;             /* 0 .. n-1 */
+    bool started;               /* a chunk of it was sent: the next carries no role */
+    bool ended;                 /* its on_finish ran */
+    svc_finish finish;          /* once ended, without an error */
+    ml_usage usage;             /* once ended */
+    /* stream: false, the whole answer; streamed with n = 1, the tail the
+     * final record carries. */
+    svc_buf text;
+    /* stream: false with logprobs: each token's entry, its alternatives in
+     * lp_top (n_top each, in token order; the entries' top pointers are
+     * set when the completion is written, as lp_top moves while it grows).
+     * Token strings are the tokenizer's. */
+    svc_logprob_entry *lp;      /* owned (lp_cap) */
+    svc_token_logprob *lp_top;  /* owned (lp_cap * sampling.top_logprobs) */
+    size_t n_lp, lp_cap;
+    bool lp_failed;             /* out of memory: the completion is an error */
+    /* With tools: the answer as prose or a call (tool_stream.h; text then
+     * holds the call's arguments) and the call's id. */
+    svc_tool_stream tool;
+    char call_id[SVC_TOOL_CALL_ID_LEN + 1];
+    svc_reply_call call;        /* the completion's (completion_choice) */
+} job_choice;
+
 /* One consumed request from hand-off to the delivery of its last record.
  * It ends in exactly one of: a final reply or a dead letter acknowledged
  * (which finishes the ticket), or a process-level stop (nothing finished). */
@@ -123,21 +150,19 @@ typedef struct job {
      * under it. */
     char *id, *reply_topic;     /* owned copies */
     bool stream;
-    uint32_t seq;
-    svc_buf text;               /* stream: false accumulates here (a call: its arguments) */
-    /* With tools (a tool_choice other than none): the answer as prose or a
-     * call (tool_stream.h), and the call's id. */
-    bool tools;
-    svc_tool_stream tool;
-    char call_id[SVC_TOOL_CALL_ID_LEN + 1];
-    /* stream: false with logprobs: each streamed token's entry, its
-     * alternatives in lp_top (n_top each, in token order; the entries'
-     * top pointers are set when the completion is written, as lp_top
-     * moves while it grows). Token strings are the tokenizer's. */
-    svc_logprob_entry *lp;      /* owned (lp_cap) */
-    svc_token_logprob *lp_top;  /* owned (lp_cap * sampling.top_logprobs) */
-    size_t n_lp, lp_cap;
-    bool lp_failed;             /* out of memory: the completion is an error */
+    uint32_t seq;               /* one counter over every choice's records */
+    /* The choices: &first alone until prep reads an n above 1 (job_choices_init). */
+    job_choice *choices;        /* owned when not &first */
+    uint32_t n_choices, n_ended;
+    job_choice first;
+    /* With tools (a tool_choice other than none): each choice's answer is
+     * prose or a call (job_choice.tool); tool_call: a call (required or a
+     * named function), else either (auto). */
+    bool tools, tool_call;
+    /* The first request-level error a choice ended with: the final is that
+     * error once every choice has ended. */
+    svc_error error;
+    char error_message[SVC_ERRMSG_MAX];
     double t_handoff, t_last;   /* monotonic seconds */
     int n_tokens;
 } job;
@@ -257,8 +282,9 @@ struct svc_worker {
     ml_runtime *rt;
     uint64_t adapter_loads_seen; /* runtime adapter loads already counted (step thread) */
     struct {
-        uint64_t hits, misses, evicted;
-    } prefix_seen;               /* prefix-cache counts already counted (step thread) */
+        uint64_t hits, misses, evicted, prefill, forked;
+    } prefix_seen;               /* prefix-cache, prefill and fork counts already counted
+                                    (step thread) */
     atomic_uint_least64_t free_pool_bytes; /* step thread writes, index thread heartbeats it */
     atomic_uint next_uncounted; /* prep pool: numbers attempts Redis could not count */
 
@@ -344,6 +370,15 @@ void worker_register(svc_worker *w, job *j);
  * Returns 0, or -1 out of memory (j unchanged). @locality prep thread. */
 int job_identify(svc_worker *w, job *j, const char *id, const char *reply_topic);
 
+/* Give j n choices (svc_request.n, at least 1). Returns 0, or -1 out of
+ * memory (j keeps its one choice). @locality prep thread. */
+int job_choices_init(job *j, uint32_t n);
+
+/* Forget what j's choices reported (a job the runtime gave back unrun, to
+ * be submitted again), and start each answer's tool stream when j->tools.
+ * @locality the thread holding j (prep or step). */
+void job_choices_reset(job *j);
+
 /* Drop the caller's reference to j (the pipeline's, or a record's in its
  * delivery report); the last one frees j and everything it owns and
  * unregisters it. @locality any. */
@@ -359,7 +394,7 @@ void worker_dead_letter(svc_worker *w, job *j, svc_error code, const char *messa
 /* Produce a streamed chunk. Returns 0, or -1 when it was not sent: the
  * worker stopped, or the reply topic refused this or an earlier record of
  * j (then nothing more goes to it and the final becomes a dead letter).
- * j stays the caller's. @locality step thread. */
+ * j stays the caller's. @locality the thread holding j (prep or step). */
 int worker_produce_chunk(svc_worker *w, job *j, const svc_buf *value, uint32_t seq);
 
 /* Produce j's final record, taking the caller's reference. One that cannot

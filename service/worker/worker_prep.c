@@ -332,12 +332,11 @@ static void build_sampling(svc_worker *w, job *j)
     s->top_logprobs = r->top_logprobs;
     s->json_object = r->json_object;
     s->grammar_on_brace = r->tool_choice == SVC_TOOL_CHOICE_AUTO;
-    /* The answer's course through a call (tool_stream.h), from its start. */
+    /* Each answer's course through a call (tool_stream.h), from its start. */
     j->tools = r->tool_choice != SVC_TOOL_CHOICE_NONE;
-    if (j->tools) {
-        svc_tool_stream_init(&j->tool, r->tool_choice != SVC_TOOL_CHOICE_AUTO);
-        svc_tool_call_id(j->id, 0, j->call_id);
-    }
+    j->tool_call = r->tool_choice != SVC_TOOL_CHOICE_AUTO;
+    if (j->tools)
+        job_choices_reset(j);
     _Static_assert(SVC_LOGIT_BIAS_MAX <= ML_SAMPLE_MAX_BIAS, "j->logit_bias holds them all");
     for (size_t i = 0; i < r->sampling.n_logit_bias; i++)
         j->logit_bias[i] = (ml_logit_bias){r->sampling.logit_bias[i].id,
@@ -549,7 +548,8 @@ static void prepare(svc_worker *w, job *j)
     count_attempt_by_id(w, j);
     /* The request owns what it uses; of the record, only what a later dead
      * letter needs stays (reply_undeliverable). */
-    if (svc_kafka_msg_detach(&j->msg, WORKER_LATE_DLT_VALUE_MAX) != SVC_KAFKA_OK) {
+    if (job_choices_init(j, j->req->n) != 0 ||
+        svc_kafka_msg_detach(&j->msg, WORKER_LATE_DLT_VALUE_MAX) != SVC_KAFKA_OK) {
         worker_reply_error(w, j, SVC_ERROR_INTERNAL, "out of memory");
         return;
     }

@@ -8,7 +8,9 @@
  *   reference, an unknown digest finds nothing.
  * - A second block published under a taken digest stays private.
  * - With no free block, allocation evicts the least recently used idle
- *   block, forgetting its digest; with every block referenced it fails. */
+ *   block, forgetting its digest; with every block referenced it fails.
+ * - A retained block is shared until a reference goes; a block copy copies
+ *   its K and V slots of every layer. */
 #include <string.h>
 
 #include "harness.h"
@@ -22,6 +24,50 @@ static void digest(uint8_t *d, int v)
     memset(d, 0, ML_KV_BLOCK_HASH_BYTES);
     d[0] = (uint8_t)v;
     d[ML_KV_BLOCK_HASH_BYTES - 1] = (uint8_t)(v * 7 + 1);
+}
+
+/* A retained block is shared until one reference goes; copying a block
+ * copies its K and V slots of every layer, and nothing else. */
+static void test_share_and_copy(ml_backend *be)
+{
+    enum { LAYERS = 2, SLOTS = 4, HEADS = 1, DIM = 4 };
+    char err[256] = "";
+    ml_kv_cache *kv = NULL;
+    check(ml_kv_cache_create(&kv, be, LAYERS, N_BLOCKS, SLOTS, HEADS, DIM, err, sizeof err) ==
+              ML_OK,
+          "create: %s", err);
+    if (!kv)
+        return;
+    size_t block_bytes = (size_t)SLOTS * HEADS * DIM * be->ops->kv_elem_size;
+    int32_t a = ml_kv_cache_alloc(kv), c = ml_kv_cache_alloc(kv), z = ml_kv_cache_alloc(kv);
+    check(!ml_kv_cache_shared(kv, a), "one reference: not shared");
+    ml_kv_cache_retain(kv, a);
+    check(ml_kv_cache_shared(kv, a), "retained: shared");
+    ml_kv_cache_release(kv, a);
+    check(!ml_kv_cache_shared(kv, a) && ml_kv_cache_n_free(kv) == N_BLOCKS - 3,
+          "released once: one reference left, still held");
+    /* Every pool byte numbered, so a copy from the wrong place shows. */
+    unsigned char pool[N_BLOCKS * SLOTS * HEADS * DIM * 4], got[sizeof pool];
+    check(block_bytes * N_BLOCKS <= sizeof pool, "pool fits the test's buffer");
+    for (int l = 0; l < LAYERS; l++)
+        for (int p = 0; p < 2; p++) {
+            for (size_t i = 0; i < sizeof pool; i++)
+                pool[i] = (unsigned char)(i * 3 + (size_t)l * 11 + (size_t)p * 101);
+            void *dst = p ? ml_kv_cache_v(kv, 0, l) : ml_kv_cache_k(kv, 0, l);
+            be->ops->upload(be, dst, pool, block_bytes * N_BLOCKS);
+        }
+    check(ml_kv_cache_copy_block(kv, c, a, err, sizeof err) == ML_OK, "copy: %s", err);
+    for (int l = 0; l < LAYERS; l++)
+        for (int p = 0; p < 2; p++) {
+            const void *src = p ? ml_kv_cache_v(kv, 0, l) : ml_kv_cache_k(kv, 0, l);
+            be->ops->download(be, got, src, block_bytes * N_BLOCKS);
+            check(!memcmp(got + (size_t)c * block_bytes, got + (size_t)a * block_bytes,
+                          block_bytes) &&
+                      got[(size_t)z * block_bytes] !=
+                          got[(size_t)c * block_bytes], /* its neighbour untouched */
+                  "layer %d %s: block %d is block %d's copy", l, p ? "V" : "K", c, a);
+        }
+    ml_kv_cache_destroy(kv);
 }
 
 int main(void)
@@ -78,6 +124,7 @@ int main(void)
           "the other is still cached");
     check(ml_kv_cache_publish(kv, b[0], d[0]) == 1, "a reused block publishes anew");
     ml_kv_cache_destroy(kv);
+    test_share_and_copy(be);
     be->ops->destroy(be);
     return check_done();
 }

@@ -73,6 +73,31 @@ static void test_weights(void)
     svc_fair_destroy(f);
 }
 
+/* Equal weights, tenant 0's requests of 4 choices (cost 4), tenant 1's of
+ * one: of the first 10 admissions, 2 and 8, as if tenant 0 had sent
+ * requests of one choice 4 times as often. */
+static void test_cost(void)
+{
+    int w[] = {1, 1};
+    svc_fair *f = svc_fair_create(w, 2);
+    n_pool = 0;
+    for (int i = 0; i < 10; i++) {
+        item *it = make(0, i);
+        it->link.cost = 4;
+        svc_fair_push(f, 0, &it->link);
+    }
+    push_n(f, 1, 10, 0);
+    int got[2] = {0, 0};
+    for (int i = 0; i < 10; i++) {
+        size_t t = 9;
+        check(svc_fair_pop(f, &t) != NULL, "pop %d", i);
+        got[t < 2 ? t : 0]++;
+    }
+    check(got[0] == 2 && got[1] == 8, "cost 4 against 1: %d and %d admissions, want 2 and 8",
+          got[0], got[1]);
+    svc_fair_destroy(f);
+}
+
 /* A flood from tenant 0; tenant 1's request, pushed behind 500 of them, is
  * the next or second admission, not the 501st. FIFO would make it last. */
 static void test_flood_does_not_starve(void)
@@ -226,6 +251,7 @@ int main(void)
 {
     test_create_refuses();
     test_weights();
+    test_cost();
     test_flood_does_not_starve();
     test_idle_banks_nothing();
     test_take();

@@ -10,6 +10,9 @@
  * - stream: false with the same seed: one chat.completion whose content is
  *   the stream's text, with usage and its cached_tokens detail.
  * - stream_options.include_usage: a last chunk with "choices": [] and usage.
+ * - n = 2, streamed and not: chunks of one choice each (index, role in each
+ *   choice's first, one finish_reason each), the usage chunk; stream: false
+ *   the same two texts as the completion's two choices.
  * - A request the worker refuses (max_tokens 0) is that error's status and
  *   OpenAI error object, before any SSE byte.
  * - GET /v1/models: the base model, and the adapters stored in Redis
@@ -203,6 +206,83 @@ static void test_include_usage(void)
         cJSON_Delete(j);
         gwt_events_free(ev, n);
     }
+    gwt_response_free(&r);
+    free(body);
+}
+
+/* ---- n choices ---------------------------------------------------------------------- */
+
+#define CHOICES 2
+#define CHOICE_TEXT_MAX 4096
+
+/* n = 2 streamed with a seed and include_usage: every chunk one choice of
+ * index 0 or 1, each choice's first with the role and its last (only) with
+ * a finish_reason, then the usage chunk and [DONE]; stream: false with the
+ * same seed: one completion whose two choices are the streamed texts. */
+static void test_choices(void)
+{
+    const char *opts = "\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                       "\"max_tokens\":6,\"n\":2," SEED;
+    char *body = gwt_chat_body("Hello.", NULL, opts);
+    gwt_response r;
+    check(gwt_call(gw.port, "POST", "/v1/chat/completions", NULL, body, &r, CALL_MS),
+          "n 2: answered");
+    char id[64] = "";
+    check(r.status == 200 && gwt_header(&r, "X-Request-Id", id, sizeof id), "n 2: 200 %d",
+          r.status);
+    char **ev;
+    int n = r.body ? gwt_events(r.body, 0, &ev) : -1;
+    char text[CHOICES][CHOICE_TEXT_MAX] = {"", ""};
+    int records[CHOICES] = {0}, finished[CHOICES] = {0};
+    check(n >= 2 * CHOICES + 2, "n 2: %d events", n);
+    for (int i = 0; i + 2 < n; i++) {
+        check_chunk(ev[i], id, "micro");
+        cJSON *j = cJSON_Parse(ev[i]);
+        double index = pu_json_num(j, PU_PATH("choices", "0", "index"));
+        int c = index == 1 ? 1 : 0;
+        check(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")) == 1 &&
+                  (index == 0 || index == 1),
+              "n 2: event %d is one choice of index 0 or 1: %s", i, ev[i]);
+        const char *role = pu_json_str(j, PU_PATH("choices", "0", "delta", "role"));
+        const char *content = pu_json_str(j, PU_PATH("choices", "0", "delta", "content"));
+        check((records[c]++ == 0) == (role != NULL), "n 2: choice %d's role in its first only", c);
+        check(!finished[c], "n 2: choice %d: a chunk after its finish_reason", c);
+        finished[c] = pu_finish_reason(j) != NULL;
+        if (content)
+            strncat(text[c], content, CHOICE_TEXT_MAX - strlen(text[c]) - 1);
+        cJSON_Delete(j);
+    }
+    check(finished[0] && finished[1], "n 2: both choices finished");
+    if (n >= 2) {
+        cJSON *u = cJSON_Parse(ev[n - 2]);
+        check(cJSON_GetArraySize(cJSON_GetObjectItem(u, "choices")) == 0 &&
+                  pu_json_num(u, PU_PATH("usage", "completion_tokens")) >= CHOICES,
+              "n 2: the usage chunk: %s", ev[n - 2]);
+        cJSON_Delete(u);
+        check(!strcmp(ev[n - 1], "[DONE]"), "n 2: [DONE] last");
+    }
+    if (n > 0)
+        gwt_events_free(ev, n);
+    gwt_response_free(&r);
+    free(body);
+
+    body = gwt_chat_body("Hello.", NULL, "\"max_tokens\":6,\"n\":2," SEED);
+    check(gwt_call(gw.port, "POST", "/v1/chat/completions", NULL, body, &r, CALL_MS),
+          "n 2, stream false: answered");
+    cJSON *j = r.status == 200 && r.body ? cJSON_Parse(r.body) : NULL;
+    check(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")) == CHOICES,
+          "n 2, stream false: two choices: %.300s", r.body ? r.body : "");
+    for (int c = 0; c < CHOICES; c++) {
+        char index[4];
+        snprintf(index, sizeof index, "%d", c);
+        const char *content = pu_json_str(j, PU_PATH("choices", index, "message", "content"));
+        check(content && !strcmp(content, text[c]) &&
+                  pu_json_num(j, PU_PATH("choices", index, "index")) == c &&
+                  pu_json_str(j, PU_PATH("choices", index, "finish_reason")),
+              "n 2, stream false: choice %d '%s' is the streamed '%s'", c,
+              content ? content : "(none)", text[c]);
+    }
+    cJSON_Delete(j);
     gwt_response_free(&r);
     free(body);
 }
@@ -416,6 +496,7 @@ int main(void)
     test_stream_curl();
     test_stream_socket_and_completion();
     test_include_usage();
+    test_choices();
     test_errors();
     test_resume();
     test_cancel();

@@ -577,6 +577,142 @@ static void test_completion_restart(void)
     gw_stream_destroy(s);
 }
 
+/* ---- n choices ---------------------------------------------------------------- */
+
+/* A record of a request of several choices, as the worker writes it: a
+ * chunk of choice `index` (its first when role; finish: its last), or,
+ * with index -1, the final record without a choice. */
+static gw_feed feed_choice(gw_stream *s, uint32_t attempt, uint32_t seq, int index, bool role,
+                           const char *content, svc_finish finish, bool reproducible)
+{
+    svc_reply_ctx ctx = {
+        .id = ID, .model = WORKER_MODEL, .created = WORKER_CREATED, .attempt = attempt};
+    bool final = index < 0;
+    svc_reply reply = {.seq = seq,
+                       .index = final ? 0 : (uint32_t)index,
+                       .role = role,
+                       .no_choices = final,
+                       .content = content,
+                       .content_len = content ? strlen(content) : 0,
+                       .finish = finish,
+                       .usage = final ? &usage : NULL,
+                       .timings = final ? &timings : NULL};
+    svc_buf b;
+    svc_buf_init(&b);
+    check(svc_reply_chunk(&b, &ctx, &reply) == 0, "svc_reply_chunk");
+    gw_record gr = {.attempt = attempt, .seq = seq, .final = final,
+                    .reproducible = reproducible, .value = b.data, .len = b.len};
+    gw_feed f = gw_stream_feed(s, &gr);
+    svc_buf_deinit(&b);
+    return f;
+}
+
+/* The text each choice's events put together, into text[index]. */
+static void choice_texts(const gw_stream *s, svc_buf *text, int n)
+{
+    for (int i = 0; i < n; i++) {
+        text[i].len = 0;
+        svc_buf_printf(&text[i], "%s", "");
+    }
+    for (size_t e = 0; e < gw_stream_n_events(s); e++) {
+        cJSON *j = event_json(s, e);
+        const cJSON *c = j ? choice0(j) : NULL;
+        const cJSON *index = get(c, "index"), *content = get(get(c, "delta"), "content");
+        if (cJSON_IsNumber(index) && index->valueint < n && cJSON_IsString(content))
+            svc_buf_printf(&text[index->valueint], "%s", content->valuestring);
+        cJSON_Delete(j);
+    }
+}
+
+/* Two choices: every event one choice with its index, the final record no
+ * event of its own (the usage chunk with include_usage); a worker dying,
+ * the new attempt interleaving the choices otherwise, is compared choice
+ * by choice and continues; one that differs in a choice diverges; stream:
+ * false answers both choices as the worker's completion of two does. */
+static void test_choices(void)
+{
+    gw_stream *s = stream_new(true, false);
+    check(feed_choice(s, 1, 0, 0, true, "A", SVC_FINISH_NONE, true) == GW_FEED_EVENTS, "c0 A");
+    check(feed_choice(s, 1, 1, 1, true, "B", SVC_FINISH_NONE, true) == GW_FEED_EVENTS, "c1 B");
+    check(feed_choice(s, 1, 2, 1, false, "b", SVC_FINISH_NONE, true) == GW_FEED_EVENTS, "c1 b");
+    check(gw_stream_n_events(s) == 3, "three events before the crash");
+    /* Attempt 2: choice 1's records first this time. */
+    check(feed_choice(s, 2, 0, 1, true, "B", SVC_FINISH_NONE, true) == GW_FEED_CONTINUED,
+          "a2 takes over with choice 1");
+    check(feed_choice(s, 2, 1, 1, false, "b", SVC_FINISH_NONE, true) == GW_FEED_IGNORED,
+          "a2 c1 b was sent");
+    check(feed_choice(s, 2, 2, 1, false, "!", SVC_FINISH_STOP, true) == GW_FEED_EVENTS,
+          "a2 c1 ends: new");
+    check(feed_choice(s, 2, 3, 0, true, "A", SVC_FINISH_NONE, true) == GW_FEED_IGNORED,
+          "a2 c0 A was sent");
+    check(feed_choice(s, 2, 4, 0, false, "a", SVC_FINISH_LENGTH, true) == GW_FEED_EVENTS,
+          "a2 c0 ends: new");
+    check(feed_choice(s, 2, 5, -1, false, NULL, SVC_FINISH_NONE, true) == GW_FEED_DONE,
+          "the final");
+    /* 5 chunks, the usage chunk, [DONE]. */
+    check(gw_stream_n_events(s) == 7, "events: %zu", gw_stream_n_events(s));
+    svc_buf text[2];
+    svc_buf_init(&text[0]);
+    svc_buf_init(&text[1]);
+    choice_texts(s, text, 2);
+    check(!strcmp(text[0].data, "Aa") && !strcmp(text[1].data, "Bb!"), "texts '%s' and '%s'",
+          text[0].data, text[1].data);
+    cJSON *u = event_json(s, 5);
+    check(cJSON_GetArraySize(get(u, "choices")) == 0 &&
+              cJSON_IsNumber(get(get(u, "usage"), "completion_tokens")),
+          "the usage chunk");
+    cJSON_Delete(u);
+    gw_stream_destroy(s);
+
+    /* A new attempt that differs in one choice. */
+    s = stream_new(false, false);
+    feed_choice(s, 1, 0, 0, true, "A", SVC_FINISH_NONE, true);
+    feed_choice(s, 1, 1, 1, true, "B", SVC_FINISH_NONE, true);
+    check(feed_choice(s, 2, 0, 0, true, "A", SVC_FINISH_NONE, true) == GW_FEED_CONTINUED,
+          "a2 takes over");
+    check(feed_choice(s, 2, 1, 1, true, "C", SVC_FINISH_NONE, true) == GW_FEED_DIVERGED,
+          "choice 1 differs: diverged");
+    check_error_end(s, "stream_diverged", "server_error");
+    gw_stream_destroy(s);
+
+    /* The final while a choice has not given again what it sent. */
+    s = stream_new(false, false);
+    feed_choice(s, 1, 0, 0, true, "A", SVC_FINISH_NONE, true);
+    feed_choice(s, 1, 1, 1, true, "B", SVC_FINISH_NONE, true);
+    check(feed_choice(s, 2, 0, 0, true, "A", SVC_FINISH_NONE, true) == GW_FEED_CONTINUED,
+          "a2 takes over, choice 0 as sent");
+    check(feed_choice(s, 2, 1, -1, false, NULL, SVC_FINISH_NONE, true) == GW_FEED_DIVERGED,
+          "a final that leaves choice 1's text out: diverged");
+    gw_stream_destroy(s);
+
+    /* stream: false: the worker's completion of two choices. */
+    s = stream_new(false, true);
+    feed_choice(s, 1, 0, 1, true, "B", SVC_FINISH_NONE, false);
+    feed_choice(s, 1, 1, 0, true, "A", SVC_FINISH_NONE, false);
+    feed_choice(s, 1, 2, 1, false, "b", SVC_FINISH_LENGTH, false);
+    feed_choice(s, 1, 3, 0, false, "a", SVC_FINISH_STOP, false);
+    check(feed_choice(s, 1, 4, -1, false, NULL, SVC_FINISH_NONE, false) == GW_FEED_DONE,
+          "the final");
+    svc_buf gw, worker;
+    svc_buf_init(&gw);
+    svc_buf_init(&worker);
+    int status = 0;
+    check(gw_stream_completion(s, &gw, &status) == 0 && status == 200, "answer: 200");
+    svc_reply_ctx ctx = {.id = ID, .model = MODEL, .created = CREATED, .attempt = 1};
+    svc_reply r[2] = {
+        {.content = "Aa", .content_len = 2, .finish = SVC_FINISH_STOP, .usage = &usage,
+         .timings = &timings},
+        {.content = "Bb", .content_len = 2, .finish = SVC_FINISH_LENGTH},
+    };
+    check(svc_reply_completion_n(&worker, &ctx, r, 2) == 0, "svc_reply_completion_n");
+    check_same_completion(&gw, &worker);
+    gw_stream_destroy(s);
+    svc_buf_deinit(&gw);
+    svc_buf_deinit(&worker);
+    svc_buf_deinit(&text[0]);
+    svc_buf_deinit(&text[1]);
+}
+
 /* Quotes, backslashes, control characters, a NUL, multi-byte characters
  * and an invalid byte (U+FFFD): what the worker escaped reaches the client
  * as it was escaped, in chunks and in the answer. (The worker holds back a
@@ -751,6 +887,7 @@ int main(void)
     test_duplicates();
     test_interleaved_stale_attempt();
     test_crash_continuation();
+    test_choices();
     test_divergence();
     test_not_reproducible();
     test_error_finals();

@@ -235,6 +235,79 @@ static void test_tool_calls(void)
     svc_buf_deinit(&b);
 }
 
+/* n choices: chunks carry their index, the role in each choice's first
+ * chunk, and the request's final record has no choice; one completion
+ * holds every choice. */
+static void test_choices(void)
+{
+    svc_buf b = {0};
+    svc_reply r = {.seq = 5, .index = 2, .role = true, .content = "Hi", .content_len = 2};
+    check(svc_reply_chunk(&b, &ctx, &r) == 0, "choice 2's first chunk");
+    cJSON *root = parse_record(&b, "choice 2's first chunk");
+    check(cJSON_GetArraySize(cJSON_GetObjectItem(root, "choices")) == 1 &&
+              num_is(cJSON_GetObjectItem(choice(root), "index"), 2) &&
+              str_is(path(choice(root), "delta", "role", NULL), "assistant") &&
+              str_is(path(choice(root), "delta", "content", NULL), "Hi") &&
+              cJSON_IsNull(cJSON_GetObjectItem(choice(root), "finish_reason")),
+          "choice 2's first chunk: %s", b.data);
+    cJSON_Delete(root);
+
+    r = (svc_reply){.seq = 6, .index = 1, .content = "!", .content_len = 1,
+                    .finish = SVC_FINISH_STOP};
+    check(svc_reply_chunk(&b, &ctx, &r) == 0, "choice 1's last chunk");
+    root = parse_record(&b, "choice 1's last chunk");
+    check(num_is(cJSON_GetObjectItem(choice(root), "index"), 1) &&
+              !path(choice(root), "delta", "role", NULL) &&
+              str_is(cJSON_GetObjectItem(choice(root), "finish_reason"), "stop") &&
+              !cJSON_GetObjectItem(root, "usage"),
+          "choice 1's last chunk: %s", b.data);
+    cJSON_Delete(root);
+
+    svc_usage u = {.prompt_tokens = 10, .completion_tokens = 9};
+    svc_timings t = {.queue_ms = 1};
+    r = (svc_reply){.seq = 7, .no_choices = true, .content = "x", .content_len = 1,
+                    .finish = SVC_FINISH_STOP, .usage = &u, .timings = &t};
+    check(svc_reply_chunk(&b, &ctx, &r) == 0, "final of n choices");
+    root = parse_record(&b, "final of n choices");
+    const cJSON *choices = cJSON_GetObjectItem(root, "choices");
+    check(cJSON_IsArray(choices) && cJSON_GetArraySize(choices) == 0 &&
+              num_is(path(root, "usage", "total_tokens", NULL), 19) &&
+              num_is(path(root, "timings", "queue_ms", NULL), 1) &&
+              num_is(path(root, "seq", NULL, NULL), 7),
+          "final of n choices: %s", b.data);
+    cJSON_Delete(root);
+
+    svc_reply rs[3] = {
+        {.content = "A", .content_len = 1, .finish = SVC_FINISH_STOP, .usage = &u},
+        {.content = "B", .content_len = 1, .finish = SVC_FINISH_LENGTH},
+        {.finish = SVC_FINISH_STOP},
+    };
+    check(svc_reply_completion_n(&b, &ctx, rs, 3) == 0, "completion of 3 choices");
+    root = parse_record(&b, "completion of 3 choices");
+    choices = cJSON_GetObjectItem(root, "choices");
+    const char *content[] = {"A", "B", ""}, *finish[] = {"stop", "length", "stop"};
+    check(cJSON_GetArraySize(choices) == 3, "3 choices: %s", b.data);
+    for (int i = 0; i < 3; i++) {
+        const cJSON *c = cJSON_GetArrayItem(choices, i);
+        check(num_is(cJSON_GetObjectItem(c, "index"), i) &&
+                  str_is(path(c, "message", "role", NULL), "assistant") &&
+                  str_is(path(c, "message", "content", NULL), content[i]) &&
+                  str_is(cJSON_GetObjectItem(c, "finish_reason"), finish[i]),
+              "completion choice %d: %s", i, b.data);
+    }
+    check(num_is(path(root, "usage", "completion_tokens", NULL), 9), "usage once");
+    cJSON_Delete(root);
+
+    /* One choice: what svc_reply_completion writes. */
+    svc_buf one = {0};
+    check(svc_reply_completion_n(&b, &ctx, rs, 1) == 0 &&
+              svc_reply_completion(&one, &ctx, rs) == 0 && b.len == one.len &&
+              !memcmp(b.data, one.data, b.len),
+          "completion of 1 choice is the completion");
+    svc_buf_deinit(&one);
+    svc_buf_deinit(&b);
+}
+
 static void test_escaping(void)
 {
     /* Every byte value: quotes, backslash, controls, DEL, invalid UTF-8, and
@@ -403,6 +476,7 @@ int main(void)
     test_errors();
     test_completion();
     test_tool_calls();
+    test_choices();
     test_escaping();
     test_logprobs();
     test_headers();

@@ -423,7 +423,12 @@ static void test_option_errors(void)
         {",\"max_tokens\":\"10\"", "max_tokens: expected an integer"},
         {",\"max_tokens\":1e400", "max_tokens: expected an integer"},
         {",\"max_tokens\":5,\"max_completion_tokens\":5", "not both"},
-        {",\"n\":2", "n: 2 is out of range [1, 1]"},
+        {",\"n\":0", "n: 0 is out of range [1, 8]"},
+        {",\"n\":9", "n: 9 is out of range [1, 8]"},
+        {",\"n\":1.5", "n: expected an integer"},
+        {",\"n\":\"2\"", "n: expected an integer"},
+        {",\"n\":3,\"seed\":9007199254740990",
+         "seed: with n 3 choices sample with seeds 9007199254740990 .. 9007199254740992"},
         {",\"temperature\":-0.1", "temperature: -0.1 is out of range [0, 2]"},
         {",\"temperature\":2.5", "temperature: 2.5 is out of range"},
         {",\"temperature\":true", "temperature: expected a number"},
@@ -524,7 +529,7 @@ static void test_reply_size(void)
                          ",\"stream\":false,\"logprobs\":true,\"top_logprobs\":20,"
                          "\"max_tokens\":4096",
                          SVC_ERROR_REPLY_TOO_LARGE, "over the limit of 1048576");
-    check(svc_reply_bound(4096, true, 20) == 4096u * 22 * SVC_REPLY_ENTRY_BYTES +
+    check(svc_reply_bound(1, 4096, true, 20) == 4096u * 22 * SVC_REPLY_ENTRY_BYTES +
                                                  SVC_REPLY_FIXED_BYTES,
           "reply bound");
     const char *fit[] = {
@@ -541,6 +546,52 @@ static void test_reply_size(void)
         svc_request_destroy(req);
         free(json);
     }
+    limits = saved;
+}
+
+/* Parses the request made of `extra` and checks its n; returns whether it
+ * parsed. */
+static bool parses_with_n(const char *extra, uint32_t want_n)
+{
+    char *json = wrap("\"hi\"", extra);
+    svc_request *req = NULL;
+    char err[SVC_ERRMSG_MAX] = "";
+    svc_error e = json ? parse(json, &req, err, sizeof err) : SVC_ERROR_INTERNAL;
+    bool ok = e == SVC_ERROR_NONE && req->n == want_n;
+    check(ok, "%s: parses with n %u, got %s (%s), n %u", extra, want_n, svc_error_code(e), err,
+          req ? req->n : 0);
+    svc_request_destroy(req);
+    free(json);
+    return ok;
+}
+
+/* n choices: 1 by default, up to limits.max_n; with a seed, every choice's
+ * seed s + i exact; the stream: false bound counts n answers. */
+static void test_choices(void)
+{
+    parses_with_n("", 1);
+    parses_with_n(",\"n\":null", 1);
+    parses_with_n(",\"n\":3", 3);
+    parses_with_n(",\"n\":8", 8);
+    parses_with_n(",\"n\":3,\"seed\":9007199254740989", 3); /* s + 2 = 2^53 - 1 */
+    parses_with_n(",\"n\":8,\"seed\":-9007199254740991", 8);  /* s + i nears zero */
+    svc_limits saved = limits;
+    limits.max_n = 2;
+    expect_error_wrapped("\"hi\"", ",\"n\":3", SVC_ERROR_INVALID_REQUEST,
+                         "n: 3 is out of range [1, 2]");
+    limits = saved;
+
+    limits.max_reply_bytes = 1 << 20;
+    check(svc_reply_bound(4, 2048, false, 0) == 4u * 2048 * SVC_REPLY_ENTRY_BYTES +
+                                                 SVC_REPLY_FIXED_BYTES,
+          "reply bound of 4 choices");
+    /* One answer of 2048 tokens fits 1 MiB, four do not. */
+    parses_with_n(",\"stream\":false,\"max_tokens\":2048", 1);
+    expect_error_wrapped("\"hi\"", ",\"stream\":false,\"n\":4,\"max_tokens\":2048",
+                         SVC_ERROR_REPLY_TOO_LARGE,
+                         "a stream:false reply of n 4 choices of 2048 tokens may need 1052672 "
+                         "bytes, over the limit of 1048576; lower n, max_tokens");
+    parses_with_n(",\"n\":4,\"max_tokens\":2048", 4); /* streamed */
     limits = saved;
 }
 
@@ -710,6 +761,7 @@ int main(void)
     test_option_errors();
     test_limits();
     test_reply_size();
+    test_choices();
     test_reply_topic_policy();
     test_reply_policy_overlap();
     test_date_string();

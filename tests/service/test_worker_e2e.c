@@ -10,6 +10,12 @@
  *   under its key in the default tenant's cache partition
  *   (<prefix>:img:<key>), never under the bare content digest.
  * - stream: false gives a single chat.completion record.
+ * - n = 3 streamed with a seed: records carry index 0..2, each choice its
+ *   role and finish_reason, the final record no choice and the usage with
+ *   the prompt once; choice i is the answer of n = 1 with seed + i;
+ *   stream: false with n = 2 is one completion of both, in JSON mode each
+ *   choice a JSON object; n 9 is refused; a cancel ends every choice of a
+ *   running n = 3 request.
  * - logit_bias: +100 on one token makes a sampled answer that token only;
  *   an id without a logit (<|image|>) is invalid_request, naming it.
  * - Tools: tool_choice "required" gives a well-formed call whose arguments
@@ -277,6 +283,194 @@ static void test_not_streamed(void)
         check(cJSON_IsObject(doc), "json mode: stopped on '%s', not one JSON object", text);
         cJSON_Delete(doc);
     }
+    cJSON_Delete(j);
+    free(body);
+}
+
+/* ---- n choices ------------------------------------------------------------------ */
+
+#define CHOICES 3
+#define CHOICE_SEED 11
+#define CHOICE_TEXT_MAX 4096
+#define FINISH_MAX 16
+
+typedef struct streamed_choice {
+    char text[CHOICE_TEXT_MAX];
+    char finish[FINISH_MAX];    /* "" until its last record */
+    int records;
+} streamed_choice;
+
+/* The streamed records of `id` (n choices): every record but the final one
+ * carries one choice (index < n), the first of each choice its role, its
+ * last (only) its finish_reason; the final record carries no choice.
+ * Each choice's text put together into c[i]; returns the final record
+ * (parsed, the caller's), NULL after a check failure. */
+static cJSON *collect_choices(const char *id, int n, streamed_choice *c)
+{
+    size_t n_recs = pu_client_replies(&client, id, NULL, 0);
+    const pu_record **recs = malloc((n_recs + 1) * sizeof *recs);
+    if (!recs)
+        pu_die("out of memory");
+    n_recs = pu_client_replies(&client, id, recs, n_recs);
+    memset(c, 0, (size_t)n * sizeof *c);
+    cJSON *final = NULL;
+    for (size_t r = 0; r < n_recs; r++) {
+        cJSON *j = pu_json(recs[r]);
+        const cJSON *choices = pu_json_at(j, PU_PATH("choices"));
+        if (recs[r]->final) {
+            check(cJSON_IsArray(choices) && cJSON_GetArraySize(choices) == 0,
+                  "%s: the final record carries no choice: %s", id, recs[r]->value);
+            cJSON_Delete(final);
+            final = j;
+            continue;
+        }
+        double index = pu_json_num(j, PU_PATH("choices", "0", "index"));
+        int i = (int)index;
+        bool valid = cJSON_GetArraySize(choices) == 1 && index >= 0 && index < n && i == index;
+        check(valid, "%s: one choice of index < %d per chunk: %s", id, n, recs[r]->value);
+        if (valid) {
+            const char *role = pu_json_str(j, PU_PATH("choices", "0", "delta", "role"));
+            const char *content = pu_json_str(j, PU_PATH("choices", "0", "delta", "content"));
+            const char *finish = pu_finish_reason(j);
+            check((c[i].records == 0) == (role != NULL), "%s: choice %d, record %d: role %s",
+                  id, i, c[i].records, role ? role : "(none)");
+            check(!c[i].finish[0], "%s: choice %d: a record after its finish_reason", id, i);
+            if (content)
+                strncat(c[i].text, content, CHOICE_TEXT_MAX - strlen(c[i].text) - 1);
+            if (finish)
+                snprintf(c[i].finish, FINISH_MAX, "%s", finish);
+            c[i].records++;
+        }
+        cJSON_Delete(j);
+    }
+    free(recs);
+    for (int i = 0; i < n; i++)
+        check(c[i].finish[0], "%s: choice %d: %d records, no finish_reason", id, i,
+              c[i].records);
+    check(final != NULL, "%s: no final record", id);
+    return final;
+}
+
+/* A stream: false request with n = 1 and the seed (the choice it stands
+ * for): its answer, owned, and its finish in finish (FINISH_MAX). */
+static char *answer_alone(const char *id, int64_t seed, char *finish)
+{
+    char opts[160];
+    snprintf(opts, sizeof opts,
+             "\"max_tokens\":8,\"stream\":false,\"temperature\":1,\"seed\":%lld",
+             (long long)seed);
+    char *body = pu_chat_request(id, "Say something.", NULL, opts);
+    cJSON *j = ask(id, body);
+    const char *text = pu_json_str(j, PU_PATH("choices", "0", "message", "content"));
+    const char *reason = pu_finish_reason(j);
+    snprintf(finish, FINISH_MAX, "%s", reason ? reason : "");
+    char *out = strdup(text ? text : "");
+    cJSON_Delete(j);
+    free(body);
+    return out;
+}
+
+/* n = 3 streamed with a seed: records carry index 0..2, each choice its
+ * role, text and finish_reason, the final the usage with the prompt once;
+ * choice i is the answer of n = 1 with seed + i. stream: false with n = 2:
+ * one completion of both choices. n over limits.max_n: invalid_request. */
+static void test_choices(void)
+{
+    int port = pu_worker_http_port(&st.workers[0]);
+    double forked = pu_metric(port, "mllama_choices_forked_total");
+    char opts[160];
+    snprintf(opts, sizeof opts,
+             "\"max_tokens\":8,\"temperature\":1,\"seed\":%d,\"n\":%d", CHOICE_SEED,
+             CHOICES);
+    char *body = pu_chat_request("e2e-n3", "Say something.", NULL, opts);
+    check(pu_client_send(&client, "e2e-n3", body), "n 3: produce");
+    check(pu_client_wait(&client, "e2e-n3", ANSWER_MS) != NULL, "n 3: no final record");
+    pu_check_stream(&client, "e2e-n3");
+    streamed_choice c[CHOICES];
+    cJSON *final = collect_choices("e2e-n3", CHOICES, c);
+    double completion = 0;
+    double prompt = pu_json_num(final, PU_PATH("usage", "prompt_tokens"));
+    for (int i = 0; i < CHOICES; i++) {
+        char id[ID_MAX], finish[FINISH_MAX];
+        snprintf(id, sizeof id, "e2e-n1-seed%d", CHOICE_SEED + i);
+        char *want = answer_alone(id, CHOICE_SEED + i, finish);
+        check(!strcmp(c[i].text, want) && !strcmp(c[i].finish, finish),
+              "n 3: choice %d ('%s', %s) is n = 1 with seed %d ('%s', %s)", i, c[i].text,
+              c[i].finish, CHOICE_SEED + i, want, finish);
+        const pu_record *f = pu_client_final(&client, id);
+        cJSON *alone = f ? pu_json(f) : NULL;
+        completion += pu_json_num(alone, PU_PATH("usage", "completion_tokens"));
+        check(pu_json_num(alone, PU_PATH("usage", "prompt_tokens")) == prompt,
+              "n 3: the prompt counted once (%g tokens)", prompt);
+        cJSON_Delete(alone);
+        free(want);
+    }
+    check(pu_json_num(final, PU_PATH("usage", "completion_tokens")) == completion,
+          "n 3: completion tokens %g, the sum over the choices %g",
+          pu_json_num(final, PU_PATH("usage", "completion_tokens")), completion);
+    check(pu_json_num(final, PU_PATH("timings", "queue_ms")) >= 0, "n 3: timings");
+    check(pu_metric(port, "mllama_choices_forked_total") == forked + CHOICES - 1,
+          "n 3: %g choices forked, want %d more than %g",
+          pu_metric(port, "mllama_choices_forked_total"), CHOICES - 1, forked);
+    cJSON_Delete(final);
+    free(body);
+
+    /* stream: false: one record, both choices. */
+    snprintf(opts, sizeof opts,
+             "\"max_tokens\":8,\"stream\":false,\"temperature\":1,\"seed\":%d,\"n\":2",
+             CHOICE_SEED);
+    body = pu_chat_request("e2e-n2-batch", "Say something.", NULL, opts);
+    cJSON *j = ask("e2e-n2-batch", body);
+    const pu_record *recs[4];
+    check(pu_client_replies(&client, "e2e-n2-batch", recs, 4) == 1, "n 2, stream false: one record");
+    check(cJSON_GetArraySize(pu_json_at(j, PU_PATH("choices"))) == 2, "n 2, stream false: 2 choices");
+    for (int i = 0; i < 2; i++) {
+        char index[4], id[ID_MAX];
+        snprintf(index, sizeof index, "%d", i);
+        snprintf(id, sizeof id, "e2e-n1-seed%d", CHOICE_SEED + i);
+        const char *text = pu_json_str(j, PU_PATH("choices", index, "message", "content"));
+        const pu_record *af = pu_client_final(&client, id);
+        cJSON *alone = af ? pu_json(af) : NULL;
+        const char *want = pu_json_str(alone, PU_PATH("choices", "0", "message", "content"));
+        check(text && want && !strcmp(text, want) &&
+                  pu_json_num(j, PU_PATH("choices", index, "index")) == i,
+              "n 2, stream false: choice %d '%s' is n = 1 with seed %d '%s'", i,
+              text ? text : "(none)", CHOICE_SEED + i, want ? want : "(none)");
+        cJSON_Delete(alone);
+    }
+    cJSON_Delete(j);
+    free(body);
+
+    /* JSON mode: each choice its own document, a JSON object when it stopped. */
+    body = pu_chat_request("e2e-n2-json", "Give me a JSON object.", NULL,
+                           "\"max_tokens\":48,\"stream\":false,\"seed\":3,\"n\":2,"
+                           "\"response_format\":{\"type\":\"json_object\"}");
+    j = ask("e2e-n2-json", body);
+    for (int i = 0; i < 2; i++) {
+        char index[4];
+        snprintf(index, sizeof index, "%d", i);
+        const char *text = pu_json_str(j, PU_PATH("choices", index, "message", "content"));
+        const char *reason = pu_json_str(j, PU_PATH("choices", index, "finish_reason"));
+        const char *start = text ? text + strspn(text, " \t\r\n") : NULL;
+        check(start && *start == '{' && reason &&
+                  (!strcmp(reason, "stop") || !strcmp(reason, "length")),
+              "n 2, json mode: choice %d: finish %s, content '%.80s'", i,
+              reason ? reason : "(none)", text ? text : "");
+        cJSON *doc = reason && !strcmp(reason, "stop") ? cJSON_Parse(text) : NULL;
+        check(!reason || strcmp(reason, "stop") || cJSON_IsObject(doc),
+              "n 2, json mode: choice %d stopped on '%s', not one JSON object", i,
+              text ? text : "");
+        cJSON_Delete(doc);
+    }
+    cJSON_Delete(j);
+    free(body);
+
+    body = pu_chat_request("e2e-n9", "Say something.", NULL, "\"n\":9");
+    j = ask("e2e-n9", body);
+    const char *code = pu_error_code(j);
+    const char *msg = pu_json_str(j, PU_PATH("error", "message"));
+    check(code && !strcmp(code, "invalid_request") && msg && strstr(msg, "n: 9"),
+          "n 9: %s (%s)", code ? code : "(none)", msg ? msg : "");
     cJSON_Delete(j);
     free(body);
 }
@@ -605,10 +799,14 @@ static void test_conversation(void)
 
 /* Cancel a long request with `id` once it streams, the cancel produced by
  * kcat or by the client; expect finish_reason cancelled. */
-static void cancel_running(const char *id, bool by_kcat)
+/* A long request of n choices, cancelled once it streams: it ends
+ * cancelled, every choice of it (n > 1: each choice's last chunk, then the
+ * final record). */
+static void cancel_running(const char *id, bool by_kcat, int n)
 {
     char extra[64];
-    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0", LONG_TOKENS);
+    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0,\"n\":%d", LONG_TOKENS,
+             n);
     char *body = pu_chat_request(id, "Count to a million.", NULL, extra);
     check(pu_client_send(&client, id, body), "cancel: produce");
     free(body);
@@ -628,10 +826,18 @@ static void cancel_running(const char *id, bool by_kcat)
         f = pu_client_wait(&client, id, ANSWER_MS / CANCEL_TRIES);
     }
     cJSON *j = f ? pu_json(f) : NULL;
-    const char *reason = pu_finish_reason(j);
-    check(reason && !strcmp(reason, "cancelled"), "cancel %.40s: finish_reason %s", id,
-          reason ? reason : "(none)");
-    check(pu_json_num(j, PU_PATH("usage", "completion_tokens")) < LONG_TOKENS,
+    if (n > 1) {
+        streamed_choice c[CHOICES];
+        cJSON_Delete(collect_choices(id, n, c));
+        for (int i = 0; i < n; i++)
+            check(!strcmp(c[i].finish, "cancelled"), "cancel %.40s: choice %d: finish_reason %s",
+                  id, i, c[i].finish);
+    } else {
+        const char *reason = pu_finish_reason(j);
+        check(reason && !strcmp(reason, "cancelled"), "cancel %.40s: finish_reason %s", id,
+              reason ? reason : "(none)");
+    }
+    check(pu_json_num(j, PU_PATH("usage", "completion_tokens")) < n * LONG_TOKENS,
           "cancel: ran to the end");
     pu_check_stream(&client, id);
     cJSON_Delete(j);
@@ -639,13 +845,14 @@ static void cancel_running(const char *id, bool by_kcat)
 
 static void test_cancel(void)
 {
-    cancel_running("e2e-cancel", true);
+    cancel_running("e2e-cancel", true, 1);
     char id[LONG_ID_BYTES + 1];
     memset(id, 'L', LONG_ID_BYTES);
     memcpy(id, "e2e-long-id-", 12);
     id[LONG_ID_BYTES] = '\0';
     /* Too long for kcat's file name. */
-    cancel_running(id, false);
+    cancel_running(id, false, 1);
+    cancel_running("e2e-cancel-n3", false, CHOICES);
 }
 
 /* Cancels sent right after their requests, while Redis is paused: the prep
@@ -920,6 +1127,7 @@ int main(void)
     test_not_streamed();
     test_logit_bias();
     test_tools();
+    test_choices();
     test_conversation();
     test_cancel();
     test_cancel_before_running();
