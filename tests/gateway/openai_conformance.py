@@ -1,9 +1,11 @@
 """The gateway as OpenAI's official Python client sees it, and as curl -N sees
 the bytes: models.list; a chat completion with an image, non-streamed and
 streamed (chunk shapes, one id, finish_reason, usage only with
-stream_options.include_usage); errors as the client's exception classes; the
-exact SSE framing (`id: n`, `data: ...`, `data: [DONE]`) and its headers; a
-finished stream read again with Last-Event-ID.
+stream_options.include_usage); n choices; a required tool call (its
+arguments valid, the streamed delta.tool_calls equal to the message's) and
+the history sent back as the client holds it; errors as the client's
+exception classes; the exact SSE framing (`id: n`, `data: ...`, `data:
+[DONE]`) and its headers; a finished stream read again with Last-Event-ID.
 
     openai_conformance.py --base-url http://127.0.0.1:PORT --image FILE [--api-key KEY]
 
@@ -96,6 +98,83 @@ def test_stream(client, model, messages, include_usage):
     else:
         check(not usage and all(c.choices for c in chunks), f"{what}: no usage chunk")
     return text, finish[0] if finish else None
+
+
+TOOL_TOKENS = 64    # a call of WEATHER is about 20 tokens
+N_CHOICES = 2
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The forecast for a city",
+    "parameters": {"type": "object",
+                   "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]},
+                                  "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                   "required": ["city", "days"], "additionalProperties": False}}}
+
+
+def valid_weather_arguments(text):
+    """WEATHER's parameters, checked here rather than by the gateway's grammar."""
+    try:
+        args = json.loads(text)
+    except (TypeError, ValueError):
+        return False
+    return (isinstance(args, dict) and set(args) == {"city", "days"}
+            and args["city"] in ("Paris", "Oslo") and type(args["days"]) is int
+            and 1 <= args["days"] <= 7)
+
+
+def test_tools(client, model):
+    """tool_choice required: a valid call, the same streamed; the history with the
+    call and a tool result, as the client's own objects dump it, answered in text."""
+    msgs = [{"role": "user", "content": "What is the weather in Oslo this week?"}]
+    kw = dict(model=model, messages=msgs, tools=[WEATHER], tool_choice="required",
+              max_tokens=TOOL_TOKENS, seed=SEED)
+    r = client.chat.completions.create(**kw)
+    c = r.choices[0]
+    calls = c.message.tool_calls or []
+    check(c.finish_reason == "tool_calls" and len(calls) == 1 and c.message.content is None,
+          f"tools: finish {c.finish_reason!r}, {len(calls)} calls, content {c.message.content!r}")
+    if len(calls) != 1:
+        return
+    call = calls[0]
+    check(call.type == "function" and call.id.startswith("call_")
+          and call.function.name == "get_weather"
+          and valid_weather_arguments(call.function.arguments),
+          f"tools: the call {call}")
+    cid, name, args, finish = None, None, "", None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            for tc in ch.delta.tool_calls or []:
+                check(tc.index == 0, f"tools stream: call index {tc.index}")
+                cid = tc.id or cid
+                name = (tc.function and tc.function.name) or name
+                args += (tc.function and tc.function.arguments) or ""
+            finish = ch.finish_reason or finish
+    # The same seed, the same call; the id is the request's own (each request is another).
+    check((name, args, finish) == (call.function.name, call.function.arguments, "tool_calls")
+          and cid and cid.startswith("call_") and cid != call.id,
+          f"tools stream: {(cid, name, args, finish)} vs the message's {call}")
+    history = msgs + [c.message.model_dump(),
+                      {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 4}'}]
+    r = client.chat.completions.create(model=model, messages=history, tools=[WEATHER],
+                                       tool_choice="none", max_tokens=MAX_TOKENS, seed=SEED)
+    c = r.choices[0]
+    check(isinstance(c.message.content, str) and not c.message.tool_calls
+          and c.finish_reason in ("stop", "length"),
+          f"tools: the history answered in text: {c.message}")
+
+
+def test_choices(client, model, messages):
+    """n choices: n messages, indexes 0..n-1, the prompt counted once."""
+    one = client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS,
+                                         seed=SEED)
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS,
+                                       seed=SEED, n=N_CHOICES)
+    check([c.index for c in r.choices] == list(range(N_CHOICES))
+          and all(isinstance(c.message.content, str) for c in r.choices),
+          f"n {N_CHOICES}: choices {[c.index for c in r.choices]}")
+    check(r.usage.prompt_tokens == one.usage.prompt_tokens
+          and r.choices[0].message.content == one.choices[0].message.content,
+          f"n {N_CHOICES}: the prompt once ({r.usage.prompt_tokens} vs "
+          f"{one.usage.prompt_tokens}), choice 0 the n 1 answer")
 
 
 def test_errors(client, model, base_url, api_key):
@@ -237,6 +316,8 @@ def main():
     check(streamed == text and stream_finish == finish,
           f"same seed, same text streamed or not: {streamed!r} vs {text!r}")
     test_stream(client, model, messages, include_usage=False)
+    test_choices(client, model, messages)
+    test_tools(client, model)
     test_errors(client, model, base + "/v1", args.api_key)
     test_resume(base, args.api_key, *test_sse_framing(base, args.api_key, model, messages))
     test_http_surface(base, args.api_key)

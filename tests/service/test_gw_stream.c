@@ -47,6 +47,7 @@ typedef struct rec {
     svc_error error;
     const svc_logprob_entry *lp;
     bool reproducible;
+    const svc_reply_call *call;
 } rec;
 
 static gw_feed feed(gw_stream *s, rec r)
@@ -57,6 +58,7 @@ static gw_feed feed(gw_stream *s, rec r)
     svc_reply reply = {.seq = r.seq,
                        .content = r.content,
                        .content_len = r.content ? strlen(r.content) : 0,
+                       .call = r.call,
                        .logprobs = r.lp,
                        .n_logprobs = r.lp ? 1 : 0,
                        .finish = r.finish,
@@ -552,6 +554,40 @@ static void test_completion_with_logprobs(void)
     svc_buf_deinit(&worker);
 }
 
+/* stream: false with a tool call: the gateway's message is the worker's
+ * own, the call's id and name from where it began and its arguments put
+ * together from every chunk (escapes included), content null. */
+static void test_completion_with_call(void)
+{
+    static const char id[] = "call_0123456789abcdef01234567";
+    static const char args[] = "{\"place\": \"Oslo \\u00e9\", \"days\": 3}";
+    svc_reply_call head = {.id = id, .name = "get_weather", .arguments = args, .arguments_len = 9};
+    svc_reply_call more = {.id = id, .arguments = args + 9, .arguments_len = 12};
+    svc_reply_call rest = {.id = id, .arguments = args + 21, .arguments_len = strlen(args) - 21};
+    gw_stream *s = stream_new(false, true);
+    feed(s, (rec){.attempt = 1, .seq = 0, .call = &head});
+    feed(s, (rec){.attempt = 1, .seq = 1, .call = &more});
+    feed(s, (rec){.attempt = 1, .seq = 2, .call = &rest});
+    check(feed(s, (rec){.attempt = 1, .seq = 3, .finish = SVC_FINISH_TOOL_CALLS}) ==
+              GW_FEED_DONE,
+          "final of a call");
+    svc_buf gw, worker;
+    svc_buf_init(&gw);
+    svc_buf_init(&worker);
+    int status = 0;
+    check(gw_stream_completion(s, &gw, &status) == 0 && status == 200, "answer: 200");
+    svc_reply_ctx ctx = {.id = ID, .model = MODEL, .created = CREATED, .attempt = 1};
+    svc_reply_call whole = {.id = id, .name = "get_weather", .arguments = args,
+                            .arguments_len = strlen(args)};
+    svc_reply r = {.call = &whole, .finish = SVC_FINISH_TOOL_CALLS, .usage = &usage,
+                   .timings = &timings};
+    check(svc_reply_completion(&worker, &ctx, &r) == 0, "svc_reply_completion");
+    check_same_completion(&gw, &worker);
+    gw_stream_destroy(s);
+    svc_buf_deinit(&gw);
+    svc_buf_deinit(&worker);
+}
+
 /* stream: false: a new attempt restarts the answer, reproducible or not. */
 static void test_completion_restart(void)
 {
@@ -893,6 +929,7 @@ int main(void)
     test_error_finals();
     test_include_usage();
     test_completion_with_logprobs();
+    test_completion_with_call();
     test_completion_restart();
     test_escaping();
     test_whitespace();
