@@ -647,6 +647,34 @@ static void test_tools(void)
     }
     fprintf(stderr, "tool_choice auto: %d of %d answers were calls\n", calls, TOOL_SEEDS);
 
+    /* n choices with tools: each its own valid call and id; choice i is the
+     * call of n = 1 with seed + i. */
+    char *nbody = tool_request("e2e-tool-n", WEATHER_TOOL, "\"required\"", 20, false, ",\"n\":2");
+    cJSON *nj = ask("e2e-tool-n", nbody);
+    free(nbody);
+    const char *ids[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        char idx[4], one_id[ID_MAX];
+        snprintf(idx, sizeof idx, "%d", i);
+        snprintf(one_id, sizeof one_id, "e2e-tool-n1-%d", i);
+        const char *a = pu_json_str(nj, PU_PATH("choices", idx, "message", "tool_calls", "0",
+                                                "function", "arguments"));
+        const char *reason = pu_json_str(nj, PU_PATH("choices", idx, "finish_reason"));
+        ids[i] = pu_json_str(nj, PU_PATH("choices", idx, "message", "tool_calls", "0", "id"));
+        char *one_body = tool_request(one_id, WEATHER_TOOL, "\"required\"", 20 + i, false, "");
+        cJSON *one = ask(one_id, one_body);
+        free(one_body);
+        const char *one_a = pu_json_str(one, PU_PATH("choices", "0", "message", "tool_calls", "0",
+                                                     "function", "arguments"));
+        check(reason && !strcmp(reason, "tool_calls") && valid_arguments("get_weather", a) &&
+                  one_a && !strcmp(a, one_a),
+              "n 2, choice %d: finish %s, call (%s), n 1 with seed + %d: (%s)", i,
+              reason ? reason : "(none)", a ? a : "", i, one_a ? one_a : "");
+        cJSON_Delete(one);
+    }
+    check(ids[0] && ids[1] && strcmp(ids[0], ids[1]) != 0, "n 2: each choice's call its own id");
+    cJSON_Delete(nj);
+
     /* The tools are in the prompt unless tool_choice is "none". */
     char *body = tool_request("e2e-tool-none", WEATHER_TOOL, "\"none\"", 0, false, "");
     cJSON *none = ask("e2e-tool-none", body);
