@@ -590,4 +590,43 @@ static inline void ml_rt_flood(ml_rt_fixture *f, size_t kv_blocks, int image_slo
     free(r);
 }
 
+/* The most ranks ml_rt_tp_open splits the LoRA fixture over. */
+#define ML_RT_TP_MAX 4
+
+/* `whole` with its model split over a CPU group of `world` ranks
+ * (model.tensor_parallel): the LoRA fixture's model loaded on the group
+ * with adapter slots of max_lora_rank, rank 0 the fixture's backend. */
+typedef struct ml_rt_tp {
+    ml_rt_fixture f;
+    ml_backend *group[ML_RT_TP_MAX];
+    ml_model *split;
+    int world;
+} ml_rt_tp;
+
+/* False after a failed check (tp is then still to be closed). */
+static inline bool ml_rt_tp_open(ml_rt_tp *tp, const ml_rt_fixture *whole, int world,
+                                 int max_lora_rank)
+{
+    char err[512] = "";
+    *tp = (ml_rt_tp){.f = *whole, .world = world};
+    ml_model_limits lim = ml_rt_limits();
+    lim.max_lora_rank = max_lora_rank;
+    check(world <= ML_RT_TP_MAX &&
+              ml_backend_cpu_create_group(world, 1, tp->group, err, sizeof err) == ML_OK &&
+              ml_model_load_tp(&tp->split, ML_RT_LORA_FIXTURE "/model", tp->group, world, &lim,
+                               err, sizeof err) == ML_OK,
+          "the LoRA fixture on a CPU group of %d: %s", world, err);
+    tp->f.be = tp->group[0];
+    tp->f.model = tp->split;
+    return tp->split != NULL;
+}
+
+static inline void ml_rt_tp_close(ml_rt_tp *tp)
+{
+    ml_model_destroy(tp->split);
+    for (int r = 0; r < tp->world && r < ML_RT_TP_MAX; r++)
+        if (tp->group[r])
+            tp->group[r]->ops->destroy(tp->group[r]);
+}
+
 #endif

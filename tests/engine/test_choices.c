@@ -381,29 +381,15 @@ enum { WORLD = 2 };
  * on write, and the choices still equal their n = 1 requests there. */
 static void test_tensor_parallel(const ml_rt_fixture *whole)
 {
-    char err[512] = "";
-    ml_backend *group[WORLD] = {0};
-    ml_model *split = NULL;
-    ml_model_limits lim = ml_rt_limits();
-    lim.max_lora_rank = MAX_LORA_RANK;
-    check(ml_backend_cpu_create_group(WORLD, 1, group, err, sizeof err) == ML_OK &&
-              ml_model_load_tp(&split, ML_RT_LORA_FIXTURE "/model", group, WORLD, &lim, err,
-                               sizeof err) == ML_OK,
-          "the LoRA fixture on a CPU group of %d: %s", WORLD, err);
-    if (split) {
-        ml_rt_fixture tp = *whole;
-        tp.be = group[0];
-        tp.model = split;
+    ml_rt_tp tp;
+    if (ml_rt_tp_open(&tp, whole, WORLD, MAX_LORA_RANK)) {
         creq q;
-        make_prompt(&tp, &q, 10, 37, 1);
+        make_prompt(&tp.f, &q, 10, 37, 1);
         q.n = 3;
         q.seed = 123;
-        check_choices(&tp, &q, 1, KV_BLOCKS, "2 ranks, an image, n 3");
+        check_choices(&tp.f, &q, 1, KV_BLOCKS, "2 ranks, an image, n 3");
     }
-    ml_model_destroy(split);
-    for (int r = 0; r < WORLD; r++)
-        if (group[r])
-            group[r]->ops->destroy(group[r]);
+    ml_rt_tp_close(&tp);
 }
 
 int main(void)

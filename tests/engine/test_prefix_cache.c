@@ -528,26 +528,12 @@ static void open_fixture(ml_rt_fixture *f, ml_row_mask_mode mode)
 
 static void test_tensor_parallel(ml_rt_fixture *whole)
 {
-    char err[512] = "";
-    ml_backend *group[WORLD] = {0};
-    ml_model *split = NULL;
-    ml_model_limits lim = ml_rt_limits();
-    lim.max_lora_rank = MAX_LORA_RANK;
-    check(ml_backend_cpu_create_group(WORLD, 1, group, err, sizeof err) == ML_OK &&
-              ml_model_load_tp(&split, ML_RT_LORA_FIXTURE "/model", group, WORLD, &lim, err,
-                               sizeof err) == ML_OK,
-          "the LoRA fixture on a CPU group of %d: %s", WORLD, err);
-    if (split) {
-        ml_rt_fixture tp = *whole;
-        tp.be = group[0];
-        tp.model = split;
-        test_system_prompt(&tp, "system prompt, 2 ranks");
-        test_chat(&tp, "chat, 2 ranks");
+    ml_rt_tp tp;
+    if (ml_rt_tp_open(&tp, whole, WORLD, MAX_LORA_RANK)) {
+        test_system_prompt(&tp.f, "system prompt, 2 ranks");
+        test_chat(&tp.f, "chat, 2 ranks");
     }
-    ml_model_destroy(split);
-    for (int r = 0; r < WORLD; r++)
-        if (group[r])
-            group[r]->ops->destroy(group[r]);
+    ml_rt_tp_close(&tp);
 }
 
 int main(void)
