@@ -33,10 +33,9 @@ static bool is_ws(char c)
 
 void svc_tool_stream_init(svc_tool_stream *ts, bool call)
 {
-    svc_buf prose = ts->prose;
     *ts = (svc_tool_stream){.phase = call ? SVC_TOOL_PHASE_CALL : SVC_TOOL_PHASE_UNDECIDED,
-                            .state = CALL_OPEN, .prose = prose};
-    ts->prose.len = 0;
+                            .state = CALL_OPEN};
+    svc_buf_init(&ts->prose);
 }
 
 void svc_tool_stream_deinit(svc_tool_stream *ts)

@@ -64,7 +64,7 @@ typedef struct svc_tool_delta {
 
 /* A stream at the start of an answer: `call`: the answer is a call
  * (tool_choice required or a named function); else it may be prose (auto).
- * Again at the start of a new attempt. */
+ * ts may hold anything (a stream used before is deinit'ed first). */
 void svc_tool_stream_init(svc_tool_stream *ts, bool call);
 
 /* Frees what the stream holds; init again to reuse it. */
