@@ -8,7 +8,9 @@
  *   with an adapter, a prompt ending inside a block (its last block shared,
  *   then copied by the first choice to write into it) and on a block edge;
  *   the prompt is prefilled once (prefill_tokens), its images encoded once;
- * - JSON mode: each choice its own constraint, equal to its n = 1 request;
+ * - JSON mode, a JSON Schema, a grammar bound on '{' (tool_choice auto) and
+ *   a stop string: each choice its own constraint or stop state, equal to
+ *   its n = 1 request;
  * - sampled by the backend (the worker's path) as well as on the host;
  * - preemption: a pool too small for every choice at once, so choices are
  *   preempted and recomputed, their output unchanged;
@@ -21,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar/grammar.h"
 #include "harness.h"
 #include "runtime_test_util.h"
 
@@ -42,6 +45,9 @@ typedef struct creq {
     const char *adapter;
     int max_tokens;
     int json;
+    ml_grammar *grammar;     /* borrowed; NULL: none */
+    int on_brace;            /* the grammar binds only an answer beginning with '{' */
+    const char *stop;        /* a stop string; NULL: none */
     int n;                   /* choices */
     uint64_t seed;
     /* Sampled where the logits are (ML_LOGITS_SAMPLE, as the worker's
@@ -106,6 +112,13 @@ static uint64_t submit(const ml_rt_fixture *f, ml_runtime *rt, const creq *q, ml
     req.sampling.logprobs = true;
     req.sampling.top_logprobs = 3;
     req.sampling.json_object = q->json != 0;
+    req.sampling.grammar = q->grammar;
+    req.sampling.grammar_on_brace = q->on_brace != 0;
+    if (q->stop) {
+        req.sampling.stop[0] = q->stop;
+        req.sampling.stop_len[0] = strlen(q->stop);
+        req.sampling.n_stop = 1;
+    }
     req.sampling.max_tokens = (uint32_t)q->max_tokens;
     uint64_t h = 0;
     char err[256] = "";
@@ -278,6 +291,31 @@ static void test_equal(ml_rt_fixture *f)
     q.seed = 77;
     q.on_device = 1;
     check_choices(f, &q, 1, KV_BLOCKS, "an image, n 5, sampled by the backend");
+
+    static const char schema[] = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+                                 "\"integer\"},\"b\":{\"enum\":[\"x\",\"y\"]}},"
+                                 "\"required\":[\"a\",\"b\"],\"additionalProperties\":false}";
+    ml_schema_limits lim;
+    ml_schema_limits_default(&lim);
+    ml_grammar *g = NULL;
+    char err[256] = "";
+    check(ml_grammar_compile_schema(schema, sizeof schema - 1, &lim, &g, err, sizeof err) ==
+              ML_OK,
+          "the schema compiles: %s", err);
+    make_prompt(f, &q, 10, 30, 0);
+    q.n = 3;
+    q.seed = 808;
+    q.max_tokens = 40;
+    q.grammar = g;
+    check_choices(f, &q, 0, KV_BLOCKS, "a JSON Schema, n 3");
+    q.on_brace = 1;
+    check_choices(f, &q, 1, KV_BLOCKS, "a grammar bound on '{' (tools auto), n 3");
+    ml_grammar_unref(g);
+    make_prompt(f, &q, 11, 30, 0);
+    q.n = 3;
+    q.seed = 9;
+    q.stop = "e";
+    check_choices(f, &q, 0, KV_BLOCKS, "a stop string, n 3");
 }
 
 /* ---- preemption ------------------------------------------------------------ */
