@@ -7,6 +7,7 @@
  * Input: one selector character, then the record value. The selector's low
  * three bits choose which of the request_id header, reply_topic header and
  * record key are present, so headers and key precedence are fuzzed too. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,15 @@ static void check_record(const svc_buf *b)
     cJSON_Delete(root);
 }
 
+/* True when text is one JSON value of cJSON type `type`. */
+static bool json_is(const char *text, int type)
+{
+    cJSON *v = text ? cJSON_Parse(text) : NULL;
+    bool ok = v && (v->type & 0xff) == type;
+    cJSON_Delete(v);
+    return ok;
+}
+
 static void check_request(const svc_request *req, const svc_limits *lim)
 {
     require(req->id && req->reply_topic);
@@ -41,7 +51,20 @@ static void check_request(const svc_request *req, const svc_limits *lim)
     size_t text = 0;
     for (size_t i = 0; i < req->n_messages; i++) {
         const svc_message *m = &req->messages[i];
-        require(m->n_parts >= 1);
+        /* A tool result is its content's JSON text, a call its name and
+         * arguments; every other message has parts. */
+        if (m->content_json) {
+            require(m->role == SVC_ROLE_TOOL && m->n_parts == 0);
+            require(json_is(m->content_json, cJSON_String) || json_is(m->content_json, cJSON_Array));
+            text += strlen(m->content_json);
+        } else if (m->tool_call_name) {
+            require(m->role == SVC_ROLE_ASSISTANT && m->n_parts == 0);
+            require(svc_valid_openai_name(m->tool_call_name, strlen(m->tool_call_name)));
+            require(json_is(m->tool_call_arguments, cJSON_Object));
+            text += strlen(m->tool_call_arguments);
+        } else {
+            require(m->n_parts >= 1 && m->role != SVC_ROLE_TOOL);
+        }
         for (size_t k = 0; k < m->n_parts; k++) {
             const svc_part *p = &m->parts[k];
             if (p->kind == SVC_PART_TEXT) {
@@ -53,7 +76,25 @@ static void check_request(const svc_request *req, const svc_limits *lim)
             }
         }
     }
+    /* Tools: their text as written (the prompt prints it), counted as text;
+     * a call schema exactly when a tool choice other than none. */
+    require(req->n_tools <= SVC_TOOLS_MAX && (req->n_tools == 0) == !req->tools);
+    for (size_t i = 0; i < req->n_tools; i++) {
+        require(svc_valid_openai_name(req->tools[i].name, strlen(req->tools[i].name)));
+        require(strlen(req->tools[i].json) == req->tools[i].json_len &&
+                json_is(req->tools[i].json, cJSON_Object));
+        text += req->tools[i].json_len;
+    }
     require(text == req->n_text_bytes);
+    require((req->tool_choice == SVC_TOOL_CHOICE_NONE) == !req->tool_call_schema);
+    require(req->tool_choice == SVC_TOOL_CHOICE_NONE || req->n_tools > 0);
+    require(req->tool_choice != SVC_TOOL_CHOICE_FUNCTION || req->tool_named < req->n_tools);
+    if (req->tool_call_schema) {
+        require(strlen(req->tool_call_schema) == req->tool_call_schema_len &&
+                req->tool_call_schema_len <= lim->max_schema_bytes &&
+                json_is(req->tool_call_schema, cJSON_Object));
+        require(req->n_images == 0 && req->n_stop == 0 && !req->json_object && !req->json_schema);
+    }
     require(!req->date_string ||
             svc_valid_date_string(req->date_string, strlen(req->date_string)));
     /* A json_schema is kept as JSON text within the bound, with a name. */
