@@ -26,8 +26,8 @@
  * under ASan, whose steps are slower while Kafka's latency is not, 4.9 and
  * 6.8: the bound is PU_SLOWDOWN times larger there),
  * and the quiet tenant's queue_ms at most CHECK_QUEUE_FRACTION of the
- * flood's, measured in the same worker at the same time whatever the
- * machine's load.
+ * flood's (the upper quartile of the flood's: FLOOD_QUEUE_PERCENTILE),
+ * measured in the same worker at the same time whatever the machine's load.
  * First-come admission fails both: the quiet request waits behind the
  * backlog, as long as a flood request does. */
 #include "bench/bench_samples.h"
@@ -173,15 +173,21 @@ static void flood(int n)
         pu_die("the flood was not delivered");
 }
 
-/* Final records of the flood seen so far; *queue_ms gets the median of
- * their timings.queue_ms (NAN when none). */
+/* The flood's requests that met the backlog, the ones a quiet request
+ * would wait as long as under first-come admission: the first ones went
+ * straight into an empty batch (1 to 3 ms), and they are a quarter to a half
+ * of those finished when the measurement ends, so the median falls on the
+ * edge between the two (4 to 50 ms over runs); the upper quartile is one
+ * that waited behind the backlog (65 to 110 ms on the same runs). */
+#define FLOOD_QUEUE_PERCENTILE 75
+
+/* Final records of the flood seen so far; *queue_ms gets the
+ * FLOOD_QUEUE_PERCENTILE-th percentile of their timings.queue_ms (NAN when
+ * none). */
 static int flood_finals(int n, double *queue_ms)
 {
     pu_client_poll(&client, 0);
-    double *queue = calloc((size_t)n, sizeof *queue);
-    if (!queue)
-        pu_die("out of memory");
-    int done = 0;
+    samples queue = {0};
     char id[64];
     for (int i = 0; i < n; i++) {
         snprintf(id, sizeof id, "flood-%d", i);
@@ -189,11 +195,12 @@ static int flood_finals(int n, double *queue_ms)
         if (!f)
             continue;
         cJSON *j = pu_json(f);
-        queue[done++] = pu_json_num(j, PU_PATH("timings", "queue_ms"));
+        samples_add(&queue, pu_json_num(j, PU_PATH("timings", "queue_ms")));
         cJSON_Delete(j);
     }
-    *queue_ms = done ? bench_median(queue, (size_t)done) : NAN;
-    free(queue);
+    int done = (int)queue.n;
+    *queue_ms = samples_percentile(&queue, FLOOD_QUEUE_PERCENTILE);
+    samples_free(&queue);
     return done;
 }
 
@@ -250,12 +257,13 @@ int main(int argc, char **argv)
            "  alone        %8.2f ms   (worker queue_ms %.2f)\n"
            "  under flood  %8.2f ms   (worker queue_ms %.2f)\n"
            "  ratio        %8.2f      (goal <= %.1f: %s)\n"
-           "flood tenant's requests finished by then: worker queue_ms median %.2f\n"
+           "flood tenant's requests finished by then: worker queue_ms p%d %.2f\n"
            "most requests in flight seen under the flood: %.0f (both tenants)\n",
            MAX_RUNNING, n_flood, FLOOD_TOKENS_MIN, FLOOD_TOKENS_MIN + FLOOD_TOKENS_SPREAD - 1,
            at_start, n_flood, at_end, n_quiet, QUIET_TOKENS,
            first_alone, queue_alone, first_flood, queue_flood, ratio, GOAL_RATIO,
-           ratio <= GOAL_RATIO ? "met" : "not met", flood_queue, most_in_flight);
+           ratio <= GOAL_RATIO ? "met" : "not met", FLOOD_QUEUE_PERCENTILE, flood_queue,
+           most_in_flight);
     check(at_end < n_flood, "the flood still ran when the measurement ended (%d/%d)", at_end,
           n_flood);
     if (check_mode) {
@@ -263,9 +271,9 @@ int main(int argc, char **argv)
               ratio, CHECK_RATIO);
         /* Load-independent: both from the same worker at the same time. */
         check(queue_flood <= CHECK_QUEUE_FRACTION * flood_queue,
-              "the quiet tenant's requests waited %.2f ms in the worker, the flood's %.2f ms: "
-              "want at most %.1f of it (first-come admission makes them equal)",
-              queue_flood, flood_queue, CHECK_QUEUE_FRACTION);
+              "the quiet tenant's requests waited %.2f ms in the worker, the flood's %.2f ms "
+              "(p%d): want at most %.1f of it (first-come admission makes them equal)",
+              queue_flood, flood_queue, FLOOD_QUEUE_PERCENTILE, CHECK_QUEUE_FRACTION);
     }
     /* The flood's topic is paused at its max_in_flight (2 x max_running by
      * default; one record may come with the poll that reaches it), the
