@@ -194,7 +194,8 @@ static svc_error parse_tool(parser *p, const cJSON *t, size_t i, svc_span text, 
     return out->name && out->json ? SVC_ERROR_NONE : out_of_memory(p);
 }
 
-static svc_error parse_tool_list(parser *p, const cJSON *tools)
+/* tools, parsed from arr, their text as written. */
+static svc_error parse_tool_list(parser *p, const cJSON *tools, svc_span arr)
 {
     svc_request *req = &p->r->pub;
     size_t n = (size_t)cJSON_GetArraySize(tools);
@@ -206,7 +207,6 @@ static svc_error parse_tool_list(parser *p, const cJSON *tools)
         return out_of_memory(p);
     size_t i = 0;
     const cJSON *t;
-    svc_span arr = written_member(p, (svc_span){NULL, 0}, "tools", "tools");
     svc_span text = svc_json_first(arr);
     cJSON_ArrayForEach(t, tools)
     {
@@ -285,8 +285,9 @@ svc_error svc_request_parse_tools(parser *p, const cJSON *root)
      * (were "tools" given twice, once with an escaped key, cJSON and the
      * scanner would each see another). */
     cJSON *tools = NULL;
+    svc_span arr = {NULL, 0};
     if (given && cJSON_GetArraySize(given) > 0) {
-        svc_span arr = written_member(p, (svc_span){NULL, 0}, "tools", "tools");
+        arr = written_member(p, (svc_span){NULL, 0}, "tools", "tools");
         if (!arr.p)
             return p->first;
         if (!(tools = cJSON_ParseWithLength(arr.p, arr.n)))
@@ -296,7 +297,7 @@ svc_error svc_request_parse_tools(parser *p, const cJSON *root)
     if (tools && !cJSON_IsArray(tools))
         e = fail(p, SVC_ERROR_INVALID_REQUEST, "tools: expected an array of tools");
     if (!e && tools)
-        e = parse_tool_list(p, tools);
+        e = parse_tool_list(p, tools, arr);
     req->parallel_tool_calls = true;
     if (!e)
         e = opt_bool(p, root, "parallel_tool_calls", &req->parallel_tool_calls);
