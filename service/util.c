@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/random.h>
 
 #define BUF_MIN_CAP 512
@@ -63,6 +64,18 @@ void svc_buf_deinit(svc_buf *b)
 {
     free(b->data);
     svc_buf_init(b);
+}
+
+int svc_buf_append(svc_buf *b, const void *s, size_t n)
+{
+    if (n == 0)
+        return 0;
+    if (svc_buf_reserve(b, n) != 0)
+        return -1;
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return 0;
 }
 
 int svc_buf_reserve(svc_buf *b, size_t extra)

@@ -48,6 +48,10 @@ void svc_buf_deinit(svc_buf *b);
 /* Room for `extra` more bytes and a NUL. Returns 0, or -1 when out of
  * memory or the size would overflow (the buffer is unchanged then). */
 int svc_buf_reserve(svc_buf *b, size_t extra);
+/* Append the n bytes at s (any bytes, NULs included), growing the buffer.
+ * Returns 0, or -1 when out of memory (the buffer then keeps its previous
+ * contents). Nothing to append changes nothing. */
+int svc_buf_append(svc_buf *b, const void *s, size_t n);
 /* Append printf output, growing the buffer. Returns 0, or -1 when out of
  * memory (the buffer then keeps its previous contents). */
 int svc_buf_printf(svc_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

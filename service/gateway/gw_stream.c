@@ -51,15 +51,8 @@ typedef struct out {
 
 static void put(out *o, const char *s, size_t n)
 {
-    if (o->oom || n == 0)
-        return;
-    if (svc_buf_reserve(o->b, n) != 0) {
+    if (!o->oom && svc_buf_append(o->b, s, n) != 0)
         o->oom = true;
-        return;
-    }
-    memcpy(o->b->data + o->b->len, s, n);
-    o->b->len += n;
-    o->b->data[o->b->len] = '\0';
 }
 
 /* A builder's result: 0, or -1 with the buffer emptied after a failed

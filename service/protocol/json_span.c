@@ -255,18 +255,6 @@ svc_span svc_json_inner(svc_span v)
     return (svc_span){v.p + 1, v.n - 2};
 }
 
-static int put(svc_buf *b, const char *s, size_t n)
-{
-    if (n == 0)
-        return 0;
-    if (svc_buf_reserve(b, n) != 0)
-        return -1;
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-    return 0;
-}
-
 int svc_json_put_compact(svc_buf *b, svc_span v)
 {
     size_t len0 = b->len;
@@ -283,12 +271,12 @@ int svc_json_put_compact(svc_buf *b, svc_span v)
         } else if (c == '"') {
             in_string = true;
         } else if (is_ws(c)) {
-            rc = put(b, v.p + run, i - run);
+            rc = svc_buf_append(b, v.p + run, i - run);
             run = i + 1;
         }
     }
     if (rc == 0)
-        rc = put(b, v.p + run, v.n - run);
+        rc = svc_buf_append(b, v.p + run, v.n - run);
     if (rc != 0) {
         b->len = len0;
         if (b->data)

@@ -23,20 +23,10 @@ typedef struct jw {
     bool oom;
 } jw;
 
-static bool jw_reserve(jw *w, size_t extra)
-{
-    if (!w->oom && svc_buf_reserve(w->b, extra) != 0)
-        w->oom = true;
-    return !w->oom;
-}
-
 static void jw_raw(jw *w, const char *s, size_t n)
 {
-    if (!jw_reserve(w, n))
-        return;
-    memcpy(w->b->data + w->b->len, s, n);
-    w->b->len += n;
-    w->b->data[w->b->len] = '\0';
+    if (!w->oom && svc_buf_append(w->b, s, n) != 0)
+        w->oom = true;
 }
 
 /* A string literal or constant: length known at compile time. */

@@ -190,11 +190,8 @@ static void prose(svc_tool_stream *ts, const char *s, size_t len, svc_tool_delta
     if (!ts->lead_len)
         return;
     ts->prose.len = 0;
-    if (svc_buf_reserve(&ts->prose, ts->lead_len + len) == 0) {
-        memcpy(ts->prose.data, ts->lead, ts->lead_len);
-        memcpy(ts->prose.data + ts->lead_len, s, len);
-        ts->prose.len = ts->lead_len + len;
-        ts->prose.data[ts->prose.len] = '\0';
+    if (svc_buf_append(&ts->prose, ts->lead, ts->lead_len) == 0 &&
+        svc_buf_append(&ts->prose, s, len) == 0) {
         d->content = ts->prose.data;
         d->content_len = ts->prose.len;
     }

@@ -37,26 +37,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t k = step < n - at ? step : n - at;
         svc_tool_delta d = svc_tool_stream_feed(&ts, text + at, k);
         require(!d.arguments_len || (d.arguments >= text + at && d.arguments + d.arguments_len <= text + at + k));
-        if (d.content_len)
-            require(svc_buf_reserve(&content, d.content_len) == 0);
-        if (d.content_len) {
-            memcpy(content.data + content.len, d.content, d.content_len);
-            content.len += d.content_len;
-        }
-        if (d.arguments_len) {
-            require(svc_buf_reserve(&args, d.arguments_len) == 0);
-            memcpy(args.data + args.len, d.arguments, d.arguments_len);
-            args.len += d.arguments_len;
-        }
+        require(svc_buf_append(&content, d.content, d.content_len) == 0 &&
+                svc_buf_append(&args, d.arguments, d.arguments_len) == 0);
         if (d.call_begins)
             require(strlen(svc_tool_stream_name(&ts)) <= SVC_OPENAI_NAME_MAX);
     }
     svc_tool_delta d = svc_tool_stream_end(&ts);
-    if (d.content_len) {
-        require(svc_buf_reserve(&content, d.content_len) == 0);
-        memcpy(content.data + content.len, d.content, d.content_len);
-        content.len += d.content_len;
-    }
+    require(svc_buf_append(&content, d.content, d.content_len) == 0);
     if (args.len)
         require(memmem(text, n, args.data, args.len) != NULL);
     size_t lead = 0;
