@@ -4,10 +4,11 @@
  *
  * Conventions shared by every op:
  * - Pointers are backend memory (host memory for the CPU backend, device
- *   memory for CUDA) obtained from `alloc` or `weight`; they are borrowed for
- *   the duration of the call.
- * - Weights are bf16 (uint16_t) exactly as in the checkpoint; activations are
- *   f32; all accumulation is f32.
+ *   memory for CUDA) obtained from `alloc`, `weight` or `linear_weight`; they
+ *   are borrowed for the duration of the call.
+ * - Weights are bf16 (uint16_t) exactly as in the checkpoint (a Linear's
+ *   in the layout linear_weight gives it, its values unchanged); activations
+ *   are f32; all accumulation is f32.
  * - Matrices are row-major. A Linear weight is (out_features, in_features),
  *   as PyTorch stores it, so matmul computes y = x · Wᵀ.
  * - Ops are asynchronous on devices: errors are latched and reported by
@@ -155,18 +156,29 @@ typedef struct ml_backend_ops {
     const void *(*weight)(ml_backend *be, const void *host, size_t bytes);
     /* Give back a result of weight; NULL is a no-op. */
     void (*weight_free)(ml_backend *be, const void *w);
+    /* Make the weight of a Linear, host (rows, cols) row-major of elem_size
+     * bytes per element (2: bf16, 1: F8_E4M3), usable by matmul and
+     * matmul_f8, in the layout they read: the CPU backend packs a copy for
+     * its kernel (engine/cpu/matmul.c), CUDA uploads a copy as weight
+     * does. A result other than host no longer reads host, which the
+     * caller may then give back; a backend whose matmul read the
+     * checkpoint's layout could return host itself. Owned by the caller,
+     * given back with linear_weight_free; NULL on error (latched). */
+    const void *(*linear_weight)(ml_backend *be, const void *host, int rows, int cols,
+                                 size_t elem_size);
+    void (*linear_weight_free)(ml_backend *be, const void *w);
     /* Bytes per element of the K/V caches used by kv_write and attention. */
     size_t kv_elem_size;
     /* Wait for queued work; report the first latched error. */
     ml_status (*synchronize)(ml_backend *be, char *err, size_t errlen);
 
     /* ---- linear algebra -------------------------------------------------- */
-    /* y (M, N) = x (M, K) · wᵀ + bias;  w (N, K) bf16, bias (N) bf16 or NULL.
-     * With accumulate != 0, y += instead of y =. */
+    /* y (M, N) = x (M, K) · wᵀ + bias;  w (N, K) bf16 from linear_weight,
+     * bias (N) bf16 or NULL. With accumulate != 0, y += instead of y =. */
     void (*matmul)(ml_backend *be, float *y, const float *x, const uint16_t *w,
                    const uint16_t *bias, int M, int K, int N, int accumulate);
     /* quant_x == 0 (W8A16): y (M, N) = scale[n] · (x · wᵀ)[m][n] + bias[n],
-     * w (N, K) F8_E4M3 widened exactly, scale (N) f32: the weight q · scale
+     * w (N, K) F8_E4M3 from linear_weight, widened exactly, scale (N) f32: the weight q · scale
      * of compressed-tensors' decompression, its scale applied to each sum.
      * quant_x != 0: W8A8 dynamic per token (vLLM's numerics for the
      * "FP8-dynamic" checkpoints): each row of x is quantized to E4M3 with
@@ -263,7 +275,8 @@ typedef struct ml_backend_ops {
      * are fixed (host arrays such as lora's segs are copied when recorded),
      * device memory is read when the replay runs (so per-step inputs are
      * uploaded before the replay to the same buffers). alloc, free, weight,
-     * weight_free, upload, download, synchronize, graph_begin and
+     * weight_free, linear_weight, linear_weight_free, upload, download,
+     * synchronize, graph_begin and
      * graph_replay are not allowed while recording; nor are a slot outside
      * the range, graph_end of a slot not being recorded, or the replay of a
      * slot that holds no graph. Each is a latched error and does nothing

@@ -145,6 +145,18 @@ static void cuda_weight_free(ml_backend *be, const void *w)
     cuda_free(be, (void *)w);
 }
 
+/* cuBLASLt and the GEMV kernels read a Linear row-major, as stored: the
+ * same upload as any weight. */
+static const void *cuda_linear_weight(ml_backend *be, const void *host, int rows, int cols,
+                                      size_t elem_size)
+{
+    if (rows <= 0 || cols <= 0) {
+        mlk_latch(mlk_of(be), ML_ERR_INVALID_ARG, "linear_weight", "%d x %d", rows, cols);
+        return NULL;
+    }
+    return cuda_weight(be, host, (size_t)rows * (size_t)cols * elem_size);
+}
+
 static void cuda_upload(ml_backend *be, void *dst, const void *src_host, size_t bytes)
 {
     mlk_backend *b = mlk_of(be);
@@ -328,6 +340,8 @@ static const ml_backend_ops cuda_ops = {
     .download = cuda_download,
     .weight = cuda_weight,
     .weight_free = cuda_weight_free,
+    .linear_weight = cuda_linear_weight,
+    .linear_weight_free = cuda_weight_free,
     .kv_elem_size = sizeof(uint16_t),
     .synchronize = cuda_synchronize,
     .matmul = mlk_matmul,

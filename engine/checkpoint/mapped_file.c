@@ -60,3 +60,15 @@ void ml_mapped_file_deinit(ml_mapped_file *mf)
     mf->data = NULL;
     mf->size = 0;
 }
+
+void ml_pages_release(const void *p, size_t bytes)
+{
+    const long page = sysconf(_SC_PAGESIZE);
+    if (!p || page <= 0)
+        return;
+    const uintptr_t lo = ((uintptr_t)p + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+    const uintptr_t hi = ((uintptr_t)p + bytes) / (uintptr_t)page * (uintptr_t)page;
+    /* Advice only: a failure leaves the pages resident, nothing else. */
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}

@@ -27,4 +27,13 @@ ml_status ml_mapped_file_init(ml_mapped_file *mf, const char *path, size_t max_s
 /* Unmap; mf is zeroed. Accepts a zeroed or already deinitialised struct. */
 void ml_mapped_file_deinit(ml_mapped_file *mf);
 
+/* Give the whole pages inside [p, p + bytes) back to the system
+ * (MADV_DONTNEED): for bytes the process will not read again, such as a
+ * tensor a backend has copied. In a file mapping they stop counting in
+ * the process's memory and a later read would fault them in from the
+ * file again; in anonymous memory (a converted copy) it would read zeros,
+ * so only for bytes never read again. Partial pages at either end are
+ * kept: they may hold a neighbour's bytes. */
+void ml_pages_release(const void *p, size_t bytes);
+
 #endif

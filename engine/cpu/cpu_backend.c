@@ -46,6 +46,8 @@ static const ml_backend_ops cpu_ops = {
     .download = ml_cpu_copy,
     .weight = ml_cpu_weight,
     .weight_free = ml_cpu_weight_free,
+    .linear_weight = ml_cpu_linear_weight,
+    .linear_weight_free = ml_cpu_linear_weight_free,
     .kv_elem_size = sizeof(float),
     .synchronize = ml_cpu_synchronize,
     .matmul = ml_cpu_matmul,
@@ -107,9 +109,7 @@ ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen)
         return NULL;
     }
 
-    cb->scratch_floats = ml_cpu_matmul_scratch_floats();
-    if (ml_cpu_attn_scratch_floats() > cb->scratch_floats)
-        cb->scratch_floats = ml_cpu_attn_scratch_floats();
+    cb->scratch_floats = ml_cpu_attn_scratch_floats();
     cb->scratch = aligned_alloc(ML_CPU_ALIGN, (size_t)n_threads * cb->scratch_floats * sizeof(float));
     if (!cb->scratch) {
         ml_fail(err, errlen, ML_ERR_NOMEM, "cpu backend: %d x %zu bytes of scratch", n_threads,

@@ -93,7 +93,6 @@ static inline int64_t ml_cpu_grain(double work_per_item)
 }
 
 /* Per-thread scratch each op family needs, in floats (multiples of 16). */
-size_t ml_cpu_matmul_scratch_floats(void);
 size_t ml_cpu_attn_scratch_floats(void);
 
 /* Latch an error for synchronize: "cpu <op>: <detail>". The first error
@@ -109,6 +108,9 @@ void ml_cpu_free(ml_backend *be, void *p);
 void ml_cpu_copy(ml_backend *be, void *dst, const void *src, size_t bytes); /* upload, download */
 const void *ml_cpu_weight(ml_backend *be, const void *host, size_t bytes);
 void ml_cpu_weight_free(ml_backend *be, const void *w);
+const void *ml_cpu_linear_weight(ml_backend *be, const void *host, int rows, int cols,
+                                 size_t elem_size);
+void ml_cpu_linear_weight_free(ml_backend *be, const void *w);
 ml_status ml_cpu_synchronize(ml_backend *be, char *err, size_t errlen);
 
 void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,

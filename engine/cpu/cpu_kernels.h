@@ -19,6 +19,8 @@
 /* Largest gemm_tile shape of any ISA (drivers size buffers with these). */
 #define ML_CPU_TILE_MAX_ROWS 12
 #define ML_CPU_TILE_MAX_COLS 32
+/* Widest strip of any ISA's packed weights (strip_cols). */
+#define ML_CPU_MAX_STRIP_COLS 32
 /* Largest gemv block of any ISA. */
 #define ML_CPU_GEMV_MAX_ROWS 6
 #define ML_CPU_GEMV_MAX_COLS 4
@@ -35,23 +37,20 @@ typedef struct ml_cpu_kernels {
                       const float *b, size_t ldb, float *c, size_t ldc);
     int tile_rows, tile_cols;
 
-    /* The decode matmul, in gemm_tile's order: y[j * ldy + r] += Σ_{p<k}
-     * w[r * ldw + p] · x[j * ldx + p] for r < rows <= gemv_seq_rows, j < cols
-     * <= gemv_seq_cols; w bf16 (rows, k), x f32 (cols, k). Each sum starts
-     * at 0 and takes one product at a time in increasing p, with the FMA or
-     * the multiply-add gemm_tile uses, and is then added to y: exactly what
-     * gemm_tile computes for the same element over the same k, so the
-     * matmul's two regimes give a row the same bits (matmul.c). Vectorised
-     * across weight rows, which costs an in-register transpose of w. */
-    void (*gemv_seq)(int rows, int cols, int k, const uint16_t *w, size_t ldw, const float *x,
-                     size_t ldx, float *y, size_t ldy);
-    int gemv_seq_rows, gemv_seq_cols;
-    /* gemv_seq with F8_E4M3 weights (row stride ldw bytes), each widened
-     * exactly to bf16 in registers: the same bits as gemv_seq on the
-     * widened rows. NULL where an ISA has none: the driver stages the rows
-     * with widen_f8 and calls gemv_seq. */
-    void (*gemv_seq_f8)(int rows, int cols, int k, const uint8_t *w, size_t ldw, const float *x,
-                        size_t ldx, float *y, size_t ldy);
+    /* The matmul kernel (matmul.c), on weights packed at load: y[i * ldy + c]
+     * += Σ_{p<k} x[i * ldx + p] · w(p, c) for i < m <= tile_rows, c < n <=
+     * strip_cols. w is a block of k steps of one strip (the layout below):
+     * bf16 (f8 == 0) or F8_E4M3 codes widened exactly as ml_cpu_f8_to_f32
+     * (f8 != 0). Each sum starts at 0 and takes one product at a time in
+     * increasing p, with the multiply-add gemm_tile uses, and is then added
+     * to y: the order of every element is gemm_tile's, whatever m, n or
+     * the element's place in the tile (matmul.c, batch invariance). Columns
+     * past n are computed from the strip's zero padding and not stored. */
+    void (*gemm_packed)(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
+                        float *y, size_t ldy);
+    /* Columns of a strip: the width the ISA's registers take in one step
+     * (two vectors of f32). */
+    int strip_cols;
 
     /* LoRA's kernel (lora.c): dots (r, j) = Σ_k w[r * ldw + k] · x[j * ldx + k]
      * for r < rows <= gemv_rows, j < cols <= gemv_cols; w bf16 (rows, K), x
@@ -63,18 +62,6 @@ typedef struct ml_cpu_kernels {
     void (*gemv)(int rows, int cols, int K, const uint16_t *w, size_t ldw, const float *x,
                  size_t ldx, float *dots);
     int gemv_rows, gemv_cols;
-
-    /* dst[p * ldd + c] = f32(src[c * lds + p]) for c, p < pack_block_size: a
-     * square block of bf16 weights widened and transposed (GEMM packing). */
-    void (*pack_block)(float *dst, size_t ldd, const uint16_t *src, size_t lds);
-    int pack_block_size;
-
-    /* dst[i] = the bf16 of the F8_E4M3 code src[i], exactly (every E4M3
-     * value is a bf16 value), for i < n: FP8 weights staged for the bf16
-     * matmul drivers (matmul.c). The NaN codes, which no checkpoint holds
-     * (compressed-tensors clamps to ±448), widen to ±480. Plain is
-     * ml_cpu_widen_f8_loop; AVX2 the same arithmetic in vector registers. */
-    void (*widen_f8)(uint16_t *dst, const uint8_t *src, size_t n);
 
     /* One key block of online softmax over the columns of s (nk, nq), row
      * stride lds, holding raw scores q·k (masked entries = -INFINITY; every
@@ -104,13 +91,6 @@ extern const ml_cpu_kernels ml_cpu_kernels_plain;
 #if ML_CPU_X86
 extern const ml_cpu_kernels ml_cpu_kernels_avx2;
 extern const ml_cpu_kernels ml_cpu_kernels_avx512;
-/* The gemv_seq block of the AVX2 and AVX-512 tables (gemv_seq_x86.h, the
- * same 256-bit source in both): the transpose, not the vector width,
- * bounds it, and the order it must follow is lane-free. */
-#define ML_CPU_GEMV_SEQ_AVX2_ROWS 32
-#define ML_CPU_GEMV_SEQ_AVX2_COLS 4
-/* AVX2's widen_f8, which the AVX-512 table shares (it is load-bound). */
-void ml_cpu_widen_f8_avx2(uint16_t *dst, const uint8_t *src, size_t n);
 #endif
 
 /* The exact widening of an F8_E4M3 code c to f32 (every E4M3 value is an
@@ -141,17 +121,19 @@ static inline float ml_cpu_f8_to_f32(uint8_t c)
     return ml_cpu_f8_to_f32_unbiased(c) * ML_CPU_F8_REBIAS;
 }
 
-/* widen_f8's arithmetic: the top half of ml_cpu_f8_to_f32 (exact: an
- * E4M3 value has at most 4 significant bits). */
-static inline void ml_cpu_widen_f8_loop(uint16_t *restrict dst, const uint8_t *restrict src,
-                                        size_t n)
+/* A Linear's weights packed for gemm_packed (matmul.c, ml_cpu_linear_weight):
+ * the output columns in strips of strip_cols (the last one padded with
+ * zeros), each strip (K, strip_cols) row-major over k, so that one step
+ * of the kernel is one contiguous load whatever the batch. bf16 strips
+ * pair the columns c and c + strip_cols/2 in one dword (c in the low
+ * half), so that a shift and a mask widen the dwords of a step into the
+ * strip's two f32 vectors with no shuffle; F8_E4M3 strips keep the
+ * columns in order, one byte each. The element index of column c at step
+ * p of a strip: */
+static inline size_t ml_cpu_packed_index(int strip_cols, int f8, int p, int c)
 {
-    for (size_t i = 0; i < n; i++) {
-        const float f = ml_cpu_f8_to_f32(src[i]);
-        uint32_t u;
-        memcpy(&u, &f, sizeof u);
-        dst[i] = (uint16_t)(u >> 16);
-    }
+    const int half = strip_cols / 2;
+    return (size_t)p * (size_t)strip_cols + (size_t)(f8 ? c : 2 * (c % half) + c / half);
 }
 
 /* The kernel table of an ISA (which the caller has checked is supported). */

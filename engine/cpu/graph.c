@@ -6,7 +6,8 @@
  *
  * graph_begin points base.ops at a second table, rec_ops, whose op entries
  * append a copy of their arguments to a list instead of running, and whose
- * memory entries (alloc, free, weight, upload, download, synchronize)
+ * memory entries (alloc, free, weight, linear_weight, upload, download,
+ * synchronize)
  * refuse with a latched error, as they fail under CUDA stream capture: the
  * CPU could run them, but model code that works here must work there.
  * graph_end points base.ops back at the real table and stores the list in
@@ -346,6 +347,20 @@ static void rec_weight_free(ml_backend *be, const void *w)
         refused(be, "weight_free");
 }
 
+static const void *rec_linear_weight(ml_backend *be, const void *host, int rows, int cols,
+                                     size_t elem_size)
+{
+    if (host)
+        refused(be, "linear_weight");
+    return NULL;
+}
+
+static void rec_linear_weight_free(ml_backend *be, const void *w)
+{
+    if (w)
+        refused(be, "linear_weight_free");
+}
+
 /* Refused like the others, and reported at once: this is the synchronize. */
 static ml_status rec_synchronize(ml_backend *be, char *err, size_t errlen)
 {
@@ -534,6 +549,8 @@ static const ml_backend_ops rec_ops_template = {
     .download = rec_download,
     .weight = rec_weight,
     .weight_free = rec_weight_free,
+    .linear_weight = rec_linear_weight,
+    .linear_weight_free = rec_linear_weight_free,
     .synchronize = rec_synchronize,
     .matmul = rec_matmul,
     .matmul_f8 = rec_matmul_f8,

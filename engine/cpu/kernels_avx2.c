@@ -16,6 +16,8 @@
 /* 6 x 16 tile: 12 accumulators + 2 B vectors + 1 broadcast of 16 ymm. */
 #define TILE_ROWS 6
 #define TILE_COLS (2 * LANES)
+/* gemm_packed: the 6-row tile over a strip of two vectors. */
+#define STRIP_COLS (2 * LANES)
 /* 4 weight rows x 2 activation rows: 8 accumulators + 4 + 1 ymm. */
 #define GEMV_ROWS 4
 #define GEMV_COLS 2
@@ -182,36 +184,81 @@ static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const
     }
 }
 
-/* ---- gemv_seq: gemv_seq_x86.h ------------------------------------------------- */
+/* ---- gemm_packed ------------------------------------------------------------ */
 
-#include "cpu/gemv_seq_x86.h"
-
-/* ---- pack_block --------------------------------------------------------------- */
-
-/* 8 rows of 8 bf16 → f32, transposed in registers: unpack and shuffle pair
- * rows at distance 1 and 2, a 128-bit lane permute at distance 4. */
-static void pack_block(float *dst, size_t ldd, const uint16_t *src, size_t lds)
+/* The two f32 vectors (columns 0..7, 8..15) of step p of a strip. bf16:
+ * one 32-byte load, the low halves shifted up and the high halves masked
+ * (cpu_kernels.h, the pairing). f8: 16 codes sign-extended to dwords, so
+ * that the shift puts the code's sign in bit 31 and its other bits at
+ * 26..20 under ML_CPU_F8_F32_MASK, then the exact multiply by 2^120. */
+ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, __m256 *b0, __m256 *b1)
 {
-    __m256 r[LANES], t[LANES];
-#pragma GCC unroll 8
-    for (int c = 0; c < LANES; c++)
-        r[c] = bf16_to_f32(_mm_loadu_si128((const __m128i *)(src + (size_t)c * lds)));
-#pragma GCC unroll 4
-    for (int c = 0; c < LANES; c += 2) {
-        t[c] = _mm256_unpacklo_ps(r[c], r[c + 1]);
-        t[c + 1] = _mm256_unpackhi_ps(r[c], r[c + 1]);
+    if (f8) {
+        const __m128i c = _mm_loadu_si128((const __m128i *)((const uint8_t *)w + (size_t)p * STRIP_COLS));
+        const __m256i mask = _mm256_set1_epi32((int)ML_CPU_F8_F32_MASK);
+        const __m256 rebias = _mm256_set1_ps(ML_CPU_F8_REBIAS);
+        const __m256i lo = _mm256_cvtepi8_epi32(c);
+        const __m256i hi = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c, c));
+        *b0 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(
+                                _mm256_slli_epi32(lo, ML_CPU_F8_MAG_SHIFT), mask)), rebias);
+        *b1 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(
+                                _mm256_slli_epi32(hi, ML_CPU_F8_MAG_SHIFT), mask)), rebias);
+        return;
     }
-#pragma GCC unroll 2
-    for (int c = 0; c < LANES; c += 4) {
-        r[c] = _mm256_shuffle_ps(t[c], t[c + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        r[c + 1] = _mm256_shuffle_ps(t[c], t[c + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        r[c + 2] = _mm256_shuffle_ps(t[c + 1], t[c + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        r[c + 3] = _mm256_shuffle_ps(t[c + 1], t[c + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256i d = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + (size_t)p * STRIP_COLS));
+    *b0 = _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));
+    *b1 = _mm256_castsi256_ps(_mm256_and_si256(d, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+ALWAYS_INLINE void packed_tile(const int m, const int f8, int n, int k, const float *x,
+                               size_t ldx, const void *w, float *y, size_t ldy)
+{
+    const __m256i m0 = lane_mask(n), m1 = lane_mask(n - LANES);
+    __m256 acc0[TILE_ROWS], acc1[TILE_ROWS];
+#pragma GCC unroll 6
+    for (int i = 0; i < m; i++) {
+        acc0[i] = _mm256_setzero_ps();
+        acc1[i] = _mm256_setzero_ps();
     }
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-        _mm256_storeu_ps(dst + (size_t)c * ldd, _mm256_permute2f128_ps(r[c], r[c + 4], 0x20));
-        _mm256_storeu_ps(dst + (size_t)(c + 4) * ldd, _mm256_permute2f128_ps(r[c], r[c + 4], 0x31));
+    for (int p = 0; p < k; p++) {
+        __m256 b0, b1;
+        strip_step(f8, w, p, &b0, &b1);
+#pragma GCC unroll 6
+        for (int i = 0; i < m; i++) {
+            const __m256 xi = _mm256_broadcast_ss(x + (size_t)i * ldx + p);
+            acc0[i] = _mm256_fmadd_ps(xi, b0, acc0[i]);
+            acc1[i] = _mm256_fmadd_ps(xi, b1, acc1[i]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < m; i++) {
+        float *yi = y + (size_t)i * ldy;
+        _mm256_maskstore_ps(yi, m0, _mm256_add_ps(_mm256_maskload_ps(yi, m0), acc0[i]));
+        _mm256_maskstore_ps(yi + LANES, m1,
+                            _mm256_add_ps(_mm256_maskload_ps(yi + LANES, m1), acc1[i]));
+    }
+}
+
+ALWAYS_INLINE void packed_m(const int m, int n, int k, const float *x, size_t ldx,
+                            const void *w, int f8, float *y, size_t ldy)
+{
+    if (f8)
+        packed_tile(m, 1, n, k, x, ldx, w, y, ldy);
+    else
+        packed_tile(m, 0, n, k, x, ldx, w, y, ldy);
+}
+
+static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
+                        float *y, size_t ldy)
+{
+    switch (m) {
+    case 1: packed_m(1, n, k, x, ldx, w, f8, y, ldy); break;
+    case 2: packed_m(2, n, k, x, ldx, w, f8, y, ldy); break;
+    case 3: packed_m(3, n, k, x, ldx, w, f8, y, ldy); break;
+    case 4: packed_m(4, n, k, x, ldx, w, f8, y, ldy); break;
+    case 5: packed_m(5, n, k, x, ldx, w, f8, y, ldy); break;
+    case 6: packed_m(6, n, k, x, ldx, w, f8, y, ldy); break;
+    default: assert(!"gemm_packed: m out of range");
     }
 }
 
@@ -265,28 +312,6 @@ static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, flo
     }
 }
 
-/* ---- widen_f8 ------------------------------------------------------------------ */
-
-/* Eight codes at a time in 32-bit lanes, ml_cpu_f8_to_f32's arithmetic
- * from the sign-extended code (sign in bits 31..7, shifted so that bit 7
- * lands on 27 and masked); the tail through the plain loop. */
-void ml_cpu_widen_f8_avx2(uint16_t *dst, const uint8_t *src, size_t n)
-{
-    const __m256i mask = _mm256_set1_epi32((int)ML_CPU_F8_F32_MASK);
-    const __m256 rebias = _mm256_set1_ps(ML_CPU_F8_REBIAS);
-    size_t i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(src + i)));
-        const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(c, ML_CPU_F8_MAG_SHIFT), mask);
-        const __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(bits), rebias);
-        const __m256i r = _mm256_srli_epi32(_mm256_castps_si256(f), 16);
-        /* packus works per 128-bit lane: [r0-3 r0-3 | r4-7 r4-7] -> r0-7 */
-        const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-        _mm_storeu_si128((__m128i *)(dst + i), _mm256_castsi256_si128(p));
-    }
-    ml_cpu_widen_f8_loop(dst + i, src + i, n - i);
-}
-
 const ml_cpu_kernels ml_cpu_kernels_avx2 = {
     .isa = ML_CPU_ISA_AVX2,
     .gemm_tile = gemm_tile,
@@ -295,13 +320,8 @@ const ml_cpu_kernels ml_cpu_kernels_avx2 = {
     .gemv = gemv,
     .gemv_rows = GEMV_ROWS,
     .gemv_cols = GEMV_COLS,
-    .gemv_seq = gemv_seq,
-    .gemv_seq_f8 = gemv_seq_f8,
-    .gemv_seq_rows = ML_CPU_GEMV_SEQ_AVX2_ROWS,
-    .gemv_seq_cols = ML_CPU_GEMV_SEQ_AVX2_COLS,
-    .pack_block = pack_block,
-    .pack_block_size = LANES,
-    .widen_f8 = ml_cpu_widen_f8_avx2,
+    .gemm_packed = gemm_packed,
+    .strip_cols = STRIP_COLS,
     .softmax_block = softmax_block,
     .exp_n = vm_exp_n,
     .erf_n = vm_erf_n,

@@ -15,6 +15,8 @@
 /* 12 x 32 tile: 24 accumulators + 2 B vectors + 1 broadcast of 32 zmm. */
 #define TILE_ROWS 12
 #define TILE_COLS (2 * LANES)
+/* gemm_packed: the 12-row tile over a strip of two vectors. */
+#define STRIP_COLS (2 * LANES)
 /* 6 weight rows x 4 activation rows: 24 accumulators + 6 + 1 zmm. Past a
  * few activation rows the block's speed follows its L2 -> L1 traffic (x
  * rows, and the weight rows again for each further column block): 64 / rows
@@ -173,50 +175,88 @@ static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const
     }
 }
 
-/* ---- gemv_seq: gemv_seq_x86.h, EVEX-encoded here ------------------------------- */
+/* ---- gemm_packed ------------------------------------------------------------ */
 
-#include "cpu/gemv_seq_x86.h"
-
-/* ---- pack_block --------------------------------------------------------------- */
-
-/* 16 rows of 16 bf16 → f32, transposed in registers: three rounds of
- * shuffles pair rows at distance 1, 2 (unpack, shuffle) and 4, 8 (128-bit
- * lane permutes). */
-static void pack_block(float *dst, size_t ldd, const uint16_t *src, size_t lds)
+/* The two f32 vectors (columns 0..15, 16..31) of step p of a strip. bf16:
+ * one 64-byte load, the low halves shifted up and the high halves masked
+ * (cpu_kernels.h, the pairing). f8: 32 codes sign-extended to dwords, so
+ * that the shift puts the code's sign in bit 31 and its other bits at
+ * 26..20 under ML_CPU_F8_F32_MASK, then the exact multiply by 2^120. */
+ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, __m512 *b0, __m512 *b1)
 {
-    __m512 r[LANES], t[LANES];
-#pragma GCC unroll 16
-    for (int c = 0; c < LANES; c++)
-        r[c] = bf16_to_f32(_mm256_loadu_si256((const __m256i *)(src + (size_t)c * lds)));
-#pragma GCC unroll 8
-    for (int c = 0; c < LANES; c += 2) {
-        t[c] = _mm512_unpacklo_ps(r[c], r[c + 1]);
-        t[c + 1] = _mm512_unpackhi_ps(r[c], r[c + 1]);
+    if (f8) {
+        const __m256i c = _mm256_loadu_si256((const __m256i *)((const uint8_t *)w + (size_t)p * STRIP_COLS));
+        const __m512i mask = _mm512_set1_epi32((int)ML_CPU_F8_F32_MASK);
+        const __m512 rebias = _mm512_set1_ps(ML_CPU_F8_REBIAS);
+        const __m512i lo = _mm512_cvtepi8_epi32(_mm256_castsi256_si128(c));
+        const __m512i hi = _mm512_cvtepi8_epi32(_mm256_extracti128_si256(c, 1));
+        *b0 = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(
+                                _mm512_slli_epi32(lo, ML_CPU_F8_MAG_SHIFT), mask)), rebias);
+        *b1 = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(
+                                _mm512_slli_epi32(hi, ML_CPU_F8_MAG_SHIFT), mask)), rebias);
+        return;
     }
-#pragma GCC unroll 4
-    for (int c = 0; c < LANES; c += 4) {
-        r[c] = _mm512_shuffle_ps(t[c], t[c + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        r[c + 1] = _mm512_shuffle_ps(t[c], t[c + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        r[c + 2] = _mm512_shuffle_ps(t[c + 1], t[c + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        r[c + 3] = _mm512_shuffle_ps(t[c + 1], t[c + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i d = _mm512_loadu_si512((const uint16_t *)w + (size_t)p * STRIP_COLS);
+    *b0 = _mm512_castsi512_ps(_mm512_slli_epi32(d, 16));
+    *b1 = _mm512_castsi512_ps(_mm512_and_si512(d, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+ALWAYS_INLINE void packed_tile(const int m, const int f8, int n, int k, const float *x,
+                               size_t ldx, const void *w, float *y, size_t ldy)
+{
+    const __mmask16 m0 = lane_mask(n), m1 = lane_mask(n - LANES);
+    __m512 acc0[TILE_ROWS], acc1[TILE_ROWS];
+#pragma GCC unroll 12
+    for (int i = 0; i < m; i++) {
+        acc0[i] = _mm512_setzero_ps();
+        acc1[i] = _mm512_setzero_ps();
     }
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-        t[c] = _mm512_shuffle_f32x4(r[c], r[c + 4], _MM_SHUFFLE(2, 0, 2, 0));
-        t[c + 4] = _mm512_shuffle_f32x4(r[c + 8], r[c + 12], _MM_SHUFFLE(2, 0, 2, 0));
-        t[c + 8] = _mm512_shuffle_f32x4(r[c], r[c + 4], _MM_SHUFFLE(3, 1, 3, 1));
-        t[c + 12] = _mm512_shuffle_f32x4(r[c + 8], r[c + 12], _MM_SHUFFLE(3, 1, 3, 1));
+    for (int p = 0; p < k; p++) {
+        __m512 b0, b1;
+        strip_step(f8, w, p, &b0, &b1);
+#pragma GCC unroll 12
+        for (int i = 0; i < m; i++) {
+            const __m512 xi = _mm512_set1_ps(x[(size_t)i * ldx + p]);
+            acc0[i] = _mm512_fmadd_ps(xi, b0, acc0[i]);
+            acc1[i] = _mm512_fmadd_ps(xi, b1, acc1[i]);
+        }
     }
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-        r[c] = _mm512_shuffle_f32x4(t[c], t[c + 4], _MM_SHUFFLE(2, 0, 2, 0));
-        r[c + 4] = _mm512_shuffle_f32x4(t[c + 8], t[c + 12], _MM_SHUFFLE(2, 0, 2, 0));
-        r[c + 8] = _mm512_shuffle_f32x4(t[c], t[c + 4], _MM_SHUFFLE(3, 1, 3, 1));
-        r[c + 12] = _mm512_shuffle_f32x4(t[c + 8], t[c + 12], _MM_SHUFFLE(3, 1, 3, 1));
+#pragma GCC unroll 12
+    for (int i = 0; i < m; i++) {
+        float *yi = y + (size_t)i * ldy;
+        _mm512_mask_storeu_ps(yi, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, yi), acc0[i]));
+        _mm512_mask_storeu_ps(yi + LANES, m1,
+                              _mm512_add_ps(_mm512_maskz_loadu_ps(m1, yi + LANES), acc1[i]));
     }
-#pragma GCC unroll 16
-    for (int p = 0; p < LANES; p++)
-        _mm512_storeu_ps(dst + (size_t)p * ldd, r[p]);
+}
+
+ALWAYS_INLINE void packed_m(const int m, int n, int k, const float *x, size_t ldx,
+                            const void *w, int f8, float *y, size_t ldy)
+{
+    if (f8)
+        packed_tile(m, 1, n, k, x, ldx, w, y, ldy);
+    else
+        packed_tile(m, 0, n, k, x, ldx, w, y, ldy);
+}
+
+static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
+                        float *y, size_t ldy)
+{
+    switch (m) {
+    case 1: packed_m(1, n, k, x, ldx, w, f8, y, ldy); break;
+    case 2: packed_m(2, n, k, x, ldx, w, f8, y, ldy); break;
+    case 3: packed_m(3, n, k, x, ldx, w, f8, y, ldy); break;
+    case 4: packed_m(4, n, k, x, ldx, w, f8, y, ldy); break;
+    case 5: packed_m(5, n, k, x, ldx, w, f8, y, ldy); break;
+    case 6: packed_m(6, n, k, x, ldx, w, f8, y, ldy); break;
+    case 7: packed_m(7, n, k, x, ldx, w, f8, y, ldy); break;
+    case 8: packed_m(8, n, k, x, ldx, w, f8, y, ldy); break;
+    case 9: packed_m(9, n, k, x, ldx, w, f8, y, ldy); break;
+    case 10: packed_m(10, n, k, x, ldx, w, f8, y, ldy); break;
+    case 11: packed_m(11, n, k, x, ldx, w, f8, y, ldy); break;
+    case 12: packed_m(12, n, k, x, ldx, w, f8, y, ldy); break;
+    default: assert(!"gemm_packed: m out of range");
+    }
 }
 
 /* ---- softmax_block -------------------------------------------------------- */
@@ -278,13 +318,8 @@ const ml_cpu_kernels ml_cpu_kernels_avx512 = {
     .gemv = gemv,
     .gemv_rows = GEMV_ROWS,
     .gemv_cols = GEMV_COLS,
-    .gemv_seq = gemv_seq,
-    .gemv_seq_f8 = gemv_seq_f8,
-    .gemv_seq_rows = ML_CPU_GEMV_SEQ_AVX2_ROWS,
-    .gemv_seq_cols = ML_CPU_GEMV_SEQ_AVX2_COLS,
-    .pack_block = pack_block,
-    .pack_block_size = LANES,
-    .widen_f8 = ml_cpu_widen_f8_avx2,
+    .gemm_packed = gemm_packed,
+    .strip_cols = STRIP_COLS,
     .softmax_block = softmax_block,
     .exp_n = vm_exp_n,
     .erf_n = vm_erf_n,

@@ -12,9 +12,7 @@
 #define TILE_COLS 16
 #define GEMV_ROWS 4
 #define GEMV_COLS 4
-#define GEMV_SEQ_ROWS 4
-#define GEMV_SEQ_COLS 4
-#define PACK_BLOCK 8
+#define STRIP_COLS 16
 
 static void gemm_tile(int m, int n, int k, const float *a, size_t a_rs, size_t a_cs,
                       const float *b, size_t ldb, float *c, size_t ldc)
@@ -42,24 +40,22 @@ static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const
     }
 }
 
-static void gemv_seq(int rows, int cols, int k, const uint16_t *w, size_t ldw, const float *x,
-                     size_t ldx, float *y, size_t ldy)
+static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
+                        float *y, size_t ldy)
 {
-    for (int j = 0; j < cols; j++) {
-        for (int r = 0; r < rows; r++) {
+    const uint16_t *w16 = w;
+    const uint8_t *w8 = w;
+    for (int i = 0; i < m; i++) {
+        for (int c = 0; c < n; c++) {
             float acc = 0.0f;
-            for (int p = 0; p < k; p++)
-                acc += x[(size_t)j * ldx + p] * ml_bf16_to_f32(w[(size_t)r * ldw + p]);
-            y[(size_t)j * ldy + r] += acc;
+            for (int p = 0; p < k; p++) {
+                const size_t at = ml_cpu_packed_index(STRIP_COLS, f8, p, c);
+                acc += x[(size_t)i * ldx + p] *
+                       (f8 ? ml_cpu_f8_to_f32(w8[at]) : ml_bf16_to_f32(w16[at]));
+            }
+            y[(size_t)i * ldy + c] += acc;
         }
     }
-}
-
-static void pack_block(float *dst, size_t ldd, const uint16_t *src, size_t lds)
-{
-    for (int c = 0; c < PACK_BLOCK; c++)
-        for (int p = 0; p < PACK_BLOCK; p++)
-            dst[(size_t)p * ldd + c] = ml_bf16_to_f32(src[(size_t)c * lds + p]);
 }
 
 static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, float *m, float *l,
@@ -110,11 +106,6 @@ static void silu_mul(float *y, const float *gate, const float *up, size_t n)
     }
 }
 
-static void widen_f8(uint16_t *dst, const uint8_t *src, size_t n)
-{
-    ml_cpu_widen_f8_loop(dst, src, n);
-}
-
 const ml_cpu_kernels ml_cpu_kernels_plain = {
     .isa = ML_CPU_ISA_PLAIN,
     .gemm_tile = gemm_tile,
@@ -123,12 +114,8 @@ const ml_cpu_kernels ml_cpu_kernels_plain = {
     .gemv = gemv,
     .gemv_rows = GEMV_ROWS,
     .gemv_cols = GEMV_COLS,
-    .gemv_seq = gemv_seq,
-    .gemv_seq_rows = GEMV_SEQ_ROWS,
-    .gemv_seq_cols = GEMV_SEQ_COLS,
-    .pack_block = pack_block,
-    .pack_block_size = PACK_BLOCK,
-    .widen_f8 = widen_f8,
+    .gemm_packed = gemm_packed,
+    .strip_cols = STRIP_COLS,
     .softmax_block = softmax_block,
     .exp_n = exp_n,
     .erf_n = erf_n,

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint/mapped_file.h"
 #include "model/lora.h"
 #include "model/model_internal.h"
 #include "model/shard.h"
@@ -52,61 +53,91 @@ int ml_row_mask_mode_parse(const char *s, ml_row_mask_mode *out)
 
 /* ---- weights on the backend ------------------------------------------- */
 
-static void to_backend(ml_backend *be, ml_weight *w)
+/* A Linear's weight through linear_weight, host (rows, cols) of elem_size
+ * bytes each: the backend's copy in the layout its matmul reads. The host
+ * bytes are read by nothing after it (the host views are kept only to be
+ * freed), so their pages go back: no second copy of the weights stays
+ * resident (a CPU backend's packed copy, a device's upload). */
+static const void *linear_to_backend(ml_backend *be, const void *host, const ml_weight *w,
+                                     size_t elem_size)
+{
+    const void *view = be->ops->linear_weight(be, host, (int)w->rows, (int)w->cols, elem_size);
+    if (view && view != host)
+        ml_pages_release(host, (size_t)w->rows * (size_t)w->cols * elem_size);
+    return view;
+}
+
+/* A Linear's weight goes through linear_weight (its FP8 scale stays a
+ * plain weight); every other tensor through weight. */
+static void to_backend(ml_backend *be, ml_weight *w, int linear)
 {
     const size_t n = (size_t)w->rows * (size_t)w->cols;
     if (w->data)
-        w->data = be->ops->weight(be, w->data, n * sizeof *w->data);
+        w->data = linear ? linear_to_backend(be, w->data, w, sizeof *w->data)
+                         : be->ops->weight(be, w->data, n * sizeof *w->data);
     if (w->f8) {
-        w->f8 = be->ops->weight(be, w->f8, n * sizeof *w->f8);
+        w->f8 = linear_to_backend(be, w->f8, w, sizeof *w->f8);
         w->scale = be->ops->weight(be, w->scale, (size_t)w->rows * sizeof *w->scale);
     }
 }
 
 /* Give back what to_backend got (a failed weight is NULL, a no-op). */
-static void from_backend(ml_backend *be, ml_weight *w)
+static void from_backend(ml_backend *be, ml_weight *w, int linear)
 {
-    be->ops->weight_free(be, w->data);
+    if (linear)
+        be->ops->linear_weight_free(be, w->data);
+    else
+        be->ops->weight_free(be, w->data);
     w->data = NULL;
     if (w->f8) {
-        be->ops->weight_free(be, w->f8);
+        be->ops->linear_weight_free(be, w->f8);
         be->ops->weight_free(be, w->scale);
         w->f8 = NULL;
         w->scale = NULL;
     }
 }
 
-/* fn on every ml_weight of w, one list for binding and giving back. */
-static void each_weight(ml_backend *be, ml_weights *w, void (*fn)(ml_backend *, ml_weight *))
+/* fn on every ml_weight of w, with whether it is a Linear's (matmul)
+ * weight: one list for binding and giving back. */
+static void each_weight(ml_backend *be, ml_weights *w,
+                        void (*fn)(ml_backend *, ml_weight *, int linear))
 {
     ml_vision_weights *v = &w->vision;
-    ml_weight *vs[] = {&v->patch_embedding, &v->class_embedding, &v->position_embedding,
+    ml_weight *vs[] = {&v->class_embedding, &v->position_embedding,
                        &v->tile_position_embedding, &v->pre_tile_embedding,
                        &v->post_tile_embedding, &v->layernorm_pre_weight, &v->layernorm_pre_bias,
                        &v->layernorm_post_weight, &v->layernorm_post_bias,
-                       &w->projector_weight, &w->projector_bias, &w->text.embed_tokens,
-                       &w->text.norm, &w->text.lm_head};
+                       &w->projector_bias, &w->text.embed_tokens, &w->text.norm};
+    ml_weight *vs_linear[] = {&v->patch_embedding, &w->projector_weight, &w->text.lm_head};
     for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++)
-        fn(be, vs[i]);
+        fn(be, vs[i], 0);
+    for (size_t i = 0; i < sizeof vs_linear / sizeof vs_linear[0]; i++)
+        fn(be, vs_linear[i], 1);
     for (int k = 0; k < v->n_layers + v->n_global_layers; k++) {
         ml_vision_layer *l = k < v->n_layers ? &v->layers[k] : &v->global_layers[k - v->n_layers];
-        ml_weight *ws[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj,
-                           &l->fc1_weight, &l->fc1_bias, &l->fc2_weight, &l->fc2_bias,
+        ml_weight *ws[] = {&l->fc1_bias, &l->fc2_bias,
                            &l->input_layernorm_weight, &l->input_layernorm_bias,
                            &l->post_attention_layernorm_weight,
                            &l->post_attention_layernorm_bias};
+        ml_weight *ws_linear[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj,
+                                  &l->fc1_weight, &l->fc2_weight};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-            fn(be, ws[i]);
+            fn(be, ws[i], 0);
+        for (size_t i = 0; i < sizeof ws_linear / sizeof ws_linear[0]; i++)
+            fn(be, ws_linear[i], 1);
     }
     for (int k = 0; k < w->text.n_layers; k++) {
         ml_text_layer *l = &w->text.layers[k];
-        ml_weight *ws[] = {&l->self.q_proj, &l->self.k_proj, &l->self.v_proj, &l->self.o_proj,
-                           &l->cross.q_proj, &l->cross.k_proj, &l->cross.v_proj,
-                           &l->cross.o_proj, &l->cross.q_norm, &l->cross.k_norm,
-                           &l->input_layernorm, &l->post_attention_layernorm, &l->gate_proj,
-                           &l->up_proj, &l->down_proj};
+        ml_weight *ws[] = {&l->cross.q_norm, &l->cross.k_norm, &l->input_layernorm,
+                           &l->post_attention_layernorm};
+        ml_weight *ws_linear[] = {&l->self.q_proj, &l->self.k_proj, &l->self.v_proj,
+                                  &l->self.o_proj, &l->cross.q_proj, &l->cross.k_proj,
+                                  &l->cross.v_proj, &l->cross.o_proj, &l->gate_proj,
+                                  &l->up_proj, &l->down_proj};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-            fn(be, ws[i]);
+            fn(be, ws[i], 0);
+        for (size_t i = 0; i < sizeof ws_linear / sizeof ws_linear[0]; i++)
+            fn(be, ws_linear[i], 1);
     }
 }
 
@@ -160,11 +191,11 @@ static ml_status bind_backend_weights(ml_shard *m, char *err, size_t errlen)
     each_weight(be, w, to_backend);
     m->w_bound = 1;
     st = be->ops->synchronize(be, err, errlen);
-    /* A backend that copies the weights (a device) is done with the host
-     * slices of the row-parallel Linears once the copies are complete: for
-     * 90B over 8 GPUs they would keep a third of each shard's weights in
-     * host memory for nothing. The CPU backend computes on them. */
-    if (st == ML_OK && w->text.lm_head.data != m->host_weights->text.lm_head.data) {
+    /* Every backend copies the Linears (linear_weight), so the host slices
+     * of the row-parallel ones are done with once the copies are complete:
+     * for 90B over 8 GPUs they would keep a third of each shard's weights
+     * in host memory for nothing. */
+    if (st == ML_OK) {
         free(m->dims.row_slices);
         m->dims.row_slices = NULL;
     }

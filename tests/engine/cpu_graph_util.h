@@ -12,6 +12,7 @@
 
 #include "backend.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/cpu_kernels.h"
 #include "harness.h"
 #include "test_rand.h"
 
@@ -24,6 +25,13 @@
 /* Backend memory is carved from one allocation ("malloc and point"), so a
  * whole state is one upload and one download. */
 #define ARENA_ALIGN 64
+/* Elements of a Linear's weight (rows, cols) as a CPU backend packs it:
+ * rows rounded up to the widest strip (cpu_kernels.h). The graph tests
+ * fill the whole of it with random bf16, which is then a random weight in
+ * the packed layout (its padding columns are computed and never stored). */
+#define LINEAR_ELEMS(rows, cols)                                                              \
+    ((size_t)(((rows) + ML_CPU_MAX_STRIP_COLS - 1) / ML_CPU_MAX_STRIP_COLS) *                 \
+     ML_CPU_MAX_STRIP_COLS * (size_t)(cols))
 
 typedef struct arena {
     char *base; /* backend memory, owned */

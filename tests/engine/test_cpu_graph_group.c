@@ -25,8 +25,8 @@
 typedef struct tp_bufs {
     arena a;
     float *x;          /* (TP_ROWS, TP_K) */
-    uint16_t *w1;      /* (TP_N, TP_K): this rank's shard */
-    uint16_t *w2;      /* (TP_N, TP_N) */
+    uint16_t *w1;      /* (TP_N, TP_K) packed: this rank's shard */
+    uint16_t *w2;      /* (TP_N, TP_N) packed */
     uint16_t *norm_w;  /* (TP_N) */
     float *y, *z, *y2; /* (TP_ROWS, TP_N) */
     float *logits;     /* (TP_ROWS, TP_N) */
@@ -40,8 +40,8 @@ static void tp_bufs_init(tp_bufs *b, ml_backend *be)
     b->a = arena_open(be, TP_ARENA_BYTES);
     arena *a = &b->a;
     b->x = carve(a, TP_ROWS * TP_K * sizeof(float));
-    b->w1 = carve(a, TP_N * TP_K * sizeof(uint16_t));
-    b->w2 = carve(a, TP_N * TP_N * sizeof(uint16_t));
+    b->w1 = carve(a, LINEAR_ELEMS(TP_N, TP_K) * sizeof(uint16_t));
+    b->w2 = carve(a, LINEAR_ELEMS(TP_N, TP_N) * sizeof(uint16_t));
     b->norm_w = carve(a, TP_N * sizeof(uint16_t));
     b->y = carve(a, TP_ROWS * TP_N * sizeof(float));
     b->z = carve(a, TP_ROWS * TP_N * sizeof(float));
@@ -58,8 +58,8 @@ static void tp_image(const tp_bufs *b, unsigned char *img, uint64_t seed, int ra
     rand_seed(0x2545f4914f6cdd1dull * seed + (uint64_t)rank + 7);
     memset(img, 0, a->bytes);
     fill(host_of(a, img, b->x), TP_ROWS * TP_K, -1, 1);
-    fill_bf16(host_of(a, img, b->w1), TP_N * TP_K, -W_MAX, W_MAX);
-    fill_bf16(host_of(a, img, b->w2), TP_N * TP_N, -W_MAX, W_MAX);
+    fill_bf16(host_of(a, img, b->w1), LINEAR_ELEMS(TP_N, TP_K), -W_MAX, W_MAX);
+    fill_bf16(host_of(a, img, b->w2), LINEAR_ELEMS(TP_N, TP_N), -W_MAX, W_MAX);
     fill_bf16(host_of(a, img, b->norm_w), TP_N, -W_MAX, W_MAX);
     ml_sample_row *rows = host_of(a, img, b->sample_rows);
     for (int r = 0; r < TP_ROWS; r++)

@@ -59,7 +59,7 @@ typedef struct step_bufs {
     uint16_t *tok_table;        /* (VOCAB, DIM) */
     uint16_t *pos_table;        /* (POS_PERIOD, DIM) */
     uint16_t *norm_w, *ln_w, *ln_b; /* (DIM) */
-    uint16_t *wq;               /* (QD, DIM) */
+    uint16_t *wq;               /* (QD, DIM); the Linears packed (LINEAR_ELEMS) */
     uint16_t *wk, *wv;          /* (KVD, DIM) */
     uint16_t *bk;               /* (KVD) */
     uint16_t *wo;               /* (DIM, QD) */
@@ -114,20 +114,20 @@ static void step_bufs_init(step_bufs *b, ml_backend *be)
     b->norm_w = BF16(DIM);
     b->ln_w = BF16(DIM);
     b->ln_b = BF16(DIM);
-    b->wq = BF16(QD * DIM);
-    b->wk = BF16(KVD * DIM);
-    b->wv = BF16(KVD * DIM);
+    b->wq = BF16(LINEAR_ELEMS(QD, DIM));
+    b->wk = BF16(LINEAR_ELEMS(KVD, DIM));
+    b->wv = BF16(LINEAR_ELEMS(KVD, DIM));
     b->bk = BF16(KVD);
-    b->wo = BF16(DIM * QD);
-    b->wg = BF16(FFN * DIM);
-    b->wu = BF16(FFN * DIM);
-    b->wd = BF16(DIM * FFN);
-    b->w_out = BF16(VOCAB * DIM);
+    b->wo = BF16(LINEAR_ELEMS(DIM, QD));
+    b->wg = BF16(LINEAR_ELEMS(FFN, DIM));
+    b->wu = BF16(LINEAR_ELEMS(FFN, DIM));
+    b->wd = BF16(LINEAR_ELEMS(DIM, FFN));
+    b->w_out = BF16(LINEAR_ELEMS(VOCAB, DIM));
     for (int i = 0; i < N_LORA; i++) {
         b->lora_a[i] = BF16(MAX_RANK * DIM);
         b->lora_b[i] = BF16(QD * MAX_RANK);
     }
-    b->w_patch = BF16(VD * PATCH_K);
+    b->w_patch = BF16(LINEAR_ELEMS(VD, PATCH_K));
     b->inv_freq = F32(HEAD_DIM / 2);
     b->ids = I32(N_TOK);
     b->pos = I32(N_TOK);
@@ -185,10 +185,12 @@ static void step_image(const step_bufs *b, unsigned char *img, uint64_t seed)
                             b->wk, b->wv, b->bk, b->wo, b->wg, b->wu, b->wd, b->w_out,
                             b->lora_a[0], b->lora_a[1], b->lora_b[0], b->lora_b[1], b->w_patch};
     /* Each bf16 buffer runs up to the next carved one: fill every one whole. */
-    const size_t bf_n[] = {VOCAB * DIM, POS_PERIOD * DIM, DIM, DIM, DIM, QD * DIM, KVD * DIM,
-                           KVD * DIM, KVD, DIM * QD, FFN * DIM, FFN * DIM, DIM * FFN,
-                           VOCAB * DIM, MAX_RANK * DIM, MAX_RANK * DIM, QD * MAX_RANK,
-                           QD * MAX_RANK, VD * PATCH_K};
+    const size_t bf_n[] = {VOCAB * DIM, POS_PERIOD * DIM, DIM, DIM, DIM,
+                           LINEAR_ELEMS(QD, DIM), LINEAR_ELEMS(KVD, DIM), LINEAR_ELEMS(KVD, DIM),
+                           KVD, LINEAR_ELEMS(DIM, QD), LINEAR_ELEMS(FFN, DIM),
+                           LINEAR_ELEMS(FFN, DIM), LINEAR_ELEMS(DIM, FFN),
+                           LINEAR_ELEMS(VOCAB, DIM), MAX_RANK * DIM, MAX_RANK * DIM,
+                           QD * MAX_RANK, QD * MAX_RANK, LINEAR_ELEMS(VD, PATCH_K)};
     for (size_t i = 0; i < sizeof bf / sizeof *bf; i++)
         fill_bf16(H(bf[i]), bf_n[i], -W_MAX, W_MAX);
     float *const f32[] = {b->row_scale, b->pixels, b->k_cache, b->v_cache, b->states[0],

@@ -1,6 +1,7 @@
 /* The CPU backend's matmul against a double-precision reference on each ISA
- * path and thread count (cpu_ops_util.h), its batch invariance, and the
- * LoRA's gemv kernel of each ISA across block shapes.
+ * path and thread count (cpu_ops_util.h), its batch invariance, the order
+ * of its sums on the packed weights (bit for bit, bf16 and FP8, per ISA),
+ * and the LoRA's gemv kernel of each ISA across block shapes.
  *
  * Tolerance, with u = 2^-24: |y - ref| <= (K + 3)·u·(Σ_k |x_k·w_k| + |bias|
  * + |y0|), the classic bound of f32 recursive summation (any summation order
@@ -22,6 +23,33 @@
 #include "test_rand.h"
 
 /* ---- matmul ------------------------------------------------------------------------ */
+
+/* The ops on a row-major weight (N, K), packed by the backend first as the
+ * model binds every Linear (backend.h linear_weight). */
+static void matmul_rm(ml_backend *be, float *y, const float *x, const uint16_t *w,
+                      const uint16_t *bias, int M, int K, int N, int accumulate)
+{
+    const uint16_t *p = be->ops->linear_weight(be, w, N, K, sizeof *w);
+    check(p != NULL, "linear_weight %d x %d bf16", N, K);
+    if (p)
+        be->ops->matmul(be, y, x, p, bias, M, K, N, accumulate);
+    else /* failed above; y defined for the comparisons that follow */
+        memset(y, 0, (size_t)M * N * sizeof *y);
+    be->ops->linear_weight_free(be, p);
+}
+
+static void matmul_f8_rm(ml_backend *be, float *y, const float *x, const uint8_t *w,
+                         const float *scale, const uint16_t *bias, int M, int K, int N,
+                         int quant_x)
+{
+    const uint8_t *p = be->ops->linear_weight(be, w, N, K, sizeof *w);
+    check(p != NULL, "linear_weight %d x %d F8_E4M3", N, K);
+    if (p)
+        be->ops->matmul_f8(be, y, x, p, scale, bias, M, K, N, quant_x);
+    else
+        memset(y, 0, (size_t)M * N * sizeof *y);
+    be->ops->linear_weight_free(be, p);
+}
 
 static void test_matmul_case(ml_backend *be[N_BACKENDS], int M, int K, int N, int with_bias,
                              int accumulate)
@@ -64,7 +92,7 @@ static void test_matmul_case(ml_backend *be[N_BACKENDS], int M, int K, int N, in
     for (int b = 0; b < N_BACKENDS; b++) {
         y[b] = xmalloc((size_t)M * N * sizeof *y[b]);
         memcpy(y[b], y0, (size_t)M * N * sizeof *y[b]);
-        be[b]->ops->matmul(be[b], y[b], x, w, with_bias ? bias : NULL, M, K, N, accumulate);
+        matmul_rm(be[b], y[b], x, w, with_bias ? bias : NULL, M, K, N, accumulate);
     }
     check_bounded(y[0], want, bound, (size_t)M * N, what);
     check_same(y[0], y[1], (size_t)M * N * sizeof *y[0], what);
@@ -109,10 +137,10 @@ static void test_matmul_batch_invariance(ml_backend *be)
     uint16_t *bias = xmalloc((size_t)N * sizeof *bias);
     fill_bf16(bias, (size_t)N, -1, 1);
     for (int m = 0; m < MAX_M; m++)
-        be->ops->matmul(be, alone + (size_t)m * N, x + (size_t)m * K, w, bias, 1, K, N, 0);
+        matmul_rm(be, alone + (size_t)m * N, x + (size_t)m * K, w, bias, 1, K, N, 0);
     int same = 1, first_bad = 0;
     for (int M = 2; M <= MAX_M; M++) {
-        be->ops->matmul(be, y, x, w, bias, M, K, N, 0);
+        matmul_rm(be, y, x, w, bias, M, K, N, 0);
         const int ok = memcmp(y, alone, (size_t)M * N * sizeof *y) == 0;
         if (!ok && same)
             first_bad = M;
@@ -142,9 +170,7 @@ static void test_matmul_f8(ml_backend *be)
     uint16_t *bias = xmalloc((size_t)N * sizeof *bias);
     float *scale = xmalloc((size_t)N * sizeof *scale);
     fill(x, (size_t)MAX_M * K, -1, 1);
-    /* row 1 past 2^8: the x86 gemv_seq_f8 multiplies the weights instead of
-     * scaling the activations for the blocks it is in (the same bits) */
-    fill(x + K, K, -1000, 1000);
+    fill(x + K, K, -1000, 1000); /* a row of larger activations */
     fill_bf16(bias, (size_t)N, -1, 1);
     for (int n = 0; n < N; n++) {
         /* absmax / 448 of weights of magnitude ~0.01..1, held in bf16 */
@@ -160,8 +186,8 @@ static void test_matmul_f8(ml_backend *be)
     int same = 1, first_bad = 0;
     for (int M = 1; M <= MAX_M; M++) {
         for (int with_bias = 0; with_bias < 2; with_bias++) {
-            be->ops->matmul_f8(be, y8, x, w8, scale, with_bias ? bias : NULL, M, K, N, 0);
-            be->ops->matmul(be, y16, x, w16, NULL, M, K, N, 0);
+            matmul_f8_rm(be, y8, x, w8, scale, with_bias ? bias : NULL, M, K, N, 0);
+            matmul_rm(be, y16, x, w16, NULL, M, K, N, 0);
             for (int m = 0; m < M; m++)
                 for (int n = 0; n < N; n++) {
                     float *v = &y16[(size_t)m * N + n];
@@ -176,9 +202,9 @@ static void test_matmul_f8(ml_backend *be)
     check(same, "matmul_f8 [%s]: M = %d is not scale times the bf16 sum of q, plus bias", g_isa,
           first_bad);
     for (int m = 0; m < MAX_M; m++)
-        be->ops->matmul_f8(be, alone + (size_t)m * N, x + (size_t)m * K, w8, scale, bias, 1, K, N,
+        matmul_f8_rm(be, alone + (size_t)m * N, x + (size_t)m * K, w8, scale, bias, 1, K, N,
                            0);
-    be->ops->matmul_f8(be, y8, x, w8, scale, bias, MAX_M, K, N, 0);
+    matmul_f8_rm(be, y8, x, w8, scale, bias, MAX_M, K, N, 0);
     check(memcmp(y8, alone, (size_t)MAX_M * N * sizeof *y8) == 0,
           "matmul_f8 [%s]: a batch of %d rows differs from the rows alone", g_isa, MAX_M);
     free(x);
@@ -193,11 +219,10 @@ static void test_matmul_f8(ml_backend *be)
 
 /* The FP8 widening of every one of the 256 codes, exact: ml_cpu_f8_to_f32
  * against dtype.h's reference conversion (the NaN codes, which no
- * checkpoint holds, widen to ±480), the ISA's widen_f8 (bf16 staging; from
- * an odd offset so that vector steps and the tail both see codes), and the
- * ISA's gemv_seq_f8 against one-hot activations (each output is then one
- * product, the widened weight times 1). */
-enum { F8_CODES = 256, F8_SEQ_K = 16, F8_SEQ_MAX_ROWS = 32 };
+ * checkpoint holds, widen to ±480), and the ISA's gemm_packed on a strip of
+ * all the codes against one-hot activations (each output is then one
+ * product, the widened weight times 1 or 300). */
+enum { F8_CODES = 256 };
 
 static float f8_want(int c)
 {
@@ -206,46 +231,105 @@ static float f8_want(int c)
 
 static void test_f8_codes(const ml_cpu_kernels *kn)
 {
-    int exact = 1, widen = 1, seq = 1;
+    int exact = 1, strip = 1;
     for (int c = 0; c < F8_CODES; c++) {
         const float got = ml_cpu_f8_to_f32((uint8_t)c), want = f8_want(c);
         exact &= memcmp(&got, &want, sizeof got) == 0;
     }
-    enum { OFFSET = 3 };
-    uint8_t src[F8_CODES + OFFSET];
-    uint16_t dst[F8_CODES + OFFSET];
-    for (int c = 0; c < F8_CODES; c++)
-        src[c + OFFSET] = (uint8_t)c;
-    kn->widen_f8(dst + OFFSET, src + OFFSET, F8_CODES);
-    for (int c = 0; c < F8_CODES; c++)
-        widen &= dst[c + OFFSET] == ml_f32_to_bf16(f8_want(c));
-    if (kn->gemv_seq_f8) {
-        /* rows x F8_SEQ_K codes cover all 256 (again each time the rows wrap) */
-        const int rows = kn->gemv_seq_rows;
-        check(rows <= F8_SEQ_MAX_ROWS, "gemv_seq_f8 [%s]: %d rows", ml_cpu_isa_name(kn->isa), rows);
-        uint8_t *w = xmalloc((size_t)rows * F8_SEQ_K);
-        float x[F8_SEQ_K], y[F8_SEQ_MAX_ROWS];
-        for (int r = 0; r < rows; r++)
-            for (int k = 0; k < F8_SEQ_K; k++)
-                w[(size_t)r * F8_SEQ_K + k] = (uint8_t)((r * F8_SEQ_K + k) % F8_CODES);
-        /* 1 takes the scaled-activation path of the x86 kernels, 300
-         * (>= 2^8) the per-weight multiply; both products are exact */
-        static const float ones[] = {1.0f, 300.0f};
-        for (int v = 0; v < 2; v++) {
-            for (int one = 0; one < F8_SEQ_K; one++) {
-                for (int k = 0; k < F8_SEQ_K; k++)
-                    x[k] = k == one ? ones[v] : 0.0f;
-                memset(y, 0, sizeof y);
-                kn->gemv_seq_f8(rows, 1, F8_SEQ_K, w, F8_SEQ_K, x, F8_SEQ_K, y, (size_t)rows);
-                for (int r = 0; r < rows; r++)
-                    seq &= y[r] == ones[v] * f8_want(w[(size_t)r * F8_SEQ_K + one]);
-            }
+    /* steps x strip_cols codes: every code once, code (p·S + c) at (p, c) */
+    const int S = kn->strip_cols, steps = F8_CODES / S;
+    uint8_t w[F8_CODES];
+    for (int p = 0; p < steps; p++)
+        for (int c = 0; c < S; c++)
+            w[ml_cpu_packed_index(S, 1, p, c)] = (uint8_t)(p * S + c);
+    float x[F8_CODES], y[ML_CPU_MAX_STRIP_COLS];
+    static const float ones[] = {1.0f, 300.0f};
+    for (int v = 0; v < 2; v++) {
+        for (int one = 0; one < steps; one++) {
+            for (int p = 0; p < steps; p++)
+                x[p] = p == one ? ones[v] : 0.0f;
+            memset(y, 0, sizeof y);
+            kn->gemm_packed(1, S, steps, x, (size_t)steps, w, 1, y, (size_t)S);
+            for (int c = 0; c < S; c++)
+                strip &= y[c] == ones[v] * f8_want(one * S + c);
         }
-        free(w);
     }
     check(exact, "ml_cpu_f8_to_f32: a code differs from ml_f8e4m3_to_f32");
-    check(widen, "widen_f8 [%s]: a code is not its exact bf16", ml_cpu_isa_name(kn->isa));
-    check(seq, "gemv_seq_f8 [%s]: a code is not widened exactly", ml_cpu_isa_name(kn->isa));
+    check(strip, "gemm_packed f8 [%s]: a code is not widened exactly", ml_cpu_isa_name(kn->isa));
+}
+
+/* The packed layout and the order of every sum, bit for bit, per dtype
+ * and ISA: the backend's matmul (linear_weight, then matmul or matmul_f8)
+ * against a scalar model of the order matmul.c states, y = (y or 0) +
+ * bias, then per K block of ORDER_KC in turn y += (the block's products
+ * summed from 0 by fused multiply-adds in increasing k), FP8 then scale ·
+ * sum + bias. ORDER_KC is matmul.c's GEMM_KC: it is part of the order, so
+ * a change of it must show here. The vector ISAs sum with FMA (fmaf is
+ * its exact model); plain C's separate multiply and add are held to the
+ * summation bound by test_matmul_case instead. */
+#define ORDER_KC 256
+
+static void test_packed_order(ml_backend *be, ml_cpu_isa isa)
+{
+    if (isa == ML_CPU_ISA_PLAIN)
+        return;
+    enum { M = 13, K = 2 * ORDER_KC + 77, N = 71 };
+    /* run on the vector paths only: keep its draws out of the stream the
+     * cases compared across paths share */
+    const uint64_t rng = ml_test_rng;
+    float *x = xmalloc((size_t)M * K * sizeof *x);
+    uint16_t *w = xmalloc((size_t)N * K * sizeof *w);
+    uint8_t *w8 = xmalloc((size_t)N * K);
+    uint16_t *bias = xmalloc((size_t)N * sizeof *bias);
+    float *scale = xmalloc((size_t)N * sizeof *scale);
+    float *y0 = xmalloc((size_t)M * N * sizeof *y0), *y = xmalloc((size_t)M * N * sizeof *y);
+    float *want = xmalloc((size_t)M * N * sizeof *want);
+    fill(x, (size_t)M * K, -1, 1);
+    fill_bf16(w, (size_t)N * K, -1, 1);
+    fill_bf16(bias, (size_t)N, -1, 1);
+    fill(y0, (size_t)M * N, -1, 1);
+    for (int n = 0; n < N; n++) {
+        scale[n] = ml_round_bf16(frand(0.01f, 1.0f) / ML_F8E4M3_MAX);
+        for (int k = 0; k < K; k++) {
+            const uint8_t c = (uint8_t)irand(F8_CODES);
+            w8[(size_t)n * K + k] = (c & 0x7f) == 0x7f ? c ^ 1 : c;
+        }
+    }
+    for (int f8 = 0; f8 < 2; f8++) {
+        for (int m = 0; m < M; m++) {
+            for (int n = 0; n < N; n++) {
+                const float b = ml_bf16_to_f32(bias[n]);
+                float acc_y = f8 ? 0.0f : y0[(size_t)m * N + n] + b;
+                for (int k0 = 0; k0 < K; k0 += ORDER_KC) {
+                    float acc = 0.0f;
+                    for (int k = k0; k < K && k < k0 + ORDER_KC; k++) {
+                        const size_t at = (size_t)n * K + k;
+                        acc = fmaf(x[(size_t)m * K + k],
+                                   f8 ? ml_cpu_f8_to_f32(w8[at]) : ml_bf16_to_f32(w[at]), acc);
+                    }
+                    acc_y += acc;
+                }
+                want[(size_t)m * N + n] = f8 ? 1.0f * scale[n] * acc_y + b : acc_y;
+            }
+        }
+        memcpy(y, y0, (size_t)M * N * sizeof *y);
+        if (f8)
+            matmul_f8_rm(be, y, x, w8, scale, bias, M, K, N, 0);
+        else
+            matmul_rm(be, y, x, w, bias, M, K, N, 1);
+        check(memcmp(y, want, (size_t)M * N * sizeof *y) == 0,
+              "packed %s [%s]: a sum is not in the stated order", f8 ? "F8_E4M3" : "bf16",
+              g_isa);
+    }
+    rand_seed(rng);
+    free(x);
+    free(w);
+    free(w8);
+    free(bias);
+    free(scale);
+    free(y0);
+    free(y);
+    free(want);
 }
 
 /* ---- W8A8 ----------------------------------------------------------------------- */
@@ -365,12 +449,12 @@ static void test_matmul_f8_a8(ml_backend *be)
     for (int M = 1; M <= MAX_M; M++) {
         for (int with_bias = 0; with_bias < 2; with_bias++) {
             const uint16_t *b = with_bias ? bias : NULL;
-            be->ops->matmul_f8(be, y, x, w8, scale, b, M, K, N, 1);
+            matmul_f8_rm(be, y, x, w8, scale, b, M, K, N, 1);
             int ok = 1;
             for (int m = 0; m < M; m++) {
                 for (int n = 0; n < N; n++)
                     srow[n] = sx[m] * scale[n];
-                be->ops->matmul_f8(be, y16 + (size_t)m * N, qx + (size_t)m * K, w8, srow, b, 1, K,
+                matmul_f8_rm(be, y16 + (size_t)m * N, qx + (size_t)m * K, w8, srow, b, 1, K,
                                    N, 0);
             }
             ok &= memcmp(y, y16, (size_t)M * N * sizeof *y) == 0;
@@ -407,9 +491,9 @@ static void test_matmul_f8_a8(ml_backend *be)
           first_bad);
     check(zero_ok, "matmul_f8 W8A8 [%s]: a zero row is not the bias", g_isa);
     for (int m = 0; m < MAX_M; m++)
-        be->ops->matmul_f8(be, alone + (size_t)m * N, x + (size_t)m * K, w8, scale, bias, 1, K, N,
+        matmul_f8_rm(be, alone + (size_t)m * N, x + (size_t)m * K, w8, scale, bias, 1, K, N,
                            1);
-    be->ops->matmul_f8(be, y, x, w8, scale, bias, MAX_M, K, N, 1);
+    matmul_f8_rm(be, y, x, w8, scale, bias, MAX_M, K, N, 1);
     check(memcmp(y, alone, (size_t)MAX_M * N * sizeof *y) == 0,
           "matmul_f8 W8A8 [%s]: a batch of %d rows differs from the rows alone", g_isa, MAX_M);
     printf("  matmul_f8 W8A8 [%s]: worst err/bound %.3g against the double reference\n", g_isa,
@@ -474,6 +558,8 @@ static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
         test_quantize_rows();
     test_matmul(be);
     test_matmul_batch_invariance(be[1]);
+    test_packed_order(be[0], isa);
+    test_packed_order(be[1], isa);
     test_matmul_f8(be[0]);
     test_matmul_f8(be[1]);
     test_matmul_f8_a8(be[0]);
