@@ -103,6 +103,7 @@ static const field fields[] = {
     LONG("limits", "max_request_pixels", limits.max_request_pixels, 1, 1L << 36),
     LONG("limits", "max_reply_bytes", limits.max_reply_bytes, REPLY_BYTES_MIN, 1L << 30),
     INT("limits", "max_n", limits.max_n, 1, SVC_MAX_N_LIMIT),
+    INT("limits", "max_tokens", limits.max_tokens, 1, SVC_MAX_TOKENS_LIMIT),
     LONG("limits", "max_adapter_bytes", limits.max_adapter_bytes, 1024, 1L << 30),
     LONG("limits", "max_schema_bytes", limits.max_schema_bytes, 16, SCHEMA_BYTES_MAX),
     LONG("limits", "max_schema_states", limits.max_schema_states, 16, UINT32_MAX),
@@ -709,6 +710,11 @@ static int validate(svc_config *cfg, char *err, size_t errlen)
     if (n_devices && n_devices != cfg->model.tensor_parallel) {
         svc_errf(err, errlen, "model.devices lists %d devices but model.tensor_parallel is %d",
                  n_devices, cfg->model.tensor_parallel);
+        return -1;
+    }
+    if (cfg->runtime.default_max_tokens > cfg->limits.max_tokens) {
+        svc_errf(err, errlen, "runtime.default_max_tokens (%d) must be <= limits.max_tokens (%d)",
+                 cfg->runtime.default_max_tokens, cfg->limits.max_tokens);
         return -1;
     }
     if (cfg->runtime.max_step_tokens < cfg->runtime.max_running) {

@@ -98,6 +98,7 @@ typedef struct svc_config {
         long max_request_pixels;         /* decoded pixels of all of a request's images */
         long max_reply_bytes;            /* one reply record; a dead letter's value */
         int max_n;                       /* choices of one request (n) */
+        int max_tokens;                  /* the largest max_tokens a request may ask for */
         long max_adapter_bytes;          /* a Redis-held adapter's two files together */
         long adapters_dir_bytes;         /* every copy of a Redis-held adapter together */
         long max_schema_bytes;           /* response_format json_schema: the compact schema text */

@@ -47,7 +47,7 @@ void svc_limits_default(svc_limits *lim)
         .max_stop = 4,
         .max_stop_bytes = 256,
         .max_tokens_default = 256,
-        .max_tokens_limit = 4096,
+        .max_tokens_limit = SVC_MAX_TOKENS_DEFAULT,
         .max_schema_bytes = SVC_SCHEMA_BYTES_DEFAULT,
         .max_n = SVC_MAX_N_DEFAULT,
     };

@@ -202,6 +202,10 @@ const char *svc_error_code(svc_error e);
 #define SVC_MAX_N_LIMIT 128
 /* The default limits.max_n. */
 #define SVC_MAX_N_DEFAULT 8
+/* The default limits.max_tokens, and the largest a configuration may set:
+ * Llama 3.2's context. */
+#define SVC_MAX_TOKENS_DEFAULT 4096
+#define SVC_MAX_TOKENS_LIMIT 131072
 /* The longest date_string, in bytes: room for any spelling of a date. */
 #define SVC_DATE_STRING_MAX 64
 /* The longest request id the parser accepts by default (svc_limits.max_id_bytes);

@@ -463,6 +463,7 @@ svc_worker *svc_worker_create(svc_config *cfg, int *code, char *err, size_t errl
     w->limits.max_tokens_default = (uint32_t)w->cfg.runtime.default_max_tokens;
     w->limits.max_reply_bytes = (size_t)w->cfg.limits.max_reply_bytes;
     w->limits.max_n = (uint32_t)w->cfg.limits.max_n;
+    w->limits.max_tokens_limit = (uint32_t)w->cfg.limits.max_tokens;
     w->limits.max_schema_bytes = (size_t)w->cfg.limits.max_schema_bytes;
     svc_schema_cache_config sc = {.max_entries = (size_t)w->cfg.limits.schema_cache_entries,
                                   .max_bytes = (size_t)w->cfg.limits.schema_cache_bytes};

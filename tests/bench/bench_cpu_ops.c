@@ -6,7 +6,7 @@
  *                   ceiling for the memory-bound decode matmul
  *   GEMV            M = 1 against 14336x4096 and 4096x14336 bf16 weights
  *                   (gate/up and down_proj of the 11B text MLP): GB/s of
- *                   weight bytes streamed; M = 2..32 around the GEMV/GEMM switch
+ *                   weight bytes streamed; M = 2..32, decode batches
  *   GEMM            M = 6432, K = N = 1280 (a vision q/k/v/o projection over
  *                   4 tiles): GFLOP/s
  *   attn_vision     1 x 6432 tokens x 16 heads x 80 (one vision layer) for
@@ -195,7 +195,18 @@ static void mm_run_f8_a8(void *ctx)
     j->be->ops->matmul_f8(j->be, j->y, j->x, j->w8, j->scale, NULL, j->M, j->K, j->N, 1);
 }
 
-/* sweep: also the M values around the GEMV/GEMM switch (first shape only). */
+/* The weights packed by the backend, as the model binds a Linear. */
+static const void *packed(ml_backend *be, const void *w, int N, int K, size_t elem_size)
+{
+    const void *p = be->ops->linear_weight(be, w, N, K, elem_size);
+    if (!p) {
+        fprintf(stderr, "linear_weight %d x %d failed\n", N, K);
+        exit(1);
+    }
+    return p;
+}
+
+/* sweep: also M = 2..32 (first shape only). */
 static void bench_gemv(ml_backend *be, int sweep)
 {
     static const int shapes[][2] = {{4096, 14336}, {14336, 4096}}; /* K, N */
@@ -217,8 +228,10 @@ static void bench_gemv(ml_backend *be, int sweep)
         for (size_t i = 0; i < (size_t)max_m * K; i++)
             x[i] = frand(-1, 1);
         const double bytes = (double)N * K * sizeof *w;
+        const uint16_t *pw = packed(be, w, N, K, sizeof *w);
+        const uint8_t *pw8 = packed(be, w8, N, K, sizeof *w8);
         for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++) {
-            mm_job j = {.be = be, .y = y, .x = x, .w = w, .w8 = w8, .scale = scale,
+            mm_job j = {.be = be, .y = y, .x = x, .w = pw, .w8 = pw8, .scale = scale,
                         .M = Ms[m], .K = K, .N = N};
             timing t = best_of(mm_run, &j, 7);
             printf("  matmul M=%-2d K=%-5d N=%-5d %8.2f ms  weights %5.1f GB/s wall %5.1f cpu"
@@ -236,6 +249,8 @@ static void bench_gemv(ml_backend *be, int sweep)
             if (!sweep || s == 1)
                 break;
         }
+        be->ops->linear_weight_free(be, pw);
+        be->ops->linear_weight_free(be, pw8);
         free(w);
         free(w8);
         free(scale);
@@ -256,11 +271,12 @@ static void bench_gemm(ml_backend *be)
     memset(y, 0, (size_t)j.M * j.N * sizeof *y);
     j.y = y;
     j.x = x;
-    j.w = w;
+    j.w = packed(be, w, j.N, j.K, sizeof *w);
     timing t = best_of(mm_run, &j, 3);
     const double flop = 2.0 * j.M * j.K * j.N;
     printf("  matmul M=%d K=%d N=%d   %8.1f ms  %6.1f GFLOP/s wall  %6.1f GFLOP/s cpu\n", j.M,
            j.K, j.N, t.wall * 1e3, flop / t.wall / 1e9, flop / t.cpu / 1e9);
+    be->ops->linear_weight_free(be, j.w);
     free(w);
     free(x);
     free(y);

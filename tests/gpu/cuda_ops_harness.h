@@ -119,6 +119,30 @@ static inline uint16_t *to_bf16(const float *x, size_t n)
     return w;
 }
 
+/* The CPU reference's matmuls on a row-major weight (N, K): packed by the
+ * CPU backend first, as the model binds every Linear (backend.h
+ * linear_weight; the CUDA backend reads the upload of the rows as they
+ * are). */
+static inline void cpu_matmul(float *y, const float *x, const uint16_t *w, const uint16_t *bias,
+                              int M, int K, int N, int accumulate)
+{
+    const uint16_t *p = g_cpu->ops->linear_weight(g_cpu, w, N, K, sizeof *w);
+    check(p != NULL, "cpu linear_weight %d x %d", N, K);
+    if (p)
+        g_cpu->ops->matmul(g_cpu, y, x, p, bias, M, K, N, accumulate);
+    g_cpu->ops->linear_weight_free(g_cpu, p);
+}
+
+static inline void cpu_matmul_f8(float *y, const float *x, const uint8_t *w, const float *scale,
+                                 const uint16_t *bias, int M, int K, int N)
+{
+    const uint8_t *p = g_cpu->ops->linear_weight(g_cpu, w, N, K, sizeof *w);
+    check(p != NULL, "cpu linear_weight %d x %d F8_E4M3", N, K);
+    if (p)
+        g_cpu->ops->matmul_f8(g_cpu, y, x, p, scale, bias, M, K, N, 0);
+    g_cpu->ops->linear_weight_free(g_cpu, p);
+}
+
 static inline void sync_ok(const char *what)
 {
     char err[ERRLEN] = "";

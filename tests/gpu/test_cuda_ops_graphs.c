@@ -35,7 +35,7 @@ static void test_graphs(void)
             o->upload(g_gpu, dx, x, (size_t)M * D * 4);
             o->graph_replay(g_gpu, 3);
             g_cpu->ops->rmsnorm(g_cpu, h, x, g, M, D, 1e-5f);
-            g_cpu->ops->matmul(g_cpu, y, h, w, NULL, M, D, N, 0);
+            cpu_matmul(y, h, w, NULL, M, D, N, 0);
             g_cpu->ops->silu_mul(g_cpu, y, y, y, (size_t)M * N);
             char what[96];
             snprintf(what, sizeof what, "graph replay %d (rmsnorm, matmul M=%d, silu_mul)", rep,

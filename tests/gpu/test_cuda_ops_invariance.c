@@ -102,11 +102,9 @@ static void matmul_rows(int checked, weight_kind kind, int K, int N, int with_bi
             float *want = xmalloc((size_t)N * 4);
             memcpy(want, y_row, (size_t)N * 4);
             if (f8)
-                g_cpu->ops->matmul_f8(g_cpu, want, row, w, scale, with_bias ? bias : NULL, 1, K,
-                                      N, 0);
+                cpu_matmul_f8(want, row, w, scale, with_bias ? bias : NULL, 1, K, N);
             else
-                g_cpu->ops->matmul(g_cpu, want, row, w, with_bias ? bias : NULL, 1, K, N,
-                                   accumulate);
+                cpu_matmul(want, row, w, with_bias ? bias : NULL, 1, K, N, accumulate);
             snprintf(what, sizeof what, "%s %dx%d%s%s at M = %d against the CPU", name, K, N,
                      with_bias ? " +bias" : "", accumulate ? " +=" : "", M);
             check_nmse(alone, want, (size_t)N, NMSE_GEMM, what);

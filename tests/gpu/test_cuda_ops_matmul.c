@@ -29,7 +29,7 @@ static void matmul_case(int M, int K, int N, int with_bias, int accumulate, int 
     float *y = rand_f32(ny, -1, 1), *got = xmalloc(ny * sizeof *got);
     float *dx = dput(x, nx * sizeof *x), *dy = dput(y, ny * sizeof *y);
     uint16_t *dw = dput(w, nw * sizeof *w), *db = dput(bias, (size_t)N * sizeof *bias);
-    g_cpu->ops->matmul(g_cpu, y, x, w, with_bias ? bias : NULL, M, K, N, accumulate);
+    cpu_matmul(y, x, w, with_bias ? bias : NULL, M, K, N, accumulate);
     g_gpu->ops->matmul(g_gpu, dy, dx, dw, with_bias ? db : NULL, M, K, N, accumulate);
     char what[128];
     snprintf(what, sizeof what, "matmul %dx%dx%d%s%s%s", M, K, N, with_bias ? " +bias" : "",
@@ -124,7 +124,7 @@ static void matmul_f8_case(int M, int K, int N, int with_bias, int quant_x, int 
     if (quant_x)
         w8a8_reference(y, x, w, scale, b, M, K, N);
     else
-        g_cpu->ops->matmul_f8(g_cpu, y, x, w, scale, b, M, K, N, 0);
+        cpu_matmul_f8(y, x, w, scale, b, M, K, N);
     g_gpu->ops->matmul_f8(g_gpu, dy, dx, dw, dscale, with_bias ? db : NULL, M, K, N, quant_x);
     char what[128];
     snprintf(what, sizeof what, "matmul_f8 %s %dx%dx%d%s%s", quant_x ? "W8A8" : "W8A16", M, K, N,

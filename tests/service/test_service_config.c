@@ -117,6 +117,23 @@ static void test_weights(void)
           "model.fp8_activations=int8 refused: %s", rc ? err : "accepted");
 }
 
+/* limits.max_tokens: 4096 by default, the request parser's bound, and at
+ * least the default a request without max_tokens gets. */
+static void test_max_tokens(void)
+{
+    svc_config cfg;
+    char err[512];
+    check(load(&cfg, NULL, NULL, err, sizeof err) == 0 &&
+              cfg.limits.max_tokens == SVC_MAX_TOKENS_DEFAULT,
+          "limits.max_tokens defaults to %d: %s", SVC_MAX_TOKENS_DEFAULT, err);
+    check(load(&cfg, NULL, "limits.max_tokens=32768", err, sizeof err) == 0 &&
+              cfg.limits.max_tokens == 32768,
+          "limits.max_tokens=32768: %s", err);
+    const int rc = load(&cfg, NULL, "limits.max_tokens=100", err, sizeof err);
+    check(rc == -1 && strstr(err, "runtime.default_max_tokens (256) must be <= limits.max_tokens (100)"),
+          "limits.max_tokens below the default refused: %s", rc ? err : "accepted");
+}
+
 /* The structured-output limits: the embedded defaults (config/README.md
  * "Keys"), and each key's range named when refused. */
 static void test_schema_limits(void)
@@ -299,6 +316,7 @@ int main(void)
     test_values();
     test_refused();
     test_weights();
+    test_max_tokens();
     test_schema_limits();
     test_tenants_implicit();
     test_tenants_configured();

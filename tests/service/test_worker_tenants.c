@@ -46,7 +46,8 @@
 #define TENANTS "tenants=[{\"name\":\"acme\"},{\"name\":\"beta\"}]"
 #define ANSWER_MS 30000
 #define JOIN_MS 30000
-#define LONG_TOKENS 4096   /* streams for seconds: still running when the test acts */
+#define LONG_TOKENS 32768  /* streams for many seconds: still running when the test acts */
+#define LONG_LIMIT "limits.max_tokens=32768"
 #define SHORT_TOKENS 8
 #define STREAMING_CHUNKS 3 /* a request is running once this many chunks came */
 #define STILL_CHUNKS 3     /* chunks after an event that prove the stream went on */
@@ -380,7 +381,7 @@ int main(void)
                                          REPLIES_BETA};
     pu_client_init(&client, st.brokers, topics, (int)(sizeof topics / sizeof topics[0]));
 
-    static const char *const implicit[] = {SLOW_IMAGE_PIXELS, NULL};
+    static const char *const implicit[] = {SLOW_IMAGE_PIXELS, LONG_LIMIT, NULL};
     if (!pu_worker_start(&st.workers[0], &st.env, "w0", implicit) ||
         !pu_wait_assigned(&st.workers[0], JOIN_MS)) {
         pu_stack_stop(&st);
@@ -392,7 +393,7 @@ int main(void)
     test_other_reply_topic();
     check(pu_stop(&st.workers[0], PU_STOP_MS) == 0, "w0: drained with exit code 0");
 
-    static const char *const tenants[] = {TENANTS, NULL};
+    static const char *const tenants[] = {TENANTS, LONG_LIMIT, NULL};
     for (int i = 1; i < 3; i++) {
         char name[8];
         snprintf(name, sizeof name, "w%d", i);
