@@ -110,22 +110,26 @@ static void each_weight(ml_backend *be, ml_weights *w, void (*fn)(ml_backend *, 
     }
 }
 
-/* W8A8 needs FP8 weights: an FP8 checkpoint or model.weights = "fp8".
- * Dynamic per-token quantization takes nothing from the checkpoint (no
- * calibrated activation scale), so it is allowed whatever the scheme says
- * of input_activations: a W8A16 checkpoint (input_activations null, as
- * quantize-at-load's scheme) runs as vLLM would run the FP8-dynamic one.
- * Sets m->quant_x. */
-static ml_status check_fp8_activations(ml_shard *m, char *err, size_t errlen)
+/* W8A8 and an FP8 lm_head need FP8 weights: an FP8 checkpoint or
+ * model.weights = "fp8" (an FP8 lm_head alone would leave the decoder's
+ * bytes as they are, and its rounding unmeasured). Dynamic per-token
+ * quantization takes nothing from the checkpoint (no calibrated activation
+ * scale), so it is allowed whatever the scheme says of input_activations:
+ * a W8A16 checkpoint (input_activations null, as quantize-at-load's
+ * scheme) runs as vLLM would run the FP8-dynamic one. Sets m->quant_x and
+ * m->cfg.quant.lm_head_fp8. */
+static ml_status check_fp8_options(ml_shard *m, char *err, size_t errlen)
 {
     m->quant_x = 0;
-    if (!m->limits.fp8_activations)
-        return ML_OK;
-    if (m->cfg.quant.scheme == ML_QUANT_NONE)
+    const char *what = m->limits.fp8_activations ? "fp8 activations need"
+                       : m->limits.fp8_lm_head   ? "an fp8 lm_head needs"
+                                                 : NULL;
+    if (what && m->cfg.quant.scheme == ML_QUANT_NONE)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
-                       "model: fp8 activations need FP8 weights (an FP8 checkpoint, or "
-                       "model.weights = \"fp8\")");
-    m->quant_x = 1;
+                       "model: %s FP8 weights (an FP8 checkpoint, or model.weights = \"fp8\")",
+                       what);
+    m->quant_x = m->limits.fp8_activations;
+    m->cfg.quant.lm_head_fp8 = m->limits.fp8_lm_head;
     return ML_OK;
 }
 
@@ -220,7 +224,7 @@ ml_status ml_shard_load(ml_shard **out, const char *dir, ml_backend *be,
         goto fail;
     if (lim.quantize_fp8 && m->cfg.quant.scheme == ML_QUANT_NONE)
         ml_quant_config_fp8_at_load(&m->cfg.quant);
-    if ((st = check_fp8_activations(m, err, errlen)) != ML_OK)
+    if ((st = check_fp8_options(m, err, errlen)) != ML_OK)
         goto fail;
     if ((st = ml_weights_create(&m->host_weights, m->ckpt, &m->cfg, err, errlen)) != ML_OK ||
         (st = bind_backend_weights(m, err, errlen)) != ML_OK)
