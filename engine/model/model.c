@@ -167,8 +167,9 @@ static ml_status bind_backend_weights(ml_shard *m, char *err, size_t errlen)
     /* A backend that copies the weights (a device) is done with the host
      * slices of the row-parallel Linears once the copies are complete: for
      * 90B over 8 GPUs they would keep a third of each shard's weights in
-     * host memory for nothing. The CPU backend computes on them. */
-    if (st == ML_OK && w->text.lm_head.data != m->host_weights->text.lm_head.data) {
+     * host memory for nothing. The CPU backend computes on them. The
+     * embedding tells which: it is bf16 always (lm_head may be FP8). */
+    if (st == ML_OK && w->text.embed_tokens.data != m->host_weights->text.embed_tokens.data) {
         free(m->dims.row_slices);
         m->dims.row_slices = NULL;
     }
