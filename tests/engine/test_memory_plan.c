@@ -271,6 +271,8 @@ int main(void)
         heads[h].quant.lm_head_fp8 = 1;
         check(ml_memory_plan_compute(&heads[h], &spec, &q, err, sizeof err) == ML_OK, "plan: %s",
               err);
+        if (!h)
+            print_plan("90B fp8, fp8 lm_head, one H200", &q, &spec);
         check(q.weight_bytes[ML_PLAN_FP8] == (uint64_t)(EXPECT_FP8 + VOCAB * D) &&
                   q.weight_bytes[ML_PLAN_BF16] == (uint64_t)(EXPECT_BF16 - 2 * VOCAB * D) &&
                   q.weight_bytes[ML_PLAN_SCALES] == (uint64_t)(EXPECT_SCALES + VOCAB * 4),
