@@ -111,13 +111,13 @@ static void each_weight(ml_backend *be, ml_weights *w, void (*fn)(ml_backend *, 
 }
 
 /* W8A8 and an FP8 lm_head need FP8 weights: an FP8 checkpoint or
- * model.weights = "fp8" (an FP8 lm_head alone would leave the decoder's
- * bytes as they are, and its rounding unmeasured). Dynamic per-token
- * quantization takes nothing from the checkpoint (no calibrated activation
- * scale), so it is allowed whatever the scheme says of input_activations:
- * a W8A16 checkpoint (input_activations null, as quantize-at-load's
- * scheme) runs as vLLM would run the FP8-dynamic one. Sets m->quant_x and
- * m->cfg.quant.lm_head_fp8. */
+ * model.weights = "fp8" (an FP8 lm_head on a bf16 decoder is a scheme no
+ * checkpoint uses, and the goldens measure it on FP8 decoders). Dynamic
+ * per-token quantization takes nothing from the checkpoint (no calibrated
+ * activation scale), so it is allowed whatever the scheme says of
+ * input_activations: a W8A16 checkpoint (input_activations null, as
+ * quantize-at-load's scheme) runs as vLLM would run the FP8-dynamic one.
+ * Sets m->quant_x and m->cfg.quant.lm_head_fp8. */
 static ml_status check_fp8_options(ml_shard *m, char *err, size_t errlen)
 {
     m->quant_x = 0;
