@@ -124,11 +124,11 @@ static void head_rows(fx_head *h, size_t off, const float *got, const float *x, 
     const float *base = h->logits + off;
     note(&h->vs, got, base, n);
     for (int i = 0; i < rows; i++) {
-        h->vs.agree += ml_fx_argmax(got + (size_t)i * V, V) == ml_fx_argmax(base + (size_t)i * V, V);
+        const size_t row = (size_t)i * V;
+        h->vs.agree += ml_fx_argmax(got + row, V) == ml_fx_argmax(base + row, V);
         h->vs.total++;
         for (int v = 0; v < V; v++) {
-            const size_t at = (size_t)i * V + v;
-            const double d = fabs((double)got[at] - base[at]);
+            const double d = fabs((double)got[row + v] - base[row + v]);
             h->worst = fmax(h->worst, d / head_bound(h, x + (size_t)i * h->D, v));
         }
     }

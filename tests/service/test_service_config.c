@@ -4,8 +4,8 @@
  * and any other value is refused with an error naming the key and the two
  * values; model.weights takes "stored" (the default) or "fp8" (quantize at
  * load), and model.fp8_activations "bf16" (the default, W8A16) or "fp8"
- * (W8A8), likewise; model.fp8_lm_head is a boolean, false by default. The structured-output limits have their defaults and
- * ranges. Tenants: with none configured there is one, "default", on the
+ * (W8A8), likewise; model.fp8_lm_head is a boolean, false by default. The
+ * structured-output limits have their defaults and ranges. Tenants: with none configured there is one, "default", on the
  * kafka section's topics; a "tenants" array gets the documented defaults
  * (topics and reply policy derived from the kafka section and the name,
  * weight 1, max_in_flight 2 x runtime.max_running, cache_group the name,
