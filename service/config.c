@@ -69,6 +69,7 @@ static const field fields[] = {
     STR("model", "cross_attention_row_mask", model.cross_attention_row_mask),
     STR("model", "weights", model.weights),
     STR("model", "fp8_activations", model.fp8_activations),
+    BOOL("model", "fp8_lm_head", model.fp8_lm_head),
     LONG("runtime", "kv_mib", runtime.kv_mib, 1, 1L << 24),
     LONG("runtime", "image_mib", runtime.image_mib, 1, 1L << 24),
     INT("runtime", "max_running", runtime.max_running, 1, 4096),

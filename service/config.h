@@ -67,6 +67,7 @@ typedef struct svc_config {
         int quantize_fp8;                /* weights, parsed at validation */
         char fp8_activations[8];         /* "bf16" (W8A16) or "fp8" (W8A8 per token) */
         int quant_activations;           /* fp8_activations, parsed at validation */
+        int fp8_lm_head;                 /* lm_head FP8 too (quantized at load when bf16) */
     } model;
     struct {
         long kv_mib, image_mib;

@@ -130,6 +130,11 @@ typedef struct ml_quant_config {
      * stores float weights, quantized when they are bound (ml_quant_config_
      * fp8_at_load). */
     int at_load;
+    /* 1: lm_head is FP8 whatever `ignore` says (model.fp8_lm_head): stored
+     * F8_E4M3 it binds as stored, stored float it is quantized when bound,
+     * as at_load quantizes the others. 0: as `ignore` says (the published
+     * lists keep it bf16). */
+    int lm_head_fp8;
     /* input_activations {type float, num_bits 8, strategy token, dynamic}:
      * the reference quantizes each activation row to FP8 at run time (W8A8);
      * 0 when input_activations is null (W8A16). */

@@ -163,19 +163,14 @@ static ml_status bind(binder *b, ml_weight *dst, shape s, const char *fmt, ...)
     return rc;
 }
 
-/* The weight of an nn.Linear (out, in): as bind() without quantization or
- * when the ignore list names the module (matched on the name the
- * checkpoint stores, which may be either key layout; the hub name in
- * manifest mode), else an F8_E4M3 weight and its (out, 1) weight_scale. */
-static ml_status bind_linear(binder *b, ml_weight *dst, shape s, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static ml_status bind_linear(binder *b, ml_weight *dst, shape s, const char *fmt, ...)
+/* The weight `name` of an nn.Linear (out, in): as bind() without
+ * quantization or when the ignore list names the module (matched on the
+ * name the checkpoint stores, which may be either key layout; the hub name
+ * in manifest mode), else an F8_E4M3 weight and its (out, 1) weight_scale.
+ * force_fp8: a module the ignore list names is quantized here instead. */
+static ml_status bind_linear_name(binder *b, ml_weight *dst, shape s, const char *name,
+                                  int force_fp8)
 {
-    char name[NAME_MAX_LEN];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
     if (b->quant->scheme == ML_QUANT_NONE)
         return bind_name(b, BIND_WEIGHT, dst, NULL, s, name);
     const ml_tensor_view *t = b->ck ? ml_checkpoint_find(b->ck, name) : NULL;
@@ -188,9 +183,9 @@ static ml_status bind_linear(binder *b, ml_weight *dst, shape s, const char *fmt
     ml_status rc = ml_quant_config_ignores(b->quant, module, &ignored, b->err, b->errlen);
     if (rc != ML_OK)
         return rc;
-    if (ignored)
+    if (ignored && !force_fp8)
         return bind_name(b, BIND_WEIGHT, dst, NULL, s, name);
-    if (b->quant->at_load)
+    if (ignored || b->quant->at_load)
         return bind_name(b, BIND_QUANTIZE, dst, NULL, s, name);
     char scale[NAME_MAX_LEN + sizeof SCALE_SUFFIX];
     snprintf(scale, sizeof scale, "%s" SCALE_SUFFIX, name);
@@ -198,6 +193,19 @@ static ml_status bind_linear(binder *b, ml_weight *dst, shape s, const char *fmt
         (rc = bind_name(b, BIND_SCALE, dst, NULL, SHAPE2(s.d[0], 1), scale)))
         return rc;
     return ML_OK;
+}
+
+/* bind_linear_name with the name formatted, as the ignore list says. */
+static ml_status bind_linear(binder *b, ml_weight *dst, shape s, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static ml_status bind_linear(binder *b, ml_weight *dst, shape s, const char *fmt, ...)
+{
+    char name[NAME_MAX_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return bind_linear_name(b, dst, s, name, 0);
 }
 
 /* A gate: a shape-(1) tensor read into a float. */
@@ -329,7 +337,8 @@ static ml_status bind_text(binder *b, ml_text_weights *w, const ml_config *cfg)
     if ((rc = bind(b, &w->embed_tokens, SHAPE2(rows, D),
                    "language_model.model.embed_tokens.weight")) ||
         (rc = bind(b, &w->norm, SHAPE1(D), "language_model.model.norm.weight")) ||
-        (rc = bind_linear(b, &w->lm_head, SHAPE2(t->vocab_size, D), "language_model.lm_head.weight")))
+        (rc = bind_linear_name(b, &w->lm_head, SHAPE2(t->vocab_size, D),
+                               "language_model.lm_head.weight", cfg->quant.lm_head_fp8)))
         return rc;
     for (int i = 0; i < w->n_layers; i++)
         if ((rc = bind_text_layer(b, &w->layers[i], t, i, ml_config_cross_index(cfg, i) >= 0)))

@@ -150,7 +150,9 @@ typedef struct ml_weights {
  * (out_features) in a float dtype (ML_ERR_FORMAT otherwise, naming the
  * tensor); the Linears it names bind as without quantization. With
  * cfg->quant.at_load they are float weights, quantized here
- * (fp8_quant.h) into a buffer ml_weights owns. */
+ * (fp8_quant.h) into a buffer ml_weights owns. With cfg->quant.lm_head_fp8,
+ * lm_head is FP8 even when the ignore list names it: quantized here from
+ * its float weight. */
 ml_status ml_weights_create(ml_weights **out, const ml_checkpoint *ck, const ml_config *cfg,
                             char *err, size_t errlen);
 
@@ -164,7 +166,8 @@ typedef struct ml_manifest_entry {
     int64_t shape[4];
     int is_gate;    /* a shape-(1) residual gate */
     ml_dtype dtype; /* BF16, or F8_E4M3 for a quantized Linear (its scale is BF16) */
-    int quantized_at_load; /* a BF16 Linear that cfg->quant.at_load makes F8_E4M3 */
+    int quantized_at_load; /* a BF16 Linear that cfg->quant.at_load (or lm_head_fp8) makes
+                              F8_E4M3 */
 } ml_manifest_entry;
 
 /* The tensors ml_weights_create binds for cfg (validated), in binding order:

@@ -72,6 +72,13 @@ typedef struct ml_model_limits {
      * or quantize_fp8). 0: W8A16, activations kept in f32 (transformers'
      * decompressed reference). */
     int fp8_activations;
+    /* 1: lm_head FP8 too, per output channel (model.fp8_lm_head): an FP8
+     * checkpoint's bf16 lm_head (the published ones ignore it) or a float
+     * one with quantize_fp8 is quantized at load, one stored F8_E4M3 binds
+     * as stored; the load fails with ML_ERR_INVALID_ARG unless the weights
+     * are FP8. 0: lm_head as the checkpoint's quantization says (bf16 in
+     * the published FP8 checkpoints and with quantize_fp8). */
+    int fp8_lm_head;
 } ml_model_limits;
 
 /* Defaults: 512-token steps, 32 sequences, 8 images per sequence, 16-token

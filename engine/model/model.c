@@ -58,32 +58,37 @@ int ml_row_mask_mode_parse(const char *s, ml_row_mask_mode *out)
  * bytes are read by nothing after it (the host views are kept only to be
  * freed), so their pages go back: no second copy of the weights stays
  * resident (a CPU backend's packed copy, a device's upload). */
-static const void *linear_to_backend(ml_backend *be, const void *host, const ml_weight *w,
+static const void *linear_to_backend(ml_shard *m, const void *host, const ml_weight *w,
                                      size_t elem_size)
 {
-    const void *view = be->ops->linear_weight(be, host, (int)w->rows, (int)w->cols, elem_size);
-    if (view && view != host)
+    const void *view =
+        m->be->ops->linear_weight(m->be, host, (int)w->rows, (int)w->cols, elem_size);
+    if (view == host)
+        m->linears_borrowed = 1;
+    else if (view)
         ml_pages_release(host, (size_t)w->rows * (size_t)w->cols * elem_size);
     return view;
 }
 
 /* A Linear's weight goes through linear_weight (its FP8 scale stays a
  * plain weight); every other tensor through weight. */
-static void to_backend(ml_backend *be, ml_weight *w, int linear)
+static void to_backend(ml_shard *m, ml_weight *w, int linear)
 {
+    ml_backend *be = m->be;
     const size_t n = (size_t)w->rows * (size_t)w->cols;
     if (w->data)
-        w->data = linear ? linear_to_backend(be, w->data, w, sizeof *w->data)
+        w->data = linear ? linear_to_backend(m, w->data, w, sizeof *w->data)
                          : be->ops->weight(be, w->data, n * sizeof *w->data);
     if (w->f8) {
-        w->f8 = linear_to_backend(be, w->f8, w, sizeof *w->f8);
+        w->f8 = linear_to_backend(m, w->f8, w, sizeof *w->f8);
         w->scale = be->ops->weight(be, w->scale, (size_t)w->rows * sizeof *w->scale);
     }
 }
 
 /* Give back what to_backend got (a failed weight is NULL, a no-op). */
-static void from_backend(ml_backend *be, ml_weight *w, int linear)
+static void from_backend(ml_shard *m, ml_weight *w, int linear)
 {
+    ml_backend *be = m->be;
     if (linear)
         be->ops->linear_weight_free(be, w->data);
     else
@@ -99,8 +104,7 @@ static void from_backend(ml_backend *be, ml_weight *w, int linear)
 
 /* fn on every ml_weight of w, with whether it is a Linear's (matmul)
  * weight: one list for binding and giving back. */
-static void each_weight(ml_backend *be, ml_weights *w,
-                        void (*fn)(ml_backend *, ml_weight *, int linear))
+static void each_weight(ml_shard *m, ml_weights *w, void (*fn)(ml_shard *, ml_weight *, int linear))
 {
     ml_vision_weights *v = &w->vision;
     ml_weight *vs[] = {&v->class_embedding, &v->position_embedding,
@@ -110,9 +114,9 @@ static void each_weight(ml_backend *be, ml_weights *w,
                        &w->projector_bias, &w->text.embed_tokens, &w->text.norm};
     ml_weight *vs_linear[] = {&v->patch_embedding, &w->projector_weight, &w->text.lm_head};
     for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++)
-        fn(be, vs[i], 0);
+        fn(m, vs[i], 0);
     for (size_t i = 0; i < sizeof vs_linear / sizeof vs_linear[0]; i++)
-        fn(be, vs_linear[i], 1);
+        fn(m, vs_linear[i], 1);
     for (int k = 0; k < v->n_layers + v->n_global_layers; k++) {
         ml_vision_layer *l = k < v->n_layers ? &v->layers[k] : &v->global_layers[k - v->n_layers];
         ml_weight *ws[] = {&l->fc1_bias, &l->fc2_bias,
@@ -122,9 +126,9 @@ static void each_weight(ml_backend *be, ml_weights *w,
         ml_weight *ws_linear[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj,
                                   &l->fc1_weight, &l->fc2_weight};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-            fn(be, ws[i], 0);
+            fn(m, ws[i], 0);
         for (size_t i = 0; i < sizeof ws_linear / sizeof ws_linear[0]; i++)
-            fn(be, ws_linear[i], 1);
+            fn(m, ws_linear[i], 1);
     }
     for (int k = 0; k < w->text.n_layers; k++) {
         ml_text_layer *l = &w->text.layers[k];
@@ -135,28 +139,32 @@ static void each_weight(ml_backend *be, ml_weights *w,
                                   &l->cross.v_proj, &l->cross.o_proj, &l->gate_proj,
                                   &l->up_proj, &l->down_proj};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-            fn(be, ws[i], 0);
+            fn(m, ws[i], 0);
         for (size_t i = 0; i < sizeof ws_linear / sizeof ws_linear[0]; i++)
-            fn(be, ws_linear[i], 1);
+            fn(m, ws_linear[i], 1);
     }
 }
 
-/* W8A8 needs FP8 weights: an FP8 checkpoint or model.weights = "fp8".
- * Dynamic per-token quantization takes nothing from the checkpoint (no
- * calibrated activation scale), so it is allowed whatever the scheme says
- * of input_activations: a W8A16 checkpoint (input_activations null, as
+/* W8A8 and an FP8 lm_head need FP8 weights: an FP8 checkpoint or
+ * model.weights = "fp8" (an FP8 lm_head on a bf16 decoder is a scheme no
+ * checkpoint uses, and the goldens measure it on FP8 decoders). Dynamic
+ * per-token quantization takes nothing from the checkpoint (no calibrated
+ * activation scale), so it is allowed whatever the scheme says of
+ * input_activations: a W8A16 checkpoint (input_activations null, as
  * quantize-at-load's scheme) runs as vLLM would run the FP8-dynamic one.
- * Sets m->quant_x. */
-static ml_status check_fp8_activations(ml_shard *m, char *err, size_t errlen)
+ * Sets m->quant_x and m->cfg.quant.lm_head_fp8. */
+static ml_status check_fp8_options(ml_shard *m, char *err, size_t errlen)
 {
     m->quant_x = 0;
-    if (!m->limits.fp8_activations)
-        return ML_OK;
-    if (m->cfg.quant.scheme == ML_QUANT_NONE)
+    const char *what = m->limits.fp8_activations ? "fp8 activations need"
+                       : m->limits.fp8_lm_head   ? "an fp8 lm_head needs"
+                                                 : NULL;
+    if (what && m->cfg.quant.scheme == ML_QUANT_NONE)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
-                       "model: fp8 activations need FP8 weights (an FP8 checkpoint, or "
-                       "model.weights = \"fp8\")");
-    m->quant_x = 1;
+                       "model: %s FP8 weights (an FP8 checkpoint, or model.weights = \"fp8\")",
+                       what);
+    m->quant_x = m->limits.fp8_activations;
+    m->cfg.quant.lm_head_fp8 = m->limits.fp8_lm_head;
     return ML_OK;
 }
 
@@ -188,14 +196,14 @@ static ml_status bind_backend_weights(ml_shard *m, char *err, size_t errlen)
         return st;
 
     ml_backend *be = m->be;
-    each_weight(be, w, to_backend);
+    each_weight(m, w, to_backend);
     m->w_bound = 1;
     st = be->ops->synchronize(be, err, errlen);
-    /* Every backend copies the Linears (linear_weight), so the host slices
-     * of the row-parallel ones are done with once the copies are complete:
+    /* A backend that copied every Linear (linear_weight) is done with the
+     * host slices of the row-parallel ones once the copies are complete:
      * for 90B over 8 GPUs they would keep a third of each shard's weights
      * in host memory for nothing. */
-    if (st == ML_OK) {
+    if (st == ML_OK && !m->linears_borrowed) {
         free(m->dims.row_slices);
         m->dims.row_slices = NULL;
     }
@@ -251,7 +259,7 @@ ml_status ml_shard_load(ml_shard **out, const char *dir, ml_backend *be,
         goto fail;
     if (lim.quantize_fp8 && m->cfg.quant.scheme == ML_QUANT_NONE)
         ml_quant_config_fp8_at_load(&m->cfg.quant);
-    if ((st = check_fp8_activations(m, err, errlen)) != ML_OK)
+    if ((st = check_fp8_options(m, err, errlen)) != ML_OK)
         goto fail;
     if ((st = ml_weights_create(&m->host_weights, m->ckpt, &m->cfg, err, errlen)) != ML_OK ||
         (st = bind_backend_weights(m, err, errlen)) != ML_OK)
@@ -304,7 +312,7 @@ void ml_shard_destroy(ml_shard *m)
     free(m->host.row_attn); /* the start of the host staging allocation */
     free(m->self_index);
     if (m->w_bound)
-        each_weight(m->be, &m->w, from_backend);
+        each_weight(m, &m->w, from_backend);
     free(m->w.vision.layers);
     free(m->w.vision.global_layers);
     free(m->w.text.layers);

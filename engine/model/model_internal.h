@@ -115,6 +115,8 @@ struct ml_shard {
     ml_weights w;              /* backend views: same shapes, data from be->ops->weight;
                                   layer arrays owned */
     int w_bound;               /* w's data are owned weight results, given back at destroy */
+    int linears_borrowed;      /* a Linear's backend view is its host bytes (backend.h
+                                  linear_weight), which must then stay */
     int max_blocks_per_seq;
     int n_self_layers;
     int *self_index;           /* owned (text layers): index into the kv cache, -1 for cross */

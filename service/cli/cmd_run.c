@@ -31,12 +31,13 @@ static void usage(FILE *f)
             "                  [--threads N] [--kv-mib N] [--image-mib N] [--backend auto|cpu|cuda]\n"
             "                  [--tp N [--devices 0,1,...]] [--cross-attention-row-mask MODE]\n"
             "                  [--date-string DATE] [--batch-invariant on|off] [--no-prefix-cache]\n"
-            "                  [--weights stored|fp8] [--fp8-activations bf16|fp8] [--memory-plan]\n"
+            "                  [--weights stored|fp8] [--fp8-activations bf16|fp8] [--fp8-lm-head]\n"
+            "                  [--memory-plan]\n"
             "       mllama run --model DIR --batch FILE.jsonl [--threads N] [--kv-mib N] [--image-mib N]\n"
             "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]]\n"
             "                  [--cross-attention-row-mask MODE] [--date-string DATE]\n"
             "                  [--batch-invariant on|off] [--no-prefix-cache] [--weights stored|fp8]\n"
-            "                  [--fp8-activations bf16|fp8]\n\n"
+            "                  [--fp8-activations bf16|fp8] [--fp8-lm-head]\n\n"
             "--prompt is raw text (special tokens parsed; <|begin_of_text|> is inserted after\n"
             "any leading <|image|> tokens when absent, as MllamaProcessor does); --chat wraps\n"
             "TEXT and the images in the Llama 3.2 Vision Instruct template, TEXT encoded as\n"
@@ -53,6 +54,9 @@ static void usage(FILE *f)
             "stored either way. --fp8-activations fp8 (the worker's model.fp8_activations):\n"
             "W8A8, the FP8 Linears quantize their activations per token as vLLM does; the\n"
             "default bf16 keeps them in f32 (W8A16, transformers' decompressed numerics).\n"
+            "--fp8-lm-head (the worker's model.fp8_lm_head): lm_head FP8 too, quantized at\n"
+            "load when the checkpoint keeps it bf16 as the published FP8 ones do; needs FP8\n"
+            "weights.\n"
             "--memory-plan prints one device's memory plan at load to stderr: weights by\n"
             "dtype, the K/V pool and image states of --kv-mib / --image-mib, the workspaces,\n"
             "what is left and the most K/V tokens or images that would fit.\n"
@@ -438,6 +442,10 @@ static int parse_args(int argc, char **argv, run_opts *o)
             o->no_prefix_cache = 1;
             continue;
         }
+        if (!strcmp(a, "--fp8-lm-head")) {
+            o->fp8_lm_head = 1;
+            continue;
+        }
         if (!strcmp(a, "--json-object")) {
             if (o->spec.sampling.grammar) {
                 fprintf(stderr, CMD ": give --json-object or one --response-format\n");
@@ -593,6 +601,7 @@ static int ctx_init(run_ctx *c, const run_opts *o, int max_images)
     ec.limits.row_mask = o->row_mask;
     ec.limits.quantize_fp8 = o->quantize_fp8;
     ec.limits.fp8_activations = o->fp8_activations;
+    ec.limits.fp8_lm_head = o->fp8_lm_head;
     if (o->logits_out)
         ec.limits.max_logit_rows = ec.limits.max_step_seqs;
     ec.runtime.max_running = ec.limits.max_step_seqs;

@@ -61,6 +61,7 @@ typedef struct run_opts {
     ml_row_mask_mode row_mask;
     int quantize_fp8; /* --weights fp8 */
     int fp8_activations; /* --fp8-activations fp8 */
+    int fp8_lm_head; /* --fp8-lm-head */
     job_spec spec;
 } run_opts;
 

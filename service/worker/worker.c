@@ -296,12 +296,17 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
     ec.limits.row_mask = c->model.row_mask;
     ec.limits.quantize_fp8 = c->model.quantize_fp8;
     ec.limits.fp8_activations = c->model.quant_activations;
+    ec.limits.fp8_lm_head = c->model.fp8_lm_head;
     if (ml_engine_open(&w->engine, &ec, err, errlen) != ML_OK)
         return -1;
     if (c->model.quant_activations)
         svc_log(SVC_LOG_INFO, "fp8_activations",
                 "W8A8: the FP8 Linears quantize their activations per token (vLLM's "
                 "numerics, not transformers' decompressed reference)");
+    if (c->model.fp8_lm_head)
+        svc_log(SVC_LOG_INFO, "fp8_lm_head",
+                "lm_head is FP8 per output channel (the published FP8 checkpoints keep it "
+                "bf16)");
     w->model = ml_engine_model(w->engine);
     /* The parser refuses logit_bias ids without a logit before any work. */
     w->limits.logit_vocab = (size_t)ml_model_config(w->model)->text.vocab_size;

@@ -4,7 +4,8 @@
  * fixtures/fp8_quant.safetensors from gen_fixtures.py --only fp8); a
  * compressed-tensors checkpoint binds its text-decoder Linears as FP8 with
  * their scales and the ignored ones as bf16; a bf16 checkpoint quantized at
- * load holds exactly the quantizer's codes; and an FP8 tensor without a
+ * load holds exactly the quantizer's codes, and so does lm_head with
+ * quant.lm_head_fp8 on either; and an FP8 tensor without a
  * quantization_config is refused by name. */
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +124,25 @@ static void test_bind_compressed(void)
     ml_checkpoint_destroy(ck);
 }
 
+/* Whether x, bound from the bf16 checkpoint tensor `name`, holds exactly
+ * the quantizer's codes and scales. */
+static int quantized_as_quantizer(const ml_checkpoint *ck, const char *name, const ml_weight *x)
+{
+    const ml_tensor_view *t = ml_checkpoint_find(ck, name);
+    const size_t numel = (size_t)(x->rows * x->cols);
+    uint8_t *q = malloc(numel);
+    uint16_t *s = malloc((size_t)x->rows * sizeof *s), *wb = malloc(numel * 2);
+    memcpy(wb, t->data, numel * 2);
+    ml_fp8_quantize_rows(wb, x->rows, x->cols, q, s);
+    int same = x->f8 && !x->data && !memcmp(q, x->f8, numel);
+    for (int64_t r = 0; x->f8 && r < x->rows; r++)
+        same &= x->scale[r] == ml_bf16_to_f32(s[r]);
+    free(q);
+    free(s);
+    free(wb);
+    return same;
+}
+
 static void test_quantize_at_load(void)
 {
     ml_checkpoint *ck = NULL;
@@ -134,25 +154,13 @@ static void test_quantize_at_load(void)
             const ml_text_layer *L = &w->text.layers[i];
             const ml_weight *ws[] = {&L->gate_proj, &L->up_proj, &L->down_proj};
             for (size_t k = 0; k < sizeof ws / sizeof ws[0]; k++) {
-                const ml_weight *x = ws[k];
                 char name[128];
                 static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj"};
                 snprintf(name, sizeof name, "language_model.model.layers.%d.mlp.%s.weight", i,
                          mlp[k]);
-                const ml_tensor_view *t = ml_checkpoint_find(ck, name);
-                const size_t numel = (size_t)(x->rows * x->cols);
-                uint8_t *q = malloc(numel);
-                uint16_t *s = malloc((size_t)x->rows * sizeof *s), *wb = malloc(numel * 2);
-                memcpy(wb, t->data, numel * 2);
-                ml_fp8_quantize_rows(wb, x->rows, x->cols, q, s);
-                same &= x->f8 && !memcmp(q, x->f8, numel);
-                for (int64_t r = 0; x->f8 && r < x->rows; r++)
-                    same &= x->scale[r] == ml_bf16_to_f32(s[r]);
-                bytes += numel;
+                same &= quantized_as_quantizer(ck, name, ws[k]);
+                bytes += (size_t)(ws[k]->rows * ws[k]->cols);
                 n++;
-                free(q);
-                free(s);
-                free(wb);
             }
         }
         check(same && n == 3 * w->text.n_layers, "MLP weights quantized at load as the "
@@ -166,10 +174,47 @@ static void test_quantize_at_load(void)
     ml_checkpoint_destroy(ck);
 }
 
+/* quant.lm_head_fp8 (model.fp8_lm_head): the FP8 checkpoint's bf16
+ * lm_head, which its ignore list names, and the bf16 checkpoint's
+ * quantized at load are quantized at bind, codes and scales the
+ * quantizer's; the other Linears bind as without it. */
+static void test_lm_head_fp8(void)
+{
+    static const char *const dirs[] = {FP8_MODEL, BF16_MODEL};
+    for (int at_load = 0; at_load < 2; at_load++) {
+        ml_checkpoint *ck = NULL;
+        char path[600], err[ERRLEN] = "";
+        snprintf(path, sizeof path, "%s/config.json", dirs[at_load]);
+        ml_weights *w = NULL;
+        check(ml_config_load(&cfg, path, err, ERRLEN) == ML_OK &&
+                  ml_checkpoint_open(&ck, dirs[at_load], err, ERRLEN) == ML_OK,
+              "%s: %s", dirs[at_load], err);
+        if (at_load)
+            ml_quant_config_fp8_at_load(&cfg.quant);
+        cfg.quant.lm_head_fp8 = 1;
+        check(ml_weights_create(&w, ck, &cfg, err, ERRLEN) == ML_OK, "%s: %s", dirs[at_load],
+              err);
+        if (w) {
+            const ml_weight *h = &w->text.lm_head;
+            check(quantized_as_quantizer(ck, "language_model.lm_head.weight", h),
+                  "%s: lm_head quantized at load as the quantizer does", dirs[at_load]);
+            check(w->bytes_quantized >= (size_t)(h->rows * h->cols) &&
+                      (at_load || w->bytes_quantized == (size_t)(h->rows * h->cols)),
+                  "%s: %zu bytes quantized at load", dirs[at_load], w->bytes_quantized);
+            check(w->projector_weight.data && !w->projector_weight.f8 &&
+                      w->vision.layers[0].q_proj.data && w->text.layers[0].gate_proj.f8,
+                  "%s: projector and vision bf16, the decoder FP8", dirs[at_load]);
+        }
+        ml_weights_destroy(w);
+        ml_checkpoint_destroy(ck);
+    }
+}
+
 int main(void)
 {
     test_matches_compressed_tensors();
     test_bind_compressed();
     test_quantize_at_load();
+    test_lm_head_fp8();
     return check_done();
 }

@@ -279,6 +279,25 @@ int main(void)
         check(q.weight_bytes[d] == p.weight_bytes[d], "quantized at load: %s bytes as published",
               ml_plan_dtype_name((ml_plan_dtype)d));
 
+    /* model.fp8_lm_head, on the FP8 checkpoint and quantized at load alike:
+     * lm_head's (VOCAB, D) moves from bf16 to one byte a weight and VOCAB
+     * f32 scales. */
+    ml_config heads[2] = {cfg, at_load};
+    for (int h = 0; h < 2; h++) {
+        heads[h].quant.lm_head_fp8 = 1;
+        check(ml_memory_plan_compute(&heads[h], &spec, &q, err, sizeof err) == ML_OK, "plan: %s",
+              err);
+        if (!h)
+            print_plan("90B fp8, fp8 lm_head, one H200", &q, &spec);
+        check(q.weight_bytes[ML_PLAN_FP8] == (uint64_t)(EXPECT_FP8 + VOCAB * D) &&
+                  q.weight_bytes[ML_PLAN_BF16] == (uint64_t)(EXPECT_BF16 - 2 * VOCAB * D) &&
+                  q.weight_bytes[ML_PLAN_SCALES] == (uint64_t)(EXPECT_SCALES + VOCAB * 4),
+              "fp8 lm_head (%s): fp8 %llu, bf16 %llu, scales %llu",
+              h ? "at load" : "FP8 checkpoint", (unsigned long long)q.weight_bytes[ML_PLAN_FP8],
+              (unsigned long long)q.weight_bytes[ML_PLAN_BF16],
+              (unsigned long long)q.weight_bytes[ML_PLAN_SCALES]);
+    }
+
     /* ---- bf16 90B: not one H200, two with TP 2 ----------------------------- */
     ml_config bf16 = cfg;
     memset(&bf16.quant, 0, sizeof bf16.quant);

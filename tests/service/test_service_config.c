@@ -4,8 +4,8 @@
  * and any other value is refused with an error naming the key and the two
  * values; model.weights takes "stored" (the default) or "fp8" (quantize at
  * load), and model.fp8_activations "bf16" (the default, W8A16) or "fp8"
- * (W8A8), likewise. The structured-output limits have their defaults and
- * ranges. Tenants: with none configured there is one, "default", on the
+ * (W8A8), likewise; model.fp8_lm_head is a boolean, false by default. The
+ * structured-output limits have their defaults and ranges. Tenants: with none configured there is one, "default", on the
  * kafka section's topics; a "tenants" array gets the documented defaults
  * (topics and reply policy derived from the kafka section and the name,
  * weight 1, max_in_flight 2 x runtime.max_running, cache_group the name,
@@ -115,6 +115,14 @@ static void test_weights(void)
     rc = load(&cfg, NULL, "model.fp8_activations=int8", err, sizeof err);
     check(rc == -1 && strstr(err, "model.fp8_activations: expected bf16 or fp8, got 'int8'"),
           "model.fp8_activations=int8 refused: %s", rc ? err : "accepted");
+    check(load(&cfg, NULL, NULL, err, sizeof err) == 0 && cfg.model.fp8_lm_head == 0,
+          "model.fp8_lm_head defaults to false: %s", err);
+    check(load(&cfg, NULL, "model.fp8_lm_head=true", err, sizeof err) == 0 &&
+              cfg.model.fp8_lm_head == 1,
+          "model.fp8_lm_head=true: %s", err);
+    rc = load(&cfg, NULL, "model.fp8_lm_head=fp8", err, sizeof err);
+    check(rc == -1 && strstr(err, "model.fp8_lm_head=fp8: expected true or false"),
+          "model.fp8_lm_head=fp8 refused: %s", rc ? err : "accepted");
 }
 
 /* limits.max_tokens: 4096 by default, the request parser's bound, and at
