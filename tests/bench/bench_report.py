@@ -14,7 +14,7 @@ Standard library only.
     bench_report.py bandwidth --model DIR --ours OURS.kv --read-gbs X [--kv-bytes 4]
         Decode bytes per step from config.json against the time per token.
     bench_report.py roofline --model DIR --read-gbs X --fma-gflops Y [--kv-bytes 4]
-            [--preset NAME] KIND:B=RUN.jsonl[,RUN.jsonl...]...
+            [--preset NAME] [--machine TEXT] KIND:B=RUN.jsonl[,RUN.jsonl...]...
         Per decode step of B sequences together (KIND text or image): the
         median step time of the runs (each run's median over its steps that
         decoded all B) against the larger of bytes / read bandwidth and
@@ -409,6 +409,8 @@ def cmd_roofline(args):
     print()
     print("read bandwidth %.1f GB/s, f32 FMA peak %.1f GFLOP/s; K/V %d bytes an element"
           % (args.read_gbs, args.fma_gflops, args.kv_bytes))
+    if args.machine:
+        print("machine: %s" % args.machine)
     print("goal >= %d%% of the larger bound: met at %d of %d%s"
           % (args.goal, n - len(missed), n,
              "" if not missed else "; NOT met at " + ", ".join(missed)))
@@ -503,6 +505,7 @@ def main():
     rl.add_argument("--kv-bytes", type=int, default=4)
     rl.add_argument("--goal", type=int, default=85)
     rl.add_argument("--preset", default="?")
+    rl.add_argument("--machine", help="the CPU, ISA, threads and load, printed with the table")
     rl.add_argument("runs", nargs="+", metavar="KIND:B=RUN.jsonl[,RUN.jsonl...]")
     f = sub.add_parser("fp8")
     f.add_argument("--bf16", required=True, nargs="+")

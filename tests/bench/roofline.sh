@@ -51,8 +51,10 @@ done
 
 echo "roofline: preset $preset, B in {$concurrency}, $max_tokens tokens per request," \
     "$BENCH_THREADS threads, $repeats processes each"
-echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1)"
-echo "before: $(bench_load)"
+cpu_model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+load_before=$(bench_load)
+echo "machine: $cpu_model"
+echo "before: $load_before"
 bws=()
 fmas=()
 measure() {
@@ -70,7 +72,8 @@ for r in $(seq 1 "$repeats"); do
     done
 done
 measure
-echo "after: $(bench_load)"
+load_after=$(bench_load)
+echo "after: $load_after"
 read_gbs=$(printf '%s\n' "${bws[@]}" | sort -g | tail -1)
 [ -n "$read_gbs" ] || bench_die "bench_read_bw failed"
 fma=$(printf '%s\n' "${fmas[@]}" | sort -g | tail -1)
@@ -92,4 +95,5 @@ for kind in $kinds; do
     done
 done
 $report roofline --model "$model" --preset "$preset" --read-gbs "$read_gbs" \
-    --fma-gflops "${fma%% *}" "${specs[@]}"
+    --fma-gflops "${fma%% *}" "${specs[@]}" \
+    --machine "$cpu_model, isa ${fma#* }, $BENCH_THREADS threads; before: $load_before; after: $load_after"
