@@ -21,9 +21,13 @@
  * ms_per_token mixes the steps a request shared with prefills and with
  * batches of other sizes; these are the per-step times of one batch size
  * (tests/bench/roofline.sh). */
+typedef struct step_time {
+    double ms;
+    int seqs;
+} step_time;
+
 typedef struct decode_steps {
-    double *ms;  /* owned */
-    int *seqs;   /* owned */
+    step_time *v; /* owned */
     size_t n, cap;
 } decode_steps;
 
@@ -31,19 +35,15 @@ static int decode_steps_add(decode_steps *d, int seqs, double ms)
 {
     if (d->n == d->cap) {
         size_t cap = d->cap ? 2 * d->cap : FIRST_STEPS_CAP;
-        double *m = realloc(d->ms, cap * sizeof *m);
-        if (m)
-            d->ms = m;
-        int *q = m ? realloc(d->seqs, cap * sizeof *q) : NULL;
-        if (!q) {
+        step_time *v = realloc(d->v, cap * sizeof *v);
+        if (!v) {
             fprintf(stderr, CMD ": out of memory\n");
             return -1;
         }
-        d->seqs = q;
+        d->v = v;
         d->cap = cap;
     }
-    d->ms[d->n] = ms;
-    d->seqs[d->n++] = seqs;
+    d->v[d->n++] = (step_time){.ms = ms, .seqs = seqs};
     return 0;
 }
 
@@ -59,14 +59,14 @@ static cJSON *decode_steps_json(const decode_steps *d)
 {
     int max_seqs = 0;
     for (size_t i = 0; i < d->n; i++)
-        max_seqs = d->seqs[i] > max_seqs ? d->seqs[i] : max_seqs;
+        max_seqs = d->v[i].seqs > max_seqs ? d->v[i].seqs : max_seqs;
     double *v = malloc((d->n + 1) * sizeof *v);
     cJSON *a = v ? cJSON_CreateArray() : NULL;
     for (int b = 1; a && b <= max_seqs; b++) {
         size_t n = 0;
         for (size_t i = 0; i < d->n; i++)
-            if (d->seqs[i] == b)
-                v[n++] = d->ms[i];
+            if (d->v[i].seqs == b)
+                v[n++] = d->v[i].ms;
         if (n == 0)
             continue;
         qsort(v, n, sizeof *v, cmp_double);
@@ -288,7 +288,6 @@ int run_batch(run_ctx *c, const run_opts *o, const run_batch_lines *b)
         cJSON_AddItemToObject(wrap, "aggregate", agg);
         run_print_json_line(wrap);
     }
-    free(steps.ms);
-    free(steps.seqs);
+    free(steps.v);
     return rc;
 }
