@@ -1,6 +1,7 @@
 /* `mllama run --batch FILE.jsonl`: one request per line, submitted at once
  * or after the line its "after" names, run by continuous batching; one JSON
- * result per request, then the throughput (run_internal.h). */
+ * result per request, then the throughput and the decode steps' times by
+ * batch size (run_internal.h). */
 #include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +14,78 @@
 #include "engine.h"
 
 #define MAX_BATCH_FILE_BYTES (256u << 20)
+#define FIRST_STEPS_CAP 256
+
+/* The steps that only decoded (no prefill chunk, no image encoded): each
+ * one's wall time and how many sequences it decoded. Per-request
+ * ms_per_token mixes the steps a request shared with prefills and with
+ * batches of other sizes; these are the per-step times of one batch size
+ * (tests/bench/roofline.sh). */
+typedef struct step_time {
+    double ms;
+    int seqs;
+} step_time;
+
+typedef struct decode_steps {
+    step_time *v; /* owned */
+    size_t n, cap;
+} decode_steps;
+
+static int decode_steps_add(decode_steps *d, int seqs, double ms)
+{
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? 2 * d->cap : FIRST_STEPS_CAP;
+        step_time *v = realloc(d->v, cap * sizeof *v);
+        if (!v) {
+            fprintf(stderr, CMD ": out of memory\n");
+            return -1;
+        }
+        d->v = v;
+        d->cap = cap;
+    }
+    d->v[d->n++] = (step_time){.ms = ms, .seqs = seqs};
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* [{"seqs", "steps", "median_ms", "min_ms", "max_ms"}...] by increasing
+ * seqs (the lower median of an even count), or NULL out of memory. */
+static cJSON *decode_steps_json(const decode_steps *d)
+{
+    int max_seqs = 0;
+    for (size_t i = 0; i < d->n; i++)
+        max_seqs = d->v[i].seqs > max_seqs ? d->v[i].seqs : max_seqs;
+    double *v = malloc((d->n + 1) * sizeof *v);
+    cJSON *a = v ? cJSON_CreateArray() : NULL;
+    for (int b = 1; a && b <= max_seqs; b++) {
+        size_t n = 0;
+        for (size_t i = 0; i < d->n; i++)
+            if (d->v[i].seqs == b)
+                v[n++] = d->v[i].ms;
+        if (n == 0)
+            continue;
+        qsort(v, n, sizeof *v, cmp_double);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "seqs", b);
+        cJSON_AddNumberToObject(o, "steps", (double)n);
+        cJSON_AddNumberToObject(o, "median_ms", v[(n - 1) / 2]);
+        cJSON_AddNumberToObject(o, "min_ms", v[0]);
+        cJSON_AddNumberToObject(o, "max_ms", v[n - 1]);
+        cJSON_AddItemToArray(a, o);
+    }
+    free(v);
+    return a;
+}
+
+static double ms_between(const struct timespec *a, const struct timespec *b)
+{
+    return 1e3 * (double)(b->tv_sec - a->tv_sec) + 1e-6 * (double)(b->tv_nsec - a->tv_nsec);
+}
 
 int run_batch_read(const char *path, run_batch_lines *out, int *max_images)
 {
@@ -168,17 +241,30 @@ int run_batch(run_ctx *c, const run_opts *o, const run_batch_lines *b)
      * request has been submitted: the lowest unsubmitted one would wait
      * for a finished request. */
     char err[512];
+    decode_steps steps = {0};
     while (rc == 0) {
         rc = submit_ready(c, o, lines, jobs, n);
         if (rc || ml_runtime_active(c->rt) == 0)
             break;
+        ml_runtime_stats before, after;
+        struct timespec s0, s1;
+        ml_runtime_get_stats(c->rt, &before);
+        clock_gettime(CLOCK_MONOTONIC, &s0);
         if (ml_runtime_step(c->rt, err, sizeof err) != ML_OK) {
             fprintf(stderr, CMD ": %s\n", err);
             rc = -1;
+            break;
         }
+        clock_gettime(CLOCK_MONOTONIC, &s1);
+        ml_runtime_get_stats(c->rt, &after);
+        /* Every sequence of a decode-only step samples one token. */
+        const int decoded = (int)(after.tokens_generated - before.tokens_generated);
+        if (after.prefill_tokens == before.prefill_tokens &&
+            after.images_encoded == before.images_encoded && decoded > 0)
+            rc = decode_steps_add(&steps, decoded, ms_between(&s0, &s1));
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    double wall = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    double wall = ms_between(&t0, &t1) / 1e3;
     long generated = 0, prompt = 0, prompt_cached = 0;
     for (int i = 0; rc == 0 && i < n; i++) {
         run_print_json_line(run_result_json(&jobs[i]));
@@ -197,9 +283,11 @@ int run_batch(run_ctx *c, const run_opts *o, const run_batch_lines *b)
         cJSON_AddNumberToObject(agg, "completion_tokens", (double)generated);
         cJSON_AddNumberToObject(agg, "wall_s", wall);
         cJSON_AddNumberToObject(agg, "completion_tokens_per_s", wall > 0 ? generated / wall : 0);
+        cJSON_AddItemToObject(agg, "decode_steps", decode_steps_json(&steps));
         cJSON *wrap = cJSON_CreateObject();
         cJSON_AddItemToObject(wrap, "aggregate", agg);
         run_print_json_line(wrap);
     }
+    free(steps.v);
     return rc;
 }

@@ -13,6 +13,12 @@ Standard library only.
         same size, first in a fresh process), request 2 (text only).
     bench_report.py bandwidth --model DIR --ours OURS.kv --read-gbs X [--kv-bytes 4]
         Decode bytes per step from config.json against the time per token.
+    bench_report.py roofline --model DIR --read-gbs X --fma-gflops Y [--kv-bytes 4]
+            [--preset NAME] [--machine TEXT] KIND:B=RUN.jsonl[,RUN.jsonl...]...
+        Per decode step of B sequences together (KIND text or image): the
+        median step time of the runs (each run's median over its steps that
+        decoded all B) against the larger of bytes / read bandwidth and
+        FLOPs / f32 FMA peak (roofline.sh).
     bench_report.py fp8 --bf16 BF16.kv... --fp8 FP8.kv...
         Decode ms/token of an FP8 checkpoint against its bf16 original, per
         request: the median and spread (min-max) of each over the runs and
@@ -205,20 +211,21 @@ def cmd_compare(args):
 # ---- decode bandwidth ---------------------------------------------------------------
 
 
-def decode_bytes(cfg, n_prompt, n_tokens, image, kv_bytes):
-    """Bytes one greedy decode step reads: (weights, K/V), averaged over the
-    steps of an n_tokens generation after an n_prompt prompt. With a
-    quantization_config (an FP8 checkpoint: mkmodel --fp8's ignores lm_head,
-    the projector and the vision tower) the text decoder's Linears read one
-    byte a weight and a float32 scale a row."""
-    t, v = cfg["text_config"], cfg["vision_config"]
+def text_dims(cfg):
+    """(hidden, intermediate, heads, head_dim, K/V width, self layers, cross layers)."""
+    t = cfg["text_config"]
     D, I, H = t["hidden_size"], t["intermediate_size"], t["num_attention_heads"]
     hd = t.get("head_dim") or D // H
-    kv_w = t["num_key_value_heads"] * hd
-    cross = set(t["cross_attention_layers"])
-    n_cross = len(cross)
-    n_self = t["num_hidden_layers"] - n_cross
-    fp8 = "quantization_config" in cfg
+    n_cross = len(set(t["cross_attention_layers"]))
+    return D, I, H, hd, t["num_key_value_heads"] * hd, t["num_hidden_layers"] - n_cross, n_cross
+
+
+def decode_weights(cfg, image):
+    """What one decode step reads of the weights whatever the batch: (Linear
+    weight elements, their output rows, other bf16 weight elements, lm_head
+    elements; the last are in the third too)."""
+    t = cfg["text_config"]
+    D, I, H, hd, kv_w, n_self, n_cross = text_dims(cfg)
     mlp = 3 * D * I
     # (Linear weights, their output rows, other bf16 weights) of each layer kind.
     self_layer = (D * H * hd + 2 * D * kv_w + H * hd * D + mlp,
@@ -229,15 +236,42 @@ def decode_bytes(cfg, n_prompt, n_tokens, image, kv_bytes):
     linear = sum(n * k[0] for n, k in layers)
     rows = sum(n * k[1] for n, k in layers)
     other = sum(n * k[2] for n, k in layers)
-    other += t["vocab_size"] * D + 2 * D  # lm_head, final norm, one embedding row
+    lm_head = t["vocab_size"] * D
+    other += lm_head + 2 * D  # lm_head, final norm, one embedding row
+    return linear, rows, other, lm_head
+
+
+def cross_slots(cfg):
+    """Key positions of one image's cross K/V: the CPU cross kernel visits
+    every tile slot's keys (masked ones too)."""
+    v = cfg["vision_config"]
+    return v["max_num_tiles"] * ((v["image_size"] // v["patch_size"]) ** 2 + 1)
+
+
+def decode_kv_bytes(cfg, ctx, kv_bytes):
+    """K/V bytes a decode step reads: (one sequence's self-attention cache at
+    context ctx, one image's cross K/V over every cross layer)."""
+    _, _, _, _, kv_w, n_self, n_cross = text_dims(cfg)
+    return (n_self * 2 * ctx * kv_w * kv_bytes,
+            n_cross * 2 * cross_slots(cfg) * kv_w * kv_bytes)
+
+
+def mean_context(n_prompt, n_tokens):
+    """The mean context of the decode steps of an n_tokens generation."""
+    return n_prompt + n_tokens / 2.0
+
+
+def decode_bytes(cfg, n_prompt, n_tokens, image, kv_bytes):
+    """Bytes one greedy decode step of one sequence reads: (weights, K/V),
+    averaged over the steps of an n_tokens generation after an n_prompt
+    prompt. With a quantization_config (an FP8 checkpoint: mkmodel --fp8's
+    ignores lm_head, the projector and the vision tower) the text decoder's
+    Linears read one byte a weight and a float32 scale a row."""
+    linear, rows, other, _ = decode_weights(cfg, image)
+    fp8 = "quantization_config" in cfg
     weights = (linear + 4 * rows if fp8 else 2 * linear) + 2 * other
-    ctx = n_prompt + n_tokens / 2.0
-    kv = n_self * 2 * ctx * kv_w * kv_bytes
-    if image:
-        # The CPU cross kernel visits every tile slot's keys (masked ones too).
-        patches = (v["image_size"] // v["patch_size"]) ** 2 + 1
-        kv += n_cross * 2 * v["max_num_tiles"] * patches * kv_w * kv_bytes
-    return weights, kv
+    kv_self, kv_cross = decode_kv_bytes(cfg, mean_context(n_prompt, n_tokens), kv_bytes)
+    return weights, kv_self + (kv_cross if image else 0)
 
 
 def cmd_bandwidth(args):
@@ -297,6 +331,89 @@ def cmd_fp8(args):
         stages.append([label, spread(a), spread(b),
                        spread([x / y for x, y in zip(a, b)], unit="x")])
     print(md_table(["stage", "bf16 ms", "fp8 ms", "speedup"], stages))
+
+
+# ---- roofline -----------------------------------------------------------------------
+
+
+def decode_flops(cfg, ctx, image):
+    """FLOPs of one sequence's decode step at context ctx: 2 per weight of
+    every Linear and lm_head (f32 FMA, whatever the weights' dtype), and the
+    attention's two products (q.k and p.v, 2 FLOPs a multiply-add) over the
+    self-attention cache and, with an image, every tile slot of every cross
+    layer (as the CPU kernel visits them). Norms, RoPE, softmax and the
+    activation functions are left out: a few FLOPs per element of the
+    activations, not per weight."""
+    linear, _, _, lm_head = decode_weights(cfg, image)
+    _, _, H, hd, _, n_self, n_cross = text_dims(cfg)
+    keys = n_self * ctx + (n_cross * cross_slots(cfg) if image else 0)
+    return 2 * (linear + lm_head) + 2 * 2 * H * hd * keys
+
+
+def roofline_run(path, b):
+    """One `mllama run --batch` of b requests: (prompt length, tokens each,
+    median ms of its steps that decoded all b, their count, vision encodes)."""
+    reqs, agg = read_runs(path)
+    if len(reqs) != b:
+        sys.exit("roofline: %s holds %d requests, expected %d" % (path, len(reqs), b))
+    lengths = {len(r["prompt_ids"]) for r in reqs}
+    if len(lengths) != 1:
+        sys.exit("roofline: %s: prompt lengths %s differ, so the requests do not decode in "
+                 "lockstep (make_batch.py --same-length)" % (path, sorted(lengths)))
+    step = [d for d in (agg or {}).get("decode_steps", []) if d["seqs"] == b]
+    if not step:
+        sys.exit("roofline: %s: no step decoded all %d sequences together (a request ended "
+                 "at its first token, or the mllama build predates decode_steps)" % (path, b))
+    encodes = sum(r["usage"]["images"] - r["usage"]["images_cached"] for r in reqs)
+    return (lengths.pop(), max(r["usage"]["completion_tokens"] for r in reqs),
+            step[0]["median_ms"], step[0]["steps"], encodes)
+
+
+def cmd_roofline(args):
+    cfg = json.load(open(os.path.join(args.model, "config.json")))
+    rows, missed, n = [], [], 0
+    for spec in args.runs:
+        kind, rest = spec.split(":", 1)
+        b, paths = rest.split("=", 1)
+        if kind not in ("text", "image"):
+            sys.exit("roofline: %s: expected text:B=... or image:B=..." % spec)
+        b, image = int(b), kind == "image"
+        runs = [roofline_run(p, b) for p in paths.split(",")]
+        n_prompt, n_tokens = runs[0][0], runs[0][1]
+        ms = [r[2] for r in runs]
+        ctx = mean_context(n_prompt, n_tokens)
+        weights, _ = decode_bytes(cfg, n_prompt, n_tokens, image, args.kv_bytes)
+        kv_self, kv_cross = decode_kv_bytes(cfg, ctx, args.kv_bytes)
+        # The weights and the image's cross K/V are the same for every
+        # sequence: read once a step from memory whatever b.
+        nbytes = weights + b * kv_self + (kv_cross if image else 0)
+        flops = b * decode_flops(cfg, ctx, image)
+        mem_ms = nbytes / args.read_gbs / 1e6
+        fma_ms = flops / args.fma_gflops / 1e6
+        bound = max(mem_ms, fma_ms)
+        frac = bound / median(ms)
+        n += 1
+        if 100 * frac < args.goal:
+            missed.append("%s B=%d" % (kind, b))
+        rows.append([args.preset, "1 image" if image else "none", "%d" % b,
+                     "%d" % min(r[3] for r in runs), spread(ms), "%.1f" % (nbytes / 1e6),
+                     "%.3f" % (flops / 1e9), "%.2f" % mem_ms, "%.2f" % fma_ms,
+                     "%.2f (%s)" % (bound, "memory" if mem_ms >= fma_ms else "compute"),
+                     "%.0f%%" % (100 * frac)])
+        if image and any(r[4] != 1 for r in runs):
+            print("note: %s B=%d: vision encodes per run %s, expected 1 (the same image for "
+                  "all)" % (kind, b, [r[4] for r in runs]))
+    print(md_table(["preset", "images", "B", "steps", "ms/step, median (min-max)",
+                    "MB/step", "GFLOP/step", "memory bound ms", "compute bound ms",
+                    "larger bound ms", "bound / measured"], rows))
+    print()
+    print("read bandwidth %.1f GB/s, f32 FMA peak %.1f GFLOP/s; K/V %d bytes an element"
+          % (args.read_gbs, args.fma_gflops, args.kv_bytes))
+    if args.machine:
+        print("machine: %s" % args.machine)
+    print("goal >= %d%% of the larger bound: met at %d of %d%s"
+          % (args.goal, n - len(missed), n,
+             "" if not missed else "; NOT met at " + ", ".join(missed)))
 
 
 # ---- runtime ------------------------------------------------------------------------
@@ -381,6 +498,15 @@ def main():
     b.add_argument("--read-gbs", type=float, required=True)
     b.add_argument("--kv-bytes", type=int, default=4)
     b.add_argument("--goal", type=int, default=60)
+    rl = sub.add_parser("roofline")
+    rl.add_argument("--model", required=True)
+    rl.add_argument("--read-gbs", type=float, required=True)
+    rl.add_argument("--fma-gflops", type=float, required=True)
+    rl.add_argument("--kv-bytes", type=int, default=4)
+    rl.add_argument("--goal", type=int, default=85)
+    rl.add_argument("--preset", default="?")
+    rl.add_argument("--machine", help="the CPU, ISA, threads and load, printed with the table")
+    rl.add_argument("runs", nargs="+", metavar="KIND:B=RUN.jsonl[,RUN.jsonl...]")
     f = sub.add_parser("fp8")
     f.add_argument("--bf16", required=True, nargs="+")
     f.add_argument("--fp8", required=True, nargs="+")
@@ -397,7 +523,7 @@ def main():
     v.add_argument("--tree-concurrent", action="append")
     args = p.parse_args()
     {"revisions": cmd_revisions, "ours": cmd_ours, "compare": cmd_compare, "bandwidth": cmd_bandwidth,
-     "fp8": cmd_fp8, "runtime": cmd_runtime}[args.cmd](args)
+     "fp8": cmd_fp8, "runtime": cmd_runtime, "roofline": cmd_roofline}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 # Shared steps of the engine benchmarks (engine_vs_transformers.sh,
-# decode_bandwidth.sh, runtime_bench.sh): sourced, not run.
+# decode_bandwidth.sh, runtime_bench.sh, roofline.sh, ...): sourced, not run.
 #
 # Expects $repo (the repository root); defines the BENCH_* constants and the
 # bench_* functions. The benchmarks run by hand (README.md here); none is a
@@ -114,6 +114,16 @@ ImageOps.mirror(Image.open(sys.argv[1])).save(sys.argv[2], quality=95)' "$2" "$3
 bench_read_gbs() {
     ML_BENCH=1 ML_BENCH_THREADS=$BENCH_THREADS "$build/tests/bench_read_bw" 2>/dev/null |
         awk -v t="$BENCH_THREADS" '$3 == t"" { for (i = 4; i <= NF; i++) if ($i == "GB/s") print $(i - 1) }'
+}
+
+# bench_fma_gflops: "GFLOPS ISA", the f32 FMA peak bench_fma_peak measures
+# now with $BENCH_THREADS threads on the ISA the CPU backend picks (the
+# ceiling of a compute-bound step), and that ISA's name. Measured around
+# every run, the highest kept, as bench_read_gbs.
+bench_fma_gflops() {
+    ML_BENCH=1 ML_BENCH_THREADS=$BENCH_THREADS "$build/tests/bench_fma_peak" 2>/dev/null |
+        awk -v t="$BENCH_THREADS" '$4 == t"" { isa = $6; sub(",", "", isa)
+            for (i = 7; i <= NF; i++) if ($i == "GFLOP/s") print $(i - 1), isa }'
 }
 
 # bench_load: the machine load, to be printed with every result.

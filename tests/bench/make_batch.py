@@ -3,6 +3,7 @@
 
     make_batch.py [--max-tokens N] [--prompt TEXT] --sequence IMAGE|- ...
     make_batch.py [--max-tokens N] [--prompt TEXT] --concurrent B [--image IMAGE]
+                  [--same-length]
 
 --sequence: one chat request per argument (an image path, or - for text
 only), each submitted after the previous one has finished (the batch line's
@@ -10,7 +11,9 @@ only), each submitted after the previous one has finished (the batch line's
 
 --concurrent: B chat requests submitted at once (continuous batching), all
 with IMAGE or all text only; the prompts differ by a number so that no two
-sequences are alike.
+sequences are alike. --same-length writes the numbers with as many digits
+as B's (01 .. 16), so that the prompts tokenize to the same length, prefill
+together and decode in lockstep (roofline.sh checks the lengths).
 """
 import argparse
 import json
@@ -25,6 +28,7 @@ def main():
     mode.add_argument("--sequence", nargs="+", metavar="IMAGE")
     mode.add_argument("--concurrent", type=int, metavar="B")
     p.add_argument("--image")
+    p.add_argument("--same-length", action="store_true")
     args = p.parse_args()
 
     lines = []
@@ -37,8 +41,9 @@ def main():
                 req["after"] = i - 1
             lines.append(req)
     else:
+        width = len(str(args.concurrent)) if args.same_length else 1
         for i in range(args.concurrent):
-            req = {"chat": "%s (request %d)" % (args.prompt, i + 1),
+            req = {"chat": "%s (request %0*d)" % (args.prompt, width, i + 1),
                    "max_tokens": args.max_tokens}
             if args.image:
                 req["images"] = [args.image]

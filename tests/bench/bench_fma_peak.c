@@ -1,0 +1,170 @@
+/* f32 FMA peak, the compute ceiling of the CPU engine (label bench; skipped
+ * unless ML_BENCH=1): ML_BENCH_THREADS (default 2) threads, each running
+ * CHAINS independent chains of vector FMAs held in registers, nothing read
+ * from memory, best of a few passes; then one thread.
+ *
+ * The engine computes in f32 with FMA whatever the weights' dtype (bf16 and
+ * FP8 weights are widened exactly), so this is the bound of its matmuls and
+ * attention: the roofline benchmark (roofline.sh) divides a step's FLOPs by
+ * it. The width is that of the kernels the engine runs: the ISA comes from
+ * ml_cpu_isa_select, as the CPU backend's does (the widest the CPU and OS
+ * support, or ML_CPU_ISA), and is printed. An FMA counts as 2 FLOPs. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "cpu/cpu_features.h"
+#include "harness.h"
+
+#if ML_CPU_X86
+#include <immintrin.h>
+#endif
+
+#define MAX_THREADS 64
+#define PASSES 5
+/* Independent accumulators: at least FMA latency (4 cycles) x FMA ports (2)
+ * so that every port issues every cycle, few enough to stay in registers
+ * (AVX2 has 16). */
+#define CHAINS 12
+/* FMAs per chain per pass: ~0.1-0.5 s a pass at the rates of a current core. */
+#define ROUNDS (50 * 1000 * 1000)
+/* acc = acc * MUL + ADD converges to ADD / (1 - MUL) = 1: the values stay
+ * finite and normal however many rounds run. */
+#define MUL 0.5f
+#define ADD 0.5f
+
+/* Each returns the sum of its accumulators' lanes, checked by the caller,
+ * so that no FMA can be elided. mul and add come through volatile loads in
+ * run_chains so the compiler cannot fold the loop. */
+#if ML_CPU_X86
+__attribute__((target("avx512f"))) static float chains_avx512(float mul, float add, long n)
+{
+    const __m512 m = _mm512_set1_ps(mul), a = _mm512_set1_ps(add);
+    __m512 acc[CHAINS];
+    for (int c = 0; c < CHAINS; c++)
+        acc[c] = _mm512_set1_ps((float)c);
+    for (long i = 0; i < n; i++)
+        for (int c = 0; c < CHAINS; c++)
+            acc[c] = _mm512_fmadd_ps(acc[c], m, a);
+    __m512 s = acc[0];
+    for (int c = 1; c < CHAINS; c++)
+        s = _mm512_add_ps(s, acc[c]);
+    return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx2,fma"))) static float chains_avx2(float mul, float add, long n)
+{
+    const __m256 m = _mm256_set1_ps(mul), a = _mm256_set1_ps(add);
+    __m256 acc[CHAINS];
+    for (int c = 0; c < CHAINS; c++)
+        acc[c] = _mm256_set1_ps((float)c);
+    for (long i = 0; i < n; i++)
+        for (int c = 0; c < CHAINS; c++)
+            acc[c] = _mm256_fmadd_ps(acc[c], m, a);
+    float lanes[8], sum = 0;
+    for (int c = 0; c < CHAINS; c++) {
+        _mm256_storeu_ps(lanes, acc[c]);
+        for (int l = 0; l < 8; l++)
+            sum += lanes[l];
+    }
+    return sum;
+}
+#endif
+
+/* The portable build's kernels: scalar multiply-add, one lane. */
+static float chains_plain(float mul, float add, long n)
+{
+    float acc[CHAINS];
+    for (int c = 0; c < CHAINS; c++)
+        acc[c] = (float)c;
+    for (long i = 0; i < n; i++)
+        for (int c = 0; c < CHAINS; c++)
+            acc[c] = acc[c] * mul + add;
+    float sum = 0;
+    for (int c = 0; c < CHAINS; c++)
+        sum += acc[c];
+    return sum;
+}
+
+typedef struct worker {
+    ml_cpu_isa isa;
+    float sum;
+} worker;
+
+static int lanes_of(ml_cpu_isa isa)
+{
+    return isa == ML_CPU_ISA_AVX512 ? 16 : isa == ML_CPU_ISA_AVX2 ? 8 : 1;
+}
+
+static void *run_chains(void *arg)
+{
+    worker *w = arg;
+    volatile float mul = MUL, add = ADD;
+#if ML_CPU_X86
+    if (w->isa == ML_CPU_ISA_AVX512) {
+        w->sum = chains_avx512(mul, add, ROUNDS);
+        return NULL;
+    }
+    if (w->isa == ML_CPU_ISA_AVX2) {
+        w->sum = chains_avx2(mul, add, ROUNDS);
+        return NULL;
+    }
+#endif
+    w->sum = chains_plain(mul, add, ROUNDS);
+    return NULL;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Best GFLOP/s of PASSES passes with `threads` threads. */
+static double fma_peak(ml_cpu_isa isa, int threads)
+{
+    double best = 1e30;
+    for (int pass = 0; pass < PASSES; pass++) {
+        pthread_t tid[MAX_THREADS];
+        worker w[MAX_THREADS];
+        const double t0 = now_s();
+        for (int t = 0; t < threads; t++) {
+            w[t] = (worker){.isa = isa};
+            if (pthread_create(&tid[t], NULL, run_chains, &w[t]) != 0) {
+                fprintf(stderr, "pthread_create failed\n");
+                exit(1);
+            }
+        }
+        for (int t = 0; t < threads; t++)
+            pthread_join(tid[t], NULL);
+        const double dt = now_s() - t0;
+        best = dt < best ? dt : best;
+        /* Every accumulator has converged to ADD / (1 - MUL) = 1. */
+        const float expect = (float)(CHAINS * lanes_of(isa));
+        for (int t = 0; t < threads; t++)
+            check(w[t].sum > 0.99f * expect && w[t].sum < 1.01f * expect,
+                  "fma peak: sum %g, expected %g", (double)w[t].sum, (double)expect);
+    }
+    const double flops = 2.0 * CHAINS * lanes_of(isa) * (double)ROUNDS * threads;
+    return flops / best / 1e9;
+}
+
+int main(void)
+{
+    ml_bench_require();
+    int threads = ml_bench_env_int("ML_BENCH_THREADS", 2, 1, MAX_THREADS);
+    ml_cpu_isa isa;
+    char err[256];
+    if (ml_cpu_isa_select(&isa, err, sizeof err) != ML_OK) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    printf("f32 FMA peak, %d thread(s), %s, %d chains: %8.1f GFLOP/s\n", threads,
+           ml_cpu_isa_name(isa), CHAINS, fma_peak(isa, threads));
+    if (threads > 1)
+        printf("f32 FMA peak, 1 thread(s), %s, %d chains: %8.1f GFLOP/s\n", ml_cpu_isa_name(isa),
+               CHAINS, fma_peak(isa, 1));
+    return check_done();
+}

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The decode roofline of the CPU engine: for B sequences decoding together
+# in one `mllama run --batch` (same prompt length, so they prefill together
+# and decode in lockstep; with an image, the same image for all, encoded
+# once, outside the decode steps), the time of a step that decoded all B
+# (the runtime's decode_steps) against the larger of two bounds measured in
+# the same run: bytes read / read bandwidth (bench_read_bw) and FLOPs / f32
+# FMA peak (bench_fma_peak, the ISA the engine picks). Goal (issue 27): the
+# bound is >= 85% of the measured step at every B, text only and with an
+# image. The bytes and FLOPs are bench_report.py roofline's (README.md here).
+#
+#   tests/bench/roofline.sh [--preset 1b|small|tiny] [--concurrency "1 2 4 8 16 32"]
+#       [--images 0|1|both] [--repeats N] [--max-tokens N] [--build DIR]
+#       [--work DIR] [--python PY] [--no-build]
+#
+# --images 0: text-only requests, 1: each with the sample image, both (the
+# default): both kinds. --repeats N (default 3) processes per kind and B,
+# interleaved (every kind and B once, then again), the median of their
+# per-process medians reported with the spread. The read bandwidth and the
+# FMA peak are measured before every process and after the last, the
+# highest of each kept. --max-tokens (default 33) per request: the steps
+# counted are those after the first token.
+set -euo pipefail
+
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+# shellcheck source=lib.sh
+. "$repo/tests/bench/lib.sh"
+
+bench_defaults 1b 33
+concurrency="1 2 4 8 16 32"
+images=both
+BENCH_OPTIONS="concurrency images"
+bench_parse_args "$@"
+case "$images" in
+0) kinds=text ;;
+1) kinds=image ;;
+both) kinds="text image" ;;
+*) bench_die "--images: expected 0, 1 or both, got '$images'" ;;
+esac
+bench_setup roofline bench_read_bw bench_fma_peak
+
+for kind in $kinds; do
+    for b in $concurrency; do
+        image_arg=()
+        [ "$kind" = text ] || image_arg=(--image "$image")
+        "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" \
+            --prompt "$BENCH_PROMPT" --concurrent "$b" --same-length "${image_arg[@]}" \
+            >"$run/${kind}_b$b.jsonl"
+    done
+done
+
+echo "roofline: preset $preset, B in {$concurrency}, $max_tokens tokens per request," \
+    "$BENCH_THREADS threads, $repeats processes each"
+cpu_model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+load_before=$(bench_load)
+echo "machine: $cpu_model"
+echo "before: $load_before"
+bws=()
+fmas=()
+measure() {
+    bws+=("$(bench_read_gbs)")
+    fmas+=("$(bench_fma_gflops)")
+}
+for r in $(seq 1 "$repeats"); do
+    for kind in $kinds; do
+        for b in $concurrency; do
+            measure
+            "$mllama" run --model "$model" --batch "$run/${kind}_b$b.jsonl" \
+                --threads "$BENCH_THREADS" >"$run/${kind}_b${b}_$r.out" ||
+                bench_die "$kind batch of $b failed"
+        done
+    done
+done
+measure
+load_after=$(bench_load)
+echo "after: $load_after"
+read_gbs=$(printf '%s\n' "${bws[@]}" | sort -g | tail -1)
+[ -n "$read_gbs" ] || bench_die "bench_read_bw failed"
+fma=$(printf '%s\n' "${fmas[@]}" | sort -g | tail -1)
+[ -n "$fma" ] || bench_die "bench_fma_peak failed"
+echo "read bandwidth ($BENCH_THREADS threads, 1 GiB, 64-byte loads) around the runs:" \
+    "${bws[*]} GB/s"
+echo "f32 FMA peak ($BENCH_THREADS threads, isa ${fma#* }: the engine's pick) around the runs:" \
+    "$(printf '%s\n' "${fmas[@]}" | cut -d' ' -f1 | tr '\n' ' ')GFLOP/s"
+echo
+
+specs=()
+for kind in $kinds; do
+    for b in $concurrency; do
+        outs=()
+        for r in $(seq 1 "$repeats"); do
+            outs+=("$run/${kind}_b${b}_$r.out")
+        done
+        specs+=("$kind:$b=$(IFS=,; echo "${outs[*]}")")
+    done
+done
+$report roofline --model "$model" --preset "$preset" --read-gbs "$read_gbs" \
+    --fma-gflops "${fma%% *}" "${specs[@]}" \
+    --machine "$cpu_model, isa ${fma#* }, $BENCH_THREADS threads; before: $load_before; after: $load_after"
