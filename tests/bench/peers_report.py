@@ -48,8 +48,16 @@ def process_age_s():
     return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
+def thread_name(pid, tid):
+    try:
+        with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+            return f.read().strip().replace(" ", "_")
+    except OSError:
+        return "?"
+
+
 def thread_cpu_ticks(pid):
-    """{tid: utime + stime in clock ticks} of pid's threads now."""
+    """{(tid, name): utime + stime in clock ticks} of pid's threads now."""
     out = {}
     try:
         tids = os.listdir("/proc/%d/task" % pid)
@@ -61,7 +69,8 @@ def thread_cpu_ticks(pid):
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[tid] = int(fields[11]) + int(fields[12])
+        name = thread_name(pid, tid)
+        out[(tid, name)] = int(fields[11]) + int(fields[12])
     return out
 
 
@@ -83,13 +92,15 @@ def cmd_exec(args):
     wall = time.perf_counter() - t0
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     top = max(ticks.values(), default=0)
-    busy = sum(1 for t in ticks.values() if top and t >= BUSY_FRACTION * top)
+    busy = sorted(name for (_, name), t in ticks.items() if top and t >= BUSY_FRACTION * top)
     with open(args.out, "w") as f:
         f.write("peak_rss_mib %.1f\n" % (ru.ru_maxrss / 1024.0))
         f.write("wall_s %.2f\n" % wall)
         f.write("cpu_s %.2f\n" % (ru.ru_utime + ru.ru_stime))
         f.write("threads_seen %d\n" % len(ticks))
-        f.write("busy_threads %d\n" % busy)
+        f.write("busy_threads %d\n" % len(busy))
+        # Their names (comm): which pool each belongs to.
+        f.write("busy_thread_names %s\n" % ",".join(busy))
     return rc
 
 
@@ -111,6 +122,7 @@ def peer_figures(kv, prefix, rusage):
                 pass
     f["peak_rss_mib"] = num(rusage, "peak_rss_mib")
     f["busy_threads"] = num(rusage, "busy_threads")
+    f["busy_names"] = rusage.get("busy_thread_names", "")
     return f
 
 
@@ -121,8 +133,10 @@ def ours_figures(kv, rusage, concurrent):
          "ttft_ms": num(kv, "ours_1_ttft_ms"), "ms_per_token": num(kv, "ours_1_ms_per_token"),
          "text_ttft_ms": num(kv, "ours_2_ttft_ms"),
          "text_ms_per_token": num(kv, "ours_2_ms_per_token"),
+         "text_prompt_tokens": len(kv["ours_2_prompt_ids"].split(",")),
          "peak_rss_mib": max(num(r, "peak_rss_mib") for r in rusage),
-         "busy_threads": max(num(r, "busy_threads") for r in rusage)}
+         "busy_threads": max(num(r, "busy_threads") for r in rusage),
+         "busy_names": " / ".join(sorted({r.get("busy_thread_names", "") for r in rusage}))}
     for spec in concurrent:
         b, paths = spec.split("=", 1)
         f["tps_%s" % b] = max(read_runs(p)[1]["completion_tokens_per_s"]
@@ -156,6 +170,9 @@ def cmd_table(args):
 
     print("machine: %s; ISA: %s; %s threads per engine" %
           (machine.get("cpu_model", "?"), machine.get("isa", "?"), machine.get("threads", "?")))
+    # transformers runs our prompt ids; mistralrs applies its own template.
+    print("text-only prompt tokens: ours %d%s" % (ours["text_prompt_tokens"], "".join(
+        ", %s %d" % (n, f["text_prompt_tokens"]) for n, f in peers if "text_prompt_tokens" in f)))
     print()
     header = ["engine", "figure", "ours / engine (x faster)"]
 
@@ -180,16 +197,17 @@ def cmd_table(args):
         print(md_table(header, rows))
         print()
     print(md_table(["engine", "threads that did the work (of %s asked)" % machine.get("threads",
-                                                                                         "?")],
-                   [["ours", show(ours["busy_threads"], 0)]] +
-                   [[n, show(f["busy_threads"], 0)] for n, f in peers]))
+                                                                                         "?"),
+                    "their names"],
+                   [["ours", show(ours["busy_threads"], 0), ours["busy_names"]]] +
+                   [[n, show(f["busy_threads"], 0), f["busy_names"]] for n, f in peers]))
     print()
     # The goals hold against each peer's faster dtype, metric by metric.
     best = {}
     for n, f in peers:
         family = best.setdefault(n.split("-")[0], {})
         for k, v in f.items():
-            if v is not None:
+            if isinstance(v, float):
                 faster = max if k.startswith("tps_") else min
                 family[k] = faster(family.get(k, v), v)
     for n, f in best.items():
