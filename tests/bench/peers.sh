@@ -83,16 +83,18 @@ ours_run() {
 }
 
 # Three requests one after the other: an image in a fresh process (cold), the
-# sample image (the compared one), text only.
+# sample image (the compared one), text only. Every prompt of ours is the
+# checkpoint's chat template rendered (make_batch.py --template), the one
+# mistral.rs applies to the same messages.
 "$mllama" preprocess --model "$model" --image "$image" --out "$run/pixels.npy" >"$run/layout.json"
 "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" --prompt "$BENCH_PROMPT" \
-    --sequence "$mirror" "$image" - >"$run/seq.jsonl"
+    --template "$model" --sequence "$mirror" "$image" - >"$run/seq.jsonl"
 ours_run seq "$run/seq.jsonl"
 $report ours "$run"/seq_*.jsonl >"$run/ours.kv"
 concurrent=()
 for b in $concurrency; do
     "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" \
-        --prompt "$THROUGHPUT_PROMPT" --concurrent "$b" >"$run/c$b.jsonl"
+        --prompt "$THROUGHPUT_PROMPT" --template "$model" --concurrent "$b" >"$run/c$b.jsonl"
     ours_run "c$b" "$run/c$b.jsonl"
     paths=$(printf '%s,' "$run/c${b}"_*.jsonl)
     concurrent+=(--ours-concurrent "$b=${paths%,}")
