@@ -30,9 +30,10 @@ warm-up, in milliseconds:
                     completion tokens/s of generate() over the first B
                     prompts as one batch, left padded, greedy, --max-tokens
                     new tokens each (min_new_tokens too: end-of-sequence is
-                    masked, as our engine's batch runs its requests to the
-                    end unless they emit it); wall of the call, prefill
-                    included; for each B of --concurrency
+                    masked, so every sequence runs to --max-tokens); wall of
+                    the call, prefill
+                    included; for each B of --concurrency, best of --repeats
+                    after one untimed call
   ready_s           process start to the model loaded (imports included);
                     load_s is from_pretrained alone
   gemm_gflops       torch.matmul of (6432, 1280) x (1280, 1280) in the model's
@@ -205,6 +206,9 @@ def main():
         if args.batch_ids:
             with open(args.batch_ids) as f:
                 prompts = [[int(x) for x in line.split(",")] for line in f if line.strip()]
+            # The first generate() of a process pays a one-off setup (1.9 against
+            # 100+ tokens/s at B=1 in a bf16 smoke run): one untimed call first.
+            throughput(prompts[:1])
             for b in (int(x) for x in args.concurrency.split()):
                 if b > len(prompts):
                     sys.exit("--concurrency %d: only %d prompts in %s" % (b, len(prompts),
