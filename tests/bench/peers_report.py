@@ -29,8 +29,9 @@ import time
 
 from bench_report import md_table, num, read_kv, read_runs
 
-# How often exec samples the child's threads' CPU times.
-SAMPLE_S = 0.5
+# How often exec samples the child's threads' CPU times (a run shorter than
+# this has no thread figures).
+SAMPLE_S = 0.2
 # A thread counts as one that did the work when it used at least this
 # fraction of the busiest thread's CPU time (pool threads that only idle and
 # the main thread waiting on them fall below).
@@ -121,7 +122,7 @@ def peer_figures(kv, prefix, rusage):
             except ValueError:  # output_ids and the like
                 pass
     f["peak_rss_mib"] = num(rusage, "peak_rss_mib")
-    f["busy_threads"] = num(rusage, "busy_threads")
+    f["busy_threads"] = num(rusage, "busy_threads") if num(rusage, "threads_seen") else None
     f["busy_names"] = rusage.get("busy_thread_names", "")
     return f
 
@@ -135,8 +136,14 @@ def ours_figures(kv, rusage, concurrent):
          "text_ms_per_token": num(kv, "ours_2_ms_per_token"),
          "text_prompt_tokens": len(kv["ours_2_prompt_ids"].split(",")),
          "peak_rss_mib": max(num(r, "peak_rss_mib") for r in rusage),
-         "busy_threads": max(num(r, "busy_threads") for r in rusage),
-         "busy_names": " / ".join(sorted({r.get("busy_thread_names", "") for r in rusage}))}
+         "busy_threads": None, "busy_names": ""}
+    # The process of ours with the most threads at work; runs shorter than a
+    # sample have none.
+    sampled = [r for r in rusage if num(r, "threads_seen")]
+    if sampled:
+        top = max(sampled, key=lambda r: num(r, "busy_threads"))
+        f["busy_threads"] = num(top, "busy_threads")
+        f["busy_names"] = top.get("busy_thread_names", "")
     for spec in concurrent:
         b, paths = spec.split("=", 1)
         best = max((read_runs(p)[1] for p in paths.split(",")),
