@@ -55,7 +55,7 @@ bench_setup peers
 peers_py="$python $repo/tests/bench/peers_report.py"
 mirror="$work/astronaut_mirror.jpg"
 bench_mirror "$python" "$image" "$mirror"
-max_b=$(printf '%s\n' $concurrency | sort -n | tail -1)
+max_b=$(echo "$concurrency" | tr ' ' '\n' | sort -n | tail -1)
 
 isa=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
     grep -E '^(avx2|avx512f|avx512_bf16|avx512_fp16|amx_bf16|amx_tile)$' | tr '\n' ' ')
