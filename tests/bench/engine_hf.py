@@ -5,7 +5,7 @@ ids and the pixel tensor our engine used, and print "key value" lines.
 
     python engine_hf.py --model DIR --pixels PIXELS.npy --layout LAYOUT.json \
         --ids 1,2,3 --max-tokens N --dtype bf16|f32 [--threads 2] [--repeats 3] \
-        [--text-ids 1,2,3]
+        [--text-ids 1,2,3] [--batch-ids FILE --concurrency "1 4 8 16"]
 
 PIXELS.npy and LAYOUT.json come from `mllama preprocess` (bit-exact with
 MllamaImageProcessor). Every figure is the best of --repeats runs after one
@@ -25,6 +25,17 @@ warm-up, in milliseconds:
                     (model.forward with the DynamicCache, like generate()
                     minus its logits processors: a lower bound on generate)
   text_ms_per_token the same for the text-only prompt --text-ids, if given
+  text_ttft_ms      forward(text ids) + argmax of that prompt
+  tps_<B>           with --batch-ids (one comma-separated prompt per line):
+                    completion tokens/s of generate() over the first B
+                    prompts as one batch, left padded, greedy, --max-tokens
+                    new tokens each (min_new_tokens too: end-of-sequence is
+                    masked, so every sequence runs to --max-tokens); wall of
+                    the call, prefill
+                    included; for each B of --concurrency, best of --repeats
+                    after one untimed call
+  ready_s           process start to the model loaded (imports included);
+                    load_s is from_pretrained alone
   gemm_gflops       torch.matmul of (6432, 1280) x (1280, 1280) in the model's
                     dtype (a vision projection over 4 tiles): shows whether
                     bf16 runs on AMX/AVX512-BF16 (oneDNN) or is emulated
@@ -38,6 +49,8 @@ import json
 import os
 import sys
 import time
+
+from peers_report import process_age_s
 
 # A vision q/k/v/o projection over 4 padded tiles of the 11B tower.
 GEMM_M, GEMM_K, GEMM_N = 6432, 1280, 1280
@@ -54,6 +67,8 @@ def parse_args():
     p.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batch-ids")
+    p.add_argument("--concurrency", default="1 4 8 16")
     return p.parse_args()
 
 
@@ -84,6 +99,7 @@ def main():
     model = MllamaForConditionalGeneration.from_pretrained(args.model, torch_dtype=dtype)
     model.eval()
     load_s = time.perf_counter() - t0
+    ready_s = process_age_s()
     cfg = model.config
 
     with open(args.layout) as f:
@@ -147,6 +163,20 @@ def main():
             out_ids.append(int(out.logits[0, -1].argmax()))
         return (time.perf_counter() - t0) * 1e3 / max(steps, 1), out_ids
 
+    pad = model.generation_config.pad_token_id
+    pad = 0 if pad is None else pad  # masked out: any id will do
+
+    def throughput(prompts):
+        """Completion tokens/s of one generate() over the prompts, left padded."""
+        width = max(len(q) for q in prompts)
+        ids = torch.tensor([[pad] * (width - len(q)) + q for q in prompts])
+        mask = torch.tensor([[0] * (width - len(q)) + [1] * len(q) for q in prompts])
+        t0 = time.perf_counter()
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                             max_new_tokens=args.max_tokens, min_new_tokens=args.max_tokens,
+                             pad_token_id=pad)
+        return (out.shape[1] - width) * len(prompts) / (time.perf_counter() - t0)
+
     r = {}
     with torch.inference_mode():
         a = torch.randn(GEMM_M, GEMM_K).to(dtype)
@@ -170,6 +200,20 @@ def main():
             text = torch.tensor([[int(x) for x in args.text_ids.split(",")]])
             r["text_ms_per_token"] = min(decode(text, None, None, steps)[0]
                                          for _ in range(args.repeats))
+            r["text_ttft_ms"], _ = best_ms(
+                lambda: int(model(input_ids=text, num_logits_to_keep=1).logits[0, -1].argmax()),
+                args.repeats)
+        if args.batch_ids:
+            with open(args.batch_ids) as f:
+                prompts = [[int(x) for x in line.split(",")] for line in f if line.strip()]
+            # The first generate() of a process pays a one-off setup (1.9 against
+            # 100+ tokens/s at B=1 in a bf16 smoke run): one untimed call first.
+            throughput(prompts[:1])
+            for b in (int(x) for x in args.concurrency.split()):
+                if b > len(prompts):
+                    sys.exit("--concurrency %d: only %d prompts in %s" % (b, len(prompts),
+                                                                        args.batch_ids))
+                r["tps_%d" % b] = max(throughput(prompts[:b]) for _ in range(args.repeats))
 
     p = "hf_%s_" % args.dtype
     print("hf_version %s" % transformers.__version__)
@@ -177,6 +221,7 @@ def main():
     print("torch_cpu_capability %s" % torch.backends.cpu.get_cpu_capability())
     print("%sthreads %d" % (p, torch.get_num_threads()))
     print("%sload_s %.2f" % (p, load_s))
+    print("%sready_s %.2f" % (p, ready_s))
     for k, v in r.items():
         print("%s%s %.2f" % (p, k, v))
     print("%sdecode_tokens_per_s %.2f" % (p, 1e3 / r["ms_per_token"]))

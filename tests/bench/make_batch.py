@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Write a `mllama run --batch` JSONL file for the engine benchmarks.
 
-    make_batch.py [--max-tokens N] [--prompt TEXT] --sequence IMAGE|- ...
-    make_batch.py [--max-tokens N] [--prompt TEXT] --concurrent B [--image IMAGE]
+    make_batch.py [--max-tokens N] [--prompt TEXT] [--template DIR] --sequence IMAGE|- ...
+    make_batch.py [--max-tokens N] [--prompt TEXT] [--template DIR] --concurrent B [--image IMAGE]
                   [--same-length]
 
 --sequence: one chat request per argument (an image path, or - for text
@@ -14,6 +14,13 @@ with IMAGE or all text only; the prompts differ by a number so that no two
 sequences are alike. --same-length writes the numbers with as many digits
 as B's (01 .. 16), so that the prompts tokenize to the same length, prefill
 together and decode in lockstep (roofline.sh checks the lengths).
+
+--template DIR: "prompt" requests instead of "chat" ones, their text rendered
+with the chat template of DIR's tokenizer_config.json (transformers'
+apply_chat_template), the image token written at the start of the user's
+text. That is the prompt mistral.rs builds from the same checkpoint
+(peers.sh): our --chat applies the Llama 3.2 Vision Instruct template, which
+a checkpoint of `mllama mkmodel` does not carry.
 """
 import argparse
 import json
@@ -28,26 +35,39 @@ def main():
     mode.add_argument("--sequence", nargs="+", metavar="IMAGE")
     mode.add_argument("--concurrent", type=int, metavar="B")
     p.add_argument("--image")
+    p.add_argument("--template", metavar="DIR")
     p.add_argument("--same-length", action="store_true")
     args = p.parse_args()
+
+    render = None
+    if args.template:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(args.template)
+
+        def render(text, image):
+            content = ("<|image|>" if image else "") + text
+            return tok.apply_chat_template([{"role": "user", "content": content}],
+                                           tokenize=False, add_generation_prompt=True)
+
+    def request(text, image):
+        req = {"chat": text, "max_tokens": args.max_tokens}
+        if render:
+            req = {"prompt": render(text, image), "max_tokens": args.max_tokens}
+        if image:
+            req["images"] = [image]
+        return req
 
     lines = []
     if args.sequence:
         for i, image in enumerate(args.sequence):
-            req = {"chat": args.prompt, "max_tokens": args.max_tokens}
-            if image != "-":
-                req["images"] = [image]
+            req = request(args.prompt, image if image != "-" else None)
             if i > 0:
                 req["after"] = i - 1
             lines.append(req)
     else:
         width = len(str(args.concurrent)) if args.same_length else 1
         for i in range(args.concurrent):
-            req = {"chat": "%s (request %0*d)" % (args.prompt, width, i + 1),
-                   "max_tokens": args.max_tokens}
-            if args.image:
-                req["images"] = [args.image]
-            lines.append(req)
+            lines.append(request("%s (request %0*d)" % (args.prompt, width, i + 1), args.image))
     for req in lines:
         sys.stdout.write(json.dumps(req) + "\n")
 

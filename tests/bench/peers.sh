@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Our engine side by side with its peers on the CPU, in one run: transformers
+# (bf16 and f32) and mistral.rs (the `mistralrs` wheel, mllama as
+# MultimodalArchitecture.VLlama, f32 and bf16), the same random-weight
+# checkpoint, the same chat prompts and image, 2 threads each. Per engine:
+# load time (process start to ready), TTFT with and without the image,
+# decode ms/token, completion tokens/s at each concurrency, peak RSS, and how
+# many threads did the work; then ours / peer per metric and the issue's
+# goals (>= 2x each peer's faster dtype in decode throughput at every
+# concurrency and in TTFT with the image).
+#
+#   tests/bench/peers.sh [--preset small|1b] [--engines "ours hf-bf16 hf-f32 mistralrs-f32
+#       mistralrs-bf16"] [--concurrency "1 4 8 16"] [--build DIR] [--work DIR]
+#       [--max-tokens N] [--repeats N] [--python PY] [--no-build]
+#
+# --engines: which engines run; ours is always among them (its prompt ids and
+#   pixels are transformers' inputs, and every ratio is against it).
+# --concurrency: the numbers of concurrent text requests of the throughput
+#   tables.
+# --python: the peers' venv (default $PEERVENV/bin/python, else
+#   /opt/peervenv/bin/python; tests/bench/make_peervenv.sh makes it).
+# The rest as in lib.sh. Ours: --repeats processes of each batch, the best of
+# each timing. Peers: one process per engine, the best of --repeats in it.
+# README.md here ("peers.sh") has the method, what each figure covers and
+# each peer's caveats (EOS, batching, what mistralrs cannot run).
+set -euo pipefail
+
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+# shellcheck source=lib.sh
+. "$repo/tests/bench/lib.sh"
+
+PEERS_ALL="ours hf-bf16 hf-f32 mistralrs-f32 mistralrs-bf16"
+# The text requests of the throughput tables, "(request i)" appended; the
+# same on every engine (make_batch.py --concurrent, peers_mistralrs.py).
+THROUGHPUT_PROMPT="Write a short story"
+
+bench_defaults small 33
+python="${PEERVENV:-/opt/peervenv}/bin/python"
+engines="$PEERS_ALL"
+concurrency="1 4 8 16"
+BENCH_OPTIONS="engines concurrency"
+bench_parse_args "$@"
+for e in $engines; do
+    case " $PEERS_ALL " in
+    *" $e "*) ;;
+    *) bench_die "unknown engine $e (one of: $PEERS_ALL)" ;;
+    esac
+done
+case " $engines " in
+*" ours "*) ;;
+*) bench_die "--engines needs ours: its prompt ids and pixels are transformers' inputs" ;;
+esac
+[ -x "$python" ] || bench_die "no $python (bash tests/bench/make_peervenv.sh, or --python)"
+bench_setup peers
+peers_py="$python $repo/tests/bench/peers_report.py"
+mirror="$work/astronaut_mirror.jpg"
+bench_mirror "$python" "$image" "$mirror"
+max_b=$(echo "$concurrency" | tr ' ' '\n' | sort -n | tail -1)
+
+isa=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
+    grep -E '^(avx2|avx512f|avx512_bf16|avx512_fp16|amx_bf16|amx_tile)$' | tr '\n' ' ')
+{
+    echo "cpu_model $(lscpu | sed -n 's/^Model name: *//p' | head -1)"
+    echo "isa ${isa:-none of avx2/avx512/amx}"
+    echo "threads $BENCH_THREADS"
+} >"$run/machine.kv"
+
+echo "peers: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads per engine," \
+    "engines: $engines"
+echo "before: $(bench_load)"
+
+# ours_run NAME BATCH: --repeats processes of `mllama run --batch`, each under
+# peers_report.py exec (peak RSS, threads); NAME_<r>.wall holds the process
+# wall time bench_report.py ours reads.
+ours_run() {
+    local name="$1" batch="$2" r
+    for r in $(seq 1 "$repeats"); do
+        $peers_py exec "$run/${name}_$r.rusage" "$mllama" run --model "$model" --batch "$batch" \
+            --threads "$BENCH_THREADS" --no-prefix-cache >"$run/${name}_$r.jsonl" ||
+            bench_die "ours: batch $batch failed"
+        awk '$1 == "wall_s" { print $2 }' "$run/${name}_$r.rusage" >"$run/${name}_$r.wall"
+    done
+}
+
+# Three requests one after the other: an image in a fresh process (cold), the
+# sample image (the compared one), text only. Every prompt of ours is the
+# checkpoint's chat template rendered (make_batch.py --template), the one
+# mistral.rs applies to the same messages.
+"$mllama" preprocess --model "$model" --image "$image" --out "$run/pixels.npy" >"$run/layout.json"
+"$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" --prompt "$BENCH_PROMPT" \
+    --template "$model" --sequence "$mirror" "$image" - >"$run/seq.jsonl"
+ours_run seq "$run/seq.jsonl"
+$report ours "$run"/seq_*.jsonl >"$run/ours.kv"
+concurrent=()
+for b in $concurrency; do
+    "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" \
+        --prompt "$THROUGHPUT_PROMPT" --template "$model" --concurrent "$b" >"$run/c$b.jsonl"
+    ours_run "c$b" "$run/c$b.jsonl"
+    paths=$(printf '%s,' "$run/c${b}"_*.jsonl)
+    concurrent+=(--ours-concurrent "$b=${paths%,}")
+done
+$peers_py ids "$run/c${max_b}_1.jsonl" >"$run/throughput_ids.txt"
+echo "after ours: $(bench_load)"
+
+peers=()
+for e in $engines; do
+    dtype="${e#*-}"
+    case "$e" in
+    ours) continue ;;
+    hf-*)
+        OMP_NUM_THREADS=$BENCH_THREADS $peers_py exec "$run/$e.rusage" \
+            "$python" "$repo/tests/bench/engine_hf.py" --model "$model" \
+            --pixels "$run/pixels.npy" --layout "$run/layout.json" \
+            --ids "$(awk '$1 == "ours_1_prompt_ids" { print $2 }' "$run/ours.kv")" \
+            --text-ids "$(awk '$1 == "ours_2_prompt_ids" { print $2 }' "$run/ours.kv")" \
+            --batch-ids "$run/throughput_ids.txt" --concurrency "$concurrency" \
+            --max-tokens "$max_tokens" --dtype "$dtype" --threads "$BENCH_THREADS" \
+            --repeats "$repeats" >"$run/$e.kv" 2>"$run/$e.log" ||
+            bench_die "transformers $dtype failed (see $run/$e.log)"
+        ;;
+    mistralrs-*)
+        # candle's CPU kernels run on rayon's pool; OMP for anything else.
+        RAYON_NUM_THREADS=$BENCH_THREADS OMP_NUM_THREADS=$BENCH_THREADS $peers_py exec \
+            "$run/$e.rusage" "$python" "$repo/tests/bench/peers_mistralrs.py" --model "$model" \
+            --dtype "$dtype" --image "$image" --cold-image "$mirror" --prompt "$BENCH_PROMPT" \
+            --throughput-prompt "$THROUGHPUT_PROMPT" --max-tokens "$max_tokens" \
+            --repeats "$repeats" --concurrency "$concurrency" >"$run/$e.kv" 2>"$run/$e.log" ||
+            bench_die "mistralrs $dtype failed (see $run/$e.log)"
+        ;;
+    esac
+    peers+=(--peer "$e=$run/$e.kv,$run/$e.rusage")
+    echo "after $e: $(bench_load)"
+done
+
+versions=$(cat "$run"/*.kv | awk '$1 ~ /_version$/ && !seen[$1]++ { printf "%s %s, ", $1, $2 }')
+echo "${versions%, }"
+echo
+$peers_py table --machine "$run/machine.kv" --ours "$run/ours.kv" \
+    --ours-rusage "$run"/seq_*.rusage "$run"/c*_*.rusage "${concurrent[@]}" "${peers[@]}"
