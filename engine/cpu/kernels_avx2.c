@@ -220,8 +220,11 @@ ALWAYS_INLINE void packed_tile(const int m, const int f8, int n, int k, const fl
         acc0[i] = _mm256_setzero_ps();
         acc1[i] = _mm256_setzero_ps();
     }
+    const size_t step_bytes = f8 ? STRIP_COLS : STRIP_COLS * sizeof(uint16_t);
     for (int p = 0; p < k; p++) {
         __m256 b0, b1;
+        _mm_prefetch((const char *)w + (size_t)p * step_bytes + ML_CPU_STRIP_PREFETCH_BYTES,
+                     _MM_HINT_T0);
         strip_step(f8, w, p, &b0, &b1);
 #pragma GCC unroll 6
         for (int i = 0; i < m; i++) {

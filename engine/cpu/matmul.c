@@ -19,8 +19,8 @@
  * same weights. Each thread walks its columns in blocks of GEMM_NC (one
  * strip when its rows fit one tile: then it streams each strip from start
  * to end), its K in blocks of GEMM_KC, and for each K block its rows in
- * tiles of tile_rows over the block's strips, which stay in cache for all
- * the rows.
+ * tiles of at most tile_rows over the block's strips, which stay in cache
+ * for all the rows.
  *
  * Batch invariance: an output element is summed in one order, which
  * depends on K and the ISA only: y = (y or 0) + bias, then for each KC
@@ -133,8 +133,12 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
     const size_t K = (size_t)j->K, N = (size_t)j->N;
-    const int mr = kn->tile_rows, sc = kn->strip_cols;
-    const int nc_max = m1 - m0 <= mr ? sc : GEMM_NC;
+    const int sc = kn->strip_cols;
+    /* Rows in tiles of equal height (16 = 8 + 8, not 12 + 4): a short
+     * tile has too few FMA chains to hide their latency. */
+    const int tiles = (m1 - m0 + kn->tile_rows - 1) / kn->tile_rows;
+    const int mr = (m1 - m0 + tiles - 1) / tiles;
+    const int nc_max = tiles == 1 ? sc : GEMM_NC;
 
     init_block(j, m0, m1, n0, n1);
     for (int jc = n0; jc < n1; jc += nc_max) {
