@@ -40,7 +40,8 @@
 #define GROUP "mllama-workers"   /* config/local.json */
 #define SMALL_JPEG ML_SOURCE_DIR "/tests/golden/fixtures/images/tiny_16x16.jpg"
 #define EVICT_IMAGE_MIB 8        /* one tiny-model image state (6.6 MB) */
-#define LONG_TOKENS 4096         /* the blocking text request: cancelled long before */
+#define LONG_TOKENS 32768        /* the blocking text request: cancelled long before */
+#define LONG_LIMIT "limits.max_tokens=32768"
 #define QUEUE_MS 60000           /* requests reaching the runtime's queue */
 #define CANCEL_TRIES 5
 #define EVICT_RUNNING 2          /* runtime.max_running: the blockers */
@@ -205,7 +206,7 @@ static void test_evicted_before_admission(const pu_worker_env *env)
     snprintf(threads, sizeof threads, "worker.prep_threads=%d", PREP_THREADS);
     snprintf(running, sizeof running, "runtime.max_running=%d", EVICT_RUNNING);
     const char *extra[] = {model_dir, "model.preset_if_missing=tiny", image_mib, running,
-                           threads, NULL};
+                           threads, LONG_LIMIT, NULL};
     if (!pu_worker_start(&tiny_worker, env, "images-tiny", extra) ||
         !pu_wait_assigned(&tiny_worker, PU_START_MS))
         pu_die("tiny worker start");
