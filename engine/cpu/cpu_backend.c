@@ -109,7 +109,9 @@ ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen)
         return NULL;
     }
 
-    cb->scratch_floats = ml_cpu_attn_scratch_floats();
+    cb->scratch_floats = ml_cpu_matmul_scratch_floats();
+    if (ml_cpu_attn_scratch_floats() > cb->scratch_floats)
+        cb->scratch_floats = ml_cpu_attn_scratch_floats();
     cb->scratch = aligned_alloc(ML_CPU_ALIGN, (size_t)n_threads * cb->scratch_floats * sizeof(float));
     if (!cb->scratch) {
         ml_fail(err, errlen, ML_ERR_NOMEM, "cpu backend: %d x %zu bytes of scratch", n_threads,

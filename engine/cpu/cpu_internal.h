@@ -93,6 +93,7 @@ static inline int64_t ml_cpu_grain(double work_per_item)
 }
 
 /* Per-thread scratch each op family needs, in floats (multiples of 16). */
+size_t ml_cpu_matmul_scratch_floats(void);
 size_t ml_cpu_attn_scratch_floats(void);
 
 /* Latch an error for synchronize: "cpu <op>: <detail>". The first error

@@ -45,11 +45,15 @@ typedef struct ml_cpu_kernels {
      * increasing p, with the multiply-add gemm_tile uses, and is then added
      * to y: the order of every element is gemm_tile's, whatever m, n or
      * the element's place in the tile (matmul.c, batch invariance). Columns
-     * past n are computed from the strip's zero padding and not stored. */
+     * past n are computed from the strip's zero padding and not stored.
+     * stream != 0: the block is read from memory (the first row tile over
+     * it) and is prefetched ahead (ML_CPU_STRIP_PREFETCH_BYTES); 0: it is
+     * read again, from cache, for a further row tile. */
     void (*gemm_packed)(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
-                        float *y, size_t ldy);
+                        int stream, float *y, size_t ldy);
     /* Columns of a strip: the width the ISA's registers take in one step
-     * (two vectors of f32). */
+     * (two vectors of f32); tile_cols too, so that a strip widened to f32
+     * is gemm_tile's B (matmul.c). */
     int strip_cols;
 
     /* LoRA's kernel (lora.c): dots (r, j) = Σ_k w[r * ldw + k] · x[j * ldx + k]
@@ -127,7 +131,11 @@ static inline float ml_cpu_f8_to_f32(uint8_t c)
  * misses stalls every FMA chain: measured on a 2-vCPU AMD EPYC (AVX-512),
  * K 4096 x N 14336, 2 threads, 8 activation rows went from 200 to 370-415
  * GFLOP/s with 8 KiB ahead (4 KiB: 350, 1 KiB: 230). Past the strip's end
- * it reads the next strip's lines, which a later call wants anyway. */
+ * it reads the next strip's lines, which a later call wants anyway. Only
+ * for the first row tile over a block: for the others it is in cache, and
+ * prefetching the next block would evict it (a 6432-row GEMM, K = N =
+ * 1280, prefetching in every tile ran at 290-330 GFLOP/s against 370-400
+ * before packing). */
 #define ML_CPU_STRIP_PREFETCH_BYTES 8192
 
 /* A Linear's weights packed for gemm_packed (matmul.c, ml_cpu_linear_weight):

@@ -201,8 +201,8 @@ ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, __m512 *b0, __
     *b1 = _mm512_castsi512_ps(_mm512_and_si512(d, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
-ALWAYS_INLINE void packed_tile(const int m, const int f8, int n, int k, const float *x,
-                               size_t ldx, const void *w, float *y, size_t ldy)
+ALWAYS_INLINE void packed_tile(const int m, const int f8, const int stream, int n, int k,
+                               const float *x, size_t ldx, const void *w, float *y, size_t ldy)
 {
     const __mmask16 m0 = lane_mask(n), m1 = lane_mask(n - LANES);
     __m512 acc0[TILE_ROWS], acc1[TILE_ROWS];
@@ -214,8 +214,9 @@ ALWAYS_INLINE void packed_tile(const int m, const int f8, int n, int k, const fl
     const size_t step_bytes = f8 ? STRIP_COLS : STRIP_COLS * sizeof(uint16_t);
     for (int p = 0; p < k; p++) {
         __m512 b0, b1;
-        _mm_prefetch((const char *)w + (size_t)p * step_bytes + ML_CPU_STRIP_PREFETCH_BYTES,
-                     _MM_HINT_T0);
+        if (stream)
+            _mm_prefetch((const char *)w + (size_t)p * step_bytes + ML_CPU_STRIP_PREFETCH_BYTES,
+                         _MM_HINT_T0);
         strip_step(f8, w, p, &b0, &b1);
 #pragma GCC unroll 12
         for (int i = 0; i < m; i++) {
@@ -233,31 +234,36 @@ ALWAYS_INLINE void packed_tile(const int m, const int f8, int n, int k, const fl
     }
 }
 
+/* Compile-time dtype and prefetch, so that neither costs a branch a step. */
 ALWAYS_INLINE void packed_m(const int m, int n, int k, const float *x, size_t ldx,
-                            const void *w, int f8, float *y, size_t ldy)
+                            const void *w, int f8, int stream, float *y, size_t ldy)
 {
-    if (f8)
-        packed_tile(m, 1, n, k, x, ldx, w, y, ldy);
+    if (f8 && stream)
+        packed_tile(m, 1, 1, n, k, x, ldx, w, y, ldy);
+    else if (f8)
+        packed_tile(m, 1, 0, n, k, x, ldx, w, y, ldy);
+    else if (stream)
+        packed_tile(m, 0, 1, n, k, x, ldx, w, y, ldy);
     else
-        packed_tile(m, 0, n, k, x, ldx, w, y, ldy);
+        packed_tile(m, 0, 0, n, k, x, ldx, w, y, ldy);
 }
 
 static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
-                        float *y, size_t ldy)
+                        int stream, float *y, size_t ldy)
 {
     switch (m) {
-    case 1: packed_m(1, n, k, x, ldx, w, f8, y, ldy); break;
-    case 2: packed_m(2, n, k, x, ldx, w, f8, y, ldy); break;
-    case 3: packed_m(3, n, k, x, ldx, w, f8, y, ldy); break;
-    case 4: packed_m(4, n, k, x, ldx, w, f8, y, ldy); break;
-    case 5: packed_m(5, n, k, x, ldx, w, f8, y, ldy); break;
-    case 6: packed_m(6, n, k, x, ldx, w, f8, y, ldy); break;
-    case 7: packed_m(7, n, k, x, ldx, w, f8, y, ldy); break;
-    case 8: packed_m(8, n, k, x, ldx, w, f8, y, ldy); break;
-    case 9: packed_m(9, n, k, x, ldx, w, f8, y, ldy); break;
-    case 10: packed_m(10, n, k, x, ldx, w, f8, y, ldy); break;
-    case 11: packed_m(11, n, k, x, ldx, w, f8, y, ldy); break;
-    case 12: packed_m(12, n, k, x, ldx, w, f8, y, ldy); break;
+    case 1: packed_m(1, n, k, x, ldx, w, f8, stream, y, ldy); break;
+    case 2: packed_m(2, n, k, x, ldx, w, f8, stream, y, ldy); break;
+    case 3: packed_m(3, n, k, x, ldx, w, f8, stream, y, ldy); break;
+    case 4: packed_m(4, n, k, x, ldx, w, f8, stream, y, ldy); break;
+    case 5: packed_m(5, n, k, x, ldx, w, f8, stream, y, ldy); break;
+    case 6: packed_m(6, n, k, x, ldx, w, f8, stream, y, ldy); break;
+    case 7: packed_m(7, n, k, x, ldx, w, f8, stream, y, ldy); break;
+    case 8: packed_m(8, n, k, x, ldx, w, f8, stream, y, ldy); break;
+    case 9: packed_m(9, n, k, x, ldx, w, f8, stream, y, ldy); break;
+    case 10: packed_m(10, n, k, x, ldx, w, f8, stream, y, ldy); break;
+    case 11: packed_m(11, n, k, x, ldx, w, f8, stream, y, ldy); break;
+    case 12: packed_m(12, n, k, x, ldx, w, f8, stream, y, ldy); break;
     default: assert(!"gemm_packed: m out of range");
     }
 }

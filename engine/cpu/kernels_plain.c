@@ -41,8 +41,9 @@ static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const
 }
 
 static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
-                        float *y, size_t ldy)
+                        int stream, float *y, size_t ldy)
 {
+    (void)stream; /* no prefetch: the readable reference */
     const uint16_t *w16 = w;
     const uint8_t *w8 = w;
     for (int i = 0; i < m; i++) {

@@ -20,7 +20,12 @@
  * strip when its rows fit one tile: then it streams each strip from start
  * to end), its K in blocks of GEMM_KC, and for each K block its rows in
  * tiles of at most tile_rows over the block's strips, which stay in cache
- * for all the rows.
+ * for all the rows. A thread with many row tiles (prefill, the vision
+ * tower) first widens each block of its columns to f32 in its scratch,
+ * once, and runs gemm_tile on it: the widening is then paid once for all
+ * the tiles instead of once per tile (measured: a 6432-row GEMM, K = N =
+ * 1280, 330 against 385 GFLOP/s), and gemm_tile sums in gemm_packed's
+ * order.
  *
  * Batch invariance: an output element is summed in one order, which
  * depends on K and the ISA only: y = (y or 0) + bias, then for each KC
@@ -72,6 +77,16 @@
 /* Steps of a strip packed per pass over its columns at load: runs of
  * 64 contiguous source elements per column. */
 #define PACK_STEPS 64
+/* Row tiles from which a thread widens its column blocks to f32 first:
+ * 16 tiles share one widening (about 1/400 of their FMAs). */
+#define WIDEN_MIN_TILES 16
+/* A thread's scratch: one widened block, GEMM_KC x GEMM_NC f32. */
+#define PANEL_FLOATS ((size_t)GEMM_KC * GEMM_NC)
+
+size_t ml_cpu_matmul_scratch_floats(void)
+{
+    return PANEL_FLOATS;
+}
 
 typedef struct matmul_job {
     float *y;                 /* (M, N) */
@@ -128,8 +143,30 @@ static void finish_block(const matmul_job *j, int m0, int m1, int n0, int n1)
     }
 }
 
-/* y[m0..m1, n0..n1], n0 at a strip's start. */
-static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1)
+/* panel = the f32 of the strips over columns [col0, col0 + nc) from step
+ * pc, kc steps: per strip (kc, strip_cols) row-major, the layout gemm_tile
+ * reads as B (tile_cols == strip_cols on every ISA). Exact. */
+static void widen_block(const matmul_job *j, float *panel, int col0, int nc, int pc, int kc)
+{
+    const int sc = j->cb->kern->strip_cols;
+    for (int col = col0; col < col0 + nc; col += sc) {
+        const uint16_t *w16 = strip_at(j, col, pc);
+        const uint8_t *w8 = strip_at(j, col, pc);
+        float *dst = panel + (size_t)((col - col0) / sc) * (size_t)kc * (size_t)sc;
+        for (int c = 0; c < sc; c++) {
+            const size_t at = ml_cpu_packed_index(sc, j->f8, 0, c);
+            if (j->f8)
+                for (int p = 0; p < kc; p++)
+                    dst[(size_t)p * sc + c] = ml_cpu_f8_to_f32(w8[(size_t)p * sc + at]);
+            else
+                for (int p = 0; p < kc; p++)
+                    dst[(size_t)p * sc + c] = ml_bf16_to_f32(w16[(size_t)p * sc + at]);
+        }
+    }
+}
+
+/* y[m0..m1, n0..n1], n0 at a strip's start; panel: the thread's scratch. */
+static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, float *panel)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
     const size_t K = (size_t)j->K, N = (size_t)j->N;
@@ -145,11 +182,23 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1)
         const int nc = imin(nc_max, n1 - jc);
         for (int pc = 0; pc < j->K; pc += GEMM_KC) {
             const int kc = imin(GEMM_KC, j->K - pc);
-            for (int ic = m0; ic < m1; ic += mr)
-                for (int col = jc; col < jc + nc; col += sc)
-                    kn->gemm_packed(imin(mr, m1 - ic), imin(sc, jc + nc - col), kc,
-                                    j->x + (size_t)ic * K + pc, K, strip_at(j, col, pc), j->f8,
-                                    j->y + (size_t)ic * N + (size_t)col, N);
+            const int widened = tiles >= WIDEN_MIN_TILES;
+            if (widened)
+                widen_block(j, panel, jc, nc, pc, kc);
+            for (int ic = m0; ic < m1; ic += mr) {
+                for (int col = jc; col < jc + nc; col += sc) {
+                    const int m = imin(mr, m1 - ic), n = imin(sc, jc + nc - col);
+                    const float *x = j->x + (size_t)ic * K + pc;
+                    float *y = j->y + (size_t)ic * N + (size_t)col;
+                    if (widened)
+                        kn->gemm_tile(m, n, kc, x, K, 1,
+                                      panel + (size_t)((col - jc) / sc) * (size_t)kc * (size_t)sc,
+                                      (size_t)sc, y, N);
+                    else
+                        kn->gemm_packed(m, n, kc, x, K, strip_at(j, col, pc), j->f8, ic == m0,
+                                        y, N);
+                }
+            }
         }
         finish_block(j, m0, m1, jc, jc + nc);
     }
@@ -165,7 +214,6 @@ static void split_units(int n, int unit, int parts, int part, int *lo, int *hi)
 
 static void matmul_part(void *ctx, int64_t begin, int64_t end, int tid)
 {
-    (void)tid;
     const matmul_job *j = ctx;
     const ml_cpu_kernels *kn = j->cb->kern;
     for (int64_t part = begin; part < end; part++) {
@@ -173,7 +221,7 @@ static void matmul_part(void *ctx, int64_t begin, int64_t end, int tid)
         split_units(j->M, kn->tile_rows, j->grid_m, (int)(part / j->grid_n), &m0, &m1);
         split_units(j->N, kn->strip_cols, j->grid_n, (int)(part % j->grid_n), &n0, &n1);
         if (m0 < m1 && n0 < n1)
-            matmul_block(j, m0, m1, n0, n1);
+            matmul_block(j, m0, m1, n0, n1, ml_cpu_scratch(j->cb, tid));
     }
 }
 
