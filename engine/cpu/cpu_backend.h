@@ -16,6 +16,18 @@
  * ML_CPU_ISA, out of memory, a thread that would not start). */
 ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen);
 
+/* Opt-in bf16 activations (model.cpu_activations = "bf16"): from now on a
+ * bf16 Linear rounds its input rows to bf16 (RNE, as torch's
+ * .to(torch.bfloat16) and the CUDA backend's GEMM inputs) and multiplies
+ * them with AVX-512 BF16's dot product, twice the f32 FMA rate, instead of
+ * widening its weights to f32: no longer the f32 reference's numerics
+ * (engine/cpu/README.md states the error against it), still batch
+ * invariant. FP8 Linears, attention and everything else are unchanged.
+ * Call it before any Linear is bound (linear_weight packs for the mode).
+ * Returns ML_OK; ML_ERR_UNSUPPORTED when this CPU (or the ML_CPU_ISA
+ * chosen) has no AVX-512 BF16; ML_ERR_INVALID_ARG once Linears are bound. */
+ml_status ml_backend_cpu_bf16_activations(ml_backend *be, char *err, size_t errlen);
+
 /* `world` CPU backends of threads_each threads each (0 = the online CPUs
  * shared evenly, at least one) forming one tensor-parallel group: their
  * all_reduce_sum is an in-process collective, for `world` threads each

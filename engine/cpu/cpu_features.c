@@ -19,6 +19,16 @@ ml_cpu_isa ml_cpu_isa_detect(void)
     return ML_CPU_ISA_PLAIN;
 }
 
+int ml_cpu_has_avx512_bf16(void)
+{
+#if ML_CPU_X86
+    __builtin_cpu_init();
+    return ml_cpu_isa_detect() == ML_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
 const char *ml_cpu_isa_name(ml_cpu_isa isa)
 {
     switch (isa) {

@@ -27,6 +27,11 @@ typedef enum ml_cpu_isa {
 /* The widest ISA that this CPU and OS support. Never fails. */
 ml_cpu_isa ml_cpu_isa_detect(void);
 
+/* Nonzero when this CPU and OS run AVX-512 BF16 (VDPBF16PS: f32 += the
+ * dot of two bf16 pairs), which the opt-in bf16-activation matmul needs
+ * (ml_backend_cpu_bf16_activations). */
+int ml_cpu_has_avx512_bf16(void);
+
 /* "plain", "avx2" or "avx512". Never NULL. */
 const char *ml_cpu_isa_name(ml_cpu_isa isa);
 

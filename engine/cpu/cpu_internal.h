@@ -60,6 +60,12 @@ typedef struct ml_cpu_backend {
      * each shape), so steady-state calls allocate nothing. */
     float *act;
     size_t act_floats;
+    /* 1: bf16 Linears multiply activations rounded to bf16 with the ISA's
+     * bf16 dot product, their weights packed in the pair layout
+     * (ml_backend_cpu_bf16_activations; matmul.c). Fixed before the first
+     * Linear is packed: n_linear counts those alive. */
+    int bf16_x;
+    int n_linear;
 
     /* The first error since the last synchronize (ML_OK: none), and how
      * many were latched since create, the first or not. */

@@ -91,6 +91,10 @@ size_t ml_cpu_matmul_scratch_floats(void)
 typedef struct matmul_job {
     float *y;                 /* (M, N) */
     const float *x;           /* (M, K) */
+    /* bf16 activations (cb->bf16_x): x rounded to bf16 in pairs, (M, Kp / 2)
+     * dwords; NULL: the f32 x above. */
+    const uint32_t *xb;
+    int Kp;                   /* steps of a packed strip: K, or K rounded up to even with xb */
     const unsigned char *w;   /* packed (ml_cpu_linear_weight) */
     int f8;                   /* w holds F8_E4M3 codes (else bf16) */
     const float *scale;       /* (N) of FP8 weights */
@@ -115,7 +119,7 @@ static inline float bias_at(const uint16_t *bias, int n)
 static const void *strip_at(const matmul_job *j, int col, int pc)
 {
     const size_t s = (size_t)j->cb->kern->strip_cols, elem = j->f8 ? 1 : sizeof(uint16_t);
-    return j->w + ((size_t)(col / (int)s) * (size_t)j->K + (size_t)pc) * s * elem;
+    return j->w + ((size_t)(col / (int)s) * (size_t)j->Kp + (size_t)pc) * s * elem;
 }
 
 /* y[m0..m1, n0..n1] = (y or 0) + bias, or 0 for FP8: the start of every
@@ -195,13 +199,16 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, fl
     const int mr = (m1 - m0 + tiles - 1) / tiles;
     const int nc_max = tiles == 1 ? sc : GEMM_NC;
 
-    const int widened = tiles >= WIDEN_MIN_TILES;
+    /* With bf16 activations the kernel multiplies the bf16 weights as they
+     * are: nothing to widen. */
+    const int widened = tiles >= WIDEN_MIN_TILES && !j->xb;
+    const size_t ldxb = (size_t)j->Kp / 2;
 
     for (int jc = n0; jc < n1; jc += nc_max) {
         const int nc = imin(nc_max, n1 - jc);
         init_block(j, m0, m1, jc, jc + nc);
-        for (int pc = 0; pc < j->K; pc += GEMM_KC) {
-            const int kc = imin(GEMM_KC, j->K - pc);
+        for (int pc = 0; pc < j->Kp; pc += GEMM_KC) {
+            const int kc = imin(GEMM_KC, j->Kp - pc);
             if (widened)
                 widen_block(j, panel, jc, nc, pc, kc);
             for (int ic = m0; ic < m1; ic += mr) {
@@ -213,6 +220,9 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, fl
                         kn->gemm_tile(m, n, kc, x, K, 1,
                                       panel + (size_t)((col - jc) / sc) * (size_t)kc * (size_t)sc,
                                       (size_t)sc, y, N);
+                    else if (j->xb)
+                        kn->gemm_packed_bf16(m, n, kc, j->xb + (size_t)ic * ldxb + (size_t)pc / 2,
+                                             ldxb, strip_at(j, col, pc), ic == m0, y, N);
                     else
                         kn->gemm_packed(m, n, kc, x, K, strip_at(j, col, pc), j->f8, ic == m0,
                                         y, N);
@@ -264,12 +274,69 @@ static void run(ml_cpu_backend *cb, matmul_job job)
     ml_cpu_pool_for(cb->pool, threads, 1, matmul_part, &job);
 }
 
+/* The act buffer with room for floats (or as many dwords), grown if
+ * needed; NULL (latched against op) when it cannot be. */
+static float *act_buffer(ml_cpu_backend *cb, size_t floats, const char *op)
+{
+    if (floats <= cb->act_floats)
+        return cb->act;
+    const size_t bytes = (floats * sizeof(float) + ML_CPU_ALIGN - 1) / ML_CPU_ALIGN * ML_CPU_ALIGN;
+    float *p = aligned_alloc(ML_CPU_ALIGN, bytes);
+    if (!p) {
+        ml_cpu_latch(cb, ML_ERR_NOMEM, op, "%zu bytes of converted activations", bytes);
+        return NULL;
+    }
+    free(cb->act);
+    cb->act = p;
+    cb->act_floats = floats;
+    return p;
+}
+
+/* K rounded up to even: the steps of a strip in the pair layout. */
+static int pair_steps(int K)
+{
+    return K + K % 2;
+}
+
+typedef struct round_job {
+    uint32_t *xb;
+    const float *x;
+    int K;
+} round_job;
+
+/* Rows [begin, end) of x rounded to bf16 (RNE, as torch's .to(bfloat16))
+ * in pairs, an odd K's last pair padded with 0. */
+static void round_part(void *ctx, int64_t begin, int64_t end, int tid)
+{
+    (void)tid;
+    const round_job *r = ctx;
+    const size_t pairs = (size_t)pair_steps(r->K) / 2;
+    for (int64_t m = begin; m < end; m++) {
+        const float *xr = r->x + (size_t)m * (size_t)r->K;
+        uint32_t *d = r->xb + (size_t)m * pairs;
+        for (size_t q = 0; q < (size_t)r->K / 2; q++)
+            d[q] = ml_f32_to_bf16(xr[2 * q]) | (uint32_t)ml_f32_to_bf16(xr[2 * q + 1]) << 16;
+        if (r->K % 2)
+            d[pairs - 1] = ml_f32_to_bf16(xr[r->K - 1]);
+    }
+}
+
 void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
                    const uint16_t *bias, int M, int K, int N, int accumulate)
 {
     ml_cpu_backend *cb = ml_cpu_of(be);
-    run(cb, (matmul_job){.y = y, .x = x, .w = (const unsigned char *)w, .bias = bias, .M = M,
-                         .K = K, .N = N, .accumulate = accumulate, .cb = cb});
+    matmul_job job = {.y = y, .x = x, .w = (const unsigned char *)w, .bias = bias, .M = M,
+                      .K = K, .Kp = K, .N = N, .accumulate = accumulate, .cb = cb};
+    if (cb->bf16_x && M > 0 && N > 0) {
+        job.Kp = pair_steps(K);
+        uint32_t *xb = (uint32_t *)act_buffer(cb, (size_t)M * (size_t)job.Kp / 2, "matmul");
+        if (!xb)
+            return;
+        round_job r = {.xb = xb, .x = x, .K = K};
+        ml_cpu_pool_for(cb->pool, M, ml_cpu_grain((double)K), round_part, &r);
+        job.xb = xb;
+    }
+    run(cb, job);
 }
 
 /* ---- packing at load ------------------------------------------------------- */
@@ -278,31 +345,36 @@ typedef struct pack_job {
     unsigned char *dst;
     const unsigned char *src; /* (rows, cols) row-major */
     int rows, cols, f8, strip_cols;
+    int pairs;                /* the pair layout (bf16 activations) */
+    int steps;                /* per strip: cols, rounded up to even for pairs */
 } pack_job;
 
 /* Strips [begin, end): each column's source run of PACK_STEPS elements
- * at a time, written to its place in each step (zeros past the last row). */
+ * at a time, written to its place in each step (zeros past the last row
+ * and column). */
 static void pack_part(void *ctx, int64_t begin, int64_t end, int tid)
 {
     (void)tid;
     const pack_job *pj = ctx;
-    const size_t K = (size_t)pj->cols, S = (size_t)pj->strip_cols;
+    const size_t K = (size_t)pj->cols, P = (size_t)pj->steps, S = (size_t)pj->strip_cols;
     for (int64_t s = begin; s < end; s++) {
-        for (size_t p0 = 0; p0 < K; p0 += PACK_STEPS) {
-            const size_t p1 = p0 + PACK_STEPS < K ? p0 + PACK_STEPS : K;
+        for (size_t p0 = 0; p0 < P; p0 += PACK_STEPS) {
+            const size_t p1 = p0 + PACK_STEPS < P ? p0 + PACK_STEPS : P;
             for (int c = 0; c < pj->strip_cols; c++) {
                 const int64_t n = s * pj->strip_cols + c;
-                const size_t at = ml_cpu_packed_index(pj->strip_cols, pj->f8, 0, c);
                 if (pj->f8) {
-                    uint8_t *d = pj->dst + (size_t)s * K * S + at;
+                    uint8_t *d = pj->dst + (size_t)s * P * S;
                     const uint8_t *r = pj->src + (size_t)n * K;
                     for (size_t p = p0; p < p1; p++)
-                        d[p * S] = n < pj->rows ? r[p] : 0;
+                        d[ml_cpu_packed_index(pj->strip_cols, 1, (int)p, c)] =
+                            n < pj->rows && p < K ? r[p] : 0;
                 } else {
-                    uint16_t *d = (uint16_t *)pj->dst + (size_t)s * K * S + at;
+                    uint16_t *d = (uint16_t *)pj->dst + (size_t)s * P * S;
                     const uint16_t *r = (const uint16_t *)pj->src + (size_t)n * K;
                     for (size_t p = p0; p < p1; p++)
-                        d[p * S] = n < pj->rows ? r[p] : 0;
+                        d[pj->pairs ? ml_cpu_pair_index(pj->strip_cols, (int)p, c)
+                                    : ml_cpu_packed_index(pj->strip_cols, 0, (int)p, c)] =
+                            n < pj->rows && p < K ? r[p] : 0;
                 }
             }
         }
@@ -319,21 +391,26 @@ const void *ml_cpu_linear_weight(ml_backend *be, const void *host, int rows, int
                      "%d x %d of %zu-byte elements", rows, cols, elem_size);
         return NULL;
     }
+    const int pairs = cb->bf16_x && elem_size == sizeof(uint16_t);
+    const int steps = pairs ? pair_steps(cols) : cols;
     const int64_t strips = ((int64_t)rows + sc - 1) / sc;
-    const size_t bytes = (size_t)strips * (size_t)sc * (size_t)cols * elem_size;
+    const size_t bytes = (size_t)strips * (size_t)sc * (size_t)steps * elem_size;
     unsigned char *packed = ml_cpu_alloc(be, bytes);
     if (!packed) {
         ml_cpu_latch(cb, ML_ERR_NOMEM, "linear_weight", "%zu bytes of packed weights", bytes);
         return NULL;
     }
     pack_job pj = {.dst = packed, .src = host, .rows = rows, .cols = cols,
-                   .f8 = elem_size == 1, .strip_cols = sc};
-    ml_cpu_pool_for(cb->pool, strips, ml_cpu_grain((double)sc * cols), pack_part, &pj);
+                   .f8 = elem_size == 1, .strip_cols = sc, .pairs = pairs, .steps = steps};
+    ml_cpu_pool_for(cb->pool, strips, ml_cpu_grain((double)sc * steps), pack_part, &pj);
+    cb->n_linear++;
     return packed;
 }
 
 void ml_cpu_linear_weight_free(ml_backend *be, const void *w)
 {
+    if (w)
+        ml_cpu_of(be)->n_linear--;
     ml_cpu_free(be, (void *)w);
 }
 
@@ -367,33 +444,15 @@ static void quant_part(void *ctx, int64_t begin, int64_t end, int tid)
     ml_cpu_quantize_rows(q->qx, q->sx, q->x, (int)begin, (int)end, q->K);
 }
 
-/* The act buffer with room for floats, grown if needed; NULL (latched)
- * when it cannot be. */
-static float *act_buffer(ml_cpu_backend *cb, size_t floats)
-{
-    if (floats <= cb->act_floats)
-        return cb->act;
-    const size_t bytes = (floats * sizeof(float) + ML_CPU_ALIGN - 1) / ML_CPU_ALIGN * ML_CPU_ALIGN;
-    float *p = aligned_alloc(ML_CPU_ALIGN, bytes);
-    if (!p) {
-        ml_cpu_latch(cb, ML_ERR_NOMEM, "matmul_f8", "%zu bytes of quantized activations", bytes);
-        return NULL;
-    }
-    free(cb->act);
-    cb->act = p;
-    cb->act_floats = floats;
-    return p;
-}
-
 void ml_cpu_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w,
                       const float *scale, const uint16_t *bias, int M, int K, int N,
                       int quant_x)
 {
     ml_cpu_backend *cb = ml_cpu_of(be);
     matmul_job job = {.y = y, .x = x, .w = w, .f8 = 1, .scale = scale, .bias = bias, .M = M, .K = K,
-                      .N = N, .cb = cb};
+                      .Kp = K, .N = N, .cb = cb};
     if (quant_x && M > 0 && N > 0) {
-        float *qx = act_buffer(cb, (size_t)M * K + (size_t)M);
+        float *qx = act_buffer(cb, (size_t)M * K + (size_t)M, "matmul_f8");
         if (!qx)
             return;
         quant_job q = {.qx = qx, .sx = qx + (size_t)M * K, .x = x, .K = K};

@@ -9,6 +9,10 @@
  *                   weight bytes streamed; M = 2..32, decode batches
  *   GEMM            M = 6432, K = N = 1280 (a vision q/k/v/o projection over
  *                   4 tiles): GFLOP/s
+ *   bf16            on a CPU with AVX-512 BF16, the GEMM and the M = 1..32
+ *                   sweep again with bf16 activations
+ *                   (ml_backend_cpu_bf16_activations), the GEMM as a ratio
+ *                   to the f32 path's in the same run
  *   attn_vision     1 x 6432 tokens x 16 heads x 80 (one vision layer) for
  *                   a 4-tile and a 2-tile image
  *   gelu            6432 x 5120 (one 11B vision MLP) and silu_mul 512 x 14336
@@ -20,7 +24,7 @@
  *                   real tiles: GB/s of the K/V the allowed tiles hold
  *
  * ML_BENCH_ONLY=name,... runs only those groups (bandwidth, gemv, gemm,
- * attn_vision, activations, attn_cross).
+ * attn_vision, activations, attn_cross, bf16).
  *
  * Each result is the best of a few runs, by wall clock and by CPU time
  * (process CPU seconds / threads). On a shared machine the wall figure is
@@ -259,7 +263,8 @@ static void bench_gemv(ml_backend *be, int sweep)
     }
 }
 
-static void bench_gemm(ml_backend *be)
+/* Returns the wall GFLOP/s. */
+static double bench_gemm(ml_backend *be)
 {
     mm_job j = {.be = be, .M = 6432, .K = 1280, .N = 1280};
     uint16_t *w = xmalloc((size_t)j.N * j.K * sizeof *w);
@@ -280,6 +285,7 @@ static void bench_gemm(ml_backend *be)
     free(w);
     free(x);
     free(y);
+    return flop / t.wall / 1e9;
 }
 
 typedef struct attn_job {
@@ -463,6 +469,7 @@ int main(void)
     if (getenv("ML_CPU_ISA"))
         snprintf(forced, sizeof forced, "%s", getenv("ML_CPU_ISA"));
     const ml_cpu_isa best = ml_cpu_isa_detect();
+    double f32_gemm = 0; /* the AVX-512 path's, for the bf16 ratio */
     for (ml_cpu_isa isa = ML_CPU_ISA_PLAIN; isa <= best; isa++) {
         if (*forced && strcmp(forced, ml_cpu_isa_name(isa)) != 0)
             continue;
@@ -479,8 +486,11 @@ int main(void)
         const int full = isa != ML_CPU_ISA_PLAIN || *forced;
         if (wanted("gemv"))
             bench_gemv(be, full);
-        if (full && wanted("gemm"))
-            bench_gemm(be);
+        if (full && (wanted("gemm") || wanted("bf16"))) {
+            const double gflops = bench_gemm(be);
+            if (isa == ML_CPU_ISA_AVX512)
+                f32_gemm = gflops;
+        }
         if (full && wanted("attn_vision"))
             bench_attn_vision(be);
         if (wanted("activations"))
@@ -488,6 +498,21 @@ int main(void)
         if (wanted("attn_cross"))
             bench_attn_cross(be);
         fflush(stdout);
+        be->ops->destroy(be);
+    }
+    if (wanted("bf16") && ml_cpu_has_avx512_bf16() && (!*forced || !strcmp(forced, "avx512"))) {
+        char err[256];
+        setenv("ML_CPU_ISA", "avx512", 1);
+        ml_backend *be = ml_backend_cpu_create(g_threads, err, sizeof err);
+        if (!be || ml_backend_cpu_bf16_activations(be, err, sizeof err) != ML_OK) {
+            fprintf(stderr, "bf16 activations: %s\n", err);
+            return 1;
+        }
+        printf("%s (bf16 activations), %d threads\n", be->ops->name, g_threads);
+        const double gflops = bench_gemm(be);
+        if (f32_gemm > 0)
+            printf("  bf16 activations: GEMM %.2fx the f32 path\n", gflops / f32_gemm);
+        bench_gemv(be, 1);
         be->ops->destroy(be);
     }
     return 0;

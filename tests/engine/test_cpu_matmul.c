@@ -1,19 +1,24 @@
 /* The CPU backend's matmul against a double-precision reference on each ISA
  * path and thread count (cpu_ops_util.h), its batch invariance, the order
  * of its sums on the packed weights (bit for bit, bf16 and FP8, per ISA),
- * and the LoRA's gemv kernel of each ISA across block shapes.
+ * the opt-in bf16 activations (AVX-512 BF16; refused elsewhere) against the
+ * same reference on x rounded to bf16, and the LoRA's gemv kernel of each
+ * ISA across block shapes.
  *
  * Tolerance, with u = 2^-24: |y - ref| <= (K + 3)·u·(Σ_k |x_k·w_k| + |bias|
  * + |y0|), the classic bound of f32 recursive summation (any summation order
  * and FMA or not satisfies it; blocked/vector sums are far below it). A
  * wrong or missing term costs ~|x·w| ≈ Σ/K, far above it for the K used
- * here. */
+ * here. With bf16 activations the reference takes x rounded to bf16 and the
+ * bound holds as it is: VDPBF16PS's products are exact in f32 and each pair
+ * adds at most two roundings, so a sum of K terms still has at most K + 3. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
 #include "cpu/cpu_internal.h"
 #include "cpu/cpu_kernels.h"
@@ -51,8 +56,9 @@ static void matmul_f8_rm(ml_backend *be, float *y, const float *x, const uint8_t
     be->ops->linear_weight_free(be, p);
 }
 
-static void test_matmul_case(ml_backend *be[N_BACKENDS], int M, int K, int N, int with_bias,
-                             int accumulate)
+/* bf16_x: be runs bf16 activations (ml_backend_cpu_bf16_activations). */
+static void test_matmul_case(ml_backend *be[N_BACKENDS], int bf16_x, int M, int K, int N,
+                             int with_bias, int accumulate)
 {
     float *x = xmalloc((size_t)M * K * sizeof *x);
     uint16_t *w = xmalloc((size_t)N * K * sizeof *w);
@@ -70,7 +76,9 @@ static void test_matmul_case(ml_backend *be[N_BACKENDS], int M, int K, int N, in
         for (int n = 0; n < N; n++) {
             double s = 0, a = 0;
             for (int k = 0; k < K; k++) {
-                double p = (double)x[(size_t)m * K + k] * ml_bf16_to_f32(w[(size_t)n * K + k]);
+                const float xk = x[(size_t)m * K + k];
+                double p = (double)(bf16_x ? ml_round_bf16(xk) : xk) *
+                           ml_bf16_to_f32(w[(size_t)n * K + k]);
                 s += p;
                 a += fabs(p);
             }
@@ -87,8 +95,8 @@ static void test_matmul_case(ml_backend *be[N_BACKENDS], int M, int K, int N, in
         }
     }
     char what[96];
-    snprintf(what, sizeof what, "matmul M=%d K=%d N=%d bias=%d acc=%d", M, K, N, with_bias,
-             accumulate);
+    snprintf(what, sizeof what, "matmul%s M=%d K=%d N=%d bias=%d acc=%d",
+             bf16_x ? " bf16 activations" : "", M, K, N, with_bias, accumulate);
     for (int b = 0; b < N_BACKENDS; b++) {
         y[b] = xmalloc((size_t)M * N * sizeof *y[b]);
         memcpy(y[b], y0, (size_t)M * N * sizeof *y[b]);
@@ -106,17 +114,17 @@ static void test_matmul_case(ml_backend *be[N_BACKENDS], int M, int K, int N, in
     free(bound);
 }
 
-static void test_matmul(ml_backend *be[N_BACKENDS])
+static void test_matmul(ml_backend *be[N_BACKENDS], int bf16_x)
 {
     static const int Ms[] = {1, 3, 16, 17, 64, 200};
     static const int KNs[][2] = {{1, 1}, {7, 5}, {33, 37}, {300, 130}, {520, 300}};
     int i = 0;
     for (size_t a = 0; a < sizeof Ms / sizeof Ms[0]; a++)
         for (size_t b = 0; b < sizeof KNs / sizeof KNs[0]; b++, i++)
-            test_matmul_case(be, Ms[a], KNs[b][0], KNs[b][1], i % 2, (i / 2) % 2);
+            test_matmul_case(be, bf16_x, Ms[a], KNs[b][0], KNs[b][1], i % 2, (i / 2) % 2);
     /* A weight of odd row length (unaligned rows) through both regimes. */
-    test_matmul_case(be, 2, 4099, 9, 1, 0);
-    test_matmul_case(be, 40, 1031, 70, 0, 1);
+    test_matmul_case(be, bf16_x, 2, 4099, 9, 1, 0);
+    test_matmul_case(be, bf16_x, 40, 1031, 70, 0, 1);
 }
 
 /* Batch invariance: a sequence decoded alone (M = 1) and in a step of any
@@ -550,13 +558,63 @@ static void test_gemv_kernel(const ml_cpu_kernels *kn)
     free(x);
 }
 
+/* Opt-in bf16 activations: on a CPU with AVX-512 BF16 the matmul against
+ * the reference on rounded x and batch invariant, as the f32 path; refused
+ * with ML_ERR_UNSUPPORTED on every other path, and once a Linear is bound. */
+static void test_bf16_activations(ml_cpu_isa isa)
+{
+    const int threads[N_BACKENDS] = {1, THREADS_MANY};
+    const int supported = isa == ML_CPU_ISA_AVX512 && ml_cpu_has_avx512_bf16();
+    ml_backend *be[N_BACKENDS];
+    int ready = 1;
+    for (int b = 0; b < N_BACKENDS; b++) {
+        char err[ERRLEN] = "";
+        be[b] = cpu_ops_create(isa, threads[b], err, sizeof err);
+        check(be[b] != NULL, "create %s x%d: %s", g_isa, threads[b], err);
+        if (!be[b])
+            return;
+        const ml_status st = ml_backend_cpu_bf16_activations(be[b], err, sizeof err);
+        check(st == (supported ? ML_OK : ML_ERR_UNSUPPORTED),
+              "bf16 activations [%s]: status %d (%s), want %s", g_isa, (int)st, err,
+              supported ? "OK" : "UNSUPPORTED");
+        ready &= st == ML_OK;
+    }
+    if (ready) {
+        test_matmul(be, 1);
+        test_matmul_batch_invariance(be[1]);
+    } else {
+        fprintf(stderr, "bf16 activations [%s]: not on this CPU, refused as they must be\n",
+                g_isa);
+    }
+    for (int b = 0; b < N_BACKENDS; b++)
+        be[b]->ops->destroy(be[b]);
+    if (!supported)
+        return;
+
+    char err[ERRLEN] = "";
+    ml_backend *late = cpu_ops_create(isa, 1, err, sizeof err);
+    check(late != NULL, "create %s: %s", g_isa, err);
+    if (!late)
+        return;
+    static const uint16_t one[1] = {0x3f80};
+    const void *w = late->ops->linear_weight(late, one, 1, 1, sizeof one[0]);
+    check(w != NULL, "linear_weight 1 x 1");
+    check(ml_backend_cpu_bf16_activations(late, err, sizeof err) == ML_ERR_INVALID_ARG &&
+              strstr(err, "already packed"),
+          "bf16 activations refused once a Linear is packed: %s", err);
+    late->ops->linear_weight_free(late, w);
+    check(ml_backend_cpu_bf16_activations(late, err, sizeof err) == ML_OK,
+          "bf16 activations once the Linear is freed: %s", err);
+    late->ops->destroy(late);
+}
+
 static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
 {
     test_gemv_kernel(ml_cpu_kernels_for(isa));
     test_f8_codes(ml_cpu_kernels_for(isa));
     if (isa == ML_CPU_ISA_PLAIN) /* the quantizer is plain C on every ISA */
         test_quantize_rows();
-    test_matmul(be);
+    test_matmul(be, 0);
     test_matmul_batch_invariance(be[1]);
     /* 13 rows: gemm_packed; 200 on one thread: at least 16 row tiles,
      * whose blocks are widened for gemm_tile (matmul.c) */
@@ -567,6 +625,7 @@ static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
     test_matmul_f8(be[1]);
     test_matmul_f8_a8(be[0]);
     test_matmul_f8_a8(be[1]);
+    test_bf16_activations(isa);
 }
 
 int main(void)
