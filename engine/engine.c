@@ -68,7 +68,8 @@ int ml_engine_parse_devices(const char *list, int *out, int max, char *err, size
     return n;
 }
 
-static ml_status cpu_open(ml_engine *e, int world, int threads, char *err, size_t errlen)
+static ml_status cpu_open(ml_engine *e, int world, int threads, int bf16_activations, char *err,
+                          size_t errlen)
 {
     /* The CPU "devices" of a group share the host's memory; its own scratch
      * is a few MiB per thread, left out of the plan. */
@@ -76,12 +77,23 @@ static ml_status cpu_open(ml_engine *e, int world, int threads, char *err, size_
     e->plan_spec.device_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
     e->plan_spec.backend_bytes = 0;
     e->backend_name = "cpu";
+    ml_status st;
     if (world == 1) {
         e->be[0] = ml_backend_cpu_create(threads, err, errlen);
-        return e->be[0] ? ML_OK : ML_ERR_UNSUPPORTED;
+        st = e->be[0] ? ML_OK : ML_ERR_UNSUPPORTED;
+    } else {
+        int each = threads == 0 ? 0 : threads / world > 0 ? threads / world : 1;
+        st = ml_backend_cpu_create_group(world, each, e->be, err, errlen);
     }
-    int each = threads == 0 ? 0 : threads / world > 0 ? threads / world : 1;
-    return ml_backend_cpu_create_group(world, each, e->be, err, errlen);
+    for (int r = 0; st == ML_OK && bf16_activations && r < world; r++)
+        st = ml_backend_cpu_bf16_activations(e->be[r], err, errlen);
+    if (st != ML_OK)
+        for (int r = 0; r < world; r++)
+            if (e->be[r]) {
+                e->be[r]->ops->destroy(e->be[r]);
+                e->be[r] = NULL;
+            }
+    return st;
 }
 
 #ifdef MLLAMA_HAVE_CUDA
@@ -136,12 +148,12 @@ static ml_status open_backends(ml_engine *e, const ml_engine_config *cfg, char *
     if (want_cuda || (!strcmp(name, "auto") && mlk_device_count() > 0))
         st = cuda_open(e, world, ids, cfg->pool_bytes, cfg->batch_invariant, err, errlen);
     else
-        st = cpu_open(e, world, cfg->threads, err, errlen);
+        st = cpu_open(e, world, cfg->threads, cfg->cpu_bf16_activations, err, errlen);
 #else
     if (want_cuda)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
                        "backend 'cuda': this build has no CUDA backend (nvcc was not found)");
-    st = cpu_open(e, world, cfg->threads, err, errlen);
+    st = cpu_open(e, world, cfg->threads, cfg->cpu_bf16_activations, err, errlen);
 #endif
     if (st == ML_OK)
         e->world = world;

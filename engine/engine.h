@@ -53,6 +53,12 @@ typedef struct ml_engine_config {
      * the same tokens alone and in any batch; 0 keeps the fastest kernel
      * choice per shape. */
     int batch_invariant;
+    /* CPU only: nonzero makes every bf16 Linear multiply its inputs rounded
+     * to bf16 (ml_backend_cpu_bf16_activations; model.cpu_activations =
+     * "bf16"), and the open fails with ML_ERR_UNSUPPORTED on a CPU without
+     * AVX-512 BF16; 0 keeps f32 activations, the reference numerics. The
+     * CUDA backend's GEMMs take bf16 inputs always. */
+    int cpu_bf16_activations;
     ml_model_limits limits;  /* ml_model_limits_default() and the caller's changes */
     /* The tokenizer.json used when model_dir has none (borrowed; NULL: none). */
     const char *fallback_tokenizer;

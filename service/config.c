@@ -70,6 +70,7 @@ static const field fields[] = {
     STR("model", "weights", model.weights),
     STR("model", "fp8_activations", model.fp8_activations),
     BOOL("model", "fp8_lm_head", model.fp8_lm_head),
+    STR("model", "cpu_activations", model.cpu_activations),
     LONG("runtime", "kv_mib", runtime.kv_mib, 1, 1L << 24),
     LONG("runtime", "image_mib", runtime.image_mib, 1, 1L << 24),
     INT("runtime", "max_running", runtime.max_running, 1, 4096),
@@ -685,6 +686,12 @@ static int validate(svc_config *cfg, char *err, size_t errlen)
         return -1;
     }
     cfg->model.quant_activations = !strcmp(cfg->model.fp8_activations, "fp8");
+    if (strcmp(cfg->model.cpu_activations, "f32") && strcmp(cfg->model.cpu_activations, "bf16")) {
+        svc_errf(err, errlen, "model.cpu_activations: expected f32 or bf16, got '%s'",
+                 cfg->model.cpu_activations);
+        return -1;
+    }
+    cfg->model.cpu_bf16_activations = !strcmp(cfg->model.cpu_activations, "bf16");
     const char *topics[][2] = {{"kafka.request_topic", cfg->kafka.request_topic},
                                {"kafka.cancel_topic", cfg->kafka.cancel_topic},
                                {"kafka.dlt_topic", cfg->kafka.dlt_topic}};

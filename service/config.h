@@ -68,6 +68,8 @@ typedef struct svc_config {
         char fp8_activations[8];         /* "bf16" (W8A16) or "fp8" (W8A8 per token) */
         int quant_activations;           /* fp8_activations, parsed at validation */
         int fp8_lm_head;                 /* lm_head FP8 too (quantized at load when bf16) */
+        char cpu_activations[8];         /* "f32" (the reference) or "bf16" (AVX-512 BF16) */
+        int cpu_bf16_activations;        /* cpu_activations, parsed at validation */
     } model;
     struct {
         long kv_mib, image_mib;

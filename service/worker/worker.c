@@ -297,6 +297,7 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
     ec.limits.quantize_fp8 = c->model.quantize_fp8;
     ec.limits.fp8_activations = c->model.quant_activations;
     ec.limits.fp8_lm_head = c->model.fp8_lm_head;
+    ec.cpu_bf16_activations = c->model.cpu_bf16_activations;
     if (ml_engine_open(&w->engine, &ec, err, errlen) != ML_OK)
         return -1;
     if (c->model.quant_activations)
@@ -307,6 +308,10 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
         svc_log(SVC_LOG_INFO, "fp8_lm_head",
                 "lm_head is FP8 per output channel (the published FP8 checkpoints keep it "
                 "bf16)");
+    if (c->model.cpu_bf16_activations && !strcmp(ml_engine_backend_name(w->engine), "cpu"))
+        svc_log(SVC_LOG_INFO, "cpu_activations",
+                "bf16: the CPU's bf16 Linears round their inputs to bf16 (AVX-512 BF16), not "
+                "the f32 reference numerics");
     w->model = ml_engine_model(w->engine);
     /* The parser refuses logit_bias ids without a logit before any work. */
     w->limits.logit_vocab = (size_t)ml_model_config(w->model)->text.vocab_size;

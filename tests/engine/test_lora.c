@@ -459,7 +459,7 @@ static float *reference_logits(const char *dir, const char *ref, size_t n)
  * TOL_FP8_DELTA of that effect's largest value. Both of our runs share the
  * base's quantization, so what is left is the quantization's perturbation
  * of the adapter's own path, of the size FP8 costs the logits themselves
- * (0.06-0.10 of their scale on the fixtures, test_fp8_fixtures); an
+ * (0.06-0.10 of their scale on the fixtures, test_precision_fixtures); an
  * adapter dropped on the FP8 Linears would leave the whole of a text
  * adapter's effect (1.0) or most of an all-Linear one's. */
 #define TOL_FP8_DELTA 0.25

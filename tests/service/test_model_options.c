@@ -10,6 +10,12 @@
  *   are ml_chat_encode's with that date), without it the date is today's in
  *   UTC, a batch line's "date_string" overrides the flag, and a date with a
  *   control character is refused;
+ * - --cpu-activations bf16 reaches the CPU backend: on a CPU with AVX-512
+ *   BF16 it answers the text-only fixture (its greedy agreement with
+ *   generate() is reported, not required: tests/golden/README.md states
+ *   the accuracy), with the portable kernels (ML_CPU_ISA=plain) and on any
+ *   CPU without AVX-512 BF16 the load is refused naming what is missing;
+ *   a value that is neither f32 nor bf16 is refused;
  * - the worker's model.cross_attention_row_mask reaches its model: with
  *   transformers (the micro model, a mock Kafka cluster, no Redis) it logs
  *   the mode and answers an image request with the text `mllama run
@@ -158,6 +164,53 @@ static void test_row_mask(void)
               strstr(out, "--cross-attention-row-mask: expected reference or transformers, got "
                           "'meta'"),
           "a bad mode: exit %d: %s", code, out ? out : "");
+    free(out);
+}
+
+/* ---- bf16 activations ------------------------------------------------------------- */
+
+#define BF16_REFUSED "bf16 activations need AVX-512 BF16"
+
+static void test_cpu_activations(void)
+{
+    fixture text;
+    fixture_load(&text, "m5_text_only", 0);
+    char args[8192];
+    snprintf(args, sizeof args, "--model %s --ids %s --max-tokens %d --cpu-activations bf16",
+             text.path, text.ids, STEPS);
+    int code = -1;
+    char *out = NULL;
+    cJSON *j = run_json(args, &code, &out);
+    if (j) {
+        char ids[1024] = "";
+        ids_text(j, "output_ids", ids, sizeof ids);
+        check(*ids, "bf16 activations: no output ids");
+        fprintf(stderr, "m5 bf16 activations %s\nm5 generate()       %s\n", ids, text.greedy);
+    } else {
+        check(out && strstr(out, BF16_REFUSED), "bf16 activations: exit %d: %s", code,
+              out ? out : "");
+        fprintf(stderr, "this CPU has no AVX-512 BF16: %s", out ? out : "");
+    }
+    cJSON_Delete(j);
+    free(out);
+
+    char plain[8192 + 32];
+    snprintf(plain, sizeof plain, "%s", args);
+    setenv("ML_CPU_ISA", "plain", 1);
+    out = NULL;
+    j = run_json(plain, &code, &out);
+    unsetenv("ML_CPU_ISA");
+    check(!j && code != 0 && out && strstr(out, BF16_REFUSED) && strstr(out, "plain kernels"),
+          "bf16 activations on the portable kernels: exit %d: %s", code, out ? out : "");
+    cJSON_Delete(j);
+    free(out);
+
+    snprintf(args, sizeof args, "--model %s --ids 1 --cpu-activations fp16", text.path);
+    out = NULL;
+    cJSON_Delete(run_json(args, &code, &out));
+    check(code == SVC_EXIT_USAGE && out &&
+              strstr(out, "--cpu-activations: expected f32 or bf16, got 'fp16'"),
+          "a bad --cpu-activations: exit %d: %s", code, out ? out : "");
     free(out);
 }
 
@@ -335,6 +388,7 @@ int main(void)
     atexit(cleanup);
     pu_tmpdir("run-options", dir);
     test_row_mask();
+    test_cpu_activations();
     snprintf(model, sizeof model, "%s/micro", dir);
     char log[PU_PATH_MAX + 32];
     snprintf(log, sizeof log, "%s/mkmodel.log", dir);

@@ -4,7 +4,8 @@
  * and any other value is refused with an error naming the key and the two
  * values; model.weights takes "stored" (the default) or "fp8" (quantize at
  * load), and model.fp8_activations "bf16" (the default, W8A16) or "fp8"
- * (W8A8), likewise; model.fp8_lm_head is a boolean, false by default. The
+ * (W8A8), and model.cpu_activations "f32" (the default) or "bf16", likewise;
+ * model.fp8_lm_head is a boolean, false by default. The
  * structured-output limits have their defaults and ranges. Tenants: with none configured there is one, "default", on the
  * kafka section's topics; a "tenants" array gets the documented defaults
  * (topics and reply policy derived from the kafka section and the name,
@@ -123,6 +124,15 @@ static void test_weights(void)
     rc = load(&cfg, NULL, "model.fp8_lm_head=fp8", err, sizeof err);
     check(rc == -1 && strstr(err, "model.fp8_lm_head=fp8: expected true or false"),
           "model.fp8_lm_head=fp8 refused: %s", rc ? err : "accepted");
+    check(load(&cfg, NULL, NULL, err, sizeof err) == 0 && cfg.model.cpu_bf16_activations == 0 &&
+              !strcmp(cfg.model.cpu_activations, "f32"),
+          "model.cpu_activations defaults to f32: %s", err);
+    check(load(&cfg, NULL, "model.cpu_activations=bf16", err, sizeof err) == 0 &&
+              cfg.model.cpu_bf16_activations == 1,
+          "model.cpu_activations=bf16: %s", err);
+    rc = load(&cfg, NULL, "model.cpu_activations=fp16", err, sizeof err);
+    check(rc == -1 && strstr(err, "model.cpu_activations: expected f32 or bf16, got 'fp16'"),
+          "model.cpu_activations=fp16 refused: %s", rc ? err : "accepted");
 }
 
 /* limits.max_tokens: 4096 by default, the request parser's bound, and at
