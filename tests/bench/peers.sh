@@ -11,7 +11,8 @@
 #
 #   tests/bench/peers.sh [--preset small|1b] [--engines "ours hf-bf16 hf-f32 mistralrs-f32
 #       mistralrs-bf16"] [--concurrency "1 4 8 16"] [--build DIR] [--work DIR]
-#       [--max-tokens N] [--repeats N] [--python PY] [--no-build]
+#       [--max-tokens N] [--repeats N] [--cpu-activations f32|bf16] [--python PY]
+#       [--no-build]
 #
 # --engines: which engines run; ours is always among them (its prompt ids and
 #   pixels are transformers' inputs, and every ratio is against it).
@@ -19,6 +20,8 @@
 #   tables.
 # --python: the peers' venv (default $PEERVENV/bin/python, else
 #   /opt/peervenv/bin/python; tests/bench/make_peervenv.sh makes it).
+# --cpu-activations f32|bf16: ours with mllama run's --cpu-activations (f32,
+#   the default, is the reference numerics; bf16 needs AVX-512 BF16).
 # The rest as in lib.sh. Ours: --repeats processes of each batch, the best of
 # each timing. Peers: one process per engine, the best of --repeats in it.
 # README.md here ("peers.sh") has the method, what each figure covers and
@@ -38,7 +41,8 @@ bench_defaults small 33
 python="${PEERVENV:-/opt/peervenv}/bin/python"
 engines="$PEERS_ALL"
 concurrency="1 4 8 16"
-BENCH_OPTIONS="engines concurrency"
+cpu_activations=f32
+BENCH_OPTIONS="engines concurrency cpu_activations"
 bench_parse_args "$@"
 for e in $engines; do
     case " $PEERS_ALL " in
@@ -63,10 +67,11 @@ isa=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
     echo "cpu_model $(lscpu | sed -n 's/^Model name: *//p' | head -1)"
     echo "isa ${isa:-none of avx2/avx512/amx}"
     echo "threads $BENCH_THREADS"
+    echo "ours_activations $cpu_activations"
 } >"$run/machine.kv"
 
 echo "peers: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads per engine," \
-    "engines: $engines"
+    "engines: $engines, ours with $cpu_activations activations"
 echo "before: $(bench_load)"
 
 # ours_run NAME BATCH: --repeats processes of `mllama run --batch`, each under
@@ -76,7 +81,8 @@ ours_run() {
     local name="$1" batch="$2" r
     for r in $(seq 1 "$repeats"); do
         $peers_py exec "$run/${name}_$r.rusage" "$mllama" run --model "$model" --batch "$batch" \
-            --threads "$BENCH_THREADS" --no-prefix-cache >"$run/${name}_$r.jsonl" ||
+            --threads "$BENCH_THREADS" --no-prefix-cache --cpu-activations "$cpu_activations" \
+            >"$run/${name}_$r.jsonl" ||
             bench_die "ours: batch $batch failed"
         awk '$1 == "wall_s" { print $2 }' "$run/${name}_$r.rusage" >"$run/${name}_$r.wall"
     done

@@ -11,7 +11,7 @@
 #
 #   tests/bench/roofline.sh [--preset 1b|small|tiny] [--concurrency "1 2 4 8 16 32"]
 #       [--images 0|1|both] [--repeats N] [--max-tokens N] [--build DIR]
-#       [--work DIR] [--python PY] [--no-build]
+#       [--work DIR] [--cpu-activations f32|bf16] [--python PY] [--no-build]
 #
 # --images 0: text-only requests, 1: each with the sample image, both (the
 # default): both kinds. --repeats N (default 3) processes per kind and B,
@@ -20,6 +20,8 @@
 # FMA peak are measured before every process and after the last, the
 # highest of each kept. --max-tokens (default 33) per request: the steps
 # counted are those after the first token.
+# --cpu-activations f32|bf16: ours with mllama run's --cpu-activations (f32,
+#   the default, is the reference numerics; bf16 needs AVX-512 BF16).
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -29,7 +31,8 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 bench_defaults 1b 33
 concurrency="1 2 4 8 16 32"
 images=both
-BENCH_OPTIONS="concurrency images"
+cpu_activations=f32
+BENCH_OPTIONS="concurrency images cpu_activations"
 bench_parse_args "$@"
 case "$images" in
 0) kinds=text ;;
@@ -50,7 +53,7 @@ for kind in $kinds; do
 done
 
 echo "roofline: preset $preset, B in {$concurrency}, $max_tokens tokens per request," \
-    "$BENCH_THREADS threads, $repeats processes each"
+    "$BENCH_THREADS threads, $repeats processes each, $cpu_activations activations"
 cpu_model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 load_before=$(bench_load)
 echo "machine: $cpu_model"
@@ -66,7 +69,8 @@ for r in $(seq 1 "$repeats"); do
         for b in $concurrency; do
             measure
             "$mllama" run --model "$model" --batch "$run/${kind}_b$b.jsonl" \
-                --threads "$BENCH_THREADS" >"$run/${kind}_b${b}_$r.out" ||
+                --threads "$BENCH_THREADS" --cpu-activations "$cpu_activations" \
+                >"$run/${kind}_b${b}_$r.out" ||
                 bench_die "$kind batch of $b failed"
         done
     done
