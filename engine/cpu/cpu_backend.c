@@ -130,12 +130,12 @@ ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen)
 ml_status ml_backend_cpu_bf16_activations(ml_backend *be, char *err, size_t errlen)
 {
     ml_cpu_backend *cb = ml_cpu_of(be);
-    if (!cb->kern->gemm_packed_bf16 || !ml_cpu_has_avx512_bf16())
+    if (!cb->kern->gemm_tile_bf16 || !ml_cpu_has_avx512_bf16())
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
                        "bf16 activations need AVX-512 BF16 (VDPBF16PS); the backend runs %s "
                        "kernels%s",
                        ml_cpu_isa_name(cb->kern->isa),
-                       cb->kern->gemm_packed_bf16 ? " on a CPU without AVX512_BF16" : "");
+                       cb->kern->gemm_tile_bf16 ? " on a CPU without AVX512_BF16" : "");
     if (cb->n_linear)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "bf16 activations: %d Linears are already packed for f32", cb->n_linear);

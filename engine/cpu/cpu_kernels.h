@@ -56,20 +56,23 @@ typedef struct ml_cpu_kernels {
      * is gemm_tile's B (matmul.c). */
     int strip_cols;
 
-    /* The opt-in bf16-activation matmul (matmul.c; NULL where the ISA has
-     * no bf16 dot product, i.e. everywhere but AVX-512 with AVX512_BF16,
-     * which the caller has checked: ml_cpu_has_avx512_bf16). As
-     * gemm_packed, on bf16 weights in the pair layout below and on x
-     * already rounded to bf16 and paired the same way (x[i * ldx + q]
-     * holds row i's k = 2q in its low half, 2q + 1 in its high half; k is
-     * even): each sum starts at 0, takes one pair of products at a time in
-     * increasing q with VDPBF16PS, and is then added to y. A pair's two
-     * products and their addition to the sum are the instruction's, which
-     * CPU makers implement differently (it is not two FMAs on every CPU):
-     * a row's bits are fixed for a machine whatever m, n or the tile, not
-     * across machines. */
-    void (*gemm_packed_bf16)(int m, int n, int k, const uint32_t *x, size_t ldx, const void *w,
-                             int stream, float *y, size_t ldy);
+    /* The opt-in bf16 activations (matmul.c, attention.c; NULL where the
+     * ISA has no bf16 dot product, i.e. everywhere but AVX-512 with
+     * AVX512_BF16, which the caller has checked: ml_cpu_has_avx512_bf16):
+     * gemm_tile on pairs. C (m, n) += A (m, 2·kp) · B (2·kp, n) for m <=
+     * tile_rows, n <= tile_cols, A and B bf16 in pairs along the sum: A's
+     * pair (i, p) is the dword a[i * a_rs + p * a_cs] (one of a_rs, a_cs is
+     * 1), B's pair row p the dwords b + p * ldb, column j's pair in dword j
+     * (the lower index in the low half). Each sum starts at 0, takes one
+     * pair of products at a time in increasing p with VDPBF16PS, and is
+     * then added to C. A pair's two products and their addition to the sum
+     * are the instruction's, which CPU makers implement differently (it is
+     * not two FMAs on every CPU): a result's bits are fixed for a machine
+     * whatever the tile or its place, not across machines. stream != 0
+     * (with a_cs == 1 and n > half the tile): B is a packed strip read from
+     * memory, prefetched ahead as gemm_packed's. */
+    void (*gemm_tile_bf16)(int m, int n, int kp, const uint32_t *a, size_t a_rs, size_t a_cs,
+                           const uint32_t *b, size_t ldb, int stream, float *c, size_t ldc);
 
     /* LoRA's kernel (lora.c): dots (r, j) = Σ_k w[r * ldw + k] · x[j * ldx + k]
      * for r < rows <= gemv_rows, j < cols <= gemv_cols; w bf16 (rows, K), x
@@ -168,7 +171,7 @@ static inline size_t ml_cpu_packed_index(int strip_cols, int f8, int p, int c)
     return (size_t)p * (size_t)strip_cols + (size_t)(f8 ? c : 2 * (c % half) + c / half);
 }
 
-/* The pair layout of the bf16-activation matmul (gemm_packed_bf16): the
+/* The pair layout of the bf16-activation matmul (gemm_tile_bf16): the
  * strips of ml_cpu_packed_index, each (K2 / 2, strip_cols) row-major over
  * pairs of steps, K2 = K rounded up to even (a zero step pads an odd K),
  * every column's steps 2q and 2q + 1 in one dword (2q in the low half),

@@ -268,17 +268,19 @@ static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const v
     }
 }
 
-/* ---- gemm_packed_bf16 ----------------------------------------------------- */
+/* ---- gemm_tile_bf16 ------------------------------------------------------- */
 
 /* AVX512_BF16 is one more extension than the rest of this file assumes:
  * only these functions are compiled for it, and only a backend that found
  * it (ml_cpu_has_avx512_bf16) calls them. */
 #define BF16_TARGET __attribute__((target("avx512bf16")))
 
-/* One pair of steps q of a strip: 32 dwords, columns in order. */
-BF16_TARGET ALWAYS_INLINE void pair_tile(const int m, const int stream, int n, int k,
-                                         const uint32_t *x, size_t ldx, const void *w,
-                                         float *y, size_t ldy)
+/* gemm_tile's tile on pairs: compile-time m, A layout (a_col), width (wide)
+ * and prefetching (stream: B is a strip read from memory in order). */
+BF16_TARGET ALWAYS_INLINE void pair_tile(const int m, const int a_col, const int wide,
+                                         const int stream, int n, int kp, const uint32_t *a,
+                                         size_t lda, const uint32_t *b, size_t ldb, float *c,
+                                         size_t ldc)
 {
     const __mmask16 m0 = lane_mask(n), m1 = lane_mask(n - LANES);
     __m512 acc0[TILE_ROWS], acc1[TILE_ROWS];
@@ -287,56 +289,70 @@ BF16_TARGET ALWAYS_INLINE void pair_tile(const int m, const int stream, int n, i
         acc0[i] = _mm512_setzero_ps();
         acc1[i] = _mm512_setzero_ps();
     }
-    const uint32_t *wq = w;
-    for (int q = 0; q < k / 2; q++, wq += STRIP_COLS) {
-        if (stream) { /* a step is two cache lines */
-            _mm_prefetch((const char *)wq + ML_CPU_STRIP_PREFETCH_BYTES, _MM_HINT_T0);
-            _mm_prefetch((const char *)(wq + LANES) + ML_CPU_STRIP_PREFETCH_BYTES, _MM_HINT_T0);
+    for (int p = 0; p < kp; p++) {
+        const uint32_t *bp = b + (size_t)p * ldb;
+        if (stream) { /* a strip's step is two cache lines */
+            _mm_prefetch((const char *)bp + ML_CPU_STRIP_PREFETCH_BYTES, _MM_HINT_T0);
+            _mm_prefetch((const char *)(bp + LANES) + ML_CPU_STRIP_PREFETCH_BYTES, _MM_HINT_T0);
         }
-        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(wq);
-        const __m512bh b1 = (__m512bh)_mm512_loadu_si512(wq + LANES);
+        const __m512bh b0 = (__m512bh)_mm512_maskz_loadu_epi32(m0, bp);
+        const __m512bh b1 =
+            wide ? (__m512bh)_mm512_maskz_loadu_epi32(m1, bp + LANES) : (__m512bh)_mm512_setzero_si512();
 #pragma GCC unroll 12
         for (int i = 0; i < m; i++) {
-            const __m512bh xi = (__m512bh)_mm512_set1_epi32((int)x[(size_t)i * ldx + q]);
-            acc0[i] = _mm512_dpbf16_ps(acc0[i], xi, b0);
-            acc1[i] = _mm512_dpbf16_ps(acc1[i], xi, b1);
+            const __m512bh ai = (__m512bh)_mm512_set1_epi32(
+                (int)(a_col ? a[(size_t)p * lda + i] : a[(size_t)i * lda + p]));
+            acc0[i] = _mm512_dpbf16_ps(acc0[i], ai, b0);
+            if (wide)
+                acc1[i] = _mm512_dpbf16_ps(acc1[i], ai, b1);
         }
     }
 #pragma GCC unroll 12
     for (int i = 0; i < m; i++) {
-        float *yi = y + (size_t)i * ldy;
-        _mm512_mask_storeu_ps(yi, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, yi), acc0[i]));
-        _mm512_mask_storeu_ps(yi + LANES, m1,
-                              _mm512_add_ps(_mm512_maskz_loadu_ps(m1, yi + LANES), acc1[i]));
+        float *ci = c + (size_t)i * ldc;
+        _mm512_mask_storeu_ps(ci, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, ci), acc0[i]));
+        if (wide)
+            _mm512_mask_storeu_ps(ci + LANES, m1,
+                                  _mm512_add_ps(_mm512_maskz_loadu_ps(m1, ci + LANES), acc1[i]));
     }
 }
 
-BF16_TARGET ALWAYS_INLINE void pair_m(const int m, int n, int k, const uint32_t *x, size_t ldx,
-                                      const void *w, int stream, float *y, size_t ldy)
+/* Streaming is the matmul's case only: row-major x against a whole strip. */
+BF16_TARGET ALWAYS_INLINE void pair_m(const int m, int n, int kp, const uint32_t *a, size_t a_rs,
+                                      size_t a_cs, const uint32_t *b, size_t ldb, int stream,
+                                      float *c, size_t ldc)
 {
-    if (stream)
-        pair_tile(m, 1, n, k, x, ldx, w, y, ldy);
+    const int wide = n > LANES;
+    if (stream && a_cs == 1 && wide)
+        pair_tile(m, 0, 1, 1, n, kp, a, a_rs, b, ldb, c, ldc);
+    else if (a_cs == 1 && wide)
+        pair_tile(m, 0, 1, 0, n, kp, a, a_rs, b, ldb, c, ldc);
+    else if (a_cs == 1)
+        pair_tile(m, 0, 0, 0, n, kp, a, a_rs, b, ldb, c, ldc);
+    else if (wide)
+        pair_tile(m, 1, 1, 0, n, kp, a, a_cs, b, ldb, c, ldc);
     else
-        pair_tile(m, 0, n, k, x, ldx, w, y, ldy);
+        pair_tile(m, 1, 0, 0, n, kp, a, a_cs, b, ldb, c, ldc);
 }
 
-BF16_TARGET static void gemm_packed_bf16(int m, int n, int k, const uint32_t *x, size_t ldx,
-                                         const void *w, int stream, float *y, size_t ldy)
+BF16_TARGET static void gemm_tile_bf16(int m, int n, int kp, const uint32_t *a, size_t a_rs,
+                                       size_t a_cs, const uint32_t *b, size_t ldb, int stream,
+                                       float *c, size_t ldc)
 {
     switch (m) {
-    case 1: pair_m(1, n, k, x, ldx, w, stream, y, ldy); break;
-    case 2: pair_m(2, n, k, x, ldx, w, stream, y, ldy); break;
-    case 3: pair_m(3, n, k, x, ldx, w, stream, y, ldy); break;
-    case 4: pair_m(4, n, k, x, ldx, w, stream, y, ldy); break;
-    case 5: pair_m(5, n, k, x, ldx, w, stream, y, ldy); break;
-    case 6: pair_m(6, n, k, x, ldx, w, stream, y, ldy); break;
-    case 7: pair_m(7, n, k, x, ldx, w, stream, y, ldy); break;
-    case 8: pair_m(8, n, k, x, ldx, w, stream, y, ldy); break;
-    case 9: pair_m(9, n, k, x, ldx, w, stream, y, ldy); break;
-    case 10: pair_m(10, n, k, x, ldx, w, stream, y, ldy); break;
-    case 11: pair_m(11, n, k, x, ldx, w, stream, y, ldy); break;
-    case 12: pair_m(12, n, k, x, ldx, w, stream, y, ldy); break;
-    default: assert(!"gemm_packed_bf16: m out of range");
+    case 1: pair_m(1, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
+    case 2: pair_m(2, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
+    case 3: pair_m(3, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
+    case 4: pair_m(4, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
+    case 5: pair_m(5, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
+    case 6: pair_m(6, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
+    case 7: pair_m(7, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
+    case 8: pair_m(8, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
+    case 9: pair_m(9, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
+    case 10: pair_m(10, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
+    case 11: pair_m(11, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
+    case 12: pair_m(12, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
+    default: assert(!"gemm_tile_bf16: m out of range");
     }
 }
 
@@ -401,7 +417,7 @@ const ml_cpu_kernels ml_cpu_kernels_avx512 = {
     .gemv_cols = GEMV_COLS,
     .gemm_packed = gemm_packed,
     .strip_cols = STRIP_COLS,
-    .gemm_packed_bf16 = gemm_packed_bf16,
+    .gemm_tile_bf16 = gemm_tile_bf16,
     .softmax_block = softmax_block,
     .exp_n = vm_exp_n,
     .erf_n = vm_erf_n,

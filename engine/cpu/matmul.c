@@ -221,8 +221,9 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, fl
                                       panel + (size_t)((col - jc) / sc) * (size_t)kc * (size_t)sc,
                                       (size_t)sc, y, N);
                     else if (j->xb)
-                        kn->gemm_packed_bf16(m, n, kc, j->xb + (size_t)ic * ldxb + (size_t)pc / 2,
-                                             ldxb, strip_at(j, col, pc), ic == m0, y, N);
+                        kn->gemm_tile_bf16(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2,
+                                           ldxb, 1, strip_at(j, col, pc), (size_t)sc, ic == m0, y,
+                                           N);
                     else
                         kn->gemm_packed(m, n, kc, x, K, strip_at(j, col, pc), j->f8, ic == m0,
                                         y, N);
