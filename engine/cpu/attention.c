@@ -25,7 +25,18 @@
  * The one row without any key, a cross row of a text-only sequence, is 0.
  *
  * Threads take items cyclically (item t, t+T, ...), which balances the
- * causal triangle; each item's result does not depend on the thread count. */
+ * causal triangle; each item's result does not depend on the thread count.
+ *
+ * bf16 activations (cb->bf16_x, ml_backend_cpu_bf16_activations): the
+ * vision tower's attention, most of its time, multiplies in bf16 as
+ * transformers' bf16 model does. Q, K and V are rounded to bf16 once per
+ * call (K in pairs along head_dim, V in pairs of keys, in the act buffer),
+ * and both products run gemm_tile_bf16: S from K and Qᵀ in pairs, then,
+ * after the f32 online softmax, O from the weights rounded to bf16 in pairs
+ * of keys and V. The scores, the softmax, its sums and O stay f32. Needs an
+ * even head_dim and sequence length (the engine's are: multiples of 8);
+ * otherwise the f32 path runs. The causal and cross kinds read the f32 K/V
+ * cache and stay f32. */
 #include <assert.h>
 #include <math.h>
 #include <string.h>
@@ -38,6 +49,11 @@
 #define ATTN_BK 96
 /* Bytes per cache line, the prefetch stride. */
 #define CACHE_LINE 64
+
+/* The bf16 weights (BK / 2, BQ) pairs of keys reuse the gathered-K scratch,
+ * which vision keys (used in place) leave free. */
+_Static_assert(ATTN_BK % 2 == 0 && ATTN_BQ / 2 <= ML_CPU_MAX_HEAD_DIM,
+               "bf16 attention: the weights' pairs fit the K scratch");
 
 typedef enum attn_kind {
     ATTN_VISION,
@@ -56,6 +72,10 @@ typedef struct attn_job {
     /* vision */
     const uint8_t *valid; /* (n_seqs, seq_len) */
     int seq_len;
+    /* vision with bf16 activations, else NULL: K rounded in pairs along
+     * head_dim, k's layout in dwords; V rounded in pairs of keys, (n_seqs,
+     * n_kv_heads, seq_len / 2, head_dim) dwords */
+    const uint32_t *k2, *v2;
     /* causal, cross */
     const int32_t *seq_start;
     /* causal */
@@ -337,6 +357,49 @@ static int item_columns(const attn_job *j, int s, int r0, int nq, attn_cols *col
     return 0;
 }
 
+/* bf16, vision: S (nk, BQ) = K · Qᵀ for the key block kb of kv head kvh in
+ * sequence s from the pairs of k2 and qt2 (head_dim / 2, BQ); the rows of
+ * the next block (kb_next, -1: none) go to L2 meanwhile, as in the f32
+ * path. */
+static void scores_bf16(const attn_job *j, int s, int kvh, int kb, int nk, int kb_next,
+                        const uint32_t *qt2, int nq, float *sc)
+{
+    const ml_cpu_kernels *kn = j->cb->kern;
+    const int mr = kn->tile_rows, nr = kn->tile_cols, hp = j->head_dim / 2;
+    const size_t ld = (size_t)j->n_kv_heads * (size_t)hp;
+    const uint32_t *k2 = j->k2 + ((size_t)s * j->seq_len + (size_t)kb) * ld + (size_t)kvh * hp;
+    const uint32_t *next = kb_next < 0 ? NULL : k2 + (size_t)(kb_next - kb) * ld;
+    for (int k0 = 0; k0 < nk; k0 += mr) {
+        if (next && kb_next + k0 < j->seq_len)
+            prefetch_rows((const float *)next + (size_t)k0 * ld, ld,
+                          imin(mr, j->seq_len - kb_next - k0), hp, 0);
+        for (int c0 = 0; c0 < nq; c0 += nr)
+            kn->gemm_tile_bf16(imin(mr, nk - k0), imin(nr, nq - c0), hp, k2 + (size_t)k0 * ld, ld,
+                               1, qt2 + c0, ATTN_BQ, 0, sc + (size_t)k0 * ATTN_BQ + c0, ATTN_BQ);
+    }
+}
+
+/* bf16, vision: O (nq, head_dim) += the weights S (nk, BQ) of the key block
+ * kb, rounded in pairs of keys into s2 (nk / 2, BQ), times its V pairs. */
+static void values_bf16(const attn_job *j, int s, int kvh, int kb, int nk, const float *sc,
+                        int nq, uint32_t *s2, float *o)
+{
+    const ml_cpu_kernels *kn = j->cb->kern;
+    const int mr = kn->tile_rows, nr = kn->tile_cols, hd = j->head_dim;
+    assert(nk % 2 == 0 && kb % 2 == 0);
+    for (int p = 0; p < nk / 2; p++)
+        for (int c = 0; c < nq; c++)
+            s2[(size_t)p * ATTN_BQ + c] = ml_cpu_bf16_pair(sc[(size_t)2 * p * ATTN_BQ + c],
+                                                           sc[(size_t)(2 * p + 1) * ATTN_BQ + c]);
+    const uint32_t *v2 =
+        j->v2 + (((size_t)s * j->n_kv_heads + (size_t)kvh) * (size_t)(j->seq_len / 2) +
+                 (size_t)kb / 2) * (size_t)hd;
+    for (int c0 = 0; c0 < nq; c0 += mr)
+        for (int d0 = 0; d0 < hd; d0 += nr)
+            kn->gemm_tile_bf16(imin(mr, nq - c0), imin(nr, hd - d0), nk / 2, s2 + c0, 1, ATTN_BQ,
+                               v2 + d0, (size_t)hd, 0, o + (size_t)c0 * hd + d0, (size_t)hd);
+}
+
 static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
@@ -354,12 +417,19 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
     float m[ATTN_BQ], l[ATTN_BQ], alpha[ATTN_BQ];
     attn_cols cols;
 
+    const int pairs = j->k2 != NULL;
+    uint32_t *qt2 = (uint32_t *)qt; /* bf16: (head_dim / 2, BQ) */
+    uint32_t *s2 = (uint32_t *)kp;  /* bf16: (BK / 2, BQ) */
     for (int c = 0; c < nq; c++) {
         const int r = r0 + c;
         const int head = cur->kv_head * group + r % group;
         const float *qr = j->q + ((size_t)(tok0 + r / group) * j->n_heads + (size_t)head) * hd;
-        for (int d = 0; d < hd; d++)
-            qt[(size_t)d * ATTN_BQ + c] = qr[d];
+        if (pairs)
+            for (int d = 0; d < hd / 2; d++)
+                qt2[(size_t)d * ATTN_BQ + c] = ml_cpu_bf16_pair(qr[2 * d], qr[2 * d + 1]);
+        else
+            for (int d = 0; d < hd; d++)
+                qt[(size_t)d * ATTN_BQ + c] = qr[d];
         m[c] = -INFINITY;
         l[c] = 0.0f;
     }
@@ -383,7 +453,9 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
                 nk_next = 0; /* skipped in turn: not worth its bandwidth */
         }
         memset(sc, 0, (size_t)nk * ATTN_BQ * sizeof *sc);
-        for (int k0 = 0; k0 < nk; k0 += mr) {
+        if (pairs)
+            scores_bf16(j, s, cur->kv_head, kb, nk, nk_next ? kb + nk : -1, qt2, nq, sc);
+        for (int k0 = 0; k0 < nk && !pairs; k0 += mr) {
             if (in_place) {
                 prefetch_rows(vblk + (size_t)k0 * ld, ld, imin(mr, nk - k0), hd, 1);
                 if (k0 < nk_next)
@@ -402,6 +474,10 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
             float *orow = o + (size_t)c * hd;
             for (int d = 0; d < hd; d++)
                 orow[d] *= alpha[c];
+        }
+        if (pairs) {
+            values_bf16(j, s, cur->kv_head, kb, nk, sc, nq, s2, o);
+            continue;
         }
         for (int c0 = 0; c0 < nq; c0 += mr)
             for (int d0 = 0; d0 < hd; d0 += nr)
@@ -458,6 +534,39 @@ static void run(ml_backend *be, attn_job *j)
     ml_cpu_pool_for(cb->pool, j->n_threads, 1, attn_thread, j);
 }
 
+typedef struct round_job {
+    uint32_t *k2, *v2;
+    const ml_attn_vision_params *p;
+} round_job;
+
+/* Pairs of keys [begin, end) of every sequence (pair i: sequence i /
+ * (seq_len / 2)) rounded to bf16: K in pairs along head_dim, V in pairs
+ * of keys (attn_job's k2 and v2). */
+static void round_part(void *ctx, int64_t begin, int64_t end, int tid)
+{
+    (void)tid;
+    const round_job *r = ctx;
+    const ml_attn_vision_params *p = r->p;
+    const size_t hd = (size_t)p->head_dim, heads = (size_t)p->n_heads;
+    const int64_t per_seq = p->seq_len / 2;
+    for (int64_t i = begin; i < end; i++) {
+        const size_t s = (size_t)(i / per_seq), pair = (size_t)(i % per_seq);
+        const size_t tok = s * (size_t)p->seq_len + 2 * pair;
+        for (size_t h = 0; h < heads; h++) {
+            for (size_t t = tok; t < tok + 2; t++) {
+                const float *k = p->k + (t * heads + h) * hd;
+                uint32_t *k2 = r->k2 + (t * heads + h) * (hd / 2);
+                for (size_t d = 0; d < hd / 2; d++)
+                    k2[d] = ml_cpu_bf16_pair(k[2 * d], k[2 * d + 1]);
+            }
+            const float *v0 = p->v + (tok * heads + h) * hd, *v1 = v0 + heads * hd;
+            uint32_t *v2 = r->v2 + ((s * heads + h) * (size_t)per_seq + pair) * hd;
+            for (size_t d = 0; d < hd; d++)
+                v2[d] = ml_cpu_bf16_pair(v0[d], v1[d]);
+        }
+    }
+}
+
 void ml_cpu_attn_vision(ml_backend *be, const ml_attn_vision_params *p)
 {
     /* An all-padding sequence would leave its invalid queries no key. */
@@ -471,6 +580,18 @@ void ml_cpu_attn_vision(ml_backend *be, const ml_attn_vision_params *p)
                   .n_seqs = p->n_seq, .n_heads = p->n_heads, .n_kv_heads = p->n_heads,
                   .head_dim = p->head_dim, .scale = p->scale, .valid = p->valid,
                   .seq_len = p->seq_len};
+    ml_cpu_backend *cb = ml_cpu_of(be);
+    if (cb->bf16_x && p->head_dim % 2 == 0 && p->seq_len % 2 == 0 && p->n_seq > 0) {
+        const size_t n = (size_t)p->n_seq * p->seq_len * p->n_heads * p->head_dim;
+        uint32_t *k2 = (uint32_t *)ml_cpu_act_buffer(cb, n, "attn_vision");
+        if (!k2)
+            return;
+        round_job r = {.k2 = k2, .v2 = k2 + n / 2, .p = p};
+        ml_cpu_pool_for(cb->pool, (int64_t)p->n_seq * (p->seq_len / 2),
+                        ml_cpu_grain(4.0 * p->n_heads * p->head_dim), round_part, &r);
+        j.k2 = r.k2;
+        j.v2 = r.v2;
+    }
     run(be, &j);
 }
 

@@ -31,6 +31,7 @@
 
 #include "backend.h"
 #include "cpu/cpu_kernels.h"
+#include "dtype.h"
 #include "cpu/threadpool.h"
 
 /* Largest head_dim the attention ops accept (the per-thread scratch is sized
@@ -55,9 +56,11 @@ typedef struct ml_cpu_backend {
     ml_cpu_pool *pool;        /* owned */
     float *scratch;           /* owned: one region of scratch_floats per thread */
     size_t scratch_floats;
-    /* owned: W8A8's quantized activations and their row scales (matmul.c),
-     * grown to the largest matmul_f8 call with quant_x (the first step of
-     * each shape), so steady-state calls allocate nothing. */
+    /* owned (ml_cpu_act_buffer): one op's converted inputs: W8A8's
+     * quantized activations and their row scales, bf16 activations' rounded
+     * rows (matmul.c), the vision attention's bf16 K and V (attention.c);
+     * grown to the largest call (the first step of each shape), so
+     * steady-state calls allocate nothing. */
     float *act;
     size_t act_floats;
     /* 1: bf16 Linears multiply activations rounded to bf16 with the ISA's
@@ -101,6 +104,18 @@ static inline int64_t ml_cpu_grain(double work_per_item)
 /* Per-thread scratch each op family needs, in floats (multiples of 16). */
 size_t ml_cpu_matmul_scratch_floats(void);
 size_t ml_cpu_attn_scratch_floats(void);
+
+/* cb->act with room for floats (or as many dwords), grown if needed; NULL
+ * (latched against op) when it cannot be. Its contents are one op's, for
+ * the length of that op. */
+float *ml_cpu_act_buffer(ml_cpu_backend *cb, size_t floats, const char *op);
+
+/* A pair of f32 rounded to bf16 (RNE, as torch's .to(torch.bfloat16)) in
+ * one dword, lo in the low half: the operand of gemm_tile_bf16. */
+static inline uint32_t ml_cpu_bf16_pair(float lo, float hi)
+{
+    return ml_f32_to_bf16(lo) | (uint32_t)ml_f32_to_bf16(hi) << 16;
+}
 
 /* Latch an error for synchronize: "cpu <op>: <detail>". The first error
  * since the last synchronize wins; later ones are dropped, but every one

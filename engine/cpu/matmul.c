@@ -275,24 +275,6 @@ static void run(ml_cpu_backend *cb, matmul_job job)
     ml_cpu_pool_for(cb->pool, threads, 1, matmul_part, &job);
 }
 
-/* The act buffer with room for floats (or as many dwords), grown if
- * needed; NULL (latched against op) when it cannot be. */
-static float *act_buffer(ml_cpu_backend *cb, size_t floats, const char *op)
-{
-    if (floats <= cb->act_floats)
-        return cb->act;
-    const size_t bytes = (floats * sizeof(float) + ML_CPU_ALIGN - 1) / ML_CPU_ALIGN * ML_CPU_ALIGN;
-    float *p = aligned_alloc(ML_CPU_ALIGN, bytes);
-    if (!p) {
-        ml_cpu_latch(cb, ML_ERR_NOMEM, op, "%zu bytes of converted activations", bytes);
-        return NULL;
-    }
-    free(cb->act);
-    cb->act = p;
-    cb->act_floats = floats;
-    return p;
-}
-
 /* K rounded up to even: the steps of a strip in the pair layout. */
 static int pair_steps(int K)
 {
@@ -316,9 +298,9 @@ static void round_part(void *ctx, int64_t begin, int64_t end, int tid)
         const float *xr = r->x + (size_t)m * (size_t)r->K;
         uint32_t *d = r->xb + (size_t)m * pairs;
         for (size_t q = 0; q < (size_t)r->K / 2; q++)
-            d[q] = ml_f32_to_bf16(xr[2 * q]) | (uint32_t)ml_f32_to_bf16(xr[2 * q + 1]) << 16;
+            d[q] = ml_cpu_bf16_pair(xr[2 * q], xr[2 * q + 1]);
         if (r->K % 2)
-            d[pairs - 1] = ml_f32_to_bf16(xr[r->K - 1]);
+            d[pairs - 1] = ml_cpu_bf16_pair(xr[r->K - 1], 0.0f);
     }
 }
 
@@ -330,7 +312,7 @@ void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
                       .K = K, .Kp = K, .N = N, .accumulate = accumulate, .cb = cb};
     if (cb->bf16_x && M > 0 && N > 0) {
         job.Kp = pair_steps(K);
-        uint32_t *xb = (uint32_t *)act_buffer(cb, (size_t)M * (size_t)job.Kp / 2, "matmul");
+        uint32_t *xb = (uint32_t *)ml_cpu_act_buffer(cb, (size_t)M * (size_t)job.Kp / 2, "matmul");
         if (!xb)
             return;
         round_job r = {.xb = xb, .x = x, .K = K};
@@ -453,7 +435,7 @@ void ml_cpu_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w
     matmul_job job = {.y = y, .x = x, .w = w, .f8 = 1, .scale = scale, .bias = bias, .M = M, .K = K,
                       .Kp = K, .N = N, .cb = cb};
     if (quant_x && M > 0 && N > 0) {
-        float *qx = act_buffer(cb, (size_t)M * K + (size_t)M, "matmul_f8");
+        float *qx = ml_cpu_act_buffer(cb, (size_t)M * K + (size_t)M, "matmul_f8");
         if (!qx)
             return;
         quant_job q = {.qx = qx, .sx = qx + (size_t)M * K, .x = x, .K = K};

@@ -44,6 +44,22 @@ void ml_cpu_weight_free(ml_backend *be, const void *w)
 {
 }
 
+float *ml_cpu_act_buffer(ml_cpu_backend *cb, size_t floats, const char *op)
+{
+    if (floats <= cb->act_floats)
+        return cb->act;
+    const size_t bytes = (floats * sizeof(float) + ML_CPU_ALIGN - 1) / ML_CPU_ALIGN * ML_CPU_ALIGN;
+    float *p = aligned_alloc(ML_CPU_ALIGN, bytes);
+    if (!p) {
+        ml_cpu_latch(cb, ML_ERR_NOMEM, op, "%zu bytes of converted activations", bytes);
+        return NULL;
+    }
+    free(cb->act);
+    cb->act = p;
+    cb->act_floats = floats;
+    return p;
+}
+
 void ml_cpu_latch(ml_cpu_backend *cb, ml_status st, const char *op, const char *fmt, ...)
 {
     cb->n_latched++;

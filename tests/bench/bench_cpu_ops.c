@@ -9,8 +9,8 @@
  *                   weight bytes streamed; M = 2..32, decode batches
  *   GEMM            M = 6432, K = N = 1280 (a vision q/k/v/o projection over
  *                   4 tiles): GFLOP/s
- *   bf16            on a CPU with AVX-512 BF16, the GEMM and the M = 1..32
- *                   sweep again with bf16 activations
+ *   bf16            on a CPU with AVX-512 BF16, the GEMM, the M = 1..32
+ *                   sweep and attn_vision again with bf16 activations
  *                   (ml_backend_cpu_bf16_activations), the GEMM as a ratio
  *                   to the f32 path's in the same run
  *   attn_vision     1 x 6432 tokens x 16 heads x 80 (one vision layer) for
@@ -513,6 +513,7 @@ int main(void)
         if (f32_gemm > 0)
             printf("  bf16 activations: GEMM %.2fx the f32 path\n", gflops / f32_gemm);
         bench_gemv(be, 1);
+        bench_attn_vision(be);
         be->ops->destroy(be);
     }
     return 0;

@@ -1,12 +1,18 @@
 /* The CPU backend's attention ops (vision, causal over the paged cache,
  * cross) against a double-precision reference on each ISA path and thread
- * count (cpu_ops_util.h), and the softmax_block kernel of each ISA.
+ * count (cpu_ops_util.h), the vision attention with bf16 activations on a
+ * CPU with AVX-512 BF16, and the softmax_block kernel of each ISA.
  *
  * Tolerances, with u = 2^-24:
  * - attention: per output element, max|v| · (2·δs + (n_keys + 16)·u) where
  *   δs = 2·head_dim·u·scale·max_j Σ_d |q_d·k_jd| bounds the error of a
  *   scaled score: an error δ in scores scales the softmax weights by
  *   e^(±2δ), and the weights' sum carries at most n_keys roundings.
+ * - bf16 activations: the reference takes q, k and v rounded to bf16, as
+ *   the backend does, and the bound above grows by 2^-8·max|v|: the
+ *   weights are rounded to bf16 before they multiply V (a relative 2^-9
+ *   each, so at most 2^-9·max|v| on a weighted mean of v, twice for
+ *   slack); the scores' products of rounded q and k are exact in f32.
  * - the vector exp inside softmax_block: 4 ulp relative. */
 #include <math.h>
 #include <stdint.h>
@@ -14,6 +20,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu_ops_util.h"
@@ -25,8 +32,12 @@
 
 /* One query row against n keys (rows key[j], val[j]) with a visibility
  * predicate `see` (NULL = all); writes the double result and bound. */
+/* BF16_WEIGHTS: the bound's term for weights rounded to bf16 (header). */
+#define BF16_WEIGHTS 0x1p-8
+
 static void ref_attend(const float *q, const float *const *key, const float *const *val,
-                       const uint8_t *see, int n, int hd, float scale, double *out, double *bound)
+                       const uint8_t *see, int n, int hd, float scale, double weights_round,
+                       double *out, double *bound)
 {
     double *s = xmalloc((size_t)n * sizeof *s);
     double mx = -INFINITY, amax = 0, vmax = 0;
@@ -60,15 +71,16 @@ static void ref_attend(const float *q, const float *const *key, const float *con
     const double ds = 2.0 * hd * U * amax;
     for (int i = 0; i < hd; i++) {
         out[i] /= l;
-        bound[i] = vmax * (4.0 * ds + (visible + 16) * U);
+        bound[i] = vmax * (4.0 * ds + (visible + 16) * U + weights_round);
     }
     free(s);
 }
 
 /* ---- attention: vision --------------------------------------------------------------- */
 
-static void test_attn_vision_case(ml_backend *be[N_BACKENDS], int n_seq, int tiles, int tile_len,
-                                  int real_len, int n_heads, int hd)
+/* bf16: be runs bf16 activations (ml_backend_cpu_bf16_activations). */
+static void test_attn_vision_case(ml_backend *be[N_BACKENDS], int bf16, int n_seq, int tiles,
+                                  int tile_len, int real_len, int n_heads, int hd)
 {
     const int seq_len = tiles * tile_len;
     const size_t n = (size_t)n_seq * seq_len * n_heads * hd;
@@ -85,24 +97,33 @@ static void test_attn_vision_case(ml_backend *be[N_BACKENDS], int n_seq, int til
         for (int t = 0; t < seq_len; t++)
             valid[s * seq_len + t] = t / tile_len <= s % tiles && t % tile_len < real_len;
     const float scale = 1.0f / sqrtf((float)hd);
+    /* What the reference multiplies: the inputs, or with bf16 activations
+     * (and a head_dim and length the bf16 path takes) their bf16 values. */
+    const int rounded = bf16 && hd % 2 == 0 && seq_len % 2 == 0;
+    float *qb = xmalloc(n * sizeof *qb), *kb = xmalloc(n * sizeof *kb), *vb = xmalloc(n * sizeof *vb);
+    for (size_t i = 0; i < n; i++) {
+        qb[i] = rounded ? ml_round_bf16(q[i]) : q[i];
+        kb[i] = rounded ? ml_round_bf16(k[i]) : k[i];
+        vb[i] = rounded ? ml_round_bf16(v[i]) : v[i];
+    }
 
     const float **kr = xmalloc((size_t)seq_len * sizeof *kr), **vr = xmalloc((size_t)seq_len * sizeof *vr);
     for (int s = 0; s < n_seq; s++) {
         for (int h = 0; h < n_heads; h++) {
             for (int j = 0; j < seq_len; j++) {
-                kr[j] = k + (((size_t)s * seq_len + j) * n_heads + h) * hd;
-                vr[j] = v + (((size_t)s * seq_len + j) * n_heads + h) * hd;
+                kr[j] = kb + (((size_t)s * seq_len + j) * n_heads + h) * hd;
+                vr[j] = vb + (((size_t)s * seq_len + j) * n_heads + h) * hd;
             }
             for (int t = 0; t < seq_len; t++) {
                 const size_t at = (((size_t)s * seq_len + t) * n_heads + h) * hd;
-                ref_attend(q + at, kr, vr, valid[s * seq_len + t] ? NULL : valid + s * seq_len,
-                           seq_len, hd, scale, want + at, bound + at);
+                ref_attend(qb + at, kr, vr, valid[s * seq_len + t] ? NULL : valid + s * seq_len,
+                           seq_len, hd, scale, rounded ? BF16_WEIGHTS : 0, want + at, bound + at);
             }
         }
     }
     char what[96];
-    snprintf(what, sizeof what, "attn_vision seqs=%d len=%d heads=%d hd=%d", n_seq, seq_len,
-             n_heads, hd);
+    snprintf(what, sizeof what, "attn_vision%s seqs=%d len=%d heads=%d hd=%d",
+             bf16 ? " bf16 activations" : "", n_seq, seq_len, n_heads, hd);
     for (int b = 0; b < N_BACKENDS; b++) {
         out[b] = xmalloc(n * sizeof *out[b]);
         ml_attn_vision_params p = {.out = out[b], .q = q, .k = k, .v = v, .valid = valid,
@@ -117,6 +138,9 @@ static void test_attn_vision_case(ml_backend *be[N_BACKENDS], int n_seq, int til
     free(q);
     free(k);
     free(v);
+    free(qb);
+    free(kb);
+    free(vb);
     free(want);
     free(bound);
     free(valid);
@@ -124,14 +148,38 @@ static void test_attn_vision_case(ml_backend *be[N_BACKENDS], int n_seq, int til
     free(vr);
 }
 
-static void test_attn_vision(ml_backend *be[N_BACKENDS])
+static void test_attn_vision(ml_backend *be[N_BACKENDS], int bf16)
 {
-    test_attn_vision_case(be, 4, 2, 8, 8, 3, 16); /* odd sequences have no padding */
-    test_attn_vision_case(be, 3, 4, 56, 53, 2, 80); /* 224 keys: several blocks */
-    test_attn_vision_case(be, 1, 2, 24, 21, 2, 128);
-    test_attn_vision_case(be, 2, 2, 20, 19, 1, 256); /* the largest head_dim */
+    test_attn_vision_case(be, bf16, 4, 2, 8, 8, 3, 16); /* odd sequences have no padding */
+    test_attn_vision_case(be, bf16, 3, 4, 56, 53, 2, 80); /* 224 keys: several blocks */
+    test_attn_vision_case(be, bf16, 1, 2, 24, 21, 2, 128);
+    test_attn_vision_case(be, bf16, 2, 2, 20, 19, 1, 256); /* the largest head_dim */
     /* mostly padding: the padding queries skip the key blocks without a valid key */
-    test_attn_vision_case(be, 2, 4, 100, 97, 2, 80);
+    test_attn_vision_case(be, bf16, 2, 4, 100, 97, 2, 80);
+    if (bf16) /* an odd length: the f32 path, within the same bound */
+        test_attn_vision_case(be, bf16, 2, 1, 45, 41, 2, 80);
+}
+
+/* bf16 activations, on a CPU with AVX-512 BF16 (test_cpu_matmul checks the
+ * refusal elsewhere): the vision attention as above. */
+static void test_attn_vision_bf16(ml_cpu_isa isa)
+{
+    if (isa != ML_CPU_ISA_AVX512 || !ml_cpu_has_avx512_bf16())
+        return;
+    const int threads[N_BACKENDS] = {1, THREADS_MANY};
+    ml_backend *be[N_BACKENDS] = {NULL};
+    int ready = 1;
+    for (int b = 0; b < N_BACKENDS; b++) {
+        char err[ERRLEN] = "";
+        be[b] = cpu_ops_create(isa, threads[b], err, sizeof err);
+        ready &= be[b] && ml_backend_cpu_bf16_activations(be[b], err, sizeof err) == ML_OK;
+        check(ready, "bf16 activations [%s] x%d: %s", g_isa, threads[b], err);
+    }
+    if (ready)
+        test_attn_vision(be, 1);
+    for (int b = 0; b < N_BACKENDS; b++)
+        if (be[b])
+            be[b]->ops->destroy(be[b]);
 }
 
 /* ---- attention: causal over the paged cache --------------------------------------- */
@@ -191,7 +239,8 @@ static void test_attn_causal_case(ml_backend *be[N_BACKENDS], int n_heads, int n
             }
             for (int t = 0; t < n_new[s]; t++) {
                 const size_t at = ((size_t)(seq_start[s] + t) * n_heads + h) * hd;
-                ref_attend(q + at, kr, vr, NULL, pos0[s] + t + 1, hd, scale, want + at, bound + at);
+                ref_attend(q + at, kr, vr, NULL, pos0[s] + t + 1, hd, scale, 0, want + at,
+                           bound + at);
             }
         }
     }
@@ -365,7 +414,7 @@ static void test_attn_cross_case(ml_backend *be[N_BACKENDS], const int n_tok[CRO
                 int any = 0;
                 for (int j = 0; j < n_keys; j++)
                     any |= see[j] = allowed[(size_t)t * stride + j / chunk_len];
-                ref_attend(q + at, kr, vr, any ? see : NULL, n_keys, hd, scale, want + at,
+                ref_attend(q + at, kr, vr, any ? see : NULL, n_keys, hd, scale, 0, want + at,
                            bound + at);
             }
         }
@@ -503,9 +552,10 @@ static void test_softmax_kernel(const ml_cpu_kernels *kn)
 static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
 {
     test_softmax_kernel(ml_cpu_kernels_for(isa));
-    test_attn_vision(be);
+    test_attn_vision(be, 0);
     test_attn_causal(be);
     test_attn_cross(be);
+    test_attn_vision_bf16(isa);
 }
 
 int main(void)
