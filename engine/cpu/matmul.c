@@ -1,8 +1,8 @@
 /* matmul: y (M, N) = x (M, K) · wᵀ + bias, w (N, K) bf16 or F8_E4M3 packed
  * at load (ml_cpu_linear_weight), x and y f32, f32 accumulation. Weights
- * are widened to f32 exactly and activations are never rounded to bf16, as
- * in the f32 golden references (AVX-512 BF16's vdpbf16ps would round x to
- * bf16 first; it is not used).
+ * are widened to f32 exactly and activations are not rounded, as in the
+ * f32 golden references, unless the backend runs the opt-in bf16
+ * activations (below).
  *
  * Packed weights. Each Linear's weights are laid out once, at load, in the
  * order the kernel reads them (cpu_kernels.h ml_cpu_packed_index): strips
@@ -57,7 +57,16 @@
  * each sum by s_x[m] · scale[n] instead of scale[n]. A row's quantization
  * reads that row only and its sum is the driver's, so batch invariance
  * holds as for W8A16. qx · q is exact in f32 (two 4-bit significands), so
- * the only rounding past the quantization is the f32 sum's. */
+ * the only rounding past the quantization is the f32 sum's.
+ *
+ * bf16 activations (cb->bf16_x, ml_backend_cpu_bf16_activations): bf16
+ * Linears are packed in the pair layout (cpu_kernels.h ml_cpu_pair_index),
+ * each call rounds the rows of x to bf16 pairs once, in parallel by rows,
+ * into the act buffer, and the driver above runs gemm_tile_bf16 on them and
+ * the strips as they are (no widening). The blocks, tiles and threads are
+ * the f32 path's and each element's sum is over pairs in increasing order
+ * per KC block, so batch invariance holds as above. FP8 Linears keep their
+ * f32 activations. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
