@@ -261,15 +261,18 @@ def mean_context(n_prompt, n_tokens):
     return n_prompt + n_tokens / 2.0
 
 
-def decode_bytes(cfg, n_prompt, n_tokens, image, kv_bytes):
+def decode_bytes(cfg, n_prompt, n_tokens, image, kv_bytes, fp8_lm_head=False):
     """Bytes one greedy decode step of one sequence reads: (weights, K/V),
     averaged over the steps of an n_tokens generation after an n_prompt
     prompt. With a quantization_config (an FP8 checkpoint: mkmodel --fp8's
     ignores lm_head, the projector and the vision tower) the text decoder's
-    Linears read one byte a weight and a float32 scale a row."""
-    linear, rows, other, _ = decode_weights(cfg, image)
+    Linears read one byte a weight and a float32 scale a row; fp8_lm_head
+    (model.fp8_lm_head) makes lm_head so too."""
+    linear, rows, other, lm_head = decode_weights(cfg, image)
     fp8 = "quantization_config" in cfg
     weights = (linear + 4 * rows if fp8 else 2 * linear) + 2 * other
+    if fp8_lm_head:
+        weights += lm_head + 4 * cfg["text_config"]["vocab_size"] - 2 * lm_head
     kv_self, kv_cross = decode_kv_bytes(cfg, mean_context(n_prompt, n_tokens), kv_bytes)
     return weights, kv_self + (kv_cross if image else 0)
 
@@ -283,7 +286,7 @@ def cmd_bandwidth(args):
         ms = num(ours, "ours_%d_ms_per_token" % i)
         n_prompt = len(ours["ours_%d_prompt_ids" % i].split(","))
         n_tok = int(ours["ours_%d_completion_tokens" % i])
-        w, kv = decode_bytes(cfg, n_prompt, n_tok, image, args.kv_bytes)
+        w, kv = decode_bytes(cfg, n_prompt, n_tok, image, args.kv_bytes, args.fp8_lm_head)
         gbs = (w + kv) / ms / 1e6
         rows.append([label, "%.1f" % (w / 1e6), "%.1f" % (kv / 1e6), "%.2f" % ms, "%.2f" % (1e3 / ms),
                      "%.1f" % gbs, "%.0f%%" % (100 * gbs / args.read_gbs)])
@@ -498,6 +501,8 @@ def main():
     b.add_argument("--read-gbs", type=float, required=True)
     b.add_argument("--kv-bytes", type=int, default=4)
     b.add_argument("--goal", type=int, default=60)
+    b.add_argument("--fp8-lm-head", action="store_true",
+                   help="lm_head read as FP8 (model.fp8_lm_head), whatever the checkpoint holds")
     rl = sub.add_parser("roofline")
     rl.add_argument("--model", required=True)
     rl.add_argument("--read-gbs", type=float, required=True)

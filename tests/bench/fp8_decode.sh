@@ -7,10 +7,13 @@
 # machine is shared, so each pair is timed back to back and the report is
 # the median and spread of ms/token and of the pairs' ratios, and each
 # one's bytes per token (at its median ms/token) over the highest read
-# bandwidth measured between the runs (bench_read_bw.c).
+# bandwidth measured between the runs (bench_read_bw.c). --fp8-lm-head 1:
+# the fp8 runs quantize lm_head to FP8 at load too (mllama run
+# --fp8-lm-head, the worker's model.fp8_lm_head), and their bytes count it
+# so.
 #
-#   tests/bench/fp8_decode.sh [--presets "small 1b"] [--build DIR] [--work DIR]
-#       [--max-tokens N] [--repeats N] [--no-build]
+#   tests/bench/fp8_decode.sh [--presets "small 1b"] [--fp8-lm-head 0|1] [--build DIR]
+#       [--work DIR] [--max-tokens N] [--repeats N] [--no-build]
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -20,8 +23,15 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 bench_defaults small 33
 repeats=5
 presets="small 1b"
-BENCH_OPTIONS=presets
+fp8_lm_head=0
+BENCH_OPTIONS="presets fp8_lm_head"
 bench_parse_args "$@"
+head_run=() head_report=()
+case "$fp8_lm_head" in
+0) ;;
+1) head_run=(--fp8-lm-head) head_report=(--fp8-lm-head) ;;
+*) bench_die "--fp8-lm-head: expected 0 or 1, got '$fp8_lm_head'" ;;
+esac
 for preset in $presets; do
     bench_setup fp8 bench_read_bw
     no_build=1 # built for the first preset
@@ -33,16 +43,18 @@ for preset in $presets; do
     "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" \
         --prompt "$BENCH_PROMPT" --sequence - "$image" >"$run/batch.jsonl"
 
-    echo "== fp8 decode: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads"
+    echo "== fp8 decode: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads," \
+        "FP8 lm_head: $fp8_lm_head"
     echo "before: $(bench_load)"
     bws=()
     for r in $(seq 1 "$repeats"); do
         bws+=("$(bench_read_gbs)")
         for kind in bf16 fp8; do
-            m="$model"
-            [ "$kind" = fp8 ] && m="$fp8_model"
+            m="$model" extra=()
+            [ "$kind" = fp8 ] && m="$fp8_model" extra=("${head_run[@]}")
             bench_time_run "$run/${kind}_$r.jsonl" "$run/${kind}_$r.wall" \
-                "$mllama" run --model "$m" --batch "$run/batch.jsonl" --threads "$BENCH_THREADS"
+                "$mllama" run --model "$m" --batch "$run/batch.jsonl" --threads "$BENCH_THREADS" \
+                "${extra[@]}"
             $report ours "$run/${kind}_$r.jsonl" >"$run/${kind}_$r.kv"
         done
     done
@@ -65,6 +77,7 @@ for preset in $presets; do
     $report bandwidth --model "$model" --ours "$run/bf16.kv" --read-gbs "$read_gbs"
     echo
     echo "fp8 (median run):"
-    $report bandwidth --model "$fp8_model" --ours "$run/fp8.kv" --read-gbs "$read_gbs" --goal 70
+    $report bandwidth --model "$fp8_model" --ours "$run/fp8.kv" --read-gbs "$read_gbs" --goal 70 \
+        "${head_report[@]}"
     echo
 done
