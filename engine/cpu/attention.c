@@ -453,18 +453,21 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
                 nk_next = 0; /* skipped in turn: not worth its bandwidth */
         }
         memset(sc, 0, (size_t)nk * ATTN_BQ * sizeof *sc);
-        if (pairs)
+        if (pairs) {
             scores_bf16(j, s, cur->kv_head, kb, nk, nk_next ? kb + nk : -1, qt2, nq, sc);
-        for (int k0 = 0; k0 < nk && !pairs; k0 += mr) {
-            if (in_place) {
-                prefetch_rows(vblk + (size_t)k0 * ld, ld, imin(mr, nk - k0), hd, 1);
-                if (k0 < nk_next)
-                    prefetch_rows(knext + (size_t)k0 * ld_next, ld_next, imin(mr, nk_next - k0),
-                                  hd, 0);
+        } else {
+            for (int k0 = 0; k0 < nk; k0 += mr) {
+                if (in_place) {
+                    prefetch_rows(vblk + (size_t)k0 * ld, ld, imin(mr, nk - k0), hd, 1);
+                    if (k0 < nk_next)
+                        prefetch_rows(knext + (size_t)k0 * ld_next, ld_next,
+                                      imin(mr, nk_next - k0), hd, 0);
+                }
+                for (int c0 = 0; c0 < nq; c0 += nr)
+                    kn->gemm_tile(imin(mr, nk - k0), imin(nr, nq - c0), hd,
+                                  kblk + (size_t)k0 * ld, ld, 1, qt + c0, ATTN_BQ,
+                                  sc + (size_t)k0 * ATTN_BQ + c0, ATTN_BQ);
             }
-            for (int c0 = 0; c0 < nq; c0 += nr)
-                kn->gemm_tile(imin(mr, nk - k0), imin(nr, nq - c0), hd, kblk + (size_t)k0 * ld, ld,
-                              1, qt + c0, ATTN_BQ, sc + (size_t)k0 * ATTN_BQ + c0, ATTN_BQ);
         }
         apply_mask(j, &cols, s, kb, nk, sc);
         kn->softmax_block(sc, ATTN_BQ, nk, nq, j->scale, m, l, alpha);
@@ -475,14 +478,13 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
             for (int d = 0; d < hd; d++)
                 orow[d] *= alpha[c];
         }
-        if (pairs) {
+        if (pairs)
             values_bf16(j, s, cur->kv_head, kb, nk, sc, nq, s2, o);
-            continue;
-        }
-        for (int c0 = 0; c0 < nq; c0 += mr)
-            for (int d0 = 0; d0 < hd; d0 += nr)
-                kn->gemm_tile(imin(mr, nq - c0), imin(nr, hd - d0), nk, sc + c0, 1, ATTN_BQ,
-                              vblk + d0, ld, o + (size_t)c0 * hd + d0, (size_t)hd);
+        else
+            for (int c0 = 0; c0 < nq; c0 += mr)
+                for (int d0 = 0; d0 < hd; d0 += nr)
+                    kn->gemm_tile(imin(mr, nq - c0), imin(nr, hd - d0), nk, sc + c0, 1, ATTN_BQ,
+                                  vblk + d0, ld, o + (size_t)c0 * hd + d0, (size_t)hd);
     }
 
     for (int c = 0; c < nq; c++) {
@@ -553,12 +555,9 @@ static void round_part(void *ctx, int64_t begin, int64_t end, int tid)
         const size_t s = (size_t)(i / per_seq), pair = (size_t)(i % per_seq);
         const size_t tok = s * (size_t)p->seq_len + 2 * pair;
         for (size_t h = 0; h < heads; h++) {
-            for (size_t t = tok; t < tok + 2; t++) {
-                const float *k = p->k + (t * heads + h) * hd;
-                uint32_t *k2 = r->k2 + (t * heads + h) * (hd / 2);
-                for (size_t d = 0; d < hd / 2; d++)
-                    k2[d] = ml_cpu_bf16_pair(k[2 * d], k[2 * d + 1]);
-            }
+            for (size_t t = tok; t < tok + 2; t++)
+                ml_cpu_bf16_pairs(r->k2 + (t * heads + h) * (hd / 2), p->k + (t * heads + h) * hd,
+                                  hd);
             const float *v0 = p->v + (tok * heads + h) * hd, *v1 = v0 + heads * hd;
             uint32_t *v2 = r->v2 + ((s * heads + h) * (size_t)per_seq + pair) * hd;
             for (size_t d = 0; d < hd; d++)

@@ -303,14 +303,9 @@ static void round_part(void *ctx, int64_t begin, int64_t end, int tid)
     (void)tid;
     const round_job *r = ctx;
     const size_t pairs = (size_t)pair_steps(r->K) / 2;
-    for (int64_t m = begin; m < end; m++) {
-        const float *xr = r->x + (size_t)m * (size_t)r->K;
-        uint32_t *d = r->xb + (size_t)m * pairs;
-        for (size_t q = 0; q < (size_t)r->K / 2; q++)
-            d[q] = ml_cpu_bf16_pair(xr[2 * q], xr[2 * q + 1]);
-        if (r->K % 2)
-            d[pairs - 1] = ml_cpu_bf16_pair(xr[r->K - 1], 0.0f);
-    }
+    for (int64_t m = begin; m < end; m++)
+        ml_cpu_bf16_pairs(r->xb + (size_t)m * pairs, r->x + (size_t)m * (size_t)r->K,
+                          (size_t)r->K);
 }
 
 void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
