@@ -25,7 +25,11 @@
  * once, and runs gemm_tile on it: the widening is then paid once for all
  * the tiles instead of once per tile (measured: a 6432-row GEMM, K = N =
  * 1280, 330 against 385 GFLOP/s), and gemm_tile sums in gemm_packed's
- * order.
+ * order. With bf16 activations nothing is widened, and a thread with many
+ * row tiles runs each tile over a group of K blocks (up to
+ * GEMM_GROUP_BYTES of weights, held in L2) before the next, so that its y
+ * stays in L1 from one K block to the next; the K blocks of an element
+ * still come in increasing order.
  *
  * Batch invariance: an output element is summed in one order, which
  * depends on K and the ISA only: y = (y or 0) + bias, then for each KC
@@ -80,6 +84,17 @@
  * changes the order of every sum, i.e. the bits of every result. */
 #define GEMM_KC 256
 #define GEMM_NC 256
+/* The weights of a column block over a group of K blocks, read by every
+ * row tile of a thread in turn from L2 (1-2 MiB a core on current x86
+ * server cores). Measured (6432 x 1280 x 1280 and 6432 x 5120 x 1280, bf16
+ * activations, one thread, 2026-12-03, the development VM): groups of one
+ * K block 150-160 GFLOP/s, of 256 KiB 164-179, 512 KiB 172-189, 1 MiB
+ * 184-199, 2 and 4 MiB no faster. */
+#define GEMM_GROUP_BYTES ((size_t)1024 * 1024)
+/* Row tiles from which a thread groups K blocks (above): below it the y of
+ * a column block (tiles x 12 rows x GEMM_NC f32) stays in cache between K
+ * blocks anyway. */
+#define GROUP_MIN_TILES 16
 /* Threads split N only while each keeps at least this many columns;
  * otherwise they split M (and each reads the same weights). */
 #define GEMM_MIN_COLS_PER_THREAD 64
@@ -213,29 +228,44 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, fl
     const int widened = tiles >= WIDEN_MIN_TILES && !j->xb;
     const size_t ldxb = (size_t)j->Kp / 2;
 
+    /* With many row tiles and no widening (bf16 activations), a row tile
+     * runs over a group of K blocks before the next tile, so its y stays in
+     * L1 across the group; one K block a pass would bring every y of the
+     * column block back from memory once a block (at 6432 rows, 6.6 MB).
+     * The widened panel holds one K block: groups of one. */
+    const size_t elem = j->f8 ? 1 : sizeof(uint16_t);
+    const int grouped = tiles >= GROUP_MIN_TILES && !widened;
+    const int group_blocks = grouped ? (int)(GEMM_GROUP_BYTES / ((size_t)nc_max * GEMM_KC * elem)) : 1;
+    const int kc_group = (group_blocks > 1 ? group_blocks : 1) * GEMM_KC;
+
     for (int jc = n0; jc < n1; jc += nc_max) {
         const int nc = imin(nc_max, n1 - jc);
-        init_block(j, m0, m1, jc, jc + nc);
-        for (int pc = 0; pc < j->Kp; pc += GEMM_KC) {
-            const int kc = imin(GEMM_KC, j->Kp - pc);
+        for (int pg = 0; pg < j->Kp; pg += kc_group) {
+            const int pg_end = imin(pg + kc_group, j->Kp);
             if (widened)
-                widen_block(j, panel, jc, nc, pc, kc);
+                widen_block(j, panel, jc, nc, pg, pg_end - pg);
             for (int ic = m0; ic < m1; ic += mr) {
-                for (int col = jc; col < jc + nc; col += sc) {
-                    const int m = imin(mr, m1 - ic), n = imin(sc, jc + nc - col);
-                    const float *x = j->x + (size_t)ic * K + pc;
-                    float *y = j->y + (size_t)ic * N + (size_t)col;
-                    if (widened)
-                        kn->gemm_tile(m, n, kc, x, K, 1,
-                                      panel + (size_t)((col - jc) / sc) * (size_t)kc * (size_t)sc,
-                                      (size_t)sc, y, N);
-                    else if (j->xb)
-                        kn->gemm_tile_bf16(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2,
-                                           ldxb, 1, strip_at(j, col, pc), (size_t)sc, ic == m0, y,
-                                           N);
-                    else
-                        kn->gemm_packed(m, n, kc, x, K, strip_at(j, col, pc), j->f8, ic == m0,
-                                        y, N);
+                const int m = imin(mr, m1 - ic);
+                if (pg == 0)
+                    init_block(j, ic, ic + m, jc, jc + nc);
+                for (int pc = pg; pc < pg_end; pc += GEMM_KC) {
+                    const int kc = imin(GEMM_KC, pg_end - pc);
+                    for (int col = jc; col < jc + nc; col += sc) {
+                        const int n = imin(sc, jc + nc - col);
+                        const float *x = j->x + (size_t)ic * K + pc;
+                        float *y = j->y + (size_t)ic * N + (size_t)col;
+                        if (widened)
+                            kn->gemm_tile(m, n, kc, x, K, 1,
+                                          panel + (size_t)((col - jc) / sc) * (size_t)kc * (size_t)sc,
+                                          (size_t)sc, y, N);
+                        else if (j->xb)
+                            kn->gemm_tile_bf16(m, n, kc / 2,
+                                               j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
+                                               strip_at(j, col, pc), (size_t)sc, ic == m0, y, N);
+                        else
+                            kn->gemm_packed(m, n, kc, x, K, strip_at(j, col, pc), j->f8, ic == m0,
+                                            y, N);
+                    }
                 }
             }
         }

@@ -133,21 +133,23 @@ static void test_matmul(ml_backend *be[N_BACKENDS], int bf16_x)
 static void test_matmul_batch_invariance(ml_backend *be)
 {
     /* K: four KC blocks and an odd tail (masked or scalar tails); N: a
-     * ragged last block of every kernel; MAX_M: past the GEMV regime and
-     * the GEMM's first row tiles. */
-    enum { K = 1031, N = 67, MAX_M = 40 };
-    float *x = xmalloc((size_t)MAX_M * K * sizeof *x);
-    float *alone = xmalloc((size_t)MAX_M * N * sizeof *alone);
-    float *y = xmalloc((size_t)MAX_M * N * sizeof *y);
+     * ragged last block of every kernel; every M to MAX_M: past the GEMV
+     * regime and the GEMM's first row tiles; then BIG_M: at least 16 row
+     * tiles on one thread, where blocks are widened (f32) or K blocks
+     * grouped (bf16 activations; matmul.c). */
+    enum { K = 1031, N = 67, MAX_M = 40, BIG_M = 200 };
+    float *x = xmalloc((size_t)BIG_M * K * sizeof *x);
+    float *alone = xmalloc((size_t)BIG_M * N * sizeof *alone);
+    float *y = xmalloc((size_t)BIG_M * N * sizeof *y);
     uint16_t *w = xmalloc((size_t)N * K * sizeof *w);
-    fill(x, (size_t)MAX_M * K, -1, 1);
+    fill(x, (size_t)BIG_M * K, -1, 1);
     fill_bf16(w, (size_t)N * K, -1, 1);
     uint16_t *bias = xmalloc((size_t)N * sizeof *bias);
     fill_bf16(bias, (size_t)N, -1, 1);
-    for (int m = 0; m < MAX_M; m++)
+    for (int m = 0; m < BIG_M; m++)
         matmul_rm(be, alone + (size_t)m * N, x + (size_t)m * K, w, bias, 1, K, N, 0);
     int same = 1, first_bad = 0;
-    for (int M = 2; M <= MAX_M; M++) {
+    for (int M = 2; M <= BIG_M; M = M == MAX_M ? BIG_M : M + 1) {
         matmul_rm(be, y, x, w, bias, M, K, N, 0);
         const int ok = memcmp(y, alone, (size_t)M * N * sizeof *y) == 0;
         if (!ok && same)
@@ -581,6 +583,7 @@ static void test_bf16_activations(ml_cpu_isa isa)
     }
     if (ready) {
         test_matmul(be, 1);
+        test_matmul_batch_invariance(be[0]);
         test_matmul_batch_invariance(be[1]);
     } else {
         fprintf(stderr, "bf16 activations [%s]: not on this CPU, refused as they must be\n",
@@ -615,6 +618,7 @@ static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
     if (isa == ML_CPU_ISA_PLAIN) /* the quantizer is plain C on every ISA */
         test_quantize_rows();
     test_matmul(be, 0);
+    test_matmul_batch_invariance(be[0]);
     test_matmul_batch_invariance(be[1]);
     /* 13 rows: gemm_packed; 200 on one thread: at least 16 row tiles,
      * whose blocks are widened for gemm_tile (matmul.c) */
