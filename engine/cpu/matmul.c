@@ -25,11 +25,10 @@
  * once, and runs gemm_tile on it: the widening is then paid once for all
  * the tiles instead of once per tile (measured: a 6432-row GEMM, K = N =
  * 1280, 330 against 385 GFLOP/s), and gemm_tile sums in gemm_packed's
- * order. With bf16 activations nothing is widened, and a thread with many
- * row tiles runs each tile over a group of K blocks (up to
- * GEMM_GROUP_BYTES of weights, held in L2) before the next, so that its y
- * stays in L1 from one K block to the next; the K blocks of an element
- * still come in increasing order.
+ * order. A thread with many row tiles also runs each tile over a group of
+ * K blocks (GEMM_GROUP_BYTES of the weights as the kernel reads them,
+ * held in L2) before the next, so that its y stays in L1 from one K block
+ * to the next; an element's K blocks still come in increasing order.
  *
  * Batch invariance: an output element is summed in one order, which
  * depends on K and the ISA only: y = (y or 0) + bias, then for each KC
@@ -86,10 +85,11 @@
 #define GEMM_NC 256
 /* The weights of a column block over a group of K blocks, read by every
  * row tile of a thread in turn from L2 (1-2 MiB a core on current x86
- * server cores). Measured (6432 x 1280 x 1280 and 6432 x 5120 x 1280, bf16
- * activations, one thread, 2026-12-03, the development VM): groups of one
+ * server cores). Measured (6432 x 1280 x 1280 and 6432 x 5120 x 1280, one
+ * thread, 2026-12-03, the development VM), bf16 activations: groups of one
  * K block 150-160 GFLOP/s, of 256 KiB 164-179, 512 KiB 172-189, 1 MiB
- * 184-199, 2 and 4 MiB no faster. */
+ * 184-199, 2 and 4 MiB no faster; f32 (widened), K = 1280: 92 -> 97-102,
+ * K = 5120 unchanged (79-87). */
 #define GEMM_GROUP_BYTES ((size_t)1024 * 1024)
 /* Row tiles from which a thread groups K blocks (above): below it the y of
  * a column block (tiles x 12 rows x GEMM_NC f32) stays in cache between K
@@ -104,8 +104,9 @@
 /* Row tiles from which a thread widens its column blocks to f32 first:
  * 16 tiles share one widening (about 1/400 of their FMAs). */
 #define WIDEN_MIN_TILES 16
-/* A thread's scratch: one widened block, GEMM_KC x GEMM_NC f32. */
-#define PANEL_FLOATS ((size_t)GEMM_KC * GEMM_NC)
+/* A thread's scratch: one group of widened blocks, each GEMM_KC x GEMM_NC
+ * f32. */
+#define PANEL_FLOATS (GEMM_GROUP_BYTES / sizeof(float))
 
 size_t ml_cpu_matmul_scratch_floats(void)
 {
@@ -228,13 +229,14 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, fl
     const int widened = tiles >= WIDEN_MIN_TILES && !j->xb;
     const size_t ldxb = (size_t)j->Kp / 2;
 
-    /* With many row tiles and no widening (bf16 activations), a row tile
-     * runs over a group of K blocks before the next tile, so its y stays in
-     * L1 across the group; one K block a pass would bring every y of the
-     * column block back from memory once a block (at 6432 rows, 6.6 MB).
-     * The widened panel holds one K block: groups of one. */
-    const size_t elem = j->f8 ? 1 : sizeof(uint16_t);
-    const int grouped = tiles >= GROUP_MIN_TILES && !widened;
+    /* With many row tiles, a row tile runs over a group of K blocks
+     * before the next tile, so its y stays in L1 across the group; one K
+     * block a pass would bring every y of the column block back from
+     * memory once a block (at 6432 rows, 6.6 MB). The group is what the
+     * kernel reads: the widened f32 blocks, side by side in the panel, or
+     * the packed strips. */
+    const size_t elem = widened ? sizeof(float) : j->f8 ? 1 : sizeof(uint16_t);
+    const int grouped = tiles >= GROUP_MIN_TILES;
     const int group_blocks = grouped ? (int)(GEMM_GROUP_BYTES / ((size_t)nc_max * GEMM_KC * elem)) : 1;
     const int kc_group = (group_blocks > 1 ? group_blocks : 1) * GEMM_KC;
 
@@ -243,7 +245,9 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, fl
         for (int pg = 0; pg < j->Kp; pg += kc_group) {
             const int pg_end = imin(pg + kc_group, j->Kp);
             if (widened)
-                widen_block(j, panel, jc, nc, pg, pg_end - pg);
+                for (int pc = pg; pc < pg_end; pc += GEMM_KC)
+                    widen_block(j, panel + (size_t)(pc - pg) * GEMM_NC, jc, nc, pc,
+                                imin(GEMM_KC, pg_end - pc));
             for (int ic = m0; ic < m1; ic += mr) {
                 const int m = imin(mr, m1 - ic);
                 if (pg == 0)
@@ -256,7 +260,8 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, fl
                         float *y = j->y + (size_t)ic * N + (size_t)col;
                         if (widened)
                             kn->gemm_tile(m, n, kc, x, K, 1,
-                                          panel + (size_t)((col - jc) / sc) * (size_t)kc * (size_t)sc,
+                                          panel + (size_t)(pc - pg) * GEMM_NC +
+                                              (size_t)((col - jc) / sc) * (size_t)kc * (size_t)sc,
                                           (size_t)sc, y, N);
                         else if (j->xb)
                             kn->gemm_tile_bf16(m, n, kc / 2,
