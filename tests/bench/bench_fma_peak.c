@@ -8,7 +8,12 @@
  * attention: the roofline benchmark (roofline.sh) divides a step's FLOPs by
  * it. The width is that of the kernels the engine runs: the ISA comes from
  * ml_cpu_isa_select, as the CPU backend's does (the widest the CPU and OS
- * support, or ML_CPU_ISA), and is printed. An FMA counts as 2 FLOPs. */
+ * support, or ML_CPU_ISA), and is printed. An FMA counts as 2 FLOPs.
+ *
+ * On a CPU with AVX-512 BF16 it then measures the bf16 dot peak the same
+ * way: chains of VDPBF16PS (f32 += the dot of two bf16 pairs, 4 FLOPs a
+ * lane), the ceiling of the bf16 Linears and vision attention of the opt-in
+ * bf16 activations (roofline.sh --cpu-activations bf16). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +38,9 @@
  * finite and normal however many rounds run. */
 #define MUL 0.5f
 #define ADD 0.5f
+/* bf16 pairs (low half first): (1, -1) and (1, 1). */
+#define PAIR_ONE_MINUS_ONE 0xbf803f80u
+#define PAIR_ONE_ONE 0x3f803f80u
 
 /* Each returns the sum of its accumulators' lanes, checked by the caller,
  * so that no FMA can be elided. mul and add come through volatile loads in
@@ -70,6 +78,24 @@ __attribute__((target("avx2,fma"))) static float chains_avx2(float mul, float ad
     }
     return sum;
 }
+
+/* Each VDPBF16PS adds 1·1 + 1·(-1) = 0: the accumulators keep their start
+ * values, exactly, however many rounds run. */
+__attribute__((target("avx512f,avx512bf16"))) static float chains_bf16(long n)
+{
+    const __m512bh a = (__m512bh)_mm512_set1_epi32((int)PAIR_ONE_MINUS_ONE);
+    const __m512bh b = (__m512bh)_mm512_set1_epi32((int)PAIR_ONE_ONE);
+    __m512 acc[CHAINS];
+    for (int c = 0; c < CHAINS; c++)
+        acc[c] = _mm512_set1_ps((float)c);
+    for (long i = 0; i < n; i++)
+        for (int c = 0; c < CHAINS; c++)
+            acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+    __m512 s = acc[0];
+    for (int c = 1; c < CHAINS; c++)
+        s = _mm512_add_ps(s, acc[c]);
+    return _mm512_reduce_add_ps(s);
+}
 #endif
 
 /* The portable build's kernels: scalar multiply-add, one lane. */
@@ -87,8 +113,14 @@ static float chains_plain(float mul, float add, long n)
     return sum;
 }
 
-typedef struct worker {
+/* What a thread's chains run: f32 FMAs in an ISA, or bf16 dot products. */
+typedef struct peak_kind {
     ml_cpu_isa isa;
+    int bf16_dot;
+} peak_kind;
+
+typedef struct worker {
+    peak_kind kind;
     float sum;
 } worker;
 
@@ -97,16 +129,35 @@ static int lanes_of(ml_cpu_isa isa)
     return isa == ML_CPU_ISA_AVX512 ? 16 : isa == ML_CPU_ISA_AVX2 ? 8 : 1;
 }
 
+/* FLOPs of one instruction of a chain: an FMA is 2 a lane, a bf16 dot of
+ * two pairs 4 (16 f32 lanes). */
+static double flops_per_op(peak_kind k)
+{
+    return k.bf16_dot ? 4.0 * 16 : 2.0 * lanes_of(k.isa);
+}
+
+/* The sum of the accumulators' lanes after any number of rounds: FMA
+ * chains converge to ADD / (1 - MUL) = 1, dot chains keep their start
+ * values 0 .. CHAINS - 1. */
+static float expected_sum(peak_kind k)
+{
+    return k.bf16_dot ? 16.0f * CHAINS * (CHAINS - 1) / 2 : (float)(CHAINS * lanes_of(k.isa));
+}
+
 static void *run_chains(void *arg)
 {
     worker *w = arg;
     volatile float mul = MUL, add = ADD;
 #if ML_CPU_X86
-    if (w->isa == ML_CPU_ISA_AVX512) {
+    if (w->kind.bf16_dot) {
+        w->sum = chains_bf16(ROUNDS);
+        return NULL;
+    }
+    if (w->kind.isa == ML_CPU_ISA_AVX512) {
         w->sum = chains_avx512(mul, add, ROUNDS);
         return NULL;
     }
-    if (w->isa == ML_CPU_ISA_AVX2) {
+    if (w->kind.isa == ML_CPU_ISA_AVX2) {
         w->sum = chains_avx2(mul, add, ROUNDS);
         return NULL;
     }
@@ -123,7 +174,7 @@ static double now_s(void)
 }
 
 /* Best GFLOP/s of PASSES passes with `threads` threads. */
-static double fma_peak(ml_cpu_isa isa, int threads)
+static double peak(peak_kind kind, int threads)
 {
     double best = 1e30;
     for (int pass = 0; pass < PASSES; pass++) {
@@ -131,7 +182,7 @@ static double fma_peak(ml_cpu_isa isa, int threads)
         worker w[MAX_THREADS];
         const double t0 = now_s();
         for (int t = 0; t < threads; t++) {
-            w[t] = (worker){.isa = isa};
+            w[t] = (worker){.kind = kind};
             if (pthread_create(&tid[t], NULL, run_chains, &w[t]) != 0) {
                 fprintf(stderr, "pthread_create failed\n");
                 exit(1);
@@ -141,14 +192,12 @@ static double fma_peak(ml_cpu_isa isa, int threads)
             pthread_join(tid[t], NULL);
         const double dt = now_s() - t0;
         best = dt < best ? dt : best;
-        /* Every accumulator has converged to ADD / (1 - MUL) = 1. */
-        const float expect = (float)(CHAINS * lanes_of(isa));
+        const float expect = expected_sum(kind);
         for (int t = 0; t < threads; t++)
             check(w[t].sum > 0.99f * expect && w[t].sum < 1.01f * expect,
-                  "fma peak: sum %g, expected %g", (double)w[t].sum, (double)expect);
+                  "peak: sum %g, expected %g", (double)w[t].sum, (double)expect);
     }
-    const double flops = 2.0 * CHAINS * lanes_of(isa) * (double)ROUNDS * threads;
-    return flops / best / 1e9;
+    return flops_per_op(kind) * CHAINS * (double)ROUNDS * threads / best / 1e9;
 }
 
 int main(void)
@@ -161,10 +210,16 @@ int main(void)
         fprintf(stderr, "%s\n", err);
         return 1;
     }
+    const peak_kind fma = {.isa = isa};
     printf("f32 FMA peak, %d thread(s), %s, %d chains: %8.1f GFLOP/s\n", threads,
-           ml_cpu_isa_name(isa), CHAINS, fma_peak(isa, threads));
+           ml_cpu_isa_name(isa), CHAINS, peak(fma, threads));
     if (threads > 1)
         printf("f32 FMA peak, 1 thread(s), %s, %d chains: %8.1f GFLOP/s\n", ml_cpu_isa_name(isa),
-               CHAINS, fma_peak(isa, 1));
+               CHAINS, peak(fma, 1));
+    if (ML_CPU_X86 && ml_cpu_has_avx512_bf16()) {
+        const peak_kind dot = {.isa = ML_CPU_ISA_AVX512, .bf16_dot = 1};
+        printf("bf16 dot peak, %d thread(s), avx512-bf16, %d chains: %8.1f GFLOP/s\n", threads,
+               CHAINS, peak(dot, threads));
+    }
     return check_done();
 }

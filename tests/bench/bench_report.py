@@ -13,12 +13,14 @@ Standard library only.
         same size, first in a fresh process), request 2 (text only).
     bench_report.py bandwidth --model DIR --ours OURS.kv --read-gbs X [--kv-bytes 4]
         Decode bytes per step from config.json against the time per token.
-    bench_report.py roofline --model DIR --read-gbs X --fma-gflops Y [--kv-bytes 4]
-            [--preset NAME] [--machine TEXT] KIND:B=RUN.jsonl[,RUN.jsonl...]...
+    bench_report.py roofline --model DIR --read-gbs X --fma-gflops Y [--dot-gflops Z]
+            [--kv-bytes 4] [--preset NAME] [--machine TEXT] KIND:B=RUN.jsonl[,RUN.jsonl...]...
         Per decode step of B sequences together (KIND text or image): the
         median step time of the runs (each run's median over its steps that
         decoded all B) against the larger of bytes / read bandwidth and
-        FLOPs / f32 FMA peak (roofline.sh).
+        FLOPs / f32 FMA peak; with --dot-gflops (bf16 activations), the
+        Linears' FLOPs / bf16 dot peak plus the attention's / f32 FMA peak
+        (roofline.sh).
     bench_report.py fp8 --bf16 BF16.kv... --fp8 FP8.kv...
         Decode ms/token of an FP8 checkpoint against its bf16 original, per
         request: the median and spread (min-max) of each over the runs and
@@ -340,17 +342,18 @@ def cmd_fp8(args):
 
 
 def decode_flops(cfg, ctx, image):
-    """FLOPs of one sequence's decode step at context ctx: 2 per weight of
-    every Linear and lm_head (f32 FMA, whatever the weights' dtype), and the
-    attention's two products (q.k and p.v, 2 FLOPs a multiply-add) over the
-    self-attention cache and, with an image, every tile slot of every cross
-    layer (as the CPU kernel visits them). Norms, RoPE, softmax and the
-    activation functions are left out: a few FLOPs per element of the
-    activations, not per weight."""
+    """FLOPs of one sequence's decode step at context ctx, as (Linears,
+    attention): 2 per weight of every Linear and lm_head (a multiply-add,
+    f32 FMA whatever the weights' dtype, or the bf16 dot product with bf16
+    activations), and the attention's two products (q.k and p.v, 2 FLOPs a
+    multiply-add, f32 FMA in either mode) over the self-attention cache and,
+    with an image, every tile slot of every cross layer (as the CPU kernel
+    visits them). Norms, RoPE, softmax and the activation functions are left
+    out: a few FLOPs per element of the activations, not per weight."""
     linear, _, _, lm_head = decode_weights(cfg, image)
     _, _, H, hd, _, n_self, n_cross = text_dims(cfg)
     keys = n_self * ctx + (n_cross * cross_slots(cfg) if image else 0)
-    return 2 * (linear + lm_head) + 2 * 2 * H * hd * keys
+    return 2 * (linear + lm_head), 2 * 2 * H * hd * keys
 
 
 def roofline_run(path, b):
@@ -390,9 +393,15 @@ def cmd_roofline(args):
         # The weights and the image's cross K/V are the same for every
         # sequence: read once a step from memory whatever b.
         nbytes = weights + b * kv_self + (kv_cross if image else 0)
-        flops = b * decode_flops(cfg, ctx, image)
+        linear_flops, attn_flops = (b * f for f in decode_flops(cfg, ctx, image))
+        flops = linear_flops + attn_flops
         mem_ms = nbytes / args.read_gbs / 1e6
-        fma_ms = flops / args.fma_gflops / 1e6
+        if args.dot_gflops:
+            # The bf16 Linears on the dot product, the attention on f32
+            # FMAs: both issue on the same vector ports, so their times add.
+            fma_ms = (linear_flops / args.dot_gflops + attn_flops / args.fma_gflops) / 1e6
+        else:
+            fma_ms = flops / args.fma_gflops / 1e6
         bound = max(mem_ms, fma_ms)
         frac = bound / median(ms)
         n += 1
@@ -410,8 +419,11 @@ def cmd_roofline(args):
                     "MB/step", "GFLOP/step", "memory bound ms", "compute bound ms",
                     "larger bound ms", "bound / measured"], rows))
     print()
-    print("read bandwidth %.1f GB/s, f32 FMA peak %.1f GFLOP/s; K/V %d bytes an element"
-          % (args.read_gbs, args.fma_gflops, args.kv_bytes))
+    peaks = "f32 FMA peak %.1f GFLOP/s" % args.fma_gflops
+    if args.dot_gflops:
+        peaks += " (attention), bf16 dot peak %.1f GFLOP/s (bf16 Linears)" % args.dot_gflops
+    print("read bandwidth %.1f GB/s, %s; K/V %d bytes an element"
+          % (args.read_gbs, peaks, args.kv_bytes))
     if args.machine:
         print("machine: %s" % args.machine)
     print("goal >= %d%% of the larger bound: met at %d of %d%s"
@@ -507,6 +519,8 @@ def main():
     rl.add_argument("--model", required=True)
     rl.add_argument("--read-gbs", type=float, required=True)
     rl.add_argument("--fma-gflops", type=float, required=True)
+    rl.add_argument("--dot-gflops", type=float,
+                    help="the bf16 dot peak: the bf16 Linears' compute bound (bf16 activations)")
     rl.add_argument("--kv-bytes", type=int, default=4)
     rl.add_argument("--goal", type=int, default=85)
     rl.add_argument("--preset", default="?")

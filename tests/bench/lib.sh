@@ -122,8 +122,18 @@ bench_read_gbs() {
 # every run, the highest kept, as bench_read_gbs.
 bench_fma_gflops() {
     ML_BENCH=1 ML_BENCH_THREADS=$BENCH_THREADS "$build/tests/bench_fma_peak" 2>/dev/null |
-        awk -v t="$BENCH_THREADS" '$4 == t"" { isa = $6; sub(",", "", isa)
+        awk -v t="$BENCH_THREADS" '$1 == "f32" && $4 == t"" { isa = $6; sub(",", "", isa)
             for (i = 7; i <= NF; i++) if ($i == "GFLOP/s") print $(i - 1), isa }'
+}
+
+# bench_dot_gflops: the bf16 dot peak (GFLOP/s, 4 FLOPs a VDPBF16PS lane)
+# bench_fma_peak measures now with $BENCH_THREADS threads, the ceiling of the
+# bf16 Linears of --cpu-activations bf16; nothing on a CPU without AVX-512
+# BF16. Measured around every run, the highest kept, as bench_read_gbs.
+bench_dot_gflops() {
+    ML_BENCH=1 ML_BENCH_THREADS=$BENCH_THREADS "$build/tests/bench_fma_peak" 2>/dev/null |
+        awk -v t="$BENCH_THREADS" '$1 == "bf16" && $4 == t"" {
+            for (i = 7; i <= NF; i++) if ($i == "GFLOP/s") print $(i - 1) }'
 }
 
 # bench_load: the machine load, to be printed with every result.

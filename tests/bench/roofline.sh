@@ -5,9 +5,11 @@
 # once, outside the decode steps), the time of a step that decoded all B
 # (the runtime's decode_steps) against the larger of two bounds measured in
 # the same run: bytes read / read bandwidth (bench_read_bw) and FLOPs / f32
-# FMA peak (bench_fma_peak, the ISA the engine picks). Goal (issue 27): the
-# bound is >= 85% of the measured step at every B, text only and with an
-# image. The bytes and FLOPs are bench_report.py roofline's (README.md here).
+# FMA peak (bench_fma_peak, the ISA the engine picks; with --cpu-activations
+# bf16, the Linears' FLOPs / bf16 dot peak plus the attention's FLOPs / f32
+# FMA peak). Goal (issue 27): the bound is >= 85% of the measured step at
+# every B, text only and with an image. The bytes and FLOPs are
+# bench_report.py roofline's (README.md here).
 #
 #   tests/bench/roofline.sh [--preset 1b|small|tiny] [--concurrency "1 2 4 8 16 32"]
 #       [--images 0|1|both] [--repeats N] [--max-tokens N] [--build DIR]
@@ -17,11 +19,13 @@
 # default): both kinds. --repeats N (default 3) processes per kind and B,
 # interleaved (every kind and B once, then again), the median of their
 # per-process medians reported with the spread. The read bandwidth and the
-# FMA peak are measured before every process and after the last, the
-# highest of each kept. --max-tokens (default 33) per request: the steps
-# counted are those after the first token.
+# FMA peak (and with bf16 activations the bf16 dot peak) are measured before
+# every process and after the last, the highest of each kept. --max-tokens
+# (default 33) per request: the steps counted are those after the first
+# token.
 # --cpu-activations f32|bf16: ours with mllama run's --cpu-activations (f32,
-#   the default, is the reference numerics; bf16 needs AVX-512 BF16).
+#   the default, is the reference numerics; bf16 needs AVX-512 BF16: its
+#   bf16 Linears run on the bf16 dot product, the attention stays f32 FMA).
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -39,6 +43,10 @@ case "$images" in
 1) kinds=image ;;
 both) kinds="text image" ;;
 *) bench_die "--images: expected 0, 1 or both, got '$images'" ;;
+esac
+case "$cpu_activations" in
+f32 | bf16) ;;
+*) bench_die "--cpu-activations: expected f32 or bf16, got '$cpu_activations'" ;;
 esac
 bench_setup roofline bench_read_bw bench_fma_peak
 
@@ -60,9 +68,15 @@ echo "machine: $cpu_model"
 echo "before: $load_before"
 bws=()
 fmas=()
+dots=()
 measure() {
     bws+=("$(bench_read_gbs)")
     fmas+=("$(bench_fma_gflops)")
+    if [ "$cpu_activations" = bf16 ]; then
+        dots+=("$(bench_dot_gflops)")
+        [ -n "${dots[-1]}" ] ||
+            bench_die "bench_fma_peak measured no bf16 dot peak (--cpu-activations bf16 needs AVX-512 BF16)"
+    fi
 }
 for r in $(seq 1 "$repeats"); do
     for kind in $kinds; do
@@ -82,10 +96,17 @@ read_gbs=$(printf '%s\n' "${bws[@]}" | sort -g | tail -1)
 [ -n "$read_gbs" ] || bench_die "bench_read_bw failed"
 fma=$(printf '%s\n' "${fmas[@]}" | sort -g | tail -1)
 [ -n "$fma" ] || bench_die "bench_fma_peak failed"
+dot_arg=()
+if [ "$cpu_activations" = bf16 ]; then
+    dot_arg=(--dot-gflops "$(printf '%s\n' "${dots[@]}" | sort -g | tail -1)")
+fi
 echo "read bandwidth ($BENCH_THREADS threads, 1 GiB, 64-byte loads) around the runs:" \
     "${bws[*]} GB/s"
 echo "f32 FMA peak ($BENCH_THREADS threads, isa ${fma#* }: the engine's pick) around the runs:" \
     "$(printf '%s\n' "${fmas[@]}" | cut -d' ' -f1 | tr '\n' ' ')GFLOP/s"
+[ "$cpu_activations" = f32 ] ||
+    echo "bf16 dot peak ($BENCH_THREADS threads, avx512-bf16: the bf16 Linears') around the runs:" \
+        "${dots[*]} GFLOP/s"
 echo
 
 specs=()
@@ -99,5 +120,5 @@ for kind in $kinds; do
     done
 done
 $report roofline --model "$model" --preset "$preset" --read-gbs "$read_gbs" \
-    --fma-gflops "${fma%% *}" "${specs[@]}" \
+    --fma-gflops "${fma%% *}" "${dot_arg[@]}" "${specs[@]}" \
     --machine "$cpu_model, isa ${fma#* }, $BENCH_THREADS threads; before: $load_before; after: $load_after"
