@@ -388,9 +388,8 @@ static void values_bf16(const attn_job *j, int s, int kvh, int kb, int nk, const
     const int mr = kn->tile_rows, nr = kn->tile_cols, hd = j->head_dim;
     assert(nk % 2 == 0 && kb % 2 == 0);
     for (int p = 0; p < nk / 2; p++)
-        for (int c = 0; c < nq; c++)
-            s2[(size_t)p * ATTN_BQ + c] = ml_cpu_bf16_pair(sc[(size_t)2 * p * ATTN_BQ + c],
-                                                           sc[(size_t)(2 * p + 1) * ATTN_BQ + c]);
+        kn->bf16_pair_rows(s2 + (size_t)p * ATTN_BQ, sc + (size_t)2 * p * ATTN_BQ,
+                           sc + (size_t)(2 * p + 1) * ATTN_BQ, (size_t)nq);
     const uint32_t *v2 =
         j->v2 + (((size_t)s * j->n_kv_heads + (size_t)kvh) * (size_t)(j->seq_len / 2) +
                  (size_t)kb / 2) * (size_t)hd;
@@ -539,6 +538,7 @@ static void run(ml_backend *be, attn_job *j)
 typedef struct round_job {
     uint32_t *k2, *v2;
     const ml_attn_vision_params *p;
+    const ml_cpu_kernels *kn;
 } round_job;
 
 /* Pairs of keys [begin, end) of every sequence (pair i: sequence i /
@@ -556,12 +556,11 @@ static void round_part(void *ctx, int64_t begin, int64_t end, int tid)
         const size_t tok = s * (size_t)p->seq_len + 2 * pair;
         for (size_t h = 0; h < heads; h++) {
             for (size_t t = tok; t < tok + 2; t++)
-                ml_cpu_bf16_pairs(r->k2 + (t * heads + h) * (hd / 2), p->k + (t * heads + h) * hd,
+                r->kn->bf16_pairs(r->k2 + (t * heads + h) * (hd / 2), p->k + (t * heads + h) * hd,
                                   hd);
             const float *v0 = p->v + (tok * heads + h) * hd, *v1 = v0 + heads * hd;
-            uint32_t *v2 = r->v2 + ((s * heads + h) * (size_t)per_seq + pair) * hd;
-            for (size_t d = 0; d < hd; d++)
-                v2[d] = ml_cpu_bf16_pair(v0[d], v1[d]);
+            r->kn->bf16_pair_rows(r->v2 + ((s * heads + h) * (size_t)per_seq + pair) * hd, v0, v1,
+                                  hd);
         }
     }
 }
@@ -585,7 +584,7 @@ void ml_cpu_attn_vision(ml_backend *be, const ml_attn_vision_params *p)
         uint32_t *k2 = (uint32_t *)ml_cpu_act_buffer(cb, n, "attn_vision");
         if (!k2)
             return;
-        round_job r = {.k2 = k2, .v2 = k2 + n / 2, .p = p};
+        round_job r = {.k2 = k2, .v2 = k2 + n / 2, .p = p, .kn = cb->kern};
         ml_cpu_pool_for(cb->pool, (int64_t)p->n_seq * (p->seq_len / 2),
                         ml_cpu_grain(4.0 * p->n_heads * p->head_dim), round_part, &r);
         j.k2 = r.k2;

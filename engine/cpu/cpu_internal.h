@@ -117,16 +117,6 @@ static inline uint32_t ml_cpu_bf16_pair(float lo, float hi)
     return ml_f32_to_bf16(lo) | (uint32_t)ml_f32_to_bf16(hi) << 16;
 }
 
-/* The n values of x in (n + 1) / 2 such pairs, an odd n's last one padded
- * with 0: a row rounded for gemm_tile_bf16's pairs along the sum. */
-static inline void ml_cpu_bf16_pairs(uint32_t *d, const float *x, size_t n)
-{
-    for (size_t q = 0; q < n / 2; q++)
-        d[q] = ml_cpu_bf16_pair(x[2 * q], x[2 * q + 1]);
-    if (n % 2)
-        d[n / 2] = ml_cpu_bf16_pair(x[n - 1], 0.0f);
-}
-
 /* Latch an error for synchronize: "cpu <op>: <detail>". The first error
  * since the last synchronize wins; later ones are dropped, but every one
  * counts in n_latched (a graph being recorded is discarded at graph_end,

@@ -73,6 +73,14 @@ typedef struct ml_cpu_kernels {
      * memory, prefetched ahead as gemm_packed's. */
     void (*gemm_tile_bf16)(int m, int n, int kp, const uint32_t *a, size_t a_rs, size_t a_cs,
                            const uint32_t *b, size_t ldb, int stream, float *c, size_t ldc);
+    /* Its operands rounded: pair(a, b) = the dword of ml_f32_to_bf16(a)
+     * (dtype.h: RNE, NaN kept quiet, subnormals kept) in the low half and
+     * of b in the high half. bf16_pairs: d[q] = pair(x[2q], x[2q + 1]) for
+     * the (n + 1) / 2 pairs of n values, an odd n's last padded with 0 (a
+     * row along the sum); bf16_pair_rows: d[i] = pair(lo[i], hi[i]) for i
+     * < n (two rows of the sum, side by side). */
+    void (*bf16_pairs)(uint32_t *d, const float *x, size_t n);
+    void (*bf16_pair_rows)(uint32_t *d, const float *lo, const float *hi, size_t n);
 
     /* LoRA's kernel (lora.c): dots (r, j) = Σ_k w[r * ldw + k] · x[j * ldx + k]
      * for r < rows <= gemv_rows, j < cols <= gemv_cols; w bf16 (rows, K), x

@@ -356,6 +356,46 @@ BF16_TARGET static void gemm_tile_bf16(int m, int n, int kp, const uint32_t *a, 
     }
 }
 
+/* The pair operands. Integer RNE as ml_f32_to_bf16, not VCVTNE2PS2BF16,
+ * which flushes subnormal inputs to zero: the same bits as the scalar
+ * rounding, whatever the CPU. */
+
+/* 16 f32 (as bits) rounded to bf16, each in the high half of its lane
+ * (the low half is left over). */
+ALWAYS_INLINE __m512i bf16_round_high(__m512i u)
+{
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    /* NaN: its upper half, made quiet */
+    return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+}
+
+static void bf16_pairs(uint32_t *d, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i += LANES) {
+        const size_t left = n - i;
+        const __mmask16 mk = lane_mask(left > LANES ? LANES : (int)left);
+        const __m512i u = _mm512_maskz_loadu_epi32(mk, x + i); /* padding: +0, bf16 0 */
+        const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_round_high(u), 16));
+        const int pairs = left >= LANES ? LANES / 2 : (int)(left + 1) / 2;
+        _mm256_mask_storeu_epi32(d + i / 2, (__mmask8)((1u << pairs) - 1), h);
+    }
+}
+
+static void bf16_pair_rows(uint32_t *d, const float *lo, const float *hi, size_t n)
+{
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (size_t i = 0; i < n; i += LANES) {
+        const __mmask16 mk = lane_mask(n - i > LANES ? LANES : (int)(n - i));
+        const __m512i l = bf16_round_high(_mm512_maskz_loadu_epi32(mk, lo + i));
+        const __m512i h = bf16_round_high(_mm512_maskz_loadu_epi32(mk, hi + i));
+        _mm512_mask_storeu_epi32(d + i, mk,
+                                 _mm512_or_si512(_mm512_and_si512(h, high), _mm512_srli_epi32(l, 16)));
+    }
+}
+
 /* ---- softmax_block -------------------------------------------------------- */
 
 static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, float *m, float *l,
@@ -418,6 +458,8 @@ const ml_cpu_kernels ml_cpu_kernels_avx512 = {
     .gemm_packed = gemm_packed,
     .strip_cols = STRIP_COLS,
     .gemm_tile_bf16 = gemm_tile_bf16,
+    .bf16_pairs = bf16_pairs,
+    .bf16_pair_rows = bf16_pair_rows,
     .softmax_block = softmax_block,
     .exp_n = vm_exp_n,
     .erf_n = vm_erf_n,

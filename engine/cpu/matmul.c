@@ -329,6 +329,7 @@ typedef struct round_job {
     uint32_t *xb;
     const float *x;
     int K;
+    const ml_cpu_kernels *kn;
 } round_job;
 
 /* Rows [begin, end) of x rounded to bf16 (RNE, as torch's .to(bfloat16))
@@ -339,7 +340,7 @@ static void round_part(void *ctx, int64_t begin, int64_t end, int tid)
     const round_job *r = ctx;
     const size_t pairs = (size_t)pair_steps(r->K) / 2;
     for (int64_t m = begin; m < end; m++)
-        ml_cpu_bf16_pairs(r->xb + (size_t)m * pairs, r->x + (size_t)m * (size_t)r->K,
+        r->kn->bf16_pairs(r->xb + (size_t)m * pairs, r->x + (size_t)m * (size_t)r->K,
                           (size_t)r->K);
 }
 
@@ -354,7 +355,7 @@ void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
         uint32_t *xb = (uint32_t *)ml_cpu_act_buffer(cb, (size_t)M * (size_t)job.Kp / 2, "matmul");
         if (!xb)
             return;
-        round_job r = {.xb = xb, .x = x, .K = K};
+        round_job r = {.xb = xb, .x = x, .K = K, .kn = cb->kern};
         ml_cpu_pool_for(cb->pool, M, ml_cpu_grain((double)K), round_part, &r);
         job.xb = xb;
     }

@@ -519,6 +519,54 @@ static void test_matmul_f8_a8(ml_backend *be)
     free(srow);
 }
 
+/* The bf16 operands' rounding (bf16_pairs, bf16_pair_rows, where the ISA
+ * has them) against ml_cpu_bf16_pair, bit for bit: random values over the
+ * whole exponent range and every special kind, at every length to past two
+ * vectors (the masked tails, odd lengths). */
+static void test_bf16_rounding(const ml_cpu_kernels *kn)
+{
+    if (!kn->bf16_pairs)
+        return;
+    enum { MAX_N = 40 };
+    static const uint32_t special[] = {
+        0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00008000u, /* zeros, subnormals */
+        0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f80ffffu,             /* ties, either side */
+        0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u,             /* max (to inf), infs */
+        0x7f800001u, 0xff800001u, 0x7fc00000u, 0x7fffffffu, 0xffbfffffu, /* NaNs */
+    };
+    const size_t n_special = sizeof special / sizeof special[0];
+    float lo[MAX_N], hi[MAX_N];
+    uint32_t got[MAX_N], want[MAX_N];
+    const uint64_t rng = ml_test_rng;
+    int same = 1;
+    for (int round = 0; round < 64; round++) {
+        for (int i = 0; i < MAX_N; i++) {
+            uint32_t b[2];
+            for (int h = 0; h < 2; h++)
+                b[h] = (round + i + h) % 3 == 0 ? special[(size_t)(round * 7 + i * 3 + h) % n_special]
+                                                : (uint32_t)(urand() * 4294967296.0);
+            memcpy(&lo[i], &b[0], sizeof lo[i]);
+            memcpy(&hi[i], &b[1], sizeof hi[i]);
+        }
+        for (size_t n = 0; n <= MAX_N; n++) {
+            memset(got, 0xa5, sizeof got);
+            kn->bf16_pairs(got, lo, n);
+            for (size_t q = 0; q < (n + 1) / 2; q++)
+                same &= got[q] == ml_cpu_bf16_pair(lo[2 * q], 2 * q + 1 < n ? lo[2 * q + 1] : 0.0f);
+            same &= (n + 1) / 2 == MAX_N || got[(n + 1) / 2] == 0xa5a5a5a5u; /* no write past */
+            memset(got, 0xa5, sizeof got);
+            kn->bf16_pair_rows(got, lo, hi, n);
+            for (size_t i = 0; i < n; i++)
+                want[i] = ml_cpu_bf16_pair(lo[i], hi[i]);
+            same &= memcmp(got, want, n * sizeof *got) == 0;
+            same &= n == MAX_N || got[n] == 0xa5a5a5a5u;
+        }
+    }
+    check(same, "bf16 rounding [%s]: a pair differs from ml_cpu_bf16_pair",
+          ml_cpu_isa_name(kn->isa));
+    rand_seed(rng);
+}
+
 /* LoRA's gemv: dot (r, j) of every block shape equals the 1 x 1 block's, bit for bit. */
 static void test_gemv_kernel(const ml_cpu_kernels *kn)
 {
@@ -614,6 +662,7 @@ static void test_bf16_activations(ml_cpu_isa isa)
 static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
 {
     test_gemv_kernel(ml_cpu_kernels_for(isa));
+    test_bf16_rounding(ml_cpu_kernels_for(isa));
     test_f8_codes(ml_cpu_kernels_for(isa));
     if (isa == ML_CPU_ISA_PLAIN) /* the quantizer is plain C on every ISA */
         test_quantize_rows();
