@@ -11,12 +11,8 @@
 #define VMATH_BITS 512
 #include "cpu/vmath.h"
 
-#define LANES 16
 /* 12 x 32 tile: 24 accumulators + 2 B vectors + 1 broadcast of 32 zmm. */
 #define TILE_ROWS 12
-#define TILE_COLS (2 * LANES)
-/* gemm_packed: the 12-row tile over a strip of two vectors. */
-#define STRIP_COLS (2 * LANES)
 /* 6 weight rows x 4 activation rows: 24 accumulators + 6 + 1 zmm. Past a
  * few activation rows the block's speed follows its L2 -> L1 traffic (x
  * rows, and the weight rows again for each further column block): 64 / rows
@@ -25,90 +21,9 @@
  * converting each weight once into a K-chunked f32 panel, no faster. */
 #define GEMV_ROWS 6
 #define GEMV_COLS 4
-
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 /* Running maxima kept apart in softmax_block's max pass. */
 #define MAX_CHAINS 4
-
-static inline __mmask16 lane_mask(int n)
-{
-    return n >= LANES ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
-}
-
-/* ---- gemm_tile -------------------------------------------------------------- */
-
-/* One tile with compile-time m (so the accumulators live in registers), A
- * layout (a_col: column-major) and width (wide: n > 16 uses two vectors). */
-ALWAYS_INLINE void tile(const int m, const int a_col, const int wide, int n, int k,
-                        const float *a, size_t lda, const float *b, size_t ldb, float *c,
-                        size_t ldc)
-{
-    const __mmask16 m0 = lane_mask(n), m1 = lane_mask(n - LANES);
-    __m512 acc0[TILE_ROWS], acc1[TILE_ROWS];
-#pragma GCC unroll 12
-    for (int i = 0; i < m; i++) {
-        acc0[i] = _mm512_setzero_ps();
-        acc1[i] = _mm512_setzero_ps();
-    }
-    for (int p = 0; p < k; p++) {
-        const float *bp = b + (size_t)p * ldb;
-        const __m512 b0 = _mm512_maskz_loadu_ps(m0, bp);
-        const __m512 b1 = wide ? _mm512_maskz_loadu_ps(m1, bp + LANES) : _mm512_setzero_ps();
-#pragma GCC unroll 12
-        for (int i = 0; i < m; i++) {
-            const __m512 ai =
-                _mm512_set1_ps(a_col ? a[(size_t)p * lda + i] : a[(size_t)i * lda + p]);
-            acc0[i] = _mm512_fmadd_ps(ai, b0, acc0[i]);
-            if (wide)
-                acc1[i] = _mm512_fmadd_ps(ai, b1, acc1[i]);
-        }
-    }
-#pragma GCC unroll 12
-    for (int i = 0; i < m; i++) {
-        float *ci = c + (size_t)i * ldc;
-        _mm512_mask_storeu_ps(ci, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, ci), acc0[i]));
-        if (wide)
-            _mm512_mask_storeu_ps(ci + LANES, m1,
-                                  _mm512_add_ps(_mm512_maskz_loadu_ps(m1, ci + LANES), acc1[i]));
-    }
-}
-
-ALWAYS_INLINE void tile_m(const int m, int n, int k, const float *a, size_t a_rs, size_t a_cs,
-                          const float *b, size_t ldb, float *c, size_t ldc)
-{
-    const int wide = n > LANES;
-    if (a_cs == 1) {
-        if (wide)
-            tile(m, 0, 1, n, k, a, a_rs, b, ldb, c, ldc);
-        else
-            tile(m, 0, 0, n, k, a, a_rs, b, ldb, c, ldc);
-    } else {
-        if (wide)
-            tile(m, 1, 1, n, k, a, a_cs, b, ldb, c, ldc);
-        else
-            tile(m, 1, 0, n, k, a, a_cs, b, ldb, c, ldc);
-    }
-}
-
-static void gemm_tile(int m, int n, int k, const float *a, size_t a_rs, size_t a_cs,
-                      const float *b, size_t ldb, float *c, size_t ldc)
-{
-    switch (m) {
-    case 1: tile_m(1, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
-    case 2: tile_m(2, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
-    case 3: tile_m(3, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
-    case 4: tile_m(4, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
-    case 5: tile_m(5, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
-    case 6: tile_m(6, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
-    case 7: tile_m(7, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
-    case 8: tile_m(8, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
-    case 9: tile_m(9, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
-    case 10: tile_m(10, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
-    case 11: tile_m(11, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
-    case 12: tile_m(12, n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
-    default: assert(!"gemm_tile: m out of range");
-    }
-}
+#include "cpu/kernels_vec.h"
 
 /* ---- gemv ------------------------------------------------------------------- */
 
@@ -129,7 +44,7 @@ ALWAYS_INLINE void gemv_block(const int rows, const int cols, int K, const uint1
             acc[r][j] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += LANES) {
         /* The tail loads are masked, so no byte past row end is read. */
-        const __mmask16 mk = lane_mask(K - k);
+        const vf_lanes mk = vf_first_lanes(K - k);
         __m512 wv[GEMV_ROWS];
 #pragma GCC unroll 6
         for (int r = 0; r < rows; r++)
@@ -147,32 +62,6 @@ ALWAYS_INLINE void gemv_block(const int rows, const int cols, int K, const uint1
 #pragma GCC unroll 4
         for (int j = 0; j < cols; j++)
             dots[r * cols + j] = _mm512_reduce_add_ps(acc[r][j]);
-}
-
-ALWAYS_INLINE void gemv_rows(const int rows, int cols, int K, const uint16_t *w, size_t ldw,
-                             const float *x, size_t ldx, float *dots)
-{
-    switch (cols) {
-    case 1: gemv_block(rows, 1, K, w, ldw, x, ldx, dots); break;
-    case 2: gemv_block(rows, 2, K, w, ldw, x, ldx, dots); break;
-    case 3: gemv_block(rows, 3, K, w, ldw, x, ldx, dots); break;
-    case 4: gemv_block(rows, 4, K, w, ldw, x, ldx, dots); break;
-    default: assert(!"gemv: cols out of range");
-    }
-}
-
-static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const float *x,
-                 size_t ldx, float *dots)
-{
-    switch (rows) {
-    case 1: gemv_rows(1, cols, K, w, ldw, x, ldx, dots); break;
-    case 2: gemv_rows(2, cols, K, w, ldw, x, ldx, dots); break;
-    case 3: gemv_rows(3, cols, K, w, ldw, x, ldx, dots); break;
-    case 4: gemv_rows(4, cols, K, w, ldw, x, ldx, dots); break;
-    case 5: gemv_rows(5, cols, K, w, ldw, x, ldx, dots); break;
-    case 6: gemv_rows(6, cols, K, w, ldw, x, ldx, dots); break;
-    default: assert(!"gemv: rows out of range");
-    }
 }
 
 /* ---- gemm_packed ------------------------------------------------------------ */
@@ -201,73 +90,6 @@ ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, __m512 *b0, __
     *b1 = _mm512_castsi512_ps(_mm512_and_si512(d, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
-ALWAYS_INLINE void packed_tile(const int m, const int f8, const int stream, int n, int k,
-                               const float *x, size_t ldx, const void *w, float *y, size_t ldy)
-{
-    const __mmask16 m0 = lane_mask(n), m1 = lane_mask(n - LANES);
-    __m512 acc0[TILE_ROWS], acc1[TILE_ROWS];
-#pragma GCC unroll 12
-    for (int i = 0; i < m; i++) {
-        acc0[i] = _mm512_setzero_ps();
-        acc1[i] = _mm512_setzero_ps();
-    }
-    const size_t step_bytes = f8 ? STRIP_COLS : STRIP_COLS * sizeof(uint16_t);
-    for (int p = 0; p < k; p++) {
-        __m512 b0, b1;
-        if (stream)
-            _mm_prefetch((const char *)w + (size_t)p * step_bytes + ML_CPU_STRIP_PREFETCH_BYTES,
-                         _MM_HINT_T0);
-        strip_step(f8, w, p, &b0, &b1);
-#pragma GCC unroll 12
-        for (int i = 0; i < m; i++) {
-            const __m512 xi = _mm512_set1_ps(x[(size_t)i * ldx + p]);
-            acc0[i] = _mm512_fmadd_ps(xi, b0, acc0[i]);
-            acc1[i] = _mm512_fmadd_ps(xi, b1, acc1[i]);
-        }
-    }
-#pragma GCC unroll 12
-    for (int i = 0; i < m; i++) {
-        float *yi = y + (size_t)i * ldy;
-        _mm512_mask_storeu_ps(yi, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, yi), acc0[i]));
-        _mm512_mask_storeu_ps(yi + LANES, m1,
-                              _mm512_add_ps(_mm512_maskz_loadu_ps(m1, yi + LANES), acc1[i]));
-    }
-}
-
-/* Compile-time dtype and prefetch, so that neither costs a branch a step. */
-ALWAYS_INLINE void packed_m(const int m, int n, int k, const float *x, size_t ldx,
-                            const void *w, int f8, int stream, float *y, size_t ldy)
-{
-    if (f8 && stream)
-        packed_tile(m, 1, 1, n, k, x, ldx, w, y, ldy);
-    else if (f8)
-        packed_tile(m, 1, 0, n, k, x, ldx, w, y, ldy);
-    else if (stream)
-        packed_tile(m, 0, 1, n, k, x, ldx, w, y, ldy);
-    else
-        packed_tile(m, 0, 0, n, k, x, ldx, w, y, ldy);
-}
-
-static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
-                        int stream, float *y, size_t ldy)
-{
-    switch (m) {
-    case 1: packed_m(1, n, k, x, ldx, w, f8, stream, y, ldy); break;
-    case 2: packed_m(2, n, k, x, ldx, w, f8, stream, y, ldy); break;
-    case 3: packed_m(3, n, k, x, ldx, w, f8, stream, y, ldy); break;
-    case 4: packed_m(4, n, k, x, ldx, w, f8, stream, y, ldy); break;
-    case 5: packed_m(5, n, k, x, ldx, w, f8, stream, y, ldy); break;
-    case 6: packed_m(6, n, k, x, ldx, w, f8, stream, y, ldy); break;
-    case 7: packed_m(7, n, k, x, ldx, w, f8, stream, y, ldy); break;
-    case 8: packed_m(8, n, k, x, ldx, w, f8, stream, y, ldy); break;
-    case 9: packed_m(9, n, k, x, ldx, w, f8, stream, y, ldy); break;
-    case 10: packed_m(10, n, k, x, ldx, w, f8, stream, y, ldy); break;
-    case 11: packed_m(11, n, k, x, ldx, w, f8, stream, y, ldy); break;
-    case 12: packed_m(12, n, k, x, ldx, w, f8, stream, y, ldy); break;
-    default: assert(!"gemm_packed: m out of range");
-    }
-}
-
 /* ---- gemm_tile_bf16 ------------------------------------------------------- */
 
 /* AVX512_BF16 is one more extension than the rest of this file assumes:
@@ -282,13 +104,9 @@ BF16_TARGET ALWAYS_INLINE void pair_tile(const int m, const int a_col, const int
                                          size_t lda, const uint32_t *b, size_t ldb, float *c,
                                          size_t ldc)
 {
-    const __mmask16 m0 = lane_mask(n), m1 = lane_mask(n - LANES);
-    __m512 acc0[TILE_ROWS], acc1[TILE_ROWS];
-#pragma GCC unroll 12
-    for (int i = 0; i < m; i++) {
-        acc0[i] = _mm512_setzero_ps();
-        acc1[i] = _mm512_setzero_ps();
-    }
+    const vf_lanes m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
+    vf acc0[TILE_ROWS], acc1[TILE_ROWS];
+    zero_rows(m, acc0, acc1);
     for (int p = 0; p < kp; p++) {
         const uint32_t *bp = b + (size_t)p * ldb;
         if (stream) { /* a strip's step is two cache lines */
@@ -308,13 +126,8 @@ BF16_TARGET ALWAYS_INLINE void pair_tile(const int m, const int a_col, const int
         }
     }
 #pragma GCC unroll 12
-    for (int i = 0; i < m; i++) {
-        float *ci = c + (size_t)i * ldc;
-        _mm512_mask_storeu_ps(ci, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, ci), acc0[i]));
-        if (wide)
-            _mm512_mask_storeu_ps(ci + LANES, m1,
-                                  _mm512_add_ps(_mm512_maskz_loadu_ps(m1, ci + LANES), acc1[i]));
-    }
+    for (int i = 0; i < m; i++)
+        add_row(wide ? TILE_WIDE : TILE_NARROW, c + (size_t)i * ldc, m0, m1, acc0[i], acc1[i]);
 }
 
 /* Streaming is the matmul's case only: row-major x against a whole strip. */
@@ -339,21 +152,12 @@ BF16_TARGET static void gemm_tile_bf16(int m, int n, int kp, const uint32_t *a, 
                                        size_t a_cs, const uint32_t *b, size_t ldb, int stream,
                                        float *c, size_t ldc)
 {
+#define GEMM_TILE_BF16_M(mm) pair_m(mm, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc)
     switch (m) {
-    case 1: pair_m(1, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
-    case 2: pair_m(2, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
-    case 3: pair_m(3, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
-    case 4: pair_m(4, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
-    case 5: pair_m(5, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
-    case 6: pair_m(6, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
-    case 7: pair_m(7, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
-    case 8: pair_m(8, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
-    case 9: pair_m(9, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
-    case 10: pair_m(10, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
-    case 11: pair_m(11, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
-    case 12: pair_m(12, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc); break;
+        TILE_M_CASES(GEMM_TILE_BF16_M)
     default: assert(!"gemm_tile_bf16: m out of range");
     }
+#undef GEMM_TILE_BF16_M
 }
 
 /* The pair operands. Integer RNE as ml_f32_to_bf16, not VCVTNE2PS2BF16,
@@ -376,7 +180,7 @@ static void bf16_pairs(uint32_t *d, const float *x, size_t n)
 {
     for (size_t i = 0; i < n; i += LANES) {
         const size_t left = n - i;
-        const __mmask16 mk = lane_mask(left > LANES ? LANES : (int)left);
+        const vf_lanes mk = vf_first_lanes(left > LANES ? LANES : (int)left);
         const __m512i u = _mm512_maskz_loadu_epi32(mk, x + i); /* padding: +0, bf16 0 */
         const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_round_high(u), 16));
         const int pairs = left >= LANES ? LANES / 2 : (int)(left + 1) / 2;
@@ -388,62 +192,11 @@ static void bf16_pair_rows(uint32_t *d, const float *lo, const float *hi, size_t
 {
     const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
     for (size_t i = 0; i < n; i += LANES) {
-        const __mmask16 mk = lane_mask(n - i > LANES ? LANES : (int)(n - i));
+        const vf_lanes mk = vf_first_lanes(n - i > LANES ? LANES : (int)(n - i));
         const __m512i l = bf16_round_high(_mm512_maskz_loadu_epi32(mk, lo + i));
         const __m512i h = bf16_round_high(_mm512_maskz_loadu_epi32(mk, hi + i));
         _mm512_mask_storeu_epi32(d + i, mk,
                                  _mm512_or_si512(_mm512_and_si512(h, high), _mm512_srli_epi32(l, 16)));
-    }
-}
-
-/* ---- softmax_block -------------------------------------------------------- */
-
-static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, float *m, float *l,
-                          float *alpha)
-{
-    const __m512 vscale = _mm512_set1_ps(scale);
-    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
-    for (int c = 0; c < nq; c += LANES) {
-        const __mmask16 mk = lane_mask(nq - c);
-        const __m512 m_old = _mm512_maskz_loadu_ps(mk, m + c);
-        /* Independent running maxima (max is exact in any order): one chain
-         * would wait out vmaxps's latency at every key. */
-        __m512 part[MAX_CHAINS];
-        part[0] = m_old;
-#pragma GCC unroll 4
-        for (int u = 1; u < MAX_CHAINS; u++)
-            part[u] = neg_inf;
-        int key = 0;
-        for (; key + MAX_CHAINS <= nk; key += MAX_CHAINS) {
-#pragma GCC unroll 4
-            for (int u = 0; u < MAX_CHAINS; u++) {
-                const __m512 x = _mm512_mul_ps(
-                    _mm512_maskz_loadu_ps(mk, s + (size_t)(key + u) * lds + c), vscale);
-                part[u] = _mm512_max_ps(x, part[u]);
-            }
-        }
-        for (; key < nk; key++) {
-            const __m512 x =
-                _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, s + (size_t)key * lds + c), vscale);
-            part[0] = _mm512_max_ps(x, part[0]);
-        }
-        __m512 mx = part[0];
-#pragma GCC unroll 4
-        for (int u = 1; u < MAX_CHAINS; u++)
-            mx = _mm512_max_ps(part[u], mx);
-        const __mmask16 none = _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ);
-        const __m512 sh = _mm512_mask_mov_ps(mx, none, _mm512_setzero_ps());
-        __m512 sum = _mm512_setzero_ps();
-        for (int j = 0; j < nk; j++) {
-            float *sj = s + (size_t)j * lds + c;
-            const __m512 e = vm_exp(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(mk, sj), vscale, sh));
-            _mm512_mask_storeu_ps(sj, mk, e);
-            sum = _mm512_add_ps(sum, e);
-        }
-        const __m512 a = vm_exp(_mm512_sub_ps(m_old, sh));
-        _mm512_mask_storeu_ps(alpha + c, mk, a);
-        _mm512_mask_storeu_ps(l + c, mk, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, l + c), a, sum));
-        _mm512_mask_storeu_ps(m + c, mk, mx);
     }
 }
 

@@ -1,0 +1,320 @@
+/* The register-tile kernels of cpu_kernels.h (gemm_tile, gemm_packed,
+ * softmax_block), written once for both vector widths.
+ *
+ * Included only by kernels_avx2.c and kernels_avx512.c, after vmath.h (the
+ * width layer vf_*, VMATH_BITS) and after defining
+ *   TILE_ROWS    rows of a tile (accumulator pairs held in registers): 6
+ *                or 12
+ *   GEMV_ROWS, GEMV_COLS  the largest block of gemv_block: 2, 4, 6 or 12
+ *   MAX_CHAINS   running maxima kept apart in softmax_block's max pass
+ *   strip_step   ALWAYS_INLINE void (int f8, const void *w, int p, vf *b0,
+ *                vf *b1): the two f32 vectors of step p of a packed strip
+ *                (the loads and widening differ between the widths)
+ *   gemv_block   LoRA's kernel for a compile-time block (cpu_kernels.h gemv;
+ *                each width sums its tail in its own way)
+ * Each file keeps what only its width has (strip_step, gemv_block, the
+ * bf16 kernels of AVX-512). Both widths run the same operations per lane in the
+ * same order, so an element's bits depend on the ISA's lane count only
+ * where cpu_kernels.h says so. */
+#ifndef ML_CPU_KERNELS_VEC_H
+#define ML_CPU_KERNELS_VEC_H
+
+#include <assert.h>
+#include <math.h>
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define LANES VF_LANES
+/* A tile is two vectors wide, and so is a packed strip (gemm_packed: the
+ * tile over a strip). */
+#define TILE_COLS (2 * LANES)
+#define STRIP_COLS TILE_COLS
+
+/* ---- memory layer -------------------------------------------------------- */
+/* vf_lanes: which lanes a masked load or store touches (lanes outside it
+ * read as 0 and are not written). */
+
+#if VMATH_BITS == 512
+
+typedef __mmask16 vf_lanes;
+
+/* Lanes [0, n), any n: none for n <= 0, all for n >= LANES. */
+VM_INLINE vf_lanes vf_first_lanes(int n)
+{
+    return n >= LANES ? (vf_lanes)0xffff : n <= 0 ? (vf_lanes)0 : (vf_lanes)((1u << n) - 1);
+}
+VM_INLINE vf vf_zero(void) { return _mm512_setzero_ps(); }
+VM_INLINE vf vf_loadu(const float *p) { return _mm512_loadu_ps(p); }
+VM_INLINE vf vf_load_lanes(const float *p, vf_lanes m) { return _mm512_maskz_loadu_ps(m, p); }
+VM_INLINE void vf_storeu(float *p, vf v) { _mm512_storeu_ps(p, v); }
+VM_INLINE void vf_store_lanes(float *p, vf_lanes m, vf v) { _mm512_mask_storeu_ps(p, m, v); }
+VM_INLINE vf vf_broadcast(const float *p) { return _mm512_set1_ps(*p); }
+VM_INLINE vf vf_fmsub(vf a, vf b, vf c) { return _mm512_fmsub_ps(a, b, c); }
+VM_INLINE vf_mask vf_eq(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+
+#elif VMATH_BITS == 256
+
+typedef __m256i vf_lanes;
+
+VM_INLINE vf_lanes vf_first_lanes(int n) { return vf_first(n); }
+VM_INLINE vf vf_zero(void) { return _mm256_setzero_ps(); }
+VM_INLINE vf vf_loadu(const float *p) { return _mm256_loadu_ps(p); }
+VM_INLINE vf vf_load_lanes(const float *p, vf_lanes m) { return _mm256_maskload_ps(p, m); }
+VM_INLINE void vf_storeu(float *p, vf v) { _mm256_storeu_ps(p, v); }
+VM_INLINE void vf_store_lanes(float *p, vf_lanes m, vf v) { _mm256_maskstore_ps(p, m, v); }
+VM_INLINE vf vf_broadcast(const float *p) { return _mm256_broadcast_ss(p); }
+VM_INLINE vf vf_fmsub(vf a, vf b, vf c) { return _mm256_fmsub_ps(a, b, c); }
+VM_INLINE vf_mask vf_eq(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
+
+#endif
+
+/* ---- gemm_tile -------------------------------------------------------------- */
+
+/* The width of a tile, fixed at compile time: every column (plain loads),
+ * more than one vector (both masked), or one vector (masked, the second
+ * vector's FMAs not issued). */
+enum { TILE_NARROW, TILE_WIDE, TILE_FULL };
+
+/* The accumulator pairs of m rows, from 0. */
+ALWAYS_INLINE void zero_rows(const int m, vf *acc0, vf *acc1)
+{
+#pragma GCC unroll 16
+    for (int i = 0; i < m; i++) {
+        acc0[i] = vf_zero();
+        acc1[i] = vf_zero();
+    }
+}
+
+/* C[i][0..n) of row i (ldc apart) += the two accumulators of the row. */
+ALWAYS_INLINE void add_row(const int width, float *ci, vf_lanes m0, vf_lanes m1, vf acc0, vf acc1)
+{
+    if (width == TILE_FULL) {
+        vf_storeu(ci, vf_add(vf_loadu(ci), acc0));
+        vf_storeu(ci + LANES, vf_add(vf_loadu(ci + LANES), acc1));
+        return;
+    }
+    vf_store_lanes(ci, m0, vf_add(vf_load_lanes(ci, m0), acc0));
+    if (width == TILE_WIDE)
+        vf_store_lanes(ci + LANES, m1, vf_add(vf_load_lanes(ci + LANES, m1), acc1));
+}
+
+/* One tile with compile-time m (so the accumulators live in registers), A
+ * layout (a_col: column-major) and width. */
+ALWAYS_INLINE void tile(const int m, const int a_col, const int width, int n, int k,
+                        const float *a, size_t lda, const float *b, size_t ldb, float *c,
+                        size_t ldc)
+{
+    const vf_lanes m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
+    vf acc0[TILE_ROWS], acc1[TILE_ROWS];
+    zero_rows(m, acc0, acc1);
+    for (int p = 0; p < k; p++) {
+        const float *bp = b + (size_t)p * ldb;
+        const vf b0 = width == TILE_FULL ? vf_loadu(bp) : vf_load_lanes(bp, m0);
+        const vf b1 = width == TILE_FULL   ? vf_loadu(bp + LANES)
+                      : width == TILE_WIDE ? vf_load_lanes(bp + LANES, m1)
+                                           : vf_zero();
+#pragma GCC unroll 16
+        for (int i = 0; i < m; i++) {
+            const vf ai = vf_broadcast(a_col ? &a[(size_t)p * lda + i] : &a[(size_t)i * lda + p]);
+            acc0[i] = vf_fmadd(ai, b0, acc0[i]);
+            if (width != TILE_NARROW)
+                acc1[i] = vf_fmadd(ai, b1, acc1[i]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < m; i++)
+        add_row(width, c + (size_t)i * ldc, m0, m1, acc0[i], acc1[i]);
+}
+
+/* The layouts and widths of tile as compile-time arguments. */
+ALWAYS_INLINE void tile_w(const int m, const int width, int n, int k, const float *a,
+                          size_t a_rs, size_t a_cs, const float *b, size_t ldb, float *c,
+                          size_t ldc)
+{
+    if (a_cs == 1)
+        tile(m, 0, width, n, k, a, a_rs, b, ldb, c, ldc);
+    else
+        tile(m, 1, width, n, k, a, a_cs, b, ldb, c, ldc);
+}
+
+ALWAYS_INLINE void tile_m(const int m, int n, int k, const float *a, size_t a_rs, size_t a_cs,
+                          const float *b, size_t ldb, float *c, size_t ldc)
+{
+    if (n == TILE_COLS)
+        tile_w(m, TILE_FULL, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
+    else if (n > LANES)
+        tile_w(m, TILE_WIDE, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
+    else
+        tile_w(m, TILE_NARROW, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
+}
+
+/* ---- gemm_packed ------------------------------------------------------------ */
+
+/* Defined by the including file, after this one. */
+ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, vf *b0, vf *b1);
+
+ALWAYS_INLINE void packed_tile(const int m, const int f8, const int stream, int n, int k,
+                               const float *x, size_t ldx, const void *w, float *y, size_t ldy)
+{
+    const vf_lanes m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
+    vf acc0[TILE_ROWS], acc1[TILE_ROWS];
+    zero_rows(m, acc0, acc1);
+    const size_t step_bytes = f8 ? STRIP_COLS : STRIP_COLS * sizeof(uint16_t);
+    for (int p = 0; p < k; p++) {
+        vf b0, b1;
+        if (stream)
+            _mm_prefetch((const char *)w + (size_t)p * step_bytes + ML_CPU_STRIP_PREFETCH_BYTES,
+                         _MM_HINT_T0);
+        strip_step(f8, w, p, &b0, &b1);
+#pragma GCC unroll 16
+        for (int i = 0; i < m; i++) {
+            const vf xi = vf_broadcast(x + (size_t)i * ldx + p);
+            acc0[i] = vf_fmadd(xi, b0, acc0[i]);
+            acc1[i] = vf_fmadd(xi, b1, acc1[i]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < m; i++)
+        add_row(TILE_WIDE, y + (size_t)i * ldy, m0, m1, acc0[i], acc1[i]);
+}
+
+/* Compile-time dtype and prefetch, so that neither costs a branch a step. */
+ALWAYS_INLINE void packed_m(const int m, int n, int k, const float *x, size_t ldx,
+                            const void *w, int f8, int stream, float *y, size_t ldy)
+{
+    if (f8 && stream)
+        packed_tile(m, 1, 1, n, k, x, ldx, w, y, ldy);
+    else if (f8)
+        packed_tile(m, 1, 0, n, k, x, ldx, w, y, ldy);
+    else if (stream)
+        packed_tile(m, 0, 1, n, k, x, ldx, w, y, ldy);
+    else
+        packed_tile(m, 0, 0, n, k, x, ldx, w, y, ldy);
+}
+
+/* Switch cases 1 .. n, case k running call(k): a run-time count made a
+ * compile-time one, each case its own copy of a kernel with its
+ * accumulators in registers. */
+#define CASES_2(call)                                                                             \
+    case 1: call(1); break;                                                                       \
+    case 2: call(2); break;
+#define CASES_4(call)                                                                             \
+    CASES_2(call)                                                                                 \
+    case 3: call(3); break;                                                                       \
+    case 4: call(4); break;
+#define CASES_6(call)                                                                             \
+    CASES_4(call)                                                                                 \
+    case 5: call(5); break;                                                                       \
+    case 6: call(6); break;
+#define CASES_12(call)                                                                            \
+    CASES_6(call)                                                                                 \
+    case 7: call(7); break;                                                                       \
+    case 8: call(8); break;                                                                       \
+    case 9: call(9); break;                                                                       \
+    case 10: call(10); break;                                                                     \
+    case 11: call(11); break;                                                                     \
+    case 12: call(12); break;
+/* n a macro (TILE_ROWS...): expanded to its number by the outer one. */
+#define CASES_1_TO(n, call) CASES_1_TO_EXPANDED(n, call)
+#define CASES_1_TO_EXPANDED(n, call) CASES_##n(call)
+#define TILE_M_CASES(call) CASES_1_TO(TILE_ROWS, call)
+
+static void gemm_tile(int m, int n, int k, const float *a, size_t a_rs, size_t a_cs,
+                      const float *b, size_t ldb, float *c, size_t ldc)
+{
+#define GEMM_TILE_M(mm) tile_m(mm, n, k, a, a_rs, a_cs, b, ldb, c, ldc)
+    switch (m) {
+        TILE_M_CASES(GEMM_TILE_M)
+    default: assert(!"gemm_tile: m out of range");
+    }
+#undef GEMM_TILE_M
+}
+
+static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
+                        int stream, float *y, size_t ldy)
+{
+#define GEMM_PACKED_M(mm) packed_m(mm, n, k, x, ldx, w, f8, stream, y, ldy)
+    switch (m) {
+        TILE_M_CASES(GEMM_PACKED_M)
+    default: assert(!"gemm_packed: m out of range");
+    }
+#undef GEMM_PACKED_M
+}
+
+/* ---- gemv ------------------------------------------------------------------- */
+
+/* Defined by the including file: the block of compile-time rows x cols. */
+ALWAYS_INLINE void gemv_block(const int rows, const int cols, int K, const uint16_t *w,
+                              size_t ldw, const float *x, size_t ldx, float *dots);
+
+ALWAYS_INLINE void gemv_rows(const int rows, int cols, int K, const uint16_t *w, size_t ldw,
+                             const float *x, size_t ldx, float *dots)
+{
+#define GEMV_COLS_N(cc) gemv_block(rows, cc, K, w, ldw, x, ldx, dots)
+    switch (cols) {
+        CASES_1_TO(GEMV_COLS, GEMV_COLS_N)
+    default: assert(!"gemv: cols out of range");
+    }
+#undef GEMV_COLS_N
+}
+
+static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const float *x,
+                 size_t ldx, float *dots)
+{
+#define GEMV_ROWS_N(rr) gemv_rows(rr, cols, K, w, ldw, x, ldx, dots)
+    switch (rows) {
+        CASES_1_TO(GEMV_ROWS, GEMV_ROWS_N)
+    default: assert(!"gemv: rows out of range");
+    }
+#undef GEMV_ROWS_N
+}
+
+/* ---- softmax_block -------------------------------------------------------- */
+
+static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, float *m, float *l,
+                          float *alpha)
+{
+    const vf vscale = vf_set1(scale);
+    const vf neg_inf = vf_set1(-INFINITY);
+    for (int c = 0; c < nq; c += LANES) {
+        const vf_lanes mk = vf_first_lanes(nq - c);
+        const vf m_old = vf_load_lanes(m + c, mk);
+        /* Independent running maxima (max is exact in any order): one chain
+         * would wait out vmaxps's latency at every key. */
+        vf part[MAX_CHAINS];
+        part[0] = m_old;
+#pragma GCC unroll 4
+        for (int u = 1; u < MAX_CHAINS; u++)
+            part[u] = neg_inf;
+        int key = 0;
+        for (; key + MAX_CHAINS <= nk; key += MAX_CHAINS) {
+#pragma GCC unroll 4
+            for (int u = 0; u < MAX_CHAINS; u++) {
+                const vf x = vf_mul(vf_load_lanes(s + (size_t)(key + u) * lds + c, mk), vscale);
+                part[u] = vf_max(x, part[u]);
+            }
+        }
+        for (; key < nk; key++) {
+            const vf x = vf_mul(vf_load_lanes(s + (size_t)key * lds + c, mk), vscale);
+            part[0] = vf_max(x, part[0]);
+        }
+        vf mx = part[0];
+#pragma GCC unroll 4
+        for (int u = 1; u < MAX_CHAINS; u++)
+            mx = vf_max(part[u], mx);
+        /* a column that has seen no key yet subtracts 0, not -inf */
+        const vf sh = vf_select(vf_eq(mx, neg_inf), vf_zero(), mx);
+        vf sum = vf_zero();
+        for (int j = 0; j < nk; j++) {
+            float *sj = s + (size_t)j * lds + c;
+            const vf e = vm_exp(vf_fmsub(vf_load_lanes(sj, mk), vscale, sh));
+            vf_store_lanes(sj, mk, e);
+            sum = vf_add(sum, e);
+        }
+        const vf a = vm_exp(vf_sub(m_old, sh));
+        vf_store_lanes(alpha + c, mk, a);
+        vf_store_lanes(l + c, mk, vf_fmadd(vf_load_lanes(l + c, mk), a, sum));
+        vf_store_lanes(m + c, mk, mx);
+    }
+}
+
+#endif
