@@ -95,6 +95,8 @@
  * a column block (tiles x 12 rows x GEMM_NC f32) stays in cache between K
  * blocks anyway. */
 #define GROUP_MIN_TILES 16
+_Static_assert(GEMM_GROUP_BYTES >= (size_t)GEMM_KC * GEMM_NC * sizeof(float),
+               "a group holds at least one widened K block");
 /* Threads split N only while each keeps at least this many columns;
  * otherwise they split M (and each reads the same weights). */
 #define GEMM_MIN_COLS_PER_THREAD 64
@@ -236,9 +238,9 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, fl
      * kernel reads: the widened f32 blocks, side by side in the panel, or
      * the packed strips. */
     const size_t elem = widened ? sizeof(float) : j->f8 ? 1 : sizeof(uint16_t);
-    const int grouped = tiles >= GROUP_MIN_TILES;
-    const int group_blocks = grouped ? (int)(GEMM_GROUP_BYTES / ((size_t)nc_max * GEMM_KC * elem)) : 1;
-    const int kc_group = (group_blocks > 1 ? group_blocks : 1) * GEMM_KC;
+    const int group_blocks =
+        tiles >= GROUP_MIN_TILES ? (int)(GEMM_GROUP_BYTES / ((size_t)nc_max * GEMM_KC * elem)) : 1;
+    const int kc_group = group_blocks * GEMM_KC;
 
     for (int jc = n0; jc < n1; jc += nc_max) {
         const int nc = imin(nc_max, n1 - jc);
