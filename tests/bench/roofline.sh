@@ -70,12 +70,14 @@ bws=()
 fmas=()
 dots=()
 measure() {
+    local fma isa dot
     bws+=("$(bench_read_gbs)")
-    fmas+=("$(bench_fma_gflops)")
+    read -r fma isa dot <<<"$(bench_peaks)"
+    [ -n "$fma" ] && fmas+=("$fma $isa")
     if [ "$cpu_activations" = bf16 ]; then
-        dots+=("$(bench_dot_gflops)")
-        [ -n "${dots[-1]}" ] ||
+        [ -n "$dot" ] ||
             bench_die "bench_fma_peak measured no bf16 dot peak (--cpu-activations bf16 needs AVX-512 BF16)"
+        dots+=("$dot")
     fi
 }
 for r in $(seq 1 "$repeats"); do
