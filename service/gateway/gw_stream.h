@@ -104,7 +104,8 @@ typedef enum gw_feed {
     GW_FEED_DONE,      /* new events, the last one [DONE] (an answer or an error) */
     GW_FEED_DIVERGED,  /* as DONE, ended with stream_diverged (count a divergence) */
     GW_FEED_CONTINUED, /* a new attempt took over a stream that had sent events (count a
-                          continuation); completion_only: its first event is new */
+                          continuation); its first record brought a new event when
+                          completion_only, or when its choice had sent none (n > 1) */
 } gw_feed;
 
 /* A stream with no events. Copies what it keeps of p. Returns NULL when

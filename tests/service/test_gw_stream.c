@@ -663,7 +663,8 @@ static void choice_texts(const gw_stream *s, svc_buf *text, int n)
 /* Two choices: every event one choice with its index, the final record no
  * event of its own (the usage chunk with include_usage); a worker dying,
  * the new attempt interleaving the choices otherwise, is compared choice
- * by choice and continues; one that differs in a choice diverges; stream:
+ * by choice and continues (its first record new when its choice had sent
+ * none); one that differs in a choice diverges; stream:
  * false answers both choices as the worker's completion of two does. */
 static void test_choices(void)
 {
@@ -709,6 +710,17 @@ static void test_choices(void)
     check(feed_choice(s, 2, 1, 1, true, "C", SVC_FINISH_NONE, true) == GW_FEED_DIVERGED,
           "choice 1 differs: diverged");
     check_error_end(s, "stream_diverged", "server_error");
+    gw_stream_destroy(s);
+
+    /* A new attempt whose first record is of a choice that had sent
+     * nothing: it takes over and its record is new. */
+    s = stream_new(false, false);
+    feed_choice(s, 1, 0, 0, true, "A", SVC_FINISH_NONE, true);
+    check(feed_choice(s, 2, 0, 1, true, "B", SVC_FINISH_NONE, true) == GW_FEED_CONTINUED &&
+              gw_stream_n_events(s) == 2,
+          "a2 takes over with choice 1's first record, sent as new");
+    check(feed_choice(s, 2, 1, 0, true, "A", SVC_FINISH_NONE, true) == GW_FEED_IGNORED,
+          "a2 c0 A was sent");
     gw_stream_destroy(s);
 
     /* The final while a choice has not given again what it sent. */
