@@ -5,8 +5,10 @@
  *   read bandwidth  multi-threaded streaming sum over a 1 GiB buffer: the
  *                   ceiling for the memory-bound decode matmul
  *   GEMV            M = 1 against 14336x4096 and 4096x14336 bf16 weights
- *                   (gate/up and down_proj of the 11B text MLP): GB/s of
- *                   weight bytes streamed; M = 2..32, decode batches
+ *                   (gate/up and down_proj of the 11B text MLP) and the
+ *                   small preset's lm_head (128256x1024): GB/s of weight
+ *                   bytes streamed; M = 2..32, decode batches (gate/up and
+ *                   lm_head)
  *   GEMM            M = 6432, K = N = 1280 (a vision q/k/v/o projection over
  *                   4 tiles): GFLOP/s
  *   bf16            on a CPU with AVX-512 BF16, the GEMM, the M = 1..32
@@ -210,14 +212,20 @@ static const void *packed(ml_backend *be, const void *w, int N, int K, size_t el
     return p;
 }
 
-/* sweep: also M = 2..32 (first shape only). */
+/* sweep: also M = 2..32 (the shapes marked for it). */
 static void bench_gemv(ml_backend *be, int sweep)
 {
-    static const int shapes[][2] = {{4096, 14336}, {14336, 4096}}; /* K, N */
+    static const struct {
+        int K, N, sweep;
+    } shapes[] = {
+        {4096, 14336, 1},   /* 11B gate/up_proj */
+        {14336, 4096, 0},   /* 11B down_proj */
+        {1024, 128256, 1},  /* the small preset's lm_head: 59% of its decode step's FLOPs */
+    };
     static const int Ms[] = {1, 2, 4, 8, 16, 17, 24, 32};
     const int max_m = 32;
-    for (int s = 0; s < 2; s++) {
-        const int K = shapes[s][0], N = shapes[s][1];
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int K = shapes[s].K, N = shapes[s].N;
         uint16_t *w = xmalloc((size_t)N * K * sizeof *w);
         uint8_t *w8 = xmalloc((size_t)N * K);
         float *scale = xmalloc((size_t)N * sizeof *scale);
@@ -250,7 +258,7 @@ static void bench_gemv(ml_backend *be, int sweep)
             timing ta = best_of(mm_run_f8_a8, &j, 7);
             printf("  matmul_f8 W8A8 M=%-2d K=%-5d N=%-5d %8.2f ms  %.2fx the W8A16 time\n", j.M,
                    K, N, ta.wall * 1e3, t8.wall / ta.wall);
-            if (!sweep || s == 1)
+            if (!sweep || !shapes[s].sweep)
                 break;
         }
         be->ops->linear_weight_free(be, pw);
