@@ -435,11 +435,50 @@ svc_kafka_status svc_consumer_create(const svc_consumer_config *cfg, svc_consume
     return SVC_KAFKA_OK;
 }
 
+/* Leaving: the subscription first, then the group. librdkafka before 2.4
+ * can hang for good in rd_kafka_consumer_close() when an incremental
+ * assignment arrives while it closes (confluentinc/librdkafka#4527; Debian 12
+ * ships 2.0.2), and a worker drained soon after it joined is in exactly that
+ * window. Unsubscribing ends the join under way, and the polls serve what
+ * was already queued (an assignment, then the revocation, whose offsets
+ * auto-commit sends) as any rebalance is served; the close then has nothing
+ * assigned and nothing coming. A message still delivered here was never
+ * started: its offset is not stored, and the next owner gets it. */
+#define LEAVE_POLL_MS 100
+#define LEAVE_MAX_MS 10000
+
+static void leave_subscription(svc_consumer *c)
+{
+    rd_kafka_resp_err_t e = rd_kafka_unsubscribe(c->rk);
+    if (e) {
+        svc_log(SVC_LOG_WARN, "kafka.close", "unsubscribe: %s", rd_kafka_err2str(e));
+        return;
+    }
+    long long deadline = svc_now_ms() + LEAVE_MAX_MS;
+    for (;;) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(c->rk, LEAVE_POLL_MS);
+        if (rkm)
+            rd_kafka_message_destroy(rkm);
+        rd_kafka_topic_partition_list_t *parts = NULL;
+        int left = rd_kafka_assignment(c->rk, &parts) ? 0 : parts->cnt;
+        if (parts)
+            rd_kafka_topic_partition_list_destroy(parts);
+        if (left == 0)
+            return;
+        if (svc_now_ms() >= deadline) {
+            svc_log(SVC_LOG_WARN, "kafka.close", "%d partitions still assigned after %d ms",
+                    left, LEAVE_MAX_MS);
+            return;
+        }
+    }
+}
+
 svc_kafka_status svc_consumer_close(svc_consumer *c, char *err, size_t errlen)
 {
     if (c->closed)
         return SVC_KAFKA_OK;
     c->closed = true;
+    leave_subscription(c);
     rd_kafka_resp_err_t e = rd_kafka_consumer_close(c->rk);
     if (e) {
         svc_log(SVC_LOG_WARN, "kafka.close", "consumer close: %s", rd_kafka_err2str(e));
