@@ -167,6 +167,6 @@ int main(void)
     pu_client_deinit(&c);
     pu_stop(&kafka, PU_STOP_MS);
     pu_stop(&redis.proc, PU_STOP_MS);
-    pu_rmtree(dir);
+    pu_tmpdir_done(dir);
     return check_done();
 }

@@ -80,6 +80,8 @@ void pu_client_init(pu_client *c, const char *brokers, const char *const *topics
 
 void pu_client_deinit(pu_client *c)
 {
+    if (c->rereads)
+        fprintf(stderr, "client: %d records delivered again, kept once\n", c->rereads);
     for (size_t i = 0; i < c->n; i++) {
         free(c->recs[i].topic);
         free(c->recs[i].key);
@@ -148,6 +150,31 @@ int64_t pu_header_num(rd_kafka_headers_t *hs, const char *name)
     return strtoll(buf, NULL, 10);
 }
 
+/* True when the consumer delivered m before (its offset is below the
+ * partition's position); advances the position otherwise. */
+static bool reread(pu_client *c, const rd_kafka_message_t *m)
+{
+    const char *topic = rd_kafka_topic_name(m->rkt);
+    int k = 0;
+    while (k < c->n_pos && (c->pos[k].partition != m->partition || strcmp(c->pos[k].topic, topic)))
+        k++;
+    if (k == c->n_pos) {
+        if (c->n_pos == PU_CLIENT_POSITIONS || strlen(topic) >= sizeof c->pos[k].topic)
+            pu_die("client: too many partitions, or a topic name too long");
+        c->n_pos++;
+        c->pos[k] = (pu_client_position){.partition = m->partition, .next = 0};
+        snprintf(c->pos[k].topic, sizeof c->pos[k].topic, "%s", topic);
+    }
+    if (m->offset < c->pos[k].next) {
+        if (c->rereads++ == 0)
+            fprintf(stderr, "client: %s [%d] delivered offset %lld again (due: %lld)\n", topic,
+                    (int)m->partition, (long long)m->offset, (long long)c->pos[k].next);
+        return true;
+    }
+    c->pos[k].next = m->offset + 1;
+    return false;
+}
+
 int pu_client_poll(pu_client *c, int timeout_ms)
 {
     int got = 0;
@@ -159,6 +186,10 @@ int pu_client_poll(pu_client *c, int timeout_ms)
         if (m->err) {
             if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
                 fprintf(stderr, "client consume: %s\n", rd_kafka_message_errstr(m));
+            rd_kafka_message_destroy(m);
+            continue;
+        }
+        if (reread(c, m)) {
             rd_kafka_message_destroy(m);
             continue;
         }
@@ -311,9 +342,26 @@ int pu_check_stream_at(const pu_client *c, const char *id, bool lossy)
     return pu_check_stream_on(c, PU_REPLIES, id, lossy);
 }
 
+/* Every record of id on topic, one line each: what a failed stream check
+ * needs to tell a second execution from a repeated delivery. */
+static void dump_stream(const pu_client *c, const char *topic, const char *id)
+{
+    enum { VALUE_SHOWN = 60 };
+    fprintf(stderr, "%s: its records on %s (partition, offset, attempt, seq, final, value):\n",
+            id, topic);
+    for (size_t i = 0; i < c->n; i++) {
+        const pu_record *r = &c->recs[i];
+        if (!strcmp(r->topic, topic) && !strcmp(r->key, id))
+            fprintf(stderr, "  [%d] @%lld a%lld s%d%s %.*s\n", (int)r->partition,
+                    (long long)r->offset, (long long)r->attempt, r->seq, r->final ? " final" : "",
+                    VALUE_SHOWN, r->value);
+    }
+}
+
 int pu_check_stream_on(const pu_client *c, const char *topic, const char *id, bool lossy)
 {
     enum { MAX_ATTEMPTS = 16 };
+    int failures_before = ml_test_failures;
     pu_attempt_state at[MAX_ATTEMPTS];
     int n = 0, finals = 0;
     /* Attempts in the order they began; all but the last are superseded. */
@@ -357,6 +405,8 @@ int pu_check_stream_on(const pu_client *c, const char *topic, const char *id, bo
         }
     }
     check(n == 0 || finals >= 1, "%s: %d attempts and no final record", id, n);
+    if (ml_test_failures > failures_before)
+        dump_stream(c, topic, id);
     return n;
 }
 

@@ -28,7 +28,7 @@ void pu_sleep_ms(int ms)
         ;
 }
 
-void pu_die(const char *what)
+_Noreturn void pu_die(const char *what)
 {
     fprintf(stderr, "FATAL: %s\n", what);
     exit(1);

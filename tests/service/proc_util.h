@@ -85,7 +85,7 @@ int64_t pu_now_us(void);
 void pu_sleep_ms(int ms);
 
 /* A fatal setup failure: the test cannot go on. */
-void pu_die(const char *what);
+_Noreturn void pu_die(const char *what);
 
 /* ---- files -------------------------------------------------------------------- */
 
@@ -357,10 +357,25 @@ typedef struct pu_record {
     int64_t t_us;                   /* monotonic microseconds when it was read */
 } pu_record;
 
+/* The next offset the client's consumer is due on one partition. */
+typedef struct pu_client_position {
+    char topic[64];
+    int32_t partition;
+    int64_t next;
+} pu_client_position;
+
+#define PU_CLIENT_POSITIONS 32
+
 typedef struct pu_client {
     rd_kafka_t *producer, *consumer;
     pu_record *recs;
     size_t n, cap;
+    /* A consumer can deliver an offset again after an outage (a fetch
+     * restarted from an older position): such a record is kept once, so the
+     * stream checks see what was produced, not how often it was read. */
+    pu_client_position pos[PU_CLIENT_POSITIONS];
+    int n_pos;
+    int rereads;
     int delivery_errors;
     int32_t last_partition; /* where the last produced record went */
     int64_t last_offset;
