@@ -25,6 +25,21 @@
 #define ML_CPU_GEMV_MAX_ROWS 6
 #define ML_CPU_GEMV_MAX_COLS 4
 
+/* What a matmul kernel prefetches while it runs over a block of a strip
+ * (matmul.c). With a few row tiles over each block (a decode batch), the
+ * first streams it from memory and the others compute on it from cache:
+ * unless the last of them fetches the block the next first tile reads,
+ * memory idles while they run. */
+typedef enum ml_cpu_prefetch {
+    ML_CPU_PREFETCH_NONE,
+    /* The block comes from memory: its own lines, ML_CPU_STRIP_PREFETCH_BYTES
+     * ahead, into L1. */
+    ML_CPU_PREFETCH_STREAM,
+    /* The block is in cache: `next`, a block the next call streams, step
+     * for step with this one, into L2. */
+    ML_CPU_PREFETCH_NEXT,
+} ml_cpu_prefetch;
+
 typedef struct ml_cpu_kernels {
     ml_cpu_isa isa;
 
@@ -46,11 +61,10 @@ typedef struct ml_cpu_kernels {
      * to y: the order of every element is gemm_tile's, whatever m, n or
      * the element's place in the tile (matmul.c, batch invariance). Columns
      * past n are computed from the strip's zero padding and not stored.
-     * stream != 0: the block is read from memory (the first row tile over
-     * it) and is prefetched ahead (ML_CPU_STRIP_PREFETCH_BYTES); 0: it is
-     * read again, from cache, for a further row tile. */
+     * pf: what it prefetches meanwhile (next: the block of
+     * ML_CPU_PREFETCH_NEXT, ignored otherwise). */
     void (*gemm_packed)(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
-                        int stream, float *y, size_t ldy);
+                        ml_cpu_prefetch pf, const void *next, float *y, size_t ldy);
     /* Columns of a strip: the width the ISA's registers take in one step
      * (two vectors of f32); tile_cols too, so that a strip widened to f32
      * is gemm_tile's B (matmul.c). */
@@ -68,11 +82,12 @@ typedef struct ml_cpu_kernels {
      * then added to C. A pair's two products and their addition to the sum
      * are the instruction's, which CPU makers implement differently (it is
      * not two FMAs on every CPU): a result's bits are fixed for a machine
-     * whatever the tile or its place, not across machines. stream != 0
-     * (with a_cs == 1 and n > half the tile): B is a packed strip read from
-     * memory, prefetched ahead as gemm_packed's. */
+     * whatever the tile or its place, not across machines. pf and next as
+     * gemm_packed's, where B is a block of a packed strip (a_cs == 1 and n >
+     * half the tile; elsewhere pf is ML_CPU_PREFETCH_NONE). */
     void (*gemm_tile_bf16)(int m, int n, int kp, const uint32_t *a, size_t a_rs, size_t a_cs,
-                           const uint32_t *b, size_t ldb, int stream, float *c, size_t ldc);
+                           const uint32_t *b, size_t ldb, ml_cpu_prefetch pf, const void *next,
+                           float *c, size_t ldc);
     /* Its operands rounded: pair(a, b) = the dword of ml_f32_to_bf16(a)
      * (dtype.h: RNE, NaN kept quiet, subnormals kept) in the low half and
      * of b in the high half. bf16_pairs: d[q] = pair(x[2q], x[2q + 1]) for
@@ -159,9 +174,8 @@ static inline float ml_cpu_f8_to_f32(uint8_t c)
  * GFLOP/s with 8 KiB ahead (4 KiB: 350, 1 KiB: 230). Past the strip's end
  * it reads the next strip's lines, which a later call wants anyway. Only
  * for the first row tile over a block: for the others it is in cache, and
- * prefetching the next block would evict it (a 6432-row GEMM, K = N =
- * 1280, prefetching in every tile ran at 290-330 GFLOP/s against 370-400
- * before packing). */
+ * prefetching in every tile evicts it (a 6432-row GEMM, K = N = 1280, ran
+ * at 290-330 GFLOP/s against 370-400 before packing). */
 #define ML_CPU_STRIP_PREFETCH_BYTES 8192
 
 /* A Linear's weights packed for gemm_packed (matmul.c, ml_cpu_linear_weight):

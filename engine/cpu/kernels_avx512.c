@@ -98,20 +98,25 @@ ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, __m512 *b0, __
 #define BF16_TARGET __attribute__((target("avx512bf16")))
 
 /* gemm_tile's tile on pairs: compile-time m, A layout (a_col), width (wide)
- * and prefetching (stream: B is a strip read from memory in order). */
+ * and prefetching (pf, where B is a block of a packed strip). */
 BF16_TARGET ALWAYS_INLINE void pair_tile(const int m, const int a_col, const int wide,
-                                         const int stream, int n, int kp, const uint32_t *a,
-                                         size_t lda, const uint32_t *b, size_t ldb, float *c,
-                                         size_t ldc)
+                                         const ml_cpu_prefetch pf, int n, int kp,
+                                         const uint32_t *a, size_t lda, const uint32_t *b,
+                                         size_t ldb, const uint32_t *next, float *c, size_t ldc)
 {
     const vf_lanes m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
     vf acc0[TILE_ROWS], acc1[TILE_ROWS];
     zero_rows(m, acc0, acc1);
     for (int p = 0; p < kp; p++) {
         const uint32_t *bp = b + (size_t)p * ldb;
-        if (stream) { /* a strip's step is two cache lines */
+        /* a strip's step is two cache lines */
+        if (pf == ML_CPU_PREFETCH_STREAM) {
             _mm_prefetch((const char *)bp + ML_CPU_STRIP_PREFETCH_BYTES, _MM_HINT_T0);
             _mm_prefetch((const char *)(bp + LANES) + ML_CPU_STRIP_PREFETCH_BYTES, _MM_HINT_T0);
+        } else if (pf == ML_CPU_PREFETCH_NEXT) {
+            const uint32_t *np = next + (size_t)p * ldb;
+            _mm_prefetch((const char *)np, _MM_HINT_T1);
+            _mm_prefetch((const char *)(np + LANES), _MM_HINT_T1);
         }
         const __m512bh b0 = (__m512bh)_mm512_maskz_loadu_epi32(m0, bp);
         const __m512bh b1 =
@@ -130,29 +135,32 @@ BF16_TARGET ALWAYS_INLINE void pair_tile(const int m, const int a_col, const int
         add_row(wide ? TILE_WIDE : TILE_NARROW, c + (size_t)i * ldc, m0, m1, acc0[i], acc1[i]);
 }
 
-/* Streaming is the matmul's case only: row-major x against a whole strip. */
+/* Prefetching is the matmul's case only: row-major x against a whole strip. */
 BF16_TARGET ALWAYS_INLINE void pair_m(const int m, int n, int kp, const uint32_t *a, size_t a_rs,
-                                      size_t a_cs, const uint32_t *b, size_t ldb, int stream,
-                                      float *c, size_t ldc)
+                                      size_t a_cs, const uint32_t *b, size_t ldb,
+                                      ml_cpu_prefetch pf, const uint32_t *next, float *c,
+                                      size_t ldc)
 {
     const int wide = n > LANES;
-    if (stream && a_cs == 1 && wide)
-        pair_tile(m, 0, 1, 1, n, kp, a, a_rs, b, ldb, c, ldc);
+    if (pf == ML_CPU_PREFETCH_STREAM && a_cs == 1 && wide)
+        pair_tile(m, 0, 1, ML_CPU_PREFETCH_STREAM, n, kp, a, a_rs, b, ldb, next, c, ldc);
+    else if (pf == ML_CPU_PREFETCH_NEXT && a_cs == 1 && wide)
+        pair_tile(m, 0, 1, ML_CPU_PREFETCH_NEXT, n, kp, a, a_rs, b, ldb, next, c, ldc);
     else if (a_cs == 1 && wide)
-        pair_tile(m, 0, 1, 0, n, kp, a, a_rs, b, ldb, c, ldc);
+        pair_tile(m, 0, 1, ML_CPU_PREFETCH_NONE, n, kp, a, a_rs, b, ldb, next, c, ldc);
     else if (a_cs == 1)
-        pair_tile(m, 0, 0, 0, n, kp, a, a_rs, b, ldb, c, ldc);
+        pair_tile(m, 0, 0, ML_CPU_PREFETCH_NONE, n, kp, a, a_rs, b, ldb, next, c, ldc);
     else if (wide)
-        pair_tile(m, 1, 1, 0, n, kp, a, a_cs, b, ldb, c, ldc);
+        pair_tile(m, 1, 1, ML_CPU_PREFETCH_NONE, n, kp, a, a_cs, b, ldb, next, c, ldc);
     else
-        pair_tile(m, 1, 0, 0, n, kp, a, a_cs, b, ldb, c, ldc);
+        pair_tile(m, 1, 0, ML_CPU_PREFETCH_NONE, n, kp, a, a_cs, b, ldb, next, c, ldc);
 }
 
 BF16_TARGET static void gemm_tile_bf16(int m, int n, int kp, const uint32_t *a, size_t a_rs,
-                                       size_t a_cs, const uint32_t *b, size_t ldb, int stream,
-                                       float *c, size_t ldc)
+                                       size_t a_cs, const uint32_t *b, size_t ldb,
+                                       ml_cpu_prefetch pf, const void *next, float *c, size_t ldc)
 {
-#define GEMM_TILE_BF16_M(mm) pair_m(mm, n, kp, a, a_rs, a_cs, b, ldb, stream, c, ldc)
+#define GEMM_TILE_BF16_M(mm) pair_m(mm, n, kp, a, a_rs, a_cs, b, ldb, pf, next, c, ldc)
     switch (m) {
         TILE_M_CASES(GEMM_TILE_BF16_M)
     default: assert(!"gemm_tile_bf16: m out of range");

@@ -41,9 +41,10 @@ static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const
 }
 
 static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
-                        int stream, float *y, size_t ldy)
+                        ml_cpu_prefetch pf, const void *next, float *y, size_t ldy)
 {
-    (void)stream; /* no prefetch: the readable reference */
+    (void)pf; /* no prefetch: the readable reference */
+    (void)next;
     const uint16_t *w16 = w;
     const uint8_t *w8 = w;
     for (int i = 0; i < m; i++) {

@@ -152,8 +152,9 @@ ALWAYS_INLINE void tile_m(const int m, int n, int k, const float *a, size_t a_rs
 /* Defined by the including file, after this one. */
 ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, vf *b0, vf *b1);
 
-ALWAYS_INLINE void packed_tile(const int m, const int f8, const int stream, int n, int k,
-                               const float *x, size_t ldx, const void *w, float *y, size_t ldy)
+ALWAYS_INLINE void packed_tile(const int m, const int f8, const ml_cpu_prefetch pf, int n, int k,
+                               const float *x, size_t ldx, const void *w, const void *next,
+                               float *y, size_t ldy)
 {
     const vf_lanes m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
     vf acc0[TILE_ROWS], acc1[TILE_ROWS];
@@ -161,9 +162,11 @@ ALWAYS_INLINE void packed_tile(const int m, const int f8, const int stream, int 
     const size_t step_bytes = f8 ? STRIP_COLS : STRIP_COLS * sizeof(uint16_t);
     for (int p = 0; p < k; p++) {
         vf b0, b1;
-        if (stream)
+        if (pf == ML_CPU_PREFETCH_STREAM)
             _mm_prefetch((const char *)w + (size_t)p * step_bytes + ML_CPU_STRIP_PREFETCH_BYTES,
                          _MM_HINT_T0);
+        else if (pf == ML_CPU_PREFETCH_NEXT)
+            _mm_prefetch((const char *)next + (size_t)p * step_bytes, _MM_HINT_T1);
         strip_step(f8, w, p, &b0, &b1);
 #pragma GCC unroll 16
         for (int i = 0; i < m; i++) {
@@ -177,18 +180,28 @@ ALWAYS_INLINE void packed_tile(const int m, const int f8, const int stream, int 
         add_row(TILE_WIDE, y + (size_t)i * ldy, m0, m1, acc0[i], acc1[i]);
 }
 
-/* Compile-time dtype and prefetch, so that neither costs a branch a step. */
-ALWAYS_INLINE void packed_m(const int m, int n, int k, const float *x, size_t ldx,
-                            const void *w, int f8, int stream, float *y, size_t ldy)
+/* Compile-time prefetch, so that it costs no branch a step. */
+ALWAYS_INLINE void packed_pf(const int m, const int f8, int n, int k, const float *x, size_t ldx,
+                             const void *w, ml_cpu_prefetch pf, const void *next, float *y,
+                             size_t ldy)
 {
-    if (f8 && stream)
-        packed_tile(m, 1, 1, n, k, x, ldx, w, y, ldy);
-    else if (f8)
-        packed_tile(m, 1, 0, n, k, x, ldx, w, y, ldy);
-    else if (stream)
-        packed_tile(m, 0, 1, n, k, x, ldx, w, y, ldy);
+    if (pf == ML_CPU_PREFETCH_STREAM)
+        packed_tile(m, f8, ML_CPU_PREFETCH_STREAM, n, k, x, ldx, w, next, y, ldy);
+    else if (pf == ML_CPU_PREFETCH_NEXT)
+        packed_tile(m, f8, ML_CPU_PREFETCH_NEXT, n, k, x, ldx, w, next, y, ldy);
     else
-        packed_tile(m, 0, 0, n, k, x, ldx, w, y, ldy);
+        packed_tile(m, f8, ML_CPU_PREFETCH_NONE, n, k, x, ldx, w, next, y, ldy);
+}
+
+/* And compile-time dtype. */
+ALWAYS_INLINE void packed_m(const int m, int n, int k, const float *x, size_t ldx,
+                            const void *w, int f8, ml_cpu_prefetch pf, const void *next, float *y,
+                            size_t ldy)
+{
+    if (f8)
+        packed_pf(m, 1, n, k, x, ldx, w, pf, next, y, ldy);
+    else
+        packed_pf(m, 0, n, k, x, ldx, w, pf, next, y, ldy);
 }
 
 /* Switch cases 1 .. n, case k running call(k): a run-time count made a
@@ -230,9 +243,9 @@ static void gemm_tile(int m, int n, int k, const float *a, size_t a_rs, size_t a
 }
 
 static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
-                        int stream, float *y, size_t ldy)
+                        ml_cpu_prefetch pf, const void *next, float *y, size_t ldy)
 {
-#define GEMM_PACKED_M(mm) packed_m(mm, n, k, x, ldx, w, f8, stream, y, ldy)
+#define GEMM_PACKED_M(mm) packed_m(mm, n, k, x, ldx, w, f8, pf, next, y, ldy)
     switch (m) {
         TILE_M_CASES(GEMM_PACKED_M)
     default: assert(!"gemm_packed: m out of range");

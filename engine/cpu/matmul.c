@@ -242,6 +242,13 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, fl
         tiles >= GROUP_MIN_TILES ? (int)(GEMM_GROUP_BYTES / ((size_t)nc_max * GEMM_KC * elem)) : 1;
     const int kc_group = group_blocks * GEMM_KC;
 
+    /* With a few row tiles over each block (a decode batch of 13 to 180
+     * rows), the last one prefetches the block the first reads next: the
+     * same strip's next K block, or the next column block's first. With a
+     * group of K blocks, each block is computed on long enough that the
+     * hardware prefetchers keep up. */
+    const int prefetch_next = tiles > 1 && group_blocks == 1 && !widened;
+
     for (int jc = n0; jc < n1; jc += nc_max) {
         const int nc = imin(nc_max, n1 - jc);
         for (int pg = 0; pg < j->Kp; pg += kc_group) {
@@ -258,6 +265,16 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, fl
                     const int kc = imin(GEMM_KC, pg_end - pc);
                     for (int col = jc; col < jc + nc; col += sc) {
                         const int n = imin(sc, jc + nc - col);
+                        ml_cpu_prefetch pf =
+                            ic == m0 ? ML_CPU_PREFETCH_STREAM : ML_CPU_PREFETCH_NONE;
+                        const void *next = NULL;
+                        if (prefetch_next && ic + m >= m1) {
+                            if (pc + GEMM_KC < j->Kp)
+                                next = strip_at(j, col, pc + GEMM_KC);
+                            else if (col + nc_max < n1)
+                                next = strip_at(j, col + nc_max, 0);
+                            pf = next ? ML_CPU_PREFETCH_NEXT : ML_CPU_PREFETCH_NONE;
+                        }
                         const float *x = j->x + (size_t)ic * K + pc;
                         float *y = j->y + (size_t)ic * N + (size_t)col;
                         if (widened)
@@ -268,9 +285,9 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, fl
                         else if (j->xb)
                             kn->gemm_tile_bf16(m, n, kc / 2,
                                                j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
-                                               strip_at(j, col, pc), (size_t)sc, ic == m0, y, N);
+                                               strip_at(j, col, pc), (size_t)sc, pf, next, y, N);
                         else
-                            kn->gemm_packed(m, n, kc, x, K, strip_at(j, col, pc), j->f8, ic == m0,
+                            kn->gemm_packed(m, n, kc, x, K, strip_at(j, col, pc), j->f8, pf, next,
                                             y, N);
                     }
                 }

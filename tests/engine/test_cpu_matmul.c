@@ -259,7 +259,9 @@ static void test_f8_codes(const ml_cpu_kernels *kn)
             for (int p = 0; p < steps; p++)
                 x[p] = p == one ? ones[v] : 0.0f;
             memset(y, 0, sizeof y);
-            kn->gemm_packed(1, S, steps, x, (size_t)steps, w, 1, one % 2, y, (size_t)S);
+            /* every prefetch: none of them changes a result */
+            kn->gemm_packed(1, S, steps, x, (size_t)steps, w, 1,
+                            (ml_cpu_prefetch)(one % (ML_CPU_PREFETCH_NEXT + 1)), w, y, (size_t)S);
             for (int c = 0; c < S; c++)
                 strip &= y[c] == ones[v] * f8_want(one * S + c);
         }
