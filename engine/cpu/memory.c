@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "cpu/cpu_internal.h"
 
@@ -21,6 +22,31 @@ void *ml_cpu_alloc(ml_backend *be, size_t bytes)
     if (rounded < bytes)
         return NULL;
     return aligned_alloc(ML_CPU_ALIGN, rounded ? rounded : ML_CPU_ALIGN);
+}
+
+/* Transparent huge pages (x86-64's 2 MiB): a decode step reads every weight
+ * once, and with 4 KiB pages that is a TLB miss every 64 cache lines of
+ * each strip. Aligned to the huge page and marked MADV_HUGEPAGE, the range
+ * gets them where the kernel's policy is "always" and where it is "madvise"
+ * (/sys/kernel/mm/transparent_hugepage/enabled; the development VM's is
+ * madvise, and there unmarked memory gets none). Measured
+ * (2026-12-03, the development VM, 2 threads, bf16 activations, the same
+ * weights packed both ways and run alternately, medians of 9): 1 row
+ * 0.68-0.99x the time, 16 rows 0.86-0.97x, 64 and 304 rows no change. Where
+ * the kernel lends none the advice is ignored and the buffer is an
+ * ordinary one. */
+#define HUGE_PAGE_BYTES ((size_t)2 << 20)
+
+void *ml_cpu_alloc_streamed(size_t bytes)
+{
+    if (bytes < HUGE_PAGE_BYTES)
+        return aligned_alloc(ML_CPU_ALIGN,
+                             (bytes + ML_CPU_ALIGN - 1) / ML_CPU_ALIGN * ML_CPU_ALIGN);
+    void *p = NULL;
+    if (posix_memalign(&p, HUGE_PAGE_BYTES, bytes) != 0)
+        return NULL;
+    (void)madvise(p, bytes, MADV_HUGEPAGE); /* advice: its failure changes nothing */
+    return p;
 }
 
 void ml_cpu_free(ml_backend *be, void *p)
