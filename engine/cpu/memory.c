@@ -32,7 +32,7 @@ void *ml_cpu_alloc(ml_backend *be, size_t bytes)
  * madvise, and there unmarked memory gets none). Measured
  * (2026-12-03, the development VM, 2 threads, bf16 activations, the same
  * weights packed both ways and run alternately, medians of 9): 1 row
- * 0.68-0.99x the time, 16 rows 0.86-0.97x, 64 and 304 rows no change. Where
+ * 0.68-0.99x the time, 16 rows 0.86-1.03x, 64 and 304 rows 0.94-1.08x. Where
  * the kernel lends none the advice is ignored and the buffer is an
  * ordinary one. */
 #define HUGE_PAGE_BYTES ((size_t)2 << 20)
