@@ -437,7 +437,7 @@ const void *ml_cpu_linear_weight(ml_backend *be, const void *host, int rows, int
     const int steps = pairs ? pair_steps(cols) : cols;
     const int64_t strips = ((int64_t)rows + sc - 1) / sc;
     const size_t bytes = (size_t)strips * (size_t)sc * (size_t)steps * elem_size;
-    unsigned char *packed = ml_cpu_alloc_streamed(bytes);
+    unsigned char *packed = ml_cpu_alloc_streamed(be, bytes);
     if (!packed) {
         ml_cpu_latch(cb, ML_ERR_NOMEM, "linear_weight", "%zu bytes of packed weights", bytes);
         return NULL;
@@ -453,7 +453,7 @@ void ml_cpu_linear_weight_free(ml_backend *be, const void *w)
 {
     if (w)
         ml_cpu_of(be)->n_linear--;
-    free((void *)w);
+    ml_cpu_free(be, (void *)w);
 }
 
 /* ---- W8A8: the activation quantizer ---------------------------------------- */

@@ -37,11 +37,10 @@ void *ml_cpu_alloc(ml_backend *be, size_t bytes)
  * ordinary one. */
 #define HUGE_PAGE_BYTES ((size_t)2 << 20)
 
-void *ml_cpu_alloc_streamed(size_t bytes)
+void *ml_cpu_alloc_streamed(ml_backend *be, size_t bytes)
 {
     if (bytes < HUGE_PAGE_BYTES)
-        return aligned_alloc(ML_CPU_ALIGN,
-                             (bytes + ML_CPU_ALIGN - 1) / ML_CPU_ALIGN * ML_CPU_ALIGN);
+        return ml_cpu_alloc(be, bytes);
     void *p = NULL;
     if (posix_memalign(&p, HUGE_PAGE_BYTES, bytes) != 0)
         return NULL;
