@@ -33,8 +33,8 @@
 typedef enum ml_cpu_prefetch {
     ML_CPU_PREFETCH_NONE,
     /* The block comes from memory: its own lines, ML_CPU_STRIP_PREFETCH_BYTES
-     * ahead, into L1 (into L2 for the bf16 tiles of a few rows and more:
-     * kernels_avx512.c). */
+     * ahead, into L1, or into L2 for a tile of a few rows and more
+     * (kernels_vec.h STREAM_L2_MIN_ROWS). */
     ML_CPU_PREFETCH_STREAM,
     /* The block is in cache: `next`, a block the next call streams, step
      * for step with this one, into L2. */

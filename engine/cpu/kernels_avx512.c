@@ -97,17 +97,6 @@ ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, __m512 *b0, __
  * it (ml_cpu_has_avx512_bf16) calls them. */
 #define BF16_TARGET __attribute__((target("avx512bf16")))
 
-/* Rows from which a streamed strip (ML_CPU_PREFETCH_STREAM) is prefetched
- * into L2 instead of L1. Below, a step is a few dot products and the
- * lines must be in L1 when it comes; from 4 rows on it is long enough for
- * L2 to deliver them, and prefetches into L1 that far ahead only stall:
- * the first tile's prefetches then wait on L1's few miss buffers while
- * the dot products wait on them, and the memory idles. Measured (the
- * small preset's lm_head, K 1024 x N 128256, 2 threads, the 2-vCPU AMD
- * EPYC, medians of 15 calls, 3 alternating processes): 4-12 rows 0.55-0.9x
- * the time, 16 rows (two tiles of 8) 0.56-0.89x, 1-3 rows no faster. */
-#define STREAM_L2_MIN_ROWS 4
-
 /* gemm_tile's tile on pairs: compile-time m, A layout (a_col), width (wide)
  * and prefetching (pf, where B is a block of a packed strip). */
 BF16_TARGET ALWAYS_INLINE void pair_tile(const int m, const int a_col, const int wide,
@@ -121,12 +110,9 @@ BF16_TARGET ALWAYS_INLINE void pair_tile(const int m, const int a_col, const int
     for (int p = 0; p < kp; p++) {
         const uint32_t *bp = b + (size_t)p * ldb;
         /* a strip's step is two cache lines */
-        if (pf == ML_CPU_PREFETCH_STREAM && m >= STREAM_L2_MIN_ROWS) {
-            _mm_prefetch((const char *)bp + ML_CPU_STRIP_PREFETCH_BYTES, _MM_HINT_T1);
-            _mm_prefetch((const char *)(bp + LANES) + ML_CPU_STRIP_PREFETCH_BYTES, _MM_HINT_T1);
-        } else if (pf == ML_CPU_PREFETCH_STREAM) {
-            _mm_prefetch((const char *)bp + ML_CPU_STRIP_PREFETCH_BYTES, _MM_HINT_T0);
-            _mm_prefetch((const char *)(bp + LANES) + ML_CPU_STRIP_PREFETCH_BYTES, _MM_HINT_T0);
+        if (pf == ML_CPU_PREFETCH_STREAM) {
+            _mm_prefetch((const char *)bp + ML_CPU_STRIP_PREFETCH_BYTES, STREAM_HINT(m));
+            _mm_prefetch((const char *)(bp + LANES) + ML_CPU_STRIP_PREFETCH_BYTES, STREAM_HINT(m));
         } else if (pf == ML_CPU_PREFETCH_NEXT) {
             const uint32_t *np = next + (size_t)p * ldb;
             _mm_prefetch((const char *)np, _MM_HINT_T1);

@@ -29,6 +29,21 @@
 #define TILE_COLS (2 * LANES)
 #define STRIP_COLS TILE_COLS
 
+/* The cache a tile of m rows prefetches a streamed strip into
+ * (ML_CPU_PREFETCH_STREAM, ML_CPU_STRIP_PREFETCH_BYTES ahead). With a row
+ * or two a step is a few multiply-adds and its lines must be in L1 when it
+ * comes. From 4 rows on a step takes long enough for L2 to deliver them,
+ * and prefetching into L1 that far ahead was slower, likely because the
+ * prefetches hold L1's few miss buffers until their lines arrive and the
+ * tile's own loads queue behind them (the VM has no counters to confirm
+ * it). Measured on the 2-vCPU AMD EPYC (AVX-512), 2 threads,
+ * alternating processes: the small preset's lm_head (K 1024 x N 128256)
+ * with bf16 activations at 4-16 rows 0.55-0.9x the time; a decode step of
+ * 8 sequences of the small preset 0.72-0.79x (bf16 activations) and
+ * 0.83-0.87x (f32), of 16 0.89-0.95x (f32); 1-3 rows no faster. */
+#define STREAM_L2_MIN_ROWS 4
+#define STREAM_HINT(m) ((m) >= STREAM_L2_MIN_ROWS ? _MM_HINT_T1 : _MM_HINT_T0)
+
 /* ---- memory layer -------------------------------------------------------- */
 /* vf_lanes: which lanes a masked load or store touches (lanes outside it
  * read as 0 and are not written). */
@@ -164,7 +179,7 @@ ALWAYS_INLINE void packed_tile(const int m, const int f8, const ml_cpu_prefetch 
         vf b0, b1;
         if (pf == ML_CPU_PREFETCH_STREAM)
             _mm_prefetch((const char *)w + (size_t)p * step_bytes + ML_CPU_STRIP_PREFETCH_BYTES,
-                         _MM_HINT_T0);
+                         STREAM_HINT(m));
         else if (pf == ML_CPU_PREFETCH_NEXT)
             _mm_prefetch((const char *)next + (size_t)p * step_bytes, _MM_HINT_T1);
         strip_step(f8, w, p, &b0, &b1);
