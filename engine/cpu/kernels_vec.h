@@ -38,7 +38,7 @@
  * tile's own loads queue behind them (the VM has no counters to confirm
  * it). Measured on the 2-vCPU AMD EPYC (AVX-512), 2 threads,
  * alternating processes: the small preset's lm_head (K 1024 x N 128256)
- * with bf16 activations at 4-16 rows 0.55-0.9x the time; a decode step of
+ * with bf16 activations at 4-16 rows 0.5-0.9x the time; a decode step of
  * 8 sequences of the small preset 0.72-0.79x (bf16 activations) and
  * 0.83-0.87x (f32), of 16 0.89-0.95x (f32); 1-3 rows no faster. */
 #define STREAM_L2_MIN_ROWS 4
