@@ -111,8 +111,8 @@ BF16_TARGET ALWAYS_INLINE void pair_tile(const int m, const int a_col, const int
         const uint32_t *bp = b + (size_t)p * ldb;
         /* a strip's step is two cache lines */
         if (pf == ML_CPU_PREFETCH_STREAM) {
-            _mm_prefetch((const char *)bp + ML_CPU_STRIP_PREFETCH_BYTES, STREAM_HINT(m));
-            _mm_prefetch((const char *)(bp + LANES) + ML_CPU_STRIP_PREFETCH_BYTES, STREAM_HINT(m));
+            stream_prefetch(m, (const char *)bp + ML_CPU_STRIP_PREFETCH_BYTES);
+            stream_prefetch(m, (const char *)(bp + LANES) + ML_CPU_STRIP_PREFETCH_BYTES);
         } else if (pf == ML_CPU_PREFETCH_NEXT) {
             const uint32_t *np = next + (size_t)p * ldb;
             _mm_prefetch((const char *)np, _MM_HINT_T1);

@@ -42,7 +42,16 @@
  * 8 sequences of the small preset 0.72-0.79x (bf16 activations) and
  * 0.83-0.87x (f32), of 16 0.89-0.95x (f32); 1-3 rows no faster. */
 #define STREAM_L2_MIN_ROWS 4
-#define STREAM_HINT(m) ((m) >= STREAM_L2_MIN_ROWS ? _MM_HINT_T1 : _MM_HINT_T0)
+
+/* A prefetch of a streamed strip's line at a, for a tile of m rows (a
+ * compile-time constant: the hint must be one). */
+ALWAYS_INLINE void stream_prefetch(const int m, const void *a)
+{
+    if (m >= STREAM_L2_MIN_ROWS)
+        _mm_prefetch((const char *)a, _MM_HINT_T1);
+    else
+        _mm_prefetch((const char *)a, _MM_HINT_T0);
+}
 
 /* ---- memory layer -------------------------------------------------------- */
 /* vf_lanes: which lanes a masked load or store touches (lanes outside it
@@ -178,8 +187,8 @@ ALWAYS_INLINE void packed_tile(const int m, const int f8, const ml_cpu_prefetch 
     for (int p = 0; p < k; p++) {
         vf b0, b1;
         if (pf == ML_CPU_PREFETCH_STREAM)
-            _mm_prefetch((const char *)w + (size_t)p * step_bytes + ML_CPU_STRIP_PREFETCH_BYTES,
-                         STREAM_HINT(m));
+            stream_prefetch(m, (const char *)w + (size_t)p * step_bytes +
+                                   ML_CPU_STRIP_PREFETCH_BYTES);
         else if (pf == ML_CPU_PREFETCH_NEXT)
             _mm_prefetch((const char *)next + (size_t)p * step_bytes, _MM_HINT_T1);
         strip_step(f8, w, p, &b0, &b1);
