@@ -33,7 +33,9 @@
 #define JUNK 10000
 #define JUNK_MS 120000       /* every junk record finished (offsets committed) */
 #define JUNK_KEYS_MAX 16     /* new keys the junk may leave (none expected) */
-#define MESSAGE_TIMEOUT "kafka.message.timeout.ms=3000"
+/* stuck-1's records time out after this; after-stuck's round trip must fit
+ * in it on a loaded 2-core CI machine. */
+#define MESSAGE_TIMEOUT "kafka.message.timeout.ms=6000"
 #define STALL_MS 500         /* worker.stall_ms of the trickle worker */
 #define CALL_TIMEOUT_MS 4000 /* its redis.call_timeout_ms: well past the stall bound */
 #define HEALTH_FAIL_MS (STALL_MS + 2500) /* /healthz fails by then */
@@ -316,8 +318,19 @@ static void test_acl_worker(void)
     static const char stuck[] = "{\"id\":\"stuck-1\",\"reply_topic\":\"" STUCK_TOPIC
                                 "\",\"max_tokens\":2,\"messages\":[{\"role\":\"user\","
                                 "\"content\":\"Hello\"}]}";
+    /* after-stuck must be produced after stuck-1's final, or nothing later
+     * was acknowledged when stuck-1 times out and the worker rightly takes
+     * the brokers for down. The worker counts a request finished just
+     * before it produces the final; a fixed pause was not enough under CI's
+     * parallel load, where the junk backlog delayed stuck-1's fetch. */
+    int port = pu_worker_http_port(&worker);
+    double finished = pu_metric(port, "mllama_requests_total");
     check(pu_client_send(&client, "stuck-1", stuck), "stuck-1: produce");
-    pu_sleep_ms(500); /* stuck-1's records queued first */
+    int64_t sent = pu_now_ms();
+    while (pu_metric(port, "mllama_requests_total") <= finished && pu_now_ms() - sent < ANSWER_MS &&
+           pu_running(&worker))
+        pu_sleep_ms(10);
+    check(pu_metric(port, "mllama_requests_total") > finished, "stuck-1: not finished");
     expect_answered("after-stuck");
     const pu_record *dl = NULL;
     for (int64_t t0 = pu_now_ms(); !dl && pu_now_ms() - t0 < ANSWER_MS;) {
