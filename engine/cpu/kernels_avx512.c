@@ -97,30 +97,76 @@ ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, __m512 *b0, __
  * it (ml_cpu_has_avx512_bf16) calls them. */
 #define BF16_TARGET __attribute__((target("avx512bf16")))
 
-/* gemm_tile's tile on pairs: compile-time m, A layout (a_col), width (wide)
- * and prefetching (pf, where B is a block of a packed strip). */
+/* The bf16 bits of the E4M3 subnormals m · 2^-9 at index m = 0..7 of a
+ * VPERMW table (which reads the low 5 bits of each index; the rest unused). */
+static const uint16_t f8_subnormal_bf16[32] = {0x0000, 0x3b00, 0x3b80, 0x3bc0,
+                                               0x3c00, 0x3c20, 0x3c40, 0x3c60};
+/* The bf16 exponent of an E4M3 normal is its own plus 127 - 7. */
+#define F8_BF16_REBIAS ((127 - 7) << 7)
+/* An E4M3 code's exponent and mantissa, and its exponent alone. */
+#define F8_MAG_BITS 0x7f
+#define F8_EXP_BITS 0x78
+#define BF16_SIGN 0x8000
+/* Where the code's 7 magnitude bits go in a bf16: bits 10..4. */
+#define F8_BF16_SHIFT 4
+
+/* 32 E4M3 codes widened to bf16, exactly (every E4M3 value is a bf16), in
+ * the order they came: a pair step of 16 columns of the FP8 pair layout
+ * becomes VDPBF16PS's operand. A normal's magnitude bits move to 10..4
+ * under the rebiased exponent; a subnormal (exponent 0) is looked up; the
+ * sign is the code's, which the sign extension put in bit 15. The NaN
+ * codes, which no checkpoint holds, widen to ±480 as ml_cpu_f8_to_f32's. */
+ALWAYS_INLINE __m512i f8_to_bf16(__m256i codes)
+{
+    const __m512i w = _mm512_cvtepi8_epi16(codes);
+    const __m512i normal = _mm512_add_epi16(
+        _mm512_and_si512(_mm512_slli_epi16(w, F8_BF16_SHIFT),
+                         _mm512_set1_epi16(F8_MAG_BITS << F8_BF16_SHIFT)),
+        _mm512_set1_epi16(F8_BF16_REBIAS));
+    const __mmask32 sub = _mm512_testn_epi16_mask(w, _mm512_set1_epi16(F8_EXP_BITS));
+    const __m512i mag = _mm512_mask_permutexvar_epi16(normal, sub, w,
+                                                      _mm512_loadu_si512(f8_subnormal_bf16));
+    /* mag | (w & BF16_SIGN) */
+    return _mm512_ternarylogic_epi32(mag, w, _mm512_set1_epi16((short)BF16_SIGN), 0xf8);
+}
+
+/* gemm_tile's tile on pairs: compile-time m, A layout (a_col), width
+ * (wide), prefetching (pf, where B is a block of a packed strip) and B's
+ * dtype (f8: E4M3 codes in pairs of bytes, widened to bf16 pairs as they
+ * are loaded; else bf16 pairs). */
 BF16_TARGET ALWAYS_INLINE void pair_tile(const int m, const int a_col, const int wide,
-                                         const ml_cpu_prefetch pf, int n, int kp,
-                                         const uint32_t *a, size_t lda, const uint32_t *b,
-                                         size_t ldb, const uint32_t *next, float *c, size_t ldc)
+                                         const ml_cpu_prefetch pf, const int f8, int n, int kp,
+                                         const uint32_t *a, size_t lda, const void *b,
+                                         size_t ldb, const void *next, float *c, size_t ldc)
 {
     const vf_lanes m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
+    /* a pair of B: a dword of bf16, two bytes of E4M3 */
+    const size_t pair_bytes = f8 ? 2 * sizeof(uint8_t) : 2 * sizeof(uint16_t);
     vf acc0[TILE_ROWS], acc1[TILE_ROWS];
     zero_rows(m, acc0, acc1);
     for (int p = 0; p < kp; p++) {
-        const uint32_t *bp = b + (size_t)p * ldb;
-        /* a strip's step is two cache lines */
+        const char *bp = (const char *)b + (size_t)p * ldb * pair_bytes;
+        /* a strip's step: two cache lines of bf16 pairs, one of FP8 */
         if (pf == ML_CPU_PREFETCH_STREAM) {
-            stream_prefetch(m, (const char *)bp + ML_CPU_STRIP_PREFETCH_BYTES);
-            stream_prefetch(m, (const char *)(bp + LANES) + ML_CPU_STRIP_PREFETCH_BYTES);
+            stream_prefetch(m, bp + ML_CPU_STRIP_PREFETCH_BYTES);
+            if (!f8)
+                stream_prefetch(m, bp + LANES * pair_bytes + ML_CPU_STRIP_PREFETCH_BYTES);
         } else if (pf == ML_CPU_PREFETCH_NEXT) {
-            const uint32_t *np = next + (size_t)p * ldb;
-            _mm_prefetch((const char *)np, _MM_HINT_T1);
-            _mm_prefetch((const char *)(np + LANES), _MM_HINT_T1);
+            const char *np = (const char *)next + (size_t)p * ldb * pair_bytes;
+            _mm_prefetch(np, _MM_HINT_T1);
+            if (!f8)
+                _mm_prefetch(np + LANES * pair_bytes, _MM_HINT_T1);
         }
-        const __m512bh b0 = (__m512bh)_mm512_maskz_loadu_epi32(m0, bp);
-        const __m512bh b1 =
-            wide ? (__m512bh)_mm512_maskz_loadu_epi32(m1, bp + LANES) : (__m512bh)_mm512_setzero_si512();
+        __m512bh b0, b1 = (__m512bh)_mm512_setzero_si512();
+        if (f8) {
+            b0 = (__m512bh)f8_to_bf16(_mm256_maskz_loadu_epi16(m0, bp));
+            if (wide)
+                b1 = (__m512bh)f8_to_bf16(_mm256_maskz_loadu_epi16(m1, bp + LANES * pair_bytes));
+        } else {
+            b0 = (__m512bh)_mm512_maskz_loadu_epi32(m0, bp);
+            if (wide)
+                b1 = (__m512bh)_mm512_maskz_loadu_epi32(m1, bp + LANES * pair_bytes);
+        }
 #pragma GCC unroll 12
         for (int i = 0; i < m; i++) {
             const __m512bh ai = (__m512bh)_mm512_set1_epi32(
@@ -135,32 +181,40 @@ BF16_TARGET ALWAYS_INLINE void pair_tile(const int m, const int a_col, const int
         add_row(wide ? TILE_WIDE : TILE_NARROW, c + (size_t)i * ldc, m0, m1, acc0[i], acc1[i]);
 }
 
-/* Prefetching is the matmul's case only: row-major x against a whole strip. */
+/* Prefetching and FP8 are the matmul's cases only: row-major x against a
+ * block of a strip. */
 BF16_TARGET ALWAYS_INLINE void pair_m(const int m, int n, int kp, const uint32_t *a, size_t a_rs,
-                                      size_t a_cs, const uint32_t *b, size_t ldb,
-                                      ml_cpu_prefetch pf, const uint32_t *next, float *c,
-                                      size_t ldc)
+                                      size_t a_cs, const void *b, size_t ldb, int f8,
+                                      ml_cpu_prefetch pf, const void *next, float *c, size_t ldc)
 {
     const int wide = n > LANES;
-    if (pf == ML_CPU_PREFETCH_STREAM && a_cs == 1 && wide)
-        pair_tile(m, 0, 1, ML_CPU_PREFETCH_STREAM, n, kp, a, a_rs, b, ldb, next, c, ldc);
-    else if (pf == ML_CPU_PREFETCH_NEXT && a_cs == 1 && wide)
-        pair_tile(m, 0, 1, ML_CPU_PREFETCH_NEXT, n, kp, a, a_rs, b, ldb, next, c, ldc);
-    else if (a_cs == 1 && wide)
-        pair_tile(m, 0, 1, ML_CPU_PREFETCH_NONE, n, kp, a, a_rs, b, ldb, next, c, ldc);
-    else if (a_cs == 1)
-        pair_tile(m, 0, 0, ML_CPU_PREFETCH_NONE, n, kp, a, a_rs, b, ldb, next, c, ldc);
-    else if (wide)
-        pair_tile(m, 1, 1, ML_CPU_PREFETCH_NONE, n, kp, a, a_cs, b, ldb, next, c, ldc);
+#define PAIR_TILE(a_col, wide, pf, f8, lda)                                                        \
+    pair_tile(m, a_col, wide, pf, f8, n, kp, a, lda, b, ldb, next, c, ldc)
+    if (a_cs != 1)
+        wide ? PAIR_TILE(1, 1, ML_CPU_PREFETCH_NONE, 0, a_cs)
+             : PAIR_TILE(1, 0, ML_CPU_PREFETCH_NONE, 0, a_cs);
+    else if (f8 && wide && pf == ML_CPU_PREFETCH_STREAM)
+        PAIR_TILE(0, 1, ML_CPU_PREFETCH_STREAM, 1, a_rs);
+    else if (f8 && wide && pf == ML_CPU_PREFETCH_NEXT)
+        PAIR_TILE(0, 1, ML_CPU_PREFETCH_NEXT, 1, a_rs);
+    else if (f8)
+        wide ? PAIR_TILE(0, 1, ML_CPU_PREFETCH_NONE, 1, a_rs)
+             : PAIR_TILE(0, 0, ML_CPU_PREFETCH_NONE, 1, a_rs);
+    else if (wide && pf == ML_CPU_PREFETCH_STREAM)
+        PAIR_TILE(0, 1, ML_CPU_PREFETCH_STREAM, 0, a_rs);
+    else if (wide && pf == ML_CPU_PREFETCH_NEXT)
+        PAIR_TILE(0, 1, ML_CPU_PREFETCH_NEXT, 0, a_rs);
     else
-        pair_tile(m, 1, 0, ML_CPU_PREFETCH_NONE, n, kp, a, a_cs, b, ldb, next, c, ldc);
+        wide ? PAIR_TILE(0, 1, ML_CPU_PREFETCH_NONE, 0, a_rs)
+             : PAIR_TILE(0, 0, ML_CPU_PREFETCH_NONE, 0, a_rs);
+#undef PAIR_TILE
 }
 
 BF16_TARGET static void gemm_tile_bf16(int m, int n, int kp, const uint32_t *a, size_t a_rs,
-                                       size_t a_cs, const uint32_t *b, size_t ldb,
+                                       size_t a_cs, const void *b, size_t ldb, int f8,
                                        ml_cpu_prefetch pf, const void *next, float *c, size_t ldc)
 {
-#define GEMM_TILE_BF16_M(mm) pair_m(mm, n, kp, a, a_rs, a_cs, b, ldb, pf, next, c, ldc)
+#define GEMM_TILE_BF16_M(mm) pair_m(mm, n, kp, a, a_rs, a_cs, b, ldb, f8, pf, next, c, ldc)
     switch (m) {
         TILE_M_CASES(GEMM_TILE_BF16_M)
     default: assert(!"gemm_tile_bf16: m out of range");

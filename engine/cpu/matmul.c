@@ -68,8 +68,13 @@
  * into the act buffer, and the driver above runs gemm_tile_bf16 on them and
  * the strips as they are (no widening). The blocks, tiles and threads are
  * the f32 path's and each element's sum is over pairs in increasing order
- * per KC block, so batch invariance holds as above. FP8 Linears keep their
- * f32 activations. */
+ * per KC block, so batch invariance holds as above. FP8 Linears too: their
+ * codes are packed in the same pair layout and widened to bf16 pairs in
+ * registers (exact), so an FP8 Linear's sum is the bf16 Linear's of its
+ * codes widened, then the scale as above, and its multiplies run at the
+ * bf16 dot's rate rather than f32 FMA's (at 8 rows and more a decode step
+ * of FP8 was compute bound in f32). W8A8's quantized rows are E4M3 values,
+ * which bf16 holds exactly: their rounding to pairs changes nothing. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -285,7 +290,8 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, fl
                         else if (j->xb)
                             kn->gemm_tile_bf16(m, n, kc / 2,
                                                j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
-                                               strip_at(j, col, pc), (size_t)sc, pf, next, y, N);
+                                               strip_at(j, col, pc), (size_t)sc, j->f8, pf, next,
+                                               y, N);
                         else
                             kn->gemm_packed(m, n, kc, x, K, strip_at(j, col, pc), j->f8, pf, next,
                                             y, N);
@@ -363,22 +369,38 @@ static void round_part(void *ctx, int64_t begin, int64_t end, int tid)
                           (size_t)r->K);
 }
 
+/* Floats of the act buffer that x (M, K) rounded to bf16 pairs takes:
+ * none without bf16 activations. */
+static size_t rounded_floats(const ml_cpu_backend *cb, int M, int K)
+{
+    return cb->bf16_x ? (size_t)M * (size_t)pair_steps(K) / 2 : 0;
+}
+
+/* Run job; with bf16 activations its x is first rounded into xb
+ * (rounded_floats of the act buffer). */
+static void run_rounded(ml_cpu_backend *cb, matmul_job job, uint32_t *xb)
+{
+    if (cb->bf16_x) {
+        job.Kp = pair_steps(job.K);
+        round_job r = {.xb = xb, .x = job.x, .K = job.K, .kn = cb->kern};
+        ml_cpu_pool_for(cb->pool, job.M, ml_cpu_grain((double)job.K), round_part, &r);
+        job.xb = xb;
+    }
+    run(cb, job);
+}
+
 void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
                    const uint16_t *bias, int M, int K, int N, int accumulate)
 {
     ml_cpu_backend *cb = ml_cpu_of(be);
     matmul_job job = {.y = y, .x = x, .w = (const unsigned char *)w, .bias = bias, .M = M,
                       .K = K, .Kp = K, .N = N, .accumulate = accumulate, .cb = cb};
-    if (cb->bf16_x && M > 0 && N > 0) {
-        job.Kp = pair_steps(K);
-        uint32_t *xb = (uint32_t *)ml_cpu_act_buffer(cb, (size_t)M * (size_t)job.Kp / 2, "matmul");
-        if (!xb)
-            return;
-        round_job r = {.xb = xb, .x = x, .K = K, .kn = cb->kern};
-        ml_cpu_pool_for(cb->pool, M, ml_cpu_grain((double)K), round_part, &r);
-        job.xb = xb;
-    }
-    run(cb, job);
+    if (M <= 0 || N <= 0)
+        return;
+    float *buf = NULL;
+    if (cb->bf16_x && !(buf = ml_cpu_act_buffer(cb, rounded_floats(cb, M, K), "matmul")))
+        return;
+    run_rounded(cb, job, (uint32_t *)buf);
 }
 
 /* ---- packing at load ------------------------------------------------------- */
@@ -408,7 +430,8 @@ static void pack_part(void *ctx, int64_t begin, int64_t end, int tid)
                     uint8_t *d = pj->dst + (size_t)s * P * S;
                     const uint8_t *r = pj->src + (size_t)n * K;
                     for (size_t p = p0; p < p1; p++)
-                        d[ml_cpu_packed_index(pj->strip_cols, 1, (int)p, c)] =
+                        d[pj->pairs ? ml_cpu_pair_index(pj->strip_cols, (int)p, c)
+                                    : ml_cpu_packed_index(pj->strip_cols, 1, (int)p, c)] =
                             n < pj->rows && p < K ? r[p] : 0;
                 } else {
                     uint16_t *d = (uint16_t *)pj->dst + (size_t)s * P * S;
@@ -433,7 +456,7 @@ const void *ml_cpu_linear_weight(ml_backend *be, const void *host, int rows, int
                      "%d x %d of %zu-byte elements", rows, cols, elem_size);
         return NULL;
     }
-    const int pairs = cb->bf16_x && elem_size == sizeof(uint16_t);
+    const int pairs = cb->bf16_x;
     const int steps = pairs ? pair_steps(cols) : cols;
     const int64_t strips = ((int64_t)rows + sc - 1) / sc;
     const size_t bytes = (size_t)strips * (size_t)sc * (size_t)steps * elem_size;
@@ -493,14 +516,19 @@ void ml_cpu_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w
     ml_cpu_backend *cb = ml_cpu_of(be);
     matmul_job job = {.y = y, .x = x, .w = w, .f8 = 1, .scale = scale, .bias = bias, .M = M, .K = K,
                       .Kp = K, .N = N, .cb = cb};
-    if (quant_x && M > 0 && N > 0) {
-        float *qx = ml_cpu_act_buffer(cb, (size_t)M * K + (size_t)M, "matmul_f8");
-        if (!qx)
-            return;
-        quant_job q = {.qx = qx, .sx = qx + (size_t)M * K, .x = x, .K = K};
+    if (M <= 0 || N <= 0)
+        return;
+    /* one buffer: the quantized rows and their scales, then their pairs */
+    const size_t quant = quant_x ? (size_t)M * K + (size_t)M : 0;
+    float *buf = NULL;
+    if ((quant || cb->bf16_x) &&
+        !(buf = ml_cpu_act_buffer(cb, quant + rounded_floats(cb, M, K), "matmul_f8")))
+        return;
+    if (quant_x) {
+        quant_job q = {.qx = buf, .sx = buf + (size_t)M * K, .x = x, .K = K};
         ml_cpu_pool_for(cb->pool, M, ml_cpu_grain((double)K), quant_part, &q);
         job.x = q.qx;
         job.xscale = q.sx;
     }
-    run(cb, job);
+    run_rounded(cb, job, buf ? (uint32_t *)(buf + quant) : NULL);
 }

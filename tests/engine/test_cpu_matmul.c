@@ -2,8 +2,9 @@
  * path and thread count (cpu_ops_util.h), its batch invariance, the order
  * of its sums on the packed weights (bit for bit, bf16 and FP8, per ISA),
  * the opt-in bf16 activations (AVX-512 BF16; refused elsewhere) against the
- * same reference on x rounded to bf16, and the LoRA's gemv kernel of each
- * ISA across block shapes.
+ * same reference on x rounded to bf16, FP8 with them (every code widened to
+ * bf16 exactly; the bf16 sum of the codes), and the LoRA's gemv kernel of
+ * each ISA across block shapes.
  *
  * Tolerance, with u = 2^-24: |y - ref| <= (K + 3)·u·(Σ_k |x_k·w_k| + |bias|
  * + |y0|), the classic bound of f32 recursive summation (any summation order
@@ -165,21 +166,22 @@ static void test_matmul_batch_invariance(ml_backend *be)
 }
 
 /* FP8 weights (matmul_f8): y = s · (x · qᵀ) + b with the sum exactly the
- * bf16 matmul's of q widened to bf16 (exact), at every M on both sides of
- * the GEMV/GEMM switch, with and without bias; so its batch invariance is
- * the bf16 path's, checked too. */
+ * bf16 matmul's of q widened to bf16 (exact), at every M to MAX_M on both
+ * sides of the GEMV/GEMM switch and at BIG_M (widened blocks in f32,
+ * grouped K blocks with bf16 activations), with and without bias; so its
+ * batch invariance is the bf16 path's, checked too. */
 static void test_matmul_f8(ml_backend *be)
 {
-    enum { K = 1031, N = 67, MAX_M = 40 };
-    float *x = xmalloc((size_t)MAX_M * K * sizeof *x);
-    float *y8 = xmalloc((size_t)MAX_M * N * sizeof *y8);
-    float *y16 = xmalloc((size_t)MAX_M * N * sizeof *y16);
+    enum { K = 1031, N = 67, MAX_M = 40, BIG_M = 200 };
+    float *x = xmalloc((size_t)BIG_M * K * sizeof *x);
+    float *y8 = xmalloc((size_t)BIG_M * N * sizeof *y8);
+    float *y16 = xmalloc((size_t)BIG_M * N * sizeof *y16);
     float *alone = xmalloc((size_t)MAX_M * N * sizeof *alone);
     uint8_t *w8 = xmalloc((size_t)N * K);
     uint16_t *w16 = xmalloc((size_t)N * K * sizeof *w16);
     uint16_t *bias = xmalloc((size_t)N * sizeof *bias);
     float *scale = xmalloc((size_t)N * sizeof *scale);
-    fill(x, (size_t)MAX_M * K, -1, 1);
+    fill(x, (size_t)BIG_M * K, -1, 1);
     fill(x + K, K, -1000, 1000); /* a row of larger activations */
     fill_bf16(bias, (size_t)N, -1, 1);
     for (int n = 0; n < N; n++) {
@@ -194,7 +196,7 @@ static void test_matmul_f8(ml_backend *be)
         }
     }
     int same = 1, first_bad = 0;
-    for (int M = 1; M <= MAX_M; M++) {
+    for (int M = 1; M <= BIG_M; M = M == MAX_M ? BIG_M : M + 1) {
         for (int with_bias = 0; with_bias < 2; with_bias++) {
             matmul_f8_rm(be, y8, x, w8, scale, with_bias ? bias : NULL, M, K, N, 0);
             matmul_rm(be, y16, x, w16, NULL, M, K, N, 0);
@@ -268,6 +270,35 @@ static void test_f8_codes(const ml_cpu_kernels *kn)
     }
     check(exact, "ml_cpu_f8_to_f32: a code differs from ml_f8e4m3_to_f32");
     check(strip, "gemm_packed f8 [%s]: a code is not widened exactly", ml_cpu_isa_name(kn->isa));
+    if (!kn->gemm_tile_bf16 || !ml_cpu_has_avx512_bf16())
+        return;
+    /* The same codes in the pair layout through gemm_tile_bf16 (bf16
+     * activations), a tile as wide as the strip and one as its half: one
+     * of each pair of activations is set, so each output is one exact
+     * product plus an exact zero. */
+    uint8_t wp[F8_CODES];
+    uint32_t xp[F8_CODES / 2];
+    for (int p = 0; p < steps; p++)
+        for (int c = 0; c < S; c++)
+            wp[ml_cpu_pair_index(S, p, c)] = (uint8_t)(p * S + c);
+    int pairs = 1;
+    for (int n = S; n >= S / 2; n -= S / 2) {
+        for (int v = 0; v < 2; v++) {
+            for (int one = 0; one < steps; one++) {
+                for (int q = 0; q < steps / 2; q++)
+                    xp[q] = ml_cpu_bf16_pair(2 * q == one ? ones[v] : 0.0f,
+                                             2 * q + 1 == one ? ones[v] : 0.0f);
+                memset(y, 0, sizeof y);
+                kn->gemm_tile_bf16(1, n, steps / 2, xp, (size_t)steps / 2, 1, wp, (size_t)S, 1,
+                                   (ml_cpu_prefetch)(one % (ML_CPU_PREFETCH_NEXT + 1)), wp, y,
+                                   (size_t)S);
+                for (int c = 0; c < S; c++)
+                    pairs &= y[c] == (c < n ? ones[v] * f8_want(one * S + c) : 0.0f);
+            }
+        }
+    }
+    check(pairs, "gemm_tile_bf16 f8 [%s]: a code is not widened to bf16 exactly",
+          ml_cpu_isa_name(kn->isa));
 }
 
 /* The packed layout and the order of every sum, bit for bit, per dtype
@@ -635,6 +666,11 @@ static void test_bf16_activations(ml_cpu_isa isa)
         test_matmul(be, 1);
         test_matmul_batch_invariance(be[0]);
         test_matmul_batch_invariance(be[1]);
+        /* FP8 on the pair kernel: the bf16 sum of its codes, as in f32 */
+        for (int b = 0; b < N_BACKENDS; b++) {
+            test_matmul_f8(be[b]);
+            test_matmul_f8_a8(be[b]);
+        }
     } else {
         fprintf(stderr, "bf16 activations [%s]: not on this CPU, refused as they must be\n",
                 g_isa);
