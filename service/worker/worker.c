@@ -310,7 +310,8 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
                 "bf16)");
     if (c->model.cpu_bf16_activations && !strcmp(ml_engine_backend_name(w->engine), "cpu"))
         svc_log(SVC_LOG_INFO, "cpu_activations",
-                "bf16: the CPU's bf16 Linears round their inputs to bf16 (AVX-512 BF16), not "
+                "bf16: the CPU's Linears, bf16 and FP8, round their inputs to bf16 (AVX-512 "
+                "BF16), not "
                 "the f32 reference numerics");
     w->model = ml_engine_model(w->engine);
     /* The parser refuses logit_bias ids without a logit before any work. */

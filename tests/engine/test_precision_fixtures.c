@@ -42,9 +42,10 @@
  *    to TOL_FP8 as the rest of the FP8 decoder.
  * 5. bf16 activations (model.cpu_activations = "bf16",
  *    ml_backend_cpu_bf16_activations; on a CPU with AVX-512 BF16, else
- *    reported and skipped) on every fixture as stored: each bf16 Linear's
- *    input rounded to bf16, a relative error of at most 2^-9 per element
- *    (the weights are bf16 already, and the products and sums stay f32).
+ *    reported and skipped) on every fixture as stored: each Linear's input
+ *    rounded to bf16, a relative error of at most 2^-9 per element (the
+ *    weights are bf16 already or FP8 codes, which bf16 holds exactly, and
+ *    the products and sums stay f32).
  *    As in 1., the per-element bound does not carry through the layers as
  *    a strict one; the test holds the logits to TOL_BF16 = 2^-5 of their
  *    scale, 16 such roundings, a quarter of TOL_FP8 for a rounding 32 times
