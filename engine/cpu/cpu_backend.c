@@ -140,6 +140,7 @@ ml_status ml_backend_cpu_bf16_activations(ml_backend *be, char *err, size_t errl
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "bf16 activations: %d Linears are already packed for f32", cb->n_linear);
     cb->bf16_x = 1;
+    cb->f8_pairs = cb->kern->gemm_tile_f8_pairs && ml_cpu_has_avx512_vbmi();
     snprintf(cb->name, sizeof cb->name, "cpu-%s-bf16", ml_cpu_isa_name(cb->kern->isa));
     return ML_OK;
 }

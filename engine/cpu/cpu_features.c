@@ -29,6 +29,16 @@ int ml_cpu_has_avx512_bf16(void)
 #endif
 }
 
+int ml_cpu_has_avx512_vbmi(void)
+{
+#if ML_CPU_X86
+    __builtin_cpu_init();
+    return ml_cpu_isa_detect() == ML_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vbmi");
+#else
+    return 0;
+#endif
+}
+
 const char *ml_cpu_isa_name(ml_cpu_isa isa)
 {
     switch (isa) {

@@ -32,6 +32,11 @@ ml_cpu_isa ml_cpu_isa_detect(void);
  * (ml_backend_cpu_bf16_activations). */
 int ml_cpu_has_avx512_bf16(void);
 
+/* Nonzero when this CPU and OS run AVX512_VBMI (byte permutes across a
+ * vector), which the FP8 Linears' bf16-activation kernel needs
+ * (gemm_tile_f8_pairs, cpu_kernels.h). */
+int ml_cpu_has_avx512_vbmi(void);
+
 /* "plain", "avx2" or "avx512". Never NULL. */
 const char *ml_cpu_isa_name(ml_cpu_isa isa);
 

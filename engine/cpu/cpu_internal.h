@@ -68,6 +68,10 @@ typedef struct ml_cpu_backend {
      * (ml_backend_cpu_bf16_activations; matmul.c). Fixed before the first
      * Linear is packed: n_linear counts those alive. */
     int bf16_x;
+    /* 1: with bf16_x, FP8 Linears too, packed in the pair layout for
+     * gemm_tile_f8_pairs (a CPU with AVX512_VBMI); 0: they keep f32
+     * activations and the f32 layout. */
+    int f8_pairs;
     int n_linear;
 
     /* The first error since the last synchronize (ML_OK: none), and how

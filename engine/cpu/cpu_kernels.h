@@ -75,24 +75,29 @@ typedef struct ml_cpu_kernels {
      * ISA has no bf16 dot product, i.e. everywhere but AVX-512 with
      * AVX512_BF16, which the caller has checked: ml_cpu_has_avx512_bf16):
      * gemm_tile on pairs. C (m, n) += A (m, 2·kp) · B (2·kp, n) for m <=
-     * tile_rows, n <= tile_cols, A and B in pairs along the sum: A's pair
-     * (i, p) is the dword a[i * a_rs + p * a_cs] (one of a_rs, a_cs is 1)
-     * of two bf16 (the lower index in the low half); B's pair row p is the
-     * ldb pairs from pair p · ldb of b, column j's pair the j-th: a dword
-     * of two bf16 (f8 == 0), or two F8_E4M3 codes (f8 != 0, the lower
-     * index first), widened to bf16 exactly in registers (every E4M3
-     * value is a bf16). Each sum starts at 0, takes one pair of products
-     * at a time in increasing p with VDPBF16PS, and is then added to C. A
-     * pair's two products and their addition to the sum are the
-     * instruction's, which CPU makers implement differently (it is not two
-     * FMAs on every CPU): a result's bits are fixed for a machine whatever
-     * the tile or its place, not across machines. pf and next as
-     * gemm_packed's, where B is a block of a packed strip (a_cs == 1 and n
-     * > half the tile; elsewhere pf is ML_CPU_PREFETCH_NONE); f8 B only
-     * there (a_cs == 1). */
+     * tile_rows, n <= tile_cols, A and B bf16 in pairs along the sum: A's
+     * pair (i, p) is the dword a[i * a_rs + p * a_cs] (one of a_rs, a_cs is
+     * 1), B's pair row p the dwords b + p * ldb, column j's pair in dword j
+     * (the lower index in the low half). Each sum starts at 0, takes one
+     * pair of products at a time in increasing p with VDPBF16PS, and is
+     * then added to C. A pair's two products and their addition to the sum
+     * are the instruction's, which CPU makers implement differently (it is
+     * not two FMAs on every CPU): a result's bits are fixed for a machine
+     * whatever the tile or its place, not across machines. pf and next as
+     * gemm_packed's, where B is a block of a packed strip (a_cs == 1 and n >
+     * half the tile; elsewhere pf is ML_CPU_PREFETCH_NONE). */
     void (*gemm_tile_bf16)(int m, int n, int kp, const uint32_t *a, size_t a_rs, size_t a_cs,
-                           const void *b, size_t ldb, int f8, ml_cpu_prefetch pf,
-                           const void *next, float *c, size_t ldc);
+                           const uint32_t *b, size_t ldb, ml_cpu_prefetch pf, const void *next,
+                           float *c, size_t ldc);
+    /* The same on FP8 weights (matmul.c; NULL as gemm_tile_bf16, and it
+     * needs AVX512_VBMI too, which the caller has checked:
+     * ml_cpu_has_avx512_vbmi): B's pair (p, j) is the two F8_E4M3 codes
+     * b[p * ldb + j] (the lower index in the low byte), widened to bf16
+     * exactly in registers (every E4M3 value is a bf16), so each sum is
+     * gemm_tile_bf16's on those bf16; A row-major (a_cs == 1) only. */
+    void (*gemm_tile_f8_pairs)(int m, int n, int kp, const uint32_t *a, size_t a_rs,
+                               size_t a_cs, const uint16_t *b, size_t ldb, ml_cpu_prefetch pf,
+                               const void *next, float *c, size_t ldc);
     /* Its operands rounded: pair(a, b) = the dword of ml_f32_to_bf16(a)
      * (dtype.h: RNE, NaN kept quiet, subnormals kept) in the low half and
      * of b in the high half. bf16_pairs: d[q] = pair(x[2q], x[2q + 1]) for
@@ -198,8 +203,8 @@ static inline size_t ml_cpu_packed_index(int strip_cols, int f8, int p, int c)
     return (size_t)p * (size_t)strip_cols + (size_t)(f8 ? c : 2 * (c % half) + c / half);
 }
 
-/* The pair layout of the bf16-activation matmul (gemm_tile_bf16), for bf16
- * and F8_E4M3 alike: the strips of ml_cpu_packed_index, each (K2 / 2,
+/* The pair layout of the bf16-activation matmul (gemm_tile_bf16 and
+ * gemm_tile_f8_pairs), for bf16 and F8_E4M3 alike: the strips of ml_cpu_packed_index, each (K2 / 2,
  * strip_cols) row-major over pairs of steps, K2 = K rounded up to even (a
  * zero step pads an odd K), every column's steps 2q and 2q + 1 side by
  * side (2q first: the low half of a bf16 dword), columns in order: one

@@ -97,130 +97,89 @@ ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, __m512 *b0, __
  * it (ml_cpu_has_avx512_bf16) calls them. */
 #define BF16_TARGET __attribute__((target("avx512bf16")))
 
-/* The bf16 bits of the E4M3 subnormals m · 2^-9 at index m = 0..7 of a
- * VPERMW table (which reads the low 5 bits of each index; the rest unused). */
-static const uint16_t f8_subnormal_bf16[32] = {0x0000, 0x3b00, 0x3b80, 0x3bc0,
-                                               0x3c00, 0x3c20, 0x3c40, 0x3c60};
-/* The bf16 exponent of an E4M3 normal is its own plus 127 - 7. */
-#define F8_BF16_REBIAS ((127 - 7) << 7)
-/* An E4M3 code's exponent and mantissa, and its exponent alone. */
-#define F8_MAG_BITS 0x7f
-#define F8_EXP_BITS 0x78
-#define BF16_SIGN 0x8000
-/* Where the code's 7 magnitude bits go in a bf16: bits 10..4. */
-#define F8_BF16_SHIFT 4
+#define PAIR_F8 0
+#define PAIR_TARGET BF16_TARGET
+#define PAIR_TILE pair_tile
+#define PAIR_M pair_m
+#define PAIR_ENTRY gemm_tile_bf16
+#include "cpu/kernels_pairs.h"
 
-/* 32 E4M3 codes widened to bf16, exactly (every E4M3 value is a bf16), in
- * the order they came: a pair step of 16 columns of the FP8 pair layout
- * becomes VDPBF16PS's operand. A normal's magnitude bits move to 10..4
- * under the rebiased exponent; a subnormal (exponent 0) is looked up; the
- * sign is the code's, which the sign extension put in bit 15. The NaN
- * codes, which no checkpoint holds, widen to ±480 as ml_cpu_f8_to_f32's. */
-ALWAYS_INLINE __m512i f8_to_bf16(__m256i codes)
+/* ---- gemm_tile_f8_pairs ----------------------------------------------------- */
+
+/* The FP8 tile needs AVX512_VBMI too (byte permutes across the vector):
+ * only these functions are compiled for it, and only a backend that found
+ * it (ml_cpu_has_avx512_vbmi) calls them. */
+#define F8_TARGET __attribute__((target("avx512bf16,avx512vbmi")))
+
+/* The bf16 bits of the E4M3 magnitude c (0..127, the code without its
+ * sign), exactly (every E4M3 value is a bf16): a normal's exponent field
+ * rebiased from 7 to 127 over its 3 mantissa bits; a subnormal f · 2^-9
+ * normalized (f = 1: 2^-9; 2, 3: 2^-8 · 1.f; 4..7: 2^-7 · 1.ff). */
+#define BF16_EXP(e) ((e) << 7)
+#define F8_EXP_REBIAS (127 - 7)
+#define F8_SUB_BF16(f)                                                                             \
+    ((f) >= 4   ? BF16_EXP(F8_EXP_REBIAS) | ((f) & 3) << 5                                         \
+     : (f) >= 2 ? BF16_EXP(F8_EXP_REBIAS - 1) | ((f) & 1) << 6                                     \
+     : (f)      ? BF16_EXP(F8_EXP_REBIAS - 2)                                                      \
+                : 0)
+#define F8_BF16(c)                                                                                 \
+    ((c) >> 3 ? BF16_EXP(((c) >> 3) + F8_EXP_REBIAS) | ((c) & 7) << 4 : F8_SUB_BF16((c) & 7))
+#define F8_BF16_LO(c) (uint8_t)(F8_BF16(c) & 0xff)
+#define F8_BF16_HI(c) (uint8_t)(F8_BF16(c) >> 8)
+/* VPERMI2B's index of byte j of the words of a step's first 32 codes and
+ * of its last 32: the low byte of word j / 2 from the looked-up low bytes
+ * (index j / 2), its high byte from the high bytes (64 + j / 2). */
+#define INTERLEAVE_FIRST(j) (uint8_t)((j) / 2 + (j) % 2 * 64)
+#define INTERLEAVE_SECOND(j) (uint8_t)(32 + (j) / 2 + (j) % 2 * 64)
+#define REP8(X, c) X(c), X(c + 1), X(c + 2), X(c + 3), X(c + 4), X(c + 5), X(c + 6), X(c + 7)
+#define REP64(X, c)                                                                                \
+    REP8(X, c), REP8(X, c + 8), REP8(X, c + 16), REP8(X, c + 24), REP8(X, c + 32),                 \
+        REP8(X, c + 40), REP8(X, c + 48), REP8(X, c + 56)
+
+static const uint8_t f8_bf16_lo[128] = {REP64(F8_BF16_LO, 0), REP64(F8_BF16_LO, 64)};
+static const uint8_t f8_bf16_hi[128] = {REP64(F8_BF16_HI, 0), REP64(F8_BF16_HI, 64)};
+static const uint8_t interleave_first[64] = {REP64(INTERLEAVE_FIRST, 0)};
+static const uint8_t interleave_second[64] = {REP64(INTERLEAVE_SECOND, 0)};
+
+/* VPERMI2B's two-register tables of f8_bf16_lo and _hi, and the
+ * interleaves of a step's halves. */
+typedef struct f8_tables {
+    __m512i lo0, lo1, hi0, hi1, first, second;
+} f8_tables;
+
+F8_TARGET ALWAYS_INLINE f8_tables f8_tables_make(void)
 {
-    const __m512i w = _mm512_cvtepi8_epi16(codes);
-    const __m512i normal = _mm512_add_epi16(
-        _mm512_and_si512(_mm512_slli_epi16(w, F8_BF16_SHIFT),
-                         _mm512_set1_epi16(F8_MAG_BITS << F8_BF16_SHIFT)),
-        _mm512_set1_epi16(F8_BF16_REBIAS));
-    const __mmask32 sub = _mm512_testn_epi16_mask(w, _mm512_set1_epi16(F8_EXP_BITS));
-    const __m512i mag = _mm512_mask_permutexvar_epi16(normal, sub, w,
-                                                      _mm512_loadu_si512(f8_subnormal_bf16));
-    /* mag | (w & BF16_SIGN) */
-    return _mm512_ternarylogic_epi32(mag, w, _mm512_set1_epi16((short)BF16_SIGN), 0xf8);
+    return (f8_tables){_mm512_loadu_si512(f8_bf16_lo), _mm512_loadu_si512(f8_bf16_lo + 64),
+                       _mm512_loadu_si512(f8_bf16_hi), _mm512_loadu_si512(f8_bf16_hi + 64),
+                       _mm512_loadu_si512(interleave_first), _mm512_loadu_si512(interleave_second)};
 }
 
-/* gemm_tile's tile on pairs: compile-time m, A layout (a_col), width
- * (wide), prefetching (pf, where B is a block of a packed strip) and B's
- * dtype (f8: E4M3 codes in pairs of bytes, widened to bf16 pairs as they
- * are loaded; else bf16 pairs). */
-BF16_TARGET ALWAYS_INLINE void pair_tile(const int m, const int a_col, const int wide,
-                                         const ml_cpu_prefetch pf, const int f8, int n, int kp,
-                                         const uint32_t *a, size_t lda, const void *b,
-                                         size_t ldb, const void *next, float *c, size_t ldc)
+/* A pair step's 64 codes (32 columns' pairs) widened to its two bf16 pair
+ * vectors: each code's low and high bf16 byte looked up by its 7
+ * magnitude bits (VPERMI2B ignores the 8th), the sign put back in the high
+ * byte, and the bytes interleaved into words in code order. 5 permutes
+ * and a logic op for 64 codes, where shifts, masks and a word lookup of
+ * the subnormals took 14 instructions (measured: a decode step of 8 to 16
+ * sequences of `small` with FP8 Linears and lm_head 0.63-0.84x the time,
+ * tests/bench/README.md). The NaN codes, which no checkpoint holds, widen
+ * to ±480 as ml_cpu_f8_to_f32's. */
+F8_TARGET ALWAYS_INLINE void f8_pair_step(const f8_tables *t, __m512i codes, __m512bh *b0,
+                                          __m512bh *b1)
 {
-    const vf_lanes m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
-    /* a pair of B: a dword of bf16, two bytes of E4M3 */
-    const size_t pair_bytes = f8 ? 2 * sizeof(uint8_t) : 2 * sizeof(uint16_t);
-    vf acc0[TILE_ROWS], acc1[TILE_ROWS];
-    zero_rows(m, acc0, acc1);
-    for (int p = 0; p < kp; p++) {
-        const char *bp = (const char *)b + (size_t)p * ldb * pair_bytes;
-        /* a strip's step: two cache lines of bf16 pairs, one of FP8 */
-        if (pf == ML_CPU_PREFETCH_STREAM) {
-            stream_prefetch(m, bp + ML_CPU_STRIP_PREFETCH_BYTES);
-            if (!f8)
-                stream_prefetch(m, bp + LANES * pair_bytes + ML_CPU_STRIP_PREFETCH_BYTES);
-        } else if (pf == ML_CPU_PREFETCH_NEXT) {
-            const char *np = (const char *)next + (size_t)p * ldb * pair_bytes;
-            _mm_prefetch(np, _MM_HINT_T1);
-            if (!f8)
-                _mm_prefetch(np + LANES * pair_bytes, _MM_HINT_T1);
-        }
-        __m512bh b0, b1 = (__m512bh)_mm512_setzero_si512();
-        if (f8) {
-            b0 = (__m512bh)f8_to_bf16(_mm256_maskz_loadu_epi16(m0, bp));
-            if (wide)
-                b1 = (__m512bh)f8_to_bf16(_mm256_maskz_loadu_epi16(m1, bp + LANES * pair_bytes));
-        } else {
-            b0 = (__m512bh)_mm512_maskz_loadu_epi32(m0, bp);
-            if (wide)
-                b1 = (__m512bh)_mm512_maskz_loadu_epi32(m1, bp + LANES * pair_bytes);
-        }
-#pragma GCC unroll 12
-        for (int i = 0; i < m; i++) {
-            const __m512bh ai = (__m512bh)_mm512_set1_epi32(
-                (int)(a_col ? a[(size_t)p * lda + i] : a[(size_t)i * lda + p]));
-            acc0[i] = _mm512_dpbf16_ps(acc0[i], ai, b0);
-            if (wide)
-                acc1[i] = _mm512_dpbf16_ps(acc1[i], ai, b1);
-        }
-    }
-#pragma GCC unroll 12
-    for (int i = 0; i < m; i++)
-        add_row(wide ? TILE_WIDE : TILE_NARROW, c + (size_t)i * ldc, m0, m1, acc0[i], acc1[i]);
+    const __m512i lo = _mm512_permutex2var_epi8(t->lo0, codes, t->lo1);
+    /* hi | (codes & sign) */
+    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t->hi0, codes, t->hi1),
+                                                 codes, _mm512_set1_epi8((char)0x80), 0xf8);
+    *b0 = (__m512bh)_mm512_permutex2var_epi8(lo, t->first, hi);
+    *b1 = (__m512bh)_mm512_permutex2var_epi8(lo, t->second, hi);
 }
 
-/* Prefetching and FP8 are the matmul's cases only: row-major x against a
- * block of a strip. */
-BF16_TARGET ALWAYS_INLINE void pair_m(const int m, int n, int kp, const uint32_t *a, size_t a_rs,
-                                      size_t a_cs, const void *b, size_t ldb, int f8,
-                                      ml_cpu_prefetch pf, const void *next, float *c, size_t ldc)
-{
-    const int wide = n > LANES;
-#define PAIR_TILE(a_col, wide, pf, f8, lda)                                                        \
-    pair_tile(m, a_col, wide, pf, f8, n, kp, a, lda, b, ldb, next, c, ldc)
-    if (a_cs != 1)
-        wide ? PAIR_TILE(1, 1, ML_CPU_PREFETCH_NONE, 0, a_cs)
-             : PAIR_TILE(1, 0, ML_CPU_PREFETCH_NONE, 0, a_cs);
-    else if (f8 && wide && pf == ML_CPU_PREFETCH_STREAM)
-        PAIR_TILE(0, 1, ML_CPU_PREFETCH_STREAM, 1, a_rs);
-    else if (f8 && wide && pf == ML_CPU_PREFETCH_NEXT)
-        PAIR_TILE(0, 1, ML_CPU_PREFETCH_NEXT, 1, a_rs);
-    else if (f8)
-        wide ? PAIR_TILE(0, 1, ML_CPU_PREFETCH_NONE, 1, a_rs)
-             : PAIR_TILE(0, 0, ML_CPU_PREFETCH_NONE, 1, a_rs);
-    else if (wide && pf == ML_CPU_PREFETCH_STREAM)
-        PAIR_TILE(0, 1, ML_CPU_PREFETCH_STREAM, 0, a_rs);
-    else if (wide && pf == ML_CPU_PREFETCH_NEXT)
-        PAIR_TILE(0, 1, ML_CPU_PREFETCH_NEXT, 0, a_rs);
-    else
-        wide ? PAIR_TILE(0, 1, ML_CPU_PREFETCH_NONE, 0, a_rs)
-             : PAIR_TILE(0, 0, ML_CPU_PREFETCH_NONE, 0, a_rs);
-#undef PAIR_TILE
-}
-
-BF16_TARGET static void gemm_tile_bf16(int m, int n, int kp, const uint32_t *a, size_t a_rs,
-                                       size_t a_cs, const void *b, size_t ldb, int f8,
-                                       ml_cpu_prefetch pf, const void *next, float *c, size_t ldc)
-{
-#define GEMM_TILE_BF16_M(mm) pair_m(mm, n, kp, a, a_rs, a_cs, b, ldb, f8, pf, next, c, ldc)
-    switch (m) {
-        TILE_M_CASES(GEMM_TILE_BF16_M)
-    default: assert(!"gemm_tile_bf16: m out of range");
-    }
-#undef GEMM_TILE_BF16_M
-}
+#define PAIR_F8 1
+#define PAIR_TARGET F8_TARGET
+#define PAIR_TILE f8_pair_tile
+#define PAIR_M f8_pair_m
+#define PAIR_ENTRY gemm_tile_f8_pairs
+#include "cpu/kernels_pairs.h"
 
 /* The pair operands. Integer RNE as ml_f32_to_bf16, not VCVTNE2PS2BF16,
  * which flushes subnormal inputs to zero: the same bits as the scalar
@@ -273,6 +232,7 @@ const ml_cpu_kernels ml_cpu_kernels_avx512 = {
     .gemm_packed = gemm_packed,
     .strip_cols = STRIP_COLS,
     .gemm_tile_bf16 = gemm_tile_bf16,
+    .gemm_tile_f8_pairs = gemm_tile_f8_pairs,
     .bf16_pairs = bf16_pairs,
     .bf16_pair_rows = bf16_pair_rows,
     .softmax_block = softmax_block,

@@ -68,13 +68,15 @@
  * into the act buffer, and the driver above runs gemm_tile_bf16 on them and
  * the strips as they are (no widening). The blocks, tiles and threads are
  * the f32 path's and each element's sum is over pairs in increasing order
- * per KC block, so batch invariance holds as above. FP8 Linears too: their
- * codes are packed in the same pair layout and widened to bf16 pairs in
- * registers (exact), so an FP8 Linear's sum is the bf16 Linear's of its
- * codes widened, then the scale as above, and its multiplies run at the
- * bf16 dot's rate rather than f32 FMA's (at 8 rows and more a decode step
- * of FP8 was compute bound in f32). W8A8's quantized rows are E4M3 values,
- * which bf16 holds exactly: their rounding to pairs changes nothing. */
+ * per KC block, so batch invariance holds as above. FP8 Linears too, on a
+ * CPU with AVX512_VBMI (cb->f8_pairs): their codes are packed in the same
+ * pair layout and gemm_tile_f8_pairs widens them to bf16 in registers
+ * (exact), so an FP8 Linear's sum is the bf16 Linear's of its codes, then
+ * the scale as above, and its multiplies run at the bf16 dot's rate rather
+ * than f32 FMA's (at 8 rows and more a decode step of FP8 was compute
+ * bound in f32). W8A8's quantized rows are E4M3 values, which bf16 holds
+ * exactly: their rounding to pairs changes nothing. Without VBMI (Cooper
+ * Lake) FP8 Linears keep their f32 activations and layout. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -287,11 +289,15 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, fl
                                           panel + (size_t)(pc - pg) * GEMM_NC +
                                               (size_t)((col - jc) / sc) * (size_t)kc * (size_t)sc,
                                           (size_t)sc, y, N);
+                        else if (j->xb && j->f8)
+                            kn->gemm_tile_f8_pairs(m, n, kc / 2,
+                                                   j->xb + (size_t)ic * ldxb + (size_t)pc / 2,
+                                                   ldxb, 1, strip_at(j, col, pc), (size_t)sc, pf,
+                                                   next, y, N);
                         else if (j->xb)
                             kn->gemm_tile_bf16(m, n, kc / 2,
                                                j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
-                                               strip_at(j, col, pc), (size_t)sc, j->f8, pf, next,
-                                               y, N);
+                                               strip_at(j, col, pc), (size_t)sc, pf, next, y, N);
                         else
                             kn->gemm_packed(m, n, kc, x, K, strip_at(j, col, pc), j->f8, pf, next,
                                             y, N);
@@ -369,18 +375,17 @@ static void round_part(void *ctx, int64_t begin, int64_t end, int tid)
                           (size_t)r->K);
 }
 
-/* Floats of the act buffer that x (M, K) rounded to bf16 pairs takes:
- * none without bf16 activations. */
-static size_t rounded_floats(const ml_cpu_backend *cb, int M, int K)
+/* Floats of the act buffer that x (M, K) rounded to bf16 pairs takes. */
+static size_t rounded_floats(int M, int K)
 {
-    return cb->bf16_x ? (size_t)M * (size_t)pair_steps(K) / 2 : 0;
+    return (size_t)M * (size_t)pair_steps(K) / 2;
 }
 
-/* Run job; with bf16 activations its x is first rounded into xb
- * (rounded_floats of the act buffer). */
+/* Run job; with xb (rounded_floats of the act buffer) its x is first
+ * rounded there and the pair kernels run. */
 static void run_rounded(ml_cpu_backend *cb, matmul_job job, uint32_t *xb)
 {
-    if (cb->bf16_x) {
+    if (xb) {
         job.Kp = pair_steps(job.K);
         round_job r = {.xb = xb, .x = job.x, .K = job.K, .kn = cb->kern};
         ml_cpu_pool_for(cb->pool, job.M, ml_cpu_grain((double)job.K), round_part, &r);
@@ -398,7 +403,7 @@ void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
     if (M <= 0 || N <= 0)
         return;
     float *buf = NULL;
-    if (cb->bf16_x && !(buf = ml_cpu_act_buffer(cb, rounded_floats(cb, M, K), "matmul")))
+    if (cb->bf16_x && !(buf = ml_cpu_act_buffer(cb, rounded_floats(M, K), "matmul")))
         return;
     run_rounded(cb, job, (uint32_t *)buf);
 }
@@ -456,7 +461,7 @@ const void *ml_cpu_linear_weight(ml_backend *be, const void *host, int rows, int
                      "%d x %d of %zu-byte elements", rows, cols, elem_size);
         return NULL;
     }
-    const int pairs = cb->bf16_x;
+    const int pairs = cb->bf16_x && (elem_size == sizeof(uint16_t) || cb->f8_pairs);
     const int steps = pairs ? pair_steps(cols) : cols;
     const int64_t strips = ((int64_t)rows + sc - 1) / sc;
     const size_t bytes = (size_t)strips * (size_t)sc * (size_t)steps * elem_size;
@@ -520,9 +525,9 @@ void ml_cpu_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w
         return;
     /* one buffer: the quantized rows and their scales, then their pairs */
     const size_t quant = quant_x ? (size_t)M * K + (size_t)M : 0;
+    const size_t pairs = cb->f8_pairs ? rounded_floats(M, K) : 0;
     float *buf = NULL;
-    if ((quant || cb->bf16_x) &&
-        !(buf = ml_cpu_act_buffer(cb, quant + rounded_floats(cb, M, K), "matmul_f8")))
+    if ((quant || pairs) && !(buf = ml_cpu_act_buffer(cb, quant + pairs, "matmul_f8")))
         return;
     if (quant_x) {
         quant_job q = {.qx = buf, .sx = buf + (size_t)M * K, .x = x, .K = K};
@@ -530,5 +535,5 @@ void ml_cpu_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w
         job.x = q.qx;
         job.xscale = q.sx;
     }
-    run_rounded(cb, job, buf ? (uint32_t *)(buf + quant) : NULL);
+    run_rounded(cb, job, pairs ? (uint32_t *)(buf + quant) : NULL);
 }
