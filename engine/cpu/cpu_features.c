@@ -19,24 +19,23 @@ ml_cpu_isa ml_cpu_isa_detect(void)
     return ML_CPU_ISA_PLAIN;
 }
 
+/* An AVX-512 extension, counted only where AVX-512 itself runs
+ * (__builtin_cpu_supports takes a literal name, hence a macro). */
+#if ML_CPU_X86
+#define HAS_AVX512_EXTENSION(name)                                                                 \
+    (ml_cpu_isa_detect() == ML_CPU_ISA_AVX512 && __builtin_cpu_supports(name))
+#else
+#define HAS_AVX512_EXTENSION(name) 0
+#endif
+
 int ml_cpu_has_avx512_bf16(void)
 {
-#if ML_CPU_X86
-    __builtin_cpu_init();
-    return ml_cpu_isa_detect() == ML_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512bf16");
-#else
-    return 0;
-#endif
+    return HAS_AVX512_EXTENSION("avx512bf16");
 }
 
 int ml_cpu_has_avx512_vbmi(void)
 {
-#if ML_CPU_X86
-    __builtin_cpu_init();
-    return ml_cpu_isa_detect() == ML_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vbmi");
-#else
-    return 0;
-#endif
+    return HAS_AVX512_EXTENSION("avx512vbmi");
 }
 
 const char *ml_cpu_isa_name(ml_cpu_isa isa)
