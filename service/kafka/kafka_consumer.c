@@ -27,6 +27,12 @@ struct svc_consumer {
     atomic_bool failed;      /* out of memory inside a rebalance: process-level */
     svc_offset_ticket *pending; /* owned scratch for on_revoke */
     size_t pending_cap;
+    /* Records of a paused topic that librdkafka delivered anyway (a pause
+     * takes effect asynchronously, so a fetch already started, as at an
+     * assignment, can still arrive), owned, in arrival order: handed out
+     * first once their topic is resumed, dropped with their partition. */
+    rd_kafka_message_t **held;
+    size_t n_held, held_cap;
 };
 
 /* ---- messages ---------------------------------------------------------------- */
@@ -203,6 +209,56 @@ static void recount_paused(svc_consumer *c)
     rd_kafka_topic_partition_list_destroy(parts);
 }
 
+/* ---- records held while their topic is paused ------------------------------- */
+
+/* Hold rkm (of a paused topic); false when there is no memory for it, and
+ * the caller hands it out as before the pause. */
+static bool hold(svc_consumer *c, rd_kafka_message_t *rkm)
+{
+    if (c->n_held == c->held_cap) {
+        size_t cap = c->held_cap ? 2 * c->held_cap : 16;
+        rd_kafka_message_t **h = realloc(c->held, cap * sizeof *h);
+        if (!h)
+            return false;
+        c->held = h;
+        c->held_cap = cap;
+    }
+    c->held[c->n_held++] = rkm;
+    return true;
+}
+
+/* The first held record whose topic is no longer paused, taken out; NULL
+ * when there is none. Records of one partition keep their order. */
+static rd_kafka_message_t *take_held(svc_consumer *c)
+{
+    for (size_t i = 0; i < c->n_held; i++) {
+        rd_kafka_message_t *rkm = c->held[i];
+        if (c->paused[topic_id(c, rd_kafka_topic_name(rkm->rkt))])
+            continue;
+        memmove(c->held + i, c->held + i + 1, (c->n_held - i - 1) * sizeof *c->held);
+        c->n_held--;
+        return rkm;
+    }
+    return NULL;
+}
+
+/* Drop the held records of `parts` (every one when NULL): they are not
+ * this consumer's to hand out any more, and, unfinished, the partition's
+ * next owner reads them again. */
+static void drop_held(svc_consumer *c, const rd_kafka_topic_partition_list_t *parts)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < c->n_held; i++) {
+        rd_kafka_message_t *rkm = c->held[i];
+        if (!parts || rd_kafka_topic_partition_list_find(parts, rd_kafka_topic_name(rkm->rkt),
+                                                         rkm->partition))
+            rd_kafka_message_destroy(rkm);
+        else
+            c->held[kept++] = rkm;
+    }
+    c->n_held = kept;
+}
+
 /* ---- rebalance --------------------------------------------------------------- */
 
 /* @locality Kafka thread, inside rd_kafka_consumer_poll or _close. */
@@ -274,6 +330,7 @@ static void on_revoke(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, b
         if (id >= 0)
             svc_offsets_revoke(c->offsets, id, parts->elems[i].partition);
     }
+    drop_held(c, parts);
     if (cooperative) {
         rd_kafka_error_t *e = rd_kafka_incremental_unassign(c->rk, parts);
         if (e) {
@@ -323,8 +380,10 @@ void svc_consumer_destroy(svc_consumer *c)
         return;
     if (c->rk) {
         svc_consumer_close(c, NULL, 0);
+        drop_held(c, NULL);
         rd_kafka_destroy(c->rk);
     }
+    free(c->held);
     for (size_t i = 0; i < c->n_topics; i++)
         free(c->topics[i]);
     free(c->topics);
@@ -505,7 +564,9 @@ svc_kafka_status svc_consumer_poll(svc_consumer *c, int timeout_ms, svc_kafka_ms
     memset(msg, 0, sizeof *msg);
     if (c->closed || svc_consumer_fatal(c, NULL, 0))
         return SVC_KAFKA_ERR_FATAL;
-    rd_kafka_message_t *rkm = rd_kafka_consumer_poll(c->rk, timeout_ms);
+    rd_kafka_message_t *rkm = take_held(c);
+    if (!rkm)
+        rkm = rd_kafka_consumer_poll(c->rk, timeout_ms);
     if (svc_consumer_fatal(c, NULL, 0)) {
         if (rkm)
             rd_kafka_message_destroy(rkm);
@@ -521,6 +582,11 @@ svc_kafka_status svc_consumer_poll(svc_consumer *c, int timeout_ms, svc_kafka_ms
 
     const char *topic = rd_kafka_topic_name(rkm->rkt);
     int32_t id = topic_id(c, topic);
+    if (id >= 0 && c->paused[id] && hold(c, rkm)) {
+        svc_log(SVC_LOG_DEBUG, "kafka.hold", "%s [%d] offset %lld held: its topic is paused",
+                topic, (int)rkm->partition, (long long)rkm->offset);
+        return SVC_KAFKA_NO_MESSAGE;
+    }
     svc_offsets_status st = id < 0 ? SVC_OFFSETS_NOT_ASSIGNED
                                    : svc_offsets_begin(c->offsets, id, rkm->partition,
                                                        rkm->offset, &msg->ticket);
