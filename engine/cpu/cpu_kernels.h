@@ -204,13 +204,14 @@ static inline size_t ml_cpu_packed_index(int strip_cols, int f8, int p, int c)
 }
 
 /* The pair layout of the bf16-activation matmul (gemm_tile_bf16 and
- * gemm_tile_f8_pairs), for bf16 and F8_E4M3 alike: the strips of ml_cpu_packed_index, each (K2 / 2,
- * strip_cols) row-major over pairs of steps, K2 = K rounded up to even (a
- * zero step pads an odd K), every column's steps 2q and 2q + 1 side by
- * side (2q first: the low half of a bf16 dword), columns in order: one
- * step of the kernel is one contiguous load of strip_cols pairs,
- * VDPBF16PS's operand as it stands (bf16) or once each code is widened
- * (FP8). The element index of column c at step p of a strip: */
+ * gemm_tile_f8_pairs), for bf16 and F8_E4M3 alike: the strips of
+ * ml_cpu_packed_index, each (K2 / 2, strip_cols) row-major over pairs of
+ * steps, K2 = K rounded up to even (a zero step pads an odd K), every
+ * column's steps 2q and 2q + 1 side by side (2q first: the low half of a
+ * bf16 dword), columns in order: one step of the kernel is one contiguous
+ * load of strip_cols pairs, VDPBF16PS's operand as it stands (bf16) or
+ * once each code is widened (FP8). The element index of column c at step
+ * p of a strip: */
 static inline size_t ml_cpu_pair_index(int strip_cols, int p, int c)
 {
     return ((size_t)(p / 2) * (size_t)strip_cols + (size_t)c) * 2 + (size_t)(p % 2);

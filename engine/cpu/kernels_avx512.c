@@ -149,9 +149,12 @@ typedef struct f8_tables {
 
 F8_TARGET ALWAYS_INLINE f8_tables f8_tables_make(void)
 {
-    return (f8_tables){_mm512_loadu_si512(f8_bf16_lo), _mm512_loadu_si512(f8_bf16_lo + 64),
-                       _mm512_loadu_si512(f8_bf16_hi), _mm512_loadu_si512(f8_bf16_hi + 64),
-                       _mm512_loadu_si512(interleave_first), _mm512_loadu_si512(interleave_second)};
+    return (f8_tables){.lo0 = _mm512_loadu_si512(f8_bf16_lo),
+                       .lo1 = _mm512_loadu_si512(f8_bf16_lo + 64),
+                       .hi0 = _mm512_loadu_si512(f8_bf16_hi),
+                       .hi1 = _mm512_loadu_si512(f8_bf16_hi + 64),
+                       .first = _mm512_loadu_si512(interleave_first),
+                       .second = _mm512_loadu_si512(interleave_second)};
 }
 
 /* A pair step's 64 codes (32 columns' pairs) widened to its two bf16 pair

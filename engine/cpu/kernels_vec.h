@@ -32,8 +32,8 @@
 /* The cache a tile of m rows prefetches a streamed strip into
  * (ML_CPU_PREFETCH_STREAM, ML_CPU_STRIP_PREFETCH_BYTES ahead). With one
  * to three rows a step is a few multiply-adds and its lines must be in L1
- * when it comes. From 4 rows on a step takes long enough for L2 to deliver them,
- * and prefetching into L1 that far ahead was slower, likely because the
+ * when it comes. From 4 rows on a step takes long enough for L2 to deliver
+ * them, and prefetching into L1 that far ahead was slower, likely because the
  * prefetches hold L1's few miss buffers until their lines arrive and the
  * tile's own loads queue behind them (the VM has no counters to confirm
  * it). Measured on the 2-vCPU AMD EPYC (AVX-512), 2 threads,

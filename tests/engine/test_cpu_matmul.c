@@ -291,7 +291,8 @@ static void test_f8_codes(const ml_cpu_kernels *kn)
                                              2 * q + 1 == one ? ones[v] : 0.0f);
                 memset(y, 0, sizeof y);
                 kn->gemm_tile_f8_pairs(1, n, steps / 2, xp, (size_t)steps / 2, 1, wpairs,
-                                       (size_t)S, (ml_cpu_prefetch)(one % (ML_CPU_PREFETCH_NEXT + 1)),
+                                       (size_t)S,
+                                       (ml_cpu_prefetch)(one % (ML_CPU_PREFETCH_NEXT + 1)),
                                        wpairs, y, (size_t)S);
                 for (int c = 0; c < S; c++)
                     pairs &= y[c] == (c < n ? ones[v] * f8_want(one * S + c) : 0.0f);
