@@ -305,9 +305,11 @@ static void on_revoke(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, b
             int32_t id = topic_id(c, parts->elems[i].topic);
             if (id < 0)
                 continue;
-            size_t room = pass ? c->pending_cap - n : 0;
+            /* Nothing pending yet leaves c->pending NULL, and NULL + 0 is
+             * undefined in C. */
+            bool fill = pass && c->pending;
             n += svc_offsets_pending(c->offsets, id, parts->elems[i].partition,
-                                     pass ? c->pending + n : NULL, room);
+                                     fill ? c->pending + n : NULL, fill ? c->pending_cap - n : 0);
         }
         if (pass == 0 && n > c->pending_cap) {
             svc_offset_ticket *p = realloc(c->pending, n * sizeof *p);
