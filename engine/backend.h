@@ -85,9 +85,10 @@ typedef struct ml_attn_cross_params {
     const float *q;            /* (n_tokens, n_heads, head_dim), q_norm applied */
     const void *const *states; /* (n_seqs, max_images): base pointers of each sequence's image
                                   states in image order; entries past n_images[s] are ignored */
-    size_t k_offset, v_offset; /* bytes from a state's base to this layer's K and V planes,
-                                  each (max_tiles * chunk_len, n_kv_heads, head_dim) in the
-                                  kv type, k_norm applied */
+    size_t k_offset, v_offset; /* bytes from a state's base to this layer's K and V planes
+                                  of max_tiles * chunk_len keys in the kv type, k_norm applied:
+                                  K as kv_store_keys lays it out, V (keys, n_kv_heads,
+                                  head_dim) as kv_store does */
     const int32_t *n_images;   /* (n_seqs): 0 .. max_images; 0 = text only */
     const int32_t *seq_start;  /* (n_seqs + 1): non-decreasing, within [0, n_tokens] */
     const uint8_t *allowed;    /* (n_tokens, max_images * max_tiles) */
@@ -247,8 +248,16 @@ typedef struct ml_backend_ops {
      * nothing is written for it (vLLM's PAD_SLOT_ID). */
     void (*kv_write)(ml_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                      const int32_t *slot, int n_tokens, int n_kv_heads, int head_dim);
-    /* Convert f32 (n, dim) into the kv type (resident cross-attention K/V). */
+    /* Convert f32 (n, dim) into the kv type (resident cross-attention V). */
     void (*kv_store)(ml_backend *be, void *dst, const float *src, size_t n);
+    /* Convert a cross layer's f32 K (n_keys, n_kv_heads, head_dim) into the
+     * kv type, in the layout this backend's attn_cross reads: the CUDA
+     * backend keeps it (kv_store's); the CPU backend stores it transposed,
+     * (n_kv_heads, head_dim, n_keys), so that the few query rows of a decode
+     * step multiply a vector of keys at a time instead of a vector of query
+     * rows (engine/cpu/attention.c). */
+    void (*kv_store_keys)(ml_backend *be, void *dst, const float *src, int n_keys,
+                          int n_kv_heads, int head_dim);
 
     /* ---- sampling --------------------------------------------------------- */
     /* The next token of each row of a step's logits (sample.h's pipeline);

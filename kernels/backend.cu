@@ -363,6 +363,7 @@ static const ml_backend_ops cuda_ops = {
     .attn_cross = mlk_attn_cross,
     .kv_write = mlk_kv_write,
     .kv_store = mlk_kv_store,
+    .kv_store_keys = mlk_kv_store_keys,
     .sample = mlk_sample,
     .sample_scratch_bytes = mlk_sample_scratch_bytes,
     .all_reduce_sum = NULL,

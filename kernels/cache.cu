@@ -1,6 +1,7 @@
 /* The K/V caches in bf16 (kv_elem_size 2): kv_write scatters new tokens'
- * K and V rows into paged cache slots, kv_store converts a resident
- * cross-attention plane. Conversion rounds to nearest even, as
+ * K and V rows into paged cache slots, kv_store and kv_store_keys convert a
+ * resident cross-attention plane (K keeps its (keys, n_kv_heads, head_dim)
+ * layout here: the attention kernels read a key's row). Conversion rounds to nearest even, as
  * ml_f32_to_bf16 does, so a cache written here holds exactly the bf16
  * rounding of the CPU's f32 cache. */
 #include "mlk_internal.cuh"
@@ -52,4 +53,10 @@ void mlk_kv_store(ml_backend *be, void *dst, const float *src, size_t n)
     mlk_launch(kv_store_kernel, mlk_blocks(n, CACHE_THREADS), CACHE_THREADS, 0,
                b->stream, (uint16_t *)dst, src, n);
     mlk_launched(b, "kv_store");
+}
+
+void mlk_kv_store_keys(ml_backend *be, void *dst, const float *src, int n_keys, int n_kv_heads,
+                       int head_dim)
+{
+    mlk_kv_store(be, dst, src, (size_t)n_keys * n_kv_heads * head_dim);
 }

@@ -288,6 +288,8 @@ void mlk_patchify(ml_backend *be, float *patches, const float *pixels, int n_img
 void mlk_kv_write(ml_backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                   const int32_t *slot, int n_tokens, int n_kv_heads, int head_dim);
 void mlk_kv_store(ml_backend *be, void *dst, const float *src, size_t n);
+void mlk_kv_store_keys(ml_backend *be, void *dst, const float *src, int n_keys, int n_kv_heads,
+                       int head_dim);
 void mlk_sample(ml_backend *be, const ml_sample_params *p);
 size_t mlk_sample_scratch_bytes(ml_backend *be, int rows, int vocab);
 void mlk_attn_vision(ml_backend *be, const ml_attn_vision_params *p);

@@ -10,6 +10,8 @@
  *                           prefetched while the previous block runs) or
  *                           gathered from the paged cache (causal)
  *   S (nk, nq) = K · Qᵀ     gemm_tile; Qᵀ (head_dim, nq) packed once per item
+ *                           (cross: Sᵀ = Q · Kᵀ from the state's transposed K,
+ *                           then transposed: the same sums, see scores_keys)
  *   masked entries of S = -inf
  *   online softmax down S's columns (softmax_block); O rows *= alpha
  *   O (nq, head_dim) += Sᵀ · V    gemm_tile reading S column-major
@@ -63,6 +65,8 @@
  * which vision keys (used in place) leave free. */
 _Static_assert(ATTN_BK % 2 == 0 && ATTN_BQ / 2 <= ML_CPU_MAX_HEAD_DIM,
                "bf16 attention: the weights' pairs fit the K scratch");
+/* So does cross attention's Sᵀ (BQ, BK): its keys are used in place too. */
+_Static_assert(ATTN_BQ <= ML_CPU_MAX_HEAD_DIM, "cross attention: Sᵀ fits the K scratch");
 
 typedef enum attn_kind {
     ATTN_VISION,
@@ -187,31 +191,41 @@ static size_t causal_row(const attn_job *j, int s, int kvh, int pos)
     return (slot * (size_t)j->n_kv_heads + (size_t)kvh) * (size_t)j->head_dim;
 }
 
+/* A block of keys: its first key and value, and their strides. K holds
+ * the keys' rows (ldk floats apart), except in cross attention, whose state
+ * holds K transposed (ml_cpu_kv_store_keys): head_dim rows of ldk keys. V
+ * holds the rows of the values, ldv floats apart. */
+typedef struct key_blk {
+    const float *k, *v;
+    size_t ldk, ldv;
+} key_blk;
+
 /* The key block starting at key kb (< n_keys) of kv head kvh in sequence s:
- * returns its length (<= ATTN_BK) and sets *k, *v to its first key and value
- * rows and *ld to their row stride. Vision and cross keys are used in place
- * (a block never straddles two images; kp, vp are not touched and may be
- * NULL); paged causal keys are gathered into kp, vp (ATTN_BK, head_dim). */
+ * returns its length (<= ATTN_BK) and sets *b. Vision and cross keys are
+ * used in place (a block never straddles two images; kp, vp are not touched
+ * and may be NULL); paged causal keys are gathered into kp, vp (ATTN_BK,
+ * head_dim). */
 static int key_block(const attn_job *j, int s, int kvh, int kb, int n_keys, float *kp, float *vp,
-                     const float **k, const float **v, size_t *ld)
+                     key_blk *b)
 {
     const size_t hd = (size_t)j->head_dim, n_kv = (size_t)j->n_kv_heads;
     int nk = imin(ATTN_BK, n_keys - kb);
     switch (j->kind) {
     case ATTN_VISION: {
         const size_t off = (((size_t)s * j->seq_len + (size_t)kb) * n_kv + (size_t)kvh) * hd;
-        *k = j->k + off;
-        *v = j->v + off;
-        *ld = n_kv * hd;
+        *b = (key_blk){.k = j->k + off, .v = j->v + off, .ldk = n_kv * hd, .ldv = n_kv * hd};
         return nk;
     }
     case ATTN_CROSS: {
         const int img = kb / j->image_keys, first = kb % j->image_keys;
         const char *state = j->states[(size_t)s * j->max_images + (size_t)img];
-        const size_t off = ((size_t)first * n_kv + (size_t)kvh) * hd;
-        *k = (const float *)(state + j->k_offset) + off;
-        *v = (const float *)(state + j->v_offset) + off;
-        *ld = n_kv * hd;
+        const size_t keys = (size_t)j->image_keys;
+        *b = (key_blk){
+            .k = (const float *)(state + j->k_offset) + (size_t)kvh * hd * keys + (size_t)first,
+            .v = (const float *)(state + j->v_offset) + ((size_t)first * n_kv + (size_t)kvh) * hd,
+            .ldk = keys,
+            .ldv = n_kv * hd,
+        };
         return imin(nk, j->image_keys - first);
     }
     case ATTN_CAUSAL:
@@ -226,9 +240,7 @@ static int key_block(const attn_job *j, int s, int kvh, int kb, int n_keys, floa
             memcpy(kp + (size_t)key * hd, j->k + row, hd * sizeof *kp);
             memcpy(vp + (size_t)key * hd, j->v + row, hd * sizeof *vp);
         }
-        *k = kp;
-        *v = vp;
-        *ld = hd;
+        *b = (key_blk){.k = kp, .v = vp, .ldk = hd, .ldv = hd};
         return nk;
     }
     return 0;
@@ -419,6 +431,35 @@ static void values_bf16(const attn_job *j, int s, int kvh, int kb, int nk, const
                                o + (size_t)c0 * hd + d0, (size_t)hd);
 }
 
+/* Cross: S (nk, BQ) of the key block blk from its transposed K. Sᵀ (nq, nk)
+ * = Q · Kᵀ runs in gemm_tile's tiles of query rows by a vector of keys, so
+ * that a decode step's few rows (one token's GQA group) fill the vector
+ * lanes, which they fill a quarter of as the columns of K · Qᵀ. Each score
+ * is the same sum, over head_dim in increasing order, as K · Qᵀ's: the
+ * bits do not change. Sᵀ goes to st (nq, BK) and is transposed into sc.
+ * Meanwhile this block's V rows go to L1 for the PV product and the next
+ * block's keys (next, nk_next of them; 0: none) to L2. */
+static void scores_keys(const attn_job *j, const key_blk *blk, int nk, const key_blk *next,
+                        int nk_next, const float *qt, int nq, float *st, float *sc)
+{
+    const ml_cpu_kernels *kn = j->cb->kern;
+    const int mr = kn->tile_rows, nr = kn->tile_cols, hd = j->head_dim;
+    for (int c = 0; c < nq; c++)
+        memset(st + (size_t)c * ATTN_BK, 0, (size_t)nk * sizeof *st);
+    for (int k0 = 0; k0 < nk; k0 += nr) {
+        const int n = imin(nr, nk - k0);
+        prefetch_rows(blk->v + (size_t)k0 * blk->ldv, blk->ldv, n, hd, 1);
+        if (k0 < nk_next)
+            prefetch_rows(next->k + k0, next->ldk, hd, imin(nr, nk_next - k0), 0);
+        for (int c0 = 0; c0 < nq; c0 += mr)
+            kn->gemm_tile(imin(mr, nq - c0), n, hd, qt + c0, 1, ATTN_BQ, blk->k + k0, blk->ldk,
+                          st + (size_t)c0 * ATTN_BK + k0, ATTN_BK);
+    }
+    for (int key = 0; key < nk; key++)
+        for (int c = 0; c < nq; c++)
+            sc[(size_t)key * ATTN_BQ + c] = st[(size_t)c * ATTN_BK + key];
+}
+
 static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
@@ -439,6 +480,7 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
     const int pairs = j->k2 != NULL;
     uint32_t *qt2 = (uint32_t *)qt; /* bf16: (head_dim / 2, BQ) */
     uint32_t *s2 = (uint32_t *)kp;  /* bf16: (BK / 2, BQ) */
+    float *st = kp;                 /* cross: (BQ, BK) */
     for (int c = 0; c < nq; c++) {
         const int r = r0 + c;
         const int head = cur->kv_head * group + r % group;
@@ -456,9 +498,8 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
     const int n_keys = item_columns(j, s, r0, nq, &cols);
 
     for (int kb = 0, nk; kb < n_keys; kb += nk) {
-        const float *kblk = NULL, *vblk = NULL, *knext = NULL, *vnext = NULL;
-        size_t ld = 0, ld_next = 0;
-        nk = key_block(j, s, cur->kv_head, kb, n_keys, kp, vp, &kblk, &vblk, &ld);
+        key_blk blk, next = {0};
+        nk = key_block(j, s, cur->kv_head, kb, n_keys, kp, vp, &blk);
         if (block_masked(j, &cols, s, kb, nk))
             continue;
         /* Keys used in place: while S is computed, this block's V rows go
@@ -466,25 +507,28 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
         const int in_place = j->kind != ATTN_CAUSAL;
         int nk_next = 0;
         if (in_place && kb + nk < n_keys) {
-            nk_next = key_block(j, s, cur->kv_head, kb + nk, n_keys, NULL, NULL, &knext, &vnext,
-                                &ld_next);
+            nk_next = key_block(j, s, cur->kv_head, kb + nk, n_keys, NULL, NULL, &next);
             if (block_masked(j, &cols, s, kb + nk, nk_next))
                 nk_next = 0; /* skipped in turn: not worth its bandwidth */
         }
-        memset(sc, 0, (size_t)nk * ATTN_BQ * sizeof *sc);
-        if (pairs) {
+        if (j->kind == ATTN_CROSS) {
+            scores_keys(j, &blk, nk, &next, nk_next, qt, nq, st, sc);
+        } else if (pairs) {
+            memset(sc, 0, (size_t)nk * ATTN_BQ * sizeof *sc);
             scores_bf16(j, s, cur->kv_head, kb, nk, nk_next ? kb + nk : -1, qt2, nq, sc);
         } else {
+            memset(sc, 0, (size_t)nk * ATTN_BQ * sizeof *sc);
             for (int k0 = 0; k0 < nk; k0 += mr) {
                 if (in_place) {
-                    prefetch_rows(vblk + (size_t)k0 * ld, ld, imin(mr, nk - k0), hd, 1);
+                    prefetch_rows(blk.v + (size_t)k0 * blk.ldv, blk.ldv, imin(mr, nk - k0), hd,
+                                  1);
                     if (k0 < nk_next)
-                        prefetch_rows(knext + (size_t)k0 * ld_next, ld_next,
+                        prefetch_rows(next.k + (size_t)k0 * next.ldk, next.ldk,
                                       imin(mr, nk_next - k0), hd, 0);
                 }
                 for (int c0 = 0; c0 < nq; c0 += nr)
                     kn->gemm_tile(imin(mr, nk - k0), imin(nr, nq - c0), hd,
-                                  kblk + (size_t)k0 * ld, ld, 1, qt + c0, ATTN_BQ,
+                                  blk.k + (size_t)k0 * blk.ldk, blk.ldk, 1, qt + c0, ATTN_BQ,
                                   sc + (size_t)k0 * ATTN_BQ + c0, ATTN_BQ);
             }
         }
@@ -503,7 +547,7 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
             for (int c0 = 0; c0 < nq; c0 += mr)
                 for (int d0 = 0; d0 < hd; d0 += nr)
                     kn->gemm_tile(imin(mr, nq - c0), imin(nr, hd - d0), nk, sc + c0, 1, ATTN_BQ,
-                                  vblk + d0, ld, o + (size_t)c0 * hd + d0, (size_t)hd);
+                                  blk.v + d0, blk.ldv, o + (size_t)c0 * hd + d0, (size_t)hd);
     }
 
     for (int c = 0; c < nq; c++) {

@@ -69,6 +69,7 @@ static const ml_backend_ops cpu_ops = {
     .attn_cross = ml_cpu_attn_cross,
     .kv_write = ml_cpu_kv_write,
     .kv_store = ml_cpu_kv_store,
+    .kv_store_keys = ml_cpu_kv_store_keys,
     .sample = ml_cpu_sample,
     .sample_scratch_bytes = ml_cpu_sample_scratch_bytes,
     .graph_begin = ml_cpu_graph_begin,

@@ -180,6 +180,8 @@ void ml_cpu_kv_write(ml_backend *be, void *k_cache, void *v_cache, const float *
                      const float *v, const int32_t *slot, int n_tokens, int n_kv_heads,
                      int head_dim);
 void ml_cpu_kv_store(ml_backend *be, void *dst, const float *src, size_t n);
+void ml_cpu_kv_store_keys(ml_backend *be, void *dst, const float *src, int n_keys,
+                          int n_kv_heads, int head_dim);
 void ml_cpu_sample(ml_backend *be, const ml_sample_params *p);
 size_t ml_cpu_sample_scratch_bytes(ml_backend *be, int rows, int vocab);
 

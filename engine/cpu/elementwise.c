@@ -368,6 +368,44 @@ void ml_cpu_kv_store(ml_backend *be, void *dst, const float *src, size_t n)
         memcpy(dst, src, n * sizeof *src);
 }
 
+/* Keys per part of kv_store_keys: a part reads KEYS_PER_PART rows of K and
+ * writes head_dim runs of as many keys, a few KiB each way. */
+#define KEYS_PER_PART 64
+
+typedef struct keys_job {
+    float *dst;
+    const float *src;
+    int n_keys, n_kv_heads, head_dim, parts_per_head;
+} keys_job;
+
+/* Parts (kv head, block of KEYS_PER_PART keys). */
+static void keys_part(void *ctx, int64_t begin, int64_t end, int tid)
+{
+    (void)tid;
+    const keys_job *j = ctx;
+    const size_t hd = (size_t)j->head_dim, row = (size_t)j->n_kv_heads * hd;
+    for (int64_t part = begin; part < end; part++) {
+        const int kvh = (int)(part / j->parts_per_head);
+        const int k0 = (int)(part % j->parts_per_head) * KEYS_PER_PART;
+        const int k1 = k0 + KEYS_PER_PART < j->n_keys ? k0 + KEYS_PER_PART : j->n_keys;
+        float *dst = j->dst + (size_t)kvh * hd * (size_t)j->n_keys;
+        const float *src = j->src + (size_t)kvh * hd;
+        for (size_t d = 0; d < hd; d++)
+            for (int key = k0; key < k1; key++)
+                dst[d * (size_t)j->n_keys + (size_t)key] = src[(size_t)key * row + d];
+    }
+}
+
+void ml_cpu_kv_store_keys(ml_backend *be, void *dst, const float *src, int n_keys,
+                          int n_kv_heads, int head_dim)
+{
+    keys_job j = {.dst = dst, .src = src, .n_keys = n_keys, .n_kv_heads = n_kv_heads,
+                  .head_dim = head_dim,
+                  .parts_per_head = (n_keys + KEYS_PER_PART - 1) / KEYS_PER_PART};
+    ml_cpu_pool_for(pool_of(be), (int64_t)n_kv_heads * j.parts_per_head,
+                    ml_cpu_grain((double)KEYS_PER_PART * head_dim), keys_part, &j);
+}
+
 /* ---- sampling ------------------------------------------------------------------------ */
 
 /* Each thread of the op gets one scratch of sample.h, 64-byte aligned. */

@@ -58,6 +58,7 @@ typedef enum graph_op_kind {
     GRAPH_OP_ATTN_CROSS,
     GRAPH_OP_KV_WRITE,
     GRAPH_OP_KV_STORE,
+    GRAPH_OP_KV_STORE_KEYS,
     GRAPH_OP_SAMPLE,
     GRAPH_OP_ALL_REDUCE_SUM,
 } graph_op_kind;
@@ -175,6 +176,12 @@ typedef struct args_kv_store {
     size_t n;
 } args_kv_store;
 
+typedef struct args_kv_store_keys {
+    void *dst;
+    const float *src;
+    int n_keys, n_kv_heads, head_dim;
+} args_kv_store_keys;
+
 typedef struct args_all_reduce_sum {
     float *x;
     size_t n;
@@ -203,6 +210,7 @@ typedef struct graph_op {
         ml_attn_cross_params attn_cross;
         args_kv_write kv_write;
         args_kv_store kv_store;
+        args_kv_store_keys kv_store_keys;
         ml_sample_params sample;
         args_all_reduce_sum all_reduce_sum;
     } u;
@@ -521,6 +529,14 @@ static void rec_kv_store(ml_backend *be, void *dst, const float *src, size_t n)
         op->u.kv_store = (args_kv_store){dst, src, n};
 }
 
+static void rec_kv_store_keys(ml_backend *be, void *dst, const float *src, int n_keys,
+                              int n_kv_heads, int head_dim)
+{
+    graph_op *op = record(be, GRAPH_OP_KV_STORE_KEYS);
+    if (op)
+        op->u.kv_store_keys = (args_kv_store_keys){dst, src, n_keys, n_kv_heads, head_dim};
+}
+
 static void rec_sample(ml_backend *be, const ml_sample_params *p)
 {
     graph_op *op = record(be, GRAPH_OP_SAMPLE);
@@ -571,6 +587,7 @@ static const ml_backend_ops rec_ops_template = {
     .attn_cross = rec_attn_cross,
     .kv_write = rec_kv_write,
     .kv_store = rec_kv_store,
+    .kv_store_keys = rec_kv_store_keys,
     .sample = rec_sample,
     .all_reduce_sum = rec_all_reduce_sum,
 };
@@ -664,6 +681,11 @@ static void replay_op(ml_backend *be, const ml_backend_ops *o, const graph_op *o
     case GRAPH_OP_KV_STORE:
         o->kv_store(be, op->u.kv_store.dst, op->u.kv_store.src, op->u.kv_store.n);
         break;
+    case GRAPH_OP_KV_STORE_KEYS: {
+        const args_kv_store_keys *a = &op->u.kv_store_keys;
+        o->kv_store_keys(be, a->dst, a->src, a->n_keys, a->n_kv_heads, a->head_dim);
+        break;
+    }
     case GRAPH_OP_SAMPLE:
         o->sample(be, &op->u.sample);
         break;

@@ -209,7 +209,8 @@ ml_status ml_shard_encode_image(ml_shard *m, const float *pixels, int aspect_rat
 
     /* MllamaTextCrossSdpaAttention's k_proj (then k_norm) and v_proj of
      * every cross layer over the image's tokens: state = [cross layer][K,
-     * V][T·P][KV][hd] in the kv type. */
+     * V] planes of T·P keys in the kv type, K in the backend's layout
+     * (kv_store_keys), V (T·P, KV, hd). */
     const ml_text_config *tc = &m->cfg.text;
     size_t plane = tp * (size_t)d.kv_width;
     size_t plane_bytes = plane * op->kv_elem_size;
@@ -222,7 +223,7 @@ ml_status ml_shard_encode_image(ml_shard *m, const float *pixels, int aspect_rat
                   &outputs, ml_lora_site_text(&m->cfg, l, ML_LORA_TEXT_K));
         op->rmsnorm(be, b->kv_tmp, b->kv_tmp, L->cross.k_norm.data,
                     (int)tp * m->dims.n_kv_heads, tc->head_dim, tc->rms_norm_eps);
-        op->kv_store(be, dst, b->kv_tmp, plane);
+        op->kv_store_keys(be, dst, b->kv_tmp, (int)tp, m->dims.n_kv_heads, tc->head_dim);
         dst += plane_bytes;
         ml_linear(m, b->kv_tmp, b->proj, &L->cross.v_proj, NULL, (int)tp, d.D, d.kv_width,
                   &outputs, ml_lora_site_text(&m->cfg, l, ML_LORA_TEXT_V));

@@ -350,10 +350,17 @@ static void test_attn_cross_case(ml_backend *be[N_BACKENDS], const int n_tok[CRO
     const size_t plane = (size_t)image_keys * n_kv * hd;
     const size_t plane_bytes = plane * sizeof(float);
 
-    float *states[CROSS_STATES];
+    /* states: the planes as the reference reads them, K as rows; stored:
+     * the same as the backend keeps them, K through kv_store_keys. */
+    float *states[CROSS_STATES], *stored[CROSS_STATES];
     for (int i = 0; i < CROSS_STATES; i++) {
         states[i] = xmalloc(2 * CROSS_LAYERS * plane_bytes);
         fill(states[i], 2 * CROSS_LAYERS * plane, -1, 1);
+        stored[i] = xmalloc(2 * CROSS_LAYERS * plane_bytes);
+        memcpy(stored[i], states[i], 2 * CROSS_LAYERS * plane_bytes);
+        for (int l = 0; l < CROSS_LAYERS; l++)
+            be[0]->ops->kv_store_keys(be[0], stored[i] + 2 * l * plane, states[i] + 2 * l * plane,
+                                      image_keys, n_kv, hd);
     }
     const size_t k_offset = 2 * plane_bytes, v_offset = 3 * plane_bytes; /* layer 1 */
     const void *table[CROSS_SEQS * CROSS_MAX_IMAGES];
@@ -364,7 +371,7 @@ static void test_attn_cross_case(ml_backend *be[N_BACKENDS], const int n_tok[CRO
         seq_start[s + 1] = seq_start[s] + n_tok[s];
         wide_start[s + 1] = wide_start[s] + n_tok[s] + 1;
         for (int i = 0; i < CROSS_MAX_IMAGES; i++) /* padding entries: a pointer never read */
-            table[s * CROSS_MAX_IMAGES + i] = i < n_img[s] ? states[state_of[s][i]] : (void *)-1;
+            table[s * CROSS_MAX_IMAGES + i] = i < n_img[s] ? stored[state_of[s][i]] : (void *)-1;
     }
     const int T = seq_start[CROSS_SEQS], T_wide = wide_start[CROSS_SEQS];
     const size_t row = (size_t)n_heads * hd;
@@ -456,8 +463,10 @@ static void test_attn_cross_case(ml_backend *be[N_BACKENDS], const int n_tok[CRO
 
     for (int b = 0; b < N_BACKENDS; b++)
         free(out[b]);
-    for (int i = 0; i < CROSS_STATES; i++)
+    for (int i = 0; i < CROSS_STATES; i++) {
         free(states[i]);
+        free(stored[i]);
+    }
     free(out_wide);
     free(allowed);
     free(allowed_wide);

@@ -1,6 +1,6 @@
 /* The CPU backend's elementwise and data-movement ops (add_rows, add_bf16,
- * copy_2d, embed, kv_write, kv_store, patchify) and its sample op, on each
- * ISA path (cpu_ops_util.h). */
+ * copy_2d, embed, kv_write, kv_store, kv_store_keys, patchify) and its
+ * sample op, on each ISA path (cpu_ops_util.h). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -100,6 +100,19 @@ static void test_elementwise(ml_backend *be)
           "kv_write skips negative (padding) slots");
     o->kv_store(be, kc, k, T * KVH * HD);
     check(!memcmp(kc, k, sizeof k), "kv_store");
+
+    /* kv_store_keys transposes each kv head's keys: (kv head, dim, key),
+     * over keys that span several of its parts and end inside one. */
+    enum { KEYS = 150 };
+    static float keys[KEYS * KVH * HD], kt[KVH * HD * KEYS];
+    fill(keys, KEYS * KVH * HD, -1, 1);
+    o->kv_store_keys(be, kt, keys, KEYS, KVH, HD);
+    ok = 1;
+    for (int key = 0; key < KEYS; key++)
+        for (int h = 0; h < KVH; h++)
+            for (int d = 0; d < HD; d++)
+                ok &= kt[(h * HD + d) * KEYS + key] == keys[(key * KVH + h) * HD + d];
+    check(ok, "kv_store_keys");
 }
 
 static void test_patchify(ml_backend *be)

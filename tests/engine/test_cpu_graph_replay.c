@@ -91,6 +91,7 @@ typedef struct step_bufs {
     float *g, *u;               /* (N_TOK, FFN) */
     float *xt;                  /* (DIM, N_TOK) */
     float *stored;              /* (DIM * N_TOK) */
+    float *stored_keys;         /* x as N_TOK keys of N_KV heads, transposed */
     float *acc;                 /* (N_TOK, DIM): summed over steps */
     float *logits;              /* (N_TOK, VOCAB) */
     ml_sample_row *sample_rows; /* (N_TOK) */
@@ -157,6 +158,7 @@ static void step_bufs_init(step_bufs *b, ml_backend *be)
     b->u = F32(N_TOK * FFN);
     b->xt = F32(DIM * N_TOK);
     b->stored = F32(DIM * N_TOK);
+    b->stored_keys = F32(DIM * N_TOK);
     b->acc = F32(N_TOK * DIM);
     b->logits = F32(N_TOK * VOCAB);
     b->sample_rows = carve(a, N_TOK * sizeof *b->sample_rows);
@@ -195,13 +197,14 @@ static void step_image(const step_bufs *b, unsigned char *img, uint64_t seed)
         fill_bf16(H(bf[i]), bf_n[i], -W_MAX, W_MAX);
     float *const f32[] = {b->row_scale, b->pixels, b->k_cache, b->v_cache, b->states[0],
                           b->states[1], b->states[2], b->x, b->h, b->q, b->att, b->cross,
-                          b->k, b->v, b->lora_t, b->g, b->u, b->xt, b->stored, b->acc,
-                          b->logits, b->patches, b->vis, b->vis_out};
+                          b->k, b->v, b->lora_t, b->g, b->u, b->xt, b->stored,
+                          b->stored_keys, b->acc, b->logits, b->patches, b->vis, b->vis_out};
     const size_t f32_n[] = {N_TOK, 3 * SIDE * SIDE, N_BLOCKS * BLOCK * KVD,
                             N_BLOCKS * BLOCK * KVD, 2 * PLANE, 2 * PLANE, 2 * PLANE,
                             N_TOK * DIM, N_TOK * DIM, N_TOK * QD, N_TOK * QD, N_TOK * QD,
                             N_TOK * KVD, N_TOK * KVD, N_TOK * MAX_RANK, N_TOK * FFN,
-                            N_TOK * FFN, DIM * N_TOK, DIM * N_TOK, N_TOK * DIM, N_TOK * VOCAB,
+                            N_TOK * FFN, DIM * N_TOK, DIM * N_TOK, DIM * N_TOK, N_TOK * DIM,
+                            N_TOK * VOCAB,
                             N_PATCH * PATCH_K, N_PATCH * VD, N_PATCH * VD};
     for (size_t i = 0; i < sizeof f32 / sizeof *f32; i++)
         fill(H(f32[i]), f32_n[i], -1, 1);
@@ -340,6 +343,7 @@ static void step(ml_backend *be, const step_bufs *b, int variant)
 
     o->copy_2d(be, b->xt, b->x, N_TOK, DIM, 1, N_TOK, DIM); /* transpose */
     o->kv_store(be, b->stored, b->xt, (size_t)DIM * N_TOK);
+    o->kv_store_keys(be, b->stored_keys, b->x, N_TOK, N_KV, DIM / N_KV);
     o->zero(be, b->h, (size_t)N_TOK * DIM);
     o->add_rows(be, b->h, b->x, NULL, 1.0f, N_TOK, DIM);
     o->add_rows(be, b->acc, b->h, NULL, 1.0f, N_TOK, DIM);

@@ -119,6 +119,22 @@ static inline uint16_t *to_bf16(const float *x, size_t n)
     return w;
 }
 
+/* A host image state of `layers` cross layers (each a K then a V plane of
+ * keys x n_kv x hd, K as rows, as the CUDA backend keeps it) with each K
+ * plane rewritten in the CPU backend's layout (backend.h kv_store_keys),
+ * for g_cpu's attn_cross. */
+static inline void cpu_state_keys(float *state, int layers, int keys, int n_kv, int hd)
+{
+    const size_t plane = (size_t)keys * n_kv * hd;
+    float *rows = xmalloc(plane * sizeof *rows);
+    for (int l = 0; l < layers; l++) {
+        float *k = state + 2 * (size_t)l * plane;
+        memcpy(rows, k, plane * sizeof *rows);
+        g_cpu->ops->kv_store_keys(g_cpu, k, rows, keys, n_kv, hd);
+    }
+    free(rows);
+}
+
 /* The CPU reference's matmuls on a row-major weight (N, K): packed by the
  * CPU backend first, as the model binds every Linear (backend.h
  * linear_weight; the CUDA backend reads the upload of the rows as they

@@ -203,13 +203,14 @@ static void test_attn_causal(void)
 typedef struct cross_pool {
     int n;
     size_t plane;  /* elements of one K or V plane */
-    float **host;  /* (n): 2·CROSS_LAYERS planes of bf16-exact f32 (the CPU's kv type) */
+    float **host;  /* (n): 2·CROSS_LAYERS planes of bf16-exact f32 (the CPU's kv type), K
+                      in the CPU's layout (cpu_state_keys) */
     void **dev;    /* (n): the same in bf16 */
 } cross_pool;
 
-static void cross_pool_init(cross_pool *cp, int n, size_t plane)
+static void cross_pool_init(cross_pool *cp, int n, int keys, int n_kv, int hd)
 {
-    const size_t elems = 2 * CROSS_LAYERS * plane;
+    const size_t plane = (size_t)keys * n_kv * hd, elems = 2 * CROSS_LAYERS * plane;
     cp->n = n;
     cp->plane = plane;
     cp->host = xmalloc((size_t)n * sizeof *cp->host);
@@ -219,6 +220,7 @@ static void cross_pool_init(cross_pool *cp, int n, size_t plane)
         uint16_t *h16 = to_bf16(cp->host[i], elems);
         cp->dev[i] = dput(h16, elems * 2);
         free(h16);
+        cpu_state_keys(cp->host[i], CROSS_LAYERS, keys, n_kv, hd);
     }
 }
 
@@ -370,7 +372,7 @@ static void cross_case(int n_seqs, const int *n_tok, const int *n_img, int max_i
     for (int s = 0; s < n_seqs; s++)
         n_tokens += n_tok[s];
     cross_pool cp;
-    cross_pool_init(&cp, max_images + 1, (size_t)max_tiles * chunk_len * n_kv * hd);
+    cross_pool_init(&cp, max_images + 1, max_tiles * chunk_len, n_kv, hd);
     cross_io io;
     cross_io_init(&io, n_seqs, n_tokens, max_images, max_tiles, chunk_len, n_heads, n_kv, hd);
     cross_io_fill(&io, &cp, n_tok, n_img, 0);
@@ -394,7 +396,7 @@ static void cross_graph(void)
     static const int one[B] = {1, 1, 1, 1, 1, 1};
     static const int images[][B] = {{1, 0, 2, 1, 0, 2}, {2, 2, 0, 1, 1, 0}, {0, 0, 0, 0, 0, 0}};
     cross_pool cp;
-    cross_pool_init(&cp, MAX_IMAGES + 1, (size_t)TILES * CHUNK * KV * HD);
+    cross_pool_init(&cp, MAX_IMAGES + 1, TILES * CHUNK, KV, HD);
     cross_io io;
     cross_io_init(&io, B, B, MAX_IMAGES, TILES, CHUNK, H, KV, HD);
     cross_io_fill(&io, &cp, one, images[0], 0);

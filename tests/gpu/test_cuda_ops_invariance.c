@@ -371,6 +371,7 @@ static void cross_cpu(const uint16_t *state0, cross_seq seq, const float *q_seq,
     float *st = xmalloc(2 * PLANE * 4);
     for (size_t i = 0; i < 2 * PLANE; i++)
         st[i] = ml_bf16_to_f32(state0[i]);
+    cpu_state_keys(st, 1, IMAGE_KEYS, KV_HEADS, HD);
     const void *table[1] = {st};
     int32_t start[2] = {0, seq.n_tok}, n_img = seq.n_img;
     ml_attn_cross_params p = {.out = want, .q = q_seq, .states = table, .k_offset = 0,
