@@ -121,6 +121,35 @@ void run_batch_lines_deinit(run_batch_lines *b)
     free(b->text);
 }
 
+/* A batch line's "logit_bias" (OpenAI's: token ids as keys, biases as
+ * values) into spec->bias; the runtime checks the ids and values. Returns 0,
+ * or -1 printed. */
+static int bias_from_json(const cJSON *bias, int line, job_spec *spec)
+{
+    ml_sampling_params *p = &spec->sampling;
+    const cJSON *e;
+    if (!cJSON_IsObject(bias))
+        goto bad;
+    cJSON_ArrayForEach(e, bias)
+    {
+        char *end;
+        long id = strtol(e->string, &end, 10);
+        if (!cJSON_IsNumber(e) || end == e->string || *end || id < 0 || id > INT32_MAX)
+            goto bad;
+        if (p->n_logit_bias == ML_SAMPLE_MAX_BIAS) {
+            fprintf(stderr, CMD ": batch line %d: \"logit_bias\": more than %d entries\n", line,
+                    ML_SAMPLE_MAX_BIAS);
+            return -1;
+        }
+        spec->bias[p->n_logit_bias++] = (ml_logit_bias){(int32_t)id, (float)e->valuedouble};
+    }
+    p->logit_bias = spec->bias;
+    return 0;
+bad:
+    fprintf(stderr, CMD ": batch line %d: \"logit_bias\" must map token ids to numbers\n", line);
+    return -1;
+}
+
 /* A batch line as a request: its prompt, images and sampling fields over
  * the defaults already in *spec. Returns 0, or -1 printed. */
 static int spec_from_json(const cJSON *o, int line, job_spec *spec)
@@ -171,6 +200,8 @@ static int spec_from_json(const cJSON *o, int line, job_spec *spec)
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "seed")) && cJSON_IsNumber(v))
         p->seed = (uint64_t)v->valuedouble;
     p->json_object = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "json_object"));
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "logit_bias")) && bias_from_json(v, line, spec))
+        return -1;
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(o, "stop"), *s;
     cJSON_ArrayForEach(s, stop)
     {
@@ -212,7 +243,10 @@ static int submit_ready(run_ctx *c, const run_opts *o, cJSON *const *lines, run_
         ml_sampling_params_default(&spec.sampling);
         spec.sampling.temperature = 0;
         spec.sampling.max_tokens = DEFAULT_MAX_TOKENS;
-        ml_engine_add_stop_ids(c->engine, &spec.sampling);
+        /* vLLM's ignore_eos, for benchmarks against engines that generate
+         * every token asked for: the model's end tokens do not end it. */
+        if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(lines[i], "ignore_eos")))
+            ml_engine_add_stop_ids(c->engine, &spec.sampling);
         if (spec_from_json(lines[i], i + 1, &spec) || run_submit(c, &spec, j))
             return -1;
         j->submitted = 1;

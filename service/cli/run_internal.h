@@ -26,6 +26,7 @@ typedef struct job_spec {
     const char *images[MAX_IMAGES];
     int n_images;
     ml_sampling_params sampling;
+    ml_logit_bias bias[ML_SAMPLE_MAX_BIAS]; /* sampling.logit_bias of a batch line */
 } job_spec;
 
 /* One request and its outcome. */

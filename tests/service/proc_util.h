@@ -56,6 +56,12 @@
 #define PU_DLT "mllama.dlt"
 #define PU_CANCEL "mllama.cancel"
 #define PU_PATH_MAX 512
+/* The micro model's end tokens (mkmodel writes Llama 3.1's eos_token_id). */
+#define PU_END_OF_TEXT 128001
+#define PU_EOM 128008
+#define PU_EOT 128009
+#define PU_STR(x) #x
+#define PU_XSTR(x) PU_STR(x)
 #define PU_START_MS 20000  /* a process reaching its ready state (ASan builds are slow) */
 #define PU_POLL_MS 20
 #define PU_MAX_FD 65536    /* descriptors a child closes before exec */

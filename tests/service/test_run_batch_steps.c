@@ -6,7 +6,10 @@
  *   request, and a group of all of them exists;
  * - requests one after the other ("after"): every decode-only step decoded
  *   one sequence;
- * and each group's times are ordered (0 < min <= median <= max). */
+ * and each group's times are ordered (0 < min <= median <= max);
+ * - "logit_bias" and "ignore_eos": an end token forced by its bias ends a
+ *   request at once, and its twin with ignore_eos goes on to max_tokens;
+ *   a malformed bias is refused. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,9 +26,9 @@ static void cleanup(void)
     pu_tmpdir_done(dir);
 }
 
-/* The aggregate object (owned by *doc) of `mllama run --batch` over lines,
- * or NULL with the failure checked. */
-static const cJSON *run_aggregate(const char *name, const char *lines, cJSON **doc)
+/* The output of `mllama run --batch` over lines (malloc'd), the failure
+ * checked. */
+static char *run_batch(const char *name, const char *lines)
 {
     char batch[PU_PATH_MAX + 32], cmd[4 * PU_PATH_MAX];
     snprintf(batch, sizeof batch, "%s/%s.jsonl", dir, name);
@@ -36,6 +39,14 @@ static const cJSON *run_aggregate(const char *name, const char *lines, cJSON **d
     int code = -1;
     char *out = pu_shell(cmd, &code);
     check(code == 0 && out, "%s: exit %d: %s", name, code, out ? out : "");
+    return out;
+}
+
+/* The aggregate object (owned by *doc) of `mllama run --batch` over lines,
+ * or NULL with the failure checked. */
+static const cJSON *run_aggregate(const char *name, const char *lines, cJSON **doc)
+{
+    char *out = run_batch(name, lines);
     /* The aggregate is the last line. */
     char *last = out ? strstr(out, "{\"aggregate\"") : NULL;
     *doc = last ? cJSON_Parse(last) : NULL;
@@ -74,6 +85,66 @@ static int check_groups(const char *name, const cJSON *agg, int *max_seqs)
 static int completion_tokens(const cJSON *agg)
 {
     return cJSON_GetObjectItemCaseSensitive(agg, "completion_tokens")->valueint;
+}
+
+/* Result `index` of a batch's output (owned by the caller), or NULL. */
+static cJSON *result(const char *out, int index)
+{
+    for (const char *line = out; line && *line;) {
+        const char *next = strchr(line, '\n');
+        cJSON *r = cJSON_ParseWithOpts(line, NULL, false);
+        line = next ? next + 1 : NULL;
+        const cJSON *i = cJSON_GetObjectItemCaseSensitive(r, "index");
+        if (cJSON_IsNumber(i) && i->valueint == index)
+            return r;
+        cJSON_Delete(r);
+    }
+    return NULL;
+}
+
+static bool finished(const cJSON *r, const char *why)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(r, "finish_reason");
+    return cJSON_IsString(f) && !strcmp(f->valuestring, why);
+}
+
+/* "logit_bias" +100 on an end token makes it every token drawn: the plain
+ * request ends at once, its twin with "ignore_eos" draws it max_tokens
+ * times; -100 on another token, and a malformed bias refused. */
+static void test_bias_and_ignore_eos(void)
+{
+    char lines[512];
+    const char *req = "\"ids\":\"128000,1,2,3\",\"max_tokens\":" PU_XSTR(MAX_TOKENS)
+                      ",\"logit_bias\":{\"" PU_XSTR(PU_EOT) "\":100,\"5\":-100}";
+    snprintf(lines, sizeof lines, "{%s}\n{%s,\"ignore_eos\":true}\n", req, req);
+    char *out = run_batch("ignore_eos", lines);
+    cJSON *plain = out ? result(out, 0) : NULL, *twin = out ? result(out, 1) : NULL;
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(plain, "output_ids");
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(twin, "output_ids");
+    check(finished(plain, "stop") && cJSON_GetArraySize(a) == 0,
+          "logit_bias: an end token forced ends the request at once (%d tokens)",
+          cJSON_GetArraySize(a));
+    int all_end = cJSON_GetArraySize(b) == MAX_TOKENS;
+    for (int t = 0; all_end && t < MAX_TOKENS; t++)
+        all_end = cJSON_GetArrayItem(b, t)->valueint == PU_EOT;
+    check(finished(twin, "length") && all_end,
+          "ignore_eos: the forced end token, max_tokens times, finish length");
+    cJSON_Delete(plain);
+    cJSON_Delete(twin);
+    free(out);
+
+    char batch[PU_PATH_MAX + 32], cmd[4 * PU_PATH_MAX];
+    snprintf(batch, sizeof batch, "%s/bad_bias.jsonl", dir);
+    const char *bad = "{\"ids\":\"1,2\",\"logit_bias\":{\"x1\":5}}\n";
+    if (!pu_write_file(batch, bad, strlen(bad)))
+        pu_die("batch file");
+    snprintf(cmd, sizeof cmd, PU_MLLAMA " run --threads 1 --model %s --batch %s 2>&1", model,
+             batch);
+    int code = 0;
+    char *err = pu_shell(cmd, &code);
+    check(code != 0 && err && strstr(err, "\"logit_bias\" must map token ids to numbers"),
+          "a malformed logit_bias is refused: exit %d: %s", code, err ? err : "");
+    free(err);
 }
 
 int main(void)
@@ -117,5 +188,7 @@ int main(void)
               max_seqs, completion_tokens(agg));
     }
     cJSON_Delete(doc);
+
+    test_bias_and_ignore_eos();
     return check_done();
 }
