@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Write a `mllama run --batch` JSONL file for the engine benchmarks.
 
-    make_batch.py [--max-tokens N] [--prompt TEXT] [--template DIR] --sequence IMAGE|- ...
-    make_batch.py [--max-tokens N] [--prompt TEXT] [--template DIR] --concurrent B [--image IMAGE]
-                  [--same-length]
+    make_batch.py [--max-tokens N] [--prompt TEXT] [--template DIR] [--ignore-eos]
+                  --sequence IMAGE|- ...
+    make_batch.py [--max-tokens N] [--prompt TEXT] [--template DIR] [--ignore-eos]
+                  --concurrent B [--image IMAGE] [--same-length]
 
 --sequence: one chat request per argument (an image path, or - for text
 only), each submitted after the previous one has finished (the batch line's
@@ -21,6 +22,11 @@ apply_chat_template), the image token written at the start of the user's
 text. That is the prompt mistral.rs builds from the same checkpoint
 (peers.sh): our --chat applies the Llama 3.2 Vision Instruct template, which
 a checkpoint of `mllama mkmodel` does not carry.
+
+--ignore-eos: every request generates --max-tokens (the batch line's
+"ignore_eos", vLLM's): a random-weight checkpoint draws its end tokens now
+and then, which would end some sequences of a batch early, and the peers
+are run the same way (mistral.rs ignore_eos, transformers min_new_tokens).
 """
 import argparse
 import json
@@ -37,6 +43,7 @@ def main():
     p.add_argument("--image")
     p.add_argument("--template", metavar="DIR")
     p.add_argument("--same-length", action="store_true")
+    p.add_argument("--ignore-eos", action="store_true")
     args = p.parse_args()
 
     render = None
@@ -55,6 +62,8 @@ def main():
             req = {"prompt": render(text, image), "max_tokens": args.max_tokens}
         if image:
             req["images"] = [image]
+        if args.ignore_eos:
+            req["ignore_eos"] = True
         return req
 
     lines = []

@@ -94,13 +94,14 @@ ours_run() {
 # mistral.rs applies to the same messages.
 "$mllama" preprocess --model "$model" --image "$image" --out "$run/pixels.npy" >"$run/layout.json"
 "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" --prompt "$BENCH_PROMPT" \
-    --template "$model" --sequence "$mirror" "$image" - >"$run/seq.jsonl"
+    --template "$model" --ignore-eos --sequence "$mirror" "$image" - >"$run/seq.jsonl"
 ours_run seq "$run/seq.jsonl"
 $report ours "$run"/seq_*.jsonl >"$run/ours.kv"
 concurrent=()
 for b in $concurrency; do
     "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" \
-        --prompt "$THROUGHPUT_PROMPT" --template "$model" --concurrent "$b" >"$run/c$b.jsonl"
+        --prompt "$THROUGHPUT_PROMPT" --template "$model" --ignore-eos --concurrent "$b" \
+        >"$run/c$b.jsonl"
     ours_run "c$b" "$run/c$b.jsonl"
     paths=$(printf '%s,' "$run/c${b}"_*.jsonl)
     concurrent+=(--ours-concurrent "$b=${paths%,}")

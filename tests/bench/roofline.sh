@@ -55,8 +55,8 @@ for kind in $kinds; do
         image_arg=()
         [ "$kind" = text ] || image_arg=(--image "$image")
         "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" \
-            --prompt "$BENCH_PROMPT" --concurrent "$b" --same-length "${image_arg[@]}" \
-            >"$run/${kind}_b$b.jsonl"
+            --prompt "$BENCH_PROMPT" --concurrent "$b" --same-length --ignore-eos \
+            "${image_arg[@]}" >"$run/${kind}_b$b.jsonl"
     done
 done
 
