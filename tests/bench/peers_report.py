@@ -199,7 +199,7 @@ def cmd_table(args):
     tables = list(METRICS)
     tps_keys = sorted((k for k in ours if k.startswith("tps_")), key=lambda k: int(k[4:]))
     tables += [("throughput, %s concurrent text requests, completion tokens/s (ours generated "
-                "%d tokens; the peers ignore EOS)" % (k[4:], ours["tokens_" + k[4:]]), k, 1,
+                "%d tokens; every engine ignores EOS)" % (k[4:], ours["tokens_" + k[4:]]), k, 1,
                 True) for k in tps_keys]
     for title, key, digits, higher in tables:
         rows = [["ours", show(ours.get(key), digits), ""]]
