@@ -10,10 +10,13 @@
 # bandwidth measured between the runs (bench_read_bw.c). --fp8-lm-head 1:
 # the fp8 runs quantize lm_head to FP8 at load too (mllama run
 # --fp8-lm-head, the worker's model.fp8_lm_head), and their bytes count it
-# so.
+# so. --cpu-activations f32|bf16: both kinds of run with mllama run's
+# --cpu-activations (f32, the exact default; bf16: their Linears on AVX-512
+# BF16's dot, FP8 ones too where the CPU has AVX512_VBMI).
 #
-#   tests/bench/fp8_decode.sh [--presets "small 1b"] [--fp8-lm-head 0|1] [--build DIR]
-#       [--work DIR] [--max-tokens N] [--repeats N] [--no-build]
+#   tests/bench/fp8_decode.sh [--presets "small 1b"] [--fp8-lm-head 0|1]
+#       [--cpu-activations f32|bf16] [--build DIR] [--work DIR] [--max-tokens N]
+#       [--repeats N] [--no-build]
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -24,8 +27,13 @@ bench_defaults small 33
 repeats=5
 presets="small 1b"
 fp8_lm_head=0
-BENCH_OPTIONS="presets fp8_lm_head"
+cpu_activations=f32
+BENCH_OPTIONS="presets fp8_lm_head cpu_activations"
 bench_parse_args "$@"
+case "$cpu_activations" in
+f32 | bf16) ;;
+*) bench_die "--cpu-activations: expected f32 or bf16, got '$cpu_activations'" ;;
+esac
 head_run=() head_report=()
 case "$fp8_lm_head" in
 0) ;;
@@ -44,7 +52,7 @@ for preset in $presets; do
         --prompt "$BENCH_PROMPT" --sequence - "$image" >"$run/batch.jsonl"
 
     echo "== fp8 decode: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads," \
-        "FP8 lm_head: $fp8_lm_head"
+        "FP8 lm_head: $fp8_lm_head, $cpu_activations activations"
     echo "before: $(bench_load)"
     bws=()
     for r in $(seq 1 "$repeats"); do
@@ -54,7 +62,7 @@ for preset in $presets; do
             [ "$kind" = fp8 ] && m="$fp8_model" extra=("${head_run[@]}")
             bench_time_run "$run/${kind}_$r.jsonl" "$run/${kind}_$r.wall" \
                 "$mllama" run --model "$m" --batch "$run/batch.jsonl" --threads "$BENCH_THREADS" \
-                "${extra[@]}"
+                --cpu-activations "$cpu_activations" "${extra[@]}"
             $report ours "$run/${kind}_$r.jsonl" >"$run/${kind}_$r.kv"
         done
     done
