@@ -399,6 +399,7 @@ static void scores_bf16(const attn_job *j, int s, int kvh, int kb, int nk, int k
     const size_t ld = (size_t)j->n_kv_heads * (size_t)hp;
     const uint32_t *k2 = j->k2 + ((size_t)s * j->seq_len + (size_t)kb) * ld + (size_t)kvh * hp;
     const uint32_t *next = kb_next < 0 ? NULL : k2 + (size_t)(kb_next - kb) * ld;
+    memset(sc, 0, (size_t)nk * ATTN_BQ * sizeof *sc);
     for (int k0 = 0; k0 < nk; k0 += mr) {
         if (next && kb_next + k0 < j->seq_len)
             prefetch_rows((const float *)next + (size_t)k0 * ld, ld,
@@ -429,6 +430,29 @@ static void values_bf16(const attn_job *j, int s, int kvh, int kb, int nk, const
             kn->gemm_tile_bf16(imin(mr, nq - c0), imin(nr, hd - d0), nk / 2, s2 + c0, 1, ATTN_BQ,
                                v2 + d0, (size_t)hd, ML_CPU_PREFETCH_NONE, NULL,
                                o + (size_t)c0 * hd + d0, (size_t)hd);
+}
+
+/* Vision and causal in f32: S (nk, BQ) = K · Qᵀ of the key block blk from
+ * its rows and qt (head_dim, BQ). Keys used in place (vision) meanwhile
+ * send this block's V rows to L1 for the PV product and the next block's
+ * (next, nk_next of them; 0: none) K rows to L2. */
+static void scores_rows(const attn_job *j, const key_blk *blk, int nk, const key_blk *next,
+                        int nk_next, const float *qt, int nq, float *sc)
+{
+    const ml_cpu_kernels *kn = j->cb->kern;
+    const int mr = kn->tile_rows, nr = kn->tile_cols, hd = j->head_dim;
+    const int in_place = j->kind != ATTN_CAUSAL;
+    memset(sc, 0, (size_t)nk * ATTN_BQ * sizeof *sc);
+    for (int k0 = 0; k0 < nk; k0 += mr) {
+        if (in_place)
+            prefetch_rows(blk->v + (size_t)k0 * blk->ldv, blk->ldv, imin(mr, nk - k0), hd, 1);
+        if (k0 < nk_next)
+            prefetch_rows(next->k + (size_t)k0 * next->ldk, next->ldk, imin(mr, nk_next - k0),
+                          hd, 0);
+        for (int c0 = 0; c0 < nq; c0 += nr)
+            kn->gemm_tile(imin(mr, nk - k0), imin(nr, nq - c0), hd, blk->k + (size_t)k0 * blk->ldk,
+                          blk->ldk, 1, qt + c0, ATTN_BQ, sc + (size_t)k0 * ATTN_BQ + c0, ATTN_BQ);
+    }
 }
 
 /* Cross: S (nk, BQ) of the key block blk from its transposed K. Sᵀ (nq, nk)
@@ -511,27 +535,12 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
             if (block_masked(j, &cols, s, kb + nk, nk_next))
                 nk_next = 0; /* skipped in turn: not worth its bandwidth */
         }
-        if (j->kind == ATTN_CROSS) {
+        if (j->kind == ATTN_CROSS)
             scores_keys(j, &blk, nk, &next, nk_next, qt, nq, st, sc);
-        } else if (pairs) {
-            memset(sc, 0, (size_t)nk * ATTN_BQ * sizeof *sc);
+        else if (pairs)
             scores_bf16(j, s, cur->kv_head, kb, nk, nk_next ? kb + nk : -1, qt2, nq, sc);
-        } else {
-            memset(sc, 0, (size_t)nk * ATTN_BQ * sizeof *sc);
-            for (int k0 = 0; k0 < nk; k0 += mr) {
-                if (in_place) {
-                    prefetch_rows(blk.v + (size_t)k0 * blk.ldv, blk.ldv, imin(mr, nk - k0), hd,
-                                  1);
-                    if (k0 < nk_next)
-                        prefetch_rows(next.k + (size_t)k0 * next.ldk, next.ldk,
-                                      imin(mr, nk_next - k0), hd, 0);
-                }
-                for (int c0 = 0; c0 < nq; c0 += nr)
-                    kn->gemm_tile(imin(mr, nk - k0), imin(nr, nq - c0), hd,
-                                  blk.k + (size_t)k0 * blk.ldk, blk.ldk, 1, qt + c0, ATTN_BQ,
-                                  sc + (size_t)k0 * ATTN_BQ + c0, ATTN_BQ);
-            }
-        }
+        else
+            scores_rows(j, &blk, nk, &next, nk_next, qt, nq, sc);
         apply_mask(j, &cols, s, kb, nk, sc);
         kn->softmax_block(sc, ATTN_BQ, nk, nq, j->scale, m, l, alpha);
         for (int c = 0; c < nq; c++) {
