@@ -30,10 +30,7 @@ fp8_lm_head=0
 cpu_activations=f32
 BENCH_OPTIONS="presets fp8_lm_head cpu_activations"
 bench_parse_args "$@"
-case "$cpu_activations" in
-f32 | bf16) ;;
-*) bench_die "--cpu-activations: expected f32 or bf16, got '$cpu_activations'" ;;
-esac
+bench_check_cpu_activations
 head_run=() head_report=()
 case "$fp8_lm_head" in
 0) ;;

@@ -15,6 +15,15 @@ bench_die() {
     exit 2
 }
 
+# bench_check_cpu_activations: the script's --cpu-activations, checked
+# before any work (mllama run would refuse it only at its first run).
+bench_check_cpu_activations() {
+    case "$cpu_activations" in
+    f32 | bf16) ;;
+    *) bench_die "--cpu-activations: expected f32 or bf16, got '$cpu_activations'" ;;
+    esac
+}
+
 # bench_defaults PRESET MAX_TOKENS: the shared options' defaults (the build
 # in build-bench, 3 repeats, the reference venv's Python), set before the
 # script's own and bench_parse_args.

@@ -44,10 +44,7 @@ case "$images" in
 both) kinds="text image" ;;
 *) bench_die "--images: expected 0, 1 or both, got '$images'" ;;
 esac
-case "$cpu_activations" in
-f32 | bf16) ;;
-*) bench_die "--cpu-activations: expected f32 or bf16, got '$cpu_activations'" ;;
-esac
+bench_check_cpu_activations
 bench_setup roofline bench_read_bw bench_fma_peak
 
 for kind in $kinds; do
