@@ -58,7 +58,12 @@
  * Measured on the 2-vCPU AMD EPYC VM, `small`, 256 tokens a sequence,
  * alternating processes: 16 sequences 0.89-0.94x the step time with bf16
  * activations, 0.87-0.88x in f32 (a third pair 1.05x), 1 sequence
- * 0.91-0.97x; 24 keys ahead no better. */
+ * 0.91-0.97x; 24 keys ahead no better. Reading the rows where they are
+ * instead (the scores over each run of consecutive slots, PV with V's rows
+ * by pointer, the next block and the next item's first block prefetched;
+ * the same bits) took 0.98-1.07x the step time (2026-12-04, 3 alternating
+ * pairs, 16 sequences, 250 tokens, bf16 activations): the misses the copy
+ * waited on moved into the tiles, which then ran 2.5x longer. */
 #define GATHER_AHEAD 8
 
 /* The bf16 weights (BK / 2, BQ) pairs of keys reuse the gathered-K scratch,
