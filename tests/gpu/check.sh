@@ -8,8 +8,9 @@
 #   bash tests/gpu/check.sh            # from the repository root
 #
 # Build: the project's CMake build (MLLAMA_CUDA=ON, Release, sm_90 only)
-# when its dependencies are present; it never installs anything and never
-# touches the network (a lent machine is offline). Without them it
+# when its dependencies are present, the machine's or those tests/gpu/deps.sh
+# gathered into .gpu-deps; it never installs anything and never touches the
+# network (a lent machine is offline). Without them it
 # falls back to compiling directly only what the GPU checks need: the
 # kernels, engine/*.c and engine/cpu/*.c, test_cuda_device, the
 # test_cuda_ops_* tests and bench_cuda (the model tests, test_cuda_golden,
@@ -36,7 +37,8 @@ CUDA_OPS_TESTS=(test_cuda_ops_backend test_cuda_ops_matmul test_cuda_ops_norms
 # The model end to end on CUDA backends (CMake build only: they need cJSON);
 # test_worker_cuda skips itself where redis-server or kcat is missing.
 CUDA_MODEL_TESTS=(test_cuda_golden test_cuda_decode_graph test_cuda_runtime
-                  test_cuda_constrained test_cuda_batch_invariance test_worker_cuda)
+                  test_cuda_constrained test_cuda_choices test_cuda_batch_invariance
+                  test_worker_cuda)
 mkdir -p "$BUILD" "$DEST"
 LOG=$DEST/check.log
 : >"$LOG"
@@ -65,6 +67,22 @@ fi
 say "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), NCCL ${NCCL_ROOT:-not found}"
 
 # ---- dependencies of the full CMake build -------------------------------------------------
+# tests/gpu/deps.sh, run before the machine was asked for, leaves Debian's
+# packages of them in .gpu-deps: its pkg-config, redis-server and kcat come
+# first on the PATH, the compilers see its headers, and the tests are linked
+# with an RPATH (not RUNPATH: it also serves librdkafka's own needs) to its
+# libraries, which nothing else on the machine loads.
+DEPS=$ROOT/.gpu-deps
+DEPS_LDFLAGS=""
+if [ -x "$DEPS/bin/pkg-config" ]; then
+    export PATH=$DEPS/bin:$PATH
+    export CPATH=$DEPS/root/usr/include:$DEPS/root/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}
+    DEPS_LDFLAGS="-Wl,--disable-new-dtags"
+    for d in "$DEPS/root/usr/lib/x86_64-linux-gnu" "$DEPS/root/lib/x86_64-linux-gnu"; do
+        DEPS_LDFLAGS+=" -Wl,-rpath,$d"
+    done
+    say "dependencies from $DEPS"
+fi
 deps_ok() {
     command -v cmake >/dev/null && command -v pkg-config >/dev/null || return 1
     for p in libcjson libjpeg libpng rdkafka hiredis; do
@@ -81,6 +99,7 @@ BIN=$BUILD/tests
 build_cmake() {
     local extra=()
     [ -n "$NCCL_ROOT" ] && extra+=(-DNCCL_ROOT="$NCCL_ROOT")
+    [ -n "$DEPS_LDFLAGS" ] && extra+=(-DCMAKE_EXE_LINKER_FLAGS="$DEPS_LDFLAGS")
     local gen=()
     command -v ninja >/dev/null && gen=(-G Ninja)
     # An existing build dir keeps its generator.
