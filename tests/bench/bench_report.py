@@ -407,7 +407,7 @@ def cmd_roofline(args):
         n += 1
         if 100 * frac < args.goal:
             missed.append("%s B=%d" % (kind, b))
-        rows.append([args.preset, "1 image" if image else "none", "%d" % b,
+        rows.append([args.preset, "1 image" if image else "none", "%d" % b, "%.0f" % ctx,
                      "%d" % min(r[3] for r in runs), spread(ms), "%.1f" % (nbytes / 1e6),
                      "%.3f" % (flops / 1e9), "%.2f" % mem_ms, "%.2f" % fma_ms,
                      "%.2f (%s)" % (bound, "memory" if mem_ms >= fma_ms else "compute"),
@@ -415,9 +415,9 @@ def cmd_roofline(args):
         if image and any(r[4] != 1 for r in runs):
             print("note: %s B=%d: vision encodes per run %s, expected 1 (the same image for "
                   "all)" % (kind, b, [r[4] for r in runs]))
-    print(md_table(["preset", "images", "B", "steps", "ms/step, median (min-max)",
-                    "MB/step", "GFLOP/step", "memory bound ms", "compute bound ms",
-                    "larger bound ms", "bound / measured"], rows))
+    print(md_table(["preset", "images", "B", "mean context", "steps",
+                    "ms/step, median (min-max)", "MB/step", "GFLOP/step", "memory bound ms",
+                    "compute bound ms", "larger bound ms", "bound / measured"], rows))
     print()
     peaks = "f32 FMA peak %.1f GFLOP/s" % args.fma_gflops
     if args.dot_gflops:

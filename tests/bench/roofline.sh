@@ -12,8 +12,9 @@
 # bench_report.py roofline's (README.md here).
 #
 #   tests/bench/roofline.sh [--preset 1b|small|tiny] [--concurrency "1 2 4 8 16 32"]
-#       [--images 0|1|both] [--repeats N] [--max-tokens N] [--build DIR]
-#       [--work DIR] [--cpu-activations f32|bf16] [--python PY] [--no-build]
+#       [--images 0|1|both] [--repeats N] [--max-tokens N] [--prompt-repeats N]
+#       [--build DIR] [--work DIR] [--cpu-activations f32|bf16] [--python PY]
+#       [--no-build]
 #
 # --images 0: text-only requests, 1: each with the sample image, both (the
 # default): both kinds. --repeats N (default 3) processes per kind and B,
@@ -23,6 +24,11 @@
 # every process and after the last, the highest of each kept. --max-tokens
 # (default 33) per request: the steps counted are those after the first
 # token.
+# --prompt-repeats N (default 1): each request's prompt is the bench prompt
+#   N times over, about 6·N tokens, so that the steps read a long K/V cache:
+#   at 150, a 940-token prompt, where a 16-sequence step of `small` spends a
+#   third of its time in attention. The bytes and FLOPs count the cache at
+#   the run's mean context (the table's column).
 # --cpu-activations f32|bf16: ours with mllama run's --cpu-activations (f32,
 #   the default, is the reference numerics; bf16 needs AVX-512 BF16: its
 #   bf16 Linears run on the bf16 dot product, the attention stays f32 FMA).
@@ -36,8 +42,15 @@ bench_defaults 1b 33
 concurrency="1 2 4 8 16 32"
 images=both
 cpu_activations=f32
-BENCH_OPTIONS="concurrency images cpu_activations"
+prompt_repeats=1
+BENCH_OPTIONS="concurrency images cpu_activations prompt_repeats"
 bench_parse_args "$@"
+[[ "$prompt_repeats" =~ ^[1-9][0-9]*$ ]] ||
+    bench_die "--prompt-repeats: expected a positive integer, got '$prompt_repeats'"
+prompt="$BENCH_PROMPT"
+for _ in $(seq 2 "$prompt_repeats"); do
+    prompt+=" $BENCH_PROMPT"
+done
 case "$images" in
 0) kinds=text ;;
 1) kinds=image ;;
@@ -52,13 +65,14 @@ for kind in $kinds; do
         image_arg=()
         [ "$kind" = text ] || image_arg=(--image "$image")
         "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" \
-            --prompt "$BENCH_PROMPT" --concurrent "$b" --same-length --ignore-eos \
+            --prompt "$prompt" --concurrent "$b" --same-length --ignore-eos \
             "${image_arg[@]}" >"$run/${kind}_b$b.jsonl"
     done
 done
 
 echo "roofline: preset $preset, B in {$concurrency}, $max_tokens tokens per request," \
-    "$BENCH_THREADS threads, $repeats processes each, $cpu_activations activations"
+    "the prompt $prompt_repeats time(s), $BENCH_THREADS threads, $repeats processes each," \
+    "$cpu_activations activations"
 cpu_model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 load_before=$(bench_load)
 echo "machine: $cpu_model"
