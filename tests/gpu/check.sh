@@ -89,7 +89,7 @@ if [ -x "$DEPS/bin/pkg-config" ]; then
 fi
 deps_ok() {
     command -v cmake >/dev/null && command -v pkg-config >/dev/null || return 1
-    for p in libcjson libjpeg libpng rdkafka hiredis; do
+    for p in libcjson libjpeg libpng rdkafka hiredis libevent; do
         pkg-config --exists "$p" || return 1
     done
 }
@@ -259,5 +259,6 @@ EOF
     [ -s "$DEST/bench.txt" ] && sed 's/^/  /' "$DEST/bench.txt"
 } >"$DEST/gpu-summary.txt"
 cat "$DEST/gpu-summary.txt"
-# Fail when a test failed or nothing could be built.
-! grep -qE '"status": "(failed|timeout)"' "$DEST/gpu-summary.json" && [ "$MODE" != failed ]
+# Fail when a test failed, timed out or never reported (ctest cut off), or
+# nothing could be built.
+! grep -qE '"status": "(failed|timeout|not_run)"' "$DEST/gpu-summary.json" && [ "$MODE" != failed ]
