@@ -21,6 +21,14 @@
  *   (scale·Σ q·k with both rounded, ~1.6e-3 absolute for the inputs here)
  *   shifts the softmax weights by about that relatively, ~2.5e-6 more:
  *   ~8e-6 in all, 6x headroom.
+ * - NMSE_F8_MMA = 1e-6: matmul_f8's W8A8 GEMM on FP8 tensor cores (sm_89+).
+ *   Its products are exact, but Hopper's FP8 MMA adds them in an
+ *   accumulator narrower than f32 before cuBLASLt promotes the partial sums
+ *   to f32, FAST_ACCUM off or not. Measured on an H200 (2026-12-04): NMSE
+ *   5.4e-8 at 32 x 4096 x 1024, 2.2e-8 at 300 x 4096 x 1024, 2.8e-10 at
+ *   K = 64. 1e-6 leaves 18x headroom and stays under the bf16 GEMM's 2.8e-6,
+ *   while a dropped term (~1/K ≥ 2.4e-4 here) or a wrong scale fails it;
+ *   the quantization itself is checked exactly on every path.
  * - Caches: the GPU stores K/V in bf16, the CPU in f32. The inputs of the
  *   causal and cross tests are rounded to bf16 first, so both caches hold
  *   the same values and those ops are held to NMSE_F32; kv_write and
@@ -67,6 +75,7 @@
 #define NMSE_F32 1e-9
 #define NMSE_GEMM 2e-5
 #define NMSE_MMA 5e-5
+#define NMSE_F8_MMA 1e-6
 #define POOL_BYTES ((size_t)8 << 30)
 #define ERRLEN 512
 #define RNG_SEED 0x2545f4914f6cdd1dull /* the inputs these tests have always drawn first */
