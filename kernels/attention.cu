@@ -37,9 +37,7 @@
 
 /* Resident CTAs aimed for per SM when choosing z_slots. */
 #define CTAS_PER_SM 4
-/* Most CTAs one sequence's keys are split over, and the fewest key tiles
- * (of 32) worth a CTA of their own. */
-#define MAX_SPLITS 64
+/* The fewest key tiles (of 32) worth a CTA of their own. */
 #define MIN_TILES_PER_SPLIT 4
 #define KEY_TILE_KEYS 32
 /* Alignment of the cross-attention K/V planes: one 16-byte load of 8 bf16. */
@@ -177,7 +175,7 @@ void mlk_attn_causal(ml_backend *be, const ml_attn_causal_params *p)
      * their row blocks. */
     const int pairs = p->n_seqs * p->n_kv_heads;
     int z = (CTAS_PER_SM * b->sm_count + pairs - 1) / pairs;
-    z = z < 1 ? 1 : z > MAX_SPLITS ? MAX_SPLITS : z;
+    z = z < 1 ? 1 : z > MLK_ATTN_MAX_SPLITS ? MLK_ATTN_MAX_SPLITS : z;
     const int splits = fit_splits(z, p->n_seqs, p->n_kv_heads, rpw, p->head_dim);
     if (splits >= 2) {
         a.split = 1;
@@ -235,7 +233,7 @@ void mlk_attn_cross(ml_backend *be, const ml_attn_cross_params *p)
     const int rpw = rows_per_warp(rows);
     const int pairs = p->n_seqs * p->n_kv_heads;
     int z = (CTAS_PER_SM * b->sm_count + pairs - 1) / pairs;
-    z = z < 1 ? 1 : z > MAX_SPLITS ? MAX_SPLITS : z;
+    z = z < 1 ? 1 : z > MLK_ATTN_MAX_SPLITS ? MLK_ATTN_MAX_SPLITS : z;
     if (rows <= rpw) {
         /* Decode: split each sequence's keys over the z CTAs, no more of
          * them than the longest key list (max_images images) fills. */

@@ -64,6 +64,9 @@ void mlk_attn_simt(mlk_backend *b, const mlk_attn_args *a, int rows_per_warp, in
 
 /* Largest rows_per_warp of mlk_attn_simt, for sizing split-K partials. */
 #define MLK_ATTN_SIMT_MAX_ROWS 8
+/* Most CTAs one sequence's keys are split over (attn_combine_kernel's
+ * shared weights). */
+#define MLK_ATTN_MAX_SPLITS 64
 
 /* Tensor-core vision attention; returns 0 when it took the call, -1 when
  * the head_dim has no instantiation (the caller falls back to SIMT). */

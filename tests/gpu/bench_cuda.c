@@ -4,7 +4,9 @@
  *   Mllama decoder (32 self + 8 cross layers, one 4-tile image per
  *   sequence) at batch 1 and 32 over a 1024-token context, eager and
  *   replayed from a CUDA graph; bytes read per step / time against HBM
- *   bandwidth;
+ *   bandwidth; and where a step goes: its matmuls, causal attention, cross
+ *   attention and the rest (norms, RoPE, kv_write, residuals, sampling),
+ *   each part alone replayed from a graph of its own;
  * - vision: one 4-tile image through the vision tower (32 local + 8 global
  *   layers at 6432 tokens), the projector and the 8 cross layers' K/V;
  *   FLOP / time against dense bf16 peak, with attention and GEMMs also
@@ -150,7 +152,19 @@ typedef struct decoder {
     const void **states;    /* device (B): img_state, attn_cross's table */
     int32_t *n_images;      /* device (B): 1 each */
     size_t bytes_per_step;  /* weights + caches + image K/V read by one step */
+    size_t matmul_bytes;    /* the Linears' and lm_head's weights */
 } decoder;
+
+/* The parts of a decode step (decode_step's parts): the breakdown replays
+ * each alone. Skipping a part leaves stale values in the buffers it writes,
+ * which changes no timing: the shapes and the bytes read are the same. */
+enum {
+    STEP_MATMULS = 1,
+    STEP_CAUSAL = 2,
+    STEP_CROSS = 4,
+    STEP_REST = 8,
+    STEP_ALL = STEP_MATMULS | STEP_CAUSAL | STEP_CROSS | STEP_REST
+};
 
 static int is_cross(const dec_cfg *c, int l)
 {
@@ -192,6 +206,10 @@ static void decoder_build(decoder *d, const dec_cfg *c, int B)
     d->norm = dweight(D);
     d->lm_head = dweight((size_t)c->vocab * D);
     read += (size_t)B * D * 2 + D * 2 + (size_t)c->vocab * D * 2;
+    d->matmul_bytes = 0;
+    for (int l = 0; l < c->layers; l++)
+        d->matmul_bytes += 2 * ((d->L[l].cross ? 2 * qw * D : 2 * (qw + kvw) * D) + 3 * F * D);
+    d->matmul_bytes += 2 * (size_t)c->vocab * D;
 
     d->h = dalloc((size_t)B * D * 4);
     d->x = dalloc((size_t)B * D * 4);
@@ -280,43 +298,59 @@ static void decoder_build(decoder *d, const dec_cfg *c, int B)
     sync_or_die("decoder build");
 }
 
-static void mlp(decoder *d, const layer_w *L)
+static void mlp(decoder *d, const layer_w *L, int parts)
 {
     const ml_backend_ops *o = g_be->ops;
     const dec_cfg *c = &d->c;
-    o->matmul(g_be, d->gate, d->x, L->gate, NULL, d->B, c->D, c->ffn, 0);
-    o->matmul(g_be, d->up, d->x, L->up, NULL, d->B, c->D, c->ffn, 0);
-    o->silu_mul(g_be, d->gate, d->gate, d->up, (size_t)d->B * c->ffn);
-    o->matmul(g_be, d->x, d->gate, L->down, NULL, d->B, c->ffn, c->D, 0);
+    const int mm = parts & STEP_MATMULS;
+    if (mm)
+        o->matmul(g_be, d->gate, d->x, L->gate, NULL, d->B, c->D, c->ffn, 0);
+    if (mm)
+        o->matmul(g_be, d->up, d->x, L->up, NULL, d->B, c->D, c->ffn, 0);
+    if (parts & STEP_REST)
+        o->silu_mul(g_be, d->gate, d->gate, d->up, (size_t)d->B * c->ffn);
+    if (mm)
+        o->matmul(g_be, d->x, d->gate, L->down, NULL, d->B, c->ffn, c->D, 0);
 }
 
-/* One decode step: text.c's op sequence for B sequences of one token. */
-static void decode_step(decoder *d)
+/* One decode step: text.c's op sequence for B sequences of one token, or
+ * the ops of some of its parts (STEP_*). */
+static void decode_step(decoder *d, int parts)
 {
     const ml_backend_ops *o = g_be->ops;
     const dec_cfg *c = &d->c;
     const int B = d->B, D = c->D, H = c->heads, KV = c->kv, hd = c->hd;
     const float eps = 1e-5f, scale = 1.0f / sqrtf((float)hd);
-    o->embed(g_be, d->h, d->embed, d->tokens, B, D);
+    const int mm = parts & STEP_MATMULS, rest = parts & STEP_REST;
+    if (rest)
+        o->embed(g_be, d->h, d->embed, d->tokens, B, D);
     for (int l = 0, self = 0, cross = 0; l < c->layers; l++) {
         const layer_w *L = &d->L[l];
-        o->rmsnorm(g_be, d->x, d->h, L->in_norm, B, D, eps);
-        o->matmul(g_be, d->q, d->x, L->q, NULL, B, D, H * hd, 0);
+        if (rest)
+            o->rmsnorm(g_be, d->x, d->h, L->in_norm, B, D, eps);
+        if (mm)
+            o->matmul(g_be, d->q, d->x, L->q, NULL, B, D, H * hd, 0);
         if (!L->cross) {
-            o->matmul(g_be, d->k, d->x, L->k, NULL, B, D, KV * hd, 0);
-            o->matmul(g_be, d->v, d->x, L->v, NULL, B, D, KV * hd, 0);
-            o->rope(g_be, d->q, d->pos, d->inv_freq, B, H, hd);
-            o->rope(g_be, d->k, d->pos, d->inv_freq, B, KV, hd);
-            o->kv_write(g_be, d->kc[self], d->vc[self], d->k, d->v, d->slots, B, KV, hd);
+            if (mm) {
+                o->matmul(g_be, d->k, d->x, L->k, NULL, B, D, KV * hd, 0);
+                o->matmul(g_be, d->v, d->x, L->v, NULL, B, D, KV * hd, 0);
+            }
+            if (rest) {
+                o->rope(g_be, d->q, d->pos, d->inv_freq, B, H, hd);
+                o->rope(g_be, d->k, d->pos, d->inv_freq, B, KV, hd);
+                o->kv_write(g_be, d->kc[self], d->vc[self], d->k, d->v, d->slots, B, KV, hd);
+            }
             ml_attn_causal_params ap = {
                 .out = d->attn, .q = d->q, .k_cache = d->kc[self], .v_cache = d->vc[self],
                 .block_table = d->tables, .seq_start = d->seq_start, .pos0 = d->pos0,
                 .n_seqs = B, .max_blocks_per_seq = d->max_blocks, .block_size = KV_BLOCK,
                 .n_heads = H, .n_kv_heads = KV, .head_dim = hd, .scale = scale};
-            o->attn_causal(g_be, &ap);
+            if (parts & STEP_CAUSAL)
+                o->attn_causal(g_be, &ap);
             self++;
         } else {
-            o->rmsnorm(g_be, d->q, d->q, L->q_norm, B * H, hd, eps);
+            if (rest)
+                o->rmsnorm(g_be, d->q, d->q, L->q_norm, B * H, hd, eps);
             const size_t k_offset = 2 * (size_t)cross * d->img_plane;
             ml_attn_cross_params ap = {
                 .out = d->attn, .q = d->q, .states = d->states, .k_offset = k_offset,
@@ -324,54 +358,75 @@ static void decode_step(decoder *d)
                 .seq_start = d->seq_start, .allowed = d->allowed, .n_seqs = B, .n_tokens = B,
                 .max_images = 1, .max_tiles = V_TILES, .chunk_len = V_TOKENS, .n_heads = H,
                 .n_kv_heads = KV, .head_dim = hd, .scale = scale};
-            o->attn_cross(g_be, &ap);
+            if (parts & STEP_CROSS)
+                o->attn_cross(g_be, &ap);
             cross++;
         }
-        o->matmul(g_be, d->x, d->attn, L->o, NULL, B, H * hd, D, 0);
-        o->add_rows(g_be, d->h, d->x, L->cross ? d->row_ones : NULL, L->cross ? 0.5f : 1.0f, B, D);
-        o->rmsnorm(g_be, d->x, d->h, L->post_norm, B, D, eps);
-        mlp(d, L);
-        o->add_rows(g_be, d->h, d->x, L->cross ? d->row_ones : NULL, L->cross ? 0.5f : 1.0f, B, D);
+        if (mm)
+            o->matmul(g_be, d->x, d->attn, L->o, NULL, B, H * hd, D, 0);
+        if (rest) {
+            o->add_rows(g_be, d->h, d->x, L->cross ? d->row_ones : NULL, L->cross ? 0.5f : 1.0f,
+                        B, D);
+            o->rmsnorm(g_be, d->x, d->h, L->post_norm, B, D, eps);
+        }
+        mlp(d, L, parts);
+        if (rest)
+            o->add_rows(g_be, d->h, d->x, L->cross ? d->row_ones : NULL, L->cross ? 0.5f : 1.0f,
+                        B, D);
     }
-    o->rmsnorm(g_be, d->x, d->h, d->norm, B, D, eps);
-    o->matmul(g_be, d->logits, d->x, d->lm_head, NULL, B, D, c->vocab, 0);
+    if (rest)
+        o->rmsnorm(g_be, d->x, d->h, d->norm, B, D, eps);
+    if (mm)
+        o->matmul(g_be, d->logits, d->x, d->lm_head, NULL, B, D, c->vocab, 0);
     ml_sample_params sp = {.out = d->sample_out, .logits = d->logits, .row = d->sample_rows,
                            .scratch = d->sample_scratch, .rows = B, .vocab = c->vocab};
-    o->sample(g_be, &sp);
+    if (rest)
+        o->sample(g_be, &sp);
 }
 
 typedef struct decode_result {
-    double eager_ms, graph_ms, bytes;
+    double eager_ms, graph_ms, bytes, matmul_bytes;
+    /* Each part alone, from a graph of its own (STEP_*; cross 0 without cross layers). */
+    double matmul_ms, causal_ms, cross_ms, rest_ms;
 } decode_result;
 
-static decode_result bench_decode(const dec_cfg *c, int B)
+/* ms per replay of a graph of the step's parts. */
+static double graph_ms(decoder *d, int parts)
 {
-    decoder d;
-    decoder_build(&d, c, B);
-    decode_result r = {0, 0, (double)d.bytes_per_step};
-    for (int i = 0; i < WARMUP; i++)
-        decode_step(&d);
-    sync_or_die("decode warm-up");
-    double t0 = now_s();
-    for (int i = 0; i < ITERS; i++) {
-        decode_step(&d);
-        sync_or_die("decode");
-    }
-    r.eager_ms = (now_s() - t0) * 1e3 / ITERS;
-
     g_be->ops->graph_begin(g_be, GRAPH_SLOT);
-    decode_step(&d);
+    decode_step(d, parts);
     g_be->ops->graph_end(g_be, GRAPH_SLOT);
     sync_or_die("decode graph record");
     for (int i = 0; i < WARMUP; i++)
         g_be->ops->graph_replay(g_be, GRAPH_SLOT);
     sync_or_die("decode graph warm-up");
-    t0 = now_s();
+    const double t0 = now_s();
     for (int i = 0; i < ITERS; i++) {
         g_be->ops->graph_replay(g_be, GRAPH_SLOT); /* a step's tokens are read each step */
         sync_or_die("decode graph");
     }
-    r.graph_ms = (now_s() - t0) * 1e3 / ITERS;
+    return (now_s() - t0) * 1e3 / ITERS;
+}
+
+static decode_result bench_decode(const dec_cfg *c, int B)
+{
+    decoder d;
+    decoder_build(&d, c, B);
+    decode_result r = {.bytes = (double)d.bytes_per_step, .matmul_bytes = (double)d.matmul_bytes};
+    for (int i = 0; i < WARMUP; i++)
+        decode_step(&d, STEP_ALL);
+    sync_or_die("decode warm-up");
+    const double t0 = now_s();
+    for (int i = 0; i < ITERS; i++) {
+        decode_step(&d, STEP_ALL);
+        sync_or_die("decode");
+    }
+    r.eager_ms = (now_s() - t0) * 1e3 / ITERS;
+    r.graph_ms = graph_ms(&d, STEP_ALL);
+    r.matmul_ms = graph_ms(&d, STEP_MATMULS);
+    r.causal_ms = graph_ms(&d, STEP_CAUSAL);
+    r.cross_ms = d.n_cross ? graph_ms(&d, STEP_CROSS) : 0.0;
+    r.rest_ms = graph_ms(&d, STEP_REST);
     /* The pool is reused by the next configuration: drop everything. */
     g_be->ops->destroy(g_be);
     g_be = NULL;
@@ -691,6 +746,11 @@ int main(int argc, char **argv)
                    cfgs[ci]->name, batches[bi], CONTEXT, r->graph_ms, r->eager_ms,
                    batches[bi] * 1e3 / r->graph_ms, r->bytes / 1e9,
                    100.0 * r->bytes / (r->graph_ms * 1e-3) / pk.bw);
+            printf("  each part alone: matmuls %.3f ms (%.1f%% of HBM for their weights), causal "
+                   "attention %.3f, cross attention %.3f, the rest %.3f; sum %.3f\n",
+                   r->matmul_ms, 100.0 * r->matmul_bytes / (r->matmul_ms * 1e-3) / pk.bw,
+                   r->causal_ms, r->cross_ms, r->rest_ms,
+                   r->matmul_ms + r->causal_ms + r->cross_ms + r->rest_ms);
         }
     backend_or_die();
     const vision_result vr = bench_vision();
@@ -752,10 +812,12 @@ int main(int argc, char **argv)
                         "    {\"model\": \"%s\", \"batch\": %d, \"context\": %d, "
                         "\"ms_per_step\": %.4f, \"eager_ms_per_step\": %.4f, "
                         "\"tokens_per_s\": %.1f, \"bytes_per_step\": %.0f, "
-                        "\"hbm_fraction\": %.4f}%s\n",
+                        "\"hbm_fraction\": %.4f, \"parts_ms\": {\"matmuls\": %.4f, "
+                        "\"causal\": %.4f, \"cross\": %.4f, \"rest\": %.4f}}%s\n",
                         cfgs[ci]->name, batches[bi], CONTEXT, r->graph_ms, r->eager_ms,
                         batches[bi] * 1e3 / r->graph_ms, r->bytes,
-                        r->bytes / (r->graph_ms * 1e-3) / pk.bw, ci == 1 && bi == 1 ? "" : ",");
+                        r->bytes / (r->graph_ms * 1e-3) / pk.bw, r->matmul_ms, r->causal_ms,
+                        r->cross_ms, r->rest_ms, ci == 1 && bi == 1 ? "" : ",");
             }
         fprintf(f,
                 "  ],\n  \"vision\": {\"tiles\": %d, \"ms\": %.3f, \"flops\": %.4g, \"mfu\": %.4f,"
