@@ -17,6 +17,9 @@
 # _decode_graph and _runtime, need cJSON for the model loader and are then
 # reported as not built).
 #
+# CHECK_NCU=1 also profiles the decode attention with Nsight Compute
+# (ncu.txt; below).
+#
 # Output: $OUT/gpu-summary.json, gpu-summary.txt and the logs when OUT is
 # set (the device tool's return folder), else build-gpu/. Expected runtime
 # on an H200: ~2 min build, ~1 min tests, <1 min benchmark; every phase has
@@ -249,6 +252,25 @@ if [ -x "$BIN/bench_cuda" ]; then
     cat "$DEST/bench.txt" >>"$LOG"
     say "bench_cuda: rc $brc"
     [ $brc = 0 ] && [ -s "$DEST/bench.json" ] && BENCH_JSON=$(cat "$DEST/bench.json")
+fi
+
+# ---- profile (CHECK_NCU=1) ------------------------------------------------------------------
+# Nsight Compute on the decode attention, the part of a step furthest from
+# its bound (kernels/README.md): the first launches of attn_simt_kernel in
+# bench_cuda (the 1B decoder's), with the sections that say whether it
+# waits on memory or on too few warps. Off by default: ncu replays each
+# profiled kernel and slows the bench around them.
+NCU_TIMEOUT=150
+NCU_LAUNCHES=4
+if [ "${CHECK_NCU:-0}" = 1 ] && [ -x "$BIN/bench_cuda" ]; then
+    if command -v ncu >/dev/null; then
+        timeout "$NCU_TIMEOUT" ncu -k regex:attn_simt_kernel --launch-count "$NCU_LAUNCHES" \
+            --section SpeedOfLight --section Occupancy --section LaunchStats \
+            --section WarpStateStats "$BIN/bench_cuda" >"$DEST/ncu.txt" 2>&1
+        say "ncu: rc $? (ncu.txt)"
+    else
+        say "ncu: not on this machine"
+    fi
 fi
 
 # ---- summary --------------------------------------------------------------------------------
