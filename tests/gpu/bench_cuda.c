@@ -166,6 +166,13 @@ enum {
     STEP_ALL = STEP_MATMULS | STEP_CAUSAL | STEP_CROSS | STEP_REST
 };
 
+/* A Linear's weight (dweight), its bytes counted in the step's matmul bytes. */
+static uint16_t *dlinear(decoder *d, size_t n)
+{
+    d->matmul_bytes += n * sizeof(uint16_t);
+    return dweight(n);
+}
+
 static int is_cross(const dec_cfg *c, int l)
 {
     return c->cross_period && l % c->cross_period == c->cross_period - 2;
@@ -185,17 +192,17 @@ static void decoder_build(decoder *d, const dec_cfg *c, int B)
         layer_w *L = &d->L[l];
         L->cross = is_cross(c, l);
         const size_t before = g_weight_bytes;
-        L->q = dweight(qw * D);
-        L->o = dweight(D * qw);
+        L->q = dlinear(d, qw * D);
+        L->o = dlinear(d, D * qw);
         if (!L->cross) {
-            L->k = dweight(kvw * D);
-            L->v = dweight(kvw * D);
+            L->k = dlinear(d, kvw * D);
+            L->v = dlinear(d, kvw * D);
         } else {
             L->q_norm = dweight((size_t)c->hd);
         }
-        L->gate = dweight(F * D);
-        L->up = dweight(F * D);
-        L->down = dweight(D * F);
+        L->gate = dlinear(d, F * D);
+        L->up = dlinear(d, F * D);
+        L->down = dlinear(d, D * F);
         L->in_norm = dweight(D);
         L->post_norm = dweight(D);
         read += g_weight_bytes - before;
@@ -204,12 +211,8 @@ static void decoder_build(decoder *d, const dec_cfg *c, int B)
     d->n_self = c->layers - d->n_cross;
     d->embed = dweight((size_t)(c->vocab + 8) * D);
     d->norm = dweight(D);
-    d->lm_head = dweight((size_t)c->vocab * D);
+    d->lm_head = dlinear(d, (size_t)c->vocab * D);
     read += (size_t)B * D * 2 + D * 2 + (size_t)c->vocab * D * 2;
-    d->matmul_bytes = 0;
-    for (int l = 0; l < c->layers; l++)
-        d->matmul_bytes += 2 * ((d->L[l].cross ? 2 * qw * D : 2 * (qw + kvw) * D) + 3 * F * D);
-    d->matmul_bytes += 2 * (size_t)c->vocab * D;
 
     d->h = dalloc((size_t)B * D * 4);
     d->x = dalloc((size_t)B * D * 4);
@@ -302,14 +305,13 @@ static void mlp(decoder *d, const layer_w *L, int parts)
 {
     const ml_backend_ops *o = g_be->ops;
     const dec_cfg *c = &d->c;
-    const int mm = parts & STEP_MATMULS;
-    if (mm)
+    if (parts & STEP_MATMULS) {
         o->matmul(g_be, d->gate, d->x, L->gate, NULL, d->B, c->D, c->ffn, 0);
-    if (mm)
         o->matmul(g_be, d->up, d->x, L->up, NULL, d->B, c->D, c->ffn, 0);
+    }
     if (parts & STEP_REST)
         o->silu_mul(g_be, d->gate, d->gate, d->up, (size_t)d->B * c->ffn);
-    if (mm)
+    if (parts & STEP_MATMULS)
         o->matmul(g_be, d->x, d->gate, L->down, NULL, d->B, c->ffn, c->D, 0);
 }
 
