@@ -666,12 +666,13 @@ static void scenario_cli(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
 
 /* ---- H: one topic paused (a tenant's request topic) ------------------------- */
 
-/* Poll c for up to ms, finishing every message; counts per topic ("ta", "tb"). */
-static void h_poll(svc_consumer *c, int ms, int *ta, int *tb)
+/* Poll c for up to ms (each poll waiting up to poll_ms), finishing every
+ * message; counts per topic ("ta", any other). */
+static void h_poll(svc_consumer *c, int ms, int poll_ms, int *ta, int *tb)
 {
     for (int64_t end = pu_now_ms() + ms; pu_now_ms() < end;) {
         svc_kafka_msg m;
-        if (svc_consumer_poll(c, 50, &m) != SVC_KAFKA_OK)
+        if (svc_consumer_poll(c, poll_ms, &m) != SVC_KAFKA_OK)
             continue;
         *(strcmp(m.topic, "ta") ? tb : ta) += 1;
         char err[256];
@@ -680,18 +681,66 @@ static void h_poll(svc_consumer *c, int ms, int *ta, int *tb)
     }
 }
 
+/* The invariant that keeps clear of librdkafka 2.0.2's pause races
+ * (kafka_consumer.c, "pausing in librdkafka"): this thread asks librdkafka
+ * to pause or resume a partition of ta only after the partition handed out
+ * a record, which, ta being paused from the start, the consumer logs as
+ * held. Read from the log: librdkafka's debug lines of pauses and resumes
+ * requested by the application thread, and the consumer's kafka.hold lines. */
+static void h_check_log(FILE *log)
+{
+    enum { MAX_PARTS = 64 };
+    static const char hold[] = "\"event\":\"kafka.hold\",\"msg\":\"ta [";
+    static const char *const asks[] = {"[thrd:app]: Pause ta [", "[thrd:app]: Resume ta ["};
+    bool held[MAX_PARTS] = {false};
+    int n_asks = 0, early = 0;
+    char line[1024];
+    rewind(log);
+    while (fgets(line, sizeof line, log)) {
+        const char *h = strstr(line, hold);
+        int p = h ? atoi(h + sizeof hold - 1) : -1;
+        if (p >= 0 && p < MAX_PARTS)
+            held[p] = true;
+        for (size_t i = 0; i < sizeof asks / sizeof asks[0]; i++) {
+            const char *a = strstr(line, asks[i]);
+            if (!a)
+                continue;
+            int q = atoi(a + strlen(asks[i]));
+            n_asks++;
+            early += q < 0 || q >= MAX_PARTS || !held[q];
+            check(q >= 0 && q < MAX_PARTS && held[q], "H: librdkafka asked before ta [%d] "
+                  "handed out a record: %s", q, a);
+        }
+    }
+    /* None at all would mean the log no longer says what is checked here. */
+    check(n_asks > 0 && early == 0, "H: %d pauses and resumes of ta asked, %d too early", n_asks,
+          early);
+}
+
 static void scenario_pause_topic(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
 {
     enum { N = 10, PARTS = 2 };
     const char *topics[] = {"ta", "tb"};
+    enum { N_GROUP_KV = sizeof kt_group_kv / sizeof kt_group_kv[0] };
+    svc_kafka_kv kv[N_GROUP_KV + 1];
+    memcpy(kv, kt_group_kv, sizeof kt_group_kv);
+    kv[N_GROUP_KV] = (svc_kafka_kv){"debug", "topic"}; /* for h_check_log */
+    FILE *log = tmpfile();
+    check(log != NULL, "H: tmpfile");
+    if (!log)
+        return;
+    svc_log_set_output(log);
+    svc_log_set_level(SVC_LOG_DEBUG);
     svc_consumer_config cc = {.brokers = bootstraps, .group_id = "gH", .topics = topics,
-                              .n_topics = 2, .kafka = kt_group_kv,
-                              .n_kafka = sizeof kt_group_kv / sizeof kt_group_kv[0]};
+                              .n_topics = 2, .kafka = kv, .n_kafka = sizeof kv / sizeof kv[0]};
     svc_consumer *c = NULL;
     char err[256];
     check(svc_consumer_create(&cc, &c, err, sizeof err) == SVC_KAFKA_OK, "H: consumer: %s", err);
-    if (!c)
+    if (!c) {
+        svc_log_set_output(stderr);
+        fclose(log);
         return;
+    }
     /* Before the assignment: the intent holds for partitions assigned later. */
     check(svc_consumer_pause_topic(c, "ta", true) == SVC_KAFKA_OK, "H: pause ta");
     check(svc_consumer_pause_topic(c, "nope", true) == SVC_KAFKA_ERR_INVALID,
@@ -706,16 +755,70 @@ static void scenario_pause_topic(const char *bootstraps, rd_kafka_mock_cluster_t
     check(svc_producer_flush(src.p, 10000, err, sizeof err) == SVC_KAFKA_OK, "H: flush: %s", err);
     int ta = 0, tb = 0;
     for (int64_t end = pu_now_ms() + 15000; tb < N && pu_now_ms() < end;)
-        h_poll(c, 100, &ta, &tb);
-    h_poll(c, 1000, &ta, &tb);
+        h_poll(c, 100, 50, &ta, &tb);
+    h_poll(c, 1000, 50, &ta, &tb);
     check(tb == N && ta == 0, "H: while ta is paused, tb's %d of %d came and ta's %d", tb, N, ta);
     check(svc_consumer_paused_partitions(c) == PARTS, "H: %d partitions paused, want %d",
           svc_consumer_paused_partitions(c), PARTS);
     check(svc_consumer_pause_topic(c, "ta", false) == SVC_KAFKA_OK, "H: resume ta");
     for (int64_t end = pu_now_ms() + 15000; ta < N && pu_now_ms() < end;)
-        h_poll(c, 100, &ta, &tb);
+        h_poll(c, 100, 50, &ta, &tb);
     check(ta == N && tb == N, "H: after the resumption ta's %d of %d", ta, N);
     check(svc_consumer_paused_partitions(c) == 0, "H: nothing paused");
+    svc_consumer_close(c, err, sizeof err);
+    svc_consumer_destroy(c);
+    svc_producer_destroy(src.p);
+    svc_log_set_output(stderr);
+    h_check_log(log);
+    fclose(log);
+}
+
+/* ---- I: pause before the first record -------------------------------------- */
+
+static void i_on_assign(void *opaque, const rd_kafka_topic_partition_list_t *parts)
+{
+    *(int *)opaque += parts->cnt;
+}
+
+/* A topic paused when librdkafka has fetched its records into its queue but
+ * handed out none: the pause discards what is queued (librdkafka refetches
+ * it on the resumption from the offset after the last record handed out),
+ * and every record still arrives, once, after the resumption. */
+static void scenario_pause_unread(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
+{
+    (void)mc;
+    enum { N = 12, PARTS = 2, FETCH_MS = 1500 };
+    const char *topics[] = {"unread"};
+    int assigned = 0;
+    svc_consumer_config cc = {.brokers = bootstraps, .group_id = "gI", .topics = topics,
+                              .n_topics = 1, .kafka = kt_group_kv,
+                              .n_kafka = sizeof kt_group_kv / sizeof kt_group_kv[0],
+                              .events = {.on_assign = i_on_assign, .opaque = &assigned}};
+    kt_source src;
+    kt_source_start(&src, bootstraps);
+    for (int i = 0; i < N; i++)
+        kt_source_send(&src, "unread", "u", i);
+    char err[256];
+    check(svc_producer_flush(src.p, 10000, err, sizeof err) == SVC_KAFKA_OK, "I: flush: %s", err);
+    svc_consumer *c = NULL;
+    check(svc_consumer_create(&cc, &c, err, sizeof err) == SVC_KAFKA_OK, "I: consumer: %s", err);
+    if (!c)
+        return;
+    int got = 0, ignored = 0;
+    for (int64_t end = pu_now_ms() + 15000; assigned < PARTS && got == 0 && pu_now_ms() < end;)
+        h_poll(c, 10, 10, &ignored, &got);
+    check(assigned == PARTS && got == 0, "I: assigned %d of %d partitions before any record (%d)",
+          assigned, PARTS, got);
+    /* Not polling: librdkafka fetches every record into its queue meanwhile. */
+    pu_sleep_ms(FETCH_MS);
+    check(svc_consumer_pause_topic(c, "unread", true) == SVC_KAFKA_OK, "I: pause");
+    h_poll(c, 500, 50, &ignored, &got);
+    check(got == 0, "I: %d records handed out while paused", got);
+    check(svc_consumer_pause_topic(c, "unread", false) == SVC_KAFKA_OK, "I: resume");
+    for (int64_t end = pu_now_ms() + 15000; got < N && pu_now_ms() < end;)
+        h_poll(c, 100, 50, &ignored, &got);
+    h_poll(c, 500, 50, &ignored, &got);
+    check(got == N, "I: %d of %d records after the resumption", got, N);
     svc_consumer_close(c, err, sizeof err);
     svc_consumer_destroy(c);
     svc_producer_destroy(src.p);
@@ -732,6 +835,7 @@ int main(void)
         {'F', "full producer queue", "full:2", scenario_queue_full},
         {'G', "eager fallback", "eager:4,replies:2", scenario_eager},
         {'H', "one topic paused", "ta:2,tb:2", scenario_pause_topic},
+        {'I', "pause before the first record", "unread:2", scenario_pause_unread},
     };
     return kt_run_scenarios(scenarios, sizeof scenarios / sizeof scenarios[0], 50000);
 }
