@@ -19,6 +19,11 @@
  *                   a 4-tile and a 2-tile image
  *   gelu            6432 x 5120 (one 11B vision MLP) and silu_mul 512 x 14336
  *                   (a prefill chunk of the 11B text MLP): ns per element
+ *   attn_causal     one layer of a decode step's self-attention: 16
+ *                   sequences, one row each, over the paged cache (the
+ *                   11B's 32 heads, 8 kv heads x 128, 16-slot blocks in a
+ *                   shuffled order) at 256 and 1,024 keys: GB/s of the K/V
+ *                   read, which is what the step streams
  *   attn_cross      the cross layers of one decode step: one row against
  *                   one image in each of the 11B's 8 cross layers (32
  *                   heads, 8 kv heads x 128, 4 tile slots of 1601 keys;
@@ -26,7 +31,7 @@
  *                   real tiles: GB/s of the K/V the allowed tiles hold
  *
  * ML_BENCH_ONLY=name,... runs only those groups (bandwidth, gemv, gemm,
- * attn_vision, activations, attn_cross, bf16).
+ * attn_vision, activations, attn_causal, attn_cross, bf16).
  *
  * Each result is the best of a few runs, by wall clock and by CPU time
  * (process CPU seconds / threads). On a shared machine the wall figure is
@@ -391,6 +396,68 @@ static void bench_activations(ml_backend *be)
     free(u);
 }
 
+typedef struct causal_job {
+    ml_backend *be;
+    ml_attn_causal_params p;
+} causal_job;
+
+static void causal_run(void *ctx)
+{
+    causal_job *j = ctx;
+    j->be->ops->attn_causal(j->be, &j->p);
+}
+
+/* One decode row of each of CAUSAL_SEQS sequences over its paged keys. */
+static void bench_attn_causal(ml_backend *be)
+{
+    enum { CAUSAL_SEQS = 16, CAUSAL_BLOCK = 16, CAUSAL_MAX_KEYS = 1024 };
+    static const int contexts[] = {256, CAUSAL_MAX_KEYS};
+    const int max_blocks = CAUSAL_MAX_KEYS / CAUSAL_BLOCK, n_phys = CAUSAL_SEQS * max_blocks;
+    const size_t slot = (size_t)TEXT_KV_HEADS * TEXT_HEAD_DIM;
+    const size_t cache_n = (size_t)n_phys * CAUSAL_BLOCK * slot;
+    const size_t rows = (size_t)CAUSAL_SEQS * TEXT_HEADS * TEXT_HEAD_DIM;
+    float *kc = xmalloc(cache_n * sizeof *kc), *vc = xmalloc(cache_n * sizeof *vc);
+    float *q = xmalloc(rows * sizeof *q), *out = xmalloc(rows * sizeof *out);
+    for (size_t i = 0; i < cache_n; i++) {
+        kc[i] = frand(-1, 1);
+        vc[i] = frand(-1, 1);
+    }
+    for (size_t i = 0; i < rows; i++)
+        q[i] = frand(-1, 1);
+    int32_t *table = xmalloc((size_t)n_phys * sizeof *table);
+    for (int i = 0; i < n_phys; i++)
+        table[i] = i;
+    for (int i = n_phys - 1; i > 0; i--) { /* blocks scattered as a long-running cache's */
+        const int r = irand(i + 1), t = table[i];
+        table[i] = table[r];
+        table[r] = t;
+    }
+    int32_t seq_start[CAUSAL_SEQS + 1], pos0[CAUSAL_SEQS];
+    for (int s = 0; s <= CAUSAL_SEQS; s++)
+        seq_start[s] = s;
+    for (size_t c = 0; c < sizeof contexts / sizeof contexts[0]; c++) {
+        for (int s = 0; s < CAUSAL_SEQS; s++)
+            pos0[s] = contexts[c] - 1;
+        causal_job j = {
+            .be = be,
+            .p = {.out = out, .q = q, .k_cache = kc, .v_cache = vc, .block_table = table,
+                  .seq_start = seq_start, .pos0 = pos0, .n_seqs = CAUSAL_SEQS,
+                  .max_blocks_per_seq = max_blocks, .block_size = CAUSAL_BLOCK,
+                  .n_heads = TEXT_HEADS, .n_kv_heads = TEXT_KV_HEADS,
+                  .head_dim = TEXT_HEAD_DIM, .scale = 1.0f / sqrtf((float)TEXT_HEAD_DIM)}};
+        const timing t = best_of(causal_run, &j, 5);
+        const double bytes = 2.0 * CAUSAL_SEQS * contexts[c] * slot * sizeof(float);
+        printf("  attn_causal decode, %d sequences x %4d keys, one layer   %8.3f ms  K/V "
+               "%5.1f GB/s wall  %5.1f cpu\n",
+               CAUSAL_SEQS, contexts[c], t.wall * 1e3, bytes / t.wall / 1e9, bytes / t.cpu / 1e9);
+    }
+    free(kc);
+    free(vc);
+    free(q);
+    free(out);
+    free(table);
+}
+
 typedef struct cross_job {
     ml_backend *be;
     ml_attn_cross_params p;
@@ -503,6 +570,8 @@ int main(void)
             bench_attn_vision(be);
         if (wanted("activations"))
             bench_activations(be);
+        if (wanted("attn_causal"))
+            bench_attn_causal(be);
         if (wanted("attn_cross"))
             bench_attn_cross(be);
         fflush(stdout);
