@@ -238,6 +238,18 @@ static svc_kafka_status tell_started(svc_consumer *c, int32_t only,
     return st;
 }
 
+/* rd_kafka_assign(NULL) unassigns every partition, whatever the list a
+ * revocation named (a failed rebalance's may not be the whole assignment). */
+static void leave_all(svc_consumer *c)
+{
+    rd_kafka_topic_partition_list_t *all = rd_kafka_topic_partition_list_new((int)c->n_parts);
+    for (size_t i = 0; i < c->n_parts; i++)
+        rd_kafka_topic_partition_list_add(all, c->topics[c->parts[i].topic_id],
+                                          c->parts[i].partition);
+    tell_started(c, -1, all);
+    rd_kafka_topic_partition_list_destroy(all);
+}
+
 /* librdkafka handed out a record of ap: the partition has started; paused
  * when its topic is. A record that arrives after the partition was paused
  * means librdkafka dropped that pause (the rebalance race above), so each
@@ -401,8 +413,8 @@ static void on_revoke(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, b
             svc_offsets_revoke(c->offsets, id, parts->elems[i].partition);
     }
     drop_held(c, parts);
-    tell_started(c, -1, parts);
     if (cooperative) {
+        tell_started(c, -1, parts);
         rd_kafka_error_t *e = rd_kafka_incremental_unassign(c->rk, parts);
         if (e) {
             svc_log(SVC_LOG_ERROR, "kafka.revoke", "incremental unassign: %s",
@@ -410,6 +422,7 @@ static void on_revoke(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, b
             rd_kafka_error_destroy(e);
         }
     } else {
+        leave_all(c);
         rd_kafka_assign(c->rk, NULL);
     }
     recount_paused(c);
