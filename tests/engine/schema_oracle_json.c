@@ -98,6 +98,45 @@ static bool jt_utf8(jt *t)
     return true;
 }
 
+/* The 4 hex digits of the \u escape whose backslash is at t->i, as *v. */
+static bool jt_hex4(jt *t, unsigned *v)
+{
+    if (t->n - t->i < 6)
+        return jt_fail(t, "short \\u escape");
+    *v = 0;
+    for (size_t k = 2; k < 6; k++) {
+        int h = oracle_hex_value(t->s[t->i + k]);
+        if (h < 0)
+            return jt_fail(t, "bad \\u escape");
+        *v = *v << 4 | (unsigned)h;
+    }
+    t->i += 6;
+    return true;
+}
+
+/* The \u escape at t->i, a surrogate only as a high one followed by the
+ * escape of a low one. RFC 8259's grammar lets a lone surrogate through
+ * and leaves what it means open (section 8.2); the engine's JSON grammar
+ * refuses it, and so do cJSON and most parsers other than Python's. */
+static bool jt_unicode_escape(jt *t)
+{
+    enum { HIGH_FIRST = 0xD800, LOW_FIRST = 0xDC00, LOW_LAST = 0xDFFF };
+    unsigned v;
+    if (!jt_hex4(t, &v))
+        return false;
+    if (v < HIGH_FIRST || v > LOW_LAST)
+        return true;
+    if (v >= LOW_FIRST)
+        return jt_fail(t, "lone low surrogate escape");
+    if (t->n - t->i < 2 || t->s[t->i] != '\\' || t->s[t->i + 1] != 'u')
+        return jt_fail(t, "high surrogate escape without its low one");
+    if (!jt_hex4(t, &v))
+        return false;
+    if (v < LOW_FIRST || v > LOW_LAST)
+        return jt_fail(t, "high surrogate escape without its low one");
+    return true;
+}
+
 static bool jt_string(jt *t)
 {
     t->i++; /* the opening quote */
@@ -116,12 +155,8 @@ static bool jt_string(jt *t)
                 return jt_fail(t, "unterminated escape");
             unsigned e = t->s[t->i + 1];
             if (e == 'u') {
-                if (t->n - t->i < 6)
-                    return jt_fail(t, "short \\u escape");
-                for (int k = 2; k < 6; k++)
-                    if (oracle_hex_value(t->s[t->i + (size_t)k]) < 0)
-                        return jt_fail(t, "bad \\u escape");
-                t->i += 6;
+                if (!jt_unicode_escape(t))
+                    return false;
             } else if (e && strchr("\"\\/bfnrt", (int)e)) {
                 t->i += 2;
             } else {

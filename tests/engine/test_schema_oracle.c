@@ -178,6 +178,8 @@ static void test_json_text(void)
         {"\"\x01\"", false}, {"\"\\x\"", false}, {"\"\\u12\"", false},
         {"\"\xc3\"", false}, {"\"\xed\xa0\x80\"", false}, {"\"\xc0\xaf\"", false},
         {"1 2", false}, {"", false}, {"nul", false}, {"[", false}, {"\"abc", false},
+        {"\"\\ud83d\\ude00\"", true}, {"\"\\uDDDD\"", false}, {"\"\\ud83d\"", false},
+        {"\"\\ud83dx\"", false}, {"\"\\ud83d\\u0041\"", false}, {"\"\\ud83d\\n\"", false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char why[128] = "";
