@@ -44,11 +44,11 @@
  * attention is latency-bound: few warps per SM, each waiting on its own
  * misses, where a load consumed at once costs a memory latency per chunk.
  * With attn_combine_kernel's weights computed once per row, on an H200
- * (2026-12-04, tests/gpu/bench_cuda, context 1,024, batch 1): the causal
- * attention of a step from 3.49 to 2.31 ms (11B) and 0.75 to 0.50 ms (1B),
- * the cross attention from 1.30 to 1.06 ms (11B); at batch 32 no change.
- * 16 loads ahead, and the value loop unrolled over the tile, measured the
- * same and took more registers. */
+ * (2026-12-04, tests/gpu/bench_cuda, context 1,024; kernels/README.md, "On
+ * an H200"): the 11B step's causal attention from 3.49 to 2.25 ms at batch
+ * 1, its cross attention from 1.30 to 1.03 ms; 4-5% at batch 32. 16 loads
+ * ahead, and the value loop unrolled over the tile, measured the same as
+ * this in a run of their own and took more registers. */
 #define K_LOADS_AHEAD 8
 
 /* ---- device helpers --------------------------------------------------------------------- */
