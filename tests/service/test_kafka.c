@@ -721,10 +721,9 @@ static void scenario_pause_topic(const char *bootstraps, rd_kafka_mock_cluster_t
 {
     enum { N = 10, PARTS = 2 };
     const char *topics[] = {"ta", "tb"};
-    enum { N_GROUP_KV = sizeof kt_group_kv / sizeof kt_group_kv[0] };
-    svc_kafka_kv kv[N_GROUP_KV + 1];
-    memcpy(kv, kt_group_kv, sizeof kt_group_kv);
-    kv[N_GROUP_KV] = (svc_kafka_kv){"debug", "topic"}; /* for h_check_log */
+    static const svc_kafka_kv debug[] = {{"debug", "topic"}}; /* for h_check_log */
+    svc_kafka_kv kv[KT_N_GROUP_KV + KT_MAX_EXTRA_KV];
+    const size_t n_kv = kt_group_kv_with(kv, debug, sizeof debug / sizeof debug[0]);
     FILE *log = tmpfile();
     check(log != NULL, "H: tmpfile");
     if (!log)
@@ -732,7 +731,7 @@ static void scenario_pause_topic(const char *bootstraps, rd_kafka_mock_cluster_t
     svc_log_set_output(log);
     svc_log_set_level(SVC_LOG_DEBUG);
     svc_consumer_config cc = {.brokers = bootstraps, .group_id = "gH", .topics = topics,
-                              .n_topics = 2, .kafka = kv, .n_kafka = sizeof kv / sizeof kv[0]};
+                              .n_topics = 2, .kafka = kv, .n_kafka = n_kv};
     svc_consumer *c = NULL;
     char err[256];
     check(svc_consumer_create(&cc, &c, err, sizeof err) == SVC_KAFKA_OK, "H: consumer: %s", err);
