@@ -231,10 +231,11 @@ svc_kafka_status svc_consumer_finish(svc_consumer *c, const svc_offset_ticket *t
 /* Backpressure: stop (pause) or restart (resume) fetching on every assigned
  * partition, and on every partition assigned later until the opposite call.
  * Keep polling while paused. No record of a paused topic is handed out: one
- * that librdkafka still delivers (its pause takes effect asynchronously, so
- * a fetch in flight, as at an assignment, can arrive) is held and handed
- * out after the resume, or dropped unfinished when its partition is
- * revoked. Idempotent. Returns OK or ERR_KAFKA.
+ * that librdkafka still delivers (a partition is paused in librdkafka only
+ * once it has handed out a record, to stay clear of librdkafka 2.0.2's
+ * pause races: kafka_consumer.c) is held and handed out after the resume,
+ * or dropped unfinished when its partition is revoked. Idempotent. Returns
+ * OK or ERR_KAFKA.
  * @locality Kafka thread. */
 svc_kafka_status svc_consumer_pause(svc_consumer *c);
 svc_kafka_status svc_consumer_resume(svc_consumer *c);

@@ -14,23 +14,31 @@
 #include "kafka/kafka_conf.h"
 #include "log.h"
 
+/* A partition of the assignment, as librdkafka's pausing needs it (see
+ * "pausing in librdkafka" below). */
+typedef struct assigned_part {
+    int32_t topic_id, partition;
+    bool started; /* it handed out a record in this assignment */
+} assigned_part;
+
 struct svc_consumer {
     rd_kafka_t *rk;          /* owned */
     svc_offsets *offsets;    /* owned; touched only on the Kafka thread */
     char **topics;           /* owned copies; index = topic_id */
     size_t n_topics;
     svc_consumer_events ev;
-    bool *paused;            /* owned, per topic: the backpressure intent, re-applied on
-                                every assignment */
+    bool *paused;            /* owned, per topic: the backpressure intent */
     int n_paused_parts;      /* assigned partitions paused now */
+    assigned_part *parts;    /* owned: the assignment's partitions of our topics */
+    size_t n_parts, parts_cap;
     bool closed;
     atomic_bool failed;      /* out of memory inside a rebalance: process-level */
     svc_offset_ticket *pending; /* owned scratch for on_revoke */
     size_t pending_cap;
-    /* Records of a paused topic that librdkafka delivered anyway (a pause
-     * takes effect asynchronously, so a fetch already started, as at an
-     * assignment, can still arrive), owned, in arrival order: handed out
-     * first once their topic is resumed, dropped with their partition. */
+    /* Records of a paused topic that librdkafka delivered anyway (the first
+     * of a partition not paused in librdkafka yet, see "pausing in
+     * librdkafka"), owned, in arrival order: handed out first once their
+     * topic is resumed, dropped with their partition. */
     rd_kafka_message_t **held;
     size_t n_held, held_cap;
 };
@@ -157,6 +165,36 @@ bool svc_consumer_fatal(svc_consumer *c, char *err, size_t errlen)
     return false;
 }
 
+/* ---- pausing in librdkafka ----------------------------------------------------
+ *
+ * librdkafka 2.0.2 orders a partition's operations (fetch start and stop,
+ * pause, resume) by a version drawn before each is queued, and drops one
+ * that arrives after a newer one. Its own thread starts a partition's
+ * fetcher some time after the assignment, once the committed offset is
+ * known: a pause or resume from this thread that draws its version after
+ * that start's and is queued before it makes the start stale, and the
+ * partition never fetches, with no error (librdkafka issues 2190 and 5591).
+ * The pause librdkafka puts on every assigned partition when a rebalance
+ * begins races a resume from here the same way.
+ *
+ * So librdkafka is asked to pause or resume only a started partition: one
+ * that has handed out a record in this assignment, so that its fetcher runs.
+ * A paused topic's partition that has not started keeps fetching; its first
+ * record is held (see below) and pauses it, so a pause holds at most one
+ * record of such a partition. Inside a rebalance callback (librdkafka waits
+ * for it, and queued its own pause before calling it) every started
+ * partition is told its state again, which repairs a resume that pause made
+ * stale; a started partition leaving the assignment is resumed, because
+ * librdkafka keeps a partition's pause across unassign and assign. */
+
+static assigned_part *find_part(svc_consumer *c, int32_t id, int32_t partition)
+{
+    for (size_t i = 0; i < c->n_parts; i++)
+        if (c->parts[i].topic_id == id && c->parts[i].partition == partition)
+            return &c->parts[i];
+    return NULL;
+}
+
 /* Pause or resume `parts` in librdkafka. */
 static svc_kafka_status pause_resume(svc_consumer *c, rd_kafka_topic_partition_list_t *parts,
                                      bool pause)
@@ -171,20 +209,27 @@ static svc_kafka_status pause_resume(svc_consumer *c, rd_kafka_topic_partition_l
     return SVC_KAFKA_OK;
 }
 
-/* Apply the pause intent of each topic to `parts` (those of other topics
- * are left alone), only topic `only` when it is >= 0. */
-static svc_kafka_status apply_pauses(svc_consumer *c, const rd_kafka_topic_partition_list_t *parts,
-                                     int32_t only)
+/* Tell librdkafka the state of every started partition of topic `only`
+ * (every topic when -1): paused as its topic, or resumed when it is in
+ * `leaving` (may be NULL); those in `leaving` are then forgotten. */
+static svc_kafka_status tell_started(svc_consumer *c, int32_t only,
+                                     const rd_kafka_topic_partition_list_t *leaving)
 {
     svc_kafka_status st = SVC_KAFKA_OK;
-    rd_kafka_topic_partition_list_t *lists[2] = {rd_kafka_topic_partition_list_new(parts->cnt),
-                                                 rd_kafka_topic_partition_list_new(parts->cnt)};
-    for (int i = 0; i < parts->cnt; i++) {
-        int32_t id = topic_id(c, parts->elems[i].topic);
-        if (id >= 0 && (only < 0 || id == only))
-            rd_kafka_topic_partition_list_add(lists[c->paused[id]], parts->elems[i].topic,
-                                              parts->elems[i].partition);
+    rd_kafka_topic_partition_list_t *lists[2] = {rd_kafka_topic_partition_list_new(0),
+                                                 rd_kafka_topic_partition_list_new(0)};
+    size_t kept = 0;
+    for (size_t i = 0; i < c->n_parts; i++) {
+        assigned_part *ap = &c->parts[i];
+        const char *topic = c->topics[ap->topic_id];
+        bool leaves = leaving && rd_kafka_topic_partition_list_find(leaving, topic, ap->partition);
+        if (ap->started && (only < 0 || ap->topic_id == only))
+            rd_kafka_topic_partition_list_add(lists[!leaves && c->paused[ap->topic_id]], topic,
+                                              ap->partition);
+        if (!leaves)
+            c->parts[kept++] = *ap;
     }
+    c->n_parts = kept;
     for (int pause = 0; pause < 2; pause++) {
         if (lists[pause]->cnt && pause_resume(c, lists[pause], pause) != SVC_KAFKA_OK)
             st = SVC_KAFKA_ERR_KAFKA;
@@ -193,20 +238,41 @@ static svc_kafka_status apply_pauses(svc_consumer *c, const rd_kafka_topic_parti
     return st;
 }
 
+/* rd_kafka_assign(NULL) unassigns every partition, whatever the list a
+ * revocation named (a failed rebalance's may not be the whole assignment). */
+static void leave_all(svc_consumer *c)
+{
+    rd_kafka_topic_partition_list_t *all = rd_kafka_topic_partition_list_new((int)c->n_parts);
+    for (size_t i = 0; i < c->n_parts; i++)
+        rd_kafka_topic_partition_list_add(all, c->topics[c->parts[i].topic_id],
+                                          c->parts[i].partition);
+    tell_started(c, -1, all);
+    rd_kafka_topic_partition_list_destroy(all);
+}
+
+/* librdkafka handed out a record of ap: the partition has started; paused
+ * when its topic is. A record that arrives after the partition was paused
+ * means librdkafka dropped that pause (the rebalance race above), so each
+ * asks again. */
+static void part_delivered(svc_consumer *c, assigned_part *ap)
+{
+    ap->started = true;
+    if (!c->paused[ap->topic_id])
+        return;
+    rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(list, c->topics[ap->topic_id], ap->partition);
+    pause_resume(c, list, true);
+    rd_kafka_topic_partition_list_destroy(list);
+}
+
 /* Count the assigned partitions paused now (the paused-partitions gauge),
  * after the assignment or an intent changed. */
 static void recount_paused(svc_consumer *c)
 {
-    rd_kafka_topic_partition_list_t *parts;
-    if (rd_kafka_assignment(c->rk, &parts) != RD_KAFKA_RESP_ERR_NO_ERROR)
-        return;
     int n = 0;
-    for (int i = 0; i < parts->cnt; i++) {
-        int32_t id = topic_id(c, parts->elems[i].topic);
-        n += id >= 0 && c->paused[id];
-    }
+    for (size_t i = 0; i < c->n_parts; i++)
+        n += c->paused[c->parts[i].topic_id];
     c->n_paused_parts = n;
-    rd_kafka_topic_partition_list_destroy(parts);
 }
 
 /* ---- records held while their topic is paused ------------------------------- */
@@ -264,12 +330,26 @@ static void drop_held(svc_consumer *c, const rd_kafka_topic_partition_list_t *pa
 /* @locality Kafka thread, inside rd_kafka_consumer_poll or _close. */
 static void on_assign(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, bool cooperative)
 {
+    if (!cooperative)
+        c->n_parts = 0; /* rd_kafka_assign replaces the assignment: every partition restarts */
+    if (c->n_parts + (size_t)parts->cnt > c->parts_cap) {
+        size_t cap = c->n_parts + (size_t)parts->cnt;
+        assigned_part *p = realloc(c->parts, cap * sizeof *p);
+        if (p) {
+            c->parts = p;
+            c->parts_cap = cap;
+        } else {
+            c->failed = true;
+        }
+    }
     for (int i = 0; i < parts->cnt; i++) {
         int32_t id = topic_id(c, parts->elems[i].topic);
         if (id < 0)
             continue; /* not ours: never handed out, see svc_consumer_poll */
         if (svc_offsets_assign(c->offsets, id, parts->elems[i].partition) != SVC_OFFSETS_OK)
             c->failed = true;
+        if (c->n_parts < c->parts_cap && !find_part(c, id, parts->elems[i].partition))
+            c->parts[c->n_parts++] = (assigned_part){id, parts->elems[i].partition, false};
     }
     if (cooperative) {
         rd_kafka_error_t *e = rd_kafka_incremental_assign(c->rk, parts);
@@ -283,9 +363,9 @@ static void on_assign(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, b
         if (e)
             svc_log(SVC_LOG_ERROR, "kafka.assign", "assign: %s", rd_kafka_err2str(e));
     }
-    /* librdkafka keeps a partition's pause flag across unassign/assign, so an
-     * old pause (or none) may be stale: state the intent explicitly. */
-    apply_pauses(c, parts, -1);
+    /* The new partitions have not started: paused when their first record
+     * comes. The kept ones are told their state again. */
+    tell_started(c, -1, NULL);
     recount_paused(c);
     svc_log(SVC_LOG_INFO, "kafka.assign", "%d partitions assigned (%s), %d paused", parts->cnt,
             cooperative ? "incremental" : "eager", c->n_paused_parts);
@@ -334,6 +414,7 @@ static void on_revoke(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, b
     }
     drop_held(c, parts);
     if (cooperative) {
+        tell_started(c, -1, parts);
         rd_kafka_error_t *e = rd_kafka_incremental_unassign(c->rk, parts);
         if (e) {
             svc_log(SVC_LOG_ERROR, "kafka.revoke", "incremental unassign: %s",
@@ -341,6 +422,7 @@ static void on_revoke(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, b
             rd_kafka_error_destroy(e);
         }
     } else {
+        leave_all(c);
         rd_kafka_assign(c->rk, NULL);
     }
     recount_paused(c);
@@ -386,6 +468,7 @@ void svc_consumer_destroy(svc_consumer *c)
         rd_kafka_destroy(c->rk);
     }
     free(c->held);
+    free(c->parts);
     for (size_t i = 0; i < c->n_topics; i++)
         free(c->topics[i]);
     free(c->topics);
@@ -567,7 +650,8 @@ svc_kafka_status svc_consumer_poll(svc_consumer *c, int timeout_ms, svc_kafka_ms
     if (c->closed || svc_consumer_fatal(c, NULL, 0))
         return SVC_KAFKA_ERR_FATAL;
     rd_kafka_message_t *rkm = take_held(c);
-    if (!rkm)
+    bool fresh = !rkm;
+    if (fresh)
         rkm = rd_kafka_consumer_poll(c->rk, timeout_ms);
     if (svc_consumer_fatal(c, NULL, 0)) {
         if (rkm)
@@ -584,11 +668,15 @@ svc_kafka_status svc_consumer_poll(svc_consumer *c, int timeout_ms, svc_kafka_ms
 
     const char *topic = rd_kafka_topic_name(rkm->rkt);
     int32_t id = topic_id(c, topic);
-    if (id >= 0 && c->paused[id] && hold(c, rkm)) {
+    bool held = id >= 0 && c->paused[id] && hold(c, rkm);
+    if (held)
         svc_log(SVC_LOG_DEBUG, "kafka.hold", "%s [%d] offset %lld held: its topic is paused",
                 topic, (int)rkm->partition, (long long)rkm->offset);
+    assigned_part *ap = fresh && id >= 0 ? find_part(c, id, rkm->partition) : NULL;
+    if (ap)
+        part_delivered(c, ap);
+    if (held)
         return SVC_KAFKA_NO_MESSAGE;
-    }
     svc_offsets_status st = id < 0 ? SVC_OFFSETS_NOT_ASSIGNED
                                    : svc_offsets_begin(c->offsets, id, rkm->partition,
                                                        rkm->offset, &msg->ticket);
@@ -663,15 +751,7 @@ static svc_kafka_status set_paused(svc_consumer *c, int32_t only, bool pause)
         }
     if (!changed)
         return SVC_KAFKA_OK;
-    rd_kafka_topic_partition_list_t *parts;
-    rd_kafka_resp_err_t e = rd_kafka_assignment(c->rk, &parts);
-    if (e) {
-        svc_log(SVC_LOG_ERROR, pause ? "kafka.pause" : "kafka.resume", "assignment: %s",
-                rd_kafka_err2str(e));
-        return SVC_KAFKA_ERR_KAFKA;
-    }
-    svc_kafka_status st = apply_pauses(c, parts, only);
-    rd_kafka_topic_partition_list_destroy(parts);
+    svc_kafka_status st = tell_started(c, only, NULL);
     recount_paused(c);
     svc_log(SVC_LOG_INFO, pause ? "kafka.pause" : "kafka.resume", "%s %s, %d partitions paused",
             only < 0 ? "every topic" : c->topics[only], pause ? "paused" : "resumed",

@@ -175,6 +175,20 @@ static inline svc_kafka_status kt_reply(kt_worker *w, const svc_kafka_msg *m)
     return st;
 }
 
+enum { KT_N_GROUP_KV = sizeof kt_group_kv / sizeof kt_group_kv[0], KT_MAX_EXTRA_KV = 8 };
+
+/* kt_group_kv, then up to KT_MAX_EXTRA_KV of `extra` (may be NULL), which
+ * so override it, into kv (KT_N_GROUP_KV + KT_MAX_EXTRA_KV entries);
+ * returns how many were written. */
+static inline size_t kt_group_kv_with(svc_kafka_kv *kv, const svc_kafka_kv *extra, size_t n_extra)
+{
+    memcpy(kv, kt_group_kv, sizeof kt_group_kv);
+    size_t n = n_extra < KT_MAX_EXTRA_KV ? n_extra : KT_MAX_EXTRA_KV;
+    for (size_t i = 0; i < n; i++)
+        kv[KT_N_GROUP_KV + i] = extra[i];
+    return KT_N_GROUP_KV + n;
+}
+
 /* Start a worker in `group` consuming `topic`. `extra` properties (may be
  * NULL) are applied after kt_group_kv, so they override it. */
 static inline void kt_worker_start(kt_worker *w, const char *name, const char *bootstraps,
@@ -185,18 +199,15 @@ static inline void kt_worker_start(kt_worker *w, const char *name, const char *b
     w->name = name;
     w->reply_topic = reply_topic;
     const char *topics[] = {topic};
-    enum { N_GROUP_KV = sizeof kt_group_kv / sizeof kt_group_kv[0], MAX_EXTRA = 8 };
-    svc_kafka_kv kv[N_GROUP_KV + MAX_EXTRA];
-    memcpy(kv, kt_group_kv, sizeof kt_group_kv);
-    for (size_t i = 0; i < n_extra && i < MAX_EXTRA; i++)
-        kv[N_GROUP_KV + i] = extra[i];
+    svc_kafka_kv kv[KT_N_GROUP_KV + KT_MAX_EXTRA_KV];
+    const size_t n_kv = kt_group_kv_with(kv, extra, n_extra);
     svc_consumer_config cc = {
         .brokers = bootstraps,
         .group_id = group,
         .topics = topics,
         .n_topics = 1,
         .kafka = kv,
-        .n_kafka = N_GROUP_KV + (n_extra < MAX_EXTRA ? n_extra : MAX_EXTRA),
+        .n_kafka = n_kv,
         .events = {.on_assign = kt_on_assign, .on_revoke = kt_on_revoke, .opaque = w},
     };
     char err[512];

@@ -681,18 +681,65 @@ static void h_poll(svc_consumer *c, int ms, int poll_ms, int *ta, int *tb)
     }
 }
 
+/* The invariant that keeps clear of librdkafka 2.0.2's pause races
+ * (kafka_consumer.c, "pausing in librdkafka"): this thread asks librdkafka
+ * to pause or resume a partition of ta only after the partition handed out
+ * a record, which, ta being paused from the start, the consumer logs as
+ * held. Read from the log: librdkafka's debug lines of pauses and resumes
+ * requested by the application thread, and the consumer's kafka.hold lines. */
+static void h_check_log(FILE *log)
+{
+    enum { MAX_PARTS = 64 };
+    static const char hold[] = "\"event\":\"kafka.hold\",\"msg\":\"ta [";
+    static const char *const asks[] = {"[thrd:app]: Pause ta [", "[thrd:app]: Resume ta ["};
+    bool held[MAX_PARTS] = {false};
+    int n_asks = 0, early = 0;
+    char line[1024];
+    rewind(log);
+    while (fgets(line, sizeof line, log)) {
+        const char *h = strstr(line, hold);
+        int p = h ? atoi(h + sizeof hold - 1) : -1;
+        if (p >= 0 && p < MAX_PARTS)
+            held[p] = true;
+        for (size_t i = 0; i < sizeof asks / sizeof asks[0]; i++) {
+            const char *a = strstr(line, asks[i]);
+            if (!a)
+                continue;
+            int q = atoi(a + strlen(asks[i]));
+            n_asks++;
+            early += q < 0 || q >= MAX_PARTS || !held[q];
+            check(q >= 0 && q < MAX_PARTS && held[q], "H: librdkafka asked before ta [%d] "
+                  "handed out a record: %s", q, a);
+        }
+    }
+    /* None at all would mean the log no longer says what is checked here. */
+    check(n_asks > 0 && early == 0, "H: %d pauses and resumes of ta asked, %d too early", n_asks,
+          early);
+}
+
 static void scenario_pause_topic(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
 {
     enum { N = 10, PARTS = 2 };
     const char *topics[] = {"ta", "tb"};
+    static const svc_kafka_kv debug[] = {{"debug", "topic"}}; /* for h_check_log */
+    svc_kafka_kv kv[KT_N_GROUP_KV + KT_MAX_EXTRA_KV];
+    const size_t n_kv = kt_group_kv_with(kv, debug, sizeof debug / sizeof debug[0]);
+    FILE *log = tmpfile();
+    check(log != NULL, "H: tmpfile");
+    if (!log)
+        return;
+    svc_log_set_output(log);
+    svc_log_set_level(SVC_LOG_DEBUG);
     svc_consumer_config cc = {.brokers = bootstraps, .group_id = "gH", .topics = topics,
-                              .n_topics = 2, .kafka = kt_group_kv,
-                              .n_kafka = sizeof kt_group_kv / sizeof kt_group_kv[0]};
+                              .n_topics = 2, .kafka = kv, .n_kafka = n_kv};
     svc_consumer *c = NULL;
     char err[256];
     check(svc_consumer_create(&cc, &c, err, sizeof err) == SVC_KAFKA_OK, "H: consumer: %s", err);
-    if (!c)
+    if (!c) {
+        svc_log_set_output(stderr);
+        fclose(log);
         return;
+    }
     /* Before the assignment: the intent holds for partitions assigned later. */
     check(svc_consumer_pause_topic(c, "ta", true) == SVC_KAFKA_OK, "H: pause ta");
     check(svc_consumer_pause_topic(c, "nope", true) == SVC_KAFKA_ERR_INVALID,
@@ -720,6 +767,9 @@ static void scenario_pause_topic(const char *bootstraps, rd_kafka_mock_cluster_t
     svc_consumer_close(c, err, sizeof err);
     svc_consumer_destroy(c);
     svc_producer_destroy(src.p);
+    svc_log_set_output(stderr);
+    h_check_log(log);
+    fclose(log);
 }
 
 /* ---- I: pause before the first record -------------------------------------- */
