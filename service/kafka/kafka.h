@@ -173,8 +173,9 @@ typedef struct svc_consumer svc_consumer;
 /* Rebalance notifications, on the Kafka thread inside svc_consumer_poll or
  * svc_consumer_close. Both may be NULL. The lists are borrowed for the call. */
 typedef struct svc_consumer_events {
-    /* Partitions joined the assignment. They start paused when the consumer
-     * is paused (backpressure holds across rebalances). */
+    /* Partitions joined the assignment. Their records are handed out only
+     * while their topic is not paused (backpressure holds across
+     * rebalances). */
     void (*on_assign)(void *opaque, const rd_kafka_topic_partition_list_t *partitions);
     /* Partitions are leaving the assignment: revoked (lost false: their
      * stored offsets are committed before they go) or lost (lost true:
@@ -228,25 +229,24 @@ svc_kafka_status svc_consumer_poll(svc_consumer *c, int timeout_ms, svc_kafka_ms
 svc_kafka_status svc_consumer_finish(svc_consumer *c, const svc_offset_ticket *ticket,
                                      char *err, size_t errlen);
 
-/* Backpressure: stop (pause) or restart (resume) fetching on every assigned
- * partition, and on every partition assigned later until the opposite call.
- * Keep polling while paused. No record of a paused topic is handed out: one
- * that librdkafka still delivers (a partition is paused in librdkafka only
- * once it has handed out a record, to stay clear of librdkafka 2.0.2's
- * pause races: kafka_consumer.c) is held and handed out after the resume,
- * or dropped unfinished when its partition is revoked. Idempotent. Returns
- * OK or ERR_KAFKA.
+/* Backpressure: stop (pause) or restart (resume) handing out the records
+ * of every subscribed topic, on the partitions assigned now and later, until
+ * the opposite call. Keep polling while paused. Each topic's records wait in
+ * a queue of its own (kafka_consumer.c, "one queue per topic"), which a
+ * paused topic leaves unread: librdkafka stops fetching its partitions at
+ * the pre-fetch limits (queued.min.messages, queued.max.messages.kbytes, per
+ * topic), and the other topics fetch on. librdkafka's own pause is never
+ * asked. Idempotent. Returns OK.
  * @locality Kafka thread. */
 svc_kafka_status svc_consumer_pause(svc_consumer *c);
 svc_kafka_status svc_consumer_resume(svc_consumer *c);
 /* The same for one subscribed topic (a tenant's request topic: fair share,
- * service/README.md §1): its partitions, now and when assigned later, the
- * other topics untouched. Returns OK, ERR_INVALID (not a subscribed topic)
- * or ERR_KAFKA. */
+ * service/README.md §1), the other topics untouched. Returns OK or
+ * ERR_INVALID (not a subscribed topic). */
 svc_kafka_status svc_consumer_pause_topic(svc_consumer *c, const char *topic, bool pause);
 /* Whether every subscribed topic is paused. */
 bool svc_consumer_paused(const svc_consumer *c);
-/* Assigned partitions paused now. */
+/* Assigned partitions of the paused topics. */
 int svc_consumer_paused_partitions(const svc_consumer *c);
 
 

@@ -7,19 +7,15 @@
  *           the Kafka thread too. */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kafka/kafka_conf.h"
 #include "log.h"
-
-/* A partition of the assignment, as librdkafka's pausing needs it (see
- * "pausing in librdkafka" below). */
-typedef struct assigned_part {
-    int32_t topic_id, partition;
-    bool started; /* it handed out a record in this assignment */
-} assigned_part;
 
 struct svc_consumer {
     rd_kafka_t *rk;          /* owned */
@@ -27,20 +23,18 @@ struct svc_consumer {
     char **topics;           /* owned copies; index = topic_id */
     size_t n_topics;
     svc_consumer_events ev;
-    bool *paused;            /* owned, per topic: the backpressure intent */
-    int n_paused_parts;      /* assigned partitions paused now */
-    assigned_part *parts;    /* owned: the assignment's partitions of our topics */
-    size_t n_parts, parts_cap;
+    bool *paused;            /* owned, per topic: its queue is not read (backpressure) */
+    int *n_assigned;         /* owned, per topic: its partitions in the assignment */
+    /* Owned, per topic: the queue its partitions' records go to (see "one
+     * queue per topic" below). */
+    rd_kafka_queue_t **queues;
+    rd_kafka_queue_t *events; /* owned handle of the consumer queue: rebalances, errors */
+    int wake[2];             /* pipe librdkafka writes to when one of those queues fills */
+    size_t next_topic;       /* the topic queue read first by the next poll */
     bool closed;
     atomic_bool failed;      /* out of memory inside a rebalance: process-level */
     svc_offset_ticket *pending; /* owned scratch for on_revoke */
     size_t pending_cap;
-    /* Records of a paused topic that librdkafka delivered anyway (the first
-     * of a partition not paused in librdkafka yet, see "pausing in
-     * librdkafka"), owned, in arrival order: handed out first once their
-     * topic is resumed, dropped with their partition. */
-    rd_kafka_message_t **held;
-    size_t n_held, held_cap;
 };
 
 /* ---- messages ---------------------------------------------------------------- */
@@ -148,8 +142,6 @@ bool svc_consumer_paused(const svc_consumer *c)
     return true;
 }
 
-int svc_consumer_paused_partitions(const svc_consumer *c) { return c->n_paused_parts; }
-
 bool svc_consumer_fatal(svc_consumer *c, char *err, size_t errlen)
 {
     char buf[512];
@@ -165,164 +157,83 @@ bool svc_consumer_fatal(svc_consumer *c, char *err, size_t errlen)
     return false;
 }
 
-/* ---- pausing in librdkafka ----------------------------------------------------
+/* ---- one queue per topic ---------------------------------------------------
  *
- * librdkafka 2.0.2 orders a partition's operations (fetch start and stop,
- * pause, resume) by a version drawn before each is queued, and drops one
- * that arrives after a newer one. Its own thread starts a partition's
- * fetcher some time after the assignment, once the committed offset is
- * known: a pause or resume from this thread that draws its version after
- * that start's and is queued before it makes the start stale, and the
- * partition never fetches, with no error (librdkafka issues 2190 and 5591).
- * The pause librdkafka puts on every assigned partition when a rebalance
- * begins races a resume from here the same way.
+ * librdkafka stops fetching a partition while the queue its records go to
+ * holds queued.min.messages records (or queued.max.messages.kbytes), and
+ * its broker thread looks again only when something else wakes it, at the
+ * latest a second later (2.0.2's broker loop; fetch.queue.backoff.ms since
+ * 2.3.0). With every partition's records in the one consumer queue, a
+ * tenant whose records wait unread (a flood at its max_in_flight) filled that
+ * queue and stopped every tenant's fetching for up to a second at a time:
+ * the quiet tenant of bench_fair_share waited 48 to 51 times as long under a
+ * flood of 1500 requests, every request on the broker loop's second.
  *
- * So librdkafka is asked to pause or resume only a started partition: one
- * that has handed out a record in this assignment, so that its fetcher runs.
- * A paused topic's partition that has not started keeps fetching; its first
- * record is held (see below) and pauses it, so a pause holds at most one
- * record of such a partition. Inside a rebalance callback (librdkafka waits
- * for it, and queued its own pause before calling it) every started
- * partition is told its state again, which repairs a resume that pause made
- * stale; a started partition leaving the assignment is resumed, because
- * librdkafka keeps a partition's pause across unassign and assign. */
+ * So each topic's partitions feed a queue of their own (a tenant's request
+ * topic is its queue). The pre-fetch limits then count per topic: unread
+ * records stop only their own topic's fetching. Pausing a topic is not
+ * reading its queue, and librdkafka's pause is never asked: that also keeps
+ * clear of 2.0.2's pause races (a pause or resume whose version is drawn
+ * around a fetch start makes the start stale, and the partition never
+ * fetches: librdkafka issues 2190 and 5591), and a resumed topic's
+ * prefetched records are read at once instead of fetched again.
+ *
+ * The forwarding is the application's: librdkafka keeps it across the fetch
+ * start, and the fetch stop of an unassign clears it, so each assignment
+ * sets it, in the rebalance callback, before librdkafka starts the
+ * partitions. A record of ours that still reaches the consumer queue (the
+ * forwarding was lost) routes its partition again and is handed out as it
+ * came. One pipe wakes the poll: librdkafka writes to it when a queue it
+ * watches goes from empty to non-empty. */
 
-static assigned_part *find_part(svc_consumer *c, int32_t id, int32_t partition)
-{
-    for (size_t i = 0; i < c->n_parts; i++)
-        if (c->parts[i].topic_id == id && c->parts[i].partition == partition)
-            return &c->parts[i];
-    return NULL;
-}
+static const char wake_byte = 1;
 
-/* Pause or resume `parts` in librdkafka. */
-static svc_kafka_status pause_resume(svc_consumer *c, rd_kafka_topic_partition_list_t *parts,
-                                     bool pause)
+/* Route partition `partition` of topic `id` to the topic's queue. */
+static void route(svc_consumer *c, int32_t id, int32_t partition)
 {
-    rd_kafka_resp_err_t e = pause ? rd_kafka_pause_partitions(c->rk, parts)
-                                  : rd_kafka_resume_partitions(c->rk, parts);
-    if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
-        svc_log(SVC_LOG_ERROR, pause ? "kafka.pause" : "kafka.resume", "%d partitions: %s",
-                parts->cnt, rd_kafka_err2str(e));
-        return SVC_KAFKA_ERR_KAFKA;
-    }
-    return SVC_KAFKA_OK;
-}
-
-/* Tell librdkafka the state of every started partition of topic `only`
- * (every topic when -1): paused as its topic, or resumed when it is in
- * `leaving` (may be NULL); those in `leaving` are then forgotten. */
-static svc_kafka_status tell_started(svc_consumer *c, int32_t only,
-                                     const rd_kafka_topic_partition_list_t *leaving)
-{
-    svc_kafka_status st = SVC_KAFKA_OK;
-    rd_kafka_topic_partition_list_t *lists[2] = {rd_kafka_topic_partition_list_new(0),
-                                                 rd_kafka_topic_partition_list_new(0)};
-    size_t kept = 0;
-    for (size_t i = 0; i < c->n_parts; i++) {
-        assigned_part *ap = &c->parts[i];
-        const char *topic = c->topics[ap->topic_id];
-        bool leaves = leaving && rd_kafka_topic_partition_list_find(leaving, topic, ap->partition);
-        if (ap->started && (only < 0 || ap->topic_id == only))
-            rd_kafka_topic_partition_list_add(lists[!leaves && c->paused[ap->topic_id]], topic,
-                                              ap->partition);
-        if (!leaves)
-            c->parts[kept++] = *ap;
-    }
-    c->n_parts = kept;
-    for (int pause = 0; pause < 2; pause++) {
-        if (lists[pause]->cnt && pause_resume(c, lists[pause], pause) != SVC_KAFKA_OK)
-            st = SVC_KAFKA_ERR_KAFKA;
-        rd_kafka_topic_partition_list_destroy(lists[pause]);
-    }
-    return st;
-}
-
-/* rd_kafka_assign(NULL) unassigns every partition, whatever the list a
- * revocation named (a failed rebalance's may not be the whole assignment). */
-static void leave_all(svc_consumer *c)
-{
-    rd_kafka_topic_partition_list_t *all = rd_kafka_topic_partition_list_new((int)c->n_parts);
-    for (size_t i = 0; i < c->n_parts; i++)
-        rd_kafka_topic_partition_list_add(all, c->topics[c->parts[i].topic_id],
-                                          c->parts[i].partition);
-    tell_started(c, -1, all);
-    rd_kafka_topic_partition_list_destroy(all);
-}
-
-/* librdkafka handed out a record of ap: the partition has started; paused
- * when its topic is. A record that arrives after the partition was paused
- * means librdkafka dropped that pause (the rebalance race above), so each
- * asks again. */
-static void part_delivered(svc_consumer *c, assigned_part *ap)
-{
-    ap->started = true;
-    if (!c->paused[ap->topic_id])
+    rd_kafka_queue_t *q = rd_kafka_queue_get_partition(c->rk, c->topics[id], partition);
+    if (!q) {
+        svc_log(SVC_LOG_ERROR, "kafka.route", "%s [%d]: no partition queue", c->topics[id],
+                (int)partition);
         return;
-    rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(1);
-    rd_kafka_topic_partition_list_add(list, c->topics[ap->topic_id], ap->partition);
-    pause_resume(c, list, true);
-    rd_kafka_topic_partition_list_destroy(list);
+    }
+    rd_kafka_queue_forward(q, c->queues[id]);
+    rd_kafka_queue_destroy(q);
 }
 
-/* Count the assigned partitions paused now (the paused-partitions gauge),
- * after the assignment or an intent changed. */
-static void recount_paused(svc_consumer *c)
+/* The assigned partitions of paused topics (the paused-partitions gauge). */
+int svc_consumer_paused_partitions(const svc_consumer *c)
 {
     int n = 0;
-    for (size_t i = 0; i < c->n_parts; i++)
-        n += c->paused[c->parts[i].topic_id];
-    c->n_paused_parts = n;
+    for (size_t i = 0; i < c->n_topics; i++)
+        n += c->paused[i] ? c->n_assigned[i] : 0;
+    return n;
 }
 
-/* ---- records held while their topic is paused ------------------------------- */
-
-/* Hold rkm (of a paused topic); false when there is no memory for it, and
- * the caller hands it out as before the pause. */
-static bool hold(svc_consumer *c, rd_kafka_message_t *rkm)
+/* The wake pipe, both ends non-blocking: librdkafka's write never blocks
+ * its thread, and the poll empties it without waiting. */
+static bool open_wake(int fds[2])
 {
-    if (c->n_held == c->held_cap) {
-        size_t cap = c->held_cap ? 2 * c->held_cap : 16;
-        rd_kafka_message_t **h = realloc(c->held, cap * sizeof *h);
-        if (!h)
+    if (pipe(fds))
+        return false;
+    for (int i = 0; i < 2; i++) {
+        int fl = fcntl(fds[i], F_GETFL);
+        if (fl < 0 || fcntl(fds[i], F_SETFL, fl | O_NONBLOCK) ||
+            fcntl(fds[i], F_SETFD, FD_CLOEXEC))
             return false;
-        c->held = h;
-        c->held_cap = cap;
     }
-    c->held[c->n_held++] = rkm;
     return true;
 }
 
-/* The first held record whose topic is no longer paused, taken out; NULL
- * when there is none. Records of one partition keep their order. */
-static rd_kafka_message_t *take_held(svc_consumer *c)
+/* Wait up to ms for a watched queue to fill; empties the pipe. */
+static void wait_wake(svc_consumer *c, int ms)
 {
-    for (size_t i = 0; i < c->n_held; i++) {
-        rd_kafka_message_t *rkm = c->held[i];
-        if (c->paused[topic_id(c, rd_kafka_topic_name(rkm->rkt))])
-            continue;
-        memmove(c->held + i, c->held + i + 1, (c->n_held - i - 1) * sizeof *c->held);
-        c->n_held--;
-        return rkm;
-    }
-    return NULL;
-}
-
-/* Drop the held records of `parts` (every one when NULL): they are not
- * this consumer's to hand out any more, and, unfinished, the partition's
- * next owner reads them again. */
-static void drop_held(svc_consumer *c, const rd_kafka_topic_partition_list_t *parts)
-{
-    size_t kept = 0;
-    for (size_t i = 0; i < c->n_held; i++) {
-        rd_kafka_message_t *rkm = c->held[i];
-        if (!parts || rd_kafka_topic_partition_list_find(parts, rd_kafka_topic_name(rkm->rkt),
-                                                         rkm->partition))
-            rd_kafka_message_destroy(rkm);
-        else
-            c->held[kept++] = rkm;
-    }
-    c->n_held = kept;
+    struct pollfd pfd = {.fd = c->wake[0], .events = POLLIN};
+    if (poll(&pfd, 1, ms) <= 0)
+        return;
+    char drain[64];
+    while (read(c->wake[0], drain, sizeof drain) > 0)
+        ;
 }
 
 /* ---- rebalance --------------------------------------------------------------- */
@@ -330,26 +241,16 @@ static void drop_held(svc_consumer *c, const rd_kafka_topic_partition_list_t *pa
 /* @locality Kafka thread, inside rd_kafka_consumer_poll or _close. */
 static void on_assign(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, bool cooperative)
 {
-    if (!cooperative)
-        c->n_parts = 0; /* rd_kafka_assign replaces the assignment: every partition restarts */
-    if (c->n_parts + (size_t)parts->cnt > c->parts_cap) {
-        size_t cap = c->n_parts + (size_t)parts->cnt;
-        assigned_part *p = realloc(c->parts, cap * sizeof *p);
-        if (p) {
-            c->parts = p;
-            c->parts_cap = cap;
-        } else {
-            c->failed = true;
-        }
-    }
+    if (!cooperative) /* rd_kafka_assign replaces the assignment */
+        memset(c->n_assigned, 0, c->n_topics * sizeof *c->n_assigned);
     for (int i = 0; i < parts->cnt; i++) {
         int32_t id = topic_id(c, parts->elems[i].topic);
         if (id < 0)
             continue; /* not ours: never handed out, see svc_consumer_poll */
         if (svc_offsets_assign(c->offsets, id, parts->elems[i].partition) != SVC_OFFSETS_OK)
             c->failed = true;
-        if (c->n_parts < c->parts_cap && !find_part(c, id, parts->elems[i].partition))
-            c->parts[c->n_parts++] = (assigned_part){id, parts->elems[i].partition, false};
+        route(c, id, parts->elems[i].partition);
+        c->n_assigned[id]++;
     }
     if (cooperative) {
         rd_kafka_error_t *e = rd_kafka_incremental_assign(c->rk, parts);
@@ -363,12 +264,8 @@ static void on_assign(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, b
         if (e)
             svc_log(SVC_LOG_ERROR, "kafka.assign", "assign: %s", rd_kafka_err2str(e));
     }
-    /* The new partitions have not started: paused when their first record
-     * comes. The kept ones are told their state again. */
-    tell_started(c, -1, NULL);
-    recount_paused(c);
     svc_log(SVC_LOG_INFO, "kafka.assign", "%d partitions assigned (%s), %d paused", parts->cnt,
-            cooperative ? "incremental" : "eager", c->n_paused_parts);
+            cooperative ? "incremental" : "eager", svc_consumer_paused_partitions(c));
     if (c->ev.on_assign)
         c->ev.on_assign(c->ev.opaque, parts);
 }
@@ -412,9 +309,12 @@ static void on_revoke(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, b
         if (id >= 0)
             svc_offsets_revoke(c->offsets, id, parts->elems[i].partition);
     }
-    drop_held(c, parts);
     if (cooperative) {
-        tell_started(c, -1, parts);
+        for (int i = 0; i < parts->cnt; i++) {
+            int32_t id = topic_id(c, parts->elems[i].topic);
+            if (id >= 0 && c->n_assigned[id] > 0)
+                c->n_assigned[id]--;
+        }
         rd_kafka_error_t *e = rd_kafka_incremental_unassign(c->rk, parts);
         if (e) {
             svc_log(SVC_LOG_ERROR, "kafka.revoke", "incremental unassign: %s",
@@ -422,10 +322,12 @@ static void on_revoke(svc_consumer *c, rd_kafka_topic_partition_list_t *parts, b
             rd_kafka_error_destroy(e);
         }
     } else {
-        leave_all(c);
+        /* rd_kafka_assign(NULL) unassigns every partition, whatever the list
+         * a revocation named (a failed rebalance's may not be the whole
+         * assignment). */
+        memset(c->n_assigned, 0, c->n_topics * sizeof *c->n_assigned);
         rd_kafka_assign(c->rk, NULL);
     }
-    recount_paused(c);
 }
 
 static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
@@ -462,13 +364,21 @@ void svc_consumer_destroy(svc_consumer *c)
 {
     if (!c)
         return;
-    if (c->rk) {
+    if (c->rk)
         svc_consumer_close(c, NULL, 0);
-        drop_held(c, NULL);
+    for (size_t i = 0; c->queues && i < c->n_topics; i++)
+        if (c->queues[i])
+            rd_kafka_queue_destroy(c->queues[i]);
+    if (c->events)
+        rd_kafka_queue_destroy(c->events);
+    if (c->rk)
         rd_kafka_destroy(c->rk);
-    }
-    free(c->held);
-    free(c->parts);
+    /* After rd_kafka_destroy: librdkafka may write to the pipe until then. */
+    for (int i = 0; i < 2; i++)
+        if (c->wake[i] >= 0)
+            close(c->wake[i]);
+    free(c->queues);
+    free(c->n_assigned);
     for (size_t i = 0; i < c->n_topics; i++)
         free(c->topics[i]);
     free(c->topics);
@@ -527,10 +437,14 @@ svc_kafka_status svc_consumer_create(const svc_consumer_config *cfg, svc_consume
 
     svc_consumer *c = calloc(1, sizeof *c);
     if (c) {
+        c->wake[0] = c->wake[1] = -1;
         c->topics = calloc(cfg->n_topics, sizeof *c->topics);
         c->paused = calloc(cfg->n_topics, sizeof *c->paused);
+        c->n_assigned = calloc(cfg->n_topics, sizeof *c->n_assigned);
+        c->queues = calloc(cfg->n_topics, sizeof *c->queues);
     }
-    if (!c || !c->topics || !c->paused || !(c->offsets = svc_offsets_create())) {
+    if (!c || !c->topics || !c->paused || !c->n_assigned || !c->queues ||
+        !(c->offsets = svc_offsets_create())) {
         rd_kafka_conf_destroy(conf);
         svc_consumer_destroy(c);
         return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_NOMEM, "out of memory");
@@ -558,10 +472,26 @@ svc_kafka_status svc_consumer_create(const svc_consumer_config *cfg, svc_consume
         svc_consumer_destroy(c);
         return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_CONFIG, "consumer: %s", why);
     }
-    /* One queue for messages, rebalances and errors: rd_kafka_consumer_poll
-     * serves everything, and rd_kafka_poll is never called on the consumer
-     * (in 2.0.2 it would also reset the max.poll.interval.ms timer). */
+    /* Rebalances and errors in the consumer queue, served by
+     * rd_kafka_consumer_poll; rd_kafka_poll is never called on the consumer
+     * (in 2.0.2 it would also reset the max.poll.interval.ms timer). The
+     * records go to their topic's queue ("one queue per topic"). */
     rd_kafka_poll_set_consumer(c->rk);
+    if (!open_wake(c->wake)) {
+        int e = errno;
+        svc_consumer_destroy(c);
+        return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_NOMEM, "pipe: %s", strerror(e));
+    }
+    c->events = rd_kafka_queue_get_consumer(c->rk);
+    if (!c->events) {
+        svc_consumer_destroy(c);
+        return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_KAFKA, "no consumer queue");
+    }
+    rd_kafka_queue_io_event_enable(c->events, c->wake[1], &wake_byte, sizeof wake_byte);
+    for (size_t i = 0; i < c->n_topics; i++) {
+        c->queues[i] = rd_kafka_queue_new(c->rk);
+        rd_kafka_queue_io_event_enable(c->queues[i], c->wake[1], &wake_byte, sizeof wake_byte);
+    }
 
     rd_kafka_topic_partition_list_t *subs = rd_kafka_topic_partition_list_new((int)c->n_topics);
     for (size_t i = 0; i < c->n_topics; i++)
@@ -644,15 +574,44 @@ static void log_event(const rd_kafka_message_t *rkm)
             rd_kafka_err2name(rkm->err), rd_kafka_message_errstr(rkm));
 }
 
+/* The next record or event without waiting: the consumer queue's first
+ * (rebalance callbacks run inside), then the topic queues not paused, each
+ * in turn from c->next_topic, one record each, so that no topic waits behind
+ * another's backlog. NULL when every one of them is empty. */
+static rd_kafka_message_t *next(svc_consumer *c)
+{
+    rd_kafka_message_t *rkm = rd_kafka_consumer_poll(c->rk, 0);
+    if (rkm) {
+        int32_t id = rkm->err || !rkm->rkt ? -1 : topic_id(c, rd_kafka_topic_name(rkm->rkt));
+        if (id >= 0) {
+            svc_log(SVC_LOG_WARN, "kafka.route", "%s [%d] was not routed to its topic queue: "
+                    "routed again", c->topics[id], (int)rkm->partition);
+            route(c, id, rkm->partition);
+        }
+        return rkm;
+    }
+    for (size_t k = 0; k < c->n_topics; k++) {
+        size_t i = (c->next_topic + k) % c->n_topics;
+        if (c->paused[i] || !(rkm = rd_kafka_consume_queue(c->queues[i], 0)))
+            continue;
+        c->next_topic = (i + 1) % c->n_topics;
+        return rkm;
+    }
+    return NULL;
+}
+
 svc_kafka_status svc_consumer_poll(svc_consumer *c, int timeout_ms, svc_kafka_msg *msg)
 {
     memset(msg, 0, sizeof *msg);
     if (c->closed || svc_consumer_fatal(c, NULL, 0))
         return SVC_KAFKA_ERR_FATAL;
-    rd_kafka_message_t *rkm = take_held(c);
-    bool fresh = !rkm;
-    if (fresh)
-        rkm = rd_kafka_consumer_poll(c->rk, timeout_ms);
+    rd_kafka_message_t *rkm;
+    for (long long deadline = svc_now_ms() + timeout_ms; !(rkm = next(c));) {
+        long long left = deadline - svc_now_ms();
+        if (left <= 0 || svc_consumer_fatal(c, NULL, 0))
+            break;
+        wait_wake(c, (int)left);
+    }
     if (svc_consumer_fatal(c, NULL, 0)) {
         if (rkm)
             rd_kafka_message_destroy(rkm);
@@ -668,15 +627,6 @@ svc_kafka_status svc_consumer_poll(svc_consumer *c, int timeout_ms, svc_kafka_ms
 
     const char *topic = rd_kafka_topic_name(rkm->rkt);
     int32_t id = topic_id(c, topic);
-    bool held = id >= 0 && c->paused[id] && hold(c, rkm);
-    if (held)
-        svc_log(SVC_LOG_DEBUG, "kafka.hold", "%s [%d] offset %lld held: its topic is paused",
-                topic, (int)rkm->partition, (long long)rkm->offset);
-    assigned_part *ap = fresh && id >= 0 ? find_part(c, id, rkm->partition) : NULL;
-    if (ap)
-        part_delivered(c, ap);
-    if (held)
-        return SVC_KAFKA_NO_MESSAGE;
     svc_offsets_status st = id < 0 ? SVC_OFFSETS_NOT_ASSIGNED
                                    : svc_offsets_begin(c->offsets, id, rkm->partition,
                                                        rkm->offset, &msg->ticket);
@@ -739,8 +689,8 @@ svc_kafka_status svc_consumer_finish(svc_consumer *c, const svc_offset_ticket *t
     return SVC_KAFKA_OK;
 }
 
-/* Set the intent of topic `only` (every topic when -1) and apply it to the
- * assignment. */
+/* Pause or resume topic `only` (every topic when -1): its queue is read or
+ * not ("one queue per topic"). */
 static svc_kafka_status set_paused(svc_consumer *c, int32_t only, bool pause)
 {
     bool changed = false;
@@ -749,14 +699,11 @@ static svc_kafka_status set_paused(svc_consumer *c, int32_t only, bool pause)
             c->paused[i] = pause;
             changed = true;
         }
-    if (!changed)
-        return SVC_KAFKA_OK;
-    svc_kafka_status st = tell_started(c, only, NULL);
-    recount_paused(c);
-    svc_log(SVC_LOG_INFO, pause ? "kafka.pause" : "kafka.resume", "%s %s, %d partitions paused",
-            only < 0 ? "every topic" : c->topics[only], pause ? "paused" : "resumed",
-            c->n_paused_parts);
-    return st;
+    if (changed)
+        svc_log(SVC_LOG_INFO, pause ? "kafka.pause" : "kafka.resume",
+                "%s %s, %d partitions paused", only < 0 ? "every topic" : c->topics[only],
+                pause ? "paused" : "resumed", svc_consumer_paused_partitions(c));
+    return SVC_KAFKA_OK;
 }
 
 svc_kafka_status svc_consumer_pause(svc_consumer *c)
