@@ -23,10 +23,11 @@
  * --check is the small version run by ctest (CHECK_FLOOD requests, the
  * fewer samples; both floods are far more than librdkafka's pre-fetch
  * limit, queued.min.messages 1000, and outlast the measurement): the
- * ratio under CHECK_RATIO, generous for a loaded shared machine (2.3 to
- * 3.3 at a load of 2.5 on 2 cores; first-come admission gave 10 to 14;
- * under ASan, whose steps are slower while Kafka's latency is not, 4.9 and
- * 6.8: the bound is PU_SLOWDOWN times larger there),
+ * ratio under CHECK_RATIO, generous for a loaded shared machine (1.02 to
+ * 1.19 at a load of 1 on 2 cores, 2026-12-04; first-come admission gave 10
+ * to 14, and librdkafka's single pre-fetch queue 48 to 51: service/README.md
+ * §5; under ASan, whose steps are slower while Kafka's latency is not, 3.2
+ * to 7.0: the bound is PU_SLOWDOWN times larger there),
  * and the quiet tenant's queue_ms at most CHECK_QUEUE_FRACTION of the
  * flood's (the upper quartile of the flood's: FLOOD_QUEUE_PERCENTILE),
  * measured in the same worker at the same time whatever the machine's load.
