@@ -116,6 +116,7 @@ static const field fields[] = {
     INT("worker", "prep_threads", worker.prep_threads, 1, SVC_PREP_THREADS_MAX),
     STR("http", "listen", http.listen),
     INT("drain", "grace_ms", drain.grace_ms, 0, 3600 * 1000),
+    STR("log", "level", log.level),
     STR("gateway", "listen", gateway.listen),
     STR("gateway", "instance", gateway.instance),
     STR("gateway", "api_keys_file", gateway.api_keys_file),
@@ -692,6 +693,11 @@ static int validate(svc_config *cfg, char *err, size_t errlen)
         return -1;
     }
     cfg->model.cpu_bf16_activations = !strcmp(cfg->model.cpu_activations, "bf16");
+    if (svc_log_level_parse(cfg->log.level, &cfg->log.threshold)) {
+        svc_errf(err, errlen, "log.level: expected debug, info, warn or error, got '%s'",
+                 cfg->log.level);
+        return -1;
+    }
     const char *topics[][2] = {{"kafka.request_topic", cfg->kafka.request_topic},
                                {"kafka.cancel_topic", cfg->kafka.cancel_topic},
                                {"kafka.dlt_topic", cfg->kafka.dlt_topic}};

@@ -14,6 +14,7 @@
 
 #include "engine.h"
 #include "kafka/kafka.h"
+#include "log.h"
 #include "protocol/protocol.h"
 
 #define SVC_CONFIG_STR 512
@@ -121,6 +122,10 @@ typedef struct svc_config {
     struct {
         int grace_ms;
     } drain;
+    struct {
+        char level[16];                  /* debug, info, warn or error */
+        svc_log_level threshold;         /* parsed from level */
+    } log;
     /* `mllama gateway` (service/gateway/gateway.h): the OpenAI-compatible
      * HTTP front over the Kafka contract. */
     struct {

@@ -153,5 +153,6 @@ int svc_cli_load_config(const svc_cli_config_args *a, svc_config *cfg)
         svc_config_deinit(cfg);
         return -1;
     }
+    svc_log_set_level(cfg->log.threshold);
     return 0;
 }

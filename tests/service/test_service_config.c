@@ -5,7 +5,8 @@
  * values; model.weights takes "stored" (the default) or "fp8" (quantize at
  * load), and model.fp8_activations "bf16" (the default, W8A16) or "fp8"
  * (W8A8), and model.cpu_activations "f32" (the default) or "bf16", likewise;
- * model.fp8_lm_head is a boolean, false by default. The
+ * model.fp8_lm_head is a boolean, false by default. log.level is "info" by
+ * default and takes the four level names from every source. The
  * structured-output limits have their defaults and ranges. Tenants: with none configured there is one, "default", on the
  * kafka section's topics; a "tenants" array gets the documented defaults
  * (topics and reply policy derived from the kafka section and the name,
@@ -133,6 +134,24 @@ static void test_weights(void)
     rc = load(&cfg, NULL, "model.cpu_activations=fp16", err, sizeof err);
     check(rc == -1 && strstr(err, "model.cpu_activations: expected f32 or bf16, got 'fp16'"),
           "model.cpu_activations=fp16 refused: %s", rc ? err : "accepted");
+}
+
+static void test_log_level(void)
+{
+    svc_config cfg;
+    char err[512];
+    check(load(&cfg, NULL, NULL, err, sizeof err) == 0 && cfg.log.threshold == SVC_LOG_INFO,
+          "log.level defaults to info: %s", err);
+    check(load(&cfg, NULL, "log.level=debug", err, sizeof err) == 0 &&
+              cfg.log.threshold == SVC_LOG_DEBUG,
+          "log.level=debug: %s", err);
+    setenv("MLLAMA_LOG_LEVEL", "error", 1);
+    check(load(&cfg, NULL, NULL, err, sizeof err) == 0 && cfg.log.threshold == SVC_LOG_ERROR,
+          "MLLAMA_LOG_LEVEL=error: %s", err);
+    unsetenv("MLLAMA_LOG_LEVEL");
+    const int rc = load(&cfg, NULL, "log.level=verbose", err, sizeof err);
+    check(rc == -1 && strstr(err, "log.level: expected debug, info, warn or error, got 'verbose'"),
+          "log.level=verbose refused: %s", rc ? err : "accepted");
 }
 
 /* limits.max_tokens: 4096 by default, the request parser's bound, and at
@@ -335,6 +354,7 @@ int main(void)
     test_refused();
     test_weights();
     test_max_tokens();
+    test_log_level();
     test_schema_limits();
     test_tenants_implicit();
     test_tenants_configured();
