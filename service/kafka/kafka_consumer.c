@@ -31,6 +31,7 @@ struct svc_consumer {
     rd_kafka_queue_t *events; /* owned handle of the consumer queue: rebalances, errors */
     int wake[2];             /* pipe librdkafka writes to when one of those queues fills */
     size_t next_topic;       /* the topic queue read first by the next poll */
+    bool synced;             /* the group answered a SyncGroup: an assignment came */
     bool closed;
     atomic_bool failed;      /* out of memory inside a rebalance: process-level */
     svc_offset_ticket *pending; /* owned scratch for on_revoke */
@@ -337,6 +338,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     bool cooperative = !strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE");
     switch (err) {
     case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
+        c->synced = true;
         on_assign(c, parts, cooperative);
         break;
     case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
@@ -517,12 +519,50 @@ svc_kafka_status svc_consumer_create(const svc_consumer_config *cfg, svc_consume
  * was already queued (an assignment, then the revocation, whose offsets
  * auto-commit sends) as any rebalance is served; the close then has nothing
  * assigned and nothing coming. A message still delivered here was never
- * started: its offset is not stored, and the next owner gets it. */
+ * started: its offset is not stored, and the next owner gets it.
+ *
+ * Before 2.3.0, rd_kafka_destroy aborts ("rd_kafka_sticky_assignor_state_
+ * destroy: Assertion `assignor_state' failed", librdkafka#4381) when the
+ * group answered the member's JoinGroup (which picks the sticky assignor)
+ * but never a SyncGroup (whose assignment creates the assignor's state): a
+ * worker drained in that gap, as test_scaling's scale-in once did, crashed
+ * on its way out. Unsubscribing there makes librdkafka discard the
+ * SyncGroup's answer, so a member with an id (its JoinGroup answered) and no
+ * assignment yet first waits for its assignment (at most LEAVE_MAX_MS). */
 #define LEAVE_POLL_MS 100
 #define LEAVE_MAX_MS 10000
 
+/* Serve the consumer queue for up to LEAVE_POLL_MS; a record delivered
+ * here is dropped unstarted. */
+static void leave_poll(svc_consumer *c)
+{
+    rd_kafka_message_t *rkm = rd_kafka_consumer_poll(c->rk, LEAVE_POLL_MS);
+    if (rkm)
+        rd_kafka_message_destroy(rkm);
+}
+
+/* Whether the group has answered this member's JoinGroup (it has an id). */
+static bool joined(svc_consumer *c)
+{
+    char *id = rd_kafka_memberid(c->rk);
+    bool has = id && *id;
+    rd_kafka_mem_free(c->rk, id);
+    return has;
+}
+
+static void await_first_assignment(svc_consumer *c)
+{
+    for (long long deadline = svc_now_ms() + LEAVE_MAX_MS;
+         !c->synced && joined(c) && svc_now_ms() < deadline;)
+        leave_poll(c);
+    if (!c->synced && joined(c))
+        svc_log(SVC_LOG_WARN, "kafka.close", "no assignment after %d ms in the group",
+                LEAVE_MAX_MS);
+}
+
 static void leave_subscription(svc_consumer *c)
 {
+    await_first_assignment(c);
     rd_kafka_resp_err_t e = rd_kafka_unsubscribe(c->rk);
     if (e) {
         svc_log(SVC_LOG_WARN, "kafka.close", "unsubscribe: %s", rd_kafka_err2str(e));
@@ -530,9 +570,7 @@ static void leave_subscription(svc_consumer *c)
     }
     long long deadline = svc_now_ms() + LEAVE_MAX_MS;
     for (;;) {
-        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(c->rk, LEAVE_POLL_MS);
-        if (rkm)
-            rd_kafka_message_destroy(rkm);
+        leave_poll(c);
         rd_kafka_topic_partition_list_t *parts = NULL;
         int left = rd_kafka_assignment(c->rk, &parts) ? 0 : parts->cnt;
         if (parts)

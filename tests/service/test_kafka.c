@@ -22,7 +22,9 @@
  *   I. a topic paused with records fetched but not handed out: every one
  *      arrives once after the resumption;
  *   J. a topic paused and resumed over a backlog larger than librdkafka's
- *      pre-fetch limit does not hold up another topic's records. */
+ *      pre-fetch limit does not hold up another topic's records;
+ *   K. a consumer closed after its JoinGroup's answer and before its
+ *      SyncGroup's is destroyed without librdkafka 2.0.2's abort. */
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -914,6 +916,51 @@ static void scenario_backlog(const char *bootstraps, rd_kafka_mock_cluster_t *mc
     svc_producer_destroy(src.p);
 }
 
+/* ---- K: closed between the JoinGroup and the SyncGroup ------------------------ */
+
+/* librdkafka before 2.3.0 aborts in rd_kafka_destroy when the group answered
+ * the member's JoinGroup but not yet its SyncGroup (kafka_consumer.c,
+ * "Leaving"). The group's coordinator answers the SyncGroup K_SYNC_DELAY_MS
+ * late, and the consumer is closed and destroyed K_CLOSE_AFTER_MS after its
+ * subscription: after the first join round (the mock's takes
+ * session.timeout.ms - 1 s) and well before the SyncGroup's answer. The
+ * process must survive it (the scenario runs in its own), and the close
+ * waits for the assignment. */
+enum { K_COORDINATOR = 1, K_SYNC_DELAY_MS = 6000, K_CLOSE_AFTER_MS = 4000 };
+#define K_SYNC_GROUP_API 14
+
+static void k_on_assign(void *opaque, const rd_kafka_topic_partition_list_t *parts)
+{
+    (void)parts;
+    *(bool *)opaque = true;
+}
+
+static void scenario_close_mid_join(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
+{
+    rd_kafka_mock_coordinator_set(mc, "group", "gK", K_COORDINATOR);
+    rd_kafka_mock_broker_push_request_error_rtts(mc, K_COORDINATOR, K_SYNC_GROUP_API, 1,
+                                                 RD_KAFKA_RESP_ERR_NO_ERROR, K_SYNC_DELAY_MS);
+    const char *topics[] = {"kjoin"};
+    bool assigned = false;
+    svc_consumer_config cc = {.brokers = bootstraps, .group_id = "gK", .topics = topics,
+                              .n_topics = 1, .kafka = kt_group_kv,
+                              .n_kafka = sizeof kt_group_kv / sizeof kt_group_kv[0],
+                              .events = {.on_assign = k_on_assign, .opaque = &assigned}};
+    char err[256];
+    svc_consumer *c = NULL;
+    check(svc_consumer_create(&cc, &c, err, sizeof err) == SVC_KAFKA_OK, "K: consumer: %s", err);
+    if (!c)
+        return;
+    int ignored = 0;
+    h_poll(c, K_CLOSE_AFTER_MS, 50, &ignored, &ignored);
+    check(!assigned, "K: closed before the SyncGroup's answer");
+    int64_t t0 = pu_now_ms();
+    check(svc_consumer_close(c, err, sizeof err) == SVC_KAFKA_OK, "K: close: %s", err);
+    check(assigned, "K: the close waited for the assignment (%lld ms)",
+          (long long)(pu_now_ms() - t0));
+    svc_consumer_destroy(c);
+}
+
 int main(void)
 {
     static const kt_scenario scenarios[] = {
@@ -927,6 +974,7 @@ int main(void)
         {'H', "one topic paused", "ta:2,tb:2", scenario_pause_topic},
         {'I', "pause before the first record", "unread:2", scenario_pause_unread},
         {'J', "a paused topic's backlog", "jflood:4,jquiet:2", scenario_backlog},
+        {'K', "closed between JoinGroup and SyncGroup", "kjoin:2", scenario_close_mid_join},
     };
     return kt_run_scenarios(scenarios, sizeof scenarios / sizeof scenarios[0], 50000);
 }
