@@ -65,6 +65,7 @@
 #define LONG_ID_BYTES 256    /* the parser's longest id (protocol.h SVC_ID_MAX_BYTES) */
 #define PAUSE_MS 3000        /* Redis paused: requests wait in prep meanwhile */
 #define REDIS_TIMEOUT "10000" /* redis.timeout_ms: outlasts the pause */
+#define REDIS_CALL_MS 1000   /* redis.call_timeout_ms (the default): a call's deadline */
 #define STATS_MS "500"       /* statistics.interval.ms: the lag series */
 #define LAG_MS 10000         /* lag series following a rebalance */
 #define PARTITIONS 4
@@ -883,6 +884,25 @@ static void test_cancel(void)
     cancel_running("e2e-cancel-n3", false, CHOICES);
 }
 
+/* When the worker's Redis calls made during test_cancel_before_running's
+ * pause have ended (0 before it): their failures may have opened the
+ * worker's Redis breaker, which a lookup that needs Redis then meets. */
+static int64_t redis_calm_at;
+
+/* Wait until the pause's calls are over and the worker's breaker is closed. */
+static void await_redis(void)
+{
+    int64_t now = pu_now_ms();
+    if (redis_calm_at > now)
+        pu_sleep_ms((int)(redis_calm_at - now));
+    int port = pu_worker_http_port(&st.workers[0]);
+    double open = 1;
+    for (int64_t deadline = pu_now_ms() + ANSWER_MS;
+         (open = pu_metric(port, "mllama_redis_breaker_open")) != 0 && pu_now_ms() < deadline;)
+        pu_sleep_ms(50);
+    check(open == 0, "the worker's Redis breaker stays open after the pause");
+}
+
 /* Cancels sent right after their requests, while Redis is paused: the prep
  * thread waits on the first request's attempt counter and the second queues
  * behind it, so neither has reached the runtime when its cancel arrives.
@@ -900,6 +920,7 @@ static void test_cancel_before_running(void)
     check(rep && rep->type == REDIS_REPLY_STATUS, "CLIENT PAUSE refused");
     freeReplyObject(rep);
     int64_t paused_at = pu_now_ms();
+    redis_calm_at = paused_at + PAUSE_MS + REDIS_CALL_MS;
     char extra[64];
     snprintf(extra, sizeof extra, "\"max_tokens\":%d", QUEUED_TOKENS);
     for (int i = 0; i < N; i++) {
@@ -1014,8 +1035,10 @@ static void test_heartbeat(void)
     check(free_bytes > 0, "heartbeat: free_pool_bytes %lld", free_bytes);
 }
 
+/* An adapter neither on the worker nor in Redis, asked with Redis up. */
 static void test_unknown_adapter(void)
 {
+    await_redis();
     char *body = pu_chat_request("e2e-adapter", "Hello", NULL,
                                  "\"max_tokens\":4,\"adapter\":\"no-such-adapter\"");
     cJSON *j = ask("e2e-adapter", body);
