@@ -2,10 +2,12 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #define BUF_MIN_CAP 512
 #define NS_PER_MS 1000000L
@@ -33,6 +35,25 @@ void svc_deadline_in(struct timespec *ts, int ms)
         ts->tv_sec++;
         ts->tv_nsec -= NS_PER_S;
     }
+}
+
+int svc_wake_pipe(int fds[2])
+{
+    if (pipe(fds))
+        return -1;
+    for (int i = 0; i < 2; i++) {
+        int fl = fcntl(fds[i], F_GETFL);
+        if (fl < 0 || fcntl(fds[i], F_SETFL, fl | O_NONBLOCK) ||
+            fcntl(fds[i], F_SETFD, FD_CLOEXEC)) {
+            int e = errno;
+            close(fds[0]);
+            close(fds[1]);
+            fds[0] = fds[1] = -1;
+            errno = e;
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* ---- error buffers -------------------------------------------------------------- */

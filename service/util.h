@@ -1,5 +1,5 @@
-/* What every room of service/ uses and none owns: the clocks, printf into a
- * caller's error buffer, and a growable byte buffer.
+/* What every room of service/ uses and none owns: the clocks, a wake-up
+ * pipe, printf into a caller's error buffer, and a growable byte buffer.
  * @locality any thread: nothing here keeps state between calls. */
 #ifndef SVC_UTIL_H
 #define SVC_UTIL_H
@@ -24,6 +24,12 @@ int64_t svc_wall_ms(void);
 int svc_random_bytes(void *buf, size_t n);
 /* *ts = now + ms on CLOCK_REALTIME, the clock pthread_cond_timedwait waits on. */
 void svc_deadline_in(struct timespec *ts, int ms);
+
+/* A pipe with both ends non-blocking and close-on-exec: the wake-up channel
+ * librdkafka writes to from its threads (rd_kafka_queue_io_event_enable),
+ * which must never block them, and its reader drains without waiting.
+ * Returns 0, or -1 with errno set (fds then closed and set to -1). */
+int svc_wake_pipe(int fds[2]);
 
 /* ---- error buffers -------------------------------------------------------------- */
 

@@ -5,7 +5,6 @@
  * missing.
  * @locality: the gateway's thread. */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -266,8 +265,7 @@ int gw_kafka_start(svc_gateway *g, char *err, size_t errlen)
         return -1;
     rd_kafka_poll_set_consumer(g->consumer);
     g->replies = rd_kafka_queue_get_consumer(g->consumer);
-    if (pipe(g->wake) || fcntl(g->wake[0], F_SETFL, O_NONBLOCK) ||
-        fcntl(g->wake[1], F_SETFL, O_NONBLOCK)) {
+    if (svc_wake_pipe(g->wake)) {
         svc_errf(err, errlen, "pipe: %s", strerror(errno));
         return -1;
     }

@@ -7,7 +7,6 @@
  *           the Kafka thread too. */
 #include <ctype.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -209,21 +208,6 @@ int svc_consumer_paused_partitions(const svc_consumer *c)
     for (size_t i = 0; i < c->n_topics; i++)
         n += c->paused[i] ? c->n_assigned[i] : 0;
     return n;
-}
-
-/* The wake pipe, both ends non-blocking: librdkafka's write never blocks
- * its thread, and the poll empties it without waiting. */
-static bool open_wake(int fds[2])
-{
-    if (pipe(fds))
-        return false;
-    for (int i = 0; i < 2; i++) {
-        int fl = fcntl(fds[i], F_GETFL);
-        if (fl < 0 || fcntl(fds[i], F_SETFL, fl | O_NONBLOCK) ||
-            fcntl(fds[i], F_SETFD, FD_CLOEXEC))
-            return false;
-    }
-    return true;
 }
 
 /* Wait up to ms for a watched queue to fill; empties the pipe. */
@@ -479,7 +463,7 @@ svc_kafka_status svc_consumer_create(const svc_consumer_config *cfg, svc_consume
      * (in 2.0.2 it would also reset the max.poll.interval.ms timer). The
      * records go to their topic's queue ("one queue per topic"). */
     rd_kafka_poll_set_consumer(c->rk);
-    if (!open_wake(c->wake)) {
+    if (svc_wake_pipe(c->wake)) {
         int e = errno;
         svc_consumer_destroy(c);
         return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_NOMEM, "pipe: %s", strerror(e));
