@@ -56,6 +56,13 @@ int svc_wake_pipe(int fds[2])
     return 0;
 }
 
+void svc_wake_pipe_drain(int fd)
+{
+    char drain[64];
+    while (read(fd, drain, sizeof drain) > 0)
+        ;
+}
+
 /* ---- error buffers -------------------------------------------------------------- */
 
 void svc_verrf(char *err, size_t errlen, const char *fmt, va_list ap)

@@ -30,6 +30,8 @@ void svc_deadline_in(struct timespec *ts, int ms);
  * which must never block them, and its reader drains without waiting.
  * Returns 0, or -1 with errno set (fds then closed and set to -1). */
 int svc_wake_pipe(int fds[2]);
+/* Read whatever the wake pipe's read end `fd` holds, without waiting. */
+void svc_wake_pipe_drain(int fd);
 
 /* ---- error buffers -------------------------------------------------------------- */
 

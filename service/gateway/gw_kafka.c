@@ -8,7 +8,6 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "gateway/gw_internal.h"
 #include "log.h"
@@ -85,9 +84,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 {
     (void)what;
     svc_gateway *g = arg;
-    char drain[64];
-    while (read(fd, drain, sizeof drain) > 0)
-        ;
+    svc_wake_pipe_drain(fd);
     for (int i = 0; i < REPLY_BATCH; i++) {
         rd_kafka_message_t *m = rd_kafka_consume_queue(g->replies, 0);
         if (!m)

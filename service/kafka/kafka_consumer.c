@@ -27,7 +27,6 @@ struct svc_consumer {
     /* Owned, per topic: the queue its partitions' records go to (see "one
      * queue per topic" below). */
     rd_kafka_queue_t **queues;
-    rd_kafka_queue_t *events; /* owned handle of the consumer queue: rebalances, errors */
     int wake[2];             /* pipe librdkafka writes to when one of those queues fills */
     size_t next_topic;       /* the topic queue read first by the next poll */
     bool synced;             /* the group answered a SyncGroup: an assignment came */
@@ -214,11 +213,8 @@ int svc_consumer_paused_partitions(const svc_consumer *c)
 static void wait_wake(svc_consumer *c, int ms)
 {
     struct pollfd pfd = {.fd = c->wake[0], .events = POLLIN};
-    if (poll(&pfd, 1, ms) <= 0)
-        return;
-    char drain[64];
-    while (read(c->wake[0], drain, sizeof drain) > 0)
-        ;
+    if (poll(&pfd, 1, ms) > 0)
+        svc_wake_pipe_drain(c->wake[0]);
 }
 
 /* ---- rebalance --------------------------------------------------------------- */
@@ -355,8 +351,6 @@ void svc_consumer_destroy(svc_consumer *c)
     for (size_t i = 0; c->queues && i < c->n_topics; i++)
         if (c->queues[i])
             rd_kafka_queue_destroy(c->queues[i]);
-    if (c->events)
-        rd_kafka_queue_destroy(c->events);
     if (c->rk)
         rd_kafka_destroy(c->rk);
     /* After rd_kafka_destroy: librdkafka may write to the pipe until then. */
@@ -468,12 +462,14 @@ svc_kafka_status svc_consumer_create(const svc_consumer_config *cfg, svc_consume
         svc_consumer_destroy(c);
         return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_NOMEM, "pipe: %s", strerror(e));
     }
-    c->events = rd_kafka_queue_get_consumer(c->rk);
-    if (!c->events) {
+    /* The wake-up stays on the consumer queue after its handle goes. */
+    rd_kafka_queue_t *events = rd_kafka_queue_get_consumer(c->rk);
+    if (!events) {
         svc_consumer_destroy(c);
         return svc_kafka_fail(err, errlen, SVC_KAFKA_ERR_KAFKA, "no consumer queue");
     }
-    rd_kafka_queue_io_event_enable(c->events, c->wake[1], &wake_byte, sizeof wake_byte);
+    rd_kafka_queue_io_event_enable(events, c->wake[1], &wake_byte, sizeof wake_byte);
+    rd_kafka_queue_destroy(events);
     for (size_t i = 0; i < c->n_topics; i++) {
         c->queues[i] = rd_kafka_queue_new(c->rk);
         rd_kafka_queue_io_event_enable(c->queues[i], c->wake[1], &wake_byte, sizeof wake_byte);

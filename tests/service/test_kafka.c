@@ -31,6 +31,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/bench_samples.h"
 #include "kafka_test.h"
 
 static const char *bs; /* bootstrap servers of this scenario's mock cluster */
@@ -786,7 +787,7 @@ static void scenario_pause_unread(const char *bootstraps, rd_kafka_mock_cluster_
     int assigned = 0;
     svc_consumer_config cc = {.brokers = bootstraps, .group_id = "gI", .topics = topics,
                               .n_topics = 1, .kafka = kt_group_kv,
-                              .n_kafka = sizeof kt_group_kv / sizeof kt_group_kv[0],
+                              .n_kafka = KT_N_GROUP_KV,
                               .events = {.on_assign = i_on_assign, .opaque = &assigned}};
     kt_source src;
     kt_source_start(&src, bootstraps);
@@ -834,17 +835,6 @@ enum { J_FLOOD = 4000, J_QUIET = 12, J_CAP = 16, J_PAUSE_MS = 100, J_GAP_MS = 15
        J_MEDIAN_MS = 300 };
 #define J_FETCH_WAIT_MS "20"
 
-static double j_median(double *v, int n)
-{
-    for (int i = 1; i < n; i++)
-        for (int k = i; k > 0 && v[k] < v[k - 1]; k--) {
-            double t = v[k];
-            v[k] = v[k - 1];
-            v[k - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 static void scenario_backlog(const char *bootstraps, rd_kafka_mock_cluster_t *mc)
 {
     (void)mc;
@@ -866,7 +856,9 @@ static void scenario_backlog(const char *bootstraps, rd_kafka_mock_cluster_t *mc
         svc_producer_destroy(src.p);
         return;
     }
-    int64_t sent[J_QUIET], got[J_QUIET] = {0};
+    int64_t sent[J_QUIET];
+    bool got[J_QUIET] = {false};
+    double wait_ms[J_QUIET];
     int n_sent = 0, n_got = 0, flood = 0, taken = 0;
     bool paused = false;
     int64_t next_send = 0, resume_at = 0;
@@ -892,22 +884,22 @@ static void scenario_backlog(const char *bootstraps, rd_kafka_mock_cluster_t *mc
             snprintf(key, sizeof key, "%.*s", (int)m.key_len, m.key ? (const char *)m.key : "");
             int k = key_index(key);
             if (k >= 0 && k < n_sent && !got[k]) {
-                got[k] = pu_now_us();
-                n_got++;
+                got[k] = true;
+                wait_ms[n_got++] = (double)(pu_now_us() - sent[k]) / 1000;
             }
-        } else if (++flood, ++taken == J_CAP) {
-            svc_consumer_pause_topic(c, "jflood", true);
-            paused = true;
-            resume_at = pu_now_ms() + J_PAUSE_MS;
+        } else {
+            flood++;
+            if (++taken == J_CAP) {
+                svc_consumer_pause_topic(c, "jflood", true);
+                paused = true;
+                resume_at = pu_now_ms() + J_PAUSE_MS;
+            }
         }
         svc_consumer_finish(c, &m.ticket, err, sizeof err);
         svc_kafka_msg_release(&m);
     }
-    double wait_ms[J_QUIET];
-    for (int i = 0; i < n_got; i++)
-        wait_ms[i] = got[i] ? (double)(got[i] - sent[i]) / 1000 : 0;
     check(n_got == J_QUIET, "J: %d of %d quiet records", n_got, J_QUIET);
-    double median = n_got ? j_median(wait_ms, n_got) : 0;
+    double median = n_got ? bench_median(wait_ms, (size_t)n_got) : 0;
     check(median <= J_MEDIAN_MS, "J: under the flood's backlog the quiet records waited %.0f ms "
           "(median of %d; want <= %d)", median, n_got, J_MEDIAN_MS);
     check(flood > J_CAP, "J: the flood flowed (%d records)", flood);
@@ -944,7 +936,7 @@ static void scenario_close_mid_join(const char *bootstraps, rd_kafka_mock_cluste
     bool assigned = false;
     svc_consumer_config cc = {.brokers = bootstraps, .group_id = "gK", .topics = topics,
                               .n_topics = 1, .kafka = kt_group_kv,
-                              .n_kafka = sizeof kt_group_kv / sizeof kt_group_kv[0],
+                              .n_kafka = KT_N_GROUP_KV,
                               .events = {.on_assign = k_on_assign, .opaque = &assigned}};
     char err[256];
     svc_consumer *c = NULL;

@@ -899,7 +899,7 @@ static void await_redis(void)
     double open = 1;
     for (int64_t deadline = pu_now_ms() + ANSWER_MS;
          (open = pu_metric(port, "mllama_redis_breaker_open")) != 0 && pu_now_ms() < deadline;)
-        pu_sleep_ms(50);
+        pu_sleep_ms(PU_POLL_MS);
     check(open == 0, "the worker's Redis breaker stays open after the pause");
 }
 
