@@ -62,6 +62,14 @@
 #define PU_EOT 128009
 #define PU_STR(x) #x
 #define PU_XSTR(x) PU_STR(x)
+/* A request's "logit_bias" member banning those end tokens: a stream that a
+ * test means to interrupt then ends at its max_tokens or by the test's hand,
+ * never by drawing one (sampled, the micro model draws one within a few
+ * hundred tokens; greedy on "Count to a million." it ends at ~5,300, 2.5 s
+ * on one thread). */
+#define PU_BAN(id) "\"" PU_XSTR(id) "\":-100"
+#define PU_NO_STOP \
+    "\"logit_bias\":{" PU_BAN(PU_END_OF_TEXT) "," PU_BAN(PU_EOM) "," PU_BAN(PU_EOT) "}"
 #define PU_START_MS 20000  /* a process reaching its ready state (ASan builds are slow) */
 #define PU_POLL_MS 20
 #define PU_MAX_FD 65536    /* descriptors a child closes before exec */

@@ -40,12 +40,6 @@
 #define CALL_MS 30000        /* one request through the gateway */
 #define SHORT_TOKENS 8
 #define LONG_TOKENS (4096 / PU_SLOWDOWN) /* streams long enough to interrupt */
-/* The micro model's end tokens banned: sampled at temperature 1, it draws
- * one within a few hundred tokens (about 0.5 s), which a cancel's round
- * trip through the gateway, Kafka and the worker can lose. Banned, a long
- * stream ends at LONG_TOKENS or by the test's hand. */
-#define BAN(id) "\"" PU_XSTR(id) "\":-100"
-#define NO_STOP "\"logit_bias\":{" BAN(PU_END_OF_TEXT) "," BAN(PU_EOM) "," BAN(PU_EOT) "}"
 #define DROP_AFTER_ID 2      /* the resume test's client leaves after this event */
 #define ABANDON_MS 300       /* gateway.abandon_ms of this test */
 #define CANCEL_MS 20000      /* a cancel reaching the worker and its final back */
@@ -349,7 +343,7 @@ static void test_errors(void)
 static int long_stream(gwt_response *r, char *id)
 {
     char extra[192];
-    snprintf(extra, sizeof extra, "\"stream\":true,\"max_tokens\":%d," SEED "," NO_STOP,
+    snprintf(extra, sizeof extra, "\"stream\":true,\"max_tokens\":%d," SEED "," PU_NO_STOP,
              LONG_TOKENS);
     char *body = gwt_chat_body("Tell a long story.", NULL, extra);
     memset(r, 0, sizeof *r);

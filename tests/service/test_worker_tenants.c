@@ -81,7 +81,7 @@ static char *request(const char *id, const char *reply_topic, int max_tokens,
         pu_die("out of memory");
     snprintf(s, cap,
              "{\"id\":\"%s\",\"reply_topic\":\"%s\",\"max_tokens\":%d,\"temperature\":0,"
-             "\"messages\":[{\"role\":\"user\",\"content\":[%s%s{\"type\":\"text\","
+             PU_NO_STOP ",\"messages\":[{\"role\":\"user\",\"content\":[%s%s{\"type\":\"text\","
              "\"text\":\"Count to a million.\"}]}]}",
              id, reply_topic, max_tokens, image_part ? image_part : "", image_part ? "," : "");
     return s;
