@@ -68,8 +68,8 @@ int ml_engine_parse_devices(const char *list, int *out, int max, char *err, size
     return n;
 }
 
-static ml_status cpu_open(ml_engine *e, int world, int threads, int bf16_activations, char *err,
-                          size_t errlen)
+static ml_status cpu_open(ml_engine *e, int world, int threads, int bf16_activations,
+                          int bf16_kv_cache, char *err, size_t errlen)
 {
     /* The CPU "devices" of a group share the host's memory; its own scratch
      * is a few MiB per thread, left out of the plan. */
@@ -87,6 +87,8 @@ static ml_status cpu_open(ml_engine *e, int world, int threads, int bf16_activat
     }
     for (int r = 0; st == ML_OK && bf16_activations && r < world; r++)
         st = ml_backend_cpu_bf16_activations(e->be[r], err, errlen);
+    for (int r = 0; st == ML_OK && bf16_kv_cache && r < world; r++)
+        st = ml_backend_cpu_bf16_kv_cache(e->be[r], err, errlen);
     if (st != ML_OK)
         for (int r = 0; r < world; r++)
             if (e->be[r]) {
@@ -148,12 +150,14 @@ static ml_status open_backends(ml_engine *e, const ml_engine_config *cfg, char *
     if (want_cuda || (!strcmp(name, "auto") && mlk_device_count() > 0))
         st = cuda_open(e, world, ids, cfg->pool_bytes, cfg->batch_invariant, err, errlen);
     else
-        st = cpu_open(e, world, cfg->threads, cfg->cpu_bf16_activations, err, errlen);
+        st = cpu_open(e, world, cfg->threads, cfg->cpu_bf16_activations,
+                      cfg->cpu_bf16_kv_cache, err, errlen);
 #else
     if (want_cuda)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
                        "backend 'cuda': this build has no CUDA backend (nvcc was not found)");
-    st = cpu_open(e, world, cfg->threads, cfg->cpu_bf16_activations, err, errlen);
+    st = cpu_open(e, world, cfg->threads, cfg->cpu_bf16_activations, cfg->cpu_bf16_kv_cache,
+                  err, errlen);
 #endif
     if (st == ML_OK)
         e->world = world;

@@ -59,6 +59,13 @@ typedef struct ml_engine_config {
      * AVX-512 BF16; 0 keeps f32 activations, the reference numerics. The
      * CUDA backend's GEMMs take bf16 inputs always. */
     int cpu_bf16_activations;
+    /* CPU only: nonzero stores the K/V caches and the images' cross-attention
+     * states in bf16 (ml_backend_cpu_bf16_kv_cache; model.cpu_kv_cache =
+     * "bf16"), as the CUDA backend and transformers' bf16 models keep them:
+     * half the memory per cached token and per image, half the bytes a
+     * decode step's attention reads, at the rounding of every cached K and
+     * V; any CPU. 0 keeps them f32, the reference numerics. */
+    int cpu_bf16_kv_cache;
     ml_model_limits limits;  /* ml_model_limits_default() and the caller's changes */
     /* The tokenizer.json used when model_dir has none (borrowed; NULL: none). */
     const char *fallback_tokenizer;

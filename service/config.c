@@ -71,6 +71,7 @@ static const field fields[] = {
     STR("model", "fp8_activations", model.fp8_activations),
     BOOL("model", "fp8_lm_head", model.fp8_lm_head),
     STR("model", "cpu_activations", model.cpu_activations),
+    STR("model", "cpu_kv_cache", model.cpu_kv_cache),
     LONG("runtime", "kv_mib", runtime.kv_mib, 1, 1L << 24),
     LONG("runtime", "image_mib", runtime.image_mib, 1, 1L << 24),
     INT("runtime", "max_running", runtime.max_running, 1, 4096),
@@ -693,6 +694,12 @@ static int validate(svc_config *cfg, char *err, size_t errlen)
         return -1;
     }
     cfg->model.cpu_bf16_activations = !strcmp(cfg->model.cpu_activations, "bf16");
+    if (strcmp(cfg->model.cpu_kv_cache, "f32") && strcmp(cfg->model.cpu_kv_cache, "bf16")) {
+        svc_errf(err, errlen, "model.cpu_kv_cache: expected f32 or bf16, got '%s'",
+                 cfg->model.cpu_kv_cache);
+        return -1;
+    }
+    cfg->model.cpu_bf16_kv_cache = !strcmp(cfg->model.cpu_kv_cache, "bf16");
     if (svc_log_level_parse(cfg->log.level, &cfg->log.threshold)) {
         svc_errf(err, errlen, "log.level: expected debug, info, warn or error, got '%s'",
                  cfg->log.level);

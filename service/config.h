@@ -71,6 +71,9 @@ typedef struct svc_config {
         int fp8_lm_head;                 /* lm_head FP8 too (quantized at load when bf16) */
         char cpu_activations[8];         /* "f32" (the reference) or "bf16" (AVX-512 BF16) */
         int cpu_bf16_activations;        /* cpu_activations, parsed at validation */
+        char cpu_kv_cache[8];            /* "f32" (the reference) or "bf16" (K/V and image
+                                            states stored bf16; any CPU) */
+        int cpu_bf16_kv_cache;           /* cpu_kv_cache, parsed at validation */
     } model;
     struct {
         long kv_mib, image_mib;

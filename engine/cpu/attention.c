@@ -37,13 +37,21 @@
  * after the f32 online softmax, O from the weights rounded to bf16 in pairs
  * of keys and V. The scores, the softmax, its sums and O stay f32. Needs an
  * even head_dim and sequence length (the engine's are: multiples of 8);
- * otherwise the f32 path runs. The causal and cross kinds read the f32 K/V
- * cache and stay f32. */
+ * otherwise the f32 path runs. The causal and cross kinds compute in f32.
+ *
+ * A bf16 K/V cache (cb->kv16, ml_backend_cpu_bf16_kv_cache): the causal
+ * gather widens each key's bf16 K and V rows into its f32 block as it
+ * copies them, and cross attention, whose keys are otherwise used in place,
+ * widens each visited block of an image's K and V likewise (prefetching the
+ * next block's bf16 lines meanwhile); the tiles then run on f32 blocks as
+ * before. Widening is exact, so the results are the f32 cache's for K and V
+ * rounded to bf16. */
 #include <assert.h>
 #include <math.h>
 #include <string.h>
 
 #include "cpu/cpu_internal.h"
+#include "dtype.h"
 
 /* Query rows per item and keys per block: multiples of every ISA's tile
  * shape (12 x 32, 6 x 16); S (BK x BQ) fits in L1. */
@@ -73,8 +81,6 @@
  * which vision keys (used in place) leave free. */
 _Static_assert(ATTN_BK % 2 == 0 && ATTN_BQ / 2 <= ML_CPU_MAX_HEAD_DIM,
                "bf16 attention: the weights' pairs fit the K scratch");
-/* So does cross attention's Sᵀ (BQ, BK): its keys are used in place too. */
-_Static_assert(ATTN_BQ <= ML_CPU_MAX_HEAD_DIM, "cross attention: Sᵀ fits the K scratch");
 
 typedef enum attn_kind {
     ATTN_VISION,
@@ -87,7 +93,9 @@ typedef struct attn_job {
     attn_kind kind;
     float *out;          /* (tokens, n_heads, head_dim) */
     const float *q;      /* (tokens, n_heads, head_dim) */
-    const float *k, *v;  /* vision, causal: layout of their params, see key_block */
+    /* vision, causal: layout of their params, see key_block; f32, or bf16
+     * where kv16 says so */
+    const void *k, *v;
     int n_seqs, n_heads, n_kv_heads, group, head_dim;
     float scale;
     /* vision */
@@ -109,6 +117,8 @@ typedef struct attn_job {
     const int32_t *n_images; /* (n_seqs) */
     const uint8_t *allowed;  /* (tokens, n_chunks) */
     int max_images, max_tiles, n_chunks, chunk_len, image_keys;
+    /* causal, cross: the cache and the states hold bf16 (cb->kv16) */
+    int kv16;
 
     const ml_cpu_backend *cb;
     int n_threads; /* threads sharing the items */
@@ -131,9 +141,9 @@ typedef struct attn_cols {
 
 size_t ml_cpu_attn_scratch_floats(void)
 {
-    /* Qᵀ, gathered K and V (causal), S, O */
+    /* Qᵀ, gathered or widened K and V, S, O, cross attention's Sᵀ */
     return (size_t)ML_CPU_MAX_HEAD_DIM * ATTN_BQ + 2 * (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM +
-           (size_t)ATTN_BK * ATTN_BQ + (size_t)ATTN_BQ * ML_CPU_MAX_HEAD_DIM;
+           2 * (size_t)ATTN_BK * ATTN_BQ + (size_t)ATTN_BQ * ML_CPU_MAX_HEAD_DIM;
 }
 
 static inline int imin(int a, int b)
@@ -172,22 +182,46 @@ static int64_t seq_items(const attn_job *j, int s)
     return (int64_t)j->n_kv_heads * seq_row_blocks(j, s);
 }
 
-/* Prefetch the cache lines of the first hd floats of n rows (row stride ld)
- * into L1 (to_l1) or L2. Keys used in place are short runs a whole token
- * apart, which the hardware prefetchers do not follow: unprefetched, each
- * block of K and V arrives one demand miss at a time. */
+/* Prefetch the cache lines of `bytes` bytes at p into L1 (to_l1) or L2. */
+static void prefetch_span(const void *p, size_t bytes, int to_l1)
+{
+    const uintptr_t first = (uintptr_t)p & ~(uintptr_t)(CACHE_LINE - 1);
+    const uintptr_t last = (uintptr_t)p + bytes - 1;
+    for (uintptr_t line = first; line <= last; line += CACHE_LINE) {
+        if (to_l1)
+            __builtin_prefetch((const void *)line, 0, 3);
+        else
+            __builtin_prefetch((const void *)line, 0, 2);
+    }
+}
+
+/* Prefetch the first hd floats of n rows (row stride ld). Keys used in
+ * place are short runs a whole token apart, which the hardware prefetchers
+ * do not follow: unprefetched, each block of K and V arrives one demand miss
+ * at a time. */
 static void prefetch_rows(const float *rows, size_t ld, int n, int hd, int to_l1)
 {
-    for (int r = 0; r < n; r++) {
-        const uintptr_t first = (uintptr_t)(rows + (size_t)r * ld) & ~(uintptr_t)(CACHE_LINE - 1);
-        const uintptr_t last = (uintptr_t)(rows + (size_t)r * ld + (size_t)hd - 1);
-        for (uintptr_t line = first; line <= last; line += CACHE_LINE) {
-            if (to_l1)
-                __builtin_prefetch((const void *)line, 0, 3);
-            else
-                __builtin_prefetch((const void *)line, 0, 2);
-        }
+    for (int r = 0; r < n; r++)
+        prefetch_span(rows + (size_t)r * ld, (size_t)hd * sizeof *rows, to_l1);
+}
+
+/* Bytes of one element of K or V in the causal cache and the cross states. */
+static size_t kv_bytes(const attn_job *j)
+{
+    return j->kv16 ? sizeof(uint16_t) : sizeof(float);
+}
+
+/* n elements of the cache or a state at element offset at, copied (f32) or
+ * widened (bf16: exact) into dst. */
+static void kv_load(const attn_job *j, float *dst, const void *base, size_t at, size_t n)
+{
+    if (!j->kv16) {
+        memcpy(dst, (const float *)base + at, n * sizeof *dst);
+        return;
     }
+    const uint16_t *src = (const uint16_t *)base + at;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = ml_bf16_to_f32(src[i]);
 }
 
 /* The offset in the paged K (and V) cache of key pos of kv head kvh in
@@ -208,50 +242,85 @@ typedef struct key_blk {
     size_t ldk, ldv;
 } key_blk;
 
-/* The key block starting at key kb (< n_keys) of kv head kvh in sequence s:
- * returns its length (<= ATTN_BK) and sets *b. Vision and cross keys are
- * used in place (a block never straddles two images; kp, vp are not touched
- * and may be NULL); paged causal keys are gathered into kp, vp (ATTN_BK,
- * head_dim). */
-static int key_block(const attn_job *j, int s, int kvh, int kb, int n_keys, float *kp, float *vp,
-                     key_blk *b)
+/* Keys in the block starting at key kb (< n_keys): up to ATTN_BK; a cross
+ * block never straddles two images. */
+static int block_keys(const attn_job *j, int kb, int n_keys)
+{
+    const int nk = imin(ATTN_BK, n_keys - kb);
+    return j->kind == ATTN_CROSS ? imin(nk, j->image_keys - kb % j->image_keys) : nk;
+}
+
+/* Whether the item reads its keys where they are (vision, and cross over
+ * f32 states) rather than from copies in its scratch. */
+static int keys_in_place(const attn_job *j)
+{
+    return j->kind == ATTN_VISION || (j->kind == ATTN_CROSS && !j->kv16);
+}
+
+/* The nk keys from key kb of kv head kvh in sequence s: sets *b. Keys in
+ * place are used where they are (kp, vp are not touched and may be NULL);
+ * the others are copied into kp, vp, each (ATTN_BK, head_dim) floats:
+ * causal keys gathered from the paged cache, cross keys widened from bf16
+ * states (K transposed, (head_dim, ATTN_BK)). A copy prefetches into L2
+ * meanwhile the `ahead` keys the item visits after the block. */
+static void key_block(const attn_job *j, int s, int kvh, int kb, int nk, int ahead, float *kp,
+                      float *vp, key_blk *b)
 {
     const size_t hd = (size_t)j->head_dim, n_kv = (size_t)j->n_kv_heads;
-    int nk = imin(ATTN_BK, n_keys - kb);
     switch (j->kind) {
     case ATTN_VISION: {
         const size_t off = (((size_t)s * j->seq_len + (size_t)kb) * n_kv + (size_t)kvh) * hd;
-        *b = (key_blk){.k = j->k + off, .v = j->v + off, .ldk = n_kv * hd, .ldv = n_kv * hd};
-        return nk;
+        *b = (key_blk){.k = (const float *)j->k + off, .v = (const float *)j->v + off,
+                       .ldk = n_kv * hd, .ldv = n_kv * hd};
+        return;
     }
     case ATTN_CROSS: {
         const int img = kb / j->image_keys, first = kb % j->image_keys;
         const char *state = j->states[(size_t)s * j->max_images + (size_t)img];
-        const size_t keys = (size_t)j->image_keys;
-        *b = (key_blk){
-            .k = (const float *)(state + j->k_offset) + (size_t)kvh * hd * keys + (size_t)first,
-            .v = (const float *)(state + j->v_offset) + ((size_t)first * n_kv + (size_t)kvh) * hd,
-            .ldk = keys,
-            .ldv = n_kv * hd,
-        };
-        return imin(nk, j->image_keys - first);
+        const void *kbase = state + j->k_offset, *vbase = state + j->v_offset;
+        const size_t keys = (size_t)j->image_keys, ldv = n_kv * hd;
+        const size_t k_at = (size_t)kvh * hd * keys + (size_t)first;
+        const size_t v_at = ((size_t)first * n_kv + (size_t)kvh) * hd;
+        if (!j->kv16) {
+            *b = (key_blk){.k = (const float *)kbase + k_at, .v = (const float *)vbase + v_at,
+                           .ldk = keys, .ldv = ldv};
+            return;
+        }
+        /* The next block's lines, when it is of this image. */
+        const int next = first + nk < j->image_keys ? imin(ahead, ATTN_BK) : 0;
+        const size_t eb = kv_bytes(j);
+        for (size_t d = 0; d < hd; d++) {
+            if (next)
+                prefetch_span((const char *)kbase + (k_at + d * keys + (size_t)nk) * eb,
+                              (size_t)next * eb, 0);
+            kv_load(j, kp + d * ATTN_BK, kbase, k_at + d * keys, (size_t)nk);
+        }
+        for (int key = 0; key < nk; key++) {
+            if (key < next)
+                prefetch_span((const char *)vbase + (v_at + (size_t)(nk + key) * ldv) * eb,
+                              hd * eb, 0);
+            kv_load(j, vp + (size_t)key * hd, vbase, v_at + (size_t)key * ldv, hd);
+        }
+        *b = (key_blk){.k = kp, .v = vp, .ldk = ATTN_BK, .ldv = hd};
+        return;
     }
-    case ATTN_CAUSAL:
+    case ATTN_CAUSAL: {
+        const size_t eb = kv_bytes(j);
         for (int key = 0; key < nk; key++) {
             const int pos = kb + key;
-            if (pos + GATHER_AHEAD < n_keys) {
-                const size_t ahead = causal_row(j, s, kvh, pos + GATHER_AHEAD);
-                prefetch_rows(j->k + ahead, hd, 1, (int)hd, 0);
-                prefetch_rows(j->v + ahead, hd, 1, (int)hd, 0);
+            if (key + GATHER_AHEAD < nk + ahead) {
+                const size_t at = causal_row(j, s, kvh, pos + GATHER_AHEAD) * eb;
+                prefetch_span((const char *)j->k + at, hd * eb, 0);
+                prefetch_span((const char *)j->v + at, hd * eb, 0);
             }
             const size_t row = causal_row(j, s, kvh, pos);
-            memcpy(kp + (size_t)key * hd, j->k + row, hd * sizeof *kp);
-            memcpy(vp + (size_t)key * hd, j->v + row, hd * sizeof *vp);
+            kv_load(j, kp + (size_t)key * hd, j->k, row, hd);
+            kv_load(j, vp + (size_t)key * hd, j->v, row, hd);
         }
         *b = (key_blk){.k = kp, .v = vp, .ldk = hd, .ldv = hd};
-        return nk;
+        return;
     }
-    return 0;
+    }
 }
 
 /* S (nk, BQ) = 0 in the nq columns the tiles add to: a decode item's few
@@ -458,7 +527,7 @@ static void scores_rows(const attn_job *j, const key_blk *blk, int nk, const key
 {
     const ml_cpu_kernels *kn = j->cb->kern;
     const int mr = kn->tile_rows, nr = kn->tile_cols, hd = j->head_dim;
-    const int in_place = j->kind != ATTN_CAUSAL;
+    const int in_place = keys_in_place(j);
     zero_scores(sc, nk, nq);
     for (int k0 = 0; k0 < nk; k0 += mr) {
         if (in_place)
@@ -489,7 +558,8 @@ static void scores_keys(const attn_job *j, const key_blk *blk, int nk, const key
         memset(st + (size_t)c * ATTN_BK, 0, (size_t)nk * sizeof *st);
     for (int k0 = 0; k0 < nk; k0 += nr) {
         const int n = imin(nr, nk - k0);
-        prefetch_rows(blk->v + (size_t)k0 * blk->ldv, blk->ldv, n, hd, 1);
+        if (keys_in_place(j))
+            prefetch_rows(blk->v + (size_t)k0 * blk->ldv, blk->ldv, n, hd, 1);
         if (k0 < nk_next)
             prefetch_rows(next->k + k0, next->ldk, hd, imin(nr, nk_next - k0), 0);
         for (int c0 = 0; c0 < nq; c0 += mr)
@@ -515,13 +585,13 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
     float *vp = kp + (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM;  /* (BK, head_dim) */
     float *sc = vp + (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM;  /* (BK, BQ) */
     float *o = sc + (size_t)ATTN_BK * ATTN_BQ;               /* (BQ, head_dim) */
+    float *st = o + (size_t)ATTN_BQ * ML_CPU_MAX_HEAD_DIM;   /* cross: Sᵀ (BQ, BK) */
     float m[ATTN_BQ], l[ATTN_BQ], alpha[ATTN_BQ];
     attn_cols cols;
 
     const int pairs = j->k2 != NULL;
     uint32_t *qt2 = (uint32_t *)qt; /* bf16: (head_dim / 2, BQ) */
     uint32_t *s2 = (uint32_t *)kp;  /* bf16: (BK / 2, BQ) */
-    float *st = kp;                 /* cross: (BQ, BK) */
     for (int c = 0; c < nq; c++) {
         const int r = r0 + c;
         const int head = cur->kv_head * group + r % group;
@@ -538,20 +608,24 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
     memset(o, 0, (size_t)nq * hd * sizeof *o);
     const int n_keys = item_columns(j, s, r0, nq, &cols);
 
+    const int in_place = keys_in_place(j);
     for (int kb = 0, nk; kb < n_keys; kb += nk) {
-        key_blk blk, next = {0};
-        nk = key_block(j, s, cur->kv_head, kb, n_keys, kp, vp, &blk);
+        nk = block_keys(j, kb, n_keys);
         if (block_masked(j, &cols, s, kb, nk))
             continue;
-        /* Keys used in place: while S is computed, this block's V rows go
-         * to L1 for the PV product and the next block's K rows to L2. */
-        const int in_place = j->kind != ATTN_CAUSAL;
-        int nk_next = 0;
-        if (in_place && kb + nk < n_keys) {
-            nk_next = key_block(j, s, cur->kv_head, kb + nk, n_keys, NULL, NULL, &next);
-            if (block_masked(j, &cols, s, kb + nk, nk_next))
-                nk_next = 0; /* skipped in turn: not worth its bandwidth */
-        }
+        /* The next block, unless it is skipped in turn (not worth its
+         * bandwidth): copied keys prefetch it as they copy, keys in place
+         * while S is computed (this block's V rows go to L1 meanwhile). */
+        int nk_next = kb + nk < n_keys ? block_keys(j, kb + nk, n_keys) : 0;
+        if (nk_next && block_masked(j, &cols, s, kb + nk, nk_next))
+            nk_next = 0;
+        key_blk blk, next = {0};
+        key_block(j, s, cur->kv_head, kb, nk, j->kind == ATTN_CAUSAL ? n_keys - kb - nk : nk_next,
+                  kp, vp, &blk);
+        if (in_place && nk_next)
+            key_block(j, s, cur->kv_head, kb + nk, nk_next, 0, NULL, NULL, &next);
+        else
+            nk_next = 0;
         if (j->kind == ATTN_CROSS)
             scores_keys(j, &blk, nk, &next, nk_next, qt, nq, st, sc);
         else if (pairs)
@@ -694,7 +768,8 @@ void ml_cpu_attn_causal(ml_backend *be, const ml_attn_causal_params *p)
                   .v = p->v_cache, .n_seqs = p->n_seqs, .n_heads = p->n_heads,
                   .n_kv_heads = p->n_kv_heads, .head_dim = p->head_dim, .scale = p->scale,
                   .block_table = p->block_table, .seq_start = p->seq_start, .pos0 = p->pos0,
-                  .max_blocks = p->max_blocks_per_seq, .block_size = p->block_size};
+                  .max_blocks = p->max_blocks_per_seq, .block_size = p->block_size,
+                  .kv16 = ml_cpu_of(be)->kv16};
     run(be, &j);
 }
 
@@ -712,6 +787,6 @@ void ml_cpu_attn_cross(ml_backend *be, const ml_attn_cross_params *p)
                   .k_offset = p->k_offset, .v_offset = p->v_offset, .n_images = p->n_images,
                   .allowed = p->allowed, .max_images = p->max_images, .max_tiles = p->max_tiles,
                   .n_chunks = p->max_images * p->max_tiles, .chunk_len = p->chunk_len,
-                  .image_keys = p->max_tiles * p->chunk_len};
+                  .image_keys = p->max_tiles * p->chunk_len, .kv16 = ml_cpu_of(be)->kv16};
     run(be, &j);
 }

@@ -7,10 +7,11 @@
  * graph entries (graph.h) and, for a member of a group, the collective
  * (group.h), and makes and destroys backends and groups.
  *
- * K/V caches hold f32 (kv_elem_size 4): golden references are f32 and the
- * cache feeds every later token, so it is kept exact. bf16 K/V would halve
- * cache memory at a numerics cost; it would be an opt-in flag with a
- * measured accuracy delta, and is not implemented. */
+ * K/V caches hold f32 (kv_elem_size 4) by default: golden references are f32
+ * and the cache feeds every later token, so it is kept exact. bf16 K/V
+ * (ml_backend_cpu_bf16_kv_cache) halve the cache's memory and the bytes a
+ * decode step's attention reads, at the measured accuracy cost of
+ * tests/golden/README.md. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -143,6 +144,19 @@ ml_status ml_backend_cpu_bf16_activations(ml_backend *be, char *err, size_t errl
     cb->bf16_x = 1;
     cb->f8_pairs = cb->kern->gemm_tile_f8_pairs && ml_cpu_has_avx512_vbmi();
     snprintf(cb->name, sizeof cb->name, "cpu-%s-bf16", ml_cpu_isa_name(cb->kern->isa));
+    return ML_OK;
+}
+
+ml_status ml_backend_cpu_bf16_kv_cache(ml_backend *be, char *err, size_t errlen)
+{
+    ml_cpu_backend *cb = ml_cpu_of(be);
+    if (cb->n_linear)
+        return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
+                       "bf16 K/V cache: a model is already loaded (%d Linears bound) with "
+                       "caches sized for f32",
+                       cb->n_linear);
+    cb->kv16 = 1;
+    cb->ops.kv_elem_size = sizeof(uint16_t);
     return ML_OK;
 }
 

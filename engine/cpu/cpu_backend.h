@@ -28,6 +28,18 @@ ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen);
  * chosen) has no AVX-512 BF16; ML_ERR_INVALID_ARG once Linears are bound. */
 ml_status ml_backend_cpu_bf16_activations(ml_backend *be, char *err, size_t errlen);
 
+/* Opt-in bf16 K/V (model.cpu_kv_cache = "bf16"): the paged K/V caches and
+ * the images' cross-attention states hold bf16 (kv_elem_size becomes 2):
+ * kv_write, kv_store and kv_store_keys round to it (RNE, as the CUDA
+ * backend's caches), the causal and cross attention widen what they read
+ * back to f32 and compute as before. Half the memory and half the bytes
+ * read per cached key; not the f32 reference's numerics (every cached K and
+ * V rounded; tests/golden/README.md states the error). Any ISA. Call it
+ * before a model is loaded on the backend: its caches are sized by
+ * kv_elem_size. Returns ML_OK; ML_ERR_INVALID_ARG once Linears are bound
+ * (a model is loaded). */
+ml_status ml_backend_cpu_bf16_kv_cache(ml_backend *be, char *err, size_t errlen);
+
 /* `world` CPU backends of threads_each threads each (0 = the online CPUs
  * shared evenly, at least one) forming one tensor-parallel group: their
  * all_reduce_sum is an in-process collective, for `world` threads each

@@ -73,6 +73,10 @@ typedef struct ml_cpu_backend {
      * activations and the f32 layout. */
     int f8_pairs;
     int n_linear;
+    /* 1: the K/V caches and cross-attention states hold bf16, ops.kv_elem_size
+     * 2 (ml_backend_cpu_bf16_kv_cache): the kv ops round to it, the
+     * attention widens it (attention.c). Fixed before a model is loaded. */
+    int kv16;
 
     /* The first error since the last synchronize (ML_OK: none), and how
      * many were latched since create, the first or not. */

@@ -348,24 +348,37 @@ void ml_cpu_patchify(ml_backend *be, float *patches, const float *pixels, int n_
 
 /* ---- caches ------------------------------------------------------------------------- */
 
+/* n f32 values into the kv type at element offset `at` of dst: copied, or
+ * rounded to bf16 (RNE, as the CUDA backend's caches) under kv16. */
+static void kv_put(const ml_cpu_backend *cb, void *dst, size_t at, const float *src, size_t n)
+{
+    if (!cb->kv16) {
+        memcpy((float *)dst + at, src, n * sizeof *src);
+        return;
+    }
+    uint16_t *d = (uint16_t *)dst + at;
+    for (size_t i = 0; i < n; i++)
+        d[i] = ml_f32_to_bf16(src[i]);
+}
+
 void ml_cpu_kv_write(ml_backend *be, void *k_cache, void *v_cache, const float *k,
                      const float *v, const int32_t *slot, int n_tokens, int n_kv_heads,
                      int head_dim)
 {
+    const ml_cpu_backend *cb = ml_cpu_of(be);
     const size_t row = (size_t)n_kv_heads * head_dim;
-    float *kc = k_cache, *vc = v_cache;
     for (int t = 0; t < n_tokens; t++) {
         if (slot[t] < 0) /* a padding row */
             continue;
-        memcpy(kc + (size_t)slot[t] * row, k + (size_t)t * row, row * sizeof *kc);
-        memcpy(vc + (size_t)slot[t] * row, v + (size_t)t * row, row * sizeof *vc);
+        kv_put(cb, k_cache, (size_t)slot[t] * row, k + (size_t)t * row, row);
+        kv_put(cb, v_cache, (size_t)slot[t] * row, v + (size_t)t * row, row);
     }
 }
 
 void ml_cpu_kv_store(ml_backend *be, void *dst, const float *src, size_t n)
 {
     if (n)
-        memcpy(dst, src, n * sizeof *src);
+        kv_put(ml_cpu_of(be), dst, 0, src, n);
 }
 
 /* Keys per part of kv_store_keys: a part reads KEYS_PER_PART rows of K and
@@ -373,26 +386,32 @@ void ml_cpu_kv_store(ml_backend *be, void *dst, const float *src, size_t n)
 #define KEYS_PER_PART 64
 
 typedef struct keys_job {
-    float *dst;
+    void *dst;
     const float *src;
     int n_keys, n_kv_heads, head_dim, parts_per_head;
+    const ml_cpu_backend *cb;
 } keys_job;
 
-/* Parts (kv head, block of KEYS_PER_PART keys). */
+/* Parts (kv head, block of KEYS_PER_PART keys): each dimension's run of
+ * keys gathered from K's rows, then stored in the kv type. */
 static void keys_part(void *ctx, int64_t begin, int64_t end, int tid)
 {
     (void)tid;
     const keys_job *j = ctx;
     const size_t hd = (size_t)j->head_dim, row = (size_t)j->n_kv_heads * hd;
+    float run[KEYS_PER_PART];
     for (int64_t part = begin; part < end; part++) {
         const int kvh = (int)(part / j->parts_per_head);
         const int k0 = (int)(part % j->parts_per_head) * KEYS_PER_PART;
         const int k1 = k0 + KEYS_PER_PART < j->n_keys ? k0 + KEYS_PER_PART : j->n_keys;
-        float *dst = j->dst + (size_t)kvh * hd * (size_t)j->n_keys;
+        const size_t plane = (size_t)kvh * hd * (size_t)j->n_keys;
         const float *src = j->src + (size_t)kvh * hd;
-        for (size_t d = 0; d < hd; d++)
+        for (size_t d = 0; d < hd; d++) {
             for (int key = k0; key < k1; key++)
-                dst[d * (size_t)j->n_keys + (size_t)key] = src[(size_t)key * row + d];
+                run[key - k0] = src[(size_t)key * row + d];
+            kv_put(j->cb, j->dst, plane + d * (size_t)j->n_keys + (size_t)k0, run,
+                   (size_t)(k1 - k0));
+        }
     }
 }
 
@@ -401,7 +420,8 @@ void ml_cpu_kv_store_keys(ml_backend *be, void *dst, const float *src, int n_key
 {
     keys_job j = {.dst = dst, .src = src, .n_keys = n_keys, .n_kv_heads = n_kv_heads,
                   .head_dim = head_dim,
-                  .parts_per_head = (n_keys + KEYS_PER_PART - 1) / KEYS_PER_PART};
+                  .parts_per_head = (n_keys + KEYS_PER_PART - 1) / KEYS_PER_PART,
+                  .cb = ml_cpu_of(be)};
     ml_cpu_pool_for(pool_of(be), (int64_t)n_kv_heads * j.parts_per_head,
                     ml_cpu_grain((double)KEYS_PER_PART * head_dim), keys_part, &j);
 }

@@ -32,13 +32,13 @@ static void usage(FILE *f)
             "                  [--tp N [--devices 0,1,...]] [--cross-attention-row-mask MODE]\n"
             "                  [--date-string DATE] [--batch-invariant on|off] [--no-prefix-cache]\n"
             "                  [--weights stored|fp8] [--fp8-activations bf16|fp8] [--fp8-lm-head]\n"
-            "                  [--memory-plan]\n"
+            "                  [--cpu-activations f32|bf16] [--cpu-kv-cache f32|bf16] [--memory-plan]\n"
             "       mllama run --model DIR --batch FILE.jsonl [--threads N] [--kv-mib N] [--image-mib N]\n"
             "                  [--backend auto|cpu|cuda] [--tp N [--devices 0,1,...]]\n"
             "                  [--cross-attention-row-mask MODE] [--date-string DATE]\n"
             "                  [--batch-invariant on|off] [--no-prefix-cache] [--weights stored|fp8]\n"
             "                  [--fp8-activations bf16|fp8] [--fp8-lm-head]\n"
-            "                  [--cpu-activations f32|bf16]\n\n"
+            "                  [--cpu-activations f32|bf16] [--cpu-kv-cache f32|bf16]\n\n"
             "--prompt is raw text (special tokens parsed; <|begin_of_text|> is inserted after\n"
             "any leading <|image|> tokens when absent, as MllamaProcessor does); --chat wraps\n"
             "TEXT and the images in the Llama 3.2 Vision Instruct template, TEXT encoded as\n"
@@ -63,6 +63,11 @@ static void usage(FILE *f)
             "Linears, bf16 and FP8, round their inputs to bf16 and use AVX-512 BF16 dot\n"
             "products, about 1.6x the GEMM rate, at the accuracy engine/cpu/README.md states;\n"
             "the default f32 is the reference. Refused on a CPU without AVX-512 BF16.\n"
+            "--cpu-kv-cache bf16 (the worker's model.cpu_kv_cache): the CPU backend stores the\n"
+            "K/V caches and the images' cross-attention states in bf16, half the memory per\n"
+            "cached token and per image (twice the tokens in --kv-mib), at the rounding of\n"
+            "every cached K and V; any CPU, independent of --cpu-activations. The default f32\n"
+            "is the reference. The CUDA backend keeps them bf16 always.\n"
             "--memory-plan prints one device's memory plan at load to stderr: weights by\n"
             "dtype, the K/V pool and image states of --kv-mib / --image-mib, the workspaces,\n"
             "what is left and the most K/V tokens or images that would fit.\n"
@@ -505,6 +510,12 @@ static int parse_args(int argc, char **argv, run_opts *o)
                 return -1;
             }
             o->cpu_bf16_activations = !strcmp(v, "bf16");
+        } else if (!strcmp(a, "--cpu-kv-cache")) {
+            if (strcmp(v, "f32") && strcmp(v, "bf16")) {
+                fprintf(stderr, CMD ": %s: expected f32 or bf16, got '%s'\n", a, v);
+                return -1;
+            }
+            o->cpu_bf16_kv_cache = !strcmp(v, "bf16");
         } else if (!strcmp(a, "--cross-attention-row-mask")) {
             if (ml_row_mask_mode_parse(v, &o->row_mask)) {
                 fprintf(stderr, CMD ": %s: expected %s or %s, got '%s'\n", a,
@@ -608,6 +619,7 @@ static int ctx_init(run_ctx *c, const run_opts *o, int max_images)
         .threads = o->threads,
         .batch_invariant = o->batch_invariant,
         .cpu_bf16_activations = o->cpu_bf16_activations,
+        .cpu_bf16_kv_cache = o->cpu_bf16_kv_cache,
         .limits = ml_model_limits_default(),
         .fallback_tokenizer = ML_DEFAULT_TOKENIZER,
         .runtime = {.kv_bytes = (size_t)o->kv_mib * MIB, .image_bytes = (size_t)o->image_mib * MIB,

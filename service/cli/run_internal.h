@@ -64,6 +64,7 @@ typedef struct run_opts {
     int fp8_activations; /* --fp8-activations fp8 */
     int fp8_lm_head; /* --fp8-lm-head */
     int cpu_bf16_activations; /* --cpu-activations bf16 */
+    int cpu_bf16_kv_cache; /* --cpu-kv-cache bf16 */
     job_spec spec;
 } run_opts;
 

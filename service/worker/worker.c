@@ -298,6 +298,7 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
     ec.limits.fp8_activations = c->model.quant_activations;
     ec.limits.fp8_lm_head = c->model.fp8_lm_head;
     ec.cpu_bf16_activations = c->model.cpu_bf16_activations;
+    ec.cpu_bf16_kv_cache = c->model.cpu_bf16_kv_cache;
     if (ml_engine_open(&w->engine, &ec, err, errlen) != ML_OK)
         return -1;
     if (c->model.quant_activations)
@@ -313,6 +314,11 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
                 "bf16: the CPU's Linears, bf16 and FP8, round their inputs to bf16 (AVX-512 "
                 "BF16), not "
                 "the f32 reference numerics");
+    if (c->model.cpu_bf16_kv_cache && !strcmp(ml_engine_backend_name(w->engine), "cpu"))
+        svc_log(SVC_LOG_INFO, "cpu_kv_cache",
+                "bf16: the CPU's K/V caches and image cross-attention states are stored in "
+                "bf16 (half the memory per token and per image), not the f32 reference "
+                "numerics");
     w->model = ml_engine_model(w->engine);
     /* The parser refuses logit_bias ids without a logit before any work. */
     w->limits.logit_vocab = (size_t)ml_model_config(w->model)->text.vocab_size;

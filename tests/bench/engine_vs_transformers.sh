@@ -4,10 +4,14 @@
 #
 #   tests/bench/engine_vs_transformers.sh [--preset small|1b] [--build DIR]
 #       [--work DIR] [--max-tokens N] [--repeats N] [--dtypes "bf16 f32"]
-#       [--cpu-activations f32|bf16] [--python PY] [--no-build]
+#       [--cpu-activations f32|bf16] [--cpu-kv-cache f32|bf16] [--python PY]
+#       [--no-build]
 #
 # --cpu-activations f32|bf16: ours with mllama run's --cpu-activations (f32,
 #   the default, is the reference numerics; bf16 needs AVX-512 BF16).
+# --cpu-kv-cache f32|bf16: ours with mllama run's --cpu-kv-cache (f32, the
+#   default; bf16, any CPU: K/V caches and image states stored bf16, as
+#   transformers' bf16 model keeps them).
 #
 # Ours: `mllama run --batch` with three requests run one after the other
 # ("after"): an image in a fresh process (cold), the sample image (warm: the
@@ -26,8 +30,11 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 bench_defaults small 33
 dtypes="bf16 f32"
 cpu_activations=f32
-BENCH_OPTIONS="dtypes cpu_activations"
+cpu_kv_cache=f32
+BENCH_OPTIONS="dtypes cpu_activations cpu_kv_cache"
 bench_parse_args "$@"
+bench_check_cpu_activations
+bench_check_cpu_kv_cache
 bench_setup evt
 mirror="$work/astronaut_mirror.jpg"
 bench_mirror "$python" "$image" "$mirror"
@@ -36,12 +43,13 @@ bench_mirror "$python" "$image" "$mirror"
     --sequence "$mirror" "$image" - >"$run/batch.jsonl"
 
 echo "engine vs transformers: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads," \
-    "ours in transformers' row-mask mode, $cpu_activations activations"
+    "ours in transformers' row-mask mode, $cpu_activations activations, $cpu_kv_cache K/V cache"
 echo "before: $(bench_load)"
 for r in $(seq 1 "$repeats"); do
     bench_time_run "$run/ours_$r.jsonl" "$run/ours_$r.wall" \
         "$mllama" run --model "$model" --batch "$run/batch.jsonl" --threads "$BENCH_THREADS" \
-        --cross-attention-row-mask transformers --cpu-activations "$cpu_activations"
+        --cross-attention-row-mask transformers --cpu-activations "$cpu_activations" \
+        --cpu-kv-cache "$cpu_kv_cache"
 done
 $report ours "$run"/ours_*.jsonl >"$run/ours.kv"
 image_ids=$(awk '$1 == "ours_1_prompt_ids" { print $2 }' "$run/ours.kv")

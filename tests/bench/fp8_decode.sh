@@ -12,11 +12,14 @@
 # --fp8-lm-head, the worker's model.fp8_lm_head), and their bytes count it
 # so. --cpu-activations f32|bf16: both kinds of run with mllama run's
 # --cpu-activations (f32, the exact default; bf16: their Linears on AVX-512
-# BF16's dot, FP8 ones too where the CPU has AVX512_VBMI).
+# BF16's dot, FP8 ones too where the CPU has AVX512_VBMI). --cpu-kv-cache
+# f32|bf16: both kinds with mllama run's --cpu-kv-cache (f32, the default;
+# bf16, any CPU: K/V caches and image states stored bf16, their bytes
+# counted at 2 per element).
 #
 #   tests/bench/fp8_decode.sh [--presets "small 1b"] [--fp8-lm-head 0|1]
-#       [--cpu-activations f32|bf16] [--build DIR] [--work DIR] [--max-tokens N]
-#       [--repeats N] [--no-build]
+#       [--cpu-activations f32|bf16] [--cpu-kv-cache f32|bf16] [--build DIR]
+#       [--work DIR] [--max-tokens N] [--repeats N] [--no-build]
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -28,9 +31,11 @@ repeats=5
 presets="small 1b"
 fp8_lm_head=0
 cpu_activations=f32
-BENCH_OPTIONS="presets fp8_lm_head cpu_activations"
+cpu_kv_cache=f32
+BENCH_OPTIONS="presets fp8_lm_head cpu_activations cpu_kv_cache"
 bench_parse_args "$@"
 bench_check_cpu_activations
+bench_check_cpu_kv_cache
 head_run=() head_report=()
 case "$fp8_lm_head" in
 0) ;;
@@ -49,7 +54,7 @@ for preset in $presets; do
         --prompt "$BENCH_PROMPT" --sequence - "$image" >"$run/batch.jsonl"
 
     echo "== fp8 decode: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads," \
-        "FP8 lm_head: $fp8_lm_head, $cpu_activations activations"
+        "FP8 lm_head: $fp8_lm_head, $cpu_activations activations, $cpu_kv_cache K/V cache"
     echo "before: $(bench_load)"
     bws=()
     for r in $(seq 1 "$repeats"); do
@@ -59,7 +64,7 @@ for preset in $presets; do
             [ "$kind" = fp8 ] && m="$fp8_model" extra=("${head_run[@]}")
             bench_time_run "$run/${kind}_$r.jsonl" "$run/${kind}_$r.wall" \
                 "$mllama" run --model "$m" --batch "$run/batch.jsonl" --threads "$BENCH_THREADS" \
-                --cpu-activations "$cpu_activations" "${extra[@]}"
+                --cpu-activations "$cpu_activations" --cpu-kv-cache "$cpu_kv_cache" "${extra[@]}"
             $report ours "$run/${kind}_$r.jsonl" >"$run/${kind}_$r.kv"
         done
     done
@@ -79,10 +84,11 @@ for preset in $presets; do
     $report fp8 --bf16 "${bf16_kvs[@]}" --fp8 "${fp8_kvs[@]}"
     echo
     echo "bf16 (median run):"
-    $report bandwidth --model "$model" --ours "$run/bf16.kv" --read-gbs "$read_gbs"
+    $report bandwidth --model "$model" --ours "$run/bf16.kv" --read-gbs "$read_gbs" \
+        --kv-bytes "$(bench_kv_bytes)"
     echo
     echo "fp8 (median run):"
     $report bandwidth --model "$fp8_model" --ours "$run/fp8.kv" --read-gbs "$read_gbs" --goal 70 \
-        "${head_report[@]}"
+        --kv-bytes "$(bench_kv_bytes)" "${head_report[@]}"
     echo
 done

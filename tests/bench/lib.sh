@@ -24,6 +24,20 @@ bench_check_cpu_activations() {
     esac
 }
 
+# bench_check_cpu_kv_cache: the script's --cpu-kv-cache, checked likewise.
+bench_check_cpu_kv_cache() {
+    case "$cpu_kv_cache" in
+    f32 | bf16) ;;
+    *) bench_die "--cpu-kv-cache: expected f32 or bf16, got '$cpu_kv_cache'" ;;
+    esac
+}
+
+# bench_kv_bytes: the bytes of one cached K or V element under $cpu_kv_cache
+# (bench_report.py --kv-bytes).
+bench_kv_bytes() {
+    if [ "$cpu_kv_cache" = bf16 ]; then echo 2; else echo 4; fi
+}
+
 # bench_defaults PRESET MAX_TOKENS: the shared options' defaults (the build
 # in build-bench, 3 repeats, the reference venv's Python), set before the
 # script's own and bench_parse_args.

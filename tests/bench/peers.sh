@@ -11,8 +11,8 @@
 #
 #   tests/bench/peers.sh [--preset small|1b] [--engines "ours hf-bf16 hf-f32 mistralrs-f32
 #       mistralrs-bf16"] [--concurrency "1 4 8 16"] [--build DIR] [--work DIR]
-#       [--max-tokens N] [--repeats N] [--cpu-activations f32|bf16] [--python PY]
-#       [--no-build]
+#       [--max-tokens N] [--repeats N] [--cpu-activations f32|bf16]
+#       [--cpu-kv-cache f32|bf16] [--python PY] [--no-build]
 #
 # --engines: which engines run; ours is always among them (its prompt ids and
 #   pixels are transformers' inputs, and every ratio is against it).
@@ -22,6 +22,9 @@
 #   /opt/peervenv/bin/python; tests/bench/make_peervenv.sh makes it).
 # --cpu-activations f32|bf16: ours with mllama run's --cpu-activations (f32,
 #   the default, is the reference numerics; bf16 needs AVX-512 BF16).
+# --cpu-kv-cache f32|bf16: ours with mllama run's --cpu-kv-cache (f32, the
+#   default; bf16, any CPU: K/V caches and image states stored bf16, as
+#   transformers' bf16 model keeps them).
 # The rest as in lib.sh. Ours: --repeats processes of each batch, the best of
 # each timing. Peers: one process per engine, the best of --repeats in it.
 # README.md here ("peers.sh") has the method, what each figure covers and
@@ -42,8 +45,11 @@ python="${PEERVENV:-/opt/peervenv}/bin/python"
 engines="$PEERS_ALL"
 concurrency="1 4 8 16"
 cpu_activations=f32
-BENCH_OPTIONS="engines concurrency cpu_activations"
+cpu_kv_cache=f32
+BENCH_OPTIONS="engines concurrency cpu_activations cpu_kv_cache"
 bench_parse_args "$@"
+bench_check_cpu_activations
+bench_check_cpu_kv_cache
 for e in $engines; do
     case " $PEERS_ALL " in
     *" $e "*) ;;
@@ -68,10 +74,11 @@ isa=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
     echo "isa ${isa:-none of avx2/avx512/amx}"
     echo "threads $BENCH_THREADS"
     echo "ours_activations $cpu_activations"
+    echo "ours_kv_cache $cpu_kv_cache"
 } >"$run/machine.kv"
 
 echo "peers: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads per engine," \
-    "engines: $engines, ours with $cpu_activations activations"
+    "engines: $engines, ours with $cpu_activations activations and a $cpu_kv_cache K/V cache"
 echo "before: $(bench_load)"
 
 # ours_run NAME BATCH: --repeats processes of `mllama run --batch`, each under
@@ -82,7 +89,7 @@ ours_run() {
     for r in $(seq 1 "$repeats"); do
         $peers_py exec "$run/${name}_$r.rusage" "$mllama" run --model "$model" --batch "$batch" \
             --threads "$BENCH_THREADS" --no-prefix-cache --cpu-activations "$cpu_activations" \
-            >"$run/${name}_$r.jsonl" ||
+            --cpu-kv-cache "$cpu_kv_cache" >"$run/${name}_$r.jsonl" ||
             bench_die "ours: batch $batch failed"
         awk '$1 == "wall_s" { print $2 }' "$run/${name}_$r.rusage" >"$run/${name}_$r.wall"
     done

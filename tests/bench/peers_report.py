@@ -178,9 +178,9 @@ def cmd_table(args):
         prefix = name.replace("-", "_") + "_"
         peers.append((name, peer_figures(read_kv([kv_path]), prefix, read_kv([rusage_path]))))
 
-    print("machine: %s; ISA: %s; %s threads per engine; ours with %s activations" %
+    print("machine: %s; ISA: %s; %s threads per engine; ours with %s activations, %s K/V cache" %
           (machine.get("cpu_model", "?"), machine.get("isa", "?"), machine.get("threads", "?"),
-           machine.get("ours_activations", "f32")))
+           machine.get("ours_activations", "f32"), machine.get("ours_kv_cache", "f32")))
     # transformers runs our prompt ids; mistralrs renders the same template
     # itself, so its length must agree with ours.
     print("text-only prompt tokens: ours %d%s" % (ours["text_prompt_tokens"], "".join(

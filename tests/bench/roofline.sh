@@ -13,8 +13,8 @@
 #
 #   tests/bench/roofline.sh [--preset 1b|small|tiny] [--concurrency "1 2 4 8 16 32"]
 #       [--images 0|1|both] [--repeats N] [--max-tokens N] [--prompt-repeats N]
-#       [--build DIR] [--work DIR] [--cpu-activations f32|bf16] [--python PY]
-#       [--no-build]
+#       [--build DIR] [--work DIR] [--cpu-activations f32|bf16]
+#       [--cpu-kv-cache f32|bf16] [--python PY] [--no-build]
 #
 # --images 0: text-only requests, 1: each with the sample image, both (the
 # default): both kinds. --repeats N (default 3) processes per kind and B,
@@ -32,6 +32,10 @@
 # --cpu-activations f32|bf16: ours with mllama run's --cpu-activations (f32,
 #   the default, is the reference numerics; bf16 needs AVX-512 BF16: its
 #   bf16 Linears run on the bf16 dot product, the attention stays f32 FMA).
+# --cpu-kv-cache f32|bf16: ours with mllama run's --cpu-kv-cache (f32, the
+#   default; bf16, any CPU: the K/V caches and image states stored bf16, so
+#   the bytes bound counts 2 bytes per cached element; the attention's FLOPs
+#   stay f32 FMA).
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -42,8 +46,9 @@ bench_defaults 1b 33
 concurrency="1 2 4 8 16 32"
 images=both
 cpu_activations=f32
+cpu_kv_cache=f32
 prompt_repeats=1
-BENCH_OPTIONS="concurrency images cpu_activations prompt_repeats"
+BENCH_OPTIONS="concurrency images cpu_activations cpu_kv_cache prompt_repeats"
 bench_parse_args "$@"
 [[ "$prompt_repeats" =~ ^[1-9][0-9]*$ ]] ||
     bench_die "--prompt-repeats: expected a positive integer, got '$prompt_repeats'"
@@ -58,6 +63,7 @@ both) kinds="text image" ;;
 *) bench_die "--images: expected 0, 1 or both, got '$images'" ;;
 esac
 bench_check_cpu_activations
+bench_check_cpu_kv_cache
 bench_setup roofline bench_read_bw bench_fma_peak
 
 for kind in $kinds; do
@@ -72,7 +78,7 @@ done
 
 echo "roofline: preset $preset, B in {$concurrency}, $max_tokens tokens per request," \
     "the prompt $prompt_repeats time(s), $BENCH_THREADS threads, $repeats processes each," \
-    "$cpu_activations activations"
+    "$cpu_activations activations, $cpu_kv_cache K/V cache"
 cpu_model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 load_before=$(bench_load)
 echo "machine: $cpu_model"
@@ -97,7 +103,7 @@ for r in $(seq 1 "$repeats"); do
             measure
             "$mllama" run --model "$model" --batch "$run/${kind}_b$b.jsonl" \
                 --threads "$BENCH_THREADS" --cpu-activations "$cpu_activations" \
-                >"$run/${kind}_b${b}_$r.out" ||
+                --cpu-kv-cache "$cpu_kv_cache" >"$run/${kind}_b${b}_$r.out" ||
                 bench_die "$kind batch of $b failed"
         done
     done
@@ -133,5 +139,5 @@ for kind in $kinds; do
     done
 done
 $report roofline --model "$model" --preset "$preset" --read-gbs "$read_gbs" \
-    --fma-gflops "${fma%% *}" "${dot_arg[@]}" "${specs[@]}" \
+    --fma-gflops "${fma%% *}" "${dot_arg[@]}" --kv-bytes "$(bench_kv_bytes)" "${specs[@]}" \
     --machine "$cpu_model, isa ${fma#* }, $BENCH_THREADS threads; before: $load_before; after: $load_after"

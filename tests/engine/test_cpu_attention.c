@@ -1,7 +1,8 @@
 /* The CPU backend's attention ops (vision, causal over the paged cache,
  * cross) against a double-precision reference on each ISA path and thread
  * count (cpu_ops_util.h), the vision attention with bf16 activations on a
- * CPU with AVX-512 BF16, and the softmax_block kernel of each ISA.
+ * CPU with AVX-512 BF16, the causal and cross attention over a bf16 K/V
+ * cache, and the softmax_block kernel of each ISA.
  *
  * Tolerances, with u = 2^-24:
  * - attention: per output element, max|v| · (2·δs + (n_keys + 16)·u) where
@@ -13,7 +14,10 @@
  *   weights are rounded to bf16 before they multiply V (a relative 2^-9
  *   each, so at most 2^-9·max|v| on a weighted mean of v, twice for
  *   slack); the scores' products of rounded q and k are exact in f32.
- * - the vector exp inside softmax_block: 4 ulp relative. */
+ * - the vector exp inside softmax_block: 4 ulp relative.
+ * - a bf16 K/V cache: none. Its kv ops must store each value's bf16
+ *   rounding, and since widening it back is exact, its attention must equal,
+ *   bit for bit, the f32 cache's over values rounded to bf16 beforehand. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -497,6 +501,228 @@ static void test_attn_cross(ml_backend *be[N_BACKENDS])
     test_attn_cross_case(be, long_rows, 8, 1, 32, 4, 250, CROSS_MASK_TILES);
 }
 
+/* ---- attention over a bf16 K/V cache ------------------------------------------------ */
+
+/* The bf16 store of n values (kv16 a cache of ml_backend_cpu_bf16_kv_cache)
+ * holds each one's RNE rounding. */
+static int stored_bf16(const uint16_t *kv16, const float *raw, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (kv16[i] != ml_f32_to_bf16(raw[i]))
+            return 0;
+    return 1;
+}
+
+static float *rounded_copy(const float *x, size_t n)
+{
+    float *r = xmalloc(n * sizeof *r);
+    for (size_t i = 0; i < n; i++)
+        r[i] = ml_round_bf16(x[i]);
+    return r;
+}
+
+/* Causal: sequences with ctx[s] keys each, the last n_new[s] of them new
+ * this step, in blocks mapped in reverse order; the cache written by
+ * kv_write, rounded values into be32's f32 cache, raw ones into be16's. */
+static void test_kv16_causal_case(ml_backend *be32, ml_backend *be16, int n_heads, int n_kv,
+                                  int hd, int block_size)
+{
+    enum { SEQS = 3 };
+    static const int ctx[SEQS] = {1, 97, 300}; /* one key; a block and one; several blocks */
+    static const int n_new[SEQS] = {1, 1, 20};
+    int32_t seq_start[SEQS + 1] = {0}, pos0[SEQS], slot_base[SEQS + 1] = {0};
+    int max_blocks = 0;
+    for (int s = 0; s < SEQS; s++) {
+        seq_start[s + 1] = seq_start[s] + n_new[s];
+        pos0[s] = ctx[s] - n_new[s];
+        const int nb = (ctx[s] + block_size - 1) / block_size;
+        max_blocks = nb > max_blocks ? nb : max_blocks;
+        slot_base[s + 1] = slot_base[s] + nb;
+    }
+    const int n_phys = slot_base[SEQS];
+    int32_t *table = xmalloc((size_t)SEQS * max_blocks * sizeof *table);
+    for (int s = 0; s < SEQS; s++)
+        for (int b = 0; b < max_blocks; b++)
+            table[s * max_blocks + b] =
+                b < slot_base[s + 1] - slot_base[s] ? n_phys - 1 - (slot_base[s] + b) : -1;
+    /* every key of every sequence, in order, and its slot */
+    int keys = 0;
+    for (int s = 0; s < SEQS; s++)
+        keys += ctx[s];
+    const size_t row = (size_t)n_kv * hd, cache_n = (size_t)n_phys * block_size * row;
+    int32_t *slot = xmalloc((size_t)keys * sizeof *slot);
+    for (int s = 0, i = 0; s < SEQS; s++)
+        for (int j = 0; j < ctx[s]; j++, i++)
+            slot[i] = table[s * max_blocks + j / block_size] * block_size + j % block_size;
+    float *k = xmalloc((size_t)keys * row * sizeof *k), *v = xmalloc((size_t)keys * row * sizeof *v);
+    fill(k, (size_t)keys * row, -1, 1);
+    fill(v, (size_t)keys * row, -1, 1);
+    float *k_r = rounded_copy(k, (size_t)keys * row), *v_r = rounded_copy(v, (size_t)keys * row);
+    float *kc32 = xmalloc(cache_n * sizeof *kc32), *vc32 = xmalloc(cache_n * sizeof *vc32);
+    uint16_t *kc16 = xmalloc(cache_n * sizeof *kc16), *vc16 = xmalloc(cache_n * sizeof *vc16);
+    be32->ops->kv_write(be32, kc32, vc32, k_r, v_r, slot, keys, n_kv, hd);
+    be16->ops->kv_write(be16, kc16, vc16, k, v, slot, keys, n_kv, hd);
+    int stored = 1;
+    for (int i = 0; i < keys; i++)
+        stored &= stored_bf16(kc16 + (size_t)slot[i] * row, k + (size_t)i * row, row) &&
+                  stored_bf16(vc16 + (size_t)slot[i] * row, v + (size_t)i * row, row);
+
+    const size_t n = (size_t)seq_start[SEQS] * n_heads * hd;
+    float *q = xmalloc(n * sizeof *q), *out32 = xmalloc(n * sizeof *out32);
+    float *out16 = xmalloc(n * sizeof *out16);
+    fill(q, n, -2, 2);
+    ml_attn_causal_params p = {.out = out32, .q = q, .k_cache = kc32, .v_cache = vc32,
+                               .block_table = table, .seq_start = seq_start, .pos0 = pos0,
+                               .n_seqs = SEQS, .max_blocks_per_seq = max_blocks,
+                               .block_size = block_size, .n_heads = n_heads, .n_kv_heads = n_kv,
+                               .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
+    be32->ops->attn_causal(be32, &p);
+    p.out = out16;
+    p.k_cache = kc16;
+    p.v_cache = vc16;
+    be16->ops->attn_causal(be16, &p);
+
+    char what[96];
+    snprintf(what, sizeof what, "attn_causal bf16 cache heads=%d kv=%d hd=%d block=%d [%s]",
+             n_heads, n_kv, hd, block_size, g_isa);
+    check(stored, "%s: kv_write stored other than each value's bf16", what);
+    check(!memcmp(out32, out16, n * sizeof *out32),
+          "%s: not the f32 cache's result over the rounded values", what);
+    free(table);
+    free(slot);
+    free(k);
+    free(v);
+    free(k_r);
+    free(v_r);
+    free(kc32);
+    free(vc32);
+    free(kc16);
+    free(vc16);
+    free(q);
+    free(out32);
+    free(out16);
+}
+
+/* Cross: three sequences (one image, two images, text only) over states
+ * stored by kv_store_keys and kv_store, rounded values into be32's f32
+ * states, raw ones into be16's; chunks longer than a key block, allowed at
+ * random, so that items skip blocks, straddle images and prefetch the next
+ * block of theirs. */
+static void test_kv16_cross_case(ml_backend *be32, ml_backend *be16, int n_heads, int n_kv,
+                                 int hd, int max_tiles, int chunk_len, int decode)
+{
+    enum { SEQS = 3, MAX_IMAGES = 2, STATES = 2 };
+    static const int n_img[SEQS] = {1, 2, 0};
+    const int n_tok[SEQS] = {decode ? 1 : 6, decode ? 1 : 9, decode ? 1 : 3};
+    const int image_keys = max_tiles * chunk_len, stride = MAX_IMAGES * max_tiles;
+    const size_t plane = (size_t)image_keys * n_kv * hd;
+    float *raw[STATES][2], *st32[STATES];
+    uint16_t *st16[STATES];
+    int stored = 1;
+    for (int i = 0; i < STATES; i++) {
+        st32[i] = xmalloc(2 * plane * sizeof *st32[i]);
+        st16[i] = xmalloc(2 * plane * sizeof *st16[i]);
+        for (int kv = 0; kv < 2; kv++) {
+            raw[i][kv] = xmalloc(plane * sizeof *raw[i][kv]);
+            fill(raw[i][kv], plane, -1, 1);
+        }
+        float *k_r = rounded_copy(raw[i][0], plane), *v_r = rounded_copy(raw[i][1], plane);
+        be32->ops->kv_store_keys(be32, st32[i], k_r, image_keys, n_kv, hd);
+        be32->ops->kv_store(be32, st32[i] + plane, v_r, plane);
+        be16->ops->kv_store_keys(be16, st16[i], raw[i][0], image_keys, n_kv, hd);
+        be16->ops->kv_store(be16, st16[i] + plane, raw[i][1], plane);
+        stored &= stored_bf16(st16[i] + plane, raw[i][1], plane);
+        for (int h = 0; h < n_kv; h++) /* K transposed: (kv head, dim, key) */
+            for (int d = 0; d < hd; d++)
+                for (int key = 0; key < image_keys; key++)
+                    stored &= st16[i][((size_t)h * hd + d) * image_keys + key] ==
+                              ml_f32_to_bf16(raw[i][0][((size_t)key * n_kv + h) * hd + d]);
+        free(k_r);
+        free(v_r);
+    }
+    int32_t n_images[SEQS], seq_start[SEQS + 1] = {0};
+    const void *t32[SEQS * MAX_IMAGES], *t16[SEQS * MAX_IMAGES];
+    for (int s = 0; s < SEQS; s++) {
+        n_images[s] = n_img[s];
+        seq_start[s + 1] = seq_start[s] + n_tok[s];
+        for (int i = 0; i < MAX_IMAGES; i++) {
+            t32[s * MAX_IMAGES + i] = i < n_img[s] ? (const void *)st32[(s + i) % STATES] : NULL;
+            t16[s * MAX_IMAGES + i] = i < n_img[s] ? (const void *)st16[(s + i) % STATES] : NULL;
+        }
+    }
+    const int T = seq_start[SEQS];
+    uint8_t *allowed = xmalloc((size_t)T * stride);
+    for (int t = 0; t < T * stride; t++)
+        allowed[t] = urand() < 0.5;
+    const size_t n = (size_t)T * n_heads * hd;
+    float *q = xmalloc(n * sizeof *q), *out32 = xmalloc(n * sizeof *out32);
+    float *out16 = xmalloc(n * sizeof *out16);
+    fill(q, n, -2, 2);
+    ml_attn_cross_params p = {.out = out32, .q = q, .states = t32, .k_offset = 0,
+                              .v_offset = plane * sizeof(float), .n_images = n_images,
+                              .seq_start = seq_start, .allowed = allowed, .n_seqs = SEQS,
+                              .n_tokens = T, .max_images = MAX_IMAGES, .max_tiles = max_tiles,
+                              .chunk_len = chunk_len, .n_heads = n_heads, .n_kv_heads = n_kv,
+                              .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
+    be32->ops->attn_cross(be32, &p);
+    p.out = out16;
+    p.states = t16;
+    p.v_offset = plane * sizeof(uint16_t);
+    be16->ops->attn_cross(be16, &p);
+
+    char what[112];
+    snprintf(what, sizeof what, "attn_cross bf16 states %s heads=%d kv=%d hd=%d tiles=%d chunk=%d [%s]",
+             decode ? "decode" : "prefill", n_heads, n_kv, hd, max_tiles, chunk_len, g_isa);
+    check(stored, "%s: kv_store or kv_store_keys stored other than each value's bf16", what);
+    check(!memcmp(out32, out16, n * sizeof *out32),
+          "%s: not the f32 states' result over the rounded values", what);
+    for (int i = 0; i < STATES; i++) {
+        free(st32[i]);
+        free(st16[i]);
+        free(raw[i][0]);
+        free(raw[i][1]);
+    }
+    free(allowed);
+    free(q);
+    free(out32);
+    free(out16);
+}
+
+/* Both kinds on this ISA, 3 threads each, an f32-cache backend against a
+ * bf16-cache one. */
+static void test_attn_kv16(ml_cpu_isa isa)
+{
+    char err[ERRLEN] = "";
+    ml_backend *be32 = cpu_ops_create(isa, THREADS_MANY, err, sizeof err);
+    ml_backend *be16 = be32 ? cpu_ops_create(isa, THREADS_MANY, err, sizeof err) : NULL;
+    const int ready = be16 && ml_backend_cpu_bf16_kv_cache(be16, err, sizeof err) == ML_OK;
+    check(ready, "bf16 K/V cache [%s]: %s", g_isa, err);
+    if (ready) {
+        check(be16->ops->kv_elem_size == sizeof(uint16_t) &&
+                  be32->ops->kv_elem_size == sizeof(float),
+              "bf16 K/V cache [%s]: kv_elem_size %zu (f32 backend %zu)", g_isa,
+              be16->ops->kv_elem_size, be32->ops->kv_elem_size);
+        test_kv16_causal_case(be32, be16, 8, 2, 128, 16); /* GQA 4, the engine's shapes */
+        test_kv16_causal_case(be32, be16, 4, 4, 80, 4);
+        test_kv16_cross_case(be32, be16, 8, 2, 128, 2, 150, 1);
+        test_kv16_cross_case(be32, be16, 8, 2, 64, 4, 61, 0);
+    }
+    if (be32 && isa == ML_CPU_ISA_PLAIN) { /* the mode is fixed once a model is loaded */
+        static const uint16_t one[1] = {0x3f80};
+        const void *w = be32->ops->linear_weight(be32, one, 1, 1, sizeof one[0]);
+        check(w != NULL, "linear_weight 1 x 1");
+        check(ml_backend_cpu_bf16_kv_cache(be32, err, sizeof err) == ML_ERR_INVALID_ARG &&
+                  strstr(err, "a model is already loaded") &&
+                  be32->ops->kv_elem_size == sizeof(float),
+              "bf16 K/V cache refused once a Linear is bound: %s", err);
+        be32->ops->linear_weight_free(be32, w);
+    }
+    if (be32)
+        be32->ops->destroy(be32);
+    if (be16)
+        be16->ops->destroy(be16);
+}
+
 /* ---- kernels ------------------------------------------------------------------------------ */
 
 /* softmax_block over two key blocks (an online update) against double. */
@@ -565,6 +791,7 @@ static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
     test_attn_causal(be);
     test_attn_cross(be);
     test_attn_vision_bf16(isa);
+    test_attn_kv16(isa);
 }
 
 int main(void)

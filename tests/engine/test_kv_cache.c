@@ -10,7 +10,7 @@
  * - With no free block, allocation evicts the least recently used idle
  *   block, forgetting its digest; with every block referenced it fails.
  * - A retained block is shared until a reference goes; a block copy copies
- *   its K and V slots of every layer. */
+ *   its K and V slots of every layer, with f32 and with bf16 elements. */
 #include <string.h>
 
 #include "harness.h"
@@ -126,5 +126,14 @@ int main(void)
     ml_kv_cache_destroy(kv);
     test_share_and_copy(be);
     be->ops->destroy(be);
+    /* The same over a bf16 cache (2-byte elements): blocks of half the bytes. */
+    be = ml_backend_cpu_create(1, err, sizeof err);
+    check(be && ml_backend_cpu_bf16_kv_cache(be, err, sizeof err) == ML_OK &&
+              be->ops->kv_elem_size == 2,
+          "bf16 K/V cache: %s", err);
+    if (be) {
+        test_share_and_copy(be);
+        be->ops->destroy(be);
+    }
     return check_done();
 }

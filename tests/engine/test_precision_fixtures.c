@@ -1,4 +1,5 @@
-/* Reduced-precision numerics, FP8 and the CPU's opt-in bf16 activations,
+/* Reduced-precision numerics, FP8 and the CPU's opt-in bf16 activations and
+ * bf16 K/V cache,
  * against the golden fixtures' float32 references
  * (tests/golden/fixtures, reference row-mask mode), the prompt's logits and
  * 32 decode steps fed the reference's greedy tokens (so one divergence does
@@ -52,6 +53,15 @@
  *    finer, with the measured error (tests/golden/README.md) well under
  *    it; a kernel that dropped or doubled a pair, or read the pairs of the
  *    wrong steps, moves them by O(1). Greedy tokens are reported.
+ * 6. A bf16 K/V cache (model.cpu_kv_cache = "bf16",
+ *    ml_backend_cpu_bf16_kv_cache; any CPU) on every fixture, with f32
+ *    activations and, where part 5 runs, with bf16 ones: every cached K and
+ *    V element, self-attention's and the images' cross states, rounded to
+ *    bf16 once (2^-9 relative), the attention's arithmetic f32. One rounding
+ *    per element of the attention's inputs, fewer than 5.'s per Linear, so
+ *    it is held to the same TOL_BF16 (alone and with bf16 activations,
+ *    whose errors add); storing the wrong half of a value, or reading a
+ *    state's K or V at the f32 layout's offsets, moves the logits by O(1).
  */
 #include <float.h>
 #include <math.h>
@@ -385,26 +395,39 @@ int main(void)
     }
     be->ops->destroy(be);
 
-    /* Part 5 */
-    ml_backend *be16 = ml_backend_cpu_create(2, err, sizeof err);
-    check(be16 != NULL, "cpu backend: %s", err);
-    if (be16 && ml_backend_cpu_bf16_activations(be16, err, sizeof err) != ML_OK) {
-        printf("  bf16 activations: %s; part 5 skipped\n", err);
-        be16->ops->destroy(be16);
-        be16 = NULL;
-    }
-    lim = ml_model_limits_default();
-    cJSON_ArrayForEach(it, models)
-    {
-        if (!be16 || !cJSON_IsString(it) || run(be16, it->valuestring, &lim, &r, NULL) != 0)
+    /* Parts 5 and 6 */
+    static const struct {
+        const char *what;
+        int activations, kv_cache; /* bf16 */
+    } BF16_MODES[] = {{"bf16 act", 1, 0}, {"bf16 kv", 0, 1}, {"bf16 both", 1, 1}};
+    for (size_t mode = 0; mode < sizeof BF16_MODES / sizeof BF16_MODES[0]; mode++) {
+        const char *what = BF16_MODES[mode].what;
+        ml_backend *be16 = ml_backend_cpu_create(2, err, sizeof err);
+        check(be16 != NULL, "cpu backend: %s", err);
+        if (!be16)
             continue;
-        print_result("bf16 act", it->valuestring, &r);
-        check(isfinite(r.max_rel) && r.max_rel <= TOL_BF16,
-              "bf16 activations %s: logits off by %.3g of their scale (> 2^-5)", it->valuestring,
-              r.max_rel);
-    }
-    if (be16)
+        if (BF16_MODES[mode].activations &&
+            ml_backend_cpu_bf16_activations(be16, err, sizeof err) != ML_OK) {
+            printf("  %s: %s; skipped\n", what, err);
+            be16->ops->destroy(be16);
+            continue;
+        }
+        if (BF16_MODES[mode].kv_cache) {
+            const ml_status st = ml_backend_cpu_bf16_kv_cache(be16, err, sizeof err);
+            check(st == ML_OK, "%s: %s", what, err);
+        }
+        lim = ml_model_limits_default();
+        cJSON_ArrayForEach(it, models)
+        {
+            if (!cJSON_IsString(it) || run(be16, it->valuestring, &lim, &r, NULL) != 0)
+                continue;
+            print_result(what, it->valuestring, &r);
+            check(isfinite(r.max_rel) && r.max_rel <= TOL_BF16,
+                  "%s %s: logits off by %.3g of their scale (> 2^-5)", what, it->valuestring,
+                  r.max_rel);
+        }
         be16->ops->destroy(be16);
+    }
     cJSON_Delete(index);
     return check_done();
 }

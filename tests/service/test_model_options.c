@@ -16,6 +16,12 @@
  *   the accuracy), with the portable kernels (ML_CPU_ISA=plain) and on any
  *   CPU without AVX-512 BF16 the load is refused naming what is missing;
  *   a value that is neither f32 nor bf16 is refused;
+ * - --cpu-kv-cache bf16 reaches the CPU backend: it answers the text-only
+ *   fixture on every CPU, with the kernels the engine picks and with the
+ *   portable ones (ML_CPU_ISA=plain), as it needs no particular ISA (its
+ *   greedy agreement with generate() is reported, not required:
+ *   tests/golden/README.md states the accuracy); a value that is neither
+ *   f32 nor bf16 is refused;
  * - the worker's model.cross_attention_row_mask reaches its model: with
  *   transformers (the micro model, a mock Kafka cluster, no Redis) it logs
  *   the mode and answers an image request with the text `mllama run
@@ -51,7 +57,9 @@ static void cleanup(void)
 static cJSON *run_json(const char *args, int *code, char **out)
 {
     char cmd[4 * PU_PATH_MAX];
-    snprintf(cmd, sizeof cmd, PU_MLLAMA " run --json --threads 1 %s 2>&1", args);
+    if (snprintf(cmd, sizeof cmd, PU_MLLAMA " run --json --threads 1 %s 2>&1", args) >=
+        (int)sizeof cmd)
+        pu_die("run_json: the command is too long");
     char *s = pu_shell(cmd, code);
     cJSON *j = s && *code == 0 ? cJSON_Parse(s) : NULL;
     if (out)
@@ -211,6 +219,45 @@ static void test_cpu_activations(void)
     check(code == SVC_EXIT_USAGE && out &&
               strstr(out, "--cpu-activations: expected f32 or bf16, got 'fp16'"),
           "a bad --cpu-activations: exit %d: %s", code, out ? out : "");
+    free(out);
+}
+
+/* ---- bf16 K/V cache --------------------------------------------------------------- */
+
+static void test_cpu_kv_cache(void)
+{
+    fixture text;
+    fixture_load(&text, "m5_text_only", 0);
+    char args[8192];
+    snprintf(args, sizeof args, "--model %s --ids %s --max-tokens %d --cpu-kv-cache bf16",
+             text.path, text.ids, STEPS);
+    const char *isas[] = {NULL, "plain"};
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        const char *isa = isas[i] ? isas[i] : "default";
+        if (isas[i])
+            setenv("ML_CPU_ISA", isas[i], 1);
+        int code = -1;
+        char *out = NULL;
+        cJSON *j = run_json(args, &code, &out);
+        if (isas[i])
+            unsetenv("ML_CPU_ISA");
+        char ids[1024] = "";
+        if (j)
+            ids_text(j, "output_ids", ids, sizeof ids);
+        check(j && *ids, "bf16 K/V cache (%s kernels): exit %d: %s", isa, code,
+              out ? out : "");
+        fprintf(stderr, "m5 bf16 K/V %-7s %s\nm5 generate()       %s\n", isa, ids, text.greedy);
+        cJSON_Delete(j);
+        free(out);
+    }
+
+    snprintf(args, sizeof args, "--model %s --ids 1 --cpu-kv-cache fp16", text.path);
+    int code = -1;
+    char *out = NULL;
+    cJSON_Delete(run_json(args, &code, &out));
+    check(code == SVC_EXIT_USAGE && out &&
+              strstr(out, "--cpu-kv-cache: expected f32 or bf16, got 'fp16'"),
+          "a bad --cpu-kv-cache: exit %d: %s", code, out ? out : "");
     free(out);
 }
 
@@ -389,6 +436,7 @@ int main(void)
     pu_tmpdir("run-options", dir);
     test_row_mask();
     test_cpu_activations();
+    test_cpu_kv_cache();
     snprintf(model, sizeof model, "%s/micro", dir);
     char log[PU_PATH_MAX + 32];
     snprintf(log, sizeof log, "%s/mkmodel.log", dir);

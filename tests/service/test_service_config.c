@@ -5,6 +5,8 @@
  * values; model.weights takes "stored" (the default) or "fp8" (quantize at
  * load), and model.fp8_activations "bf16" (the default, W8A16) or "fp8"
  * (W8A8), and model.cpu_activations "f32" (the default) or "bf16", likewise;
+ * model.cpu_kv_cache "f32" (the default) or "bf16" too, independent of
+ * model.cpu_activations;
  * model.fp8_lm_head is a boolean, false by default. log.level is "info" by
  * default and takes the four level names from every source. The
  * structured-output limits have their defaults and ranges. Tenants: with none configured there is one, "default", on the
@@ -134,6 +136,15 @@ static void test_weights(void)
     rc = load(&cfg, NULL, "model.cpu_activations=fp16", err, sizeof err);
     check(rc == -1 && strstr(err, "model.cpu_activations: expected f32 or bf16, got 'fp16'"),
           "model.cpu_activations=fp16 refused: %s", rc ? err : "accepted");
+    check(load(&cfg, NULL, NULL, err, sizeof err) == 0 && cfg.model.cpu_bf16_kv_cache == 0 &&
+              !strcmp(cfg.model.cpu_kv_cache, "f32"),
+          "model.cpu_kv_cache defaults to f32: %s", err);
+    check(load(&cfg, NULL, "model.cpu_kv_cache=bf16", err, sizeof err) == 0 &&
+              cfg.model.cpu_bf16_kv_cache == 1 && cfg.model.cpu_bf16_activations == 0,
+          "model.cpu_kv_cache=bf16 (cpu_activations stays f32): %s", err);
+    rc = load(&cfg, NULL, "model.cpu_kv_cache=fp8", err, sizeof err);
+    check(rc == -1 && strstr(err, "model.cpu_kv_cache: expected f32 or bf16, got 'fp8'"),
+          "model.cpu_kv_cache=fp8 refused: %s", rc ? err : "accepted");
 }
 
 static void test_log_level(void)
