@@ -103,7 +103,8 @@ bench_model() {
 
 # bench_setup NAME [TARGET...]: the common start of a benchmark, after
 # bench_parse_args: sets $work (default under the build), $mllama, $report,
-# builds mllama and the TARGETs (unless --no-build), writes the preset's
+# builds mllama and the TARGETs (unless --no-build: then checks they are
+# built, since a missing one would fail in a pipe without a word), writes the preset's
 # checkpoint to $model, sets $image (the sample image) and makes $run, a
 # fresh directory $work/NAME_$preset.
 bench_setup() {
@@ -114,6 +115,11 @@ bench_setup() {
     mllama="$build/service/mllama"
     report="$python $repo/tests/bench/bench_report.py"
     [ "$no_build" = 1 ] || bench_build "$build" mllama "$@"
+    local target
+    for target in service/mllama "${@/#/tests/}"; do
+        [ -x "$build/$target" ] ||
+            bench_die "$build/$target is not built (run without --no-build, or build it)"
+    done
     model="$work/$preset"
     bench_model "$mllama" "$preset" "$model"
     image="$repo/$BENCH_IMAGE_REL"
