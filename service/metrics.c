@@ -142,6 +142,7 @@ static struct {
     svc_hist_val tenant_queue[SVC_METRICS_TENANTS_MAX];
     _Atomic int tenant_in_flight[SVC_METRICS_TENANTS_MAX];
     _Atomic bool tenant_paused[SVC_METRICS_TENANTS_MAX];
+    _Atomic int tenant_prefetched[SVC_METRICS_TENANTS_MAX];
 } reg = {.lag_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static uint64_t to_bits(double v)
@@ -214,6 +215,12 @@ void svc_metrics_tenant_paused(size_t tenant, bool paused)
         atomic_store(&reg.tenant_paused[tenant], paused);
 }
 
+void svc_metrics_tenant_prefetched(size_t tenant, int n)
+{
+    if (tenant < reg.n_tenants)
+        atomic_store(&reg.tenant_prefetched[tenant], n);
+}
+
 void svc_metrics_finished(svc_finish outcome)
 {
     for (size_t i = 0; i < N_OUTCOMES; i++)
@@ -284,6 +291,7 @@ void svc_metrics_reset(void)
         hist_reset(&reg.tenant_queue[t]);
         atomic_store(&reg.tenant_in_flight[t], 0);
         atomic_store(&reg.tenant_paused[t], false);
+        atomic_store(&reg.tenant_prefetched[t], 0);
     }
     for (size_t i = 0; i < N_OUTCOMES; i++)
         atomic_store(&reg.outcomes[i], 0);
@@ -391,6 +399,11 @@ void svc_metrics_render(svc_buf *b)
     for (size_t t = 0; t < reg.n_tenants; t++)
         svc_buf_printf(b, "mllama_tenant_paused{tenant=\"%s\"} %d\n", reg.tenant[t],
                        atomic_load(&reg.tenant_paused[t]) ? 1 : 0);
+    svc_prom_head(b, "mllama_tenant_prefetched",
+                  "records fetched for the tenant and not yet read by the worker", "gauge");
+    for (size_t t = 0; t < reg.n_tenants; t++)
+        svc_buf_printf(b, "mllama_tenant_prefetched{tenant=\"%s\"} %d\n", reg.tenant[t],
+                       atomic_load(&reg.tenant_prefetched[t]));
     svc_prom_head(b, "mllama_kafka_consumer_lag", "consumer lag of each assigned partition", "gauge");
     pthread_mutex_lock(&reg.lag_lock);
     for (int i = 0; i < reg.n_lag; i++)

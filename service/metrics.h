@@ -97,8 +97,8 @@ void svc_metrics_rebalance(svc_rebalance type);
 void svc_metrics_set_lag(const char *topic, int32_t partition, int64_t lag);
 
 /* The tenants, by index (service/README.md §1 "Admission"): each gets
- * mllama_tenant_queue_seconds{tenant}, mllama_tenant_in_flight{tenant} and
- * mllama_tenant_paused{tenant}. Names are copied; past
+ * mllama_tenant_queue_seconds{tenant}, mllama_tenant_in_flight{tenant},
+ * mllama_tenant_paused{tenant} and mllama_tenant_prefetched{tenant}. Names are copied; past
  * SVC_METRICS_TENANTS_MAX they are ignored, as are the updates of indices
  * beyond those set. Call once at start, before the HTTP server runs. */
 #define SVC_METRICS_TENANTS_MAX 64
@@ -109,6 +109,9 @@ void svc_metrics_tenant_queue(size_t tenant, double seconds);
 /* mllama_tenant_in_flight{tenant}, mllama_tenant_paused{tenant} */
 void svc_metrics_tenant_in_flight(size_t tenant, int n);
 void svc_metrics_tenant_paused(size_t tenant, bool paused);
+/* mllama_tenant_prefetched{tenant}: records fetched for the tenant and not
+ * yet read (svc_consumer_prefetched) */
+void svc_metrics_tenant_prefetched(size_t tenant, int n);
 
 /* ---- the Prometheus text format, for any registry ----------------------------
  * What the worker's registry renders with, public so that another process's

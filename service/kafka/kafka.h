@@ -248,6 +248,11 @@ svc_kafka_status svc_consumer_pause_topic(svc_consumer *c, const char *topic, bo
 bool svc_consumer_paused(const svc_consumer *c);
 /* Assigned partitions of the paused topics. */
 int svc_consumer_paused_partitions(const svc_consumer *c);
+/* Records of a subscribed topic that librdkafka has fetched and the
+ * application not yet read: its queue's length. A paused topic keeps up to
+ * the pre-fetch limits of memory this way (librdkafka fetches on until
+ * them); -1 for a topic not subscribed. @locality any. */
+int svc_consumer_prefetched(const svc_consumer *c, const char *topic);
 
 
 /* True once the consumer hit a fatal error (e.g. fenced by a static member

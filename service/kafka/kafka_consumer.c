@@ -209,6 +209,12 @@ int svc_consumer_paused_partitions(const svc_consumer *c)
     return n;
 }
 
+int svc_consumer_prefetched(const svc_consumer *c, const char *topic)
+{
+    const int id = topic_id(c, topic);
+    return id < 0 ? -1 : (int)rd_kafka_queue_length(c->queues[id]);
+}
+
 /* Wait up to ms for a watched queue to fill; empties the pipe. */
 static void wait_wake(svc_consumer *c, int ms)
 {

@@ -619,6 +619,8 @@ static void backpressure(svc_worker *w, bool draining)
     svc_fair_fetch_plan(w->fetch, n, high, low, draining);
     for (size_t i = 0; i < n; i++) {
         svc_metrics_tenant_in_flight(i, w->fetch[i].in_flight);
+        svc_metrics_tenant_prefetched(
+            i, svc_consumer_prefetched(w->consumer, w->cfg.tenants[i].request_topic));
         if (w->fetch[i].paused == was[i])
             continue;
         /* On failure the intent stays with the consumer, which applies it

@@ -29,6 +29,8 @@
  *                   heads, 8 kv heads x 128, 4 tile slots of 1601 keys;
  *                   416 MB of f32 K/V, past the L3), with 1 and with 4
  *                   real tiles: GB/s of the K/V the allowed tiles hold
+ *                   (attn_causal and attn_cross run again over a bf16
+ *                   cache, ml_backend_cpu_bf16_kv_cache)
  *
  * ML_BENCH_ONLY=name,... runs only those groups (bandwidth, gemv, gemm,
  * attn_vision, activations, attn_causal, attn_cross, bf16).
@@ -408,6 +410,24 @@ static void causal_run(void *ctx)
 }
 
 /* One decode row of each of CAUSAL_SEQS sequences over its paged keys. */
+/* n random elements in be's kv type (kv_store: f32, or bf16 under
+ * ml_backend_cpu_bf16_kv_cache). */
+static void *random_kv(ml_backend *be, size_t n)
+{
+    float *tmp = xmalloc(n * sizeof *tmp);
+    for (size_t i = 0; i < n; i++)
+        tmp[i] = frand(-1, 1);
+    void *kv = xmalloc(n * be->ops->kv_elem_size);
+    be->ops->kv_store(be, kv, tmp, n);
+    free(tmp);
+    return kv;
+}
+
+static const char *kv_type(const ml_backend *be)
+{
+    return be->ops->kv_elem_size == sizeof(float) ? "f32" : "bf16";
+}
+
 static void bench_attn_causal(ml_backend *be)
 {
     enum { CAUSAL_SEQS = 16, CAUSAL_BLOCK = 16, CAUSAL_MAX_KEYS = 1024 };
@@ -416,12 +436,9 @@ static void bench_attn_causal(ml_backend *be)
     const size_t slot = (size_t)TEXT_KV_HEADS * TEXT_HEAD_DIM;
     const size_t cache_n = (size_t)n_phys * CAUSAL_BLOCK * slot;
     const size_t rows = (size_t)CAUSAL_SEQS * TEXT_HEADS * TEXT_HEAD_DIM;
-    float *kc = xmalloc(cache_n * sizeof *kc), *vc = xmalloc(cache_n * sizeof *vc);
+    const size_t es = be->ops->kv_elem_size;
+    void *kc = random_kv(be, cache_n), *vc = random_kv(be, cache_n);
     float *q = xmalloc(rows * sizeof *q), *out = xmalloc(rows * sizeof *out);
-    for (size_t i = 0; i < cache_n; i++) {
-        kc[i] = frand(-1, 1);
-        vc[i] = frand(-1, 1);
-    }
     for (size_t i = 0; i < rows; i++)
         q[i] = frand(-1, 1);
     int32_t *table = xmalloc((size_t)n_phys * sizeof *table);
@@ -446,10 +463,11 @@ static void bench_attn_causal(ml_backend *be)
                   .n_heads = TEXT_HEADS, .n_kv_heads = TEXT_KV_HEADS,
                   .head_dim = TEXT_HEAD_DIM, .scale = 1.0f / sqrtf((float)TEXT_HEAD_DIM)}};
         const timing t = best_of(causal_run, &j, 5);
-        const double bytes = 2.0 * CAUSAL_SEQS * contexts[c] * slot * sizeof(float);
-        printf("  attn_causal decode, %d sequences x %4d keys, one layer   %8.3f ms  K/V "
-               "%5.1f GB/s wall  %5.1f cpu\n",
-               CAUSAL_SEQS, contexts[c], t.wall * 1e3, bytes / t.wall / 1e9, bytes / t.cpu / 1e9);
+        const double bytes = 2.0 * CAUSAL_SEQS * contexts[c] * slot * (double)es;
+        printf("  attn_causal decode, %d sequences x %4d keys, one layer, %s K/V   %8.3f ms  "
+               "K/V %5.1f GB/s wall  %5.1f cpu\n",
+               CAUSAL_SEQS, contexts[c], kv_type(be), t.wall * 1e3, bytes / t.wall / 1e9,
+               bytes / t.cpu / 1e9);
     }
     free(kc);
     free(vc);
@@ -479,13 +497,12 @@ static void bench_attn_cross(ml_backend *be)
 {
     const size_t plane = (size_t)VISION_TILES * VISION_REAL * TEXT_KV_HEADS * TEXT_HEAD_DIM;
     const size_t row = (size_t)TEXT_HEADS * TEXT_HEAD_DIM;
+    const size_t es = be->ops->kv_elem_size;
     float *q = xmalloc(row * sizeof *q), *out = xmalloc(row * sizeof *out);
-    float *state[TEXT_CROSS_LAYERS]; /* (2, tiles · 1601, kv heads, head_dim): K then V */
+    void *state[TEXT_CROSS_LAYERS]; /* (2, tiles · 1601, kv heads, head_dim): K then V */
     cross_job j = {.be = be};
     for (int layer = 0; layer < TEXT_CROSS_LAYERS; layer++) {
-        state[layer] = xmalloc(2 * plane * sizeof *state[layer]);
-        for (size_t i = 0; i < 2 * plane; i++)
-            state[layer][i] = frand(-1, 1);
+        state[layer] = random_kv(be, 2 * plane);
         j.states[layer] = state[layer];
     }
     for (size_t i = 0; i < row; i++)
@@ -496,18 +513,17 @@ static void bench_attn_cross(ml_backend *be)
         for (int c = 0; c < VISION_TILES; c++)
             allowed[c] = c < tiles;
         j.p = (ml_attn_cross_params){
-            .out = out, .q = q, .k_offset = 0, .v_offset = plane * sizeof(float),
+            .out = out, .q = q, .k_offset = 0, .v_offset = plane * es,
             .n_images = n_images, .seq_start = seq_start, .allowed = allowed, .n_seqs = 1,
             .n_tokens = 1, .max_images = 1, .max_tiles = VISION_TILES, .chunk_len = VISION_REAL,
             .n_heads = TEXT_HEADS, .n_kv_heads = TEXT_KV_HEADS, .head_dim = TEXT_HEAD_DIM,
             .scale = 1.0f / sqrtf((float)TEXT_HEAD_DIM)};
         const timing t = best_of(cross_step, &j, 5);
-        const double bytes =
-            2.0 * plane * sizeof(float) * TEXT_CROSS_LAYERS * tiles / VISION_TILES;
-        printf("  attn_cross decode step, %d cross layers, %d of %d tiles   %8.3f ms  allowed "
-               "K/V %5.1f GB/s wall  %5.1f cpu\n",
-               TEXT_CROSS_LAYERS, tiles, VISION_TILES, t.wall * 1e3, bytes / t.wall / 1e9,
-               bytes / t.cpu / 1e9);
+        const double bytes = 2.0 * plane * (double)es * TEXT_CROSS_LAYERS * tiles / VISION_TILES;
+        printf("  attn_cross decode step, %d cross layers, %d of %d tiles, %s K/V   %8.3f ms  "
+               "allowed K/V %5.1f GB/s wall  %5.1f cpu\n",
+               TEXT_CROSS_LAYERS, tiles, VISION_TILES, kv_type(be), t.wall * 1e3,
+               bytes / t.wall / 1e9, bytes / t.cpu / 1e9);
     }
     for (int layer = 0; layer < TEXT_CROSS_LAYERS; layer++)
         free(state[layer]);
@@ -574,8 +590,21 @@ int main(void)
             bench_attn_causal(be);
         if (wanted("attn_cross"))
             bench_attn_cross(be);
-        fflush(stdout);
         be->ops->destroy(be);
+        if (wanted("attn_causal") || wanted("attn_cross")) { /* again over a bf16 cache */
+            be = ml_backend_cpu_create(g_threads, err, sizeof err);
+            if (!be || ml_backend_cpu_bf16_kv_cache(be, err, sizeof err) != ML_OK) {
+                fprintf(stderr, "bf16 K/V cache: %s\n", err);
+                return 1;
+            }
+            printf("%s (bf16 K/V cache), %d threads\n", be->ops->name, g_threads);
+            if (wanted("attn_causal"))
+                bench_attn_causal(be);
+            if (wanted("attn_cross"))
+                bench_attn_cross(be);
+            be->ops->destroy(be);
+        }
+        fflush(stdout);
     }
     if (wanted("bf16") && ml_cpu_has_avx512_bf16() && (!*forced || !strcmp(forced, "avx512"))) {
         char err[256];
