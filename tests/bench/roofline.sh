@@ -138,6 +138,8 @@ for kind in $kinds; do
         specs+=("$kind:$b=$(IFS=,; echo "${outs[*]}")")
     done
 done
+median_gbs=$(printf '%s\n' "${bws[@]}" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
 $report roofline --model "$model" --preset "$preset" --read-gbs "$read_gbs" \
+    --median-read-gbs "$median_gbs" \
     --fma-gflops "${fma%% *}" "${dot_arg[@]}" --kv-bytes "$(bench_kv_bytes)" "${specs[@]}" \
     --machine "$cpu_model, isa ${fma#* }, $BENCH_THREADS threads; before: $load_before; after: $load_after"
