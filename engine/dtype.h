@@ -54,6 +54,19 @@ static inline uint16_t ml_f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* n values widened (exact) and n values rounded (RNE), as above. */
+static inline void ml_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = ml_bf16_to_f32(src[i]);
+}
+
+static inline void ml_f32_to_bf16_n(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = ml_f32_to_bf16(src[i]);
+}
+
 /* Round an f32 through bf16 and back: the value torch would hold in bf16. */
 static inline float ml_round_bf16(float f)
 {

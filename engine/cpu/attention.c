@@ -39,7 +39,7 @@
  * even head_dim and sequence length (the engine's are: multiples of 8);
  * otherwise the f32 path runs. The causal and cross kinds compute in f32.
  *
- * A bf16 K/V cache (cb->kv16, ml_backend_cpu_bf16_kv_cache): the causal
+ * A bf16 K/V cache (ml_cpu_kv16, ml_backend_cpu_bf16_kv_cache): the causal
  * gather widens each key's bf16 K and V rows into its f32 block as it
  * copies them, and cross attention, whose keys are otherwise used in place,
  * widens each visited block of an image's K and V likewise (prefetching the
@@ -94,7 +94,7 @@ typedef struct attn_job {
     float *out;          /* (tokens, n_heads, head_dim) */
     const float *q;      /* (tokens, n_heads, head_dim) */
     /* vision, causal: layout of their params, see key_block; f32, or bf16
-     * where kv16 says so */
+     * where ml_cpu_kv16 says so */
     const void *k, *v;
     int n_seqs, n_heads, n_kv_heads, group, head_dim;
     float scale;
@@ -117,8 +117,6 @@ typedef struct attn_job {
     const int32_t *n_images; /* (n_seqs) */
     const uint8_t *allowed;  /* (tokens, n_chunks) */
     int max_images, max_tiles, n_chunks, chunk_len, image_keys;
-    /* causal, cross: the cache and the states hold bf16 (cb->kv16) */
-    int kv16;
 
     const ml_cpu_backend *cb;
     int n_threads; /* threads sharing the items */
@@ -205,23 +203,14 @@ static void prefetch_rows(const float *rows, size_t ld, int n, int hd, int to_l1
         prefetch_span(rows + (size_t)r * ld, (size_t)hd * sizeof *rows, to_l1);
 }
 
-/* Bytes of one element of K or V in the causal cache and the cross states. */
-static size_t kv_bytes(const attn_job *j)
-{
-    return j->kv16 ? sizeof(uint16_t) : sizeof(float);
-}
-
 /* n elements of the cache or a state at element offset at, copied (f32) or
  * widened (bf16: exact) into dst. */
 static void kv_load(const attn_job *j, float *dst, const void *base, size_t at, size_t n)
 {
-    if (!j->kv16) {
+    if (ml_cpu_kv16(j->cb))
+        ml_bf16_to_f32_n(dst, (const uint16_t *)base + at, n);
+    else
         memcpy(dst, (const float *)base + at, n * sizeof *dst);
-        return;
-    }
-    const uint16_t *src = (const uint16_t *)base + at;
-    for (size_t i = 0; i < n; i++)
-        dst[i] = ml_bf16_to_f32(src[i]);
 }
 
 /* The offset in the paged K (and V) cache of key pos of kv head kvh in
@@ -254,7 +243,7 @@ static int block_keys(const attn_job *j, int kb, int n_keys)
  * f32 states) rather than from copies in its scratch. */
 static int keys_in_place(const attn_job *j)
 {
-    return j->kind == ATTN_VISION || (j->kind == ATTN_CROSS && !j->kv16);
+    return j->kind == ATTN_VISION || (j->kind == ATTN_CROSS && !ml_cpu_kv16(j->cb));
 }
 
 /* The nk keys from key kb of kv head kvh in sequence s: sets *b. Keys in
@@ -281,14 +270,14 @@ static void key_block(const attn_job *j, int s, int kvh, int kb, int nk, int ahe
         const size_t keys = (size_t)j->image_keys, ldv = n_kv * hd;
         const size_t k_at = (size_t)kvh * hd * keys + (size_t)first;
         const size_t v_at = ((size_t)first * n_kv + (size_t)kvh) * hd;
-        if (!j->kv16) {
+        if (!ml_cpu_kv16(j->cb)) {
             *b = (key_blk){.k = (const float *)kbase + k_at, .v = (const float *)vbase + v_at,
                            .ldk = keys, .ldv = ldv};
             return;
         }
         /* The next block's lines, when it is of this image. */
         const int next = first + nk < j->image_keys ? imin(ahead, ATTN_BK) : 0;
-        const size_t eb = kv_bytes(j);
+        const size_t eb = j->cb->ops.kv_elem_size;
         for (size_t d = 0; d < hd; d++) {
             if (next)
                 prefetch_span((const char *)kbase + (k_at + d * keys + (size_t)nk) * eb,
@@ -305,7 +294,7 @@ static void key_block(const attn_job *j, int s, int kvh, int kb, int nk, int ahe
         return;
     }
     case ATTN_CAUSAL: {
-        const size_t eb = kv_bytes(j);
+        const size_t eb = j->cb->ops.kv_elem_size;
         for (int key = 0; key < nk; key++) {
             const int pos = kb + key;
             if (key + GATHER_AHEAD < nk + ahead) {
@@ -768,8 +757,7 @@ void ml_cpu_attn_causal(ml_backend *be, const ml_attn_causal_params *p)
                   .v = p->v_cache, .n_seqs = p->n_seqs, .n_heads = p->n_heads,
                   .n_kv_heads = p->n_kv_heads, .head_dim = p->head_dim, .scale = p->scale,
                   .block_table = p->block_table, .seq_start = p->seq_start, .pos0 = p->pos0,
-                  .max_blocks = p->max_blocks_per_seq, .block_size = p->block_size,
-                  .kv16 = ml_cpu_of(be)->kv16};
+                  .max_blocks = p->max_blocks_per_seq, .block_size = p->block_size};
     run(be, &j);
 }
 
@@ -787,6 +775,6 @@ void ml_cpu_attn_cross(ml_backend *be, const ml_attn_cross_params *p)
                   .k_offset = p->k_offset, .v_offset = p->v_offset, .n_images = p->n_images,
                   .allowed = p->allowed, .max_images = p->max_images, .max_tiles = p->max_tiles,
                   .n_chunks = p->max_images * p->max_tiles, .chunk_len = p->chunk_len,
-                  .image_keys = p->max_tiles * p->chunk_len, .kv16 = ml_cpu_of(be)->kv16};
+                  .image_keys = p->max_tiles * p->chunk_len};
     run(be, &j);
 }

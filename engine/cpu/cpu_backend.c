@@ -155,7 +155,6 @@ ml_status ml_backend_cpu_bf16_kv_cache(ml_backend *be, char *err, size_t errlen)
                        "bf16 K/V cache: a model is already loaded (%d Linears bound) with "
                        "caches sized for f32",
                        cb->n_linear);
-    cb->kv16 = 1;
     cb->ops.kv_elem_size = sizeof(uint16_t);
     return ML_OK;
 }

@@ -73,10 +73,6 @@ typedef struct ml_cpu_backend {
      * activations and the f32 layout. */
     int f8_pairs;
     int n_linear;
-    /* 1: the K/V caches and cross-attention states hold bf16, ops.kv_elem_size
-     * 2 (ml_backend_cpu_bf16_kv_cache): the kv ops round to it, the
-     * attention widens it (attention.c). Fixed before a model is loaded. */
-    int kv16;
 
     /* The first error since the last synchronize (ML_OK: none), and how
      * many were latched since create, the first or not. */
@@ -93,6 +89,14 @@ typedef struct ml_cpu_backend {
 static inline ml_cpu_backend *ml_cpu_of(ml_backend *be)
 {
     return (ml_cpu_backend *)be;
+}
+
+/* Whether the K/V caches and cross-attention states hold bf16
+ * (ml_backend_cpu_bf16_kv_cache made ops.kv_elem_size 2 before a model was
+ * loaded): the kv ops round to it, the attention widens it (attention.c). */
+static inline int ml_cpu_kv16(const ml_cpu_backend *cb)
+{
+    return cb->ops.kv_elem_size == sizeof(uint16_t);
 }
 
 /* Thread tid's scratch region (64-byte aligned, scratch_floats long). */

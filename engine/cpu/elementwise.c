@@ -299,10 +299,7 @@ void ml_cpu_embed(ml_backend *be, float *y, const uint16_t *table, const int32_t
 {
     for (int i = 0; i < n; i++) {
         assert(ids[i] >= 0);
-        const uint16_t *row = table + (size_t)ids[i] * dim;
-        float *out = y + (size_t)i * dim;
-        for (int d = 0; d < dim; d++)
-            out[d] = ml_bf16_to_f32(row[d]);
+        ml_bf16_to_f32_n(y + (size_t)i * dim, table + (size_t)ids[i] * dim, (size_t)dim);
     }
 }
 
@@ -349,16 +346,13 @@ void ml_cpu_patchify(ml_backend *be, float *patches, const float *pixels, int n_
 /* ---- caches ------------------------------------------------------------------------- */
 
 /* n f32 values into the kv type at element offset `at` of dst: copied, or
- * rounded to bf16 (RNE, as the CUDA backend's caches) under kv16. */
+ * rounded to bf16 (RNE, as the CUDA backend's caches) under ml_cpu_kv16. */
 static void kv_put(const ml_cpu_backend *cb, void *dst, size_t at, const float *src, size_t n)
 {
-    if (!cb->kv16) {
+    if (ml_cpu_kv16(cb))
+        ml_f32_to_bf16_n((uint16_t *)dst + at, src, n);
+    else
         memcpy((float *)dst + at, src, n * sizeof *src);
-        return;
-    }
-    uint16_t *d = (uint16_t *)dst + at;
-    for (size_t i = 0; i < n; i++)
-        d[i] = ml_f32_to_bf16(src[i]);
 }
 
 void ml_cpu_kv_write(ml_backend *be, void *k_cache, void *v_cache, const float *k,

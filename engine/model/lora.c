@@ -390,9 +390,7 @@ static ml_status convert(loader *ld, const ml_tensor_view *t, uint16_t *dst, flo
     char why[256];
     if (ml_tensor_view_read_f32(t, tmp, why, sizeof why) != ML_OK)
         return ml_fail(ld->err, ld->errlen, ML_ERR_FORMAT, "%s: %s", ld->dir, why);
-    size_t n = (size_t)ml_tensor_view_numel(t);
-    for (size_t i = 0; i < n; i++)
-        dst[i] = ml_f32_to_bf16(tmp[i]);
+    ml_f32_to_bf16_n(dst, tmp, (size_t)ml_tensor_view_numel(t));
     return ML_OK;
 }
 
