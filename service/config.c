@@ -676,30 +676,15 @@ static int validate(svc_config *cfg, char *err, size_t errlen)
                  cfg->model.cross_attention_row_mask);
         return -1;
     }
-    if (strcmp(cfg->model.weights, "stored") && strcmp(cfg->model.weights, "fp8")) {
-        svc_errf(err, errlen, "model.weights: expected stored or fp8, got '%s'",
-                 cfg->model.weights);
+    if (svc_parse_choice("model.weights", cfg->model.weights, "stored", "fp8",
+                         &cfg->model.quantize_fp8, err, errlen) ||
+        svc_parse_choice("model.fp8_activations", cfg->model.fp8_activations, "bf16", "fp8",
+                         &cfg->model.quant_activations, err, errlen) ||
+        svc_parse_choice("model.cpu_activations", cfg->model.cpu_activations, "f32", "bf16",
+                         &cfg->model.cpu_bf16_activations, err, errlen) ||
+        svc_parse_choice("model.cpu_kv_cache", cfg->model.cpu_kv_cache, "f32", "bf16",
+                         &cfg->model.cpu_bf16_kv_cache, err, errlen))
         return -1;
-    }
-    cfg->model.quantize_fp8 = !strcmp(cfg->model.weights, "fp8");
-    if (strcmp(cfg->model.fp8_activations, "bf16") && strcmp(cfg->model.fp8_activations, "fp8")) {
-        svc_errf(err, errlen, "model.fp8_activations: expected bf16 or fp8, got '%s'",
-                 cfg->model.fp8_activations);
-        return -1;
-    }
-    cfg->model.quant_activations = !strcmp(cfg->model.fp8_activations, "fp8");
-    if (strcmp(cfg->model.cpu_activations, "f32") && strcmp(cfg->model.cpu_activations, "bf16")) {
-        svc_errf(err, errlen, "model.cpu_activations: expected f32 or bf16, got '%s'",
-                 cfg->model.cpu_activations);
-        return -1;
-    }
-    cfg->model.cpu_bf16_activations = !strcmp(cfg->model.cpu_activations, "bf16");
-    if (strcmp(cfg->model.cpu_kv_cache, "f32") && strcmp(cfg->model.cpu_kv_cache, "bf16")) {
-        svc_errf(err, errlen, "model.cpu_kv_cache: expected f32 or bf16, got '%s'",
-                 cfg->model.cpu_kv_cache);
-        return -1;
-    }
-    cfg->model.cpu_bf16_kv_cache = !strcmp(cfg->model.cpu_kv_cache, "bf16");
     if (svc_log_level_parse(cfg->log.level, &cfg->log.threshold)) {
         svc_errf(err, errlen, "log.level: expected debug, info, warn or error, got '%s'",
                  cfg->log.level);

@@ -79,6 +79,17 @@ void svc_errf(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
+int svc_parse_choice(const char *name, const char *value, const char *off, const char *on,
+                     int *is_on, char *err, size_t errlen)
+{
+    if (strcmp(value, off) && strcmp(value, on)) {
+        svc_errf(err, errlen, "%s: expected %s or %s, got '%s'", name, off, on, value);
+        return -1;
+    }
+    *is_on = !strcmp(value, on);
+    return 0;
+}
+
 /* ---- the byte buffer ------------------------------------------------------------- */
 
 void svc_buf_init(svc_buf *b)

@@ -40,6 +40,13 @@ void svc_wake_pipe_drain(int fd);
 void svc_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void svc_verrf(char *err, size_t errlen, const char *fmt, va_list ap);
 
+/* A setting that takes one of two values: *is_on = whether `value` is `on`.
+ * Returns 0, or -1 (*is_on untouched) with err "NAME: expected OFF or ON,
+ * got 'VALUE'", the one wording of the config file's keys and of mllama
+ * run's options. */
+int svc_parse_choice(const char *name, const char *value, const char *off, const char *on,
+                     int *is_on, char *err, size_t errlen);
+
 /* ---- the byte buffer ------------------------------------------------------------- */
 
 /* A growable output buffer, reused record after record so that steady-state

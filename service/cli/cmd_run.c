@@ -427,6 +427,16 @@ static int load_response_format(const char *path, ml_sampling_params *p)
 
 /* ---- the command ------------------------------------------------------------------- */
 
+/* Option a's value v, off or on (svc_parse_choice): a refusal is printed. */
+static int run_choice(const char *a, const char *v, const char *off, const char *on, int *is_on)
+{
+    char err[256];
+    if (svc_parse_choice(a, v, off, on, is_on, err, sizeof err) == 0)
+        return 0;
+    fprintf(stderr, CMD ": %s\n", err);
+    return -1;
+}
+
 static int parse_args(int argc, char **argv, run_opts *o)
 {
     ml_sampling_params_default(&o->spec.sampling);
@@ -493,29 +503,17 @@ static int parse_args(int argc, char **argv, run_opts *o)
         else if (!strcmp(a, "--devices"))
             o->devices = v;
         else if (!strcmp(a, "--weights")) {
-            if (strcmp(v, "stored") && strcmp(v, "fp8")) {
-                fprintf(stderr, CMD ": %s: expected stored or fp8, got '%s'\n", a, v);
+            if (run_choice(a, v, "stored", "fp8", &o->quantize_fp8))
                 return -1;
-            }
-            o->quantize_fp8 = !strcmp(v, "fp8");
         } else if (!strcmp(a, "--fp8-activations")) {
-            if (strcmp(v, "bf16") && strcmp(v, "fp8")) {
-                fprintf(stderr, CMD ": %s: expected bf16 or fp8, got '%s'\n", a, v);
+            if (run_choice(a, v, "bf16", "fp8", &o->fp8_activations))
                 return -1;
-            }
-            o->fp8_activations = !strcmp(v, "fp8");
         } else if (!strcmp(a, "--cpu-activations")) {
-            if (strcmp(v, "f32") && strcmp(v, "bf16")) {
-                fprintf(stderr, CMD ": %s: expected f32 or bf16, got '%s'\n", a, v);
+            if (run_choice(a, v, "f32", "bf16", &o->cpu_bf16_activations))
                 return -1;
-            }
-            o->cpu_bf16_activations = !strcmp(v, "bf16");
         } else if (!strcmp(a, "--cpu-kv-cache")) {
-            if (strcmp(v, "f32") && strcmp(v, "bf16")) {
-                fprintf(stderr, CMD ": %s: expected f32 or bf16, got '%s'\n", a, v);
+            if (run_choice(a, v, "f32", "bf16", &o->cpu_bf16_kv_cache))
                 return -1;
-            }
-            o->cpu_bf16_kv_cache = !strcmp(v, "bf16");
         } else if (!strcmp(a, "--cross-attention-row-mask")) {
             if (ml_row_mask_mode_parse(v, &o->row_mask)) {
                 fprintf(stderr, CMD ": %s: expected %s or %s, got '%s'\n", a,
