@@ -33,8 +33,7 @@ cpu_activations=f32
 cpu_kv_cache=f32
 BENCH_OPTIONS="dtypes cpu_activations cpu_kv_cache"
 bench_parse_args "$@"
-bench_check_cpu_activations
-bench_check_cpu_kv_cache
+bench_check_cpu_options
 bench_setup evt
 mirror="$work/astronaut_mirror.jpg"
 bench_mirror "$python" "$image" "$mirror"

@@ -34,8 +34,7 @@ cpu_activations=f32
 cpu_kv_cache=f32
 BENCH_OPTIONS="presets fp8_lm_head cpu_activations cpu_kv_cache"
 bench_parse_args "$@"
-bench_check_cpu_activations
-bench_check_cpu_kv_cache
+bench_check_cpu_options
 head_run=() head_report=()
 case "$fp8_lm_head" in
 0) ;;

@@ -15,21 +15,18 @@ bench_die() {
     exit 2
 }
 
-# bench_check_cpu_activations: the script's --cpu-activations, checked
-# before any work (mllama run would refuse it only at its first run).
-bench_check_cpu_activations() {
-    case "$cpu_activations" in
-    f32 | bf16) ;;
-    *) bench_die "--cpu-activations: expected f32 or bf16, got '$cpu_activations'" ;;
-    esac
-}
-
-# bench_check_cpu_kv_cache: the script's --cpu-kv-cache, checked likewise.
-bench_check_cpu_kv_cache() {
-    case "$cpu_kv_cache" in
-    f32 | bf16) ;;
-    *) bench_die "--cpu-kv-cache: expected f32 or bf16, got '$cpu_kv_cache'" ;;
-    esac
+# bench_check_cpu_options: the script's --cpu-activations and --cpu-kv-cache,
+# checked before any work (mllama run would refuse them only at its first run).
+bench_check_cpu_options() {
+    local option value
+    for option in cpu-activations cpu-kv-cache; do
+        value="${option//-/_}"
+        value="${!value}"
+        case "$value" in
+        f32 | bf16) ;;
+        *) bench_die "--$option: expected f32 or bf16, got '$value'" ;;
+        esac
+    done
 }
 
 # bench_kv_bytes: the bytes of one cached K or V element under $cpu_kv_cache

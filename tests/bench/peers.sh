@@ -48,8 +48,7 @@ cpu_activations=f32
 cpu_kv_cache=f32
 BENCH_OPTIONS="engines concurrency cpu_activations cpu_kv_cache"
 bench_parse_args "$@"
-bench_check_cpu_activations
-bench_check_cpu_kv_cache
+bench_check_cpu_options
 for e in $engines; do
     case " $PEERS_ALL " in
     *" $e "*) ;;

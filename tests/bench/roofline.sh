@@ -62,8 +62,7 @@ case "$images" in
 both) kinds="text image" ;;
 *) bench_die "--images: expected 0, 1 or both, got '$images'" ;;
 esac
-bench_check_cpu_activations
-bench_check_cpu_kv_cache
+bench_check_cpu_options
 bench_setup roofline bench_read_bw bench_fma_peak
 
 for kind in $kinds; do
