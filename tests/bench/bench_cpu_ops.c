@@ -409,7 +409,6 @@ static void causal_run(void *ctx)
     j->be->ops->attn_causal(j->be, &j->p);
 }
 
-/* One decode row of each of CAUSAL_SEQS sequences over its paged keys. */
 /* n random elements in be's kv type (kv_store: f32, or bf16 under
  * ml_backend_cpu_bf16_kv_cache). */
 static void *random_kv(ml_backend *be, size_t n)
@@ -428,6 +427,7 @@ static const char *kv_type(const ml_backend *be)
     return be->ops->kv_elem_size == sizeof(float) ? "f32" : "bf16";
 }
 
+/* One decode row of each of CAUSAL_SEQS sequences over its paged keys. */
 static void bench_attn_causal(ml_backend *be)
 {
     enum { CAUSAL_SEQS = 16, CAUSAL_BLOCK = 16, CAUSAL_MAX_KEYS = 1024 };
