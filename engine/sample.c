@@ -45,32 +45,59 @@ static inline bool rank_before(float za, int32_t ida, float zb, int32_t idb)
 
 #define SAMPLER_LANES 8
 
-/* Largest element of z[0, n), NaN ignored; -inf when there is none. */
-static float logits_max(const float *z, size_t n)
-{
-    float lane[SAMPLER_LANES];
-    for (int j = 0; j < SAMPLER_LANES; j++)
-        lane[j] = -INFINITY;
-    size_t i = 0;
-    for (; i + SAMPLER_LANES <= n; i += SAMPLER_LANES)
-        for (int j = 0; j < SAMPLER_LANES; j++)
-            lane[j] = z[i + j] > lane[j] ? z[i + j] : lane[j];
-    float m = -INFINITY;
-    for (int j = 0; j < SAMPLER_LANES; j++)
-        m = lane[j] > m ? lane[j] : m;
-    for (; i < n; i++)
-        m = z[i] > m ? z[i] : m;
-    return m;
-}
+/* logits_argmax runs on GCC vector types of the baseline x86-64 width (4
+ * floats, SSE2), ARGMAX_CHAINS of them apart: the compiler did not
+ * vectorise the two selects of a plain loop (it stayed scalar). Measured,
+ * 32 rows of 128,256 random logits, one thread of the development VM
+ * (Zen 5): 0.69 ms against 1.2-1.8 for a max pass then a scalar search for
+ * its index, which was 1.6% of a 32-sequence decode step of the small
+ * preset (perf), and 1.0 ms with 2 chains. */
+#define ARGMAX_WIDTH 4
+#define ARGMAX_CHAINS 4
+typedef float argmax_f __attribute__((vector_size(ARGMAX_WIDTH * sizeof(float))));
+typedef int32_t argmax_i __attribute__((vector_size(ARGMAX_WIDTH * sizeof(int32_t))));
 
-/* Index of the first element of z[0, n) equal to m, which is present. */
-static size_t logits_find(const float *z, size_t n, float m)
+/* Largest element of z[0, n), NaN ignored (-inf when there is none), and
+ * in *first the index of its first occurrence (0 when there is none), in
+ * one pass: each lane keeps the block where its maximum first appeared (a
+ * strict >), so the first occurrence overall is the lowest index among the
+ * lanes holding the maximum. n <= INT32_MAX (ml_sample_scratch_init). */
+static float logits_argmax(const float *z, size_t n, size_t *first)
 {
+    const size_t block = ARGMAX_WIDTH * ARGMAX_CHAINS;
+    argmax_f lane[ARGMAX_CHAINS];
+    argmax_i at[ARGMAX_CHAINS], blk = {0};
+    for (int c = 0; c < ARGMAX_CHAINS; c++) {
+        at[c] = (argmax_i){0};
+        for (int j = 0; j < ARGMAX_WIDTH; j++)
+            lane[c][j] = -INFINITY;
+    }
     size_t i = 0;
-    while (i < n && z[i] != m)
-        i++;
-    assert(i < n);
-    return i;
+    for (; i + block <= n; i += block, blk += 1)
+        for (int c = 0; c < ARGMAX_CHAINS; c++) {
+            argmax_f v;
+            memcpy(&v, z + i + (size_t)c * ARGMAX_WIDTH, sizeof v);
+            const argmax_i above = v > lane[c];
+            lane[c] = (argmax_f)(((argmax_i)v & above) | ((argmax_i)lane[c] & ~above));
+            at[c] = (blk & above) | (at[c] & ~above);
+        }
+    float m = -INFINITY;
+    size_t best = 0;
+    for (int c = 0; c < ARGMAX_CHAINS; c++)
+        for (int j = 0; j < ARGMAX_WIDTH; j++) {
+            const size_t idx = (size_t)at[c][j] * block + (size_t)(c * ARGMAX_WIDTH + j);
+            if (lane[c][j] > m || (lane[c][j] == m && idx < best)) {
+                m = lane[c][j];
+                best = idx;
+            }
+        }
+    for (; i < n; i++)
+        if (z[i] > m) {
+            m = z[i];
+            best = i;
+        }
+    *first = best;
+    return m;
 }
 
 static double sum_floats(const float *x, size_t n)
@@ -596,12 +623,11 @@ static bool sample_prepare(ml_sample_scratch *s, const float *logits, const ml_s
             apply_mask(allowed, s->work, s->n_vocab);
         z = s->work;
     }
-    float m = logits_max(z, s->n_vocab);
+    float m = logits_argmax(z, s->n_vocab, best);
     if (!isfinite(m))
         return false;
     *z_out = z;
     *zmax = m;
-    *best = logits_find(z, s->n_vocab, m);
     return true;
 }
 
@@ -718,7 +744,8 @@ ml_status ml_sample_logprobs(const float *logits, size_t n_vocab, int32_t chosen
     if (top_n > ML_SAMPLE_MAX_TOP || top_n > n_vocab)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG, "logprobs: top_n %u over the limit",
                        (unsigned)top_n);
-    float zmax = logits_max(logits, n_vocab);
+    size_t argmax;
+    float zmax = logits_argmax(logits, n_vocab, &argmax);
     if (!isfinite(zmax))
         return ml_fail(err, errlen, ML_ERR_FORMAT, "logprobs: logits have no finite maximum");
 

@@ -153,6 +153,43 @@ static void test_greedy(void)
     ml_sampler_destroy(s);
 }
 
+/* Greedy over vocabularies long enough for the vectorised pass over the
+ * logits (its lanes and blocks): the first of tied maxima wherever the ties
+ * fall, a later tie in a lower lane, the maximum in the scalar tail, NaN
+ * and -inf around it. */
+static void test_greedy_first_max(void)
+{
+    static const size_t sizes[] = {16, 17, 31, 64, 1000, 1013};
+    char err[256];
+    for (size_t v = 0; v < N_OF(sizes); v++) {
+        const size_t n = sizes[v];
+        ml_sampler *s = make_sampler(n);
+        ml_sampling_params p;
+        ml_sampling_params_default(&p);
+        p.temperature = 0.0f;
+        ml_sampler_seq *seq = make_seq(&p, n, NULL, 0);
+        float *z = malloc(n * sizeof *z);
+        for (size_t first = 0; first < n; first += 1 + first / 3) {
+            for (size_t i = 0; i < n; i++)
+                z[i] = i % 7 == 3 ? NAN : i % 11 == 5 ? -INFINITY : (float)(i % 5);
+            /* The maximum at first, tied at every later place 5 apart
+             * (another lane, chain or block), one tie in lane 0 of a
+             * later block. */
+            for (size_t i = first; i < n; i += 5)
+                z[i] = 9.0f;
+            if (first + 16 < n)
+                z[(first + 16) / 16 * 16] = 9.0f;
+            int32_t tok = -1;
+            check(sample_token(s, seq, z, &tok, err, sizeof err) == ML_OK &&
+                      tok == (int32_t)first,
+                  "greedy over %zu: first maximum at %zu (got %d)", n, first, (int)tok);
+        }
+        free(z);
+        ml_sampler_seq_destroy(seq);
+        ml_sampler_destroy(s);
+    }
+}
+
 /* ---- filters against the reference -------------------------------------- */
 
 static void test_filters_exact(void)
@@ -668,6 +705,7 @@ int main(void)
 {
     test_validate();
     test_greedy();
+    test_greedy_first_max();
     test_filters_exact();
     test_filters_reference();
     test_filters_full_vocab();
