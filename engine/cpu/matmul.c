@@ -18,9 +18,10 @@
  * tiles and strips, preferring to split N so that no two threads read the
  * same weights. Each thread walks its columns in blocks of GEMM_NC (one
  * strip when its rows fit one tile: then it streams each strip from start
- * to end), its K in blocks of GEMM_KC, and for each K block its rows in
- * tiles of at most tile_rows over the block's strips, which stay in cache
- * for all the rows. A thread with many row tiles (prefill, the vision
+ * to end), its K in blocks of GEMM_KC, and its rows in tiles of at most
+ * tile_rows. With a few row tiles (decode) every tile runs over a strip's
+ * K block, which stays in L1 for all of them, before the next strip's
+ * (matmul_strips). A thread with many row tiles (prefill, the vision
  * tower) first widens each block of its columns to f32 in its scratch,
  * once, and runs gemm_tile on it: the widening is then paid once for all
  * the tiles instead of once per tile (measured: a 6432-row GEMM, K = N =
@@ -98,9 +99,11 @@
  * 184-199, 2 and 4 MiB no faster; f32 (widened), K = 1280: 92 -> 97-102,
  * K = 5120 unchanged (79-87). */
 #define GEMM_GROUP_BYTES ((size_t)1024 * 1024)
-/* Row tiles from which a thread groups K blocks (above): below it the y of
- * a column block (tiles x 12 rows x GEMM_NC f32) stays in cache between K
- * blocks anyway. */
+/* Row tiles from which a thread groups K blocks (above), and with f32
+ * activations widens each block to f32 first: below it the y of a column
+ * block (tiles x 12 rows x GEMM_NC f32) stays in cache between K blocks
+ * anyway, and from it the tiles share one widening (about 1/400 of their
+ * FMAs). */
 #define GROUP_MIN_TILES 16
 _Static_assert(GEMM_GROUP_BYTES >= (size_t)GEMM_KC * GEMM_NC * sizeof(float),
                "a group holds at least one widened K block");
@@ -110,9 +113,6 @@ _Static_assert(GEMM_GROUP_BYTES >= (size_t)GEMM_KC * GEMM_NC * sizeof(float),
 /* Steps of a strip packed per pass over its columns at load: runs of
  * 64 contiguous source elements per column. */
 #define PACK_STEPS 64
-/* Row tiles from which a thread widens its column blocks to f32 first:
- * 16 tiles share one widening (about 1/400 of their FMAs). */
-#define WIDEN_MIN_TILES 16
 /* A thread's scratch: one group of widened blocks, each GEMM_KC x GEMM_NC
  * f32. */
 #define PANEL_FLOATS (GEMM_GROUP_BYTES / sizeof(float))
@@ -221,92 +221,133 @@ static void widen_block(const matmul_job *j, float *panel, int col0, int nc, int
     }
 }
 
-/* y[m0..m1, n0..n1], n0 at a strip's start; panel: the thread's scratch. */
-static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, float *panel)
+/* The rows of a thread's part of a matmul, in tiles of equal height (16 =
+ * 8 + 8, not 12 + 4: a short tile has too few FMA chains to hide their
+ * latency). */
+typedef struct row_tiles {
+    int m0, m1; /* the rows */
+    int tiles;  /* how many */
+    int mr;     /* rows of each tile (the last may have fewer) */
+} row_tiles;
+
+/* One kernel call: y[ic.., col..] += the m rows of x from ic times the kc
+ * steps from pc of the strip holding col (n of its columns), or of its
+ * widened copy wb (the grouped path's panel; NULL: the packed strip). */
+static void tile_call(const matmul_job *j, int m, int n, int kc, int ic, int col, int pc,
+                      const float *wb, ml_cpu_prefetch pf, const void *next)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
-    const size_t K = (size_t)j->K, N = (size_t)j->N;
-    const int sc = kn->strip_cols;
-    /* Rows in tiles of equal height (16 = 8 + 8, not 12 + 4): a short
-     * tile has too few FMA chains to hide their latency. */
-    const int tiles = (m1 - m0 + kn->tile_rows - 1) / kn->tile_rows;
-    const int mr = (m1 - m0 + tiles - 1) / tiles;
-    const int nc_max = tiles == 1 ? sc : GEMM_NC;
+    const size_t K = (size_t)j->K, N = (size_t)j->N, ldxb = (size_t)j->Kp / 2;
+    const size_t sc = (size_t)kn->strip_cols;
+    float *y = j->y + (size_t)ic * N + (size_t)col;
+    if (wb)
+        kn->gemm_tile(m, n, kc, j->x + (size_t)ic * K + (size_t)pc, K, 1, wb, sc, y, N);
+    else if (j->xb && j->f8)
+        kn->gemm_tile_f8_pairs(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
+                               strip_at(j, col, pc), sc, pf, next, y, N);
+    else if (j->xb)
+        kn->gemm_tile_bf16(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
+                           strip_at(j, col, pc), sc, pf, next, y, N);
+    else
+        kn->gemm_packed(m, n, kc, j->x + (size_t)ic * K + (size_t)pc, K, strip_at(j, col, pc),
+                        j->f8, pf, next, y, N);
+}
 
-    /* With bf16 activations the kernel multiplies the bf16 weights as they
-     * are: nothing to widen. */
-    const int widened = tiles >= WIDEN_MIN_TILES && !j->xb;
-    const size_t ldxb = (size_t)j->Kp / 2;
-
-    /* With many row tiles, a row tile runs over a group of K blocks
-     * before the next tile, so its y stays in L1 across the group; one K
-     * block a pass would bring every y of the column block back from
-     * memory once a block (at 6432 rows, 6.6 MB). The group is what the
-     * kernel reads: the widened f32 blocks, side by side in the panel, or
-     * the packed strips. */
-    const size_t elem = widened ? sizeof(float) : j->f8 ? 1 : sizeof(uint16_t);
-    const int group_blocks =
-        tiles >= GROUP_MIN_TILES ? (int)(GEMM_GROUP_BYTES / ((size_t)nc_max * GEMM_KC * elem)) : 1;
-    const int kc_group = group_blocks * GEMM_KC;
-
-    /* With a few row tiles over each block (a decode batch of 13 to 180
-     * rows), the last one prefetches the block the first reads next: the
-     * same strip's next K block, or the next column block's first. With a
-     * group of K blocks, each block is computed on long enough that the
-     * hardware prefetchers keep up. */
-    const int prefetch_next = tiles > 1 && group_blocks == 1 && !widened;
-
+/* A few row tiles (decode, up to GROUP_MIN_TILES - 1): every tile runs over
+ * a strip's K block, from L1 after the first, before the next strip's. The
+ * first tile streams the block from memory and the last prefetches the
+ * block the first reads next (the next strip's, or the first strip's of
+ * the next K block or column block), so that memory does not idle while
+ * the others compute. With one tile a column block is one strip, streamed
+ * from its start to its end. Measured against every tile over the column
+ * block's 8 strips (from L2) before the next tile (2026-12-05, the
+ * development VM, alternating processes): the decode step of `1b`, 16
+ * sequences, bf16 activations and cache, 0.93-0.97x (3 pairs); of `small`,
+ * 16 sequences, f32, 0.98-0.99x (3 pairs), 32 sequences 0.87-1.07x. */
+static void matmul_strips(const matmul_job *j, const row_tiles *rt, int n0, int n1)
+{
+    const int sc = j->cb->kern->strip_cols;
+    const int nc_max = rt->tiles == 1 ? sc : GEMM_NC;
     for (int jc = n0; jc < n1; jc += nc_max) {
         const int nc = imin(nc_max, n1 - jc);
+        init_block(j, rt->m0, rt->m1, jc, jc + nc);
+        for (int pc = 0; pc < j->Kp; pc += GEMM_KC) {
+            const int kc = imin(GEMM_KC, j->Kp - pc);
+            for (int col = jc; col < jc + nc; col += sc) {
+                const int n = imin(sc, jc + nc - col);
+                const void *next = NULL;
+                if (rt->tiles > 1) {
+                    if (col + sc < jc + nc)
+                        next = strip_at(j, col + sc, pc);
+                    else if (pc + GEMM_KC < j->Kp)
+                        next = strip_at(j, jc, pc + GEMM_KC);
+                    else if (jc + nc < n1)
+                        next = strip_at(j, jc + nc, 0);
+                }
+                for (int ic = rt->m0; ic < rt->m1; ic += rt->mr) {
+                    const int m = imin(rt->mr, rt->m1 - ic);
+                    ml_cpu_prefetch pf = ic == rt->m0 ? ML_CPU_PREFETCH_STREAM : ML_CPU_PREFETCH_NONE;
+                    if (next && ic + m >= rt->m1)
+                        pf = ML_CPU_PREFETCH_NEXT;
+                    tile_call(j, m, n, kc, ic, col, pc, NULL, pf, next);
+                }
+            }
+        }
+        finish_block(j, rt->m0, rt->m1, jc, jc + nc);
+    }
+}
+
+/* Many row tiles (prefill, the vision tower): each tile runs over a group
+ * of K blocks (GEMM_GROUP_BYTES of weights as the kernel reads them, held
+ * in L2) before the next tile, so that its y stays in L1 across the group;
+ * one K block a pass would bring every y of the column block back from
+ * memory once a block (at 6432 rows, 6.6 MB). With f32 activations each
+ * block of the group is first widened to f32 in the panel (the thread's
+ * scratch), once for all the tiles; with bf16 activations the kernel
+ * multiplies the bf16 weights as they are. */
+static void matmul_grouped(const matmul_job *j, const row_tiles *rt, int n0, int n1, float *panel)
+{
+    const int sc = j->cb->kern->strip_cols;
+    const int widened = !j->xb;
+    const size_t elem = widened ? sizeof(float) : j->f8 ? 1 : sizeof(uint16_t);
+    const int kc_group = (int)(GEMM_GROUP_BYTES / ((size_t)GEMM_NC * GEMM_KC * elem)) * GEMM_KC;
+    for (int jc = n0; jc < n1; jc += GEMM_NC) {
+        const int nc = imin(GEMM_NC, n1 - jc);
         for (int pg = 0; pg < j->Kp; pg += kc_group) {
             const int pg_end = imin(pg + kc_group, j->Kp);
             if (widened)
                 for (int pc = pg; pc < pg_end; pc += GEMM_KC)
                     widen_block(j, panel + (size_t)(pc - pg) * GEMM_NC, jc, nc, pc,
                                 imin(GEMM_KC, pg_end - pc));
-            for (int ic = m0; ic < m1; ic += mr) {
-                const int m = imin(mr, m1 - ic);
+            for (int ic = rt->m0; ic < rt->m1; ic += rt->mr) {
+                const int m = imin(rt->mr, rt->m1 - ic);
                 if (pg == 0)
                     init_block(j, ic, ic + m, jc, jc + nc);
                 for (int pc = pg; pc < pg_end; pc += GEMM_KC) {
                     const int kc = imin(GEMM_KC, pg_end - pc);
-                    for (int col = jc; col < jc + nc; col += sc) {
-                        const int n = imin(sc, jc + nc - col);
-                        ml_cpu_prefetch pf =
-                            ic == m0 ? ML_CPU_PREFETCH_STREAM : ML_CPU_PREFETCH_NONE;
-                        const void *next = NULL;
-                        if (prefetch_next && ic + m >= m1) {
-                            if (pc + GEMM_KC < j->Kp)
-                                next = strip_at(j, col, pc + GEMM_KC);
-                            else if (col + nc_max < n1)
-                                next = strip_at(j, col + nc_max, 0);
-                            pf = next ? ML_CPU_PREFETCH_NEXT : ML_CPU_PREFETCH_NONE;
-                        }
-                        const float *x = j->x + (size_t)ic * K + pc;
-                        float *y = j->y + (size_t)ic * N + (size_t)col;
-                        if (widened)
-                            kn->gemm_tile(m, n, kc, x, K, 1,
-                                          panel + (size_t)(pc - pg) * GEMM_NC +
-                                              (size_t)((col - jc) / sc) * (size_t)kc * (size_t)sc,
-                                          (size_t)sc, y, N);
-                        else if (j->xb && j->f8)
-                            kn->gemm_tile_f8_pairs(m, n, kc / 2,
-                                                   j->xb + (size_t)ic * ldxb + (size_t)pc / 2,
-                                                   ldxb, 1, strip_at(j, col, pc), (size_t)sc, pf,
-                                                   next, y, N);
-                        else if (j->xb)
-                            kn->gemm_tile_bf16(m, n, kc / 2,
-                                               j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
-                                               strip_at(j, col, pc), (size_t)sc, pf, next, y, N);
-                        else
-                            kn->gemm_packed(m, n, kc, x, K, strip_at(j, col, pc), j->f8, pf, next,
-                                            y, N);
-                    }
+                    const float *wb = widened ? panel + (size_t)(pc - pg) * GEMM_NC : NULL;
+                    for (int col = jc; col < jc + nc; col += sc)
+                        tile_call(j, m, imin(sc, jc + nc - col), kc, ic, col, pc,
+                                  wb ? wb + (size_t)((col - jc) / sc) * (size_t)kc * (size_t)sc
+                                     : NULL,
+                                  ic == rt->m0 ? ML_CPU_PREFETCH_STREAM : ML_CPU_PREFETCH_NONE,
+                                  NULL);
                 }
             }
         }
-        finish_block(j, m0, m1, jc, jc + nc);
+        finish_block(j, rt->m0, rt->m1, jc, jc + nc);
     }
+}
+
+/* y[m0..m1, n0..n1], n0 at a strip's start; panel: the thread's scratch. */
+static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, float *panel)
+{
+    const int tiles = (m1 - m0 + j->cb->kern->tile_rows - 1) / j->cb->kern->tile_rows;
+    const row_tiles rt = {.m0 = m0, .m1 = m1, .tiles = tiles, .mr = (m1 - m0 + tiles - 1) / tiles};
+    if (tiles >= GROUP_MIN_TILES)
+        matmul_grouped(j, &rt, n0, n1, panel);
+    else
+        matmul_strips(j, &rt, n0, n1);
 }
 
 /* [lo, hi) of part `part` of `parts` over n elements, in whole units. */
