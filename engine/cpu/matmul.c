@@ -261,9 +261,10 @@ static void tile_call(const matmul_job *j, int m, int n, int kc, int ic, int col
  * the others compute. With one tile a column block is one strip, streamed
  * from its start to its end. Measured against every tile over the column
  * block's 8 strips (from L2) before the next tile (2026-12-05, the
- * development VM, alternating processes): the decode step of `1b`, 16
- * sequences, bf16 activations and cache, 0.93-0.97x (3 pairs); of `small`,
- * 16 sequences, f32, 0.98-0.99x (3 pairs), 32 sequences 0.87-1.07x. */
+ * development VM, alternating processes, the median step): `1b`, 16
+ * sequences, bf16 activations and cache, 0.91-0.99x (6 pairs); `small`,
+ * f32, 16 sequences 0.91-0.99x (5 pairs), 32 sequences 0.87-1.07x (5
+ * pairs, 3 faster). */
 static void matmul_strips(const matmul_job *j, const row_tiles *rt, int n0, int n1)
 {
     const int sc = j->cb->kern->strip_cols;
