@@ -287,9 +287,9 @@ static void matmul_strips(const matmul_job *j, const row_tiles *rt, int n0, int 
                 }
                 for (int ic = rt->m0; ic < rt->m1; ic += rt->mr) {
                     const int m = imin(rt->mr, rt->m1 - ic);
-                    ml_cpu_prefetch pf = ic == rt->m0 ? ML_CPU_PREFETCH_STREAM : ML_CPU_PREFETCH_NONE;
-                    if (next && ic + m >= rt->m1)
-                        pf = ML_CPU_PREFETCH_NEXT;
+                    const ml_cpu_prefetch pf = next && ic + m >= rt->m1 ? ML_CPU_PREFETCH_NEXT
+                                               : ic == rt->m0               ? ML_CPU_PREFETCH_STREAM
+                                                                            : ML_CPU_PREFETCH_NONE;
                     tile_call(j, m, n, kc, ic, col, pc, NULL, pf, next);
                 }
             }
