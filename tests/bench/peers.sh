@@ -11,7 +11,7 @@
 #
 #   tests/bench/peers.sh [--preset small|1b] [--engines "ours hf-bf16 hf-f32 mistralrs-f32
 #       mistralrs-bf16"] [--concurrency "1 4 8 16"] [--build DIR] [--work DIR]
-#       [--max-tokens N] [--repeats N] [--cpu-activations f32|bf16]
+#       [--max-tokens N] [--repeats N] [--rounds N] [--cpu-activations f32|bf16]
 #       [--cpu-kv-cache f32|bf16] [--python PY] [--no-build]
 #
 # --engines: which engines run; ours is always among them (its prompt ids and
@@ -25,6 +25,12 @@
 # --cpu-kv-cache f32|bf16: ours with mllama run's --cpu-kv-cache (f32, the
 #   default; bf16, any CPU: K/V caches and image states stored bf16, as
 #   transformers' bf16 model keeps them).
+# --rounds N: the whole comparison N times, ours then each peer in every
+#   round, so that each ratio pairs runs minutes apart (on a shared VM the
+#   read bandwidth, which a decode step is bound by, moves within the hour);
+#   prints each round's ratios and their median instead of one round's
+#   tables (kept in the work dir, round_R/table.md), and holds the goals to
+#   the medians. Default 1.
 # The rest as in lib.sh. Ours: --repeats processes of each batch, the best of
 # each timing. Peers: one process per engine, the best of --repeats in it.
 # README.md here ("peers.sh") has the method, what each figure covers and
@@ -46,9 +52,11 @@ engines="$PEERS_ALL"
 concurrency="1 4 8 16"
 cpu_activations=f32
 cpu_kv_cache=f32
-BENCH_OPTIONS="engines concurrency cpu_activations cpu_kv_cache"
+rounds=1
+BENCH_OPTIONS="engines concurrency cpu_activations cpu_kv_cache rounds"
 bench_parse_args "$@"
 bench_check_cpu_options
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || bench_die "--rounds wants a positive count, not $rounds"
 for e in $engines; do
     case " $PEERS_ALL " in
     *" $e "*) ;;
@@ -80,17 +88,17 @@ echo "peers: preset $preset, $max_tokens tokens per request, $BENCH_THREADS thre
     "engines: $engines, ours with $cpu_activations activations and a $cpu_kv_cache K/V cache"
 echo "before: $(bench_load)"
 
-# ours_run NAME BATCH: --repeats processes of `mllama run --batch`, each under
-# peers_report.py exec (peak RSS, threads); NAME_<r>.wall holds the process
-# wall time bench_report.py ours reads.
+# ours_run DIR NAME BATCH: --repeats processes of `mllama run --batch`, each
+# under peers_report.py exec (peak RSS, threads); DIR/NAME_<r>.wall holds the
+# process wall time bench_report.py ours reads.
 ours_run() {
-    local name="$1" batch="$2" r
+    local dir="$1" name="$2" batch="$3" r
     for r in $(seq 1 "$repeats"); do
-        $peers_py exec "$run/${name}_$r.rusage" "$mllama" run --model "$model" --batch "$batch" \
+        $peers_py exec "$dir/${name}_$r.rusage" "$mllama" run --model "$model" --batch "$batch" \
             --threads "$BENCH_THREADS" --no-prefix-cache --cpu-activations "$cpu_activations" \
-            --cpu-kv-cache "$cpu_kv_cache" >"$run/${name}_$r.jsonl" ||
+            --cpu-kv-cache "$cpu_kv_cache" >"$dir/${name}_$r.jsonl" ||
             bench_die "ours: batch $batch failed"
-        awk '$1 == "wall_s" { print $2 }' "$run/${name}_$r.rusage" >"$run/${name}_$r.wall"
+        awk '$1 == "wall_s" { print $2 }' "$dir/${name}_$r.rusage" >"$dir/${name}_$r.wall"
     done
 }
 
@@ -101,52 +109,80 @@ ours_run() {
 "$mllama" preprocess --model "$model" --image "$image" --out "$run/pixels.npy" >"$run/layout.json"
 "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" --prompt "$BENCH_PROMPT" \
     --template "$model" --ignore-eos --sequence "$mirror" "$image" - >"$run/seq.jsonl"
-ours_run seq "$run/seq.jsonl"
-$report ours "$run"/seq_*.jsonl >"$run/ours.kv"
-concurrent=()
 for b in $concurrency; do
     "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" \
         --prompt "$THROUGHPUT_PROMPT" --template "$model" --ignore-eos --concurrent "$b" \
         >"$run/c$b.jsonl"
-    ours_run "c$b" "$run/c$b.jsonl"
-    paths=$(printf '%s,' "$run/c${b}"_*.jsonl)
-    concurrent+=(--ours-concurrent "$b=${paths%,}")
-done
-$peers_py ids "$run/c${max_b}_1.jsonl" >"$run/throughput_ids.txt"
-echo "after ours: $(bench_load)"
-
-peers=()
-for e in $engines; do
-    dtype="${e#*-}"
-    case "$e" in
-    ours) continue ;;
-    hf-*)
-        OMP_NUM_THREADS=$BENCH_THREADS $peers_py exec "$run/$e.rusage" \
-            "$python" "$repo/tests/bench/engine_hf.py" --model "$model" \
-            --pixels "$run/pixels.npy" --layout "$run/layout.json" \
-            --ids "$(awk '$1 == "ours_1_prompt_ids" { print $2 }' "$run/ours.kv")" \
-            --text-ids "$(awk '$1 == "ours_2_prompt_ids" { print $2 }' "$run/ours.kv")" \
-            --batch-ids "$run/throughput_ids.txt" --concurrency "$concurrency" \
-            --max-tokens "$max_tokens" --dtype "$dtype" --threads "$BENCH_THREADS" \
-            --repeats "$repeats" >"$run/$e.kv" 2>"$run/$e.log" ||
-            bench_die "transformers $dtype failed (see $run/$e.log)"
-        ;;
-    mistralrs-*)
-        # candle's CPU kernels run on rayon's pool; OMP for anything else.
-        RAYON_NUM_THREADS=$BENCH_THREADS OMP_NUM_THREADS=$BENCH_THREADS $peers_py exec \
-            "$run/$e.rusage" "$python" "$repo/tests/bench/peers_mistralrs.py" --model "$model" \
-            --dtype "$dtype" --image "$image" --cold-image "$mirror" --prompt "$BENCH_PROMPT" \
-            --throughput-prompt "$THROUGHPUT_PROMPT" --max-tokens "$max_tokens" \
-            --repeats "$repeats" --concurrency "$concurrency" >"$run/$e.kv" 2>"$run/$e.log" ||
-            bench_die "mistralrs $dtype failed (see $run/$e.log)"
-        ;;
-    esac
-    peers+=(--peer "$e=$run/$e.kv,$run/$e.rusage")
-    echo "after $e: $(bench_load)"
 done
 
-versions=$(cat "$run"/*.kv | awk '$1 ~ /_version$/ && !seen[$1]++ { printf "%s %s, ", $1, $2 }')
-echo "${versions%, }"
-echo
-$peers_py table --machine "$run/machine.kv" --ours "$run/ours.kv" \
-    --ours-rusage "$run"/seq_*.rusage "$run"/c*_*.rusage "${concurrent[@]}" "${peers[@]}"
+# one_round DIR: ours, then each peer, into DIR; prints the tables of the
+# round, and with --json OUT keeps their figures for the rounds' summary.
+one_round() {
+    local dir="$1" b e dtype paths
+    shift
+    mkdir -p "$dir"
+    ours_run "$dir" seq "$run/seq.jsonl"
+    $report ours "$dir"/seq_*.jsonl >"$dir/ours.kv"
+    local concurrent=()
+    for b in $concurrency; do
+        ours_run "$dir" "c$b" "$run/c$b.jsonl"
+        paths=$(printf '%s,' "$dir/c${b}"_*.jsonl)
+        concurrent+=(--ours-concurrent "$b=${paths%,}")
+    done
+    $peers_py ids "$dir/c${max_b}_1.jsonl" >"$dir/throughput_ids.txt"
+    echo "after ours: $(bench_load)" >&2
+
+    local peers=()
+    for e in $engines; do
+        dtype="${e#*-}"
+        case "$e" in
+        ours) continue ;;
+        hf-*)
+            OMP_NUM_THREADS=$BENCH_THREADS $peers_py exec "$dir/$e.rusage" \
+                "$python" "$repo/tests/bench/engine_hf.py" --model "$model" \
+                --pixels "$run/pixels.npy" --layout "$run/layout.json" \
+                --ids "$(awk '$1 == "ours_1_prompt_ids" { print $2 }' "$dir/ours.kv")" \
+                --text-ids "$(awk '$1 == "ours_2_prompt_ids" { print $2 }' "$dir/ours.kv")" \
+                --batch-ids "$dir/throughput_ids.txt" --concurrency "$concurrency" \
+                --max-tokens "$max_tokens" --dtype "$dtype" --threads "$BENCH_THREADS" \
+                --repeats "$repeats" >"$dir/$e.kv" 2>"$dir/$e.log" ||
+                bench_die "transformers $dtype failed (see $dir/$e.log)"
+            ;;
+        mistralrs-*)
+            # candle's CPU kernels run on rayon's pool; OMP for anything else.
+            RAYON_NUM_THREADS=$BENCH_THREADS OMP_NUM_THREADS=$BENCH_THREADS $peers_py exec \
+                "$dir/$e.rusage" "$python" "$repo/tests/bench/peers_mistralrs.py" \
+                --model "$model" --dtype "$dtype" --image "$image" --cold-image "$mirror" \
+                --prompt "$BENCH_PROMPT" --throughput-prompt "$THROUGHPUT_PROMPT" \
+                --max-tokens "$max_tokens" --repeats "$repeats" --concurrency "$concurrency" \
+                >"$dir/$e.kv" 2>"$dir/$e.log" ||
+                bench_die "mistralrs $dtype failed (see $dir/$e.log)"
+            ;;
+        esac
+        peers+=(--peer "$e=$dir/$e.kv,$dir/$e.rusage")
+        echo "after $e: $(bench_load)" >&2
+    done
+
+    local versions
+    versions=$(cat "$dir"/*.kv | awk '$1 ~ /_version$/ && !seen[$1]++ { printf "%s %s, ", $1, $2 }')
+    echo "${versions%, }"
+    echo
+    $peers_py table --machine "$run/machine.kv" --ours "$dir/ours.kv" \
+        --ours-rusage "$dir"/seq_*.rusage "$dir"/c*_*.rusage "${concurrent[@]}" "${peers[@]}" "$@"
+}
+
+if [ "$rounds" = 1 ]; then
+    one_round "$run" 2>&1
+else
+    for r in $(seq 1 "$rounds"); do
+        echo "round $r of $rounds: $(bench_load)"
+        one_round "$run/round_$r" --json "$run/round_$r/figures.json" >"$run/round_$r/table.md"
+    done
+    echo "after the rounds: $(bench_load)"
+    echo
+    figures=()
+    for r in $(seq 1 "$rounds"); do
+        figures+=("$run/round_$r/figures.json")
+    done
+    $peers_py rounds "${figures[@]}"
+fi

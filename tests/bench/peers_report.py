@@ -13,19 +13,25 @@ bench_report.py's.
         our prompt ids for its batched throughput).
     peers_report.py table --machine MACHINE.kv --ours OURS.kv --ours-rusage R
             --ours-concurrent B=RUN.jsonl,... [--peer NAME=PEER.kv,PEER.rusage]...
-            [--decode-goal 2] [--vision-goal 2]
-        One Markdown table per metric: each engine's figure and ours/peer.
+            [--decode-goal 2] [--vision-goal 2] [--json OUT]
+        One Markdown table per metric: each engine's figure and ours/peer;
+        --json also writes the figures for `rounds`.
+    peers_report.py rounds ROUND.json... [--decode-goal 2] [--vision-goal 2]
+        The rounds of peers.sh --rounds: per metric, ours' advantage over each
+        peer in every round and its median; the goals held to the medians.
 
 process_age_s() is imported by the peer scripts: their load time runs from
 the process start, as ours (process wall minus batch wall) does.
 """
 import argparse
+import json
 import os
 import resource
 import subprocess
 import sys
 import threading
 import time
+from statistics import median
 
 from bench_report import md_table, num, read_kv, read_runs
 
@@ -167,6 +173,63 @@ METRICS = [
 ]
 
 
+def metric_tables(ours):
+    """(title, figure, digits, higher is better) of every table: METRICS and
+    the throughput at each concurrency ours ran."""
+    tps_keys = sorted((k for k in ours if k.startswith("tps_")), key=lambda k: int(k[4:]))
+    return list(METRICS) + [
+        ("throughput, %s concurrent text requests, completion tokens/s (ours generated %d "
+         "tokens; every engine ignores EOS)" % (k[4:], ours["tokens_" + k[4:]]), k, 1, True)
+        for k in tps_keys]
+
+
+def advantage(o, p, higher_better):
+    """Ours' advantage over a peer's figure (x), or None without both."""
+    if not o or not p:
+        return None
+    return o / p if higher_better else p / o
+
+
+def family_best(peers):
+    """Each peer family's (hf, mistralrs) faster dtype, figure by figure: the
+    goals hold against it."""
+    best = {}
+    for n, f in peers:
+        family = best.setdefault(n.split("-")[0], {})
+        for k, v in f.items():
+            if isinstance(v, float):
+                faster = max if k.startswith("tps_") else min
+                family[k] = faster(family.get(k, v), v)
+    return best
+
+
+def goal_lines(ours, best, decode_goal, vision_goal):
+    """The goals against each family's faster dtype: decode throughput at
+    every concurrency and TTFT with the image."""
+    lines = []
+    for n, f in best.items():
+        tps = [advantage(ours[k], f.get(k), True)
+               for k in ours if k.startswith("tps_") and f.get(k)]
+        if tps:
+            lines.append("goal decode throughput >= %gx %s (its faster dtype) at every "
+                         "concurrency: %s (worst %.2fx)" % (
+                             decode_goal, n, "met" if min(tps) >= decode_goal else "NOT met",
+                             min(tps)))
+        x = advantage(ours.get("ttft_ms"), f.get("ttft_ms"), False)
+        if x is not None:
+            lines.append("goal vision (TTFT with the image) >= %gx %s (its faster dtype): %s "
+                         "(%.2fx)" % (vision_goal, n, "met" if x >= vision_goal else "NOT met", x))
+    return lines
+
+
+def show(v, digits):
+    return "–" if v is None else "%.*f" % (digits, v)
+
+
+def show_x(x):
+    return "–" if x is None else "%.2fx" % x
+
+
 def cmd_table(args):
     machine = read_kv([args.machine])
     ours = ours_figures(read_kv([args.ours]), [read_kv([p]) for p in args.ours_rusage],
@@ -177,6 +240,9 @@ def cmd_table(args):
         kv_path, rusage_path = files.split(",")
         prefix = name.replace("-", "_") + "_"
         peers.append((name, peer_figures(read_kv([kv_path]), prefix, read_kv([rusage_path]))))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine, "ours": ours, "peers": peers}, f)
 
     print("machine: %s; ISA: %s; %s threads per engine; ours with %s activations, %s K/V cache" %
           (machine.get("cpu_model", "?"), machine.get("isa", "?"), machine.get("threads", "?"),
@@ -187,23 +253,9 @@ def cmd_table(args):
         ", %s %d" % (n, f["text_prompt_tokens"]) for n, f in peers if "text_prompt_tokens" in f)))
     print()
     header = ["engine", "figure", "ours' advantage (x)"]
-
-    def ratio(o, p, higher_better):
-        if o is None or p is None or not o or not p:
-            return "–"
-        return "%.2fx" % (o / p if higher_better else p / o)
-
-    def show(v, digits):
-        return "–" if v is None else "%.*f" % (digits, v)
-
-    tables = list(METRICS)
-    tps_keys = sorted((k for k in ours if k.startswith("tps_")), key=lambda k: int(k[4:]))
-    tables += [("throughput, %s concurrent text requests, completion tokens/s (ours generated "
-                "%d tokens; every engine ignores EOS)" % (k[4:], ours["tokens_" + k[4:]]), k, 1,
-                True) for k in tps_keys]
-    for title, key, digits, higher in tables:
+    for title, key, digits, higher in metric_tables(ours):
         rows = [["ours", show(ours.get(key), digits), ""]]
-        rows += [[n, show(f.get(key), digits), ratio(ours.get(key), f.get(key), higher)]
+        rows += [[n, show(f.get(key), digits), show_x(advantage(ours.get(key), f.get(key), higher))]
                  for n, f in peers]
         print("**%s**" % title)
         print()
@@ -215,25 +267,64 @@ def cmd_table(args):
                    [["ours", show(ours["busy_threads"], 0), ours["busy_names"]]] +
                    [[n, show(f["busy_threads"], 0), f["busy_names"]] for n, f in peers]))
     print()
-    # The goals hold against each peer's faster dtype, metric by metric.
-    best = {}
-    for n, f in peers:
-        family = best.setdefault(n.split("-")[0], {})
-        for k, v in f.items():
-            if isinstance(v, float):
-                faster = max if k.startswith("tps_") else min
-                family[k] = faster(family.get(k, v), v)
-    for n, f in best.items():
-        tps = [ours[k] / f[k] for k in tps_keys if f.get(k)]
+    for line in goal_lines(ours, family_best(peers), args.decode_goal, args.vision_goal):
+        print(line)
+
+
+def cmd_rounds(args):
+    rounds = []
+    for path in args.rounds:
+        with open(path) as f:
+            rounds.append(json.load(f))
+    machine = rounds[0]["machine"]
+    print("machine: %s; ISA: %s; %s threads per engine; ours with %s activations, %s K/V cache; "
+          "%d rounds, ours then each peer in every round" % (
+              machine.get("cpu_model", "?"), machine.get("isa", "?"), machine.get("threads", "?"),
+              machine.get("ours_activations", "f32"), machine.get("ours_kv_cache", "f32"),
+              len(rounds)))
+    print()
+    names = [n for n, _ in rounds[0]["peers"]]
+    header = (["engine", "figure, median"] + ["round %d" % (i + 1) for i in range(len(rounds))] +
+              ["ours' advantage, median"])
+    for title, key, digits, higher in metric_tables(rounds[0]["ours"]):
+        ours_v = [r["ours"].get(key) for r in rounds]
+        rows = [["ours", show(median_of(ours_v), digits)] + [show(v, digits) for v in ours_v] +
+                [""]]
+        for name in names:
+            figs = [dict(r["peers"])[name].get(key) for r in rounds]
+            xs = [advantage(o, p, higher) for o, p in zip(ours_v, figs)]
+            rows.append([name, show(median_of(figs), digits)] + [show_x(x) for x in xs] +
+                        [show_x(median_of(xs))])
+        print("**%s** (the rounds' columns: ours' figure, then its advantage over each peer)"
+              % title)
+        print()
+        print(md_table(header, rows))
+        print()
+    # The goals on the median of each round's advantage over the family's
+    # faster dtype: the same ours against the same round's peer.
+    best = [family_best(r["peers"]) for r in rounds]
+    for fam in best[0]:
+        tps_keys = [k for k in rounds[0]["ours"] if k.startswith("tps_")]
+        tps = [median_of([advantage(r["ours"].get(k), b[fam].get(k), True)
+                          for r, b in zip(rounds, best)]) for k in tps_keys]
+        tps = [x for x in tps if x is not None]
         if tps:
-            print("goal decode throughput >= %gx %s (its faster dtype) at every concurrency: "
-                  "%s (worst %.2fx)" % (args.decode_goal, n,
-                                        "met" if min(tps) >= args.decode_goal else "NOT met",
-                                        min(tps)))
-        if f.get("ttft_ms") and ours.get("ttft_ms"):
-            x = f["ttft_ms"] / ours["ttft_ms"]
-            print("goal vision (TTFT with the image) >= %gx %s (its faster dtype): %s (%.2fx)"
-                  % (args.vision_goal, n, "met" if x >= args.vision_goal else "NOT met", x))
+            print("goal decode throughput >= %gx %s (its faster dtype) at every concurrency, "
+                  "median of the rounds: %s (worst %.2fx)" % (
+                      args.decode_goal, fam, "met" if min(tps) >= args.decode_goal else "NOT met",
+                      min(tps)))
+        x = median_of([advantage(r["ours"].get("ttft_ms"), b[fam].get("ttft_ms"), False)
+                       for r, b in zip(rounds, best)])
+        if x is not None:
+            print("goal vision (TTFT with the image) >= %gx %s (its faster dtype), median of the "
+                  "rounds: %s (%.2fx)" % (args.vision_goal, fam,
+                                         "met" if x >= args.vision_goal else "NOT met", x))
+
+
+def median_of(values):
+    """The median of the values present, or None."""
+    present = [v for v in values if v is not None]
+    return median(present) if present else None
 
 
 def main():
@@ -251,10 +342,15 @@ def main():
     t.add_argument("--ours-concurrent", required=True, action="append",
                    metavar="B=RUN.jsonl[,RUN.jsonl...]")
     t.add_argument("--peer", action="append", metavar="NAME=PEER.kv,PEER.rusage")
-    t.add_argument("--decode-goal", type=float, default=2)
-    t.add_argument("--vision-goal", type=float, default=2)
+    t.add_argument("--json", metavar="OUT")
+    r = sub.add_parser("rounds")
+    r.add_argument("rounds", nargs="+", metavar="ROUND.json")
+    for q in (t, r):
+        q.add_argument("--decode-goal", type=float, default=2)
+        q.add_argument("--vision-goal", type=float, default=2)
     args = p.parse_args()
-    return {"exec": cmd_exec, "ids": cmd_ids, "table": cmd_table}[args.sub](args)
+    commands = {"exec": cmd_exec, "ids": cmd_ids, "table": cmd_table, "rounds": cmd_rounds}
+    return commands[args.sub](args)
 
 
 if __name__ == "__main__":
