@@ -264,7 +264,8 @@ static void tile_call(const matmul_job *j, int m, int n, int kc, int ic, int col
  * development VM, alternating processes, the median step): `1b`, 16
  * sequences, bf16 activations and cache, 0.91-0.99x (6 pairs); `small`,
  * f32, 16 sequences 0.91-0.99x (5 pairs), 32 sequences 0.87-1.07x (5
- * pairs, 3 faster). */
+ * pairs, 3 faster); on the AVX2 kernels, 16 sequences 0.84-1.00x and 32
+ * sequences 0.92-1.02x (3 pairs each). */
 static void matmul_strips(const matmul_job *j, const row_tiles *rt, int n0, int n1)
 {
     const int sc = j->cb->kern->strip_cols;
