@@ -115,12 +115,11 @@ for b in $concurrency; do
         >"$run/c$b.jsonl"
 done
 
-# one_round DIR: ours, then each peer, into DIR; prints the tables of the
+# one_round DIR: ours, then each peer, into DIR (which exists); prints the tables of the
 # round, and with --json OUT keeps their figures for the rounds' summary.
 one_round() {
     local dir="$1" b e dtype paths
     shift
-    mkdir -p "$dir"
     ours_run "$dir" seq "$run/seq.jsonl"
     $report ours "$dir"/seq_*.jsonl >"$dir/ours.kv"
     local concurrent=()
@@ -176,6 +175,7 @@ if [ "$rounds" = 1 ]; then
 else
     for r in $(seq 1 "$rounds"); do
         echo "round $r of $rounds: $(bench_load)"
+        mkdir -p "$run/round_$r"
         one_round "$run/round_$r" --json "$run/round_$r/figures.json" >"$run/round_$r/table.md"
     done
     echo "after the rounds: $(bench_load)"
