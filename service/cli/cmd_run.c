@@ -127,11 +127,13 @@ static int append_text(run_job *j, const char *s, size_t n)
 
 /* ---- runtime callbacks (step loop = main thread) ----------------------------------- */
 
+/* Installed for --logits-out only: a sequence with a logits callback is
+ * sampled on the host from its downloaded row (runtime, samples_on_host),
+ * which a batch of 32 paid in a 16 MB copy and a serial sampling pass a
+ * step; without one it is sampled where its logits are, as in the worker. */
 static void on_logits(void *ctx, const float *logits, int vocab)
 {
     run_job *j = ctx;
-    if (!j->collect_logits)
-        return;
     if (j->n_logit_rows == j->logit_cap) {
         size_t cap = j->logit_cap ? 2 * j->logit_cap : 64;
         float *l = realloc(j->logits, cap * (size_t)vocab * sizeof *l);
@@ -303,7 +305,10 @@ int run_submit(run_ctx *c, const job_spec *spec, run_job *j)
         .images = images,
         .n_images = n,
         .sampling = spec->sampling,
-        .cb = {.on_logits = on_logits, .on_token = on_token, .on_finish = on_finish, .ctx = j},
+        .cb = {.on_logits = j->collect_logits ? on_logits : NULL,
+               .on_token = on_token,
+               .on_finish = on_finish,
+               .ctx = j},
     };
     uint64_t handle;
     char err[256];

@@ -9,8 +9,13 @@
  * and each group's times are ordered (0 < min <= median <= max);
  * - "logit_bias" and "ignore_eos": an end token forced by its bias ends a
  *   request at once, and its twin with ignore_eos goes on to max_tokens;
- *   a malformed bias is refused. */
+ *   a malformed bias is refused;
+ * - --logits-out: one row of the vocabulary's logits per token, the greedy
+ *   token each row's first maximum, and the tokens those of the same run
+ *   without it (which samples where the logits are, as the batches above
+ *   and the worker do, rather than from a downloaded row). */
 #include <cjson/cJSON.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +152,72 @@ static void test_bias_and_ignore_eos(void)
     free(err);
 }
 
+/* The output ids of `mllama run --json` on the ids 1,2,3,4, and with
+ * --logits-out to npy when it is not NULL; NULL when the run failed. */
+static cJSON *run_single(const char *npy)
+{
+    char cmd[4 * PU_PATH_MAX], out_arg[PU_PATH_MAX + 16] = "";
+    if (npy)
+        snprintf(out_arg, sizeof out_arg, "--logits-out %s", npy);
+    snprintf(cmd, sizeof cmd,
+             PU_MLLAMA " run --threads 1 --model %s --ids 1,2,3,4 --max-tokens %d --json %s"
+                       " 2>/dev/null",
+             model, MAX_TOKENS, out_arg);
+    int code = -1;
+    char *out = pu_shell(cmd, &code);
+    cJSON *doc = code == 0 && out ? cJSON_Parse(out) : NULL;
+    free(out);
+    check(doc != NULL, "run --json%s: exit %d", npy ? " --logits-out" : "", code);
+    cJSON *ids = cJSON_DetachItemFromObjectCaseSensitive(doc, "output_ids");
+    cJSON_Delete(doc);
+    return ids;
+}
+
+/* A row's first maximum. */
+static int row_argmax(const float *row, size_t n)
+{
+    size_t best = 0;
+    for (size_t i = 1; i < n; i++)
+        if (row[i] > row[best])
+            best = i;
+    return (int)best;
+}
+
+static void test_logits_out(void)
+{
+    char npy[PU_PATH_MAX + 16];
+    snprintf(npy, sizeof npy, "%s/logits.npy", dir);
+    cJSON *with = run_single(npy), *without = run_single(NULL);
+    check(with && without && cJSON_Compare(with, without, true),
+          "--logits-out: the same tokens as without it");
+    size_t len = 0;
+    char *bytes = pu_slurp(npy, &len);
+    /* An .npy v1 file: magic and version (8 bytes), the header's length
+     * (2, little-endian), the header, then the rows. */
+    const size_t preamble = 10;
+    size_t rows = 0, vocab = 0;
+    const char *shape = bytes && len > preamble ? strstr(bytes + preamble, "'shape': (") : NULL;
+    const size_t data = bytes && len > preamble
+                            ? preamble + ((size_t)(uint8_t)bytes[8] | (size_t)(uint8_t)bytes[9] << 8)
+                            : 0;
+    check(shape && sscanf(shape, "'shape': (%zu, %zu)", &rows, &vocab) == 2 &&
+              rows == (size_t)cJSON_GetArraySize(with) && vocab > 0 &&
+              len == data + rows * vocab * sizeof(float),
+          "--logits-out: %zu rows of %zu logits for %d tokens (%zu bytes)", rows, vocab,
+          cJSON_GetArraySize(with), len);
+    for (size_t r = 0; r < rows && len == data + rows * vocab * sizeof(float); r++) {
+        float *row = malloc(vocab * sizeof *row);
+        memcpy(row, bytes + data + r * vocab * sizeof *row, vocab * sizeof *row);
+        const int token = cJSON_GetArrayItem(with, (int)r)->valueint;
+        check(row_argmax(row, vocab) == token, "--logits-out: row %zu's maximum is token %d",
+              r, token);
+        free(row);
+    }
+    free(bytes);
+    cJSON_Delete(with);
+    cJSON_Delete(without);
+}
+
 int main(void)
 {
     atexit(cleanup);
@@ -190,5 +261,6 @@ int main(void)
     cJSON_Delete(doc);
 
     test_bias_and_ignore_eos();
+    test_logits_out();
     return check_done();
 }
