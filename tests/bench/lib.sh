@@ -50,18 +50,22 @@ bench_defaults() {
 
 # bench_parse_args "$@": options shared by the scripts (--preset, --build,
 # --work, --max-tokens, --repeats, --python, --no-build) and the script's own
-# listed in $BENCH_OPTIONS (e.g. "dtypes" for --dtypes); `--max-tokens N`
-# sets $max_tokens. Called after bench_defaults and the script's own defaults.
+# listed in $BENCH_OPTIONS (e.g. "dtypes" for --dtypes) and, taking no value,
+# in $BENCH_FLAGS (e.g. "cold" for --cold, which sets $cold to 1); `--max-tokens
+# N` sets $max_tokens. Called after bench_defaults and the script's own
+# defaults.
 bench_parse_args() {
     local name
     while [ $# -gt 0 ]; do
-        if [ "$1" = --no-build ]; then
-            no_build=1
-            shift
-            continue
-        fi
         name="${1#--}"
         name="${name//-/_}"
+        case " no_build ${BENCH_FLAGS:-} " in
+        *" $name "*)
+            printf -v "$name" 1
+            shift
+            continue
+            ;;
+        esac
         case " preset build work max_tokens repeats python ${BENCH_OPTIONS:-} " in
         *" $name "*) ;;
         *) bench_die "unknown option $1 (see the header of $0)" ;;

@@ -14,7 +14,7 @@
 #   tests/bench/roofline.sh [--preset 1b|small|tiny] [--concurrency "1 2 4 8 16 32"]
 #       [--images 0|1|both] [--repeats N] [--max-tokens N] [--prompt-repeats N]
 #       [--build DIR] [--work DIR] [--cpu-activations f32|bf16]
-#       [--cpu-kv-cache f32|bf16] [--python PY] [--no-build]
+#       [--cpu-kv-cache f32|bf16] [--cold] [--python PY] [--no-build]
 #
 # --images 0: text-only requests, 1: each with the sample image, both (the
 # default): both kinds. --repeats N (default 3) processes per kind and B,
@@ -36,6 +36,14 @@
 #   default; bf16, any CPU: the K/V caches and image states stored bf16, so
 #   the bytes bound counts 2 bytes per cached element; the attention's FLOPs
 #   stay f32 FMA).
+# By default each process first runs B + 1 warm-up requests of the same kind
+#   and length, then the B measured ones on the K/V pool pages they touched
+#   (make_batch.py --warm-up; mllama run --no-prefix-cache, so that finished
+#   requests free their blocks for reuse): the step of a worker that has
+#   served a while. A fresh process faults a page of the pool in every few
+#   tokens of every sequence (at B = 32 on `small` 128 faults and ~4% of the
+#   step). --cold: the B requests alone in a fresh process, faults included
+#   (this script's method before 2026-12-05).
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -48,8 +56,12 @@ images=both
 cpu_activations=f32
 cpu_kv_cache=f32
 prompt_repeats=1
+cold=0
 BENCH_OPTIONS="concurrency images cpu_activations cpu_kv_cache prompt_repeats"
+BENCH_FLAGS="cold"
 bench_parse_args "$@"
+warm_up=(--warm-up)
+[ "$cold" = 0 ] || warm_up=()
 [[ "$prompt_repeats" =~ ^[1-9][0-9]*$ ]] ||
     bench_die "--prompt-repeats: expected a positive integer, got '$prompt_repeats'"
 prompt="$BENCH_PROMPT"
@@ -71,13 +83,14 @@ for kind in $kinds; do
         [ "$kind" = text ] || image_arg=(--image "$image")
         "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" \
             --prompt "$prompt" --concurrent "$b" --same-length --ignore-eos \
-            "${image_arg[@]}" >"$run/${kind}_b$b.jsonl"
+            "${warm_up[@]}" "${image_arg[@]}" >"$run/${kind}_b$b.jsonl"
     done
 done
 
 echo "roofline: preset $preset, B in {$concurrency}, $max_tokens tokens per request," \
     "the prompt $prompt_repeats time(s), $BENCH_THREADS threads, $repeats processes each," \
-    "$cpu_activations activations, $cpu_kv_cache K/V cache"
+    "$cpu_activations activations, $cpu_kv_cache K/V cache," \
+    "${warm_up[*]:+after B + 1 warm-up requests in each process}${warm_up[*]:-cold (no warm-up)}"
 cpu_model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 load_before=$(bench_load)
 echo "machine: $cpu_model"
@@ -102,7 +115,8 @@ for r in $(seq 1 "$repeats"); do
             measure
             "$mllama" run --model "$model" --batch "$run/${kind}_b$b.jsonl" \
                 --threads "$BENCH_THREADS" --cpu-activations "$cpu_activations" \
-                --cpu-kv-cache "$cpu_kv_cache" >"$run/${kind}_b${b}_$r.out" ||
+                --cpu-kv-cache "$cpu_kv_cache" ${warm_up[*]:+--no-prefix-cache} \
+                >"$run/${kind}_b${b}_$r.out" ||
                 bench_die "$kind batch of $b failed"
         done
     done
@@ -138,7 +152,7 @@ for kind in $kinds; do
     done
 done
 median_gbs=$(printf '%s\n' "${bws[@]}" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
-$report roofline --model "$model" --preset "$preset" --read-gbs "$read_gbs" \
+$report roofline --model "$model" --preset "$preset" --read-gbs "$read_gbs" "${warm_up[@]}" \
     --median-read-gbs "$median_gbs" \
     --fma-gflops "${fma%% *}" "${dot_arg[@]}" --kv-bytes "$(bench_kv_bytes)" "${specs[@]}" \
     --machine "$cpu_model, isa ${fma#* }, $BENCH_THREADS threads; before: $load_before; after: $load_after"
