@@ -86,7 +86,9 @@ static void usage(FILE *f)
             "request only once that one has finished (e.g. an image-cache hit after a miss);\n"
             "the others are submitted at once. Prints one JSON result per request and the\n"
             "throughput, with the steps that only decoded by how many sequences they decoded\n"
-            "(\"decode_steps\": count, median, min, max ms).\n"
+            "(\"decode_steps\": count, median, min, max ms). \"warm_up\": true marks a request\n"
+            "that warms the process up (its K/V pages, caches): the aggregate counts the other\n"
+            "requests and the steps from when every warm-up request has finished.\n"
             "Requests share the K/V of full blocks of a common prompt prefix (the prefix\n"
             "cache: usage.prompt_tokens_cached of each result); --no-prefix-cache turns it\n"
             "off, for A/B comparisons.\n"
@@ -333,6 +335,8 @@ cJSON *run_result_json(const run_job *j)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "index", j->index);
+    if (j->warm_up)
+        cJSON_AddTrueToObject(o, "warm_up");
     cJSON_AddItemToObject(o, "prompt_ids", ids_json(&j->prompt));
     cJSON_AddItemToObject(o, "output_ids", ids_json(&j->output));
     cJSON_AddStringToObject(o, "text", j->text ? j->text : "");

@@ -1,7 +1,11 @@
 /* `mllama run --batch FILE.jsonl`: one request per line, submitted at once
  * or after the line its "after" names, run by continuous batching; one JSON
  * result per request, then the throughput and the decode steps' times by
- * batch size (run_internal.h). */
+ * batch size (run_internal.h). Lines marked "warm_up" warm the process up:
+ * the aggregate counts the other requests, and the time and the steps from
+ * when every warm-up request has finished, so that a benchmark measures
+ * steps that write their K/V to pages of the pool already touched, as a
+ * worker's steps do once it has served a while (tests/bench/roofline.sh). */
 #include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -262,8 +266,11 @@ int run_batch(run_ctx *c, const run_opts *o, const run_batch_lines *b)
     if (!jobs)
         return -1;
     int rc = 0;
+    int warming = 0; /* warm-up requests not yet finished */
     for (int i = 0; i < n; i++) {
         jobs[i].index = i;
+        jobs[i].warm_up = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(lines[i], "warm_up"));
+        warming += jobs[i].warm_up;
         ml_token_buf_init(&jobs[i].prompt);
         ml_token_buf_init(&jobs[i].output);
         if (rc == 0)
@@ -293,15 +300,26 @@ int run_batch(run_ctx *c, const run_opts *o, const run_batch_lines *b)
         ml_runtime_get_stats(c->rt, &after);
         /* Every sequence of a decode-only step samples one token. */
         const int decoded = (int)(after.tokens_generated - before.tokens_generated);
-        if (after.prefill_tokens == before.prefill_tokens &&
+        if (!warming && after.prefill_tokens == before.prefill_tokens &&
             after.images_encoded == before.images_encoded && decoded > 0)
             rc = decode_steps_add(&steps, decoded, ms_between(&s0, &s1));
+        if (warming) {
+            warming = 0;
+            for (int i = 0; i < n; i++)
+                warming += jobs[i].warm_up && !jobs[i].done;
+            if (!warming)
+                t0 = s1;
+        }
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double wall = ms_between(&t0, &t1) / 1e3;
     long generated = 0, prompt = 0, prompt_cached = 0;
+    int measured = 0;
     for (int i = 0; rc == 0 && i < n; i++) {
         run_print_json_line(run_result_json(&jobs[i]));
+        if (jobs[i].warm_up)
+            continue;
+        measured++;
         generated += jobs[i].usage.completion_tokens;
         prompt += jobs[i].usage.prompt_tokens;
         prompt_cached += jobs[i].usage.prompt_tokens_cached;
@@ -311,7 +329,9 @@ int run_batch(run_ctx *c, const run_opts *o, const run_batch_lines *b)
     free(jobs);
     if (rc == 0) {
         cJSON *agg = cJSON_CreateObject();
-        cJSON_AddNumberToObject(agg, "requests", n);
+        cJSON_AddNumberToObject(agg, "requests", measured);
+        if (measured < n)
+            cJSON_AddNumberToObject(agg, "warm_up_requests", n - measured);
         cJSON_AddNumberToObject(agg, "prompt_tokens", (double)prompt);
         cJSON_AddNumberToObject(agg, "prompt_tokens_cached", (double)prompt_cached);
         cJSON_AddNumberToObject(agg, "completion_tokens", (double)generated);

@@ -41,6 +41,7 @@ typedef struct run_job {
     size_t n_logit_rows, logit_cap;
     int collect_logits, vocab;
     int after;                  /* batch: index of the request to wait for, or -1 */
+    int warm_up;                /* batch: left out of the aggregate (cmd_run_batch.c) */
     int submitted, done;
     ml_finish_reason reason;
     ml_request_error error;

@@ -357,18 +357,17 @@ def decode_flops(cfg, ctx, image):
     return 2 * (linear + lm_head), 2 * 2 * H * hd * keys
 
 
-def roofline_run(path, b, warm_up):
-    """One `mllama run --batch` of b requests, after b + 1 warm-up ones when
-    warm_up (make_batch.py --warm-up): (the measured requests' prompt
-    length, tokens each, median ms of the steps that decoded all b, their
-    count, vision encodes in the run, the fastest of those steps)."""
+def roofline_run(path, b):
+    """One `mllama run --batch` of b requests, after as many warm-up ones or
+    not (make_batch.py --warm-up; the aggregate leaves them out): (the
+    measured requests' prompt length, tokens each, median ms of their steps
+    that decoded all b, their count, vision encodes in the run, the fastest
+    of those steps)."""
     reqs, agg = read_runs(path)
-    expected = 2 * b + 1 if warm_up else b
-    if len(reqs) != expected:
-        sys.exit("roofline: %s holds %d requests, expected %d" % (path, len(reqs), expected))
     encodes = sum(r["usage"]["images"] - r["usage"]["images_cached"] for r in reqs)
-    # The measured requests are the batch's last b lines.
-    reqs = [r for r in reqs if r["index"] >= expected - b]
+    reqs = [r for r in reqs if not r.get("warm_up")]
+    if len(reqs) != b:
+        sys.exit("roofline: %s holds %d requests, expected %d" % (path, len(reqs), b))
     lengths = {len(r["prompt_ids"]) for r in reqs}
     if len(lengths) != 1:
         sys.exit("roofline: %s: prompt lengths %s differ, so the requests do not decode in "
@@ -390,7 +389,7 @@ def cmd_roofline(args):
         if kind not in ("text", "image"):
             sys.exit("roofline: %s: expected text:B=... or image:B=..." % spec)
         b, image = int(b), kind == "image"
-        runs = [roofline_run(p, b, args.warm_up) for p in paths.split(",")]
+        runs = [roofline_run(p, b) for p in paths.split(",")]
         n_prompt, n_tokens = runs[0][0], runs[0][1]
         ms = [r[2] for r in runs]
         ctx = mean_context(n_prompt, n_tokens)
@@ -557,8 +556,6 @@ def main():
     rl.add_argument("--median-read-gbs", type=float,
                     help="the median bandwidth sample: a further column and goal line")
     rl.add_argument("--goal", type=int, default=85)
-    rl.add_argument("--warm-up", action="store_true",
-                    help="each run begins with b + 1 warm-up requests (make_batch.py --warm-up)")
     rl.add_argument("--preset", default="?")
     rl.add_argument("--machine", help="the CPU, ISA, threads and load, printed with the table")
     rl.add_argument("runs", nargs="+", metavar="KIND:B=RUN.jsonl[,RUN.jsonl...]")

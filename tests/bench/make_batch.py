@@ -15,15 +15,14 @@ with IMAGE or all text only; the prompts differ by a number so that no two
 sequences are alike. --same-length writes the numbers with as many digits
 as B's (01 .. 16), so that the prompts tokenize to the same length, prefill
 together and decode in lockstep (roofline.sh checks the lengths).
---warm-up: first B + 1 requests of the same kind ("(warm-up NN)", ending
-together), then the B measured ones, each submitted after the last warm-up
-request has finished: the measured steps run on K/V pool pages the warm-up
-touched, as a worker's do once it has served a while, instead of faulting
-a fresh page in every few tokens of every sequence (with `mllama run
---no-prefix-cache`, which frees a finished request's blocks for reuse
-rather than keeping them cached). B + 1, so that the warm-up's steps are
-not counted with the measured ones (`decode_steps` groups steps by their
-number of sequences). The measured requests are the last B lines.
+--warm-up: first B requests of the same kind and length marked "warm_up"
+("(warm-up NN)"; they end together), then the B measured ones, each
+submitted after the last warm-up request has finished. The aggregate of
+`mllama run --batch` leaves the warm-up out, so the measured steps are
+steps on K/V pool pages the warm-up touched, as a worker's are once it has
+served a while, instead of faulting a fresh page in every few tokens of
+every sequence (with `mllama run --no-prefix-cache`, which frees a finished
+request's blocks for reuse rather than keeping them cached).
 
 --template DIR: "prompt" requests instead of "chat" ones, their text rendered
 with the chat template of DIR's tokenizer_config.json (transformers'
@@ -84,13 +83,13 @@ def main():
                 req["after"] = i - 1
             lines.append(req)
     else:
-        if args.warm_up:
-            width = len(str(args.concurrent + 1))
-            for i in range(args.concurrent + 1):
-                lines.append(request("%s (warm-up %0*d)" % (args.prompt, width, i + 1),
-                                     args.image))
-        last_warm_up = len(lines) - 1
         width = len(str(args.concurrent)) if args.same_length else 1
+        if args.warm_up:
+            for i in range(args.concurrent):
+                req = request("%s (warm-up %0*d)" % (args.prompt, width, i + 1), args.image)
+                req["warm_up"] = True
+                lines.append(req)
+        last_warm_up = len(lines) - 1
         for i in range(args.concurrent):
             req = request("%s (request %0*d)" % (args.prompt, width, i + 1), args.image)
             if args.warm_up:

@@ -36,11 +36,11 @@
 #   default; bf16, any CPU: the K/V caches and image states stored bf16, so
 #   the bytes bound counts 2 bytes per cached element; the attention's FLOPs
 #   stay f32 FMA).
-# By default each process first runs B + 1 warm-up requests of the same kind
-#   and length, then the B measured ones on the K/V pool pages they touched
-#   (make_batch.py --warm-up; mllama run --no-prefix-cache, so that finished
-#   requests free their blocks for reuse): the step of a worker that has
-#   served a while. A fresh process faults a page of the pool in every few
+# By default each process first runs B warm-up requests of the same kind and
+#   length, then the B measured ones on the K/V pool pages they touched
+#   (make_batch.py --warm-up: the batch's aggregate leaves the warm-up out;
+#   mllama run --no-prefix-cache, so that finished requests free their blocks
+#   for reuse): the step of a worker that has served a while. A fresh process faults a page of the pool in every few
 #   tokens of every sequence (at B = 32 on `small` 128 faults and ~4% of the
 #   step). --cold: the B requests alone in a fresh process, faults included
 #   (this script's method before 2026-12-05).
@@ -87,10 +87,11 @@ for kind in $kinds; do
     done
 done
 
+pool="after B warm-up requests in each process"
+[ "$cold" = 0 ] || pool="a fresh K/V pool (--cold)"
 echo "roofline: preset $preset, B in {$concurrency}, $max_tokens tokens per request," \
     "the prompt $prompt_repeats time(s), $BENCH_THREADS threads, $repeats processes each," \
-    "$cpu_activations activations, $cpu_kv_cache K/V cache," \
-    "${warm_up[*]:+after B + 1 warm-up requests in each process}${warm_up[*]:-cold (no warm-up)}"
+    "$cpu_activations activations, $cpu_kv_cache K/V cache, $pool"
 cpu_model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 load_before=$(bench_load)
 echo "machine: $cpu_model"
@@ -152,7 +153,7 @@ for kind in $kinds; do
     done
 done
 median_gbs=$(printf '%s\n' "${bws[@]}" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
-$report roofline --model "$model" --preset "$preset" --read-gbs "$read_gbs" "${warm_up[@]}" \
+$report roofline --model "$model" --preset "$preset" --read-gbs "$read_gbs" \
     --median-read-gbs "$median_gbs" \
     --fma-gflops "${fma%% *}" "${dot_arg[@]}" --kv-bytes "$(bench_kv_bytes)" "${specs[@]}" \
     --machine "$cpu_model, isa ${fma#* }, $BENCH_THREADS threads; before: $load_before; after: $load_after"

@@ -10,6 +10,10 @@
  * - "logit_bias" and "ignore_eos": an end token forced by its bias ends a
  *   request at once, and its twin with ignore_eos goes on to max_tokens;
  *   a malformed bias is refused;
+ * - "warm_up": the aggregate counts the other requests, and only steps run
+ *   once every warm-up request has finished: two warm-up requests, then one
+ *   after them, give a group of one sequence and no group of two, and the
+ *   one request's tokens; the warm-up results are marked;
  * - --logits-out: one row of the vocabulary's logits per token, the greedy
  *   token each row's first maximum, and the tokens those of the same run
  *   without it (which samples where the logits are, as the batches above
@@ -152,6 +156,44 @@ static void test_bias_and_ignore_eos(void)
     free(err);
 }
 
+static void test_warm_up(void)
+{
+    char lines[512];
+    snprintf(lines, sizeof lines,
+             "{\"ids\":\"1,2,3,4\",\"max_tokens\":%d,\"warm_up\":true}\n"
+             "{\"ids\":\"5,6,7,8\",\"max_tokens\":%d,\"warm_up\":true}\n"
+             "{\"ids\":\"9,10,11,12\",\"max_tokens\":%d,\"after\":1}\n",
+             MAX_TOKENS, MAX_TOKENS, MAX_TOKENS);
+    char *out = run_batch("warm_up", lines);
+    cJSON *first = out ? result(out, 0) : NULL, *last = out ? result(out, 2) : NULL;
+    check(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(first, "warm_up")) &&
+              !cJSON_GetObjectItemCaseSensitive(last, "warm_up"),
+          "warm_up: the warm-up results are marked, the others not");
+    const char *agg_line = out ? strstr(out, "{\"aggregate\"") : NULL;
+    cJSON *doc = agg_line ? cJSON_Parse(agg_line) : NULL;
+    const cJSON *agg = cJSON_GetObjectItemCaseSensitive(doc, "aggregate");
+    const cJSON *requests = cJSON_GetObjectItemCaseSensitive(agg, "requests");
+    const cJSON *warm = cJSON_GetObjectItemCaseSensitive(agg, "warm_up_requests");
+    check(cJSON_IsNumber(requests) && requests->valueint == 1 && cJSON_IsNumber(warm) &&
+              warm->valueint == 2,
+          "warm_up: the aggregate counts 1 request and 2 warm-up ones");
+    const cJSON *last_ids = cJSON_GetObjectItemCaseSensitive(last, "output_ids");
+    check(agg && completion_tokens(agg) == cJSON_GetArraySize(last_ids),
+          "warm_up: the aggregate's tokens are the measured request's (%d)",
+          cJSON_GetArraySize(last_ids));
+    if (agg) {
+        int max_seqs;
+        const int tokens = check_groups("warm_up", agg, &max_seqs);
+        check(max_seqs == 1 && tokens == completion_tokens(agg) - 1,
+              "warm_up: only the measured request's steps (%d tokens, up to %d sequences)",
+              tokens, max_seqs);
+    }
+    cJSON_Delete(doc);
+    cJSON_Delete(first);
+    cJSON_Delete(last);
+    free(out);
+}
+
 /* The output ids of `mllama run --json` on the ids 1,2,3,4, and with
  * --logits-out to npy when it is not NULL; NULL when the run failed. */
 static cJSON *run_single(const char *npy)
@@ -261,6 +303,7 @@ int main(void)
     cJSON_Delete(doc);
 
     test_bias_and_ignore_eos();
+    test_warm_up();
     test_logits_out();
     return check_done();
 }
