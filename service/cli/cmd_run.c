@@ -131,8 +131,9 @@ static int append_text(run_job *j, const char *s, size_t n)
 
 /* Installed for --logits-out only: a sequence with a logits callback is
  * sampled on the host from its downloaded row (runtime, samples_on_host),
- * which a batch of 32 paid in a 16 MB copy and a serial sampling pass a
- * step; without one it is sampled where its logits are, as in the worker. */
+ * which at 32 sequences of `small` cost a 16 MB copy and a serial sampling
+ * pass a step; without one it is sampled where its logits are, as in the
+ * worker. */
 static void on_logits(void *ctx, const float *logits, int vocab)
 {
     run_job *j = ctx;
