@@ -17,8 +17,8 @@ as B's (01 .. 16), so that the prompts tokenize to the same length, prefill
 together and decode in lockstep (roofline.sh checks the lengths).
 --warm-up: first B requests of the same kind marked "warm_up" ("(warm-up
 NN)"; with --same-length of the same length, so that they end together),
-then the B measured ones, each
-submitted after the last warm-up request has finished. The aggregate of
+then the B measured ones, each submitted after the last warm-up request has
+finished. The aggregate of
 `mllama run --batch` leaves the warm-up out, so the measured steps are
 steps on K/V pool pages the warm-up touched, as a worker's are once it has
 served a while, instead of faulting a fresh page in every few tokens of

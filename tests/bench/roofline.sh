@@ -40,10 +40,11 @@
 #   length, then the B measured ones on the K/V pool pages they touched
 #   (make_batch.py --warm-up: the batch's aggregate leaves the warm-up out;
 #   mllama run --no-prefix-cache, so that finished requests free their blocks
-#   for reuse): the step of a worker that has served a while. A fresh process faults a page of the pool in every few
-#   tokens of every sequence (at B = 32 on `small` 128 faults and ~4% of the
-#   step). --cold: the B requests alone in a fresh process, faults included
-#   (this script's method before 2026-12-05).
+#   for reuse): the step of a worker that has served a while. A fresh process
+#   faults a page of the pool in every few tokens of every sequence (at B = 32
+#   on `small` 128 faults and ~4% of the step). --cold: the B requests alone
+#   in a fresh process, faults included (this script's method before
+#   2026-12-05).
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -60,8 +61,13 @@ cold=0
 BENCH_OPTIONS="concurrency images cpu_activations cpu_kv_cache prompt_repeats"
 BENCH_FLAGS="cold"
 bench_parse_args "$@"
-warm_up=(--warm-up)
-[ "$cold" = 0 ] || warm_up=()
+if [ "$cold" = 0 ]; then
+    warm_up=(--warm-up)
+    pool="after B warm-up requests in each process"
+else
+    warm_up=()
+    pool="a fresh K/V pool (--cold)"
+fi
 [[ "$prompt_repeats" =~ ^[1-9][0-9]*$ ]] ||
     bench_die "--prompt-repeats: expected a positive integer, got '$prompt_repeats'"
 prompt="$BENCH_PROMPT"
@@ -87,8 +93,6 @@ for kind in $kinds; do
     done
 done
 
-pool="after B warm-up requests in each process"
-[ "$cold" = 0 ] || pool="a fresh K/V pool (--cold)"
 echo "roofline: preset $preset, B in {$concurrency}, $max_tokens tokens per request," \
     "the prompt $prompt_repeats time(s), $BENCH_THREADS threads, $repeats processes each," \
     "$cpu_activations activations, $cpu_kv_cache K/V cache, $pool"

@@ -58,17 +58,25 @@ static char *run_batch(const char *name, const char *lines)
     return out;
 }
 
+/* The aggregate object (owned by *doc) of the output of run `name`, or
+ * NULL with the failure checked. */
+static const cJSON *aggregate_of(const char *name, const char *out, cJSON **doc)
+{
+    /* The aggregate is the last line. */
+    const char *last = out ? strstr(out, "{\"aggregate\"") : NULL;
+    *doc = last ? cJSON_Parse(last) : NULL;
+    const cJSON *agg = cJSON_GetObjectItemCaseSensitive(*doc, "aggregate");
+    check(agg != NULL, "%s: no aggregate line", name);
+    return agg;
+}
+
 /* The aggregate object (owned by *doc) of `mllama run --batch` over lines,
  * or NULL with the failure checked. */
 static const cJSON *run_aggregate(const char *name, const char *lines, cJSON **doc)
 {
     char *out = run_batch(name, lines);
-    /* The aggregate is the last line. */
-    char *last = out ? strstr(out, "{\"aggregate\"") : NULL;
-    *doc = last ? cJSON_Parse(last) : NULL;
+    const cJSON *agg = aggregate_of(name, out, doc);
     free(out);
-    const cJSON *agg = cJSON_GetObjectItemCaseSensitive(*doc, "aggregate");
-    check(agg != NULL, "%s: no aggregate line", name);
     return agg;
 }
 
@@ -169,9 +177,8 @@ static void test_warm_up(void)
     check(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(first, "warm_up")) &&
               !cJSON_GetObjectItemCaseSensitive(last, "warm_up"),
           "warm_up: the warm-up results are marked, the others not");
-    const char *agg_line = out ? strstr(out, "{\"aggregate\"") : NULL;
-    cJSON *doc = agg_line ? cJSON_Parse(agg_line) : NULL;
-    const cJSON *agg = cJSON_GetObjectItemCaseSensitive(doc, "aggregate");
+    cJSON *doc;
+    const cJSON *agg = aggregate_of("warm_up", out, &doc);
     const cJSON *requests = cJSON_GetObjectItemCaseSensitive(agg, "requests");
     const cJSON *warm = cJSON_GetObjectItemCaseSensitive(agg, "warm_up_requests");
     check(cJSON_IsNumber(requests) && requests->valueint == 1 && cJSON_IsNumber(warm) &&
@@ -247,14 +254,15 @@ static void test_logits_out(void)
               len == data + rows * vocab * sizeof(float),
           "--logits-out: %zu rows of %zu logits for %d tokens (%zu bytes)", rows, vocab,
           cJSON_GetArraySize(with), len);
-    for (size_t r = 0; r < rows && len == data + rows * vocab * sizeof(float); r++) {
-        float *row = malloc(vocab * sizeof *row);
+    /* Each row copied out of the char buffer before it is read as floats. */
+    float *row = vocab ? malloc(vocab * sizeof *row) : NULL;
+    for (size_t r = 0; row && r < rows && len == data + rows * vocab * sizeof *row; r++) {
         memcpy(row, bytes + data + r * vocab * sizeof *row, vocab * sizeof *row);
         const int token = cJSON_GetArrayItem(with, (int)r)->valueint;
         check(row_argmax(row, vocab) == token, "--logits-out: row %zu's maximum is token %d",
               r, token);
-        free(row);
     }
+    free(row);
     free(bytes);
     cJSON_Delete(with);
     cJSON_Delete(without);
