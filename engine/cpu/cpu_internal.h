@@ -136,9 +136,10 @@ static inline uint32_t ml_cpu_bf16_pair(float lo, float hi)
 void ml_cpu_latch(ml_cpu_backend *cb, ml_status st, const char *op, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* ml_cpu_alloc for a buffer every decode step streams whole (the packed
- * weights): on huge pages where the kernel lends them (memory.c); freed
- * with ml_cpu_free. */
+/* ml_cpu_alloc for a buffer every decode step streams whole and its
+ * writer fills at once (the packed weights): on huge pages where the kernel
+ * lends them, but not faulted in by the allocation as ml_cpu_alloc's pools
+ * are (memory.c); freed with ml_cpu_free. */
 void *ml_cpu_alloc_streamed(ml_backend *be, size_t bytes);
 
 /* ---- op implementations (contracts in backend.h) ---------------------------- */

@@ -7,6 +7,7 @@
  * and download are memcpy, and every op has finished when it returns.
  * Errors are latched and reported by synchronize, as on a device; the only
  * ones are misuses of the graph ops (graph.c). */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +16,78 @@
 
 #include "cpu/cpu_internal.h"
 
+/* Transparent huge pages (x86-64's 2 MiB): a decode step reads every weight
+ * once, and with 4 KiB pages that is a TLB miss every 64 cache lines of
+ * each strip; the causal attention reads each cached key's row of its kv
+ * head, one row a page apart at 11B's 8 kv heads x 128, so every key was a
+ * TLB miss. Aligned to the huge page and marked MADV_HUGEPAGE, the range
+ * gets them where the kernel's policy is "always" and where it is "madvise"
+ * (/sys/kernel/mm/transparent_hugepage/enabled; the development VM's is
+ * madvise, and there unmarked memory gets none). Where the kernel lends
+ * none the advice is ignored and the buffer is an ordinary one. Measured on
+ * the packed weights (2026-12-03, the development VM, 2 threads, bf16
+ * activations, the same weights packed both ways and run alternately,
+ * medians of 9): 1 row 0.68-0.99x the time, 16 rows 0.86-1.03x, 64 and 304
+ * rows 0.94-1.08x. */
+#define HUGE_PAGE_BYTES ((size_t)2 << 20)
+/* The base page, the stride of the fallback that faults a range in. */
+#define BASE_PAGE_BYTES ((size_t)4096)
+
+static void *huge_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, HUGE_PAGE_BYTES, bytes) != 0)
+        return NULL;
+    (void)madvise(p, bytes, MADV_HUGEPAGE); /* advice: its failure changes nothing */
+    return p;
+}
+
+/* Fault every page of [p, p + bytes) in now; 0 when the memory is not
+ * there. MADV_POPULATE_WRITE (Linux 5.14) says so with ENOMEM; older
+ * kernels refuse the advice (EINVAL), and writing a byte per page does the
+ * same, where running short means the OOM killer rather than an error. */
+static int fault_in(void *p, size_t bytes)
+{
+    if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0)
+        return 1;
+    if (errno != EINVAL)
+        return 0;
+    volatile unsigned char *c = p;
+    for (size_t at = 0; at < bytes; at += BASE_PAGE_BYTES)
+        c[at] = 0;
+    return 1;
+}
+
+/* Buffers of a huge page and more are the memory plan's pools: the paged
+ * K/V (one per layer), the image states, the workspace, adapter slots.
+ * They live on huge pages and are faulted in here, at load (or, for an
+ * image state, when its image is admitted), so that:
+ * - a decode step never waits on a page fault: filled lazily, the K/V pool
+ *   faulted a zeroed page in every few tokens of every sequence (128 faults,
+ *   ~4% of a 32-sequence step of `small`), and on huge pages each first
+ *   touch of a 2 MiB page stalled its step 213-264 ms (the kernel compacting
+ *   memory to find one);
+ * - the attention's keys cost no TLB miss each (above): one layer of an
+ *   11B-shaped decode step, 16 sequences over 1,024 cached keys each, took
+ *   6.4 against 7.6 ms on 4 KiB pages, the medians of 8 alternating runs
+ *   (`bench_cpu_ops` attn_causal, 2026-12-05, the development VM, Zen 5, 2
+ *   threads; either side spread over 5.6-8.0 ms); a 32-sequence step of
+ *   `small` on a warm pool 0.95-1.03x the time (6 alternating pairs, median
+ *   0.965), in a fresh process 0.82-0.98x (4 pairs);
+ * - a budget the machine cannot hold fails at load (an allocation error, or
+ *   the OOM killer where the kernel chooses it), not once the pool has filled
+ *   under traffic.
+ * The resident set is the budgets from the start, as a GPU server's is. */
 void *ml_cpu_alloc(ml_backend *be, size_t bytes)
 {
+    if (bytes >= HUGE_PAGE_BYTES) {
+        void *p = huge_alloc(bytes);
+        if (p && !fault_in(p, bytes)) {
+            free(p);
+            return NULL;
+        }
+        return p;
+    }
     /* aligned_alloc wants a multiple of the alignment; 0 still gets a block. */
     size_t rounded = (bytes + ML_CPU_ALIGN - 1) / ML_CPU_ALIGN * ML_CPU_ALIGN;
     if (rounded < bytes)
@@ -24,28 +95,11 @@ void *ml_cpu_alloc(ml_backend *be, size_t bytes)
     return aligned_alloc(ML_CPU_ALIGN, rounded ? rounded : ML_CPU_ALIGN);
 }
 
-/* Transparent huge pages (x86-64's 2 MiB): a decode step reads every weight
- * once, and with 4 KiB pages that is a TLB miss every 64 cache lines of
- * each strip. Aligned to the huge page and marked MADV_HUGEPAGE, the range
- * gets them where the kernel's policy is "always" and where it is "madvise"
- * (/sys/kernel/mm/transparent_hugepage/enabled; the development VM's is
- * madvise, and there unmarked memory gets none). Measured
- * (2026-12-03, the development VM, 2 threads, bf16 activations, the same
- * weights packed both ways and run alternately, medians of 9): 1 row
- * 0.68-0.99x the time, 16 rows 0.86-1.03x, 64 and 304 rows 0.94-1.08x. Where
- * the kernel lends none the advice is ignored and the buffer is an
- * ordinary one. */
-#define HUGE_PAGE_BYTES ((size_t)2 << 20)
-
+/* The packed weights: on huge pages, and faulted in by the packing that
+ * writes them right away, on every thread, rather than here on one. */
 void *ml_cpu_alloc_streamed(ml_backend *be, size_t bytes)
 {
-    if (bytes < HUGE_PAGE_BYTES)
-        return ml_cpu_alloc(be, bytes);
-    void *p = NULL;
-    if (posix_memalign(&p, HUGE_PAGE_BYTES, bytes) != 0)
-        return NULL;
-    (void)madvise(p, bytes, MADV_HUGEPAGE); /* advice: its failure changes nothing */
-    return p;
+    return bytes >= HUGE_PAGE_BYTES ? huge_alloc(bytes) : ml_cpu_alloc(be, bytes);
 }
 
 void ml_cpu_free(ml_backend *be, void *p)

@@ -1,9 +1,10 @@
 /* The CPU backend itself: its thread pool, creating it (ML_CPU_ISA, thread
  * counts, the errors), and its memory ops on each ISA path this machine
- * supports (cpu_ops_util.h). */
+ * supports (cpu_ops_util.h), pools resident from their allocation. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -102,10 +103,40 @@ static void test_memory(ml_backend *be)
     check(o->synchronize(be, err, sizeof err) == ML_OK, "synchronize");
 }
 
+/* A pool of a few huge pages and a bit (memory.c: 2 MiB pages). */
+#define POOL_BYTES ((size_t)5 << 20 | 123)
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* An allocation of a huge page or more (the memory plan's pools) comes
+ * resident: every page is in memory before anything writes to it, so no
+ * decode step waits on a page fault and a budget that does not fit fails
+ * at load. */
+static void test_pool_resident(ml_backend *be)
+{
+    const long page = sysconf(_SC_PAGESIZE);
+    unsigned char *p = be->ops->alloc(be, POOL_BYTES);
+    check(p != NULL, "alloc of a pool");
+    if (!p)
+        return;
+    check((uintptr_t)p % HUGE_PAGE == 0, "a pool is aligned to the huge page");
+    const size_t pages = (POOL_BYTES + (size_t)page - 1) / (size_t)page;
+    unsigned char *in = malloc(pages);
+    check(in && mincore(p, POOL_BYTES, in) == 0, "mincore");
+    size_t resident = 0;
+    for (size_t i = 0; in && i < pages; i++)
+        resident += in[i] & 1;
+    check(resident == pages, "a pool is resident before its first write (%zu of %zu pages)",
+          resident, pages);
+    p[POOL_BYTES - 1] = 1; /* the whole length is the caller's */
+    free(in);
+    be->ops->free(be, p);
+}
+
 
 static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
 {
     test_memory(be[0]);
+    test_pool_resident(be[0]);
 }
 
 int main(void)
