@@ -40,11 +40,13 @@
 #   length, then the B measured ones on the K/V pool pages they touched
 #   (make_batch.py --warm-up: the batch's aggregate leaves the warm-up out;
 #   mllama run --no-prefix-cache, so that finished requests free their blocks
-#   for reuse): the step of a worker that has served a while. A fresh process
-#   faults a page of the pool in every few tokens of every sequence (at B = 32
-#   on `small` 128 faults and ~4% of the step). --cold: the B requests alone
-#   in a fresh process, faults included (this script's method before
-#   2026-12-05).
+#   for reuse): the step of a worker that has served a while. Before f90a2f7
+#   the CPU backend faulted its K/V pool in lazily, and a fresh process took a
+#   page fault every few tokens of every sequence (at B = 32 on `small` 128
+#   faults a step, ~4% of it); it now faults its pools in at load, and what the
+#   warm-up still gives the measured requests is the blocks and caches a
+#   served worker's have. --cold: the B requests alone in a fresh process
+#   (this script's method before 2026-12-05).
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
