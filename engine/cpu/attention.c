@@ -208,7 +208,7 @@ static void prefetch_rows(const float *rows, size_t ld, int n, int hd, int to_l1
 static void kv_load(const attn_job *j, float *dst, const void *base, size_t at, size_t n)
 {
     if (ml_cpu_kv16(j->cb))
-        ml_bf16_to_f32_n(dst, (const uint16_t *)base + at, n);
+        j->cb->kern->bf16_widen(dst, (const uint16_t *)base + at, n);
     else
         memcpy(dst, (const float *)base + at, n * sizeof *dst);
 }

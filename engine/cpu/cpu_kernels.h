@@ -140,6 +140,11 @@ typedef struct ml_cpu_kernels {
      *             gate or up (silu(gate) · up of the text MLP) */
     void (*gelu)(float *x, size_t n);
     void (*silu_mul)(float *y, const float *gate, const float *up, size_t n);
+
+    /* dst[i] = the f32 of the bf16 src[i], exactly (ml_bf16_to_f32), for
+     * i < n: the bf16 K/V cache's rows widened as the attention reads them
+     * (attention.c). */
+    void (*bf16_widen)(float *dst, const uint16_t *src, size_t n);
 } ml_cpu_kernels;
 
 extern const ml_cpu_kernels ml_cpu_kernels_plain;

@@ -29,6 +29,11 @@ ALWAYS_INLINE __m256 bf16_to_f32(__m128i h)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+ALWAYS_INLINE __m256 bf16_lanes(const uint16_t *p)
+{
+    return bf16_to_f32(_mm_loadu_si128((const __m128i *)p));
+}
+
 /* Horizontal sum of 8 lanes. */
 ALWAYS_INLINE float hsum(__m256 v)
 {
@@ -119,6 +124,7 @@ const ml_cpu_kernels ml_cpu_kernels_avx2 = {
     .erf_n = vm_erf_n,
     .gelu = vm_gelu,
     .silu_mul = vm_silu_mul,
+    .bf16_widen = bf16_widen,
 };
 
 #endif

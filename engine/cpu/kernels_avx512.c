@@ -33,6 +33,11 @@ ALWAYS_INLINE __m512 bf16_to_f32(__m256i h)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+ALWAYS_INLINE __m512 bf16_lanes(const uint16_t *p)
+{
+    return bf16_to_f32(_mm256_loadu_si256((const __m256i *)p));
+}
+
 ALWAYS_INLINE void gemv_block(const int rows, const int cols, int K, const uint16_t *w,
                               size_t ldw, const float *x, size_t ldx, float *dots)
 {
@@ -243,6 +248,7 @@ const ml_cpu_kernels ml_cpu_kernels_avx512 = {
     .erf_n = vm_erf_n,
     .gelu = vm_gelu,
     .silu_mul = vm_silu_mul,
+    .bf16_widen = bf16_widen,
 };
 
 #endif

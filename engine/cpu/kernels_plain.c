@@ -123,6 +123,7 @@ const ml_cpu_kernels ml_cpu_kernels_plain = {
     .erf_n = erf_n,
     .gelu = gelu,
     .silu_mul = silu_mul,
+    .bf16_widen = ml_bf16_to_f32_n,
 };
 
 const ml_cpu_kernels *ml_cpu_kernels_for(ml_cpu_isa isa)

@@ -12,6 +12,8 @@
  *                (the loads and widening differ between the widths)
  *   gemv_block   LoRA's kernel for a compile-time block (cpu_kernels.h gemv;
  *                each width sums its tail in its own way)
+ *   bf16_lanes   ALWAYS_INLINE vf (const uint16_t *p): LANES bf16 at p
+ *                widened to f32 (exact)
  * Each file keeps what only its width has (strip_step, gemv_block, the
  * bf16 kernels of AVX-512). Both widths run the same operations per lane in the
  * same order, so an element's bits depend on the ISA's lane count only
@@ -21,6 +23,8 @@
 
 #include <assert.h>
 #include <math.h>
+
+#include "dtype.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define LANES VF_LANES
@@ -226,6 +230,22 @@ ALWAYS_INLINE void packed_m(const int m, int n, int k, const float *x, size_t ld
         packed_pf(m, 1, n, k, x, ldx, w, pf, next, y, ldy);
     else
         packed_pf(m, 0, n, k, x, ldx, w, pf, next, y, ldy);
+}
+
+/* ---- bf16_widen ------------------------------------------------------------- */
+
+/* Defined by the including file, after this one. */
+ALWAYS_INLINE vf bf16_lanes(const uint16_t *p);
+
+/* A vector of values a step, the tail as the scalar code does it: the
+ * rows are head_dim long, a multiple of the lanes in every Llama 3.2
+ * Vision. */
+static void bf16_widen(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        vf_storeu(dst + i, bf16_lanes(src + i));
+    ml_bf16_to_f32_n(dst + i, src + i, n - i);
 }
 
 /* Switch cases 1 .. n, case k running call(k): a run-time count made a

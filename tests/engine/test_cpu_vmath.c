@@ -1,5 +1,6 @@
 /* The vector exp, erf, gelu and silu of each ISA (cpu_kernels.h, vmath.h)
- * over a sweep of every f32 binade, against libm and the plain kernel. */
+ * over a sweep of every f32 binade, against libm and the plain kernel; the
+ * bf16 widening of each ISA over every bf16 value. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -9,6 +10,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu_ops_util.h"
+#include "dtype.h"
 #include "harness.h"
 #include "test_rand.h"
 
@@ -164,9 +166,60 @@ static void test_vector_math(void)
     free(want);
 }
 
+/* ---- bf16_widen of each ISA ------------------------------------------------------------ */
+
+#define BF16_VALUES 65536
+/* Lengths from 0 to past two AVX-512 vectors, so that every tail occurs. */
+#define WIDEN_MAX_LEN 37
+
+/* Every bf16 bit pattern widened as ml_bf16_to_f32 does, at every length
+ * from 0 to WIDEN_MAX_LEN and every start, on each ISA; nothing past n
+ * written. */
+static void test_bf16_widen(void)
+{
+    uint16_t *src = malloc(BF16_VALUES * sizeof *src);
+    float *dst = malloc((BF16_VALUES + 1) * sizeof *dst);
+    if (!src || !dst) {
+        check(0, "out of memory");
+        free(src);
+        free(dst);
+        return;
+    }
+    for (uint32_t v = 0; v < BF16_VALUES; v++)
+        src[v] = (uint16_t)v;
+    const float sentinel = -12345.0f;
+    for (ml_cpu_isa isa = ML_CPU_ISA_PLAIN; isa <= ml_cpu_isa_detect(); isa++) {
+        const ml_cpu_kernels *kn = ml_cpu_kernels_for(isa);
+        int ok = 1;
+        dst[BF16_VALUES] = sentinel;
+        kn->bf16_widen(dst, src, BF16_VALUES);
+        for (uint32_t v = 0; v < BF16_VALUES; v++) {
+            const float want = ml_bf16_to_f32(src[v]);
+            ok &= memcmp(&dst[v], &want, sizeof want) == 0;
+        }
+        ok &= dst[BF16_VALUES] == sentinel;
+        for (size_t n = 0; n <= WIDEN_MAX_LEN; n++) {
+            const size_t at = (size_t)irand(BF16_VALUES - WIDEN_MAX_LEN);
+            for (size_t i = 0; i <= WIDEN_MAX_LEN; i++)
+                dst[i] = sentinel;
+            kn->bf16_widen(dst, src + at, n);
+            for (size_t i = 0; i < n; i++) {
+                const float want = ml_bf16_to_f32(src[at + i]);
+                ok &= memcmp(&dst[i], &want, sizeof want) == 0;
+            }
+            for (size_t i = n; i <= WIDEN_MAX_LEN; i++)
+                ok &= dst[i] == sentinel;
+        }
+        check(ok, "bf16_widen [%s]: every bf16 value exact, nothing past n written",
+              ml_cpu_isa_name(isa));
+    }
+    free(src);
+    free(dst);
+}
 
 int main(void)
 {
     test_vector_math();
+    test_bf16_widen();
     return check_done();
 }
