@@ -1,5 +1,5 @@
 /* The register-tile kernels of cpu_kernels.h (gemm_tile, gemm_packed,
- * softmax_block), written once for both vector widths.
+ * softmax_block) and bf16_widen, written once for both vector widths.
  *
  * Included only by kernels_avx2.c and kernels_avx512.c, after vmath.h (the
  * width layer vf_*, VMATH_BITS) and after defining
