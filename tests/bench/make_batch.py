@@ -18,12 +18,12 @@ together and decode in lockstep (roofline.sh checks the lengths).
 --warm-up: first B requests of the same kind marked "warm_up" ("(warm-up
 NN)"; with --same-length of the same length, so that they end together),
 then the B measured ones, each submitted after the last warm-up request has
-finished. The aggregate of
-`mllama run --batch` leaves the warm-up out, so the measured steps are
-steps on K/V pool pages the warm-up touched, as a worker's are once it has
-served a while, instead of faulting a fresh page in every few tokens of
-every sequence (with `mllama run --no-prefix-cache`, which frees a finished
-request's blocks for reuse rather than keeping them cached).
+finished. The aggregate of `mllama run --batch` leaves the warm-up out, so
+the measured steps run on K/V blocks and caches the warm-up used, as a
+worker's do once it has served a while (with `mllama run
+--no-prefix-cache`, which frees a finished request's blocks for reuse rather
+than keeping them cached; the CPU backend faults its pools in at load, so
+no step of either pays a page fault).
 
 --template DIR: "prompt" requests instead of "chat" ones, their text rendered
 with the chat template of DIR's tokenizer_config.json (transformers'

@@ -172,9 +172,9 @@ static void test_vector_math(void)
 /* Lengths from 0 to past two AVX-512 vectors, so that every tail occurs. */
 #define WIDEN_MAX_LEN 37
 
-/* Every bf16 bit pattern widened as ml_bf16_to_f32 does, at every length
- * from 0 to WIDEN_MAX_LEN and every start, on each ISA; nothing past n
- * written. */
+/* Every bf16 bit pattern widened as ml_bf16_to_f32 does, in one call and
+ * at every length from 0 to WIDEN_MAX_LEN from a random start, on each
+ * ISA; nothing past n written. */
 static void test_bf16_widen(void)
 {
     uint16_t *src = malloc(BF16_VALUES * sizeof *src);
