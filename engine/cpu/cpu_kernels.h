@@ -145,6 +145,11 @@ typedef struct ml_cpu_kernels {
      * i < n: the bf16 K/V cache's rows widened as the attention reads them
      * (attention.c). */
     void (*bf16_widen)(float *dst, const uint16_t *src, size_t n);
+    /* dst (k, strip_cols) row-major = steps [0, k) of a packed strip w
+     * (bf16, or F8_E4M3 codes for f8 != 0), widened exactly as
+     * gemm_packed widens them: gemm_tile's B for a block that many row
+     * tiles share (matmul.c, the grouped path). */
+    void (*widen_strip)(float *dst, const void *w, int f8, int k);
 } ml_cpu_kernels;
 
 extern const ml_cpu_kernels ml_cpu_kernels_plain;

@@ -125,6 +125,7 @@ const ml_cpu_kernels ml_cpu_kernels_avx2 = {
     .gelu = vm_gelu,
     .silu_mul = vm_silu_mul,
     .bf16_widen = bf16_widen,
+    .widen_strip = widen_strip,
 };
 
 #endif

@@ -60,6 +60,19 @@ static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const v
     }
 }
 
+static void widen_strip(float *dst, const void *w, int f8, int k)
+{
+    const uint16_t *w16 = w;
+    const uint8_t *w8 = w;
+    for (int p = 0; p < k; p++) {
+        for (int c = 0; c < STRIP_COLS; c++) {
+            const size_t at = ml_cpu_packed_index(STRIP_COLS, f8, p, c);
+            dst[(size_t)p * STRIP_COLS + c] =
+                f8 ? ml_cpu_f8_to_f32(w8[at]) : ml_bf16_to_f32(w16[at]);
+        }
+    }
+}
+
 static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, float *m, float *l,
                           float *alpha)
 {
@@ -124,6 +137,7 @@ const ml_cpu_kernels ml_cpu_kernels_plain = {
     .gelu = gelu,
     .silu_mul = silu_mul,
     .bf16_widen = ml_bf16_to_f32_n,
+    .widen_strip = widen_strip,
 };
 
 const ml_cpu_kernels *ml_cpu_kernels_for(ml_cpu_isa isa)

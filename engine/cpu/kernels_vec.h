@@ -1,5 +1,6 @@
 /* The register-tile kernels of cpu_kernels.h (gemm_tile, gemm_packed,
- * softmax_block) and bf16_widen, written once for both vector widths.
+ * softmax_block) and the widenings (widen_strip, bf16_widen), written once
+ * for both vector widths.
  *
  * Included only by kernels_avx2.c and kernels_avx512.c, after vmath.h (the
  * width layer vf_*, VMATH_BITS) and after defining
@@ -230,6 +231,27 @@ ALWAYS_INLINE void packed_m(const int m, int n, int k, const float *x, size_t ld
         packed_pf(m, 1, n, k, x, ldx, w, pf, next, y, ldy);
     else
         packed_pf(m, 0, n, k, x, ldx, w, pf, next, y, ldy);
+}
+
+/* ---- widen_strip ------------------------------------------------------------ */
+
+/* f8 a compile-time constant: one loop per dtype, no branch a step. */
+ALWAYS_INLINE void widen_steps(const int f8, float *dst, const void *w, int k)
+{
+    for (int p = 0; p < k; p++) {
+        vf b0, b1;
+        strip_step(f8, w, p, &b0, &b1);
+        vf_storeu(dst + (size_t)p * STRIP_COLS, b0);
+        vf_storeu(dst + (size_t)p * STRIP_COLS + LANES, b1);
+    }
+}
+
+static void widen_strip(float *dst, const void *w, int f8, int k)
+{
+    if (f8)
+        widen_steps(1, dst, w, k);
+    else
+        widen_steps(0, dst, w, k);
 }
 
 /* ---- bf16_widen ------------------------------------------------------------- */

@@ -204,21 +204,11 @@ static void finish_block(const matmul_job *j, int m0, int m1, int n0, int n1)
  * reads as B (tile_cols == strip_cols on every ISA). Exact. */
 static void widen_block(const matmul_job *j, float *panel, int col0, int nc, int pc, int kc)
 {
-    const int sc = j->cb->kern->strip_cols;
-    for (int col = col0; col < col0 + nc; col += sc) {
-        const uint16_t *w16 = strip_at(j, col, pc);
-        const uint8_t *w8 = strip_at(j, col, pc);
-        float *dst = panel + (size_t)((col - col0) / sc) * (size_t)kc * (size_t)sc;
-        for (int c = 0; c < sc; c++) {
-            const size_t at = ml_cpu_packed_index(sc, j->f8, 0, c);
-            if (j->f8)
-                for (int p = 0; p < kc; p++)
-                    dst[(size_t)p * sc + c] = ml_cpu_f8_to_f32(w8[(size_t)p * sc + at]);
-            else
-                for (int p = 0; p < kc; p++)
-                    dst[(size_t)p * sc + c] = ml_bf16_to_f32(w16[(size_t)p * sc + at]);
-        }
-    }
+    const ml_cpu_kernels *kn = j->cb->kern;
+    const int sc = kn->strip_cols;
+    for (int col = col0; col < col0 + nc; col += sc)
+        kn->widen_strip(panel + (size_t)((col - col0) / sc) * (size_t)kc * (size_t)sc,
+                        strip_at(j, col, pc), j->f8, kc);
 }
 
 /* The rows of a thread's part of a matmul, in tiles of equal height (16 =

@@ -11,7 +11,9 @@
  *                   lm_head)
  *   GEMM            M = 6432 (4 vision tiles), the vision tower's Linears:
  *                   K = N = 1280 (q/k/v/o), K 1280 x N 5120 (fc1), K 5120 x
- *                   N 1280 (fc2): GFLOP/s
+ *                   N 1280 (fc2); M = 512, a prefill chunk, through the
+ *                   11B text MLP's gate/up (K 4096 x N 14336) and down
+ *                   (K 14336 x N 4096): GFLOP/s
  *   bf16            on a CPU with AVX-512 BF16, the GEMMs, the M = 1..32
  *                   sweep and attn_vision again with bf16 activations
  *                   (ml_backend_cpu_bf16_activations), q/k/v/o's GEMM as a
@@ -66,9 +68,11 @@
 #define TEXT_KV_HEADS 8
 #define TEXT_HEAD_DIM 128
 #define TEXT_CROSS_LAYERS 8
-/* MLP widths: 11B vision (fc1 out) and text (gate/up out); a prefill chunk */
+/* MLP widths: 11B vision (fc1 out) and text (gate/up out); the text
+ * hidden size; a prefill chunk */
 #define VISION_MLP 5120
 #define TEXT_MLP 14336
+#define TEXT_HIDDEN 4096
 #define PREFILL_ROWS 512
 
 static int g_threads = 2;
@@ -285,12 +289,15 @@ static void bench_gemv(ml_backend *be, int sweep)
 static double bench_gemm(ml_backend *be)
 {
     static const struct {
-        int K, N;
-    } shapes[] = {{1280, 1280}, {1280, VISION_MLP}, {VISION_MLP, 1280}};
+        int M, K, N;
+    } shapes[] = {{VISION_TILE * VISION_TILES, 1280, 1280},
+                  {VISION_TILE * VISION_TILES, 1280, VISION_MLP},
+                  {VISION_TILE * VISION_TILES, VISION_MLP, 1280},
+                  {PREFILL_ROWS, TEXT_HIDDEN, TEXT_MLP},
+                  {PREFILL_ROWS, TEXT_MLP, TEXT_HIDDEN}};
     double first = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        mm_job j = {.be = be, .M = VISION_TILE * VISION_TILES, .K = shapes[s].K,
-                    .N = shapes[s].N};
+        mm_job j = {.be = be, .M = shapes[s].M, .K = shapes[s].K, .N = shapes[s].N};
         uint16_t *w = xmalloc((size_t)j.N * j.K * sizeof *w);
         float *x = xmalloc((size_t)j.M * j.K * sizeof *x);
         float *y = xmalloc((size_t)j.M * j.N * sizeof *y);

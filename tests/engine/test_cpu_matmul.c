@@ -3,8 +3,9 @@
  * of its sums on the packed weights (bit for bit, bf16 and FP8, per ISA),
  * the opt-in bf16 activations (AVX-512 BF16; refused elsewhere) against the
  * same reference on x rounded to bf16, FP8 with them (every code widened to
- * bf16 exactly; the bf16 sum of the codes), and the LoRA's gemv kernel of
- * each ISA across block shapes.
+ * bf16 exactly; the bf16 sum of the codes), the grouped path's widening of
+ * every bf16 value and code, and the LoRA's gemv kernel of each ISA across
+ * block shapes.
  *
  * Tolerance, with u = 2^-24: |y - ref| <= (K + 3)·u·(Σ_k |x_k·w_k| + |bias|
  * + |y0|), the classic bound of f32 recursive summation (any summation order
@@ -554,6 +555,44 @@ static void test_matmul_f8_a8(ml_backend *be)
     free(srow);
 }
 
+/* widen_strip, the grouped matmul's widening, bit for bit against the
+ * scalar conversions: every bf16 value (NaN payloads too) and every F8_E4M3
+ * code, each at its place in a strip, and nothing written past the block's
+ * k steps. */
+static void test_widen_strip(const ml_cpu_kernels *kn)
+{
+    enum { BF16_VALUES = 65536 };
+    const int S = kn->strip_cols;
+    uint16_t *w = xmalloc(BF16_VALUES * sizeof *w);
+    uint8_t w8[F8_CODES];
+    float *got = xmalloc((BF16_VALUES + ML_CPU_MAX_STRIP_COLS) * sizeof *got);
+    int same = 1;
+    for (int f8 = 0; f8 < 2; f8++) {
+        const int steps = (f8 ? F8_CODES : BF16_VALUES) / S;
+        for (int p = 0; p < steps; p++)
+            for (int c = 0; c < S; c++) {
+                const int v = p * S + c;
+                if (f8)
+                    w8[ml_cpu_packed_index(S, 1, p, c)] = (uint8_t)v;
+                else
+                    w[ml_cpu_packed_index(S, 0, p, c)] = (uint16_t)v;
+            }
+        memset(got, 0xa5, (BF16_VALUES + ML_CPU_MAX_STRIP_COLS) * sizeof *got);
+        kn->widen_strip(got, f8 ? (const void *)w8 : (const void *)w, f8, steps);
+        for (int v = 0; v < steps * S; v++) {
+            const float want = f8 ? ml_cpu_f8_to_f32((uint8_t)v) : ml_bf16_to_f32((uint16_t)v);
+            same &= memcmp(&got[v], &want, sizeof want) == 0;
+        }
+        uint32_t past;
+        memcpy(&past, &got[steps * S], sizeof past);
+        same &= past == 0xa5a5a5a5u;
+    }
+    check(same, "widen_strip [%s]: a value is not widened exactly, or a write past the block",
+          ml_cpu_isa_name(kn->isa));
+    free(w);
+    free(got);
+}
+
 /* The bf16 operands' rounding (bf16_pairs, bf16_pair_rows, where the ISA
  * has them) against ml_cpu_bf16_pair, bit for bit: random values over the
  * whole exponent range and every special kind, at every length to past two
@@ -708,6 +747,7 @@ static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
     test_gemv_kernel(ml_cpu_kernels_for(isa));
     test_bf16_rounding(ml_cpu_kernels_for(isa));
     test_f8_codes(ml_cpu_kernels_for(isa));
+    test_widen_strip(ml_cpu_kernels_for(isa));
     if (isa == ML_CPU_ISA_PLAIN) /* the quantizer is plain C on every ISA */
         test_quantize_rows();
     test_matmul(be, 0);
