@@ -40,21 +40,25 @@ static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const
     }
 }
 
+/* The f32 of column c at step p of a packed strip (bf16, or F8_E4M3 codes
+ * for f8 != 0), exactly. */
+static float strip_value(const void *w, int f8, int p, int c)
+{
+    const size_t at = ml_cpu_packed_index(STRIP_COLS, f8, p, c);
+    return f8 ? ml_cpu_f8_to_f32(((const uint8_t *)w)[at])
+              : ml_bf16_to_f32(((const uint16_t *)w)[at]);
+}
+
 static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
                         ml_cpu_prefetch pf, const void *next, float *y, size_t ldy)
 {
     (void)pf; /* no prefetch: the readable reference */
     (void)next;
-    const uint16_t *w16 = w;
-    const uint8_t *w8 = w;
     for (int i = 0; i < m; i++) {
         for (int c = 0; c < n; c++) {
             float acc = 0.0f;
-            for (int p = 0; p < k; p++) {
-                const size_t at = ml_cpu_packed_index(STRIP_COLS, f8, p, c);
-                acc += x[(size_t)i * ldx + p] *
-                       (f8 ? ml_cpu_f8_to_f32(w8[at]) : ml_bf16_to_f32(w16[at]));
-            }
+            for (int p = 0; p < k; p++)
+                acc += x[(size_t)i * ldx + p] * strip_value(w, f8, p, c);
             y[(size_t)i * ldy + c] += acc;
         }
     }
@@ -62,15 +66,9 @@ static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const v
 
 static void widen_strip(float *dst, const void *w, int f8, int k)
 {
-    const uint16_t *w16 = w;
-    const uint8_t *w8 = w;
-    for (int p = 0; p < k; p++) {
-        for (int c = 0; c < STRIP_COLS; c++) {
-            const size_t at = ml_cpu_packed_index(STRIP_COLS, f8, p, c);
-            dst[(size_t)p * STRIP_COLS + c] =
-                f8 ? ml_cpu_f8_to_f32(w8[at]) : ml_bf16_to_f32(w16[at]);
-        }
-    }
+    for (int p = 0; p < k; p++)
+        for (int c = 0; c < STRIP_COLS; c++)
+            dst[(size_t)p * STRIP_COLS + c] = strip_value(w, f8, p, c);
 }
 
 static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, float *m, float *l,
