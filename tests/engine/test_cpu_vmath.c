@@ -177,14 +177,8 @@ static void test_vector_math(void)
  * ISA; nothing past n written. */
 static void test_bf16_widen(void)
 {
-    uint16_t *src = malloc(BF16_VALUES * sizeof *src);
-    float *dst = malloc((BF16_VALUES + 1) * sizeof *dst);
-    if (!src || !dst) {
-        check(0, "out of memory");
-        free(src);
-        free(dst);
-        return;
-    }
+    uint16_t *src = xmalloc(BF16_VALUES * sizeof *src);
+    float *dst = xmalloc((BF16_VALUES + 1) * sizeof *dst);
     for (uint32_t v = 0; v < BF16_VALUES; v++)
         src[v] = (uint16_t)v;
     const float sentinel = -12345.0f;
