@@ -243,6 +243,14 @@ const ml_image_params *ml_engine_image_params(const ml_engine *e) { return &e->i
 const char *ml_engine_backend_name(const ml_engine *e) { return e->backend_name; }
 int ml_engine_world(const ml_engine *e) { return e->world; }
 
+double ml_engine_weights_read(const ml_engine *e, int passes, uint64_t *bytes)
+{
+    *bytes = 0;
+    if (strcmp(e->backend_name, "cpu") != 0 || e->world != 1)
+        return 0;
+    return ml_backend_cpu_weights_read(e->be[0], passes, bytes);
+}
+
 const ml_memory_plan *ml_engine_memory_plan(const ml_engine *e, const ml_memory_plan_spec **spec)
 {
     if (spec)

@@ -109,6 +109,13 @@ int ml_engine_world(const ml_engine *e);
  * Borrowed; lives as long as e. */
 const ml_memory_plan *ml_engine_memory_plan(const ml_engine *e, const ml_memory_plan_spec **spec);
 
+/* The CPU backend's read of its packed weights (cpu/cpu_backend.h
+ * ml_backend_cpu_weights_read: the fastest of `passes` streaming reads,
+ * seconds, and the bytes in *bytes), for a benchmark to bound a decode step
+ * by this process's own memory. 0 and *bytes 0 on the CUDA backend and with
+ * tensor parallelism, whose shards are read at once by their own threads. */
+double ml_engine_weights_read(const ml_engine *e, int passes, uint64_t *bytes);
+
 /* ---- request builders ------------------------------------------------------------ */
 
 /* Decode and preprocess image bytes into im's pixels (transferred to im),

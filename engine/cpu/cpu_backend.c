@@ -35,6 +35,7 @@ static void cpu_destroy(ml_backend *be)
     ml_cpu_graphs_destroy(cb->graphs);
     free(cb->scratch);
     free(cb->act);
+    free(cb->packed);
     free(cb);
 }
 
@@ -138,9 +139,9 @@ ml_status ml_backend_cpu_bf16_activations(ml_backend *be, char *err, size_t errl
                        "kernels%s",
                        ml_cpu_isa_name(cb->kern->isa),
                        cb->kern->gemm_tile_bf16 ? " on a CPU without AVX512_BF16" : "");
-    if (cb->n_linear)
+    if (cb->n_packed)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
-                       "bf16 activations: %d Linears are already packed for f32", cb->n_linear);
+                       "bf16 activations: %zu Linears are already packed for f32", cb->n_packed);
     cb->bf16_x = 1;
     cb->f8_pairs = cb->kern->gemm_tile_f8_pairs && ml_cpu_has_avx512_vbmi();
     snprintf(cb->name, sizeof cb->name, "cpu-%s-bf16", ml_cpu_isa_name(cb->kern->isa));
@@ -150,11 +151,11 @@ ml_status ml_backend_cpu_bf16_activations(ml_backend *be, char *err, size_t errl
 ml_status ml_backend_cpu_bf16_kv_cache(ml_backend *be, char *err, size_t errlen)
 {
     ml_cpu_backend *cb = ml_cpu_of(be);
-    if (cb->n_linear)
+    if (cb->n_packed)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
-                       "bf16 K/V cache: a model is already loaded (%d Linears bound) with "
+                       "bf16 K/V cache: a model is already loaded (%zu Linears bound) with "
                        "caches sized for f32",
-                       cb->n_linear);
+                       cb->n_packed);
     cb->ops.kv_elem_size = sizeof(uint16_t);
     return ML_OK;
 }

@@ -5,6 +5,7 @@
 #define ML_CPU_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "backend.h"
 #include "status.h"
@@ -39,6 +40,16 @@ ml_status ml_backend_cpu_bf16_activations(ml_backend *be, char *err, size_t errl
  * kv_elem_size. Returns ML_OK; ML_ERR_INVALID_ARG once Linears are bound
  * (a model is loaded). */
 ml_status ml_backend_cpu_bf16_kv_cache(ml_backend *be, char *err, size_t errlen);
+
+/* How fast this process reads the backend's packed weights (every Linear
+ * bound, FP8 and bf16): passes (>= 1) streaming reads of them all with the
+ * backend's threads, as a decode step's matmuls read them. Returns the
+ * fastest pass's seconds and sets *bytes to the bytes each pass read; 0 and
+ * *bytes 0 when no Linear is bound (or out of memory). *bytes / seconds is
+ * the read bandwidth a memory-bound decode step of this process can reach:
+ * the bound of tests/bench/roofline.sh measured on the step's own pages
+ * (engine/cpu/read_rate.c says why). Reads only; nothing changes. */
+double ml_backend_cpu_weights_read(ml_backend *be, int passes, uint64_t *bytes);
 
 /* `world` CPU backends of threads_each threads each (0 = the online CPUs
  * shared evenly, at least one) forming one tensor-parallel group: their

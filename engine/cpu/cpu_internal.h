@@ -48,6 +48,12 @@
 /* Alignment of alloc and of the per-thread scratch. */
 #define ML_CPU_ALIGN 64
 
+/* One Linear's packed weights: where and how many bytes. */
+typedef struct ml_cpu_packed {
+    const void *p;
+    size_t bytes;
+} ml_cpu_packed;
+
 typedef struct ml_cpu_backend {
     ml_backend base;          /* first: an ml_backend * is an ml_cpu_backend * */
     ml_backend_ops ops;       /* the op table, named after the selected ISA */
@@ -66,13 +72,16 @@ typedef struct ml_cpu_backend {
     /* 1: bf16 Linears multiply activations rounded to bf16 with the ISA's
      * bf16 dot product, their weights packed in the pair layout
      * (ml_backend_cpu_bf16_activations; matmul.c). Fixed before the first
-     * Linear is packed: n_linear counts those alive. */
+     * Linear is packed (n_packed below). */
     int bf16_x;
     /* 1: with bf16_x, FP8 Linears too, packed in the pair layout for
      * gemm_tile_f8_pairs (a CPU with AVX512_VBMI); 0: they keep f32
      * activations and the f32 layout. */
     int f8_pairs;
-    int n_linear;
+    /* owned: the packed weights of the Linears alive (ml_cpu_linear_weight),
+     * in no order; ml_backend_cpu_weights_read streams them. */
+    struct ml_cpu_packed *packed;
+    size_t n_packed, cap_packed;
 
     /* The first error since the last synchronize (ML_OK: none), and how
      * many were latched since create, the first or not. */
@@ -141,6 +150,11 @@ void ml_cpu_latch(ml_cpu_backend *cb, ml_status st, const char *op, const char *
  * lends them, but not faulted in by the allocation as ml_cpu_alloc's pools
  * are (memory.c); freed with ml_cpu_free. */
 void *ml_cpu_alloc_streamed(ml_backend *be, size_t bytes);
+
+/* The sum of the 64-bit words of the first bytes - bytes % 256 bytes at p
+ * (64-byte aligned), read as four streams of 64-byte vectors: a streaming
+ * read at the memory's rate (read_rate.c; bench_read_bw uses it too). */
+uint64_t ml_cpu_stream_sum(const void *p, size_t bytes);
 
 /* ---- op implementations (contracts in backend.h) ---------------------------- */
 void *ml_cpu_alloc(ml_backend *be, size_t bytes);

@@ -113,6 +113,9 @@ _Static_assert(GEMM_GROUP_BYTES >= (size_t)GEMM_KC * GEMM_NC * sizeof(float),
 /* Steps of a strip packed per pass over its columns at load: runs of
  * 64 contiguous source elements per column. */
 #define PACK_STEPS 64
+/* Room for the first Linears in the backend's list of packed weights
+ * (it doubles from there): a model has a few hundred. */
+#define PACKED_LIST_FIRST 256
 /* A thread's scratch: one group of widened blocks, each GEMM_KC x GEMM_NC
  * f32. */
 #define PANEL_FLOATS (GEMM_GROUP_BYTES / sizeof(float))
@@ -498,6 +501,16 @@ const void *ml_cpu_linear_weight(ml_backend *be, const void *host, int rows, int
     const int steps = pairs ? pair_steps(cols) : cols;
     const int64_t strips = ((int64_t)rows + sc - 1) / sc;
     const size_t bytes = (size_t)strips * (size_t)sc * (size_t)steps * elem_size;
+    if (cb->n_packed == cb->cap_packed) {
+        const size_t cap = cb->cap_packed ? 2 * cb->cap_packed : PACKED_LIST_FIRST;
+        ml_cpu_packed *list = realloc(cb->packed, cap * sizeof *list);
+        if (!list) {
+            ml_cpu_latch(cb, ML_ERR_NOMEM, "linear_weight", "the list of packed weights");
+            return NULL;
+        }
+        cb->packed = list;
+        cb->cap_packed = cap;
+    }
     unsigned char *packed = ml_cpu_alloc_streamed(be, bytes);
     if (!packed) {
         ml_cpu_latch(cb, ML_ERR_NOMEM, "linear_weight", "%zu bytes of packed weights", bytes);
@@ -506,14 +519,18 @@ const void *ml_cpu_linear_weight(ml_backend *be, const void *host, int rows, int
     pack_job pj = {.dst = packed, .src = host, .rows = rows, .cols = cols,
                    .f8 = elem_size == 1, .strip_cols = sc, .pairs = pairs, .steps = steps};
     ml_cpu_pool_for(cb->pool, strips, ml_cpu_grain((double)sc * steps), pack_part, &pj);
-    cb->n_linear++;
+    cb->packed[cb->n_packed++] = (ml_cpu_packed){.p = packed, .bytes = bytes};
     return packed;
 }
 
 void ml_cpu_linear_weight_free(ml_backend *be, const void *w)
 {
-    if (w)
-        ml_cpu_of(be)->n_linear--;
+    ml_cpu_backend *cb = ml_cpu_of(be);
+    for (size_t i = 0; w && i < cb->n_packed; i++)
+        if (cb->packed[i].p == w) {
+            cb->packed[i] = cb->packed[--cb->n_packed];
+            break;
+        }
     ml_cpu_free(be, (void *)w);
 }
 

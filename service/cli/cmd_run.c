@@ -38,7 +38,7 @@ static void usage(FILE *f)
             "                  [--cross-attention-row-mask MODE] [--date-string DATE]\n"
             "                  [--batch-invariant on|off] [--no-prefix-cache] [--weights stored|fp8]\n"
             "                  [--fp8-activations bf16|fp8] [--fp8-lm-head]\n"
-            "                  [--cpu-activations f32|bf16] [--cpu-kv-cache f32|bf16]\n\n"
+            "                  [--cpu-activations f32|bf16] [--cpu-kv-cache f32|bf16] [--weights-read]\n\n"
             "--prompt is raw text (special tokens parsed; <|begin_of_text|> is inserted after\n"
             "any leading <|image|> tokens when absent, as MllamaProcessor does); --chat wraps\n"
             "TEXT and the images in the Llama 3.2 Vision Instruct template, TEXT encoded as\n"
@@ -92,6 +92,10 @@ static void usage(FILE *f)
             "Requests share the K/V of full blocks of a common prompt prefix (the prefix\n"
             "cache: usage.prompt_tokens_cached of each result); --no-prefix-cache turns it\n"
             "off, for A/B comparisons.\n"
+            "--weights-read (CPU backend, no --tp): once the batch is done, the aggregate adds\n"
+            "\"weights_read\": the bytes of every packed Linear and the best of 3 streaming reads\n"
+            "of them (\"bytes\", \"ms\", \"gb_per_s\"), the read bandwidth a memory-bound decode\n"
+            "step of this process can reach (tests/bench/roofline.sh bounds its steps with it).\n"
             "--tp N splits the model over N devices (tensor parallelism: N must divide the\n"
             "attention heads, K/V heads and MLP widths): N CPU backends sharing --threads, or\n"
             "the CUDA devices of --devices (default: the first N). --kv-mib and --image-mib\n"
@@ -476,6 +480,10 @@ static int parse_args(int argc, char **argv, run_opts *o)
             o->no_prefix_cache = 1;
             continue;
         }
+        if (!strcmp(a, "--weights-read")) {
+            o->weights_read = 1;
+            continue;
+        }
         if (!strcmp(a, "--fp8-lm-head")) {
             o->fp8_lm_head = 1;
             continue;
@@ -606,6 +614,10 @@ static int parse_args(int argc, char **argv, run_opts *o)
     }
     if (!o->model_dir || (!o->batch && o->spec.kind == PROMPT_NONE)) {
         usage(stderr);
+        return -1;
+    }
+    if (o->weights_read && !o->batch) {
+        fprintf(stderr, CMD ": --weights-read reports in a --batch run's aggregate\n");
         return -1;
     }
     return 0;

@@ -59,6 +59,22 @@ static int cmp_double(const void *a, const void *b)
 
 /* [{"seqs", "steps", "median_ms", "min_ms", "max_ms"}...] by increasing
  * seqs (the lower median of an even count), or NULL out of memory. */
+/* Passes of the weights' streaming read; the fastest counts. */
+#define WEIGHTS_READ_PASSES 3
+
+/* {"bytes", "ms", "gb_per_s"} of the engine's read of its packed weights
+ * (ml_engine_weights_read), all 0 where it reads none (CUDA, --tp). */
+static cJSON *weights_read_json(const ml_engine *e)
+{
+    uint64_t bytes;
+    const double s = ml_engine_weights_read(e, WEIGHTS_READ_PASSES, &bytes);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "bytes", (double)bytes);
+    cJSON_AddNumberToObject(o, "ms", s * 1e3);
+    cJSON_AddNumberToObject(o, "gb_per_s", s > 0 ? (double)bytes / s / 1e9 : 0);
+    return o;
+}
+
 static cJSON *decode_steps_json(const decode_steps *d)
 {
     int max_seqs = 0;
@@ -338,6 +354,8 @@ int run_batch(run_ctx *c, const run_opts *o, const run_batch_lines *b)
         cJSON_AddNumberToObject(agg, "wall_s", wall);
         cJSON_AddNumberToObject(agg, "completion_tokens_per_s", wall > 0 ? generated / wall : 0);
         cJSON_AddItemToObject(agg, "decode_steps", decode_steps_json(&steps));
+        if (o->weights_read)
+            cJSON_AddItemToObject(agg, "weights_read", weights_read_json(c->engine));
         cJSON *wrap = cJSON_CreateObject();
         cJSON_AddItemToObject(wrap, "aggregate", agg);
         run_print_json_line(wrap);

@@ -59,6 +59,7 @@ typedef struct run_ctx {
 typedef struct run_opts {
     const char *model_dir, *batch, *logits_out, *backend, *devices;
     int json, threads, tp, batch_invariant, no_prefix_cache, memory_plan;
+    int weights_read; /* --weights-read: the batch's aggregate gets the CPU's read of its weights */
     long kv_mib, image_mib;
     ml_row_mask_mode row_mask;
     int quantize_fp8; /* --weights fp8 */

@@ -1,17 +1,17 @@
 /* Memory read bandwidth, the ceiling of memory-bound decode (label bench;
  * skipped unless ML_BENCH=1): threads summing disjoint slices of a 1 GiB
  * buffer (far above any L3) with 64-byte vector loads, each thread walking
- * STREAMS parts of its slice at once, best of a few passes, for
- * ML_BENCH_THREADS (default 2) threads and for 1.
+ * four parts of its slice at once, best of a few passes, for
+ * ML_BENCH_THREADS (default 2) threads and for 1. The sum is the CPU
+ * backend's (ml_cpu_stream_sum), the one ml_backend_cpu_weights_read
+ * streams a process's own weights with.
  *
  * Why not bench_cpu_ops' figure: one 16-byte-load stream per thread is
  * latency- and issue-bound on the development VMs (Xeon, 2 vCPUs, 300 MiB
  * L3): side by side it read 1.3-1.6x less than 64-byte loads over 4
  * streams, and less than the engine's own decode (a GEMV streams 4 weight
  * rows per thread). A ceiling below what the code under test achieves
- * makes "fraction of bandwidth" meaningless. On x86 the
- * summing loop is compiled for AVX-512, AVX2 and the baseline and the best
- * the CPU supports runs (GCC/Clang function multiversioning). */
+ * makes "fraction of bandwidth" meaningless. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,54 +19,28 @@
 #include <string.h>
 #include <time.h>
 
+#include "cpu/cpu_internal.h"
 #include "harness.h"
 
 #define BW_BYTES ((size_t)1 << 30)
 #define BW_PASSES 5
 #define MAX_THREADS 64
 #define FILL_BYTE 0x01
-/* Concurrent sequential streams per thread: more hardware-prefetch streams
- * in flight than one (measured: 1 stream ~12, 4 streams ~19 GB/s). */
-#define STREAMS 4
-_Static_assert(STREAMS == 4, "sum_vectors walks four streams");
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define MULTIVERSION
-#endif
-
-typedef uint64_t u64x8 __attribute__((vector_size(64)));
-
-/* Sum of STREAMS consecutive parts of len vectors each, walked side by
- * side, one accumulator per part so the adds never wait on each other. */
-MULTIVERSION static uint64_t sum_vectors(const u64x8 *p, size_t len)
-{
-    const u64x8 *q0 = p, *q1 = p + len, *q2 = p + 2 * len, *q3 = p + 3 * len;
-    u64x8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-    for (size_t i = 0; i < len; i++) {
-        s0 += q0[i];
-        s1 += q1[i];
-        s2 += q2[i];
-        s3 += q3[i];
-    }
-    const u64x8 all = s0 + s1 + s2 + s3;
-    uint64_t sum = 0;
-    for (int i = 0; i < 8; i++)
-        sum += all[i];
-    return sum;
-}
+/* The bytes ml_cpu_stream_sum reads at a time: a 64-byte vector in each of
+ * its four streams (more hardware-prefetch streams in flight than one:
+ * measured 1 stream ~12, 4 streams ~19 GB/s). */
+#define GROUP_BYTES 256
 
 typedef struct slice {
-    const u64x8 *p;
-    size_t len; /* vectors per stream */
+    const unsigned char *p;
+    size_t bytes;
     uint64_t sum;
 } slice;
 
 static void *sum_slice(void *arg)
 {
     slice *s = arg;
-    s->sum = sum_vectors(s->p, s->len);
+    s->sum = ml_cpu_stream_sum(s->p, s->bytes);
     return NULL;
 }
 
@@ -78,11 +52,11 @@ static double now_s(void)
 }
 
 /* Best GB/s of BW_PASSES passes over buf with `threads` threads, each
- * summing STREAMS x len vectors; the sums are checked so the loads cannot
+ * summing an equal run of groups; the sums are checked so the loads cannot
  * be elided. */
-static double read_bandwidth(const u64x8 *buf, int threads)
+static double read_bandwidth(const unsigned char *buf, int threads)
 {
-    const size_t groups = BW_BYTES / sizeof *buf / STREAMS; /* one vector per stream */
+    const size_t groups = BW_BYTES / GROUP_BYTES;
     double best = 1e30;
     for (int pass = 0; pass < BW_PASSES; pass++) {
         pthread_t tid[MAX_THREADS];
@@ -90,7 +64,7 @@ static double read_bandwidth(const u64x8 *buf, int threads)
         const double t0 = now_s();
         for (int t = 0; t < threads; t++) {
             const size_t lo = groups * t / threads, hi = groups * (t + 1) / threads;
-            s[t] = (slice){.p = buf + STREAMS * lo, .len = hi - lo};
+            s[t] = (slice){.p = buf + GROUP_BYTES * lo, .bytes = GROUP_BYTES * (hi - lo)};
             if (pthread_create(&tid[t], NULL, sum_slice, &s[t]) != 0) {
                 fprintf(stderr, "pthread_create failed\n");
                 exit(1);
@@ -114,17 +88,17 @@ int main(void)
     ml_bench_require();
     int threads = ml_bench_env_int("ML_BENCH_THREADS", 2, 1, MAX_THREADS);
 
-    u64x8 *buf = aligned_alloc(sizeof(u64x8), BW_BYTES);
+    unsigned char *buf = aligned_alloc(GROUP_BYTES, BW_BYTES);
     if (!buf) {
         fprintf(stderr, "out of memory (1 GiB)\n");
         return 1;
     }
     memset(buf, FILL_BYTE, BW_BYTES); /* fault every page in before timing */
-    printf("read bandwidth, %d thread(s), 1 GiB, 64-byte loads, %d streams each: %6.1f GB/s\n",
-           threads, STREAMS, read_bandwidth(buf, threads));
+    printf("read bandwidth, %d thread(s), 1 GiB, 64-byte loads, 4 streams each: %6.1f GB/s\n",
+           threads, read_bandwidth(buf, threads));
     if (threads > 1)
-        printf("read bandwidth, 1 thread(s), 1 GiB, 64-byte loads, %d streams each: %6.1f GB/s\n",
-               STREAMS, read_bandwidth(buf, 1));
+        printf("read bandwidth, 1 thread(s), 1 GiB, 64-byte loads, 4 streams each: %6.1f GB/s\n",
+               read_bandwidth(buf, 1));
     free(buf);
     return check_done();
 }

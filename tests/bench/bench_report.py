@@ -362,7 +362,8 @@ def roofline_run(path, b):
     not (make_batch.py --warm-up; the aggregate leaves them out): (the
     measured requests' prompt length, tokens each, median ms of their steps
     that decoded all b, their count, vision encodes in the run, the fastest
-    of those steps)."""
+    of those steps, the GB/s at which the process read its own weights after
+    them: `mllama run --weights-read`, None without it)."""
     reqs, agg = read_runs(path)
     encodes = sum(r["usage"]["images"] - r["usage"]["images_cached"] for r in reqs)
     reqs = [r for r in reqs if not r.get("warm_up")]
@@ -376,13 +377,15 @@ def roofline_run(path, b):
     if not step:
         sys.exit("roofline: %s: no step decoded all %d sequences together (a request ended "
                  "at its first token, or the mllama build predates decode_steps)" % (path, b))
+    own = (agg.get("weights_read") or {}).get("gb_per_s") or None
     return (lengths.pop(), max(r["usage"]["completion_tokens"] for r in reqs),
-            step[0]["median_ms"], step[0]["steps"], encodes, step[0]["min_ms"])
+            step[0]["median_ms"], step[0]["steps"], encodes, step[0]["min_ms"], own)
 
 
 def cmd_roofline(args):
     cfg = json.load(open(os.path.join(args.model, "config.json")))
-    rows, missed, missed_best, missed_med, n = [], [], [], [], 0
+    rows, missed, missed_best, missed_med, missed_own, n = [], [], [], [], [], 0
+    own_cols, n_own = [], 0
     for spec in args.runs:
         kind, rest = spec.split(":", 1)
         b, paths = rest.split("=", 1)
@@ -417,6 +420,17 @@ def cmd_roofline(args):
             frac_med = max(nbytes / args.median_read_gbs / 1e6, fma_ms) / median(ms)
             if 100 * frac_med < args.goal:
                 missed_med.append("%s B=%d" % (kind, b))
+        # Each process against the rate at which it read its own weights
+        # (its pages, its minute): the bound of that process's memory.
+        own = [r[6] for r in runs]
+        frac_own = None
+        if all(own):
+            frac_own = median([max(nbytes / g / 1e6, fma_ms) / r[2] for r, g in zip(runs, own)])
+            n_own += 1
+            if 100 * frac_own < args.goal:
+                missed_own.append("%s B=%d" % (kind, b))
+        own_cols.append(["-", "-"] if frac_own is None
+                        else ["%.0f%%" % (100 * frac_own), spread(own, digits=1)])
         # The machine's bounds are the highest of their samples, taken when
         # the machine was least disturbed; a step's best is its time then.
         best = min(r[5] for r in runs)
@@ -440,7 +454,10 @@ def cmd_roofline(args):
                     "compute bound ms", "larger bound ms", "bound / measured",
                     "best step ms", "bound / best step"]
                    + (["bound at the median bandwidth / measured"] if args.median_read_gbs
-                      else []), rows))
+                      else [])
+                   + (["bound at the process's own read / measured", "own read GB/s"]
+                      if n_own else []),
+                   [r + c for r, c in zip(rows, own_cols)] if n_own else rows))
     print()
     peaks = "f32 FMA peak %.1f GFLOP/s" % args.fma_gflops
     if args.dot_gflops:
@@ -460,6 +477,11 @@ def cmd_roofline(args):
         print("the same with the median bandwidth sample's memory bound: met at %d of %d%s"
               % (n - len(missed_med), n,
                  "" if not missed_med else "; NOT met at " + ", ".join(missed_med)))
+    if n_own:
+        print("the same with each process's read of its own weights as its memory bound "
+              "(the median of the processes' fractions): met at %d of %d%s"
+              % (n_own - len(missed_own), n_own,
+                 "" if not missed_own else "; NOT met at " + ", ".join(missed_own)))
 
 
 # ---- runtime ------------------------------------------------------------------------

@@ -9,7 +9,9 @@
 # bf16, the Linears' FLOPs / bf16 dot peak plus the attention's FLOPs / f32
 # FMA peak). Goal (issue 27): the bound is >= 85% of the measured step at
 # every B, text only and with an image. The bytes and FLOPs are
-# bench_report.py roofline's (README.md here).
+# bench_report.py roofline's (README.md here). Each process also reads its
+# own packed weights once its batch is done (mllama run --weights-read), and
+# the report adds the bound with that rate as the process's bandwidth.
 #
 #   tests/bench/roofline.sh [--preset 1b|small|tiny] [--concurrency "1 2 4 8 16 32"]
 #       [--images 0|1|both] [--repeats N] [--max-tokens N] [--prompt-repeats N]
@@ -122,7 +124,7 @@ for r in $(seq 1 "$repeats"); do
             measure
             "$mllama" run --model "$model" --batch "$run/${kind}_b$b.jsonl" \
                 --threads "$BENCH_THREADS" --cpu-activations "$cpu_activations" \
-                --cpu-kv-cache "$cpu_kv_cache" ${warm_up[*]:+--no-prefix-cache} \
+                --cpu-kv-cache "$cpu_kv_cache" ${warm_up[*]:+--no-prefix-cache} --weights-read \
                 >"$run/${kind}_b${b}_$r.out" ||
                 bench_die "$kind batch of $b failed"
         done

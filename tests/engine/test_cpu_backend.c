@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
+#include "cpu/cpu_internal.h"
 #include "cpu/threadpool.h"
 #include "cpu_ops_util.h"
 #include "harness.h"
@@ -132,16 +134,76 @@ static void test_pool_resident(ml_backend *be)
     be->ops->free(be, p);
 }
 
+/* ---- the read of the packed weights ------------------------------------------- */
+
+/* ml_cpu_stream_sum adds the 64-bit words of the whole 256-byte groups and
+ * nothing past them. */
+static void test_stream_sum(void)
+{
+    enum { WORDS = 1000 }; /* 8000 bytes: 31 groups and 64 bytes over */
+    uint64_t *w = aligned_alloc(64, WORDS * sizeof *w);
+    check(w != NULL, "alloc");
+    if (!w)
+        return;
+    uint64_t want = 0;
+    for (size_t i = 0; i < WORDS; i++) {
+        w[i] = (i + 1) * 0x9e3779b97f4a7c15ull;
+        if (i < (WORDS * sizeof *w) / 256 * 256 / sizeof *w)
+            want += w[i];
+    }
+    check(ml_cpu_stream_sum(w, WORDS * sizeof *w) == want, "stream sum of whole groups");
+    check(ml_cpu_stream_sum(w, 255) == 0, "less than a group reads nothing");
+    free(w);
+}
+
+/* Bytes of a packed Linear of rows x cols elements (f32 activations: whole
+ * strips of every step). */
+static size_t packed_bytes(ml_backend *be, int rows, int cols, size_t elem)
+{
+    const size_t sc = (size_t)ml_cpu_of(be)->kern->strip_cols;
+    return ((size_t)rows + sc - 1) / sc * sc * (size_t)cols * elem;
+}
+
+/* ml_backend_cpu_weights_read reads every Linear bound, and only those. */
+static void test_weights_read(ml_backend *be)
+{
+    uint64_t bytes = 1;
+    check(ml_backend_cpu_weights_read(be, 3, &bytes) == 0 && bytes == 0,
+          "nothing bound: nothing read");
+    enum { ROWS_A = 300, COLS_A = 1024, ROWS_B = 70, COLS_B = 512 };
+    uint16_t *host = calloc((size_t)ROWS_A * COLS_A, sizeof *host);
+    check(host != NULL, "alloc");
+    if (!host)
+        return;
+    const void *a = be->ops->linear_weight(be, host, ROWS_A, COLS_A, sizeof(uint16_t));
+    const void *b = be->ops->linear_weight(be, host, ROWS_B, COLS_B, 1); /* FP8 codes */
+    check(a && b, "bind two Linears");
+    const size_t want = packed_bytes(be, ROWS_A, COLS_A, sizeof(uint16_t)) +
+                        packed_bytes(be, ROWS_B, COLS_B, 1);
+    const double s = ml_backend_cpu_weights_read(be, 2, &bytes);
+    check(s > 0 && bytes == want, "two Linears: %.3g s, %llu bytes, want %zu", s,
+          (unsigned long long)bytes, want);
+    check(ml_backend_cpu_weights_read(be, 0, &bytes) == 0 && bytes == 0, "no pass: nothing");
+    be->ops->linear_weight_free(be, a);
+    ml_backend_cpu_weights_read(be, 1, &bytes);
+    check(bytes == packed_bytes(be, ROWS_B, COLS_B, 1), "one freed: the other's %llu bytes",
+          (unsigned long long)bytes);
+    be->ops->linear_weight_free(be, b);
+    check(ml_backend_cpu_weights_read(be, 1, &bytes) == 0 && bytes == 0, "all freed: nothing");
+    free(host);
+}
 
 static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
 {
     test_memory(be[0]);
     test_pool_resident(be[0]);
+    test_weights_read(be[0]);
 }
 
 int main(void)
 {
     test_pool();
     test_create_errors();
+    test_stream_sum();
     return cpu_ops_run_paths(run_path, 1);
 }

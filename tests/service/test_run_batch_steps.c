@@ -17,8 +17,10 @@
  * - --logits-out: one row of the vocabulary's logits per token, the greedy
  *   token each row's first maximum, and the tokens those of the same run
  *   without it (which samples where the logits are, as the batches above
- *   and the worker do, rather than from a downloaded row). */
+ *   and the worker do, rather than from a downloaded row);
+ * - --weights-read: the aggregate's read of the packed weights. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,25 +37,25 @@ static void cleanup(void)
     pu_tmpdir_done(dir);
 }
 
-/* The output of `mllama run --batch` over lines (malloc'd, stderr
- * included) and its exit code in *code. */
-static char *run_lines(const char *name, const char *lines, int *code)
+/* The output of `mllama run --batch` over lines with flags (malloc'd,
+ * stderr included) and its exit code in *code. */
+static char *run_lines(const char *name, const char *lines, const char *flags, int *code)
 {
     char batch[PU_PATH_MAX + 32], cmd[4 * PU_PATH_MAX];
     snprintf(batch, sizeof batch, "%s/%s.jsonl", dir, name);
     if (!pu_write_file(batch, lines, strlen(lines)))
         pu_die("batch file");
-    snprintf(cmd, sizeof cmd, PU_MLLAMA " run --threads 1 --model %s --batch %s 2>&1", model,
-             batch);
+    snprintf(cmd, sizeof cmd, PU_MLLAMA " run --threads 1 --model %s --batch %s %s 2>&1", model,
+             batch, flags);
     *code = -1;
     return pu_shell(cmd, code);
 }
 
-/* The same, its success checked. */
+/* The same without flags, its success checked. */
 static char *run_batch(const char *name, const char *lines)
 {
     int code;
-    char *out = run_lines(name, lines, &code);
+    char *out = run_lines(name, lines, "", &code);
     check(code == 0 && out, "%s: exit %d: %s", name, code, out ? out : "");
     return out;
 }
@@ -158,7 +160,7 @@ static void test_bias_and_ignore_eos(void)
     free(out);
 
     int code;
-    char *err = run_lines("bad_bias", "{\"ids\":\"1,2\",\"logit_bias\":{\"x1\":5}}\n", &code);
+    char *err = run_lines("bad_bias", "{\"ids\":\"1,2\",\"logit_bias\":{\"x1\":5}}\n", "", &code);
     check(code != 0 && err && strstr(err, "\"logit_bias\" must map token ids to numbers"),
           "a malformed logit_bias is refused: exit %d: %s", code, err ? err : "");
     free(err);
@@ -198,6 +200,42 @@ static void test_warm_up(void)
     cJSON_Delete(doc);
     cJSON_Delete(first);
     cJSON_Delete(last);
+    free(out);
+}
+
+/* --weights-read: the aggregate gets the read of the packed weights, whose
+ * rate is its bytes over its time; without the flag it has none; and the
+ * flag without --batch, which has no aggregate, is refused. */
+static void test_weights_read(void)
+{
+    const char *line = "{\"ids\":\"1,2,3,4\",\"max_tokens\":2}\n";
+    int code;
+    char *out = run_lines("weights_read", line, "--weights-read", &code);
+    check(code == 0, "--weights-read: exit %d: %s", code, out ? out : "");
+    cJSON *doc;
+    const cJSON *agg = aggregate_of("weights_read", out, &doc);
+    const cJSON *wr = cJSON_GetObjectItemCaseSensitive(agg, "weights_read");
+    const double bytes = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(wr, "bytes"));
+    const double ms = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(wr, "ms"));
+    const double gbs = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(wr, "gb_per_s"));
+    check(bytes > 0 && ms > 0 && gbs > 0 && fabs(gbs - bytes / ms / 1e6) <= 1e-9 * gbs,
+          "--weights-read: %g bytes in %g ms at %g GB/s", bytes, ms, gbs);
+    cJSON_Delete(doc);
+    free(out);
+
+    out = run_batch("no_weights_read", line);
+    agg = aggregate_of("no_weights_read", out, &doc);
+    check(agg && !cJSON_GetObjectItemCaseSensitive(agg, "weights_read"),
+          "without --weights-read the aggregate has no weights_read");
+    cJSON_Delete(doc);
+    free(out);
+
+    char cmd[4 * PU_PATH_MAX];
+    snprintf(cmd, sizeof cmd, PU_MLLAMA " run --threads 1 --model %s --ids 1,2 --weights-read 2>&1",
+             model);
+    out = pu_shell(cmd, &code);
+    check(code != 0 && out && strstr(out, "--weights-read reports in a --batch run's aggregate"),
+          "--weights-read without --batch is refused: exit %d: %s", code, out ? out : "");
     free(out);
 }
 
@@ -313,5 +351,6 @@ int main(void)
     test_bias_and_ignore_eos();
     test_warm_up();
     test_logits_out();
+    test_weights_read();
     return check_done();
 }
