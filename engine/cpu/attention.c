@@ -761,6 +761,73 @@ void ml_cpu_attn_causal(ml_backend *be, const ml_attn_causal_params *p)
     run(be, &j);
 }
 
+/* Whether sequences a and b see the same images: the same states in the
+ * same order. */
+static int same_images(const ml_attn_cross_params *p, int a, int b)
+{
+    if (p->n_images[a] != p->n_images[b])
+        return 0;
+    const void *const *sa = p->states + (size_t)a * p->max_images;
+    const void *const *sb = p->states + (size_t)b * p->max_images;
+    for (int i = 0; i < p->n_images[a]; i++)
+        if (sa[i] != sb[i])
+            return 0;
+    return 1;
+}
+
+/* Cross attention's items over runs of consecutive sequences that see the
+ * same images. A decode sequence is one token, a GQA group of query rows (4
+ * in every Llama 3.2 Vision), which alone fills a few columns of an item's
+ * tiles and reads the image's whole K and V for them; B sequences decoding
+ * against one image (n > 1 choices of a request, questions about one
+ * document) read it B times. Their tokens are consecutive rows of q, out
+ * and allowed, so a run of them is one sequence to the item loop: one item
+ * per kv head and block of ATTN_BQ rows multiplies the run's rows against
+ * each block of keys once. Every row keeps its own mask (allowed) and its
+ * own m, l and O, and each of its sums runs over the same keys in the same
+ * order, so its result does not change: a key block the other rows of a run
+ * see and this one may not is -inf in its column (softmax_block: its weights
+ * 0, alpha 1, or m, l and O left at -inf, 0 and 0), and O gains +0. Runs
+ * are cut at `cap` tokens so that the items still number at least the
+ * pool's threads. The view's arrays live in the act buffer; without it the
+ * sequences run apart (ml_cpu_act_buffer has latched why). */
+static void merge_image_runs(ml_cpu_backend *cb, const ml_attn_cross_params *p, attn_job *j)
+{
+    const int tokens = p->seq_start[p->n_seqs] - p->seq_start[0];
+    const int group = p->n_heads / p->n_kv_heads;
+    const int min_runs = (ml_cpu_pool_threads(cb->pool) + p->n_kv_heads - 1) / p->n_kv_heads;
+    int cap = ATTN_BQ / group > 1 ? ATTN_BQ / group : 1;
+    if (min_runs > 1 && tokens / min_runs < cap)
+        cap = tokens / min_runs > 1 ? tokens / min_runs : 1;
+    if (cap == 1 || p->n_seqs < 2)
+        return;
+    const size_t n = (size_t)p->n_seqs;
+    const size_t bytes = n * (size_t)p->max_images * sizeof(void *) + (2 * n + 1) * sizeof(int32_t);
+    float *buf = ml_cpu_act_buffer(cb, (bytes + sizeof(float) - 1) / sizeof(float), "attn_cross");
+    if (!buf)
+        return;
+    const void **states = (const void **)buf; /* first: the buffer is aligned for pointers */
+    int32_t *n_images = (int32_t *)(states + n * (size_t)p->max_images);
+    int32_t *seq_start = n_images + n;
+    int runs = 0;
+    for (int s = 0; s < p->n_seqs;) {
+        int e = s + 1;
+        while (e < p->n_seqs && same_images(p, s, e) &&
+               p->seq_start[e + 1] - p->seq_start[s] <= cap)
+            e++;
+        memcpy(states + (size_t)runs * p->max_images, p->states + (size_t)s * p->max_images,
+               (size_t)p->max_images * sizeof *states);
+        n_images[runs] = p->n_images[s];
+        seq_start[runs++] = p->seq_start[s];
+        s = e;
+    }
+    seq_start[runs] = p->seq_start[p->n_seqs];
+    j->states = states;
+    j->n_images = n_images;
+    j->seq_start = seq_start;
+    j->n_seqs = runs;
+}
+
 void ml_cpu_attn_cross(ml_backend *be, const ml_attn_cross_params *p)
 {
     assert(p->max_images >= 0 && p->max_tiles >= 1 && p->chunk_len >= 1);
@@ -776,5 +843,6 @@ void ml_cpu_attn_cross(ml_backend *be, const ml_attn_cross_params *p)
                   .allowed = p->allowed, .max_images = p->max_images, .max_tiles = p->max_tiles,
                   .n_chunks = p->max_images * p->max_tiles, .chunk_len = p->chunk_len,
                   .image_keys = p->max_tiles * p->chunk_len};
+    merge_image_runs(ml_cpu_of(be), p, &j);
     run(be, &j);
 }

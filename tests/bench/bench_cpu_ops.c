@@ -31,7 +31,10 @@
  *                   one image in each of the 11B's 8 cross layers (32
  *                   heads, 8 kv heads x 128, 4 tile slots of 1601 keys;
  *                   416 MB of f32 K/V, past the L3), with 1 and with 4
- *                   real tiles: GB/s of the K/V the allowed tiles hold
+ *                   real tiles: GB/s of the K/V the allowed tiles hold;
+ *                   then 16 sequences, a row each, sharing that image
+ *                   (n > 1 choices, questions about one document): GFLOP/s
+ *                   of their products
  *                   (attn_causal and attn_cross run again over a bf16
  *                   cache, ml_backend_cpu_bf16_kv_cache)
  *
@@ -68,6 +71,8 @@
 #define TEXT_KV_HEADS 8
 #define TEXT_HEAD_DIM 128
 #define TEXT_CROSS_LAYERS 8
+/* Decode sequences sharing one image in attn_cross's batch case */
+#define CROSS_SEQS 16
 /* MLP widths: 11B vision (fc1 out) and text (gate/up out); the text
  * hidden size; a prefill chunk */
 #define VISION_MLP 5120
@@ -499,51 +504,64 @@ static void bench_attn_causal(ml_backend *be)
 typedef struct cross_job {
     ml_backend *be;
     ml_attn_cross_params p;
-    const void *states[TEXT_CROSS_LAYERS]; /* one image state per layer */
+    /* per layer, every sequence's state: the layer's one image */
+    const void *states[TEXT_CROSS_LAYERS][CROSS_SEQS];
 } cross_job;
 
 static void cross_step(void *ctx)
 {
     cross_job *j = ctx;
     for (int layer = 0; layer < TEXT_CROSS_LAYERS; layer++) {
-        j->p.states = &j->states[layer];
+        j->p.states = j->states[layer];
         j->be->ops->attn_cross(j->be, &j->p);
     }
 }
 
-/* One decode row of one sequence against its resident image in every cross
- * layer, as a decode step runs them. */
+/* One decode row of each of 1 and CROSS_SEQS sequences against the one
+ * image they share in every cross layer, as a decode step runs them. */
 static void bench_attn_cross(ml_backend *be)
 {
     const size_t plane = (size_t)VISION_TILES * VISION_REAL * TEXT_KV_HEADS * TEXT_HEAD_DIM;
     const size_t row = (size_t)TEXT_HEADS * TEXT_HEAD_DIM;
     const size_t es = be->ops->kv_elem_size;
-    float *q = xmalloc(row * sizeof *q), *out = xmalloc(row * sizeof *out);
+    float *q = xmalloc(CROSS_SEQS * row * sizeof *q), *out = xmalloc(CROSS_SEQS * row * sizeof *out);
     void *state[TEXT_CROSS_LAYERS]; /* (2, tiles · 1601, kv heads, head_dim): K then V */
     cross_job j = {.be = be};
     for (int layer = 0; layer < TEXT_CROSS_LAYERS; layer++) {
         state[layer] = random_kv(be, 2 * plane);
-        j.states[layer] = state[layer];
+        for (int s = 0; s < CROSS_SEQS; s++)
+            j.states[layer][s] = state[layer];
     }
-    for (size_t i = 0; i < row; i++)
+    for (size_t i = 0; i < CROSS_SEQS * row; i++)
         q[i] = frand(-1, 1);
-    const int32_t n_images[1] = {1}, seq_start[2] = {0, 1};
-    uint8_t allowed[VISION_TILES];
-    for (int tiles = 1; tiles <= VISION_TILES; tiles += VISION_TILES - 1) {
-        for (int c = 0; c < VISION_TILES; c++)
-            allowed[c] = c < tiles;
-        j.p = (ml_attn_cross_params){
-            .out = out, .q = q, .k_offset = 0, .v_offset = plane * es,
-            .n_images = n_images, .seq_start = seq_start, .allowed = allowed, .n_seqs = 1,
-            .n_tokens = 1, .max_images = 1, .max_tiles = VISION_TILES, .chunk_len = VISION_REAL,
-            .n_heads = TEXT_HEADS, .n_kv_heads = TEXT_KV_HEADS, .head_dim = TEXT_HEAD_DIM,
-            .scale = 1.0f / sqrtf((float)TEXT_HEAD_DIM)};
-        const timing t = best_of(cross_step, &j, 5);
-        const double bytes = 2.0 * plane * (double)es * TEXT_CROSS_LAYERS * tiles / VISION_TILES;
-        printf("  attn_cross decode step, %d cross layers, %d of %d tiles, %s K/V   %8.3f ms  "
-               "allowed K/V %5.1f GB/s wall  %5.1f cpu\n",
-               TEXT_CROSS_LAYERS, tiles, VISION_TILES, kv_type(be), t.wall * 1e3,
-               bytes / t.wall / 1e9, bytes / t.cpu / 1e9);
+    int32_t n_images[CROSS_SEQS], seq_start[CROSS_SEQS + 1];
+    for (int s = 0; s <= CROSS_SEQS; s++) {
+        seq_start[s] = s;
+        if (s < CROSS_SEQS)
+            n_images[s] = 1;
+    }
+    uint8_t allowed[CROSS_SEQS * VISION_TILES];
+    for (int seqs = 1; seqs <= CROSS_SEQS; seqs += CROSS_SEQS - 1) {
+        for (int tiles = 1; tiles <= VISION_TILES; tiles += VISION_TILES - 1) {
+            for (int c = 0; c < seqs * VISION_TILES; c++)
+                allowed[c] = c % VISION_TILES < tiles;
+            j.p = (ml_attn_cross_params){
+                .out = out, .q = q, .k_offset = 0, .v_offset = plane * es,
+                .n_images = n_images, .seq_start = seq_start, .allowed = allowed,
+                .n_seqs = seqs, .n_tokens = seqs, .max_images = 1, .max_tiles = VISION_TILES,
+                .chunk_len = VISION_REAL, .n_heads = TEXT_HEADS, .n_kv_heads = TEXT_KV_HEADS,
+                .head_dim = TEXT_HEAD_DIM, .scale = 1.0f / sqrtf((float)TEXT_HEAD_DIM)};
+            const timing t = best_of(cross_step, &j, 5);
+            const double keys = (double)tiles * VISION_REAL * TEXT_CROSS_LAYERS;
+            const double bytes = 2.0 * keys * TEXT_KV_HEADS * TEXT_HEAD_DIM * (double)es;
+            /* q·k and p·v: 2 FLOPs a multiply-add, each row of each sequence */
+            const double flops = 4.0 * seqs * TEXT_HEADS * TEXT_HEAD_DIM * keys;
+            printf("  attn_cross decode step, %2d sequence(s) sharing an image, %d cross layers, "
+                   "%d of %d tiles, %s K/V   %8.3f ms  allowed K/V %5.1f GB/s wall  %5.1f cpu  "
+                   "%6.1f GFLOP/s wall\n",
+                   seqs, TEXT_CROSS_LAYERS, tiles, VISION_TILES, kv_type(be), t.wall * 1e3,
+                   bytes / t.wall / 1e9, bytes / t.cpu / 1e9, flops / t.wall / 1e9);
+        }
     }
     for (int layer = 0; layer < TEXT_CROSS_LAYERS; layer++)
         free(state[layer]);

@@ -501,6 +501,104 @@ static void test_attn_cross(ml_backend *be[N_BACKENDS])
     test_attn_cross_case(be, long_rows, 8, 1, 32, 4, 250, CROSS_MASK_TILES);
 }
 
+/* Sequences that see the same images, as n > 1 choices of a request do,
+ * run as one item per kv head and block of rows (attention.c
+ * merge_image_runs): each sequence's rows must come out bit for bit as when
+ * the sequence runs alone. n_seqs sequences of n_tok[s] tokens see images
+ * SHARED_PLAN[s % 6] of two states (A = 0, B = 1): runs of A, of A then B,
+ * a text-only sequence between them, and a last A apart from the first run.
+ * Each token's mask is random over its images' chunks (some see only B's,
+ * some none): a key block one row of a run sees is masked for others. */
+#define SHARED_PLAN_LEN 6
+static const int SHARED_PLAN_N[SHARED_PLAN_LEN] = {1, 1, 2, 2, 0, 1};
+
+static void test_attn_cross_shared_case(ml_backend *be, int n_seqs, const int *n_tok, int n_heads,
+                                        int n_kv, int hd, int max_tiles, int chunk_len)
+{
+    enum { MAX_IMAGES = 2 };
+    const int image_keys = max_tiles * chunk_len, stride = MAX_IMAGES * max_tiles;
+    const size_t plane = (size_t)image_keys * n_kv * hd, row = (size_t)n_heads * hd;
+    float *state[MAX_IMAGES];
+    for (int i = 0; i < MAX_IMAGES; i++) {
+        float *raw = xmalloc(2 * plane * sizeof *raw);
+        state[i] = xmalloc(2 * plane * sizeof *state[i]);
+        fill(raw, 2 * plane, -1, 1);
+        memcpy(state[i], raw, 2 * plane * sizeof *raw);
+        be->ops->kv_store_keys(be, state[i], raw, image_keys, n_kv, hd);
+        free(raw);
+    }
+    const void **table = xmalloc((size_t)n_seqs * MAX_IMAGES * sizeof *table);
+    int32_t *n_images = xmalloc((size_t)n_seqs * sizeof *n_images);
+    int32_t *seq_start = xmalloc((size_t)(n_seqs + 1) * sizeof *seq_start);
+    seq_start[0] = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        n_images[s] = SHARED_PLAN_N[s % SHARED_PLAN_LEN];
+        for (int i = 0; i < MAX_IMAGES; i++)
+            table[(size_t)s * MAX_IMAGES + i] = i < n_images[s] ? state[i] : (const void *)-1;
+        seq_start[s + 1] = seq_start[s] + n_tok[s];
+    }
+    const int T = seq_start[n_seqs];
+    uint8_t *allowed = xmalloc((size_t)T * stride);
+    for (size_t i = 0; i < (size_t)T * stride; i++)
+        allowed[i] = urand() < 0.5;
+    float *q = xmalloc((size_t)T * row * sizeof *q);
+    float *all = xmalloc((size_t)T * row * sizeof *all), *alone = xmalloc(row * sizeof *alone);
+    fill(q, (size_t)T * row, -2, 2);
+    ml_attn_cross_params p = {.out = all, .q = q, .states = table, .k_offset = 0,
+                              .v_offset = plane * sizeof(float), .n_images = n_images,
+                              .seq_start = seq_start, .allowed = allowed, .n_seqs = n_seqs,
+                              .n_tokens = T, .max_images = MAX_IMAGES, .max_tiles = max_tiles,
+                              .chunk_len = chunk_len, .n_heads = n_heads, .n_kv_heads = n_kv,
+                              .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
+    be->ops->attn_cross(be, &p);
+    int same = 1;
+    for (int s = 0; s < n_seqs; s++) {
+        for (int t = seq_start[s]; t < seq_start[s + 1]; t++) {
+            /* the sequence alone, one token at a time (a decode step's rows) */
+            const int32_t one_start[2] = {0, 1};
+            ml_attn_cross_params a = p;
+            a.out = alone;
+            a.q = q + (size_t)t * row;
+            a.states = table + (size_t)s * MAX_IMAGES;
+            a.n_images = n_images + s;
+            a.seq_start = one_start;
+            a.allowed = allowed + (size_t)t * stride;
+            a.n_seqs = 1;
+            a.n_tokens = 1;
+            be->ops->attn_cross(be, &a);
+            same &= memcmp(alone, all + (size_t)t * row, row * sizeof *alone) == 0;
+        }
+    }
+    check(same,
+          "attn_cross, %d sequences sharing images, heads=%d kv=%d hd=%d tiles=%d chunk=%d [%s]: "
+          "a row differs from the same row alone",
+          n_seqs, n_heads, n_kv, hd, max_tiles, chunk_len, g_isa);
+    for (int i = 0; i < MAX_IMAGES; i++)
+        free(state[i]);
+    free(table);
+    free(n_images);
+    free(seq_start);
+    free(allowed);
+    free(q);
+    free(all);
+    free(alone);
+}
+
+static void test_attn_cross_shared(ml_backend *be[N_BACKENDS])
+{
+    /* 30 decode sequences: runs longer than one block of rows at group 4 */
+    int decode[30], mixed[13];
+    for (int s = 0; s < 30; s++)
+        decode[s] = 1;
+    for (int s = 0; s < 13; s++)
+        mixed[s] = 1 + (s * 7) % 5; /* prefill chunks beside decode rows */
+    for (int b = 0; b < N_BACKENDS; b++) {
+        test_attn_cross_shared_case(be[b], 30, decode, 8, 2, 64, 2, 70);
+        test_attn_cross_shared_case(be[b], 13, mixed, 8, 2, 64, 2, 70);
+        test_attn_cross_shared_case(be[b], 13, mixed, 4, 4, 16, 4, 7);
+    }
+}
+
 /* ---- attention over a bf16 K/V cache ------------------------------------------------ */
 
 /* The bf16 store of n values (kv16 a cache of ml_backend_cpu_bf16_kv_cache)
@@ -790,6 +888,7 @@ static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
     test_attn_vision(be, 0);
     test_attn_causal(be);
     test_attn_cross(be);
+    test_attn_cross_shared(be);
     test_attn_vision_bf16(isa);
     test_attn_kv16(isa);
 }
