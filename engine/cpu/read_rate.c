@@ -4,11 +4,11 @@
  *
  * Why on the weights themselves: a decode step of one sequence reads every
  * weight once, so its time is at least their bytes over the rate at which
- * their pages can be read, and that rate belongs to the pages. On the
- * development VM it moved by process and by minute (a separate process's
- * 1 GiB buffer read at 41 to 83 GB/s in one hour, while one process read its
- * own weights at 42-49 GB/s and decoded one sequence at the same rate:
- * tests/bench/README.md), so a bound taken from another process's buffer
+ * their pages can be read, and that rate belongs to the pages and the
+ * minute. On the development VM a separate process's 1 GiB buffer read at
+ * 40 to 83 GB/s within an hour, while processes of the `small` preset read
+ * their own weights at 42-50 GB/s and decoded one sequence at 91-101% of
+ * that (tests/bench/README.md): a bound taken from another process's buffer
  * says as much about the draw as about the engine.
  *
  * The read is a sum of 64-byte vectors over four parts of each block walked
