@@ -790,10 +790,10 @@ static int same_images(const ml_attn_cross_params *p, int a, int b)
  * 0, alpha 1, or m, l and O left at -inf, 0 and 0), and O gains +0, which
  * leaves every element as it was but one exactly -0 (every visible key's V
  * -0 there), which becomes +0: a value every later op reads alike, since
- * its sums start from +0. Runs
- * are cut at `cap` tokens so that the items still number at least the
- * pool's threads. The view's arrays live in the act buffer; without it the
- * sequences run apart (ml_cpu_act_buffer has latched why). */
+ * its sums start from +0. Runs are cut at `cap` tokens so that the items
+ * still number at least the pool's threads. The view's arrays live in the
+ * act buffer; without it the sequences run apart (ml_cpu_act_buffer has
+ * latched why). */
 static void merge_image_runs(ml_cpu_backend *cb, const ml_attn_cross_params *p, attn_job *j)
 {
     const int tokens = p->seq_start[p->n_seqs] - p->seq_start[0];

@@ -151,9 +151,13 @@ void ml_cpu_latch(ml_cpu_backend *cb, ml_status st, const char *op, const char *
  * are (memory.c); freed with ml_cpu_free. */
 void *ml_cpu_alloc_streamed(ml_backend *be, size_t bytes);
 
-/* The sum of the 64-bit words of the first bytes - bytes % 256 bytes at p
- * (64-byte aligned), read as four streams of 64-byte vectors: a streaming
- * read at the memory's rate (read_rate.c; bench_read_bw uses it too). */
+/* The bytes ml_cpu_stream_sum reads at a time: a 64-byte vector in each of
+ * its four streams. */
+#define ML_CPU_STREAM_GRAIN 256
+
+/* The sum of the 64-bit words of the first bytes - bytes % ML_CPU_STREAM_GRAIN
+ * bytes at p (64-byte aligned), read as four streams of 64-byte vectors: a
+ * streaming read at the memory's rate (read_rate.c; bench_read_bw uses it too). */
 uint64_t ml_cpu_stream_sum(const void *p, size_t bytes);
 
 /* ---- op implementations (contracts in backend.h) ---------------------------- */

@@ -36,14 +36,15 @@
 #endif
 
 typedef uint64_t u64x8 __attribute__((vector_size(64)));
-/* The bytes ml_cpu_stream_sum reads at a time: a vector in every stream. */
-#define READ_GRAIN (READ_STREAMS * sizeof(u64x8))
 _Static_assert(READ_STREAMS == 4, "ml_cpu_stream_sum walks four streams");
-_Static_assert(READ_BLOCK_BYTES % READ_GRAIN == 0, "a block is whole vectors in every stream");
+_Static_assert(ML_CPU_STREAM_GRAIN == READ_STREAMS * sizeof(u64x8),
+               "the grain is a vector in every stream");
+_Static_assert(READ_BLOCK_BYTES % ML_CPU_STREAM_GRAIN == 0,
+               "a block is whole vectors in every stream");
 
 MULTIVERSION uint64_t ml_cpu_stream_sum(const void *p, size_t bytes)
 {
-    const size_t len = bytes / READ_GRAIN;
+    const size_t len = bytes / ML_CPU_STREAM_GRAIN;
     const u64x8 *q0 = p, *q1 = q0 + len, *q2 = q1 + len, *q3 = q2 + len;
     u64x8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
     for (size_t i = 0; i < len; i++) {
@@ -69,9 +70,7 @@ static void read_part(void *ctx, int64_t begin, int64_t end, int tid)
 {
     (void)tid;
     read_job *r = ctx;
-    size_t w = 0;
-    while (r->first_block[w + 1] <= (size_t)begin)
-        w++;
+    size_t w = 0; /* the Linear holding block b */
     uint64_t sum = 0;
     for (int64_t b = begin; b < end; b++) {
         while (r->first_block[w + 1] <= (size_t)b)
@@ -95,16 +94,16 @@ double ml_backend_cpu_weights_read(ml_backend *be, int passes, uint64_t *bytes)
 {
     const ml_cpu_backend *cb = ml_cpu_of(be);
     *bytes = 0;
-    size_t *first = malloc((cb->n_packed + 1) * sizeof *first);
-    if (!first || cb->n_packed == 0 || passes < 1) {
-        free(first);
+    if (cb->n_packed == 0 || passes < 1)
         return 0;
-    }
+    size_t *first = malloc((cb->n_packed + 1) * sizeof *first);
+    if (!first)
+        return 0;
     first[0] = 0;
     for (size_t w = 0; w < cb->n_packed; w++) {
         const size_t n = cb->packed[w].bytes;
         first[w + 1] = first[w] + (n + READ_BLOCK_BYTES - 1) / READ_BLOCK_BYTES;
-        *bytes += n - n % READ_GRAIN; /* every block starts on the grain */
+        *bytes += n - n % ML_CPU_STREAM_GRAIN; /* every block starts on the grain */
     }
     read_job job = {.cb = cb, .first_block = first};
     atomic_init(&job.sum, 0);

@@ -57,8 +57,6 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* [{"seqs", "steps", "median_ms", "min_ms", "max_ms"}...] by increasing
- * seqs (the lower median of an even count), or NULL out of memory. */
 /* Passes of the weights' streaming read; the fastest counts. */
 #define WEIGHTS_READ_PASSES 3
 
@@ -75,6 +73,8 @@ static cJSON *weights_read_json(const ml_engine *e)
     return o;
 }
 
+/* [{"seqs", "steps", "median_ms", "min_ms", "max_ms"}...] by increasing
+ * seqs (the lower median of an even count), or NULL out of memory. */
 static cJSON *decode_steps_json(const decode_steps *d)
 {
     int max_seqs = 0;

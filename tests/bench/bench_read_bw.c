@@ -1,9 +1,10 @@
 /* Memory read bandwidth, the ceiling of memory-bound decode (label bench;
  * skipped unless ML_BENCH=1): threads summing disjoint slices of a 1 GiB
  * buffer (far above any L3) with 64-byte vector loads, each thread walking
- * four parts of its slice at once, best of a few passes, for
- * ML_BENCH_THREADS (default 2) threads and for 1. The sum is the CPU
- * backend's (ml_cpu_stream_sum), the one ml_backend_cpu_weights_read
+ * four parts of its slice at once (more hardware-prefetch streams in flight
+ * than one: measured 1 stream ~12, 4 streams ~19 GB/s), best of a few
+ * passes, for ML_BENCH_THREADS (default 2) threads and for 1. The sum is
+ * the CPU backend's (ml_cpu_stream_sum), the one ml_backend_cpu_weights_read
  * streams a process's own weights with.
  *
  * Why not bench_cpu_ops' figure: one 16-byte-load stream per thread is
@@ -26,10 +27,6 @@
 #define BW_PASSES 5
 #define MAX_THREADS 64
 #define FILL_BYTE 0x01
-/* The bytes ml_cpu_stream_sum reads at a time: a 64-byte vector in each of
- * its four streams (more hardware-prefetch streams in flight than one:
- * measured 1 stream ~12, 4 streams ~19 GB/s). */
-#define GROUP_BYTES 256
 
 typedef struct slice {
     const unsigned char *p;
@@ -56,7 +53,7 @@ static double now_s(void)
  * be elided. */
 static double read_bandwidth(const unsigned char *buf, int threads)
 {
-    const size_t groups = BW_BYTES / GROUP_BYTES;
+    const size_t groups = BW_BYTES / ML_CPU_STREAM_GRAIN;
     double best = 1e30;
     for (int pass = 0; pass < BW_PASSES; pass++) {
         pthread_t tid[MAX_THREADS];
@@ -64,7 +61,8 @@ static double read_bandwidth(const unsigned char *buf, int threads)
         const double t0 = now_s();
         for (int t = 0; t < threads; t++) {
             const size_t lo = groups * t / threads, hi = groups * (t + 1) / threads;
-            s[t] = (slice){.p = buf + GROUP_BYTES * lo, .bytes = GROUP_BYTES * (hi - lo)};
+            s[t] = (slice){.p = buf + ML_CPU_STREAM_GRAIN * lo,
+                           .bytes = ML_CPU_STREAM_GRAIN * (hi - lo)};
             if (pthread_create(&tid[t], NULL, sum_slice, &s[t]) != 0) {
                 fprintf(stderr, "pthread_create failed\n");
                 exit(1);
@@ -88,7 +86,7 @@ int main(void)
     ml_bench_require();
     int threads = ml_bench_env_int("ML_BENCH_THREADS", 2, 1, MAX_THREADS);
 
-    unsigned char *buf = aligned_alloc(GROUP_BYTES, BW_BYTES);
+    unsigned char *buf = aligned_alloc(ML_CPU_STREAM_GRAIN, BW_BYTES);
     if (!buf) {
         fprintf(stderr, "out of memory (1 GiB)\n");
         return 1;

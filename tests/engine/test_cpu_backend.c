@@ -136,8 +136,8 @@ static void test_pool_resident(ml_backend *be)
 
 /* ---- the read of the packed weights ------------------------------------------- */
 
-/* ml_cpu_stream_sum adds the 64-bit words of the whole 256-byte groups and
- * nothing past them. */
+/* ml_cpu_stream_sum adds the 64-bit words of the whole groups
+ * (ML_CPU_STREAM_GRAIN bytes) and nothing past them. */
 static void test_stream_sum(void)
 {
     enum { WORDS = 1000 }; /* 8000 bytes: 31 groups and 64 bytes over */
@@ -148,11 +148,11 @@ static void test_stream_sum(void)
     uint64_t want = 0;
     for (size_t i = 0; i < WORDS; i++) {
         w[i] = (i + 1) * 0x9e3779b97f4a7c15ull;
-        if (i < (WORDS * sizeof *w) / 256 * 256 / sizeof *w)
+        if (i < (WORDS * sizeof *w) / ML_CPU_STREAM_GRAIN * ML_CPU_STREAM_GRAIN / sizeof *w)
             want += w[i];
     }
     check(ml_cpu_stream_sum(w, WORDS * sizeof *w) == want, "stream sum of whole groups");
-    check(ml_cpu_stream_sum(w, 255) == 0, "less than a group reads nothing");
+    check(ml_cpu_stream_sum(w, ML_CPU_STREAM_GRAIN - 1) == 0, "less than a group reads nothing");
     free(w);
 }
 
