@@ -32,9 +32,9 @@
  * memory idles while they run. */
 typedef enum ml_cpu_prefetch {
     ML_CPU_PREFETCH_NONE,
-    /* The block comes from memory: its own lines, ML_CPU_STRIP_PREFETCH_BYTES
-     * ahead, into L1, or into L2 for a tile of a few rows and more
-     * (kernels_vec.h STREAM_L2_MIN_ROWS). */
+    /* The block comes from memory: its own lines, into L2
+     * ML_CPU_STRIP_PREFETCH_BYTES ahead and into L1
+     * ML_CPU_STRIP_PREFETCH_L1_BYTES ahead. */
     ML_CPU_PREFETCH_STREAM,
     /* The block is in cache: `next`, a block the next call streams, step
      * for step with this one, into L2. */
@@ -197,6 +197,18 @@ static inline float ml_cpu_f8_to_f32(uint8_t c)
  * prefetching in every tile evicts it (a 6432-row GEMM, K = N = 1280, ran
  * at 290-330 GFLOP/s against 370-400 before packing). */
 #define ML_CPU_STRIP_PREFETCH_BYTES 8192
+/* And how far ahead it prefetches the same lines into L1, a second time:
+ * the L2 prefetch far ahead covers memory's latency, the L1 one near ahead
+ * L2's, so that the kernel's own loads find their line in L1 whatever the
+ * rows. Before, each line was prefetched once, 8 KiB ahead, into L1 with 1
+ * to 3 rows and into L2 with 4 and more (on the AMD EPYC into L1 from 4
+ * rows was slower: the prefetches held L1's few miss buffers while their
+ * lines came from memory). Measured against that on the 2-vCPU Intel Xeon
+ * VM (AVX-512, 2026-12-05), `small`'s lm_head (K 1024 x N 128256) read
+ * from memory, 2 threads, best of 20-30 calls: 1 row 0.89-0.91x the time,
+ * 2 rows 0.83-0.90x, 4 rows 0.90-0.96x, 8 rows 0.95-0.96x, 16 rows
+ * unchanged; 1 KiB and 3-4 KiB ahead were no better. */
+#define ML_CPU_STRIP_PREFETCH_L1_BYTES 2048
 
 /* A Linear's weights packed for gemm_packed (matmul.c, ml_cpu_linear_weight):
  * the output columns in strips of strip_cols (the last one padded with

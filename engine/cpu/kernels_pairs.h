@@ -42,7 +42,7 @@ PAIR_TARGET ALWAYS_INLINE void PAIR_TILE(const int m, const int a_col, const int
         /* a strip's step: two cache lines of bf16 pairs, one of FP8 */
         if (pf == ML_CPU_PREFETCH_STREAM) {
             for (size_t line = 0; line < PAIR_BYTES / 2; line++)
-                stream_prefetch(m, bp + line * LANES * PAIR_BYTES + ML_CPU_STRIP_PREFETCH_BYTES);
+                stream_prefetch(bp + line * LANES * PAIR_BYTES);
         } else if (pf == ML_CPU_PREFETCH_NEXT) {
             const char *np = (const char *)next + (size_t)p * ldb * PAIR_BYTES;
             for (size_t line = 0; line < PAIR_BYTES / 2; line++)

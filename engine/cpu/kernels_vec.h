@@ -34,28 +34,13 @@
 #define TILE_COLS (2 * LANES)
 #define STRIP_COLS TILE_COLS
 
-/* The cache a tile of m rows prefetches a streamed strip into
- * (ML_CPU_PREFETCH_STREAM, ML_CPU_STRIP_PREFETCH_BYTES ahead). With one
- * to three rows a step is a few multiply-adds and its lines must be in L1
- * when it comes. From 4 rows on a step takes long enough for L2 to deliver
- * them, and prefetching into L1 that far ahead was slower, likely because the
- * prefetches hold L1's few miss buffers until their lines arrive and the
- * tile's own loads queue behind them (the VM has no counters to confirm
- * it). Measured on the 2-vCPU AMD EPYC (AVX-512), 2 threads,
- * alternating processes: the small preset's lm_head (K 1024 x N 128256)
- * with bf16 activations at 4-16 rows 0.5-0.9x the time; a decode step of
- * 8 sequences of the small preset 0.72-0.79x (bf16 activations) and
- * 0.83-0.87x (f32), of 16 0.89-0.95x (f32); 1-3 rows no faster. */
-#define STREAM_L2_MIN_ROWS 4
-
-/* A prefetch of a streamed strip's line at a, for a tile of m rows (a
- * compile-time constant: the hint must be one). */
-ALWAYS_INLINE void stream_prefetch(const int m, const void *a)
+/* A prefetch of the streamed strip's line at a (ML_CPU_PREFETCH_STREAM):
+ * into L2 ML_CPU_STRIP_PREFETCH_BYTES ahead, and into L1 the nearer
+ * ML_CPU_STRIP_PREFETCH_L1_BYTES ahead (cpu_kernels.h). */
+ALWAYS_INLINE void stream_prefetch(const void *a)
 {
-    if (m >= STREAM_L2_MIN_ROWS)
-        _mm_prefetch((const char *)a, _MM_HINT_T1);
-    else
-        _mm_prefetch((const char *)a, _MM_HINT_T0);
+    _mm_prefetch((const char *)a + ML_CPU_STRIP_PREFETCH_BYTES, _MM_HINT_T1);
+    _mm_prefetch((const char *)a + ML_CPU_STRIP_PREFETCH_L1_BYTES, _MM_HINT_T0);
 }
 
 /* ---- memory layer -------------------------------------------------------- */
@@ -192,8 +177,7 @@ ALWAYS_INLINE void packed_tile(const int m, const int f8, const ml_cpu_prefetch 
     for (int p = 0; p < k; p++) {
         vf b0, b1;
         if (pf == ML_CPU_PREFETCH_STREAM)
-            stream_prefetch(m, (const char *)w + (size_t)p * step_bytes +
-                                   ML_CPU_STRIP_PREFETCH_BYTES);
+            stream_prefetch((const char *)w + (size_t)p * step_bytes);
         else if (pf == ML_CPU_PREFETCH_NEXT)
             _mm_prefetch((const char *)next + (size_t)p * step_bytes, _MM_HINT_T1);
         strip_step(f8, w, p, &b0, &b1);
