@@ -205,9 +205,11 @@ static inline float ml_cpu_f8_to_f32(uint8_t c)
  * rows was slower: the prefetches held L1's few miss buffers while their
  * lines came from memory). Measured against that on the 2-vCPU Intel Xeon
  * VM (AVX-512, 2026-12-05), `small`'s lm_head (K 1024 x N 128256) read
- * from memory, 2 threads, best of 20-30 calls: 1 row 0.89-0.91x the time,
- * 2 rows 0.83-0.90x, 4 rows 0.90-0.96x, 8 rows 0.95-0.96x, 16 rows
- * unchanged; 1 KiB and 3-4 KiB ahead were no better. */
+ * from memory, 2 threads, best of 20 calls: 1 row 0.92-0.93x the time, 2
+ * rows 0.92-0.96x, 3 rows 0.87-0.88x, 4 rows 0.90-0.92x, 8 rows
+ * 0.92-1.01x, 16 rows unchanged; other distances were no better
+ * (tests/bench/README.md, "Every streamed line into L2 and then L1"). An
+ * FP8 step is half a line: its kernel prefetches every other step. */
 #define ML_CPU_STRIP_PREFETCH_L1_BYTES 2048
 
 /* A Linear's weights packed for gemm_packed (matmul.c, ml_cpu_linear_weight):

@@ -174,12 +174,16 @@ ALWAYS_INLINE void packed_tile(const int m, const int f8, const ml_cpu_prefetch 
     vf acc0[TILE_ROWS], acc1[TILE_ROWS];
     zero_rows(m, acc0, acc1);
     const size_t step_bytes = f8 ? STRIP_COLS : STRIP_COLS * sizeof(uint16_t);
+    /* An FP8 step is half a cache line: its prefetches go once a line. */
+    const int line_steps = f8 ? 2 : 1;
     for (int p = 0; p < k; p++) {
         vf b0, b1;
-        if (pf == ML_CPU_PREFETCH_STREAM)
-            stream_prefetch((const char *)w + (size_t)p * step_bytes);
-        else if (pf == ML_CPU_PREFETCH_NEXT)
-            _mm_prefetch((const char *)next + (size_t)p * step_bytes, _MM_HINT_T1);
+        if (p % line_steps == 0) {
+            if (pf == ML_CPU_PREFETCH_STREAM)
+                stream_prefetch((const char *)w + (size_t)p * step_bytes);
+            else if (pf == ML_CPU_PREFETCH_NEXT)
+                _mm_prefetch((const char *)next + (size_t)p * step_bytes, _MM_HINT_T1);
+        }
         strip_step(f8, w, p, &b0, &b1);
 #pragma GCC unroll 16
         for (int i = 0; i < m; i++) {
