@@ -197,6 +197,10 @@ static inline float ml_cpu_f8_to_f32(uint8_t c)
  * prefetching in every tile evicts it (a 6432-row GEMM, K = N = 1280, ran
  * at 290-330 GFLOP/s against 370-400 before packing). */
 #define ML_CPU_STRIP_PREFETCH_BYTES 8192
+/* A cache line: a streamed strip is prefetched once a line, whatever the
+ * bytes of its steps (an AVX-512 bf16 step is a line, an FP8 one half; an
+ * AVX2 bf16 step half, an FP8 one a quarter). */
+#define ML_CPU_LINE_BYTES 64
 /* And how far ahead it prefetches the same lines into L1, a second time:
  * the L2 prefetch far ahead covers memory's latency, the L1 one near ahead
  * L2's, so that the kernel's own loads find their line in L1 whatever the
@@ -208,8 +212,7 @@ static inline float ml_cpu_f8_to_f32(uint8_t c)
  * from memory, 2 threads, best of 20 calls: 1 row 0.92-0.93x the time, 2
  * rows 0.92-0.96x, 3 rows 0.87-0.88x, 4 rows 0.90-0.92x, 8 rows
  * 0.92-1.01x, 16 rows unchanged; other distances were no better
- * (tests/bench/README.md, "Every streamed line into L2 and then L1"). An
- * FP8 step is half a line: its kernel prefetches every other step. */
+ * (tests/bench/README.md, "Every streamed line into L2 and then L1"). */
 #define ML_CPU_STRIP_PREFETCH_L1_BYTES 2048
 
 /* A Linear's weights packed for gemm_packed (matmul.c, ml_cpu_linear_weight):

@@ -33,6 +33,8 @@
  * tile over a strip). */
 #define TILE_COLS (2 * LANES)
 #define STRIP_COLS TILE_COLS
+_Static_assert(STRIP_COLS * sizeof(uint16_t) <= ML_CPU_LINE_BYTES,
+               "a bf16 step of a strip fits one cache line (packed_tile's prefetch)");
 
 /* A prefetch of the streamed strip's line at a (ML_CPU_PREFETCH_STREAM):
  * into L2 ML_CPU_STRIP_PREFETCH_BYTES ahead, and into L1 the nearer
@@ -174,8 +176,7 @@ ALWAYS_INLINE void packed_tile(const int m, const int f8, const ml_cpu_prefetch 
     vf acc0[TILE_ROWS], acc1[TILE_ROWS];
     zero_rows(m, acc0, acc1);
     const size_t step_bytes = f8 ? STRIP_COLS : STRIP_COLS * sizeof(uint16_t);
-    /* An FP8 step is half a cache line: its prefetches go once a line. */
-    const int line_steps = f8 ? 2 : 1;
+    const int line_steps = (int)(ML_CPU_LINE_BYTES / step_bytes);
     for (int p = 0; p < k; p++) {
         vf b0, b1;
         if (p % line_steps == 0) {
