@@ -481,7 +481,7 @@ static void scores_bf16(const attn_job *j, int s, int kvh, int kb, int nk, int k
                           imin(mr, j->seq_len - kb_next - k0), hp, 0);
         for (int c0 = 0; c0 < nq; c0 += nr)
             kn->gemm_tile_bf16(imin(mr, nk - k0), imin(nr, nq - c0), hp, k2 + (size_t)k0 * ld, ld,
-                               1, qt2 + c0, ATTN_BQ, ML_CPU_PREFETCH_NONE, NULL,
+                               1, qt2 + c0, ATTN_BQ, NULL,
                                sc + (size_t)k0 * ATTN_BQ + c0, ATTN_BQ);
     }
 }
@@ -503,7 +503,7 @@ static void values_bf16(const attn_job *j, int s, int kvh, int kb, int nk, const
     for (int c0 = 0; c0 < nq; c0 += mr)
         for (int d0 = 0; d0 < hd; d0 += nr)
             kn->gemm_tile_bf16(imin(mr, nq - c0), imin(nr, hd - d0), nk / 2, s2 + c0, 1, ATTN_BQ,
-                               v2 + d0, (size_t)hd, ML_CPU_PREFETCH_NONE, NULL,
+                               v2 + d0, (size_t)hd, NULL,
                                o + (size_t)c0 * hd + d0, (size_t)hd);
 }
 

@@ -26,19 +26,25 @@
 #define ML_CPU_GEMV_MAX_COLS 4
 
 /* What a matmul kernel prefetches while it runs over a block of a strip
- * (matmul.c). With a few row tiles over each block (a decode batch), the
- * first streams it from memory and the others compute on it from cache:
- * unless the last of them fetches the block the next first tile reads,
- * memory idles while they run. */
-typedef enum ml_cpu_prefetch {
+ * (matmul.c). With one row tile over each block, the tile streams it from
+ * memory. With a few (a decode batch), memory must not idle while the
+ * tiles compute from cache: they fetch the next block among them, each
+ * its share of the lines, spread over its steps. */
+typedef enum ml_cpu_prefetch_kind {
     ML_CPU_PREFETCH_NONE,
     /* The block comes from memory: its own lines, into L2
      * ML_CPU_STRIP_PREFETCH_BYTES ahead and into L1
      * ML_CPU_STRIP_PREFETCH_L1_BYTES ahead. */
     ML_CPU_PREFETCH_STREAM,
-    /* The block is in cache: `next`, a block the next call streams, step
-     * for step with this one, into L2. */
+    /* The block is in cache: `bytes` from `next`, part of a block a later
+     * call reads, into L2, spread evenly over the call's steps. */
     ML_CPU_PREFETCH_NEXT,
+} ml_cpu_prefetch_kind;
+
+typedef struct ml_cpu_prefetch {
+    ml_cpu_prefetch_kind kind;
+    const void *next; /* ML_CPU_PREFETCH_NEXT only */
+    size_t bytes;
 } ml_cpu_prefetch;
 
 typedef struct ml_cpu_kernels {
@@ -62,10 +68,9 @@ typedef struct ml_cpu_kernels {
      * to y: the order of every element is gemm_tile's, whatever m, n or
      * the element's place in the tile (matmul.c, batch invariance). Columns
      * past n are computed from the strip's zero padding and not stored.
-     * pf: what it prefetches meanwhile (next: the block of
-     * ML_CPU_PREFETCH_NEXT, ignored otherwise). */
+     * pf: what it prefetches meanwhile (NULL: nothing). */
     void (*gemm_packed)(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
-                        ml_cpu_prefetch pf, const void *next, float *y, size_t ldy);
+                        const ml_cpu_prefetch *pf, float *y, size_t ldy);
     /* Columns of a strip: the width the ISA's registers take in one step
      * (two vectors of f32); tile_cols too, so that a strip widened to f32
      * is gemm_tile's B (matmul.c). */
@@ -83,12 +88,12 @@ typedef struct ml_cpu_kernels {
      * then added to C. A pair's two products and their addition to the sum
      * are the instruction's, which CPU makers implement differently (it is
      * not two FMAs on every CPU): a result's bits are fixed for a machine
-     * whatever the tile or its place, not across machines. pf and next as
+     * whatever the tile or its place, not across machines. pf as
      * gemm_packed's, where B is a block of a packed strip (a_cs == 1 and n >
-     * half the tile; elsewhere pf is ML_CPU_PREFETCH_NONE). */
+     * half the tile; elsewhere pf is NULL). */
     void (*gemm_tile_bf16)(int m, int n, int kp, const uint32_t *a, size_t a_rs, size_t a_cs,
-                           const uint32_t *b, size_t ldb, ml_cpu_prefetch pf, const void *next,
-                           float *c, size_t ldc);
+                           const uint32_t *b, size_t ldb, const ml_cpu_prefetch *pf, float *c,
+                           size_t ldc);
     /* The same on FP8 weights (matmul.c; NULL as gemm_tile_bf16, and it
      * needs AVX512_VBMI too, which the caller has checked:
      * ml_cpu_has_avx512_vbmi): B's pair (p, j) is the two F8_E4M3 codes
@@ -96,8 +101,8 @@ typedef struct ml_cpu_kernels {
      * exactly in registers (every E4M3 value is a bf16), so each sum is
      * gemm_tile_bf16's on those bf16; A row-major (a_cs == 1) only. */
     void (*gemm_tile_f8_pairs)(int m, int n, int kp, const uint32_t *a, size_t a_rs,
-                               size_t a_cs, const uint16_t *b, size_t ldb, ml_cpu_prefetch pf,
-                               const void *next, float *c, size_t ldc);
+                               size_t a_cs, const uint16_t *b, size_t ldb,
+                               const ml_cpu_prefetch *pf, float *c, size_t ldc);
     /* Its operands rounded: pair(a, b) = the dword of ml_f32_to_bf16(a)
      * (dtype.h: RNE, NaN kept quiet, subnormals kept) in the low half and
      * of b in the high half. bf16_pairs: d[q] = pair(x[2q], x[2q + 1]) for

@@ -27,9 +27,9 @@
 /* gemm_tile's tile on pairs: compile-time m, A layout (a_col), width
  * (wide) and prefetching (pf, where B is a block of a packed strip). */
 PAIR_TARGET ALWAYS_INLINE void PAIR_TILE(const int m, const int a_col, const int wide,
-                                         const ml_cpu_prefetch pf, int n, int kp,
+                                         const ml_cpu_prefetch_kind pf, int n, int kp,
                                          const uint32_t *a, size_t lda, const void *b, size_t ldb,
-                                         const void *next, float *c, size_t ldc)
+                                         const ml_cpu_prefetch *plan, float *c, size_t ldc)
 {
     const vf_lanes m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
     vf acc0[TILE_ROWS], acc1[TILE_ROWS];
@@ -37,16 +37,16 @@ PAIR_TARGET ALWAYS_INLINE void PAIR_TILE(const int m, const int a_col, const int
     const f8_tables tables = f8_tables_make();
 #endif
     zero_rows(m, acc0, acc1);
+    /* a strip's step: two cache lines of bf16 pairs, one of FP8 */
+    const size_t step_bytes = ldb * PAIR_BYTES;
+    next_units nu = next_units_start(pf == ML_CPU_PREFETCH_NEXT ? plan : NULL, kp, step_bytes);
     for (int p = 0; p < kp; p++) {
-        const char *bp = (const char *)b + (size_t)p * ldb * PAIR_BYTES;
-        /* a strip's step: two cache lines of bf16 pairs, one of FP8 */
+        const char *bp = (const char *)b + (size_t)p * step_bytes;
         if (pf == ML_CPU_PREFETCH_STREAM) {
-            for (size_t line = 0; line < PAIR_BYTES / 2; line++)
-                stream_prefetch(bp + line * LANES * PAIR_BYTES);
+            for (size_t line = 0; line < step_bytes; line += ML_CPU_LINE_BYTES)
+                stream_prefetch(bp + line);
         } else if (pf == ML_CPU_PREFETCH_NEXT) {
-            const char *np = (const char *)next + (size_t)p * ldb * PAIR_BYTES;
-            for (size_t line = 0; line < PAIR_BYTES / 2; line++)
-                _mm_prefetch(np + line * LANES * PAIR_BYTES, _MM_HINT_T1);
+            next_units_step(&nu, step_bytes);
         }
         __m512bh b0, b1;
 #if PAIR_F8
@@ -75,23 +75,24 @@ PAIR_TARGET ALWAYS_INLINE void PAIR_TILE(const int m, const int a_col, const int
 /* Prefetching is the matmul's case only: row-major x against a whole strip
  * (and FP8 B is only the matmul's). */
 PAIR_TARGET ALWAYS_INLINE void PAIR_M(const int m, int n, int kp, const uint32_t *a, size_t a_rs,
-                                      size_t a_cs, const void *b, size_t ldb, ml_cpu_prefetch pf,
-                                      const void *next, float *c, size_t ldc)
+                                      size_t a_cs, const void *b, size_t ldb,
+                                      const ml_cpu_prefetch *pf, float *c, size_t ldc)
 {
     const int wide = n > LANES;
-    if (pf == ML_CPU_PREFETCH_STREAM && a_cs == 1 && wide)
-        PAIR_TILE(m, 0, 1, ML_CPU_PREFETCH_STREAM, n, kp, a, a_rs, b, ldb, next, c, ldc);
-    else if (pf == ML_CPU_PREFETCH_NEXT && a_cs == 1 && wide)
-        PAIR_TILE(m, 0, 1, ML_CPU_PREFETCH_NEXT, n, kp, a, a_rs, b, ldb, next, c, ldc);
+    const ml_cpu_prefetch_kind kind = pf ? pf->kind : ML_CPU_PREFETCH_NONE;
+    if (kind == ML_CPU_PREFETCH_STREAM && a_cs == 1 && wide)
+        PAIR_TILE(m, 0, 1, ML_CPU_PREFETCH_STREAM, n, kp, a, a_rs, b, ldb, pf, c, ldc);
+    else if (kind == ML_CPU_PREFETCH_NEXT && a_cs == 1 && wide)
+        PAIR_TILE(m, 0, 1, ML_CPU_PREFETCH_NEXT, n, kp, a, a_rs, b, ldb, pf, c, ldc);
     else if (a_cs == 1 && wide)
-        PAIR_TILE(m, 0, 1, ML_CPU_PREFETCH_NONE, n, kp, a, a_rs, b, ldb, next, c, ldc);
+        PAIR_TILE(m, 0, 1, ML_CPU_PREFETCH_NONE, n, kp, a, a_rs, b, ldb, pf, c, ldc);
     else if (a_cs == 1)
-        PAIR_TILE(m, 0, 0, ML_CPU_PREFETCH_NONE, n, kp, a, a_rs, b, ldb, next, c, ldc);
+        PAIR_TILE(m, 0, 0, ML_CPU_PREFETCH_NONE, n, kp, a, a_rs, b, ldb, pf, c, ldc);
 #if !PAIR_F8
     else if (wide)
-        PAIR_TILE(m, 1, 1, ML_CPU_PREFETCH_NONE, n, kp, a, a_cs, b, ldb, next, c, ldc);
+        PAIR_TILE(m, 1, 1, ML_CPU_PREFETCH_NONE, n, kp, a, a_cs, b, ldb, pf, c, ldc);
     else
-        PAIR_TILE(m, 1, 0, ML_CPU_PREFETCH_NONE, n, kp, a, a_cs, b, ldb, next, c, ldc);
+        PAIR_TILE(m, 1, 0, ML_CPU_PREFETCH_NONE, n, kp, a, a_cs, b, ldb, pf, c, ldc);
 #else
     else
         assert(!"gemm_tile_f8_pairs: A must be row-major");
@@ -100,9 +101,9 @@ PAIR_TARGET ALWAYS_INLINE void PAIR_M(const int m, int n, int kp, const uint32_t
 
 PAIR_TARGET static void PAIR_ENTRY(int m, int n, int kp, const uint32_t *a, size_t a_rs,
                                    size_t a_cs, const PAIR_T *b, size_t ldb,
-                                   ml_cpu_prefetch pf, const void *next, float *c, size_t ldc)
+                                   const ml_cpu_prefetch *pf, float *c, size_t ldc)
 {
-#define PAIR_ENTRY_M(mm) PAIR_M(mm, n, kp, a, a_rs, a_cs, b, ldb, pf, next, c, ldc)
+#define PAIR_ENTRY_M(mm) PAIR_M(mm, n, kp, a, a_rs, a_cs, b, ldb, pf, c, ldc)
     switch (m) {
         TILE_M_CASES(PAIR_ENTRY_M)
     default: assert(!"gemm_tile on pairs: m out of range");

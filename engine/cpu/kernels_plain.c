@@ -50,10 +50,9 @@ static float strip_value(const void *w, int f8, int p, int c)
 }
 
 static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
-                        ml_cpu_prefetch pf, const void *next, float *y, size_t ldy)
+                        const ml_cpu_prefetch *pf, float *y, size_t ldy)
 {
     (void)pf; /* no prefetch: the readable reference */
-    (void)next;
     for (int i = 0; i < m; i++) {
         for (int c = 0; c < n; c++) {
             float acc = 0.0f;

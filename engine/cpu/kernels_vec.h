@@ -45,6 +45,34 @@ ALWAYS_INLINE void stream_prefetch(const void *a)
     _mm_prefetch((const char *)a + ML_CPU_STRIP_PREFETCH_L1_BYTES, _MM_HINT_T0);
 }
 
+/* ML_CPU_PREFETCH_NEXT under way: the plan's bytes from `next` into L2,
+ * a unit (a strip step's lines, or one line where a step is less) every
+ * k / units steps of the call; its last k % units steps prefetch nothing,
+ * and a call of fewer steps than units (a last K block, shorter than the
+ * next) prefetches its first k units. */
+typedef struct next_units {
+    const char *at;
+    int every, countdown;
+} next_units;
+
+ALWAYS_INLINE next_units next_units_start(const ml_cpu_prefetch *plan, int k, size_t unit)
+{
+    const size_t units = plan ? (plan->bytes + unit - 1) / unit : 0;
+    const int every = units == 0 ? k + 1 : units >= (size_t)k ? 1 : k / (int)units;
+    const next_units nu = {.at = plan ? plan->next : NULL, .every = every, .countdown = every};
+    return nu;
+}
+
+ALWAYS_INLINE void next_units_step(next_units *nu, const size_t unit)
+{
+    if (--nu->countdown == 0) {
+        for (size_t line = 0; line < unit; line += ML_CPU_LINE_BYTES)
+            _mm_prefetch(nu->at + line, _MM_HINT_T1);
+        nu->at += unit;
+        nu->countdown = nu->every;
+    }
+}
+
 /* ---- memory layer -------------------------------------------------------- */
 /* vf_lanes: which lanes a masked load or store touches (lanes outside it
  * read as 0 and are not written). */
@@ -168,23 +196,23 @@ ALWAYS_INLINE void tile_m(const int m, int n, int k, const float *a, size_t a_rs
 /* Defined by the including file, after this one. */
 ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, vf *b0, vf *b1);
 
-ALWAYS_INLINE void packed_tile(const int m, const int f8, const ml_cpu_prefetch pf, int n, int k,
-                               const float *x, size_t ldx, const void *w, const void *next,
-                               float *y, size_t ldy)
+ALWAYS_INLINE void packed_tile(const int m, const int f8, const ml_cpu_prefetch_kind pf, int n,
+                               int k, const float *x, size_t ldx, const void *w,
+                               const ml_cpu_prefetch *plan, float *y, size_t ldy)
 {
     const vf_lanes m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
     vf acc0[TILE_ROWS], acc1[TILE_ROWS];
     zero_rows(m, acc0, acc1);
     const size_t step_bytes = f8 ? STRIP_COLS : STRIP_COLS * sizeof(uint16_t);
     const int line_steps = (int)(ML_CPU_LINE_BYTES / step_bytes);
+    next_units nu = next_units_start(pf == ML_CPU_PREFETCH_NEXT ? plan : NULL, k,
+                                     ML_CPU_LINE_BYTES);
     for (int p = 0; p < k; p++) {
         vf b0, b1;
-        if (p % line_steps == 0) {
-            if (pf == ML_CPU_PREFETCH_STREAM)
-                stream_prefetch((const char *)w + (size_t)p * step_bytes);
-            else if (pf == ML_CPU_PREFETCH_NEXT)
-                _mm_prefetch((const char *)next + (size_t)p * step_bytes, _MM_HINT_T1);
-        }
+        if (pf == ML_CPU_PREFETCH_STREAM && p % line_steps == 0)
+            stream_prefetch((const char *)w + (size_t)p * step_bytes);
+        else if (pf == ML_CPU_PREFETCH_NEXT)
+            next_units_step(&nu, ML_CPU_LINE_BYTES);
         strip_step(f8, w, p, &b0, &b1);
 #pragma GCC unroll 16
         for (int i = 0; i < m; i++) {
@@ -200,26 +228,30 @@ ALWAYS_INLINE void packed_tile(const int m, const int f8, const ml_cpu_prefetch 
 
 /* Compile-time prefetch, so that it costs no branch a step. */
 ALWAYS_INLINE void packed_pf(const int m, const int f8, int n, int k, const float *x, size_t ldx,
-                             const void *w, ml_cpu_prefetch pf, const void *next, float *y,
-                             size_t ldy)
+                             const void *w, const ml_cpu_prefetch *pf, float *y, size_t ldy)
 {
-    if (pf == ML_CPU_PREFETCH_STREAM)
-        packed_tile(m, f8, ML_CPU_PREFETCH_STREAM, n, k, x, ldx, w, next, y, ldy);
-    else if (pf == ML_CPU_PREFETCH_NEXT)
-        packed_tile(m, f8, ML_CPU_PREFETCH_NEXT, n, k, x, ldx, w, next, y, ldy);
-    else
-        packed_tile(m, f8, ML_CPU_PREFETCH_NONE, n, k, x, ldx, w, next, y, ldy);
+    switch (pf ? pf->kind : ML_CPU_PREFETCH_NONE) {
+    case ML_CPU_PREFETCH_STREAM:
+        packed_tile(m, f8, ML_CPU_PREFETCH_STREAM, n, k, x, ldx, w, pf, y, ldy);
+        break;
+    case ML_CPU_PREFETCH_NEXT:
+        packed_tile(m, f8, ML_CPU_PREFETCH_NEXT, n, k, x, ldx, w, pf, y, ldy);
+        break;
+    case ML_CPU_PREFETCH_NONE:
+        packed_tile(m, f8, ML_CPU_PREFETCH_NONE, n, k, x, ldx, w, pf, y, ldy);
+        break;
+    }
 }
 
 /* And compile-time dtype. */
 ALWAYS_INLINE void packed_m(const int m, int n, int k, const float *x, size_t ldx,
-                            const void *w, int f8, ml_cpu_prefetch pf, const void *next, float *y,
+                            const void *w, int f8, const ml_cpu_prefetch *pf, float *y,
                             size_t ldy)
 {
     if (f8)
-        packed_pf(m, 1, n, k, x, ldx, w, pf, next, y, ldy);
+        packed_pf(m, 1, n, k, x, ldx, w, pf, y, ldy);
     else
-        packed_pf(m, 0, n, k, x, ldx, w, pf, next, y, ldy);
+        packed_pf(m, 0, n, k, x, ldx, w, pf, y, ldy);
 }
 
 /* ---- widen_strip ------------------------------------------------------------ */
@@ -298,9 +330,9 @@ static void gemm_tile(int m, int n, int k, const float *a, size_t a_rs, size_t a
 }
 
 static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
-                        ml_cpu_prefetch pf, const void *next, float *y, size_t ldy)
+                        const ml_cpu_prefetch *pf, float *y, size_t ldy)
 {
-#define GEMM_PACKED_M(mm) packed_m(mm, n, k, x, ldx, w, f8, pf, next, y, ldy)
+#define GEMM_PACKED_M(mm) packed_m(mm, n, k, x, ldx, w, f8, pf, y, ldy)
     switch (m) {
         TILE_M_CASES(GEMM_PACKED_M)
     default: assert(!"gemm_packed: m out of range");

@@ -227,7 +227,7 @@ typedef struct row_tiles {
  * steps from pc of the strip holding col (n of its columns), or of its
  * widened copy wb (the grouped path's panel; NULL: the packed strip). */
 static void tile_call(const matmul_job *j, int m, int n, int kc, int ic, int col, int pc,
-                      const float *wb, ml_cpu_prefetch pf, const void *next)
+                      const float *wb, const ml_cpu_prefetch *pf)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
     const size_t K = (size_t)j->K, N = (size_t)j->N, ldxb = (size_t)j->Kp / 2;
@@ -237,32 +237,76 @@ static void tile_call(const matmul_job *j, int m, int n, int kc, int ic, int col
         kn->gemm_tile(m, n, kc, j->x + (size_t)ic * K + (size_t)pc, K, 1, wb, sc, y, N);
     else if (j->xb && j->f8)
         kn->gemm_tile_f8_pairs(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
-                               strip_at(j, col, pc), sc, pf, next, y, N);
+                               strip_at(j, col, pc), sc, pf, y, N);
     else if (j->xb)
         kn->gemm_tile_bf16(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
-                           strip_at(j, col, pc), sc, pf, next, y, N);
+                           strip_at(j, col, pc), sc, pf, y, N);
     else
         kn->gemm_packed(m, n, kc, j->x + (size_t)ic * K + (size_t)pc, K, strip_at(j, col, pc),
-                        j->f8, pf, next, y, N);
+                        j->f8, pf, y, N);
+}
+
+/* The block matmul_strips runs over after the one of the strip holding
+ * col from step pc, in the column block [jc, jc + nc) of a thread's
+ * columns [.., n1): the next strip's, or the first strip's of the next K
+ * block or column block; NULL after the last. *kc: its steps. */
+static const void *block_after(const matmul_job *j, int jc, int nc, int n1, int pc, int col,
+                               int *kc)
+{
+    const int sc = j->cb->kern->strip_cols;
+    if (col + sc < jc + nc) {
+        *kc = imin(GEMM_KC, j->Kp - pc);
+        return strip_at(j, col + sc, pc);
+    }
+    if (pc + GEMM_KC < j->Kp) {
+        *kc = imin(GEMM_KC, j->Kp - pc - GEMM_KC);
+        return strip_at(j, jc, pc + GEMM_KC);
+    }
+    *kc = imin(GEMM_KC, j->Kp);
+    return jc + nc < n1 ? strip_at(j, jc + nc, 0) : NULL;
+}
+
+/* Share `share` of `shares` equal ones, in order and in whole lines, of
+ * the block (next, kc steps) as a tile's prefetch. */
+static ml_cpu_prefetch next_share(const matmul_job *j, const void *next, int kc, int share,
+                                  int shares)
+{
+    const size_t elem = j->f8 ? 1 : sizeof(uint16_t);
+    const size_t bytes = (size_t)kc * (size_t)j->cb->kern->strip_cols * elem;
+    const size_t lines = next ? (bytes + ML_CPU_LINE_BYTES - 1) / ML_CPU_LINE_BYTES : 0;
+    const size_t l0 = lines * (size_t)share / (size_t)shares;
+    const size_t l1 = lines * (size_t)(share + 1) / (size_t)shares;
+    return (ml_cpu_prefetch){.kind = l1 > l0 ? ML_CPU_PREFETCH_NEXT : ML_CPU_PREFETCH_NONE,
+                             .next = (const char *)next + l0 * ML_CPU_LINE_BYTES,
+                             .bytes = (l1 - l0) * ML_CPU_LINE_BYTES};
 }
 
 /* A few row tiles (decode, up to GROUP_MIN_TILES - 1): every tile runs over
- * a strip's K block, from L1 after the first, before the next strip's. The
- * first tile streams the block from memory and the last prefetches the
- * block the first reads next (the next strip's, or the first strip's of
- * the next K block or column block), so that memory does not idle while
- * the others compute. With one tile a column block is one strip, streamed
- * from its start to its end. Measured against every tile over the column
- * block's 8 strips (from L2) before the next tile (2026-12-05, the
- * development VM, alternating processes, the median step): `1b`, 16
- * sequences, bf16 activations and cache, 0.91-0.99x (6 pairs); `small`,
- * f32, 16 sequences 0.91-0.99x (5 pairs), 32 sequences 0.87-1.07x (5
- * pairs, 3 faster); on the AVX2 kernels, 16 sequences 0.84-1.00x and 32
- * sequences 0.92-1.02x (3 pairs each). */
+ * a strip's K block, from L1 after the first, before the next strip's.
+ * With one tile a column block is one strip, streamed from its start to
+ * its end. With more, the tiles fetch among them, into L2, the block they
+ * run over next (block_after): tile t the t-th of equal shares of its
+ * lines, spread over the tile's steps (ML_CPU_PREFETCH_NEXT), so that the
+ * lines leave for memory at the pace the tiles compute, all the while
+ * they do. The first block of a thread's part, which no call fetched, its
+ * first tile streams, and the others share the next. Measured against the
+ * first tile streaming every block and the last fetching the whole next
+ * block, a line a step, i.e. memory idle while the other tiles computed
+ * (2026-12-06, the Intel Xeon VM, 2 threads): `small`'s lm_head from
+ * memory (K 1024 x N 128256, three copies of the weights in turn), 16
+ * rows 0.84-0.86x the time, 32 rows 0.98-1.02x; decode steps of `small`
+ * (alternating processes, the median step), 16 sequences 0.86-0.88x, with
+ * an image 0.88-0.90x, bf16 activations 0.98-0.99x, FP8 0.93x; 32
+ * sequences 0.94-1.00x. Against every tile over the column block's 8
+ * strips (from L2) before the next tile (2026-12-05): `1b`, 16 sequences,
+ * bf16 activations and cache, 0.91-0.99x; `small`, f32, 16 sequences
+ * 0.91-0.99x, 32 sequences 0.87-1.07x; on the AVX2 kernels, 16 sequences
+ * 0.84-1.00x and 32 sequences 0.92-1.02x. */
 static void matmul_strips(const matmul_job *j, const row_tiles *rt, int n0, int n1)
 {
     const int sc = j->cb->kern->strip_cols;
     const int nc_max = rt->tiles == 1 ? sc : GEMM_NC;
+    const ml_cpu_prefetch stream = {.kind = ML_CPU_PREFETCH_STREAM};
     for (int jc = n0; jc < n1; jc += nc_max) {
         const int nc = imin(nc_max, n1 - jc);
         init_block(j, rt->m0, rt->m1, jc, jc + nc);
@@ -270,21 +314,19 @@ static void matmul_strips(const matmul_job *j, const row_tiles *rt, int n0, int 
             const int kc = imin(GEMM_KC, j->Kp - pc);
             for (int col = jc; col < jc + nc; col += sc) {
                 const int n = imin(sc, jc + nc - col);
-                const void *next = NULL;
-                if (rt->tiles > 1) {
-                    if (col + sc < jc + nc)
-                        next = strip_at(j, col + sc, pc);
-                    else if (pc + GEMM_KC < j->Kp)
-                        next = strip_at(j, jc, pc + GEMM_KC);
-                    else if (jc + nc < n1)
-                        next = strip_at(j, jc + nc, 0);
+                if (rt->tiles == 1) {
+                    tile_call(j, rt->m1 - rt->m0, n, kc, rt->m0, col, pc, NULL, &stream);
+                    continue;
                 }
-                for (int ic = rt->m0; ic < rt->m1; ic += rt->mr) {
-                    const int m = imin(rt->mr, rt->m1 - ic);
-                    const ml_cpu_prefetch pf = next && ic + m >= rt->m1 ? ML_CPU_PREFETCH_NEXT
-                                               : ic == rt->m0               ? ML_CPU_PREFETCH_STREAM
-                                                                            : ML_CPU_PREFETCH_NONE;
-                    tile_call(j, m, n, kc, ic, col, pc, NULL, pf, next);
+                int next_kc;
+                const void *next = block_after(j, jc, nc, n1, pc, col, &next_kc);
+                const int streams = jc == n0 && pc == 0 && col == n0;
+                for (int t = 0; t < rt->tiles; t++) {
+                    const int ic = rt->m0 + t * rt->mr;
+                    const int sharers = rt->tiles - streams;
+                    const ml_cpu_prefetch pf =
+                        t < streams ? stream : next_share(j, next, next_kc, t - streams, sharers);
+                    tile_call(j, imin(rt->mr, rt->m1 - ic), n, kc, ic, col, pc, NULL, &pf);
                 }
             }
         }
@@ -306,6 +348,7 @@ static void matmul_grouped(const matmul_job *j, const row_tiles *rt, int n0, int
     const int widened = !j->xb;
     const size_t elem = widened ? sizeof(float) : j->f8 ? 1 : sizeof(uint16_t);
     const int kc_group = (int)(GEMM_GROUP_BYTES / ((size_t)GEMM_NC * GEMM_KC * elem)) * GEMM_KC;
+    const ml_cpu_prefetch stream = {.kind = ML_CPU_PREFETCH_STREAM};
     for (int jc = n0; jc < n1; jc += GEMM_NC) {
         const int nc = imin(GEMM_NC, n1 - jc);
         for (int pg = 0; pg < j->Kp; pg += kc_group) {
@@ -325,8 +368,7 @@ static void matmul_grouped(const matmul_job *j, const row_tiles *rt, int n0, int
                         tile_call(j, m, imin(sc, jc + nc - col), kc, ic, col, pc,
                                   wb ? wb + (size_t)((col - jc) / sc) * (size_t)kc * (size_t)sc
                                      : NULL,
-                                  ic == rt->m0 ? ML_CPU_PREFETCH_STREAM : ML_CPU_PREFETCH_NONE,
-                                  NULL);
+                                  ic == rt->m0 ? &stream : NULL);
                 }
             }
         }

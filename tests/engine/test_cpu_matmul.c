@@ -242,6 +242,15 @@ static float f8_want(int c)
     return (c & 0x7f) == 0x7f ? ((c & 0x80) ? -480.0f : 480.0f) : ml_f8e4m3_to_f32((uint8_t)c);
 }
 
+/* The i-th of every prefetch a kernel call can make, in turn (none of them
+ * changes a result); ML_CPU_PREFETCH_NEXT over at's bytes. */
+static ml_cpu_prefetch prefetch_kind(int i, const void *at, size_t bytes)
+{
+    const ml_cpu_prefetch_kind kind = (ml_cpu_prefetch_kind)(i % (ML_CPU_PREFETCH_NEXT + 1));
+    return (ml_cpu_prefetch){
+        .kind = kind, .next = at, .bytes = kind == ML_CPU_PREFETCH_NEXT ? bytes : 0};
+}
+
 static void test_f8_codes(const ml_cpu_kernels *kn)
 {
     int exact = 1, strip = 1;
@@ -262,9 +271,8 @@ static void test_f8_codes(const ml_cpu_kernels *kn)
             for (int p = 0; p < steps; p++)
                 x[p] = p == one ? ones[v] : 0.0f;
             memset(y, 0, sizeof y);
-            /* every prefetch: none of them changes a result */
-            kn->gemm_packed(1, S, steps, x, (size_t)steps, w, 1,
-                            (ml_cpu_prefetch)(one % (ML_CPU_PREFETCH_NEXT + 1)), w, y, (size_t)S);
+            const ml_cpu_prefetch pf = prefetch_kind(one, w, sizeof w);
+            kn->gemm_packed(1, S, steps, x, (size_t)steps, w, 1, &pf, y, (size_t)S);
             for (int c = 0; c < S; c++)
                 strip &= y[c] == ones[v] * f8_want(one * S + c);
         }
@@ -291,10 +299,9 @@ static void test_f8_codes(const ml_cpu_kernels *kn)
                     xp[q] = ml_cpu_bf16_pair(2 * q == one ? ones[v] : 0.0f,
                                              2 * q + 1 == one ? ones[v] : 0.0f);
                 memset(y, 0, sizeof y);
+                const ml_cpu_prefetch pf = prefetch_kind(one, wpairs, sizeof wpairs);
                 kn->gemm_tile_f8_pairs(1, n, steps / 2, xp, (size_t)steps / 2, 1, wpairs,
-                                       (size_t)S,
-                                       (ml_cpu_prefetch)(one % (ML_CPU_PREFETCH_NEXT + 1)),
-                                       wpairs, y, (size_t)S);
+                                       (size_t)S, &pf, y, (size_t)S);
                 for (int c = 0; c < S; c++)
                     pairs &= y[c] == (c < n ? ones[v] * f8_want(one * S + c) : 0.0f);
             }
