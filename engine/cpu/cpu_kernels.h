@@ -47,6 +47,14 @@ typedef struct ml_cpu_prefetch {
     size_t bytes;
 } ml_cpu_prefetch;
 
+/* What a block gemm_packed reads holds: a packed strip's bf16 or F8_E4M3
+ * codes, or their f32, as an earlier call widened them (its `widened`). */
+typedef enum ml_cpu_block {
+    ML_CPU_BLOCK_BF16,
+    ML_CPU_BLOCK_F8,
+    ML_CPU_BLOCK_F32,
+} ml_cpu_block;
+
 typedef struct ml_cpu_kernels {
     ml_cpu_isa isa;
 
@@ -62,15 +70,20 @@ typedef struct ml_cpu_kernels {
     /* The matmul kernel (matmul.c), on weights packed at load: y[i * ldy + c]
      * += Σ_{p<k} x[i * ldx + p] · w(p, c) for i < m <= tile_rows, c < n <=
      * strip_cols. w is a block of k steps of one strip (the layout below):
-     * bf16 (f8 == 0) or F8_E4M3 codes widened exactly as ml_cpu_f8_to_f32
-     * (f8 != 0). Each sum starts at 0 and takes one product at a time in
-     * increasing p, with the multiply-add gemm_tile uses, and is then added
-     * to y: the order of every element is gemm_tile's, whatever m, n or
-     * the element's place in the tile (matmul.c, batch invariance). Columns
-     * past n are computed from the strip's zero padding and not stored.
-     * pf: what it prefetches meanwhile (NULL: nothing). */
-    void (*gemm_packed)(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
-                        const ml_cpu_prefetch *pf, float *y, size_t ldy);
+     * bf16 or F8_E4M3 codes widened exactly as ml_cpu_f8_to_f32, or their
+     * f32 (k, strip_cols) row-major (src). Each sum starts at 0 and takes
+     * one product at a time in increasing p, with the multiply-add
+     * gemm_tile uses, and is then added to y: the order of every element
+     * is gemm_tile's, whatever m, n or the element's place in the tile
+     * (matmul.c, batch invariance). Columns past n are computed from the
+     * strip's zero padding and not stored.
+     * pf: what it prefetches meanwhile (NULL: nothing). widened (or NULL):
+     * where it also stores w's f32 (k, strip_cols) as it goes, for the
+     * next tiles over the block to read as ML_CPU_BLOCK_F32 without
+     * widening it again. */
+    void (*gemm_packed)(int m, int n, int k, const float *x, size_t ldx, const void *w,
+                        ml_cpu_block src, const ml_cpu_prefetch *pf, float *widened, float *y,
+                        size_t ldy);
     /* Columns of a strip: the width the ISA's registers take in one step
      * (two vectors of f32); tile_cols too, so that a strip widened to f32
      * is gemm_tile's B (matmul.c). */

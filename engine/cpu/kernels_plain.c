@@ -49,18 +49,29 @@ static float strip_value(const void *w, int f8, int p, int c)
               : ml_bf16_to_f32(((const uint16_t *)w)[at]);
 }
 
-static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
-                        const ml_cpu_prefetch *pf, float *y, size_t ldy)
+/* The same of a block gemm_packed reads. */
+static float block_value(const void *w, ml_cpu_block src, int p, int c)
+{
+    return src == ML_CPU_BLOCK_F32 ? ((const float *)w)[(size_t)p * STRIP_COLS + (size_t)c]
+                                   : strip_value(w, src == ML_CPU_BLOCK_F8, p, c);
+}
+
+static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w,
+                        ml_cpu_block src, const ml_cpu_prefetch *pf, float *widened, float *y,
+                        size_t ldy)
 {
     (void)pf; /* no prefetch: the readable reference */
     for (int i = 0; i < m; i++) {
         for (int c = 0; c < n; c++) {
             float acc = 0.0f;
             for (int p = 0; p < k; p++)
-                acc += x[(size_t)i * ldx + p] * strip_value(w, f8, p, c);
+                acc += x[(size_t)i * ldx + p] * block_value(w, src, p, c);
             y[(size_t)i * ldy + c] += acc;
         }
     }
+    for (int p = 0; widened && p < k; p++)
+        for (int c = 0; c < STRIP_COLS; c++)
+            widened[(size_t)p * STRIP_COLS + c] = block_value(w, src, p, c);
 }
 
 static void widen_strip(float *dst, const void *w, int f8, int k)

@@ -196,24 +196,37 @@ ALWAYS_INLINE void tile_m(const int m, int n, int k, const float *a, size_t a_rs
 /* Defined by the including file, after this one. */
 ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, vf *b0, vf *b1);
 
-ALWAYS_INLINE void packed_tile(const int m, const int f8, const ml_cpu_prefetch_kind pf, int n,
-                               int k, const float *x, size_t ldx, const void *w,
-                               const ml_cpu_prefetch *plan, float *y, size_t ldy)
+ALWAYS_INLINE void packed_tile(const int m, const ml_cpu_block src, const ml_cpu_prefetch_kind pf,
+                               int n, int k, const float *x, size_t ldx, const void *w,
+                               const ml_cpu_prefetch *plan, float *widened, float *y, size_t ldy)
 {
     const vf_lanes m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
     vf acc0[TILE_ROWS], acc1[TILE_ROWS];
     zero_rows(m, acc0, acc1);
-    const size_t step_bytes = f8 ? STRIP_COLS : STRIP_COLS * sizeof(uint16_t);
-    const int line_steps = (int)(ML_CPU_LINE_BYTES / step_bytes);
+    const size_t step_bytes = src == ML_CPU_BLOCK_F32 ? STRIP_COLS * sizeof(float)
+                              : src == ML_CPU_BLOCK_F8 ? STRIP_COLS
+                                                       : STRIP_COLS * sizeof(uint16_t);
+    const int line_steps =
+        step_bytes < ML_CPU_LINE_BYTES ? (int)(ML_CPU_LINE_BYTES / step_bytes) : 1;
     next_units nu = next_units_start(pf == ML_CPU_PREFETCH_NEXT ? plan : NULL, k,
                                      ML_CPU_LINE_BYTES);
     for (int p = 0; p < k; p++) {
         vf b0, b1;
         if (pf == ML_CPU_PREFETCH_STREAM && p % line_steps == 0)
-            stream_prefetch((const char *)w + (size_t)p * step_bytes);
+            for (size_t line = 0; line < step_bytes; line += ML_CPU_LINE_BYTES)
+                stream_prefetch((const char *)w + (size_t)p * step_bytes + line);
         else if (pf == ML_CPU_PREFETCH_NEXT)
             next_units_step(&nu, ML_CPU_LINE_BYTES);
-        strip_step(f8, w, p, &b0, &b1);
+        if (src == ML_CPU_BLOCK_F32) {
+            b0 = vf_loadu((const float *)w + (size_t)p * STRIP_COLS);
+            b1 = vf_loadu((const float *)w + (size_t)p * STRIP_COLS + LANES);
+        } else {
+            strip_step(src == ML_CPU_BLOCK_F8, w, p, &b0, &b1);
+            if (widened) {
+                vf_storeu(widened + (size_t)p * STRIP_COLS, b0);
+                vf_storeu(widened + (size_t)p * STRIP_COLS + LANES, b1);
+            }
+        }
 #pragma GCC unroll 16
         for (int i = 0; i < m; i++) {
             const vf xi = vf_broadcast(x + (size_t)i * ldx + p);
@@ -227,31 +240,39 @@ ALWAYS_INLINE void packed_tile(const int m, const int f8, const ml_cpu_prefetch_
 }
 
 /* Compile-time prefetch, so that it costs no branch a step. */
-ALWAYS_INLINE void packed_pf(const int m, const int f8, int n, int k, const float *x, size_t ldx,
-                             const void *w, const ml_cpu_prefetch *pf, float *y, size_t ldy)
+ALWAYS_INLINE void packed_pf(const int m, const ml_cpu_block src, int n, int k, const float *x,
+                             size_t ldx, const void *w, const ml_cpu_prefetch *pf,
+                             float *widened, float *y, size_t ldy)
 {
     switch (pf ? pf->kind : ML_CPU_PREFETCH_NONE) {
     case ML_CPU_PREFETCH_STREAM:
-        packed_tile(m, f8, ML_CPU_PREFETCH_STREAM, n, k, x, ldx, w, pf, y, ldy);
+        packed_tile(m, src, ML_CPU_PREFETCH_STREAM, n, k, x, ldx, w, pf, widened, y, ldy);
         break;
     case ML_CPU_PREFETCH_NEXT:
-        packed_tile(m, f8, ML_CPU_PREFETCH_NEXT, n, k, x, ldx, w, pf, y, ldy);
+        packed_tile(m, src, ML_CPU_PREFETCH_NEXT, n, k, x, ldx, w, pf, widened, y, ldy);
         break;
     case ML_CPU_PREFETCH_NONE:
-        packed_tile(m, f8, ML_CPU_PREFETCH_NONE, n, k, x, ldx, w, pf, y, ldy);
+        packed_tile(m, src, ML_CPU_PREFETCH_NONE, n, k, x, ldx, w, pf, widened, y, ldy);
         break;
     }
 }
 
-/* And compile-time dtype. */
+/* And compile-time source. */
 ALWAYS_INLINE void packed_m(const int m, int n, int k, const float *x, size_t ldx,
-                            const void *w, int f8, const ml_cpu_prefetch *pf, float *y,
-                            size_t ldy)
+                            const void *w, ml_cpu_block src, const ml_cpu_prefetch *pf,
+                            float *widened, float *y, size_t ldy)
 {
-    if (f8)
-        packed_pf(m, 1, n, k, x, ldx, w, pf, y, ldy);
-    else
-        packed_pf(m, 0, n, k, x, ldx, w, pf, y, ldy);
+    switch (src) {
+    case ML_CPU_BLOCK_BF16:
+        packed_pf(m, ML_CPU_BLOCK_BF16, n, k, x, ldx, w, pf, widened, y, ldy);
+        break;
+    case ML_CPU_BLOCK_F8:
+        packed_pf(m, ML_CPU_BLOCK_F8, n, k, x, ldx, w, pf, widened, y, ldy);
+        break;
+    case ML_CPU_BLOCK_F32:
+        packed_pf(m, ML_CPU_BLOCK_F32, n, k, x, ldx, w, pf, NULL, y, ldy);
+        break;
+    }
 }
 
 /* ---- widen_strip ------------------------------------------------------------ */
@@ -329,10 +350,11 @@ static void gemm_tile(int m, int n, int k, const float *a, size_t a_rs, size_t a
 #undef GEMM_TILE_M
 }
 
-static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w, int f8,
-                        const ml_cpu_prefetch *pf, float *y, size_t ldy)
+static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w,
+                        ml_cpu_block src, const ml_cpu_prefetch *pf, float *widened, float *y,
+                        size_t ldy)
 {
-#define GEMM_PACKED_M(mm) packed_m(mm, n, k, x, ldx, w, f8, pf, y, ldy)
+#define GEMM_PACKED_M(mm) packed_m(mm, n, k, x, ldx, w, src, pf, widened, y, ldy)
     switch (m) {
         TILE_M_CASES(GEMM_PACKED_M)
     default: assert(!"gemm_packed: m out of range");

@@ -21,7 +21,8 @@
  * to end), its K in blocks of GEMM_KC, and its rows in tiles of at most
  * tile_rows. With a few row tiles (decode) every tile runs over a strip's
  * K block, which stays in L1 for all of them, before the next strip's
- * (matmul_strips). A thread with many row tiles (prefill, the vision
+ * (matmul_strips); with f32 activations the first widens it and leaves
+ * its f32 in the thread's scratch for the others. A thread with many row tiles (prefill, the vision
  * tower) first widens each block of its columns to f32 in its scratch,
  * once, and runs gemm_tile on it: the widening is then paid once for all
  * the tiles instead of once per tile (measured: a 6432-row GEMM, K = N =
@@ -225,16 +226,18 @@ typedef struct row_tiles {
 
 /* One kernel call: y[ic.., col..] += the m rows of x from ic times the kc
  * steps from pc of the strip holding col (n of its columns), or of its
- * widened copy wb (the grouped path's panel; NULL: the packed strip). */
+ * f32 copy wb (NULL: the packed strip); widen_to (or NULL): where the
+ * call leaves that f32 copy (f32 activations only). */
 static void tile_call(const matmul_job *j, int m, int n, int kc, int ic, int col, int pc,
-                      const float *wb, const ml_cpu_prefetch *pf)
+                      const float *wb, const ml_cpu_prefetch *pf, float *widen_to)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
     const size_t K = (size_t)j->K, N = (size_t)j->N, ldxb = (size_t)j->Kp / 2;
     const size_t sc = (size_t)kn->strip_cols;
+    const float *x = j->x + (size_t)ic * K + (size_t)pc;
     float *y = j->y + (size_t)ic * N + (size_t)col;
     if (wb)
-        kn->gemm_tile(m, n, kc, j->x + (size_t)ic * K + (size_t)pc, K, 1, wb, sc, y, N);
+        kn->gemm_packed(m, n, kc, x, K, wb, ML_CPU_BLOCK_F32, pf, NULL, y, N);
     else if (j->xb && j->f8)
         kn->gemm_tile_f8_pairs(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
                                strip_at(j, col, pc), sc, pf, y, N);
@@ -242,8 +245,8 @@ static void tile_call(const matmul_job *j, int m, int n, int kc, int ic, int col
         kn->gemm_tile_bf16(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
                            strip_at(j, col, pc), sc, pf, y, N);
     else
-        kn->gemm_packed(m, n, kc, j->x + (size_t)ic * K + (size_t)pc, K, strip_at(j, col, pc),
-                        j->f8, pf, y, N);
+        kn->gemm_packed(m, n, kc, x, K, strip_at(j, col, pc),
+                        j->f8 ? ML_CPU_BLOCK_F8 : ML_CPU_BLOCK_BF16, pf, widen_to, y, N);
 }
 
 /* The block matmul_strips runs over after the one of the strip holding
@@ -282,27 +285,41 @@ static ml_cpu_prefetch next_share(const matmul_job *j, const void *next, int kc,
 }
 
 /* A few row tiles (decode, up to GROUP_MIN_TILES - 1): every tile runs over
- * a strip's K block, from L1 after the first, before the next strip's.
- * With one tile a column block is one strip, streamed from its start to
- * its end. With more, the tiles fetch among them, into L2, the block they
- * run over next (block_after): tile t the t-th of equal shares of its
- * lines, spread over the tile's steps (ML_CPU_PREFETCH_NEXT), so that the
- * lines leave for memory at the pace the tiles compute, all the while
- * they do. The first block of a thread's part, which no call fetched, its
- * first tile streams, and the others share the next. Measured against the
- * first tile streaming every block and the last fetching the whole next
- * block, a line a step, i.e. memory idle while the other tiles computed
+ * a strip's K block, from L1 after the first, before the next strip's
+ * (against every tile over the column block's 8 strips, from L2, before
+ * the next tile, 2026-12-05: `1b`, 16 sequences, bf16 activations and
+ * cache, 0.91-0.99x the step; `small`, f32, 16 sequences 0.91-0.99x, 32
+ * sequences 0.87-1.07x; on the AVX2 kernels, 16 sequences 0.84-1.00x and
+ * 32 sequences 0.92-1.02x). With one tile a column block is one strip,
+ * streamed from its start to its end.
+ *
+ * With more, the tiles fetch among them, into L2, the block they run over
+ * next (block_after): tile t the t-th of equal shares of its lines,
+ * spread over the tile's steps (ML_CPU_PREFETCH_NEXT), so that the lines
+ * leave for memory at the pace the tiles compute, all the while they do.
+ * The first block of a thread's part, which no call fetched, its first
+ * tile streams, and the others share the next. Measured against the first
+ * tile streaming every block and the last fetching the whole next block,
+ * a line a step, i.e. memory idle while the other tiles computed
  * (2026-12-06, the Intel Xeon VM, 2 threads): `small`'s lm_head from
  * memory (K 1024 x N 128256, three copies of the weights in turn), 16
  * rows 0.84-0.86x the time, 32 rows 0.98-1.02x; decode steps of `small`
  * (alternating processes, the median step), 16 sequences 0.86-0.88x, with
  * an image 0.88-0.90x, bf16 activations 0.98-0.99x, FP8 0.93x; 32
- * sequences 0.94-1.00x. Against every tile over the column block's 8
- * strips (from L2) before the next tile (2026-12-05): `1b`, 16 sequences,
- * bf16 activations and cache, 0.91-0.99x; `small`, f32, 16 sequences
- * 0.91-0.99x, 32 sequences 0.87-1.07x; on the AVX2 kernels, 16 sequences
- * 0.84-1.00x and 32 sequences 0.92-1.02x. */
-static void matmul_strips(const matmul_job *j, const row_tiles *rt, int n0, int n1)
+ * sequences 0.94-1.00x.
+ *
+ * With f32 activations the first tile over a block also leaves the
+ * block's f32 in the panel (32 KiB at GEMM_KC steps of 32 columns, most of
+ * L1 beside the tile's rows of x), and the others read it as it stands:
+ * widening a step's two vectors is a shift and a mask on the ports the
+ * FMAs issue on (an 8-row tile: 18 uops there for 16 FMAs), which a tile
+ * on f32 does not pay. Measured against every tile widening (the same
+ * day and host): lm_head from memory, 24 rows 0.92x the time, 32 rows
+ * 0.93-0.94x, 16 rows 0.98-1.03x; decode steps of `small`, 32 sequences
+ * 0.92-0.99x, with an image 0.92-0.99x; 16 sequences within a noisy
+ * minute's spread (0.89-1.21x). */
+static void matmul_strips(const matmul_job *j, const row_tiles *rt, int n0, int n1,
+                          float *panel)
 {
     const int sc = j->cb->kern->strip_cols;
     const int nc_max = rt->tiles == 1 ? sc : GEMM_NC;
@@ -315,7 +332,7 @@ static void matmul_strips(const matmul_job *j, const row_tiles *rt, int n0, int 
             for (int col = jc; col < jc + nc; col += sc) {
                 const int n = imin(sc, jc + nc - col);
                 if (rt->tiles == 1) {
-                    tile_call(j, rt->m1 - rt->m0, n, kc, rt->m0, col, pc, NULL, &stream);
+                    tile_call(j, rt->m1 - rt->m0, n, kc, rt->m0, col, pc, NULL, &stream, NULL);
                     continue;
                 }
                 int next_kc;
@@ -326,7 +343,10 @@ static void matmul_strips(const matmul_job *j, const row_tiles *rt, int n0, int 
                     const int sharers = rt->tiles - streams;
                     const ml_cpu_prefetch pf =
                         t < streams ? stream : next_share(j, next, next_kc, t - streams, sharers);
-                    tile_call(j, imin(rt->mr, rt->m1 - ic), n, kc, ic, col, pc, NULL, &pf);
+                    const int first = t == 0, widened = !j->xb;
+                    tile_call(j, imin(rt->mr, rt->m1 - ic), n, kc, ic, col, pc,
+                              widened && !first ? panel : NULL, &pf,
+                              widened && first ? panel : NULL);
                 }
             }
         }
@@ -368,7 +388,7 @@ static void matmul_grouped(const matmul_job *j, const row_tiles *rt, int n0, int
                         tile_call(j, m, imin(sc, jc + nc - col), kc, ic, col, pc,
                                   wb ? wb + (size_t)((col - jc) / sc) * (size_t)kc * (size_t)sc
                                      : NULL,
-                                  ic == rt->m0 ? &stream : NULL);
+                                  wb || ic > rt->m0 ? NULL : &stream, NULL);
                 }
             }
         }
@@ -384,7 +404,7 @@ static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, fl
     if (tiles >= GROUP_MIN_TILES)
         matmul_grouped(j, &rt, n0, n1, panel);
     else
-        matmul_strips(j, &rt, n0, n1);
+        matmul_strips(j, &rt, n0, n1, panel);
 }
 
 /* [lo, hi) of part `part` of `parts` over n elements, in whole units. */

@@ -272,7 +272,8 @@ static void test_f8_codes(const ml_cpu_kernels *kn)
                 x[p] = p == one ? ones[v] : 0.0f;
             memset(y, 0, sizeof y);
             const ml_cpu_prefetch pf = prefetch_kind(one, w, sizeof w);
-            kn->gemm_packed(1, S, steps, x, (size_t)steps, w, 1, &pf, y, (size_t)S);
+            kn->gemm_packed(1, S, steps, x, (size_t)steps, w, ML_CPU_BLOCK_F8, &pf, NULL, y,
+                            (size_t)S);
             for (int c = 0; c < S; c++)
                 strip &= y[c] == ones[v] * f8_want(one * S + c);
         }
@@ -562,10 +563,11 @@ static void test_matmul_f8_a8(ml_backend *be)
     free(srow);
 }
 
-/* widen_strip, the grouped matmul's widening, bit for bit against the
- * scalar conversions: every bf16 value (NaN payloads too) and every F8_E4M3
- * code, each at its place in a strip, and nothing written past the block's
- * k steps. */
+/* The widenings, bit for bit against the scalar conversions: widen_strip
+ * (the grouped matmul's) and the copy gemm_packed leaves as it goes (the
+ * first row tile's over a decode block), of every bf16 value (NaN
+ * payloads too) and every F8_E4M3 code, each at its place in a strip, and
+ * nothing written past the block's k steps. */
 static void test_widen_strip(const ml_cpu_kernels *kn)
 {
     enum { BF16_VALUES = 65536 };
@@ -573,7 +575,10 @@ static void test_widen_strip(const ml_cpu_kernels *kn)
     uint16_t *w = xmalloc(BF16_VALUES * sizeof *w);
     uint8_t w8[F8_CODES];
     float *got = xmalloc((BF16_VALUES + ML_CPU_MAX_STRIP_COLS) * sizeof *got);
-    int same = 1;
+    float *left = xmalloc((BF16_VALUES + ML_CPU_MAX_STRIP_COLS) * sizeof *left);
+    float *x = xmalloc(BF16_VALUES * sizeof *x);
+    float y[ML_CPU_MAX_STRIP_COLS];
+    int same = 1, copied = 1;
     for (int f8 = 0; f8 < 2; f8++) {
         const int steps = (f8 ? F8_CODES : BF16_VALUES) / S;
         for (int p = 0; p < steps; p++)
@@ -585,19 +590,40 @@ static void test_widen_strip(const ml_cpu_kernels *kn)
                     w[ml_cpu_packed_index(S, 0, p, c)] = (uint16_t)v;
             }
         memset(got, 0xa5, (BF16_VALUES + ML_CPU_MAX_STRIP_COLS) * sizeof *got);
-        kn->widen_strip(got, f8 ? (const void *)w8 : (const void *)w, f8, steps);
+        memset(left, 0xa5, (BF16_VALUES + ML_CPU_MAX_STRIP_COLS) * sizeof *left);
+        const void *strip = f8 ? (const void *)w8 : (const void *)w;
+        kn->widen_strip(got, strip, f8, steps);
+        for (int p = 0; p < steps; p++) /* no draws: the paths compared share the stream */
+            x[p] = (float)(p % 7 - 3) * 0.25f;
+        memset(y, 0, sizeof y);
+        kn->gemm_packed(1, S, steps, x, (size_t)steps, strip,
+                        f8 ? ML_CPU_BLOCK_F8 : ML_CPU_BLOCK_BF16, NULL, left, y, (size_t)S);
         for (int v = 0; v < steps * S; v++) {
             const float want = f8 ? ml_cpu_f8_to_f32((uint8_t)v) : ml_bf16_to_f32((uint16_t)v);
             same &= memcmp(&got[v], &want, sizeof want) == 0;
+            copied &= memcmp(&left[v], &want, sizeof want) == 0;
         }
         uint32_t past;
         memcpy(&past, &got[steps * S], sizeof past);
         same &= past == 0xa5a5a5a5u;
+        memcpy(&past, &left[steps * S], sizeof past);
+        copied &= past == 0xa5a5a5a5u;
+        /* and the copy read back gives the packed strip's sums */
+        float y32[ML_CPU_MAX_STRIP_COLS] = {0};
+        kn->gemm_packed(1, S, steps, x, (size_t)steps, left, ML_CPU_BLOCK_F32, NULL, NULL, y32,
+                        (size_t)S);
+        copied &= memcmp(y, y32, (size_t)S * sizeof *y) == 0;
     }
     check(same, "widen_strip [%s]: a value is not widened exactly, or a write past the block",
           ml_cpu_isa_name(kn->isa));
+    check(copied,
+          "gemm_packed [%s]: its widened copy differs from the strip's values, writes past "
+          "the block, or reads back to other sums",
+          ml_cpu_isa_name(kn->isa));
     free(w);
     free(got);
+    free(left);
+    free(x);
 }
 
 /* The bf16 operands' rounding (bf16_pairs, bf16_pair_rows, where the ISA
