@@ -85,8 +85,7 @@ typedef struct ml_cpu_kernels {
                         ml_cpu_block src, const ml_cpu_prefetch *pf, float *widened, float *y,
                         size_t ldy);
     /* Columns of a strip: the width the ISA's registers take in one step
-     * (two vectors of f32); tile_cols too, so that a strip widened to f32
-     * is gemm_tile's B (matmul.c). */
+     * (two vectors of f32). */
     int strip_cols;
 
     /* The opt-in bf16 activations (matmul.c, attention.c; NULL where the
@@ -165,7 +164,7 @@ typedef struct ml_cpu_kernels {
     void (*bf16_widen)(float *dst, const uint16_t *src, size_t n);
     /* dst (k, strip_cols) row-major = steps [0, k) of a packed strip w
      * (bf16, or F8_E4M3 codes for f8 != 0), widened exactly as
-     * gemm_packed widens them: gemm_tile's B for a block that many row
+     * gemm_packed widens them: an ML_CPU_BLOCK_F32 block that many row
      * tiles share (matmul.c, the grouped path). */
     void (*widen_strip)(float *dst, const void *w, int f8, int k);
 } ml_cpu_kernels;

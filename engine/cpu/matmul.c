@@ -22,12 +22,12 @@
  * tile_rows. With a few row tiles (decode) every tile runs over a strip's
  * K block, which stays in L1 for all of them, before the next strip's
  * (matmul_strips); with f32 activations the first widens it and leaves
- * its f32 in the thread's scratch for the others. A thread with many row tiles (prefill, the vision
- * tower) first widens each block of its columns to f32 in its scratch,
- * once, and runs gemm_tile on it: the widening is then paid once for all
- * the tiles instead of once per tile (measured: a 6432-row GEMM, K = N =
- * 1280, 330 against 385 GFLOP/s), and gemm_tile sums in gemm_packed's
- * order. A thread with many row tiles also runs each tile over a group of
+ * its f32 in the thread's scratch for the others. A thread with many row
+ * tiles (prefill, the vision tower) first widens each block of its
+ * columns to f32 in its scratch, once, and runs the kernel on that copy
+ * (ML_CPU_BLOCK_F32): the widening is then paid once for all the tiles
+ * instead of once per tile (measured: a 6432-row GEMM, K = N = 1280, 330
+ * against 385 GFLOP/s), and the sums are the same. A thread with many row tiles also runs each tile over a group of
  * K blocks (GEMM_GROUP_BYTES of the weights as the kernel reads them,
  * held in L2) before the next, so that its y stays in L1 from one K block
  * to the next; an element's K blocks still come in increasing order.
@@ -204,8 +204,8 @@ static void finish_block(const matmul_job *j, int m0, int m1, int n0, int n1)
 }
 
 /* panel = the f32 of the strips over columns [col0, col0 + nc) from step
- * pc, kc steps: per strip (kc, strip_cols) row-major, the layout gemm_tile
- * reads as B (tile_cols == strip_cols on every ISA). Exact. */
+ * pc, kc steps: per strip (kc, strip_cols) row-major, an ML_CPU_BLOCK_F32
+ * block of gemm_packed. Exact. */
 static void widen_block(const matmul_job *j, float *panel, int col0, int nc, int pc, int kc)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
