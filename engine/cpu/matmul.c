@@ -315,9 +315,11 @@ static ml_cpu_prefetch next_share(const matmul_job *j, const void *next, int kc,
  * FMAs issue on (an 8-row tile: 18 uops there for 16 FMAs), which a tile
  * on f32 does not pay. Measured against every tile widening (the same
  * day and host): lm_head from memory, 24 rows 0.92x the time, 32 rows
- * 0.93-0.94x, 16 rows 0.98-1.03x; decode steps of `small`, 32 sequences
- * 0.92-0.99x, with an image 0.92-0.99x; 16 sequences within a noisy
- * minute's spread (0.89-1.21x). */
+ * 0.93-0.94x, 16 rows 0.98-1.03x (AVX2: 16 rows 0.88-0.95x, 32 rows
+ * 0.91-0.93x); decode steps of `small`, 32 sequences 0.92-0.99x, with an
+ * image 0.92-0.99x, FP8 (eight uops a step to widen) 0.88-0.90x; 16
+ * sequences, FP8 0.92-0.95x, f32 within a noisy minute's spread
+ * (0.89-1.21x). */
 static void matmul_strips(const matmul_job *j, const row_tiles *rt, int n0, int n1,
                           float *panel)
 {
