@@ -77,10 +77,10 @@ typedef struct ml_cpu_kernels {
      * is gemm_tile's, whatever m, n or the element's place in the tile
      * (matmul.c, batch invariance). Columns past n are computed from the
      * strip's zero padding and not stored.
-     * pf: what it prefetches meanwhile (NULL: nothing). widened (or NULL):
-     * where it also stores w's f32 (k, strip_cols) as it goes, for the
-     * next tiles over the block to read as ML_CPU_BLOCK_F32 without
-     * widening it again. */
+     * pf: what it prefetches meanwhile (NULL: nothing). widened (or NULL;
+     * ignored for an ML_CPU_BLOCK_F32 block): where it also stores w's f32
+     * (k, strip_cols) as it goes, for the next tiles over the block to
+     * read as ML_CPU_BLOCK_F32 without widening it again. */
     void (*gemm_packed)(int m, int n, int k, const float *x, size_t ldx, const void *w,
                         ml_cpu_block src, const ml_cpu_prefetch *pf, float *widened, float *y,
                         size_t ldy);

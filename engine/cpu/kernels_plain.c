@@ -69,7 +69,7 @@ static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const v
             y[(size_t)i * ldy + c] += acc;
         }
     }
-    for (int p = 0; widened && p < k; p++)
+    for (int p = 0; widened && src != ML_CPU_BLOCK_F32 && p < k; p++)
         for (int c = 0; c < STRIP_COLS; c++)
             widened[(size_t)p * STRIP_COLS + c] = block_value(w, src, p, c);
 }

@@ -212,11 +212,12 @@ ALWAYS_INLINE void packed_tile(const int m, const ml_cpu_block src, const ml_cpu
                                      ML_CPU_LINE_BYTES);
     for (int p = 0; p < k; p++) {
         vf b0, b1;
-        if (pf == ML_CPU_PREFETCH_STREAM && p % line_steps == 0)
+        if (pf == ML_CPU_PREFETCH_STREAM && p % line_steps == 0) {
             for (size_t line = 0; line < step_bytes; line += ML_CPU_LINE_BYTES)
                 stream_prefetch((const char *)w + (size_t)p * step_bytes + line);
-        else if (pf == ML_CPU_PREFETCH_NEXT)
+        } else if (pf == ML_CPU_PREFETCH_NEXT) {
             next_units_step(&nu, ML_CPU_LINE_BYTES);
+        }
         if (src == ML_CPU_BLOCK_F32) {
             b0 = vf_loadu((const float *)w + (size_t)p * STRIP_COLS);
             b1 = vf_loadu((const float *)w + (size_t)p * STRIP_COLS + LANES);
