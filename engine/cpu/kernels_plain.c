@@ -49,6 +49,13 @@ static float strip_value(const void *w, int f8, int p, int c)
               : ml_bf16_to_f32(((const uint16_t *)w)[at]);
 }
 
+static void widen_strip(float *dst, const void *w, int f8, int k)
+{
+    for (int p = 0; p < k; p++)
+        for (int c = 0; c < STRIP_COLS; c++)
+            dst[(size_t)p * STRIP_COLS + c] = strip_value(w, f8, p, c);
+}
+
 /* The same of a block gemm_packed reads. */
 static float block_value(const void *w, ml_cpu_block src, int p, int c)
 {
@@ -69,16 +76,8 @@ static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const v
             y[(size_t)i * ldy + c] += acc;
         }
     }
-    for (int p = 0; widened && src != ML_CPU_BLOCK_F32 && p < k; p++)
-        for (int c = 0; c < STRIP_COLS; c++)
-            widened[(size_t)p * STRIP_COLS + c] = block_value(w, src, p, c);
-}
-
-static void widen_strip(float *dst, const void *w, int f8, int k)
-{
-    for (int p = 0; p < k; p++)
-        for (int c = 0; c < STRIP_COLS; c++)
-            dst[(size_t)p * STRIP_COLS + c] = strip_value(w, f8, p, c);
+    if (widened && src != ML_CPU_BLOCK_F32)
+        widen_strip(widened, w, src == ML_CPU_BLOCK_F8, k);
 }
 
 static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, float *m, float *l,

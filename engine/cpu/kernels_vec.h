@@ -196,6 +196,14 @@ ALWAYS_INLINE void tile_m(const int m, int n, int k, const float *a, size_t a_rs
 /* Defined by the including file, after this one. */
 ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, vf *b0, vf *b1);
 
+/* Step p's two f32 vectors into dst (k, STRIP_COLS) row-major: a widened
+ * block, an ML_CPU_BLOCK_F32 block of gemm_packed. */
+ALWAYS_INLINE void store_step(float *dst, int p, vf b0, vf b1)
+{
+    vf_storeu(dst + (size_t)p * STRIP_COLS, b0);
+    vf_storeu(dst + (size_t)p * STRIP_COLS + LANES, b1);
+}
+
 ALWAYS_INLINE void packed_tile(const int m, const ml_cpu_block src, const ml_cpu_prefetch_kind pf,
                                int n, int k, const float *x, size_t ldx, const void *w,
                                const ml_cpu_prefetch *plan, float *widened, float *y, size_t ldy)
@@ -223,10 +231,8 @@ ALWAYS_INLINE void packed_tile(const int m, const ml_cpu_block src, const ml_cpu
             b1 = vf_loadu((const float *)w + (size_t)p * STRIP_COLS + LANES);
         } else {
             strip_step(src == ML_CPU_BLOCK_F8, w, p, &b0, &b1);
-            if (widened) {
-                vf_storeu(widened + (size_t)p * STRIP_COLS, b0);
-                vf_storeu(widened + (size_t)p * STRIP_COLS + LANES, b1);
-            }
+            if (widened)
+                store_step(widened, p, b0, b1);
         }
 #pragma GCC unroll 16
         for (int i = 0; i < m; i++) {
@@ -284,8 +290,7 @@ ALWAYS_INLINE void widen_steps(const int f8, float *dst, const void *w, int k)
     for (int p = 0; p < k; p++) {
         vf b0, b1;
         strip_step(f8, w, p, &b0, &b1);
-        vf_storeu(dst + (size_t)p * STRIP_COLS, b0);
-        vf_storeu(dst + (size_t)p * STRIP_COLS + LANES, b1);
+        store_step(dst, p, b0, b1);
     }
 }
 

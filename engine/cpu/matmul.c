@@ -27,10 +27,11 @@
  * columns to f32 in its scratch, once, and runs the kernel on that copy
  * (ML_CPU_BLOCK_F32): the widening is then paid once for all the tiles
  * instead of once per tile (measured: a 6432-row GEMM, K = N = 1280, 330
- * against 385 GFLOP/s), and the sums are the same. A thread with many row tiles also runs each tile over a group of
- * K blocks (GEMM_GROUP_BYTES of the weights as the kernel reads them,
- * held in L2) before the next, so that its y stays in L1 from one K block
- * to the next; an element's K blocks still come in increasing order.
+ * against 385 GFLOP/s), and the sums are the same. A thread with many
+ * row tiles also runs each tile over a group of K blocks
+ * (GEMM_GROUP_BYTES of the weights as the kernel reads them, held in L2)
+ * before the next, so that its y stays in L1 from one K block to the
+ * next; an element's K blocks still come in increasing order.
  *
  * Batch invariance: an output element is summed in one order, which
  * depends on K and the ISA only: y = (y or 0) + bias, then for each KC
@@ -153,11 +154,17 @@ static inline float bias_at(const uint16_t *bias, int n)
     return bias ? ml_bf16_to_f32(bias[n]) : 0.0f;
 }
 
+/* Bytes of `steps` steps of packed strips. */
+static size_t strip_bytes(const matmul_job *j, size_t steps)
+{
+    return steps * (size_t)j->cb->kern->strip_cols * (j->f8 ? 1 : sizeof(uint16_t));
+}
+
 /* The strip holding column col, from step pc: a block of the packed w. */
 static const void *strip_at(const matmul_job *j, int col, int pc)
 {
-    const size_t s = (size_t)j->cb->kern->strip_cols, elem = j->f8 ? 1 : sizeof(uint16_t);
-    return j->w + ((size_t)(col / (int)s) * (size_t)j->Kp + (size_t)pc) * s * elem;
+    const int s = j->cb->kern->strip_cols;
+    return j->w + strip_bytes(j, (size_t)(col / s) * (size_t)j->Kp + (size_t)pc);
 }
 
 /* y[m0..m1, n0..n1] = (y or 0) + bias, or 0 for FP8: the start of every
@@ -274,8 +281,7 @@ static const void *block_after(const matmul_job *j, int jc, int nc, int n1, int 
 static ml_cpu_prefetch next_share(const matmul_job *j, const void *next, int kc, int share,
                                   int shares)
 {
-    const size_t elem = j->f8 ? 1 : sizeof(uint16_t);
-    const size_t bytes = (size_t)kc * (size_t)j->cb->kern->strip_cols * elem;
+    const size_t bytes = strip_bytes(j, (size_t)kc);
     const size_t lines = next ? (bytes + ML_CPU_LINE_BYTES - 1) / ML_CPU_LINE_BYTES : 0;
     const size_t l0 = lines * (size_t)share / (size_t)shares;
     const size_t l1 = lines * (size_t)(share + 1) / (size_t)shares;
@@ -326,6 +332,8 @@ static void matmul_strips(const matmul_job *j, const row_tiles *rt, int n0, int 
     const int sc = j->cb->kern->strip_cols;
     const int nc_max = rt->tiles == 1 ? sc : GEMM_NC;
     const ml_cpu_prefetch stream = {.kind = ML_CPU_PREFETCH_STREAM};
+    /* with f32 activations: the first tile's widened block, the others' B */
+    float *const f32_copy = j->xb ? NULL : panel;
     for (int jc = n0; jc < n1; jc += nc_max) {
         const int nc = imin(nc_max, n1 - jc);
         init_block(j, rt->m0, rt->m1, jc, jc + nc);
@@ -340,15 +348,13 @@ static void matmul_strips(const matmul_job *j, const row_tiles *rt, int n0, int 
                 int next_kc;
                 const void *next = block_after(j, jc, nc, n1, pc, col, &next_kc);
                 const int streams = jc == n0 && pc == 0 && col == n0;
+                const int sharers = rt->tiles - streams;
                 for (int t = 0; t < rt->tiles; t++) {
                     const int ic = rt->m0 + t * rt->mr;
-                    const int sharers = rt->tiles - streams;
                     const ml_cpu_prefetch pf =
                         t < streams ? stream : next_share(j, next, next_kc, t - streams, sharers);
-                    const int first = t == 0, widened = !j->xb;
                     tile_call(j, imin(rt->mr, rt->m1 - ic), n, kc, ic, col, pc,
-                              widened && !first ? panel : NULL, &pf,
-                              widened && first ? panel : NULL);
+                              t > 0 ? f32_copy : NULL, &pf, t == 0 ? f32_copy : NULL);
                 }
             }
         }
