@@ -1,15 +1,17 @@
 /* Attention: the three kinds of backend.h (vision bidirectional, causal over
  * the paged cache, cross over resident vision K/V) as one flash-style loop.
  *
- * A work item is a block of up to ATTN_BQ query rows sharing one K/V stream:
+ * A row block is up to ATTN_BQ query rows sharing one K/V stream:
  * (sequence, kv head, rows r0 .. r0+nq), where row r is token r / group and
  * query head kv_head·group + r % group, so the GQA heads of one kv head read
- * each key once. For each block of up to ATTN_BK keys that some row of the
- * item may see:
+ * each key once. A work item is one row block, or for the vision kind up to
+ * ATTN_VISION_BLOCKS consecutive ones, which then take each key block in
+ * turn. For each block of up to ATTN_BK keys that some row of the item may
+ * see, and each row block that may see it:
  *   K, V (nk, head_dim)     key and value rows, in place (vision, cross:
  *                           prefetched while the previous block runs) or
  *                           gathered from the paged cache (causal)
- *   S (nk, nq) = K · Qᵀ     gemm_tile; Qᵀ (head_dim, nq) packed once per item
+ *   S (nk, nq) = K · Qᵀ     gemm_tile; Qᵀ (head_dim, nq) packed once per row block
  *                           (cross: Sᵀ = Q · Kᵀ from the state's transposed K,
  *                           then transposed: the same sums, see scores_keys)
  *   masked entries of S = -inf
@@ -57,6 +59,18 @@
  * shape (12 x 32, 6 x 16); S (BK x BQ) fits in L1. */
 #define ATTN_BQ 96
 #define ATTN_BK 96
+/* Row blocks of one vision item (the other kinds take one). A head's K and
+ * V over a 4-tile image are 4 MB at the real widths (6432 keys x 80 x 2),
+ * past L2, so an item of one row block read every key block from the L3
+ * and waited on it (the prefetches of the next block's K and this block's
+ * V stalled for free fill buffers: 13% of the attention's samples). Each
+ * key block now serves the item's row blocks from L1 and L2 after the
+ * first. Measured (`bench_cpu_ops` attn_vision, 16 heads x 80, 2 threads,
+ * the Intel Xeon VM, 2026-12-06, against one row block): a 4-tile image
+ * 1014-1022 -> 938-949 ms with 3, 931-948 with 4, 971-982 with 2, 971 with
+ * 6; a 2-tile image 772-814 -> 717-729 ms. Three fit the thread's scratch
+ * as the matmul sizes it. */
+#define ATTN_VISION_BLOCKS 3
 /* Bytes per cache line, the prefetch stride. */
 #define CACHE_LINE 64
 /* Keys ahead of the one it copies that the causal gather prefetches (into
@@ -122,9 +136,9 @@ typedef struct attn_job {
     int n_threads; /* threads sharing the items */
 } attn_job;
 
-/* Where one item is: sequence, kv head, block of query rows. */
+/* Where one item is: sequence, kv head, group of row blocks. */
 typedef struct attn_cursor {
-    int seq, kv_head, row_block;
+    int seq, kv_head, row_group;
 } attn_cursor;
 
 /* Per-column masking data of one item. */
@@ -137,11 +151,18 @@ typedef struct attn_cols {
     const uint8_t *chunks[ATTN_BQ]; /* cross: allowed chunks, NULL = every key */
 } attn_cols;
 
+/* Scratch of one row block of an item: Qᵀ (head_dim, BQ), S (BK, BQ), O
+ * (BQ, head_dim). */
+#define BLOCK_SCRATCH_FLOATS                                                              \
+    ((size_t)ML_CPU_MAX_HEAD_DIM * ATTN_BQ + (size_t)ATTN_BK * ATTN_BQ +                 \
+     (size_t)ATTN_BQ * ML_CPU_MAX_HEAD_DIM)
+
 size_t ml_cpu_attn_scratch_floats(void)
 {
-    /* Qᵀ, gathered or widened K and V, S, O, cross attention's Sᵀ */
-    return (size_t)ML_CPU_MAX_HEAD_DIM * ATTN_BQ + 2 * (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM +
-           2 * (size_t)ATTN_BK * ATTN_BQ + (size_t)ATTN_BQ * ML_CPU_MAX_HEAD_DIM;
+    /* gathered or widened K and V, cross attention's Sᵀ, then each row
+     * block's */
+    return 2 * (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM + (size_t)ATTN_BK * ATTN_BQ +
+           ATTN_VISION_BLOCKS * BLOCK_SCRATCH_FLOATS;
 }
 
 static inline int imin(int a, int b)
@@ -175,9 +196,20 @@ static int seq_row_blocks(const attn_job *j, int s)
     return (seq_tokens(j, s) * j->group + ATTN_BQ - 1) / ATTN_BQ;
 }
 
+/* Row blocks an item takes. */
+static int item_blocks(const attn_job *j)
+{
+    return j->kind == ATTN_VISION ? ATTN_VISION_BLOCKS : 1;
+}
+
+static int seq_row_groups(const attn_job *j, int s)
+{
+    return (seq_row_blocks(j, s) + item_blocks(j) - 1) / item_blocks(j);
+}
+
 static int64_t seq_items(const attn_job *j, int s)
 {
-    return (int64_t)j->n_kv_heads * seq_row_blocks(j, s);
+    return (int64_t)j->n_kv_heads * seq_row_groups(j, s);
 }
 
 /* Prefetch the cache lines of `bytes` bytes at p into L1 (to_l1) or L2. */
@@ -324,15 +356,15 @@ static void zero_scores(float *sc, int nk, int nq)
 /* Move the cursor `steps` items forward; seq == n_seqs means past the end. */
 static void cursor_advance(const attn_job *j, attn_cursor *c, int64_t steps)
 {
-    int64_t idx = (int64_t)c->kv_head * seq_row_blocks(j, c->seq) + c->row_block + steps;
+    int64_t idx = (int64_t)c->kv_head * seq_row_groups(j, c->seq) + c->row_group + steps;
     while (c->seq < j->n_seqs && idx >= seq_items(j, c->seq)) {
         idx -= seq_items(j, c->seq);
         c->seq++;
     }
     if (c->seq < j->n_seqs) {
-        const int nb = seq_row_blocks(j, c->seq);
-        c->kv_head = (int)(idx / nb);
-        c->row_block = (int)(idx % nb);
+        const int ng = seq_row_groups(j, c->seq);
+        c->kv_head = (int)(idx / ng);
+        c->row_group = (int)(idx % ng);
     }
 }
 
@@ -508,15 +540,16 @@ static void values_bf16(const attn_job *j, int s, int kvh, int kb, int nk, const
 }
 
 /* Vision and causal in f32: S (nk, BQ) = K · Qᵀ of the key block blk from
- * its rows and qt (head_dim, BQ). Keys used in place (vision) meanwhile
- * send this block's V rows to L1 for the PV product and the next block's
- * (next, nk_next of them; 0: none) K rows to L2. */
-static void scores_rows(const attn_job *j, const key_blk *blk, int nk, const key_blk *next,
-                        int nk_next, const float *qt, int nq, float *sc)
+ * its rows and qt (head_dim, BQ). With fetch, keys used in place (vision)
+ * meanwhile send this block's V rows to L1 for the PV product and the next
+ * block's (next, nk_next of them; 0: none) K rows to L2. */
+static void scores_rows(const attn_job *j, const key_blk *blk, int nk, int fetch,
+                        const key_blk *next, int nk_next, const float *qt, int nq, float *sc)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
     const int mr = kn->tile_rows, nr = kn->tile_cols, hd = j->head_dim;
-    const int in_place = keys_in_place(j);
+    const int in_place = fetch && keys_in_place(j);
+    nk_next = fetch ? nk_next : 0;
     zero_scores(sc, nk, nq);
     for (int k0 = 0; k0 < nk; k0 += mr) {
         if (in_place)
@@ -560,54 +593,108 @@ static void scores_keys(const attn_job *j, const key_blk *blk, int nk, const key
             sc[(size_t)key * ATTN_BQ + c] = st[(size_t)c * ATTN_BK + key];
 }
 
-static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
-{
-    const ml_cpu_kernels *kn = j->cb->kern;
-    const int hd = j->head_dim, group = j->group, s = cur->seq;
-    const int mr = kn->tile_rows, nr = kn->tile_cols;
-    const int r0 = cur->row_block * ATTN_BQ;
-    const int nq = imin(ATTN_BQ, seq_tokens(j, s) * group - r0);
-    const int tok0 = seq_first_token(j, s);
-
-    float *qt = scratch;                                     /* (head_dim, BQ) */
-    float *kp = qt + (size_t)ML_CPU_MAX_HEAD_DIM * ATTN_BQ;  /* (BK, head_dim) */
-    float *vp = kp + (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM;  /* (BK, head_dim) */
-    float *sc = vp + (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM;  /* (BK, BQ) */
-    float *o = sc + (size_t)ATTN_BK * ATTN_BQ;               /* (BQ, head_dim) */
-    float *st = o + (size_t)ATTN_BQ * ML_CPU_MAX_HEAD_DIM;   /* cross: Sᵀ (BQ, BK) */
+/* One row block of an item: its queries, running softmax and output. */
+typedef struct row_block {
+    int r0, nq, n_keys;
+    float *qt; /* Qᵀ (head_dim, BQ); bf16: (head_dim / 2, BQ) pairs */
+    float *sc; /* S (BK, BQ) */
+    float *o;  /* O (BQ, head_dim) */
     float m[ATTN_BQ], l[ATTN_BQ], alpha[ATTN_BQ];
     attn_cols cols;
+} row_block;
 
-    const int pairs = j->k2 != NULL;
-    uint32_t *qt2 = (uint32_t *)qt; /* bf16: (head_dim / 2, BQ) */
-    uint32_t *s2 = (uint32_t *)kp;  /* bf16: (BK / 2, BQ) */
-    for (int c = 0; c < nq; c++) {
-        const int r = r0 + c;
+/* The block's Qᵀ packed, its softmax state and O cleared, its columns'
+ * masks read. */
+static void row_block_start(const attn_job *j, const attn_cursor *cur, row_block *rb)
+{
+    const int hd = j->head_dim, group = j->group, s = cur->seq, tok0 = seq_first_token(j, s);
+    uint32_t *qt2 = (uint32_t *)rb->qt;
+    for (int c = 0; c < rb->nq; c++) {
+        const int r = rb->r0 + c;
         const int head = cur->kv_head * group + r % group;
         const float *qr = j->q + ((size_t)(tok0 + r / group) * j->n_heads + (size_t)head) * hd;
-        if (pairs)
+        if (j->k2)
             for (int d = 0; d < hd / 2; d++)
                 qt2[(size_t)d * ATTN_BQ + c] = ml_cpu_bf16_pair(qr[2 * d], qr[2 * d + 1]);
         else
             for (int d = 0; d < hd; d++)
-                qt[(size_t)d * ATTN_BQ + c] = qr[d];
-        m[c] = -INFINITY;
-        l[c] = 0.0f;
+                rb->qt[(size_t)d * ATTN_BQ + c] = qr[d];
+        rb->m[c] = -INFINITY;
+        rb->l[c] = 0.0f;
     }
-    memset(o, 0, (size_t)nq * hd * sizeof *o);
-    const int n_keys = item_columns(j, s, r0, nq, &cols);
+    memset(rb->o, 0, (size_t)rb->nq * hd * sizeof *rb->o);
+    rb->n_keys = item_columns(j, s, rb->r0, rb->nq, &rb->cols);
+}
+
+/* Whether the key block kb .. kb+nk adds nothing to the row block. */
+static int row_block_skips(const attn_job *j, const row_block *rb, int s, int kb, int nk)
+{
+    return kb >= rb->n_keys || block_masked(j, &rb->cols, s, kb, nk);
+}
+
+/* out = O / l for the block's rows. */
+static void row_block_finish(const attn_job *j, const attn_cursor *cur, const row_block *rb)
+{
+    const int hd = j->head_dim, group = j->group, tok0 = seq_first_token(j, cur->seq);
+    for (int c = 0; c < rb->nq; c++) {
+        const int r = rb->r0 + c;
+        const int head = cur->kv_head * group + r % group;
+        float *out = j->out + ((size_t)(tok0 + r / group) * j->n_heads + (size_t)head) * hd;
+        for (int d = 0; d < hd; d++) /* no key at all (text-only cross rows): 0, not 0/0 */
+            out[d] = rb->n_keys > 0 ? rb->o[(size_t)c * hd + d] / rb->l[c] : 0.0f;
+    }
+}
+
+/* An item: up to item_blocks row blocks of one (sequence, kv head) over the
+ * keys they see, a key block at a time, each row block in turn. The first
+ * row block over a key block fetches (the next block's keys into L2, keys
+ * used in place this block's V into L1); the others find the block there.
+ * Each row's sums and softmax are those of its block alone, in the same
+ * order: an item's grouping changes no bit. */
+static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
+{
+    const ml_cpu_kernels *kn = j->cb->kern;
+    const int hd = j->head_dim, s = cur->seq;
+    const int mr = kn->tile_rows, nr = kn->tile_cols;
+    const int rows = seq_tokens(j, s) * j->group;
+    const int first_block = cur->row_group * item_blocks(j);
+    const int blocks = imin(item_blocks(j), seq_row_blocks(j, s) - first_block);
+
+    float *kp = scratch;                                     /* (BK, head_dim) */
+    float *vp = kp + (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM;  /* (BK, head_dim) */
+    float *st = vp + (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM;  /* cross: Sᵀ (BQ, BK) */
+    float *own = st + (size_t)ATTN_BK * ATTN_BQ;             /* each row block's */
+    uint32_t *s2 = (uint32_t *)kp; /* bf16: (BK / 2, BQ) */
+    row_block rbs[ATTN_VISION_BLOCKS];
+
+    int n_keys = 0;
+    for (int b = 0; b < blocks; b++) {
+        row_block *rb = &rbs[b];
+        rb->r0 = (first_block + b) * ATTN_BQ;
+        rb->nq = imin(ATTN_BQ, rows - rb->r0);
+        rb->qt = own + (size_t)b * BLOCK_SCRATCH_FLOATS;
+        rb->sc = rb->qt + (size_t)ML_CPU_MAX_HEAD_DIM * ATTN_BQ;
+        rb->o = rb->sc + (size_t)ATTN_BK * ATTN_BQ;
+        row_block_start(j, cur, rb);
+        n_keys = rb->n_keys > n_keys ? rb->n_keys : n_keys;
+    }
 
     const int in_place = keys_in_place(j);
     for (int kb = 0, nk; kb < n_keys; kb += nk) {
         nk = block_keys(j, kb, n_keys);
-        if (block_masked(j, &cols, s, kb, nk))
+        int needed = 0;
+        for (int b = 0; b < blocks; b++)
+            needed |= !row_block_skips(j, &rbs[b], s, kb, nk);
+        if (!needed)
             continue;
         /* The next block, unless it is skipped in turn (not worth its
          * bandwidth): copied keys prefetch it as they copy, keys in place
          * while S is computed (this block's V rows go to L1 meanwhile). */
         int nk_next = kb + nk < n_keys ? block_keys(j, kb + nk, n_keys) : 0;
-        if (nk_next && block_masked(j, &cols, s, kb + nk, nk_next))
-            nk_next = 0;
+        int next_needed = 0;
+        for (int b = 0; b < blocks && nk_next; b++)
+            next_needed |= !row_block_skips(j, &rbs[b], s, kb + nk, nk_next);
+        nk_next = next_needed ? nk_next : 0;
         key_blk blk, next = {0};
         key_block(j, s, cur->kv_head, kb, nk, j->kind == ATTN_CAUSAL ? n_keys - kb - nk : nk_next,
                   kp, vp, &blk);
@@ -615,37 +702,41 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
             key_block(j, s, cur->kv_head, kb + nk, nk_next, 0, NULL, NULL, &next);
         else
             nk_next = 0;
-        if (j->kind == ATTN_CROSS)
-            scores_keys(j, &blk, nk, &next, nk_next, qt, nq, st, sc);
-        else if (pairs)
-            scores_bf16(j, s, cur->kv_head, kb, nk, nk_next ? kb + nk : -1, qt2, nq, sc);
-        else
-            scores_rows(j, &blk, nk, &next, nk_next, qt, nq, sc);
-        apply_mask(j, &cols, s, kb, nk, sc);
-        kn->softmax_block(sc, ATTN_BQ, nk, nq, j->scale, m, l, alpha);
-        for (int c = 0; c < nq; c++) {
-            if (alpha[c] == 1.0f)
+        int fetch = 1;
+        for (int b = 0; b < blocks; b++) {
+            row_block *rb = &rbs[b];
+            if (row_block_skips(j, rb, s, kb, nk))
                 continue;
-            float *orow = o + (size_t)c * hd;
-            for (int d = 0; d < hd; d++)
-                orow[d] *= alpha[c];
+            const int nq = rb->nq;
+            if (j->kind == ATTN_CROSS)
+                scores_keys(j, &blk, nk, &next, nk_next, rb->qt, nq, st, rb->sc);
+            else if (j->k2)
+                scores_bf16(j, s, cur->kv_head, kb, nk, fetch && nk_next ? kb + nk : -1,
+                            (const uint32_t *)rb->qt, nq, rb->sc);
+            else
+                scores_rows(j, &blk, nk, fetch, &next, nk_next, rb->qt, nq, rb->sc);
+            fetch = 0;
+            apply_mask(j, &rb->cols, s, kb, nk, rb->sc);
+            kn->softmax_block(rb->sc, ATTN_BQ, nk, nq, j->scale, rb->m, rb->l, rb->alpha);
+            for (int c = 0; c < nq; c++) {
+                if (rb->alpha[c] == 1.0f)
+                    continue;
+                float *orow = rb->o + (size_t)c * hd;
+                for (int d = 0; d < hd; d++)
+                    orow[d] *= rb->alpha[c];
+            }
+            if (j->k2)
+                values_bf16(j, s, cur->kv_head, kb, nk, rb->sc, nq, s2, rb->o);
+            else
+                for (int c0 = 0; c0 < nq; c0 += mr)
+                    for (int d0 = 0; d0 < hd; d0 += nr)
+                        kn->gemm_tile(imin(mr, nq - c0), imin(nr, hd - d0), nk, rb->sc + c0, 1,
+                                      ATTN_BQ, blk.v + d0, blk.ldv, rb->o + (size_t)c0 * hd + d0,
+                                      (size_t)hd);
         }
-        if (pairs)
-            values_bf16(j, s, cur->kv_head, kb, nk, sc, nq, s2, o);
-        else
-            for (int c0 = 0; c0 < nq; c0 += mr)
-                for (int d0 = 0; d0 < hd; d0 += nr)
-                    kn->gemm_tile(imin(mr, nq - c0), imin(nr, hd - d0), nk, sc + c0, 1, ATTN_BQ,
-                                  blk.v + d0, blk.ldv, o + (size_t)c0 * hd + d0, (size_t)hd);
     }
-
-    for (int c = 0; c < nq; c++) {
-        const int r = r0 + c;
-        const int head = cur->kv_head * group + r % group;
-        float *out = j->out + ((size_t)(tok0 + r / group) * j->n_heads + (size_t)head) * hd;
-        for (int d = 0; d < hd; d++) /* no key at all (text-only cross rows): 0, not 0/0 */
-            out[d] = n_keys > 0 ? o[(size_t)c * hd + d] / l[c] : 0.0f;
-    }
+    for (int b = 0; b < blocks; b++)
+        row_block_finish(j, cur, &rbs[b]);
 }
 
 static void attn_thread(void *ctx, int64_t begin, int64_t end, int tid)
