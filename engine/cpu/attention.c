@@ -632,6 +632,16 @@ static int row_block_skips(const attn_job *j, const row_block *rb, int s, int kb
     return kb >= rb->n_keys || block_masked(j, &rb->cols, s, kb, nk);
 }
 
+/* Whether some of the item's row blocks see a key of the block. */
+static int key_block_needed(const attn_job *j, const row_block *rbs, int blocks, int s, int kb,
+                            int nk)
+{
+    for (int b = 0; b < blocks; b++)
+        if (!row_block_skips(j, &rbs[b], s, kb, nk))
+            return 1;
+    return 0;
+}
+
 /* out = O / l for the block's rows. */
 static void row_block_finish(const attn_job *j, const attn_cursor *cur, const row_block *rb)
 {
@@ -682,19 +692,14 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
     const int in_place = keys_in_place(j);
     for (int kb = 0, nk; kb < n_keys; kb += nk) {
         nk = block_keys(j, kb, n_keys);
-        int needed = 0;
-        for (int b = 0; b < blocks; b++)
-            needed |= !row_block_skips(j, &rbs[b], s, kb, nk);
-        if (!needed)
+        if (!key_block_needed(j, rbs, blocks, s, kb, nk))
             continue;
         /* The next block, unless it is skipped in turn (not worth its
          * bandwidth): copied keys prefetch it as they copy, keys in place
          * while S is computed (this block's V rows go to L1 meanwhile). */
         int nk_next = kb + nk < n_keys ? block_keys(j, kb + nk, n_keys) : 0;
-        int next_needed = 0;
-        for (int b = 0; b < blocks && nk_next; b++)
-            next_needed |= !row_block_skips(j, &rbs[b], s, kb + nk, nk_next);
-        nk_next = next_needed ? nk_next : 0;
+        if (nk_next && !key_block_needed(j, rbs, blocks, s, kb + nk, nk_next))
+            nk_next = 0;
         key_blk blk, next = {0};
         key_block(j, s, cur->kv_head, kb, nk, j->kind == ATTN_CAUSAL ? n_keys - kb - nk : nk_next,
                   kp, vp, &blk);
