@@ -4,9 +4,8 @@
  * A row block is up to ATTN_BQ query rows sharing one K/V stream:
  * (sequence, kv head, rows r0 .. r0+nq), where row r is token r / group and
  * query head kv_head·group + r % group, so the GQA heads of one kv head read
- * each key once. A work item is one row block, or for the vision kind up to
- * ATTN_VISION_BLOCKS consecutive ones, which then take each key block in
- * turn. For each block of up to ATTN_BK keys that some row of the item may
+ * each key once. A work item is up to ATTN_ITEM_BLOCKS consecutive row
+ * blocks of one (sequence, kv head), which take each key block in turn. For each block of up to ATTN_BK keys that some row of the item may
  * see, and each row block that may see it:
  *   K, V (nk, head_dim)     key and value rows, in place (vision, cross:
  *                           prefetched while the previous block runs) or
@@ -59,18 +58,20 @@
  * shape (12 x 32, 6 x 16); S (BK x BQ) fits in L1. */
 #define ATTN_BQ 96
 #define ATTN_BK 96
-/* Row blocks of one vision item (the other kinds take one). A head's K and
- * V over a 4-tile image are 4 MB at the real widths (6432 keys x 80 x 2),
- * past L2, so an item of one row block read every key block from the L3
- * and waited on it (the prefetches of the next block's K and this block's
- * V stalled for free fill buffers: 13% of the attention's samples). Each
- * key block now serves the item's row blocks from L1 and L2 after the
- * first. Measured (`bench_cpu_ops` attn_vision, 16 heads x 80, 2 threads,
+/* Row blocks of one item. A head's K and V over a 4-tile image are 4 MB
+ * in the vision tower at the real widths (6432 keys x 80 x 2) and 6.6 MB
+ * per kv head of an image state (x 128), past L2, so an item of one row
+ * block read every key block from the L3 and waited on it (in the vision
+ * tower the prefetches of the next block's K and this block's V stalled
+ * for free fill buffers: 13% of the attention's samples); a causal item
+ * gathered every key block from the paged cache. Each key block now serves
+ * the item's row blocks from L1 and L2 after the first (and a gathered or
+ * widened block is made once for them). Measured (`bench_cpu_ops` attn_vision, 16 heads x 80, 2 threads,
  * the Intel Xeon VM, 2026-12-06, against one row block): a 4-tile image
  * 1014-1022 -> 938-949 ms with 3, 931-948 with 4, 971-982 with 2, 971 with
  * 6; a 2-tile image 772-814 -> 717-729 ms. Three fit the thread's scratch
  * as the matmul sizes it. */
-#define ATTN_VISION_BLOCKS 3
+#define ATTN_ITEM_BLOCKS 3
 /* Bytes per cache line, the prefetch stride. */
 #define CACHE_LINE 64
 /* Keys ahead of the one it copies that the causal gather prefetches (into
@@ -162,7 +163,7 @@ size_t ml_cpu_attn_scratch_floats(void)
     /* gathered or widened K and V, cross attention's Sᵀ, then each row
      * block's */
     return 2 * (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM + (size_t)ATTN_BK * ATTN_BQ +
-           ATTN_VISION_BLOCKS * BLOCK_SCRATCH_FLOATS;
+           ATTN_ITEM_BLOCKS * BLOCK_SCRATCH_FLOATS;
 }
 
 static inline int imin(int a, int b)
@@ -196,15 +197,9 @@ static int seq_row_blocks(const attn_job *j, int s)
     return (seq_tokens(j, s) * j->group + ATTN_BQ - 1) / ATTN_BQ;
 }
 
-/* Row blocks an item takes. */
-static int item_blocks(const attn_job *j)
-{
-    return j->kind == ATTN_VISION ? ATTN_VISION_BLOCKS : 1;
-}
-
 static int seq_row_groups(const attn_job *j, int s)
 {
-    return (seq_row_blocks(j, s) + item_blocks(j) - 1) / item_blocks(j);
+    return (seq_row_blocks(j, s) + ATTN_ITEM_BLOCKS - 1) / ATTN_ITEM_BLOCKS;
 }
 
 static int64_t seq_items(const attn_job *j, int s)
@@ -569,18 +564,20 @@ static void scores_rows(const attn_job *j, const key_blk *blk, int nk, int fetch
  * lanes, which they fill a quarter of as the columns of K · Qᵀ. Each score
  * is the same sum, over head_dim in increasing order, as K · Qᵀ's: the
  * bits do not change. Sᵀ goes to st (nq, BK) and is transposed into sc.
- * Meanwhile this block's V rows go to L1 for the PV product and the next
- * block's keys (next, nk_next of them; 0: none) to L2. */
-static void scores_keys(const attn_job *j, const key_blk *blk, int nk, const key_blk *next,
-                        int nk_next, const float *qt, int nq, float *st, float *sc)
+ * With fetch, this block's V rows meanwhile go to L1 for the PV product and
+ * the next block's keys (next, nk_next of them; 0: none) to L2. */
+static void scores_keys(const attn_job *j, const key_blk *blk, int nk, int fetch,
+                        const key_blk *next, int nk_next, const float *qt, int nq, float *st,
+                        float *sc)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
     const int mr = kn->tile_rows, nr = kn->tile_cols, hd = j->head_dim;
+    nk_next = fetch ? nk_next : 0;
     for (int c = 0; c < nq; c++)
         memset(st + (size_t)c * ATTN_BK, 0, (size_t)nk * sizeof *st);
     for (int k0 = 0; k0 < nk; k0 += nr) {
         const int n = imin(nr, nk - k0);
-        if (keys_in_place(j))
+        if (fetch && keys_in_place(j))
             prefetch_rows(blk->v + (size_t)k0 * blk->ldv, blk->ldv, n, hd, 1);
         if (k0 < nk_next)
             prefetch_rows(next->k + k0, next->ldk, hd, imin(nr, nk_next - k0), 0);
@@ -655,7 +652,7 @@ static void row_block_finish(const attn_job *j, const attn_cursor *cur, const ro
     }
 }
 
-/* An item: up to item_blocks row blocks of one (sequence, kv head) over the
+/* An item: up to ATTN_ITEM_BLOCKS row blocks of one (sequence, kv head) over the
  * keys they see, a key block at a time, each row block in turn. The first
  * row block over a key block fetches (the next block's keys into L2, keys
  * used in place this block's V into L1); the others find the block there.
@@ -667,15 +664,15 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
     const int hd = j->head_dim, s = cur->seq;
     const int mr = kn->tile_rows, nr = kn->tile_cols;
     const int rows = seq_tokens(j, s) * j->group;
-    const int first_block = cur->row_group * item_blocks(j);
-    const int blocks = imin(item_blocks(j), seq_row_blocks(j, s) - first_block);
+    const int first_block = cur->row_group * ATTN_ITEM_BLOCKS;
+    const int blocks = imin(ATTN_ITEM_BLOCKS, seq_row_blocks(j, s) - first_block);
 
     float *kp = scratch;                                     /* (BK, head_dim) */
     float *vp = kp + (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM;  /* (BK, head_dim) */
     float *st = vp + (size_t)ATTN_BK * ML_CPU_MAX_HEAD_DIM;  /* cross: Sᵀ (BQ, BK) */
     float *own = st + (size_t)ATTN_BK * ATTN_BQ;             /* each row block's */
     uint32_t *s2 = (uint32_t *)kp; /* bf16: (BK / 2, BQ) */
-    row_block rbs[ATTN_VISION_BLOCKS];
+    row_block rbs[ATTN_ITEM_BLOCKS];
 
     int n_keys = 0;
     for (int b = 0; b < blocks; b++) {
@@ -714,7 +711,7 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
                 continue;
             const int nq = rb->nq;
             if (j->kind == ATTN_CROSS)
-                scores_keys(j, &blk, nk, &next, nk_next, rb->qt, nq, st, rb->sc);
+                scores_keys(j, &blk, nk, fetch, &next, nk_next, rb->qt, nq, st, rb->sc);
             else if (j->k2)
                 scores_bf16(j, s, cur->kv_head, kb, nk, fetch && nk_next ? kb + nk : -1,
                             (const uint32_t *)rb->qt, nq, rb->sc);
@@ -878,16 +875,16 @@ static int same_images(const ml_attn_cross_params *p, int a, int b)
  * against one image (n > 1 choices of a request, questions about one
  * document) read it B times. Their tokens are consecutive rows of q, out
  * and allowed, so a run of them is one sequence to the item loop: one item
- * per kv head and block of ATTN_BQ rows multiplies the run's rows against
- * each block of keys once. Every row keeps its own mask (allowed) and its
+ * per kv head and ATTN_ITEM_BLOCKS blocks of ATTN_BQ rows multiplies the
+ * run's rows against each block of keys, read once. Every row keeps its own mask (allowed) and its
  * own m, l and O, and each of its sums runs over the same keys in the same
  * order, so its result does not change: a key block the other rows of a run
  * see and this one may not is -inf in its column (softmax_block: its weights
  * 0, alpha 1, or m, l and O left at -inf, 0 and 0), and O gains +0, which
  * leaves every element as it was but one exactly -0 (every visible key's V
  * -0 there), which becomes +0: a value every later op reads alike, since
- * its sums start from +0. Runs are cut at `cap` tokens so that the items
- * still number at least the pool's threads. The view's arrays live in the
+ * its sums start from +0. Runs are cut at an item's rows, and at `cap`
+ * tokens so that the items still number at least the pool's threads. The view's arrays live in the
  * act buffer; without it the sequences run apart (ml_cpu_act_buffer has
  * latched why). */
 static void merge_image_runs(ml_cpu_backend *cb, const ml_attn_cross_params *p, attn_job *j)
@@ -895,7 +892,8 @@ static void merge_image_runs(ml_cpu_backend *cb, const ml_attn_cross_params *p, 
     const int tokens = p->seq_start[p->n_seqs] - p->seq_start[0];
     const int group = p->n_heads / p->n_kv_heads;
     const int min_runs = (ml_cpu_pool_threads(cb->pool) + p->n_kv_heads - 1) / p->n_kv_heads;
-    int cap = ATTN_BQ / group > 1 ? ATTN_BQ / group : 1;
+    const int item_tokens = ATTN_ITEM_BLOCKS * ATTN_BQ / group;
+    int cap = item_tokens > 1 ? item_tokens : 1;
     if (min_runs > 1 && tokens / min_runs < cap)
         cap = tokens / min_runs > 1 ? tokens / min_runs : 1;
     if (cap == 1 || p->n_seqs < 2)
