@@ -5,8 +5,9 @@
  * (sequence, kv head, rows r0 .. r0+nq), where row r is token r / group and
  * query head kv_head·group + r % group, so the GQA heads of one kv head read
  * each key once. A work item is up to ATTN_ITEM_BLOCKS consecutive row
- * blocks of one (sequence, kv head), which take each key block in turn. For each block of up to ATTN_BK keys that some row of the item may
- * see, and each row block that may see it:
+ * blocks of one (sequence, kv head), which take each key block in turn.
+ * For each block of up to ATTN_BK keys that some row of the item may see,
+ * and each row block that may see it:
  *   K, V (nk, head_dim)     key and value rows, in place (vision, cross:
  *                           prefetched while the previous block runs) or
  *                           gathered from the paged cache (causal)
@@ -64,13 +65,15 @@
  * block read every key block from the L3 and waited on it (in the vision
  * tower the prefetches of the next block's K and this block's V stalled
  * for free fill buffers: 13% of the attention's samples); a causal item
- * gathered every key block from the paged cache. Each key block now serves
- * the item's row blocks from L1 and L2 after the first (and a gathered or
- * widened block is made once for them). Measured (`bench_cpu_ops` attn_vision, 16 heads x 80, 2 threads,
- * the Intel Xeon VM, 2026-12-06, against one row block): a 4-tile image
- * 1014-1022 -> 938-949 ms with 3, 931-948 with 4, 971-982 with 2, 971 with
- * 6; a 2-tile image 772-814 -> 717-729 ms. Three fit the thread's scratch
- * as the matmul sizes it. */
+ * gathered every key block from the paged cache. Each key block serves the
+ * item's row blocks from L1 and L2 after the first (and a gathered or
+ * widened block is made once for them). Measured (`bench_cpu_ops`, 2
+ * threads, the Intel Xeon VM, 2026-12-06, against one row block):
+ * attn_vision at 16 heads x 80, a 4-tile image 1014-1022 -> 938-949 ms
+ * with 3, 931-948 with 4, 971-982 with 2, 971 with 6, a 2-tile image
+ * 772-814 -> 717-729 ms; attn_cross, 32 sequences on a 4-tile image,
+ * 153-155 -> 133-135 ms. Three fit the thread's scratch as the matmul
+ * sizes it. */
 #define ATTN_ITEM_BLOCKS 3
 /* Bytes per cache line, the prefetch stride. */
 #define CACHE_LINE 64
@@ -873,20 +876,20 @@ static int same_images(const ml_attn_cross_params *p, int a, int b)
  * in every Llama 3.2 Vision), which alone fills a few columns of an item's
  * tiles and reads the image's whole K and V for them; B sequences decoding
  * against one image (n > 1 choices of a request, questions about one
- * document) read it B times. Their tokens are consecutive rows of q, out
- * and allowed, so a run of them is one sequence to the item loop: one item
- * per kv head and ATTN_ITEM_BLOCKS blocks of ATTN_BQ rows multiplies the
- * run's rows against each block of keys, read once. Every row keeps its own mask (allowed) and its
- * own m, l and O, and each of its sums runs over the same keys in the same
- * order, so its result does not change: a key block the other rows of a run
- * see and this one may not is -inf in its column (softmax_block: its weights
- * 0, alpha 1, or m, l and O left at -inf, 0 and 0), and O gains +0, which
- * leaves every element as it was but one exactly -0 (every visible key's V
- * -0 there), which becomes +0: a value every later op reads alike, since
- * its sums start from +0. Runs are cut at an item's rows, and at `cap`
- * tokens so that the items still number at least the pool's threads. The view's arrays live in the
- * act buffer; without it the sequences run apart (ml_cpu_act_buffer has
- * latched why). */
+ * document) read it B times. Their tokens are consecutive rows of q, out and
+ * allowed, so a run of them is one sequence to the item loop: one item per kv
+ * head and ATTN_ITEM_BLOCKS blocks of ATTN_BQ rows multiplies the run's rows
+ * against each block of keys, read once. Every row keeps its own mask
+ * (allowed) and its own m, l and O, and each of its sums runs over the same
+ * keys in the same order, so its result does not change: a key block the
+ * other rows of a run see and this one may not is -inf in its column
+ * (softmax_block: its weights 0, alpha 1, or m, l and O left at -inf, 0 and
+ * 0), and O gains +0, which leaves every element as it was but one exactly -0
+ * (every visible key's V -0 there), which becomes +0: a value every later op
+ * reads alike, since its sums start from +0. Runs are cut at an item's rows,
+ * and at `cap` tokens so that the items still number at least the pool's
+ * threads. The view's arrays live in the act buffer; without it the sequences
+ * run apart (ml_cpu_act_buffer has latched why). */
 static void merge_image_runs(ml_cpu_backend *cb, const ml_attn_cross_params *p, attn_job *j)
 {
     const int tokens = p->seq_start[p->n_seqs] - p->seq_start[0];
