@@ -538,16 +538,15 @@ static void values_bf16(const attn_job *j, int s, int kvh, int kb, int nk, const
 }
 
 /* Vision and causal in f32: S (nk, BQ) = K · Qᵀ of the key block blk from
- * its rows and qt (head_dim, BQ). With fetch, keys used in place (vision)
- * meanwhile send this block's V rows to L1 for the PV product and the next
- * block's (next, nk_next of them; 0: none) K rows to L2. */
-static void scores_rows(const attn_job *j, const key_blk *blk, int nk, int fetch,
+ * its rows and qt (head_dim, BQ). Meanwhile the next block's (next, nk_next
+ * of them; 0: none) K rows go to L2 and, with fetch_v, keys used in place
+ * (vision) send this block's V rows to L1 for the PV product. */
+static void scores_rows(const attn_job *j, const key_blk *blk, int nk, int fetch_v,
                         const key_blk *next, int nk_next, const float *qt, int nq, float *sc)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
     const int mr = kn->tile_rows, nr = kn->tile_cols, hd = j->head_dim;
-    const int in_place = fetch && keys_in_place(j);
-    nk_next = fetch ? nk_next : 0;
+    const int in_place = fetch_v && keys_in_place(j);
     zero_scores(sc, nk, nq);
     for (int k0 = 0; k0 < nk; k0 += mr) {
         if (in_place)
@@ -567,20 +566,19 @@ static void scores_rows(const attn_job *j, const key_blk *blk, int nk, int fetch
  * lanes, which they fill a quarter of as the columns of K · Qᵀ. Each score
  * is the same sum, over head_dim in increasing order, as K · Qᵀ's: the
  * bits do not change. Sᵀ goes to st (nq, BK) and is transposed into sc.
- * With fetch, this block's V rows meanwhile go to L1 for the PV product and
- * the next block's keys (next, nk_next of them; 0: none) to L2. */
-static void scores_keys(const attn_job *j, const key_blk *blk, int nk, int fetch,
+ * Meanwhile the next block's keys (next, nk_next of them; 0: none) go to L2
+ * and, with fetch_v, this block's V rows to L1 for the PV product. */
+static void scores_keys(const attn_job *j, const key_blk *blk, int nk, int fetch_v,
                         const key_blk *next, int nk_next, const float *qt, int nq, float *st,
                         float *sc)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
     const int mr = kn->tile_rows, nr = kn->tile_cols, hd = j->head_dim;
-    nk_next = fetch ? nk_next : 0;
     for (int c = 0; c < nq; c++)
         memset(st + (size_t)c * ATTN_BK, 0, (size_t)nk * sizeof *st);
     for (int k0 = 0; k0 < nk; k0 += nr) {
         const int n = imin(nr, nk - k0);
-        if (fetch && keys_in_place(j))
+        if (fetch_v && keys_in_place(j))
             prefetch_rows(blk->v + (size_t)k0 * blk->ldv, blk->ldv, n, hd, 1);
         if (k0 < nk_next)
             prefetch_rows(next->k + k0, next->ldk, hd, imin(nr, nk_next - k0), 0);
@@ -712,14 +710,14 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
             row_block *rb = &rbs[b];
             if (row_block_skips(j, rb, s, kb, nk))
                 continue;
-            const int nq = rb->nq;
+            const int nq = rb->nq, ahead = fetch ? nk_next : 0;
             if (j->kind == ATTN_CROSS)
-                scores_keys(j, &blk, nk, fetch, &next, nk_next, rb->qt, nq, st, rb->sc);
+                scores_keys(j, &blk, nk, fetch, &next, ahead, rb->qt, nq, st, rb->sc);
             else if (j->k2)
-                scores_bf16(j, s, cur->kv_head, kb, nk, fetch && nk_next ? kb + nk : -1,
+                scores_bf16(j, s, cur->kv_head, kb, nk, ahead ? kb + nk : -1,
                             (const uint32_t *)rb->qt, nq, rb->sc);
             else
-                scores_rows(j, &blk, nk, fetch, &next, nk_next, rb->qt, nq, rb->sc);
+                scores_rows(j, &blk, nk, fetch, &next, ahead, rb->qt, nq, rb->sc);
             fetch = 0;
             apply_mask(j, &rb->cols, s, kb, nk, rb->sc);
             kn->softmax_block(rb->sc, ATTN_BQ, nk, nq, j->scale, rb->m, rb->l, rb->alpha);
