@@ -547,7 +547,6 @@ static void scores_rows(const attn_job *j, const key_blk *blk, int nk, int fetch
     const ml_cpu_kernels *kn = j->cb->kern;
     const int mr = kn->tile_rows, nr = kn->tile_cols, hd = j->head_dim;
     const int in_place = fetch_v && keys_in_place(j);
-    zero_scores(sc, nk, nq);
     for (int k0 = 0; k0 < nk; k0 += mr) {
         if (in_place)
             prefetch_rows(blk->v + (size_t)k0 * blk->ldv, blk->ldv, imin(mr, nk - k0), hd, 1);
@@ -556,7 +555,8 @@ static void scores_rows(const attn_job *j, const key_blk *blk, int nk, int fetch
                           hd, 0);
         for (int c0 = 0; c0 < nq; c0 += nr)
             kn->gemm_tile(imin(mr, nk - k0), imin(nr, nq - c0), hd, blk->k + (size_t)k0 * blk->ldk,
-                          blk->ldk, 1, qt + c0, ATTN_BQ, sc + (size_t)k0 * ATTN_BQ + c0, ATTN_BQ);
+                          blk->ldk, 1, qt + c0, ATTN_BQ, sc + (size_t)k0 * ATTN_BQ + c0, ATTN_BQ,
+                          0);
     }
 }
 
@@ -574,8 +574,6 @@ static void scores_keys(const attn_job *j, const key_blk *blk, int nk, int fetch
 {
     const ml_cpu_kernels *kn = j->cb->kern;
     const int mr = kn->tile_rows, nr = kn->tile_cols, hd = j->head_dim;
-    for (int c = 0; c < nq; c++)
-        memset(st + (size_t)c * ATTN_BK, 0, (size_t)nk * sizeof *st);
     for (int k0 = 0; k0 < nk; k0 += nr) {
         const int n = imin(nr, nk - k0);
         if (fetch_v && keys_in_place(j))
@@ -584,7 +582,7 @@ static void scores_keys(const attn_job *j, const key_blk *blk, int nk, int fetch
             prefetch_rows(next->k + k0, next->ldk, hd, imin(nr, nk_next - k0), 0);
         for (int c0 = 0; c0 < nq; c0 += mr)
             kn->gemm_tile(imin(mr, nq - c0), n, hd, qt + c0, 1, ATTN_BQ, blk->k + k0, blk->ldk,
-                          st + (size_t)c0 * ATTN_BK + k0, ATTN_BK);
+                          st + (size_t)c0 * ATTN_BK + k0, ATTN_BK, 0);
     }
     for (int key = 0; key < nk; key++)
         for (int c = 0; c < nq; c++)
@@ -735,7 +733,7 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
                     for (int d0 = 0; d0 < hd; d0 += nr)
                         kn->gemm_tile(imin(mr, nq - c0), imin(nr, hd - d0), nk, rb->sc + c0, 1,
                                       ATTN_BQ, blk.v + d0, blk.ldv, rb->o + (size_t)c0 * hd + d0,
-                                      (size_t)hd);
+                                      (size_t)hd, 1);
         }
     }
     for (int b = 0; b < blocks; b++)

@@ -58,13 +58,15 @@ typedef enum ml_cpu_block {
 typedef struct ml_cpu_kernels {
     ml_cpu_isa isa;
 
-    /* C (m, n) += A (m, k) · B (k, n) for m <= tile_rows, n <= tile_cols.
+    /* C (m, n) += A (m, k) · B (k, n) for m <= tile_rows, n <= tile_cols,
+     * or with add = 0, C = A · B (C is only written: nothing to clear first).
      * A's element (i, p) is a[i * a_rs + p * a_cs] where one of a_rs, a_cs is 1
      * (A row-major or column-major); B's row p starts at b + p * ldb and is
      * contiguous; C's row i starts at c + i * ldc. The products are summed in
-     * f32 over p in increasing order (per SIMD lane of C) and then added to C. */
+     * f32 over p in increasing order (per SIMD lane of C) from 0 and then
+     * added to C, or stored: C = 0 + sum but for the sign of a zero. */
     void (*gemm_tile)(int m, int n, int k, const float *a, size_t a_rs, size_t a_cs,
-                      const float *b, size_t ldb, float *c, size_t ldc);
+                      const float *b, size_t ldb, float *c, size_t ldc, int add);
     int tile_rows, tile_cols;
 
     /* The matmul kernel (matmul.c), on weights packed at load: y[i * ldy + c]

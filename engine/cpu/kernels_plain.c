@@ -15,14 +15,14 @@
 #define STRIP_COLS 16
 
 static void gemm_tile(int m, int n, int k, const float *a, size_t a_rs, size_t a_cs,
-                      const float *b, size_t ldb, float *c, size_t ldc)
+                      const float *b, size_t ldb, float *c, size_t ldc, int add)
 {
     for (int i = 0; i < m; i++) {
         for (int j = 0; j < n; j++) {
             float acc = 0.0f;
             for (int p = 0; p < k; p++)
                 acc += a[(size_t)i * a_rs + (size_t)p * a_cs] * b[(size_t)p * ldb + j];
-            c[(size_t)i * ldc + j] += acc;
+            c[(size_t)i * ldc + j] = add ? c[(size_t)i * ldc + j] + acc : acc;
         }
     }
 }

@@ -141,11 +141,25 @@ ALWAYS_INLINE void add_row(const int width, float *ci, vf_lanes m0, vf_lanes m1,
         vf_store_lanes(ci + LANES, m1, vf_add(vf_load_lanes(ci + LANES, m1), acc1));
 }
 
+/* C[i][0..n) of row i = the two accumulators of the row. */
+ALWAYS_INLINE void store_row(const int width, float *ci, vf_lanes m0, vf_lanes m1, vf acc0,
+                             vf acc1)
+{
+    if (width == TILE_FULL) {
+        vf_storeu(ci, acc0);
+        vf_storeu(ci + LANES, acc1);
+        return;
+    }
+    vf_store_lanes(ci, m0, acc0);
+    if (width == TILE_WIDE)
+        vf_store_lanes(ci + LANES, m1, acc1);
+}
+
 /* One tile with compile-time m (so the accumulators live in registers), A
  * layout (a_col: column-major) and width. */
 ALWAYS_INLINE void tile(const int m, const int a_col, const int width, int n, int k,
                         const float *a, size_t lda, const float *b, size_t ldb, float *c,
-                        size_t ldc)
+                        size_t ldc, int add)
 {
     const vf_lanes m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
     vf acc0[TILE_ROWS], acc1[TILE_ROWS];
@@ -164,31 +178,37 @@ ALWAYS_INLINE void tile(const int m, const int a_col, const int width, int n, in
                 acc1[i] = vf_fmadd(ai, b1, acc1[i]);
         }
     }
+    if (add) {
 #pragma GCC unroll 16
-    for (int i = 0; i < m; i++)
-        add_row(width, c + (size_t)i * ldc, m0, m1, acc0[i], acc1[i]);
+        for (int i = 0; i < m; i++)
+            add_row(width, c + (size_t)i * ldc, m0, m1, acc0[i], acc1[i]);
+    } else {
+#pragma GCC unroll 16
+        for (int i = 0; i < m; i++)
+            store_row(width, c + (size_t)i * ldc, m0, m1, acc0[i], acc1[i]);
+    }
 }
 
 /* The layouts and widths of tile as compile-time arguments. */
 ALWAYS_INLINE void tile_w(const int m, const int width, int n, int k, const float *a,
                           size_t a_rs, size_t a_cs, const float *b, size_t ldb, float *c,
-                          size_t ldc)
+                          size_t ldc, int add)
 {
     if (a_cs == 1)
-        tile(m, 0, width, n, k, a, a_rs, b, ldb, c, ldc);
+        tile(m, 0, width, n, k, a, a_rs, b, ldb, c, ldc, add);
     else
-        tile(m, 1, width, n, k, a, a_cs, b, ldb, c, ldc);
+        tile(m, 1, width, n, k, a, a_cs, b, ldb, c, ldc, add);
 }
 
 ALWAYS_INLINE void tile_m(const int m, int n, int k, const float *a, size_t a_rs, size_t a_cs,
-                          const float *b, size_t ldb, float *c, size_t ldc)
+                          const float *b, size_t ldb, float *c, size_t ldc, int add)
 {
     if (n == TILE_COLS)
-        tile_w(m, TILE_FULL, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
+        tile_w(m, TILE_FULL, n, k, a, a_rs, a_cs, b, ldb, c, ldc, add);
     else if (n > LANES)
-        tile_w(m, TILE_WIDE, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
+        tile_w(m, TILE_WIDE, n, k, a, a_rs, a_cs, b, ldb, c, ldc, add);
     else
-        tile_w(m, TILE_NARROW, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
+        tile_w(m, TILE_NARROW, n, k, a, a_rs, a_cs, b, ldb, c, ldc, add);
 }
 
 /* ---- gemm_packed ------------------------------------------------------------ */
@@ -346,9 +366,9 @@ static void bf16_widen(float *dst, const uint16_t *src, size_t n)
 #define TILE_M_CASES(call) CASES_1_TO(TILE_ROWS, call)
 
 static void gemm_tile(int m, int n, int k, const float *a, size_t a_rs, size_t a_cs,
-                      const float *b, size_t ldb, float *c, size_t ldc)
+                      const float *b, size_t ldb, float *c, size_t ldc, int add)
 {
-#define GEMM_TILE_M(mm) tile_m(mm, n, k, a, a_rs, a_cs, b, ldb, c, ldc)
+#define GEMM_TILE_M(mm) tile_m(mm, n, k, a, a_rs, a_cs, b, ldb, c, ldc, add)
     switch (m) {
         TILE_M_CASES(GEMM_TILE_M)
     default: assert(!"gemm_tile: m out of range");
