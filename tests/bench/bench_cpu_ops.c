@@ -90,6 +90,20 @@ static double clock_s(clockid_t id)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The backend's memory, where the engine keeps its activations and caches
+ * (on the CPU: huge pages from 2 MiB up, faulted in). malloc's 4 KiB pages
+ * would time TLB misses the engine does not take: a vision head's keys
+ * are a row a 5 KiB token apart, every one on its own base page. */
+static void *backend_alloc(ml_backend *be, size_t bytes)
+{
+    void *p = be->ops->alloc(be, bytes);
+    if (!p) {
+        fprintf(stderr, "bench_cpu_ops: the backend cannot allocate %zu bytes\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
 /* Best wall and CPU seconds (per thread) over `reps` calls of fn(ctx). */
 typedef struct timing {
     double wall, cpu;
@@ -247,8 +261,8 @@ static void bench_gemv(ml_backend *be, int sweep)
         uint16_t *w = xmalloc((size_t)N * K * sizeof *w);
         uint8_t *w8 = xmalloc((size_t)N * K);
         float *scale = xmalloc((size_t)N * sizeof *scale);
-        float *x = xmalloc((size_t)max_m * K * sizeof *x);
-        float *y = xmalloc((size_t)max_m * N * sizeof *y);
+        float *x = backend_alloc(be, (size_t)max_m * K * sizeof *x);
+        float *y = backend_alloc(be, (size_t)max_m * N * sizeof *y);
         for (size_t i = 0; i < (size_t)N * K; i++) {
             w[i] = ml_f32_to_bf16(frand(-1, 1));
             w8[i] = ml_f32_to_f8e4m3(frand(-ML_F8E4M3_MAX, ML_F8E4M3_MAX));
@@ -284,8 +298,8 @@ static void bench_gemv(ml_backend *be, int sweep)
         free(w);
         free(w8);
         free(scale);
-        free(x);
-        free(y);
+        be->ops->free(be, x);
+        be->ops->free(be, y);
     }
 }
 
@@ -305,8 +319,8 @@ static double bench_gemm(ml_backend *be)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         mm_job j = {.be = be, .M = shapes[s].M, .K = shapes[s].K, .N = shapes[s].N};
         uint16_t *w = xmalloc((size_t)j.N * j.K * sizeof *w);
-        float *x = xmalloc((size_t)j.M * j.K * sizeof *x);
-        float *y = xmalloc((size_t)j.M * j.N * sizeof *y);
+        float *x = backend_alloc(be, (size_t)j.M * j.K * sizeof *x);
+        float *y = backend_alloc(be, (size_t)j.M * j.N * sizeof *y);
         for (size_t i = 0; i < (size_t)j.N * j.K; i++)
             w[i] = ml_f32_to_bf16(frand(-1, 1));
         for (size_t i = 0; i < (size_t)j.M * j.K; i++)
@@ -323,8 +337,8 @@ static double bench_gemm(ml_backend *be)
             first = flop / t.wall / 1e9;
         be->ops->linear_weight_free(be, j.w);
         free(w);
-        free(x);
-        free(y);
+        be->ops->free(be, x);
+        be->ops->free(be, y);
     }
     return first;
 }
@@ -344,8 +358,8 @@ static void bench_attn_vision(ml_backend *be)
 {
     const int seq = VISION_TILES * VISION_TILE, heads = 16, hd = 80;
     const size_t n = (size_t)seq * heads * hd;
-    float *q = xmalloc(n * sizeof *q), *k = xmalloc(n * sizeof *k), *v = xmalloc(n * sizeof *v);
-    float *out = xmalloc(n * sizeof *out);
+    float *q = backend_alloc(be, n * sizeof *q), *k = backend_alloc(be, n * sizeof *k);
+    float *v = backend_alloc(be, n * sizeof *v), *out = backend_alloc(be, n * sizeof *out);
     uint8_t *valid = xmalloc((size_t)seq);
     for (size_t i = 0; i < n; i++) {
         q[i] = frand(-1, 1);
@@ -368,10 +382,10 @@ static void bench_attn_vision(ml_backend *be)
                "wall  %6.1f GFLOP/s cpu\n",
                seq, heads, hd, tiles, t.wall * 1e3, flop / t.wall / 1e9, flop / t.cpu / 1e9);
     }
-    free(q);
-    free(k);
-    free(v);
-    free(out);
+    be->ops->free(be, q);
+    be->ops->free(be, k);
+    be->ops->free(be, v);
+    be->ops->free(be, out);
     free(valid);
 }
 
@@ -399,7 +413,8 @@ static void bench_activations(ml_backend *be)
     const size_t n_gelu = (size_t)VISION_TILES * VISION_TILE * VISION_MLP;
     const size_t n_silu = (size_t)PREFILL_ROWS * TEXT_MLP;
     const size_t n = n_gelu > n_silu ? n_gelu : n_silu;
-    float *x = xmalloc(n * sizeof *x), *g = xmalloc(n * sizeof *g), *u = xmalloc(n * sizeof *u);
+    float *x = backend_alloc(be, n * sizeof *x), *g = backend_alloc(be, n * sizeof *g);
+    float *u = backend_alloc(be, n * sizeof *u);
     for (size_t i = 0; i < n; i++) {
         g[i] = 4.0f * frand(-1, 1); /* pre-activations of a few units, as in the models */
         u[i] = frand(-1, 1);
@@ -419,9 +434,9 @@ static void bench_activations(ml_backend *be)
     best = best_of(silu_mul_run, &j, 3);
     printf("  silu_mul n=%zu       %8.2f ms  %6.3f ns/elem wall  %6.3f ns/elem cpu\n", n_silu,
            best.wall * 1e3, best.wall * 1e9 / n_silu, best.cpu * 1e9 / n_silu);
-    free(x);
-    free(g);
-    free(u);
+    be->ops->free(be, x);
+    be->ops->free(be, g);
+    be->ops->free(be, u);
 }
 
 typedef struct causal_job {
@@ -442,7 +457,7 @@ static void *random_kv(ml_backend *be, size_t n)
     float *tmp = xmalloc(n * sizeof *tmp);
     for (size_t i = 0; i < n; i++)
         tmp[i] = frand(-1, 1);
-    void *kv = xmalloc(n * be->ops->kv_elem_size);
+    void *kv = backend_alloc(be, n * be->ops->kv_elem_size);
     be->ops->kv_store(be, kv, tmp, n);
     free(tmp);
     return kv;
@@ -464,7 +479,7 @@ static void bench_attn_causal(ml_backend *be)
     const size_t rows = (size_t)CAUSAL_SEQS * TEXT_HEADS * TEXT_HEAD_DIM;
     const size_t es = be->ops->kv_elem_size;
     void *kc = random_kv(be, cache_n), *vc = random_kv(be, cache_n);
-    float *q = xmalloc(rows * sizeof *q), *out = xmalloc(rows * sizeof *out);
+    float *q = backend_alloc(be, rows * sizeof *q), *out = backend_alloc(be, rows * sizeof *out);
     for (size_t i = 0; i < rows; i++)
         q[i] = frand(-1, 1);
     int32_t *table = xmalloc((size_t)n_phys * sizeof *table);
@@ -495,10 +510,10 @@ static void bench_attn_causal(ml_backend *be)
                CAUSAL_SEQS, contexts[c], kv_type(be), t.wall * 1e3, bytes / t.wall / 1e9,
                bytes / t.cpu / 1e9);
     }
-    free(kc);
-    free(vc);
-    free(q);
-    free(out);
+    be->ops->free(be, kc);
+    be->ops->free(be, vc);
+    be->ops->free(be, q);
+    be->ops->free(be, out);
     free(table);
 }
 
@@ -525,7 +540,8 @@ static void bench_attn_cross(ml_backend *be)
     const size_t plane = (size_t)VISION_TILES * VISION_REAL * TEXT_KV_HEADS * TEXT_HEAD_DIM;
     const size_t row = (size_t)TEXT_HEADS * TEXT_HEAD_DIM;
     const size_t es = be->ops->kv_elem_size;
-    float *q = xmalloc(CROSS_SEQS * row * sizeof *q), *out = xmalloc(CROSS_SEQS * row * sizeof *out);
+    float *q = backend_alloc(be, CROSS_SEQS * row * sizeof *q);
+    float *out = backend_alloc(be, CROSS_SEQS * row * sizeof *out);
     void *state[TEXT_CROSS_LAYERS]; /* (2, tiles · 1601, kv heads, head_dim): K then V */
     cross_job j = {.be = be};
     for (int layer = 0; layer < TEXT_CROSS_LAYERS; layer++) {
@@ -567,9 +583,9 @@ static void bench_attn_cross(ml_backend *be)
         }
     }
     for (int layer = 0; layer < TEXT_CROSS_LAYERS; layer++)
-        free(state[layer]);
-    free(q);
-    free(out);
+        be->ops->free(be, state[layer]);
+    be->ops->free(be, q);
+    be->ops->free(be, out);
 }
 
 /* Whether ML_BENCH_ONLY (a comma-separated list) is unset or names `group`. */
