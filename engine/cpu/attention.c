@@ -62,18 +62,17 @@
 /* Row blocks of one item. A head's K and V over a 4-tile image are 4 MB
  * in the vision tower at the real widths (6432 keys x 80 x 2) and 6.6 MB
  * per kv head of an image state (x 128), past L2, so an item of one row
- * block read every key block from the L3 and waited on it (in the vision
- * tower the prefetches of the next block's K and this block's V stalled
- * for free fill buffers: 13% of the attention's samples); a causal item
+ * block read every key block from the L3 and waited on it; a causal item
  * gathered every key block from the paged cache. Each key block serves the
  * item's row blocks from L1 and L2 after the first (and a gathered or
- * widened block is made once for them). Measured (`bench_cpu_ops`, 2
- * threads, the Intel Xeon VM, 2026-12-06, against one row block):
- * attn_vision at 16 heads x 80, a 4-tile image 1014-1022 -> 938-949 ms
- * with 3, 931-948 with 4, 971-982 with 2, 971 with 6, a 2-tile image
- * 772-814 -> 717-729 ms; attn_cross, 32 sequences on a 4-tile image,
- * 153-155 -> 133-135 ms. Three fit the thread's scratch as the matmul
- * sizes it. */
+ * widened block is made once for them). Measured (`bench_cpu_ops`, the
+ * Intel Xeon VM, 2026-12-06, against one row block): attn_vision at 16
+ * heads x 80, a 4-tile image, 2 threads on malloc's 4 KiB pages 1014-1022
+ * -> 938-949 ms with 3 (931-948 with 4, 971-982 with 2, 971 with 6), one
+ * thread on the backend's huge pages 1764-1776 -> 1644-1656 ms; a 2-tile
+ * image 772-814 -> 717-729 ms (2 threads); attn_cross, 32 sequences on a
+ * 4-tile image, 153-155 -> 133-135 ms. Three fit the thread's scratch as
+ * the matmul sizes it. */
 #define ATTN_ITEM_BLOCKS 3
 /* Bytes per cache line, the prefetch stride. */
 #define CACHE_LINE 64
