@@ -75,17 +75,18 @@ typedef struct ml_cpu_kernels {
      * bf16 or F8_E4M3 codes widened exactly as ml_cpu_f8_to_f32, or their
      * f32 (k, strip_cols) row-major (src). Each sum starts at 0 and takes
      * one product at a time in increasing p, with the multiply-add
-     * gemm_tile uses, and is then added to y: the order of every element
-     * is gemm_tile's, whatever m, n or the element's place in the tile
-     * (matmul.c, batch invariance). Columns past n are computed from the
-     * strip's zero padding and not stored.
+     * gemm_tile uses, and is then added to y, or with add = 0 stored there
+     * (gemm_tile's add): the order of every element is gemm_tile's,
+     * whatever m, n or the element's place in the tile (matmul.c, batch
+     * invariance). Columns past n are computed from the strip's zero
+     * padding and not stored.
      * pf: what it prefetches meanwhile (NULL: nothing). widened (or NULL;
      * ignored for an ML_CPU_BLOCK_F32 block): where it also stores w's f32
      * (k, strip_cols) as it goes, for the next tiles over the block to
      * read as ML_CPU_BLOCK_F32 without widening it again. */
     void (*gemm_packed)(int m, int n, int k, const float *x, size_t ldx, const void *w,
                         ml_cpu_block src, const ml_cpu_prefetch *pf, float *widened, float *y,
-                        size_t ldy);
+                        size_t ldy, int add);
     /* Columns of a strip: the width the ISA's registers take in one step
      * (two vectors of f32). */
     int strip_cols;

@@ -65,7 +65,7 @@ static float block_value(const void *w, ml_cpu_block src, int p, int c)
 
 static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w,
                         ml_cpu_block src, const ml_cpu_prefetch *pf, float *widened, float *y,
-                        size_t ldy)
+                        size_t ldy, int add)
 {
     (void)pf; /* no prefetch: the readable reference */
     for (int i = 0; i < m; i++) {
@@ -73,7 +73,7 @@ static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const v
             float acc = 0.0f;
             for (int p = 0; p < k; p++)
                 acc += x[(size_t)i * ldx + p] * block_value(w, src, p, c);
-            y[(size_t)i * ldy + c] += acc;
+            y[(size_t)i * ldy + c] = add ? y[(size_t)i * ldy + c] + acc : acc;
         }
     }
     if (widened && src != ML_CPU_BLOCK_F32)

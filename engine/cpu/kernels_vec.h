@@ -226,7 +226,8 @@ ALWAYS_INLINE void store_step(float *dst, int p, vf b0, vf b1)
 
 ALWAYS_INLINE void packed_tile(const int m, const ml_cpu_block src, const ml_cpu_prefetch_kind pf,
                                int n, int k, const float *x, size_t ldx, const void *w,
-                               const ml_cpu_prefetch *plan, float *widened, float *y, size_t ldy)
+                               const ml_cpu_prefetch *plan, float *widened, float *y, size_t ldy,
+                               int add)
 {
     const vf_lanes m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
     vf acc0[TILE_ROWS], acc1[TILE_ROWS];
@@ -261,25 +262,31 @@ ALWAYS_INLINE void packed_tile(const int m, const ml_cpu_block src, const ml_cpu
             acc1[i] = vf_fmadd(xi, b1, acc1[i]);
         }
     }
+    if (add) {
 #pragma GCC unroll 16
-    for (int i = 0; i < m; i++)
-        add_row(TILE_WIDE, y + (size_t)i * ldy, m0, m1, acc0[i], acc1[i]);
+        for (int i = 0; i < m; i++)
+            add_row(TILE_WIDE, y + (size_t)i * ldy, m0, m1, acc0[i], acc1[i]);
+    } else {
+#pragma GCC unroll 16
+        for (int i = 0; i < m; i++)
+            store_row(TILE_WIDE, y + (size_t)i * ldy, m0, m1, acc0[i], acc1[i]);
+    }
 }
 
 /* Compile-time prefetch, so that it costs no branch a step. */
 ALWAYS_INLINE void packed_pf(const int m, const ml_cpu_block src, int n, int k, const float *x,
                              size_t ldx, const void *w, const ml_cpu_prefetch *pf,
-                             float *widened, float *y, size_t ldy)
+                             float *widened, float *y, size_t ldy, int add)
 {
     switch (pf ? pf->kind : ML_CPU_PREFETCH_NONE) {
     case ML_CPU_PREFETCH_STREAM:
-        packed_tile(m, src, ML_CPU_PREFETCH_STREAM, n, k, x, ldx, w, pf, widened, y, ldy);
+        packed_tile(m, src, ML_CPU_PREFETCH_STREAM, n, k, x, ldx, w, pf, widened, y, ldy, add);
         break;
     case ML_CPU_PREFETCH_NEXT:
-        packed_tile(m, src, ML_CPU_PREFETCH_NEXT, n, k, x, ldx, w, pf, widened, y, ldy);
+        packed_tile(m, src, ML_CPU_PREFETCH_NEXT, n, k, x, ldx, w, pf, widened, y, ldy, add);
         break;
     case ML_CPU_PREFETCH_NONE:
-        packed_tile(m, src, ML_CPU_PREFETCH_NONE, n, k, x, ldx, w, pf, widened, y, ldy);
+        packed_tile(m, src, ML_CPU_PREFETCH_NONE, n, k, x, ldx, w, pf, widened, y, ldy, add);
         break;
     }
 }
@@ -287,17 +294,17 @@ ALWAYS_INLINE void packed_pf(const int m, const ml_cpu_block src, int n, int k, 
 /* And compile-time source. */
 ALWAYS_INLINE void packed_m(const int m, int n, int k, const float *x, size_t ldx,
                             const void *w, ml_cpu_block src, const ml_cpu_prefetch *pf,
-                            float *widened, float *y, size_t ldy)
+                            float *widened, float *y, size_t ldy, int add)
 {
     switch (src) {
     case ML_CPU_BLOCK_BF16:
-        packed_pf(m, ML_CPU_BLOCK_BF16, n, k, x, ldx, w, pf, widened, y, ldy);
+        packed_pf(m, ML_CPU_BLOCK_BF16, n, k, x, ldx, w, pf, widened, y, ldy, add);
         break;
     case ML_CPU_BLOCK_F8:
-        packed_pf(m, ML_CPU_BLOCK_F8, n, k, x, ldx, w, pf, widened, y, ldy);
+        packed_pf(m, ML_CPU_BLOCK_F8, n, k, x, ldx, w, pf, widened, y, ldy, add);
         break;
     case ML_CPU_BLOCK_F32:
-        packed_pf(m, ML_CPU_BLOCK_F32, n, k, x, ldx, w, pf, NULL, y, ldy);
+        packed_pf(m, ML_CPU_BLOCK_F32, n, k, x, ldx, w, pf, NULL, y, ldy, add);
         break;
     }
 }
@@ -378,9 +385,9 @@ static void gemm_tile(int m, int n, int k, const float *a, size_t a_rs, size_t a
 
 static void gemm_packed(int m, int n, int k, const float *x, size_t ldx, const void *w,
                         ml_cpu_block src, const ml_cpu_prefetch *pf, float *widened, float *y,
-                        size_t ldy)
+                        size_t ldy, int add)
 {
-#define GEMM_PACKED_M(mm) packed_m(mm, n, k, x, ldx, w, src, pf, widened, y, ldy)
+#define GEMM_PACKED_M(mm) packed_m(mm, n, k, x, ldx, w, src, pf, widened, y, ldy, add)
     switch (m) {
         TILE_M_CASES(GEMM_PACKED_M)
     default: assert(!"gemm_packed: m out of range");

@@ -167,15 +167,29 @@ static const void *strip_at(const matmul_job *j, int col, int pc)
     return j->w + strip_bytes(j, (size_t)(col / s) * (size_t)j->Kp + (size_t)pc);
 }
 
+/* Whether the kernels store the first K block's sums rather than add them
+ * to a y set to 0 (init_block): where y starts at 0 (no bias, nothing
+ * accumulated, or FP8's, whose bias comes after the scale), with f32
+ * activations (the pair kernels of bf16 activations only add). 0 + sum and
+ * the sum differ only in the sign of an exact zero (0 + -0 is +0), which
+ * no later op tells apart. Zeroing y first was 1.5-2.1% of a 32-sequence
+ * decode step of `small`, and it read y once more a K block. */
+static int stores_first(const matmul_job *j)
+{
+    return !j->xb && j->Kp > 0 && (j->f8 || (!j->accumulate && !j->bias));
+}
+
 /* y[m0..m1, n0..n1] = (y or 0) + bias, or 0 for FP8: the start of every
- * element's sum. Called per column block, just before the kernels add to
- * it, so the block is still in L1 when they do (at M = 16 the whole of
- * lm_head's y is 8 MB); the three cases are separate loops because one
- * loop with the choice per element stayed scalar (5% of a 16-row decode
- * step). 0 + b, not b, keeps the sum's first addition: a bias of -0 gives
- * +0, as it did. */
+ * element's sum, unless the kernels store the first block's (above).
+ * Called per column block, just before the kernels add to it, so the
+ * block is still in L1 when they do (at M = 16 the whole of lm_head's y is
+ * 8 MB); the three cases are separate loops because one loop with the
+ * choice per element stayed scalar (5% of a 16-row decode step). 0 + b,
+ * not b, keeps the sum's first addition: a bias of -0 gives +0, as it did. */
 static void init_block(const matmul_job *j, int m0, int m1, int n0, int n1)
 {
+    if (stores_first(j))
+        return;
     const size_t width = (size_t)(n1 - n0);
     for (int m = m0; m < m1; m++) {
         float *yr = j->y + (size_t)m * j->N + n0;
@@ -243,8 +257,9 @@ static void tile_call(const matmul_job *j, int m, int n, int kc, int ic, int col
     const size_t sc = (size_t)kn->strip_cols;
     const float *x = j->x + (size_t)ic * K + (size_t)pc;
     float *y = j->y + (size_t)ic * N + (size_t)col;
+    const int add = pc > 0 || !stores_first(j);
     if (wb)
-        kn->gemm_packed(m, n, kc, x, K, wb, ML_CPU_BLOCK_F32, pf, NULL, y, N);
+        kn->gemm_packed(m, n, kc, x, K, wb, ML_CPU_BLOCK_F32, pf, NULL, y, N, add);
     else if (j->xb && j->f8)
         kn->gemm_tile_f8_pairs(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
                                strip_at(j, col, pc), sc, pf, y, N);
@@ -253,7 +268,7 @@ static void tile_call(const matmul_job *j, int m, int n, int kc, int ic, int col
                            strip_at(j, col, pc), sc, pf, y, N);
     else
         kn->gemm_packed(m, n, kc, x, K, strip_at(j, col, pc),
-                        j->f8 ? ML_CPU_BLOCK_F8 : ML_CPU_BLOCK_BF16, pf, widen_to, y, N);
+                        j->f8 ? ML_CPU_BLOCK_F8 : ML_CPU_BLOCK_BF16, pf, widen_to, y, N, add);
 }
 
 /* The block matmul_strips runs over after the one of the strip holding

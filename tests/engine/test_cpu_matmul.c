@@ -273,7 +273,7 @@ static void test_f8_codes(const ml_cpu_kernels *kn)
             memset(y, 0, sizeof y);
             const ml_cpu_prefetch pf = prefetch_kind(one, w, sizeof w);
             kn->gemm_packed(1, S, steps, x, (size_t)steps, w, ML_CPU_BLOCK_F8, &pf, NULL, y,
-                            (size_t)S);
+                            (size_t)S, 1);
             for (int c = 0; c < S; c++)
                 strip &= y[c] == ones[v] * f8_want(one * S + c);
         }
@@ -580,7 +580,7 @@ static void test_widen_strip(const ml_cpu_kernels *kn)
     float *left = xmalloc((BF16_VALUES + ML_CPU_MAX_STRIP_COLS) * sizeof *left);
     float *x = xmalloc(BF16_VALUES * sizeof *x);
     float y[ML_CPU_MAX_STRIP_COLS];
-    int same = 1, copied = 1;
+    int same = 1, copied = 1, stored = 1;
     for (int f8 = 0; f8 < 2; f8++) {
         const int steps = (f8 ? F8_CODES : BF16_VALUES) / S;
         for (int p = 0; p < steps; p++)
@@ -599,7 +599,7 @@ static void test_widen_strip(const ml_cpu_kernels *kn)
             x[p] = (float)(p % 7 - 3) * 0.25f;
         const ml_cpu_block src = f8 ? ML_CPU_BLOCK_F8 : ML_CPU_BLOCK_BF16;
         memset(y, 0, sizeof y);
-        kn->gemm_packed(1, S, steps, x, (size_t)steps, strip, src, NULL, left, y, (size_t)S);
+        kn->gemm_packed(1, S, steps, x, (size_t)steps, strip, src, NULL, left, y, (size_t)S, 1);
         for (int v = 0; v < steps * S; v++) {
             const float want = f8 ? ml_cpu_f8_to_f32((uint8_t)v) : ml_bf16_to_f32((uint16_t)v);
             same &= memcmp(&got[v], &want, sizeof want) == 0;
@@ -616,17 +616,29 @@ static void test_widen_strip(const ml_cpu_kernels *kn)
         const int summed = f8 ? steps : BF16_BELOW_TWO / S;
         float y32[ML_CPU_MAX_STRIP_COLS] = {0};
         memset(y, 0, sizeof y);
-        kn->gemm_packed(1, S, summed, x, (size_t)steps, strip, src, NULL, NULL, y, (size_t)S);
+        kn->gemm_packed(1, S, summed, x, (size_t)steps, strip, src, NULL, NULL, y, (size_t)S, 1);
         kn->gemm_packed(1, S, summed, x, (size_t)steps, left, ML_CPU_BLOCK_F32, NULL, NULL, y32,
-                        (size_t)S);
+                        (size_t)S, 1);
         for (int c = 0; c < S; c++)
             copied &= isfinite(y[c]) && memcmp(&y[c], &y32[c], sizeof y[c]) == 0;
+        /* add = 0: the same sums stored over whatever y held (== : a sum of
+         * exactly 0 may be -0 where 0 + sum is +0) */
+        float ys[ML_CPU_MAX_STRIP_COLS], y32s[ML_CPU_MAX_STRIP_COLS];
+        memset(ys, 0xa5, sizeof ys);
+        memset(y32s, 0xa5, sizeof y32s);
+        kn->gemm_packed(1, S, summed, x, (size_t)steps, strip, src, NULL, NULL, ys, (size_t)S, 0);
+        kn->gemm_packed(1, S, summed, x, (size_t)steps, left, ML_CPU_BLOCK_F32, NULL, NULL, y32s,
+                        (size_t)S, 0);
+        for (int c = 0; c < S; c++)
+            stored &= ys[c] == y[c] && y32s[c] == y[c];
     }
     check(same, "widen_strip [%s]: a value is not widened exactly, or a write past the block",
           ml_cpu_isa_name(kn->isa));
     check(copied,
           "gemm_packed [%s]: its widened copy differs from the strip's values, writes past "
           "the block, or reads back to other sums",
+          ml_cpu_isa_name(kn->isa));
+    check(stored, "gemm_packed [%s]: add = 0 stores other sums than it adds",
           ml_cpu_isa_name(kn->isa));
     free(w);
     free(got);
