@@ -341,9 +341,9 @@ static void key_block(const attn_job *j, int s, int kvh, int kb, int nk, int ahe
     }
 }
 
-/* S (nk, BQ) = 0 in the nq columns the tiles add to: a decode item's few
- * rows would otherwise zero 96 columns for 4 (1.6% of a 16-sequence decode
- * step of `small` went to this memset). */
+/* S (nk, BQ) = 0 in the nq columns the bf16 score tiles add to
+ * (gemm_tile_bf16, the matmul's pair kernel, only adds; the f32 tiles
+ * store their sums). */
 static void zero_scores(float *sc, int nk, int nq)
 {
     for (int key = 0; key < nk; key++)

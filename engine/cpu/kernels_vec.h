@@ -155,6 +155,22 @@ ALWAYS_INLINE void store_row(const int width, float *ci, vf_lanes m0, vf_lanes m
         vf_store_lanes(ci + LANES, m1, acc1);
 }
 
+/* The accumulators of m rows added to C's rows (ldc apart), or with add = 0
+ * stored there. */
+ALWAYS_INLINE void put_rows(const int m, const int width, float *c, size_t ldc, vf_lanes m0,
+                            vf_lanes m1, const vf *acc0, const vf *acc1, int add)
+{
+    if (add) {
+#pragma GCC unroll 16
+        for (int i = 0; i < m; i++)
+            add_row(width, c + (size_t)i * ldc, m0, m1, acc0[i], acc1[i]);
+    } else {
+#pragma GCC unroll 16
+        for (int i = 0; i < m; i++)
+            store_row(width, c + (size_t)i * ldc, m0, m1, acc0[i], acc1[i]);
+    }
+}
+
 /* One tile with compile-time m (so the accumulators live in registers), A
  * layout (a_col: column-major) and width. */
 ALWAYS_INLINE void tile(const int m, const int a_col, const int width, int n, int k,
@@ -178,15 +194,7 @@ ALWAYS_INLINE void tile(const int m, const int a_col, const int width, int n, in
                 acc1[i] = vf_fmadd(ai, b1, acc1[i]);
         }
     }
-    if (add) {
-#pragma GCC unroll 16
-        for (int i = 0; i < m; i++)
-            add_row(width, c + (size_t)i * ldc, m0, m1, acc0[i], acc1[i]);
-    } else {
-#pragma GCC unroll 16
-        for (int i = 0; i < m; i++)
-            store_row(width, c + (size_t)i * ldc, m0, m1, acc0[i], acc1[i]);
-    }
+    put_rows(m, width, c, ldc, m0, m1, acc0, acc1, add);
 }
 
 /* The layouts and widths of tile as compile-time arguments. */
@@ -262,15 +270,7 @@ ALWAYS_INLINE void packed_tile(const int m, const ml_cpu_block src, const ml_cpu
             acc1[i] = vf_fmadd(xi, b1, acc1[i]);
         }
     }
-    if (add) {
-#pragma GCC unroll 16
-        for (int i = 0; i < m; i++)
-            add_row(TILE_WIDE, y + (size_t)i * ldy, m0, m1, acc0[i], acc1[i]);
-    } else {
-#pragma GCC unroll 16
-        for (int i = 0; i < m; i++)
-            store_row(TILE_WIDE, y + (size_t)i * ldy, m0, m1, acc0[i], acc1[i]);
-    }
+    put_rows(m, TILE_WIDE, y, ldy, m0, m1, acc0, acc1, add);
 }
 
 /* Compile-time prefetch, so that it costs no branch a step. */
