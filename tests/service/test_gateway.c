@@ -40,6 +40,13 @@
 #define CALL_MS 30000        /* one request through the gateway */
 #define SHORT_TOKENS 8
 #define LONG_TOKENS (4096 / PU_SLOWDOWN) /* streams long enough to interrupt */
+/* The resume test reads its stream to the end, so it streams a quarter as
+ * much, and waits for the end as long as two calls: the sanitizer build
+ * streams the micro model at ~40 tokens/s, and beside two other
+ * integration tests on a busy host it had 1,013 of LONG_TOKENS' 1,024
+ * events when one call's wait ran out (2026-12-06). */
+#define RESUME_TOKENS (LONG_TOKENS / 4)
+#define RESUME_MS (2 * CALL_MS)
 #define DROP_AFTER_ID 2      /* the resume test's client leaves after this event */
 #define ABANDON_MS 300       /* gateway.abandon_ms of this test */
 #define CANCEL_MS 20000      /* a cancel reaching the worker and its final back */
@@ -339,12 +346,13 @@ static void test_errors(void)
 
 /* ---- resume, cancel, abandon ------------------------------------------------------------ */
 
-/* Start a long stream on a socket of its own; its id in id (64 bytes). */
-static int long_stream(gwt_response *r, char *id)
+/* Start a stream of `tokens` tokens on a socket of its own; its id in id
+ * (64 bytes). */
+static int long_stream(gwt_response *r, char *id, int tokens)
 {
     char extra[192];
     snprintf(extra, sizeof extra, "\"stream\":true,\"max_tokens\":%d," SEED "," PU_NO_STOP,
-             LONG_TOKENS);
+             tokens);
     char *body = gwt_chat_body("Tell a long story.", NULL, extra);
     memset(r, 0, sizeof *r);
     int fd = gwt_send_request(gw.port, "POST", "/v1/chat/completions", NULL, body, CALL_MS);
@@ -359,7 +367,7 @@ static void test_resume(void)
 {
     gwt_response r;
     char id[64], path[128], until[32];
-    int fd = long_stream(&r, id);
+    int fd = long_stream(&r, id, RESUME_TOKENS);
     snprintf(until, sizeof until, "id: %d\n", DROP_AFTER_ID + 1);
     check(gwt_read(fd, &r, until, CALL_MS), "events before the drop");
     close(fd); /* the client goes away mid-stream */
@@ -367,7 +375,7 @@ static void test_resume(void)
     char hdr[64];
     snprintf(hdr, sizeof hdr, "Last-Event-ID: %d\r\n", DROP_AFTER_ID);
     gwt_response rest, all;
-    check(gwt_call(gw.port, "GET", path, hdr, NULL, &rest, CALL_MS), "resumed to the end");
+    check(gwt_call(gw.port, "GET", path, hdr, NULL, &rest, RESUME_MS), "resumed to the end");
     check(rest.status == 200, "resume status %d", rest.status);
     char **ev;
     int n = rest.body ? gwt_events(rest.body, DROP_AFTER_ID + 1, &ev) : -1;
@@ -394,7 +402,7 @@ static void test_cancel(void)
 {
     gwt_response r;
     char id[64], path[128];
-    int fd = long_stream(&r, id);
+    int fd = long_stream(&r, id, LONG_TOKENS);
     snprintf(path, sizeof path, "/v1/chat/completions/%s/cancel", id);
     gwt_response c;
     check(gwt_call(gw.port, "POST", path, NULL, NULL, &c, CALL_MS) && c.status == 200,
@@ -429,7 +437,7 @@ static void test_abandon(void)
     double before = worker_cancelled();
     gwt_response r;
     char id[64];
-    int fd = long_stream(&r, id);
+    int fd = long_stream(&r, id, LONG_TOKENS);
     close(fd);
     gwt_response_free(&r);
     check(worker_cancelled_rises(before),
@@ -461,7 +469,7 @@ static void test_drain_grace(void)
     double before = worker_cancelled();
     gwt_response r;
     char id[64];
-    int fd = long_stream(&r, id);
+    int fd = long_stream(&r, id, LONG_TOKENS);
     pu_signal(&gw.proc, SIGTERM);
     check(gwt_read(fd, &r, NULL, CANCEL_MS), "the stream ends after the grace");
     close(fd);
