@@ -341,15 +341,6 @@ static void key_block(const attn_job *j, int s, int kvh, int kb, int nk, int ahe
     }
 }
 
-/* S (nk, BQ) = 0 in the nq columns the bf16 score tiles add to
- * (gemm_tile_bf16, the matmul's pair kernel, only adds; the f32 tiles
- * store their sums). */
-static void zero_scores(float *sc, int nk, int nq)
-{
-    for (int key = 0; key < nk; key++)
-        memset(sc + (size_t)key * ATTN_BQ, 0, (size_t)nq * sizeof *sc);
-}
-
 /* Move the cursor `steps` items forward; seq == n_seqs means past the end. */
 static void cursor_advance(const attn_job *j, attn_cursor *c, int64_t steps)
 {
@@ -503,7 +494,6 @@ static void scores_bf16(const attn_job *j, int s, int kvh, int kb, int nk, int k
     const size_t ld = (size_t)j->n_kv_heads * (size_t)hp;
     const uint32_t *k2 = j->k2 + ((size_t)s * j->seq_len + (size_t)kb) * ld + (size_t)kvh * hp;
     const uint32_t *next = kb_next < 0 ? NULL : k2 + (size_t)(kb_next - kb) * ld;
-    zero_scores(sc, nk, nq);
     for (int k0 = 0; k0 < nk; k0 += mr) {
         if (next && kb_next + k0 < j->seq_len)
             prefetch_rows((const float *)next + (size_t)k0 * ld, ld,
@@ -511,7 +501,7 @@ static void scores_bf16(const attn_job *j, int s, int kvh, int kb, int nk, int k
         for (int c0 = 0; c0 < nq; c0 += nr)
             kn->gemm_tile_bf16(imin(mr, nk - k0), imin(nr, nq - c0), hp, k2 + (size_t)k0 * ld, ld,
                                1, qt2 + c0, ATTN_BQ, NULL,
-                               sc + (size_t)k0 * ATTN_BQ + c0, ATTN_BQ);
+                               sc + (size_t)k0 * ATTN_BQ + c0, ATTN_BQ, 0);
     }
 }
 
@@ -533,7 +523,7 @@ static void values_bf16(const attn_job *j, int s, int kvh, int kb, int nk, const
         for (int d0 = 0; d0 < hd; d0 += nr)
             kn->gemm_tile_bf16(imin(mr, nq - c0), imin(nr, hd - d0), nk / 2, s2 + c0, 1, ATTN_BQ,
                                v2 + d0, (size_t)hd, NULL,
-                               o + (size_t)c0 * hd + d0, (size_t)hd);
+                               o + (size_t)c0 * hd + d0, (size_t)hd, 1);
 }
 
 /* Vision and causal in f32: S (nk, BQ) = K · Qᵀ of the key block blk from

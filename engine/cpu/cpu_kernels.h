@@ -100,15 +100,16 @@ typedef struct ml_cpu_kernels {
      * 1), B's pair row p the dwords b + p * ldb, column j's pair in dword j
      * (the lower index in the low half). Each sum starts at 0, takes one
      * pair of products at a time in increasing p with VDPBF16PS, and is
-     * then added to C. A pair's two products and their addition to the sum
-     * are the instruction's, which CPU makers implement differently (it is
-     * not two FMAs on every CPU): a result's bits are fixed for a machine
-     * whatever the tile or its place, not across machines. pf as
-     * gemm_packed's, where B is a block of a packed strip (a_cs == 1 and n >
-     * half the tile; elsewhere pf is NULL). */
+     * then added to C, or with add = 0 stored (gemm_tile's add). A pair's
+     * two products and their addition to the sum are the instruction's,
+     * which CPU makers implement differently (it is not two FMAs on every
+     * CPU): a result's bits are fixed for a machine whatever the tile or its
+     * place, not across machines. pf as gemm_packed's, where B is a block of
+     * a packed strip (a_cs == 1 and n > half the tile; elsewhere pf is
+     * NULL). */
     void (*gemm_tile_bf16)(int m, int n, int kp, const uint32_t *a, size_t a_rs, size_t a_cs,
                            const uint32_t *b, size_t ldb, const ml_cpu_prefetch *pf, float *c,
-                           size_t ldc);
+                           size_t ldc, int add);
     /* The same on FP8 weights (matmul.c; NULL as gemm_tile_bf16, and it
      * needs AVX512_VBMI too, which the caller has checked:
      * ml_cpu_has_avx512_vbmi): B's pair (p, j) is the two F8_E4M3 codes
@@ -117,7 +118,7 @@ typedef struct ml_cpu_kernels {
      * gemm_tile_bf16's on those bf16; A row-major (a_cs == 1) only. */
     void (*gemm_tile_f8_pairs)(int m, int n, int kp, const uint32_t *a, size_t a_rs,
                                size_t a_cs, const uint16_t *b, size_t ldb,
-                               const ml_cpu_prefetch *pf, float *c, size_t ldc);
+                               const ml_cpu_prefetch *pf, float *c, size_t ldc, int add);
     /* Its operands rounded: pair(a, b) = the dword of ml_f32_to_bf16(a)
      * (dtype.h: RNE, NaN kept quiet, subnormals kept) in the low half and
      * of b in the high half. bf16_pairs: d[q] = pair(x[2q], x[2q + 1]) for

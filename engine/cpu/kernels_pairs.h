@@ -14,7 +14,7 @@
  * f8_tables_make()) and f8_pair_step(const f8_tables *, codes, &b0, &b1),
  * the two bf16 pair vectors of a step's 64 codes in the pair layout. Each
  * inclusion undefines them. Included after kernels_vec.h (zero_rows,
- * add_row, stream_prefetch, TILE_M_CASES). */
+ * put_rows, stream_prefetch, TILE_M_CASES). */
 
 /* A pair of B: a dword of two bf16, or two E4M3 codes. */
 #if PAIR_F8
@@ -29,7 +29,8 @@
 PAIR_TARGET ALWAYS_INLINE void PAIR_TILE(const int m, const int a_col, const int wide,
                                          const ml_cpu_prefetch_kind pf, int n, int kp,
                                          const uint32_t *a, size_t lda, const void *b, size_t ldb,
-                                         const ml_cpu_prefetch *plan, float *c, size_t ldc)
+                                         const ml_cpu_prefetch *plan, float *c, size_t ldc,
+                                         int add)
 {
     const vf_lanes m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
     vf acc0[TILE_ROWS], acc1[TILE_ROWS];
@@ -67,32 +68,30 @@ PAIR_TARGET ALWAYS_INLINE void PAIR_TILE(const int m, const int a_col, const int
                 acc1[i] = _mm512_dpbf16_ps(acc1[i], ai, b1);
         }
     }
-#pragma GCC unroll 12
-    for (int i = 0; i < m; i++)
-        add_row(wide ? TILE_WIDE : TILE_NARROW, c + (size_t)i * ldc, m0, m1, acc0[i], acc1[i]);
+    put_rows(m, wide ? TILE_WIDE : TILE_NARROW, c, ldc, m0, m1, acc0, acc1, add);
 }
 
 /* Prefetching is the matmul's case only: row-major x against a whole strip
  * (and FP8 B is only the matmul's). */
 PAIR_TARGET ALWAYS_INLINE void PAIR_M(const int m, int n, int kp, const uint32_t *a, size_t a_rs,
                                       size_t a_cs, const void *b, size_t ldb,
-                                      const ml_cpu_prefetch *pf, float *c, size_t ldc)
+                                      const ml_cpu_prefetch *pf, float *c, size_t ldc, int add)
 {
     const int wide = n > LANES;
     const ml_cpu_prefetch_kind kind = pf ? pf->kind : ML_CPU_PREFETCH_NONE;
     if (kind == ML_CPU_PREFETCH_STREAM && a_cs == 1 && wide)
-        PAIR_TILE(m, 0, 1, ML_CPU_PREFETCH_STREAM, n, kp, a, a_rs, b, ldb, pf, c, ldc);
+        PAIR_TILE(m, 0, 1, ML_CPU_PREFETCH_STREAM, n, kp, a, a_rs, b, ldb, pf, c, ldc, add);
     else if (kind == ML_CPU_PREFETCH_NEXT && a_cs == 1 && wide)
-        PAIR_TILE(m, 0, 1, ML_CPU_PREFETCH_NEXT, n, kp, a, a_rs, b, ldb, pf, c, ldc);
+        PAIR_TILE(m, 0, 1, ML_CPU_PREFETCH_NEXT, n, kp, a, a_rs, b, ldb, pf, c, ldc, add);
     else if (a_cs == 1 && wide)
-        PAIR_TILE(m, 0, 1, ML_CPU_PREFETCH_NONE, n, kp, a, a_rs, b, ldb, pf, c, ldc);
+        PAIR_TILE(m, 0, 1, ML_CPU_PREFETCH_NONE, n, kp, a, a_rs, b, ldb, pf, c, ldc, add);
     else if (a_cs == 1)
-        PAIR_TILE(m, 0, 0, ML_CPU_PREFETCH_NONE, n, kp, a, a_rs, b, ldb, pf, c, ldc);
+        PAIR_TILE(m, 0, 0, ML_CPU_PREFETCH_NONE, n, kp, a, a_rs, b, ldb, pf, c, ldc, add);
 #if !PAIR_F8
     else if (wide)
-        PAIR_TILE(m, 1, 1, ML_CPU_PREFETCH_NONE, n, kp, a, a_cs, b, ldb, pf, c, ldc);
+        PAIR_TILE(m, 1, 1, ML_CPU_PREFETCH_NONE, n, kp, a, a_cs, b, ldb, pf, c, ldc, add);
     else
-        PAIR_TILE(m, 1, 0, ML_CPU_PREFETCH_NONE, n, kp, a, a_cs, b, ldb, pf, c, ldc);
+        PAIR_TILE(m, 1, 0, ML_CPU_PREFETCH_NONE, n, kp, a, a_cs, b, ldb, pf, c, ldc, add);
 #else
     else
         assert(!"gemm_tile_f8_pairs: A must be row-major");
@@ -101,9 +100,9 @@ PAIR_TARGET ALWAYS_INLINE void PAIR_M(const int m, int n, int kp, const uint32_t
 
 PAIR_TARGET static void PAIR_ENTRY(int m, int n, int kp, const uint32_t *a, size_t a_rs,
                                    size_t a_cs, const PAIR_T *b, size_t ldb,
-                                   const ml_cpu_prefetch *pf, float *c, size_t ldc)
+                                   const ml_cpu_prefetch *pf, float *c, size_t ldc, int add)
 {
-#define PAIR_ENTRY_M(mm) PAIR_M(mm, n, kp, a, a_rs, a_cs, b, ldb, pf, c, ldc)
+#define PAIR_ENTRY_M(mm) PAIR_M(mm, n, kp, a, a_rs, a_cs, b, ldb, pf, c, ldc, add)
     switch (m) {
         TILE_M_CASES(PAIR_ENTRY_M)
     default: assert(!"gemm_tile on pairs: m out of range");

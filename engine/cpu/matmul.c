@@ -169,14 +169,13 @@ static const void *strip_at(const matmul_job *j, int col, int pc)
 
 /* Whether the kernels store the first K block's sums rather than add them
  * to a y set to 0 (init_block): where y starts at 0 (no bias, nothing
- * accumulated, or FP8's, whose bias comes after the scale), with f32
- * activations (the pair kernels of bf16 activations only add). 0 + sum and
+ * accumulated, or FP8's, whose bias comes after the scale). 0 + sum and
  * the sum differ only in the sign of an exact zero (0 + -0 is +0), which
  * no later op tells apart. Zeroing y first was 1.5-2.1% of a 32-sequence
  * decode step of `small`, and it read y once more a K block. */
 static int stores_first(const matmul_job *j)
 {
-    return !j->xb && j->Kp > 0 && (j->f8 || (!j->accumulate && !j->bias));
+    return j->Kp > 0 && (j->f8 || (!j->accumulate && !j->bias));
 }
 
 /* y[m0..m1, n0..n1] = (y or 0) + bias, or 0 for FP8: the start of every
@@ -262,10 +261,10 @@ static void tile_call(const matmul_job *j, int m, int n, int kc, int ic, int col
         kn->gemm_packed(m, n, kc, x, K, wb, ML_CPU_BLOCK_F32, pf, NULL, y, N, add);
     else if (j->xb && j->f8)
         kn->gemm_tile_f8_pairs(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
-                               strip_at(j, col, pc), sc, pf, y, N);
+                               strip_at(j, col, pc), sc, pf, y, N, add);
     else if (j->xb)
         kn->gemm_tile_bf16(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
-                           strip_at(j, col, pc), sc, pf, y, N);
+                           strip_at(j, col, pc), sc, pf, y, N, add);
     else
         kn->gemm_packed(m, n, kc, x, K, strip_at(j, col, pc),
                         j->f8 ? ML_CPU_BLOCK_F8 : ML_CPU_BLOCK_BF16, pf, widen_to, y, N, add);

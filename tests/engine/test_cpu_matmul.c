@@ -292,7 +292,7 @@ static void test_f8_codes(const ml_cpu_kernels *kn)
     for (int p = 0; p < steps; p++)
         for (int c = 0; c < S; c++)
             wp[ml_cpu_pair_index(S, p, c)] = (uint8_t)(p * S + c);
-    int pairs = 1;
+    int pairs = 1, stored = 1;
     for (int n = S; n >= S / 2; n -= S / 2) {
         for (int v = 0; v < 2; v++) {
             for (int one = 0; one < steps; one++) {
@@ -302,13 +302,26 @@ static void test_f8_codes(const ml_cpu_kernels *kn)
                 memset(y, 0, sizeof y);
                 const ml_cpu_prefetch pf = prefetch_kind(one, wpairs, sizeof wpairs);
                 kn->gemm_tile_f8_pairs(1, n, steps / 2, xp, (size_t)steps / 2, 1, wpairs,
-                                       (size_t)S, &pf, y, (size_t)S);
+                                       (size_t)S, &pf, y, (size_t)S, 1);
                 for (int c = 0; c < S; c++)
                     pairs &= y[c] == (c < n ? ones[v] * f8_want(one * S + c) : 0.0f);
+                /* add = 0: the same sums stored over whatever y held, and
+                 * nothing past n written */
+                float ys[ML_CPU_MAX_STRIP_COLS];
+                memset(ys, 0xa5, sizeof ys);
+                kn->gemm_tile_f8_pairs(1, n, steps / 2, xp, (size_t)steps / 2, 1, wpairs,
+                                       (size_t)S, &pf, ys, (size_t)S, 0);
+                for (int c = 0; c < S; c++) {
+                    uint32_t bits;
+                    memcpy(&bits, &ys[c], sizeof bits);
+                    stored &= c < n ? ys[c] == y[c] : bits == 0xa5a5a5a5u;
+                }
             }
         }
     }
     check(pairs, "gemm_tile_f8_pairs [%s]: a code is not widened to bf16 exactly",
+          ml_cpu_isa_name(kn->isa));
+    check(stored, "gemm_tile_f8_pairs [%s]: add = 0 stores other sums than it adds, or past n",
           ml_cpu_isa_name(kn->isa));
 }
 
