@@ -707,6 +707,74 @@ static void test_bf16_rounding(const ml_cpu_kernels *kn)
     rand_seed(rng);
 }
 
+/* The register tile (attention's scores and PV, the vector ISAs' f32 GEMM
+ * blocks) at every shape up to the ISA's, A row- and column-major: with
+ * add = 0 the sum is stored over whatever C held and nothing outside the
+ * m x n tile is written; with add = 1 over C0 it is C0 + that sum, bit for
+ * bit; both layouts give the same bits; and on the vector ISAs each sum is
+ * the fused multiply-adds from 0 in increasing p (fmaf, their exact
+ * model). Plain C's separate multiply and add are held to the summation
+ * bound by the attention and matmul tests instead. */
+static void test_gemm_tile(const ml_cpu_kernels *kn)
+{
+    static const int Ks[] = {0, 1, 37};
+    enum { MAX_K = 37, LDC = ML_CPU_TILE_MAX_COLS + 3, C_ROWS = ML_CPU_TILE_MAX_ROWS + 1 };
+    const int R = kn->tile_rows, W = kn->tile_cols;
+    float a[ML_CPU_TILE_MAX_ROWS * MAX_K], at[MAX_K * ML_CPU_TILE_MAX_ROWS];
+    float b[MAX_K * ML_CPU_TILE_MAX_COLS];
+    float c0[C_ROWS * LDC], stored[C_ROWS * LDC], stored_t[C_ROWS * LDC], added[C_ROWS * LDC];
+    /* The draws depend on the ISA's tile shape: keep them out of the
+     * stream the later cases share across paths. */
+    const uint64_t rng = ml_test_rng;
+    int exact = 1, layouts = 1, sums = 1, outside = 1;
+    for (size_t t = 0; t < sizeof Ks / sizeof Ks[0]; t++) {
+        const int k = Ks[t];
+        fill(a, (size_t)R * MAX_K, -1, 1);
+        fill(b, (size_t)MAX_K * W, -1, 1);
+        fill(c0, C_ROWS * LDC, -1, 1);
+        for (int i = 0; i < R; i++)
+            for (int p = 0; p < k; p++)
+                at[(size_t)p * R + i] = a[(size_t)i * k + p];
+        for (int m = 1; m <= R; m++) {
+            for (int n = 1; n <= W; n++) {
+                memset(stored, 0xa5, sizeof stored);
+                memset(stored_t, 0xa5, sizeof stored_t);
+                memcpy(added, c0, sizeof added);
+                kn->gemm_tile(m, n, k, a, (size_t)k, 1, b, (size_t)W, stored, LDC, 0);
+                kn->gemm_tile(m, n, k, at, 1, (size_t)R, b, (size_t)W, stored_t, LDC, 0);
+                kn->gemm_tile(m, n, k, a, (size_t)k, 1, b, (size_t)W, added, LDC, 1);
+                for (int i = 0; i < C_ROWS; i++) {
+                    for (int j = 0; j < LDC; j++) {
+                        const size_t e = (size_t)i * LDC + (size_t)j;
+                        uint32_t bits;
+                        memcpy(&bits, &stored[e], sizeof bits);
+                        if (i >= m || j >= n) {
+                            outside &= bits == 0xa5a5a5a5u &&
+                                       memcmp(&added[e], &c0[e], sizeof c0[e]) == 0;
+                            continue;
+                        }
+                        layouts &= memcmp(&stored[e], &stored_t[e], sizeof stored[e]) == 0;
+                        const float sum = c0[e] + stored[e];
+                        sums &= memcmp(&added[e], &sum, sizeof sum) == 0;
+                        if (kn->isa == ML_CPU_ISA_PLAIN)
+                            continue;
+                        float want = 0.0f;
+                        for (int p = 0; p < k; p++)
+                            want = fmaf(a[(size_t)i * k + p], b[(size_t)p * W + j], want);
+                        exact &= stored[e] == want;
+                    }
+                }
+            }
+        }
+    }
+    const char *isa = ml_cpu_isa_name(kn->isa);
+    check(exact, "gemm_tile [%s]: a sum is not the fused multiply-adds in increasing p", isa);
+    check(layouts, "gemm_tile [%s]: A column-major gives other bits than row-major", isa);
+    check(sums, "gemm_tile [%s]: add = 1 is not C plus the sum add = 0 stores", isa);
+    check(outside, "gemm_tile [%s]: a write outside the m x n tile", isa);
+    rand_seed(rng);
+}
+
 /* LoRA's gemv: dot (r, j) of every block shape equals the 1 x 1 block's, bit for bit. */
 static void test_gemv_kernel(const ml_cpu_kernels *kn)
 {
@@ -810,6 +878,7 @@ static void test_bf16_activations(ml_cpu_isa isa)
 
 static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
 {
+    test_gemm_tile(ml_cpu_kernels_for(isa));
     test_gemv_kernel(ml_cpu_kernels_for(isa));
     test_bf16_rounding(ml_cpu_kernels_for(isa));
     test_f8_codes(ml_cpu_kernels_for(isa));
