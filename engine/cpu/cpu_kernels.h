@@ -141,7 +141,7 @@ typedef struct ml_cpu_kernels {
 
     /* One key block of online softmax over the columns of s (nk, nq), row
      * stride lds, holding raw scores q·k (masked entries = -INFINITY; every
-     * finite value is a score). For each column c, with x = s·scale:
+     * finite value is a score). For each column c, with x = s·scale (scale > 0):
      *   m' = max(m[c], max_j x[j][c]);  sh = m' unless m' = -inf, then 0
      *   s[j][c] = exp(x[j][c] - sh);  alpha[c] = exp(m[c] - sh)
      *   l[c] = l[c]·alpha[c] + Σ_j s[j][c];  m[c] = m'

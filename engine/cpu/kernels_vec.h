@@ -434,34 +434,33 @@ static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, flo
         const vf_lanes mk = vf_first_lanes(nq - c);
         const vf m_old = vf_load_lanes(m + c, mk);
         /* Independent running maxima (max is exact in any order): one chain
-         * would wait out vmaxps's latency at every key. */
+         * would wait out vmaxps's latency at every key. Of the raw scores,
+         * scaled once after: a product's rounding is monotone in the
+         * score for scale > 0, so the largest scaled score is the scaled
+         * largest one. */
         vf part[MAX_CHAINS];
-        part[0] = m_old;
 #pragma GCC unroll 4
-        for (int u = 1; u < MAX_CHAINS; u++)
+        for (int u = 0; u < MAX_CHAINS; u++)
             part[u] = neg_inf;
         int key = 0;
         for (; key + MAX_CHAINS <= nk; key += MAX_CHAINS) {
 #pragma GCC unroll 4
-            for (int u = 0; u < MAX_CHAINS; u++) {
-                const vf x = vf_mul(vf_load_lanes(s + (size_t)(key + u) * lds + c, mk), vscale);
-                part[u] = vf_max(x, part[u]);
-            }
+            for (int u = 0; u < MAX_CHAINS; u++)
+                part[u] = vf_max(vf_load_lanes(s + (size_t)(key + u) * lds + c, mk), part[u]);
         }
-        for (; key < nk; key++) {
-            const vf x = vf_mul(vf_load_lanes(s + (size_t)key * lds + c, mk), vscale);
-            part[0] = vf_max(x, part[0]);
-        }
+        for (; key < nk; key++)
+            part[0] = vf_max(vf_load_lanes(s + (size_t)key * lds + c, mk), part[0]);
         vf mx = part[0];
 #pragma GCC unroll 4
         for (int u = 1; u < MAX_CHAINS; u++)
             mx = vf_max(part[u], mx);
+        mx = vf_max(vf_mul(mx, vscale), m_old);
         /* a column that has seen no key yet subtracts 0, not -inf */
         const vf sh = vf_select(vf_eq(mx, neg_inf), vf_zero(), mx);
         vf sum = vf_zero();
         for (int j = 0; j < nk; j++) {
             float *sj = s + (size_t)j * lds + c;
-            const vf e = vm_exp(vf_fmsub(vf_load_lanes(sj, mk), vscale, sh));
+            const vf e = vm_exp_clamped(vf_fmsub(vf_load_lanes(sj, mk), vscale, sh), 0);
             vf_store_lanes(sj, mk, e);
             sum = vf_add(sum, e);
         }

@@ -62,11 +62,15 @@ VM_INLINE vf vf_round(vf x)
 {
     return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
-/* p · 2^n for integral n in [-126, 128], one rounding. */
-VM_INLINE vf vf_ldexp(vf p, vf n) { return _mm512_scalef_ps(p, n); }
 VM_INLINE vf_mask vf_lt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
 /* m ? a : b per lane */
 VM_INLINE vf vf_select(vf_mask m, vf a, vf b) { return _mm512_mask_blend_ps(m, b, a); }
+/* p · 2^n for integral n in [-126, 128], one rounding; 0 where zero is
+ * set (the mask folded into the scalef: no blend after it). */
+VM_INLINE vf vf_ldexp_or_zero(vf_mask zero, vf p, vf n)
+{
+    return _mm512_maskz_scalef_ps((__mmask16)~zero, p, n);
+}
 /* Lanes [0, n) of p (n <= VF_LANES); the others are 0 and not read. */
 VM_INLINE vf vf_load_n(const float *p, int n)
 {
@@ -113,6 +117,8 @@ VM_INLINE vf vf_ldexp(vf p, vf n)
 }
 VM_INLINE vf_mask vf_lt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
 VM_INLINE vf vf_select(vf_mask m, vf a, vf b) { return _mm256_blendv_ps(b, a, m); }
+/* vf_ldexp, and 0 where zero is set (a compare's all-ones lanes). */
+VM_INLINE vf vf_ldexp_or_zero(vf_mask zero, vf p, vf n) { return vf_andnot(zero, vf_ldexp(p, n)); }
 VM_INLINE __m256i vf_first(int n)
 {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -138,11 +144,15 @@ VM_INLINE void vf_store_n(float *p, vf v, int n) { _mm256_maskstore_ps(p, vf_fir
 #define VM_LN2_LO (-2.12194440e-4f)
 
 /* exp(x) = 2^n · e^r with n = round(x / ln 2), |r| <= ln2/2 and e^r by its
- * degree-7 Taylor polynomial (truncation < 1e-8 relative). */
-VM_INLINE vf vm_exp(vf x)
+ * degree-7 Taylor polynomial (truncation < 1e-8 relative). clamp_hi = 0
+ * for a caller whose x never exceeds VM_EXP_HI (softmax's scores less
+ * their maximum: at most a rounding above 0): the same bits, one min
+ * fewer. */
+VM_INLINE vf vm_exp_clamped(vf x, const int clamp_hi)
 {
     const vf_mask tiny = vf_lt(x, vf_set1(VM_EXP_LO));
-    x = vf_min(vf_set1(VM_EXP_HI), x);
+    if (clamp_hi)
+        x = vf_min(vf_set1(VM_EXP_HI), x);
     x = vf_max(vf_set1(VM_EXP_LO), x);
     const vf n = vf_round(vf_mul(x, vf_set1(VM_LOG2E)));
     vf r = vf_fnmadd(n, vf_set1(VM_LN2_HI), x);
@@ -155,7 +165,12 @@ VM_INLINE vf vm_exp(vf x)
     p = vf_fmadd(p, r, vf_set1(0.5f));
     p = vf_fmadd(p, r, vf_set1(1.0f));
     p = vf_fmadd(p, r, vf_set1(1.0f));
-    return vf_select(tiny, vf_set1(0.0f), vf_ldexp(p, n));
+    return vf_ldexp_or_zero(tiny, p, n);
+}
+
+VM_INLINE vf vm_exp(vf x)
+{
+    return vm_exp_clamped(x, 1);
 }
 
 /* ---- erf -------------------------------------------------------------------- */
