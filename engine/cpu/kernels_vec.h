@@ -428,6 +428,7 @@ static void gemv(int rows, int cols, int K, const uint16_t *w, size_t ldw, const
 static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, float *m, float *l,
                           float *alpha)
 {
+    assert(scale > 0.0f); /* the max pass below scales the raw maximum */
     const vf vscale = vf_set1(scale);
     const vf neg_inf = vf_set1(-INFINITY);
     for (int c = 0; c < nq; c += LANES) {

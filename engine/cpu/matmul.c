@@ -167,16 +167,22 @@ static const void *strip_at(const matmul_job *j, int col, int pc)
     return j->w + strip_bytes(j, (size_t)(col / s) * (size_t)j->Kp + (size_t)pc);
 }
 
+/* Whether every element's sum starts at 0: no bias and nothing
+ * accumulated, or FP8 (whose bias comes after the scale). */
+static int starts_at_zero(const matmul_job *j)
+{
+    return j->f8 || (!j->accumulate && !j->bias);
+}
+
 /* Whether the kernels store the first K block's sums rather than add them
- * to a y set to 0 (init_block): where y starts at 0 (no bias, nothing
- * accumulated, or FP8's, whose bias comes after the scale). 0 + sum and
- * the sum differ only in the sign of an exact zero (0 + -0 is +0), which
- * no later op turns into another value (none divides by a Linear's
- * output). Zeroing y first was 1.5-2.1% of a 32-sequence decode step of
- * `small`, and it read y once more a K block. */
+ * to a y set to 0 (init_block): where y starts at 0 and there is a block.
+ * 0 + sum and the sum differ only in the sign of an exact zero (0 + -0 is
+ * +0), which no later op turns into another value (none divides by a
+ * Linear's output). Zeroing y first was 1.5-2.1% of a 32-sequence decode
+ * step of `small`, and it read y once more a K block. */
 static int stores_first(const matmul_job *j)
 {
-    return j->Kp > 0 && (j->f8 || (!j->accumulate && !j->bias));
+    return j->Kp > 0 && starts_at_zero(j);
 }
 
 /* y[m0..m1, n0..n1] = (y or 0) + bias, or 0 for FP8: the start of every
@@ -193,7 +199,7 @@ static void init_block(const matmul_job *j, int m0, int m1, int n0, int n1)
     const size_t width = (size_t)(n1 - n0);
     for (int m = m0; m < m1; m++) {
         float *yr = j->y + (size_t)m * j->N + n0;
-        if (j->f8 || (!j->accumulate && !j->bias)) {
+        if (starts_at_zero(j)) { /* K = 0: a sum of nothing */
             memset(yr, 0, width * sizeof(float));
         } else if (!j->bias) {
             for (size_t n = 0; n < width; n++)

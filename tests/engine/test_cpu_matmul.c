@@ -746,10 +746,11 @@ static void test_gemm_tile(const ml_cpu_kernels *kn)
                 for (int i = 0; i < C_ROWS; i++) {
                     for (int j = 0; j < LDC; j++) {
                         const size_t e = (size_t)i * LDC + (size_t)j;
-                        uint32_t bits;
+                        uint32_t bits, bits_t;
                         memcpy(&bits, &stored[e], sizeof bits);
+                        memcpy(&bits_t, &stored_t[e], sizeof bits_t);
                         if (i >= m || j >= n) {
-                            outside &= bits == 0xa5a5a5a5u &&
+                            outside &= bits == 0xa5a5a5a5u && bits_t == 0xa5a5a5a5u &&
                                        memcmp(&added[e], &c0[e], sizeof c0[e]) == 0;
                             continue;
                         }
