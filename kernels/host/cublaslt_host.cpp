@@ -317,6 +317,16 @@ float load_elem(const Layout &l, const void *base, int64_t batch, int64_t row, i
     return load_at(l.type, base, elem_index(l, batch, row, col));
 }
 
+/* n elements from (row, col) on, along the row or (down) the column. */
+void load_line(const Layout &l, const void *base, int64_t batch, int64_t row, int64_t col,
+               bool down, int64_t n, float *out)
+{
+    const int64_t first = elem_index(l, batch, row, col);
+    const int64_t step = (l.order == CUBLASLT_ORDER_ROW) == down ? l.ld : 1;
+    for (int64_t e = 0; e < n; e++)
+        out[e] = load_at(l.type, base, first + e * step);
+}
+
 /* Rounded to the layout's type (bf16: to nearest even). */
 void store_elem(const Layout &l, void *base, int64_t batch, int64_t row, int64_t col, float v)
 {
@@ -335,43 +345,77 @@ struct Operands {
     void *d;
 };
 
+/* sums[ii][jj] = the f32 sum of at[ii][kk]·bt[kk][jj] over kk in k order,
+ * each product rounded before it is added (numerics: top of file), for
+ * `rows` rows of an A tile (a multiple of SUM_ROWS) against one B tile.
+ * SUM_ROWS rows at a time, so that a B tile row loaded once serves all of
+ * them and their TILE_COLS-wide sums are independent chains of adds.
+ *
+ * The whole-model tests spend much of their time here (under ASan, the
+ * largest share of any function), so it is compiled for the widest vector
+ * ISA the CPU has, every clone computing the same bits: this library is
+ * compiled without floating-point contraction (kernels/host/CMakeLists.txt),
+ * so no product is fused into its add. And ASan does not instrument it: it
+ * reads only the two tiles `run` sized for it, while the gathers that fill
+ * them from the caller's memory, where an indexing mistake would show, stay
+ * checked. */
+constexpr int64_t SUM_ROWS = 4;
+typedef float sum_vec __attribute__((vector_size(64)));
+constexpr int64_t SUM_LANES = (int64_t)(sizeof(sum_vec) / sizeof(float));
+static_assert(TILE_ROWS % SUM_ROWS == 0 && TILE_COLS % SUM_LANES == 0, "whole blocks");
+
+__attribute__((target_clones("avx512f", "avx2", "default"), no_sanitize("address"))) void
+tile_sums(const float *at, const float *bt, int64_t k, int64_t rows, float *sums)
+{
+    constexpr int64_t vecs = TILE_COLS / SUM_LANES;
+    for (int64_t i0 = 0; i0 < rows; i0 += SUM_ROWS) {
+        sum_vec acc[SUM_ROWS][vecs] = {};
+        for (int64_t kk = 0; kk < k; kk++) {
+            sum_vec b[vecs];
+            std::memcpy(b, &bt[(size_t)(kk * TILE_COLS)], sizeof b);
+            for (int64_t r = 0; r < SUM_ROWS; r++) {
+                const float a = at[(size_t)((i0 + r) * k + kk)];
+                for (int64_t v = 0; v < vecs; v++)
+                    acc[r][v] += a * b[v];
+            }
+        }
+        std::memcpy(&sums[(size_t)(i0 * TILE_COLS)], acc, sizeof acc);
+    }
+}
+
 /* D = alpha·op(A)·op(B) + beta·C (+ bias) for every batch (numerics: top of
- * file). op(A) rows and op(B) columns are gathered into f32 tiles first;
- * each D element still sums its products alone, in k order. */
+ * file). op(A) rows and op(B) columns are gathered into f32 tiles first
+ * (the A tile's rows past `rows`, up to a whole SUM_ROWS, hold earlier
+ * tiles' values or zeros, whose sums are never stored), then summed by
+ * tile_sums. */
 void run(const Problem &p, const Operands &x, float alpha, float beta)
 {
     const bool ta = p.desc.transa == CUBLAS_OP_T, tb = p.desc.transb == CUBLAS_OP_T;
     const bool bias = p.desc.epilogue == CUBLASLT_EPILOGUE_BIAS;
-    std::vector<float> at((size_t)(TILE_ROWS * p.k)), bt((size_t)(p.k * TILE_COLS));
+    std::vector<float> at((size_t)(TILE_ROWS * p.k)), bt((size_t)(p.k * TILE_COLS)),
+        sums((size_t)(TILE_ROWS * TILE_COLS));
     for (int64_t batch = 0; batch < p.batches; batch++)
         for (int64_t i0 = 0; i0 < p.m; i0 += TILE_ROWS) {
             const int64_t rows = std::min(TILE_ROWS, p.m - i0);
             for (int64_t ii = 0; ii < rows; ii++) /* at[ii][kk] = op(A)(i0 + ii, kk) */
-                for (int64_t kk = 0; kk < p.k; kk++)
-                    at[(size_t)(ii * p.k + kk)] = ta ? load_elem(p.a, x.a, batch, kk, i0 + ii)
-                                                     : load_elem(p.a, x.a, batch, i0 + ii, kk);
+                load_line(p.a, x.a, batch, ta ? 0 : i0 + ii, ta ? i0 + ii : 0, ta, p.k,
+                          &at[(size_t)(ii * p.k)]);
             for (int64_t j0 = 0; j0 < p.n; j0 += TILE_COLS) {
                 const int64_t cols = std::min(TILE_COLS, p.n - j0);
-                for (int64_t kk = 0; kk < p.k; kk++) /* bt[kk][jj] = op(B)(kk, j0 + jj) */
-                    for (int64_t jj = 0; jj < TILE_COLS; jj++)
-                        bt[(size_t)(kk * TILE_COLS + jj)] =
-                            jj >= cols ? 0.0f
-                            : tb       ? load_elem(p.b, x.b, batch, j0 + jj, kk)
-                                       : load_elem(p.b, x.b, batch, kk, j0 + jj);
+                for (int64_t kk = 0; kk < p.k; kk++) { /* bt[kk][jj] = op(B)(kk, j0 + jj) */
+                    float *line = &bt[(size_t)(kk * TILE_COLS)];
+                    load_line(p.b, x.b, batch, tb ? j0 : kk, tb ? kk : j0, tb, cols, line);
+                    std::fill(line + cols, line + TILE_COLS, 0.0f);
+                }
+                tile_sums(at.data(), bt.data(), p.k, (rows + SUM_ROWS - 1) / SUM_ROWS * SUM_ROWS,
+                          sums.data());
                 for (int64_t ii = 0; ii < rows; ii++) {
-                    float acc[TILE_COLS] = {};
-                    const float *arow = &at[(size_t)(ii * p.k)];
-                    for (int64_t kk = 0; kk < p.k; kk++) {
-                        const float av = arow[kk], *brow = &bt[(size_t)(kk * TILE_COLS)];
-                        for (int64_t jj = 0; jj < TILE_COLS; jj++)
-                            acc[jj] += av * brow[jj];
-                    }
                     const int64_t i = i0 + ii;
                     const float bias_i =
                         bias ? load_at(p.bias_type, x.bias, batch * p.desc.bias_batch_stride + i)
                              : 0.0f;
                     for (int64_t jj = 0; jj < cols; jj++) {
-                        float v = alpha * acc[jj];
+                        float v = alpha * sums[(size_t)(ii * TILE_COLS + jj)];
                         if (beta != 0.0f)
                             v += beta * load_elem(p.c, x.c, batch, i, j0 + jj);
                         if (bias)
