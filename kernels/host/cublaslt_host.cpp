@@ -74,9 +74,6 @@ namespace {
 constexpr int32_t HOST_ALGO_ID = 0;
 /* "Usually only values that can be expressed as int32_t are supported." */
 constexpr uint64_t MAX_DIM = INT32_MAX;
-/* Output tiles of the host GEMM: D rows gathered per pass, D columns summed
- * together (independent accumulators the compiler can vectorise). */
-constexpr int64_t TILE_ROWS = 64, TILE_COLS = 32;
 /* FP8 kernels: leading dimensions, the k extent, m·sizeof(D) and pointers
  * in multiples of this many bytes ("Tensor Core usage"). */
 constexpr uint32_t FP8_ALIGN = 16;
@@ -345,49 +342,11 @@ struct Operands {
     void *d;
 };
 
-/* sums[ii][jj] = the f32 sum of at[ii][kk]·bt[kk][jj] over kk in k order,
- * each product rounded before it is added (numerics: top of file), for
- * `rows` rows of an A tile (a multiple of SUM_ROWS) against one B tile.
- * SUM_ROWS rows at a time, so that a B tile row loaded once serves all of
- * them and their TILE_COLS-wide sums are independent chains of adds.
- *
- * The whole-model tests spend much of their time here (under ASan, the
- * largest share of any function), so it is compiled for the widest vector
- * ISA the CPU has, every clone computing the same bits: this library is
- * compiled without floating-point contraction (kernels/host/CMakeLists.txt),
- * so no product is fused into its add. And ASan does not instrument it: it
- * reads only the two tiles `run` sized for it, while the gathers that fill
- * them from the caller's memory, where an indexing mistake would show, stay
- * checked. */
-constexpr int64_t SUM_ROWS = 4;
-typedef float sum_vec __attribute__((vector_size(64)));
-constexpr int64_t SUM_LANES = (int64_t)(sizeof(sum_vec) / sizeof(float));
-static_assert(TILE_ROWS % SUM_ROWS == 0 && TILE_COLS % SUM_LANES == 0, "whole blocks");
-
-__attribute__((target_clones("avx512f", "avx2", "default"), no_sanitize("address"))) void
-tile_sums(const float *at, const float *bt, int64_t k, int64_t rows, float *sums)
-{
-    constexpr int64_t vecs = TILE_COLS / SUM_LANES;
-    for (int64_t i0 = 0; i0 < rows; i0 += SUM_ROWS) {
-        sum_vec acc[SUM_ROWS][vecs] = {};
-        for (int64_t kk = 0; kk < k; kk++) {
-            sum_vec b[vecs];
-            std::memcpy(b, &bt[(size_t)(kk * TILE_COLS)], sizeof b);
-            for (int64_t r = 0; r < SUM_ROWS; r++) {
-                const float a = at[(size_t)((i0 + r) * k + kk)];
-                for (int64_t v = 0; v < vecs; v++)
-                    acc[r][v] += a * b[v];
-            }
-        }
-        std::memcpy(&sums[(size_t)(i0 * TILE_COLS)], acc, sizeof acc);
-    }
-}
-
 /* D = alpha·op(A)·op(B) + beta·C (+ bias) for every batch (numerics: top of
  * file). op(A) rows and op(B) columns are gathered into f32 tiles first
- * (the A tile's rows past `rows`, up to a whole SUM_ROWS, hold earlier
+ * (the A tile's rows past `rows`, up to a whole TILE_SUM_ROWS, hold earlier
  * tiles' values or zeros, whose sums are never stored), then summed by
- * tile_sums. */
+ * tile_sums (cublaslt_host_sums.cpp). */
 void run(const Problem &p, const Operands &x, float alpha, float beta)
 {
     const bool ta = p.desc.transa == CUBLAS_OP_T, tb = p.desc.transb == CUBLAS_OP_T;
@@ -407,8 +366,8 @@ void run(const Problem &p, const Operands &x, float alpha, float beta)
                     load_line(p.b, x.b, batch, tb ? j0 : kk, tb ? kk : j0, tb, cols, line);
                     std::fill(line + cols, line + TILE_COLS, 0.0f);
                 }
-                tile_sums(at.data(), bt.data(), p.k, (rows + SUM_ROWS - 1) / SUM_ROWS * SUM_ROWS,
-                          sums.data());
+                const int64_t sum_rows = (rows + TILE_SUM_ROWS - 1) / TILE_SUM_ROWS * TILE_SUM_ROWS;
+                tile_sums(at.data(), bt.data(), p.k, sum_rows, sums.data());
                 for (int64_t ii = 0; ii < rows; ii++) {
                     const int64_t i = i0 + ii;
                     const float bias_i =

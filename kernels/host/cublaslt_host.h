@@ -1,6 +1,7 @@
 /* Internals of the host cuBLASLt (cublaslt_host.cpp: the product and the
- * algorithm; cublaslt_host_desc.cpp: the handle and the descriptors): the
- * state each opaque descriptor holds. Included by those two files only. */
+ * algorithm; cublaslt_host_desc.cpp: the handle and the descriptors;
+ * cublaslt_host_sums.cpp: the tile product): the state each opaque
+ * descriptor holds, and the tile product. Included by those files only. */
 #ifndef MLK_CUBLASLT_HOST_H
 #define MLK_CUBLASLT_HOST_H
 
@@ -105,6 +106,21 @@ inline bool handle_ok(cublasLtHandle_t h)
 {
     return h && h->magic == HANDLE_MAGIC;
 }
+
+/* ---- the product (cublaslt_host_sums.cpp) --------------------------------- */
+
+/* The host GEMM's output tiles: D rows gathered per pass, D columns summed
+ * together. */
+constexpr int64_t TILE_ROWS = 64, TILE_COLS = 32;
+/* tile_sums takes A tile rows in blocks of this many. */
+constexpr int64_t TILE_SUM_ROWS = 4;
+
+/* sums[ii][jj] = the f32 sum of at[ii][kk]·bt[kk][jj] over kk in k order,
+ * each product rounded before it is added (cublaslt_host.cpp's numerics),
+ * for the first `rows` rows (a multiple of TILE_SUM_ROWS) of an A tile
+ * (TILE_ROWS x k, row-major) against a B tile (k x TILE_COLS); sums is
+ * TILE_ROWS x TILE_COLS. */
+void tile_sums(const float *at, const float *bt, int64_t k, int64_t rows, float *sums);
 
 } // namespace mlk_lt
 
