@@ -461,7 +461,7 @@ static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, flo
         vf sum = vf_zero();
         for (int j = 0; j < nk; j++) {
             float *sj = s + (size_t)j * lds + c;
-            const vf e = vm_exp_clamped(vf_fmsub(vf_load_lanes(sj, mk), vscale, sh), 0);
+            const vf e = vm_exp_below_hi(vf_fmsub(vf_load_lanes(sj, mk), vscale, sh));
             vf_store_lanes(sj, mk, e);
             sum = vf_add(sum, e);
         }

@@ -144,15 +144,13 @@ VM_INLINE void vf_store_n(float *p, vf v, int n) { _mm256_maskstore_ps(p, vf_fir
 #define VM_LN2_LO (-2.12194440e-4f)
 
 /* exp(x) = 2^n · e^r with n = round(x / ln 2), |r| <= ln2/2 and e^r by its
- * degree-7 Taylor polynomial (truncation < 1e-8 relative). clamp_hi = 0
- * for a caller whose x never exceeds VM_EXP_HI (softmax's scores less
- * their maximum: at most a rounding above 0): the same bits, one min
- * fewer. */
-VM_INLINE vf vm_exp_clamped(vf x, const int clamp_hi)
+ * degree-7 Taylor polynomial (truncation < 1e-8 relative), for x <= VM_EXP_HI
+ * (or NaN): for a caller whose x cannot exceed it (softmax's scores less
+ * their maximum: at most a rounding above 0) vm_exp's clamp is one min too
+ * many. */
+VM_INLINE vf vm_exp_below_hi(vf x)
 {
     const vf_mask tiny = vf_lt(x, vf_set1(VM_EXP_LO));
-    if (clamp_hi)
-        x = vf_min(vf_set1(VM_EXP_HI), x);
     x = vf_max(vf_set1(VM_EXP_LO), x);
     const vf n = vf_round(vf_mul(x, vf_set1(VM_LOG2E)));
     vf r = vf_fnmadd(n, vf_set1(VM_LN2_HI), x);
@@ -168,9 +166,10 @@ VM_INLINE vf vm_exp_clamped(vf x, const int clamp_hi)
     return vf_ldexp_or_zero(tiny, p, n);
 }
 
+/* exp(x) for every x (a NaN stays NaN: min returns its second operand). */
 VM_INLINE vf vm_exp(vf x)
 {
-    return vm_exp_clamped(x, 1);
+    return vm_exp_below_hi(vf_min(vf_set1(VM_EXP_HI), x));
 }
 
 /* ---- erf -------------------------------------------------------------------- */
