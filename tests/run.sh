@@ -74,6 +74,10 @@ cmake --build build-test-host-asan -j"$jobs" --target $(label_targets build-test
 #   (test_cuda_ops_invariance, test_cuda_ops_matmul): those take no path the
 #   smaller cases do not, and their time is the emulated GEMM's arithmetic,
 #   which the stage above ran under three schedule orders.
+# - the emulated GEMM's tile product (kernels/host/cublaslt_host_sums.cpp)
+#   is compiled without ASan's checks: it reads only the tiles its caller
+#   sized, whose gathers from the kernels' memory stay checked, and the
+#   checks made it the largest cost of the whole-model tests here.
 stage "host CUDA tests under ASan + UBSan (ops, goldens, runtime, decode graphs, worker)"
 MLK_HOST_SCHEDULE=shuffle:1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1 \
