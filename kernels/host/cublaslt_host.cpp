@@ -343,10 +343,8 @@ struct Operands {
 };
 
 /* D = alpha·op(A)·op(B) + beta·C (+ bias) for every batch (numerics: top of
- * file). op(A) rows and op(B) columns are gathered into f32 tiles first
- * (the A tile's rows past `rows`, up to a whole TILE_SUM_ROWS, hold earlier
- * tiles' values or zeros, whose sums are never stored), then summed by
- * tile_sums (cublaslt_host_sums.cpp). */
+ * file). op(A) rows and op(B) columns are gathered into f32 tiles first,
+ * then summed by tile_sums (cublaslt_host_sums.cpp). */
 void run(const Problem &p, const Operands &x, float alpha, float beta)
 {
     const bool ta = p.desc.transa == CUBLAS_OP_T, tb = p.desc.transb == CUBLAS_OP_T;
@@ -366,8 +364,7 @@ void run(const Problem &p, const Operands &x, float alpha, float beta)
                     load_line(p.b, x.b, batch, tb ? j0 : kk, tb ? kk : j0, tb, cols, line);
                     std::fill(line + cols, line + TILE_COLS, 0.0f);
                 }
-                const int64_t sum_rows = (rows + TILE_SUM_ROWS - 1) / TILE_SUM_ROWS * TILE_SUM_ROWS;
-                tile_sums(at.data(), bt.data(), p.k, sum_rows, sums.data());
+                tile_sums(at.data(), bt.data(), p.k, rows, sums.data());
                 for (int64_t ii = 0; ii < rows; ii++) {
                     const int64_t i = i0 + ii;
                     const float bias_i =

@@ -112,14 +112,13 @@ inline bool handle_ok(cublasLtHandle_t h)
 /* The host GEMM's output tiles: D rows gathered per pass, D columns summed
  * together. */
 constexpr int64_t TILE_ROWS = 64, TILE_COLS = 32;
-/* tile_sums takes A tile rows in blocks of this many. */
-constexpr int64_t TILE_SUM_ROWS = 4;
 
 /* sums[ii][jj] = the f32 sum of at[ii][kk]·bt[kk][jj] over kk in k order,
  * each product rounded before it is added (cublaslt_host.cpp's numerics),
- * for the first `rows` rows (a multiple of TILE_SUM_ROWS) of an A tile
- * (TILE_ROWS x k, row-major) against a B tile (k x TILE_COLS); sums is
- * TILE_ROWS x TILE_COLS. */
+ * for the first `rows` rows of an A tile (TILE_ROWS x k, row-major) against
+ * a B tile (k x TILE_COLS); sums is TILE_ROWS x TILE_COLS. Rows are summed
+ * in whole blocks, so a few rows past `rows` may be too, from whatever the
+ * A tile holds there: their sums are not the caller's. */
 void tile_sums(const float *at, const float *bt, int64_t k, int64_t rows, float *sums);
 
 } // namespace mlk_lt
