@@ -94,8 +94,8 @@ static int fault_in(ml_cpu_backend *cb, void *p, size_t bytes)
 
 /* Buffers of a huge page and more are the memory plan's pools: the paged
  * K/V (one per layer), the image states, the workspace, adapter slots.
- * They live on huge pages and are faulted in here, at load (or, for an
- * image state, when its image is admitted), so that:
+ * They live on huge pages and are faulted in here, at load (the image
+ * cache makes every state its budget holds when it is created), so that:
  * - a decode step never waits on a page fault: filled lazily, the K/V pool
  *   faulted a zeroed page in every few tokens of every sequence (128 faults,
  *   ~4% of a 32-sequence step of `small`), and on huge pages each first

@@ -54,9 +54,12 @@ typedef void (*ml_image_event_fn)(void *ctx, ml_image_event ev, const uint8_t *k
 
 /* A cache of at most budget_bytes of states of model (borrowed), each
  * ml_model_image_state_bytes large (every image of a model has the same
- * state size: all tile slots are computed) and made by
- * ml_model_image_state_alloc: sizes and budget are per device under tensor
- * parallelism. Errors: ML_ERR_INVALID_ARG, ML_ERR_NOMEM. */
+ * state size: all tile slots are computed). Every state the budget holds
+ * (budget_bytes / state bytes of them, ml_model_image_state_alloc's) is
+ * allocated here and kept until destroy, so admitting an image allocates
+ * nothing. Sizes and budget are per device under tensor parallelism.
+ * Errors: ML_ERR_INVALID_ARG, ML_ERR_NOMEM (the budget does not fit in the
+ * backend's memory). */
 ml_status ml_image_cache_create(ml_image_cache **out, ml_model *model, size_t budget_bytes,
                                 ml_image_event_fn on_event, void *event_ctx, char *err,
                                 size_t errlen);
@@ -72,7 +75,7 @@ ml_image_entry *ml_image_cache_acquire(ml_image_cache *c, const uint8_t *key);
 /* 1 when key is resident (no reference taken, LRU order unchanged). */
 int ml_image_cache_contains(const ml_image_cache *c, const uint8_t *key);
 
-/* A new entry for key with one reference, its state allocated (contents
+/* A new entry for key with one reference and a free state (contents
  * undefined until the caller writes them), evicting idle entries as needed.
  * NULL when the budget cannot make room now (every resident entry is in
  * use). The entry counts as inserted only after ml_image_cache_publish:
@@ -83,7 +86,7 @@ ml_image_entry *ml_image_cache_reserve(ml_image_cache *c, const uint8_t *key, in
 /* Mark a reserved entry's state as complete and emit ML_IMAGE_INSERTED. */
 void ml_image_cache_publish(ml_image_cache *c, ml_image_entry *e);
 
-/* Drop one reference. An unpublished entry is freed at once. */
+/* Drop one reference. An unpublished entry leaves the cache at once. */
 void ml_image_cache_release(ml_image_cache *c, ml_image_entry *e);
 
 /* Real tiles of the entry's image (as given to reserve). */

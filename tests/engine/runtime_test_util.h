@@ -12,7 +12,8 @@
  *   images by pixels or by key;
  * - ml_rt_config / ml_rt_runtime_create (ml_rt_runtime_sized: both in one),
  *   ml_rt_steps, ml_rt_drain;
- * - ml_rt_flood: many image requests against a small image budget;
+ * - ml_rt_flood: many image requests against a small image budget, none
+ *   allocating a state;
  * - ml_rt_same_logprobs: two runs' logprobs alike (bitwise on the CPU,
  *   within the CUDA op's rounding under ML_TEST_CUDA).
  * Setup failures (files, loads, allocation) print the reason and exit the
@@ -558,11 +559,48 @@ static inline void ml_rt_drain(ml_runtime *rt, size_t image_budget)
     check(ml_runtime_active(rt) == 0, "runtime drained");
 }
 
+/* Counts a backend's allocations of one size while installed (one watch at
+ * a time). The alloc entry of the table be->ops points at is patched in
+ * place rather than the pointer swapped: the CPU backend points be->ops
+ * back at its own table whenever a graph recording ends (engine/cpu/graph.c),
+ * and both backends keep that table, writable, in the backend object. */
+typedef struct ml_rt_alloc_watch {
+    ml_backend_ops *table;
+    void *(*alloc)(ml_backend *be, size_t bytes);
+    size_t bytes;
+    int n;
+} ml_rt_alloc_watch;
+
+static ml_rt_alloc_watch ml_rt_watch;
+
+static inline void *ml_rt_counting_alloc(ml_backend *be, size_t bytes)
+{
+    if (bytes == ml_rt_watch.bytes)
+        ml_rt_watch.n++;
+    return ml_rt_watch.alloc(be, bytes);
+}
+
+static inline void ml_rt_watch_allocs(ml_backend *be, size_t bytes)
+{
+    ml_backend_ops *table = (ml_backend_ops *)be->ops;
+    ml_rt_watch = (ml_rt_alloc_watch){.table = table, .alloc = table->alloc, .bytes = bytes};
+    table->alloc = ml_rt_counting_alloc;
+}
+
+/* The allocations counted since ml_rt_watch_allocs; the table restored. */
+static inline int ml_rt_unwatch_allocs(void)
+{
+    ml_rt_watch.table->alloc = ml_rt_watch.alloc;
+    return ml_rt_watch.n;
+}
+
 /* A fresh runtime over f (kv_blocks KV blocks, room for image_slots image
  * states) flooded with n two-image requests of max_tokens tokens, each
  * with image keys of its own: checks that the resident states never exceed
- * the image budget and that every request ends by length. `what` starts
- * the check messages. */
+ * the image budget, that no miss allocates a state (the image cache made
+ * every one when it was created, so that none is faulted in on a request's
+ * first token) and that every request ends by length. `what` starts the
+ * check messages. */
 static inline void ml_rt_flood(ml_rt_fixture *f, size_t kv_blocks, int image_slots, int n,
                                int max_tokens, const char *what)
 {
@@ -575,12 +613,16 @@ static inline void ml_rt_flood(ml_rt_fixture *f, size_t kv_blocks, int image_slo
         exit(1);
     }
     ml_runtime *rt = ml_rt_runtime_sized(f, kv_blocks, image_slots);
+    const size_t state_bytes = ml_model_image_state_bytes(f->model);
+    ml_rt_watch_allocs(f->be, state_bytes);
     for (int i = 0; i < n; i++)
         ml_rt_submit(f, rt,
                      &(ml_rt_request){.kind = ML_RT_TWO_IMAGES, .max_tokens = max_tokens,
                                       .key_salt = FLOOD_KEY_SALT + i},
                      &r[i]);
-    ml_rt_drain(rt, (size_t)image_slots * ml_model_image_state_bytes(f->model));
+    ml_rt_drain(rt, (size_t)image_slots * state_bytes);
+    const int allocated = ml_rt_unwatch_allocs();
+    check(allocated == 0, "%s: %d image misses allocated a state", what, allocated);
     for (int i = 0; i < n; i++) {
         check(r[i].done == 1 && r[i].reason == ML_FINISH_REASON_LENGTH,
               "%s: flood request %d done", what, i);
