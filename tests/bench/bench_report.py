@@ -7,10 +7,14 @@ Standard library only.
         (RUN.wall next to each RUN.jsonl holds the process wall seconds) as
         "key value" lines: ours_<i>_<timing> for request i, and a wall-clock
         cross-check.
-    bench_report.py compare OURS.kv HF.kv...
+    bench_report.py compare OURS.kv HF.kv... [--model DIR --tiles N --peak-gflops X
+            --peak-name TEXT]
         The engine-vs-transformers table. Ours: request 1 (the image
         transformers gets, a warm miss), request 0 (another image of the
-        same size, first in a fresh process), request 2 (text only).
+        same size, first in a fresh process), request 2 (text only). With
+        --model, --tiles (the image's real tiles) and --peak-gflops (the
+        multiply-add peak the vision encode runs on, measured in the same
+        run), the encode's FLOP bound against both engines' times.
     bench_report.py bandwidth --model DIR --ours OURS.kv --read-gbs X [--kv-bytes 4]
         Decode bytes per step from config.json against the time per token.
     bench_report.py roofline --model DIR --read-gbs X --fma-gflops Y [--dot-gflops Z]
@@ -143,6 +147,61 @@ def common_prefix(a, b):
     return n
 
 
+# Tokens of a vision tile are padded to a multiple of this (engine/model/vision.c,
+# as MllamaVisionModel pads them).
+VISION_TOKEN_PAD = 8
+
+
+def vision_flops(cfg, tiles):
+    """FLOPs of one image's encode (what `vision_ms` covers: the vision tower,
+    the projector, every cross layer's k_proj and v_proj) with `tiles` real
+    tiles, as (ours, every pair): 2 per multiply-add of every product. The
+    attention differs: the aspect-ratio mask leaves a real token every key
+    and a padding token (a padding tile's, or a tile's pad) the real keys,
+    and ours skips blocks of keys no query of a block sees, so its count is
+    those pairs (a lower bound: a block with some masked pairs is computed
+    whole); transformers' SDPA computes every pair. Norms, GELU and the
+    softmax are left out: a few FLOPs an element, not a product."""
+    v = cfg["vision_config"]
+    D = cfg["text_config"]["hidden_size"]
+    _, _, _, _, kv_w, _, n_cross = text_dims(cfg)
+    Dv, Iv, T = v["hidden_size"], v["intermediate_size"], v["max_num_tiles"]
+    patches = (v["image_size"] // v["patch_size"]) ** 2
+    P = patches + 1  # the CLS token
+    S = T * (-(-P // VISION_TOKEN_PAD) * VISION_TOKEN_PAD)
+    layers = v["num_hidden_layers"] + v["num_global_layers"]
+    real = tiles * P
+    products = (T * patches * v["num_channels"] * v["patch_size"] ** 2 * Dv  # patch conv
+                + layers * S * (4 * Dv * Dv + 2 * Dv * Iv)  # q, k, v, o; fc1, fc2
+                + T * P * v["vision_output_dim"] * D  # projector
+                + n_cross * 2 * T * P * D * kv_w)  # cross k_proj, v_proj
+
+    def with_attention(pairs):  # q.k and p.v over heads x head_dim = Dv
+        return 2 * (products + layers * 2 * pairs * Dv)
+
+    return with_attention(real * S + (S - real) * real), with_attention(S * S)
+
+
+def vision_bound(args, ours, hf, dtypes):
+    """Lines on the encode's FLOP bound (vision_flops at --peak-gflops)."""
+    with open(os.path.join(args.model, "config.json")) as f:
+        cfg = json.load(f)
+    ours_flops, all_flops = vision_flops(cfg, args.tiles)
+    ours_ms, all_ms = (f / args.peak_gflops / 1e6 for f in (ours_flops, all_flops))
+    lines = ["vision encode against the %s (%.1f GFLOP/s, measured in this run), %d-tile image:"
+             % (args.peak_name, args.peak_gflops, args.tiles),
+             "  ours: %.1f GFLOP (the pairs the mask leaves), bound %.0f ms = %.0f%% of its %s ms"
+             % (ours_flops / 1e9, ours_ms, 100 * ours_ms / num(ours, "ours_1_vision_ms"),
+                fmt(num(ours, "ours_1_vision_ms")))]
+    for d in dtypes:
+        t = num(hf, "hf_%s_vision_ms" % d)
+        lines.append("  transformers %s: %.1f GFLOP (every pair), bound %.0f ms = %.0f%% of its "
+                     "%s ms; %gx its speed takes ours at %.0f%% of our bound"
+                     % (d, all_flops / 1e9, all_ms, 100 * all_ms / t, fmt(t), args.vision_goal,
+                        100 * ours_ms / (t / args.vision_goal)))
+    return lines
+
+
 def cmd_compare(args):
     ours = read_kv([args.ours])
     hf = read_kv(args.hf)
@@ -184,6 +243,9 @@ def cmd_compare(args):
                 [fmt(num(hf, "hf_%s_gemm_gflops" % d)) for d in dtypes] + ["" for _ in dtypes])
     print(md_table(header, rows))
     print()
+    if args.model:
+        print("\n".join(vision_bound(args, ours, hf, dtypes)))
+        print()
 
     ours_ids = [int(x) for x in ours["ours_1_output_ids"].split(",")]
     for d in dtypes:
@@ -560,6 +622,10 @@ def main():
     c.add_argument("hf", nargs="+")
     c.add_argument("--decode-goal", type=float, default=5)
     c.add_argument("--vision-goal", type=float, default=2)
+    c.add_argument("--model", help="with --tiles and --peak-gflops: the vision FLOP bound")
+    c.add_argument("--tiles", type=int, help="the image's real tiles")
+    c.add_argument("--peak-gflops", type=float, help="the peak the vision encode runs on")
+    c.add_argument("--peak-name", default="f32 FMA peak")
     b = sub.add_parser("bandwidth")
     b.add_argument("--model", required=True)
     b.add_argument("--ours", required=True)
@@ -596,6 +662,8 @@ def main():
     v.add_argument("--base-concurrent", action="append")
     v.add_argument("--tree-concurrent", action="append")
     args = p.parse_args()
+    if args.cmd == "compare" and args.model and (args.tiles is None or not args.peak_gflops):
+        p.error("compare --model needs --tiles and --peak-gflops")
     {"revisions": cmd_revisions, "ours": cmd_ours, "compare": cmd_compare, "bandwidth": cmd_bandwidth,
      "fp8": cmd_fp8, "runtime": cmd_runtime, "roofline": cmd_roofline}[args.cmd](args)
 

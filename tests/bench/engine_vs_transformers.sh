@@ -19,8 +19,9 @@
 # timing. Ours runs in transformers' cross-attention row-mask mode
 # (engine/model/README.md §4.6): the default, Meta's, gives other tokens
 # than transformers 4.47 does, and the report compares greedy tokens. Transformers: tests/bench/engine_hf.py once per dtype (bf16 as
-# stored, and f32), best of --repeats after a warm-up. See README.md here
-# for what each figure covers.
+# stored, and f32), best of --repeats after a warm-up. Then the vision
+# encode of both against its FLOP bound at the peak bench_fma_peak measures
+# in the same run. See README.md here for what each figure covers.
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -34,7 +35,7 @@ cpu_kv_cache=f32
 BENCH_OPTIONS="dtypes cpu_activations cpu_kv_cache"
 bench_parse_args "$@"
 bench_check_cpu_options
-bench_setup evt
+bench_setup evt bench_fma_peak
 mirror="$work/astronaut_mirror.jpg"
 bench_mirror "$python" "$image" "$mirror"
 "$mllama" preprocess --model "$model" --image "$image" --out "$run/pixels.npy" >"$run/layout.json"
@@ -44,6 +45,10 @@ bench_mirror "$python" "$image" "$mirror"
 echo "engine vs transformers: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads," \
     "ours in transformers' row-mask mode, $cpu_activations activations, $cpu_kv_cache K/V cache"
 echo "before: $(bench_load)"
+# The peak the vision encode's products run on, before ours and after the
+# peers (the higher kept, as roofline.sh): the f32 FMAs, or the bf16 dot
+# product that --cpu-activations bf16 puts the tower's Linears and attention on.
+peaks=("$(bench_peaks)")
 for r in $(seq 1 "$repeats"); do
     bench_time_run "$run/ours_$r.jsonl" "$run/ours_$r.wall" \
         "$mllama" run --model "$model" --batch "$run/batch.jsonl" --threads "$BENCH_THREADS" \
@@ -68,5 +73,16 @@ done
 echo "transformers $(awk '$1 == "hf_version" { print $2 }' "${hf_files[0]}"), torch" \
     "$(awk '$1 == "torch_version" { print $2 }' "${hf_files[0]}")" \
     "(CPU capability $(awk '$1 == "torch_cpu_capability" { print $2 }' "${hf_files[0]}"))"
+peaks+=("$(bench_peaks)")
+if [ "$cpu_activations" = bf16 ]; then
+    peak_field=3 peak_name="bf16 dot peak"
+else
+    peak_field=1 peak_name="f32 FMA peak"
+fi
+peak=$(printf '%s\n' "${peaks[@]}" | cut -d' ' -f"$peak_field" | sort -g | tail -1)
+[ -n "$peak" ] || bench_die "bench_fma_peak measured no $peak_name"
+tiles=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["tiles"])' \
+    "$run/layout.json")
 echo
-$report compare "$run/ours.kv" "${hf_files[@]}"
+$report compare "$run/ours.kv" "${hf_files[@]}" --model "$model" --tiles "$tiles" \
+    --peak-gflops "$peak" --peak-name "$peak_name"
