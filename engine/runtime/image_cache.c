@@ -35,7 +35,7 @@ struct ml_image_entry {
 
 struct ml_image_cache {
     ml_model *model;  /* borrowed */
-    size_t budget, entry_bytes, used;
+    size_t budget, entry_bytes;
     ml_image_entry *slots; /* n_slots, each with its state */
     int n_slots;
     ml_list lru;      /* every entry, published or reserved; .n is the count */
@@ -118,12 +118,9 @@ static ml_image_entry *entry_of(ml_list_node *n)
 static void free_entry(ml_image_cache *c, ml_image_entry *e)
 {
     ml_list_remove(&c->lru, &e->lru);
-    c->used -= c->entry_bytes;
     if (e->published && c->on_event)
         c->on_event(c->event_ctx, ML_IMAGE_EVICTED, e->key, c->entry_bytes, e->n_tiles);
-    void *state = e->state;
-    memset(e, 0, sizeof *e);
-    e->state = state;
+    e->published = 0; /* refs is 0 here; reserve sets the key and tiles */
     ml_list_push_front(&c->free, &e->lru);
 }
 
@@ -184,7 +181,6 @@ ml_image_entry *ml_image_cache_reserve(ml_image_cache *c, const uint8_t *key, in
     n->n_tiles = n_tiles;
     n->refs = 1;
     ml_list_push_front(&c->lru, &n->lru);
-    c->used += c->entry_bytes;
     return n;
 }
 
@@ -205,6 +201,6 @@ void ml_image_cache_release(ml_image_cache *c, ml_image_entry *e)
 
 void *ml_image_entry_state(const ml_image_entry *e) { return e->state; }
 int ml_image_entry_n_tiles(const ml_image_entry *e) { return e->n_tiles; }
-size_t ml_image_cache_used(const ml_image_cache *c) { return c->used; }
+size_t ml_image_cache_used(const ml_image_cache *c) { return (size_t)c->lru.n * c->entry_bytes; }
 size_t ml_image_cache_budget(const ml_image_cache *c) { return c->budget; }
 int ml_image_cache_count(const ml_image_cache *c) { return c->lru.n; }
