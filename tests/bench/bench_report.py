@@ -7,14 +7,15 @@ Standard library only.
         (RUN.wall next to each RUN.jsonl holds the process wall seconds) as
         "key value" lines: ours_<i>_<timing> for request i, and a wall-clock
         cross-check.
-    bench_report.py compare OURS.kv HF.kv... [--model DIR --tiles N --peak-gflops X
+    bench_report.py compare OURS.kv HF.kv... [--model DIR --layout FILE --peak-gflops X
             --peak-name TEXT]
         The engine-vs-transformers table. Ours: request 1 (the image
         transformers gets, a warm miss), request 0 (another image of the
         same size, first in a fresh process), request 2 (text only). With
-        --model, --tiles (the image's real tiles) and --peak-gflops (the
-        multiply-add peak the vision encode runs on, measured in the same
-        run), the encode's FLOP bound against both engines' times.
+        --model, --layout (`mllama preprocess`'s, for the image's real tiles)
+        and --peak-gflops (the multiply-add peak the vision encode runs on,
+        measured in the same run), the encode's FLOP bound against both
+        engines' times.
     bench_report.py bandwidth --model DIR --ours OURS.kv --read-gbs X [--kv-bytes 4]
         Decode bytes per step from config.json against the time per token.
     bench_report.py roofline --model DIR --read-gbs X --fma-gflops Y [--dot-gflops Z]
@@ -170,11 +171,11 @@ def vision_flops(cfg, tiles):
     P = patches + 1  # the CLS token
     S = T * (-(-P // VISION_TOKEN_PAD) * VISION_TOKEN_PAD)
     layers = v["num_hidden_layers"] + v["num_global_layers"]
-    real = tiles * P
+    real, tokens = tiles * P, cross_slots(cfg)  # T * P tokens leave the tower
     products = (T * patches * v["num_channels"] * v["patch_size"] ** 2 * Dv  # patch conv
                 + layers * S * (4 * Dv * Dv + 2 * Dv * Iv)  # q, k, v, o; fc1, fc2
-                + T * P * v["vision_output_dim"] * D  # projector
-                + n_cross * 2 * T * P * D * kv_w)  # cross k_proj, v_proj
+                + tokens * v["vision_output_dim"] * D  # projector
+                + n_cross * 2 * tokens * D * kv_w)  # cross k_proj, v_proj
 
     def with_attention(pairs):  # q.k and p.v over heads x head_dim = Dv
         return 2 * (products + layers * 2 * pairs * Dv)
@@ -186,10 +187,12 @@ def vision_bound(args, ours, hf, dtypes):
     """Lines on the encode's FLOP bound (vision_flops at --peak-gflops)."""
     with open(os.path.join(args.model, "config.json")) as f:
         cfg = json.load(f)
-    ours_flops, all_flops = vision_flops(cfg, args.tiles)
+    with open(args.layout) as f:
+        tiles = json.load(f)["tiles"]
+    ours_flops, all_flops = vision_flops(cfg, tiles)
     ours_ms, all_ms = (f / args.peak_gflops / 1e6 for f in (ours_flops, all_flops))
     lines = ["vision encode against the %s (%.1f GFLOP/s, measured in this run), %d-tile image:"
-             % (args.peak_name, args.peak_gflops, args.tiles),
+             % (args.peak_name, args.peak_gflops, tiles),
              "  ours: %.1f GFLOP (the pairs the mask leaves), bound %.0f ms = %.0f%% of its %s ms"
              % (ours_flops / 1e9, ours_ms, 100 * ours_ms / num(ours, "ours_1_vision_ms"),
                 fmt(num(ours, "ours_1_vision_ms")))]
@@ -622,8 +625,8 @@ def main():
     c.add_argument("hf", nargs="+")
     c.add_argument("--decode-goal", type=float, default=5)
     c.add_argument("--vision-goal", type=float, default=2)
-    c.add_argument("--model", help="with --tiles and --peak-gflops: the vision FLOP bound")
-    c.add_argument("--tiles", type=int, help="the image's real tiles")
+    c.add_argument("--model", help="with --layout and --peak-gflops: the vision FLOP bound")
+    c.add_argument("--layout", help="mllama preprocess's layout of the compared image")
     c.add_argument("--peak-gflops", type=float, help="the peak the vision encode runs on")
     c.add_argument("--peak-name", default="f32 FMA peak")
     b = sub.add_parser("bandwidth")
@@ -662,8 +665,8 @@ def main():
     v.add_argument("--base-concurrent", action="append")
     v.add_argument("--tree-concurrent", action="append")
     args = p.parse_args()
-    if args.cmd == "compare" and args.model and (args.tiles is None or not args.peak_gflops):
-        p.error("compare --model needs --tiles and --peak-gflops")
+    if args.cmd == "compare" and args.model and not (args.layout and args.peak_gflops):
+        p.error("compare --model needs --layout and --peak-gflops")
     {"revisions": cmd_revisions, "ours": cmd_ours, "compare": cmd_compare, "bandwidth": cmd_bandwidth,
      "fp8": cmd_fp8, "runtime": cmd_runtime, "roofline": cmd_roofline}[args.cmd](args)
 

@@ -81,8 +81,6 @@ else
 fi
 peak=$(printf '%s\n' "${peaks[@]}" | cut -d' ' -f"$peak_field" | sort -g | tail -1)
 [ -n "$peak" ] || bench_die "bench_fma_peak measured no $peak_name"
-tiles=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["tiles"])' \
-    "$run/layout.json")
 echo
-$report compare "$run/ours.kv" "${hf_files[@]}" --model "$model" --tiles "$tiles" \
+$report compare "$run/ours.kv" "${hf_files[@]}" --model "$model" --layout "$run/layout.json" \
     --peak-gflops "$peak" --peak-name "$peak_name"
