@@ -15,7 +15,8 @@
  *                           (cross: Sᵀ = Q · Kᵀ from the state's transposed K,
  *                           then transposed: the same sums, see scores_keys)
  *   masked entries of S = -inf
- *   online softmax down S's columns (softmax_block); O rows *= alpha
+ *   online softmax down S's columns (softmax_block, in powers of 2 of
+ *                           scores scaled by scale · log2 e); O rows *= alpha
  *   O (nq, head_dim) += Sᵀ · V    gemm_tile reading S column-major
  * and at the end out = O / l. No score matrix larger than one (BK, BQ) block
  * exists; all arithmetic is f32 with max subtraction.
@@ -74,6 +75,10 @@
  * 4-tile image, 153-155 -> 133-135 ms. Three fit the thread's scratch as
  * the matmul sizes it. */
 #define ATTN_ITEM_BLOCKS 3
+/* log2 e: the softmax runs in powers of 2 (softmax_block), its scores
+ * scaled by scale · log2 e, so that each weight's exponential needs no
+ * reduction by ln 2. */
+#define LOG2_E 1.4426950408889634
 /* Bytes per cache line, the prefetch stride. */
 #define CACHE_LINE 64
 /* Keys ahead of the one it copies that the causal gather prefetches (into
@@ -115,6 +120,9 @@ typedef struct attn_job {
     const void *k, *v;
     int n_seqs, n_heads, n_kv_heads, group, head_dim;
     float scale;
+    /* scale · log2 e (run): softmax_block's scale, whose exponentials are
+     * powers of 2 */
+    float scale2;
     /* vision */
     const uint8_t *valid; /* (n_seqs, seq_len) */
     int seq_len;
@@ -707,7 +715,7 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
                 scores_rows(j, &blk, nk, fetch, &next, ahead, rb->qt, nq, rb->sc);
             fetch = 0;
             apply_mask(j, &rb->cols, s, kb, nk, rb->sc);
-            kn->softmax_block(rb->sc, ATTN_BQ, nk, nq, j->scale, rb->m, rb->l, rb->alpha);
+            kn->softmax_block(rb->sc, ATTN_BQ, nk, nq, j->scale2, rb->m, rb->l, rb->alpha);
             for (int c = 0; c < nq; c++) {
                 if (rb->alpha[c] == 1.0f)
                     continue;
@@ -747,6 +755,7 @@ static void run(ml_backend *be, attn_job *j)
     assert(j->n_kv_heads >= 1 && j->n_heads % j->n_kv_heads == 0);
     j->cb = cb;
     j->group = j->n_heads / j->n_kv_heads;
+    j->scale2 = (float)((double)j->scale * LOG2_E);
 
     int64_t items = 0;
     double work = 0;

@@ -141,18 +141,20 @@ typedef struct ml_cpu_kernels {
 
     /* One key block of online softmax over the columns of s (nk, nq), row
      * stride lds, holding raw scores q·k (masked entries = -INFINITY; every
-     * finite value is a score). For each column c, with x = s·scale (scale > 0):
+     * finite value is a score), in powers of 2: the caller folds log2 e
+     * into scale, and the weights come out the same up to roundings. For
+     * each column c, with x = s·scale (scale > 0):
      *   m' = max(m[c], max_j x[j][c]);  sh = m' unless m' = -inf, then 0
-     *   s[j][c] = exp(x[j][c] - sh);  alpha[c] = exp(m[c] - sh)
+     *   s[j][c] = 2^(x[j][c] - sh);  alpha[c] = 2^(m[c] - sh)
      *   l[c] = l[c]·alpha[c] + Σ_j s[j][c];  m[c] = m'
-     * exp(0) is exactly 1 and exp(-inf) exactly 0 (results below FLT_MIN
-     * flush to 0 in the vector builds: vm_exp of vmath.h). */
+     * 2^0 is exactly 1 and 2^-inf exactly 0 (results below FLT_MIN flush
+     * to 0 in the vector builds: vm_exp2_below_hi of vmath.h). */
     void (*softmax_block)(float *s, size_t lds, int nk, int nq, float scale, float *m, float *l,
                           float *alpha);
 
     /* y[i] = exp(x[i]), y[i] = erf(x[i]) for i < n; y may be x. Plain calls
      * libm; the vector builds share vmath.h, whose header states their
-     * error bounds (the exp of softmax_block is the same function). */
+     * error bounds. */
     void (*exp_n)(float *y, const float *x, size_t n);
     void (*erf_n)(float *y, const float *x, size_t n);
     /* The activations, each element in f32 in the order written:

@@ -93,10 +93,10 @@ static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, flo
         float sum = 0.0f;
         for (int j = 0; j < nk; j++) {
             float *e = &s[(size_t)j * lds + c];
-            *e = expf(*e * scale - sh);
+            *e = exp2f(*e * scale - sh);
             sum += *e;
         }
-        alpha[c] = expf(m[c] - sh);
+        alpha[c] = exp2f(m[c] - sh);
         l[c] = l[c] * alpha[c] + sum;
         m[c] = mx;
     }

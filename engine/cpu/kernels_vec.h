@@ -461,11 +461,11 @@ static void softmax_block(float *s, size_t lds, int nk, int nq, float scale, flo
         vf sum = vf_zero();
         for (int j = 0; j < nk; j++) {
             float *sj = s + (size_t)j * lds + c;
-            const vf e = vm_exp_below_hi(vf_fmsub(vf_load_lanes(sj, mk), vscale, sh));
+            const vf e = vm_exp2_below_hi(vf_fmsub(vf_load_lanes(sj, mk), vscale, sh));
             vf_store_lanes(sj, mk, e);
             sum = vf_add(sum, e);
         }
-        const vf a = vm_exp(vf_sub(m_old, sh));
+        const vf a = vm_exp2_below_hi(vf_sub(m_old, sh));
         vf_store_lanes(alpha + c, mk, a);
         vf_store_lanes(l + c, mk, vf_fmadd(vf_load_lanes(l + c, mk), a, sum));
         vf_store_lanes(m + c, mk, mx);

@@ -14,10 +14,11 @@
  *   weights are rounded to bf16 before they multiply V (a relative 2^-9
  *   each, so at most 2^-9·max|v| on a weighted mean of v, twice for
  *   slack); the scores' products of rounded q and k are exact in f32.
- * - the vector exp inside softmax_block: 4 ulp relative.
+ * - the vector exp2 inside softmax_block: 4 ulp relative.
  * - a bf16 K/V cache: none. Its kv ops must store each value's bf16
  *   rounding, and since widening it back is exact, its attention must equal,
  *   bit for bit, the f32 cache's over values rounded to bf16 beforehand. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -823,7 +824,8 @@ static void test_attn_kv16(ml_cpu_isa isa)
 
 /* ---- kernels ------------------------------------------------------------------------------ */
 
-/* softmax_block over two key blocks (an online update) against double. */
+/* softmax_block over two key blocks (an online update) against double,
+ * in powers of 2 as the kernel computes. */
 static void test_softmax_kernel(const ml_cpu_kernels *kn)
 {
     enum { NK = 50, NQ = 37 };
@@ -858,7 +860,7 @@ static void test_softmax_kernel(const ml_cpu_kernels *kn)
                  * of two, so only the subtraction rounds, fused or not. The
                  * rounding of a large argument is not exp's error. */
                 double arg = (float)((double)raw[j * NQ + c] * scale - sh);
-                double want = exp(arg);
+                double want = exp2(arg);
                 sum += want;
                 if (want < 1.2e-38) { /* below FLT_MIN: 0 or denormal */
                     ok &= s[j * NQ + c] <= 1.2e-38f;
@@ -867,24 +869,63 @@ static void test_softmax_kernel(const ml_cpu_kernels *kn)
                 double e = fabs(s[j * NQ + c] - want) / want;
                 e_max = e > e_max ? e : e_max;
             }
-            const double a = exp((float)((double)m_old[c] - sh));
+            const double a = exp2((float)((double)m_old[c] - sh));
             ok_alpha &= fabs(alpha[c] - a) <= 4 * U * a + 1.2e-38;
             ok_l &= fabs(l[c] - (l_old[c] * a + sum)) <= (NK + 8) * U * (l_old[c] * a + sum);
         }
     }
     const char *isa = ml_cpu_isa_name(kn->isa);
-    check(ok && e_max <= 4 * U, "softmax_block [%s]: exp off (max rel err %.3g ulp)", isa,
+    check(ok && e_max <= 4 * U, "softmax_block [%s]: exp2 off (max rel err %.3g ulp)", isa,
           e_max / (2 * U));
     check(ok_m, "softmax_block [%s]: running max", isa);
     check(ok_l, "softmax_block [%s]: running sum", isa);
     check(ok_alpha, "softmax_block [%s]: rescale factors", isa);
-    fprintf(stderr, "  softmax_block exp max rel error %.3g ulp\n", e_max / (2 * U));
+    fprintf(stderr, "  softmax_block exp2 max rel error %.3g ulp\n", e_max / (2 * U));
 }
 
+
+/* softmax_block's exp2 over its whole range: a column whose scores are
+ * SWEEP_KEYS points t in [-128, 0] (with scale 1 and a score of 0 in the
+ * column the argument is t itself), each weight against double exp2. The
+ * header's bound is 1 ulp (2U relative) and 0 below 2^-126 (libm's
+ * denormals on the plain path). */
+#define SWEEP_KEYS (1 << 22)
+#define SWEEP_LO (-128.0)
+
+static void test_softmax_exp2_sweep(const ml_cpu_kernels *kn)
+{
+    float *s = xmalloc((size_t)SWEEP_KEYS * sizeof *s);
+    for (int j = 0; j < SWEEP_KEYS; j++)
+        s[j] = (float)(SWEEP_LO * j / (SWEEP_KEYS - 1)); /* from 0 down */
+    float m = -INFINITY, l = 0, alpha;
+    kn->softmax_block(s, 1, SWEEP_KEYS, 1, 1.0f, &m, &l, &alpha);
+    double e_max = 0;
+    int zero_below = 1;
+    for (int j = 0; j < SWEEP_KEYS; j++) {
+        const float t = (float)(SWEEP_LO * j / (SWEEP_KEYS - 1));
+        const double want = exp2(t);
+        if (t < -126.0f) {
+            zero_below &= kn->isa == ML_CPU_ISA_PLAIN ? s[j] < FLT_MIN : s[j] == 0.0f;
+            continue;
+        }
+        const double e = fabs(s[j] - want) / want;
+        e_max = e > e_max ? e : e_max;
+    }
+    const char *isa = ml_cpu_isa_name(kn->isa);
+    check(e_max <= 2 * U, "softmax_block [%s]: exp2 over [-126, 0] off by %.3g ulp", isa,
+          e_max / (2 * U));
+    check(zero_below, "softmax_block [%s]: exp2 below 2^-126 not 0", isa);
+    check(s[0] == 1.0f && alpha == 0.0f, "softmax_block [%s]: 2^0 = %.9g, 2^-inf = %g", isa,
+          s[0], alpha);
+    fprintf(stderr, "  softmax_block exp2 over [-126, 0]: max rel error %.3g ulp\n",
+            e_max / (2 * U));
+    free(s);
+}
 
 static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
 {
     test_softmax_kernel(ml_cpu_kernels_for(isa));
+    test_softmax_exp2_sweep(ml_cpu_kernels_for(isa));
     test_attn_vision(be, 0);
     test_attn_causal(be);
     test_attn_cross(be);
