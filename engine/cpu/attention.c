@@ -29,8 +29,11 @@
  * or, seeing none, all keys unmasked as HF's full_text_row_mask makes it).
  * The one row without any key, a cross row of a text-only sequence, is 0.
  *
- * Threads take items cyclically (item t, t+T, ...), which balances the
- * causal triangle; each item's result does not depend on the thread count.
+ * Threads claim items in order from a counter they share, so that each
+ * takes another as soon as it is free: a thread the host slows (another
+ * process on its core, the worker's own I/O threads) runs fewer, and the
+ * causal triangle's unequal items balance. Each item's result does not
+ * depend on the thread that runs it, nor on the thread count.
  *
  * bf16 activations (cb->bf16_x, ml_backend_cpu_bf16_activations): the
  * vision tower's attention, most of its time, multiplies in bf16 as
@@ -51,6 +54,7 @@
  * rounded to bf16. */
 #include <assert.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "cpu/cpu_internal.h"
@@ -144,7 +148,8 @@ typedef struct attn_job {
     int max_images, max_tiles, n_chunks, chunk_len, image_keys;
 
     const ml_cpu_backend *cb;
-    int n_threads; /* threads sharing the items */
+    int64_t n_items;
+    atomic_int_fast64_t next_item; /* the first item no thread has claimed */
 } attn_job;
 
 /* Where one item is: sequence, kv head, group of row blocks. */
@@ -739,12 +744,18 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
 
 static void attn_thread(void *ctx, int64_t begin, int64_t end, int tid)
 {
-    const attn_job *j = ctx;
+    (void)begin;
+    (void)end;
+    attn_job *j = ctx;
     float *scratch = ml_cpu_scratch(j->cb, tid);
-    for (int64_t t = begin; t < end; t++) {
-        attn_cursor cur = {0, 0, 0};
-        for (cursor_advance(j, &cur, t); cur.seq < j->n_seqs; cursor_advance(j, &cur, j->n_threads))
-            run_item(j, &cur, scratch);
+    attn_cursor cur = {0, 0, 0};
+    /* Relaxed: the items' outputs are disjoint, and the pool's return
+     * orders them before the caller reads any. */
+    for (int64_t at = 0, i;
+         (i = atomic_fetch_add_explicit(&j->next_item, 1, memory_order_relaxed)) < j->n_items;
+         at = i) {
+        cursor_advance(j, &cur, i - at);
+        run_item(j, &cur, scratch);
     }
 }
 
@@ -774,8 +785,9 @@ static void run(ml_backend *be, attn_job *j)
         threads = ml_cpu_pool_threads(cb->pool);
     if (threads > items)
         threads = items;
-    j->n_threads = threads < 1 ? 1 : (int)threads;
-    ml_cpu_pool_for(cb->pool, j->n_threads, 1, attn_thread, j);
+    j->n_items = items;
+    atomic_init(&j->next_item, 0);
+    ml_cpu_pool_for(cb->pool, threads < 1 ? 1 : threads, 1, attn_thread, j);
 }
 
 typedef struct round_job {
