@@ -7,10 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "backend.h"
 #include "cpu/cpu_backend.h"
+#include "host_memory.h"
 
 #ifdef MLLAMA_HAVE_CUDA
 #include "mlk_backend.h"
@@ -33,6 +33,9 @@ struct ml_engine {
     /* One device's memory plan, computed at open (ml_engine_memory_plan). */
     ml_memory_plan_spec plan_spec;
     ml_memory_plan plan;
+    /* The CPU backend's device: what bounds its bytes (ML_HOST_MEMORY_UNKNOWN
+     * on CUDA, whose plan is not checked here). */
+    ml_host_memory_source host_memory;
 };
 
 /* ---- backends by name -------------------------------------------------------------- */
@@ -71,10 +74,10 @@ int ml_engine_parse_devices(const char *list, int *out, int max, char *err, size
 static ml_status cpu_open(ml_engine *e, int world, int threads, int bf16_activations,
                           int bf16_kv_cache, char *err, size_t errlen)
 {
-    /* The CPU "devices" of a group share the host's memory; its own scratch
-     * is a few MiB per thread, left out of the plan. */
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    e->plan_spec.device_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    /* The CPU "devices" of a group share the memory the process may hold
+     * (the host's, or its cgroup's limit); its own scratch is a few MiB per
+     * thread, left out of the plan. */
+    e->plan_spec.device_bytes = ml_host_memory(&e->host_memory);
     e->plan_spec.backend_bytes = 0;
     e->backend_name = "cpu";
     ml_status st;
@@ -182,6 +185,35 @@ static ml_status open_tokenizer(ml_engine *e, const ml_engine_config *cfg, char 
     return ml_tokenizer_load(path, &e->tok, err, errlen);
 }
 
+static double gib(uint64_t bytes)
+{
+    return (double)bytes / (double)ML_PLAN_GIB;
+}
+
+/* On the CPU, a plan above the memory the process may hold fails here,
+ * before the runtime makes its pools: the pools are faulted in when they
+ * are made, so past that memory the kernel's OOM killer would end the
+ * process mid-start, without a word. A CPU group's ranks share that memory,
+ * each holding a device's plan. (A device's plan is a warning: its
+ * allocations fail with their own errors, engine.h.) */
+static ml_status check_host_plan(const ml_engine *e, char *err, size_t errlen)
+{
+    const ml_memory_plan *p = &e->plan;
+    const uint64_t need = p->used * (uint64_t)e->world;
+    if (e->host_memory == ML_HOST_MEMORY_UNKNOWN || need <= e->plan_spec.device_bytes)
+        return ML_OK;
+    char ranks[48] = "";
+    if (e->world > 1)
+        snprintf(ranks, sizeof ranks, " a rank, %.2f GiB for %d ranks", gib(need), e->world);
+    return ml_fail(err, errlen, ML_ERR_NOMEM,
+                   "memory plan: weights %.2f GiB + K/V pool %.2f + image states %.2f + adapter "
+                   "slots %.2f + workspace %.2f = %.2f GiB%s, above the %.2f GiB of this host's "
+                   "%s; lower runtime.kv_mib or runtime.image_mib",
+                   gib(p->weights), gib(p->kv_pool_bytes), gib(p->image_pool_bytes),
+                   gib(e->plan_spec.adapter_bytes), gib(p->workspace), gib(p->used), ranks,
+                   gib(e->plan_spec.device_bytes), ml_host_memory_source_name(e->host_memory));
+}
+
 ml_status ml_engine_open(ml_engine **out, const ml_engine_config *cfg, char *err,
                          size_t errlen)
 {
@@ -206,15 +238,17 @@ ml_status ml_engine_open(ml_engine **out, const ml_engine_config *cfg, char *err
         if (rc.image_bytes == 0)
             rc.image_bytes = ml_model_image_state_bytes(e->model) *
                              (size_t)(cfg->image_states > 0 ? cfg->image_states : 1);
-        st = ml_runtime_create(&e->rt, e->model, e->tok, &rc, err, errlen);
         e->plan_spec.kv_bytes = rc.kv_bytes;
         e->plan_spec.image_bytes = rc.image_bytes;
         const int rank = rc.max_adapter_rank ? rc.max_adapter_rank : cfg->limits.max_lora_rank;
         e->plan_spec.adapter_bytes =
             rc.max_adapters > 0 ? (uint64_t)rc.max_adapters * ml_lora_slot_bytes(e->model, rank)
                                 : 0;
+        st = ml_model_memory_plan(e->model, &e->plan_spec, &e->plan, err, errlen);
         if (st == ML_OK)
-            st = ml_model_memory_plan(e->model, &e->plan_spec, &e->plan, err, errlen);
+            st = check_host_plan(e, err, errlen);
+        if (st == ML_OK)
+            st = ml_runtime_create(&e->rt, e->model, e->tok, &rc, err, errlen);
     }
     if (st != ML_OK) {
         ml_engine_close(e);

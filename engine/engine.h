@@ -83,9 +83,10 @@ typedef struct ml_engine ml_engine;
  * or an error naming what failed (the backend name, the device list, the
  * checkpoint, the tokenizer, the budgets) with *out NULL and nothing left
  * allocated: ML_ERR_INVALID_ARG (a backend name, world or device list that
- * cannot be), ML_ERR_UNSUPPORTED ("cuda" in a build without it), the
- * errors of ml_model_load_tp, ml_tokenizer_load, ml_image_params_load and
- * ml_runtime_create. */
+ * cannot be), ML_ERR_UNSUPPORTED ("cuda" in a build without it),
+ * ML_ERR_NOMEM (on the CPU, a memory plan above the memory the process may
+ * hold: ml_engine_memory_plan), the errors of ml_model_load_tp,
+ * ml_tokenizer_load, ml_image_params_load and ml_runtime_create. */
 ml_status ml_engine_open(ml_engine **out, const ml_engine_config *cfg, char *err,
                          size_t errlen);
 
@@ -104,9 +105,11 @@ int ml_engine_world(const ml_engine *e);
 /* One device's memory plan of the open engine (model/memory_plan.h), and in
  * *spec (when non-NULL) what it was computed for: the device's usable bytes
  * (the CUDA pool: the config's pool_bytes, or backend.h's
- * ML_PLAN_CUDA_POOL_SHARE_TENTHS of the device's total; the CPU: the host's
- * physical memory), the backend's own workspace, the runtime's budgets.
- * Borrowed; lives as long as e. */
+ * ML_PLAN_CUDA_POOL_SHARE_TENTHS of the device's total; the CPU: the memory
+ * the process may hold, host_memory.h), the backend's own workspace, the
+ * runtime's budgets. On the CPU a plan that does not fit fails
+ * ml_engine_open (ML_ERR_NOMEM, before the runtime's pools are made); on
+ * CUDA it is the caller's to report. Borrowed; lives as long as e. */
 const ml_memory_plan *ml_engine_memory_plan(const ml_engine *e, const ml_memory_plan_spec **spec);
 
 /* The CPU backend's read of its packed weights (cpu/cpu_backend.h

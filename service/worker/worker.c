@@ -338,8 +338,8 @@ static int load_engine(svc_worker *w, char *err, size_t errlen)
     const ml_memory_plan_spec *spec;
     const ml_memory_plan *plan = ml_engine_memory_plan(w->engine, &spec);
     char line[1024];
-    /* A plan that does not fit is a warning: what it counts may not be allocated (a
-     * device) or may page (the host). */
+    /* A device's plan that does not fit is a warning: its allocations fail with their
+     * own errors (the CPU's fails ml_engine_open). */
     svc_log(plan->fits ? SVC_LOG_INFO : SVC_LOG_WARN, "memory_plan", "%s",
             ml_memory_plan_format(plan, spec, line, sizeof line));
     for (int d = 0; d < ML_PLAN_DTYPES; d++)
