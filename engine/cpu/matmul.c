@@ -14,13 +14,9 @@
  * The packed copy replaces the checkpoint's for the matmul: the model
  * gives the mapped pages back once every Linear is packed (model.c).
  *
- * One driver for every M. The work is a grid of parts over (M, N) in whole
- * row tiles and strips, one part a thread, preferring to split N so that
- * no two threads read the same weights; with many row tiles (prefill, the
- * vision tower) M is cut finer, ROW_PARTS_PER_THREAD parts a thread of at
- * least GROUP_MIN_TILES tiles each. Threads claim parts in order from a
- * counter they share, so that a thread the host slows (another process on
- * its core) runs fewer. Each thread walks its columns in blocks of GEMM_NC (one
+ * One driver for every M. Threads form a grid over (M, N) in whole row
+ * tiles and strips, preferring to split N so that no two threads read the
+ * same weights. Each thread walks its columns in blocks of GEMM_NC (one
  * strip when its rows fit one tile: then it streams each strip from start
  * to end), its K in blocks of GEMM_KC, and its rows in tiles of at most
  * tile_rows. With a few row tiles (decode) every tile runs over a strip's
@@ -85,7 +81,6 @@
  * exactly: their rounding to pairs changes nothing. Without VBMI (Cooper
  * Lake) FP8 Linears keep their f32 activations and layout. */
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,12 +112,6 @@ _Static_assert(GEMM_GROUP_BYTES >= (size_t)GEMM_KC * GEMM_NC * sizeof(float),
 /* Threads split N only while each keeps at least this many columns;
  * otherwise they split M (and each reads the same weights). */
 #define GEMM_MIN_COLS_PER_THREAD 64
-/* Parts of M a thread, where there are enough row tiles: a thread that
- * finishes first claims more, so that the last part claimed leaves the
- * others idle for 1/8 of a thread's share at most. A part widens its
- * columns' weights once (about 1/400 of its FMAs at GROUP_MIN_TILES
- * tiles). */
-#define ROW_PARTS_PER_THREAD 8
 /* Steps of a strip packed per pass over its columns at load: runs of
  * 64 contiguous source elements per column. */
 #define PACK_STEPS 64
@@ -152,14 +141,8 @@ typedef struct matmul_job {
     const uint16_t *bias;     /* (N) bf16 or NULL */
     int M, K, N, accumulate;  /* accumulate is 0 for FP8 */
     const ml_cpu_backend *cb;
-    int grid_m, grid_n;       /* parts of M and of N */
+    int grid_m, grid_n;       /* thread grid */
 } matmul_job;
-
-/* A job's parts, claimed by the threads in turn. */
-typedef struct part_claims {
-    const matmul_job *j;
-    atomic_int next; /* the first part no thread has claimed */
-} part_claims;
 
 static inline int imin(int a, int b)
 {
@@ -463,31 +446,15 @@ static void split_units(int n, int unit, int parts, int part, int *lo, int *hi)
 
 static void matmul_part(void *ctx, int64_t begin, int64_t end, int tid)
 {
-    (void)begin;
-    (void)end;
-    part_claims *pc = ctx;
-    const matmul_job *j = pc->j;
+    const matmul_job *j = ctx;
     const ml_cpu_kernels *kn = j->cb->kern;
-    /* Relaxed: the parts' outputs are disjoint, and the pool's return
-     * orders them before the caller reads any. */
-    for (int part; (part = atomic_fetch_add_explicit(&pc->next, 1, memory_order_relaxed)) <
-                   j->grid_m * j->grid_n;) {
+    for (int64_t part = begin; part < end; part++) {
         int m0, m1, n0, n1;
-        split_units(j->M, kn->tile_rows, j->grid_m, part / j->grid_n, &m0, &m1);
-        split_units(j->N, kn->strip_cols, j->grid_n, part % j->grid_n, &n0, &n1);
+        split_units(j->M, kn->tile_rows, j->grid_m, (int)(part / j->grid_n), &m0, &m1);
+        split_units(j->N, kn->strip_cols, j->grid_n, (int)(part % j->grid_n), &n0, &n1);
         if (m0 < m1 && n0 < n1)
             matmul_block(j, m0, m1, n0, n1, ml_cpu_scratch(j->cb, tid));
     }
-}
-
-/* Parts of M for threads_m threads a column part: one each, or with many
- * row tiles up to ROW_PARTS_PER_THREAD each of GROUP_MIN_TILES tiles or
- * more. */
-static int row_parts(const matmul_job *j, int threads_m)
-{
-    const int tiles = (j->M + j->cb->kern->tile_rows - 1) / j->cb->kern->tile_rows;
-    const int finer = imin(tiles / GROUP_MIN_TILES, ROW_PARTS_PER_THREAD * threads_m);
-    return finer > threads_m ? finer : threads_m;
 }
 
 static void run(ml_cpu_backend *cb, matmul_job job)
@@ -506,10 +473,8 @@ static void run(ml_cpu_backend *cb, matmul_job job)
         }
     }
     job.grid_n = grid_n;
-    job.grid_m = row_parts(&job, threads / grid_n);
-    part_claims pc = {.j = &job};
-    atomic_init(&pc.next, 0);
-    ml_cpu_pool_for(cb->pool, threads, 1, matmul_part, &pc);
+    job.grid_m = threads / grid_n;
+    ml_cpu_pool_for(cb->pool, threads, 1, matmul_part, &job);
 }
 
 /* K rounded up to even: the steps of a strip in the pair layout. */
