@@ -185,11 +185,6 @@ static ml_status open_tokenizer(ml_engine *e, const ml_engine_config *cfg, char 
     return ml_tokenizer_load(path, &e->tok, err, errlen);
 }
 
-static double gib(uint64_t bytes)
-{
-    return (double)bytes / (double)ML_PLAN_GIB;
-}
-
 /* On the CPU, a plan above the memory the process may hold fails here,
  * before the runtime makes its pools: the pools are faulted in when they
  * are made, so past that memory the kernel's OOM killer would end the
@@ -204,14 +199,17 @@ static ml_status check_host_plan(const ml_engine *e, char *err, size_t errlen)
         return ML_OK;
     char ranks[48] = "";
     if (e->world > 1)
-        snprintf(ranks, sizeof ranks, " a rank, %.2f GiB for %d ranks", gib(need), e->world);
+        snprintf(ranks, sizeof ranks, " a rank, %.2f GiB for %d ranks", ml_plan_gib(need),
+                 e->world);
     return ml_fail(err, errlen, ML_ERR_NOMEM,
                    "memory plan: weights %.2f GiB + K/V pool %.2f + image states %.2f + adapter "
                    "slots %.2f + workspace %.2f = %.2f GiB%s, above the %.2f GiB of this host's "
                    "%s; lower runtime.kv_mib or runtime.image_mib",
-                   gib(p->weights), gib(p->kv_pool_bytes), gib(p->image_pool_bytes),
-                   gib(e->plan_spec.adapter_bytes), gib(p->workspace), gib(p->used), ranks,
-                   gib(e->plan_spec.device_bytes), ml_host_memory_source_name(e->host_memory));
+                   ml_plan_gib(p->weights), ml_plan_gib(p->kv_pool_bytes),
+                   ml_plan_gib(p->image_pool_bytes), ml_plan_gib(e->plan_spec.adapter_bytes),
+                   ml_plan_gib(p->workspace), ml_plan_gib(p->used), ranks,
+                   ml_plan_gib(e->plan_spec.device_bytes),
+                   ml_host_memory_source_name(e->host_memory));
 }
 
 ml_status ml_engine_open(ml_engine **out, const ml_engine_config *cfg, char *err,

@@ -199,11 +199,6 @@ ml_status ml_memory_plan_compute(const ml_config *cfg, const ml_memory_plan_spec
     return ML_OK;
 }
 
-static double gib(uint64_t b)
-{
-    return (double)b / (double)ML_PLAN_GIB;
-}
-
 const char *ml_memory_plan_format(const ml_memory_plan *p, const ml_memory_plan_spec *spec,
                                   char *buf, size_t n)
 {
@@ -212,15 +207,17 @@ const char *ml_memory_plan_format(const ml_memory_plan *p, const ml_memory_plan_
              "kv pool %.2f GiB = %lld blocks of %d tokens (%lld tokens, %.1f KiB/token); "
              "image states %.2f GiB = %lld images of %.1f MiB; adapter slots %.2f GiB; "
              "workspace %.2f GiB (backend %.2f, model %.2f); left %.2f GiB%s; at most %lld kv tokens or %lld images",
-             gib(spec->device_bytes), spec->world, gib(p->weights),
-             gib(p->weight_bytes[ML_PLAN_FP8]), gib(p->weight_bytes[ML_PLAN_BF16]),
-             gib(p->weight_bytes[ML_PLAN_SCALES]), gib(p->kv_pool_bytes),
+             ml_plan_gib(spec->device_bytes), spec->world, ml_plan_gib(p->weights),
+             ml_plan_gib(p->weight_bytes[ML_PLAN_FP8]),
+             ml_plan_gib(p->weight_bytes[ML_PLAN_BF16]),
+             ml_plan_gib(p->weight_bytes[ML_PLAN_SCALES]), ml_plan_gib(p->kv_pool_bytes),
              (long long)p->kv_blocks, spec->kv_block_size, (long long)p->kv_tokens,
-             (double)p->kv_block_bytes / spec->kv_block_size / BYTES_PER_KIB, gib(p->image_pool_bytes),
-             (long long)p->images, (double)p->image_state_bytes / (double)ML_PLAN_MIB,
-             gib(spec->adapter_bytes), gib(p->workspace), gib(spec->backend_bytes),
-             gib(spec->workspace_bytes),
-             p->left >= 0 ? gib((uint64_t)p->left) : -gib((uint64_t)-p->left),
+             (double)p->kv_block_bytes / spec->kv_block_size / BYTES_PER_KIB,
+             ml_plan_gib(p->image_pool_bytes), (long long)p->images,
+             (double)p->image_state_bytes / (double)ML_PLAN_MIB, ml_plan_gib(spec->adapter_bytes),
+             ml_plan_gib(p->workspace), ml_plan_gib(spec->backend_bytes),
+             ml_plan_gib(spec->workspace_bytes),
+             p->left >= 0 ? ml_plan_gib((uint64_t)p->left) : -ml_plan_gib((uint64_t)-p->left),
              p->fits ? "" : " (DOES NOT FIT)", (long long)p->kv_tokens_max,
              (long long)p->images_max);
     return buf;

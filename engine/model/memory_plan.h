@@ -27,6 +27,12 @@
 #define ML_PLAN_MIB ((uint64_t)1 << 20)
 #define ML_PLAN_GIB ((uint64_t)1 << 30)
 
+/* bytes in GiB, for the plan's messages. */
+static inline double ml_plan_gib(uint64_t bytes)
+{
+    return (double)bytes / (double)ML_PLAN_GIB;
+}
+
 /* Usable bytes of one H200 (141 GB of HBM3e on NVIDIA's datasheet, which
  * nvidia-smi shows as about 140.4 GiB): the CUDA runtime leaves about
  * 139 GiB to allocations once a context exists (the project's H200 device

@@ -53,7 +53,7 @@ static void test_host(void)
 {
     ml_host_memory_source src;
     const uint64_t bytes = ml_host_memory(&src);
-    fprintf(stderr, "  this host: %.2f GiB (%s)\n", (double)bytes / ML_PLAN_GIB,
+    fprintf(stderr, "  this host: %.2f GiB (%s)\n", ml_plan_gib(bytes),
             ml_host_memory_source_name(src));
     check(bytes > 0 && src != ML_HOST_MEMORY_UNKNOWN, "a Linux host's memory is known");
     check(ml_host_memory(NULL) == bytes, "the source is optional");
