@@ -142,9 +142,15 @@ ml_status ml_backend_cpu_bf16_activations(ml_backend *be, char *err, size_t errl
     if (cb->n_packed)
         return ml_fail(err, errlen, ML_ERR_INVALID_ARG,
                        "bf16 activations: %zu Linears are already packed for f32", cb->n_packed);
+    int amx;
+    const ml_status st = ml_cpu_amx_select(&amx, err, errlen);
+    if (st != ML_OK)
+        return st;
     cb->bf16_x = 1;
     cb->f8_pairs = cb->kern->gemm_tile_f8_pairs && ml_cpu_has_avx512_vbmi();
-    snprintf(cb->name, sizeof cb->name, "cpu-%s-bf16", ml_cpu_isa_name(cb->kern->isa));
+    cb->amx = amx && cb->kern->gemm_tile_amx;
+    snprintf(cb->name, sizeof cb->name, "cpu-%s-bf16%s", ml_cpu_isa_name(cb->kern->isa),
+             cb->amx ? "-amx" : "");
     return ML_OK;
 }
 

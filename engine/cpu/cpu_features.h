@@ -37,6 +37,13 @@ int ml_cpu_has_avx512_bf16(void);
  * (gemm_tile_f8_pairs, cpu_kernels.h). */
 int ml_cpu_has_avx512_vbmi(void);
 
+/* Nonzero when this CPU runs AMX-BF16 (TDPBF16PS on tiles) and the OS lets
+ * this process use the tile state: on Linux the process must ask for it
+ * (arch_prctl ARCH_REQ_XCOMP_PERM), which the first call does for every
+ * thread of the process; later calls return the first's answer. The
+ * bf16-activation matmul's AMX kernel needs it (gemm_tile_amx). */
+int ml_cpu_has_amx_bf16(void);
+
 /* "plain", "avx2" or "avx512". Never NULL. */
 const char *ml_cpu_isa_name(ml_cpu_isa isa);
 
@@ -45,5 +52,12 @@ const char *ml_cpu_isa_name(ml_cpu_isa isa);
  * ml_cpu_isa_detect(). Returns ML_ERR_INVALID_ARG for an unknown name and
  * ML_ERR_UNSUPPORTED for an ISA this machine lacks; *out is then unchanged. */
 ml_status ml_cpu_isa_select(ml_cpu_isa *out, char *err, size_t errlen);
+
+/* Whether the bf16-activation matmul of a new backend runs on AMX: as
+ * ML_CPU_AMX says when it is set ("0": no, to compare paths or pin the
+ * vector kernel's bits; "1": yes), else ml_cpu_has_amx_bf16(). Returns
+ * ML_ERR_INVALID_ARG for another value and ML_ERR_UNSUPPORTED for "1" on a
+ * machine without AMX; *out is then unchanged. */
+ml_status ml_cpu_amx_select(int *out, char *err, size_t errlen);
 
 #endif

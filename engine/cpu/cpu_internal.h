@@ -78,6 +78,9 @@ typedef struct ml_cpu_backend {
      * gemm_tile_f8_pairs (a CPU with AVX512_VBMI); 0: they keep f32
      * activations and the f32 layout. */
     int f8_pairs;
+    /* 1: with bf16_x, bf16 Linears run gemm_tile_amx (ml_cpu_amx_select);
+     * 0: gemm_tile_bf16. */
+    int amx;
     /* owned: the packed weights of the Linears alive (ml_cpu_linear_weight),
      * in no order; ml_backend_cpu_weights_read streams them. */
     struct ml_cpu_packed *packed;

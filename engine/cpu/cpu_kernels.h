@@ -19,6 +19,10 @@
 /* Largest gemm_tile shape of any ISA (drivers size buffers with these). */
 #define ML_CPU_TILE_MAX_ROWS 12
 #define ML_CPU_TILE_MAX_COLS 32
+/* gemm_tile_amx's rows: two AMX tiles of ML_CPU_AMX_ROW_STEP rows (the
+ * rows of A a tile load reads). */
+#define ML_CPU_AMX_ROW_STEP 16
+#define ML_CPU_AMX_TILE_ROWS (2 * ML_CPU_AMX_ROW_STEP)
 /* Widest strip of any ISA's packed weights (strip_cols). */
 #define ML_CPU_MAX_STRIP_COLS 32
 /* Largest gemv block of any ISA. */
@@ -119,6 +123,25 @@ typedef struct ml_cpu_kernels {
     void (*gemm_tile_f8_pairs)(int m, int n, int kp, const uint32_t *a, size_t a_rs,
                                size_t a_cs, const uint16_t *b, size_t ldb,
                                const ml_cpu_prefetch *pf, float *c, size_t ldc, int add);
+    /* The bf16 Linears' tile on AMX (matmul.c; NULL but on AVX-512, and it
+     * needs AMX-BF16 with the kernel's leave to use the tile state, which
+     * the caller has checked: ml_cpu_has_amx_bf16). C (m, n) += A (m, 2·kp)
+     * · B (2·kp, n), or with add = 0 C = the product, for m <=
+     * ML_CPU_AMX_TILE_ROWS and n <= strip_cols; A's pair (i, p) the dword
+     * a[i * lda + p], B a block of a strip in the pair layout (ldb ==
+     * strip_cols). The sum is TDPBF16PS's: it starts from C (or 0) and
+     * takes the pairs in chunks of 16, each chunk's 32 products added to
+     * it by one instruction, in increasing order of chunks; a last chunk of
+     * fewer pairs is padded with zero pairs. So an element's bits depend on
+     * its row of A and column of B alone, whatever m, n or the call's
+     * place, and two calls over consecutive chunks give one call's bits.
+     * The instruction treats subnormal inputs as zero and flushes subnormal
+     * results. A's rows past m, up to m rounded up to ML_CPU_AMX_ROW_STEP,
+     * are read (their results are not stored): the caller's buffer holds
+     * them. pf as gemm_tile_bf16's. */
+    void (*gemm_tile_amx)(int m, int n, int kp, const uint32_t *a, size_t lda,
+                          const uint32_t *b, size_t ldb, const ml_cpu_prefetch *pf, float *c,
+                          size_t ldc, int add);
     /* Its operands rounded: pair(a, b) = the dword of ml_f32_to_bf16(a)
      * (dtype.h: RNE, NaN kept quiet, subnormals kept) in the low half and
      * of b in the high half. bf16_pairs: d[q] = pair(x[2q], x[2q + 1]) for

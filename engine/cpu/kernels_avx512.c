@@ -189,6 +189,196 @@ F8_TARGET ALWAYS_INLINE void f8_pair_step(const f8_tables *t, __m512i codes, __m
 #define PAIR_ENTRY gemm_tile_f8_pairs
 #include "cpu/kernels_pairs.h"
 
+/* ---- gemm_tile_amx ----------------------------------------------------------- */
+
+/* AMX (TMUL with bf16): only these functions are compiled for it, and only a
+ * backend that found it usable (ml_cpu_has_amx_bf16, which also asked the
+ * kernel for the tile state) calls them. */
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512bf16")))
+
+/* A tile is 16 rows of 64 bytes: 16 pairs of A's row, or 16 pair-steps of
+ * 16 columns of B (half a strip step), or 16 x 16 f32 of C. */
+#define AMX_ROWS ML_CPU_AMX_ROW_STEP
+#define AMX_PAIRS 16
+#define AMX_ROW_BYTES 64
+#define AMX_KERNEL_ROWS ML_CPU_AMX_TILE_ROWS
+_Static_assert(STRIP_COLS == 2 * AMX_PAIRS, "a strip is two B tiles wide");
+
+/* The tiles: C (rows 0-15 and 16-31 of the kernel by columns 0-15 and 16-31
+ * of the strip), A (the two row halves) and B (the strip's two column
+ * halves); every one 16 rows of 64 bytes, whatever m or n. Literals, not
+ * an enum: GCC's tile intrinsics paste the number into the instruction. */
+#define AMX_C00 0
+#define AMX_C01 1
+#define AMX_C10 2
+#define AMX_C11 3
+#define AMX_A0 4
+#define AMX_A1 5
+#define AMX_B0 6
+#define AMX_B1 7
+
+/* LDTILECFG's operand (palette 1). */
+typedef struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+_Static_assert(sizeof(amx_config) == 64, "LDTILECFG reads 64 bytes");
+
+/* One shape for every call: loading a configuration took ~110 ns here (a
+ * third of a 256-step call), so short rows and columns go through
+ * gemm_tile_amx's bounce buffers instead of a configuration of their own.
+ * Constant data: GCC's _tile_loadconfig tells the compiler it reads 8
+ * bytes, so the stores of a local configuration could be dropped. */
+#define AMX_ALL(v) {v, v, v, v, v, v, v, v}
+static const amx_config amx_shape = {
+    .palette = 1, .colsb = AMX_ALL(AMX_ROW_BYTES), .rows = AMX_ALL(AMX_ROWS)};
+#undef AMX_ALL
+static _Thread_local int amx_configured;
+
+/* GCC's tile loads name their address as a register, not as memory read:
+ * this makes p's bytes visible to them (the stores before it done, none
+ * dropped). */
+ALWAYS_INLINE void amx_publish(const void *p)
+{
+    __asm__ volatile("" : : "r"(p) : "memory");
+}
+
+/* C rows [0, m) by columns [0, n) between c (ldc apart) and the bounce
+ * buffer (STRIP_COLS apart): in (add: C's values, else zeros) or out. */
+ALWAYS_INLINE void amx_bounce_in(int m, int n, const float *c, size_t ldc, float *bounce,
+                                 int add)
+{
+    const __mmask16 m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
+    for (int i = 0; i < m; i++) {
+        float *r = bounce + (size_t)i * STRIP_COLS;
+        _mm512_store_ps(r, add ? _mm512_maskz_loadu_ps(m0, c + (size_t)i * ldc) : vf_zero());
+        _mm512_store_ps(r + LANES,
+                        add ? _mm512_maskz_loadu_ps(m1, c + (size_t)i * ldc + LANES) : vf_zero());
+    }
+}
+
+ALWAYS_INLINE void amx_bounce_out(int m, int n, float *c, size_t ldc, const float *bounce)
+{
+    const __mmask16 m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
+    for (int i = 0; i < m; i++) {
+        const float *r = bounce + (size_t)i * STRIP_COLS;
+        _mm512_mask_storeu_ps(c + (size_t)i * ldc, m0, _mm512_load_ps(r));
+        _mm512_mask_storeu_ps(c + (size_t)i * ldc + LANES, m1, _mm512_load_ps(r + LANES));
+    }
+}
+
+/* One chunk of AMX_PAIRS pairs into the C tiles (both row halves with
+ * `two`): A from a (lda dwords apart), B from b (ldb apart). */
+AMX_TARGET ALWAYS_INLINE void amx_chunk(const int two, const uint32_t *a, size_t lda,
+                                        const uint32_t *b, size_t ldb)
+{
+    _tile_loadd(AMX_B0, b, ldb * sizeof(uint32_t));
+    _tile_loadd(AMX_B1, b + AMX_PAIRS, ldb * sizeof(uint32_t));
+    _tile_loadd(AMX_A0, a, lda * sizeof(uint32_t));
+    _tile_dpbf16ps(AMX_C00, AMX_A0, AMX_B0);
+    _tile_dpbf16ps(AMX_C01, AMX_A0, AMX_B1);
+    if (two) {
+        _tile_loadd(AMX_A1, a + AMX_ROWS * lda, lda * sizeof(uint32_t));
+        _tile_dpbf16ps(AMX_C10, AMX_A1, AMX_B0);
+        _tile_dpbf16ps(AMX_C11, AMX_A1, AMX_B1);
+    }
+}
+
+/* gemm_tile_amx with compile-time `two` (m > AMX_ROWS) and prefetching. */
+AMX_TARGET ALWAYS_INLINE void amx_tile(const int two, const ml_cpu_prefetch_kind pf, int m, int n,
+                                       int kp, const uint32_t *a, size_t lda, const uint32_t *b,
+                                       size_t ldb, const ml_cpu_prefetch *plan, float *c,
+                                       size_t ldc, int add)
+{
+    _Alignas(64) float bounce[AMX_KERNEL_ROWS * STRIP_COLS];
+    const int direct = n == STRIP_COLS && m == (two ? AMX_KERNEL_ROWS : AMX_ROWS);
+    float *ct = direct ? c : bounce;
+    const size_t ldct = direct ? ldc : STRIP_COLS, stride = ldct * sizeof(float);
+    if (!direct) {
+        amx_bounce_in(m, n, c, ldc, bounce, add);
+        amx_publish(bounce);
+    }
+    if (add || !direct) {
+        _tile_loadd(AMX_C00, ct, stride);
+        _tile_loadd(AMX_C01, ct + LANES, stride);
+        if (two) {
+            _tile_loadd(AMX_C10, ct + AMX_ROWS * ldct, stride);
+            _tile_loadd(AMX_C11, ct + AMX_ROWS * ldct + LANES, stride);
+        }
+    } else {
+        _tile_zero(AMX_C00);
+        _tile_zero(AMX_C01);
+        _tile_zero(AMX_C10);
+        _tile_zero(AMX_C11);
+    }
+    const int chunks = kp / AMX_PAIRS;
+    const size_t chunk_bytes = (size_t)AMX_PAIRS * ldb * sizeof(uint32_t);
+    next_units nu = next_units_start(pf == ML_CPU_PREFETCH_NEXT ? plan : NULL, chunks, chunk_bytes);
+    for (int q = 0; q < chunks; q++) {
+        const uint32_t *bq = b + (size_t)q * AMX_PAIRS * ldb;
+        if (pf == ML_CPU_PREFETCH_STREAM) {
+            for (size_t line = 0; line < chunk_bytes; line += ML_CPU_LINE_BYTES)
+                stream_prefetch((const char *)bq + line);
+        } else if (pf == ML_CPU_PREFETCH_NEXT) {
+            next_units_step(&nu, chunk_bytes);
+        }
+        amx_chunk(two, a + (size_t)q * AMX_PAIRS, lda, bq, ldb);
+    }
+    /* The last pairs, fewer than a chunk: a chunk of their copies padded
+     * with zero pairs, whose products add exact zeros. */
+    const int tail = kp - chunks * AMX_PAIRS;
+    if (tail) {
+        _Alignas(64) uint32_t at[AMX_KERNEL_ROWS * AMX_PAIRS] = {0};
+        _Alignas(64) uint32_t bt[AMX_PAIRS * STRIP_COLS] = {0};
+        for (int i = 0; i < m; i++)
+            memcpy(at + (size_t)i * AMX_PAIRS, a + (size_t)i * lda + (size_t)chunks * AMX_PAIRS,
+                   (size_t)tail * sizeof(uint32_t));
+        for (int p = 0; p < tail; p++)
+            memcpy(bt + (size_t)p * STRIP_COLS, b + (size_t)(chunks * AMX_PAIRS + p) * ldb,
+                   STRIP_COLS * sizeof(uint32_t));
+        amx_publish(at);
+        amx_publish(bt);
+        amx_chunk(two, at, AMX_PAIRS, bt, STRIP_COLS);
+    }
+    _tile_stored(AMX_C00, ct, stride);
+    _tile_stored(AMX_C01, ct + LANES, stride);
+    if (two) {
+        _tile_stored(AMX_C10, ct + AMX_ROWS * ldct, stride);
+        _tile_stored(AMX_C11, ct + AMX_ROWS * ldct + LANES, stride);
+    }
+    if (!direct) {
+        amx_publish(bounce);
+        amx_bounce_out(m, n, c, ldc, bounce);
+    }
+}
+
+AMX_TARGET static void gemm_tile_amx(int m, int n, int kp, const uint32_t *a, size_t lda,
+                                     const uint32_t *b, size_t ldb, const ml_cpu_prefetch *pf,
+                                     float *c, size_t ldc, int add)
+{
+    assert(m >= 1 && m <= AMX_KERNEL_ROWS && n >= 1 && n <= STRIP_COLS && ldb == STRIP_COLS);
+    if (!amx_configured) {
+        _tile_loadconfig(&amx_shape);
+        amx_configured = 1;
+    }
+    const ml_cpu_prefetch_kind kind = pf ? pf->kind : ML_CPU_PREFETCH_NONE;
+#define AMX_TILE_PF(two)                                                                           \
+    do {                                                                                           \
+        if (kind == ML_CPU_PREFETCH_STREAM)                                                        \
+            amx_tile(two, ML_CPU_PREFETCH_STREAM, m, n, kp, a, lda, b, ldb, pf, c, ldc, add);      \
+        else if (kind == ML_CPU_PREFETCH_NEXT)                                                     \
+            amx_tile(two, ML_CPU_PREFETCH_NEXT, m, n, kp, a, lda, b, ldb, pf, c, ldc, add);        \
+        else                                                                                       \
+            amx_tile(two, ML_CPU_PREFETCH_NONE, m, n, kp, a, lda, b, ldb, pf, c, ldc, add);        \
+    } while (0)
+    if (m > AMX_ROWS)
+        AMX_TILE_PF(1);
+    else
+        AMX_TILE_PF(0);
+#undef AMX_TILE_PF
+}
+
 /* The pair operands. Integer RNE as ml_f32_to_bf16, not VCVTNE2PS2BF16,
  * which flushes subnormal inputs to zero: the same bits as the scalar
  * rounding, whatever the CPU. */
@@ -241,6 +431,7 @@ const ml_cpu_kernels ml_cpu_kernels_avx512 = {
     .strip_cols = STRIP_COLS,
     .gemm_tile_bf16 = gemm_tile_bf16,
     .gemm_tile_f8_pairs = gemm_tile_f8_pairs,
+    .gemm_tile_amx = gemm_tile_amx,
     .bf16_pairs = bf16_pairs,
     .bf16_pair_rows = bf16_pair_rows,
     .softmax_block = softmax_block,

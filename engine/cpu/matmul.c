@@ -136,6 +136,7 @@ typedef struct matmul_job {
     int Kp;                   /* steps of a packed strip: K, or K rounded up to even with xb */
     const unsigned char *w;   /* packed (ml_cpu_linear_weight) */
     int f8;                   /* w holds F8_E4M3 codes (else bf16) */
+    int amx;                  /* bf16 w times xb on gemm_tile_amx (cb->amx) */
     const float *scale;       /* (N) of FP8 weights */
     const float *xscale;      /* (M) s_x of W8A8 (x holds the quantized rows), or NULL */
     const uint16_t *bias;     /* (N) bf16 or NULL */
@@ -147,6 +148,12 @@ typedef struct matmul_job {
 static inline int imin(int a, int b)
 {
     return a < b ? a : b;
+}
+
+/* Rows of the job's kernel tile. */
+static int tile_rows(const matmul_job *j)
+{
+    return j->amx ? ML_CPU_AMX_TILE_ROWS : j->cb->kern->tile_rows;
 }
 
 static inline float bias_at(const uint16_t *bias, int n)
@@ -266,6 +273,9 @@ static void tile_call(const matmul_job *j, int m, int n, int kc, int ic, int col
     const int add = pc > 0 || !stores_first(j);
     if (wb)
         kn->gemm_packed(m, n, kc, x, K, wb, ML_CPU_BLOCK_F32, pf, NULL, y, N, add);
+    else if (j->amx)
+        kn->gemm_tile_amx(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb,
+                          strip_at(j, col, pc), sc, pf, y, N, add);
     else if (j->xb && j->f8)
         kn->gemm_tile_f8_pairs(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
                                strip_at(j, col, pc), sc, pf, y, N, add);
@@ -428,7 +438,7 @@ static void matmul_grouped(const matmul_job *j, const row_tiles *rt, int n0, int
 /* y[m0..m1, n0..n1], n0 at a strip's start; panel: the thread's scratch. */
 static void matmul_block(const matmul_job *j, int m0, int m1, int n0, int n1, float *panel)
 {
-    const int tiles = (m1 - m0 + j->cb->kern->tile_rows - 1) / j->cb->kern->tile_rows;
+    const int tiles = (m1 - m0 + tile_rows(j) - 1) / tile_rows(j);
     const row_tiles rt = {.m0 = m0, .m1 = m1, .tiles = tiles, .mr = (m1 - m0 + tiles - 1) / tiles};
     if (tiles >= GROUP_MIN_TILES)
         matmul_grouped(j, &rt, n0, n1, panel);
@@ -450,7 +460,7 @@ static void matmul_part(void *ctx, int64_t begin, int64_t end, int tid)
     const ml_cpu_kernels *kn = j->cb->kern;
     for (int64_t part = begin; part < end; part++) {
         int m0, m1, n0, n1;
-        split_units(j->M, kn->tile_rows, j->grid_m, (int)(part / j->grid_n), &m0, &m1);
+        split_units(j->M, tile_rows(j), j->grid_m, (int)(part / j->grid_n), &m0, &m1);
         split_units(j->N, kn->strip_cols, j->grid_n, (int)(part % j->grid_n), &n0, &n1);
         if (m0 < m1 && n0 < n1)
             matmul_block(j, m0, m1, n0, n1, ml_cpu_scratch(j->cb, tid));
@@ -526,11 +536,14 @@ void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
 {
     ml_cpu_backend *cb = ml_cpu_of(be);
     matmul_job job = {.y = y, .x = x, .w = (const unsigned char *)w, .bias = bias, .M = M,
-                      .K = K, .Kp = K, .N = N, .accumulate = accumulate, .cb = cb};
+                      .K = K, .Kp = K, .N = N, .accumulate = accumulate, .cb = cb,
+                      .amx = cb->bf16_x && cb->amx};
     if (M <= 0 || N <= 0)
         return;
+    /* gemm_tile_amx reads up to a tile load's rows past the last */
+    const int rows_read = job.amx ? M + ML_CPU_AMX_ROW_STEP - 1 : M;
     float *buf = NULL;
-    if (cb->bf16_x && !(buf = ml_cpu_act_buffer(cb, rounded_floats(M, K), "matmul")))
+    if (cb->bf16_x && !(buf = ml_cpu_act_buffer(cb, rounded_floats(rows_read, K), "matmul")))
         return;
     run_rounded(cb, job, (uint32_t *)buf);
 }

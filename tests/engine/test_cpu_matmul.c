@@ -136,10 +136,10 @@ static void test_matmul_batch_invariance(ml_backend *be)
 {
     /* K: four KC blocks and an odd tail (masked or scalar tails); N: a
      * ragged last block of every kernel; every M to MAX_M: past the GEMV
-     * regime and the GEMM's first row tiles; then BIG_M: at least 16 row
-     * tiles on one thread, where blocks are widened (f32) or K blocks
-     * grouped (bf16 activations; matmul.c). */
-    enum { K = 1031, N = 67, MAX_M = 40, BIG_M = 200 };
+     * regime and the GEMM's first row tiles (the AMX kernel's second); then
+     * BIG_M: at least 16 row tiles of any kernel on one thread, where blocks
+     * are widened (f32) or K blocks grouped (bf16 activations; matmul.c). */
+    enum { K = 1031, N = 67, MAX_M = 40, BIG_M = 16 * ML_CPU_AMX_TILE_ROWS };
     float *x = xmalloc((size_t)BIG_M * K * sizeof *x);
     float *alone = xmalloc((size_t)BIG_M * N * sizeof *alone);
     float *y = xmalloc((size_t)BIG_M * N * sizeof *y);
@@ -171,7 +171,7 @@ static void test_matmul_batch_invariance(ml_backend *be)
  * sides of the GEMV/GEMM switch and at BIG_M (widened blocks in f32,
  * grouped K blocks with bf16 activations), with and without bias; so its
  * batch invariance is the bf16 path's, checked too. */
-static void test_matmul_f8(ml_backend *be)
+static void test_matmul_f8(ml_backend *be, ml_backend *bf16_ref)
 {
     enum { K = 1031, N = 67, MAX_M = 40, BIG_M = 200 };
     float *x = xmalloc((size_t)BIG_M * K * sizeof *x);
@@ -200,7 +200,7 @@ static void test_matmul_f8(ml_backend *be)
     for (int M = 1; M <= BIG_M; M = M == MAX_M ? BIG_M : M + 1) {
         for (int with_bias = 0; with_bias < 2; with_bias++) {
             matmul_f8_rm(be, y8, x, w8, scale, with_bias ? bias : NULL, M, K, N, 0);
-            matmul_rm(be, y16, x, w16, NULL, M, K, N, 0);
+            matmul_rm(bf16_ref, y16, x, w16, NULL, M, K, N, 0);
             for (int m = 0; m < M; m++)
                 for (int n = 0; n < N; n++) {
                     float *v = &y16[(size_t)m * N + n];
@@ -776,6 +776,104 @@ static void test_gemm_tile(const ml_cpu_kernels *kn)
     rand_seed(rng);
 }
 
+/* The AMX tile (bf16 activations on a CPU with AMX-BF16), at every shape up
+ * to its 32 rows and the strip's columns and over pair counts with and
+ * without a short last chunk: each element's bits are those of the 1 x 1
+ * call on its row of A and its column of B (the kernel's batch
+ * invariance); add = 0 stores nothing outside the m x n tile; a call over
+ * the first chunk and one adding the rest give one call's bits; the sum
+ * holds the summation bound against the double reference; a subnormal
+ * input counts as zero, as the contract says. */
+static void test_gemm_tile_amx(const ml_cpu_kernels *kn)
+{
+    if (!kn->gemm_tile_amx || !ml_cpu_has_amx_bf16()) {
+        fprintf(stderr, "gemm_tile_amx [%s]: no AMX-BF16 here\n", ml_cpu_isa_name(kn->isa));
+        return;
+    }
+    enum {
+        R = ML_CPU_AMX_TILE_ROWS,
+        S = ML_CPU_MAX_STRIP_COLS,
+        CHUNK = 16,       /* pairs a TDPBF16PS takes */
+        MAX_KP = 2 * CHUNK + 5,
+        A_ROWS = R + ML_CPU_AMX_ROW_STEP - 1, /* the rows a tile load reads past m */
+        LDC = S + 3,
+        C_ROWS = R + 1,
+    };
+    static const int kps[] = {0, 1, CHUNK, CHUNK + 5, MAX_KP};
+    static uint32_t a[A_ROWS * MAX_KP], b[MAX_KP * S], bj[MAX_KP * S];
+    static float c0[C_ROWS * LDC], stored[C_ROWS * LDC], added[C_ROWS * LDC], one[R * S];
+    const uint64_t rng = ml_test_rng;
+    int alone = 1, outside = 1, chunked = 1, bounded = 1;
+    for (size_t t = 0; t < sizeof kps / sizeof kps[0]; t++) {
+        const int kp = kps[t];
+        for (size_t e = 0; e < sizeof a / sizeof a[0]; e++)
+            a[e] = ml_cpu_bf16_pair(2 * urand() - 1, 2 * urand() - 1);
+        for (size_t e = 0; e < sizeof b / sizeof b[0]; e++)
+            b[e] = ml_cpu_bf16_pair(2 * urand() - 1, 2 * urand() - 1);
+        fill(c0, C_ROWS * LDC, -1, 1);
+        /* each element alone: row i of A against column j of B moved to column 0 */
+        for (int j = 0; j < S; j++) {
+            memset(bj, 0, sizeof bj);
+            for (int p = 0; p < kp; p++)
+                bj[(size_t)p * S] = b[(size_t)p * S + j];
+            for (int i = 0; i < R; i++) {
+                kn->gemm_tile_amx(1, 1, kp, a + (size_t)i * MAX_KP, MAX_KP, bj, S, NULL,
+                                  &one[i * S + j], 1, 0);
+                double want = 0, mag = 0;
+                for (int p = 0; p < kp; p++) {
+                    const uint32_t ap = a[(size_t)i * MAX_KP + p], bp = b[(size_t)p * S + j];
+                    for (int h = 0; h < 2; h++) {
+                        const double prod = (double)ml_bf16_to_f32((uint16_t)(ap >> 16 * h)) *
+                                            ml_bf16_to_f32((uint16_t)(bp >> 16 * h));
+                        want += prod;
+                        mag += fabs(prod);
+                    }
+                }
+                bounded &= fabs(one[i * S + j] - want) <= (2 * kp + 3) * U * mag;
+            }
+        }
+        for (int m = 1; m <= R; m++) {
+            for (int n = 1; n <= S; n++) {
+                const ml_cpu_prefetch pf = prefetch_kind(m + n, b, (size_t)kp * S * sizeof *b);
+                memset(stored, 0xa5, sizeof stored);
+                memcpy(added, c0, sizeof added);
+                kn->gemm_tile_amx(m, n, kp, a, MAX_KP, b, S, &pf, stored, LDC, 0);
+                kn->gemm_tile_amx(m, n, kp, a, MAX_KP, b, S, &pf, added, LDC, 1);
+                for (int i = 0; i < C_ROWS; i++) {
+                    for (int j = 0; j < LDC; j++) {
+                        const size_t e = (size_t)i * LDC + (size_t)j;
+                        uint32_t bits;
+                        memcpy(&bits, &stored[e], sizeof bits);
+                        if (i >= m || j >= n)
+                            outside &= bits == 0xa5a5a5a5u &&
+                                       memcmp(&added[e], &c0[e], sizeof c0[e]) == 0;
+                        else
+                            alone &= memcmp(&stored[e], &one[i * S + j], sizeof one[0]) == 0;
+                    }
+                }
+                if (kp <= CHUNK)
+                    continue;
+                memcpy(stored, c0, sizeof stored);
+                kn->gemm_tile_amx(m, n, CHUNK, a, MAX_KP, b, S, NULL, stored, LDC, 1);
+                kn->gemm_tile_amx(m, n, kp - CHUNK, a + CHUNK, MAX_KP, b + (size_t)CHUNK * S, S,
+                                  NULL, stored, LDC, 1);
+                chunked &= memcmp(stored, added, sizeof stored) == 0;
+            }
+        }
+    }
+    /* 2^-133 (a bf16 subnormal) times 2^127: 2^-6 were it not counted as zero */
+    const uint32_t sub = ml_cpu_bf16_pair(0x1p-133f, 0.0f), big = ml_cpu_bf16_pair(0x1p127f, 0.0f);
+    float daz = -1.0f;
+    kn->gemm_tile_amx(1, 1, 1, &sub, 1, &big, S, NULL, &daz, 1, 0);
+    const char *isa = ml_cpu_isa_name(kn->isa);
+    check(alone, "gemm_tile_amx [%s]: an element's bits depend on the tile around it", isa);
+    check(outside, "gemm_tile_amx [%s]: a write outside the m x n tile", isa);
+    check(chunked, "gemm_tile_amx [%s]: two calls over the chunks differ from one", isa);
+    check(bounded, "gemm_tile_amx [%s]: a sum outside the summation bound", isa);
+    check(daz == 0.0f, "gemm_tile_amx [%s]: a subnormal input gave %g, not 0", isa, daz);
+    rand_seed(rng);
+}
+
 /* LoRA's gemv: dot (r, j) of every block shape equals the 1 x 1 block's, bit for bit. */
 static void test_gemv_kernel(const ml_cpu_kernels *kn)
 {
@@ -818,9 +916,32 @@ static void test_gemv_kernel(const ml_cpu_kernels *kn)
 }
 
 /* Opt-in bf16 activations: on a CPU with AVX-512 BF16 the matmul against
- * the reference on rounded x and batch invariant, as the f32 path; refused
+ * the reference on rounded x and batch invariant, as the f32 path, on AMX
+ * where the CPU has it and on the vector kernel (ML_CPU_AMX=0); refused
  * with ML_ERR_UNSUPPORTED on every other path, and once a Linear is bound. */
-static void test_bf16_activations(ml_cpu_isa isa)
+/* A one-thread backend with bf16 activations on the vector kernel. */
+static ml_backend *vector_bf16_backend(ml_cpu_isa isa)
+{
+    char err[ERRLEN] = "";
+    const char *was = getenv("ML_CPU_AMX");
+    char *saved = was ? strdup(was) : NULL;
+    setenv("ML_CPU_AMX", "0", 1);
+    ml_backend *be = cpu_ops_create(isa, 1, err, sizeof err);
+    const ml_status st = be ? ml_backend_cpu_bf16_activations(be, err, sizeof err) : ML_ERR_NOMEM;
+    check(st == ML_OK, "bf16 activations on the vector kernel [%s]: %s", g_isa, err);
+    if (saved)
+        setenv("ML_CPU_AMX", saved, 1);
+    else
+        unsetenv("ML_CPU_AMX");
+    free(saved);
+    if (st == ML_OK)
+        return be;
+    if (be)
+        be->ops->destroy(be);
+    return NULL;
+}
+
+static void test_bf16_activations_on(ml_cpu_isa isa, int amx)
 {
     const int threads[N_BACKENDS] = {1, THREADS_MANY};
     const int supported = isa == ML_CPU_ISA_AVX512 && ml_cpu_has_avx512_bf16();
@@ -837,15 +958,24 @@ static void test_bf16_activations(ml_cpu_isa isa)
               "bf16 activations [%s]: status %d (%s), want %s", g_isa, (int)st, err,
               supported ? "OK" : "UNSUPPORTED");
         ready &= st == ML_OK;
+        if (st == ML_OK)
+            check((strstr(be[b]->ops->name, "-amx") != NULL) == amx,
+                  "bf16 activations [%s]: backend %s, AMX wanted %d", g_isa, be[b]->ops->name,
+                  amx);
     }
     if (ready) {
         test_matmul(be, 1);
         test_matmul_batch_invariance(be[0]);
         test_matmul_batch_invariance(be[1]);
-        /* FP8 on the pair kernel: the bf16 sum of its codes, as in f32 */
+        /* FP8 on the pair kernel: the bf16 sum of its codes on that kernel,
+         * as in f32 (with AMX, the bf16 Linears' sums are the AMX kernel's) */
         if (ml_cpu_has_avx512_vbmi())
             for (int b = 0; b < N_BACKENDS; b++) {
-                test_matmul_f8(be[b]);
+                ml_backend *ref = amx ? vector_bf16_backend(isa) : be[b];
+                if (ref)
+                    test_matmul_f8(be[b], ref);
+                if (ref && ref != be[b])
+                    ref->ops->destroy(ref);
                 test_matmul_f8_a8(be[b]);
             }
         else
@@ -877,9 +1007,38 @@ static void test_bf16_activations(ml_cpu_isa isa)
     late->ops->destroy(late);
 }
 
+static void test_bf16_activations(ml_cpu_isa isa)
+{
+    const int amx = isa == ML_CPU_ISA_AVX512 && ml_cpu_has_amx_bf16();
+    char err[ERRLEN] = "";
+    int out = -1;
+    setenv("ML_CPU_AMX", "yes", 1);
+    check(ml_cpu_amx_select(&out, err, sizeof err) == ML_ERR_INVALID_ARG && out == -1,
+          "ML_CPU_AMX=yes: %s", err);
+    setenv("ML_CPU_AMX", "1", 1);
+    const ml_status forced = ml_cpu_amx_select(&out, err, sizeof err);
+    check(ml_cpu_has_amx_bf16() ? forced == ML_OK && out == 1 : forced == ML_ERR_UNSUPPORTED,
+          "ML_CPU_AMX=1: status %d (%s)", (int)forced, err);
+    /* both kernels see the same inputs: the later one's cases compare with
+     * the first's by name (cpu_ops_util.h) */
+    const uint64_t rng = ml_test_rng;
+    if (amx) {
+        setenv("ML_CPU_AMX", "", 1);
+        test_bf16_activations_on(isa, 1);
+        rand_seed(rng);
+    } else if (isa == ML_CPU_ISA_AVX512) {
+        fprintf(stderr, "bf16 activations [%s]: no AMX-BF16 here, the vector kernel only\n",
+                g_isa);
+    }
+    setenv("ML_CPU_AMX", "0", 1);
+    test_bf16_activations_on(isa, 0);
+    unsetenv("ML_CPU_AMX");
+}
+
 static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
 {
     test_gemm_tile(ml_cpu_kernels_for(isa));
+    test_gemm_tile_amx(ml_cpu_kernels_for(isa));
     test_gemv_kernel(ml_cpu_kernels_for(isa));
     test_bf16_rounding(ml_cpu_kernels_for(isa));
     test_f8_codes(ml_cpu_kernels_for(isa));
@@ -894,8 +1053,8 @@ static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
     test_packed_order(be[0], isa, 13);
     test_packed_order(be[1], isa, 13);
     test_packed_order(be[0], isa, 200);
-    test_matmul_f8(be[0]);
-    test_matmul_f8(be[1]);
+    test_matmul_f8(be[0], be[0]);
+    test_matmul_f8(be[1], be[1]);
     test_matmul_f8_a8(be[0]);
     test_matmul_f8_a8(be[1]);
     test_bf16_activations(isa);
