@@ -102,6 +102,8 @@
  * keys of a block one run copied at once: 0.93-1.09x, median 1.02 (8 pairs,
  * 16 sequences, 1,141 tokens, f32, the same bits; tests/bench/README.md). */
 #define GATHER_AHEAD 8
+/* Pairs a chunk of gemm_tile_amx takes (cpu_kernels.h). */
+#define AMX_CHUNK_PAIRS 16
 
 /* The bf16 weights (BK / 2, BQ) pairs of keys reuse the gathered-K scratch,
  * which vision keys (used in place) leave free. */
@@ -131,9 +133,18 @@ typedef struct attn_job {
     const uint8_t *valid; /* (n_seqs, seq_len) */
     int seq_len;
     /* vision with bf16 activations, else NULL: K rounded in pairs along
-     * head_dim, k's layout in dwords; V rounded in pairs of keys, (n_seqs,
-     * n_kv_heads, seq_len / 2, head_dim) dwords */
+     * head_dim, (tokens, n_kv_heads, kpairs) dwords; V rounded in pairs of
+     * keys, (n_seqs, n_kv_heads, seq_len / 2, head_dim) dwords, or on AMX
+     * its transpose (n_seqs, n_kv_heads, head_dim, seq_len / 2), the
+     * product's A as it loads */
     const uint32_t *k2, *v2;
+    /* K's pairs per head in k2: head_dim / 2, or on AMX that rounded up to
+     * whole chunks of the kernel with zero pairs (so that no score takes
+     * a short last chunk, which the kernel copies) */
+    int kpairs;
+    /* vision with bf16 activations on gemm_tile_amx (cb->amx): O is kept
+     * transposed, Oᵀ (head_dim, BQ), the product of Vᵀ and the weights */
+    int amx;
     /* causal, cross */
     const int32_t *seq_start;
     /* causal */
@@ -503,18 +514,25 @@ static void scores_bf16(const attn_job *j, int s, int kvh, int kb, int nk, int k
                         const uint32_t *qt2, int nq, float *sc)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
-    const int mr = kn->tile_rows, nr = kn->tile_cols, hp = j->head_dim / 2;
-    const size_t ld = (size_t)j->n_kv_heads * (size_t)hp;
-    const uint32_t *k2 = j->k2 + ((size_t)s * j->seq_len + (size_t)kb) * ld + (size_t)kvh * hp;
+    const int mr = j->amx ? ML_CPU_AMX_TILE_ROWS : kn->tile_rows;
+    const int nr = j->amx ? ML_CPU_MAX_STRIP_COLS : kn->tile_cols, kp = j->kpairs;
+    const size_t ld = (size_t)j->n_kv_heads * (size_t)kp;
+    const uint32_t *k2 = j->k2 + ((size_t)s * j->seq_len + (size_t)kb) * ld + (size_t)kvh * kp;
     const uint32_t *next = kb_next < 0 ? NULL : k2 + (size_t)(kb_next - kb) * ld;
     for (int k0 = 0; k0 < nk; k0 += mr) {
         if (next && kb_next + k0 < j->seq_len)
             prefetch_rows((const float *)next + (size_t)k0 * ld, ld,
-                          imin(mr, j->seq_len - kb_next - k0), hp, 0);
-        for (int c0 = 0; c0 < nq; c0 += nr)
-            kn->gemm_tile_bf16(imin(mr, nk - k0), imin(nr, nq - c0), hp, k2 + (size_t)k0 * ld, ld,
-                               1, qt2 + c0, ATTN_BQ, NULL,
-                               sc + (size_t)k0 * ATTN_BQ + c0, ATTN_BQ, 0);
+                          imin(mr, j->seq_len - kb_next - k0), kp, 0);
+        for (int c0 = 0; c0 < nq; c0 += nr) {
+            const int m = imin(mr, nk - k0), n = imin(nr, nq - c0);
+            float *c = sc + (size_t)k0 * ATTN_BQ + c0;
+            if (j->amx)
+                kn->gemm_tile_amx(m, n, kp, k2 + (size_t)k0 * ld, ld, qt2 + c0, ATTN_BQ, NULL, c,
+                                  ATTN_BQ, 0);
+            else
+                kn->gemm_tile_bf16(m, n, kp, k2 + (size_t)k0 * ld, ld, 1, qt2 + c0, ATTN_BQ, NULL,
+                                   c, ATTN_BQ, 0);
+        }
     }
 }
 
@@ -529,9 +547,19 @@ static void values_bf16(const attn_job *j, int s, int kvh, int kb, int nk, const
     for (int p = 0; p < nk / 2; p++)
         kn->bf16_pair_rows(s2 + (size_t)p * ATTN_BQ, sc + (size_t)2 * p * ATTN_BQ,
                            sc + (size_t)(2 * p + 1) * ATTN_BQ, (size_t)nq);
-    const uint32_t *v2 =
-        j->v2 + (((size_t)s * j->n_kv_heads + (size_t)kvh) * (size_t)(j->seq_len / 2) +
-                 (size_t)kb / 2) * (size_t)hd;
+    const size_t per_seq = (size_t)j->seq_len / 2;
+    const size_t head = (size_t)s * j->n_kv_heads + (size_t)kvh;
+    if (j->amx) { /* Oᵀ (head_dim, BQ) += Vᵀ · the weights' pairs */
+        const int tr = ML_CPU_AMX_TILE_ROWS, tc = ML_CPU_MAX_STRIP_COLS;
+        const uint32_t *vt = j->v2 + head * (size_t)hd * per_seq + (size_t)kb / 2;
+        for (int d0 = 0; d0 < hd; d0 += tr)
+            for (int c0 = 0; c0 < nq; c0 += tc)
+                kn->gemm_tile_amx(imin(tr, hd - d0), imin(tc, nq - c0), nk / 2,
+                                  vt + (size_t)d0 * per_seq, per_seq, s2 + c0, ATTN_BQ, NULL,
+                                  o + (size_t)d0 * ATTN_BQ + c0, ATTN_BQ, 1);
+        return;
+    }
+    const uint32_t *v2 = j->v2 + (head * per_seq + (size_t)kb / 2) * (size_t)hd;
     for (int c0 = 0; c0 < nq; c0 += mr)
         for (int d0 = 0; d0 < hd; d0 += nr)
             kn->gemm_tile_bf16(imin(mr, nq - c0), imin(nr, hd - d0), nk / 2, s2 + c0, 1, ATTN_BQ,
@@ -594,12 +622,38 @@ static void scores_keys(const attn_job *j, const key_blk *blk, int nk, int fetch
 /* One row block of an item: its queries, running softmax and output. */
 typedef struct row_block {
     int r0, nq, n_keys;
-    float *qt; /* Qᵀ (head_dim, BQ); bf16: (head_dim / 2, BQ) pairs */
+    float *qt; /* Qᵀ (head_dim, BQ); bf16: (kpairs, BQ) pairs */
     float *sc; /* S (BK, BQ) */
-    float *o;  /* O (BQ, head_dim) */
+    float *o;  /* O (BQ, head_dim); on AMX Oᵀ (head_dim, BQ) */
     float m[ATTN_BQ], l[ATTN_BQ], alpha[ATTN_BQ];
     attn_cols cols;
 } row_block;
+
+/* O scaled by the softmax's alpha, each row (column of Oᵀ) by its own. */
+static void rescale_o(const attn_job *j, row_block *rb)
+{
+    const int hd = j->head_dim, nq = rb->nq;
+    int all_one = 1;
+    for (int c = 0; c < nq; c++)
+        all_one &= rb->alpha[c] == 1.0f;
+    if (all_one)
+        return;
+    if (j->amx) {
+        for (int d = 0; d < hd; d++) {
+            float *ocol = rb->o + (size_t)d * ATTN_BQ;
+            for (int c = 0; c < nq; c++)
+                ocol[c] *= rb->alpha[c];
+        }
+        return;
+    }
+    for (int c = 0; c < nq; c++) {
+        if (rb->alpha[c] == 1.0f)
+            continue;
+        float *orow = rb->o + (size_t)c * hd;
+        for (int d = 0; d < hd; d++)
+            orow[d] *= rb->alpha[c];
+    }
+}
 
 /* The block's Qᵀ packed, its softmax state and O cleared, its columns'
  * masks read. */
@@ -611,16 +665,18 @@ static void row_block_start(const attn_job *j, const attn_cursor *cur, row_block
         const int r = rb->r0 + c;
         const int head = cur->kv_head * group + r % group;
         const float *qr = j->q + ((size_t)(tok0 + r / group) * j->n_heads + (size_t)head) * hd;
-        if (j->k2)
+        if (j->k2) {
             for (int d = 0; d < hd / 2; d++)
                 qt2[(size_t)d * ATTN_BQ + c] = ml_cpu_bf16_pair(qr[2 * d], qr[2 * d + 1]);
-        else
+            for (int d = hd / 2; d < j->kpairs; d++) /* k2's zero pairs */
+                qt2[(size_t)d * ATTN_BQ + c] = 0;
+        } else
             for (int d = 0; d < hd; d++)
                 rb->qt[(size_t)d * ATTN_BQ + c] = qr[d];
         rb->m[c] = -INFINITY;
         rb->l[c] = 0.0f;
     }
-    memset(rb->o, 0, (size_t)rb->nq * hd * sizeof *rb->o);
+    memset(rb->o, 0, (size_t)(j->amx ? ATTN_BQ : rb->nq) * hd * sizeof *rb->o);
     rb->n_keys = item_columns(j, s, rb->r0, rb->nq, &rb->cols);
 }
 
@@ -648,8 +704,10 @@ static void row_block_finish(const attn_job *j, const attn_cursor *cur, const ro
         const int r = rb->r0 + c;
         const int head = cur->kv_head * group + r % group;
         float *out = j->out + ((size_t)(tok0 + r / group) * j->n_heads + (size_t)head) * hd;
-        for (int d = 0; d < hd; d++) /* no key at all (text-only cross rows): 0, not 0/0 */
-            out[d] = rb->n_keys > 0 ? rb->o[(size_t)c * hd + d] / rb->l[c] : 0.0f;
+        for (int d = 0; d < hd; d++) { /* no key at all (text-only cross rows): 0, not 0/0 */
+            const float o = j->amx ? rb->o[(size_t)d * ATTN_BQ + c] : rb->o[(size_t)c * hd + d];
+            out[d] = rb->n_keys > 0 ? o / rb->l[c] : 0.0f;
+        }
     }
 }
 
@@ -721,13 +779,7 @@ static void run_item(const attn_job *j, const attn_cursor *cur, float *scratch)
             fetch = 0;
             apply_mask(j, &rb->cols, s, kb, nk, rb->sc);
             kn->softmax_block(rb->sc, ATTN_BQ, nk, nq, j->scale2, rb->m, rb->l, rb->alpha);
-            for (int c = 0; c < nq; c++) {
-                if (rb->alpha[c] == 1.0f)
-                    continue;
-                float *orow = rb->o + (size_t)c * hd;
-                for (int d = 0; d < hd; d++)
-                    orow[d] *= rb->alpha[c];
-            }
+            rescale_o(j, rb);
             if (j->k2)
                 values_bf16(j, s, cur->kv_head, kb, nk, rb->sc, nq, s2, rb->o);
             else
@@ -792,6 +844,7 @@ static void run(ml_backend *be, attn_job *j)
 
 typedef struct round_job {
     uint32_t *k2, *v2;
+    int kpairs, amx; /* attn_job's */
     const ml_attn_vision_params *p;
     const ml_cpu_kernels *kn;
 } round_job;
@@ -806,16 +859,27 @@ static void round_part(void *ctx, int64_t begin, int64_t end, int tid)
     const ml_attn_vision_params *p = r->p;
     const size_t hd = (size_t)p->head_dim, heads = (size_t)p->n_heads;
     const int64_t per_seq = p->seq_len / 2;
+    const size_t kp = (size_t)r->kpairs;
+    uint32_t vpairs[ML_CPU_MAX_HEAD_DIM];
     for (int64_t i = begin; i < end; i++) {
         const size_t s = (size_t)(i / per_seq), pair = (size_t)(i % per_seq);
         const size_t tok = s * (size_t)p->seq_len + 2 * pair;
         for (size_t h = 0; h < heads; h++) {
-            for (size_t t = tok; t < tok + 2; t++)
-                r->kn->bf16_pairs(r->k2 + (t * heads + h) * (hd / 2), p->k + (t * heads + h) * hd,
-                                  hd);
+            for (size_t t = tok; t < tok + 2; t++) {
+                uint32_t *k2 = r->k2 + (t * heads + h) * kp;
+                r->kn->bf16_pairs(k2, p->k + (t * heads + h) * hd, hd);
+                memset(k2 + hd / 2, 0, (kp - hd / 2) * sizeof *k2);
+            }
             const float *v0 = p->v + (tok * heads + h) * hd, *v1 = v0 + heads * hd;
-            r->kn->bf16_pair_rows(r->v2 + ((s * heads + h) * (size_t)per_seq + pair) * hd, v0, v1,
-                                  hd);
+            if (!r->amx) {
+                r->kn->bf16_pair_rows(r->v2 + ((s * heads + h) * (size_t)per_seq + pair) * hd, v0,
+                                      v1, hd);
+                continue;
+            }
+            r->kn->bf16_pair_rows(vpairs, v0, v1, hd);
+            uint32_t *vt = r->v2 + (s * heads + h) * hd * (size_t)per_seq + pair;
+            for (size_t d = 0; d < hd; d++)
+                vt[d * (size_t)per_seq] = vpairs[d];
         }
     }
 }
@@ -835,15 +899,26 @@ void ml_cpu_attn_vision(ml_backend *be, const ml_attn_vision_params *p)
                   .seq_len = p->seq_len};
     ml_cpu_backend *cb = ml_cpu_of(be);
     if (cb->bf16_x && p->head_dim % 2 == 0 && p->seq_len % 2 == 0 && p->n_seq > 0) {
-        const size_t n = (size_t)p->n_seq * p->seq_len * p->n_heads * p->head_dim;
-        uint32_t *k2 = (uint32_t *)ml_cpu_act_buffer(cb, n, "attn_vision");
+        const int amx = cb->amx, hp = p->head_dim / 2;
+        const int kpairs = amx ? (hp + AMX_CHUNK_PAIRS - 1) / AMX_CHUNK_PAIRS * AMX_CHUNK_PAIRS
+                               : hp;
+        const size_t tokens = (size_t)p->n_seq * p->seq_len;
+        const size_t n_k = tokens * p->n_heads * kpairs, n_v = tokens * p->n_heads * hp;
+        /* gemm_tile_amx's A loads read up to a tile's rows past the last
+         * (keys of K, head dims of Vᵀ, a chunk each) */
+        const size_t slack = amx ? (size_t)ML_CPU_AMX_ROW_STEP * (p->seq_len / 2 + AMX_CHUNK_PAIRS)
+                                 : 0;
+        uint32_t *k2 = (uint32_t *)ml_cpu_act_buffer(cb, n_k + n_v + slack, "attn_vision");
         if (!k2)
             return;
-        round_job r = {.k2 = k2, .v2 = k2 + n / 2, .p = p, .kn = cb->kern};
+        round_job r = {.k2 = k2, .v2 = k2 + n_k, .kpairs = kpairs, .amx = amx, .p = p,
+                       .kn = cb->kern};
         ml_cpu_pool_for(cb->pool, (int64_t)p->n_seq * (p->seq_len / 2),
                         ml_cpu_grain(4.0 * p->n_heads * p->head_dim), round_part, &r);
         j.k2 = r.k2;
         j.v2 = r.v2;
+        j.kpairs = kpairs;
+        j.amx = amx;
     }
     run(be, &j);
 }

@@ -128,8 +128,10 @@ typedef struct ml_cpu_kernels {
      * the caller has checked: ml_cpu_has_amx_bf16). C (m, n) += A (m, 2·kp)
      * · B (2·kp, n), or with add = 0 C = the product, for m <=
      * ML_CPU_AMX_TILE_ROWS and n <= strip_cols; A's pair (i, p) the dword
-     * a[i * lda + p], B a block of a strip in the pair layout (ldb ==
-     * strip_cols). The sum is TDPBF16PS's: it starts from C (or 0) and
+     * a[i * lda + p], B's pair row p the dwords b + p * ldb (a block of a
+     * strip in the pair layout, or the attention's Qᵀ or weights in pairs),
+     * of which the first 16, and where n > 16 the first 32, are read
+     * whatever n. The sum is TDPBF16PS's: it starts from C (or 0) and
      * takes the pairs in chunks of 16, each chunk's 32 products added to
      * it by one instruction, in increasing order of chunks; a last chunk of
      * fewer pairs is padded with zero pairs. So an element's bits depend on

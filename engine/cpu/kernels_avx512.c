@@ -268,31 +268,37 @@ ALWAYS_INLINE void amx_bounce_out(int m, int n, float *c, size_t ldc, const floa
     }
 }
 
-/* One chunk of AMX_PAIRS pairs into the C tiles (both row halves with
- * `two`): A from a (lda dwords apart), B from b (ldb apart). */
-AMX_TARGET ALWAYS_INLINE void amx_chunk(const int two, const uint32_t *a, size_t lda,
-                                        const uint32_t *b, size_t ldb)
+/* One chunk of AMX_PAIRS pairs into the C tiles: the rows' first half, and
+ * with `two` the second; B's first 16 columns, and with `wide` the next 16.
+ * A from a (lda dwords apart), B from b (ldb apart). */
+AMX_TARGET ALWAYS_INLINE void amx_chunk(const int two, const int wide, const uint32_t *a,
+                                        size_t lda, const uint32_t *b, size_t ldb)
 {
     _tile_loadd(AMX_B0, b, ldb * sizeof(uint32_t));
-    _tile_loadd(AMX_B1, b + AMX_PAIRS, ldb * sizeof(uint32_t));
+    if (wide)
+        _tile_loadd(AMX_B1, b + AMX_PAIRS, ldb * sizeof(uint32_t));
     _tile_loadd(AMX_A0, a, lda * sizeof(uint32_t));
     _tile_dpbf16ps(AMX_C00, AMX_A0, AMX_B0);
-    _tile_dpbf16ps(AMX_C01, AMX_A0, AMX_B1);
+    if (wide)
+        _tile_dpbf16ps(AMX_C01, AMX_A0, AMX_B1);
     if (two) {
         _tile_loadd(AMX_A1, a + AMX_ROWS * lda, lda * sizeof(uint32_t));
         _tile_dpbf16ps(AMX_C10, AMX_A1, AMX_B0);
-        _tile_dpbf16ps(AMX_C11, AMX_A1, AMX_B1);
+        if (wide)
+            _tile_dpbf16ps(AMX_C11, AMX_A1, AMX_B1);
     }
 }
 
-/* gemm_tile_amx with compile-time `two` (m > AMX_ROWS) and prefetching. */
-AMX_TARGET ALWAYS_INLINE void amx_tile(const int two, const ml_cpu_prefetch_kind pf, int m, int n,
-                                       int kp, const uint32_t *a, size_t lda, const uint32_t *b,
+/* gemm_tile_amx with compile-time halves (two: m > AMX_ROWS; wide: n >
+ * AMX_PAIRS) and prefetching. */
+AMX_TARGET ALWAYS_INLINE void amx_tile(const int two, const int wide,
+                                       const ml_cpu_prefetch_kind pf, int m, int n, int kp,
+                                       const uint32_t *a, size_t lda, const uint32_t *b,
                                        size_t ldb, const ml_cpu_prefetch *plan, float *c,
                                        size_t ldc, int add)
 {
     _Alignas(64) float bounce[AMX_KERNEL_ROWS * STRIP_COLS];
-    const int direct = n == STRIP_COLS && m == (two ? AMX_KERNEL_ROWS : AMX_ROWS);
+    const int direct = n == (wide ? STRIP_COLS : LANES) && m == (two ? AMX_KERNEL_ROWS : AMX_ROWS);
     float *ct = direct ? c : bounce;
     const size_t ldct = direct ? ldc : STRIP_COLS, stride = ldct * sizeof(float);
     if (!direct) {
@@ -301,10 +307,12 @@ AMX_TARGET ALWAYS_INLINE void amx_tile(const int two, const ml_cpu_prefetch_kind
     }
     if (add || !direct) {
         _tile_loadd(AMX_C00, ct, stride);
-        _tile_loadd(AMX_C01, ct + LANES, stride);
+        if (wide)
+            _tile_loadd(AMX_C01, ct + LANES, stride);
         if (two) {
             _tile_loadd(AMX_C10, ct + AMX_ROWS * ldct, stride);
-            _tile_loadd(AMX_C11, ct + AMX_ROWS * ldct + LANES, stride);
+            if (wide)
+                _tile_loadd(AMX_C11, ct + AMX_ROWS * ldct + LANES, stride);
         }
     } else {
         _tile_zero(AMX_C00);
@@ -323,12 +331,13 @@ AMX_TARGET ALWAYS_INLINE void amx_tile(const int two, const ml_cpu_prefetch_kind
         } else if (pf == ML_CPU_PREFETCH_NEXT) {
             next_units_step(&nu, chunk_bytes);
         }
-        amx_chunk(two, a + (size_t)q * AMX_PAIRS, lda, bq, ldb);
+        amx_chunk(two, wide, a + (size_t)q * AMX_PAIRS, lda, bq, ldb);
     }
     /* The last pairs, fewer than a chunk: a chunk of their copies padded
      * with zero pairs, whose products add exact zeros. */
     const int tail = kp - chunks * AMX_PAIRS;
     if (tail) {
+        const int cols = wide ? STRIP_COLS : AMX_PAIRS;
         _Alignas(64) uint32_t at[AMX_KERNEL_ROWS * AMX_PAIRS] = {0};
         _Alignas(64) uint32_t bt[AMX_PAIRS * STRIP_COLS] = {0};
         for (int i = 0; i < m; i++)
@@ -336,16 +345,18 @@ AMX_TARGET ALWAYS_INLINE void amx_tile(const int two, const ml_cpu_prefetch_kind
                    (size_t)tail * sizeof(uint32_t));
         for (int p = 0; p < tail; p++)
             memcpy(bt + (size_t)p * STRIP_COLS, b + (size_t)(chunks * AMX_PAIRS + p) * ldb,
-                   STRIP_COLS * sizeof(uint32_t));
+                   (size_t)cols * sizeof(uint32_t));
         amx_publish(at);
         amx_publish(bt);
-        amx_chunk(two, at, AMX_PAIRS, bt, STRIP_COLS);
+        amx_chunk(two, wide, at, AMX_PAIRS, bt, STRIP_COLS);
     }
     _tile_stored(AMX_C00, ct, stride);
-    _tile_stored(AMX_C01, ct + LANES, stride);
+    if (wide)
+        _tile_stored(AMX_C01, ct + LANES, stride);
     if (two) {
         _tile_stored(AMX_C10, ct + AMX_ROWS * ldct, stride);
-        _tile_stored(AMX_C11, ct + AMX_ROWS * ldct + LANES, stride);
+        if (wide)
+            _tile_stored(AMX_C11, ct + AMX_ROWS * ldct + LANES, stride);
     }
     if (!direct) {
         amx_publish(bounce);
@@ -357,25 +368,31 @@ AMX_TARGET static void gemm_tile_amx(int m, int n, int kp, const uint32_t *a, si
                                      const uint32_t *b, size_t ldb, const ml_cpu_prefetch *pf,
                                      float *c, size_t ldc, int add)
 {
-    assert(m >= 1 && m <= AMX_KERNEL_ROWS && n >= 1 && n <= STRIP_COLS && ldb == STRIP_COLS);
+    assert(m >= 1 && m <= AMX_KERNEL_ROWS && n >= 1 && n <= STRIP_COLS);
     if (!amx_configured) {
         _tile_loadconfig(&amx_shape);
         amx_configured = 1;
     }
     const ml_cpu_prefetch_kind kind = pf ? pf->kind : ML_CPU_PREFETCH_NONE;
-#define AMX_TILE_PF(two)                                                                           \
+#define AMX_TILE_PF(two, wide)                                                                     \
     do {                                                                                           \
         if (kind == ML_CPU_PREFETCH_STREAM)                                                        \
-            amx_tile(two, ML_CPU_PREFETCH_STREAM, m, n, kp, a, lda, b, ldb, pf, c, ldc, add);      \
+            amx_tile(two, wide, ML_CPU_PREFETCH_STREAM, m, n, kp, a, lda, b, ldb, pf, c, ldc,      \
+                     add);                                                                         \
         else if (kind == ML_CPU_PREFETCH_NEXT)                                                     \
-            amx_tile(two, ML_CPU_PREFETCH_NEXT, m, n, kp, a, lda, b, ldb, pf, c, ldc, add);        \
+            amx_tile(two, wide, ML_CPU_PREFETCH_NEXT, m, n, kp, a, lda, b, ldb, pf, c, ldc, add);  \
         else                                                                                       \
-            amx_tile(two, ML_CPU_PREFETCH_NONE, m, n, kp, a, lda, b, ldb, pf, c, ldc, add);        \
+            amx_tile(two, wide, ML_CPU_PREFETCH_NONE, m, n, kp, a, lda, b, ldb, pf, c, ldc, add);  \
     } while (0)
-    if (m > AMX_ROWS)
-        AMX_TILE_PF(1);
+    const int two = m > AMX_ROWS, wide = n > AMX_PAIRS;
+    if (two && wide)
+        AMX_TILE_PF(1, 1);
+    else if (two)
+        AMX_TILE_PF(1, 0);
+    else if (wide)
+        AMX_TILE_PF(0, 1);
     else
-        AMX_TILE_PF(0);
+        AMX_TILE_PF(0, 0);
 #undef AMX_TILE_PF
 }
 

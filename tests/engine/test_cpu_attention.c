@@ -166,25 +166,32 @@ static void test_attn_vision(ml_backend *be[N_BACKENDS], int bf16)
 }
 
 /* bf16 activations, on a CPU with AVX-512 BF16 (test_cpu_matmul checks the
- * refusal elsewhere): the vision attention as above. */
+ * refusal elsewhere): the vision attention as above, on AMX where the CPU
+ * has it and on the vector kernel (ML_CPU_AMX=0), over the same inputs. */
 static void test_attn_vision_bf16(ml_cpu_isa isa)
 {
     if (isa != ML_CPU_ISA_AVX512 || !ml_cpu_has_avx512_bf16())
         return;
     const int threads[N_BACKENDS] = {1, THREADS_MANY};
-    ml_backend *be[N_BACKENDS] = {NULL};
-    int ready = 1;
-    for (int b = 0; b < N_BACKENDS; b++) {
-        char err[ERRLEN] = "";
-        be[b] = cpu_ops_create(isa, threads[b], err, sizeof err);
-        ready &= be[b] && ml_backend_cpu_bf16_activations(be[b], err, sizeof err) == ML_OK;
-        check(ready, "bf16 activations [%s] x%d: %s", g_isa, threads[b], err);
+    const uint64_t rng = ml_test_rng;
+    for (int amx = ml_cpu_has_amx_bf16(); amx >= 0; amx--) {
+        setenv("ML_CPU_AMX", amx ? "1" : "0", 1);
+        rand_seed(rng);
+        ml_backend *be[N_BACKENDS] = {NULL};
+        int ready = 1;
+        for (int b = 0; b < N_BACKENDS; b++) {
+            char err[ERRLEN] = "";
+            be[b] = cpu_ops_create(isa, threads[b], err, sizeof err);
+            ready &= be[b] && ml_backend_cpu_bf16_activations(be[b], err, sizeof err) == ML_OK;
+            check(ready, "bf16 activations [%s] x%d, AMX %d: %s", g_isa, threads[b], amx, err);
+        }
+        if (ready)
+            test_attn_vision(be, 1);
+        for (int b = 0; b < N_BACKENDS; b++)
+            if (be[b])
+                be[b]->ops->destroy(be[b]);
     }
-    if (ready)
-        test_attn_vision(be, 1);
-    for (int b = 0; b < N_BACKENDS; b++)
-        if (be[b])
-            be[b]->ops->destroy(be[b]);
+    unsetenv("ML_CPU_AMX");
 }
 
 /* ---- attention: causal over the paged cache --------------------------------------- */

@@ -796,11 +796,12 @@ static void test_gemm_tile_amx(const ml_cpu_kernels *kn)
         CHUNK = 16,       /* pairs a TDPBF16PS takes */
         MAX_KP = 2 * CHUNK + 5,
         A_ROWS = R + ML_CPU_AMX_ROW_STEP - 1, /* the rows a tile load reads past m */
+        LDB = S + 8, /* B's rows longer than the strip: the attention's Qᵀ */
         LDC = S + 3,
         C_ROWS = R + 1,
     };
     static const int kps[] = {0, 1, CHUNK, CHUNK + 5, MAX_KP};
-    static uint32_t a[A_ROWS * MAX_KP], b[MAX_KP * S], bj[MAX_KP * S];
+    static uint32_t a[A_ROWS * MAX_KP], b[MAX_KP * LDB], bj[MAX_KP * S];
     static float c0[C_ROWS * LDC], stored[C_ROWS * LDC], added[C_ROWS * LDC], one[R * S];
     const uint64_t rng = ml_test_rng;
     int alone = 1, outside = 1, chunked = 1, bounded = 1;
@@ -815,13 +816,13 @@ static void test_gemm_tile_amx(const ml_cpu_kernels *kn)
         for (int j = 0; j < S; j++) {
             memset(bj, 0, sizeof bj);
             for (int p = 0; p < kp; p++)
-                bj[(size_t)p * S] = b[(size_t)p * S + j];
+                bj[(size_t)p * S] = b[(size_t)p * LDB + j];
             for (int i = 0; i < R; i++) {
                 kn->gemm_tile_amx(1, 1, kp, a + (size_t)i * MAX_KP, MAX_KP, bj, S, NULL,
                                   &one[i * S + j], 1, 0);
                 double want = 0, mag = 0;
                 for (int p = 0; p < kp; p++) {
-                    const uint32_t ap = a[(size_t)i * MAX_KP + p], bp = b[(size_t)p * S + j];
+                    const uint32_t ap = a[(size_t)i * MAX_KP + p], bp = b[(size_t)p * LDB + j];
                     for (int h = 0; h < 2; h++) {
                         const double prod = (double)ml_bf16_to_f32((uint16_t)(ap >> 16 * h)) *
                                             ml_bf16_to_f32((uint16_t)(bp >> 16 * h));
@@ -834,11 +835,11 @@ static void test_gemm_tile_amx(const ml_cpu_kernels *kn)
         }
         for (int m = 1; m <= R; m++) {
             for (int n = 1; n <= S; n++) {
-                const ml_cpu_prefetch pf = prefetch_kind(m + n, b, (size_t)kp * S * sizeof *b);
+                const ml_cpu_prefetch pf = prefetch_kind(m + n, b, (size_t)kp * LDB * sizeof *b);
                 memset(stored, 0xa5, sizeof stored);
                 memcpy(added, c0, sizeof added);
-                kn->gemm_tile_amx(m, n, kp, a, MAX_KP, b, S, &pf, stored, LDC, 0);
-                kn->gemm_tile_amx(m, n, kp, a, MAX_KP, b, S, &pf, added, LDC, 1);
+                kn->gemm_tile_amx(m, n, kp, a, MAX_KP, b, LDB, &pf, stored, LDC, 0);
+                kn->gemm_tile_amx(m, n, kp, a, MAX_KP, b, LDB, &pf, added, LDC, 1);
                 for (int i = 0; i < C_ROWS; i++) {
                     for (int j = 0; j < LDC; j++) {
                         const size_t e = (size_t)i * LDC + (size_t)j;
@@ -854,17 +855,18 @@ static void test_gemm_tile_amx(const ml_cpu_kernels *kn)
                 if (kp <= CHUNK)
                     continue;
                 memcpy(stored, c0, sizeof stored);
-                kn->gemm_tile_amx(m, n, CHUNK, a, MAX_KP, b, S, NULL, stored, LDC, 1);
-                kn->gemm_tile_amx(m, n, kp - CHUNK, a + CHUNK, MAX_KP, b + (size_t)CHUNK * S, S,
-                                  NULL, stored, LDC, 1);
+                kn->gemm_tile_amx(m, n, CHUNK, a, MAX_KP, b, LDB, NULL, stored, LDC, 1);
+                kn->gemm_tile_amx(m, n, kp - CHUNK, a + CHUNK, MAX_KP, b + (size_t)CHUNK * LDB,
+                                  LDB, NULL, stored, LDC, 1);
                 chunked &= memcmp(stored, added, sizeof stored) == 0;
             }
         }
     }
     /* 2^-133 (a bf16 subnormal) times 2^127: 2^-6 were it not counted as zero */
-    const uint32_t sub = ml_cpu_bf16_pair(0x1p-133f, 0.0f), big = ml_cpu_bf16_pair(0x1p127f, 0.0f);
+    const uint32_t sub = ml_cpu_bf16_pair(0x1p-133f, 0.0f);
+    uint32_t big[S] = {ml_cpu_bf16_pair(0x1p127f, 0.0f)}; /* a B row as the kernel reads it */
     float daz = -1.0f;
-    kn->gemm_tile_amx(1, 1, 1, &sub, 1, &big, S, NULL, &daz, 1, 0);
+    kn->gemm_tile_amx(1, 1, 1, &sub, 1, big, S, NULL, &daz, 1, 0);
     const char *isa = ml_cpu_isa_name(kn->isa);
     check(alone, "gemm_tile_amx [%s]: an element's bits depend on the tile around it", isa);
     check(outside, "gemm_tile_amx [%s]: a write outside the m x n tile", isa);
