@@ -133,7 +133,8 @@ typedef struct attn_job {
     const uint8_t *valid; /* (n_seqs, seq_len) */
     int seq_len;
     /* vision with bf16 activations, else NULL: K rounded in pairs along
-     * head_dim, (tokens, n_kv_heads, kpairs) dwords; V rounded in pairs of
+     * head_dim, (n_seqs, n_kv_heads, seq_len, kpairs) dwords (a head's keys
+     * together: rows n_kv_heads apart fell on a few L1 sets); V rounded in pairs of
      * keys, (n_seqs, n_kv_heads, seq_len / 2, head_dim) dwords, or on AMX
      * its transpose (n_seqs, n_kv_heads, head_dim, seq_len / 2), the
      * product's A as it loads */
@@ -516,8 +517,9 @@ static void scores_bf16(const attn_job *j, int s, int kvh, int kb, int nk, int k
     const ml_cpu_kernels *kn = j->cb->kern;
     const int mr = j->amx ? ML_CPU_AMX_TILE_ROWS : kn->tile_rows;
     const int nr = j->amx ? ML_CPU_MAX_STRIP_COLS : kn->tile_cols, kp = j->kpairs;
-    const size_t ld = (size_t)j->n_kv_heads * (size_t)kp;
-    const uint32_t *k2 = j->k2 + ((size_t)s * j->seq_len + (size_t)kb) * ld + (size_t)kvh * kp;
+    const size_t ld = (size_t)kp;
+    const uint32_t *k2 =
+        j->k2 + (((size_t)s * j->n_kv_heads + (size_t)kvh) * j->seq_len + (size_t)kb) * ld;
     const uint32_t *next = kb_next < 0 ? NULL : k2 + (size_t)(kb_next - kb) * ld;
     for (int k0 = 0; k0 < nk; k0 += mr) {
         if (next && kb_next + k0 < j->seq_len)
@@ -866,7 +868,7 @@ static void round_part(void *ctx, int64_t begin, int64_t end, int tid)
         const size_t tok = s * (size_t)p->seq_len + 2 * pair;
         for (size_t h = 0; h < heads; h++) {
             for (size_t t = tok; t < tok + 2; t++) {
-                uint32_t *k2 = r->k2 + (t * heads + h) * kp;
+                uint32_t *k2 = r->k2 + ((s * heads + h) * (size_t)p->seq_len + t % p->seq_len) * kp;
                 r->kn->bf16_pairs(k2, p->k + (t * heads + h) * hd, hd);
                 memset(k2 + hd / 2, 0, (kp - hd / 2) * sizeof *k2);
             }
