@@ -13,8 +13,12 @@
  * On a CPU with AVX-512 BF16 it then measures the bf16 dot peak the same
  * way: chains of VDPBF16PS (f32 += the dot of two bf16 pairs, 4 FLOPs a
  * lane), the ceiling of the bf16 Linears and vision attention of the opt-in
- * bf16 activations (roofline.sh --cpu-activations bf16). */
+ * bf16 activations (roofline.sh --cpu-activations bf16). Where those run on
+ * AMX (ml_cpu_amx_select, as the backend picks) it measures TDPBF16PS too:
+ * four 16 x 16 f32 tiles each taking the products of two 16 x 32 bf16
+ * tiles, 16384 FLOPs an instruction, their ceiling there. */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -96,6 +100,64 @@ __attribute__((target("avx512f,avx512bf16"))) static float chains_bf16(long n)
         s = _mm512_add_ps(s, acc[c]);
     return _mm512_reduce_add_ps(s);
 }
+
+/* AMX: C tiles 0-3 += A tiles 4-5 times B tiles 6-7, every tile 16 rows of
+ * 64 bytes. A's pairs (1, -1) and B's (1, 1): each instruction adds 0, and
+ * tile t keeps its start value t. */
+#define AMX_TILE_FLOATS 256
+#define AMX_FLOPS (16.0 * 16 * 32 * 2)
+#define AMX_C_TILES 4
+/* TDPBF16PS rounds a pass takes (4 an iteration): a FMA chain's rounds
+ * would take ~10x as long. */
+#define AMX_ROUNDS (ROUNDS / 10)
+typedef struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+static const amx_config amx_shape = {.palette = 1,
+                                     .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+                                     .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+
+__attribute__((target("amx-tile,amx-bf16"))) static float chains_amx(long n)
+{
+    static _Thread_local uint32_t a[AMX_TILE_FLOATS], b[AMX_TILE_FLOATS];
+    static _Thread_local float c[AMX_C_TILES][AMX_TILE_FLOATS];
+    for (int i = 0; i < AMX_TILE_FLOATS; i++) {
+        a[i] = PAIR_ONE_MINUS_ONE;
+        b[i] = PAIR_ONE_ONE;
+        for (int t = 0; t < AMX_C_TILES; t++)
+            c[t][i] = (float)t;
+    }
+    /* GCC's tile loads name their address as a register, not as memory:
+     * the stores above must be done before them */
+    __asm__ volatile("" : : "r"(a), "r"(b), "r"(c) : "memory");
+    _tile_loadconfig(&amx_shape);
+    _tile_loadd(0, c[0], 64);
+    _tile_loadd(1, c[1], 64);
+    _tile_loadd(2, c[2], 64);
+    _tile_loadd(3, c[3], 64);
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, a, 64);
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b, 64);
+    for (long i = 0; i < n; i++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    _tile_stored(2, c[2], 64);
+    _tile_stored(3, c[3], 64);
+    _tile_release();
+    float sum = 0;
+    for (int t = 0; t < AMX_C_TILES; t++)
+        for (int i = 0; i < AMX_TILE_FLOATS; i++)
+            sum += c[t][i];
+    return sum;
+}
 #endif
 
 /* The portable build's kernels: scalar multiply-add, one lane. */
@@ -113,10 +175,11 @@ static float chains_plain(float mul, float add, long n)
     return sum;
 }
 
-/* What a thread's chains run: f32 FMAs in an ISA, or bf16 dot products. */
+/* What a thread's chains run: f32 FMAs in an ISA, bf16 dot products, or
+ * AMX tiles. */
 typedef struct peak_kind {
     ml_cpu_isa isa;
-    int bf16_dot;
+    int bf16_dot, amx;
 } peak_kind;
 
 typedef struct worker {
@@ -133,7 +196,13 @@ static int lanes_of(ml_cpu_isa isa)
  * two pairs 4 (16 f32 lanes). */
 static double flops_per_op(peak_kind k)
 {
-    return k.bf16_dot ? 4.0 * 16 : 2.0 * lanes_of(k.isa);
+    return k.amx ? AMX_FLOPS : k.bf16_dot ? 4.0 * 16 : 2.0 * lanes_of(k.isa);
+}
+
+/* Instructions of a chain in a pass (AMX: all four tiles' in one). */
+static double ops_per_pass(peak_kind k)
+{
+    return k.amx ? (double)AMX_C_TILES * AMX_ROUNDS : (double)CHAINS * ROUNDS;
 }
 
 /* The sum of the accumulators' lanes after any number of rounds: FMA
@@ -141,6 +210,8 @@ static double flops_per_op(peak_kind k)
  * values 0 .. CHAINS - 1. */
 static float expected_sum(peak_kind k)
 {
+    if (k.amx)
+        return (float)AMX_TILE_FLOATS * AMX_C_TILES * (AMX_C_TILES - 1) / 2;
     return k.bf16_dot ? 16.0f * CHAINS * (CHAINS - 1) / 2 : (float)(CHAINS * lanes_of(k.isa));
 }
 
@@ -149,6 +220,10 @@ static void *run_chains(void *arg)
     worker *w = arg;
     volatile float mul = MUL, add = ADD;
 #if ML_CPU_X86
+    if (w->kind.amx) {
+        w->sum = chains_amx(AMX_ROUNDS);
+        return NULL;
+    }
     if (w->kind.bf16_dot) {
         w->sum = chains_bf16(ROUNDS);
         return NULL;
@@ -197,7 +272,7 @@ static double peak(peak_kind kind, int threads)
             check(w[t].sum > 0.99f * expect && w[t].sum < 1.01f * expect,
                   "peak: sum %g, expected %g", (double)w[t].sum, (double)expect);
     }
-    return flops_per_op(kind) * CHAINS * (double)ROUNDS * threads / best / 1e9;
+    return flops_per_op(kind) * ops_per_pass(kind) * threads / best / 1e9;
 }
 
 int main(void)
@@ -220,6 +295,14 @@ int main(void)
         const peak_kind dot = {.isa = ML_CPU_ISA_AVX512, .bf16_dot = 1};
         printf("bf16 dot peak, %d thread(s), avx512-bf16, %d chains: %8.1f GFLOP/s\n", threads,
                CHAINS, peak(dot, threads));
+        int amx = 0;
+        if (ml_cpu_amx_select(&amx, err, sizeof err) != ML_OK) {
+            fprintf(stderr, "%s\n", err);
+            return 1;
+        }
+        if (amx)
+            printf("amx bf16 peak, %d thread(s), amx-bf16, %d tiles: %8.1f GFLOP/s\n", threads,
+                   AMX_C_TILES, peak((peak_kind){.amx = 1}, threads));
     }
     return check_done();
 }

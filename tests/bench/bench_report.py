@@ -25,7 +25,8 @@ Standard library only.
         median step time of the runs (each run's median over its steps that
         decoded all B) against the larger of bytes / read bandwidth and
         FLOPs / f32 FMA peak; with --dot-gflops (bf16 activations), the
-        Linears' FLOPs / bf16 dot peak plus the attention's / f32 FMA peak
+        Linears' FLOPs / their bf16 peak (AMX's, else the bf16 dot's) plus
+        the attention's / f32 FMA peak
         (roofline.sh).
     bench_report.py fp8 --bf16 BF16.kv... --fp8 FP8.kv...
         Decode ms/token of an FP8 checkpoint against its bf16 original, per
@@ -410,7 +411,7 @@ def cmd_fp8(args):
 def decode_flops(cfg, ctx, image):
     """FLOPs of one sequence's decode step at context ctx, as (Linears,
     attention): 2 per weight of every Linear and lm_head (a multiply-add,
-    f32 FMA whatever the weights' dtype, or the bf16 dot product with bf16
+    f32 FMA whatever the weights' dtype, or bf16 products with bf16
     activations), and the attention's two products (q.k and p.v, 2 FLOPs a
     multiply-add, f32 FMA in either mode) over the self-attention cache and,
     with an image, every tile slot of every cross layer (as the CPU kernel
@@ -470,8 +471,9 @@ def cmd_roofline(args):
         flops = linear_flops + attn_flops
         mem_ms = nbytes / args.read_gbs / 1e6
         if args.dot_gflops:
-            # The bf16 Linears on the dot product, the attention on f32
-            # FMAs: both issue on the same vector ports, so their times add.
+            # The bf16 Linears on their bf16 products (AMX, or the dot on
+            # the FMA ports), the attention on f32 FMAs: one after the other
+            # in a step, so their times add.
             fma_ms = (linear_flops / args.dot_gflops + attn_flops / args.fma_gflops) / 1e6
         else:
             fma_ms = flops / args.fma_gflops / 1e6
@@ -526,7 +528,7 @@ def cmd_roofline(args):
     print()
     peaks = "f32 FMA peak %.1f GFLOP/s" % args.fma_gflops
     if args.dot_gflops:
-        peaks += " (attention), bf16 dot peak %.1f GFLOP/s (bf16 Linears)" % args.dot_gflops
+        peaks += " (attention), bf16 peak %.1f GFLOP/s (bf16 Linears)" % args.dot_gflops
     print("read bandwidth %.1f GB/s%s, %s; K/V %d bytes an element"
           % (args.read_gbs, "" if not args.median_read_gbs
              else " (median sample %.1f)" % args.median_read_gbs, peaks, args.kv_bytes))
@@ -642,7 +644,8 @@ def main():
     rl.add_argument("--read-gbs", type=float, required=True)
     rl.add_argument("--fma-gflops", type=float, required=True)
     rl.add_argument("--dot-gflops", type=float,
-                    help="the bf16 dot peak: the bf16 Linears' compute bound (bf16 activations)")
+                    help="the bf16 products' peak (AMX, else the bf16 dot): the bf16 "
+                    "Linears' compute bound (bf16 activations)")
     rl.add_argument("--kv-bytes", type=int, default=4)
     rl.add_argument("--median-read-gbs", type=float,
                     help="the median bandwidth sample: a further column and goal line")

@@ -46,8 +46,9 @@ echo "engine vs transformers: preset $preset, $max_tokens tokens per request, $B
     "ours in transformers' row-mask mode, $cpu_activations activations, $cpu_kv_cache K/V cache"
 echo "before: $(bench_load)"
 # The peak the vision encode's products run on, before ours and after the
-# peers (the higher kept, as roofline.sh): the f32 FMAs, or the bf16 dot
-# product that --cpu-activations bf16 puts the tower's Linears and attention on.
+# peers (the higher kept, as roofline.sh): the f32 FMAs, or the bf16 products
+# (AMX's tiles, else the bf16 dot) that --cpu-activations bf16 puts the
+# tower's Linears and attention on.
 peaks=("$(bench_peaks)")
 for r in $(seq 1 "$repeats"); do
     bench_time_run "$run/ours_$r.jsonl" "$run/ours_$r.wall" \
@@ -75,7 +76,11 @@ echo "transformers $(awk '$1 == "hf_version" { print $2 }' "${hf_files[0]}"), to
     "(CPU capability $(awk '$1 == "torch_cpu_capability" { print $2 }' "${hf_files[0]}"))"
 peaks+=("$(bench_peaks)")
 if [ "$cpu_activations" = bf16 ]; then
-    peak_field=3 peak_name="bf16 dot peak"
+    peak_field=3
+    case "$(printf '%s\n' "${peaks[@]}" | cut -d' ' -f4 | tail -1)" in
+        amx-bf16) peak_name="AMX bf16 peak" ;;
+        *) peak_name="bf16 dot peak" ;;
+    esac
 else
     peak_field=1 peak_name="f32 FMA peak"
 fi

@@ -146,19 +146,21 @@ bench_read_gbs() {
         awk -v t="$BENCH_THREADS" '$3 == t"" { for (i = 4; i <= NF; i++) if ($i == "GB/s") print $(i - 1) }'
 }
 
-# bench_peaks: "GFLOPS ISA [DOT]" from one run of bench_fma_peak with
+# bench_peaks: "GFLOPS ISA [BF16 KIND]" from one run of bench_fma_peak with
 # $BENCH_THREADS threads: the f32 FMA peak on the ISA the CPU backend picks
 # (the ceiling of a compute-bound step) and that ISA's name, then, on a CPU
-# with AVX-512 BF16, the bf16 dot peak (4 FLOPs a VDPBF16PS lane: the
-# ceiling of the bf16 Linears of --cpu-activations bf16). Measured around
-# every run, the highest of each kept, as bench_read_gbs.
+# with AVX-512 BF16, the peak of the products --cpu-activations bf16 runs
+# and its kind: AMX's TDPBF16PS where the backend picks it ("amx-bf16"),
+# else the bf16 dot (4 FLOPs a VDPBF16PS lane, "avx512-bf16"). Measured
+# around every run, the highest of each kept, as bench_read_gbs.
 bench_peaks() {
     ML_BENCH=1 ML_BENCH_THREADS=$BENCH_THREADS "$build/tests/bench_fma_peak" 2>/dev/null |
         awk -v t="$BENCH_THREADS" '
             function gflops(i) { for (i = 7; i <= NF; i++) if ($i == "GFLOP/s") return $(i - 1) }
             $4 == t"" && $1 == "f32" { isa = $6; sub(",", "", isa); fma = gflops() }
-            $4 == t"" && $1 == "bf16" { dot = gflops() }
-            END { if (fma != "") print fma, isa, dot }'
+            $4 == t"" && $1 == "bf16" { dot = gflops(); kind = "avx512-bf16" }
+            $4 == t"" && $1 == "amx" { dot = gflops(); kind = "amx-bf16" }
+            END { if (fma != "") print fma, isa, dot, kind }'
 }
 
 # bench_load: the machine load, to be printed with every result.

@@ -6,8 +6,8 @@
 # (the runtime's decode_steps) against the larger of two bounds measured in
 # the same run: bytes read / read bandwidth (bench_read_bw) and FLOPs / f32
 # FMA peak (bench_fma_peak, the ISA the engine picks; with --cpu-activations
-# bf16, the Linears' FLOPs / bf16 dot peak plus the attention's FLOPs / f32
-# FMA peak). Goal (issue 27): the bound is >= 85% of the measured step at
+# bf16, the Linears' FLOPs / the peak of their bf16 products, AMX's or the
+# bf16 dot's, plus the attention's FLOPs / f32 FMA peak). Goal (issue 27): the bound is >= 85% of the measured step at
 # every B, text only and with an image. The bytes and FLOPs are
 # bench_report.py roofline's (README.md here). Each process also reads its
 # own packed weights once its batch is done (mllama run --weights-read), and
@@ -22,7 +22,7 @@
 # default): both kinds. --repeats N (default 3) processes per kind and B,
 # interleaved (every kind and B once, then again), the median of their
 # per-process medians reported with the spread. The read bandwidth and the
-# FMA peak (and with bf16 activations the bf16 dot peak) are measured before
+# FMA peak (and with bf16 activations the bf16 products' peak) are measured before
 # every process and after the last, the highest of each kept. --max-tokens
 # (default 33) per request: the steps counted are those after the first
 # token.
@@ -33,7 +33,8 @@
 #   the run's mean context (the table's column).
 # --cpu-activations f32|bf16: ours with mllama run's --cpu-activations (f32,
 #   the default, is the reference numerics; bf16 needs AVX-512 BF16: its
-#   bf16 Linears run on the bf16 dot product, the attention stays f32 FMA).
+#   bf16 Linears run on AMX where the CPU has it, else on the bf16 dot
+#   product; the decode attention stays f32 FMA).
 # --cpu-kv-cache f32|bf16: ours with mllama run's --cpu-kv-cache (f32, the
 #   default; bf16, any CPU: the K/V caches and image states stored bf16, so
 #   the bytes bound counts 2 bytes per cached element; the attention's FLOPs
@@ -107,15 +108,17 @@ echo "before: $load_before"
 bws=()
 fmas=()
 dots=()
+dot_kind=
 measure() {
-    local fma isa dot
+    local fma isa dot kind
     bws+=("$(bench_read_gbs)")
-    read -r fma isa dot <<<"$(bench_peaks)"
+    read -r fma isa dot kind <<<"$(bench_peaks)"
     [ -n "$fma" ] && fmas+=("$fma $isa")
     if [ "$cpu_activations" = bf16 ]; then
         [ -n "$dot" ] ||
             bench_die "bench_fma_peak measured no bf16 dot peak (--cpu-activations bf16 needs AVX-512 BF16)"
         dots+=("$dot")
+        dot_kind=$kind
     fi
 }
 for r in $(seq 1 "$repeats"); do
@@ -146,7 +149,7 @@ echo "read bandwidth ($BENCH_THREADS threads, 1 GiB, 64-byte loads) around the r
 echo "f32 FMA peak ($BENCH_THREADS threads, isa ${fma#* }: the engine's pick) around the runs:" \
     "$(printf '%s\n' "${fmas[@]}" | cut -d' ' -f1 | tr '\n' ' ')GFLOP/s"
 [ "$cpu_activations" = f32 ] ||
-    echo "bf16 dot peak ($BENCH_THREADS threads, avx512-bf16: the bf16 Linears') around the runs:" \
+    echo "bf16 peak ($BENCH_THREADS threads, $dot_kind: the bf16 Linears') around the runs:" \
         "${dots[*]} GFLOP/s"
 echo
 
