@@ -102,8 +102,6 @@
  * keys of a block one run copied at once: 0.93-1.09x, median 1.02 (8 pairs,
  * 16 sequences, 1,141 tokens, f32, the same bits; tests/bench/README.md). */
 #define GATHER_AHEAD 8
-/* Pairs a chunk of gemm_tile_amx takes (cpu_kernels.h). */
-#define AMX_CHUNK_PAIRS 16
 
 /* The bf16 weights (BK / 2, BQ) pairs of keys reuse the gathered-K scratch,
  * which vision keys (used in place) leave free. */
@@ -902,14 +900,13 @@ void ml_cpu_attn_vision(ml_backend *be, const ml_attn_vision_params *p)
     ml_cpu_backend *cb = ml_cpu_of(be);
     if (cb->bf16_x && p->head_dim % 2 == 0 && p->seq_len % 2 == 0 && p->n_seq > 0) {
         const int amx = cb->amx, hp = p->head_dim / 2;
-        const int kpairs = amx ? (hp + AMX_CHUNK_PAIRS - 1) / AMX_CHUNK_PAIRS * AMX_CHUNK_PAIRS
-                               : hp;
+        const int chunk = ML_CPU_AMX_CHUNK_PAIRS;
+        const int kpairs = amx ? (hp + chunk - 1) / chunk * chunk : hp;
         const size_t tokens = (size_t)p->n_seq * p->seq_len;
         const size_t n_k = tokens * p->n_heads * kpairs, n_v = tokens * p->n_heads * hp;
         /* gemm_tile_amx's A loads read up to a tile's rows past the last
          * (keys of K, head dims of Vᵀ, a chunk each) */
-        const size_t slack = amx ? (size_t)ML_CPU_AMX_ROW_STEP * (p->seq_len / 2 + AMX_CHUNK_PAIRS)
-                                 : 0;
+        const size_t slack = amx ? (size_t)ML_CPU_AMX_ROW_STEP * (p->seq_len / 2 + chunk) : 0;
         uint32_t *k2 = (uint32_t *)ml_cpu_act_buffer(cb, n_k + n_v + slack, "attn_vision");
         if (!k2)
             return;

@@ -20,9 +20,10 @@
 #define ML_CPU_TILE_MAX_ROWS 12
 #define ML_CPU_TILE_MAX_COLS 32
 /* gemm_tile_amx's rows: two AMX tiles of ML_CPU_AMX_ROW_STEP rows (the
- * rows of A a tile load reads). */
+ * rows of A a tile load reads); the pairs of its chunks (one TDPBF16PS). */
 #define ML_CPU_AMX_ROW_STEP 16
 #define ML_CPU_AMX_TILE_ROWS (2 * ML_CPU_AMX_ROW_STEP)
+#define ML_CPU_AMX_CHUNK_PAIRS 16
 /* Widest strip of any ISA's packed weights (strip_cols). */
 #define ML_CPU_MAX_STRIP_COLS 32
 /* Largest gemv block of any ISA. */

@@ -199,7 +199,7 @@ F8_TARGET ALWAYS_INLINE void f8_pair_step(const f8_tables *t, __m512i codes, __m
 /* A tile is 16 rows of 64 bytes: 16 pairs of A's row, or 16 pair-steps of
  * 16 columns of B (half a strip step), or 16 x 16 f32 of C. */
 #define AMX_ROWS ML_CPU_AMX_ROW_STEP
-#define AMX_PAIRS 16
+#define AMX_PAIRS ML_CPU_AMX_CHUNK_PAIRS
 #define AMX_ROW_BYTES 64
 #define AMX_KERNEL_ROWS ML_CPU_AMX_TILE_ROWS
 _Static_assert(STRIP_COLS == 2 * AMX_PAIRS, "a strip is two B tiles wide");

@@ -793,7 +793,7 @@ static void test_gemm_tile_amx(const ml_cpu_kernels *kn)
     enum {
         R = ML_CPU_AMX_TILE_ROWS,
         S = ML_CPU_MAX_STRIP_COLS,
-        CHUNK = 16,       /* pairs a TDPBF16PS takes */
+        CHUNK = ML_CPU_AMX_CHUNK_PAIRS,
         MAX_KP = 2 * CHUNK + 5,
         A_ROWS = R + ML_CPU_AMX_ROW_STEP - 1, /* the rows a tile load reads past m */
         LDB = S + 8, /* B's rows longer than the strip: the attention's Qᵀ */
