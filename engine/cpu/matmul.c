@@ -130,8 +130,9 @@ size_t ml_cpu_matmul_scratch_floats(void)
 typedef struct matmul_job {
     float *y;                 /* (M, N) */
     const float *x;           /* (M, K) */
-    /* bf16 activations (cb->bf16_x): x rounded to bf16 in pairs, (M, Kp / 2)
-     * dwords; NULL: the f32 x above. */
+    /* bf16 activations (cb->bf16_x): x rounded to bf16 in pairs, rows of Kp / 2
+     * pairs xb_stride(K) dwords apart
+     * (M, Kp / 2) dwords; NULL: the f32 x above. */
     const uint32_t *xb;
     int Kp;                   /* steps of a packed strip: K, or K rounded up to even with xb */
     const unsigned char *w;   /* packed (ml_cpu_linear_weight) */
@@ -148,6 +149,23 @@ typedef struct matmul_job {
 static inline int imin(int a, int b)
 {
     return a < b ? a : b;
+}
+
+/* K rounded up to even: the steps of a strip in the pair layout. */
+static int pair_steps(int K)
+{
+    return K + K % 2;
+}
+
+/* Dwords from one row of x's pairs to the next: whole cache lines, an odd
+ * number of them, so that a tile's 16 rows fall on 16 L1 sets (at K 5120,
+ * 160 lines apart, they fell on 2 of them and left L1 before the next
+ * strip reused them). */
+static size_t xb_stride(int K)
+{
+    const size_t per_line = ML_CPU_LINE_BYTES / sizeof(uint32_t);
+    const size_t lines = ((size_t)pair_steps(K) / 2 + per_line - 1) / per_line;
+    return (lines | 1) * per_line;
 }
 
 /* Rows of the job's kernel tile. */
@@ -266,7 +284,7 @@ static void tile_call(const matmul_job *j, int m, int n, int kc, int ic, int col
                       const float *wb, const ml_cpu_prefetch *pf, float *widen_to)
 {
     const ml_cpu_kernels *kn = j->cb->kern;
-    const size_t K = (size_t)j->K, N = (size_t)j->N, ldxb = (size_t)j->Kp / 2;
+    const size_t K = (size_t)j->K, N = (size_t)j->N, ldxb = xb_stride(j->K);
     const size_t sc = (size_t)kn->strip_cols;
     const float *x = j->x + (size_t)ic * K + (size_t)pc;
     float *y = j->y + (size_t)ic * N + (size_t)col;
@@ -487,12 +505,6 @@ static void run(ml_cpu_backend *cb, matmul_job job)
     ml_cpu_pool_for(cb->pool, threads, 1, matmul_part, &job);
 }
 
-/* K rounded up to even: the steps of a strip in the pair layout. */
-static int pair_steps(int K)
-{
-    return K + K % 2;
-}
-
 typedef struct round_job {
     uint32_t *xb;
     const float *x;
@@ -506,16 +518,15 @@ static void round_part(void *ctx, int64_t begin, int64_t end, int tid)
 {
     (void)tid;
     const round_job *r = ctx;
-    const size_t pairs = (size_t)pair_steps(r->K) / 2;
     for (int64_t m = begin; m < end; m++)
-        r->kn->bf16_pairs(r->xb + (size_t)m * pairs, r->x + (size_t)m * (size_t)r->K,
+        r->kn->bf16_pairs(r->xb + (size_t)m * xb_stride(r->K), r->x + (size_t)m * (size_t)r->K,
                           (size_t)r->K);
 }
 
 /* Floats of the act buffer that x (M, K) rounded to bf16 pairs takes. */
 static size_t rounded_floats(int M, int K)
 {
-    return (size_t)M * (size_t)pair_steps(K) / 2;
+    return (size_t)M * xb_stride(K);
 }
 
 /* Run job; with xb (rounded_floats of the act buffer) its x is first
