@@ -289,6 +289,22 @@ AMX_TARGET ALWAYS_INLINE void amx_chunk(const int two, const int wide, const uin
     }
 }
 
+/* OP(tile, address) on each C tile of amx_tile's call, at its place in ct
+ * (ldct floats a row): the tile numbers must be literals (GCC). */
+#define AMX_EACH_C(OP)                                                                             \
+    do {                                                                                           \
+        OP(AMX_C00, ct);                                                                           \
+        if (wide)                                                                                  \
+            OP(AMX_C01, ct + LANES);                                                               \
+        if (two) {                                                                                 \
+            OP(AMX_C10, ct + AMX_ROWS * ldct);                                                     \
+            if (wide)                                                                              \
+                OP(AMX_C11, ct + AMX_ROWS * ldct + LANES);                                         \
+        }                                                                                          \
+    } while (0)
+#define AMX_LOAD_C(tile, at) _tile_loadd(tile, at, stride)
+#define AMX_STORE_C(tile, at) _tile_stored(tile, at, stride)
+
 /* gemm_tile_amx with compile-time halves (two: m > AMX_ROWS; wide: n >
  * AMX_PAIRS) and prefetching. */
 AMX_TARGET ALWAYS_INLINE void amx_tile(const int two, const int wide,
@@ -306,14 +322,7 @@ AMX_TARGET ALWAYS_INLINE void amx_tile(const int two, const int wide,
         amx_publish(bounce);
     }
     if (add || !direct) {
-        _tile_loadd(AMX_C00, ct, stride);
-        if (wide)
-            _tile_loadd(AMX_C01, ct + LANES, stride);
-        if (two) {
-            _tile_loadd(AMX_C10, ct + AMX_ROWS * ldct, stride);
-            if (wide)
-                _tile_loadd(AMX_C11, ct + AMX_ROWS * ldct + LANES, stride);
-        }
+        AMX_EACH_C(AMX_LOAD_C);
     } else {
         _tile_zero(AMX_C00);
         _tile_zero(AMX_C01);
@@ -350,19 +359,15 @@ AMX_TARGET ALWAYS_INLINE void amx_tile(const int two, const int wide,
         amx_publish(bt);
         amx_chunk(two, wide, at, AMX_PAIRS, bt, STRIP_COLS);
     }
-    _tile_stored(AMX_C00, ct, stride);
-    if (wide)
-        _tile_stored(AMX_C01, ct + LANES, stride);
-    if (two) {
-        _tile_stored(AMX_C10, ct + AMX_ROWS * ldct, stride);
-        if (wide)
-            _tile_stored(AMX_C11, ct + AMX_ROWS * ldct + LANES, stride);
-    }
+    AMX_EACH_C(AMX_STORE_C);
     if (!direct) {
         amx_publish(bounce);
         amx_bounce_out(m, n, c, ldc, bounce);
     }
 }
+#undef AMX_EACH_C
+#undef AMX_LOAD_C
+#undef AMX_STORE_C
 
 AMX_TARGET static void gemm_tile_amx(int m, int n, int kp, const uint32_t *a, size_t lda,
                                      const uint32_t *b, size_t ldb, const ml_cpu_prefetch *pf,
