@@ -24,6 +24,19 @@
 #define ML_CPU_AMX_ROW_STEP 16
 #define ML_CPU_AMX_TILE_ROWS (2 * ML_CPU_AMX_ROW_STEP)
 #define ML_CPU_AMX_CHUNK_PAIRS 16
+
+/* LDTILECFG's operand (palette 1), and the one configuration gemm_tile_amx
+ * loads (kernels_avx512.c, x86 only): its 8 tiles of 16 rows of 64 bytes,
+ * which bench_fma_peak's TDPBF16PS chains load too. Constant data: GCC's
+ * _tile_loadconfig tells the compiler it reads 8 bytes, so the stores of a
+ * local configuration could be dropped. */
+typedef struct ml_cpu_amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} ml_cpu_amx_config;
+_Static_assert(sizeof(ml_cpu_amx_config) == 64, "LDTILECFG reads 64 bytes");
+extern const ml_cpu_amx_config ml_cpu_amx_shape;
 /* Widest strip of any ISA's packed weights (strip_cols). */
 #define ML_CPU_MAX_STRIP_COLS 32
 /* Largest gemv block of any ISA. */

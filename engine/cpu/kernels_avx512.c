@@ -217,21 +217,11 @@ _Static_assert(STRIP_COLS == 2 * AMX_PAIRS, "a strip is two B tiles wide");
 #define AMX_B0 6
 #define AMX_B1 7
 
-/* LDTILECFG's operand (palette 1). */
-typedef struct amx_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_config;
-_Static_assert(sizeof(amx_config) == 64, "LDTILECFG reads 64 bytes");
-
 /* One shape for every call: loading a configuration took ~110 ns here (a
  * third of a 256-step call), so short rows and columns go through
- * gemm_tile_amx's bounce buffers instead of a configuration of their own.
- * Constant data: GCC's _tile_loadconfig tells the compiler it reads 8
- * bytes, so the stores of a local configuration could be dropped. */
+ * gemm_tile_amx's bounce buffers instead of a configuration of their own. */
 #define AMX_ALL(v) {v, v, v, v, v, v, v, v}
-static const amx_config amx_shape = {
+const ml_cpu_amx_config ml_cpu_amx_shape = {
     .palette = 1, .colsb = AMX_ALL(AMX_ROW_BYTES), .rows = AMX_ALL(AMX_ROWS)};
 #undef AMX_ALL
 static _Thread_local int amx_configured;
@@ -375,7 +365,7 @@ AMX_TARGET static void gemm_tile_amx(int m, int n, int kp, const uint32_t *a, si
 {
     assert(m >= 1 && m <= AMX_KERNEL_ROWS && n >= 1 && n <= STRIP_COLS);
     if (!amx_configured) {
-        _tile_loadconfig(&amx_shape);
+        _tile_loadconfig(&ml_cpu_amx_shape);
         amx_configured = 1;
     }
     const ml_cpu_prefetch_kind kind = pf ? pf->kind : ML_CPU_PREFETCH_NONE;

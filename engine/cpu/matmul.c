@@ -130,9 +130,8 @@ size_t ml_cpu_matmul_scratch_floats(void)
 typedef struct matmul_job {
     float *y;                 /* (M, N) */
     const float *x;           /* (M, K) */
-    /* bf16 activations (cb->bf16_x): x rounded to bf16 in pairs, rows of Kp / 2
-     * pairs xb_stride(K) dwords apart
-     * (M, Kp / 2) dwords; NULL: the f32 x above. */
+    /* bf16 activations (cb->bf16_x): x rounded to bf16 in pairs, (M, Kp / 2)
+     * dwords, rows xb_stride(K) dwords apart; NULL: the f32 x above. */
     const uint32_t *xb;
     int Kp;                   /* steps of a packed strip: K, or K rounded up to even with xb */
     const unsigned char *w;   /* packed (ml_cpu_linear_weight) */
@@ -548,7 +547,7 @@ void ml_cpu_matmul(ml_backend *be, float *y, const float *x, const uint16_t *w,
     ml_cpu_backend *cb = ml_cpu_of(be);
     matmul_job job = {.y = y, .x = x, .w = (const unsigned char *)w, .bias = bias, .M = M,
                       .K = K, .Kp = K, .N = N, .accumulate = accumulate, .cb = cb,
-                      .amx = cb->bf16_x && cb->amx};
+                      .amx = cb->amx};
     if (M <= 0 || N <= 0)
         return;
     /* gemm_tile_amx reads up to a tile load's rows past the last */

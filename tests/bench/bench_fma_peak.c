@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "cpu/cpu_features.h"
+#include "cpu/cpu_kernels.h"
 #include "harness.h"
 
 #if ML_CPU_X86
@@ -102,7 +103,7 @@ __attribute__((target("avx512f,avx512bf16"))) static float chains_bf16(long n)
 }
 
 /* AMX: C tiles 0-3 += A tiles 4-5 times B tiles 6-7, every tile 16 rows of
- * 64 bytes. A's pairs (1, -1) and B's (1, 1): each instruction adds 0, and
+ * 64 bytes (gemm_tile_amx's configuration, ml_cpu_amx_shape). A's pairs (1, -1) and B's (1, 1): each instruction adds 0, and
  * tile t keeps its start value t. */
 #define AMX_TILE_FLOATS 256
 #define AMX_FLOPS (16.0 * 16 * 32 * 2)
@@ -110,14 +111,6 @@ __attribute__((target("avx512f,avx512bf16"))) static float chains_bf16(long n)
 /* TDPBF16PS rounds a pass takes (4 an iteration): a FMA chain's rounds
  * would take ~10x as long. */
 #define AMX_ROUNDS (ROUNDS / 10)
-typedef struct amx_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_config;
-static const amx_config amx_shape = {.palette = 1,
-                                     .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
-                                     .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
 
 __attribute__((target("amx-tile,amx-bf16"))) static float chains_amx(long n)
 {
@@ -132,7 +125,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static float chains_amx(long n)
     /* GCC's tile loads name their address as a register, not as memory:
      * the stores above must be done before them */
     __asm__ volatile("" : : "r"(a), "r"(b), "r"(c) : "memory");
-    _tile_loadconfig(&amx_shape);
+    _tile_loadconfig(&ml_cpu_amx_shape);
     _tile_loadd(0, c[0], 64);
     _tile_loadd(1, c[1], 64);
     _tile_loadd(2, c[2], 64);
