@@ -36,9 +36,11 @@ Standard library only.
     bench_report.py runtime --cache OURS.kv B=RUN.jsonl[,RUN.jsonl...]...
         Throughput against concurrency (the fastest run of each B), and
         image-cache miss against hit.
-    bench_report.py revisions --base-rev REV --base-seq BASE.kv --tree-seq TREE.kv
+    bench_report.py revisions --base-rev REV --base-seq BASE.kv... --tree-seq TREE.kv...
             [--base-concurrent B=RUN.jsonl,... --tree-concurrent B=RUN.jsonl,...]...
-        This tree's timings over a base revision's (compare_revisions.sh).
+        This tree's timings over a base revision's (compare_revisions.sh): each
+        timing's median and spread (min-max) over the runs, and the same of
+        the ratio of the runs paired by the script's alternation.
 """
 import argparse
 import json
@@ -592,26 +594,50 @@ def cmd_runtime(args):
 # ---- revisions --------------------------------------------------------------
 
 
-def best_tps(paths):
-    return max(read_runs(p)[1]["completion_tokens_per_s"] for p in paths.split(","))
+def decode_step_ms(path, seqs):
+    """The median ms of the decode steps of `seqs` rows in one run (mllama
+    run --batch's aggregate), or None where it had none."""
+    steps = [d for d in read_runs(path)[1].get("decode_steps", []) if d["seqs"] == seqs]
+    return steps[0]["median_ms"] if steps else None
 
 
 def cmd_revisions(args):
-    base, tree = read_kv([args.base_seq]), read_kv([args.tree_seq])
+    """Each timing over the repeats, this tree's and the base's, and the
+    ratio of the runs paired by the script's alternation (the same minute
+    of the host), median (min-max): a host whose speed moves from minute to
+    minute moves both runs of a pair."""
+    if len(args.base_seq) != len(args.tree_seq):
+        sys.exit("revisions: as many base runs as tree runs (they are paired)")
+    base = [read_kv([p]) for p in args.base_seq]
+    tree = [read_kv([p]) for p in args.tree_seq]
     rows = []
+
+    def row(label, timing, b, t, digits=2):
+        if None in b or None in t:
+            rows.append([label, timing, "–", "–", "–"])
+            return
+        rows.append([label, timing, spread(b, digits), spread(t, digits),
+                     spread([y / x for x, y in zip(b, t)], unit="x")])
+
     for label, i in (("text only", 0), ("image", 1)):
         for k in TIMINGS:
             if k == "decode_ms" or (i == 0 and k == "vision_ms"):
                 continue
-            b, t = num(base, "ours_%d_%s" % (i, k)), num(tree, "ours_%d_%s" % (i, k))
-            rows.append([label, k, fmt(b, 2), fmt(t, 2), ratio(t, b)])
+            key = "ours_%d_%s" % (i, k)
+            row(label, k, [num(kv, key) for kv in base], [num(kv, key) for kv in tree])
     conc = lambda specs: dict(s.split("=", 1) for s in specs or [])
     bc, tc = conc(args.base_concurrent), conc(args.tree_concurrent)
     for b in bc:
-        # tokens/s: the tree's time over the base's is base tps / tree tps
-        btps, ttps = best_tps(bc[b]), best_tps(tc[b])
-        rows.append(["%s concurrent" % b, "ms per completion token", fmt(1e3 / btps, 2),
-                     fmt(1e3 / ttps, 2), ratio(btps, ttps)])
+        bruns, truns = bc[b].split(","), tc[b].split(",")
+        if len(bruns) != len(truns):
+            sys.exit("revisions: %s concurrent: the runs are paired" % b)
+        # tokens/s (prefill included): time is 1 / tokens/s
+        tok = lambda path: 1e3 / read_runs(path)[1]["completion_tokens_per_s"]
+        row("%s concurrent" % b, "ms per completion token",
+            [tok(p) for p in bruns], [tok(p) for p in truns])
+        row("%s concurrent" % b, "decode step of %s rows, ms" % b,
+            [decode_step_ms(p, int(b)) for p in bruns], [decode_step_ms(p, int(b)) for p in truns])
+    print("%d paired runs; median (min-max)" % len(base))
     print(md_table(["request", "timing", "base %s" % args.base_rev, "this tree",
                     "this tree / base"], rows))
 
@@ -663,8 +689,8 @@ def main():
     r.add_argument("runs", nargs="+", metavar="B=RUN.jsonl[,RUN.jsonl...]")
     v = sub.add_parser("revisions")
     v.add_argument("--base-rev", required=True)
-    v.add_argument("--base-seq", required=True)
-    v.add_argument("--tree-seq", required=True)
+    v.add_argument("--base-seq", required=True, nargs="+")
+    v.add_argument("--tree-seq", required=True, nargs="+")
     v.add_argument("--base-concurrent", action="append")
     v.add_argument("--tree-concurrent", action="append")
     args = p.parse_args()

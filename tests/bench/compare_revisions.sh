@@ -12,8 +12,12 @@
 #       [--repeats N] [--python PY] [--no-build]
 #
 # REV is built from `git archive` into WORK/base-REV (Release CPU build,
-# kept between runs). The two builds alternate, --repeats processes each,
-# best of each timing.
+# kept between runs). The two builds alternate, --repeats processes each:
+# each timing's median and spread, and the same of the ratios of the runs
+# paired by the alternation, which shared the host's minute (on a VM whose
+# speed moves by 20-30% from one minute to the next, the best of each side
+# compared two different minutes). The concurrent batches also give their
+# median decode step of B rows (tokens/s includes their prefill).
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -63,10 +67,15 @@ echo "after: $(bench_load)"
 echo
 args=()
 for side in base tree; do
-    $report ours "$run/${side}"_seq_*.jsonl >"$run/$side.kv"
-    args+=("--$side-seq" "$run/$side.kv")
+    args+=("--$side-seq")
+    for r in $(seq 1 "$repeats"); do
+        $report ours "$run/${side}_seq_$r.jsonl" >"$run/${side}_$r.kv"
+        args+=("$run/${side}_$r.kv")
+    done
     for b in $concurrent; do
-        args+=("--$side-concurrent" "$b=$(ls "$run/${side}_c${b}"_*.jsonl | paste -sd,)")
+        runs=()
+        for r in $(seq 1 "$repeats"); do runs+=("$run/${side}_c${b}_$r.jsonl"); done
+        args+=("--$side-concurrent" "$b=$(IFS=,; echo "${runs[*]}")")
     done
 done
 $report revisions --base-rev "$rev" "${args[@]}"
