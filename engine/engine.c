@@ -75,8 +75,11 @@ static ml_status cpu_open(ml_engine *e, int world, int threads, int bf16_activat
                           int bf16_kv_cache, char *err, size_t errlen)
 {
     /* The CPU "devices" of a group share the memory the process may hold
-     * (the host's, or its cgroup's limit); its own scratch is a few MiB per
-     * thread, left out of the plan. */
+     * (the host's, or its cgroup's limit). Its working buffers are left out
+     * of the plan: a few MiB of scratch per thread, and one op's converted
+     * inputs (the act buffer: the vision attention's K and V by head or in
+     * bf16 pairs, 66 MB for a 4-tile image at the real widths; a matmul's
+     * rows rounded to bf16 pairs or quantized by W8A8). */
     e->plan_spec.device_bytes = ml_host_memory(&e->host_memory);
     e->plan_spec.backend_bytes = 0;
     e->backend_name = "cpu";
