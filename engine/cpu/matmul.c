@@ -16,7 +16,8 @@
  *
  * One driver for every M. Threads form a grid over (M, N) in whole row
  * tiles and strips, preferring to split N so that no two threads read the
- * same weights. Each thread walks its columns in blocks of GEMM_NC (one
+ * same weights (with few row tiles, the columns in parts the threads claim
+ * in turn: run). Each thread walks its columns in blocks of GEMM_NC (one
  * strip when its rows fit one tile: then it streams each strip from start
  * to end), its K in blocks of GEMM_KC, and its rows in tiles of at most
  * tile_rows. With a few row tiles (decode) every tile runs over a strip's
@@ -81,6 +82,7 @@
  * exactly: their rounding to pairs changes nothing. Without VBMI (Cooper
  * Lake) FP8 Linears keep their f32 activations and layout. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,6 +114,10 @@ _Static_assert(GEMM_GROUP_BYTES >= (size_t)GEMM_KC * GEMM_NC * sizeof(float),
 /* Threads split N only while each keeps at least this many columns;
  * otherwise they split M (and each reads the same weights). */
 #define GEMM_MIN_COLS_PER_THREAD 64
+/* A decode-sized matmul split by columns (matmul_strips) cuts them into
+ * up to this many parts a thread, which the threads claim in turn, and no
+ * part narrower than a column block (GEMM_NC). */
+#define CLAIMED_PARTS_PER_THREAD 4
 /* Steps of a strip packed per pass over its columns at load: runs of
  * 64 contiguous source elements per column. */
 #define PACK_STEPS 64
@@ -143,6 +149,10 @@ typedef struct matmul_job {
     int M, K, N, accumulate;  /* accumulate is 0 for FP8 */
     const ml_cpu_backend *cb;
     int grid_m, grid_n;       /* thread grid */
+    /* > 0: the columns in this many parts, claimed from *next_part (the
+     * grid is then 1 x grid_n) */
+    int claimed_parts;
+    atomic_int *next_part;
 } matmul_job;
 
 static inline int imin(int a, int b)
@@ -475,6 +485,16 @@ static void matmul_part(void *ctx, int64_t begin, int64_t end, int tid)
 {
     const matmul_job *j = ctx;
     const ml_cpu_kernels *kn = j->cb->kern;
+    if (j->claimed_parts) {
+        int part, n0, n1;
+        while ((part = atomic_fetch_add_explicit(j->next_part, 1, memory_order_relaxed)) <
+               j->claimed_parts) {
+            split_units(j->N, kn->strip_cols, j->claimed_parts, part, &n0, &n1);
+            if (n0 < n1)
+                matmul_block(j, 0, j->M, n0, n1, ml_cpu_scratch(j->cb, tid));
+        }
+        return;
+    }
     for (int64_t part = begin; part < end; part++) {
         int m0, m1, n0, n1;
         split_units(j->M, tile_rows(j), j->grid_m, (int)(part / j->grid_n), &m0, &m1);
@@ -501,6 +521,23 @@ static void run(ml_cpu_backend *cb, matmul_job job)
     }
     job.grid_n = grid_n;
     job.grid_m = threads / grid_n;
+    /* Decode: each thread's columns are a stream of weights no other thread
+     * reads, cut into parts that the threads claim, so that a thread the
+     * host slows (another VM on its core, the worker's I/O threads) streams
+     * fewer of them instead of holding the step. A part's first block is
+     * fetched on demand (matmul_strips), hence parts of a column block or
+     * more. The grouped path (many row tiles) keeps its static grid: cut
+     * finer, its vision and prefill shapes took 1.03-1.05x the time. */
+    atomic_int next_part;
+    atomic_init(&next_part, 0);
+    const int tiles = (M + tile_rows(&job) - 1) / tile_rows(&job);
+    if (job.grid_m == 1 && grid_n > 1 && tiles < GROUP_MIN_TILES) {
+        const int blocks = N / GEMM_NC, parts = grid_n * CLAIMED_PARTS_PER_THREAD;
+        if (blocks > grid_n) {
+            job.claimed_parts = parts < blocks ? parts : blocks;
+            job.next_part = &next_part;
+        }
+    }
     ml_cpu_pool_for(cb->pool, threads, 1, matmul_part, &job);
 }
 
