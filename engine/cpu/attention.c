@@ -123,7 +123,9 @@ typedef struct attn_job {
     const float *q;      /* (tokens, n_heads, head_dim) */
     /* causal: the paged caches of its params, f32, or bf16 where ml_cpu_kv16
      * says so; vision in f32: K and V by head, (n_seqs, n_kv_heads, seq_len,
-     * head_dim) (ml_cpu_attn_vision); see key_block */
+     * head_dim) (ml_cpu_attn_vision; with bf16 activations the items read
+     * k2 and v2 below instead, and blocks of k and v are never read); see
+     * key_block */
     const void *k, *v;
     int n_seqs, n_heads, n_kv_heads, group, head_dim;
     float scale;

@@ -63,6 +63,13 @@ def read_runs(path):
     return reqs, agg
 
 
+def decode_step(agg, seqs):
+    """The aggregate's entry for the decode steps of `seqs` rows (count,
+    median, min, max ms), or None where no step decoded that many."""
+    steps = [d for d in (agg or {}).get("decode_steps", []) if d["seqs"] == seqs]
+    return steps[0] if steps else None
+
+
 def read_kv(paths):
     kv = {}
     for path in paths:
@@ -441,13 +448,13 @@ def roofline_run(path, b):
     if len(lengths) != 1:
         sys.exit("roofline: %s: prompt lengths %s differ, so the requests do not decode in "
                  "lockstep (make_batch.py --same-length)" % (path, sorted(lengths)))
-    step = [d for d in (agg or {}).get("decode_steps", []) if d["seqs"] == b]
+    step = decode_step(agg, b)
     if not step:
         sys.exit("roofline: %s: no step decoded all %d sequences together (a request ended "
                  "at its first token, or the mllama build predates decode_steps)" % (path, b))
     own = (agg.get("weights_read") or {}).get("gb_per_s") or None
     return (lengths.pop(), max(r["usage"]["completion_tokens"] for r in reqs),
-            step[0]["median_ms"], step[0]["steps"], encodes, step[0]["min_ms"], own)
+            step["median_ms"], step["steps"], encodes, step["min_ms"], own)
 
 
 def cmd_roofline(args):
@@ -594,13 +601,6 @@ def cmd_runtime(args):
 # ---- revisions --------------------------------------------------------------
 
 
-def decode_step_ms(path, seqs):
-    """The median ms of the decode steps of `seqs` rows in one run (mllama
-    run --batch's aggregate), or None where it had none."""
-    steps = [d for d in read_runs(path)[1].get("decode_steps", []) if d["seqs"] == seqs]
-    return steps[0]["median_ms"] if steps else None
-
-
 def cmd_revisions(args):
     """Each timing over the repeats, this tree's and the base's, and the
     ratio of the runs paired by the script's alternation (the same minute
@@ -628,15 +628,17 @@ def cmd_revisions(args):
     conc = lambda specs: dict(s.split("=", 1) for s in specs or [])
     bc, tc = conc(args.base_concurrent), conc(args.tree_concurrent)
     for b in bc:
-        bruns, truns = bc[b].split(","), tc[b].split(",")
-        if len(bruns) != len(truns):
+        bagg = [read_runs(p)[1] for p in bc[b].split(",")]
+        tagg = [read_runs(p)[1] for p in tc[b].split(",")]
+        if len(bagg) != len(tagg):
             sys.exit("revisions: %s concurrent: the runs are paired" % b)
         # tokens/s (prefill included): time is 1 / tokens/s
-        tok = lambda path: 1e3 / read_runs(path)[1]["completion_tokens_per_s"]
+        tok = lambda agg: 1e3 / agg["completion_tokens_per_s"]
         row("%s concurrent" % b, "ms per completion token",
-            [tok(p) for p in bruns], [tok(p) for p in truns])
+            [tok(a) for a in bagg], [tok(a) for a in tagg])
+        step_ms = lambda agg: (decode_step(agg, int(b)) or {}).get("median_ms")
         row("%s concurrent" % b, "decode step of %s rows, ms" % b,
-            [decode_step_ms(p, int(b)) for p in bruns], [decode_step_ms(p, int(b)) for p in truns])
+            [step_ms(a) for a in bagg], [step_ms(a) for a in tagg])
     print("%d paired runs; median (min-max)" % len(base))
     print(md_table(["request", "timing", "base %s" % args.base_rev, "this tree",
                     "this tree / base"], rows))
