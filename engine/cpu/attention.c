@@ -102,7 +102,7 @@
  * waited on moved into the tiles, which then ran 2.5x longer. Nor did a
  * block laid out by kv head, (kv head, slot, dim), which makes an item's
  * keys of a block one run copied at once: 0.93-1.09x, median 1.02 (8 pairs,
- * 16 sequences, 1,141 tokens, f32, the same bits; tests/bench/README.md). */
+ * 16 sequences, 1,141 tokens, f32, the same bits; tests/bench/results-log.md). */
 #define GATHER_AHEAD 8
 
 /* The bf16 weights (BK / 2, BQ) pairs of keys reuse the gathered-K scratch,

@@ -274,7 +274,7 @@ static inline float ml_cpu_f8_to_f32(uint8_t c)
  * from memory, 2 threads, best of 20 calls: 1 row 0.92-0.93x the time, 2
  * rows 0.92-0.96x, 3 rows 0.87-0.88x, 4 rows 0.90-0.92x, 8 rows
  * 0.92-1.01x, 16 rows unchanged; other distances were no better
- * (tests/bench/README.md, "Every streamed line into L2 and then L1"). */
+ * (tests/bench/results-log.md, "Every streamed line into L2 and then L1"). */
 #define ML_CPU_STRIP_PREFETCH_L1_BYTES 2048
 
 /* A Linear's weights packed for gemm_packed (matmul.c, ml_cpu_linear_weight):

@@ -169,7 +169,7 @@ F8_TARGET ALWAYS_INLINE f8_tables f8_tables_make(void)
  * and a logic op for 64 codes, where shifts, masks and a word lookup of
  * the subnormals took 14 instructions (measured: a decode step of 8
  * sequences of `small` with FP8 Linears and lm_head 0.73-1.00x the time,
- * median 0.84, tests/bench/README.md). The NaN codes, which no checkpoint
+ * median 0.84, tests/bench/results-log.md). The NaN codes, which no checkpoint
  * holds, widen to ±480 as ml_cpu_f8_to_f32's. */
 F8_TARGET ALWAYS_INLINE void f8_pair_step(const f8_tables *t, __m512i codes, __m512bh *b0,
                                           __m512bh *b1)

@@ -8,7 +8,7 @@
  * minute. On the development VM a separate process's 1 GiB buffer read at
  * 40 to 83 GB/s within an hour, while processes of the `small` preset read
  * their own weights at 42-50 GB/s and decoded one sequence at 91-101% of
- * that (tests/bench/README.md): a bound taken from another process's buffer
+ * that (tests/bench/results-log.md): a bound taken from another process's buffer
  * says as much about the draw as about the engine.
  *
  * The read is a sum of 64-byte vectors over four parts of each block walked

@@ -5,7 +5,7 @@
 # tokens/s of B concurrent text requests (decode steps of B rows). Printed
 # as this tree's time over the base's (below 1.00x: this tree is faster).
 # What it is for: the cost of a change to the engine's arithmetic, e.g.
-# batch invariance (tests/bench/README.md "Results").
+# batch invariance (tests/bench/results-log.md).
 #
 #   tests/bench/compare_revisions.sh --base REV [--preset small|1b|tiny]
 #       [--build DIR] [--work DIR] [--max-tokens N] [--concurrent "4 16"]
