@@ -105,6 +105,7 @@ ml_backend *ml_backend_cpu_create(int n_threads, char *err, size_t errlen)
     cb->ops.name = cb->name;
     cb->base.ops = &cb->ops;
     cb->kern = ml_cpu_kernels_for(isa);
+    cb->f8_pairs = cb->kern->gemm_packed_f8_pairs && ml_cpu_has_avx512_vbmi();
     cb->graphs = ml_cpu_graphs_create();
     if (!cb->graphs) {
         ml_fail(err, errlen, ML_ERR_NOMEM, "cpu backend: out of memory");
@@ -147,7 +148,6 @@ ml_status ml_backend_cpu_bf16_activations(ml_backend *be, char *err, size_t errl
     if (st != ML_OK)
         return st;
     cb->bf16_x = 1;
-    cb->f8_pairs = cb->kern->gemm_tile_f8_pairs && ml_cpu_has_avx512_vbmi();
     cb->amx = amx && cb->kern->gemm_tile_amx;
     snprintf(cb->name, sizeof cb->name, "cpu-%s-bf16%s", ml_cpu_isa_name(cb->kern->isa),
              cb->amx ? "-amx" : "");

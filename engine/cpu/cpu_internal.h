@@ -74,9 +74,10 @@ typedef struct ml_cpu_backend {
      * (ml_backend_cpu_bf16_activations; matmul.c). Fixed before the first
      * Linear is packed (n_packed below). */
     int bf16_x;
-    /* 1: with bf16_x, FP8 Linears too, packed in the pair layout for
-     * gemm_tile_f8_pairs (a CPU with AVX512_VBMI); 0: they keep f32
-     * activations and the f32 layout. */
+    /* 1: FP8 Linears are packed in the pair layout (a CPU with
+     * AVX512_VBMI), for gemm_packed_f8_pairs or with bf16_x
+     * gemm_tile_f8_pairs; 0: the strip layout, f32 activations (with
+     * bf16_x too). */
     int f8_pairs;
     /* 1: with bf16_x, bf16 Linears run gemm_tile_amx (ml_cpu_amx_select);
      * 0: gemm_tile_bf16. */

@@ -212,6 +212,19 @@ typedef struct ml_cpu_kernels {
      * gemm_packed widens them: an ML_CPU_BLOCK_F32 block that many row
      * tiles share (matmul.c, the grouped path). */
     void (*widen_strip)(float *dst, const void *w, int f8, int k);
+    /* FP8 Linears with f32 activations on a CPU with AVX512_VBMI (matmul.c;
+     * NULL where the ISA has no byte permutes, and the caller has checked
+     * ml_cpu_has_avx512_vbmi): w a block of k steps of a strip of codes in
+     * the pair layout (ml_cpu_pair_index, from an even step; k may be odd,
+     * the last pair's second code then unused), otherwise gemm_packed's
+     * contract for an ML_CPU_BLOCK_F8 block: each code widened to the same
+     * f32 and summed in the same order, so the bits of every result are
+     * gemm_packed's on the strip layout. */
+    void (*gemm_packed_f8_pairs)(int m, int n, int k, const float *x, size_t ldx,
+                                 const uint16_t *w, const ml_cpu_prefetch *pf, float *widened,
+                                 float *y, size_t ldy, int add);
+    /* widen_strip for such a block. */
+    void (*widen_f8_pairs)(float *dst, const uint16_t *w, int k);
 } ml_cpu_kernels;
 
 extern const ml_cpu_kernels ml_cpu_kernels_plain;

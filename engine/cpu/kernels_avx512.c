@@ -111,9 +111,11 @@ ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, __m512 *b0, __
 
 /* ---- gemm_tile_f8_pairs ----------------------------------------------------- */
 
-/* The FP8 tile needs AVX512_VBMI too (byte permutes across the vector):
- * only these functions are compiled for it, and only a backend that found
- * it (ml_cpu_has_avx512_vbmi) calls them. */
+/* The FP8 widening needs AVX512_VBMI (byte permutes across the vector), and
+ * the FP8 tile on the bf16 dot product AVX512_BF16 too: only these
+ * functions are compiled for them, and only a backend that found them
+ * (ml_cpu_has_avx512_vbmi) calls them. */
+#define VBMI_TARGET __attribute__((target("avx512vbmi")))
 #define F8_TARGET __attribute__((target("avx512bf16,avx512vbmi")))
 
 /* The bf16 bits of the E4M3 magnitude c (0..127, the code without its
@@ -152,7 +154,7 @@ typedef struct f8_tables {
     __m512i lo0, lo1, hi0, hi1, first, second;
 } f8_tables;
 
-F8_TARGET ALWAYS_INLINE f8_tables f8_tables_make(void)
+VBMI_TARGET ALWAYS_INLINE f8_tables f8_tables_make(void)
 {
     return (f8_tables){.lo0 = _mm512_loadu_si512(f8_bf16_lo),
                        .lo1 = _mm512_loadu_si512(f8_bf16_lo + 64),
@@ -171,15 +173,15 @@ F8_TARGET ALWAYS_INLINE f8_tables f8_tables_make(void)
  * sequences of `small` with FP8 Linears and lm_head 0.73-1.00x the time,
  * median 0.84, tests/bench/results-log.md). The NaN codes, which no checkpoint
  * holds, widen to ±480 as ml_cpu_f8_to_f32's. */
-F8_TARGET ALWAYS_INLINE void f8_pair_step(const f8_tables *t, __m512i codes, __m512bh *b0,
-                                          __m512bh *b1)
+VBMI_TARGET ALWAYS_INLINE void f8_pair_step(const f8_tables *t, __m512i codes, __m512i *b0,
+                                            __m512i *b1)
 {
     const __m512i lo = _mm512_permutex2var_epi8(t->lo0, codes, t->lo1);
     /* hi | (codes & sign) */
     const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t->hi0, codes, t->hi1),
                                                  codes, _mm512_set1_epi8((char)0x80), 0xf8);
-    *b0 = (__m512bh)_mm512_permutex2var_epi8(lo, t->first, hi);
-    *b1 = (__m512bh)_mm512_permutex2var_epi8(lo, t->second, hi);
+    *b0 = _mm512_permutex2var_epi8(lo, t->first, hi);
+    *b1 = _mm512_permutex2var_epi8(lo, t->second, hi);
 }
 
 #define PAIR_F8 1
@@ -188,6 +190,118 @@ F8_TARGET ALWAYS_INLINE void f8_pair_step(const f8_tables *t, __m512i codes, __m
 #define PAIR_M f8_pair_m
 #define PAIR_ENTRY gemm_tile_f8_pairs
 #include "cpu/kernels_pairs.h"
+
+/* ---- gemm_packed_f8_pairs ---------------------------------------------------- */
+
+/* FP8 codes in the pair layout with f32 activations: f8_pair_step's bf16
+ * pairs, each split into its two f32 values by a shift and a mask (a bf16
+ * is the high half of its f32), then gemm_packed's FMAs, a step at a time.
+ * The same f32 values as strip_step's, in the same order, so the same
+ * bits. Widening 64 codes takes 5 permutes, a logic op and 4 shifts or
+ * masks, against strip_step's 18 uops (per 16 codes a sign extension, a
+ * shift, a mask and a multiply by 2^120, and an extract a step), which made
+ * a one-row FP8 decode step compute bound on the Intel Xeon VM of
+ * 2026-12-07 (tests/bench/results-log.md). */
+
+/* A pair step's 32 columns at steps 2q (s[0], s[1]) and 2q + 1 (s[2],
+ * s[3]), each two vectors of columns. */
+VBMI_TARGET ALWAYS_INLINE void f8_pair_f32(const f8_tables *t, const uint16_t *w, vf s[4])
+{
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    __m512i cols0, cols1;
+    f8_pair_step(t, _mm512_loadu_si512(w), &cols0, &cols1);
+    s[0] = _mm512_castsi512_ps(_mm512_slli_epi32(cols0, 16));
+    s[1] = _mm512_castsi512_ps(_mm512_slli_epi32(cols1, 16));
+    s[2] = _mm512_castsi512_ps(_mm512_and_si512(cols0, high));
+    s[3] = _mm512_castsi512_ps(_mm512_and_si512(cols1, high));
+}
+
+/* Step p of m rows: acc += x[i][p] · (b0, b1). */
+ALWAYS_INLINE void f8_pair_fma(const int m, const float *x, size_t ldx, int p, vf b0, vf b1,
+                               vf *acc0, vf *acc1)
+{
+#pragma GCC unroll 16
+    for (int i = 0; i < m; i++) {
+        const vf xi = vf_broadcast(x + (size_t)i * ldx + p);
+        acc0[i] = vf_fmadd(xi, b0, acc0[i]);
+        acc1[i] = vf_fmadd(xi, b1, acc1[i]);
+    }
+}
+
+VBMI_TARGET ALWAYS_INLINE void f8_pairs_tile(const int m, const ml_cpu_prefetch_kind pf, int n,
+                                             int k, const float *x, size_t ldx,
+                                             const uint16_t *w, const ml_cpu_prefetch *plan,
+                                             float *widened, float *y, size_t ldy, int add)
+{
+    const vf_lanes m0 = vf_first_lanes(n), m1 = vf_first_lanes(n - LANES);
+    const f8_tables t = f8_tables_make();
+    vf acc0[TILE_ROWS], acc1[TILE_ROWS];
+    zero_rows(m, acc0, acc1);
+    const int pairs = (k + 1) / 2;
+    next_units nu =
+        next_units_start(pf == ML_CPU_PREFETCH_NEXT ? plan : NULL, pairs, ML_CPU_LINE_BYTES);
+    for (int q = 0; q < pairs; q++) {
+        const uint16_t *wq = w + (size_t)q * STRIP_COLS;
+        if (pf == ML_CPU_PREFETCH_STREAM)
+            stream_prefetch(wq);
+        else if (pf == ML_CPU_PREFETCH_NEXT)
+            next_units_step(&nu, ML_CPU_LINE_BYTES);
+        vf s[4];
+        f8_pair_f32(&t, wq, s);
+        const int p = 2 * q;
+        if (widened)
+            store_step(widened, p, s[0], s[1]);
+        f8_pair_fma(m, x, ldx, p, s[0], s[1], acc0, acc1);
+        if (p + 1 < k) {
+            if (widened)
+                store_step(widened, p + 1, s[2], s[3]);
+            f8_pair_fma(m, x, ldx, p + 1, s[2], s[3], acc0, acc1);
+        }
+    }
+    put_rows(m, TILE_WIDE, y, ldy, m0, m1, acc0, acc1, add);
+}
+
+/* Compile-time prefetch, as packed_pf. */
+VBMI_TARGET ALWAYS_INLINE void f8_pairs_pf(const int m, int n, int k, const float *x, size_t ldx,
+                                           const uint16_t *w, const ml_cpu_prefetch *pf,
+                                           float *widened, float *y, size_t ldy, int add)
+{
+    switch (pf ? pf->kind : ML_CPU_PREFETCH_NONE) {
+    case ML_CPU_PREFETCH_STREAM:
+        f8_pairs_tile(m, ML_CPU_PREFETCH_STREAM, n, k, x, ldx, w, pf, widened, y, ldy, add);
+        break;
+    case ML_CPU_PREFETCH_NEXT:
+        f8_pairs_tile(m, ML_CPU_PREFETCH_NEXT, n, k, x, ldx, w, pf, widened, y, ldy, add);
+        break;
+    case ML_CPU_PREFETCH_NONE:
+        f8_pairs_tile(m, ML_CPU_PREFETCH_NONE, n, k, x, ldx, w, pf, widened, y, ldy, add);
+        break;
+    }
+}
+
+VBMI_TARGET static void gemm_packed_f8_pairs(int m, int n, int k, const float *x, size_t ldx,
+                                             const uint16_t *w, const ml_cpu_prefetch *pf,
+                                             float *widened, float *y, size_t ldy, int add)
+{
+#define F8_PAIRS_M(mm) f8_pairs_pf(mm, n, k, x, ldx, w, pf, widened, y, ldy, add)
+    switch (m) {
+        TILE_M_CASES(F8_PAIRS_M)
+    default: assert(!"gemm_packed_f8_pairs: m out of range");
+    }
+#undef F8_PAIRS_M
+}
+
+VBMI_TARGET static void widen_f8_pairs(float *dst, const uint16_t *w, int k)
+{
+    const f8_tables t = f8_tables_make();
+    for (int p = 0; p < k; p += 2) {
+        vf s[4];
+        f8_pair_f32(&t, w + (size_t)p * STRIP_COLS / 2, s);
+        store_step(dst, p, s[0], s[1]);
+        if (p + 1 < k)
+            store_step(dst, p + 1, s[2], s[3]);
+    }
+}
 
 /* ---- gemm_tile_amx ----------------------------------------------------------- */
 
@@ -443,6 +557,8 @@ const ml_cpu_kernels ml_cpu_kernels_avx512 = {
     .strip_cols = STRIP_COLS,
     .gemm_tile_bf16 = gemm_tile_bf16,
     .gemm_tile_f8_pairs = gemm_tile_f8_pairs,
+    .gemm_packed_f8_pairs = gemm_packed_f8_pairs,
+    .widen_f8_pairs = widen_f8_pairs,
     .gemm_tile_amx = gemm_tile_amx,
     .bf16_pairs = bf16_pairs,
     .bf16_pair_rows = bf16_pair_rows,

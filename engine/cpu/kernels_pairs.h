@@ -53,7 +53,10 @@ PAIR_TARGET ALWAYS_INLINE void PAIR_TILE(const int m, const int a_col, const int
 #if PAIR_F8
         /* the step's columns, both halves, in one masked load of pairs */
         const __mmask32 cols = (__mmask32)m0 | (__mmask32)(wide ? m1 : 0) << LANES;
-        f8_pair_step(&tables, _mm512_maskz_loadu_epi16(cols, bp), &b0, &b1);
+        __m512i pairs0, pairs1;
+        f8_pair_step(&tables, _mm512_maskz_loadu_epi16(cols, bp), &pairs0, &pairs1);
+        b0 = (__m512bh)pairs0;
+        b1 = (__m512bh)pairs1;
 #else
         b0 = (__m512bh)_mm512_maskz_loadu_epi32(m0, bp);
         b1 = wide ? (__m512bh)_mm512_maskz_loadu_epi32(m1, bp + LANES * PAIR_BYTES)

@@ -80,7 +80,14 @@
  * than f32 FMA's (at 8 rows and more a decode step of FP8 was compute
  * bound in f32). W8A8's quantized rows are E4M3 values, which bf16 holds
  * exactly: their rounding to pairs changes nothing. Without VBMI (Cooper
- * Lake) FP8 Linears keep their f32 activations and layout. */
+ * Lake) FP8 Linears keep their f32 activations and layout.
+ *
+ * With f32 activations too, a CPU with AVX512_VBMI (cb->f8_pairs) packs
+ * FP8 Linears in the pair layout: gemm_packed_f8_pairs widens a pair of
+ * steps by byte lookups in fewer uops than the strip layout's widening,
+ * to the same f32, summed in the same order (the same bits). An odd K's
+ * padding step is never multiplied: its calls take the true steps
+ * (tile_steps). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -139,7 +146,8 @@ typedef struct matmul_job {
     /* bf16 activations (cb->bf16_x): x rounded to bf16 in pairs, (M, Kp / 2)
      * dwords, rows xb_stride(K) dwords apart; NULL: the f32 x above. */
     const uint32_t *xb;
-    int Kp;                   /* steps of a packed strip: K, or K rounded up to even with xb */
+    int Kp;                   /* steps of a packed strip: K, or K rounded up to even in the
+                               * pair layout (xb, or FP8 with cb->f8_pairs) */
     const unsigned char *w;   /* packed (ml_cpu_linear_weight) */
     int f8;                   /* w holds F8_E4M3 codes (else bf16) */
     int amx;                  /* bf16 w times xb on gemm_tile_amx (cb->amx) */
@@ -199,6 +207,20 @@ static const void *strip_at(const matmul_job *j, int col, int pc)
 {
     const int s = j->cb->kern->strip_cols;
     return j->w + strip_bytes(j, (size_t)(col / s) * (size_t)j->Kp + (size_t)pc);
+}
+
+/* Whether the job is FP8 in the pair layout with f32 activations
+ * (gemm_packed_f8_pairs). */
+static int f8_pairs_f32(const matmul_job *j)
+{
+    return j->f8 && !j->xb && j->cb->f8_pairs;
+}
+
+/* Of the kc steps of a strip's block from step pc, those an f32 x has
+ * values for: all but an odd K's padding step in the pair layout. */
+static int tile_steps(const matmul_job *j, int pc, int kc)
+{
+    return j->xb ? kc : imin(kc, j->K - pc);
 }
 
 /* Whether every element's sum starts at 0: no bias and nothing
@@ -271,9 +293,13 @@ static void widen_block(const matmul_job *j, float *panel, int col0, int nc, int
 {
     const ml_cpu_kernels *kn = j->cb->kern;
     const int sc = kn->strip_cols;
-    for (int col = col0; col < col0 + nc; col += sc)
-        kn->widen_strip(panel + (size_t)((col - col0) / sc) * (size_t)kc * (size_t)sc,
-                        strip_at(j, col, pc), j->f8, kc);
+    for (int col = col0; col < col0 + nc; col += sc) {
+        float *dst = panel + (size_t)((col - col0) / sc) * (size_t)kc * (size_t)sc;
+        if (f8_pairs_f32(j))
+            kn->widen_f8_pairs(dst, strip_at(j, col, pc), tile_steps(j, pc, kc));
+        else
+            kn->widen_strip(dst, strip_at(j, col, pc), j->f8, kc);
+    }
 }
 
 /* The rows of a thread's part of a matmul, in tiles of equal height (16 =
@@ -299,7 +325,8 @@ static void tile_call(const matmul_job *j, int m, int n, int kc, int ic, int col
     float *y = j->y + (size_t)ic * N + (size_t)col;
     const int add = pc > 0 || !stores_first(j);
     if (wb)
-        kn->gemm_packed(m, n, kc, x, K, wb, ML_CPU_BLOCK_F32, pf, NULL, y, N, add);
+        kn->gemm_packed(m, n, tile_steps(j, pc, kc), x, K, wb, ML_CPU_BLOCK_F32, pf, NULL, y, N,
+                        add);
     else if (j->amx)
         kn->gemm_tile_amx(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb,
                           strip_at(j, col, pc), sc, pf, y, N, add);
@@ -309,6 +336,9 @@ static void tile_call(const matmul_job *j, int m, int n, int kc, int ic, int col
     else if (j->xb)
         kn->gemm_tile_bf16(m, n, kc / 2, j->xb + (size_t)ic * ldxb + (size_t)pc / 2, ldxb, 1,
                            strip_at(j, col, pc), sc, pf, y, N, add);
+    else if (f8_pairs_f32(j))
+        kn->gemm_packed_f8_pairs(m, n, tile_steps(j, pc, kc), x, K, strip_at(j, col, pc), pf,
+                                 widen_to, y, N, add);
     else
         kn->gemm_packed(m, n, kc, x, K, strip_at(j, col, pc),
                         j->f8 ? ML_CPU_BLOCK_F8 : ML_CPU_BLOCK_BF16, pf, widen_to, y, N, add);
@@ -601,7 +631,7 @@ typedef struct pack_job {
     unsigned char *dst;
     const unsigned char *src; /* (rows, cols) row-major */
     int rows, cols, f8, strip_cols;
-    int pairs;                /* the pair layout (bf16 activations) */
+    int pairs;                /* the pair layout (bf16 activations, or FP8 on VBMI) */
     int steps;                /* per strip: cols, rounded up to even for pairs */
 } pack_job;
 
@@ -648,7 +678,7 @@ const void *ml_cpu_linear_weight(ml_backend *be, const void *host, int rows, int
                      "%d x %d of %zu-byte elements", rows, cols, elem_size);
         return NULL;
     }
-    const int pairs = cb->bf16_x && (elem_size == sizeof(uint16_t) || cb->f8_pairs);
+    const int pairs = elem_size == 1 ? cb->f8_pairs : cb->bf16_x;
     const int steps = pairs ? pair_steps(cols) : cols;
     const int64_t strips = ((int64_t)rows + sc - 1) / sc;
     const size_t bytes = (size_t)strips * (size_t)sc * (size_t)steps * elem_size;
@@ -721,12 +751,12 @@ void ml_cpu_matmul_f8(ml_backend *be, float *y, const float *x, const uint8_t *w
 {
     ml_cpu_backend *cb = ml_cpu_of(be);
     matmul_job job = {.y = y, .x = x, .w = w, .f8 = 1, .scale = scale, .bias = bias, .M = M, .K = K,
-                      .Kp = K, .N = N, .cb = cb};
+                      .Kp = cb->f8_pairs ? pair_steps(K) : K, .N = N, .cb = cb};
     if (M <= 0 || N <= 0)
         return;
     /* one buffer: the quantized rows and their scales, then their pairs */
     const size_t quant = quant_x ? (size_t)M * K + (size_t)M : 0;
-    const size_t pairs = cb->f8_pairs ? rounded_floats(M, K) : 0;
+    const size_t pairs = cb->bf16_x && cb->f8_pairs ? rounded_floats(M, K) : 0;
     float *buf = NULL;
     if ((quant || pairs) && !(buf = ml_cpu_act_buffer(cb, quant + pairs, "matmul_f8")))
         return;

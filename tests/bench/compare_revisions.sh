@@ -9,7 +9,11 @@
 #
 #   tests/bench/compare_revisions.sh --base REV [--preset small|1b|tiny]
 #       [--build DIR] [--work DIR] [--max-tokens N] [--concurrent "4 16"]
-#       [--repeats N] [--python PY] [--no-build]
+#       [--fp8 0|1|head] [--repeats N] [--python PY] [--no-build]
+#
+# --fp8 1: both on the preset's FP8 checkpoint (`mllama mkmodel --fp8`, as
+# fp8_decode.sh writes it); head: and with its lm_head quantized at load
+# (`mllama run --fp8-lm-head`).
 #
 # REV is built from `git archive` into WORK/base-REV (Release CPU build,
 # kept between runs). The two builds alternate, --repeats processes each:
@@ -27,11 +31,22 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 bench_defaults small 33
 concurrent="4 16"
 base=""
-BENCH_OPTIONS="base concurrent"
+fp8=0
+BENCH_OPTIONS="base concurrent fp8"
 bench_parse_args "$@"
 [ -n "$base" ] || bench_die "--base REV is required"
 rev=$(git -C "$repo" rev-parse --short "$base^{commit}") || bench_die "no revision $base"
+run_args=()
+case "$fp8" in
+0 | 1) ;;
+head) run_args=(--fp8-lm-head) ;;
+*) bench_die "--fp8: expected 0, 1 or head, got '$fp8'" ;;
+esac
 bench_setup revs
+if [ "$fp8" != 0 ]; then
+    model="$work/${preset}_fp8"
+    bench_model "$mllama" "$preset" "$model" --fp8
+fi
 base_src="$work/base-$rev"
 if [ ! -x "$base_src/build/service/mllama" ]; then
     rm -rf "$base_src"
@@ -48,18 +63,20 @@ for b in $concurrent; do
         --concurrent "$b" >"$run/c$b.jsonl"
 done
 
-echo "revisions: this tree against $rev, preset $preset, $max_tokens tokens per request," \
-    "$BENCH_THREADS threads"
+echo "revisions: this tree against $rev, preset $preset (FP8: $fp8), $max_tokens tokens per" \
+    "request, $BENCH_THREADS threads"
 echo "before: $(bench_load)"
 for r in $(seq 1 "$repeats"); do
     for side in base tree; do
         bin="$mllama"
         [ "$side" = base ] && bin="$base_mllama"
         bench_time_run "$run/${side}_seq_$r.jsonl" "$run/${side}_seq_$r.wall" \
-            "$bin" run --model "$model" --batch "$run/seq.jsonl" --threads "$BENCH_THREADS"
+            "$bin" run --model "$model" --batch "$run/seq.jsonl" --threads "$BENCH_THREADS" \
+            ${run_args[*]:+"${run_args[@]}"}
         for b in $concurrent; do
             "$bin" run --model "$model" --batch "$run/c$b.jsonl" --threads "$BENCH_THREADS" \
-                >"$run/${side}_c${b}_$r.jsonl" || bench_die "$side: batch of $b failed"
+                ${run_args[*]:+"${run_args[@]}"} >"$run/${side}_c${b}_$r.jsonl" ||
+                bench_die "$side: batch of $b failed"
         done
     done
 done

@@ -45,10 +45,7 @@ for preset in $presets; do
     bench_setup fp8 bench_read_bw
     no_build=1 # built for the first preset
     fp8_model="$work/${preset}_fp8"
-    if [ ! -f "$fp8_model/config.json" ]; then
-        "$mllama" mkmodel --preset "$preset" --out "$fp8_model" --fp8 >/dev/null 2>&1 ||
-            bench_die "mkmodel --preset $preset --fp8 failed"
-    fi
+    bench_model "$mllama" "$preset" "$fp8_model" --fp8
     "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" \
         --prompt "$BENCH_PROMPT" --sequence - "$image" >"$run/batch.jsonl"
 

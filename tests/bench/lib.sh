@@ -91,14 +91,16 @@ bench_build() {
         bench_die "build of $* in $build failed (see $log)"
 }
 
-# bench_model MLLAMA PRESET DIR: a random-weight checkpoint of PRESET in DIR,
-# written by `mllama mkmodel` unless DIR already holds one.
+# bench_model MLLAMA PRESET DIR [--fp8]: a random-weight checkpoint of PRESET
+# in DIR (with --fp8 as a compressed-tensors FP8 checkpoint), written by
+# `mllama mkmodel` unless DIR already holds one.
 bench_model() {
     local mllama="$1" preset="$2" dir="$3"
+    shift 3
     [ -x "$mllama" ] || bench_die "$mllama is not built"
     if [ ! -f "$dir/config.json" ]; then
-        "$mllama" mkmodel --preset "$preset" --out "$dir" >/dev/null 2>&1 ||
-            bench_die "mkmodel --preset $preset failed"
+        "$mllama" mkmodel --preset "$preset" --out "$dir" "$@" >/dev/null 2>&1 ||
+            bench_die "mkmodel --preset $preset $* failed"
     fi
 }
 

@@ -325,6 +325,83 @@ static void test_f8_codes(const ml_cpu_kernels *kn)
           ml_cpu_isa_name(kn->isa));
 }
 
+/* FP8 in the pair layout with f32 activations (gemm_packed_f8_pairs,
+ * widen_f8_pairs, where the ISA and CPU have them) against gemm_packed on
+ * the strip layout, bit for bit: every code at every step, each tile
+ * height, a full and a half-width tile, an even and an odd number of steps
+ * (x then has no element past the last step: ASan sees a read past it),
+ * each prefetch, add = 1 and 0, the widened copy and widen_f8_pairs equal
+ * to the codes' f32 and not written past the steps. */
+static void test_f8_pairs_f32(const ml_cpu_kernels *kn)
+{
+    if (!kn->gemm_packed_f8_pairs || !ml_cpu_has_avx512_vbmi())
+        return;
+    /* one ISA's draws: keep them out of the stream the paths compared share */
+    const uint64_t rng = ml_test_rng;
+    const int S = kn->strip_cols, steps = F8_CODES / S;
+    uint8_t strip[F8_CODES];
+    uint16_t pairs[F8_CODES / 2];
+    uint8_t *wp = (uint8_t *)pairs;
+    for (int p = 0; p < steps; p++)
+        for (int c = 0; c < S; c++) {
+            strip[ml_cpu_packed_index(S, 1, p, c)] = (uint8_t)(p * S + c);
+            wp[ml_cpu_pair_index(S, p, c)] = (uint8_t)(p * S + c);
+        }
+    int same = 1, widened = 1, stored = 1;
+    for (int k = steps; k >= steps - 1; k--) {
+        float got[F8_CODES + ML_CPU_MAX_STRIP_COLS];
+        memset(got, 0xa5, sizeof got);
+        kn->widen_f8_pairs(got, pairs, k);
+        for (int v = 0; v < k * S; v++) {
+            const float want = ml_cpu_f8_to_f32((uint8_t)v);
+            widened &= memcmp(&got[v], &want, sizeof want) == 0;
+        }
+        uint32_t past;
+        memcpy(&past, &got[k * S], sizeof past);
+        widened &= past == 0xa5a5a5a5u;
+        for (int m = 1; m <= kn->tile_rows; m++) {
+            float *x = xmalloc((size_t)m * k * sizeof *x);
+            fill(x, (size_t)m * k, -2, 2);
+            for (int n = S; n >= S / 2; n -= S / 2) {
+                const ml_cpu_prefetch pf = prefetch_kind(m + n, pairs, sizeof pairs);
+                float want[ML_CPU_TILE_MAX_ROWS * ML_CPU_MAX_STRIP_COLS] = {0};
+                float y[ML_CPU_TILE_MAX_ROWS * ML_CPU_MAX_STRIP_COLS] = {0};
+                float ys[ML_CPU_TILE_MAX_ROWS * ML_CPU_MAX_STRIP_COLS];
+                memset(ys, 0xa5, sizeof ys);
+                memset(got, 0xa5, sizeof got);
+                kn->gemm_packed(m, n, k, x, (size_t)k, strip, ML_CPU_BLOCK_F8, NULL, NULL, want,
+                                (size_t)S, 1);
+                kn->gemm_packed_f8_pairs(m, n, k, x, (size_t)k, pairs, &pf, got, y, (size_t)S, 1);
+                kn->gemm_packed_f8_pairs(m, n, k, x, (size_t)k, pairs, &pf, NULL, ys, (size_t)S,
+                                         0);
+                same &= memcmp(y, want, sizeof y) == 0;
+                for (int v = 0; v < k * S; v++) {
+                    const float code = ml_cpu_f8_to_f32((uint8_t)v);
+                    widened &= memcmp(&got[v], &code, sizeof code) == 0;
+                }
+                memcpy(&past, &got[k * S], sizeof past);
+                widened &= past == 0xa5a5a5a5u;
+                for (int i = 0; i < m; i++)
+                    for (int c = 0; c < S; c++) {
+                        const size_t at = (size_t)i * S + c;
+                        memcpy(&past, &ys[at], sizeof past);
+                        stored &= c < n ? ys[at] == y[at] : past == 0xa5a5a5a5u;
+                    }
+            }
+            free(x);
+        }
+    }
+    rand_seed(rng);
+    check(same, "gemm_packed_f8_pairs [%s]: a sum differs from gemm_packed's on the strip layout",
+          ml_cpu_isa_name(kn->isa));
+    check(widened,
+          "widen_f8_pairs or gemm_packed_f8_pairs's copy [%s]: a code is not widened exactly, "
+          "or a write past the steps",
+          ml_cpu_isa_name(kn->isa));
+    check(stored, "gemm_packed_f8_pairs [%s]: add = 0 stores other sums than it adds, or past n",
+          ml_cpu_isa_name(kn->isa));
+}
+
 /* The packed layout and the order of every sum, bit for bit, per dtype
  * and ISA: the backend's matmul (linear_weight, then matmul or matmul_f8)
  * against a scalar model of the order matmul.c states, y = (y or 0) +
@@ -1044,6 +1121,7 @@ static void run_path(ml_backend *be[N_BACKENDS], ml_cpu_isa isa)
     test_gemv_kernel(ml_cpu_kernels_for(isa));
     test_bf16_rounding(ml_cpu_kernels_for(isa));
     test_f8_codes(ml_cpu_kernels_for(isa));
+    test_f8_pairs_f32(ml_cpu_kernels_for(isa));
     test_widen_strip(ml_cpu_kernels_for(isa));
     if (isa == ML_CPU_ISA_PLAIN) /* the quantizer is plain C on every ISA */
         test_quantize_rows();
