@@ -261,22 +261,13 @@ VBMI_TARGET ALWAYS_INLINE void f8_pairs_tile(const int m, const ml_cpu_prefetch_
     put_rows(m, TILE_WIDE, y, ldy, m0, m1, acc0, acc1, add);
 }
 
-/* Compile-time prefetch, as packed_pf. */
 VBMI_TARGET ALWAYS_INLINE void f8_pairs_pf(const int m, int n, int k, const float *x, size_t ldx,
                                            const uint16_t *w, const ml_cpu_prefetch *pf,
                                            float *widened, float *y, size_t ldy, int add)
 {
-    switch (pf ? pf->kind : ML_CPU_PREFETCH_NONE) {
-    case ML_CPU_PREFETCH_STREAM:
-        f8_pairs_tile(m, ML_CPU_PREFETCH_STREAM, n, k, x, ldx, w, pf, widened, y, ldy, add);
-        break;
-    case ML_CPU_PREFETCH_NEXT:
-        f8_pairs_tile(m, ML_CPU_PREFETCH_NEXT, n, k, x, ldx, w, pf, widened, y, ldy, add);
-        break;
-    case ML_CPU_PREFETCH_NONE:
-        f8_pairs_tile(m, ML_CPU_PREFETCH_NONE, n, k, x, ldx, w, pf, widened, y, ldy, add);
-        break;
-    }
+#define F8_PAIRS_TILE(kind) f8_pairs_tile(m, kind, n, k, x, ldx, w, pf, widened, y, ldy, add)
+    WITH_PREFETCH_KIND(pf, F8_PAIRS_TILE)
+#undef F8_PAIRS_TILE
 }
 
 VBMI_TARGET static void gemm_packed_f8_pairs(int m, int n, int k, const float *x, size_t ldx,

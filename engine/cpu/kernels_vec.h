@@ -273,22 +273,22 @@ ALWAYS_INLINE void packed_tile(const int m, const ml_cpu_block src, const ml_cpu
     put_rows(m, TILE_WIDE, y, ldy, m0, m1, acc0, acc1, add);
 }
 
-/* Compile-time prefetch, so that it costs no branch a step. */
+/* TILE(kind) with pf's kind (NULL: none) as a compile-time argument, so
+ * that a tile's prefetch costs no branch a step. */
+#define WITH_PREFETCH_KIND(pf, TILE)                                                               \
+    switch ((pf) ? (pf)->kind : ML_CPU_PREFETCH_NONE) {                                            \
+    case ML_CPU_PREFETCH_STREAM: TILE(ML_CPU_PREFETCH_STREAM); break;                              \
+    case ML_CPU_PREFETCH_NEXT: TILE(ML_CPU_PREFETCH_NEXT); break;                                  \
+    case ML_CPU_PREFETCH_NONE: TILE(ML_CPU_PREFETCH_NONE); break;                                  \
+    }
+
 ALWAYS_INLINE void packed_pf(const int m, const ml_cpu_block src, int n, int k, const float *x,
                              size_t ldx, const void *w, const ml_cpu_prefetch *pf,
                              float *widened, float *y, size_t ldy, int add)
 {
-    switch (pf ? pf->kind : ML_CPU_PREFETCH_NONE) {
-    case ML_CPU_PREFETCH_STREAM:
-        packed_tile(m, src, ML_CPU_PREFETCH_STREAM, n, k, x, ldx, w, pf, widened, y, ldy, add);
-        break;
-    case ML_CPU_PREFETCH_NEXT:
-        packed_tile(m, src, ML_CPU_PREFETCH_NEXT, n, k, x, ldx, w, pf, widened, y, ldy, add);
-        break;
-    case ML_CPU_PREFETCH_NONE:
-        packed_tile(m, src, ML_CPU_PREFETCH_NONE, n, k, x, ldx, w, pf, widened, y, ldy, add);
-        break;
-    }
+#define PACKED_TILE(kind) packed_tile(m, src, kind, n, k, x, ldx, w, pf, widened, y, ldy, add)
+    WITH_PREFETCH_KIND(pf, PACKED_TILE)
+#undef PACKED_TILE
 }
 
 /* And compile-time source. */
