@@ -216,18 +216,6 @@ VBMI_TARGET ALWAYS_INLINE void f8_pair_f32(const f8_tables *t, const uint16_t *w
     s[3] = _mm512_castsi512_ps(_mm512_and_si512(cols1, high));
 }
 
-/* Step p of m rows: acc += x[i][p] · (b0, b1). */
-ALWAYS_INLINE void f8_pair_fma(const int m, const float *x, size_t ldx, int p, vf b0, vf b1,
-                               vf *acc0, vf *acc1)
-{
-#pragma GCC unroll 16
-    for (int i = 0; i < m; i++) {
-        const vf xi = vf_broadcast(x + (size_t)i * ldx + p);
-        acc0[i] = vf_fmadd(xi, b0, acc0[i]);
-        acc1[i] = vf_fmadd(xi, b1, acc1[i]);
-    }
-}
-
 VBMI_TARGET ALWAYS_INLINE void f8_pairs_tile(const int m, const ml_cpu_prefetch_kind pf, int n,
                                              int k, const float *x, size_t ldx,
                                              const uint16_t *w, const ml_cpu_prefetch *plan,
@@ -251,11 +239,11 @@ VBMI_TARGET ALWAYS_INLINE void f8_pairs_tile(const int m, const ml_cpu_prefetch_
         const int p = 2 * q;
         if (widened)
             store_step(widened, p, s[0], s[1]);
-        f8_pair_fma(m, x, ldx, p, s[0], s[1], acc0, acc1);
+        step_fma(m, x, ldx, p, s[0], s[1], acc0, acc1);
         if (p + 1 < k) {
             if (widened)
                 store_step(widened, p + 1, s[2], s[3]);
-            f8_pair_fma(m, x, ldx, p + 1, s[2], s[3], acc0, acc1);
+            step_fma(m, x, ldx, p + 1, s[2], s[3], acc0, acc1);
         }
     }
     put_rows(m, TILE_WIDE, y, ldy, m0, m1, acc0, acc1, add);

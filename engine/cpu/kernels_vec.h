@@ -232,6 +232,20 @@ ALWAYS_INLINE void store_step(float *dst, int p, vf b0, vf b1)
     vf_storeu(dst + (size_t)p * STRIP_COLS + LANES, b1);
 }
 
+/* Step p of m rows of x (ldx apart) on a strip step's two vectors:
+ * acc += x[i][p] · (b0, b1), the one multiply-add of every sum of
+ * gemm_packed (and of gemm_packed_f8_pairs, whose bits are its). */
+ALWAYS_INLINE void step_fma(const int m, const float *x, size_t ldx, int p, vf b0, vf b1,
+                            vf *acc0, vf *acc1)
+{
+#pragma GCC unroll 16
+    for (int i = 0; i < m; i++) {
+        const vf xi = vf_broadcast(x + (size_t)i * ldx + p);
+        acc0[i] = vf_fmadd(xi, b0, acc0[i]);
+        acc1[i] = vf_fmadd(xi, b1, acc1[i]);
+    }
+}
+
 ALWAYS_INLINE void packed_tile(const int m, const ml_cpu_block src, const ml_cpu_prefetch_kind pf,
                                int n, int k, const float *x, size_t ldx, const void *w,
                                const ml_cpu_prefetch *plan, float *widened, float *y, size_t ldy,
@@ -263,12 +277,7 @@ ALWAYS_INLINE void packed_tile(const int m, const ml_cpu_block src, const ml_cpu
             if (widened)
                 store_step(widened, p, b0, b1);
         }
-#pragma GCC unroll 16
-        for (int i = 0; i < m; i++) {
-            const vf xi = vf_broadcast(x + (size_t)i * ldx + p);
-            acc0[i] = vf_fmadd(xi, b0, acc0[i]);
-            acc1[i] = vf_fmadd(xi, b1, acc1[i]);
-        }
+        step_fma(m, x, ldx, p, b0, b1, acc0, acc1);
     }
     put_rows(m, TILE_WIDE, y, ldy, m0, m1, acc0, acc1, add);
 }

@@ -325,6 +325,20 @@ static void test_f8_codes(const ml_cpu_kernels *kn)
           ml_cpu_isa_name(kn->isa));
 }
 
+/* Whether got holds the f32 of codes 0 .. k·S - 1 in order, exactly, and
+ * its next float is still the 0xa5 fill (nothing written past the block). */
+static int f8_block_widened(const float *got, int k, int S)
+{
+    int ok = 1;
+    for (int v = 0; v < k * S; v++) {
+        const float want = ml_cpu_f8_to_f32((uint8_t)v);
+        ok &= memcmp(&got[v], &want, sizeof want) == 0;
+    }
+    uint32_t past;
+    memcpy(&past, &got[k * S], sizeof past);
+    return ok && past == 0xa5a5a5a5u;
+}
+
 /* FP8 in the pair layout with f32 activations (gemm_packed_f8_pairs,
  * widen_f8_pairs, where the ISA and CPU have them) against gemm_packed on
  * the strip layout, bit for bit: every code at every step, each tile
@@ -352,13 +366,7 @@ static void test_f8_pairs_f32(const ml_cpu_kernels *kn)
         float got[F8_CODES + ML_CPU_MAX_STRIP_COLS];
         memset(got, 0xa5, sizeof got);
         kn->widen_f8_pairs(got, pairs, k);
-        for (int v = 0; v < k * S; v++) {
-            const float want = ml_cpu_f8_to_f32((uint8_t)v);
-            widened &= memcmp(&got[v], &want, sizeof want) == 0;
-        }
-        uint32_t past;
-        memcpy(&past, &got[k * S], sizeof past);
-        widened &= past == 0xa5a5a5a5u;
+        widened &= f8_block_widened(got, k, S);
         for (int m = 1; m <= kn->tile_rows; m++) {
             float *x = xmalloc((size_t)m * k * sizeof *x);
             fill(x, (size_t)m * k, -2, 2);
@@ -375,15 +383,11 @@ static void test_f8_pairs_f32(const ml_cpu_kernels *kn)
                 kn->gemm_packed_f8_pairs(m, n, k, x, (size_t)k, pairs, &pf, NULL, ys, (size_t)S,
                                          0);
                 same &= memcmp(y, want, sizeof y) == 0;
-                for (int v = 0; v < k * S; v++) {
-                    const float code = ml_cpu_f8_to_f32((uint8_t)v);
-                    widened &= memcmp(&got[v], &code, sizeof code) == 0;
-                }
-                memcpy(&past, &got[k * S], sizeof past);
-                widened &= past == 0xa5a5a5a5u;
+                widened &= f8_block_widened(got, k, S);
                 for (int i = 0; i < m; i++)
                     for (int c = 0; c < S; c++) {
                         const size_t at = (size_t)i * S + c;
+                        uint32_t past;
                         memcpy(&past, &ys[at], sizeof past);
                         stored &= c < n ? ys[at] == y[at] : past == 0xa5a5a5a5u;
                     }
