@@ -130,10 +130,12 @@ typedef struct ml_cpu_kernels {
                            size_t ldc, int add);
     /* The same on FP8 weights (matmul.c; NULL as gemm_tile_bf16, and it
      * needs AVX512_VBMI too, which the caller has checked:
-     * ml_cpu_has_avx512_vbmi): B's pair (p, j) is the two F8_E4M3 codes
-     * b[p * ldb + j] (the lower index in the low byte), widened to bf16
-     * exactly in registers (every E4M3 value is a bf16), so each sum is
-     * gemm_tile_bf16's on those bf16; A row-major (a_cs == 1) only. */
+     * ml_cpu_has_avx512_vbmi): B a block of a strip of F8_E4M3 codes in
+     * their pair layout (ml_cpu_f8_pair_index, from an even step; ldb ==
+     * strip_cols, and a whole pair step is read whatever n), each code
+     * widened to bf16 exactly in registers (every E4M3 value is a bf16), so
+     * each sum is gemm_tile_bf16's on those bf16; A row-major (a_cs == 1)
+     * only. */
     void (*gemm_tile_f8_pairs)(int m, int n, int kp, const uint32_t *a, size_t a_rs,
                                size_t a_cs, const uint16_t *b, size_t ldb,
                                const ml_cpu_prefetch *pf, float *c, size_t ldc, int add);
@@ -215,7 +217,7 @@ typedef struct ml_cpu_kernels {
     /* FP8 Linears with f32 activations on a CPU with AVX512_VBMI (matmul.c;
      * NULL where the ISA has no byte permutes, and the caller has checked
      * ml_cpu_has_avx512_vbmi): w a block of k steps of a strip of codes in
-     * the pair layout (ml_cpu_pair_index, from an even step; k may be odd,
+     * their pair layout (ml_cpu_f8_pair_index, from an even step; k may be odd,
      * the last pair's second code then unused), otherwise gemm_packed's
      * contract for an ML_CPU_BLOCK_F8 block: each code widened to the same
      * f32 and summed in the same order, so the bits of every result are
@@ -317,6 +319,27 @@ static inline size_t ml_cpu_packed_index(int strip_cols, int f8, int p, int c)
 static inline size_t ml_cpu_pair_index(int strip_cols, int p, int c)
 {
     return ((size_t)(p / 2) * (size_t)strip_cols + (size_t)c) * 2 + (size_t)(p % 2);
+}
+
+/* FP8 codes in the pair layout (bf16 activations, or f32 ones on a CPU with
+ * AVX512_VBMI: gemm_tile_f8_pairs, gemm_packed_f8_pairs): a pair step's
+ * 2 · strip_cols codes of ml_cpu_pair_index, its first strip_cols (the
+ * first half of the columns) and its last in runs of 8 that alternate
+ * within each 16 bytes: byte i of a 16-byte lane L holds code 8L + i of the
+ * first half, byte 8 + i code 8L + i of the second. The kernel widens a
+ * code's low and high bf16 bytes by lookups and then interleaves them into
+ * words with VPUNPCKLBW and VPUNPCKHBW, which work within 16-byte lanes:
+ * on this order they give the two halves' words in column order, where
+ * byte permutes across the vector (VPERMI2B, two uops on Intel) made the
+ * widening compute bound (tests/bench/results-log.md). */
+#define ML_CPU_F8_PAIR_RUN 8
+static inline size_t ml_cpu_f8_pair_index(int strip_cols, int p, int c)
+{
+    const size_t code = (size_t)(2 * c + p % 2), half = code / (size_t)strip_cols;
+    const size_t in_half = code % (size_t)strip_cols;
+    const size_t place = in_half / ML_CPU_F8_PAIR_RUN * 2 * ML_CPU_F8_PAIR_RUN +
+                         half * ML_CPU_F8_PAIR_RUN + in_half % ML_CPU_F8_PAIR_RUN;
+    return (size_t)(p / 2) * 2 * (size_t)strip_cols + place;
 }
 
 /* The kernel table of an ISA (which the caller has checked is supported). */

@@ -133,11 +133,6 @@ ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, __m512 *b0, __
     ((c) >> 3 ? BF16_EXP(((c) >> 3) + F8_EXP_REBIAS) | ((c) & 7) << 4 : F8_SUB_BF16((c) & 7))
 #define F8_BF16_LO(c) (uint8_t)(F8_BF16(c) & 0xff)
 #define F8_BF16_HI(c) (uint8_t)(F8_BF16(c) >> 8)
-/* VPERMI2B's index of byte j of the words of a step's first 32 codes and
- * of its last 32: the low byte of word j / 2 from the looked-up low bytes
- * (index j / 2), its high byte from the high bytes (64 + j / 2). */
-#define INTERLEAVE_FIRST(j) (uint8_t)((j) / 2 + (j) % 2 * 64)
-#define INTERLEAVE_SECOND(j) (uint8_t)(32 + (j) / 2 + (j) % 2 * 64)
 #define REP8(X, c) X(c), X(c + 1), X(c + 2), X(c + 3), X(c + 4), X(c + 5), X(c + 6), X(c + 7)
 #define REP64(X, c)                                                                                \
     REP8(X, c), REP8(X, c + 8), REP8(X, c + 16), REP8(X, c + 24), REP8(X, c + 32),                 \
@@ -145,13 +140,10 @@ ALWAYS_INLINE void strip_step(const int f8, const void *w, int p, __m512 *b0, __
 
 static const uint8_t f8_bf16_lo[128] = {REP64(F8_BF16_LO, 0), REP64(F8_BF16_LO, 64)};
 static const uint8_t f8_bf16_hi[128] = {REP64(F8_BF16_HI, 0), REP64(F8_BF16_HI, 64)};
-static const uint8_t interleave_first[64] = {REP64(INTERLEAVE_FIRST, 0)};
-static const uint8_t interleave_second[64] = {REP64(INTERLEAVE_SECOND, 0)};
 
-/* VPERMI2B's two-register tables of f8_bf16_lo and _hi, and the
- * interleaves of a step's halves. */
+/* VPERMI2B's two-register tables of f8_bf16_lo and _hi. */
 typedef struct f8_tables {
-    __m512i lo0, lo1, hi0, hi1, first, second;
+    __m512i lo0, lo1, hi0, hi1;
 } f8_tables;
 
 VBMI_TARGET ALWAYS_INLINE f8_tables f8_tables_make(void)
@@ -159,20 +151,24 @@ VBMI_TARGET ALWAYS_INLINE f8_tables f8_tables_make(void)
     return (f8_tables){.lo0 = _mm512_loadu_si512(f8_bf16_lo),
                        .lo1 = _mm512_loadu_si512(f8_bf16_lo + 64),
                        .hi0 = _mm512_loadu_si512(f8_bf16_hi),
-                       .hi1 = _mm512_loadu_si512(f8_bf16_hi + 64),
-                       .first = _mm512_loadu_si512(interleave_first),
-                       .second = _mm512_loadu_si512(interleave_second)};
+                       .hi1 = _mm512_loadu_si512(f8_bf16_hi + 64)};
 }
 
-/* A pair step's 64 codes (32 columns' pairs) widened to its two bf16 pair
- * vectors: each code's low and high bf16 byte looked up by its 7
- * magnitude bits (VPERMI2B ignores the 8th), the sign put back in the high
- * byte, and the bytes interleaved into words in code order. 5 permutes
- * and a logic op for 64 codes, where shifts, masks and a word lookup of
- * the subnormals took 14 instructions (measured: a decode step of 8
- * sequences of `small` with FP8 Linears and lm_head 0.73-1.00x the time,
- * median 0.84, tests/bench/results-log.md). The NaN codes, which no checkpoint
- * holds, widen to ±480 as ml_cpu_f8_to_f32's. */
+/* A pair step's 64 codes (32 columns' pairs, ml_cpu_f8_pair_index) widened
+ * to its two bf16 pair vectors: each code's low and high bf16 byte looked
+ * up by its 7 magnitude bits (VPERMI2B ignores the 8th), the sign put back
+ * in the high byte, and the bytes interleaved into words within each
+ * 16-byte lane, which the layout's order turns into column order: 2
+ * permutes, 2 unpacks and a logic op for 64 codes. Shifts, masks and a
+ * word lookup of the subnormals took 14 instructions (measured: a decode
+ * step of 8 sequences of `small` with FP8 Linears and lm_head 0.73-1.00x
+ * the time, median 0.84), and interleaving by two more VPERMI2B, each two
+ * uops on the Intel Xeon VM against an unpack's one, held a one-row matmul
+ * of codes from L2 to 27-29 GB/s on 2 threads, against 34-35 with the
+ * unpacks (2026-12-07, tests/bench/results-log.md). The NaN codes, which no
+ * checkpoint holds, widen to ±480 as ml_cpu_f8_to_f32's. */
+_Static_assert(2 * ML_CPU_F8_PAIR_RUN == sizeof(__m128i),
+               "VPUNPCKLBW and VPUNPCKHBW interleave runs of 8 bytes in 16-byte lanes");
 VBMI_TARGET ALWAYS_INLINE void f8_pair_step(const f8_tables *t, __m512i codes, __m512i *b0,
                                             __m512i *b1)
 {
@@ -180,8 +176,8 @@ VBMI_TARGET ALWAYS_INLINE void f8_pair_step(const f8_tables *t, __m512i codes, _
     /* hi | (codes & sign) */
     const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t->hi0, codes, t->hi1),
                                                  codes, _mm512_set1_epi8((char)0x80), 0xf8);
-    *b0 = _mm512_permutex2var_epi8(lo, t->first, hi);
-    *b1 = _mm512_permutex2var_epi8(lo, t->second, hi);
+    *b0 = _mm512_unpacklo_epi8(lo, hi);
+    *b1 = _mm512_unpackhi_epi8(lo, hi);
 }
 
 #define PAIR_F8 1
@@ -197,11 +193,14 @@ VBMI_TARGET ALWAYS_INLINE void f8_pair_step(const f8_tables *t, __m512i codes, _
  * pairs, each split into its two f32 values by a shift and a mask (a bf16
  * is the high half of its f32), then gemm_packed's FMAs, a step at a time.
  * The same f32 values as strip_step's, in the same order, so the same
- * bits. Widening 64 codes takes 5 permutes, a logic op and 4 shifts or
- * masks, against strip_step's 18 uops (per 16 codes a sign extension, a
- * shift, a mask and a multiply by 2^120, and an extract a step), which made
- * a one-row FP8 decode step compute bound on the Intel Xeon VM of
- * 2026-12-07 (tests/bench/results-log.md). */
+ * bits. Widening 64 codes takes 2 permutes, 2 unpacks, a logic op and 4
+ * shifts or masks, against strip_step's 18 uops (per 16 codes a sign
+ * extension, a shift, a mask and a multiply by 2^120, and an extract a
+ * step), which made a one-row FP8 decode step compute bound on the Intel
+ * Xeon VM of 2026-12-07 (tests/bench/results-log.md). Putting each code's
+ * two bytes straight into the high half of its f32, a masked VPERMI2B per
+ * vector of 16 (6 permutes and a logic op in all), was slower there: a
+ * VPERMI2B is two uops on the one port the permutes share. */
 
 /* A pair step's 32 columns at steps 2q (s[0], s[1]) and 2q + 1 (s[2],
  * s[3]), each two vectors of columns. */

@@ -51,10 +51,9 @@ PAIR_TARGET ALWAYS_INLINE void PAIR_TILE(const int m, const int a_col, const int
         }
         __m512bh b0, b1;
 #if PAIR_F8
-        /* the step's columns, both halves, in one masked load of pairs */
-        const __mmask32 cols = (__mmask32)m0 | (__mmask32)(wide ? m1 : 0) << LANES;
+        /* the whole pair step, both halves (a strip's, zero padded) */
         __m512i pairs0, pairs1;
-        f8_pair_step(&tables, _mm512_maskz_loadu_epi16(cols, bp), &pairs0, &pairs1);
+        f8_pair_step(&tables, _mm512_loadu_si512(bp), &pairs0, &pairs1);
         b0 = (__m512bh)pairs0;
         b1 = (__m512bh)pairs1;
 #else

@@ -652,7 +652,7 @@ static void pack_part(void *ctx, int64_t begin, int64_t end, int tid)
                     uint8_t *d = pj->dst + (size_t)s * P * S;
                     const uint8_t *r = pj->src + (size_t)n * K;
                     for (size_t p = p0; p < p1; p++)
-                        d[pj->pairs ? ml_cpu_pair_index(pj->strip_cols, (int)p, c)
+                        d[pj->pairs ? ml_cpu_f8_pair_index(pj->strip_cols, (int)p, c)
                                     : ml_cpu_packed_index(pj->strip_cols, 1, (int)p, c)] =
                             n < pj->rows && p < K ? r[p] : 0;
                 } else {

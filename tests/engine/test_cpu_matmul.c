@@ -291,7 +291,7 @@ static void test_f8_codes(const ml_cpu_kernels *kn)
     uint32_t xp[F8_CODES / 2];
     for (int p = 0; p < steps; p++)
         for (int c = 0; c < S; c++)
-            wp[ml_cpu_pair_index(S, p, c)] = (uint8_t)(p * S + c);
+            wp[ml_cpu_f8_pair_index(S, p, c)] = (uint8_t)(p * S + c);
     int pairs = 1, stored = 1;
     for (int n = S; n >= S / 2; n -= S / 2) {
         for (int v = 0; v < 2; v++) {
@@ -359,7 +359,7 @@ static void test_f8_pairs_f32(const ml_cpu_kernels *kn)
     for (int p = 0; p < steps; p++)
         for (int c = 0; c < S; c++) {
             strip[ml_cpu_packed_index(S, 1, p, c)] = (uint8_t)(p * S + c);
-            wp[ml_cpu_pair_index(S, p, c)] = (uint8_t)(p * S + c);
+            wp[ml_cpu_f8_pair_index(S, p, c)] = (uint8_t)(p * S + c);
         }
     int same = 1, widened = 1, stored = 1;
     for (int k = steps; k >= steps - 1; k--) {
