@@ -9,6 +9,14 @@
  *                   small preset's lm_head (128256x1024): GB/s of weight
  *                   bytes streamed; M = 2..32, decode batches (gate/up and
  *                   lm_head)
+ *   layers          M = 1 through a decode step's small Linears (the small
+ *                   preset's q/o, k/v and gate/up: K 1024 x N 1024, 256,
+ *                   2816), bf16 and FP8, as the model calls them: from
+ *                   memory, each call on the next of enough copies of the
+ *                   weights that none is still cached (COLD_BYTES, past
+ *                   the L3s seen), and from L2 (one copy, over and over):
+ *                   GB/s of weight bytes, the memory's share and the
+ *                   kernel's own rate
  *   GEMM            M = 6432 (4 vision tiles), the vision tower's Linears:
  *                   K = N = 1280 (q/k/v/o), K 1280 x N 5120 (fc1), K 5120 x
  *                   N 1280 (fc2); M = 512, a prefill chunk, through the
@@ -38,8 +46,8 @@
  *                   (attn_causal and attn_cross run again over a bf16
  *                   cache, ml_backend_cpu_bf16_kv_cache)
  *
- * ML_BENCH_ONLY=name,... runs only those groups (bandwidth, gemv, gemm,
- * attn_vision, activations, attn_causal, attn_cross, bf16).
+ * ML_BENCH_ONLY=name,... runs only those groups (bandwidth, gemv, layers,
+ * gemm, attn_vision, activations, attn_causal, attn_cross, bf16).
  *
  * Each result is the best of a few runs, by wall clock and by CPU time
  * (process CPU seconds / threads). On a shared machine the wall figure is
@@ -301,6 +309,79 @@ static void bench_gemv(ml_backend *be, int sweep)
         be->ops->free(be, x);
         be->ops->free(be, y);
     }
+}
+
+/* Bytes of weight copies a "from memory" run cycles through: past the
+ * largest L3 of the development VMs (260 MiB), so that no call finds its
+ * weights cached; and calls per run. */
+#define COLD_BYTES ((size_t)768 << 20)
+#define LAYER_CALLS 2000
+
+typedef struct layer_job {
+    ml_backend *be;
+    float *y;
+    const float *x, *scale;
+    const void *const *w; /* copies, packed */
+    int copies, f8, K, N;
+} layer_job;
+
+/* LAYER_CALLS one-row calls, each on the next copy. */
+static void layer_run(void *ctx)
+{
+    layer_job *j = ctx;
+    for (int c = 0; c < LAYER_CALLS; c++) {
+        const void *w = j->w[c % j->copies];
+        if (j->f8)
+            j->be->ops->matmul_f8(j->be, j->y, j->x, w, j->scale, NULL, 1, j->K, j->N, 0);
+        else
+            j->be->ops->matmul(j->be, j->y, j->x, w, NULL, 1, j->K, j->N, 0);
+    }
+}
+
+static void bench_layers(ml_backend *be)
+{
+    enum { K = 1024 };
+    static const int Ns[] = {1024, 256, 2816};
+    float *x = backend_alloc(be, K * sizeof *x);
+    for (int i = 0; i < K; i++)
+        x[i] = frand(-1, 1);
+    for (size_t s = 0; s < sizeof Ns / sizeof Ns[0]; s++) {
+        const int N = Ns[s];
+        float *y = backend_alloc(be, (size_t)N * sizeof *y);
+        float *scale = xmalloc((size_t)N * sizeof *scale);
+        uint16_t *w = xmalloc((size_t)N * K * sizeof *w);
+        uint8_t *w8 = xmalloc((size_t)N * K);
+        for (size_t i = 0; i < (size_t)N * K; i++) {
+            w[i] = ml_f32_to_bf16(frand(-1, 1));
+            w8[i] = ml_f32_to_f8e4m3(frand(-ML_F8E4M3_MAX, ML_F8E4M3_MAX));
+        }
+        for (int n = 0; n < N; n++)
+            scale[n] = 1.0f / ML_F8E4M3_MAX;
+        for (int f8 = 0; f8 < 2; f8++) {
+            const size_t bytes = (size_t)N * K * (f8 ? 1 : sizeof *w);
+            const int cold = (int)((COLD_BYTES + bytes - 1) / bytes);
+            const void **copies = xmalloc((size_t)cold * sizeof *copies);
+            for (int c = 0; c < cold; c++)
+                copies[c] = f8 ? packed(be, w8, N, K, 1) : packed(be, w, N, K, sizeof *w);
+            double gbs[2];
+            for (int warm = 0; warm < 2; warm++) {
+                layer_job j = {.be = be, .y = y, .x = x, .scale = scale, .w = copies,
+                               .copies = warm ? 1 : cold, .f8 = f8, .K = K, .N = N};
+                const timing t = best_of(layer_run, &j, 3);
+                gbs[warm] = (double)bytes * LAYER_CALLS / t.wall / 1e9;
+            }
+            printf("  layer M=1 K=%d N=%-5d %-4s  from memory %5.1f GB/s  from L2 %5.1f GB/s\n",
+                   K, N, f8 ? "fp8" : "bf16", gbs[0], gbs[1]);
+            for (int c = 0; c < cold; c++)
+                be->ops->linear_weight_free(be, copies[c]);
+            free(copies);
+        }
+        free(w);
+        free(w8);
+        free(scale);
+        be->ops->free(be, y);
+    }
+    be->ops->free(be, x);
 }
 
 /* Returns the wall GFLOP/s. */
@@ -634,6 +715,8 @@ int main(void)
         const int full = isa != ML_CPU_ISA_PLAIN || *forced;
         if (wanted("gemv"))
             bench_gemv(be, full);
+        if (full && wanted("layers"))
+            bench_layers(be);
         if (full && (wanted("gemm") || wanted("bf16"))) {
             const double gflops = bench_gemm(be);
             if (isa == ML_CPU_ISA_AVX512)
