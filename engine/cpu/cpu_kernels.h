@@ -330,8 +330,8 @@ static inline size_t ml_cpu_pair_index(int strip_cols, int p, int c)
  * code's low and high bf16 bytes by lookups and then interleaves them into
  * words with VPUNPCKLBW and VPUNPCKHBW, which work within 16-byte lanes:
  * on this order they give the two halves' words in column order, where
- * byte permutes across the vector (VPERMI2B, two uops on Intel) made the
- * widening compute bound (tests/bench/results-log.md). */
+ * byte permutes across the vector (VPERMI2B, two uops on the Intel Xeon
+ * VMs) made the widening compute bound (tests/bench/results-log.md). */
 #define ML_CPU_F8_PAIR_RUN 8
 static inline size_t ml_cpu_f8_pair_index(int strip_cols, int p, int c)
 {
