@@ -73,12 +73,12 @@
  * the strips as they are (no widening). The blocks, tiles and threads are
  * the f32 path's and each element's sum is over pairs in increasing order
  * per KC block, so batch invariance holds as above. FP8 Linears too, on a
- * CPU with AVX512_VBMI (cb->f8_pairs): their codes are packed in the same
- * pair layout and gemm_tile_f8_pairs widens them to bf16 in registers
- * (exact), so an FP8 Linear's sum is the bf16 Linear's of its codes, then
- * the scale as above, and its multiplies run at the bf16 dot's rate rather
- * than f32 FMA's (at 8 rows and more a decode step of FP8 was compute
- * bound in f32). W8A8's quantized rows are E4M3 values, which bf16 holds
+ * CPU with AVX512_VBMI (cb->f8_pairs): their codes are packed in pairs
+ * too (ml_cpu_f8_pair_index) and gemm_tile_f8_pairs widens them to bf16
+ * in registers (exact), so an FP8 Linear's sum is the bf16 Linear's of
+ * its codes, then the scale as above, and its multiplies run at the bf16
+ * dot's rate rather than f32 FMA's (at 8 rows and more a decode step of
+ * FP8 was compute bound in f32). W8A8's quantized rows are E4M3 values, which bf16 holds
  * exactly: their rounding to pairs changes nothing. Without VBMI (Cooper
  * Lake) FP8 Linears keep their f32 activations and layout.
  *
