@@ -252,6 +252,35 @@ static const void *packed(ml_backend *be, const void *w, int N, int K, size_t el
     return p;
 }
 
+/* A Linear's (N, K) weights drawn at random as bf16 and as FP8 codes,
+ * with the FP8 run's per-row scale. */
+typedef struct linear_draw {
+    uint16_t *w;
+    uint8_t *w8;
+    float *scale; /* (N) */
+} linear_draw;
+
+static linear_draw linear_draw_make(int N, int K)
+{
+    linear_draw d = {.w = xmalloc((size_t)N * K * sizeof *d.w),
+                     .w8 = xmalloc((size_t)N * K),
+                     .scale = xmalloc((size_t)N * sizeof *d.scale)};
+    for (size_t i = 0; i < (size_t)N * K; i++) {
+        d.w[i] = ml_f32_to_bf16(frand(-1, 1));
+        d.w8[i] = ml_f32_to_f8e4m3(frand(-ML_F8E4M3_MAX, ML_F8E4M3_MAX));
+    }
+    for (int n = 0; n < N; n++)
+        d.scale[n] = 1.0f / ML_F8E4M3_MAX;
+    return d;
+}
+
+static void linear_draw_free(linear_draw *d)
+{
+    free(d->w);
+    free(d->w8);
+    free(d->scale);
+}
+
 /* sweep: also M = 2..32 (the shapes marked for it). */
 static void bench_gemv(ml_backend *be, int sweep)
 {
@@ -266,24 +295,16 @@ static void bench_gemv(ml_backend *be, int sweep)
     const int max_m = 32;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int K = shapes[s].K, N = shapes[s].N;
-        uint16_t *w = xmalloc((size_t)N * K * sizeof *w);
-        uint8_t *w8 = xmalloc((size_t)N * K);
-        float *scale = xmalloc((size_t)N * sizeof *scale);
+        linear_draw d = linear_draw_make(N, K);
         float *x = backend_alloc(be, (size_t)max_m * K * sizeof *x);
         float *y = backend_alloc(be, (size_t)max_m * N * sizeof *y);
-        for (size_t i = 0; i < (size_t)N * K; i++) {
-            w[i] = ml_f32_to_bf16(frand(-1, 1));
-            w8[i] = ml_f32_to_f8e4m3(frand(-ML_F8E4M3_MAX, ML_F8E4M3_MAX));
-        }
-        for (int n = 0; n < N; n++)
-            scale[n] = 1.0f / ML_F8E4M3_MAX;
         for (size_t i = 0; i < (size_t)max_m * K; i++)
             x[i] = frand(-1, 1);
-        const double bytes = (double)N * K * sizeof *w;
-        const uint16_t *pw = packed(be, w, N, K, sizeof *w);
-        const uint8_t *pw8 = packed(be, w8, N, K, sizeof *w8);
+        const double bytes = (double)N * K * sizeof *d.w;
+        const uint16_t *pw = packed(be, d.w, N, K, sizeof *d.w);
+        const uint8_t *pw8 = packed(be, d.w8, N, K, sizeof *d.w8);
         for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++) {
-            mm_job j = {.be = be, .y = y, .x = x, .w = pw, .w8 = pw8, .scale = scale,
+            mm_job j = {.be = be, .y = y, .x = x, .w = pw, .w8 = pw8, .scale = d.scale,
                         .M = Ms[m], .K = K, .N = N};
             timing t = best_of(mm_run, &j, 7);
             printf("  matmul M=%-2d K=%-5d N=%-5d %8.2f ms  weights %5.1f GB/s wall %5.1f cpu"
@@ -303,9 +324,7 @@ static void bench_gemv(ml_backend *be, int sweep)
         }
         be->ops->linear_weight_free(be, pw);
         be->ops->linear_weight_free(be, pw8);
-        free(w);
-        free(w8);
-        free(scale);
+        linear_draw_free(&d);
         be->ops->free(be, x);
         be->ops->free(be, y);
     }
@@ -348,24 +367,17 @@ static void bench_layers(ml_backend *be)
     for (size_t s = 0; s < sizeof Ns / sizeof Ns[0]; s++) {
         const int N = Ns[s];
         float *y = backend_alloc(be, (size_t)N * sizeof *y);
-        float *scale = xmalloc((size_t)N * sizeof *scale);
-        uint16_t *w = xmalloc((size_t)N * K * sizeof *w);
-        uint8_t *w8 = xmalloc((size_t)N * K);
-        for (size_t i = 0; i < (size_t)N * K; i++) {
-            w[i] = ml_f32_to_bf16(frand(-1, 1));
-            w8[i] = ml_f32_to_f8e4m3(frand(-ML_F8E4M3_MAX, ML_F8E4M3_MAX));
-        }
-        for (int n = 0; n < N; n++)
-            scale[n] = 1.0f / ML_F8E4M3_MAX;
+        linear_draw d = linear_draw_make(N, K);
         for (int f8 = 0; f8 < 2; f8++) {
-            const size_t bytes = (size_t)N * K * (f8 ? 1 : sizeof *w);
+            const size_t bytes = (size_t)N * K * (f8 ? sizeof *d.w8 : sizeof *d.w);
             const int cold = (int)((COLD_BYTES + bytes - 1) / bytes);
             const void **copies = xmalloc((size_t)cold * sizeof *copies);
             for (int c = 0; c < cold; c++)
-                copies[c] = f8 ? packed(be, w8, N, K, 1) : packed(be, w, N, K, sizeof *w);
+                copies[c] = f8 ? packed(be, d.w8, N, K, sizeof *d.w8)
+                               : packed(be, d.w, N, K, sizeof *d.w);
             double gbs[2];
             for (int warm = 0; warm < 2; warm++) {
-                layer_job j = {.be = be, .y = y, .x = x, .scale = scale, .w = copies,
+                layer_job j = {.be = be, .y = y, .x = x, .scale = d.scale, .w = copies,
                                .copies = warm ? 1 : cold, .f8 = f8, .K = K, .N = N};
                 const timing t = best_of(layer_run, &j, 3);
                 gbs[warm] = (double)bytes * LAYER_CALLS / t.wall / 1e9;
@@ -376,9 +388,7 @@ static void bench_layers(ml_backend *be)
                 be->ops->linear_weight_free(be, copies[c]);
             free(copies);
         }
-        free(w);
-        free(w8);
-        free(scale);
+        linear_draw_free(&d);
         be->ops->free(be, y);
     }
     be->ops->free(be, x);
