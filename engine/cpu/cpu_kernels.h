@@ -217,8 +217,8 @@ typedef struct ml_cpu_kernels {
     /* FP8 Linears with f32 activations on a CPU with AVX512_VBMI (matmul.c;
      * NULL where the ISA has no byte permutes, and the caller has checked
      * ml_cpu_has_avx512_vbmi): w a block of k steps of a strip of codes in
-     * their pair layout (ml_cpu_f8_pair_index, from an even step; k may be odd,
-     * the last pair's second code then unused), otherwise gemm_packed's
+     * their pair layout (ml_cpu_f8_pair_index, from an even step; k may be
+     * odd, the last pair's second code then unused), otherwise gemm_packed's
      * contract for an ML_CPU_BLOCK_F8 block: each code widened to the same
      * f32 and summed in the same order, so the bits of every result are
      * gemm_packed's on the strip layout. */

@@ -164,8 +164,9 @@ VBMI_TARGET ALWAYS_INLINE f8_tables f8_tables_make(void)
  * step of 8 sequences of `small` with FP8 Linears and lm_head 0.73-1.00x
  * the time, median 0.84), and interleaving by two more VPERMI2B, each two
  * uops on the Intel Xeon VM against an unpack's one, held a one-row matmul
- * of codes from L2 to 27-29 GB/s on 2 threads, against 34-35 with the
- * unpacks (2026-12-07, tests/bench/results-log.md). The NaN codes, which no
+ * of codes from L2 to 27-29 GB/s on 2 threads, against 33-36 with the
+ * unpacks (2026-12-07, bench_cpu_ops group layers;
+ * tests/bench/results-log.md). The NaN codes, which no
  * checkpoint holds, widen to ±480 as ml_cpu_f8_to_f32's. */
 _Static_assert(2 * ML_CPU_F8_PAIR_RUN == sizeof(__m128i),
                "VPUNPCKLBW and VPUNPCKHBW interleave runs of 8 bytes in 16-byte lanes");

@@ -78,9 +78,10 @@
  * in registers (exact), so an FP8 Linear's sum is the bf16 Linear's of
  * its codes, then the scale as above, and its multiplies run at the bf16
  * dot's rate rather than f32 FMA's (at 8 rows and more a decode step of
- * FP8 was compute bound in f32). W8A8's quantized rows are E4M3 values, which bf16 holds
- * exactly: their rounding to pairs changes nothing. Without VBMI (Cooper
- * Lake) FP8 Linears keep their f32 activations and layout.
+ * FP8 was compute bound in f32). W8A8's quantized rows are E4M3 values,
+ * which bf16 holds exactly: their rounding to pairs changes nothing.
+ * Without VBMI (Cooper Lake) FP8 Linears keep their f32 activations and
+ * layout.
  *
  * With f32 activations too, a CPU with AVX512_VBMI (cb->f8_pairs) packs
  * FP8 Linears in the pair layout: gemm_packed_f8_pairs widens a pair of
