@@ -9,14 +9,14 @@
  *                   small preset's lm_head (128256x1024): GB/s of weight
  *                   bytes streamed; M = 2..32, decode batches (gate/up and
  *                   lm_head)
- *   layers          M = 1 through a decode step's small Linears (the small
- *                   preset's q/o, k/v and gate/up: K 1024 x N 1024, 256,
- *                   2816), bf16 and FP8, as the model calls them: from
- *                   memory, each call on the next of enough copies of the
- *                   weights that none is still cached (COLD_BYTES, past
- *                   the L3s seen), and from L2 (one copy, over and over):
- *                   GB/s of weight bytes, the memory's share and the
- *                   kernel's own rate
+ *   layers          a decode step's small Linears (the small preset's
+ *                   q/o, k/v and gate/up: K 1024 x N 1024, 256, 2816) at
+ *                   M = 1, 8 and 16 rows, bf16 and FP8, as the model
+ *                   calls them: from memory, each call on the next of
+ *                   enough copies of the weights that none is still
+ *                   cached (COLD_BYTES, past the L3s seen), and from L2
+ *                   (one copy, over and over): GB/s of weight bytes and
+ *                   GFLOP/s, the memory's share and the kernel's own rate
  *   GEMM            M = 6432 (4 vision tiles), the vision tower's Linears:
  *                   K = N = 1280 (q/k/v/o), K 1280 x N 5120 (fc1), K 5120 x
  *                   N 1280 (fc2); M = 512, a prefill chunk, through the
@@ -341,32 +341,33 @@ typedef struct layer_job {
     float *y;
     const float *x, *scale;
     const void *const *w; /* copies, packed */
-    int copies, f8, K, N;
+    int copies, f8, M, K, N;
 } layer_job;
 
-/* LAYER_CALLS one-row calls, each on the next copy. */
+/* LAYER_CALLS calls, each on the next copy. */
 static void layer_run(void *ctx)
 {
     layer_job *j = ctx;
     for (int c = 0; c < LAYER_CALLS; c++) {
         const void *w = j->w[c % j->copies];
         if (j->f8)
-            j->be->ops->matmul_f8(j->be, j->y, j->x, w, j->scale, NULL, 1, j->K, j->N, 0);
+            j->be->ops->matmul_f8(j->be, j->y, j->x, w, j->scale, NULL, j->M, j->K, j->N, 0);
         else
-            j->be->ops->matmul(j->be, j->y, j->x, w, NULL, 1, j->K, j->N, 0);
+            j->be->ops->matmul(j->be, j->y, j->x, w, NULL, j->M, j->K, j->N, 0);
     }
 }
 
 static void bench_layers(ml_backend *be)
 {
-    enum { K = 1024 };
+    enum { K = 1024, MAX_M = 16 };
     static const int Ns[] = {1024, 256, 2816};
-    float *x = backend_alloc(be, K * sizeof *x);
-    for (int i = 0; i < K; i++)
+    static const int Ms[] = {1, 8, 16};
+    float *x = backend_alloc(be, (size_t)MAX_M * K * sizeof *x);
+    for (int i = 0; i < MAX_M * K; i++)
         x[i] = frand(-1, 1);
     for (size_t s = 0; s < sizeof Ns / sizeof Ns[0]; s++) {
         const int N = Ns[s];
-        float *y = backend_alloc(be, (size_t)N * sizeof *y);
+        float *y = backend_alloc(be, (size_t)MAX_M * N * sizeof *y);
         linear_draw d = linear_draw_make(N, K);
         for (int f8 = 0; f8 < 2; f8++) {
             const size_t bytes = (size_t)N * K * (f8 ? sizeof *d.w8 : sizeof *d.w);
@@ -375,15 +376,20 @@ static void bench_layers(ml_backend *be)
             for (int c = 0; c < cold; c++)
                 copies[c] = f8 ? packed(be, d.w8, N, K, sizeof *d.w8)
                                : packed(be, d.w, N, K, sizeof *d.w);
-            double gbs[2];
-            for (int warm = 0; warm < 2; warm++) {
-                layer_job j = {.be = be, .y = y, .x = x, .scale = d.scale, .w = copies,
-                               .copies = warm ? 1 : cold, .f8 = f8, .K = K, .N = N};
-                const timing t = best_of(layer_run, &j, 3);
-                gbs[warm] = (double)bytes * LAYER_CALLS / t.wall / 1e9;
+            for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++) {
+                double gbs[2], gflops[2];
+                for (int warm = 0; warm < 2; warm++) {
+                    layer_job j = {.be = be, .y = y, .x = x, .scale = d.scale, .w = copies,
+                                   .copies = warm ? 1 : cold, .f8 = f8, .M = Ms[m], .K = K,
+                                   .N = N};
+                    const timing t = best_of(layer_run, &j, 3);
+                    gbs[warm] = (double)bytes * LAYER_CALLS / t.wall / 1e9;
+                    gflops[warm] = 2.0 * Ms[m] * K * N * LAYER_CALLS / t.wall / 1e9;
+                }
+                printf("  layer M=%-2d K=%d N=%-5d %-4s  from memory %5.1f GB/s %6.1f GFLOP/s"
+                       "  from L2 %5.1f GB/s %6.1f GFLOP/s\n",
+                       Ms[m], K, N, f8 ? "fp8" : "bf16", gbs[0], gflops[0], gbs[1], gflops[1]);
             }
-            printf("  layer M=1 K=%d N=%-5d %-4s  from memory %5.1f GB/s  from L2 %5.1f GB/s\n",
-                   K, N, f8 ? "fp8" : "bf16", gbs[0], gbs[1]);
             for (int c = 0; c < cold; c++)
                 be->ops->linear_weight_free(be, copies[c]);
             free(copies);
