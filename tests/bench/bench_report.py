@@ -29,10 +29,13 @@ Standard library only.
         the attention's / f32 FMA peak
         (roofline.sh).
     bench_report.py fp8 --bf16 BF16.kv... --fp8 FP8.kv...
+            [--bf16-concurrent B=RUN.jsonl,... --fp8-concurrent B=RUN.jsonl,...]...
         Decode ms/token of an FP8 checkpoint against its bf16 original, per
         request: the median and spread (min-max) of each over the runs and
         of the ratio of each bf16 run to the fp8 run paired with it
-        (fp8_decode.sh alternates them, so a pair saw the same neighbours).
+        (fp8_decode.sh alternates them, so a pair saw the same neighbours);
+        with the concurrent runs, the same of B concurrent requests' ms per
+        token and decode step of B rows.
     bench_report.py runtime --cache OURS.kv B=RUN.jsonl[,RUN.jsonl...]...
         Throughput against concurrency (the fastest run of each B), and
         image-cache miss against hit.
@@ -68,6 +71,40 @@ def decode_step(agg, seqs):
     median, min, max ms), or None where no step decoded that many."""
     steps = [d for d in (agg or {}).get("decode_steps", []) if d["seqs"] == seqs]
     return steps[0] if steps else None
+
+
+def paired_concurrent(cmd, a_specs, b_specs):
+    """[(B, a's aggregates, b's aggregates)] of two sides' B=RUN.jsonl,...
+    options, the runs of each B paired in order (the script alternated
+    them); each side must name the same B with as many runs."""
+    a = dict(s.split("=", 1) for s in a_specs or [])
+    b = dict(s.split("=", 1) for s in b_specs or [])
+    if set(a) != set(b):
+        sys.exit("%s: both sides need runs of the same concurrency" % cmd)
+    out = []
+    for n in a:
+        aggs = [[read_runs(p)[1] for p in side[n].split(",")] for side in (a, b)]
+        if len(aggs[0]) != len(aggs[1]):
+            sys.exit("%s: %s concurrent: the runs are paired" % (cmd, n))
+        out.append((int(n), aggs[0], aggs[1]))
+    return out
+
+
+def paired_row(label, timing, a, b, speedup=False, digits=2):
+    """A table row of two sides' timings over paired runs: each one's median
+    (min-max), and the same of b / a per pair (a / b with speedup: b's
+    speedup over a); dashes where a run lacks the timing."""
+    if None in a or None in b:
+        return [label, timing, "–", "–", "–"]
+    ratios = [x / y if speedup else y / x for x, y in zip(a, b)]
+    return [label, timing, spread(a, digits), spread(b, digits), spread(ratios, unit="x")]
+
+
+def concurrent_timings(agg, seqs):
+    """ms per completion token (1 / tokens/s, prefill included) and the
+    median decode step of `seqs` rows, ms, of one concurrent run."""
+    step = decode_step(agg, seqs) or {}
+    return 1e3 / agg["completion_tokens_per_s"], step.get("median_ms")
 
 
 def read_kv(paths):
@@ -412,6 +449,16 @@ def cmd_fp8(args):
         stages.append([label, spread(a), spread(b),
                        spread([x / y for x, y in zip(a, b)], unit="x")])
     print(md_table(["stage", "bf16 ms", "fp8 ms", "speedup"], stages))
+    conc = []
+    for b, bagg, fagg in paired_concurrent("fp8", args.bf16_concurrent, args.fp8_concurrent):
+        bt = [concurrent_timings(a, b) for a in bagg]
+        ft = [concurrent_timings(a, b) for a in fagg]
+        for timing, i in (("ms per completion token", 0), ("decode step of %d rows, ms" % b, 1)):
+            conc.append(paired_row("%d concurrent" % b, timing, [t[i] for t in bt],
+                                   [t[i] for t in ft], speedup=True))
+    if conc:
+        print()
+        print(md_table(["requests", "timing", "bf16", "fp8", "speedup"], conc))
 
 
 # ---- roofline -----------------------------------------------------------------------
@@ -612,12 +659,8 @@ def cmd_revisions(args):
     tree = [read_kv([p]) for p in args.tree_seq]
     rows = []
 
-    def row(label, timing, b, t, digits=2):
-        if None in b or None in t:
-            rows.append([label, timing, "–", "–", "–"])
-            return
-        rows.append([label, timing, spread(b, digits), spread(t, digits),
-                     spread([y / x for x, y in zip(b, t)], unit="x")])
+    def row(label, timing, b, t):
+        rows.append(paired_row(label, timing, b, t))
 
     for label, i in (("text only", 0), ("image", 1)):
         for k in TIMINGS:
@@ -625,20 +668,14 @@ def cmd_revisions(args):
                 continue
             key = "ours_%d_%s" % (i, k)
             row(label, k, [num(kv, key) for kv in base], [num(kv, key) for kv in tree])
-    conc = lambda specs: dict(s.split("=", 1) for s in specs or [])
-    bc, tc = conc(args.base_concurrent), conc(args.tree_concurrent)
-    for b in bc:
-        bagg = [read_runs(p)[1] for p in bc[b].split(",")]
-        tagg = [read_runs(p)[1] for p in tc[b].split(",")]
-        if len(bagg) != len(tagg):
-            sys.exit("revisions: %s concurrent: the runs are paired" % b)
-        # tokens/s (prefill included): time is 1 / tokens/s
-        tok = lambda agg: 1e3 / agg["completion_tokens_per_s"]
-        row("%s concurrent" % b, "ms per completion token",
-            [tok(a) for a in bagg], [tok(a) for a in tagg])
-        step_ms = lambda agg: (decode_step(agg, int(b)) or {}).get("median_ms")
-        row("%s concurrent" % b, "decode step of %s rows, ms" % b,
-            [step_ms(a) for a in bagg], [step_ms(a) for a in tagg])
+    for b, bagg, tagg in paired_concurrent("revisions", args.base_concurrent,
+                                           args.tree_concurrent):
+        bt = [concurrent_timings(a, b) for a in bagg]
+        tt = [concurrent_timings(a, b) for a in tagg]
+        row("%d concurrent" % b, "ms per completion token", [x[0] for x in bt],
+            [x[0] for x in tt])
+        row("%d concurrent" % b, "decode step of %d rows, ms" % b, [x[1] for x in bt],
+            [x[1] for x in tt])
     print("%d paired runs; median (min-max)" % len(base))
     print(md_table(["request", "timing", "base %s" % args.base_rev, "this tree",
                     "this tree / base"], rows))
@@ -685,6 +722,8 @@ def main():
     f.add_argument("--bf16", required=True, nargs="+")
     f.add_argument("--fp8", required=True, nargs="+")
     f.add_argument("--goal", type=float, default=1.8)
+    f.add_argument("--bf16-concurrent", action="append")
+    f.add_argument("--fp8-concurrent", action="append")
     r = sub.add_parser("runtime")
     r.add_argument("--cache", required=True)
     r.add_argument("--goal", type=int, default=80)

@@ -15,11 +15,15 @@
 # BF16's dot, FP8 ones too where the CPU has AVX512_VBMI). --cpu-kv-cache
 # f32|bf16: both kinds with mllama run's --cpu-kv-cache (f32, the default;
 # bf16, any CPU: K/V caches and image states stored bf16, their bytes
-# counted at 2 per element).
+# counted at 2 per element). --concurrent "8 16": each run also decodes B
+# concurrent text requests (continuous batching) for each B, and the report
+# adds their ms per token and median decode step of B rows, bf16 against
+# FP8, paired as the single requests are.
 #
 #   tests/bench/fp8_decode.sh [--presets "small 1b"] [--fp8-lm-head 0|1]
-#       [--cpu-activations f32|bf16] [--cpu-kv-cache f32|bf16] [--build DIR]
-#       [--work DIR] [--max-tokens N] [--repeats N] [--no-build]
+#       [--cpu-activations f32|bf16] [--cpu-kv-cache f32|bf16]
+#       [--concurrent "B ..."] [--build DIR] [--work DIR] [--max-tokens N]
+#       [--repeats N] [--no-build]
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -32,7 +36,8 @@ presets="small 1b"
 fp8_lm_head=0
 cpu_activations=f32
 cpu_kv_cache=f32
-BENCH_OPTIONS="presets fp8_lm_head cpu_activations cpu_kv_cache"
+concurrent=""
+BENCH_OPTIONS="presets fp8_lm_head cpu_activations cpu_kv_cache concurrent"
 bench_parse_args "$@"
 bench_check_cpu_options
 head_run=() head_report=()
@@ -48,6 +53,10 @@ for preset in $presets; do
     bench_model "$mllama" "$preset" "$fp8_model" --fp8
     "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" \
         --prompt "$BENCH_PROMPT" --sequence - "$image" >"$run/batch.jsonl"
+    for b in $concurrent; do
+        "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" \
+            --prompt "Write a short story" --concurrent "$b" >"$run/c$b.jsonl"
+    done
 
     echo "== fp8 decode: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads," \
         "FP8 lm_head: $fp8_lm_head, $cpu_activations activations, $cpu_kv_cache K/V cache"
@@ -58,10 +67,15 @@ for preset in $presets; do
         for kind in bf16 fp8; do
             m="$model" extra=()
             [ "$kind" = fp8 ] && m="$fp8_model" extra=("${head_run[@]}")
+            opts=(--model "$m" --threads "$BENCH_THREADS" --cpu-activations "$cpu_activations"
+                --cpu-kv-cache "$cpu_kv_cache" ${extra[*]:+"${extra[@]}"})
             bench_time_run "$run/${kind}_$r.jsonl" "$run/${kind}_$r.wall" \
-                "$mllama" run --model "$m" --batch "$run/batch.jsonl" --threads "$BENCH_THREADS" \
-                --cpu-activations "$cpu_activations" --cpu-kv-cache "$cpu_kv_cache" "${extra[@]}"
+                "$mllama" run --batch "$run/batch.jsonl" "${opts[@]}"
             $report ours "$run/${kind}_$r.jsonl" >"$run/${kind}_$r.kv"
+            for b in $concurrent; do
+                "$mllama" run --batch "$run/c$b.jsonl" "${opts[@]}" >"$run/c${b}_${kind}_$r.jsonl" ||
+                    bench_die "$kind: batch of $b failed"
+            done
         done
     done
     bws+=("$(bench_read_gbs)")
@@ -72,12 +86,19 @@ for preset in $presets; do
     [ -n "$read_gbs" ] || bench_die "bench_read_bw failed"
     echo "read bandwidth ($BENCH_THREADS threads) around the runs: ${bws[*]} GB/s"
     echo
-    bf16_kvs=() fp8_kvs=()
+    bf16_kvs=() fp8_kvs=() conc=()
     for r in $(seq 1 "$repeats"); do
         bf16_kvs+=("$run/bf16_$r.kv")
         fp8_kvs+=("$run/fp8_$r.kv")
     done
-    $report fp8 --bf16 "${bf16_kvs[@]}" --fp8 "${fp8_kvs[@]}"
+    for b in $concurrent; do
+        for kind in bf16 fp8; do
+            runs=()
+            for r in $(seq 1 "$repeats"); do runs+=("$run/c${b}_${kind}_$r.jsonl"); done
+            conc+=("--$kind-concurrent" "$b=$(IFS=,; echo "${runs[*]}")")
+        done
+    done
+    $report fp8 --bf16 "${bf16_kvs[@]}" --fp8 "${fp8_kvs[@]}" ${conc[*]:+"${conc[@]}"}
     echo
     echo "bf16 (median run):"
     $report bandwidth --model "$model" --ours "$run/bf16.kv" --read-gbs "$read_gbs" \
