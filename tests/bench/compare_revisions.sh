@@ -59,7 +59,7 @@ batch_py="$repo/tests/bench/make_batch.py"
 "$python" "$batch_py" --max-tokens "$max_tokens" --prompt "$BENCH_PROMPT" \
     --sequence - "$image" >"$run/seq.jsonl"
 for b in $concurrent; do
-    "$python" "$batch_py" --max-tokens "$max_tokens" --prompt "Write a short story" \
+    "$python" "$batch_py" --max-tokens "$max_tokens" --prompt "$BENCH_THROUGHPUT_PROMPT" \
         --concurrent "$b" >"$run/c$b.jsonl"
 done
 

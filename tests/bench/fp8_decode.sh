@@ -55,7 +55,7 @@ for preset in $presets; do
         --prompt "$BENCH_PROMPT" --sequence - "$image" >"$run/batch.jsonl"
     for b in $concurrent; do
         "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" \
-            --prompt "Write a short story" --concurrent "$b" >"$run/c$b.jsonl"
+            --prompt "$BENCH_THROUGHPUT_PROMPT" --concurrent "$b" >"$run/c$b.jsonl"
     done
 
     echo "== fp8 decode: preset $preset, $max_tokens tokens per request, $BENCH_THREADS threads," \
@@ -73,8 +73,8 @@ for preset in $presets; do
                 "$mllama" run --batch "$run/batch.jsonl" "${opts[@]}"
             $report ours "$run/${kind}_$r.jsonl" >"$run/${kind}_$r.kv"
             for b in $concurrent; do
-                "$mllama" run --batch "$run/c$b.jsonl" "${opts[@]}" >"$run/c${b}_${kind}_$r.jsonl" ||
-                    bench_die "$kind: batch of $b failed"
+                "$mllama" run --batch "$run/c$b.jsonl" "${opts[@]}" \
+                    >"$run/c${b}_${kind}_$r.jsonl" || bench_die "$kind: batch of $b failed"
             done
         done
     done

@@ -8,6 +8,10 @@
 BENCH_PYTHON_DEFAULT=/opt/refvenv/bin/python
 BENCH_THREADS=2
 BENCH_PROMPT="Describe this image in detail."
+# The text of the concurrent requests of the throughput benchmarks, "(request
+# i)" appended (make_batch.py --concurrent); peers.sh gives every engine the
+# same (peers_mistralrs.py).
+BENCH_THROUGHPUT_PROMPT="Write a short story"
 BENCH_IMAGE_REL=config/samples/astronaut.jpg
 
 bench_die() {

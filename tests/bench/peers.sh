@@ -42,9 +42,6 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 . "$repo/tests/bench/lib.sh"
 
 PEERS_ALL="ours hf-bf16 hf-f32 mistralrs-f32 mistralrs-bf16"
-# The text requests of the throughput tables, "(request i)" appended; the
-# same on every engine (make_batch.py --concurrent, peers_mistralrs.py).
-THROUGHPUT_PROMPT="Write a short story"
 
 bench_defaults small 33
 python="${PEERVENV:-/opt/peervenv}/bin/python"
@@ -111,7 +108,7 @@ ours_run() {
     --template "$model" --ignore-eos --sequence "$mirror" "$image" - >"$run/seq.jsonl"
 for b in $concurrency; do
     "$python" "$repo/tests/bench/make_batch.py" --max-tokens "$max_tokens" \
-        --prompt "$THROUGHPUT_PROMPT" --template "$model" --ignore-eos --concurrent "$b" \
+        --prompt "$BENCH_THROUGHPUT_PROMPT" --template "$model" --ignore-eos --concurrent "$b" \
         >"$run/c$b.jsonl"
 done
 
@@ -152,7 +149,7 @@ one_round() {
             RAYON_NUM_THREADS=$BENCH_THREADS OMP_NUM_THREADS=$BENCH_THREADS $peers_py exec \
                 "$dir/$e.rusage" "$python" "$repo/tests/bench/peers_mistralrs.py" \
                 --model "$model" --dtype "$dtype" --image "$image" --cold-image "$mirror" \
-                --prompt "$BENCH_PROMPT" --throughput-prompt "$THROUGHPUT_PROMPT" \
+                --prompt "$BENCH_PROMPT" --throughput-prompt "$BENCH_THROUGHPUT_PROMPT" \
                 --max-tokens "$max_tokens" --repeats "$repeats" --concurrency "$concurrency" \
                 >"$dir/$e.kv" 2>"$dir/$e.log" ||
                 bench_die "mistralrs $dtype failed (see $dir/$e.log)"

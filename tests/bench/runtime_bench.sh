@@ -30,7 +30,7 @@ echo "runtime: preset $preset, $max_tokens tokens per request, $BENCH_THREADS th
 echo "before: $(bench_load)"
 runs=()
 for b in $batches; do
-    "$python" "$batch_py" --max-tokens "$max_tokens" --prompt "Write a short story" \
+    "$python" "$batch_py" --max-tokens "$max_tokens" --prompt "$BENCH_THROUGHPUT_PROMPT" \
         --concurrent "$b" >"$run/b$b.jsonl"
     outs=()
     for r in $(seq 1 "$repeats"); do
