@@ -337,11 +337,9 @@ static void bench_gemv(ml_backend *be, int sweep)
 #define LAYER_CALLS 2000
 
 typedef struct layer_job {
-    ml_backend *be;
-    float *y;
-    const float *x, *scale;
+    mm_job mm;            /* its w or w8: the copy of the call */
     const void *const *w; /* copies, packed */
-    int copies, f8, M, K, N;
+    int copies, f8;
 } layer_job;
 
 /* LAYER_CALLS calls, each on the next copy. */
@@ -349,11 +347,13 @@ static void layer_run(void *ctx)
 {
     layer_job *j = ctx;
     for (int c = 0; c < LAYER_CALLS; c++) {
-        const void *w = j->w[c % j->copies];
-        if (j->f8)
-            j->be->ops->matmul_f8(j->be, j->y, j->x, w, j->scale, NULL, j->M, j->K, j->N, 0);
-        else
-            j->be->ops->matmul(j->be, j->y, j->x, w, NULL, j->M, j->K, j->N, 0);
+        if (j->f8) {
+            j->mm.w8 = j->w[c % j->copies];
+            mm_run_f8(&j->mm);
+        } else {
+            j->mm.w = j->w[c % j->copies];
+            mm_run(&j->mm);
+        }
     }
 }
 
@@ -379,9 +379,9 @@ static void bench_layers(ml_backend *be)
             for (size_t m = 0; m < sizeof Ms / sizeof Ms[0]; m++) {
                 double gbs[2], gflops[2];
                 for (int warm = 0; warm < 2; warm++) {
-                    layer_job j = {.be = be, .y = y, .x = x, .scale = d.scale, .w = copies,
-                                   .copies = warm ? 1 : cold, .f8 = f8, .M = Ms[m], .K = K,
-                                   .N = N};
+                    layer_job j = {.mm = {.be = be, .y = y, .x = x, .scale = d.scale,
+                                          .M = Ms[m], .K = K, .N = N},
+                                   .w = copies, .copies = warm ? 1 : cold, .f8 = f8};
                     const timing t = best_of(layer_run, &j, 3);
                     gbs[warm] = (double)bytes * LAYER_CALLS / t.wall / 1e9;
                     gflops[warm] = 2.0 * Ms[m] * K * N * LAYER_CALLS / t.wall / 1e9;
@@ -400,7 +400,6 @@ static void bench_layers(ml_backend *be)
     be->ops->free(be, x);
 }
 
-/* Returns the wall GFLOP/s. */
 /* The vision tower's Linears at one 4-tile image's rows: q/k/v/o, fc1,
  * fc2. Returns the wall GFLOP/s of the first (the bf16 group's ratio). */
 static double bench_gemm(ml_backend *be)
