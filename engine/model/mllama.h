@@ -210,8 +210,12 @@ typedef struct ml_vision_taps {
  * slots (engine/image packing); aspect_ratio_id in 1..n_ids-1, or 0 for
  * the zero padding slot transformers' pack_images adds to a batch row with
  * fewer images (its state is needed only to reproduce such batches);
- * aspect_ratio_mask: max_tiles flags. Errors: ML_ERR_INVALID_ARG for an
- * out-of-range id, or the backend's latched error. */
+ * aspect_ratio_mask: max_tiles flags. In the reference row-mask mode the
+ * projector and the k/v projections skip the tiles after the last flagged
+ * one, which no text row attends to there (engine/model/README.md §8), and
+ * their slots of the state are zeros; a projector tap gets every tile.
+ * Errors: ML_ERR_INVALID_ARG for an out-of-range id, or the backend's
+ * latched error. */
 ml_status ml_model_encode_image(ml_model *m, const float *pixels, int aspect_ratio_id,
                                 const uint8_t *aspect_ratio_mask, const ml_lora *lora,
                                 void *state, const ml_vision_taps *taps, char *err,

@@ -194,6 +194,16 @@ static ml_request_error validate(const ml_runtime *rt, const ml_request *req, ch
             ml_fail(msg, n, ML_ERR_INVALID_ARG, "image %d: %d tiles", i, im->n_tiles);
             return ML_REQERR_INVALID_IMAGE;
         }
+        /* The encode keeps the cross K/V of the tiles the mask marks
+         * (ml_model_encode_image), the rows see those of n_tiles: the two
+         * must be the same tiles, as the image processor makes them. */
+        for (int t = 0; im->pixels && t < rt->max_tiles; t++)
+            if ((im->aspect_ratio_mask[t] != 0) != (t < im->n_tiles)) {
+                ml_fail(msg, n, ML_ERR_INVALID_ARG,
+                        "image %d: its aspect ratio mask does not mark its first %d tiles", i,
+                        im->n_tiles);
+                return ML_REQERR_INVALID_IMAGE;
+            }
     }
     /* The whole budget must hold the request's images at once, and the KV
      * pool its prompt plus one generated token. */

@@ -460,6 +460,7 @@ typedef struct ml_rt_request {
     const char *adapter; /* borrowed; NULL = the base model */
     int64_t deadline_ms; /* 0 = none */
     int keep_logits;     /* copy the first step's logits into the result */
+    int claim_tiles;     /* every image's n_tiles instead of its mask's count; 0 = that */
     const ml_sampling_params *sampling; /* borrowed; NULL = greedy (max_tokens applies) */
     const ml_request_callbacks *cb; /* borrowed; NULL = callbacks that fill the result */
 } ml_rt_request;
@@ -494,7 +495,7 @@ static inline uint64_t ml_rt_submit(const ml_rt_fixture *f, ml_runtime *rt,
             im->key[1] = (uint8_t)q->key_salt;
         }
         im->aspect_ratio_id = f->ar_ids[seen];
-        im->n_tiles = f->n_tiles[seen];
+        im->n_tiles = q->claim_tiles ? q->claim_tiles : f->n_tiles[seen];
         memcpy(im->aspect_ratio_mask, f->ar_mask[seen], sizeof im->aspect_ratio_mask);
         im->at_caller = q->at_caller;
         if (!q->resident) {

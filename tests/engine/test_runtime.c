@@ -114,6 +114,17 @@ static void test_cache_hit(ml_rt_fixture *f)
     check(bad.done == 1 && bad.reason == ML_FINISH_REASON_ERROR &&
               bad.error == ML_REQERR_INVALID_IMAGE,
           "unknown resident image refused");
+
+    /* Rows that would see a tile the aspect ratio mask leaves out, whose
+     * K/V the encode skips: refused at submit. */
+    ml_rt_result unflagged = {0};
+    ml_rt_submit(f, rt,
+                 &(ml_rt_request){.kind = ML_RT_ONE_IMAGE, .max_tokens = 4, .key_salt = 98,
+                                  .claim_tiles = f->T},
+                 &unflagged);
+    check(f->n_tiles[0] < f->T && unflagged.done == 1 &&
+              unflagged.error == ML_REQERR_INVALID_IMAGE,
+          "an image claiming tiles its mask does not flag refused");
     ml_runtime_destroy(rt);
 }
 
