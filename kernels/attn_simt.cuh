@@ -156,6 +156,32 @@ static __device__ __forceinline__ float component(float4 v, int i)
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+/* Cross: whether no live row of a warp (tok, live, sees_all as in
+ * attend_block) may see a key of the tile from key0 (< n_keys). Such a tile
+ * changes nothing (every weight exp(-inf) = 0 and alpha 1, or m, l and o
+ * still -inf, 0 and 0), so the warp reads none of its K and V: the padded
+ * tiles of an image, which a step's rows would otherwise stream (as the CPU
+ * backend's block_masked skips them). Uniform over the warp's lanes. */
+template <int R>
+static __device__ __forceinline__ bool cross_tile_unseen(const mlk_attn_args &a, int first,
+                                                         const int *tok, uint32_t live,
+                                                         uint32_t sees_all, int key0, int n_keys)
+{
+    const int c_lo = key0 / a.chunk_len, c_hi = (min(key0 + KEY_TILE, n_keys) - 1) / a.chunk_len;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (!(live >> i & 1u))
+            continue;
+        if (sees_all >> i & 1u)
+            return false;
+        const uint8_t *row = a.allowed + (size_t)(first + tok[i]) * a.n_chunks;
+        for (int c = c_lo; c <= c_hi; c++)
+            if (row[c])
+                return false;
+    }
+    return true;
+}
+
 /* Floats of shared memory: q rows (later the merge area) then p tiles. */
 __host__ __device__ constexpr size_t simt_smem_floats(int rows_per_warp, int head_dim)
 {
@@ -244,6 +270,9 @@ __device__ void attend_block(const mlk_attn_args &a, int s, int kvh, int rows_to
     }
 
     for (int t = t_lo + wk; t < t_hi; t += WK) {
+        if (a.kind == MLK_ATTN_CROSS &&
+            cross_tile_unseen<R>(a, first, tok, live, sees_all, t * KEY_TILE, n_keys))
+            continue;
         const int key = t * KEY_TILE + lane;
         const bool kin = key < n_keys;
         const void *krow = nullptr, *vrow = nullptr;
