@@ -356,19 +356,22 @@ def decode_weights(cfg, image):
     return linear, rows, other, lm_head
 
 
-def cross_slots(cfg):
-    """Key positions of one image's cross K/V: the CPU cross kernel visits
-    every tile slot's keys (masked ones too)."""
+def cross_slots(cfg, tiles=None):
+    """Key positions of one image's cross K/V: every tile slot's, or those of
+    its first `tiles` tiles."""
     v = cfg["vision_config"]
-    return v["max_num_tiles"] * ((v["image_size"] // v["patch_size"]) ** 2 + 1)
+    return (tiles or v["max_num_tiles"]) * ((v["image_size"] // v["patch_size"]) ** 2 + 1)
 
 
-def decode_kv_bytes(cfg, ctx, kv_bytes):
+def decode_kv_bytes(cfg, ctx, kv_bytes, tiles=None):
     """K/V bytes a decode step reads: (one sequence's self-attention cache at
-    context ctx, one image's cross K/V over every cross layer)."""
+    context ctx, one image's cross K/V over every cross layer). A decode row
+    sees its image's real tiles only, and both backends' cross attention
+    skips the keys no row of a block sees: with `tiles` (the image's real
+    tiles) those tiles' K/V, else every slot's."""
     _, _, _, _, kv_w, n_self, n_cross = text_dims(cfg)
     return (n_self * 2 * ctx * kv_w * kv_bytes,
-            n_cross * 2 * cross_slots(cfg) * kv_w * kv_bytes)
+            n_cross * 2 * cross_slots(cfg, tiles) * kv_w * kv_bytes)
 
 
 def mean_context(n_prompt, n_tokens):
@@ -376,19 +379,19 @@ def mean_context(n_prompt, n_tokens):
     return n_prompt + n_tokens / 2.0
 
 
-def decode_bytes(cfg, n_prompt, n_tokens, image, kv_bytes, fp8_lm_head=False):
+def decode_bytes(cfg, n_prompt, n_tokens, image, kv_bytes, fp8_lm_head=False, tiles=None):
     """Bytes one greedy decode step of one sequence reads: (weights, K/V),
     averaged over the steps of an n_tokens generation after an n_prompt
     prompt. With a quantization_config (an FP8 checkpoint: mkmodel --fp8's
     ignores lm_head, the projector and the vision tower) the text decoder's
     Linears read one byte a weight and a float32 scale a row; fp8_lm_head
-    (model.fp8_lm_head) makes lm_head so too."""
+    (model.fp8_lm_head) makes lm_head so too. tiles: decode_kv_bytes'."""
     linear, rows, other, lm_head = decode_weights(cfg, image)
     fp8 = "quantization_config" in cfg
     weights = (linear + 4 * rows if fp8 else 2 * linear) + 2 * other
     if fp8_lm_head:
         weights += lm_head + 4 * cfg["text_config"]["vocab_size"] - 2 * lm_head
-    kv_self, kv_cross = decode_kv_bytes(cfg, mean_context(n_prompt, n_tokens), kv_bytes)
+    kv_self, kv_cross = decode_kv_bytes(cfg, mean_context(n_prompt, n_tokens), kv_bytes, tiles)
     return weights, kv_self + (kv_cross if image else 0)
 
 
@@ -401,7 +404,8 @@ def cmd_bandwidth(args):
         ms = num(ours, "ours_%d_ms_per_token" % i)
         n_prompt = len(ours["ours_%d_prompt_ids" % i].split(","))
         n_tok = int(ours["ours_%d_completion_tokens" % i])
-        w, kv = decode_bytes(cfg, n_prompt, n_tok, image, args.kv_bytes, args.fp8_lm_head)
+        w, kv = decode_bytes(cfg, n_prompt, n_tok, image, args.kv_bytes, args.fp8_lm_head,
+                             args.image_tiles)
         gbs = (w + kv) / ms / 1e6
         rows.append([label, "%.1f" % (w / 1e6), "%.1f" % (kv / 1e6), "%.2f" % ms, "%.2f" % (1e3 / ms),
                      "%.1f" % gbs, "%.0f%%" % (100 * gbs / args.read_gbs)])
@@ -464,18 +468,18 @@ def cmd_fp8(args):
 # ---- roofline -----------------------------------------------------------------------
 
 
-def decode_flops(cfg, ctx, image):
+def decode_flops(cfg, ctx, image, tiles=None):
     """FLOPs of one sequence's decode step at context ctx, as (Linears,
     attention): 2 per weight of every Linear and lm_head (a multiply-add,
     f32 FMA whatever the weights' dtype, or bf16 products with bf16
     activations), and the attention's two products (q.k and p.v, 2 FLOPs a
     multiply-add, f32 FMA in either mode) over the self-attention cache and,
-    with an image, every tile slot of every cross layer (as the CPU kernel
-    visits them). Norms, RoPE, softmax and the activation functions are left
-    out: a few FLOPs per element of the activations, not per weight."""
+    with an image, its keys in every cross layer (tiles: decode_kv_bytes').
+    Norms, RoPE, softmax and the activation functions are left out: a few
+    FLOPs per element of the activations, not per weight."""
     linear, _, _, lm_head = decode_weights(cfg, image)
     _, _, H, hd, _, n_self, n_cross = text_dims(cfg)
-    keys = n_self * ctx + (n_cross * cross_slots(cfg) if image else 0)
+    keys = n_self * ctx + (n_cross * cross_slots(cfg, tiles) if image else 0)
     return 2 * (linear + lm_head), 2 * 2 * H * hd * keys
 
 
@@ -519,11 +523,12 @@ def cmd_roofline(args):
         ms = [r[2] for r in runs]
         ctx = mean_context(n_prompt, n_tokens)
         weights, _ = decode_bytes(cfg, n_prompt, n_tokens, image, args.kv_bytes)
-        kv_self, kv_cross = decode_kv_bytes(cfg, ctx, args.kv_bytes)
+        kv_self, kv_cross = decode_kv_bytes(cfg, ctx, args.kv_bytes, args.image_tiles)
         # The weights and the image's cross K/V are the same for every
         # sequence: read once a step from memory whatever b.
         nbytes = weights + b * kv_self + (kv_cross if image else 0)
-        linear_flops, attn_flops = (b * f for f in decode_flops(cfg, ctx, image))
+        linear_flops, attn_flops = (b * f for f in decode_flops(cfg, ctx, image,
+                                                                 args.image_tiles))
         flops = linear_flops + attn_flops
         mem_ms = nbytes / args.read_gbs / 1e6
         if args.dot_gflops:
@@ -681,6 +686,10 @@ def cmd_revisions(args):
                     "this tree / base"], rows))
 
 
+IMAGE_TILES_HELP = ("the image's real tiles (mllama preprocess's layout), whose cross K/V a "
+                    "decode step reads; default every tile slot")
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -704,6 +713,7 @@ def main():
     b.add_argument("--goal", type=int, default=60)
     b.add_argument("--fp8-lm-head", action="store_true",
                    help="lm_head read as FP8 (model.fp8_lm_head), whatever the checkpoint holds")
+    b.add_argument("--image-tiles", type=int, help=IMAGE_TILES_HELP)
     rl = sub.add_parser("roofline")
     rl.add_argument("--model", required=True)
     rl.add_argument("--read-gbs", type=float, required=True)
@@ -715,6 +725,7 @@ def main():
     rl.add_argument("--median-read-gbs", type=float,
                     help="the median bandwidth sample: a further column and goal line")
     rl.add_argument("--goal", type=int, default=85)
+    rl.add_argument("--image-tiles", type=int, help=IMAGE_TILES_HELP)
     rl.add_argument("--preset", default="?")
     rl.add_argument("--machine", help="the CPU, ISA, threads and load, printed with the table")
     rl.add_argument("runs", nargs="+", metavar="KIND:B=RUN.jsonl[,RUN.jsonl...]")

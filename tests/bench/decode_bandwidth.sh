@@ -36,4 +36,5 @@ read_gbs=$(printf '%s\n' "${bws[@]}" | sort -g | tail -1)
 [ -n "$read_gbs" ] || bench_die "bench_read_bw failed"
 echo "read bandwidth ($BENCH_THREADS threads, 1 GiB, 64-byte loads) around the runs: ${bws[*]} GB/s"
 echo
-$report bandwidth --model "$model" --ours "$run/ours.kv" --read-gbs "$read_gbs"
+$report bandwidth --model "$model" --ours "$run/ours.kv" --read-gbs "$read_gbs" \
+    --image-tiles "$(bench_image_tiles)"

@@ -102,10 +102,10 @@ for preset in $presets; do
     echo
     echo "bf16 (median run):"
     $report bandwidth --model "$model" --ours "$run/bf16.kv" --read-gbs "$read_gbs" \
-        --kv-bytes "$(bench_kv_bytes)"
+        --kv-bytes "$(bench_kv_bytes)" --image-tiles "$(bench_image_tiles)"
     echo
     echo "fp8 (median run):"
     $report bandwidth --model "$fp8_model" --ours "$run/fp8.kv" --read-gbs "$read_gbs" --goal 70 \
-        --kv-bytes "$(bench_kv_bytes)" "${head_report[@]}"
+        --kv-bytes "$(bench_kv_bytes)" --image-tiles "$(bench_image_tiles)" "${head_report[@]}"
     echo
 done

@@ -143,6 +143,14 @@ ImageOps.mirror(Image.open(sys.argv[1])).save(sys.argv[2], quality=95)' "$2" "$3
         bench_die "cannot write $3 (needs Pillow in $1)"
 }
 
+# bench_image_tiles: the real tiles of the sample image ($image) under
+# $model's preprocessing, the tiles whose cross K/V a decode step reads
+# (bench_report.py's --image-tiles).
+bench_image_tiles() {
+    "$mllama" preprocess --model "$model" --image "$image" --out /dev/null |
+        sed -n 's/.*"tiles": \([0-9]*\).*/\1/p'
+}
+
 # bench_read_gbs: the read bandwidth (GB/s) bench_read_bw measures now with
 # $BENCH_THREADS threads, the ceiling of a memory-bound decode. Measure it
 # around every decode run and keep the highest: on a VM it moves with the

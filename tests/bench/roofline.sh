@@ -165,6 +165,6 @@ for kind in $kinds; do
 done
 median_gbs=$(printf '%s\n' "${bws[@]}" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
 $report roofline --model "$model" --preset "$preset" --read-gbs "$read_gbs" \
-    --median-read-gbs "$median_gbs" \
+    --median-read-gbs "$median_gbs" --image-tiles "$(bench_image_tiles)" \
     --fma-gflops "${fma%% *}" "${dot_arg[@]}" --kv-bytes "$(bench_kv_bytes)" "${specs[@]}" \
     --machine "$cpu_model, isa ${fma#* }, $BENCH_THREADS threads; before: $load_before; after: $load_after"
