@@ -54,9 +54,10 @@ typedef void (*ml_image_event_fn)(void *ctx, ml_image_event ev, const uint8_t *k
 
 /* A cache of at most budget_bytes of states of model (borrowed), each
  * ml_model_image_state_bytes large (every image of a model has the same
- * state size: all tile slots are computed). Every state the budget holds
- * (budget_bytes / state bytes of them, ml_model_image_state_alloc's) is
- * allocated here and kept until destroy, so admitting an image allocates
+ * state size: every tile slot, padded ones included, which the reference
+ * row-mask mode leaves zero: ml_model_encode_image). Every state the budget
+ * holds (budget_bytes / state bytes of them, ml_model_image_state_alloc's)
+ * is allocated here and kept until destroy, so admitting an image allocates
  * nothing. Sizes and budget are per device under tensor parallelism.
  * Errors: ML_ERR_INVALID_ARG, ML_ERR_NOMEM (the budget does not fit in the
  * backend's memory). */
