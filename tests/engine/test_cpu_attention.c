@@ -306,6 +306,11 @@ static void test_attn_causal(ml_backend *be[N_BACKENDS])
  *          tiles of one image (earlier rows the first image, later ones
  *          the second); every 13th row sees no chunk at all, which
  *          makes its items visit every key
+ *   REAL   TILES without the rows that see no chunk, and the padded tiles'
+ *          K and V in the backend's states NaN: with chunk_len a multiple
+ *          of the key block no block straddles a real and a padded tile, so
+ *          a kernel that reads a padded tile's keys, which a decode step
+ *          should not stream, gives NaN
  * With chunk_len above the kernel's key block, whole key blocks are masked
  * for every row of an item and skipped.
  *
@@ -314,7 +319,8 @@ static void test_attn_causal(ml_backend *be[N_BACKENDS])
  * holding it visits every key block, as the kernel did before it skipped
  * any, and the other rows must come out bit for bit the same (an item's
  * columns never interact, and a skipped block would only have added
- * exp(-inf) = 0 weights). */
+ * exp(-inf) = 0 weights); not with REAL, whose padded tiles that row would
+ * read. */
 #define CROSS_SEQS 4
 #define CROSS_MAX_IMAGES 3
 #define CROSS_STATES 4
@@ -325,6 +331,7 @@ static const int CROSS_TILES_USED[CROSS_STATES] = {1, 2, 3, 1};
 typedef enum cross_mask {
     CROSS_MASK_MIXED,
     CROSS_MASK_TILES,
+    CROSS_MASK_REAL,
 } cross_mask;
 
 /* Mask row of local row lt of n_tok in a sequence with images state_of[0 ..
@@ -344,10 +351,30 @@ static void cross_mask_row(uint8_t *row, cross_mask mask, int t, int lt, int n_t
             row[c] = t % 3 == 0 ? 0 : t % 3 == 1 ? 1 : urand() < 0.5;
             break;
         case CROSS_MASK_TILES:
-            row[c] = t % CROSS_NONE_EVERY != CROSS_NONE_EVERY - 1 && c / max_tiles == img &&
-                     c % max_tiles < CROSS_TILES_USED[state_of[img]];
+        case CROSS_MASK_REAL:
+            row[c] = (mask == CROSS_MASK_REAL || t % CROSS_NONE_EVERY != CROSS_NONE_EVERY - 1) &&
+                     c / max_tiles == img && c % max_tiles < CROSS_TILES_USED[state_of[img]];
             break;
         }
+    }
+}
+
+/* Keys per chunk in the REAL cases: a multiple of the CPU kernel's key block
+ * (attention.c ATTN_BK) and of the CUDA kernel's key tile (32). */
+#define CROSS_POISON_CHUNK 96
+
+/* NaN in the keys [real_keys, image_keys) of each of the planes (K as
+ * kv_store_keys lays it out: width rows of image_keys keys; V: image_keys
+ * rows of width) of a state. */
+static void poison_padded_tiles(float *state, int real_keys, int image_keys, int planes,
+                                int width)
+{
+    const size_t plane = (size_t)image_keys * width;
+    for (int pl = 0; pl < planes; pl++) {
+        float *at = state + pl * plane;
+        for (int r = 0; r < width; r++)
+            for (int key = real_keys; key < image_keys; key++)
+                at[pl % 2 == 0 ? (size_t)r * image_keys + key : (size_t)key * width + r] = NAN;
     }
 }
 
@@ -373,6 +400,9 @@ static void test_attn_cross_case(ml_backend *be[N_BACKENDS], const int n_tok[CRO
         for (int l = 0; l < CROSS_LAYERS; l++)
             be[0]->ops->kv_store_keys(be[0], stored[i] + 2 * l * plane, states[i] + 2 * l * plane,
                                       image_keys, n_kv, hd);
+        if (mask == CROSS_MASK_REAL)
+            poison_padded_tiles(stored[i], CROSS_TILES_USED[i] * chunk_len, image_keys,
+                                2 * CROSS_LAYERS, n_kv * hd);
     }
     const size_t k_offset = 2 * plane_bytes, v_offset = 3 * plane_bytes; /* layer 1 */
     const void *table[CROSS_SEQS * CROSS_MAX_IMAGES];
@@ -439,8 +469,9 @@ static void test_attn_cross_case(ml_backend *be[N_BACKENDS], const int n_tok[CRO
         }
     }
     char what[96];
+    static const char *const MASK_NAMES[] = {"mixed", "tiles", "real tiles"};
     snprintf(what, sizeof what, "attn_cross %s tokens=%d,%d,%d,%d heads=%d kv=%d hd=%d tiles=%d chunk=%d",
-             mask == CROSS_MASK_MIXED ? "mixed" : "tiles", n_tok[0], n_tok[1], n_tok[2], n_tok[3],
+             MASK_NAMES[mask], n_tok[0], n_tok[1], n_tok[2], n_tok[3],
              n_heads, n_kv, hd, max_tiles, chunk_len);
     ml_attn_cross_params p = {.q = q, .states = table, .k_offset = k_offset, .v_offset = v_offset,
                               .n_images = n_images, .seq_start = seq_start, .allowed = allowed,
@@ -460,18 +491,21 @@ static void test_attn_cross_case(ml_backend *be[N_BACKENDS], const int n_tok[CRO
         zero &= out[0][i] == 0.0f && !signbit(out[0][i]);
     check(zero, "%s: text-only rows are +0", what);
 
-    p.out = out_wide;
-    p.q = q_wide;
-    p.seq_start = wide_start;
-    p.allowed = allowed_wide;
-    p.n_tokens = T_wide;
-    be[1]->ops->attn_cross(be[1], &p);
-    int same = 1;
-    for (int s = 0; s < CROSS_SEQS; s++)
-        same &= memcmp(out_wide + (size_t)wide_start[s] * row, out[1] + (size_t)seq_start[s] * row,
-                       (size_t)n_tok[s] * row * sizeof *out_wide) == 0;
-    check(same, "%s [%s]: rows differ from the same rows in items that visit every key", what,
-          g_isa);
+    if (mask != CROSS_MASK_REAL) {
+        p.out = out_wide;
+        p.q = q_wide;
+        p.seq_start = wide_start;
+        p.allowed = allowed_wide;
+        p.n_tokens = T_wide;
+        be[1]->ops->attn_cross(be[1], &p);
+        int same = 1;
+        for (int s = 0; s < CROSS_SEQS; s++)
+            same &= memcmp(out_wide + (size_t)wide_start[s] * row,
+                           out[1] + (size_t)seq_start[s] * row,
+                           (size_t)n_tok[s] * row * sizeof *out_wide) == 0;
+        check(same, "%s [%s]: rows differ from the same rows in items that visit every key",
+              what, g_isa);
+    }
 
     for (int b = 0; b < N_BACKENDS; b++)
         free(out[b]);
@@ -507,6 +541,9 @@ static void test_attn_cross(ml_backend *be[N_BACKENDS])
     test_attn_cross_case(be, decode, 8, 2, 64, 4, 150, CROSS_MASK_TILES);
     test_attn_cross_case(be, prefill, 8, 2, 64, 4, 150, CROSS_MASK_TILES);
     test_attn_cross_case(be, long_rows, 8, 1, 32, 4, 250, CROSS_MASK_TILES);
+    /* the padded tiles not read: chunks of whole key blocks */
+    test_attn_cross_case(be, decode, 8, 2, 64, 4, CROSS_POISON_CHUNK, CROSS_MASK_REAL);
+    test_attn_cross_case(be, long_rows, 8, 1, 32, 4, 2 * CROSS_POISON_CHUNK, CROSS_MASK_REAL);
 }
 
 /* Sequences that see the same images, as n > 1 choices of a request do,

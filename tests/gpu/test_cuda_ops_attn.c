@@ -202,21 +202,32 @@ static void test_attn_causal(void)
 
 typedef struct cross_pool {
     int n;
+    /* Tiles each image fills (0: every slot): the keys of the others are NaN
+     * and cross_io_fill's rows see the filled tiles only, so a kernel that
+     * reads a padded tile, which a decode step should not stream, gives NaN. */
+    int real_tiles;
     size_t plane;  /* elements of one K or V plane */
     float **host;  /* (n): 2·CROSS_LAYERS planes of bf16-exact f32 (the CPU's kv type), K
                       in the CPU's layout (cpu_state_keys) */
     void **dev;    /* (n): the same in bf16 */
 } cross_pool;
 
-static void cross_pool_init(cross_pool *cp, int n, int keys, int n_kv, int hd)
+static void cross_pool_init(cross_pool *cp, int n, int tiles, int real_tiles, int chunk_len,
+                            int n_kv, int hd)
 {
+    const int keys = tiles * chunk_len;
     const size_t plane = (size_t)keys * n_kv * hd, elems = 2 * CROSS_LAYERS * plane;
     cp->n = n;
+    cp->real_tiles = real_tiles;
     cp->plane = plane;
     cp->host = xmalloc((size_t)n * sizeof *cp->host);
     cp->dev = xmalloc((size_t)n * sizeof *cp->dev);
     for (int i = 0; i < n; i++) {
         cp->host[i] = rand_f32_bf16(elems, -1, 1);
+        if (real_tiles) /* (keys, n_kv, hd) rows until cpu_state_keys */
+            for (size_t pl = 0; pl < 2 * CROSS_LAYERS; pl++)
+                for (size_t e = (size_t)real_tiles * chunk_len * n_kv * hd; e < plane; e++)
+                    cp->host[i][pl * plane + e] = NAN;
         uint16_t *h16 = to_bf16(cp->host[i], elems);
         cp->dev[i] = dput(h16, elems * 2);
         free(h16);
@@ -289,7 +300,8 @@ static void cross_io_deinit(cross_io *io)
 /* New step inputs, uploaded: sequence s has n_tok[s] tokens (their sum at
  * most n_tokens) and n_img[s] images, image i being state (s + i + shift)
  * mod the pool. Rows cycle through no chunk allowed (every key), every
- * chunk and random chunks; mask columns past a sequence's images are 1 and
+ * chunk and random chunks, or with the pool's real_tiles see every filled
+ * tile of their images; mask columns past a sequence's images are 1 and
  * must be ignored. out is filled with garbage that text-only rows must
  * overwrite with 0. */
 static void cross_io_fill(cross_io *io, const cross_pool *cp, const int *n_tok, const int *n_img,
@@ -308,6 +320,8 @@ static void cross_io_fill(cross_io *io, const cross_pool *cp, const int *n_tok, 
         for (int t = io->seq_start[s]; t < io->seq_start[s + 1]; t++)
             for (int c = 0; c < stride; c++)
                 io->allowed[(size_t)t * stride + c] = c >= n_img[s] * io->max_tiles ? 1
+                                                      : cp->real_tiles ? c % io->max_tiles <
+                                                                             cp->real_tiles
                                                       : t % 3 == 0                 ? 0
                                                       : t % 3 == 1                 ? 1
                                                                    : urand() < 0.5;
@@ -365,14 +379,16 @@ static void cross_io_check(cross_io *io, const cross_pool *cp, const char *what)
     check(nonzero == 0, "%s: text-only rows are 0 (%zu elements are not)", what, nonzero);
 }
 
+/* real_tiles: cross_pool's (0: random masks over every slot). */
 static void cross_case(int n_seqs, const int *n_tok, const int *n_img, int max_images,
-                       int max_tiles, int chunk_len, int n_heads, int n_kv, int hd)
+                       int max_tiles, int chunk_len, int n_heads, int n_kv, int hd,
+                       int real_tiles)
 {
     int n_tokens = 0;
     for (int s = 0; s < n_seqs; s++)
         n_tokens += n_tok[s];
     cross_pool cp;
-    cross_pool_init(&cp, max_images + 1, max_tiles * chunk_len, n_kv, hd);
+    cross_pool_init(&cp, max_images + 1, max_tiles, real_tiles, chunk_len, n_kv, hd);
     cross_io io;
     cross_io_init(&io, n_seqs, n_tokens, max_images, max_tiles, chunk_len, n_heads, n_kv, hd);
     cross_io_fill(&io, &cp, n_tok, n_img, 0);
@@ -380,8 +396,9 @@ static void cross_case(int n_seqs, const int *n_tok, const int *n_img, int max_i
     g_gpu->ops->attn_cross(g_gpu, &p);
     char what[128];
     snprintf(what, sizeof what,
-             "attn_cross %d seqs, %d tokens, <= %d images x %d x %d keys, %d/%d x %d", n_seqs,
-             n_tokens, max_images, max_tiles, chunk_len, n_heads, n_kv, hd);
+             "attn_cross %d seqs, %d tokens, <= %d images x %d x %d keys (%d filled), %d/%d x %d",
+             n_seqs, n_tokens, max_images, max_tiles, chunk_len,
+             real_tiles ? real_tiles : max_tiles, n_heads, n_kv, hd);
     cross_io_check(&io, &cp, what);
     cross_io_deinit(&io);
     cross_pool_deinit(&cp);
@@ -396,7 +413,7 @@ static void cross_graph(void)
     static const int one[B] = {1, 1, 1, 1, 1, 1};
     static const int images[][B] = {{1, 0, 2, 1, 0, 2}, {2, 2, 0, 1, 1, 0}, {0, 0, 0, 0, 0, 0}};
     cross_pool cp;
-    cross_pool_init(&cp, MAX_IMAGES + 1, TILES * CHUNK, KV, HD);
+    cross_pool_init(&cp, MAX_IMAGES + 1, TILES, 0, CHUNK, KV, HD);
     cross_io io;
     cross_io_init(&io, B, B, MAX_IMAGES, TILES, CHUNK, H, KV, HD);
     cross_io_fill(&io, &cp, one, images[0], 0);
@@ -422,14 +439,20 @@ static void test_attn_cross(void)
 {
     /* text-only, one image, two images */
     static const int img3[] = {0, 1, 2}, prefill3[] = {20, 7, 13}, decode3[] = {1, 1, 1};
-    cross_case(3, prefill3, img3, 2, 4, 13, 4, 1, 16); /* prefill, tiny tiles */
-    cross_case(3, decode3, img3, 2, 4, 13, 4, 1, 16);  /* decode */
+    cross_case(3, prefill3, img3, 2, 4, 13, 4, 1, 16, 0); /* prefill, tiny tiles */
+    cross_case(3, decode3, img3, 2, 4, 13, 4, 1, 16, 0);  /* decode */
     static const int img4[] = {2, 0, 3, 1}, decode4[] = {1, 1, 1, 1};
-    cross_case(4, decode4, img4, 3, 4, 40, 8, 2, 64);  /* decode, keys split over CTAs */
+    cross_case(4, decode4, img4, 3, 4, 40, 8, 2, 64, 0);  /* decode, keys split over CTAs */
     static const int mixed[] = {1, 30, 1}, mixed_img[] = {1, 2, 0};
-    cross_case(3, mixed, mixed_img, 2, 4, 13, 4, 1, 16); /* decode rows in a prefill shape */
+    cross_case(3, mixed, mixed_img, 2, 4, 13, 4, 1, 16, 0); /* decode rows in a prefill shape */
     static const int g8_img[] = {1, 0}, g8_tok[] = {1, 1};
-    cross_case(2, g8_tok, g8_img, 1, 4, 40, 16, 2, 64); /* GQA groups of 8: 8-row warps */
+    cross_case(2, g8_tok, g8_img, 1, 4, 40, 16, 2, 64, 0); /* GQA groups of 8: 8-row warps */
+    /* images of 1 and 2 of 4 tiles whose padded tiles are NaN, read by
+     * neither backend: chunks of 96 keys, whole key tiles of both kernels
+     * (32 keys on CUDA, 96 on the CPU), so no tile straddles a filled and
+     * a padded one */
+    cross_case(4, decode4, img4, 3, 4, 96, 8, 2, 64, 1);
+    cross_case(3, prefill3, img3, 2, 4, 96, 4, 1, 16, 2);
     /* 11B: a decode batch of 32 (a third text-only) and a two-sequence
      * prefill; the HOST build keeps the images, head dim and grouping but a
      * quarter of the heads (the emulation's time is per head). */
@@ -443,9 +466,9 @@ static void test_attn_cross(void)
         img32[s] = s % 3;
         decode32[s] = 1;
     }
-    cross_case(32, decode32, img32, 2, 4, 1601, heads, kv_heads, 128);
+    cross_case(32, decode32, img32, 2, 4, 1601, heads, kv_heads, 128, 0);
     static const int pre_img[] = {2, 0}, pre_tok[] = {64, 9};
-    cross_case(2, pre_tok, pre_img, 2, 4, 1601, heads, kv_heads, 128);
+    cross_case(2, pre_tok, pre_img, 2, 4, 1601, heads, kv_heads, 128, 0);
     cross_graph();
 }
 
