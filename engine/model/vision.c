@@ -197,16 +197,12 @@ ml_status ml_shard_encode_image(ml_shard *m, const float *pixels, int aspect_rat
                (size_t)d.T * m->cfg.vision.num_channels * d.side * d.side * sizeof(float));
 
     size_t tp = (size_t)d.T * d.P;
-    /* Keys a text row can attend to: in the reference row-mask mode the
-     * tiles up to the image's last real one (a row sees only allowed
-     * tiles, which are real, and a row that sees none adds nothing,
-     * §4.6); in transformers' mode such a row attends to every slot. The
-     * tower runs over every tile (real tokens attend to the padding ones),
-     * but the projector and the cross K/V skip the rest, whose slots of the
-     * state are zeros: a one-tile image's encode does a fifth less work
-     * at 90B (most of it its 20 cross layers' k and v projections), 6%
-     * less at 11B (engine/model/README.md §8). A projector tap gets every
-     * tile. */
+    /* Keys a text row can attend to: in the reference row-mask mode those
+     * of the tiles up to the image's last real one (engine/model/README.md
+     * §8); in transformers' mode a row that sees no tile attends to every
+     * slot. The tower runs over every tile (real tokens attend to the
+     * padding ones); the projector and the cross K/V skip the rest, whose
+     * slots of the state are zeros. A projector tap gets every tile. */
     size_t kv_rows = tp;
     if (m->limits.row_mask == ML_ROW_MASK_REFERENCE) {
         int tiles = 1;

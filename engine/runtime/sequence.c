@@ -194,8 +194,8 @@ static ml_request_error validate(const ml_runtime *rt, const ml_request *req, ch
             ml_fail(msg, n, ML_ERR_INVALID_ARG, "image %d: %d tiles", i, im->n_tiles);
             return ML_REQERR_INVALID_IMAGE;
         }
-        /* The encode keeps the cross K/V of the tiles the mask marks
-         * (ml_model_encode_image), the rows see those of n_tiles: the two
+        /* The encode computes the cross K/V of the tiles the mask flags
+         * (ml_model_encode_image) and the rows see the first n_tiles: they
          * must be the same tiles, as the image processor makes them. */
         for (int t = 0; im->pixels && t < rt->max_tiles; t++)
             if ((im->aspect_ratio_mask[t] != 0) != (t < im->n_tiles)) {
