@@ -9,11 +9,12 @@
 #
 #   tests/bench/compare_revisions.sh --base REV [--preset small|1b|tiny]
 #       [--build DIR] [--work DIR] [--max-tokens N] [--concurrent "4 16"]
-#       [--fp8 0|1|head] [--repeats N] [--python PY] [--no-build]
+#       [--fp8 0|1|head] [--image FILE] [--repeats N] [--python PY] [--no-build]
 #
 # --fp8 1: both on the preset's FP8 checkpoint (`mllama mkmodel --fp8`, as
 # fp8_decode.sh writes it); head: and with its lm_head quantized at load
-# (`mllama run --fp8-lm-head`).
+# (`mllama run --fp8-lm-head`). --image: the image request's image instead of
+# the sample (which fills 2 of its 4 tiles).
 #
 # REV is built from `git archive` into WORK/base-REV (Release CPU build,
 # kept between runs). The two builds alternate, --repeats processes each:
@@ -32,7 +33,7 @@ bench_defaults small 33
 concurrent="4 16"
 base=""
 fp8=0
-BENCH_OPTIONS="base concurrent fp8"
+BENCH_OPTIONS="base concurrent fp8 image"
 bench_parse_args "$@"
 [ -n "$base" ] || bench_die "--base REV is required"
 rev=$(git -C "$repo" rev-parse --short "$base^{commit}") || bench_die "no revision $base"

@@ -50,6 +50,7 @@ bench_defaults() {
     repeats=3
     python="$BENCH_PYTHON_DEFAULT"
     no_build=0
+    image=""
 }
 
 # bench_parse_args "$@": options shared by the scripts (--preset, --build,
@@ -112,8 +113,8 @@ bench_model() {
 # bench_parse_args: sets $work (default under the build), $mllama, $report,
 # builds mllama and the TARGETs (unless --no-build: then checks they are
 # built, since a missing one would fail in a pipe without a word), writes the preset's
-# checkpoint to $model, sets $image (the sample image) and makes $run, a
-# fresh directory $work/NAME_$preset.
+# checkpoint to $model, sets $image (the sample image, unless a script's
+# --image gave another) and makes $run, a fresh directory $work/NAME_$preset.
 bench_setup() {
     local name="$1"
     shift
@@ -129,7 +130,7 @@ bench_setup() {
     done
     model="$work/$preset"
     bench_model "$mllama" "$preset" "$model"
-    image="$repo/$BENCH_IMAGE_REL"
+    image="${image:-$repo/$BENCH_IMAGE_REL}"
     run="$work/${name}_$preset"
     rm -rf "$run"
     mkdir -p "$run"
