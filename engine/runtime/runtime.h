@@ -139,6 +139,9 @@ struct ml_request_image {
     int aspect_ratio_id;
     int n_tiles;                     /* real tiles: tiles_h · tiles_w (a resident
                                         state's own count wins) */
+    /* With pixels: flags exactly the first n_tiles tiles, as the image
+     * processor makes it (ml_engine_prepare_image); submit refuses another
+     * with ML_REQERR_INVALID_IMAGE. */
     uint8_t aspect_ratio_mask[ML_RUNTIME_MAX_TILES];
     /* With pixels NULL: the caller can make the pixels (it holds the image)
      * and names the image by key because it saw the state resident. Should
