@@ -100,12 +100,13 @@ for preset in $presets; do
     done
     $report fp8 --bf16 "${bf16_kvs[@]}" --fp8 "${fp8_kvs[@]}" ${conc[*]:+"${conc[@]}"}
     echo
+    image_tiles=$(bench_image_tiles)
     echo "bf16 (median run):"
     $report bandwidth --model "$model" --ours "$run/bf16.kv" --read-gbs "$read_gbs" \
-        --kv-bytes "$(bench_kv_bytes)" --image-tiles "$(bench_image_tiles)"
+        --kv-bytes "$(bench_kv_bytes)" --image-tiles "$image_tiles"
     echo
     echo "fp8 (median run):"
     $report bandwidth --model "$fp8_model" --ours "$run/fp8.kv" --read-gbs "$read_gbs" --goal 70 \
-        --kv-bytes "$(bench_kv_bytes)" --image-tiles "$(bench_image_tiles)" "${head_report[@]}"
+        --kv-bytes "$(bench_kv_bytes)" --image-tiles "$image_tiles" "${head_report[@]}"
     echo
 done
