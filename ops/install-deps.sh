@@ -10,6 +10,7 @@ packages=(
   libcjson-dev                       # JSON: config.json, tokenizer.json, protocol
   libjpeg-dev                        # JPEG decode (the libjpeg API)
   libpng-dev                         # PNG decode
+  libwebp-dev                        # WebP decode
   librdkafka-dev kcat                # Kafka client; kcat as the independent test client
   libhiredis-dev redis-server        # Redis client; a local server for demos and tests
   libevent-dev                       # the gateway's HTTP server (evhttp) and event loop

@@ -1,5 +1,6 @@
 /* ml_image_decode: the format is told by its signature, never by a declared
- * media type. PNG goes to decode_png.c; JPEG is decoded here, with the
+ * media type. PNG goes to decode_png.c, WebP to decode_webp.c; JPEG is
+ * decoded here, with the
  * libjpeg API, reproducing what Pillow's JpegImagePlugin and JpegDecode.c
  * hand to transformers after Image.convert("RGB").
  *
@@ -140,8 +141,8 @@ static const char *format_name(const uint8_t *data, size_t len)
         const char *magic;
         size_t magic_len;
     } formats[] = {
-        {"GIF", 0, "GIF8", 4},   {"WebP", 8, "WEBP", 4},   {"BMP", 0, "BM", 2},
-        {"TIFF", 0, "II*\0", 4}, {"TIFF", 0, "MM\0*", 4}, {"HEIF/AVIF", 4, "ftyp", 4},
+        {"GIF", 0, "GIF8", 4},    {"BMP", 0, "BM", 2},        {"TIFF", 0, "II*\0", 4},
+        {"TIFF", 0, "MM\0*", 4}, {"HEIF/AVIF", 4, "ftyp", 4},
     };
     for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
         if (len >= formats[i].offset + formats[i].magic_len &&
@@ -285,20 +286,22 @@ const char *ml_image_media_type(const uint8_t *data, size_t len)
         return "image/png";
     if (data && jpeg_signature(data, len))
         return "image/jpeg";
+    if (data && ml_image_webp_signature(data, len))
+        return "image/webp";
     return NULL;
 }
 
-/* ML_ERR_UNSUPPORTED for data that is neither JPEG nor PNG, naming the
- * format when it is a common one. */
-static ml_status not_jpeg_or_png(const uint8_t *data, size_t len, char *err, size_t errlen)
+/* ML_ERR_UNSUPPORTED for data of no format decoded here, naming the format
+ * when it is a common one. */
+static ml_status not_decoded_here(const uint8_t *data, size_t len, char *err, size_t errlen)
 {
     const char *name = data ? format_name(data, len < SIGNATURE_BYTES ? len : SIGNATURE_BYTES)
                             : NULL;
     if (name)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
-                       "%s images are not supported (JPEG and PNG only)", name);
+                       "%s images are not supported (JPEG, PNG and WebP only)", name);
     return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
-                   "not a JPEG or PNG image (unrecognised signature, %zu bytes)", len);
+                   "not a JPEG, PNG or WebP image (unrecognised signature, %zu bytes)", len);
 }
 
 /* A decoder with the callbacks installed, or NULL without memory. */
@@ -321,8 +324,10 @@ ml_status ml_image_probe(const uint8_t *data, size_t len, const ml_image_limits 
     memset(info, 0, sizeof *info);
     if (data && ml_image_png_signature(data, len))
         return ml_image_png_probe(data, len, lim, info, err, errlen);
+    if (data && ml_image_webp_signature(data, len))
+        return ml_image_webp_probe(data, len, lim, info, err, errlen);
     if (!data || !jpeg_signature(data, len))
-        return not_jpeg_or_png(data, len, err, errlen);
+        return not_decoded_here(data, len, err, errlen);
     decoder *d = decoder_create(lim);
     if (!d)
         return ml_fail(err, errlen, ML_ERR_NOMEM, "out of memory for the JPEG decoder");
@@ -340,8 +345,10 @@ ml_status ml_image_decode(const uint8_t *data, size_t len, const ml_image_limits
     memset(out, 0, sizeof *out);
     if (data && ml_image_png_signature(data, len))
         return ml_image_png_decode(data, len, lim, out, err, errlen);
+    if (data && ml_image_webp_signature(data, len))
+        return ml_image_webp_decode(data, len, lim, out, err, errlen);
     if (!data || !jpeg_signature(data, len))
-        return not_jpeg_or_png(data, len, err, errlen);
+        return not_decoded_here(data, len, err, errlen);
 
     decoder *d = decoder_create(lim);
     if (!d)

@@ -3,7 +3,7 @@
  * PngImagePlugin picks an image mode from the IHDR, and the processor's
  * convert_to_rgb leaves mode "RGB" as it is and turns every other mode into
  * RGBA (Image.convert) alpha-composited over opaque white
- * (Image.alpha_composite), then drops the alpha.
+ * (Image.alpha_composite, alpha.c), then drops the alpha.
  *
  * libpng hands over raw samples: sub-byte samples are unpacked to one byte
  * each and nothing else is transformed; an Adam7 image is read as its seven
@@ -70,13 +70,10 @@
 #define CHUNK_TYPE_BYTES 4
 #define FCTL_BYTES 26 /* APNG fcTL: sequence, width, height, x, y, delay, dispose, blend */
 #define ADAM7_PASSES 7
-#define RGBA_BYTES 4
 #define PALETTE_ENTRIES 256
 /* Only IHDR, PLTE and tRNS are read into memory (under 1 KB together); the
  * cap bounds anything a libpng version might buffer beyond them. */
 #define MAX_BUFFERED_CHUNK_BYTES (1u << 20)
-/* Pillow's AlphaComposite.c carries 7 fractional bits through the blend. */
-#define COMPOSITE_BITS 7
 #define MSG_MAX 256
 
 static const uint8_t png_signature[SIGNATURE_BYTES] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
@@ -109,7 +106,7 @@ typedef struct png_decoder {
     unsigned grey_scale; /* 255 / (2^depth - 1) for grey up to 8 bits */
     int has_key;         /* grey tRNS present */
     uint8_t key;         /* the 8-bit value it makes transparent */
-    uint8_t palette[PALETTE_ENTRIES * RGBA_BYTES];
+    uint8_t palette[PALETTE_ENTRIES * ML_IMAGE_RGBA_BYTES];
 } png_decoder;
 
 static uint32_t be32(const uint8_t *p)
@@ -219,18 +216,6 @@ static void on_free(png_structp png, png_voidp p)
 
 /* ---- Pillow's conversions ------------------------------------------------ */
 
-/* Image.alpha_composite of one channel (c, a) over opaque white, with
- * AlphaComposite.c's integer arithmetic: the destination's weight 255 - a,
- * COMPOSITE_BITS fractional bits, and ((t >> 8) + t) >> 8 as a rounded
- * division by 255. It gives c for a == 255 and 255 for a == 0, as Pillow's
- * shortcut for a fully transparent source does. */
-static inline uint8_t over_white(unsigned c, unsigned a)
-{
-    uint32_t t = (a * c + 255u * (255u - a)) << COMPOSITE_BITS;
-    t += 0x80u << COMPOSITE_BITS;
-    return (uint8_t)((((t >> 8) + t) >> 8) >> COMPOSITE_BITS);
-}
-
 /* Read the palette and transparency Pillow applies (the table at the top).
  * Called before png_read_update_info, while the info struct still holds the
  * file's own bit depth and tRNS values. */
@@ -248,20 +233,20 @@ static void set_up_conversion(png_decoder *d)
         /* ImagingPaletteNew: black, opaque. */
         memset(d->palette, 0, sizeof d->palette);
         for (int i = 0; i < PALETTE_ENTRIES; i++)
-            d->palette[i * RGBA_BYTES + 3] = 255;
+            d->palette[i * ML_IMAGE_RGBA_BYTES + 3] = 255;
         png_colorp plte = NULL;
         int n_plte = 0;
         if (png_get_PLTE(d->png, d->info, &plte, &n_plte) & PNG_INFO_PLTE)
             for (int i = 0; i < n_plte && i < PALETTE_ENTRIES; i++) {
-                d->palette[i * RGBA_BYTES + 0] = plte[i].red;
-                d->palette[i * RGBA_BYTES + 1] = plte[i].green;
-                d->palette[i * RGBA_BYTES + 2] = plte[i].blue;
+                d->palette[i * ML_IMAGE_RGBA_BYTES + 0] = plte[i].red;
+                d->palette[i * ML_IMAGE_RGBA_BYTES + 1] = plte[i].green;
+                d->palette[i * ML_IMAGE_RGBA_BYTES + 2] = plte[i].blue;
             }
         png_bytep alpha = NULL;
         int n_alpha = 0;
         if (png_get_tRNS(d->png, d->info, &alpha, &n_alpha, NULL) & PNG_INFO_tRNS)
             for (int i = 0; i < n_alpha && i < PALETTE_ENTRIES; i++)
-                d->palette[i * RGBA_BYTES + 3] = alpha[i];
+                d->palette[i * ML_IMAGE_RGBA_BYTES + 3] = alpha[i];
     }
 }
 
@@ -273,7 +258,7 @@ static void row_to_rgba(const png_decoder *d, const uint8_t *raw, uint32_t n, ui
     const size_t s = d->bit_depth == 16 ? 2 : 1;
     switch (d->color_type) {
     case PNG_COLOR_TYPE_GRAY:
-        for (uint32_t x = 0; x < n; x++, rgba += RGBA_BYTES) {
+        for (uint32_t x = 0; x < n; x++, rgba += ML_IMAGE_RGBA_BYTES) {
             const uint8_t *p = raw + x * s;
             uint8_t v = s == 2 ? (p[0] ? 255 : p[1]) : (uint8_t)(p[0] * d->grey_scale);
             rgba[0] = rgba[1] = rgba[2] = v;
@@ -281,40 +266,30 @@ static void row_to_rgba(const png_decoder *d, const uint8_t *raw, uint32_t n, ui
         }
         break;
     case PNG_COLOR_TYPE_GRAY_ALPHA:
-        for (uint32_t x = 0; x < n; x++, rgba += RGBA_BYTES) {
+        for (uint32_t x = 0; x < n; x++, rgba += ML_IMAGE_RGBA_BYTES) {
             rgba[0] = rgba[1] = rgba[2] = raw[2 * x * s];
             rgba[3] = raw[(2 * x + 1) * s];
         }
         break;
     case PNG_COLOR_TYPE_RGB:
-        for (uint32_t x = 0; x < n; x++, rgba += RGBA_BYTES) {
+        for (uint32_t x = 0; x < n; x++, rgba += ML_IMAGE_RGBA_BYTES) {
             for (int c = 0; c < ML_IMAGE_CHANNELS; c++)
                 rgba[c] = raw[(3 * x + c) * s];
             rgba[3] = 255;
         }
         break;
     case PNG_COLOR_TYPE_RGB_ALPHA:
-        for (uint32_t x = 0; x < n; x++, rgba += RGBA_BYTES)
-            for (int c = 0; c < RGBA_BYTES; c++)
-                rgba[c] = raw[(RGBA_BYTES * x + c) * s];
+        for (uint32_t x = 0; x < n; x++, rgba += ML_IMAGE_RGBA_BYTES)
+            for (int c = 0; c < ML_IMAGE_RGBA_BYTES; c++)
+                rgba[c] = raw[(ML_IMAGE_RGBA_BYTES * x + c) * s];
         break;
     case PNG_COLOR_TYPE_PALETTE:
-        for (uint32_t x = 0; x < n; x++, rgba += RGBA_BYTES)
-            memcpy(rgba, d->palette + (size_t)raw[x] * RGBA_BYTES, RGBA_BYTES);
+        for (uint32_t x = 0; x < n; x++, rgba += ML_IMAGE_RGBA_BYTES)
+            memcpy(rgba, d->palette + (size_t)raw[x] * ML_IMAGE_RGBA_BYTES, ML_IMAGE_RGBA_BYTES);
         break;
     default:
         assert(!"libpng accepts no other colour type");
     }
-}
-
-/* Composite n RGBA pixels over white into RGB pixels step bytes apart. An
- * opaque pixel comes out unchanged, so RGB images, which convert_to_rgb
- * leaves alone, take the same path. */
-static void store_row(const uint8_t *rgba, uint32_t n, uint8_t *dst, size_t step)
-{
-    for (uint32_t x = 0; x < n; x++, rgba += RGBA_BYTES, dst += step)
-        for (int c = 0; c < ML_IMAGE_CHANNELS; c++)
-            dst[c] = over_white(rgba[c], rgba[3]);
 }
 
 /* ---- decode -------------------------------------------------------------- */
@@ -371,7 +346,7 @@ static void on_info(png_structp png, png_infop info)
         d->rows_total += g.cols ? g.rows : 0;
     }
     d->pixels = malloc((size_t)w * h * ML_IMAGE_CHANNELS);
-    d->rgba = malloc((size_t)w * RGBA_BYTES);
+    d->rgba = malloc((size_t)w * ML_IMAGE_RGBA_BYTES);
     if (!d->pixels || !d->rgba)
         fail_jump(d, ML_ERR_NOMEM, "out of memory for a %ux%u PNG", w, h);
 }
@@ -386,8 +361,11 @@ static void on_row(png_structp png, png_bytep raw, png_uint_32 row_num, int pass
     assert(raw && row_num < g.rows && g.cols > 0);
     row_to_rgba(d, raw, g.cols, d->rgba);
     size_t y = g.y0 + ((size_t)row_num << g.y_shift);
-    store_row(d->rgba, g.cols, d->pixels + (y * d->width + g.x0) * ML_IMAGE_CHANNELS,
-              (size_t)ML_IMAGE_CHANNELS << g.x_shift);
+    /* An opaque pixel comes out unchanged, so RGB images, which
+     * convert_to_rgb leaves alone, take the same path. */
+    ml_image_rgba_over_white(d->rgba, g.cols,
+                             d->pixels + (y * d->width + g.x0) * ML_IMAGE_CHANNELS,
+                             (size_t)ML_IMAGE_CHANNELS << g.x_shift);
     d->rows_done++;
 }
 

@@ -1,7 +1,7 @@
-/* Image input for the vision tower: JPEG/PNG decode and Mllama tile preprocessing.
+/* Image input for the vision tower: JPEG/PNG/WebP decode and Mllama tile preprocessing.
  *
  * Reproduces transformers 4.47 `MllamaImageProcessor` (the PIL/numpy "slow"
- * processor, engine/model/README.md §2) bit for bit on JPEG and PNG input:
+ * processor, engine/model/README.md §2) bit for bit on JPEG, PNG and WebP input:
  *
  *   bytes --ml_image_decode--> uint8 RGB (as the processor's convert_to_rgb makes
  *                               it of PIL's Image.open(...))
@@ -9,8 +9,8 @@
  *         --ml_image_preprocess--> float32 (n_tiles, 3, S, S): PIL bilinear resize,
  *                               bottom/right zero pad, rescale, normalize, tile
  *
- * JPEG (libjpeg) and PNG (libpng) are decoded, told apart by their
- * signatures; every other format is ML_ERR_UNSUPPORTED.
+ * JPEG (libjpeg), PNG (libpng) and still WebP (libwebp) are decoded, told
+ * apart by their signatures; every other format is ML_ERR_UNSUPPORTED.
  * Preprocessing never allocates: the caller asks for the sizes and provides
  * the output tensor and a scratch workspace, so the runtime can slice both
  * from its per-request arena.

@@ -1,6 +1,6 @@
-/* Private to engine/image: the PNG half of ml_image_decode and
- * ml_image_probe (decode_png.c), and the checks both formats share
- * (limits.c).
+/* Private to engine/image: the PNG and WebP parts of ml_image_decode and
+ * ml_image_probe (decode_png.c, decode_webp.c), the checks every format
+ * shares (limits.c) and the composite over white (alpha.c).
  * @locality: thread-safe; no global state. */
 #ifndef ML_IMAGE_INTERNAL_H
 #define ML_IMAGE_INTERNAL_H
@@ -24,7 +24,30 @@ ml_status ml_image_png_decode(const uint8_t *data, size_t len, const ml_image_li
 ml_status ml_image_png_probe(const uint8_t *data, size_t len, const ml_image_limits *lim,
                              ml_image_info *info, char *err, size_t errlen);
 
-/* The size checks of both decoders (limits.c): ML_ERR_TOO_LARGE with the
+/* 1 when data starts as a WebP file does: "RIFF", a 4-byte size, "WEBP"
+ * (Pillow's WebPImagePlugin._accept), else 0. */
+int ml_image_webp_signature(const uint8_t *data, size_t len);
+
+/* ml_image_decode for data with the WebP signature; same contract. */
+ml_status ml_image_webp_decode(const uint8_t *data, size_t len, const ml_image_limits *lim,
+                               ml_image_rgb *out, char *err, size_t errlen);
+
+/* ml_image_probe for data with the WebP signature: the bitstream's
+ * features (size, alpha, animation), which libwebp reads from the first
+ * chunks without decoding. Same contract. */
+ml_status ml_image_webp_probe(const uint8_t *data, size_t len, const ml_image_limits *lim,
+                              ml_image_info *info, char *err, size_t errlen);
+
+#define ML_IMAGE_RGBA_BYTES 4
+
+/* n RGBA pixels composited over opaque white as Image.alpha_composite does
+ * (AlphaComposite.c's integer arithmetic), written as RGB pixels step bytes
+ * apart from dst: what convert_to_rgb makes of a mode other than "RGB". An
+ * opaque pixel comes out unchanged. dst may be rgba itself with step 3
+ * (an RGBA buffer compacted into RGB in place). */
+void ml_image_rgba_over_white(const uint8_t *rgba, uint32_t n, uint8_t *dst, size_t step);
+
+/* The size checks of every decoder (limits.c): ML_ERR_TOO_LARGE with the
  * numbers in err when width*height is above lim->max_pixels or a side above
  * ML_IMAGE_MAX_SIDE, else ML_OK. */
 ml_status ml_image_check_size(uint32_t width, uint32_t height, const ml_image_limits *lim,

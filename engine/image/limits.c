@@ -1,5 +1,6 @@
-/* The limits both decoders enforce (image.h, image_internal.h): below
- * decode.c and decode_png.c, so neither calls back into the other. */
+/* The limits every decoder enforces (image.h, image_internal.h): below
+ * decode.c, decode_png.c and decode_webp.c, so none calls back into
+ * another. */
 #include "image/image.h"
 #include "image/image_internal.h"
 

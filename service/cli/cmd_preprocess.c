@@ -1,4 +1,4 @@
-/* `mllama preprocess`: one JPEG or PNG through the Mllama image preprocessing,
+/* `mllama preprocess`: one JPEG, PNG or WebP through the Mllama image preprocessing,
  * written as a .npy tensor for comparison with transformers.
  * @locality: the main thread. */
 #include <errno.h>
@@ -12,7 +12,7 @@
 #include "cli/commands.h"
 #include "engine.h"
 
-#define MAX_INPUT_BYTES (256u << 20) /* far above any JPEG or PNG within the pixel limit */
+#define MAX_INPUT_BYTES (256u << 20) /* far above any image file within the pixel limit */
 
 static void usage(FILE *f)
 {
@@ -20,8 +20,8 @@ static void usage(FILE *f)
             "usage: mllama preprocess --image FILE --out PIXELS.npy [--model DIR]\n"
             "                         [--max-tiles N] [--tile-size S]\n"
             "\n"
-            "Decodes a JPEG or PNG and runs the Mllama tile preprocessing. Writes the float32\n"
-            "(tiles, 3, S, S) pixel tensor as .npy and prints the layout as JSON.\n"
+            "Decodes a JPEG, PNG or WebP and runs the Mllama tile preprocessing. Writes the\n"
+            "float32 (tiles, 3, S, S) pixel tensor as .npy and prints the layout as JSON.\n"
             "  --model DIR     read DIR/preprocessor_config.json (defaults otherwise)\n"
             "  --max-tiles N   override max_image_tiles (default %u)\n"
             "  --tile-size S   override the tile size (default %u)\n",

@@ -1,5 +1,6 @@
-/* engine/image decode tests: Pillow parity on the fuzz seeds, every error
- * path, and cheap files with expensive images refused from the header.
+/* engine/image decode tests: Pillow parity on the fuzz seeds (JPEG, PNG,
+ * WebP), every error path, and cheap files with expensive images refused
+ * from the header.
  * Expected values are computed as described in test_image.c. */
 #include <stdint.h>
 #include <stdio.h>
@@ -107,6 +108,10 @@ static void test_decode_matches_pillow(void)
         {"png_no_iend.png", 8, 6, "f7030ee2df42b6c18190119c612b1d8eaa36c3d9a0aa64b539edd04922ef205e"},
         /* 8 MB of zeros after the last row: decoded without inflating them. */
         {"png_trailing_zlib_bomb.png", 8, 6, "f7030ee2df42b6c18190119c612b1d8eaa36c3d9a0aa64b539edd04922ef205e"},
+        {"webp_lossy_9x7.webp", 9, 7, "77a0f7635ae5eb6bddd2d12c54bb4d7c7d9bd8322dc28a2b0f02d9fd6b930f01"},
+        {"webp_lossless_9x7.webp", 9, 7, "9bbb0fe4009dbaea4524c07a652a19adddad2d45bd73b68d4eb4835eae85c0d8"},
+        {"webp_alpha_lossy_6x5.webp", 6, 5, "e8444d3a29bf66ca09cac1b5c6b4ce5b073e8b78528d110fe5cfbe2cc4b11972"},
+        {"webp_alpha_lossless_6x5.webp", 6, 5, "c398dd6e2d667821a29772499b59283e0839d66798c60e336d3aaf729475daff"},
     };
     ml_image_limits lim;
     ml_image_limits_default(&lim);
@@ -185,10 +190,12 @@ static void test_decode_errors(void)
                   "text");
     expect_decode((const uint8_t *)"GIF89a\x01\x00\x01\x00", 10, &lim, ML_ERR_UNSUPPORTED, "GIF", "GIF");
     expect_decode((const uint8_t *)"\xff\xd8\xff\xe0junk", 8, &lim, ML_ERR_FORMAT, NULL, "SOI + junk");
-    expect_decode((const uint8_t *)"RIFF\x10\0\0\0WEBPVP8 ", 16, &lim, ML_ERR_UNSUPPORTED,
-                  "WebP images are not supported", "WebP");
+    expect_decode((const uint8_t *)"BM\x3a\0\0\0\0\0", 8, &lim, ML_ERR_UNSUPPORTED,
+                  "BMP images are not supported (JPEG, PNG and WebP only)", "BMP");
+    expect_decode((const uint8_t *)"RIFF\x10\0\0\0WEBPVP8 ", 16, &lim, ML_ERR_FORMAT,
+                  "truncated WebP header", "WebP signature and a chunk tag");
     expect_decode((const uint8_t *)"\x89PNG\r\n\x1a", 7, &lim, ML_ERR_UNSUPPORTED,
-                  "not a JPEG or PNG", "7 bytes of the PNG signature");
+                  "not a JPEG, PNG or WebP", "7 bytes of the PNG signature");
     expect_seed("truncated.jpg", &lim, ML_ERR_FORMAT, "truncated");
     expect_seed("zero_width.jpg", &lim, ML_ERR_FORMAT, NULL);
     expect_seed("two_component.jpg", &lim, ML_ERR_UNSUPPORTED, "2 components");
@@ -293,6 +300,36 @@ static void test_scan_limit(void)
  * but three, which it reads by its own rules and this decoder refuses:
  * png_bad_crc_idat (Pillow checks no IDAT CRC), png_no_plte (Pillow falls
  * back to a default palette) and png_too_few_rows (Pillow pads). */
+/* The WebP seeds Pillow refuses or this decoder does (gen_fixtures.py
+ * --only seeds), the pixel limit from the header, and what ml_image_probe
+ * reads. */
+static void test_decode_webp(void)
+{
+    ml_image_limits lim;
+    ml_image_limits_default(&lim);
+    expect_seed("webp_truncated.webp", &lim, ML_ERR_FORMAT, "truncated WebP data");
+    expect_seed("webp_huge_16384x16384.webp", &lim, ML_ERR_TOO_LARGE, "16384x16384");
+    expect_seed("webp_animated_4x4.webp", &lim, ML_ERR_UNSUPPORTED, "animated WebP");
+
+    size_t len;
+    uint8_t *data = read_seed("webp_alpha_lossy_6x5.webp", &len);
+    ml_image_info info;
+    char err[256] = "";
+    ml_status st = ml_image_probe(data, len, &lim, &info, err, sizeof err);
+    check(st == ML_OK && info.width == 6 && info.height == 5 && info.n_scans == 1,
+          "WebP probe: %s %ux%u (%s)", ml_status_name(st), info.width, info.height, err);
+    check(!strcmp(ml_image_media_type(data, len), "image/webp"), "WebP media type");
+    /* The pixel limit is inclusive and checked from the header. */
+    lim.max_pixels = 6 * 5;
+    expect_decode(data, len, &lim, ML_OK, NULL, "WebP at the pixel limit");
+    lim.max_pixels = 6 * 5 - 1;
+    expect_decode(data, len, &lim, ML_ERR_TOO_LARGE, "6x5", "WebP above the pixel limit");
+    st = ml_image_probe(data, len, &lim, &info, err, sizeof err);
+    check(st == ML_ERR_TOO_LARGE && info.width == 0, "WebP probe above the limit: %s",
+          ml_status_name(st));
+    free(data);
+}
+
 static void test_decode_png_errors(void)
 {
     static const struct {
@@ -395,14 +432,15 @@ static void test_decode_png_prefixes_and_corruption(void)
     free(data);
 }
 
-/* Every proper prefix of a file is truncated (Pillow: "image file is
- * truncated"); every single-byte corruption must come back as a status. */
-static void test_decode_prefixes_and_corruption(void)
+/* Every proper prefix of a JPEG or WebP file is truncated (Pillow: "image
+ * file is truncated", "could not create decoder object"); every
+ * single-byte corruption must come back as a status. */
+static void expect_prefixes_and_corruption(const char *seed)
 {
     ml_image_limits lim;
     ml_image_limits_default(&lim);
     size_t len;
-    uint8_t *data = read_seed("rgb420_32x24.jpg", &len);
+    uint8_t *data = read_seed(seed, &len);
     int prefix_ok = 0;
     for (size_t n = 0; n < len; n++) {
         uint8_t *copy = malloc(n ? n : 1); /* exact size: ASan sees any over-read */
@@ -412,11 +450,18 @@ static void test_decode_prefixes_and_corruption(void)
         ml_image_rgb_deinit(&img);
         free(copy);
     }
-    check(prefix_ok == 0, "%d proper prefixes decoded", prefix_ok);
+    check(prefix_ok == 0, "%s: %d proper prefixes decoded", seed, prefix_ok);
 
     int decoded = decode_corruptions(data, len, &lim);
-    fprintf(stderr, "  %zu single-byte corruptions: %d still decode\n", len, decoded);
+    fprintf(stderr, "  %s: %zu single-byte corruptions: %d still decode\n", seed, len, decoded);
     free(data);
+}
+
+static void test_decode_prefixes_and_corruption(void)
+{
+    expect_prefixes_and_corruption("rgb420_32x24.jpg");
+    expect_prefixes_and_corruption("webp_lossy_9x7.webp");
+    expect_prefixes_and_corruption("webp_alpha_lossless_6x5.webp");
 }
 
 int main(void)
@@ -427,6 +472,7 @@ int main(void)
     test_decode_errors();
     test_scan_limit();
     test_decode_png_errors();
+    test_decode_webp();
     test_decode_prefixes_and_corruption();
     test_decode_png_prefixes_and_corruption();
     return check_done();

@@ -3,9 +3,10 @@
  * MllamaImageProcessor 4.47.1 and Pillow 13) must match bit for bit: the RGB
  * image after convert_to_rgb, the canvas, the resized uint8 image, and the
  * float32 pixel tensor of every tile; the batch fixtures check the packing
- * (padding tiles and images, aspect ratio ids and masks). The JPEG and PNG
- * fixtures cover every PNG colour type and bit depth, tRNS in each form,
- * Adam7 and APNG (tests/golden/README.md lists them). */
+ * (padding tiles and images, aspect ratio ids and masks). The fixtures cover
+ * JPEG variants, every PNG colour type and bit depth, tRNS in each form,
+ * Adam7 and APNG, and lossy and lossless WebP with and without alpha
+ * (tests/golden/README.md lists them). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

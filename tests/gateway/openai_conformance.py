@@ -30,9 +30,9 @@ REQUEST_ID = re.compile(r"chatcmpl-[0-9a-f]{32}")
 WORKER_FIELDS = ("seq", "attempt", "timings")  # the worker's, never the client's
 
 
-def image_message(path, text):
+def image_message(path, text, media_type="image/jpeg"):
     with open(path, "rb") as f:
-        url = "data:image/jpeg;base64," + base64.b64encode(f.read()).decode()
+        url = "data:%s;base64,%s" % (media_type, base64.b64encode(f.read()).decode())
     return {"role": "user", "content": [{"type": "text", "text": text},
                                         {"type": "image_url", "image_url": {"url": url}}]}
 
@@ -64,6 +64,15 @@ def test_non_stream(client, model, messages):
     check(not any(k in (r.model_extra or {}) for k in WORKER_FIELDS),
           f"no worker fields: {r.model_extra}")
     return c.message.content, c.finish_reason
+
+
+def test_webp(client, model, path):
+    """A WebP image, which OpenAI's API takes besides PNG and JPEG."""
+    r = client.chat.completions.create(
+        model=model, messages=[image_message(path, "What is this?", "image/webp")], max_tokens=2)
+    c = r.choices[0]
+    check(isinstance(c.message.content, str) and c.finish_reason in ("stop", "length"),
+          f"a WebP image is answered: {c.finish_reason!r}")
 
 
 def test_stream(client, model, messages, include_usage):
@@ -303,6 +312,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base-url", required=True, help="http://host:port (no /v1)")
     ap.add_argument("--image", required=True, help="a JPEG sent as a data URL")
+    ap.add_argument("--webp", required=True, help="a still WebP sent as a data URL")
     ap.add_argument("--api-key", default="", help="a valid key; the gateway requires keys")
     args = ap.parse_args()
     base = args.base_url.rstrip("/")
@@ -317,6 +327,7 @@ def main():
           f"same seed, same text streamed or not: {streamed!r} vs {text!r}")
     test_stream(client, model, messages, include_usage=False)
     test_choices(client, model, messages)
+    test_webp(client, model, args.webp)
     test_tools(client, model)
     test_errors(client, model, base + "/v1", args.api_key)
     test_resume(base, args.api_key, *test_sse_framing(base, args.api_key, model, messages))

@@ -6,11 +6,12 @@
 GROUP is one of images, seeds, masks, models, tokenizer, lora, reference (default: all).
 
 Writes under tests/golden/fixtures/ (see tests/golden/README.md for the layout):
-  images/     real JPEG/PNG photos and, per image, what the transformers 4.47.1
+  images/     real JPEG/PNG/WebP photos and, per image, what the transformers 4.47.1
               MllamaImageProcessor (the PIL/numpy one) makes of it: canvas choice,
               resize size, aspect ratio id/mask and sha256 of the decoded, resized and
               normalized tensors; a 2-sample packed batch; small PNGs of every colour
-              type, bit depth, tRNS form, Adam7 and APNG.
+              type, bit depth, tRNS form, Adam7 and APNG; lossy and lossless WebPs with
+              and without alpha.
   masks/      cross-attention masks from transformers' own processing_mllama helpers.
   models/     tiny random Mllama checkpoints (bf16 safetensors in the 4.47 layout) and
               float32 reference activations, logits and greedy tokens.
@@ -24,9 +25,9 @@ Writes under tests/golden/fixtures/ (see tests/golden/README.md for the layout):
               against a direct re-implementation of Meta's CrossAttentionTransformerBlock),
               and how far their logits and greedy tokens are from transformers' own.
 
-The group `seeds` writes the png_*.png seeds of tests/fuzz/corpus/image/ (tiny valid
-files and hostile ones) and prints what Pillow + convert_to_rgb make of each, the
-expectations tests/engine/test_image.c holds.
+The group `seeds` writes the png_*.png and webp_*.webp seeds of tests/fuzz/corpus/image/
+(tiny valid files and hostile ones) and prints what Pillow + convert_to_rgb make of
+each, the expectations tests/engine/test_image_decode.c holds.
 
 Everything is deterministic: photos come from scikit-image's bundled samples, random
 numbers from numpy's PCG64 with fixed seeds, torch runs on one CPU thread. Re-running
@@ -179,6 +180,7 @@ def versions():
         "pillow": PIL.__version__,
         "pillow_libjpeg_turbo": features.version("libjpeg_turbo"),
         "pillow_zlib": features.version("zlib"),
+        "pillow_libwebp": features.version("webp"),
         "scikit_image": skimage.__version__,
     }
 
@@ -330,6 +332,15 @@ IMAGE_CASES = [
      "JPEG with a restart marker after every MCU row"),
     ("exif6_320x240", "astronaut", 320, 240, "jpeg", {"exif_orientation": 6},
      "EXIF Orientation=6; Image.open + the processor ignore it (pixels as stored)"),
+    ("webp_lossy_640x480", "coffee", 640, 480, "webp", {"quality": 80},
+     "lossy WebP (VP8): libwebp's YUV 4:2:0 with its default fancy upsampling, mode RGB"),
+    ("webp_lossless_300x200", "chelsea", 300, 200, "webp", {"lossless": True},
+     "lossless WebP (VP8L), mode RGB"),
+    ("webp_alpha_lossy_320x240", "astronaut", 320, 240, "webp", {"quality": 75, "alpha": True},
+     "lossy WebP with an alpha plane (VP8X + ALPH), mode RGBA: composite over white"),
+    ("webp_alpha_lossless_200x150", "rocket", 200, 150, "webp",
+     {"lossless": True, "alpha": True},
+     "lossless WebP with alpha, mode RGBA: composite over white"),
 ]
 
 # Extra uint8 dumps to debug a resampler mismatch: (stem, what, rows, cols) where rows
@@ -579,15 +590,19 @@ def save_photo(stem, source, width, height, container, options):
     from PIL import Image
 
     img = photo_at(source, width, height)
-    path = os.path.join(IMAGES_DIR, stem + (".png" if container == "png" else ".jpg"))
+    path = os.path.join(IMAGES_DIR, stem + {"png": ".png", "webp": ".webp"}.get(container, ".jpg"))
+    if options.get("alpha"):
+        # Horizontal alpha ramp 0..255 plus a fully transparent block.
+        alpha = np.tile(np.linspace(0, 255, width).round().astype(np.uint8), (height, 1))
+        alpha[height // 4: height // 2, width // 4: width // 2] = 0
+        img = img.convert("RGB")
+        img.putalpha(Image.fromarray(alpha, "L"))
     if container == "png":
-        if options.get("alpha"):
-            # Horizontal alpha ramp 0..255 plus a fully transparent block.
-            alpha = np.tile(np.linspace(0, 255, width).round().astype(np.uint8), (height, 1))
-            alpha[height // 4: height // 2, width // 4: width // 2] = 0
-            img = img.convert("RGB")
-            img.putalpha(Image.fromarray(alpha, "L"))
         img.save(path, format="PNG")
+        return path
+    if container == "webp":
+        img.save(path, format="WEBP", lossless=options.get("lossless", False),
+                 quality=options.get("quality", 80))
         return path
     kwargs = {"quality": JPEG_QUALITY}
     if options.get("cmyk"):
@@ -864,6 +879,54 @@ def pillow_outcome(path):
         return "%dx%d %s" % (rgb.shape[1], rgb.shape[0], sha256_array(rgb, "u1"))
     except Exception as e:  # the outcome is what is recorded
         return "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:80])
+
+
+def webp_vp8l_header(width, height):
+    """A lossless WebP that is only a header announcing width x height (VP8L: the
+    signature byte, then 14 bits each of width - 1 and height - 1)."""
+    bits = (width - 1) | (height - 1) << 14
+    vp8l = b"\x2f" + struct.pack("<I", bits)
+    chunk = b"VP8L" + struct.pack("<I", len(vp8l)) + vp8l + b"\0" * (len(vp8l) % 2)
+    return b"RIFF" + struct.pack("<I", 4 + len(chunk)) + b"WEBP" + chunk
+
+
+def gen_webp_seeds():
+    """Tiny WebP seeds of the image fuzz target and test_image_decode: each kind of
+    bitstream Pillow writes, an animation, a truncated file and a header past the
+    pixel limit."""
+    from PIL import Image
+
+    for name in os.listdir(IMAGE_SEEDS_DIR):
+        if name.startswith("webp_") and name.endswith(".webp"):
+            os.remove(os.path.join(IMAGE_SEEDS_DIR, name))
+    rgb = photo_at("astronaut", 9, 7).convert("RGB")
+    rgba = photo_at("coffee", 6, 5).convert("RGB")
+    rgba.putalpha(Image.fromarray(np.arange(30, dtype=np.uint8).reshape(5, 6) * 8, "L"))
+    frames = [photo_at(src, 4, 4).convert("RGB") for src in ("chelsea", "rocket")]
+    written = {}
+
+    def save(stem, img, **kwargs):
+        path = os.path.join(IMAGE_SEEDS_DIR, stem + ".webp")
+        img.save(path, format="WEBP", **kwargs)
+        written[stem] = path
+
+    save("webp_lossy_9x7", rgb, quality=80)
+    save("webp_lossless_9x7", rgb, lossless=True)
+    save("webp_alpha_lossy_6x5", rgba, quality=80)
+    save("webp_alpha_lossless_6x5", rgba, lossless=True)
+    save("webp_animated_4x4", frames[0], save_all=True, append_images=frames[1:], duration=100,
+         lossless=True)
+    with open(written["webp_lossy_9x7"], "rb") as f:
+        lossy = f.read()
+    hostile = [("webp_truncated", lossy[:len(lossy) * 2 // 3]),
+               ("webp_huge_16384x16384", webp_vp8l_header(16384, 16384))]
+    for stem, data in hostile:
+        written[stem] = os.path.join(IMAGE_SEEDS_DIR, stem + ".webp")
+        with open(written[stem], "wb") as f:
+            f.write(data)
+    for path in written.values():
+        log("wrote %s (%d bytes): Pillow %s" % (os.path.relpath(path, REPO_ROOT),
+                                               os.path.getsize(path), pillow_outcome(path)))
 
 
 def gen_png_seeds():
@@ -2454,6 +2517,7 @@ def main():
         gen_images()
     if args.only in (None, "seeds"):
         gen_png_seeds()
+        gen_webp_seeds()
     if args.only in (None, "masks"):
         gen_masks()
     if args.only in (None, "models"):

@@ -4,7 +4,7 @@
  * and a good request sent right after each one is still answered, so the
  * worker keeps serving. Covers malformed JSON, wrong types, missing fields,
  * base64 over limits.max_image_bytes, invalid base64, a media type other
- * than JPEG or PNG, a PNG (answered) and a truncated one, corrupt and
+ * than JPEG, PNG or WebP, a PNG and a WebP (answered) and truncated ones, corrupt and
  * truncated JPEGs, a JPEG header claiming 65500x65500, a progressive JPEG with
  * thousands of scans, too many images, a prompt over the KV pool, an
  * expired deadline, an unknown adapter, special-token text in a message
@@ -37,6 +37,7 @@
 #define TINY ML_SOURCE_DIR "/tests/golden/fixtures/images/tiny_16x16.jpg"
 #define PHOTO ML_SOURCE_DIR "/tests/golden/fixtures/images/ex_640x480.jpg"
 #define PNG_PHOTO ML_SOURCE_DIR "/tests/golden/fixtures/images/png_rgb8_48x36.png"
+#define WEBP_PHOTO ML_SOURCE_DIR "/tests/golden/fixtures/images/webp_alpha_lossy_320x240.webp"
 #define MAX_IMAGE_BYTES 65536 /* limits.max_image_bytes: above the photo's 56697 */
 #define MAX_IMAGES 4          /* runtime.max_images_per_request */
 #define KV_MIB 1              /* runtime.kv_mib: a few thousand tokens */
@@ -176,6 +177,31 @@ static void expect_image_answered(const char *id, const char *part, const char *
     free(body);
 }
 
+/* The image at path, declared as media type `type`, is answered; its
+ * first half is refused. */
+static void expect_format_answered(const char *path, const char *type, const char *name)
+{
+    size_t len;
+    uint8_t *bytes = (uint8_t *)pu_slurp(path, &len);
+    if (!bytes)
+        pu_die(path);
+    char *url = pu_data_url(bytes, len); /* data:image/jpeg;base64,... */
+    size_t cap = strlen(url) + 96;
+    char *part = malloc(cap);
+    if (!part)
+        pu_die("out of memory");
+    snprintf(part, cap, "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:%s;base64,%s\"}}",
+             type, strchr(url, ',') + 1);
+    char id[64];
+    snprintf(id, sizeof id, "%s-photo", name);
+    expect_image_answered(id, part, path);
+    snprintf(id, sizeof id, "truncated-%s", name);
+    expect_inline_image_error(id, bytes, len / 2, "invalid_image");
+    free(part);
+    free(url);
+    free(bytes);
+}
+
 /* ---- cases ------------------------------------------------------------------------ */
 
 static void test_json_and_fields(void)
@@ -258,24 +284,8 @@ static void test_images(void)
     free(part);
     free(jpeg);
 
-    /* A PNG declared as image/png is answered; a truncated one is refused. */
-    size_t png_len;
-    uint8_t *png = (uint8_t *)pu_slurp(PNG_PHOTO, &png_len);
-    if (!png)
-        pu_die(PNG_PHOTO);
-    url = pu_data_url(png, png_len); /* data:image/jpeg;base64,... */
-    size_t part_cap = strlen(url) + 96;
-    part = malloc(part_cap);
-    if (!part)
-        pu_die("out of memory");
-    snprintf(part, part_cap,
-             "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,%s\"}}",
-             strchr(url, ',') + 1);
-    expect_image_answered("png-photo", part, "the PNG photo");
-    expect_inline_image_error("truncated-png", png, png_len / 2, "invalid_image");
-    free(part);
-    free(url);
-    free(png);
+    expect_format_answered(PNG_PHOTO, "image/png", "png");
+    expect_format_answered(WEBP_PHOTO, "image/webp", "webp");
 
     len = jpeg_craft_progressive(MAX_DIMENSION, MAX_DIMENSION, 1, 0, &jpeg);
     expect_inline_image_error("dimension-bomb", jpeg, len, "image_too_large");
