@@ -11,6 +11,7 @@ packages=(
   libjpeg-dev                        # JPEG decode (the libjpeg API)
   libpng-dev                         # PNG decode
   libwebp-dev                        # WebP decode
+  libgif-dev                         # GIF decode (giflib)
   librdkafka-dev kcat                # Kafka client; kcat as the independent test client
   libhiredis-dev redis-server        # Redis client; a local server for demos and tests
   libevent-dev                       # the gateway's HTTP server (evhttp) and event loop

@@ -1,6 +1,6 @@
 /* ml_image_decode: the format is told by its signature, never by a declared
- * media type. PNG goes to decode_png.c, WebP to decode_webp.c; JPEG is
- * decoded here, with the
+ * media type. PNG goes to decode_png.c, WebP to decode_webp.c, GIF to
+ * decode_gif.c; JPEG is decoded here, with the
  * libjpeg API, reproducing what Pillow's JpegImagePlugin and JpegDecode.c
  * hand to transformers after Image.convert("RGB").
  *
@@ -141,8 +141,10 @@ static const char *format_name(const uint8_t *data, size_t len)
         const char *magic;
         size_t magic_len;
     } formats[] = {
-        {"GIF", 0, "GIF8", 4},    {"BMP", 0, "BM", 2},        {"TIFF", 0, "II*\0", 4},
-        {"TIFF", 0, "MM\0*", 4}, {"HEIF/AVIF", 4, "ftyp", 4},
+        {"BMP", 0, "BM", 2},
+        {"TIFF", 0, "II*\0", 4},
+        {"TIFF", 0, "MM\0*", 4},
+        {"HEIF/AVIF", 4, "ftyp", 4},
     };
     for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
         if (len >= formats[i].offset + formats[i].magic_len &&
@@ -288,6 +290,8 @@ const char *ml_image_media_type(const uint8_t *data, size_t len)
         return "image/jpeg";
     if (data && ml_image_webp_signature(data, len))
         return "image/webp";
+    if (data && ml_image_gif_signature(data, len))
+        return "image/gif";
     return NULL;
 }
 
@@ -299,9 +303,9 @@ static ml_status not_decoded_here(const uint8_t *data, size_t len, char *err, si
                             : NULL;
     if (name)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
-                       "%s images are not supported (JPEG, PNG and WebP only)", name);
+                       "%s images are not supported (JPEG, PNG, WebP and GIF only)", name);
     return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
-                   "not a JPEG, PNG or WebP image (unrecognised signature, %zu bytes)", len);
+                   "not a JPEG, PNG, WebP or GIF image (unrecognised signature, %zu bytes)", len);
 }
 
 /* A decoder with the callbacks installed, or NULL without memory. */
@@ -326,6 +330,8 @@ ml_status ml_image_probe(const uint8_t *data, size_t len, const ml_image_limits 
         return ml_image_png_probe(data, len, lim, info, err, errlen);
     if (data && ml_image_webp_signature(data, len))
         return ml_image_webp_probe(data, len, lim, info, err, errlen);
+    if (data && ml_image_gif_signature(data, len))
+        return ml_image_gif_probe(data, len, lim, info, err, errlen);
     if (!data || !jpeg_signature(data, len))
         return not_decoded_here(data, len, err, errlen);
     decoder *d = decoder_create(lim);
@@ -347,6 +353,8 @@ ml_status ml_image_decode(const uint8_t *data, size_t len, const ml_image_limits
         return ml_image_png_decode(data, len, lim, out, err, errlen);
     if (data && ml_image_webp_signature(data, len))
         return ml_image_webp_decode(data, len, lim, out, err, errlen);
+    if (data && ml_image_gif_signature(data, len))
+        return ml_image_gif_decode(data, len, lim, out, err, errlen);
     if (!data || !jpeg_signature(data, len))
         return not_decoded_here(data, len, err, errlen);
 

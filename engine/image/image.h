@@ -1,7 +1,7 @@
-/* Image input for the vision tower: JPEG/PNG/WebP decode and Mllama tile preprocessing.
+/* Image input for the vision tower: JPEG/PNG/WebP/GIF decode and Mllama tile preprocessing.
  *
  * Reproduces transformers 4.47 `MllamaImageProcessor` (the PIL/numpy "slow"
- * processor, engine/model/README.md §2) bit for bit on JPEG, PNG and WebP input:
+ * processor, engine/model/README.md §2) bit for bit on JPEG, PNG, WebP and GIF input:
  *
  *   bytes --ml_image_decode--> uint8 RGB (as the processor's convert_to_rgb makes
  *                               it of PIL's Image.open(...))
@@ -9,8 +9,9 @@
  *         --ml_image_preprocess--> float32 (n_tiles, 3, S, S): PIL bilinear resize,
  *                               bottom/right zero pad, rescale, normalize, tile
  *
- * JPEG (libjpeg), PNG (libpng) and still WebP (libwebp) are decoded, told
- * apart by their signatures; every other format is ML_ERR_UNSUPPORTED.
+ * JPEG (libjpeg), PNG (libpng), still WebP (libwebp) and GIF (giflib, the
+ * first frame) are decoded, told apart by their signatures; every other
+ * format is ML_ERR_UNSUPPORTED.
  * Preprocessing never allocates: the caller asks for the sizes and provides
  * the output tensor and a scratch workspace, so the runtime can slice both
  * from its per-request arena.
@@ -96,8 +97,8 @@ typedef struct ml_image_layout {
 /* Defaults: ML_IMAGE_DEFAULT_MAX_PIXELS, ML_IMAGE_DEFAULT_MAX_SCANS. */
 void ml_image_limits_default(ml_image_limits *lim);
 
-/* "image/png" or "image/jpeg" when data starts with that format's
- * signature (as ml_image_decode tells them apart), else NULL: the media
+/* "image/png", "image/jpeg", "image/webp" or "image/gif" when data starts
+ * with that format's signature (as ml_image_decode tells them apart), else NULL: the media
  * type a client labels a data URL with. Static strings. */
 const char *ml_image_media_type(const uint8_t *data, size_t len);
 

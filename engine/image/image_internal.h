@@ -1,5 +1,5 @@
-/* Private to engine/image: the PNG and WebP parts of ml_image_decode and
- * ml_image_probe (decode_png.c, decode_webp.c), the checks every format
+/* Private to engine/image: the PNG, WebP and GIF parts of ml_image_decode
+ * and ml_image_probe (decode_png.c, decode_webp.c, decode_gif.c), the checks every format
  * shares (limits.c) and the composite over white (alpha.c).
  * @locality: thread-safe; no global state. */
 #ifndef ML_IMAGE_INTERNAL_H
@@ -37,6 +37,20 @@ ml_status ml_image_webp_decode(const uint8_t *data, size_t len, const ml_image_l
  * chunks without decoding. Same contract. */
 ml_status ml_image_webp_probe(const uint8_t *data, size_t len, const ml_image_limits *lim,
                               ml_image_info *info, char *err, size_t errlen);
+
+/* 1 when data starts with "GIF87a" or "GIF89a" (Pillow's
+ * GifImagePlugin._accept), else 0. */
+int ml_image_gif_signature(const uint8_t *data, size_t len);
+
+/* ml_image_decode for data with the GIF signature: its first frame. Same
+ * contract. */
+ml_status ml_image_gif_decode(const uint8_t *data, size_t len, const ml_image_limits *lim,
+                              ml_image_rgb *out, char *err, size_t errlen);
+
+/* ml_image_probe for data with the GIF signature: the screen and the first
+ * frame's descriptor, read without decoding. Same contract. */
+ml_status ml_image_gif_probe(const uint8_t *data, size_t len, const ml_image_limits *lim,
+                             ml_image_info *info, char *err, size_t errlen);
 
 #define ML_IMAGE_RGBA_BYTES 4
 

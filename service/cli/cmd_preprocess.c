@@ -1,4 +1,4 @@
-/* `mllama preprocess`: one JPEG, PNG or WebP through the Mllama image preprocessing,
+/* `mllama preprocess`: one JPEG, PNG, WebP or GIF through the Mllama image preprocessing,
  * written as a .npy tensor for comparison with transformers.
  * @locality: the main thread. */
 #include <errno.h>
@@ -20,7 +20,7 @@ static void usage(FILE *f)
             "usage: mllama preprocess --image FILE --out PIXELS.npy [--model DIR]\n"
             "                         [--max-tiles N] [--tile-size S]\n"
             "\n"
-            "Decodes a JPEG, PNG or WebP and runs the Mllama tile preprocessing. Writes the\n"
+            "Decodes a JPEG, PNG, WebP or GIF and runs the Mllama tile preprocessing. Writes the\n"
             "float32 (tiles, 3, S, S) pixel tensor as .npy and prints the layout as JSON.\n"
             "  --model DIR     read DIR/preprocessor_config.json (defaults otherwise)\n"
             "  --max-tiles N   override max_image_tiles (default %u)\n"

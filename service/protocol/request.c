@@ -260,7 +260,7 @@ static svc_image *new_image(parser *p, part_loc at)
  * bytes' signature, so a PNG declared as image/jpeg still decodes. */
 static bool image_media_type_ok(const char *mime, size_t len)
 {
-    static const char *const types[] = {"image/jpeg", "image/png", "image/webp"};
+    static const char *const types[] = {"image/jpeg", "image/png", "image/webp", "image/gif"};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (len == strlen(types[i]) && strncasecmp(mime, types[i], len) == 0)
             return true;
@@ -288,7 +288,7 @@ static svc_error add_image_url(parser *p, svc_part *part, const cJSON *item, par
     if (!image_media_type_ok(du.mime, du.mime_len))
         return fail(p, SVC_ERROR_INVALID_IMAGE,
                     "messages[%zu].content[%zu].%s: media type %.*s is not supported "
-                    "(image/jpeg, image/png or image/webp)",
+                    "(image/jpeg, image/png, image/webp or image/gif)",
                     at.msg, at.part, field, (int)du.mime_len, du.mime);
 
     size_t n;

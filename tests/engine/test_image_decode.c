@@ -1,5 +1,5 @@
 /* engine/image decode tests: Pillow parity on the fuzz seeds (JPEG, PNG,
- * WebP), every error path, and cheap files with expensive images refused
+ * WebP, GIF), every error path, and cheap files with expensive images refused
  * from the header.
  * Expected values are computed as described in test_image.c. */
 #include <stdint.h>
@@ -30,6 +30,7 @@
  * (the image would be 150 MB). */
 #define HEADER_REFUSAL_RSS_MB 64
 #define GUARD_BYTES 64
+#define GIF_TRAILER ";"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -112,6 +113,11 @@ static void test_decode_matches_pillow(void)
         {"webp_lossless_9x7.webp", 9, 7, "9bbb0fe4009dbaea4524c07a652a19adddad2d45bd73b68d4eb4835eae85c0d8"},
         {"webp_alpha_lossy_6x5.webp", 6, 5, "e8444d3a29bf66ca09cac1b5c6b4ce5b073e8b78528d110fe5cfbe2cc4b11972"},
         {"webp_alpha_lossless_6x5.webp", 6, 5, "c398dd6e2d667821a29772499b59283e0839d66798c60e336d3aaf729475daff"},
+        {"gif_interlaced_trns_7x6.gif", 7, 6, "31ee59553c0b1597042425c6b257c6c2e120157b44973e80d705539718131139"},
+        {"gif_subframe_9x8.gif", 9, 8, "acb69bb271608a73e9e9068814210741ad8c47a84cac5bfe80f9795828d1f7a1"},
+        {"gif_local_grey_ramp_7x6.gif", 7, 6, "3b382cbff049c8ce98aeb30e17d97b200d2c6a1fbd4aba7fc4935e4a3cdaf826"},
+        /* its first frame, the file above's */
+        {"gif_animated_7x6.gif", 7, 6, "31ee59553c0b1597042425c6b257c6c2e120157b44973e80d705539718131139"},
     };
     ml_image_limits lim;
     ml_image_limits_default(&lim);
@@ -188,14 +194,17 @@ static void test_decode_errors(void)
     expect_decode((const uint8_t *)"\xff\xd8", 2, &lim, ML_ERR_UNSUPPORTED, NULL, "two bytes of SOI");
     expect_decode((const uint8_t *)"hello world!", 12, &lim, ML_ERR_UNSUPPORTED, "not a JPEG",
                   "text");
-    expect_decode((const uint8_t *)"GIF89a\x01\x00\x01\x00", 10, &lim, ML_ERR_UNSUPPORTED, "GIF", "GIF");
+    expect_decode((const uint8_t *)"GIF89a\x01\x00\x01\x00", 10, &lim, ML_ERR_FORMAT, "invalid GIF",
+                  "GIF screen descriptor cut short");
+    expect_decode((const uint8_t *)"GIF88a\x01\x00\x01\x00", 10, &lim, ML_ERR_UNSUPPORTED,
+                  "unrecognised signature", "GIF88a");
     expect_decode((const uint8_t *)"\xff\xd8\xff\xe0junk", 8, &lim, ML_ERR_FORMAT, NULL, "SOI + junk");
     expect_decode((const uint8_t *)"BM\x3a\0\0\0\0\0", 8, &lim, ML_ERR_UNSUPPORTED,
-                  "BMP images are not supported (JPEG, PNG and WebP only)", "BMP");
+                  "BMP images are not supported (JPEG, PNG, WebP and GIF only)", "BMP");
     expect_decode((const uint8_t *)"RIFF\x10\0\0\0WEBPVP8 ", 16, &lim, ML_ERR_FORMAT,
                   "truncated WebP header", "WebP signature and a chunk tag");
     expect_decode((const uint8_t *)"\x89PNG\r\n\x1a", 7, &lim, ML_ERR_UNSUPPORTED,
-                  "not a JPEG, PNG or WebP", "7 bytes of the PNG signature");
+                  "not a JPEG, PNG, WebP or GIF", "7 bytes of the PNG signature");
     expect_seed("truncated.jpg", &lim, ML_ERR_FORMAT, "truncated");
     expect_seed("zero_width.jpg", &lim, ML_ERR_FORMAT, NULL);
     expect_seed("two_component.jpg", &lim, ML_ERR_UNSUPPORTED, "2 components");
@@ -288,9 +297,9 @@ static void test_scan_limit(void)
     expect_decode(jpeg, len, &lim, ML_ERR_TOO_LARGE, "scans", "max_scans + 1 scans");
     free(jpeg);
     /* Unsupported formats are told apart in the probe as in the decoder. */
-    check(ml_image_probe((const uint8_t *)"GIF89a\x01\x00\x01\x00", 10, &lim, &info, NULL, 0) ==
+    check(ml_image_probe((const uint8_t *)"BM\x3a\0\0\0\0\0", 8, &lim, &info, NULL, 0) ==
               ML_ERR_UNSUPPORTED,
-          "probe of a GIF");
+          "probe of a BMP");
     check(ml_image_probe((const uint8_t *)"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR", 16, &lim, &info,
                          NULL, 0) == ML_ERR_FORMAT,
           "probe of a cut IHDR");
@@ -327,6 +336,42 @@ static void test_decode_webp(void)
     st = ml_image_probe(data, len, &lim, &info, err, sizeof err);
     check(st == ML_ERR_TOO_LARGE && info.width == 0, "WebP probe above the limit: %s",
           ml_status_name(st));
+    free(data);
+}
+
+/* The GIF seeds refused (gen_fixtures.py --only seeds): Pillow refuses each
+ * too, but for the code size of 1, which giflib decodes otherwise (decode_gif.c
+ * lists the differences), and a frame past the resampler's widest side. */
+static void test_decode_gif(void)
+{
+    static const struct {
+        const char *name;
+        ml_status want;
+        const char *needle;
+    } seeds[] = {
+        {"gif_truncated.gif", ML_ERR_FORMAT, "truncated or corrupt GIF image data"},
+        {"gif_no_image.gif", ML_ERR_FORMAT, "GIF has no image"},
+        {"gif_code_size1.gif", ML_ERR_FORMAT, "LZW code size 1"},
+        {"gif_short_gce.gif", ML_ERR_FORMAT, "graphic control extension of 2 bytes"},
+        {"gif_huge_65535x65535.gif", ML_ERR_TOO_LARGE, "65535x65535"},
+        {"gif_frame_past_side.gif", ML_ERR_TOO_LARGE, "66000x8"},
+    };
+    ml_image_limits lim;
+    ml_image_limits_default(&lim);
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++)
+        expect_seed(seeds[i].name, &lim, seeds[i].want, seeds[i].needle);
+
+    /* The size is the screen grown to the frame, from the headers alone. */
+    size_t len;
+    uint8_t *data = read_seed("gif_subframe_9x8.gif", &len);
+    ml_image_info info;
+    char err[256] = "";
+    ml_status st = ml_image_probe(data, len, &lim, &info, err, sizeof err);
+    check(st == ML_OK && info.width == 9 && info.height == 8, "GIF probe: %s %ux%u (%s)",
+          ml_status_name(st), info.width, info.height, err);
+    check(!strcmp(ml_image_media_type(data, len), "image/gif"), "GIF media type");
+    lim.max_pixels = 9 * 8 - 1;
+    expect_decode(data, len, &lim, ML_ERR_TOO_LARGE, "9x8", "GIF above the pixel limit");
     free(data);
 }
 
@@ -432,25 +477,26 @@ static void test_decode_png_prefixes_and_corruption(void)
     free(data);
 }
 
-/* Every proper prefix of a JPEG or WebP file is truncated (Pillow: "image
- * file is truncated", "could not create decoder object"); every
- * single-byte corruption must come back as a status. */
-static void expect_prefixes_and_corruption(const char *seed)
+/* Every proper prefix of a JPEG, WebP or GIF file is truncated (Pillow:
+ * "image file is truncated", "could not create decoder object") but those
+ * that lack only the last `tail` bytes, which Pillow reads without them (a
+ * GIF's trailer); every single-byte corruption must come back as a status. */
+static void expect_prefixes_and_corruption(const char *seed, size_t tail)
 {
     ml_image_limits lim;
     ml_image_limits_default(&lim);
     size_t len;
     uint8_t *data = read_seed(seed, &len);
-    int prefix_ok = 0;
+    size_t wrong = 0;
     for (size_t n = 0; n < len; n++) {
         uint8_t *copy = malloc(n ? n : 1); /* exact size: ASan sees any over-read */
         memcpy(copy, data, n);
         ml_image_rgb img;
-        prefix_ok += ml_image_decode(copy, n, &lim, &img, NULL, 0) == ML_OK;
+        wrong += (ml_image_decode(copy, n, &lim, &img, NULL, 0) == ML_OK) != (n + tail >= len);
         ml_image_rgb_deinit(&img);
         free(copy);
     }
-    check(prefix_ok == 0, "%s: %d proper prefixes decoded", seed, prefix_ok);
+    check(wrong == 0, "%s: %zu proper prefixes decoded or refused against Pillow", seed, wrong);
 
     int decoded = decode_corruptions(data, len, &lim);
     fprintf(stderr, "  %s: %zu single-byte corruptions: %d still decode\n", seed, len, decoded);
@@ -459,9 +505,10 @@ static void expect_prefixes_and_corruption(const char *seed)
 
 static void test_decode_prefixes_and_corruption(void)
 {
-    expect_prefixes_and_corruption("rgb420_32x24.jpg");
-    expect_prefixes_and_corruption("webp_lossy_9x7.webp");
-    expect_prefixes_and_corruption("webp_alpha_lossless_6x5.webp");
+    expect_prefixes_and_corruption("rgb420_32x24.jpg", 0);
+    expect_prefixes_and_corruption("webp_lossy_9x7.webp", 0);
+    expect_prefixes_and_corruption("webp_alpha_lossless_6x5.webp", 0);
+    expect_prefixes_and_corruption("gif_interlaced_trns_7x6.gif", sizeof GIF_TRAILER - 1);
 }
 
 int main(void)
@@ -473,6 +520,7 @@ int main(void)
     test_scan_limit();
     test_decode_png_errors();
     test_decode_webp();
+    test_decode_gif();
     test_decode_prefixes_and_corruption();
     test_decode_png_prefixes_and_corruption();
     return check_done();

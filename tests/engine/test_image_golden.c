@@ -5,8 +5,8 @@
  * float32 pixel tensor of every tile; the batch fixtures check the packing
  * (padding tiles and images, aspect ratio ids and masks). The fixtures cover
  * JPEG variants, every PNG colour type and bit depth, tRNS in each form,
- * Adam7 and APNG, and lossy and lossless WebP with and without alpha
- * (tests/golden/README.md lists them). */
+ * Adam7 and APNG, lossy and lossless WebP with and without alpha, and GIFs
+ * Pillow writes and GIFs it only reads (tests/golden/README.md lists them). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -66,13 +66,15 @@ def test_non_stream(client, model, messages):
     return c.message.content, c.finish_reason
 
 
-def test_webp(client, model, path):
-    """A WebP image, which OpenAI's API takes besides PNG and JPEG."""
-    r = client.chat.completions.create(
-        model=model, messages=[image_message(path, "What is this?", "image/webp")], max_tokens=2)
-    c = r.choices[0]
-    check(isinstance(c.message.content, str) and c.finish_reason in ("stop", "length"),
-          f"a WebP image is answered: {c.finish_reason!r}")
+def test_image_formats(client, model, webp, gif):
+    """WebP and GIF images, which OpenAI's API takes besides PNG and JPEG."""
+    for path, media_type in ((webp, "image/webp"), (gif, "image/gif")):
+        r = client.chat.completions.create(
+            model=model, messages=[image_message(path, "What is this?", media_type)],
+            max_tokens=2)
+        c = r.choices[0]
+        check(isinstance(c.message.content, str) and c.finish_reason in ("stop", "length"),
+              f"a {media_type} image is answered: {c.finish_reason!r}")
 
 
 def test_stream(client, model, messages, include_usage):
@@ -313,6 +315,7 @@ def main():
     ap.add_argument("--base-url", required=True, help="http://host:port (no /v1)")
     ap.add_argument("--image", required=True, help="a JPEG sent as a data URL")
     ap.add_argument("--webp", required=True, help="a still WebP sent as a data URL")
+    ap.add_argument("--gif", required=True, help="a GIF sent as a data URL")
     ap.add_argument("--api-key", default="", help="a valid key; the gateway requires keys")
     args = ap.parse_args()
     base = args.base_url.rstrip("/")
@@ -327,7 +330,7 @@ def main():
           f"same seed, same text streamed or not: {streamed!r} vs {text!r}")
     test_stream(client, model, messages, include_usage=False)
     test_choices(client, model, messages)
-    test_webp(client, model, args.webp)
+    test_image_formats(client, model, args.webp, args.gif)
     test_tools(client, model)
     test_errors(client, model, base + "/v1", args.api_key)
     test_resume(base, args.api_key, *test_sse_framing(base, args.api_key, model, messages))

@@ -109,6 +109,7 @@ echo "run.sh: gateway $base (ops $ops_port), kafka $brokers, logs in $out"
 rc=0
 "$venv/bin/python" "$here/openai_conformance.py" --base-url "$base" --image "$image" \
   --webp "$src/tests/golden/fixtures/images/webp_lossy_640x480.webp" \
+  --gif "$src/tests/golden/fixtures/images/gif_pillow_animated_48x36.gif" \
   --api-key "$key" || rc=1
 "$venv/bin/python" "$here/chat_page.py" --base-url "$base" --image "$image" \
   --api-key "$key" --ops-url "http://127.0.0.1:$ops_port" --out "$out" || rc=1

@@ -6,12 +6,12 @@
 GROUP is one of images, seeds, masks, models, tokenizer, lora, reference (default: all).
 
 Writes under tests/golden/fixtures/ (see tests/golden/README.md for the layout):
-  images/     real JPEG/PNG/WebP photos and, per image, what the transformers 4.47.1
+  images/     real JPEG/PNG/WebP/GIF photos and, per image, what the transformers 4.47.1
               MllamaImageProcessor (the PIL/numpy one) makes of it: canvas choice,
               resize size, aspect ratio id/mask and sha256 of the decoded, resized and
               normalized tensors; a 2-sample packed batch; small PNGs of every colour
               type, bit depth, tRNS form, Adam7 and APNG; lossy and lossless WebPs with
-              and without alpha.
+              and without alpha; GIFs Pillow writes and GIFs only its reader handles.
   masks/      cross-attention masks from transformers' own processing_mllama helpers.
   models/     tiny random Mllama checkpoints (bf16 safetensors in the 4.47 layout) and
               float32 reference activations, logits and greedy tokens.
@@ -25,7 +25,7 @@ Writes under tests/golden/fixtures/ (see tests/golden/README.md for the layout):
               against a direct re-implementation of Meta's CrossAttentionTransformerBlock),
               and how far their logits and greedy tokens are from transformers' own.
 
-The group `seeds` writes the png_*.png and webp_*.webp seeds of tests/fuzz/corpus/image/
+The group `seeds` writes the png_*.png, webp_*.webp and gif_*.gif seeds of tests/fuzz/corpus/image/
 (tiny valid files and hostile ones) and prints what Pillow + convert_to_rgb make of
 each, the expectations tests/engine/test_image_decode.c holds.
 
@@ -342,6 +342,160 @@ IMAGE_CASES = [
      {"lossless": True, "alpha": True},
      "lossless WebP with alpha, mode RGBA: composite over white"),
 ]
+
+# ---- GIF variants -------------------------------------------------------------------
+# Pillow writes palette, grey and animated GIFs; gif_encode writes what Pillow's writer
+# never does: a first frame smaller than the screen or past it, a transparent index
+# around the frame, indices past the palette, a local palette over a global one, an LZW
+# code size under 8. Pillow only reads them back, as the reference.
+
+GIF_TRAILER = b";"
+
+
+def gif_lzw(indices, code_size):
+    """LZW data coding every index as a literal, with a clear code before the code
+    width would grow (valid LZW that any decoder reads)."""
+    clear = 1 << code_size
+    width = code_size + 1
+    literals_per_clear = (1 << width) - clear - 2 - 1
+    out, acc, nbits, run = bytearray(), 0, 0, 0
+
+    def emit(code):
+        nonlocal acc, nbits
+        acc |= code << nbits
+        nbits += width
+        while nbits >= 8:
+            out.append(acc & 0xff)
+            acc >>= 8
+            nbits -= 8
+
+    emit(clear)
+    for v in indices:
+        if run == literals_per_clear:
+            emit(clear)
+            run = 0
+        emit(int(v))
+        run += 1
+    emit(clear + 1)
+    if nbits:
+        out.append(acc & 0xff)
+    return bytes(out)
+
+
+def gif_sub_blocks(data):
+    return b"".join(bytes([len(data[i:i + 255])]) + data[i:i + 255]
+                    for i in range(0, len(data), 255)) + b"\0"
+
+
+def gif_palette_field(palette):
+    """(flag bits, bytes) of a palette of 2^n RGB entries."""
+    bits = max(1, (len(palette) - 1).bit_length())
+    if len(palette) != 1 << bits:
+        raise ValueError("a GIF palette has 2^n entries")
+    return 0x80 | (bits - 1), np.asarray(palette, np.uint8).tobytes()
+
+
+def gif_encode(screen, frame, indices, global_palette=None, local_palette=None,
+               transparent=None, interlace=False, code_size=8):
+    """A GIF89a of one frame: screen (w, h), frame (x, y, w, h), indices (h, w)."""
+    flags, gpal = (0, b"") if global_palette is None else gif_palette_field(global_palette)
+    if global_palette is not None:
+        flags |= (flags & 7) << 4
+    out = b"GIF89a" + struct.pack("<HHBBB", screen[0], screen[1], flags, 0, 0) + gpal
+    if transparent is not None:
+        out += b"!\xf9\x04" + struct.pack("<BHB", 1, 10, transparent) + b"\0"
+    lflags, lpal = (0, b"") if local_palette is None else gif_palette_field(local_palette)
+    rows = np.asarray(indices, np.uint8)
+    if interlace:
+        lflags |= 0x40
+        rows = np.concatenate([rows[0::8], rows[4::8], rows[2::4], rows[1::2]])
+    out += b"," + struct.pack("<HHHHB", *frame, lflags) + lpal
+    return out + bytes([code_size]) + gif_sub_blocks(gif_lzw(rows.reshape(-1), code_size)) \
+        + GIF_TRAILER
+
+
+def gif_quantized(source, width, height, colors):
+    """(indices (h, w), palette of `colors` entries) of the photo quantized by Pillow."""
+    img = photo_at(source, width, height).convert("RGB").quantize(colors)
+    palette = np.asarray(img.getpalette()[:3 * colors], np.uint8).reshape(-1, 3)
+    return np.asarray(img), [tuple(int(c) for c in p) for p in palette]
+
+
+def write_gif_case(stem, spec, directory):
+    """Write one GIF_CASES image; returns its path."""
+    from PIL import Image
+
+    path = os.path.join(directory, stem + ".gif")
+    w, h = spec["width"], spec["height"]
+    if "pillow" in spec:
+        img = photo_at(spec["source"], w, h)
+        img = img.convert("L") if spec["pillow"] == "L" else img.convert("RGB").quantize(256)
+        kwargs = {k: spec[k] for k in ("transparency",) if k in spec}
+        if spec.get("animated"):
+            kwargs.update(save_all=True, append_images=[img.transpose(Image.Transpose.ROTATE_180)],
+                          duration=100)
+        img.save(path, format="GIF", **kwargs)
+        return path
+    fx, fy, fw, fh = spec.get("frame", (0, 0, w, h))
+    local_palette = None
+    if spec.get("grey"):  # the photo's grey levels as indices
+        indices = np.asarray(photo_at(spec["source"], fw, fh).convert("L"))
+        global_palette = [(i, i, i) for i in range(256)] if spec["grey"] == "ramp" else None
+    else:
+        indices, palette = gif_quantized(spec["source"], fw, fh, spec.get("colors", 256))
+        global_palette = palette[:spec.get("palette_entries", len(palette))]
+    if spec.get("local") == "own":
+        local_palette, global_palette = palette, [tuple(255 - c for c in p) for p in palette]
+    elif spec.get("local") == "grey_ramp":
+        local_palette = [(i, i, i) for i in range(len(palette))]
+    data = gif_encode(spec.get("screen", (w, h)), (fx, fy, fw, fh), indices, global_palette,
+                      local_palette, spec.get("transparent"), spec.get("interlace", False),
+                      spec.get("code_size", 8))
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+# (stem, spec, purpose). The stem's size is the decoded image's.
+GIF_CASES = [
+    ("gif_pillow_palette_64x48", dict(source="chelsea", width=64, height=48, pillow="P"),
+     "Pillow's own GIF (adaptive palette): mode P"),
+    ("gif_pillow_grey_48x36", dict(source="camera", width=48, height=36, pillow="L"),
+     "a grey image as Pillow writes it: only the greys in use, so mode P"),
+    ("gif_grey_ramp_40x30", dict(source="camera", width=40, height=30, grey="ramp"),
+     "a global palette that is the grey ramp: mode L, the index is the grey level"),
+    ("gif_no_palette_40x30", dict(source="camera", width=40, height=30, grey="none"),
+     "no palette at all: mode L"),
+    ("gif_pillow_transparent_48x36",
+     dict(source="coffee", width=48, height=36, pillow="P", transparency=0),
+     "Pillow's GIF with transparent index 0: those pixels white"),
+    ("gif_pillow_animated_48x36",
+     dict(source="rocket", width=48, height=36, pillow="P", animated=True),
+     "two frames: the first is the image"),
+    ("gif_subframe_trns_40x30",
+     dict(source="astronaut", width=40, height=30, frame=(6, 4, 24, 18), colors=64,
+          transparent=63),
+     "a frame inside the screen with a transparent index: the screen around it is that "
+     "index, so white"),
+    ("gif_past_screen_44x34",
+     dict(source="chelsea", width=44, height=34, screen=(36, 24), frame=(8, 6, 36, 28),
+          colors=32, interlace=True),
+     "an interlaced frame past the screen's right and bottom: the image grows to hold it, "
+     "index 0's colour around it"),
+    ("gif_short_palette_32x24",
+     dict(source="coffee", width=32, height=24, colors=32, palette_entries=16),
+     "indices 16..31 past a 16-entry palette: black"),
+    ("gif_local_palette_32x24",
+     dict(source="rocket", width=32, height=24, colors=64, local="own"),
+     "a local palette over a different global one: the local one colours the frame"),
+    ("gif_local_grey_ramp_32x24",
+     dict(source="astronaut", width=32, height=24, colors=16, local="grey_ramp"),
+     "a local grey-ramp palette over a global one: Pillow's mode L with the global colours"),
+    ("gif_code_size2_32x24",
+     dict(source="chelsea", width=32, height=24, colors=4, code_size=2),
+     "four colours at LZW code size 2"),
+]
+
 
 # Extra uint8 dumps to debug a resampler mismatch: (stem, what, rows, cols) where rows
 # and cols are Python slices of the resized (H, W, 3) image.
@@ -734,6 +888,15 @@ def gen_images():
         resized_by_stem[stem] = resized
         index.append(stem)
         canvases.add((desc["tiles_h"], desc["tiles_w"]))
+    for stem, spec, purpose in GIF_CASES:
+        path = write_gif_case(stem, spec, IMAGES_DIR)
+        log("wrote %s" % os.path.relpath(path, REPO_ROOT))
+        desc, _ = describe_image(path, purpose, processor)
+        desc["source"] = ("skimage.data.%s(), center-cropped, PIL LANCZOS resize"
+                          % spec["source"])
+        desc["gif"] = spec
+        write_json(os.path.join(IMAGES_DIR, stem + ".json"), desc)
+        index.append(stem)
     for stem, spec, purpose in PNG_CASES:
         path = write_png_case(stem, spec, IMAGES_DIR)
         log("wrote %s" % os.path.relpath(path, REPO_ROOT))
@@ -927,6 +1090,41 @@ def gen_webp_seeds():
     for path in written.values():
         log("wrote %s (%d bytes): Pillow %s" % (os.path.relpath(path, REPO_ROOT),
                                                os.path.getsize(path), pillow_outcome(path)))
+
+
+def gen_gif_seeds():
+    """Tiny GIF seeds of the image fuzz target and test_image_decode: valid frames of
+    each kind gif_encode writes, an animation, and hostile headers and data."""
+    for name in os.listdir(IMAGE_SEEDS_DIR):
+        if name.startswith("gif_") and name.endswith(".gif"):
+            os.remove(os.path.join(IMAGE_SEEDS_DIR, name))
+    indices, palette = gif_quantized("coffee", 7, 6, 8)
+    ramp = [(i, i, i) for i in range(8)]
+    valid = gif_encode((7, 6), (0, 0, 7, 6), indices, palette, interlace=True, transparent=3)
+    screen = 13 + 3 * len(palette)  # signature, screen descriptor, global palette
+    gce = 8
+    header, body = valid[:screen], valid[screen + gce:]
+    seeds = [
+        ("gif_interlaced_trns_7x6", valid),
+        ("gif_subframe_9x8", gif_encode((9, 8), (2, 1, 7, 6), indices, palette)),
+        ("gif_local_grey_ramp_7x6", gif_encode((7, 6), (0, 0, 7, 6), indices, palette, ramp)),
+        ("gif_animated_7x6", valid[:-1] + body),
+        ("gif_truncated", valid[:len(valid) - 8]),
+        ("gif_no_image", header + GIF_TRAILER),
+        ("gif_code_size1", gif_encode((2, 2), (0, 0, 2, 2), np.array([[0, 1], [1, 0]]),
+                                      palette[:2], code_size=1)),
+        ("gif_short_gce", header + b"!\xf9\x02\x01\x00\x00" + body),
+        ("gif_huge_65535x65535",
+         gif_encode((65535, 65535), (0, 0, 1, 1), np.zeros((1, 1)), palette)),
+        ("gif_frame_past_side", gif_encode((8, 8), (65000, 0, 1000, 1), np.zeros((1, 1000)),
+                                           palette)),
+    ]
+    for stem, data in seeds:
+        path = os.path.join(IMAGE_SEEDS_DIR, stem + ".gif")
+        with open(path, "wb") as f:
+            f.write(data)
+        log("wrote %s (%d bytes): Pillow %s" % (os.path.relpath(path, REPO_ROOT), len(data),
+                                               pillow_outcome(path)))
 
 
 def gen_png_seeds():
@@ -2518,6 +2716,7 @@ def main():
     if args.only in (None, "seeds"):
         gen_png_seeds()
         gen_webp_seeds()
+        gen_gif_seeds()
     if args.only in (None, "masks"):
         gen_masks()
     if args.only in (None, "models"):

@@ -375,10 +375,10 @@ static void test_image_errors(void)
     expect_error_wrapped("[{\"type\":\"image_url\",\"image_url\":{\"url\":\"https://x/a.jpg\"}}]",
                          "", SVC_ERROR_INVALID_IMAGE,
                          "messages[0].content[0].image_url.url: not a data: URL");
-    expect_error_wrapped("[{\"type\":\"image_url\",\"image_url\":\"data:image/gif;base64,AAAA\"}]",
+    expect_error_wrapped("[{\"type\":\"image_url\",\"image_url\":\"data:image/bmp;base64,AAAA\"}]",
                          "", SVC_ERROR_INVALID_IMAGE,
-                         "media type image/gif is not supported "
-                         "(image/jpeg, image/png or image/webp)");
+                         "media type image/bmp is not supported "
+                         "(image/jpeg, image/png, image/webp or image/gif)");
     expect_error_wrapped("[{\"type\":\"image_url\",\"image_url\":\"data:image/jpeg;base64,AA=A\"}]",
                          "", SVC_ERROR_INVALID_IMAGE, "content[0].image_url: misplaced '='");
     expect_error_wrapped("[{\"type\":\"image_url\",\"image_url\":\"data:image/jpeg;base64,AAA\"}]",

@@ -4,7 +4,8 @@
  * and a good request sent right after each one is still answered, so the
  * worker keeps serving. Covers malformed JSON, wrong types, missing fields,
  * base64 over limits.max_image_bytes, invalid base64, a media type other
- * than JPEG, PNG or WebP, a PNG and a WebP (answered) and truncated ones, corrupt and
+ * than JPEG, PNG, WebP or GIF, a PNG, a WebP and a GIF (answered) and
+ * truncated ones, corrupt and
  * truncated JPEGs, a JPEG header claiming 65500x65500, a progressive JPEG with
  * thousands of scans, too many images, a prompt over the KV pool, an
  * expired deadline, an unknown adapter, special-token text in a message
@@ -38,6 +39,7 @@
 #define PHOTO ML_SOURCE_DIR "/tests/golden/fixtures/images/ex_640x480.jpg"
 #define PNG_PHOTO ML_SOURCE_DIR "/tests/golden/fixtures/images/png_rgb8_48x36.png"
 #define WEBP_PHOTO ML_SOURCE_DIR "/tests/golden/fixtures/images/webp_alpha_lossy_320x240.webp"
+#define GIF_PHOTO ML_SOURCE_DIR "/tests/golden/fixtures/images/gif_pillow_transparent_48x36.gif"
 #define MAX_IMAGE_BYTES 65536 /* limits.max_image_bytes: above the photo's 56697 */
 #define MAX_IMAGES 4          /* runtime.max_images_per_request */
 #define KV_MIB 1              /* runtime.kv_mib: a few thousand tokens */
@@ -255,7 +257,7 @@ static void test_images(void)
     expect_image_error("truncated-base64", "data:image/jpeg;base64,/9j/4AAQSkZJRgABAQ",
                        "invalid_image");
     expect_image_error("not-a-data-url", "https://example.com/cat.jpg", "invalid_image");
-    expect_image_error("gif-media-type", "data:image/gif;base64,R0lGODlhAQABAAAAACw=",
+    expect_image_error("bmp-media-type", "data:image/bmp;base64,Qk06AAAAAAAAADYAAAAoAAAA",
                        "invalid_image");
 
     size_t photo_len;
@@ -286,6 +288,7 @@ static void test_images(void)
 
     expect_format_answered(PNG_PHOTO, "image/png", "png");
     expect_format_answered(WEBP_PHOTO, "image/webp", "webp");
+    expect_format_answered(GIF_PHOTO, "image/gif", "gif");
 
     len = jpeg_craft_progressive(MAX_DIMENSION, MAX_DIMENSION, 1, 0, &jpeg);
     expect_inline_image_error("dimension-bomb", jpeg, len, "image_too_large");
