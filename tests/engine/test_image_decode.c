@@ -305,83 +305,56 @@ static void test_scan_limit(void)
           "probe of a cut IHDR");
 }
 
-/* Hostile PNGs (png_hostile_seeds in gen_fixtures.py). Pillow refuses all
- * but three, which it reads by its own rules and this decoder refuses:
- * png_bad_crc_idat (Pillow checks no IDAT CRC), png_no_plte (Pillow falls
- * back to a default palette) and png_too_few_rows (Pillow pads). */
-/* The WebP seeds Pillow refuses or this decoder does (gen_fixtures.py
- * --only seeds), the pixel limit from the header, and what ml_image_probe
- * reads. */
-static void test_decode_webp(void)
+/* A seed and the status and message its decode must give. */
+typedef struct seed_case {
+    const char *name;
+    ml_status want;
+    const char *needle;
+} seed_case;
+
+static void expect_seeds(const seed_case *cases, size_t n)
 {
     ml_image_limits lim;
     ml_image_limits_default(&lim);
-    expect_seed("webp_truncated.webp", &lim, ML_ERR_FORMAT, "truncated WebP data");
-    expect_seed("webp_huge_16384x16384.webp", &lim, ML_ERR_TOO_LARGE, "16384x16384");
-    expect_seed("webp_animated_4x4.webp", &lim, ML_ERR_UNSUPPORTED, "animated WebP");
+    for (size_t i = 0; i < n; i++)
+        expect_seed(cases[i].name, &lim, cases[i].want, cases[i].needle);
+}
 
+/* What the header of a seed of width x height tells: ml_image_probe's size,
+ * the media type, and the pixel limit, inclusive, applied before decoding
+ * (the probe refuses too, and fills nothing). */
+static void expect_header(const char *seed, uint32_t width, uint32_t height,
+                          const char *media_type)
+{
     size_t len;
-    uint8_t *data = read_seed("webp_alpha_lossy_6x5.webp", &len);
+    uint8_t *data = read_seed(seed, &len);
+    ml_image_limits lim;
+    ml_image_limits_default(&lim);
     ml_image_info info;
-    char err[256] = "";
+    char err[256] = "", size[32];
     ml_status st = ml_image_probe(data, len, &lim, &info, err, sizeof err);
-    check(st == ML_OK && info.width == 6 && info.height == 5 && info.n_scans == 1,
-          "WebP probe: %s %ux%u (%s)", ml_status_name(st), info.width, info.height, err);
-    check(!strcmp(ml_image_media_type(data, len), "image/webp"), "WebP media type");
-    /* The pixel limit is inclusive and checked from the header. */
-    lim.max_pixels = 6 * 5;
-    expect_decode(data, len, &lim, ML_OK, NULL, "WebP at the pixel limit");
-    lim.max_pixels = 6 * 5 - 1;
-    expect_decode(data, len, &lim, ML_ERR_TOO_LARGE, "6x5", "WebP above the pixel limit");
+    check(st == ML_OK && info.width == width && info.height == height,
+          "%s: probe %s %ux%u (%s)", seed, ml_status_name(st), info.width, info.height, err);
+    const char *type = ml_image_media_type(data, len);
+    check(type && !strcmp(type, media_type), "%s: media type %s", seed, type ? type : "none");
+    lim.max_pixels = (uint64_t)width * height;
+    expect_decode(data, len, &lim, ML_OK, NULL, seed);
+    lim.max_pixels--;
+    snprintf(size, sizeof size, "%ux%u", width, height);
+    expect_decode(data, len, &lim, ML_ERR_TOO_LARGE, size, seed);
     st = ml_image_probe(data, len, &lim, &info, err, sizeof err);
-    check(st == ML_ERR_TOO_LARGE && info.width == 0, "WebP probe above the limit: %s",
+    check(st == ML_ERR_TOO_LARGE && info.width == 0, "%s: probe above the limit: %s", seed,
           ml_status_name(st));
     free(data);
 }
 
-/* The GIF seeds refused (gen_fixtures.py --only seeds): Pillow refuses each
- * too, but for the code size of 1, which giflib decodes otherwise (decode_gif.c
- * lists the differences), and a frame past the resampler's widest side. */
-static void test_decode_gif(void)
-{
-    static const struct {
-        const char *name;
-        ml_status want;
-        const char *needle;
-    } seeds[] = {
-        {"gif_truncated.gif", ML_ERR_FORMAT, "truncated or corrupt GIF image data"},
-        {"gif_no_image.gif", ML_ERR_FORMAT, "GIF has no image"},
-        {"gif_code_size1.gif", ML_ERR_FORMAT, "LZW code size 1"},
-        {"gif_short_gce.gif", ML_ERR_FORMAT, "graphic control extension of 2 bytes"},
-        {"gif_huge_65535x65535.gif", ML_ERR_TOO_LARGE, "65535x65535"},
-        {"gif_frame_past_side.gif", ML_ERR_TOO_LARGE, "66000x8"},
-    };
-    ml_image_limits lim;
-    ml_image_limits_default(&lim);
-    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++)
-        expect_seed(seeds[i].name, &lim, seeds[i].want, seeds[i].needle);
-
-    /* The size is the screen grown to the frame, from the headers alone. */
-    size_t len;
-    uint8_t *data = read_seed("gif_subframe_9x8.gif", &len);
-    ml_image_info info;
-    char err[256] = "";
-    ml_status st = ml_image_probe(data, len, &lim, &info, err, sizeof err);
-    check(st == ML_OK && info.width == 9 && info.height == 8, "GIF probe: %s %ux%u (%s)",
-          ml_status_name(st), info.width, info.height, err);
-    check(!strcmp(ml_image_media_type(data, len), "image/gif"), "GIF media type");
-    lim.max_pixels = 9 * 8 - 1;
-    expect_decode(data, len, &lim, ML_ERR_TOO_LARGE, "9x8", "GIF above the pixel limit");
-    free(data);
-}
-
+/* Hostile PNGs (png_hostile_seeds in gen_fixtures.py). Pillow refuses all
+ * but three, which it reads by its own rules and this decoder refuses:
+ * png_bad_crc_idat (Pillow checks no IDAT CRC), png_no_plte (Pillow falls
+ * back to a default palette) and png_too_few_rows (Pillow pads). */
 static void test_decode_png_errors(void)
 {
-    static const struct {
-        const char *name;
-        ml_status want;
-        const char *needle;
-    } seeds[] = {
+    static const seed_case seeds[] = {
         {"png_truncated_idat.png", ML_ERR_FORMAT, "stops after 0 of 6 rows"},
         {"png_bad_crc_ihdr.png", ML_ERR_FORMAT, "IHDR: CRC error"},
         {"png_bad_crc_idat.png", ML_ERR_FORMAT, "IDAT: CRC error"},
@@ -397,16 +370,39 @@ static void test_decode_png_errors(void)
         {"png_too_few_rows.png", ML_ERR_FORMAT, "stops after 4 of 6 rows"},
         {"png_bad_filter.png", ML_ERR_FORMAT, "filter"},
     };
-    ml_image_limits lim;
-    ml_image_limits_default(&lim);
-    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++)
-        expect_seed(seeds[i].name, &lim, seeds[i].want, seeds[i].needle);
+    expect_seeds(seeds, sizeof seeds / sizeof seeds[0]);
+    expect_header("png_rgb8_11x13.png", 11, 13, "image/png");
+}
 
-    /* The pixel limit is inclusive and checked from the IHDR. */
-    lim.max_pixels = 11 * 13;
-    expect_seed("png_rgb8_11x13.png", &lim, ML_OK, NULL);
-    lim.max_pixels = 11 * 13 - 1;
-    expect_seed("png_rgb8_11x13.png", &lim, ML_ERR_TOO_LARGE, "11x13");
+/* The WebP seeds refused (gen_fixtures.py --only seeds); Pillow refuses
+ * the first two and reads an animation's first frame. */
+static void test_decode_webp(void)
+{
+    static const seed_case seeds[] = {
+        {"webp_truncated.webp", ML_ERR_FORMAT, "truncated WebP data"},
+        {"webp_huge_16384x16384.webp", ML_ERR_TOO_LARGE, "16384x16384"},
+        {"webp_animated_4x4.webp", ML_ERR_UNSUPPORTED, "animated WebP"},
+    };
+    expect_seeds(seeds, sizeof seeds / sizeof seeds[0]);
+    expect_header("webp_alpha_lossy_6x5.webp", 6, 5, "image/webp");
+}
+
+/* The GIF seeds refused (gen_fixtures.py --only seeds): Pillow refuses each
+ * too, but for the code size of 1, which giflib decodes otherwise (decode_gif.c
+ * lists the differences), and a frame past the resampler's widest side. The
+ * size of a frame inside a larger screen is the screen's, from the headers. */
+static void test_decode_gif(void)
+{
+    static const seed_case seeds[] = {
+        {"gif_truncated.gif", ML_ERR_FORMAT, "truncated or corrupt GIF image data"},
+        {"gif_no_image.gif", ML_ERR_FORMAT, "GIF has no image"},
+        {"gif_code_size1.gif", ML_ERR_FORMAT, "LZW code size 1"},
+        {"gif_short_gce.gif", ML_ERR_FORMAT, "graphic control extension of 2 bytes"},
+        {"gif_huge_65535x65535.gif", ML_ERR_TOO_LARGE, "65535x65535"},
+        {"gif_frame_past_side.gif", ML_ERR_TOO_LARGE, "66000x8"},
+    };
+    expect_seeds(seeds, sizeof seeds / sizeof seeds[0]);
+    expect_header("gif_subframe_9x8.gif", 9, 8, "image/gif");
 }
 
 /* Flip each byte of data in turn and decode: every result must be a status
