@@ -46,7 +46,8 @@
 
 #define SIGNATURE_BYTES 6
 #define PALETTE_ENTRIES 256
-/* The graphic control extension: flags, delay (2 bytes), transparent index */
+/* The graphic control extension: flags, delay (2 bytes), transparent
+ * index; giflib hands the block over after its length byte. */
 #define GCE_BYTES 4
 #define GCE_FLAGS 1
 #define GCE_INDEX 4
