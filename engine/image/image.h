@@ -29,7 +29,8 @@
 /* Decode limits. A 50-megapixel ceiling admits every phone camera (48-50 MP
  * sensors) while bounding a decode at about 150 MB of RGB output plus, for a
  * progressive JPEG, at most 8 bytes/pixel of libjpeg coefficient buffers (a
- * PNG needs only a few rows besides the output). */
+ * WebP decodes into 4 bytes/pixel of RGBA, and a lossless one needs libwebp's
+ * own 4 more; a PNG or GIF needs only a row besides the output). */
 #define ML_IMAGE_DEFAULT_MAX_PIXELS 50000000ull
 /* Largest width or height decoded: the resampler's limit (ml_image_resize).
  * A JPEG cannot exceed it; a PNG that does is ML_ERR_TOO_LARGE. */
