@@ -282,17 +282,37 @@ static int jpeg_signature(const uint8_t *data, size_t len)
     return len >= sizeof soi && !memcmp(data, soi, sizeof soi);
 }
 
+/* The formats decoded in files of their own, told by their signatures. */
+typedef struct other_format {
+    int (*signature)(const uint8_t *data, size_t len);
+    ml_status (*probe)(const uint8_t *data, size_t len, const ml_image_limits *lim,
+                       ml_image_info *info, char *err, size_t errlen);
+    ml_status (*decode)(const uint8_t *data, size_t len, const ml_image_limits *lim,
+                        ml_image_rgb *out, char *err, size_t errlen);
+    const char *media_type;
+} other_format;
+
+static const other_format other_formats[] = {
+    {ml_image_png_signature, ml_image_png_probe, ml_image_png_decode, "image/png"},
+    {ml_image_webp_signature, ml_image_webp_probe, ml_image_webp_decode, "image/webp"},
+    {ml_image_gif_signature, ml_image_gif_probe, ml_image_gif_decode, "image/gif"},
+};
+
+/* The entry of other_formats data belongs to, or NULL. */
+static const other_format *other_format_of(const uint8_t *data, size_t len)
+{
+    for (size_t i = 0; data && i < sizeof other_formats / sizeof other_formats[0]; i++)
+        if (other_formats[i].signature(data, len))
+            return &other_formats[i];
+    return NULL;
+}
+
 const char *ml_image_media_type(const uint8_t *data, size_t len)
 {
-    if (data && ml_image_png_signature(data, len))
-        return "image/png";
-    if (data && jpeg_signature(data, len))
-        return "image/jpeg";
-    if (data && ml_image_webp_signature(data, len))
-        return "image/webp";
-    if (data && ml_image_gif_signature(data, len))
-        return "image/gif";
-    return NULL;
+    const other_format *f = other_format_of(data, len);
+    if (f)
+        return f->media_type;
+    return data && jpeg_signature(data, len) ? "image/jpeg" : NULL;
 }
 
 /* ML_ERR_UNSUPPORTED for data of no format decoded here, naming the format
@@ -326,12 +346,9 @@ ml_status ml_image_probe(const uint8_t *data, size_t len, const ml_image_limits 
                          ml_image_info *info, char *err, size_t errlen)
 {
     memset(info, 0, sizeof *info);
-    if (data && ml_image_png_signature(data, len))
-        return ml_image_png_probe(data, len, lim, info, err, errlen);
-    if (data && ml_image_webp_signature(data, len))
-        return ml_image_webp_probe(data, len, lim, info, err, errlen);
-    if (data && ml_image_gif_signature(data, len))
-        return ml_image_gif_probe(data, len, lim, info, err, errlen);
+    const other_format *f = other_format_of(data, len);
+    if (f)
+        return f->probe(data, len, lim, info, err, errlen);
     if (!data || !jpeg_signature(data, len))
         return not_decoded_here(data, len, err, errlen);
     decoder *d = decoder_create(lim);
@@ -349,12 +366,9 @@ ml_status ml_image_decode(const uint8_t *data, size_t len, const ml_image_limits
                           ml_image_rgb *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
-    if (data && ml_image_png_signature(data, len))
-        return ml_image_png_decode(data, len, lim, out, err, errlen);
-    if (data && ml_image_webp_signature(data, len))
-        return ml_image_webp_decode(data, len, lim, out, err, errlen);
-    if (data && ml_image_gif_signature(data, len))
-        return ml_image_gif_decode(data, len, lim, out, err, errlen);
+    const other_format *f = other_format_of(data, len);
+    if (f)
+        return f->decode(data, len, lim, out, err, errlen);
     if (!data || !jpeg_signature(data, len))
         return not_decoded_here(data, len, err, errlen);
 
