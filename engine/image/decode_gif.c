@@ -291,9 +291,11 @@ ml_status ml_image_gif_decode(const uint8_t *data, size_t len, const ml_image_li
             st = ml_fail(err, errlen, ML_ERR_NOMEM, "out of memory for the decoded image");
     }
     if (st == ML_OK) {
+        /* The screen around the frame, when there is any: most frames cover it. */
         const uint8_t *fill = f->rgb[f->transparent != NO_TRANSPARENCY ? f->transparent : 0];
-        for (size_t i = 0; i < (size_t)f->width * f->height; i++)
-            memcpy(pixels + i * ML_IMAGE_CHANNELS, fill, ML_IMAGE_CHANNELS);
+        if (f->w != f->width || f->h != f->height)
+            for (size_t i = 0; i < (size_t)f->width * f->height; i++)
+                memcpy(pixels + i * ML_IMAGE_CHANNELS, fill, ML_IMAGE_CHANNELS);
         st = read_rows(f, pixels, err, errlen);
     }
     if (st == ML_OK)
