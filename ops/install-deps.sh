@@ -15,6 +15,7 @@ packages=(
   librdkafka-dev kcat                # Kafka client; kcat as the independent test client
   libhiredis-dev redis-server        # Redis client; a local server for demos and tests
   libevent-dev                       # the gateway's HTTP server (evhttp) and event loop
+  libcurl4-openssl-dev openssl       # the gateway's image URL fetches; test certificates
   clang libclang-rt-dev              # libFuzzer targets in CI
   chromium chromium-driver python3-venv  # the gateway's page and client tests (tests/gateway)
 )

@@ -137,6 +137,16 @@ static const field fields[] = {
     BOOL("gateway", "create_reply_topics", gateway.create_reply_topics),
     INT("gateway", "reply_partitions", gateway.reply_partitions, 1, 1024),
     INT("gateway", "adapters_refresh_s", gateway.adapters_refresh_s, 1, 3600),
+    BOOL("gateway", "image_fetch", gateway.image_fetch),
+    BOOL("gateway", "image_fetch_http", gateway.image_fetch_http),
+    BOOL("gateway", "image_fetch_private", gateway.image_fetch_private),
+    STR("gateway", "image_fetch_hosts", gateway.image_fetch_hosts),
+    STR("gateway", "image_fetch_ca_file", gateway.image_fetch_ca_file),
+    INT("gateway", "image_fetch_timeout_ms", gateway.image_fetch_timeout_ms, 100, 600 * 1000),
+    INT("gateway", "image_fetch_redirects", gateway.image_fetch_redirects, 0, 20),
+    INT("gateway", "image_fetch_max_pending", gateway.image_fetch_max_pending, 1,
+        GATEWAY_CONNECTIONS_MAX),
+    LONG("gateway", "image_fetch_max_bytes", gateway.image_fetch_max_bytes, 1L << 20, 1L << 40),
 };
 #define N_FIELDS (sizeof fields / sizeof fields[0])
 

@@ -149,6 +149,16 @@ typedef struct svc_config {
         int create_reply_topics;         /* create missing reply topics at start */
         int reply_partitions;            /* their partitions when created */
         int adapters_refresh_s;          /* how often /v1/models's Redis adapters are listed */
+        /* http(s) image URLs, fetched by the gateway (gateway/gw_fetch.h) */
+        int image_fetch;                 /* fetch them at all */
+        int image_fetch_http;            /* http:// too, not only https:// */
+        int image_fetch_private;         /* any address, not only public ones */
+        char image_fetch_hosts[SVC_CONFIG_STR];   /* "" = any host */
+        char image_fetch_ca_file[SVC_CONFIG_STR]; /* "" = the system's trust store */
+        int image_fetch_timeout_ms;      /* one image, its redirects included */
+        int image_fetch_redirects;       /* redirects followed */
+        int image_fetch_max_pending;     /* requests waiting on their images, all tenants */
+        long image_fetch_max_bytes;      /* their images' bytes held, all together */
     } gateway;
     /* The tenants, at least one after load: the file's "tenants" array, or
      * the implicit tenant "default" on kafka.request_topic,

@@ -412,6 +412,15 @@ void gw_metrics_render(svc_gateway *g, svc_buf *b)
         svc_prom_head(b, counters[i].name, counters[i].help, "counter");
         svc_buf_printf(b, "%s %" PRIu64 "\n", counters[i].name, counters[i].v);
     }
+    svc_prom_head(b, "mllama_gateway_image_fetches_total",
+                  "image URLs fetched, by result (ok, refused, failed, too_large, busy)", "counter");
+    for (int i = 0; i < GW_FETCH_N_STATUS; i++)
+        svc_buf_printf(b, "mllama_gateway_image_fetches_total{result=\"%s\"} %" PRIu64 "\n",
+                       gw_fetch_status_name((gw_fetch_status)i), m->fetches[i]);
+    svc_prom_head(b, "mllama_gateway_image_fetches_pending",
+                  "requests waiting on their image URLs (gateway.image_fetch_max_pending)",
+                  "gauge");
+    svc_buf_printf(b, "mllama_gateway_image_fetches_pending %zu\n", g->n_fetching);
     svc_prom_head(b, "mllama_gateway_retained_bytes",
                   "bytes of every stream's event log (gateway.max_retained_bytes)", "gauge");
     svc_buf_printf(b, "mllama_gateway_retained_bytes %zu\n", g->retained_bytes);
@@ -541,6 +550,23 @@ static int check_config(svc_gateway *g, char *err, size_t errlen)
     return 0;
 }
 
+/* The image fetcher on the loop, under the gateway section's policy. */
+static int start_fetcher(svc_gateway *g, char *err, size_t errlen)
+{
+    const svc_config *c = &g->cfg;
+    gw_fetch_policy p = {
+        .allow_http = c->gateway.image_fetch_http,
+        .allow_private = c->gateway.image_fetch_private,
+        .hosts = c->gateway.image_fetch_hosts,
+        .ca_file = c->gateway.image_fetch_ca_file,
+        .timeout_ms = c->gateway.image_fetch_timeout_ms,
+        .max_redirects = c->gateway.image_fetch_redirects,
+        .max_bytes = (size_t)c->limits.max_image_bytes,
+        .max_held_bytes = (size_t)c->gateway.image_fetch_max_bytes,
+    };
+    return gw_fetcher_create(g->base, &p, &g->fetcher, err, errlen);
+}
+
 svc_gateway *svc_gateway_create(const svc_config *cfg, const char *port_file, int *code,
                                 char *err, size_t errlen)
 {
@@ -578,7 +604,8 @@ svc_gateway *svc_gateway_create(const svc_config *cfg, const char *port_file, in
         svc_gateway_destroy(g);
         return NULL;
     }
-    if (gw_adapters_create(&g->cfg, &g->adapters, err, errlen)) {
+    if (gw_adapters_create(&g->cfg, &g->adapters, err, errlen) ||
+        (g->cfg.gateway.image_fetch && start_fetcher(g, err, errlen))) {
         svc_gateway_destroy(g);
         return NULL;
     }
@@ -667,6 +694,7 @@ void svc_gateway_destroy(svc_gateway *g)
         event_free(g->sweep);
     gw_keys_free(g->keys);
     gw_adapters_destroy(g->adapters);
+    gw_fetcher_destroy(g->fetcher); /* after gw_http_stop: no request waits on it */
     if (g->base)
         event_base_free(g->base);
     free(g->table);

@@ -126,6 +126,7 @@ static void conn_free(gw_conn *c)
 {
     svc_gateway *g = c->g;
     detach(c);
+    gw_job_abort(c);
     gw_conn **at = &g->conns[ptr_hash(c->bev) & g->conns_mask];
     while (*at != c)
         at = &(*at)->hnext;

@@ -17,6 +17,7 @@
 #include "config.h"
 #include "gateway/gateway.h"
 #include "gateway/gw_auth.h"
+#include "gateway/gw_fetch.h"
 #include "gateway/gw_stream.h"
 #include "kafka/kafka.h"
 #include "metrics.h"
@@ -36,6 +37,7 @@
 typedef struct gw_conn gw_conn;
 typedef struct gw_req gw_req;
 typedef struct gw_adapters gw_adapters;
+typedef struct gw_job gw_job;
 
 /* A tenant as the gateway serves it. */
 typedef struct gw_tenant {
@@ -43,6 +45,7 @@ typedef struct gw_tenant {
     char reply_topic[SVC_TOPIC_NAME_MAX + 1]; /* this instance's */
     gw_bucket bucket;                         /* requests per second */
     int streams;                              /* requests running */
+    int fetching;                             /* requests waiting on their image URLs */
     uint64_t requests;                        /* accepted, for the metric */
 } gw_tenant;
 
@@ -88,11 +91,13 @@ struct gw_conn {
     gw_sub_mode mode;
     size_t next_event;                 /* the stream's next event to write */
     struct event *keepalive;           /* owned: SSE comments while idle */
+    gw_job *job;                       /* owned: its request's image fetches, or NULL */
     bool dispatched;
 };
 
 typedef struct gw_metrics {
     uint64_t resumes, continuations, divergences, abandoned, cancels;
+    uint64_t fetches[GW_FETCH_N_STATUS]; /* image URLs fetched, by how they ended */
     svc_hist_val ttfb;
     size_t n_errors;
     struct {
@@ -112,6 +117,8 @@ struct svc_gateway {
     struct event *sweep;             /* owned: retention and producer polls */
     gw_keys *keys;                   /* owned; NULL without authentication */
     gw_adapters *adapters;           /* owned: Redis's adapter names; NULL without Redis */
+    gw_fetcher *fetcher;             /* owned: image URLs; NULL when gateway.image_fetch is off */
+    size_t n_fetching;               /* requests waiting on their image URLs */
     gw_tenant *tenants;              /* owned, cfg.n_tenants */
     size_t n_tenants;
     /* Kafka */
@@ -194,6 +201,8 @@ void gw_adapters_each(gw_adapters *a, void (*fn)(void *ctx, const char *name), v
 
 /* Answer c's request (c->req, dispatched): the route its method and path name. */
 void gw_route(gw_conn *c);
+/* c is closing: stop its request's image fetches (c->job) without answering. */
+void gw_job_abort(gw_conn *c);
 
 /* ---- gw_http.c ---------------------------------------------------------------- */
 

@@ -6,6 +6,9 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <strings.h>
 #include <event2/buffer.h>
 #include <event2/http.h>
 #include <stdio.h>
@@ -13,8 +16,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine.h"
 #include "gateway/gw_assets.h"
 #include "gateway/gw_internal.h"
+#include "protocol/base64.h"
 
 #define CHAT_PATH "/v1/chat/completions"
 #define MODELS_PATH "/v1/models"
@@ -60,9 +65,9 @@ static const char *body_of(gw_conn *c, size_t *len)
 /* Rewrite the client's body into the worker's request (see the brief in
  * service/README.md, "The gateway"): stream forced on, a seed when none,
  * model mapped, the fields the headers own removed. Fills params and the
- * deadline. Returns the text (owned) or NULL after answering 400. */
-static char *rewrite(gw_conn *c, gw_stream_params *p, bool *stream, int64_t *deadline_ms,
-                     char *model, size_t model_len)
+ * deadline. Returns the tree (owned) or NULL after answering 400. */
+static cJSON *rewrite(gw_conn *c, gw_stream_params *p, bool *stream, int64_t *deadline_ms,
+                      char *model, size_t model_len)
 {
     svc_gateway *g = c->g;
     size_t len;
@@ -115,13 +120,280 @@ static char *rewrite(gw_conn *c, gw_stream_params *p, bool *stream, int64_t *dea
         cJSON_AddNumberToObject(root, "seed", (double)gw_random_seed());
     if (strcmp(model, g->model) && !cJSON_HasObjectItem(root, "adapter"))
         cJSON_AddStringToObject(root, "adapter", model);
-    char *out = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
     p->model = model;
     p->created = (int64_t)time(NULL);
-    if (!out)
+    return root;
+}
+
+/* What a chat request carries from its admission to its produce. */
+typedef struct chat_req {
+    size_t tenant;
+    gw_stream_params p;     /* p.model points at model */
+    char model[256];
+    bool stream;
+    int64_t deadline_ms;
+} chat_req;
+
+/* Produce the rewritten request (root, consumed) and attach c to its stream. */
+static void produce(gw_conn *c, const chat_req *q, cJSON *root)
+{
+    svc_gateway *g = c->g;
+    char *body = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!body) {
         gw_send_error(c, "internal", "out of memory", 0);
-    return out;
+        return;
+    }
+    size_t len = strlen(body);
+    const char *code;
+    char msg[256];
+    gw_req *r = NULL;
+    if (len > (size_t)g->cfg.limits.max_request_bytes) {
+        code = "request_too_large";
+        snprintf(msg, sizeof msg, "The request is %zu bytes with its images, over the limit of "
+                                  "%ld.", len, g->cfg.limits.max_request_bytes);
+    } else {
+        gw_stream_params p = q->p;
+        p.completion_only = !q->stream;
+        r = gw_request_start(g, q->tenant, body, len, &p, q->deadline_ms, &code, msg,
+                             sizeof msg);
+    }
+    free(body);
+    if (!r) {
+        gw_send_error(c, code, msg, 0);
+        return;
+    }
+    gw_attach(c, r, q->stream ? GW_SUB_SSE_PENDING : GW_SUB_COMPLETION, 0);
+    if (q->stream)
+        gw_arm_keepalive(c);
+}
+
+/* ---- image URLs ---------------------------------------------------------------------- */
+
+/* One image a request names by http(s) URL. */
+typedef struct job_image {
+    gw_job *job;
+    cJSON *parent, *item;   /* borrowed from job->root: the URL string and its holder */
+    char where[96];         /* "messages[i].content[j].image_url.url", for errors */
+    gw_fetch *fetch;        /* running, or NULL */
+    size_t held;            /* its data URL's bytes, counted by gw_fetcher_hold */
+} job_image;
+
+/* A chat request waiting on its image URLs (gw_fetch.h): the rewritten
+ * body, parsed, whose URL strings become data: URLs as the fetches end;
+ * produced once the last has. */
+struct gw_job {
+    gw_conn *c;
+    chat_req q;
+    cJSON *root;            /* owned */
+    size_t n, left;         /* images, and those still fetching */
+    job_image images[];
+};
+
+static bool is_fetched_scheme(const char *url)
+{
+    return !strncasecmp(url, "https://", 8) || !strncasecmp(url, "http://", 7);
+}
+
+/* The image URLs of root's messages (content parts {"type": "image_url",
+ * "image_url": URL or {"url": URL}}): each one's holder, string and place
+ * into out (when not NULL) up to cap. Returns how many there are. The rest
+ * (data: URLs, other parts, malformed ones) is the worker's to judge. */
+static size_t find_image_urls(cJSON *root, job_image *out, size_t cap)
+{
+    size_t n = 0, mi = 0;
+    cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    for (cJSON *m = cJSON_IsArray(msgs) ? msgs->child : NULL; m; m = m->next, mi++) {
+        cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        size_t pi = 0;
+        for (cJSON *part = cJSON_IsArray(content) ? content->child : NULL; part;
+             part = part->next, pi++) {
+            cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+            if (!cJSON_IsString(type) || strcmp(type->valuestring, "image_url"))
+                continue;
+            cJSON *parent = part, *item = cJSON_GetObjectItemCaseSensitive(part, "image_url");
+            bool object = cJSON_IsObject(item);
+            if (object) {
+                parent = item;
+                item = cJSON_GetObjectItemCaseSensitive(item, "url");
+            }
+            if (!cJSON_IsString(item) || !is_fetched_scheme(item->valuestring))
+                continue;
+            if (out && n < cap) {
+                out[n].parent = parent;
+                out[n].item = item;
+                snprintf(out[n].where, sizeof out[n].where, "messages[%zu].content[%zu].%s", mi,
+                         pi, object ? "image_url.url" : "image_url");
+            }
+            n++;
+        }
+    }
+    return n;
+}
+
+/* Stop j's fetches, give back its counts and bytes, and free it (c->job is
+ * the caller's to clear). */
+static void job_free(gw_job *j)
+{
+    svc_gateway *g = j->c->g;
+    for (size_t i = 0; i < j->n; i++) {
+        if (j->images[i].fetch)
+            gw_fetch_cancel(j->images[i].fetch);
+        gw_fetcher_hold(g->fetcher, -(long long)j->images[i].held);
+    }
+    g->n_fetching--;
+    g->tenants[j->q.tenant].fetching--;
+    cJSON_Delete(j->root);
+    free(j);
+}
+
+void gw_job_abort(gw_conn *c)
+{
+    if (c->job)
+        job_free(c->job);
+    c->job = NULL;
+}
+
+/* End j with an error answer. */
+static void job_fail(gw_job *j, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void job_fail(gw_job *j, const char *code, const char *fmt, ...)
+{
+    gw_conn *c = j->c;
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    c->job = NULL;
+    job_free(j);
+    gw_send_error(c, code, msg, 0);
+}
+
+/* The URL string of im becomes a data: URL of the bytes, labelled by their
+ * signature. Returns false after failing the job. */
+static bool inline_image(job_image *im, const uint8_t *data, size_t len)
+{
+    gw_job *j = im->job;
+    const char *type = ml_image_media_type(data, len);
+    if (!type) {
+        job_fail(j, "invalid_image_url", "%s: what the URL holds is not a JPEG, PNG, WebP or GIF "
+                                         "image", im->where);
+        return false;
+    }
+    char prefix[64];
+    int plen = snprintf(prefix, sizeof prefix, "data:%s;base64,", type);
+    size_t n = (size_t)plen + svc_base64_encoded_len(len);
+    char *url = malloc(n + 1);
+    cJSON *s = url ? cJSON_CreateString("") : NULL;
+    if (!s) {
+        free(url);
+        job_fail(j, "internal", "out of memory");
+        return false;
+    }
+    memcpy(url, prefix, (size_t)plen);
+    svc_base64_encode(data, len, url + plen);
+    /* The string moves into the tree as it is, not copied a second time. */
+    cJSON_free(s->valuestring);
+    s->valuestring = url;
+    cJSON_ReplaceItemViaPointer(im->parent, im->item, s);
+    im->item = s;
+    im->held = n + 1;
+    gw_fetcher_hold(j->c->g->fetcher, (long long)im->held);
+    return true;
+}
+
+static void on_image(void *arg, gw_fetch_status st, const uint8_t *data, size_t len,
+                     const char *why)
+{
+    job_image *im = arg;
+    gw_job *j = im->job;
+    svc_gateway *g = j->c->g;
+    im->fetch = NULL;
+    g->m.fetches[st]++;
+    if (st != GW_FETCH_OK) {
+        const char *code = st == GW_FETCH_TOO_LARGE ? "image_too_large"
+                           : st == GW_FETCH_BUSY    ? "overloaded"
+                                                    : "invalid_image_url";
+        job_fail(j, code, "%s: %s", im->where, why);
+        return;
+    }
+    if (!inline_image(im, data, len) || --j->left > 0)
+        return;
+    gw_conn *c = j->c;
+    chat_req q = j->q;
+    cJSON *root = j->root;
+    j->root = NULL;
+    q.p.model = q.model; /* the copy's own */
+    c->job = NULL;
+    job_free(j);
+    if (g->draining) {
+        cJSON_Delete(root);
+        gw_send_error(c, "not_ready", "The gateway is shutting down: retry on another instance.",
+                      DRAIN_RETRY_AFTER_S);
+        return;
+    }
+    produce(c, &q, root);
+}
+
+/* Fetch the n image URLs of root (find_image_urls) for c's request, then
+ * produce it. Answers at once when one is refused or nothing can start. */
+static void start_job(gw_conn *c, const chat_req *q, cJSON *root, size_t n)
+{
+    svc_gateway *g = c->g;
+    const svc_config *cfg = &g->cfg;
+    if (n > (size_t)cfg->runtime.max_images_per_request) {
+        cJSON_Delete(root);
+        char msg[128];
+        snprintf(msg, sizeof msg, "more than %d images", cfg->runtime.max_images_per_request);
+        gw_send_error(c, "invalid_request", msg, 0);
+        return;
+    }
+    gw_job *j = calloc(1, sizeof *j + n * sizeof j->images[0]);
+    if (!j) {
+        cJSON_Delete(root);
+        gw_send_error(c, "internal", "out of memory", 0);
+        return;
+    }
+    j->c = c;
+    j->q = *q;
+    j->q.p.model = j->q.model;
+    j->root = root;
+    j->n = j->left = n;
+    find_image_urls(root, j->images, n);
+    g->n_fetching++;
+    g->tenants[q->tenant].fetching++;
+    c->job = j;
+    for (size_t i = 0; i < n; i++)
+        j->images[i].job = j;
+    if (!g->fetcher) {
+        job_fail(j, "invalid_image_url", "%s: this gateway does not fetch image URLs "
+                 "(gateway.image_fetch is off): send the image as a data: URL",
+                 j->images[0].where);
+        return;
+    }
+    char why[384];
+    for (size_t i = 0; i < n; i++)
+        if (!gw_fetch_url_allowed(gw_fetcher_policy(g->fetcher), j->images[i].item->valuestring,
+                                  why, sizeof why)) {
+            job_fail(j, "invalid_image_url", "%s: %s", j->images[i].where, why);
+            return;
+        }
+    int64_t left_ms = q->deadline_ms - svc_wall_ms();
+    if (left_ms <= 0) {
+        job_fail(j, "deadline_exceeded", "The request's deadline passed before its images "
+                 "were fetched.");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        job_image *im = &j->images[i];
+        im->fetch = gw_fetch_start(g->fetcher, im->item->valuestring,
+                                   left_ms < INT_MAX ? (int)left_ms : INT_MAX, on_image, im);
+        if (!im->fetch) {
+            job_fail(j, "internal", "out of memory");
+            return;
+        }
+    }
 }
 
 /* ---- routes ------------------------------------------------------------------------- */
@@ -144,11 +416,12 @@ static void chat(gw_conn *c)
                    retry);
         return;
     }
-    if (ten->streams >= ten->t->max_streams) {
+    /* A request waiting on its images holds a stream's place already. */
+    if (ten->streams + ten->fetching >= ten->t->max_streams) {
         gw_send_error(c, "too_many_streams", "Too many streams open for this key's tenant.", 1);
         return;
     }
-    if (g->n_running >= (size_t)g->cfg.gateway.max_streams) {
+    if (g->n_running + g->n_fetching >= (size_t)g->cfg.gateway.max_streams) {
         gw_send_error(c, "overloaded", "The gateway holds as many streams as it may.", 1);
         return;
     }
@@ -160,26 +433,22 @@ static void chat(gw_conn *c)
         gw_send_error(c, "kafka_unavailable", "The gateway cannot reach the workers.", 1);
         return;
     }
-    gw_stream_params p = {0};
-    bool stream;
-    int64_t deadline_ms;
-    char model[256];
-    char *body = rewrite(c, &p, &stream, &deadline_ms, model, sizeof model);
-    if (!body)
+    chat_req q = {.tenant = (size_t)t};
+    cJSON *root = rewrite(c, &q.p, &q.stream, &q.deadline_ms, q.model, sizeof q.model);
+    if (!root)
         return;
-    const char *code;
-    char msg[256];
-    p.completion_only = !stream;
-    gw_req *r = gw_request_start(g, (size_t)t, body, strlen(body), &p, deadline_ms, &code, msg,
-                                 sizeof msg);
-    free(body);
-    if (!r) {
-        gw_send_error(c, code, msg, 0);
+    size_t n = find_image_urls(root, NULL, 0);
+    if (n == 0) {
+        produce(c, &q, root);
         return;
     }
-    gw_attach(c, r, stream ? GW_SUB_SSE_PENDING : GW_SUB_COMPLETION, 0);
-    if (stream)
-        gw_arm_keepalive(c);
+    if (g->n_fetching >= (size_t)g->cfg.gateway.image_fetch_max_pending) {
+        cJSON_Delete(root);
+        gw_send_error(c, "overloaded", "The gateway is fetching as many requests' images as it "
+                      "may.", 1);
+        return;
+    }
+    start_job(c, &q, root, n);
 }
 
 /* "/v1/chat/completions/{id}/<verb>": the request of the caller's tenant,

@@ -826,6 +826,7 @@ int gw_http_status_of(const char *code)
         {"invalid_request", 400},
         {"invalid_image", 400},
         {"image_too_large", 400},
+        {"invalid_image_url", 400},
         {"context_length_exceeded", 400},
         {"reply_too_large", 400},
         {"invalid_api_key", 401},

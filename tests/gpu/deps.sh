@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Gather the full build's C dependencies for a lent GPU machine, which is
 # offline and has none of them: Debian 12's packages of cJSON, libjpeg,
-# libpng, librdkafka, hiredis and libevent (headers, .pc files, libraries),
-# pkg-config, and the redis-server and kcat that test_worker_cuda runs,
+# libpng, libwebp, giflib, librdkafka, hiredis, libevent and libcurl (headers,
+# .pc files, libraries), pkg-config, and the redis-server and kcat that test_worker_cuda runs,
 # unpacked into .gpu-deps/ of the repository root (ignored by git; the device
 # tool carries it). check.sh finds it there and builds with the CMake build
 # (every gpu-labelled test) instead of the direct one (the op tests only).
@@ -20,9 +20,14 @@ DEST=$ROOT/.gpu-deps
 # The build's libraries and their run-time needs that a bare CUDA image may
 # lack (it has libc, libstdc++ and the compilers).
 PACKAGES=(libcjson1 libcjson-dev libjpeg62-turbo libjpeg62-turbo-dev libpng16-16 libpng-dev
-          zlib1g zlib1g-dev librdkafka1 librdkafka++1 librdkafka-dev libhiredis0.14 libhiredis-dev
+          zlib1g zlib1g-dev libwebp7 libwebpdemux2 libwebpmux3 libwebp-dev libgif7 libgif-dev
+          librdkafka1 librdkafka++1 librdkafka-dev libhiredis0.14 libhiredis-dev
           libevent-2.1-7 libevent-core-2.1-7 libevent-extra-2.1-7 libevent-openssl-2.1-7
           libevent-pthreads-2.1-7 libevent-dev libsasl2-2 libssl3
+          libcurl4 libcurl4-openssl-dev libnghttp2-14 libpsl5 librtmp1 libssh2-1 libbrotli1
+          libidn2-0 libunistring2 libldap-2.5-0 libgssapi-krb5-2 libkrb5-3 libk5crypto3
+          libkrb5support0 libkeyutils1 libcom-err2 libgnutls30 libhogweed6 libnettle8 libgmp10
+          libp11-kit0 libtasn1-6 libffi8
           libzstd1 liblz4-1 liblzma5
           pkgconf pkgconf-bin libpkgconf3
           redis-server redis-tools libjemalloc2 liblzf1 libatomic1 libsystemd0 libcap2 libgcrypt20
