@@ -173,7 +173,7 @@ static void produce(gw_conn *c, const chat_req *q, cJSON *root)
 /* One image a request names by http(s) URL. */
 typedef struct job_image {
     gw_job *job;
-    cJSON *parent, *item;   /* borrowed from job->root: the URL string and its holder */
+    cJSON *item;            /* borrowed from job->root: the URL's string */
     char where[96];         /* "messages[i].content[j].image_url.url", for errors */
     gw_fetch *fetch;        /* running, or NULL */
     size_t held;            /* its data URL's bytes, counted by gw_fetcher_hold */
@@ -196,8 +196,7 @@ static bool is_fetched_scheme(const char *url)
 }
 
 /* The image URLs of root's messages (content parts {"type": "image_url",
- * "image_url": URL or {"url": URL}}): each one's holder, string and place
- * into out (when not NULL) up to cap. Returns how many there are. The rest
+ * "image_url": URL or {"url": URL}}): each one's string and place into out (when not NULL) up to cap. Returns how many there are. The rest
  * (data: URLs, other parts, malformed ones) is the worker's to judge. */
 static size_t find_image_urls(cJSON *root, job_image *out, size_t cap)
 {
@@ -211,16 +210,13 @@ static size_t find_image_urls(cJSON *root, job_image *out, size_t cap)
             cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
             if (!cJSON_IsString(type) || strcmp(type->valuestring, "image_url"))
                 continue;
-            cJSON *parent = part, *item = cJSON_GetObjectItemCaseSensitive(part, "image_url");
+            cJSON *item = cJSON_GetObjectItemCaseSensitive(part, "image_url");
             bool object = cJSON_IsObject(item);
-            if (object) {
-                parent = item;
+            if (object)
                 item = cJSON_GetObjectItemCaseSensitive(item, "url");
-            }
             if (!cJSON_IsString(item) || !is_fetched_scheme(item->valuestring))
                 continue;
             if (out && n < cap) {
-                out[n].parent = parent;
                 out[n].item = item;
                 snprintf(out[n].where, sizeof out[n].where, "messages[%zu].content[%zu].%s", mi,
                          pi, object ? "image_url.url" : "image_url");
@@ -284,20 +280,16 @@ static bool inline_image(job_image *im, const uint8_t *data, size_t len)
     char prefix[64];
     int plen = snprintf(prefix, sizeof prefix, "data:%s;base64,", type);
     size_t n = (size_t)plen + svc_base64_encoded_len(len);
-    char *url = malloc(n + 1);
-    cJSON *s = url ? cJSON_CreateString("") : NULL;
-    if (!s) {
-        free(url);
+    /* The string is written in place of the URL's, not built and copied. */
+    char *url = cJSON_malloc(n + 1);
+    if (!url) {
         job_fail(j, "internal", "out of memory");
         return false;
     }
     memcpy(url, prefix, (size_t)plen);
     svc_base64_encode(data, len, url + plen);
-    /* The string moves into the tree as it is, not copied a second time. */
-    cJSON_free(s->valuestring);
-    s->valuestring = url;
-    cJSON_ReplaceItemViaPointer(im->parent, im->item, s);
-    im->item = s;
+    cJSON_free(im->item->valuestring);
+    im->item->valuestring = url;
     im->held = n + 1;
     gw_fetcher_hold(j->c->g->fetcher, (long long)im->held);
     return true;

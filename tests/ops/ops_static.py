@@ -1082,7 +1082,8 @@ GATEWAY_SERIES = ('mllama_gateway_connections_open', 'mllama_gateway_streams_ope
                   'mllama_gateway_ttfb_seconds', 'mllama_gateway_resumes_total',
                   'mllama_gateway_continuations_total', 'mllama_gateway_divergences_total',
                   'mllama_gateway_abandoned_total', 'mllama_gateway_cancels_total',
-                  'mllama_gateway_retained_bytes')
+                  'mllama_gateway_retained_bytes', 'mllama_gateway_image_fetches_total',
+                  'mllama_gateway_image_fetches_pending')
 
 
 def gateway_config(config):

@@ -13,6 +13,10 @@
  * - n = 2, streamed and not: chunks of one choice each (index, role in each
  *   choice's first, one finish_reason each), the usage chunk; stream: false
  *   the same two texts as the completion's two choices.
+ * - An image URL (http on loopback, as gateway_sets allow): fetched by the
+ *   gateway, the same tokens as the same bytes inline; a 404 and a page
+ *   that is not an image are 400 invalid_image_url naming the part; the
+ *   fetches counted by result.
  * - A request the worker refuses (max_tokens 0) is that error's status and
  *   OpenAI error object, before any SSE byte.
  * - GET /v1/models: the base model, and the adapters stored in Redis
@@ -35,6 +39,7 @@
  *   sanitizer report in either log.
  * Skipped (77) without redis-server. */
 #include "gw_client.h"
+#include "img_server.h"
 
 #define IMAGE ML_SOURCE_DIR "/tests/golden/fixtures/images/ex_640x480.jpg"
 #define CALL_MS 30000        /* one request through the gateway */
@@ -57,13 +62,16 @@
 
 static pu_stack st;
 static gwt_gateway gw;
+static img_server img; /* the image URLs' web server */
 static char *image_part;
 
 /* drain.grace_ms is as short as ABANDON_MS, for the same reason: a long
  * stream outlives it. */
+/* The image URLs' server is on loopback, plain HTTP. */
 static const char *const gateway_sets[] = {"gateway.abandon_ms=300", "gateway.keepalive_s=1",
                                            "drain.grace_ms=300", "gateway.adapters_refresh_s=1",
-                                           NULL};
+                                           "gateway.image_fetch_http=true",
+                                           "gateway.image_fetch_private=true", NULL};
 _Static_assert(ABANDON_MS == 300, "gateway_sets spells ABANDON_MS");
 #define REFRESH_MS 1000 /* gateway.adapters_refresh_s of gateway_sets */
 _Static_assert(REFRESH_MS == 1000, "gateway_sets spells REFRESH_MS");
@@ -297,8 +305,10 @@ static void test_choices(void)
 /* ---- errors -------------------------------------------------------------------------- */
 
 /* One call's status and error code. */
-static void check_error(const char *method, const char *path, const char *body, int status,
-                        const char *code)
+/* The request answers the OpenAI error object of status and code, whose
+ * message contains says (unless NULL). */
+static void check_error_says(const char *method, const char *path, const char *body, int status,
+                             const char *code, const char *says)
 {
     gwt_response r;
     check(gwt_call(gw.port, method, path, NULL, body, &r, CALL_MS), "%s %s answered", method, path);
@@ -309,8 +319,17 @@ static void check_error(const char *method, const char *path, const char *body, 
     check(pu_json_str(j, PU_PATH("error", "message")) && pu_json_str(j, PU_PATH("error", "type")) &&
               cJSON_IsNull(pu_json_at(j, PU_PATH("error", "param"))),
           "OpenAI error object: %.200s", r.body ? r.body : "");
+    const char *msg = pu_json_str(j, PU_PATH("error", "message"));
+    if (says)
+        check(msg && strstr(msg, says), "the message says '%s': %s", says, msg ? msg : "(none)");
     cJSON_Delete(j);
     gwt_response_free(&r);
+}
+
+static void check_error(const char *method, const char *path, const char *body, int status,
+                        const char *code)
+{
+    check_error_says(method, path, body, status, code, NULL);
 }
 
 static void test_errors(void)
@@ -342,6 +361,53 @@ static void test_errors(void)
           r.body ? r.body : "");
     cJSON_Delete(j);
     gwt_response_free(&r);
+}
+
+/* ---- image URLs ---------------------------------------------------------------------- */
+
+/* A chat body whose one image is http://127.0.0.1:<img.port><path>. */
+static char *url_body(const char *path, const char *extra)
+{
+    char part[256];
+    snprintf(part, sizeof part,
+             "{\"type\":\"image_url\",\"image_url\":{\"url\":\"http://127.0.0.1:%d%s\"}}",
+             img.port, path);
+    return gwt_chat_body("Describe the image.", part, extra);
+}
+
+/* The gateway fetches the image a URL names and the worker answers the
+ * same tokens as for the same bytes inline; what the URL does not give
+ * (a 404, a page that is not an image) is a 400 invalid_image_url naming
+ * the content part, and the fetches are counted by result. */
+static void test_image_urls(void)
+{
+    char *body = url_body("/img", "\"stream\":true,\"max_tokens\":8," SEED);
+    gwt_response r;
+    check(gwt_call(gw.port, "POST", "/v1/chat/completions", NULL, body, &r, CALL_MS),
+          "image URL stream answered");
+    char id[64] = "";
+    check(r.status == 200 && gwt_header(&r, "X-Request-Id", id, sizeof id), "200 %d: %.300s",
+          r.status, r.body ? r.body : "");
+    char *text = r.status == 200 && r.body ? sse_text(r.body, id, "micro") : NULL;
+    check(text && stream_text && !strcmp(text, stream_text),
+          "the URL's image answers as the same bytes inline: '%s' vs '%s'", text ? text : "",
+          stream_text ? stream_text : "");
+    free(text);
+    gwt_response_free(&r);
+    free(body);
+    body = url_body("/missing", "\"max_tokens\":8");
+    check_error_says("POST", "/v1/chat/completions", body, 400, "invalid_image_url",
+                     "messages[0].content[0].image_url.url: the server answered HTTP 404");
+    free(body);
+    body = url_body("/text", "\"max_tokens\":8");
+    check_error_says("POST", "/v1/chat/completions", body, 400, "invalid_image_url",
+                     "not a JPEG, PNG, WebP or GIF image");
+    free(body);
+    check(metric(gw.ops_port, "mllama_gateway_image_fetches_total{result=\"ok\"}") == 2,
+          "two fetched (the image and the page)");
+    check(metric(gw.ops_port, "mllama_gateway_image_fetches_total{result=\"failed\"}") == 1,
+          "one failed (the 404)");
+    check(metric(gw.ops_port, "mllama_gateway_image_fetches_pending") == 0, "none pending");
 }
 
 /* ---- resume, cancel, abandon ------------------------------------------------------------ */
@@ -490,9 +556,10 @@ int main(void)
     pu_stack_start(&st, "gw", GWT_TOPICS);
     size_t len;
     char sha[ML_SHA256_HEX_SIZE];
-    uint8_t *img = pu_slurp_image(IMAGE, &len, sha);
-    image_part = pu_image_part(img, len);
-    free(img);
+    uint8_t *bytes = pu_slurp_image(IMAGE, &len, sha);
+    image_part = pu_image_part(bytes, len);
+    if (!img_server_start(&img, bytes, len))
+        pu_die("image server");
     if (!pu_worker_start(&st.workers[0], &st.env, "w1", NULL) ||
         !pu_wait_assigned(&st.workers[0], PU_START_MS))
         pu_die("worker start");
@@ -504,6 +571,7 @@ int main(void)
     int64_t t0 = pu_now_ms();
     test_stream_curl();
     test_stream_socket_and_completion();
+    test_image_urls();
     test_include_usage();
     test_choices();
     test_errors();
@@ -515,6 +583,8 @@ int main(void)
     fprintf(stderr, "gateway tests: %.1f s\n", (pu_now_ms() - t0) / 1000.0);
     pu_check_log_clean(gw.proc.log);
     pu_worker_drain(&st.workers[0]);
+    img_server_stop(&img);
+    free(bytes);
     free(stream_text);
     free(image_part);
     return check_done();
