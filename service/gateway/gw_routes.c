@@ -6,14 +6,16 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/http.h>
 #include <limits.h>
 #include <stdarg.h>
-#include <strings.h>
-#include <event2/buffer.h>
-#include <event2/http.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "engine.h"
@@ -184,6 +186,7 @@ typedef struct job_image {
  * produced once the last has. */
 struct gw_job {
     gw_conn *c;
+    struct event *watch;    /* owned: the client's socket, for its leaving */
     chat_req q;
     cJSON *root;            /* owned */
     size_t n, left;         /* images, and those still fetching */
@@ -239,6 +242,8 @@ static void job_free(gw_job *j)
     }
     g->n_fetching--;
     g->tenants[j->q.tenant].fetching--;
+    if (j->watch)
+        event_free(j->watch);
     cJSON_Delete(j->root);
     free(j);
 }
@@ -328,6 +333,23 @@ static void on_image(void *arg, gw_fetch_status st, const uint8_t *data, size_t 
     produce(c, &q, root);
 }
 
+/* The client's socket is readable while its request waits on images:
+ * evhttp reads nothing more from a connection until its answer, so this is
+ * how a client that left is seen before the fetches' timeout. End of file
+ * or an error ends the job (the answer's write then fails and evhttp closes
+ * the connection); bytes (a pipelined request) are left for evhttp. */
+static void on_client_readable(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    gw_job *j = arg;
+    char byte;
+    ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        job_fail(j, "cancelled", "The client closed the connection.");
+    else if (n < 0)
+        event_add(j->watch, NULL);
+}
+
 /* Fetch the n image URLs of root (find_image_urls) for c's request, then
  * produce it. Answers at once when one is refused or nothing can start. */
 static void start_job(gw_conn *c, const chat_req *q, cJSON *root, size_t n)
@@ -358,6 +380,11 @@ static void start_job(gw_conn *c, const chat_req *q, cJSON *root, size_t n)
     c->job = j;
     for (size_t i = 0; i < n; i++)
         j->images[i].job = j;
+    j->watch = event_new(g->base, bufferevent_getfd(c->bev), EV_READ, on_client_readable, j);
+    if (!j->watch || event_add(j->watch, NULL)) {
+        job_fail(j, "internal", "out of memory");
+        return;
+    }
     if (!g->fetcher) {
         job_fail(j, "invalid_image_url", "%s: this gateway does not fetch image URLs "
                  "(gateway.image_fetch is off): send the image as a data: URL",

@@ -16,7 +16,8 @@
  * - An image URL (http on loopback, as gateway_sets allow): fetched by the
  *   gateway, the same tokens as the same bytes inline; a 404 and a page
  *   that is not an image are 400 invalid_image_url naming the part; the
- *   fetches counted by result.
+ *   fetches counted by result; a client that leaves while its image is
+ *   still coming leaves nothing pending.
  * - A request the worker refuses (max_tokens 0) is that error's status and
  *   OpenAI error object, before any SSE byte.
  * - GET /v1/models: the base model, and the adapters stored in Redis
@@ -56,6 +57,7 @@
 #define ABANDON_MS 300       /* gateway.abandon_ms of this test */
 #define CANCEL_MS 20000      /* a cancel reaching the worker and its final back */
 #define SEED "\"seed\":1234"
+#define LEAVE_MS 5000        /* a client's close seen while its image is fetched */
 #define ERR_BODY_MAX 4096
 /* An adapter stored in Redis: /v1/models lists it by its key alone. */
 #define REDIS_ADAPTER "redis-only-adapter"
@@ -408,6 +410,23 @@ static void test_image_urls(void)
     check(metric(gw.ops_port, "mllama_gateway_image_fetches_total{result=\"failed\"}") == 1,
           "one failed (the 404)");
     check(metric(gw.ops_port, "mllama_gateway_image_fetches_pending") == 0, "none pending");
+
+    /* A client that leaves while its image is still coming: the fetch is
+     * stopped with its connection (no answer, no leak, nothing pending). */
+    body = url_body("/slow", "\"max_tokens\":8");
+    int fd = gwt_send_request(gw.port, "POST", "/v1/chat/completions", NULL, body, CALL_MS);
+    check(fd >= 0, "slow image request sent");
+    bool pending = false;
+    for (int64_t end = pu_now_ms() + CALL_MS; !pending && pu_now_ms() < end; pu_sleep_ms(20))
+        pending = metric(gw.ops_port, "mllama_gateway_image_fetches_pending") == 1;
+    check(pending, "the request waits on its image");
+    close(fd);
+    /* Well within the fetch's own timeout (gateway.image_fetch_timeout_ms,
+     * 10 s): the gateway sees the socket close. */
+    for (int64_t end = pu_now_ms() + LEAVE_MS; pending && pu_now_ms() < end; pu_sleep_ms(20))
+        pending = metric(gw.ops_port, "mllama_gateway_image_fetches_pending") != 0;
+    check(!pending, "the client left: nothing pending within %d ms", LEAVE_MS);
+    free(body);
 }
 
 /* ---- resume, cancel, abandon ------------------------------------------------------------ */
