@@ -199,8 +199,9 @@ static bool is_fetched_scheme(const char *url)
 }
 
 /* The image URLs of root's messages (content parts {"type": "image_url",
- * "image_url": URL or {"url": URL}}): each one's string and place into out (when not NULL) up to cap. Returns how many there are. The rest
- * (data: URLs, other parts, malformed ones) is the worker's to judge. */
+ * "image_url": URL or {"url": URL}}): each one's string and place into out
+ * (when not NULL) up to cap. Returns how many there are. The rest (data:
+ * URLs, other parts, malformed ones) is the worker's to judge. */
 static size_t find_image_urls(cJSON *root, job_image *out, size_t cap)
 {
     size_t n = 0, mi = 0;
