@@ -12,6 +12,7 @@ packages=(
   libpng-dev                         # PNG decode
   libwebp-dev                        # WebP decode
   libgif-dev                         # GIF decode (giflib)
+  libtiff-dev                        # TIFF decode (scanned documents)
   librdkafka-dev kcat                # Kafka client; kcat as the independent test client
   libhiredis-dev redis-server        # Redis client; a local server for demos and tests
   libevent-dev                       # the gateway's HTTP server (evhttp) and event loop

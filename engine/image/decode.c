@@ -142,8 +142,6 @@ static const char *format_name(const uint8_t *data, size_t len)
         size_t magic_len;
     } formats[] = {
         {"BMP", 0, "BM", 2},
-        {"TIFF", 0, "II*\0", 4},
-        {"TIFF", 0, "MM\0*", 4},
         {"HEIF/AVIF", 4, "ftyp", 4},
     };
     for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
@@ -296,6 +294,7 @@ static const other_format other_formats[] = {
     {ml_image_png_signature, ml_image_png_probe, ml_image_png_decode, "image/png"},
     {ml_image_webp_signature, ml_image_webp_probe, ml_image_webp_decode, "image/webp"},
     {ml_image_gif_signature, ml_image_gif_probe, ml_image_gif_decode, "image/gif"},
+    {ml_image_tiff_signature, ml_image_tiff_probe, ml_image_tiff_decode, "image/tiff"},
 };
 
 /* The entry of other_formats data belongs to, or NULL. */
@@ -323,9 +322,10 @@ static ml_status not_decoded_here(const uint8_t *data, size_t len, char *err, si
                             : NULL;
     if (name)
         return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
-                       "%s images are not supported (JPEG, PNG, WebP and GIF only)", name);
+                       "%s images are not supported (JPEG, PNG, WebP, GIF and TIFF only)", name);
     return ml_fail(err, errlen, ML_ERR_UNSUPPORTED,
-                   "not a JPEG, PNG, WebP or GIF image (unrecognised signature, %zu bytes)", len);
+                   "not a JPEG, PNG, WebP, GIF or TIFF image (unrecognised signature, %zu bytes)",
+                   len);
 }
 
 /* A decoder with the callbacks installed, or NULL without memory. */

@@ -1,7 +1,9 @@
-/* Image input for the vision tower: JPEG/PNG/WebP/GIF decode and Mllama tile preprocessing.
+/* Image input for the vision tower: JPEG/PNG/WebP/GIF/TIFF decode and Mllama tile
+ * preprocessing.
  *
  * Reproduces transformers 4.47 `MllamaImageProcessor` (the PIL/numpy "slow"
- * processor, engine/model/README.md §2) bit for bit on JPEG, PNG, WebP and GIF input:
+ * processor, engine/model/README.md §2) bit for bit on JPEG, PNG, WebP, GIF and TIFF
+ * input:
  *
  *   bytes --ml_image_decode--> uint8 RGB (as the processor's convert_to_rgb makes
  *                               it of PIL's Image.open(...))
@@ -9,9 +11,9 @@
  *         --ml_image_preprocess--> float32 (n_tiles, 3, S, S): PIL bilinear resize,
  *                               bottom/right zero pad, rescale, normalize, tile
  *
- * JPEG (libjpeg), PNG (libpng), still WebP (libwebp) and GIF (giflib, the
- * first frame) are decoded, told apart by their signatures; every other
- * format is ML_ERR_UNSUPPORTED.
+ * JPEG (libjpeg), PNG (libpng), still WebP (libwebp), GIF (giflib, the
+ * first frame) and TIFF (libtiff, the first page) are decoded, told apart by
+ * their signatures; every other format is ML_ERR_UNSUPPORTED.
  * Preprocessing never allocates: the caller asks for the sizes and provides
  * the output tensor and a scratch workspace, so the runtime can slice both
  * from its per-request arena.
@@ -30,7 +32,8 @@
  * sensors) while bounding a decode at about 150 MB of RGB output plus, for a
  * progressive JPEG, at most 8 bytes/pixel of libjpeg coefficient buffers (a
  * WebP decodes into 4 bytes/pixel of RGBA, and a lossless one needs libwebp's
- * own 4 more; a PNG or GIF needs only a row besides the output). */
+ * own 4 more; a PNG or GIF needs only a row besides the output; a TIFF holds
+ * its raw samples, at most 6 bytes/pixel, and one strip or tile). */
 #define ML_IMAGE_DEFAULT_MAX_PIXELS 50000000ull
 /* Largest width or height decoded: the resampler's limit (ml_image_resize).
  * A JPEG cannot exceed it; a PNG that does is ML_ERR_TOO_LARGE. */

@@ -52,6 +52,18 @@ ml_status ml_image_gif_decode(const uint8_t *data, size_t len, const ml_image_li
 ml_status ml_image_gif_probe(const uint8_t *data, size_t len, const ml_image_limits *lim,
                              ml_image_info *info, char *err, size_t errlen);
 
+/* 1 when data starts "II*\0" or "MM\0*" (Pillow's TiffImagePlugin._accept
+ * for classic TIFF), else 0. */
+int ml_image_tiff_signature(const uint8_t *data, size_t len);
+/* ml_image_decode for data with the TIFF signature: its first page. Same
+ * contract. */
+ml_status ml_image_tiff_decode(const uint8_t *data, size_t len, const ml_image_limits *lim,
+                               ml_image_rgb *out, char *err, size_t errlen);
+/* ml_image_probe for data with the TIFF signature: the first directory's
+ * size (oriented) and sample layout, read without decoding. Same contract. */
+ml_status ml_image_tiff_probe(const uint8_t *data, size_t len, const ml_image_limits *lim,
+                              ml_image_info *info, char *err, size_t errlen);
+
 #define ML_IMAGE_RGBA_BYTES 4
 
 /* n RGBA pixels composited over opaque white as Image.alpha_composite does

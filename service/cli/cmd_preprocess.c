@@ -1,4 +1,4 @@
-/* `mllama preprocess`: one JPEG, PNG, WebP or GIF through the Mllama image preprocessing,
+/* `mllama preprocess`: one JPEG, PNG, WebP, GIF or TIFF through the Mllama image preprocessing,
  * written as a .npy tensor for comparison with transformers.
  * @locality: the main thread. */
 #include <errno.h>
@@ -20,8 +20,9 @@ static void usage(FILE *f)
             "usage: mllama preprocess --image FILE --out PIXELS.npy [--model DIR]\n"
             "                         [--max-tiles N] [--tile-size S]\n"
             "\n"
-            "Decodes a JPEG, PNG, WebP or GIF and runs the Mllama tile preprocessing. Writes the\n"
-            "float32 (tiles, 3, S, S) pixel tensor as .npy and prints the layout as JSON.\n"
+            "Decodes a JPEG, PNG, WebP, GIF or TIFF and runs the Mllama tile preprocessing.\n"
+            "Writes the float32 (tiles, 3, S, S) pixel tensor as .npy and prints the layout\n"
+            "as JSON.\n"
             "  --model DIR     read DIR/preprocessor_config.json (defaults otherwise)\n"
             "  --max-tiles N   override max_image_tiles (default %u)\n"
             "  --tile-size S   override the tile size (default %u)\n",

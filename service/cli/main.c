@@ -11,7 +11,8 @@ typedef struct svc_command {
 } svc_command;
 
 static const svc_command commands[] = {
-    {"preprocess", cmd_preprocess, "run the Mllama image preprocessing on a JPEG, PNG, WebP or GIF, write .npy"},
+    {"preprocess", cmd_preprocess,
+     "run the Mllama image preprocessing on a JPEG, PNG, WebP, GIF or TIFF, write .npy"},
     {"mock-kafka", cmd_mock_kafka, "run a mock Kafka cluster; print its bootstrap servers"},
     {"tokenize", cmd_tokenize, "encode/decode JSON lines with a tokenizer.json"},
     {"grammar", cmd_grammar, "check JSON Schemas and documents against the token masks (JSON lines)"},

@@ -279,8 +279,8 @@ static bool inline_image(job_image *im, const uint8_t *data, size_t len)
     gw_job *j = im->job;
     const char *type = ml_image_media_type(data, len);
     if (!type) {
-        job_fail(j, "invalid_image_url", "%s: what the URL holds is not a JPEG, PNG, WebP or GIF "
-                                         "image", im->where);
+        job_fail(j, "invalid_image_url", "%s: what the URL holds is not a JPEG, PNG, WebP, GIF "
+                                         "or TIFF image", im->where);
         return false;
     }
     char prefix[64];

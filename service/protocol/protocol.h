@@ -78,9 +78,9 @@
  *   {"type":"image_url","image_url":"data:image/jpeg;base64,..."}
  *   {"type":"image","sha256":"<64 hex>"}   (resident or Redis-held image)
  * Image parts are accepted in user messages only (as in the OpenAI API).
- * Only base64 data: URLs of type image/jpeg, image/png, image/webp or
- * image/gif are accepted; the image format is then told by its bytes, not by the declared
- * type. base64 is strict (base64.h). All kept strings must be valid UTF-8.
+ * Only base64 data: URLs of type image/jpeg, image/png, image/webp, image/gif
+ * or image/tiff are accepted; the image format is then told by its bytes, not by the
+ * declared type. base64 is strict (base64.h). All kept strings must be valid UTF-8.
  *
  * Precedence of the addressing fields, first present wins:
  *   id:          header request_id > JSON id > record key

@@ -260,7 +260,8 @@ static svc_image *new_image(parser *p, part_loc at)
  * bytes' signature, so a PNG declared as image/jpeg still decodes. */
 static bool image_media_type_ok(const char *mime, size_t len)
 {
-    static const char *const types[] = {"image/jpeg", "image/png", "image/webp", "image/gif"};
+    static const char *const types[] = {"image/jpeg", "image/png", "image/webp", "image/gif",
+                                        "image/tiff"};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (len == strlen(types[i]) && strncasecmp(mime, types[i], len) == 0)
             return true;
@@ -288,7 +289,7 @@ static svc_error add_image_url(parser *p, svc_part *part, const cJSON *item, par
     if (!image_media_type_ok(du.mime, du.mime_len))
         return fail(p, SVC_ERROR_INVALID_IMAGE,
                     "messages[%zu].content[%zu].%s: media type %.*s is not supported "
-                    "(image/jpeg, image/png, image/webp or image/gif)",
+                    "(image/jpeg, image/png, image/webp, image/gif or image/tiff)",
                     at.msg, at.part, field, (int)du.mime_len, du.mime);
 
     size_t n;

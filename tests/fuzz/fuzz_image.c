@@ -1,11 +1,12 @@
 /* Fuzz target: untrusted bytes -> ml_image_probe and ml_image_decode (JPEG,
- * PNG, WebP or GIF, by signature) -> plan -> preprocess. A file the decoder
+ * PNG, WebP, GIF or TIFF, by signature) -> plan -> preprocess. A file the decoder
  * accepts must pass the probe with the same size. The seeds in corpus/image/
  * cover every decoder: JPEG variants; PNG colour types, bit depths, Adam7,
  * APNG and hostile files (png_*.png); lossy and lossless WebP with and
  * without alpha, an animation, a truncated file and a huge header
  * (webp_*.webp); GIF frames of each kind and hostile headers and data
- * (gif_*.gif); the last three groups from tests/golden/gen_fixtures.py
+ * (gif_*.gif); TIFF layouts, compressions and orientations, refused and
+ * hostile files (tiff_*.tif); the last four groups from tests/golden/gen_fixtures.py
  * --only seeds.
  * Limits are small (4 megapixels, 32 scans) so each input stays fast, and
  * the tile size is small so preprocessing runs on every decodable input. */

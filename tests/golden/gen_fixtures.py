@@ -25,7 +25,8 @@ Writes under tests/golden/fixtures/ (see tests/golden/README.md for the layout):
               against a direct re-implementation of Meta's CrossAttentionTransformerBlock),
               and how far their logits and greedy tokens are from transformers' own.
 
-The group `seeds` writes the png_*.png, webp_*.webp and gif_*.gif seeds of tests/fuzz/corpus/image/
+The group `seeds` writes the png_*.png, webp_*.webp, gif_*.gif and tiff_*.tif seeds of
+tests/fuzz/corpus/image/
 (tiny valid files and hostile ones) and prints what Pillow + convert_to_rgb make of
 each, the expectations tests/engine/test_image_decode.c holds.
 
@@ -1125,6 +1126,181 @@ def gen_gif_seeds():
             f.write(data)
         log("wrote %s (%d bytes): Pillow %s" % (os.path.relpath(path, REPO_ROOT), len(data),
                                                pillow_outcome(path)))
+
+
+TIFF_TYPES = {"SHORT": (3, "H"), "LONG": (4, "I")}
+
+
+def tiff_encode(width, height, photometric, bits, planes, *, spp=1, big_endian=False,
+                extra=None, colormap=None, orientation=None, fillorder=None, tile=None,
+                rows_per_strip=None, sample_format=None):
+    """An uncompressed classic TIFF of one page, written field by field, for the
+    layouts Pillow does not write: planes is one byte string of packed rows
+    (contiguous) or one per sample (separate planes); tile (w, h) writes tiles
+    instead of strips, partial tiles padded with zeros."""
+    end = ">" if big_endian else "<"
+    separate = len(planes) > 1
+    per_plane = 1 if separate else spp
+    row_bytes = (width * bits * per_plane + 7) // 8
+    blocks = []
+    for plane in planes:
+        if tile:
+            tw, th = tile
+            tile_row = (tw * bits * per_plane + 7) // 8
+            for ty in range(0, height, th):
+                for tx in range(0, width, tw):
+                    data = b""
+                    for y in range(ty, ty + th):
+                        row = plane[y * row_bytes:(y + 1) * row_bytes] if y < height else b""
+                        part = row[tx * bits * per_plane // 8:][:tile_row]
+                        data += part + b"\0" * (tile_row - len(part))
+                    blocks.append(data)
+        else:
+            rps = rows_per_strip or height
+            for y in range(0, height, rps):
+                blocks.append(plane[y * row_bytes:min(height, y + rps) * row_bytes])
+    fields = [(256, "LONG", [width]), (257, "LONG", [height]), (258, "SHORT", [bits] * spp),
+              (259, "SHORT", [1]), (262, "SHORT", [photometric]), (277, "SHORT", [spp]),
+              (284, "SHORT", [2 if separate else 1])]
+    if fillorder:
+        fields.append((266, "SHORT", [fillorder]))
+    if orientation:
+        fields.append((274, "SHORT", [orientation]))
+    if colormap is not None:
+        fields.append((320, "SHORT", list(colormap)))
+    if extra is not None:
+        fields.append((338, "SHORT", list(extra)))
+    if sample_format:
+        fields.append((339, "SHORT", [sample_format] * spp))
+    offsets_tag, counts_tag = (324, 325) if tile else (273, 279)
+    if tile:
+        fields += [(322, "LONG", [tile[0]]), (323, "LONG", [tile[1]])]
+    else:
+        fields.append((278, "LONG", [rows_per_strip or height]))
+    header = 8
+    pixel_start = header
+    pixel_bytes = sum(len(b) for b in blocks)
+    offsets, at = [], pixel_start
+    for b in blocks:
+        offsets.append(at)
+        at += len(b)
+    fields += [(offsets_tag, "LONG", offsets), (counts_tag, "LONG", [len(b) for b in blocks])]
+    fields.sort()
+    ifd_at = pixel_start + pixel_bytes + (pixel_bytes & 1)
+    extra_at = ifd_at + 2 + 12 * len(fields) + 4
+    entries, spill = b"", b""
+    for tag, kind, values in fields:
+        code, fmt = TIFF_TYPES[kind]
+        packed = struct.pack(end + fmt * len(values), *values)
+        if len(packed) <= 4:
+            value = packed + b"\0" * (4 - len(packed))
+        else:
+            value = struct.pack(end + "I", extra_at + len(spill))
+            spill += packed + b"\0" * (len(packed) & 1)
+        entries += struct.pack(end + "HHI", tag, code, len(values)) + value
+    magic = b"MM\0*" if big_endian else b"II*\0"
+    out = magic + struct.pack(end + "I", ifd_at) + b"".join(blocks)
+    out += b"\0" * (ifd_at - len(out))
+    return out + struct.pack(end + "H", len(fields)) + entries + b"\0\0\0\0" + spill
+
+
+def pack_bits(values, bits, width):
+    """Rows of width samples of `bits` bits each, MSB first, each row padded to a byte."""
+    out = b""
+    for row in np.asarray(values).reshape(-1, width):
+        acc, n, data = 0, 0, bytearray()
+        for v in row:
+            acc, n = acc << bits | int(v), n + bits
+            if n == 8:
+                data.append(acc)
+                acc, n = 0, 0
+        if n:
+            data.append(acc << (8 - n))
+        out += bytes(data)
+    return out
+
+
+def gen_tiff_seeds():
+    """Small TIFF seeds of the image fuzz target and test_image_decode: what Pillow
+    writes through libtiff (LZW, Deflate with a predictor, PackBits, JPEG, CCITT G4, a
+    second page), the layouts tiff_encode writes (2- and 4-bit grey and palettes,
+    separate planes, tiles, big-endian, fill order 2, each orientation, grey with
+    alpha, signed grey), the ones refused here, and hostile files."""
+    from PIL import Image
+
+    for name in os.listdir(IMAGE_SEEDS_DIR):
+        if name.startswith("tiff_") and name.endswith(".tif"):
+            os.remove(os.path.join(IMAGE_SEEDS_DIR, name))
+    rgb = photo_at("astronaut", 9, 7).convert("RGB")
+    rgba = photo_at("coffee", 6, 5).convert("RGB")
+    rgba.putalpha(Image.fromarray(np.arange(30, dtype=np.uint8).reshape(5, 6) * 8, "L"))
+    grey = photo_at("camera", 13, 11).convert("L")
+    written = {}
+
+    def path_of(stem):
+        written[stem] = os.path.join(IMAGE_SEEDS_DIR, stem + ".tif")
+        return written[stem]
+
+    def save(stem, img, **kwargs):
+        img.save(path_of(stem), format="TIFF", **kwargs)
+
+    def put(stem, data):
+        with open(path_of(stem), "wb") as f:
+            f.write(data)
+
+    save("tiff_rgb_lzw_9x7", rgb, compression="tiff_lzw")
+    save("tiff_rgb_deflate_pred_9x7", rgb, compression="tiff_adobe_deflate",
+         tiffinfo={317: 2})
+    save("tiff_rgb_packbits_9x7", rgb, compression="packbits")
+    save("tiff_rgb_jpeg_16x16", photo_at("chelsea", 16, 16).convert("RGB"),
+         compression="jpeg", quality=90)
+    save("tiff_rgba_lzw_6x5", rgba, compression="tiff_lzw")
+    save("tiff_grey_deflate_13x11", grey, compression="tiff_adobe_deflate")
+    save("tiff_bilevel_g4_13x11", grey.point(lambda v: 255 if v > 110 else 0).convert("1"),
+         compression="group4")
+    save("tiff_pal8_lzw_9x7", rgb.quantize(16), compression="tiff_lzw")
+    save("tiff_two_pages_9x7", rgb, save_all=True,
+         append_images=[photo_at("rocket", 9, 7).convert("RGB")], compression="tiff_lzw")
+
+    px = np.asarray(rgb)
+    g = np.asarray(grey)
+    put("tiff_grey4_miniswhite_13x11", tiff_encode(13, 11, 0, 4, [pack_bits(g >> 4, 4, 13)]))
+    put("tiff_grey2_13x11", tiff_encode(13, 11, 1, 2, [pack_bits(g >> 6, 2, 13)]))
+    ramp = [v * 4369 for v in range(16)]
+    cmap = [((i * 37) % 256) * 257 for i in range(16)] + ramp + [(255 - i * 16) << 8
+                                                                for i in range(16)]
+    put("tiff_pal4_13x11", tiff_encode(13, 11, 3, 4, [pack_bits(g >> 4, 4, 13)],
+                                       colormap=cmap))
+    put("tiff_bilevel_fill2_13x11",
+        tiff_encode(13, 11, 1, 1, [bytes(int("{:08b}".format(b)[::-1], 2)
+                                         for b in pack_bits(g > 110, 1, 13))], fillorder=2))
+    put("tiff_rgb_planar_9x7", tiff_encode(9, 7, 2, 8, [px[:, :, c].tobytes() for c in range(3)],
+                                           spp=3))
+    put("tiff_rgb_tiled_big_endian_20x18",
+        tiff_encode(20, 18, 2, 8, [np.asarray(photo_at("coffee", 20, 18).convert("RGB"))
+                                   .tobytes()], spp=3, tile=(16, 16), big_endian=True))
+    put("tiff_rgb_strips_9x7", tiff_encode(9, 7, 2, 8, [px.tobytes()], spp=3,
+                                           rows_per_strip=2))
+    for o in range(2, 9):
+        put("tiff_rgb_orientation%d_9x7" % o, tiff_encode(9, 7, 2, 8, [px.tobytes()], spp=3,
+                                                         orientation=o))
+    ga = np.stack([g[:5, :6], (np.arange(30).reshape(5, 6) * 8).astype(np.uint8)], axis=2)
+    put("tiff_grey_alpha_6x5", tiff_encode(6, 5, 1, 8, [ga.tobytes()], spp=2, extra=[2]))
+    rgbx = np.concatenate([px, np.full((7, 9, 1), 7, np.uint8)], axis=2)
+    put("tiff_rgbx_9x7", tiff_encode(9, 7, 2, 8, [rgbx.tobytes()], spp=4, extra=[0]))
+    put("tiff_grey_signed_13x11", tiff_encode(13, 11, 1, 8, [g.tobytes()], sample_format=2))
+    # Refused here (named), and hostile files.
+    put("tiff_cmyk_2x2", tiff_encode(2, 2, 5, 8, [bytes(range(16))], spp=4))
+    put("tiff_rgb16_2x2", tiff_encode(2, 2, 2, 16, [bytes(range(24))], spp=3))
+    put("tiff_premultiplied_2x2", tiff_encode(2, 2, 2, 8, [bytes(range(16))], spp=4,
+                                              extra=[1]))
+    put("tiff_huge_65535x65535", tiff_encode(65535, 65535, 1, 8, [b""]))
+    with open(written["tiff_rgb_lzw_9x7"], "rb") as f:
+        lzw = f.read()
+    put("tiff_truncated", lzw[:len(lzw) // 2])
+    for path in written.values():
+        log("wrote %s (%d bytes): Pillow %s" % (os.path.relpath(path, REPO_ROOT),
+                                               os.path.getsize(path), pillow_outcome(path)))
 
 
 def gen_png_seeds():
@@ -2717,6 +2893,7 @@ def main():
         gen_png_seeds()
         gen_webp_seeds()
         gen_gif_seeds()
+        gen_tiff_seeds()
     if args.only in (None, "masks"):
         gen_masks()
     if args.only in (None, "models"):

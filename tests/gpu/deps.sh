@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Gather the full build's C dependencies for a lent GPU machine, which is
 # offline and has none of them: Debian 12's packages of cJSON, libjpeg,
-# libpng, libwebp, giflib, librdkafka, hiredis, libevent and libcurl (headers,
-# .pc files, libraries), pkg-config, and the redis-server and kcat that test_worker_cuda runs,
-# unpacked into .gpu-deps/ of the repository root (ignored by git; the device
-# tool carries it). check.sh finds it there and builds with the CMake build
-# (every gpu-labelled test) instead of the direct one (the op tests only).
+# libpng, libwebp, giflib, libtiff, librdkafka, hiredis, libevent and libcurl
+# (headers, .pc files, libraries), pkg-config, and the redis-server and kcat
+# that test_worker_cuda runs, unpacked into .gpu-deps/ of the repository root
+# (ignored by git; the device tool carries it). check.sh finds it there and
+# builds with the CMake build (every gpu-labelled test) instead of the direct
+# one (the op tests only).
 #
 #   bash tests/gpu/deps.sh          # on this Debian 12 machine, before `run`
 #
@@ -21,6 +22,8 @@ DEST=$ROOT/.gpu-deps
 # lack (it has libc, libstdc++ and the compilers).
 PACKAGES=(libcjson1 libcjson-dev libjpeg62-turbo libjpeg62-turbo-dev libpng16-16 libpng-dev
           zlib1g zlib1g-dev libwebp7 libwebpdemux2 libwebpmux3 libwebp-dev libgif7 libgif-dev
+          libtiff6 libtiff-dev libjbig0 libjbig-dev liblerc4 liblerc-dev libdeflate0 libdeflate-dev
+          libzstd-dev liblzma-dev
           librdkafka1 librdkafka++1 librdkafka-dev libhiredis0.14 libhiredis-dev
           libevent-2.1-7 libevent-core-2.1-7 libevent-extra-2.1-7 libevent-openssl-2.1-7
           libevent-pthreads-2.1-7 libevent-dev libsasl2-2 libssl3

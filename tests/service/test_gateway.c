@@ -403,7 +403,7 @@ static void test_image_urls(void)
     free(body);
     body = url_body("/text", "\"max_tokens\":8");
     check_error_says("POST", "/v1/chat/completions", body, 400, "invalid_image_url",
-                     "not a JPEG, PNG, WebP or GIF image");
+                     "not a JPEG, PNG, WebP, GIF or TIFF image");
     free(body);
     check(metric(gw.ops_port, "mllama_gateway_image_fetches_total{result=\"ok\"}") == 2,
           "two fetched (the image and the page)");

@@ -378,7 +378,7 @@ static void test_image_errors(void)
     expect_error_wrapped("[{\"type\":\"image_url\",\"image_url\":\"data:image/bmp;base64,AAAA\"}]",
                          "", SVC_ERROR_INVALID_IMAGE,
                          "media type image/bmp is not supported "
-                         "(image/jpeg, image/png, image/webp or image/gif)");
+                         "(image/jpeg, image/png, image/webp, image/gif or image/tiff)");
     expect_error_wrapped("[{\"type\":\"image_url\",\"image_url\":\"data:image/jpeg;base64,AA=A\"}]",
                          "", SVC_ERROR_INVALID_IMAGE, "content[0].image_url: misplaced '='");
     expect_error_wrapped("[{\"type\":\"image_url\",\"image_url\":\"data:image/jpeg;base64,AAA\"}]",

@@ -4,7 +4,8 @@
  * and a good request sent right after each one is still answered, so the
  * worker keeps serving. Covers malformed JSON, wrong types, missing fields,
  * base64 over limits.max_image_bytes, invalid base64, a media type other
- * than JPEG, PNG, WebP or GIF, a PNG, a WebP and a GIF (answered) and
+ * than JPEG, PNG, WebP, GIF or TIFF, a PNG, a WebP, a GIF and a TIFF
+ * (answered) and
  * truncated ones, corrupt and
  * truncated JPEGs, a JPEG header claiming 65500x65500, a progressive JPEG with
  * thousands of scans, too many images, a prompt over the KV pool, an
@@ -40,6 +41,7 @@
 #define PNG_PHOTO ML_SOURCE_DIR "/tests/golden/fixtures/images/png_rgb8_48x36.png"
 #define WEBP_PHOTO ML_SOURCE_DIR "/tests/golden/fixtures/images/webp_alpha_lossy_320x240.webp"
 #define GIF_PHOTO ML_SOURCE_DIR "/tests/golden/fixtures/images/gif_pillow_transparent_48x36.gif"
+#define TIFF_SCAN ML_SOURCE_DIR "/tests/fuzz/corpus/image/tiff_rgb_jpeg_16x16.tif"
 #define MAX_IMAGE_BYTES 65536 /* limits.max_image_bytes: above the photo's 56697 */
 #define MAX_IMAGES 4          /* runtime.max_images_per_request */
 #define KV_MIB 1              /* runtime.kv_mib: a few thousand tokens */
@@ -289,6 +291,7 @@ static void test_images(void)
     expect_format_answered(PNG_PHOTO, "image/png", "png");
     expect_format_answered(WEBP_PHOTO, "image/webp", "webp");
     expect_format_answered(GIF_PHOTO, "image/gif", "gif");
+    expect_format_answered(TIFF_SCAN, "image/tiff", "tiff");
 
     len = jpeg_craft_progressive(MAX_DIMENSION, MAX_DIMENSION, 1, 0, &jpeg);
     expect_inline_image_error("dimension-bomb", jpeg, len, "image_too_large");
