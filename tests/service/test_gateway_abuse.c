@@ -13,6 +13,10 @@
  *   gateway's resident memory grows by less than IDLE_BYTES_MAX each;
  * - a request no worker answers: 504 deadline_exceeded from the gateway's
  *   own timer, a grace after its deadline_ms;
+ * - image URLs under the default policy (no gateway.image_fetch_* set):
+ *   http refused, and https to loopback by address and by name, to the
+ *   cloud metadata address and to IPv6 loopback refused on the socket,
+ *   each a 400 invalid_image_url naming the part, counted as refused;
  * - more requests than the tenant's burst: 429 with Retry-After;
  * - connections past gateway.max_connections are closed at accept.
  * The gateway stops on SIGTERM with exit code 0 and a clean log.
@@ -238,6 +242,40 @@ static void test_unanswered(void)
     gwt_response_free(&r);
 }
 
+/* The SSRF defaults: nothing of the gateway's own network is reachable
+ * through an image URL, whatever name or form the address takes. */
+static void test_image_url_defaults(void)
+{
+    static const struct {
+        const char *url, *says;
+    } cases[] = {
+        {"http://127.0.0.1:1/a.jpg", "scheme http is not fetched (https only)"},
+        {"https://127.0.0.1:1/a.jpg", "not public"},
+        {"https://localhost:1/a.jpg", "not public"},
+        {"https://169.254.169.254/latest/meta-data/", "not public"},
+        {"https://[::1]:1/a.jpg", "not public"},
+    };
+    static const char refused[] = "mllama_gateway_image_fetches_total{result=\"refused\"}";
+    double refused0 = pu_metric(gw.ops_port, refused);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\","
+                 "\"image_url\":{\"url\":\"%s\"}},{\"type\":\"text\",\"text\":\"hi\"}]}]}",
+                 cases[i].url);
+        gwt_response r;
+        gwt_call(gw.port, "POST", "/v1/chat/completions", auth, body, &r, CALL_MS);
+        check(r.status == 400 && r.body && strstr(r.body, "\"invalid_image_url\"") &&
+                  strstr(r.body, "messages[0].content[0].image_url.url") &&
+                  strstr(r.body, cases[i].says),
+              "%s: 400 invalid_image_url, '%s' (%d %.200s)", cases[i].url, cases[i].says,
+              r.status, r.body ? r.body : "");
+        gwt_response_free(&r);
+    }
+    /* The scheme is refused before any fetch; the other four on the socket. */
+    check(pu_metric(gw.ops_port, refused) == refused0 + 4, "four fetches refused by address");
+}
+
 static void test_rate_limit(void)
 {
 
@@ -278,6 +316,7 @@ int main(void)
     test_slow_loris();
     test_idle_connections();
     test_unanswered();
+    test_image_url_defaults();
     test_rate_limit();
     check(pu_running(&gw.proc), "the gateway is still up");
     int code = pu_stop(&gw.proc, PU_STOP_MS);
