@@ -458,36 +458,51 @@ static ml_status to_rgb(const raw *r, const layout *l, ml_image_rgb *out, char *
 
 /* ---- entry points ------------------------------------------------------------------ */
 
+/* data opened and its first directory read: the handle (TIFFClose is the
+ * caller's), or NULL with *st and err set. */
+static TIFF *open_layout(const uint8_t *data, size_t len, const ml_image_limits *lim,
+                         source *s, layout *l, ml_status *st, char *err, size_t errlen)
+{
+    TIFF *tif = open_tiff(s, data, len);
+    if (!tif) {
+        *st = tiff_error(s, "no first directory", err, errlen);
+        return NULL;
+    }
+    *st = read_layout(tif, s, lim, l, err, errlen);
+    if (*st != ML_OK) {
+        TIFFClose(tif);
+        return NULL;
+    }
+    return tif;
+}
+
 ml_status ml_image_tiff_probe(const uint8_t *data, size_t len, const ml_image_limits *lim,
                               ml_image_info *info, char *err, size_t errlen)
 {
     source s;
-    TIFF *tif = open_tiff(&s, data, len);
-    if (!tif)
-        return tiff_error(&s, "no first directory", err, errlen);
     layout l;
-    ml_status st = read_layout(tif, &s, lim, &l, err, errlen);
+    ml_status st;
+    TIFF *tif = open_layout(data, len, lim, &s, &l, &st, err, errlen);
+    if (!tif)
+        return st;
     TIFFClose(tif);
-    if (st == ML_OK) {
-        bool swap = l.orientation >= ORIENTATION_LEFTTOP;
-        *info = (ml_image_info){.width = swap ? l.height : l.width,
-                                .height = swap ? l.width : l.height, .n_scans = 1};
-    }
-    return st;
+    bool swap = l.orientation >= ORIENTATION_LEFTTOP;
+    *info = (ml_image_info){.width = swap ? l.height : l.width,
+                            .height = swap ? l.width : l.height, .n_scans = 1};
+    return ML_OK;
 }
 
 ml_status ml_image_tiff_decode(const uint8_t *data, size_t len, const ml_image_limits *lim,
                                ml_image_rgb *out, char *err, size_t errlen)
 {
     source s;
-    TIFF *tif = open_tiff(&s, data, len);
-    if (!tif)
-        return tiff_error(&s, "no first directory", err, errlen);
     layout l;
+    ml_status st;
+    TIFF *tif = open_layout(data, len, lim, &s, &l, &st, err, errlen);
+    if (!tif)
+        return st;
     raw r = {0};
-    ml_status st = read_layout(tif, &s, lim, &l, err, errlen);
-    if (st == ML_OK)
-        st = read_samples(tif, &s, &l, lim, &r, err, errlen);
+    st = read_samples(tif, &s, &l, lim, &r, err, errlen);
     if (st == ML_OK)
         st = to_rgb(&r, &l, out, err, errlen);
     raw_free(&r);

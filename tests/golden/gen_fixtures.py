@@ -1029,6 +1029,13 @@ def png_hostile_seeds():
     ]
 
 
+def clear_seeds(prefix, suffix):
+    """Remove the seeds one generator writes, so a seed it no longer writes goes too."""
+    for name in os.listdir(IMAGE_SEEDS_DIR):
+        if name.startswith(prefix) and name.endswith(suffix):
+            os.remove(os.path.join(IMAGE_SEEDS_DIR, name))
+
+
 def pillow_outcome(path):
     """What transformers' convert_to_rgb makes of PIL.Image.open(path): (width,
     height, sha256 of the RGB) or the exception's name and message."""
@@ -1060,9 +1067,7 @@ def gen_webp_seeds():
     pixel limit."""
     from PIL import Image
 
-    for name in os.listdir(IMAGE_SEEDS_DIR):
-        if name.startswith("webp_") and name.endswith(".webp"):
-            os.remove(os.path.join(IMAGE_SEEDS_DIR, name))
+    clear_seeds("webp_", ".webp")
     rgb = photo_at("astronaut", 9, 7).convert("RGB")
     rgba = photo_at("coffee", 6, 5).convert("RGB")
     rgba.putalpha(Image.fromarray(np.arange(30, dtype=np.uint8).reshape(5, 6) * 8, "L"))
@@ -1096,9 +1101,7 @@ def gen_webp_seeds():
 def gen_gif_seeds():
     """Tiny GIF seeds of the image fuzz target and test_image_decode: valid frames of
     each kind gif_encode writes, an animation, and hostile headers and data."""
-    for name in os.listdir(IMAGE_SEEDS_DIR):
-        if name.startswith("gif_") and name.endswith(".gif"):
-            os.remove(os.path.join(IMAGE_SEEDS_DIR, name))
+    clear_seeds("gif_", ".gif")
     indices, palette = gif_quantized("coffee", 7, 6, 8)
     ramp = [(i, i, i) for i in range(8)]
     valid = gif_encode((7, 6), (0, 0, 7, 6), indices, palette, interlace=True, transparent=3)
@@ -1228,9 +1231,7 @@ def gen_tiff_seeds():
     alpha, signed grey), the ones refused here, and hostile files."""
     from PIL import Image
 
-    for name in os.listdir(IMAGE_SEEDS_DIR):
-        if name.startswith("tiff_") and name.endswith(".tif"):
-            os.remove(os.path.join(IMAGE_SEEDS_DIR, name))
+    clear_seeds("tiff_", ".tif")
     rgb = photo_at("astronaut", 9, 7).convert("RGB")
     rgba = photo_at("coffee", 6, 5).convert("RGB")
     rgba.putalpha(Image.fromarray(np.arange(30, dtype=np.uint8).reshape(5, 6) * 8, "L"))
@@ -1304,9 +1305,7 @@ def gen_tiff_seeds():
 
 
 def gen_png_seeds():
-    for name in os.listdir(IMAGE_SEEDS_DIR):
-        if name.startswith("png_") and name.endswith(".png"):
-            os.remove(os.path.join(IMAGE_SEEDS_DIR, name))
+    clear_seeds("png_", ".png")
     paths = [write_png_case(stem, spec, IMAGE_SEEDS_DIR) for stem, spec in PNG_SEEDS]
     for stem, data in png_hostile_seeds():
         paths.append(os.path.join(IMAGE_SEEDS_DIR, stem + ".png"))
