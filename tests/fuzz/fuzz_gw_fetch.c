@@ -65,9 +65,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(b, data, size < sizeof b ? size : sizeof b);
     gw_fetch_policy strict = {.hosts = "", .ca_file = ""}, open = strict;
     open.allow_private = true;
-    static const uint8_t nat64[4] = {0, 0x64, 0xff, 0x9b};
-    bool carries_v4 = !memcmp(b, nat64, sizeof nat64) && !b[4] && !b[5] && !b[6] && !b[7] &&
-                      !b[8] && !b[9] && !b[10] && !b[11];
+    static const uint8_t nat64[12] = {0, 0x64, 0xff, 0x9b};
+    static const uint8_t mapped_prefix[12] = {[10] = 0xff, [11] = 0xff};
+    bool carries_v4 = !memcmp(b, nat64, sizeof nat64) || !memcmp(b, mapped_prefix, 12);
     if (v6(&strict, b))
         require((b[0] & 0xe0) == 0x20 || carries_v4);
     uint8_t mapped[16] = {[10] = 0xff, [11] = 0xff};

@@ -1,7 +1,8 @@
 """The gateway as OpenAI's official Python client sees it, and as curl -N sees
 the bytes: models.list; a chat completion with an image, non-streamed and
 streamed (chunk shapes, one id, finish_reason, usage only with
-stream_options.include_usage); n choices; a required tool call (its
+stream_options.include_usage); an image sent as an http URL that the gateway
+fetches, answered as the same bytes inline; n choices; a required tool call (its
 arguments valid, the streamed delta.tool_calls equal to the message's) and
 the history sent back as the client holds it; errors as the client's
 exception classes; the exact SSE framing (`id: n`, `data: ...`, `data:
@@ -14,10 +15,14 @@ Prints every failed check and "N checks, M failures"; exit 1 on any failure.
 """
 import argparse
 import base64
+import functools
+import http.server
 import json
+import os
 import re
 import subprocess
 import sys
+import threading
 
 import openai
 
@@ -75,6 +80,38 @@ def test_image_formats(client, model, webp, gif):
         c = r.choices[0]
         check(isinstance(c.message.content, str) and c.finish_reason in ("stop", "length"),
               f"a {media_type} image is answered: {c.finish_reason!r}")
+
+
+def test_image_url(client, model, path):
+    """The image as an http URL (the gateway of run.sh fetches http and loopback): the
+    same text as the same bytes inline, under one seed; the official client's image_url
+    object with its `detail` passes as it is."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler,
+                                directory=os.path.dirname(os.path.abspath(path)))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = "http://127.0.0.1:%d/%s" % (server.server_port, os.path.basename(path))
+        by_url = {"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": url, "detail": "auto"}}]}
+        texts = [client.chat.completions.create(model=model, messages=[m], max_tokens=4,
+                                                seed=SEED).choices[0].message.content
+                 for m in (by_url, image_message(path, "What is this?"))]
+        check(texts[0] == texts[1], f"an image URL answers as its bytes inline: {texts}")
+        try:
+            missing = dict(by_url, content=[{"type": "image_url",
+                                             "image_url": {"url": url + ".missing"}}])
+            client.chat.completions.create(model=model, messages=[missing], max_tokens=2)
+            check(False, "a URL answering 404 is refused")
+        except openai.BadRequestError as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            check(body.get("code") == "invalid_image_url" and "HTTP 404" in body.get("message", ""),
+                  f"a 404 URL: BadRequestError invalid_image_url: {e.body}")
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_stream(client, model, messages, include_usage):
@@ -331,6 +368,7 @@ def main():
     test_stream(client, model, messages, include_usage=False)
     test_choices(client, model, messages)
     test_image_formats(client, model, args.webp, args.gif)
+    test_image_url(client, model, args.image)
     test_tools(client, model)
     test_errors(client, model, base + "/v1", args.api_key)
     test_resume(base, args.api_key, *test_sse_framing(base, args.api_key, model, messages))

@@ -96,7 +96,9 @@ wait_for worker "${pids[-1]}" grep -q partitions_assigned "$out/worker.log"
 key=mk-$(head -c 32 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
 echo "$(printf %s "$key" | sha256sum | cut -d' ' -f1) $tenant conformance" >"$out/keys"
 
+# Image URLs from the conformance script's own web server: http, on loopback.
 "$bin" gateway "${common[@]}" --set gateway.listen=127.0.0.1:0 \
+  --set gateway.image_fetch_http=true --set gateway.image_fetch_private=true \
   --set gateway.instance="$instance" --set gateway.api_keys_file="$out/keys" \
   --port-file "$out/gateway.port" >"$out/gateway.log" 2>&1 &
 pids+=($!)
