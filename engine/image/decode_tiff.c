@@ -17,7 +17,7 @@
  *                                                     sample without the ExtraSamples tag)
  *   3 (palette)        1, 2, 4 or 8 bits              "P": the colour map's 16-bit entries
  *                                                     divided by 256
- *   6 (YCbCr)          JPEG compression               "RGB": libjpeg's conversion, as Pillow
+ *   6 (YCbCr)          8 bits x 3, JPEG compression   "RGB": libjpeg's conversion, as Pillow
  *                                                     asks libtiff for it (JPEGCOLORMODE_RGB)
  *
  * Every compression Debian's libtiff decodes (none, LZW and Deflate with
@@ -262,8 +262,10 @@ static ml_status read_layout(TIFF *tif, const source *s, const ml_image_limits *
         break;
     case PHOTOMETRIC_YCBCR:
         l->kind = YCBCR_JPEG;
-        if (compression != COMPRESSION_JPEG || l->planar != PLANARCONFIG_CONTIG || !eight)
-            return unsupported(err, errlen, "YCbCr samples without JPEG compression");
+        if (compression != COMPRESSION_JPEG || l->planar != PLANARCONFIG_CONTIG || !eight ||
+            l->spp != RGB_SAMPLES)
+            return unsupported(err, errlen, "YCbCr samples other than 3 of 8 bits, contiguous, "
+                               "JPEG-compressed");
         /* libjpeg converts to RGB, as Pillow has libtiff ask it to. */
         if (!TIFFSetField(tif, TIFFTAG_JPEGCOLORMODE, JPEGCOLORMODE_RGB))
             return tiff_error(s, "JPEG colour mode", err, errlen);
