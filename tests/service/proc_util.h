@@ -65,8 +65,10 @@
 /* A request's "logit_bias" member banning those end tokens: a stream that a
  * test means to interrupt then ends at its max_tokens or by the test's hand,
  * never by drawing one (sampled, the micro model draws one within a few
- * hundred tokens; greedy on "Count to a million." it ends at ~5,300, 2.5 s
- * on one thread). */
+ * hundred tokens; greedy, where depends on the prompt, and the chat template
+ * writes today's date into it: "Count to a million." ended at ~5,300 tokens
+ * in December 2026's first days and at 1,706 on 2026-12-08, a second on one
+ * thread, sooner than a cancel reached it). */
 #define PU_BAN(id) "\"" PU_XSTR(id) "\":-100"
 #define PU_NO_STOP \
     "\"logit_bias\":{" PU_BAN(PU_END_OF_TEXT) "," PU_BAN(PU_EOM) "," PU_BAN(PU_EOT) "}"

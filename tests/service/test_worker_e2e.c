@@ -833,9 +833,9 @@ static void test_conversation(void)
  * final record). */
 static void cancel_running(const char *id, bool by_kcat, int n)
 {
-    char extra[64];
-    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0,\"n\":%d", LONG_TOKENS,
-             n);
+    char extra[192];
+    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0,\"n\":%d," PU_NO_STOP,
+             LONG_TOKENS, n);
     char *body = pu_chat_request(id, "Count to a million.", NULL, extra);
     check(pu_client_send(&client, id, body), "cancel: produce");
     free(body);
@@ -971,8 +971,9 @@ static void test_cancel_before_running(void)
 static void test_same_id_twice(void)
 {
     static const char id[] = "e2e-twice";
-    char extra[64];
-    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0", LONG_TOKENS);
+    char extra[192];
+    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0," PU_NO_STOP,
+             LONG_TOKENS);
     char *body = pu_chat_request(id, "Count to a million.", NULL, extra);
     check(pu_client_send(&client, id, body), "twice: produce");
     free(body);

@@ -89,8 +89,9 @@ static void cleanup(void)
 /* Produce a text request `id` with max_tokens; partition -1 routes by key. */
 static void send_body(const char *id, int max_tokens, int32_t partition)
 {
-    char extra[64];
-    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0", max_tokens);
+    char extra[192];
+    snprintf(extra, sizeof extra, "\"max_tokens\":%d,\"temperature\":0," PU_NO_STOP,
+             max_tokens);
     char *body = pu_chat_request(id, "Write a long story.", NULL, extra);
     check(pu_client_send_to(&client, PU_REQUESTS, partition, id, body, strlen(body), NULL, 0),
           "%s: produce", id);

@@ -226,8 +226,9 @@ static void test_evicted_before_admission(const pu_worker_env *env)
     send_image("evict-x", x, x_len);
     expect_answered("evict-x", 0);
 
-    char extra_long[64];
-    snprintf(extra_long, sizeof extra_long, "\"max_tokens\":%d,\"temperature\":0", LONG_TOKENS);
+    char extra_long[192];
+    snprintf(extra_long, sizeof extra_long, "\"max_tokens\":%d,\"temperature\":0," PU_NO_STOP,
+             LONG_TOKENS);
     static const char *const blockers[EVICT_RUNNING] = {"evict-blocker-0", "evict-blocker-1"};
     for (int i = 0; i < EVICT_RUNNING; i++) {
         char *blocker = pu_chat_request(blockers[i], "Tell me a story.", NULL, extra_long);
