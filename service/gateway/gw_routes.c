@@ -122,15 +122,21 @@ static cJSON *rewrite(gw_conn *c, gw_stream_params *p, bool *stream, int64_t *de
         cJSON_AddNumberToObject(root, "seed", (double)gw_random_seed());
     if (strcmp(model, g->model) && !cJSON_HasObjectItem(root, "adapter"))
         cJSON_AddStringToObject(root, "adapter", model);
-    p->model = model;
     p->created = (int64_t)time(NULL);
     return root;
+}
+
+/* A request refused because the drain began. */
+static void send_draining(gw_conn *c)
+{
+    gw_send_error(c, "not_ready", "The gateway is shutting down: retry on another instance.",
+                  DRAIN_RETRY_AFTER_S);
 }
 
 /* What a chat request carries from its admission to its produce. */
 typedef struct chat_req {
     size_t tenant;
-    gw_stream_params p;     /* p.model points at model */
+    gw_stream_params p;     /* p.model set at the produce, to this copy's model */
     char model[256];
     bool stream;
     int64_t deadline_ms;
@@ -156,6 +162,7 @@ static void produce(gw_conn *c, const chat_req *q, cJSON *root)
                                   "%ld.", len, g->cfg.limits.max_request_bytes);
     } else {
         gw_stream_params p = q->p;
+        p.model = q->model;
         p.completion_only = !q->stream;
         r = gw_request_start(g, q->tenant, body, len, &p, q->deadline_ms, &code, msg,
                              sizeof msg);
@@ -322,13 +329,11 @@ static void on_image(void *arg, gw_fetch_status st, const uint8_t *data, size_t 
     chat_req q = j->q;
     cJSON *root = j->root;
     j->root = NULL;
-    q.p.model = q.model; /* the copy's own */
     c->job = NULL;
     job_free(j);
     if (g->draining) {
         cJSON_Delete(root);
-        gw_send_error(c, "not_ready", "The gateway is shutting down: retry on another instance.",
-                      DRAIN_RETRY_AFTER_S);
+        send_draining(c);
         return;
     }
     produce(c, &q, root);
@@ -372,7 +377,6 @@ static void start_job(gw_conn *c, const chat_req *q, cJSON *root, size_t n)
     }
     j->c = c;
     j->q = *q;
-    j->q.p.model = j->q.model;
     j->root = root;
     j->n = j->left = n;
     find_image_urls(root, j->images, n);
@@ -426,8 +430,7 @@ static void chat(gw_conn *c)
         return;
     gw_tenant *ten = &g->tenants[t];
     if (g->draining) {
-        gw_send_error(c, "not_ready", "The gateway is shutting down: retry on another instance.",
-                      DRAIN_RETRY_AFTER_S);
+        send_draining(c);
         return;
     }
     double retry;
