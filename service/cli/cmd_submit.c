@@ -170,18 +170,16 @@ static char *build_request(const submit_opts *o, uint8_t image_digest[ML_SHA256_
         /* Labelled by signature; anything else goes out as JPEG for the
          * worker to refuse with its own message. */
         const char *type = ml_image_media_type((const uint8_t *)bytes, len);
-        char prefix[64];
-        int plen = snprintf(prefix, sizeof prefix, "data:%s;base64,", type ? type : "image/jpeg");
-        size_t enc = svc_base64_encoded_len(len);
-        char *url = malloc((size_t)plen + enc + 1);
+        if (!type)
+            type = "image/jpeg";
+        char *url = malloc(svc_data_url_len(type, len) + 1);
         if (!url) {
             free(bytes);
             cJSON_Delete(req);
             cJSON_Delete(msg);
             return NULL;
         }
-        memcpy(url, prefix, (size_t)plen);
-        svc_base64_encode((const uint8_t *)bytes, len, url + plen);
+        svc_data_url_write(type, (const uint8_t *)bytes, len, url);
         free(bytes);
         cJSON *part = cJSON_CreateObject();
         cJSON_AddStringToObject(part, "type", "image_url");

@@ -290,17 +290,14 @@ static bool inline_image(job_image *im, const uint8_t *data, size_t len)
                                          "or TIFF image", im->where);
         return false;
     }
-    char prefix[64];
-    int plen = snprintf(prefix, sizeof prefix, "data:%s;base64,", type);
-    size_t n = (size_t)plen + svc_base64_encoded_len(len);
+    size_t n = svc_data_url_len(type, len);
     /* The string is written in place of the URL's, not built and copied. */
     char *url = cJSON_malloc(n + 1);
     if (!url) {
         job_fail(j, "internal", "out of memory");
         return false;
     }
-    memcpy(url, prefix, (size_t)plen);
-    svc_base64_encode(data, len, url + plen);
+    svc_data_url_write(type, data, len, url);
     cJSON_free(im->item->valuestring);
     im->item->valuestring = url;
     im->held = n + 1;

@@ -179,6 +179,26 @@ static size_t token_len(const char *s, size_t len)
     return i;
 }
 
+static const char data_url_scheme[] = "data:", data_url_marker[] = ";base64,";
+
+size_t svc_data_url_len(const char *media_type, size_t n)
+{
+    size_t head = sizeof data_url_scheme - 1 + strlen(media_type) + sizeof data_url_marker - 1;
+    size_t body = svc_base64_encoded_len(n);
+    return body > SIZE_MAX - head ? SIZE_MAX : head + body;
+}
+
+void svc_data_url_write(const char *media_type, const uint8_t *src, size_t n, char *dst)
+{
+    size_t type_len = strlen(media_type);
+    memcpy(dst, data_url_scheme, sizeof data_url_scheme - 1);
+    dst += sizeof data_url_scheme - 1;
+    memcpy(dst, media_type, type_len);
+    dst += type_len;
+    memcpy(dst, data_url_marker, sizeof data_url_marker - 1);
+    svc_base64_encode(src, n, dst + sizeof data_url_marker - 1);
+}
+
 svc_base64_status svc_data_url_parse(const char *url, size_t len, svc_data_url *out, char *err,
                                      size_t errlen)
 {

@@ -45,6 +45,14 @@ size_t svc_base64_encoded_len(size_t n);
  * the result is NUL-terminated and padded. */
 void svc_base64_encode(const uint8_t *src, size_t n, char *dst);
 
+/* Characters of "data:<media_type>;base64," and n bytes encoded (without a
+ * NUL); SIZE_MAX when that does not fit in a size_t. */
+size_t svc_data_url_len(const char *media_type, size_t n);
+
+/* Write that data: URL of n bytes into dst, which holds
+ * svc_data_url_len(media_type, n) + 1 bytes; NUL-terminated. */
+void svc_data_url_write(const char *media_type, const uint8_t *src, size_t n, char *dst);
+
 /* A data: URL split into its parts; pointers are borrowed from the URL. */
 typedef struct svc_data_url {
     const char *mime; /* "image/jpeg" (not NUL-terminated, as written) */

@@ -1,6 +1,6 @@
 /* Strict base64 and data: URLs (service/base64.c): RFC 4648 vectors, round
- * trips, every rejection class with its offset, and the size cap applied
- * before anything is decoded. */
+ * trips, every rejection class with its offset, the size cap applied
+ * before anything is decoded, and a data: URL written then parsed back. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +156,17 @@ static void test_data_urls(void)
     const char url[] = "data:image/jpeg;base64,Zm9vXXXX";
     check(svc_data_url_parse(url, 27, &du, NULL, 0) == SVC_BASE64_OK && du.data_len == 4,
           "length-bounded data URL");
+
+    /* Written, then parsed back: the type, and the bytes after decoding. */
+    static const uint8_t bytes[] = {0xff, 0xd8, 0xff, 0xe0, 0x00};
+    size_t n = svc_data_url_len("image/tiff", sizeof bytes);
+    char written[64];
+    check(n == strlen("data:image/tiff;base64,") + 8 && n < sizeof written, "data URL length %zu",
+          n);
+    svc_data_url_write("image/tiff", bytes, sizeof bytes, written);
+    check(strlen(written) == n && !strcmp(written, "data:image/tiff;base64,/9j/4AA="),
+          "written: %s", written);
+    expect_url(written, SVC_BASE64_OK, "image/tiff", "/9j/4AA=");
 }
 
 int main(void)
